@@ -1,0 +1,90 @@
+// Reverse-mode autodiff over the per-thread tape: grad of tensors, value_and_grad of
+// functions of parameter trees, custom VJPs and rematerialisation (checkpoint).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "distjax/tensor/grad_node.hpp"
+#include "distjax/tensor/tensor.hpp"
+#include "distjax/tensor/tensor_tree.hpp"
+
+namespace distjax::autodiff {
+
+using tensor::Tensor;
+using tensor::TensorTree;
+
+/// Cotangents of `wrt` for the given outputs seeded with `seeds` (one per output,
+/// same shape; undefined means ones for a scalar output). Tensors in `wrt` that the
+/// outputs do not depend on get zeros. The traversed part of the tape is freed.
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& seeds,
+                         const std::vector<Tensor>& wrt);
+
+namespace detail {
+inline const Tensor& primary(const Tensor& t) { return t; }
+template <class A>
+const Tensor& primary(const std::pair<Tensor, A>& p) { return p.first; }
+inline Tensor detached(const Tensor& t) { return t.detach(); }
+template <class A>
+std::pair<Tensor, A> detached(const std::pair<Tensor, A>& p) { return {p.first.detach(), p.second}; }
+/// Leaves sharing storage with every floating leaf of `params`.
+TensorTree make_leaves(const TensorTree& params);
+/// Gradient of scalar `loss` with respect to every leaf of `leaves`.
+TensorTree grads_of(const Tensor& loss, const TensorTree& leaves);
+}  // namespace detail
+
+/// Turns `fn(params, args...) -> loss` (a scalar Tensor, or pair<Tensor, Aux>) into a
+/// function returning {fn's result, gradient tree}. The gradient tree has exactly the
+/// paths of `params`; leaves the loss does not use get zeros.
+///
+///   auto [loss, grads] = value_and_grad(loss_fn)(params, batch);
+template <class F>
+auto value_and_grad(F fn) {
+  return [fn](const TensorTree& params, auto&&... args) {
+    TensorTree leaves = detail::make_leaves(params);
+    auto out = [&] {
+      tensor::EnableGradGuard on;
+      return fn(std::as_const(leaves), std::forward<decltype(args)>(args)...);
+    }();
+    TensorTree grads = detail::grads_of(detail::primary(out), leaves);
+    return std::make_pair(detail::detached(out), std::move(grads));
+  };
+}
+
+/// Like value_and_grad, returning the gradient tree only.
+template <class F>
+auto grad(F fn) {
+  return [fn](const TensorTree& params, auto&&... args) {
+    return value_and_grad(fn)(params, std::forward<decltype(args)>(args)...).second;
+  };
+}
+
+/// Forward of a custom-VJP op: inputs -> outputs, run with grad mode off.
+using CustomForward = std::function<std::vector<Tensor>(const std::vector<Tensor>& inputs)>;
+/// Backward of a custom-VJP op: (inputs, outputs, output cotangents; undefined = zero)
+/// -> input cotangents (undefined = none).
+using CustomBackward = std::function<std::vector<Tensor>(
+    const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+    const std::vector<Tensor>& grad_outputs)>;
+
+/// Runs `forward` and records `backward` as its VJP: the tape does not look inside.
+/// Collectives use this to attach their transposes.
+std::vector<Tensor> custom_vjp(const char* name, const std::vector<Tensor>& inputs,
+                               const CustomForward& forward, const CustomBackward& backward);
+Tensor custom_vjp1(const char* name, const std::vector<Tensor>& inputs,
+                   const CustomForward& forward, const CustomBackward& backward);
+
+/// A function of a parameter tree and tensors, rematerialised by `checkpoint`.
+using RematFn = std::function<std::vector<Tensor>(const TensorTree& params,
+                                                  const std::vector<Tensor>& inputs)>;
+
+/// Rematerialisation: runs `fn` without keeping its intermediate activations and runs
+/// it again during the backward pass to get them back. Everything `fn` differentiates
+/// with respect to must come in through `params` or `inputs`, not through captures.
+std::vector<Tensor> checkpoint(const RematFn& fn, const TensorTree& params,
+                               const std::vector<Tensor>& inputs);
+
+}  // namespace distjax::autodiff

@@ -1,0 +1,26 @@
+// Matrix products through oneDNN (primitives cached by shape): matmul with transposes,
+// batched matmul, and the dense layer's fused x @ W + b.
+#pragma once
+
+#include "distjax/tensor/tensor.hpp"
+
+namespace distjax::tensor {
+
+/// Matrix product of the last two dimensions, f32.
+///  a: (..., M, K) or (..., K, M) if trans_a;  b: (..., K, N) or (..., N, K) if trans_b.
+///  Leading (batch) dimensions must be equal, or b may be 2-D and shared by every batch.
+///  Returns (..., M, N).
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+
+/// Dense layer: x (..., K) @ w (K, N) [+ bias (N)] -> (..., N). The bias add is fused
+/// into the GEMM; `bias` may be undefined.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
+
+namespace detail {
+/// C (M, N) = alpha * op(A) op(B) + beta * C, single GEMM on raw row-major f32 buffers
+/// through a cached oneDNN primitive. Exposed for kernels and benchmarks.
+void gemm_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+              float alpha, const float* a, const float* b, float beta, float* c);
+}  // namespace detail
+
+}  // namespace distjax::tensor

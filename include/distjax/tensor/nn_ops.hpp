@@ -1,0 +1,34 @@
+// Neural-network ops with fused, numerically stable kernels: softmax, log_softmax,
+// layer norm, RMS norm, embedding lookup, cross-entropy and dropout.
+// Shape legend: N rows (batch * time), C channels, V vocabulary / classes.
+#pragma once
+
+#include "distjax/core/prng.hpp"
+#include "distjax/tensor/tensor.hpp"
+
+namespace distjax::tensor {
+
+/// Softmax along `axis` (default last), max-subtracted.
+Tensor softmax(const Tensor& x, int axis = -1);
+Tensor log_softmax(const Tensor& x, int axis = -1);
+
+/// Layer norm over the last dimension: (x - mean) / sqrt(var + eps) * gamma + beta.
+///  x (..., C); gamma, beta (C) (beta may be undefined).
+Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps = 1e-5f);
+/// RMS norm over the last dimension: x / sqrt(mean(x^2) + eps) * gamma. x (..., C), gamma (C).
+Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps = 1e-6f);
+
+/// Embedding lookup: table (V, C), ids (...) of i32/i64 -> (..., C). The backward
+/// scatter-adds into the table's gradient (repeated ids accumulate).
+Tensor embedding(const Tensor& table, const Tensor& ids);
+
+/// Per-example cross-entropy: logits (..., V) f32, labels (...) i32/i64 in [0, V) ->
+/// (...) losses, computed as logsumexp(logits) - logits[label] in one fused pass.
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels);
+
+/// Inverted dropout: keeps each element with probability 1 - rate and scales by
+/// 1 / (1 - rate). The mask comes from `key` only, so a key gives the same mask on
+/// every run. rate == 0 returns x.
+Tensor dropout(const Tensor& x, float rate, const Key& key);
+
+}  // namespace distjax::tensor

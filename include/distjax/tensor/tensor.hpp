@@ -1,0 +1,147 @@
+// Tensor: an n-dimensional array value (shape, dtype, device) over shared storage,
+// with the hook the autodiff tape records into.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "distjax/core/dtype.hpp"
+#include "distjax/core/error.hpp"
+#include "distjax/core/shape.hpp"
+#include "distjax/tensor/device.hpp"
+
+namespace distjax::tensor {
+
+struct Node;
+
+/// Raw memory of one or more tensors: 64-byte aligned, freed when the last user goes.
+class Storage {
+ public:
+  Storage(std::size_t nbytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  void* data() const { return data_; }
+  std::size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t nbytes_ = 0;
+  Device device_;
+};
+
+/// A dense, row-major (contiguous) n-d array. Copies share storage (like a
+/// shared_ptr); ops return new tensors. `clone()` copies the data.
+///
+/// A tensor that takes part in differentiation carries a grad node: the op that
+/// produced it (or a leaf marker) on the current thread's tape. Ops record themselves
+/// when grad mode is on and an input carries a node.
+///
+///   Tensor x = Tensor::from_vector({1.f, 2.f, 3.f, 4.f}, {2, 2});
+///   Tensor y = matmul(x, x);           // (2, 2), f32
+///   float v = sum(y).item<float>();
+class Tensor {
+ public:
+  /// An undefined tensor (no storage); `defined()` is false.
+  Tensor() = default;
+
+  /// Uninitialised storage of the given shape and dtype.
+  static Tensor empty(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
+  static Tensor zeros(const Shape& shape, DType dtype = DType::F32);
+  static Tensor ones(const Shape& shape, DType dtype = DType::F32);
+  static Tensor full(const Shape& shape, double value, DType dtype = DType::F32);
+  /// A rank-0 tensor.
+  static Tensor scalar(double value, DType dtype = DType::F32);
+  /// [0, 1, ..., n-1].
+  static Tensor arange(std::int64_t n, DType dtype = DType::I64);
+  /// Copies `values` (numel(shape) of them) into a new tensor of dtype_of<T>.
+  template <class T>
+  static Tensor from_vector(const std::vector<T>& values, const Shape& shape);
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  int rank() const { return static_cast<int>(shape_.size()); }
+  /// Size of dimension `axis` (negative counts from the end).
+  std::int64_t size(int axis) const;
+  std::int64_t numel() const { return distjax::numel(shape_); }
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype_); }
+  DType dtype() const { return dtype_; }
+  Device device() const;
+
+  /// Typed pointer to the first element; throws InvalidArgument if T is not the dtype.
+  template <class T>
+  T* data() const;
+  void* raw_data() const;
+  /// Copies to a host vector of T (dtype must match).
+  template <class T>
+  std::vector<T> to_vector() const;
+  /// The single element of a tensor with numel() == 1, converted to T.
+  template <class T>
+  T item() const;
+
+  /// Deep copy, detached from the tape.
+  Tensor clone() const;
+  /// Same storage, no grad node: a constant to the tape.
+  Tensor detach() const;
+  /// Same storage viewed with another shape of equal numel (not recorded on the tape;
+  /// use tensor::reshape for a differentiable reshape).
+  Tensor view(const Shape& shape) const;
+  /// Rows [begin, end) of dimension 0, sharing storage (not recorded on the tape).
+  Tensor view_rows(std::int64_t begin, std::int64_t end) const;
+  /// Whether the two tensors' bytes overlap in one storage.
+  bool shares_storage_with(const Tensor& other) const { return storage_ == other.storage_; }
+
+  /// Whether this tensor carries a grad node (is a leaf being differentiated or was
+  /// computed from one).
+  bool requires_grad() const { return node_ != nullptr; }
+  const std::shared_ptr<Node>& grad_node() const { return node_; }
+  int grad_output_index() const { return out_index_; }
+  /// Used by the tape: attaches the node (and which of its outputs this tensor is).
+  void set_grad_node(std::shared_ptr<Node> node, int output_index = 0);
+
+  /// Short description: "Tensor(f32, (2, 3))" plus up to `max_values` values.
+  std::string str(int max_values = 8) const;
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  std::size_t offset_ = 0;  // bytes from the start of storage_
+  Shape shape_;
+  DType dtype_ = DType::F32;
+  std::shared_ptr<Node> node_;
+  int out_index_ = 0;
+};
+
+/// Throws InvalidArgument "[op] expected dtype X for `what`, got Y" unless t.dtype()==want.
+void check_dtype(const Tensor& t, DType want, const char* op, const char* what);
+/// Throws InvalidArgument naming `op` unless `t` is defined.
+void check_defined(const Tensor& t, const char* op, const char* what);
+
+// ------------------------------------------------------------------ templates
+
+template <class T>
+T* Tensor::data() const {
+  DISTJAX_CHECK(defined(), InvalidArgument, "[Tensor::data] tensor is undefined");
+  DISTJAX_CHECK(dtype_of<T>() == dtype_, InvalidArgument, "[Tensor::data] requested ",
+                dtype_name(dtype_of<T>()), " but the tensor holds ", dtype_name(dtype_));
+  return reinterpret_cast<T*>(raw_data());
+}
+
+template <class T>
+Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape) {
+  DISTJAX_CHECK(static_cast<std::int64_t>(values.size()) == distjax::numel(shape), InvalidArgument,
+                "[Tensor::from_vector] ", values.size(), " values for shape ", to_string(shape));
+  Tensor t = empty(shape, dtype_of<T>());
+  std::copy(values.begin(), values.end(), t.data<T>());
+  return t;
+}
+
+template <class T>
+std::vector<T> Tensor::to_vector() const {
+  const T* p = data<T>();
+  return std::vector<T>(p, p + numel());
+}
+
+}  // namespace distjax::tensor

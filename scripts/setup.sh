@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs the Debian packages DistJax builds, tests and runs with. Fast when they are
+# already installed. Needs root (or sudo).
+set -euo pipefail
+PKGS=(build-essential cmake ninja-build ccache pkg-config
+      libdnnl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev zlib1g-dev
+      libomp-dev libopenmpi-dev openmpi-bin
+      dataset-fashion-mnist fortunes fortunes-min)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+echo "[setup] installing: ${missing[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,200 @@
+#include "distjax/autodiff/autodiff.hpp"
+
+#include <unordered_map>
+
+#include "distjax/tensor/elementwise.hpp"
+
+namespace distjax::autodiff {
+
+using tensor::Node;
+using tensor::NoGradGuard;
+
+namespace {
+
+void accumulate(Tensor& slot, const Tensor& g) {
+  slot = slot.defined() ? tensor::add(slot, g) : g;
+}
+
+// Nodes reachable from the roots in reverse post-order (a topological order: every
+// node comes before the nodes it consumes). Iterative, so deep tapes do not overflow.
+std::vector<Node*> topological_order(const std::vector<Node*>& roots) {
+  std::vector<Node*> post;
+  std::unordered_map<Node*, bool> seen;
+  std::vector<std::pair<Node*, std::size_t>> stack;
+  for (Node* r : roots) {
+    if (!r || seen[r]) continue;
+    seen[r] = true;
+    stack.push_back({r, 0});
+    while (!stack.empty()) {
+      auto& [n, next] = stack.back();
+      if (next < n->inputs.size()) {
+        Node* child = n->inputs[next++].node.get();
+        if (child && !seen[child]) {
+          seen[child] = true;
+          stack.push_back({child, 0});
+        }
+      } else {
+        post.push_back(n);
+        stack.pop_back();
+      }
+    }
+  }
+  return {post.rbegin(), post.rend()};
+}
+
+}  // namespace
+
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& seeds,
+                         const std::vector<Tensor>& wrt) {
+  DISTJAX_CHECK(outputs.size() == seeds.size(), InvalidArgument, "[grad] ", outputs.size(),
+                " outputs but ", seeds.size(), " seeds");
+  NoGradGuard no_grad;
+  std::unordered_map<Node*, std::vector<Tensor>> pending;
+  auto slot = [&](Node* n, int i) -> Tensor& {
+    auto& v = pending[n];
+    if (v.empty()) v.resize(n->output_shapes.size());
+    return v[i];
+  };
+
+  std::vector<Node*> roots;
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    const Tensor& out = outputs[i];
+    if (!out.requires_grad()) continue;
+    Tensor seed = seeds[i];
+    if (!seed.defined()) {
+      DISTJAX_CHECK(out.numel() == 1, InvalidArgument, "[grad] output ", i, " has shape ",
+                    to_string(out.shape()), "; a seed is needed for non-scalar outputs");
+      seed = Tensor::ones(out.shape(), out.dtype());
+    }
+    DISTJAX_CHECK(seed.shape() == out.shape(), InvalidArgument, "[grad] seed shape ",
+                  to_string(seed.shape()), " differs from output shape ", to_string(out.shape()));
+    accumulate(slot(out.grad_node().get(), out.grad_output_index()), seed);
+    roots.push_back(out.grad_node().get());
+  }
+
+  std::unordered_map<Node*, std::vector<std::pair<int, std::size_t>>> wanted;  // node -> (output, wrt index)
+  for (std::size_t j = 0; j < wrt.size(); ++j)
+    if (wrt[j].requires_grad()) wanted[wrt[j].grad_node().get()].push_back({wrt[j].grad_output_index(), j});
+  std::vector<Tensor> result(wrt.size());
+
+  for (Node* node : topological_order(roots)) {
+    auto it = pending.find(node);
+    if (it == pending.end()) continue;
+    std::vector<Tensor> grads = std::move(it->second);
+    pending.erase(it);
+    if (auto w = wanted.find(node); w != wanted.end())
+      for (auto [out_index, j] : w->second) result[j] = grads[out_index];
+    if (node->is_leaf) continue;
+    DISTJAX_CHECK(node->backward, Error, "[grad] the tape of op \"", node->name,
+                  "\" was already consumed by an earlier backward pass");
+    std::vector<Tensor> in_grads = node->backward(grads);
+    node->backward = nullptr;  // frees the tensors the op saved
+    DISTJAX_CHECK(in_grads.size() == node->inputs.size(), Error, "[grad] backward of \"", node->name,
+                  "\" returned ", in_grads.size(), " cotangents for ", node->inputs.size(), " inputs");
+    for (std::size_t k = 0; k < in_grads.size(); ++k) {
+      const auto& edge = node->inputs[k];
+      if (!edge.node || !in_grads[k].defined()) continue;
+      const Shape& want = edge.node->output_shapes[edge.output_index];
+      DISTJAX_CHECK(in_grads[k].shape() == want, Error, "[grad] backward of \"", node->name,
+                    "\" gave cotangent ", to_string(in_grads[k].shape()), " for input ", k,
+                    " of shape ", to_string(want));
+      accumulate(slot(edge.node.get(), edge.output_index), in_grads[k]);
+    }
+  }
+
+  for (std::size_t j = 0; j < wrt.size(); ++j)
+    if (!result[j].defined()) result[j] = Tensor::zeros(wrt[j].shape(), wrt[j].dtype());
+  return result;
+}
+
+namespace detail {
+
+TensorTree make_leaves(const TensorTree& params) {
+  return params.map([](const Tensor& t) { return is_floating(t.dtype()) ? tensor::make_leaf(t) : t; });
+}
+
+TensorTree grads_of(const Tensor& loss, const TensorTree& leaves) {
+  DISTJAX_CHECK(loss.defined() && loss.numel() == 1, InvalidArgument,
+                "[value_and_grad] the function must return a scalar loss, got ",
+                loss.defined() ? to_string(loss.shape()) : std::string("undefined"));
+  std::vector<Tensor> wrt;
+  wrt.reserve(leaves.size());
+  for (auto& [_, t] : leaves) wrt.push_back(t);
+  std::vector<Tensor> g = grad({loss}, {Tensor()}, wrt);
+  TensorTree out;
+  std::size_t i = 0;
+  for (auto& [p, _] : leaves) out.set(p, g[i++]);
+  return out;
+}
+
+}  // namespace detail
+
+namespace {
+std::vector<Tensor> detach_all(const std::vector<Tensor>& xs) {
+  std::vector<Tensor> out;
+  out.reserve(xs.size());
+  for (auto& x : xs) out.push_back(x.defined() ? x.detach() : x);
+  return out;
+}
+}  // namespace
+
+std::vector<Tensor> custom_vjp(const char* name, const std::vector<Tensor>& inputs,
+                               const CustomForward& forward, const CustomBackward& backward) {
+  std::vector<Tensor> in = detach_all(inputs);
+  std::vector<Tensor> outs;
+  {
+    NoGradGuard no_grad;
+    outs = forward(in);
+  }
+  if (!tensor::needs_grad(inputs)) return outs;
+  std::vector<Tensor> saved_out = detach_all(outs);
+  tensor::record(name, inputs, outs, [in, saved_out, backward](const std::vector<Tensor>& go) {
+    return backward(in, saved_out, go);
+  });
+  return outs;
+}
+
+Tensor custom_vjp1(const char* name, const std::vector<Tensor>& inputs, const CustomForward& forward,
+                   const CustomBackward& backward) {
+  auto outs = custom_vjp(name, inputs, forward, backward);
+  DISTJAX_CHECK(outs.size() == 1, InvalidArgument, "[custom_vjp1] forward of \"", name, "\" returned ",
+                outs.size(), " outputs, expected 1");
+  return outs[0];
+}
+
+std::vector<Tensor> checkpoint(const RematFn& fn, const TensorTree& params,
+                               const std::vector<Tensor>& inputs) {
+  std::vector<Tensor> all = inputs;
+  for (auto& [_, t] : params) all.push_back(t);
+  std::vector<Tensor> outs;
+  {
+    NoGradGuard no_grad;  // nothing inside is kept for the backward pass
+    outs = fn(params, inputs);
+  }
+  if (!tensor::needs_grad(all)) return outs;
+
+  TensorTree saved_params = params.map([](const Tensor& t) { return t.detach(); });
+  std::vector<Tensor> saved_inputs = detach_all(inputs);
+  tensor::record("checkpoint", all, outs,
+                 [fn, saved_params, saved_inputs](const std::vector<Tensor>& go) {
+                   tensor::EnableGradGuard on;
+                   TensorTree p = detail::make_leaves(saved_params);
+                   std::vector<Tensor> xs;
+                   for (auto& x : saved_inputs)
+                     xs.push_back(x.defined() && is_floating(x.dtype()) ? tensor::make_leaf(x) : x);
+                   std::vector<Tensor> re = fn(p, xs);
+                   std::vector<Tensor> used, seeds;
+                   for (std::size_t i = 0; i < re.size(); ++i) {
+                     if (go[i].defined()) {
+                       used.push_back(re[i]);
+                       seeds.push_back(go[i]);
+                     }
+                   }
+                   std::vector<Tensor> wrt = xs;
+                   for (auto& [_, t] : p) wrt.push_back(t);
+                   return grad(used, seeds, wrt);
+                 });
+  return outs;
+}
+
+}  // namespace distjax::autodiff

@@ -1,0 +1,61 @@
+#include "distjax/tensor/detail/kernels.hpp"
+
+namespace distjax::tensor::detail {
+
+void require_cpu(const char* op, std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    DISTJAX_CHECK(t->device().kind == DeviceKind::CPU, NotImplemented, "[", op,
+                  "] has no kernel for device ", t->device().str(), " in this build");
+}
+
+void require_f32(const char* op, std::initializer_list<const Tensor*> ts) {
+  int i = 0;
+  for (const Tensor* t : ts) {
+    DISTJAX_CHECK(t->defined(), InvalidArgument, "[", op, "] operand ", i, " is undefined");
+    DISTJAX_CHECK(t->dtype() == DType::F32, InvalidArgument, "[", op, "] operand ", i,
+                  " has dtype ", dtype_name(t->dtype()),
+                  "; compute is f32 (use astype to convert bf16/f16 storage)");
+    ++i;
+  }
+  require_cpu(op, ts);
+}
+
+BroadcastPlan plan_broadcast(const Shape& s, const Shape& out) {
+  using K = BroadcastPlan::Kind;
+  if (s == out) return {K::Same};
+  if (numel(s) == 1) return {K::Scalar};
+  // Strip leading ones; a row operand matches a suffix of out, a column operand is a
+  // prefix of out followed by ones.
+  std::size_t lead = 0;
+  while (lead < s.size() && s[lead] == 1) ++lead;
+  Shape core(s.begin() + lead, s.end());
+  if (core.size() <= out.size() && std::equal(core.begin(), core.end(), out.end() - core.size()))
+    return {K::Row, numel(out) / numel(core), numel(core)};
+  std::size_t trail = s.size();
+  while (trail > 0 && s[trail - 1] == 1) --trail;
+  bool prefix = s.size() == out.size();
+  for (std::size_t i = 0; prefix && i < trail; ++i) prefix = s[i] == out[i];
+  if (prefix) {
+    std::int64_t outer = 1;
+    for (std::size_t i = 0; i < trail; ++i) outer *= out[i];
+    return {K::Col, outer, numel(out) / outer};
+  }
+  return {K::General};
+}
+
+std::int64_t broadcast_index(const Shape& s, const Shape& out, std::int64_t i) {
+  std::int64_t idx = 0, stride = 1;
+  const std::size_t off = out.size() - s.size();
+  for (int d = static_cast<int>(out.size()) - 1; d >= 0; --d) {
+    const std::int64_t coord = i % out[d];
+    i /= out[d];
+    if (d >= static_cast<int>(off)) {
+      const std::int64_t sd = s[d - off];
+      if (sd != 1) idx += coord * stride;
+      stride *= sd;
+    }
+  }
+  return idx;
+}
+
+}  // namespace distjax::tensor::detail

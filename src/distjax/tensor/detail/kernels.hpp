@@ -1,0 +1,77 @@
+// Private CPU kernel helpers shared by the op files: parallel loops, broadcasting
+// binary maps and the device dispatch point.
+#pragma once
+
+#include <cstdint>
+
+#include "distjax/tensor/tensor.hpp"
+
+namespace distjax::tensor::detail {
+
+/// Elements per OpenMP chunk below which a loop runs on one thread.
+constexpr std::int64_t kParallelGrain = 32768;
+
+/// Throws NotImplemented unless every tensor lives on the CPU: the single place where a
+/// CUDA backend will branch off.
+void require_cpu(const char* op, std::initializer_list<const Tensor*> ts);
+
+/// Requires defined f32 tensors on a supported device, naming the op.
+void require_f32(const char* op, std::initializer_list<const Tensor*> ts);
+
+/// out[i] = f(a[ia], b[ib]) with NumPy broadcasting of a and b to out's shape.
+template <class F>
+void broadcast_binary(const Tensor& a, const Tensor& b, Tensor& out, F f);
+
+/// Layout of a broadcast operand against an output shape: the output viewed as
+/// (outer, inner) where the operand is either full, a row (inner), a column (outer),
+/// a scalar, or needs general indexing.
+struct BroadcastPlan {
+  enum class Kind { Same, Scalar, Row, Col, General } kind;
+  std::int64_t outer = 1, inner = 1;
+};
+BroadcastPlan plan_broadcast(const Shape& operand, const Shape& out);
+/// Flat index into `operand` for flat output index `i` (general case).
+std::int64_t broadcast_index(const Shape& operand, const Shape& out, std::int64_t i);
+
+template <class F>
+void broadcast_binary(const Tensor& a, const Tensor& b, Tensor& out, F f) {
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* po = out.data<float>();
+  const std::int64_t n = out.numel();
+  const BroadcastPlan qa = plan_broadcast(a.shape(), out.shape());
+  const BroadcastPlan qb = plan_broadcast(b.shape(), out.shape());
+  using K = BroadcastPlan::Kind;
+  auto load = [&](const float* p, const BroadcastPlan& q, const Shape& s, std::int64_t i) {
+    switch (q.kind) {
+      case K::Same: return p[i];
+      case K::Scalar: return p[0];
+      case K::Row: return p[i % q.inner];
+      case K::Col: return p[i / q.inner];
+      default: return p[broadcast_index(s, out.shape(), i)];
+    }
+  };
+  if (qa.kind == K::Same && qb.kind == K::Same) {
+#pragma omp parallel for simd if (n > kParallelGrain)
+    for (std::int64_t i = 0; i < n; ++i) po[i] = f(pa[i], pb[i]);
+  } else if (qa.kind == K::Same && qb.kind == K::Scalar) {
+    const float s = pb[0];
+#pragma omp parallel for simd if (n > kParallelGrain)
+    for (std::int64_t i = 0; i < n; ++i) po[i] = f(pa[i], s);
+  } else if (qa.kind == K::Same && qb.kind == K::Row) {
+    const std::int64_t inner = qb.inner, rows = n / inner;
+#pragma omp parallel for if (n > kParallelGrain)
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float* ar = pa + r * inner;
+      float* orow = po + r * inner;
+#pragma omp simd
+      for (std::int64_t c = 0; c < inner; ++c) orow[c] = f(ar[c], pb[c]);
+    }
+  } else {
+#pragma omp parallel for if (n > kParallelGrain)
+    for (std::int64_t i = 0; i < n; ++i)
+      po[i] = f(load(pa, qa, a.shape(), i), load(pb, qb, b.shape(), i));
+  }
+}
+
+}  // namespace distjax::tensor::detail

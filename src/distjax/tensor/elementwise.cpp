@@ -1,0 +1,249 @@
+#include "distjax/tensor/elementwise.hpp"
+
+#include <cmath>
+
+#include "distjax/tensor/detail/cast.hpp"
+#include "distjax/tensor/detail/kernels.hpp"
+#include "distjax/tensor/grad_node.hpp"
+#include "distjax/tensor/reduce.hpp"
+
+namespace distjax::tensor {
+namespace {
+
+using detail::kParallelGrain;
+
+template <class F>
+Tensor map_binary(const char* op, const Tensor& a, const Tensor& b, F f) {
+  detail::require_f32(op, {&a, &b});
+  Tensor out = Tensor::empty(broadcast_shapes(a.shape(), b.shape(), op));
+  detail::broadcast_binary(a, b, out, f);
+  return out;
+}
+
+template <class F>
+Tensor map_unary(const char* op, const Tensor& x, F f) {
+  detail::require_f32(op, {&x});
+  Tensor out = Tensor::empty(x.shape());
+  const float* px = x.data<float>();
+  float* po = out.data<float>();
+  const std::int64_t n = x.numel();
+#pragma omp parallel for simd if (n > kParallelGrain)
+  for (std::int64_t i = 0; i < n; ++i) po[i] = f(px[i]);
+  return out;
+}
+
+// grad * f'(x, y) elementwise, where y is the forward output (both saved detached).
+template <class F>
+Tensor map_grad(const Tensor& g, const Tensor& x, const Tensor& y, F dfdx) {
+  Tensor out = Tensor::empty(x.shape());
+  const float* pg = g.data<float>();
+  const float* px = x.data<float>();
+  const float* py = y.data<float>();
+  float* po = out.data<float>();
+  const std::int64_t n = x.numel();
+#pragma omp parallel for simd if (n > kParallelGrain)
+  for (std::int64_t i = 0; i < n; ++i) po[i] = pg[i] * dfdx(px[i], py[i]);
+  return out;
+}
+
+// A unary op and its derivative in terms of (x, y = f(x)), recorded together.
+template <class F, class D>
+Tensor unary_op(const char* op, const Tensor& x, F f, D dfdx) {
+  Tensor y = map_unary(op, x, f);
+  if (!needs_grad({&x})) return y;
+  return record(op, {x}, y, [xs = x.detach(), ys = y.detach(), dfdx](const std::vector<Tensor>& g) {
+    return std::vector<Tensor>{map_grad(g[0], xs, ys, dfdx)};
+  });
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- binary
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  Tensor out = map_binary("add", a, b, [](float x, float y) { return x + y; });
+  if (!needs_grad({&a, &b})) return out;
+  return record("add", {a, b}, out, [sa = a.shape(), sb = b.shape()](const std::vector<Tensor>& g) {
+    return std::vector<Tensor>{sum_to(g[0], sa), sum_to(g[0], sb)};
+  });
+}
+
+Tensor sub(const Tensor& a, const Tensor& b) {
+  Tensor out = map_binary("sub", a, b, [](float x, float y) { return x - y; });
+  if (!needs_grad({&a, &b})) return out;
+  return record("sub", {a, b}, out, [sa = a.shape(), sb = b.shape()](const std::vector<Tensor>& g) {
+    return std::vector<Tensor>{sum_to(g[0], sa), sum_to(neg(g[0]), sb)};
+  });
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  Tensor out = map_binary("mul", a, b, [](float x, float y) { return x * y; });
+  if (!needs_grad({&a, &b})) return out;
+  return record("mul", {a, b}, out,
+                [ad = a.detach(), bd = b.detach(), ra = a.requires_grad(),
+                 rb = b.requires_grad()](const std::vector<Tensor>& g) {
+                  return std::vector<Tensor>{ra ? sum_to(mul(g[0], bd), ad.shape()) : Tensor(),
+                                             rb ? sum_to(mul(g[0], ad), bd.shape()) : Tensor()};
+                });
+}
+
+Tensor div(const Tensor& a, const Tensor& b) {
+  Tensor out = map_binary("div", a, b, [](float x, float y) { return x / y; });
+  if (!needs_grad({&a, &b})) return out;
+  return record("div", {a, b}, out,
+                [ad = a.detach(), bd = b.detach(), od = out.detach(), rb = b.requires_grad()](
+                    const std::vector<Tensor>& g) {
+                  Tensor ga = sum_to(div(g[0], bd), ad.shape());
+                  // d(a/b)/db = -(a/b)/b
+                  Tensor gb = rb ? sum_to(neg(div(mul(g[0], od), bd)), bd.shape()) : Tensor();
+                  return std::vector<Tensor>{ga, gb};
+                });
+}
+
+Tensor maximum(const Tensor& a, const Tensor& b) {
+  Tensor out = map_binary("maximum", a, b, [](float x, float y) { return x >= y ? x : y; });
+  if (!needs_grad({&a, &b})) return out;
+  return record("maximum", {a, b}, out, [ad = a.detach(), bd = b.detach()](const std::vector<Tensor>& g) {
+    Tensor mask_a = map_binary("maximum", ad, bd, [](float x, float y) { return x >= y ? 1.f : 0.f; });
+    Tensor ga = mul(g[0], mask_a);
+    Tensor gb = sub(g[0], ga);
+    return std::vector<Tensor>{sum_to(ga, ad.shape()), sum_to(gb, bd.shape())};
+  });
+}
+
+// ---------------------------------------------------------------- scalar
+
+Tensor add_scalar(const Tensor& x, double s) {
+  const float c = static_cast<float>(s);
+  Tensor y = map_unary("add_scalar", x, [c](float v) { return v + c; });
+  if (!needs_grad({&x})) return y;
+  return record("add_scalar", {x}, y, [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
+}
+
+Tensor mul_scalar(const Tensor& x, double s) {
+  const float c = static_cast<float>(s);
+  Tensor y = map_unary("mul_scalar", x, [c](float v) { return v * c; });
+  if (!needs_grad({&x})) return y;
+  return record("mul_scalar", {x}, y, [s](const std::vector<Tensor>& g) {
+    return std::vector<Tensor>{mul_scalar(g[0], s)};
+  });
+}
+
+Tensor pow_scalar(const Tensor& x, double p) {
+  const float e = static_cast<float>(p);
+  return unary_op("pow_scalar", x, [e](float v) { return std::pow(v, e); },
+                  [e](float v, float) { return e * std::pow(v, e - 1.f); });
+}
+
+// ---------------------------------------------------------------- unary
+
+Tensor neg(const Tensor& x) { return mul_scalar(x, -1.0); }
+
+Tensor exp(const Tensor& x) {
+  return unary_op("exp", x, [](float v) { return std::exp(v); }, [](float, float y) { return y; });
+}
+
+Tensor log(const Tensor& x) {
+  return unary_op("log", x, [](float v) { return std::log(v); }, [](float v, float) { return 1.f / v; });
+}
+
+Tensor sqrt(const Tensor& x) {
+  return unary_op("sqrt", x, [](float v) { return std::sqrt(v); },
+                  [](float, float y) { return 0.5f / y; });
+}
+
+Tensor rsqrt(const Tensor& x) {
+  return unary_op("rsqrt", x, [](float v) { return 1.f / std::sqrt(v); },
+                  [](float v, float y) { return -0.5f * y / v; });
+}
+
+Tensor square(const Tensor& x) {
+  return unary_op("square", x, [](float v) { return v * v; }, [](float v, float) { return 2.f * v; });
+}
+
+Tensor tanh(const Tensor& x) {
+  return unary_op("tanh", x, [](float v) { return std::tanh(v); },
+                  [](float, float y) { return 1.f - y * y; });
+}
+
+Tensor sigmoid(const Tensor& x) {
+  return unary_op("sigmoid", x, [](float v) { return 1.f / (1.f + std::exp(-v)); },
+                  [](float, float y) { return y * (1.f - y); });
+}
+
+Tensor relu(const Tensor& x) {
+  return unary_op("relu", x, [](float v) { return v > 0.f ? v : 0.f; },
+                  [](float v, float) { return v > 0.f ? 1.f : 0.f; });
+}
+
+Tensor gelu(const Tensor& x, bool approximate) {
+  constexpr float kC = 0.7978845608028654f;  // sqrt(2/pi)
+  constexpr float kA = 0.044715f;
+  constexpr float kInvSqrt2 = 0.7071067811865476f;
+  constexpr float kInvSqrt2Pi = 0.3989422804014327f;
+  if (approximate) {
+    return unary_op(
+        "gelu", x,
+        [](float v) { return 0.5f * v * (1.f + std::tanh(kC * (v + kA * v * v * v))); },
+        [](float v, float) {
+          float t = std::tanh(kC * (v + kA * v * v * v));
+          return 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * kC * (1.f + 3.f * kA * v * v);
+        });
+  }
+  return unary_op(
+      "gelu", x, [](float v) { return 0.5f * v * (1.f + std::erf(v * kInvSqrt2)); },
+      [](float v, float) {
+        return 0.5f * (1.f + std::erf(v * kInvSqrt2)) + v * kInvSqrt2Pi * std::exp(-0.5f * v * v);
+      });
+}
+
+Tensor silu(const Tensor& x) {
+  return unary_op("silu", x, [](float v) { return v / (1.f + std::exp(-v)); },
+                  [](float v, float) {
+                    float s = 1.f / (1.f + std::exp(-v));
+                    return s * (1.f + v * (1.f - s));
+                  });
+}
+
+// ---------------------------------------------------------------- selection, casts
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  detail::require_f32("where", {&a, &b});
+  Tensor c = cond.dtype() == DType::F32 ? cond : astype(cond, DType::F32);
+  Shape shape = broadcast_shapes(broadcast_shapes(c.shape(), a.shape(), "where"), b.shape(), "where");
+  const Tensor zero = Tensor::scalar(0.0);
+  auto expand = [&](const Tensor& t) {
+    Tensor o = Tensor::empty(shape);
+    detail::broadcast_binary(t, zero, o, [](float v, float) { return v; });
+    return o;
+  };
+  Tensor mask = expand(c), af = expand(a), bf = expand(b);
+  Tensor out = Tensor::empty(shape);
+  const float* pm = mask.data<float>();
+  const float* pa = af.data<float>();
+  const float* pb = bf.data<float>();
+  float* po = out.data<float>();
+  const std::int64_t n = out.numel();
+#pragma omp parallel for simd if (n > kParallelGrain)
+  for (std::int64_t i = 0; i < n; ++i) po[i] = pm[i] != 0.f ? pa[i] : pb[i];
+  if (!needs_grad({&a, &b})) return out;
+  return record("where", {a, b}, out,
+                [mask, sa = a.shape(), sb = b.shape()](const std::vector<Tensor>& g) {
+                  Tensor ga = mul(g[0], map_unary("where", mask, [](float m) { return m != 0.f ? 1.f : 0.f; }));
+                  return std::vector<Tensor>{sum_to(ga, sa), sum_to(sub(g[0], ga), sb)};
+                });
+}
+
+Tensor astype(const Tensor& x, DType dtype) {
+  check_defined(x, "astype", "x");
+  detail::require_cpu("astype", {&x});
+  if (x.dtype() == dtype) return x;
+  Tensor out = Tensor::empty(x.shape(), dtype);
+  detail::convert(x, out);
+  if (!is_floating(x.dtype()) || !is_floating(dtype) || !needs_grad({&x})) return out;
+  return record("astype", {x}, out, [from = x.dtype()](const std::vector<Tensor>& g) {
+    return std::vector<Tensor>{astype(g[0], from)};
+  });
+}
+
+}  // namespace distjax::tensor

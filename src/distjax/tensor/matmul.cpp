@@ -1,0 +1,207 @@
+#include "distjax/tensor/matmul.hpp"
+
+#include <dnnl.hpp>
+#include <unordered_map>
+
+#include "distjax/tensor/detail/kernels.hpp"
+#include "distjax/tensor/grad_node.hpp"
+#include "distjax/tensor/reduce.hpp"
+
+namespace distjax::tensor {
+namespace detail {
+namespace {
+
+using dt = dnnl::memory::data_type;
+using dims = dnnl::memory::dims;
+
+// A batched GEMM problem: C[b] = op(A[b]) op(B[b or 0]) (+ bias), all row-major.
+struct GemmKey {
+  std::int64_t batch, m, n, k;
+  bool ta, tb, b_shared, bias;
+  bool operator==(const GemmKey&) const = default;
+};
+
+struct GemmKeyHash {
+  std::size_t operator()(const GemmKey& g) const {
+    std::size_t h = 1469598103934665603ull;
+    for (std::int64_t v : {g.batch, g.m, g.n, g.k,
+                           std::int64_t(g.ta) | std::int64_t(g.tb) << 1 |
+                               std::int64_t(g.b_shared) << 2 | std::int64_t(g.bias) << 3})
+      h = (h ^ static_cast<std::size_t>(v)) * 1099511628211ull;
+    return h;
+  }
+};
+
+struct GemmPlan {
+  dnnl::matmul prim;
+  dnnl::memory::desc a, b, c, bias;
+};
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+// Primitives are cached per thread: simulated devices never contend on the cache,
+// and a primitive is only ever executed by the thread that made it.
+const GemmPlan& plan_for(const GemmKey& key) {
+  thread_local std::unordered_map<GemmKey, GemmPlan, GemmKeyHash> cache;
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  const auto [batch, m, n, k, ta, tb, b_shared, bias] = key;
+  const std::int64_t bb = b_shared ? 1 : batch;
+  GemmPlan p;
+  p.a = dnnl::memory::desc(dims{batch, m, k}, dt::f32, ta ? dims{m * k, 1, m} : dims{m * k, k, 1});
+  p.b = dnnl::memory::desc(dims{bb, k, n}, dt::f32, tb ? dims{k * n, 1, k} : dims{k * n, n, 1});
+  p.c = dnnl::memory::desc(dims{batch, m, n}, dt::f32, dims{m * n, n, 1});
+  if (bias) p.bias = dnnl::memory::desc(dims{1, 1, n}, dt::f32, dims{n, n, 1});
+  dnnl::matmul::desc d = bias ? dnnl::matmul::desc(p.a, p.b, p.bias, p.c)
+                              : dnnl::matmul::desc(p.a, p.b, p.c);
+  p.prim = dnnl::matmul(dnnl::matmul::primitive_desc(d, cpu_engine()));
+  return cache.emplace(key, std::move(p)).first->second;
+}
+
+void run_gemm(const GemmKey& key, const float* a, const float* b, const float* bias, float* c) {
+  if (key.m == 0 || key.n == 0 || key.batch == 0) return;
+  if (key.k == 0) {
+    std::fill(c, c + key.batch * key.m * key.n, 0.f);
+    return;
+  }
+  const GemmPlan& p = plan_for(key);
+  thread_local dnnl::stream stream(cpu_engine());
+  dnnl::engine& e = cpu_engine();
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, dnnl::memory(p.a, e, const_cast<float*>(a))},
+      {DNNL_ARG_WEIGHTS, dnnl::memory(p.b, e, const_cast<float*>(b))},
+      {DNNL_ARG_DST, dnnl::memory(p.c, e, c)}};
+  if (key.bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(p.bias, e, const_cast<float*>(bias)));
+  p.prim.execute(stream, args);
+  stream.wait();
+}
+
+}  // namespace
+
+void gemm_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+              const float* a, const float* b, float beta, float* c) {
+  dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a,
+                                trans_a ? m : k, b, trans_b ? k : n, beta, c, n);
+  DISTJAX_CHECK(st == dnnl_success, Error, "[gemm_f32] dnnl_sgemm failed with status ", int(st));
+}
+
+}  // namespace detail
+
+namespace {
+
+// Shapes of op(A) (.., M, K) and op(B) (.., K, N) after checking them.
+struct MatmulDims {
+  Shape batch_shape;
+  std::int64_t batch, m, n, k;
+  bool b_shared;
+};
+
+MatmulDims check_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  detail::require_f32("matmul", {&a, &b});
+  DISTJAX_CHECK(a.rank() >= 2 && b.rank() >= 2, InvalidArgument,
+                "[matmul] operands need rank >= 2, got ", to_string(a.shape()), " and ",
+                to_string(b.shape()));
+  MatmulDims d;
+  d.m = ta ? a.size(-1) : a.size(-2);
+  std::int64_t ka = ta ? a.size(-2) : a.size(-1);
+  std::int64_t kb = tb ? b.size(-1) : b.size(-2);
+  d.n = tb ? b.size(-2) : b.size(-1);
+  DISTJAX_CHECK(ka == kb, InvalidArgument, "[matmul] inner dimensions differ: ", to_string(a.shape()),
+                (ta ? "^T" : ""), " @ ", to_string(b.shape()), (tb ? "^T" : ""));
+  d.k = ka;
+  d.batch_shape = Shape(a.shape().begin(), a.shape().end() - 2);
+  Shape b_batch(b.shape().begin(), b.shape().end() - 2);
+  d.b_shared = b.rank() == 2;
+  DISTJAX_CHECK(d.b_shared || b_batch == d.batch_shape, InvalidArgument,
+                "[matmul] batch dimensions differ: ", to_string(a.shape()), " @ ",
+                to_string(b.shape()), " (b may also be 2-D)");
+  d.batch = numel(d.batch_shape);
+  return d;
+}
+
+Tensor matmul_forward(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  MatmulDims d = check_matmul(a, b, ta, tb);
+  Shape out_shape = d.batch_shape;
+  out_shape.push_back(d.m);
+  out_shape.push_back(d.n);
+  Tensor out = Tensor::empty(out_shape);
+  // With a shared B and no transpose of A, the batch folds into M: one larger GEMM.
+  if (d.b_shared && !ta && d.batch > 1) {
+    detail::run_gemm({1, d.batch * d.m, d.n, d.k, false, tb, true, false}, a.data<float>(),
+                     b.data<float>(), nullptr, out.data<float>());
+  } else {
+    detail::run_gemm({d.batch, d.m, d.n, d.k, ta, tb, d.b_shared, false}, a.data<float>(),
+                     b.data<float>(), nullptr, out.data<float>());
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  Tensor out = matmul_forward(a, b, ta, tb);
+  if (!needs_grad({&a, &b})) return out;
+  return record("matmul", {a, b}, out,
+                [ad = a.detach(), bd = b.detach(), ta, tb, ra = a.requires_grad(),
+                 rb = b.requires_grad()](const std::vector<Tensor>& g) {
+                  const Tensor& gc = g[0];
+                  Tensor ga, gb;
+                  if (ra) ga = ta ? matmul(bd, gc, tb, true) : matmul(gc, bd, false, !tb);
+                  if (rb) {
+                    if (bd.rank() == 2 && ad.rank() > 2) {
+                      // B was shared by every batch: its cotangent sums over the batch.
+                      if (!ta) {
+                        Tensor a2 = ad.view({ad.numel() / ad.size(-1), ad.size(-1)});
+                        Tensor g2 = gc.view({gc.numel() / gc.size(-1), gc.size(-1)});
+                        gb = tb ? matmul(g2, a2, true, false) : matmul(a2, g2, true, false);
+                      } else {
+                        Tensor per = tb ? matmul(gc, ad, true, true) : matmul(ad, gc, false, false);
+                        std::vector<int> axes;
+                        for (int i = 0; i < per.rank() - 2; ++i) axes.push_back(i);
+                        gb = sum(per, axes);
+                      }
+                    } else {
+                      gb = tb ? matmul(gc, ad, true, ta) : matmul(ad, gc, !ta, false);
+                    }
+                  }
+                  return std::vector<Tensor>{ga, gb};
+                });
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  detail::require_f32("linear", {&x, &w});
+  DISTJAX_CHECK(w.rank() == 2 && x.rank() >= 1 && x.size(-1) == w.size(0), InvalidArgument,
+                "[linear] x ", to_string(x.shape()), " does not match kernel ", to_string(w.shape()),
+                " (expected x (..., K), kernel (K, N))");
+  const std::int64_t k = w.size(0), n = w.size(1), m = x.numel() / std::max<std::int64_t>(k, 1);
+  if (bias.defined()) {
+    detail::require_f32("linear", {&bias});
+    DISTJAX_CHECK(bias.rank() == 1 && bias.size(0) == n, InvalidArgument, "[linear] bias ",
+                  to_string(bias.shape()), " does not match kernel ", to_string(w.shape()));
+  }
+  Shape out_shape = x.shape();
+  out_shape.back() = n;
+  Tensor out = Tensor::empty(out_shape);
+  detail::run_gemm({1, m, n, k, false, false, true, bias.defined()}, x.data<float>(), w.data<float>(),
+                   bias.defined() ? bias.data<float>() : nullptr, out.data<float>());
+  std::vector<Tensor> inputs{x, w};
+  if (bias.defined()) inputs.push_back(bias);
+  if (!needs_grad(inputs)) return out;
+  return record("linear", inputs, out,
+                [xd = x.detach(), wd = w.detach(), has_bias = bias.defined(),
+                 rx = x.requires_grad()](const std::vector<Tensor>& g) {
+                  const std::int64_t k = wd.size(0), n = wd.size(1);
+                  Tensor g2 = g[0].view({g[0].numel() / n, n});
+                  Tensor x2 = xd.view({xd.numel() / k, k});
+                  std::vector<Tensor> out;
+                  out.push_back(rx ? matmul(g2, wd, false, true).view(xd.shape()) : Tensor());
+                  out.push_back(matmul(x2, g2, true, false));
+                  if (has_bias) out.push_back(sum(g2, {0}));
+                  return out;
+                });
+}
+
+}  // namespace distjax::tensor

@@ -1,0 +1,230 @@
+#include "distjax/tensor/shape_ops.hpp"
+
+#include <cstring>
+#include <numeric>
+
+#include "distjax/tensor/detail/kernels.hpp"
+#include "distjax/tensor/grad_node.hpp"
+#include "distjax/tensor/reduce.hpp"
+
+namespace distjax::tensor {
+namespace {
+
+std::vector<int> inverse_perm(const std::vector<int>& p) {
+  std::vector<int> inv(p.size());
+  for (std::size_t i = 0; i < p.size(); ++i) inv[p[i]] = static_cast<int>(i);
+  return inv;
+}
+
+// Copies x (viewed as outer x (len*inner)) into out (outer x (total*inner)) at offset
+// `at` along the middle dimension: the shared kernel of slice, concat and split.
+void copy_block(const char* src, std::int64_t src_row, char* dst, std::int64_t dst_row,
+                std::int64_t outer, std::int64_t bytes) {
+#pragma omp parallel for if (outer * bytes > 4 * detail::kParallelGrain)
+  for (std::int64_t o = 0; o < outer; ++o) std::memcpy(dst + o * dst_row, src + o * src_row, bytes);
+}
+
+std::pair<std::int64_t, std::int64_t> outer_inner(const Shape& s, int axis) {
+  std::int64_t outer = 1, inner = 1;
+  for (int i = 0; i < axis; ++i) outer *= s[i];
+  for (int i = axis + 1; i < static_cast<int>(s.size()); ++i) inner *= s[i];
+  return {outer, inner};
+}
+
+}  // namespace
+
+Tensor reshape(const Tensor& x, const Shape& shape_in) {
+  check_defined(x, "reshape", "x");
+  Shape shape = shape_in;
+  int infer = -1;
+  std::int64_t known = 1;
+  for (int i = 0; i < static_cast<int>(shape.size()); ++i) {
+    if (shape[i] == -1) {
+      DISTJAX_CHECK(infer < 0, InvalidArgument, "[reshape] more than one -1 in ", to_string(shape_in));
+      infer = i;
+    } else {
+      known *= shape[i];
+    }
+  }
+  if (infer >= 0) {
+    DISTJAX_CHECK(known > 0 && x.numel() % known == 0, InvalidArgument, "[reshape] cannot reshape ",
+                  to_string(x.shape()), " to ", to_string(shape_in));
+    shape[infer] = x.numel() / known;
+  }
+  DISTJAX_CHECK(numel(shape) == x.numel(), InvalidArgument, "[reshape] cannot reshape ",
+                to_string(x.shape()), " (", x.numel(), " elements) to ", to_string(shape_in));
+  Tensor out = x.view(shape);
+  if (!needs_grad({&x})) return out;
+  return record("reshape", {x}, out, [xs = x.shape()](const std::vector<Tensor>& g) {
+    return std::vector<Tensor>{g[0].view(xs)};
+  });
+}
+
+Tensor permute(const Tensor& x, const std::vector<int>& perm) {
+  check_defined(x, "permute", "x");
+  detail::require_cpu("permute", {&x});
+  DISTJAX_CHECK(static_cast<int>(perm.size()) == x.rank(), InvalidArgument, "[permute] perm of length ",
+                perm.size(), " for rank ", x.rank());
+  std::vector<int> seen(perm.size(), 0);
+  for (int p : perm) {
+    DISTJAX_CHECK(p >= 0 && p < x.rank() && !seen[p]++, InvalidArgument,
+                  "[permute] perm is not a permutation of 0..", x.rank() - 1);
+  }
+  const int r = x.rank();
+  Shape os(r);
+  for (int i = 0; i < r; ++i) os[i] = x.shape()[perm[i]];
+  Tensor out = Tensor::empty(os, x.dtype());
+  const auto in_strides = contiguous_strides(x.shape());
+  std::vector<std::int64_t> st(r);  // input stride for each output dim
+  for (int i = 0; i < r; ++i) st[i] = in_strides[perm[i]];
+  const std::size_t es = dtype_size(x.dtype());
+  const char* src = static_cast<const char*>(x.raw_data());
+  char* dst = static_cast<char*>(out.raw_data());
+  // Iterate the output in order over all but its last dim; copy the last dim with its stride.
+  const std::int64_t last = r ? os[r - 1] : 1, last_stride = r ? st[r - 1] : 1;
+  const std::int64_t rows = r ? out.numel() / std::max<std::int64_t>(last, 1) : 1;
+#pragma omp parallel for if (out.numel() > detail::kParallelGrain)
+  for (std::int64_t row = 0; row < rows; ++row) {
+    std::int64_t rem = row, off = 0;
+    for (int d = r - 2; d >= 0; --d) {
+      off += (rem % os[d]) * st[d];
+      rem /= os[d];
+    }
+    char* o = dst + row * last * es;
+    if (es == 4) {
+      const float* s = reinterpret_cast<const float*>(src) + off;
+      float* of = reinterpret_cast<float*>(o);
+      for (std::int64_t j = 0; j < last; ++j) of[j] = s[j * last_stride];
+    } else {
+      for (std::int64_t j = 0; j < last; ++j) std::memcpy(o + j * es, src + (off + j * last_stride) * es, es);
+    }
+  }
+  if (!needs_grad({&x})) return out;
+  return record("permute", {x}, out, [inv = inverse_perm(perm)](const std::vector<Tensor>& g) {
+    return std::vector<Tensor>{permute(g[0], inv)};
+  });
+}
+
+Tensor transpose(const Tensor& x, int d0, int d1) {
+  check_defined(x, "transpose", "x");
+  std::vector<int> perm(x.rank());
+  std::iota(perm.begin(), perm.end(), 0);
+  std::swap(perm[normalize_axis(d0, x.rank(), "transpose")], perm[normalize_axis(d1, x.rank(), "transpose")]);
+  return permute(x, perm);
+}
+
+Tensor slice(const Tensor& x, int axis_in, std::int64_t start, std::int64_t end) {
+  check_defined(x, "slice", "x");
+  detail::require_cpu("slice", {&x});
+  const int axis = normalize_axis(axis_in, x.rank(), "slice");
+  const std::int64_t n = x.size(axis);
+  if (start < 0) start += n;
+  if (end < 0) end += n;
+  DISTJAX_CHECK(0 <= start && start <= end && end <= n, InvalidArgument, "[slice] range [", start, ", ",
+                end, ") is outside dimension ", axis, " of ", to_string(x.shape()));
+  Shape os = x.shape();
+  os[axis] = end - start;
+  Tensor out = Tensor::empty(os, x.dtype());
+  auto [outer, inner] = outer_inner(x.shape(), axis);
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(x.dtype()));
+  copy_block(static_cast<const char*>(x.raw_data()) + start * inner * es, n * inner * es,
+             static_cast<char*>(out.raw_data()), (end - start) * inner * es, outer, (end - start) * inner * es);
+  if (!needs_grad({&x})) return out;
+  return record("slice", {x}, out, [xs = x.shape(), axis, start, end](const std::vector<Tensor>& g) {
+    Tensor gx = Tensor::zeros(xs);
+    auto [outer, inner] = outer_inner(xs, axis);
+    copy_block(static_cast<const char*>(g[0].raw_data()), (end - start) * inner * 4,
+               static_cast<char*>(gx.raw_data()) + start * inner * 4, xs[axis] * inner * 4, outer,
+               (end - start) * inner * 4);
+    return std::vector<Tensor>{gx};
+  });
+}
+
+Tensor concat(const std::vector<Tensor>& xs, int axis_in) {
+  DISTJAX_CHECK(!xs.empty(), InvalidArgument, "[concat] no tensors given");
+  const Tensor& x0 = xs[0];
+  check_defined(x0, "concat", "input 0");
+  const int axis = normalize_axis(axis_in, x0.rank(), "concat");
+  Shape os = x0.shape();
+  os[axis] = 0;
+  std::vector<std::int64_t> sizes;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    check_defined(xs[i], "concat", "an input");
+    Shape a = xs[i].shape(), b = x0.shape();
+    DISTJAX_CHECK(a.size() == b.size() && xs[i].dtype() == x0.dtype(), InvalidArgument,
+                  "[concat] input ", i, " ", to_string(a), " does not match input 0 ", to_string(b));
+    a[axis] = b[axis] = 0;
+    DISTJAX_CHECK(a == b, InvalidArgument, "[concat] input ", i, " ", to_string(xs[i].shape()),
+                  " differs from input 0 ", to_string(x0.shape()), " outside axis ", axis);
+    sizes.push_back(xs[i].size(axis));
+    os[axis] += xs[i].size(axis);
+  }
+  Tensor out = Tensor::empty(os, x0.dtype());
+  auto [outer, inner] = outer_inner(os, axis);
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(x0.dtype()));
+  std::int64_t at = 0;
+  for (const Tensor& x : xs) {
+    const std::int64_t len = x.size(axis);
+    copy_block(static_cast<const char*>(x.raw_data()), len * inner * es,
+               static_cast<char*>(out.raw_data()) + at * inner * es, os[axis] * inner * es, outer,
+               len * inner * es);
+    at += len;
+  }
+  if (!needs_grad(xs)) return out;
+  return record("concat", xs, out, [sizes, axis](const std::vector<Tensor>& g) {
+    return split(g[0], sizes, axis);
+  });
+}
+
+std::vector<Tensor> split(const Tensor& x, const std::vector<std::int64_t>& sizes, int axis_in) {
+  check_defined(x, "split", "x");
+  const int axis = normalize_axis(axis_in, x.rank(), "split");
+  std::int64_t total = 0;
+  for (auto s : sizes) total += s;
+  DISTJAX_CHECK(total == x.size(axis), InvalidArgument, "[split] sizes sum to ", total,
+                " but dimension ", axis, " of ", to_string(x.shape()), " is ", x.size(axis));
+  std::vector<Tensor> outs;
+  std::int64_t at = 0;
+  for (auto s : sizes) {
+    outs.push_back(slice(x, axis, at, at + s));
+    at += s;
+  }
+  return outs;
+}
+
+std::vector<Tensor> split(const Tensor& x, int n, int axis) {
+  check_defined(x, "split", "x");
+  const int a = normalize_axis(axis, x.rank(), "split");
+  DISTJAX_CHECK(n > 0 && x.size(a) % n == 0, InvalidArgument, "[split] dimension ", a, " of ",
+                to_string(x.shape()), " does not divide into ", n, " parts");
+  return split(x, std::vector<std::int64_t>(n, x.size(a) / n), a);
+}
+
+Tensor stack(const std::vector<Tensor>& xs, int axis) {
+  DISTJAX_CHECK(!xs.empty(), InvalidArgument, "[stack] no tensors given");
+  const int a = normalize_axis(axis, xs[0].rank() + 1, "stack");
+  std::vector<Tensor> expanded;
+  for (const Tensor& x : xs) {
+    DISTJAX_CHECK(x.defined() && x.shape() == xs[0].shape(), InvalidArgument, "[stack] shapes differ: ",
+                  x.defined() ? to_string(x.shape()) : "undefined", " vs ", to_string(xs[0].shape()));
+    Shape s = x.shape();
+    s.insert(s.begin() + a, 1);
+    expanded.push_back(reshape(x, s));
+  }
+  return concat(expanded, a);
+}
+
+Tensor broadcast_to(const Tensor& x, const Shape& shape) {
+  detail::require_f32("broadcast_to", {&x});
+  DISTJAX_CHECK(broadcast_shapes(x.shape(), shape, "broadcast_to") == shape, InvalidArgument,
+                "[broadcast_to] cannot broadcast ", to_string(x.shape()), " to ", to_string(shape));
+  if (x.shape() == shape) return x;
+  Tensor out = Tensor::empty(shape);
+  detail::broadcast_binary(x, Tensor::scalar(0.0), out, [](float v, float) { return v; });
+  if (!needs_grad({&x})) return out;
+  return record("broadcast_to", {x}, out, [xs = x.shape()](const std::vector<Tensor>& g) {
+    return std::vector<Tensor>{sum_to(g[0], xs)};
+  });
+}
+
+}  // namespace distjax::tensor

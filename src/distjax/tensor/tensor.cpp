@@ -1,0 +1,138 @@
+#include "distjax/tensor/tensor.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "distjax/tensor/grad_node.hpp"
+#include "distjax/tensor/detail/cast.hpp"
+
+namespace distjax::tensor {
+
+Storage::Storage(std::size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
+  DISTJAX_CHECK(device.kind == DeviceKind::CPU, NotImplemented, "[Storage] device ", device.str(),
+                " has no allocator in this build");
+  std::size_t rounded = (std::max<std::size_t>(nbytes, 1) + 63) / 64 * 64;
+  data_ = std::aligned_alloc(64, rounded);
+  DISTJAX_CHECK(data_ != nullptr, Error, "[Storage] out of memory allocating ", nbytes, " bytes");
+}
+
+Storage::~Storage() { std::free(data_); }
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  for (auto d : shape)
+    DISTJAX_CHECK(d >= 0, InvalidArgument, "[Tensor::empty] negative dimension in ", to_string(shape));
+  Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.storage_ = std::make_shared<Storage>(t.nbytes(), device);
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype) {
+  Tensor t = empty(shape, dtype);
+  std::memset(t.raw_data(), 0, t.nbytes());
+  return t;
+}
+
+Tensor Tensor::full(const Shape& shape, double value, DType dtype) {
+  Tensor t = empty(shape, dtype);
+  detail::fill(t, value);
+  return t;
+}
+
+Tensor Tensor::ones(const Shape& shape, DType dtype) { return full(shape, 1.0, dtype); }
+Tensor Tensor::scalar(double value, DType dtype) { return full({}, value, dtype); }
+
+Tensor Tensor::arange(std::int64_t n, DType dtype) {
+  Tensor t = empty({n}, DType::F32);
+  float* p = t.data<float>();
+  for (std::int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(i);
+  if (dtype == DType::F32) return t;
+  Tensor out = empty({n}, dtype);
+  detail::convert(t, out);
+  return out;
+}
+
+std::int64_t Tensor::size(int axis) const { return shape_[normalize_axis(axis, rank(), "Tensor::size")]; }
+
+Device Tensor::device() const { return storage_ ? storage_->device() : Device::cpu(); }
+
+void* Tensor::raw_data() const {
+  DISTJAX_CHECK(defined(), InvalidArgument, "[Tensor::raw_data] tensor is undefined");
+  return static_cast<char*>(storage_->data()) + offset_;
+}
+
+template <class T>
+T Tensor::item() const {
+  DISTJAX_CHECK(numel() == 1, InvalidArgument, "[Tensor::item] expected one element, shape is ",
+                to_string(shape_));
+  return static_cast<T>(detail::load_as_double(*this, 0));
+}
+template float Tensor::item<float>() const;
+template double Tensor::item<double>() const;
+template std::int32_t Tensor::item<std::int32_t>() const;
+template std::int64_t Tensor::item<std::int64_t>() const;
+
+Tensor Tensor::clone() const {
+  Tensor t = empty(shape_, dtype_, device());
+  std::memcpy(t.raw_data(), raw_data(), nbytes());
+  return t;
+}
+
+Tensor Tensor::detach() const {
+  Tensor t = *this;
+  t.node_.reset();
+  t.out_index_ = 0;
+  return t;
+}
+
+Tensor Tensor::view(const Shape& shape) const {
+  DISTJAX_CHECK(distjax::numel(shape) == numel(), InvalidArgument, "[Tensor::view] cannot view ",
+                to_string(shape_), " as ", to_string(shape));
+  Tensor t = detach();
+  t.shape_ = shape;
+  return t;
+}
+
+Tensor Tensor::view_rows(std::int64_t begin, std::int64_t end) const {
+  DISTJAX_CHECK(rank() >= 1 && 0 <= begin && begin <= end && end <= shape_[0], InvalidArgument,
+                "[Tensor::view_rows] rows [", begin, ", ", end, ") of shape ", to_string(shape_));
+  Tensor t = detach();
+  std::size_t row_bytes = shape_[0] == 0 ? 0 : nbytes() / shape_[0];
+  t.offset_ += static_cast<std::size_t>(begin) * row_bytes;
+  t.shape_[0] = end - begin;
+  return t;
+}
+
+void Tensor::set_grad_node(std::shared_ptr<Node> node, int output_index) {
+  node_ = std::move(node);
+  out_index_ = output_index;
+}
+
+std::string Tensor::str(int max_values) const {
+  std::ostringstream os;
+  if (!defined()) return "Tensor(undefined)";
+  os << "Tensor(" << dtype_name(dtype_) << ", " << to_string(shape_);
+  std::int64_t n = std::min<std::int64_t>(numel(), max_values);
+  if (n > 0) {
+    os << ", [";
+    for (std::int64_t i = 0; i < n; ++i) os << (i ? ", " : "") << detail::load_as_double(*this, i);
+    if (numel() > n) os << ", ...";
+    os << "]";
+  }
+  os << ")";
+  return os.str();
+}
+
+void check_dtype(const Tensor& t, DType want, const char* op, const char* what) {
+  check_defined(t, op, what);
+  DISTJAX_CHECK(t.dtype() == want, InvalidArgument, "[", op, "] expected dtype ", dtype_name(want),
+                " for ", what, ", got ", dtype_name(t.dtype()));
+}
+
+void check_defined(const Tensor& t, const char* op, const char* what) {
+  DISTJAX_CHECK(t.defined(), InvalidArgument, "[", op, "] ", what, " is an undefined tensor");
+}
+
+}  // namespace distjax::tensor
