@@ -15,11 +15,11 @@ configure: setup
 build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
-run: build
-	./$(BUILD)/train_mnist --out runs/mnist
+run:
+	BUILD=$(BUILD) bash scripts/run.sh
 
-test: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+test:
+	BUILD=$(BUILD) bash scripts/test.sh
 
 bench: build
 	bash bench/run.sh $(BUILD)
