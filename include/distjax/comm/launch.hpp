@@ -1,0 +1,61 @@
+// launch: runs a function once per device (threads or MPI backend) with the world
+// communicator, and the options that choose the backend, timeout and link model.
+#pragma once
+
+#include <chrono>
+#include <functional>
+
+#include "distjax/comm/communicator.hpp"
+
+namespace distjax::comm {
+
+/// Where the devices live.
+enum class Backend : std::uint8_t {
+  Threads,  // simulated devices: one thread each, in this process
+  Mpi,      // one process per device, launched by mpirun / srun
+};
+/// "threads", "mpi".
+const char* backend_name(Backend b);
+
+/// Optional cost model of the interconnect for the threads backend: every call sleeps
+/// steps * latency + bytes_sent / bandwidth (steps and bytes of the ring algorithm, see
+/// OpCounters), so users can see what communication would cost on a slower link.
+struct LinkModel {
+  double latency_us = 0;      // per message step
+  double bandwidth_gbps = 0;  // GB/s (1e9 bytes per second); 0 = off (memory speed)
+  bool enabled() const { return latency_us > 0 || bandwidth_gbps > 0; }
+};
+
+/// How launch starts the devices.
+struct LaunchOptions {
+  Backend backend = Backend::Threads;
+  /// Threads: devices in this process. MPI: total devices = world size x
+  /// devices_per_process; values <= 1 mean "the world size".
+  int num_devices = 1;
+  /// MPI only; only 1 is implemented (several devices per process throws NotImplemented).
+  int devices_per_process = 1;
+  /// A collective or transfer that does not complete within this time fails on every
+  /// participating device with CommError.
+  std::chrono::milliseconds timeout{30000};
+  LinkModel link;
+  /// OpenMP threads per device for its kernels; 0 = cores / local devices, at least 1.
+  int intra_op_threads = 0;
+  /// Exchange and compare call descriptors before each collective (mismatch detection).
+  /// The threads backend always checks (it costs nothing there); under MPI turning it
+  /// off saves one small allgather per call.
+  bool check_collectives = true;
+};
+
+/// Runs fn once per local device with that device's world communicator and joins.
+/// Threads backend: one thread per simulated device (each with its own autodiff tape,
+/// which is thread-local, and omp_set_num_threads(intra_op_threads)). MPI backend:
+/// initialises MPI (MPI_Init_thread) if needed and runs fn on this process's device.
+/// If any device throws, the others are woken (their pending calls throw CommError, no
+/// hang) and launch rethrows the first error (CommError or the device's own exception)
+/// with the device index in the message.
+void launch(const LaunchOptions& opts, const std::function<void(Communicator& world)>& fn);
+
+/// Whether a backend is compiled into this build (Mpi is false in builds without MPI).
+bool backend_available(Backend b);
+
+}  // namespace distjax::comm
