@@ -21,6 +21,11 @@ namespace detail {
 /// through a cached oneDNN primitive. Exposed for kernels and benchmarks.
 void gemm_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
               float alpha, const float* a, const float* b, float beta, float* c);
+/// The same with explicit leading dimensions (row-major: lda >= op-stored row length),
+/// for GEMMs on sub-blocks of larger matrices.
+void gemm_f32_ld(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                 float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                 float beta, float* c, std::int64_t ldc);
 }  // namespace detail
 
 }  // namespace distjax::tensor

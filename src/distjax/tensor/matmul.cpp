@@ -83,8 +83,15 @@ void run_gemm(const GemmKey& key, const float* a, const float* b, const float* b
 
 void gemm_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
               const float* a, const float* b, float beta, float* c) {
-  dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a,
-                                trans_a ? m : k, b, trans_b ? k : n, beta, c, n);
+  gemm_f32_ld(trans_a, trans_b, m, n, k, alpha, a, trans_a ? m : k, b, trans_b ? k : n, beta, c, n);
+}
+
+void gemm_f32_ld(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                 float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                 float beta, float* c, std::int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b,
+                                ldb, beta, c, ldc);
   DISTJAX_CHECK(st == dnnl_success, Error, "[gemm_f32] dnnl_sgemm failed with status ", int(st));
 }
 
