@@ -1,0 +1,36 @@
+// TransformerBlock: the pre-norm GPT block, x + attn(ln1(x)), then x + mlp(ln2(x)).
+// Shape legend: B batch, T sequence, C model width.
+#pragma once
+
+#include <string>
+
+#include "distjax/nn/scope.hpp"
+
+namespace distjax::nn {
+
+/// x (B, T, C) -> (B, T, C):
+///   x = x + dropout(attn(ln1(x)));  x = x + dropout(mlp(ln2(x)))
+/// Children: "ln1", "attn" (MultiHeadAttention), "ln2", "mlp" (MLPBlock); dropout masks
+/// from "attn_dropout" and "mlp_dropout". With `remat`, applying the block runs it
+/// under autodiff::checkpoint: its activations are recomputed in the backward pass
+/// (same values and gradients, less memory).
+struct TransformerBlock {
+  std::int64_t num_heads = 1;
+  /// MLP hidden width; 0 means 4 * C.
+  std::int64_t mlp_hidden = 0;
+  float dropout = 0.f;
+  float ln_eps = 1e-5f;
+  bool remat = false;
+  Initializer kernel_init = lecun_normal();
+  /// Initialiser of the two residual output projections (attn/out, mlp/fc2).
+  Initializer out_init = lecun_normal();
+  /// Passed to MultiHeadAttention and MLPBlock (Megatron sharding metadata).
+  std::string model_axis{};
+
+  Tensor operator()(const Scope& scope, const Tensor& x) const;
+
+ private:
+  Tensor body(const Scope& scope, const Tensor& x) const;
+};
+
+}  // namespace distjax::nn

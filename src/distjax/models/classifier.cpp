@@ -1,0 +1,46 @@
+#include "distjax/models/classifier.hpp"
+
+#include "distjax/nn/dense.hpp"
+#include "distjax/nn/dropout.hpp"
+#include "distjax/tensor/elementwise.hpp"
+#include "distjax/tensor/grad_node.hpp"
+
+namespace distjax::models {
+
+Classifier::Classifier(ClassifierConfig config) : config_(config) {
+  DISTJAX_CHECK(config_.in_features > 0 && config_.hidden > 0 && config_.num_classes > 0,
+                ConfigError, "[Classifier] in_features, hidden and num_classes must be > 0, got ",
+                config_.in_features, ", ", config_.hidden, ", ", config_.num_classes);
+  DISTJAX_CHECK(config_.dropout >= 0.f && config_.dropout < 1.f, ConfigError,
+                "[Classifier] dropout must be in [0, 1), got ", config_.dropout);
+}
+
+Tensor Classifier::operator()(const nn::Scope& scope, const Tensor& x) const {
+  tensor::check_defined(x, "Classifier", "x");
+  DISTJAX_CHECK(x.rank() == 2 && x.size(1) == config_.in_features, InvalidArgument,
+                "[Classifier] expected x (B, ", config_.in_features, "), got ",
+                to_string(x.shape()));
+  Tensor h = nn::Dense{.features = config_.hidden}(scope.child("fc1"), x);
+  h = tensor::silu(h);
+  h = nn::Dropout{.rate = config_.dropout}(scope.child("dropout"), h);
+  return nn::Dense{.features = config_.num_classes}(scope.child("fc2"), h);
+}
+
+TensorTree Classifier::init(Key key) const {
+  TensorTree params;
+  tensor::NoGradGuard no_grad;
+  (*this)(nn::Scope::init(&params, key), Tensor::zeros({1, config_.in_features}));
+  return params;
+}
+
+Tensor Classifier::apply(const TensorTree& params, const Tensor& x, bool train,
+                         Key dropout_key) const {
+  return (*this)(nn::Scope::apply(&params, train, dropout_key), x);
+}
+
+std::int64_t Classifier::num_params() const {
+  const auto& c = config_;
+  return c.in_features * c.hidden + c.hidden + c.hidden * c.num_classes + c.num_classes;
+}
+
+}  // namespace distjax::models

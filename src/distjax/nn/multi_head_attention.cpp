@@ -1,0 +1,39 @@
+#include "distjax/nn/multi_head_attention.hpp"
+
+#include "distjax/nn/dense.hpp"
+#include "distjax/tensor/attention.hpp"
+#include "distjax/tensor/shape_ops.hpp"
+
+namespace distjax::nn {
+
+Tensor MultiHeadAttention::operator()(const Scope& scope, const Tensor& x) const {
+  tensor::check_defined(x, "MultiHeadAttention", "x");
+  DISTJAX_CHECK(x.rank() == 3, InvalidArgument, "[MultiHeadAttention] \"", scope.path(),
+                "\" expects x (B, T, C), got ", to_string(x.shape()));
+  const std::int64_t b = x.size(0), t = x.size(1), c = x.size(2);
+  DISTJAX_CHECK(num_heads > 0 && c % num_heads == 0, InvalidArgument, "[MultiHeadAttention] \"",
+                scope.path(), "\" width C=", c, " is not divisible by num_heads=", num_heads);
+  const std::int64_t h = num_heads, d = c / num_heads;
+  const bool tp = !model_axis.empty();
+
+  Dense qkv_proj{.features = 3 * c, .kernel_init = kernel_init};
+  Dense out_proj{.features = c, .kernel_init = out_init};
+  if (tp) {
+    qkv_proj.kernel_axes = {"", model_axis};
+    qkv_proj.bias_axes = {model_axis};
+    out_proj.kernel_axes = {model_axis, ""};
+  }
+  Tensor qkv = qkv_proj(scope.child("qkv"), x);                          // (B, T, 3C)
+  qkv = tensor::reshape(qkv, {b, t, h, 3, d});
+  qkv = tensor::permute(qkv, {3, 0, 2, 1, 4});                          // (3, B, H, T, D)
+  std::vector<Tensor> parts = tensor::split(qkv, 3, 0);
+  const Shape head_shape{b, h, t, d};
+  Tensor q = tensor::reshape(parts[0], head_shape);
+  Tensor k = tensor::reshape(parts[1], head_shape);
+  Tensor v = tensor::reshape(parts[2], head_shape);
+  Tensor y = tensor::attention(q, k, v, causal);                        // (B, H, T, D)
+  y = tensor::reshape(tensor::permute(y, {0, 2, 1, 3}), {b, t, c});     // (B, T, C)
+  return out_proj(scope.child("out"), y);
+}
+
+}  // namespace distjax::nn

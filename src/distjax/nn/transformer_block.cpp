@@ -1,0 +1,41 @@
+#include "distjax/nn/transformer_block.hpp"
+
+#include "distjax/autodiff/autodiff.hpp"
+#include "distjax/nn/dropout.hpp"
+#include "distjax/nn/layer_norm.hpp"
+#include "distjax/nn/mlp_block.hpp"
+#include "distjax/nn/multi_head_attention.hpp"
+#include "distjax/tensor/elementwise.hpp"
+#include "distjax/tensor/grad_node.hpp"
+
+namespace distjax::nn {
+
+Tensor TransformerBlock::body(const Scope& scope, const Tensor& x) const {
+  const LayerNorm ln{.eps = ln_eps};
+  const Dropout drop{.rate = dropout};
+  const MultiHeadAttention attn{.num_heads = num_heads, .kernel_init = kernel_init,
+                                .out_init = out_init, .model_axis = model_axis};
+  const MLPBlock mlp{.hidden = mlp_hidden, .kernel_init = kernel_init, .out_init = out_init,
+                     .model_axis = model_axis};
+  Tensor h = attn(scope.child("attn"), ln(scope.child("ln1"), x));
+  Tensor y = tensor::add(x, drop(scope.child("attn_dropout"), h));
+  h = mlp(scope.child("mlp"), ln(scope.child("ln2"), y));
+  return tensor::add(y, drop(scope.child("mlp_dropout"), h));
+}
+
+Tensor TransformerBlock::operator()(const Scope& scope, const Tensor& x) const {
+  tensor::check_defined(x, "TransformerBlock", "x");
+  DISTJAX_CHECK(x.rank() == 3, InvalidArgument, "[TransformerBlock] \"", scope.path(),
+                "\" expects x (B, T, C), got ", to_string(x.shape()));
+  if (!remat || scope.is_init() || !tensor::grad_enabled()) return body(scope, x);
+  // Everything differentiated must enter through the checkpoint's params and inputs,
+  // so the block runs on a scope rebased onto the subtree handed back by checkpoint.
+  const TransformerBlock self = *this;
+  autodiff::RematFn fn = [self, scope](const TensorTree& p, const std::vector<Tensor>& in) {
+    const Scope s = scope.rebased(&p);
+    return std::vector<Tensor>{self.body(s, in[0])};
+  };
+  return autodiff::checkpoint(fn, scope.params(), {x})[0];
+}
+
+}  // namespace distjax::nn
