@@ -156,19 +156,46 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
                  rb = b.requires_grad()](const std::vector<Tensor>& g) {
                   const Tensor& gc = g[0];
                   Tensor ga, gb;
-                  if (ra) ga = ta ? matmul(bd, gc, tb, true) : matmul(gc, bd, false, !tb);
+                  const bool shared = bd.rank() == 2 && ad.rank() > 2;
+                  if (ra) {
+                    if (!ta) {
+                      ga = matmul(gc, bd, false, !tb);
+                    } else if (!shared) {
+                      ga = matmul(bd, gc, tb, true);
+                    } else {
+                      // dA[i] = op(B) dC[i]^T for a shared B: per batch, no batched operand on the left.
+                      ga = Tensor::empty(ad.shape());
+                      const std::int64_t m = gc.size(-2), n = gc.size(-1), k = ad.size(-2);
+                      const std::int64_t batch = gc.numel() / (m * n);
+                      const float* pb = bd.data<float>();
+                      const float* pg = gc.data<float>();
+                      float* po = ga.data<float>();
+                      for (std::int64_t i = 0; i < batch; ++i)
+                        detail::gemm_f32(tb, true, k, m, n, 1.f, pb, pg + i * m * n, 0.f, po + i * k * m);
+                    }
+                  }
                   if (rb) {
-                    if (bd.rank() == 2 && ad.rank() > 2) {
+                    if (shared) {
                       // B was shared by every batch: its cotangent sums over the batch.
                       if (!ta) {
                         Tensor a2 = ad.view({ad.numel() / ad.size(-1), ad.size(-1)});
                         Tensor g2 = gc.view({gc.numel() / gc.size(-1), gc.size(-1)});
                         gb = tb ? matmul(g2, a2, true, false) : matmul(a2, g2, true, false);
                       } else {
-                        Tensor per = tb ? matmul(gc, ad, true, true) : matmul(ad, gc, false, false);
-                        std::vector<int> axes;
-                        for (int i = 0; i < per.rank() - 2; ++i) axes.push_back(i);
-                        gb = sum(per, axes);
+                        // Accumulate per-batch products into one (K, N) or (N, K) buffer.
+                        gb = Tensor::zeros(bd.shape());
+                        const std::int64_t m = gc.size(-2), n = gc.size(-1), k = ad.size(-2);
+                        const std::int64_t batch = gc.numel() / (m * n);
+                        const float* pa = ad.data<float>();
+                        const float* pg = gc.data<float>();
+                        float* po = gb.data<float>();
+                        for (std::int64_t i = 0; i < batch; ++i) {
+                          const float beta = 1.f;
+                          if (tb)  // dB (N, K) += dC[i]^T A[i]^T
+                            detail::gemm_f32(true, true, n, k, m, 1.f, pg + i * m * n, pa + i * k * m, beta, po);
+                          else  // dB (K, N) += A[i] dC[i]
+                            detail::gemm_f32(false, false, k, n, m, 1.f, pa + i * k * m, pg + i * m * n, beta, po);
+                        }
                       }
                     } else {
                       gb = tb ? matmul(gc, ad, true, ta) : matmul(ad, gc, !ta, false);
@@ -199,13 +226,13 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   if (!needs_grad(inputs)) return out;
   return record("linear", inputs, out,
                 [xd = x.detach(), wd = w.detach(), has_bias = bias.defined(),
-                 rx = x.requires_grad()](const std::vector<Tensor>& g) {
+                 rx = x.requires_grad(), rw = w.requires_grad()](const std::vector<Tensor>& g) {
                   const std::int64_t k = wd.size(0), n = wd.size(1);
                   Tensor g2 = g[0].view({g[0].numel() / n, n});
                   Tensor x2 = xd.view({xd.numel() / k, k});
                   std::vector<Tensor> out;
                   out.push_back(rx ? matmul(g2, wd, false, true).view(xd.shape()) : Tensor());
-                  out.push_back(matmul(x2, g2, true, false));
+                  out.push_back(rw ? matmul(x2, g2, true, false) : Tensor());
                   if (has_bias) out.push_back(sum(g2, {0}));
                   return out;
                 });

@@ -1,5 +1,7 @@
 #include "distjax/tensor/reduce.hpp"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <limits>
 
@@ -33,49 +35,103 @@ Shape drop_axes(const Shape& s, const std::vector<int>& axes) {
   return out;
 }
 
-// Reduces one axis of x viewed as (outer, r, inner) with `combine`, starting from `init`.
-template <class F>
-Tensor reduce_axis(const Tensor& x, int axis, float init, F combine) {
+enum class ReduceOp { Sum, Max };
+
+template <ReduceOp Op>
+inline float combine(float a, float b) {
+  if constexpr (Op == ReduceOp::Sum) return a + b;
+  else return b > a ? b : a;
+}
+
+template <ReduceOp Op>
+constexpr float reduce_init() {
+  return Op == ReduceOp::Sum ? 0.f : -std::numeric_limits<float>::infinity();
+}
+
+// dst[o, i] = combine over j in [j0, j1) of src[o, j, i], for x viewed as (outer, r, inner).
+template <ReduceOp Op>
+void reduce_block(const float* px, float* dst, std::int64_t o0, std::int64_t o1, std::int64_t r,
+                  std::int64_t inner, std::int64_t j0, std::int64_t j1) {
+  for (std::int64_t o = o0; o < o1; ++o) {
+    if (inner == 1) {
+      const float* row = px + o * r;
+      float acc = reduce_init<Op>();
+      if constexpr (Op == ReduceOp::Sum) {
+#pragma omp simd reduction(+ : acc)
+        for (std::int64_t j = j0; j < j1; ++j) acc += row[j];
+      } else {
+#pragma omp simd reduction(max : acc)
+        for (std::int64_t j = j0; j < j1; ++j) acc = std::max(acc, row[j]);
+      }
+      dst[o] = acc;
+      continue;
+    }
+    float* d = dst + o * inner;
+    std::fill(d, d + inner, reduce_init<Op>());
+    for (std::int64_t j = j0; j < j1; ++j) {
+      const float* src = px + (o * r + j) * inner;
+#pragma omp simd
+      for (std::int64_t i = 0; i < inner; ++i) d[i] = combine<Op>(d[i], src[i]);
+    }
+  }
+}
+
+// Reduces axes [a0, a1) of x (merged into one) viewed as (outer, r, inner); keeps them as 1.
+// Parallel over `outer` when it has enough rows for every thread, else over chunks of
+// `r` into per-thread partials combined in thread order (deterministic for a given
+// thread count): the (N, C) -> (C) bias-gradient case takes the second path.
+template <ReduceOp Op>
+Tensor reduce_axes(const Tensor& x, int a0, int a1) {
   const Shape& s = x.shape();
-  std::int64_t outer = 1, inner = 1, r = s[axis];
-  for (int i = 0; i < axis; ++i) outer *= s[i];
-  for (int i = axis + 1; i < x.rank(); ++i) inner *= s[i];
+  std::int64_t outer = 1, inner = 1, r = 1;
+  for (int i = 0; i < a0; ++i) outer *= s[i];
+  for (int i = a0; i < a1; ++i) r *= s[i];
+  for (int i = a1; i < x.rank(); ++i) inner *= s[i];
   Shape os = s;
-  os[axis] = 1;
+  for (int i = a0; i < a1; ++i) os[i] = 1;
   Tensor out = Tensor::empty(os);
   const float* px = x.data<float>();
   float* po = out.data<float>();
-  if (inner == 1) {
-#pragma omp parallel for if (outer * r > detail::kParallelGrain)
-    for (std::int64_t o = 0; o < outer; ++o) {
-      const float* row = px + o * r;
-      float acc = init;
-      for (std::int64_t j = 0; j < r; ++j) acc = combine(acc, row[j]);
-      po[o] = acc;
-    }
+  const std::int64_t work = outer * r * inner;
+  const int nt = work > detail::kParallelGrain ? omp_get_max_threads() : 1;
+  if (nt == 1 || r <= 1) {
+    reduce_block<Op>(px, po, 0, outer, r, inner, 0, r);
+  } else if (outer >= 4 * nt) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (std::int64_t o = 0; o < outer; ++o) reduce_block<Op>(px, po, o, o + 1, r, inner, 0, r);
   } else {
-#pragma omp parallel for if (outer * r * inner > detail::kParallelGrain)
-    for (std::int64_t o = 0; o < outer; ++o) {
-      float* dst = po + o * inner;
-      std::fill(dst, dst + inner, init);
-      for (std::int64_t j = 0; j < r; ++j) {
-        const float* src = px + (o * r + j) * inner;
+    const std::int64_t len = outer * inner;
+    std::vector<float> part(static_cast<std::size_t>(nt * len), reduce_init<Op>());
+#pragma omp parallel num_threads(nt)
+    {
+      const std::int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
+      reduce_block<Op>(px, part.data() + t * len, 0, outer, r, inner, r * t / n, r * (t + 1) / n);
+    }
+    std::copy(part.begin(), part.begin() + len, po);
+    for (int t = 1; t < nt; ++t) {
+      const float* src = part.data() + t * len;
 #pragma omp simd
-        for (std::int64_t i = 0; i < inner; ++i) dst[i] = combine(dst[i], src[i]);
-      }
+      for (std::int64_t i = 0; i < len; ++i) po[i] = combine<Op>(po[i], src[i]);
     }
   }
   return out;
 }
 
-// Sum with keepdims, no recording.
-Tensor sum_raw(const Tensor& x, const std::vector<int>& axes) {
+// Reduction over sorted `axes` with keepdims, no recording: each run of adjacent axes is
+// one pass. Returns a new tensor even when there is nothing to reduce.
+template <ReduceOp Op>
+Tensor reduce_raw(const Tensor& x, const std::vector<int>& axes) {
   Tensor cur = x;
-  // Merge all-leading axes into one pass: x viewed as (prod(lead), rest) summed over rows.
-  for (int i = static_cast<int>(axes.size()) - 1; i >= 0; --i)
-    cur = reduce_axis(cur, axes[i], 0.f, [](float a, float b) { return a + b; });
-  return cur.defined() && cur.shares_storage_with(x) ? x.clone() : cur;
+  for (int i = static_cast<int>(axes.size()) - 1; i >= 0;) {
+    int j = i;
+    while (j > 0 && axes[j - 1] == axes[j] - 1) --j;
+    cur = reduce_axes<Op>(cur, axes[j], axes[i] + 1);
+    i = j - 1;
+  }
+  return cur.shares_storage_with(x) ? x.clone() : cur;
 }
+
+Tensor sum_raw(const Tensor& x, const std::vector<int>& axes) { return reduce_raw<ReduceOp::Sum>(x, axes); }
 
 }  // namespace
 
@@ -110,11 +166,7 @@ Tensor max(const Tensor& x, const std::vector<int>& axes_in, bool keepdims) {
   std::vector<int> axes = normalize_axes(axes_in, x.rank(), "max");
   for (int a : axes)
     DISTJAX_CHECK(x.size(a) > 0, InvalidArgument, "[max] empty axis ", a, " in ", to_string(x.shape()));
-  Tensor cur = x;
-  for (int i = static_cast<int>(axes.size()) - 1; i >= 0; --i)
-    cur = reduce_axis(cur, axes[i], -std::numeric_limits<float>::infinity(),
-                      [](float a, float b) { return b > a ? b : a; });
-  if (cur.shares_storage_with(x)) cur = x.clone();
+  Tensor cur = reduce_raw<ReduceOp::Max>(x, axes);
   Shape ks = cur.shape();
   Tensor out = keepdims ? cur : cur.view(drop_axes(x.shape(), axes));
   if (!needs_grad({&x})) return out;

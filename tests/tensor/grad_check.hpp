@@ -1,0 +1,148 @@
+// Gradient harness (after ggml's test-backend-ops): one GradCase per op with its own
+// tolerance. The analytic gradient of L = sum_o sum(fn(x)_o * c_o), for fixed random
+// cotangents c_o, comes from autodiff::value_and_grad; the numeric one from central
+// differences of L in double precision, perturbing every input element.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "distjax/distjax.hpp"
+
+namespace distjax::testing {
+
+using tensor::Tensor;
+using tensor::TensorTree;
+
+/// One op under test: f32 inputs (all differentiated), a function of them returning one
+/// or more f32 outputs, the finite-difference step and the tolerance
+/// |analytic - numeric| <= atol + rtol * |numeric| per element.
+struct GradCase {
+  std::string name;
+  std::vector<Tensor> inputs;
+  std::function<std::vector<Tensor>(const std::vector<Tensor>&)> fn;
+  double eps = 1e-2;
+  double rtol = 1e-2;
+  double atol = 1e-3;
+};
+
+/// Uniform values in [lo, hi) from a fixed key.
+inline Tensor uniform(const Shape& shape, std::uint64_t seed, float lo = -1.f, float hi = 1.f) {
+  Tensor t = Tensor::empty(shape);
+  random_uniform(Key::from_seed(seed), t.data<float>(), t.numel(), lo, hi);
+  return t;
+}
+
+/// Uniform magnitudes in [lo, hi) with random signs: values kept away from 0 (relu, abs).
+inline Tensor away_from_zero(const Shape& shape, std::uint64_t seed, float lo, float hi) {
+  Tensor t = uniform(shape, seed, lo, hi);
+  Tensor s = uniform(shape, seed + 7919, -1.f, 1.f);
+  float* p = t.data<float>();
+  const float* ps = s.data<float>();
+  for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = ps[i] < 0.f ? -p[i] : p[i];
+  return t;
+}
+
+/// A random permutation of {0, gap, 2 gap, ...} shifted to be centred: no two values tie,
+/// so max and maximum have a well-defined gradient when eps < gap / 2.
+inline Tensor distinct(const Shape& shape, std::uint64_t seed, float gap = 0.1f) {
+  const std::int64_t n = numel(shape);
+  std::vector<float> keys(static_cast<std::size_t>(n));
+  random_uniform(Key::from_seed(seed), keys.data(), n);
+  std::vector<std::int64_t> order(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](auto a, auto b) { return keys[a] < keys[b]; });
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) v[order[i]] = (static_cast<float>(i) - 0.5f * n) * gap;
+  return Tensor::from_vector(v, shape);
+}
+
+/// Single-output convenience for GradCase::fn.
+template <class F>
+std::function<std::vector<Tensor>(const std::vector<Tensor>&)> one(F f) {
+  return [f](const std::vector<Tensor>& x) { return std::vector<Tensor>{f(x)}; };
+}
+
+namespace detail {
+
+inline std::string leaf_name(std::size_t i) { return "in" + std::to_string(100 + i); }
+
+inline double weighted_sum(const std::vector<Tensor>& ys, const std::vector<Tensor>& cs) {
+  double acc = 0.0;
+  for (std::size_t o = 0; o < ys.size(); ++o) {
+    const float* py = ys[o].data<float>();
+    const float* pc = cs[o].data<float>();
+    for (std::int64_t i = 0; i < ys[o].numel(); ++i) acc += static_cast<double>(py[i]) * pc[i];
+  }
+  return acc;
+}
+
+}  // namespace detail
+
+/// Checks every input's analytic gradient against central differences.
+inline ::testing::AssertionResult check_gradients(const GradCase& c) {
+  std::vector<Tensor> xs;
+  for (const Tensor& t : c.inputs) xs.push_back(t.clone());
+  // Fixed cotangents, one per output, from a key derived from the case name.
+  std::vector<Tensor> cots;
+  {
+    tensor::NoGradGuard off;
+    std::vector<Tensor> ys = c.fn(xs);
+    for (std::size_t o = 0; o < ys.size(); ++o) {
+      Tensor ct = Tensor::empty(ys[o].shape());
+      random_normal(Key::from_seed(2024).fold_in(c.name).fold_in(o), ct.data<float>(), ct.numel());
+      cots.push_back(ct);
+    }
+  }
+  TensorTree params;
+  for (std::size_t i = 0; i < xs.size(); ++i) params.set(detail::leaf_name(i), xs[i]);
+  auto loss_fn = [&](const TensorTree& p) {
+    std::vector<Tensor> in;
+    for (std::size_t i = 0; i < xs.size(); ++i) in.push_back(p.at(detail::leaf_name(i)));
+    std::vector<Tensor> ys = c.fn(in);
+    Tensor loss = tensor::sum(tensor::mul(ys[0], cots[0]));
+    for (std::size_t o = 1; o < ys.size(); ++o) loss = tensor::add(loss, tensor::sum(tensor::mul(ys[o], cots[o])));
+    return loss;
+  };
+  auto [loss, grads] = autodiff::value_and_grad(loss_fn)(params);
+
+  tensor::NoGradGuard off;
+  std::ostringstream fail;
+  double worst = 0.0;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const Tensor& ga = grads.at(detail::leaf_name(i));
+    if (ga.shape() != xs[i].shape())
+      return ::testing::AssertionFailure() << c.name << ": gradient of input " << i << " has shape "
+                                           << to_string(ga.shape()) << ", expected " << to_string(xs[i].shape());
+    const float* pa = ga.data<float>();
+    float* px = xs[i].data<float>();
+    for (std::int64_t j = 0; j < xs[i].numel(); ++j) {
+      const float orig = px[j];
+      px[j] = static_cast<float>(orig + c.eps);
+      const double hi = detail::weighted_sum(c.fn(xs), cots);
+      px[j] = static_cast<float>(orig - c.eps);
+      const double lo = detail::weighted_sum(c.fn(xs), cots);
+      px[j] = orig;
+      const double num = (hi - lo) / (2.0 * c.eps);
+      const double err = std::abs(pa[j] - num);
+      const double tol = c.atol + c.rtol * std::abs(num);
+      if (!(err <= tol) && err / tol > worst) {  // also catches NaN
+        worst = std::isnan(err) ? INFINITY : err / tol;
+        fail.str("");
+        fail << c.name << ": input " << i << " " << to_string(xs[i].shape()) << " element " << j
+             << ": analytic " << pa[j] << " vs numeric " << num << " (|diff| " << err << " > tol "
+             << tol << ")";
+      }
+    }
+  }
+  if (worst > 0.0) return ::testing::AssertionFailure() << fail.str();
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace distjax::testing
