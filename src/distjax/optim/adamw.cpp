@@ -1,0 +1,81 @@
+#include "distjax/optim/adamw.hpp"
+
+#include "distjax/core/error.hpp"
+#include "distjax/optim/detail/leaves.hpp"
+#include "distjax/tensor/grad_node.hpp"
+
+namespace distjax::optim {
+
+namespace {
+std::vector<std::string> split_path(const std::string& path) {
+  std::vector<std::string> parts;
+  std::size_t start = 0;
+  while (true) {
+    std::size_t slash = path.find('/', start);
+    parts.push_back(path.substr(start, slash - start));
+    if (slash == std::string::npos) break;
+    start = slash + 1;
+  }
+  return parts;
+}
+}  // namespace
+
+DecayMask decay_mask_excluding(std::vector<std::string> names, std::vector<std::string> substrings) {
+  return [names = std::move(names), substrings = std::move(substrings)](const std::string& path) {
+    const std::vector<std::string> parts = split_path(path);
+    for (const auto& n : names)
+      if (parts.back() == n) return false;
+    for (const auto& s : substrings)
+      if (path.find(s) != std::string::npos) return false;
+    return true;
+  };
+}
+
+DecayMask default_decay_mask() {
+  return [](const std::string& path) {
+    const std::vector<std::string> parts = split_path(path);
+    const std::string& leaf = parts.back();
+    if (leaf == "bias" || leaf == "b" || leaf == "scale" || leaf == "gamma" || leaf == "beta")
+      return false;
+    for (const auto& c : parts)
+      if (c.find("norm") != std::string::npos || c.rfind("ln", 0) == 0) return false;
+    return true;
+  };
+}
+
+AdamW::AdamW(AdamWConfig config) : config_(std::move(config)) {
+  DISTJAX_CHECK(config_.learning_rate, InvalidArgument, "[AdamW] learning_rate schedule is empty");
+  DISTJAX_CHECK(config_.b1 >= 0.0 && config_.b1 < 1.0 && config_.b2 >= 0.0 && config_.b2 < 1.0,
+                InvalidArgument, "[AdamW] betas must lie in [0, 1), got b1=", config_.b1,
+                " b2=", config_.b2);
+  DISTJAX_CHECK(config_.weight_decay >= 0.0, InvalidArgument,
+                "[AdamW] weight_decay must be >= 0, got ", config_.weight_decay);
+}
+
+bool AdamW::decays(const std::string& path) const {
+  return !config_.decay_mask || config_.decay_mask(path);
+}
+
+TensorTree AdamW::init(const TensorTree& params) const {
+  TensorTree state;
+  detail::add_zero_slot(state, "mu", params);
+  detail::add_zero_slot(state, "nu", params);
+  return state;
+}
+
+void AdamW::update(TensorTree& params, const TensorTree& grads, TensorTree& state,
+                   std::int64_t step) const {
+  tensor::NoGradGuard no_grad;
+  const double lr = config_.learning_rate(step);
+  for (auto& [path, p] : params) {
+    if (!detail::trainable(p)) continue;
+    const Tensor& g = detail::checked_grad("AdamW", path, p, grads);
+    const Tensor& m = detail::checked_slot("AdamW", "mu", path, p, state);
+    const Tensor& v = detail::checked_slot("AdamW", "nu", path, p, state);
+    const double decay = decays(path) ? 1.0 - lr * config_.weight_decay : 1.0;
+    detail::adam_kernel(p.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(),
+                        p.numel(), lr, config_.b1, config_.b2, config_.eps, step + 1, decay, 0.0);
+  }
+}
+
+}  // namespace distjax::optim

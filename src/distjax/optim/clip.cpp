@@ -1,0 +1,48 @@
+#include "distjax/optim/clip.hpp"
+
+#include <cmath>
+
+#include "distjax/core/error.hpp"
+
+namespace distjax::optim {
+
+double global_norm_squared(const tensor::TensorTree& tree) {
+  double total = 0.0;
+  for (const auto& [path, t] : tree) {
+    if (!is_floating(t.dtype())) continue;
+    DISTJAX_CHECK(t.dtype() == DType::F32, NotImplemented, "[global_norm] leaf \"", path,
+                  "\" is ", dtype_name(t.dtype()), "; only f32 is supported");
+    const float* p = t.data<float>();
+    const std::int64_t n = t.numel();
+    double acc = 0.0;
+#pragma omp simd reduction(+ : acc)
+    for (std::int64_t i = 0; i < n; ++i) acc += static_cast<double>(p[i]) * p[i];
+    total += acc;
+  }
+  return total;
+}
+
+double global_norm(const tensor::TensorTree& tree) { return std::sqrt(global_norm_squared(tree)); }
+
+void scale_in_place(tensor::TensorTree& grads, double factor) {
+  const float f = static_cast<float>(factor);
+  for (auto& [path, t] : grads) {
+    if (!is_floating(t.dtype())) continue;
+    DISTJAX_CHECK(t.dtype() == DType::F32, NotImplemented, "[scale_in_place] leaf \"", path,
+                  "\" is ", dtype_name(t.dtype()), "; only f32 is supported");
+    float* p = t.data<float>();
+    const std::int64_t n = t.numel();
+#pragma omp simd
+    for (std::int64_t i = 0; i < n; ++i) p[i] *= f;
+  }
+}
+
+double clip_by_global_norm(tensor::TensorTree& grads, double max_norm) {
+  DISTJAX_CHECK(max_norm > 0.0, InvalidArgument, "[clip_by_global_norm] max_norm must be > 0, got ",
+                max_norm);
+  const double norm = global_norm(grads);
+  if (norm > max_norm) scale_in_place(grads, max_norm / norm);
+  return norm;
+}
+
+}  // namespace distjax::optim

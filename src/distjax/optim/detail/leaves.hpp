@@ -1,0 +1,34 @@
+// Private helpers shared by the optimizers: validating a gradient tree against the
+// parameters and creating / looking up state slots.
+#pragma once
+
+#include <string>
+
+#include "distjax/tensor/tensor_tree.hpp"
+
+namespace distjax::optim::detail {
+
+using tensor::Tensor;
+using tensor::TensorTree;
+
+/// Whether the leaf takes part in optimisation (floating dtype).
+inline bool trainable(const Tensor& t) { return is_floating(t.dtype()); }
+
+/// Checks that `p` is f32 and that `grads` has an f32 gradient of p's shape at `path`;
+/// returns it. `op` names the optimizer in the message.
+const Tensor& checked_grad(const char* op, const std::string& path, const Tensor& p,
+                           const TensorTree& grads);
+
+/// The f32 state slot "<slot>/<path>" of p's shape; throws naming `op` if absent.
+const Tensor& checked_slot(const char* op, const std::string& slot, const std::string& path,
+                           const Tensor& p, const TensorTree& state);
+
+/// f32 zeros of every trainable leaf's shape at "<slot>/<path>", merged into `state`.
+void add_zero_slot(TensorTree& state, const std::string& slot, const TensorTree& params);
+
+/// The fused Adam/AdamW update on n elements. `decay` is the decoupled multiplier
+/// applied to p first (1 for none), `l2` the coupled L2 coefficient added to g.
+void adam_kernel(float* p, const float* g, float* m, float* v, std::int64_t n, double lr,
+                 double b1, double b2, double eps, std::int64_t t, double decay, double l2);
+
+}  // namespace distjax::optim::detail
