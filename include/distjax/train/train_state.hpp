@@ -1,0 +1,26 @@
+// TrainState: everything a training run carries from one step to the next.
+#pragma once
+
+#include <cstdint>
+
+#include "distjax/core/prng.hpp"
+#include "distjax/optim/optimizer.hpp"
+#include "distjax/tensor/tensor_tree.hpp"
+
+namespace distjax::train {
+
+using tensor::TensorTree;
+
+/// Step counter, parameters, optimizer state (same paths as the parameters under a
+/// slot prefix) and the base PRNG key; the key of step s is rng.fold_in(s).
+struct TrainState {
+  std::int64_t step = 0;
+  TensorTree params;
+  TensorTree opt_state;
+  Key rng;
+
+  /// A state at step 0 with the optimizer's fresh state for `params`.
+  static TrainState create(TensorTree params, const optim::Optimizer& optimizer, Key rng);
+};
+
+}  // namespace distjax::train

@@ -1,0 +1,91 @@
+// Trainer: a small loop helper around train_step that prints progress on the terminal
+// and writes metrics.jsonl and summary.json into a run's output directory.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "distjax/optim/optimizer.hpp"
+#include "distjax/train/train_step.hpp"
+
+namespace distjax::train {
+
+/// Options of a Trainer.
+struct TrainerConfig {
+  std::string out_dir;            ///< where metrics.jsonl / summary.json go; empty = no files
+  std::int64_t total_steps = 0;   ///< shown as "step/total" (0 = unknown)
+  std::int64_t log_every = 50;    ///< print and write a record every this many steps
+  double items_per_example = 1;   ///< e.g. T tokens per sequence for a language model
+  std::string items_name = "examples";  ///< unit of throughput: "examples" or "tokens"
+  std::string mesh = "single device";   ///< recorded in summary.json
+  std::string backend = "none";         ///< communication backend, recorded in summary.json
+  bool print = true;                    ///< print progress lines on stdout
+};
+
+/// Runs train steps and logs them. Each logged record in metrics.jsonl holds: step,
+/// loss (mean over the steps since the last record), learning_rate, grad_norm, the
+/// other train metrics by name, throughput (items/s over those steps, evaluation time
+/// excluded), throughput_unit and elapsed_s. Evaluations write records with "eval_"
+/// metrics. `finish` writes summary.json.
+///
+///   train::Trainer trainer({.out_dir = "runs/mnist", .total_steps = n}, opt, loss_fn);
+///   for (...) trainer.step(state, loader.next());
+///   trainer.evaluate(state, test_batches);
+///   trainer.finish(state);
+class Trainer {
+ public:
+  Trainer(TrainerConfig config, const optim::Optimizer& optimizer, LossFn loss_fn,
+          TrainStepOptions options = {});
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  /// One train_step on `state`; logs when the step count reaches a multiple of
+  /// log_every or total_steps. Returns the step's metrics.
+  Metrics step(TrainState& state, const Batch& batch);
+
+  /// Evaluates the loss function (or `eval_fn` when given) over `batches` at
+  /// state.params, then prints and records the means under "eval_<name>".
+  Metrics evaluate(const TrainState& state, const std::vector<Batch>& batches,
+                   const LossFn& eval_fn = nullptr);
+
+  /// Records externally computed eval metrics for `step`.
+  void log_eval(std::int64_t step, const Metrics& eval);
+
+  /// Writes summary.json: steps, wall_time_s, train_time_s, throughput (+ unit), items
+  /// seen, optimizer, mesh, backend, the last train and eval metrics, and `extra`.
+  /// Also prints a closing line.
+  void finish(const TrainState& state, const std::map<std::string, double>& extra = {});
+
+  /// The means of the most recent evaluation (empty before the first).
+  const std::map<std::string, double>& last_eval() const { return last_eval_; }
+  /// Seconds since construction.
+  double elapsed_s() const;
+  /// Items (examples or tokens) per second of training so far, evaluation excluded.
+  double throughput() const;
+
+ private:
+  void log_train(std::int64_t step);
+  void write_record(const std::string& json_line);
+
+  TrainerConfig config_;
+  const optim::Optimizer& optimizer_;
+  LossFn loss_fn_;
+  TrainStepOptions options_;
+  std::chrono::steady_clock::time_point start_;
+  double train_seconds_ = 0.0;   // time inside step() in total
+  double window_seconds_ = 0.0;  // time inside step() since the last log
+  double window_items_ = 0.0;
+  double total_items_ = 0.0;
+  Metrics window_;
+  std::map<std::string, double> last_train_;
+  std::map<std::string, double> last_eval_;
+  struct Files;
+  std::unique_ptr<Files> files_;
+};
+
+}  // namespace distjax::train

@@ -1,0 +1,114 @@
+#include "distjax/data/text_corpus.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "distjax/core/error.hpp"
+
+namespace distjax::data {
+
+namespace fs = std::filesystem;
+using tensor::Tensor;
+
+ByteCorpus ByteCorpus::from_bytes(std::vector<std::uint8_t> bytes, double val_fraction) {
+  DISTJAX_CHECK(val_fraction > 0.0 && val_fraction < 1.0, InvalidArgument,
+                "[ByteCorpus] val_fraction must lie in (0, 1), got ", val_fraction);
+  const auto n = static_cast<std::int64_t>(bytes.size());
+  const auto n_val = static_cast<std::int64_t>(static_cast<double>(n) * val_fraction);
+  DISTJAX_CHECK(n_val >= 1 && n - n_val >= 1, InvalidArgument, "[ByteCorpus] ", n,
+                " bytes are too few to split with val_fraction ", val_fraction);
+  ByteCorpus c;
+  c.validation.assign(bytes.end() - n_val, bytes.end());
+  bytes.resize(static_cast<std::size_t>(n - n_val));
+  c.train = std::move(bytes);
+  return c;
+}
+
+std::vector<std::uint8_t> read_text_files(const std::string& dir) {
+  std::vector<fs::path> files;
+  std::error_code ec;
+  if (fs::is_directory(dir, ec)) {
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const fs::path& p = e.path();
+      const std::string ext = p.extension().string();
+      if (ext == ".dat" || ext == ".u8") continue;           // strfile indexes, UTF-8 links
+      if (e.is_symlink() || !e.is_regular_file()) continue;  // links duplicate other files
+      files.push_back(p);
+    }
+  }
+  DISTJAX_CHECK(!files.empty(), IoError, "[read_text_files] no text files in \"", dir,
+                "\"; install the Debian package `fortunes` (apt-get install fortunes) or pass "
+                "a directory of text files");
+  std::sort(files.begin(), files.end());  // deterministic order on every file system
+  std::vector<std::uint8_t> out;
+  for (const auto& p : files) {
+    std::ifstream f(p, std::ios::binary);
+    DISTJAX_CHECK(f.good(), IoError, "[read_text_files] cannot read \"", p.string(), "\"");
+    out.insert(out.end(), std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  return out;
+}
+
+ByteCorpus load_fortunes(const std::string& dir, double val_fraction) {
+  return ByteCorpus::from_bytes(read_text_files(dir), val_fraction);
+}
+
+namespace {
+void check_window(const std::vector<std::uint8_t>& bytes, std::int64_t batch_size,
+                  std::int64_t seq_len, const char* op) {
+  DISTJAX_CHECK(batch_size >= 1 && seq_len >= 1, InvalidArgument, "[", op,
+                "] batch_size and seq_len must be >= 1, got ", batch_size, " and ", seq_len);
+  DISTJAX_CHECK(static_cast<std::int64_t>(bytes.size()) >= seq_len + 1, InvalidArgument, "[", op,
+                "] ", bytes.size(), " bytes are too few for windows of ", seq_len + 1);
+}
+
+void fill_window(const std::uint8_t* src, std::int64_t seq_len, std::int32_t* x, std::int32_t* y) {
+  for (std::int64_t t = 0; t < seq_len; ++t) {
+    x[t] = src[t];
+    y[t] = src[t + 1];
+  }
+}
+}  // namespace
+
+train::Batch sample_windows(const std::vector<std::uint8_t>& bytes, std::int64_t batch_size,
+                            std::int64_t seq_len, const Key& key) {
+  check_window(bytes, batch_size, seq_len, "sample_windows");
+  const auto positions = static_cast<std::uint64_t>(bytes.size()) - seq_len;  // offsets [0, positions)
+  train::Batch b{Tensor::empty({batch_size, seq_len}, DType::I32),
+                 Tensor::empty({batch_size, seq_len}, DType::I32)};
+  std::int32_t* x = b.inputs.data<std::int32_t>();
+  std::int32_t* y = b.labels.data<std::int32_t>();
+  for (std::int64_t i = 0; i < batch_size; ++i) {
+    auto w = key.bits(static_cast<std::uint64_t>(i));
+    const std::uint64_t r = (std::uint64_t{w[0]} << 32) | w[1];
+    const std::int64_t off = static_cast<std::int64_t>(r % positions);
+    fill_window(bytes.data() + off, seq_len, x + i * seq_len, y + i * seq_len);
+  }
+  return b;
+}
+
+std::vector<train::Batch> sequential_windows(const std::vector<std::uint8_t>& bytes,
+                                             std::int64_t batch_size, std::int64_t seq_len,
+                                             std::int64_t max_batches) {
+  check_window(bytes, batch_size, seq_len, "sequential_windows");
+  // Windows start every seq_len bytes and need seq_len + 1 bytes.
+  const std::int64_t windows = (static_cast<std::int64_t>(bytes.size()) - 1) / seq_len;
+  std::int64_t n_batches = windows / batch_size;
+  if (max_batches > 0) n_batches = std::min(n_batches, max_batches);
+  std::vector<train::Batch> out;
+  for (std::int64_t bi = 0; bi < n_batches; ++bi) {
+    train::Batch b{Tensor::empty({batch_size, seq_len}, DType::I32),
+                   Tensor::empty({batch_size, seq_len}, DType::I32)};
+    for (std::int64_t i = 0; i < batch_size; ++i) {
+      const std::int64_t off = (bi * batch_size + i) * seq_len;
+      fill_window(bytes.data() + off, seq_len, b.inputs.data<std::int32_t>() + i * seq_len,
+                  b.labels.data<std::int32_t>() + i * seq_len);
+    }
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+}  // namespace distjax::data

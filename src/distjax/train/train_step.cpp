@@ -1,0 +1,127 @@
+#include "distjax/train/train_step.hpp"
+
+#include "distjax/autodiff/autodiff.hpp"
+#include "distjax/core/error.hpp"
+#include "distjax/optim/clip.hpp"
+#include "distjax/tensor/grad_node.hpp"
+
+namespace distjax::train {
+
+namespace {
+
+double scalar_loss(const Tensor& loss) {
+  DISTJAX_CHECK(loss.defined() && loss.numel() == 1, InvalidArgument,
+                "[train_step] the loss function must return a scalar loss, got ",
+                loss.defined() ? to_string(loss.shape()) : std::string("undefined"));
+  return loss.item<double>();
+}
+
+// Adds ("loss", loss * B, B) unless the loss function reported "loss" itself.
+void add_default_loss(Metrics& m, double loss, std::int64_t batch_size) {
+  if (!m.contains("loss")) m.add("loss", loss * static_cast<double>(batch_size),
+                                 static_cast<double>(batch_size));
+}
+
+// acc += g (f32 leaves), in place.
+void add_into(TensorTree& acc, const TensorTree& g) {
+  for (auto& [path, a] : acc) {
+    if (a.dtype() != DType::F32) continue;
+    const Tensor& b = g.at(path);
+    float* __restrict pa = a.data<float>();
+    const float* __restrict pb = b.data<float>();
+    const std::int64_t n = a.numel();
+#pragma omp simd
+    for (std::int64_t i = 0; i < n; ++i) pa[i] += pb[i];
+  }
+}
+
+// Gradient leaves may share storage (one cotangent handed to two inputs, views of
+// one buffer); clipping and accumulation write in place, so give each leaf its own.
+TensorTree owned(TensorTree grads) {
+  std::vector<Tensor> seen;
+  for (auto& [path, g] : grads) {
+    for (const Tensor& s : seen) {
+      if (g.shares_storage_with(s)) {
+        g = g.clone();
+        break;
+      }
+    }
+    seen.push_back(g);
+  }
+  return grads;
+}
+
+}  // namespace
+
+GradientResult accumulate_gradients(const LossFn& loss_fn, const TensorTree& params,
+                                    const Batch& batch, Key rng, int num_minibatches) {
+  const std::int64_t b = batch.size();
+  DISTJAX_CHECK(num_minibatches >= 1, InvalidArgument,
+                "[accumulate_gradients] num_minibatches must be >= 1, got ", num_minibatches);
+  DISTJAX_CHECK(b % num_minibatches == 0, InvalidArgument, "[accumulate_gradients] batch size ", b,
+                " is not divisible by num_minibatches ", num_minibatches,
+                "; choose a batch size that is a multiple of it (examples are never dropped)");
+  auto vg = autodiff::value_and_grad(
+      [&](const TensorTree& p, const Batch& mb, Key k) { return loss_fn(p, mb, k); });
+
+  GradientResult out;
+  if (num_minibatches == 1) {
+    auto [res, grads] = vg(params, batch, rng);
+    out.loss = scalar_loss(res.first);
+    out.metrics = std::move(res.second);
+    add_default_loss(out.metrics, out.loss, b);
+    out.grads = owned(std::move(grads));
+    return out;
+  }
+  const std::int64_t mb = b / num_minibatches;
+  for (int i = 0; i < num_minibatches; ++i) {
+    Batch part = batch.slice(i * mb, (i + 1) * mb);
+    auto [res, grads] = vg(params, part, rng.fold_in(static_cast<std::uint64_t>(i)));
+    const double loss = scalar_loss(res.first);
+    Metrics m = std::move(res.second);
+    add_default_loss(m, loss, mb);
+    out.metrics.merge(m);
+    out.loss += loss / num_minibatches;
+    tensor::NoGradGuard no_grad;
+    if (i == 0) {
+      out.grads = owned(std::move(grads));
+    } else {
+      add_into(out.grads, grads);
+    }
+  }
+  optim::scale_in_place(out.grads, 1.0 / num_minibatches);
+  return out;
+}
+
+Metrics train_step(TrainState& state, const Batch& batch, const LossFn& loss_fn,
+                   const optim::Optimizer& optimizer, const TrainStepOptions& options) {
+  GradientResult r = accumulate_gradients(loss_fn, state.params, batch,
+                                          state.rng.fold_in(static_cast<std::uint64_t>(state.step)),
+                                          options.num_minibatches);
+  const double norm = options.max_grad_norm > 0.0
+                          ? optim::clip_by_global_norm(r.grads, options.max_grad_norm)
+                          : optim::global_norm(r.grads);
+  const double lr = optimizer.learning_rate(state.step);
+  optimizer.update(state.params, r.grads, state.opt_state, state.step);
+  state.step += 1;
+  r.metrics.add("grad_norm", norm, 1.0);
+  r.metrics.add("learning_rate", lr, 1.0);
+  return r.metrics;
+}
+
+Metrics eval_step(const TensorTree& params, const Batch& batch, const LossFn& loss_fn, Key rng) {
+  tensor::NoGradGuard no_grad;
+  auto [loss, m] = loss_fn(params, batch, rng);
+  add_default_loss(m, scalar_loss(loss), batch.size());
+  return m;
+}
+
+Metrics evaluate(const TensorTree& params, const std::vector<Batch>& batches, const LossFn& loss_fn,
+                 Key rng) {
+  Metrics total;
+  for (std::size_t i = 0; i < batches.size(); ++i)
+    total.merge(eval_step(params, batches[i], loss_fn, rng.fold_in(static_cast<std::uint64_t>(i))));
+  return total;
+}
+
+}  // namespace distjax::train

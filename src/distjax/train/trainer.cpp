@@ -1,0 +1,196 @@
+#include "distjax/train/trainer.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "distjax/core/error.hpp"
+
+namespace distjax::train {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// JSON has no NaN/Inf: write them as null.
+json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+
+std::string short_name(const std::string& name) {
+  if (name == "learning_rate") return "lr";
+  if (name == "grad_norm") return "gnorm";
+  return name;
+}
+
+std::string format_value(const std::string& name, double v) {
+  char buf[64];
+  if (name == "learning_rate")
+    std::snprintf(buf, sizeof buf, "%.3e", v);
+  else if (std::fabs(v) >= 1e4 || (v != 0.0 && std::fabs(v) < 1e-3))
+    std::snprintf(buf, sizeof buf, "%.3e", v);
+  else
+    std::snprintf(buf, sizeof buf, "%.4f", v);
+  return buf;
+}
+
+}  // namespace
+
+struct Trainer::Files {
+  std::filesystem::path dir;
+  std::ofstream metrics;
+};
+
+Trainer::Trainer(TrainerConfig config, const optim::Optimizer& optimizer, LossFn loss_fn,
+                 TrainStepOptions options)
+    : config_(std::move(config)),
+      optimizer_(optimizer),
+      loss_fn_(std::move(loss_fn)),
+      options_(options),
+      start_(Clock::now()) {
+  DISTJAX_CHECK(loss_fn_, InvalidArgument, "[Trainer] loss function is empty");
+  DISTJAX_CHECK(config_.log_every >= 1, InvalidArgument, "[Trainer] log_every must be >= 1, got ",
+                config_.log_every);
+  if (!config_.out_dir.empty()) {
+    files_ = std::make_unique<Files>();
+    files_->dir = config_.out_dir;
+    std::error_code ec;
+    std::filesystem::create_directories(files_->dir, ec);
+    DISTJAX_CHECK(!ec, IoError, "[Trainer] cannot create output directory \"", config_.out_dir,
+                  "\": ", ec.message());
+    const auto path = files_->dir / "metrics.jsonl";
+    files_->metrics.open(path, std::ios::out | std::ios::trunc);
+    DISTJAX_CHECK(files_->metrics.good(), IoError, "[Trainer] cannot write \"", path.string(), "\"");
+  }
+}
+
+Trainer::~Trainer() = default;
+
+double Trainer::elapsed_s() const { return seconds_since(start_); }
+
+double Trainer::throughput() const {
+  return train_seconds_ > 0.0 ? total_items_ / train_seconds_ : 0.0;
+}
+
+void Trainer::write_record(const std::string& json_line) {
+  if (!files_) return;
+  files_->metrics << json_line << '\n';
+  files_->metrics.flush();
+}
+
+Metrics Trainer::step(TrainState& state, const Batch& batch) {
+  const auto t0 = Clock::now();
+  Metrics m = train_step(state, batch, loss_fn_, optimizer_, options_);
+  const double dt = seconds_since(t0);
+  const double items = static_cast<double>(batch.size()) * config_.items_per_example;
+  train_seconds_ += dt;
+  window_seconds_ += dt;
+  window_items_ += items;
+  total_items_ += items;
+  window_.merge(m);
+  if (state.step % config_.log_every == 0 || state.step == config_.total_steps)
+    log_train(state.step);
+  return m;
+}
+
+void Trainer::log_train(std::int64_t step) {
+  if (window_.empty()) return;
+  const double tput = window_seconds_ > 0.0 ? window_items_ / window_seconds_ : 0.0;
+  last_train_ = window_.means();
+  json rec;
+  rec["step"] = step;
+  for (const auto& [name, v] : last_train_) rec[name] = number(v);
+  rec["throughput"] = number(tput);
+  rec["throughput_unit"] = config_.items_name + "/s";
+  rec["elapsed_s"] = elapsed_s();
+  write_record(rec.dump());
+
+  if (config_.print) {
+    std::string line = "step ";
+    line.append(std::to_string(step));
+    if (config_.total_steps > 0) line.append("/").append(std::to_string(config_.total_steps));
+    // loss first, then lr and the rest in name order.
+    auto emit = [&](const std::string& name) {
+      line += " | " + short_name(name) + " " + format_value(name, last_train_.at(name));
+    };
+    if (last_train_.count("loss")) emit("loss");
+    for (const auto& [name, _] : last_train_)
+      if (name != "loss") emit(name);
+    char buf[96];
+    std::snprintf(buf, sizeof buf, " | %.0f %s/s | %.1fs", tput, config_.items_name.c_str(),
+                  elapsed_s());
+    line += buf;
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  }
+  window_.clear();
+  window_seconds_ = 0.0;
+  window_items_ = 0.0;
+}
+
+Metrics Trainer::evaluate(const TrainState& state, const std::vector<Batch>& batches,
+                          const LossFn& eval_fn) {
+  Metrics m = train::evaluate(state.params, batches, eval_fn ? eval_fn : loss_fn_,
+                              state.rng.fold_in(std::string_view("eval")));
+  log_eval(state.step, m);
+  return m;
+}
+
+void Trainer::log_eval(std::int64_t step, const Metrics& eval) {
+  last_eval_ = eval.means();
+  json rec;
+  rec["step"] = step;
+  for (const auto& [name, v] : last_eval_) rec["eval_" + name] = number(v);
+  rec["elapsed_s"] = elapsed_s();
+  write_record(rec.dump());
+  if (config_.print) {
+    std::string line = "eval @ step " + std::to_string(step);
+    for (const auto& [name, v] : last_eval_) line += " | " + name + " " + format_value(name, v);
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  }
+}
+
+void Trainer::finish(const TrainState& state, const std::map<std::string, double>& extra) {
+  log_train(state.step);  // flush a partial window
+  const double wall = elapsed_s();
+  json s;
+  s["steps"] = state.step;
+  s["wall_time_s"] = wall;
+  s["train_time_s"] = train_seconds_;
+  s["throughput"] = number(throughput());
+  s["throughput_unit"] = config_.items_name + "/s";
+  s[config_.items_name + "_seen"] = total_items_;
+  s["optimizer"] = optimizer_.name();
+  s["num_parameters"] = state.params.num_elements();
+  s["mesh"] = config_.mesh;
+  s["backend"] = config_.backend;
+  json fm = json::object();
+  for (const auto& [name, v] : last_train_) fm["train_" + name] = number(v);
+  for (const auto& [name, v] : last_eval_) fm["eval_" + name] = number(v);
+  s["final_metrics"] = fm;
+  for (const auto& [name, v] : extra) s[name] = number(v);
+  if (files_) {
+    const auto path = files_->dir / "summary.json";
+    const auto tmp = files_->dir / "summary.json.tmp";
+    {
+      std::ofstream f(tmp, std::ios::out | std::ios::trunc);
+      DISTJAX_CHECK(f.good(), IoError, "[Trainer::finish] cannot write \"", tmp.string(), "\"");
+      f << s.dump(2) << '\n';
+    }
+    std::filesystem::rename(tmp, path);
+  }
+  if (config_.print) {
+    std::printf("done: %lld steps in %.1fs (%.0f %s/s)%s%s\n", static_cast<long long>(state.step),
+                wall, throughput(), config_.items_name.c_str(), files_ ? ", wrote " : "",
+                files_ ? (files_->dir / "summary.json").string().c_str() : "");
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace distjax::train
