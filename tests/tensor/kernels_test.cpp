@@ -1,0 +1,109 @@
+// Reductions and broadcasting binary ops at sizes that take the parallel and fast paths,
+// against plain loops; the broadcasting plan for every operand layout.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "distjax/distjax.hpp"
+#include "distjax/tensor/detail/kernels.hpp"
+#include "grad_check.hpp"
+
+namespace distjax::tensor {
+namespace {
+
+using testing::uniform;
+using K = detail::BroadcastPlan::Kind;
+
+TEST(BroadcastPlan, ClassifiesOperandLayouts) {
+  EXPECT_EQ(detail::plan_broadcast({2, 3}, {2, 3}).kind, K::Same);
+  EXPECT_EQ(detail::plan_broadcast({}, {2, 3}).kind, K::Scalar);
+  EXPECT_EQ(detail::plan_broadcast({1, 1}, {2, 3}).kind, K::Scalar);
+  auto row = detail::plan_broadcast({1, 3, 4}, {2, 3, 4});
+  EXPECT_EQ(row.kind, K::Row);
+  EXPECT_EQ(row.outer, 2);
+  EXPECT_EQ(row.inner, 12);
+  auto col = detail::plan_broadcast({2, 3, 1}, {2, 3, 4});
+  EXPECT_EQ(col.kind, K::Col);
+  EXPECT_EQ(col.outer, 6);
+  EXPECT_EQ(col.inner, 4);
+  EXPECT_EQ(detail::plan_broadcast({2, 1, 4}, {2, 3, 4}).kind, K::General);
+  EXPECT_EQ(detail::plan_broadcast({3, 1}, {2, 3, 4}).kind, K::General);
+  EXPECT_EQ(detail::plan_broadcast({1, 3, 1}, {2, 3, 4}).kind, K::General);
+}
+
+// a op b for every pair of layouts, against explicit index arithmetic.
+TEST(Broadcast, BinaryOpsMatchIndexArithmeticForEveryLayout) {
+  const Shape out{3, 40, 300};  // 36000 elements: above kParallelGrain
+  const std::vector<Shape> layouts{{3, 40, 300}, {}, {300}, {40, 300}, {3, 40, 1}, {3, 1, 1},
+                                   {3, 1, 300}, {40, 1}, {1, 40, 1}};
+  int seed = 0;
+  for (const Shape& sa : layouts)
+    for (const Shape& sb : layouts) {
+      Tensor a = uniform(sa, ++seed), b = uniform(sb, ++seed, 0.5f, 1.5f);
+      Tensor y = sub(div(a, b), mul(b, a));
+      if (broadcast_shapes(sa, sb, "test") != out) continue;
+      const float *pa = a.data<float>(), *pb = b.data<float>(), *py = y.data<float>();
+      for (std::int64_t i = 0; i < numel(out); ++i) {
+        const float va = pa[detail::broadcast_index(sa, out, i)], vb = pb[detail::broadcast_index(sb, out, i)];
+        ASSERT_FLOAT_EQ(py[i], va / vb - vb * va) << to_string(sa) << " with " << to_string(sb) << " at " << i;
+      }
+    }
+}
+
+TEST(BroadcastIndex, MapsOutputCoordinates) {
+  // operand (3, 1) in output (2, 3, 4): element (i, j, k) reads operand (j, 0).
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 3; ++j)
+      for (int k = 0; k < 4; ++k) EXPECT_EQ(detail::broadcast_index({3, 1}, {2, 3, 4}, (i * 3 + j) * 4 + k), j);
+}
+
+// Sum and max over every subset of axes of a (17, 33, 129) tensor against plain loops.
+TEST(Reduce, SumAndMaxOverAxisSubsetsMatchLoops) {
+  const Shape s{17, 33, 129};
+  Tensor x = uniform(s, 99, -1.f, 1.f);
+  const float* px = x.data<float>();
+  for (int mask = 1; mask < 8; ++mask) {
+    std::vector<int> axes;
+    for (int d = 0; d < 3; ++d)
+      if (mask & (1 << d)) axes.push_back(d);
+    Tensor sm = sum(x, axes, true), mx = max(x, axes, true);
+    std::vector<double> ws(sm.numel(), 0.0);
+    std::vector<float> wm(mx.numel(), -INFINITY);
+    for (std::int64_t i = 0; i < s[0]; ++i)
+      for (std::int64_t j = 0; j < s[1]; ++j)
+        for (std::int64_t k = 0; k < s[2]; ++k) {
+          const std::int64_t oi = (mask & 1) ? 0 : i, oj = (mask & 2) ? 0 : j, ok = (mask & 4) ? 0 : k;
+          const std::int64_t o = (oi * sm.size(1) + oj) * sm.size(2) + ok;
+          const float v = px[(i * s[1] + j) * s[2] + k];
+          ws[o] += v;
+          wm[o] = std::max(wm[o], v);
+        }
+    for (std::int64_t o = 0; o < sm.numel(); ++o) {
+      ASSERT_NEAR(sm.data<float>()[o], ws[o], 1e-5 * (1 + std::abs(ws[o])) * 40) << "mask " << mask;
+      ASSERT_EQ(mx.data<float>()[o], wm[o]) << "mask " << mask;
+    }
+  }
+}
+
+TEST(Reduce, BiasGradientSumToRowsAndLongVectors) {
+  // (N, C) -> (C): the bias gradient; split over rows into per-thread partials.
+  const std::int64_t n = 2048, c = 256;
+  Tensor g = uniform({n, c}, 100);
+  Tensor b = sum_to(g, {c});
+  std::vector<double> want(c, 0.0);
+  for (std::int64_t r = 0; r < n; ++r)
+    for (std::int64_t j = 0; j < c; ++j) want[j] += g.data<float>()[r * c + j];
+  for (std::int64_t j = 0; j < c; ++j) ASSERT_NEAR(b.data<float>()[j], want[j], 1e-3);
+  // A long 1-D vector and its mean.
+  Tensor v = Tensor::full({100000}, 0.5);
+  EXPECT_FLOAT_EQ(sum(v).item<float>(), 50000.f);
+  EXPECT_FLOAT_EQ(mean(v).item<float>(), 0.5f);
+  // max over the leading axis with the maximum in the last row.
+  Tensor m = uniform({1000, 50}, 101);
+  for (std::int64_t j = 0; j < 50; ++j) m.data<float>()[999 * 50 + j] = 2.f + j;
+  auto mv = max(m, {0}).to_vector<float>();
+  for (std::int64_t j = 0; j < 50; ++j) EXPECT_EQ(mv[j], 2.f + j);
+}
+
+}  // namespace
+}  // namespace distjax::tensor

@@ -1,0 +1,343 @@
+// Forward values of the fused ops against straightforward reference loops (double
+// precision), fused gradients against the same math composed from primitive ops at sizes
+// that take the parallel paths, and the error messages of bad shapes and dtypes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "distjax/distjax.hpp"
+#include "distjax/tensor/detail/fast_math.hpp"
+#include "grad_check.hpp"
+
+namespace distjax::tensor {
+namespace {
+
+using testing::uniform;
+
+void expect_close(const Tensor& got, const std::vector<double>& want, double tol, const char* what) {
+  ASSERT_EQ(got.numel(), static_cast<std::int64_t>(want.size())) << what;
+  const float* p = got.data<float>();
+  for (std::size_t i = 0; i < want.size(); ++i)
+    ASSERT_NEAR(p[i], want[i], tol * (1.0 + std::abs(want[i]))) << what << " at " << i;
+}
+
+void expect_close(const Tensor& got, const Tensor& want, double tol, const char* what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const float* p = want.data<float>();
+  expect_close(got, std::vector<double>(p, p + want.numel()), tol, what);
+}
+
+// Gradients of sum(f(x) * ct) with respect to every input.
+std::vector<Tensor> grads_of(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                             const std::vector<Tensor>& xs, const Tensor& ct) {
+  std::vector<Tensor> leaves;
+  for (const Tensor& x : xs) leaves.push_back(make_leaf(x));
+  Tensor y = f(leaves);
+  return autodiff::grad({sum(mul(y, ct))}, {Tensor()}, leaves);
+}
+
+template <class F>
+void expect_throws_naming(F f, const std::string& op) {
+  try {
+    f();
+    ADD_FAILURE() << "expected InvalidArgument from [" << op << "]";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("[" + op + "]"), std::string::npos) << e.what();
+  }
+}
+
+// ---------------------------------------------------------------- fast math
+
+TEST(FastMath, ExpMatchesStdExp) {
+  for (float x = -87.f; x < 88.f; x += 0.0137f) {
+    const double want = std::exp(static_cast<double>(x));
+    ASSERT_NEAR(detail::fast_exp(x), want, 3e-7 * want) << x;
+  }
+  EXPECT_EQ(detail::fast_exp(-INFINITY), 0.f);
+  EXPECT_EQ(detail::fast_exp(-100.f), 0.f);
+  EXPECT_EQ(detail::fast_exp(0.f), 1.f);
+  EXPECT_TRUE(std::isfinite(detail::fast_exp(1000.f)));
+}
+
+// ---------------------------------------------------------------- forward values
+
+TEST(NnOps, SoftmaxAndLogSoftmaxMatchReference) {
+  const std::int64_t n = 7, c = 33;
+  Tensor x = uniform({n, c}, 1, -20.f, 20.f);
+  std::vector<double> sm(n * c), lsm(n * c);
+  const float* px = x.data<float>();
+  for (std::int64_t r = 0; r < n; ++r) {
+    double m = -1e30, s = 0;
+    for (std::int64_t j = 0; j < c; ++j) m = std::max(m, double(px[r * c + j]));
+    for (std::int64_t j = 0; j < c; ++j) s += std::exp(px[r * c + j] - m);
+    for (std::int64_t j = 0; j < c; ++j) {
+      sm[r * c + j] = std::exp(px[r * c + j] - m) / s;
+      lsm[r * c + j] = px[r * c + j] - m - std::log(s);
+    }
+  }
+  expect_close(softmax(x), sm, 1e-5, "softmax");
+  expect_close(log_softmax(x), lsm, 1e-5, "log_softmax");
+  // Along another axis: the transpose of the last-axis result.
+  expect_close(softmax(transpose(x), 0), transpose(softmax(x)), 1e-6, "softmax axis 0");
+  // Large logits stay finite (max subtraction).
+  Tensor big = Tensor::from_vector<float>({1000.f, 1001.f, -1000.f}, {3});
+  expect_close(softmax(big), {1 / (1 + std::exp(1.0)), 1 / (1 + std::exp(-1.0)), 0.0}, 1e-6, "stable");
+}
+
+TEST(NnOps, LayerNormAndRmsNormMatchReference) {
+  const std::int64_t n = 5, c = 19;
+  Tensor x = uniform({n, c}, 2, -3.f, 5.f), g = uniform({c}, 3), b = uniform({c}, 4);
+  std::vector<double> ln(n * c), ln_nb(n * c), rms(n * c);
+  const float *px = x.data<float>(), *pg = g.data<float>(), *pb = b.data<float>();
+  for (std::int64_t r = 0; r < n; ++r) {
+    double m = 0, v = 0, ss = 0;
+    for (std::int64_t j = 0; j < c; ++j) m += px[r * c + j] / double(c);
+    for (std::int64_t j = 0; j < c; ++j) v += std::pow(px[r * c + j] - m, 2) / c;
+    for (std::int64_t j = 0; j < c; ++j) ss += std::pow(px[r * c + j], 2) / c;
+    for (std::int64_t j = 0; j < c; ++j) {
+      const double xh = (px[r * c + j] - m) / std::sqrt(v + 1e-5);
+      ln[r * c + j] = xh * pg[j] + pb[j];
+      ln_nb[r * c + j] = xh * pg[j];
+      rms[r * c + j] = px[r * c + j] / std::sqrt(ss + 1e-6) * pg[j];
+    }
+  }
+  expect_close(layer_norm(x, g, b), ln, 1e-5, "layer_norm");
+  expect_close(layer_norm(x, g, Tensor()), ln_nb, 1e-5, "layer_norm without beta");
+  expect_close(rms_norm(x, g), rms, 1e-5, "rms_norm");
+}
+
+TEST(NnOps, EmbeddingGathersRowsAndScatterAddsRepeats) {
+  Tensor table = uniform({4, 3}, 5);
+  Tensor ids = Tensor::from_vector<std::int64_t>({2, 0, 2, 2}, {2, 2});
+  Tensor out = embedding(table, ids);
+  EXPECT_EQ(out.shape(), (Shape{2, 2, 3}));
+  const float* pt = table.data<float>();
+  std::vector<double> want;
+  for (int id : {2, 0, 2, 2})
+    for (int j = 0; j < 3; ++j) want.push_back(pt[id * 3 + j]);
+  expect_close(out, want, 0, "embedding");
+  Tensor ct = uniform({2, 2, 3}, 6);
+  Tensor gt = grads_of([&](const std::vector<Tensor>& x) { return embedding(x[0], ids); }, {table}, ct)[0];
+  const float* pc = ct.data<float>();
+  std::vector<double> gwant(12, 0.0);
+  const int idv[] = {2, 0, 2, 2};
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 3; ++j) gwant[idv[i] * 3 + j] += pc[i * 3 + j];
+  expect_close(gt, gwant, 1e-6, "embedding grad");
+  EXPECT_EQ(gt.data<float>()[3], 0.f);  // row 1 never looked up
+}
+
+TEST(NnOps, CrossEntropyMatchesReference) {
+  const std::int64_t n = 6, v = 11;
+  Tensor logits = uniform({2, 3, v}, 7, -30.f, 30.f);
+  Tensor labels = Tensor::from_vector<std::int32_t>({0, 10, 5, 3, 3, 7}, {2, 3});
+  Tensor loss = cross_entropy(logits, labels);
+  EXPECT_EQ(loss.shape(), (Shape{2, 3}));
+  const float* px = logits.data<float>();
+  std::vector<double> want(n);
+  const int lab[] = {0, 10, 5, 3, 3, 7};
+  for (std::int64_t r = 0; r < n; ++r) {
+    double m = -1e30, s = 0;
+    for (std::int64_t j = 0; j < v; ++j) m = std::max(m, double(px[r * v + j]));
+    for (std::int64_t j = 0; j < v; ++j) s += std::exp(px[r * v + j] - m);
+    want[r] = m + std::log(s) - px[r * v + lab[r]];
+  }
+  expect_close(loss, want, 1e-5, "cross_entropy");
+}
+
+TEST(NnOps, DropoutIsDeterministicPerKeyAndScalesKeptValues) {
+  const std::int64_t n = 20000;
+  Tensor x = uniform({n}, 8, 1.f, 2.f);
+  const float rate = 0.25f;
+  Tensor a = dropout(x, rate, Key::from_seed(1)), b = dropout(x, rate, Key::from_seed(1));
+  Tensor c = dropout(x, rate, Key::from_seed(2));
+  EXPECT_EQ(a.to_vector<float>(), b.to_vector<float>());
+  EXPECT_NE(a.to_vector<float>(), c.to_vector<float>());
+  std::int64_t kept = 0;
+  const float *pa = a.data<float>(), *px = x.data<float>();
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (pa[i] == 0.f) continue;
+    ++kept;
+    ASSERT_FLOAT_EQ(pa[i], px[i] / (1.f - rate));
+  }
+  EXPECT_NEAR(double(kept) / n, 1.0 - rate, 0.02);
+  EXPECT_TRUE(dropout(x, 0.f, Key::from_seed(1)).shares_storage_with(x));
+  // The backward applies the same mask and scale.
+  Tensor ct = Tensor::ones({n});
+  Tensor gx = grads_of([&](const std::vector<Tensor>& in) { return dropout(in[0], rate, Key::from_seed(1)); }, {x}, ct)[0];
+  const float* pg = gx.data<float>();
+  for (std::int64_t i = 0; i < n; ++i) ASSERT_FLOAT_EQ(pg[i], pa[i] == 0.f ? 0.f : 1.f / (1.f - rate));
+}
+
+// Reference attention in double: q (B,H,T,D), k/v (B,H,S,D).
+std::vector<double> attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                        double scale) {
+  const std::int64_t bh = q.size(0) * q.size(1), t = q.size(2), s = k.size(2), d = q.size(3);
+  const float *pq = q.data<float>(), *pk = k.data<float>(), *pv = v.data<float>();
+  std::vector<double> out(bh * t * d, 0.0);
+  for (std::int64_t h = 0; h < bh; ++h)
+    for (std::int64_t i = 0; i < t; ++i) {
+      const std::int64_t vis = causal ? std::clamp<std::int64_t>(i + 1 + s - t, 0, s) : s;
+      std::vector<double> sc(vis);
+      double m = -1e300, sum = 0;
+      for (std::int64_t j = 0; j < vis; ++j) {
+        double acc = 0;
+        for (std::int64_t e = 0; e < d; ++e) acc += double(pq[(h * t + i) * d + e]) * pk[(h * s + j) * d + e];
+        sc[j] = acc * scale;
+        m = std::max(m, sc[j]);
+      }
+      for (std::int64_t j = 0; j < vis; ++j) sum += (sc[j] = std::exp(sc[j] - m));
+      for (std::int64_t j = 0; j < vis; ++j)
+        for (std::int64_t e = 0; e < d; ++e) out[(h * t + i) * d + e] += sc[j] / sum * pv[(h * s + j) * d + e];
+    }
+  return out;
+}
+
+TEST(Attention, MatchesReferenceLoops) {
+  struct Case { std::int64_t b, h, t, s, d; bool causal; float scale; };
+  for (const Case& c : {Case{2, 3, 70, 70, 16, true, 0.f}, Case{1, 2, 40, 75, 8, false, 0.f},
+                        Case{2, 2, 33, 50, 8, true, 0.3f}, Case{1, 1, 1, 1, 4, true, 0.f}}) {
+    Tensor q = uniform({c.b, c.h, c.t, c.d}, 10, -2.f, 2.f);
+    Tensor k = uniform({c.b, c.h, c.s, c.d}, 11, -2.f, 2.f);
+    Tensor v = uniform({c.b, c.h, c.s, c.d}, 12);
+    const double scale = c.scale != 0.f ? c.scale : 1.0 / std::sqrt(double(c.d));
+    expect_close(attention(q, k, v, c.causal, c.scale), attention_reference(q, k, v, c.causal, scale), 2e-5,
+                 "attention");
+  }
+}
+
+TEST(Attention, CausalRowsWithoutVisibleKeysAreZero) {
+  // T > S: the first T - S queries see no key.
+  Tensor q = uniform({1, 1, 5, 4}, 13), k = uniform({1, 1, 3, 4}, 14), v = uniform({1, 1, 3, 4}, 15);
+  Tensor o = attention(q, k, v, true);
+  for (int i = 0; i < 2 * 4; ++i) EXPECT_EQ(o.data<float>()[i], 0.f);
+  expect_close(o, attention_reference(q, k, v, true, 0.5), 1e-5, "attention with T > S");
+  // And no gradient flows from the rows that see nothing.
+  Tensor ct = Tensor::zeros({1, 1, 5, 4});
+  for (int i = 0; i < 8; ++i) ct.data<float>()[i] = 1.f;
+  auto gs = grads_of([](const std::vector<Tensor>& in) { return attention(in[0], in[1], in[2], true); }, {q, k, v}, ct);
+  for (const Tensor& gr : gs)
+    for (float val : gr.to_vector<float>()) EXPECT_EQ(val, 0.f);
+}
+
+// ---------------------------------------------------------------- fused vs composed gradients
+
+// The fused ops' gradients at sizes above kParallelGrain (parallel paths, per-thread
+// partial sums) against the same math composed from primitive ops.
+TEST(NnOps, FusedGradientsMatchComposedOpsAtScale) {
+  const std::int64_t n = 300, c = 256;
+  Tensor x = uniform({n, c}, 20, -2.f, 2.f), g = uniform({c}, 21, 0.5f, 1.5f), b = uniform({c}, 22);
+  Tensor ct = uniform({n, c}, 23);
+  auto ln_composed = [](const std::vector<Tensor>& in) {
+    Tensor xc = sub(in[0], mean(in[0], {-1}, true));
+    Tensor var = mean(square(xc), {-1}, true);
+    return add(mul(mul(xc, rsqrt(add_scalar(var, 1e-5))), in[1]), in[2]);
+  };
+  auto ln_fused = [](const std::vector<Tensor>& in) { return layer_norm(in[0], in[1], in[2]); };
+  auto gf = grads_of(ln_fused, {x, g, b}, ct), gc = grads_of(ln_composed, {x, g, b}, ct);
+  for (int i = 0; i < 3; ++i) expect_close(gf[i], gc[i], 2e-4, "layer_norm grads");
+
+  auto rms_composed = [](const std::vector<Tensor>& in) {
+    return mul(mul(in[0], rsqrt(add_scalar(mean(square(in[0]), {-1}, true), 1e-6))), in[1]);
+  };
+  auto rf = grads_of([](const std::vector<Tensor>& in) { return rms_norm(in[0], in[1]); }, {x, g}, ct);
+  auto rc = grads_of(rms_composed, {x, g}, ct);
+  for (int i = 0; i < 2; ++i) expect_close(rf[i], rc[i], 2e-4, "rms_norm grads");
+
+  auto sm_composed = [](const std::vector<Tensor>& in) {
+    Tensor e = exp(sub(in[0], max(in[0], {-1}, true)));
+    return div(e, sum(e, {-1}, true));
+  };
+  expect_close(grads_of([](const std::vector<Tensor>& in) { return softmax(in[0]); }, {x}, ct)[0],
+               grads_of(sm_composed, {x}, ct)[0], 1e-4, "softmax grads");
+  auto lsm_composed = [](const std::vector<Tensor>& in) {
+    Tensor xs = sub(in[0], max(in[0], {-1}, true));
+    return sub(xs, log(sum(exp(xs), {-1}, true)));
+  };
+  expect_close(grads_of([](const std::vector<Tensor>& in) { return log_softmax(in[0]); }, {x}, ct)[0],
+               grads_of(lsm_composed, {x}, ct)[0], 1e-4, "log_softmax grads");
+
+  // cross_entropy == -sum(onehot * log_softmax) per row.
+  std::vector<std::int64_t> lab(n);
+  std::vector<float> onehot(n * c, 0.f);
+  for (std::int64_t r = 0; r < n; ++r) onehot[r * c + (lab[r] = (r * 37) % c)] = 1.f;
+  Tensor labels = Tensor::from_vector(lab, {n}), oh = Tensor::from_vector(onehot, {n, c});
+  Tensor cl = uniform({n}, 24);
+  auto ce_f = [&](const std::vector<Tensor>& in) { return cross_entropy(in[0], labels); };
+  auto ce_c = [&](const std::vector<Tensor>& in) { return neg(sum(mul(log_softmax(in[0]), oh), {-1})); };
+  expect_close(cross_entropy(x, labels), ce_c({x}), 1e-5, "cross_entropy values");
+  expect_close(grads_of(ce_f, {x}, cl)[0], grads_of(ce_c, {x}, cl)[0], 1e-5, "cross_entropy grads");
+}
+
+TEST(Attention, GradientsMatchComposedOpsAtGptShape) {
+  // A slice of the GPT benchmark shape (T=128, D=64) against matmul/where/softmax.
+  const std::int64_t b = 2, h = 2, t = 128, d = 64;
+  Tensor q = uniform({b, h, t, d}, 30), k = uniform({b, h, t, d}, 31), v = uniform({b, h, t, d}, 32);
+  Tensor ct = uniform({b, h, t, d}, 33);
+  std::vector<float> mask(t * t);
+  for (std::int64_t i = 0; i < t; ++i)
+    for (std::int64_t j = 0; j < t; ++j) mask[i * t + j] = j <= i ? 1.f : 0.f;
+  Tensor m = Tensor::from_vector(mask, {t, t});
+  Tensor neg_inf = Tensor::full({1}, -1e30);
+  auto composed = [&](const std::vector<Tensor>& in) {
+    Tensor s = mul_scalar(matmul(in[0], in[1], false, true), 1.0 / std::sqrt(double(d)));
+    return matmul(softmax(where(m, s, neg_inf)), in[2]);
+  };
+  auto fused = [](const std::vector<Tensor>& in) { return attention(in[0], in[1], in[2], true); };
+  expect_close(fused({q, k, v}), composed({q, k, v}), 1e-5, "attention values");
+  auto gf = grads_of(fused, {q, k, v}, ct), gc = grads_of(composed, {q, k, v}, ct);
+  for (int i = 0; i < 3; ++i) expect_close(gf[i], gc[i], 1e-4, "attention grads");
+}
+
+// ---------------------------------------------------------------- errors
+
+TEST(NnOpsErrors, BadShapesAndDtypesNameTheOp) {
+  Tensor x = uniform({2, 4}, 40), g4 = uniform({4}, 41), g3 = uniform({3}, 42);
+  Tensor ids = Tensor::from_vector<std::int32_t>({0, 5}, {2});
+  Tensor fids = Tensor::from_vector<float>({0.f, 1.f}, {2});
+  expect_throws_naming([&] { layer_norm(x, g3, g4); }, "layer_norm");
+  expect_throws_naming([&] { layer_norm(x, g4, g3); }, "layer_norm");
+  expect_throws_naming([&] { rms_norm(x, g3); }, "rms_norm");
+  expect_throws_naming([&] { rms_norm(astype(x, DType::BF16), g4); }, "rms_norm");
+  expect_throws_naming([&] { softmax(x, 2); }, "softmax");
+  expect_throws_naming([&] { log_softmax(Tensor::scalar(1.0)); }, "log_softmax");
+  expect_throws_naming([&] { embedding(uniform({5, 3}, 43), ids); }, "embedding");  // id 5 >= V
+  expect_throws_naming([&] { embedding(uniform({5, 3}, 43), fids); }, "embedding");
+  expect_throws_naming([&] { embedding(g4, Tensor::from_vector<std::int32_t>({0}, {1})); }, "embedding");
+  expect_throws_naming([&] { cross_entropy(x, Tensor::from_vector<std::int32_t>({0, 1, 2}, {3})); }, "cross_entropy");
+  expect_throws_naming([&] { cross_entropy(x, Tensor::from_vector<std::int32_t>({0, 4}, {2})); }, "cross_entropy");
+  expect_throws_naming([&] { cross_entropy(x, fids); }, "cross_entropy");
+  expect_throws_naming([&] { dropout(x, 1.f, Key::from_seed(0)); }, "dropout");
+  expect_throws_naming([&] { dropout(x, -0.1f, Key::from_seed(0)); }, "dropout");
+  Tensor q = uniform({1, 2, 3, 4}, 44);
+  expect_throws_naming([&] { attention(q, uniform({1, 2, 3, 5}, 45), uniform({1, 2, 3, 5}, 46)); }, "attention");
+  expect_throws_naming([&] { attention(q, uniform({1, 3, 3, 4}, 45), uniform({1, 3, 3, 4}, 46)); }, "attention");
+  expect_throws_naming([&] { attention(q, q, uniform({1, 2, 4, 4}, 47)); }, "attention");
+  expect_throws_naming([&] { attention(x, x, x); }, "attention");
+  expect_throws_naming([&] { attention(q, q, astype(q, DType::BF16)); }, "attention");
+}
+
+TEST(TensorOpsErrors, BadShapesAndDtypesNameTheOp) {
+  Tensor a = uniform({2, 3}, 50), b = uniform({4, 5}, 51);
+  expect_throws_naming([&] { add(a, b); }, "add");
+  expect_throws_naming([&] { mul(a, astype(a, DType::BF16)); }, "mul");
+  expect_throws_naming([&] { matmul(a, b); }, "matmul");
+  expect_throws_naming([&] { matmul(uniform({2, 2, 3}, 52), uniform({3, 2, 3, 4}, 53)); }, "matmul");
+  expect_throws_naming([&] { matmul(uniform({3}, 54), b); }, "matmul");
+  expect_throws_naming([&] { linear(a, b); }, "linear");
+  expect_throws_naming([&] { linear(a, uniform({3, 5}, 55), uniform({4}, 56)); }, "linear");
+  expect_throws_naming([&] { sum(a, {2}); }, "sum");
+  expect_throws_naming([&] { sum_to(a, {4}); }, "sum_to");
+  expect_throws_naming([&] { reshape(a, {4, 2}); }, "reshape");
+  expect_throws_naming([&] { permute(a, {0, 0}); }, "permute");
+  expect_throws_naming([&] { slice(a, 1, 2, 5); }, "slice");
+  expect_throws_naming([&] { concat({a, b}, 0); }, "concat");
+  expect_throws_naming([&] { split(a, 2, 1); }, "split");
+  expect_throws_naming([&] { stack({a, b}); }, "stack");
+  expect_throws_naming([&] { broadcast_to(a, {3, 3}); }, "broadcast_to");
+}
+
+}  // namespace
+}  // namespace distjax::tensor
