@@ -1,0 +1,69 @@
+// TransformerBlock: parameter layout, and remat (checkpoint) giving the same values
+// and gradients as the plain block, with dropout on.
+#include <gtest/gtest.h>
+
+#include "distjax/autodiff/autodiff.hpp"
+#include "distjax/nn/transformer_block.hpp"
+#include "distjax/tensor/elementwise.hpp"
+#include "distjax/tensor/reduce.hpp"
+
+namespace {
+
+using namespace distjax;
+using nn::Scope;
+using tensor::Tensor;
+using tensor::TensorTree;
+
+TEST(TransformerBlock, ParamLayout) {
+  TensorTree p;
+  const Tensor x = nn::normal(1.0)(Key::from_seed(1), {2, 4, 16});
+  nn::TransformerBlock{.num_heads = 4}(Scope::init(&p, Key::from_seed(0)), x);
+  EXPECT_EQ(p.paths(), (std::vector<std::string>{
+                           "attn/out/bias", "attn/out/kernel", "attn/qkv/bias", "attn/qkv/kernel",
+                           "ln1/bias", "ln1/scale", "ln2/bias", "ln2/scale", "mlp/fc1/bias",
+                           "mlp/fc1/kernel", "mlp/fc2/bias", "mlp/fc2/kernel"}));
+  EXPECT_EQ(p.at("mlp/fc1/kernel").shape(), (Shape{16, 64}));
+}
+
+TEST(TransformerBlock, RematGivesSameValuesAndGradients) {
+  const Tensor x = nn::normal(1.0)(Key::from_seed(1), {2, 6, 16});
+  const Tensor w = nn::normal(1.0)(Key::from_seed(2), {2, 6, 16});  // weights the output
+  TensorTree params;
+  nn::TransformerBlock plain{.num_heads = 2, .dropout = 0.2f};
+  nn::TransformerBlock remat = plain;
+  remat.remat = true;
+  // Nested under a path, as in the model, to exercise the rebased scope.
+  plain(Scope::init(&params, Key::from_seed(0)).child("blocks").child(0), x);
+  params.set("x", x);  // differentiate with respect to the block input too
+
+  auto loss_with = [&](const nn::TransformerBlock& blk) {
+    return [&, blk](const TensorTree& p) {
+      const Scope s = Scope::apply(&p, /*train=*/true, Key::from_seed(42));
+      Tensor y = blk(s.child("blocks").child(0), p.at("x"));
+      Tensor y2 = blk(s.child("blocks").child(0), tensor::tanh(y));  // applied twice
+      return tensor::sum(tensor::mul(y2, w));
+    };
+  };
+  auto [l1, g1] = autodiff::value_and_grad(loss_with(plain))(params);
+  auto [l2, g2] = autodiff::value_and_grad(loss_with(remat))(params);
+  EXPECT_FLOAT_EQ(l1.item<float>(), l2.item<float>());
+  ASSERT_TRUE(g1.same_structure(g2));
+  for (auto& [path, g] : g1) {
+    auto a = g.to_vector<float>(), b = g2.at(path).to_vector<float>();
+    double mx = 0;
+    for (float v : a) mx = std::max(mx, double(std::abs(v)));
+    EXPECT_GT(mx, 0.0) << path;
+    for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-6 * (1 + mx)) << path << " " << i;
+  }
+  // Dropout is really on: eval mode changes the value.
+  auto eval = [&](const TensorTree& p) {
+    return tensor::sum(tensor::mul(plain(Scope::apply(&p, false).child("blocks").child(0), x), w));
+  };
+  auto train_once = [&](const TensorTree& p) {
+    return tensor::sum(tensor::mul(
+        plain(Scope::apply(&p, true, Key::from_seed(42)).child("blocks").child(0), x), w));
+  };
+  EXPECT_NE(eval(params).item<float>(), train_once(params).item<float>());
+}
+
+}  // namespace
