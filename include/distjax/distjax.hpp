@@ -15,6 +15,18 @@
 #include "distjax/tensor/tensor.hpp"
 #include "distjax/tensor/tensor_tree.hpp"
 #include "distjax/autodiff/autodiff.hpp"
+#include "distjax/nn/dense.hpp"
+#include "distjax/nn/dropout.hpp"
+#include "distjax/nn/embedding.hpp"
+#include "distjax/nn/initializers.hpp"
+#include "distjax/nn/layer_norm.hpp"
+#include "distjax/nn/mlp_block.hpp"
+#include "distjax/nn/multi_head_attention.hpp"
+#include "distjax/nn/rms_norm.hpp"
+#include "distjax/nn/scope.hpp"
+#include "distjax/nn/transformer_block.hpp"
+#include "distjax/models/classifier.hpp"
+#include "distjax/models/transformer.hpp"
 
 namespace distjax {
 using tensor::Tensor;
