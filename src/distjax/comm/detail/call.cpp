@@ -1,0 +1,291 @@
+// Shared helpers of the communicator backends (see call.hpp).
+#include "distjax/comm/detail/call.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "distjax/core/error.hpp"
+
+namespace distjax::comm::detail {
+
+bool CallDesc::operator==(const CallDesc& o) const {
+  return seq == o.seq && count == o.count && pairs_hash == o.pairs_hash && root == o.root &&
+         op == o.op && dtype == o.dtype && reduce == o.reduce;
+}
+
+CallDesc make_desc(std::uint64_t seq, OpKind op, std::int64_t count, DType dtype, ReduceOp reduce,
+                   int root, std::uint64_t pairs_hash) {
+  CallDesc d;
+  d.seq = seq;
+  d.op = static_cast<std::uint8_t>(op);
+  d.count = count;
+  d.dtype = static_cast<std::uint8_t>(dtype);
+  d.reduce = static_cast<std::uint8_t>(reduce);
+  d.root = root;
+  d.pairs_hash = pairs_hash;
+  return d;
+}
+
+std::string describe(const CallDesc& d) {
+  auto op = static_cast<OpKind>(d.op);
+  std::ostringstream os;
+  os << op_kind_name(op);
+  if (op == OpKind::Barrier || op == OpKind::Split) return os.str() + "()";
+  os << "(count=" << d.count << ", " << dtype_name(static_cast<DType>(d.dtype));
+  if (op == OpKind::AllReduce || op == OpKind::ReduceScatter)
+    os << ", " << reduce_op_name(static_cast<ReduceOp>(d.reduce));
+  if (op == OpKind::Broadcast) os << ", root=" << d.root;
+  if (op == OpKind::Permute) os << ", pairs#" << std::hex << (d.pairs_hash & 0xffff) << std::dec;
+  os << ")";
+  return os.str();
+}
+
+std::string join_ints(const std::vector<int>& v) {
+  std::ostringstream os;
+  for (std::size_t i = 0; i < v.size(); ++i) os << (i ? "," : "") << v[i];
+  return os.str();
+}
+
+std::string group_label(const std::vector<int>& members) { return "(" + join_ints(members) + ")"; }
+
+std::string mismatch_message(const std::vector<CallDesc>& descs,
+                             const std::vector<int>& members) {
+  bool same = std::all_of(descs.begin(), descs.end(), [&](const CallDesc& d) {
+    return d == descs[0];
+  });
+  if (same) return {};
+  // Group the devices by what they called, in order of first appearance.
+  std::vector<std::pair<std::string, std::vector<int>>> variants;
+  std::vector<std::string> ops;
+  for (std::size_t r = 0; r < descs.size(); ++r) {
+    std::string what = describe(descs[r]);
+    if (descs[r].seq != descs[0].seq) what += " as call #" + std::to_string(descs[r].seq);
+    auto it = std::find_if(variants.begin(), variants.end(),
+                           [&](const auto& v) { return v.first == what; });
+    if (it == variants.end()) {
+      variants.push_back({what, {members[r]}});
+    } else {
+      it->second.push_back(members[r]);
+    }
+    std::string name = op_kind_name(static_cast<OpKind>(descs[r].op));
+    if (std::find(ops.begin(), ops.end(), name) == ops.end()) ops.push_back(name);
+  }
+  std::ostringstream os;
+  os << "[";
+  for (std::size_t i = 0; i < ops.size(); ++i) os << (i ? "/" : "") << ops[i];
+  os << "] devices disagree at call #" << descs[0].seq << " of group " << group_label(members)
+     << ": ";
+  for (std::size_t i = 0; i < variants.size(); ++i) {
+    const auto& [what, devs] = variants[i];
+    os << (i ? "; " : "") << (devs.size() == 1 ? "device " : "devices ") << join_ints(devs)
+       << " called " << what;
+  }
+  return os.str();
+}
+
+std::uint64_t hash_pairs(const std::vector<std::pair<int, int>>& pairs) {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the pairs, order-insensitive
+  std::vector<std::pair<int, int>> sorted(pairs);
+  std::sort(sorted.begin(), sorted.end());
+  for (auto [s, d] : sorted) {
+    for (int v : {s, d}) {
+      h ^= static_cast<std::uint32_t>(v);
+      h *= 1099511628211ull;
+    }
+  }
+  return h;
+}
+
+void check_pairs(const std::vector<std::pair<int, int>>& pairs, int size) {
+  std::set<int> srcs, dsts;
+  for (auto [s, d] : pairs) {
+    DISTJAX_CHECK(s >= 0 && s < size && d >= 0 && d < size, InvalidArgument,
+                  "[permute] pair (", s, ", ", d, ") is out of range for a group of ", size);
+    DISTJAX_CHECK(srcs.insert(s).second, InvalidArgument, "[permute] rank ", s,
+                  " is the source of more than one pair");
+    DISTJAX_CHECK(dsts.insert(d).second, InvalidArgument, "[permute] rank ", d,
+                  " is the destination of more than one pair");
+  }
+}
+
+void check_buffer(const char* op, const void* p, std::int64_t count) {
+  DISTJAX_CHECK(count >= 0, InvalidArgument, "[", op, "] count must be >= 0, got ", count);
+  DISTJAX_CHECK(p != nullptr || count == 0, InvalidArgument, "[", op,
+                "] null buffer for count ", count);
+}
+
+void check_reducible(const char* op, DType dtype) {
+  (void)op;
+  (void)dtype;  // every DType (f32, bf16, f16, i32, i64) can be reduced
+}
+
+Traffic ring_traffic(OpKind op, std::int64_t b, int p, bool is_root) {
+  Traffic t;
+  if (p <= 1) return t;
+  switch (op) {
+    case OpKind::AllReduce:
+      t.sent = t.received = 2 * (p - 1) * b / p;
+      t.steps = 2 * (p - 1);
+      break;
+    case OpKind::AllGather:
+    case OpKind::ReduceScatter:
+    case OpKind::AllToAll:
+      t.sent = t.received = (p - 1) * b;
+      t.steps = p - 1;
+      break;
+    case OpKind::Broadcast:
+      t.sent = is_root ? b : 0;
+      t.received = is_root ? 0 : b;
+      t.steps = 1;
+      break;
+    case OpKind::Barrier:
+    case OpKind::Split:
+      t.steps = 1;
+      break;
+    default:
+      break;
+  }
+  return t;
+}
+
+namespace {
+
+constexpr std::int64_t kTile = 1024;
+
+template <class T>
+void reduce_native(T* dst, const void* const* srcs, int k, std::int64_t n, ReduceOp op,
+                   int divisor) {
+  T acc[kTile];
+  for (std::int64_t lo = 0; lo < n; lo += kTile) {
+    const std::int64_t m = std::min(kTile, n - lo);
+    const T* s0 = static_cast<const T*>(srcs[0]) + lo;
+    for (std::int64_t i = 0; i < m; ++i) acc[i] = s0[i];
+    for (int j = 1; j < k; ++j) {
+      const T* s = static_cast<const T*>(srcs[j]) + lo;
+      if (op == ReduceOp::Max) {
+        for (std::int64_t i = 0; i < m; ++i) acc[i] = s[i] > acc[i] ? s[i] : acc[i];
+      } else {
+        for (std::int64_t i = 0; i < m; ++i) acc[i] += s[i];
+      }
+    }
+    if (op == ReduceOp::Mean) {
+      for (std::int64_t i = 0; i < m; ++i) acc[i] = acc[i] / static_cast<T>(divisor);
+    }
+    std::memcpy(dst + lo, acc, m * sizeof(T));
+  }
+}
+
+// bf16 / f16: accumulate in f32 in rank order, round once.
+template <class H>
+void reduce_half(H* dst, const void* const* srcs, int k, std::int64_t n, ReduceOp op,
+                 int divisor) {
+  float acc[kTile];
+  for (std::int64_t lo = 0; lo < n; lo += kTile) {
+    const std::int64_t m = std::min(kTile, n - lo);
+    const H* s0 = static_cast<const H*>(srcs[0]) + lo;
+    for (std::int64_t i = 0; i < m; ++i) acc[i] = static_cast<float>(s0[i]);
+    for (int j = 1; j < k; ++j) {
+      const H* s = static_cast<const H*>(srcs[j]) + lo;
+      for (std::int64_t i = 0; i < m; ++i) {
+        float v = static_cast<float>(s[i]);
+        acc[i] = op == ReduceOp::Max ? (v > acc[i] ? v : acc[i]) : acc[i] + v;
+      }
+    }
+    for (std::int64_t i = 0; i < m; ++i) {
+      float v = op == ReduceOp::Mean ? acc[i] / static_cast<float>(divisor) : acc[i];
+      dst[lo + i] = H(v);
+    }
+  }
+}
+
+}  // namespace
+
+void reduce_into(void* dst, const void* const* srcs, int k, std::int64_t n, DType dtype,
+                 ReduceOp op, int divisor) {
+  switch (dtype) {
+    case DType::F32: return reduce_native(static_cast<float*>(dst), srcs, k, n, op, divisor);
+    case DType::I32:
+      return reduce_native(static_cast<std::int32_t*>(dst), srcs, k, n, op, divisor);
+    case DType::I64:
+      return reduce_native(static_cast<std::int64_t*>(dst), srcs, k, n, op, divisor);
+    case DType::BF16: return reduce_half(static_cast<bf16*>(dst), srcs, k, n, op, divisor);
+    case DType::F16: return reduce_half(static_cast<f16*>(dst), srcs, k, n, op, divisor);
+  }
+}
+
+void divide_inplace(void* buf, std::int64_t n, DType dtype, int divisor) {
+  const void* srcs[1] = {buf};
+  reduce_into(buf, srcs, 1, n, dtype, ReduceOp::Mean, divisor);
+}
+
+void link_sleep(const LinkModel& link, const Traffic& t) {
+  if (!link.enabled()) return;
+  double us = t.steps * link.latency_us;
+  if (link.bandwidth_gbps > 0) us += static_cast<double>(t.sent) / (link.bandwidth_gbps * 1e3);
+  if (us > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(us));
+}
+
+CallTimer::CallTimer(CommStats& stats, OpKind kind, const Traffic& traffic)
+    : stats_(stats), kind_(kind), traffic_(traffic), start_(std::chrono::steady_clock::now()) {}
+
+void CallTimer::arrived() {
+  arrived_ = std::chrono::steady_clock::now();
+  has_arrived_ = true;
+}
+
+CallTimer::~CallTimer() {
+  auto end = std::chrono::steady_clock::now();
+  if (!has_arrived_) arrived_ = end;
+  OpCounters& c = stats_[kind_];
+  c.calls += 1;
+  c.bytes_sent += traffic_.sent;
+  c.bytes_received += traffic_.received;
+  c.seconds += std::chrono::duration<double>(end - start_).count();
+  c.wait_seconds += std::chrono::duration<double>(arrived_ - start_).count();
+  if (stats_.record_spans) stats_.spans.push_back({kind_, start_, arrived_, end, traffic_.sent});
+}
+
+namespace {
+template <class E>
+bool try_rewrap(const std::exception& e, const std::string& suffix) {
+  if (auto* p = dynamic_cast<const E*>(&e)) throw E(std::string(p->what()) + suffix);
+  return false;
+}
+}  // namespace
+
+void rethrow_with_device(std::exception_ptr ep, int device) {
+  const std::string suffix = " (raised on device " + std::to_string(device) + ")";
+  try {
+    std::rethrow_exception(ep);
+  } catch (const Error& e) {
+    // Most derived first.
+    try_rewrap<CommError>(e, suffix);
+    try_rewrap<InvalidArgument>(e, suffix);
+    try_rewrap<ShardingError>(e, suffix);
+    try_rewrap<ConfigError>(e, suffix);
+    try_rewrap<NotImplemented>(e, suffix);
+    try_rewrap<IoError>(e, suffix);
+    throw Error(std::string(e.what()) + suffix);
+  } catch (const std::exception& e) {
+    throw Error("[launch] device " + std::to_string(device) + " raised: " + e.what());
+  } catch (...) {
+    throw Error("[launch] device " + std::to_string(device) + " raised a non-standard exception");
+  }
+}
+
+int intra_op_threads_for(const LaunchOptions& opts, int local_devices) {
+  if (opts.intra_op_threads > 0) return opts.intra_op_threads;
+  int cores = static_cast<int>(std::thread::hardware_concurrency());
+  if (cores <= 0) cores = 1;
+  return std::max(1, cores / std::max(1, local_devices));
+}
+
+void set_intra_op_threads(int n) { omp_set_num_threads(std::max(1, n)); }
+
+}  // namespace distjax::comm::detail

@@ -1,0 +1,100 @@
+// Private helpers shared by the backends: call descriptors of the flight recorder, the
+// messages built from them, argument checks, byte counts, reductions and the link model.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "distjax/comm/communicator.hpp"
+#include "distjax/comm/launch.hpp"
+
+namespace distjax::comm::detail {
+
+/// What one device called at one sequence number of one group. Plain data (exchanged
+/// as bytes between MPI processes).
+struct CallDesc {
+  std::uint64_t seq = 0;
+  std::int64_t count = 0;
+  std::uint64_t pairs_hash = 0;  // permute: hash of the (src, dst) pairs
+  std::int32_t root = 0;         // broadcast
+  std::uint8_t op = 0;           // OpKind
+  std::uint8_t dtype = 0;        // DType
+  std::uint8_t reduce = 0;       // ReduceOp
+  std::uint8_t pad = 0;
+  bool operator==(const CallDesc& o) const;
+};
+
+CallDesc make_desc(std::uint64_t seq, OpKind op, std::int64_t count = 0, DType dtype = DType::F32,
+                   ReduceOp reduce = ReduceOp::Sum, int root = 0, std::uint64_t pairs_hash = 0);
+/// "all_reduce(count=16, f32, sum)".
+std::string describe(const CallDesc& d);
+/// "(0,1,2,3)" from global device ids.
+std::string group_label(const std::vector<int>& members);
+/// "0,2,3".
+std::string join_ints(const std::vector<int>& v);
+/// Empty when every descriptor equals the first; otherwise the mismatch message
+/// "[a/b] devices disagree at call #k of group G: devices .. called ..; device .. called ..".
+std::string mismatch_message(const std::vector<CallDesc>& descs, const std::vector<int>& members);
+
+std::uint64_t hash_pairs(const std::vector<std::pair<int, int>>& pairs);
+/// Throws InvalidArgument unless every pair is in range and no rank is twice a source or
+/// twice a destination.
+void check_pairs(const std::vector<std::pair<int, int>>& pairs, int size);
+/// Throws InvalidArgument for a negative count or a null buffer with count > 0.
+void check_buffer(const char* op, const void* p, std::int64_t count);
+/// Throws NotImplemented unless dtype can be reduced.
+void check_reducible(const char* op, DType dtype);
+
+/// Bytes sent (= received) by one device under the ring algorithm (see OpCounters), and
+/// the number of message steps, for the link model and stats.
+struct Traffic {
+  std::int64_t sent = 0;
+  std::int64_t received = 0;
+  int steps = 0;
+};
+Traffic ring_traffic(OpKind op, std::int64_t block_bytes, int size, bool is_root = false);
+
+/// dst[i] = reduce over j of srcs[j][i] for i in [0, n), in source order 0..k-1 (so sums
+/// are bit-reproducible); Mean divides by `divisor`. dst may alias any source.
+void reduce_into(void* dst, const void* const* srcs, int k, std::int64_t n, DType dtype,
+                 ReduceOp op, int divisor);
+/// In place: buf[i] /= divisor (Mean after a backend's Sum).
+void divide_inplace(void* buf, std::int64_t n, DType dtype, int divisor);
+
+/// Sleeps for what the link model charges for this traffic (nothing when it is off).
+void link_sleep(const LinkModel& link, const Traffic& t);
+
+/// Measures one call for CommStats: wall time, wait time, bytes, optional span.
+class CallTimer {
+ public:
+  CallTimer(CommStats& stats, OpKind kind, const Traffic& traffic);
+  /// Every peer has arrived: what came before was waiting.
+  void arrived();
+  ~CallTimer();
+
+ private:
+  CommStats& stats_;
+  OpKind kind_;
+  Traffic traffic_;
+  std::chrono::steady_clock::time_point start_, arrived_;
+  bool has_arrived_ = false;
+};
+
+/// Rewraps an exception thrown on device `device` so its message names the device,
+/// keeping distjax error types; rethrows it.
+[[noreturn]] void rethrow_with_device(std::exception_ptr e, int device);
+
+/// OpenMP threads per device for `local_devices` devices in this process.
+int intra_op_threads_for(const LaunchOptions& opts, int local_devices);
+void set_intra_op_threads(int n);
+
+/// Backends (threads/, mpi/ or mpi_stub/).
+void launch_threads(const LaunchOptions& opts, const std::function<void(Communicator&)>& fn);
+void launch_mpi(const LaunchOptions& opts, const std::function<void(Communicator&)>& fn);
+bool mpi_available();
+
+}  // namespace distjax::comm::detail

@@ -1,0 +1,16 @@
+// Stub of the MPI backend for builds without MPI: says clearly that it is missing.
+#include "distjax/comm/detail/call.hpp"
+#include "distjax/core/error.hpp"
+
+namespace distjax::comm::detail {
+
+void launch_mpi(const LaunchOptions&, const std::function<void(Communicator&)>&) {
+  DISTJAX_THROW(NotImplemented,
+                "[launch] the MPI backend is not compiled into this build of DistJax: install "
+                "an MPI implementation (Debian: libopenmpi-dev openmpi-bin), reconfigure with "
+                "-DDISTJAX_WITH_MPI=ON, or use Backend::Threads");
+}
+
+bool mpi_available() { return false; }
+
+}  // namespace distjax::comm::detail

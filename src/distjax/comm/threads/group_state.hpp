@@ -1,0 +1,158 @@
+// Shared memory of the threads backend: the world of simulated devices and one
+// GroupState per group, where devices meet for collectives and point-to-point messages.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "distjax/comm/detail/call.hpp"
+#include "distjax/comm/launch.hpp"
+
+namespace distjax::comm::threads {
+
+using Clock = std::chrono::steady_clock;
+
+class GroupState;
+
+/// Everything the devices of one launch share: options, the groups (so a failing device
+/// can wake every waiter) and where each device is (for timeout messages).
+class WorldState {
+ public:
+  explicit WorldState(const LaunchOptions& opts);
+  int num_devices() const { return n_; }
+  const LaunchOptions& options() const { return opts_; }
+
+  void register_group(const std::shared_ptr<GroupState>& g);
+  /// Fails every group not failed yet with `why` and wakes its waiters.
+  void abort_all(const std::string& why);
+  /// Device d returned from its program: waiters for it fail instead of timing out.
+  void device_exited(int d);
+  bool exited(int d) const { return exited_[d].load(std::memory_order_acquire); }
+
+  /// Flight recorder of each device's current call, for messages.
+  void enter_call(int d, OpKind op, std::uint64_t seq, std::shared_ptr<const std::string> group);
+  void leave_call(int d);
+  /// "device 1 is in all_gather call #0 of group (0,1)", "... finished its program", ...
+  std::string where_is(int d);
+
+ private:
+  struct Slot {
+    std::mutex mu;
+    bool busy = false;
+    OpKind op = OpKind::Barrier;
+    std::uint64_t seq = 0;
+    std::shared_ptr<const std::string> group;
+  };
+  int n_;
+  LaunchOptions opts_;
+  std::mutex mu_;
+  std::vector<std::weak_ptr<GroupState>> groups_;
+  std::unique_ptr<std::atomic<bool>[]> exited_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+};
+
+/// One pending or completed point-to-point transfer (one side of it).
+struct P2POp {
+  bool is_send = false;
+  const void* send_buf = nullptr;  // sender's buffer (is_send)
+  void* recv_buf = nullptr;        // receiver's buffer (!is_send)
+  std::int64_t count = 0;
+  DType dtype = DType::F32;
+  int peer = 0;  // rank in the group
+  int tag = 0;
+  // Guarded by the group mutex:
+  bool matched = false;  // paired with the other side (the copy may still be running)
+  bool done = false;     // copy finished
+  std::string error;
+  Clock::time_point ready_at{};  // link model: when the data would have arrived
+};
+
+/// Where the devices of one group meet. Collectives go through `sync` points: the first
+/// one of a call (the arrival) publishes each rank's descriptor and buffers and checks
+/// that all ranks called the same thing; later ones separate the phases of the call.
+class GroupState {
+ public:
+  GroupState(std::shared_ptr<WorldState> world, std::vector<int> members);
+
+  int size() const { return n_; }
+  const std::vector<int>& members() const { return members_; }
+  const std::shared_ptr<const std::string>& label() const { return label_; }
+  WorldState& world() { return *world_; }
+
+  /// Waits until every rank reached this sync point. With `arrival`, first publishes the
+  /// rank's descriptor, buffers and aux values, and the last arriving rank compares the
+  /// descriptors. Throws CommError (and fails the group) on mismatch, timeout, a missing
+  /// device that finished its program, or when the group has failed.
+  void sync(int rank, const detail::CallDesc* arrival, const void* send, void* recv, int aux0,
+            int aux1, Clock::time_point deadline);
+
+  /// Published at the arrival; valid until the rank's next arrival.
+  const void* send_of(int r) const { return send_[r]; }
+  void* recv_of(int r) const { return recv_[r]; }
+  int aux0_of(int r) const { return aux0_[r]; }
+  int aux1_of(int r) const { return aux1_[r]; }
+
+  /// Split: the group of color `color` created at call `seq` (created by whichever
+  /// member comes first; `members` are global ids in rank order).
+  std::shared_ptr<GroupState> take_split(std::uint64_t seq, int color,
+                                         const std::vector<int>& members);
+
+  /// Point-to-point matching. `op` is queued or paired (the paired copy is done here,
+  /// outside the lock) and completed.
+  void post(int rank, const std::shared_ptr<P2POp>& op);
+  /// Blocks until op is done; throws CommError on timeout, failure or a peer that
+  /// finished its program without the matching call.
+  void wait(int rank, const std::shared_ptr<P2POp>& op, Clock::time_point deadline);
+  bool test(const std::shared_ptr<P2POp>& op);
+  /// Removes an unmatched op from the queues, or waits for a matched one to finish.
+  void cancel(int rank, const std::shared_ptr<P2POp>& op);
+
+  /// Fails the group (first reason wins) and wakes everyone.
+  void fail(const std::string& why);
+  /// Throws CommError if the group has failed.
+  void check_alive();
+
+ private:
+  void fail_locked(const std::string& why);
+  std::vector<int> missing_locked(int rank) const;
+  std::string missing_message_locked(int rank, const std::vector<int>& missing, bool timeout);
+
+  std::shared_ptr<WorldState> world_;
+  std::vector<int> members_;
+  std::shared_ptr<const std::string> label_;
+  int n_;
+  bool spin_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  std::uint64_t phase_ = 0;
+  std::atomic<std::uint64_t> phase_atomic_{0};
+  std::atomic<bool> failed_atomic_{false};
+  bool failed_ = false;
+  std::string failure_;
+  std::vector<std::uint64_t> entered_;  // sync points entered per rank
+  std::vector<detail::CallDesc> desc_;
+  std::vector<const void*> send_;
+  std::vector<void*> recv_;
+  std::vector<int> aux0_, aux1_;
+
+  struct PendingSplit {
+    std::shared_ptr<GroupState> group;
+    int taken = 0;
+  };
+  std::map<std::pair<std::uint64_t, int>, PendingSplit> splits_;
+
+  using Key = std::tuple<int, int, int>;  // (src rank, dst rank, tag)
+  std::map<Key, std::deque<std::shared_ptr<P2POp>>> sends_, recvs_;
+};
+
+}  // namespace distjax::comm::threads

@@ -1,0 +1,352 @@
+// The threads backend (see threads_communicator.hpp). Each collective is a few sync
+// points on the group's shared state; between them every rank works on its own share
+// (reduce-scatter + all-gather for all_reduce), so the work is split across devices.
+#include "distjax/comm/threads/threads_communicator.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "distjax/core/error.hpp"
+
+namespace distjax::comm::threads {
+
+namespace {
+
+// Below this many bytes all_reduce reduces the whole buffer on every rank (2 sync
+// points) instead of reduce-scatter + all-gather (3 sync points).
+constexpr std::int64_t kSmallAllReduceBytes = 32 * 1024;
+
+char* bytes_of(void* p) { return static_cast<char*>(p); }
+const char* bytes_of(const void* p) { return static_cast<const char*>(p); }
+
+// Elements [lo, hi) of rank r's share of count elements over n ranks.
+std::pair<std::int64_t, std::int64_t> share(std::int64_t count, int n, int r) {
+  return {count * r / n, count * (r + 1) / n};
+}
+
+}  // namespace
+
+/// One collective call: sequence number, deadline, flight-recorder entry and stats.
+class ThreadsCommunicator::Call {
+ public:
+  Call(ThreadsCommunicator& c, OpKind kind, std::int64_t block_bytes, bool is_root = false)
+      : c_(c),
+        seq_(c.seq_++),
+        traffic_(detail::ring_traffic(kind, block_bytes, c.size(), is_root)),
+        timer_(*c.stats_, kind, traffic_),
+        deadline_(Clock::now() + c.world_->options().timeout) {
+    c_.world_->enter_call(c_.global_rank(), kind, seq_, c_.g_->label());
+  }
+  ~Call() { c_.world_->leave_call(c_.global_rank()); }
+  std::uint64_t seq() const { return seq_; }
+  Clock::time_point deadline() const { return deadline_; }
+  void arrive(const detail::CallDesc& d, const void* send, void* recv, int aux0 = 0,
+              int aux1 = 0) {
+    c_.g_->sync(c_.rank_, &d, send, recv, aux0, aux1, deadline_);
+    timer_.arrived();
+  }
+  /// Charges the link model, then waits for every rank (nobody touches the buffers after).
+  void depart() {
+    detail::link_sleep(c_.world_->options().link, traffic_);
+    c_.g_->sync(c_.rank_, nullptr, nullptr, nullptr, 0, 0, deadline_);
+  }
+  void phase() { c_.g_->sync(c_.rank_, nullptr, nullptr, nullptr, 0, 0, deadline_); }
+
+ private:
+  ThreadsCommunicator& c_;
+  std::uint64_t seq_;
+  detail::Traffic traffic_;
+  detail::CallTimer timer_;
+  Clock::time_point deadline_;
+};
+
+ThreadsCommunicator::ThreadsCommunicator(std::shared_ptr<WorldState> world,
+                                         std::shared_ptr<GroupState> group, int rank,
+                                         std::shared_ptr<CommStats> stats)
+    : world_(std::move(world)), g_(std::move(group)), rank_(rank), stats_(std::move(stats)) {}
+
+void ThreadsCommunicator::all_reduce(const void* send, void* recv, std::int64_t count,
+                                     DType dtype, ReduceOp op) {
+  detail::check_buffer("all_reduce", send, count);
+  detail::check_buffer("all_reduce", recv, count);
+  const int n = size();
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(dtype));
+  Call call(*this, OpKind::AllReduce, count * es);
+  const auto d = detail::make_desc(call.seq(), OpKind::AllReduce, count, dtype, op);
+  call.arrive(d, send, recv);
+  std::vector<const void*> srcs(n);
+  bool in_place = false;
+  for (int j = 0; j < n; ++j) in_place |= g_->send_of(j) == g_->recv_of(j);
+  if (n == 1 || (count * es <= kSmallAllReduceBytes && !in_place)) {
+    for (int j = 0; j < n; ++j) srcs[j] = g_->send_of(j);
+    detail::reduce_into(recv, srcs.data(), n, count, dtype, op, n);
+  } else {
+    // Reduce-scatter: this rank reduces its share (in rank order) into its own recv ...
+    auto [lo, hi] = share(count, n, rank_);
+    for (int j = 0; j < n; ++j) srcs[j] = bytes_of(g_->send_of(j)) + lo * es;
+    detail::reduce_into(bytes_of(recv) + lo * es, srcs.data(), n, hi - lo, dtype, op, n);
+    call.phase();
+    // ... all-gather: copy every other share from its owner's recv.
+    for (int j = 0; j < n; ++j) {
+      if (j == rank_) continue;
+      auto [l, h] = share(count, n, j);
+      std::memcpy(bytes_of(recv) + l * es, bytes_of(g_->recv_of(j)) + l * es, (h - l) * es);
+    }
+  }
+  call.depart();
+}
+
+void ThreadsCommunicator::all_gather(const void* send, void* recv, std::int64_t count,
+                                     DType dtype) {
+  detail::check_buffer("all_gather", send, count);
+  detail::check_buffer("all_gather", recv, count);
+  const int n = size();
+  const std::int64_t bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
+  Call call(*this, OpKind::AllGather, bytes);
+  call.arrive(detail::make_desc(call.seq(), OpKind::AllGather, count, dtype), send, recv);
+  for (int j = 0; j < n; ++j) {
+    char* dst = bytes_of(recv) + j * bytes;
+    if (dst != g_->send_of(j) && bytes > 0) std::memcpy(dst, g_->send_of(j), bytes);
+  }
+  call.depart();
+}
+
+void ThreadsCommunicator::reduce_scatter(const void* send, void* recv, std::int64_t count,
+                                         DType dtype, ReduceOp op) {
+  detail::check_buffer("reduce_scatter", send, count);
+  detail::check_buffer("reduce_scatter", recv, count);
+  const int n = size();
+  const std::int64_t bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
+  Call call(*this, OpKind::ReduceScatter, bytes);
+  call.arrive(detail::make_desc(call.seq(), OpKind::ReduceScatter, count, dtype, op), send,
+              recv);
+  std::vector<const void*> srcs(n);
+  for (int j = 0; j < n; ++j) srcs[j] = bytes_of(g_->send_of(j)) + rank_ * bytes;
+  detail::reduce_into(recv, srcs.data(), n, count, dtype, op, n);
+  call.depart();
+}
+
+void ThreadsCommunicator::all_to_all(const void* send, void* recv, std::int64_t count,
+                                     DType dtype) {
+  detail::check_buffer("all_to_all", send, count);
+  detail::check_buffer("all_to_all", recv, count);
+  DISTJAX_CHECK(send != recv || count == 0, InvalidArgument,
+                "[all_to_all] send and recv must be different buffers");
+  const int n = size();
+  const std::int64_t bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
+  Call call(*this, OpKind::AllToAll, bytes);
+  call.arrive(detail::make_desc(call.seq(), OpKind::AllToAll, count, dtype), send, recv);
+  for (int j = 0; j < n; ++j)
+    if (bytes > 0)
+      std::memcpy(bytes_of(recv) + j * bytes, bytes_of(g_->send_of(j)) + rank_ * bytes, bytes);
+  call.depart();
+}
+
+void ThreadsCommunicator::broadcast(void* buf, std::int64_t count, DType dtype, int root) {
+  detail::check_buffer("broadcast", buf, count);
+  DISTJAX_CHECK(root >= 0 && root < size(), InvalidArgument, "[broadcast] root ", root,
+                " is out of range for a group of ", size());
+  const std::int64_t bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
+  Call call(*this, OpKind::Broadcast, bytes, rank_ == root);
+  call.arrive(detail::make_desc(call.seq(), OpKind::Broadcast, count, dtype, ReduceOp::Sum, root),
+              buf, buf);
+  if (rank_ != root && bytes > 0) std::memcpy(buf, g_->send_of(root), bytes);
+  call.depart();
+}
+
+void ThreadsCommunicator::permute(const void* send, void* recv, std::int64_t count, DType dtype,
+                                  const std::vector<std::pair<int, int>>& pairs) {
+  detail::check_buffer("permute", send, count);
+  detail::check_buffer("permute", recv, count);
+  DISTJAX_CHECK(send != recv || count == 0, InvalidArgument,
+                "[permute] send and recv must be different buffers");
+  detail::check_pairs(pairs, size());
+  const std::int64_t bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
+  int src = -1;
+  bool sends = false;
+  for (auto [s, d] : pairs) {
+    if (d == rank_) src = s;
+    if (s == rank_ && d != rank_) sends = true;
+  }
+  // Bytes actually moved between devices (a self pair moves nothing).
+  Call call(*this, OpKind::Permute, 0);
+  stats_->operator[](OpKind::Permute).bytes_sent += sends ? bytes : 0;
+  stats_->operator[](OpKind::Permute).bytes_received += (src >= 0 && src != rank_) ? bytes : 0;
+  call.arrive(detail::make_desc(call.seq(), OpKind::Permute, count, dtype, ReduceOp::Sum, 0,
+                                detail::hash_pairs(pairs)),
+              send, recv);
+  if (bytes > 0) {
+    if (src >= 0) {
+      std::memcpy(recv, g_->send_of(src), bytes);
+    } else {
+      std::memset(recv, 0, bytes);
+    }
+  }
+  detail::link_sleep(world_->options().link,
+                     detail::Traffic{sends ? bytes : 0, 0, (sends || src >= 0) ? 1 : 0});
+  call.phase();
+}
+
+void ThreadsCommunicator::barrier() {
+  Call call(*this, OpKind::Barrier, 0);
+  call.arrive(detail::make_desc(call.seq(), OpKind::Barrier), nullptr, nullptr);
+}
+
+std::shared_ptr<CommunicatorImpl> ThreadsCommunicator::split(int color, int key) {
+  DISTJAX_CHECK(color >= 0, InvalidArgument, "[split] color must be >= 0, got ", color);
+  const int n = size();
+  Call call(*this, OpKind::Split, 0);
+  call.arrive(detail::make_desc(call.seq(), OpKind::Split), nullptr, nullptr, color, key);
+  std::vector<int> ranks;
+  for (int j = 0; j < n; ++j)
+    if (g_->aux0_of(j) == color) ranks.push_back(j);
+  std::stable_sort(ranks.begin(), ranks.end(),
+                   [&](int a, int b) { return g_->aux1_of(a) < g_->aux1_of(b); });
+  std::vector<int> members;
+  int my_rank = 0;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    members.push_back(g_->members()[ranks[i]]);
+    if (ranks[i] == rank_) my_rank = static_cast<int>(i);
+  }
+  auto sub = g_->take_split(call.seq(), color, members);
+  call.phase();  // everyone has read the colors and keys
+  return std::make_shared<ThreadsCommunicator>(world_, std::move(sub), my_rank, stats_);
+}
+
+namespace {
+
+/// A transfer of the threads backend in flight.
+class ThreadsRequest final : public RequestImpl {
+ public:
+  ThreadsRequest(std::shared_ptr<GroupState> g, int rank, std::shared_ptr<P2POp> op,
+                 std::shared_ptr<CommStats> stats, std::chrono::milliseconds timeout)
+      : g_(std::move(g)), rank_(rank), op_(std::move(op)), stats_(std::move(stats)),
+        timeout_(timeout) {}
+  ~ThreadsRequest() override {
+    if (!finished_) g_->cancel(rank_, op_);
+  }
+  void wait() override {
+    if (finished_) return;
+    auto start = Clock::now();
+    g_->wait(rank_, op_, start + timeout_);
+    finished_ = true;
+    OpCounters& c = (*stats_)[op_->is_send ? OpKind::Send : OpKind::Recv];
+    double s = std::chrono::duration<double>(Clock::now() - start).count();
+    c.seconds += s;
+    c.wait_seconds += s;
+  }
+  bool test() override {
+    if (finished_) return true;
+    if (!g_->test(op_)) return false;
+    finished_ = true;
+    return true;
+  }
+
+ private:
+  std::shared_ptr<GroupState> g_;
+  int rank_;
+  std::shared_ptr<P2POp> op_;
+  std::shared_ptr<CommStats> stats_;
+  std::chrono::milliseconds timeout_;
+  bool finished_ = false;
+};
+
+}  // namespace
+
+Request ThreadsCommunicator::post(bool is_send, void* buf, std::int64_t count, DType dtype,
+                                  int peer, int tag) {
+  const char* name = is_send ? "isend" : "irecv";
+  detail::check_buffer(name, buf, count);
+  DISTJAX_CHECK(peer >= 0 && peer < size(), InvalidArgument, "[", name, "] peer rank ", peer,
+                " is out of range for group ", *g_->label());
+  DISTJAX_CHECK(tag >= 0 && tag < kMaxTag, InvalidArgument, "[", name, "] tag ", tag,
+                " is outside [0, ", kMaxTag, ")");
+  auto op = std::make_shared<P2POp>();
+  op->is_send = is_send;
+  if (is_send) {
+    op->send_buf = buf;
+  } else {
+    op->recv_buf = buf;
+  }
+  op->count = count;
+  op->dtype = dtype;
+  op->peer = peer;
+  op->tag = tag;
+  OpCounters& c = (*stats_)[is_send ? OpKind::Send : OpKind::Recv];
+  c.calls += 1;
+  if (peer != rank_) {
+    const std::int64_t bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
+    (is_send ? c.bytes_sent : c.bytes_received) += bytes;
+  }
+  g_->post(rank_, op);
+  return Request(std::make_unique<ThreadsRequest>(g_, rank_, std::move(op), stats_,
+                                                  world_->options().timeout));
+}
+
+Request ThreadsCommunicator::isend(const void* buf, std::int64_t count, DType dtype, int dst,
+                                   int tag) {
+  return post(true, const_cast<void*>(buf), count, dtype, dst, tag);
+}
+
+Request ThreadsCommunicator::irecv(void* buf, std::int64_t count, DType dtype, int src, int tag) {
+  return post(false, buf, count, dtype, src, tag);
+}
+
+}  // namespace distjax::comm::threads
+
+// ---------------------------------------------------------------- launch (threads)
+
+namespace distjax::comm::detail {
+
+void launch_threads(const LaunchOptions& opts, const std::function<void(Communicator&)>& fn) {
+  DISTJAX_CHECK(opts.num_devices >= 1, InvalidArgument,
+                "[launch] num_devices must be >= 1, got ", opts.num_devices);
+  DISTJAX_CHECK(opts.timeout.count() > 0, InvalidArgument, "[launch] timeout must be > 0 ms");
+  const int n = opts.num_devices;
+  auto world = std::make_shared<threads::WorldState>(opts);
+  std::vector<int> members(n);
+  for (int d = 0; d < n; ++d) members[d] = d;
+  auto world_group = std::make_shared<threads::GroupState>(world, members);
+  world->register_group(world_group);
+  const int omp_threads = intra_op_threads_for(opts, n);
+
+  std::mutex err_mu;
+  std::exception_ptr first_error;
+  int first_device = -1;
+  auto run_device = [&](int d) {
+    set_intra_op_threads(omp_threads);
+    try {
+      Communicator c(std::make_shared<threads::ThreadsCommunicator>(
+          world, world_group, d, std::make_shared<CommStats>()));
+      fn(c);
+    } catch (...) {
+      std::string what = "unknown exception";
+      try {
+        throw;
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      {
+        std::lock_guard lk(err_mu);
+        if (!first_error) {
+          first_error = std::current_exception();
+          first_device = d;
+        }
+      }
+      world->abort_all("[launch] aborted because device " + std::to_string(d) +
+                       " failed: " + what);
+    }
+    world->device_exited(d);
+  };
+  // Every device, even a single one, gets its own thread: its tape and OpenMP settings
+  // are thread-local and must not leak into the caller's.
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (int d = 0; d < n; ++d) threads.emplace_back(run_device, d);
+  for (auto& t : threads) t.join();
+  if (first_error) rethrow_with_device(first_error, first_device);
+}
+
+}  // namespace distjax::comm::detail

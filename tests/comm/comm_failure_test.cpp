@@ -1,0 +1,200 @@
+// No silent hangs (threads backend): mismatched collectives, a device that skips one, a
+// device stuck elsewhere until the timeout, and point-to-point timeouts all fail on
+// every device with one message naming the op(s) and the devices.
+#include <gtest/gtest.h>
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "distjax/comm/communicator.hpp"
+#include "distjax/comm/launch.hpp"
+#include "distjax/core/error.hpp"
+
+namespace distjax::comm {
+namespace {
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+LaunchOptions opts(int n, int timeout_ms) {
+  LaunchOptions o;
+  o.num_devices = n;
+  o.timeout = std::chrono::milliseconds(timeout_ms);
+  return o;
+}
+
+// Runs fn on n devices; returns each device's CommError message ("" if it threw none) and
+// the message launch rethrew.
+struct Outcome {
+  std::vector<std::string> device_msgs;
+  std::string launch_msg;
+};
+Outcome run_failing(const LaunchOptions& o, const std::function<void(Communicator&)>& fn) {
+  Outcome out;
+  out.device_msgs.resize(o.num_devices);
+  std::mutex mu;
+  try {
+    launch(o, [&](Communicator& world) {
+      try {
+        fn(world);
+      } catch (const CommError& e) {
+        std::lock_guard lk(mu);
+        out.device_msgs[world.global_rank()] = e.what();
+        throw;
+      }
+    });
+  } catch (const CommError& e) {
+    out.launch_msg = e.what();
+  }
+  return out;
+}
+
+TEST(Mismatch, AllGatherWhereOthersAllReduce) {
+  auto out = run_failing(opts(4, 20000), [](Communicator& world) {
+    std::vector<float> x(16, 1.f), y(64);
+    world.barrier();
+    world.barrier();
+    world.all_reduce(x.data(), y.data(), 16, DType::F32, ReduceOp::Sum);  // call #2
+    if (world.rank() == 1) {
+      world.all_gather(x.data(), y.data(), 16, DType::F32);  // call #3
+    } else {
+      world.all_reduce(x.data(), y.data(), 16, DType::F32, ReduceOp::Sum);
+    }
+    ADD_FAILURE() << "device " << world.rank() << " passed a mismatched collective";
+  });
+  const std::string& m = out.launch_msg;
+  EXPECT_TRUE(has(m, "devices disagree at call #3 of group (0,1,2,3)")) << m;
+  EXPECT_TRUE(has(m, "devices 0,2,3 called all_reduce(count=16, f32, sum)")) << m;
+  EXPECT_TRUE(has(m, "device 1 called all_gather(count=16, f32)")) << m;
+  EXPECT_TRUE(has(m, "raised on device")) << m;
+  // Every device threw the same message.
+  for (int d = 0; d < 4; ++d) {
+    EXPECT_TRUE(has(out.device_msgs[d], "devices 0,2,3 called all_reduce")) << d;
+    EXPECT_EQ(out.device_msgs[d], out.device_msgs[0]);
+  }
+  EXPECT_EQ(out.device_msgs[0].rfind("[all_reduce/all_gather]", 0), 0u) << out.device_msgs[0];
+}
+
+TEST(Mismatch, CountDtypeRootAndPairsAreCompared) {
+  auto out = run_failing(opts(2, 20000), [](Communicator& world) {
+    std::vector<float> x(16), y(32);
+    world.all_gather(x.data(), y.data(), world.rank() == 0 ? 16 : 8, DType::F32);
+  });
+  EXPECT_TRUE(has(out.launch_msg, "device 0 called all_gather(count=16, f32)")) << out.launch_msg;
+  EXPECT_TRUE(has(out.launch_msg, "device 1 called all_gather(count=8, f32)")) << out.launch_msg;
+
+  out = run_failing(opts(2, 20000), [](Communicator& world) {
+    std::vector<float> x(16);
+    world.broadcast(x.data(), 16, DType::F32, world.rank());
+  });
+  EXPECT_TRUE(has(out.launch_msg, "root=0")) << out.launch_msg;
+  EXPECT_TRUE(has(out.launch_msg, "root=1")) << out.launch_msg;
+
+  out = run_failing(opts(2, 20000), [](Communicator& world) {
+    std::vector<std::int32_t> x(4), y(4);
+    world.all_reduce(x.data(), y.data(), 4, world.rank() ? DType::I32 : DType::F32,
+                     ReduceOp::Sum);
+  });
+  EXPECT_TRUE(has(out.launch_msg, "i32")) << out.launch_msg;
+
+  out = run_failing(opts(2, 20000), [](Communicator& world) {
+    float x = 0, y = 0;
+    std::vector<std::pair<int, int>> p{{0, 1}};
+    if (world.rank() == 1) p = {{1, 0}};
+    world.permute(&x, &y, 1, DType::F32, p);
+  });
+  EXPECT_TRUE(has(out.launch_msg, "[permute] devices disagree")) << out.launch_msg;
+}
+
+TEST(Mismatch, SkippedCollectiveFailsFastNamingTheDevice) {
+  // Device 1 skips the all_reduce and finishes; the others must not wait for the
+  // 60 s timeout.
+  auto t0 = std::chrono::steady_clock::now();
+  auto out = run_failing(opts(4, 60000), [](Communicator& world) {
+    std::vector<float> x(16, 1.f), y(16);
+    if (world.rank() != 1) world.all_reduce(x.data(), y.data(), 16, DType::F32, ReduceOp::Sum);
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+  const std::string& m = out.launch_msg;
+  EXPECT_TRUE(has(m, "[all_reduce]")) << m;
+  EXPECT_TRUE(has(m, "call #0 of group (0,1,2,3): device 1 did not arrive")) << m;
+  EXPECT_TRUE(has(m, "device 1 finished its program")) << m;
+  for (int d : {0, 2, 3}) EXPECT_TRUE(has(out.device_msgs[d], "device 1 did not arrive")) << d;
+  EXPECT_EQ(out.device_msgs[1], "");
+}
+
+TEST(Timeout, DeviceStuckElsewhereTimesOut) {
+  // Device 1 waits in a barrier of the sub-group (0,1) while 0, 2 and 3 wait in an
+  // all_reduce of the world: a deadlock that only the timeout breaks.
+  auto t0 = std::chrono::steady_clock::now();
+  auto out = run_failing(opts(4, 300), [](Communicator& world) {
+    Communicator pair = world.split(world.rank() / 2, 0);
+    std::vector<float> x(16, 1.f), y(16);
+    if (world.rank() == 1) {
+      pair.barrier();
+    } else {
+      world.all_reduce(x.data(), y.data(), 16, DType::F32, ReduceOp::Sum);
+    }
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  for (int d : {0, 2, 3}) {
+    const std::string& m = out.device_msgs[d];
+    EXPECT_TRUE(has(m, "[all_reduce] timed out after 300 ms at call #1 of group (0,1,2,3)"))
+        << d << ": " << m;
+    EXPECT_TRUE(has(m, "device 1 did not arrive")) << m;
+  }
+  EXPECT_TRUE(has(out.device_msgs[1], "[barrier]") || has(out.device_msgs[1], "aborted"))
+      << out.device_msgs[1];
+}
+
+TEST(Timeout, FailedGroupKeepsFailing) {
+  LaunchOptions o = opts(2, 20000);
+  launch(o, [](Communicator& world) {
+    float x = 0, y[2];
+    std::string first;
+    try {
+      if (world.rank() == 0) {
+        world.all_gather(&x, y, 1, DType::F32);
+      } else {
+        world.barrier();
+      }
+    } catch (const CommError& e) {
+      first = e.what();
+    }
+    ASSERT_TRUE(has(first, "devices disagree")) << first;
+    try {
+      world.barrier();
+      ADD_FAILURE() << "a failed group accepted another call";
+    } catch (const CommError& e) {
+      EXPECT_EQ(std::string(e.what()), first);
+    }
+  });
+}
+
+TEST(Timeout, ReceiveWithoutSender) {
+  auto out = run_failing(opts(2, 300), [](Communicator& world) {
+    float x = 0;
+    if (world.rank() == 0) {
+      world.irecv(&x, 1, DType::F32, 1, 5).wait();
+    } else {
+      world.barrier();  // device 1 never sends; it waits at a barrier device 0 never joins
+    }
+  });
+  const std::string& m = out.device_msgs[0];
+  EXPECT_TRUE(has(m, "[irecv] timed out after 300 ms")) << m;
+  EXPECT_TRUE(has(m, "device 0 receiving 1 f32 from device 1 with tag 5")) << m;
+}
+
+TEST(Timeout, ReceiveFromFinishedDeviceFailsFast) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto out = run_failing(opts(2, 60000), [](Communicator& world) {
+    float x = 0;
+    if (world.rank() == 0) world.irecv(&x, 1, DType::F32, 1, 5).wait();
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+  EXPECT_TRUE(has(out.launch_msg, "device 1 finished its program without the matching isend"))
+      << out.launch_msg;
+}
+
+}  // namespace
+}  // namespace distjax::comm

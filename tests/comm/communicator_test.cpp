@@ -1,0 +1,340 @@
+// Threads backend: every collective's values against a host computation on 1, 2, 3, 4
+// and 8 devices and on split sub-groups (2x4 rows and columns, 3x2), reproducibility,
+// asynchronous point-to-point, stats and error propagation.
+#include "distjax/comm/communicator.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <numeric>
+
+#include "comm/comm_test_util.hpp"
+#include "distjax/comm/launch.hpp"
+#include "distjax/core/error.hpp"
+
+namespace distjax::comm {
+namespace {
+
+using testing::host_sum_f32;
+using testing::input_f32;
+using testing::input_i32;
+using testing::inputs_f32;
+using testing::inputs_i32;
+
+LaunchOptions opts(int n) {
+  LaunchOptions o;
+  o.num_devices = n;
+  o.timeout = std::chrono::milliseconds(20000);
+  return o;
+}
+
+// Checks every collective on `c`, whose members are global device ids `c.group()`;
+// inputs are keyed by global id so sub-groups can be checked against the host too.
+void check_all_collectives(Communicator& c, std::int64_t count) {
+  const int n = c.size(), r = c.rank();
+  const auto& g = c.group();
+  const int me = c.global_rank();
+  ASSERT_EQ(g[r], me);
+  // all_reduce: sum (bitwise equal to the host's rank-order sum), mean, max; in place too.
+  {
+    auto x = inputs_f32(me, count);
+    std::vector<float> y(count, -1.f);
+    c.all_reduce(x.data(), y.data(), count, DType::F32, ReduceOp::Sum);
+    auto want = host_sum_f32(g, count);
+    for (std::int64_t i = 0; i < count; ++i) ASSERT_EQ(y[i], want[i]) << "sum i=" << i;
+    c.all_reduce(x.data(), x.data(), count, DType::F32, ReduceOp::Sum);  // in place
+    for (std::int64_t i = 0; i < count; ++i) ASSERT_EQ(x[i], want[i]) << "in-place i=" << i;
+    x = inputs_f32(me, count);
+    c.all_reduce(x.data(), y.data(), count, DType::F32, ReduceOp::Mean);
+    for (std::int64_t i = 0; i < count; ++i) ASSERT_EQ(y[i], want[i] / n) << "mean i=" << i;
+    c.all_reduce(x.data(), y.data(), count, DType::F32, ReduceOp::Max);
+    for (std::int64_t i = 0; i < count; ++i) {
+      float m = input_f32(g[0], i);
+      for (int j : g) m = std::max(m, input_f32(j, i));
+      ASSERT_EQ(y[i], m) << "max i=" << i;
+    }
+    auto xi = inputs_i32(me, count);
+    std::vector<std::int32_t> yi(count);
+    c.all_reduce(xi.data(), yi.data(), count, DType::I32, ReduceOp::Sum);
+    for (std::int64_t i = 0; i < count; ++i) {
+      std::int32_t s = 0;
+      for (int j : g) s += input_i32(j, i);
+      ASSERT_EQ(yi[i], s);
+    }
+  }
+  // all_gather, f32 and i32: rank-major blocks.
+  {
+    auto x = inputs_f32(me, count);
+    std::vector<float> y(n * count);
+    c.all_gather(x.data(), y.data(), count, DType::F32);
+    for (int j = 0; j < n; ++j)
+      for (std::int64_t i = 0; i < count; ++i) ASSERT_EQ(y[j * count + i], input_f32(g[j], i));
+    auto xi = inputs_i32(me, count);
+    std::vector<std::int32_t> yi(n * count);
+    c.all_gather(xi.data(), yi.data(), count, DType::I32);
+    for (int j = 0; j < n; ++j)
+      for (std::int64_t i = 0; i < count; ++i) ASSERT_EQ(yi[j * count + i], input_i32(g[j], i));
+  }
+  // reduce_scatter: block r of the rank-order sum of everyone's (n*count) input.
+  {
+    auto x = inputs_f32(me, n * count);
+    std::vector<float> y(count);
+    c.reduce_scatter(x.data(), y.data(), count, DType::F32, ReduceOp::Sum);
+    auto want = host_sum_f32(g, count, r * count);
+    for (std::int64_t i = 0; i < count; ++i) ASSERT_EQ(y[i], want[i]) << "rs i=" << i;
+    c.reduce_scatter(x.data(), y.data(), count, DType::F32, ReduceOp::Mean);
+    for (std::int64_t i = 0; i < count; ++i) ASSERT_EQ(y[i], want[i] / n);
+  }
+  // all_to_all, f32 and i32: block j of my recv is block r of rank j's send.
+  {
+    auto x = inputs_f32(me, n * count);
+    std::vector<float> y(n * count);
+    c.all_to_all(x.data(), y.data(), count, DType::F32);
+    for (int j = 0; j < n; ++j)
+      for (std::int64_t i = 0; i < count; ++i)
+        ASSERT_EQ(y[j * count + i], input_f32(g[j], r * count + i));
+    auto xi = inputs_i32(me, n * count);
+    std::vector<std::int32_t> yi(n * count);
+    c.all_to_all(xi.data(), yi.data(), count, DType::I32);
+    for (int j = 0; j < n; ++j)
+      for (std::int64_t i = 0; i < count; ++i)
+        ASSERT_EQ(yi[j * count + i], input_i32(g[j], r * count + i));
+  }
+  // broadcast from every root.
+  for (int root = 0; root < n; ++root) {
+    auto x = inputs_f32(me, count);
+    c.broadcast(x.data(), count, DType::F32, root);
+    for (std::int64_t i = 0; i < count; ++i) ASSERT_EQ(x[i], input_f32(g[root], i));
+  }
+  // permute: a shift-by-one ring, and a partial permutation (receivers of nothing get 0).
+  {
+    std::vector<std::pair<int, int>> ring, partial;
+    for (int j = 0; j < n; ++j) ring.push_back({j, (j + 1) % n});
+    partial.push_back({n - 1, 0});
+    auto x = inputs_f32(me, count);
+    std::vector<float> y(count, -1.f);
+    c.permute(x.data(), y.data(), count, DType::F32, ring);
+    for (std::int64_t i = 0; i < count; ++i) ASSERT_EQ(y[i], input_f32(g[(r + n - 1) % n], i));
+    c.permute(x.data(), y.data(), count, DType::F32, partial);
+    for (std::int64_t i = 0; i < count; ++i)
+      ASSERT_EQ(y[i], r == 0 ? input_f32(g[n - 1], i) : 0.f);
+  }
+  c.barrier();
+}
+
+class Collectives : public ::testing::TestWithParam<int> {};
+
+TEST_P(Collectives, ValuesMatchHost) {
+  const int n = GetParam();
+  for (std::int64_t count : {1, 7, 1000, 20000}) {
+    launch(opts(n), [&](Communicator& world) {
+      EXPECT_EQ(world.size(), n);
+      EXPECT_EQ(world.rank(), world.global_rank());
+      check_all_collectives(world, count);
+    });
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, Collectives, ::testing::Values(1, 2, 3, 4, 8));
+
+TEST(Split, RowsAndColumnsOf2x4) {
+  launch(opts(8), [](Communicator& world) {
+    const int r = world.rank();
+    Communicator row = world.split(r / 4, r % 4);  // {0..3}, {4..7}
+    Communicator col = world.split(r % 4, r / 4);  // {0,4}, {1,5}, ...
+    ASSERT_EQ(row.size(), 4);
+    ASSERT_EQ(col.size(), 2);
+    EXPECT_EQ(row.rank(), r % 4);
+    EXPECT_EQ(col.rank(), r / 4);
+    std::vector<int> want_row{4 * (r / 4), 4 * (r / 4) + 1, 4 * (r / 4) + 2, 4 * (r / 4) + 3};
+    EXPECT_EQ(row.group(), want_row);
+    EXPECT_EQ(col.group(), (std::vector<int>{r % 4, r % 4 + 4}));
+    check_all_collectives(row, 1000);
+    check_all_collectives(col, 777);
+    // Interleaved use of the parent and both children.
+    check_all_collectives(world, 10);
+    check_all_collectives(row, 20000);
+  });
+}
+
+TEST(Split, ThreeByTwoAndKeyOrder) {
+  launch(opts(6), [](Communicator& world) {
+    const int r = world.rank();
+    Communicator a = world.split(r / 2, r % 2);  // 3 groups of 2
+    Communicator b = world.split(r % 2, r / 2);  // 2 groups of 3
+    ASSERT_EQ(a.size(), 2);
+    ASSERT_EQ(b.size(), 3);
+    check_all_collectives(a, 333);
+    check_all_collectives(b, 1001);
+    // Key reverses the order: rank 0 of the new group is the old highest rank.
+    Communicator rev = world.split(0, -r);
+    EXPECT_EQ(rev.rank(), 5 - r);
+    EXPECT_EQ(rev.group(), (std::vector<int>{5, 4, 3, 2, 1, 0}));
+    check_all_collectives(rev, 100);
+    // A split of a split.
+    Communicator bb = b.split(b.rank() == 0 ? 0 : 1, 0);
+    EXPECT_EQ(bb.size(), b.rank() == 0 ? 1 : 2);
+    check_all_collectives(bb, 50);
+  });
+}
+
+TEST(Reproducibility, SameBitsTwice) {
+  const std::int64_t count = 300001;  // large: reduce-scatter + all-gather path
+  std::vector<std::vector<float>> first(8), second(8);
+  for (auto* out : {&first, &second}) {
+    launch(opts(8), [&](Communicator& world) {
+      auto x = inputs_f32(world.rank(), count);
+      std::vector<float> y(count);
+      world.all_reduce(x.data(), y.data(), count, DType::F32, ReduceOp::Sum);
+      (*out)[world.rank()] = y;
+    });
+  }
+  for (int d = 0; d < 8; ++d) {
+    ASSERT_EQ(first[d].size(), static_cast<std::size_t>(count));
+    EXPECT_EQ(std::memcmp(first[d].data(), second[d].data(), count * 4), 0) << "device " << d;
+    EXPECT_EQ(std::memcmp(first[d].data(), first[0].data(), count * 4), 0) << "device " << d;
+  }
+}
+
+TEST(Reductions, HalfTypesAndI64) {
+  launch(opts(4), [](Communicator& world) {
+    const int r = world.rank();
+    std::vector<bf16> x(5, bf16(static_cast<float>(r + 1))), y(5);
+    world.all_reduce(x.data(), y.data(), 5, DType::BF16, ReduceOp::Sum);
+    for (auto v : y) EXPECT_EQ(static_cast<float>(v), 10.f);
+    std::vector<f16> h(3, f16(static_cast<float>(r))), hy(3);
+    world.all_reduce(h.data(), hy.data(), 3, DType::F16, ReduceOp::Max);
+    for (auto v : hy) EXPECT_EQ(static_cast<float>(v), 3.f);
+    std::vector<std::int64_t> l{std::int64_t(1) << 40, r}, ly(2);
+    world.all_reduce(l.data(), ly.data(), 2, DType::I64, ReduceOp::Sum);
+    EXPECT_EQ(ly[0], std::int64_t(4) << 40);
+    EXPECT_EQ(ly[1], 6);
+  });
+}
+
+TEST(PointToPoint, AsyncRingOverlapsCompute) {
+  for (int n : {2, 3, 8}) {
+    launch(opts(n), [n](Communicator& world) {
+      const int r = world.rank();
+      const int right = (r + 1) % n, left = (r + n - 1) % n;
+      const std::int64_t count = 10000;
+      auto x = inputs_f32(r, count);
+      std::vector<float> y(count, -1.f);
+      Request recv = world.irecv(y.data(), count, DType::F32, left, 7);
+      Request send = world.isend(x.data(), count, DType::F32, right, 7);
+      double acc = 0;  // "compute" while the transfer is in flight
+      for (int i = 0; i < 100000; ++i) acc += i * 1e-9;
+      EXPECT_GT(acc, 0);
+      send.wait();
+      recv.wait();
+      EXPECT_TRUE(recv.test());
+      for (std::int64_t i = 0; i < count; ++i) ASSERT_EQ(y[i], input_f32(left, i));
+      // Several messages with the same tag arrive in order; different tags are separate.
+      std::vector<Request> reqs;
+      std::vector<std::int32_t> got(6, -1), sent(6);
+      for (int k = 0; k < 3; ++k) {
+        sent[k] = r * 100 + k;
+        sent[3 + k] = -(r * 100 + k);
+      }
+      for (int k = 0; k < 3; ++k) reqs.push_back(world.irecv(&got[3 + k], 1, DType::I32, left, 2));
+      for (int k = 0; k < 3; ++k) reqs.push_back(world.irecv(&got[k], 1, DType::I32, left, 1));
+      for (int k = 0; k < 3; ++k) reqs.push_back(world.isend(&sent[k], 1, DType::I32, right, 1));
+      for (int k = 0; k < 3; ++k)
+        reqs.push_back(world.isend(&sent[3 + k], 1, DType::I32, right, 2));
+      for (auto& q : reqs) q.wait();
+      for (int k = 0; k < 3; ++k) {
+        EXPECT_EQ(got[k], left * 100 + k);
+        EXPECT_EQ(got[3 + k], -(left * 100 + k));
+      }
+    });
+  }
+}
+
+TEST(PointToPoint, SizeMismatchIsAnError) {
+  EXPECT_THROW(launch(opts(2),
+                      [](Communicator& world) {
+                        std::vector<float> b(8);
+                        if (world.rank() == 0) {
+                          world.isend(b.data(), 8, DType::F32, 1, 0).wait();
+                        } else {
+                          world.irecv(b.data(), 4, DType::F32, 0, 0).wait();
+                        }
+                      }),
+               CommError);
+}
+
+TEST(Stats, RingBytesAndCalls) {
+  launch(opts(4), [](Communicator& world) {
+    world.stats().reset();
+    world.stats().record_spans = true;
+    std::vector<float> x(1000), y(4000);
+    world.all_reduce(x.data(), y.data(), 1000, DType::F32, ReduceOp::Sum);
+    world.all_gather(x.data(), y.data(), 1000, DType::F32);
+    world.all_gather(x.data(), y.data(), 1000, DType::F32);
+    Communicator pair = world.split(world.rank() / 2, 0);
+    pair.reduce_scatter(y.data(), x.data(), 1000, DType::F32, ReduceOp::Sum);
+    const CommStats& s = world.stats();  // shared by the world and its sub-groups
+    EXPECT_EQ(s[OpKind::AllReduce].calls, 1);
+    EXPECT_EQ(s[OpKind::AllReduce].bytes_sent, 2 * 3 * 4000 / 4);
+    EXPECT_EQ(s[OpKind::AllGather].calls, 2);
+    EXPECT_EQ(s[OpKind::AllGather].bytes_received, 2 * 3 * 4000);
+    EXPECT_EQ(s[OpKind::ReduceScatter].bytes_sent, 1 * 4000);
+    EXPECT_EQ(s[OpKind::Split].calls, 1);
+    EXPECT_EQ(s.spans.size(), 5u);
+    EXPECT_GE(s.total_seconds(), s.total_wait_seconds());
+  });
+}
+
+TEST(Launch, DeviceExceptionWakesOthersAndIsRethrownWithIndex) {
+  try {
+    launch(opts(4), [](Communicator& world) {
+      if (world.rank() == 2) DISTJAX_THROW(InvalidArgument, "[test] bad thing on purpose");
+      world.barrier();  // the others must not hang here
+    });
+    FAIL() << "launch did not throw";
+  } catch (const InvalidArgument& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("bad thing on purpose"), std::string::npos) << m;
+    EXPECT_NE(m.find("device 2"), std::string::npos) << m;
+  }
+}
+
+TEST(Launch, LinkModelSlowsTransfers) {
+  LaunchOptions o = opts(2);
+  o.link.latency_us = 2000;  // 2 ms per step
+  auto t0 = std::chrono::steady_clock::now();
+  launch(o, [](Communicator& world) {
+    float x = 1, y = 0;
+    world.all_reduce(&x, &y, 1, DType::F32, ReduceOp::Sum);  // 2 steps on 2 devices
+    EXPECT_EQ(y, 2.f);
+  });
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(4));
+}
+
+TEST(Launch, InvalidArguments) {
+  EXPECT_THROW(launch(opts(0), [](Communicator&) {}), InvalidArgument);
+  EXPECT_THROW(launch(opts(2),
+                      [](Communicator& world) {
+                        float x[2]{}, y[2]{};
+                        world.permute(x, y, 1, DType::F32, {{0, 1}, {1, 1}});
+                      }),
+               InvalidArgument);
+  EXPECT_TRUE(backend_available(Backend::Threads));
+#ifndef DISTJAX_HAVE_MPI
+  EXPECT_FALSE(backend_available(Backend::Mpi));
+  LaunchOptions o;
+  o.backend = Backend::Mpi;
+  try {
+    launch(o, [](Communicator&) {});
+    FAIL();
+  } catch (const NotImplemented& e) {
+    EXPECT_NE(std::string(e.what()).find("MPI backend is not compiled"), std::string::npos);
+  }
+#endif
+}
+
+}  // namespace
+}  // namespace distjax::comm
