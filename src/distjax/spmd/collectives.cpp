@@ -1,0 +1,365 @@
+// Differentiable named-axis collectives. Each op is one custom_vjp: its forward and its
+// transpose (DESIGN.md table) sit side by side, with the cotangent assumption stated.
+#include "distjax/spmd/collectives.hpp"
+
+#include <set>
+#include <string>
+
+#include "distjax/autodiff/autodiff.hpp"
+#include "distjax/core/error.hpp"
+#include "distjax/tensor/grad_node.hpp"
+#include "distjax/tensor/shape_ops.hpp"
+
+namespace distjax::spmd {
+
+using comm::ReduceOp;
+using tensor::Tensor;
+
+namespace {
+
+// Runs a communicator call; a CommError gets the user-level op and axes in front, so a
+// message names both (e.g. "[psum over "model"] [all_reduce/all_gather] devices disagree ...").
+template <class F>
+auto named(const char* op, const Axes& axes, F&& f) {
+  try {
+    return f();
+  } catch (const CommError& e) {
+    throw CommError(std::string("[") + op + " over " + axes.str() + "] " + e.what());
+  }
+}
+
+void count_call(DeviceContext& ctx, const std::string& name) {
+  ++ctx.counters().collective_calls[name];
+}
+
+Tensor zeros_like_shape(const Shape& s, DType dt) { return Tensor::zeros(s, dt); }
+
+// ------------------------------------------------------------ raw (non-differentiable)
+
+Tensor raw_all_reduce(comm::Communicator& c, const Tensor& x, ReduceOp op) {
+  Tensor out = Tensor::empty(x.shape(), x.dtype());
+  c.all_reduce(x.raw_data(), out.raw_data(), x.numel(), x.dtype(), op);
+  return out;
+}
+
+// (n, block...) in rank-major order -> the block axis moved to position `dim` of the
+// result, and merged with the block's dimension `dim` when tiled.
+Tensor blocks_to_dim(const Tensor& blocks, int dim, bool tiled) {
+  const int r = blocks.rank() - 1;  // rank of one block
+  Tensor t = blocks;
+  if (dim != 0) {
+    std::vector<int> perm;
+    for (int i = 1; i <= dim; ++i) perm.push_back(i);
+    perm.push_back(0);
+    for (int i = dim + 1; i <= r; ++i) perm.push_back(i);
+    t = tensor::permute(blocks, perm);
+  }
+  if (!tiled) return t;
+  Shape s = t.shape();  // (.., n, S, ..) with n at `dim`
+  s[dim] *= s[dim + 1];
+  s.erase(s.begin() + dim + 1);
+  return t.view(s);
+}
+
+// Inverse of blocks_to_dim: x's dimension `dim` (n*S when tiled, n when not) becomes a
+// leading block axis of n, contiguous, ready for a rank-major communicator buffer.
+Tensor dim_to_blocks(const Tensor& x, int dim, int n, bool tiled) {
+  Tensor t = x;
+  if (tiled) {
+    Shape v = x.shape();
+    v[dim] /= n;
+    v.insert(v.begin() + dim, n);
+    t = x.view(v);
+  }
+  if (dim == 0) return t;
+  std::vector<int> perm{dim};
+  for (int i = 0; i < t.rank(); ++i)
+    if (i != dim) perm.push_back(i);
+  return tensor::permute(t, perm);
+}
+
+Tensor raw_all_gather(comm::Communicator& c, const Tensor& x, int dim, bool tiled) {
+  const int n = c.size();
+  Shape bs = x.shape();
+  bs.insert(bs.begin(), n);
+  Tensor blocks = Tensor::empty(bs, x.dtype());
+  c.all_gather(x.raw_data(), blocks.raw_data(), x.numel(), x.dtype());
+  return blocks_to_dim(blocks, dim, tiled);
+}
+
+Tensor raw_reduce_scatter(comm::Communicator& c, const Tensor& x, int dim, bool tiled) {
+  const int n = c.size();
+  Tensor send = dim_to_blocks(x, dim, n, tiled);
+  Shape out_shape(send.shape().begin() + 1, send.shape().end());
+  // Not tiled: the block dimension is gone; tiled: the block keeps dim at size S.
+  if (!tiled) {
+    out_shape = x.shape();
+    out_shape.erase(out_shape.begin() + dim);
+  } else {
+    out_shape = x.shape();
+    out_shape[dim] /= n;
+  }
+  Tensor out = Tensor::empty(out_shape, x.dtype());
+  c.reduce_scatter(send.raw_data(), out.raw_data(), out.numel(), x.dtype(), ReduceOp::Sum);
+  return out;
+}
+
+Tensor raw_permute(comm::Communicator& c, const Tensor& x,
+                   const std::vector<std::pair<int, int>>& pairs) {
+  Tensor out = Tensor::empty(x.shape(), x.dtype());
+  c.permute(x.raw_data(), out.raw_data(), x.numel(), x.dtype(), pairs);
+  return out;
+}
+
+Tensor raw_all_to_all(comm::Communicator& c, const Tensor& x, int split_dim, int concat_dim) {
+  const int n = c.size();
+  Tensor send = dim_to_blocks(x, split_dim, n, /*tiled=*/true);
+  Tensor recv = Tensor::empty(send.shape(), x.dtype());
+  c.all_to_all(send.raw_data(), recv.raw_data(), x.numel() / n, x.dtype());
+  return blocks_to_dim(recv, concat_dim, /*tiled=*/true);
+}
+
+void check_tiling(const char* op, const Tensor& x, int dim, int n, bool tiled,
+                  const DeviceContext& ctx, const Axes& axes) {
+  if (tiled) {
+    DISTJAX_CHECK(x.size(dim) % n == 0, ShardingError, "[", op, "] dimension ", dim, " (",
+                  x.size(dim), ") of ", to_string(x.shape()), " is not divisible by ",
+                  axes.str(), "=", n, " in mesh ", ctx.mesh().describe());
+  } else {
+    DISTJAX_CHECK(x.size(dim) == n, ShardingError, "[", op, "] untiled: dimension ", dim, " (",
+                  x.size(dim), ") of ", to_string(x.shape()), " must equal the size of ",
+                  axes.str(), "=", n, " in mesh ", ctx.mesh().describe());
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------- psum
+// Forward: all-reduce sum. Transpose: identity. Assumes the cotangent is equal along
+// `axes` (the sum is replicated and the code after it runs identically everywhere).
+Tensor psum(DeviceContext& ctx, const Tensor& x, const Axes& axes) {
+  tensor::check_defined(x, "psum", "x");
+  comm::Communicator c = ctx.comm(axes);
+  count_call(ctx, "psum");
+  return autodiff::custom_vjp1(
+      "psum", {x},
+      [&](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{named("psum", axes, [&] { return raw_all_reduce(c, in[0], ReduceOp::Sum); })};
+      },
+      [](const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<Tensor>& g) {
+        return std::vector<Tensor>{g[0]};
+      });
+}
+
+// ---------------------------------------------------------------------------- pmean
+// Forward: all-reduce mean. Transpose: cotangent / n (same assumption as psum).
+Tensor pmean(DeviceContext& ctx, const Tensor& x, const Axes& axes) {
+  tensor::check_defined(x, "pmean", "x");
+  comm::Communicator c = ctx.comm(axes);
+  const double n = c.size();
+  count_call(ctx, "pmean");
+  return autodiff::custom_vjp1(
+      "pmean", {x},
+      [&](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{named("pmean", axes, [&] { return raw_all_reduce(c, in[0], ReduceOp::Mean); })};
+      },
+      [n](const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<Tensor>& g) {
+        if (!g[0].defined()) return std::vector<Tensor>{Tensor()};
+        Tensor r = g[0].clone();
+        float* p = r.data<float>();
+        for (std::int64_t i = 0; i < r.numel(); ++i) p[i] = static_cast<float>(p[i] / n);
+        return std::vector<Tensor>{r};
+      });
+}
+
+// ---------------------------------------------------------------------------- pmax
+// Forward: all-reduce max. Transpose: the cotangent goes, element by element, to the
+// device of lowest axis index holding the maximum. Assumes the cotangent is equal along
+// `axes`. The owner is found in the forward pass (two more all-reduces, only when the
+// input is being differentiated) so the backward needs no communication.
+Tensor pmax(DeviceContext& ctx, const Tensor& x, const Axes& axes) {
+  tensor::check_defined(x, "pmax", "x");
+  comm::Communicator c = ctx.comm(axes);
+  const int n = c.size();
+  const int me = c.rank();
+  const bool want_grad = tensor::needs_grad({&x});
+  if (want_grad) tensor::check_dtype(x, DType::F32, "pmax", "x");
+  count_call(ctx, "pmax");
+  auto mask = std::make_shared<Tensor>();
+  return autodiff::custom_vjp1(
+      "pmax", {x},
+      [&](const std::vector<Tensor>& in) {
+        return named("pmax", axes, [&] {
+          Tensor m = raw_all_reduce(c, in[0], ReduceOp::Max);
+          if (want_grad) {
+            // owner = n - max over devices holding the max of (n - index).
+            Tensor cand = Tensor::empty(in[0].shape(), DType::F32);
+            const float* px = in[0].data<float>();
+            const float* pm = m.data<float>();
+            float* pc = cand.data<float>();
+            for (std::int64_t i = 0; i < cand.numel(); ++i)
+              pc[i] = px[i] == pm[i] ? static_cast<float>(n - me) : 0.f;
+            Tensor owner = raw_all_reduce(c, cand, ReduceOp::Max);
+            *mask = Tensor::empty(in[0].shape(), DType::F32);
+            const float* po = owner.data<float>();
+            float* pk = mask->data<float>();
+            for (std::int64_t i = 0; i < cand.numel(); ++i)
+              pk[i] = po[i] == static_cast<float>(n - me) ? 1.f : 0.f;
+          }
+          return std::vector<Tensor>{m};
+        });
+      },
+      [mask](const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<Tensor>& g) {
+        if (!g[0].defined()) return std::vector<Tensor>{Tensor()};
+        Tensor r = g[0].clone();
+        float* p = r.data<float>();
+        const float* k = mask->data<float>();
+        for (std::int64_t i = 0; i < r.numel(); ++i) p[i] *= k[i];
+        return std::vector<Tensor>{r};
+      });
+}
+
+// ---------------------------------------------------------------------- all_gather
+// Forward: all-gather along `dim` (concatenated when tiled, stacked when not).
+// Transpose: psum_scatter along `dim` with the same tiling. Assumes each device's
+// cotangent is its own contribution to the global objective (they are summed).
+Tensor all_gather(DeviceContext& ctx, const Tensor& x, const Axes& axes, int dim, bool tiled) {
+  tensor::check_defined(x, "all_gather", "x");
+  comm::Communicator c = ctx.comm(axes);
+  dim = normalize_axis(dim, x.rank() + (tiled ? 0 : 1), "all_gather");
+  count_call(ctx, "all_gather");
+  DeviceContext* pctx = &ctx;
+  return autodiff::custom_vjp1(
+      "all_gather", {x},
+      [&](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{named("all_gather", axes, [&] { return raw_all_gather(c, in[0], dim, tiled); })};
+      },
+      [c, dim, tiled, axes, pctx](const std::vector<Tensor>& in, const std::vector<Tensor>& out,
+                                  const std::vector<Tensor>& g) mutable {
+        count_call(*pctx, "all_gather.T");
+        Tensor gy = g[0].defined() ? g[0] : zeros_like_shape(out[0].shape(), out[0].dtype());
+        return std::vector<Tensor>{named("all_gather transpose (psum_scatter)", axes, [&] {
+          return raw_reduce_scatter(c, gy, dim, tiled);
+        })};
+      });
+}
+
+// -------------------------------------------------------------------- psum_scatter
+// Forward: reduce-scatter (sum) along `dim`. Transpose: all_gather along `dim` with the
+// same tiling. Assumes block i's cotangent lives on device i (the result varies).
+Tensor psum_scatter(DeviceContext& ctx, const Tensor& x, const Axes& axes, int dim, bool tiled) {
+  tensor::check_defined(x, "psum_scatter", "x");
+  comm::Communicator c = ctx.comm(axes);
+  dim = normalize_axis(dim, x.rank(), "psum_scatter");
+  check_tiling("psum_scatter", x, dim, c.size(), tiled, ctx, axes);
+  count_call(ctx, "psum_scatter");
+  DeviceContext* pctx = &ctx;
+  return autodiff::custom_vjp1(
+      "psum_scatter", {x},
+      [&](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{named("psum_scatter", axes, [&] { return raw_reduce_scatter(c, in[0], dim, tiled); })};
+      },
+      [c, dim, tiled, axes, pctx](const std::vector<Tensor>&, const std::vector<Tensor>& out,
+                                  const std::vector<Tensor>& g) mutable {
+        count_call(*pctx, "psum_scatter.T");
+        Tensor gy = g[0].defined() ? g[0] : zeros_like_shape(out[0].shape(), out[0].dtype());
+        return std::vector<Tensor>{named("psum_scatter transpose (all_gather)", axes, [&] {
+          return raw_all_gather(c, gy, dim, tiled);
+        })};
+      });
+}
+
+// ------------------------------------------------------------------------ ppermute
+// Forward: device src sends to device dst for each (src, dst); others receive zeros.
+// Transpose: ppermute with every pair reversed. No assumption on the cotangent.
+Tensor ppermute(DeviceContext& ctx, const Tensor& x, const Axes& axes,
+                const std::vector<std::pair<int, int>>& perm) {
+  tensor::check_defined(x, "ppermute", "x");
+  comm::Communicator c = ctx.comm(axes);
+  const int n = c.size();
+  std::set<int> srcs, dsts;
+  for (const auto& [s, d] : perm) {
+    DISTJAX_CHECK(s >= 0 && s < n && d >= 0 && d < n, ShardingError, "[ppermute] pair (", s, ", ",
+                  d, ") out of range for ", axes.str(), "=", n, " in mesh ", ctx.mesh().describe());
+    DISTJAX_CHECK(srcs.insert(s).second && dsts.insert(d).second, ShardingError,
+                  "[ppermute] index appears twice as source or destination in pair (", s, ", ", d,
+                  ")");
+  }
+  std::vector<std::pair<int, int>> inverse;
+  for (const auto& [s, d] : perm) inverse.emplace_back(d, s);
+  count_call(ctx, "ppermute");
+  DeviceContext* pctx = &ctx;
+  return autodiff::custom_vjp1(
+      "ppermute", {x},
+      [&](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{named("ppermute", axes, [&] { return raw_permute(c, in[0], perm); })};
+      },
+      [c, inverse, axes, pctx](const std::vector<Tensor>& in, const std::vector<Tensor>& out,
+                               const std::vector<Tensor>& g) mutable {
+        count_call(*pctx, "ppermute.T");
+        Tensor gy = g[0].defined() ? g[0] : zeros_like_shape(out[0].shape(), out[0].dtype());
+        return std::vector<Tensor>{named("ppermute transpose", axes, [&] { return raw_permute(c, gy, inverse); })};
+      });
+}
+
+std::vector<std::pair<int, int>> ring_permutation(int n, int shift) {
+  std::vector<std::pair<int, int>> p;
+  for (int i = 0; i < n; ++i) p.emplace_back(i, (((i + shift) % n) + n) % n);
+  return p;
+}
+
+// ---------------------------------------------------------------------- all_to_all
+// Forward: split along split_dim, exchange chunks, concatenate along concat_dim.
+// Transpose: all_to_all with the two dimensions swapped. No assumption on the cotangent.
+Tensor all_to_all(DeviceContext& ctx, const Tensor& x, const Axes& axes, int split_dim,
+                  int concat_dim) {
+  tensor::check_defined(x, "all_to_all", "x");
+  comm::Communicator c = ctx.comm(axes);
+  split_dim = normalize_axis(split_dim, x.rank(), "all_to_all");
+  concat_dim = normalize_axis(concat_dim, x.rank(), "all_to_all");
+  check_tiling("all_to_all", x, split_dim, c.size(), true, ctx, axes);
+  count_call(ctx, "all_to_all");
+  DeviceContext* pctx = &ctx;
+  return autodiff::custom_vjp1(
+      "all_to_all", {x},
+      [&](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{named("all_to_all", axes, [&] { return raw_all_to_all(c, in[0], split_dim, concat_dim); })};
+      },
+      [c, split_dim, concat_dim, axes, pctx](const std::vector<Tensor>&, const std::vector<Tensor>& out,
+                                             const std::vector<Tensor>& g) mutable {
+        count_call(*pctx, "all_to_all.T");
+        Tensor gy = g[0].defined() ? g[0] : zeros_like_shape(out[0].shape(), out[0].dtype());
+        return std::vector<Tensor>{named("all_to_all transpose", axes, [&] {
+          return raw_all_to_all(c, gy, concat_dim, split_dim);
+        })};
+      });
+}
+
+// --------------------------------------------------------------------------- pvary
+// Forward: identity. Transpose: psum over `axes`. Assumes each device's cotangent is its
+// own contribution (the region after pvary varies per device and its results are summed).
+Tensor pvary(DeviceContext& ctx, const Tensor& x, const Axes& axes) {
+  tensor::check_defined(x, "pvary", "x");
+  comm::Communicator c = ctx.comm(axes);
+  count_call(ctx, "pvary");
+  DeviceContext* pctx = &ctx;
+  return autodiff::custom_vjp1(
+      "pvary", {x}, [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0].clone()}; },
+      [c, axes, pctx](const std::vector<Tensor>&, const std::vector<Tensor>& out,
+                      const std::vector<Tensor>& g) mutable {
+        count_call(*pctx, "pvary.T");
+        Tensor gy = g[0].defined() ? g[0] : zeros_like_shape(out[0].shape(), out[0].dtype());
+        return std::vector<Tensor>{named("pvary transpose (psum)", axes, [&] {
+          return raw_all_reduce(c, gy, ReduceOp::Sum);
+        })};
+      });
+}
+
+int axis_index(const DeviceContext& ctx, const Axes& axes) { return ctx.axis_index(axes); }
+int axis_size(const DeviceContext& ctx, const Axes& axes) { return ctx.axis_size(axes); }
+
+Key fold_rng_over_axis(const DeviceContext& ctx, const Key& key, const Axes& axes) {
+  return ctx.fold_rng_over_axis(key, axes);
+}
+
+}  // namespace distjax::spmd
