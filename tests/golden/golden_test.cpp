@@ -50,7 +50,8 @@ std::map<std::string, Record> load_fixture() {
     int rank = 0;
     head >> name >> r.dtype >> rank;
     r.shape.resize(static_cast<std::size_t>(rank));
-    for (auto& d : r.shape) head >> d;
+    for (auto& d : r.shape)
+      head >> d;
     std::string vals;
     std::getline(in, vals);
     const char* p = vals.c_str();
@@ -79,7 +80,8 @@ Tensor to_f32(const Record& r) {
 
 Tensor to_i64(const Record& r) {
   std::vector<std::int64_t> v;
-  for (double x : r.values) v.push_back(static_cast<std::int64_t>(x));
+  for (double x : r.values)
+    v.push_back(static_cast<std::int64_t>(x));
   return Tensor::from_vector(v, r.shape);
 }
 
@@ -101,8 +103,8 @@ void expect_close(const std::string& what, const Tensor& got, const Record& ref)
     max_diff = std::max(max_diff, std::abs(static_cast<double>(g[i]) - ref.values[i]));
   }
   EXPECT_GT(max_ref, 0.0) << what << ": the reference is all zeros, the check would be empty";
-  EXPECT_LE(max_diff, kRelTol * max_ref) << what << ": max|diff| " << max_diff << ", max|ref| "
-                                         << max_ref;
+  EXPECT_LE(max_diff, kRelTol * max_ref)
+      << what << ": max|diff| " << max_diff << ", max|ref| " << max_ref;
 }
 
 TEST(Golden, FixtureIsPresent) {
@@ -126,14 +128,22 @@ TEST(Golden, ClassifierMatchesPyTorch) {
   auto [loss, grads] = autodiff::value_and_grad(loss_fn)(params);
   expect_close("mlp loss", loss, f.at("mlp/output/loss"));
   ASSERT_EQ(grads.size(), 4u);
-  for (auto& [path, g] : grads) expect_close("mlp grad " + path, g, f.at("mlp/grad/" + path));
+  for (auto& [path, g] : grads)
+    expect_close("mlp grad " + path, g, f.at("mlp/grad/" + path));
 }
 
 TEST(Golden, TransformerMatchesPyTorch) {
   const auto& f = fixture();
-  models::Transformer model({.vocab = 32, .d_model = 32, .num_layers = 2, .num_heads = 2,
-                             .mlp_ratio = 4, .max_len = 8, .learned_positions = true,
-                             .tied_embeddings = true, .dropout = 0.f, .remat = false,
+  models::Transformer model({.vocab = 32,
+                             .d_model = 32,
+                             .num_layers = 2,
+                             .num_heads = 2,
+                             .mlp_ratio = 4,
+                             .max_len = 8,
+                             .learned_positions = true,
+                             .tied_embeddings = true,
+                             .dropout = 0.f,
+                             .remat = false,
                              .ln_eps = 1e-5f});
   TensorTree params = params_of("gpt");
   ASSERT_TRUE(params.same_structure(model.init(Key::from_seed(0))));
@@ -147,13 +157,19 @@ TEST(Golden, TransformerMatchesPyTorch) {
   auto [loss, grads] = autodiff::value_and_grad(loss_fn)(params);
   expect_close("gpt loss", loss, f.at("gpt/output/loss"));
   ASSERT_EQ(grads.size(), params.size());
-  for (auto& [path, g] : grads) expect_close("gpt grad " + path, g, f.at("gpt/grad/" + path));
+  for (auto& [path, g] : grads)
+    expect_close("gpt grad " + path, g, f.at("gpt/grad/" + path));
 }
 
 TEST(Golden, TransformerWithRematMatchesPyTorch) {
   const auto& f = fixture();
-  models::Transformer model({.vocab = 32, .d_model = 32, .num_layers = 2, .num_heads = 2,
-                             .mlp_ratio = 4, .max_len = 8, .remat = true});
+  models::Transformer model({.vocab = 32,
+                             .d_model = 32,
+                             .num_layers = 2,
+                             .num_heads = 2,
+                             .mlp_ratio = 4,
+                             .max_len = 8,
+                             .remat = true});
   TensorTree params = params_of("gpt");
   const Tensor tokens = to_i64(f.at("gpt/input/tokens"));
   const Tensor targets = to_i64(f.at("gpt/input/targets"));
@@ -162,7 +178,8 @@ TEST(Golden, TransformerWithRematMatchesPyTorch) {
   };
   auto [loss, grads] = autodiff::value_and_grad(loss_fn)(params);
   expect_close("gpt loss (remat)", loss, f.at("gpt/output/loss"));
-  for (auto& [path, g] : grads) expect_close("gpt grad (remat) " + path, g, f.at("gpt/grad/" + path));
+  for (auto& [path, g] : grads)
+    expect_close("gpt grad (remat) " + path, g, f.at("gpt/grad/" + path));
 }
 
 }  // namespace

@@ -13,12 +13,14 @@ using namespace distjax;
 using tensor::Tensor;
 using tensor::TensorTree;
 
-const models::ClassifierConfig kSmall{.in_features = 20, .hidden = 16, .num_classes = 5, .dropout = 0.5f};
+const models::ClassifierConfig kSmall{
+    .in_features = 20, .hidden = 16, .num_classes = 5, .dropout = 0.5f};
 
 TEST(Classifier, ParamsAndShapes) {
   models::Classifier model(kSmall);
   TensorTree p = model.init(Key::from_seed(0));
-  EXPECT_EQ(p.paths(), (std::vector<std::string>{"fc1/bias", "fc1/kernel", "fc2/bias", "fc2/kernel"}));
+  EXPECT_EQ(p.paths(),
+            (std::vector<std::string>{"fc1/bias", "fc1/kernel", "fc2/bias", "fc2/kernel"}));
   EXPECT_EQ(p.at("fc1/kernel").shape(), (Shape{20, 16}));
   EXPECT_EQ(p.at("fc2/kernel").shape(), (Shape{16, 5}));
   EXPECT_EQ(p.num_elements(), model.num_params());
@@ -33,7 +35,8 @@ TEST(Classifier, InitIsDeterministic) {
   models::Classifier model(kSmall);
   TensorTree a = model.init(Key::from_seed(3)), b = model.init(Key::from_seed(3)),
              c = model.init(Key::from_seed(4));
-  for (auto& [path, t] : a) EXPECT_EQ(t.to_vector<float>(), b.at(path).to_vector<float>()) << path;
+  for (auto& [path, t] : a)
+    EXPECT_EQ(t.to_vector<float>(), b.at(path).to_vector<float>()) << path;
   EXPECT_NE(a.at("fc1/kernel").to_vector<float>(), c.at("fc1/kernel").to_vector<float>());
   EXPECT_FALSE(a.at("fc1/kernel").requires_grad());  // init records nothing on the tape
 }
@@ -64,7 +67,8 @@ TEST(Classifier, GradientsReachEveryParameter) {
   EXPECT_GT(loss.item<float>(), 0.f);
   for (auto& [path, t] : g) {
     float mx = 0;
-    for (float v : t.to_vector<float>()) mx = std::max(mx, std::abs(v));
+    for (float v : t.to_vector<float>())
+      mx = std::max(mx, std::abs(v));
     EXPECT_GT(mx, 0.f) << path;
   }
 }

@@ -15,8 +15,8 @@ using namespace distjax;
 using tensor::Tensor;
 using tensor::TensorTree;
 
-const models::TransformerConfig kTiny{.vocab = 40, .d_model = 16, .num_layers = 2, .num_heads = 2,
-                                      .mlp_ratio = 4, .max_len = 12};
+const models::TransformerConfig kTiny{
+    .vocab = 40, .d_model = 16, .num_layers = 2, .num_heads = 2, .mlp_ratio = 4, .max_len = 12};
 
 Tensor tokens_i32(std::int64_t b, std::int64_t t, std::uint32_t seed, std::int64_t vocab) {
   std::vector<std::int32_t> v;
@@ -50,7 +50,8 @@ TEST(Transformer, I32AndI64TokensAgree) {
   TensorTree p = gpt.init(Key::from_seed(0));
   const Tensor t32 = tokens_i32(2, 5, 3, kTiny.vocab);
   std::vector<std::int64_t> v64;
-  for (std::int32_t x : t32.to_vector<std::int32_t>()) v64.push_back(x);
+  for (std::int32_t x : t32.to_vector<std::int32_t>())
+    v64.push_back(x);
   const Tensor t64 = Tensor::from_vector(v64, {2, 5});
   EXPECT_EQ(gpt.apply(p, t32, false, Key{}).to_vector<float>(),
             gpt.apply(p, t64, false, Key{}).to_vector<float>());
@@ -58,8 +59,10 @@ TEST(Transformer, I32AndI64TokensAgree) {
 
 TEST(Transformer, InitIsDeterministic) {
   models::Transformer gpt(kTiny);
-  TensorTree a = gpt.init(Key::from_seed(9)), b = gpt.init(Key::from_seed(9)), c = gpt.init(Key::from_seed(10));
-  for (auto& [path, t] : a) EXPECT_EQ(t.to_vector<float>(), b.at(path).to_vector<float>()) << path;
+  TensorTree a = gpt.init(Key::from_seed(9)), b = gpt.init(Key::from_seed(9)),
+             c = gpt.init(Key::from_seed(10));
+  for (auto& [path, t] : a)
+    EXPECT_EQ(t.to_vector<float>(), b.at(path).to_vector<float>()) << path;
   EXPECT_NE(a.at("wte/embedding").to_vector<float>(), c.at("wte/embedding").to_vector<float>());
   EXPECT_NE(a.at("blocks/0/attn/qkv/kernel").to_vector<float>(),
             a.at("blocks/1/attn/qkv/kernel").to_vector<float>());
@@ -126,7 +129,8 @@ TEST(Transformer, DropoutDeterministicByKeyAndRematMatches) {
   EXPECT_FLOAT_EQ(l1.item<float>(), l2.item<float>());
   for (auto& [path, g] : g1) {
     auto x = g.to_vector<float>(), y = g2.at(path).to_vector<float>();
-    for (std::size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(x[i], y[i], 1e-6f) << path;
+    for (std::size_t i = 0; i < x.size(); ++i)
+      ASSERT_NEAR(x[i], y[i], 1e-6f) << path;
   }
 }
 
@@ -155,7 +159,8 @@ TEST(Transformer, BadInputsAndConfigsThrow) {
   EXPECT_THROW(gpt.apply(p, Tensor::zeros({1, 4}), false, Key{}), InvalidArgument);  // f32 ids
   EXPECT_THROW(gpt.apply(p, Tensor::zeros({4}, DType::I32), false, Key{}), InvalidArgument);
   EXPECT_THROW(models::Transformer({.d_model = 30, .num_heads = 4}), ConfigError);
-  models::Transformer other({.vocab = 40, .d_model = 16, .num_layers = 3, .num_heads = 2, .max_len = 12});
+  models::Transformer other(
+      {.vocab = 40, .d_model = 16, .num_layers = 3, .num_heads = 2, .max_len = 12});
   try {
     other.apply(p, tokens_i32(1, 4, 0, 40), false, Key{});
     FAIL() << "expected a missing-parameter error";

@@ -17,7 +17,8 @@ struct Stats {
 Stats stats(const Tensor& t) {
   std::vector<float> v = t.to_vector<float>();
   Stats s;
-  for (float x : v) s.mean += x;
+  for (float x : v)
+    s.mean += x;
   s.mean /= static_cast<double>(v.size());
   for (float x : v) {
     s.std += (x - s.mean) * (x - s.mean);
@@ -63,13 +64,17 @@ TEST(Initializers, DeterministicByKey) {
 }
 
 TEST(Initializers, ConstantsAndScaled) {
-  for (float v : nn::zeros()(Key{}, {3, 2}).to_vector<float>()) EXPECT_EQ(v, 0.f);
-  for (float v : nn::ones()(Key{}, {4}).to_vector<float>()) EXPECT_EQ(v, 1.f);
-  for (float v : nn::constant(2.5)(Key{}, {2, 2}).to_vector<float>()) EXPECT_EQ(v, 2.5f);
+  for (float v : nn::zeros()(Key{}, {3, 2}).to_vector<float>())
+    EXPECT_EQ(v, 0.f);
+  for (float v : nn::ones()(Key{}, {4}).to_vector<float>())
+    EXPECT_EQ(v, 1.f);
+  for (float v : nn::constant(2.5)(Key{}, {2, 2}).to_vector<float>())
+    EXPECT_EQ(v, 2.5f);
   auto base = nn::lecun_normal()(Key::from_seed(9), {16, 4}).to_vector<float>();
   auto half = nn::scaled(nn::lecun_normal(), 0.5)(Key::from_seed(9), {16, 4}).to_vector<float>();
   ASSERT_EQ(base.size(), half.size());
-  for (std::size_t i = 0; i < base.size(); ++i) EXPECT_FLOAT_EQ(half[i], 0.5f * base[i]);
+  for (std::size_t i = 0; i < base.size(); ++i)
+    EXPECT_FLOAT_EQ(half[i], 0.5f * base[i]);
 }
 
 }  // namespace

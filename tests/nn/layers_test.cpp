@@ -27,7 +27,8 @@ Tensor randn(const Shape& s, std::uint64_t seed, double std = 1.0) {
 
 void expect_all_near(const std::vector<float>& got, const std::vector<double>& want, double tol) {
   ASSERT_EQ(got.size(), want.size());
-  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], tol) << "at " << i;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    EXPECT_NEAR(got[i], want[i], tol) << "at " << i;
 }
 
 TEST(Dense, EqualsManualMatmulPlusBias) {
@@ -37,12 +38,14 @@ TEST(Dense, EqualsManualMatmulPlusBias) {
   dense(Scope::init(&p, Key::from_seed(0)), x);
   const Tensor y = dense(Scope::apply(&p, false), x);
   ASSERT_EQ(y.shape(), (Shape{3, 5, 6}));
-  auto xv = x.to_vector<float>(), w = p.at("kernel").to_vector<float>(), b = p.at("bias").to_vector<float>();
+  auto xv = x.to_vector<float>(), w = p.at("kernel").to_vector<float>(),
+       b = p.at("bias").to_vector<float>();
   std::vector<double> want(15 * 6);
   for (int r = 0; r < 15; ++r)
     for (int j = 0; j < 6; ++j) {
       double acc = b[j];
-      for (int k = 0; k < 4; ++k) acc += double(xv[r * 4 + k]) * w[k * 6 + j];
+      for (int k = 0; k < 4; ++k)
+        acc += double(xv[r * 4 + k]) * w[k * 6 + j];
       want[r * 6 + j] = acc;
     }
   expect_all_near(y.to_vector<float>(), want, 1e-5);
@@ -50,7 +53,8 @@ TEST(Dense, EqualsManualMatmulPlusBias) {
 
 TEST(Dense, WithoutBiasHasNoBiasParam) {
   TensorTree p;
-  nn::Dense{.features = 2, .use_bias = false}(Scope::init(&p, Key::from_seed(0)), Tensor::ones({1, 3}));
+  nn::Dense{.features = 2, .use_bias = false}(Scope::init(&p, Key::from_seed(0)),
+                                              Tensor::ones({1, 3}));
   EXPECT_EQ(p.paths(), (std::vector<std::string>{"kernel"}));
 }
 
@@ -59,14 +63,14 @@ TEST(Dense, GradientOfSumIsColumnSumsOfX) {
   const Tensor x = randn({4, 3}, 2);
   nn::Dense dense{.features = 2};
   dense(Scope::init(&p, Key::from_seed(0)), x);
-  auto g = autodiff::grad([&](const TensorTree& q) {
-    return tensor::sum(dense(Scope::apply(&q, false), x));
-  })(p);
+  auto g = autodiff::grad(
+      [&](const TensorTree& q) { return tensor::sum(dense(Scope::apply(&q, false), x)); })(p);
   auto xv = x.to_vector<float>();
   std::vector<double> want;
   for (int k = 0; k < 3; ++k) {
     double s = 0;
-    for (int r = 0; r < 4; ++r) s += xv[r * 3 + k];
+    for (int r = 0; r < 4; ++r)
+      s += xv[r * 3 + k];
     want.push_back(s);
     want.push_back(s);
   }
@@ -87,7 +91,8 @@ TEST(Embedding, LookupAndAttend) {
   auto yv = y.to_vector<float>();
   const int idv[] = {4, 0, 4, 2};
   for (int i = 0; i < 4; ++i)
-    for (int c = 0; c < 3; ++c) EXPECT_EQ(yv[i * 3 + c], table[idv[i] * 3 + c]);
+    for (int c = 0; c < 3; ++c)
+      EXPECT_EQ(yv[i * 3 + c], table[idv[i] * 3 + c]);
   // attend: x @ E^T.
   const Tensor x = randn({2, 3}, 3);
   auto xv = x.to_vector<float>();
@@ -95,7 +100,8 @@ TEST(Embedding, LookupAndAttend) {
   for (int r = 0; r < 2; ++r)
     for (int v = 0; v < 5; ++v) {
       double acc = 0;
-      for (int c = 0; c < 3; ++c) acc += double(xv[r * 3 + c]) * table[v * 3 + c];
+      for (int c = 0; c < 3; ++c)
+        acc += double(xv[r * 3 + c]) * table[v * 3 + c];
       want.push_back(acc);
     }
   expect_all_near(emb.attend(s, x).to_vector<float>(), want, 1e-5);
@@ -110,15 +116,19 @@ TEST(LayerNorm, MatchesFormulaAndParams) {
   EXPECT_EQ(p.paths(), (std::vector<std::string>{"bias", "scale"}));
   p.set("scale", randn({8}, 5));
   p.set("bias", randn({8}, 6));
-  auto xv = x.to_vector<float>(), g = p.at("scale").to_vector<float>(), b = p.at("bias").to_vector<float>();
+  auto xv = x.to_vector<float>(), g = p.at("scale").to_vector<float>(),
+       b = p.at("bias").to_vector<float>();
   std::vector<double> want;
   for (int r = 0; r < 3; ++r) {
     double m = 0, v = 0;
-    for (int c = 0; c < 8; ++c) m += xv[r * 8 + c];
+    for (int c = 0; c < 8; ++c)
+      m += xv[r * 8 + c];
     m /= 8;
-    for (int c = 0; c < 8; ++c) v += (xv[r * 8 + c] - m) * (xv[r * 8 + c] - m);
+    for (int c = 0; c < 8; ++c)
+      v += (xv[r * 8 + c] - m) * (xv[r * 8 + c] - m);
     v /= 8;
-    for (int c = 0; c < 8; ++c) want.push_back((xv[r * 8 + c] - m) / std::sqrt(v + 1e-5) * g[c] + b[c]);
+    for (int c = 0; c < 8; ++c)
+      want.push_back((xv[r * 8 + c] - m) / std::sqrt(v + 1e-5) * g[c] + b[c]);
   }
   expect_all_near(ln(Scope::apply(&p, false), x).to_vector<float>(), want, 1e-5);
 }
@@ -134,9 +144,11 @@ TEST(RMSNorm, MatchesFormula) {
   std::vector<double> want;
   for (int r = 0; r < 2; ++r) {
     double ms = 0;
-    for (int c = 0; c < 6; ++c) ms += double(xv[r * 6 + c]) * xv[r * 6 + c];
+    for (int c = 0; c < 6; ++c)
+      ms += double(xv[r * 6 + c]) * xv[r * 6 + c];
     ms /= 6;
-    for (int c = 0; c < 6; ++c) want.push_back(xv[r * 6 + c] / std::sqrt(ms + 1e-6) * g[c]);
+    for (int c = 0; c < 6; ++c)
+      want.push_back(xv[r * 6 + c] / std::sqrt(ms + 1e-6) * g[c]);
   }
   expect_all_near(rms(Scope::apply(&p, false), x).to_vector<float>(), want, 1e-5);
 }
@@ -155,8 +167,10 @@ TEST(Dropout, IdentityInEvalMaskedInTrain) {
   EXPECT_NE(a, b);   // another scope name: another mask
   int zeros = 0;
   for (float v : a) {
-    if (v == 0.f) ++zeros;
-    else EXPECT_FLOAT_EQ(v, 1.f / 0.75f);
+    if (v == 0.f)
+      ++zeros;
+    else
+      EXPECT_FLOAT_EQ(v, 1.f / 0.75f);
   }
   EXPECT_GT(zeros, 180);
   EXPECT_LT(zeros, 320);
@@ -187,7 +201,8 @@ std::vector<double> naive_mha(const TensorTree& p, const Tensor& x, int H, bool 
   for (int r = 0; r < B * T; ++r)
     for (int j = 0; j < 3 * C; ++j) {
       double acc = bq[j];
-      for (int k = 0; k < C; ++k) acc += double(xv[r * C + k]) * wq[k * 3 * C + j];
+      for (int k = 0; k < C; ++k)
+        acc += double(xv[r * C + k]) * wq[k * 3 * C + j];
       qkv[size_t(r) * 3 * C + j] = acc;
     }
   auto at = [&](int b, int t, int h, int which, int d) {
@@ -202,23 +217,27 @@ std::vector<double> naive_mha(const TensorTree& p, const Tensor& x, int H, bool 
         for (int u = 0; u < T; ++u) {
           if (causal && u > t) continue;
           double acc = 0;
-          for (int d = 0; d < D; ++d) acc += at(b, t, h, 0, d) * at(b, u, h, 1, d);
+          for (int d = 0; d < D; ++d)
+            acc += at(b, t, h, 0, d) * at(b, u, h, 1, d);
           s[u] = acc / std::sqrt(double(D));
           mx = std::max(mx, s[u]);
         }
         double z = 0;
-        for (int u = 0; u < T; ++u) z += (causal && u > t) ? 0 : std::exp(s[u] - mx);
+        for (int u = 0; u < T; ++u)
+          z += (causal && u > t) ? 0 : std::exp(s[u] - mx);
         for (int u = 0; u < T; ++u) {
           if (causal && u > t) continue;
           const double w = std::exp(s[u] - mx) / z;
-          for (int d = 0; d < D; ++d) y[(size_t(b) * T + t) * C + h * D + d] += w * at(b, u, h, 2, d);
+          for (int d = 0; d < D; ++d)
+            y[(size_t(b) * T + t) * C + h * D + d] += w * at(b, u, h, 2, d);
         }
       }
   std::vector<double> out(size_t(B) * T * C);
   for (int r = 0; r < B * T; ++r)
     for (int j = 0; j < C; ++j) {
       double acc = bo[j];
-      for (int k = 0; k < C; ++k) acc += y[size_t(r) * C + k] * wo[k * C + j];
+      for (int k = 0; k < C; ++k)
+        acc += y[size_t(r) * C + k] * wo[k * C + j];
       out[size_t(r) * C + j] = acc;
     }
   return out;
@@ -238,8 +257,9 @@ TEST(MultiHeadAttention, MatchesNaiveAttention) {
     expect_all_near(y.to_vector<float>(), naive_mha(p, x, 2, causal), 2e-5);
   }
   TensorTree p;
-  EXPECT_THROW((nn::MultiHeadAttention{.num_heads = 3}(Scope::init(&p, Key{}), randn({1, 2, 8}, 1))),
-               InvalidArgument);
+  EXPECT_THROW(
+      (nn::MultiHeadAttention{.num_heads = 3}(Scope::init(&p, Key{}), randn({1, 2, 8}, 1))),
+      InvalidArgument);
 }
 
 }  // namespace

@@ -36,9 +36,11 @@ TEST(Scope, InitCreatesPathsAndShapes) {
   EXPECT_EQ(p.at("a/bias").shape(), (Shape{3}));
   EXPECT_EQ(p.at("b/kernel").shape(), (Shape{3, 2}));
   // Biases start at zero, kernels do not.
-  for (float v : p.at("b/bias").to_vector<float>()) EXPECT_EQ(v, 0.f);
+  for (float v : p.at("b/bias").to_vector<float>())
+    EXPECT_EQ(v, 0.f);
   bool nonzero = false;
-  for (float v : p.at("a/kernel").to_vector<float>()) nonzero |= v != 0.f;
+  for (float v : p.at("a/kernel").to_vector<float>())
+    nonzero |= v != 0.f;
   EXPECT_TRUE(nonzero);
 }
 
@@ -46,7 +48,8 @@ TEST(Scope, SameKeySameParamsDifferentKeyDifferent) {
   TensorTree p1 = init_toy(Key::from_seed(7));
   TensorTree p2 = init_toy(Key::from_seed(7));
   TensorTree p3 = init_toy(Key::from_seed(8));
-  for (auto& [path, t] : p1) EXPECT_TRUE(equal(t, p2.at(path))) << path;
+  for (auto& [path, t] : p1)
+    EXPECT_TRUE(equal(t, p2.at(path))) << path;
   EXPECT_FALSE(equal(p1.at("a/kernel"), p3.at("a/kernel")));
   EXPECT_FALSE(equal(p1.at("b/kernel"), p3.at("b/kernel")));
 }
@@ -58,7 +61,8 @@ TEST(Scope, ParamsDependOnPathNotOrder) {
   Scope s = Scope::init(&rev, Key::from_seed(3));
   nn::Dense{.features = 2}(s.child("b"), Tensor::zeros({1, 3}));
   nn::Dense{.features = 3}(s.child("a"), Tensor::zeros({1, 4}));
-  for (auto& [path, t] : fwd) EXPECT_TRUE(equal(t, rev.at(path))) << path;
+  for (auto& [path, t] : fwd)
+    EXPECT_TRUE(equal(t, rev.at(path))) << path;
   // Two layers of the same shape under different names differ.
   TensorTree q;
   Scope r = Scope::init(&q, Key::from_seed(3));
@@ -152,7 +156,8 @@ TEST(Scope, RebasedScopeReadsASubtree) {
   TensorTree all = root.params();
   EXPECT_EQ(all.size(), 4u);
   Scope r2 = root.rebased(&all);
-  EXPECT_TRUE(r2.child("a").param("bias", {3}, nn::zeros()).shares_storage_with(whole.at("a/bias")));
+  EXPECT_TRUE(
+      r2.child("a").param("bias", {3}, nn::zeros()).shares_storage_with(whole.at("a/bias")));
 }
 
 }  // namespace

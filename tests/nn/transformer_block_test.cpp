@@ -51,9 +51,11 @@ TEST(TransformerBlock, RematGivesSameValuesAndGradients) {
   for (auto& [path, g] : g1) {
     auto a = g.to_vector<float>(), b = g2.at(path).to_vector<float>();
     double mx = 0;
-    for (float v : a) mx = std::max(mx, double(std::abs(v)));
+    for (float v : a)
+      mx = std::max(mx, double(std::abs(v)));
     EXPECT_GT(mx, 0.0) << path;
-    for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-6 * (1 + mx)) << path << " " << i;
+    for (std::size_t i = 0; i < a.size(); ++i)
+      EXPECT_NEAR(a[i], b[i], 1e-6 * (1 + mx)) << path << " " << i;
   }
   // Dropout is really on: eval mode changes the value.
   auto eval = [&](const TensorTree& p) {

@@ -18,7 +18,7 @@ using tensor::TensorTree;
 struct ClassifierConfig {
   std::int64_t in_features = 784;  // F
   std::int64_t hidden = 512;
-  std::int64_t num_classes = 10;   // K
+  std::int64_t num_classes = 10;  // K
   float dropout = 0.1f;
 };
 

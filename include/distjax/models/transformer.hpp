@@ -15,16 +15,16 @@ using tensor::Tensor;
 using tensor::TensorTree;
 
 struct TransformerConfig {
-  std::int64_t vocab = 256;        // V
-  std::int64_t d_model = 256;      // C
-  std::int64_t num_layers = 4;     // L
-  std::int64_t num_heads = 4;      // H, divides C
-  std::int64_t mlp_ratio = 4;      // MLP hidden = mlp_ratio * C
-  std::int64_t max_len = 128;      // longest T
-  bool learned_positions = true;   // else fixed sinusoidal positions
-  bool tied_embeddings = true;     // logits = x @ wte^T, else an untied lm_head
-  float dropout = 0.f;             // on embeddings and residual branches
-  bool remat = false;              // recompute each block's activations in backward
+  std::int64_t vocab = 256;       // V
+  std::int64_t d_model = 256;     // C
+  std::int64_t num_layers = 4;    // L
+  std::int64_t num_heads = 4;     // H, divides C
+  std::int64_t mlp_ratio = 4;     // MLP hidden = mlp_ratio * C
+  std::int64_t max_len = 128;     // longest T
+  bool learned_positions = true;  // else fixed sinusoidal positions
+  bool tied_embeddings = true;    // logits = x @ wte^T, else an untied lm_head
+  float dropout = 0.f;            // on embeddings and residual branches
+  bool remat = false;             // recompute each block's activations in backward
   float ln_eps = 1e-5f;
 };
 

@@ -41,8 +41,8 @@ class Scope {
  public:
   /// A root scope that creates parameters into `*params` (and records their
   /// sharding metadata into `*specs` when given). Both must outlive the scope.
-  static Scope init(TensorTree* params, Key init_key, Specs* specs = nullptr,
-                    bool train = false, Key dropout_key = Key{});
+  static Scope init(TensorTree* params, Key init_key, Specs* specs = nullptr, bool train = false,
+                    Key dropout_key = Key{});
   /// A root scope that reads parameters from `params` (which must outlive it).
   static Scope apply(const TensorTree* params, bool train, Key dropout_key = Key{});
 

@@ -8,8 +8,8 @@ Tensor Dense::operator()(const Scope& scope, const Tensor& x) const {
   tensor::check_defined(x, "Dense", "x");
   DISTJAX_CHECK(x.rank() >= 1, InvalidArgument, "[Dense] \"", scope.path(),
                 "\" expects x of rank >= 1, got ", to_string(x.shape()));
-  DISTJAX_CHECK(features > 0, InvalidArgument, "[Dense] \"", scope.path(), "\" has features=",
-                features);
+  DISTJAX_CHECK(features > 0, InvalidArgument, "[Dense] \"", scope.path(),
+                "\" has features=", features);
   const std::int64_t in = x.size(-1);
   Tensor kernel = scope.param("kernel", {in, features}, kernel_init, kernel_axes);
   Tensor bias = use_bias ? scope.param("bias", {features}, bias_init, bias_axes) : Tensor();

@@ -7,9 +7,9 @@
 namespace distjax::nn {
 
 Tensor Embedding::table(const Scope& scope) const {
-  DISTJAX_CHECK(num_embeddings > 0 && features > 0, InvalidArgument, "[Embedding] \"",
-                scope.path(), "\" needs num_embeddings > 0 and features > 0, got ",
-                num_embeddings, " and ", features);
+  DISTJAX_CHECK(num_embeddings > 0 && features > 0, InvalidArgument, "[Embedding] \"", scope.path(),
+                "\" needs num_embeddings > 0 and features > 0, got ", num_embeddings, " and ",
+                features);
   return scope.param("embedding", {num_embeddings, features}, embedding_init, embedding_axes);
 }
 
@@ -23,9 +23,8 @@ Tensor Embedding::operator()(const Scope& scope, const Tensor& ids) const {
 
 Tensor Embedding::attend(const Scope& scope, const Tensor& x) const {
   tensor::check_defined(x, "Embedding::attend", "x");
-  DISTJAX_CHECK(x.rank() >= 1 && x.size(-1) == features, InvalidArgument,
-                "[Embedding::attend] \"", scope.path(), "\" expects x (..., ", features, "), got ",
-                to_string(x.shape()));
+  DISTJAX_CHECK(x.rank() >= 1 && x.size(-1) == features, InvalidArgument, "[Embedding::attend] \"",
+                scope.path(), "\" expects x (..., ", features, "), got ", to_string(x.shape()));
   return tensor::matmul(x, table(scope), /*trans_a=*/false, /*trans_b=*/true);
 }
 

@@ -25,7 +25,8 @@ Tensor scaled_draw(const Key& key, const Shape& shape, double stddev, bool trunc
     random_normal(key, p, n);
   }
   const float s = static_cast<float>(stddev);
-  for (std::int64_t i = 0; i < n; ++i) p[i] *= s;
+  for (std::int64_t i = 0; i < n; ++i)
+    p[i] *= s;
   return t;
 }
 }  // namespace
@@ -39,14 +40,20 @@ Initializer variance_scaling(double scale) {
   };
 }
 
-Initializer lecun_normal() { return variance_scaling(1.0); }
+Initializer lecun_normal() {
+  return variance_scaling(1.0);
+}
 
 Initializer normal(double stddev) {
-  return [stddev](const Key& key, const Shape& shape) { return scaled_draw(key, shape, stddev, false); };
+  return [stddev](const Key& key, const Shape& shape) {
+    return scaled_draw(key, shape, stddev, false);
+  };
 }
 
 Initializer truncated_normal(double stddev) {
-  return [stddev](const Key& key, const Shape& shape) { return scaled_draw(key, shape, stddev, true); };
+  return [stddev](const Key& key, const Shape& shape) {
+    return scaled_draw(key, shape, stddev, true);
+  };
 }
 
 Initializer zeros() {
@@ -66,7 +73,8 @@ Initializer scaled(Initializer init, double factor) {
     Tensor t = init(key, shape);
     float* p = t.data<float>();
     const float f = static_cast<float>(factor);
-    for (std::int64_t i = 0, n = t.numel(); i < n; ++i) p[i] *= f;
+    for (std::int64_t i = 0, n = t.numel(); i < n; ++i)
+      p[i] *= f;
     return t;
   };
 }

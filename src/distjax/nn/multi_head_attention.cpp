@@ -23,16 +23,16 @@ Tensor MultiHeadAttention::operator()(const Scope& scope, const Tensor& x) const
     qkv_proj.bias_axes = {model_axis};
     out_proj.kernel_axes = {model_axis, ""};
   }
-  Tensor qkv = qkv_proj(scope.child("qkv"), x);                          // (B, T, 3C)
+  Tensor qkv = qkv_proj(scope.child("qkv"), x);  // (B, T, 3C)
   qkv = tensor::reshape(qkv, {b, t, h, 3, d});
-  qkv = tensor::permute(qkv, {3, 0, 2, 1, 4});                          // (3, B, H, T, D)
+  qkv = tensor::permute(qkv, {3, 0, 2, 1, 4});  // (3, B, H, T, D)
   std::vector<Tensor> parts = tensor::split(qkv, 3, 0);
   const Shape head_shape{b, h, t, d};
   Tensor q = tensor::reshape(parts[0], head_shape);
   Tensor k = tensor::reshape(parts[1], head_shape);
   Tensor v = tensor::reshape(parts[2], head_shape);
-  Tensor y = tensor::attention(q, k, v, causal);                        // (B, H, T, D)
-  y = tensor::reshape(tensor::permute(y, {0, 2, 1, 3}), {b, t, c});     // (B, T, C)
+  Tensor y = tensor::attention(q, k, v, causal);                     // (B, H, T, D)
+  y = tensor::reshape(tensor::permute(y, {0, 2, 1, 3}), {b, t, c});  // (B, T, C)
   return out_proj(scope.child("out"), y);
 }
 

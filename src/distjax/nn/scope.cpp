@@ -57,8 +57,9 @@ Tensor Scope::param(const std::string& name, const Shape& shape, const Initializ
       // tied embeddings read the table once for the lookup and once for the output.
       const Tensor& t = out_->at(key);
       DISTJAX_CHECK(t.shape() == shape, InvalidArgument, "[Scope::param] parameter \"", full,
-                    "\" was created with shape ", to_string(t.shape()), " and is requested again with ",
-                    to_string(shape), " (two layers share a scope name?)");
+                    "\" was created with shape ", to_string(t.shape()),
+                    " and is requested again with ", to_string(shape),
+                    " (two layers share a scope name?)");
       return t;
     }
     DISTJAX_CHECK(axes.empty() || axes.size() == shape.size(), InvalidArgument,

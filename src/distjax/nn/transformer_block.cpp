@@ -13,9 +13,13 @@ namespace distjax::nn {
 Tensor TransformerBlock::body(const Scope& scope, const Tensor& x) const {
   const LayerNorm ln{.eps = ln_eps};
   const Dropout drop{.rate = dropout};
-  const MultiHeadAttention attn{.num_heads = num_heads, .kernel_init = kernel_init,
-                                .out_init = out_init, .model_axis = model_axis};
-  const MLPBlock mlp{.hidden = mlp_hidden, .kernel_init = kernel_init, .out_init = out_init,
+  const MultiHeadAttention attn{.num_heads = num_heads,
+                                .kernel_init = kernel_init,
+                                .out_init = out_init,
+                                .model_axis = model_axis};
+  const MLPBlock mlp{.hidden = mlp_hidden,
+                     .kernel_init = kernel_init,
+                     .out_init = out_init,
                      .model_axis = model_axis};
   Tensor h = attn(scope.child("attn"), ln(scope.child("ln1"), x));
   Tensor y = tensor::add(x, drop(scope.child("attn_dropout"), h));
