@@ -22,6 +22,7 @@
 #include "distjax/nn/layer_norm.hpp"
 #include "distjax/nn/mlp_block.hpp"
 #include "distjax/nn/multi_head_attention.hpp"
+#include "distjax/nn/positions.hpp"
 #include "distjax/nn/rms_norm.hpp"
 #include "distjax/nn/scope.hpp"
 #include "distjax/nn/transformer_block.hpp"

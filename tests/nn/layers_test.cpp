@@ -11,6 +11,7 @@
 #include "distjax/nn/layer_norm.hpp"
 #include "distjax/nn/mlp_block.hpp"
 #include "distjax/nn/multi_head_attention.hpp"
+#include "distjax/nn/positions.hpp"
 #include "distjax/nn/rms_norm.hpp"
 #include "distjax/tensor/reduce.hpp"
 
@@ -260,6 +261,23 @@ TEST(MultiHeadAttention, MatchesNaiveAttention) {
   EXPECT_THROW(
       (nn::MultiHeadAttention{.num_heads = 3}(Scope::init(&p, Key{}), randn({1, 2, 8}, 1))),
       InvalidArgument);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(Positions, SinusoidalValues) {
+  const Tensor pe = nn::sinusoidal_positions(5, 6);
+  ASSERT_EQ(pe.shape(), (Shape{5, 6}));
+  auto v = pe.to_vector<float>();
+  for (int t = 0; t < 5; ++t)
+    for (int j = 0; j < 6; ++j) {
+      const double a = t / std::pow(10000.0, (j - j % 2) / 6.0);
+      EXPECT_NEAR(v[t * 6 + j], j % 2 == 0 ? std::sin(a) : std::cos(a), 1e-6) << t << "," << j;
+    }
+  EXPECT_EQ(v[0], 0.f);  // sin(0)
+  EXPECT_EQ(v[1], 1.f);  // cos(0)
 }
 
 }  // namespace

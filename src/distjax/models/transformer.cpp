@@ -6,6 +6,7 @@
 #include "distjax/nn/dropout.hpp"
 #include "distjax/nn/embedding.hpp"
 #include "distjax/nn/layer_norm.hpp"
+#include "distjax/nn/positions.hpp"
 #include "distjax/nn/transformer_block.hpp"
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/grad_node.hpp"
@@ -16,22 +17,6 @@ namespace distjax::models {
 namespace {
 
 constexpr const char* kModelAxis = "model";
-
-// Fixed positions of "Attention is all you need": pe[t, 2i] = sin(t / 10000^(2i/C)),
-// pe[t, 2i+1] = cos(t / 10000^(2i/C)). (T, C) f32.
-Tensor sinusoidal_positions(std::int64_t t_len, std::int64_t c) {
-  Tensor pe = Tensor::empty({t_len, c});
-  float* p = pe.data<float>();
-  for (std::int64_t t = 0; t < t_len; ++t) {
-    for (std::int64_t j = 0; j < c; ++j) {
-      const double freq =
-          std::pow(10000.0, -static_cast<double>(j - (j % 2)) / static_cast<double>(c));
-      const double a = static_cast<double>(t) * freq;
-      p[t * c + j] = static_cast<float>(j % 2 == 0 ? std::sin(a) : std::cos(a));
-    }
-  }
-  return pe;
-}
 
 }  // namespace
 
@@ -74,7 +59,7 @@ Tensor Transformer::operator()(const nn::Scope& scope, const Tensor& tokens) con
         .num_embeddings = c.max_len, .features = c.d_model, .embedding_init = nn::normal(0.01)};
     pos = tensor::slice(wpe.table(scope.child("wpe")), 0, 0, t_len);  // (T, C)
   } else {
-    pos = sinusoidal_positions(t_len, c.d_model);
+    pos = nn::sinusoidal_positions(t_len, c.d_model);
   }
   x = tensor::add(x, pos);
   x = nn::Dropout{.rate = c.dropout}(scope.child("embed_dropout"), x);
