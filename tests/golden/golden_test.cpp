@@ -110,6 +110,7 @@ void expect_close(const std::string& what, const Tensor& got, const Record& ref)
 TEST(Golden, FixtureIsPresent) {
   EXPECT_EQ(fixture().count("mlp/output/loss"), 1u);
   EXPECT_EQ(fixture().count("gpt/output/loss"), 1u);
+  EXPECT_EQ(fixture().count("gpt_small/output/loss"), 1u);
 }
 
 TEST(Golden, ClassifierMatchesPyTorch) {
@@ -159,6 +160,33 @@ TEST(Golden, TransformerMatchesPyTorch) {
   ASSERT_EQ(grads.size(), params.size());
   for (auto& [path, g] : grads)
     expect_close("gpt grad " + path, g, f.at("gpt/grad/" + path));
+}
+
+// Sinusoidal positions, untied lm_head, 4 heads of width 4, mlp_ratio 2.
+TEST(Golden, SmallUntiedSinusoidalTransformerMatchesPyTorch) {
+  const auto& f = fixture();
+  models::Transformer model({.vocab = 16,
+                             .d_model = 16,
+                             .num_layers = 1,
+                             .num_heads = 4,
+                             .mlp_ratio = 2,
+                             .max_len = 6,
+                             .learned_positions = false,
+                             .tied_embeddings = false});
+  TensorTree params = params_of("gpt_small");
+  ASSERT_TRUE(params.same_structure(model.init(Key::from_seed(0))));
+  const Tensor tokens = to_i64(f.at("gpt_small/input/tokens"));
+  const Tensor targets = to_i64(f.at("gpt_small/input/targets"));
+  expect_close("gpt_small logits", model.apply(params, tokens, false, Key{}),
+               f.at("gpt_small/output/logits"));
+  auto loss_fn = [&](const TensorTree& p) {
+    return tensor::mean(tensor::cross_entropy(model.apply(p, tokens, false, Key{}), targets));
+  };
+  auto [loss, grads] = autodiff::value_and_grad(loss_fn)(params);
+  expect_close("gpt_small loss", loss, f.at("gpt_small/output/loss"));
+  ASSERT_EQ(grads.size(), params.size());
+  for (auto& [path, g] : grads)
+    expect_close("gpt_small grad " + path, g, f.at("gpt_small/grad/" + path));
 }
 
 TEST(Golden, TransformerWithRematMatchesPyTorch) {

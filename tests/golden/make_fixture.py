@@ -12,6 +12,8 @@ Models (must match src/distjax/models/*.cpp exactly):
        learned positions, tied embeddings, pre-norm blocks, GELU tanh, LayerNorm
        eps 1e-5, qkv columns laid out (head, {q,k,v}, head_dim); loss = mean
        cross-entropy of next-token targets.
+  gpt_small: the other options: vocab 16, d_model 16, 1 layer, 4 heads, mlp_ratio 2,
+       T 6, batch 3, fixed sinusoidal positions, untied lm_head (no bias).
 
 Parameters and inputs are drawn from numpy with a fixed seed, rounded to 3 decimals
 and written as short decimals. Both sides read a decimal as float64 and round it to
@@ -98,15 +100,18 @@ def mlp_case(rng, w):
         w.add("mlp/grad/" + k, tp[k].grad.numpy(), "f64")
 
 
-def gpt_case(rng, w):
-    V, C, L, H, R, T, B, EPS = 32, 32, 2, 2, 4, 8, 2, 1e-5
+def gpt_case(rng, w, name="gpt", V=32, C=32, L=2, H=2, R=4, T=8, B=2, learned=True, tied=True):
+    EPS = 1e-5
     D = C // H
     params = {
         "wte/embedding": q3(0.3 * rng.normal(size=(V, C))),
-        "wpe/embedding": q3(0.1 * rng.normal(size=(T, C))),
         "ln_f/scale": q3(1 + 0.1 * rng.normal(size=(C,))),
         "ln_f/bias": q3(0.1 * rng.normal(size=(C,))),
     }
+    if learned:
+        params["wpe/embedding"] = q3(0.1 * rng.normal(size=(T, C)))
+    if not tied:
+        params["lm_head/kernel"] = q3(rng.normal(size=(C, V)) / np.sqrt(C))
     for i in range(L):
         p = "blocks/%d/" % i
         params[p + "ln1/scale"] = q3(1 + 0.1 * rng.normal(size=(C,)))
@@ -126,7 +131,15 @@ def gpt_case(rng, w):
     tp = {k: as_t(v) for k, v in params.items()}
 
     tok = torch.tensor(tokens)
-    x = tp["wte/embedding"][tok] + tp["wpe/embedding"][:T]
+    if learned:
+        pos = tp["wpe/embedding"][:T]
+    else:  # fixed sinusoidal positions, in float64
+        t = torch.arange(T, dtype=torch.float64)[:, None]
+        j = torch.arange(C)
+        freq = torch.pow(torch.tensor(10000.0, dtype=torch.float64), -(j - j % 2).double() / C)
+        ang = t * freq[None, :]
+        pos = torch.where(j % 2 == 0, torch.sin(ang), torch.cos(ang))
+    x = tp["wte/embedding"][tok] + pos
     mask = torch.ones(T, T, dtype=torch.bool).tril()
     for i in range(L):
         p = "blocks/%d/" % i
@@ -143,18 +156,21 @@ def gpt_case(rng, w):
         h = F.gelu(h @ tp[p + "mlp/fc1/kernel"] + tp[p + "mlp/fc1/bias"], approximate="tanh")
         x = x + (h @ tp[p + "mlp/fc2/kernel"] + tp[p + "mlp/fc2/bias"])
     x = F.layer_norm(x, (C,), tp["ln_f/scale"], tp["ln_f/bias"], EPS)
-    logits = x @ tp["wte/embedding"].t()                                   # (B, T, V)
+    if tied:
+        logits = x @ tp["wte/embedding"].t()                               # (B, T, V)
+    else:
+        logits = x @ tp["lm_head/kernel"]
     loss = F.cross_entropy(logits.reshape(-1, V), torch.tensor(targets).reshape(-1))
     loss.backward()
 
     for k in sorted(params):
-        w.add("gpt/param/" + k, params[k], "f32q")
-    w.add("gpt/input/tokens", tokens, "i64")
-    w.add("gpt/input/targets", targets, "i64")
-    w.add("gpt/output/loss", loss.detach().numpy(), "f64")
-    w.add("gpt/output/logits", logits.detach().numpy(), "f64")
+        w.add(name + "/param/" + k, params[k], "f32q")
+    w.add(name + "/input/tokens", tokens, "i64")
+    w.add(name + "/input/targets", targets, "i64")
+    w.add(name + "/output/loss", loss.detach().numpy(), "f64")
+    w.add(name + "/output/logits", logits.detach().numpy(), "f64")
     for k in sorted(params):
-        w.add("gpt/grad/" + k, tp[k].grad.numpy(), "f64")
+        w.add(name + "/grad/" + k, tp[k].grad.numpy(), "f64")
 
 
 def main():
@@ -162,6 +178,8 @@ def main():
     w = Writer()
     mlp_case(rng, w)
     gpt_case(rng, w)
+    gpt_case(rng, w, name="gpt_small", V=16, C=16, L=1, H=4, R=2, T=6, B=3, learned=False,
+             tied=False)
     w.write(OUT)
     print("wrote", OUT, os.path.getsize(OUT), "bytes,", len(w.records), "tensors")
 
