@@ -50,6 +50,24 @@ TEST(Broadcast, BinaryOpsMatchIndexArithmeticForEveryLayout) {
     }
 }
 
+TEST(Broadcast, BroadcastToAndWhereMatchIndexArithmetic) {
+  const Shape out{3, 40, 300};
+  const std::vector<Shape> layouts{{3, 40, 300}, {}, {1}, {300}, {40, 300}, {3, 40, 1},
+                                   {3, 1, 1}, {3, 1, 300}, {40, 1}, {1, 40, 1}};
+  int seed = 500;
+  Tensor cond = uniform({40, 1}, 499);
+  for (const Shape& sa : layouts) {
+    Tensor a = uniform(sa, ++seed);
+    Tensor y = broadcast_to(a, out);
+    Tensor w = where(cond, a, Tensor::zeros(out));  // uniform cond is never exactly 0: picks a
+    const float *pa = a.data<float>(), *py = y.data<float>(), *pw = w.data<float>();
+    for (std::int64_t i = 0; i < numel(out); ++i) {
+      ASSERT_EQ(py[i], pa[detail::broadcast_index(sa, out, i)]) << to_string(sa) << " at " << i;
+      ASSERT_EQ(pw[i], pa[detail::broadcast_index(sa, out, i)]) << to_string(sa) << " at " << i;
+    }
+  }
+}
+
 TEST(BroadcastIndex, MapsOutputCoordinates) {
   // operand (3, 1) in output (2, 3, 4): element (i, j, k) reads operand (j, 0).
   for (int i = 0; i < 2; ++i)

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "distjax/tensor/detail/cast.hpp"
+#include "distjax/tensor/detail/fast_math.hpp"
 #include "distjax/tensor/detail/kernels.hpp"
 #include "distjax/tensor/grad_node.hpp"
 #include "distjax/tensor/reduce.hpp"
@@ -131,6 +132,15 @@ Tensor mul_scalar(const Tensor& x, double s) {
 
 Tensor pow_scalar(const Tensor& x, double p) {
   const float e = static_cast<float>(p);
+  // Common exponents avoid the libm call so the loop vectorises.
+  if (p == 1.0) return unary_op("pow_scalar", x, [](float v) { return v; }, [](float, float) { return 1.f; });
+  if (p == 2.0) return unary_op("pow_scalar", x, [](float v) { return v * v; }, [](float v, float) { return 2.f * v; });
+  if (p == 3.0)
+    return unary_op("pow_scalar", x, [](float v) { return v * v * v; }, [](float v, float) { return 3.f * v * v; });
+  if (p == 0.5)
+    return unary_op("pow_scalar", x, [](float v) { return std::sqrt(v); }, [](float, float y) { return 0.5f / y; });
+  if (p == -1.0)
+    return unary_op("pow_scalar", x, [](float v) { return 1.f / v; }, [](float, float y) { return -y * y; });
   return unary_op("pow_scalar", x, [e](float v) { return std::pow(v, e); },
                   [e](float v, float) { return e * std::pow(v, e - 1.f); });
 }
@@ -140,7 +150,7 @@ Tensor pow_scalar(const Tensor& x, double p) {
 Tensor neg(const Tensor& x) { return mul_scalar(x, -1.0); }
 
 Tensor exp(const Tensor& x) {
-  return unary_op("exp", x, [](float v) { return std::exp(v); }, [](float, float y) { return y; });
+  return unary_op("exp", x, [](float v) { return detail::fast_exp(v); }, [](float, float y) { return y; });
 }
 
 Tensor log(const Tensor& x) {
@@ -162,12 +172,12 @@ Tensor square(const Tensor& x) {
 }
 
 Tensor tanh(const Tensor& x) {
-  return unary_op("tanh", x, [](float v) { return std::tanh(v); },
+  return unary_op("tanh", x, [](float v) { return detail::fast_tanh(v); },
                   [](float, float y) { return 1.f - y * y; });
 }
 
 Tensor sigmoid(const Tensor& x) {
-  return unary_op("sigmoid", x, [](float v) { return 1.f / (1.f + std::exp(-v)); },
+  return unary_op("sigmoid", x, [](float v) { return detail::fast_sigmoid(v); },
                   [](float, float y) { return y * (1.f - y); });
 }
 
@@ -184,23 +194,23 @@ Tensor gelu(const Tensor& x, bool approximate) {
   if (approximate) {
     return unary_op(
         "gelu", x,
-        [](float v) { return 0.5f * v * (1.f + std::tanh(kC * (v + kA * v * v * v))); },
+        [](float v) { return 0.5f * v * (1.f + detail::fast_tanh(kC * (v + kA * v * v * v))); },
         [](float v, float) {
-          float t = std::tanh(kC * (v + kA * v * v * v));
+          float t = detail::fast_tanh(kC * (v + kA * v * v * v));
           return 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * kC * (1.f + 3.f * kA * v * v);
         });
   }
   return unary_op(
-      "gelu", x, [](float v) { return 0.5f * v * (1.f + std::erf(v * kInvSqrt2)); },
+      "gelu", x, [](float v) { return 0.5f * v * (1.f + detail::fast_erf(v * kInvSqrt2)); },
       [](float v, float) {
-        return 0.5f * (1.f + std::erf(v * kInvSqrt2)) + v * kInvSqrt2Pi * std::exp(-0.5f * v * v);
+        return 0.5f * (1.f + detail::fast_erf(v * kInvSqrt2)) + v * kInvSqrt2Pi * detail::fast_exp(-0.5f * v * v);
       });
 }
 
 Tensor silu(const Tensor& x) {
-  return unary_op("silu", x, [](float v) { return v / (1.f + std::exp(-v)); },
+  return unary_op("silu", x, [](float v) { return v * detail::fast_sigmoid(v); },
                   [](float v, float) {
-                    float s = 1.f / (1.f + std::exp(-v));
+                    float s = detail::fast_sigmoid(v);
                     return s * (1.f + v * (1.f - s));
                   });
 }
@@ -211,10 +221,10 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   detail::require_f32("where", {&a, &b});
   Tensor c = cond.dtype() == DType::F32 ? cond : astype(cond, DType::F32);
   Shape shape = broadcast_shapes(broadcast_shapes(c.shape(), a.shape(), "where"), b.shape(), "where");
-  const Tensor zero = Tensor::scalar(0.0);
   auto expand = [&](const Tensor& t) {
+    if (t.shape() == shape) return t;
     Tensor o = Tensor::empty(shape);
-    detail::broadcast_binary(t, zero, o, [](float v, float) { return v; });
+    detail::broadcast_copy(t, o);
     return o;
   };
   Tensor mask = expand(c), af = expand(a), bf = expand(b);

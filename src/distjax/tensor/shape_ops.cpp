@@ -91,7 +91,9 @@ Tensor permute(const Tensor& x, const std::vector<int>& perm) {
       rem /= os[d];
     }
     char* o = dst + row * last * es;
-    if (es == 4) {
+    if (last_stride == 1) {  // the innermost dimension stays innermost: copy whole rows
+      std::memcpy(o, src + off * es, static_cast<std::size_t>(last) * es);
+    } else if (es == 4) {
       const float* s = reinterpret_cast<const float*>(src) + off;
       float* of = reinterpret_cast<float*>(o);
       for (std::int64_t j = 0; j < last; ++j) of[j] = s[j * last_stride];
@@ -184,11 +186,30 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<std::int64_t>& size
   DISTJAX_CHECK(total == x.size(axis), InvalidArgument, "[split] sizes sum to ", total,
                 " but dimension ", axis, " of ", to_string(x.shape()), " is ", x.size(axis));
   std::vector<Tensor> outs;
-  std::int64_t at = 0;
-  for (auto s : sizes) {
-    outs.push_back(slice(x, axis, at, at + s));
-    at += s;
+  {
+    // One node for all parts: the backward is a single concat instead of one zero-filled
+    // full-size cotangent per part summed by the tape.
+    NoGradGuard off;
+    std::int64_t at = 0;
+    for (auto s : sizes) {
+      outs.push_back(slice(x, axis, at, at + s));
+      at += s;
+    }
   }
+  if (!needs_grad({&x})) return outs;
+  record("split", {x}, outs, [xs = x.shape(), sizes, axis](const std::vector<Tensor>& g) {
+    std::vector<Tensor> parts;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      if (g[i].defined()) {
+        parts.push_back(g[i]);
+      } else {
+        Shape ps = xs;
+        ps[axis] = sizes[i];
+        parts.push_back(Tensor::zeros(ps));
+      }
+    }
+    return std::vector<Tensor>{concat(parts, axis)};
+  });
   return outs;
 }
 
@@ -220,7 +241,7 @@ Tensor broadcast_to(const Tensor& x, const Shape& shape) {
                 "[broadcast_to] cannot broadcast ", to_string(x.shape()), " to ", to_string(shape));
   if (x.shape() == shape) return x;
   Tensor out = Tensor::empty(shape);
-  detail::broadcast_binary(x, Tensor::scalar(0.0), out, [](float v, float) { return v; });
+  detail::broadcast_copy(x, out);
   if (!needs_grad({&x})) return out;
   return record("broadcast_to", {x}, out, [xs = x.shape()](const std::vector<Tensor>& g) {
     return std::vector<Tensor>{sum_to(g[0], xs)};

@@ -1,5 +1,8 @@
 #include "distjax/tensor/detail/kernels.hpp"
 
+#include <algorithm>
+#include <cstring>
+
 namespace distjax::tensor::detail {
 
 void require_cpu(const char* op, std::initializer_list<const Tensor*> ts) {
@@ -56,6 +59,46 @@ std::int64_t broadcast_index(const Shape& s, const Shape& out, std::int64_t i) {
     }
   }
   return idx;
+}
+
+void broadcast_copy(const Tensor& x, Tensor& out) {
+  using K = BroadcastPlan::Kind;
+  const float* px = x.data<float>();
+  float* po = out.data<float>();
+  const std::int64_t n = out.numel();
+  const BroadcastPlan q = plan_broadcast(x.shape(), out.shape());
+  switch (q.kind) {
+    case K::Same:
+      std::memcpy(po, px, static_cast<std::size_t>(n) * sizeof(float));
+      return;
+    case K::Scalar:
+      std::fill(po, po + n, px[0]);
+      return;
+    case K::Row:
+#pragma omp parallel for if (n > kParallelGrain)
+      for (std::int64_t r = 0; r < q.outer; ++r)
+        std::memcpy(po + r * q.inner, px, static_cast<std::size_t>(q.inner) * sizeof(float));
+      return;
+    case K::Col:
+#pragma omp parallel for if (n > kParallelGrain)
+      for (std::int64_t r = 0; r < q.outer; ++r) std::fill(po + r * q.inner, po + (r + 1) * q.inner, px[r]);
+      return;
+    default: {
+      // General: per run of the output's last dimension, either a row copy (the operand
+      // keeps that dimension) or a fill (it broadcasts it).
+      const std::int64_t last = out.shape().empty() ? 1 : out.shape().back();
+      const bool keeps_last = !x.shape().empty() && x.shape().back() == last && last != 1;
+      const std::int64_t rows = last ? n / last : 0;
+#pragma omp parallel for if (n > kParallelGrain)
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const std::int64_t src = broadcast_index(x.shape(), out.shape(), r * last);
+        if (keeps_last)
+          std::memcpy(po + r * last, px + src, static_cast<std::size_t>(last) * sizeof(float));
+        else
+          std::fill(po + r * last, po + (r + 1) * last, px[src]);
+      }
+    }
+  }
 }
 
 }  // namespace distjax::tensor::detail

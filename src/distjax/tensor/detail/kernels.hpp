@@ -33,6 +33,10 @@ BroadcastPlan plan_broadcast(const Shape& operand, const Shape& out);
 /// Flat index into `operand` for flat output index `i` (general case).
 std::int64_t broadcast_index(const Shape& operand, const Shape& out, std::int64_t i);
 
+/// out = x broadcast to out's shape (both f32): row copies, fills and strided runs
+/// rather than per-element index arithmetic.
+void broadcast_copy(const Tensor& x, Tensor& out);
+
 template <class F>
 void broadcast_binary(const Tensor& a, const Tensor& b, Tensor& out, F f) {
   const float* pa = a.data<float>();
