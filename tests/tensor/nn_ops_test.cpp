@@ -61,6 +61,43 @@ TEST(FastMath, ExpMatchesStdExp) {
   EXPECT_TRUE(std::isfinite(detail::fast_exp(1000.f)));
 }
 
+TEST(FastMath, TanhErfSigmoidMatchLibm) {
+  for (float x = -12.f; x < 12.f; x += 0.00071f) {
+    const double t = std::tanh(double(x));
+    ASSERT_NEAR(detail::fast_tanh(x), t, 4e-7 * std::max(1e-3, std::abs(t))) << x;
+    ASSERT_NEAR(detail::fast_erf(x), std::erf(double(x)), 6e-7) << x;
+    ASSERT_NEAR(detail::fast_sigmoid(x), 1.0 / (1.0 + std::exp(-double(x))), 2e-7) << x;
+  }
+  EXPECT_EQ(detail::fast_tanh(1e-6f), 1e-6f);
+  EXPECT_LT(detail::fast_sigmoid(-200.f), 1e-38f);
+  EXPECT_EQ(detail::fast_sigmoid(200.f), 1.f);
+}
+
+TEST(Activations, ValuesMatchLibmFormulas) {
+  Tensor x = uniform({5000}, 77, -6.f, 6.f);
+  const float* px = x.data<float>();
+  auto ref = [&](double (*f)(double)) {
+    std::vector<double> r(5000);
+    for (int i = 0; i < 5000; ++i) r[i] = f(px[i]);
+    return r;
+  };
+  expect_close(exp(x), ref([](double v) { return std::exp(v); }), 1e-6, "exp");
+  expect_close(tanh(x), ref([](double v) { return std::tanh(v); }), 1e-6, "tanh");
+  expect_close(sigmoid(x), ref([](double v) { return 1 / (1 + std::exp(-v)); }), 1e-6, "sigmoid");
+  expect_close(silu(x), ref([](double v) { return v / (1 + std::exp(-v)); }), 1e-6, "silu");
+  expect_close(gelu(x, false), ref([](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); }), 1e-6,
+               "gelu erf");
+  expect_close(gelu(x, true), ref([](double v) {
+                 return 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+               }), 1e-6, "gelu tanh");
+  Tensor pos = uniform({100}, 78, 0.5f, 3.f);
+  for (double p : {1.0, 2.0, 3.0, 0.5, -1.0, 1.7}) {
+    std::vector<double> want;
+    for (float v : pos.to_vector<float>()) want.push_back(std::pow(double(v), p));
+    expect_close(pow_scalar(pos, p), want, 1e-6, "pow_scalar");
+  }
+}
+
 // ---------------------------------------------------------------- forward values
 
 TEST(NnOps, SoftmaxAndLogSoftmaxMatchReference) {
