@@ -36,12 +36,12 @@ struct ShardMapOptions {
   bool check_replicated = false;
   double replicated_tolerance = 0.0;
   /// Optional interconnect cost model (threads backend).
-  comm::LinkModel link;
+  comm::LinkModel link{};
   /// Kernel threads per device; 0 = cores / devices (at least 1).
   int intra_op_threads = 0;
   /// Called on each device with its finished context (e.g. to read comm_stats or
   /// counters); runs on the device's thread.
-  std::function<void(DeviceContext&)> on_exit;
+  std::function<void(DeviceContext&)> on_exit{};
 };
 
 /// A function over global arrays built by shard_map.
