@@ -33,7 +33,8 @@ def gpt_flops_per_step(cfg):
     per_layer = 2 * (2 * d) + (d * 3 * d + 3 * d) + (d * d + d) + (d * 4 * d + 4 * d) + (4 * d * d + d)
     params = V * d + T * d + L * per_layer + 2 * d
     tokens = B * T
-    return 6.0 * params * tokens + 12.0 * L * T * d * tokens, params
+    matmul_params = params - T * d  # the position table is a lookup, no FLOPs
+    return 6.0 * matmul_params * tokens + 12.0 * L * T * d * tokens, params
 
 
 # ------------------------------------------------------------------ models

@@ -36,13 +36,15 @@ def mlp_flops_per_step(batch):
 
 
 def gpt_flops_per_step(cfg):
-    """6 * params * tokens + attention (QK^T and AV, forward + backward, full T x T)."""
+    """6 * matmul params * tokens + attention 12 L d T per token (PaLM's estimate; the
+    same formula as models::Transformer::flops_per_token)."""
     d, L, V, T, B = cfg["d"], cfg["layers"], cfg["vocab"], cfg["seq"], cfg["batch"]
     per_layer = 2 * (2 * d) + (d * 3 * d + 3 * d) + (d * d + d) + (d * 4 * d + 4 * d) + (4 * d * d + d)
     params = V * d + T * d + L * per_layer + 2 * d
     tokens = B * T
+    matmul_params = params - T * d  # the position table is a lookup, no FLOPs
     attn = 12.0 * L * T * d * tokens
-    return 6.0 * params * tokens + attn, params
+    return 6.0 * matmul_params * tokens + attn, params
 
 
 class MLP(nn.Module):
