@@ -21,6 +21,16 @@ run:
 test:
 	BUILD=$(BUILD) bash scripts/test.sh
 
+# ThreadSanitizer run of the comm tests, in its own build directory (not part of `make
+# test`: a cold TSan build of the library takes several minutes on 2 cores).
+TSAN_BUILD ?= build-tsan
+test-tsan: setup
+	@cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDISTJAX_SANITIZE=thread \
+	  -DDISTJAX_WITH_MPI=OFF -DDISTJAX_BUILD_EXAMPLES=OFF -DDISTJAX_BUILD_BENCH=OFF >/dev/null
+	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target communicator_test comm_failure_test
+	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+	  ctest --output-on-failure -L '^comm$$' -j $(JOBS)
+
 bench: build
 	bash bench/run.sh $(BUILD)
 

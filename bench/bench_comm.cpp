@@ -1,0 +1,274 @@
+// Communicator benchmarks. Plain run: threads backend on 2 devices, bus bandwidth of
+// all_reduce, all_gather and reduce_scatter at 4 MiB and 64 MiB per device against a
+// plain shared-memory reduce-scatter + all-gather (two threads, std::barrier) measured in
+// the same run, and small-message latency. Under mpirun (DISTJAX_BENCH_MPI=1 or an MPI
+// launcher's environment): the MPI backend against raw MPI_Allreduce; only rank 0 writes.
+//
+// Sizes follow nccl-tests: S = the larger buffer of one device (all_reduce: the vector;
+// all_gather: the output; reduce_scatter: the input); bus bandwidth = S / time x
+// 2(p-1)/p for all_reduce and (p-1)/p for the other two.
+#include <barrier>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "bench_util.hpp"
+#include "distjax/comm/launch.hpp"
+
+#ifdef DISTJAX_HAVE_MPI
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+#endif
+
+namespace distjax::bench {
+namespace {
+
+using comm::Communicator;
+using comm::ReduceOp;
+
+constexpr std::int64_t kMiB = 1 << 20;
+
+int iterations_for(std::int64_t bytes) { return bytes >= 64 * kMiB ? 8 : 40; }
+
+std::string size_name(std::int64_t bytes) {
+  return bytes >= kMiB ? std::to_string(bytes / kMiB) + "MiB" : std::to_string(bytes) + "B";
+}
+
+enum class Kind { AllReduce, AllGather, ReduceScatter };
+const char* kind_name(Kind k) {
+  return k == Kind::AllReduce ? "all_reduce" : k == Kind::AllGather ? "all_gather" : "reduce_scatter";
+}
+double bus_factor(Kind k, int p) {
+  return k == Kind::AllReduce ? 2.0 * (p - 1) / p : static_cast<double>(p - 1) / p;
+}
+
+// ------------------------------------------------------------------ threads backend
+
+// Median seconds per call of `kind` on the threads backend (p devices, S bytes).
+double time_threads(Kind kind, int p, std::int64_t bytes) {
+  const std::int64_t n = bytes / 4;
+  const int iters = iterations_for(bytes);
+  std::vector<double> times;
+  comm::LaunchOptions o;
+  o.num_devices = p;
+  o.timeout = std::chrono::milliseconds(120000);
+  comm::launch(o, [&](Communicator& c) {
+    std::vector<float> in(n, 1.f + c.rank()), out(n, 0.f);
+    auto once = [&] {
+      switch (kind) {
+        case Kind::AllReduce: c.all_reduce(in.data(), out.data(), n, DType::F32, ReduceOp::Sum); break;
+        case Kind::AllGather: c.all_gather(in.data(), out.data(), n / p, DType::F32); break;
+        case Kind::ReduceScatter:
+          c.reduce_scatter(in.data(), out.data(), n / p, DType::F32, ReduceOp::Sum);
+          break;
+      }
+    };
+    for (int w = 0; w < 3; ++w) once();
+    for (int i = 0; i < iters; ++i) {
+      c.barrier();
+      auto t0 = Clock::now();
+      once();
+      c.barrier();
+      if (c.rank() == 0) times.push_back(seconds_since(t0));
+    }
+  });
+  return median(times);
+}
+
+// The reference: the same algorithm written directly with two threads and std::barrier.
+// Each thread reduces its half of both inputs in order 0..p-1, then copies the other
+// halves from their owners.
+double time_reference(Kind kind, int p, std::int64_t bytes) {
+  const std::int64_t n = bytes / 4;
+  const int iters = iterations_for(bytes);
+  std::vector<std::vector<float>> in(p), out(p);
+  std::barrier sync(p);
+  std::vector<double> times;
+  auto worker = [&](int r) {
+    in[r].assign(n, 1.f + r);
+    out[r].assign(n, 0.f);
+    sync.arrive_and_wait();
+    auto once = [&] {
+      const std::int64_t block = n / p;
+      if (kind == Kind::AllReduce) {
+        const std::int64_t lo = block * r, hi = r == p - 1 ? n : lo + block;
+        float* dst = out[r].data();
+        std::memcpy(dst + lo, in[0].data() + lo, (hi - lo) * 4);
+        for (int j = 1; j < p; ++j) {
+          const float* s = in[j].data();
+          for (std::int64_t i = lo; i < hi; ++i) dst[i] += s[i];
+        }
+        sync.arrive_and_wait();
+        for (int j = 0; j < p; ++j) {
+          if (j == r) continue;
+          const std::int64_t l = block * j, h = j == p - 1 ? n : l + block;
+          std::memcpy(dst + l, out[j].data() + l, (h - l) * 4);
+        }
+      } else if (kind == Kind::AllGather) {
+        for (int j = 0; j < p; ++j) std::memcpy(out[r].data() + j * block, in[j].data(), block * 4);
+      } else {
+        float* dst = out[r].data();
+        std::memcpy(dst, in[0].data() + r * block, block * 4);
+        for (int j = 1; j < p; ++j) {
+          const float* s = in[j].data() + r * block;
+          for (std::int64_t i = 0; i < block; ++i) dst[i] += s[i];
+        }
+      }
+      sync.arrive_and_wait();
+    };
+    for (int w = 0; w < 3; ++w) once();
+    for (int i = 0; i < iters; ++i) {
+      sync.arrive_and_wait();
+      auto t0 = Clock::now();
+      once();
+      sync.arrive_and_wait();
+      if (r == 0) times.push_back(seconds_since(t0));
+    }
+  };
+  std::vector<std::thread> ts;
+  for (int r = 0; r < p; ++r) ts.emplace_back(worker, r);
+  for (auto& t : ts) t.join();
+  return median(times);
+}
+
+// Median seconds of a 1-float all_reduce and of the reference's two-barrier equivalent.
+std::pair<double, double> small_latency(int p) {
+  const int iters = 2000;
+  double ours = 0;
+  comm::LaunchOptions o;
+  o.num_devices = p;
+  comm::launch(o, [&](Communicator& c) {
+    float x = 1, y = 0;
+    for (int w = 0; w < 100; ++w) c.all_reduce(&x, &y, 1, DType::F32, ReduceOp::Sum);
+    c.barrier();
+    auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) c.all_reduce(&x, &y, 1, DType::F32, ReduceOp::Sum);
+    if (c.rank() == 0) ours = seconds_since(t0) / iters;
+  });
+  std::vector<float> vals(p, 1.f), res(p);
+  std::barrier sync(p);
+  double ref = 0;
+  auto worker = [&](int r) {
+    auto once = [&] {
+      sync.arrive_and_wait();  // inputs published
+      float acc = vals[0];
+      for (int j = 1; j < p; ++j) acc += vals[j];
+      res[r] = acc;
+      sync.arrive_and_wait();  // inputs free again
+    };
+    for (int w = 0; w < 100; ++w) once();
+    auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) once();
+    if (r == 0) ref = seconds_since(t0) / iters;
+  };
+  std::vector<std::thread> ts;
+  for (int r = 0; r < p; ++r) ts.emplace_back(worker, r);
+  for (auto& t : ts) t.join();
+  return {ours, ref};
+}
+
+void run_threads(Writer& out) {
+  const int p = 2;
+  for (std::int64_t bytes : {4 * kMiB, 64 * kMiB}) {
+    for (Kind k : {Kind::AllReduce, Kind::AllGather, Kind::ReduceScatter}) {
+      // Alternate ours and the reference so load from other processes hits both alike.
+      std::vector<double> ours, ref;
+      for (int rep = 0; rep < 3; ++rep) {
+        ours.push_back(time_threads(k, p, bytes));
+        ref.push_back(time_reference(k, p, bytes));
+      }
+      const double f = bus_factor(k, p) * static_cast<double>(bytes) * 1e-9;
+      json j = line(std::string("comm_threads_") + kind_name(k) + "_busbw_2dev_" + size_name(bytes),
+                    f / minimum(ours), "GB/s");
+      compare(j, "shared-memory reduce-scatter + all-gather (2 threads, std::barrier)",
+              f / minimum(ref), true);
+      out.write(j);
+    }
+  }
+  auto [ours, ref] = small_latency(p);
+  json j = line("comm_threads_all_reduce_latency_2dev_4B", ours * 1e6, "us");
+  compare(j, "two std::barrier phases (2 threads)", ref * 1e6, false);
+  out.write(j);
+}
+
+// ------------------------------------------------------------------ MPI backend
+
+#ifdef DISTJAX_HAVE_MPI
+void run_mpi(Writer& out) {
+  int provided = 0;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  int rank = 0, p = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &p);
+  comm::LaunchOptions o;
+  o.backend = comm::Backend::Mpi;
+  o.timeout = std::chrono::milliseconds(120000);
+  comm::launch(o, [&](Communicator& c) {
+    for (std::int64_t bytes : {std::int64_t(4), 4 * kMiB, 64 * kMiB}) {
+      const std::int64_t n = std::max<std::int64_t>(1, bytes / 4);
+      const int iters = bytes <= 4 ? 2000 : iterations_for(bytes);
+      std::vector<float> in(n, 1.f + rank), res(n);
+      auto ours = [&] { c.all_reduce(in.data(), res.data(), n, DType::F32, ReduceOp::Sum); };
+      auto raw = [&] {
+        MPI_Allreduce(in.data(), res.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM,
+                      MPI_COMM_WORLD);
+      };
+      // Alternating blocks of calls; each block's time is agreed as the slowest rank's.
+      auto block = [&](auto&& fn) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        auto t0 = Clock::now();
+        for (int i = 0; i < iters; ++i) fn();
+        double t = seconds_since(t0) / iters, tmax = 0;
+        MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        return tmax;
+      };
+      block(ours);
+      block(raw);
+      std::vector<double> to, tr;
+      for (int rep = 0; rep < 3; ++rep) {
+        to.push_back(block(ours));
+        tr.push_back(block(raw));
+      }
+      if (rank != 0) continue;
+      const std::string np = std::to_string(p) + "proc_";
+      if (bytes <= 4) {
+        json j = line("comm_mpi_all_reduce_latency_" + np + "4B", minimum(to) * 1e6, "us");
+        compare(j, "raw MPI_Allreduce", minimum(tr) * 1e6, false);
+        out.write(j);
+      } else {
+        const double f = bus_factor(Kind::AllReduce, p) * static_cast<double>(bytes) * 1e-9;
+        json j = line("comm_mpi_all_reduce_busbw_" + np + size_name(bytes), f / minimum(to),
+                      "GB/s");
+        compare(j, "raw MPI_Allreduce", f / minimum(tr), true);
+        out.write(j);
+      }
+    }
+  });
+  MPI_Finalize();
+}
+#endif
+
+bool under_mpi() {
+  for (const char* v : {"DISTJAX_BENCH_MPI", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
+    if (std::getenv(v)) return true;
+  return false;
+}
+
+}  // namespace
+}  // namespace distjax::bench
+
+int main() {
+  distjax::bench::Writer out;
+  if (distjax::bench::under_mpi()) {
+#ifdef DISTJAX_HAVE_MPI
+    distjax::bench::run_mpi(out);
+    return 0;
+#else
+    std::fprintf(stderr, "bench_comm: built without MPI; running the threads benchmarks\n");
+#endif
+  }
+  distjax::bench::run_threads(out);
+  return 0;
+}
