@@ -125,3 +125,25 @@ TEST(Reduce, BiasGradientSumToRowsAndLongVectors) {
 
 }  // namespace
 }  // namespace distjax::tensor
+
+namespace distjax::tensor {
+namespace {
+
+TEST(Reduce, MaxGradientGoesToTheFirstMaximum) {
+  for (const std::vector<int>& axes : {std::vector<int>{1}, std::vector<int>{0, 1}}) {
+    Tensor x = make_leaf(Tensor::from_vector<float>({1, 3, 3, 5, 5, 0}, {2, 3}));
+    Tensor y = max(x, axes);
+    Tensor g = autodiff::grad({sum(y)}, {Tensor()}, {x})[0];
+    if (axes.size() == 1)
+      EXPECT_EQ(g.to_vector<float>(), (std::vector<float>{0, 1, 0, 1, 0, 0}));
+    else
+      EXPECT_EQ(g.to_vector<float>(), (std::vector<float>{0, 0, 0, 1, 0, 0}));
+  }
+  // Non-adjacent axes take the general path.
+  Tensor x = make_leaf(Tensor::from_vector<float>({2, 2, 1, 2, 0, 2, 2, 2}, {2, 2, 2}));
+  Tensor g = autodiff::grad({sum(max(x, {0, 2}))}, {Tensor()}, {x})[0];
+  EXPECT_EQ(g.to_vector<float>(), (std::vector<float>{1, 0, 0, 1, 0, 0, 0, 0}));
+}
+
+}  // namespace
+}  // namespace distjax::tensor

@@ -170,8 +170,35 @@ Tensor max(const Tensor& x, const std::vector<int>& axes_in, bool keepdims) {
   Shape ks = cur.shape();
   Tensor out = keepdims ? cur : cur.view(drop_axes(x.shape(), axes));
   if (!needs_grad({&x})) return out;
-  return record("max", {x}, out, [xd = x.detach(), md = cur.detach(), ks](const std::vector<Tensor>& g) {
+  return record("max", {x}, out, [xd = x.detach(), md = cur.detach(), ks, axes](const std::vector<Tensor>& g) {
     // The cotangent goes to the first maximal element of each reduced group.
+    if (axes.empty() || axes.back() - axes.front() + 1 == static_cast<int>(axes.size())) {
+      // One run of axes: x is (outer, r, inner) and each group a strided column.
+      const Shape& s = xd.shape();
+      std::int64_t outer = 1, r = 1, inner = 1;
+      const int a0 = axes.empty() ? 0 : axes.front(), a1 = axes.empty() ? 0 : axes.back() + 1;
+      for (int i = 0; i < a0; ++i) outer *= s[i];
+      for (int i = a0; i < a1; ++i) r *= s[i];
+      for (int i = a1; i < xd.rank(); ++i) inner *= s[i];
+      Tensor out = Tensor::zeros(s);
+      const float* px = xd.data<float>();
+      const float* pm = md.data<float>();
+      const float* pg = g[0].data<float>();
+      float* po = out.data<float>();
+#pragma omp parallel for if (xd.numel() > detail::kParallelGrain)
+      for (std::int64_t o = 0; o < outer; ++o)
+        for (std::int64_t i = 0; i < inner; ++i) {
+          const float m = pm[o * inner + i];
+          for (std::int64_t j = 0; j < r; ++j) {
+            const std::int64_t at = (o * r + j) * inner + i;
+            if (px[at] == m) {
+              po[at] = pg[o * inner + i];
+              break;
+            }
+          }
+        }
+      return std::vector<Tensor>{out};
+    }
     const Tensor gk = broadcast_to(g[0].view(ks), xd.shape());
     const Tensor mk = broadcast_to(md, xd.shape());
     Tensor out = Tensor::zeros(xd.shape());
