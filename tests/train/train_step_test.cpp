@@ -166,3 +166,30 @@ TEST(TrainStep, AdamLearnsTheSyntheticTask) {
 
 }  // namespace
 }  // namespace distjax::train
+
+#include "distjax/models/classifier.hpp"
+
+namespace distjax::train {
+namespace {
+
+TEST(AccumulateGradients, ClassifierMinibatchesMatchFullBatch) {
+  models::Classifier model({.in_features = 12, .hidden = 16, .num_classes = 4, .dropout = 0.f});
+  LossFn fn = [&](const TensorTree& p, const Batch& b, Key k) {
+    Tensor logits = model.apply(p, b.inputs, true, k);
+    return std::make_pair(tensor::mean(tensor::cross_entropy(logits, b.labels)), Metrics{});
+  };
+  data::ArrayDataset d = data::synthetic_classification(32, 12, 4, Key::from_seed(3));
+  TensorTree params = model.init(Key::from_seed(1));
+  GradientResult full = accumulate_gradients(fn, params, Batch{d.inputs, d.labels}, Key(), 1);
+  GradientResult acc = accumulate_gradients(fn, params, Batch{d.inputs, d.labels}, Key(), 4);
+  ASSERT_EQ(acc.grads.paths(), params.paths());
+  EXPECT_NEAR(acc.loss, full.loss, 1e-6);
+  for (const auto& [path, g] : full.grads) {
+    auto a = acc.grads.at(path).to_vector<float>();
+    auto f = g.to_vector<float>();
+    for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], f[i], 2e-6) << path << "[" << i << "]";
+  }
+}
+
+}  // namespace
+}  // namespace distjax::train
