@@ -328,6 +328,31 @@ TEST(Attention, GradientsMatchComposedOpsAtGptShape) {
   for (int i = 0; i < 3; ++i) expect_close(gf[i], gc[i], 1e-4, "attention grads");
 }
 
+// Ops skip the cotangents of inputs that do not require grad; the others must not change.
+TEST(NnOps, GradientsWithOnlySomeInputsDifferentiated) {
+  Tensor x = uniform({6, 8}, 60), g = uniform({8}, 61, 0.5f, 1.5f), b = uniform({8}, 62);
+  Tensor w = uniform({8, 5}, 63), ct = uniform({6, 8}, 64), ct5 = uniform({6, 5}, 65);
+  auto check = [&](const std::function<Tensor(const std::vector<Tensor>&)>& f, const std::vector<Tensor>& in,
+                   const Tensor& cot, const char* what) {
+    std::vector<Tensor> all = grads_of(f, in, cot);
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      std::vector<Tensor> args = in;
+      Tensor leaf = make_leaf(in[i]);
+      args[i] = leaf;  // only input i is differentiated
+      Tensor gi = autodiff::grad({sum(mul(f(args), cot))}, {Tensor()}, {leaf})[0];
+      expect_close(gi, all[i], 1e-6, what);
+    }
+  };
+  check([](const std::vector<Tensor>& in) { return layer_norm(in[0], in[1], in[2]); }, {x, g, b}, ct, "layer_norm");
+  check([](const std::vector<Tensor>& in) { return rms_norm(in[0], in[1]); }, {x, g}, ct, "rms_norm");
+  check([](const std::vector<Tensor>& in) { return linear(in[0], in[1], in[2]); }, {x, w, uniform({5}, 66)}, ct5,
+        "linear");
+  check([](const std::vector<Tensor>& in) { return matmul(in[0], in[1]); }, {x, w}, ct5, "matmul");
+  Tensor q = uniform({1, 2, 4, 3}, 67), k = uniform({1, 2, 6, 3}, 68), v = uniform({1, 2, 6, 3}, 69);
+  check([](const std::vector<Tensor>& in) { return attention(in[0], in[1], in[2], true); }, {q, k, v},
+        uniform({1, 2, 4, 3}, 70), "attention");
+}
+
 // ---------------------------------------------------------------- errors
 
 TEST(NnOpsErrors, BadShapesAndDtypesNameTheOp) {
