@@ -6,6 +6,6 @@ cd "$(dirname "$0")/.."
 bash scripts/build.sh
 BUILD=${BUILD:-build}
 # Sleeping (not spinning) OpenMP workers: on a busy 2-core machine spinning barriers
-# made the run ~7x slower; idle, the difference is small.
+# made the run ~7x slower (measured with other builds running).
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 exec "./$BUILD/train_mnist" --out runs/mnist "$@"
