@@ -12,6 +12,7 @@
 // Usage: bench_train [--threads N] [--seconds S] [--model mlp|gpt|all] [--phases]
 //   --threads N  OpenMP threads for DistJax (default: the OpenMP default, all cores)
 //   --phases     also time forward, forward+backward and the optimizer update alone
+//   --tag T      append "_T" to the measurement names (run.sh: "omp_passive")
 #include <omp.h>
 
 #include <cstdio>
@@ -43,6 +44,7 @@ struct Options {
   double seconds = 5.0;
   std::string model = "all";
   bool phases = false;
+  std::string tag;  // appended to the measurement names (e.g. "omp_passive")
 };
 
 Tensor normal_tensor(const Shape& shape, const Key& key, float std) {
@@ -62,7 +64,16 @@ Tensor random_ints(const Shape& shape, const Key& key, std::int32_t n) {
 }
 
 std::string thread_tag(const Options& o) {
-  return o.threads > 0 ? "threads_" + std::to_string(o.threads) : "threads_default";
+  std::string t = o.threads > 0 ? "threads_" + std::to_string(o.threads) : "threads_default";
+  return o.tag.empty() ? t : t + "_" + o.tag;
+}
+
+// Environment settings that change how OpenMP threads wait, recorded with each line.
+json omp_env() {
+  json e = json::object();
+  for (const char* v : {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "OMP_PROC_BIND"})
+    if (const char* x = std::getenv(v)) e[v] = x;
+  return e;
 }
 
 // ------------------------------------------------------------------ MLP
@@ -114,6 +125,7 @@ json bench_mlp(const Options& o, Writer& out, double peak) {
   j["fraction_of_peak"] = peak > 0 ? flops / med * 1e-9 / peak : 0.0;
   j["loss_final"] = loss;
   j["config"] = "784-512-512-10 ReLU, batch 128, Adam lr 1e-3";
+  j["env"] = omp_env();
   out.write(j);
   return j;
 }
@@ -174,6 +186,7 @@ json bench_gpt(const Options& o, Writer& out, double peak) {
   j["fraction_of_peak"] = peak > 0 ? flops / med * 1e-9 / peak : 0.0;
   j["loss_final"] = loss;
   j["config"] = "L4 H4 d256 T128 V256 B16, AdamW lr 3e-4 wd 0.1";
+  j["env"] = omp_env();
   out.write(j);
 
   if (o.phases) {
@@ -211,8 +224,9 @@ int main(int argc, char** argv) {
     else if (a == "--seconds" && i + 1 < argc) o.seconds = std::atof(argv[++i]);
     else if (a == "--model" && i + 1 < argc) o.model = argv[++i];
     else if (a == "--phases") o.phases = true;
+    else if (a == "--tag" && i + 1 < argc) o.tag = argv[++i];
     else {
-      std::fprintf(stderr, "usage: bench_train [--threads N] [--seconds S] [--model mlp|gpt|all] [--phases]\n");
+      std::fprintf(stderr, "usage: bench_train [--threads N] [--seconds S] [--model mlp|gpt|all] [--phases] [--tag T]\n");
       return 2;
     }
   }
@@ -220,7 +234,8 @@ int main(int argc, char** argv) {
   const int threads = omp_get_max_threads();
   Writer out;
   const double peak = measure_peak_gflops(threads, 0.3);
-  json p = line("peak_fp32_" + std::to_string(threads) + "threads_train_run", peak, "GFLOP/s");
+  json p = line("peak_fp32_" + std::to_string(threads) + "threads_train_run" + (o.tag.empty() ? "" : "_" + o.tag),
+                peak, "GFLOP/s");
   p["threads"] = threads;
   p["method"] = "AVX-512 FMA loop, 16 accumulators (measured in bench_train's process)";
   out.write(p);

@@ -44,6 +44,10 @@ def comparisons(by_name):
             pairs.append((f"{model}_train_{unit}_vs_pytorch_2threads", ours_default,
                           by_name.get(f"pytorch_{model}_train_{unit}_threads_2"), None,
                           "both on 2 threads (PyTorch: set_num_threads(2))"))
+        passive = by_name.get(f"distjax_{model}_train_{unit}_threads_default_omp_passive")
+        pairs.append((f"{model}_train_{unit}_vs_pytorch_omp_passive", passive,
+                      by_name.get(f"pytorch_{model}_train_{unit}_threads_default"), None,
+                      "DistJax with OMP_WAIT_POLICY=PASSIVE vs PyTorch at its defaults"))
         for name, ours, base, target, how in pairs:
             if not ours or not base or not base.get("value") or not ours.get("value"):
                 continue
