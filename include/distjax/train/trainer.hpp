@@ -30,7 +30,7 @@ struct TrainerConfig {
 /// loss (mean over the steps since the last record), learning_rate, grad_norm, the
 /// other train metrics by name, throughput (items/s over those steps, evaluation time
 /// excluded), throughput_unit and elapsed_s. Evaluations write records with "eval_"
-/// metrics. `finish` writes summary.json.
+/// metrics. `finish` writes summary.json. The optimizer must outlive the Trainer.
 ///
 ///   train::Trainer trainer({.out_dir = "runs/mnist", .total_steps = n}, opt, loss_fn);
 ///   for (...) trainer.step(state, loader.next());
