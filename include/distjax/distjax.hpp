@@ -35,6 +35,23 @@
 #include "distjax/nn/transformer_block.hpp"
 #include "distjax/models/classifier.hpp"
 #include "distjax/models/transformer.hpp"
+#include "distjax/optim/adam.hpp"
+#include "distjax/optim/adamw.hpp"
+#include "distjax/optim/clip.hpp"
+#include "distjax/optim/optimizer.hpp"
+#include "distjax/optim/schedule.hpp"
+#include "distjax/optim/sgd.hpp"
+#include "distjax/train/batch.hpp"
+#include "distjax/train/metrics.hpp"
+#include "distjax/train/train_state.hpp"
+#include "distjax/train/train_step.hpp"
+#include "distjax/train/trainer.hpp"
+#include "distjax/data/array_dataset.hpp"
+#include "distjax/data/fashion_mnist.hpp"
+#include "distjax/data/idx.hpp"
+#include "distjax/data/loader.hpp"
+#include "distjax/data/synthetic.hpp"
+#include "distjax/data/text_corpus.hpp"
 
 namespace distjax {
 using tensor::Tensor;
