@@ -51,8 +51,10 @@ struct LaunchOptions {
 /// which is thread-local, and omp_set_num_threads(intra_op_threads)). MPI backend:
 /// initialises MPI (MPI_Init_thread) if needed and runs fn on this process's device.
 /// If any device throws, the others are woken (their pending calls throw CommError, no
-/// hang) and launch rethrows the first error (CommError or the device's own exception)
-/// with the device index in the message.
+/// hang) and launch rethrows the first error (CommError or the device's own exception,
+/// same type) with " (raised on device d)" appended to its message. Under MPI the other
+/// processes cannot be woken at once: their next call on a group with the failed process
+/// fails at the timeout instead.
 void launch(const LaunchOptions& opts, const std::function<void(Communicator& world)>& fn);
 
 /// Whether a backend is compiled into this build (Mpi is false in builds without MPI).

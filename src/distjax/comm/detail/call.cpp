@@ -52,7 +52,12 @@ std::string join_ints(const std::vector<int>& v) {
   return os.str();
 }
 
-std::string group_label(const std::vector<int>& members) { return "(" + join_ints(members) + ")"; }
+std::string group_label(const std::vector<int>& members) {
+  std::string s = "(";  // appended, not operator+: g++ 12 warns falsely (-Wrestrict) there
+  s.append(join_ints(members));
+  s.push_back(')');
+  return s;
+}
 
 std::string mismatch_message(const std::vector<CallDesc>& descs,
                              const std::vector<int>& members) {
