@@ -30,7 +30,8 @@ std::string fmt(const Tensor& t) {
   std::ostringstream os;
   os << "[";
   const std::vector<float> v = t.to_vector<float>();
-  for (std::size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+  for (std::size_t i = 0; i < v.size(); ++i)
+    os << (i ? ", " : "") << v[i];
   os << "]";
   if (t.rank() > 1) os << " shape " << to_string(t.shape());
   return os.str();
@@ -72,11 +73,11 @@ void run_all(DeviceContext& ctx) {
   const float d = static_cast<float>(ctx.device());
 
   title(ctx, "axis_index / axis_size");
-  print_ordered(ctx, who(ctx) + "axis_index(data)=" + std::to_string(axis_index(ctx, "data")) +
-                         " axis_index(model)=" + std::to_string(axis_index(ctx, "model")) +
-                         " axis_index((data, model))=" +
-                         std::to_string(axis_index(ctx, {"data", "model"})) +
-                         " axis_size(model)=" + std::to_string(axis_size(ctx, "model")));
+  print_ordered(
+      ctx, who(ctx) + "axis_index(data)=" + std::to_string(axis_index(ctx, "data")) +
+               " axis_index(model)=" + std::to_string(axis_index(ctx, "model")) +
+               " axis_index((data, model))=" + std::to_string(axis_index(ctx, {"data", "model"})) +
+               " axis_size(model)=" + std::to_string(axis_size(ctx, "model")));
 
   Tensor x = vec({d});
   title(ctx, "psum(x, \"model\")  (all-reduce along each row)");
@@ -116,21 +117,24 @@ void run_all(DeviceContext& ctx) {
 
   title(ctx, "gradient of sum(pvary(x, \"data\") * axis_index(data)+1) = psum of cotangents: 1+2");
   auto grads2 = autodiff::grad([&](const tensor::TensorTree& t) {
-    return tensor::sum(tensor::mul_scalar(pvary(ctx, t.at("x"), "data"), axis_index(ctx, "data") + 1));
+    return tensor::sum(
+        tensor::mul_scalar(pvary(ctx, t.at("x"), "data"), axis_index(ctx, "data") + 1));
   })(p);
   show(ctx, g, grads2.at("x"));
 
   title(ctx, "fold_rng_over_axis(key 0, \"data\"): equal along model, different along data");
   const Key k = fold_rng_over_axis(ctx, Key::from_seed(0), "data");
-  print_ordered(ctx, who(ctx) + "key words " + std::to_string(k.words[0]) + " " +
-                         std::to_string(k.words[1]));
+  print_ordered(
+      ctx, who(ctx) + "key words " + std::to_string(k.words[0]) + " " + std::to_string(k.words[1]));
 
-  title(ctx, "communication counters of each device (ring-algorithm bytes; include the gathers this example prints with)");
+  title(ctx,
+        "communication counters of each device (ring-algorithm bytes; include the gathers this "
+        "example prints with)");
   const auto& st = ctx.comm_stats();
-  print_ordered(ctx, who(ctx) + "all_reduce " +
-                         std::to_string(st[comm::OpKind::AllReduce].bytes_sent) + " B, all_gather " +
-                         std::to_string(st[comm::OpKind::AllGather].bytes_sent) + " B, permute " +
-                         std::to_string(st[comm::OpKind::Permute].bytes_sent) + " B sent");
+  print_ordered(
+      ctx, who(ctx) + "all_reduce " + std::to_string(st[comm::OpKind::AllReduce].bytes_sent) +
+               " B, all_gather " + std::to_string(st[comm::OpKind::AllGather].bytes_sent) +
+               " B, permute " + std::to_string(st[comm::OpKind::Permute].bytes_sent) + " B sent");
 }
 
 }  // namespace
@@ -138,7 +142,8 @@ void run_all(DeviceContext& ctx) {
 int main(int argc, char** argv) {
   ShardMapOptions opts;
   // mpirun sets OMPI_COMM_WORLD_SIZE (PMI_SIZE under other launchers).
-  if (std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE")) opts.backend = comm::Backend::Mpi;
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE"))
+    opts.backend = comm::Backend::Mpi;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--backend" && i + 1 < argc) {

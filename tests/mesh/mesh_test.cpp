@@ -29,7 +29,8 @@ TEST(Mesh, CoordinatesAreRowMajor) {
   EXPECT_EQ(m.ndim(), 2);
   EXPECT_EQ(m.axis_size("model"), 4);
   EXPECT_EQ(m.coords(6), (std::vector<int>{1, 2}));
-  for (int d = 0; d < 8; ++d) EXPECT_EQ(m.device_at(m.coords(d)), d);
+  for (int d = 0; d < 8; ++d)
+    EXPECT_EQ(m.device_at(m.coords(d)), d);
   Mesh m3({2, 2, 2}, {"pipe", "data", "model"});
   EXPECT_EQ(m3.coords(5), (std::vector<int>{1, 0, 1}));
   EXPECT_EQ(m3.axes_size({"pipe", "model"}), 4);
@@ -115,7 +116,9 @@ TEST(NamedSharding, ShardShapesAndRanges) {
 
 TEST(NamedSharding, ValidationMessagesNameArgumentShapeSpecAndMesh) {
   Mesh m({4, 2}, {"data", "model"});
-  std::string msg = error_of([&] { validate_spec(m, P("data", "model"), {6, 4}, "device_put", "x"); });
+  std::string msg = error_of([&] {
+    validate_spec(m, P("data", "model"), {6, 4}, "device_put", "x");
+  });
   EXPECT_NE(msg.find("[device_put] argument \"x\" with shape (6, 4): spec P(\"data\", \"model\")"),
             std::string::npos)
       << msg;
@@ -129,7 +132,9 @@ TEST(NamedSharding, ValidationMessagesNameArgumentShapeSpecAndMesh) {
   msg = error_of([&] { validate_spec(m, P("data", "data"), {8, 8}, "device_put", "x"); });
   EXPECT_NE(msg.find("axis \"data\" is used twice"), std::string::npos) << msg;
 
-  msg = error_of([&] { validate_spec(m, P("data", std::nullopt, "model"), {8, 8}, "shard_map", "y"); });
+  msg = error_of([&] {
+    validate_spec(m, P("data", std::nullopt, "model"), {8, 8}, "shard_map", "y");
+  });
   EXPECT_NE(msg.find("[shard_map] argument \"y\" with shape (8, 8)"), std::string::npos) << msg;
   EXPECT_NE(msg.find("it has 3 entries but the array has rank 2"), std::string::npos) << msg;
 

@@ -12,7 +12,8 @@ namespace {
 
 Tensor iota(const Shape& s) {
   std::vector<float> v(static_cast<std::size_t>(numel(s)));
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);
+  for (std::size_t i = 0; i < v.size(); ++i)
+    v[i] = static_cast<float>(i);
   return Tensor::from_vector(v, s);
 }
 
@@ -63,7 +64,8 @@ TEST(ShardedArray, ShardContents) {
   EXPECT_EQ(a.shard(6).to_vector<float>(), (std::vector<float>{20, 21, 28, 29}));
   // Replicated along "model": devices 4..7 hold the same rows.
   ShardedArray r = device_put(host, NamedSharding(m, P("data")));
-  for (int d = 4; d < 8; ++d) EXPECT_EQ(r.shard(d).to_vector<float>(), r.shard(4).to_vector<float>());
+  for (int d = 4; d < 8; ++d)
+    EXPECT_EQ(r.shard(d).to_vector<float>(), r.shard(4).to_vector<float>());
   EXPECT_EQ(r.shard(5).to_vector<float>()[0], 16.f);
   // Integer dtypes work too.
   Tensor ih = Tensor::from_vector<std::int32_t>({1, 2, 3, 4, 5, 6, 7, 8}, {8});

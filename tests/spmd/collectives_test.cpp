@@ -42,50 +42,74 @@ struct OpCase {
 
 Tensor host_sum(const std::vector<Tensor>& xs) {
   Tensor s = xs[0];
-  for (std::size_t i = 1; i < xs.size(); ++i) s = tensor::add(s, xs[i]);
+  for (std::size_t i = 1; i < xs.size(); ++i)
+    s = tensor::add(s, xs[i]);
   return s;
 }
 
 std::vector<OpCase> op_cases() {
   using V = std::vector<Tensor>;
   std::vector<OpCase> c;
-  c.push_back({"psum", false, true, [](int) { return Shape{3, 2}; },
+  c.push_back({"psum", false, true,
+               [](int) {
+                 return Shape{3, 2};
+               },
                [](DeviceContext& ctx, const Tensor& x, const Axes& a) { return psum(ctx, x, a); },
                [](const V& xs, int) { return host_sum(xs); }});
-  c.push_back({"pmean", false, true, [](int) { return Shape{3, 2}; },
+  c.push_back({"pmean", false, true,
+               [](int) {
+                 return Shape{3, 2};
+               },
                [](DeviceContext& ctx, const Tensor& x, const Axes& a) { return pmean(ctx, x, a); },
                [](const V& xs, int) {
                  return tensor::mul_scalar(host_sum(xs), 1.0 / static_cast<double>(xs.size()));
                }});
-  c.push_back({"pmax", false, true, [](int) { return Shape{3, 2}; },
+  c.push_back({"pmax", false, true,
+               [](int) {
+                 return Shape{3, 2};
+               },
                [](DeviceContext& ctx, const Tensor& x, const Axes& a) { return pmax(ctx, x, a); },
                [](const V& xs, int) { return tensor::max(tensor::stack(xs, 0), {0}); }});
-  c.push_back({"all_gather(dim 0, tiled)", false, false, [](int) { return Shape{2, 3}; },
+  c.push_back({"all_gather(dim 0, tiled)", false, false,
+               [](int) {
+                 return Shape{2, 3};
+               },
                [](DeviceContext& ctx, const Tensor& x, const Axes& a) {
                  return all_gather(ctx, x, a, 0, true);
                },
                [](const V& xs, int) { return tensor::concat(xs, 0); }});
-  c.push_back({"all_gather(dim 1, stacked)", false, false, [](int) { return Shape{2, 3}; },
+  c.push_back({"all_gather(dim 1, stacked)", false, false,
+               [](int) {
+                 return Shape{2, 3};
+               },
                [](DeviceContext& ctx, const Tensor& x, const Axes& a) {
                  return all_gather(ctx, x, a, 1, false);
                },
                [](const V& xs, int) { return tensor::stack(xs, 1); }});
   c.push_back({"psum_scatter(dim 0, tiled)", false, false,
-               [](int n) { return Shape{2 * n, 3}; },
+               [](int n) {
+                 return Shape{2 * n, 3};
+               },
                [](DeviceContext& ctx, const Tensor& x, const Axes& a) {
                  return psum_scatter(ctx, x, a, 0, true);
                },
                [](const V& xs, int idx) {
                  return tensor::split(host_sum(xs), static_cast<int>(xs.size()), 0)[idx];
                }});
-  c.push_back({"psum_scatter(dim 1, untiled)", false, false, [](int n) { return Shape{2, n}; },
+  c.push_back({"psum_scatter(dim 1, untiled)", false, false,
+               [](int n) {
+                 return Shape{2, n};
+               },
                [](DeviceContext& ctx, const Tensor& x, const Axes& a) {
                  return psum_scatter(ctx, x, a, 1, false);
                },
                [](const V& xs, int idx) {
                  return tensor::reshape(tensor::slice(host_sum(xs), 1, idx, idx + 1), {2});
                }});
-  c.push_back({"ppermute(ring +1)", false, false, [](int) { return Shape{2, 3}; },
+  c.push_back({"ppermute(ring +1)", false, false,
+               [](int) {
+                 return Shape{2, 3};
+               },
                [](DeviceContext& ctx, const Tensor& x, const Axes& a) {
                  return ppermute(ctx, x, a, ring_permutation(ctx.axis_size(a), 1));
                },
@@ -94,7 +118,9 @@ std::vector<OpCase> op_cases() {
                  return tensor::mul_scalar(xs[(idx - 1 + n) % n], 1.0);
                }});
   c.push_back({"all_to_all(split 0, concat 1)", false, false,
-               [](int n) { return Shape{2 * n, 3}; },
+               [](int n) {
+                 return Shape{2 * n, 3};
+               },
                [](DeviceContext& ctx, const Tensor& x, const Axes& a) {
                  return all_to_all(ctx, x, a, 0, 1);
                },
@@ -104,7 +130,10 @@ std::vector<OpCase> op_cases() {
                    chunks.push_back(tensor::split(x, static_cast<int>(xs.size()), 0)[idx]);
                  return tensor::concat(chunks, 1);
                }});
-  c.push_back({"pvary", true, false, [](int) { return Shape{3, 2}; },
+  c.push_back({"pvary", true, false,
+               [](int) {
+                 return Shape{3, 2};
+               },
                [](DeviceContext& ctx, const Tensor& x, const Axes& a) { return pvary(ctx, x, a); },
                [](const V& xs, int idx) { return tensor::mul_scalar(xs[idx], 1.0); }});
   return c;
@@ -113,7 +142,8 @@ std::vector<OpCase> op_cases() {
 /// The axis sets to test on a mesh: each axis, all axes, and all axes reversed.
 std::vector<Axes> axis_sets(const Mesh& m) {
   std::vector<Axes> out;
-  for (const auto& a : m.axis_names()) out.push_back(Axes(a));
+  for (const auto& a : m.axis_names())
+    out.push_back(Axes(a));
   if (m.ndim() > 1) {
     out.push_back(Axes(m.axis_names()));
     std::vector<std::string> rev(m.axis_names().rbegin(), m.axis_names().rend());
@@ -148,7 +178,8 @@ void run_case(const OpCase& op, const Mesh& m, const Axes& axes) {
     host_params.set("x/" + std::to_string(in_id(d)), random_tensor(kx.fold_in(in_id(d)), in_shape));
   auto group_inputs = [&](const TensorTree& p, int d) {
     std::vector<Tensor> xs;
-    for (int g : m.group(d, axes)) xs.push_back(p.at("x/" + std::to_string(in_id(g))));
+    for (int g : m.group(d, axes))
+      xs.push_back(p.at("x/" + std::to_string(in_id(g))));
     return xs;
   };
   std::vector<Tensor> host_y(D), w(D);
@@ -174,26 +205,27 @@ void run_case(const OpCase& op, const Mesh& m, const Axes& axes) {
     ws.push_back(w[d]);
   }
   const P all_axes = P(m.axis_names());
-  auto f = shard_map(
-      m,
-      [&](DeviceContext& ctx, const std::vector<Tensor>& in) {
-        Tensor x = drop_lead(in[0]), wd = drop_lead(in[1]);
-        Tensor y_out;
-        TensorTree params;
-        params.set("x", x);
-        auto [loss, g] = autodiff::value_and_grad([&](const TensorTree& p) {
-          Tensor y = op.device_op(ctx, p.at("x"), axes);
-          y_out = y.detach();
-          return tensor::sum(tensor::mul(tensor::mul(y, y), wd));
-        })(params);
-        return std::vector<Tensor>{add_lead(y_out), add_lead(g.at("x"))};
-      },
-      {all_axes, all_axes}, {all_axes, all_axes}, {.timeout = std::chrono::milliseconds(10000)});
+  auto f = shard_map(m,
+                     [&](DeviceContext& ctx, const std::vector<Tensor>& in) {
+                       Tensor x = drop_lead(in[0]), wd = drop_lead(in[1]);
+                       Tensor y_out;
+                       TensorTree params;
+                       params.set("x", x);
+                       auto [loss, g] = autodiff::value_and_grad([&](const TensorTree& p) {
+                         Tensor y = op.device_op(ctx, p.at("x"), axes);
+                         y_out = y.detach();
+                         return tensor::sum(tensor::mul(tensor::mul(y, y), wd));
+                       })(params);
+                       return std::vector<Tensor>{add_lead(y_out), add_lead(g.at("x"))};
+                     },
+                     {all_axes, all_axes}, {all_axes, all_axes},
+                     {.timeout = std::chrono::milliseconds(10000)});
   auto out = f(std::vector<Tensor>{tensor::stack(xs, 0), tensor::stack(ws, 0)});
   ASSERT_EQ(out.size(), 2u);
   for (int d = 0; d < D; ++d) {
     const std::string dev = "device " + std::to_string(d);
-    expect_close(drop_lead(out[0].shard(d)), host_y[d].detach(), 1e-5, op.name + " value on " + dev);
+    expect_close(drop_lead(out[0].shard(d)), host_y[d].detach(), 1e-5,
+                 op.name + " value on " + dev);
     expect_close(drop_lead(out[1].shard(d)), host_grads.at("x/" + std::to_string(in_id(d))), 1e-5,
                  op.name + " gradient on " + dev);
   }
@@ -206,14 +238,16 @@ class CollectiveTest : public ::testing::TestWithParam<int> {};
 TEST_P(CollectiveTest, ValuesAndGradientsMatchSingleDevice) {
   const OpCase op = op_cases()[GetParam()];
   for (const Mesh& m : distjax::testing::test_meshes())
-    for (const Axes& axes : axis_sets(m)) run_case(op, m, axes);
+    for (const Axes& axes : axis_sets(m))
+      run_case(op, m, axes);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllOps, CollectiveTest, ::testing::Range(0, 10),
                          [](const ::testing::TestParamInfo<int>& info) {
                            std::string s = op_cases()[info.param].name;
                            std::string out;
-                           for (char ch : s) out += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+                           for (char ch : s)
+                             out += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
                            return out;
                          });
 
@@ -227,7 +261,8 @@ TEST(Collectives, PmaxGradientGoesToTheFirstDeviceOnTies) {
         Tensor x = Tensor::from_vector<float>({i % 2 == 1 ? 5.f : 1.f, i == 2 ? 7.f : 0.f}, {2});
         TensorTree p;
         p.set("x", x);
-        auto g = autodiff::grad([&](const TensorTree& t) { return tensor::sum(pmax(ctx, t.at("x"), "data")); })(p);
+        auto g = autodiff::grad(
+            [&](const TensorTree& t) { return tensor::sum(pmax(ctx, t.at("x"), "data")); })(p);
         return std::vector<Tensor>{g.at("x")};
       },
       {}, {P("data")});
@@ -243,19 +278,18 @@ TEST(Collectives, AllGatherGradientEqualsUnshardedLossGradientFsdpStyle) {
   const Axes all{"data", "model"};
   Tensor W = random_tensor(Key::from_seed(1), {8, 3});
   Tensor X = random_tensor(Key::from_seed(2), {16, 8});
-  auto f = shard_map(
-      m,
-      [&](DeviceContext& ctx, const std::vector<Tensor>& in) {
-        TensorTree p;
-        p.set("w", in[0]);
-        auto g = autodiff::grad([&](const TensorTree& t) {
-          Tensor full = all_gather(ctx, t.at("w"), all, 0, true);
-          Tensor y = tensor::tanh(tensor::matmul(in[1], full));
-          return tensor::sum(tensor::mul(y, y));
-        })(p);
-        return std::vector<Tensor>{g.at("w")};
-      },
-      {P({"data", "model"}), P({"data", "model"})}, {P({"data", "model"})});
+  auto f = shard_map(m,
+                     [&](DeviceContext& ctx, const std::vector<Tensor>& in) {
+                       TensorTree p;
+                       p.set("w", in[0]);
+                       auto g = autodiff::grad([&](const TensorTree& t) {
+                         Tensor full = all_gather(ctx, t.at("w"), all, 0, true);
+                         Tensor y = tensor::tanh(tensor::matmul(in[1], full));
+                         return tensor::sum(tensor::mul(y, y));
+                       })(p);
+                       return std::vector<Tensor>{g.at("w")};
+                     },
+                     {P({"data", "model"}), P({"data", "model"})}, {P({"data", "model"})});
   Tensor dw = mesh::gather(f(std::vector<Tensor>{W, X})[0]);
   TensorTree hp;
   hp.set("w", W);

@@ -40,14 +40,16 @@ std::vector<mesh::ShardedArray> run(const Mesh& m, comm::Backend backend, const 
   auto f = shard_map(
       m,
       [&](DeviceContext& ctx, const std::vector<Tensor>&) {
-        Tensor x = distjax::testing::random_tensor(Key::from_seed(5).fold_in(ctx.device()), in_shape);
+        Tensor x =
+            distjax::testing::random_tensor(Key::from_seed(5).fold_in(ctx.device()), in_shape);
         Tensor y_out;
         TensorTree p;
         p.set("x", x);
         auto g = autodiff::grad([&](const TensorTree& t) {
           Tensor y = op(ctx, t.at("x"));
           y_out = y.detach();
-          Tensor w = distjax::testing::random_tensor(Key::from_seed(9).fold_in(ctx.device()), y.shape());
+          Tensor w =
+              distjax::testing::random_tensor(Key::from_seed(9).fold_in(ctx.device()), y.shape());
           return tensor::sum(tensor::mul(tensor::mul(y, y), w));
         })(p);
         auto lead = [](const Tensor& t) {
@@ -81,15 +83,19 @@ TEST_F(SpmdMpiTest, CollectivesMatchTheThreadsBackend) {
         {"psum", {3}, [&](DeviceContext& c, const Tensor& x) { return psum(c, x, all); }},
         {"pmean", {3}, [&](DeviceContext& c, const Tensor& x) { return pmean(c, x, a0); }},
         {"pmax", {3}, [&](DeviceContext& c, const Tensor& x) { return pmax(c, x, all); }},
-        {"all_gather", {2, 3},
+        {"all_gather",
+         {2, 3},
          [&](DeviceContext& c, const Tensor& x) { return all_gather(c, x, a0, 1, true); }},
-        {"psum_scatter", {4, 2},
+        {"psum_scatter",
+         {4, 2},
          [&](DeviceContext& c, const Tensor& x) { return psum_scatter(c, x, all, 0, true); }},
-        {"ppermute", {3},
+        {"ppermute",
+         {3},
          [&](DeviceContext& c, const Tensor& x) {
            return ppermute(c, x, all, ring_permutation(c.axis_size(all), 1));
          }},
-        {"all_to_all", {4, 2},
+        {"all_to_all",
+         {4, 2},
          [&](DeviceContext& c, const Tensor& x) { return all_to_all(c, x, all, 0, 1); }},
         {"pvary", {3}, [&](DeviceContext& c, const Tensor& x) { return pvary(c, x, a0); }},
     };

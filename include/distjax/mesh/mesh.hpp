@@ -19,11 +19,11 @@ struct Axes {
   std::vector<std::string> names;
 
   Axes() = default;
-  Axes(const char* name) : names{name} {}                          // NOLINT: implicit
-  Axes(std::string name) : names{std::move(name)} {}               // NOLINT: implicit
-  Axes(std::string_view name) : names{std::string(name)} {}        // NOLINT: implicit
-  Axes(std::initializer_list<std::string> ns) : names(ns) {}       // NOLINT: implicit
-  Axes(std::vector<std::string> ns) : names(std::move(ns)) {}      // NOLINT: implicit
+  Axes(const char* name) : names{name} {}                      // NOLINT: implicit
+  Axes(std::string name) : names{std::move(name)} {}           // NOLINT: implicit
+  Axes(std::string_view name) : names{std::string(name)} {}    // NOLINT: implicit
+  Axes(std::initializer_list<std::string> ns) : names(ns) {}   // NOLINT: implicit
+  Axes(std::vector<std::string> ns) : names(std::move(ns)) {}  // NOLINT: implicit
 
   bool empty() const { return names.empty(); }
   std::size_t size() const { return names.size(); }

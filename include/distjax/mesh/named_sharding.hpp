@@ -19,8 +19,8 @@ namespace distjax::mesh {
 /// divisible by the product of its axes' sizes. Throws ShardingError like
 ///   [device_put] argument "x" with shape (6, 4): spec P("data", "model") is invalid on
 ///   mesh ("data"=4, "model"=2): dimension 0 (6) is not divisible by "data"=4
-void validate_spec(const Mesh& mesh, const PartitionSpec& spec, const Shape& shape,
-                   const char* op, std::string_view argument);
+void validate_spec(const Mesh& mesh, const PartitionSpec& spec, const Shape& shape, const char* op,
+                   std::string_view argument);
 
 /// A PartitionSpec on a Mesh. The constructor checks what does not depend on an array
 /// (axes known, none repeated); `validate` checks an array shape against it.

@@ -26,11 +26,11 @@ class PartitionSpec {
   struct Entry {
     std::vector<std::string> axes;
     Entry(std::nullopt_t) {}                                   // NOLINT: implicit
-    Entry(const char* axis) : axes{axis} {}                     // NOLINT: implicit
-    Entry(std::string axis) : axes{std::move(axis)} {}          // NOLINT: implicit
-    Entry(std::initializer_list<std::string> a) : axes(a) {}    // NOLINT: implicit
-    Entry(std::vector<std::string> a) : axes(std::move(a)) {}   // NOLINT: implicit
-    Entry(std::optional<std::string> axis) {                    // NOLINT: implicit
+    Entry(const char* axis) : axes{axis} {}                    // NOLINT: implicit
+    Entry(std::string axis) : axes{std::move(axis)} {}         // NOLINT: implicit
+    Entry(std::initializer_list<std::string> a) : axes(a) {}   // NOLINT: implicit
+    Entry(std::vector<std::string> a) : axes(std::move(a)) {}  // NOLINT: implicit
+    Entry(std::optional<std::string> axis) {                   // NOLINT: implicit
       if (axis) axes.push_back(std::move(*axis));
     }
     bool replicated() const { return axes.empty(); }
@@ -54,8 +54,8 @@ class PartitionSpec {
   PartitionSpec(Entry a, Entry b, Entry c, Entry d, Entry e)
       : entries_{std::move(a), std::move(b), std::move(c), std::move(d), std::move(e)} {}
   PartitionSpec(Entry a, Entry b, Entry c, Entry d, Entry e, Entry f)
-      : entries_{std::move(a), std::move(b), std::move(c), std::move(d), std::move(e),
-                 std::move(f)} {}
+      : entries_{std::move(a), std::move(b), std::move(c),
+                 std::move(d), std::move(e), std::move(f)} {}
   /// A spec from a list of entries built at run time.
   static PartitionSpec from_entries(std::vector<Entry> entries);
 

@@ -11,7 +11,8 @@ namespace distjax::mesh {
 std::string Axes::str() const {
   if (names.size() == 1) return "\"" + names[0] + "\"";
   std::string s = "(";
-  for (std::size_t i = 0; i < names.size(); ++i) s += (i ? ", \"" : "\"") + names[i] + "\"";
+  for (std::size_t i = 0; i < names.size(); ++i)
+    s += (i ? ", \"" : "\"") + names[i] + "\"";
   return s + ")";
 }
 
@@ -22,8 +23,8 @@ Mesh::Mesh(std::vector<int> shape, std::vector<std::string> axis_names)
   DISTJAX_CHECK(shape_.size() == names_.size(), ShardingError, "[Mesh] ", shape_.size(),
                 " axis sizes but ", names_.size(), " axis names");
   for (std::size_t i = 0; i < shape_.size(); ++i) {
-    DISTJAX_CHECK(shape_[i] >= 1, ShardingError, "[Mesh] axis \"", names_[i],
-                  "\" has size ", shape_[i], "; sizes must be >= 1");
+    DISTJAX_CHECK(shape_[i] >= 1, ShardingError, "[Mesh] axis \"", names_[i], "\" has size ",
+                  shape_[i], "; sizes must be >= 1");
     DISTJAX_CHECK(!names_[i].empty(), ShardingError, "[Mesh] axis ", i, " has an empty name");
     for (std::size_t j = 0; j < i; ++j)
       DISTJAX_CHECK(names_[i] != names_[j], ShardingError, "[Mesh] axis name \"", names_[i],
@@ -38,8 +39,8 @@ bool Mesh::has_axis(std::string_view name) const {
 
 int Mesh::axis_position(std::string_view name, const char* op) const {
   auto it = std::find(names_.begin(), names_.end(), name);
-  DISTJAX_CHECK(it != names_.end(), ShardingError, "[", op, "] axis \"", name,
-                "\" is not in mesh ", describe());
+  DISTJAX_CHECK(it != names_.end(), ShardingError, "[", op, "] axis \"", name, "\" is not in mesh ",
+                describe());
   return static_cast<int>(it - names_.begin());
 }
 
@@ -59,7 +60,8 @@ void Mesh::check_axes(const Axes& axes, const char* op) const {
 int Mesh::axes_size(const Axes& axes, const char* op) const {
   check_axes(axes, op);
   int n = 1;
-  for (const auto& a : axes.names) n *= axis_size(a, op);
+  for (const auto& a : axes.names)
+    n *= axis_size(a, op);
   return n;
 }
 
@@ -136,7 +138,8 @@ namespace {
 
 std::string repeat(const std::string& s, int n) {
   std::string out;
-  for (int i = 0; i < n; ++i) out += s;
+  for (int i = 0; i < n; ++i)
+    out += s;
   return out;
 }
 
@@ -148,7 +151,8 @@ void print_grid(std::ostringstream& os, int first, int rows, int cols, int row_s
   const std::string pad(row_label.size() + 3, ' ');
   auto border = [&](const char* l, const char* m, const char* r) {
     std::string line = pad + l;
-    for (int c = 0; c < cols; ++c) line += repeat("─", cell) + (c + 1 < cols ? m : r);
+    for (int c = 0; c < cols; ++c)
+      line += repeat("─", cell) + (c + 1 < cols ? m : r);
     return line + "\n";
   };
   os << pad << " " << col_label << " →\n";
@@ -186,7 +190,8 @@ std::string Mesh::to_string() const {
       // Coordinates of this slice along the leading axes.
       std::vector<int> c = coords(s * rows * cols);
       os << "[";
-      for (int i = 0; i < ndim() - 2; ++i) os << (i ? ", " : "") << names_[i] << "=" << c[i];
+      for (int i = 0; i < ndim() - 2; ++i)
+        os << (i ? ", " : "") << names_[i] << "=" << c[i];
       os << "]\n";
     }
     print_grid(os, s * rows * cols, rows, cols, cols, row_label, label(ndim() - 1), cell);
@@ -194,6 +199,8 @@ std::string Mesh::to_string() const {
   return os.str();
 }
 
-std::ostream& operator<<(std::ostream& os, const Mesh& mesh) { return os << mesh.to_string(); }
+std::ostream& operator<<(std::ostream& os, const Mesh& mesh) {
+  return os << mesh.to_string();
+}
 
 }  // namespace distjax::mesh

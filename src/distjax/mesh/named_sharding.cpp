@@ -27,8 +27,8 @@ void check_axes_of_spec(const Mesh& mesh, const PartitionSpec& spec, const std::
   for (int d = 0; d < spec.size(); ++d) {
     for (const auto& a : spec.entries()[d].axes) {
       DISTJAX_CHECK(mesh.has_axis(a), ShardingError, prefix, "spec ", spec.to_string(),
-                    " is invalid on mesh ", mesh.describe(), ": axis \"", a, "\" (dimension ",
-                    d, ") is not in the mesh");
+                    " is invalid on mesh ", mesh.describe(), ": axis \"", a, "\" (dimension ", d,
+                    ") is not in the mesh");
       for (const auto& s : seen)
         DISTJAX_CHECK(s != a, ShardingError, prefix, "spec ", spec.to_string(),
                       " is invalid on mesh ", mesh.describe(), ": axis \"", a,
@@ -47,8 +47,8 @@ void validate_spec(const Mesh& mesh, const PartitionSpec& spec, const Shape& sha
   const std::string prefix = pre.str();
   check_axes_of_spec(mesh, spec, prefix);
   DISTJAX_CHECK(spec.size() <= static_cast<int>(shape.size()), ShardingError, prefix, "spec ",
-                spec.to_string(), " is invalid on mesh ", mesh.describe(), ": it has ",
-                spec.size(), " entries but the array has rank ", shape.size());
+                spec.to_string(), " is invalid on mesh ", mesh.describe(), ": it has ", spec.size(),
+                " entries but the array has rank ", shape.size());
   for (int d = 0; d < spec.size(); ++d) {
     const auto& axes = spec.entries()[d].axes;
     if (axes.empty()) continue;
@@ -81,21 +81,24 @@ int NamedSharding::shard_index(int dim, int device) const {
 Shape NamedSharding::shard_shape(const Shape& global) const {
   validate(global, "NamedSharding::shard_shape", "array");
   Shape s = global;
-  for (std::size_t d = 0; d < s.size(); ++d) s[d] /= num_shards(static_cast<int>(d));
+  for (std::size_t d = 0; d < s.size(); ++d)
+    s[d] /= num_shards(static_cast<int>(d));
   return s;
 }
 
 Shape NamedSharding::global_shape(const Shape& local) const {
   DISTJAX_CHECK(spec_.size() <= static_cast<int>(local.size()), ShardingError,
                 "[NamedSharding::global_shape] spec ", spec_.to_string(), " has ", spec_.size(),
-                " entries but the local shard ", distjax::to_string(local), " has rank ", local.size());
+                " entries but the local shard ", distjax::to_string(local), " has rank ",
+                local.size());
   Shape s = local;
-  for (std::size_t d = 0; d < s.size(); ++d) s[d] *= num_shards(static_cast<int>(d));
+  for (std::size_t d = 0; d < s.size(); ++d)
+    s[d] *= num_shards(static_cast<int>(d));
   return s;
 }
 
 std::vector<std::pair<std::int64_t, std::int64_t>> NamedSharding::shard_range(const Shape& global,
-                                                                             int device) const {
+                                                                              int device) const {
   const Shape local = shard_shape(global);
   std::vector<std::pair<std::int64_t, std::int64_t>> r(global.size());
   for (std::size_t d = 0; d < global.size(); ++d) {

@@ -16,7 +16,8 @@ PartitionSpec::Entry PartitionSpec::entry(int dim) const {
 
 std::vector<std::string> PartitionSpec::used_axes() const {
   std::vector<std::string> out;
-  for (const auto& e : entries_) out.insert(out.end(), e.axes.begin(), e.axes.end());
+  for (const auto& e : entries_)
+    out.insert(out.end(), e.axes.begin(), e.axes.end());
   return out;
 }
 
@@ -38,7 +39,8 @@ std::string PartitionSpec::to_string() const {
       s += "\"" + ax[0] + "\"";
     } else {
       s += "(";
-      for (std::size_t j = 0; j < ax.size(); ++j) s += (j ? ", \"" : "\"") + ax[j] + "\"";
+      for (std::size_t j = 0; j < ax.size(); ++j)
+        s += (j ? ", \"" : "\"") + ax[j] + "\"";
       s += ")";
     }
   }

@@ -30,7 +30,8 @@ void copy_box(const Tensor& global, const Tensor& local, const std::vector<std::
   std::vector<std::int64_t> idx(rank, 0);
   for (std::int64_t r = 0; r < rows; ++r) {
     std::int64_t goff = 0;
-    for (int d = 0; d < rank; ++d) goff += (offset[d] + idx[d]) * gstr[d];
+    for (int d = 0; d < rank; ++d)
+      goff += (offset[d] + idx[d]) * gstr[d];
     char* gp = g + goff * es;
     char* lp = l + r * row * es;
     to_local ? std::memcpy(lp, gp, row * es) : std::memcpy(gp, lp, row * es);
@@ -43,7 +44,8 @@ void copy_box(const Tensor& global, const Tensor& local, const std::vector<std::
 
 std::vector<std::int64_t> offsets_of(const NamedSharding& s, const Shape& global, int device) {
   std::vector<std::int64_t> off;
-  for (const auto& [b, e] : s.shard_range(global, device)) off.push_back(b);
+  for (const auto& [b, e] : s.shard_range(global, device))
+    off.push_back(b);
   return off;
 }
 
@@ -51,7 +53,9 @@ std::vector<std::int64_t> offsets_of(const NamedSharding& s, const Shape& global
 
 ShardedArray::ShardedArray(Shape global_shape, DType dtype, NamedSharding sharding,
                            std::vector<Tensor> shards)
-    : shape_(std::move(global_shape)), dtype_(dtype), sharding_(std::move(sharding)),
+    : shape_(std::move(global_shape)),
+      dtype_(dtype),
+      sharding_(std::move(sharding)),
       shards_(std::move(shards)) {
   sharding_->validate(shape_, "ShardedArray", "array");
   DISTJAX_CHECK(static_cast<int>(shards_.size()) == sharding_->mesh().size(), ShardingError,
@@ -61,8 +65,8 @@ ShardedArray::ShardedArray(Shape global_shape, DType dtype, NamedSharding shardi
   for (std::size_t d = 0; d < shards_.size(); ++d) {
     if (!shards_[d].defined()) continue;
     DISTJAX_CHECK(shards_[d].shape() == local && shards_[d].dtype() == dtype_, ShardingError,
-                  "[ShardedArray] shard of device ", d, " is ", dtype_name(shards_[d].dtype()),
-                  " ", to_string(shards_[d].shape()), " but global ", dtype_name(dtype_), " ",
+                  "[ShardedArray] shard of device ", d, " is ", dtype_name(shards_[d].dtype()), " ",
+                  to_string(shards_[d].shape()), " but global ", dtype_name(dtype_), " ",
                   to_string(shape_), " with spec ", sharding_->spec().to_string(), " on mesh ",
                   sharding_->mesh().describe(), " needs ", to_string(local));
   }
@@ -78,10 +82,11 @@ bool ShardedArray::has_shard(int device) const {
 }
 
 const Tensor& ShardedArray::shard(int device) const {
-  DISTJAX_CHECK(device >= 0 && device < num_devices(), ShardingError, "[ShardedArray::shard] device ",
-                device, " is not in mesh ", mesh().describe());
-  DISTJAX_CHECK(shards_[device].defined(), ShardingError, "[ShardedArray::shard] the shard of device ",
-                device, " is not held by this process");
+  DISTJAX_CHECK(device >= 0 && device < num_devices(), ShardingError,
+                "[ShardedArray::shard] device ", device, " is not in mesh ", mesh().describe());
+  DISTJAX_CHECK(shards_[device].defined(), ShardingError,
+                "[ShardedArray::shard] the shard of device ", device,
+                " is not held by this process");
   return shards_[device];
 }
 
@@ -118,7 +123,8 @@ Tensor gather(const ShardedArray& array) {
   }
   // Every block must have been found on some device held here.
   std::int64_t blocks = 1;
-  for (int d = 0; d < static_cast<int>(array.shape().size()); ++d) blocks *= s.num_shards(d);
+  for (int d = 0; d < static_cast<int>(array.shape().size()); ++d)
+    blocks *= s.num_shards(d);
   DISTJAX_CHECK(static_cast<std::int64_t>(done.size()) == blocks, ShardingError, "[gather] ",
                 array.str(), ": only ", done.size(), " of ", blocks,
                 " blocks are held by this process (multi-process arrays gather with a collective)");

@@ -32,7 +32,9 @@ void count_call(DeviceContext& ctx, const std::string& name) {
   ++ctx.counters().collective_calls[name];
 }
 
-Tensor zeros_like_shape(const Shape& s, DType dt) { return Tensor::zeros(s, dt); }
+Tensor zeros_like_shape(const Shape& s, DType dt) {
+  return Tensor::zeros(s, dt);
+}
 
 // ------------------------------------------------------------ raw (non-differentiable)
 
@@ -49,9 +51,11 @@ Tensor blocks_to_dim(const Tensor& blocks, int dim, bool tiled) {
   Tensor t = blocks;
   if (dim != 0) {
     std::vector<int> perm;
-    for (int i = 1; i <= dim; ++i) perm.push_back(i);
+    for (int i = 1; i <= dim; ++i)
+      perm.push_back(i);
     perm.push_back(0);
-    for (int i = dim + 1; i <= r; ++i) perm.push_back(i);
+    for (int i = dim + 1; i <= r; ++i)
+      perm.push_back(i);
     t = tensor::permute(blocks, perm);
   }
   if (!tiled) return t;
@@ -123,8 +127,8 @@ void check_tiling(const char* op, const Tensor& x, int dim, int n, bool tiled,
                   const DeviceContext& ctx, const Axes& axes) {
   if (tiled) {
     DISTJAX_CHECK(x.size(dim) % n == 0, ShardingError, "[", op, "] dimension ", dim, " (",
-                  x.size(dim), ") of ", to_string(x.shape()), " is not divisible by ",
-                  axes.str(), "=", n, " in mesh ", ctx.mesh().describe());
+                  x.size(dim), ") of ", to_string(x.shape()), " is not divisible by ", axes.str(),
+                  "=", n, " in mesh ", ctx.mesh().describe());
   } else {
     DISTJAX_CHECK(x.size(dim) == n, ShardingError, "[", op, "] untiled: dimension ", dim, " (",
                   x.size(dim), ") of ", to_string(x.shape()), " must equal the size of ",
@@ -144,7 +148,8 @@ Tensor psum(DeviceContext& ctx, const Tensor& x, const Axes& axes) {
   return autodiff::custom_vjp1(
       "psum", {x},
       [&](const std::vector<Tensor>& in) {
-        return std::vector<Tensor>{named("psum", axes, [&] { return raw_all_reduce(c, in[0], ReduceOp::Sum); })};
+        return std::vector<Tensor>{
+            named("psum", axes, [&] { return raw_all_reduce(c, in[0], ReduceOp::Sum); })};
       },
       [](const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<Tensor>& g) {
         return std::vector<Tensor>{g[0]};
@@ -161,13 +166,15 @@ Tensor pmean(DeviceContext& ctx, const Tensor& x, const Axes& axes) {
   return autodiff::custom_vjp1(
       "pmean", {x},
       [&](const std::vector<Tensor>& in) {
-        return std::vector<Tensor>{named("pmean", axes, [&] { return raw_all_reduce(c, in[0], ReduceOp::Mean); })};
+        return std::vector<Tensor>{
+            named("pmean", axes, [&] { return raw_all_reduce(c, in[0], ReduceOp::Mean); })};
       },
       [n](const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<Tensor>& g) {
         if (!g[0].defined()) return std::vector<Tensor>{Tensor()};
         Tensor r = g[0].clone();
         float* p = r.data<float>();
-        for (std::int64_t i = 0; i < r.numel(); ++i) p[i] = static_cast<float>(p[i] / n);
+        for (std::int64_t i = 0; i < r.numel(); ++i)
+          p[i] = static_cast<float>(p[i] / n);
         return std::vector<Tensor>{r};
       });
 }
@@ -214,7 +221,8 @@ Tensor pmax(DeviceContext& ctx, const Tensor& x, const Axes& axes) {
         Tensor r = g[0].clone();
         float* p = r.data<float>();
         const float* k = mask->data<float>();
-        for (std::int64_t i = 0; i < r.numel(); ++i) p[i] *= k[i];
+        for (std::int64_t i = 0; i < r.numel(); ++i)
+          p[i] *= k[i];
         return std::vector<Tensor>{r};
       });
 }
@@ -232,15 +240,15 @@ Tensor all_gather(DeviceContext& ctx, const Tensor& x, const Axes& axes, int dim
   return autodiff::custom_vjp1(
       "all_gather", {x},
       [&](const std::vector<Tensor>& in) {
-        return std::vector<Tensor>{named("all_gather", axes, [&] { return raw_all_gather(c, in[0], dim, tiled); })};
+        return std::vector<Tensor>{
+            named("all_gather", axes, [&] { return raw_all_gather(c, in[0], dim, tiled); })};
       },
       [c, dim, tiled, axes, pctx](const std::vector<Tensor>& in, const std::vector<Tensor>& out,
                                   const std::vector<Tensor>& g) mutable {
         count_call(*pctx, "all_gather.T");
         Tensor gy = g[0].defined() ? g[0] : zeros_like_shape(out[0].shape(), out[0].dtype());
-        return std::vector<Tensor>{named("all_gather transpose (psum_scatter)", axes, [&] {
-          return raw_reduce_scatter(c, gy, dim, tiled);
-        })};
+        return std::vector<Tensor>{named("all_gather transpose (psum_scatter)", axes,
+                                         [&] { return raw_reduce_scatter(c, gy, dim, tiled); })};
       });
 }
 
@@ -257,15 +265,15 @@ Tensor psum_scatter(DeviceContext& ctx, const Tensor& x, const Axes& axes, int d
   return autodiff::custom_vjp1(
       "psum_scatter", {x},
       [&](const std::vector<Tensor>& in) {
-        return std::vector<Tensor>{named("psum_scatter", axes, [&] { return raw_reduce_scatter(c, in[0], dim, tiled); })};
+        return std::vector<Tensor>{
+            named("psum_scatter", axes, [&] { return raw_reduce_scatter(c, in[0], dim, tiled); })};
       },
       [c, dim, tiled, axes, pctx](const std::vector<Tensor>&, const std::vector<Tensor>& out,
                                   const std::vector<Tensor>& g) mutable {
         count_call(*pctx, "psum_scatter.T");
         Tensor gy = g[0].defined() ? g[0] : zeros_like_shape(out[0].shape(), out[0].dtype());
-        return std::vector<Tensor>{named("psum_scatter transpose (all_gather)", axes, [&] {
-          return raw_all_gather(c, gy, dim, tiled);
-        })};
+        return std::vector<Tensor>{named("psum_scatter transpose (all_gather)", axes,
+                                         [&] { return raw_all_gather(c, gy, dim, tiled); })};
       });
 }
 
@@ -286,25 +294,29 @@ Tensor ppermute(DeviceContext& ctx, const Tensor& x, const Axes& axes,
                   ")");
   }
   std::vector<std::pair<int, int>> inverse;
-  for (const auto& [s, d] : perm) inverse.emplace_back(d, s);
+  for (const auto& [s, d] : perm)
+    inverse.emplace_back(d, s);
   count_call(ctx, "ppermute");
   DeviceContext* pctx = &ctx;
   return autodiff::custom_vjp1(
       "ppermute", {x},
       [&](const std::vector<Tensor>& in) {
-        return std::vector<Tensor>{named("ppermute", axes, [&] { return raw_permute(c, in[0], perm); })};
+        return std::vector<Tensor>{
+            named("ppermute", axes, [&] { return raw_permute(c, in[0], perm); })};
       },
       [c, inverse, axes, pctx](const std::vector<Tensor>& in, const std::vector<Tensor>& out,
                                const std::vector<Tensor>& g) mutable {
         count_call(*pctx, "ppermute.T");
         Tensor gy = g[0].defined() ? g[0] : zeros_like_shape(out[0].shape(), out[0].dtype());
-        return std::vector<Tensor>{named("ppermute transpose", axes, [&] { return raw_permute(c, gy, inverse); })};
+        return std::vector<Tensor>{
+            named("ppermute transpose", axes, [&] { return raw_permute(c, gy, inverse); })};
       });
 }
 
 std::vector<std::pair<int, int>> ring_permutation(int n, int shift) {
   std::vector<std::pair<int, int>> p;
-  for (int i = 0; i < n; ++i) p.emplace_back(i, (((i + shift) % n) + n) % n);
+  for (int i = 0; i < n; ++i)
+    p.emplace_back(i, (((i + shift) % n) + n) % n);
   return p;
 }
 
@@ -323,9 +335,11 @@ Tensor all_to_all(DeviceContext& ctx, const Tensor& x, const Axes& axes, int spl
   return autodiff::custom_vjp1(
       "all_to_all", {x},
       [&](const std::vector<Tensor>& in) {
-        return std::vector<Tensor>{named("all_to_all", axes, [&] { return raw_all_to_all(c, in[0], split_dim, concat_dim); })};
+        return std::vector<Tensor>{named(
+            "all_to_all", axes, [&] { return raw_all_to_all(c, in[0], split_dim, concat_dim); })};
       },
-      [c, split_dim, concat_dim, axes, pctx](const std::vector<Tensor>&, const std::vector<Tensor>& out,
+      [c, split_dim, concat_dim, axes, pctx](const std::vector<Tensor>&,
+                                             const std::vector<Tensor>& out,
                                              const std::vector<Tensor>& g) mutable {
         count_call(*pctx, "all_to_all.T");
         Tensor gy = g[0].defined() ? g[0] : zeros_like_shape(out[0].shape(), out[0].dtype());
@@ -344,19 +358,23 @@ Tensor pvary(DeviceContext& ctx, const Tensor& x, const Axes& axes) {
   count_call(ctx, "pvary");
   DeviceContext* pctx = &ctx;
   return autodiff::custom_vjp1(
-      "pvary", {x}, [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0].clone()}; },
+      "pvary", {x},
+      [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0].clone()}; },
       [c, axes, pctx](const std::vector<Tensor>&, const std::vector<Tensor>& out,
                       const std::vector<Tensor>& g) mutable {
         count_call(*pctx, "pvary.T");
         Tensor gy = g[0].defined() ? g[0] : zeros_like_shape(out[0].shape(), out[0].dtype());
-        return std::vector<Tensor>{named("pvary transpose (psum)", axes, [&] {
-          return raw_all_reduce(c, gy, ReduceOp::Sum);
-        })};
+        return std::vector<Tensor>{named("pvary transpose (psum)", axes,
+                                         [&] { return raw_all_reduce(c, gy, ReduceOp::Sum); })};
       });
 }
 
-int axis_index(const DeviceContext& ctx, const Axes& axes) { return ctx.axis_index(axes); }
-int axis_size(const DeviceContext& ctx, const Axes& axes) { return ctx.axis_size(axes); }
+int axis_index(const DeviceContext& ctx, const Axes& axes) {
+  return ctx.axis_index(axes);
+}
+int axis_size(const DeviceContext& ctx, const Axes& axes) {
+  return ctx.axis_size(axes);
+}
 
 Key fold_rng_over_axis(const DeviceContext& ctx, const Key& key, const Axes& axes) {
   return ctx.fold_rng_over_axis(key, axes);

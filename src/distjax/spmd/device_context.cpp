@@ -38,7 +38,9 @@ int DeviceContext::axis_index(const Axes& axes) const {
   return mesh_.index_along(device_, axes);
 }
 
-int DeviceContext::axis_size(const Axes& axes) const { return mesh_.axes_size(axes, "axis_size"); }
+int DeviceContext::axis_size(const Axes& axes) const {
+  return mesh_.axes_size(axes, "axis_size");
+}
 
 comm::Communicator& DeviceContext::comm(const Axes& axes) {
   auto it = comms_.find(axes.names);
@@ -52,7 +54,8 @@ comm::Communicator& DeviceContext::comm(const Axes& axes) {
 Key DeviceContext::fold_rng_over_axis(const Key& key, const Axes& axes) const {
   mesh_.check_axes(axes, "fold_rng_over_axis");
   Key k = key;
-  for (const auto& a : axes.names) k = k.fold_in(static_cast<std::uint64_t>(coord(a)));
+  for (const auto& a : axes.names)
+    k = k.fold_in(static_cast<std::uint64_t>(coord(a)));
   return k;
 }
 

@@ -12,7 +12,9 @@ namespace distjax::spmd {
 
 namespace {
 
-std::string arg_name(const char* kind, std::size_t i) { return std::string(kind) + std::to_string(i); }
+std::string arg_name(const char* kind, std::size_t i) {
+  return std::string(kind) + std::to_string(i);
+}
 
 // Debug check (ShardMapOptions::check_replicated): output `out` must be equal on every
 // device of each mesh axis its spec does not name. Every device of a group sees the same
@@ -27,13 +29,15 @@ void check_replicated_output(DeviceContext& ctx, const Tensor& out, std::size_t 
     std::vector<std::int64_t> desc(kDesc, -1), all(kDesc * n);
     desc[0] = out.rank();
     desc[1] = static_cast<std::int64_t>(out.dtype());
-    for (int d = 0; d < out.rank() && d < kDesc - 2; ++d) desc[2 + d] = out.size(d);
+    for (int d = 0; d < out.rank() && d < kDesc - 2; ++d)
+      desc[2 + d] = out.size(d);
     c.all_gather(desc.data(), all.data(), kDesc, DType::I64);
     for (int r = 1; r < n; ++r)
       DISTJAX_CHECK(std::equal(all.begin(), all.begin() + kDesc, all.begin() + r * kDesc),
-                    ShardingError, "[shard_map] output ", index, " with out_spec ", spec.to_string(),
-                    " is declared replicated along \"", axis, "\" but its shape/dtype differs between devices ",
-                    c.group()[0], " and ", c.group()[r], " in mesh ", ctx.mesh().describe());
+                    ShardingError, "[shard_map] output ", index, " with out_spec ",
+                    spec.to_string(), " is declared replicated along \"", axis,
+                    "\" but its shape/dtype differs between devices ", c.group()[0], " and ",
+                    c.group()[r], " in mesh ", ctx.mesh().describe());
     const std::size_t nb = out.nbytes();
     std::vector<char> buf(nb * n);
     c.all_gather(out.raw_data(), buf.data(), out.numel(), out.dtype());
@@ -71,12 +75,17 @@ void check_replicated_output(DeviceContext& ctx, const Tensor& out, std::size_t 
 
 ShardMapped::ShardMapped(Mesh mesh, ShardMapFn fn, std::vector<PartitionSpec> in_specs,
                          std::vector<PartitionSpec> out_specs, ShardMapOptions options)
-    : mesh_(std::move(mesh)), fn_(std::move(fn)), in_specs_(std::move(in_specs)),
-      out_specs_(std::move(out_specs)), options_(std::move(options)) {
+    : mesh_(std::move(mesh)),
+      fn_(std::move(fn)),
+      in_specs_(std::move(in_specs)),
+      out_specs_(std::move(out_specs)),
+      options_(std::move(options)) {
   DISTJAX_CHECK(fn_ != nullptr, InvalidArgument, "[shard_map] fn is empty");
   // Axis checks that need no shapes (unknown / repeated axes) fail here already.
-  for (std::size_t i = 0; i < in_specs_.size(); ++i) NamedSharding(mesh_, in_specs_[i]);
-  for (std::size_t i = 0; i < out_specs_.size(); ++i) NamedSharding(mesh_, out_specs_[i]);
+  for (std::size_t i = 0; i < in_specs_.size(); ++i)
+    NamedSharding(mesh_, in_specs_[i]);
+  for (std::size_t i = 0; i < out_specs_.size(); ++i)
+    NamedSharding(mesh_, out_specs_[i]);
 }
 
 std::vector<ShardedArray> ShardMapped::operator()(const std::vector<Tensor>& host_inputs) const {
@@ -84,14 +93,14 @@ std::vector<ShardedArray> ShardMapped::operator()(const std::vector<Tensor>& hos
                 in_specs_.size(), " in_specs but ", host_inputs.size(), " inputs");
   std::vector<ShardedArray> placed;
   for (std::size_t i = 0; i < host_inputs.size(); ++i)
-    placed.push_back(mesh::device_put(host_inputs[i], NamedSharding(mesh_, in_specs_[i]),
-                                      arg_name("in", i)));
+    placed.push_back(
+        mesh::device_put(host_inputs[i], NamedSharding(mesh_, in_specs_[i]), arg_name("in", i)));
   return (*this)(placed);
 }
 
 std::vector<ShardedArray> ShardMapped::operator()(const std::vector<ShardedArray>& inputs) const {
-  DISTJAX_CHECK(inputs.size() == in_specs_.size(), ShardingError, "[shard_map] ",
-                in_specs_.size(), " in_specs but ", inputs.size(), " inputs");
+  DISTJAX_CHECK(inputs.size() == in_specs_.size(), ShardingError, "[shard_map] ", in_specs_.size(),
+                " in_specs but ", inputs.size(), " inputs");
   std::vector<ShardedArray> placed;
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     NamedSharding want(mesh_, in_specs_[i]);
@@ -113,7 +122,8 @@ std::vector<ShardedArray> ShardMapped::operator()(const std::vector<ShardedArray
     DeviceContext ctx(mesh_, world);
     const int d = ctx.device();
     std::vector<Tensor> locals;
-    for (const auto& a : placed) locals.push_back(a.shard(d));
+    for (const auto& a : placed)
+      locals.push_back(a.shard(d));
     std::vector<Tensor> outs = fn_(ctx, locals);
     DISTJAX_CHECK(outs.size() == out_specs_.size(), ShardingError, "[shard_map] fn returned ",
                   outs.size(), " outputs on device ", d, " but there are ", out_specs_.size(),
@@ -121,8 +131,8 @@ std::vector<ShardedArray> ShardMapped::operator()(const std::vector<ShardedArray
     for (std::size_t i = 0; i < outs.size(); ++i) {
       DISTJAX_CHECK(outs[i].defined(), ShardingError, "[shard_map] output ", i,
                     " is undefined on device ", d);
-      DISTJAX_CHECK(out_specs_[i].size() <= outs[i].rank(), ShardingError, "[shard_map] output ",
-                    i, " has local shape ", to_string(outs[i].shape()), " but out_spec ",
+      DISTJAX_CHECK(out_specs_[i].size() <= outs[i].rank(), ShardingError, "[shard_map] output ", i,
+                    " has local shape ", to_string(outs[i].shape()), " but out_spec ",
                     out_specs_[i].to_string(), " has ", out_specs_[i].size(), " entries");
       outs[i] = outs[i].detach();  // the device's tape ends with its thread
     }

@@ -1,0 +1,257 @@
+// shard_map: assembly of outputs, resharding of inputs, the replication check, errors
+// of mismatched programs, per-device context (coordinates, rng folding, counters).
+#include "distjax/spmd/shard_map.hpp"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <set>
+
+#include "distjax/autodiff/autodiff.hpp"
+#include "distjax/spmd/collectives.hpp"
+#include "distjax/tensor/elementwise.hpp"
+#include "distjax/tensor/reduce.hpp"
+#include "spmd/spmd_test_util.hpp"
+
+using namespace distjax;
+using namespace distjax::spmd;
+using mesh::P;
+using tensor::TensorTree;
+
+namespace {
+
+Tensor iota(const Shape& s) {
+  std::vector<float> v(static_cast<std::size_t>(numel(s)));
+  for (std::size_t i = 0; i < v.size(); ++i)
+    v[i] = static_cast<float>(i);
+  return Tensor::from_vector(v, s);
+}
+
+template <class E>
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("<other exception> ") + e.what();
+  }
+  return "<no exception>";
+}
+
+}  // namespace
+
+TEST(ShardMap, RunsOncePerDeviceOnLocalShardsAndAssemblesOutputs) {
+  Mesh m({2, 4}, {"data", "model"});
+  Tensor x = iota({4, 8});
+  std::atomic<int> calls{0};
+  auto f =
+      shard_map(m,
+                [&](DeviceContext& ctx, const std::vector<Tensor>& in) {
+                  ++calls;
+                  EXPECT_EQ(in[0].shape(), (Shape{2, 2}));
+                  // Local block + 100 * device; a row sum reduced over "model" (replicated there).
+                  Tensor local = tensor::add_scalar(in[0], 100.0 * ctx.device());
+                  Tensor rows = psum(ctx, tensor::sum(in[0], {1}), "model");
+                  return std::vector<Tensor>{local, rows};
+                },
+                {P("data", "model")}, {P("data", "model"), P("data")}, {.check_replicated = true});
+  auto out = f(std::vector<Tensor>{x});
+  EXPECT_EQ(calls.load(), 8);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].shape(), (Shape{4, 8}));
+  EXPECT_EQ(out[1].shape(), (Shape{4}));
+  Tensor g0 = mesh::gather(out[0]);
+  // Element (r, c) lives on device (r / 2) * 4 + c / 2.
+  std::vector<float> v = g0.to_vector<float>();
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 8; ++c)
+      EXPECT_EQ(v[r * 8 + c], 8 * r + c + 100 * ((r / 2) * 4 + c / 2));
+  // Row sums of iota(4, 8): 28, 92, 156, 220.
+  EXPECT_EQ(mesh::gather(out[1]).to_vector<float>(), (std::vector<float>{28, 92, 156, 220}));
+}
+
+TEST(ShardMap, ReshardsInputsWhoseShardingDiffers) {
+  Mesh m({2, 2}, {"data", "model"});
+  Tensor x = iota({4, 4});
+  auto placed = mesh::device_put(x, NamedSharding(m, P("model", "data")));
+  auto f = shard_map(
+      m, [](DeviceContext&, const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0]}; },
+      {P("data")}, {P("data")});
+  auto out = f({placed});
+  EXPECT_EQ(out[0].shard(2).to_vector<float>(), (std::vector<float>{8, 9, 10, 11, 12, 13, 14, 15}));
+  EXPECT_EQ(mesh::gather(out[0]).to_vector<float>(), x.to_vector<float>());
+}
+
+TEST(ShardMap, SpecErrorsNameTheArgument) {
+  Mesh m({4, 2}, {"data", "model"});
+  auto f = shard_map(m, [](DeviceContext&, const std::vector<Tensor>& in) { return in; },
+                     {P("data", "model")}, {P("data", "model")});
+  const std::string msg = error_of<ShardingError>([&] { f(std::vector<Tensor>{iota({6, 4})}); });
+  EXPECT_NE(msg.find("argument \"in0\" with shape (6, 4): spec P(\"data\", \"model\")"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("dimension 0 (6) is not divisible by \"data\"=4"), std::string::npos) << msg;
+  EXPECT_THROW(shard_map(m, [](DeviceContext&, const std::vector<Tensor>& in) { return in; },
+                         {P("pipe")}, {P()}),
+               ShardingError);
+}
+
+TEST(ShardMap, CheckReplicatedCatchesAnOutputThatVaries) {
+  Mesh m({2, 4}, {"data", "model"});
+  // Declared replicated along "model" but it is the device's own model shard.
+  auto bad = shard_map(
+      m, [](DeviceContext&, const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0]}; },
+      {P("data", "model")}, {P("data")}, {.check_replicated = true});
+  const std::string msg = error_of<ShardingError>([&] { bad(std::vector<Tensor>{iota({4, 8})}); });
+  EXPECT_NE(
+      msg.find("output 0 with out_spec P(\"data\") is declared replicated along \"model\" but "
+               "differs between devices"),
+      std::string::npos)
+      << msg;
+  // The same program with a psum over "model" passes, and without the check nothing is
+  // verified (the output is then assembled from device 0 of each group).
+  auto good = shard_map(m,
+                        [](DeviceContext& ctx, const std::vector<Tensor>& in) {
+                          return std::vector<Tensor>{psum(ctx, in[0], "model")};
+                        },
+                        {P("data", "model")}, {P("data")}, {.check_replicated = true});
+  EXPECT_NO_THROW(good(std::vector<Tensor>{iota({4, 8})}));
+  auto unchecked = shard_map(
+      m, [](DeviceContext&, const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0]}; },
+      {P("data", "model")}, {P("data")});
+  EXPECT_NO_THROW(unchecked(std::vector<Tensor>{iota({4, 8})}));
+}
+
+TEST(ShardMap, MismatchedCollectiveFailsFastNamingOpAndDevices) {
+  Mesh m = Mesh::line(4);
+  auto f = shard_map(m,
+                     [](DeviceContext& ctx, const std::vector<Tensor>&) {
+                       Tensor x = Tensor::ones({4});
+                       Tensor y = ctx.device() == 2 ? all_gather(ctx, x, "data", 0, true)
+                                                    : psum(ctx, x, "data");
+                       return std::vector<Tensor>{y};
+                     },
+                     {}, {P("data")}, {.timeout = std::chrono::milliseconds(2000)});
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string msg = error_of<CommError>([&] { f(std::vector<Tensor>{}); });
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(secs, 3.0) << msg;
+  EXPECT_NE(msg.find("all_gather"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("all_reduce"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("device 2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("0,1,3"), std::string::npos) << msg;
+}
+
+TEST(ShardMap, SkippedCollectiveTimesOutNamingTheMissingDevice) {
+  Mesh m({2, 2}, {"data", "model"});
+  auto f = shard_map(m,
+                     [](DeviceContext& ctx, const std::vector<Tensor>&) {
+                       Tensor x = Tensor::ones({2});
+                       if (ctx.device() != 3) x = psum(ctx, x, {"data", "model"});
+                       return std::vector<Tensor>{x};
+                     },
+                     {}, {P("data")}, {.timeout = std::chrono::milliseconds(300)});
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string msg = error_of<CommError>([&] { f(std::vector<Tensor>{}); });
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(secs, 3.0) << msg;
+  EXPECT_NE(msg.find("psum"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("3"), std::string::npos) << msg;
+}
+
+TEST(DeviceContext, CoordinatesAxisIndicesAndSizes) {
+  for (const Mesh& m : distjax::testing::test_meshes()) {
+    std::mutex mu;
+    std::set<int> seen;
+    auto f =
+        shard_map(m,
+                  [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+                    {
+                      std::lock_guard<std::mutex> lock(mu);
+                      seen.insert(ctx.device());
+                    }
+                    EXPECT_EQ(ctx.coords(), m.coords(ctx.device()));
+                    for (const auto& a : m.axis_names()) {
+                      EXPECT_EQ(axis_index(ctx, a), m.index_along(ctx.device(), a));
+                      EXPECT_EQ(axis_size(ctx, a), m.axis_size(a));
+                      EXPECT_EQ(ctx.comm(a).size(), m.axis_size(a));
+                      EXPECT_EQ(ctx.comm(a).group(), m.group(ctx.device(), a));
+                    }
+                    const Axes all(m.axis_names());
+                    EXPECT_EQ(ctx.axis_index(all), ctx.device());
+                    EXPECT_EQ(ctx.axis_size(all), m.size());
+                    // A set of axes out of mesh order: same members, another ranking.
+                    std::vector<std::string> rev(m.axis_names().rbegin(), m.axis_names().rend());
+                    EXPECT_EQ(ctx.comm(Axes(rev)).group(), m.group(ctx.device(), Axes(rev)));
+                    EXPECT_EQ(ctx.comm(Axes()).size(), 1);
+                    // axis_index as a value: psum of it over the group is n(n-1)/2.
+                    const int n = ctx.axis_size(all);
+                    Tensor s = psum(ctx, Tensor::scalar(ctx.axis_index(all)), all);
+                    EXPECT_EQ(s.item<float>(), n * (n - 1) / 2.f);
+                    return std::vector<Tensor>{};
+                  },
+                  {}, {});
+    f(std::vector<Tensor>{});
+    EXPECT_EQ(static_cast<int>(seen.size()), m.size()) << m.describe();
+  }
+}
+
+TEST(DeviceContext, FoldRngOverAxesDiffersWhereItMustAndAgreesElsewhere) {
+  Mesh m({2, 2, 2}, {"pipe", "data", "model"});
+  std::mutex mu;
+  std::vector<Key> by_data(8), by_data_model(8), by_none(8);
+  auto f = shard_map(m,
+                     [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+                       const Key k = Key::from_seed(42);
+                       std::lock_guard<std::mutex> lock(mu);
+                       by_data[ctx.device()] = fold_rng_over_axis(ctx, k, "data");
+                       by_data_model[ctx.device()] = ctx.fold_rng_over_axis(k, {"data", "model"});
+                       by_none[ctx.device()] = ctx.fold_rng_over_axis(k, Axes());
+                       return std::vector<Tensor>{};
+                     },
+                     {}, {});
+  f(std::vector<Tensor>{});
+  for (int a = 0; a < 8; ++a) {
+    for (int b = 0; b < 8; ++b) {
+      const auto ca = m.coords(a), cb = m.coords(b);
+      EXPECT_EQ(by_data[a] == by_data[b], ca[1] == cb[1]) << a << " " << b;
+      EXPECT_EQ(by_data_model[a] == by_data_model[b], ca[1] == cb[1] && ca[2] == cb[2])
+          << a << " " << b;
+      EXPECT_EQ(by_none[a], by_none[b]);
+    }
+  }
+  EXPECT_EQ(by_none[0], Key::from_seed(42));
+}
+
+TEST(DeviceContext, CountsCollectiveCallsAndBytes) {
+  Mesh m = Mesh::line(4);
+  std::mutex mu;
+  std::vector<std::int64_t> gathers(4), transposes(4), bytes(4);
+  ShardMapOptions opts;
+  opts.on_exit = [&](DeviceContext& ctx) {
+    std::lock_guard<std::mutex> lock(mu);
+    gathers[ctx.device()] = ctx.counters().collective_calls["all_gather"];
+    transposes[ctx.device()] = ctx.counters().collective_calls["all_gather.T"];
+    bytes[ctx.device()] = ctx.comm_stats()[comm::OpKind::AllGather].bytes_sent;
+  };
+  auto f = shard_map(
+      m,
+      [](DeviceContext& ctx, const std::vector<Tensor>&) {
+        TensorTree p;
+        p.set("x", Tensor::ones({256}));
+        autodiff::grad([&](const TensorTree& t) {
+          return tensor::sum(all_gather(ctx, t.at("x"), "data", 0, true));
+        })(p);
+        return std::vector<Tensor>{};
+      },
+      {}, {}, opts);
+  f(std::vector<Tensor>{});
+  for (int d = 0; d < 4; ++d) {
+    EXPECT_EQ(gathers[d], 1);
+    EXPECT_EQ(transposes[d], 1);
+    EXPECT_EQ(bytes[d], 3 * 256 * 4);  // (p - 1) * block bytes, the ring figure
+  }
+}
