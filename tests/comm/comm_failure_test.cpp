@@ -5,6 +5,7 @@
 
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "distjax/comm/communicator.hpp"
@@ -131,6 +132,8 @@ TEST(Timeout, DeviceStuckElsewhereTimesOut) {
     Communicator pair = world.split(world.rank() / 2, 0);
     std::vector<float> x(16, 1.f), y(16);
     if (world.rank() == 1) {
+      // Enter 150 ms late so the world group's deadline passes first.
+      std::this_thread::sleep_for(std::chrono::milliseconds(150));
       pair.barrier();
     } else {
       world.all_reduce(x.data(), y.data(), 16, DType::F32, ReduceOp::Sum);
@@ -141,7 +144,8 @@ TEST(Timeout, DeviceStuckElsewhereTimesOut) {
     const std::string& m = out.device_msgs[d];
     EXPECT_TRUE(has(m, "[all_reduce] timed out after 300 ms at call #1 of group (0,1,2,3)"))
         << d << ": " << m;
-    EXPECT_TRUE(has(m, "device 1 did not arrive")) << m;
+    EXPECT_TRUE(has(m, "device 1 did not arrive (device 1 is in barrier call #0 of group (0,1))"))
+        << m;
   }
   EXPECT_TRUE(has(out.device_msgs[1], "[barrier]") || has(out.device_msgs[1], "aborted"))
       << out.device_msgs[1];
@@ -177,12 +181,14 @@ TEST(Timeout, ReceiveWithoutSender) {
     if (world.rank() == 0) {
       world.irecv(&x, 1, DType::F32, 1, 5).wait();
     } else {
-      world.barrier();  // device 1 never sends; it waits at a barrier device 0 never joins
+      // Device 1 never sends: it computes past device 0's deadline, then finishes.
+      std::this_thread::sleep_for(std::chrono::milliseconds(900));
     }
   });
   const std::string& m = out.device_msgs[0];
   EXPECT_TRUE(has(m, "[irecv] timed out after 300 ms")) << m;
   EXPECT_TRUE(has(m, "device 0 receiving 1 f32 from device 1 with tag 5")) << m;
+  EXPECT_TRUE(has(m, "device 1 is not in a communicator call")) << m;
 }
 
 TEST(Timeout, ReceiveFromFinishedDeviceFailsFast) {
