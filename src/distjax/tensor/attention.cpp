@@ -135,7 +135,8 @@ AttnDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool
   return a;
 }
 
-// Heads run in parallel when the whole problem is big enough.
+// Heads run in parallel when the whole problem is big enough; handed out dynamically so a
+// thread that loses its core to another process does not hold up the rest.
 int attention_threads(const AttnDims& a) {
   return a.bh > 1 && a.bh * a.t * a.s * a.d > detail::kParallelGrain ? omp_get_max_threads() : 1;
 }
@@ -154,7 +155,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
 #pragma omp parallel num_threads(attention_threads(a))
   {
     std::vector<float> scratch(static_cast<std::size_t>(kRowBlock * a.s));
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)
     for (std::int64_t h = 0; h < a.bh; ++h)
       head_forward(a, pq + h * a.t * a.d, pk + h * a.s * a.d, pv + h * a.s * a.d, po + h * a.t * a.d,
                    pl + h * a.t, scratch.data());
@@ -180,7 +181,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                     float* p = scratch.data();
                     float* dp = p + kRowBlock * a.s;
                     float* di = dp + kRowBlock * a.s;
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)
                     for (std::int64_t h = 0; h < a.bh; ++h) {
                       const std::int64_t qo = h * a.t * a.d, ko = h * a.s * a.d;
                       head_backward(a, pq + qo, pk + ko, pv + ko, po + qo, pl + h * a.t, pg + qo,
