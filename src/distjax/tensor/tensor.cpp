@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "distjax/tensor/grad_node.hpp"
+#include "distjax/tensor/detail/allocator.hpp"
 #include "distjax/tensor/detail/cast.hpp"
 
 namespace distjax::tensor {
@@ -12,12 +13,11 @@ namespace distjax::tensor {
 Storage::Storage(std::size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
   DISTJAX_CHECK(device.kind == DeviceKind::CPU, NotImplemented, "[Storage] device ", device.str(),
                 " has no allocator in this build");
-  std::size_t rounded = (std::max<std::size_t>(nbytes, 1) + 63) / 64 * 64;
-  data_ = std::aligned_alloc(64, rounded);
+  data_ = detail::cpu_alloc(nbytes);
   DISTJAX_CHECK(data_ != nullptr, Error, "[Storage] out of memory allocating ", nbytes, " bytes");
 }
 
-Storage::~Storage() { std::free(data_); }
+Storage::~Storage() { detail::cpu_free(data_, nbytes_); }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (auto d : shape)

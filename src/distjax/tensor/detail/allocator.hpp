@@ -1,0 +1,24 @@
+// Host memory for tensor storage: 64-byte aligned blocks, with a cache of large freed
+// blocks so a training step reuses last step's buffers instead of page-faulting fresh
+// ones from the OS every time.
+#pragma once
+
+#include <cstddef>
+
+namespace distjax::tensor::detail {
+
+/// Blocks of at least this many bytes go through the cache; smaller ones straight to malloc.
+constexpr std::size_t kCachedBlockMin = 64 * 1024;
+/// Upper bound on the bytes the cache keeps in free blocks.
+constexpr std::size_t kCacheCapacity = std::size_t(1) << 30;
+
+/// A 64-byte aligned block of at least `nbytes` (nullptr when out of memory). Thread-safe.
+void* cpu_alloc(std::size_t nbytes);
+/// Returns a block from cpu_alloc(nbytes) (same nbytes). Thread-safe.
+void cpu_free(void* p, std::size_t nbytes);
+/// Bytes currently held in free cached blocks.
+std::size_t cpu_cached_bytes();
+/// Frees every cached block back to the system.
+void cpu_release_cached();
+
+}  // namespace distjax::tensor::detail
