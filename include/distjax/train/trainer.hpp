@@ -27,7 +27,8 @@ struct TrainerConfig {
 };
 
 /// Runs train steps and logs them. Each logged record in metrics.jsonl holds: step,
-/// loss (mean over the steps since the last record), learning_rate, grad_norm, the
+/// loss (mean over the steps since the last record), learning_rate (of the logged
+/// step), grad_norm (mean since the last record), the
 /// other train metrics by name, throughput (items/s over those steps, evaluation time
 /// excluded), throughput_unit and elapsed_s. Evaluations write records with "eval_"
 /// metrics. `finish` writes summary.json. The optimizer must outlive the Trainer.
@@ -81,6 +82,7 @@ class Trainer {
   double window_seconds_ = 0.0;  // time inside step() since the last log
   double window_items_ = 0.0;
   double total_items_ = 0.0;
+  double last_lr_ = 0.0;
   Metrics window_;
   std::map<std::string, double> last_train_;
   std::map<std::string, double> last_eval_;

@@ -93,6 +93,7 @@ Metrics Trainer::step(TrainState& state, const Batch& batch) {
   window_items_ += items;
   total_items_ += items;
   window_.merge(m);
+  last_lr_ = m.contains("learning_rate") ? m.mean("learning_rate") : last_lr_;
   if (state.step % config_.log_every == 0 || state.step == config_.total_steps)
     log_train(state.step);
   return m;
@@ -102,6 +103,8 @@ void Trainer::log_train(std::int64_t step) {
   if (window_.empty()) return;
   const double tput = window_seconds_ > 0.0 ? window_items_ / window_seconds_ : 0.0;
   last_train_ = window_.means();
+  // The rate of the logged step itself, not the window's average.
+  if (last_train_.count("learning_rate")) last_train_["learning_rate"] = last_lr_;
   json rec;
   rec["step"] = step;
   for (const auto& [name, v] : last_train_) rec[name] = number(v);
