@@ -109,12 +109,14 @@ GroupState::GroupState(std::shared_ptr<WorldState> world, std::vector<int> membe
       label_(std::make_shared<const std::string>(detail::group_label(members_))),
       n_(static_cast<int>(members_.size())),
       spin_(n_ <= static_cast<int>(std::thread::hardware_concurrency())),
-      entered_(n_, 0),
+      entered_(new std::atomic<std::uint64_t>[members_.size()]),
       desc_(n_),
       send_(n_, nullptr),
       recv_(n_, nullptr),
       aux0_(n_, 0),
-      aux1_(n_, 0) {}
+      aux1_(n_, 0) {
+  for (int j = 0; j < n_; ++j) entered_[j].store(0);
+}
 
 void GroupState::fail_locked(const std::string& why) {
   if (!why.empty() && !failed_) {
@@ -139,7 +141,7 @@ void GroupState::check_alive() {
 std::vector<int> GroupState::missing_locked(int rank) const {
   std::vector<int> missing;
   for (int j = 0; j < n_; ++j)
-    if (entered_[j] < entered_[rank]) missing.push_back(j);
+    if (entered_[j].load() < entered_[rank].load()) missing.push_back(j);
   return missing;
 }
 
@@ -164,43 +166,52 @@ std::string GroupState::missing_message_locked(int rank, const std::vector<int>&
 
 void GroupState::sync(int rank, const detail::CallDesc* arrival, const void* send, void* recv,
                       int aux0, int aux1, Clock::time_point deadline) {
-  std::unique_lock lk(mu_);
-  if (failed_) throw CommError(failure_);
-  if (arrival) {
+  if (failed_atomic_.load(std::memory_order_acquire)) {
+    std::lock_guard lk(mu_);
+    throw CommError(failure_);
+  }
+  if (arrival) {  // published by the release of the fetch_add below
     desc_[rank] = *arrival;
     send_[rank] = send;
     recv_[rank] = recv;
     aux0_[rank] = aux0;
     aux1_[rank] = aux1;
   }
-  ++entered_[rank];
-  const std::uint64_t my = phase_;
-  if (++arrived_ == n_) {
-    arrived_ = 0;
+  entered_[rank].fetch_add(1);
+  // The phase cannot advance before this rank arrives, so this is the current one.
+  const std::uint64_t my = phase_.load(std::memory_order_acquire);
+  if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {
+    arrived_.store(0, std::memory_order_relaxed);
     if (arrival) {
       std::string msg = detail::mismatch_message(desc_, members_);
       if (!msg.empty()) {
+        std::lock_guard lk(mu_);
         fail_locked(msg);
         throw CommError(msg);
       }
     }
-    phase_ = my + 1;
-    phase_atomic_.store(my + 1, std::memory_order_release);
-    lk.unlock();
-    cv_.notify_all();
+    phase_.store(my + 1);  // seq_cst, paired with the sleepers_ increment below
+    if (sleepers_.load() > 0) {
+      std::lock_guard lk(mu_);
+      cv_.notify_all();
+    }
     return;
   }
-  lk.unlock();
   if (spin_) {
     for (int i = 0; i < kSpinIterations; ++i) {
-      if (phase_atomic_.load(std::memory_order_acquire) != my) return;
+      if (phase_.load(std::memory_order_acquire) != my) return;
       if (failed_atomic_.load(std::memory_order_relaxed)) break;
       cpu_relax();
     }
   }
-  lk.lock();
+  std::unique_lock lk(mu_);
+  sleepers_.fetch_add(1);
+  struct Awake {
+    std::atomic<int>& n;
+    ~Awake() { n.fetch_sub(1); }
+  } awake{sleepers_};
   for (;;) {
-    if (phase_ != my) return;
+    if (phase_.load() != my) return;
     if (failed_) throw CommError(failure_);
     // A missing device that finished its program can never arrive: fail now, naming it.
     std::vector<int> gone;
@@ -212,7 +223,7 @@ void GroupState::sync(int rank, const detail::CallDesc* arrival, const void* sen
       throw CommError(msg);
     }
     if (cv_.wait_until(lk, deadline) == std::cv_status::timeout) {
-      if (phase_ != my) return;
+      if (phase_.load() != my) return;
       if (failed_) throw CommError(failure_);
       std::string msg = missing_message_locked(rank, missing_locked(rank), true);
       fail_locked(msg);

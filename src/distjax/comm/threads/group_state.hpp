@@ -133,13 +133,16 @@ class GroupState {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  int arrived_ = 0;
-  std::uint64_t phase_ = 0;
-  std::atomic<std::uint64_t> phase_atomic_{0};
+  // Sync points are lock-free on the fast path: ranks count themselves in on `arrived_`,
+  // the last one advances `phase_`; waiters spin briefly, then sleep on cv_ (counted in
+  // `sleepers_`, so the last arriver only takes the mutex when someone sleeps).
+  std::atomic<int> arrived_{0};
+  std::atomic<std::uint64_t> phase_{0};
+  std::atomic<int> sleepers_{0};
   std::atomic<bool> failed_atomic_{false};
-  bool failed_ = false;
+  bool failed_ = false;  // guarded by mu_, like failure_
   std::string failure_;
-  std::vector<std::uint64_t> entered_;  // sync points entered per rank
+  std::unique_ptr<std::atomic<std::uint64_t>[]> entered_;  // sync points entered per rank
   std::vector<detail::CallDesc> desc_;
   std::vector<const void*> send_;
   std::vector<void*> recv_;
