@@ -46,12 +46,7 @@ int main(int argc, char** argv) {
   if (argc > 1) budget = std::atof(argv[1]);
   Writer out;
 
-  const double peak1 = measure_peak_gflops(1);
-  const double peak2 = measure_peak_gflops(2);
-  out.write(json{{"name", "peak_fp32_1thread"}, {"value", peak1}, {"unit", "GFLOP/s"},
-                 {"threads", 1}, {"method", "AVX-512 FMA loop, 16 accumulators"}});
-  out.write(json{{"name", "peak_fp32_2threads"}, {"value", peak2}, {"unit", "GFLOP/s"},
-                 {"threads", 2}, {"method", "AVX-512 FMA loop, 16 accumulators"}});
+  const double peak1 = measure_peak_gflops(1, 1.0);
 
   omp_set_num_threads(1);
   std::mt19937 rng(42);
@@ -162,6 +157,15 @@ int main(int argc, char** argv) {
       out.write(j);
     }
   }
+  // The peak again after the GEMMs (best of both measurements): load from other
+  // processes lowers a measurement, never raises it.
+  const double peak1_end = measure_peak_gflops(1, 1.0);
+  const double peak2 = std::max(measure_peak_gflops(2, 1.0), measure_peak_gflops(2, 0.5));
+  const char* method = "AVX-512 FMA loop, 16 accumulators, best of ~1 ms repetitions";
+  out.write(json{{"name", "peak_fp32_1thread"}, {"value", std::max(peak1, peak1_end)}, {"unit", "GFLOP/s"},
+                 {"threads", 1}, {"method", method}, {"before_gemms", peak1}, {"after_gemms", peak1_end}});
+  out.write(json{{"name", "peak_fp32_2threads"}, {"value", peak2}, {"unit", "GFLOP/s"},
+                 {"threads", 2}, {"method", method}});
   json s = line("gemm_ratio_mean_vs_sgemm", ratio_sum / count, "ratio");
   s["ratio_min"] = ratio_min;
   s["count"] = count;

@@ -79,22 +79,24 @@ __attribute__((target("avx512f"), noinline)) inline float fma_loop_avx512(long i
 
 inline bool cpu_has_avx512f() { return __builtin_cpu_supports("avx512f"); }
 
-/// Measured FP32 peak in GFLOP/s on `threads` threads (each running the FMA loop);
-/// the best of several repetitions. 0 if the CPU lacks AVX-512.
-inline double measure_peak_gflops(int threads, double seconds = 0.4) {
+/// Measured FP32 peak in GFLOP/s on `threads` threads (each running the FMA loop): the
+/// best of many short repetitions (~1 ms each) over `seconds`, so that on a machine
+/// shared with other processes some repetitions run undisturbed. 0 without AVX-512.
+inline double measure_peak_gflops(int threads, double seconds = 0.5) {
   if (!cpu_has_avx512f()) return 0.0;
-  const long iters = 2'000'000;  // 1.024 GFLOP per thread per repetition
+  const long iters = 200'000;  // 0.1024 GFLOP per thread per repetition
   volatile float sink = 0.f;
-  fma_loop_avx512(iters / 10);  // warm up (clock ramp, AVX-512 licence)
+  fma_loop_avx512(iters);  // warm up (clock ramp, AVX-512 licence)
   double best = 0.0;
   const auto start = Clock::now();
   int reps = 0;
-  while (reps < 3 || seconds_since(start) < seconds) {
+  while (reps < 5 || seconds_since(start) < seconds) {
     std::vector<std::thread> pool;
     std::vector<float> res(threads);
     const auto t0 = Clock::now();
-    for (int t = 0; t < threads; ++t)
+    for (int t = 1; t < threads; ++t)
       pool.emplace_back([&res, t, iters] { res[t] = fma_loop_avx512(iters); });
+    res[0] = fma_loop_avx512(iters);
     for (auto& th : pool) th.join();
     const double dt = seconds_since(t0);
     for (float r : res) sink = sink + r;
@@ -114,7 +116,10 @@ class Writer {
   Writer() {
     if (const char* p = std::getenv("DISTJAX_BENCH_OUT"); p && *p) path_ = p;
   }
-  void write(const json& j) {
+  void write(json j) {
+    // bench/run.sh repeats some runs in rounds; each line says which.
+    if (const char* r = std::getenv("DISTJAX_BENCH_ROUND"); r && *r && !j.contains("round"))
+      j["round"] = std::atoi(r);
     if (!path_.empty()) {
       std::ofstream f(path_, std::ios::app);
       f << j.dump() << '\n';

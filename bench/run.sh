@@ -4,7 +4,7 @@
 # line to bench/results/latest.jsonl, then prints a summary table with the ratios.
 #
 #   bash bench/run.sh [BUILD_DIR]        (default: build)
-#   BENCH_SECONDS=5   timed seconds per model and configuration in the training benchmarks
+#   BENCH_SECONDS=4   timed seconds per model, configuration and round in the training benchmarks
 #   BENCH_SKIP_JAX=1  skip the JAX reference (no venv, no pip)
 #   BENCH_NO_INSTALL=1  never install packages (PyTorch, OpenBLAS, the JAX venv)
 set -uo pipefail
@@ -12,7 +12,7 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${1:-build}"
 case "$BUILD" in /*) ;; *) BUILD="$ROOT/$BUILD" ;; esac
-SECONDS_PER="${BENCH_SECONDS:-5}"
+SECONDS_PER="${BENCH_SECONDS:-4}"
 RESULTS="$ROOT/bench/results"
 OUT="$RESULTS/latest.jsonl"
 mkdir -p "$RESULTS"
@@ -111,23 +111,23 @@ run_jax() {
 if [ ! -d "$BUILD" ]; then
   note bench_build_missing "no build directory $BUILD (run make build first)"
 fi
-# Training throughput first, alternating frameworks so that load from other processes
-# hits all of them alike; then GEMM and the other bench_* executables.
-if [ -x "$BUILD/bench_train" ]; then
-  run_native "$BUILD/bench_train" --seconds "$SECONDS_PER" --phases
-fi
-run_torch
-run_jax
-if [ -x "$BUILD/bench_train" ]; then
-  run_native "$BUILD/bench_train" --seconds "$SECONDS_PER" --threads 1
-fi
-run_torch --threads 1
-run_torch --threads 2
-# DistJax again with OpenMP threads that sleep instead of spinning while they wait: on a
-# machine whose cores are shared with other processes this matters a lot (see README).
-if [ -x "$BUILD/bench_train" ]; then
-  OMP_WAIT_POLICY=PASSIVE run_native "$BUILD/bench_train" --seconds "$SECONDS_PER" --tag omp_passive
-fi
+# Training throughput first, in two rounds that alternate the frameworks, so that load
+# from other processes hits all of them alike; comparisons take each configuration's
+# best round (bench/summarize.py). Then GEMM and the other bench_* executables.
+for round in 1 2; do
+  export DISTJAX_BENCH_ROUND=$round
+  extra=(); [ $round = 1 ] && extra=(--phases)
+  [ -x "$BUILD/bench_train" ] && run_native "$BUILD/bench_train" --seconds "$SECONDS_PER" "${extra[@]}"
+  run_torch
+  [ $round = 1 ] && run_jax
+  [ -x "$BUILD/bench_train" ] && run_native "$BUILD/bench_train" --seconds "$SECONDS_PER" --threads 1
+  run_torch --threads 1
+  # DistJax with OpenMP threads that sleep instead of spinning while they wait: on a
+  # machine whose cores are shared with other processes this matters a lot (README).
+  [ -x "$BUILD/bench_train" ] && OMP_WAIT_POLICY=PASSIVE run_native "$BUILD/bench_train" --seconds "$SECONDS_PER" --tag omp_passive
+  [ $round = 2 ] && run_torch --threads 2
+done
+unset DISTJAX_BENCH_ROUND
 
 for exe in "$BUILD"/bench_*; do
   [ -x "$exe" ] && [ -f "$exe" ] || continue

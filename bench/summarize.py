@@ -24,40 +24,71 @@ def load(path):
     return recs
 
 
-def comparisons(by_name):
+def best_by_name(recs):
+    """name -> the record with the highest value (runs repeated in rounds), plus the
+    list of all values of that name."""
+    best, values = {}, {}
+    for r in recs:
+        n, v = r.get("name"), r.get("value")
+        if n is None:
+            continue
+        values.setdefault(n, []).append(v)
+        if n not in best or (isinstance(v, (int, float)) and
+                             (not isinstance(best[n].get("value"), (int, float)) or v > best[n]["value"])):
+            best[n] = r
+    return best, values
+
+
+def run_peaks(recs):
+    """threads -> best measured FP32 peak (GFLOP/s) of any peak line in this run."""
+    peaks = {}
+    for r in recs:
+        if str(r.get("name", "")).startswith("peak_fp32") and isinstance(r.get("value"), (int, float)):
+            t = r.get("threads")
+            peaks[t] = max(peaks.get(t, 0.0), r["value"])
+    return peaks
+
+
+def comparisons(by_name, values, peaks):
     out = []
     for model, unit in (("mlp", "examples_per_s"), ("gpt", "tokens_per_s")):
-        ours_default = by_name.get(f"distjax_{model}_train_{unit}_threads_default")
-        ours_1 = by_name.get(f"distjax_{model}_train_{unit}_threads_1")
+        def get(fw, tag):
+            return f"{fw}_{model}_train_{unit}_{tag}", by_name.get(f"{fw}_{model}_train_{unit}_{tag}")
+        ours_default = get("distjax", "threads_default")
+        ours_1 = get("distjax", "threads_1")
         pairs = [
-            (f"{model}_train_{unit}_vs_pytorch", ours_default,
-             by_name.get(f"pytorch_{model}_train_{unit}_threads_default"), 1.5,
+            (f"{model}_train_{unit}_vs_pytorch", ours_default, get("pytorch", "threads_default"), 1.5,
              "both at their default threads"),
-            (f"{model}_train_{unit}_vs_jax", ours_default,
-             by_name.get(f"jax_{model}_train_{unit}_threads_default"), None,
+            (f"{model}_train_{unit}_vs_jax", ours_default, get("jax", "threads_default"), None,
              "both at their default threads; JAX = one jitted step"),
-            (f"{model}_train_{unit}_vs_pytorch_1thread", ours_1,
-             by_name.get(f"pytorch_{model}_train_{unit}_threads_1"), None,
+            (f"{model}_train_{unit}_vs_pytorch_1thread", ours_1, get("pytorch", "threads_1"), None,
              "both restricted to 1 thread (PyTorch: set_num_threads(1), OPENBLAS_NUM_THREADS=1)"),
         ]
-        if ours_default and ours_default.get("threads") == 2:
+        if ours_default[1] and ours_default[1].get("threads") == 2:
             pairs.append((f"{model}_train_{unit}_vs_pytorch_2threads", ours_default,
-                          by_name.get(f"pytorch_{model}_train_{unit}_threads_2"), None,
+                          get("pytorch", "threads_2"), None,
                           "both on 2 threads (PyTorch: set_num_threads(2))"))
-        passive = by_name.get(f"distjax_{model}_train_{unit}_threads_default_omp_passive")
-        pairs.append((f"{model}_train_{unit}_vs_pytorch_omp_passive", passive,
-                      by_name.get(f"pytorch_{model}_train_{unit}_threads_default"), None,
-                      "DistJax with OMP_WAIT_POLICY=PASSIVE vs PyTorch at its defaults"))
-        for name, ours, base, target, how in pairs:
+        pairs.append((f"{model}_train_{unit}_vs_pytorch_omp_passive",
+                      get("distjax", "threads_default_omp_passive"), get("pytorch", "threads_default"),
+                      None, "DistJax with OMP_WAIT_POLICY=PASSIVE vs PyTorch at its defaults"))
+        for name, (oname, ours), (bname, base), target, how in pairs:
             if not ours or not base or not base.get("value") or not ours.get("value"):
                 continue
             rec = {"name": name, "value": ours["value"], "unit": ours["unit"],
-                   "baseline": f"{base['framework']} {base.get('version', '')} ({base['name']})",
+                   "baseline": f"{base['framework']} {base.get('version', '')} ({bname})",
                    "baseline_value": base["value"], "ratio": ours["value"] / base["value"],
-                   "better": "higher", "threads": ours.get("threads"),
-                   "baseline_threads": base.get("threads"), "how": how,
-                   "gflops": ours.get("gflops"), "baseline_gflops": base.get("gflops"),
-                   "fraction_of_peak": ours.get("fraction_of_peak")}
+                   "better": "higher", "how": how + "; best round of each",
+                   "values_by_round": values.get(oname), "baseline_values_by_round": values.get(bname),
+                   "threads": ours.get("threads"), "baseline_threads": base.get("threads"),
+                   "gflops": ours.get("gflops"), "baseline_gflops": base.get("gflops")}
+            try:  # the same comparison from each side's fastest single step
+                rec["ratio_fastest_step"] = base["step_time_min_s"] / ours["step_time_min_s"]
+            except (KeyError, TypeError, ZeroDivisionError):
+                pass
+            peak = peaks.get(ours.get("threads"))
+            if peak and ours.get("gflops"):
+                rec["fraction_of_peak"] = ours["gflops"] / peak
+                rec["peak_gflops"] = peak
             if base.get("blas"):
                 rec["baseline_blas"] = base["blas"]
             if target:
@@ -87,27 +118,36 @@ def fmt(v):
 def main():
     path = sys.argv[1] if len(sys.argv) > 1 else "bench/results/latest.jsonl"
     recs = load(path)
-    by_name = {r.get("name"): r for r in recs}
-    new = [c for c in comparisons(by_name) if c["name"] not in by_name]
+    by_name, values = best_by_name(recs)
+    peaks = run_peaks(recs)
+    new = [c for c in comparisons(by_name, values, peaks) if c["name"] not in by_name]
     with open(path, "a") as f:
         for c in new:
             f.write(json.dumps(c) + "\n")
-    recs += new
+    for c in new:
+        by_name[c["name"]] = c
+        values[c["name"]] = [c["value"]]
 
     rows = []
-    for r in recs:
-        extra = ""
-        if "fraction_of_peak" in r and r["fraction_of_peak"] is not None:
-            extra = f"{100 * r['fraction_of_peak']:.0f}% peak"
+    for name, r in by_name.items():
+        note = ""
+        gf = r.get("gflops") if r.get("gflops") is not None else (
+            r.get("value") if r.get("unit") == "GFLOP/s" and not name.startswith("peak") else None)
+        peak = peaks.get(r.get("threads"))
+        if isinstance(gf, (int, float)) and peak:
+            note = f"{100 * gf / peak:.0f}% of peak"
+        if len(values.get(name, [])) > 1:
+            note = (note + f" best of {len(values[name])}").strip()
         if r.get("unit") == "unavailable":
-            extra = str(r.get("reason", ""))[:60]
-        rows.append((r.get("name", "?"), fmt(r.get("value")), r.get("unit", ""),
-                     fmt(r.get("baseline_value")), fmt(r.get("ratio")), extra))
+            note = str(r.get("reason", ""))[:60]
+        rows.append((name, fmt(r.get("value")), r.get("unit", ""),
+                     fmt(r.get("baseline_value")), fmt(r.get("ratio")), note))
     w = [max(len(str(x[i])) for x in rows + [("name", "value", "unit", "baseline", "ratio", "")])
          for i in range(6)]
-    w[0] = min(w[0], 58)
+    w[0] = min(w[0], 60)
     print()
-    print("DistJax benchmark summary  (ratio > 1: DistJax better; baselines measured in this run)")
+    print("DistJax benchmark summary  (ratio > 1: DistJax better; baselines measured in this run;")
+    print(f"peaks: {', '.join(f'{t} thread(s) {p:.0f} GFLOP/s' for t, p in sorted(peaks.items(), key=lambda kv: str(kv[0])))})")
     hdr = ("name", "value", "unit", "baseline", "ratio", "note")
     print("  ".join(str(h).ljust(w[i]) for i, h in enumerate(hdr)))
     print("  ".join("-" * w[i] for i in range(6)))
@@ -119,6 +159,10 @@ def main():
         if "target" in c:
             print(f"{c['name']}: ratio {c['ratio']:.2f} vs target {c['target']} -> "
                   f"{'met' if c['meets_target'] else 'NOT met'}")
+    g = by_name.get("gemm_ratio_mean_vs_sgemm")
+    if g:
+        print(f"GEMM vs dnnl_sgemm (1 thread): mean ratio {g['value']:.2f}, min {g.get('ratio_min', 0):.2f} "
+              f"(target {g.get('target', 0.9)})")
 
 
 if __name__ == "__main__":

@@ -227,6 +227,8 @@ def main():
         r = dict(name=f"jax_{m}_train_{unit_tag}_threads_default", framework="jax",
                  version=jax.__version__, backend=jax.default_backend(),
                  threads=os.cpu_count(), threads_setting="default (XLA CPU thread pool)", **r)
+        if os.environ.get("DISTJAX_BENCH_ROUND"):
+            r["round"] = int(os.environ["DISTJAX_BENCH_ROUND"])
         line = json.dumps(r)
         print(line, flush=True)
         if args.out:

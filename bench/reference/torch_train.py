@@ -205,6 +205,8 @@ def main():
         r = dict(name=f"pytorch_{m}_train_{unit_tag}_{tag}", framework="pytorch",
                  version=torch.__version__, threads=threads, blas=loaded_blas(),
                  threads_setting="default" if args.threads == 0 else "set", **r)
+        if os.environ.get("DISTJAX_BENCH_ROUND"):
+            r["round"] = int(os.environ["DISTJAX_BENCH_ROUND"])
         line = json.dumps(r)
         print(line, flush=True)
         if args.out:
