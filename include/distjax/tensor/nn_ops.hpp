@@ -23,12 +23,13 @@ Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps = 1e-6f);
 Tensor embedding(const Tensor& table, const Tensor& ids);
 
 /// Per-example cross-entropy: logits (..., V) f32, labels (...) i32/i64 in [0, V) ->
-/// (...) losses, computed as logsumexp(logits) - logits[label] in one fused pass.
+/// (...) losses, computed as logsumexp(logits) - logits[label] in one fused pass. The
+/// backward is softmax(logits) - onehot(label), rebuilt from the saved row log-sum-exp.
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels);
 
 /// Inverted dropout: keeps each element with probability 1 - rate and scales by
 /// 1 / (1 - rate). The mask comes from `key` only, so a key gives the same mask on
-/// every run. rate == 0 returns x.
+/// every run. rate == 0 returns x; rate must be in [0, 1).
 Tensor dropout(const Tensor& x, float rate, const Key& key);
 
 }  // namespace distjax::tensor
