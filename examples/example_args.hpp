@@ -58,8 +58,10 @@ class Args {
               *p = value;
             } else {
               char* end = nullptr;
-              if constexpr (std::is_same_v<T, long long>) *p = std::strtoll(value.c_str(), &end, 10);
-              else *p = std::strtod(value.c_str(), &end);
+              if constexpr (std::is_same_v<T, long long>)
+                *p = std::strtoll(value.c_str(), &end, 10);
+              else
+                *p = std::strtod(value.c_str(), &end);
               if (value.empty() || *end != '\0')
                 fail("flag --" + name + ": '" + value + "' is not a number");
             }

@@ -3,12 +3,12 @@
 // metrics.jsonl and summary.json into --out.
 //
 //   ./build/train_gpt --out runs/gpt [--steps 600 --batch-size 16 --seq-len 64 --d-model 128]
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <algorithm>
 #include <exception>
-#include <vector>
 #include <numbers>
+#include <vector>
 
 #include "distjax/data/text_corpus.hpp"
 #include "distjax/models/transformer.hpp"
@@ -46,17 +46,21 @@ std::string sample(const models::Transformer& model, const TensorTree& params,
   tensor::NoGradGuard no_grad;
   std::string text = prompt;
   for (int i = 0; i < n; ++i) {
-    const std::size_t start = text.size() > static_cast<std::size_t>(max_len) ? text.size() - max_len : 0;
+    const std::size_t start =
+        text.size() > static_cast<std::size_t>(max_len) ? text.size() - max_len : 0;
     std::vector<std::int32_t> ids(text.begin() + start, text.end());
-    for (auto& id : ids) id &= 0xff;
+    for (auto& id : ids)
+      id &= 0xff;
     const auto t = static_cast<std::int64_t>(ids.size());
     Tensor logits = model.apply(params, Tensor::from_vector(ids, {1, t}), false, Key());
     const float* last = logits.data<float>() + (t - 1) * 256;
     float top = last[0];
-    for (int v = 1; v < 256; ++v) top = std::max(top, last[v]);
+    for (int v = 1; v < 256; ++v)
+      top = std::max(top, last[v]);
     std::vector<double> p(256);
     double total = 0;
-    for (int v = 0; v < 256; ++v) total += p[v] = std::exp((last[v] - top) / 0.8);
+    for (int v = 0; v < 256; ++v)
+      total += p[v] = std::exp((last[v] - top) / 0.8);
     float u = 0;
     random_uniform(key.fold_in(static_cast<std::uint64_t>(i)), &u, 1);
     double acc = 0;
@@ -90,12 +94,17 @@ int run(int argc, char** argv) {
   long long& eval_batches = args.flag("eval-batches", 8LL, "validation batches per evaluation");
   long long& log_every = args.flag("log-every", 50LL, "steps between progress lines");
   long long& seed = args.flag("seed", 0LL, "seed of initialisation and batch sampling");
-  std::string& data_dir = args.flag("data", std::string(data::kFortunesDir), "directory of text files");
+  std::string& data_dir =
+      args.flag("data", std::string(data::kFortunesDir), "directory of text files");
   args.parse(argc, argv);
 
   data::ByteCorpus corpus = data::load_fortunes(data_dir, 0.05);
-  const std::vector<train::Batch> val = data::sequential_windows(corpus.validation, batch_size, seq_len, eval_batches);
-  models::Transformer model({.vocab = 256, .d_model = d_model, .num_layers = layers, .num_heads = heads,
+  const std::vector<train::Batch> val =
+      data::sequential_windows(corpus.validation, batch_size, seq_len, eval_batches);
+  models::Transformer model({.vocab = 256,
+                             .d_model = d_model,
+                             .num_layers = layers,
+                             .num_heads = heads,
                              .max_len = seq_len});
   optim::AdamW opt({.learning_rate = optim::warmup_cosine_schedule(
                         0.0, lr, std::min<std::int64_t>(warmup, steps - 1), steps, lr * 0.1),
@@ -107,31 +116,41 @@ int run(int argc, char** argv) {
       train::TrainState::create(model.init(root.fold_in(std::string_view("init"))), opt,
                                 root.fold_in(std::string_view("dropout")));
   const Key data_key = root.fold_in(std::string_view("data"));
-  std::printf("Corpus %s: %zu train / %zu validation bytes\n", data_dir.c_str(), corpus.train.size(),
-              corpus.validation.size());
-  std::printf("GPT L=%lld C=%lld H=%lld T=%lld: %lld parameters, %.1f MFLOP/token | %lld steps x %lld sequences\n",
-              layers, d_model, heads, seq_len, static_cast<long long>(state.params.num_elements()),
-              model.flops_per_token() / 1e6, steps, batch_size);
+  std::printf("Corpus %s: %zu train / %zu validation bytes\n", data_dir.c_str(),
+              corpus.train.size(), corpus.validation.size());
+  std::printf(
+      "GPT L=%lld C=%lld H=%lld T=%lld: %lld parameters, %.1f MFLOP/token | %lld steps x %lld "
+      "sequences\n",
+      layers, d_model, heads, seq_len, static_cast<long long>(state.params.num_elements()),
+      model.flops_per_token() / 1e6, steps, batch_size);
   std::printf("Validation: %zu batches x %lld x %lld bytes; uniform guessing is 8 bits per byte\n",
               val.size(), batch_size, seq_len);
 
   const train::LossFn train_loss = make_loss(model, true);
   const train::LossFn eval_loss = make_loss(model, false);
-  train::Trainer trainer({.out_dir = out, .total_steps = steps, .log_every = log_every,
-                          .items_per_example = static_cast<double>(seq_len), .items_name = "tokens"},
-                         opt, train_loss, {.num_minibatches = static_cast<int>(minibatches), .max_grad_norm = 1.0});
+  train::Trainer trainer({.out_dir = out,
+                          .total_steps = steps,
+                          .log_every = log_every,
+                          .items_per_example = static_cast<double>(seq_len),
+                          .items_name = "tokens"},
+                         opt, train_loss,
+                         {.num_minibatches = static_cast<int>(minibatches), .max_grad_norm = 1.0});
   trainer.evaluate(state, val, eval_loss);
   const double initial_bpb = trainer.last_eval().at("bits_per_byte");
   while (state.step < steps) {
-    trainer.step(state, data::sample_windows(corpus.train, batch_size, seq_len,
-                                             data_key.fold_in(static_cast<std::uint64_t>(state.step))));
-    if (state.step % eval_every == 0 || state.step == steps) trainer.evaluate(state, val, eval_loss);
+    trainer.step(state,
+                 data::sample_windows(corpus.train, batch_size, seq_len,
+                                      data_key.fold_in(static_cast<std::uint64_t>(state.step))));
+    if (state.step % eval_every == 0 || state.step == steps)
+      trainer.evaluate(state, val, eval_loss);
   }
   const double bpb = trainer.last_eval().at("bits_per_byte");
-  trainer.finish(state, {{"val_bits_per_byte", bpb}, {"initial_val_bits_per_byte", initial_bpb},
+  trainer.finish(state, {{"val_bits_per_byte", bpb},
+                         {"initial_val_bits_per_byte", initial_bpb},
                          {"flops_per_token", model.flops_per_token()}});
   std::printf("Validation bits per byte: %.3f -> %.3f\n", initial_bpb, bpb);
-  std::string text = sample(model, state.params, "The ", 120, seq_len, root.fold_in(std::string_view("sample")));
+  std::string text =
+      sample(model, state.params, "The ", 120, seq_len, root.fold_in(std::string_view("sample")));
   for (char& c : text)
     if (c == '\n') c = ' ';
   std::printf("Sample: %s\n", text.c_str());

@@ -27,7 +27,8 @@ double count_correct(const Tensor& logits, const Tensor& labels) {
   const auto pred = tensor::argmax(logits.detach(), -1).to_vector<std::int64_t>();
   const std::int32_t* y = labels.data<std::int32_t>();
   double correct = 0;
-  for (std::size_t i = 0; i < pred.size(); ++i) correct += pred[i] == y[i];
+  for (std::size_t i = 0; i < pred.size(); ++i)
+    correct += pred[i] == y[i];
   return correct;
 }
 
@@ -61,38 +62,49 @@ int run(int argc, char** argv) {
   std::printf("Loading Fashion-MNIST from %s\n", data_dir.c_str());
   data::ArrayDataset train_set = data::load_fashion_mnist(data::Split::Train, data_dir);
   data::ArrayDataset test_set = data::load_fashion_mnist(data::Split::Test, data_dir);
-  data::DataLoader loader(train_set, {.batch_size = batch_size, .seed = static_cast<std::uint64_t>(seed)});
+  data::DataLoader loader(train_set,
+                          {.batch_size = batch_size, .seed = static_cast<std::uint64_t>(seed)});
   const std::vector<train::Batch> test_batches = test_set.batches(1000);
 
-  models::Classifier model({.in_features = 784, .hidden = hidden, .num_classes = 10,
+  models::Classifier model({.in_features = 784,
+                            .hidden = hidden,
+                            .num_classes = 10,
                             .dropout = static_cast<float>(dropout)});
   const std::int64_t steps_per_epoch = loader.batches_per_epoch();
   const std::int64_t total_steps = epochs * steps_per_epoch;
-  optim::AdamW opt({.learning_rate = optim::warmup_cosine_schedule(
-                        0.0, lr, std::min<std::int64_t>(warmup, total_steps - 1), total_steps, lr * 0.01),
-                    .weight_decay = weight_decay,
-                    .decay_mask = optim::default_decay_mask()});
+  optim::AdamW opt(
+      {.learning_rate = optim::warmup_cosine_schedule(
+           0.0, lr, std::min<std::int64_t>(warmup, total_steps - 1), total_steps, lr * 0.01),
+       .weight_decay = weight_decay,
+       .decay_mask = optim::default_decay_mask()});
   const Key root = Key::from_seed(static_cast<std::uint64_t>(seed));
-  train::TrainState state = train::TrainState::create(model.init(root.fold_in(std::string_view("init"))),
-                                                      opt, root.fold_in(std::string_view("dropout")));
-  std::printf("Classifier 784-%lld-10: %lld parameters | train %lld, test %lld images | %lld epochs x %lld steps, batch %lld\n",
-              static_cast<long long>(hidden), static_cast<long long>(state.params.num_elements()),
-              static_cast<long long>(train_set.size()), static_cast<long long>(test_set.size()),
-              epochs, static_cast<long long>(steps_per_epoch), batch_size);
+  train::TrainState state =
+      train::TrainState::create(model.init(root.fold_in(std::string_view("init"))), opt,
+                                root.fold_in(std::string_view("dropout")));
+  std::printf(
+      "Classifier 784-%lld-10: %lld parameters | train %lld, test %lld images | %lld epochs x %lld "
+      "steps, batch %lld\n",
+      static_cast<long long>(hidden), static_cast<long long>(state.params.num_elements()),
+      static_cast<long long>(train_set.size()), static_cast<long long>(test_set.size()), epochs,
+      static_cast<long long>(steps_per_epoch), batch_size);
 
   const train::LossFn train_loss = make_loss(model, true);
   const train::LossFn eval_loss = make_loss(model, false);
-  train::Trainer trainer({.out_dir = out, .total_steps = total_steps, .log_every = log_every},
-                         opt, train_loss);
+  train::Trainer trainer({.out_dir = out, .total_steps = total_steps, .log_every = log_every}, opt,
+                         train_loss);
   for (long long e = 0; e < epochs; ++e) {
-    for (std::int64_t s = 0; s < steps_per_epoch; ++s) trainer.step(state, loader.next());
+    for (std::int64_t s = 0; s < steps_per_epoch; ++s)
+      trainer.step(state, loader.next());
     trainer.evaluate(state, test_batches, eval_loss);
   }
   const double acc = trainer.last_eval().at("accuracy");
   const double loss = trainer.last_eval().at("loss");
-  trainer.finish(state, {{"test_accuracy", acc}, {"test_loss", loss}, {"epochs", double(epochs)},
+  trainer.finish(state, {{"test_accuracy", acc},
+                         {"test_loss", loss},
+                         {"epochs", double(epochs)},
                          {"batch_size", double(batch_size)}});
-  std::printf("Final test accuracy: %.2f%% (loss %.4f) after %lld epochs\n", 100.0 * acc, loss, epochs);
+  std::printf("Final test accuracy: %.2f%% (loss %.4f) after %lld epochs\n", 100.0 * acc, loss,
+              epochs);
   return 0;
 }
 

@@ -19,7 +19,8 @@ class FixtureDir : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() /
-           ("distjax_fmnist_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+           ("distjax_fmnist_" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -28,10 +29,12 @@ class FixtureDir : public ::testing::Test {
   void write_split(const std::string& prefix, std::int64_t n, std::int64_t n_labels = -1) {
     IdxArray images{{n, 28, 28}, {}};
     for (std::int64_t i = 0; i < n; ++i)
-      for (int k = 0; k < 784; ++k) images.data.push_back(static_cast<std::uint8_t>((i * 7 + k) % 256));
+      for (int k = 0; k < 784; ++k)
+        images.data.push_back(static_cast<std::uint8_t>((i * 7 + k) % 256));
     if (n_labels < 0) n_labels = n;
     IdxArray labels{{n_labels}, {}};
-    for (std::int64_t i = 0; i < n_labels; ++i) labels.data.push_back(static_cast<std::uint8_t>(i % 10));
+    for (std::int64_t i = 0; i < n_labels; ++i)
+      labels.data.push_back(static_cast<std::uint8_t>(i % 10));
     write_idx((dir_ / (prefix + "-images-idx3-ubyte.gz")).string(), images);
     write_idx((dir_ / (prefix + "-labels-idx1-ubyte.gz")).string(), labels);
   }
@@ -99,7 +102,8 @@ TEST_F(FixtureDir, MissingFilesNameTheDebianPackage) {
     FAIL() << "expected IoError";
   } catch (const IoError& e) {
     EXPECT_NE(std::string(e.what()).find("dataset-fashion-mnist"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("train-images-idx3-ubyte.gz"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("train-images-idx3-ubyte.gz"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -116,8 +120,10 @@ TEST(FashionMnist, RealDataSetIfInstalled) {
   ArrayDataset test = load_fashion_mnist(Split::Test);
   EXPECT_EQ(test.inputs.shape(), (Shape{10000, 784}));
   std::vector<int> per_class(10, 0);
-  for (std::int32_t y : test.labels.to_vector<std::int32_t>()) per_class.at(y)++;
-  for (int c = 0; c < 10; ++c) EXPECT_EQ(per_class[c], 1000) << "class " << c;  // balanced set
+  for (std::int32_t y : test.labels.to_vector<std::int32_t>())
+    per_class.at(y)++;
+  for (int c = 0; c < 10; ++c)
+    EXPECT_EQ(per_class[c], 1000) << "class " << c;  // balanced set
   float lo = 1.f, hi = 0.f;
   double total = 0;
   const float* x = test.inputs.data<float>();

@@ -24,13 +24,16 @@ ArrayDataset indexed(std::int64_t n) {
   return {Tensor::from_vector(x, {n, 2}), Tensor::from_vector(y, {n})};
 }
 
-std::vector<std::int32_t> ids(const train::Batch& b) { return b.labels.to_vector<std::int32_t>(); }
+std::vector<std::int32_t> ids(const train::Batch& b) {
+  return b.labels.to_vector<std::int32_t>();
+}
 
 TEST(RandomPermutation, IsAPermutationAndDependsOnTheKey) {
   auto p = random_permutation(100, Key::from_seed(1));
   std::vector<std::int64_t> sorted = p;
   std::sort(sorted.begin(), sorted.end());
-  for (std::int64_t i = 0; i < 100; ++i) EXPECT_EQ(sorted[i], i);
+  for (std::int64_t i = 0; i < 100; ++i)
+    EXPECT_EQ(sorted[i], i);
   EXPECT_EQ(random_permutation(100, Key::from_seed(1)), p);
   EXPECT_NE(random_permutation(100, Key::from_seed(2)), p);
 }
@@ -45,7 +48,8 @@ TEST(DataLoader, EpochVisitsEveryExampleOnceAndReshuffles) {
     // inputs and labels stay paired.
     auto x = b.inputs.to_vector<float>();
     auto y = ids(b);
-    for (int r = 0; r < 4; ++r) EXPECT_EQ(x[2 * r], static_cast<float>(y[r]));
+    for (int r = 0; r < 4; ++r)
+      EXPECT_EQ(x[2 * r], static_cast<float>(y[r]));
     epoch0.insert(epoch0.end(), y.begin(), y.end());
   }
   EXPECT_EQ(loader.position(), (LoaderPosition{1, 0}));
@@ -56,21 +60,25 @@ TEST(DataLoader, EpochVisitsEveryExampleOnceAndReshuffles) {
   EXPECT_EQ(std::set<std::int32_t>(epoch0.begin(), epoch0.end()).size(), 12u);
   EXPECT_NE(epoch0, epoch1);
   std::vector<std::int32_t> identity(12);
-  for (int i = 0; i < 12; ++i) identity[i] = i;
+  for (int i = 0; i < 12; ++i)
+    identity[i] = i;
   EXPECT_NE(epoch0, identity);
 }
 
 TEST(DataLoader, ResumesFromAPosition) {
   DataLoader a(indexed(20), {.batch_size = 3, .seed = 11});
-  for (int i = 0; i < 8; ++i) a.next();  // 6 batches per epoch: now in epoch 1
+  for (int i = 0; i < 8; ++i)
+    a.next();  // 6 batches per epoch: now in epoch 1
   const LoaderPosition pos = a.position();
   EXPECT_EQ(pos, (LoaderPosition{1, 2}));
   std::vector<std::vector<std::int32_t>> rest;
-  for (int i = 0; i < 7; ++i) rest.push_back(ids(a.next()));
+  for (int i = 0; i < 7; ++i)
+    rest.push_back(ids(a.next()));
 
   DataLoader b(indexed(20), {.batch_size = 3, .seed = 11});
   b.seek(pos);
-  for (int i = 0; i < 7; ++i) EXPECT_EQ(ids(b.next()), rest[i]) << "batch " << i;
+  for (int i = 0; i < 7; ++i)
+    EXPECT_EQ(ids(b.next()), rest[i]) << "batch " << i;
   EXPECT_THROW(b.seek({0, 6}), InvalidArgument);
 }
 
@@ -106,8 +114,10 @@ TEST(Synthetic, ClassificationIsDeterministicAndBalancedEnough) {
   EXPECT_EQ(a.inputs.to_vector<float>(), b.inputs.to_vector<float>());
   EXPECT_EQ(a.labels.to_vector<std::int32_t>(), b.labels.to_vector<std::int32_t>());
   std::vector<int> counts(3, 0);
-  for (auto y : a.labels.to_vector<std::int32_t>()) counts.at(y)++;
-  for (int c : counts) EXPECT_GT(c, 30);
+  for (auto y : a.labels.to_vector<std::int32_t>())
+    counts.at(y)++;
+  for (int c : counts)
+    EXPECT_GT(c, 30);
 }
 
 TEST(Synthetic, TokensFollowAFixedPermutation) {

@@ -13,11 +13,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::vector<std::uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
+std::vector<std::uint8_t> bytes_of(const std::string& s) {
+  return {s.begin(), s.end()};
+}
 
 TEST(ByteCorpus, SplitsByPosition) {
   std::vector<std::uint8_t> b(100);
-  for (int i = 0; i < 100; ++i) b[i] = static_cast<std::uint8_t>(i);
+  for (int i = 0; i < 100; ++i)
+    b[i] = static_cast<std::uint8_t>(i);
   ByteCorpus c = ByteCorpus::from_bytes(b, 0.05);
   ASSERT_EQ(c.train.size(), 95u);
   ASSERT_EQ(c.validation.size(), 5u);
@@ -51,7 +54,8 @@ TEST(ReadTextFiles, SortedPlainFilesOnly) {
 
 TEST(SampleWindows, TargetsAreInputsShiftedByOne) {
   std::vector<std::uint8_t> b(50);
-  for (int i = 0; i < 50; ++i) b[i] = static_cast<std::uint8_t>(i * 3);
+  for (int i = 0; i < 50; ++i)
+    b[i] = static_cast<std::uint8_t>(i * 3);
   train::Batch batch = sample_windows(b, 6, 8, Key::from_seed(1));
   EXPECT_EQ(batch.inputs.shape(), (Shape{6, 8}));
   EXPECT_EQ(batch.labels.dtype(), DType::I32);
@@ -76,7 +80,8 @@ TEST(SampleWindows, TargetsAreInputsShiftedByOne) {
 
 TEST(SequentialWindows, CoverTheTextInOrder) {
   std::vector<std::uint8_t> b(23);
-  for (int i = 0; i < 23; ++i) b[i] = static_cast<std::uint8_t>(i);
+  for (int i = 0; i < 23; ++i)
+    b[i] = static_cast<std::uint8_t>(i);
   // (23 - 1) / 5 = 4 windows -> 2 batches of 2.
   auto batches = sequential_windows(b, 2, 5);
   ASSERT_EQ(batches.size(), 2u);

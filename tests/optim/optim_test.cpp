@@ -33,7 +33,8 @@ std::vector<float> run(const Optimizer& opt, const std::string& path = "layer/ke
 
 void expect_near(const std::vector<float>& got, const std::vector<float>& want, float tol = 2e-7f) {
   ASSERT_EQ(got.size(), want.size());
-  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], tol) << "element " << i;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    EXPECT_NEAR(got[i], want[i], tol) << "element " << i;
 }
 
 TEST(SGD, MatchesTorchPlain) {
@@ -94,7 +95,8 @@ TEST(AdamW, MatchesTorchDecoupledWeightDecay) {
 }
 
 TEST(AdamW, MaskedLeafIsNotDecayed) {
-  AdamW opt({.learning_rate = constant_schedule(0.01), .weight_decay = 0.1,
+  AdamW opt({.learning_rate = constant_schedule(0.01),
+             .weight_decay = 0.1,
              .decay_mask = default_decay_mask()});
   EXPECT_TRUE(opt.decays("blocks/0/mlp/fc1/kernel"));
   EXPECT_FALSE(opt.decays("blocks/0/mlp/fc1/bias"));

@@ -43,7 +43,8 @@ TEST(Schedule, WarmupCosineMatchesOptaxFormula) {
   EXPECT_NEAR(s(110), 0.1, 1e-12);
   EXPECT_NEAR(s(1000), 0.1, 1e-12);
   // Monotone decreasing after the peak.
-  for (int i = 10; i < 110; ++i) EXPECT_GE(s(i), s(i + 1));
+  for (int i = 10; i < 110; ++i)
+    EXPECT_GE(s(i), s(i + 1));
   EXPECT_THROW(warmup_cosine_schedule(0.0, 1.0, 10, 10), InvalidArgument);
 }
 

@@ -17,7 +17,9 @@ TensorTree copy(const TensorTree& t) {
   return t.map([](const Tensor& x) { return x.clone(); });
 }
 
-TrainState copy(const TrainState& s) { return TrainState{s.step, copy(s.params), copy(s.opt_state), s.rng}; }
+TrainState copy(const TrainState& s) {
+  return TrainState{s.step, copy(s.params), copy(s.opt_state), s.rng};
+}
 
 struct Experiment {
   models::Classifier model{{.in_features = 10, .hidden = 16, .num_classes = 3, .dropout = 0.2f}};
@@ -27,12 +29,15 @@ struct Experiment {
     Tensor logits = model.apply(p, b.inputs, true, k);  // dropout: the key matters
     return std::make_pair(tensor::mean(tensor::cross_entropy(logits, b.labels)), Metrics{});
   };
-  TrainState fresh() const { return TrainState::create(model.init(Key::from_seed(1)), opt, Key::from_seed(2)); }
+  TrainState fresh() const {
+    return TrainState::create(model.init(Key::from_seed(1)), opt, Key::from_seed(2));
+  }
 };
 
 void expect_equal(const TensorTree& a, const TensorTree& b) {
   ASSERT_EQ(a.paths(), b.paths());
-  for (const auto& [path, t] : a) EXPECT_EQ(t.to_vector<float>(), b.at(path).to_vector<float>()) << path;
+  for (const auto& [path, t] : a)
+    EXPECT_EQ(t.to_vector<float>(), b.at(path).to_vector<float>()) << path;
 }
 
 TEST(Resume, InterruptedRunMatchesUninterrupted) {
@@ -40,19 +45,22 @@ TEST(Resume, InterruptedRunMatchesUninterrupted) {
   // Uninterrupted: 12 steps (batches of 8 from 40 examples: 2.4 epochs).
   TrainState a = s.fresh();
   data::DataLoader la(s.data, {.batch_size = 8, .seed = 3});
-  for (int i = 0; i < 12; ++i) train_step(a, la.next(), s.loss, s.opt, {.num_minibatches = 2});
+  for (int i = 0; i < 12; ++i)
+    train_step(a, la.next(), s.loss, s.opt, {.num_minibatches = 2});
 
   // Interrupted after 7 steps: keep a copy of the state and the loader position only.
   TrainState b = s.fresh();
   data::DataLoader lb(s.data, {.batch_size = 8, .seed = 3});
-  for (int i = 0; i < 7; ++i) train_step(b, lb.next(), s.loss, s.opt, {.num_minibatches = 2});
+  for (int i = 0; i < 7; ++i)
+    train_step(b, lb.next(), s.loss, s.opt, {.num_minibatches = 2});
   TrainState saved = copy(b);
   const data::LoaderPosition pos = lb.position();
 
   TrainState c = copy(saved);
   data::DataLoader lc(s.data, {.batch_size = 8, .seed = 3});
   lc.seek(pos);
-  for (int i = 0; i < 5; ++i) train_step(c, lc.next(), s.loss, s.opt, {.num_minibatches = 2});
+  for (int i = 0; i < 5; ++i)
+    train_step(c, lc.next(), s.loss, s.opt, {.num_minibatches = 2});
 
   EXPECT_EQ(c.step, 12);
   expect_equal(c.params, a.params);
@@ -62,8 +70,10 @@ TEST(Resume, InterruptedRunMatchesUninterrupted) {
   TrainState d = copy(saved);
   data::DataLoader ld(s.data, {.batch_size = 8, .seed = 4});
   ld.seek(pos);
-  for (int i = 0; i < 5; ++i) train_step(d, ld.next(), s.loss, s.opt, {.num_minibatches = 2});
-  EXPECT_NE(d.params.at("fc1/kernel").to_vector<float>(), a.params.at("fc1/kernel").to_vector<float>());
+  for (int i = 0; i < 5; ++i)
+    train_step(d, ld.next(), s.loss, s.opt, {.num_minibatches = 2});
+  EXPECT_NE(d.params.at("fc1/kernel").to_vector<float>(),
+            a.params.at("fc1/kernel").to_vector<float>());
 }
 
 }  // namespace

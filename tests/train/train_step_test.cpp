@@ -23,7 +23,8 @@ std::pair<Tensor, Metrics> linear_loss(const TensorTree& p, const Batch& b, Key)
   auto pred = tensor::argmax(logits, -1).to_vector<std::int64_t>();
   auto y = b.labels.to_vector<std::int32_t>();
   double correct = 0;
-  for (std::size_t i = 0; i < y.size(); ++i) correct += pred[i] == y[i];
+  for (std::size_t i = 0; i < y.size(); ++i)
+    correct += pred[i] == y[i];
   m.add("accuracy", correct, static_cast<double>(y.size()));
   return {loss, m};
 }
@@ -114,14 +115,16 @@ TEST(AccumulateGradients, MinibatchesGetDistinctKeys) {
                        Key::from_seed(9), 4);
   ASSERT_EQ(seen.size(), 4u);
   for (std::size_t i = 0; i < seen.size(); ++i)
-    for (std::size_t j = i + 1; j < seen.size(); ++j) EXPECT_FALSE(seen[i] == seen[j]);
+    for (std::size_t j = i + 1; j < seen.size(); ++j)
+      EXPECT_FALSE(seen[i] == seen[j]);
 }
 
 TEST(TrainStep, SgdStepMatchesManualUpdateAndAdvancesStep) {
   data::ArrayDataset d = data::synthetic_classification(16, 4, 3, Key::from_seed(3));
   Batch batch{d.inputs, d.labels};
   optim::SGD opt({.learning_rate = optim::constant_schedule(0.5)});
-  TrainState state = TrainState::create(linear_params(4, 3, Key::from_seed(4)), opt, Key::from_seed(5));
+  TrainState state =
+      TrainState::create(linear_params(4, 3, Key::from_seed(4)), opt, Key::from_seed(5));
   TensorTree before = state.params.map([](const Tensor& t) { return t.clone(); });
   GradientResult g = accumulate_gradients(linear_loss, state.params, batch,
                                           state.rng.fold_in(std::uint64_t{0}), 1);
@@ -132,21 +135,25 @@ TEST(TrainStep, SgdStepMatchesManualUpdateAndAdvancesStep) {
   for (const auto& [path, p] : state.params) {
     auto now = p.to_vector<float>(), old = before.at(path).to_vector<float>();
     auto gv = g.grads.at(path).to_vector<float>();
-    for (std::size_t i = 0; i < now.size(); ++i) EXPECT_NEAR(now[i], old[i] - 0.5f * gv[i], 1e-6);
+    for (std::size_t i = 0; i < now.size(); ++i)
+      EXPECT_NEAR(now[i], old[i] - 0.5f * gv[i], 1e-6);
   }
 }
 
 TEST(TrainStep, ClippingBoundsTheUpdate) {
   data::ArrayDataset d = data::synthetic_classification(16, 4, 3, Key::from_seed(3));
   optim::SGD opt({.learning_rate = optim::constant_schedule(1.0)});
-  TrainState state = TrainState::create(linear_params(4, 3, Key::from_seed(4)), opt, Key::from_seed(5));
+  TrainState state =
+      TrainState::create(linear_params(4, 3, Key::from_seed(4)), opt, Key::from_seed(5));
   TensorTree before = state.params.map([](const Tensor& t) { return t.clone(); });
-  Metrics m = train_step(state, Batch{d.inputs, d.labels}, linear_loss, opt, {.max_grad_norm = 1e-3});
+  Metrics m =
+      train_step(state, Batch{d.inputs, d.labels}, linear_loss, opt, {.max_grad_norm = 1e-3});
   EXPECT_GT(m.mean("grad_norm"), 1e-3);  // reported before clipping
   double moved = 0;
   for (const auto& [path, p] : state.params) {
     auto now = p.to_vector<float>(), old = before.at(path).to_vector<float>();
-    for (std::size_t i = 0; i < now.size(); ++i) moved += double(now[i] - old[i]) * (now[i] - old[i]);
+    for (std::size_t i = 0; i < now.size(); ++i)
+      moved += double(now[i] - old[i]) * (now[i] - old[i]);
   }
   EXPECT_NEAR(std::sqrt(moved), 1e-3, 1e-5);
 }
@@ -155,10 +162,13 @@ TEST(TrainStep, AdamLearnsTheSyntheticTask) {
   data::ArrayDataset d = data::synthetic_classification(256, 8, 4, Key::from_seed(7));
   Batch batch{d.inputs, d.labels};
   optim::Adam opt({.learning_rate = optim::constant_schedule(0.05)});
-  TrainState state = TrainState::create(linear_params(8, 4, Key::from_seed(8)), opt, Key::from_seed(0));
+  TrainState state =
+      TrainState::create(linear_params(8, 4, Key::from_seed(8)), opt, Key::from_seed(0));
   Metrics first = eval_step(state.params, batch, linear_loss, Key());
-  for (int s = 0; s < 150; ++s) train_step(state, batch, linear_loss, opt, {.num_minibatches = 4});
-  Metrics last = evaluate(state.params, {batch.slice(0, 128), batch.slice(128, 256)}, linear_loss, Key());
+  for (int s = 0; s < 150; ++s)
+    train_step(state, batch, linear_loss, opt, {.num_minibatches = 4});
+  Metrics last =
+      evaluate(state.params, {batch.slice(0, 128), batch.slice(128, 256)}, linear_loss, Key());
   EXPECT_LT(last.mean("loss"), 0.5 * first.mean("loss"));
   EXPECT_GT(last.mean("accuracy"), 0.9);
   EXPECT_DOUBLE_EQ(last.at("accuracy").count, 256.0);
@@ -187,7 +197,8 @@ TEST(AccumulateGradients, ClassifierMinibatchesMatchFullBatch) {
   for (const auto& [path, g] : full.grads) {
     auto a = acc.grads.at(path).to_vector<float>();
     auto f = g.to_vector<float>();
-    for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], f[i], 2e-6) << path << "[" << i << "]";
+    for (std::size_t i = 0; i < a.size(); ++i)
+      EXPECT_NEAR(a[i], f[i], 2e-6) << path << "[" << i << "]";
   }
 }
 

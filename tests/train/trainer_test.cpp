@@ -37,14 +37,16 @@ TEST(Trainer, WritesMetricsJsonlAndSummary) {
 
   Trainer trainer({.out_dir = dir.string(), .total_steps = 5, .log_every = 2, .print = false}, opt,
                   loss_fn);
-  for (int s = 0; s < 5; ++s) trainer.step(state, loader.next());
+  for (int s = 0; s < 5; ++s)
+    trainer.step(state, loader.next());
   Metrics eval = trainer.evaluate(state, d.batches(32));
   EXPECT_DOUBLE_EQ(eval.at("loss").count, 64.0);
   trainer.finish(state, {{"test_accuracy", 0.5}});
 
   std::ifstream f(dir / "metrics.jsonl");
   std::vector<json> lines;
-  for (std::string line; std::getline(f, line);) lines.push_back(json::parse(line));
+  for (std::string line; std::getline(f, line);)
+    lines.push_back(json::parse(line));
   // Train records at steps 2, 4, 5 (the last), then one eval record.
   ASSERT_EQ(lines.size(), 4u);
   EXPECT_EQ(lines[0]["step"], 2);

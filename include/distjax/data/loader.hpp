@@ -15,9 +15,9 @@ struct LoaderConfig {
   std::int64_t batch_size = 32;  ///< global batch size (over all shards)
   bool shuffle = true;           ///< a new permutation each epoch, from seed and epoch
   std::uint64_t seed = 0;
-  bool drop_last = true;         ///< drop the last incomplete batch of an epoch
-  int num_shards = 1;            ///< data-parallel ranks sharing each global batch
-  int shard_index = 0;           ///< this rank: rows [i * B / n, (i + 1) * B / n)
+  bool drop_last = true;  ///< drop the last incomplete batch of an epoch
+  int num_shards = 1;     ///< data-parallel ranks sharing each global batch
+  int shard_index = 0;    ///< this rank: rows [i * B / n, (i + 1) * B / n)
 };
 
 /// Where a loader is: the epoch and the index of the next batch within it.

@@ -12,8 +12,8 @@ namespace distjax::data {
 /// n examples of `features` standard-normal inputs (f32), labelled (i32) by a random
 /// linear teacher: label = argmax(x @ W) with W (features, classes) from the key.
 /// A linear model can fit it exactly, a small MLP quickly.
-ArrayDataset synthetic_classification(std::int64_t n, std::int64_t features,
-                                      std::int64_t classes, const Key& key);
+ArrayDataset synthetic_classification(std::int64_t n, std::int64_t features, std::int64_t classes,
+                                      const Key& key);
 
 /// n sequences of seq_len tokens (i32 in [0, vocab)) following a fixed random
 /// permutation: token[t + 1] = perm[token[t]], from a random start. inputs (n, T),

@@ -19,8 +19,8 @@ namespace distjax::train {
 /// metrics as (sum, count) pairs}. The loss must be the mean over the examples of the
 /// batch so that averaging equal minibatches gives the full-batch loss. When the
 /// metrics have no "loss" entry, the step adds one as (loss * B, B).
-using LossFn =
-    std::function<std::pair<Tensor, Metrics>(const TensorTree& params, const Batch& batch, Key rng)>;
+using LossFn = std::function<std::pair<Tensor, Metrics>(const TensorTree& params,
+                                                        const Batch& batch, Key rng)>;
 
 /// Options of train_step.
 struct TrainStepOptions {
@@ -37,9 +37,9 @@ struct TrainStepOptions {
 /// full-batch gradient for a mean loss. Throws InvalidArgument when the batch size is
 /// not divisible by num_minibatches.
 struct GradientResult {
-  TensorTree grads;  ///< same paths as params
-  double loss = 0.0; ///< mean of the minibatch losses
-  Metrics metrics;   ///< merged over the minibatches
+  TensorTree grads;   ///< same paths as params
+  double loss = 0.0;  ///< mean of the minibatch losses
+  Metrics metrics;    ///< merged over the minibatches
 };
 GradientResult accumulate_gradients(const LossFn& loss_fn, const TensorTree& params,
                                     const Batch& batch, Key rng, int num_minibatches);

@@ -16,10 +16,10 @@ namespace distjax::train {
 
 /// Options of a Trainer.
 struct TrainerConfig {
-  std::string out_dir;            ///< where metrics.jsonl / summary.json go; empty = no files
-  std::int64_t total_steps = 0;   ///< shown as "step/total" (0 = unknown)
-  std::int64_t log_every = 50;    ///< print and write a record every this many steps
-  double items_per_example = 1;   ///< e.g. T tokens per sequence for a language model
+  std::string out_dir;                  ///< where metrics.jsonl / summary.json go; empty = no files
+  std::int64_t total_steps = 0;         ///< shown as "step/total" (0 = unknown)
+  std::int64_t log_every = 50;          ///< print and write a record every this many steps
+  double items_per_example = 1;         ///< e.g. T tokens per sequence for a language model
   std::string items_name = "examples";  ///< unit of throughput: "examples" or "tokens"
   std::string mesh = "single device";   ///< recorded in summary.json
   std::string backend = "none";         ///< communication backend, recorded in summary.json

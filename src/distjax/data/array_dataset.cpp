@@ -19,14 +19,16 @@ Tensor gather_rows(const Tensor& x, const std::vector<std::int64_t>& indices) {
   auto* dst = static_cast<std::uint8_t*>(out.raw_data());
   for (std::size_t i = 0; i < indices.size(); ++i) {
     const std::int64_t r = indices[i];
-    DISTJAX_CHECK(0 <= r && r < n, InvalidArgument, "[gather_rows] index ", r,
-                  " out of range for ", n, " rows");
+    DISTJAX_CHECK(0 <= r && r < n, InvalidArgument, "[gather_rows] index ", r, " out of range for ",
+                  n, " rows");
     std::memcpy(dst + i * row_bytes, src + static_cast<std::size_t>(r) * row_bytes, row_bytes);
   }
   return out;
 }
 
-std::int64_t ArrayDataset::size() const { return train::Batch{inputs, labels}.size(); }
+std::int64_t ArrayDataset::size() const {
+  return train::Batch{inputs, labels}.size();
+}
 
 train::Batch ArrayDataset::slice(std::int64_t begin, std::int64_t end) const {
   return train::Batch{inputs, labels}.slice(begin, end);
@@ -39,11 +41,12 @@ train::Batch ArrayDataset::gather(const std::vector<std::int64_t>& indices) cons
 }
 
 std::vector<train::Batch> ArrayDataset::batches(std::int64_t batch_size) const {
-  DISTJAX_CHECK(batch_size >= 1, InvalidArgument, "[ArrayDataset::batches] batch_size must be >= 1, got ",
-                batch_size);
+  DISTJAX_CHECK(batch_size >= 1, InvalidArgument,
+                "[ArrayDataset::batches] batch_size must be >= 1, got ", batch_size);
   std::vector<train::Batch> out;
   const std::int64_t n = size();
-  for (std::int64_t b = 0; b < n; b += batch_size) out.push_back(slice(b, std::min(n, b + batch_size)));
+  for (std::int64_t b = 0; b < n; b += batch_size)
+    out.push_back(slice(b, std::min(n, b + batch_size)));
   return out;
 }
 

@@ -15,7 +15,8 @@ struct Files {
 
 Files files_of(Split split, const std::string& dir) {
   const std::string prefix = split == Split::Train ? "train" : "t10k";
-  return {dir + "/" + prefix + "-images-idx3-ubyte.gz", dir + "/" + prefix + "-labels-idx1-ubyte.gz"};
+  return {dir + "/" + prefix + "-images-idx3-ubyte.gz",
+          dir + "/" + prefix + "-labels-idx1-ubyte.gz"};
 }
 
 void require(const std::string& path) {
@@ -53,7 +54,8 @@ ArrayDataset load_fashion_mnist(Split split, const std::string& dir) {
   out.labels = Tensor::empty({n}, DType::I32);
   float* x = out.inputs.data<float>();
   const std::int64_t total = n * features;
-  for (std::int64_t i = 0; i < total; ++i) x[i] = static_cast<float>(images.data[i]) * (1.f / 255.f);
+  for (std::int64_t i = 0; i < total; ++i)
+    x[i] = static_cast<float>(images.data[i]) * (1.f / 255.f);
   std::int32_t* y = out.labels.data<std::int32_t>();
   for (std::int64_t i = 0; i < n; ++i) {
     DISTJAX_CHECK(labels.data[i] < 10, IoError, "[load_fashion_mnist] label ", int(labels.data[i]),

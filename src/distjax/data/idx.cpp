@@ -27,7 +27,8 @@ void read_exact(gzFile f, void* buf, std::size_t n, const std::string& path, con
       int errnum = 0;
       const char* msg = gzerror(f, &errnum);
       DISTJAX_THROW(IoError, "[read_idx] \"", path, "\" is truncated: expected ", n, " bytes of ",
-                    what, ", got ", done, errnum != Z_OK ? std::string(" (zlib: ") + msg + ")" : "");
+                    what, ", got ", done,
+                    errnum != Z_OK ? std::string(" (zlib: ") + msg + ")" : "");
     }
     done += static_cast<std::size_t>(got);
   }
@@ -47,8 +48,8 @@ IdxArray read_idx(const std::string& path) {
   read_exact(f.get(), magic, 4, path, "header");
   DISTJAX_CHECK(magic[0] == 0 && magic[1] == 0, IoError, "[read_idx] \"", path,
                 "\" is not an IDX file (magic bytes ", int(magic[0]), " ", int(magic[1]), ")");
-  DISTJAX_CHECK(magic[2] == 0x08, IoError, "[read_idx] \"", path, "\" holds type code 0x",
-                std::hex, int(magic[2]), std::dec, "; only unsigned bytes (0x08) are supported");
+  DISTJAX_CHECK(magic[2] == 0x08, IoError, "[read_idx] \"", path, "\" holds type code 0x", std::hex,
+                int(magic[2]), std::dec, "; only unsigned bytes (0x08) are supported");
   const int rank = magic[3];
   DISTJAX_CHECK(rank >= 1 && rank <= 8, IoError, "[read_idx] \"", path, "\" has rank ", rank);
   IdxArray out;
@@ -66,18 +67,20 @@ IdxArray read_idx(const std::string& path) {
 
 void write_idx(const std::string& path, const IdxArray& array, bool gzip) {
   std::int64_t total = 1;
-  for (auto d : array.dims) total *= d;
+  for (auto d : array.dims)
+    total *= d;
   DISTJAX_CHECK(!array.dims.empty() && array.dims.size() <= 8 &&
                     total == static_cast<std::int64_t>(array.data.size()),
-                InvalidArgument, "[write_idx] ", array.data.size(), " bytes for ", array.dims.size(),
-                " dimensions of product ", total);
+                InvalidArgument, "[write_idx] ", array.data.size(), " bytes for ",
+                array.dims.size(), " dimensions of product ", total);
   GzPtr f(gzopen(path.c_str(), gzip ? "wb6" : "wbT"));  // "T": plain, no compression
   DISTJAX_CHECK(f != nullptr, IoError, "[write_idx] cannot create \"", path, "\"");
   std::vector<std::uint8_t> header = {0, 0, 0x08, static_cast<std::uint8_t>(array.dims.size())};
   for (auto d : array.dims) {
     const auto u = static_cast<std::uint32_t>(d);
-    header.insert(header.end(), {static_cast<std::uint8_t>(u >> 24), static_cast<std::uint8_t>(u >> 16),
-                                 static_cast<std::uint8_t>(u >> 8), static_cast<std::uint8_t>(u)});
+    header.insert(header.end(),
+                  {static_cast<std::uint8_t>(u >> 24), static_cast<std::uint8_t>(u >> 16),
+                   static_cast<std::uint8_t>(u >> 8), static_cast<std::uint8_t>(u)});
   }
   auto put = [&](const std::uint8_t* p, std::size_t n) {
     DISTJAX_CHECK(n == 0 || gzwrite(f.get(), p, static_cast<unsigned>(n)) == static_cast<int>(n),

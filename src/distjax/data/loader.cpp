@@ -21,8 +21,8 @@ std::vector<std::int64_t> random_permutation(std::int64_t n, const Key& key) {
 DataLoader::DataLoader(ArrayDataset dataset, LoaderConfig config)
     : dataset_(std::move(dataset)), config_(config) {
   const std::int64_t n = dataset_.size();
-  DISTJAX_CHECK(config_.batch_size >= 1, InvalidArgument, "[DataLoader] batch_size must be >= 1, got ",
-                config_.batch_size);
+  DISTJAX_CHECK(config_.batch_size >= 1, InvalidArgument,
+                "[DataLoader] batch_size must be >= 1, got ", config_.batch_size);
   DISTJAX_CHECK(config_.num_shards >= 1 && 0 <= config_.shard_index &&
                     config_.shard_index < config_.num_shards,
                 InvalidArgument, "[DataLoader] shard_index ", config_.shard_index,
@@ -38,7 +38,8 @@ DataLoader::DataLoader(ArrayDataset dataset, LoaderConfig config)
 
 std::int64_t DataLoader::batches_per_epoch() const {
   const std::int64_t n = dataset_.size();
-  return config_.drop_last ? n / config_.batch_size : (n + config_.batch_size - 1) / config_.batch_size;
+  return config_.drop_last ? n / config_.batch_size
+                           : (n + config_.batch_size - 1) / config_.batch_size;
 }
 
 std::vector<std::int64_t> DataLoader::epoch_order(std::int64_t epoch) const {
@@ -48,13 +49,14 @@ std::vector<std::int64_t> DataLoader::epoch_order(std::int64_t epoch) const {
     std::iota(p.begin(), p.end(), std::int64_t{0});
     return p;
   }
-  return random_permutation(n, Key::from_seed(config_.seed).fold_in(static_cast<std::uint64_t>(epoch)));
+  return random_permutation(
+      n, Key::from_seed(config_.seed).fold_in(static_cast<std::uint64_t>(epoch)));
 }
 
 void DataLoader::seek(LoaderPosition pos) {
-  DISTJAX_CHECK(pos.epoch >= 0 && pos.batch >= 0 && pos.batch < batches_per_epoch(), InvalidArgument,
-                "[DataLoader::seek] position (epoch ", pos.epoch, ", batch ", pos.batch,
-                ") is invalid; an epoch has ", batches_per_epoch(), " batches");
+  DISTJAX_CHECK(pos.epoch >= 0 && pos.batch >= 0 && pos.batch < batches_per_epoch(),
+                InvalidArgument, "[DataLoader::seek] position (epoch ", pos.epoch, ", batch ",
+                pos.batch, ") is invalid; an epoch has ", batches_per_epoch(), " batches");
   pos_ = pos;
 }
 

@@ -35,7 +35,8 @@ ArrayDataset synthetic_classification(std::int64_t n, std::int64_t features, std
   return d;
 }
 
-ArrayDataset synthetic_tokens(std::int64_t n, std::int64_t seq_len, std::int64_t vocab, const Key& key) {
+ArrayDataset synthetic_tokens(std::int64_t n, std::int64_t seq_len, std::int64_t vocab,
+                              const Key& key) {
   DISTJAX_CHECK(n >= 1 && seq_len >= 1 && vocab >= 2, InvalidArgument,
                 "[synthetic_tokens] need n >= 1, seq_len >= 1, vocab >= 2; got ", n, ", ", seq_len,
                 ", ", vocab);

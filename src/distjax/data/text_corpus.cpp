@@ -75,7 +75,8 @@ void fill_window(const std::uint8_t* src, std::int64_t seq_len, std::int32_t* x,
 train::Batch sample_windows(const std::vector<std::uint8_t>& bytes, std::int64_t batch_size,
                             std::int64_t seq_len, const Key& key) {
   check_window(bytes, batch_size, seq_len, "sample_windows");
-  const auto positions = static_cast<std::uint64_t>(bytes.size()) - seq_len;  // offsets [0, positions)
+  const auto positions =
+      static_cast<std::uint64_t>(bytes.size()) - seq_len;  // offsets [0, positions)
   train::Batch b{Tensor::empty({batch_size, seq_len}, DType::I32),
                  Tensor::empty({batch_size, seq_len}, DType::I32)};
   std::int32_t* x = b.inputs.data<std::int32_t>();

@@ -20,7 +20,8 @@ std::vector<std::string> split_path(const std::string& path) {
 }
 }  // namespace
 
-DecayMask decay_mask_excluding(std::vector<std::string> names, std::vector<std::string> substrings) {
+DecayMask decay_mask_excluding(std::vector<std::string> names,
+                               std::vector<std::string> substrings) {
   return [names = std::move(names), substrings = std::move(substrings)](const std::string& path) {
     const std::vector<std::string> parts = split_path(path);
     for (const auto& n : names)

@@ -10,19 +10,22 @@ double global_norm_squared(const tensor::TensorTree& tree) {
   double total = 0.0;
   for (const auto& [path, t] : tree) {
     if (!is_floating(t.dtype())) continue;
-    DISTJAX_CHECK(t.dtype() == DType::F32, NotImplemented, "[global_norm] leaf \"", path,
-                  "\" is ", dtype_name(t.dtype()), "; only f32 is supported");
+    DISTJAX_CHECK(t.dtype() == DType::F32, NotImplemented, "[global_norm] leaf \"", path, "\" is ",
+                  dtype_name(t.dtype()), "; only f32 is supported");
     const float* p = t.data<float>();
     const std::int64_t n = t.numel();
     double acc = 0.0;
 #pragma omp simd reduction(+ : acc)
-    for (std::int64_t i = 0; i < n; ++i) acc += static_cast<double>(p[i]) * p[i];
+    for (std::int64_t i = 0; i < n; ++i)
+      acc += static_cast<double>(p[i]) * p[i];
     total += acc;
   }
   return total;
 }
 
-double global_norm(const tensor::TensorTree& tree) { return std::sqrt(global_norm_squared(tree)); }
+double global_norm(const tensor::TensorTree& tree) {
+  return std::sqrt(global_norm_squared(tree));
+}
 
 void scale_in_place(tensor::TensorTree& grads, double factor) {
   const float f = static_cast<float>(factor);
@@ -33,7 +36,8 @@ void scale_in_place(tensor::TensorTree& grads, double factor) {
     float* p = t.data<float>();
     const std::int64_t n = t.numel();
 #pragma omp simd
-    for (std::int64_t i = 0; i < n; ++i) p[i] *= f;
+    for (std::int64_t i = 0; i < n; ++i)
+      p[i] *= f;
   }
 }
 

@@ -41,11 +41,11 @@ Schedule warmup_cosine_schedule(double init_value, double peak_value, std::int64
                 warmup_steps, ", decay ", decay_steps);
   return [=](std::int64_t step) {
     if (step < warmup_steps)
-      return init_value +
-             (peak_value - init_value) * static_cast<double>(step) / static_cast<double>(warmup_steps);
-    const double frac = std::clamp(static_cast<double>(step - warmup_steps) /
-                                       static_cast<double>(decay_steps - warmup_steps),
-                                   0.0, 1.0);
+      return init_value + (peak_value - init_value) * static_cast<double>(step) /
+                              static_cast<double>(warmup_steps);
+    const double frac = std::clamp(
+        static_cast<double>(step - warmup_steps) / static_cast<double>(decay_steps - warmup_steps),
+        0.0, 1.0);
     const double cosine = 0.5 * (1.0 + std::cos(std::numbers::pi * frac));
     return end_value + (peak_value - end_value) * cosine;
   };

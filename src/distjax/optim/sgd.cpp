@@ -35,7 +35,8 @@ void SGD::update(TensorTree& params, const TensorTree& grads, TensorTree& state,
     const std::int64_t n = p.numel();
     if (config_.momentum == 0.0) {
 #pragma omp simd
-      for (std::int64_t i = 0; i < n; ++i) pp[i] -= lr * (gp[i] + wd * pp[i]);
+      for (std::int64_t i = 0; i < n; ++i)
+        pp[i] -= lr * (gp[i] + wd * pp[i]);
       continue;
     }
     float* __restrict buf = detail::checked_slot("SGD", "momentum", path, p, state).data<float>();

@@ -19,7 +19,8 @@ Batch Batch::slice(std::int64_t begin, std::int64_t end) const {
   const std::int64_t n = size();
   DISTJAX_CHECK(0 <= begin && begin <= end && end <= n, InvalidArgument, "[Batch::slice] [", begin,
                 ", ", end, ") is outside a batch of ", n);
-  return Batch{inputs.view_rows(begin, end), labels.defined() ? labels.view_rows(begin, end) : Tensor()};
+  return Batch{inputs.view_rows(begin, end),
+               labels.defined() ? labels.view_rows(begin, end) : Tensor()};
 }
 
 }  // namespace distjax::train

@@ -18,8 +18,8 @@ double scalar_loss(const Tensor& loss) {
 
 // Adds ("loss", loss * B, B) unless the loss function reported "loss" itself.
 void add_default_loss(Metrics& m, double loss, std::int64_t batch_size) {
-  if (!m.contains("loss")) m.add("loss", loss * static_cast<double>(batch_size),
-                                 static_cast<double>(batch_size));
+  if (!m.contains("loss"))
+    m.add("loss", loss * static_cast<double>(batch_size), static_cast<double>(batch_size));
 }
 
 // acc += g (f32 leaves), in place.
@@ -31,7 +31,8 @@ void add_into(TensorTree& acc, const TensorTree& g) {
     const float* __restrict pb = b.data<float>();
     const std::int64_t n = a.numel();
 #pragma omp simd
-    for (std::int64_t i = 0; i < n; ++i) pa[i] += pb[i];
+    for (std::int64_t i = 0; i < n; ++i)
+      pa[i] += pb[i];
   }
 }
 

@@ -20,7 +20,9 @@ double seconds_since(Clock::time_point t) {
 }
 
 // JSON has no NaN/Inf: write them as null.
-json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+json number(double v) {
+  return std::isfinite(v) ? json(v) : json(nullptr);
+}
 
 std::string short_name(const std::string& name) {
   if (name == "learning_rate") return "lr";
@@ -65,13 +67,16 @@ Trainer::Trainer(TrainerConfig config, const optim::Optimizer& optimizer, LossFn
                   "\": ", ec.message());
     const auto path = files_->dir / "metrics.jsonl";
     files_->metrics.open(path, std::ios::out | std::ios::trunc);
-    DISTJAX_CHECK(files_->metrics.good(), IoError, "[Trainer] cannot write \"", path.string(), "\"");
+    DISTJAX_CHECK(files_->metrics.good(), IoError, "[Trainer] cannot write \"", path.string(),
+                  "\"");
   }
 }
 
 Trainer::~Trainer() = default;
 
-double Trainer::elapsed_s() const { return seconds_since(start_); }
+double Trainer::elapsed_s() const {
+  return seconds_since(start_);
+}
 
 double Trainer::throughput() const {
   return train_seconds_ > 0.0 ? total_items_ / train_seconds_ : 0.0;
@@ -107,7 +112,8 @@ void Trainer::log_train(std::int64_t step) {
   if (last_train_.count("learning_rate")) last_train_["learning_rate"] = last_lr_;
   json rec;
   rec["step"] = step;
-  for (const auto& [name, v] : last_train_) rec[name] = number(v);
+  for (const auto& [name, v] : last_train_)
+    rec[name] = number(v);
   rec["throughput"] = number(tput);
   rec["throughput_unit"] = config_.items_name + "/s";
   rec["elapsed_s"] = elapsed_s();
@@ -148,12 +154,14 @@ void Trainer::log_eval(std::int64_t step, const Metrics& eval) {
   last_eval_ = eval.means();
   json rec;
   rec["step"] = step;
-  for (const auto& [name, v] : last_eval_) rec["eval_" + name] = number(v);
+  for (const auto& [name, v] : last_eval_)
+    rec["eval_" + name] = number(v);
   rec["elapsed_s"] = elapsed_s();
   write_record(rec.dump());
   if (config_.print) {
     std::string line = "eval @ step " + std::to_string(step);
-    for (const auto& [name, v] : last_eval_) line += " | " + name + " " + format_value(name, v);
+    for (const auto& [name, v] : last_eval_)
+      line += " | " + name + " " + format_value(name, v);
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
   }
@@ -174,10 +182,13 @@ void Trainer::finish(const TrainState& state, const std::map<std::string, double
   s["mesh"] = config_.mesh;
   s["backend"] = config_.backend;
   json fm = json::object();
-  for (const auto& [name, v] : last_train_) fm["train_" + name] = number(v);
-  for (const auto& [name, v] : last_eval_) fm["eval_" + name] = number(v);
+  for (const auto& [name, v] : last_train_)
+    fm["train_" + name] = number(v);
+  for (const auto& [name, v] : last_eval_)
+    fm["eval_" + name] = number(v);
   s["final_metrics"] = fm;
-  for (const auto& [name, v] : extra) s[name] = number(v);
+  for (const auto& [name, v] : extra)
+    s[name] = number(v);
   if (files_) {
     const auto path = files_->dir / "summary.json";
     const auto tmp = files_->dir / "summary.json.tmp";

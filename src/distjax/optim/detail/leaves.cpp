@@ -8,8 +8,8 @@ namespace distjax::optim::detail {
 
 const Tensor& checked_grad(const char* op, const std::string& path, const Tensor& p,
                            const TensorTree& grads) {
-  DISTJAX_CHECK(p.dtype() == DType::F32, InvalidArgument, "[", op, "] parameter \"", path,
-                "\" is ", dtype_name(p.dtype()), "; optimizers update f32 parameters");
+  DISTJAX_CHECK(p.dtype() == DType::F32, InvalidArgument, "[", op, "] parameter \"", path, "\" is ",
+                dtype_name(p.dtype()), "; optimizers update f32 parameters");
   DISTJAX_CHECK(grads.contains(path), InvalidArgument, "[", op, "] no gradient for parameter \"",
                 path, "\" (the gradient tree has ", grads.size(), " leaves)");
   const Tensor& g = grads.at(path);
@@ -22,8 +22,8 @@ const Tensor& checked_grad(const char* op, const std::string& path, const Tensor
 const Tensor& checked_slot(const char* op, const std::string& slot, const std::string& path,
                            const Tensor& p, const TensorTree& state) {
   const std::string key = slot + "/" + path;
-  DISTJAX_CHECK(state.contains(key), InvalidArgument, "[", op, "] optimizer state has no \"",
-                key, "\"; was the state created by this optimizer's init() for these params?");
+  DISTJAX_CHECK(state.contains(key), InvalidArgument, "[", op, "] optimizer state has no \"", key,
+                "\"; was the state created by this optimizer's init() for these params?");
   const Tensor& s = state.at(key);
   DISTJAX_CHECK(s.dtype() == DType::F32 && s.shape() == p.shape(), InvalidArgument, "[", op,
                 "] state \"", key, "\" is ", dtype_name(s.dtype()), " ", to_string(s.shape()),

@@ -12,7 +12,9 @@ using tensor::Tensor;
 using tensor::TensorTree;
 
 /// Whether the leaf takes part in optimisation (floating dtype).
-inline bool trainable(const Tensor& t) { return is_floating(t.dtype()); }
+inline bool trainable(const Tensor& t) {
+  return is_floating(t.dtype());
+}
 
 /// Checks that `p` is f32 and that `grads` has an f32 gradient of p's shape at `path`;
 /// returns it. `op` names the optimizer in the message.
@@ -28,7 +30,7 @@ void add_zero_slot(TensorTree& state, const std::string& slot, const TensorTree&
 
 /// The fused Adam/AdamW update on n elements. `decay` is the decoupled multiplier
 /// applied to p first (1 for none), `l2` the coupled L2 coefficient added to g.
-void adam_kernel(float* p, const float* g, float* m, float* v, std::int64_t n, double lr,
-                 double b1, double b2, double eps, std::int64_t t, double decay, double l2);
+void adam_kernel(float* p, const float* g, float* m, float* v, std::int64_t n, double lr, double b1,
+                 double b2, double eps, std::int64_t t, double decay, double l2);
 
 }  // namespace distjax::optim::detail
