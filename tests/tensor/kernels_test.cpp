@@ -68,6 +68,14 @@ TEST(Broadcast, BroadcastToAndWhereMatchIndexArithmetic) {
   }
 }
 
+TEST(Broadcast, EmptyOperands) {
+  Tensor a = Tensor::zeros({1, 0}), b = Tensor::zeros({3, 0});
+  EXPECT_EQ(add(a, b).shape(), (Shape{3, 0}));
+  EXPECT_EQ(broadcast_to(a, {2, 3, 0}).shape(), (Shape{2, 3, 0}));
+  EXPECT_EQ(sum(b, {0}).shape(), (Shape{0}));
+  EXPECT_EQ(sum(b, {1}).to_vector<float>(), (std::vector<float>{0, 0, 0}));
+}
+
 TEST(BroadcastIndex, MapsOutputCoordinates) {
   // operand (3, 1) in output (2, 3, 4): element (i, j, k) reads operand (j, 0).
   for (int i = 0; i < 2; ++i)

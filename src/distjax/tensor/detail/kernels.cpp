@@ -27,6 +27,7 @@ BroadcastPlan plan_broadcast(const Shape& s, const Shape& out) {
   using K = BroadcastPlan::Kind;
   if (s == out) return {K::Same};
   if (numel(s) == 1) return {K::Scalar};
+  if (numel(out) == 0) return {K::General};  // nothing to compute; avoids 0 / 0 below
   // Strip leading ones; a row operand matches a suffix of out, a column operand is a
   // prefix of out followed by ones.
   std::size_t lead = 0;
