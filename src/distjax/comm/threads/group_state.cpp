@@ -22,6 +22,7 @@ inline void cpu_relax() {
 
 // Spinning before blocking only pays when every device has a core of its own.
 constexpr int kSpinIterations = 4000;
+constexpr auto kYieldTime = std::chrono::microseconds(200);
 
 }  // namespace
 
@@ -202,6 +203,14 @@ void GroupState::sync(int rank, const detail::CallDesc* arrival, const void* sen
       if (phase_.load(std::memory_order_acquire) != my) return;
       if (failed_atomic_.load(std::memory_order_relaxed)) break;
       cpu_relax();
+    }
+    // Then yield for a bounded time: on a busy machine a sleeping thread can wait
+    // milliseconds for a core once woken, while yielding lets the others run.
+    const auto yield_until = Clock::now() + kYieldTime;
+    for (int i = 0; !failed_atomic_.load(std::memory_order_relaxed); ++i) {
+      if (phase_.load(std::memory_order_acquire) != my) return;
+      std::this_thread::yield();
+      if (i % 16 == 15 && Clock::now() > yield_until) break;
     }
   }
   std::unique_lock lk(mu_);
