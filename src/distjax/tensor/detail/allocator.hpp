@@ -9,8 +9,13 @@ namespace distjax::tensor::detail {
 
 /// Blocks of at least this many bytes go through the cache; smaller ones straight to malloc.
 constexpr std::size_t kCachedBlockMin = 64 * 1024;
-/// Upper bound on the bytes the cache keeps in free blocks.
+/// Upper bound on the bytes the cache keeps in free blocks. Under AddressSanitizer the
+/// cache is off, so use-after-free of tensor storage is still reported.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr std::size_t kCacheCapacity = 0;
+#else
 constexpr std::size_t kCacheCapacity = std::size_t(1) << 30;
+#endif
 
 /// A 64-byte aligned block of at least `nbytes` (nullptr when out of memory). Thread-safe.
 void* cpu_alloc(std::size_t nbytes);
