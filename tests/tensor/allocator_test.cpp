@@ -46,8 +46,10 @@ TEST(Allocator, CacheStaysWithinCapacity) {
   cpu_release_cached();
   const std::size_t block = kCacheCapacity / 4 + 4096;
   std::vector<void*> ps;
-  for (int i = 0; i < 5; ++i) ps.push_back(cpu_alloc(block));
-  for (void* p : ps) cpu_free(p, block);
+  for (int i = 0; i < 5; ++i)
+    ps.push_back(cpu_alloc(block));
+  for (void* p : ps)
+    cpu_free(p, block);
   EXPECT_LE(cpu_cached_bytes(), kCacheCapacity);
   EXPECT_GT(cpu_cached_bytes(), 0u);
   cpu_release_cached();
@@ -62,12 +64,15 @@ TEST(Allocator, TensorsFromManyThreadsKeepTheirValues) {
       for (int i = 0; i < 200; ++i) {
         Tensor x = Tensor::full({300, 100}, double(t * 1000 + i));
         Tensor y = Tensor::full({200, 100}, double(-i));
-        good = good && x.data<float>()[29999] == float(t * 1000 + i) && y.data<float>()[0] == float(-i);
+        good = good && x.data<float>()[29999] == float(t * 1000 + i) &&
+               y.data<float>()[0] == float(-i);
       }
       ok[t] = good;
     });
-  for (auto& th : threads) th.join();
-  for (int t = 0; t < 4; ++t) EXPECT_TRUE(ok[t]) << t;
+  for (auto& th : threads)
+    th.join();
+  for (int t = 0; t < 4; ++t)
+    EXPECT_TRUE(ok[t]) << t;
 }
 
 }  // namespace

@@ -45,7 +45,8 @@ inline Tensor away_from_zero(const Shape& shape, std::uint64_t seed, float lo, f
   Tensor s = uniform(shape, seed + 7919, -1.f, 1.f);
   float* p = t.data<float>();
   const float* ps = s.data<float>();
-  for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = ps[i] < 0.f ? -p[i] : p[i];
+  for (std::int64_t i = 0; i < t.numel(); ++i)
+    p[i] = ps[i] < 0.f ? -p[i] : p[i];
   return t;
 }
 
@@ -56,10 +57,12 @@ inline Tensor distinct(const Shape& shape, std::uint64_t seed, float gap = 0.1f)
   std::vector<float> keys(static_cast<std::size_t>(n));
   random_uniform(Key::from_seed(seed), keys.data(), n);
   std::vector<std::int64_t> order(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) order[i] = i;
+  for (std::int64_t i = 0; i < n; ++i)
+    order[i] = i;
   std::sort(order.begin(), order.end(), [&](auto a, auto b) { return keys[a] < keys[b]; });
   std::vector<float> v(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) v[order[i]] = (static_cast<float>(i) - 0.5f * n) * gap;
+  for (std::int64_t i = 0; i < n; ++i)
+    v[order[i]] = (static_cast<float>(i) - 0.5f * n) * gap;
   return Tensor::from_vector(v, shape);
 }
 
@@ -71,14 +74,17 @@ std::function<std::vector<Tensor>(const std::vector<Tensor>&)> one(F f) {
 
 namespace detail {
 
-inline std::string leaf_name(std::size_t i) { return "in" + std::to_string(100 + i); }
+inline std::string leaf_name(std::size_t i) {
+  return "in" + std::to_string(100 + i);
+}
 
 inline double weighted_sum(const std::vector<Tensor>& ys, const std::vector<Tensor>& cs) {
   double acc = 0.0;
   for (std::size_t o = 0; o < ys.size(); ++o) {
     const float* py = ys[o].data<float>();
     const float* pc = cs[o].data<float>();
-    for (std::int64_t i = 0; i < ys[o].numel(); ++i) acc += static_cast<double>(py[i]) * pc[i];
+    for (std::int64_t i = 0; i < ys[o].numel(); ++i)
+      acc += static_cast<double>(py[i]) * pc[i];
   }
   return acc;
 }
@@ -88,7 +94,8 @@ inline double weighted_sum(const std::vector<Tensor>& ys, const std::vector<Tens
 /// Checks every input's analytic gradient against central differences.
 inline ::testing::AssertionResult check_gradients(const GradCase& c) {
   std::vector<Tensor> xs;
-  for (const Tensor& t : c.inputs) xs.push_back(t.clone());
+  for (const Tensor& t : c.inputs)
+    xs.push_back(t.clone());
   // Fixed cotangents, one per output, from a key derived from the case name.
   std::vector<Tensor> cots;
   {
@@ -101,13 +108,16 @@ inline ::testing::AssertionResult check_gradients(const GradCase& c) {
     }
   }
   TensorTree params;
-  for (std::size_t i = 0; i < xs.size(); ++i) params.set(detail::leaf_name(i), xs[i]);
+  for (std::size_t i = 0; i < xs.size(); ++i)
+    params.set(detail::leaf_name(i), xs[i]);
   auto loss_fn = [&](const TensorTree& p) {
     std::vector<Tensor> in;
-    for (std::size_t i = 0; i < xs.size(); ++i) in.push_back(p.at(detail::leaf_name(i)));
+    for (std::size_t i = 0; i < xs.size(); ++i)
+      in.push_back(p.at(detail::leaf_name(i)));
     std::vector<Tensor> ys = c.fn(in);
     Tensor loss = tensor::sum(tensor::mul(ys[0], cots[0]));
-    for (std::size_t o = 1; o < ys.size(); ++o) loss = tensor::add(loss, tensor::sum(tensor::mul(ys[o], cots[o])));
+    for (std::size_t o = 1; o < ys.size(); ++o)
+      loss = tensor::add(loss, tensor::sum(tensor::mul(ys[o], cots[o])));
     return loss;
   };
   auto [loss, grads] = autodiff::value_and_grad(loss_fn)(params);
@@ -118,8 +128,9 @@ inline ::testing::AssertionResult check_gradients(const GradCase& c) {
   for (std::size_t i = 0; i < xs.size(); ++i) {
     const Tensor& ga = grads.at(detail::leaf_name(i));
     if (ga.shape() != xs[i].shape())
-      return ::testing::AssertionFailure() << c.name << ": gradient of input " << i << " has shape "
-                                           << to_string(ga.shape()) << ", expected " << to_string(xs[i].shape());
+      return ::testing::AssertionFailure()
+             << c.name << ": gradient of input " << i << " has shape " << to_string(ga.shape())
+             << ", expected " << to_string(xs[i].shape());
     const float* pa = ga.data<float>();
     float* px = xs[i].data<float>();
     for (std::int64_t j = 0; j < xs[i].numel(); ++j) {

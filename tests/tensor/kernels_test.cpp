@@ -34,8 +34,8 @@ TEST(BroadcastPlan, ClassifiesOperandLayouts) {
 // a op b for every pair of layouts, against explicit index arithmetic.
 TEST(Broadcast, BinaryOpsMatchIndexArithmeticForEveryLayout) {
   const Shape out{3, 40, 300};  // 36000 elements: above kParallelGrain
-  const std::vector<Shape> layouts{{3, 40, 300}, {}, {300}, {40, 300}, {3, 40, 1}, {3, 1, 1},
-                                   {3, 1, 300}, {40, 1}, {1, 40, 1}};
+  const std::vector<Shape> layouts{{3, 40, 300}, {},          {300},   {40, 300}, {3, 40, 1},
+                                   {3, 1, 1},    {3, 1, 300}, {40, 1}, {1, 40, 1}};
   int seed = 0;
   for (const Shape& sa : layouts)
     for (const Shape& sb : layouts) {
@@ -44,16 +44,18 @@ TEST(Broadcast, BinaryOpsMatchIndexArithmeticForEveryLayout) {
       if (broadcast_shapes(sa, sb, "test") != out) continue;
       const float *pa = a.data<float>(), *pb = b.data<float>(), *py = y.data<float>();
       for (std::int64_t i = 0; i < numel(out); ++i) {
-        const float va = pa[detail::broadcast_index(sa, out, i)], vb = pb[detail::broadcast_index(sb, out, i)];
-        ASSERT_FLOAT_EQ(py[i], va / vb - vb * va) << to_string(sa) << " with " << to_string(sb) << " at " << i;
+        const float va = pa[detail::broadcast_index(sa, out, i)],
+                    vb = pb[detail::broadcast_index(sb, out, i)];
+        ASSERT_FLOAT_EQ(py[i], va / vb - vb * va)
+            << to_string(sa) << " with " << to_string(sb) << " at " << i;
       }
     }
 }
 
 TEST(Broadcast, BroadcastToAndWhereMatchIndexArithmetic) {
   const Shape out{3, 40, 300};
-  const std::vector<Shape> layouts{{3, 40, 300}, {}, {1}, {300}, {40, 300}, {3, 40, 1},
-                                   {3, 1, 1}, {3, 1, 300}, {40, 1}, {1, 40, 1}};
+  const std::vector<Shape> layouts{{3, 40, 300}, {},        {1},         {300},   {40, 300},
+                                   {3, 40, 1},   {3, 1, 1}, {3, 1, 300}, {40, 1}, {1, 40, 1}};
   int seed = 500;
   Tensor cond = uniform({40, 1}, 499);
   for (const Shape& sa : layouts) {
@@ -80,7 +82,8 @@ TEST(BroadcastIndex, MapsOutputCoordinates) {
   // operand (3, 1) in output (2, 3, 4): element (i, j, k) reads operand (j, 0).
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 3; ++j)
-      for (int k = 0; k < 4; ++k) EXPECT_EQ(detail::broadcast_index({3, 1}, {2, 3, 4}, (i * 3 + j) * 4 + k), j);
+      for (int k = 0; k < 4; ++k)
+        EXPECT_EQ(detail::broadcast_index({3, 1}, {2, 3, 4}, (i * 3 + j) * 4 + k), j);
 }
 
 // Sum and max over every subset of axes of a (17, 33, 129) tensor against plain loops.
@@ -98,7 +101,8 @@ TEST(Reduce, SumAndMaxOverAxisSubsetsMatchLoops) {
     for (std::int64_t i = 0; i < s[0]; ++i)
       for (std::int64_t j = 0; j < s[1]; ++j)
         for (std::int64_t k = 0; k < s[2]; ++k) {
-          const std::int64_t oi = (mask & 1) ? 0 : i, oj = (mask & 2) ? 0 : j, ok = (mask & 4) ? 0 : k;
+          const std::int64_t oi = (mask & 1) ? 0 : i, oj = (mask & 2) ? 0 : j,
+                             ok = (mask & 4) ? 0 : k;
           const std::int64_t o = (oi * sm.size(1) + oj) * sm.size(2) + ok;
           const float v = px[(i * s[1] + j) * s[2] + k];
           ws[o] += v;
@@ -118,17 +122,21 @@ TEST(Reduce, BiasGradientSumToRowsAndLongVectors) {
   Tensor b = sum_to(g, {c});
   std::vector<double> want(c, 0.0);
   for (std::int64_t r = 0; r < n; ++r)
-    for (std::int64_t j = 0; j < c; ++j) want[j] += g.data<float>()[r * c + j];
-  for (std::int64_t j = 0; j < c; ++j) ASSERT_NEAR(b.data<float>()[j], want[j], 1e-3);
+    for (std::int64_t j = 0; j < c; ++j)
+      want[j] += g.data<float>()[r * c + j];
+  for (std::int64_t j = 0; j < c; ++j)
+    ASSERT_NEAR(b.data<float>()[j], want[j], 1e-3);
   // A long 1-D vector and its mean.
   Tensor v = Tensor::full({100000}, 0.5);
   EXPECT_FLOAT_EQ(sum(v).item<float>(), 50000.f);
   EXPECT_FLOAT_EQ(mean(v).item<float>(), 0.5f);
   // max over the leading axis with the maximum in the last row.
   Tensor m = uniform({1000, 50}, 101);
-  for (std::int64_t j = 0; j < 50; ++j) m.data<float>()[999 * 50 + j] = 2.f + j;
+  for (std::int64_t j = 0; j < 50; ++j)
+    m.data<float>()[999 * 50 + j] = 2.f + j;
   auto mv = max(m, {0}).to_vector<float>();
-  for (std::int64_t j = 0; j < 50; ++j) EXPECT_EQ(mv[j], 2.f + j);
+  for (std::int64_t j = 0; j < 50; ++j)
+    EXPECT_EQ(mv[j], 2.f + j);
 }
 
 }  // namespace

@@ -16,7 +16,8 @@ namespace {
 
 using testing::uniform;
 
-void expect_close(const Tensor& got, const std::vector<double>& want, double tol, const char* what) {
+void expect_close(const Tensor& got, const std::vector<double>& want, double tol,
+                  const char* what) {
   ASSERT_EQ(got.numel(), static_cast<std::int64_t>(want.size())) << what;
   const float* p = got.data<float>();
   for (std::size_t i = 0; i < want.size(); ++i)
@@ -33,7 +34,8 @@ void expect_close(const Tensor& got, const Tensor& want, double tol, const char*
 std::vector<Tensor> grads_of(const std::function<Tensor(const std::vector<Tensor>&)>& f,
                              const std::vector<Tensor>& xs, const Tensor& ct) {
   std::vector<Tensor> leaves;
-  for (const Tensor& x : xs) leaves.push_back(make_leaf(x));
+  for (const Tensor& x : xs)
+    leaves.push_back(make_leaf(x));
   Tensor y = f(leaves);
   return autodiff::grad({sum(mul(y, ct))}, {Tensor()}, leaves);
 }
@@ -78,22 +80,26 @@ TEST(Activations, ValuesMatchLibmFormulas) {
   const float* px = x.data<float>();
   auto ref = [&](double (*f)(double)) {
     std::vector<double> r(5000);
-    for (int i = 0; i < 5000; ++i) r[i] = f(px[i]);
+    for (int i = 0; i < 5000; ++i)
+      r[i] = f(px[i]);
     return r;
   };
   expect_close(exp(x), ref([](double v) { return std::exp(v); }), 1e-6, "exp");
   expect_close(tanh(x), ref([](double v) { return std::tanh(v); }), 1e-6, "tanh");
   expect_close(sigmoid(x), ref([](double v) { return 1 / (1 + std::exp(-v)); }), 1e-6, "sigmoid");
   expect_close(silu(x), ref([](double v) { return v / (1 + std::exp(-v)); }), 1e-6, "silu");
-  expect_close(gelu(x, false), ref([](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); }), 1e-6,
+  expect_close(gelu(x, false),
+               ref([](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); }), 1e-6,
                "gelu erf");
   expect_close(gelu(x, true), ref([](double v) {
                  return 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
-               }), 1e-6, "gelu tanh");
+               }),
+               1e-6, "gelu tanh");
   Tensor pos = uniform({100}, 78, 0.5f, 3.f);
   for (double p : {1.0, 2.0, 3.0, 0.5, -1.0, 1.7}) {
     std::vector<double> want;
-    for (float v : pos.to_vector<float>()) want.push_back(std::pow(double(v), p));
+    for (float v : pos.to_vector<float>())
+      want.push_back(std::pow(double(v), p));
     expect_close(pow_scalar(pos, p), want, 1e-6, "pow_scalar");
   }
 }
@@ -107,8 +113,10 @@ TEST(NnOps, SoftmaxAndLogSoftmaxMatchReference) {
   const float* px = x.data<float>();
   for (std::int64_t r = 0; r < n; ++r) {
     double m = -1e30, s = 0;
-    for (std::int64_t j = 0; j < c; ++j) m = std::max(m, double(px[r * c + j]));
-    for (std::int64_t j = 0; j < c; ++j) s += std::exp(px[r * c + j] - m);
+    for (std::int64_t j = 0; j < c; ++j)
+      m = std::max(m, double(px[r * c + j]));
+    for (std::int64_t j = 0; j < c; ++j)
+      s += std::exp(px[r * c + j] - m);
     for (std::int64_t j = 0; j < c; ++j) {
       sm[r * c + j] = std::exp(px[r * c + j] - m) / s;
       lsm[r * c + j] = px[r * c + j] - m - std::log(s);
@@ -120,7 +128,8 @@ TEST(NnOps, SoftmaxAndLogSoftmaxMatchReference) {
   expect_close(softmax(transpose(x), 0), transpose(softmax(x)), 1e-6, "softmax axis 0");
   // Large logits stay finite (max subtraction).
   Tensor big = Tensor::from_vector<float>({1000.f, 1001.f, -1000.f}, {3});
-  expect_close(softmax(big), {1 / (1 + std::exp(1.0)), 1 / (1 + std::exp(-1.0)), 0.0}, 1e-6, "stable");
+  expect_close(softmax(big), {1 / (1 + std::exp(1.0)), 1 / (1 + std::exp(-1.0)), 0.0}, 1e-6,
+               "stable");
 }
 
 TEST(NnOps, LayerNormAndRmsNormMatchReference) {
@@ -130,9 +139,12 @@ TEST(NnOps, LayerNormAndRmsNormMatchReference) {
   const float *px = x.data<float>(), *pg = g.data<float>(), *pb = b.data<float>();
   for (std::int64_t r = 0; r < n; ++r) {
     double m = 0, v = 0, ss = 0;
-    for (std::int64_t j = 0; j < c; ++j) m += px[r * c + j] / double(c);
-    for (std::int64_t j = 0; j < c; ++j) v += std::pow(px[r * c + j] - m, 2) / c;
-    for (std::int64_t j = 0; j < c; ++j) ss += std::pow(px[r * c + j], 2) / c;
+    for (std::int64_t j = 0; j < c; ++j)
+      m += px[r * c + j] / double(c);
+    for (std::int64_t j = 0; j < c; ++j)
+      v += std::pow(px[r * c + j] - m, 2) / c;
+    for (std::int64_t j = 0; j < c; ++j)
+      ss += std::pow(px[r * c + j], 2) / c;
     for (std::int64_t j = 0; j < c; ++j) {
       const double xh = (px[r * c + j] - m) / std::sqrt(v + 1e-5);
       ln[r * c + j] = xh * pg[j] + pb[j];
@@ -153,15 +165,18 @@ TEST(NnOps, EmbeddingGathersRowsAndScatterAddsRepeats) {
   const float* pt = table.data<float>();
   std::vector<double> want;
   for (int id : {2, 0, 2, 2})
-    for (int j = 0; j < 3; ++j) want.push_back(pt[id * 3 + j]);
+    for (int j = 0; j < 3; ++j)
+      want.push_back(pt[id * 3 + j]);
   expect_close(out, want, 0, "embedding");
   Tensor ct = uniform({2, 2, 3}, 6);
-  Tensor gt = grads_of([&](const std::vector<Tensor>& x) { return embedding(x[0], ids); }, {table}, ct)[0];
+  Tensor gt =
+      grads_of([&](const std::vector<Tensor>& x) { return embedding(x[0], ids); }, {table}, ct)[0];
   const float* pc = ct.data<float>();
   std::vector<double> gwant(12, 0.0);
   const int idv[] = {2, 0, 2, 2};
   for (int i = 0; i < 4; ++i)
-    for (int j = 0; j < 3; ++j) gwant[idv[i] * 3 + j] += pc[i * 3 + j];
+    for (int j = 0; j < 3; ++j)
+      gwant[idv[i] * 3 + j] += pc[i * 3 + j];
   expect_close(gt, gwant, 1e-6, "embedding grad");
   EXPECT_EQ(gt.data<float>()[3], 0.f);  // row 1 never looked up
 }
@@ -177,8 +192,10 @@ TEST(NnOps, CrossEntropyMatchesReference) {
   const int lab[] = {0, 10, 5, 3, 3, 7};
   for (std::int64_t r = 0; r < n; ++r) {
     double m = -1e30, s = 0;
-    for (std::int64_t j = 0; j < v; ++j) m = std::max(m, double(px[r * v + j]));
-    for (std::int64_t j = 0; j < v; ++j) s += std::exp(px[r * v + j] - m);
+    for (std::int64_t j = 0; j < v; ++j)
+      m = std::max(m, double(px[r * v + j]));
+    for (std::int64_t j = 0; j < v; ++j)
+      s += std::exp(px[r * v + j] - m);
     want[r] = m + std::log(s) - px[r * v + lab[r]];
   }
   expect_close(loss, want, 1e-5, "cross_entropy");
@@ -203,14 +220,17 @@ TEST(NnOps, DropoutIsDeterministicPerKeyAndScalesKeptValues) {
   EXPECT_TRUE(dropout(x, 0.f, Key::from_seed(1)).shares_storage_with(x));
   // The backward applies the same mask and scale.
   Tensor ct = Tensor::ones({n});
-  Tensor gx = grads_of([&](const std::vector<Tensor>& in) { return dropout(in[0], rate, Key::from_seed(1)); }, {x}, ct)[0];
+  Tensor gx = grads_of(
+      [&](const std::vector<Tensor>& in) { return dropout(in[0], rate, Key::from_seed(1)); }, {x},
+      ct)[0];
   const float* pg = gx.data<float>();
-  for (std::int64_t i = 0; i < n; ++i) ASSERT_FLOAT_EQ(pg[i], pa[i] == 0.f ? 0.f : 1.f / (1.f - rate));
+  for (std::int64_t i = 0; i < n; ++i)
+    ASSERT_FLOAT_EQ(pg[i], pa[i] == 0.f ? 0.f : 1.f / (1.f - rate));
 }
 
 // Reference attention in double: q (B,H,T,D), k/v (B,H,S,D).
-std::vector<double> attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                                        double scale) {
+std::vector<double> attention_reference(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        bool causal, double scale) {
   const std::int64_t bh = q.size(0) * q.size(1), t = q.size(2), s = k.size(2), d = q.size(3);
   const float *pq = q.data<float>(), *pk = k.data<float>(), *pv = v.data<float>();
   std::vector<double> out(bh * t * d, 0.0);
@@ -221,42 +241,55 @@ std::vector<double> attention_reference(const Tensor& q, const Tensor& k, const 
       double m = -1e300, sum = 0;
       for (std::int64_t j = 0; j < vis; ++j) {
         double acc = 0;
-        for (std::int64_t e = 0; e < d; ++e) acc += double(pq[(h * t + i) * d + e]) * pk[(h * s + j) * d + e];
+        for (std::int64_t e = 0; e < d; ++e)
+          acc += double(pq[(h * t + i) * d + e]) * pk[(h * s + j) * d + e];
         sc[j] = acc * scale;
         m = std::max(m, sc[j]);
       }
-      for (std::int64_t j = 0; j < vis; ++j) sum += (sc[j] = std::exp(sc[j] - m));
       for (std::int64_t j = 0; j < vis; ++j)
-        for (std::int64_t e = 0; e < d; ++e) out[(h * t + i) * d + e] += sc[j] / sum * pv[(h * s + j) * d + e];
+        sum += (sc[j] = std::exp(sc[j] - m));
+      for (std::int64_t j = 0; j < vis; ++j)
+        for (std::int64_t e = 0; e < d; ++e)
+          out[(h * t + i) * d + e] += sc[j] / sum * pv[(h * s + j) * d + e];
     }
   return out;
 }
 
 TEST(Attention, MatchesReferenceLoops) {
-  struct Case { std::int64_t b, h, t, s, d; bool causal; float scale; };
+  struct Case {
+    std::int64_t b, h, t, s, d;
+    bool causal;
+    float scale;
+  };
   for (const Case& c : {Case{2, 3, 70, 70, 16, true, 0.f}, Case{1, 2, 40, 75, 8, false, 0.f},
                         Case{2, 2, 33, 50, 8, true, 0.3f}, Case{1, 1, 1, 1, 4, true, 0.f}}) {
     Tensor q = uniform({c.b, c.h, c.t, c.d}, 10, -2.f, 2.f);
     Tensor k = uniform({c.b, c.h, c.s, c.d}, 11, -2.f, 2.f);
     Tensor v = uniform({c.b, c.h, c.s, c.d}, 12);
     const double scale = c.scale != 0.f ? c.scale : 1.0 / std::sqrt(double(c.d));
-    expect_close(attention(q, k, v, c.causal, c.scale), attention_reference(q, k, v, c.causal, scale), 2e-5,
-                 "attention");
+    expect_close(attention(q, k, v, c.causal, c.scale),
+                 attention_reference(q, k, v, c.causal, scale), 2e-5, "attention");
   }
 }
 
 TEST(Attention, CausalRowsWithoutVisibleKeysAreZero) {
   // T > S: the first T - S queries see no key.
-  Tensor q = uniform({1, 1, 5, 4}, 13), k = uniform({1, 1, 3, 4}, 14), v = uniform({1, 1, 3, 4}, 15);
+  Tensor q = uniform({1, 1, 5, 4}, 13), k = uniform({1, 1, 3, 4}, 14),
+         v = uniform({1, 1, 3, 4}, 15);
   Tensor o = attention(q, k, v, true);
-  for (int i = 0; i < 2 * 4; ++i) EXPECT_EQ(o.data<float>()[i], 0.f);
+  for (int i = 0; i < 2 * 4; ++i)
+    EXPECT_EQ(o.data<float>()[i], 0.f);
   expect_close(o, attention_reference(q, k, v, true, 0.5), 1e-5, "attention with T > S");
   // And no gradient flows from the rows that see nothing.
   Tensor ct = Tensor::zeros({1, 1, 5, 4});
-  for (int i = 0; i < 8; ++i) ct.data<float>()[i] = 1.f;
-  auto gs = grads_of([](const std::vector<Tensor>& in) { return attention(in[0], in[1], in[2], true); }, {q, k, v}, ct);
+  for (int i = 0; i < 8; ++i)
+    ct.data<float>()[i] = 1.f;
+  auto gs =
+      grads_of([](const std::vector<Tensor>& in) { return attention(in[0], in[1], in[2], true); },
+               {q, k, v}, ct);
   for (const Tensor& gr : gs)
-    for (float val : gr.to_vector<float>()) EXPECT_EQ(val, 0.f);
+    for (float val : gr.to_vector<float>())
+      EXPECT_EQ(val, 0.f);
 }
 
 // ---------------------------------------------------------------- fused vs composed gradients
@@ -274,14 +307,17 @@ TEST(NnOps, FusedGradientsMatchComposedOpsAtScale) {
   };
   auto ln_fused = [](const std::vector<Tensor>& in) { return layer_norm(in[0], in[1], in[2]); };
   auto gf = grads_of(ln_fused, {x, g, b}, ct), gc = grads_of(ln_composed, {x, g, b}, ct);
-  for (int i = 0; i < 3; ++i) expect_close(gf[i], gc[i], 2e-4, "layer_norm grads");
+  for (int i = 0; i < 3; ++i)
+    expect_close(gf[i], gc[i], 2e-4, "layer_norm grads");
 
   auto rms_composed = [](const std::vector<Tensor>& in) {
     return mul(mul(in[0], rsqrt(add_scalar(mean(square(in[0]), {-1}, true), 1e-6))), in[1]);
   };
-  auto rf = grads_of([](const std::vector<Tensor>& in) { return rms_norm(in[0], in[1]); }, {x, g}, ct);
+  auto rf =
+      grads_of([](const std::vector<Tensor>& in) { return rms_norm(in[0], in[1]); }, {x, g}, ct);
   auto rc = grads_of(rms_composed, {x, g}, ct);
-  for (int i = 0; i < 2; ++i) expect_close(rf[i], rc[i], 2e-4, "rms_norm grads");
+  for (int i = 0; i < 2; ++i)
+    expect_close(rf[i], rc[i], 2e-4, "rms_norm grads");
 
   auto sm_composed = [](const std::vector<Tensor>& in) {
     Tensor e = exp(sub(in[0], max(in[0], {-1}, true)));
@@ -293,17 +329,21 @@ TEST(NnOps, FusedGradientsMatchComposedOpsAtScale) {
     Tensor xs = sub(in[0], max(in[0], {-1}, true));
     return sub(xs, log(sum(exp(xs), {-1}, true)));
   };
-  expect_close(grads_of([](const std::vector<Tensor>& in) { return log_softmax(in[0]); }, {x}, ct)[0],
-               grads_of(lsm_composed, {x}, ct)[0], 1e-4, "log_softmax grads");
+  expect_close(
+      grads_of([](const std::vector<Tensor>& in) { return log_softmax(in[0]); }, {x}, ct)[0],
+      grads_of(lsm_composed, {x}, ct)[0], 1e-4, "log_softmax grads");
 
   // cross_entropy == -sum(onehot * log_softmax) per row.
   std::vector<std::int64_t> lab(n);
   std::vector<float> onehot(n * c, 0.f);
-  for (std::int64_t r = 0; r < n; ++r) onehot[r * c + (lab[r] = (r * 37) % c)] = 1.f;
+  for (std::int64_t r = 0; r < n; ++r)
+    onehot[r * c + (lab[r] = (r * 37) % c)] = 1.f;
   Tensor labels = Tensor::from_vector(lab, {n}), oh = Tensor::from_vector(onehot, {n, c});
   Tensor cl = uniform({n}, 24);
   auto ce_f = [&](const std::vector<Tensor>& in) { return cross_entropy(in[0], labels); };
-  auto ce_c = [&](const std::vector<Tensor>& in) { return neg(sum(mul(log_softmax(in[0]), oh), {-1})); };
+  auto ce_c = [&](const std::vector<Tensor>& in) {
+    return neg(sum(mul(log_softmax(in[0]), oh), {-1}));
+  };
   expect_close(cross_entropy(x, labels), ce_c({x}), 1e-5, "cross_entropy values");
   expect_close(grads_of(ce_f, {x}, cl)[0], grads_of(ce_c, {x}, cl)[0], 1e-5, "cross_entropy grads");
 }
@@ -311,11 +351,13 @@ TEST(NnOps, FusedGradientsMatchComposedOpsAtScale) {
 TEST(Attention, GradientsMatchComposedOpsAtGptShape) {
   // A slice of the GPT benchmark shape (T=128, D=64) against matmul/where/softmax.
   const std::int64_t b = 2, h = 2, t = 128, d = 64;
-  Tensor q = uniform({b, h, t, d}, 30), k = uniform({b, h, t, d}, 31), v = uniform({b, h, t, d}, 32);
+  Tensor q = uniform({b, h, t, d}, 30), k = uniform({b, h, t, d}, 31),
+         v = uniform({b, h, t, d}, 32);
   Tensor ct = uniform({b, h, t, d}, 33);
   std::vector<float> mask(t * t);
   for (std::int64_t i = 0; i < t; ++i)
-    for (std::int64_t j = 0; j < t; ++j) mask[i * t + j] = j <= i ? 1.f : 0.f;
+    for (std::int64_t j = 0; j < t; ++j)
+      mask[i * t + j] = j <= i ? 1.f : 0.f;
   Tensor m = Tensor::from_vector(mask, {t, t});
   Tensor neg_inf = Tensor::full({1}, -1e30);
   auto composed = [&](const std::vector<Tensor>& in) {
@@ -325,15 +367,16 @@ TEST(Attention, GradientsMatchComposedOpsAtGptShape) {
   auto fused = [](const std::vector<Tensor>& in) { return attention(in[0], in[1], in[2], true); };
   expect_close(fused({q, k, v}), composed({q, k, v}), 1e-5, "attention values");
   auto gf = grads_of(fused, {q, k, v}, ct), gc = grads_of(composed, {q, k, v}, ct);
-  for (int i = 0; i < 3; ++i) expect_close(gf[i], gc[i], 1e-4, "attention grads");
+  for (int i = 0; i < 3; ++i)
+    expect_close(gf[i], gc[i], 1e-4, "attention grads");
 }
 
 // Ops skip the cotangents of inputs that do not require grad; the others must not change.
 TEST(NnOps, GradientsWithOnlySomeInputsDifferentiated) {
   Tensor x = uniform({6, 8}, 60), g = uniform({8}, 61, 0.5f, 1.5f), b = uniform({8}, 62);
   Tensor w = uniform({8, 5}, 63), ct = uniform({6, 8}, 64), ct5 = uniform({6, 5}, 65);
-  auto check = [&](const std::function<Tensor(const std::vector<Tensor>&)>& f, const std::vector<Tensor>& in,
-                   const Tensor& cot, const char* what) {
+  auto check = [&](const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                   const std::vector<Tensor>& in, const Tensor& cot, const char* what) {
     std::vector<Tensor> all = grads_of(f, in, cot);
     for (std::size_t i = 0; i < in.size(); ++i) {
       std::vector<Tensor> args = in;
@@ -343,14 +386,17 @@ TEST(NnOps, GradientsWithOnlySomeInputsDifferentiated) {
       expect_close(gi, all[i], 1e-6, what);
     }
   };
-  check([](const std::vector<Tensor>& in) { return layer_norm(in[0], in[1], in[2]); }, {x, g, b}, ct, "layer_norm");
-  check([](const std::vector<Tensor>& in) { return rms_norm(in[0], in[1]); }, {x, g}, ct, "rms_norm");
-  check([](const std::vector<Tensor>& in) { return linear(in[0], in[1], in[2]); }, {x, w, uniform({5}, 66)}, ct5,
-        "linear");
+  check([](const std::vector<Tensor>& in) { return layer_norm(in[0], in[1], in[2]); }, {x, g, b},
+        ct, "layer_norm");
+  check([](const std::vector<Tensor>& in) { return rms_norm(in[0], in[1]); }, {x, g}, ct,
+        "rms_norm");
+  check([](const std::vector<Tensor>& in) { return linear(in[0], in[1], in[2]); },
+        {x, w, uniform({5}, 66)}, ct5, "linear");
   check([](const std::vector<Tensor>& in) { return matmul(in[0], in[1]); }, {x, w}, ct5, "matmul");
-  Tensor q = uniform({1, 2, 4, 3}, 67), k = uniform({1, 2, 6, 3}, 68), v = uniform({1, 2, 6, 3}, 69);
-  check([](const std::vector<Tensor>& in) { return attention(in[0], in[1], in[2], true); }, {q, k, v},
-        uniform({1, 2, 4, 3}, 70), "attention");
+  Tensor q = uniform({1, 2, 4, 3}, 67), k = uniform({1, 2, 6, 3}, 68),
+         v = uniform({1, 2, 6, 3}, 69);
+  check([](const std::vector<Tensor>& in) { return attention(in[0], in[1], in[2], true); },
+        {q, k, v}, uniform({1, 2, 4, 3}, 70), "attention");
 }
 
 // ---------------------------------------------------------------- errors
@@ -367,15 +413,32 @@ TEST(NnOpsErrors, BadShapesAndDtypesNameTheOp) {
   expect_throws_naming([&] { log_softmax(Tensor::scalar(1.0)); }, "log_softmax");
   expect_throws_naming([&] { embedding(uniform({5, 3}, 43), ids); }, "embedding");  // id 5 >= V
   expect_throws_naming([&] { embedding(uniform({5, 3}, 43), fids); }, "embedding");
-  expect_throws_naming([&] { embedding(g4, Tensor::from_vector<std::int32_t>({0}, {1})); }, "embedding");
-  expect_throws_naming([&] { cross_entropy(x, Tensor::from_vector<std::int32_t>({0, 1, 2}, {3})); }, "cross_entropy");
-  expect_throws_naming([&] { cross_entropy(x, Tensor::from_vector<std::int32_t>({0, 4}, {2})); }, "cross_entropy");
+  expect_throws_naming([&] { embedding(g4, Tensor::from_vector<std::int32_t>({0}, {1})); },
+                       "embedding");
+  expect_throws_naming(
+      [&] {
+        cross_entropy(x, Tensor::from_vector<std::int32_t>({0, 1, 2}, {3}));
+      },
+      "cross_entropy");
+  expect_throws_naming(
+      [&] {
+        cross_entropy(x, Tensor::from_vector<std::int32_t>({0, 4}, {2}));
+      },
+      "cross_entropy");
   expect_throws_naming([&] { cross_entropy(x, fids); }, "cross_entropy");
   expect_throws_naming([&] { dropout(x, 1.f, Key::from_seed(0)); }, "dropout");
   expect_throws_naming([&] { dropout(x, -0.1f, Key::from_seed(0)); }, "dropout");
   Tensor q = uniform({1, 2, 3, 4}, 44);
-  expect_throws_naming([&] { attention(q, uniform({1, 2, 3, 5}, 45), uniform({1, 2, 3, 5}, 46)); }, "attention");
-  expect_throws_naming([&] { attention(q, uniform({1, 3, 3, 4}, 45), uniform({1, 3, 3, 4}, 46)); }, "attention");
+  expect_throws_naming(
+      [&] {
+        attention(q, uniform({1, 2, 3, 5}, 45), uniform({1, 2, 3, 5}, 46));
+      },
+      "attention");
+  expect_throws_naming(
+      [&] {
+        attention(q, uniform({1, 3, 3, 4}, 45), uniform({1, 3, 3, 4}, 46));
+      },
+      "attention");
   expect_throws_naming([&] { attention(q, q, uniform({1, 2, 4, 4}, 47)); }, "attention");
   expect_throws_naming([&] { attention(x, x, x); }, "attention");
   expect_throws_naming([&] { attention(q, q, astype(q, DType::BF16)); }, "attention");
@@ -386,7 +449,11 @@ TEST(TensorOpsErrors, BadShapesAndDtypesNameTheOp) {
   expect_throws_naming([&] { add(a, b); }, "add");
   expect_throws_naming([&] { mul(a, astype(a, DType::BF16)); }, "mul");
   expect_throws_naming([&] { matmul(a, b); }, "matmul");
-  expect_throws_naming([&] { matmul(uniform({2, 2, 3}, 52), uniform({3, 2, 3, 4}, 53)); }, "matmul");
+  expect_throws_naming(
+      [&] {
+        matmul(uniform({2, 2, 3}, 52), uniform({3, 2, 3, 4}, 53));
+      },
+      "matmul");
   expect_throws_naming([&] { matmul(uniform({3}, 54), b); }, "matmul");
   expect_throws_naming([&] { linear(a, b); }, "linear");
   expect_throws_naming([&] { linear(a, uniform({3, 5}, 55), uniform({4}, 56)); }, "linear");

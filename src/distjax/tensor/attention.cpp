@@ -60,7 +60,8 @@ void head_forward(const AttnDims& a, const float* q, const float* k, const float
       const float sum = detail::exp_shifted_sum(row, row, n, m);
       const float inv = 1.f / sum;
 #pragma omp simd
-      for (std::int64_t j = 0; j < n; ++j) row[j] *= inv;
+      for (std::int64_t j = 0; j < n; ++j)
+        row[j] *= inv;
       l[t0 + i] = m + std::log(sum);
     }
     gemm_f32_ld(false, false, rows, d, kmax, 1.f, p, s, v, d, 0.f, o + t0 * d, d);
@@ -69,14 +70,15 @@ void head_forward(const AttnDims& a, const float* q, const float* k, const float
 
 // One head's backward. dq (T, D), dk and dv (S, D) are written. p, dp: kRowBlock * S
 // scratch each; di: T scratch.
-void head_backward(const AttnDims& a, const float* q, const float* k, const float* v, const float* o,
-                   const float* l, const float* go, float* dq, float* dk, float* dv, float* p,
-                   float* dp, float* di) {
+void head_backward(const AttnDims& a, const float* q, const float* k, const float* v,
+                   const float* o, const float* l, const float* go, float* dq, float* dk, float* dv,
+                   float* p, float* dp, float* di) {
   const std::int64_t s = a.s, d = a.d;
   for (std::int64_t t = 0; t < a.t; ++t) {  // D_t = <dO_t, O_t> = sum_j P_tj dP_tj
     float acc = 0.f;
 #pragma omp simd reduction(+ : acc)
-    for (std::int64_t j = 0; j < d; ++j) acc += go[t * d + j] * o[t * d + j];
+    for (std::int64_t j = 0; j < d; ++j)
+      acc += go[t * d + j] * o[t * d + j];
     di[t] = acc;
   }
   std::fill(dk, dk + s * d, 0.f);
@@ -95,7 +97,8 @@ void head_backward(const AttnDims& a, const float* q, const float* k, const floa
       const std::int64_t n = a.visible(t0 + i);
       const float li = l[t0 + i];
 #pragma omp simd
-      for (std::int64_t j = 0; j < n; ++j) row[j] = detail::fast_exp(row[j] - li);
+      for (std::int64_t j = 0; j < n; ++j)
+        row[j] = detail::fast_exp(row[j] - li);
       std::fill(row + n, row + kmax, 0.f);
     }
     // dV += P^T dO;  dP = dO V^T
@@ -107,7 +110,8 @@ void head_backward(const AttnDims& a, const float* q, const float* k, const floa
       float* dr = dp + i * s;
       const float dt = di[t0 + i];
 #pragma omp simd
-      for (std::int64_t j = 0; j < kmax; ++j) dr[j] = pr[j] * (dr[j] - dt);
+      for (std::int64_t j = 0; j < kmax; ++j)
+        dr[j] = pr[j] * (dr[j] - dt);
     }
     // dQ = scale * dS K;  dK += scale * dS^T Q
     gemm_f32_ld(false, false, rows, d, kmax, a.scale, dp, s, k, d, 0.f, dq + t0 * d, d);
@@ -115,15 +119,16 @@ void head_backward(const AttnDims& a, const float* q, const float* k, const floa
   }
 }
 
-AttnDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, float scale) {
+AttnDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                         float scale) {
   detail::require_f32("attention", {&q, &k, &v});
   DISTJAX_CHECK(q.rank() == 4 && k.rank() == 4 && v.rank() == 4, InvalidArgument,
                 "[attention] expected q (B, H, T, D), k and v (B, H, S, D), got q ",
                 to_string(q.shape()), ", k ", to_string(k.shape()), ", v ", to_string(v.shape()));
   DISTJAX_CHECK(k.shape() == v.shape() && q.size(0) == k.size(0) && q.size(1) == k.size(1) &&
                     q.size(3) == k.size(3),
-                InvalidArgument, "[attention] shapes do not match: q ", to_string(q.shape()), ", k ",
-                to_string(k.shape()), ", v ", to_string(v.shape()),
+                InvalidArgument, "[attention] shapes do not match: q ", to_string(q.shape()),
+                ", k ", to_string(k.shape()), ", v ", to_string(v.shape()),
                 " (expected q (B, H, T, D), k and v (B, H, S, D))");
   AttnDims a;
   a.bh = q.size(0) * q.size(1);
@@ -131,7 +136,8 @@ AttnDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool
   a.s = k.size(2);
   a.d = q.size(3);
   a.causal = causal;
-  a.scale = scale != 0.f ? scale : 1.f / std::sqrt(static_cast<float>(std::max<std::int64_t>(a.d, 1)));
+  a.scale =
+      scale != 0.f ? scale : 1.f / std::sqrt(static_cast<float>(std::max<std::int64_t>(a.d, 1)));
   return a;
 }
 
@@ -157,8 +163,8 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
     std::vector<float> scratch(static_cast<std::size_t>(kRowBlock * a.s));
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t h = 0; h < a.bh; ++h)
-      head_forward(a, pq + h * a.t * a.d, pk + h * a.s * a.d, pv + h * a.s * a.d, po + h * a.t * a.d,
-                   pl + h * a.t, scratch.data());
+      head_forward(a, pq + h * a.t * a.d, pk + h * a.s * a.d, pv + h * a.s * a.d,
+                   po + h * a.t * a.d, pl + h * a.t, scratch.data());
   }
   if (!needs_grad({&q, &k, &v})) return out;
   return record("attention", {q, k, v}, out,

@@ -29,7 +29,8 @@ Tensor map_unary(const char* op, const Tensor& x, F f) {
   float* po = out.data<float>();
   const std::int64_t n = x.numel();
 #pragma omp parallel for simd if (n > kParallelGrain)
-  for (std::int64_t i = 0; i < n; ++i) po[i] = f(px[i]);
+  for (std::int64_t i = 0; i < n; ++i)
+    po[i] = f(px[i]);
   return out;
 }
 
@@ -43,7 +44,8 @@ Tensor map_grad(const Tensor& g, const Tensor& x, const Tensor& y, F dfdx) {
   float* po = out.data<float>();
   const std::int64_t n = x.numel();
 #pragma omp parallel for simd if (n > kParallelGrain)
-  for (std::int64_t i = 0; i < n; ++i) po[i] = pg[i] * dfdx(px[i], py[i]);
+  for (std::int64_t i = 0; i < n; ++i)
+    po[i] = pg[i] * dfdx(px[i], py[i]);
   return out;
 }
 
@@ -92,8 +94,8 @@ Tensor div(const Tensor& a, const Tensor& b) {
   Tensor out = map_binary("div", a, b, [](float x, float y) { return x / y; });
   if (!needs_grad({&a, &b})) return out;
   return record("div", {a, b}, out,
-                [ad = a.detach(), bd = b.detach(), od = out.detach(), rb = b.requires_grad()](
-                    const std::vector<Tensor>& g) {
+                [ad = a.detach(), bd = b.detach(), od = out.detach(),
+                 rb = b.requires_grad()](const std::vector<Tensor>& g) {
                   Tensor ga = sum_to(div(g[0], bd), ad.shape());
                   // d(a/b)/db = -(a/b)/b
                   Tensor gb = rb ? sum_to(neg(div(mul(g[0], od), bd)), bd.shape()) : Tensor();
@@ -104,12 +106,14 @@ Tensor div(const Tensor& a, const Tensor& b) {
 Tensor maximum(const Tensor& a, const Tensor& b) {
   Tensor out = map_binary("maximum", a, b, [](float x, float y) { return x >= y ? x : y; });
   if (!needs_grad({&a, &b})) return out;
-  return record("maximum", {a, b}, out, [ad = a.detach(), bd = b.detach()](const std::vector<Tensor>& g) {
-    Tensor mask_a = map_binary("maximum", ad, bd, [](float x, float y) { return x >= y ? 1.f : 0.f; });
-    Tensor ga = mul(g[0], mask_a);
-    Tensor gb = sub(g[0], ga);
-    return std::vector<Tensor>{sum_to(ga, ad.shape()), sum_to(gb, bd.shape())};
-  });
+  return record(
+      "maximum", {a, b}, out, [ad = a.detach(), bd = b.detach()](const std::vector<Tensor>& g) {
+        Tensor mask_a =
+            map_binary("maximum", ad, bd, [](float x, float y) { return x >= y ? 1.f : 0.f; });
+        Tensor ga = mul(g[0], mask_a);
+        Tensor gb = sub(g[0], ga);
+        return std::vector<Tensor>{sum_to(ga, ad.shape()), sum_to(gb, bd.shape())};
+      });
 }
 
 // ---------------------------------------------------------------- scalar
@@ -118,7 +122,8 @@ Tensor add_scalar(const Tensor& x, double s) {
   const float c = static_cast<float>(s);
   Tensor y = map_unary("add_scalar", x, [c](float v) { return v + c; });
   if (!needs_grad({&x})) return y;
-  return record("add_scalar", {x}, y, [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
+  return record("add_scalar", {x}, y,
+                [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
 }
 
 Tensor mul_scalar(const Tensor& x, double s) {
@@ -133,57 +138,76 @@ Tensor mul_scalar(const Tensor& x, double s) {
 Tensor pow_scalar(const Tensor& x, double p) {
   const float e = static_cast<float>(p);
   // Common exponents avoid the libm call so the loop vectorises.
-  if (p == 1.0) return unary_op("pow_scalar", x, [](float v) { return v; }, [](float, float) { return 1.f; });
-  if (p == 2.0) return unary_op("pow_scalar", x, [](float v) { return v * v; }, [](float v, float) { return 2.f * v; });
+  if (p == 1.0)
+    return unary_op(
+        "pow_scalar", x, [](float v) { return v; }, [](float, float) { return 1.f; });
+  if (p == 2.0)
+    return unary_op(
+        "pow_scalar", x, [](float v) { return v * v; }, [](float v, float) { return 2.f * v; });
   if (p == 3.0)
-    return unary_op("pow_scalar", x, [](float v) { return v * v * v; }, [](float v, float) { return 3.f * v * v; });
+    return unary_op(
+        "pow_scalar", x, [](float v) { return v * v * v; },
+        [](float v, float) { return 3.f * v * v; });
   if (p == 0.5)
-    return unary_op("pow_scalar", x, [](float v) { return std::sqrt(v); }, [](float, float y) { return 0.5f / y; });
+    return unary_op(
+        "pow_scalar", x, [](float v) { return std::sqrt(v); },
+        [](float, float y) { return 0.5f / y; });
   if (p == -1.0)
-    return unary_op("pow_scalar", x, [](float v) { return 1.f / v; }, [](float, float y) { return -y * y; });
-  return unary_op("pow_scalar", x, [e](float v) { return std::pow(v, e); },
-                  [e](float v, float) { return e * std::pow(v, e - 1.f); });
+    return unary_op(
+        "pow_scalar", x, [](float v) { return 1.f / v; }, [](float, float y) { return -y * y; });
+  return unary_op(
+      "pow_scalar", x, [e](float v) { return std::pow(v, e); },
+      [e](float v, float) { return e * std::pow(v, e - 1.f); });
 }
 
 // ---------------------------------------------------------------- unary
 
-Tensor neg(const Tensor& x) { return mul_scalar(x, -1.0); }
+Tensor neg(const Tensor& x) {
+  return mul_scalar(x, -1.0);
+}
 
 Tensor exp(const Tensor& x) {
-  return unary_op("exp", x, [](float v) { return detail::fast_exp(v); }, [](float, float y) { return y; });
+  return unary_op(
+      "exp", x, [](float v) { return detail::fast_exp(v); }, [](float, float y) { return y; });
 }
 
 Tensor log(const Tensor& x) {
-  return unary_op("log", x, [](float v) { return std::log(v); }, [](float v, float) { return 1.f / v; });
+  return unary_op(
+      "log", x, [](float v) { return std::log(v); }, [](float v, float) { return 1.f / v; });
 }
 
 Tensor sqrt(const Tensor& x) {
-  return unary_op("sqrt", x, [](float v) { return std::sqrt(v); },
-                  [](float, float y) { return 0.5f / y; });
+  return unary_op(
+      "sqrt", x, [](float v) { return std::sqrt(v); }, [](float, float y) { return 0.5f / y; });
 }
 
 Tensor rsqrt(const Tensor& x) {
-  return unary_op("rsqrt", x, [](float v) { return 1.f / std::sqrt(v); },
-                  [](float v, float y) { return -0.5f * y / v; });
+  return unary_op(
+      "rsqrt", x, [](float v) { return 1.f / std::sqrt(v); },
+      [](float v, float y) { return -0.5f * y / v; });
 }
 
 Tensor square(const Tensor& x) {
-  return unary_op("square", x, [](float v) { return v * v; }, [](float v, float) { return 2.f * v; });
+  return unary_op(
+      "square", x, [](float v) { return v * v; }, [](float v, float) { return 2.f * v; });
 }
 
 Tensor tanh(const Tensor& x) {
-  return unary_op("tanh", x, [](float v) { return detail::fast_tanh(v); },
-                  [](float, float y) { return 1.f - y * y; });
+  return unary_op(
+      "tanh", x, [](float v) { return detail::fast_tanh(v); },
+      [](float, float y) { return 1.f - y * y; });
 }
 
 Tensor sigmoid(const Tensor& x) {
-  return unary_op("sigmoid", x, [](float v) { return detail::fast_sigmoid(v); },
-                  [](float, float y) { return y * (1.f - y); });
+  return unary_op(
+      "sigmoid", x, [](float v) { return detail::fast_sigmoid(v); },
+      [](float, float y) { return y * (1.f - y); });
 }
 
 Tensor relu(const Tensor& x) {
-  return unary_op("relu", x, [](float v) { return v > 0.f ? v : 0.f; },
-                  [](float v, float) { return v > 0.f ? 1.f : 0.f; });
+  return unary_op(
+      "relu", x, [](float v) { return v > 0.f ? v : 0.f; },
+      [](float v, float) { return v > 0.f ? 1.f : 0.f; });
 }
 
 Tensor gelu(const Tensor& x, bool approximate) {
@@ -203,16 +227,18 @@ Tensor gelu(const Tensor& x, bool approximate) {
   return unary_op(
       "gelu", x, [](float v) { return 0.5f * v * (1.f + detail::fast_erf(v * kInvSqrt2)); },
       [](float v, float) {
-        return 0.5f * (1.f + detail::fast_erf(v * kInvSqrt2)) + v * kInvSqrt2Pi * detail::fast_exp(-0.5f * v * v);
+        return 0.5f * (1.f + detail::fast_erf(v * kInvSqrt2)) +
+               v * kInvSqrt2Pi * detail::fast_exp(-0.5f * v * v);
       });
 }
 
 Tensor silu(const Tensor& x) {
-  return unary_op("silu", x, [](float v) { return v * detail::fast_sigmoid(v); },
-                  [](float v, float) {
-                    float s = detail::fast_sigmoid(v);
-                    return s * (1.f + v * (1.f - s));
-                  });
+  return unary_op(
+      "silu", x, [](float v) { return v * detail::fast_sigmoid(v); },
+      [](float v, float) {
+        float s = detail::fast_sigmoid(v);
+        return s * (1.f + v * (1.f - s));
+      });
 }
 
 // ---------------------------------------------------------------- selection, casts
@@ -220,7 +246,8 @@ Tensor silu(const Tensor& x) {
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   detail::require_f32("where", {&a, &b});
   Tensor c = cond.dtype() == DType::F32 ? cond : astype(cond, DType::F32);
-  Shape shape = broadcast_shapes(broadcast_shapes(c.shape(), a.shape(), "where"), b.shape(), "where");
+  Shape shape =
+      broadcast_shapes(broadcast_shapes(c.shape(), a.shape(), "where"), b.shape(), "where");
   auto expand = [&](const Tensor& t) {
     if (t.shape() == shape) return t;
     Tensor o = Tensor::empty(shape);
@@ -235,13 +262,15 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   float* po = out.data<float>();
   const std::int64_t n = out.numel();
 #pragma omp parallel for simd if (n > kParallelGrain)
-  for (std::int64_t i = 0; i < n; ++i) po[i] = pm[i] != 0.f ? pa[i] : pb[i];
+  for (std::int64_t i = 0; i < n; ++i)
+    po[i] = pm[i] != 0.f ? pa[i] : pb[i];
   if (!needs_grad({&a, &b})) return out;
-  return record("where", {a, b}, out,
-                [mask, sa = a.shape(), sb = b.shape()](const std::vector<Tensor>& g) {
-                  Tensor ga = mul(g[0], map_unary("where", mask, [](float m) { return m != 0.f ? 1.f : 0.f; }));
-                  return std::vector<Tensor>{sum_to(ga, sa), sum_to(sub(g[0], ga), sb)};
-                });
+  return record(
+      "where", {a, b}, out, [mask, sa = a.shape(), sb = b.shape()](const std::vector<Tensor>& g) {
+        Tensor ga =
+            mul(g[0], map_unary("where", mask, [](float m) { return m != 0.f ? 1.f : 0.f; }));
+        return std::vector<Tensor>{sum_to(ga, sa), sum_to(sub(g[0], ga), sb)};
+      });
 }
 
 Tensor astype(const Tensor& x, DType dtype) {

@@ -55,8 +55,8 @@ const GemmPlan& plan_for(const GemmKey& key) {
   p.b = dnnl::memory::desc(dims{bb, k, n}, dt::f32, tb ? dims{k * n, 1, k} : dims{k * n, n, 1});
   p.c = dnnl::memory::desc(dims{batch, m, n}, dt::f32, dims{m * n, n, 1});
   if (bias) p.bias = dnnl::memory::desc(dims{1, 1, n}, dt::f32, dims{n, n, 1});
-  dnnl::matmul::desc d = bias ? dnnl::matmul::desc(p.a, p.b, p.bias, p.c)
-                              : dnnl::matmul::desc(p.a, p.b, p.c);
+  dnnl::matmul::desc d =
+      bias ? dnnl::matmul::desc(p.a, p.b, p.bias, p.c) : dnnl::matmul::desc(p.a, p.b, p.c);
   p.prim = dnnl::matmul(dnnl::matmul::primitive_desc(d, cpu_engine()));
   return cache.emplace(key, std::move(p)).first->second;
 }
@@ -81,8 +81,8 @@ void run_gemm(const GemmKey& key, const float* a, const float* b, const float* b
 
 }  // namespace
 
-void gemm_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-              const float* a, const float* b, float beta, float* c) {
+void gemm_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+              float alpha, const float* a, const float* b, float beta, float* c) {
   gemm_f32_ld(trans_a, trans_b, m, n, k, alpha, a, trans_a ? m : k, b, trans_b ? k : n, beta, c, n);
 }
 
@@ -116,8 +116,9 @@ MatmulDims check_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   std::int64_t ka = ta ? a.size(-2) : a.size(-1);
   std::int64_t kb = tb ? b.size(-1) : b.size(-2);
   d.n = tb ? b.size(-2) : b.size(-1);
-  DISTJAX_CHECK(ka == kb, InvalidArgument, "[matmul] inner dimensions differ: ", to_string(a.shape()),
-                (ta ? "^T" : ""), " @ ", to_string(b.shape()), (tb ? "^T" : ""));
+  DISTJAX_CHECK(ka == kb, InvalidArgument,
+                "[matmul] inner dimensions differ: ", to_string(a.shape()), (ta ? "^T" : ""), " @ ",
+                to_string(b.shape()), (tb ? "^T" : ""));
   d.k = ka;
   d.batch_shape = Shape(a.shape().begin(), a.shape().end() - 2);
   Shape b_batch(b.shape().begin(), b.shape().end() - 2);
@@ -163,7 +164,8 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
                     } else if (!shared) {
                       ga = matmul(bd, gc, tb, true);
                     } else {
-                      // dA[i] = op(B) dC[i]^T for a shared B: per batch, no batched operand on the left.
+                      // dA[i] = op(B) dC[i]^T for a shared B: per batch, no batched operand on the
+                      // left.
                       ga = Tensor::empty(ad.shape());
                       const std::int64_t m = gc.size(-2), n = gc.size(-1), k = ad.size(-2);
                       const std::int64_t batch = gc.numel() / (m * n);
@@ -171,7 +173,8 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
                       const float* pg = gc.data<float>();
                       float* po = ga.data<float>();
                       for (std::int64_t i = 0; i < batch; ++i)
-                        detail::gemm_f32(tb, true, k, m, n, 1.f, pb, pg + i * m * n, 0.f, po + i * k * m);
+                        detail::gemm_f32(tb, true, k, m, n, 1.f, pb, pg + i * m * n, 0.f,
+                                         po + i * k * m);
                     }
                   }
                   if (rb) {
@@ -192,9 +195,11 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
                         for (std::int64_t i = 0; i < batch; ++i) {
                           const float beta = 1.f;
                           if (tb)  // dB (N, K) += dC[i]^T A[i]^T
-                            detail::gemm_f32(true, true, n, k, m, 1.f, pg + i * m * n, pa + i * k * m, beta, po);
+                            detail::gemm_f32(true, true, n, k, m, 1.f, pg + i * m * n,
+                                             pa + i * k * m, beta, po);
                           else  // dB (K, N) += A[i] dC[i]
-                            detail::gemm_f32(false, false, k, n, m, 1.f, pa + i * k * m, pg + i * m * n, beta, po);
+                            detail::gemm_f32(false, false, k, n, m, 1.f, pa + i * k * m,
+                                             pg + i * m * n, beta, po);
                         }
                       }
                     } else {
@@ -208,8 +213,8 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   detail::require_f32("linear", {&x, &w});
   DISTJAX_CHECK(w.rank() == 2 && x.rank() >= 1 && x.size(-1) == w.size(0), InvalidArgument,
-                "[linear] x ", to_string(x.shape()), " does not match kernel ", to_string(w.shape()),
-                " (expected x (..., K), kernel (K, N))");
+                "[linear] x ", to_string(x.shape()), " does not match kernel ",
+                to_string(w.shape()), " (expected x (..., K), kernel (K, N))");
   const std::int64_t k = w.size(0), n = w.size(1), m = x.numel() / std::max<std::int64_t>(k, 1);
   if (bias.defined()) {
     detail::require_f32("linear", {&bias});
@@ -219,8 +224,9 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   Shape out_shape = x.shape();
   out_shape.back() = n;
   Tensor out = Tensor::empty(out_shape);
-  detail::run_gemm({1, m, n, k, false, false, true, bias.defined()}, x.data<float>(), w.data<float>(),
-                   bias.defined() ? bias.data<float>() : nullptr, out.data<float>());
+  detail::run_gemm({1, m, n, k, false, false, true, bias.defined()}, x.data<float>(),
+                   w.data<float>(), bias.defined() ? bias.data<float>() : nullptr,
+                   out.data<float>());
   std::vector<Tensor> inputs{x, w};
   if (bias.defined()) inputs.push_back(bias);
   if (!needs_grad(inputs)) return out;

@@ -32,22 +32,26 @@ Rows as_rows(const Tensor& x) {
 }
 
 // Threads to use for `work` elements of streaming work.
-int threads_for(std::int64_t work) { return work > kParallelGrain ? omp_get_max_threads() : 1; }
+int threads_for(std::int64_t work) {
+  return work > kParallelGrain ? omp_get_max_threads() : 1;
+}
 
 // Sums per-thread partial rows part[t * len + i] over t into part[0..len).
 void reduce_partials(std::vector<float>& part, int nt, std::int64_t len) {
   for (int t = 1; t < nt; ++t) {
     const float* src = part.data() + t * len;
 #pragma omp simd
-    for (std::int64_t i = 0; i < len; ++i) part[i] += src[i];
+    for (std::int64_t i = 0; i < len; ++i)
+      part[i] += src[i];
   }
 }
 
 void check_vector(const char* op, const char* what, const Tensor& p, std::int64_t c,
                   const Tensor& x) {
   detail::require_f32(op, {&p});
-  DISTJAX_CHECK(p.rank() == 1 && p.size(0) == c, InvalidArgument, "[", op, "] ", what, " has shape ",
-                to_string(p.shape()), " but x ", to_string(x.shape()), " needs (", c, ")");
+  DISTJAX_CHECK(p.rank() == 1 && p.size(0) == c, InvalidArgument, "[", op, "] ", what,
+                " has shape ", to_string(p.shape()), " but x ", to_string(x.shape()), " needs (", c,
+                ")");
 }
 
 // Moves `axis` last (and back): softmax over another axis is the last-axis kernel
@@ -68,18 +72,20 @@ Tensor softmax_last(const Tensor& x, bool log_form) {
   Tensor y = Tensor::empty(x.shape());
   const float* px = x.data<float>();
   float* py = y.data<float>();
-#pragma omp parallel for schedule(static) num_threads(threads_for(n * c))
+#pragma omp parallel for schedule(static) num_threads(threads_for(n* c))
   for (std::int64_t r = 0; r < n; ++r) {
     const float* xr = px + r * c;
     float* yr = py + r * c;
     if (log_form) {
       const float lse = detail::row_logsumexp(xr, c);
 #pragma omp simd
-      for (std::int64_t j = 0; j < c; ++j) yr[j] = xr[j] - lse;
+      for (std::int64_t j = 0; j < c; ++j)
+        yr[j] = xr[j] - lse;
     } else {
       const float inv = 1.f / detail::exp_shifted_sum(xr, yr, c, detail::row_max(xr, c));
 #pragma omp simd
-      for (std::int64_t j = 0; j < c; ++j) yr[j] *= inv;
+      for (std::int64_t j = 0; j < c; ++j)
+        yr[j] *= inv;
     }
   }
   if (!needs_grad({&x})) return y;
@@ -89,7 +95,7 @@ Tensor softmax_last(const Tensor& x, bool log_form) {
     const float* py = yd.data<float>();
     const float* pg = g[0].data<float>();
     float* po = gx.data<float>();
-#pragma omp parallel for schedule(static) num_threads(threads_for(n * c))
+#pragma omp parallel for schedule(static) num_threads(threads_for(n* c))
     for (std::int64_t r = 0; r < n; ++r) {
       const float* yr = py + r * c;
       const float* gr = pg + r * c;
@@ -97,14 +103,18 @@ Tensor softmax_last(const Tensor& x, bool log_form) {
       float s = 0.f;
       if (log_form) {  // dx = g - softmax * sum(g)
 #pragma omp simd reduction(+ : s)
-        for (std::int64_t j = 0; j < c; ++j) s += gr[j];
+        for (std::int64_t j = 0; j < c; ++j)
+          s += gr[j];
 #pragma omp simd
-        for (std::int64_t j = 0; j < c; ++j) o[j] = gr[j] - detail::fast_exp(yr[j]) * s;
+        for (std::int64_t j = 0; j < c; ++j)
+          o[j] = gr[j] - detail::fast_exp(yr[j]) * s;
       } else {  // dx = y * (g - <g, y>)
 #pragma omp simd reduction(+ : s)
-        for (std::int64_t j = 0; j < c; ++j) s += gr[j] * yr[j];
+        for (std::int64_t j = 0; j < c; ++j)
+          s += gr[j] * yr[j];
 #pragma omp simd
-        for (std::int64_t j = 0; j < c; ++j) o[j] = yr[j] * (gr[j] - s);
+        for (std::int64_t j = 0; j < c; ++j)
+          o[j] = yr[j] * (gr[j] - s);
       }
     }
     return std::vector<Tensor>{gx};
@@ -119,14 +129,19 @@ Tensor softmax_axis(const Tensor& x, int axis_in, bool log_form) {
   if (axis == x.rank() - 1) return softmax_last(x, log_form);
   const std::vector<int> perm = axis_last_perm(x.rank(), axis);
   std::vector<int> inv(perm.size());
-  for (std::size_t i = 0; i < perm.size(); ++i) inv[perm[i]] = static_cast<int>(i);
+  for (std::size_t i = 0; i < perm.size(); ++i)
+    inv[perm[i]] = static_cast<int>(i);
   return permute(softmax_last(permute(x, perm), log_form), inv);
 }
 
 }  // namespace
 
-Tensor softmax(const Tensor& x, int axis) { return softmax_axis(x, axis, false); }
-Tensor log_softmax(const Tensor& x, int axis) { return softmax_axis(x, axis, true); }
+Tensor softmax(const Tensor& x, int axis) {
+  return softmax_axis(x, axis, false);
+}
+Tensor log_softmax(const Tensor& x, int axis) {
+  return softmax_axis(x, axis, true);
+}
 
 // ------------------------------------------------------------------ layer norm
 
@@ -145,83 +160,89 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
   float* pm = mean.data<float>();
   float* ps = rstd.data<float>();
   const float inv_c = 1.f / static_cast<float>(c);
-#pragma omp parallel for schedule(static) num_threads(threads_for(n * c))
+#pragma omp parallel for schedule(static) num_threads(threads_for(n* c))
   for (std::int64_t r = 0; r < n; ++r) {
     const float* xr = px + r * c;
     float* yr = py + r * c;
     float s = 0.f;
 #pragma omp simd reduction(+ : s)
-    for (std::int64_t j = 0; j < c; ++j) s += xr[j];
+    for (std::int64_t j = 0; j < c; ++j)
+      s += xr[j];
     const float m = s * inv_c;
     float v = 0.f;
 #pragma omp simd reduction(+ : v)
-    for (std::int64_t j = 0; j < c; ++j) v += (xr[j] - m) * (xr[j] - m);
+    for (std::int64_t j = 0; j < c; ++j)
+      v += (xr[j] - m) * (xr[j] - m);
     const float rs = 1.f / std::sqrt(v * inv_c + eps);
     pm[r] = m;
     ps[r] = rs;
     if (pb) {
 #pragma omp simd
-      for (std::int64_t j = 0; j < c; ++j) yr[j] = (xr[j] - m) * rs * pw[j] + pb[j];
+      for (std::int64_t j = 0; j < c; ++j)
+        yr[j] = (xr[j] - m) * rs * pw[j] + pb[j];
     } else {
 #pragma omp simd
-      for (std::int64_t j = 0; j < c; ++j) yr[j] = (xr[j] - m) * rs * pw[j];
+      for (std::int64_t j = 0; j < c; ++j)
+        yr[j] = (xr[j] - m) * rs * pw[j];
     }
   }
   std::vector<Tensor> inputs{x, gamma};
   if (beta.defined()) inputs.push_back(beta);
   if (!needs_grad(inputs)) return y;
-  return record("layer_norm", inputs, y,
-                [xd = x.detach(), wd = gamma.detach(), mean, rstd, has_beta = beta.defined(),
-                 rx = x.requires_grad()](const std::vector<Tensor>& g) {
-                  const auto [n, c] = as_rows(xd);
-                  const float* px = xd.data<float>();
-                  const float* pw = wd.data<float>();
-                  const float* pg = g[0].data<float>();
-                  const float* pm = mean.data<float>();
-                  const float* ps = rstd.data<float>();
-                  Tensor gx = rx ? Tensor::empty(xd.shape()) : Tensor();
-                  float* pgx = rx ? gx.data<float>() : nullptr;
-                  const float inv_c = 1.f / static_cast<float>(c);
-                  const int nt = threads_for(n * c);
-                  // Per-thread partial sums of dgamma (first c) and dbeta (next c).
-                  std::vector<float> part(static_cast<std::size_t>(nt) * 2 * c, 0.f);
+  return record(
+      "layer_norm", inputs, y,
+      [xd = x.detach(), wd = gamma.detach(), mean, rstd, has_beta = beta.defined(),
+       rx = x.requires_grad()](const std::vector<Tensor>& g) {
+        const auto [n, c] = as_rows(xd);
+        const float* px = xd.data<float>();
+        const float* pw = wd.data<float>();
+        const float* pg = g[0].data<float>();
+        const float* pm = mean.data<float>();
+        const float* ps = rstd.data<float>();
+        Tensor gx = rx ? Tensor::empty(xd.shape()) : Tensor();
+        float* pgx = rx ? gx.data<float>() : nullptr;
+        const float inv_c = 1.f / static_cast<float>(c);
+        const int nt = threads_for(n * c);
+        // Per-thread partial sums of dgamma (first c) and dbeta (next c).
+        std::vector<float> part(static_cast<std::size_t>(nt) * 2 * c, 0.f);
 #pragma omp parallel num_threads(nt)
-                  {
-                    float* dw = part.data() + static_cast<std::int64_t>(omp_get_thread_num()) * 2 * c;
-                    float* db = dw + c;
+        {
+          float* dw = part.data() + static_cast<std::int64_t>(omp_get_thread_num()) * 2 * c;
+          float* db = dw + c;
 #pragma omp for schedule(static)
-                    for (std::int64_t r = 0; r < n; ++r) {
-                      const float* xr = px + r * c;
-                      const float* gr = pg + r * c;
-                      const float m = pm[r], rs = ps[r];
-                      float a = 0.f, b = 0.f;
+          for (std::int64_t r = 0; r < n; ++r) {
+            const float* xr = px + r * c;
+            const float* gr = pg + r * c;
+            const float m = pm[r], rs = ps[r];
+            float a = 0.f, b = 0.f;
 #pragma omp simd reduction(+ : a, b)
-                      for (std::int64_t j = 0; j < c; ++j) {
-                        const float xh = (xr[j] - m) * rs;
-                        const float dxh = gr[j] * pw[j];
-                        dw[j] += gr[j] * xh;
-                        db[j] += gr[j];
-                        a += dxh;
-                        b += dxh * xh;
-                      }
-                      if (!pgx) continue;
-                      a *= inv_c;
-                      b *= inv_c;
-                      float* o = pgx + r * c;
+            for (std::int64_t j = 0; j < c; ++j) {
+              const float xh = (xr[j] - m) * rs;
+              const float dxh = gr[j] * pw[j];
+              dw[j] += gr[j] * xh;
+              db[j] += gr[j];
+              a += dxh;
+              b += dxh * xh;
+            }
+            if (!pgx) continue;
+            a *= inv_c;
+            b *= inv_c;
+            float* o = pgx + r * c;
 #pragma omp simd
-                      for (std::int64_t j = 0; j < c; ++j) {
-                        const float xh = (xr[j] - m) * rs;
-                        o[j] = rs * (gr[j] * pw[j] - a - xh * b);
-                      }
-                    }
-                  }
-                  reduce_partials(part, nt, 2 * c);
-                  Tensor gw = Tensor::from_vector(std::vector<float>(part.begin(), part.begin() + c), {c});
-                  std::vector<Tensor> out{gx, gw};
-                  if (has_beta)
-                    out.push_back(Tensor::from_vector(std::vector<float>(part.begin() + c, part.begin() + 2 * c), {c}));
-                  return out;
-                });
+            for (std::int64_t j = 0; j < c; ++j) {
+              const float xh = (xr[j] - m) * rs;
+              o[j] = rs * (gr[j] * pw[j] - a - xh * b);
+            }
+          }
+        }
+        reduce_partials(part, nt, 2 * c);
+        Tensor gw = Tensor::from_vector(std::vector<float>(part.begin(), part.begin() + c), {c});
+        std::vector<Tensor> out{gx, gw};
+        if (has_beta)
+          out.push_back(
+              Tensor::from_vector(std::vector<float>(part.begin() + c, part.begin() + 2 * c), {c}));
+        return out;
+      });
 }
 
 // ------------------------------------------------------------------ RMS norm
@@ -238,22 +259,24 @@ Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps) {
   float* py = y.data<float>();
   float* ps = rrms.data<float>();
   const float inv_c = 1.f / static_cast<float>(c);
-#pragma omp parallel for schedule(static) num_threads(threads_for(n * c))
+#pragma omp parallel for schedule(static) num_threads(threads_for(n* c))
   for (std::int64_t r = 0; r < n; ++r) {
     const float* xr = px + r * c;
     float* yr = py + r * c;
     float s = 0.f;
 #pragma omp simd reduction(+ : s)
-    for (std::int64_t j = 0; j < c; ++j) s += xr[j] * xr[j];
+    for (std::int64_t j = 0; j < c; ++j)
+      s += xr[j] * xr[j];
     const float rs = 1.f / std::sqrt(s * inv_c + eps);
     ps[r] = rs;
 #pragma omp simd
-    for (std::int64_t j = 0; j < c; ++j) yr[j] = xr[j] * rs * pw[j];
+    for (std::int64_t j = 0; j < c; ++j)
+      yr[j] = xr[j] * rs * pw[j];
   }
   if (!needs_grad({&x, &gamma})) return y;
   return record("rms_norm", {x, gamma}, y,
-                [xd = x.detach(), wd = gamma.detach(), rrms, rx = x.requires_grad()](
-                    const std::vector<Tensor>& g) {
+                [xd = x.detach(), wd = gamma.detach(), rrms,
+                 rx = x.requires_grad()](const std::vector<Tensor>& g) {
                   const auto [n, c] = as_rows(xd);
                   const float* px = xd.data<float>();
                   const float* pw = wd.data<float>();
@@ -283,7 +306,8 @@ Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps) {
                       b *= inv_c;
                       float* o = pgx + r * c;
 #pragma omp simd
-                      for (std::int64_t j = 0; j < c; ++j) o[j] = rs * (gr[j] * pw[j] - xr[j] * rs * b);
+                      for (std::int64_t j = 0; j < c; ++j)
+                        o[j] = rs * (gr[j] * pw[j] - xr[j] * rs * b);
                     }
                   }
                   reduce_partials(part, nt, c);
@@ -305,14 +329,15 @@ std::vector<std::int64_t> checked_ids(const char* op, const Tensor& ids, std::in
   std::vector<std::int64_t> out(static_cast<std::size_t>(ids.numel()));
   if (ids.dtype() == DType::I32) {
     const std::int32_t* p = ids.data<std::int32_t>();
-    for (std::size_t i = 0; i < out.size(); ++i) out[i] = p[i];
+    for (std::size_t i = 0; i < out.size(); ++i)
+      out[i] = p[i];
   } else {
     const std::int64_t* p = ids.data<std::int64_t>();
     std::copy(p, p + out.size(), out.begin());
   }
   for (std::size_t i = 0; i < out.size(); ++i)
-    DISTJAX_CHECK(out[i] >= 0 && out[i] < v, InvalidArgument, "[", op, "] id ", out[i], " at flat index ",
-                  i, " is outside [0, ", v, ")");
+    DISTJAX_CHECK(out[i] >= 0 && out[i] < v, InvalidArgument, "[", op, "] id ", out[i],
+                  " at flat index ", i, " is outside [0, ", v, ")");
   return out;
 }
 
@@ -331,7 +356,7 @@ Tensor embedding(const Tensor& table, const Tensor& ids) {
   float* po = out.data<float>();
   const std::int64_t n = static_cast<std::int64_t>(idx->size());
   const std::int64_t* pi = idx->data();
-#pragma omp parallel for schedule(static) num_threads(threads_for(n * c))
+#pragma omp parallel for schedule(static) num_threads(threads_for(n* c))
   for (std::int64_t i = 0; i < n; ++i)
     std::memcpy(po + i * c, pt + pi[i] * c, static_cast<std::size_t>(c) * sizeof(float));
   if (!needs_grad({&table})) return out;
@@ -343,7 +368,7 @@ Tensor embedding(const Tensor& table, const Tensor& ids) {
     const std::int64_t* pi = idx->data();
     // Scatter-add with each thread owning a range of columns: no races, and the sum
     // over repeated ids runs in id order, so the result is deterministic.
-#pragma omp parallel num_threads(threads_for(n * c))
+#pragma omp parallel num_threads(threads_for(n* c))
     {
       const std::int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
       const std::int64_t c0 = c * t / nt, c1 = c * (t + 1) / nt;
@@ -351,7 +376,8 @@ Tensor embedding(const Tensor& table, const Tensor& ids) {
         float* dst = po + pi[i] * c;
         const float* src = pg + i * c;
 #pragma omp simd
-        for (std::int64_t j = c0; j < c1; ++j) dst[j] += src[j];
+        for (std::int64_t j = c0; j < c1; ++j)
+          dst[j] += src[j];
       }
     }
     return std::vector<Tensor>{gt};
@@ -362,20 +388,23 @@ Tensor embedding(const Tensor& table, const Tensor& ids) {
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
   detail::require_f32("cross_entropy", {&logits});
-  DISTJAX_CHECK(logits.rank() >= 1, InvalidArgument, "[cross_entropy] logits need rank >= 1, got a scalar");
+  DISTJAX_CHECK(logits.rank() >= 1, InvalidArgument,
+                "[cross_entropy] logits need rank >= 1, got a scalar");
   Shape ls(logits.shape().begin(), logits.shape().end() - 1);
   check_defined(labels, "cross_entropy", "labels");
-  DISTJAX_CHECK(labels.shape() == ls, InvalidArgument, "[cross_entropy] labels ", to_string(labels.shape()),
-                " do not match logits ", to_string(logits.shape()), " (expected labels ", to_string(ls), ")");
+  DISTJAX_CHECK(labels.shape() == ls, InvalidArgument, "[cross_entropy] labels ",
+                to_string(labels.shape()), " do not match logits ", to_string(logits.shape()),
+                " (expected labels ", to_string(ls), ")");
   const auto [n, v] = as_rows(logits);
-  auto lab = std::make_shared<const std::vector<std::int64_t>>(checked_ids("cross_entropy", labels, v));
+  auto lab =
+      std::make_shared<const std::vector<std::int64_t>>(checked_ids("cross_entropy", labels, v));
   Tensor loss = Tensor::empty(ls);
   Tensor lse = Tensor::empty({n});
   const float* px = logits.data<float>();
   float* pl = loss.data<float>();
   float* ps = lse.data<float>();
   const std::int64_t* pi = lab->data();
-#pragma omp parallel for schedule(static) num_threads(threads_for(n * v))
+#pragma omp parallel for schedule(static) num_threads(threads_for(n* v))
   for (std::int64_t r = 0; r < n; ++r) {
     const float* xr = px + r * v;
     ps[r] = detail::row_logsumexp(xr, v);
@@ -391,14 +420,15 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
                   const float* ps = lse.data<float>();
                   const std::int64_t* pi = lab->data();
                   float* po = gx.data<float>();
-                  // d loss_r / d x_rj = softmax_rj - [j == label_r]
-#pragma omp parallel for schedule(static) num_threads(threads_for(n * v))
+    // d loss_r / d x_rj = softmax_rj - [j == label_r]
+#pragma omp parallel for schedule(static) num_threads(threads_for(n* v))
                   for (std::int64_t r = 0; r < n; ++r) {
                     const float* xr = px + r * v;
                     float* o = po + r * v;
                     const float gr = pg[r], l = ps[r];
 #pragma omp simd
-                    for (std::int64_t j = 0; j < v; ++j) o[j] = gr * detail::fast_exp(xr[j] - l);
+                    for (std::int64_t j = 0; j < v; ++j)
+                      o[j] = gr * detail::fast_exp(xr[j] - l);
                     o[pi[r]] -= gr;
                   }
                   return std::vector<Tensor>{gx};
@@ -409,7 +439,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
 
 Tensor dropout(const Tensor& x, float rate, const Key& key) {
   detail::require_f32("dropout", {&x});
-  DISTJAX_CHECK(rate >= 0.f && rate < 1.f, InvalidArgument, "[dropout] rate must be in [0, 1), got ", rate);
+  DISTJAX_CHECK(rate >= 0.f && rate < 1.f, InvalidArgument,
+                "[dropout] rate must be in [0, 1), got ", rate);
   if (rate == 0.f) return x;
   const std::int64_t n = x.numel();
   auto mask = std::make_shared<std::vector<std::uint8_t>>(static_cast<std::size_t>(n));
@@ -418,7 +449,8 @@ Tensor dropout(const Tensor& x, float rate, const Key& key) {
   auto apply = [mask, scale, n](const float* src, float* dst) {
     const std::uint8_t* pm = mask->data();
 #pragma omp parallel for simd num_threads(threads_for(n))
-    for (std::int64_t i = 0; i < n; ++i) dst[i] = pm[i] ? src[i] * scale : 0.f;
+    for (std::int64_t i = 0; i < n; ++i)
+      dst[i] = pm[i] ? src[i] * scale : 0.f;
   };
   Tensor y = Tensor::empty(x.shape());
   apply(x.data<float>(), y.data<float>());

@@ -12,7 +12,8 @@ namespace {
 
 std::vector<int> inverse_perm(const std::vector<int>& p) {
   std::vector<int> inv(p.size());
-  for (std::size_t i = 0; i < p.size(); ++i) inv[p[i]] = static_cast<int>(i);
+  for (std::size_t i = 0; i < p.size(); ++i)
+    inv[p[i]] = static_cast<int>(i);
   return inv;
 }
 
@@ -21,13 +22,16 @@ std::vector<int> inverse_perm(const std::vector<int>& p) {
 void copy_block(const char* src, std::int64_t src_row, char* dst, std::int64_t dst_row,
                 std::int64_t outer, std::int64_t bytes) {
 #pragma omp parallel for if (outer * bytes > 4 * detail::kParallelGrain)
-  for (std::int64_t o = 0; o < outer; ++o) std::memcpy(dst + o * dst_row, src + o * src_row, bytes);
+  for (std::int64_t o = 0; o < outer; ++o)
+    std::memcpy(dst + o * dst_row, src + o * src_row, bytes);
 }
 
 std::pair<std::int64_t, std::int64_t> outer_inner(const Shape& s, int axis) {
   std::int64_t outer = 1, inner = 1;
-  for (int i = 0; i < axis; ++i) outer *= s[i];
-  for (int i = axis + 1; i < static_cast<int>(s.size()); ++i) inner *= s[i];
+  for (int i = 0; i < axis; ++i)
+    outer *= s[i];
+  for (int i = axis + 1; i < static_cast<int>(s.size()); ++i)
+    inner *= s[i];
   return {outer, inner};
 }
 
@@ -40,7 +44,8 @@ Tensor reshape(const Tensor& x, const Shape& shape_in) {
   std::int64_t known = 1;
   for (int i = 0; i < static_cast<int>(shape.size()); ++i) {
     if (shape[i] == -1) {
-      DISTJAX_CHECK(infer < 0, InvalidArgument, "[reshape] more than one -1 in ", to_string(shape_in));
+      DISTJAX_CHECK(infer < 0, InvalidArgument, "[reshape] more than one -1 in ",
+                    to_string(shape_in));
       infer = i;
     } else {
       known *= shape[i];
@@ -63,8 +68,8 @@ Tensor reshape(const Tensor& x, const Shape& shape_in) {
 Tensor permute(const Tensor& x, const std::vector<int>& perm) {
   check_defined(x, "permute", "x");
   detail::require_cpu("permute", {&x});
-  DISTJAX_CHECK(static_cast<int>(perm.size()) == x.rank(), InvalidArgument, "[permute] perm of length ",
-                perm.size(), " for rank ", x.rank());
+  DISTJAX_CHECK(static_cast<int>(perm.size()) == x.rank(), InvalidArgument,
+                "[permute] perm of length ", perm.size(), " for rank ", x.rank());
   std::vector<int> seen(perm.size(), 0);
   for (int p : perm) {
     DISTJAX_CHECK(p >= 0 && p < x.rank() && !seen[p]++, InvalidArgument,
@@ -72,11 +77,13 @@ Tensor permute(const Tensor& x, const std::vector<int>& perm) {
   }
   const int r = x.rank();
   Shape os(r);
-  for (int i = 0; i < r; ++i) os[i] = x.shape()[perm[i]];
+  for (int i = 0; i < r; ++i)
+    os[i] = x.shape()[perm[i]];
   Tensor out = Tensor::empty(os, x.dtype());
   const auto in_strides = contiguous_strides(x.shape());
   std::vector<std::int64_t> st(r);  // input stride for each output dim
-  for (int i = 0; i < r; ++i) st[i] = in_strides[perm[i]];
+  for (int i = 0; i < r; ++i)
+    st[i] = in_strides[perm[i]];
   const std::size_t es = dtype_size(x.dtype());
   const char* src = static_cast<const char*>(x.raw_data());
   char* dst = static_cast<char*>(out.raw_data());
@@ -96,9 +103,11 @@ Tensor permute(const Tensor& x, const std::vector<int>& perm) {
     } else if (es == 4) {
       const float* s = reinterpret_cast<const float*>(src) + off;
       float* of = reinterpret_cast<float*>(o);
-      for (std::int64_t j = 0; j < last; ++j) of[j] = s[j * last_stride];
+      for (std::int64_t j = 0; j < last; ++j)
+        of[j] = s[j * last_stride];
     } else {
-      for (std::int64_t j = 0; j < last; ++j) std::memcpy(o + j * es, src + (off + j * last_stride) * es, es);
+      for (std::int64_t j = 0; j < last; ++j)
+        std::memcpy(o + j * es, src + (off + j * last_stride) * es, es);
     }
   }
   if (!needs_grad({&x})) return out;
@@ -111,7 +120,8 @@ Tensor transpose(const Tensor& x, int d0, int d1) {
   check_defined(x, "transpose", "x");
   std::vector<int> perm(x.rank());
   std::iota(perm.begin(), perm.end(), 0);
-  std::swap(perm[normalize_axis(d0, x.rank(), "transpose")], perm[normalize_axis(d1, x.rank(), "transpose")]);
+  std::swap(perm[normalize_axis(d0, x.rank(), "transpose")],
+            perm[normalize_axis(d1, x.rank(), "transpose")]);
   return permute(x, perm);
 }
 
@@ -122,24 +132,26 @@ Tensor slice(const Tensor& x, int axis_in, std::int64_t start, std::int64_t end)
   const std::int64_t n = x.size(axis);
   if (start < 0) start += n;
   if (end < 0) end += n;
-  DISTJAX_CHECK(0 <= start && start <= end && end <= n, InvalidArgument, "[slice] range [", start, ", ",
-                end, ") is outside dimension ", axis, " of ", to_string(x.shape()));
+  DISTJAX_CHECK(0 <= start && start <= end && end <= n, InvalidArgument, "[slice] range [", start,
+                ", ", end, ") is outside dimension ", axis, " of ", to_string(x.shape()));
   Shape os = x.shape();
   os[axis] = end - start;
   Tensor out = Tensor::empty(os, x.dtype());
   auto [outer, inner] = outer_inner(x.shape(), axis);
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(x.dtype()));
   copy_block(static_cast<const char*>(x.raw_data()) + start * inner * es, n * inner * es,
-             static_cast<char*>(out.raw_data()), (end - start) * inner * es, outer, (end - start) * inner * es);
+             static_cast<char*>(out.raw_data()), (end - start) * inner * es, outer,
+             (end - start) * inner * es);
   if (!needs_grad({&x})) return out;
-  return record("slice", {x}, out, [xs = x.shape(), axis, start, end](const std::vector<Tensor>& g) {
-    Tensor gx = Tensor::zeros(xs);
-    auto [outer, inner] = outer_inner(xs, axis);
-    copy_block(static_cast<const char*>(g[0].raw_data()), (end - start) * inner * 4,
-               static_cast<char*>(gx.raw_data()) + start * inner * 4, xs[axis] * inner * 4, outer,
-               (end - start) * inner * 4);
-    return std::vector<Tensor>{gx};
-  });
+  return record("slice", {x}, out,
+                [xs = x.shape(), axis, start, end](const std::vector<Tensor>& g) {
+                  Tensor gx = Tensor::zeros(xs);
+                  auto [outer, inner] = outer_inner(xs, axis);
+                  copy_block(static_cast<const char*>(g[0].raw_data()), (end - start) * inner * 4,
+                             static_cast<char*>(gx.raw_data()) + start * inner * 4,
+                             xs[axis] * inner * 4, outer, (end - start) * inner * 4);
+                  return std::vector<Tensor>{gx};
+                });
 }
 
 Tensor concat(const std::vector<Tensor>& xs, int axis_in) {
@@ -154,7 +166,8 @@ Tensor concat(const std::vector<Tensor>& xs, int axis_in) {
     check_defined(xs[i], "concat", "an input");
     Shape a = xs[i].shape(), b = x0.shape();
     DISTJAX_CHECK(a.size() == b.size() && xs[i].dtype() == x0.dtype(), InvalidArgument,
-                  "[concat] input ", i, " ", to_string(a), " does not match input 0 ", to_string(b));
+                  "[concat] input ", i, " ", to_string(a), " does not match input 0 ",
+                  to_string(b));
     a[axis] = b[axis] = 0;
     DISTJAX_CHECK(a == b, InvalidArgument, "[concat] input ", i, " ", to_string(xs[i].shape()),
                   " differs from input 0 ", to_string(x0.shape()), " outside axis ", axis);
@@ -173,16 +186,16 @@ Tensor concat(const std::vector<Tensor>& xs, int axis_in) {
     at += len;
   }
   if (!needs_grad(xs)) return out;
-  return record("concat", xs, out, [sizes, axis](const std::vector<Tensor>& g) {
-    return split(g[0], sizes, axis);
-  });
+  return record("concat", xs, out,
+                [sizes, axis](const std::vector<Tensor>& g) { return split(g[0], sizes, axis); });
 }
 
 std::vector<Tensor> split(const Tensor& x, const std::vector<std::int64_t>& sizes, int axis_in) {
   check_defined(x, "split", "x");
   const int axis = normalize_axis(axis_in, x.rank(), "split");
   std::int64_t total = 0;
-  for (auto s : sizes) total += s;
+  for (auto s : sizes)
+    total += s;
   DISTJAX_CHECK(total == x.size(axis), InvalidArgument, "[split] sizes sum to ", total,
                 " but dimension ", axis, " of ", to_string(x.shape()), " is ", x.size(axis));
   std::vector<Tensor> outs;
@@ -226,8 +239,9 @@ Tensor stack(const std::vector<Tensor>& xs, int axis) {
   const int a = normalize_axis(axis, xs[0].rank() + 1, "stack");
   std::vector<Tensor> expanded;
   for (const Tensor& x : xs) {
-    DISTJAX_CHECK(x.defined() && x.shape() == xs[0].shape(), InvalidArgument, "[stack] shapes differ: ",
-                  x.defined() ? to_string(x.shape()) : "undefined", " vs ", to_string(xs[0].shape()));
+    DISTJAX_CHECK(x.defined() && x.shape() == xs[0].shape(), InvalidArgument,
+                  "[stack] shapes differ: ", x.defined() ? to_string(x.shape()) : "undefined",
+                  " vs ", to_string(xs[0].shape()));
     Shape s = x.shape();
     s.insert(s.begin() + a, 1);
     expanded.push_back(reshape(x, s));

@@ -4,9 +4,9 @@
 #include <cstring>
 #include <sstream>
 
-#include "distjax/tensor/grad_node.hpp"
 #include "distjax/tensor/detail/allocator.hpp"
 #include "distjax/tensor/detail/cast.hpp"
+#include "distjax/tensor/grad_node.hpp"
 
 namespace distjax::tensor {
 
@@ -17,11 +17,14 @@ Storage::Storage(std::size_t nbytes, Device device) : nbytes_(nbytes), device_(d
   DISTJAX_CHECK(data_ != nullptr, Error, "[Storage] out of memory allocating ", nbytes, " bytes");
 }
 
-Storage::~Storage() { detail::cpu_free(data_, nbytes_); }
+Storage::~Storage() {
+  detail::cpu_free(data_, nbytes_);
+}
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (auto d : shape)
-    DISTJAX_CHECK(d >= 0, InvalidArgument, "[Tensor::empty] negative dimension in ", to_string(shape));
+    DISTJAX_CHECK(d >= 0, InvalidArgument, "[Tensor::empty] negative dimension in ",
+                  to_string(shape));
   Tensor t;
   t.shape_ = shape;
   t.dtype_ = dtype;
@@ -41,22 +44,31 @@ Tensor Tensor::full(const Shape& shape, double value, DType dtype) {
   return t;
 }
 
-Tensor Tensor::ones(const Shape& shape, DType dtype) { return full(shape, 1.0, dtype); }
-Tensor Tensor::scalar(double value, DType dtype) { return full({}, value, dtype); }
+Tensor Tensor::ones(const Shape& shape, DType dtype) {
+  return full(shape, 1.0, dtype);
+}
+Tensor Tensor::scalar(double value, DType dtype) {
+  return full({}, value, dtype);
+}
 
 Tensor Tensor::arange(std::int64_t n, DType dtype) {
   Tensor t = empty({n}, DType::F32);
   float* p = t.data<float>();
-  for (std::int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(i);
+  for (std::int64_t i = 0; i < n; ++i)
+    p[i] = static_cast<float>(i);
   if (dtype == DType::F32) return t;
   Tensor out = empty({n}, dtype);
   detail::convert(t, out);
   return out;
 }
 
-std::int64_t Tensor::size(int axis) const { return shape_[normalize_axis(axis, rank(), "Tensor::size")]; }
+std::int64_t Tensor::size(int axis) const {
+  return shape_[normalize_axis(axis, rank(), "Tensor::size")];
+}
 
-Device Tensor::device() const { return storage_ ? storage_->device() : Device::cpu(); }
+Device Tensor::device() const {
+  return storage_ ? storage_->device() : Device::cpu();
+}
 
 void* Tensor::raw_data() const {
   DISTJAX_CHECK(defined(), InvalidArgument, "[Tensor::raw_data] tensor is undefined");
@@ -117,7 +129,8 @@ std::string Tensor::str(int max_values) const {
   std::int64_t n = std::min<std::int64_t>(numel(), max_values);
   if (n > 0) {
     os << ", [";
-    for (std::int64_t i = 0; i < n; ++i) os << (i ? ", " : "") << detail::load_as_double(*this, i);
+    for (std::int64_t i = 0; i < n; ++i)
+      os << (i ? ", " : "") << detail::load_as_double(*this, i);
     if (numel() > n) os << ", ...";
     os << "]";
   }

@@ -26,7 +26,8 @@ struct Cache {
   void release() {
     std::lock_guard<std::mutex> lock(mu);
     for (auto& [size, blocks] : free_blocks)
-      for (void* p : blocks) std::free(p);
+      for (void* p : blocks)
+        std::free(p);
     free_blocks.clear();
     cached = 0;
   }
@@ -76,6 +77,8 @@ std::size_t cpu_cached_bytes() {
   return c.cached;
 }
 
-void cpu_release_cached() { cache().release(); }
+void cpu_release_cached() {
+  cache().release();
+}
 
 }  // namespace distjax::tensor::detail

@@ -56,7 +56,9 @@ inline float fast_tanh(float x) {
 }
 
 /// 1 / (1 + exp(-x)); 1 exactly above x = 87.3, below 5e-39 under x = -88.3.
-inline float fast_sigmoid(float x) { return 1.f / (1.f + fast_exp(-x)); }
+inline float fast_sigmoid(float x) {
+  return 1.f / (1.f + fast_exp(-x));
+}
 
 /// erf(x) in f32 (Abramowitz & Stegun 7.1.26 with a fast exp): absolute error < 2e-7.
 inline float fast_erf(float x) {
@@ -75,7 +77,8 @@ inline float fast_erf(float x) {
 inline float row_max(const float* p, std::int64_t n) {
   float m = -INFINITY;
 #pragma omp simd reduction(max : m)
-  for (std::int64_t i = 0; i < n; ++i) m = std::max(m, p[i]);
+  for (std::int64_t i = 0; i < n; ++i)
+    m = std::max(m, p[i]);
   return m;
 }
 
@@ -97,7 +100,8 @@ inline float row_logsumexp(const float* x, std::int64_t n) {
   if (!(m > -INFINITY)) return -INFINITY;
   float s = 0.f;
 #pragma omp simd reduction(+ : s)
-  for (std::int64_t i = 0; i < n; ++i) s += fast_exp(x[i] - m);
+  for (std::int64_t i = 0; i < n; ++i)
+    s += fast_exp(x[i] - m);
   return m + std::log(s);
 }
 

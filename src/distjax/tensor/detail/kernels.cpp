@@ -31,17 +31,21 @@ BroadcastPlan plan_broadcast(const Shape& s, const Shape& out) {
   // Strip leading ones; a row operand matches a suffix of out, a column operand is a
   // prefix of out followed by ones.
   std::size_t lead = 0;
-  while (lead < s.size() && s[lead] == 1) ++lead;
+  while (lead < s.size() && s[lead] == 1)
+    ++lead;
   Shape core(s.begin() + lead, s.end());
   if (core.size() <= out.size() && std::equal(core.begin(), core.end(), out.end() - core.size()))
     return {K::Row, numel(out) / numel(core), numel(core)};
   std::size_t trail = s.size();
-  while (trail > 0 && s[trail - 1] == 1) --trail;
+  while (trail > 0 && s[trail - 1] == 1)
+    --trail;
   bool prefix = s.size() == out.size();
-  for (std::size_t i = 0; prefix && i < trail; ++i) prefix = s[i] == out[i];
+  for (std::size_t i = 0; prefix && i < trail; ++i)
+    prefix = s[i] == out[i];
   if (prefix) {
     std::int64_t outer = 1;
-    for (std::size_t i = 0; i < trail; ++i) outer *= out[i];
+    for (std::size_t i = 0; i < trail; ++i)
+      outer *= out[i];
     return {K::Col, outer, numel(out) / outer};
   }
   return {K::General};
@@ -82,7 +86,8 @@ void broadcast_copy(const Tensor& x, Tensor& out) {
       return;
     case K::Col:
 #pragma omp parallel for if (n > kParallelGrain)
-      for (std::int64_t r = 0; r < q.outer; ++r) std::fill(po + r * q.inner, po + (r + 1) * q.inner, px[r]);
+      for (std::int64_t r = 0; r < q.outer; ++r)
+        std::fill(po + r * q.inner, po + (r + 1) * q.inner, px[r]);
       return;
     default: {
       // General: per run of the output's last dimension, either a row copy (the operand

@@ -48,27 +48,36 @@ void broadcast_binary(const Tensor& a, const Tensor& b, Tensor& out, F f) {
   using K = BroadcastPlan::Kind;
   auto load = [&](const float* p, const BroadcastPlan& q, const Shape& s, std::int64_t i) {
     switch (q.kind) {
-      case K::Same: return p[i];
-      case K::Scalar: return p[0];
-      case K::Row: return p[i % q.inner];
-      case K::Col: return p[i / q.inner];
-      default: return p[broadcast_index(s, out.shape(), i)];
+      case K::Same:
+        return p[i];
+      case K::Scalar:
+        return p[0];
+      case K::Row:
+        return p[i % q.inner];
+      case K::Col:
+        return p[i / q.inner];
+      default:
+        return p[broadcast_index(s, out.shape(), i)];
     }
   };
   // Fast paths: the operand layouts that dominate training (bias rows, per-row scales,
   // scalars) on either side; everything else goes through general indexing.
   if (qa.kind == K::Same && qb.kind == K::Same) {
 #pragma omp parallel for simd if (n > kParallelGrain)
-    for (std::int64_t i = 0; i < n; ++i) po[i] = f(pa[i], pb[i]);
+    for (std::int64_t i = 0; i < n; ++i)
+      po[i] = f(pa[i], pb[i]);
   } else if (qa.kind == K::Same && qb.kind == K::Scalar) {
     const float s = pb[0];
 #pragma omp parallel for simd if (n > kParallelGrain)
-    for (std::int64_t i = 0; i < n; ++i) po[i] = f(pa[i], s);
+    for (std::int64_t i = 0; i < n; ++i)
+      po[i] = f(pa[i], s);
   } else if (qa.kind == K::Scalar && qb.kind == K::Same) {
     const float s = pa[0];
 #pragma omp parallel for simd if (n > kParallelGrain)
-    for (std::int64_t i = 0; i < n; ++i) po[i] = f(s, pb[i]);
-  } else if ((qa.kind == K::Same && qb.kind == K::Row) || (qa.kind == K::Row && qb.kind == K::Same)) {
+    for (std::int64_t i = 0; i < n; ++i)
+      po[i] = f(s, pb[i]);
+  } else if ((qa.kind == K::Same && qb.kind == K::Row) ||
+             (qa.kind == K::Row && qb.kind == K::Same)) {
     const bool a_row = qa.kind == K::Row;
     const std::int64_t inner = a_row ? qa.inner : qb.inner, rows = n / inner;
 #pragma omp parallel for if (n > kParallelGrain)
@@ -77,14 +86,17 @@ void broadcast_binary(const Tensor& a, const Tensor& b, Tensor& out, F f) {
       if (a_row) {
         const float* br = pb + r * inner;
 #pragma omp simd
-        for (std::int64_t c = 0; c < inner; ++c) orow[c] = f(pa[c], br[c]);
+        for (std::int64_t c = 0; c < inner; ++c)
+          orow[c] = f(pa[c], br[c]);
       } else {
         const float* ar = pa + r * inner;
 #pragma omp simd
-        for (std::int64_t c = 0; c < inner; ++c) orow[c] = f(ar[c], pb[c]);
+        for (std::int64_t c = 0; c < inner; ++c)
+          orow[c] = f(ar[c], pb[c]);
       }
     }
-  } else if ((qa.kind == K::Same && qb.kind == K::Col) || (qa.kind == K::Col && qb.kind == K::Same)) {
+  } else if ((qa.kind == K::Same && qb.kind == K::Col) ||
+             (qa.kind == K::Col && qb.kind == K::Same)) {
     const bool a_col = qa.kind == K::Col;
     const std::int64_t inner = a_col ? qa.inner : qb.inner, rows = n / inner;
 #pragma omp parallel for if (n > kParallelGrain)
@@ -94,12 +106,14 @@ void broadcast_binary(const Tensor& a, const Tensor& b, Tensor& out, F f) {
         const float s = pa[r];
         const float* br = pb + r * inner;
 #pragma omp simd
-        for (std::int64_t c = 0; c < inner; ++c) orow[c] = f(s, br[c]);
+        for (std::int64_t c = 0; c < inner; ++c)
+          orow[c] = f(s, br[c]);
       } else {
         const float s = pb[r];
         const float* ar = pa + r * inner;
 #pragma omp simd
-        for (std::int64_t c = 0; c < inner; ++c) orow[c] = f(ar[c], s);
+        for (std::int64_t c = 0; c < inner; ++c)
+          orow[c] = f(ar[c], s);
       }
     }
   } else {
