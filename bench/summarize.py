@@ -70,6 +70,9 @@ def comparisons(by_name, values, peaks):
         pairs.append((f"{model}_train_{unit}_vs_pytorch_omp_passive",
                       get("distjax", "threads_default_omp_passive"), get("pytorch", "threads_default"),
                       None, "DistJax with OMP_WAIT_POLICY=PASSIVE vs PyTorch at its defaults"))
+        pairs.append((f"{model}_train_{unit}_vs_jax_omp_passive",
+                      get("distjax", "threads_default_omp_passive"), get("jax", "threads_default"),
+                      None, "DistJax with OMP_WAIT_POLICY=PASSIVE vs JAX at its defaults"))
         for name, (oname, ours), (bname, base), target, how in pairs:
             if not ours or not base or not base.get("value") or not ours.get("value"):
                 continue
