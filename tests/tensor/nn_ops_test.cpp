@@ -9,6 +9,7 @@
 
 #include "distjax/distjax.hpp"
 #include "distjax/tensor/detail/fast_math.hpp"
+#include "distjax/tensor/detail/kernels.hpp"
 #include "grad_check.hpp"
 
 namespace distjax::tensor {
@@ -181,6 +182,27 @@ TEST(NnOps, EmbeddingGathersRowsAndScatterAddsRepeats) {
   EXPECT_EQ(gt.data<float>()[3], 0.f);  // row 1 never looked up
 }
 
+TEST(NnOps, EmbeddingAtScaleTakesTheParallelPaths) {
+  const std::int64_t v = 50, c = 256, n = detail::kParallelGrainMemory / c + 11;
+  Tensor table = uniform({v, c}, 90);
+  std::vector<std::int32_t> idv(n);
+  for (std::int64_t i = 0; i < n; ++i)
+    idv[i] = static_cast<std::int32_t>((i * i + 3) % v);
+  Tensor ids = Tensor::from_vector(idv, {n});
+  Tensor ct = uniform({n, c}, 91);
+  Tensor out = embedding(table, ids);
+  Tensor gt =
+      grads_of([&](const std::vector<Tensor>& x) { return embedding(x[0], ids); }, {table}, ct)[0];
+  std::vector<double> gwant(v * c, 0.0);
+  const float *pt = table.data<float>(), *pc = ct.data<float>(), *po = out.data<float>();
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t j = 0; j < c; ++j) {
+      ASSERT_EQ(po[i * c + j], pt[idv[i] * c + j]);
+      gwant[idv[i] * c + j] += pc[i * c + j];
+    }
+  expect_close(gt, gwant, 1e-5, "embedding grad at scale");
+}
+
 TEST(NnOps, CrossEntropyMatchesReference) {
   const std::int64_t n = 6, v = 11;
   Tensor logits = uniform({2, 3, v}, 7, -30.f, 30.f);
@@ -202,7 +224,7 @@ TEST(NnOps, CrossEntropyMatchesReference) {
 }
 
 TEST(NnOps, DropoutIsDeterministicPerKeyAndScalesKeptValues) {
-  const std::int64_t n = 20000;
+  const std::int64_t n = detail::kParallelGrainMemory + 1000;  // the parallel path
   Tensor x = uniform({n}, 8, 1.f, 2.f);
   const float rate = 0.25f;
   Tensor a = dropout(x, rate, Key::from_seed(1)), b = dropout(x, rate, Key::from_seed(1));
@@ -294,10 +316,10 @@ TEST(Attention, CausalRowsWithoutVisibleKeysAreZero) {
 
 // ---------------------------------------------------------------- fused vs composed gradients
 
-// The fused ops' gradients at sizes above kParallelGrain (parallel paths, per-thread
+// The fused ops' gradients at sizes above kParallelGrainMemory (parallel paths, per-thread
 // partial sums) against the same math composed from primitive ops.
 TEST(NnOps, FusedGradientsMatchComposedOpsAtScale) {
-  const std::int64_t n = 300, c = 256;
+  const std::int64_t c = 256, n = detail::kParallelGrainMemory / c + 3;
   Tensor x = uniform({n, c}, 20, -2.f, 2.f), g = uniform({c}, 21, 0.5f, 1.5f), b = uniform({c}, 22);
   Tensor ct = uniform({n, c}, 23);
   auto ln_composed = [](const std::vector<Tensor>& in) {

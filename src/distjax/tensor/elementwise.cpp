@@ -12,6 +12,7 @@ namespace distjax::tensor {
 namespace {
 
 using detail::kParallelGrain;
+using detail::kParallelGrainMemory;
 
 template <class F>
 Tensor map_binary(const char* op, const Tensor& a, const Tensor& b, F f) {
@@ -21,14 +22,15 @@ Tensor map_binary(const char* op, const Tensor& a, const Tensor& b, F f) {
   return out;
 }
 
+// `grain`: kParallelGrain for transcendental f, kParallelGrainMemory for a few flops.
 template <class F>
-Tensor map_unary(const char* op, const Tensor& x, F f) {
+Tensor map_unary(const char* op, const Tensor& x, F f, std::int64_t grain = kParallelGrain) {
   detail::require_f32(op, {&x});
   Tensor out = Tensor::empty(x.shape());
   const float* px = x.data<float>();
   float* po = out.data<float>();
   const std::int64_t n = x.numel();
-#pragma omp parallel for simd if (n > kParallelGrain)
+#pragma omp parallel for simd if (n > grain)
   for (std::int64_t i = 0; i < n; ++i)
     po[i] = f(px[i]);
   return out;
@@ -36,14 +38,14 @@ Tensor map_unary(const char* op, const Tensor& x, F f) {
 
 // grad * f'(x, y) elementwise, where y is the forward output (both saved detached).
 template <class F>
-Tensor map_grad(const Tensor& g, const Tensor& x, const Tensor& y, F dfdx) {
+Tensor map_grad(const Tensor& g, const Tensor& x, const Tensor& y, F dfdx, std::int64_t grain) {
   Tensor out = Tensor::empty(x.shape());
   const float* pg = g.data<float>();
   const float* px = x.data<float>();
   const float* py = y.data<float>();
   float* po = out.data<float>();
   const std::int64_t n = x.numel();
-#pragma omp parallel for simd if (n > kParallelGrain)
+#pragma omp parallel for simd if (n > grain)
   for (std::int64_t i = 0; i < n; ++i)
     po[i] = pg[i] * dfdx(px[i], py[i]);
   return out;
@@ -51,12 +53,13 @@ Tensor map_grad(const Tensor& g, const Tensor& x, const Tensor& y, F dfdx) {
 
 // A unary op and its derivative in terms of (x, y = f(x)), recorded together.
 template <class F, class D>
-Tensor unary_op(const char* op, const Tensor& x, F f, D dfdx) {
-  Tensor y = map_unary(op, x, f);
+Tensor unary_op(const char* op, const Tensor& x, F f, D dfdx, std::int64_t grain = kParallelGrain) {
+  Tensor y = map_unary(op, x, f, grain);
   if (!needs_grad({&x})) return y;
-  return record(op, {x}, y, [xs = x.detach(), ys = y.detach(), dfdx](const std::vector<Tensor>& g) {
-    return std::vector<Tensor>{map_grad(g[0], xs, ys, dfdx)};
-  });
+  return record(op, {x}, y,
+                [xs = x.detach(), ys = y.detach(), dfdx, grain](const std::vector<Tensor>& g) {
+                  return std::vector<Tensor>{map_grad(g[0], xs, ys, dfdx, grain)};
+                });
 }
 
 }  // namespace
@@ -120,7 +123,8 @@ Tensor maximum(const Tensor& a, const Tensor& b) {
 
 Tensor add_scalar(const Tensor& x, double s) {
   const float c = static_cast<float>(s);
-  Tensor y = map_unary("add_scalar", x, [c](float v) { return v + c; });
+  Tensor y = map_unary(
+      "add_scalar", x, [c](float v) { return v + c; }, kParallelGrainMemory);
   if (!needs_grad({&x})) return y;
   return record("add_scalar", {x}, y,
                 [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
@@ -128,7 +132,8 @@ Tensor add_scalar(const Tensor& x, double s) {
 
 Tensor mul_scalar(const Tensor& x, double s) {
   const float c = static_cast<float>(s);
-  Tensor y = map_unary("mul_scalar", x, [c](float v) { return v * c; });
+  Tensor y = map_unary(
+      "mul_scalar", x, [c](float v) { return v * c; }, kParallelGrainMemory);
   if (!needs_grad({&x})) return y;
   return record("mul_scalar", {x}, y, [s](const std::vector<Tensor>& g) {
     return std::vector<Tensor>{mul_scalar(g[0], s)};
@@ -140,10 +145,12 @@ Tensor pow_scalar(const Tensor& x, double p) {
   // Common exponents avoid the libm call so the loop vectorises.
   if (p == 1.0)
     return unary_op(
-        "pow_scalar", x, [](float v) { return v; }, [](float, float) { return 1.f; });
+        "pow_scalar", x, [](float v) { return v; }, [](float, float) { return 1.f; },
+        kParallelGrainMemory);
   if (p == 2.0)
     return unary_op(
-        "pow_scalar", x, [](float v) { return v * v; }, [](float v, float) { return 2.f * v; });
+        "pow_scalar", x, [](float v) { return v * v; }, [](float v, float) { return 2.f * v; },
+        kParallelGrainMemory);
   if (p == 3.0)
     return unary_op(
         "pow_scalar", x, [](float v) { return v * v * v; },
@@ -189,7 +196,8 @@ Tensor rsqrt(const Tensor& x) {
 
 Tensor square(const Tensor& x) {
   return unary_op(
-      "square", x, [](float v) { return v * v; }, [](float v, float) { return 2.f * v; });
+      "square", x, [](float v) { return v * v; }, [](float v, float) { return 2.f * v; },
+      kParallelGrainMemory);
 }
 
 Tensor tanh(const Tensor& x) {
@@ -207,7 +215,7 @@ Tensor sigmoid(const Tensor& x) {
 Tensor relu(const Tensor& x) {
   return unary_op(
       "relu", x, [](float v) { return v > 0.f ? v : 0.f; },
-      [](float v, float) { return v > 0.f ? 1.f : 0.f; });
+      [](float v, float) { return v > 0.f ? 1.f : 0.f; }, kParallelGrainMemory);
 }
 
 Tensor gelu(const Tensor& x, bool approximate) {
@@ -261,14 +269,15 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   const float* pb = bf.data<float>();
   float* po = out.data<float>();
   const std::int64_t n = out.numel();
-#pragma omp parallel for simd if (n > kParallelGrain)
+#pragma omp parallel for simd if (n > kParallelGrainMemory)
   for (std::int64_t i = 0; i < n; ++i)
     po[i] = pm[i] != 0.f ? pa[i] : pb[i];
   if (!needs_grad({&a, &b})) return out;
   return record(
       "where", {a, b}, out, [mask, sa = a.shape(), sb = b.shape()](const std::vector<Tensor>& g) {
-        Tensor ga =
-            mul(g[0], map_unary("where", mask, [](float m) { return m != 0.f ? 1.f : 0.f; }));
+        Tensor ga = mul(g[0], map_unary(
+                                  "where", mask, [](float m) { return m != 0.f ? 1.f : 0.f; },
+                                  kParallelGrainMemory));
         return std::vector<Tensor>{sum_to(ga, sa), sum_to(sub(g[0], ga), sb)};
       });
 }

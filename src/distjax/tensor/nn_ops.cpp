@@ -20,6 +20,7 @@ namespace distjax::tensor {
 namespace {
 
 using detail::kParallelGrain;
+using detail::kParallelGrainMemory;
 
 // x (..., C) viewed as n rows of c.
 struct Rows {
@@ -31,9 +32,10 @@ Rows as_rows(const Tensor& x) {
   return {c ? x.numel() / c : 0, c};
 }
 
-// Threads to use for `work` elements of streaming work.
-int threads_for(std::int64_t work) {
-  return work > kParallelGrain ? omp_get_max_threads() : 1;
+// Threads for `work` elements: kParallelGrain when each element costs an exp,
+// kParallelGrainMemory when it costs a few flops (see kernels.hpp).
+int threads_for(std::int64_t work, std::int64_t grain = kParallelGrain) {
+  return work > grain ? omp_get_max_threads() : 1;
 }
 
 // Sums per-thread partial rows part[t * len + i] over t into part[0..len).
@@ -160,7 +162,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
   float* pm = mean.data<float>();
   float* ps = rstd.data<float>();
   const float inv_c = 1.f / static_cast<float>(c);
-#pragma omp parallel for schedule(static) num_threads(threads_for(n* c))
+#pragma omp parallel for schedule(static) num_threads(threads_for(n* c, kParallelGrainMemory))
   for (std::int64_t r = 0; r < n; ++r) {
     const float* xr = px + r * c;
     float* yr = py + r * c;
@@ -202,7 +204,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
         Tensor gx = rx ? Tensor::empty(xd.shape()) : Tensor();
         float* pgx = rx ? gx.data<float>() : nullptr;
         const float inv_c = 1.f / static_cast<float>(c);
-        const int nt = threads_for(n * c);
+        const int nt = threads_for(n * c, kParallelGrainMemory);
         // Per-thread partial sums of dgamma (first c) and dbeta (next c).
         std::vector<float> part(static_cast<std::size_t>(nt) * 2 * c, 0.f);
 #pragma omp parallel num_threads(nt)
@@ -259,7 +261,7 @@ Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps) {
   float* py = y.data<float>();
   float* ps = rrms.data<float>();
   const float inv_c = 1.f / static_cast<float>(c);
-#pragma omp parallel for schedule(static) num_threads(threads_for(n* c))
+#pragma omp parallel for schedule(static) num_threads(threads_for(n* c, kParallelGrainMemory))
   for (std::int64_t r = 0; r < n; ++r) {
     const float* xr = px + r * c;
     float* yr = py + r * c;
@@ -285,7 +287,7 @@ Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps) {
                   Tensor gx = rx ? Tensor::empty(xd.shape()) : Tensor();
                   float* pgx = rx ? gx.data<float>() : nullptr;
                   const float inv_c = 1.f / static_cast<float>(c);
-                  const int nt = threads_for(n * c);
+                  const int nt = threads_for(n * c, kParallelGrainMemory);
                   std::vector<float> part(static_cast<std::size_t>(nt) * c, 0.f);
 #pragma omp parallel num_threads(nt)
                   {
@@ -356,7 +358,7 @@ Tensor embedding(const Tensor& table, const Tensor& ids) {
   float* po = out.data<float>();
   const std::int64_t n = static_cast<std::int64_t>(idx->size());
   const std::int64_t* pi = idx->data();
-#pragma omp parallel for schedule(static) num_threads(threads_for(n* c))
+#pragma omp parallel for schedule(static) num_threads(threads_for(n* c, kParallelGrainMemory))
   for (std::int64_t i = 0; i < n; ++i)
     std::memcpy(po + i * c, pt + pi[i] * c, static_cast<std::size_t>(c) * sizeof(float));
   if (!needs_grad({&table})) return out;
@@ -368,7 +370,7 @@ Tensor embedding(const Tensor& table, const Tensor& ids) {
     const std::int64_t* pi = idx->data();
     // Scatter-add with each thread owning a range of columns: no races, and the sum
     // over repeated ids runs in id order, so the result is deterministic.
-#pragma omp parallel num_threads(threads_for(n* c))
+#pragma omp parallel num_threads(threads_for(n* c, kParallelGrainMemory))
     {
       const std::int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
       const std::int64_t c0 = c * t / nt, c1 = c * (t + 1) / nt;
@@ -448,7 +450,7 @@ Tensor dropout(const Tensor& x, float rate, const Key& key) {
   const float scale = 1.f / (1.f - rate);
   auto apply = [mask, scale, n](const float* src, float* dst) {
     const std::uint8_t* pm = mask->data();
-#pragma omp parallel for simd num_threads(threads_for(n))
+#pragma omp parallel for simd num_threads(threads_for(n, kParallelGrainMemory))
     for (std::int64_t i = 0; i < n; ++i)
       dst[i] = pm[i] ? src[i] * scale : 0.f;
   };

@@ -104,7 +104,7 @@ Tensor reduce_axes(const Tensor& x, int a0, int a1) {
   const float* px = x.data<float>();
   float* po = out.data<float>();
   const std::int64_t work = outer * r * inner;
-  const int nt = work > detail::kParallelGrain ? omp_get_max_threads() : 1;
+  const int nt = work > detail::kParallelGrainMemory ? omp_get_max_threads() : 1;
   if (nt == 1 || r <= 1) {
     reduce_block<Op>(px, po, 0, outer, r, inner, 0, r);
   } else if (outer >= 4 * nt) {
@@ -213,7 +213,7 @@ Tensor max(const Tensor& x, const std::vector<int>& axes_in, bool keepdims) {
           const float* pm = md.data<float>();
           const float* pg = g[0].data<float>();
           float* po = out.data<float>();
-#pragma omp parallel for if (xd.numel() > detail::kParallelGrain)
+#pragma omp parallel for if (xd.numel() > detail::kParallelGrainMemory)
           for (std::int64_t o = 0; o < outer; ++o)
             for (std::int64_t i = 0; i < inner; ++i) {
               const float m = pm[o * inner + i];

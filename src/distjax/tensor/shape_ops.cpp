@@ -21,7 +21,7 @@ std::vector<int> inverse_perm(const std::vector<int>& p) {
 // `at` along the middle dimension: the shared kernel of slice, concat and split.
 void copy_block(const char* src, std::int64_t src_row, char* dst, std::int64_t dst_row,
                 std::int64_t outer, std::int64_t bytes) {
-#pragma omp parallel for if (outer * bytes > 4 * detail::kParallelGrain)
+#pragma omp parallel for if (outer * bytes > 4 * detail::kParallelGrainMemory)
   for (std::int64_t o = 0; o < outer; ++o)
     std::memcpy(dst + o * dst_row, src + o * src_row, bytes);
 }
@@ -90,7 +90,7 @@ Tensor permute(const Tensor& x, const std::vector<int>& perm) {
   // Iterate the output in order over all but its last dim; copy the last dim with its stride.
   const std::int64_t last = r ? os[r - 1] : 1, last_stride = r ? st[r - 1] : 1;
   const std::int64_t rows = r ? out.numel() / std::max<std::int64_t>(last, 1) : 1;
-#pragma omp parallel for if (out.numel() > detail::kParallelGrain)
+#pragma omp parallel for if (out.numel() > detail::kParallelGrainMemory)
   for (std::int64_t row = 0; row < rows; ++row) {
     std::int64_t rem = row, off = 0;
     for (int d = r - 2; d >= 0; --d) {

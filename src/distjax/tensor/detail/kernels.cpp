@@ -80,12 +80,12 @@ void broadcast_copy(const Tensor& x, Tensor& out) {
       std::fill(po, po + n, px[0]);
       return;
     case K::Row:
-#pragma omp parallel for if (n > kParallelGrain)
+#pragma omp parallel for if (n > kParallelGrainMemory)
       for (std::int64_t r = 0; r < q.outer; ++r)
         std::memcpy(po + r * q.inner, px, static_cast<std::size_t>(q.inner) * sizeof(float));
       return;
     case K::Col:
-#pragma omp parallel for if (n > kParallelGrain)
+#pragma omp parallel for if (n > kParallelGrainMemory)
       for (std::int64_t r = 0; r < q.outer; ++r)
         std::fill(po + r * q.inner, po + (r + 1) * q.inner, px[r]);
       return;
@@ -95,7 +95,7 @@ void broadcast_copy(const Tensor& x, Tensor& out) {
       const std::int64_t last = out.shape().empty() ? 1 : out.shape().back();
       const bool keeps_last = !x.shape().empty() && x.shape().back() == last && last != 1;
       const std::int64_t rows = last ? n / last : 0;
-#pragma omp parallel for if (n > kParallelGrain)
+#pragma omp parallel for if (n > kParallelGrainMemory)
       for (std::int64_t r = 0; r < rows; ++r) {
         const std::int64_t src = broadcast_index(x.shape(), out.shape(), r * last);
         if (keeps_last)

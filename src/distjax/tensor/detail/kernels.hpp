@@ -8,8 +8,14 @@
 
 namespace distjax::tensor::detail {
 
-/// Elements per OpenMP chunk below which a loop runs on one thread.
+/// Elements below which a compute-heavy loop (exp, tanh, erf per element; attention
+/// heads) runs on one thread.
 constexpr std::int64_t kParallelGrain = 32768;
+/// Elements below which a loop of a few flops per element (copies, adds, broadcasts,
+/// norms, reductions) runs on one thread. Such loops are memory-bound and gain little
+/// from a second core, while each parallel region can stall for a scheduler time slice
+/// (milliseconds) when the cores are shared with other processes.
+constexpr std::int64_t kParallelGrainMemory = std::int64_t(1) << 20;
 
 /// Throws NotImplemented unless every tensor lives on the CPU: the single place where a
 /// CUDA backend will branch off.
@@ -63,24 +69,24 @@ void broadcast_binary(const Tensor& a, const Tensor& b, Tensor& out, F f) {
   // Fast paths: the operand layouts that dominate training (bias rows, per-row scales,
   // scalars) on either side; everything else goes through general indexing.
   if (qa.kind == K::Same && qb.kind == K::Same) {
-#pragma omp parallel for simd if (n > kParallelGrain)
+#pragma omp parallel for simd if (n > kParallelGrainMemory)
     for (std::int64_t i = 0; i < n; ++i)
       po[i] = f(pa[i], pb[i]);
   } else if (qa.kind == K::Same && qb.kind == K::Scalar) {
     const float s = pb[0];
-#pragma omp parallel for simd if (n > kParallelGrain)
+#pragma omp parallel for simd if (n > kParallelGrainMemory)
     for (std::int64_t i = 0; i < n; ++i)
       po[i] = f(pa[i], s);
   } else if (qa.kind == K::Scalar && qb.kind == K::Same) {
     const float s = pa[0];
-#pragma omp parallel for simd if (n > kParallelGrain)
+#pragma omp parallel for simd if (n > kParallelGrainMemory)
     for (std::int64_t i = 0; i < n; ++i)
       po[i] = f(s, pb[i]);
   } else if ((qa.kind == K::Same && qb.kind == K::Row) ||
              (qa.kind == K::Row && qb.kind == K::Same)) {
     const bool a_row = qa.kind == K::Row;
     const std::int64_t inner = a_row ? qa.inner : qb.inner, rows = n / inner;
-#pragma omp parallel for if (n > kParallelGrain)
+#pragma omp parallel for if (n > kParallelGrainMemory)
     for (std::int64_t r = 0; r < rows; ++r) {
       float* orow = po + r * inner;
       if (a_row) {
@@ -99,7 +105,7 @@ void broadcast_binary(const Tensor& a, const Tensor& b, Tensor& out, F f) {
              (qa.kind == K::Col && qb.kind == K::Same)) {
     const bool a_col = qa.kind == K::Col;
     const std::int64_t inner = a_col ? qa.inner : qb.inner, rows = n / inner;
-#pragma omp parallel for if (n > kParallelGrain)
+#pragma omp parallel for if (n > kParallelGrainMemory)
     for (std::int64_t r = 0; r < rows; ++r) {
       float* orow = po + r * inner;
       if (a_col) {
@@ -117,7 +123,7 @@ void broadcast_binary(const Tensor& a, const Tensor& b, Tensor& out, F f) {
       }
     }
   } else {
-#pragma omp parallel for if (n > kParallelGrain)
+#pragma omp parallel for if (n > kParallelGrainMemory)
     for (std::int64_t i = 0; i < n; ++i)
       po[i] = f(load(pa, qa, a.shape(), i), load(pb, qb, b.shape(), i));
   }
