@@ -222,6 +222,10 @@ std::vector<GradCase> shape_cases() {
                }});
   c.push_back(
       {"split_equal", {uniform({4, 3}, 160)}, [](const V& x) { return split(x[0], 2, 0); }});
+  // Only the middle part is used: the other parts' cotangents are undefined (zeros).
+  c.push_back({"split_one_part_used", {uniform({2, 6}, 168)}, [](const V& x) {
+                 return V{split(x[0], std::vector<std::int64_t>{1, 3, 2}, 1)[1]};
+               }});
   c.push_back({"stack_0", {uniform({2, 3}, 161), uniform({2, 3}, 162)}, one([](const V& x) {
                  return stack(x, 0);
                })});
