@@ -50,7 +50,9 @@ class Trainer {
   Metrics step(TrainState& state, const Batch& batch);
 
   /// Evaluates the loss function (or `eval_fn` when given) over `batches` at
-  /// state.params, then prints and records the means under "eval_<name>".
+  /// state.params, then prints and records the means under "eval_<name>". When the
+  /// options are data-parallel, `batches` is this replica's share of the evaluation set
+  /// and the metrics are summed over the replicas before they are recorded.
   Metrics evaluate(const TrainState& state, const std::vector<Batch>& batches,
                    const LossFn& eval_fn = nullptr);
 

@@ -92,7 +92,9 @@ Metrics Trainer::step(TrainState& state, const Batch& batch) {
   const auto t0 = Clock::now();
   Metrics m = train_step(state, batch, loss_fn_, optimizer_, options_);
   const double dt = seconds_since(t0);
-  const double items = static_cast<double>(batch.size()) * config_.items_per_example;
+  // Each data-parallel replica sees its slice of the global batch.
+  const double items = static_cast<double>(batch.size()) * config_.items_per_example *
+                       options_.data_parallel.size();
   train_seconds_ += dt;
   window_seconds_ += dt;
   window_items_ += items;
@@ -146,6 +148,8 @@ Metrics Trainer::evaluate(const TrainState& state, const std::vector<Batch>& bat
                           const LossFn& eval_fn) {
   Metrics m = train::evaluate(state.params, batches, eval_fn ? eval_fn : loss_fn_,
                               state.rng.fold_in(std::string_view("eval")));
+  if (const DataParallel& dp = options_.data_parallel; dp.enabled())
+    m = sync_metrics(*dp.ctx, m, dp.axes);
   log_eval(state.step, m);
   return m;
 }
