@@ -63,13 +63,12 @@ int run(int argc, char** argv) {
   std::string& data_dir = args.flag("data", std::string(data::kFashionMnistDir),
                                     "directory of the Fashion-MNIST IDX files");
   long long& devices = args.flag("devices", 2LL, "data-parallel devices (threads, or MPI ranks)");
-  std::string& backend_name = args.flag(
-      "backend", std::string(std::getenv("OMPI_COMM_WORLD_SIZE") ? "mpi" : "threads"),
-      "threads (simulated devices in this process) or mpi (one process per device)");
+  std::string& backend_name =
+      args.flag("backend", std::string(std::getenv("OMPI_COMM_WORLD_SIZE") ? "mpi" : "threads"),
+                "threads (simulated devices in this process) or mpi (one process per device)");
   args.parse(argc, argv);
 
-  const comm::Backend backend =
-      backend_name == "mpi" ? comm::Backend::Mpi : comm::Backend::Threads;
+  const comm::Backend backend = backend_name == "mpi" ? comm::Backend::Mpi : comm::Backend::Threads;
   if (backend_name != "mpi" && backend_name != "threads") {
     std::fprintf(stderr, "train_mnist: --backend must be threads or mpi, got %s\n",
                  backend_name.c_str());
@@ -140,10 +139,10 @@ int run(int argc, char** argv) {
                             .mesh = "data=" + std::to_string(devices),
                             .backend = backend_name,
                             .print = lead},
-                           opt, train_loss,
-                           {.data_parallel = {.ctx = &ctx, .axes = "data"}});
+                           opt, train_loss, {.data_parallel = {.ctx = &ctx, .axes = "data"}});
     for (long long e = 0; e < epochs; ++e) {
-      for (std::int64_t s = 0; s < steps_per_epoch; ++s) trainer.step(state, loader.next());
+      for (std::int64_t s = 0; s < steps_per_epoch; ++s)
+        trainer.step(state, loader.next());
       trainer.evaluate(state, test_batches, eval_loss);
     }
     const double acc = trainer.last_eval().at("accuracy");

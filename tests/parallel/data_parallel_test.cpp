@@ -37,7 +37,8 @@ train::Batch make_batch(int step) {
 }
 
 const models::Classifier& model() {
-  static const models::Classifier m({.in_features = 8, .hidden = 16, .num_classes = 4, .dropout = 0.f});
+  static const models::Classifier m(
+      {.in_features = 8, .hidden = 16, .num_classes = 4, .dropout = 0.f});
   return m;
 }
 
@@ -82,14 +83,17 @@ TrainingRun train_data_parallel(const optim::Optimizer& opt, int n) {
               train::train_step(state, local, loss_fn(), opt, options).mean("loss"));
         }
         std::vector<Tensor> out;
-        for (const auto& p : paths) out.push_back(state.params.at(p));
+        for (const auto& p : paths)
+          out.push_back(state.params.at(p));
         return out;
       },
       {}, std::vector<mesh::PartitionSpec>(paths.size(), P()), {.check_replicated = true});
   std::vector<mesh::ShardedArray> out = f(std::vector<Tensor>{});
   TrainingRun run{losses[0], {}};
-  for (std::size_t j = 0; j < paths.size(); ++j) run.params.set(paths[j], mesh::gather(out[j]));
-  for (int d = 1; d < n; ++d) EXPECT_EQ(losses[d], losses[0]) << "device " << d;
+  for (std::size_t j = 0; j < paths.size(); ++j)
+    run.params.set(paths[j], mesh::gather(out[j]));
+  for (int d = 1; d < n; ++d)
+    EXPECT_EQ(losses[d], losses[0]) << "device " << d;
   return run;
 }
 
@@ -114,7 +118,8 @@ void expect_same_run(const TrainingRun& one, const TrainingRun& dp, double tol) 
 TEST(DataParallel, SgdMatchesOneDevice) {
   optim::SGD opt({.learning_rate = optim::constant_schedule(0.5), .momentum = 0.9});
   const TrainingRun one = train_one_device(opt);
-  for (int n : {2, 4}) expect_same_run(one, train_data_parallel(opt, n), 1e-5);
+  for (int n : {2, 4})
+    expect_same_run(one, train_data_parallel(opt, n), 1e-5);
 }
 
 TEST(DataParallel, AdamWMatchesOneDevice) {
@@ -122,7 +127,8 @@ TEST(DataParallel, AdamWMatchesOneDevice) {
   const TrainingRun one = train_one_device(opt);
   // Adam divides by sqrt(v): tiny gradient differences from the reduction order are
   // amplified where v is small, hence the looser bound.
-  for (int n : {2, 4}) expect_same_run(one, train_data_parallel(opt, n), 1e-4);
+  for (int n : {2, 4})
+    expect_same_run(one, train_data_parallel(opt, n), 1e-4);
 }
 
 TEST(DataParallel, SyncGradsAveragesInBuckets) {
@@ -145,7 +151,8 @@ TEST(DataParallel, SyncGradsAveragesInBuckets) {
   for (int dev = 0; dev < 4; ++dev) {
     const int model_index = dev % 2;
     EXPECT_EQ(out[0].shard(dev).to_vector<float>(), std::vector<float>(3, 1.f + model_index));
-    EXPECT_EQ(out[1].shard(dev).to_vector<float>(), std::vector<float>(4, 10.f * (1 + model_index)));
+    EXPECT_EQ(out[1].shard(dev).to_vector<float>(),
+              std::vector<float>(4, 10.f * (1 + model_index)));
     EXPECT_EQ(out[2].shard(dev).to_vector<float>(), std::vector<float>(3, 1.f + model_index));
   }
 }

@@ -81,7 +81,8 @@ TEST(Autodiff, CheckpointMatchesPlainGradient) {
   auto [l2, g2] = autodiff::value_and_grad(remat)(p);
   EXPECT_FLOAT_EQ(l1.item<float>(), l2.item<float>());
   auto a = g1.at("w").to_vector<float>(), b = g2.at("w").to_vector<float>();
-  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_FLOAT_EQ(a[i], b[i]);
+  for (std::size_t i = 0; i < a.size(); ++i)
+    EXPECT_FLOAT_EQ(a[i], b[i]);
 }
 
 TEST(Autodiff, CustomVjpUsesGivenRule) {
@@ -90,7 +91,8 @@ TEST(Autodiff, CustomVjpUsesGivenRule) {
   // Forward is identity; the custom backward scales by 3.
   auto f = [](const TensorTree& q) {
     Tensor y = autodiff::custom_vjp1(
-        "scale3", {q.at("x")}, [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0].clone()}; },
+        "scale3", {q.at("x")},
+        [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0].clone()}; },
         [](const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<Tensor>& g) {
           return std::vector<Tensor>{mul_scalar(g[0], 3.0)};
         });

@@ -24,12 +24,20 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
                          const std::vector<Tensor>& wrt);
 
 namespace detail {
-inline const Tensor& primary(const Tensor& t) { return t; }
+inline const Tensor& primary(const Tensor& t) {
+  return t;
+}
 template <class A>
-const Tensor& primary(const std::pair<Tensor, A>& p) { return p.first; }
-inline Tensor detached(const Tensor& t) { return t.detach(); }
+const Tensor& primary(const std::pair<Tensor, A>& p) {
+  return p.first;
+}
+inline Tensor detached(const Tensor& t) {
+  return t.detach();
+}
 template <class A>
-std::pair<Tensor, A> detached(const std::pair<Tensor, A>& p) { return {p.first.detach(), p.second}; }
+std::pair<Tensor, A> detached(const std::pair<Tensor, A>& p) {
+  return {p.first.detach(), p.second};
+}
 /// Leaves sharing storage with every floating leaf of `params`.
 TensorTree make_leaves(const TensorTree& params);
 /// Gradient of scalar `loss` with respect to every leaf of `leaves`.
@@ -66,9 +74,9 @@ auto grad(F fn) {
 using CustomForward = std::function<std::vector<Tensor>(const std::vector<Tensor>& inputs)>;
 /// Backward of a custom-VJP op: (inputs, outputs, output cotangents; undefined = zero)
 /// -> input cotangents (undefined = none).
-using CustomBackward = std::function<std::vector<Tensor>(
-    const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
-    const std::vector<Tensor>& grad_outputs)>;
+using CustomBackward = std::function<std::vector<Tensor>(const std::vector<Tensor>& inputs,
+                                                         const std::vector<Tensor>& outputs,
+                                                         const std::vector<Tensor>& grad_outputs)>;
 
 /// Runs `forward` and records `backward` as its VJP: the tape does not look inside.
 /// Collectives use this to attach their transposes.
@@ -78,8 +86,8 @@ Tensor custom_vjp1(const char* name, const std::vector<Tensor>& inputs,
                    const CustomForward& forward, const CustomBackward& backward);
 
 /// A function of a parameter tree and tensors, rematerialised by `checkpoint`.
-using RematFn = std::function<std::vector<Tensor>(const TensorTree& params,
-                                                  const std::vector<Tensor>& inputs)>;
+using RematFn =
+    std::function<std::vector<Tensor>(const TensorTree& params, const std::vector<Tensor>& inputs)>;
 
 /// Rematerialisation: runs `fn` without keeping its intermediate activations and runs
 /// it again during the backward pass to get them back. Everything `fn` differentiates

@@ -13,15 +13,22 @@ enum class DType : std::uint8_t { F32, BF16, F16, I32, I64 };
 /// Bytes per element.
 constexpr std::size_t dtype_size(DType t) {
   switch (t) {
-    case DType::F32: return 4;
-    case DType::BF16: return 2;
-    case DType::F16: return 2;
-    case DType::I32: return 4;
-    case DType::I64: return 8;
+    case DType::F32:
+      return 4;
+    case DType::BF16:
+      return 2;
+    case DType::F16:
+      return 2;
+    case DType::I32:
+      return 4;
+    case DType::I64:
+      return 8;
   }
   return 0;
 }
-constexpr bool is_floating(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
+constexpr bool is_floating(DType t) {
+  return t == DType::F32 || t == DType::BF16 || t == DType::F16;
+}
 /// "f32", "bf16", "f16", "i32", "i64".
 const char* dtype_name(DType t);
 /// Inverse of dtype_name; throws InvalidArgument for an unknown name.
@@ -64,11 +71,27 @@ struct f16 {
   }
 };
 
-template <class T> constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::F32; }
-template <> constexpr DType dtype_of<bf16>() { return DType::BF16; }
-template <> constexpr DType dtype_of<f16>() { return DType::F16; }
-template <> constexpr DType dtype_of<std::int32_t>() { return DType::I32; }
-template <> constexpr DType dtype_of<std::int64_t>() { return DType::I64; }
+template <class T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::F32;
+}
+template <>
+constexpr DType dtype_of<bf16>() {
+  return DType::BF16;
+}
+template <>
+constexpr DType dtype_of<f16>() {
+  return DType::F16;
+}
+template <>
+constexpr DType dtype_of<std::int32_t>() {
+  return DType::I32;
+}
+template <>
+constexpr DType dtype_of<std::int64_t>() {
+  return DType::I64;
+}
 
 }  // namespace distjax

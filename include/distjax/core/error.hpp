@@ -58,8 +58,8 @@ template <class E, class... Args>
 
 /// DISTJAX_CHECK(cond, ErrorType, message parts...): throws ErrorType with the streamed
 /// message plus file:line when cond is false. Messages start with "[op] ".
-#define DISTJAX_CHECK(cond, E, ...)                                \
-  do {                                                             \
+#define DISTJAX_CHECK(cond, E, ...)                                            \
+  do {                                                                         \
     if (!(cond)) ::distjax::detail::raise<E>(__FILE__, __LINE__, __VA_ARGS__); \
   } while (0)
 

@@ -13,7 +13,9 @@ struct Device {
   DeviceKind kind = DeviceKind::CPU;
   int index = 0;
   static Device cpu() { return {}; }
-  std::string str() const { return kind == DeviceKind::CPU ? "cpu" : "cuda:" + std::to_string(index); }
+  std::string str() const {
+    return kind == DeviceKind::CPU ? "cpu" : "cuda:" + std::to_string(index);
+  }
   friend bool operator==(const Device&, const Device&) = default;
 };
 

@@ -42,15 +42,35 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 /// Differentiable between floating types: the cotangent is cast back.
 Tensor astype(const Tensor& x, DType dtype);
 
-inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
-inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
-inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
-inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
-inline Tensor operator-(const Tensor& x) { return neg(x); }
-inline Tensor operator+(const Tensor& a, double s) { return add_scalar(a, s); }
-inline Tensor operator-(const Tensor& a, double s) { return add_scalar(a, -s); }
-inline Tensor operator*(const Tensor& a, double s) { return mul_scalar(a, s); }
-inline Tensor operator*(double s, const Tensor& a) { return mul_scalar(a, s); }
-inline Tensor operator/(const Tensor& a, double s) { return mul_scalar(a, 1.0 / s); }
+inline Tensor operator+(const Tensor& a, const Tensor& b) {
+  return add(a, b);
+}
+inline Tensor operator-(const Tensor& a, const Tensor& b) {
+  return sub(a, b);
+}
+inline Tensor operator*(const Tensor& a, const Tensor& b) {
+  return mul(a, b);
+}
+inline Tensor operator/(const Tensor& a, const Tensor& b) {
+  return div(a, b);
+}
+inline Tensor operator-(const Tensor& x) {
+  return neg(x);
+}
+inline Tensor operator+(const Tensor& a, double s) {
+  return add_scalar(a, s);
+}
+inline Tensor operator-(const Tensor& a, double s) {
+  return add_scalar(a, -s);
+}
+inline Tensor operator*(const Tensor& a, double s) {
+  return mul_scalar(a, s);
+}
+inline Tensor operator*(double s, const Tensor& a) {
+  return mul_scalar(a, s);
+}
+inline Tensor operator/(const Tensor& a, double s) {
+  return mul_scalar(a, 1.0 / s);
+}
 
 }  // namespace distjax::tensor

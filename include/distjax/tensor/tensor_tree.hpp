@@ -40,7 +40,8 @@ class TensorTree {
   /// A tree with the same paths and fn applied to every leaf.
   TensorTree map(const std::function<Tensor(const Tensor&)>& fn) const;
   /// Same, with the path passed too.
-  TensorTree map_with_path(const std::function<Tensor(const std::string&, const Tensor&)>& fn) const;
+  TensorTree map_with_path(
+      const std::function<Tensor(const std::string&, const Tensor&)>& fn) const;
   /// Combines two trees with identical paths leaf by leaf; throws if the paths differ.
   TensorTree zip(const TensorTree& other,
                  const std::function<Tensor(const Tensor&, const Tensor&)>& fn) const;

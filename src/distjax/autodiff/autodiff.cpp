@@ -72,9 +72,11 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
     roots.push_back(out.grad_node().get());
   }
 
-  std::unordered_map<Node*, std::vector<std::pair<int, std::size_t>>> wanted;  // node -> (output, wrt index)
+  std::unordered_map<Node*, std::vector<std::pair<int, std::size_t>>>
+      wanted;  // node -> (output, wrt index)
   for (std::size_t j = 0; j < wrt.size(); ++j)
-    if (wrt[j].requires_grad()) wanted[wrt[j].grad_node().get()].push_back({wrt[j].grad_output_index(), j});
+    if (wrt[j].requires_grad())
+      wanted[wrt[j].grad_node().get()].push_back({wrt[j].grad_output_index(), j});
   std::vector<Tensor> result(wrt.size());
 
   for (Node* node : topological_order(roots)) {
@@ -83,14 +85,16 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
     std::vector<Tensor> grads = std::move(it->second);
     pending.erase(it);
     if (auto w = wanted.find(node); w != wanted.end())
-      for (auto [out_index, j] : w->second) result[j] = grads[out_index];
+      for (auto [out_index, j] : w->second)
+        result[j] = grads[out_index];
     if (node->is_leaf) continue;
     DISTJAX_CHECK(node->backward, Error, "[grad] the tape of op \"", node->name,
                   "\" was already consumed by an earlier backward pass");
     std::vector<Tensor> in_grads = node->backward(grads);
     node->backward = nullptr;  // frees the tensors the op saved
-    DISTJAX_CHECK(in_grads.size() == node->inputs.size(), Error, "[grad] backward of \"", node->name,
-                  "\" returned ", in_grads.size(), " cotangents for ", node->inputs.size(), " inputs");
+    DISTJAX_CHECK(in_grads.size() == node->inputs.size(), Error, "[grad] backward of \"",
+                  node->name, "\" returned ", in_grads.size(), " cotangents for ",
+                  node->inputs.size(), " inputs");
     for (std::size_t k = 0; k < in_grads.size(); ++k) {
       const auto& edge = node->inputs[k];
       if (!edge.node || !in_grads[k].defined()) continue;
@@ -110,7 +114,8 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
 namespace detail {
 
 TensorTree make_leaves(const TensorTree& params) {
-  return params.map([](const Tensor& t) { return is_floating(t.dtype()) ? tensor::make_leaf(t) : t; });
+  return params.map(
+      [](const Tensor& t) { return is_floating(t.dtype()) ? tensor::make_leaf(t) : t; });
 }
 
 TensorTree grads_of(const Tensor& loss, const TensorTree& leaves) {
@@ -119,11 +124,13 @@ TensorTree grads_of(const Tensor& loss, const TensorTree& leaves) {
                 loss.defined() ? to_string(loss.shape()) : std::string("undefined"));
   std::vector<Tensor> wrt;
   wrt.reserve(leaves.size());
-  for (auto& [_, t] : leaves) wrt.push_back(t);
+  for (auto& [_, t] : leaves)
+    wrt.push_back(t);
   std::vector<Tensor> g = grad({loss}, {Tensor()}, wrt);
   TensorTree out;
   std::size_t i = 0;
-  for (auto& [p, _] : leaves) out.set(p, g[i++]);
+  for (auto& [p, _] : leaves)
+    out.set(p, g[i++]);
   return out;
 }
 
@@ -133,7 +140,8 @@ namespace {
 std::vector<Tensor> detach_all(const std::vector<Tensor>& xs) {
   std::vector<Tensor> out;
   out.reserve(xs.size());
-  for (auto& x : xs) out.push_back(x.defined() ? x.detach() : x);
+  for (auto& x : xs)
+    out.push_back(x.defined() ? x.detach() : x);
   return out;
 }
 }  // namespace
@@ -154,18 +162,19 @@ std::vector<Tensor> custom_vjp(const char* name, const std::vector<Tensor>& inpu
   return outs;
 }
 
-Tensor custom_vjp1(const char* name, const std::vector<Tensor>& inputs, const CustomForward& forward,
-                   const CustomBackward& backward) {
+Tensor custom_vjp1(const char* name, const std::vector<Tensor>& inputs,
+                   const CustomForward& forward, const CustomBackward& backward) {
   auto outs = custom_vjp(name, inputs, forward, backward);
-  DISTJAX_CHECK(outs.size() == 1, InvalidArgument, "[custom_vjp1] forward of \"", name, "\" returned ",
-                outs.size(), " outputs, expected 1");
+  DISTJAX_CHECK(outs.size() == 1, InvalidArgument, "[custom_vjp1] forward of \"", name,
+                "\" returned ", outs.size(), " outputs, expected 1");
   return outs[0];
 }
 
 std::vector<Tensor> checkpoint(const RematFn& fn, const TensorTree& params,
                                const std::vector<Tensor>& inputs) {
   std::vector<Tensor> all = inputs;
-  for (auto& [_, t] : params) all.push_back(t);
+  for (auto& [_, t] : params)
+    all.push_back(t);
   std::vector<Tensor> outs;
   {
     NoGradGuard no_grad;  // nothing inside is kept for the backward pass
@@ -191,7 +200,8 @@ std::vector<Tensor> checkpoint(const RematFn& fn, const TensorTree& params,
                      }
                    }
                    std::vector<Tensor> wrt = xs;
-                   for (auto& [_, t] : p) wrt.push_back(t);
+                   for (auto& [_, t] : p)
+                     wrt.push_back(t);
                    return grad(used, seeds, wrt);
                  });
   return outs;

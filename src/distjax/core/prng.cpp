@@ -5,11 +5,13 @@
 namespace distjax {
 namespace {
 
-constexpr std::uint32_t rotl(std::uint32_t x, int r) { return (x << r) | (x >> (32 - r)); }
+constexpr std::uint32_t rotl(std::uint32_t x, int r) {
+  return (x << r) | (x >> (32 - r));
+}
 
 // Domain tags keep split, fold_in and bit streams apart for one key.
-constexpr std::uint32_t kSplitTag = 0x53504c54u;   // "SPLT"
-constexpr std::uint32_t kFoldTag = 0x464f4c44u;    // "FOLD"
+constexpr std::uint32_t kSplitTag = 0x53504c54u;  // "SPLT"
+constexpr std::uint32_t kFoldTag = 0x464f4c44u;   // "FOLD"
 
 // Uniform in (0, 1), never exactly 0 or 1: 24 random bits centred in their bucket.
 inline float open_unit(std::uint32_t w) {
@@ -72,7 +74,8 @@ std::array<std::uint32_t, 2> threefry2x32(std::array<std::uint32_t, 2> key,
 
 std::vector<Key> Key::split(int n) const {
   std::vector<Key> out(n);
-  for (int i = 0; i < n; ++i) out[i].words = threefry2x32(words, {kSplitTag, static_cast<std::uint32_t>(i)});
+  for (int i = 0; i < n; ++i)
+    out[i].words = threefry2x32(words, {kSplitTag, static_cast<std::uint32_t>(i)});
   return out;
 }
 
@@ -96,17 +99,20 @@ Key Key::fold_in(std::string_view name) const {
 }
 
 std::array<std::uint32_t, 2> Key::bits(std::uint64_t index) const {
-  return threefry2x32(words, {static_cast<std::uint32_t>(index >> 32), static_cast<std::uint32_t>(index)});
+  return threefry2x32(words,
+                      {static_cast<std::uint32_t>(index >> 32), static_cast<std::uint32_t>(index)});
 }
 
 void random_uniform(const Key& key, float* out, std::int64_t n, float lo, float hi) {
 #pragma omp parallel for if (n > 65536)
-  for (std::int64_t i = 0; i < n; ++i) out[i] = lo + (hi - lo) * (static_cast<float>(word(key, i) >> 8) * (1.0f / 16777216.0f));
+  for (std::int64_t i = 0; i < n; ++i)
+    out[i] = lo + (hi - lo) * (static_cast<float>(word(key, i) >> 8) * (1.0f / 16777216.0f));
 }
 
 void random_normal(const Key& key, float* out, std::int64_t n) {
 #pragma omp parallel for if (n > 65536)
-  for (std::int64_t i = 0; i < n; ++i) out[i] = std::sqrt(2.0f) * erfinv(2.0f * open_unit(word(key, i)) - 1.0f);
+  for (std::int64_t i = 0; i < n; ++i)
+    out[i] = std::sqrt(2.0f) * erfinv(2.0f * open_unit(word(key, i)) - 1.0f);
 }
 
 void random_truncated_normal(const Key& key, float* out, std::int64_t n) {
@@ -124,7 +130,8 @@ void random_truncated_normal(const Key& key, float* out, std::int64_t n) {
 
 void random_bernoulli(const Key& key, std::uint8_t* out, std::int64_t n, float p) {
 #pragma omp parallel for if (n > 65536)
-  for (std::int64_t i = 0; i < n; ++i) out[i] = open_unit(word(key, i)) < p ? 1 : 0;
+  for (std::int64_t i = 0; i < n; ++i)
+    out[i] = open_unit(word(key, i)) < p ? 1 : 0;
 }
 
 }  // namespace distjax

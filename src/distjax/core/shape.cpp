@@ -7,7 +7,8 @@ namespace distjax {
 
 std::int64_t numel(const Shape& s) {
   std::int64_t n = 1;
-  for (auto d : s) n *= d;
+  for (auto d : s)
+    n *= d;
   return n;
 }
 
@@ -34,8 +35,8 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
   for (std::size_t i = 0; i < r; ++i) {
     std::int64_t da = i < r - a.size() ? 1 : a[i - (r - a.size())];
     std::int64_t db = i < r - b.size() ? 1 : b[i - (r - b.size())];
-    DISTJAX_CHECK(da == db || da == 1 || db == 1, InvalidArgument, "[", op,
-                  "] shapes ", to_string(a), " and ", to_string(b), " do not broadcast");
+    DISTJAX_CHECK(da == db || da == 1 || db == 1, InvalidArgument, "[", op, "] shapes ",
+                  to_string(a), " and ", to_string(b), " do not broadcast");
     out[i] = da == 1 ? db : da;
   }
   return out;
@@ -53,11 +54,16 @@ std::vector<std::int64_t> contiguous_strides(const Shape& s) {
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "f32";
-    case DType::BF16: return "bf16";
-    case DType::F16: return "f16";
-    case DType::I32: return "i32";
-    case DType::I64: return "i64";
+    case DType::F32:
+      return "f32";
+    case DType::BF16:
+      return "bf16";
+    case DType::F16:
+      return "f16";
+    case DType::I32:
+      return "i32";
+    case DType::I64:
+      return "i64";
   }
   return "?";
 }
@@ -65,7 +71,8 @@ const char* dtype_name(DType t) {
 DType dtype_from_name(const std::string& n) {
   for (DType t : {DType::F32, DType::BF16, DType::F16, DType::I32, DType::I64})
     if (n == dtype_name(t)) return t;
-  DISTJAX_THROW(InvalidArgument, "[dtype] unknown dtype \"", n, "\" (expected f32, bf16, f16, i32, i64)");
+  DISTJAX_THROW(InvalidArgument, "[dtype] unknown dtype \"", n,
+                "\" (expected f32, bf16, f16, i32, i64)");
 }
 
 }  // namespace distjax

@@ -96,7 +96,9 @@ GradientResult accumulate_gradients(const LossFn& loss_fn, const TensorTree& par
   return out;
 }
 
-int DataParallel::size() const { return ctx ? ctx->axis_size(axes) : 1; }
+int DataParallel::size() const {
+  return ctx ? ctx->axis_size(axes) : 1;
+}
 
 Metrics sync_metrics(spmd::DeviceContext& ctx, const Metrics& metrics, const mesh::Axes& axes) {
   comm::Communicator& comm = ctx.comm(axes);

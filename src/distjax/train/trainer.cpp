@@ -93,8 +93,8 @@ Metrics Trainer::step(TrainState& state, const Batch& batch) {
   Metrics m = train_step(state, batch, loss_fn_, optimizer_, options_);
   const double dt = seconds_since(t0);
   // Each data-parallel replica sees its slice of the global batch.
-  const double items = static_cast<double>(batch.size()) * config_.items_per_example *
-                       options_.data_parallel.size();
+  const double items =
+      static_cast<double>(batch.size()) * config_.items_per_example * options_.data_parallel.size();
   train_seconds_ += dt;
   window_seconds_ += dt;
   window_items_ += items;
