@@ -3,6 +3,7 @@
 #include <dnnl.hpp>
 #include <unordered_map>
 
+#include "distjax/tensor/detail/gemm.hpp"
 #include "distjax/tensor/detail/kernels.hpp"
 #include "distjax/tensor/grad_node.hpp"
 #include "distjax/tensor/reduce.hpp"
@@ -13,13 +14,6 @@ namespace {
 
 using dt = dnnl::memory::data_type;
 using dims = dnnl::memory::dims;
-
-// A batched GEMM problem: C[b] = op(A[b]) op(B[b or 0]) (+ bias), all row-major.
-struct GemmKey {
-  std::int64_t batch, m, n, k;
-  bool ta, tb, b_shared, bias;
-  bool operator==(const GemmKey&) const = default;
-};
 
 struct GemmKeyHash {
   std::size_t operator()(const GemmKey& g) const {
@@ -61,6 +55,8 @@ const GemmPlan& plan_for(const GemmKey& key) {
   return cache.emplace(key, std::move(p)).first->second;
 }
 
+}  // namespace
+
 void run_gemm(const GemmKey& key, const float* a, const float* b, const float* bias, float* c) {
   if (key.m == 0 || key.n == 0 || key.batch == 0) return;
   if (key.k == 0) {
@@ -78,8 +74,6 @@ void run_gemm(const GemmKey& key, const float* a, const float* b, const float* b
   p.prim.execute(stream, args);
   stream.wait();
 }
-
-}  // namespace
 
 void gemm_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
               float alpha, const float* a, const float* b, float beta, float* c) {
