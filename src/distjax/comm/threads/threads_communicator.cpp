@@ -7,6 +7,7 @@
 #include <cstring>
 #include <thread>
 
+#include "distjax/comm/threads/reduce.hpp"
 #include "distjax/core/error.hpp"
 
 namespace distjax::comm::threads {
@@ -80,12 +81,12 @@ void ThreadsCommunicator::all_reduce(const void* send, void* recv, std::int64_t 
   for (int j = 0; j < n; ++j) in_place |= g_->send_of(j) == g_->recv_of(j);
   if (n == 1 || (count * es <= kSmallAllReduceBytes && !in_place)) {
     for (int j = 0; j < n; ++j) srcs[j] = g_->send_of(j);
-    detail::reduce_into(recv, srcs.data(), n, count, dtype, op, n);
+    reduce_rank_order(recv, srcs.data(), n, count, dtype, op, n);
   } else {
     // Reduce-scatter: this rank reduces its share (in rank order) into its own recv ...
     auto [lo, hi] = share(count, n, rank_);
     for (int j = 0; j < n; ++j) srcs[j] = bytes_of(g_->send_of(j)) + lo * es;
-    detail::reduce_into(bytes_of(recv) + lo * es, srcs.data(), n, hi - lo, dtype, op, n);
+    reduce_rank_order(bytes_of(recv) + lo * es, srcs.data(), n, hi - lo, dtype, op, n);
     call.phase();
     // ... all-gather: copy every other share from its owner's recv.
     for (int j = 0; j < n; ++j) {
@@ -123,7 +124,7 @@ void ThreadsCommunicator::reduce_scatter(const void* send, void* recv, std::int6
               recv);
   std::vector<const void*> srcs(n);
   for (int j = 0; j < n; ++j) srcs[j] = bytes_of(g_->send_of(j)) + rank_ * bytes;
-  detail::reduce_into(recv, srcs.data(), n, count, dtype, op, n);
+  reduce_rank_order(recv, srcs.data(), n, count, dtype, op, n);
   call.depart();
 }
 
