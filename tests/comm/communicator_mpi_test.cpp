@@ -7,8 +7,11 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdio>
+#include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "comm/collective_checks.hpp"
 #include "distjax/comm/launch.hpp"
@@ -126,6 +129,146 @@ TEST_F(MpiTest, SkippedCollectiveTimesOut) {
   }
 }
 
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// A device that never arrives: every device (the late one too, when it finally calls)
+// gets a CommError naming the op and the missing device, none hangs.
+TEST_F(MpiTest, AbsentDeviceFailsEveryDevice) {
+  const int r = world_rank();
+  std::string msg;
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    launch(mpi_opts(500), [](Communicator& world) {
+      std::vector<float> x(16, 1.f), y(16);
+      if (world.rank() == 3) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      world.all_reduce(x.data(), y.data(), 16, DType::F32, ReduceOp::Sum);
+    });
+  } catch (const CommError& e) {
+    msg = e.what();
+  }
+  const double s = seconds_since(t0);
+  EXPECT_TRUE(has(msg, "[all_reduce]")) << msg;
+  EXPECT_TRUE(has(msg, "timed out after 500 ms at call #0 of group (0,1,2,3)")) << msg;
+  EXPECT_TRUE(has(msg, "device 3 did not arrive")) << msg;
+  // No hang: the ranks that waited fail at the timeout, the late one as soon as it calls
+  // (bounds with ample slack for a loaded machine).
+  EXPECT_LT(s, r == 3 ? 1.5 + 5.0 : 0.5 + 5.0) << msg;
+}
+
+// A device whose program throws tells the others at once: their pending calls fail
+// naming it and its error long before their (long) timeout.
+TEST_F(MpiTest, ThrowingDeviceFailsTheOthersPromptly) {
+  const int r = world_rank();
+  std::string msg;
+  bool comm_error = false;
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    launch(mpi_opts(20000), [](Communicator& world) {
+      std::vector<float> x(16, 1.f), y(16);
+      world.all_reduce(x.data(), y.data(), 16, DType::F32, ReduceOp::Sum);
+      if (world.rank() == 2) throw std::runtime_error("boom on purpose");
+      world.all_reduce(x.data(), y.data(), 16, DType::F32, ReduceOp::Sum);
+    });
+  } catch (const CommError& e) {
+    comm_error = true;
+    msg = e.what();
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  if (r == 2) {
+    EXPECT_FALSE(comm_error);
+    EXPECT_EQ(msg, "[launch] device 2 raised: boom on purpose");
+  } else {
+    EXPECT_TRUE(comm_error) << msg;
+    // Call #1 waits for device 2; call #0 may still be completing when the notice comes.
+    EXPECT_TRUE(has(msg, "of group (0,1,2,3) abandoned: device 2 failed: boom on purpose"))
+        << msg;
+    EXPECT_TRUE(has(msg, "[all_reduce] call #")) << msg;
+    EXPECT_LT(seconds_since(t0), 10.0) << msg;  // not at the 20 s timeout
+  }
+}
+
+// Same through a sub-group collective and point-to-point waits, all in groups device 1
+// is not in but blocked until the notice (nobody sends what they wait for): every kind
+// of wait hears of the failure.
+TEST_F(MpiTest, ThrowingDeviceWakesPointToPointAndSubGroups) {
+  const int r = world_rank();
+  std::string msg;
+  MPI_Barrier(MPI_COMM_WORLD);
+  try {
+    launch(mpi_opts(20000), [](Communicator& world) {
+      Communicator pair = world.split(world.rank() / 2, world.rank());  // (0,1), (2,3)
+      std::vector<float> x(16, 1.f), y(16);
+      // Device 1 throws only once the others are past the split (they tell it so).
+      std::int32_t token = 0;
+      if (world.rank() != 1) {
+        world.isend(&token, 1, DType::I32, 1, 5).wait();
+      } else {
+        for (int src : {0, 2, 3}) world.irecv(&token, 1, DType::I32, src, 5).wait();
+        throw InvalidArgument("[test] bad input on purpose");
+      }
+      if (world.rank() == 0) pair.irecv(y.data(), 16, DType::F32, 1, 7).wait();
+      if (world.rank() == 2) pair.irecv(y.data(), 16, DType::F32, 1, 9).wait();  // from 3
+      if (world.rank() == 3) pair.barrier();  // device 2 never comes
+    });
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  if (r == 1) {
+    EXPECT_EQ(msg, "[test] bad input on purpose (raised on device 1)");
+  } else {
+    const char* expected[] = {"[irecv] transfer with device 1 (tag 7) in group (0,1) abandoned",
+                              "", "[irecv] transfer with device 3 (tag 9) in group (2,3) abandoned",
+                              "[barrier] call #0 of group (2,3) abandoned"};
+    EXPECT_TRUE(has(msg, expected[r])) << msg;
+    EXPECT_TRUE(has(msg, "device 1 failed: [test] bad input on purpose")) << msg;
+  }
+}
+
+// The race that used to hang: device 0 gives up on the descriptor check at its own short
+// deadline but stays in its program (catching the error), while the others, arriving
+// later, pass the check and enter the collective itself. They must fail at their timeout
+// instead of blocking forever.
+TEST_F(MpiTest, PeerThatLeftAfterTheCheckDoesNotHangTheOthers) {
+  const int r = world_rank();
+  std::string msg;
+  MPI_Barrier(MPI_COMM_WORLD);
+  try {
+    launch(mpi_opts(r == 0 ? 200 : 1000), [&](Communicator& world) {
+      std::vector<float> x(16, 1.f), y(16);
+      if (world.rank() == 3) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      try {
+        world.all_reduce(x.data(), y.data(), 16, DType::F32, ReduceOp::Sum);
+      } catch (const CommError& e) {
+        if (world.rank() != 0) throw;
+        msg = e.what();  // device 0 carries on without the collective
+        std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+      }
+    });
+  } catch (const CommError& e) {
+    msg = e.what();
+  }
+  if (r == 0) {
+    EXPECT_TRUE(has(msg, "[all_reduce] timed out after 200 ms at call #0 of group (0,1,2,3): "
+                         "device 3 did not arrive")) << msg;
+  } else {
+    EXPECT_TRUE(has(msg, "[all_reduce] timed out after 1000 ms at call #0 of group (0,1,2,3)"))
+        << msg;
+    EXPECT_TRUE(has(msg, "every device arrived and agreed, but the transfer did not complete"))
+        << msg;
+  }
+}
+
 TEST_F(MpiTest, SeveralDevicesPerProcessIsNotImplemented) {
   LaunchOptions o = mpi_opts();
   o.devices_per_process = 2;
@@ -139,7 +282,7 @@ class FailurePrinter : public ::testing::EmptyTestEventListener {
   void OnTestPartResult(const ::testing::TestPartResult& r) override {
     if (r.failed())
       std::fprintf(stderr, "[rank %d] %s:%d: %s\n", rank_, r.file_name() ? r.file_name() : "?",
-                   r.line_number(), r.summary());
+                   r.line_number(), r.message());
   }
 
  private:

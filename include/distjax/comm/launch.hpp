@@ -35,7 +35,8 @@ struct LaunchOptions {
   /// MPI only; only 1 is implemented (several devices per process throws NotImplemented).
   int devices_per_process = 1;
   /// A collective or transfer that does not complete within this time fails on every
-  /// participating device with CommError.
+  /// participating device with CommError. Under MPI with check_collectives, arrival (the
+  /// descriptor check) and the transfer after it each get this much time.
   std::chrono::milliseconds timeout{30000};
   LinkModel link;
   /// OpenMP threads per device for its kernels; 0 = cores / local devices, at least 1.
@@ -52,9 +53,16 @@ struct LaunchOptions {
 /// initialises MPI (MPI_Init_thread) if needed and runs fn on this process's device.
 /// If any device throws, the others are woken (their pending calls throw CommError, no
 /// hang) and launch rethrows the first error (CommError or the device's own exception,
-/// same type) with " (raised on device d)" appended to its message. Under MPI the other
-/// processes cannot be woken at once: their next call on a group with the failed process
-/// fails at the timeout instead.
+/// same type) with " (raised on device d)" appended to its message. Under MPI each
+/// process rethrows only its own device's error; a failing process first sends a notice
+/// to every other process, so their pending and later calls in this launch (any group,
+/// any kind of wait) throw CommError at once, e.g. "[all_reduce] call #4 of group
+/// (0,1,2,3) abandoned: device 2 failed: <its message>"; a process whose program ends
+/// without waiting on anything returns normally. No MPI call ever blocks without a
+/// deadline: collectives run in nonblocking form polled against the timeout, and the
+/// few calls MPI has only in blocking form (MPI_Comm_split, the first duplicate of
+/// MPI_COMM_WORLD) run under a watchdog that prints what blocked and calls MPI_Abort
+/// when they exceed the timeout (ending the job rather than hanging it).
 void launch(const LaunchOptions& opts, const std::function<void(Communicator& world)>& fn);
 
 /// Whether a backend is compiled into this build (Mpi is false in builds without MPI).

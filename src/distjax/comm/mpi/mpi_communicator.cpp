@@ -3,6 +3,15 @@
 // on a private duplicate communicator with a deadline, so a mismatch or a missing rank
 // raises CommError naming the op and the ranks instead of hanging. Several devices per
 // process are not implemented (devices_per_process must be 1).
+//
+// No silent hangs: every wait is a nonblocking MPI call polled against a deadline (the
+// collective itself too, as MPI_Iallreduce etc.: a rank that passed the descriptor check
+// while a peer failed it would otherwise block forever). While waiting, every rank also
+// polls a process-wide abort channel: a process whose device program throws sends a
+// notice to every other process before launch rethrows, and their pending calls raise
+// CommError "device N failed: ..." at once. The few calls MPI only has in blocking form
+// (MPI_Comm_split, the first duplicate of MPI_COMM_WORLD) run under a watchdog thread
+// that prints what blocked and calls MPI_Abort once they exceed the timeout.
 // The C API only: OpenMPI's mpi.h pulls in its C++ bindings otherwise.
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
@@ -10,8 +19,12 @@
 
 #include <algorithm>
 #include <climits>
+#include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -74,22 +87,225 @@ void from_f32(const std::vector<float>& v, void* p, DType t) {
   }
 }
 
+
+// ---------------------------------------------------------------- watchdog
+/// Last resort against hangs inside the few MPI calls that only exist in blocking form:
+/// arm() before such a call, disarm() after; if the call is still running at the
+/// deadline, the watchdog thread prints what blocked and ends the job with MPI_Abort.
+/// One slot: only the device's own thread arms it, one call at a time.
+class Watchdog {
+ public:
+  static Watchdog& get() {
+    static Watchdog* w = new Watchdog();  // never destroyed: its thread outlives statics
+    return *w;
+  }
+  std::uint64_t arm(Clock::time_point deadline, std::string what) {
+    std::lock_guard<std::mutex> lk(m_);
+    if (!started_) {
+      std::thread([this] { loop(); }).detach();
+      started_ = true;
+    }
+    armed_ = true;
+    deadline_ = deadline;
+    what_ = std::move(what);
+    cv_.notify_one();
+    return ++token_;
+  }
+  void disarm(std::uint64_t token) {
+    std::lock_guard<std::mutex> lk(m_);
+    if (token == token_) armed_ = false;
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lk(m_);
+    for (;;) {
+      if (!armed_) {
+        cv_.wait(lk);
+      } else if (Clock::now() >= deadline_) {
+        std::fprintf(stderr, "%s\n", what_.c_str());
+        std::fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 70);
+        std::_Exit(70);
+      } else {
+        cv_.wait_until(lk, deadline_);
+      }
+    }
+  }
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool started_ = false, armed_ = false;
+  Clock::time_point deadline_;
+  std::string what_;
+  std::uint64_t token_ = 0;
+};
+
+/// Runs a blocking MPI call f() under the watchdog; returns its error code.
+template <class F>
+int guarded(std::chrono::milliseconds limit, const std::string& what, F&& f) {
+  Watchdog& w = Watchdog::get();
+  const std::uint64_t token = w.arm(Clock::now() + limit, what);
+  const int rc = f();
+  w.disarm(token);
+  return rc;
+}
+
+/// "[split] device 1 blocked in MPI_Comm_split for more than 500 ms at call #2 of group
+/// (0,1,2,3) ...": the watchdog's message.
+std::string blocked_message(const char* op, const char* mpi_call, int device,
+                            std::chrono::milliseconds limit, const std::string& where) {
+  std::ostringstream os;
+  os << "[" << op << "] CommError: device " << device << " blocked in " << mpi_call
+     << " for more than " << limit.count() << " ms" << where
+     << " (a peer failed or never arrived); DistJax aborts the MPI job instead of hanging";
+  return os.str();
+}
+
+// ---------------------------------------------------------------- abort channel
+/// Process-wide channel on which a failing process tells every other process that its
+/// device program threw. Each launch is one epoch (a tag): every process keeps one
+/// receive posted for the current epoch, and every wait polls it.
+constexpr int kNoticeBytes = 2048;
+struct AbortChannel {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int tag_ub = 32767;
+  std::uint64_t epoch = 0;
+  MPI_Request recv = MPI_REQUEST_NULL;
+  char buf[kNoticeBytes] = {};
+  bool received = false;
+  std::string notice;               // "device N failed: <its message>"
+  std::deque<std::string> sent;     // send buffers (kept alive: the sends are freed)
+  int tag() const { return static_cast<int>(epoch % static_cast<std::uint64_t>(tag_ub)); }
+};
+AbortChannel& channel() {
+  static AbortChannel* c = new AbortChannel();
+  return *c;
+}
+
+/// The notice of this epoch if one has arrived (never blocks), else nullptr.
+const std::string* poll_abort() {
+  AbortChannel& ch = channel();
+  if (ch.received) return &ch.notice;
+  if (ch.recv == MPI_REQUEST_NULL) return nullptr;
+  int flag = 0;
+  MPI_Status st;
+  if (MPI_Test(&ch.recv, &flag, &st) != MPI_SUCCESS || !flag) return nullptr;
+  int len = 0;
+  MPI_Get_count(&st, MPI_CHAR, &len);
+  ch.received = true;
+  ch.notice = "device " + std::to_string(st.MPI_SOURCE) + " failed: " +
+              std::string(ch.buf, static_cast<std::size_t>(std::max(0, len)));
+  return &ch.notice;
+}
+
+enum class WaitResult { Done, TimedOut, Aborted };
+
+/// Polls reqs until all complete (done[i] turns 1 as request i does), the deadline
+/// passes, or an abort notice arrives. Completed requests become MPI_REQUEST_NULL.
+WaitResult poll(MPI_Request* reqs, int* done, std::size_t n, Clock::time_point deadline,
+                const char* op, int device) {
+  for (int spins = 0;; ++spins) {
+    bool all = true;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (done[i]) continue;
+      check(MPI_Test(&reqs[i], &done[i], MPI_STATUS_IGNORE), op, device);
+      all = all && done[i];
+    }
+    if (all) return WaitResult::Done;
+    if (poll_abort() != nullptr) return WaitResult::Aborted;
+    if (Clock::now() > deadline) return WaitResult::TimedOut;
+    if (spins > 256) std::this_thread::yield();
+  }
+}
+
+/// Waits for one nonblocking call made while setting up a communicator; throws
+/// CommError on timeout or abort notice (the request is then abandoned).
+void wait_setup(MPI_Request& r, Clock::time_point deadline, std::chrono::milliseconds timeout,
+                const char* op, const char* what, int device) {
+  int done = 0;
+  WaitResult w = poll(&r, &done, 1, deadline, op, device);
+  if (w == WaitResult::Done) return;
+  r = MPI_REQUEST_NULL;
+  if (w == WaitResult::Aborted)
+    DISTJAX_THROW(CommError, "[", op, "] ", what, " abandoned: ", *poll_abort());
+  DISTJAX_THROW(CommError, "[", op, "] timed out after ", timeout.count(), " ms in ", what,
+                " on device ", device, ": some device did not arrive");
+}
+
+/// Opens the abort channel for a new launch (creating it on first use).
+void open_epoch(std::chrono::milliseconds timeout, int device) {
+  AbortChannel& ch = channel();
+  if (ch.comm == MPI_COMM_NULL) {
+    check(guarded(timeout,
+                  blocked_message("launch", "MPI_Comm_dup(MPI_COMM_WORLD)", device, timeout,
+                                  " while starting the MPI backend"),
+                  [&] { return MPI_Comm_dup(MPI_COMM_WORLD, &ch.comm); }),
+          "launch", device);
+    MPI_Comm_set_errhandler(ch.comm, MPI_ERRORS_RETURN);
+    int* ub = nullptr;
+    int flag = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+    if (flag && ub != nullptr && *ub > 0) ch.tag_ub = *ub;
+  }
+  ch.epoch += 1;
+  ch.received = false;
+  ch.notice.clear();
+  check(MPI_Irecv(ch.buf, kNoticeBytes, MPI_CHAR, MPI_ANY_SOURCE, ch.tag(), ch.comm, &ch.recv),
+        "launch", device);
+}
+
+/// Closes this launch's epoch: withdraws the posted receive. Notices that arrive later
+/// (other processes still failing) keep this epoch's tag and are never matched again.
+void close_epoch() {
+  AbortChannel& ch = channel();
+  if (ch.recv != MPI_REQUEST_NULL) {
+    MPI_Cancel(&ch.recv);
+    MPI_Wait(&ch.recv, MPI_STATUS_IGNORE);
+  }
+  ch.received = false;
+}
+
+/// Tells every other process that this process's device program failed with `what`,
+/// unless this process itself learned of a failure from a notice (everyone has it).
+void send_abort(const std::string& what, int device) {
+  AbortChannel& ch = channel();
+  if (ch.comm == MPI_COMM_NULL || poll_abort() != nullptr) return;
+  ch.sent.push_back(what.substr(0, kNoticeBytes));
+  const std::string& buf = ch.sent.back();
+  int world = 1;
+  MPI_Comm_size(ch.comm, &world);
+  for (int p = 0; p < world; ++p) {
+    if (p == device) continue;
+    MPI_Request r;
+    if (MPI_Isend(buf.data(), static_cast<int>(buf.size()), MPI_CHAR, p, ch.tag(), ch.comm,
+                  &r) == MPI_SUCCESS)
+      MPI_Request_free(&r);  // small (eager) message; the buffer stays alive in ch.sent
+  }
+}
+
 }  // namespace
 
 /// One process's handle on one MPI communicator.
 class MpiCommunicator final : public CommunicatorImpl {
  public:
-  MpiCommunicator(MPI_Comm comm, const LaunchOptions& opts, std::shared_ptr<CommStats> stats)
+  /// Takes ownership of comm. `op` ("launch", "split") names the call in errors.
+  MpiCommunicator(MPI_Comm comm, const LaunchOptions& opts, std::shared_ptr<CommStats> stats,
+                  const char* op)
       : comm_(comm), opts_(opts), stats_(std::move(stats)) {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     MPI_Comm_rank(MPI_COMM_WORLD, &global_);
-    check(MPI_Comm_dup(comm_, &check_comm_), "launch", global_);
+    const auto deadline = Clock::now() + opts_.timeout;
+    MPI_Request r;
+    check(MPI_Comm_idup(comm_, &check_comm_, &r), op, global_);
+    wait_setup(r, deadline, opts_.timeout, op, "duplicating the new group's communicator",
+               global_);
     MPI_Comm_set_errhandler(check_comm_, MPI_ERRORS_RETURN);
     members_.resize(size_);
-    check(MPI_Allgather(&global_, 1, MPI_INT, members_.data(), 1, MPI_INT, comm_), "launch",
+    check(MPI_Iallgather(&global_, 1, MPI_INT, members_.data(), 1, MPI_INT, comm_, &r), op,
           global_);
+    wait_setup(r, deadline, opts_.timeout, op, "gathering the new group's members", global_);
     label_ = detail::group_label(members_);
   }
   ~MpiCommunicator() override {
@@ -240,7 +456,7 @@ class MpiCommunicator final : public CommunicatorImpl {
     if (dst >= 0 && dst != rank_)
       check(MPI_Isend(send, n, mpi_type(dtype), dst, kPermuteTag, comm_, &reqs[1]), "permute",
             global_);
-    for (MPI_Request& r : reqs) wait_one(call, r, [&] { return timeout_message(call, {}); });
+    wait_p2p(call, reqs, 2, data_deadline(call));
     end(call);
   }
 
@@ -266,11 +482,20 @@ class MpiCommunicator final : public CommunicatorImpl {
     DISTJAX_CHECK(color >= 0, InvalidArgument, "[split] color must be >= 0, got ", color);
     auto [call, timer] = begin(OpKind::Split, 0, false);
     agree(call, detail::make_desc(call.seq, OpKind::Split), *timer, /*force=*/true);
+    // MPI has no nonblocking split: every rank has just agreed, so all are entering it;
+    // the watchdog ends the job should one fail in between and leave the others blocked.
     MPI_Comm sub;
-    check(MPI_Comm_split(comm_, color, key, &sub), "split", global_);
-    auto out = std::make_shared<MpiCommunicator>(sub, opts_, stats_);
-    end(call);
-    return out;
+    const int rc = guarded(opts_.timeout, blocked_message("split", "MPI_Comm_split", global_,
+                                                          opts_.timeout, where(call)),
+                           [&] { return MPI_Comm_split(comm_, color, key, &sub); });
+    check(rc, "split", global_);
+    try {
+      auto out = std::make_shared<MpiCommunicator>(sub, opts_, stats_, "split");
+      end(call);
+      return out;
+    } catch (const CommError& e) {
+      fail(e.what());
+    }
   }
 
   /// A point-to-point transfer in flight.
@@ -283,24 +508,29 @@ class MpiCommunicator final : public CommunicatorImpl {
       MPI_Finalized(&finalized);
       if (finalized || r_ == MPI_REQUEST_NULL) return;
       MPI_Cancel(&r_);
-      MPI_Wait(&r_, MPI_STATUS_IGNORE);
+      // A transfer already matched must finish; the watchdog bounds that wait.
+      guarded(c_.opts_.timeout,
+              blocked_message(is_send_ ? "isend" : "irecv", "MPI_Wait", c_.global_,
+                              c_.opts_.timeout, " on a cancelled transfer in group " + c_.label_),
+              [&] { return MPI_Wait(&r_, MPI_STATUS_IGNORE); });
     }
     void wait() override {
       const auto start = Clock::now();
       const auto deadline = start + c_.opts_.timeout;
       const char* name = is_send_ ? "isend" : "irecv";
-      int flag = 0;
-      for (int spins = 0;; ++spins) {
-        check(MPI_Test(&r_, &flag, MPI_STATUS_IGNORE), name, c_.global_);
-        if (flag) break;
-        if (Clock::now() > deadline) {
-          std::ostringstream os;
+      std::ostringstream os;
+      int done = r_ == MPI_REQUEST_NULL ? 1 : 0;
+      switch (poll(&r_, &done, 1, deadline, name, c_.global_)) {
+        case WaitResult::Done: break;
+        case WaitResult::TimedOut:
           os << "[" << name << "] timed out after " << c_.opts_.timeout.count() << " ms: device "
              << c_.global_ << (is_send_ ? " sending to" : " receiving from") << " device "
              << c_.members_[peer_] << " with tag " << tag_ << " in group " << c_.label_;
           throw CommError(os.str());
-        }
-        if (spins > 256) std::this_thread::yield();
+        case WaitResult::Aborted:
+          os << "[" << name << "] transfer with device " << c_.members_[peer_] << " (tag " << tag_
+             << ") in group " << c_.label_ << " abandoned: " << *poll_abort();
+          throw CommError(os.str());
       }
       OpCounters& cnt = (*c_.stats_)[is_send_ ? OpKind::Send : OpKind::Recv];
       double s = std::chrono::duration<double>(Clock::now() - start).count();
@@ -332,6 +562,10 @@ class MpiCommunicator final : public CommunicatorImpl {
                                                                 std::int64_t block_bytes,
                                                                 bool is_root) {
     if (failed_) throw CommError(failure_);
+    if (channel().received) {
+      CallInfo c{seq_++, kind, Clock::now()};
+      fail(abort_message(c));
+    }
     CallInfo c{seq_++, kind, Clock::now() + opts_.timeout};
     return {c, std::make_unique<detail::CallTimer>(
                    *stats_, kind, detail::ring_traffic(kind, block_bytes, size_, is_root))};
@@ -357,20 +591,41 @@ class MpiCommunicator final : public CommunicatorImpl {
     return os.str();
   }
 
-  /// Waits for one request until the call's deadline; a timeout fails the group.
-  template <class Msg>
-  void wait_one(const CallInfo& c, MPI_Request& r, Msg&& msg) {
-    int flag = 0;
-    for (int spins = 0; r != MPI_REQUEST_NULL; ++spins) {
-      check(MPI_Test(&r, &flag, MPI_STATUS_IGNORE), op_kind_name(c.kind), global_);
-      if (flag) return;
-      if (Clock::now() > c.deadline) {
-        stale_.push_back(r);
-        r = MPI_REQUEST_NULL;
-        fail(msg());
-      }
-      if (spins > 256) std::this_thread::yield();
-    }
+  /// " at call #k of group G".
+  std::string where(const CallInfo& c) const {
+    return " at call #" + std::to_string(c.seq) + " of group " + label_;
+  }
+  /// "[op] call #k of group G abandoned: device N failed: <its message>".
+  std::string abort_message(const CallInfo& c) {
+    const std::string* notice = poll_abort();
+    std::ostringstream os;
+    os << "[" << op_kind_name(c.kind) << "] call #" << c.seq << " of group " << label_
+       << " abandoned: " << (notice ? *notice : std::string("another device failed"));
+    return os.str();
+  }
+  /// Deadline of the transfer after the descriptor check: a fresh timeout once every rank
+  /// has arrived and agreed, the call's own deadline when nothing was checked.
+  Clock::time_point data_deadline(const CallInfo& c) const {
+    return opts_.check_collectives && size_ > 1 ? Clock::now() + opts_.timeout : c.deadline;
+  }
+  std::string stalled_message(const CallInfo& c) {
+    std::string msg = timeout_message(c, {});
+    if (opts_.check_collectives && size_ > 1)
+      msg += ": every device arrived and agreed, but the transfer did not complete (a device "
+             "left the call?)";
+    return msg;
+  }
+
+  /// Waits for point-to-point requests (null ones are skipped); a timeout or an abort
+  /// notice fails the group (the pending requests are cancelled with it).
+  void wait_p2p(const CallInfo& c, MPI_Request* reqs, std::size_t n, Clock::time_point deadline) {
+    std::vector<int> done(n);
+    for (std::size_t i = 0; i < n; ++i) done[i] = reqs[i] == MPI_REQUEST_NULL;
+    WaitResult w = poll(reqs, done.data(), n, deadline, op_kind_name(c.kind), global_);
+    if (w == WaitResult::Done) return;
+    for (std::size_t i = 0; i < n; ++i)
+      if (!done[i]) stale_.push_back(reqs[i]);
+    fail(w == WaitResult::Aborted ? abort_message(c) : stalled_message(c));
   }
 
   /// Exchanges this rank's descriptor with every other rank (on the private check
@@ -403,41 +658,39 @@ class MpiCommunicator final : public CommunicatorImpl {
       reqs.push_back(r);
     }
     std::vector<int> done(reqs.size(), 0);
-    for (int spins = 0;; ++spins) {
-      int all_done = 1;
-      for (std::size_t i = 0; i < reqs.size(); ++i) {
-        if (done[i]) continue;
-        check(MPI_Test(&reqs[i], &done[i], MPI_STATUS_IGNORE), op_kind_name(c.kind), global_);
-        all_done &= done[i];
-      }
-      if (all_done) break;
-      if (Clock::now() > c.deadline) {
-        std::vector<int> missing;
-        for (std::size_t i = 0; i < num_recvs; ++i)
-          if (!done[i]) missing.push_back(recv_from[i]);
-        for (std::size_t i = 0; i < reqs.size(); ++i)
-          if (!done[i]) stale_.push_back(reqs[i]);
-        fail(timeout_message(c, missing));
-      }
-      if (spins > 256) std::this_thread::yield();
+    WaitResult w = poll(reqs.data(), done.data(), reqs.size(), c.deadline, op_kind_name(c.kind),
+                        global_);
+    if (w != WaitResult::Done) {
+      std::vector<int> missing;
+      for (std::size_t i = 0; i < num_recvs; ++i)
+        if (!done[i]) missing.push_back(recv_from[i]);
+      for (std::size_t i = 0; i < reqs.size(); ++i)
+        if (!done[i]) stale_.push_back(reqs[i]);
+      fail(w == WaitResult::Aborted ? abort_message(c) : timeout_message(c, missing));
     }
     timer.arrived();
     std::string msg = detail::mismatch_message(all, members_);
     if (!msg.empty()) fail(msg);
   }
 
-  /// Runs a collective: blocking after a successful descriptor exchange (every rank has
-  /// arrived and agreed, so it cannot hang on a mismatch), otherwise non-blocking with
-  /// the call's deadline.
+  /// Runs a collective in its nonblocking form, polled against the deadline and the
+  /// abort channel: even after a successful descriptor exchange a rank must not block,
+  /// since a peer may have failed the exchange at its own deadline (a race) and never
+  /// enter. A request given up on is abandoned with the group (MPI cannot cancel a
+  /// collective). Groups of one run the blocking form: nothing to wait for.
   template <class Start, class Blocking>
   void run(const CallInfo& c, Start&& start, Blocking&& blocking) {
-    if (opts_.check_collectives || size_ == 1) {
+    if (size_ == 1) {
       check(blocking(), op_kind_name(c.kind), global_);
       return;
     }
+    const Clock::time_point deadline = data_deadline(c);
     MPI_Request r;
     check(start(&r), op_kind_name(c.kind), global_);
-    wait_one(c, r, [&] { return timeout_message(c, {}); });
+    int done = 0;
+    WaitResult w = poll(&r, &done, 1, deadline, op_kind_name(c.kind), global_);
+    if (w == WaitResult::Done) return;
+    fail(w == WaitResult::Aborted ? abort_message(c) : stalled_message(c));
   }
 
   Request post(bool is_send, void* buf, std::int64_t count, DType dtype, int peer, int tag) {
@@ -509,15 +762,31 @@ void launch_mpi(const LaunchOptions& opts, const std::function<void(Communicator
                 " processes x 1 device per process");
   DISTJAX_CHECK(opts.timeout.count() > 0, InvalidArgument, "[launch] timeout must be > 0 ms");
   set_intra_op_threads(intra_op_threads_for(opts, 1));
-  MPI_Comm world;
-  mpi::check(MPI_Comm_dup(MPI_COMM_WORLD, &world), "launch", world_rank);
+  mpi::open_epoch(opts.timeout, world_rank);
   try {
+    MPI_Comm world;
+    MPI_Request r;
+    mpi::check(MPI_Comm_idup(MPI_COMM_WORLD, &world, &r), "launch", world_rank);
+    mpi::wait_setup(r, mpi::Clock::now() + opts.timeout, opts.timeout, "launch",
+                    "duplicating MPI_COMM_WORLD", world_rank);
     Communicator c(std::make_shared<mpi::MpiCommunicator>(world, opts,
-                                                          std::make_shared<CommStats>()));
+                                                          std::make_shared<CommStats>(),
+                                                          "launch"));
     fn(c);
   } catch (...) {
-    rethrow_with_device(std::current_exception(), world_rank);
+    // Tell the other processes first, so their pending calls fail now, not at timeout.
+    std::exception_ptr e = std::current_exception();
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      mpi::send_abort(ex.what(), world_rank);
+    } catch (...) {
+      mpi::send_abort("a non-standard exception", world_rank);
+    }
+    mpi::close_epoch();
+    rethrow_with_device(e, world_rank);
   }
+  mpi::close_epoch();
 }
 
 bool mpi_available() { return true; }
