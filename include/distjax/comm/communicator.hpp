@@ -59,7 +59,11 @@ class CommunicatorImpl {
 ///   0,2,3 called all_reduce(count=16, f32, sum); device 1 called all_gather(count=16, f32)
 ///   [all_reduce] timed out after 2000 ms at call #7 of group (0,1,2,3): devices 1,3 did
 ///   not arrive
-/// Once a group has failed, every later call on it throws too.
+/// Once a group has failed, every later call on it throws too. Under MPI, when a device
+/// drops out after the descriptor check (it raised at its own deadline in a race, or its
+/// program failed), the others give up on the collective already in flight; MPI cannot
+/// cancel it, so the buffers of that one call may still be written by MPI afterwards:
+/// treat a CommError under MPI as fatal to the launch (see launch()).
 ///
 ///   launch({.num_devices = 4}, [](Communicator& world) {
 ///     std::vector<float> x(8, float(world.rank())), y(8);

@@ -198,12 +198,29 @@ const std::string* poll_abort() {
   return &ch.notice;
 }
 
+/// Float copies of a bf16/f16 collective's buffers.
+struct Scratch {
+  Scratch(std::vector<float> s, std::int64_t recv_count) : send(std::move(s)), recv(recv_count) {}
+  std::vector<float> send, recv;
+};
+/// Buffers of abandoned collectives: MPI cannot cancel those, so their memory is kept
+/// until the process ends.
+std::vector<std::shared_ptr<void>>& graveyard() {
+  static auto* g = new std::vector<std::shared_ptr<void>>();
+  return *g;
+}
+
+/// How long a wait keeps polling after an abort notice, so a call that can still
+/// complete does (and leaves no request behind); the next call then fails.
+constexpr std::chrono::milliseconds kAbortGrace{100};
+
 enum class WaitResult { Done, TimedOut, Aborted };
 
 /// Polls reqs until all complete (done[i] turns 1 as request i does), the deadline
 /// passes, or an abort notice arrives. Completed requests become MPI_REQUEST_NULL.
 WaitResult poll(MPI_Request* reqs, int* done, std::size_t n, Clock::time_point deadline,
                 const char* op, int device) {
+  bool aborted = false;
   for (int spins = 0;; ++spins) {
     bool all = true;
     for (std::size_t i = 0; i < n; ++i) {
@@ -212,8 +229,11 @@ WaitResult poll(MPI_Request* reqs, int* done, std::size_t n, Clock::time_point d
       all = all && done[i];
     }
     if (all) return WaitResult::Done;
-    if (poll_abort() != nullptr) return WaitResult::Aborted;
-    if (Clock::now() > deadline) return WaitResult::TimedOut;
+    if (!aborted && poll_abort() != nullptr) {
+      aborted = true;
+      deadline = std::min(deadline, Clock::now() + kAbortGrace);
+    }
+    if (Clock::now() > deadline) return aborted ? WaitResult::Aborted : WaitResult::TimedOut;
     if (spins > 256) std::this_thread::yield();
   }
 }
@@ -286,7 +306,8 @@ void send_abort(const std::string& what, int device) {
 }  // namespace
 
 /// One process's handle on one MPI communicator.
-class MpiCommunicator final : public CommunicatorImpl {
+class MpiCommunicator final : public CommunicatorImpl,
+                              public std::enable_shared_from_this<MpiCommunicator> {
  public:
   /// Takes ownership of comm. `op` ("launch", "split") names the call in errors.
   MpiCommunicator(MPI_Comm comm, const LaunchOptions& opts, std::shared_ptr<CommStats> stats,
@@ -338,10 +359,12 @@ class MpiCommunicator final : public CommunicatorImpl {
     agree(call, detail::make_desc(call.seq, OpKind::AllReduce, count, dtype, op), *timer);
     const void* sbuf = send == recv ? MPI_IN_PLACE : send;
     if (is_half(dtype)) {
-      std::vector<float> s = to_f32(send, count, dtype), r(count);
+      auto scratch = std::make_shared<Scratch>(to_f32(send, count, dtype), count);
+      std::vector<float>&s = scratch->send, &r = scratch->recv;
       run(call, [&](MPI_Request* q) {
         return MPI_Iallreduce(s.data(), r.data(), n, MPI_FLOAT, mpi_op(op), comm_, q);
-      }, [&] { return MPI_Allreduce(s.data(), r.data(), n, MPI_FLOAT, mpi_op(op), comm_); });
+      }, [&] { return MPI_Allreduce(s.data(), r.data(), n, MPI_FLOAT, mpi_op(op), comm_); },
+          scratch);
       if (op == ReduceOp::Mean) detail::divide_inplace(r.data(), count, DType::F32, size_);
       from_f32(r, recv, dtype);
     } else {
@@ -375,12 +398,13 @@ class MpiCommunicator final : public CommunicatorImpl {
     auto [call, timer] = begin(OpKind::ReduceScatter, count * dtype_size(dtype), false);
     agree(call, detail::make_desc(call.seq, OpKind::ReduceScatter, count, dtype, op), *timer);
     if (is_half(dtype)) {
-      std::vector<float> s = to_f32(send, count * size_, dtype), r(count);
+      auto scratch = std::make_shared<Scratch>(to_f32(send, count * size_, dtype), count);
+      std::vector<float>&s = scratch->send, &r = scratch->recv;
       run(call, [&](MPI_Request* q) {
         return MPI_Ireduce_scatter_block(s.data(), r.data(), n, MPI_FLOAT, mpi_op(op), comm_, q);
       }, [&] {
         return MPI_Reduce_scatter_block(s.data(), r.data(), n, MPI_FLOAT, mpi_op(op), comm_);
-      });
+      }, scratch);
       if (op == ReduceOp::Mean) detail::divide_inplace(r.data(), count, DType::F32, size_);
       from_f32(r, recv, dtype);
     } else {
@@ -501,8 +525,8 @@ class MpiCommunicator final : public CommunicatorImpl {
   /// A point-to-point transfer in flight.
   class MpiRequest final : public RequestImpl {
    public:
-    MpiRequest(MpiCommunicator& c, MPI_Request r, bool is_send, int peer, int tag)
-        : c_(c), r_(r), is_send_(is_send), peer_(peer), tag_(tag) {}
+    MpiRequest(std::shared_ptr<MpiCommunicator> c, MPI_Request r, bool is_send, int peer, int tag)
+        : keep_(std::move(c)), c_(*keep_), r_(r), is_send_(is_send), peer_(peer), tag_(tag) {}
     ~MpiRequest() override {
       int finalized = 0;
       MPI_Finalized(&finalized);
@@ -545,6 +569,7 @@ class MpiCommunicator final : public CommunicatorImpl {
     }
 
    private:
+    std::shared_ptr<MpiCommunicator> keep_;  // the request outlives no communicator
     MpiCommunicator& c_;
     MPI_Request r_;
     bool is_send_;
@@ -562,7 +587,7 @@ class MpiCommunicator final : public CommunicatorImpl {
                                                                 std::int64_t block_bytes,
                                                                 bool is_root) {
     if (failed_) throw CommError(failure_);
-    if (channel().received) {
+    if (poll_abort() != nullptr) {  // a device failed: start nothing new
       CallInfo c{seq_++, kind, Clock::now()};
       fail(abort_message(c));
     }
@@ -679,7 +704,8 @@ class MpiCommunicator final : public CommunicatorImpl {
   /// enter. A request given up on is abandoned with the group (MPI cannot cancel a
   /// collective). Groups of one run the blocking form: nothing to wait for.
   template <class Start, class Blocking>
-  void run(const CallInfo& c, Start&& start, Blocking&& blocking) {
+  void run(const CallInfo& c, Start&& start, Blocking&& blocking,
+           std::shared_ptr<void> scratch = nullptr) {
     if (size_ == 1) {
       check(blocking(), op_kind_name(c.kind), global_);
       return;
@@ -690,6 +716,7 @@ class MpiCommunicator final : public CommunicatorImpl {
     int done = 0;
     WaitResult w = poll(&r, &done, 1, deadline, op_kind_name(c.kind), global_);
     if (w == WaitResult::Done) return;
+    if (scratch) graveyard().push_back(std::move(scratch));  // MPI may still write there
     fail(w == WaitResult::Aborted ? abort_message(c) : stalled_message(c));
   }
 
@@ -712,7 +739,7 @@ class MpiCommunicator final : public CommunicatorImpl {
     } else {
       check(MPI_Irecv(buf, n, mpi_type(dtype), peer, tag, comm_, &r), name, global_);
     }
-    return Request(std::make_unique<MpiRequest>(*this, r, is_send, peer, tag));
+    return Request(std::make_unique<MpiRequest>(shared_from_this(), r, is_send, peer, tag));
   }
 
   MPI_Comm comm_;
