@@ -165,15 +165,20 @@ TEST_F(MpiTest, AbsentDeviceFailsEveryDevice) {
 }
 
 // A device whose program throws tells the others at once: their pending calls fail
-// naming it and its error long before their (long) timeout.
-TEST_F(MpiTest, ThrowingDeviceFailsTheOthersPromptly) {
+// naming it and its error long before their (long) timeout. With and without the
+// descriptor check (without it the waiting devices are inside the collective itself).
+class ThrowingDeviceTest : public MpiTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(ThrowingDeviceTest, FailsTheOthersPromptly) {
   const int r = world_rank();
   std::string msg;
   bool comm_error = false;
+  LaunchOptions o = mpi_opts(20000);
+  o.check_collectives = GetParam();
   MPI_Barrier(MPI_COMM_WORLD);
   const auto t0 = std::chrono::steady_clock::now();
   try {
-    launch(mpi_opts(20000), [](Communicator& world) {
+    launch(o, [](Communicator& world) {
       std::vector<float> x(16, 1.f), y(16);
       world.all_reduce(x.data(), y.data(), 16, DType::F32, ReduceOp::Sum);
       if (world.rank() == 2) throw std::runtime_error("boom on purpose");
@@ -197,6 +202,7 @@ TEST_F(MpiTest, ThrowingDeviceFailsTheOthersPromptly) {
     EXPECT_LT(seconds_since(t0), 10.0) << msg;  // not at the 20 s timeout
   }
 }
+INSTANTIATE_TEST_SUITE_P(Check, ThrowingDeviceTest, ::testing::Bool());
 
 // Same through a sub-group collective and point-to-point waits, all in groups device 1
 // is not in but blocked until the notice (nobody sends what they wait for): every kind
