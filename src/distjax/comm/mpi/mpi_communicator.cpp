@@ -239,13 +239,16 @@ WaitResult poll(MPI_Request* reqs, int* done, std::size_t n, Clock::time_point d
 }
 
 /// Waits for one nonblocking call made while setting up a communicator; throws
-/// CommError on timeout or abort notice (the request is then abandoned).
-void wait_setup(MPI_Request& r, Clock::time_point deadline, std::chrono::milliseconds timeout,
-                const char* op, const char* what, int device) {
+/// CommError on timeout or abort notice (the request is then abandoned, and `out`, the
+/// memory MPI writes its result to, is kept alive).
+void wait_setup(MPI_Request& r, std::shared_ptr<void> out, Clock::time_point deadline,
+                std::chrono::milliseconds timeout, const char* op, const char* what,
+                int device) {
   int done = 0;
   WaitResult w = poll(&r, &done, 1, deadline, op, device);
   if (w == WaitResult::Done) return;
   r = MPI_REQUEST_NULL;
+  graveyard().push_back(std::move(out));
   if (w == WaitResult::Aborted)
     DISTJAX_THROW(CommError, "[", op, "] ", what, " abandoned: ", *poll_abort());
   DISTJAX_THROW(CommError, "[", op, "] timed out after ", timeout.count(), " ms in ", what,
@@ -319,24 +322,22 @@ class MpiCommunicator final : public CommunicatorImpl,
     MPI_Comm_rank(MPI_COMM_WORLD, &global_);
     const auto deadline = Clock::now() + opts_.timeout;
     MPI_Request r;
-    check(MPI_Comm_idup(comm_, &check_comm_, &r), op, global_);
-    wait_setup(r, deadline, opts_.timeout, op, "duplicating the new group's communicator",
+    auto dup = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
+    check(MPI_Comm_idup(comm_, dup.get(), &r), op, global_);
+    wait_setup(r, dup, deadline, opts_.timeout, op, "duplicating the new group's communicator",
                global_);
+    check_comm_ = *dup;
     MPI_Comm_set_errhandler(check_comm_, MPI_ERRORS_RETURN);
-    members_.resize(size_);
-    check(MPI_Iallgather(&global_, 1, MPI_INT, members_.data(), 1, MPI_INT, comm_, &r), op,
-          global_);
-    wait_setup(r, deadline, opts_.timeout, op, "gathering the new group's members", global_);
+    auto ids = std::make_shared<std::vector<int>>(size_);
+    check(MPI_Iallgather(&global_, 1, MPI_INT, ids->data(), 1, MPI_INT, comm_, &r), op, global_);
+    wait_setup(r, ids, deadline, opts_.timeout, op, "gathering the new group's members", global_);
+    members_ = *ids;
     label_ = detail::group_label(members_);
   }
   ~MpiCommunicator() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
-    for (MPI_Request& r : stale_) {
-      MPI_Cancel(&r);
-      MPI_Request_free(&r);
-    }
     if (!failed_) {
       MPI_Comm_free(&check_comm_);
       MPI_Comm_free(&comm_);
@@ -641,6 +642,20 @@ class MpiCommunicator final : public CommunicatorImpl,
     return msg;
   }
 
+  /// Cancels the pending point-to-point requests of a call given up on, now: their
+  /// buffers (the caller's, or locals of agree) must not be written after it throws.
+  void cancel(const CallInfo& c, MPI_Request* reqs, const int* done, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (done[i] || reqs[i] == MPI_REQUEST_NULL) continue;
+      MPI_Cancel(&reqs[i]);
+      // An unmatched request completes at once; a matched one finishes its transfer.
+      guarded(opts_.timeout,
+              blocked_message(op_kind_name(c.kind), "MPI_Wait", global_, opts_.timeout,
+                              " on a cancelled transfer in group " + label_),
+              [&] { return MPI_Wait(&reqs[i], MPI_STATUS_IGNORE); });
+    }
+  }
+
   /// Waits for point-to-point requests (null ones are skipped); a timeout or an abort
   /// notice fails the group (the pending requests are cancelled with it).
   void wait_p2p(const CallInfo& c, MPI_Request* reqs, std::size_t n, Clock::time_point deadline) {
@@ -648,8 +663,7 @@ class MpiCommunicator final : public CommunicatorImpl,
     for (std::size_t i = 0; i < n; ++i) done[i] = reqs[i] == MPI_REQUEST_NULL;
     WaitResult w = poll(reqs, done.data(), n, deadline, op_kind_name(c.kind), global_);
     if (w == WaitResult::Done) return;
-    for (std::size_t i = 0; i < n; ++i)
-      if (!done[i]) stale_.push_back(reqs[i]);
+    cancel(c, reqs, done.data(), n);
     fail(w == WaitResult::Aborted ? abort_message(c) : stalled_message(c));
   }
 
@@ -689,8 +703,7 @@ class MpiCommunicator final : public CommunicatorImpl,
       std::vector<int> missing;
       for (std::size_t i = 0; i < num_recvs; ++i)
         if (!done[i]) missing.push_back(recv_from[i]);
-      for (std::size_t i = 0; i < reqs.size(); ++i)
-        if (!done[i]) stale_.push_back(reqs[i]);
+      cancel(c, reqs.data(), done.data(), reqs.size());
       fail(w == WaitResult::Aborted ? abort_message(c) : timeout_message(c, missing));
     }
     timer.arrived();
@@ -752,7 +765,6 @@ class MpiCommunicator final : public CommunicatorImpl,
   std::uint64_t seq_ = 0;
   bool failed_ = false;
   std::string failure_;
-  std::vector<MPI_Request> stale_;
 };
 
 namespace {
@@ -791,12 +803,12 @@ void launch_mpi(const LaunchOptions& opts, const std::function<void(Communicator
   set_intra_op_threads(intra_op_threads_for(opts, 1));
   mpi::open_epoch(opts.timeout, world_rank);
   try {
-    MPI_Comm world;
+    auto world = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
     MPI_Request r;
-    mpi::check(MPI_Comm_idup(MPI_COMM_WORLD, &world, &r), "launch", world_rank);
-    mpi::wait_setup(r, mpi::Clock::now() + opts.timeout, opts.timeout, "launch",
+    mpi::check(MPI_Comm_idup(MPI_COMM_WORLD, world.get(), &r), "launch", world_rank);
+    mpi::wait_setup(r, world, mpi::Clock::now() + opts.timeout, opts.timeout, "launch",
                     "duplicating MPI_COMM_WORLD", world_rank);
-    Communicator c(std::make_shared<mpi::MpiCommunicator>(world, opts,
+    Communicator c(std::make_shared<mpi::MpiCommunicator>(*world, opts,
                                                           std::make_shared<CommStats>(),
                                                           "launch"));
     fn(c);
