@@ -17,4 +17,14 @@ namespace distjax::tensor {
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
                  float scale = 0.f);
 
+/// The same attention read straight from a fused projection, without the permutes and
+/// splits that would cut q, k and v out of it: qkv (B, T, 3 H D), viewed as
+/// (B, T, H, 3, D) (per head its q, k and v rows side by side, the layout that
+/// nn::MultiHeadAttention's reshape to (B, T, H, 3, D) expects), -> (B, T, H D), heads
+/// side by side per position. Equal to reshaping qkv to (B, T, H, 3, D), permuting it
+/// to (3, B, H, T, D), calling attention(q, k, v, causal, scale) and permuting the
+/// result back to (B, T, H, D). Errors name "[attention_packed]".
+Tensor attention_packed(const Tensor& qkv, std::int64_t num_heads, bool causal = true,
+                        float scale = 0.f);
+
 }  // namespace distjax::tensor

@@ -24,6 +24,11 @@ Tensor MultiHeadAttention::operator()(const Scope& scope, const Tensor& x) const
     out_proj.kernel_axes = {model_axis, ""};
   }
   Tensor qkv = qkv_proj(scope.child("qkv"), x);  // (B, T, 3C)
+  if (qkv.rank() == 3 && qkv.size(2) == 3 * c) {
+    // Heads read in place from the projection: no permute / split copies.
+    Tensor y = tensor::attention_packed(qkv, h, causal);  // (B, T, C)
+    return out_proj(scope.child("out"), y);
+  }
   qkv = tensor::reshape(qkv, {b, t, h, 3, d});
   qkv = tensor::permute(qkv, {3, 0, 2, 1, 4});  // (3, B, H, T, D)
   std::vector<Tensor> parts = tensor::split(qkv, 3, 0);

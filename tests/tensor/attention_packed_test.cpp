@@ -1,0 +1,77 @@
+// attention_packed (q, k, v read in place from a fused (B, T, 3 H D) projection) against
+// the reshape / permute / split / attention / permute composition it replaces: values
+// and gradients, causal and not, several head counts and sequence lengths.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "distjax/autodiff/autodiff.hpp"
+#include "distjax/core/error.hpp"
+#include "distjax/tensor/attention.hpp"
+#include "distjax/tensor/elementwise.hpp"
+#include "distjax/tensor/grad_node.hpp"
+#include "distjax/tensor/reduce.hpp"
+#include "distjax/tensor/shape_ops.hpp"
+
+namespace distjax::tensor {
+namespace {
+
+Tensor uniform(const Shape& shape, std::uint32_t seed) {
+  Tensor t = Tensor::empty(shape);
+  std::uint32_t x = 2463534242u ^ (seed * 2654435761u);
+  float* p = t.data<float>();
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+    p[i] = static_cast<float>(x % 20001) / 10000.f - 1.f;
+  }
+  return t;
+}
+
+Tensor composed(const Tensor& qkv, std::int64_t h, bool causal, float scale) {
+  const std::int64_t b = qkv.size(0), t = qkv.size(1), d = qkv.size(2) / (3 * h);
+  Tensor x = permute(reshape(qkv, {b, t, h, 3, d}), {3, 0, 2, 1, 4});
+  std::vector<Tensor> parts = split(x, 3, 0);
+  const Shape hs{b, h, t, d};
+  Tensor y = attention(reshape(parts[0], hs), reshape(parts[1], hs), reshape(parts[2], hs), causal,
+                       scale);
+  return reshape(permute(y, {0, 2, 1, 3}), {b, t, h * d});
+}
+
+void expect_near(const Tensor& got, const Tensor& want, float tol, const char* what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const float* g = got.data<float>();
+  const float* w = want.data<float>();
+  for (std::int64_t i = 0; i < got.numel(); ++i)
+    ASSERT_NEAR(g[i], w[i], tol) << what << " at " << i;
+}
+
+TEST(AttentionPacked, MatchesComposedAttentionAndGradients) {
+  struct Case {
+    std::int64_t b, t, h, d;
+    bool causal;
+    float scale;
+  };
+  for (const Case& c : {Case{2, 7, 3, 4, true, 0.f}, Case{1, 40, 2, 8, false, 0.f},
+                        Case{2, 70, 4, 16, true, 0.3f}, Case{1, 1, 1, 4, true, 0.f}}) {
+    Tensor qkv = uniform({c.b, c.t, 3 * c.h * c.d}, static_cast<std::uint32_t>(c.t));
+    Tensor ct = uniform({c.b, c.t, c.h * c.d}, 99);
+    expect_near(attention_packed(qkv, c.h, c.causal, c.scale), composed(qkv, c.h, c.causal, c.scale),
+                1e-6f, "values");
+    auto grad_of = [&](bool packed) {
+      Tensor leaf = make_leaf(qkv);
+      Tensor y = packed ? attention_packed(leaf, c.h, c.causal, c.scale)
+                        : composed(leaf, c.h, c.causal, c.scale);
+      return autodiff::grad({sum(mul(y, ct))}, {Tensor()}, {leaf})[0];
+    };
+    expect_near(grad_of(true), grad_of(false), 1e-5f, "gradient");
+  }
+}
+
+TEST(AttentionPacked, RejectsBadShapes) {
+  EXPECT_THROW(attention_packed(uniform({2, 3, 10}, 1), 2), InvalidArgument);  // 10 % 6 != 0
+  EXPECT_THROW(attention_packed(uniform({2, 12}, 1), 2), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace distjax::tensor
