@@ -12,8 +12,9 @@ namespace distjax::tensor {
 ///  gets 0 and passes no gradient.
 /// The T x S score matrix lives only while one (b, h) is computed; the backward keeps
 /// the row log-sum-exp (B, H, T) and recomputes scores per head. Heads run in parallel
-/// (OpenMP); the per-head products are oneDNN GEMMs on blocks of 32 query rows, which for a
-/// causal mask stop at the last visible key. Errors name "[attention]".
+/// (OpenMP); the per-head products are register-blocked AVX-512 GEMMs (no per-call
+/// library setup) on blocks of 32 query rows, which for a causal mask stop at the last
+/// visible key. Errors name "[attention]".
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
                  float scale = 0.f);
 

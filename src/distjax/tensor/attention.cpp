@@ -13,16 +13,18 @@
 
 #include "distjax/tensor/detail/fast_math.hpp"
 #include "distjax/tensor/detail/kernels.hpp"
+#include "distjax/tensor/detail/small_gemm.hpp"
 #include "distjax/tensor/grad_node.hpp"
 #include "distjax/tensor/matmul.hpp"
 
 namespace distjax::tensor {
 namespace {
 
-using detail::gemm_f32_ld;
+using detail::small_gemm;
 
-// Score rows per block: small enough for the block (kRowBlock x S) to stay in L2, large
-// enough that each GEMM call does real work.
+// Score rows per block: small enough for the block (kRowBlock x S) to stay in L2 and for
+// the causal skip to be fine-grained (the blocks compute 5/8 of a T = 128 score matrix,
+// the masked triangle itself is 1/2), large enough to amortise the dK, dV updates.
 constexpr std::int64_t kRowBlock = 32;
 
 struct AttnDims {
@@ -39,10 +41,11 @@ struct AttnDims {
 };
 
 // One head's forward: Q (T, D), K and V (S, D) -> O (T, D), L (T), rows at the strides
-// of `a`. p: kRowBlock * S scratch.
+// of `a`. p: kRowBlock * S scratch; kt: D * S scratch (K transposed).
 void head_forward(const AttnDims& a, const float* q, const float* k, const float* v, float* o,
-                  float* l, float* p) {
+                  float* l, float* p, float* kt) {
   const std::int64_t s = a.s, d = a.d;
+  detail::transpose(k, s, d, a.ldkv, kt, s);
   for (std::int64_t t0 = 0; t0 < a.t; t0 += kRowBlock) {
     const std::int64_t rows = std::min(kRowBlock, a.t - t0);
     const std::int64_t kmax = a.visible(t0 + rows - 1);
@@ -52,7 +55,7 @@ void head_forward(const AttnDims& a, const float* q, const float* k, const float
       std::fill(l + t0, l + t0 + rows, -INFINITY);
       continue;
     }
-    gemm_f32_ld(false, true, rows, kmax, d, a.scale, q + t0 * a.ldq, a.ldq, k, a.ldkv, 0.f, p, s);
+    small_gemm(rows, kmax, d, a.scale, q + t0 * a.ldq, a.ldq, 1, kt, s, 0.f, p, s);
     for (std::int64_t i = 0; i < rows; ++i) {
       float* row = p + i * s;
       const std::int64_t n = a.visible(t0 + i);
@@ -69,16 +72,19 @@ void head_forward(const AttnDims& a, const float* q, const float* k, const float
         row[j] *= inv;
       l[t0 + i] = m + std::log(sum);
     }
-    gemm_f32_ld(false, false, rows, d, kmax, 1.f, p, s, v, a.ldkv, 0.f, o + t0 * a.ldo, a.ldo);
+    small_gemm(rows, d, kmax, 1.f, p, s, 1, v, a.ldkv, 0.f, o + t0 * a.ldo, a.ldo);
   }
 }
 
 // One head's backward. dq (T, D), dk and dv (S, D) are written (rows at the strides of
-// q, k and v). p, dp: kRowBlock * S scratch each; di: T scratch.
+// q, k and v). p, dp: kRowBlock * S scratch each; di: T scratch; kt, vt: D * S scratch
+// each (K and V transposed).
 void head_backward(const AttnDims& a, const float* q, const float* k, const float* v,
                    const float* o, const float* l, const float* go, float* dq, float* dk, float* dv,
-                   float* p, float* dp, float* di) {
+                   float* p, float* dp, float* di, float* kt, float* vt) {
   const std::int64_t s = a.s, d = a.d;
+  detail::transpose(k, s, d, a.ldkv, kt, s);
+  detail::transpose(v, s, d, a.ldkv, vt, s);
   for (std::int64_t t = 0; t < a.t; ++t) {  // D_t = <dO_t, O_t> = sum_j P_tj dP_tj
     const float* gr = go + t * a.ldo;
     const float* orow = o + t * a.ldo;
@@ -103,7 +109,7 @@ void head_backward(const AttnDims& a, const float* q, const float* k, const floa
     const float* qb = q + t0 * a.ldq;
     const float* gb = go + t0 * a.ldo;
     // P = exp(scale * Q K^T - L), recomputed from the saved log-sum-exp.
-    gemm_f32_ld(false, true, rows, kmax, d, a.scale, qb, a.ldq, k, a.ldkv, 0.f, p, s);
+    small_gemm(rows, kmax, d, a.scale, qb, a.ldq, 1, kt, s, 0.f, p, s);
     for (std::int64_t i = 0; i < rows; ++i) {
       float* row = p + i * s;
       const std::int64_t n = a.visible(t0 + i);
@@ -114,8 +120,8 @@ void head_backward(const AttnDims& a, const float* q, const float* k, const floa
       std::fill(row + n, row + kmax, 0.f);
     }
     // dV += P^T dO;  dP = dO V^T
-    gemm_f32_ld(true, false, kmax, d, rows, 1.f, p, s, gb, a.ldo, 1.f, dv, a.ldkv);
-    gemm_f32_ld(false, true, rows, kmax, d, 1.f, gb, a.ldo, v, a.ldkv, 0.f, dp, s);
+    small_gemm(kmax, d, rows, 1.f, p, 1, s, gb, a.ldo, 1.f, dv, a.ldkv);
+    small_gemm(rows, kmax, d, 1.f, gb, a.ldo, 1, vt, s, 0.f, dp, s);
     // dS = P * (dP - D_t); the softmax Jacobian, row by row.
     for (std::int64_t i = 0; i < rows; ++i) {
       const float* pr = p + i * s;
@@ -126,9 +132,8 @@ void head_backward(const AttnDims& a, const float* q, const float* k, const floa
         dr[j] = pr[j] * (dr[j] - dt);
     }
     // dQ = scale * dS K;  dK += scale * dS^T Q
-    gemm_f32_ld(false, false, rows, d, kmax, a.scale, dp, s, k, a.ldkv, 0.f, dq + t0 * a.ldq,
-                a.ldq);
-    gemm_f32_ld(true, false, kmax, d, rows, a.scale, dp, s, qb, a.ldq, 1.f, dk, a.ldkv);
+    small_gemm(rows, d, kmax, a.scale, dp, s, 1, k, a.ldkv, 0.f, dq + t0 * a.ldq, a.ldq);
+    small_gemm(kmax, d, rows, a.scale, dp, 1, s, qb, a.ldq, 1.f, dk, a.ldkv);
   }
 }
 
@@ -177,11 +182,12 @@ void run_forward(const AttnDims& a, const Layout& lay, const float* pq, const fl
                  const float* pv, float* po, float* pl) {
 #pragma omp parallel num_threads(attention_threads(a))
   {
-    std::vector<float> scratch(static_cast<std::size_t>(kRowBlock * a.s));
+    std::vector<float> scratch(static_cast<std::size_t>(kRowBlock * a.s + a.d * a.s));
+    float* kt = scratch.data() + kRowBlock * a.s;
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t h = 0; h < a.bh; ++h)
       head_forward(a, pq + lay.q(h), pk + lay.kv(h), pv + lay.kv(h), po + lay.o(h), pl + h * a.t,
-                   scratch.data());
+                   scratch.data(), kt);
   }
 }
 
@@ -190,15 +196,17 @@ void run_backward(const AttnDims& a, const Layout& lay, const float* pq, const f
                   float* gk, float* gv) {
 #pragma omp parallel num_threads(attention_threads(a))
   {
-    std::vector<float> scratch(static_cast<std::size_t>(2 * kRowBlock * a.s + a.t));
+    std::vector<float> scratch(static_cast<std::size_t>(2 * kRowBlock * a.s + a.t + 2 * a.d * a.s));
     float* p = scratch.data();
     float* dp = p + kRowBlock * a.s;
     float* di = dp + kRowBlock * a.s;
+    float* kt = di + a.t;
+    float* vt = kt + a.d * a.s;
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t h = 0; h < a.bh; ++h) {
       const std::int64_t qo = lay.q(h), ko = lay.kv(h), oo = lay.o(h);
       head_backward(a, pq + qo, pk + ko, pv + ko, po + oo, pl + h * a.t, pg + oo, gq + qo, gk + ko,
-                    gv + ko, p, dp, di);
+                    gv + ko, p, dp, di, kt, vt);
     }
   }
 }
