@@ -30,7 +30,7 @@ Tensor map_unary(const char* op, const Tensor& x, F f, std::int64_t grain = kPar
   const float* px = x.data<float>();
   float* po = out.data<float>();
   const std::int64_t n = x.numel();
-#pragma omp parallel for simd if (n > grain)
+#pragma omp parallel for simd if (parallel: n > grain)
   for (std::int64_t i = 0; i < n; ++i)
     po[i] = f(px[i]);
   return out;
@@ -45,7 +45,7 @@ Tensor map_grad(const Tensor& g, const Tensor& x, const Tensor& y, F dfdx, std::
   const float* py = y.data<float>();
   float* po = out.data<float>();
   const std::int64_t n = x.numel();
-#pragma omp parallel for simd if (n > grain)
+#pragma omp parallel for simd if (parallel: n > grain)
   for (std::int64_t i = 0; i < n; ++i)
     po[i] = pg[i] * dfdx(px[i], py[i]);
   return out;
@@ -269,7 +269,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   const float* pb = bf.data<float>();
   float* po = out.data<float>();
   const std::int64_t n = out.numel();
-#pragma omp parallel for simd if (n > kParallelGrainMemory)
+#pragma omp parallel for simd if (parallel: n > kParallelGrainMemory)
   for (std::int64_t i = 0; i < n; ++i)
     po[i] = pm[i] != 0.f ? pa[i] : pb[i];
   if (!needs_grad({&a, &b})) return out;

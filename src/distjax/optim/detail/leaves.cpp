@@ -57,7 +57,7 @@ void adam_kernel(float* __restrict p, const float* __restrict g, float* __restri
   // Elementwise (no reduction), so the result does not depend on the thread count; large
   // leaves are split over the OpenMP threads instead of leaving the other cores idle
   // (the GPT benchmark's AdamW update was ~4% of a 2-thread step on one thread).
-#pragma omp parallel for simd schedule(static) if (n > kParallelAdamGrain)
+#pragma omp parallel for simd schedule(static) if (parallel: n > kParallelAdamGrain)
   for (std::int64_t i = 0; i < n; ++i) {
     const float pi = p[i] * fdecay;
     const float gi = g[i] + fl2 * pi;

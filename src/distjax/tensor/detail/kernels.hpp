@@ -72,17 +72,17 @@ void broadcast_binary(const Tensor& a, const Tensor& b, Tensor& out, F f) {
   // Fast paths: the operand layouts that dominate training (bias rows, per-row scales,
   // scalars) on either side; everything else goes through general indexing.
   if (qa.kind == K::Same && qb.kind == K::Same) {
-#pragma omp parallel for simd if (n > kParallelGrainMemory)
+#pragma omp parallel for simd if (parallel: n > kParallelGrainMemory)
     for (std::int64_t i = 0; i < n; ++i)
       po[i] = f(pa[i], pb[i]);
   } else if (qa.kind == K::Same && qb.kind == K::Scalar) {
     const float s = pb[0];
-#pragma omp parallel for simd if (n > kParallelGrainMemory)
+#pragma omp parallel for simd if (parallel: n > kParallelGrainMemory)
     for (std::int64_t i = 0; i < n; ++i)
       po[i] = f(pa[i], s);
   } else if (qa.kind == K::Scalar && qb.kind == K::Same) {
     const float s = pa[0];
-#pragma omp parallel for simd if (n > kParallelGrainMemory)
+#pragma omp parallel for simd if (parallel: n > kParallelGrainMemory)
     for (std::int64_t i = 0; i < n; ++i)
       po[i] = f(s, pb[i]);
   } else if ((qa.kind == K::Same && qb.kind == K::Row) ||
