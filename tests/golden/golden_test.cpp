@@ -133,81 +133,67 @@ TEST(Golden, ClassifierMatchesPyTorch) {
     expect_close("mlp grad " + path, g, f.at("mlp/grad/" + path));
 }
 
-TEST(Golden, TransformerMatchesPyTorch) {
+// Runs `model` with the fixture's parameters `name/param/...` on its tokens and compares
+// logits (when `check_logits`), loss and every parameter gradient with the fixture.
+void expect_transformer_matches(const models::Transformer& model, const std::string& name,
+                                bool check_logits = true) {
   const auto& f = fixture();
-  models::Transformer model({.vocab = 32,
-                             .d_model = 32,
-                             .num_layers = 2,
-                             .num_heads = 2,
-                             .mlp_ratio = 4,
-                             .max_len = 8,
-                             .learned_positions = true,
-                             .tied_embeddings = true,
-                             .dropout = 0.f,
-                             .remat = false,
-                             .ln_eps = 1e-5f});
-  TensorTree params = params_of("gpt");
+  TensorTree params = params_of(name);
+  // The fixture's paths are exactly the model's.
   ASSERT_TRUE(params.same_structure(model.init(Key::from_seed(0))));
-  const Tensor tokens = to_i64(f.at("gpt/input/tokens"));
-  const Tensor targets = to_i64(f.at("gpt/input/targets"));
-
-  expect_close("gpt logits", model.apply(params, tokens, false, Key{}), f.at("gpt/output/logits"));
+  const Tensor tokens = to_i64(f.at(name + "/input/tokens"));
+  const Tensor targets = to_i64(f.at(name + "/input/targets"));
+  if (check_logits)
+    expect_close(name + " logits", model.apply(params, tokens, false, Key{}),
+                 f.at(name + "/output/logits"));
   auto loss_fn = [&](const TensorTree& p) {
     return tensor::mean(tensor::cross_entropy(model.apply(p, tokens, false, Key{}), targets));
   };
   auto [loss, grads] = autodiff::value_and_grad(loss_fn)(params);
-  expect_close("gpt loss", loss, f.at("gpt/output/loss"));
+  expect_close(name + " loss", loss, f.at(name + "/output/loss"));
   ASSERT_EQ(grads.size(), params.size());
   for (auto& [path, g] : grads)
-    expect_close("gpt grad " + path, g, f.at("gpt/grad/" + path));
+    expect_close(name + " grad " + path, g, f.at(name + "/grad/" + path));
+}
+
+TEST(Golden, TransformerMatchesPyTorch) {
+  expect_transformer_matches(models::Transformer({.vocab = 32,
+                                                  .d_model = 32,
+                                                  .num_layers = 2,
+                                                  .num_heads = 2,
+                                                  .mlp_ratio = 4,
+                                                  .max_len = 8,
+                                                  .learned_positions = true,
+                                                  .tied_embeddings = true,
+                                                  .dropout = 0.f,
+                                                  .remat = false,
+                                                  .ln_eps = 1e-5f}),
+                             "gpt");
 }
 
 // Sinusoidal positions, untied lm_head, 4 heads of width 4, mlp_ratio 2.
 TEST(Golden, SmallUntiedSinusoidalTransformerMatchesPyTorch) {
-  const auto& f = fixture();
-  models::Transformer model({.vocab = 16,
-                             .d_model = 16,
-                             .num_layers = 1,
-                             .num_heads = 4,
-                             .mlp_ratio = 2,
-                             .max_len = 6,
-                             .learned_positions = false,
-                             .tied_embeddings = false});
-  TensorTree params = params_of("gpt_small");
-  ASSERT_TRUE(params.same_structure(model.init(Key::from_seed(0))));
-  const Tensor tokens = to_i64(f.at("gpt_small/input/tokens"));
-  const Tensor targets = to_i64(f.at("gpt_small/input/targets"));
-  expect_close("gpt_small logits", model.apply(params, tokens, false, Key{}),
-               f.at("gpt_small/output/logits"));
-  auto loss_fn = [&](const TensorTree& p) {
-    return tensor::mean(tensor::cross_entropy(model.apply(p, tokens, false, Key{}), targets));
-  };
-  auto [loss, grads] = autodiff::value_and_grad(loss_fn)(params);
-  expect_close("gpt_small loss", loss, f.at("gpt_small/output/loss"));
-  ASSERT_EQ(grads.size(), params.size());
-  for (auto& [path, g] : grads)
-    expect_close("gpt_small grad " + path, g, f.at("gpt_small/grad/" + path));
+  expect_transformer_matches(models::Transformer({.vocab = 16,
+                                                  .d_model = 16,
+                                                  .num_layers = 1,
+                                                  .num_heads = 4,
+                                                  .mlp_ratio = 2,
+                                                  .max_len = 6,
+                                                  .learned_positions = false,
+                                                  .tied_embeddings = false}),
+                             "gpt_small");
 }
 
+// Rematerialised blocks recompute activations in the backward pass: same numbers.
 TEST(Golden, TransformerWithRematMatchesPyTorch) {
-  const auto& f = fixture();
-  models::Transformer model({.vocab = 32,
-                             .d_model = 32,
-                             .num_layers = 2,
-                             .num_heads = 2,
-                             .mlp_ratio = 4,
-                             .max_len = 8,
-                             .remat = true});
-  TensorTree params = params_of("gpt");
-  const Tensor tokens = to_i64(f.at("gpt/input/tokens"));
-  const Tensor targets = to_i64(f.at("gpt/input/targets"));
-  auto loss_fn = [&](const TensorTree& p) {
-    return tensor::mean(tensor::cross_entropy(model.apply(p, tokens, false, Key{}), targets));
-  };
-  auto [loss, grads] = autodiff::value_and_grad(loss_fn)(params);
-  expect_close("gpt loss (remat)", loss, f.at("gpt/output/loss"));
-  for (auto& [path, g] : grads)
-    expect_close("gpt grad (remat) " + path, g, f.at("gpt/grad/" + path));
+  expect_transformer_matches(models::Transformer({.vocab = 32,
+                                                  .d_model = 32,
+                                                  .num_layers = 2,
+                                                  .num_heads = 2,
+                                                  .mlp_ratio = 4,
+                                                  .max_len = 8,
+                                                  .remat = true}),
+                             "gpt", /*check_logits=*/false);
 }
 
 }  // namespace
