@@ -48,11 +48,6 @@ inline float erfinv(float x) {
   return p * x;
 }
 
-inline std::uint32_t word(const Key& key, std::int64_t i) {
-  auto b = key.bits(static_cast<std::uint64_t>(i) >> 1);
-  return b[i & 1];
-}
-
 }  // namespace
 
 std::array<std::uint32_t, 2> threefry2x32(std::array<std::uint32_t, 2> key,
@@ -103,16 +98,29 @@ std::array<std::uint32_t, 2> Key::bits(std::uint64_t index) const {
                       {static_cast<std::uint32_t>(index >> 32), static_cast<std::uint32_t>(index)});
 }
 
+// out[i] = f(word i of the key's stream), one Threefry block per pair of elements; the
+// values depend on (key, i) only, not on how the loop is split over threads.
+template <class T, class F>
+void fill_from_stream(const Key& key, T* out, std::int64_t n, F f) {
+  const std::int64_t blocks = (n + 1) / 2;
+#pragma omp parallel for if (parallel : n > 65536)
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const auto w = key.bits(static_cast<std::uint64_t>(b));
+    out[2 * b] = f(w[0]);
+    if (2 * b + 1 < n) out[2 * b + 1] = f(w[1]);
+  }
+}
+
 void random_uniform(const Key& key, float* out, std::int64_t n, float lo, float hi) {
-#pragma omp parallel for if (n > 65536)
-  for (std::int64_t i = 0; i < n; ++i)
-    out[i] = lo + (hi - lo) * (static_cast<float>(word(key, i) >> 8) * (1.0f / 16777216.0f));
+  fill_from_stream(key, out, n, [=](std::uint32_t w) {
+    return lo + (hi - lo) * (static_cast<float>(w >> 8) * (1.0f / 16777216.0f));
+  });
 }
 
 void random_normal(const Key& key, float* out, std::int64_t n) {
-#pragma omp parallel for if (n > 65536)
-  for (std::int64_t i = 0; i < n; ++i)
-    out[i] = std::sqrt(2.0f) * erfinv(2.0f * open_unit(word(key, i)) - 1.0f);
+  fill_from_stream(key, out, n, [](std::uint32_t w) {
+    return std::sqrt(2.0f) * erfinv(2.0f * open_unit(w) - 1.0f);
+  });
 }
 
 void random_truncated_normal(const Key& key, float* out, std::int64_t n) {
@@ -121,17 +129,14 @@ void random_truncated_normal(const Key& key, float* out, std::int64_t n) {
   const float lo = std::erf(-2.0f / std::sqrt(2.0f));
   const float hi = -lo;
   constexpr float kInvStd = 1.0f / 0.87962566103423978f;
-#pragma omp parallel for if (n > 65536)
-  for (std::int64_t i = 0; i < n; ++i) {
-    float u = lo + (hi - lo) * open_unit(word(key, i));
-    out[i] = std::sqrt(2.0f) * erfinv(u) * kInvStd;
-  }
+  fill_from_stream(key, out, n, [=](std::uint32_t w) {
+    return std::sqrt(2.0f) * erfinv(lo + (hi - lo) * open_unit(w)) * kInvStd;
+  });
 }
 
 void random_bernoulli(const Key& key, std::uint8_t* out, std::int64_t n, float p) {
-#pragma omp parallel for if (n > 65536)
-  for (std::int64_t i = 0; i < n; ++i)
-    out[i] = open_unit(word(key, i)) < p ? 1 : 0;
+  fill_from_stream(key, out, n,
+                   [=](std::uint32_t w) { return static_cast<std::uint8_t>(open_unit(w) < p); });
 }
 
 }  // namespace distjax
