@@ -2,7 +2,6 @@
 
 #include "distjax/core/error.hpp"
 #include "distjax/optim/detail/leaves.hpp"
-#include "distjax/tensor/grad_node.hpp"
 
 namespace distjax::optim {
 
@@ -14,25 +13,14 @@ Adam::Adam(AdamConfig config) : config_(std::move(config)) {
 }
 
 TensorTree Adam::init(const TensorTree& params) const {
-  TensorTree state;
-  detail::add_zero_slot(state, "mu", params);
-  detail::add_zero_slot(state, "nu", params);
-  return state;
+  return detail::adam_init(params);
 }
 
 void Adam::update(TensorTree& params, const TensorTree& grads, TensorTree& state,
                   std::int64_t step) const {
-  tensor::NoGradGuard no_grad;
-  const double lr = config_.learning_rate(step);
-  for (auto& [path, p] : params) {
-    if (!detail::trainable(p)) continue;
-    const Tensor& g = detail::checked_grad("Adam", path, p, grads);
-    const Tensor& m = detail::checked_slot("Adam", "mu", path, p, state);
-    const Tensor& v = detail::checked_slot("Adam", "nu", path, p, state);
-    detail::adam_kernel(p.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(),
-                        p.numel(), lr, config_.b1, config_.b2, config_.eps, step + 1, 1.0,
-                        config_.weight_decay);
-  }
+  detail::adam_update(
+      "Adam", params, grads, state, step, config_.learning_rate(step), config_.b1, config_.b2,
+      config_.eps, [](const std::string&) { return 1.0; }, config_.weight_decay);
 }
 
 }  // namespace distjax::optim

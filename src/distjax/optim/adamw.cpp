@@ -2,7 +2,6 @@
 
 #include "distjax/core/error.hpp"
 #include "distjax/optim/detail/leaves.hpp"
-#include "distjax/tensor/grad_node.hpp"
 
 namespace distjax::optim {
 
@@ -58,25 +57,16 @@ bool AdamW::decays(const std::string& path) const {
 }
 
 TensorTree AdamW::init(const TensorTree& params) const {
-  TensorTree state;
-  detail::add_zero_slot(state, "mu", params);
-  detail::add_zero_slot(state, "nu", params);
-  return state;
+  return detail::adam_init(params);
 }
 
 void AdamW::update(TensorTree& params, const TensorTree& grads, TensorTree& state,
                    std::int64_t step) const {
-  tensor::NoGradGuard no_grad;
   const double lr = config_.learning_rate(step);
-  for (auto& [path, p] : params) {
-    if (!detail::trainable(p)) continue;
-    const Tensor& g = detail::checked_grad("AdamW", path, p, grads);
-    const Tensor& m = detail::checked_slot("AdamW", "mu", path, p, state);
-    const Tensor& v = detail::checked_slot("AdamW", "nu", path, p, state);
-    const double decay = decays(path) ? 1.0 - lr * config_.weight_decay : 1.0;
-    detail::adam_kernel(p.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(),
-                        p.numel(), lr, config_.b1, config_.b2, config_.eps, step + 1, decay, 0.0);
-  }
+  detail::adam_update(
+      "AdamW", params, grads, state, step, lr, config_.b1, config_.b2, config_.eps,
+      [&](const std::string& path) { return decays(path) ? 1.0 - lr * config_.weight_decay : 1.0; },
+      0.0);
 }
 
 }  // namespace distjax::optim

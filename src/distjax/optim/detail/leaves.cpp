@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "distjax/core/error.hpp"
+#include "distjax/tensor/grad_node.hpp"
 
 namespace distjax::optim::detail {
 
@@ -57,7 +58,7 @@ void adam_kernel(float* __restrict p, const float* __restrict g, float* __restri
   // Elementwise (no reduction), so the result does not depend on the thread count; large
   // leaves are split over the OpenMP threads instead of leaving the other cores idle
   // (the GPT benchmark's AdamW update was ~4% of a 2-thread step on one thread).
-#pragma omp parallel for simd schedule(static) if (parallel: n > kParallelAdamGrain)
+#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelAdamGrain)
   for (std::int64_t i = 0; i < n; ++i) {
     const float pi = p[i] * fdecay;
     const float gi = g[i] + fl2 * pi;
@@ -66,6 +67,27 @@ void adam_kernel(float* __restrict p, const float* __restrict g, float* __restri
     m[i] = mi;
     v[i] = vi;
     p[i] = pi - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + feps);
+  }
+}
+
+TensorTree adam_init(const TensorTree& params) {
+  TensorTree state;
+  add_zero_slot(state, "mu", params);
+  add_zero_slot(state, "nu", params);
+  return state;
+}
+
+void adam_update(const char* op, TensorTree& params, const TensorTree& grads, TensorTree& state,
+                 std::int64_t step, double lr, double b1, double b2, double eps,
+                 const std::function<double(const std::string& path)>& decay, double l2) {
+  tensor::NoGradGuard no_grad;
+  for (auto& [path, p] : params) {
+    if (!trainable(p)) continue;
+    const Tensor& g = checked_grad(op, path, p, grads);
+    const Tensor& m = checked_slot(op, "mu", path, p, state);
+    const Tensor& v = checked_slot(op, "nu", path, p, state);
+    adam_kernel(p.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(), p.numel(), lr,
+                b1, b2, eps, step + 1, decay(path), l2);
   }
 }
 

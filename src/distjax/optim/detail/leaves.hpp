@@ -2,6 +2,7 @@
 // parameters and creating / looking up state slots.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "distjax/tensor/tensor_tree.hpp"
@@ -32,5 +33,16 @@ void add_zero_slot(TensorTree& state, const std::string& slot, const TensorTree&
 /// applied to p first (1 for none), `l2` the coupled L2 coefficient added to g.
 void adam_kernel(float* p, const float* g, float* m, float* v, std::int64_t n, double lr, double b1,
                  double b2, double eps, std::int64_t t, double decay, double l2);
+
+/// Adam's state: zero "mu" and "nu" slots for every trainable leaf.
+TensorTree adam_init(const TensorTree& params);
+
+/// The Adam/AdamW update of every trainable leaf of `params`, in place, with grad mode
+/// off: moments in state "mu/<path>" and "nu/<path>", bias correction for step + 1,
+/// `decay(path)` the decoupled multiplier applied to the parameter first (1 for none),
+/// `l2` the coupled L2 coefficient. `op` names the optimizer in errors.
+void adam_update(const char* op, TensorTree& params, const TensorTree& grads, TensorTree& state,
+                 std::int64_t step, double lr, double b1, double b2, double eps,
+                 const std::function<double(const std::string& path)>& decay, double l2);
 
 }  // namespace distjax::optim::detail
