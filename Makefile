@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: setup configure build run test test-tsan bench format clean
+.PHONY: setup configure build run test test-tsan fresh-check bench format clean
 
 setup:
 	@bash scripts/setup.sh
@@ -30,6 +30,11 @@ test-tsan: setup
 	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target communicator_test comm_failure_test
 	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
 	  ctest --output-on-failure -L '^comm$$' -j $(JOBS)
+
+# The README's two commands on a clean Debian 12 root (debootstrap, chroot): see
+# scripts/fresh-check.sh. Run it after any change to dependencies, scripts/, CMake or .ci/.
+fresh-check:
+	bash scripts/fresh-check.sh
 
 bench: build
 	bash bench/run.sh $(BUILD)

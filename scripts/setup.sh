@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian packages DistJax builds, tests and runs with. Fast when they are
 # already installed. Needs root (or sudo).
+# Installs with --no-install-recommends, so every package a build needs is listed here,
+# also where a -dev package only recommends it: Debian's dnnl-config.cmake calls
+# find_package(OpenCL REQUIRED), hence ocl-icd-opencl-dev. `make fresh-check` proves the
+# list on a clean Debian root; run it after changing this file.
 set -euo pipefail
 PKGS=(build-essential cmake ninja-build ccache pkg-config
-      libdnnl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev zlib1g-dev
+      libdnnl-dev ocl-icd-opencl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev zlib1g-dev
       libomp-dev libopenmpi-dev openmpi-bin
       dataset-fashion-mnist fortunes fortunes-min)
 missing=()
