@@ -343,10 +343,10 @@ TEST(DocsSpmd, DataParallelGradient) {
         TensorTree p;
         p.set("w", in[1]);  // replicated weights
         auto [loss, g] = autodiff::value_and_grad([&](const TensorTree& q) {
-          return tensor::mean(tensor::square(tensor::matmul(in[0], q.at("w"))));  // local batch
+          Tensor local = tensor::mean(tensor::square(tensor::matmul(in[0], q.at("w"))));
+          return pmean(ctx, local, "data");  // the full-batch loss
         })(p);
-        // Mean over the data axis: every device ends with the full-batch loss and gradient.
-        return std::vector<Tensor>{pmean(ctx, loss, "data"), pmean(ctx, g.at("w"), "data")};
+        return std::vector<Tensor>{loss, g.at("w")};  // both replicated
       },
       {P("data"), P()}, {P(), P()}, {.check_replicated = true});
   auto out = step(std::vector<Tensor>{x, w});
@@ -373,7 +373,7 @@ TEST(DocsSpmd, CollectivesAndTransposes) {
       mesh,
       [&](DeviceContext& ctx, const std::vector<Tensor>&) {
         const float d = static_cast<float>(ctx.device());
-        Tensor x = Tensor::full({2, 3}, d);
+        Tensor x = pvary(ctx, Tensor::full({2, 3}, d), {"data", "model"});
         // Shapes, n = 4 along "model".
         EXPECT_EQ(all_gather(ctx, x, "model", 0, /*tiled=*/true).shape(), (Shape{8, 3}));
         EXPECT_EQ(all_gather(ctx, x, "model", 0, /*tiled=*/false).shape(), (Shape{4, 2, 3}));
@@ -393,17 +393,23 @@ TEST(DocsSpmd, CollectivesAndTransposes) {
           return tensor::sum(all_gather(ctx, t.at("x"), "model", 0, true));
         })(p);
         EXPECT_EQ(g.at("x").to_vector<float>()[0], 4.f);
-        // pvary's transpose is psum: with per-device weights 1 and 2 along "data" the
-        // cotangent is 1 + 2 = 3 on both devices.
+        // pvary's transpose is psum: a replicated r with per-device weights 1 and 2
+        // along "data" has the cotangent 1 + 2 = 3 on both devices.
+        TensorTree q;
+        q.set("r", Tensor::ones({2, 3}));
         auto g2 = autodiff::grad([&](const TensorTree& t) {
           return tensor::sum(
-              tensor::mul_scalar(pvary(ctx, t.at("x"), "data"), axis_index(ctx, "data") + 1));
-        })(p);
-        EXPECT_EQ(g2.at("x").to_vector<float>()[0], 3.f);
-        // psum's transpose is the identity.
+              tensor::mul_scalar(pvary(ctx, t.at("r"), "data"), axis_index(ctx, "data") + 1));
+        })(q);
+        EXPECT_EQ(g2.at("r").to_vector<float>()[0], 3.f);
+        // psum of the replicated r is 4 r along "model": gradient 4.
         auto g3 = autodiff::grad(
+            [&](const TensorTree& t) { return tensor::sum(psum(ctx, t.at("r"), "model")); })(q);
+        EXPECT_EQ(g3.at("r").to_vector<float>()[0], 4.f);
+        // psum of the varying x: its transpose is the identity.
+        auto g4 = autodiff::grad(
             [&](const TensorTree& t) { return tensor::sum(psum(ctx, t.at("x"), "model")); })(p);
-        EXPECT_EQ(g3.at("x").to_vector<float>()[0], 1.f);
+        EXPECT_EQ(g4.at("x").to_vector<float>()[0], 1.f);
         std::lock_guard<std::mutex> lock(mu);
         ++checked;
         return std::vector<Tensor>{};

@@ -136,6 +136,80 @@ std::vector<OpCase> op_cases() {
                },
                [](DeviceContext& ctx, const Tensor& x, const Axes& a) { return pvary(ctx, x, a); },
                [](const V& xs, int idx) { return tensor::mul_scalar(xs[idx], 1.0); }});
+  // The varying-axes rules: the cases the transposes used to get wrong.
+  c.push_back({"all_gather_invariant(dim 0, tiled)", false, true,
+               [](int) {
+                 return Shape{2, 3};
+               },
+               [](DeviceContext& ctx, const Tensor& x, const Axes& a) {
+                 return all_gather_invariant(ctx, x, a, 0, true);
+               },
+               [](const V& xs, int) { return tensor::concat(xs, 0); }});
+  c.push_back({"all_gather_invariant(dim 1, stacked)", false, true,
+               [](int) {
+                 return Shape{2, 3};
+               },
+               [](DeviceContext& ctx, const Tensor& x, const Axes& a) {
+                 return all_gather_invariant(ctx, x, a, 1, false);
+               },
+               [](const V& xs, int) { return tensor::stack(xs, 1); }});
+  c.push_back({"psum of a replicated input (n x)", true, true,
+               [](int) {
+                 return Shape{3, 2};
+               },
+               [](DeviceContext& ctx, const Tensor& x, const Axes& a) { return psum(ctx, x, a); },
+               [](const V& xs, int) { return host_sum(xs); }});
+  c.push_back({"psum(pmean(x))", false, true,
+               [](int) {
+                 return Shape{3, 2};
+               },
+               [](DeviceContext& ctx, const Tensor& x, const Axes& a) {
+                 return psum(ctx, pmean(ctx, x, a), a);
+               },
+               [](const V& xs, int) { return host_sum(xs); }});
+  c.push_back({"psum(psum(x))", false, true,
+               [](int) {
+                 return Shape{3, 2};
+               },
+               [](DeviceContext& ctx, const Tensor& x, const Axes& a) {
+                 return psum(ctx, psum(ctx, x, a), a);
+               },
+               [](const V& xs, int) {
+                 return tensor::mul_scalar(host_sum(xs), static_cast<double>(xs.size()));
+               }});
+  c.push_back({"pmax of a replicated input", true, true,
+               [](int) {
+                 return Shape{3, 2};
+               },
+               [](DeviceContext& ctx, const Tensor& x, const Axes& a) { return pmax(ctx, x, a); },
+               [](const V& xs, int) { return tensor::max(tensor::stack(xs, 0), {0}); }});
+  c.push_back({"pvary of a varying input (identity)", false, false,
+               [](int) {
+                 return Shape{3, 2};
+               },
+               [](DeviceContext& ctx, const Tensor& x, const Axes& a) { return pvary(ctx, x, a); },
+               [](const V& xs, int idx) { return tensor::mul_scalar(xs[idx], 1.0); }});
+  c.push_back({"all_gather into a replicated loss (psum of the gathered sum)", false, true,
+               [](int) {
+                 return Shape{2, 3};
+               },
+               [](DeviceContext& ctx, const Tensor& x, const Axes& a) {
+                 // sum over the group of the (varying) gathered copies: n * concat
+                 return psum(ctx, all_gather(ctx, x, a, 0, true), a);
+               },
+               [](const V& xs, int) {
+                 return tensor::mul_scalar(tensor::concat(xs, 0), static_cast<double>(xs.size()));
+               }});
+  c.push_back({"elementwise mix of replicated and varying (implicit pvary)", true, false,
+               [](int) {
+                 return Shape{3, 2};
+               },
+               [](DeviceContext& ctx, const Tensor& x, const Axes& a) {
+                 // x is replicated along a; the scale varies: the tape must sum x's cotangent.
+                 Tensor scale = pvary(ctx, Tensor::full(x.shape(), 1.0 + axis_index(ctx, a)), a);
+                 return tensor::mul(x, scale);
+               },
+               [](const V& xs, int idx) { return tensor::mul_scalar(xs[idx], 1.0 + idx); }});
   return c;
 }
 
@@ -208,6 +282,12 @@ void run_case(const OpCase& op, const Mesh& m, const Axes& axes) {
   auto f = shard_map(m,
                      [&](DeviceContext& ctx, const std::vector<Tensor>& in) {
                        Tensor x = drop_lead(in[0]), wd = drop_lead(in[1]);
+                       // The host program has one x per group when the input is
+                       // replicated, and counts a replicated output once per group: say
+                       // the same here (the values are already equal along `axes`; pmean
+                       // marks them replicated).
+                       if (op.replicated_in) x = pmean(ctx, x, axes);
+                       if (op.replicated_out) wd = pmean(ctx, wd, axes);
                        Tensor y_out;
                        TensorTree params;
                        params.set("x", x);
@@ -242,7 +322,8 @@ TEST_P(CollectiveTest, ValuesAndGradientsMatchSingleDevice) {
       run_case(op, m, axes);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllOps, CollectiveTest, ::testing::Range(0, 10),
+INSTANTIATE_TEST_SUITE_P(AllOps, CollectiveTest,
+                         ::testing::Range(0, static_cast<int>(op_cases().size())),
                          [](const ::testing::TestParamInfo<int>& info) {
                            std::string s = op_cases()[info.param].name;
                            std::string out;
@@ -258,7 +339,10 @@ TEST(Collectives, PmaxGradientGoesToTheFirstDeviceOnTies) {
       [](DeviceContext& ctx, const std::vector<Tensor>&) {
         // Devices 1 and 3 tie for the max of element 0; device 2 holds the max of element 1.
         const int i = ctx.axis_index("data");
-        Tensor x = Tensor::from_vector<float>({i % 2 == 1 ? 5.f : 1.f, i == 2 ? 7.f : 0.f}, {2});
+        // A per-device value: pvary says so (it is not replicated along "data").
+        Tensor x = pvary(
+            ctx, Tensor::from_vector<float>({i % 2 == 1 ? 5.f : 1.f, i == 2 ? 7.f : 0.f}, {2}),
+            "data");
         TensorTree p;
         p.set("x", x);
         auto g = autodiff::grad(
@@ -308,7 +392,7 @@ TEST(Collectives, PsumScatterGradientIsAllGatherAndPpermuteGradientIsInverse) {
       m,
       [](DeviceContext& ctx, const std::vector<Tensor>&) {
         const int i = ctx.axis_index("data");
-        Tensor x = Tensor::zeros({4});
+        Tensor x = pvary(ctx, Tensor::zeros({4}), "data");  // one x per device
         Tensor c = Tensor::full({1}, 10.0 * (i + 1));
         Tensor c2 = Tensor::full({4}, 100.0 * (i + 1));
         TensorTree p;

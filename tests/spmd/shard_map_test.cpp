@@ -8,6 +8,7 @@
 #include <chrono>
 #include <mutex>
 #include <set>
+#include <thread>
 
 #include "distjax/autodiff/autodiff.hpp"
 #include "distjax/spmd/collectives.hpp"
@@ -99,29 +100,52 @@ TEST(ShardMap, SpecErrorsNameTheArgument) {
                ShardingError);
 }
 
-TEST(ShardMap, CheckReplicatedCatchesAnOutputThatVaries) {
+TEST(ShardMap, AnOutputVaryingOverAnAxisItsOutSpecLeavesOutIsAnError) {
   Mesh m({2, 4}, {"data", "model"});
-  // Declared replicated along "model" but it is the device's own model shard.
+  // Declared replicated along "model" but it is the device's own model shard: known from
+  // the varying axes alone, before any value is compared.
   auto bad = shard_map(
       m, [](DeviceContext&, const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0]}; },
-      {P("data", "model")}, {P("data")}, {.check_replicated = true});
+      {P("data", "model")}, {P("data")});
   const std::string msg = error_of<ShardingError>([&] { bad(std::vector<Tensor>{iota({4, 8})}); });
-  EXPECT_NE(
-      msg.find("output 0 with out_spec P(\"data\") is declared replicated along \"model\" but "
-               "differs between devices"),
-      std::string::npos)
+  EXPECT_NE(msg.find("output 0 varies over mesh axis \"model\" but its out_spec P(\"data\") "
+                     "does not name it"),
+            std::string::npos)
       << msg;
-  // The same program with a psum over "model" passes, and without the check nothing is
-  // verified (the output is then assembled from device 0 of each group).
+  // Through ops: the sum of a model shard and a replicated value still varies.
+  auto mixed = shard_map(
+      m,
+      [](DeviceContext&, const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{tensor::add(in[0], in[1])};
+      },
+      {P("data", "model"), P()}, {P("data")});
+  EXPECT_THROW(mixed(std::vector<Tensor>{iota({4, 8}), iota({2, 2})}), ShardingError);
+  // A psum over "model" makes it replicated.
   auto good = shard_map(m,
                         [](DeviceContext& ctx, const std::vector<Tensor>& in) {
                           return std::vector<Tensor>{psum(ctx, in[0], "model")};
                         },
                         {P("data", "model")}, {P("data")}, {.check_replicated = true});
   EXPECT_NO_THROW(good(std::vector<Tensor>{iota({4, 8})}));
-  auto unchecked = shard_map(
-      m, [](DeviceContext&, const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0]}; },
-      {P("data", "model")}, {P("data")});
+}
+
+TEST(ShardMap, CheckReplicatedCatchesValuesThatDifferAlongAReplicatedAxis) {
+  Mesh m({2, 4}, {"data", "model"});
+  // A value built from the device's index outside the collectives is not tracked as
+  // varying; the debug check compares the values themselves.
+  auto fn = [](DeviceContext& ctx, const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{Tensor::full(in[0].shape(), ctx.axis_index("model"))};
+  };
+  auto bad = shard_map(m, fn, {P("data")}, {P("data")}, {.check_replicated = true});
+  const std::string msg = error_of<ShardingError>([&] { bad(std::vector<Tensor>{iota({4, 8})}); });
+  EXPECT_NE(
+      msg.find("output 0 with out_spec P(\"data\") is declared replicated along \"model\" but "
+               "differs between devices"),
+      std::string::npos)
+      << msg;
+  // Without the check nothing is compared (the output is assembled from device 0 of each
+  // group).
+  auto unchecked = shard_map(m, fn, {P("data")}, {P("data")});
   EXPECT_NO_THROW(unchecked(std::vector<Tensor>{iota({4, 8})}));
 }
 
@@ -145,21 +169,58 @@ TEST(ShardMap, MismatchedCollectiveFailsFastNamingOpAndDevices) {
   EXPECT_NE(msg.find("0,1,3"), std::string::npos) << msg;
 }
 
-TEST(ShardMap, SkippedCollectiveTimesOutNamingTheMissingDevice) {
+TEST(ShardMap, CollectiveFailsFastWhenADeviceFinishesWithoutIt) {
   Mesh m({2, 2}, {"data", "model"});
+  // Device 3 returns without the psum: the others learn at once that it finished its
+  // program, long before the 2 s timeout.
   auto f = shard_map(m,
                      [](DeviceContext& ctx, const std::vector<Tensor>&) {
                        Tensor x = Tensor::ones({2});
                        if (ctx.device() != 3) x = psum(ctx, x, {"data", "model"});
                        return std::vector<Tensor>{x};
                      },
+                     {}, {P("data")}, {.timeout = std::chrono::milliseconds(2000)});
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string msg = error_of<CommError>([&] { f(std::vector<Tensor>{}); });
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(secs, 1.5) << msg;
+  EXPECT_NE(msg.find("[psum over (\"data\", \"model\")] [all_reduce] cannot complete call #"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find(" of group (0,1,2,3): device 3 did not arrive (device 3 finished its "
+                     "program)"),
+            std::string::npos)
+      << msg;
+}
+
+TEST(ShardMap, SkippedCollectiveTimesOutNamingTheMissingDevice) {
+  Mesh m({2, 2}, {"data", "model"});
+  // Device 3 neither calls the psum nor finishes until well after the 300 ms deadline,
+  // so the others can only time out.
+  auto f = shard_map(m,
+                     [](DeviceContext& ctx, const std::vector<Tensor>&) {
+                       Tensor x = Tensor::ones({2});
+                       if (ctx.device() == 3) {
+                         std::this_thread::sleep_for(std::chrono::milliseconds(900));
+                       } else {
+                         x = psum(ctx, x, {"data", "model"});
+                       }
+                       return std::vector<Tensor>{x};
+                     },
                      {}, {P("data")}, {.timeout = std::chrono::milliseconds(300)});
   const auto t0 = std::chrono::steady_clock::now();
   const std::string msg = error_of<CommError>([&] { f(std::vector<Tensor>{}); });
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_LT(secs, 3.0) << msg;
-  EXPECT_NE(msg.find("psum"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("3"), std::string::npos) << msg;
+  EXPECT_GE(secs, 0.3) << msg;
+  EXPECT_LT(secs, 1.8) << msg;
+  EXPECT_NE(msg.find("[psum over (\"data\", \"model\")] [all_reduce] timed out after 300 ms "
+                     "at call #"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find(" of group (0,1,2,3): device 3 did not arrive (device 3 is not in a "
+                     "communicator call)"),
+            std::string::npos)
+      << msg;
 }
 
 TEST(DeviceContext, CoordinatesAxisIndicesAndSizes) {

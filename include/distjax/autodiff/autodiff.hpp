@@ -79,11 +79,15 @@ using CustomBackward = std::function<std::vector<Tensor>(const std::vector<Tenso
                                                          const std::vector<Tensor>& grad_outputs)>;
 
 /// Runs `forward` and records `backward` as its VJP: the tape does not look inside.
-/// Collectives use this to attach their transposes.
+/// Inside shard_map the outputs vary over the union of the inputs' mesh axes and the tape
+/// inserts the implicit pvary (`rule` Join, see tensor/grad_node.hpp); collectives, which
+/// set their outputs' axes themselves, pass VaryingRule::AsIs.
 std::vector<Tensor> custom_vjp(const char* name, const std::vector<Tensor>& inputs,
-                               const CustomForward& forward, const CustomBackward& backward);
+                               const CustomForward& forward, const CustomBackward& backward,
+                               tensor::VaryingRule rule = tensor::VaryingRule::Join);
 Tensor custom_vjp1(const char* name, const std::vector<Tensor>& inputs,
-                   const CustomForward& forward, const CustomBackward& backward);
+                   const CustomForward& forward, const CustomBackward& backward,
+                   tensor::VaryingRule rule = tensor::VaryingRule::Join);
 
 /// A function of a parameter tree and tensors, rematerialised by `checkpoint`.
 using RematFn =

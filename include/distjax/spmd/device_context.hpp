@@ -12,6 +12,8 @@
 #include "distjax/comm/communicator.hpp"
 #include "distjax/core/prng.hpp"
 #include "distjax/mesh/mesh.hpp"
+#include "distjax/mesh/partition_spec.hpp"
+#include "distjax/tensor/grad_node.hpp"
 
 namespace distjax::spmd {
 
@@ -24,9 +26,6 @@ struct DeviceCounters {
   /// Forward and backward calls of each differentiable collective, by name ("psum",
   /// "all_gather", "all_gather.T" for a transpose run in the backward pass, ...).
   std::map<std::string, std::int64_t> collective_calls;
-  /// Bytes of tensors this device holds, by category ("params", "grads", "opt_state",
-  /// "activations"); set by whoever owns those tensors (the ZeRO/Megatron accounting).
-  std::map<std::string, std::int64_t> bytes_held;
 };
 
 /// One device's view of the mesh inside shard_map. Built collectively by every device
@@ -39,7 +38,7 @@ struct DeviceCounters {
 ///     Key k = ctx.fold_rng_over_axis(key, "data");  // differs along data, equal along model
 ///     ...
 ///   }, ...);
-class DeviceContext {
+class DeviceContext final : public tensor::VaryingAxesHook {
  public:
   /// Collective over `world`, whose size must equal mesh.size(); world rank = device.
   DeviceContext(Mesh mesh, comm::Communicator world);
@@ -70,6 +69,19 @@ class DeviceContext {
   /// another: keys differ between devices that differ along `axes` and are equal along
   /// every other axis (sharded init, dropout per data shard).
   Key fold_rng_over_axis(const Key& key, const Axes& axes) const;
+
+  /// The varying-axes mask (Tensor::varying_axes) of `axes`: bit i for mesh axis i.
+  std::uint32_t axis_mask(const Axes& axes) const;
+  /// The mask of the mesh axes `spec` names.
+  std::uint32_t axis_mask(const mesh::PartitionSpec& spec) const;
+  /// The axes of a mask, in mesh order.
+  Axes axes_of(std::uint32_t mask) const;
+  /// The axes `t` varies over, in mesh order (JAX's `vma`).
+  Axes varying_axes(const tensor::Tensor& t) const { return axes_of(t.varying_axes()); }
+
+  /// VaryingAxesHook: the sum of a cotangent over the axes of `mask` (the transpose of an
+  /// implicit pvary); counted as "pvary.T" in counters().
+  tensor::Tensor psum_mask(const tensor::Tensor& g, std::uint32_t mask) override;
 
   /// The communicator's counters of this device (bytes and calls per kind, timings).
   comm::CommStats& comm_stats() { return world_.stats(); }

@@ -70,9 +70,12 @@ class ShardMapped {
 
 /// JAX's shard_map: `fn` sees local shards (in_specs say how inputs are split), talks to
 /// other devices only through the collectives of spmd/collectives.hpp, and returns
-/// local outputs (out_specs say how to assemble them; a mesh axis not named in an out
-/// spec is a promise that the output is equal along it; check with
-/// options.check_replicated).
+/// local outputs (out_specs say how to assemble them). Each local input varies over the
+/// mesh axes its in_spec names (Tensor::varying_axes); the varying axes propagate through
+/// every op (spmd/collectives.hpp). A mesh axis not named in an out spec is a promise that
+/// the output is equal along it: an output that varies over such an axis is a
+/// ShardingError naming the output, the axis and the spec (a bookkeeping check, no
+/// communication); options.check_replicated additionally compares the values.
 ///
 ///   Mesh mesh({2, 4}, {"data", "model"});
 ///   auto f = shard_map(mesh, [](DeviceContext& ctx, const std::vector<Tensor>& in) {

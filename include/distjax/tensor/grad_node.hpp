@@ -67,14 +67,64 @@ class EnableGradGuard {
 bool needs_grad(std::initializer_list<const Tensor*> inputs);
 bool needs_grad(const std::vector<Tensor>& inputs);
 
+// ------------------------------------------------------------ varying mesh axes
+// Inside shard_map every tensor carries the set of mesh axes it varies over
+// (Tensor::varying_axes, JAX's vma). An op's result varies over the union of its
+// inputs' sets. When a differentiated input varies over fewer axes than the union, the
+// tape routes its edge through an implicit pvary (identity forward, sum over the missing
+// axes backward), so a replicated value used by per-device code gets the sum of the
+// per-device cotangents, as the math requires. The sum is a collective, run through the
+// hook the spmd layer installs on each device thread.
+
+/// What the tape needs from the spmd layer: the sum of a cotangent over mesh axes.
+class VaryingAxesHook {
+ public:
+  virtual ~VaryingAxesHook() = default;
+  /// Sum of `g` over the devices that differ from this one along the mesh axes in
+  /// `axes` (bit mask); the result varies over g's axes minus `axes`. Collective.
+  virtual Tensor psum_mask(const Tensor& g, std::uint32_t axes) = 0;
+};
+/// The hook of this thread (null outside shard_map).
+VaryingAxesHook* varying_axes_hook();
+/// Installs `hook` for this thread for the guard's lifetime (shard_map does this).
+class VaryingAxesHookGuard {
+ public:
+  explicit VaryingAxesHookGuard(VaryingAxesHook* hook);
+  ~VaryingAxesHookGuard();
+  VaryingAxesHookGuard(const VaryingAxesHookGuard&) = delete;
+  VaryingAxesHookGuard& operator=(const VaryingAxesHookGuard&) = delete;
+
+ private:
+  VaryingAxesHook* prev_;
+};
+
+/// Union of the inputs' varying axes.
+std::uint32_t joined_varying_axes(std::initializer_list<const Tensor*> inputs);
+std::uint32_t joined_varying_axes(const std::vector<Tensor>& inputs);
+/// `out` marked as varying over the union of the inputs' axes: the no-grad return path
+/// of every op (`if (!needs_grad(in)) return joined(out, in);`).
+Tensor joined(Tensor out, std::initializer_list<const Tensor*> inputs);
+Tensor joined(Tensor out, const std::vector<Tensor>& inputs);
+
+/// How record treats varying axes.
+enum class VaryingRule {
+  /// Outputs vary over the union of the inputs' axes; differentiated inputs that vary
+  /// over fewer axes get an implicit pvary (every ordinary op).
+  Join,
+  /// The op sets its outputs' axes itself and its backward already handles them
+  /// (collectives, checkpoint, whose recomputed graph inserts its own pvary).
+  AsIs,
+};
+
 /// Records an op with these inputs and outputs on the tape when needs_grad(inputs):
-/// attaches a new node to every output. `backward` must not capture the outputs
-/// themselves (that would be a reference cycle): capture `out.detach()` instead.
+/// attaches a new node to every output, and applies `rule` to varying axes (also when
+/// nothing is recorded). `backward` must not capture the outputs themselves (that would
+/// be a reference cycle): capture `out.detach()` instead.
 void record(const char* name, const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs,
-            Node::BackwardFn backward);
+            Node::BackwardFn backward, VaryingRule rule = VaryingRule::Join);
 /// Single-output form; returns `out` with its node attached.
 Tensor record(const char* name, const std::vector<Tensor>& inputs, Tensor out,
-              Node::BackwardFn backward);
+              Node::BackwardFn backward, VaryingRule rule = VaryingRule::Join);
 
 /// A fresh leaf that shares `t`'s storage and is differentiated with respect to.
 Tensor make_leaf(const Tensor& t);

@@ -102,6 +102,15 @@ class Tensor {
   /// Used by the tape: attaches the node (and which of its outputs this tensor is).
   void set_grad_node(std::shared_ptr<Node> node, int output_index = 0);
 
+  /// Inside shard_map: the mesh axes this value varies over, bit i for the mesh's axis i
+  /// (JAX's `vma`); 0 = equal on every device (and always 0 outside shard_map). Ops give
+  /// their result the union of their inputs' sets; the spmd collectives change it (see
+  /// spmd/collectives.hpp). Copies, views, clones and detached tensors keep it.
+  std::uint32_t varying_axes() const { return vma_; }
+  /// Sets the varying-axes mask of this handle (not of other handles of the storage).
+  /// Ops and the spmd layer call it; user code uses the spmd functions instead.
+  void set_varying_axes(std::uint32_t mask) { vma_ = mask; }
+
   /// Short description: "Tensor(f32, (2, 3))" plus up to `max_values` values.
   std::string str(int max_values = 8) const;
 
@@ -112,6 +121,7 @@ class Tensor {
   DType dtype_ = DType::F32;
   std::shared_ptr<Node> node_;
   int out_index_ = 0;
+  std::uint32_t vma_ = 0;  // varying mesh axes, see varying_axes()
 };
 
 /// Throws InvalidArgument "[op] expected dtype X for `what`, got Y" unless t.dtype()==want.

@@ -1,6 +1,8 @@
 #include "distjax/autodiff/autodiff.hpp"
 
+#include <algorithm>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "distjax/tensor/elementwise.hpp"
 
@@ -15,31 +17,30 @@ void accumulate(Tensor& slot, const Tensor& g) {
   slot = slot.defined() ? tensor::add(slot, g) : g;
 }
 
-// Nodes reachable from the roots in reverse post-order (a topological order: every
-// node comes before the nodes it consumes). Iterative, so deep tapes do not overflow.
+// Nodes reachable from the roots, newest first. Every node is newer than its inputs, so
+// this is a topological order (each node before the nodes it consumes), and it is the
+// forward order reversed: the backward of the compute that ran between an asynchronous
+// op's start and done runs between their backward halves too (ppermute_start/done).
+// Iterative, so deep tapes do not overflow.
 std::vector<Node*> topological_order(const std::vector<Node*>& roots) {
-  std::vector<Node*> post;
-  std::unordered_map<Node*, bool> seen;
-  std::vector<std::pair<Node*, std::size_t>> stack;
+  std::vector<Node*> nodes;
+  std::unordered_set<Node*> seen;
+  std::vector<Node*> stack;
   for (Node* r : roots) {
-    if (!r || seen[r]) continue;
-    seen[r] = true;
-    stack.push_back({r, 0});
-    while (!stack.empty()) {
-      auto& [n, next] = stack.back();
-      if (next < n->inputs.size()) {
-        Node* child = n->inputs[next++].node.get();
-        if (child && !seen[child]) {
-          seen[child] = true;
-          stack.push_back({child, 0});
-        }
-      } else {
-        post.push_back(n);
-        stack.pop_back();
-      }
+    if (r && seen.insert(r).second) stack.push_back(r);
+  }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    nodes.push_back(n);
+    for (const auto& e : n->inputs) {
+      Node* child = e.node.get();
+      if (child && seen.insert(child).second) stack.push_back(child);
     }
   }
-  return {post.rbegin(), post.rend()};
+  std::sort(nodes.begin(), nodes.end(),
+            [](const Node* a, const Node* b) { return a->sequence > b->sequence; });
+  return nodes;
 }
 
 }  // namespace
@@ -106,8 +107,12 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
     }
   }
 
-  for (std::size_t j = 0; j < wrt.size(); ++j)
+  // A cotangent has its primal's type, varying axes included (the implicit pvary of the
+  // tape has already summed over the axes the primal does not vary over).
+  for (std::size_t j = 0; j < wrt.size(); ++j) {
     if (!result[j].defined()) result[j] = Tensor::zeros(wrt[j].shape(), wrt[j].dtype());
+    result[j].set_varying_axes(wrt[j].varying_axes());
+  }
   return result;
 }
 
@@ -147,24 +152,33 @@ std::vector<Tensor> detach_all(const std::vector<Tensor>& xs) {
 }  // namespace
 
 std::vector<Tensor> custom_vjp(const char* name, const std::vector<Tensor>& inputs,
-                               const CustomForward& forward, const CustomBackward& backward) {
+                               const CustomForward& forward, const CustomBackward& backward,
+                               tensor::VaryingRule rule) {
   std::vector<Tensor> in = detach_all(inputs);
   std::vector<Tensor> outs;
   {
     NoGradGuard no_grad;
     outs = forward(in);
   }
-  if (!tensor::needs_grad(inputs)) return outs;
+  if (!tensor::needs_grad(inputs)) {
+    if (rule == tensor::VaryingRule::Join)
+      for (Tensor& o : outs) o.set_varying_axes(tensor::joined_varying_axes(inputs));
+    return outs;
+  }
   std::vector<Tensor> saved_out = detach_all(outs);
-  tensor::record(name, inputs, outs, [in, saved_out, backward](const std::vector<Tensor>& go) {
-    return backward(in, saved_out, go);
-  });
+  tensor::record(
+      name, inputs, outs,
+      [in, saved_out, backward](const std::vector<Tensor>& go) {
+        return backward(in, saved_out, go);
+      },
+      rule);
   return outs;
 }
 
 Tensor custom_vjp1(const char* name, const std::vector<Tensor>& inputs,
-                   const CustomForward& forward, const CustomBackward& backward) {
-  auto outs = custom_vjp(name, inputs, forward, backward);
+                   const CustomForward& forward, const CustomBackward& backward,
+                   tensor::VaryingRule rule) {
+  auto outs = custom_vjp(name, inputs, forward, backward, rule);
   DISTJAX_CHECK(outs.size() == 1, InvalidArgument, "[custom_vjp1] forward of \"", name,
                 "\" returned ", outs.size(), " outputs, expected 1");
   return outs[0];
@@ -180,6 +194,8 @@ std::vector<Tensor> checkpoint(const RematFn& fn, const TensorTree& params,
     NoGradGuard no_grad;  // nothing inside is kept for the backward pass
     outs = fn(params, inputs);
   }
+  // The outputs keep the varying axes their own ops gave them, and the recomputed graph
+  // inserts its own implicit pvary, so the checkpoint node adds none (VaryingRule::AsIs).
   if (!tensor::needs_grad(all)) return outs;
 
   TensorTree saved_params = params.map([](const Tensor& t) { return t.detach(); });
@@ -203,7 +219,8 @@ std::vector<Tensor> checkpoint(const RematFn& fn, const TensorTree& params,
                    for (auto& [_, t] : p)
                      wrt.push_back(t);
                    return grad(used, seeds, wrt);
-                 });
+                 },
+                 tensor::VaryingRule::AsIs);
   return outs;
 }
 

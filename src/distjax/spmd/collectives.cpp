@@ -108,13 +108,6 @@ Tensor raw_reduce_scatter(comm::Communicator& c, const Tensor& x, int dim, bool 
   return out;
 }
 
-Tensor raw_permute(comm::Communicator& c, const Tensor& x,
-                   const std::vector<std::pair<int, int>>& pairs) {
-  Tensor out = Tensor::empty(x.shape(), x.dtype());
-  c.permute(x.raw_data(), out.raw_data(), x.numel(), x.dtype(), pairs);
-  return out;
-}
-
 Tensor raw_all_to_all(comm::Communicator& c, const Tensor& x, int split_dim, int concat_dim) {
   const int n = c.size();
   Tensor send = dim_to_blocks(x, split_dim, n, /*tiled=*/true);
@@ -136,16 +129,23 @@ void check_tiling(const char* op, const Tensor& x, int dim, int n, bool tiled,
   }
 }
 
+Tensor with_vma(Tensor t, std::uint32_t mask) {
+  t.set_varying_axes(mask);
+  return t;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------- psum
 // Forward: all-reduce sum. Transpose: identity. Assumes the cotangent is equal along
 // `axes` (the sum is replicated and the code after it runs identically everywhere).
-Tensor psum(DeviceContext& ctx, const Tensor& x, const Axes& axes) {
-  tensor::check_defined(x, "psum", "x");
+Tensor psum(DeviceContext& ctx, const Tensor& x_in, const Axes& axes) {
+  tensor::check_defined(x_in, "psum", "x");
   comm::Communicator c = ctx.comm(axes);
+  const std::uint32_t m = ctx.axis_mask(axes);
+  const Tensor x = pvary(ctx, x_in, axes);  // the transpose below needs a varying input
   count_call(ctx, "psum");
-  return autodiff::custom_vjp1(
+  return with_vma(autodiff::custom_vjp1(
       "psum", {x},
       [&](const std::vector<Tensor>& in) {
         return std::vector<Tensor>{
@@ -153,17 +153,20 @@ Tensor psum(DeviceContext& ctx, const Tensor& x, const Axes& axes) {
       },
       [](const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<Tensor>& g) {
         return std::vector<Tensor>{g[0]};
-      });
+      },
+      tensor::VaryingRule::AsIs), x.varying_axes() & ~m);
 }
 
 // ---------------------------------------------------------------------------- pmean
 // Forward: all-reduce mean. Transpose: cotangent / n (same assumption as psum).
-Tensor pmean(DeviceContext& ctx, const Tensor& x, const Axes& axes) {
-  tensor::check_defined(x, "pmean", "x");
+Tensor pmean(DeviceContext& ctx, const Tensor& x_in, const Axes& axes) {
+  tensor::check_defined(x_in, "pmean", "x");
   comm::Communicator c = ctx.comm(axes);
+  const std::uint32_t m = ctx.axis_mask(axes);
+  const Tensor x = pvary(ctx, x_in, axes);  // the transpose below needs a varying input
   const double n = c.size();
   count_call(ctx, "pmean");
-  return autodiff::custom_vjp1(
+  return with_vma(autodiff::custom_vjp1(
       "pmean", {x},
       [&](const std::vector<Tensor>& in) {
         return std::vector<Tensor>{
@@ -176,7 +179,8 @@ Tensor pmean(DeviceContext& ctx, const Tensor& x, const Axes& axes) {
         for (std::int64_t i = 0; i < r.numel(); ++i)
           p[i] = static_cast<float>(p[i] / n);
         return std::vector<Tensor>{r};
-      });
+      },
+      tensor::VaryingRule::AsIs), x.varying_axes() & ~m);
 }
 
 // ---------------------------------------------------------------------------- pmax
@@ -184,16 +188,18 @@ Tensor pmean(DeviceContext& ctx, const Tensor& x, const Axes& axes) {
 // device of lowest axis index holding the maximum. Assumes the cotangent is equal along
 // `axes`. The owner is found in the forward pass (two more all-reduces, only when the
 // input is being differentiated) so the backward needs no communication.
-Tensor pmax(DeviceContext& ctx, const Tensor& x, const Axes& axes) {
-  tensor::check_defined(x, "pmax", "x");
+Tensor pmax(DeviceContext& ctx, const Tensor& x_in, const Axes& axes) {
+  tensor::check_defined(x_in, "pmax", "x");
   comm::Communicator c = ctx.comm(axes);
+  const std::uint32_t vm = ctx.axis_mask(axes);
+  const Tensor x = pvary(ctx, x_in, axes);  // the transpose below needs a varying input
   const int n = c.size();
   const int me = c.rank();
   const bool want_grad = tensor::needs_grad({&x});
   if (want_grad) tensor::check_dtype(x, DType::F32, "pmax", "x");
   count_call(ctx, "pmax");
   auto mask = std::make_shared<Tensor>();
-  return autodiff::custom_vjp1(
+  return with_vma(autodiff::custom_vjp1(
       "pmax", {x},
       [&](const std::vector<Tensor>& in) {
         return named("pmax", axes, [&] {
@@ -224,20 +230,22 @@ Tensor pmax(DeviceContext& ctx, const Tensor& x, const Axes& axes) {
         for (std::int64_t i = 0; i < r.numel(); ++i)
           p[i] *= k[i];
         return std::vector<Tensor>{r};
-      });
+      },
+      tensor::VaryingRule::AsIs), x.varying_axes() & ~vm);
 }
 
 // ---------------------------------------------------------------------- all_gather
 // Forward: all-gather along `dim` (concatenated when tiled, stacked when not).
 // Transpose: psum_scatter along `dim` with the same tiling. Assumes each device's
 // cotangent is its own contribution to the global objective (they are summed).
-Tensor all_gather(DeviceContext& ctx, const Tensor& x, const Axes& axes, int dim, bool tiled) {
-  tensor::check_defined(x, "all_gather", "x");
+Tensor all_gather(DeviceContext& ctx, const Tensor& x_in, const Axes& axes, int dim, bool tiled) {
+  tensor::check_defined(x_in, "all_gather", "x");
   comm::Communicator c = ctx.comm(axes);
+  const Tensor x = pvary(ctx, x_in, axes);  // the transpose below needs a varying input
   dim = normalize_axis(dim, x.rank() + (tiled ? 0 : 1), "all_gather");
   count_call(ctx, "all_gather");
   DeviceContext* pctx = &ctx;
-  return autodiff::custom_vjp1(
+  return with_vma(autodiff::custom_vjp1(
       "all_gather", {x},
       [&](const std::vector<Tensor>& in) {
         return std::vector<Tensor>{
@@ -249,20 +257,53 @@ Tensor all_gather(DeviceContext& ctx, const Tensor& x, const Axes& axes, int dim
         Tensor gy = g[0].defined() ? g[0] : zeros_like_shape(out[0].shape(), out[0].dtype());
         return std::vector<Tensor>{named("all_gather transpose (psum_scatter)", axes,
                                          [&] { return raw_reduce_scatter(c, gy, dim, tiled); })};
-      });
+      },
+      tensor::VaryingRule::AsIs), x.varying_axes());
+}
+
+// ------------------------------------------------------------ all_gather_invariant
+// Forward: all-gather, as all_gather; the result is marked replicated along `axes`.
+// Transpose: this device's block of the cotangent (no communication). Assumes the
+// cotangent is equal along `axes` (the result is used identically on every device), so
+// block i of it is exactly the cotangent of device i's piece.
+Tensor all_gather_invariant(DeviceContext& ctx, const Tensor& x_in, const Axes& axes, int dim,
+                            bool tiled) {
+  tensor::check_defined(x_in, "all_gather_invariant", "x");
+  comm::Communicator c = ctx.comm(axes);
+  const std::uint32_t m = ctx.axis_mask(axes);
+  const Tensor x = pvary(ctx, x_in, axes);  // the transpose below needs a varying input
+  dim = normalize_axis(dim, x.rank() + (tiled ? 0 : 1), "all_gather_invariant");
+  const int me = c.rank();
+  const std::int64_t block = tiled ? x.size(dim) : 1;
+  count_call(ctx, "all_gather_invariant");
+  return with_vma(autodiff::custom_vjp1(
+      "all_gather_invariant", {x},
+      [&](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{named("all_gather_invariant", axes,
+                                         [&] { return raw_all_gather(c, in[0], dim, tiled); })};
+      },
+      [dim, tiled, me, block](const std::vector<Tensor>& in, const std::vector<Tensor>&,
+                              const std::vector<Tensor>& g) {
+        if (!g[0].defined()) return std::vector<Tensor>{Tensor()};
+        Tensor mine = tensor::slice(g[0], dim, me * block, (me + 1) * block);
+        return std::vector<Tensor>{tiled ? mine : tensor::reshape(mine, in[0].shape())};
+      },
+      tensor::VaryingRule::AsIs), x.varying_axes() & ~m);
 }
 
 // -------------------------------------------------------------------- psum_scatter
 // Forward: reduce-scatter (sum) along `dim`. Transpose: all_gather along `dim` with the
 // same tiling. Assumes block i's cotangent lives on device i (the result varies).
-Tensor psum_scatter(DeviceContext& ctx, const Tensor& x, const Axes& axes, int dim, bool tiled) {
-  tensor::check_defined(x, "psum_scatter", "x");
+Tensor psum_scatter(DeviceContext& ctx, const Tensor& x_in, const Axes& axes, int dim,
+                    bool tiled) {
+  tensor::check_defined(x_in, "psum_scatter", "x");
   comm::Communicator c = ctx.comm(axes);
+  const Tensor x = pvary(ctx, x_in, axes);  // the transpose below needs a varying input
   dim = normalize_axis(dim, x.rank(), "psum_scatter");
   check_tiling("psum_scatter", x, dim, c.size(), tiled, ctx, axes);
   count_call(ctx, "psum_scatter");
   DeviceContext* pctx = &ctx;
-  return autodiff::custom_vjp1(
+  return with_vma(autodiff::custom_vjp1(
       "psum_scatter", {x},
       [&](const std::vector<Tensor>& in) {
         return std::vector<Tensor>{
@@ -274,65 +315,24 @@ Tensor psum_scatter(DeviceContext& ctx, const Tensor& x, const Axes& axes, int d
         Tensor gy = g[0].defined() ? g[0] : zeros_like_shape(out[0].shape(), out[0].dtype());
         return std::vector<Tensor>{named("psum_scatter transpose (all_gather)", axes,
                                          [&] { return raw_all_gather(c, gy, dim, tiled); })};
-      });
-}
-
-// ------------------------------------------------------------------------ ppermute
-// Forward: device src sends to device dst for each (src, dst); others receive zeros.
-// Transpose: ppermute with every pair reversed. No assumption on the cotangent.
-Tensor ppermute(DeviceContext& ctx, const Tensor& x, const Axes& axes,
-                const std::vector<std::pair<int, int>>& perm) {
-  tensor::check_defined(x, "ppermute", "x");
-  comm::Communicator c = ctx.comm(axes);
-  const int n = c.size();
-  std::set<int> srcs, dsts;
-  for (const auto& [s, d] : perm) {
-    DISTJAX_CHECK(s >= 0 && s < n && d >= 0 && d < n, ShardingError, "[ppermute] pair (", s, ", ",
-                  d, ") out of range for ", axes.str(), "=", n, " in mesh ", ctx.mesh().describe());
-    DISTJAX_CHECK(srcs.insert(s).second && dsts.insert(d).second, ShardingError,
-                  "[ppermute] index appears twice as source or destination in pair (", s, ", ", d,
-                  ")");
-  }
-  std::vector<std::pair<int, int>> inverse;
-  for (const auto& [s, d] : perm)
-    inverse.emplace_back(d, s);
-  count_call(ctx, "ppermute");
-  DeviceContext* pctx = &ctx;
-  return autodiff::custom_vjp1(
-      "ppermute", {x},
-      [&](const std::vector<Tensor>& in) {
-        return std::vector<Tensor>{
-            named("ppermute", axes, [&] { return raw_permute(c, in[0], perm); })};
       },
-      [c, inverse, axes, pctx](const std::vector<Tensor>& in, const std::vector<Tensor>& out,
-                               const std::vector<Tensor>& g) mutable {
-        count_call(*pctx, "ppermute.T");
-        Tensor gy = g[0].defined() ? g[0] : zeros_like_shape(out[0].shape(), out[0].dtype());
-        return std::vector<Tensor>{
-            named("ppermute transpose", axes, [&] { return raw_permute(c, gy, inverse); })};
-      });
-}
-
-std::vector<std::pair<int, int>> ring_permutation(int n, int shift) {
-  std::vector<std::pair<int, int>> p;
-  for (int i = 0; i < n; ++i)
-    p.emplace_back(i, (((i + shift) % n) + n) % n);
-  return p;
+      tensor::VaryingRule::AsIs), x.varying_axes());
 }
 
 // ---------------------------------------------------------------------- all_to_all
 // Forward: split along split_dim, exchange chunks, concatenate along concat_dim.
 // Transpose: all_to_all with the two dimensions swapped. No assumption on the cotangent.
-Tensor all_to_all(DeviceContext& ctx, const Tensor& x, const Axes& axes, int split_dim,
+Tensor all_to_all(DeviceContext& ctx, const Tensor& x_in, const Axes& axes, int split_dim,
                   int concat_dim) {
-  tensor::check_defined(x, "all_to_all", "x");
+  tensor::check_defined(x_in, "all_to_all", "x");
   comm::Communicator c = ctx.comm(axes);
+  const Tensor x = pvary(ctx, x_in, axes);  // the transpose below needs a varying input
   split_dim = normalize_axis(split_dim, x.rank(), "all_to_all");
   concat_dim = normalize_axis(concat_dim, x.rank(), "all_to_all");
   check_tiling("all_to_all", x, split_dim, c.size(), true, ctx, axes);
   count_call(ctx, "all_to_all");
   DeviceContext* pctx = &ctx;
-  return autodiff::custom_vjp1(
+  return with_vma(autodiff::custom_vjp1(
       "all_to_all", {x},
       [&](const std::vector<Tensor>& in) {
         return std::vector<Tensor>{named(
@@ -346,7 +346,8 @@ Tensor all_to_all(DeviceContext& ctx, const Tensor& x, const Axes& axes, int spl
         return std::vector<Tensor>{named("all_to_all transpose", axes, [&] {
           return raw_all_to_all(c, gy, concat_dim, split_dim);
         })};
-      });
+      },
+      tensor::VaryingRule::AsIs), x.varying_axes());
 }
 
 // --------------------------------------------------------------------------- pvary
@@ -354,19 +355,26 @@ Tensor all_to_all(DeviceContext& ctx, const Tensor& x, const Axes& axes, int spl
 // own contribution (the region after pvary varies per device and its results are summed).
 Tensor pvary(DeviceContext& ctx, const Tensor& x, const Axes& axes) {
   tensor::check_defined(x, "pvary", "x");
-  comm::Communicator c = ctx.comm(axes);
+  // Only the axes x does not vary over yet enter the sum of the transpose; along the
+  // others pvary is the identity both ways.
+  const std::uint32_t m = ctx.axis_mask(axes);
+  const std::uint32_t added = m & ~x.varying_axes();
+  if (added == 0) return x;
+  const Axes sum_axes = ctx.axes_of(added);
+  comm::Communicator c = ctx.comm(sum_axes);
   count_call(ctx, "pvary");
   DeviceContext* pctx = &ctx;
-  return autodiff::custom_vjp1(
+  return with_vma(autodiff::custom_vjp1(
       "pvary", {x},
       [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0].clone()}; },
-      [c, axes, pctx](const std::vector<Tensor>&, const std::vector<Tensor>& out,
-                      const std::vector<Tensor>& g) mutable {
+      [c, sum_axes, pctx](const std::vector<Tensor>&, const std::vector<Tensor>& out,
+                          const std::vector<Tensor>& g) mutable {
         count_call(*pctx, "pvary.T");
         Tensor gy = g[0].defined() ? g[0] : zeros_like_shape(out[0].shape(), out[0].dtype());
-        return std::vector<Tensor>{named("pvary transpose (psum)", axes,
+        return std::vector<Tensor>{named("pvary transpose (psum)", sum_axes,
                                          [&] { return raw_all_reduce(c, gy, ReduceOp::Sum); })};
-      });
+      },
+      tensor::VaryingRule::AsIs), x.varying_axes() | m);
 }
 
 int axis_index(const DeviceContext& ctx, const Axes& axes) {

@@ -51,6 +51,33 @@ comm::Communicator& DeviceContext::comm(const Axes& axes) {
   return comms_.emplace(axes.names, std::move(c)).first->second;
 }
 
+std::uint32_t DeviceContext::axis_mask(const Axes& axes) const {
+  std::uint32_t m = 0;
+  for (const auto& a : axes.names)
+    m |= 1u << mesh_.axis_position(a, "axis_mask");
+  return m;
+}
+
+std::uint32_t DeviceContext::axis_mask(const mesh::PartitionSpec& spec) const {
+  return axis_mask(Axes(spec.used_axes()));
+}
+
+Axes DeviceContext::axes_of(std::uint32_t mask) const {
+  std::vector<std::string> names;
+  for (int i = 0; i < mesh_.ndim(); ++i)
+    if (mask & (1u << i)) names.push_back(mesh_.axis_names()[i]);
+  return Axes(std::move(names));
+}
+
+tensor::Tensor DeviceContext::psum_mask(const tensor::Tensor& g, std::uint32_t mask) {
+  ++counters_.collective_calls["pvary.T"];
+  comm::Communicator& c = comm(axes_of(mask));
+  tensor::Tensor out = tensor::Tensor::empty(g.shape(), g.dtype());
+  c.all_reduce(g.raw_data(), out.raw_data(), g.numel(), g.dtype(), comm::ReduceOp::Sum);
+  out.set_varying_axes(g.varying_axes() & ~mask);
+  return out;
+}
+
 Key DeviceContext::fold_rng_over_axis(const Key& key, const Axes& axes) const {
   mesh_.check_axes(axes, "fold_rng_over_axis");
   Key k = key;

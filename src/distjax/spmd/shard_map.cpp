@@ -71,6 +71,22 @@ void check_replicated_output(DeviceContext& ctx, const Tensor& out, std::size_t 
   }
 }
 
+// An output may vary only over the mesh axes its out_spec names (a free check: the
+// varying axes are tracked on every tensor). Same verdict on every device of an SPMD
+// program, so all of them raise the same error.
+void check_output_varying(const DeviceContext& ctx, const Tensor& out, std::size_t index,
+                          const PartitionSpec& spec) {
+  const std::uint32_t extra = out.varying_axes() & ~ctx.axis_mask(spec);
+  if (extra == 0) return;
+  const Axes axes = ctx.axes_of(extra);
+  throw ShardingError(
+      "[shard_map] output " + std::to_string(index) + " varies over mesh axis " + axes.str() +
+      " but its out_spec " + spec.to_string() + " does not name it (mesh " +
+      ctx.mesh().describe() +
+      "): reduce it over that axis (psum/pmean, all_gather_invariant) or name the axis in the "
+      "out_spec");
+}
+
 }  // namespace
 
 ShardMapped::ShardMapped(Mesh mesh, ShardMapFn fn, std::vector<PartitionSpec> in_specs,
@@ -120,10 +136,14 @@ std::vector<ShardedArray> ShardMapped::operator()(const std::vector<ShardedArray
   lo.intra_op_threads = options_.intra_op_threads;
   comm::launch(lo, [&](comm::Communicator& world) {
     DeviceContext ctx(mesh_, world);
+    tensor::VaryingAxesHookGuard hook(&ctx);  // the tape's implicit pvary sums through ctx
     const int d = ctx.device();
     std::vector<Tensor> locals;
-    for (const auto& a : placed)
-      locals.push_back(a.shard(d));
+    for (std::size_t i = 0; i < placed.size(); ++i) {
+      Tensor t = placed[i].shard(d);
+      t.set_varying_axes(ctx.axis_mask(in_specs_[i]));  // inputs vary over their in_spec's axes
+      locals.push_back(std::move(t));
+    }
     std::vector<Tensor> outs = fn_(ctx, locals);
     DISTJAX_CHECK(outs.size() == out_specs_.size(), ShardingError, "[shard_map] fn returned ",
                   outs.size(), " outputs on device ", d, " but there are ", out_specs_.size(),
@@ -134,7 +154,9 @@ std::vector<ShardedArray> ShardMapped::operator()(const std::vector<ShardedArray
       DISTJAX_CHECK(out_specs_[i].size() <= outs[i].rank(), ShardingError, "[shard_map] output ", i,
                     " has local shape ", to_string(outs[i].shape()), " but out_spec ",
                     out_specs_[i].to_string(), " has ", out_specs_[i].size(), " entries");
+      check_output_varying(ctx, outs[i], i, out_specs_[i]);
       outs[i] = outs[i].detach();  // the device's tape ends with its thread
+      outs[i].set_varying_axes(0);
     }
     if (options_.check_replicated)
       for (std::size_t i = 0; i < outs.size(); ++i)

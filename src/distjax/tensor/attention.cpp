@@ -219,7 +219,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
   Tensor lse = Tensor::empty({q.size(0), q.size(1), a.t});
   run_forward(a, head_major(a), q.data<float>(), k.data<float>(), v.data<float>(),
               out.data<float>(), lse.data<float>());
-  if (!needs_grad({&q, &k, &v})) return out;
+  if (!needs_grad({&q, &k, &v})) return joined(out, {&q, &k, &v});
   return record("attention", {q, k, v}, out,
                 [a, qd = q.detach(), kd = k.detach(), vd = v.detach(), od = out.detach(),
                  lse](const std::vector<Tensor>& g) {
@@ -255,7 +255,7 @@ Tensor attention_packed(const Tensor& qkv, std::int64_t num_heads, bool causal, 
   Tensor lse = Tensor::empty({b, h, t});
   const float* pq = qkv.data<float>();
   run_forward(a, lay, pq, pq + d, pq + 2 * d, out.data<float>(), lse.data<float>());
-  if (!needs_grad({&qkv})) return out;
+  if (!needs_grad({&qkv})) return joined(out, {&qkv});
   return record("attention_packed", {qkv}, out,
                 [a, lay, xd = qkv.detach(), od = out.detach(), lse](const std::vector<Tensor>& g) {
                   Tensor gx = Tensor::empty(xd.shape());

@@ -55,7 +55,7 @@ Tensor map_grad(const Tensor& g, const Tensor& x, const Tensor& y, F dfdx, std::
 template <class F, class D>
 Tensor unary_op(const char* op, const Tensor& x, F f, D dfdx, std::int64_t grain = kParallelGrain) {
   Tensor y = map_unary(op, x, f, grain);
-  if (!needs_grad({&x})) return y;
+  if (!needs_grad({&x})) return joined(y, {&x});
   return record(op, {x}, y,
                 [xs = x.detach(), ys = y.detach(), dfdx, grain](const std::vector<Tensor>& g) {
                   return std::vector<Tensor>{map_grad(g[0], xs, ys, dfdx, grain)};
@@ -68,7 +68,7 @@ Tensor unary_op(const char* op, const Tensor& x, F f, D dfdx, std::int64_t grain
 
 Tensor add(const Tensor& a, const Tensor& b) {
   Tensor out = map_binary("add", a, b, [](float x, float y) { return x + y; });
-  if (!needs_grad({&a, &b})) return out;
+  if (!needs_grad({&a, &b})) return joined(out, {&a, &b});
   return record("add", {a, b}, out, [sa = a.shape(), sb = b.shape()](const std::vector<Tensor>& g) {
     return std::vector<Tensor>{sum_to(g[0], sa), sum_to(g[0], sb)};
   });
@@ -76,7 +76,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
 
 Tensor sub(const Tensor& a, const Tensor& b) {
   Tensor out = map_binary("sub", a, b, [](float x, float y) { return x - y; });
-  if (!needs_grad({&a, &b})) return out;
+  if (!needs_grad({&a, &b})) return joined(out, {&a, &b});
   return record("sub", {a, b}, out, [sa = a.shape(), sb = b.shape()](const std::vector<Tensor>& g) {
     return std::vector<Tensor>{sum_to(g[0], sa), sum_to(neg(g[0]), sb)};
   });
@@ -84,7 +84,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 
 Tensor mul(const Tensor& a, const Tensor& b) {
   Tensor out = map_binary("mul", a, b, [](float x, float y) { return x * y; });
-  if (!needs_grad({&a, &b})) return out;
+  if (!needs_grad({&a, &b})) return joined(out, {&a, &b});
   return record("mul", {a, b}, out,
                 [ad = a.detach(), bd = b.detach(), ra = a.requires_grad(),
                  rb = b.requires_grad()](const std::vector<Tensor>& g) {
@@ -95,7 +95,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 
 Tensor div(const Tensor& a, const Tensor& b) {
   Tensor out = map_binary("div", a, b, [](float x, float y) { return x / y; });
-  if (!needs_grad({&a, &b})) return out;
+  if (!needs_grad({&a, &b})) return joined(out, {&a, &b});
   return record("div", {a, b}, out,
                 [ad = a.detach(), bd = b.detach(), od = out.detach(),
                  rb = b.requires_grad()](const std::vector<Tensor>& g) {
@@ -108,7 +108,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
 
 Tensor maximum(const Tensor& a, const Tensor& b) {
   Tensor out = map_binary("maximum", a, b, [](float x, float y) { return x >= y ? x : y; });
-  if (!needs_grad({&a, &b})) return out;
+  if (!needs_grad({&a, &b})) return joined(out, {&a, &b});
   return record(
       "maximum", {a, b}, out, [ad = a.detach(), bd = b.detach()](const std::vector<Tensor>& g) {
         Tensor mask_a =
@@ -125,7 +125,7 @@ Tensor add_scalar(const Tensor& x, double s) {
   const float c = static_cast<float>(s);
   Tensor y = map_unary(
       "add_scalar", x, [c](float v) { return v + c; }, kParallelGrainMemory);
-  if (!needs_grad({&x})) return y;
+  if (!needs_grad({&x})) return joined(y, {&x});
   return record("add_scalar", {x}, y,
                 [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
 }
@@ -134,7 +134,7 @@ Tensor mul_scalar(const Tensor& x, double s) {
   const float c = static_cast<float>(s);
   Tensor y = map_unary(
       "mul_scalar", x, [c](float v) { return v * c; }, kParallelGrainMemory);
-  if (!needs_grad({&x})) return y;
+  if (!needs_grad({&x})) return joined(y, {&x});
   return record("mul_scalar", {x}, y, [s](const std::vector<Tensor>& g) {
     return std::vector<Tensor>{mul_scalar(g[0], s)};
   });
@@ -272,7 +272,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
 #pragma omp parallel for simd if (parallel: n > kParallelGrainMemory)
   for (std::int64_t i = 0; i < n; ++i)
     po[i] = pm[i] != 0.f ? pa[i] : pb[i];
-  if (!needs_grad({&a, &b})) return out;
+  if (!needs_grad({&a, &b})) return joined(out, {&a, &b});
   return record(
       "where", {a, b}, out, [mask, sa = a.shape(), sb = b.shape()](const std::vector<Tensor>& g) {
         Tensor ga = mul(g[0], map_unary(
@@ -288,7 +288,7 @@ Tensor astype(const Tensor& x, DType dtype) {
   if (x.dtype() == dtype) return x;
   Tensor out = Tensor::empty(x.shape(), dtype);
   detail::convert(x, out);
-  if (!is_floating(x.dtype()) || !is_floating(dtype) || !needs_grad({&x})) return out;
+  if (!is_floating(x.dtype()) || !is_floating(dtype) || !needs_grad({&x})) return joined(out, {&x});
   return record("astype", {x}, out, [from = x.dtype()](const std::vector<Tensor>& g) {
     return std::vector<Tensor>{astype(g[0], from)};
   });

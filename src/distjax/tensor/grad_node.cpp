@@ -4,7 +4,49 @@ namespace distjax::tensor {
 namespace {
 thread_local bool t_grad_enabled = true;
 thread_local std::uint64_t t_sequence = 0;
+thread_local VaryingAxesHook* t_hook = nullptr;
+
+// The edge to `t` routed through an implicit pvary over `missing` (identity forward,
+// psum over `missing` backward).
+Node::Edge pvary_edge(const Tensor& t, std::uint32_t missing) {
+  DISTJAX_CHECK(t_hook != nullptr, Error,
+                "[autodiff] a tensor varies over mesh axes outside shard_map");
+  auto node = std::make_shared<Node>();
+  node->name = "pvary(implicit)";
+  node->sequence = ++t_sequence;
+  node->inputs.push_back({t.grad_node(), t.grad_output_index()});
+  node->output_shapes.push_back(t.shape());
+  node->output_dtypes.push_back(t.dtype());
+  VaryingAxesHook* hook = t_hook;
+  node->backward = [hook, missing](const std::vector<Tensor>& g) {
+    return std::vector<Tensor>{g[0].defined() ? hook->psum_mask(g[0], missing) : Tensor()};
+  };
+  return {std::move(node), 0};
+}
 }  // namespace
+
+VaryingAxesHook* varying_axes_hook() { return t_hook; }
+VaryingAxesHookGuard::VaryingAxesHookGuard(VaryingAxesHook* hook) : prev_(t_hook) { t_hook = hook; }
+VaryingAxesHookGuard::~VaryingAxesHookGuard() { t_hook = prev_; }
+
+std::uint32_t joined_varying_axes(std::initializer_list<const Tensor*> inputs) {
+  std::uint32_t m = 0;
+  for (const Tensor* t : inputs) m |= t->varying_axes();
+  return m;
+}
+std::uint32_t joined_varying_axes(const std::vector<Tensor>& inputs) {
+  std::uint32_t m = 0;
+  for (const Tensor& t : inputs) m |= t.varying_axes();
+  return m;
+}
+Tensor joined(Tensor out, std::initializer_list<const Tensor*> inputs) {
+  out.set_varying_axes(joined_varying_axes(inputs));
+  return out;
+}
+Tensor joined(Tensor out, const std::vector<Tensor>& inputs) {
+  out.set_varying_axes(joined_varying_axes(inputs));
+  return out;
+}
 
 bool grad_enabled() { return t_grad_enabled; }
 void set_grad_enabled(bool on) { t_grad_enabled = on; }
@@ -24,14 +66,25 @@ bool needs_grad(const std::vector<Tensor>& inputs) {
 }
 
 void record(const char* name, const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs,
-            Node::BackwardFn backward) {
+            Node::BackwardFn backward, VaryingRule rule) {
+  const std::uint32_t vma = rule == VaryingRule::Join ? joined_varying_axes(inputs) : 0;
+  if (rule == VaryingRule::Join)
+    for (Tensor& o : outputs) o.set_varying_axes(vma);
   if (!needs_grad(inputs)) return;
   auto node = std::make_shared<Node>();
   node->name = name;
-  node->sequence = ++t_sequence;
   node->backward = std::move(backward);
   node->inputs.reserve(inputs.size());
-  for (const Tensor& t : inputs) node->inputs.push_back({t.grad_node(), t.grad_output_index()});
+  for (const Tensor& t : inputs) {
+    const std::uint32_t missing = vma & ~t.varying_axes();
+    if (rule == VaryingRule::Join && missing != 0 && t.requires_grad())
+      node->inputs.push_back(pvary_edge(t, missing));
+    else
+      node->inputs.push_back({t.grad_node(), t.grad_output_index()});
+  }
+  // After the implicit pvary nodes: a node is always newer than its inputs (the backward
+  // pass runs nodes in reverse creation order).
+  node->sequence = ++t_sequence;
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     node->output_shapes.push_back(outputs[i].shape());
     node->output_dtypes.push_back(outputs[i].dtype());
@@ -40,9 +93,9 @@ void record(const char* name, const std::vector<Tensor>& inputs, std::vector<Ten
 }
 
 Tensor record(const char* name, const std::vector<Tensor>& inputs, Tensor out,
-              Node::BackwardFn backward) {
+              Node::BackwardFn backward, VaryingRule rule) {
   std::vector<Tensor> outs{std::move(out)};
-  record(name, inputs, outs, std::move(backward));
+  record(name, inputs, outs, std::move(backward), rule);
   return std::move(outs[0]);
 }
 

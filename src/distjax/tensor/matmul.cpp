@@ -156,7 +156,7 @@ Tensor matmul_forward(const Tensor& a, const Tensor& b, bool ta, bool tb) {
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   Tensor out = matmul_forward(a, b, ta, tb);
-  if (!needs_grad({&a, &b})) return out;
+  if (!needs_grad({&a, &b})) return joined(out, {&a, &b});
   return record("matmul", {a, b}, out,
                 [ad = a.detach(), bd = b.detach(), ta, tb, ra = a.requires_grad(),
                  rb = b.requires_grad()](const std::vector<Tensor>& g) {
@@ -234,7 +234,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
                    out.data<float>());
   std::vector<Tensor> inputs{x, w};
   if (bias.defined()) inputs.push_back(bias);
-  if (!needs_grad(inputs)) return out;
+  if (!needs_grad(inputs)) return joined(out, inputs);
   return record("linear", inputs, out,
                 [xd = x.detach(), wd = w.detach(), has_bias = bias.defined(),
                  rx = x.requires_grad(), rw = w.requires_grad()](const std::vector<Tensor>& g) {

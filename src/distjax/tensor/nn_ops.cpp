@@ -90,7 +90,7 @@ Tensor softmax_last(const Tensor& x, bool log_form) {
         yr[j] *= inv;
     }
   }
-  if (!needs_grad({&x})) return y;
+  if (!needs_grad({&x})) return joined(y, {&x});
   return record(op, {x}, y, [yd = y.detach(), log_form](const std::vector<Tensor>& g) {
     const auto [n, c] = as_rows(yd);
     Tensor gx = Tensor::empty(yd.shape());
@@ -190,7 +190,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
   }
   std::vector<Tensor> inputs{x, gamma};
   if (beta.defined()) inputs.push_back(beta);
-  if (!needs_grad(inputs)) return y;
+  if (!needs_grad(inputs)) return joined(y, inputs);
   return record(
       "layer_norm", inputs, y,
       [xd = x.detach(), wd = gamma.detach(), mean, rstd, has_beta = beta.defined(),
@@ -275,7 +275,7 @@ Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps) {
     for (std::int64_t j = 0; j < c; ++j)
       yr[j] = xr[j] * rs * pw[j];
   }
-  if (!needs_grad({&x, &gamma})) return y;
+  if (!needs_grad({&x, &gamma})) return joined(y, {&x, &gamma});
   return record("rms_norm", {x, gamma}, y,
                 [xd = x.detach(), wd = gamma.detach(), rrms,
                  rx = x.requires_grad()](const std::vector<Tensor>& g) {
@@ -361,8 +361,9 @@ Tensor embedding(const Tensor& table, const Tensor& ids) {
 #pragma omp parallel for schedule(static) num_threads(threads_for(n* c, kParallelGrainMemory))
   for (std::int64_t i = 0; i < n; ++i)
     std::memcpy(po + i * c, pt + pi[i] * c, static_cast<std::size_t>(c) * sizeof(float));
-  if (!needs_grad({&table})) return out;
-  return record("embedding", {table}, out, [idx, v, c](const std::vector<Tensor>& g) {
+  // ids join the varying axes (a batch sharded over "data" gives rows that vary over it).
+  if (!needs_grad({&table})) return joined(out, {&table, &ids});
+  return record("embedding", {table, ids}, out, [idx, v, c](const std::vector<Tensor>& g) {
     Tensor gt = Tensor::zeros({v, c});
     const float* pg = g[0].data<float>();
     float* po = gt.data<float>();
@@ -382,7 +383,7 @@ Tensor embedding(const Tensor& table, const Tensor& ids) {
           dst[j] += src[j];
       }
     }
-    return std::vector<Tensor>{gt};
+    return std::vector<Tensor>{gt, Tensor()};
   });
 }
 
@@ -412,8 +413,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
     ps[r] = detail::row_logsumexp(xr, v);
     pl[r] = ps[r] - xr[pi[r]];
   }
-  if (!needs_grad({&logits})) return loss;
-  return record("cross_entropy", {logits}, loss,
+  if (!needs_grad({&logits})) return joined(loss, {&logits, &labels});
+  return record("cross_entropy", {logits, labels}, loss,
                 [xd = logits.detach(), lse, lab](const std::vector<Tensor>& g) {
                   const auto [n, v] = as_rows(xd);
                   Tensor gx = Tensor::empty(xd.shape());
@@ -433,7 +434,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
                       o[j] = gr * detail::fast_exp(xr[j] - l);
                     o[pi[r]] -= gr;
                   }
-                  return std::vector<Tensor>{gx};
+                  return std::vector<Tensor>{gx, Tensor()};
                 });
 }
 
@@ -456,7 +457,7 @@ Tensor dropout(const Tensor& x, float rate, const Key& key) {
   };
   Tensor y = Tensor::empty(x.shape());
   apply(x.data<float>(), y.data<float>());
-  if (!needs_grad({&x})) return y;
+  if (!needs_grad({&x})) return joined(y, {&x});
   return record("dropout", {x}, y, [apply](const std::vector<Tensor>& g) {
     Tensor gx = Tensor::empty(g[0].shape());
     apply(g[0].data<float>(), gx.data<float>());

@@ -156,7 +156,7 @@ Tensor sum(const Tensor& x, const std::vector<int>& axes_in, bool keepdims) {
   std::vector<int> axes = normalize_axes(axes_in, x.rank(), "sum");
   Tensor out = sum_raw(x, axes);
   if (!keepdims) out = out.view(drop_axes(x.shape(), axes));
-  if (!needs_grad({&x})) return out;
+  if (!needs_grad({&x})) return joined(out, {&x});
   return record(
       "sum", {x}, out,
       [xs = x.shape(), ks = keepdims_shape(x.shape(), axes)](const std::vector<Tensor>& g) {
@@ -192,7 +192,7 @@ Tensor max(const Tensor& x, const std::vector<int>& axes_in, bool keepdims) {
   Tensor cur = reduce_raw<ReduceOp::Max>(x, axes);
   Shape ks = cur.shape();
   Tensor out = keepdims ? cur : cur.view(drop_axes(x.shape(), axes));
-  if (!needs_grad({&x})) return out;
+  if (!needs_grad({&x})) return joined(out, {&x});
   return record(
       "max", {x}, out,
       [xd = x.detach(), md = cur.detach(), ks, axes](const std::vector<Tensor>& g) {

@@ -59,7 +59,7 @@ Tensor reshape(const Tensor& x, const Shape& shape_in) {
   DISTJAX_CHECK(numel(shape) == x.numel(), InvalidArgument, "[reshape] cannot reshape ",
                 to_string(x.shape()), " (", x.numel(), " elements) to ", to_string(shape_in));
   Tensor out = x.view(shape);
-  if (!needs_grad({&x})) return out;
+  if (!needs_grad({&x})) return joined(out, {&x});
   return record("reshape", {x}, out, [xs = x.shape()](const std::vector<Tensor>& g) {
     return std::vector<Tensor>{g[0].view(xs)};
   });
@@ -110,7 +110,7 @@ Tensor permute(const Tensor& x, const std::vector<int>& perm) {
         std::memcpy(o + j * es, src + (off + j * last_stride) * es, es);
     }
   }
-  if (!needs_grad({&x})) return out;
+  if (!needs_grad({&x})) return joined(out, {&x});
   return record("permute", {x}, out, [inv = inverse_perm(perm)](const std::vector<Tensor>& g) {
     return std::vector<Tensor>{permute(g[0], inv)};
   });
@@ -142,7 +142,7 @@ Tensor slice(const Tensor& x, int axis_in, std::int64_t start, std::int64_t end)
   copy_block(static_cast<const char*>(x.raw_data()) + start * inner * es, n * inner * es,
              static_cast<char*>(out.raw_data()), (end - start) * inner * es, outer,
              (end - start) * inner * es);
-  if (!needs_grad({&x})) return out;
+  if (!needs_grad({&x})) return joined(out, {&x});
   return record("slice", {x}, out,
                 [xs = x.shape(), axis, start, end](const std::vector<Tensor>& g) {
                   Tensor gx = Tensor::zeros(xs);
@@ -185,7 +185,7 @@ Tensor concat(const std::vector<Tensor>& xs, int axis_in) {
                len * inner * es);
     at += len;
   }
-  if (!needs_grad(xs)) return out;
+  if (!needs_grad(xs)) return joined(out, xs);
   return record("concat", xs, out,
                 [sizes, axis](const std::vector<Tensor>& g) { return split(g[0], sizes, axis); });
 }
@@ -209,7 +209,10 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<std::int64_t>& size
       at += s;
     }
   }
-  if (!needs_grad({&x})) return outs;
+  if (!needs_grad({&x})) {
+    for (Tensor& o : outs) o.set_varying_axes(x.varying_axes());
+    return outs;
+  }
   record("split", {x}, outs, [xs = x.shape(), sizes, axis](const std::vector<Tensor>& g) {
     std::vector<Tensor> parts;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
@@ -256,7 +259,7 @@ Tensor broadcast_to(const Tensor& x, const Shape& shape) {
   if (x.shape() == shape) return x;
   Tensor out = Tensor::empty(shape);
   detail::broadcast_copy(x, out);
-  if (!needs_grad({&x})) return out;
+  if (!needs_grad({&x})) return joined(out, {&x});
   return record("broadcast_to", {x}, out, [xs = x.shape()](const std::vector<Tensor>& g) {
     return std::vector<Tensor>{sum_to(g[0], xs)};
   });

@@ -89,6 +89,7 @@ template std::int64_t Tensor::item<std::int64_t>() const;
 Tensor Tensor::clone() const {
   Tensor t = empty(shape_, dtype_, device());
   std::memcpy(t.raw_data(), raw_data(), nbytes());
+  t.vma_ = vma_;
   return t;
 }
 
