@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <numeric>
 
@@ -122,7 +124,7 @@ TEST(Reductions, HalfTypesAndI64) {
   });
 }
 
-TEST(PointToPoint, AsyncRingOverlapsCompute) {
+TEST(PointToPoint, AsyncRingInOrderPerTag) {
   for (int n : {2, 3, 8}) {
     launch(opts(n), [n](Communicator& world) {
       const int r = world.rank();
@@ -132,9 +134,6 @@ TEST(PointToPoint, AsyncRingOverlapsCompute) {
       std::vector<float> y(count, -1.f);
       Request recv = world.irecv(y.data(), count, DType::F32, left, 7);
       Request send = world.isend(x.data(), count, DType::F32, right, 7);
-      double acc = 0;  // "compute" while the transfer is in flight
-      for (int i = 0; i < 100000; ++i) acc += i * 1e-9;
-      EXPECT_GT(acc, 0);
       send.wait();
       recv.wait();
       EXPECT_TRUE(recv.test());
@@ -158,6 +157,57 @@ TEST(PointToPoint, AsyncRingOverlapsCompute) {
       }
     });
   }
+}
+
+// Busy work (not a sleep) until `d` has passed on the wall clock, so a preempted thread
+// still stops on time.
+void compute_for(std::chrono::milliseconds d) {
+  const auto until = std::chrono::steady_clock::now() + d;
+  volatile double acc = 0;
+  while (std::chrono::steady_clock::now() < until)
+    for (int i = 0; i < 1000; ++i) acc = acc + i * 1e-9;
+}
+
+TEST(PointToPoint, AsyncRingOverlapsCompute) {
+  // Under a link model of 80 ms per message a ring transfer takes about 80 ms. Posting it,
+  // computing for 80 ms and then waiting takes about max(80, 80) ms when the transfer
+  // progresses during the compute, and 80 + 80 ms when it only progresses in wait().
+  // 80 ms dwarfs the scheduling noise of a busy 2-core machine.
+  constexpr auto kLink = std::chrono::milliseconds(80);
+  LaunchOptions o = opts(2);
+  o.link.latency_us = std::chrono::duration<double, std::micro>(kLink).count();
+  launch(o, [&](Communicator& world) {
+    using Seconds = std::chrono::duration<double>;
+    const int n = world.size(), r = world.rank();
+    const int right = (r + 1) % n, left = (r + n - 1) % n;
+    const std::int64_t count = 10000;
+    auto x = inputs_f32(r, count);
+    std::vector<float> y(count);
+    auto ring = [&](const std::function<void()>& between) {
+      std::fill(y.begin(), y.end(), -1.f);
+      world.barrier();  // start together: a late peer would delay the pairing
+      const auto t0 = std::chrono::steady_clock::now();
+      Request recv = world.irecv(y.data(), count, DType::F32, left, 7);
+      Request send = world.isend(x.data(), count, DType::F32, right, 7);
+      between();
+      send.wait();
+      recv.wait();
+      const double s = Seconds(std::chrono::steady_clock::now() - t0).count();
+      std::int64_t wrong = 0;
+      for (std::int64_t i = 0; i < count; ++i) wrong += y[i] != input_f32(left, i);
+      EXPECT_EQ(wrong, 0);
+      return s;
+    };
+    const double transfer = ring([] {});
+    const auto t0 = std::chrono::steady_clock::now();
+    compute_for(kLink);
+    const double compute = Seconds(std::chrono::steady_clock::now() - t0).count();
+    const double overlapped = ring([&] { compute_for(kLink); });
+    EXPECT_GE(transfer, 0.9 * Seconds(kLink).count());  // the link model is in effect
+    EXPECT_LT(overlapped, 0.8 * (transfer + compute))
+        << "device " << r << ": transfer " << transfer << " s, compute " << compute
+        << " s, both overlapped " << overlapped << " s";
+  });
 }
 
 TEST(PointToPoint, SizeMismatchIsAnError) {
