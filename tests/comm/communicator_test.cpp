@@ -271,6 +271,52 @@ TEST(Launch, LinkModelSlowsTransfers) {
   EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(4));
 }
 
+TEST(Launch, ReductionOfAnUnknownDTypeOrReduceOpThrows) {
+  // Every DType is reducible; a value outside the enums (a corrupted byte, a dtype added
+  // without its reduction) must throw rather than reduce nothing or fall back to a sum.
+  const auto bad_dtype = static_cast<DType>(200);
+  const auto bad_op = static_cast<ReduceOp>(9);
+  auto message_of = [](auto&& body) {
+    try {
+      launch(opts(2), [&](Communicator& world) {
+        float x[4]{}, y[4]{};
+        body(world, x, y);
+      });
+    } catch (const NotImplemented& e) {
+      return std::string("NotImplemented: ") + e.what();
+    } catch (const InvalidArgument& e) {
+      return std::string("InvalidArgument: ") + e.what();
+    } catch (const std::exception& e) {
+      return std::string("other: ") + e.what();
+    }
+    return std::string("no exception");
+  };
+  std::string m = message_of([&](Communicator& c, float* x, float* y) {
+    c.all_reduce(x, y, 2, bad_dtype, ReduceOp::Sum);
+  });
+  EXPECT_EQ(m.rfind("NotImplemented: [all_reduce] expected a reducible dtype (f32, bf16, f16, "
+                    "i32, i64), got dtype value 200",
+                    0),
+            0u)
+      << m;
+  m = message_of([&](Communicator& c, float* x, float* y) {
+    c.reduce_scatter(x, y, 2, bad_dtype, ReduceOp::Max);
+  });
+  EXPECT_EQ(m.rfind("NotImplemented: [reduce_scatter] expected a reducible dtype", 0), 0u) << m;
+  m = message_of([&](Communicator& c, float* x, float* y) {
+    c.all_reduce(x, y, 2, DType::F32, bad_op);
+  });
+  EXPECT_EQ(m.rfind("InvalidArgument: [all_reduce] expected a reduce op (sum, mean, max), got "
+                    "value 9",
+                    0),
+            0u)
+      << m;
+  m = message_of([&](Communicator& c, float* x, float* y) {
+    c.reduce_scatter(x, y, 2, DType::I32, bad_op);
+  });
+  EXPECT_EQ(m.rfind("InvalidArgument: [reduce_scatter] expected a reduce op", 0), 0u) << m;
+}
+
 TEST(Launch, InvalidArguments) {
   EXPECT_THROW(launch(opts(0), [](Communicator&) {}), InvalidArgument);
   EXPECT_THROW(launch(opts(2),

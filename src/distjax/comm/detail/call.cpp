@@ -125,9 +125,30 @@ void check_buffer(const char* op, const void* p, std::int64_t count) {
                 "] null buffer for count ", count);
 }
 
-void check_reducible(const char* op, DType dtype) {
-  (void)op;
-  (void)dtype;  // every DType (f32, bf16, f16, i32, i64) can be reduced
+void check_reducible(const char* op, DType dtype, ReduceOp reduce) {
+  bool dtype_ok = false;
+  switch (dtype) {  // no default: a new DType warns here until reduce_into handles it
+    case DType::F32:
+    case DType::BF16:
+    case DType::F16:
+    case DType::I32:
+    case DType::I64:
+      dtype_ok = true;
+      break;
+  }
+  DISTJAX_CHECK(dtype_ok, NotImplemented, "[", op,
+                "] expected a reducible dtype (f32, bf16, f16, i32, i64), got dtype value ",
+                static_cast<int>(dtype));
+  bool reduce_ok = false;
+  switch (reduce) {
+    case ReduceOp::Sum:
+    case ReduceOp::Mean:
+    case ReduceOp::Max:
+      reduce_ok = true;
+      break;
+  }
+  DISTJAX_CHECK(reduce_ok, InvalidArgument, "[", op,
+                "] expected a reduce op (sum, mean, max), got value ", static_cast<int>(reduce));
 }
 
 Traffic ring_traffic(OpKind op, std::int64_t b, int p, bool is_root) {

@@ -46,8 +46,10 @@ std::uint64_t hash_pairs(const std::vector<std::pair<int, int>>& pairs);
 void check_pairs(const std::vector<std::pair<int, int>>& pairs, int size);
 /// Throws InvalidArgument for a negative count or a null buffer with count > 0.
 void check_buffer(const char* op, const void* p, std::int64_t count);
-/// Throws NotImplemented unless dtype can be reduced.
-void check_reducible(const char* op, DType dtype);
+/// Argument check of all_reduce / reduce_scatter: throws NotImplemented unless dtype is
+/// one reduce_into handles (f32, bf16, f16, i32, i64; a value outside DType would
+/// otherwise reduce nothing), and InvalidArgument unless reduce is Sum, Mean or Max.
+void check_reducible(const char* op, DType dtype, ReduceOp reduce);
 
 /// Bytes sent (= received) by one device under the ring algorithm (see OpCounters), and
 /// the number of message steps, for the link model and stats.

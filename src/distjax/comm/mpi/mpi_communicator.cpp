@@ -354,6 +354,7 @@ class MpiCommunicator final : public CommunicatorImpl,
                   ReduceOp op) override {
     detail::check_buffer("all_reduce", send, count);
     detail::check_buffer("all_reduce", recv, count);
+    detail::check_reducible("all_reduce", dtype, op);
     const int n = to_int("all_reduce", count);
     const std::int64_t es = dtype_size(dtype);
     auto [call, timer] = begin(OpKind::AllReduce, count * es, false);
@@ -395,6 +396,7 @@ class MpiCommunicator final : public CommunicatorImpl,
                       ReduceOp op) override {
     detail::check_buffer("reduce_scatter", send, count);
     detail::check_buffer("reduce_scatter", recv, count);
+    detail::check_reducible("reduce_scatter", dtype, op);
     const int n = to_int("reduce_scatter", count * size_) / size_;
     auto [call, timer] = begin(OpKind::ReduceScatter, count * dtype_size(dtype), false);
     agree(call, detail::make_desc(call.seq, OpKind::ReduceScatter, count, dtype, op), *timer);

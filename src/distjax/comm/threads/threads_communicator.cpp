@@ -71,6 +71,7 @@ void ThreadsCommunicator::all_reduce(const void* send, void* recv, std::int64_t 
                                      DType dtype, ReduceOp op) {
   detail::check_buffer("all_reduce", send, count);
   detail::check_buffer("all_reduce", recv, count);
+  detail::check_reducible("all_reduce", dtype, op);
   const int n = size();
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(dtype));
   Call call(*this, OpKind::AllReduce, count * es);
@@ -117,6 +118,7 @@ void ThreadsCommunicator::reduce_scatter(const void* send, void* recv, std::int6
                                          DType dtype, ReduceOp op) {
   detail::check_buffer("reduce_scatter", send, count);
   detail::check_buffer("reduce_scatter", recv, count);
+  detail::check_reducible("reduce_scatter", dtype, op);
   const int n = size();
   const std::int64_t bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
   Call call(*this, OpKind::ReduceScatter, bytes);
