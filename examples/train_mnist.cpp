@@ -15,6 +15,7 @@
 #include "distjax/data/loader.hpp"
 #include "distjax/models/classifier.hpp"
 #include "distjax/optim/adamw.hpp"
+#include "distjax/parallel/data_parallel.hpp"
 #include "distjax/spmd/shard_map.hpp"
 #include "distjax/tensor/nn_ops.hpp"
 #include "distjax/tensor/reduce.hpp"
@@ -133,13 +134,14 @@ int run(int argc, char** argv) {
           static_cast<long long>(hidden), static_cast<long long>(state.params.num_elements()),
           static_cast<long long>(train_set.size()), static_cast<long long>(test_set.size()), epochs,
           static_cast<long long>(steps_per_epoch), batch_size, devices, batch_size / devices);
+    parallel::DataParallel dp(ctx, "data");
     train::Trainer trainer({.out_dir = lead ? out : std::string(),
                             .total_steps = total_steps,
                             .log_every = log_every,
                             .mesh = "data=" + std::to_string(devices),
                             .backend = backend_name,
                             .print = lead},
-                           opt, train_loss, {.data_parallel = {.ctx = &ctx, .axes = "data"}});
+                           opt, train_loss, {.strategy = &dp});
     for (long long e = 0; e < epochs; ++e) {
       for (std::int64_t s = 0; s < steps_per_epoch; ++s)
         trainer.step(state, loader.next());

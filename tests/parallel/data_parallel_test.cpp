@@ -10,6 +10,7 @@
 #include "distjax/models/classifier.hpp"
 #include "distjax/optim/adamw.hpp"
 #include "distjax/optim/sgd.hpp"
+#include "distjax/spmd/collectives.hpp"
 #include "distjax/spmd/shard_map.hpp"
 #include "distjax/tensor/nn_ops.hpp"
 #include "distjax/tensor/reduce.hpp"
@@ -63,32 +64,59 @@ TrainingRun train_one_device(const optim::Optimizer& opt) {
   return run;
 }
 
+// How the local batch reaches the device and what the loss function does with the
+// parameters: every way must give the single-device run.
+enum class Feed {
+  SliceInside,       // the device slices the global batch itself (a fresh, unmarked tensor)
+  ThroughInSpec,     // the batch enters shard_map with in_spec P("data") (marked varying)
+  UserPvaryParams,   // as ThroughInSpec, and the loss function pvary's the parameters
+};
+
 // Trains on a ("data"=n) mesh; returns device 0's losses and parameters, after checking
 // (check_replicated) that every replica ends with exactly the same parameters.
-TrainingRun train_data_parallel(const optim::Optimizer& opt, int n) {
+TrainingRun train_data_parallel(const optim::Optimizer& opt, int n,
+                                Feed feed = Feed::SliceInside) {
   Mesh mesh({n}, {"data"});
   const TensorTree init = model().init(Key::from_seed(1));
   std::vector<std::string> paths = init.paths();
   std::vector<std::vector<double>> losses(n);
+  std::vector<Tensor> inputs;
+  for (int s = 0; s < kSteps; ++s) {
+    inputs.push_back(make_batch(s).inputs);
+    inputs.push_back(make_batch(s).labels);
+  }
   auto f = spmd::shard_map(
       mesh,
-      [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+      [&](DeviceContext& ctx, const std::vector<Tensor>& in) {
         auto state = train::TrainState::create(init.map([](const Tensor& t) { return t.clone(); }),
                                                opt, Key::from_seed(2));
-        const train::TrainStepOptions options{.data_parallel = {.ctx = &ctx, .axes = "data"}};
+        DataParallel dp(ctx, "data");
+        const train::TrainStepOptions options{.strategy = &dp};
+        train::LossFn fn = loss_fn();
+        if (feed == Feed::UserPvaryParams) {
+          // What the docs say a per-device region does: pvary. On parameters the data-
+          // parallel strategy already treats as per-replica copies, it is the identity.
+          fn = [&ctx](const TensorTree& p, const train::Batch& b, Key k) {
+            TensorTree q = p.map([&](const Tensor& t) { return spmd::pvary(ctx, t, "data"); });
+            return loss_fn()(q, b, k);
+          };
+        }
         const int i = ctx.axis_index("data");
         for (int s = 0; s < kSteps; ++s) {
-          train::Batch local = make_batch(s).slice(i * kBatch / n, (i + 1) * kBatch / n);
+          train::Batch local = feed == Feed::SliceInside
+                                   ? make_batch(s).slice(i * kBatch / n, (i + 1) * kBatch / n)
+                                   : train::Batch{in[2 * s], in[2 * s + 1]};
           losses[ctx.device()].push_back(
-              train::train_step(state, local, loss_fn(), opt, options).mean("loss"));
+              train::train_step(state, local, fn, opt, options).mean("loss"));
         }
         std::vector<Tensor> out;
         for (const auto& p : paths)
           out.push_back(state.params.at(p));
         return out;
       },
-      {}, std::vector<mesh::PartitionSpec>(paths.size(), P()), {.check_replicated = true});
-  std::vector<mesh::ShardedArray> out = f(std::vector<Tensor>{});
+      std::vector<mesh::PartitionSpec>(inputs.size(), P("data")),
+      std::vector<mesh::PartitionSpec>(paths.size(), P()), {.check_replicated = true});
+  std::vector<mesh::ShardedArray> out = f(inputs);
   TrainingRun run{losses[0], {}};
   for (std::size_t j = 0; j < paths.size(); ++j)
     run.params.set(paths[j], mesh::gather(out[j]));
@@ -122,6 +150,15 @@ TEST(DataParallel, SgdMatchesOneDevice) {
     expect_same_run(one, train_data_parallel(opt, n), 1e-5);
 }
 
+TEST(DataParallel, BatchThroughInSpecsAndUserPvaryGiveTheSameRun) {
+  // A batch that arrives marked as varying over "data", and parameters the user pvary's,
+  // must not change the gradient (no cotangent sum on top of the averaging).
+  optim::SGD opt({.learning_rate = optim::constant_schedule(0.5), .momentum = 0.9});
+  const TrainingRun one = train_one_device(opt);
+  expect_same_run(one, train_data_parallel(opt, 2, Feed::ThroughInSpec), 1e-5);
+  expect_same_run(one, train_data_parallel(opt, 4, Feed::UserPvaryParams), 1e-5);
+}
+
 TEST(DataParallel, AdamWMatchesOneDevice) {
   optim::AdamW opt({.learning_rate = optim::constant_schedule(1e-2), .weight_decay = 1e-2});
   const TrainingRun one = train_one_device(opt);
@@ -137,15 +174,19 @@ TEST(DataParallel, SyncGradsAveragesInBuckets) {
       mesh,
       [](DeviceContext& ctx, const std::vector<Tensor>&) {
         TensorTree g;
+        // Per-device values: they vary over both axes.
+        auto per_device = [&](Tensor t) { return spmd::pvary(ctx, t, {"data", "model"}); };
         const float d = static_cast<float>(ctx.device());
-        g.set("a", Tensor::full({3}, d));
-        g.set("b", Tensor::full({2, 2}, 10 * d));
+        g.set("a", per_device(Tensor::full({3}, d)));
+        g.set("b", per_device(Tensor::full({2, 2}, 10 * d)));
         g.set("c", g.at("a"));  // shares storage with "a": must not be averaged twice
         // 16-byte buckets: "a" (12 bytes) and "b" (16 bytes) and "c" go in separate buckets.
-        TensorTree s = sync_grads(ctx, g, "data", 16);
+        TensorTree s = sync_grads(ctx, g, "data", nullptr, 16);
+        // Averaged over "data": they still vary over "model" only.
+        EXPECT_EQ(ctx.varying_axes(s.at("a")), mesh::Axes("model"));
         return std::vector<Tensor>{s.at("a"), s.at("b"), s.at("c")};
       },
-      {}, {P(), P(), P()});
+      {}, {P("model"), P("model"), P("model")});
   auto out = f(std::vector<Tensor>{});
   // Device (data, model): d = 2 * data + model; the mean over data of d is 1 + model.
   for (int dev = 0; dev < 4; ++dev) {
@@ -154,6 +195,58 @@ TEST(DataParallel, SyncGradsAveragesInBuckets) {
     EXPECT_EQ(out[1].shard(dev).to_vector<float>(),
               std::vector<float>(4, 10.f * (1 + model_index)));
     EXPECT_EQ(out[2].shard(dev).to_vector<float>(), std::vector<float>(3, 1.f + model_index));
+  }
+}
+
+TEST(DataParallel, SyncGradsReadsEachLeafsSpec) {
+  // On ("data"=2, "model"=2): a replicated leaf is averaged over "data"; a leaf sharded
+  // over "model" too (its shard's gradient, averaged over the replicas of that shard); a
+  // leaf sharded over "data" (fully sharded) is its own and left alone.
+  Mesh mesh({2, 2}, {"data", "model"});
+  const ParamSpecs specs{{"rep", P()}, {"tp", P("model")}, {"fsdp", P("data")}};
+  auto f = spmd::shard_map(
+      mesh,
+      [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+        const float d = static_cast<float>(ctx.device());
+        TensorTree g;
+        for (const char* name : {"rep", "tp", "fsdp"})
+          g.set(name, spmd::pvary(ctx, Tensor::full({2}, d), {"data", "model"}));
+        TensorTree s = sync_grads(ctx, g, "data", &specs);
+        return std::vector<Tensor>{s.at("rep"), s.at("tp"), s.at("fsdp")};
+      },
+      {}, {P("model"), P("model"), P({"data", "model"})});
+  auto out = f(std::vector<Tensor>{});
+  for (int dev = 0; dev < 4; ++dev) {
+    const float averaged = 1.f + dev % 2;  // mean over data of 2 * data + model
+    EXPECT_EQ(out[0].shard(dev).to_vector<float>(), std::vector<float>(2, averaged)) << dev;
+    EXPECT_EQ(out[1].shard(dev).to_vector<float>(), std::vector<float>(2, averaged)) << dev;
+    EXPECT_EQ(out[2].shard(dev).to_vector<float>(), std::vector<float>(2, float(dev))) << dev;
+  }
+}
+
+TEST(DataParallel, SyncMetricsMatchesByNameInDoublePrecision) {
+  Mesh mesh = Mesh::line(2);
+  std::vector<train::Metrics> got(2);
+  auto f = spmd::shard_map(
+      mesh,
+      [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+        const int i = ctx.axis_index("data");
+        train::Metrics m;
+        // Counts beyond 2^24 and sums that f32 would round.
+        m.add("loss", 1e9 + 0.25 * (i + 1), 33554433.0);
+        m.add("accuracy", i == 0 ? 3 : 4, 10);
+        got[i] = sync_metrics(ctx, m, "data");
+        train::Metrics odd;
+        odd.add(i == 0 ? "loss" : "lost", 1, 1);
+        EXPECT_THROW(sync_metrics(ctx, odd, "data"), InvalidArgument);
+        return std::vector<Tensor>{};
+      },
+      {}, {});
+  f(std::vector<Tensor>{});
+  for (const auto& m : got) {
+    EXPECT_EQ(m.at("loss").sum, 2e9 + 0.75);
+    EXPECT_EQ(m.at("loss").count, 67108866.0);
+    EXPECT_EQ(m.at("accuracy").sum, 7.0);
   }
 }
 

@@ -3,30 +3,76 @@
 #pragma once
 
 #include <cstddef>
+#include <map>
+#include <string>
 
 #include "distjax/mesh/mesh.hpp"
+#include "distjax/mesh/partition_spec.hpp"
+#include "distjax/parallel/strategy.hpp"
 #include "distjax/spmd/device_context.hpp"
 #include "distjax/tensor/tensor_tree.hpp"
 
 namespace distjax::parallel {
 
-using tensor::TensorTree;
+/// The PartitionSpec of each parameter, by path (what nn::Scope records at init). A path
+/// that is absent is replicated.
+using ParamSpecs = std::map<std::string, mesh::PartitionSpec>;
 
 /// Default bucket size of sync_grads: leaves are packed into buckets of at most this
 /// many bytes, one all_reduce per bucket (fewer, larger messages than one per leaf).
 constexpr std::size_t kDefaultBucketBytes = std::size_t{32} << 20;
 
-/// The mean of every f32 leaf of `grads` over the devices along `axes` (pmean), as a new
-/// tree with the same paths. Leaves are packed in path order into buckets of at most
-/// `bucket_bytes` and each bucket is averaged with one all_reduce over ctx.comm(axes);
-/// the result's leaves are views into the buckets. Every device along `axes` must pass
-/// a tree with the same paths and shapes (a mismatch is a CommError naming the devices).
-/// Runs outside the tape: call it after the backward pass. Collectives: all_reduce
-/// (mean) over `axes`, once per bucket.
+/// Gradient synchronisation for data parallelism, per leaf: each f32 leaf of `grads` is
+/// averaged over the axes of `data_axes` its parameter is NOT sharded on (its spec in
+/// `specs`; absent = replicated) and left alone over the axes it is sharded on (a shard's
+/// gradient is already its own). Leaves with the same axes to average are packed in path
+/// order into buckets of at most `bucket_bytes`, one all_reduce (mean) per bucket over
+/// ctx.comm(axes); the results are views into the buckets and no longer vary over the
+/// averaged axes. Every device must pass the same paths and shapes (a mismatch is a
+/// CommError naming the devices). Runs outside the tape, after the backward pass.
 ///
 ///   TensorTree g = autodiff::grad(loss_fn)(params, local_batch);
 ///   g = parallel::sync_grads(ctx, g, "data");   // now equal on every data replica
-TensorTree sync_grads(spmd::DeviceContext& ctx, const TensorTree& grads, const mesh::Axes& axes,
+TensorTree sync_grads(spmd::DeviceContext& ctx, const TensorTree& grads,
+                      const mesh::Axes& data_axes, const ParamSpecs* specs = nullptr,
                       std::size_t bucket_bytes = kDefaultBucketBytes);
+
+/// Sums every metric's (sum, count) over the devices along `axes`, matched by name and
+/// added in f64 in device order (exact and the same on every device). Every device must
+/// report the same metric names; otherwise InvalidArgument names this device's.
+train::Metrics sync_metrics(spmd::DeviceContext& ctx, const train::Metrics& metrics,
+                            const mesh::Axes& axes);
+
+/// The data-parallel Strategy. forward_backward treats each device's parameters as its own
+/// copy along the data axes (so the tape does not sum their cotangents there) and its batch
+/// as varying along them; finalize_grads is sync_grads; reduce_metrics is sync_metrics;
+/// step_key folds the device's index along the data axes (different dropout masks per
+/// replica). Parameters sharded over other axes (tensor parallelism) keep their own rules:
+/// the tape sums the cotangents of replicated parameters over the axes their inputs vary on.
+///
+///   parallel::DataParallel dp(ctx, "data", &specs);
+///   train::train_step(state, local_batch, loss_fn, opt, {.strategy = &dp});
+class DataParallel final : public Strategy {
+ public:
+  DataParallel(spmd::DeviceContext& ctx, mesh::Axes axes = "data", const ParamSpecs* specs = nullptr,
+               std::size_t bucket_bytes = kDefaultBucketBytes);
+
+  std::string name() const override;
+  int data_parallel_size() const override;
+  Key step_key(const Key& key) override;
+  train::GradientResult forward_backward(const train::LossFn& loss_fn, const TensorTree& params,
+                                         const train::Batch& batch, const Key& key,
+                                         int num_minibatches) override;
+  TensorTree finalize_grads(TensorTree grads) override;
+  train::Metrics reduce_metrics(train::Metrics metrics) override;
+
+  const mesh::Axes& axes() const { return axes_; }
+
+ private:
+  spmd::DeviceContext* ctx_;
+  mesh::Axes axes_;
+  const ParamSpecs* specs_;
+  std::size_t bucket_bytes_;
+};
 
 }  // namespace distjax::parallel

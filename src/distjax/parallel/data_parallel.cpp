@@ -1,6 +1,7 @@
 #include "distjax/parallel/data_parallel.hpp"
 
 #include <cstring>
+#include <vector>
 
 #include "distjax/core/error.hpp"
 
@@ -8,45 +9,178 @@ namespace distjax::parallel {
 
 using tensor::Tensor;
 
-TensorTree sync_grads(spmd::DeviceContext& ctx, const TensorTree& grads, const mesh::Axes& axes,
-                      std::size_t bucket_bytes) {
-  comm::Communicator& comm = ctx.comm(axes);
-  if (comm.size() == 1) return grads;
-  const std::int64_t bucket_elems =
-      std::max<std::int64_t>(1, static_cast<std::int64_t>(bucket_bytes / sizeof(float)));
+namespace {
 
-  TensorTree out;
-  std::vector<std::pair<std::string, Tensor>> pending;  // leaves of the bucket being filled
+// The data axes a parameter is not sharded on: its gradient is averaged over these.
+std::vector<std::string> axes_to_average(const mesh::Axes& data_axes, const ParamSpecs* specs,
+                                         const std::string& path) {
+  const mesh::PartitionSpec* spec = nullptr;
+  if (specs) {
+    auto it = specs->find(path);
+    if (it != specs->end()) spec = &it->second;
+  }
+  std::vector<std::string> out;
+  for (const auto& a : data_axes.names)
+    if (!spec || !spec->uses(a)) out.push_back(a);
+  return out;
+}
+
+// One all_reduce (mean) per bucket of at most `bucket_elems` over `comm`, leaves in the
+// given order; results are views into the buckets.
+void average_in_buckets(comm::Communicator& comm, std::uint32_t averaged_mask,
+                        const std::vector<std::pair<std::string, Tensor>>& leaves,
+                        std::int64_t bucket_elems, TensorTree& out) {
+  std::vector<const std::pair<std::string, Tensor>*> pending;
   std::int64_t pending_elems = 0;
   auto flush = [&] {
     if (pending.empty()) return;
-    // The bucket is a fresh buffer: leaves may share storage (one cotangent feeding two
-    // inputs), so nothing is averaged in place.
+    // A fresh buffer: leaves may share storage (one cotangent feeding two inputs), so
+    // nothing is averaged in place.
     Tensor bucket = Tensor::empty({pending_elems});
     float* p = bucket.data<float>();
     std::int64_t at = 0;
-    for (auto& [_, g] : pending) {
-      std::memcpy(p + at, g.data<float>(), g.nbytes());
-      at += g.numel();
+    for (const auto* leaf : pending) {
+      std::memcpy(p + at, leaf->second.data<float>(), leaf->second.nbytes());
+      at += leaf->second.numel();
     }
     comm.all_reduce(p, p, pending_elems, DType::F32, comm::ReduceOp::Mean);
     at = 0;
-    for (auto& [path, g] : pending) {
-      out.set(path, bucket.view_rows(at, at + g.numel()).view(g.shape()));
+    for (const auto* leaf : pending) {
+      const Tensor& g = leaf->second;
+      Tensor r = bucket.view_rows(at, at + g.numel()).view(g.shape());
+      r.set_varying_axes(g.varying_axes() & ~averaged_mask);
+      out.set(leaf->first, r);
       at += g.numel();
     }
     pending.clear();
     pending_elems = 0;
   };
+  for (const auto& leaf : leaves) {
+    if (pending_elems > 0 && pending_elems + leaf.second.numel() > bucket_elems) flush();
+    pending.push_back(&leaf);
+    pending_elems += leaf.second.numel();
+  }
+  flush();
+}
+
+}  // namespace
+
+TensorTree sync_grads(spmd::DeviceContext& ctx, const TensorTree& grads,
+                      const mesh::Axes& data_axes, const ParamSpecs* specs,
+                      std::size_t bucket_bytes) {
+  const std::int64_t bucket_elems =
+      std::max<std::int64_t>(1, static_cast<std::int64_t>(bucket_bytes / sizeof(float)));
+  // Group the leaves by the axes they are averaged over (in path order within a group; the
+  // groups in the order of their first leaf, the same on every device).
+  std::vector<std::vector<std::string>> group_axes;
+  std::vector<std::vector<std::pair<std::string, Tensor>>> groups;
+  TensorTree out;
   for (const auto& [path, g] : grads) {
     DISTJAX_CHECK(g.dtype() == DType::F32, InvalidArgument, "[sync_grads] gradient \"", path,
                   "\" has dtype ", dtype_name(g.dtype()), "; expected f32");
-    if (pending_elems > 0 && pending_elems + g.numel() > bucket_elems) flush();
-    pending.emplace_back(path, g);
-    pending_elems += g.numel();
+    std::vector<std::string> axes = axes_to_average(data_axes, specs, path);
+    if (axes.empty() || ctx.axis_size(mesh::Axes(axes)) == 1) {
+      out.set(path, g);  // sharded over every data axis, or nothing to average
+      continue;
+    }
+    std::size_t k = 0;
+    while (k < group_axes.size() && group_axes[k] != axes) ++k;
+    if (k == group_axes.size()) {
+      group_axes.push_back(axes);
+      groups.emplace_back();
+    }
+    groups[k].emplace_back(path, g);
   }
-  flush();
+  for (std::size_t k = 0; k < groups.size(); ++k) {
+    const mesh::Axes axes(group_axes[k]);
+    average_in_buckets(ctx.comm(axes), ctx.axis_mask(axes), groups[k], bucket_elems, out);
+  }
   return out;
+}
+
+train::Metrics sync_metrics(spmd::DeviceContext& ctx, const train::Metrics& metrics,
+                            const mesh::Axes& axes) {
+  comm::Communicator& comm = ctx.comm(axes);
+  const int n = comm.size();
+  if (n == 1) return metrics;
+  // Names: a hash of the sorted names must agree (min == max over the devices).
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a
+  std::string names;
+  for (const auto& [name, m] : metrics) {
+    for (char c : name + '\0')
+      h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+    names += (names.empty() ? "" : ", ") + name;
+  }
+  std::int64_t hs[2] = {static_cast<std::int64_t>(h >> 1), -static_cast<std::int64_t>(h >> 1)};
+  comm.all_reduce(hs, hs, 2, DType::I64, comm::ReduceOp::Max);
+  DISTJAX_CHECK(hs[0] == -hs[1], InvalidArgument,
+                "[sync_metrics] the devices along ", axes.str(),
+                " report different metric names; device ", ctx.device(), " has: ", names);
+  // (sum, count) pairs in name order, gathered as raw f64 and added in device order.
+  std::vector<double> mine;
+  for (const auto& [name, m] : metrics) {
+    mine.push_back(m.sum);
+    mine.push_back(m.count);
+  }
+  const std::int64_t k = static_cast<std::int64_t>(mine.size());
+  std::vector<double> all(static_cast<std::size_t>(k * n));
+  static_assert(sizeof(double) == sizeof(std::int64_t));
+  comm.all_gather(mine.data(), all.data(), k, DType::I64);  // bit copies of the doubles
+  train::Metrics out;
+  std::size_t i = 0;
+  for (const auto& [name, m] : metrics) {
+    double sum = 0, count = 0;
+    for (int r = 0; r < n; ++r) {
+      sum += all[static_cast<std::size_t>(r * k) + i];
+      count += all[static_cast<std::size_t>(r * k) + i + 1];
+    }
+    out.add(name, sum, count);
+    i += 2;
+  }
+  return out;
+}
+
+DataParallel::DataParallel(spmd::DeviceContext& ctx, mesh::Axes axes, const ParamSpecs* specs,
+                           std::size_t bucket_bytes)
+    : ctx_(&ctx), axes_(std::move(axes)), specs_(specs), bucket_bytes_(bucket_bytes) {
+  ctx.mesh().check_axes(axes_, "DataParallel");
+}
+
+std::string DataParallel::name() const {
+  return "data(" + axes_.str() + "=" + std::to_string(data_parallel_size()) + ")";
+}
+
+int DataParallel::data_parallel_size() const { return ctx_->axis_size(axes_); }
+
+Key DataParallel::step_key(const Key& key) { return ctx_->fold_rng_over_axis(key, axes_); }
+
+train::GradientResult DataParallel::forward_backward(const train::LossFn& loss_fn,
+                                                     const TensorTree& params,
+                                                     const train::Batch& batch, const Key& key,
+                                                     int num_minibatches) {
+  // The batch is this device's slice: it varies along the data axes.
+  const std::uint32_t data_mask = ctx_->axis_mask(axes_);
+  train::Batch local = batch;
+  local.inputs.set_varying_axes(local.inputs.varying_axes() | data_mask);
+  local.labels.set_varying_axes(local.labels.varying_axes() | data_mask);
+  // Each replica differentiates its own copy of the parameters along the data axes it is
+  // not sharded on: no cotangent sum there (sync_grads averages afterwards, in buckets).
+  TensorTree own;
+  for (const auto& [path, p] : params) {
+    Tensor t = p;  // same storage, own varying mark
+    t.set_varying_axes(
+        t.varying_axes() | ctx_->axis_mask(mesh::Axes(axes_to_average(axes_, specs_, path))));
+    own.set(path, t);
+  }
+  return train::accumulate_gradients(loss_fn, own, local, key, num_minibatches);
+}
+
+TensorTree DataParallel::finalize_grads(TensorTree grads) {
+  return sync_grads(*ctx_, grads, axes_, specs_, bucket_bytes_);
+}
+
+train::Metrics DataParallel::reduce_metrics(train::Metrics metrics) {
+  return sync_metrics(*ctx_, metrics, axes_);
 }
 
 }  // namespace distjax::parallel

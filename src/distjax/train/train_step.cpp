@@ -3,8 +3,7 @@
 #include "distjax/autodiff/autodiff.hpp"
 #include "distjax/core/error.hpp"
 #include "distjax/optim/clip.hpp"
-#include "distjax/parallel/data_parallel.hpp"
-#include "distjax/spmd/device_context.hpp"
+#include "distjax/parallel/strategy.hpp"
 #include "distjax/tensor/grad_node.hpp"
 
 namespace distjax::train {
@@ -96,41 +95,15 @@ GradientResult accumulate_gradients(const LossFn& loss_fn, const TensorTree& par
   return out;
 }
 
-int DataParallel::size() const {
-  return ctx ? ctx->axis_size(axes) : 1;
-}
-
-Metrics sync_metrics(spmd::DeviceContext& ctx, const Metrics& metrics, const mesh::Axes& axes) {
-  comm::Communicator& comm = ctx.comm(axes);
-  if (comm.size() == 1) return metrics;
-  // (sum, count) pairs in name order; f32 keeps counts exact up to 2^24 per metric.
-  std::vector<float> buf;
-  for (const auto& [name, m] : metrics) {
-    buf.push_back(static_cast<float>(m.sum));
-    buf.push_back(static_cast<float>(m.count));
-  }
-  comm.all_reduce(buf.data(), buf.data(), static_cast<std::int64_t>(buf.size()), DType::F32,
-                  comm::ReduceOp::Sum);
-  Metrics out;
-  std::size_t i = 0;
-  for (const auto& [name, m] : metrics) {
-    out.add(name, buf[i], buf[i + 1]);
-    i += 2;
-  }
-  return out;
-}
-
 Metrics train_step(TrainState& state, const Batch& batch, const LossFn& loss_fn,
                    const optim::Optimizer& optimizer, const TrainStepOptions& options) {
-  const DataParallel& dp = options.data_parallel;
-  Key rng = state.rng.fold_in(static_cast<std::uint64_t>(state.step));
-  if (dp.enabled()) rng = dp.ctx->fold_rng_over_axis(rng, dp.axes);
+  parallel::Strategy single;
+  parallel::Strategy& strategy = options.strategy ? *options.strategy : single;
+  const Key rng = strategy.step_key(state.rng.fold_in(static_cast<std::uint64_t>(state.step)));
   GradientResult r =
-      accumulate_gradients(loss_fn, state.params, batch, rng, options.num_minibatches);
-  if (dp.enabled()) {
-    r.grads = parallel::sync_grads(*dp.ctx, r.grads, dp.axes);
-    r.metrics = sync_metrics(*dp.ctx, r.metrics, dp.axes);
-  }
+      strategy.forward_backward(loss_fn, state.params, batch, rng, options.num_minibatches);
+  r.grads = strategy.finalize_grads(std::move(r.grads));
+  r.metrics = strategy.reduce_metrics(std::move(r.metrics));
   const double norm = options.max_grad_norm > 0.0
                           ? optim::clip_by_global_norm(r.grads, options.max_grad_norm)
                           : optim::global_norm(r.grads);

@@ -1,5 +1,7 @@
 #include "distjax/train/trainer.hpp"
 
+#include "distjax/parallel/strategy.hpp"
+
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -93,8 +95,8 @@ Metrics Trainer::step(TrainState& state, const Batch& batch) {
   Metrics m = train_step(state, batch, loss_fn_, optimizer_, options_);
   const double dt = seconds_since(t0);
   // Each data-parallel replica sees its slice of the global batch.
-  const double items =
-      static_cast<double>(batch.size()) * config_.items_per_example * options_.data_parallel.size();
+  const int replicas = options_.strategy ? options_.strategy->data_parallel_size() : 1;
+  const double items = static_cast<double>(batch.size()) * config_.items_per_example * replicas;
   train_seconds_ += dt;
   window_seconds_ += dt;
   window_items_ += items;
@@ -148,8 +150,7 @@ Metrics Trainer::evaluate(const TrainState& state, const std::vector<Batch>& bat
                           const LossFn& eval_fn) {
   Metrics m = train::evaluate(state.params, batches, eval_fn ? eval_fn : loss_fn_,
                               state.rng.fold_in(std::string_view("eval")));
-  if (const DataParallel& dp = options_.data_parallel; dp.enabled())
-    m = sync_metrics(*dp.ctx, m, dp.axes);
+  if (options_.strategy) m = options_.strategy->reduce_metrics(std::move(m));
   log_eval(state.step, m);
   return m;
 }

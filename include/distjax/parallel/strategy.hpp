@@ -1,0 +1,41 @@
+// Strategy: the seam between a train step and a way of running it over devices. The train
+// step calls it and knows no strategy by name; data, tensor, fully sharded and pipeline
+// parallelism implement it.
+#pragma once
+
+#include <string>
+
+#include "distjax/core/prng.hpp"
+#include "distjax/train/loss.hpp"
+
+namespace distjax::parallel {
+
+using tensor::TensorTree;
+
+/// What a train step asks of a parallelism strategy, in order: step_key, forward_backward,
+/// finalize_grads, then the optimizer runs on this device's (shards of the) parameters,
+/// and reduce_metrics. The base class is one device: every hook is the identity.
+///
+///   parallel::DataParallel dp(ctx, "data");
+///   train::train_step(state, local_batch, loss_fn, opt, {.strategy = &dp});
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+  /// Short name for logs ("single", "data(data=4)", ...).
+  virtual std::string name() const { return "single"; }
+  /// How many devices see different examples (global batch = local batch x this).
+  virtual int data_parallel_size() const { return 1; }
+  /// The key of this step on this device (dropout masks per data shard).
+  virtual Key step_key(const Key& key) { return key; }
+  /// Loss, metrics and gradients of `loss_fn` on this device's batch, accumulated over
+  /// `num_minibatches` (train::accumulate_gradients).
+  virtual train::GradientResult forward_backward(const train::LossFn& loss_fn,
+                                                 const TensorTree& params, const train::Batch& batch,
+                                                 const Key& key, int num_minibatches);
+  /// The gradients the optimizer applies (synchronised where the strategy needs it).
+  virtual TensorTree finalize_grads(TensorTree grads) { return grads; }
+  /// Metrics merged over the devices that saw different examples.
+  virtual train::Metrics reduce_metrics(train::Metrics metrics) { return metrics; }
+};
+
+}  // namespace distjax::parallel

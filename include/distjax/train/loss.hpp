@@ -1,0 +1,37 @@
+// The loss-function contract and gradient accumulation: the vocabulary a train step and
+// the parallel strategies share (they depend on tensor, autodiff and these value types only).
+#pragma once
+
+#include <functional>
+#include <utility>
+
+#include "distjax/core/prng.hpp"
+#include "distjax/tensor/tensor_tree.hpp"
+#include "distjax/train/batch.hpp"
+#include "distjax/train/metrics.hpp"
+
+namespace distjax::train {
+
+using tensor::TensorTree;
+
+/// The loss-function contract: (params, batch, rng) -> {scalar mean loss over the batch,
+/// metrics as (sum, count) pairs}. The loss must be the mean over the examples of the
+/// batch so that averaging equal minibatches gives the full-batch loss. When the
+/// metrics have no "loss" entry, the step adds one as (loss * B, B).
+using LossFn = std::function<std::pair<Tensor, Metrics>(const TensorTree& params,
+                                                        const Batch& batch, Key rng)>;
+
+/// Loss, metrics and mean gradient over `num_minibatches` equal slices of `batch`
+/// (loop form: one slice's activations alive at a time). Minibatch i gets the key
+/// rng.fold_in(i) (rng itself when num_minibatches == 1). The result equals the
+/// full-batch gradient for a mean loss. Throws InvalidArgument when the batch size is
+/// not divisible by num_minibatches.
+struct GradientResult {
+  TensorTree grads;   ///< same paths as params
+  double loss = 0.0;  ///< mean of the minibatch losses
+  Metrics metrics;    ///< merged over the minibatches
+};
+GradientResult accumulate_gradients(const LossFn& loss_fn, const TensorTree& params,
+                                    const Batch& batch, Key rng, int num_minibatches);
+
+}  // namespace distjax::train

@@ -1,0 +1,12 @@
+#include "distjax/parallel/strategy.hpp"
+
+namespace distjax::parallel {
+
+train::GradientResult Strategy::forward_backward(const train::LossFn& loss_fn,
+                                                 const TensorTree& params,
+                                                 const train::Batch& batch, const Key& key,
+                                                 int num_minibatches) {
+  return train::accumulate_gradients(loss_fn, params, batch, key, num_minibatches);
+}
+
+}  // namespace distjax::parallel
