@@ -41,6 +41,7 @@ WORK=$(mktemp -d /var/tmp/distjax-fresh.XXXXXX)
 ROOT="$WORK/root"
 LOG="$WORK/step.log"
 STEP="setup"
+CHILD=""
 T_ALL=$(date +%s)
 
 # ------------------------------------------------------------------ cleanup, always
@@ -59,6 +60,7 @@ unmount_all() {
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
+  [ -n "${CHILD:-}" ] && kill "$CHILD" 2>/dev/null || true
   unmount_all
   if findmnt -rn -o TARGET | grep -qF "$ROOT/"; then
     # Never rm -rf over a still-mounted /dev or /sys.
@@ -89,7 +91,11 @@ step() {
   local t0
   t0=$(date +%s)
   : >"$LOG"
-  if "$@" >>"$LOG" 2>&1; then
+  # In the background and waited for, so that a signal runs the trap at once (bash defers
+  # traps until a foreground child exits); the cleanup kills what runs inside the root.
+  "$@" >>"$LOG" 2>&1 &
+  CHILD=$!
+  if wait "$CHILD"; then
     printf 'ok    %-10s %5ds\n' "$STEP" "$(($(date +%s) - t0))"
   else
     fail "$(($(date +%s) - t0))"
