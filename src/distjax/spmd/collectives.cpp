@@ -2,7 +2,6 @@
 // transpose (DESIGN.md table) sit side by side, with the cotangent assumption stated.
 #include "distjax/spmd/collectives.hpp"
 
-#include <set>
 #include <string>
 
 #include "distjax/autodiff/autodiff.hpp"
