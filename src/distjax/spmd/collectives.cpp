@@ -6,6 +6,7 @@
 
 #include "distjax/autodiff/autodiff.hpp"
 #include "distjax/core/error.hpp"
+#include "distjax/spmd/detail/named.hpp"
 #include "distjax/tensor/grad_node.hpp"
 #include "distjax/tensor/shape_ops.hpp"
 
@@ -16,15 +17,10 @@ using tensor::Tensor;
 
 namespace {
 
-// Runs a communicator call; a CommError gets the user-level op and axes in front, so a
-// message names both (e.g. "[psum over "model"] [all_reduce/all_gather] devices disagree ...").
+// Names a CommError after the user-level op and axes (detail/named.hpp).
 template <class F>
 auto named(const char* op, const Axes& axes, F&& f) {
-  try {
-    return f();
-  } catch (const CommError& e) {
-    throw CommError(std::string("[") + op + " over " + axes.str() + "] " + e.what());
-  }
+  return detail::named(op, axes.str(), std::forward<F>(f));
 }
 
 void count_call(DeviceContext& ctx, const std::string& name) {

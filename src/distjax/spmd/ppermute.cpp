@@ -11,6 +11,7 @@
 
 #include "distjax/core/error.hpp"
 #include "distjax/spmd/collectives.hpp"
+#include "distjax/spmd/detail/named.hpp"
 #include "distjax/tensor/grad_node.hpp"
 
 namespace distjax::spmd {
@@ -50,11 +51,7 @@ using tensor::Tensor;
 
 template <class F>
 void named(const PermuteState& s, const char* op, F&& f) {
-  try {
-    f();
-  } catch (const CommError& e) {
-    throw CommError(std::string("[") + op + " over " + s.axes + "] " + e.what());
-  }
+  detail::named(op, s.axes, std::forward<F>(f));
 }
 
 // Transpose, first half (at the done node): send this device's cotangent back to where
