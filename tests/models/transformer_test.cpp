@@ -136,16 +136,7 @@ TEST(Transformer, DropoutDeterministicByKeyAndRematMatches) {
 
 TEST(Transformer, SpecsAndFlops) {
   models::Transformer gpt(kTiny);
-  nn::Specs specs;
-  TensorTree p = gpt.init(Key::from_seed(0), &specs);
-  EXPECT_EQ(specs.at("blocks/0/attn/qkv/kernel"), (nn::AxisNames{"", "model"}));
-  EXPECT_EQ(specs.at("blocks/1/mlp/fc2/kernel"), (nn::AxisNames{"model", ""}));
-  EXPECT_EQ(specs.at("wte/embedding"), (nn::AxisNames{"model", ""}));
-  EXPECT_EQ(specs.count("ln_f/scale"), 0u);
-  for (auto& [path, axes] : specs) {
-    ASSERT_TRUE(p.contains(path)) << path;
-    EXPECT_EQ(axes.size(), p.at(path).shape().size()) << path;
-  }
+  TensorTree p = gpt.init(Key::from_seed(0));
   const std::int64_t n = gpt.num_params() - kTiny.max_len * kTiny.d_model;
   EXPECT_EQ(gpt.num_matmul_params(), n);
   EXPECT_DOUBLE_EQ(gpt.flops_per_token(), 6.0 * n + 12.0 * 2 * 16 * 12);

@@ -16,10 +16,10 @@ using tensor::TensorTree;
 // A two-layer toy module: "a" Dense(3) then "b" Dense(2).
 Tensor toy(const Scope& s, const Tensor& x) {
   Tensor h = nn::Dense{.features = 3}(s.child("a"), x);
-  return nn::Dense{.features = 2, .kernel_axes = {"", "model"}}(s.child("b"), h);
+  return nn::Dense{.features = 2, .kernel_spec = mesh::P(std::nullopt, "model")}(s.child("b"), h);
 }
 
-TensorTree init_toy(Key key, nn::Specs* specs = nullptr) {
+TensorTree init_toy(Key key, nn::ParamSpecs* specs = nullptr) {
   TensorTree p;
   toy(Scope::init(&p, key, specs), Tensor::zeros({1, 4}));
   return p;
@@ -131,13 +131,14 @@ TEST(Scope, ChildPathsAndDropoutKeys) {
 }
 
 TEST(Scope, SpecsRecordedAtInit) {
-  nn::Specs specs;
+  nn::ParamSpecs specs;
   init_toy(Key::from_seed(0), &specs);
   ASSERT_EQ(specs.size(), 1u);
-  EXPECT_EQ(specs.at("b/kernel"), (nn::AxisNames{"", "model"}));
+  EXPECT_EQ(specs.at("b/kernel"), mesh::P(std::nullopt, "model"));
   TensorTree p;
   Scope s = Scope::init(&p, Key::from_seed(0), &specs);
-  EXPECT_THROW(s.param("w", {2, 2}, nn::zeros(), {"model"}), InvalidArgument);  // rank 2, 1 name
+  // A spec with more entries than the parameter has dimensions.
+  EXPECT_THROW(s.param("w", {2}, nn::zeros(), mesh::P("model", std::nullopt)), ShardingError);
 }
 
 TEST(Scope, RebasedScopeReadsASubtree) {

@@ -37,12 +37,17 @@ struct Key {
 std::array<std::uint32_t, 2> threefry2x32(std::array<std::uint32_t, 2> key,
                                           std::array<std::uint32_t, 2> counter);
 
+// Element i of a key's stream depends on (key, i) only. The fills below write elements
+// [offset, offset + n) of the stream into out[0..n): a shard of a parameter is generated
+// directly from its global element indices, equal to that slice of the whole draw.
+
 /// Fills `out[0..n)` with uniform floats in [lo, hi) from the key's stream.
-void random_uniform(const Key& key, float* out, std::int64_t n, float lo = 0.f, float hi = 1.f);
+void random_uniform(const Key& key, float* out, std::int64_t n, float lo = 0.f, float hi = 1.f,
+                    std::int64_t offset = 0);
 /// Fills `out[0..n)` with standard-normal floats (inverse-CDF, so element i depends on i only).
-void random_normal(const Key& key, float* out, std::int64_t n);
+void random_normal(const Key& key, float* out, std::int64_t n, std::int64_t offset = 0);
 /// Standard normal truncated to [-2, 2], rescaled to unit variance (Flax's truncated_normal).
-void random_truncated_normal(const Key& key, float* out, std::int64_t n);
+void random_truncated_normal(const Key& key, float* out, std::int64_t n, std::int64_t offset = 0);
 /// Fills `out[0..n)` with Bernoulli(p) as 0/1 bytes.
 void random_bernoulli(const Key& key, std::uint8_t* out, std::int64_t n, float p);
 

@@ -3,9 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "distjax/core/prng.hpp"
 #include "distjax/nn/scope.hpp"
+#include "distjax/parallel/tp_transformer_block.hpp"
 #include "distjax/tensor/tensor.hpp"
 #include "distjax/tensor/tensor_tree.hpp"
 
@@ -13,6 +15,22 @@ namespace distjax::models {
 
 using tensor::Tensor;
 using tensor::TensorTree;
+
+/// Tensor parallelism of the Transformer over one mesh axis (parallel/tensor_parallel.hpp,
+/// parallel/tp_transformer_block.hpp). The parameters keep their paths and global shapes in
+/// every layout: a scope without a device context runs the single-device model.
+struct TransformerTP {
+  parallel::TPLayout layout = parallel::TPLayout::None;
+  std::string axis = "model";
+  /// Megatron: norms, dropout and the residual stream split along T between blocks.
+  bool sequence_parallel = false;
+  /// Megatron: "wte/embedding" split over the vocabulary (VocabParallelEmbedding); the
+  /// logits stay split over V and loss() uses vocab_parallel_cross_entropy. (An untied
+  /// lm_head is column-parallel.) Off: the embedding and the head are replicated.
+  bool vocab_parallel = false;
+  /// Async: rings in both directions.
+  bool bidirectional = false;
+};
 
 struct TransformerConfig {
   std::int64_t vocab = 256;       // V
@@ -26,6 +44,7 @@ struct TransformerConfig {
   float dropout = 0.f;            // on embeddings and residual branches
   bool remat = false;             // recompute each block's activations in backward
   float ln_eps = 1e-5f;
+  TransformerTP tp{};              // tensor parallelism (none by default)
 };
 
 /// GPT: tokens (B, T) i32/i64 -> logits (B, T, V) f32.
@@ -38,22 +57,35 @@ struct TransformerConfig {
 /// (C, V) if untied. Init: embeddings N(0, 0.02) / N(0, 0.01), kernels lecun_normal,
 /// residual output projections scaled by 1 / sqrt(2 L) (GPT-2).
 ///
+/// With config.tp, a scope bound to a device (Scope::on(ctx), inside shard_map) holds and
+/// runs this device's shards; the tokens are replicated along the model axis. The logits
+/// are then (B, T, V) replicated, or (B, T, V/n) with tp.vocab_parallel: loss() handles
+/// both.
+///
 ///   models::Transformer gpt({.vocab = 256, .d_model = 128, .num_layers = 2});
 ///   TensorTree params = gpt.init(Key::from_seed(0));
 ///   Tensor logits = gpt.apply(params, tokens, /*train=*/false, Key{});
+///   // Megatron tensor parallelism, inside shard_map on a mesh with a "model" axis:
+///   models::Transformer tp({..., .tp = {.layout = parallel::TPLayout::Megatron}});
+///   TensorTree shards = tp.init(Key::from_seed(0), nullptr, &ctx);   // this device's
+///   Tensor loss = tp.loss(nn::Scope::apply(&shards, true, key).on(ctx), tokens, targets);
 class Transformer {
  public:
   explicit Transformer(TransformerConfig config = {});
 
   /// Fresh parameters; the same key gives identical parameters on every run.
   TensorTree init(Key key) const;
-  /// Same, also recording Megatron-style sharding metadata over mesh axis "model"
-  /// (qkv and fc1 column-parallel, out and fc2 row-parallel, wte vocab-parallel).
-  TensorTree init(Key key, nn::Specs* specs) const;
+  /// Same, recording the PartitionSpec of every sharded parameter into `*specs` (when
+  /// given) and, with a device context, creating only this device's shards (the slices
+  /// of the single-device parameters).
+  TensorTree init(Key key, nn::ParamSpecs* specs, spmd::DeviceContext* ctx = nullptr) const;
   /// Logits for a batch of token ids; dropout only when `train`.
   Tensor apply(const TensorTree& params, const Tensor& tokens, bool train, Key dropout_key) const;
   /// The same forward on any scope.
   Tensor operator()(const nn::Scope& scope, const Tensor& tokens) const;
+  /// Mean next-token cross-entropy of `tokens` (B, T) against `targets` (B, T): a scalar,
+  /// replicated along the model axis (vocabulary-parallel when tp.vocab_parallel).
+  Tensor loss(const nn::Scope& scope, const Tensor& tokens, const Tensor& targets) const;
 
   /// Parameter count the config gives (equals init(...).num_elements()).
   std::int64_t num_params() const;

@@ -14,10 +14,12 @@ struct Dense {
   bool use_bias = true;
   Initializer kernel_init = lecun_normal();
   Initializer bias_init = zeros();
-  /// Sharding metadata recorded at init (empty = replicated), e.g. {"", "model"} for a
-  /// column-parallel kernel.
-  AxisNames kernel_axes{};
-  AxisNames bias_axes{};
+  /// How the parameters are split over the mesh (empty = replicated), e.g.
+  /// P(std::nullopt, "model") for a column-parallel kernel. On a scope bound to a device
+  /// (Scope::on) the layer holds and multiplies by its local shards: the caller brings
+  /// the matching input and communication (parallel/tensor_parallel.hpp does).
+  mesh::PartitionSpec kernel_spec{};
+  mesh::PartitionSpec bias_spec{};
 
   Tensor operator()(const Scope& scope, const Tensor& x) const;
 };

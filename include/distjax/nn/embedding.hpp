@@ -11,7 +11,10 @@ struct Embedding {
   std::int64_t num_embeddings = 0;
   std::int64_t features = 0;
   Initializer embedding_init = normal(0.02);
-  AxisNames embedding_axes{};
+  /// How the table is split over the mesh (empty = replicated); on a scope bound to a
+  /// device the layer looks up in its local shard (vocabulary-parallel lookups live in
+  /// parallel/tensor_parallel.hpp).
+  mesh::PartitionSpec embedding_spec{};
 
   Tensor operator()(const Scope& scope, const Tensor& ids) const;
   /// The table itself (created at init if needed), (num_embeddings, features).

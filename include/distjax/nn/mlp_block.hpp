@@ -18,9 +18,6 @@ struct MLPBlock {
   Initializer kernel_init = lecun_normal();
   /// Initialiser of the output projection fc2 (GPT-2 scales it by 1 / sqrt(2 L)).
   Initializer out_init = lecun_normal();
-  /// When set, the sharding metadata of a Megatron MLP over this mesh axis is recorded:
-  /// fc1 column-parallel, fc2 row-parallel.
-  std::string model_axis{};
 
   Tensor operator()(const Scope& scope, const Tensor& x) const;
 };

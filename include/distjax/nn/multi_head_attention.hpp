@@ -20,9 +20,6 @@ struct MultiHeadAttention {
   Initializer kernel_init = lecun_normal();
   /// Initialiser of the output projection (GPT-2 scales it by 1 / sqrt(2 L)).
   Initializer out_init = lecun_normal();
-  /// When set, records Megatron sharding metadata over this mesh axis: qkv
-  /// column-parallel (by heads), out row-parallel.
-  std::string model_axis{};
 
   Tensor operator()(const Scope& scope, const Tensor& x) const;
 };

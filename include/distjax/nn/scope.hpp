@@ -8,20 +8,24 @@
 #include <vector>
 
 #include "distjax/core/prng.hpp"
+#include "distjax/mesh/mesh.hpp"
+#include "distjax/mesh/partition_spec.hpp"
 #include "distjax/nn/initializers.hpp"
 #include "distjax/tensor/tensor.hpp"
 #include "distjax/tensor/tensor_tree.hpp"
+
+namespace distjax::spmd {
+class DeviceContext;
+}
 
 namespace distjax::nn {
 
 using tensor::Tensor;
 using tensor::TensorTree;
 
-/// Per-dimension mesh-axis names of a parameter ("" = that dimension is not sharded).
-/// An empty vector means replicated. The sharding rules of the parallel part read it.
-using AxisNames = std::vector<std::string>;
-/// Sharding metadata of a parameter tree, by parameter path (like nn.Partitioned).
-using Specs = std::map<std::string, AxisNames>;
+/// The PartitionSpec of each parameter, by path (like nn.Partitioned): what a Scope
+/// records at init and what gradient synchronisation reads. An absent path is replicated.
+using ParamSpecs = std::map<std::string, mesh::PartitionSpec>;
 
 /// Whether a scope creates parameters or reads them.
 enum class Mode { Init, Apply };
@@ -37,29 +41,55 @@ enum class Mode { Init, Apply };
 /// Parameters are created from `init_key.fold_in(full_path)`, so a layer's values
 /// depend only on the key and its path, never on creation order. A scope is a small
 /// value; children share the parent's tree.
+///
+/// Sharded parameters: on a scope bound to a device with `on(ctx)` (inside shard_map),
+/// `param(name, global_shape, init, spec)` creates and reads this device's shard of the
+/// parameter (local shape = global shape split by `spec` on ctx's mesh), with exactly
+/// the values of that slice of the single-device parameter, marked as varying over the
+/// axes `spec` names. Layers reach the device's collectives through context(); a scope
+/// without a context is one device (every axis has size 1).
+///
+///   Scope s = Scope::init(&params, key, &specs).on(ctx);
+///   Tensor w = s.param("kernel", {784, 512}, lecun_normal(), P(std::nullopt, "model"));
+///   // on ("data"=2, "model"=4): w is (784, 128), columns [128 m, 128 m + 128) of the
+///   // single-device kernel, m = ctx.axis_index("model")
 class Scope {
  public:
-  /// A root scope that creates parameters into `*params` (and records their
-  /// sharding metadata into `*specs` when given). Both must outlive the scope.
-  static Scope init(TensorTree* params, Key init_key, Specs* specs = nullptr, bool train = false,
-                    Key dropout_key = Key{});
+  /// A root scope that creates parameters into `*params` (and records the PartitionSpec
+  /// of every sharded one into `*specs` when given). Both must outlive the scope.
+  static Scope init(TensorTree* params, Key init_key, ParamSpecs* specs = nullptr,
+                    bool train = false, Key dropout_key = Key{});
   /// A root scope that reads parameters from `params` (which must outlive it).
   static Scope apply(const TensorTree* params, bool train, Key dropout_key = Key{});
+
+  /// The same scope bound to a device inside shard_map: parameters are this device's
+  /// shards and layers run their collectives on `ctx` (which must outlive the scope).
+  Scope on(spmd::DeviceContext& ctx) const;
+  /// The device this scope runs on; null for one device without a mesh.
+  spmd::DeviceContext* context() const { return ctx_; }
+  /// Devices along `axes` (1 without a context); throws ShardingError for an axis not
+  /// in the context's mesh.
+  int axis_size(const mesh::Axes& axes) const;
+  /// This device's index along `axes` (0 without a context).
+  int axis_index(const mesh::Axes& axes) const;
 
   /// The nested scope "path/name"; its dropout key is dropout_key().fold_in(name).
   Scope child(const std::string& name) const;
   /// child(std::to_string(index)), for layer lists ("blocks/0", "blocks/1", ...).
   Scope child(int index) const { return child(std::to_string(index)); }
 
-  /// The parameter `name` of this scope (path "path/name"), of dtype f32.
-  /// Init: creates it with init(init_key.fold_in(full path), shape), stores it and
-  /// records `axes` into the specs (if any). Asking again for an existing path returns
-  /// the same tensor (a layer applied twice shares its parameters); a different shape
-  /// is an error.
+  /// The parameter `name` of this scope (path "path/name"), f32, of global shape `shape`
+  /// split by `spec` (empty = replicated). Without a context the whole parameter; with
+  /// one, this device's shard, marked as varying over the axes `spec` names.
+  /// Init: creates it with init(init_key.fold_in(full path), shape, this device's
+  /// block), stores it and records a non-empty `spec` into the specs (if any). Asking
+  /// again for an existing path returns the same tensor (a layer applied twice shares
+  /// its parameters); a different shape is an error.
   /// Apply: returns the stored leaf; throws InvalidArgument naming the path when it is
-  /// missing or its shape differs from `shape`.
+  /// missing or its shape differs from the (local) shape expected.
+  /// A spec that does not fit the shape on the context's mesh is a ShardingError.
   Tensor param(const std::string& name, const Shape& shape, const Initializer& init,
-               const AxisNames& axes = {}) const;
+               const mesh::PartitionSpec& spec = {}) const;
 
   /// The same scope over another tree rooted at this scope's path (the subtree of
   /// this scope's parameters): used to re-run a block under autodiff::checkpoint.
@@ -85,7 +115,8 @@ class Scope {
 
   TensorTree* out_ = nullptr;       // Init: where parameters go
   const TensorTree* in_ = nullptr;  // Apply: where parameters come from
-  Specs* specs_ = nullptr;
+  ParamSpecs* specs_ = nullptr;
+  spmd::DeviceContext* ctx_ = nullptr;
   std::string path_;  // logical path of this scope
   std::string root_;  // logical path the tree is rooted at ("" unless rebased)
   Mode mode_ = Mode::Apply;

@@ -24,8 +24,6 @@ struct TransformerBlock {
   Initializer kernel_init = lecun_normal();
   /// Initialiser of the two residual output projections (attn/out, mlp/fc2).
   Initializer out_init = lecun_normal();
-  /// Passed to MultiHeadAttention and MLPBlock (Megatron sharding metadata).
-  std::string model_axis{};
 
   Tensor operator()(const Scope& scope, const Tensor& x) const;
 

@@ -8,6 +8,7 @@
 
 #include "distjax/mesh/mesh.hpp"
 #include "distjax/mesh/partition_spec.hpp"
+#include "distjax/nn/scope.hpp"
 #include "distjax/parallel/strategy.hpp"
 #include "distjax/spmd/device_context.hpp"
 #include "distjax/tensor/tensor_tree.hpp"
@@ -16,7 +17,7 @@ namespace distjax::parallel {
 
 /// The PartitionSpec of each parameter, by path (what nn::Scope records at init). A path
 /// that is absent is replicated.
-using ParamSpecs = std::map<std::string, mesh::PartitionSpec>;
+using ParamSpecs = nn::ParamSpecs;
 
 /// Default bucket size of sync_grads: leaves are packed into buckets of at most this
 /// many bytes, one all_reduce per bucket (fewer, larger messages than one per leaf).

@@ -98,40 +98,57 @@ std::array<std::uint32_t, 2> Key::bits(std::uint64_t index) const {
                       {static_cast<std::uint32_t>(index >> 32), static_cast<std::uint32_t>(index)});
 }
 
-// out[i] = f(word i of the key's stream), one Threefry block per pair of elements; the
-// values depend on (key, i) only, not on how the loop is split over threads.
+// out[i] = f(word offset + i of the key's stream), one Threefry block per pair of stream
+// words; the values depend on (key, offset + i) only, not on how the loop is split over
+// threads or where a shard starts.
 template <class T, class F>
-void fill_from_stream(const Key& key, T* out, std::int64_t n, F f) {
-  const std::int64_t blocks = (n + 1) / 2;
+void fill_from_stream(const Key& key, T* out, std::int64_t n, F f, std::int64_t offset = 0) {
+  if (n <= 0) return;
+  std::int64_t i = 0;
+  if (offset % 2 != 0) {  // an odd start takes the second word of its block
+    out[0] = f(key.bits(static_cast<std::uint64_t>(offset / 2))[1]);
+    i = 1;
+  }
+  const std::int64_t first_block = (offset + i) / 2;
+  const std::int64_t blocks = (n - i + 1) / 2;
 #pragma omp parallel for if (parallel : n > 65536)
   for (std::int64_t b = 0; b < blocks; ++b) {
-    const auto w = key.bits(static_cast<std::uint64_t>(b));
-    out[2 * b] = f(w[0]);
-    if (2 * b + 1 < n) out[2 * b + 1] = f(w[1]);
+    const auto w = key.bits(static_cast<std::uint64_t>(first_block + b));
+    const std::int64_t at = i + 2 * b;
+    out[at] = f(w[0]);
+    if (at + 1 < n) out[at + 1] = f(w[1]);
   }
 }
 
-void random_uniform(const Key& key, float* out, std::int64_t n, float lo, float hi) {
-  fill_from_stream(key, out, n, [=](std::uint32_t w) {
-    return lo + (hi - lo) * (static_cast<float>(w >> 8) * (1.0f / 16777216.0f));
-  });
+void random_uniform(const Key& key, float* out, std::int64_t n, float lo, float hi,
+                    std::int64_t offset) {
+  fill_from_stream(
+      key, out, n,
+      [=](std::uint32_t w) {
+        return lo + (hi - lo) * (static_cast<float>(w >> 8) * (1.0f / 16777216.0f));
+      },
+      offset);
 }
 
-void random_normal(const Key& key, float* out, std::int64_t n) {
-  fill_from_stream(key, out, n, [](std::uint32_t w) {
-    return std::sqrt(2.0f) * erfinv(2.0f * open_unit(w) - 1.0f);
-  });
+void random_normal(const Key& key, float* out, std::int64_t n, std::int64_t offset) {
+  fill_from_stream(
+      key, out, n,
+      [](std::uint32_t w) { return std::sqrt(2.0f) * erfinv(2.0f * open_unit(w) - 1.0f); },
+      offset);
 }
 
-void random_truncated_normal(const Key& key, float* out, std::int64_t n) {
+void random_truncated_normal(const Key& key, float* out, std::int64_t n, std::int64_t offset) {
   // Map the uniform into [cdf(-2), cdf(2)] and invert; stddev of N(0,1) truncated to
   // [-2, 2] is 0.87962566..., divided out so the result has unit variance.
   const float lo = std::erf(-2.0f / std::sqrt(2.0f));
   const float hi = -lo;
   constexpr float kInvStd = 1.0f / 0.87962566103423978f;
-  fill_from_stream(key, out, n, [=](std::uint32_t w) {
-    return std::sqrt(2.0f) * erfinv(lo + (hi - lo) * open_unit(w)) * kInvStd;
-  });
+  fill_from_stream(
+      key, out, n,
+      [=](std::uint32_t w) {
+        return std::sqrt(2.0f) * erfinv(lo + (hi - lo) * open_unit(w)) * kInvStd;
+      },
+      offset);
 }
 
 void random_bernoulli(const Key& key, std::uint8_t* out, std::int64_t n, float p) {

@@ -7,18 +7,15 @@
 #include "distjax/nn/embedding.hpp"
 #include "distjax/nn/layer_norm.hpp"
 #include "distjax/nn/positions.hpp"
-#include "distjax/nn/transformer_block.hpp"
+#include "distjax/parallel/tensor_parallel.hpp"
+#include "distjax/spmd/collectives.hpp"
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/grad_node.hpp"
+#include "distjax/tensor/nn_ops.hpp"
+#include "distjax/tensor/reduce.hpp"
 #include "distjax/tensor/shape_ops.hpp"
 
 namespace distjax::models {
-
-namespace {
-
-constexpr const char* kModelAxis = "model";
-
-}  // namespace
 
 Transformer::Transformer(TransformerConfig config) : config_(config) {
   const auto& c = config_;
@@ -45,53 +42,123 @@ Tensor Transformer::operator()(const nn::Scope& scope, const Tensor& tokens) con
   const std::int64_t t_len = tokens.size(1);
   DISTJAX_CHECK(t_len >= 1 && t_len <= c.max_len, InvalidArgument, "[Transformer] sequence length ",
                 t_len, " is outside [1, max_len=", c.max_len, "]");
-  // Megatron metadata is recorded only when the init scope has a Specs sink.
-  const std::string axis = kModelAxis;
+  const TransformerTP& tp = c.tp;
+  using parallel::TPLayout;
+  const bool megatron = tp.layout == TPLayout::Megatron;
+  const bool feature_sharded = tp.layout == TPLayout::Gather || tp.layout == TPLayout::Async;
+  const bool sp = megatron && tp.sequence_parallel;
+  const bool vocab_parallel = megatron && tp.vocab_parallel;
+  spmd::DeviceContext* ctx = scope.context();
+  const mesh::Axes axis(tp.axis);
+  const int n = tp.layout == TPLayout::None ? 1 : scope.axis_size(axis);
+  DISTJAX_CHECK(!sp || t_len % n == 0, ShardingError, "[Transformer] sequence parallelism: T=",
+                t_len, " is not divisible by ", tp.axis, "=", n);
+  // Feature-sharded layouts split the embedding tables by columns, the vocabulary-parallel
+  // one by rows; otherwise they are replicated.
+  const mesh::PartitionSpec table_spec =
+      feature_sharded ? mesh::P(std::nullopt, tp.axis) : mesh::PartitionSpec();
 
   const nn::Embedding wte{.num_embeddings = c.vocab,
                           .features = c.d_model,
                           .embedding_init = nn::normal(0.02),
-                          .embedding_axes = {axis, ""}};
-  Tensor x = wte(scope.child("wte"), tokens);  // (B, T, C)
-  Tensor pos;
+                          .embedding_spec = table_spec};
+  const parallel::VocabParallelEmbedding wte_vp{
+      .num_embeddings = c.vocab, .features = c.d_model, .axis = tp.axis};
+  Tensor x;  // (B, T, C); (B, T/n, C) sequence parallel; (B, T, C/n) feature-sharded
+  if (vocab_parallel) {
+    x = wte_vp(scope.child("wte"), tokens, sp);
+  } else {
+    x = wte(scope.child("wte"), tokens);
+    if (sp) x = parallel::split_to_sp_region(ctx, x, axis, 1);
+  }
+  Tensor pos;  // (T, C), split like x
   if (c.learned_positions) {
-    const nn::Embedding wpe{
-        .num_embeddings = c.max_len, .features = c.d_model, .embedding_init = nn::normal(0.01)};
-    pos = tensor::slice(wpe.table(scope.child("wpe")), 0, 0, t_len);  // (T, C)
+    const nn::Embedding wpe{.num_embeddings = c.max_len,
+                            .features = c.d_model,
+                            .embedding_init = nn::normal(0.01),
+                            .embedding_spec = table_spec};
+    pos = tensor::slice(wpe.table(scope.child("wpe")), 0, 0, t_len);
   } else {
     pos = nn::sinusoidal_positions(t_len, c.d_model);
+    if (feature_sharded && n > 1) {
+      const std::int64_t w = c.d_model / n, i = scope.axis_index(axis);
+      pos = tensor::slice(pos, 1, i * w, (i + 1) * w);
+    }
   }
+  if (sp) pos = parallel::split_to_sp_region(ctx, pos, axis, 0);
   x = tensor::add(x, pos);
   x = nn::Dropout{.rate = c.dropout}(scope.child("embed_dropout"), x);
 
   const double out_scale =
       1.0 / std::sqrt(2.0 * static_cast<double>(std::max<std::int64_t>(c.num_layers, 1)));
-  const nn::TransformerBlock block{.num_heads = c.num_heads,
-                                   .mlp_hidden = c.mlp_ratio * c.d_model,
-                                   .dropout = c.dropout,
-                                   .ln_eps = c.ln_eps,
-                                   .remat = c.remat,
-                                   .kernel_init = nn::lecun_normal(),
-                                   .out_init = nn::scaled(nn::lecun_normal(), out_scale),
-                                   .model_axis = axis};
+  const parallel::TPTransformerBlock block{.num_heads = c.num_heads,
+                                           .mlp_hidden = c.mlp_ratio * c.d_model,
+                                           .dropout = c.dropout,
+                                           .ln_eps = c.ln_eps,
+                                           .remat = c.remat,
+                                           .kernel_init = nn::lecun_normal(),
+                                           .out_init = nn::scaled(nn::lecun_normal(), out_scale),
+                                           .axis = tp.axis,
+                                           .layout = tp.layout,
+                                           .sequence_parallel = sp,
+                                           .bidirectional = tp.bidirectional};
   const nn::Scope blocks = scope.child("blocks");
   for (std::int64_t i = 0; i < c.num_layers; ++i)
     x = block(blocks.child(static_cast<int>(i)), x);
 
+  if (feature_sharded) {
+    // Norm over the sharded features, then partial logits from this device's columns,
+    // summed over the axis: (B, T, V) replicated.
+    x = parallel::TPNorm{.kind = parallel::TPNorm::Kind::Layer, .eps = c.ln_eps, .axis = tp.axis}(
+        scope.child("ln_f"), x);
+    Tensor partial =
+        c.tied_embeddings
+            ? wte.attend(scope.child("wte"), x)
+            : parallel::TPDense{.features = c.vocab,
+                                .axis = tp.axis,
+                                .mode = parallel::TPMode::Scatter,
+                                .skip_communication = true,
+                                .use_bias = false}(scope.child("lm_head"), x);
+    return parallel::reduce_from_tp_region(ctx, partial, axis);
+  }
   x = nn::LayerNorm{.eps = c.ln_eps}(scope.child("ln_f"), x);
+  if (vocab_parallel) {
+    // The head's logits stay split over the vocabulary: (B, T, V/n).
+    if (sp) x = parallel::gather_from_sp_region(ctx, x, axis, 1);
+    if (c.tied_embeddings) return wte_vp.attend(scope.child("wte"), x);
+    return parallel::ColumnParallelDense{.features = c.vocab, .axis = tp.axis, .use_bias = false}(
+        scope.child("lm_head"), x);
+  }
+  if (sp && n > 1) x = spmd::all_gather_invariant(*ctx, x, axis, 1, /*tiled=*/true);
   if (c.tied_embeddings) return wte.attend(scope.child("wte"), x);  // (B, T, V)
-  return nn::Dense{.features = c.vocab, .use_bias = false, .kernel_axes = {"", axis}}(
-      scope.child("lm_head"), x);
+  return nn::Dense{.features = c.vocab, .use_bias = false}(scope.child("lm_head"), x);
+}
+
+Tensor Transformer::loss(const nn::Scope& scope, const Tensor& tokens,
+                         const Tensor& targets) const {
+  Tensor logits = (*this)(scope, tokens);
+  const bool vocab_parallel =
+      config_.tp.layout == parallel::TPLayout::Megatron && config_.tp.vocab_parallel;
+  if (vocab_parallel)
+    return tensor::mean(parallel::vocab_parallel_cross_entropy(scope.context(), logits, targets,
+                                                               mesh::Axes(config_.tp.axis)));
+  return tensor::mean(tensor::cross_entropy(logits, targets));
 }
 
 TensorTree Transformer::init(Key key) const {
   return init(key, nullptr);
 }
 
-TensorTree Transformer::init(Key key, nn::Specs* specs) const {
+TensorTree Transformer::init(Key key, nn::ParamSpecs* specs, spmd::DeviceContext* ctx) const {
   TensorTree params;
   tensor::NoGradGuard no_grad;
-  (*this)(nn::Scope::init(&params, key, specs), Tensor::zeros({1, 1}, DType::I32));
+  nn::Scope scope = nn::Scope::init(&params, key, specs);
+  if (ctx != nullptr) scope = scope.on(*ctx);
+  // A sequence-parallel init needs T divisible by the axis: use one token per device.
+  const int n = config_.tp.layout == parallel::TPLayout::None || ctx == nullptr
+                    ? 1
+                    : ctx->axis_size(mesh::Axes(config_.tp.axis));
+  (*this)(scope, Tensor::zeros({1, std::min<std::int64_t>(n, config_.max_len)}, DType::I32));
   return params;
 }
 

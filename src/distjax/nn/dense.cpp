@@ -10,9 +10,10 @@ Tensor Dense::operator()(const Scope& scope, const Tensor& x) const {
                 "\" expects x of rank >= 1, got ", to_string(x.shape()));
   DISTJAX_CHECK(features > 0, InvalidArgument, "[Dense] \"", scope.path(),
                 "\" has features=", features);
-  const std::int64_t in = x.size(-1);
-  Tensor kernel = scope.param("kernel", {in, features}, kernel_init, kernel_axes);
-  Tensor bias = use_bias ? scope.param("bias", {features}, bias_init, bias_axes) : Tensor();
+  // The kernel's global input width: a row-sharded kernel multiplies a feature-sharded x.
+  const std::int64_t in = x.size(-1) * scope.axis_size(mesh::Axes(kernel_spec.entry(0).axes));
+  Tensor kernel = scope.param("kernel", {in, features}, kernel_init, kernel_spec);
+  Tensor bias = use_bias ? scope.param("bias", {features}, bias_init, bias_spec) : Tensor();
   return tensor::linear(x, kernel, bias);
 }
 

@@ -10,7 +10,7 @@ Tensor Embedding::table(const Scope& scope) const {
   DISTJAX_CHECK(num_embeddings > 0 && features > 0, InvalidArgument, "[Embedding] \"", scope.path(),
                 "\" needs num_embeddings > 0 and features > 0, got ", num_embeddings, " and ",
                 features);
-  return scope.param("embedding", {num_embeddings, features}, embedding_init, embedding_axes);
+  return scope.param("embedding", {num_embeddings, features}, embedding_init, embedding_spec);
 }
 
 Tensor Embedding::operator()(const Scope& scope, const Tensor& ids) const {

@@ -11,14 +11,8 @@ Tensor MLPBlock::operator()(const Scope& scope, const Tensor& x) const {
                 "\" expects x of rank >= 1, got ", to_string(x.shape()));
   const std::int64_t c = x.size(-1);
   const std::int64_t h = hidden > 0 ? hidden : 4 * c;
-  const bool tp = !model_axis.empty();
-  Dense fc1{.features = h, .kernel_init = kernel_init};
-  Dense fc2{.features = c, .kernel_init = out_init};
-  if (tp) {
-    fc1.kernel_axes = {"", model_axis};
-    fc1.bias_axes = {model_axis};
-    fc2.kernel_axes = {model_axis, ""};
-  }
+  const Dense fc1{.features = h, .kernel_init = kernel_init};
+  const Dense fc2{.features = c, .kernel_init = out_init};
   Tensor y = fc1(scope.child("fc1"), x);
   y = tensor::gelu(y, gelu_approximate);
   return fc2(scope.child("fc2"), y);

@@ -14,15 +14,8 @@ Tensor MultiHeadAttention::operator()(const Scope& scope, const Tensor& x) const
   DISTJAX_CHECK(num_heads > 0 && c % num_heads == 0, InvalidArgument, "[MultiHeadAttention] \"",
                 scope.path(), "\" width C=", c, " is not divisible by num_heads=", num_heads);
   const std::int64_t h = num_heads, d = c / num_heads;
-  const bool tp = !model_axis.empty();
-
-  Dense qkv_proj{.features = 3 * c, .kernel_init = kernel_init};
-  Dense out_proj{.features = c, .kernel_init = out_init};
-  if (tp) {
-    qkv_proj.kernel_axes = {"", model_axis};
-    qkv_proj.bias_axes = {model_axis};
-    out_proj.kernel_axes = {model_axis, ""};
-  }
+  const Dense qkv_proj{.features = 3 * c, .kernel_init = kernel_init};
+  const Dense out_proj{.features = c, .kernel_init = out_init};
   Tensor qkv = qkv_proj(scope.child("qkv"), x);  // (B, T, 3C)
   if (qkv.rank() == 3 && qkv.size(2) == 3 * c) {
     // Heads read in place from the projection: no permute / split copies.

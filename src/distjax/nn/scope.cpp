@@ -1,10 +1,13 @@
 #include "distjax/nn/scope.hpp"
 
 #include "distjax/core/error.hpp"
+#include "distjax/mesh/named_sharding.hpp"
+#include "distjax/spmd/device_context.hpp"
 
 namespace distjax::nn {
 
-Scope Scope::init(TensorTree* params, Key init_key, Specs* specs, bool train, Key dropout_key) {
+Scope Scope::init(TensorTree* params, Key init_key, ParamSpecs* specs, bool train,
+                   Key dropout_key) {
   DISTJAX_CHECK(params != nullptr, InvalidArgument, "[Scope::init] params tree is null");
   Scope s;
   s.out_ = params;
@@ -25,6 +28,20 @@ Scope Scope::apply(const TensorTree* params, bool train, Key dropout_key) {
   s.train_ = train;
   s.dropout_key_ = dropout_key;
   return s;
+}
+
+Scope Scope::on(spmd::DeviceContext& ctx) const {
+  Scope s = *this;
+  s.ctx_ = &ctx;
+  return s;
+}
+
+int Scope::axis_size(const mesh::Axes& axes) const {
+  return ctx_ ? ctx_->axis_size(axes) : 1;
+}
+
+int Scope::axis_index(const mesh::Axes& axes) const {
+  return ctx_ ? ctx_->axis_index(axes) : 0;
 }
 
 Scope Scope::child(const std::string& name) const {
@@ -48,39 +65,60 @@ std::string Scope::tree_path(const std::string& full) const {
 }
 
 Tensor Scope::param(const std::string& name, const Shape& shape, const Initializer& init,
-                    const AxisNames& axes) const {
+                    const mesh::PartitionSpec& spec) const {
   const std::string full = full_path(name);
   const std::string key = tree_path(full);
+  DISTJAX_CHECK(spec.size() <= static_cast<int>(shape.size()), ShardingError,
+                "[Scope::param] parameter \"", full, "\" of shape ", to_string(shape),
+                " has spec ", spec.to_string(), " with more entries than dimensions");
+  // This device's block of the parameter, and the axes its shard varies over.
+  Block block = Block::whole(shape);
+  std::uint32_t varying = 0;
+  if (ctx_ != nullptr && spec.size() > 0) {
+    mesh::validate_spec(ctx_->mesh(), spec, shape, "Scope::param", full);
+    const mesh::NamedSharding sharding(ctx_->mesh(), spec);
+    const auto range = sharding.shard_range(shape, ctx_->device());
+    for (std::size_t d = 0; d < shape.size(); ++d) {
+      block.start[d] = range[d].first;
+      block.shape[d] = range[d].second - range[d].first;
+    }
+    varying = ctx_->axis_mask(spec);
+  }
+  auto marked = [varying](Tensor t) {
+    t.set_varying_axes(t.varying_axes() | varying);
+    return t;
+  };
   if (mode_ == Mode::Init) {
     if (out_->contains(key)) {
       // A layer applied twice in one scope shares its parameters (Flax semantics):
       // tied embeddings read the table once for the lookup and once for the output.
       const Tensor& t = out_->at(key);
-      DISTJAX_CHECK(t.shape() == shape, InvalidArgument, "[Scope::param] parameter \"", full,
-                    "\" was created with shape ", to_string(t.shape()),
-                    " and is requested again with ", to_string(shape),
+      DISTJAX_CHECK(t.shape() == block.shape, InvalidArgument, "[Scope::param] parameter \"",
+                    full, "\" was created with shape ", to_string(t.shape()),
+                    " and is requested again with ", to_string(block.shape),
                     " (two layers share a scope name?)");
-      return t;
+      return marked(t);
     }
-    DISTJAX_CHECK(axes.empty() || axes.size() == shape.size(), InvalidArgument,
-                  "[Scope::param] parameter \"", full, "\" of shape ", to_string(shape), " has ",
-                  axes.size(), " axis names; expected none or one per dimension");
-    Tensor t = init(init_key_.fold_in(std::string_view(full)), shape);
-    DISTJAX_CHECK(t.defined() && t.shape() == shape && t.dtype() == DType::F32, InvalidArgument,
-                  "[Scope::param] initializer of \"", full, "\" returned ",
+    Tensor t = init(init_key_.fold_in(std::string_view(full)), shape, block);
+    DISTJAX_CHECK(t.defined() && t.shape() == block.shape && t.dtype() == DType::F32,
+                  InvalidArgument, "[Scope::param] initializer of \"", full, "\" returned ",
                   t.defined() ? t.str(0) : std::string("an undefined tensor"), ", expected f32 ",
-                  to_string(shape));
+                  to_string(block.shape));
+    t = marked(t);
     out_->set(key, t);
-    if (specs_ != nullptr && !axes.empty()) (*specs_)[full] = axes;
+    if (specs_ != nullptr && spec.size() > 0) (*specs_)[full] = spec;
     return t;
   }
   DISTJAX_CHECK(in_->contains(key), InvalidArgument, "[Scope::param] missing parameter \"", full,
-                "\" (shape ", to_string(shape), "); the tree has ", in_->size(),
+                "\" (shape ", to_string(block.shape), "); the tree has ", in_->size(),
                 " leaves. Was it made by init() of the same model and config?");
   const Tensor& t = in_->at(key);
-  DISTJAX_CHECK(t.shape() == shape, InvalidArgument, "[Scope::param] parameter \"", full,
-                "\" has shape ", to_string(t.shape()), ", expected ", to_string(shape));
-  return t;
+  DISTJAX_CHECK(t.shape() == block.shape, InvalidArgument, "[Scope::param] parameter \"", full,
+                "\" has shape ", to_string(t.shape()), ", expected ", to_string(block.shape),
+                block.shape == shape ? std::string()
+                                     : " (this device's shard of " + to_string(shape) + " split by " +
+                                           spec.to_string() + ")");
+  return marked(t);
 }
 
 Scope Scope::rebased(const TensorTree* subtree) const {

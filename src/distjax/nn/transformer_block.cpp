@@ -15,12 +15,10 @@ Tensor TransformerBlock::body(const Scope& scope, const Tensor& x) const {
   const Dropout drop{.rate = dropout};
   const MultiHeadAttention attn{.num_heads = num_heads,
                                 .kernel_init = kernel_init,
-                                .out_init = out_init,
-                                .model_axis = model_axis};
+                                .out_init = out_init};
   const MLPBlock mlp{.hidden = mlp_hidden,
                      .kernel_init = kernel_init,
-                     .out_init = out_init,
-                     .model_axis = model_axis};
+                     .out_init = out_init};
   Tensor h = attn(scope.child("attn"), ln(scope.child("ln1"), x));
   Tensor y = tensor::add(x, drop(scope.child("attn_dropout"), h));
   h = mlp(scope.child("mlp"), ln(scope.child("ln2"), y));

@@ -1,0 +1,70 @@
+// The tensor-parallel GPT block in its layouts: Megatron (optionally sequence parallel),
+// the toolkit's feature-sharded layout with synchronous gathers and scatters, and the same
+// layout with asynchronous ppermute rings.
+// Shape legend: B batch, T sequence, C model width, H heads, n = size of the model axis.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "distjax/nn/initializers.hpp"
+#include "distjax/nn/scope.hpp"
+#include "distjax/tensor/tensor.hpp"
+
+namespace distjax::parallel {
+
+using tensor::Tensor;
+
+/// How a transformer is laid out over the model axis.
+enum class TPLayout {
+  /// No tensor parallelism: parameters replicated (nn::TransformerBlock).
+  None,
+  /// Megatron: activations replicated between blocks (or, sequence parallel, split along
+  /// T); qkv and fc1 column-parallel, out and fc2 row-parallel. One all-reduce of
+  /// (B, T, C) per attention and per MLP, forward and backward; sequence parallel: an
+  /// all-gather and a reduce-scatter of the same bytes instead.
+  Megatron,
+  /// The toolkit's: the residual stream is feature-sharded (B, T, C/n); norms take their
+  /// statistics over the devices (TPNorm); each projection in gathers its input (TPDense
+  /// gather), each projection out reduce-scatters its output (TPDense scatter).
+  Gather,
+  /// Gather's layout with the gathers and reduce-scatters as ppermute rings whose hops
+  /// overlap the matmuls on the chunks already received (TPAsyncDense).
+  Async,
+};
+
+/// "none", "megatron", "gather", "async".
+const char* tp_layout_name(TPLayout layout);
+/// The inverse of tp_layout_name; throws ConfigError listing the names otherwise.
+TPLayout tp_layout_from_name(const std::string& name);
+
+/// The pre-norm GPT block x + attn(ln1(x)), then x + mlp(ln2(x)), over `axis` in `layout`.
+/// Same parameter paths and global shapes as nn::TransformerBlock ("ln1", "attn/qkv",
+/// "attn/out", "ln2", "mlp/fc1", "mlp/fc2"), so one device runs the same model with the
+/// same parameters. x and the result: (B, T, C) Megatron, (B, T/n, C) sequence parallel,
+/// (B, T, C/n) Gather and Async. num_heads must be divisible by n.
+struct TPTransformerBlock {
+  std::int64_t num_heads = 1;
+  /// MLP hidden width; 0 means 4 * C.
+  std::int64_t mlp_hidden = 0;
+  float dropout = 0.f;
+  float ln_eps = 1e-5f;
+  bool remat = false;
+  nn::Initializer kernel_init = nn::lecun_normal();
+  nn::Initializer out_init = nn::lecun_normal();
+  std::string axis = "model";
+  TPLayout layout = TPLayout::Megatron;
+  /// Megatron only: norms and dropout on (B, T/n, C).
+  bool sequence_parallel = false;
+  /// Async only: rings in both directions (about half the hops).
+  bool bidirectional = false;
+
+  Tensor operator()(const nn::Scope& scope, const Tensor& x) const;
+
+ private:
+  Tensor body(const nn::Scope& scope, const Tensor& x) const;
+  Tensor megatron(const nn::Scope& scope, const Tensor& x) const;
+  Tensor feature_sharded(const nn::Scope& scope, const Tensor& x) const;
+};
+
+}  // namespace distjax::parallel

@@ -1,0 +1,149 @@
+#include "distjax/parallel/tp_transformer_block.hpp"
+
+#include "distjax/autodiff/autodiff.hpp"
+#include "distjax/core/error.hpp"
+#include "distjax/nn/dropout.hpp"
+#include "distjax/nn/layer_norm.hpp"
+#include "distjax/nn/transformer_block.hpp"
+#include "distjax/parallel/tensor_parallel.hpp"
+#include "distjax/parallel/tp_async_dense.hpp"
+#include "distjax/tensor/attention.hpp"
+#include "distjax/tensor/elementwise.hpp"
+#include "distjax/tensor/grad_node.hpp"
+
+namespace distjax::parallel {
+
+const char* tp_layout_name(TPLayout layout) {
+  switch (layout) {
+    case TPLayout::None: return "none";
+    case TPLayout::Megatron: return "megatron";
+    case TPLayout::Gather: return "gather";
+    case TPLayout::Async: return "async";
+  }
+  return "?";
+}
+
+TPLayout tp_layout_from_name(const std::string& name) {
+  for (TPLayout l : {TPLayout::None, TPLayout::Megatron, TPLayout::Gather, TPLayout::Async})
+    if (name == tp_layout_name(l)) return l;
+  DISTJAX_THROW(ConfigError, "[tp_layout] unknown layout \"", name,
+                "\"; expected none, megatron, gather or async");
+}
+
+// Megatron: ln (replicated, or on T/n rows) -> [gather T] -> column-parallel in ->
+// local heads / activation -> row-parallel out (psum, or reduce-scatter along T).
+Tensor TPTransformerBlock::megatron(const nn::Scope& scope, const Tensor& x) const {
+  spmd::DeviceContext* ctx = scope.context();
+  const nn::LayerNorm ln{.eps = ln_eps};
+  const nn::Dropout drop{.rate = dropout};
+  const std::int64_t c = x.size(2);
+  const std::int64_t hidden = mlp_hidden > 0 ? mlp_hidden : 4 * c;
+  const int n = scope.axis_size(axis);
+  auto enter = [&](const Tensor& h) {
+    return sequence_parallel ? gather_from_sp_region(ctx, h, axis, 1) : h;
+  };
+
+  const nn::Scope attn = scope.child("attn");
+  Tensor h = enter(ln(scope.child("ln1"), x));
+  Tensor qkv = ColumnParallelDense{.features = 3 * c, .axis = axis, .kernel_init = kernel_init}(
+      attn.child("qkv"), h);                                          // (B, T, 3C/n)
+  h = tensor::attention_packed(qkv, num_heads / n, /*causal=*/true);  // (B, T, C/n)
+  h = RowParallelDense{.features = c,
+                       .axis = axis,
+                       .sequence_parallel = sequence_parallel,
+                       .kernel_init = out_init}(attn.child("out"), h);
+  Tensor y = tensor::add(x, drop(scope.child("attn_dropout"), h));
+
+  const nn::Scope mlp = scope.child("mlp");
+  h = enter(ln(scope.child("ln2"), y));
+  h = ColumnParallelDense{.features = hidden, .axis = axis, .kernel_init = kernel_init}(
+      mlp.child("fc1"), h);
+  h = tensor::gelu(h, /*approximate=*/true);
+  h = RowParallelDense{.features = c,
+                       .axis = axis,
+                       .sequence_parallel = sequence_parallel,
+                       .kernel_init = out_init}(mlp.child("fc2"), h);
+  return tensor::add(y, drop(scope.child("mlp_dropout"), h));
+}
+
+// Gather / Async: x (B, T, C/n); TPNorm -> projection in (gathers x) -> local heads /
+// activation -> projection out (reduce-scatters to C/n).
+Tensor TPTransformerBlock::feature_sharded(const nn::Scope& scope, const Tensor& x) const {
+  const TPNorm ln{.kind = TPNorm::Kind::Layer, .eps = ln_eps, .axis = axis};
+  const nn::Dropout drop{.rate = dropout};
+  const int n = scope.axis_size(axis);
+  const std::int64_t c = x.size(2) * n;
+  const std::int64_t hidden = mlp_hidden > 0 ? mlp_hidden : 4 * c;
+  auto in_proj = [&](const nn::Scope& s, const Tensor& h, std::int64_t features) {
+    if (layout == TPLayout::Async)
+      return TPAsyncDense{.features = features,
+                          .axis = axis,
+                          .mode = TPMode::Gather,
+                          .bidirectional = bidirectional,
+                          .kernel_init = kernel_init}(s, h);
+    return TPDense{.features = features, .axis = axis, .mode = TPMode::Gather,
+                   .kernel_init = kernel_init}(s, h);
+  };
+  auto out_proj = [&](const nn::Scope& s, const Tensor& h) {
+    if (layout == TPLayout::Async)
+      return TPAsyncDense{.features = c,
+                          .axis = axis,
+                          .mode = TPMode::Scatter,
+                          .bidirectional = bidirectional,
+                          .kernel_init = out_init}(s, h);
+    return TPDense{.features = c, .axis = axis, .mode = TPMode::Scatter, .kernel_init = out_init}(
+        s, h);
+  };
+
+  const nn::Scope attn = scope.child("attn");
+  Tensor h = in_proj(attn.child("qkv"), ln(scope.child("ln1"), x), 3 * c);  // (B, T, 3C/n)
+  h = tensor::attention_packed(h, num_heads / n, /*causal=*/true);         // (B, T, C/n)
+  h = out_proj(attn.child("out"), h);                                       // (B, T, C/n)
+  Tensor y = tensor::add(x, drop(scope.child("attn_dropout"), h));
+
+  const nn::Scope mlp = scope.child("mlp");
+  h = in_proj(mlp.child("fc1"), ln(scope.child("ln2"), y), hidden);
+  h = tensor::gelu(h, /*approximate=*/true);
+  h = out_proj(mlp.child("fc2"), h);
+  return tensor::add(y, drop(scope.child("mlp_dropout"), h));
+}
+
+Tensor TPTransformerBlock::body(const nn::Scope& scope, const Tensor& x) const {
+  switch (layout) {
+    case TPLayout::None:
+      return nn::TransformerBlock{.num_heads = num_heads,
+                                  .mlp_hidden = mlp_hidden,
+                                  .dropout = dropout,
+                                  .ln_eps = ln_eps,
+                                  .kernel_init = kernel_init,
+                                  .out_init = out_init}(scope, x);
+    case TPLayout::Megatron: return megatron(scope, x);
+    case TPLayout::Gather:
+    case TPLayout::Async: return feature_sharded(scope, x);
+  }
+  return x;
+}
+
+Tensor TPTransformerBlock::operator()(const nn::Scope& scope, const Tensor& x) const {
+  tensor::check_defined(x, "TPTransformerBlock", "x");
+  DISTJAX_CHECK(x.rank() == 3, InvalidArgument, "[TPTransformerBlock] \"", scope.path(),
+                "\" expects x (B, T, C), got ", to_string(x.shape()));
+  const int n = scope.axis_size(axis);
+  DISTJAX_CHECK(num_heads > 0 && num_heads % n == 0, ShardingError, "[TPTransformerBlock] \"",
+                scope.path(), "\": num_heads=", num_heads, " is not divisible by ", axis, "=", n,
+                " (each device computes whole heads)");
+  DISTJAX_CHECK(!sequence_parallel || layout == TPLayout::Megatron, ConfigError,
+                "[TPTransformerBlock] sequence parallelism needs the megatron layout, got ",
+                tp_layout_name(layout));
+  if (!remat || scope.is_init() || !tensor::grad_enabled()) return body(scope, x);
+  // As nn::TransformerBlock: recompute the block in backward from its parameters and input
+  // (the recomputation runs the same collectives on every device).
+  const TPTransformerBlock self = *this;
+  autodiff::RematFn fn = [self, scope](const tensor::TensorTree& p, const std::vector<Tensor>& in) {
+    const nn::Scope s = scope.rebased(&p);
+    return std::vector<Tensor>{self.body(s, in[0])};
+  };
+  return autodiff::checkpoint(fn, scope.params(), {x})[0];
+}
+
+}  // namespace distjax::parallel

@@ -1,0 +1,135 @@
+// The parity harness of the parallel strategies: one model trained on one device and on
+// a mesh (tensor parallel over "model", data parallel over "data" when the mesh has it)
+// from the same initial parameters and batches must give the same losses and the same
+// final parameters.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "distjax/nn/scope.hpp"
+#include "distjax/optim/optimizer.hpp"
+#include "distjax/parallel/data_parallel.hpp"
+#include "distjax/spmd/shard_map.hpp"
+#include "distjax/train/train_step.hpp"
+
+namespace distjax::testing {
+
+using tensor::Tensor;
+using tensor::TensorTree;
+
+/// How a test builds and runs its model on any scope.
+struct ParityModel {
+  /// Parameters: this device's shards with a context, the whole model without.
+  std::function<TensorTree(Key, nn::ParamSpecs*, spmd::DeviceContext*)> init;
+  /// Scalar mean loss of a batch on a scope (replicated along the model axis).
+  std::function<Tensor(const nn::Scope&, const train::Batch&)> loss;
+};
+
+struct TrainingRun {
+  std::vector<double> losses;
+  TensorTree params;  // global
+};
+
+inline train::LossFn parity_loss_fn(const ParityModel& model, spmd::DeviceContext* ctx) {
+  return [&model, ctx](const TensorTree& p, const train::Batch& b, Key k) {
+    nn::Scope s = nn::Scope::apply(&p, /*train=*/true, k);
+    if (ctx != nullptr) s = s.on(*ctx);
+    return std::make_pair(model.loss(s, b), train::Metrics{});
+  };
+}
+
+/// The reference: one device, no mesh.
+inline TrainingRun train_one_device(const ParityModel& model, const optim::Optimizer& opt,
+                                    const std::vector<train::Batch>& batches) {
+  auto state = train::TrainState::create(model.init(Key::from_seed(1), nullptr, nullptr), opt,
+                                         Key::from_seed(2));
+  TrainingRun run;
+  const train::LossFn fn = parity_loss_fn(model, nullptr);
+  for (const auto& b : batches)
+    run.losses.push_back(train::train_step(state, b, fn, opt).mean("loss"));
+  run.params = state.params;
+  return run;
+}
+
+/// The same on `mesh`: each device creates its shards, trains on its slice of every batch
+/// along "data" (data parallel when the mesh has a "data" axis of size > 1), and the final
+/// shards are assembled with each parameter's spec. Losses of device 0; every device must
+/// report the same losses.
+inline TrainingRun train_on_mesh(const mesh::Mesh& mesh, const ParityModel& model,
+                                 const optim::Optimizer& opt,
+                                 const std::vector<train::Batch>& batches,
+                                 spmd::ShardMapOptions options = {}) {
+  const bool has_data = mesh.has_axis("data");
+  const int n_data = has_data ? mesh.axis_size("data") : 1;
+  // Paths and specs, from an init on one device (same tree structure everywhere).
+  nn::ParamSpecs specs;
+  const TensorTree whole = model.init(Key::from_seed(1), &specs, nullptr);
+  const std::vector<std::string> paths = whole.paths();
+  std::vector<mesh::PartitionSpec> out_specs;
+  for (const auto& p : paths)
+    out_specs.push_back(specs.count(p) ? specs.at(p) : mesh::PartitionSpec());
+  std::vector<std::vector<double>> losses(static_cast<std::size_t>(mesh.size()));
+  auto f = spmd::shard_map(
+      mesh,
+      [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
+        nn::ParamSpecs my_specs;
+        auto state = train::TrainState::create(model.init(Key::from_seed(1), &my_specs, &ctx),
+                                               opt, Key::from_seed(2));
+        EXPECT_EQ(my_specs, specs);
+        parallel::Strategy single;
+        std::unique_ptr<parallel::DataParallel> dp;
+        if (has_data) dp = std::make_unique<parallel::DataParallel>(ctx, "data", &my_specs);
+        const train::TrainStepOptions step_options{
+            .strategy = dp ? static_cast<parallel::Strategy*>(dp.get()) : &single};
+        const train::LossFn fn = parity_loss_fn(model, &ctx);
+        const int i = has_data ? ctx.axis_index("data") : 0;
+        for (const auto& b : batches) {
+          const std::int64_t per = b.size() / n_data;
+          losses[static_cast<std::size_t>(ctx.device())].push_back(
+              train::train_step(state, b.slice(i * per, (i + 1) * per), fn, opt, step_options)
+                  .mean("loss"));
+        }
+        std::vector<Tensor> out;
+        for (const auto& p : paths)
+          out.push_back(state.params.at(p));
+        return out;
+      },
+      {}, out_specs, options);
+  std::vector<mesh::ShardedArray> out = f(std::vector<Tensor>{});
+  TrainingRun run{losses[0], {}};
+  for (std::size_t j = 0; j < paths.size(); ++j)
+    run.params.set(paths[j], mesh::gather(out[j]));
+  for (std::size_t d = 1; d < losses.size(); ++d)
+    EXPECT_EQ(losses[d], losses[0]) << "device " << d;
+  return run;
+}
+
+/// Same losses (relative `tol`) and, per parameter, max |difference| <= tol x max |value|.
+inline void expect_same_run(const TrainingRun& one, const TrainingRun& other, double tol,
+                            const std::string& what) {
+  ASSERT_EQ(one.losses.size(), other.losses.size()) << what;
+  for (std::size_t s = 0; s < one.losses.size(); ++s)
+    EXPECT_NEAR(other.losses[s], one.losses[s], tol * std::abs(one.losses[s]))
+        << what << ", step " << s;
+  ASSERT_TRUE(one.params.same_structure(other.params)) << what;
+  for (const auto& [path, a] : one.params) {
+    const Tensor& b = other.params.at(path);
+    ASSERT_EQ(a.shape(), b.shape()) << what << ": " << path;
+    auto va = a.to_vector<float>(), vb = b.to_vector<float>();
+    double max_ref = 0, max_diff = 0;
+    for (std::size_t i = 0; i < va.size(); ++i) {
+      max_ref = std::max(max_ref, std::abs(double(va[i])));
+      max_diff = std::max(max_diff, std::abs(double(va[i]) - vb[i]));
+    }
+    EXPECT_LE(max_diff, tol * max_ref) << what << ": " << path;
+  }
+  // Training moved the parameters, so the comparison is not vacuous.
+  EXPECT_NE(one.losses.front(), one.losses.back()) << what;
+}
+
+}  // namespace distjax::testing
