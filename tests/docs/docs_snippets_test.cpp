@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "distjax/distjax.hpp"
+#include "distjax/parallel/tp_async.hpp"
 
 using namespace distjax;
 using mesh::P;
@@ -410,6 +411,60 @@ TEST(DocsSpmd, CollectivesAndTransposes) {
         auto g4 = autodiff::grad(
             [&](const TensorTree& t) { return tensor::sum(psum(ctx, t.at("x"), "model")); })(p);
         EXPECT_EQ(g4.at("x").to_vector<float>()[0], 1.f);
+        std::lock_guard<std::mutex> lock(mu);
+        ++checked;
+        return std::vector<Tensor>{};
+      },
+      {}, {});
+  f(std::vector<Tensor>{});
+  EXPECT_EQ(checked, 8);
+}
+
+// "Ring collectives for asynchronous tensor parallelism"
+TEST(DocsSpmd, RingCollectivesForAsyncTp) {
+  using namespace distjax::spmd;
+  Mesh mesh({2, 4}, {"data", "model"});
+  std::mutex mu;
+  int checked = 0;
+  auto f = shard_map(
+      mesh,
+      [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+        const Key key = Key::from_seed(1).fold_in(ctx.device());
+        auto random = [&](std::uint64_t i, const Shape& s) {
+          Tensor t = Tensor::empty(s);
+          random_uniform(key.fold_in(i), t.data<float>(), t.numel(), -1.f, 1.f);
+          return pvary(ctx, t, {"data", "model"});
+        };
+        const Tensor x = random(0, {2, 3}), w = random(1, {3, 5});
+        const Tensor h = random(2, {8, 3}), v = random(3, {3, 5});
+        // The snippet.
+        parallel::RingGather ring(ctx, x, "model");
+        std::vector<Tensor> rows(4);
+        while (ring.has_next()) {
+          parallel::RingChunk c = ring.next();
+          rows[c.source] = tensor::matmul(c.value, w);
+        }
+        Tensor y = tensor::concat(rows, 0);
+        Tensor z = parallel::async_scatter(
+            ctx,
+            [&](int j) { return tensor::matmul(tensor::slice(h, 0, 2 * j, 2 * j + 2), v); },
+            "model");
+        // What it claims.
+        const Tensor y_ref = tensor::matmul(all_gather(ctx, x, "model", 0, true), w);
+        const Tensor z_ref = psum_scatter(ctx, tensor::matmul(h, v), "model", 0, true);
+        auto expect_near = [](const Tensor& a, const Tensor& b) {
+          ASSERT_EQ(a.shape(), b.shape());
+          const std::vector<float> va = a.to_vector<float>(), vb = b.to_vector<float>();
+          for (std::size_t i = 0; i < va.size(); ++i)
+            EXPECT_NEAR(va[i], vb[i], 1e-5);
+        };
+        EXPECT_EQ(y.shape(), (Shape{8, 5}));
+        expect_near(y, y_ref);
+        EXPECT_EQ(z.shape(), (Shape{2, 5}));
+        expect_near(z, z_ref);
+        const int d = axis_index(ctx, "model");
+        EXPECT_EQ(parallel::ring_gather_sources(d, 4, parallel::RingMode::Bidirectional),
+                  (std::vector<int>{d, (d + 3) % 4, (d + 1) % 4, (d + 2) % 4}));
         std::lock_guard<std::mutex> lock(mu);
         ++checked;
         return std::vector<Tensor>{};
