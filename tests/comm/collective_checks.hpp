@@ -1,11 +1,13 @@
-// The shared check of every collective's values against the host, used by the threads
-// tests and the MPI tests.
+// The shared checks of every backend, used by the threads tests and the MPI tests: every
+// collective's values against the host, and the counters per group label.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -111,6 +113,86 @@ inline void check_all_collectives(Communicator& c, std::int64_t count, bool exac
       ASSERT_EQ(y[i], r == 0 ? input_f32(g[n - 1], i) : 0.f);
   }
   c.barrier();
+}
+
+// Counters per group label on a world of an even number n of devices, relabelled "all"
+// and split into pairs ("row": ranks {2i, 2i+1}) and columns ("col": the n/2 ranks of
+// equal parity): each call counts under the label of the group it ran on, and the
+// totals are the sum.
+inline void check_stats_per_label(Communicator& world) {
+  const int n = world.size(), r = world.rank();
+  ASSERT_EQ(n % 2, 0) << "needs an even number of devices";
+  ASSERT_EQ(world.label(), "world");
+  world.set_label("all");
+  CommStats& s = world.stats();
+  s.reset();
+  Communicator row = world.split(r / 2, r);
+  EXPECT_EQ(row.label(), "all") << "a split keeps its parent's label until given its own";
+  row.set_label("row");
+  Communicator col = world.split(r % 2, r);
+  col.set_label("col");
+  const std::int64_t count = 1000, bytes = 4 * count;
+  const int cols = n / 2;
+  std::vector<float> x(n * count, 1.f), y(n * count);
+  row.all_reduce(x.data(), y.data(), count, DType::F32, ReduceOp::Sum);
+  row.all_reduce(x.data(), y.data(), count, DType::F32, ReduceOp::Sum);
+  col.all_gather(x.data(), y.data(), count, DType::F32);
+  col.reduce_scatter(x.data(), y.data(), count, DType::F32, ReduceOp::Sum);
+  std::vector<std::pair<int, int>> ring;
+  for (int j = 0; j < n; ++j) ring.push_back({j, (j + 1) % n});
+  world.permute(x.data(), y.data(), count, DType::F32, ring);
+  // Point-to-point with the other member of the pair.
+  Request rr = row.irecv(y.data(), count, DType::F32, 1 - row.rank(), 5);
+  Request sr = row.isend(x.data(), count, DType::F32, 1 - row.rank(), 5);
+  sr.wait();
+  rr.wait();
+
+  // all_reduce over 2: 2(p-1)/p * B = B each way, twice.
+  EXPECT_EQ(s.of("row", OpKind::AllReduce).calls, 2);
+  EXPECT_EQ(s.of("row", OpKind::AllReduce).bytes_sent, 2 * bytes);
+  EXPECT_EQ(s.of("row", OpKind::AllReduce).bytes_received, 2 * bytes);
+  EXPECT_EQ(s.of("col", OpKind::AllReduce).calls, 0);
+  EXPECT_EQ(s.of("all", OpKind::AllReduce).calls, 0);
+  // all_gather and reduce_scatter over n/2: (p-1) * B.
+  EXPECT_EQ(s.of("col", OpKind::AllGather).bytes_sent, (cols - 1) * bytes);
+  EXPECT_EQ(s.of("col", OpKind::ReduceScatter).bytes_received, (cols - 1) * bytes);
+  EXPECT_EQ(s.of("row", OpKind::AllGather).calls, 0);
+  EXPECT_EQ(s.of("all", OpKind::Permute).bytes_sent, bytes);
+  EXPECT_EQ(s.of("all", OpKind::Permute).bytes_received, bytes);
+  EXPECT_EQ(s.of("all", OpKind::Split).calls, 2);  // splits run on the parent
+  EXPECT_EQ(s.of("row", OpKind::Send).calls, 1);
+  EXPECT_EQ(s.of("row", OpKind::Send).bytes_sent, bytes);
+  EXPECT_EQ(s.of("row", OpKind::Recv).bytes_received, bytes);
+  EXPECT_EQ(s.of("all", OpKind::Send).calls, 0);
+  EXPECT_EQ(s.for_group("nope"), nullptr);
+  EXPECT_EQ(s.of("nope", OpKind::AllReduce).calls, 0);
+  auto labels = s.group_labels();
+  EXPECT_EQ(std::set<std::string>(labels.begin(), labels.end()),
+            (std::set<std::string>{"all", "row", "col"}));
+  // The totals are the sum over the groups.
+  for (int k = 0; k < kNumOpKinds; ++k) {
+    OpCounters sum;
+    for (const auto& l : labels) {
+      const OpCounters c = s.of(l, static_cast<OpKind>(k));
+      sum.calls += c.calls;
+      sum.bytes_sent += c.bytes_sent;
+      sum.bytes_received += c.bytes_received;
+      sum.seconds += c.seconds;
+    }
+    const OpCounters& total = s[static_cast<OpKind>(k)];
+    EXPECT_EQ(sum.calls, total.calls) << op_kind_name(static_cast<OpKind>(k));
+    EXPECT_EQ(sum.bytes_sent, total.bytes_sent) << op_kind_name(static_cast<OpKind>(k));
+    EXPECT_EQ(sum.bytes_received, total.bytes_received) << op_kind_name(static_cast<OpKind>(k));
+    EXPECT_NEAR(sum.seconds, total.seconds, 1e-9 + 1e-9 * total.seconds);
+  }
+  EXPECT_GT(s.of("row", OpKind::AllReduce).seconds, 0.0);
+  // reset() clears the groups too; a label in use keeps counting afterwards.
+  s.reset();
+  EXPECT_TRUE(s.group_labels().empty());
+  EXPECT_EQ(s.of("row", OpKind::AllReduce).calls, 0);
+  row.barrier();
+  EXPECT_EQ(s.group_labels(), std::vector<std::string>{"row"});
+  EXPECT_EQ(s[OpKind::Barrier].calls, 1);
 }
 
 }  // namespace distjax::comm::testing

@@ -1,6 +1,7 @@
 // MPI backend under `mpirun -np 4`: the same value checks as the threads backend (within
 // tolerance: MPI may sum in another order), split sub-groups, asynchronous
-// point-to-point, and the mismatch / timeout messages. Only rank 0 prints.
+// point-to-point, counters per group label, and the mismatch / timeout messages. Only
+// rank 0 prints.
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
@@ -85,6 +86,10 @@ TEST_F(MpiTest, AsyncRing) {
     for (int i = 0; i < 5000; ++i) ASSERT_EQ(y[i], input_f32(left, i));
     EXPECT_EQ(world.stats()[OpKind::Send].bytes_sent, 5000 * 4);
   });
+}
+
+TEST_F(MpiTest, StatsCountedPerGroupLabel) {
+  launch(mpi_opts(), [](Communicator& world) { testing::check_stats_per_label(world); });
 }
 
 TEST_F(MpiTest, MismatchNamesOpsAndDevices) {

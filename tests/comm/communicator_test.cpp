@@ -245,6 +245,11 @@ TEST(Stats, RingBytesAndCalls) {
   });
 }
 
+TEST(Stats, CountedPerGroupLabel) {
+  for (int n : {2, 4, 8})
+    launch(opts(n), [](Communicator& world) { testing::check_stats_per_label(world); });
+}
+
 TEST(Launch, DeviceExceptionWakesOthersAndIsRethrownWithIndex) {
   try {
     launch(opts(4), [](Communicator& world) {

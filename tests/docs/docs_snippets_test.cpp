@@ -554,11 +554,12 @@ TEST(DocsSpmd, LaunchAndCommunicator) {
 TEST(DocsSpmd, LinkModelAndCounters) {
   using namespace distjax::spmd;
   Mesh mesh = Mesh::line(2);
-  std::vector<std::int64_t> bytes(2);
+  std::vector<std::int64_t> bytes(2), data_bytes(2);
   ShardMapOptions opts;
   opts.link = {.latency_us = 50, .bandwidth_gbps = 10};
   opts.on_exit = [&](DeviceContext& ctx) {
     bytes[ctx.device()] = ctx.comm_stats()[comm::OpKind::AllReduce].bytes_sent;
+    data_bytes[ctx.device()] = ctx.comm_stats().of("data", comm::OpKind::AllReduce).bytes_sent;
   };
   auto f = shard_map(
       mesh,
@@ -571,6 +572,7 @@ TEST(DocsSpmd, LinkModelAndCounters) {
   // Ring all-reduce: 2 (p - 1) / p * 4096 bytes = 4096 bytes sent per device.
   EXPECT_EQ(bytes[0], 4096);
   EXPECT_EQ(bytes[1], 4096);
+  EXPECT_EQ(data_bytes, bytes);
 }
 
 // ------------------------------------------------------------ training.md

@@ -1,5 +1,6 @@
 // shard_map: assembly of outputs, resharding of inputs, the replication check, errors
-// of mismatched programs, per-device context (coordinates, rng folding, counters).
+// of mismatched programs, per-device context (coordinates, rng folding, counters, also
+// per mesh axis).
 #include "distjax/spmd/shard_map.hpp"
 
 #include <gtest/gtest.h>
@@ -314,5 +315,80 @@ TEST(DeviceContext, CountsCollectiveCallsAndBytes) {
     EXPECT_EQ(gathers[d], 1);
     EXPECT_EQ(transposes[d], 1);
     EXPECT_EQ(bytes[d], 3 * 256 * 4);  // (p - 1) * block bytes, the ring figure
+  }
+}
+
+TEST(DeviceContext, CountsCommunicationPerMeshAxis) {
+  Mesh m({2, 4}, {"data", "model"});
+  constexpr std::int64_t kN = 1000, kB = 4 * kN;  // floats and bytes of one block
+  std::mutex mu;
+  std::vector<comm::CommStats> stats(8);
+  ShardMapOptions opts;
+  opts.on_exit = [&](DeviceContext& ctx) {
+    std::lock_guard<std::mutex> lock(mu);
+    stats[ctx.device()] = ctx.comm_stats();
+  };
+  auto f = shard_map(
+      m,
+      [](DeviceContext& ctx, const std::vector<Tensor>&) {
+        comm::CommStats& s = ctx.comm_stats();
+        // The context's splits ran on the world, which is the group along all axes.
+        EXPECT_EQ(ctx.world().label(), "data,model");
+        EXPECT_EQ(s.group_labels(), std::vector<std::string>{"data,model"});
+        EXPECT_EQ(s.of("data,model", comm::OpKind::Split).calls, 3);
+        EXPECT_EQ(ctx.comm_label({"model", "data"}), "data,model");
+        EXPECT_EQ(ctx.comm_label(Axes{}), "");
+        EXPECT_EQ(ctx.comm("model").label(), "model");
+        s.reset();
+        Tensor x = Tensor::ones({kN});
+        psum(ctx, x, "model");
+        all_gather(ctx, x, "data", 0, true);
+        ppermute(ctx, x, "model", ring_permutation(4));
+        psum(ctx, x, {"data", "model"});
+        psum(ctx, x, {"model", "data"});  // split on first use, then counted with the above
+        return std::vector<Tensor>{};
+      },
+      {}, {}, opts);
+  f(std::vector<Tensor>{});
+  using comm::OpKind;
+  for (int d = 0; d < 8; ++d) {
+    SCOPED_TRACE("device " + std::to_string(d));
+    const comm::CommStats& s = stats[d];
+    // psum over "model" (p = 4): 2(p-1)/p * B; nothing over "data".
+    EXPECT_EQ(s.of("model", OpKind::AllReduce).calls, 1);
+    EXPECT_EQ(s.of("model", OpKind::AllReduce).bytes_sent, 2 * 3 * kB / 4);
+    EXPECT_EQ(s.of("model", OpKind::AllReduce).bytes_received, 2 * 3 * kB / 4);
+    EXPECT_EQ(s.of("data", OpKind::AllReduce).calls, 0);
+    // all_gather over "data" (p = 2): (p-1) * B.
+    EXPECT_EQ(s.of("data", OpKind::AllGather).calls, 1);
+    EXPECT_EQ(s.of("data", OpKind::AllGather).bytes_sent, kB);
+    EXPECT_EQ(s.of("model", OpKind::AllGather).calls, 0);
+    // ppermute over "model": one send and one receive of B.
+    EXPECT_EQ(s.of("model", OpKind::Send).calls, 1);
+    EXPECT_EQ(s.of("model", OpKind::Send).bytes_sent, kB);
+    EXPECT_EQ(s.of("model", OpKind::Recv).bytes_received, kB);
+    EXPECT_EQ(s.of("data", OpKind::Send).calls, 0);
+    // psum over both axes (p = 8), in either order: 2 * 2(p-1)/p * B.
+    EXPECT_EQ(s.of("data,model", OpKind::AllReduce).calls, 2);
+    EXPECT_EQ(s.of("data,model", OpKind::AllReduce).bytes_sent, 2 * 2 * 7 * kB / 8);
+    EXPECT_EQ(s.of("data,model", OpKind::Split).calls, 1);
+    EXPECT_EQ(s.for_group("model,data"), nullptr);
+    EXPECT_EQ(s.of("world", OpKind::AllReduce).calls, 0);
+    // The totals are the sum over the groups.
+    auto labels = s.group_labels();
+    EXPECT_EQ(std::set<std::string>(labels.begin(), labels.end()),
+              (std::set<std::string>{"data", "model", "data,model"}));
+    for (int k = 0; k < comm::kNumOpKinds; ++k) {
+      std::int64_t sent = 0, received = 0, calls = 0;
+      for (const auto& l : labels) {
+        sent += s.of(l, static_cast<OpKind>(k)).bytes_sent;
+        received += s.of(l, static_cast<OpKind>(k)).bytes_received;
+        calls += s.of(l, static_cast<OpKind>(k)).calls;
+      }
+      EXPECT_EQ(sent, s[static_cast<OpKind>(k)].bytes_sent);
+      EXPECT_EQ(received, s[static_cast<OpKind>(k)].bytes_received);
+      EXPECT_EQ(calls, s[static_cast<OpKind>(k)].calls);
+    }
+    EXPECT_EQ(s.total_bytes_sent(), 2 * 3 * kB / 4 + kB + kB + 2 * 2 * 7 * kB / 8);
   }
 }

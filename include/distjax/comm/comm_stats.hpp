@@ -1,11 +1,13 @@
-// Per-device communication counters: bytes and calls per collective kind, time spent
-// communicating and waiting for peers, and (optionally) a timeline of spans.
+// Per-device communication counters: bytes and calls per collective kind, in total and per
+// group label (mesh axes), time spent communicating and waiting for peers, and (optionally)
+// a timeline of spans.
 #pragma once
 
 #include <array>
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace distjax::comm {
@@ -57,7 +59,21 @@ struct CommSpan {
 
 /// Counters of one device, shared by every communicator (world and sub-groups) of that
 /// device. Not thread-safe: only the device's own thread updates and reads it.
-struct CommStats {
+///
+/// Every call is counted twice: in the totals (`by_kind`, `operator[]`) and under the
+/// label of the communicator it ran on (Communicator::label()), so the totals always
+/// equal the sum over the groups. Labels: "world" for the communicator launch() gives a
+/// device; a communicator split from another counts under its parent's label until it is
+/// given its own (Communicator::set_label); inside shard_map the mesh axes of the group
+/// in mesh order, joined by ',' ("model", "data", "data,model", "" for the group of one
+/// device), see spmd::DeviceContext::comm_label(). Point-to-point transfers (isend/irecv,
+/// hence spmd::ppermute_start/done) count under the group they use.
+///
+///   ctx.comm_stats().of("model", OpKind::AllReduce).bytes_sent;  // over "model" only
+///   ctx.comm_stats()[OpKind::AllReduce].bytes_sent;              // over every group
+class CommStats {
+ public:
+  /// Totals over every group, by kind.
   std::array<OpCounters, kNumOpKinds> by_kind{};
   /// When true, every call appends a CommSpan to `spans` (for Chrome-trace timelines).
   bool record_spans = false;
@@ -70,8 +86,32 @@ struct CommStats {
   std::int64_t total_bytes_received() const;
   double total_seconds() const;
   double total_wait_seconds() const;
-  /// Zeroes every counter and drops the spans (keeps record_spans).
+
+  /// Counters of the group labelled `label` by kind, or nullptr when no communicator of
+  /// this device has had that label since it was created.
+  const std::array<OpCounters, kNumOpKinds>* for_group(std::string_view label) const;
+  /// Counters of one kind under one label; zeros for a label never used.
+  OpCounters of(std::string_view label, OpKind k) const;
+  /// The labels under which at least one call was counted since creation or reset(), in
+  /// order of first use.
+  std::vector<std::string> group_labels() const;
+
+  /// Zeroes every counter (totals and per group) and drops the spans (keeps record_spans).
   void reset();
+
+  /// For the backends: the index of `label` (added on first use), as a communicator
+  /// keeps it so that counting costs one index lookup.
+  int group_index(std::string_view label);
+  /// For the backends: adds `delta` to the totals of kind `k` and to those of group
+  /// `group` (an index from group_index()).
+  void add(int group, OpKind k, const OpCounters& delta);
+
+ private:
+  struct Group {
+    std::string label;
+    std::array<OpCounters, kNumOpKinds> by_kind{};
+  };
+  std::vector<Group> groups_;
 };
 
 }  // namespace distjax::comm

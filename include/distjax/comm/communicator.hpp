@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -20,8 +21,10 @@ enum class ReduceOp : std::uint8_t { Sum, Mean, Max };
 /// "sum", "mean", "max".
 const char* reduce_op_name(ReduceOp op);
 
-/// Backend side of a Communicator (one object per device per group). Every method has
-/// the contract of the Communicator method of the same name.
+/// Backend side of a Communicator (one object per device per group). Every virtual
+/// method has the contract of the Communicator method of the same name. The label is
+/// kept here, once for every backend: backends count each call with
+/// stats().add(stats_group(), ...).
 class CommunicatorImpl {
  public:
   virtual ~CommunicatorImpl() = default;
@@ -43,6 +46,23 @@ class CommunicatorImpl {
   virtual Request irecv(void* buf, std::int64_t count, DType dtype, int src, int tag) = 0;
   virtual std::shared_ptr<CommunicatorImpl> split(int color, int key) = 0;
   virtual CommStats& stats() = 0;
+
+  /// The label of Communicator::label(), kept here for every backend ("world" at first).
+  const std::string& label() const { return label_; }
+  /// Communicator::set_label.
+  void set_label(std::string_view label) {
+    label_ = label;
+    group_ = -1;
+  }
+  /// Index of label() among the groups of stats(), looked up on first use only.
+  int stats_group() {
+    if (group_ < 0) group_ = stats().group_index(label_);
+    return group_;
+  }
+
+ private:
+  std::string label_ = "world";
+  int group_ = -1;
 };
 
 /// One device's view of a group of devices. A small value handle (copies share the same
@@ -132,10 +152,23 @@ class Communicator {
   }
   /// Collective over this group: a new group of the ranks that passed the same color
   /// (>= 0), ordered by key then by rank (like MPI_Comm_split).
-  Communicator split(int color, int key) const { return Communicator(impl_->split(color, key)); }
+  /// The new group counts its calls under this group's label() until given its own.
+  Communicator split(int color, int key) const {
+    Communicator sub(impl_->split(color, key));
+    sub.set_label(label());
+    return sub;
+  }
 
   /// Counters of this device (shared by all its communicators).
   CommStats& stats() { return impl_->stats(); }
+  /// The label under which this group's calls are counted in stats() (CommStats::of,
+  /// CommStats::for_group): "world" for the communicator launch() gives, the parent's
+  /// label for a split, the group's mesh axes ("model", "data,model") for those of a
+  /// spmd::DeviceContext. Calls count under the label in force when they start.
+  const std::string& label() const { return impl_->label(); }
+  /// Relabels this group on this device (every copy of the handle shares it). Choosing
+  /// labels is the caller's business: groups with equal labels add up.
+  void set_label(std::string_view label) { impl_->set_label(label); }
 
   CommunicatorImpl& impl() { return *impl_; }
 

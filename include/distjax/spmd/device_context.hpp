@@ -21,7 +21,7 @@ using mesh::Axes;
 using mesh::Mesh;
 
 /// Per-device counters kept by the spmd layer (communication bytes per collective kind
-/// are in comm_stats(), kept by the communicator).
+/// and per group of mesh axes are in comm_stats(), kept by the communicator).
 struct DeviceCounters {
   /// Forward and backward calls of each differentiable collective, by name ("psum",
   /// "all_gather", "all_gather.T" for a transpose run in the backward pass, ...).
@@ -30,7 +30,9 @@ struct DeviceCounters {
 
 /// One device's view of the mesh inside shard_map. Built collectively by every device
 /// of `world` (it splits the world into the groups along every set of mesh axes, in
-/// mesh order, so no later lookup needs a collective in mesh order).
+/// mesh order, so no later lookup needs a collective in mesh order). Each communicator
+/// is labelled with comm_label() of its axes, the world too (it is the group along all
+/// axes: "data,model"), so comm_stats() counts communication per mesh axis.
 ///
 ///   shard_map(mesh, [](DeviceContext& ctx, const std::vector<Tensor>& in) {
 ///     int i = ctx.axis_index("model");              // 0..3 on a ("data"=2, "model"=4) mesh
@@ -64,6 +66,11 @@ class DeviceContext final : public tensor::VaryingAxesHook {
   /// mesh's is split on first use (a collective: every device must ask for it in the
   /// same order, as SPMD code does).
   comm::Communicator& comm(const Axes& axes);
+  /// The label under which comm(axes) counts its calls in comm_stats(): the axes in mesh
+  /// order joined by ',' ("model", "data,model"; "" for the empty set), so ("model",
+  /// "data") and ("data", "model") count together. Throws ShardingError for an unknown
+  /// axis.
+  std::string comm_label(const Axes& axes) const;
 
   /// `key` with this device's index along each axis of `axes` folded in, one axis after
   /// another: keys differ between devices that differ along `axes` and are equal along
@@ -83,7 +90,11 @@ class DeviceContext final : public tensor::VaryingAxesHook {
   /// implicit pvary); counted as "pvary.T" in counters().
   tensor::Tensor psum_mask(const tensor::Tensor& g, std::uint32_t mask) override;
 
-  /// The communicator's counters of this device (bytes and calls per kind, timings).
+  /// The communicator's counters of this device (bytes and calls per kind, timings), in
+  /// total and per group of mesh axes (labels from comm_label()). A psum of N f32 over
+  /// "model" (size p) adds 2(p-1)/p*4N bytes to both of:
+  ///   ctx.comm_stats()[comm::OpKind::AllReduce].bytes_sent;
+  ///   ctx.comm_stats().of("model", comm::OpKind::AllReduce).bytes_sent;
   comm::CommStats& comm_stats() { return world_.stats(); }
   DeviceCounters& counters() { return counters_; }
 

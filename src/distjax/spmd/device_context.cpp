@@ -14,8 +14,10 @@ DeviceContext::DeviceContext(Mesh mesh, comm::Communicator world)
   device_ = world_.rank();
   coords_ = mesh_.coords(device_);
   // Split once per subset of the axes, in mesh order and the same order on every device,
-  // so that later lookups are local. The full set is the world itself.
+  // so that later lookups are local. The full set is the world itself, labelled first so
+  // that the splits count under it too.
   const int k = mesh_.ndim();
+  world_.set_label(comm_label(Axes(mesh_.axis_names())));
   for (int mask = 0; mask < (1 << k); ++mask) {
     std::vector<std::string> axes;
     for (int i = 0; i < k; ++i)
@@ -24,8 +26,10 @@ DeviceContext::DeviceContext(Mesh mesh, comm::Communicator world)
       comms_.emplace(axes, world_);
       continue;
     }
-    comms_.emplace(axes, world_.split(mesh_.group_id(device_, Axes(axes)),
-                                      mesh_.index_along(device_, Axes(axes))));
+    auto c =
+        world_.split(mesh_.group_id(device_, Axes(axes)), mesh_.index_along(device_, Axes(axes)));
+    c.set_label(comm_label(Axes(axes)));
+    comms_.emplace(axes, std::move(c));
   }
 }
 
@@ -48,7 +52,18 @@ comm::Communicator& DeviceContext::comm(const Axes& axes) {
   mesh_.check_axes(axes, "DeviceContext::comm");
   // A set of axes in another order than the mesh's: same members, other ranking.
   auto c = world_.split(mesh_.group_id(device_, axes), mesh_.index_along(device_, axes));
+  c.set_label(comm_label(axes));
   return comms_.emplace(axes.names, std::move(c)).first->second;
+}
+
+std::string DeviceContext::comm_label(const Axes& axes) const {
+  mesh_.check_axes(axes, "comm_label");
+  std::string label;
+  for (const auto& a : axes_of(axis_mask(axes)).names) {
+    if (!label.empty()) label.push_back(',');
+    label.append(a);
+  }
+  return label;
 }
 
 std::uint32_t DeviceContext::axis_mask(const Axes& axes) const {

@@ -257,8 +257,12 @@ void link_sleep(const LinkModel& link, const Traffic& t) {
   if (us > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(us));
 }
 
-CallTimer::CallTimer(CommStats& stats, OpKind kind, const Traffic& traffic)
-    : stats_(stats), kind_(kind), traffic_(traffic), start_(std::chrono::steady_clock::now()) {}
+CallTimer::CallTimer(CommunicatorImpl& c, OpKind kind, const Traffic& traffic)
+    : stats_(c.stats()),
+      group_(c.stats_group()),
+      kind_(kind),
+      traffic_(traffic),
+      start_(std::chrono::steady_clock::now()) {}
 
 void CallTimer::arrived() {
   arrived_ = std::chrono::steady_clock::now();
@@ -268,13 +272,25 @@ void CallTimer::arrived() {
 CallTimer::~CallTimer() {
   auto end = std::chrono::steady_clock::now();
   if (!has_arrived_) arrived_ = end;
-  OpCounters& c = stats_[kind_];
-  c.calls += 1;
-  c.bytes_sent += traffic_.sent;
-  c.bytes_received += traffic_.received;
-  c.seconds += std::chrono::duration<double>(end - start_).count();
-  c.wait_seconds += std::chrono::duration<double>(arrived_ - start_).count();
+  stats_.add(group_, kind_,
+             {.calls = 1,
+              .bytes_sent = traffic_.sent,
+              .bytes_received = traffic_.received,
+              .seconds = std::chrono::duration<double>(end - start_).count(),
+              .wait_seconds = std::chrono::duration<double>(arrived_ - start_).count()});
   if (stats_.record_spans) stats_.spans.push_back({kind_, start_, arrived_, end, traffic_.sent});
+}
+
+void count_post(CommunicatorImpl& c, bool is_send, std::int64_t bytes, bool to_self) {
+  const std::int64_t moved = to_self ? 0 : bytes;
+  c.stats().add(
+      c.stats_group(), is_send ? OpKind::Send : OpKind::Recv,
+      {.calls = 1, .bytes_sent = is_send ? moved : 0, .bytes_received = is_send ? 0 : moved});
+}
+
+void count_wait(CommStats& stats, int group, bool is_send, double seconds) {
+  stats.add(group, is_send ? OpKind::Send : OpKind::Recv,
+            {.seconds = seconds, .wait_seconds = seconds});
 }
 
 namespace {

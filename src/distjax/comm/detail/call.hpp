@@ -70,21 +70,29 @@ void divide_inplace(void* buf, std::int64_t n, DType dtype, int divisor);
 /// Sleeps for what the link model charges for this traffic (nothing when it is off).
 void link_sleep(const LinkModel& link, const Traffic& t);
 
-/// Measures one call for CommStats: wall time, wait time, bytes, optional span.
+/// Measures one call of `c` for its CommStats, in the totals and under c's label: wall
+/// time, wait time, bytes, optional span.
 class CallTimer {
  public:
-  CallTimer(CommStats& stats, OpKind kind, const Traffic& traffic);
+  CallTimer(CommunicatorImpl& c, OpKind kind, const Traffic& traffic);
   /// Every peer has arrived: what came before was waiting.
   void arrived();
   ~CallTimer();
 
  private:
   CommStats& stats_;
+  int group_;
   OpKind kind_;
   Traffic traffic_;
   std::chrono::steady_clock::time_point start_, arrived_;
   bool has_arrived_ = false;
 };
+
+/// Counts an isend / irecv of `c` when it is posted: one call, and its bytes unless the
+/// peer is this rank itself.
+void count_post(CommunicatorImpl& c, bool is_send, std::int64_t bytes, bool to_self);
+/// Counts the wait of a transfer posted under group index `group`: all of it is waiting.
+void count_wait(CommStats& stats, int group, bool is_send, double seconds);
 
 /// Rewraps an exception thrown on device `device` so its message names the device,
 /// keeping distjax error types; rethrows it.

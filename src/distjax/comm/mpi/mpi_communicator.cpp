@@ -464,9 +464,11 @@ class MpiCommunicator final : public CommunicatorImpl,
       if (d == rank_) src = s;
       if (s == rank_) dst = d;
     }
-    auto [call, timer] = begin(OpKind::Permute, 0, false);
-    (*stats_)[OpKind::Permute].bytes_sent += (dst >= 0 && dst != rank_) ? bytes : 0;
-    (*stats_)[OpKind::Permute].bytes_received += (src >= 0 && src != rank_) ? bytes : 0;
+    // Bytes actually moved between devices (a self pair moves nothing).
+    const bool sends = dst >= 0 && dst != rank_, receives = src >= 0 && src != rank_;
+    auto [call, timer] = begin(
+        OpKind::Permute,
+        detail::Traffic{sends ? bytes : 0, receives ? bytes : 0, (sends || receives) ? 1 : 0});
     agree(call,
           detail::make_desc(call.seq, OpKind::Permute, count, dtype, ReduceOp::Sum, 0,
                             detail::hash_pairs(pairs)),
@@ -529,7 +531,13 @@ class MpiCommunicator final : public CommunicatorImpl,
   class MpiRequest final : public RequestImpl {
    public:
     MpiRequest(std::shared_ptr<MpiCommunicator> c, MPI_Request r, bool is_send, int peer, int tag)
-        : keep_(std::move(c)), c_(*keep_), r_(r), is_send_(is_send), peer_(peer), tag_(tag) {}
+        : keep_(std::move(c)),
+          c_(*keep_),
+          r_(r),
+          is_send_(is_send),
+          peer_(peer),
+          tag_(tag),
+          stats_group_(c_.stats_group()) {}
     ~MpiRequest() override {
       int finalized = 0;
       MPI_Finalized(&finalized);
@@ -559,10 +567,8 @@ class MpiCommunicator final : public CommunicatorImpl,
              << ") in group " << c_.label_ << " abandoned: " << *poll_abort();
           throw CommError(os.str());
       }
-      OpCounters& cnt = (*c_.stats_)[is_send_ ? OpKind::Send : OpKind::Recv];
-      double s = std::chrono::duration<double>(Clock::now() - start).count();
-      cnt.seconds += s;
-      cnt.wait_seconds += s;
+      detail::count_wait(*c_.stats_, stats_group_, is_send_,
+                         std::chrono::duration<double>(Clock::now() - start).count());
     }
     bool test() override {
       if (r_ == MPI_REQUEST_NULL) return true;
@@ -577,6 +583,7 @@ class MpiCommunicator final : public CommunicatorImpl,
     MPI_Request r_;
     bool is_send_;
     int peer_, tag_;
+    int stats_group_;  // the label in force when the transfer was posted
   };
 
  private:
@@ -589,14 +596,18 @@ class MpiCommunicator final : public CommunicatorImpl,
   std::pair<CallInfo, std::unique_ptr<detail::CallTimer>> begin(OpKind kind,
                                                                 std::int64_t block_bytes,
                                                                 bool is_root) {
+    return begin(kind, detail::ring_traffic(kind, block_bytes, size_, is_root));
+  }
+  /// A call whose traffic is not the ring algorithm's (permute: the bytes it moves).
+  std::pair<CallInfo, std::unique_ptr<detail::CallTimer>> begin(OpKind kind,
+                                                                const detail::Traffic& traffic) {
     if (failed_) throw CommError(failure_);
     if (poll_abort() != nullptr) {  // a device failed: start nothing new
       CallInfo c{seq_++, kind, Clock::now()};
       fail(abort_message(c));
     }
     CallInfo c{seq_++, kind, Clock::now() + opts_.timeout};
-    return {c, std::make_unique<detail::CallTimer>(
-                   *stats_, kind, detail::ring_traffic(kind, block_bytes, size_, is_root))};
+    return {c, std::make_unique<detail::CallTimer>(*this, kind, traffic)};
   }
   void end(const CallInfo&) {}
 
@@ -744,10 +755,7 @@ class MpiCommunicator final : public CommunicatorImpl,
     DISTJAX_CHECK(tag >= 0 && tag < kMaxTag, InvalidArgument, "[", name, "] tag ", tag,
                   " is outside [0, ", kMaxTag, ")");
     const int n = to_int(name, count);
-    OpCounters& cnt = (*stats_)[is_send ? OpKind::Send : OpKind::Recv];
-    cnt.calls += 1;
-    if (peer != rank_)
-      (is_send ? cnt.bytes_sent : cnt.bytes_received) += count * dtype_size(dtype);
+    detail::count_post(*this, is_send, count * dtype_size(dtype), peer == rank_);
     MPI_Request r;
     if (is_send) {
       check(MPI_Isend(buf, n, mpi_type(dtype), peer, tag, comm_, &r), name, global_);

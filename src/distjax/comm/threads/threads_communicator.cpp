@@ -32,10 +32,13 @@ std::pair<std::int64_t, std::int64_t> share(std::int64_t count, int n, int r) {
 class ThreadsCommunicator::Call {
  public:
   Call(ThreadsCommunicator& c, OpKind kind, std::int64_t block_bytes, bool is_root = false)
+      : Call(c, kind, detail::ring_traffic(kind, block_bytes, c.size(), is_root)) {}
+  /// A call whose traffic is not the ring algorithm's (permute: the bytes it moves).
+  Call(ThreadsCommunicator& c, OpKind kind, const detail::Traffic& traffic)
       : c_(c),
         seq_(c.seq_++),
-        traffic_(detail::ring_traffic(kind, block_bytes, c.size(), is_root)),
-        timer_(*c.stats_, kind, traffic_),
+        traffic_(traffic),
+        timer_(c, kind, traffic_),
         deadline_(Clock::now() + c.world_->options().timeout) {
     c_.world_->enter_call(c_.global_rank(), kind, seq_, c_.g_->label());
   }
@@ -173,9 +176,9 @@ void ThreadsCommunicator::permute(const void* send, void* recv, std::int64_t cou
     if (s == rank_ && d != rank_) sends = true;
   }
   // Bytes actually moved between devices (a self pair moves nothing).
-  Call call(*this, OpKind::Permute, 0);
-  stats_->operator[](OpKind::Permute).bytes_sent += sends ? bytes : 0;
-  stats_->operator[](OpKind::Permute).bytes_received += (src >= 0 && src != rank_) ? bytes : 0;
+  const bool receives = src >= 0 && src != rank_;
+  Call call(*this, OpKind::Permute,
+            detail::Traffic{sends ? bytes : 0, receives ? bytes : 0, (sends || src >= 0) ? 1 : 0});
   call.arrive(detail::make_desc(call.seq(), OpKind::Permute, count, dtype, ReduceOp::Sum, 0,
                                 detail::hash_pairs(pairs)),
               send, recv);
@@ -223,8 +226,10 @@ namespace {
 class ThreadsRequest final : public RequestImpl {
  public:
   ThreadsRequest(std::shared_ptr<GroupState> g, int rank, std::shared_ptr<P2POp> op,
-                 std::shared_ptr<CommStats> stats, std::chrono::milliseconds timeout)
+                 std::shared_ptr<CommStats> stats, int stats_group,
+                 std::chrono::milliseconds timeout)
       : g_(std::move(g)), rank_(rank), op_(std::move(op)), stats_(std::move(stats)),
+        stats_group_(stats_group),
         timeout_(timeout) {}
   ~ThreadsRequest() override {
     if (!finished_) g_->cancel(rank_, op_);
@@ -234,10 +239,8 @@ class ThreadsRequest final : public RequestImpl {
     auto start = Clock::now();
     g_->wait(rank_, op_, start + timeout_);
     finished_ = true;
-    OpCounters& c = (*stats_)[op_->is_send ? OpKind::Send : OpKind::Recv];
-    double s = std::chrono::duration<double>(Clock::now() - start).count();
-    c.seconds += s;
-    c.wait_seconds += s;
+    detail::count_wait(*stats_, stats_group_, op_->is_send,
+                       std::chrono::duration<double>(Clock::now() - start).count());
   }
   bool test() override {
     if (finished_) return true;
@@ -251,6 +254,7 @@ class ThreadsRequest final : public RequestImpl {
   int rank_;
   std::shared_ptr<P2POp> op_;
   std::shared_ptr<CommStats> stats_;
+  int stats_group_;  // the label in force when the transfer was posted
   std::chrono::milliseconds timeout_;
   bool finished_ = false;
 };
@@ -276,14 +280,10 @@ Request ThreadsCommunicator::post(bool is_send, void* buf, std::int64_t count, D
   op->dtype = dtype;
   op->peer = peer;
   op->tag = tag;
-  OpCounters& c = (*stats_)[is_send ? OpKind::Send : OpKind::Recv];
-  c.calls += 1;
-  if (peer != rank_) {
-    const std::int64_t bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
-    (is_send ? c.bytes_sent : c.bytes_received) += bytes;
-  }
+  detail::count_post(*this, is_send, count * static_cast<std::int64_t>(dtype_size(dtype)),
+                     peer == rank_);
   g_->post(rank_, op);
-  return Request(std::make_unique<ThreadsRequest>(g_, rank_, std::move(op), stats_,
+  return Request(std::make_unique<ThreadsRequest>(g_, rank_, std::move(op), stats_, stats_group(),
                                                   world_->options().timeout));
 }
 
