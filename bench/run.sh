@@ -105,6 +105,14 @@ run_jax() {
   timeout 600 "$JAXPY" "$ROOT/bench/reference/jax_train.py" --seconds "$SECONDS_PER" \
     >/tmp/distjax-bench-jax.log 2>&1 || note jax_failed "$(tail -n 3 /tmp/distjax-bench-jax.log | tr '\n' ' ' | cut -c1-300)"
 }
+# The same GPT with Megatron tensor parallelism over 2 simulated XLA CPU devices
+# (shard_map, one thread per device): the baseline of DistJax's TP GPT step.
+run_jax_tp() {
+  if [ "$HAVE_JAX" != 1 ]; then return; fi
+  log "JAX tensor-parallel reference (shard_map, 2 devices)"
+  timeout 600 "$JAXPY" "$ROOT/bench/reference/jax_tp_gpt.py" --devices 2 --seconds "$SECONDS_PER" \
+    >/tmp/distjax-bench-jax-tp.log 2>&1 || note jax_tp_failed "$(tail -n 3 /tmp/distjax-bench-jax-tp.log | tr '\n' ' ' | cut -c1-300)"
+}
 [ "$HAVE_TORCH" = 1 ] || note pytorch_unavailable "python3-torch is not installed and could not be installed"
 
 # ------------------------------------------------------------------ the runs
@@ -120,6 +128,7 @@ for round in 1 2; do
   [ -x "$BUILD/bench_train" ] && run_native "$BUILD/bench_train" --seconds "$SECONDS_PER" "${extra[@]}"
   run_torch
   [ $round = 1 ] && run_jax
+  [ $round = 1 ] && run_jax_tp
   [ -x "$BUILD/bench_train" ] && run_native "$BUILD/bench_train" --seconds "$SECONDS_PER" --threads 1
   run_torch --threads 1
   # DistJax with OpenMP threads that sleep instead of spinning while they wait: on a
