@@ -23,9 +23,11 @@ Tensor Embedding::operator()(const Scope& scope, const Tensor& ids) const {
 
 Tensor Embedding::attend(const Scope& scope, const Tensor& x) const {
   tensor::check_defined(x, "Embedding::attend", "x");
-  DISTJAX_CHECK(x.rank() >= 1 && x.size(-1) == features, InvalidArgument, "[Embedding::attend] \"",
-                scope.path(), "\" expects x (..., ", features, "), got ", to_string(x.shape()));
-  return tensor::matmul(x, table(scope), /*trans_a=*/false, /*trans_b=*/true);
+  // The table's (local) width: a table split by columns attends with its feature block.
+  const Tensor t = table(scope);
+  DISTJAX_CHECK(x.rank() >= 1 && x.size(-1) == t.size(1), InvalidArgument, "[Embedding::attend] \"",
+                scope.path(), "\" expects x (..., ", t.size(1), "), got ", to_string(x.shape()));
+  return tensor::matmul(x, t, /*trans_a=*/false, /*trans_b=*/true);
 }
 
 }  // namespace distjax::nn

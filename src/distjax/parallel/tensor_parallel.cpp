@@ -106,8 +106,9 @@ Tensor TPDense::operator()(const nn::Scope& scope, const Tensor& x) const {
   const nn::Initializer kinit = kernel_init_adjustment == 1.0
                                     ? kernel_init
                                     : nn::scaled(kernel_init, kernel_init_adjustment);
-  // An axis of size 1 (or one device) runs the plain layer (the toolkit forces "none").
-  if (mode == TPMode::None || one_device(ctx, axis)) {
+  // Mode None is the plain layer. On one device (or an axis of size 1) the other modes
+  // keep their parameters' specs and skip the communication (the toolkit forces "none").
+  if (mode == TPMode::None) {
     return nn::Dense{.features = features,
                      .use_bias = use_bias,
                      .kernel_init = kinit,
@@ -115,8 +116,9 @@ Tensor TPDense::operator()(const nn::Scope& scope, const Tensor& x) const {
   }
   const int rank = x.rank();
   if (mode == TPMode::Gather) {
-    const Tensor full =
-        skip_communication ? x : spmd::all_gather(*ctx, x, axis, rank - 1, /*tiled=*/true);
+    const Tensor full = skip_communication || one_device(ctx, axis)
+                            ? x
+                            : spmd::all_gather(*ctx, x, axis, rank - 1, /*tiled=*/true);
     return nn::Dense{.features = features,
                      .use_bias = use_bias,
                      .kernel_init = kinit,
@@ -130,7 +132,9 @@ Tensor TPDense::operator()(const nn::Scope& scope, const Tensor& x) const {
                              .kernel_init = kinit,
                              .kernel_spec = P(axis, std::nullopt)}(scope, x);
   if (skip_communication) return partial;
-  Tensor y = spmd::psum_scatter(*ctx, partial, axis, rank - 1, /*tiled=*/true);
+  Tensor y = one_device(ctx, axis)
+                 ? partial
+                 : spmd::psum_scatter(*ctx, partial, axis, rank - 1, /*tiled=*/true);
   if (!use_bias) return y;
   return tensor::add(y, scope.param("bias", {features}, bias_init, P(axis)));
 }
