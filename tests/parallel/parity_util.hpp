@@ -14,6 +14,7 @@
 #include "distjax/nn/scope.hpp"
 #include "distjax/optim/optimizer.hpp"
 #include "distjax/parallel/data_parallel.hpp"
+#include "distjax/parallel/tensor_parallel.hpp"
 #include "distjax/spmd/shard_map.hpp"
 #include "distjax/train/train_step.hpp"
 
@@ -32,6 +33,7 @@ struct ParityModel {
 
 struct TrainingRun {
   std::vector<double> losses;
+  std::vector<double> grad_norms;  // before clipping
   TensorTree params;  // global
 };
 
@@ -44,14 +46,22 @@ inline train::LossFn parity_loss_fn(const ParityModel& model, spmd::DeviceContex
 }
 
 /// The reference: one device, no mesh.
+/// Gradients are clipped to this global norm in every run: small enough that the steps
+/// really clip, so a norm that missed a shard (or counted a replicated leaf twice) shows.
+constexpr double kParityMaxGradNorm = 0.5;
+
 inline TrainingRun train_one_device(const ParityModel& model, const optim::Optimizer& opt,
                                     const std::vector<train::Batch>& batches) {
   auto state = train::TrainState::create(model.init(Key::from_seed(1), nullptr, nullptr), opt,
                                          Key::from_seed(2));
   TrainingRun run;
   const train::LossFn fn = parity_loss_fn(model, nullptr);
-  for (const auto& b : batches)
-    run.losses.push_back(train::train_step(state, b, fn, opt).mean("loss"));
+  for (const auto& b : batches) {
+    const train::Metrics m =
+        train::train_step(state, b, fn, opt, {.max_grad_norm = kParityMaxGradNorm});
+    run.losses.push_back(m.mean("loss"));
+    run.grad_norms.push_back(m.mean("grad_norm"));
+  }
   run.params = state.params;
   return run;
 }
@@ -74,6 +84,7 @@ inline TrainingRun train_on_mesh(const mesh::Mesh& mesh, const ParityModel& mode
   for (const auto& p : paths)
     out_specs.push_back(specs.count(p) ? specs.at(p) : mesh::PartitionSpec());
   std::vector<std::vector<double>> losses(static_cast<std::size_t>(mesh.size()));
+  std::vector<double> norms;
   auto f = spmd::shard_map(
       mesh,
       [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
@@ -81,18 +92,22 @@ inline TrainingRun train_on_mesh(const mesh::Mesh& mesh, const ParityModel& mode
         auto state = train::TrainState::create(model.init(Key::from_seed(1), &my_specs, &ctx),
                                                opt, Key::from_seed(2));
         EXPECT_EQ(my_specs, specs);
-        parallel::Strategy single;
-        std::unique_ptr<parallel::DataParallel> dp;
-        if (has_data) dp = std::make_unique<parallel::DataParallel>(ctx, "data", &my_specs);
-        const train::TrainStepOptions step_options{
-            .strategy = dp ? static_cast<parallel::Strategy*>(dp.get()) : &single};
+        std::unique_ptr<parallel::Strategy> strategy;
+        if (has_data) {
+          strategy = std::make_unique<parallel::DataParallel>(ctx, "data", &my_specs);
+        } else {
+          strategy = std::make_unique<parallel::TensorParallel>(ctx, "model");
+        }
+        const train::TrainStepOptions step_options{.max_grad_norm = kParityMaxGradNorm,
+                                                   .strategy = strategy.get()};
         const train::LossFn fn = parity_loss_fn(model, &ctx);
         const int i = has_data ? ctx.axis_index("data") : 0;
         for (const auto& b : batches) {
           const std::int64_t per = b.size() / n_data;
-          losses[static_cast<std::size_t>(ctx.device())].push_back(
-              train::train_step(state, b.slice(i * per, (i + 1) * per), fn, opt, step_options)
-                  .mean("loss"));
+          const train::Metrics m =
+              train::train_step(state, b.slice(i * per, (i + 1) * per), fn, opt, step_options);
+          losses[static_cast<std::size_t>(ctx.device())].push_back(m.mean("loss"));
+          if (ctx.device() == 0) norms.push_back(m.mean("grad_norm"));
         }
         std::vector<Tensor> out;
         for (const auto& p : paths)
@@ -101,7 +116,7 @@ inline TrainingRun train_on_mesh(const mesh::Mesh& mesh, const ParityModel& mode
       },
       {}, out_specs, options);
   std::vector<mesh::ShardedArray> out = f(std::vector<Tensor>{});
-  TrainingRun run{losses[0], {}};
+  TrainingRun run{losses[0], norms, {}};
   for (std::size_t j = 0; j < paths.size(); ++j)
     run.params.set(paths[j], mesh::gather(out[j]));
   for (std::size_t d = 1; d < losses.size(); ++d)
@@ -116,6 +131,10 @@ inline void expect_same_run(const TrainingRun& one, const TrainingRun& other, do
   for (std::size_t s = 0; s < one.losses.size(); ++s)
     EXPECT_NEAR(other.losses[s], one.losses[s], tol * std::abs(one.losses[s]))
         << what << ", step " << s;
+  ASSERT_EQ(one.grad_norms.size(), other.grad_norms.size()) << what;
+  for (std::size_t s = 0; s < one.grad_norms.size(); ++s)
+    EXPECT_NEAR(other.grad_norms[s], one.grad_norms[s], tol * one.grad_norms[s])
+        << what << ", gradient norm at step " << s;
   ASSERT_TRUE(one.params.same_structure(other.params)) << what;
   for (const auto& [path, a] : one.params) {
     const Tensor& b = other.params.at(path);

@@ -38,6 +38,13 @@ TensorTree sync_grads(spmd::DeviceContext& ctx, const TensorTree& grads,
                       const mesh::Axes& data_axes, const ParamSpecs* specs = nullptr,
                       std::size_t bucket_bytes = kDefaultBucketBytes);
 
+/// The squared global norm of gradients spread over the mesh: each f32 leaf's local sum of
+/// squares is summed over the mesh axes the leaf varies over (its shards; a replicated
+/// leaf counts once), so every parameter of the model counts exactly once. Leaves with the
+/// same varying axes share one exchange (an all_gather of f64 partial sums, added in
+/// device order: the same value on every device). Every device must pass the same paths.
+double global_norm_squared(spmd::DeviceContext& ctx, const TensorTree& grads);
+
 /// Sums every metric's (sum, count) over the devices along `axes`, matched by name and
 /// added in f64 in device order (exact and the same on every device). Every device must
 /// report the same metric names; otherwise InvalidArgument names this device's.
@@ -66,6 +73,8 @@ class DataParallel final : public Strategy {
                                          int num_minibatches) override;
   TensorTree finalize_grads(TensorTree grads) override;
   train::Metrics reduce_metrics(train::Metrics metrics) override;
+  /// parallel::global_norm_squared (sharded leaves summed over their shards).
+  double grad_norm_squared(const TensorTree& grads) override;
 
   const mesh::Axes& axes() const { return axes_; }
 

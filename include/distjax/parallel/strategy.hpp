@@ -36,6 +36,9 @@ class Strategy {
   virtual TensorTree finalize_grads(TensorTree grads) { return grads; }
   /// Metrics merged over the devices that saw different examples.
   virtual train::Metrics reduce_metrics(train::Metrics metrics) { return metrics; }
+  /// The squared global norm of the (finalized) gradients of the whole model: every
+  /// parameter counted once, however it is sharded. One device: the local sum of squares.
+  virtual double grad_norm_squared(const TensorTree& grads);
 };
 
 }  // namespace distjax::parallel

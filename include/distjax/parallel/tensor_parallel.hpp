@@ -22,6 +22,7 @@
 #include "distjax/mesh/mesh.hpp"
 #include "distjax/nn/initializers.hpp"
 #include "distjax/nn/scope.hpp"
+#include "distjax/parallel/strategy.hpp"
 #include "distjax/spmd/device_context.hpp"
 #include "distjax/tensor/tensor.hpp"
 
@@ -162,5 +163,26 @@ struct VocabParallelEmbedding {
 /// cross-entropy). Labels outside [0, V) are an InvalidArgument.
 Tensor vocab_parallel_cross_entropy(spmd::DeviceContext* ctx, const Tensor& logits,
                                     const Tensor& labels, const mesh::Axes& axis);
+
+// ------------------------------------------------------------ the strategy
+
+/// The Strategy of tensor parallelism alone (a mesh without a data axis). The tape already
+/// gives each device the gradients of its shards and, summed over the devices that used
+/// them, of the replicated parameters; what needs the mesh is the global gradient norm
+/// (clipping, the "grad_norm" metric): sharded leaves are summed over their shards
+/// (global_norm_squared). With a data axis too, use DataParallel, which does the same.
+///
+///   parallel::TensorParallel tp(ctx, "model");
+///   train::train_step(state, batch, loss_fn, opt, {.max_grad_norm = 1.0, .strategy = &tp});
+class TensorParallel final : public Strategy {
+ public:
+  explicit TensorParallel(spmd::DeviceContext& ctx, mesh::Axes axes = "model");
+  std::string name() const override;
+  double grad_norm_squared(const TensorTree& grads) override;
+
+ private:
+  spmd::DeviceContext* ctx_;
+  mesh::Axes axes_;
+};
 
 }  // namespace distjax::parallel

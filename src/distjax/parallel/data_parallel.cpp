@@ -98,6 +98,39 @@ TensorTree sync_grads(spmd::DeviceContext& ctx, const TensorTree& grads,
   return out;
 }
 
+namespace {
+
+// Sum over the group of `comm` of one double per device, added in device order (the
+// doubles travel as their bits: the communicator reduces no f64).
+double sum_in_device_order(comm::Communicator& comm, double mine) {
+  static_assert(sizeof(double) == sizeof(std::int64_t));
+  std::vector<double> all(static_cast<std::size_t>(comm.size()));
+  comm.all_gather(&mine, all.data(), 1, DType::I64);
+  double s = 0;
+  for (double v : all)
+    s += v;
+  return s;
+}
+
+}  // namespace
+
+double global_norm_squared(spmd::DeviceContext& ctx, const TensorTree& grads) {
+  // Local sums of squares, grouped by the axes the leaves vary over (in mask order).
+  std::map<std::uint32_t, double> by_mask;
+  for (const auto& [path, g] : grads) {
+    if (g.dtype() != DType::F32) continue;
+    const float* p = g.data<float>();
+    double s = 0;
+    for (std::int64_t i = 0, n = g.numel(); i < n; ++i)
+      s += static_cast<double>(p[i]) * p[i];
+    by_mask[g.varying_axes()] += s;
+  }
+  double total = 0;
+  for (const auto& [mask, s] : by_mask)
+    total += mask == 0 ? s : sum_in_device_order(ctx.comm(ctx.axes_of(mask)), s);
+  return total;
+}
+
 train::Metrics sync_metrics(spmd::DeviceContext& ctx, const train::Metrics& metrics,
                             const mesh::Axes& axes) {
   comm::Communicator& comm = ctx.comm(axes);
@@ -181,6 +214,10 @@ TensorTree DataParallel::finalize_grads(TensorTree grads) {
 
 train::Metrics DataParallel::reduce_metrics(train::Metrics metrics) {
   return sync_metrics(*ctx_, metrics, axes_);
+}
+
+double DataParallel::grad_norm_squared(const TensorTree& grads) {
+  return global_norm_squared(*ctx_, grads);
 }
 
 }  // namespace distjax::parallel

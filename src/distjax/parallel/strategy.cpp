@@ -1,5 +1,7 @@
 #include "distjax/parallel/strategy.hpp"
 
+#include "distjax/optim/clip.hpp"
+
 namespace distjax::parallel {
 
 train::GradientResult Strategy::forward_backward(const train::LossFn& loss_fn,
@@ -7,6 +9,10 @@ train::GradientResult Strategy::forward_backward(const train::LossFn& loss_fn,
                                                  const train::Batch& batch, const Key& key,
                                                  int num_minibatches) {
   return train::accumulate_gradients(loss_fn, params, batch, key, num_minibatches);
+}
+
+double Strategy::grad_norm_squared(const TensorTree& grads) {
+  return optim::global_norm_squared(grads);
 }
 
 }  // namespace distjax::parallel

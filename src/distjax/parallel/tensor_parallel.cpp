@@ -5,6 +5,7 @@
 
 #include "distjax/core/error.hpp"
 #include "distjax/nn/dense.hpp"
+#include "distjax/parallel/data_parallel.hpp"
 #include "distjax/spmd/collectives.hpp"
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/matmul.hpp"
@@ -259,6 +260,21 @@ Tensor vocab_parallel_cross_entropy(spmd::DeviceContext* ctx, const Tensor& logi
   onehot.set_varying_axes(logits.varying_axes());
   Tensor target = spmd::psum(*ctx, tensor::sum(tensor::mul(shifted, onehot), {last}), axis);
   return tensor::sub(tensor::log(sum_exp), target);
+}
+
+// ------------------------------------------------------------ the strategy
+
+TensorParallel::TensorParallel(spmd::DeviceContext& ctx, mesh::Axes axes)
+    : ctx_(&ctx), axes_(std::move(axes)) {
+  ctx.mesh().check_axes(axes_, "TensorParallel");
+}
+
+std::string TensorParallel::name() const {
+  return "tensor(" + axes_.str() + "=" + std::to_string(ctx_->axis_size(axes_)) + ")";
+}
+
+double TensorParallel::grad_norm_squared(const TensorTree& grads) {
+  return global_norm_squared(*ctx_, grads);
 }
 
 }  // namespace distjax::parallel

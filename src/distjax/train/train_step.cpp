@@ -1,5 +1,7 @@
 #include "distjax/train/train_step.hpp"
 
+#include <cmath>
+
 #include "distjax/autodiff/autodiff.hpp"
 #include "distjax/core/error.hpp"
 #include "distjax/optim/clip.hpp"
@@ -104,9 +106,10 @@ Metrics train_step(TrainState& state, const Batch& batch, const LossFn& loss_fn,
       strategy.forward_backward(loss_fn, state.params, batch, rng, options.num_minibatches);
   r.grads = strategy.finalize_grads(std::move(r.grads));
   r.metrics = strategy.reduce_metrics(std::move(r.metrics));
-  const double norm = options.max_grad_norm > 0.0
-                          ? optim::clip_by_global_norm(r.grads, options.max_grad_norm)
-                          : optim::global_norm(r.grads);
+  // The norm of the whole model's gradient (sharded leaves summed over their shards).
+  const double norm = std::sqrt(strategy.grad_norm_squared(r.grads));
+  if (options.max_grad_norm > 0.0 && norm > options.max_grad_norm)
+    optim::scale_in_place(r.grads, options.max_grad_norm / norm);
   const double lr = optimizer.learning_rate(state.step);
   optimizer.update(state.params, r.grads, state.opt_state, state.step);
   state.step += 1;
