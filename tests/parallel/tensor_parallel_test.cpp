@@ -183,6 +183,29 @@ TEST(TPTransformer, EveryLayoutMatchesOneDevice) {
   }
 }
 
+TEST(TPParity, DropoutMasksAreTheSingleDeviceOnes) {
+  // Each device draws its block of the mask one device draws for the whole activation:
+  // with dropout on, tensor parallelism still trains the same model. (Data parallelism
+  // gives each replica its own masks, so the meshes here have no data axis.)
+  const auto tokens = token_batches(4, 8, 32);
+  models::TransformerConfig base = tiny_gpt();
+  base.dropout = 0.2f;
+  const TrainingRun one = train_one_device(gpt_model(models::Transformer(base)), sgd(), tokens);
+  for (const Layout& l : all_layouts()) {
+    models::TransformerConfig c = base;
+    c.tp = l.tp;
+    const models::Transformer model(c);
+    expect_same_run(one, train_on_mesh(Mesh({4}, {"model"}), gpt_model(model), sgd(), tokens),
+                    kTol, std::string(l.name) + " with dropout");
+  }
+  const models::TPClassifier clf(
+      {.in_features = 24, .hidden = 32, .num_classes = 10, .num_layers = 2, .dropout = 0.3f});
+  const auto images = image_batches(16, 24);
+  expect_same_run(train_one_device(classifier_model(clf), sgd(), images),
+                  train_on_mesh(Mesh({4}, {"model"}), classifier_model(clf), sgd(), images), kTol,
+                  "TP classifier with dropout");
+}
+
 TEST(TPTransformer, UntiedHeadAndRematMatchOneDevice) {
   auto cfg = [](TransformerTP tp) {
     models::TransformerConfig c = tiny_gpt(tp);

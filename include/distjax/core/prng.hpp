@@ -49,6 +49,7 @@ void random_normal(const Key& key, float* out, std::int64_t n, std::int64_t offs
 /// Standard normal truncated to [-2, 2], rescaled to unit variance (Flax's truncated_normal).
 void random_truncated_normal(const Key& key, float* out, std::int64_t n, std::int64_t offset = 0);
 /// Fills `out[0..n)` with Bernoulli(p) as 0/1 bytes.
-void random_bernoulli(const Key& key, std::uint8_t* out, std::int64_t n, float p);
+void random_bernoulli(const Key& key, std::uint8_t* out, std::int64_t n, float p,
+                      std::int64_t offset = 0);
 
 }  // namespace distjax

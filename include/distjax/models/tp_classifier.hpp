@@ -22,7 +22,7 @@ struct TPClassifierConfig {
   std::int64_t num_classes = 10;   // K
   int num_layers = 3;              // TP MLP blocks
   std::int64_t mlp_expansion = 1;  // block hidden width = D * mlp_expansion
-  float dropout = 0.1f;            // after the block's activation
+  float dropout = 0.1f;            // after the block's activation (masks equal one device's)
   std::string axis = "model";
   /// Scales the blocks' kernel initialisers (the toolkit used n^-0.5, which makes the
   /// model depend on the mesh; 1 keeps one model for every mesh).

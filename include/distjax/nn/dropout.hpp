@@ -11,6 +11,11 @@ namespace distjax::nn {
 ///  x (...) -> (...). No parameters.
 struct Dropout {
   float rate = 0.f;
+  /// How x is split over the mesh (empty = not split). On a scope with a device context,
+  /// each device draws its block of the mask of the whole array, so a sharded run drops
+  /// exactly the elements one device would (tensor parallelism's feature- or
+  /// sequence-sharded activations).
+  mesh::PartitionSpec spec{};
 
   Tensor operator()(const Scope& scope, const Tensor& x) const;
 };

@@ -31,5 +31,10 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels);
 /// 1 / (1 - rate). The mask comes from `key` only, so a key gives the same mask on
 /// every run. rate == 0 returns x; rate must be in [0, 1).
 Tensor dropout(const Tensor& x, float rate, const Key& key);
+/// Dropout of x, the block of a larger array of shape `global` starting at `block_start`
+/// (one index per dimension): the mask is that block of the mask dropout(global array)
+/// draws, so devices holding shards of an activation drop exactly what one device would.
+Tensor dropout(const Tensor& x, float rate, const Key& key, const Shape& global,
+               const std::vector<std::int64_t>& block_start);
 
 }  // namespace distjax::tensor

@@ -151,9 +151,11 @@ void random_truncated_normal(const Key& key, float* out, std::int64_t n, std::in
       offset);
 }
 
-void random_bernoulli(const Key& key, std::uint8_t* out, std::int64_t n, float p) {
-  fill_from_stream(key, out, n,
-                   [=](std::uint32_t w) { return static_cast<std::uint8_t>(open_unit(w) < p); });
+void random_bernoulli(const Key& key, std::uint8_t* out, std::int64_t n, float p,
+                      std::int64_t offset) {
+  fill_from_stream(
+      key, out, n, [=](std::uint32_t w) { return static_cast<std::uint8_t>(open_unit(w) < p); },
+      offset);
 }
 
 }  // namespace distjax

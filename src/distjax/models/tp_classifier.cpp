@@ -52,7 +52,8 @@ Tensor TPClassifier::operator()(const nn::Scope& scope, const Tensor& x) const {
                 .mode = TPMode::Gather,
                 .skip_communication = true,
                 .kernel_init_adjustment = c.kernel_init_adjustment}(block.child("fc1"), y);
-    y = nn::Dropout{.rate = c.dropout}(block.child("dropout"), tensor::silu(y));
+    y = nn::Dropout{.rate = c.dropout, .spec = mesh::P(std::nullopt, c.axis)}(block.child("dropout"),
+                                                                          tensor::silu(y));
     y = TPDense{.features = c.hidden,
                 .axis = c.axis,
                 .mode = TPMode::Scatter,

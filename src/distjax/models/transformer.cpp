@@ -87,7 +87,10 @@ Tensor Transformer::operator()(const nn::Scope& scope, const Tensor& tokens) con
   }
   if (sp) pos = parallel::split_to_sp_region(ctx, pos, axis, 0);
   x = tensor::add(x, pos);
-  x = nn::Dropout{.rate = c.dropout}(scope.child("embed_dropout"), x);
+  const mesh::PartitionSpec x_spec = feature_sharded ? mesh::P(std::nullopt, std::nullopt, tp.axis)
+                                     : sp             ? mesh::P(std::nullopt, tp.axis)
+                                                      : mesh::PartitionSpec();
+  x = nn::Dropout{.rate = c.dropout, .spec = x_spec}(scope.child("embed_dropout"), x);
 
   const double out_scale =
       1.0 / std::sqrt(2.0 * static_cast<double>(std::max<std::int64_t>(c.num_layers, 1)));

@@ -35,7 +35,11 @@ TPLayout tp_layout_from_name(const std::string& name) {
 Tensor TPTransformerBlock::megatron(const nn::Scope& scope, const Tensor& x) const {
   spmd::DeviceContext* ctx = scope.context();
   const nn::LayerNorm ln{.eps = ln_eps};
-  const nn::Dropout drop{.rate = dropout};
+  // Sequence parallel: the residual stream is (B, T/n, C); each device drops its rows of
+  // the single-device mask.
+  const nn::Dropout drop{.rate = dropout,
+                         .spec = sequence_parallel ? mesh::P(std::nullopt, axis)
+                                                   : mesh::PartitionSpec()};
   const std::int64_t c = x.size(2);
   const std::int64_t hidden = mlp_hidden > 0 ? mlp_hidden : 4 * c;
   const int n = scope.axis_size(axis);
@@ -70,7 +74,7 @@ Tensor TPTransformerBlock::megatron(const nn::Scope& scope, const Tensor& x) con
 // activation -> projection out (reduce-scatters to C/n).
 Tensor TPTransformerBlock::feature_sharded(const nn::Scope& scope, const Tensor& x) const {
   const TPNorm ln{.kind = TPNorm::Kind::Layer, .eps = ln_eps, .axis = axis};
-  const nn::Dropout drop{.rate = dropout};
+  const nn::Dropout drop{.rate = dropout, .spec = mesh::P(std::nullopt, std::nullopt, axis)};
   const int n = scope.axis_size(axis);
   const std::int64_t c = x.size(2) * n;
   const std::int64_t hidden = mlp_hidden > 0 ? mlp_hidden : 4 * c;

@@ -440,14 +440,12 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
 
 // ------------------------------------------------------------------ dropout
 
-Tensor dropout(const Tensor& x, float rate, const Key& key) {
-  detail::require_f32("dropout", {&x});
-  DISTJAX_CHECK(rate >= 0.f && rate < 1.f, InvalidArgument,
-                "[dropout] rate must be in [0, 1), got ", rate);
-  if (rate == 0.f) return x;
+namespace {
+
+// Inverted dropout of x with a given keep-mask (forward and backward apply the same mask).
+Tensor dropout_with_mask(const Tensor& x, float rate,
+                         std::shared_ptr<std::vector<std::uint8_t>> mask) {
   const std::int64_t n = x.numel();
-  auto mask = std::make_shared<std::vector<std::uint8_t>>(static_cast<std::size_t>(n));
-  random_bernoulli(key, mask->data(), n, 1.f - rate);
   const float scale = 1.f / (1.f - rate);
   auto apply = [mask, scale, n](const float* src, float* dst) {
     const std::uint8_t* pm = mask->data();
@@ -463,6 +461,49 @@ Tensor dropout(const Tensor& x, float rate, const Key& key) {
     apply(g[0].data<float>(), gx.data<float>());
     return std::vector<Tensor>{gx};
   });
+}
+
+void check_rate(const Tensor& x, float rate) {
+  detail::require_f32("dropout", {&x});
+  DISTJAX_CHECK(rate >= 0.f && rate < 1.f, InvalidArgument,
+                "[dropout] rate must be in [0, 1), got ", rate);
+}
+
+}  // namespace
+
+Tensor dropout(const Tensor& x, float rate, const Key& key) {
+  check_rate(x, rate);
+  if (rate == 0.f) return x;
+  const std::int64_t n = x.numel();
+  auto mask = std::make_shared<std::vector<std::uint8_t>>(static_cast<std::size_t>(n));
+  random_bernoulli(key, mask->data(), n, 1.f - rate);
+  return dropout_with_mask(x, rate, std::move(mask));
+}
+
+Tensor dropout(const Tensor& x, float rate, const Key& key, const Shape& global,
+               const std::vector<std::int64_t>& block_start) {
+  check_rate(x, rate);
+  const int r = x.rank();
+  bool inside = r >= 1 && static_cast<int>(global.size()) == r &&
+                static_cast<int>(block_start.size()) == r;
+  for (int d = 0; inside && d < r; ++d)
+    inside = block_start[d] >= 0 && block_start[d] + x.size(d) <= global[d];
+  DISTJAX_CHECK(inside, InvalidArgument, "[dropout] block ", to_string(x.shape()),
+                " does not lie inside ", to_string(global), " at the given start");
+  if (rate == 0.f) return x;
+  const std::int64_t n = x.numel(), row = x.size(r - 1);
+  auto mask = std::make_shared<std::vector<std::uint8_t>>(static_cast<std::size_t>(n));
+  // Each contiguous row of the block draws its stream positions from the global index.
+  for (std::int64_t local = 0; local < n; local += row) {
+    std::int64_t g = 0, stride = global[r - 1], rem = local / row;
+    for (int d = r - 1; d-- > 0;) {
+      g += (block_start[d] + rem % x.size(d)) * stride;
+      rem /= x.size(d);
+      stride *= global[d];
+    }
+    random_bernoulli(key, mask->data() + local, row, 1.f - rate, g + block_start[r - 1]);
+  }
+  return dropout_with_mask(x, rate, std::move(mask));
 }
 
 }  // namespace distjax::tensor
