@@ -224,6 +224,35 @@ TEST(TPTransformer, UntiedHeadAndRematMatchOneDevice) {
   }
 }
 
+TEST(TPTransformer, ParallelBlockMatchesOneDeviceInEveryLayout) {
+  const auto batches = token_batches(4, 8, 32);
+  models::TransformerConfig base = tiny_gpt();
+  base.parallel_block = true;
+  base.dropout = 0.1f;
+  const models::Transformer plain(base);
+  EXPECT_EQ(plain.init(Key::from_seed(0)).num_elements(), plain.num_params());
+  EXPECT_FALSE(plain.init(Key::from_seed(0)).contains("blocks/0/ln2/scale"));
+  const TrainingRun one = train_one_device(gpt_model(plain), sgd(), batches);
+  for (const Layout& l : all_layouts()) {
+    models::TransformerConfig c = base;
+    c.tp = l.tp;
+    const models::Transformer model(c);
+    expect_same_run(one, train_on_mesh(Mesh({4}, {"model"}), gpt_model(model), sgd(), batches),
+                    kTol, std::string(l.name) + " parallel block");
+  }
+  // With data parallelism too (no dropout: replicas draw their own masks).
+  base.dropout = 0.f;
+  const TrainingRun one_nodrop = train_one_device(gpt_model(models::Transformer(base)), sgd(), batches);
+  for (const Layout& l : all_layouts()) {
+    models::TransformerConfig c = base;
+    c.tp = l.tp;
+    expect_same_run(one_nodrop,
+                    train_on_mesh(Mesh({2, 2}, {"data", "model"}),
+                                  gpt_model(models::Transformer(c)), sgd(), batches),
+                    kTol, std::string(l.name) + " parallel block, data x model");
+  }
+}
+
 // ------------------------------------------------------------ communication, analytic
 
 // One train step of a lone TP block; returns this device's counters under "model".
@@ -232,11 +261,12 @@ struct BlockComm {
 };
 
 BlockComm block_comm(bool sequence_parallel, int n, std::int64_t b, std::int64_t t,
-                     std::int64_t c) {
+                     std::int64_t c, bool parallel = false) {
   const TPTransformerBlock block{.num_heads = 4,
                                  .mlp_hidden = 2 * c,
                                  .layout = TPLayout::Megatron,
-                                 .sequence_parallel = sequence_parallel};
+                                 .sequence_parallel = sequence_parallel,
+                                 .parallel = parallel};
   BlockComm out;
   const Tensor x = testing::random_tensor(Key::from_seed(5), {b, t, c});
   auto f = spmd::shard_map(
@@ -286,6 +316,11 @@ TEST(TPTransformer, MegatronBlockMovesFourAllReducesOfBTCPerStep) {
   // (ln1, ln2 scale and bias, the two row-parallel biases: 6 vectors of C) and the loss.
   EXPECT_EQ(sp.all_reduce.calls, 7);
   EXPECT_EQ(sp.all_reduce.bytes_sent, 2 * (n - 1) * (6 * c + 1) * 4 / n);
+
+  // The parallel block fuses attention's and the MLP's projections: half the all-reduces.
+  const BlockComm par = block_comm(false, n, b, t, c, /*parallel=*/true);
+  EXPECT_EQ(par.all_reduce.calls, 2);
+  EXPECT_EQ(par.all_reduce.bytes_sent, 2 * 2 * (n - 1) * btc / n);
 }
 
 // ------------------------------------------------------------ vocabulary parallelism

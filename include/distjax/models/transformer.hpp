@@ -43,6 +43,9 @@ struct TransformerConfig {
   bool tied_embeddings = true;    // logits = x @ wte^T, else an untied lm_head
   float dropout = 0.f;            // on embeddings and residual branches
   bool remat = false;             // recompute each block's activations in backward
+  /// Parallel blocks (GPT-J, PaLM): x + attn(ln1(x)) + mlp(ln1(x)), one fused projection
+  /// in and one out (parallel::TPTransformerBlock::parallel); no "ln2".
+  bool parallel_block = false;
   float ln_eps = 1e-5f;
   TransformerTP tp{};              // tensor parallelism (none by default)
 };

@@ -14,6 +14,21 @@
 
 namespace distjax::parallel {
 
+/// Collective matmul, gather side: all_gather(x) @ kernel with the gather run as a ring.
+/// x (..., K/n) varying along `axis`, kernel (K, F') this device's columns -> (..., F').
+/// While chunk j+1 travels, chunk j (from device j) multiplies the kernel's rows
+/// [j K/n, (j+1) K/n). Equals tensor::linear(all_gather(x, axis, -1, tiled), kernel) up to
+/// the f32 summation order; differentiable (the backward is asynchronous too).
+Tensor all_gather_matmul(spmd::DeviceContext& ctx, const Tensor& x, const Tensor& kernel,
+                         const mesh::Axes& axis, bool bidirectional = false);
+
+/// Collective matmul, scatter side: psum_scatter(x @ kernel) over the last dimension with
+/// the reduce-scatter run as a ring. x (..., K/n), kernel (K/n, F) this device's rows ->
+/// (..., F/n), block axis_index of the sum. The partial for device j's block of columns is
+/// computed just before the ring needs it, overlapping the previous hop.
+Tensor matmul_reduce_scatter(spmd::DeviceContext& ctx, const Tensor& x, const Tensor& kernel,
+                             const mesh::Axes& axis, bool bidirectional = false);
+
 /// Same parameters, shapes and results as TPDense in the same mode (within f32 summation
 /// order), with the communication overlapped:
 ///  - Gather: x (..., K/n) -> (..., F/n). The chunks x_j of the other devices arrive one

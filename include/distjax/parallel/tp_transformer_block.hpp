@@ -58,6 +58,11 @@ struct TPTransformerBlock {
   bool sequence_parallel = false;
   /// Async only: rings in both directions (about half the hops).
   bool bidirectional = false;
+  /// The parallel block (GPT-J, PaLM): x + dropout(attn(h) + mlp(h)), h = ln1(x), with
+  /// one fused input projection (qkv and fc1 side by side: one gather, or one pvary) and
+  /// one fused output projection (out and fc2 stacked: one all-reduce or reduce-scatter)
+  /// per block. Parameters as above without "ln2"; dropout from "dropout". Any layout.
+  bool parallel = false;
 
   Tensor operator()(const nn::Scope& scope, const Tensor& x) const;
 
@@ -65,6 +70,7 @@ struct TPTransformerBlock {
   Tensor body(const nn::Scope& scope, const Tensor& x) const;
   Tensor megatron(const nn::Scope& scope, const Tensor& x) const;
   Tensor feature_sharded(const nn::Scope& scope, const Tensor& x) const;
+  Tensor parallel_block(const nn::Scope& scope, const Tensor& x) const;
 };
 
 }  // namespace distjax::parallel

@@ -104,7 +104,8 @@ Tensor Transformer::operator()(const nn::Scope& scope, const Tensor& tokens) con
                                            .axis = tp.axis,
                                            .layout = tp.layout,
                                            .sequence_parallel = sp,
-                                           .bidirectional = tp.bidirectional};
+                                           .bidirectional = tp.bidirectional,
+                                           .parallel = c.parallel_block};
   const nn::Scope blocks = scope.child("blocks");
   for (std::int64_t i = 0; i < c.num_layers; ++i)
     x = block(blocks.child(static_cast<int>(i)), x);
@@ -173,7 +174,7 @@ Tensor Transformer::apply(const TensorTree& params, const Tensor& tokens, bool t
 std::int64_t Transformer::num_params() const {
   const auto& c = config_;
   const std::int64_t d = c.d_model, h = c.mlp_ratio * c.d_model;
-  const std::int64_t per_block = 2 * 2 * d                 // ln1, ln2
+  const std::int64_t per_block = (c.parallel_block ? 1 : 2) * 2 * d  // ln1 (, ln2)
                                  + d * 3 * d + 3 * d       // qkv
                                  + d * d + d               // out
                                  + d * h + h + h * d + d;  // mlp

@@ -7,9 +7,12 @@
 #include "distjax/nn/transformer_block.hpp"
 #include "distjax/parallel/tensor_parallel.hpp"
 #include "distjax/parallel/tp_async_dense.hpp"
+#include "distjax/spmd/collectives.hpp"
 #include "distjax/tensor/attention.hpp"
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/grad_node.hpp"
+#include "distjax/tensor/matmul.hpp"
+#include "distjax/tensor/shape_ops.hpp"
 
 namespace distjax::parallel {
 
@@ -112,7 +115,73 @@ Tensor TPTransformerBlock::feature_sharded(const nn::Scope& scope, const Tensor&
   return tensor::add(y, drop(scope.child("mlp_dropout"), h));
 }
 
+// The parallel block: one norm, one fused projection in (qkv | fc1 columns), local heads
+// and activation side by side, one fused projection out (out ; fc2 rows).
+Tensor TPTransformerBlock::parallel_block(const nn::Scope& scope, const Tensor& x) const {
+  using mesh::P;
+  const bool tp = layout != TPLayout::None;
+  const bool features_sharded = layout == TPLayout::Gather || layout == TPLayout::Async;
+  spmd::DeviceContext* ctx = tp ? scope.context() : nullptr;
+  const int n = tp ? scope.axis_size(axis) : 1;
+  const bool comm = ctx != nullptr && n > 1;
+  const std::int64_t c = features_sharded ? x.size(2) * n : x.size(2);
+  const std::int64_t hidden = mlp_hidden > 0 ? mlp_hidden : 4 * c;
+  const mesh::PartitionSpec cols = tp ? P(std::nullopt, axis) : P();
+  const mesh::PartitionSpec rows = tp ? P(axis, std::nullopt) : P();
+  const mesh::PartitionSpec vec = tp ? P(axis) : P();
+  const mesh::PartitionSpec out_bias = features_sharded ? vec : P();
+  const nn::Scope qkv = scope.child("attn").child("qkv"), out = scope.child("attn").child("out");
+  const nn::Scope fc1 = scope.child("mlp").child("fc1"), fc2 = scope.child("mlp").child("fc2");
+  const Tensor w_in = tensor::concat({qkv.param("kernel", {c, 3 * c}, kernel_init, cols),
+                                      fc1.param("kernel", {c, hidden}, kernel_init, cols)},
+                                     1);  // (C, (3C + H)/n)
+  const Tensor b_in = tensor::concat({qkv.param("bias", {3 * c}, nn::zeros(), vec),
+                                      fc1.param("bias", {hidden}, nn::zeros(), vec)},
+                                     0);
+  const Tensor w_out = tensor::concat({out.param("kernel", {c, c}, out_init, rows),
+                                       fc2.param("kernel", {hidden, c}, out_init, rows)},
+                                      0);  // ((C + H)/n, C)
+  const Tensor b_out = tensor::add(out.param("bias", {c}, nn::zeros(), out_bias),
+                                   fc2.param("bias", {c}, nn::zeros(), out_bias));
+
+  Tensor h = features_sharded
+                 ? TPNorm{.kind = TPNorm::Kind::Layer, .eps = ln_eps, .axis = axis}(
+                       scope.child("ln1"), x)
+                 : nn::LayerNorm{.eps = ln_eps}(scope.child("ln1"), x);
+  Tensor y;  // (B, T, (3C + H)/n)
+  if (layout == TPLayout::Async && comm) {
+    y = tensor::add(all_gather_matmul(*ctx, h, w_in, axis, bidirectional), b_in);
+  } else {
+    if (features_sharded && comm) h = spmd::all_gather(*ctx, h, axis, 2, /*tiled=*/true);
+    else if (sequence_parallel) h = gather_from_sp_region(ctx, h, axis, 1);
+    else h = copy_to_tp_region(ctx, h, axis);
+    y = tensor::linear(h, w_in, b_in);
+  }
+  const std::vector<Tensor> parts = tensor::split(y, {3 * c / n, hidden / n}, 2);
+  const Tensor cat = tensor::concat(
+      {tensor::attention_packed(parts[0], num_heads / n, /*causal=*/true),  // (B, T, C/n)
+       tensor::gelu(parts[1], /*approximate=*/true)},                      // (B, T, H/n)
+      2);
+  Tensor o;
+  if (layout == TPLayout::Async && comm) {
+    o = matmul_reduce_scatter(*ctx, cat, w_out, axis, bidirectional);
+  } else if (features_sharded) {
+    o = tensor::linear(cat, w_out);
+    if (comm) o = spmd::psum_scatter(*ctx, o, axis, 2, /*tiled=*/true);
+  } else if (sequence_parallel) {
+    o = reduce_scatter_to_sp_region(ctx, tensor::linear(cat, w_out), axis, 1);
+  } else {
+    o = reduce_from_tp_region(ctx, tensor::linear(cat, w_out), axis);
+  }
+  const mesh::PartitionSpec x_spec = features_sharded    ? P(std::nullopt, std::nullopt, axis)
+                                     : sequence_parallel ? P(std::nullopt, axis)
+                                                         : mesh::PartitionSpec();
+  const nn::Dropout drop{.rate = dropout, .spec = tp ? x_spec : mesh::PartitionSpec()};
+  return tensor::add(x, drop(scope.child("dropout"), tensor::add(o, b_out)));
+}
+
 Tensor TPTransformerBlock::body(const nn::Scope& scope, const Tensor& x) const {
+  if (parallel) return parallel_block(scope, x);
   switch (layout) {
     case TPLayout::None:
       return nn::TransformerBlock{.num_heads = num_heads,
@@ -132,7 +201,7 @@ Tensor TPTransformerBlock::operator()(const nn::Scope& scope, const Tensor& x) c
   tensor::check_defined(x, "TPTransformerBlock", "x");
   DISTJAX_CHECK(x.rank() == 3, InvalidArgument, "[TPTransformerBlock] \"", scope.path(),
                 "\" expects x (B, T, C), got ", to_string(x.shape()));
-  const int n = scope.axis_size(axis);
+  const int n = layout == TPLayout::None ? 1 : scope.axis_size(axis);
   DISTJAX_CHECK(num_heads > 0 && num_heads % n == 0, ShardingError, "[TPTransformerBlock] \"",
                 scope.path(), "\": num_heads=", num_heads, " is not divisible by ", axis, "=", n,
                 " (each device computes whole heads)");
