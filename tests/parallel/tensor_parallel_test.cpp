@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "distjax/autodiff/autodiff.hpp"
 #include "distjax/models/tp_classifier.hpp"
 #include "distjax/models/transformer.hpp"
@@ -171,16 +173,23 @@ const TrainingRun& gpt_reference() {
 
 TEST(TPTransformer, EveryLayoutMatchesOneDevice) {
   const auto batches = token_batches(4, 8, 32);
+  std::map<std::string, TrainingRun> on_2x2;
   for (const Layout& l : all_layouts()) {
     const models::Transformer model(tiny_gpt(l.tp));
     // One device through the TP code path equals the plain model...
     expect_same_run(gpt_reference(), train_one_device(gpt_model(model), sgd(), batches), kTol,
                     std::string(l.name) + " on one device");
     // ...and so does every mesh.
-    for (const Mesh& mesh : {Mesh({4}, {"model"}), Mesh({2, 2}, {"data", "model"})})
-      expect_same_run(gpt_reference(), train_on_mesh(mesh, gpt_model(model), sgd(), batches),
-                      kTol, std::string(l.name) + " on " + mesh.describe());
+    for (const Mesh& mesh : {Mesh({4}, {"model"}), Mesh({2, 2}, {"data", "model"})}) {
+      TrainingRun run = train_on_mesh(mesh, gpt_model(model), sgd(), batches);
+      expect_same_run(gpt_reference(), run, kTol, std::string(l.name) + " on " + mesh.describe());
+      on_2x2[l.name] = std::move(run);
+    }
   }
+  // Synchronous and asynchronous tensor parallelism agree with each other.
+  expect_same_run(on_2x2.at("gather"), on_2x2.at("async"), kTol, "async vs gather");
+  expect_same_run(on_2x2.at("gather"), on_2x2.at("async-bidirectional"), kTol,
+                  "bidirectional vs gather");
 }
 
 TEST(TPParity, DropoutMasksAreTheSingleDeviceOnes) {
