@@ -2,9 +2,7 @@
 // tolerance: MPI may sum in another order), split sub-groups, asynchronous
 // point-to-point, counters per group label, and the mismatch / timeout messages. Only
 // rank 0 prints.
-#define OMPI_SKIP_MPICXX 1
-#define MPICH_SKIP_MPICXX 1
-#include <mpi.h>
+#include "mpi_test_main.hpp"
 
 #include <gtest/gtest.h>
 
@@ -286,36 +284,7 @@ TEST_F(MpiTest, SeveralDevicesPerProcessIsNotImplemented) {
   EXPECT_THROW(launch(o, [](Communicator&) {}), NotImplemented);
 }
 
-// Prints failures of ranks other than 0 (whose full output is suppressed).
-class FailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit FailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (r.failed())
-      std::fprintf(stderr, "[rank %d] %s:%d: %s\n", rank_, r.file_name() ? r.file_name() : "?",
-                   r.line_number(), r.message());
-  }
-
- private:
-  int rank_;
-};
-
 }  // namespace
 }  // namespace distjax::comm
 
-int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  ::testing::InitGoogleTest(&argc, argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new distjax::comm::FailurePrinter(rank));
-  }
-  int failed = RUN_ALL_TESTS() != 0 ? 1 : 0, any_failed = 0;
-  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any_failed;
-}
+int main(int argc, char** argv) { return distjax::testing::run_mpi_tests(argc, argv); }

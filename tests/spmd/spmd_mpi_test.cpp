@@ -1,9 +1,7 @@
 // shard_map and the differentiable collectives under `mpirun -np 4` (MPI backend, one
 // device per process): values and gradients equal those of the threads backend run in
 // the same process, and a mismatched program fails naming the op and the devices.
-#define OMPI_SKIP_MPICXX 1
-#define MPICH_SKIP_MPICXX 1
-#include <mpi.h>
+#include "mpi_test_main.hpp"
 
 #include <gtest/gtest.h>
 
@@ -134,16 +132,4 @@ TEST_F(SpmdMpiTest, MismatchedProgramFailsNamingOpAndDevices) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  ::testing::InitGoogleTest(&argc, argv);
-  if (world_rank() != 0) {  // only rank 0 prints; every rank's failures count
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  int failed = RUN_ALL_TESTS() != 0 ? 1 : 0, any_failed = 0;
-  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any_failed;
-}
+int main(int argc, char** argv) { return distjax::testing::run_mpi_tests(argc, argv); }
