@@ -215,6 +215,23 @@ TEST(TPParity, DropoutMasksAreTheSingleDeviceOnes) {
                   "TP classifier with dropout");
 }
 
+TEST(TPTransformer, EightDevicesMatchOneDevice) {
+  auto cfg = [](TransformerTP tp) {
+    models::TransformerConfig c = tiny_gpt(tp);
+    c.d_model = 32;
+    c.num_heads = 8;
+    return c;
+  };
+  const auto batches = token_batches(2, 8, 32);
+  const TrainingRun one =
+      train_one_device(gpt_model(models::Transformer(cfg({}))), sgd(), batches);
+  for (const Layout& l : all_layouts()) {
+    const models::Transformer model(cfg(l.tp));
+    expect_same_run(one, train_on_mesh(Mesh({8}, {"model"}), gpt_model(model), sgd(), batches),
+                    kTol, std::string(l.name) + " on 8 devices");
+  }
+}
+
 TEST(TPTransformer, UntiedHeadAndRematMatchOneDevice) {
   auto cfg = [](TransformerTP tp) {
     models::TransformerConfig c = tiny_gpt(tp);
