@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -51,20 +52,27 @@ inline train::LossFn parity_loss_fn(const ParityModel& model, spmd::DeviceContex
 constexpr double kParityMaxGradNorm = 0.5;
 
 inline TrainingRun train_one_device(const ParityModel& model, const optim::Optimizer& opt,
-                                    const std::vector<train::Batch>& batches) {
+                                    const std::vector<train::Batch>& batches,
+                                    int num_minibatches = 1) {
   auto state = train::TrainState::create(model.init(Key::from_seed(1), nullptr, nullptr), opt,
                                          Key::from_seed(2));
   TrainingRun run;
   const train::LossFn fn = parity_loss_fn(model, nullptr);
   for (const auto& b : batches) {
     const train::Metrics m =
-        train::train_step(state, b, fn, opt, {.max_grad_norm = kParityMaxGradNorm});
+        train::train_step(state, b, fn, opt,
+                          {.num_minibatches = num_minibatches, .max_grad_norm = kParityMaxGradNorm});
     run.losses.push_back(m.mean("loss"));
     run.grad_norms.push_back(m.mean("grad_norm"));
   }
   run.params = state.params;
   return run;
 }
+
+/// Makes the strategy of a mesh run on each device (null: DataParallel over "data" when
+/// the mesh has that axis, else TensorParallel over "model").
+using StrategyFactory = std::function<std::unique_ptr<parallel::Strategy>(
+    spmd::DeviceContext&, const nn::ParamSpecs&)>;
 
 /// The same on `mesh`: each device creates its shards, trains on its slice of every batch
 /// along "data" (data parallel when the mesh has a "data" axis of size > 1), and the final
@@ -73,7 +81,9 @@ inline TrainingRun train_one_device(const ParityModel& model, const optim::Optim
 inline TrainingRun train_on_mesh(const mesh::Mesh& mesh, const ParityModel& model,
                                  const optim::Optimizer& opt,
                                  const std::vector<train::Batch>& batches,
-                                 spmd::ShardMapOptions options = {}) {
+                                 spmd::ShardMapOptions options = {},
+                                 const StrategyFactory& make_strategy = nullptr,
+                                 int num_minibatches = 1) {
   const bool has_data = mesh.has_axis("data");
   const int n_data = has_data ? mesh.axis_size("data") : 1;
   // Paths and specs, from an init on one device (same tree structure everywhere).
@@ -89,16 +99,19 @@ inline TrainingRun train_on_mesh(const mesh::Mesh& mesh, const ParityModel& mode
       mesh,
       [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
         nn::ParamSpecs my_specs;
-        auto state = train::TrainState::create(model.init(Key::from_seed(1), &my_specs, &ctx),
-                                               opt, Key::from_seed(2));
+        TensorTree shards = model.init(Key::from_seed(1), &my_specs, &ctx);
         EXPECT_EQ(my_specs, specs);
         std::unique_ptr<parallel::Strategy> strategy;
-        if (has_data) {
+        if (make_strategy) {
+          strategy = make_strategy(ctx, my_specs);
+        } else if (has_data) {
           strategy = std::make_unique<parallel::DataParallel>(ctx, "data", &my_specs);
         } else {
           strategy = std::make_unique<parallel::TensorParallel>(ctx, "model");
         }
-        const train::TrainStepOptions step_options{.max_grad_norm = kParityMaxGradNorm,
+        auto state = train::TrainState::create(shards, opt, Key::from_seed(2), *strategy);
+        const train::TrainStepOptions step_options{.num_minibatches = num_minibatches,
+                                                   .max_grad_norm = kParityMaxGradNorm,
                                                    .strategy = strategy.get()};
         const train::LossFn fn = parity_loss_fn(model, &ctx);
         const int i = has_data ? ctx.axis_index("data") : 0;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "distjax/core/prng.hpp"
+#include "distjax/optim/optimizer.hpp"
 #include "distjax/train/loss.hpp"
 
 namespace distjax::parallel {
@@ -13,8 +14,8 @@ namespace distjax::parallel {
 using tensor::TensorTree;
 
 /// What a train step asks of a parallelism strategy, in order: step_key, forward_backward,
-/// finalize_grads, then the optimizer runs on this device's (shards of the) parameters,
-/// and reduce_metrics. The base class is one device: every hook is the identity.
+/// finalize_grads, reduce_metrics, grad_norm_squared (clipping), apply_update. The base
+/// class is one device: every hook is the identity or the plain operation.
 ///
 ///   parallel::DataParallel dp(ctx, "data");
 ///   train::train_step(state, local_batch, loss_fn, opt, {.strategy = &dp});
@@ -39,6 +40,13 @@ class Strategy {
   /// The squared global norm of the (finalized) gradients of the whole model: every
   /// parameter counted once, however it is sharded. One device: the local sum of squares.
   virtual double grad_norm_squared(const TensorTree& grads);
+  /// The optimizer state this device keeps for `params` (TrainState::create calls it).
+  /// The base: optimizer.init(params). ZeRO keeps the state of this device's shard only.
+  virtual TensorTree init_opt_state(const optim::Optimizer& optimizer, const TensorTree& params);
+  /// Applies the optimizer to `params` (in place) with the finalized gradients. The base:
+  /// optimizer.update. ZeRO updates this device's shard and all-gathers the result.
+  virtual void apply_update(const optim::Optimizer& optimizer, TensorTree& params,
+                            const TensorTree& grads, TensorTree& opt_state, std::int64_t step);
 };
 
 }  // namespace distjax::parallel

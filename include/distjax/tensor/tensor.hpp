@@ -93,6 +93,9 @@ class Tensor {
   Tensor view_rows(std::int64_t begin, std::int64_t end) const;
   /// Whether the two tensors' bytes overlap in one storage.
   bool shares_storage_with(const Tensor& other) const { return storage_ == other.storage_; }
+  /// The storage this tensor views (null when undefined): what memory accounting counts
+  /// once however many views share it.
+  const Storage* storage() const { return storage_.get(); }
 
   /// Whether this tensor carries a grad node (is a leaf being differentiated or was
   /// computed from one).

@@ -52,6 +52,9 @@ class TensorTree {
   std::int64_t num_elements() const;
   /// Total bytes over all leaves.
   std::int64_t num_bytes() const;
+  /// Bytes of memory the leaves keep alive: each distinct storage counted once, whole
+  /// (a view of a larger buffer holds all of it).
+  std::int64_t storage_bytes() const;
 
   Map::const_iterator begin() const { return leaves_.begin(); }
   Map::const_iterator end() const { return leaves_.end(); }

@@ -7,6 +7,10 @@
 #include "distjax/optim/optimizer.hpp"
 #include "distjax/tensor/tensor_tree.hpp"
 
+namespace distjax::parallel {
+class Strategy;
+}
+
 namespace distjax::train {
 
 using tensor::TensorTree;
@@ -21,6 +25,9 @@ struct TrainState {
 
   /// A state at step 0 with the optimizer's fresh state for `params`.
   static TrainState create(TensorTree params, const optim::Optimizer& optimizer, Key rng);
+  /// The same with the state `strategy` keeps (ZeRO: this device's shard of it).
+  static TrainState create(TensorTree params, const optim::Optimizer& optimizer, Key rng,
+                           parallel::Strategy& strategy);
 };
 
 }  // namespace distjax::train

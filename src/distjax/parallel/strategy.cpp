@@ -15,4 +15,13 @@ double Strategy::grad_norm_squared(const TensorTree& grads) {
   return optim::global_norm_squared(grads);
 }
 
+TensorTree Strategy::init_opt_state(const optim::Optimizer& optimizer, const TensorTree& params) {
+  return optimizer.init(params);
+}
+
+void Strategy::apply_update(const optim::Optimizer& optimizer, TensorTree& params,
+                            const TensorTree& grads, TensorTree& opt_state, std::int64_t step) {
+  optimizer.update(params, grads, opt_state, step);
+}
+
 }  // namespace distjax::parallel

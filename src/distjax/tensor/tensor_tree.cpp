@@ -1,5 +1,7 @@
 #include "distjax/tensor/tensor_tree.hpp"
 
+#include <set>
+
 namespace distjax::tensor {
 
 const Tensor& TensorTree::at(const std::string& path) const {
@@ -84,6 +86,15 @@ bool TensorTree::same_structure(const TensorTree& other) const {
 std::int64_t TensorTree::num_elements() const {
   std::int64_t n = 0;
   for (auto& [_, t] : leaves_) n += t.numel();
+  return n;
+}
+
+std::int64_t TensorTree::storage_bytes() const {
+  std::set<const Storage*> seen;
+  std::int64_t n = 0;
+  for (auto& [_, t] : leaves_)
+    if (t.defined() && seen.insert(t.storage()).second)
+      n += static_cast<std::int64_t>(t.storage()->nbytes());
   return n;
 }
 

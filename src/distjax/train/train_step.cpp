@@ -111,7 +111,7 @@ Metrics train_step(TrainState& state, const Batch& batch, const LossFn& loss_fn,
   if (options.max_grad_norm > 0.0 && norm > options.max_grad_norm)
     optim::scale_in_place(r.grads, options.max_grad_norm / norm);
   const double lr = optimizer.learning_rate(state.step);
-  optimizer.update(state.params, r.grads, state.opt_state, state.step);
+  strategy.apply_update(optimizer, state.params, r.grads, state.opt_state, state.step);
   state.step += 1;
   r.metrics.add("grad_norm", norm, 1.0);
   r.metrics.add("learning_rate", lr, 1.0);

@@ -1,0 +1,77 @@
+// ZeRO stages 1 and 2 (DeepSpeed): data parallelism whose optimizer state (stage 1) and
+// gradients (stage 2) are split over the data axes; each device updates its shard of every
+// parameter and the shards are all-gathered. Stage 3 (parameters stored sharded, gathered
+// on use) is parallel/fsdp.hpp.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "distjax/parallel/data_parallel.hpp"
+#include "distjax/parallel/strategy.hpp"
+#include "distjax/spmd/device_context.hpp"
+
+namespace distjax::parallel {
+
+/// ZeRO-1 or ZeRO-2 over `axes` (n devices). Every f32 parameter replicated along `axes`
+/// is split, per leaf, into n equal chunks of its flattened elements (the last padded
+/// with zeros): device r owns chunk r. A step then:
+///  - reduce-scatters the gradients (mean) in buckets, so device r holds the averaged
+///    gradient of its chunks only, marked as varying over `axes`;
+///  - clips with the norm of the whole model (chunks summed over `axes`);
+///  - runs the optimizer on its chunks (optimizer state: chunks only, 8 bytes per
+///    parameter / n for Adam), and all-gathers the updated chunks into every replica.
+/// Stage 1 reduce-scatters once per step into a full-size gradient buffer that stays
+/// allocated (4 bytes per parameter); stage 2 reduce-scatters after every minibatch of
+/// gradient accumulation and keeps only the chunks (4 bytes per parameter / n).
+/// Communication per step: a reduce-scatter of the gradients and an all-gather of the
+/// parameters, 2 (n-1)/n x gradient bytes, as plain data parallelism's all-reduce.
+/// Parameters sharded over a data axis already (their spec names one) are left to
+/// sync_grads' rules and updated whole. Results equal DataParallel's up to f32 summation
+/// order.
+///
+///   parallel::ZeroDataParallel zero(ctx, 2, "data", &specs);
+///   auto state = train::TrainState::create(params, opt, key, zero);  // sharded state
+///   train::train_step(state, local_batch, loss_fn, opt, {.strategy = &zero});
+class ZeroDataParallel final : public Strategy {
+ public:
+  ZeroDataParallel(spmd::DeviceContext& ctx, int stage, mesh::Axes axes = "data",
+                   const ParamSpecs* specs = nullptr,
+                   std::size_t bucket_bytes = kDefaultBucketBytes);
+
+  std::string name() const override;
+  int data_parallel_size() const override { return dp_.data_parallel_size(); }
+  Key step_key(const Key& key) override { return dp_.step_key(key); }
+  train::GradientResult forward_backward(const train::LossFn& loss_fn, const TensorTree& params,
+                                         const train::Batch& batch, const Key& key,
+                                         int num_minibatches) override;
+  TensorTree finalize_grads(TensorTree grads) override;
+  train::Metrics reduce_metrics(train::Metrics metrics) override {
+    return dp_.reduce_metrics(std::move(metrics));
+  }
+  double grad_norm_squared(const TensorTree& grads) override;
+  TensorTree init_opt_state(const optim::Optimizer& optimizer, const TensorTree& params) override;
+  void apply_update(const optim::Optimizer& optimizer, TensorTree& params, const TensorTree& grads,
+                    TensorTree& opt_state, std::int64_t step) override;
+
+  int stage() const { return stage_; }
+
+ private:
+  // Whether ZeRO splits this leaf (f32, replicated along the axes).
+  bool splits(const std::string& path, const tensor::Tensor& t) const;
+  // This device's chunks of the split leaves (the others unchanged).
+  TensorTree own_chunks(const TensorTree& params) const;
+  // Reduce-scatters the split leaves' gradients (mean); the others go through sync_grads.
+  // keep_full: the chunks are views into the full-size gradient buffer (stage 1).
+  TensorTree scatter_grads(const TensorTree& grads, bool keep_full);
+
+  spmd::DeviceContext* ctx_;
+  int stage_;
+  mesh::Axes axes_;
+  const ParamSpecs* specs_;
+  std::size_t bucket_bytes_;
+  DataParallel dp_;
+};
+
+}  // namespace distjax::parallel

@@ -1,0 +1,227 @@
+#include "distjax/parallel/zero.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "distjax/core/error.hpp"
+#include "distjax/optim/clip.hpp"
+#include "distjax/tensor/grad_node.hpp"
+
+namespace distjax::parallel {
+
+using tensor::Tensor;
+
+namespace {
+
+// Chunk size of a leaf of `numel` elements split n ways (the last chunk zero-padded).
+std::int64_t chunk_size(std::int64_t numel, int n) {
+  return (numel + n - 1) / n;
+}
+
+// Elements of chunk `b` of a leaf that exist (the rest is padding).
+std::int64_t chunk_extent(std::int64_t numel, std::int64_t k, int b) {
+  return std::clamp<std::int64_t>(numel - b * k, 0, k);
+}
+
+// The split leaves in buckets: path order, each bucket at most `max_elems` elements per
+// device (its chunks), at least one leaf.
+struct Bucket {
+  std::vector<std::string> paths;
+  std::vector<std::int64_t> offsets;  // of each leaf's chunk within the bucket's block
+  std::int64_t block = 0;             // elements of one device's block (sum of chunks)
+};
+
+std::vector<Bucket> make_buckets(const std::vector<std::pair<std::string, std::int64_t>>& leaves,
+                                 int n, std::int64_t max_elems) {
+  std::vector<Bucket> out;
+  for (const auto& [path, numel] : leaves) {
+    const std::int64_t k = chunk_size(numel, n);
+    if (out.empty() || (out.back().block > 0 && out.back().block + k > max_elems))
+      out.emplace_back();
+    out.back().paths.push_back(path);
+    out.back().offsets.push_back(out.back().block);
+    out.back().block += k;
+  }
+  return out;
+}
+
+}  // namespace
+
+ZeroDataParallel::ZeroDataParallel(spmd::DeviceContext& ctx, int stage, mesh::Axes axes,
+                                   const ParamSpecs* specs, std::size_t bucket_bytes)
+    : ctx_(&ctx),
+      stage_(stage),
+      axes_(axes),
+      specs_(specs),
+      bucket_bytes_(bucket_bytes),
+      dp_(ctx, axes, specs, bucket_bytes) {
+  DISTJAX_CHECK(stage == 1 || stage == 2, InvalidArgument, "[ZeroDataParallel] stage must be 1 or 2, got ",
+                stage, " (stage 3 stores the parameters sharded: parallel/fsdp.hpp)");
+}
+
+std::string ZeroDataParallel::name() const {
+  return "zero" + std::to_string(stage_) + "(" + axes_.str() + "=" +
+         std::to_string(data_parallel_size()) + ")";
+}
+
+bool ZeroDataParallel::splits(const std::string& path, const Tensor& t) const {
+  if (t.dtype() != DType::F32) return false;
+  if (specs_ != nullptr) {
+    auto it = specs_->find(path);
+    if (it != specs_->end())
+      for (const auto& a : axes_.names)
+        if (it->second.uses(a)) return false;
+  }
+  return true;
+}
+
+TensorTree ZeroDataParallel::own_chunks(const TensorTree& params) const {
+  const int n = ctx_->axis_size(axes_), r = ctx_->axis_index(axes_);
+  TensorTree out;
+  for (const auto& [path, p] : params) {
+    if (!splits(path, p)) {
+      out.set(path, p);
+      continue;
+    }
+    const std::int64_t k = chunk_size(p.numel(), n), have = chunk_extent(p.numel(), k, r);
+    Tensor c = Tensor::zeros({k});
+    std::memcpy(c.data<float>(), p.data<float>() + r * k, static_cast<std::size_t>(have) * 4);
+    c.set_varying_axes(p.varying_axes() | ctx_->axis_mask(axes_));
+    out.set(path, c);
+  }
+  return out;
+}
+
+TensorTree ZeroDataParallel::scatter_grads(const TensorTree& grads, bool keep_full) {
+  comm::Communicator& comm = ctx_->comm(axes_);
+  const int n = comm.size(), r = comm.rank();
+  const std::uint32_t mask = ctx_->axis_mask(axes_);
+  TensorTree out, rest;
+  std::vector<std::pair<std::string, std::int64_t>> split;
+  for (const auto& [path, g] : grads) {
+    if (splits(path, g)) {
+      split.emplace_back(path, g.numel());
+    } else {
+      rest.set(path, g);
+    }
+  }
+  for (const auto& [path, g] : sync_grads(*ctx_, rest, axes_, specs_, bucket_bytes_))
+    out.set(path, g);
+  const auto max_elems = static_cast<std::int64_t>(bucket_bytes_ / sizeof(float)) / n;
+  for (const Bucket& b : make_buckets(split, n, std::max<std::int64_t>(1, max_elems))) {
+    // Rank-major: block j holds every leaf's chunk j, so the reduce-scatter leaves each
+    // device the averaged chunks it owns.
+    Tensor send = Tensor::zeros({n * b.block});
+    float* s = send.data<float>();
+    for (std::size_t i = 0; i < b.paths.size(); ++i) {
+      const Tensor& g = grads.at(b.paths[i]);
+      const std::int64_t k = chunk_size(g.numel(), n);
+      for (int j = 0; j < n; ++j)
+        std::memcpy(s + j * b.block + b.offsets[i], g.data<float>() + j * k,
+                    static_cast<std::size_t>(chunk_extent(g.numel(), k, j)) * 4);
+    }
+    Tensor recv = Tensor::empty({b.block});
+    comm.reduce_scatter(s, recv.data<float>(), b.block, DType::F32, comm::ReduceOp::Mean);
+    // Stage 1 keeps the full-size gradient buffer (its chunk written back in place);
+    // stage 2 keeps only the chunks.
+    Tensor held = recv;
+    std::int64_t base = 0;
+    if (keep_full) {
+      std::memcpy(s + r * b.block, recv.data<float>(), static_cast<std::size_t>(b.block) * 4);
+      held = send;
+      base = r * b.block;
+    }
+    for (std::size_t i = 0; i < b.paths.size(); ++i) {
+      const Tensor& g = grads.at(b.paths[i]);
+      const std::int64_t k = chunk_size(g.numel(), n);
+      Tensor c = held.view_rows(base + b.offsets[i], base + b.offsets[i] + k);
+      c.set_varying_axes(g.varying_axes() | mask);
+      out.set(b.paths[i], c);
+    }
+  }
+  return out;
+}
+
+train::GradientResult ZeroDataParallel::forward_backward(const train::LossFn& loss_fn,
+                                                         const TensorTree& params,
+                                                         const train::Batch& batch,
+                                                         const Key& key, int num_minibatches) {
+  if (stage_ == 1) return dp_.forward_backward(loss_fn, params, batch, key, num_minibatches);
+  // Stage 2: each minibatch's gradient is reduce-scattered at once and only the chunks
+  // are accumulated (the same keys and averaging as train::accumulate_gradients).
+  DISTJAX_CHECK(num_minibatches > 0 && batch.size() % num_minibatches == 0, InvalidArgument,
+                "[ZeroDataParallel] batch of ", batch.size(),
+                " examples is not divisible into num_minibatches=", num_minibatches);
+  const std::int64_t mb = batch.size() / num_minibatches;
+  train::GradientResult out;
+  for (int i = 0; i < num_minibatches; ++i) {
+    const Key k = num_minibatches == 1 ? key : key.fold_in(static_cast<std::uint64_t>(i));
+    train::GradientResult part =
+        dp_.forward_backward(loss_fn, params, batch.slice(i * mb, (i + 1) * mb), k, 1);
+    TensorTree chunks = scatter_grads(part.grads, /*keep_full=*/false);
+    tensor::NoGradGuard no_grad;
+    if (num_minibatches == 1) {
+      // no accumulation
+    } else if (i == 0) {
+      out.grads = chunks.map([](const Tensor& t) { return t.clone(); });
+    } else {
+      for (auto& [path, acc] : out.grads) {
+        float* a = acc.data<float>();
+        const float* c = chunks.at(path).data<float>();
+        for (std::int64_t e = 0, m = acc.numel(); e < m; ++e)
+          a[e] += c[e];
+      }
+    }
+    out.loss += part.loss / num_minibatches;
+    if (num_minibatches == 1) out.grads = chunks;
+    out.metrics.merge(part.metrics);
+  }
+  if (num_minibatches > 1) optim::scale_in_place(out.grads, 1.0 / num_minibatches);
+  return out;
+}
+
+TensorTree ZeroDataParallel::finalize_grads(TensorTree grads) {
+  // Stage 2 reduce-scattered each minibatch in forward_backward already.
+  return stage_ == 1 ? scatter_grads(grads, /*keep_full=*/true) : grads;
+}
+
+double ZeroDataParallel::grad_norm_squared(const TensorTree& grads) {
+  return global_norm_squared(*ctx_, grads);
+}
+
+TensorTree ZeroDataParallel::init_opt_state(const optim::Optimizer& optimizer,
+                                            const TensorTree& params) {
+  return optimizer.init(own_chunks(params));
+}
+
+void ZeroDataParallel::apply_update(const optim::Optimizer& optimizer, TensorTree& params,
+                                    const TensorTree& grads, TensorTree& opt_state,
+                                    std::int64_t step) {
+  comm::Communicator& comm = ctx_->comm(axes_);
+  const int n = comm.size();
+  TensorTree chunks = own_chunks(params);
+  optimizer.update(chunks, grads, opt_state, step);
+  // All-gather the updated chunks and write every replica's parameters in place.
+  std::vector<std::pair<std::string, std::int64_t>> split;
+  for (const auto& [path, p] : params)
+    if (splits(path, p)) split.emplace_back(path, p.numel());
+  const auto max_elems = static_cast<std::int64_t>(bucket_bytes_ / sizeof(float)) / n;
+  for (const Bucket& b : make_buckets(split, n, std::max<std::int64_t>(1, max_elems))) {
+    Tensor send = Tensor::empty({b.block});
+    for (std::size_t i = 0; i < b.paths.size(); ++i) {
+      const Tensor& c = chunks.at(b.paths[i]);
+      std::memcpy(send.data<float>() + b.offsets[i], c.data<float>(), c.nbytes());
+    }
+    Tensor recv = Tensor::empty({n * b.block});
+    comm.all_gather(send.data<float>(), recv.data<float>(), b.block, DType::F32);
+    for (std::size_t i = 0; i < b.paths.size(); ++i) {
+      Tensor& p = params.at(b.paths[i]);
+      const std::int64_t k = chunk_size(p.numel(), n);
+      for (int j = 0; j < n; ++j)
+        std::memcpy(p.data<float>() + j * k, recv.data<float>() + j * b.block + b.offsets[i],
+                    static_cast<std::size_t>(chunk_extent(p.numel(), k, j)) * 4);
+    }
+  }
+}
+
+}  // namespace distjax::parallel
