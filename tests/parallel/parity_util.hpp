@@ -86,10 +86,22 @@ inline TrainingRun train_on_mesh(const mesh::Mesh& mesh, const ParityModel& mode
                                  int num_minibatches = 1) {
   const bool has_data = mesh.has_axis("data");
   const int n_data = has_data ? mesh.axis_size("data") : 1;
-  // Paths and specs, from an init on one device (same tree structure everywhere).
+  // Paths and specs as the mesh's devices create them (fully sharded parameters get
+  // their spec from the mesh), read from device 0.
   nn::ParamSpecs specs;
-  const TensorTree whole = model.init(Key::from_seed(1), &specs, nullptr);
-  const std::vector<std::string> paths = whole.paths();
+  std::vector<std::string> paths;
+  spmd::shard_map(
+      mesh,
+      [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
+        nn::ParamSpecs s;
+        const TensorTree p = model.init(Key::from_seed(1), &s, &ctx);
+        if (ctx.device() == 0) {
+          specs = s;
+          paths = p.paths();
+        }
+        return std::vector<Tensor>{};
+      },
+      {}, {}, options)(std::vector<Tensor>{});
   std::vector<mesh::PartitionSpec> out_specs;
   for (const auto& p : paths)
     out_specs.push_back(specs.count(p) ? specs.at(p) : mesh::PartitionSpec());

@@ -22,6 +22,20 @@ namespace distjax::mesh {
 void validate_spec(const Mesh& mesh, const PartitionSpec& spec, const Shape& shape, const char* op,
                    std::string_view argument);
 
+/// The spec of a parameter stored fully sharded (ZeRO-3 / FSDP) over `axis`: `spec` with
+/// `axis` added, as the minor axis, to the largest dimension whose (already split) extent
+/// is divisible by the axis size (ties: the last such dimension), as the original
+/// toolkit's shard_params does. Returns `spec` unchanged when the parameter has fewer than
+/// `min_weight_size` elements, when `spec` already uses `axis`, or when no dimension
+/// divides; *dim receives the dimension chosen (-1 when unchanged).
+///   // on ("data"=2, "model"=4): extents 1024 and 4096/4 = 1024 tie, the last wins
+///   fully_sharded_spec({1024, 4096}, P(None, "model"), mesh, "data", 0)
+///     == P(None, {"model", "data"})
+///   fully_sharded_spec({4096, 512}, P(), mesh, "data", 0) == P("data", None)
+PartitionSpec fully_sharded_spec(const Shape& shape, const PartitionSpec& spec, const Mesh& mesh,
+                                 const std::string& axis, std::int64_t min_weight_size,
+                                 int* dim = nullptr);
+
 /// A PartitionSpec on a Mesh. The constructor checks what does not depend on an array
 /// (axes known, none repeated); `validate` checks an array shape against it.
 ///

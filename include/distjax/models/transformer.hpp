@@ -81,7 +81,10 @@ class Transformer {
   /// Same, recording the PartitionSpec of every sharded parameter into `*specs` (when
   /// given) and, with a device context, creating only this device's shards (the slices
   /// of the single-device parameters).
-  TensorTree init(Key key, nn::ParamSpecs* specs, spmd::DeviceContext* ctx = nullptr) const;
+  /// With `fsdp` too, the parameters are stored fully sharded (nn::Scope::fully_sharded):
+  /// apply them on a scope with the same configuration.
+  TensorTree init(Key key, nn::ParamSpecs* specs, spmd::DeviceContext* ctx = nullptr,
+                  const nn::FullySharded* fsdp = nullptr) const;
   /// Logits for a batch of token ids; dropout only when `train`.
   Tensor apply(const TensorTree& params, const Tensor& tokens, bool train, Key dropout_key) const;
   /// The same forward on any scope.

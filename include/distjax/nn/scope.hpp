@@ -4,6 +4,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,13 @@ using tensor::TensorTree;
 /// The PartitionSpec of each parameter, by path (like nn.Partitioned): what a Scope
 /// records at init and what gradient synchronisation reads. An absent path is replicated.
 using ParamSpecs = std::map<std::string, mesh::PartitionSpec>;
+
+/// Fully sharded parameters (ZeRO-3 / FSDP), see Scope::fully_sharded.
+struct FullySharded {
+  std::string axis = "data";
+  /// Parameters with fewer elements stay replicated along the axis (the toolkit's 2^18).
+  std::int64_t min_weight_size = std::int64_t{1} << 18;
+};
 
 /// Whether a scope creates parameters or reads them.
 enum class Mode { Init, Apply };
@@ -65,6 +73,18 @@ class Scope {
   /// The same scope bound to a device inside shard_map: parameters are this device's
   /// shards and layers run their collectives on `ctx` (which must outlive the scope).
   Scope on(spmd::DeviceContext& ctx) const;
+  /// The same scope with its parameters stored fully sharded over `config.axis` (ZeRO-3,
+  /// FSDP; only on a scope bound to a device): param() stores each parameter of at least
+  /// min_weight_size elements split further along the axis (mesh::fully_sharded_spec),
+  /// records that spec, and returns the parameter gathered over the axis (all_gather;
+  /// its backward reduce-scatters the gradient as the mean over the axis, as data
+  /// parallelism averages), so layers see the same tensor as without. Under
+  /// autodiff::checkpoint the gathered parameter lives only while its module runs and is
+  /// gathered again in the backward pass (TransformerConfig::remat).
+  Scope fully_sharded(FullySharded config) const;
+  /// The fully-sharded configuration; null when parameters are not fully sharded.
+  const FullySharded* fsdp() const { return fsdp_.get(); }
+
   /// The device this scope runs on; null for one device without a mesh.
   spmd::DeviceContext* context() const { return ctx_; }
   /// Devices along `axes` (1 without a context); throws ShardingError for an axis not
@@ -117,6 +137,10 @@ class Scope {
   const TensorTree* in_ = nullptr;  // Apply: where parameters come from
   ParamSpecs* specs_ = nullptr;
   spmd::DeviceContext* ctx_ = nullptr;
+  std::shared_ptr<const FullySharded> fsdp_;
+  // Fully sharded parameters already gathered by this scope tree (a tied embedding is
+  // gathered once per pass, not per use); a rebased scope starts its own.
+  std::shared_ptr<std::map<std::string, Tensor>> gathered_;
   std::string path_;  // logical path of this scope
   std::string root_;  // logical path the tree is rooted at ("" unless rebased)
   Mode mode_ = Mode::Apply;

@@ -40,6 +40,36 @@ void check_axes_of_spec(const Mesh& mesh, const PartitionSpec& spec, const std::
 
 }  // namespace
 
+PartitionSpec fully_sharded_spec(const Shape& shape, const PartitionSpec& spec, const Mesh& mesh,
+                                 const std::string& axis, std::int64_t min_weight_size,
+                                 int* dim) {
+  if (dim != nullptr) *dim = -1;
+  const int n = mesh.axis_size(axis, "fully_sharded_spec");
+  if (spec.uses(axis) || numel(shape) < min_weight_size || shape.empty()) return spec;
+  int best = -1;
+  std::int64_t best_extent = 0;
+  for (int d = 0; d < static_cast<int>(shape.size()); ++d) {
+    std::int64_t split = 1;
+    for (const auto& a : spec.entry(d).axes)
+      split *= mesh.axis_size(a, "fully_sharded_spec");
+    if (shape[d] % split != 0) continue;
+    const std::int64_t extent = shape[d] / split;
+    if (extent % n == 0 && extent >= best_extent) {
+      best = d;
+      best_extent = extent;
+    }
+  }
+  if (best < 0) return spec;
+  std::vector<PartitionSpec::Entry> entries;
+  for (int d = 0; d < static_cast<int>(shape.size()); ++d) {
+    std::vector<std::string> axes = spec.entry(d).axes;
+    if (d == best) axes.push_back(axis);
+    entries.emplace_back(axes);
+  }
+  if (dim != nullptr) *dim = best;
+  return PartitionSpec::from_entries(std::move(entries));
+}
+
 void validate_spec(const Mesh& mesh, const PartitionSpec& spec, const Shape& shape, const char* op,
                    std::string_view argument) {
   std::ostringstream pre;

@@ -153,11 +153,13 @@ TensorTree Transformer::init(Key key) const {
   return init(key, nullptr);
 }
 
-TensorTree Transformer::init(Key key, nn::ParamSpecs* specs, spmd::DeviceContext* ctx) const {
+TensorTree Transformer::init(Key key, nn::ParamSpecs* specs, spmd::DeviceContext* ctx,
+                             const nn::FullySharded* fsdp) const {
   TensorTree params;
   tensor::NoGradGuard no_grad;
   nn::Scope scope = nn::Scope::init(&params, key, specs);
   if (ctx != nullptr) scope = scope.on(*ctx);
+  if (fsdp != nullptr) scope = scope.fully_sharded(*fsdp);
   // A sequence-parallel init needs T divisible by the axis: use one token per device.
   const int n = config_.tp.layout == parallel::TPLayout::None || ctx == nullptr
                     ? 1

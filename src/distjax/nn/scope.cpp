@@ -2,7 +2,10 @@
 
 #include "distjax/core/error.hpp"
 #include "distjax/mesh/named_sharding.hpp"
+#include "distjax/autodiff/autodiff.hpp"
+#include "distjax/spmd/collectives.hpp"
 #include "distjax/spmd/device_context.hpp"
+#include "distjax/tensor/elementwise.hpp"
 
 namespace distjax::nn {
 
@@ -29,6 +32,33 @@ Scope Scope::apply(const TensorTree* params, bool train, Key dropout_key) {
   s.dropout_key_ = dropout_key;
   return s;
 }
+
+Scope Scope::fully_sharded(FullySharded config) const {
+  Scope s = *this;
+  s.fsdp_ = std::make_shared<const FullySharded>(std::move(config));
+  s.gathered_ = std::make_shared<std::map<std::string, Tensor>>();
+  return s;
+}
+
+namespace {
+
+// all_gather of a fully sharded parameter over `axis` along `dim`, whose backward is the
+// reduce-scatter of the cotangent divided by the axis size (the mean over the replicas
+// that used the gathered value, as data parallelism averages).
+Tensor gather_fully_sharded(spmd::DeviceContext& ctx, const Tensor& shard,
+                            const std::string& axis, int dim) {
+  const Tensor full = spmd::all_gather(ctx, shard, axis, dim, /*tiled=*/true);
+  const double inv_n = 1.0 / ctx.axis_size(axis);
+  return autodiff::custom_vjp1(
+      "fsdp_mean", {full}, [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0]}; },
+      [inv_n](const std::vector<Tensor>&, const std::vector<Tensor>&,
+              const std::vector<Tensor>& g) {
+        return std::vector<Tensor>{g[0].defined() ? tensor::mul_scalar(g[0], inv_n) : g[0]};
+      },
+      tensor::VaryingRule::AsIs);
+}
+
+}  // namespace
 
 Scope Scope::on(spmd::DeviceContext& ctx) const {
   Scope s = *this;
@@ -71,18 +101,32 @@ Tensor Scope::param(const std::string& name, const Shape& shape, const Initializ
   DISTJAX_CHECK(spec.size() <= static_cast<int>(shape.size()), ShardingError,
                 "[Scope::param] parameter \"", full, "\" of shape ", to_string(shape),
                 " has spec ", spec.to_string(), " with more entries than dimensions");
+  // Fully sharded: stored split further over the FSDP axis along `gather_dim`.
+  int gather_dim = -1;
+  mesh::PartitionSpec stored_spec = spec;
+  if (ctx_ != nullptr && fsdp_ != nullptr) {
+    mesh::validate_spec(ctx_->mesh(), spec, shape, "Scope::param", full);
+    stored_spec = mesh::fully_sharded_spec(shape, spec, ctx_->mesh(), fsdp_->axis,
+                                           fsdp_->min_weight_size, &gather_dim);
+  }
+  auto used = [&](Tensor t) {
+    if (gather_dim < 0) return t;
+    auto [it, fresh] = gathered_->try_emplace(full);
+    if (fresh) it->second = gather_fully_sharded(*ctx_, t, fsdp_->axis, gather_dim);
+    return it->second;
+  };
   // This device's block of the parameter, and the axes its shard varies over.
   Block block = Block::whole(shape);
   std::uint32_t varying = 0;
-  if (ctx_ != nullptr && spec.size() > 0) {
-    mesh::validate_spec(ctx_->mesh(), spec, shape, "Scope::param", full);
-    const mesh::NamedSharding sharding(ctx_->mesh(), spec);
+  if (ctx_ != nullptr && stored_spec.size() > 0) {
+    mesh::validate_spec(ctx_->mesh(), stored_spec, shape, "Scope::param", full);
+    const mesh::NamedSharding sharding(ctx_->mesh(), stored_spec);
     const auto range = sharding.shard_range(shape, ctx_->device());
     for (std::size_t d = 0; d < shape.size(); ++d) {
       block.start[d] = range[d].first;
       block.shape[d] = range[d].second - range[d].first;
     }
-    varying = ctx_->axis_mask(spec);
+    varying = ctx_->axis_mask(stored_spec);
   }
   auto marked = [varying](Tensor t) {
     t.set_varying_axes(t.varying_axes() | varying);
@@ -97,7 +141,7 @@ Tensor Scope::param(const std::string& name, const Shape& shape, const Initializ
                     full, "\" was created with shape ", to_string(t.shape()),
                     " and is requested again with ", to_string(block.shape),
                     " (two layers share a scope name?)");
-      return marked(t);
+      return used(marked(t));
     }
     Tensor t = init(init_key_.fold_in(std::string_view(full)), shape, block);
     DISTJAX_CHECK(t.defined() && t.shape() == block.shape && t.dtype() == DType::F32,
@@ -106,8 +150,8 @@ Tensor Scope::param(const std::string& name, const Shape& shape, const Initializ
                   to_string(block.shape));
     t = marked(t);
     out_->set(key, t);
-    if (specs_ != nullptr && spec.size() > 0) (*specs_)[full] = spec;
-    return t;
+    if (specs_ != nullptr && stored_spec.size() > 0) (*specs_)[full] = stored_spec;
+    return used(t);
   }
   DISTJAX_CHECK(in_->contains(key), InvalidArgument, "[Scope::param] missing parameter \"", full,
                 "\" (shape ", to_string(block.shape), "); the tree has ", in_->size(),
@@ -117,8 +161,8 @@ Tensor Scope::param(const std::string& name, const Shape& shape, const Initializ
                 "\" has shape ", to_string(t.shape()), ", expected ", to_string(block.shape),
                 block.shape == shape ? std::string()
                                      : " (this device's shard of " + to_string(shape) + " split by " +
-                                           spec.to_string() + ")");
-  return marked(t);
+                                           stored_spec.to_string() + ")");
+  return used(marked(t));
 }
 
 Scope Scope::rebased(const TensorTree* subtree) const {
@@ -129,6 +173,8 @@ Scope Scope::rebased(const TensorTree* subtree) const {
   s.specs_ = nullptr;
   s.mode_ = Mode::Apply;
   s.root_ = path_;
+  // The re-run (a checkpoint's backward) gathers its parameters again, on the tape.
+  if (fsdp_) s.gathered_ = std::make_shared<std::map<std::string, Tensor>>();
   return s;
 }
 
