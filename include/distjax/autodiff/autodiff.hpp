@@ -23,6 +23,18 @@ using tensor::TensorTree;
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& seeds,
                          const std::vector<Tensor>& wrt);
 
+/// Called during a backward pass as soon as the cotangent of wrt[index] is final (every
+/// op that used it has run its backward), with that cotangent (its primal's varying
+/// axes; zeros when the outputs do not depend on it, reported at the end). Lets a caller
+/// start communicating a gradient while the backward pass goes on (data parallelism's
+/// bucketed all-reduce). Called once per index, in the order the gradients become final,
+/// which is the same on every device running the same program.
+using GradReadyFn = std::function<void(std::size_t index, const Tensor& grad)>;
+
+/// grad() that reports each cotangent to `on_ready` as soon as it is final.
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& seeds,
+                         const std::vector<Tensor>& wrt, const GradReadyFn& on_ready);
+
 namespace detail {
 inline const Tensor& primary(const Tensor& t) {
   return t;
@@ -40,8 +52,10 @@ std::pair<Tensor, A> detached(const std::pair<Tensor, A>& p) {
 }
 /// Leaves sharing storage with every floating leaf of `params`.
 TensorTree make_leaves(const TensorTree& params);
-/// Gradient of scalar `loss` with respect to every leaf of `leaves`.
-TensorTree grads_of(const Tensor& loss, const TensorTree& leaves);
+/// Gradient of scalar `loss` with respect to every leaf of `leaves`; `on_ready` (optional)
+/// gets each leaf's path and gradient as soon as it is final.
+TensorTree grads_of(const Tensor& loss, const TensorTree& leaves,
+                    const std::function<void(const std::string&, const Tensor&)>& on_ready = {});
 }  // namespace detail
 
 /// Turns `fn(params, args...) -> loss` (a scalar Tensor, or pair<Tensor, Aux>) into a

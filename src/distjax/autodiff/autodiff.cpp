@@ -47,6 +47,11 @@ std::vector<Node*> topological_order(const std::vector<Node*>& roots) {
 
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& seeds,
                          const std::vector<Tensor>& wrt) {
+  return grad(outputs, seeds, wrt, GradReadyFn{});
+}
+
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& seeds,
+                         const std::vector<Tensor>& wrt, const GradReadyFn& on_ready) {
   DISTJAX_CHECK(outputs.size() == seeds.size(), InvalidArgument, "[grad] ", outputs.size(),
                 " outputs but ", seeds.size(), " seeds");
   NoGradGuard no_grad;
@@ -80,9 +85,45 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
       wanted[wrt[j].grad_node().get()].push_back({wrt[j].grad_output_index(), j});
   std::vector<Tensor> result(wrt.size());
 
-  for (Node* node : topological_order(roots)) {
+  const std::vector<Node*> order = topological_order(roots);
+  // With on_ready: how many reachable ops still have to send a cotangent to each wanted
+  // node; when it reaches zero the node's cotangent is final (all its consumers are newer
+  // and have run), long before the loop reaches the node itself.
+  std::unordered_map<Node*, int> waiting;
+  std::vector<char> reported(wrt.size(), 0);
+  auto report = [&](Node* n) {
+    auto w = wanted.find(n);
+    if (w == wanted.end()) return;
+    auto p = pending.find(n);
+    for (auto [out_index, j] : w->second) {
+      if (reported[j]) continue;
+      reported[j] = 1;
+      Tensor g = p != pending.end() ? p->second[out_index] : Tensor();
+      if (!g.defined()) g = Tensor::zeros(wrt[j].shape(), wrt[j].dtype());
+      g.set_varying_axes(wrt[j].varying_axes());
+      on_ready(j, g);
+    }
+  };
+  if (on_ready) {
+    for (Node* n : order)
+      for (const auto& e : n->inputs)
+        if (e.node && wanted.count(e.node.get())) ++waiting[e.node.get()];
+    for (Node* r : roots)  // an output that is itself a wanted leaf
+      if (wanted.count(r) && waiting[r] == 0) report(r);
+  }
+
+  // Every input edge of `node` has delivered its cotangent (or none).
+  auto done_with = [&](Node* node) {
+    for (const auto& edge : node->inputs)
+      if (edge.node && wanted.count(edge.node.get()) && --waiting[edge.node.get()] == 0)
+        report(edge.node.get());
+  };
+  for (Node* node : order) {
     auto it = pending.find(node);
-    if (it == pending.end()) continue;
+    if (it == pending.end()) {
+      if (on_ready) done_with(node);
+      continue;
+    }
     std::vector<Tensor> grads = std::move(it->second);
     pending.erase(it);
     if (auto w = wanted.find(node); w != wanted.end())
@@ -105,6 +146,7 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
                     " of shape ", to_string(want));
       accumulate(slot(edge.node.get(), edge.output_index), in_grads[k]);
     }
+    if (on_ready) done_with(node);
   }
 
   // A cotangent has its primal's type, varying axes included (the implicit pvary of the
@@ -112,6 +154,7 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
   for (std::size_t j = 0; j < wrt.size(); ++j) {
     if (!result[j].defined()) result[j] = Tensor::zeros(wrt[j].shape(), wrt[j].dtype());
     result[j].set_varying_axes(wrt[j].varying_axes());
+    if (on_ready && !reported[j]) on_ready(j, result[j]);  // unused by the outputs
   }
   return result;
 }
@@ -123,15 +166,21 @@ TensorTree make_leaves(const TensorTree& params) {
       [](const Tensor& t) { return is_floating(t.dtype()) ? tensor::make_leaf(t) : t; });
 }
 
-TensorTree grads_of(const Tensor& loss, const TensorTree& leaves) {
+TensorTree grads_of(const Tensor& loss, const TensorTree& leaves,
+                    const std::function<void(const std::string&, const Tensor&)>& on_ready) {
   DISTJAX_CHECK(loss.defined() && loss.numel() == 1, InvalidArgument,
                 "[value_and_grad] the function must return a scalar loss, got ",
                 loss.defined() ? to_string(loss.shape()) : std::string("undefined"));
   std::vector<Tensor> wrt;
+  std::vector<const std::string*> paths;
   wrt.reserve(leaves.size());
-  for (auto& [_, t] : leaves)
+  for (auto& [p, t] : leaves) {
     wrt.push_back(t);
-  std::vector<Tensor> g = grad({loss}, {Tensor()}, wrt);
+    paths.push_back(&p);
+  }
+  GradReadyFn ready;
+  if (on_ready) ready = [&](std::size_t j, const Tensor& g) { on_ready(*paths[j], g); };
+  std::vector<Tensor> g = grad({loss}, {Tensor()}, wrt, ready);
   TensorTree out;
   std::size_t i = 0;
   for (auto& [p, _] : leaves)
