@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <string>
 #include <utility>
 
 #include "distjax/core/prng.hpp"
@@ -33,5 +34,17 @@ struct GradientResult {
 };
 GradientResult accumulate_gradients(const LossFn& loss_fn, const TensorTree& params,
                                     const Batch& batch, Key rng, int num_minibatches);
+
+/// Called with a parameter's path and its final (mean) gradient as soon as the backward
+/// pass of the last minibatch has finished with it (autodiff::GradReadyFn), while the
+/// backward pass goes on: data parallelism starts averaging it at once. The tensor is
+/// only valid during the call: copy what you keep.
+using GradReadyFn = std::function<void(const std::string& path, const Tensor& grad)>;
+
+/// accumulate_gradients that reports each gradient to `on_ready` as soon as it is final
+/// (the same values as the returned grads).
+GradientResult accumulate_gradients(const LossFn& loss_fn, const TensorTree& params,
+                                    const Batch& batch, Key rng, int num_minibatches,
+                                    const GradReadyFn& on_ready);
 
 }  // namespace distjax::train

@@ -59,41 +59,65 @@ TensorTree owned(TensorTree grads) {
 
 GradientResult accumulate_gradients(const LossFn& loss_fn, const TensorTree& params,
                                     const Batch& batch, Key rng, int num_minibatches) {
+  return accumulate_gradients(loss_fn, params, batch, rng, num_minibatches, GradReadyFn{});
+}
+
+GradientResult accumulate_gradients(const LossFn& loss_fn, const TensorTree& params,
+                                    const Batch& batch, Key rng, int num_minibatches,
+                                    const GradReadyFn& on_ready) {
   const std::int64_t b = batch.size();
   DISTJAX_CHECK(num_minibatches >= 1, InvalidArgument,
                 "[accumulate_gradients] num_minibatches must be >= 1, got ", num_minibatches);
   DISTJAX_CHECK(b % num_minibatches == 0, InvalidArgument, "[accumulate_gradients] batch size ", b,
                 " is not divisible by num_minibatches ", num_minibatches,
                 "; choose a batch size that is a multiple of it (examples are never dropped)");
-  auto vg = autodiff::value_and_grad(
-      [&](const TensorTree& p, const Batch& mb, Key k) { return loss_fn(p, mb, k); });
-
-  GradientResult out;
-  if (num_minibatches == 1) {
-    auto [res, grads] = vg(params, batch, rng);
-    out.loss = scalar_loss(res.first);
-    out.metrics = std::move(res.second);
-    add_default_loss(out.metrics, out.loss, b);
-    out.grads = owned(std::move(grads));
-    return out;
-  }
   const std::int64_t mb = b / num_minibatches;
+  GradientResult out;
+  TensorTree last;  // the final gradients, when they are reported as they become ready
   for (int i = 0; i < num_minibatches; ++i) {
-    Batch part = batch.slice(i * mb, (i + 1) * mb);
-    auto [res, grads] = vg(params, part, rng.fold_in(static_cast<std::uint64_t>(i)));
+    const Batch part = num_minibatches == 1 ? batch : batch.slice(i * mb, (i + 1) * mb);
+    const Key key = num_minibatches == 1 ? rng : rng.fold_in(static_cast<std::uint64_t>(i));
+    TensorTree leaves = autodiff::detail::make_leaves(params);
+    std::pair<Tensor, Metrics> res = [&] {
+      tensor::EnableGradGuard on;
+      return loss_fn(std::as_const(leaves), part, key);
+    }();
+    std::function<void(const std::string&, const Tensor&)> ready;
+    if (on_ready && i == num_minibatches - 1) {
+      // The last minibatch completes each gradient: report (sum of the others + g) / n.
+      ready = [&](const std::string& path, const Tensor& g) {
+        tensor::NoGradGuard no_grad;
+        Tensor final_g = g;
+        if (num_minibatches > 1) {
+          final_g = g.clone();
+          TensorTree one;
+          one.set(path, final_g);
+          if (final_g.dtype() == DType::F32) {
+            TensorTree prev;
+            prev.set(path, out.grads.at(path));
+            add_into(one, prev);
+            optim::scale_in_place(one, 1.0 / num_minibatches);
+          }
+        }
+        last.set(path, final_g);
+        on_ready(path, final_g);
+      };
+    }
+    TensorTree grads = autodiff::detail::grads_of(res.first, leaves, ready);
     const double loss = scalar_loss(res.first);
-    Metrics m = std::move(res.second);
-    add_default_loss(m, loss, mb);
-    out.metrics.merge(m);
+    add_default_loss(res.second, loss, part.size());
+    out.metrics.merge(res.second);
     out.loss += loss / num_minibatches;
     tensor::NoGradGuard no_grad;
-    if (i == 0) {
+    if (ready) {
+      out.grads = owned(std::move(last));
+    } else if (i == 0) {
       out.grads = owned(std::move(grads));
     } else {
       add_into(out.grads, grads);
     }
   }
-  optim::scale_in_place(out.grads, 1.0 / num_minibatches);
+  if (num_minibatches > 1 && !on_ready) optim::scale_in_place(out.grads, 1.0 / num_minibatches);
   return out;
 }
 
