@@ -6,7 +6,10 @@
 #include <gtest/gtest.h>
 
 #include "distjax/mesh/named_sharding.hpp"
+#include "distjax/models/classifier.hpp"
 #include "distjax/models/transformer.hpp"
+#include "distjax/tensor/nn_ops.hpp"
+#include "distjax/tensor/reduce.hpp"
 #include "distjax/optim/adamw.hpp"
 #include "distjax/parallel/data_parallel.hpp"
 #include "parallel/parity_util.hpp"
@@ -103,6 +106,32 @@ TEST(Fsdp, MatchesOneDeviceWithAndWithoutRemat) {
                       "ZeRO-3 on " + std::to_string(n) + (remat ? ", remat" : ""));
     }
   }
+}
+
+TEST(Fsdp, ClassifierMatchesOneDevice) {
+  static const models::Classifier clf(
+      {.in_features = 16, .hidden = 32, .num_classes = 8, .dropout = 0.f});
+  const nn::FullySharded fsdp{.min_weight_size = 64};
+  const ParityModel model{
+      [fsdp](Key k, nn::ParamSpecs* s, DeviceContext* ctx) {
+        return clf.init(k, s, ctx, ctx ? &fsdp : nullptr);
+      },
+      [fsdp](const nn::Scope& s, const train::Batch& b) {
+        const nn::Scope scope = s.context() ? s.fully_sharded(fsdp) : s;
+        return tensor::mean(tensor::cross_entropy(clf(scope, b.inputs), b.labels));
+      }};
+  std::vector<train::Batch> data;
+  for (int s = 0; s < kSteps; ++s) {
+    Key k = Key::from_seed(4).fold_in(static_cast<std::uint64_t>(s));
+    Tensor y = Tensor::empty({16}, DType::I32);
+    for (std::int64_t i = 0; i < 16; ++i)
+      y.data<std::int32_t>()[i] = static_cast<std::int32_t>(k.fold_in(50 + i).bits(0)[0] % 8);
+    data.push_back({testing::random_tensor(k, {16, 16}), y});
+  }
+  const TrainingRun one = train_one_device(model, adamw(), data);
+  for (int n : {2, 4, 8})
+    expect_same_run(one, train_on_mesh(Mesh({n}, {"data"}), model, adamw(), data), kAdamTol,
+                    "ZeRO-3 classifier on " + std::to_string(n));
 }
 
 TEST(Fsdp, HsdpAndFsdpTimesTensorParallelMatchOneDevice) {

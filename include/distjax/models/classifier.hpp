@@ -34,6 +34,11 @@ class Classifier {
 
   /// Fresh parameters; the same key gives identical parameters on every run.
   TensorTree init(Key key) const;
+  /// Inside shard_map: this device's parameters, fully sharded (ZeRO-3) when `fsdp` is
+  /// given (apply them on a scope with the same configuration); the PartitionSpec of
+  /// every sharded parameter goes into `*specs` when given.
+  TensorTree init(Key key, nn::ParamSpecs* specs, spmd::DeviceContext* ctx,
+                  const nn::FullySharded* fsdp = nullptr) const;
   /// Logits of a batch; dropout is active only when `train` (masks from dropout_key).
   Tensor apply(const TensorTree& params, const Tensor& x, bool train, Key dropout_key) const;
   /// The same forward on any scope (to nest the classifier in a bigger module).

@@ -27,9 +27,17 @@ Tensor Classifier::operator()(const nn::Scope& scope, const Tensor& x) const {
 }
 
 TensorTree Classifier::init(Key key) const {
+  return init(key, nullptr, nullptr);
+}
+
+TensorTree Classifier::init(Key key, nn::ParamSpecs* specs, spmd::DeviceContext* ctx,
+                            const nn::FullySharded* fsdp) const {
   TensorTree params;
   tensor::NoGradGuard no_grad;
-  (*this)(nn::Scope::init(&params, key), Tensor::zeros({1, config_.in_features}));
+  nn::Scope scope = nn::Scope::init(&params, key, specs);
+  if (ctx != nullptr) scope = scope.on(*ctx);
+  if (fsdp != nullptr) scope = scope.fully_sharded(*fsdp);
+  (*this)(scope, Tensor::zeros({1, config_.in_features}));
   return params;
 }
 
