@@ -42,6 +42,7 @@
 #include "distjax/parallel/tp_async.hpp"
 #include "distjax/parallel/tp_async_dense.hpp"
 #include "distjax/parallel/tp_transformer_block.hpp"
+#include "distjax/parallel/zero.hpp"
 #include "distjax/spmd/collectives.hpp"
 #include "distjax/spmd/device_context.hpp"
 #include "distjax/spmd/shard_map.hpp"

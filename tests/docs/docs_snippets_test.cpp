@@ -871,3 +871,63 @@ TEST(DocsTensorParallelism, TrainTheTpGpt) {
       {}, {});
   f(std::vector<Tensor>{});
 }
+
+// ------------------------------------------------------------ zero.md
+
+// "ZeRO-1 and ZeRO-2"
+TEST(DocsZero, ZeroStrategy) {
+  const models::Classifier model({.in_features = 8, .hidden = 16, .num_classes = 4, .dropout = 0.f});
+  optim::AdamW opt({.learning_rate = optim::constant_schedule(1e-2)});
+  const Key key = Key::from_seed(0), rng = Key::from_seed(1);
+  train::LossFn loss_fn = [&](const TensorTree& p, const train::Batch& b, Key k) {
+    return std::make_pair(tensor::mean(tensor::cross_entropy(model.apply(p, b.inputs, true, k),
+                                                             b.labels)),
+                          train::Metrics{});
+  };
+  spmd::shard_map(
+      mesh::Mesh({4}, {"data"}),
+      [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
+        train::Batch local{Tensor::ones({2, 8}), Tensor::zeros({2}, DType::I32)};
+        parallel::ZeroDataParallel zero(ctx, /*stage=*/2, "data");
+        train::TrainState state = train::TrainState::create(model.init(key), opt, rng, zero);
+        EXPECT_EQ(state.opt_state.num_elements(), 2 * model.num_params() / 4);  // mu, nu chunks
+        const double first =
+            train::train_step(state, local, loss_fn, opt, {.max_grad_norm = 1.0, .strategy = &zero})
+                .mean("loss");
+        const double second =
+            train::train_step(state, local, loss_fn, opt, {.max_grad_norm = 1.0, .strategy = &zero})
+                .mean("loss");
+        EXPECT_LT(second, first);
+        return std::vector<Tensor>{};
+      },
+      {}, {})(std::vector<Tensor>{});
+}
+
+// "ZeRO-3: fully sharded parameters"
+TEST(DocsZero, FullyShardedParameters) {
+  models::Transformer gpt({.vocab = 64, .d_model = 32, .num_layers = 2, .num_heads = 4,
+                           .max_len = 16, .remat = true});
+  const Key key = Key::from_seed(0);
+  spmd::shard_map(
+      mesh::Mesh({8}, {"data"}),
+      [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
+        const nn::FullySharded fsdp{.axis = "data", .min_weight_size = 1 << 10};
+        nn::ParamSpecs specs;
+        TensorTree shards = gpt.init(key, &specs, &ctx, &fsdp);  // 1/8 of each large parameter
+        EXPECT_EQ(shards.at("blocks/0/mlp/fc1/kernel").numel(), 32 * 128 / 8);
+        EXPECT_EQ(specs.at("blocks/0/mlp/fc1/kernel"), P(std::nullopt, "data"));
+        parallel::DataParallel dp(ctx, "data", &specs);
+        train::LossFn loss = [&](const TensorTree& p, const train::Batch& b, Key k) {
+          nn::Scope s = nn::Scope::apply(&p, true, k).on(ctx).fully_sharded(fsdp);
+          return std::make_pair(gpt.loss(s, b.inputs, b.labels), train::Metrics{});
+        };
+        optim::AdamW opt({.learning_rate = optim::constant_schedule(1e-2)});
+        auto state = train::TrainState::create(shards, opt, key, dp);
+        train::Batch local{Tensor::zeros({1, 16}, DType::I32), Tensor::ones({1, 16}, DType::I32)};
+        const double first = train::train_step(state, local, loss, opt, {.strategy = &dp}).mean("loss");
+        const double second = train::train_step(state, local, loss, opt, {.strategy = &dp}).mean("loss");
+        EXPECT_LT(second, first);
+        return std::vector<Tensor>{};
+      },
+      {}, {})(std::vector<Tensor>{});
+}
