@@ -6,6 +6,7 @@
 //
 //   ./build/data_parallelism [--devices 8 --zero 3 --steps 300 --min-weight-size 262144]
 //   mpirun -np 8 ./build/data_parallelism          (one process per device)
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -79,7 +80,7 @@ int run(int argc, char** argv) {
   // so every device must run the same number of them (devices > 1 drop < devices images).
   const std::vector<train::Batch> all_test = test_set.batches(test_set.size() / devices);
   const models::Classifier model({.in_features = 784, .hidden = 512, .num_classes = 10});
-  optim::AdamW opt({.learning_rate = optim::warmup_cosine_schedule(0.0, 1e-3, 20, steps, 1e-5),
+  optim::AdamW opt({.learning_rate = optim::warmup_cosine_schedule(0.0, 1e-3, std::min<long long>(20, steps - 1), steps, 1e-5),
                     .decay_mask = optim::default_decay_mask()});
   const nn::FullySharded fsdp{.axis = "data", .min_weight_size = min_weight};
   const bool sharded = zero == 3;
