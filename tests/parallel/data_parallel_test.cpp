@@ -7,6 +7,11 @@
 
 #include <cmath>
 
+#include "distjax/autodiff/autodiff.hpp"
+#include "distjax/tensor/elementwise.hpp"
+#include "distjax/tensor/matmul.hpp"
+#include "distjax/tensor/grad_node.hpp"
+#include "spmd/spmd_test_util.hpp"
 #include "distjax/models/classifier.hpp"
 #include "distjax/optim/adamw.hpp"
 #include "distjax/optim/sgd.hpp"
@@ -157,6 +162,59 @@ TEST(DataParallel, BatchThroughInSpecsAndUserPvaryGiveTheSameRun) {
   const TrainingRun one = train_one_device(opt);
   expect_same_run(one, train_data_parallel(opt, 2, Feed::ThroughInSpec), 1e-5);
   expect_same_run(one, train_data_parallel(opt, 4, Feed::UserPvaryParams), 1e-5);
+}
+
+TEST(DataParallel, OverlappedBucketsStartDuringBackwardAndGiveTheSyncAverages) {
+  // loss = sum(tanh(x W0) W1 ...) with a marker op under the first layer: when the
+  // backward pass reaches the marker, the buckets of the layers above must have been
+  // handed to the all-reduce already. Small buckets, so there are several.
+  const int n = 2;
+  std::vector<std::int64_t> calls_at_bottom(n, -1);
+  std::vector<TensorTree> with(n), without(n);
+  spmd::shard_map(
+      Mesh({n}, {"data"}),
+      [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+        TensorTree params;
+        for (const char* name : {"w0", "w1", "w2", "w3"})
+          params.set(name, testing::random_tensor(Key::from_seed(1).fold_in(std::string_view(name)),
+                                                  {8, 8}));
+        const int i = ctx.axis_index("data");
+        const train::Batch batch{testing::random_tensor(Key::from_seed(2).fold_in(i), {4, 8}),
+                                 Tensor::zeros({4}, DType::I32)};
+        train::LossFn fn = [&](const TensorTree& p, const train::Batch& b, Key) {
+          Tensor h = autodiff::custom_vjp1(
+              "marker", {b.inputs},
+              [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0]}; },
+              [&](const std::vector<Tensor>&, const std::vector<Tensor>&,
+                  const std::vector<Tensor>& g) {
+                calls_at_bottom[ctx.device()] =
+                    ctx.comm_stats()[comm::OpKind::AllReduce].calls;
+                return std::vector<Tensor>{g[0]};
+              });
+          for (const char* name : {"w0", "w1", "w2", "w3"})
+            h = tensor::tanh(tensor::matmul(h, p.at(name)));
+          return std::make_pair(tensor::mean(h), train::Metrics{});
+        };
+        for (bool overlap : {true, false}) {
+          DataParallel dp(ctx, "data", nullptr, /*bucket_bytes=*/2 * 8 * 8 * 4, overlap);
+          ctx.comm_stats().reset();
+          // The marker's input must require grad for its backward to run.
+          train::Batch b = batch;
+          b.inputs = tensor::make_leaf(b.inputs);
+          auto r = dp.forward_backward(fn, params, b, Key{}, 1);
+          (overlap ? with : without)[ctx.device()] = dp.finalize_grads(std::move(r.grads));
+          if (overlap) {
+            // 4 leaves of 256 bytes in buckets of 512: two all-reduces, both started
+            // before the backward pass reached the bottom.
+            EXPECT_EQ(calls_at_bottom[ctx.device()], 2);
+          }
+        }
+        return std::vector<Tensor>{};
+      },
+      {}, {})(std::vector<Tensor>{});
+  for (int d = 0; d < n; ++d)
+    for (const auto& [path, g] : without[d])
+      EXPECT_EQ(with[d].at(path).to_vector<float>(), g.to_vector<float>()) << path;
 }
 
 TEST(DataParallel, AdamWMatchesOneDevice) {

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "distjax/mesh/mesh.hpp"
@@ -62,8 +63,14 @@ train::Metrics sync_metrics(spmd::DeviceContext& ctx, const train::Metrics& metr
 ///   train::train_step(state, local_batch, loss_fn, opt, {.strategy = &dp});
 class DataParallel final : public Strategy {
  public:
+  /// With `overlap`, forward_backward copies each gradient into a bucket as soon as the
+  /// backward pass has finished with it (train::GradReadyFn: the last layer's first), and
+  /// a full bucket's all-reduce starts at once while the backward pass goes on;
+  /// finalize_grads waits for them. The same averages as sync_grads (views into the
+  /// buckets, no other copy per leaf); only the bucket order differs (ready order).
   DataParallel(spmd::DeviceContext& ctx, mesh::Axes axes = "data", const ParamSpecs* specs = nullptr,
-               std::size_t bucket_bytes = kDefaultBucketBytes);
+               std::size_t bucket_bytes = kDefaultBucketBytes, bool overlap = true);
+  ~DataParallel() override;
 
   std::string name() const override;
   int data_parallel_size() const override;
@@ -79,10 +86,14 @@ class DataParallel final : public Strategy {
   const mesh::Axes& axes() const { return axes_; }
 
  private:
+  struct Overlap;  // the buckets of the step in flight (data_parallel.cpp)
+
   spmd::DeviceContext* ctx_;
   mesh::Axes axes_;
   const ParamSpecs* specs_;
   std::size_t bucket_bytes_;
+  bool overlap_;
+  std::unique_ptr<Overlap> inflight_;
 };
 
 }  // namespace distjax::parallel

@@ -173,11 +173,41 @@ train::Metrics sync_metrics(spmd::DeviceContext& ctx, const train::Metrics& metr
   return out;
 }
 
+// The gradient buckets of one step, filled in the order the backward pass finishes the
+// gradients; a bucket's all-reduce (mean) starts as soon as it is full.
+struct DataParallel::Overlap {
+  struct Leaf {
+    std::string path;
+    Shape shape;
+    std::uint32_t varying = 0;
+    std::int64_t offset = 0;
+  };
+  struct Bucket {
+    std::vector<std::string> axes;  // averaged over these
+    Tensor buffer;                  // capacity >= filled
+    std::int64_t filled = 0;
+    std::vector<Leaf> leaves;
+    comm::Request request;  // the all-reduce in flight once started
+    bool started = false;
+  };
+  std::vector<Bucket> buckets;           // in the order they were opened
+  std::map<std::vector<std::string>, std::size_t> open;  // axes -> bucket being filled
+  // Elements of the gradients of each group not in a bucket yet: a bucket is allocated
+  // with min(bucket size, what is left), so small models get exact buffers.
+  std::map<std::vector<std::string>, std::int64_t> left;
+};
+
 DataParallel::DataParallel(spmd::DeviceContext& ctx, mesh::Axes axes, const ParamSpecs* specs,
-                           std::size_t bucket_bytes)
-    : ctx_(&ctx), axes_(std::move(axes)), specs_(specs), bucket_bytes_(bucket_bytes) {
+                           std::size_t bucket_bytes, bool overlap)
+    : ctx_(&ctx),
+      axes_(std::move(axes)),
+      specs_(specs),
+      bucket_bytes_(bucket_bytes),
+      overlap_(overlap) {
   ctx.mesh().check_axes(axes_, "DataParallel");
 }
+
+DataParallel::~DataParallel() = default;
 
 std::string DataParallel::name() const {
   return "data(" + axes_.str() + "=" + std::to_string(data_parallel_size()) + ")";
@@ -205,11 +235,77 @@ train::GradientResult DataParallel::forward_backward(const train::LossFn& loss_f
         t.varying_axes() | ctx_->axis_mask(mesh::Axes(axes_to_average(axes_, specs_, path))));
     own.set(path, t);
   }
-  return train::accumulate_gradients(loss_fn, own, local, key, num_minibatches);
+  if (!overlap_) return train::accumulate_gradients(loss_fn, own, local, key, num_minibatches);
+
+  const std::int64_t bucket_elems =
+      std::max<std::int64_t>(1, static_cast<std::int64_t>(bucket_bytes_ / sizeof(float)));
+  inflight_ = std::make_unique<Overlap>();
+  Overlap& ov = *inflight_;
+  for (const auto& [path, p] : params) {
+    if (p.dtype() != DType::F32) continue;
+    std::vector<std::string> axes = axes_to_average(axes_, specs_, path);
+    if (!axes.empty() && ctx_->axis_size(mesh::Axes(axes)) > 1) ov.left[axes] += p.numel();
+  }
+  auto start = [&](Overlap::Bucket& b) {
+    // Every device opens and fills its buckets in the same (ready) order, so the
+    // collectives of a group match.
+    comm::Communicator& c = ctx_->comm(mesh::Axes(b.axes));
+    float* p = b.buffer.data<float>();
+    c.all_reduce(p, p, b.filled, DType::F32, comm::ReduceOp::Mean);
+    b.started = true;
+  };
+  auto on_ready = [&](const std::string& path, const Tensor& g) {
+    if (g.dtype() != DType::F32) return;
+    std::vector<std::string> axes = axes_to_average(axes_, specs_, path);
+    if (axes.empty() || ctx_->axis_size(mesh::Axes(axes)) == 1) return;
+    auto it = ov.open.find(axes);
+    if (it != ov.open.end()) {
+      Overlap::Bucket& b = ov.buckets[it->second];
+      if (b.filled + g.numel() > b.buffer.numel()) {
+        start(b);
+        ov.open.erase(it);
+        it = ov.open.end();
+      }
+    }
+    if (it == ov.open.end()) {
+      Overlap::Bucket b;
+      b.axes = axes;
+      b.buffer = Tensor::empty({std::max(std::min(bucket_elems, ov.left[axes]), g.numel())});
+      it = ov.open.emplace(axes, ov.buckets.size()).first;
+      ov.buckets.push_back(std::move(b));
+    }
+    Overlap::Bucket& b = ov.buckets[it->second];
+    std::memcpy(b.buffer.data<float>() + b.filled, g.data<float>(), g.nbytes());
+    b.leaves.push_back({path, g.shape(), g.varying_axes(), b.filled});
+    b.filled += g.numel();
+    ov.left[axes] -= g.numel();
+    if (b.filled == b.buffer.numel() || ov.left[axes] == 0) {  // full, or the group's last
+      start(b);
+      ov.open.erase(it);
+    }
+  };
+  train::GradientResult r =
+      train::accumulate_gradients(loss_fn, own, local, key, num_minibatches, on_ready);
+  for (Overlap::Bucket& b : ov.buckets)  // the last, partly filled buckets
+    if (!b.started) start(b);
+  return r;
 }
 
 TensorTree DataParallel::finalize_grads(TensorTree grads) {
-  return sync_grads(*ctx_, grads, axes_, specs_, bucket_bytes_);
+  if (!inflight_) return sync_grads(*ctx_, grads, axes_, specs_, bucket_bytes_);
+  // The averaged gradients are views into the buckets; the others pass through.
+  std::unique_ptr<Overlap> ov = std::move(inflight_);
+  TensorTree out = grads;
+  for (Overlap::Bucket& b : ov->buckets) {
+    b.request.wait();
+    const std::uint32_t averaged = ctx_->axis_mask(mesh::Axes(b.axes));
+    for (const Overlap::Leaf& leaf : b.leaves) {
+      Tensor v = b.buffer.view_rows(leaf.offset, leaf.offset + numel(leaf.shape)).view(leaf.shape);
+      v.set_varying_axes(leaf.varying & ~averaged);
+      out.set(leaf.path, v);
+    }
+  }
+  return out;
 }
 
 train::Metrics DataParallel::reduce_metrics(train::Metrics metrics) {
