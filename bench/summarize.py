@@ -97,7 +97,34 @@ def comparisons(by_name, values, peaks):
                 rec["target"] = target
                 rec["meets_target"] = rec["ratio"] >= target
             out.append(rec)
+    out.extend(tp_comparisons(by_name, values))
     return out
+
+
+def tp_comparisons(by_name, values):
+    """tp_gpt_vs_jax_shard_map: the tensor-parallel GPT step (Megatron over 2 devices, one
+    thread each) of DistJax (bench_tp) against bench/reference/jax_tp_gpt.py, each side's
+    best round (the JAX line is only measured in round 1)."""
+    oname, bname = "distjax_gpt_tp2_train_tokens_per_s", "jax_gpt_tp2_train_tokens_per_s"
+    ours, base = by_name.get(oname), by_name.get(bname)
+    if not ours or not base or not ours.get("value") or not base.get("value"):
+        return []
+    rec = {"name": "tp_gpt_vs_jax_shard_map", "value": ours["value"], "unit": ours["unit"],
+           "baseline": f"{base.get('framework', 'jax')} {base.get('version', '')} ({bname})",
+           "baseline_value": base["value"], "ratio": ours["value"] / base["value"],
+           "better": "higher",
+           "how": "GPT train step, Megatron TP over (model=2), one thread per device, same "
+                  "model, AdamW and global batch; tokens/s of the global batch; best round of each",
+           "values_by_round": values.get(oname), "baseline_values_by_round": values.get(bname),
+           "devices": ours.get("devices"), "baseline_devices": base.get("devices"),
+           "threads_per_device": ours.get("threads_per_device"),
+           "baseline_threads_per_device": base.get("threads_per_device"),
+           "round": ours.get("round"), "baseline_round": base.get("round")}
+    try:  # the same comparison from each side's fastest single step
+        rec["ratio_fastest_step"] = base["step_time_min_s"] / ours["step_time_min_s"]
+    except (KeyError, TypeError, ZeroDivisionError):
+        pass
+    return [rec]
 
 
 def fmt(v):

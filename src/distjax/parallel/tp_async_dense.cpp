@@ -4,12 +4,132 @@
 #include "distjax/nn/dense.hpp"
 #include "distjax/parallel/tp_async.hpp"
 #include "distjax/tensor/elementwise.hpp"
+#include "distjax/tensor/grad_node.hpp"
 #include "distjax/tensor/matmul.hpp"
 #include "distjax/tensor/shape_ops.hpp"
 
 namespace distjax::parallel {
 
 using mesh::P;
+
+namespace {
+
+// The ring's n products each write one disjoint block of the kernel's gradient. Each
+// product takes the kernel through an alias (same storage) and hands the next product a
+// new alias, so in the backward the products run along that chain and write their blocks
+// into one buffer (the last product creates it), instead of n zero-filled (K, F/n) tensors
+// the tape adds up. The same for the activation the products share, where each adds into
+// the buffer (beta = 1). Doing it in place is safe: an alias has one consumer, the next
+// product, so the cotangent it receives is the buffer the chain made, and no backward
+// reads the forward values of an accumulator.
+Tensor own_or_zeros(const Tensor& g_alias, const Tensor& like) {
+  return g_alias.defined() ? g_alias : Tensor::zeros(like.shape());
+}
+
+void check_f32(const Tensor& x, const Tensor& kernel) {
+  DISTJAX_CHECK(x.dtype() == DType::F32 && kernel.dtype() == DType::F32, InvalidArgument,
+                "[TPAsyncDense] expects f32 x and kernel, got ", dtype_name(x.dtype()), " and ",
+                dtype_name(kernel.dtype()));
+}
+
+// Gather ring: y + chunk @ kernel[row0 : row0 + K/n, :], the product accumulated into y's
+// storage by the GEMM (beta = 1) instead of a separate add (n - 1 adds of (..., F/n) cost
+// about as much memory traffic as the matmuls themselves at these widths); y undefined:
+// the first product. Updates y and kernel (the alias for the next product).
+// Backward: the cotangent passes to y unchanged; d chunk = g @ rows^T; rows
+// [row0, row0 + K/n) of d kernel = chunk^T @ g.
+void gather_product(Tensor& y, Tensor& kernel, const Tensor& chunk, std::int64_t row0) {
+  check_f32(chunk, kernel);
+  const std::int64_t k_local = chunk.size(-1), f = kernel.size(1), m = chunk.numel() / k_local;
+  const bool has_y = y.defined();
+  Shape shape = chunk.shape();
+  shape.back() = f;
+  std::vector<Tensor> outputs{has_y ? y.detach() : Tensor::empty(shape), kernel.detach()};
+  tensor::detail::gemm_f32_ld(false, false, m, f, k_local, 1.f, chunk.data<float>(), k_local,
+                              kernel.data<float>() + row0 * f, f, has_y ? 1.f : 0.f,
+                              outputs[0].data<float>(), f);
+  std::vector<Tensor> inputs{chunk, kernel};
+  if (has_y) inputs.push_back(y);
+  if (!tensor::needs_grad(inputs)) {
+    for (Tensor& o : outputs)
+      o = tensor::joined(o, inputs);
+  } else {
+    tensor::record(
+        "tp_async_gather_matmul", inputs, outputs,
+        [cd = chunk.detach(), kd = kernel.detach(), row0, has_y, rc = chunk.requires_grad(),
+         rk = kernel.requires_grad()](const std::vector<Tensor>& g) {
+          const std::int64_t k_local = cd.size(-1), f = kd.size(1), m = cd.numel() / k_local;
+          std::vector<Tensor> out(has_y ? 3 : 2);
+          if (g[0].defined() && rc) {
+            out[0] = Tensor::empty(cd.shape());
+            tensor::detail::gemm_f32_ld(false, true, m, k_local, f, 1.f, g[0].data<float>(), f,
+                                        kd.data<float>() + row0 * f, f, 0.f, out[0].data<float>(),
+                                        k_local);
+          }
+          if (rk) {
+            out[1] = own_or_zeros(g[1], kd);
+            if (g[0].defined())
+              tensor::detail::gemm_f32_ld(true, false, k_local, f, m, 1.f, cd.data<float>(),
+                                          k_local, g[0].data<float>(), f, 0.f,
+                                          out[1].data<float>() + row0 * f, f);
+          }
+          if (has_y) out[2] = g[0];
+          return out;
+        });
+  }
+  y = outputs[0];
+  kernel = outputs[1];
+}
+
+// Scatter ring: the partial product for one block of output columns,
+// x @ kernel[:, col0 : col0 + F/n], read in place from the kernel (no slice copy). Updates
+// x and kernel (the aliases for the next block). Backward: d x = (cotangent of the x alias)
+// + g @ cols^T (beta = 1, instead of the tape's n - 1 adds of (..., K/n)); columns
+// [col0, col0 + F/n) of d kernel = x^T @ g.
+Tensor scatter_product(Tensor& x, Tensor& kernel, std::int64_t col0, std::int64_t f_local) {
+  check_f32(x, kernel);
+  const std::int64_t k_local = x.size(-1), f = kernel.size(1), m = x.numel() / k_local;
+  Shape shape = x.shape();
+  shape.back() = f_local;
+  std::vector<Tensor> outputs{Tensor::empty(shape), x.detach(), kernel.detach()};
+  tensor::detail::gemm_f32_ld(false, false, m, f_local, k_local, 1.f, x.data<float>(), k_local,
+                              kernel.data<float>() + col0, f, 0.f, outputs[0].data<float>(),
+                              f_local);
+  const std::vector<Tensor> inputs{x, kernel};
+  if (!tensor::needs_grad(inputs)) {
+    for (Tensor& o : outputs)
+      o = tensor::joined(o, inputs);
+  } else {
+    tensor::record("tp_async_scatter_matmul", inputs, outputs,
+                   [xd = x.detach(), kd = kernel.detach(), col0, f_local, rx = x.requires_grad(),
+                    rk = kernel.requires_grad()](const std::vector<Tensor>& g) {
+                     const std::int64_t k_local = xd.size(-1), f = kd.size(1),
+                                        m = xd.numel() / k_local;
+                     const Tensor& gp = g[0];
+                     std::vector<Tensor> out(2);
+                     if (rx) {
+                       out[0] = own_or_zeros(g[1], xd);
+                       if (gp.defined())
+                         tensor::detail::gemm_f32_ld(
+                             false, true, m, k_local, f_local, 1.f, gp.data<float>(), f_local,
+                             kd.data<float>() + col0, f, 1.f, out[0].data<float>(), k_local);
+                     }
+                     if (rk) {
+                       out[1] = own_or_zeros(g[2], kd);
+                       if (gp.defined())
+                         tensor::detail::gemm_f32_ld(true, false, k_local, f_local, m, 1.f,
+                                                     xd.data<float>(), k_local, gp.data<float>(),
+                                                     f_local, 0.f, out[1].data<float>() + col0, f);
+                     }
+                     return out;
+                   });
+  }
+  x = outputs[1];
+  kernel = outputs[2];
+  return outputs[0];
+}
+
+}  // namespace
 
 Tensor all_gather_matmul(spmd::DeviceContext& ctx, const Tensor& x, const Tensor& kernel,
                          const mesh::Axes& axis, bool bidirectional) {
@@ -18,14 +138,10 @@ Tensor all_gather_matmul(spmd::DeviceContext& ctx, const Tensor& x, const Tensor
                 InvalidArgument, "[all_gather_matmul] kernel ", to_string(kernel.shape()),
                 " does not have K = ", k_local, " x ", ctx.axis_size(axis), " rows for x ",
                 to_string(x.shape()));
-  Tensor y;
+  Tensor y, w = kernel;  // w goes through the alias chain of gather_product
   async_gather_apply(
       ctx, x, axis,
-      [&](const Tensor& chunk, int source) {
-        Tensor rows = tensor::slice(kernel, 0, source * k_local, (source + 1) * k_local);
-        Tensor part = tensor::linear(chunk, rows);
-        y = y.defined() ? tensor::add(y, part) : part;
-      },
+      [&](const Tensor& chunk, int source) { gather_product(y, w, chunk, source * k_local); },
       bidirectional ? RingMode::Bidirectional : RingMode::Unidirectional);
   return y;
 }
@@ -37,12 +153,10 @@ Tensor matmul_reduce_scatter(spmd::DeviceContext& ctx, const Tensor& x, const Te
                 InvalidArgument, "[matmul_reduce_scatter] kernel ", to_string(kernel.shape()),
                 " does not fit x ", to_string(x.shape()), " with ", axis.str(), "=", n);
   const std::int64_t f_local = kernel.size(1) / n;
+  Tensor x_alias = x, w = kernel;  // x and w go through the alias chains of scatter_product
   return async_scatter(
-      ctx,
-      [&](int block) {
-        return tensor::linear(x, tensor::slice(kernel, 1, block * f_local, (block + 1) * f_local));
-      },
-      axis, bidirectional ? RingMode::Bidirectional : RingMode::Unidirectional);
+      ctx, [&](int block) { return scatter_product(x_alias, w, block * f_local, f_local); }, axis,
+      bidirectional ? RingMode::Bidirectional : RingMode::Unidirectional);
 }
 
 Tensor TPAsyncDense::operator()(const nn::Scope& scope, const Tensor& x) const {
