@@ -76,6 +76,21 @@ TEST(TPClassifier, MatchesOneDeviceOnEveryMesh) {
                            Mesh({2, 1}, {"data", "model"})}) {
     expect_same_run(one, train_on_mesh(mesh, pm, sgd(), batches), kTol, mesh.describe());
   }
+  // The toolkit's async blocks (TPNorm, TPAsyncDense rings): the same model.
+  for (bool bidirectional : {false, true}) {
+    const models::TPClassifier async_model({.in_features = 24,
+                                            .hidden = 32,
+                                            .num_classes = 10,
+                                            .num_layers = 3,
+                                            .dropout = 0.f,
+                                            .async_rings = true,
+                                            .bidirectional = bidirectional});
+    const ParityModel am = classifier_model(async_model);
+    for (const Mesh& mesh : {Mesh({4}, {"model"}), Mesh({2, 4}, {"data", "model"})})
+      expect_same_run(one, train_on_mesh(mesh, am, sgd(), batches), kTol,
+                      std::string(bidirectional ? "bidirectional " : "") + "async on " +
+                          mesh.describe());
+  }
 }
 
 TEST(TPClassifier, ShardsAreTheSlicesOfTheSingleDeviceParameters) {

@@ -27,12 +27,21 @@ struct TPClassifierConfig {
   /// Scales the blocks' kernel initialisers (the toolkit used n^-0.5, which makes the
   /// model depend on the mesh; 1 keeps one model for every mesh).
   double kernel_init_adjustment = 1.0;
+  /// The toolkit's TPAsyncMLPBlock: each block's gather and reduce-scatter run as ppermute
+  /// rings overlapped with the matmuls (parallel::TPAsyncDense), its norm on the sharded
+  /// features (parallel::TPNorm). The same model and parameters (the norm's scale is then
+  /// stored split over the axis).
+  bool async_rings = false;
+  /// With async_rings: rings in both directions.
+  bool bidirectional = false;
 };
 
 /// x (B, F) replicated along the model axis -> logits (B, K) replicated:
 ///   h = input: TPDense(gather, skip_communication) x          (B, D/n)
 ///   layers/i: h = h + fc2(dropout(silu(fc1(rms_norm(all_gather(h))))))
 ///             fc1 TPDense(gather, skip_communication) D -> D*e, fc2 TPDense(scatter) -> D
+///             (async_rings: h + fc2(dropout(silu(fc1(tp_rms_norm(h))))) with TPAsyncDense
+///             gather and scatter rings)
 ///   logits = psum(output: TPDense(scatter, skip_communication, no bias) h) + output/bias
 /// The output bias is added once, after the sum (the toolkit added it n times).
 /// Parameters: "input/{kernel (F, D), bias (D)}", "layers/<i>/norm/scale (D)",

@@ -3,6 +3,7 @@
 #include "distjax/nn/dropout.hpp"
 #include "distjax/nn/rms_norm.hpp"
 #include "distjax/parallel/tensor_parallel.hpp"
+#include "distjax/parallel/tp_async_dense.hpp"
 #include "distjax/spmd/collectives.hpp"
 #include "distjax/spmd/device_context.hpp"
 #include "distjax/tensor/elementwise.hpp"
@@ -45,19 +46,38 @@ Tensor TPClassifier::operator()(const nn::Scope& scope, const Tensor& x) const {
   const nn::Scope layers = scope.child("layers");
   for (int i = 0; i < c.num_layers; ++i) {
     const nn::Scope block = layers.child(i);
-    Tensor full = n > 1 ? spmd::all_gather(*ctx, h, axis, 1, /*tiled=*/true) : h;  // (B, D)
-    Tensor y = nn::RMSNorm{}(block.child("norm"), full);
-    y = TPDense{.features = c.hidden * c.mlp_expansion,
-                .axis = c.axis,
-                .mode = TPMode::Gather,
-                .skip_communication = true,
-                .kernel_init_adjustment = c.kernel_init_adjustment}(block.child("fc1"), y);
+    const nn::Initializer kinit = nn::scaled(nn::lecun_normal(), c.kernel_init_adjustment);
+    Tensor y;
+    if (c.async_rings) {
+      // The norm on the sharded features, then the gather ring inside fc1's matmul.
+      y = parallel::TPNorm{.kind = parallel::TPNorm::Kind::RMS, .axis = c.axis}(
+          block.child("norm"), h);
+      y = parallel::TPAsyncDense{.features = c.hidden * c.mlp_expansion,
+                                 .axis = c.axis,
+                                 .mode = TPMode::Gather,
+                                 .bidirectional = c.bidirectional,
+                                 .kernel_init = kinit}(block.child("fc1"), y);
+    } else {
+      Tensor full = n > 1 ? spmd::all_gather(*ctx, h, axis, 1, /*tiled=*/true) : h;  // (B, D)
+      y = nn::RMSNorm{}(block.child("norm"), full);
+      y = TPDense{.features = c.hidden * c.mlp_expansion,
+                  .axis = c.axis,
+                  .mode = TPMode::Gather,
+                  .skip_communication = true,
+                  .kernel_init = kinit}(block.child("fc1"), y);
+    }
     y = nn::Dropout{.rate = c.dropout, .spec = mesh::P(std::nullopt, c.axis)}(block.child("dropout"),
                                                                           tensor::silu(y));
-    y = TPDense{.features = c.hidden,
-                .axis = c.axis,
-                .mode = TPMode::Scatter,
-                .kernel_init_adjustment = c.kernel_init_adjustment}(block.child("fc2"), y);
+    if (c.async_rings) {
+      y = parallel::TPAsyncDense{.features = c.hidden,
+                                 .axis = c.axis,
+                                 .mode = TPMode::Scatter,
+                                 .bidirectional = c.bidirectional,
+                                 .kernel_init = kinit}(block.child("fc2"), y);
+    } else {
+      y = TPDense{.features = c.hidden, .axis = c.axis, .mode = TPMode::Scatter, .kernel_init = kinit}(
+          block.child("fc2"), y);
+    }
     h = tensor::add(h, y);  // (B, D/n)
   }
   // Partial logits from this device's hidden block, summed over the axis; one bias.
