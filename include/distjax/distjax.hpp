@@ -41,6 +41,7 @@
 #include "distjax/parallel/tensor_parallel.hpp"
 #include "distjax/parallel/tp_async.hpp"
 #include "distjax/parallel/tp_async_dense.hpp"
+#include "distjax/parallel/tp_blocks.hpp"
 #include "distjax/parallel/tp_transformer_block.hpp"
 #include "distjax/parallel/zero.hpp"
 #include "distjax/spmd/collectives.hpp"

@@ -68,8 +68,7 @@ struct TPTransformerBlock {
 
  private:
   Tensor body(const nn::Scope& scope, const Tensor& x) const;
-  Tensor megatron(const nn::Scope& scope, const Tensor& x) const;
-  Tensor feature_sharded(const nn::Scope& scope, const Tensor& x) const;
+  Tensor sequential(const nn::Scope& scope, const Tensor& x) const;
   Tensor parallel_block(const nn::Scope& scope, const Tensor& x) const;
 };
 

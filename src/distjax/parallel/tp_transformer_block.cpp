@@ -6,6 +6,7 @@
 #include "distjax/nn/layer_norm.hpp"
 #include "distjax/nn/transformer_block.hpp"
 #include "distjax/parallel/tensor_parallel.hpp"
+#include "distjax/parallel/tp_blocks.hpp"
 #include "distjax/parallel/tp_async_dense.hpp"
 #include "distjax/spmd/collectives.hpp"
 #include "distjax/tensor/attention.hpp"
@@ -33,86 +34,32 @@ TPLayout tp_layout_from_name(const std::string& name) {
                 "\"; expected none, megatron, gather or async");
 }
 
-// Megatron: ln (replicated, or on T/n rows) -> [gather T] -> column-parallel in ->
-// local heads / activation -> row-parallel out (psum, or reduce-scatter along T).
-Tensor TPTransformerBlock::megatron(const nn::Scope& scope, const Tensor& x) const {
-  spmd::DeviceContext* ctx = scope.context();
-  const nn::LayerNorm ln{.eps = ln_eps};
-  // Sequence parallel: the residual stream is (B, T/n, C); each device drops its rows of
-  // the single-device mask.
+// x + attn(ln1(x)), then + mlp(ln2(x)); the norms on the residual stream's layout
+// (LayerNorm on whole or T-split rows, TPNorm on split features), dropout drawing each
+// device's block of the single-device mask.
+Tensor TPTransformerBlock::sequential(const nn::Scope& scope, const Tensor& x) const {
+  const TPProjections proj{.axis = axis,
+                           .layout = layout,
+                           .sequence_parallel = sequence_parallel,
+                           .bidirectional = bidirectional};
+  const bool features_sharded = layout == TPLayout::Gather || layout == TPLayout::Async;
+  auto ln = [&](const nn::Scope& s, const Tensor& h) {
+    if (features_sharded)
+      return TPNorm{.kind = TPNorm::Kind::Layer, .eps = ln_eps, .axis = axis}(s, h);
+    return nn::LayerNorm{.eps = ln_eps}(s, h);
+  };
   const nn::Dropout drop{.rate = dropout,
-                         .spec = sequence_parallel ? mesh::P(std::nullopt, axis)
-                                                   : mesh::PartitionSpec()};
-  const std::int64_t c = x.size(2);
-  const std::int64_t hidden = mlp_hidden > 0 ? mlp_hidden : 4 * c;
-  const int n = scope.axis_size(axis);
-  auto enter = [&](const Tensor& h) {
-    return sequence_parallel ? gather_from_sp_region(ctx, h, axis, 1) : h;
-  };
-
-  const nn::Scope attn = scope.child("attn");
-  Tensor h = enter(ln(scope.child("ln1"), x));
-  Tensor qkv = ColumnParallelDense{.features = 3 * c, .axis = axis, .kernel_init = kernel_init}(
-      attn.child("qkv"), h);                                          // (B, T, 3C/n)
-  h = tensor::attention_packed(qkv, num_heads / n, /*causal=*/true);  // (B, T, C/n)
-  h = RowParallelDense{.features = c,
-                       .axis = axis,
-                       .sequence_parallel = sequence_parallel,
-                       .kernel_init = out_init}(attn.child("out"), h);
-  Tensor y = tensor::add(x, drop(scope.child("attn_dropout"), h));
-
-  const nn::Scope mlp = scope.child("mlp");
-  h = enter(ln(scope.child("ln2"), y));
-  h = ColumnParallelDense{.features = hidden, .axis = axis, .kernel_init = kernel_init}(
-      mlp.child("fc1"), h);
-  h = tensor::gelu(h, /*approximate=*/true);
-  h = RowParallelDense{.features = c,
-                       .axis = axis,
-                       .sequence_parallel = sequence_parallel,
-                       .kernel_init = out_init}(mlp.child("fc2"), h);
-  return tensor::add(y, drop(scope.child("mlp_dropout"), h));
-}
-
-// Gather / Async: x (B, T, C/n); TPNorm -> projection in (gathers x) -> local heads /
-// activation -> projection out (reduce-scatters to C/n).
-Tensor TPTransformerBlock::feature_sharded(const nn::Scope& scope, const Tensor& x) const {
-  const TPNorm ln{.kind = TPNorm::Kind::Layer, .eps = ln_eps, .axis = axis};
-  const nn::Dropout drop{.rate = dropout, .spec = mesh::P(std::nullopt, std::nullopt, axis)};
-  const int n = scope.axis_size(axis);
-  const std::int64_t c = x.size(2) * n;
-  const std::int64_t hidden = mlp_hidden > 0 ? mlp_hidden : 4 * c;
-  auto in_proj = [&](const nn::Scope& s, const Tensor& h, std::int64_t features) {
-    if (layout == TPLayout::Async)
-      return TPAsyncDense{.features = features,
-                          .axis = axis,
-                          .mode = TPMode::Gather,
-                          .bidirectional = bidirectional,
-                          .kernel_init = kernel_init}(s, h);
-    return TPDense{.features = features, .axis = axis, .mode = TPMode::Gather,
-                   .kernel_init = kernel_init}(s, h);
-  };
-  auto out_proj = [&](const nn::Scope& s, const Tensor& h) {
-    if (layout == TPLayout::Async)
-      return TPAsyncDense{.features = c,
-                          .axis = axis,
-                          .mode = TPMode::Scatter,
-                          .bidirectional = bidirectional,
-                          .kernel_init = out_init}(s, h);
-    return TPDense{.features = c, .axis = axis, .mode = TPMode::Scatter, .kernel_init = out_init}(
-        s, h);
-  };
-
-  const nn::Scope attn = scope.child("attn");
-  Tensor h = in_proj(attn.child("qkv"), ln(scope.child("ln1"), x), 3 * c);  // (B, T, 3C/n)
-  h = tensor::attention_packed(h, num_heads / n, /*causal=*/true);         // (B, T, C/n)
-  h = out_proj(attn.child("out"), h);                                       // (B, T, C/n)
-  Tensor y = tensor::add(x, drop(scope.child("attn_dropout"), h));
-
-  const nn::Scope mlp = scope.child("mlp");
-  h = in_proj(mlp.child("fc1"), ln(scope.child("ln2"), y), hidden);
-  h = tensor::gelu(h, /*approximate=*/true);
-  h = out_proj(mlp.child("fc2"), h);
-  return tensor::add(y, drop(scope.child("mlp_dropout"), h));
+                         .spec = features_sharded    ? mesh::P(std::nullopt, std::nullopt, axis)
+                                 : sequence_parallel ? mesh::P(std::nullopt, axis)
+                                                     : mesh::PartitionSpec()};
+  const TPMultiHeadAttention attn{
+      .num_heads = num_heads, .proj = proj, .kernel_init = kernel_init, .out_init = out_init};
+  const TPMLPBlock mlp{
+      .hidden = mlp_hidden, .proj = proj, .kernel_init = kernel_init, .out_init = out_init};
+  Tensor y = tensor::add(
+      x, drop(scope.child("attn_dropout"), attn(scope.child("attn"), ln(scope.child("ln1"), x))));
+  return tensor::add(
+      y, drop(scope.child("mlp_dropout"), mlp(scope.child("mlp"), ln(scope.child("ln2"), y))));
 }
 
 // The parallel block: one norm, one fused projection in (qkv | fc1 columns), local heads
@@ -182,19 +129,14 @@ Tensor TPTransformerBlock::parallel_block(const nn::Scope& scope, const Tensor& 
 
 Tensor TPTransformerBlock::body(const nn::Scope& scope, const Tensor& x) const {
   if (parallel) return parallel_block(scope, x);
-  switch (layout) {
-    case TPLayout::None:
-      return nn::TransformerBlock{.num_heads = num_heads,
-                                  .mlp_hidden = mlp_hidden,
-                                  .dropout = dropout,
-                                  .ln_eps = ln_eps,
-                                  .kernel_init = kernel_init,
-                                  .out_init = out_init}(scope, x);
-    case TPLayout::Megatron: return megatron(scope, x);
-    case TPLayout::Gather:
-    case TPLayout::Async: return feature_sharded(scope, x);
-  }
-  return x;
+  if (layout == TPLayout::None)
+    return nn::TransformerBlock{.num_heads = num_heads,
+                                .mlp_hidden = mlp_hidden,
+                                .dropout = dropout,
+                                .ln_eps = ln_eps,
+                                .kernel_init = kernel_init,
+                                .out_init = out_init}(scope, x);
+  return sequential(scope, x);
 }
 
 Tensor TPTransformerBlock::operator()(const nn::Scope& scope, const Tensor& x) const {
