@@ -57,6 +57,20 @@ TEST_F(MpiTest, CollectivesMatchHost) {
   }
 }
 
+TEST_F(MpiTest, NonBlockingCollectivesMatchHost) {
+  for (bool check : {true, false}) {
+    LaunchOptions o = mpi_opts();
+    o.check_collectives = check;
+    for (std::int64_t count : {1, 1000, 20000}) {
+      launch(o, [&](Communicator& world) {
+        testing::check_nonblocking_collectives(world, count, false);
+        Communicator half = world.split(world.rank() % 2, world.rank());
+        testing::check_nonblocking_collectives(half, count, false);
+      });
+    }
+  }
+}
+
 TEST_F(MpiTest, SplitRowsAndColumns) {
   launch(mpi_opts(), [](Communicator& world) {
     const int r = world.rank();

@@ -38,6 +38,22 @@ class CommunicatorImpl {
   virtual void reduce_scatter(const void* send, void* recv, std::int64_t count, DType dtype,
                               ReduceOp op) = 0;
   virtual void all_to_all(const void* send, void* recv, std::int64_t count, DType dtype) = 0;
+  /// Non-blocking forms. The default runs the blocking collective now and returns a
+  /// completed request (a correct form for backends without progress of their own).
+  virtual Request iall_reduce(const void* send, void* recv, std::int64_t count, DType dtype,
+                              ReduceOp op) {
+    all_reduce(send, recv, count, dtype, op);
+    return Request();
+  }
+  virtual Request iall_gather(const void* send, void* recv, std::int64_t count, DType dtype) {
+    all_gather(send, recv, count, dtype);
+    return Request();
+  }
+  virtual Request ireduce_scatter(const void* send, void* recv, std::int64_t count, DType dtype,
+                                  ReduceOp op) {
+    reduce_scatter(send, recv, count, dtype, op);
+    return Request();
+  }
   virtual void broadcast(void* buf, std::int64_t count, DType dtype, int root) = 0;
   virtual void permute(const void* send, void* recv, std::int64_t count, DType dtype,
                        const std::vector<std::pair<int, int>>& pairs) = 0;
@@ -125,6 +141,31 @@ class Communicator {
   /// recv came from rank i.
   void all_to_all(const void* send, void* recv, std::int64_t count, DType dtype) {
     impl_->all_to_all(send, recv, count, dtype);
+  }
+  /// Non-blocking all_reduce: starts the collective and returns a request; the buffers
+  /// belong to it until wait() returns (do not read recv, nor write send, before). Every
+  /// rank of the group must issue its collectives, blocking or not, in the same order
+  /// (they are matched by issue order per group, as MPI and NCCL do); several may be in
+  /// flight and waited on in any order. Counted in stats() like the blocking form.
+  /// Threads backend: the data moves at issue (the ranks meet as for the blocking form)
+  /// and the link model's transfer time elapses in the background, charged at wait();
+  /// MPI: MPI_Iallreduce, polled against the timeout at wait().
+  ///
+  ///   Request r = comm.iall_reduce(buf, buf, n, DType::F32, ReduceOp::Mean);
+  ///   compute_something();   // the transfer proceeds meanwhile
+  ///   r.wait();
+  Request iall_reduce(const void* send, void* recv, std::int64_t count, DType dtype,
+                      ReduceOp op) {
+    return impl_->iall_reduce(send, recv, count, dtype, op);
+  }
+  /// Non-blocking all_gather (the contract of iall_reduce).
+  Request iall_gather(const void* send, void* recv, std::int64_t count, DType dtype) {
+    return impl_->iall_gather(send, recv, count, dtype);
+  }
+  /// Non-blocking reduce_scatter (the contract of iall_reduce).
+  Request ireduce_scatter(const void* send, void* recv, std::int64_t count, DType dtype,
+                          ReduceOp op) {
+    return impl_->ireduce_scatter(send, recv, count, dtype, op);
   }
   /// Copies root's buf (count) into every rank's buf.
   void broadcast(void* buf, std::int64_t count, DType dtype, int root) {

@@ -251,7 +251,7 @@ train::GradientResult DataParallel::forward_backward(const train::LossFn& loss_f
     // collectives of a group match.
     comm::Communicator& c = ctx_->comm(mesh::Axes(b.axes));
     float* p = b.buffer.data<float>();
-    c.all_reduce(p, p, b.filled, DType::F32, comm::ReduceOp::Mean);
+    b.request = c.iall_reduce(p, p, b.filled, DType::F32, comm::ReduceOp::Mean);
     b.started = true;
   };
   auto on_ready = [&](const std::string& path, const Tensor& g) {

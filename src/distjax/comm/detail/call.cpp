@@ -250,10 +250,15 @@ void divide_inplace(void* buf, std::int64_t n, DType dtype, int divisor) {
   reduce_into(buf, srcs, 1, n, dtype, ReduceOp::Mean, divisor);
 }
 
-void link_sleep(const LinkModel& link, const Traffic& t) {
-  if (!link.enabled()) return;
+double link_micros(const LinkModel& link, const Traffic& t) {
+  if (!link.enabled()) return 0;
   double us = t.steps * link.latency_us;
   if (link.bandwidth_gbps > 0) us += static_cast<double>(t.sent) / (link.bandwidth_gbps * 1e3);
+  return us;
+}
+
+void link_sleep(const LinkModel& link, const Traffic& t) {
+  const double us = link_micros(link, t);
   if (us > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(us));
 }
 

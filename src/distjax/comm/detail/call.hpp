@@ -69,6 +69,8 @@ void divide_inplace(void* buf, std::int64_t n, DType dtype, int divisor);
 
 /// Sleeps for what the link model charges for this traffic (nothing when it is off).
 void link_sleep(const LinkModel& link, const Traffic& t);
+/// The time link_sleep sleeps, in microseconds.
+double link_micros(const LinkModel& link, const Traffic& t);
 
 /// Measures one call of `c` for its CommStats, in the totals and under c's label: wall
 /// time, wait time, bytes, optional span.

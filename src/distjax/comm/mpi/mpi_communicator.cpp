@@ -528,6 +528,133 @@ class MpiCommunicator final : public CommunicatorImpl,
   }
 
   /// A point-to-point transfer in flight.
+  /// One collective call: its sequence number in the group, kind and deadline.
+  struct CallInfo {
+    std::uint64_t seq;
+    OpKind kind;
+    Clock::time_point deadline;
+  };
+
+  // Non-blocking collectives: the descriptor check (when on) at issue, then MPI_I*; the
+  // request polls it against the timeout at wait(). Half-precision dtypes (converted
+  // through f32 scratch) and groups of one run the blocking form.
+  Request iall_reduce(const void* send, void* recv, std::int64_t count, DType dtype,
+                      ReduceOp op) override {
+    if (size_ == 1 || is_half(dtype)) {
+      all_reduce(send, recv, count, dtype, op);
+      return Request();
+    }
+    detail::check_buffer("iall_reduce", send, count);
+    detail::check_buffer("iall_reduce", recv, count);
+    detail::check_reducible("iall_reduce", dtype, op);
+    const int n = to_int("iall_reduce", count);
+    auto [call, timer] = begin(OpKind::AllReduce, count * dtype_size(dtype), false);
+    agree(call, detail::make_desc(call.seq, OpKind::AllReduce, count, dtype, op), *timer);
+    MPI_Request r;
+    check(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, n, mpi_type(dtype), mpi_op(op),
+                         comm_, &r),
+          "iall_reduce", global_);
+    std::function<void()> finish;
+    if (op == ReduceOp::Mean)
+      finish = [recv, count, dtype, k = size_] { detail::divide_inplace(recv, count, dtype, k); };
+    return in_flight(call, std::move(timer), r, std::move(finish));
+  }
+  Request iall_gather(const void* send, void* recv, std::int64_t count, DType dtype) override {
+    if (size_ == 1) {
+      all_gather(send, recv, count, dtype);
+      return Request();
+    }
+    detail::check_buffer("iall_gather", send, count);
+    detail::check_buffer("iall_gather", recv, count);
+    const int n = to_int("iall_gather", count * size_) / size_;
+    const std::int64_t bytes = count * dtype_size(dtype);
+    auto [call, timer] = begin(OpKind::AllGather, bytes, false);
+    agree(call, detail::make_desc(call.seq, OpKind::AllGather, count, dtype), *timer);
+    const void* sbuf = send == static_cast<char*>(recv) + rank_ * bytes ? MPI_IN_PLACE : send;
+    MPI_Request r;
+    check(MPI_Iallgather(sbuf, n, mpi_type(dtype), recv, n, mpi_type(dtype), comm_, &r),
+          "iall_gather", global_);
+    return in_flight(call, std::move(timer), r, nullptr);
+  }
+  Request ireduce_scatter(const void* send, void* recv, std::int64_t count, DType dtype,
+                          ReduceOp op) override {
+    if (size_ == 1 || is_half(dtype)) {
+      reduce_scatter(send, recv, count, dtype, op);
+      return Request();
+    }
+    detail::check_buffer("ireduce_scatter", send, count);
+    detail::check_buffer("ireduce_scatter", recv, count);
+    detail::check_reducible("ireduce_scatter", dtype, op);
+    const int n = to_int("ireduce_scatter", count * size_) / size_;
+    auto [call, timer] = begin(OpKind::ReduceScatter, count * dtype_size(dtype), false);
+    agree(call, detail::make_desc(call.seq, OpKind::ReduceScatter, count, dtype, op), *timer);
+    MPI_Request r;
+    check(MPI_Ireduce_scatter_block(send, recv, n, mpi_type(dtype), mpi_op(op), comm_, &r),
+          "ireduce_scatter", global_);
+    std::function<void()> finish;
+    if (op == ReduceOp::Mean)
+      finish = [recv, count, dtype, k = size_] { detail::divide_inplace(recv, count, dtype, k); };
+    return in_flight(call, std::move(timer), r, std::move(finish));
+  }
+
+  /// A non-blocking collective in flight: wait() polls it against the deadline and the
+  /// abort channel, then finishes it (Mean's division) and closes its timer (stats).
+  class CollectiveRequest final : public RequestImpl {
+   public:
+    CollectiveRequest(std::shared_ptr<MpiCommunicator> c, CallInfo call,
+                      std::unique_ptr<detail::CallTimer> timer, MPI_Request r,
+                      Clock::time_point deadline, std::function<void()> finish)
+        : keep_(std::move(c)),
+          c_(*keep_),
+          call_(call),
+          timer_(std::move(timer)),
+          r_(r),
+          deadline_(deadline),
+          finish_(std::move(finish)) {}
+    ~CollectiveRequest() override {
+      // MPI cannot cancel a collective: one never waited on is completed here (bounded by
+      // the deadline); a failure is already the group's.
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (finalized || r_ == MPI_REQUEST_NULL) return;
+      try {
+        wait();
+      } catch (const std::exception&) {
+      }
+    }
+    void wait() override {
+      if (r_ == MPI_REQUEST_NULL) return;
+      int done = 0;
+      const WaitResult w = poll(&r_, &done, 1, deadline_, op_kind_name(call_.kind), c_.global_);
+      if (w != WaitResult::Done) {
+        r_ = MPI_REQUEST_NULL;  // abandoned with the group
+        c_.fail(w == WaitResult::Aborted ? c_.abort_message(call_) : c_.stalled_message(call_));
+      }
+      complete();
+    }
+    bool test() override {
+      if (r_ == MPI_REQUEST_NULL) return true;
+      int flag = 0;
+      check(MPI_Test(&r_, &flag, MPI_STATUS_IGNORE), op_kind_name(call_.kind), c_.global_);
+      if (flag) complete();
+      return flag != 0;
+    }
+
+   private:
+    void complete() {
+      r_ = MPI_REQUEST_NULL;
+      if (finish_) finish_();
+      timer_.reset();
+    }
+    std::shared_ptr<MpiCommunicator> keep_;
+    MpiCommunicator& c_;
+    CallInfo call_;
+    std::unique_ptr<detail::CallTimer> timer_;
+    MPI_Request r_;
+    Clock::time_point deadline_;
+    std::function<void()> finish_;
+  };
+
   class MpiRequest final : public RequestImpl {
    public:
     MpiRequest(std::shared_ptr<MpiCommunicator> c, MPI_Request r, bool is_send, int peer, int tag)
@@ -587,11 +714,6 @@ class MpiCommunicator final : public CommunicatorImpl,
   };
 
  private:
-  struct CallInfo {
-    std::uint64_t seq;
-    OpKind kind;
-    Clock::time_point deadline;
-  };
 
   std::pair<CallInfo, std::unique_ptr<detail::CallTimer>> begin(OpKind kind,
                                                                 std::int64_t block_bytes,
@@ -610,6 +732,12 @@ class MpiCommunicator final : public CommunicatorImpl,
     return {c, std::make_unique<detail::CallTimer>(*this, kind, traffic)};
   }
   void end(const CallInfo&) {}
+
+  Request in_flight(const CallInfo& call, std::unique_ptr<detail::CallTimer> timer, MPI_Request r,
+                    std::function<void()> finish) {
+    return Request(std::make_unique<CollectiveRequest>(shared_from_this(), call, std::move(timer),
+                                                       r, data_deadline(call), std::move(finish)));
+  }
 
   [[noreturn]] void fail(const std::string& msg) {
     failed_ = true;

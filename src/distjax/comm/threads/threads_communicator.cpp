@@ -52,7 +52,11 @@ class ThreadsCommunicator::Call {
   }
   /// Charges the link model, then waits for every rank (nobody touches the buffers after).
   void depart() {
-    detail::link_sleep(c_.world_->options().link, traffic_);
+    if (c_.defer_link_) {
+      c_.deferred_link_us_ = detail::link_micros(c_.world_->options().link, traffic_);
+    } else {
+      detail::link_sleep(c_.world_->options().link, traffic_);
+    }
     c_.g_->sync(c_.rank_, nullptr, nullptr, nullptr, 0, 0, deadline_);
   }
   void phase() { c_.g_->sync(c_.rank_, nullptr, nullptr, nullptr, 0, 0, deadline_); }
@@ -285,6 +289,55 @@ Request ThreadsCommunicator::post(bool is_send, void* buf, std::int64_t count, D
   g_->post(rank_, op);
   return Request(std::make_unique<ThreadsRequest>(g_, rank_, std::move(op), stats_, stats_group(),
                                                   world_->options().timeout));
+}
+
+namespace {
+
+// A non-blocking collective of the threads backend: the data has moved; wait() lets the
+// link model's transfer time elapse, counted from the issue.
+class DeferredRequest final : public RequestImpl {
+ public:
+  explicit DeferredRequest(std::chrono::steady_clock::time_point ready) : ready_(ready) {}
+  void wait() override { std::this_thread::sleep_until(ready_); }
+  bool test() override { return std::chrono::steady_clock::now() >= ready_; }
+
+ private:
+  std::chrono::steady_clock::time_point ready_;
+};
+
+}  // namespace
+
+template <class F>
+Request ThreadsCommunicator::deferred(F&& collective) {
+  const auto issued = std::chrono::steady_clock::now();
+  defer_link_ = true;
+  deferred_link_us_ = 0;
+  try {
+    collective();
+  } catch (...) {
+    defer_link_ = false;
+    throw;
+  }
+  defer_link_ = false;
+  if (deferred_link_us_ <= 0) return Request();
+  return Request(std::make_unique<DeferredRequest>(
+      issued + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                   std::chrono::duration<double, std::micro>(deferred_link_us_))));
+}
+
+Request ThreadsCommunicator::iall_reduce(const void* send, void* recv, std::int64_t count,
+                                         DType dtype, ReduceOp op) {
+  return deferred([&] { all_reduce(send, recv, count, dtype, op); });
+}
+
+Request ThreadsCommunicator::iall_gather(const void* send, void* recv, std::int64_t count,
+                                         DType dtype) {
+  return deferred([&] { all_gather(send, recv, count, dtype); });
+}
+
+Request ThreadsCommunicator::ireduce_scatter(const void* send, void* recv, std::int64_t count,
+                                             DType dtype, ReduceOp op) {
+  return deferred([&] { reduce_scatter(send, recv, count, dtype, op); });
 }
 
 Request ThreadsCommunicator::isend(const void* buf, std::int64_t count, DType dtype, int dst,

@@ -32,12 +32,26 @@ class ThreadsCommunicator final : public CommunicatorImpl {
   void barrier() override;
   Request isend(const void* buf, std::int64_t count, DType dtype, int dst, int tag) override;
   Request irecv(void* buf, std::int64_t count, DType dtype, int src, int tag) override;
+  Request iall_reduce(const void* send, void* recv, std::int64_t count, DType dtype,
+                      ReduceOp op) override;
+  Request iall_gather(const void* send, void* recv, std::int64_t count, DType dtype) override;
+  Request ireduce_scatter(const void* send, void* recv, std::int64_t count, DType dtype,
+                          ReduceOp op) override;
   std::shared_ptr<CommunicatorImpl> split(int color, int key) override;
   CommStats& stats() override { return *stats_; }
 
  private:
   class Call;
   Request post(bool is_send, void* buf, std::int64_t count, DType dtype, int peer, int tag);
+  // Runs a blocking collective with the link model's time taken out of it and returns a
+  // request whose wait() lets that time elapse from the moment of issue (a transfer
+  // proceeding in the background).
+  template <class F>
+  Request deferred(F&& collective);
+  // Set while a non-blocking collective runs: Call::depart records the link time here
+  // instead of sleeping.
+  bool defer_link_ = false;
+  double deferred_link_us_ = 0;
 
   std::shared_ptr<WorldState> world_;
   std::shared_ptr<GroupState> g_;
