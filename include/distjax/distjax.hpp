@@ -22,6 +22,7 @@
 #include "distjax/nn/dense.hpp"
 #include "distjax/nn/dropout.hpp"
 #include "distjax/nn/embedding.hpp"
+#include "distjax/nn/fsdp_gather.hpp"
 #include "distjax/nn/initializers.hpp"
 #include "distjax/nn/layer_norm.hpp"
 #include "distjax/nn/mlp_block.hpp"

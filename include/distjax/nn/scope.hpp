@@ -21,6 +21,8 @@ class DeviceContext;
 
 namespace distjax::nn {
 
+class FsdpPrefetcher;
+
 using tensor::Tensor;
 using tensor::TensorTree;
 
@@ -33,6 +35,8 @@ struct FullySharded {
   std::string axis = "data";
   /// Parameters with fewer elements stay replicated along the axis (the toolkit's 2^18).
   std::int64_t min_weight_size = std::int64_t{1} << 18;
+  /// This device's prefetcher (nn/fsdp_gather.hpp), or null: gather each parameter at use.
+  FsdpPrefetcher* prefetch = nullptr;
 };
 
 /// Whether a scope creates parameters or reads them.

@@ -1,5 +1,7 @@
 #include "distjax/nn/scope.hpp"
 
+#include "distjax/nn/fsdp_gather.hpp"
+
 #include "distjax/core/error.hpp"
 #include "distjax/mesh/named_sharding.hpp"
 #include "distjax/autodiff/autodiff.hpp"
@@ -35,30 +37,11 @@ Scope Scope::apply(const TensorTree* params, bool train, Key dropout_key) {
 
 Scope Scope::fully_sharded(FullySharded config) const {
   Scope s = *this;
+  if (config.prefetch != nullptr) config.prefetch->begin_pass();
   s.fsdp_ = std::make_shared<const FullySharded>(std::move(config));
   s.gathered_ = std::make_shared<std::map<std::string, Tensor>>();
   return s;
 }
-
-namespace {
-
-// all_gather of a fully sharded parameter over `axis` along `dim`, whose backward is the
-// reduce-scatter of the cotangent divided by the axis size (the mean over the replicas
-// that used the gathered value, as data parallelism averages).
-Tensor gather_fully_sharded(spmd::DeviceContext& ctx, const Tensor& shard,
-                            const std::string& axis, int dim) {
-  const Tensor full = spmd::all_gather(ctx, shard, axis, dim, /*tiled=*/true);
-  const double inv_n = 1.0 / ctx.axis_size(axis);
-  return autodiff::custom_vjp1(
-      "fsdp_mean", {full}, [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0]}; },
-      [inv_n](const std::vector<Tensor>&, const std::vector<Tensor>&,
-              const std::vector<Tensor>& g) {
-        return std::vector<Tensor>{g[0].defined() ? tensor::mul_scalar(g[0], inv_n) : g[0]};
-      },
-      tensor::VaryingRule::AsIs);
-}
-
-}  // namespace
 
 Scope Scope::on(spmd::DeviceContext& ctx) const {
   Scope s = *this;
@@ -112,7 +95,10 @@ Tensor Scope::param(const std::string& name, const Shape& shape, const Initializ
   auto used = [&](Tensor t) {
     if (gather_dim < 0) return t;
     auto [it, fresh] = gathered_->try_emplace(full);
-    if (fresh) it->second = gather_fully_sharded(*ctx_, t, fsdp_->axis, gather_dim);
+    if (fresh)
+      it->second = fsdp_->prefetch != nullptr
+                       ? fsdp_->prefetch->gather(*ctx_, full, t, fsdp_->axis, gather_dim)
+                       : gather_fully_sharded(*ctx_, t, fsdp_->axis, gather_dim);
     return it->second;
   };
   // This device's block of the parameter, and the axes its shard varies over.
