@@ -207,6 +207,43 @@ TEST(Zero, CommunicationPerStepIsDataParallelisms) {
   }
 }
 
+TEST(Zero, TheTrainStepReportsMemoryToTheDeviceContext) {
+  // DeviceContext::memory() after a train_step: the strategy's figures (as measured above
+  // by storage), and an activation peak that grows with the batch.
+  const std::int64_t p = classifier().num_params();
+  for (int stage : {0, 1, 2}) {
+    std::vector<std::int64_t> peaks;
+    for (std::int64_t batch : {16, 256}) {
+      MemoryStats mem;
+      spmd::shard_map(
+          Mesh({2}, {"data"}),
+          [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+            std::unique_ptr<Strategy> s;
+            if (stage == 0) {
+              s = std::make_unique<DataParallel>(ctx, "data");
+            } else {
+              s = std::make_unique<ZeroDataParallel>(ctx, stage, "data");
+            }
+            auto state = train::TrainState::create(classifier().init(Key::from_seed(1)), adamw(),
+                                                   Key::from_seed(2), *s);
+            const ParityModel model = classifier_model();
+            const train::Batch b = batches(batch)[0].slice(0, batch / 2);
+            train::train_step(state, b, testing::parity_loss_fn(model, &ctx), adamw(),
+                              {.strategy = s.get()});
+            if (ctx.device() == 0) mem = ctx.memory();
+            return std::vector<Tensor>{};
+          },
+          {}, {})(std::vector<Tensor>{});
+      EXPECT_EQ(mem.parameters, 4 * p) << "stage " << stage;
+      EXPECT_EQ(mem.optimizer_state, stage == 0 ? 8 * p : 8 * p / 2) << "stage " << stage;
+      EXPECT_EQ(mem.gradients, stage == 2 ? 4 * p / 2 : 4 * p) << "stage " << stage;
+      EXPECT_GT(mem.activations_peak, 0);
+      peaks.push_back(mem.activations_peak);
+    }
+    EXPECT_GT(peaks[1], peaks[0]) << "stage " << stage;
+  }
+}
+
 TEST(Zero, BadStageIsAClearError) {
   auto run = spmd::shard_map(
       Mesh({2}, {"data"}),

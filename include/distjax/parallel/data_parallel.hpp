@@ -82,6 +82,7 @@ class DataParallel final : public Strategy {
   train::Metrics reduce_metrics(train::Metrics metrics) override;
   /// parallel::global_norm_squared (sharded leaves summed over their shards).
   double grad_norm_squared(const TensorTree& grads) override;
+  MemoryStats* memory_stats() override { return &ctx_->memory(); }
 
   const mesh::Axes& axes() const { return axes_; }
 

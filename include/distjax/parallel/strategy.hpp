@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "distjax/core/memory_stats.hpp"
 #include "distjax/core/prng.hpp"
 #include "distjax/optim/optimizer.hpp"
 #include "distjax/train/loss.hpp"
@@ -47,6 +48,9 @@ class Strategy {
   /// optimizer.update. ZeRO updates this device's shard and all-gathers the result.
   virtual void apply_update(const optim::Optimizer& optimizer, TensorTree& params,
                             const TensorTree& grads, TensorTree& opt_state, std::int64_t step);
+  /// Where the train step reports the device's memory (spmd::DeviceContext::memory() of
+  /// the device the strategy runs on); null for one device without a context.
+  virtual MemoryStats* memory_stats() { return nullptr; }
 };
 
 }  // namespace distjax::parallel

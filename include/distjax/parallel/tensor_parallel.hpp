@@ -179,6 +179,7 @@ class TensorParallel final : public Strategy {
   explicit TensorParallel(spmd::DeviceContext& ctx, mesh::Axes axes = "model");
   std::string name() const override;
   double grad_norm_squared(const TensorTree& grads) override;
+  MemoryStats* memory_stats() override;
 
  private:
   spmd::DeviceContext* ctx_;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "distjax/comm/communicator.hpp"
+#include "distjax/core/memory_stats.hpp"
 #include "distjax/core/prng.hpp"
 #include "distjax/mesh/mesh.hpp"
 #include "distjax/mesh/partition_spec.hpp"
@@ -97,6 +98,9 @@ class DeviceContext final : public tensor::VaryingAxesHook {
   ///   ctx.comm_stats().of("model", comm::OpKind::AllReduce).bytes_sent;
   comm::CommStats& comm_stats() { return world_.stats(); }
   DeviceCounters& counters() { return counters_; }
+  /// The bytes this device holds by category, as their owners report them (the train
+  /// step through its strategy). Zero until a step ran.
+  MemoryStats& memory() { return memory_; }
 
  private:
   Mesh mesh_;
@@ -105,6 +109,7 @@ class DeviceContext final : public tensor::VaryingAxesHook {
   std::vector<int> coords_;
   std::map<std::vector<std::string>, comm::Communicator> comms_;
   DeviceCounters counters_;
+  MemoryStats memory_;
 };
 
 }  // namespace distjax::spmd

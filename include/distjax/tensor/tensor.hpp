@@ -17,6 +17,17 @@ namespace distjax::tensor {
 struct Node;
 
 /// Raw memory of one or more tensors: 64-byte aligned, freed when the last user goes.
+namespace detail {
+struct ThreadMemory;
+}
+
+/// Bytes of tensor storage the calling thread has allocated and not freed yet (wherever
+/// they are freed: a simulated device is a thread), and the most since reset_peak_bytes().
+std::int64_t live_bytes();
+std::int64_t peak_bytes();
+/// Starts a new peak at the current live bytes.
+void reset_peak_bytes();
+
 class Storage {
  public:
   Storage(std::size_t nbytes, Device device);
@@ -31,6 +42,7 @@ class Storage {
   void* data_ = nullptr;
   std::size_t nbytes_ = 0;
   Device device_;
+  std::shared_ptr<detail::ThreadMemory> owner_;  // the allocating thread's counters
 };
 
 /// A dense, row-major (contiguous) n-d array. Copies share storage (like a

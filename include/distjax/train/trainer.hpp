@@ -60,8 +60,9 @@ class Trainer {
   void log_eval(std::int64_t step, const Metrics& eval);
 
   /// Writes summary.json: steps, wall_time_s, train_time_s, throughput (+ unit), items
-  /// seen, optimizer, mesh, backend, the last train and eval metrics, and `extra`.
-  /// Also prints a closing line.
+  /// seen, optimizer, mesh, backend, the last train and eval metrics, `extra`, and the
+  /// device's memory by category when the strategy reports it (memory_bytes_per_device).
+  /// Also prints a closing line (and the memory line).
   void finish(const TrainState& state, const std::map<std::string, double>& extra = {});
 
   /// The means of the most recent evaluation (empty before the first).

@@ -277,4 +277,6 @@ double TensorParallel::grad_norm_squared(const TensorTree& grads) {
   return global_norm_squared(*ctx_, grads);
 }
 
+MemoryStats* TensorParallel::memory_stats() { return &ctx_->memory(); }
+
 }  // namespace distjax::parallel

@@ -1,5 +1,6 @@
 #include "distjax/tensor/tensor.hpp"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -10,7 +11,37 @@
 
 namespace distjax::tensor {
 
-Storage::Storage(std::size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
+namespace detail {
+// Live and peak bytes of one thread's storages; shared with them, so a storage freed on
+// another thread (or after its thread ended) still counts down the right counter.
+struct ThreadMemory {
+  std::atomic<std::int64_t> live{0};
+  std::atomic<std::int64_t> peak{0};
+};
+}  // namespace detail
+
+namespace {
+const std::shared_ptr<detail::ThreadMemory>& thread_memory() {
+  thread_local const std::shared_ptr<detail::ThreadMemory> m =
+      std::make_shared<detail::ThreadMemory>();
+  return m;
+}
+}  // namespace
+
+std::int64_t live_bytes() { return thread_memory()->live.load(std::memory_order_relaxed); }
+std::int64_t peak_bytes() { return thread_memory()->peak.load(std::memory_order_relaxed); }
+void reset_peak_bytes() {
+  auto& m = *thread_memory();
+  m.peak.store(m.live.load(std::memory_order_relaxed), std::memory_order_relaxed);
+}
+
+Storage::Storage(std::size_t nbytes, Device device)
+    : nbytes_(nbytes), device_(device), owner_(thread_memory()) {
+  const auto n = static_cast<std::int64_t>(nbytes);
+  const std::int64_t live = owner_->live.fetch_add(n, std::memory_order_relaxed) + n;
+  // Only the owning thread raises its peak, so a plain max suffices.
+  if (live > owner_->peak.load(std::memory_order_relaxed))
+    owner_->peak.store(live, std::memory_order_relaxed);
   DISTJAX_CHECK(device.kind == DeviceKind::CPU, NotImplemented, "[Storage] device ", device.str(),
                 " has no allocator in this build");
   data_ = detail::cpu_alloc(nbytes);
@@ -19,6 +50,7 @@ Storage::Storage(std::size_t nbytes, Device device) : nbytes_(nbytes), device_(d
 
 Storage::~Storage() {
   detail::cpu_free(data_, nbytes_);
+  owner_->live.fetch_sub(static_cast<std::int64_t>(nbytes_), std::memory_order_relaxed);
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {

@@ -126,8 +126,12 @@ Metrics train_step(TrainState& state, const Batch& batch, const LossFn& loss_fn,
   parallel::Strategy single;
   parallel::Strategy& strategy = options.strategy ? *options.strategy : single;
   const Key rng = strategy.step_key(state.rng.fold_in(static_cast<std::uint64_t>(state.step)));
+  MemoryStats* memory = strategy.memory_stats();
+  const std::int64_t live_before = tensor::live_bytes();
+  if (memory) tensor::reset_peak_bytes();
   GradientResult r =
       strategy.forward_backward(loss_fn, state.params, batch, rng, options.num_minibatches);
+  if (memory) memory->activations_peak = tensor::peak_bytes() - live_before;
   r.grads = strategy.finalize_grads(std::move(r.grads));
   r.metrics = strategy.reduce_metrics(std::move(r.metrics));
   // The norm of the whole model's gradient (sharded leaves summed over their shards).
@@ -136,6 +140,11 @@ Metrics train_step(TrainState& state, const Batch& batch, const LossFn& loss_fn,
     optim::scale_in_place(r.grads, options.max_grad_norm / norm);
   const double lr = optimizer.learning_rate(state.step);
   strategy.apply_update(optimizer, state.params, r.grads, state.opt_state, state.step);
+  if (memory) {
+    memory->parameters = state.params.storage_bytes();
+    memory->gradients = r.grads.storage_bytes();
+    memory->optimizer_state = state.opt_state.storage_bytes();
+  }
   state.step += 1;
   r.metrics.add("grad_norm", norm, 1.0);
   r.metrics.add("learning_rate", lr, 1.0);

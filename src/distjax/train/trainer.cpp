@@ -1,13 +1,12 @@
 #include "distjax/train/trainer.hpp"
 
-#include "distjax/parallel/strategy.hpp"
-
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "distjax/parallel/strategy.hpp"
 #include "distjax/core/error.hpp"
 
 namespace distjax::train {
@@ -194,6 +193,12 @@ void Trainer::finish(const TrainState& state, const std::map<std::string, double
   s["final_metrics"] = fm;
   for (const auto& [name, v] : extra)
     s[name] = number(v);
+  const MemoryStats* memory = options_.strategy ? options_.strategy->memory_stats() : nullptr;
+  if (memory != nullptr)
+    s["memory_bytes_per_device"] = {{"parameters", memory->parameters},
+                                    {"gradients", memory->gradients},
+                                    {"optimizer_state", memory->optimizer_state},
+                                    {"activations_peak", memory->activations_peak}};
   if (files_) {
     const auto path = files_->dir / "summary.json";
     const auto tmp = files_->dir / "summary.json.tmp";
@@ -208,6 +213,7 @@ void Trainer::finish(const TrainState& state, const std::map<std::string, double
     std::printf("done: %lld steps in %.1fs (%.0f %s/s)%s%s\n", static_cast<long long>(state.step),
                 wall, throughput(), config_.items_name.c_str(), files_ ? ", wrote " : "",
                 files_ ? (files_->dir / "summary.json").string().c_str() : "");
+    if (memory != nullptr) std::printf("memory of this device: %s\n", memory->str().c_str());
     std::fflush(stdout);
   }
 }
