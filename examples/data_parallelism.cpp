@@ -17,6 +17,7 @@
 #include "distjax/models/classifier.hpp"
 #include "distjax/optim/adamw.hpp"
 #include "distjax/parallel/data_parallel.hpp"
+#include "distjax/parallel/sharding_rules.hpp"
 #include "distjax/parallel/zero.hpp"
 #include "distjax/spmd/shard_map.hpp"
 #include "distjax/tensor/nn_ops.hpp"
@@ -101,15 +102,15 @@ int run(int argc, char** argv) {
     }
     train::TrainState state =
         train::TrainState::create(params, opt, root.fold_in(std::string_view("dropout")), *strategy);
-    if (lead) {
-      std::printf("%-12s %-12s %-22s %s\n", "parameter", "global", "spec", "on each device");
-      for (const auto& [path, p] : state.params) {
-        const mesh::PartitionSpec spec = specs.count(path) ? specs.at(path) : mesh::PartitionSpec();
-        const Shape global = mesh::NamedSharding(mesh, spec).global_shape(p.shape());
-        std::printf("%-12s %-12s %-22s %s\n", path.c_str(), to_string(global).c_str(),
-                    spec.to_string().c_str(), to_string(p.shape()).c_str());
-      }
-    }
+    // The guide's pitfalls (a weight split over "data" without FSDP, idle axes) rejected.
+    parallel::check_sharding(specs, mesh,
+                             {.data_axes = "data",
+                              .fully_sharded_axes = sharded ? mesh::Axes("data") : mesh::Axes()});
+    if (lead)
+      std::printf("%s", parallel::sharding_table(parallel::global_shapes(model.init(
+                                                     root.fold_in(std::string_view("init")))),
+                                                 specs, mesh)
+                            .c_str());
     auto loss_fn = [&](bool train) -> train::LossFn {
       return [&, train](const TensorTree& p, const train::Batch& b, Key k) {
         nn::Scope s = nn::Scope::apply(&p, train, k).on(ctx);
