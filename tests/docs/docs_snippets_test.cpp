@@ -931,3 +931,25 @@ TEST(DocsZero, FullyShardedParameters) {
       },
       {}, {})(std::vector<Tensor>{});
 }
+
+// "Sharding rules, the table and the lint"
+TEST(DocsZero, ShardingRulesTableAndLint) {
+  const mesh::Mesh mesh({2, 2}, {"data", "model"});
+  TensorTree params = models::Transformer({.vocab = 32, .d_model = 16, .num_layers = 1,
+                                           .num_heads = 4, .max_len = 8})
+                          .init(Key::from_seed(0));
+  const parallel::ShardingRules rules({{"(qkv|fc1)/bias$", P("model")},
+                                       {"(qkv|fc1)/kernel$", P(std::nullopt, "model")},
+                                       {"(out|fc2)/kernel$", P("model", std::nullopt)}});
+  nn::ParamSpecs specs = rules.specs_for(params, mesh);  // validated on the mesh
+  EXPECT_EQ(specs.at("blocks/0/attn/qkv/kernel"), P(std::nullopt, "model"));
+  const std::string table =
+      parallel::sharding_table(parallel::global_shapes(params), specs, mesh);
+  EXPECT_NE(table.find("blocks/0/attn/qkv/kernel"), std::string::npos) << table;
+  parallel::check_sharding(specs, mesh, {.data_axes = "data"});  // throws on a pitfall
+  nn::ParamSpecs bad = specs;
+  bad["wte/embedding"] = P("data", std::nullopt);
+  const std::string msg = error_of<ShardingError>(
+      [&] { parallel::check_sharding(bad, mesh, {.data_axes = "data"}); });
+  EXPECT_TRUE(contains(msg, "replicas silently train different models")) << msg;
+}
