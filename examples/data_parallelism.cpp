@@ -24,6 +24,7 @@
 #include "distjax/tensor/reduce.hpp"
 #include "distjax/train/trainer.hpp"
 #include "example_args.hpp"
+#include "example_common.hpp"
 
 using namespace distjax;
 using tensor::Tensor;
@@ -47,33 +48,29 @@ int run(int argc, char** argv) {
   std::string& data_dir = args.flag("data", std::string(data::kFashionMnistDir),
                                     "directory of the Fashion-MNIST IDX files");
   std::string& backend_name =
-      args.flag("backend", std::string(std::getenv("OMPI_COMM_WORLD_SIZE") ? "mpi" : "threads"),
+      args.flag("backend", examples::default_backend(),
                 "threads (simulated devices in this process) or mpi (one process per device)");
   args.parse(argc, argv);
 
-  if (backend_name != "mpi" && backend_name != "threads") {
-    std::fprintf(stderr, "data_parallelism: --backend must be threads or mpi, got %s\n",
-                 backend_name.c_str());
-    return 2;
-  }
-  const comm::Backend backend = backend_name == "mpi" ? comm::Backend::Mpi : comm::Backend::Threads;
-  if (backend == comm::Backend::Mpi)
-    if (const char* n = std::getenv("OMPI_COMM_WORLD_SIZE")) devices = std::atoll(n);
+  comm::Backend backend;
+  if (!examples::parse_backend("data_parallelism", backend_name, &backend)) return 2;
+  if (backend == comm::Backend::Mpi && examples::mpi_world_size() > 0)
+    devices = examples::mpi_world_size();
   if (zero < 0 || zero > 3) {
     std::fprintf(stderr, "data_parallelism: --zero must be 0, 1, 2 or 3, got %lld\n", zero);
     return 2;
   }
   if (devices < 1 || batch_size % devices != 0) {
-    std::fprintf(stderr, "data_parallelism: --batch-size %lld must be divisible by --devices %lld\n",
+    std::fprintf(stderr,
+                 "data_parallelism: --batch-size %lld must be divisible by --devices %lld\n",
                  batch_size, devices);
     return 2;
   }
   const char* tag = kTags[zero];
   const mesh::Mesh mesh({static_cast<int>(devices)}, {"data"});
-  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-  const bool main_process = rank == nullptr || std::string(rank) == "0";
-  if (main_process) std::printf("Mesh (%s backend, %s):\n%s\n", backend_name.c_str(), tag,
-                                mesh.to_string().c_str());
+  if (examples::main_process())
+    std::printf("Mesh (%s backend, %s):\n%s\n", backend_name.c_str(), tag,
+                mesh.to_string().c_str());
 
   const data::ArrayDataset train_set = data::load_fashion_mnist(data::Split::Train, data_dir);
   const data::ArrayDataset test_set = data::load_fashion_mnist(data::Split::Test, data_dir);
@@ -81,7 +78,8 @@ int run(int argc, char** argv) {
   // so every device must run the same number of them (devices > 1 drop < devices images).
   const std::vector<train::Batch> all_test = test_set.batches(test_set.size() / devices);
   const models::Classifier model({.in_features = 784, .hidden = 512, .num_classes = 10});
-  optim::AdamW opt({.learning_rate = optim::warmup_cosine_schedule(0.0, 1e-3, std::min<long long>(20, steps - 1), steps, 1e-5),
+  optim::AdamW opt({.learning_rate = optim::warmup_cosine_schedule(
+                        0.0, 1e-3, std::min<long long>(20, steps - 1), steps, 1e-5),
                     .decay_mask = optim::default_decay_mask()});
   const nn::FullySharded fsdp{.axis = "data", .min_weight_size = min_weight};
   const bool sharded = zero == 3;
@@ -91,38 +89,32 @@ int run(int argc, char** argv) {
     const int replica = ctx.axis_index("data");
     const bool lead = ctx.device() == 0;
     nn::ParamSpecs specs;
-    TensorTree params = model.init(root.fold_in(std::string_view("init")), &specs, &ctx,
-                                   sharded ? &fsdp : nullptr);
+    TensorTree params =
+        model.init(root.fold_in(std::string_view("init")), &specs, &ctx, sharded ? &fsdp : nullptr);
     std::unique_ptr<parallel::Strategy> strategy;
     if (zero == 1 || zero == 2) {
-      strategy = std::make_unique<parallel::ZeroDataParallel>(ctx, static_cast<int>(zero), "data",
-                                                              &specs);
+      strategy =
+          std::make_unique<parallel::ZeroDataParallel>(ctx, static_cast<int>(zero), "data", &specs);
     } else {
       strategy = std::make_unique<parallel::DataParallel>(ctx, "data", &specs);
     }
-    train::TrainState state =
-        train::TrainState::create(params, opt, root.fold_in(std::string_view("dropout")), *strategy);
+    train::TrainState state = train::TrainState::create(
+        params, opt, root.fold_in(std::string_view("dropout")), *strategy);
     // The guide's pitfalls (a weight split over "data" without FSDP, idle axes) rejected.
-    parallel::check_sharding(specs, mesh,
-                             {.data_axes = "data",
-                              .fully_sharded_axes = sharded ? mesh::Axes("data") : mesh::Axes()});
+    parallel::check_sharding(
+        specs, mesh,
+        {.data_axes = "data", .fully_sharded_axes = sharded ? mesh::Axes("data") : mesh::Axes()});
     if (lead)
-      std::printf("%s", parallel::sharding_table(parallel::global_shapes(model.init(
-                                                     root.fold_in(std::string_view("init")))),
-                                                 specs, mesh)
-                            .c_str());
+      std::printf("%s",
+                  parallel::sharding_table(
+                      parallel::global_shapes(model.init(root.fold_in(std::string_view("init")))),
+                      specs, mesh)
+                      .c_str());
     auto loss_fn = [&](bool train) -> train::LossFn {
       return [&, train](const TensorTree& p, const train::Batch& b, Key k) {
         nn::Scope s = nn::Scope::apply(&p, train, k).on(ctx);
         if (sharded) s = s.fully_sharded(fsdp);
-        Tensor logits = model(s, b.inputs);
-        const auto pred = tensor::argmax(logits.detach(), -1).to_vector<std::int64_t>();
-        double correct = 0;
-        for (std::size_t i = 0; i < pred.size(); ++i)
-          correct += pred[i] == b.labels.data<std::int32_t>()[i];
-        train::Metrics m;
-        m.add("accuracy", correct, static_cast<double>(b.size()));
-        return std::make_pair(tensor::mean(tensor::cross_entropy(logits, b.labels)), m);
+        return examples::classification_loss(model(s, b.inputs), b.labels);
       };
     };
     data::DataLoader loader(train_set, {.batch_size = batch_size,
@@ -148,14 +140,15 @@ int run(int argc, char** argv) {
                            {"zero_stage", double(zero)}});
     if (lead) {
       std::printf("[%s] Test accuracy: %.2f%% (%lld images) after %lld steps on %lld devices\n",
-                  tag, 100.0 * eval.mean("accuracy"), static_cast<long long>(eval.at("accuracy").count),
-                  steps, devices);
-      std::printf("[%s] Bytes held by device 0: parameters %lld, optimizer state %lld "
-                  "(the model has %lld parameters: %lld bytes each replicated)\n",
-                  tag, static_cast<long long>(state.params.storage_bytes()),
-                  static_cast<long long>(state.opt_state.storage_bytes()),
-                  static_cast<long long>(model.num_params()),
-                  static_cast<long long>(4 * model.num_params()));
+                  tag, 100.0 * eval.mean("accuracy"),
+                  static_cast<long long>(eval.at("accuracy").count), steps, devices);
+      std::printf(
+          "[%s] Bytes held by device 0: parameters %lld, optimizer state %lld "
+          "(the model has %lld parameters: %lld bytes each replicated)\n",
+          tag, static_cast<long long>(state.params.storage_bytes()),
+          static_cast<long long>(state.opt_state.storage_bytes()),
+          static_cast<long long>(model.num_params()),
+          static_cast<long long>(4 * model.num_params()));
     }
     return std::vector<Tensor>{};
   };
@@ -166,10 +159,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "data_parallelism: %s\n", e.what());
-    return 1;
-  }
+  return distjax::examples::run_main("data_parallelism", [&] { return run(argc, argv); });
 }

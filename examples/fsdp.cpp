@@ -7,16 +7,11 @@
 //
 //   ./build/fsdp [--data 8 --model 1 --steps 200 --min-weight-size 16384]
 //   mpirun -np 8 ./build/fsdp                    (one process per device)
-#include <cstdio>
-#include <exception>
-
 #include "gpt_example.hpp"
 
 int main(int argc, char** argv) {
-  try {
-    return distjax::examples::run_gpt_example(argc, argv, "fsdp", {.data = 8, .model = 1, .fsdp = 1});
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fsdp: %s\n", e.what());
-    return 1;
-  }
+  return distjax::examples::run_main("fsdp", [&] {
+    return distjax::examples::run_gpt_example(argc, argv, "fsdp",
+                                              {.data = 8, .model = 1, .fsdp = 1});
+  });
 }

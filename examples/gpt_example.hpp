@@ -19,6 +19,7 @@
 #include "distjax/spmd/shard_map.hpp"
 #include "distjax/train/trainer.hpp"
 #include "example_args.hpp"
+#include "example_common.hpp"
 
 namespace distjax::examples {
 
@@ -40,7 +41,8 @@ inline int run_gpt_example(int argc, char** argv, const char* program,
   std::string& layout_name =
       args.flag("layout", d.layout, "tensor-parallel layout: megatron, gather, async or none");
   long long& sequence_parallel = args.flag("sequence-parallel", 0LL, "megatron: 1 = split T");
-  long long& vocab_parallel = args.flag("vocab-parallel", 0LL, "megatron: 1 = vocabulary-parallel head");
+  long long& vocab_parallel =
+      args.flag("vocab-parallel", 0LL, "megatron: 1 = vocabulary-parallel head");
   long long& bidirectional = args.flag("bidirectional", 0LL, "async: 1 = rings both ways");
   long long& fsdp_on = args.flag("fsdp", d.fsdp, "1 = parameters fully sharded over \"data\"");
   long long& steps = args.flag("steps", 200LL, "optimizer steps");
@@ -49,30 +51,26 @@ inline int run_gpt_example(int argc, char** argv, const char* program,
   long long& d_model = args.flag("d-model", 128LL, "model width (C)");
   long long& layers = args.flag("layers", 4LL, "transformer blocks (L)");
   long long& heads = args.flag("heads", 4LL, "attention heads (H)");
-  long long& min_weight = args.flag("min-weight-size", 1LL << 14,
-                                    "parameters with fewer elements stay replicated");
+  long long& min_weight =
+      args.flag("min-weight-size", 1LL << 14, "parameters with fewer elements stay replicated");
   double& lr = args.flag("lr", 3e-3, "peak learning rate of AdamW");
   long long& log_every = args.flag("log-every", 20LL, "steps between progress lines");
   std::string& out = args.flag("out", std::string("runs/") + program, "output directory");
   std::string& data_dir =
       args.flag("corpus", std::string(data::kFortunesDir), "directory of text files");
   std::string& backend_name =
-      args.flag("backend", std::string(std::getenv("OMPI_COMM_WORLD_SIZE") ? "mpi" : "threads"),
+      args.flag("backend", default_backend(),
                 "threads (simulated devices in this process) or mpi (one process per device)");
   args.parse(argc, argv);
 
-  if (backend_name != "mpi" && backend_name != "threads") {
-    std::fprintf(stderr, "%s: --backend must be threads or mpi, got %s\n", program,
-                 backend_name.c_str());
+  comm::Backend backend;
+  if (!parse_backend(program, backend_name, &backend)) return 2;
+  if (const long long np = mpi_world_size();
+      backend == comm::Backend::Mpi && np > 0 && np != n_data * n_model) {
+    std::fprintf(stderr, "%s: mpirun -np %lld does not match --data %lld x --model %lld\n", program,
+                 np, n_data, n_model);
     return 2;
   }
-  const comm::Backend backend = backend_name == "mpi" ? comm::Backend::Mpi : comm::Backend::Threads;
-  if (backend == comm::Backend::Mpi)
-    if (const char* n = std::getenv("OMPI_COMM_WORLD_SIZE"); n && std::atoll(n) != n_data * n_model) {
-      std::fprintf(stderr, "%s: mpirun -np %s does not match --data %lld x --model %lld\n",
-                   program, n, n_data, n_model);
-      return 2;
-    }
   if (n_data < 1 || n_model < 1 || batch_size % n_data != 0 || heads % n_model != 0) {
     std::fprintf(stderr,
                  "%s: --batch-size %lld must be divisible by --data %lld and --heads %lld by "
@@ -83,12 +81,12 @@ inline int run_gpt_example(int argc, char** argv, const char* program,
   const parallel::TPLayout layout =
       n_model > 1 ? parallel::tp_layout_from_name(layout_name) : parallel::TPLayout::None;
   const mesh::Mesh mesh({static_cast<int>(n_data), static_cast<int>(n_model)}, {"data", "model"});
-  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-  if (rank == nullptr || std::string(rank) == "0")
+  if (main_process())
     std::printf("Mesh (%s backend, tensor parallel layout %s%s%s%s):\n%s\n", backend_name.c_str(),
                 parallel::tp_layout_name(layout), sequence_parallel ? " + sequence parallel" : "",
                 vocab_parallel ? " + vocabulary parallel" : "",
-                fsdp_on ? ", parameters fully sharded over \"data\"" : "", mesh.to_string().c_str());
+                fsdp_on ? ", parameters fully sharded over \"data\"" : "",
+                mesh.to_string().c_str());
 
   const data::ByteCorpus corpus = data::load_fortunes(data_dir, 0.05);
   const std::vector<train::Batch> val =
@@ -104,7 +102,8 @@ inline int run_gpt_example(int argc, char** argv, const char* program,
               .sequence_parallel = sequence_parallel != 0,
               .vocab_parallel = vocab_parallel != 0,
               .bidirectional = bidirectional != 0}});
-  optim::AdamW opt({.learning_rate = optim::warmup_cosine_schedule(0.0, lr, std::min<long long>(20, steps - 1), steps, lr * 0.1),
+  optim::AdamW opt({.learning_rate = optim::warmup_cosine_schedule(
+                        0.0, lr, std::min<long long>(20, steps - 1), steps, lr * 0.1),
                     .b2 = 0.95,
                     .weight_decay = 0.1,
                     .decay_mask = optim::default_decay_mask()});
@@ -118,8 +117,7 @@ inline int run_gpt_example(int argc, char** argv, const char* program,
     parallel::DataParallel dp(ctx, "data", &specs);
     train::TrainState state = train::TrainState::create(
         model.init(root.fold_in(std::string_view("init")), &specs, &ctx, fsdp_on ? &fsdp : nullptr),
-        opt,
-        root.fold_in(std::string_view("dropout")), dp);
+        opt, root.fold_in(std::string_view("dropout")), dp);
     auto loss_fn = [&](bool train) -> train::LossFn {
       return [&, train](const TensorTree& p, const train::Batch& b, Key k) {
         nn::Scope s = nn::Scope::apply(&p, train, k).on(ctx);
@@ -136,11 +134,12 @@ inline int run_gpt_example(int argc, char** argv, const char* program,
       std::int64_t sharded = 0;
       for (const auto& [path, spec] : specs)
         if (spec.size() > 0) ++sharded;
-      std::printf("GPT L=%lld C=%lld H=%lld T=%lld: %lld parameters, %lld on device 0; %lld of "
-                  "%zu tensors split over the mesh\n",
-                  layers, d_model, heads, seq_len, static_cast<long long>(model.num_params()),
-                  static_cast<long long>(state.params.num_elements()),
-                  static_cast<long long>(sharded), state.params.size());
+      std::printf(
+          "GPT L=%lld C=%lld H=%lld T=%lld: %lld parameters, %lld on device 0; %lld of "
+          "%zu tensors split over the mesh\n",
+          layers, d_model, heads, seq_len, static_cast<long long>(model.num_params()),
+          static_cast<long long>(state.params.num_elements()), static_cast<long long>(sharded),
+          state.params.size());
     }
     train::Trainer trainer({.out_dir = lead ? out : std::string(),
                             .total_steps = steps,
@@ -154,8 +153,9 @@ inline int run_gpt_example(int argc, char** argv, const char* program,
     const std::int64_t per = batch_size / n_data;
     const Key data_key = root.fold_in(std::string_view("data"));
     while (state.step < steps) {
-      const train::Batch global = data::sample_windows(
-          corpus.train, batch_size, seq_len, data_key.fold_in(static_cast<std::uint64_t>(state.step)));
+      const train::Batch global =
+          data::sample_windows(corpus.train, batch_size, seq_len,
+                               data_key.fold_in(static_cast<std::uint64_t>(state.step)));
       trainer.step(state, global.slice(replica * per, (replica + 1) * per));
     }
     // Every device evaluates every validation batch (the same gathers everywhere).
@@ -164,18 +164,18 @@ inline int run_gpt_example(int argc, char** argv, const char* program,
     if (lead) {
       std::printf("Validation: %.3f bits per byte (uniform guessing: 8)\n",
                   eval.mean("bits_per_byte"));
-      std::printf("Bytes held by device 0: parameters %lld, optimizer state %lld (replicated: "
-                  "%lld and %lld)\n",
-                  static_cast<long long>(state.params.storage_bytes()),
-                  static_cast<long long>(state.opt_state.storage_bytes()),
-                  static_cast<long long>(4 * model.num_params()),
-                  static_cast<long long>(8 * model.num_params()));
+      std::printf(
+          "Bytes held by device 0: parameters %lld, optimizer state %lld (replicated: "
+          "%lld and %lld)\n",
+          static_cast<long long>(state.params.storage_bytes()),
+          static_cast<long long>(state.opt_state.storage_bytes()),
+          static_cast<long long>(4 * model.num_params()),
+          static_cast<long long>(8 * model.num_params()));
     }
     return std::vector<Tensor>{};
   };
   spmd::shard_map(mesh, device_program, {}, {}, {.backend = backend})(std::vector<Tensor>{});
   return 0;
 }
-
 
 }  // namespace distjax::examples

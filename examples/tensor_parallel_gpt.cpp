@@ -5,16 +5,12 @@
 //
 //   ./build/tensor_parallel_gpt [--layout megatron --data 2 --model 4 --steps 200]
 //   mpirun -np 8 ./build/tensor_parallel_gpt      (one process per device)
-#include <cstdio>
-#include <exception>
-
 #include "gpt_example.hpp"
 
 int main(int argc, char** argv) {
-  try {
-    return distjax::examples::run_gpt_example(argc, argv, "tensor_parallel_gpt", {.data = 2, .model = 4, .layout = "megatron", .fsdp = 0});
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "tensor_parallel_gpt: %s\n", e.what());
-    return 1;
-  }
+  return distjax::examples::run_main("tensor_parallel_gpt", [&] {
+    return distjax::examples::run_gpt_example(
+        argc, argv, "tensor_parallel_gpt",
+        {.data = 2, .model = 4, .layout = "megatron", .fsdp = 0});
+  });
 }

@@ -20,6 +20,7 @@
 #include "distjax/tensor/reduce.hpp"
 #include "distjax/train/trainer.hpp"
 #include "example_args.hpp"
+#include "example_common.hpp"
 
 namespace distjax::examples {
 
@@ -41,19 +42,15 @@ inline int run_tensor_parallelism(int argc, char** argv, const char* program, bo
   std::string& data_dir = args.flag("data-dir", std::string(data::kFashionMnistDir),
                                     "directory of the Fashion-MNIST IDX files");
   std::string& backend_name =
-      args.flag("backend", std::string(std::getenv("OMPI_COMM_WORLD_SIZE") ? "mpi" : "threads"),
+      args.flag("backend", default_backend(),
                 "threads (simulated devices in this process) or mpi (one process per device)");
   args.parse(argc, argv);
 
-  if (backend_name != "mpi" && backend_name != "threads") {
-    std::fprintf(stderr, "%s: --backend must be threads or mpi, got %s\n", program,
-                 backend_name.c_str());
-    return 2;
-  }
-  const comm::Backend backend = backend_name == "mpi" ? comm::Backend::Mpi : comm::Backend::Threads;
-  if (const char* np = std::getenv("OMPI_COMM_WORLD_SIZE");
-      backend == comm::Backend::Mpi && np && std::atoll(np) != n_data * n_model) {
-    std::fprintf(stderr, "%s: mpirun -np %s does not match --data %lld x --model %lld\n", program,
+  comm::Backend backend;
+  if (!parse_backend(program, backend_name, &backend)) return 2;
+  if (const long long np = mpi_world_size();
+      backend == comm::Backend::Mpi && np > 0 && np != n_data * n_model) {
+    std::fprintf(stderr, "%s: mpirun -np %lld does not match --data %lld x --model %lld\n", program,
                  np, n_data, n_model);
     return 2;
   }
@@ -65,8 +62,7 @@ inline int run_tensor_parallelism(int argc, char** argv, const char* program, bo
     return 2;
   }
   const mesh::Mesh mesh({static_cast<int>(n_data), static_cast<int>(n_model)}, {"data", "model"});
-  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-  if (rank == nullptr || std::string(rank) == "0")
+  if (main_process())
     std::printf("Mesh (%s backend, %s tensor parallelism):\n%s\n", backend_name.c_str(),
                 async_rings ? (bidirectional ? "async bidirectional" : "async") : "synchronous",
                 mesh.to_string().c_str());
@@ -94,22 +90,16 @@ inline int run_tensor_parallelism(int argc, char** argv, const char* program, bo
     nn::ParamSpecs specs;
     TensorTree params = model.init(root.fold_in(std::string_view("init")), &specs, &ctx);
     parallel::DataParallel dp(ctx, "data", &specs);
-    train::TrainState state = train::TrainState::create(
-        params, opt, root.fold_in(std::string_view("dropout")), dp);
+    train::TrainState state =
+        train::TrainState::create(params, opt, root.fold_in(std::string_view("dropout")), dp);
     if (lead)
-      std::printf("TP classifier 784-%lld x%lld-10: %lld parameters, %lld on each device\n",
-                  hidden, layers, static_cast<long long>(model.num_params()),
+      std::printf("TP classifier 784-%lld x%lld-10: %lld parameters, %lld on each device\n", hidden,
+                  layers, static_cast<long long>(model.num_params()),
                   static_cast<long long>(state.params.num_elements()));
     auto loss_fn = [&](bool train) -> train::LossFn {
       return [&, train](const TensorTree& p, const train::Batch& b, Key k) {
-        Tensor logits = model(nn::Scope::apply(&p, train, k).on(ctx), b.inputs);
-        const auto pred = tensor::argmax(logits.detach(), -1).to_vector<std::int64_t>();
-        double correct = 0;
-        for (std::size_t i = 0; i < pred.size(); ++i)
-          correct += pred[i] == b.labels.data<std::int32_t>()[i];
-        train::Metrics m;
-        m.add("accuracy", correct, static_cast<double>(b.size()));
-        return std::make_pair(tensor::mean(tensor::cross_entropy(logits, b.labels)), m);
+        return classification_loss(model(nn::Scope::apply(&p, train, k).on(ctx), b.inputs),
+                                   b.labels);
       };
     };
     data::DataLoader loader(train_set, {.batch_size = batch_size,
@@ -130,7 +120,8 @@ inline int run_tensor_parallelism(int argc, char** argv, const char* program, bo
         std::printf("[TP] Step %lld: Loss = %.4f, Accuracy = %.4f\n", s, m.mean("loss"),
                     m.mean("accuracy"));
     }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const train::Metrics eval = trainer.evaluate(state, {test_batches[replica]}, loss_fn(false));
     trainer.finish(state, {{"test_accuracy", eval.mean("accuracy")},
                            {"step_time_s", seconds / static_cast<double>(steps)}});

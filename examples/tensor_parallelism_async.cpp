@@ -1,4 +1,5 @@
-// The toolkit's tensor_parallelism_async example: the TP classifier (3 blocks, hidden 512) on Fashion-MNIST on a
+// The toolkit's tensor_parallelism_async example: the TP classifier (3 blocks, hidden 512) on
+// Fashion-MNIST on a
 // ("data"=2, "model"=4) mesh of 8 simulated devices, its gathers and reduce-scatters run as
 // ppermute rings overlapped with the matmuls (TPAsyncDense; --bidirectional 1 for rings both ways).
 // Prints the mesh and "[TP] Step i: Loss = ..., Accuracy = ..." lines, then the test
@@ -6,16 +7,11 @@
 //
 //   ./build/tensor_parallelism_async [--data 2 --model 4 --steps 300]
 //   mpirun -np 8 ./build/tensor_parallelism_async          (one process per device)
-#include <cstdio>
-#include <exception>
-
 #include "tensor_parallelism.hpp"
 
 int main(int argc, char** argv) {
-  try {
-    return distjax::examples::run_tensor_parallelism(argc, argv, "tensor_parallelism_async", /*async_rings=*/true);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "tensor_parallelism_async: %s\n", e.what());
-    return 1;
-  }
+  return distjax::examples::run_main("tensor_parallelism_async", [&] {
+    return distjax::examples::run_tensor_parallelism(argc, argv, "tensor_parallelism_async",
+                                                     /*async_rings=*/true);
+  });
 }

@@ -18,6 +18,7 @@
 #include "distjax/tensor/reduce.hpp"
 #include "distjax/train/trainer.hpp"
 #include "example_args.hpp"
+#include "example_common.hpp"
 
 using namespace distjax;
 using tensor::Tensor;
@@ -160,10 +161,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "train_gpt: %s\n", e.what());
-    return 1;
-  }
+  return distjax::examples::run_main("train_gpt", [&] { return run(argc, argv); });
 }

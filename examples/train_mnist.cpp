@@ -21,6 +21,7 @@
 #include "distjax/tensor/reduce.hpp"
 #include "distjax/train/trainer.hpp"
 #include "example_args.hpp"
+#include "example_common.hpp"
 
 using namespace distjax;
 using tensor::Tensor;
@@ -28,24 +29,11 @@ using tensor::TensorTree;
 
 namespace {
 
-// Number of rows where argmax(logits) == label.
-double count_correct(const Tensor& logits, const Tensor& labels) {
-  const auto pred = tensor::argmax(logits.detach(), -1).to_vector<std::int64_t>();
-  const std::int32_t* y = labels.data<std::int32_t>();
-  double correct = 0;
-  for (std::size_t i = 0; i < pred.size(); ++i)
-    correct += pred[i] == y[i];
-  return correct;
-}
-
 // Loss function of the classifier: mean cross-entropy, plus accuracy as (correct, B).
 train::LossFn make_loss(const models::Classifier& model, bool train) {
   return [&model, train](const TensorTree& params, const train::Batch& batch, Key rng) {
-    Tensor logits = model.apply(params, batch.inputs, train, rng);
-    Tensor loss = tensor::mean(tensor::cross_entropy(logits, batch.labels));
-    train::Metrics m;
-    m.add("accuracy", count_correct(logits, batch.labels), static_cast<double>(batch.size()));
-    return std::make_pair(loss, m);
+    return examples::classification_loss(model.apply(params, batch.inputs, train, rng),
+                                         batch.labels);
   };
 }
 
@@ -65,19 +53,14 @@ int run(int argc, char** argv) {
                                     "directory of the Fashion-MNIST IDX files");
   long long& devices = args.flag("devices", 2LL, "data-parallel devices (threads, or MPI ranks)");
   std::string& backend_name =
-      args.flag("backend", std::string(std::getenv("OMPI_COMM_WORLD_SIZE") ? "mpi" : "threads"),
+      args.flag("backend", examples::default_backend(),
                 "threads (simulated devices in this process) or mpi (one process per device)");
   args.parse(argc, argv);
 
-  const comm::Backend backend = backend_name == "mpi" ? comm::Backend::Mpi : comm::Backend::Threads;
-  if (backend_name != "mpi" && backend_name != "threads") {
-    std::fprintf(stderr, "train_mnist: --backend must be threads or mpi, got %s\n",
-                 backend_name.c_str());
-    return 2;
-  }
-  if (backend == comm::Backend::Mpi) {
-    if (const char* n = std::getenv("OMPI_COMM_WORLD_SIZE")) devices = std::atoll(n);
-  }
+  comm::Backend backend;
+  if (!examples::parse_backend("train_mnist", backend_name, &backend)) return 2;
+  if (backend == comm::Backend::Mpi && examples::mpi_world_size() > 0)
+    devices = examples::mpi_world_size();
   if (devices < 1 || batch_size % devices != 0) {
     std::fprintf(stderr, "train_mnist: --batch-size %lld must be divisible by --devices %lld\n",
                  batch_size, devices);
@@ -85,9 +68,7 @@ int run(int argc, char** argv) {
   }
 
   const mesh::Mesh mesh({static_cast<int>(devices)}, {"data"});
-  const char* mpi_rank = std::getenv("OMPI_COMM_WORLD_RANK");
-  const bool main_process = mpi_rank == nullptr || std::string(mpi_rank) == "0";
-  if (main_process) {
+  if (examples::main_process()) {
     std::printf("Mesh (%s backend):\n%s\n", backend_name.c_str(), mesh.to_string().c_str());
     std::printf("Loading Fashion-MNIST from %s\n", data_dir.c_str());
   }
@@ -166,10 +147,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "train_mnist: %s\n", e.what());
-    return 1;
-  }
+  return distjax::examples::run_main("train_mnist", [&] { return run(argc, argv); });
 }

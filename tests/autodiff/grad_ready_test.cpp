@@ -30,8 +30,7 @@ TEST(GradReady, ReportsEachGradientWhenFinalLastLayerFirst) {
     Tensor xin = tensor::make_leaf(x);
     Tensor h = custom_vjp1(
         "marker", {xin}, [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0]}; },
-        [&](const std::vector<Tensor>&, const std::vector<Tensor>&,
-            const std::vector<Tensor>& g) {
+        [&](const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<Tensor>& g) {
           events.push_back("bottom");
           return std::vector<Tensor>{g[0]};
         });

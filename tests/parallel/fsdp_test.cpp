@@ -7,12 +7,12 @@
 
 #include "distjax/mesh/named_sharding.hpp"
 #include "distjax/models/classifier.hpp"
-#include "distjax/nn/fsdp_gather.hpp"
 #include "distjax/models/transformer.hpp"
-#include "distjax/tensor/nn_ops.hpp"
-#include "distjax/tensor/reduce.hpp"
+#include "distjax/nn/fsdp_gather.hpp"
 #include "distjax/optim/adamw.hpp"
 #include "distjax/parallel/data_parallel.hpp"
+#include "distjax/tensor/nn_ops.hpp"
+#include "distjax/tensor/reduce.hpp"
 #include "parallel/parity_util.hpp"
 #include "spmd/spmd_test_util.hpp"
 
@@ -20,8 +20,8 @@ namespace distjax::parallel {
 namespace {
 
 using mesh::Mesh;
-using models::TransformerTP;
 using mesh::P;
+using models::TransformerTP;
 using spmd::DeviceContext;
 using testing::expect_same_run;
 using testing::ParityModel;
@@ -43,8 +43,14 @@ const optim::AdamW& adamw() {
 }
 
 models::TransformerConfig gpt_config(bool remat, TransformerTP tp = {}) {
-  return {.vocab = 32, .d_model = 16, .num_layers = 2, .num_heads = 4, .mlp_ratio = 2,
-          .max_len = 8, .remat = remat, .tp = tp};
+  return {.vocab = 32,
+          .d_model = 16,
+          .num_layers = 2,
+          .num_heads = 4,
+          .mlp_ratio = 2,
+          .max_len = 8,
+          .remat = remat,
+          .tp = tp};
 }
 
 std::vector<train::Batch> tokens(std::int64_t batch) {
@@ -101,8 +107,8 @@ TEST(Fsdp, MatchesOneDeviceWithAndWithoutRemat) {
     const models::Transformer gpt(gpt_config(remat));
     const TrainingRun one = train_one_device(fsdp_gpt(gpt, {}), adamw(), data);
     for (int n : {2, 4}) {
-      const TrainingRun run = train_on_mesh(Mesh({n}, {"data"}), fsdp_gpt(gpt, {.min_weight_size = 64}),
-                                            adamw(), data);
+      const TrainingRun run =
+          train_on_mesh(Mesh({n}, {"data"}), fsdp_gpt(gpt, {.min_weight_size = 64}), adamw(), data);
       expect_same_run(one, run, kAdamTol,
                       "ZeRO-3 on " + std::to_string(n) + (remat ? ", remat" : ""));
     }
@@ -115,18 +121,19 @@ TEST(Fsdp, PrefetchGivesTheSameRunAndServesTheGathers) {
   const TrainingRun one = train_one_device(fsdp_gpt(gpt, {}), adamw(), data);
   constexpr int n = 4;
   std::vector<std::unique_ptr<nn::FsdpPrefetcher>> prefetchers;
-  for (int d = 0; d < n; ++d) prefetchers.push_back(std::make_unique<nn::FsdpPrefetcher>(2));
-  const ParityModel model{
-      [&gpt](Key k, nn::ParamSpecs* s, DeviceContext* ctx) {
-        const nn::FullySharded fsdp{.min_weight_size = 64};
-        return gpt.init(k, s, ctx, ctx ? &fsdp : nullptr);
-      },
-      [&](const nn::Scope& s, const train::Batch& b) {
-        if (!s.context()) return gpt.loss(s, b.inputs, b.labels);
-        const nn::FullySharded fsdp{.min_weight_size = 64,
-                                    .prefetch = prefetchers[s.context()->device()].get()};
-        return gpt.loss(s.fully_sharded(fsdp), b.inputs, b.labels);
-      }};
+  for (int d = 0; d < n; ++d)
+    prefetchers.push_back(std::make_unique<nn::FsdpPrefetcher>(2));
+  const ParityModel model{[&gpt](Key k, nn::ParamSpecs* s, DeviceContext* ctx) {
+                            const nn::FullySharded fsdp{.min_weight_size = 64};
+                            return gpt.init(k, s, ctx, ctx ? &fsdp : nullptr);
+                          },
+                          [&](const nn::Scope& s, const train::Batch& b) {
+                            if (!s.context()) return gpt.loss(s, b.inputs, b.labels);
+                            const nn::FullySharded fsdp{
+                                .min_weight_size = 64,
+                                .prefetch = prefetchers[s.context()->device()].get()};
+                            return gpt.loss(s.fully_sharded(fsdp), b.inputs, b.labels);
+                          }};
   expect_same_run(one, train_on_mesh(Mesh({n}, {"data"}), model, adamw(), data), kAdamTol,
                   "ZeRO-3 with prefetch");
   // The first pass records the order; from the second on every gather but the first of a
@@ -184,10 +191,10 @@ TEST(Fsdp, HsdpAndFsdpTimesTensorParallelMatchOneDevice) {
 // ------------------------------------------------------------ memory and communication
 
 struct Figures {
-  std::int64_t held = 0;       // bytes of parameters + gradients + optimizer state
-  std::int64_t sharded = 0;    // parameters (elements) stored split over "data"
-  std::int64_t replicated = 0;  // the others
-  std::int64_t sent = 0;       // bytes device 0 sent in one step (all collectives)
+  std::int64_t held = 0;                        // bytes of parameters + gradients + optimizer state
+  std::int64_t sharded = 0;                     // parameters (elements) stored split over "data"
+  std::int64_t replicated = 0;                  // the others
+  std::int64_t sent = 0;                        // bytes device 0 sent in one step (all collectives)
   std::int64_t sent_blocks = 0, sent_rest = 0;  // expected, see below
 };
 
@@ -206,10 +213,9 @@ Figures fsdp_step(int n) {
         const int i = ctx.axis_index("data");
         const std::int64_t per = 8 / n;
         const train::LossFn fn = [&](const TensorTree& p, const train::Batch& b, Key k) {
-          return std::make_pair(
-              gpt.loss(nn::Scope::apply(&p, true, k).on(ctx).fully_sharded(fsdp), b.inputs,
-                       b.labels),
-              train::Metrics{});
+          return std::make_pair(gpt.loss(nn::Scope::apply(&p, true, k).on(ctx).fully_sharded(fsdp),
+                                         b.inputs, b.labels),
+                                train::Metrics{});
         };
         ctx.comm_stats().reset();
         auto r = dp.forward_backward(fn, state.params, data[0].slice(i * per, (i + 1) * per),

@@ -35,7 +35,7 @@ struct ParityModel {
 struct TrainingRun {
   std::vector<double> losses;
   std::vector<double> grad_norms;  // before clipping
-  TensorTree params;  // global
+  TensorTree params;               // global
 };
 
 inline train::LossFn parity_loss_fn(const ParityModel& model, spmd::DeviceContext* ctx) {
@@ -59,9 +59,9 @@ inline TrainingRun train_one_device(const ParityModel& model, const optim::Optim
   TrainingRun run;
   const train::LossFn fn = parity_loss_fn(model, nullptr);
   for (const auto& b : batches) {
-    const train::Metrics m =
-        train::train_step(state, b, fn, opt,
-                          {.num_minibatches = num_minibatches, .max_grad_norm = kParityMaxGradNorm});
+    const train::Metrics m = train::train_step(
+        state, b, fn, opt,
+        {.num_minibatches = num_minibatches, .max_grad_norm = kParityMaxGradNorm});
     run.losses.push_back(m.mean("loss"));
     run.grad_norms.push_back(m.mean("grad_norm"));
   }
@@ -71,8 +71,8 @@ inline TrainingRun train_one_device(const ParityModel& model, const optim::Optim
 
 /// Makes the strategy of a mesh run on each device (null: DataParallel over "data" when
 /// the mesh has that axis, else TensorParallel over "model").
-using StrategyFactory = std::function<std::unique_ptr<parallel::Strategy>(
-    spmd::DeviceContext&, const nn::ParamSpecs&)>;
+using StrategyFactory =
+    std::function<std::unique_ptr<parallel::Strategy>(spmd::DeviceContext&, const nn::ParamSpecs&)>;
 
 /// The same on `mesh`: each device creates its shards, trains on its slice of every batch
 /// along "data" (data parallel when the mesh has a "data" axis of size > 1), and the final

@@ -40,8 +40,9 @@ TEST(ShardingRules, SpecsAreValidatedOnTheMesh) {
   tensor::TensorTree params;
   params.set("fc/kernel", Tensor::zeros({6, 8}));
   const Mesh mesh({4}, {"model"});
-  const std::string msg = error_of(
-      [&] { ShardingRules({{"kernel", P("model", std::nullopt)}}).specs_for(params, mesh); });
+  const std::string msg = error_of([&] {
+    ShardingRules({{"kernel", P("model", std::nullopt)}}).specs_for(params, mesh);
+  });
   EXPECT_NE(msg.find("rule 0 (\"kernel\" -> P(\"model\", None)) does not fit parameter "
                      "\"fc/kernel\""),
             std::string::npos)
@@ -52,8 +53,8 @@ TEST(ShardingRules, SpecsAreValidatedOnTheMesh) {
 TEST(ShardingRules, HostInitPlacedByRulesRunsTheTensorParallelModel) {
   // The blog's flow: parameters made on the host, placed with shard_param's rules, and the
   // Megatron GPT run on each device's shards gives the single-device logits' loss.
-  models::TransformerConfig c{.vocab = 32, .d_model = 16, .num_layers = 1, .num_heads = 4,
-                              .mlp_ratio = 2, .max_len = 8};
+  models::TransformerConfig c{
+      .vocab = 32, .d_model = 16, .num_layers = 1, .num_heads = 4, .mlp_ratio = 2, .max_len = 8};
   const models::Transformer plain(c);
   c.tp = {.layout = TPLayout::Megatron};
   const models::Transformer tp(c);
@@ -70,15 +71,14 @@ TEST(ShardingRules, HostInitPlacedByRulesRunsTheTensorParallelModel) {
   EXPECT_THROW(rules.specs_for(host, mesh), ShardingError);  // P(None, "model") on a bias
   // The model's own specs are exactly what the rules give.
   nn::ParamSpecs model_specs;
-  spmd::shard_map(
-      mesh,
-      [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
-        nn::ParamSpecs s;
-        tp.init(Key::from_seed(3), &s, &ctx);
-        if (ctx.device() == 0) model_specs = s;
-        return std::vector<Tensor>{};
-      },
-      {}, {})(std::vector<Tensor>{});
+  spmd::shard_map(mesh,
+                  [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
+                    nn::ParamSpecs s;
+                    tp.init(Key::from_seed(3), &s, &ctx);
+                    if (ctx.device() == 0) model_specs = s;
+                    return std::vector<Tensor>{};
+                  },
+                  {}, {})(std::vector<Tensor>{});
   const nn::ParamSpecs specs = ordered.specs_for(host, mesh);
   EXPECT_EQ(specs, model_specs);
 
@@ -92,18 +92,18 @@ TEST(ShardingRules, HostInitPlacedByRulesRunsTheTensorParallelModel) {
     in_specs.push_back(specs.count(path) ? specs.at(path) : P());
   }
   Tensor tokens = Tensor::zeros({2, 8}, DType::I32), targets = Tensor::ones({2, 8}, DType::I32);
-  for (std::int64_t i = 0; i < 16; ++i) tokens.data<std::int32_t>()[i] = static_cast<int>(i % 32);
-  const double want =
-      plain.loss(nn::Scope::apply(&host, false), tokens, targets).item<double>();
-  auto f = spmd::shard_map(
-      mesh,
-      [&](spmd::DeviceContext& ctx, const std::vector<Tensor>& in) {
-        tensor::TensorTree local;
-        for (std::size_t i = 0; i < paths.size(); ++i) local.set(paths[i], in[i]);
-        return std::vector<Tensor>{
-            tp.loss(nn::Scope::apply(&local, false).on(ctx), tokens, targets)};
-      },
-      in_specs, {P()});
+  for (std::int64_t i = 0; i < 16; ++i)
+    tokens.data<std::int32_t>()[i] = static_cast<int>(i % 32);
+  const double want = plain.loss(nn::Scope::apply(&host, false), tokens, targets).item<double>();
+  auto f = spmd::shard_map(mesh,
+                           [&](spmd::DeviceContext& ctx, const std::vector<Tensor>& in) {
+                             tensor::TensorTree local;
+                             for (std::size_t i = 0; i < paths.size(); ++i)
+                               local.set(paths[i], in[i]);
+                             return std::vector<Tensor>{
+                                 tp.loss(nn::Scope::apply(&local, false).on(ctx), tokens, targets)};
+                           },
+                           in_specs, {P()});
   EXPECT_NEAR(mesh::gather(f(inputs)[0]).item<double>(), want, 1e-5 * want);
 }
 
@@ -137,8 +137,7 @@ TEST(LintSharding, WeightsSplitOverADataAxisUnderPlainDataParallelism) {
   // Fully sharded over "data" (ZeRO-3), the same spec is what is meant.
   EXPECT_TRUE(
       lint_sharding(specs, mesh, {.data_axes = "data", .fully_sharded_axes = "data"}).empty());
-  const std::string msg =
-      error_of([&] { check_sharding(specs, mesh, {.data_axes = "data"}); });
+  const std::string msg = error_of([&] { check_sharding(specs, mesh, {.data_axes = "data"}); });
   EXPECT_NE(msg.find("[check_sharding]"), std::string::npos) << msg;
   EXPECT_NE(msg.find("fc1/kernel"), std::string::npos) << msg;
 }
@@ -154,7 +153,8 @@ TEST(LintSharding, AnAxisWhereDevicesDoTheSameWork) {
   EXPECT_NE(findings[0].message.find("redundant compute"), std::string::npos);
   // Tensor parallelism over "model", sequence-split activations, or the batch over both:
   // no finding.
-  EXPECT_TRUE(lint_sharding({{"w", P(std::nullopt, "model")}}, mesh, {.data_axes = "data"}).empty());
+  EXPECT_TRUE(
+      lint_sharding({{"w", P(std::nullopt, "model")}}, mesh, {.data_axes = "data"}).empty());
   EXPECT_TRUE(lint_sharding({}, mesh, {.data_axes = "data", .activation_axes = "model"}).empty());
   EXPECT_TRUE(lint_sharding({}, mesh, {.data_axes = mesh::Axes({"data", "model"})}).empty());
   // An axis of size 1 costs nothing.

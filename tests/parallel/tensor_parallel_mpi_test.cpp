@@ -30,8 +30,13 @@ int world_rank() {
 }
 
 models::TransformerConfig tiny_gpt(TransformerTP tp) {
-  return {.vocab = 32, .d_model = 16, .num_layers = 2, .num_heads = 4, .mlp_ratio = 2,
-          .max_len = 8, .tp = tp};
+  return {.vocab = 32,
+          .d_model = 16,
+          .num_layers = 2,
+          .num_heads = 4,
+          .mlp_ratio = 2,
+          .max_len = 8,
+          .tp = tp};
 }
 
 train::Batch batch(int step) {
@@ -65,8 +70,8 @@ TrainingRun one_device(const models::Transformer& model) {
   auto state = train::TrainState::create(model.init(Key::from_seed(1)), sgd(), Key::from_seed(2));
   TrainingRun run;
   for (int s = 0; s < kSteps; ++s) {
-    auto m = train::train_step(state, batch(s), loss_of(model, nullptr), sgd(),
-                               {.max_grad_norm = 0.5});
+    auto m =
+        train::train_step(state, batch(s), loss_of(model, nullptr), sgd(), {.max_grad_norm = 0.5});
     run.losses.push_back(m.mean("loss"));
     run.norms.push_back(m.mean("grad_norm"));
   }
@@ -84,9 +89,8 @@ TrainingRun on_mpi(const models::Transformer& model) {
         parallel::DataParallel dp(ctx, "data", &specs);
         const int i = ctx.axis_index("data");
         for (int s = 0; s < kSteps; ++s) {
-          auto m = train::train_step(state, batch(s).slice(2 * i, 2 * i + 2),
-                                     loss_of(model, &ctx), sgd(),
-                                     {.max_grad_norm = 0.5, .strategy = &dp});
+          auto m = train::train_step(state, batch(s).slice(2 * i, 2 * i + 2), loss_of(model, &ctx),
+                                     sgd(), {.max_grad_norm = 0.5, .strategy = &dp});
           run.losses.push_back(m.mean("loss"));
           run.norms.push_back(m.mean("grad_norm"));
         }
@@ -107,8 +111,8 @@ TEST_F(TensorParallelMpiTest, GptLayoutsMatchOneDevice) {
   const TrainingRun want = one_device(models::Transformer(tiny_gpt({})));
   for (const TransformerTP& tp :
        {TransformerTP{.layout = TPLayout::Megatron},
-        TransformerTP{.layout = TPLayout::Megatron, .sequence_parallel = true,
-                      .vocab_parallel = true},
+        TransformerTP{
+            .layout = TPLayout::Megatron, .sequence_parallel = true, .vocab_parallel = true},
         TransformerTP{.layout = TPLayout::Async},
         TransformerTP{.layout = TPLayout::Async, .bidirectional = true}}) {
     const TrainingRun got = on_mpi(models::Transformer(tiny_gpt(tp)));
@@ -124,4 +128,6 @@ TEST_F(TensorParallelMpiTest, GptLayoutsMatchOneDevice) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return distjax::testing::run_mpi_tests(argc, argv); }
+int main(int argc, char** argv) {
+  return distjax::testing::run_mpi_tests(argc, argv);
+}

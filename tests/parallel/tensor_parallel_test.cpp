@@ -24,8 +24,8 @@ namespace distjax::parallel {
 namespace {
 
 using mesh::Mesh;
-using models::TransformerTP;
 using mesh::P;
+using models::TransformerTP;
 using spmd::DeviceContext;
 using testing::expect_same_run;
 using testing::ParityModel;
@@ -71,9 +71,9 @@ TEST(TPClassifier, MatchesOneDeviceOnEveryMesh) {
   const ParityModel pm = classifier_model(model);
   const auto batches = image_batches(16, 24);
   const TrainingRun one = train_one_device(pm, sgd(), batches);
-  for (const Mesh& mesh : {Mesh({4}, {"model"}), Mesh({8}, {"model"}),
-                           Mesh({2, 4}, {"data", "model"}), Mesh({4, 2}, {"data", "model"}),
-                           Mesh({2, 1}, {"data", "model"})}) {
+  for (const Mesh& mesh :
+       {Mesh({4}, {"model"}), Mesh({8}, {"model"}), Mesh({2, 4}, {"data", "model"}),
+        Mesh({4, 2}, {"data", "model"}), Mesh({2, 1}, {"data", "model"})}) {
     expect_same_run(one, train_on_mesh(mesh, pm, sgd(), batches), kTol, mesh.describe());
   }
   // The toolkit's async blocks (TPNorm, TPAsyncDense rings): the same model.
@@ -87,9 +87,9 @@ TEST(TPClassifier, MatchesOneDeviceOnEveryMesh) {
                                             .bidirectional = bidirectional});
     const ParityModel am = classifier_model(async_model);
     for (const Mesh& mesh : {Mesh({4}, {"model"}), Mesh({2, 4}, {"data", "model"})})
-      expect_same_run(one, train_on_mesh(mesh, am, sgd(), batches), kTol,
-                      std::string(bidirectional ? "bidirectional " : "") + "async on " +
-                          mesh.describe());
+      expect_same_run(
+          one, train_on_mesh(mesh, am, sgd(), batches), kTol,
+          std::string(bidirectional ? "bidirectional " : "") + "async on " + mesh.describe());
   }
 }
 
@@ -181,8 +181,7 @@ std::vector<Layout> all_layouts() {
 // its parameters' paths and global shapes.
 const TrainingRun& gpt_reference() {
   static const models::Transformer plain(tiny_gpt());
-  static const TrainingRun one =
-      train_one_device(gpt_model(plain), sgd(), token_batches(4, 8, 32));
+  static const TrainingRun one = train_one_device(gpt_model(plain), sgd(), token_batches(4, 8, 32));
   return one;
 }
 
@@ -219,8 +218,8 @@ TEST(TPParity, DropoutMasksAreTheSingleDeviceOnes) {
     models::TransformerConfig c = base;
     c.tp = l.tp;
     const models::Transformer model(c);
-    expect_same_run(one, train_on_mesh(Mesh({4}, {"model"}), gpt_model(model), sgd(), tokens),
-                    kTol, std::string(l.name) + " with dropout");
+    expect_same_run(one, train_on_mesh(Mesh({4}, {"model"}), gpt_model(model), sgd(), tokens), kTol,
+                    std::string(l.name) + " with dropout");
   }
   const models::TPClassifier clf(
       {.in_features = 24, .hidden = 32, .num_classes = 10, .num_layers = 2, .dropout = 0.3f});
@@ -238,8 +237,7 @@ TEST(TPTransformer, EightDevicesMatchOneDevice) {
     return c;
   };
   const auto batches = token_batches(2, 8, 32);
-  const TrainingRun one =
-      train_one_device(gpt_model(models::Transformer(cfg({}))), sgd(), batches);
+  const TrainingRun one = train_one_device(gpt_model(models::Transformer(cfg({}))), sgd(), batches);
   for (const Layout& l : all_layouts()) {
     const models::Transformer model(cfg(l.tp));
     expect_same_run(one, train_on_mesh(Mesh({8}, {"model"}), gpt_model(model), sgd(), batches),
@@ -259,9 +257,9 @@ TEST(TPTransformer, UntiedHeadAndRematMatchOneDevice) {
   const TrainingRun one = train_one_device(gpt_model(plain), sgd(), batches);
   for (const Layout& l : all_layouts()) {
     const models::Transformer model(cfg(l.tp));
-    expect_same_run(one, train_on_mesh(Mesh({2, 2}, {"data", "model"}), gpt_model(model), sgd(),
-                                       batches),
-                    kTol, std::string(l.name) + " untied, remat");
+    expect_same_run(
+        one, train_on_mesh(Mesh({2, 2}, {"data", "model"}), gpt_model(model), sgd(), batches), kTol,
+        std::string(l.name) + " untied, remat");
   }
 }
 
@@ -283,7 +281,8 @@ TEST(TPTransformer, ParallelBlockMatchesOneDeviceInEveryLayout) {
   }
   // With data parallelism too (no dropout: replicas draw their own masks).
   base.dropout = 0.f;
-  const TrainingRun one_nodrop = train_one_device(gpt_model(models::Transformer(base)), sgd(), batches);
+  const TrainingRun one_nodrop =
+      train_one_device(gpt_model(models::Transformer(base)), sgd(), batches);
   for (const Layout& l : all_layouts()) {
     models::TransformerConfig c = base;
     c.tp = l.tp;
@@ -301,8 +300,8 @@ struct BlockComm {
   comm::OpCounters all_reduce, all_gather, reduce_scatter;
 };
 
-BlockComm block_comm(bool sequence_parallel, int n, std::int64_t b, std::int64_t t,
-                     std::int64_t c, bool parallel = false) {
+BlockComm block_comm(bool sequence_parallel, int n, std::int64_t b, std::int64_t t, std::int64_t c,
+                     bool parallel = false) {
   const TPTransformerBlock block{.num_heads = 4,
                                  .mlp_hidden = 2 * c,
                                  .layout = TPLayout::Megatron,
@@ -310,25 +309,25 @@ BlockComm block_comm(bool sequence_parallel, int n, std::int64_t b, std::int64_t
                                  .parallel = parallel};
   BlockComm out;
   const Tensor x = testing::random_tensor(Key::from_seed(5), {b, t, c});
-  auto f = spmd::shard_map(
-      Mesh({n}, {"model"}),
-      [&](DeviceContext& ctx, const std::vector<Tensor>& in) {
-        TensorTree params;
-        block(nn::Scope::init(&params, Key::from_seed(1)).on(ctx), in[0]);
-        ctx.comm_stats().reset();
-        autodiff::value_and_grad([&](const TensorTree& p) {
-          Tensor y = block(nn::Scope::apply(&p, true).on(ctx), in[0]);
-          Tensor s = tensor::sum(y);
-          return sequence_parallel ? spmd::psum(ctx, s, "model") : s;
-        })(params);
-        if (ctx.device() == 0) {
-          const auto& st = ctx.comm_stats();
-          out = {st.of("model", comm::OpKind::AllReduce), st.of("model", comm::OpKind::AllGather),
-                 st.of("model", comm::OpKind::ReduceScatter)};
-        }
-        return std::vector<Tensor>{};
-      },
-      {sequence_parallel ? P(std::nullopt, "model") : P()}, {});
+  auto f = spmd::shard_map(Mesh({n}, {"model"}),
+                           [&](DeviceContext& ctx, const std::vector<Tensor>& in) {
+                             TensorTree params;
+                             block(nn::Scope::init(&params, Key::from_seed(1)).on(ctx), in[0]);
+                             ctx.comm_stats().reset();
+                             autodiff::value_and_grad([&](const TensorTree& p) {
+                               Tensor y = block(nn::Scope::apply(&p, true).on(ctx), in[0]);
+                               Tensor s = tensor::sum(y);
+                               return sequence_parallel ? spmd::psum(ctx, s, "model") : s;
+                             })(params);
+                             if (ctx.device() == 0) {
+                               const auto& st = ctx.comm_stats();
+                               out = {st.of("model", comm::OpKind::AllReduce),
+                                      st.of("model", comm::OpKind::AllGather),
+                                      st.of("model", comm::OpKind::ReduceScatter)};
+                             }
+                             return std::vector<Tensor>{};
+                           },
+                           {sequence_parallel ? P(std::nullopt, "model") : P()}, {});
   f(std::vector<Tensor>{x});
   return out;
 }
@@ -411,13 +410,12 @@ TEST(VocabParallel, BadLabelsAndSpecsAreClearErrors) {
   }
   // Heads not divisible by the model axis.
   const models::Transformer gpt(tiny_gpt({.layout = TPLayout::Megatron}));
-  auto g = spmd::shard_map(
-      Mesh({8}, {"model"}),
-      [&](DeviceContext& ctx, const std::vector<Tensor>&) {
-        gpt.init(Key::from_seed(0), nullptr, &ctx);
-        return std::vector<Tensor>{};
-      },
-      {}, {});
+  auto g = spmd::shard_map(Mesh({8}, {"model"}),
+                           [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+                             gpt.init(Key::from_seed(0), nullptr, &ctx);
+                             return std::vector<Tensor>{};
+                           },
+                           {}, {});
   try {
     g(std::vector<Tensor>{});
     FAIL() << "expected an error";

@@ -78,10 +78,10 @@ TEST(Zero, Stages1And2MatchOneDevice) {
   const TrainingRun one = train_one_device(classifier_model(), adamw(), data);
   for (int n : {2, 4, 8})
     for (int stage : {1, 2})
-      expect_same_run(one,
-                      train_on_mesh(Mesh({n}, {"data"}), classifier_model(), adamw(), data, {},
-                                    zero(stage)),
-                      kAdamTol, "ZeRO-" + std::to_string(stage) + " on " + std::to_string(n));
+      expect_same_run(
+          one,
+          train_on_mesh(Mesh({n}, {"data"}), classifier_model(), adamw(), data, {}, zero(stage)),
+          kAdamTol, "ZeRO-" + std::to_string(stage) + " on " + std::to_string(n));
 }
 
 TEST(Zero, Stage2AccumulatesChunksAcrossMinibatches) {
@@ -96,17 +96,15 @@ TEST(Zero, Stage2AccumulatesChunksAcrossMinibatches) {
 
 TEST(Zero, TransformerWithTensorParallelismMatchesOneDevice) {
   // ZeRO over "data" composes with Megatron over "model": the TP shards are split again.
-  models::TransformerConfig c{.vocab = 32, .d_model = 16, .num_layers = 2, .num_heads = 4,
-                              .mlp_ratio = 2, .max_len = 8};
+  models::TransformerConfig c{
+      .vocab = 32, .d_model = 16, .num_layers = 2, .num_heads = 4, .mlp_ratio = 2, .max_len = 8};
   const models::Transformer plain(c);
   c.tp = {.layout = TPLayout::Megatron};
   const models::Transformer tp(c);
   auto gpt = [](const models::Transformer& m) {
     return ParityModel{
         [&m](Key k, nn::ParamSpecs* s, DeviceContext* ctx) { return m.init(k, s, ctx); },
-        [&m](const nn::Scope& s, const train::Batch& b) {
-          return m.loss(s, b.inputs, b.labels);
-        }};
+        [&m](const nn::Scope& s, const train::Batch& b) { return m.loss(s, b.inputs, b.labels); }};
   };
   std::vector<train::Batch> tokens;
   for (int s = 0; s < kSteps; ++s) {
@@ -128,10 +126,9 @@ TEST(Zero, TransformerWithTensorParallelismMatchesOneDevice) {
                           .decay_mask = optim::default_decay_mask()});
   const TrainingRun one = train_one_device(gpt(plain), opt, tokens);
   for (int stage : {1, 2})
-    expect_same_run(one,
-                    train_on_mesh(Mesh({2, 2}, {"data", "model"}), gpt(tp), opt, tokens, {},
-                                  zero(stage)),
-                    kAdamTol, "ZeRO-" + std::to_string(stage) + " x TP");
+    expect_same_run(
+        one, train_on_mesh(Mesh({2, 2}, {"data", "model"}), gpt(tp), opt, tokens, {}, zero(stage)),
+        kAdamTol, "ZeRO-" + std::to_string(stage) + " x TP");
 }
 
 // ------------------------------------------------------------ memory and communication
@@ -215,25 +212,24 @@ TEST(Zero, TheTrainStepReportsMemoryToTheDeviceContext) {
     std::vector<std::int64_t> peaks;
     for (std::int64_t batch : {16, 256}) {
       MemoryStats mem;
-      spmd::shard_map(
-          Mesh({2}, {"data"}),
-          [&](DeviceContext& ctx, const std::vector<Tensor>&) {
-            std::unique_ptr<Strategy> s;
-            if (stage == 0) {
-              s = std::make_unique<DataParallel>(ctx, "data");
-            } else {
-              s = std::make_unique<ZeroDataParallel>(ctx, stage, "data");
-            }
-            auto state = train::TrainState::create(classifier().init(Key::from_seed(1)), adamw(),
-                                                   Key::from_seed(2), *s);
-            const ParityModel model = classifier_model();
-            const train::Batch b = batches(batch)[0].slice(0, batch / 2);
-            train::train_step(state, b, testing::parity_loss_fn(model, &ctx), adamw(),
-                              {.strategy = s.get()});
-            if (ctx.device() == 0) mem = ctx.memory();
-            return std::vector<Tensor>{};
-          },
-          {}, {})(std::vector<Tensor>{});
+      spmd::shard_map(Mesh({2}, {"data"}),
+                      [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+                        std::unique_ptr<Strategy> s;
+                        if (stage == 0) {
+                          s = std::make_unique<DataParallel>(ctx, "data");
+                        } else {
+                          s = std::make_unique<ZeroDataParallel>(ctx, stage, "data");
+                        }
+                        auto state = train::TrainState::create(classifier().init(Key::from_seed(1)),
+                                                               adamw(), Key::from_seed(2), *s);
+                        const ParityModel model = classifier_model();
+                        const train::Batch b = batches(batch)[0].slice(0, batch / 2);
+                        train::train_step(state, b, testing::parity_loss_fn(model, &ctx), adamw(),
+                                          {.strategy = s.get()});
+                        if (ctx.device() == 0) mem = ctx.memory();
+                        return std::vector<Tensor>{};
+                      },
+                      {}, {})(std::vector<Tensor>{});
       EXPECT_EQ(mem.parameters, 4 * p) << "stage " << stage;
       EXPECT_EQ(mem.optimizer_state, stage == 0 ? 8 * p : 8 * p / 2) << "stage " << stage;
       EXPECT_EQ(mem.gradients, stage == 2 ? 4 * p / 2 : 4 * p) << "stage " << stage;
@@ -245,13 +241,12 @@ TEST(Zero, TheTrainStepReportsMemoryToTheDeviceContext) {
 }
 
 TEST(Zero, BadStageIsAClearError) {
-  auto run = spmd::shard_map(
-      Mesh({2}, {"data"}),
-      [&](DeviceContext& ctx, const std::vector<Tensor>&) {
-        ZeroDataParallel z(ctx, 3);
-        return std::vector<Tensor>{};
-      },
-      {}, {});
+  auto run = spmd::shard_map(Mesh({2}, {"data"}),
+                             [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+                               ZeroDataParallel z(ctx, 3);
+                               return std::vector<Tensor>{};
+                             },
+                             {}, {});
   try {
     run(std::vector<Tensor>{});
     FAIL();

@@ -23,8 +23,8 @@ using tensor::Tensor;
 /// tiled): differentiable, its backward reduce-scatters the cotangent and divides it by
 /// the axis size (the mean over the replicas that used the gathered value, as data
 /// parallelism averages). The result varies over the shard's axes.
-Tensor gather_fully_sharded(spmd::DeviceContext& ctx, const Tensor& shard,
-                            const std::string& axis, int dim);
+Tensor gather_fully_sharded(spmd::DeviceContext& ctx, const Tensor& shard, const std::string& axis,
+                            int dim);
 
 /// FSDP's prefetch, one per device (nn::FullySharded::prefetch points to it). During a pass
 /// it records the order in which the device gathers its fully sharded parameters; in the

@@ -65,9 +65,8 @@ std::map<std::string, mesh::ShardedArray> place_params(const tensor::TensorTree&
 /// A table with one row per parameter: path, global shape, spec, local shape and bytes
 /// per device, and a total line (bytes per device against the replicated total).
 /// `shapes`: global shapes by path; `specs`: absent paths are replicated.
-std::string sharding_table(const std::map<std::string, Shape>& shapes,
-                           const nn::ParamSpecs& specs, const mesh::Mesh& mesh,
-                           std::int64_t bytes_per_element = 4);
+std::string sharding_table(const std::map<std::string, Shape>& shapes, const nn::ParamSpecs& specs,
+                           const mesh::Mesh& mesh, std::int64_t bytes_per_element = 4);
 /// The global shapes of a tree's leaves (for sharding_table and lint_sharding).
 std::map<std::string, Shape> global_shapes(const tensor::TensorTree& params);
 

@@ -50,8 +50,8 @@ Tensor TPClassifier::operator()(const nn::Scope& scope, const Tensor& x) const {
     Tensor y;
     if (c.async_rings) {
       // The norm on the sharded features, then the gather ring inside fc1's matmul.
-      y = parallel::TPNorm{.kind = parallel::TPNorm::Kind::RMS, .axis = c.axis}(
-          block.child("norm"), h);
+      y = parallel::TPNorm{.kind = parallel::TPNorm::Kind::RMS, .axis = c.axis}(block.child("norm"),
+                                                                                h);
       y = parallel::TPAsyncDense{.features = c.hidden * c.mlp_expansion,
                                  .axis = c.axis,
                                  .mode = TPMode::Gather,
@@ -66,8 +66,8 @@ Tensor TPClassifier::operator()(const nn::Scope& scope, const Tensor& x) const {
                   .skip_communication = true,
                   .kernel_init = kinit}(block.child("fc1"), y);
     }
-    y = nn::Dropout{.rate = c.dropout, .spec = mesh::P(std::nullopt, c.axis)}(block.child("dropout"),
-                                                                          tensor::silu(y));
+    y = nn::Dropout{.rate = c.dropout, .spec = mesh::P(std::nullopt, c.axis)}(
+        block.child("dropout"), tensor::silu(y));
     if (c.async_rings) {
       y = parallel::TPAsyncDense{.features = c.hidden,
                                  .axis = c.axis,
@@ -75,8 +75,10 @@ Tensor TPClassifier::operator()(const nn::Scope& scope, const Tensor& x) const {
                                  .bidirectional = c.bidirectional,
                                  .kernel_init = kinit}(block.child("fc2"), y);
     } else {
-      y = TPDense{.features = c.hidden, .axis = c.axis, .mode = TPMode::Scatter, .kernel_init = kinit}(
-          block.child("fc2"), y);
+      y = TPDense{.features = c.hidden,
+                  .axis = c.axis,
+                  .mode = TPMode::Scatter,
+                  .kernel_init = kinit}(block.child("fc2"), y);
     }
     h = tensor::add(h, y);  // (B, D/n)
   }

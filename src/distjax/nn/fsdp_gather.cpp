@@ -19,9 +19,11 @@ Tensor blocks_to_param(const Tensor& blocks, int dim) {
   Tensor t = blocks;
   if (dim != 0) {
     std::vector<int> perm;
-    for (int i = 1; i <= dim; ++i) perm.push_back(i);
+    for (int i = 1; i <= dim; ++i)
+      perm.push_back(i);
     perm.push_back(0);
-    for (int i = dim + 1; i <= r; ++i) perm.push_back(i);
+    for (int i = dim + 1; i <= r; ++i)
+      perm.push_back(i);
     t = tensor::permute(blocks, perm);
   }
   Shape s = t.shape();  // (.., n, S, ..) with n at `dim`
@@ -45,8 +47,8 @@ Tensor gather_op(spmd::DeviceContext& ctx, const Tensor& shard, const std::strin
       [c, axis, dim, inv_n](const std::vector<Tensor>&, const std::vector<Tensor>&,
                             const std::vector<Tensor>& g) {
         if (!g[0].defined()) return std::vector<Tensor>{Tensor()};
-        return std::vector<Tensor>{tensor::mul_scalar(
-            spmd::psum_scatter(*c, g[0], axis, dim, /*tiled=*/true), inv_n)};
+        return std::vector<Tensor>{
+            tensor::mul_scalar(spmd::psum_scatter(*c, g[0], axis, dim, /*tiled=*/true), inv_n)};
       },
       tensor::VaryingRule::AsIs);
   out.set_varying_axes(shard.varying_axes() | ctx.axis_mask(axis));
@@ -55,8 +57,8 @@ Tensor gather_op(spmd::DeviceContext& ctx, const Tensor& shard, const std::strin
 
 }  // namespace
 
-Tensor gather_fully_sharded(spmd::DeviceContext& ctx, const Tensor& shard,
-                            const std::string& axis, int dim) {
+Tensor gather_fully_sharded(spmd::DeviceContext& ctx, const Tensor& shard, const std::string& axis,
+                            int dim) {
   return gather_op(ctx, shard, axis, dim, Tensor());
 }
 
@@ -65,11 +67,13 @@ FsdpPrefetcher::FsdpPrefetcher(int depth) : depth_(depth) {
 }
 
 FsdpPrefetcher::~FsdpPrefetcher() {
-  for (auto& [pos, f] : in_flight_) f.request.wait();
+  for (auto& [pos, f] : in_flight_)
+    f.request.wait();
 }
 
 void FsdpPrefetcher::begin_pass() {
-  for (auto& [pos, f] : in_flight_) f.request.wait();
+  for (auto& [pos, f] : in_flight_)
+    f.request.wait();
   in_flight_.clear();
   if (!current_.empty()) last_ = std::move(current_);
   current_.clear();
@@ -86,8 +90,8 @@ void FsdpPrefetcher::start(spmd::DeviceContext& ctx, std::size_t position) {
   Shape blocks_shape = e.shard.shape();
   blocks_shape.insert(blocks_shape.begin(), comm.size());
   f.blocks = Tensor::empty(blocks_shape);
-  f.request = comm.iall_gather(e.shard.data<float>(), f.blocks.data<float>(), e.shard.numel(),
-                               DType::F32);
+  f.request =
+      comm.iall_gather(e.shard.data<float>(), f.blocks.data<float>(), e.shard.numel(), DType::F32);
   in_flight_.emplace(position, std::move(f));
 }
 
@@ -107,7 +111,8 @@ Tensor FsdpPrefetcher::gather(spmd::DeviceContext& ctx, const std::string& path,
     }
   }
   // The next ones travel while this parameter's module computes.
-  for (int k = 1; k <= depth_; ++k) start(ctx, position + static_cast<std::size_t>(k));
+  for (int k = 1; k <= depth_; ++k)
+    start(ctx, position + static_cast<std::size_t>(k));
   (value.defined() ? hits_ : misses_) += 1;
   return gather_op(ctx, shard, axis, dim, value);
 }

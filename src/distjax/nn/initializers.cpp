@@ -23,8 +23,8 @@ Tensor Initializer::operator()(const Key& key, const Shape& global, const Block&
   DISTJAX_CHECK(fill_, InvalidArgument, "[Initializer] called on an empty initializer");
   bool inside = block.start.size() == global.size() && block.shape.size() == global.size();
   for (std::size_t d = 0; inside && d < global.size(); ++d)
-    inside = block.start[d] >= 0 && block.shape[d] >= 0 &&
-             block.start[d] + block.shape[d] <= global[d];
+    inside =
+        block.start[d] >= 0 && block.shape[d] >= 0 && block.start[d] + block.shape[d] <= global[d];
   DISTJAX_CHECK(inside, InvalidArgument, "[Initializer] block of shape ", to_string(block.shape),
                 " does not lie inside the parameter of shape ", to_string(global));
   Tensor t = Tensor::empty(block.shape, DType::F32);

@@ -2,9 +2,9 @@
 
 #include "distjax/nn/fsdp_gather.hpp"
 
+#include "distjax/autodiff/autodiff.hpp"
 #include "distjax/core/error.hpp"
 #include "distjax/mesh/named_sharding.hpp"
-#include "distjax/autodiff/autodiff.hpp"
 #include "distjax/spmd/collectives.hpp"
 #include "distjax/spmd/device_context.hpp"
 #include "distjax/tensor/elementwise.hpp"
@@ -12,7 +12,7 @@
 namespace distjax::nn {
 
 Scope Scope::init(TensorTree* params, Key init_key, ParamSpecs* specs, bool train,
-                   Key dropout_key) {
+                  Key dropout_key) {
   DISTJAX_CHECK(params != nullptr, InvalidArgument, "[Scope::init] params tree is null");
   Scope s;
   s.out_ = params;
@@ -82,8 +82,8 @@ Tensor Scope::param(const std::string& name, const Shape& shape, const Initializ
   const std::string full = full_path(name);
   const std::string key = tree_path(full);
   DISTJAX_CHECK(spec.size() <= static_cast<int>(shape.size()), ShardingError,
-                "[Scope::param] parameter \"", full, "\" of shape ", to_string(shape),
-                " has spec ", spec.to_string(), " with more entries than dimensions");
+                "[Scope::param] parameter \"", full, "\" of shape ", to_string(shape), " has spec ",
+                spec.to_string(), " with more entries than dimensions");
   // Fully sharded: stored split further over the FSDP axis along `gather_dim`.
   int gather_dim = -1;
   mesh::PartitionSpec stored_spec = spec;
@@ -123,8 +123,8 @@ Tensor Scope::param(const std::string& name, const Shape& shape, const Initializ
       // A layer applied twice in one scope shares its parameters (Flax semantics):
       // tied embeddings read the table once for the lookup and once for the output.
       const Tensor& t = out_->at(key);
-      DISTJAX_CHECK(t.shape() == block.shape, InvalidArgument, "[Scope::param] parameter \"",
-                    full, "\" was created with shape ", to_string(t.shape()),
+      DISTJAX_CHECK(t.shape() == block.shape, InvalidArgument, "[Scope::param] parameter \"", full,
+                    "\" was created with shape ", to_string(t.shape()),
                     " and is requested again with ", to_string(block.shape),
                     " (two layers share a scope name?)");
       return used(marked(t));
@@ -146,8 +146,8 @@ Tensor Scope::param(const std::string& name, const Shape& shape, const Initializ
   DISTJAX_CHECK(t.shape() == block.shape, InvalidArgument, "[Scope::param] parameter \"", full,
                 "\" has shape ", to_string(t.shape()), ", expected ", to_string(block.shape),
                 block.shape == shape ? std::string()
-                                     : " (this device's shard of " + to_string(shape) + " split by " +
-                                           stored_spec.to_string() + ")");
+                                     : " (this device's shard of " + to_string(shape) +
+                                           " split by " + stored_spec.to_string() + ")");
   return used(marked(t));
 }
 

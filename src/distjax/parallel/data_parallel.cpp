@@ -84,7 +84,8 @@ TensorTree sync_grads(spmd::DeviceContext& ctx, const TensorTree& grads,
       continue;
     }
     std::size_t k = 0;
-    while (k < group_axes.size() && group_axes[k] != axes) ++k;
+    while (k < group_axes.size() && group_axes[k] != axes)
+      ++k;
     if (k == group_axes.size()) {
       group_axes.push_back(axes);
       groups.emplace_back();
@@ -146,8 +147,7 @@ train::Metrics sync_metrics(spmd::DeviceContext& ctx, const train::Metrics& metr
   }
   std::int64_t hs[2] = {static_cast<std::int64_t>(h >> 1), -static_cast<std::int64_t>(h >> 1)};
   comm.all_reduce(hs, hs, 2, DType::I64, comm::ReduceOp::Max);
-  DISTJAX_CHECK(hs[0] == -hs[1], InvalidArgument,
-                "[sync_metrics] the devices along ", axes.str(),
+  DISTJAX_CHECK(hs[0] == -hs[1], InvalidArgument, "[sync_metrics] the devices along ", axes.str(),
                 " report different metric names; device ", ctx.device(), " has: ", names);
   // (sum, count) pairs in name order, gathered as raw f64 and added in device order.
   std::vector<double> mine;
@@ -190,7 +190,7 @@ struct DataParallel::Overlap {
     comm::Request request;  // the all-reduce in flight once started
     bool started = false;
   };
-  std::vector<Bucket> buckets;           // in the order they were opened
+  std::vector<Bucket> buckets;                           // in the order they were opened
   std::map<std::vector<std::string>, std::size_t> open;  // axes -> bucket being filled
   // Elements of the gradients of each group not in a bucket yet: a bucket is allocated
   // with min(bucket size, what is left), so small models get exact buffers.
@@ -213,9 +213,13 @@ std::string DataParallel::name() const {
   return "data(" + axes_.str() + "=" + std::to_string(data_parallel_size()) + ")";
 }
 
-int DataParallel::data_parallel_size() const { return ctx_->axis_size(axes_); }
+int DataParallel::data_parallel_size() const {
+  return ctx_->axis_size(axes_);
+}
 
-Key DataParallel::step_key(const Key& key) { return ctx_->fold_rng_over_axis(key, axes_); }
+Key DataParallel::step_key(const Key& key) {
+  return ctx_->fold_rng_over_axis(key, axes_);
+}
 
 train::GradientResult DataParallel::forward_backward(const train::LossFn& loss_fn,
                                                      const TensorTree& params,
@@ -231,8 +235,8 @@ train::GradientResult DataParallel::forward_backward(const train::LossFn& loss_f
   TensorTree own;
   for (const auto& [path, p] : params) {
     Tensor t = p;  // same storage, own varying mark
-    t.set_varying_axes(
-        t.varying_axes() | ctx_->axis_mask(mesh::Axes(axes_to_average(axes_, specs_, path))));
+    t.set_varying_axes(t.varying_axes() |
+                       ctx_->axis_mask(mesh::Axes(axes_to_average(axes_, specs_, path))));
     own.set(path, t);
   }
   if (!overlap_) return train::accumulate_gradients(loss_fn, own, local, key, num_minibatches);

@@ -53,9 +53,8 @@ nn::ParamSpecs ShardingRules::specs_for(const tensor::TensorTree& params,
     try {
       mesh::validate_spec(mesh, rule.spec, t.shape(), "ShardingRules", path);
     } catch (const ShardingError& e) {
-      DISTJAX_THROW(ShardingError, "[ShardingRules] rule ", i, " (\"", rule.pattern,
-                    "\" -> ", rule.spec.to_string(), ") does not fit parameter \"", path,
-                    "\": ", e.what());
+      DISTJAX_THROW(ShardingError, "[ShardingRules] rule ", i, " (\"", rule.pattern, "\" -> ",
+                    rule.spec.to_string(), ") does not fit parameter \"", path, "\": ", e.what());
     }
     out[path] = rule.spec;
   }
@@ -77,13 +76,13 @@ std::map<std::string, mesh::ShardedArray> place_params(const tensor::TensorTree&
 
 std::map<std::string, Shape> global_shapes(const tensor::TensorTree& params) {
   std::map<std::string, Shape> out;
-  for (const auto& [path, t] : params) out[path] = t.shape();
+  for (const auto& [path, t] : params)
+    out[path] = t.shape();
   return out;
 }
 
-std::string sharding_table(const std::map<std::string, Shape>& shapes,
-                           const nn::ParamSpecs& specs, const mesh::Mesh& mesh,
-                           std::int64_t bytes_per_element) {
+std::string sharding_table(const std::map<std::string, Shape>& shapes, const nn::ParamSpecs& specs,
+                           const mesh::Mesh& mesh, std::int64_t bytes_per_element) {
   struct Row {
     std::string path, global, spec, local, bytes;
   };
@@ -96,8 +95,8 @@ std::string sharding_table(const std::map<std::string, Shape>& shapes,
     const std::int64_t bytes = numel(local) * bytes_per_element;
     total_local += bytes;
     total_global += numel(shape) * bytes_per_element;
-    rows.push_back({path, to_string(shape), spec.to_string(), to_string(local),
-                    std::to_string(bytes)});
+    rows.push_back(
+        {path, to_string(shape), spec.to_string(), to_string(local), std::to_string(bytes)});
   }
   rows.push_back({"total", "", "", "", std::to_string(total_local)});
   std::size_t w[5] = {0, 0, 0, 0, 0};
@@ -127,10 +126,12 @@ std::string sharding_table(const std::map<std::string, Shape>& shapes,
 std::vector<LintFinding> lint_sharding(const nn::ParamSpecs& specs, const mesh::Mesh& mesh,
                                        const ShardingPlan& plan) {
   std::vector<LintFinding> out;
-  for (const auto& a : plan.data_axes.names) mesh.axis_size(a, "lint_sharding");
+  for (const auto& a : plan.data_axes.names)
+    mesh.axis_size(a, "lint_sharding");
   for (const auto& a : plan.fully_sharded_axes.names) {
-    DISTJAX_CHECK(contains(plan.data_axes, a), InvalidArgument, "[lint_sharding] fully sharded axis \"",
-                  a, "\" is not one of the data axes ", plan.data_axes.str());
+    DISTJAX_CHECK(contains(plan.data_axes, a), InvalidArgument,
+                  "[lint_sharding] fully sharded axis \"", a, "\" is not one of the data axes ",
+                  plan.data_axes.str());
   }
   // Pitfall 1: a weight split over a data axis that is not fully sharded.
   for (const auto& [path, spec] : specs) {
@@ -142,17 +143,18 @@ std::vector<LintFinding> lint_sharding(const nn::ParamSpecs& specs, const mesh::
                          ") under plain data parallelism: each replica holds a different "
                          "slice and trains it as if it were the whole parameter, so the "
                          "replicas silently train different models. Store it fully sharded "
-                         "over \"" + a + "\" (nn::Scope::fully_sharded, ZeRO-3), or remove \"" +
-                         a + "\" from its spec."});
+                         "over \"" +
+                         a + "\" (nn::Scope::fully_sharded, ZeRO-3), or remove \"" + a +
+                         "\" from its spec."});
     }
   }
   // Pitfall 2: an axis along which the devices do the same work.
   for (const auto& a : mesh.axis_names()) {
-    if (mesh.axis_size(a) == 1 || contains(plan.data_axes, a) ||
-        contains(plan.activation_axes, a))
+    if (mesh.axis_size(a) == 1 || contains(plan.data_axes, a) || contains(plan.activation_axes, a))
       continue;
     bool used = false;
-    for (const auto& [path, spec] : specs) used |= spec.uses(a);
+    for (const auto& [path, spec] : specs)
+      used |= spec.uses(a);
     if (used) continue;
     out.push_back({LintFinding::Severity::Error,
                    "[lint_sharding] mesh axis " + mesh_axis(mesh, a) +
@@ -165,8 +167,7 @@ std::vector<LintFinding> lint_sharding(const nn::ParamSpecs& specs, const mesh::
   return out;
 }
 
-void check_sharding(const nn::ParamSpecs& specs, const mesh::Mesh& mesh,
-                    const ShardingPlan& plan) {
+void check_sharding(const nn::ParamSpecs& specs, const mesh::Mesh& mesh, const ShardingPlan& plan) {
   std::string errors;
   for (const LintFinding& f : lint_sharding(specs, mesh, plan))
     if (f.severity == LintFinding::Severity::Error) errors += "\n  " + f.message;

@@ -104,16 +104,14 @@ Tensor TPDense::operator()(const nn::Scope& scope, const Tensor& x) const {
   DISTJAX_CHECK(x.rank() >= 1, InvalidArgument, "[TPDense] \"", scope.path(),
                 "\" expects x of rank >= 1, got ", to_string(x.shape()));
   spmd::DeviceContext* ctx = scope.context();
-  const nn::Initializer kinit = kernel_init_adjustment == 1.0
-                                    ? kernel_init
-                                    : nn::scaled(kernel_init, kernel_init_adjustment);
+  const nn::Initializer kinit =
+      kernel_init_adjustment == 1.0 ? kernel_init : nn::scaled(kernel_init, kernel_init_adjustment);
   // Mode None is the plain layer. On one device (or an axis of size 1) the other modes
   // keep their parameters' specs and skip the communication (the toolkit forces "none").
   if (mode == TPMode::None) {
-    return nn::Dense{.features = features,
-                     .use_bias = use_bias,
-                     .kernel_init = kinit,
-                     .bias_init = bias_init}(scope, x);
+    return nn::Dense{
+        .features = features, .use_bias = use_bias, .kernel_init = kinit, .bias_init = bias_init}(
+        scope, x);
   }
   const int rank = x.rank();
   if (mode == TPMode::Gather) {
@@ -178,12 +176,11 @@ Tensor VocabParallelEmbedding::operator()(const nn::Scope& scope, const Tensor& 
   DISTJAX_CHECK(ids.dtype() == DType::I32 || ids.dtype() == DType::I64, InvalidArgument,
                 "[VocabParallelEmbedding] \"", scope.path(), "\" expects i32 or i64 ids, got ",
                 dtype_name(ids.dtype()));
-  DISTJAX_CHECK(num_embeddings > 0 && features > 0, InvalidArgument,
-                "[VocabParallelEmbedding] \"", scope.path(),
-                "\" needs num_embeddings > 0 and features > 0");
+  DISTJAX_CHECK(num_embeddings > 0 && features > 0, InvalidArgument, "[VocabParallelEmbedding] \"",
+                scope.path(), "\" needs num_embeddings > 0 and features > 0");
   spmd::DeviceContext* ctx = scope.context();
-  Tensor table = scope.param("embedding", {num_embeddings, features}, embedding_init,
-                             P(axis, std::nullopt));
+  Tensor table =
+      scope.param("embedding", {num_embeddings, features}, embedding_init, P(axis, std::nullopt));
   if (one_device(ctx, axis)) return tensor::embedding(table, ids);
   // Ids outside this device's rows look up row 0 and are zeroed, then the rows are
   // summed over the devices: exactly one device contributes each id.
@@ -194,8 +191,8 @@ Tensor VocabParallelEmbedding::operator()(const nn::Scope& scope, const Tensor& 
   std::int64_t* li = local.data<std::int64_t>();
   float* k = keep.data<float>();
   for (std::int64_t i = 0, n = ids.numel(); i < n; ++i) {
-    const std::int64_t id = ids.dtype() == DType::I32 ? ids.data<std::int32_t>()[i]
-                                                       : ids.data<std::int64_t>()[i];
+    const std::int64_t id =
+        ids.dtype() == DType::I32 ? ids.data<std::int32_t>()[i] : ids.data<std::int64_t>()[i];
     DISTJAX_CHECK(id >= 0 && id < num_embeddings, InvalidArgument, "[VocabParallelEmbedding] \"",
                   scope.path(), "\" id ", id, " is outside [0, ", num_embeddings, ")");
     const bool mine = id >= start && id < start + rows;
@@ -215,8 +212,8 @@ Tensor VocabParallelEmbedding::attend(const nn::Scope& scope, const Tensor& x) c
   DISTJAX_CHECK(x.rank() >= 1 && x.size(-1) == features, InvalidArgument,
                 "[VocabParallelEmbedding::attend] \"", scope.path(), "\" expects x (..., ",
                 features, "), got ", to_string(x.shape()));
-  Tensor table = scope.param("embedding", {num_embeddings, features}, embedding_init,
-                             P(axis, std::nullopt));
+  Tensor table =
+      scope.param("embedding", {num_embeddings, features}, embedding_init, P(axis, std::nullopt));
   // x is replicated along the axis and the table varies: the product enters the region
   // (its backward sums dx over the devices).
   const Tensor xin = copy_to_tp_region(scope.context(), x, axis);
@@ -236,9 +233,8 @@ Tensor vocab_parallel_cross_entropy(spmd::DeviceContext* ctx, const Tensor& logi
                 dtype_name(labels.dtype()));
   Shape lead = logits.shape();
   lead.pop_back();
-  DISTJAX_CHECK(labels.shape() == lead, InvalidArgument,
-                "[vocab_parallel_cross_entropy] labels ", to_string(labels.shape()),
-                " do not match logits ", to_string(logits.shape()));
+  DISTJAX_CHECK(labels.shape() == lead, InvalidArgument, "[vocab_parallel_cross_entropy] labels ",
+                to_string(labels.shape()), " do not match logits ", to_string(logits.shape()));
   const int last = logits.rank() - 1;
   const std::int64_t v_local = logits.size(-1);
   const std::int64_t vocab = v_local * ctx->axis_size(axis);
@@ -252,9 +248,9 @@ Tensor vocab_parallel_cross_entropy(spmd::DeviceContext* ctx, const Tensor& logi
   float* oh = onehot.data<float>();
   for (std::int64_t r = 0, rows = labels.numel(); r < rows; ++r) {
     const std::int64_t y = labels.dtype() == DType::I32 ? labels.data<std::int32_t>()[r]
-                                                         : labels.data<std::int64_t>()[r];
-    DISTJAX_CHECK(y >= 0 && y < vocab, InvalidArgument, "[vocab_parallel_cross_entropy] label ",
-                  y, " is outside [0, ", vocab, ")");
+                                                        : labels.data<std::int64_t>()[r];
+    DISTJAX_CHECK(y >= 0 && y < vocab, InvalidArgument, "[vocab_parallel_cross_entropy] label ", y,
+                  " is outside [0, ", vocab, ")");
     if (y >= start && y < start + v_local) oh[r * v_local + (y - start)] = 1.f;
   }
   onehot.set_varying_axes(logits.varying_axes());
@@ -277,6 +273,8 @@ double TensorParallel::grad_norm_squared(const TensorTree& grads) {
   return global_norm_squared(*ctx_, grads);
 }
 
-MemoryStats* TensorParallel::memory_stats() { return &ctx_->memory(); }
+MemoryStats* TensorParallel::memory_stats() {
+  return &ctx_->memory();
+}
 
 }  // namespace distjax::parallel

@@ -16,14 +16,16 @@ std::int64_t TPProjections::width(const nn::Scope& scope, const Tensor& x) const
 Tensor TPProjections::in(const nn::Scope& scope, const Tensor& x, std::int64_t features,
                          const nn::Initializer& init) const {
   switch (layout) {
-    case TPLayout::None: return nn::Dense{.features = features, .kernel_init = init}(scope, x);
+    case TPLayout::None:
+      return nn::Dense{.features = features, .kernel_init = init}(scope, x);
     case TPLayout::Megatron: {
       const Tensor h = sequence_parallel ? gather_from_sp_region(scope.context(), x, axis, 1) : x;
       return ColumnParallelDense{.features = features, .axis = axis, .kernel_init = init}(scope, h);
     }
     case TPLayout::Gather:
-      return TPDense{.features = features, .axis = axis, .mode = TPMode::Gather,
-                     .kernel_init = init}(scope, x);
+      return TPDense{
+          .features = features, .axis = axis, .mode = TPMode::Gather, .kernel_init = init}(scope,
+                                                                                           x);
     case TPLayout::Async:
       return TPAsyncDense{.features = features,
                           .axis = axis,
@@ -37,15 +39,17 @@ Tensor TPProjections::in(const nn::Scope& scope, const Tensor& x, std::int64_t f
 Tensor TPProjections::out(const nn::Scope& scope, const Tensor& x, std::int64_t features,
                           const nn::Initializer& init) const {
   switch (layout) {
-    case TPLayout::None: return nn::Dense{.features = features, .kernel_init = init}(scope, x);
+    case TPLayout::None:
+      return nn::Dense{.features = features, .kernel_init = init}(scope, x);
     case TPLayout::Megatron:
       return RowParallelDense{.features = features,
                               .axis = axis,
                               .sequence_parallel = sequence_parallel,
                               .kernel_init = init}(scope, x);
     case TPLayout::Gather:
-      return TPDense{.features = features, .axis = axis, .mode = TPMode::Scatter,
-                     .kernel_init = init}(scope, x);
+      return TPDense{
+          .features = features, .axis = axis, .mode = TPMode::Scatter, .kernel_init = init}(scope,
+                                                                                            x);
     case TPLayout::Async:
       return TPAsyncDense{.features = features,
                           .axis = axis,
@@ -64,7 +68,7 @@ Tensor TPMultiHeadAttention::operator()(const nn::Scope& scope, const Tensor& x)
                 "[TPMultiHeadAttention] \"", scope.path(), "\": num_heads=", num_heads,
                 " must divide C=", c, " and be divisible by ", proj.axis, "=", n,
                 " (each device computes whole heads)");
-  Tensor qkv = proj.in(scope.child("qkv"), x, 3 * c, kernel_init);      // (B, T, 3C/n)
+  Tensor qkv = proj.in(scope.child("qkv"), x, 3 * c, kernel_init);           // (B, T, 3C/n)
   Tensor h = tensor::attention_packed(qkv, num_heads / n, /*causal=*/true);  // (B, T, C/n)
   return proj.out(scope.child("out"), h, c, out_init);
 }

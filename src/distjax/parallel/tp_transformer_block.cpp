@@ -6,8 +6,8 @@
 #include "distjax/nn/layer_norm.hpp"
 #include "distjax/nn/transformer_block.hpp"
 #include "distjax/parallel/tensor_parallel.hpp"
-#include "distjax/parallel/tp_blocks.hpp"
 #include "distjax/parallel/tp_async_dense.hpp"
+#include "distjax/parallel/tp_blocks.hpp"
 #include "distjax/spmd/collectives.hpp"
 #include "distjax/tensor/attention.hpp"
 #include "distjax/tensor/elementwise.hpp"
@@ -19,10 +19,14 @@ namespace distjax::parallel {
 
 const char* tp_layout_name(TPLayout layout) {
   switch (layout) {
-    case TPLayout::None: return "none";
-    case TPLayout::Megatron: return "megatron";
-    case TPLayout::Gather: return "gather";
-    case TPLayout::Async: return "async";
+    case TPLayout::None:
+      return "none";
+    case TPLayout::Megatron:
+      return "megatron";
+    case TPLayout::Gather:
+      return "gather";
+    case TPLayout::Async:
+      return "async";
   }
   return "?";
 }
@@ -82,32 +86,34 @@ Tensor TPTransformerBlock::parallel_block(const nn::Scope& scope, const Tensor& 
   const Tensor w_in = tensor::concat({qkv.param("kernel", {c, 3 * c}, kernel_init, cols),
                                       fc1.param("kernel", {c, hidden}, kernel_init, cols)},
                                      1);  // (C, (3C + H)/n)
-  const Tensor b_in = tensor::concat({qkv.param("bias", {3 * c}, nn::zeros(), vec),
-                                      fc1.param("bias", {hidden}, nn::zeros(), vec)},
-                                     0);
+  const Tensor b_in = tensor::concat(
+      {qkv.param("bias", {3 * c}, nn::zeros(), vec), fc1.param("bias", {hidden}, nn::zeros(), vec)},
+      0);
   const Tensor w_out = tensor::concat({out.param("kernel", {c, c}, out_init, rows),
                                        fc2.param("kernel", {hidden, c}, out_init, rows)},
                                       0);  // ((C + H)/n, C)
   const Tensor b_out = tensor::add(out.param("bias", {c}, nn::zeros(), out_bias),
                                    fc2.param("bias", {c}, nn::zeros(), out_bias));
 
-  Tensor h = features_sharded
-                 ? TPNorm{.kind = TPNorm::Kind::Layer, .eps = ln_eps, .axis = axis}(
-                       scope.child("ln1"), x)
-                 : nn::LayerNorm{.eps = ln_eps}(scope.child("ln1"), x);
+  Tensor h = features_sharded ? TPNorm{.kind = TPNorm::Kind::Layer, .eps = ln_eps, .axis = axis}(
+                                    scope.child("ln1"), x)
+                              : nn::LayerNorm{.eps = ln_eps}(scope.child("ln1"), x);
   Tensor y;  // (B, T, (3C + H)/n)
   if (layout == TPLayout::Async && comm) {
     y = tensor::add(all_gather_matmul(*ctx, h, w_in, axis, bidirectional), b_in);
   } else {
-    if (features_sharded && comm) h = spmd::all_gather(*ctx, h, axis, 2, /*tiled=*/true);
-    else if (sequence_parallel) h = gather_from_sp_region(ctx, h, axis, 1);
-    else h = copy_to_tp_region(ctx, h, axis);
+    if (features_sharded && comm)
+      h = spmd::all_gather(*ctx, h, axis, 2, /*tiled=*/true);
+    else if (sequence_parallel)
+      h = gather_from_sp_region(ctx, h, axis, 1);
+    else
+      h = copy_to_tp_region(ctx, h, axis);
     y = tensor::linear(h, w_in, b_in);
   }
   const std::vector<Tensor> parts = tensor::split(y, {3 * c / n, hidden / n}, 2);
   const Tensor cat = tensor::concat(
       {tensor::attention_packed(parts[0], num_heads / n, /*causal=*/true),  // (B, T, C/n)
-       tensor::gelu(parts[1], /*approximate=*/true)},                      // (B, T, H/n)
+       tensor::gelu(parts[1], /*approximate=*/true)},                       // (B, T, H/n)
       2);
   Tensor o;
   if (layout == TPLayout::Async && comm) {

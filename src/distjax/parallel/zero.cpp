@@ -55,8 +55,9 @@ ZeroDataParallel::ZeroDataParallel(spmd::DeviceContext& ctx, int stage, mesh::Ax
       specs_(specs),
       bucket_bytes_(bucket_bytes),
       dp_(ctx, axes, specs, bucket_bytes, /*overlap=*/false) {
-  DISTJAX_CHECK(stage == 1 || stage == 2, InvalidArgument, "[ZeroDataParallel] stage must be 1 or 2, got ",
-                stage, " (stage 3 stores the parameters sharded: parallel/fsdp.hpp)");
+  DISTJAX_CHECK(stage == 1 || stage == 2, InvalidArgument,
+                "[ZeroDataParallel] stage must be 1 or 2, got ", stage,
+                " (stage 3 stores the parameters sharded: parallel/fsdp.hpp)");
 }
 
 std::string ZeroDataParallel::name() const {
@@ -144,8 +145,8 @@ TensorTree ZeroDataParallel::scatter_grads(const TensorTree& grads, bool keep_fu
 
 train::GradientResult ZeroDataParallel::forward_backward(const train::LossFn& loss_fn,
                                                          const TensorTree& params,
-                                                         const train::Batch& batch,
-                                                         const Key& key, int num_minibatches) {
+                                                         const train::Batch& batch, const Key& key,
+                                                         int num_minibatches) {
   if (stage_ == 1) return dp_.forward_backward(loss_fn, params, batch, key, num_minibatches);
   // Stage 2: each minibatch's gradient is reduce-scattered at once and only the chunks
   // are accumulated (the same keys and averaging as train::accumulate_gradients).
