@@ -54,17 +54,7 @@ models::TransformerConfig gpt_config(bool remat, TransformerTP tp = {}) {
 }
 
 std::vector<train::Batch> tokens(std::int64_t batch) {
-  std::vector<train::Batch> out;
-  for (int s = 0; s < kSteps; ++s) {
-    Key k = Key::from_seed(9).fold_in(static_cast<std::uint64_t>(s));
-    Tensor x = Tensor::empty({batch, 8}, DType::I32), y = Tensor::empty({batch, 8}, DType::I32);
-    for (std::int64_t i = 0; i < batch * 8; ++i) {
-      x.data<std::int32_t>()[i] = static_cast<std::int32_t>(k.bits(i)[0] % 32);
-      y.data<std::int32_t>()[i] = static_cast<std::int32_t>(k.bits(i)[1] % 32);
-    }
-    out.push_back({x, y});
-  }
-  return out;
+  return testing::random_token_batches(kSteps, batch, 8, 32, 9);
 }
 
 // The GPT with its parameters fully sharded over `axis` on a mesh (whole on one device).

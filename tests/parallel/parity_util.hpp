@@ -24,6 +24,24 @@ namespace distjax::testing {
 using tensor::Tensor;
 using tensor::TensorTree;
 
+/// `steps` batches of (batch, t) random token ids and next-token targets in [0, vocab).
+inline std::vector<train::Batch> random_token_batches(int steps, std::int64_t batch,
+                                                      std::int64_t t, std::int64_t vocab,
+                                                      std::uint64_t seed) {
+  std::vector<train::Batch> out;
+  for (int s = 0; s < steps; ++s) {
+    const Key k = Key::from_seed(seed).fold_in(static_cast<std::uint64_t>(s));
+    Tensor x = Tensor::empty({batch, t}, DType::I32), y = Tensor::empty({batch, t}, DType::I32);
+    for (std::int64_t i = 0; i < batch * t; ++i) {
+      const auto bits = k.bits(static_cast<std::uint64_t>(i));
+      x.data<std::int32_t>()[i] = static_cast<std::int32_t>(bits[0] % vocab);
+      y.data<std::int32_t>()[i] = static_cast<std::int32_t>(bits[1] % vocab);
+    }
+    out.push_back({x, y});
+  }
+  return out;
+}
+
 /// How a test builds and runs its model on any scope.
 struct ParityModel {
   /// Parameters: this device's shards with a context, the whole model without.

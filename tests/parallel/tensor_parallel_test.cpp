@@ -141,17 +141,7 @@ models::TransformerConfig tiny_gpt(TransformerTP tp = {}) {
 }
 
 std::vector<train::Batch> token_batches(std::int64_t batch, std::int64_t t, std::int64_t vocab) {
-  std::vector<train::Batch> out;
-  for (int s = 0; s < kSteps; ++s) {
-    Key k = Key::from_seed(11).fold_in(static_cast<std::uint64_t>(s));
-    Tensor x = Tensor::empty({batch, t}, DType::I32), y = Tensor::empty({batch, t}, DType::I32);
-    for (std::int64_t i = 0; i < batch * t; ++i) {
-      x.data<std::int32_t>()[i] = static_cast<std::int32_t>(k.bits(i)[0] % vocab);
-      y.data<std::int32_t>()[i] = static_cast<std::int32_t>(k.bits(i)[1] % vocab);
-    }
-    out.push_back({x, y});
-  }
-  return out;
+  return testing::random_token_batches(kSteps, batch, t, vocab, 11);
 }
 
 ParityModel gpt_model(const models::Transformer& model) {

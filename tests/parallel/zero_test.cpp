@@ -106,16 +106,7 @@ TEST(Zero, TransformerWithTensorParallelismMatchesOneDevice) {
         [&m](Key k, nn::ParamSpecs* s, DeviceContext* ctx) { return m.init(k, s, ctx); },
         [&m](const nn::Scope& s, const train::Batch& b) { return m.loss(s, b.inputs, b.labels); }};
   };
-  std::vector<train::Batch> tokens;
-  for (int s = 0; s < kSteps; ++s) {
-    Key k = Key::from_seed(9).fold_in(static_cast<std::uint64_t>(s));
-    Tensor x = Tensor::empty({4, 8}, DType::I32), y = Tensor::empty({4, 8}, DType::I32);
-    for (std::int64_t i = 0; i < 32; ++i) {
-      x.data<std::int32_t>()[i] = static_cast<std::int32_t>(k.bits(i)[0] % 32);
-      y.data<std::int32_t>()[i] = static_cast<std::int32_t>(k.bits(i)[1] % 32);
-    }
-    tokens.push_back({x, y});
-  }
+  const std::vector<train::Batch> tokens = testing::random_token_batches(kSteps, 4, 8, 32, 9);
   // The gradient of the attention's key bias is zero in exact arithmetic (softmax is
   // invariant to a per-query shift), so in f32 it is rounding noise, which Adam with a
   // tiny eps would normalise to +-lr in every run differently: eps = 1e-4 keeps the
