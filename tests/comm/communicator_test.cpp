@@ -47,6 +47,12 @@ TEST_P(Collectives, ValuesMatchHost) {
   }
 }
 
+TEST_P(Collectives, NonblockingValuesMatchHost) {
+  const int n = GetParam();
+  for (std::int64_t count : {1, 1000, 20000}) {
+    launch(opts(n), [&](Communicator& c) { testing::check_nonblocking_collectives(c, count); });
+  }
+}
 INSTANTIATE_TEST_SUITE_P(Devices, Collectives, ::testing::Values(1, 2, 3, 4, 8));
 
 TEST(Split, RowsAndColumnsOf2x4) {
