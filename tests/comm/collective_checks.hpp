@@ -115,50 +115,65 @@ inline void check_all_collectives(Communicator& c, std::int64_t count, bool exac
   c.barrier();
 }
 
+// The nonblocking forms: same values as the blocking ones; several requests in flight on
+// the group at once, a blocking call issued behind them, waited on out of issue order
+// (and one completed by test()); counters count each call once.
+inline void check_nonblocking_collectives(Communicator& c, std::int64_t count,
+                                          bool exact = true) {
+  auto same = [exact](float got, float want) {
+    return exact ? got == want : std::abs(got - want) <= 1e-3f + 1e-5f * std::abs(want);
+  };
+  const int n = c.size(), r = c.rank();
+  const auto& g = c.group();
+  const int me = c.global_rank();
+  auto x = inputs_f32(me, n * count);
+  std::vector<float> sum(count, -1.f), mean(count, -1.f), gathered(n * count, -1.f),
+      scattered(count, -1.f), inplace(x.begin(), x.begin() + count), blocking(count, -1.f);
+  const CommStats before = c.stats();
+  Request a = c.iall_reduce(x.data(), sum.data(), count, DType::F32, ReduceOp::Sum);
+  Request b = c.iall_gather(x.data(), gathered.data(), count, DType::F32);
+  Request d = c.ireduce_scatter(x.data(), scattered.data(), count, DType::F32, ReduceOp::Sum);
+  Request e = c.iall_reduce(inplace.data(), inplace.data(), count, DType::F32, ReduceOp::Sum);
+  c.all_reduce(x.data(), blocking.data(), count, DType::F32, ReduceOp::Max);  // behind them
+  Request f = c.iall_reduce(x.data(), mean.data(), count, DType::F32, ReduceOp::Mean);
+  f.wait();  // the last first
+  d.wait();
+  while (!b.test()) {
+  }
+  e.wait();
+  a.wait();
+  a.wait();  // a second wait is a no-op
+  EXPECT_TRUE(a.test());
+  auto want = host_sum_f32(g, count);
+  auto want_rs = host_sum_f32(g, count, r * count);
+  for (std::int64_t i = 0; i < count; ++i) {
+    ASSERT_TRUE(same(sum[i], want[i])) << "isum i=" << i;
+    ASSERT_TRUE(same(inplace[i], want[i])) << "in place i=" << i;
+    ASSERT_TRUE(same(mean[i], want[i] / n)) << "imean i=" << i;
+    ASSERT_TRUE(same(scattered[i], want_rs[i])) << "irs i=" << i;
+    float m = input_f32(g[0], i);
+    for (int j : g) m = std::max(m, input_f32(j, i));
+    ASSERT_EQ(blocking[i], m) << "max i=" << i;
+  }
+  for (int j = 0; j < n; ++j)
+    for (std::int64_t i = 0; i < count; ++i)
+      ASSERT_EQ(gathered[j * count + i], input_f32(g[j], i)) << "igather j=" << j;
+  const CommStats& after = c.stats();
+  EXPECT_EQ(after[OpKind::AllReduce].calls - before[OpKind::AllReduce].calls, 4);
+  EXPECT_EQ(after[OpKind::AllGather].calls - before[OpKind::AllGather].calls, 1);
+  EXPECT_EQ(after[OpKind::ReduceScatter].calls - before[OpKind::ReduceScatter].calls, 1);
+  EXPECT_EQ(after[OpKind::AllGather].bytes_sent - before[OpKind::AllGather].bytes_sent,
+            (n - 1) * count * 4);
+  // A request dropped without wait completes in its destructor (and counts).
+  { Request dropped = c.iall_reduce(x.data(), sum.data(), count, DType::F32, ReduceOp::Sum); }
+  EXPECT_EQ(c.stats()[OpKind::AllReduce].calls - before[OpKind::AllReduce].calls, 5);
+  c.barrier();
+}
+
 // Counters per group label on a world of an even number n of devices, relabelled "all"
 // and split into pairs ("row": ranks {2i, 2i+1}) and columns ("col": the n/2 ranks of
 // equal parity): each call counts under the label of the group it ran on, and the
 // totals are the sum.
-// The non-blocking forms: several in flight at once on one group, waited on in reverse
-// order, give the blocking forms' values; a blocking collective issued while they are in
-// flight keeps its place in the group's order.
-inline void check_nonblocking_collectives(Communicator& c, std::int64_t count, bool exact = true) {
-  auto same = [exact](float got, float want) {
-    return exact ? got == want : std::abs(got - want) <= 1e-3f + 1e-5f * std::abs(want);
-  };
-  const int n = c.size(), me = c.global_rank(), r = c.rank();
-  const auto& g = c.group();
-  const auto want_sum = host_sum_f32(g, count);
-  auto x = inputs_f32(me, count);
-  std::vector<float> sum(count, -1.f), mean(count, -1.f), gathered(count * n, -1.f),
-      scattered(count, -1.f), in_place = x, blocking(count, -1.f);
-  std::vector<float> rs_in(count * n);
-  for (std::int64_t i = 0; i < count * n; ++i) rs_in[i] = input_f32(me, i);
-  std::vector<Request> reqs;
-  reqs.push_back(c.iall_reduce(x.data(), sum.data(), count, DType::F32, ReduceOp::Sum));
-  reqs.push_back(c.iall_gather(x.data(), gathered.data(), count, DType::F32));
-  c.all_reduce(x.data(), blocking.data(), count, DType::F32, ReduceOp::Sum);  // in between
-  reqs.push_back(c.ireduce_scatter(rs_in.data(), scattered.data(), count, DType::F32,
-                                   ReduceOp::Sum));
-  reqs.push_back(c.iall_reduce(x.data(), mean.data(), count, DType::F32, ReduceOp::Mean));
-  reqs.push_back(c.iall_reduce(in_place.data(), in_place.data(), count, DType::F32,
-                               ReduceOp::Sum));
-  for (auto it = reqs.rbegin(); it != reqs.rend(); ++it) it->wait();
-  for (std::int64_t i = 0; i < count; ++i) {
-    ASSERT_TRUE(same(sum[i], want_sum[i])) << "iall_reduce sum i=" << i;
-    ASSERT_TRUE(same(blocking[i], want_sum[i])) << "blocking between i=" << i;
-    ASSERT_TRUE(same(in_place[i], want_sum[i])) << "iall_reduce in place i=" << i;
-    ASSERT_TRUE(same(mean[i], want_sum[i] / n)) << "iall_reduce mean i=" << i;
-    float s = 0;
-    for (int j : g) s += input_f32(j, r * count + i);
-    ASSERT_TRUE(same(scattered[i], s)) << "ireduce_scatter i=" << i;
-  }
-  for (int j = 0; j < n; ++j)
-    for (std::int64_t i = 0; i < count; ++i)
-      ASSERT_EQ(gathered[j * count + i], input_f32(g[j], i)) << "iall_gather block " << j;
-  for (auto& q : reqs) EXPECT_TRUE(q.test());
-}
-
 inline void check_stats_per_label(Communicator& world) {
   const int n = world.size(), r = world.rank();
   ASSERT_EQ(n % 2, 0) << "needs an even number of devices";

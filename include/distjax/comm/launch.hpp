@@ -36,14 +36,21 @@ struct LaunchOptions {
   int devices_per_process = 1;
   /// A collective or transfer that does not complete within this time fails on every
   /// participating device with CommError. Under MPI with check_collectives, arrival (the
-  /// descriptor check) and the transfer after it each get this much time.
+  /// per-call check) and the transfer after it each get this much time.
   std::chrono::milliseconds timeout{30000};
   LinkModel link;
   /// OpenMP threads per device for its kernels; 0 = cores / local devices, at least 1.
   int intra_op_threads = 0;
-  /// Exchange and compare call descriptors before each collective (mismatch detection).
-  /// The threads backend always checks (it costs nothing there); under MPI turning it
-  /// off saves one small allgather per call.
+  /// Check every collective for a mismatched program (op, count, dtype, root, reduce op,
+  /// permutation, sequence number). The threads backend always checks (it costs nothing
+  /// there). Under MPI the check is a 16-byte MPI_Iallreduce(MPI_BAND) of a hash of the
+  /// call's descriptor, on a private communicator, running alongside the collective; only
+  /// when the hashes differ do the ranks exchange their descriptors to name what each
+  /// called. false is the fast mode: no per-call check at all; a mismatch that completes
+  /// goes unnoticed, but one that hangs or makes MPI fail is still diagnosed (at the
+  /// timeout) from the flight records: each process keeps the last calls it issued per
+  /// group, and a device that times out asks the others for theirs, so the message names
+  /// the op and the devices that differ, are elsewhere or are missing.
   bool check_collectives = true;
 };
 

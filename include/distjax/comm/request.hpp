@@ -1,4 +1,5 @@
-// Request: the handle of an asynchronous point-to-point transfer (isend / irecv).
+// Request: the handle of an asynchronous transfer (isend / irecv) or nonblocking
+// collective (iall_reduce, iall_gather, ireduce_scatter).
 #pragma once
 
 #include <memory>
@@ -15,9 +16,11 @@ class RequestImpl {
   virtual bool test() = 0;
 };
 
-/// A transfer in flight. The buffer given to isend/irecv must stay alive and untouched
-/// until wait() returns or test() returns true. Move-only. Destroying a request that was
-/// never completed cancels it if it has not been matched yet, and otherwise waits for it.
+/// A transfer or collective in flight. The buffers given to the call must stay alive and
+/// untouched until wait() returns or test() returns true. Move-only. Destroying a
+/// point-to-point request that was never completed cancels it if it has not been matched
+/// yet, and otherwise waits for it; destroying a collective's request waits for it
+/// (errors are then dropped: call wait() to see them).
 ///
 ///   Request r = comm.irecv(buf, n, DType::F32, /*src=*/left, /*tag=*/0);
 ///   compute_something();   // the transfer proceeds meanwhile

@@ -85,6 +85,10 @@ class DataParallel final : public Strategy {
   MemoryStats* memory_stats() override { return &ctx_->memory(); }
 
   const mesh::Axes& axes() const { return axes_; }
+  /// With overlap: how many buckets of the step in flight have started their all-reduce
+  /// (between forward_backward and finalize_grads, also from inside the backward pass);
+  /// 0 otherwise.
+  std::size_t started_buckets() const;
 
  private:
   struct Overlap;  // the buckets of the step in flight (data_parallel.cpp)

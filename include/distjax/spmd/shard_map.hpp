@@ -42,6 +42,9 @@ struct ShardMapOptions {
   /// Called on each device with its finished context (e.g. to read comm_stats or
   /// counters); runs on the device's thread.
   std::function<void(DeviceContext&)> on_exit{};
+  /// comm::LaunchOptions::check_collectives: under MPI, false is the fast mode (no
+  /// per-call check; a hang is still diagnosed at the timeout from the flight records).
+  bool check_collectives = true;
 };
 
 /// A function over global arrays built by shard_map.

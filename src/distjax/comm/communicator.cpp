@@ -1,5 +1,9 @@
-// Communicator is a header-only handle; this file holds its enum names.
+// The communicator front: checks every call's arguments once, then hands the backend
+// buffers described as comm::Buffer.
 #include "distjax/comm/communicator.hpp"
+
+#include "distjax/comm/detail/call.hpp"
+#include "distjax/core/error.hpp"
 
 namespace distjax::comm {
 
@@ -10,6 +14,141 @@ const char* reduce_op_name(ReduceOp op) {
     case ReduceOp::Max: return "max";
   }
   return "?";
+}
+
+namespace {
+
+using detail::check_buffer;
+using detail::check_reducible;
+
+void check_same_dtype(const char* op, const Buffer& send, const Buffer& recv) {
+  DISTJAX_CHECK(send.dtype == recv.dtype, InvalidArgument, "[", op, "] send is ",
+                dtype_name(send.dtype), " but recv is ", dtype_name(recv.dtype));
+}
+
+// The two buffers of a reduction or gather: valid, same dtype, recv.count = send.count x
+// recv_per_send / send_per_recv.
+void check_pair(const char* op, const Buffer& send, const Buffer& recv, std::int64_t send_blocks,
+                std::int64_t recv_blocks) {
+  check_buffer(op, send);
+  check_buffer(op, recv);
+  check_same_dtype(op, send, recv);
+  DISTJAX_CHECK(send.count * recv_blocks == recv.count * send_blocks, InvalidArgument, "[", op,
+                "] send holds ", send.count, " elements and recv ", recv.count, "; expected ",
+                send_blocks, ":", recv_blocks, " blocks");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- Buffer forms
+
+void Communicator::all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) {
+  check_pair("all_reduce", send, recv, 1, 1);
+  check_reducible("all_reduce", send.dtype, op);
+  impl_->all_reduce(send, recv, op);
+}
+Request Communicator::iall_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) {
+  check_pair("iall_reduce", send, recv, 1, 1);
+  check_reducible("iall_reduce", send.dtype, op);
+  return impl_->iall_reduce(send, recv, op);
+}
+void Communicator::all_gather(const Buffer& send, const Buffer& recv) {
+  check_pair("all_gather", send, recv, 1, size());
+  impl_->all_gather(send, recv);
+}
+Request Communicator::iall_gather(const Buffer& send, const Buffer& recv) {
+  check_pair("iall_gather", send, recv, 1, size());
+  return impl_->iall_gather(send, recv);
+}
+void Communicator::reduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) {
+  check_pair("reduce_scatter", send, recv, size(), 1);
+  check_reducible("reduce_scatter", send.dtype, op);
+  impl_->reduce_scatter(send, recv, op);
+}
+Request Communicator::ireduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) {
+  check_pair("ireduce_scatter", send, recv, size(), 1);
+  check_reducible("ireduce_scatter", send.dtype, op);
+  return impl_->ireduce_scatter(send, recv, op);
+}
+
+// ---------------------------------------------------------------- raw-pointer forms
+
+void Communicator::all_reduce(const void* send, void* recv, std::int64_t count, DType dtype,
+                              ReduceOp op) {
+  all_reduce(Buffer::host(send, count, dtype), Buffer::host(recv, count, dtype), op);
+}
+Request Communicator::iall_reduce(const void* send, void* recv, std::int64_t count, DType dtype,
+                                  ReduceOp op) {
+  return iall_reduce(Buffer::host(send, count, dtype), Buffer::host(recv, count, dtype), op);
+}
+void Communicator::all_gather(const void* send, void* recv, std::int64_t count, DType dtype) {
+  check_buffer("all_gather", Buffer::host(send, count, dtype));  // before count * size()
+  all_gather(Buffer::host(send, count, dtype), Buffer::host(recv, count * size(), dtype));
+}
+Request Communicator::iall_gather(const void* send, void* recv, std::int64_t count,
+                                  DType dtype) {
+  check_buffer("iall_gather", Buffer::host(send, count, dtype));
+  return iall_gather(Buffer::host(send, count, dtype), Buffer::host(recv, count * size(), dtype));
+}
+void Communicator::reduce_scatter(const void* send, void* recv, std::int64_t count, DType dtype,
+                                  ReduceOp op) {
+  check_buffer("reduce_scatter", Buffer::host(recv, count, dtype));
+  reduce_scatter(Buffer::host(send, count * size(), dtype), Buffer::host(recv, count, dtype), op);
+}
+Request Communicator::ireduce_scatter(const void* send, void* recv, std::int64_t count,
+                                      DType dtype, ReduceOp op) {
+  check_buffer("ireduce_scatter", Buffer::host(recv, count, dtype));
+  return ireduce_scatter(Buffer::host(send, count * size(), dtype),
+                         Buffer::host(recv, count, dtype), op);
+}
+
+void Communicator::all_to_all(const void* send, void* recv, std::int64_t count, DType dtype) {
+  check_buffer("all_to_all", Buffer::host(send, count, dtype));
+  const Buffer s = Buffer::host(send, count * size(), dtype);
+  const Buffer r = Buffer::host(recv, count * size(), dtype);
+  check_pair("all_to_all", s, r, 1, 1);
+  DISTJAX_CHECK(send != recv || count == 0, InvalidArgument,
+                "[all_to_all] send and recv must be different buffers");
+  impl_->all_to_all(s, r);
+}
+
+void Communicator::broadcast(void* buf, std::int64_t count, DType dtype, int root) {
+  const Buffer b = Buffer::host(buf, count, dtype);
+  check_buffer("broadcast", b);
+  DISTJAX_CHECK(root >= 0 && root < size(), InvalidArgument, "[broadcast] root ", root,
+                " is out of range for a group of ", size());
+  impl_->broadcast(b, root);
+}
+
+void Communicator::permute(const void* send, void* recv, std::int64_t count, DType dtype,
+                           const std::vector<std::pair<int, int>>& pairs) {
+  const Buffer s = Buffer::host(send, count, dtype), r = Buffer::host(recv, count, dtype);
+  check_pair("permute", s, r, 1, 1);
+  DISTJAX_CHECK(send != recv || count == 0, InvalidArgument,
+                "[permute] send and recv must be different buffers");
+  detail::check_pairs(pairs, size());
+  impl_->permute(s, r, pairs);
+}
+
+namespace {
+void check_peer(const char* op, const Buffer& b, int peer, int tag, const Communicator& c) {
+  check_buffer(op, b);
+  DISTJAX_CHECK(peer >= 0 && peer < c.size(), InvalidArgument, "[", op, "] peer rank ", peer,
+                " is out of range for group ", detail::group_label(c.group()));
+  DISTJAX_CHECK(tag >= 0 && tag < kMaxTag, InvalidArgument, "[", op, "] tag ", tag,
+                " is outside [0, ", kMaxTag, ")");
+}
+}  // namespace
+
+Request Communicator::isend(const void* buf, std::int64_t count, DType dtype, int dst, int tag) {
+  const Buffer b = Buffer::host(buf, count, dtype);
+  check_peer("isend", b, dst, tag, *this);
+  return impl_->isend(b, dst, tag);
+}
+Request Communicator::irecv(void* buf, std::int64_t count, DType dtype, int src, int tag) {
+  const Buffer b = Buffer::host(buf, count, dtype);
+  check_peer("irecv", b, src, tag, *this);
+  return impl_->irecv(b, src, tag);
 }
 
 }  // namespace distjax::comm

@@ -1,5 +1,6 @@
 #include "distjax/parallel/data_parallel.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -293,6 +294,13 @@ train::GradientResult DataParallel::forward_backward(const train::LossFn& loss_f
   for (Overlap::Bucket& b : ov.buckets)  // the last, partly filled buckets
     if (!b.started) start(b);
   return r;
+}
+
+std::size_t DataParallel::started_buckets() const {
+  if (!inflight_) return 0;
+  return static_cast<std::size_t>(
+      std::count_if(inflight_->buckets.begin(), inflight_->buckets.end(),
+                    [](const Overlap::Bucket& b) { return b.started; }));
 }
 
 TensorTree DataParallel::finalize_grads(TensorTree grads) {

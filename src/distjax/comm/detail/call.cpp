@@ -119,10 +119,32 @@ void check_pairs(const std::vector<std::pair<int, int>>& pairs, int size) {
   }
 }
 
-void check_buffer(const char* op, const void* p, std::int64_t count) {
-  DISTJAX_CHECK(count >= 0, InvalidArgument, "[", op, "] count must be >= 0, got ", count);
-  DISTJAX_CHECK(p != nullptr || count == 0, InvalidArgument, "[", op,
-                "] null buffer for count ", count);
+void check_buffer(const char* op, const Buffer& b) {
+  DISTJAX_CHECK(b.count >= 0, InvalidArgument, "[", op, "] count must be >= 0, got ", b.count);
+  DISTJAX_CHECK(b.data != nullptr || b.count == 0, InvalidArgument, "[", op,
+                "] null buffer for count ", b.count);
+  DISTJAX_CHECK(b.device.kind == MemoryKind::Host, NotImplemented, "[", op,
+                "] buffers on cuda:", b.device.index,
+                " are not supported: every backend moves host memory only");
+}
+
+std::uint64_t hash_desc(const CallDesc& d) {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the fields, then a final mix
+  auto mix = [&h](std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  mix(d.seq);
+  mix(static_cast<std::uint64_t>(d.count));
+  mix(d.pairs_hash);
+  mix(static_cast<std::uint32_t>(d.root));
+  mix(d.op | (std::uint64_t(d.dtype) << 8) | (std::uint64_t(d.reduce) << 16));
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  return h;
 }
 
 void check_reducible(const char* op, DType dtype, ReduceOp reduce) {
@@ -250,24 +272,30 @@ void divide_inplace(void* buf, std::int64_t n, DType dtype, int divisor) {
   reduce_into(buf, srcs, 1, n, dtype, ReduceOp::Mean, divisor);
 }
 
-double link_micros(const LinkModel& link, const Traffic& t) {
-  if (!link.enabled()) return 0;
+void link_sleep(const LinkModel& link, const Traffic& t) {
+  if (!link.enabled()) return;
   double us = t.steps * link.latency_us;
   if (link.bandwidth_gbps > 0) us += static_cast<double>(t.sent) / (link.bandwidth_gbps * 1e3);
-  return us;
-}
-
-void link_sleep(const LinkModel& link, const Traffic& t) {
-  const double us = link_micros(link, t);
   if (us > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(us));
 }
 
-CallTimer::CallTimer(CommunicatorImpl& c, OpKind kind, const Traffic& traffic)
-    : stats_(c.stats()),
-      group_(c.stats_group()),
+void DeferredCount::apply(CommStats& stats, int group) {
+  if (!set) return;
+  set = false;
+  stats.add(group, kind, delta);
+  if (stats.record_spans) stats.spans.push_back(span);
+}
+
+CallTimer::CallTimer(CommunicatorImpl& c, OpKind kind, const Traffic& traffic,
+                     DeferredCount* defer, std::chrono::steady_clock::time_point start)
+    : stats_(defer ? nullptr : &c.stats()),
+      defer_(defer),
+      // Deferred: spans are always measured (cheap); apply() keeps them if wanted.
+      record_spans_(defer ? true : c.stats().record_spans),
+      group_(defer ? -1 : c.stats_group()),
       kind_(kind),
       traffic_(traffic),
-      start_(std::chrono::steady_clock::now()) {}
+      start_(start) {}
 
 void CallTimer::arrived() {
   arrived_ = std::chrono::steady_clock::now();
@@ -277,13 +305,18 @@ void CallTimer::arrived() {
 CallTimer::~CallTimer() {
   auto end = std::chrono::steady_clock::now();
   if (!has_arrived_) arrived_ = end;
-  stats_.add(group_, kind_,
-             {.calls = 1,
-              .bytes_sent = traffic_.sent,
-              .bytes_received = traffic_.received,
-              .seconds = std::chrono::duration<double>(end - start_).count(),
-              .wait_seconds = std::chrono::duration<double>(arrived_ - start_).count()});
-  if (stats_.record_spans) stats_.spans.push_back({kind_, start_, arrived_, end, traffic_.sent});
+  const OpCounters delta{.calls = 1,
+                         .bytes_sent = traffic_.sent,
+                         .bytes_received = traffic_.received,
+                         .seconds = std::chrono::duration<double>(end - start_).count(),
+                         .wait_seconds = std::chrono::duration<double>(arrived_ - start_).count()};
+  const CommSpan span{kind_, start_, arrived_, end, traffic_.sent};
+  if (defer_) {
+    *defer_ = {.set = true, .kind = kind_, .delta = delta, .span = span};
+    return;
+  }
+  stats_->add(group_, kind_, delta);
+  if (record_spans_) stats_->spans.push_back(span);
 }
 
 void count_post(CommunicatorImpl& c, bool is_send, std::int64_t bytes, bool to_self) {

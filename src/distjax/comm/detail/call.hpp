@@ -44,8 +44,12 @@ std::uint64_t hash_pairs(const std::vector<std::pair<int, int>>& pairs);
 /// Throws InvalidArgument unless every pair is in range and no rank is twice a source or
 /// twice a destination.
 void check_pairs(const std::vector<std::pair<int, int>>& pairs, int size);
-/// Throws InvalidArgument for a negative count or a null buffer with count > 0.
-void check_buffer(const char* op, const void* p, std::int64_t count);
+/// Throws InvalidArgument for a negative count or a null buffer with count > 0, and
+/// NotImplemented for memory outside the host (no backend moves device memory yet).
+void check_buffer(const char* op, const Buffer& b);
+/// 64-bit hash of a descriptor (every field, the sequence number too): what the MPI
+/// backend's per-call check compares instead of the descriptors themselves.
+std::uint64_t hash_desc(const CallDesc& d);
 /// Argument check of all_reduce / reduce_scatter: throws NotImplemented unless dtype is
 /// one reduce_into handles (f32, bf16, f16, i32, i64; a value outside DType would
 /// otherwise reduce nothing), and InvalidArgument unless reduce is Sum, Mean or Max.
@@ -69,20 +73,35 @@ void divide_inplace(void* buf, std::int64_t n, DType dtype, int divisor);
 
 /// Sleeps for what the link model charges for this traffic (nothing when it is off).
 void link_sleep(const LinkModel& link, const Traffic& t);
-/// The time link_sleep sleeps, in microseconds.
-double link_micros(const LinkModel& link, const Traffic& t);
+
+/// The counters of one call measured away from the device's thread (a nonblocking
+/// collective run by a worker), added to its CommStats by the device's thread when the
+/// call completes, so that CommStats stays single-threaded.
+struct DeferredCount {
+  bool set = false;
+  OpKind kind = OpKind::Barrier;
+  OpCounters delta;
+  CommSpan span{};
+  /// Adds the counters (if set) to `stats` under group index `group`, once.
+  void apply(CommStats& stats, int group);
+};
 
 /// Measures one call of `c` for its CommStats, in the totals and under c's label: wall
-/// time, wait time, bytes, optional span.
+/// time, wait time, bytes, optional span. With `defer`, the figures go there instead and
+/// stats are not touched (the caller applies them on the device's thread).
 class CallTimer {
  public:
-  CallTimer(CommunicatorImpl& c, OpKind kind, const Traffic& traffic);
+  CallTimer(CommunicatorImpl& c, OpKind kind, const Traffic& traffic,
+            DeferredCount* defer = nullptr,
+            std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now());
   /// Every peer has arrived: what came before was waiting.
   void arrived();
   ~CallTimer();
 
  private:
-  CommStats& stats_;
+  CommStats* stats_;
+  DeferredCount* defer_;
+  bool record_spans_;
   int group_;
   OpKind kind_;
   Traffic traffic_;

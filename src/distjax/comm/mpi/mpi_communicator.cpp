@@ -18,6 +18,9 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <array>
+#include <functional>
+#include <type_traits>
 #include <climits>
 #include <condition_variable>
 #include <cstdio>
@@ -29,6 +32,7 @@
 #include <thread>
 
 #include "distjax/comm/detail/call.hpp"
+#include "distjax/comm/mpi/flight_records.hpp"
 #include "distjax/core/error.hpp"
 
 namespace distjax::comm::mpi {
@@ -37,7 +41,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr int kDescTag = 1;
 constexpr int kPermuteTag = kMaxTag + 1;
 
 void check(int rc, const char* op, int device) {
@@ -198,11 +201,6 @@ const std::string* poll_abort() {
   return &ch.notice;
 }
 
-/// Float copies of a bf16/f16 collective's buffers.
-struct Scratch {
-  Scratch(std::vector<float> s, std::int64_t recv_count) : send(std::move(s)), recv(recv_count) {}
-  std::vector<float> send, recv;
-};
 /// Buffers of abandoned collectives: MPI cannot cancel those, so their memory is kept
 /// until the process ends.
 std::vector<std::shared_ptr<void>>& graveyard() {
@@ -229,6 +227,7 @@ WaitResult poll(MPI_Request* reqs, int* done, std::size_t n, Clock::time_point d
       all = all && done[i];
     }
     if (all) return WaitResult::Done;
+    if ((spins & 63) == 0) flight_serve();  // peers diagnosing a timeout ask us
     if (!aborted && poll_abort() != nullptr) {
       aborted = true;
       deadline = std::min(deadline, Clock::now() + kAbortGrace);
@@ -275,6 +274,9 @@ void open_epoch(std::chrono::milliseconds timeout, int device) {
   ch.notice.clear();
   check(MPI_Irecv(ch.buf, kNoticeBytes, MPI_CHAR, MPI_ANY_SOURCE, ch.tag(), ch.comm, &ch.recv),
         "launch", device);
+  // The flight recorder's queries share the channel, with tags counted down from the
+  // top (notices count up from 1), a pair per epoch.
+  flight_open(ch.comm, ch.tag_ub - 2 - 2 * static_cast<int>(ch.epoch % 1000));
 }
 
 /// Closes this launch's epoch: withdraws the posted receive. Notices that arrive later
@@ -286,6 +288,7 @@ void close_epoch() {
     MPI_Wait(&ch.recv, MPI_STATUS_IGNORE);
   }
   ch.received = false;
+  flight_close();
 }
 
 /// Tells every other process that this process's device program failed with `what`,
@@ -333,6 +336,11 @@ class MpiCommunicator final : public CommunicatorImpl,
     wait_setup(r, ids, deadline, opts_.timeout, op, "gathering the new group's members", global_);
     members_ = *ids;
     label_ = detail::group_label(members_);
+    records_ = flight_register(label_);
+    int* ub = nullptr;
+    int flag = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+    if (flag && ub != nullptr && *ub > 1) tag_ub_ = *ub;
   }
   ~MpiCommunicator() override {
     int finalized = 0;
@@ -350,115 +358,86 @@ class MpiCommunicator final : public CommunicatorImpl,
   const std::vector<int>& group() const override { return members_; }
   CommStats& stats() override { return *stats_; }
 
-  void all_reduce(const void* send, void* recv, std::int64_t count, DType dtype,
-                  ReduceOp op) override {
-    detail::check_buffer("all_reduce", send, count);
-    detail::check_buffer("all_reduce", recv, count);
-    detail::check_reducible("all_reduce", dtype, op);
-    const int n = to_int("all_reduce", count);
-    const std::int64_t es = dtype_size(dtype);
-    auto [call, timer] = begin(OpKind::AllReduce, count * es, false);
-    agree(call, detail::make_desc(call.seq, OpKind::AllReduce, count, dtype, op), *timer);
-    const void* sbuf = send == recv ? MPI_IN_PLACE : send;
-    if (is_half(dtype)) {
-      auto scratch = std::make_shared<Scratch>(to_f32(send, count, dtype), count);
-      std::vector<float>&s = scratch->send, &r = scratch->recv;
-      run(call, [&](MPI_Request* q) {
-        return MPI_Iallreduce(s.data(), r.data(), n, MPI_FLOAT, mpi_op(op), comm_, q);
-      }, [&] { return MPI_Allreduce(s.data(), r.data(), n, MPI_FLOAT, mpi_op(op), comm_); },
-          scratch);
-      if (op == ReduceOp::Mean) detail::divide_inplace(r.data(), count, DType::F32, size_);
-      from_f32(r, recv, dtype);
-    } else {
-      run(call, [&](MPI_Request* q) {
-        return MPI_Iallreduce(sbuf, recv, n, mpi_type(dtype), mpi_op(op), comm_, q);
-      }, [&] { return MPI_Allreduce(sbuf, recv, n, mpi_type(dtype), mpi_op(op), comm_); });
-      if (op == ReduceOp::Mean) detail::divide_inplace(recv, count, dtype, size_);
+  Request iall_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) override {
+    const int n = to_int("all_reduce", send.count);
+    const DType dtype = send.dtype;
+    auto call = begin(detail::make_desc(seq_, OpKind::AllReduce, send.count, dtype, op),
+                      detail::ring_traffic(OpKind::AllReduce, send.bytes(), size_));
+    const bool in_place = send.data == recv.data;
+    auto [sb, rb] = stage(*call, send, recv);
+    if (op == ReduceOp::Mean) {
+      const Buffer r = recv;
+      call->finish.push_back([r, this] { detail::divide_inplace(r.data, r.count, r.dtype, size_); });
     }
-    end(call);
+    const MPI_Datatype t = mpi_type(sb.dtype);
+    const void* sp = in_place && sb.data == recv.data ? MPI_IN_PLACE : sb.data;
+    return start(std::move(call), [=, this](MPI_Request* q) {
+      return MPI_Iallreduce(sp, rb.data, n, t, mpi_op(op), comm_, q);
+    });
   }
 
-  void all_gather(const void* send, void* recv, std::int64_t count, DType dtype) override {
-    detail::check_buffer("all_gather", send, count);
-    detail::check_buffer("all_gather", recv, count);
-    const int n = to_int("all_gather", count * size_) / size_;
-    const std::int64_t bytes = count * dtype_size(dtype);
-    auto [call, timer] = begin(OpKind::AllGather, bytes, false);
-    agree(call, detail::make_desc(call.seq, OpKind::AllGather, count, dtype), *timer);
-    const void* sbuf = send == static_cast<char*>(recv) + rank_ * bytes ? MPI_IN_PLACE : send;
-    run(call, [&](MPI_Request* q) {
-      return MPI_Iallgather(sbuf, n, mpi_type(dtype), recv, n, mpi_type(dtype), comm_, q);
-    }, [&] { return MPI_Allgather(sbuf, n, mpi_type(dtype), recv, n, mpi_type(dtype), comm_); });
-    end(call);
+  Request iall_gather(const Buffer& send, const Buffer& recv) override {
+    const int n = to_int("all_gather", recv.count) / size_;
+    auto call = begin(detail::make_desc(seq_, OpKind::AllGather, send.count, send.dtype),
+                      detail::ring_traffic(OpKind::AllGather, send.bytes(), size_));
+    const bool in_place = send.data == static_cast<char*>(recv.data) + rank_ * send.bytes();
+    auto [sb, rb] = stage(*call, send, recv);
+    const MPI_Datatype t = mpi_type(sb.dtype);
+    const void* sp = in_place && rb.data == recv.data ? MPI_IN_PLACE : sb.data;
+    return start(std::move(call), [=, this](MPI_Request* q) {
+      return MPI_Iallgather(sp, n, t, rb.data, n, t, comm_, q);
+    });
   }
 
-  void reduce_scatter(const void* send, void* recv, std::int64_t count, DType dtype,
-                      ReduceOp op) override {
-    detail::check_buffer("reduce_scatter", send, count);
-    detail::check_buffer("reduce_scatter", recv, count);
-    detail::check_reducible("reduce_scatter", dtype, op);
-    const int n = to_int("reduce_scatter", count * size_) / size_;
-    auto [call, timer] = begin(OpKind::ReduceScatter, count * dtype_size(dtype), false);
-    agree(call, detail::make_desc(call.seq, OpKind::ReduceScatter, count, dtype, op), *timer);
-    if (is_half(dtype)) {
-      auto scratch = std::make_shared<Scratch>(to_f32(send, count * size_, dtype), count);
-      std::vector<float>&s = scratch->send, &r = scratch->recv;
-      run(call, [&](MPI_Request* q) {
-        return MPI_Ireduce_scatter_block(s.data(), r.data(), n, MPI_FLOAT, mpi_op(op), comm_, q);
-      }, [&] {
-        return MPI_Reduce_scatter_block(s.data(), r.data(), n, MPI_FLOAT, mpi_op(op), comm_);
-      }, scratch);
-      if (op == ReduceOp::Mean) detail::divide_inplace(r.data(), count, DType::F32, size_);
-      from_f32(r, recv, dtype);
-    } else {
-      run(call, [&](MPI_Request* q) {
-        return MPI_Ireduce_scatter_block(send, recv, n, mpi_type(dtype), mpi_op(op), comm_, q);
-      }, [&] {
-        return MPI_Reduce_scatter_block(send, recv, n, mpi_type(dtype), mpi_op(op), comm_);
-      });
-      if (op == ReduceOp::Mean) detail::divide_inplace(recv, count, dtype, size_);
+  Request ireduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) override {
+    const int n = to_int("reduce_scatter", send.count) / size_;
+    auto call = begin(detail::make_desc(seq_, OpKind::ReduceScatter, recv.count, recv.dtype, op),
+                      detail::ring_traffic(OpKind::ReduceScatter, recv.bytes(), size_));
+    auto [sb, rb] = stage(*call, send, recv);
+    if (op == ReduceOp::Mean) {
+      const Buffer r = recv;
+      call->finish.push_back([r, this] { detail::divide_inplace(r.data, r.count, r.dtype, size_); });
     }
-    end(call);
+    const MPI_Datatype t = mpi_type(sb.dtype);
+    return start(std::move(call), [=, this](MPI_Request* q) {
+      return MPI_Ireduce_scatter_block(sb.data, rb.data, n, t, mpi_op(op), comm_, q);
+    });
   }
 
-  void all_to_all(const void* send, void* recv, std::int64_t count, DType dtype) override {
-    detail::check_buffer("all_to_all", send, count);
-    detail::check_buffer("all_to_all", recv, count);
-    DISTJAX_CHECK(send != recv || count == 0, InvalidArgument,
-                  "[all_to_all] send and recv must be different buffers");
-    const int n = to_int("all_to_all", count * size_) / size_;
-    auto [call, timer] = begin(OpKind::AllToAll, count * dtype_size(dtype), false);
-    agree(call, detail::make_desc(call.seq, OpKind::AllToAll, count, dtype), *timer);
-    run(call, [&](MPI_Request* q) {
-      return MPI_Ialltoall(send, n, mpi_type(dtype), recv, n, mpi_type(dtype), comm_, q);
-    }, [&] { return MPI_Alltoall(send, n, mpi_type(dtype), recv, n, mpi_type(dtype), comm_); });
-    end(call);
+  void all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) override {
+    iall_reduce(send, recv, op).wait();
+  }
+  void all_gather(const Buffer& send, const Buffer& recv) override {
+    iall_gather(send, recv).wait();
+  }
+  void reduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) override {
+    ireduce_scatter(send, recv, op).wait();
   }
 
-  void broadcast(void* buf, std::int64_t count, DType dtype, int root) override {
-    detail::check_buffer("broadcast", buf, count);
-    DISTJAX_CHECK(root >= 0 && root < size_, InvalidArgument, "[broadcast] root ", root,
-                  " is out of range for a group of ", size_);
-    const int n = to_int("broadcast", count);
-    auto [call, timer] = begin(OpKind::Broadcast, count * dtype_size(dtype), rank_ == root);
-    agree(call,
-          detail::make_desc(call.seq, OpKind::Broadcast, count, dtype, ReduceOp::Sum, root),
-          *timer);
-    run(call, [&](MPI_Request* q) {
-      return MPI_Ibcast(buf, n, mpi_type(dtype), root, comm_, q);
-    }, [&] { return MPI_Bcast(buf, n, mpi_type(dtype), root, comm_); });
-    end(call);
+  void all_to_all(const Buffer& send, const Buffer& recv) override {
+    const int n = to_int("all_to_all", send.count) / size_;
+    const DType dtype = send.dtype;
+    auto call = begin(detail::make_desc(seq_, OpKind::AllToAll, n, dtype),
+                      detail::ring_traffic(OpKind::AllToAll, send.bytes() / size_, size_));
+    start(std::move(call), [=, this](MPI_Request* q) {
+      return MPI_Ialltoall(send.data, n, mpi_type(dtype), recv.data, n, mpi_type(dtype), comm_, q);
+    }).wait();
   }
 
-  void permute(const void* send, void* recv, std::int64_t count, DType dtype,
+  void broadcast(const Buffer& buf, int root) override {
+    const int n = to_int("broadcast", buf.count);
+    auto call = begin(
+        detail::make_desc(seq_, OpKind::Broadcast, buf.count, buf.dtype, ReduceOp::Sum, root),
+        detail::ring_traffic(OpKind::Broadcast, buf.bytes(), size_, rank_ == root));
+    start(std::move(call), [=, this](MPI_Request* q) {
+      return MPI_Ibcast(buf.data, n, mpi_type(buf.dtype), root, comm_, q);
+    }).wait();
+  }
+
+  void permute(const Buffer& send, const Buffer& recv,
                const std::vector<std::pair<int, int>>& pairs) override {
-    detail::check_buffer("permute", send, count);
-    detail::check_buffer("permute", recv, count);
-    DISTJAX_CHECK(send != recv || count == 0, InvalidArgument,
-                  "[permute] send and recv must be different buffers");
-    detail::check_pairs(pairs, size_);
-    const int n = to_int("permute", count);
-    const std::int64_t bytes = count * dtype_size(dtype);
+    const int n = to_int("permute", send.count);
+    const std::int64_t bytes = send.bytes();
     int src = -1, dst = -1;
     for (auto [s, d] : pairs) {
       if (d == rank_) src = s;
@@ -466,61 +445,59 @@ class MpiCommunicator final : public CommunicatorImpl,
     }
     // Bytes actually moved between devices (a self pair moves nothing).
     const bool sends = dst >= 0 && dst != rank_, receives = src >= 0 && src != rank_;
-    auto [call, timer] = begin(
-        OpKind::Permute,
-        detail::Traffic{sends ? bytes : 0, receives ? bytes : 0, (sends || receives) ? 1 : 0});
-    agree(call,
-          detail::make_desc(call.seq, OpKind::Permute, count, dtype, ReduceOp::Sum, 0,
-                            detail::hash_pairs(pairs)),
-          *timer);
-    MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    auto call = begin(detail::make_desc(seq_, OpKind::Permute, send.count, send.dtype,
+                                        ReduceOp::Sum, 0, detail::hash_pairs(pairs)),
+                      detail::Traffic{sends ? bytes : 0, receives ? bytes : 0,
+                                      (sends || receives) ? 1 : 0});
     if (src == rank_) {
-      std::memcpy(recv, send, bytes);
-    } else if (src >= 0) {
-      check(MPI_Irecv(recv, n, mpi_type(dtype), src, kPermuteTag, comm_, &reqs[0]), "permute",
-            global_);
-    } else if (bytes > 0) {
-      std::memset(recv, 0, bytes);
+      std::memcpy(recv.data, send.data, bytes);
+    } else if (src < 0 && bytes > 0) {
+      std::memset(recv.data, 0, bytes);
     }
-    if (dst >= 0 && dst != rank_)
-      check(MPI_Isend(send, n, mpi_type(dtype), dst, kPermuteTag, comm_, &reqs[1]), "permute",
-            global_);
-    wait_p2p(call, reqs, 2, data_deadline(call));
-    end(call);
+    const MPI_Datatype t = mpi_type(send.dtype);
+    start(std::move(call), [=, this](MPI_Request* q) {
+      int rc = MPI_SUCCESS;
+      if (receives) rc = MPI_Irecv(recv.data, n, t, src, kPermuteTag, comm_, &q[0]);
+      if (sends && rc == MPI_SUCCESS)
+        rc = MPI_Isend(send.data, n, t, dst, kPermuteTag, comm_, &q[1]);
+      return rc;
+    }).wait();
   }
 
   void barrier() override {
-    auto [call, timer] = begin(OpKind::Barrier, 0, false);
-    agree(call, detail::make_desc(call.seq, OpKind::Barrier), *timer);
-    if (!opts_.check_collectives) {
-      // The descriptor exchange is itself a barrier; without it use MPI's.
-      run(call, [&](MPI_Request* q) { return MPI_Ibarrier(comm_, q); },
-          [&] { return MPI_Barrier(comm_); });
+    auto call = begin(detail::make_desc(seq_, OpKind::Barrier),
+                      detail::ring_traffic(OpKind::Barrier, 0, size_));
+    if (checking()) {
+      start(std::move(call), nullptr).wait();  // the check is itself a barrier
+    } else {
+      start(std::move(call), [this](MPI_Request* q) { return MPI_Ibarrier(comm_, q); }).wait();
     }
-    end(call);
   }
 
-  Request isend(const void* buf, std::int64_t count, DType dtype, int dst, int tag) override {
-    return post(true, const_cast<void*>(buf), count, dtype, dst, tag);
+  Request isend(const Buffer& buf, int dst, int tag) override {
+    return post(true, buf, dst, tag);
   }
-  Request irecv(void* buf, std::int64_t count, DType dtype, int src, int tag) override {
-    return post(false, buf, count, dtype, src, tag);
+  Request irecv(const Buffer& buf, int src, int tag) override {
+    return post(false, buf, src, tag);
   }
 
   std::shared_ptr<CommunicatorImpl> split(int color, int key) override {
     DISTJAX_CHECK(color >= 0, InvalidArgument, "[split] color must be >= 0, got ", color);
-    auto [call, timer] = begin(OpKind::Split, 0, false);
-    agree(call, detail::make_desc(call.seq, OpKind::Split), *timer, /*force=*/true);
-    // MPI has no nonblocking split: every rank has just agreed, so all are entering it;
-    // the watchdog ends the job should one fail in between and leave the others blocked.
+    if (failed_) throw CommError(failure_);
+    auto call = begin(detail::make_desc(seq_, OpKind::Split),
+                      detail::ring_traffic(OpKind::Split, 0, size_));
+    // Always the full descriptor exchange: MPI_Comm_split only exists in blocking form,
+    // so every rank must know the others are entering it.
+    agree(*call, Clock::now() + opts_.timeout);
+    call->arrived = Clock::now();
     MPI_Comm sub;
     const int rc = guarded(opts_.timeout, blocked_message("split", "MPI_Comm_split", global_,
-                                                          opts_.timeout, where(call)),
+                                                          opts_.timeout, where(*call)),
                            [&] { return MPI_Comm_split(comm_, color, key, &sub); });
     check(rc, "split", global_);
     try {
       auto out = std::make_shared<MpiCommunicator>(sub, opts_, stats_, "split");
-      end(call);
+      complete(*call);
       return out;
     } catch (const CommError& e) {
       fail(e.what());
@@ -528,133 +505,6 @@ class MpiCommunicator final : public CommunicatorImpl,
   }
 
   /// A point-to-point transfer in flight.
-  /// One collective call: its sequence number in the group, kind and deadline.
-  struct CallInfo {
-    std::uint64_t seq;
-    OpKind kind;
-    Clock::time_point deadline;
-  };
-
-  // Non-blocking collectives: the descriptor check (when on) at issue, then MPI_I*; the
-  // request polls it against the timeout at wait(). Half-precision dtypes (converted
-  // through f32 scratch) and groups of one run the blocking form.
-  Request iall_reduce(const void* send, void* recv, std::int64_t count, DType dtype,
-                      ReduceOp op) override {
-    if (size_ == 1 || is_half(dtype)) {
-      all_reduce(send, recv, count, dtype, op);
-      return Request();
-    }
-    detail::check_buffer("iall_reduce", send, count);
-    detail::check_buffer("iall_reduce", recv, count);
-    detail::check_reducible("iall_reduce", dtype, op);
-    const int n = to_int("iall_reduce", count);
-    auto [call, timer] = begin(OpKind::AllReduce, count * dtype_size(dtype), false);
-    agree(call, detail::make_desc(call.seq, OpKind::AllReduce, count, dtype, op), *timer);
-    MPI_Request r;
-    check(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, n, mpi_type(dtype), mpi_op(op),
-                         comm_, &r),
-          "iall_reduce", global_);
-    std::function<void()> finish;
-    if (op == ReduceOp::Mean)
-      finish = [recv, count, dtype, k = size_] { detail::divide_inplace(recv, count, dtype, k); };
-    return in_flight(call, std::move(timer), r, std::move(finish));
-  }
-  Request iall_gather(const void* send, void* recv, std::int64_t count, DType dtype) override {
-    if (size_ == 1) {
-      all_gather(send, recv, count, dtype);
-      return Request();
-    }
-    detail::check_buffer("iall_gather", send, count);
-    detail::check_buffer("iall_gather", recv, count);
-    const int n = to_int("iall_gather", count * size_) / size_;
-    const std::int64_t bytes = count * dtype_size(dtype);
-    auto [call, timer] = begin(OpKind::AllGather, bytes, false);
-    agree(call, detail::make_desc(call.seq, OpKind::AllGather, count, dtype), *timer);
-    const void* sbuf = send == static_cast<char*>(recv) + rank_ * bytes ? MPI_IN_PLACE : send;
-    MPI_Request r;
-    check(MPI_Iallgather(sbuf, n, mpi_type(dtype), recv, n, mpi_type(dtype), comm_, &r),
-          "iall_gather", global_);
-    return in_flight(call, std::move(timer), r, nullptr);
-  }
-  Request ireduce_scatter(const void* send, void* recv, std::int64_t count, DType dtype,
-                          ReduceOp op) override {
-    if (size_ == 1 || is_half(dtype)) {
-      reduce_scatter(send, recv, count, dtype, op);
-      return Request();
-    }
-    detail::check_buffer("ireduce_scatter", send, count);
-    detail::check_buffer("ireduce_scatter", recv, count);
-    detail::check_reducible("ireduce_scatter", dtype, op);
-    const int n = to_int("ireduce_scatter", count * size_) / size_;
-    auto [call, timer] = begin(OpKind::ReduceScatter, count * dtype_size(dtype), false);
-    agree(call, detail::make_desc(call.seq, OpKind::ReduceScatter, count, dtype, op), *timer);
-    MPI_Request r;
-    check(MPI_Ireduce_scatter_block(send, recv, n, mpi_type(dtype), mpi_op(op), comm_, &r),
-          "ireduce_scatter", global_);
-    std::function<void()> finish;
-    if (op == ReduceOp::Mean)
-      finish = [recv, count, dtype, k = size_] { detail::divide_inplace(recv, count, dtype, k); };
-    return in_flight(call, std::move(timer), r, std::move(finish));
-  }
-
-  /// A non-blocking collective in flight: wait() polls it against the deadline and the
-  /// abort channel, then finishes it (Mean's division) and closes its timer (stats).
-  class CollectiveRequest final : public RequestImpl {
-   public:
-    CollectiveRequest(std::shared_ptr<MpiCommunicator> c, CallInfo call,
-                      std::unique_ptr<detail::CallTimer> timer, MPI_Request r,
-                      Clock::time_point deadline, std::function<void()> finish)
-        : keep_(std::move(c)),
-          c_(*keep_),
-          call_(call),
-          timer_(std::move(timer)),
-          r_(r),
-          deadline_(deadline),
-          finish_(std::move(finish)) {}
-    ~CollectiveRequest() override {
-      // MPI cannot cancel a collective: one never waited on is completed here (bounded by
-      // the deadline); a failure is already the group's.
-      int finalized = 0;
-      MPI_Finalized(&finalized);
-      if (finalized || r_ == MPI_REQUEST_NULL) return;
-      try {
-        wait();
-      } catch (const std::exception&) {
-      }
-    }
-    void wait() override {
-      if (r_ == MPI_REQUEST_NULL) return;
-      int done = 0;
-      const WaitResult w = poll(&r_, &done, 1, deadline_, op_kind_name(call_.kind), c_.global_);
-      if (w != WaitResult::Done) {
-        r_ = MPI_REQUEST_NULL;  // abandoned with the group
-        c_.fail(w == WaitResult::Aborted ? c_.abort_message(call_) : c_.stalled_message(call_));
-      }
-      complete();
-    }
-    bool test() override {
-      if (r_ == MPI_REQUEST_NULL) return true;
-      int flag = 0;
-      check(MPI_Test(&r_, &flag, MPI_STATUS_IGNORE), op_kind_name(call_.kind), c_.global_);
-      if (flag) complete();
-      return flag != 0;
-    }
-
-   private:
-    void complete() {
-      r_ = MPI_REQUEST_NULL;
-      if (finish_) finish_();
-      timer_.reset();
-    }
-    std::shared_ptr<MpiCommunicator> keep_;
-    MpiCommunicator& c_;
-    CallInfo call_;
-    std::unique_ptr<detail::CallTimer> timer_;
-    MPI_Request r_;
-    Clock::time_point deadline_;
-    std::function<void()> finish_;
-  };
-
   class MpiRequest final : public RequestImpl {
    public:
     MpiRequest(std::shared_ptr<MpiCommunicator> c, MPI_Request r, bool is_send, int peer, int tag)
@@ -714,29 +564,236 @@ class MpiCommunicator final : public CommunicatorImpl,
   };
 
  private:
+  /// One collective in flight: its flight-record entry, the MPI requests of the data
+  /// (up to two: permute's receive and send) and of the check, and what to do on
+  /// completion. Shared by the request and the communicator.
+  struct Call {
+    detail::CallDesc desc;
+    OpKind kind = OpKind::Barrier;
+    detail::Traffic traffic;
+    int stats_group = 0;
+    Clock::time_point issued, arrived;
+    bool has_arrived = false;
+    MPI_Request data[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    MPI_Request check = MPI_REQUEST_NULL;
+    /// The check's words: this call's descriptor hash h and ~h in, their bitwise AND over
+    /// the group out. All ranks called the same thing iff AND(h) == ~AND(~h) (= OR(h)).
+    std::shared_ptr<std::array<std::uint64_t, 4>> words;
+    std::shared_ptr<void> scratch;  // staged copies MPI reads and writes (see stage())
+    /// Posts the data operation into data[] (kept until posted: after the check, unless
+    /// the call is staged).
+    std::function<int(MPI_Request*)> post;
+    std::vector<std::function<void()>> finish;  // after the data arrived, in order
+    bool finished = false;
+    std::uint64_t seq() const { return desc.seq; }
+  };
 
-  std::pair<CallInfo, std::unique_ptr<detail::CallTimer>> begin(OpKind kind,
-                                                                std::int64_t block_bytes,
-                                                                bool is_root) {
-    return begin(kind, detail::ring_traffic(kind, block_bytes, size_, is_root));
-  }
-  /// A call whose traffic is not the ring algorithm's (permute: the bytes it moves).
-  std::pair<CallInfo, std::unique_ptr<detail::CallTimer>> begin(OpKind kind,
-                                                                const detail::Traffic& traffic) {
+  bool checking() const { return opts_.check_collectives && size_ > 1; }
+
+  /// Starts a call: throws if the group failed or a device failed (abort notice); takes
+  /// the next sequence number (desc was made with it) and records it.
+  std::shared_ptr<Call> begin(const detail::CallDesc& desc, const detail::Traffic& traffic) {
     if (failed_) throw CommError(failure_);
-    if (poll_abort() != nullptr) {  // a device failed: start nothing new
-      CallInfo c{seq_++, kind, Clock::now()};
-      fail(abort_message(c));
-    }
-    CallInfo c{seq_++, kind, Clock::now() + opts_.timeout};
-    return {c, std::make_unique<detail::CallTimer>(*this, kind, traffic)};
+    auto c = std::make_shared<Call>();
+    c->desc = desc;
+    c->kind = static_cast<OpKind>(desc.op);
+    c->traffic = traffic;
+    c->stats_group = stats_group();
+    c->issued = Clock::now();
+    ++seq_;
+    records_->issue(desc);
+    if (poll_abort() != nullptr) fail(abort_message(*c));  // a device failed: start nothing
+    return c;
   }
-  void end(const CallInfo&) {}
 
-  Request in_flight(const CallInfo& call, std::unique_ptr<detail::CallTimer> timer, MPI_Request r,
-                    std::function<void()> finish) {
-    return Request(std::make_unique<CollectiveRequest>(shared_from_this(), call, std::move(timer),
-                                                       r, data_deadline(call), std::move(finish)));
+  /// Calls whose buffers (the larger one) hold at most this many bytes overlap their
+  /// check with the data operation, on staged copies of the buffers: should the check
+  /// fail, MPI may go on writing into a mismatched operation's memory, which must then
+  /// not be the caller's. Larger calls post the data operation once the check passed
+  /// (the copies would cost more than the check's latency saves).
+  static constexpr std::int64_t kOverlapBytes = 64 * 1024;
+
+  /// Staged copies of the buffers of a reduction or gather (kept in call.scratch), or
+  /// the buffers themselves: bf16/f16 always go through f32 copies (MPI has no half
+  /// reductions); other dtypes are staged when the check is on and the call is small.
+  /// Adds to call.finish the copy back into recv.
+  std::pair<Buffer, Buffer> stage(Call& c, const Buffer& send, const Buffer& recv) {
+    struct Copies {
+      std::vector<char> send, recv;
+    };
+    const bool half = is_half(send.dtype);
+    if (!half && !(checking() && std::max(send.bytes(), recv.bytes()) <= kOverlapBytes))
+      return {send, recv};
+    auto st = std::make_shared<Copies>();
+    const DType t = half ? DType::F32 : send.dtype;
+    const std::int64_t es = dtype_size(t);
+    st->send.resize(send.count * es);
+    st->recv.resize(recv.count * es);
+    if (half) {
+      auto f = to_f32(send.data, send.count, send.dtype);
+      std::memcpy(st->send.data(), f.data(), st->send.size());
+    } else if (!st->send.empty()) {
+      std::memcpy(st->send.data(), send.data, st->send.size());
+    }
+    c.scratch = st;
+    c.finish.push_back([st, recv, half] {
+      if (half) {
+        std::vector<float> f(recv.count);
+        std::memcpy(f.data(), st->recv.data(), st->recv.size());
+        from_f32(f, recv.data, recv.dtype);
+      } else if (!st->recv.empty()) {
+        std::memcpy(recv.data, st->recv.data(), st->recv.size());
+      }
+    });
+    return {Buffer{st->send.data(), send.count, t, {}}, Buffer{st->recv.data(), recv.count, t, {}}};
+  }
+
+  /// Posts the check (when on) and the data operation (`post`, if any: at once when the
+  /// check is off or the call is staged, otherwise once the check passed), and returns
+  /// the request of the call.
+  Request start(std::shared_ptr<Call> c, std::function<int(MPI_Request*)> post) {
+    if (checking()) {
+      const std::uint64_t h = detail::hash_desc(c->desc);
+      c->words = std::make_shared<std::array<std::uint64_t, 4>>(
+          std::array<std::uint64_t, 4>{h, ~h, 0, 0});
+      check(MPI_Iallreduce(c->words->data(), c->words->data() + 2, 2, MPI_UINT64_T, MPI_BAND,
+                           check_comm_, &c->check),
+            op_kind_name(c->kind), global_);
+    }
+    c->post = std::move(post);
+    if (c->post && (!checking() || c->scratch)) post_data(*c);
+    return Request(std::make_unique<CollectiveRequest>(shared_from_this(), std::move(c)));
+  }
+
+  void post_data(Call& c) {
+    auto post = std::move(c.post);
+    c.post = nullptr;
+    check(post(c.data), op_kind_name(c.kind), global_);
+  }
+
+  /// A collective in flight.
+  class CollectiveRequest final : public RequestImpl {
+   public:
+    CollectiveRequest(std::shared_ptr<MpiCommunicator> comm, std::shared_ptr<Call> call)
+        : keep_(std::move(comm)), call_(std::move(call)) {}
+    ~CollectiveRequest() override {
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (finalized || call_->finished) return;
+      try {
+        keep_->wait_call(*call_);
+      } catch (...) {  // dropped with the request; the group has failed
+      }
+    }
+    void wait() override {
+      if (!call_->finished) keep_->wait_call(*call_);
+    }
+    bool test() override {
+      if (call_->finished) return true;
+      return keep_->test_call(*call_);
+    }
+
+   private:
+    std::shared_ptr<MpiCommunicator> keep_;
+    std::shared_ptr<Call> call_;
+  };
+
+  /// Keeps what MPI may still write to (the call's own memory) past a failure.
+  void abandon(Call& c) {
+    if (c.scratch) graveyard().push_back(c.scratch);
+    if (c.words) graveyard().push_back(c.words);
+    c.finished = true;
+  }
+
+  /// Waits for call c: its check (a mismatch fails the group with every device's
+  /// descriptor), then its data, each within the timeout; a timeout, an abort notice or
+  /// an MPI error fails the group with a message from the flight records.
+  void wait_call(Call& c) {
+    if (failed_) {
+      abandon(c);
+      throw CommError(failure_);
+    }
+    flight_waiting(records_.get(), c.seq(), c.kind);
+    struct Clear {
+      ~Clear() { flight_waiting(nullptr, 0, OpKind::Barrier); }
+    } clear;
+    const char* name = op_kind_name(c.kind);
+    if (c.words && !c.has_arrived) {
+      int done = 0;
+      WaitResult w = poll(&c.check, &done, 1, Clock::now() + opts_.timeout, name, global_);
+      if (w != WaitResult::Done) {
+        abandon(c);
+        fail(w == WaitResult::Aborted ? abort_message(c) : diagnose(c, false));
+      }
+      arrive(c);
+    }
+    if (c.post) post_data(c);
+    std::array<int, 2> done{c.data[0] == MPI_REQUEST_NULL, c.data[1] == MPI_REQUEST_NULL};
+    WaitResult w;
+    try {
+      w = poll(c.data, done.data(), 2, Clock::now() + opts_.timeout, name, global_);
+    } catch (const CommError& e) {  // an MPI error: a mismatched program, or a real one
+      abandon(c);
+      fail(diagnose(c, false, e.what()));
+    }
+    if (w != WaitResult::Done) {
+      abandon(c);
+      fail(w == WaitResult::Aborted ? abort_message(c) : diagnose(c, c.has_arrived));
+    }
+    complete(c);
+  }
+
+  /// One nonblocking look at call c; completes it when everything arrived.
+  bool test_call(Call& c) {
+    if (failed_) {
+      abandon(c);
+      throw CommError(failure_);
+    }
+    if (c.words && !c.has_arrived) {
+      int flag = 0;
+      check(MPI_Test(&c.check, &flag, MPI_STATUS_IGNORE), op_kind_name(c.kind), global_);
+      if (!flag) return false;
+      arrive(c);
+    }
+    if (c.post) post_data(c);
+    for (MPI_Request& r : c.data) {
+      int flag = 1;
+      if (r != MPI_REQUEST_NULL)
+        check(MPI_Test(&r, &flag, MPI_STATUS_IGNORE), op_kind_name(c.kind), global_);
+      if (!flag) return false;
+    }
+    complete(c);
+    return true;
+  }
+
+  /// The check completed: every rank arrived; a disagreement fails the group, after a
+  /// descriptor exchange that names what each device called (every rank sees the same
+  /// verdict, so all of them exchange).
+  void arrive(Call& c) {
+    c.arrived = Clock::now();
+    c.has_arrived = true;
+    const auto& w = *c.words;
+    if (w[2] == ~w[3]) return;
+    abandon(c);
+    agree(c, Clock::now() + opts_.timeout);
+    fail("[" + std::string(op_kind_name(c.kind)) + "] devices disagree at call #" +
+         std::to_string(c.seq()) + " of group " + label_ + " (descriptor hashes differ)");
+  }
+
+  void complete(Call& c) {
+    for (auto& f : c.finish) f();
+    c.finished = true;
+    ++records_->completed;
+    const auto end = Clock::now();
+    if (!c.has_arrived) c.arrived = end;  // no check: no separate arrival
+    stats_->add(c.stats_group, c.kind,
+                {.calls = 1,
+                 .bytes_sent = c.traffic.sent,
+                 .bytes_received = c.traffic.received,
+                 .seconds = std::chrono::duration<double>(end - c.issued).count(),
+                 .wait_seconds = std::chrono::duration<double>(c.arrived - c.issued).count()});
+    if (stats_->record_spans)
+      stats_->spans.push_back({c.kind, c.issued, c.arrived, end, c.traffic.sent});
   }
 
   [[noreturn]] void fail(const std::string& msg) {
@@ -745,47 +802,104 @@ class MpiCommunicator final : public CommunicatorImpl,
     throw CommError(msg);
   }
 
-  std::string timeout_message(const CallInfo& c, const std::vector<int>& missing_ranks) {
+  /// " at call #k of group G".
+  std::string where(const Call& c) const {
+    return " at call #" + std::to_string(c.seq()) + " of group " + label_;
+  }
+  /// "[op] call #k of group G abandoned: device N failed: <its message>".
+  std::string abort_message(const Call& c) {
+    const std::string* notice = poll_abort();
     std::ostringstream os;
-    os << "[" << op_kind_name(c.kind) << "] timed out after " << opts_.timeout.count()
-       << " ms at call #" << c.seq << " of group " << label_;
-    if (!missing_ranks.empty()) {
-      std::vector<int> devs;
-      for (int r : missing_ranks) devs.push_back(members_[r]);
-      os << ": " << (devs.size() == 1 ? "device " : "devices ") << detail::join_ints(devs)
-         << " did not arrive";
+    os << "[" << op_kind_name(c.kind) << "] call #" << c.seq() << " of group " << label_
+       << " abandoned: " << (notice ? *notice : std::string("another device failed"));
+    return os.str();
+  }
+
+  /// The message of a call that did not complete (or failed inside MPI: `mpi_error`),
+  /// built from the flight records of the group's other devices: those that called
+  /// something else at this sequence number, those that had not reached it (and where
+  /// they are), and those that did not answer.
+  std::string diagnose(const Call& c, bool all_arrived, const std::string& mpi_error = "") {
+    std::vector<int> peers;
+    for (int j = 0; j < size_; ++j)
+      if (j != rank_) peers.push_back(members_[j]);
+    const auto grace = std::min<Clock::duration>(opts_.timeout, std::chrono::milliseconds(500));
+    std::vector<PeerRecord> recs = flight_query(*records_, c.seq(), peers, Clock::now() + grace);
+    std::vector<detail::CallDesc> descs;
+    std::vector<int> described;  // global ids of the devices in descs
+    std::vector<int> missing;    // ranks
+    std::vector<std::string> notes;
+    descs.push_back(c.desc);
+    described.push_back(global_);
+    for (std::size_t i = 0; i < peers.size(); ++i) {
+      const PeerRecord& p = recs[i];
+      if (p.has_desc) {
+        descs.push_back(p.desc);
+        described.push_back(peers[i]);
+        continue;
+      }
+      const int r = static_cast<int>(std::find(members_.begin(), members_.end(), peers[i]) -
+                                     members_.begin());
+      missing.push_back(r);
+      std::ostringstream os;
+      os << "device " << peers[i] << " ";
+      if (!p.answered) {
+        os << "did not answer (busy outside the communicator, or gone)";
+      } else if (!p.knows_group) {
+        os << "has no such group; it " << p.where;
+      } else {
+        os << "issued " << p.issued << " call" << (p.issued == 1 ? "" : "s")
+           << " on this group; it " << p.where;
+      }
+      notes.push_back(os.str());
+    }
+    // In rank order, so the message reads like the check's ("group (0,1,2,3)").
+    std::vector<std::size_t> order(descs.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return std::find(members_.begin(), members_.end(), described[a]) <
+             std::find(members_.begin(), members_.end(), described[b]);
+    });
+    std::vector<detail::CallDesc> sorted_descs;
+    std::vector<int> sorted_devs;
+    for (std::size_t i : order) {
+      sorted_descs.push_back(descs[i]);
+      sorted_devs.push_back(described[i]);
+    }
+    std::string disagree = detail::mismatch_message(sorted_descs, sorted_devs);
+    std::ostringstream os;
+    if (!disagree.empty() && missing.empty()) {
+      os << disagree;
+    } else {
+      os << "[" << op_kind_name(c.kind) << "] ";
+      if (mpi_error.empty()) {
+        os << "timed out after " << opts_.timeout.count() << " ms";
+      } else {
+        os << "failed";
+      }
+      os << where(c);
+      if (!missing.empty()) {
+        std::vector<int> devs;
+        for (int r : missing) devs.push_back(members_[r]);
+        os << ": " << (devs.size() == 1 ? "device " : "devices ") << detail::join_ints(devs)
+           << (all_arrived ? " arrived but did not complete the transfer"
+                           : " did not arrive")
+           << " (";
+        for (std::size_t i = 0; i < notes.size(); ++i) os << (i ? "; " : "") << notes[i];
+        os << ")";
+        if (!disagree.empty()) os << "; " << disagree;
+      } else if (all_arrived || !checking()) {
+        os << ": every device arrived and agreed, but the transfer did not complete (a device "
+              "left the call?)";
+      }
+      if (!mpi_error.empty()) os << "; MPI: " << mpi_error;
     }
     return os.str();
   }
 
-  /// " at call #k of group G".
-  std::string where(const CallInfo& c) const {
-    return " at call #" + std::to_string(c.seq) + " of group " + label_;
-  }
-  /// "[op] call #k of group G abandoned: device N failed: <its message>".
-  std::string abort_message(const CallInfo& c) {
-    const std::string* notice = poll_abort();
-    std::ostringstream os;
-    os << "[" << op_kind_name(c.kind) << "] call #" << c.seq << " of group " << label_
-       << " abandoned: " << (notice ? *notice : std::string("another device failed"));
-    return os.str();
-  }
-  /// Deadline of the transfer after the descriptor check: a fresh timeout once every rank
-  /// has arrived and agreed, the call's own deadline when nothing was checked.
-  Clock::time_point data_deadline(const CallInfo& c) const {
-    return opts_.check_collectives && size_ > 1 ? Clock::now() + opts_.timeout : c.deadline;
-  }
-  std::string stalled_message(const CallInfo& c) {
-    std::string msg = timeout_message(c, {});
-    if (opts_.check_collectives && size_ > 1)
-      msg += ": every device arrived and agreed, but the transfer did not complete (a device "
-             "left the call?)";
-    return msg;
-  }
-
   /// Cancels the pending point-to-point requests of a call given up on, now: their
-  /// buffers (the caller's, or locals of agree) must not be written after it throws.
-  void cancel(const CallInfo& c, MPI_Request* reqs, const int* done, std::size_t n) {
+  /// buffers (locals of agree) must not be written after it throws.
+  void cancel(const Call& c, MPI_Request* reqs, const int* done, std::size_t n) {
     for (std::size_t i = 0; i < n; ++i) {
       if (done[i] || reqs[i] == MPI_REQUEST_NULL) continue;
       MPI_Cancel(&reqs[i]);
@@ -797,98 +911,54 @@ class MpiCommunicator final : public CommunicatorImpl,
     }
   }
 
-  /// Waits for point-to-point requests (null ones are skipped); a timeout or an abort
-  /// notice fails the group (the pending requests are cancelled with it).
-  void wait_p2p(const CallInfo& c, MPI_Request* reqs, std::size_t n, Clock::time_point deadline) {
-    std::vector<int> done(n);
-    for (std::size_t i = 0; i < n; ++i) done[i] = reqs[i] == MPI_REQUEST_NULL;
-    WaitResult w = poll(reqs, done.data(), n, deadline, op_kind_name(c.kind), global_);
-    if (w == WaitResult::Done) return;
-    cancel(c, reqs, done.data(), n);
-    fail(w == WaitResult::Aborted ? abort_message(c) : stalled_message(c));
-  }
-
-  /// Exchanges this rank's descriptor with every other rank (on the private check
-  /// communicator) and throws on mismatch or when some rank does not arrive in time.
-  void agree(const CallInfo& c, const detail::CallDesc& mine, detail::CallTimer& timer,
-             bool force = false) {
-    if ((!opts_.check_collectives && !force) || size_ == 1) {
-      timer.arrived();
-      return;
-    }
+  /// Exchanges call c's descriptor with every other rank, point-to-point on the private
+  /// check communicator with a tag of its sequence number (so it cannot be confused
+  /// with another call's), and fails the group on a mismatch or when a rank does not
+  /// arrive by `deadline`. Split runs it always; other calls only once their hash check
+  /// said the ranks disagree, to name what each called.
+  void agree(const Call& c, Clock::time_point deadline) {
+    if (size_ == 1) return;
+    const int tag = static_cast<int>(c.seq() % static_cast<std::uint64_t>(tag_ub_ - 1)) + 1;
     std::vector<detail::CallDesc> all(size_);
-    all[rank_] = mine;
+    all[rank_] = c.desc;
     std::vector<MPI_Request> reqs;
     reqs.reserve(2 * size_);
-    std::vector<int> recv_from;
     for (int j = 0; j < size_; ++j) {
       if (j == rank_) continue;
       MPI_Request r;
-      check(MPI_Irecv(&all[j], sizeof(detail::CallDesc), MPI_BYTE, j, kDescTag, check_comm_, &r),
+      check(MPI_Irecv(&all[j], sizeof(detail::CallDesc), MPI_BYTE, j, tag, check_comm_, &r),
             op_kind_name(c.kind), global_);
       reqs.push_back(r);
-      recv_from.push_back(j);
     }
-    const std::size_t num_recvs = reqs.size();
     for (int j = 0; j < size_; ++j) {
       if (j == rank_) continue;
       MPI_Request r;
-      check(MPI_Isend(&mine, sizeof(detail::CallDesc), MPI_BYTE, j, kDescTag, check_comm_, &r),
+      check(MPI_Isend(&c.desc, sizeof(detail::CallDesc), MPI_BYTE, j, tag, check_comm_, &r),
             op_kind_name(c.kind), global_);
       reqs.push_back(r);
     }
     std::vector<int> done(reqs.size(), 0);
-    WaitResult w = poll(reqs.data(), done.data(), reqs.size(), c.deadline, op_kind_name(c.kind),
+    WaitResult w = poll(reqs.data(), done.data(), reqs.size(), deadline, op_kind_name(c.kind),
                         global_);
     if (w != WaitResult::Done) {
-      std::vector<int> missing;
-      for (std::size_t i = 0; i < num_recvs; ++i)
-        if (!done[i]) missing.push_back(recv_from[i]);
       cancel(c, reqs.data(), done.data(), reqs.size());
-      fail(w == WaitResult::Aborted ? abort_message(c) : timeout_message(c, missing));
+      if (w == WaitResult::Aborted) fail(abort_message(c));
+      fail(diagnose(c, false));
     }
-    timer.arrived();
     std::string msg = detail::mismatch_message(all, members_);
     if (!msg.empty()) fail(msg);
   }
 
-  /// Runs a collective in its nonblocking form, polled against the deadline and the
-  /// abort channel: even after a successful descriptor exchange a rank must not block,
-  /// since a peer may have failed the exchange at its own deadline (a race) and never
-  /// enter. A request given up on is abandoned with the group (MPI cannot cancel a
-  /// collective). Groups of one run the blocking form: nothing to wait for.
-  template <class Start, class Blocking>
-  void run(const CallInfo& c, Start&& start, Blocking&& blocking,
-           std::shared_ptr<void> scratch = nullptr) {
-    if (size_ == 1) {
-      check(blocking(), op_kind_name(c.kind), global_);
-      return;
-    }
-    const Clock::time_point deadline = data_deadline(c);
-    MPI_Request r;
-    check(start(&r), op_kind_name(c.kind), global_);
-    int done = 0;
-    WaitResult w = poll(&r, &done, 1, deadline, op_kind_name(c.kind), global_);
-    if (w == WaitResult::Done) return;
-    if (scratch) graveyard().push_back(std::move(scratch));  // MPI may still write there
-    fail(w == WaitResult::Aborted ? abort_message(c) : stalled_message(c));
-  }
-
-  Request post(bool is_send, void* buf, std::int64_t count, DType dtype, int peer, int tag) {
+  Request post(bool is_send, const Buffer& b, int peer, int tag) {
     const char* name = is_send ? "isend" : "irecv";
     if (failed_) throw CommError(failure_);
-    detail::check_buffer(name, buf, count);
-    DISTJAX_CHECK(peer >= 0 && peer < size_, InvalidArgument, "[", name, "] peer rank ", peer,
-                  " is out of range for group ", label_);
-    DISTJAX_CHECK(tag >= 0 && tag < kMaxTag, InvalidArgument, "[", name, "] tag ", tag,
-                  " is outside [0, ", kMaxTag, ")");
-    const int n = to_int(name, count);
-    detail::count_post(*this, is_send, count * dtype_size(dtype), peer == rank_);
+    const int n = to_int(name, b.count);
+    detail::count_post(*this, is_send, b.bytes(), peer == rank_);
     MPI_Request r;
     if (is_send) {
-      check(MPI_Isend(buf, n, mpi_type(dtype), peer, tag, comm_, &r), name, global_);
+      check(MPI_Isend(b.data, n, mpi_type(b.dtype), peer, tag, comm_, &r), name, global_);
     } else {
-      check(MPI_Irecv(buf, n, mpi_type(dtype), peer, tag, comm_, &r), name, global_);
+      check(MPI_Irecv(b.data, n, mpi_type(b.dtype), peer, tag, comm_, &r), name, global_);
     }
     return Request(std::make_unique<MpiRequest>(shared_from_this(), r, is_send, peer, tag));
   }
@@ -898,8 +968,10 @@ class MpiCommunicator final : public CommunicatorImpl,
   LaunchOptions opts_;
   std::shared_ptr<CommStats> stats_;
   int rank_ = 0, size_ = 1, global_ = 0;
+  int tag_ub_ = 32767;
   std::vector<int> members_;
   std::string label_;
+  std::shared_ptr<GroupRecords> records_;
   std::uint64_t seq_ = 0;
   bool failed_ = false;
   std::string failure_;
@@ -950,6 +1022,19 @@ void launch_mpi(const LaunchOptions& opts, const std::function<void(Communicator
                 " processes x 1 device per process");
   DISTJAX_CHECK(opts.timeout.count() > 0, InvalidArgument, "[launch] timeout must be > 0 ms");
   set_intra_op_threads(intra_op_threads_for(opts, 1));
+  // Open MPI reports a failed nonblocking collective (a mismatched program in fast mode:
+  // MPI_ERR_TRUNCATE) through MPI_COMM_WORLD's handler, fatal by default: return codes
+  // instead while the launch runs, so the flight records can name what went wrong.
+  MPI_Errhandler user_handler;
+  MPI_Comm_get_errhandler(MPI_COMM_WORLD, &user_handler);
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  struct Restore {
+    MPI_Errhandler h;
+    ~Restore() {
+      MPI_Comm_set_errhandler(MPI_COMM_WORLD, h);
+      MPI_Errhandler_free(&h);
+    }
+  } restore{user_handler};
   mpi::open_epoch(opts.timeout, world_rank);
   try {
     auto world = std::make_shared<MPI_Comm>(MPI_COMM_NULL);

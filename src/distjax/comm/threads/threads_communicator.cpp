@@ -1,6 +1,8 @@
 // The threads backend (see threads_communicator.hpp). Each collective is a few sync
 // points on the group's shared state; between them every rank works on its own share
 // (reduce-scatter + all-gather for all_reduce), so the work is split across devices.
+// Nonblocking collectives run the same code on a worker thread of the device's group
+// handle, in issue order (see ThreadsCommunicator::enqueue).
 #include "distjax/comm/threads/threads_communicator.hpp"
 
 #include <algorithm>
@@ -38,7 +40,8 @@ class ThreadsCommunicator::Call {
       : c_(c),
         seq_(c.seq_++),
         traffic_(traffic),
-        timer_(c, kind, traffic_),
+        timer_(c, kind, traffic_, c.defer_,
+               c.defer_ ? c.issued_ : std::chrono::steady_clock::now()),
         deadline_(Clock::now() + c.world_->options().timeout) {
     c_.world_->enter_call(c_.global_rank(), kind, seq_, c_.g_->label());
   }
@@ -52,11 +55,7 @@ class ThreadsCommunicator::Call {
   }
   /// Charges the link model, then waits for every rank (nobody touches the buffers after).
   void depart() {
-    if (c_.defer_link_) {
-      c_.deferred_link_us_ = detail::link_micros(c_.world_->options().link, traffic_);
-    } else {
-      detail::link_sleep(c_.world_->options().link, traffic_);
-    }
+    detail::link_sleep(c_.world_->options().link, traffic_);
     c_.g_->sync(c_.rank_, nullptr, nullptr, nullptr, 0, 0, deadline_);
   }
   void phase() { c_.g_->sync(c_.rank_, nullptr, nullptr, nullptr, 0, 0, deadline_); }
@@ -74,11 +73,11 @@ ThreadsCommunicator::ThreadsCommunicator(std::shared_ptr<WorldState> world,
                                          std::shared_ptr<CommStats> stats)
     : world_(std::move(world)), g_(std::move(group)), rank_(rank), stats_(std::move(stats)) {}
 
-void ThreadsCommunicator::all_reduce(const void* send, void* recv, std::int64_t count,
-                                     DType dtype, ReduceOp op) {
-  detail::check_buffer("all_reduce", send, count);
-  detail::check_buffer("all_reduce", recv, count);
-  detail::check_reducible("all_reduce", dtype, op);
+void ThreadsCommunicator::run_all_reduce(const Buffer& sb, const Buffer& rb, ReduceOp op) {
+  const void* send = sb.data;
+  void* recv = rb.data;
+  const std::int64_t count = sb.count;
+  const DType dtype = sb.dtype;
   const int n = size();
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(dtype));
   Call call(*this, OpKind::AllReduce, count * es);
@@ -106,10 +105,11 @@ void ThreadsCommunicator::all_reduce(const void* send, void* recv, std::int64_t 
   call.depart();
 }
 
-void ThreadsCommunicator::all_gather(const void* send, void* recv, std::int64_t count,
-                                     DType dtype) {
-  detail::check_buffer("all_gather", send, count);
-  detail::check_buffer("all_gather", recv, count);
+void ThreadsCommunicator::run_all_gather(const Buffer& sb, const Buffer& rb) {
+  const void* send = sb.data;
+  void* recv = rb.data;
+  const std::int64_t count = sb.count;
+  const DType dtype = sb.dtype;
   const int n = size();
   const std::int64_t bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
   Call call(*this, OpKind::AllGather, bytes);
@@ -121,11 +121,12 @@ void ThreadsCommunicator::all_gather(const void* send, void* recv, std::int64_t 
   call.depart();
 }
 
-void ThreadsCommunicator::reduce_scatter(const void* send, void* recv, std::int64_t count,
-                                         DType dtype, ReduceOp op) {
-  detail::check_buffer("reduce_scatter", send, count);
-  detail::check_buffer("reduce_scatter", recv, count);
-  detail::check_reducible("reduce_scatter", dtype, op);
+void ThreadsCommunicator::run_reduce_scatter(const Buffer& sb, const Buffer& rb,
+                                             ReduceOp op) {
+  const void* send = sb.data;
+  void* recv = rb.data;
+  const std::int64_t count = rb.count;
+  const DType dtype = rb.dtype;
   const int n = size();
   const std::int64_t bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
   Call call(*this, OpKind::ReduceScatter, bytes);
@@ -137,13 +138,12 @@ void ThreadsCommunicator::reduce_scatter(const void* send, void* recv, std::int6
   call.depart();
 }
 
-void ThreadsCommunicator::all_to_all(const void* send, void* recv, std::int64_t count,
-                                     DType dtype) {
-  detail::check_buffer("all_to_all", send, count);
-  detail::check_buffer("all_to_all", recv, count);
-  DISTJAX_CHECK(send != recv || count == 0, InvalidArgument,
-                "[all_to_all] send and recv must be different buffers");
+void ThreadsCommunicator::run_all_to_all(const Buffer& sb, const Buffer& rb) {
+  const void* send = sb.data;
+  void* recv = rb.data;
   const int n = size();
+  const std::int64_t count = sb.count / n;
+  const DType dtype = sb.dtype;
   const std::int64_t bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
   Call call(*this, OpKind::AllToAll, bytes);
   call.arrive(detail::make_desc(call.seq(), OpKind::AllToAll, count, dtype), send, recv);
@@ -153,10 +153,10 @@ void ThreadsCommunicator::all_to_all(const void* send, void* recv, std::int64_t 
   call.depart();
 }
 
-void ThreadsCommunicator::broadcast(void* buf, std::int64_t count, DType dtype, int root) {
-  detail::check_buffer("broadcast", buf, count);
-  DISTJAX_CHECK(root >= 0 && root < size(), InvalidArgument, "[broadcast] root ", root,
-                " is out of range for a group of ", size());
+void ThreadsCommunicator::run_broadcast(const Buffer& b, int root) {
+  void* buf = b.data;
+  const std::int64_t count = b.count;
+  const DType dtype = b.dtype;
   const std::int64_t bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
   Call call(*this, OpKind::Broadcast, bytes, rank_ == root);
   call.arrive(detail::make_desc(call.seq(), OpKind::Broadcast, count, dtype, ReduceOp::Sum, root),
@@ -165,13 +165,12 @@ void ThreadsCommunicator::broadcast(void* buf, std::int64_t count, DType dtype, 
   call.depart();
 }
 
-void ThreadsCommunicator::permute(const void* send, void* recv, std::int64_t count, DType dtype,
-                                  const std::vector<std::pair<int, int>>& pairs) {
-  detail::check_buffer("permute", send, count);
-  detail::check_buffer("permute", recv, count);
-  DISTJAX_CHECK(send != recv || count == 0, InvalidArgument,
-                "[permute] send and recv must be different buffers");
-  detail::check_pairs(pairs, size());
+void ThreadsCommunicator::run_permute(const Buffer& sb, const Buffer& rb,
+                                      const std::vector<std::pair<int, int>>& pairs) {
+  const void* send = sb.data;
+  void* recv = rb.data;
+  const std::int64_t count = sb.count;
+  const DType dtype = sb.dtype;
   const std::int64_t bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
   int src = -1;
   bool sends = false;
@@ -198,13 +197,12 @@ void ThreadsCommunicator::permute(const void* send, void* recv, std::int64_t cou
   call.phase();
 }
 
-void ThreadsCommunicator::barrier() {
+void ThreadsCommunicator::run_barrier() {
   Call call(*this, OpKind::Barrier, 0);
   call.arrive(detail::make_desc(call.seq(), OpKind::Barrier), nullptr, nullptr);
 }
 
-std::shared_ptr<CommunicatorImpl> ThreadsCommunicator::split(int color, int key) {
-  DISTJAX_CHECK(color >= 0, InvalidArgument, "[split] color must be >= 0, got ", color);
+std::shared_ptr<CommunicatorImpl> ThreadsCommunicator::run_split(int color, int key) {
   const int n = size();
   Call call(*this, OpKind::Split, 0);
   call.arrive(detail::make_desc(call.seq(), OpKind::Split), nullptr, nullptr, color, key);
@@ -265,14 +263,10 @@ class ThreadsRequest final : public RequestImpl {
 
 }  // namespace
 
-Request ThreadsCommunicator::post(bool is_send, void* buf, std::int64_t count, DType dtype,
-                                  int peer, int tag) {
-  const char* name = is_send ? "isend" : "irecv";
-  detail::check_buffer(name, buf, count);
-  DISTJAX_CHECK(peer >= 0 && peer < size(), InvalidArgument, "[", name, "] peer rank ", peer,
-                " is out of range for group ", *g_->label());
-  DISTJAX_CHECK(tag >= 0 && tag < kMaxTag, InvalidArgument, "[", name, "] tag ", tag,
-                " is outside [0, ", kMaxTag, ")");
+Request ThreadsCommunicator::post(bool is_send, const Buffer& b, int peer, int tag) {
+  void* buf = b.data;
+  const std::int64_t count = b.count;
+  const DType dtype = b.dtype;
   auto op = std::make_shared<P2POp>();
   op->is_send = is_send;
   if (is_send) {
@@ -291,62 +285,163 @@ Request ThreadsCommunicator::post(bool is_send, void* buf, std::int64_t count, D
                                                   world_->options().timeout));
 }
 
-namespace {
+Request ThreadsCommunicator::isend(const Buffer& buf, int dst, int tag) {
+  return post(true, buf, dst, tag);
+}
 
-// A non-blocking collective of the threads backend: the data has moved; wait() lets the
-// link model's transfer time elapse, counted from the issue.
-class DeferredRequest final : public RequestImpl {
- public:
-  explicit DeferredRequest(std::chrono::steady_clock::time_point ready) : ready_(ready) {}
-  void wait() override { std::this_thread::sleep_until(ready_); }
-  bool test() override { return std::chrono::steady_clock::now() >= ready_; }
+Request ThreadsCommunicator::irecv(const Buffer& buf, int src, int tag) {
+  return post(false, buf, src, tag);
+}
 
- private:
-  std::chrono::steady_clock::time_point ready_;
+// ---------------------------------------------------------------- nonblocking collectives
+
+struct ThreadsCommunicator::Job {
+  std::function<void()> fn;
+  Clock::time_point issued = Clock::now();
+  detail::DeferredCount count;  // written by the worker before `done`
+  std::exception_ptr error;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;  // guarded by mu
 };
 
-}  // namespace
-
-template <class F>
-Request ThreadsCommunicator::deferred(F&& collective) {
-  const auto issued = std::chrono::steady_clock::now();
-  defer_link_ = true;
-  deferred_link_us_ = 0;
-  try {
-    collective();
-  } catch (...) {
-    defer_link_ = false;
-    throw;
+/// A collective queued on the worker. Completing it (wait, a true test, or destruction)
+/// adds its counters to the device's stats, on the device's thread.
+class ThreadsCommunicator::CollectiveRequest final : public RequestImpl {
+ public:
+  CollectiveRequest(std::shared_ptr<Job> job, std::shared_ptr<CommStats> stats, int group)
+      : job_(std::move(job)), stats_(std::move(stats)), group_(group) {}
+  ~CollectiveRequest() override {
+    if (finished_) return;
+    // Peers may be reading or writing our buffers: wait (each call is bounded by the
+    // timeout); the error, if any, is dropped with the request.
+    std::unique_lock lk(job_->mu);
+    job_->cv.wait(lk, [&] { return job_->done; });
+    lk.unlock();
+    job_->count.apply(*stats_, group_);
   }
-  defer_link_ = false;
-  if (deferred_link_us_ <= 0) return Request();
-  return Request(std::make_unique<DeferredRequest>(
-      issued + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                   std::chrono::duration<double, std::micro>(deferred_link_us_))));
+  void wait() override {
+    if (finished_) return;
+    {
+      std::unique_lock lk(job_->mu);
+      job_->cv.wait(lk, [&] { return job_->done; });
+    }
+    finish();
+  }
+  bool test() override {
+    if (finished_) return true;
+    {
+      std::lock_guard lk(job_->mu);
+      if (!job_->done) return false;
+    }
+    finish();
+    return true;
+  }
+
+ private:
+  void finish() {
+    finished_ = true;
+    job_->count.apply(*stats_, group_);
+    if (job_->error) std::rethrow_exception(job_->error);
+  }
+  std::shared_ptr<Job> job_;
+  std::shared_ptr<CommStats> stats_;
+  int group_;  // the label in force when the call was issued
+  bool finished_ = false;
+};
+
+ThreadsCommunicator::~ThreadsCommunicator() {
+  {
+    std::lock_guard lk(q_mu_);
+    stop_ = true;
+  }
+  q_cv_.notify_all();
+  if (worker_.joinable()) worker_.join();  // the worker drains the queue first
 }
 
-Request ThreadsCommunicator::iall_reduce(const void* send, void* recv, std::int64_t count,
-                                         DType dtype, ReduceOp op) {
-  return deferred([&] { all_reduce(send, recv, count, dtype, op); });
+void ThreadsCommunicator::worker_loop() {
+  for (;;) {
+    std::shared_ptr<Job> job;
+    {
+      std::unique_lock lk(q_mu_);
+      q_cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    defer_ = &job->count;
+    issued_ = job->issued;
+    try {
+      job->fn();
+    } catch (...) {
+      job->error = std::current_exception();
+    }
+    defer_ = nullptr;
+    {
+      std::lock_guard lk(job->mu);
+      job->done = true;
+    }
+    job->cv.notify_all();
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
+  }
 }
 
-Request ThreadsCommunicator::iall_gather(const void* send, void* recv, std::int64_t count,
-                                         DType dtype) {
-  return deferred([&] { all_gather(send, recv, count, dtype); });
+Request ThreadsCommunicator::enqueue(std::function<void()> fn) {
+  auto job = std::make_shared<Job>();
+  job->fn = std::move(fn);
+  {
+    std::lock_guard lk(q_mu_);
+    if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
+    pending_.fetch_add(1, std::memory_order_acq_rel);
+    queue_.push_back(job);
+  }
+  q_cv_.notify_one();
+  return Request(std::make_unique<CollectiveRequest>(std::move(job), stats_, stats_group()));
 }
 
-Request ThreadsCommunicator::ireduce_scatter(const void* send, void* recv, std::int64_t count,
-                                             DType dtype, ReduceOp op) {
-  return deferred([&] { reduce_scatter(send, recv, count, dtype, op); });
+void ThreadsCommunicator::in_order(std::function<void()> fn) {
+  // Only this device's thread adds jobs, so once the count is 0 it stays 0 here.
+  if (pending_.load(std::memory_order_acquire) == 0) return fn();
+  enqueue(std::move(fn)).wait();
 }
 
-Request ThreadsCommunicator::isend(const void* buf, std::int64_t count, DType dtype, int dst,
-                                   int tag) {
-  return post(true, const_cast<void*>(buf), count, dtype, dst, tag);
+Request ThreadsCommunicator::iall_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) {
+  return enqueue([=, this] { run_all_reduce(send, recv, op); });
 }
-
-Request ThreadsCommunicator::irecv(void* buf, std::int64_t count, DType dtype, int src, int tag) {
-  return post(false, buf, count, dtype, src, tag);
+Request ThreadsCommunicator::iall_gather(const Buffer& send, const Buffer& recv) {
+  return enqueue([=, this] { run_all_gather(send, recv); });
+}
+Request ThreadsCommunicator::ireduce_scatter(const Buffer& send, const Buffer& recv,
+                                             ReduceOp op) {
+  return enqueue([=, this] { run_reduce_scatter(send, recv, op); });
+}
+void ThreadsCommunicator::all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) {
+  in_order([&] { run_all_reduce(send, recv, op); });
+}
+void ThreadsCommunicator::all_gather(const Buffer& send, const Buffer& recv) {
+  in_order([&] { run_all_gather(send, recv); });
+}
+void ThreadsCommunicator::reduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) {
+  in_order([&] { run_reduce_scatter(send, recv, op); });
+}
+void ThreadsCommunicator::all_to_all(const Buffer& send, const Buffer& recv) {
+  in_order([&] { run_all_to_all(send, recv); });
+}
+void ThreadsCommunicator::broadcast(const Buffer& buf, int root) {
+  in_order([&] { run_broadcast(buf, root); });
+}
+void ThreadsCommunicator::permute(const Buffer& send, const Buffer& recv,
+                                  const std::vector<std::pair<int, int>>& pairs) {
+  in_order([&] { run_permute(send, recv, pairs); });
+}
+void ThreadsCommunicator::barrier() {
+  in_order([&] { run_barrier(); });
+}
+std::shared_ptr<CommunicatorImpl> ThreadsCommunicator::split(int color, int key) {
+  DISTJAX_CHECK(color >= 0, InvalidArgument, "[split] color must be >= 0, got ", color);
+  std::shared_ptr<CommunicatorImpl> out;
+  in_order([&] { out = run_split(color, key); });
+  return out;
 }
 
 }  // namespace distjax::comm::threads

@@ -2,7 +2,13 @@
 // memory, with a fixed reduction order (bit-reproducible results).
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <thread>
 
 #include "distjax/comm/communicator.hpp"
 #include "distjax/comm/threads/group_state.hpp"
@@ -20,44 +26,67 @@ class ThreadsCommunicator final : public CommunicatorImpl {
   int global_rank() const override { return g_->members()[rank_]; }
   const std::vector<int>& group() const override { return g_->members(); }
 
-  void all_reduce(const void* send, void* recv, std::int64_t count, DType dtype,
-                  ReduceOp op) override;
-  void all_gather(const void* send, void* recv, std::int64_t count, DType dtype) override;
-  void reduce_scatter(const void* send, void* recv, std::int64_t count, DType dtype,
-                      ReduceOp op) override;
-  void all_to_all(const void* send, void* recv, std::int64_t count, DType dtype) override;
-  void broadcast(void* buf, std::int64_t count, DType dtype, int root) override;
-  void permute(const void* send, void* recv, std::int64_t count, DType dtype,
+  ~ThreadsCommunicator() override;
+
+  Request iall_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) override;
+  Request iall_gather(const Buffer& send, const Buffer& recv) override;
+  Request ireduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) override;
+  void all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) override;
+  void all_gather(const Buffer& send, const Buffer& recv) override;
+  void reduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) override;
+  void all_to_all(const Buffer& send, const Buffer& recv) override;
+  void broadcast(const Buffer& buf, int root) override;
+  void permute(const Buffer& send, const Buffer& recv,
                const std::vector<std::pair<int, int>>& pairs) override;
   void barrier() override;
-  Request isend(const void* buf, std::int64_t count, DType dtype, int dst, int tag) override;
-  Request irecv(void* buf, std::int64_t count, DType dtype, int src, int tag) override;
-  Request iall_reduce(const void* send, void* recv, std::int64_t count, DType dtype,
-                      ReduceOp op) override;
-  Request iall_gather(const void* send, void* recv, std::int64_t count, DType dtype) override;
-  Request ireduce_scatter(const void* send, void* recv, std::int64_t count, DType dtype,
-                          ReduceOp op) override;
+  Request isend(const Buffer& buf, int dst, int tag) override;
+  Request irecv(const Buffer& buf, int src, int tag) override;
   std::shared_ptr<CommunicatorImpl> split(int color, int key) override;
   CommStats& stats() override { return *stats_; }
 
  private:
   class Call;
-  Request post(bool is_send, void* buf, std::int64_t count, DType dtype, int peer, int tag);
-  // Runs a blocking collective with the link model's time taken out of it and returns a
-  // request whose wait() lets that time elapse from the moment of issue (a transfer
-  // proceeding in the background).
-  template <class F>
-  Request deferred(F&& collective);
-  // Set while a non-blocking collective runs: Call::depart records the link time here
-  // instead of sleeping.
-  bool defer_link_ = false;
-  double deferred_link_us_ = 0;
+  struct Job;
+  class CollectiveRequest;
+  Request post(bool is_send, const Buffer& buf, int peer, int tag);
+
+  // The collectives themselves, run on the device's thread or on the worker.
+  void run_all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op);
+  void run_all_gather(const Buffer& send, const Buffer& recv);
+  void run_reduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op);
+  void run_all_to_all(const Buffer& send, const Buffer& recv);
+  void run_broadcast(const Buffer& buf, int root);
+  void run_permute(const Buffer& send, const Buffer& recv,
+                   const std::vector<std::pair<int, int>>& pairs);
+  void run_barrier();
+  std::shared_ptr<CommunicatorImpl> run_split(int color, int key);
+
+  /// Queues fn on this group's worker (started on first use) behind the requests in
+  /// flight; the request completes when fn has run.
+  Request enqueue(std::function<void()> fn);
+  /// Runs a blocking collective in issue order: at once when nothing is in flight on
+  /// this group, otherwise queued behind the requests in flight, and waited on.
+  void in_order(std::function<void()> fn);
+  void worker_loop();
 
   std::shared_ptr<WorldState> world_;
   std::shared_ptr<GroupState> g_;
   int rank_;
   std::shared_ptr<CommStats> stats_;
   std::uint64_t seq_ = 0;
+
+  // Nonblocking collectives: one worker thread per device and group, started by the
+  // first i-call; jobs run in issue order. `pending_` counts queued and running jobs:
+  // when it is 0 the worker is idle and the device's thread may run calls itself.
+  std::mutex q_mu_;
+  std::condition_variable q_cv_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  bool stop_ = false;
+  std::atomic<int> pending_{0};
+  std::thread worker_;
+  /// Where the running call of the worker puts its counters (null on the device's thread).
+  detail::DeferredCount* defer_ = nullptr;
+  Clock::time_point issued_{};  // when the worker's running call was issued
 };
 
 }  // namespace distjax::comm::threads

@@ -1,0 +1,194 @@
+// The MPI backend's flight recorder and its query service (see flight_records.hpp).
+#include "distjax/comm/mpi/flight_records.hpp"
+
+#include <cstring>
+#include <deque>
+#include <map>
+#include <sstream>
+#include <thread>
+
+namespace distjax::comm::mpi {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kKeyBytes = 64;
+constexpr int kWhereBytes = 160;
+
+struct Query {
+  std::uint64_t seq = 0;
+  char key[kKeyBytes] = {};
+};
+struct Reply {
+  std::uint64_t seq = 0;  // echo of the query
+  std::uint64_t issued = 0;
+  std::uint8_t knows_group = 0, has_desc = 0;
+  char key[kKeyBytes] = {};  // echo of the query
+  detail::CallDesc desc;
+  char where[kWhereBytes] = {};
+};
+
+struct Service {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int tag = 0;
+  MPI_Request recv = MPI_REQUEST_NULL;
+  Query in;
+  std::deque<Reply> sent;     // buffers of replies in flight (freed requests)
+  std::deque<Query> queries;  // buffers of queries in flight (freed requests)
+  std::map<std::string, int> created;  // groups per label in this launch
+  std::vector<std::weak_ptr<GroupRecords>> groups;
+  const GroupRecords* waiting = nullptr;
+  std::uint64_t waiting_seq = 0;
+  OpKind waiting_kind = OpKind::Barrier;
+};
+Service& service() {
+  static Service* s = new Service();  // never destroyed: used until MPI_Finalize
+  return *s;
+}
+
+void copy_key(char* dst, const std::string& key) {
+  std::strncpy(dst, key.c_str(), kKeyBytes - 1);
+  dst[kKeyBytes - 1] = 0;
+}
+
+std::string where_text() {
+  const Service& s = service();
+  if (s.waiting == nullptr) return "is not in a communicator call";
+  std::ostringstream os;
+  os << "is in " << op_kind_name(s.waiting_kind) << " call #" << s.waiting_seq << " of group "
+     << s.waiting->label;
+  return os.str();
+}
+
+Reply answer(const Query& q) {
+  Service& s = service();
+  Reply r;
+  r.seq = q.seq;
+  std::memcpy(r.key, q.key, kKeyBytes);
+  for (auto& w : s.groups) {
+    auto g = w.lock();
+    if (!g || std::strncmp(g->key.c_str(), q.key, kKeyBytes) != 0) continue;
+    r.knows_group = 1;
+    r.issued = g->issued;
+    if (q.seq < g->issued && q.seq + GroupRecords::kKeep >= g->issued) {
+      r.has_desc = 1;
+      r.desc = g->last[q.seq % GroupRecords::kKeep];
+    }
+  }
+  std::string w = where_text();
+  std::strncpy(r.where, w.c_str(), kWhereBytes - 1);
+  return r;
+}
+
+void post_recv() {
+  Service& s = service();
+  MPI_Irecv(&s.in, sizeof(Query), MPI_BYTE, MPI_ANY_SOURCE, s.tag, s.comm, &s.recv);
+}
+
+}  // namespace
+
+std::shared_ptr<GroupRecords> flight_register(const std::string& label) {
+  Service& s = service();
+  auto g = std::make_shared<GroupRecords>();
+  g->label = label;
+  const int k = s.created[label]++;
+  // Labels of large groups are long; the key only has to be unique and agreed on.
+  g->key = std::to_string(std::hash<std::string>{}(label)) + "#" + std::to_string(k);
+  std::erase_if(s.groups, [](const std::weak_ptr<GroupRecords>& w) { return w.expired(); });
+  s.groups.push_back(g);
+  return g;
+}
+
+void flight_waiting(const GroupRecords* g, std::uint64_t seq, OpKind kind) {
+  Service& s = service();
+  s.waiting = g;
+  s.waiting_seq = seq;
+  s.waiting_kind = kind;
+}
+
+void flight_open(MPI_Comm comm, int query_tag) {
+  Service& s = service();
+  s.comm = comm;
+  s.tag = query_tag;
+  s.created.clear();
+  s.groups.clear();
+  s.waiting = nullptr;
+  post_recv();
+}
+
+void flight_close() {
+  Service& s = service();
+  if (s.recv != MPI_REQUEST_NULL) {
+    MPI_Cancel(&s.recv);
+    MPI_Wait(&s.recv, MPI_STATUS_IGNORE);
+  }
+  s.waiting = nullptr;
+}
+
+void flight_serve() {
+  Service& s = service();
+  for (;;) {
+    if (s.recv == MPI_REQUEST_NULL) return;
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Test(&s.recv, &flag, &st) != MPI_SUCCESS || !flag) return;
+    s.sent.push_back(answer(s.in));
+    if (s.sent.size() > 256) s.sent.pop_front();  // long delivered (small, eager)
+    MPI_Request r;
+    if (MPI_Isend(&s.sent.back(), sizeof(Reply), MPI_BYTE, st.MPI_SOURCE, s.tag + 1, s.comm,
+                  &r) == MPI_SUCCESS)
+      MPI_Request_free(&r);
+    post_recv();
+  }
+}
+
+std::vector<PeerRecord> flight_query(const GroupRecords& g, std::uint64_t seq,
+                                     const std::vector<int>& peers, Clock::time_point until) {
+  Service& s = service();
+  std::vector<PeerRecord> out(peers.size());
+  if (s.comm == MPI_COMM_NULL) return out;
+  s.queries.emplace_back();
+  if (s.queries.size() > 256) s.queries.pop_front();  // long delivered (small, eager)
+  Query& q = s.queries.back();
+  q.seq = seq;
+  copy_key(q.key, g.key);
+  std::vector<Reply> replies(peers.size());
+  std::vector<MPI_Request> reqs(peers.size(), MPI_REQUEST_NULL);
+  for (std::size_t i = 0; i < peers.size(); ++i) {
+    MPI_Irecv(&replies[i], sizeof(Reply), MPI_BYTE, peers[i], s.tag + 1, s.comm, &reqs[i]);
+    MPI_Request r;
+    if (MPI_Isend(&q, sizeof(Query), MPI_BYTE, peers[i], s.tag, s.comm, &r) == MPI_SUCCESS)
+      MPI_Request_free(&r);
+  }
+  std::vector<int> done(peers.size(), 0);
+  for (;;) {
+    bool all = true;
+    for (std::size_t i = 0; i < peers.size(); ++i) {
+      if (!done[i]) MPI_Test(&reqs[i], &done[i], MPI_STATUS_IGNORE);
+      all = all && done[i];
+    }
+    flight_serve();  // a peer diagnosing at the same time asks us too
+    if (all || Clock::now() > until) break;
+    std::this_thread::yield();
+  }
+  for (std::size_t i = 0; i < peers.size(); ++i) {
+    if (!done[i]) {  // a late answer must not land in `replies` after we return
+      MPI_Cancel(&reqs[i]);
+      MPI_Wait(&reqs[i], MPI_STATUS_IGNORE);
+      continue;
+    }
+    const Reply& r = replies[i];
+    if (r.seq != seq || std::strncmp(r.key, q.key, kKeyBytes) != 0) continue;  // stale
+    PeerRecord& p = out[i];
+    p.answered = true;
+    p.knows_group = r.knows_group != 0;
+    p.issued = r.issued;
+    p.has_desc = r.has_desc != 0;
+    p.desc = r.desc;
+    p.where = std::string(r.where, strnlen(r.where, kWhereBytes));
+  }
+  return out;
+}
+
+}  // namespace distjax::comm::mpi
