@@ -25,29 +25,19 @@
 //   --only NAME  run only the shard_map whose first variant is NAME (sync_slow_link,
 //                sync_free_link, megatron_2dev, single_1dev; for profiling), print its step
 //                times to stderr and write no lines
-#include <omp.h>
-#include <sys/resource.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <array>
-#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "bench_util.hpp"
-#include "distjax/comm/comm_stats.hpp"
-#include "distjax/core/prng.hpp"
-#include "distjax/models/transformer.hpp"
 #include "distjax/nn/scope.hpp"
-#include "distjax/optim/adamw.hpp"
 #include "distjax/parallel/strategy.hpp"
 #include "distjax/spmd/shard_map.hpp"
 #include "distjax/train/train_step.hpp"
+#include "step_timer.hpp"
 
 using namespace distjax;
 using namespace distjax::bench;
@@ -70,35 +60,6 @@ struct Options {
   std::string only;  // run only the configuration of this name (profiling); prints no lines
 };
 
-/// The bench GPT of bench_train.cpp and bench/reference/jax_tp_gpt.py.
-models::TransformerConfig bench_gpt(models::TransformerTP tp, std::int64_t layers = 4,
-                                    std::int64_t d_model = 256) {
-  return {.vocab = 256,
-          .d_model = d_model,
-          .num_layers = layers,
-          .num_heads = 4,
-          .mlp_ratio = 4,
-          .max_len = 128,
-          .learned_positions = true,
-          .tied_embeddings = true,
-          .dropout = 0.f,
-          .ln_eps = 1e-5f,
-          .tp = tp};
-}
-
-train::Batch token_batch(std::int64_t batch, std::int64_t seq, std::int64_t vocab) {
-  const Key key = Key::from_seed(1);
-  Tensor x = Tensor::empty({batch, seq}, DType::I32), y = Tensor::empty({batch, seq}, DType::I32);
-  for (std::int64_t i = 0; i < batch * seq; ++i) {
-    const auto bits = key.bits(static_cast<std::uint64_t>(i));
-    x.data<std::int32_t>()[i] =
-        static_cast<std::int32_t>(bits[0] % static_cast<std::uint32_t>(vocab));
-    y.data<std::int32_t>()[i] =
-        static_cast<std::int32_t>(bits[1] % static_cast<std::uint32_t>(vocab));
-  }
-  return {x, y};
-}
-
 /// One model layout run in a configuration.
 struct Variant {
   std::string name;
@@ -115,44 +76,10 @@ struct Config {
   std::vector<Variant> variants;
 };
 
-/// Communication of one device, per timed step (barriers of the timing excluded).
-struct CommPerStep {
-  double seconds = 0;       // inside communicator calls, waiting for peers included
-  double wait_seconds = 0;  // of which waiting for the other devices to arrive
-  double bytes_sent = 0;
-};
-
-/// What the timed steps of all rounds of one variant gave.
-struct Measured {
-  std::vector<double> step_times;  // device 0, between barriers
-  std::vector<CommPerStep> comm;   // one entry per round: mean over devices and steps
-  float loss = 0.f;
-  std::int64_t params_per_device = 0;
-};
-
-using Counters = std::array<comm::OpCounters, comm::kNumOpKinds>;
-
-// Adds the counters of `after` - `before` (barriers excluded) to `c`.
-void add_comm(CommPerStep& c, const Counters& before, const Counters& after) {
-  for (int k = 0; k < comm::kNumOpKinds; ++k) {
-    if (static_cast<comm::OpKind>(k) == comm::OpKind::Barrier) continue;
-    c.seconds += after[k].seconds - before[k].seconds;
-    c.wait_seconds += after[k].wait_seconds - before[k].wait_seconds;
-    c.bytes_sent += static_cast<double>(after[k].bytes_sent - before[k].bytes_sent);
-  }
-}
-
 /// Runs `cfg` for one round: one shard_map call in which every device creates the shards
-/// of every variant, runs `warmup` steps of each, then steps of each variant in turn
-/// until `seconds` (at least `min_steps` of each).
-void run_round(const Config& cfg, double seconds, int warmup, int min_steps,
-               std::map<std::string, Measured>& out) {
-  const optim::AdamW opt({.learning_rate = optim::constant_schedule(3e-4),
-                          .b1 = 0.9,
-                          .b2 = 0.95,
-                          .eps = 1e-8,
-                          .weight_decay = 0.1,
-                          .decay_mask = {}});
+/// of every variant and hands their steps to `round` (warm-up, then the variants in turn).
+void run_round(const Config& cfg, Round& round) {
+  const optim::AdamW& opt = bench_adamw();
   const std::size_t nv = cfg.variants.size();
   std::vector<models::Transformer> gpts;
   std::vector<train::Batch> batches;
@@ -160,9 +87,6 @@ void run_round(const Config& cfg, double seconds, int warmup, int min_steps,
     gpts.emplace_back(v.model);
     batches.push_back(token_batch(cfg.batch, v.model.max_len, v.model.vocab));
   }
-  std::atomic<bool> go_on{true};
-  std::mutex mu;
-  std::vector<std::vector<CommPerStep>> per_device(nv);  // [variant][device]
   spmd::ShardMapOptions so;
   so.link = cfg.link;
   so.intra_op_threads = cfg.intra_op_threads;
@@ -183,140 +107,30 @@ void run_round(const Config& cfg, double seconds, int warmup, int min_steps,
             return std::make_pair(gpt.loss(s, b.inputs, b.labels), train::Metrics{});
           });
     }
-    std::vector<float> loss(nv);
-    auto step = [&](std::size_t v) {
-      loss[v] = static_cast<float>(
-          train::train_step(states[v], batches[v], loss_fns[v], opt, step_options).mean("loss"));
-    };
+    std::vector<DeviceStep> steps;
     for (std::size_t v = 0; v < nv; ++v)
-      for (int i = 0; i < warmup; ++i)
-        step(v);
-    const auto start = Clock::now();
-    int steps = 0;
-    std::vector<std::vector<double>> times(nv);
-    std::vector<CommPerStep> comm(nv);
-    while (true) {
-      for (std::size_t v = 0; v < nv; ++v) {
-        ctx.world().barrier();
-        const Counters before = ctx.comm_stats().by_kind;
-        const auto t0 = Clock::now();
-        step(v);
-        add_comm(comm[v], before, ctx.comm_stats().by_kind);
-        if (ctx.device() == 0 && v + 1 == nv)
-          go_on = steps + 1 < min_steps || seconds_since(start) < seconds;
-        // Every device has finished its step (and device 0 has decided) after this barrier.
-        ctx.world().barrier();
-        times[v].push_back(seconds_since(t0));
-      }
-      ++steps;
-      if (!go_on) break;
-    }
-    std::lock_guard lk(mu);
-    for (std::size_t v = 0; v < nv; ++v) {
-      CommPerStep c = comm[v];
-      c.seconds /= steps;
-      c.wait_seconds /= steps;
-      c.bytes_sent /= steps;
-      per_device[v].push_back(c);
-      if (ctx.device() == 0) {
-        Measured& m = out[cfg.variants[v].name];
-        m.step_times.insert(m.step_times.end(), times[v].begin(), times[v].end());
-        m.loss = loss[v];
-        m.params_per_device = states[v].params.num_elements();
-      }
-    }
+      steps.push_back({[&, v] {
+                         return static_cast<float>(train::train_step(states[v], batches[v],
+                                                                     loss_fns[v], opt, step_options)
+                                                       .mean("loss"));
+                       },
+                       states[v].params.num_elements()});
+    round.run(ctx, steps);
     return std::vector<Tensor>{};
   };
   spmd::shard_map(mesh::Mesh({cfg.devices}, {"model"}), body, {}, {}, so)(std::vector<Tensor>{});
-  for (std::size_t v = 0; v < nv; ++v) {
-    CommPerStep mean;
-    const double nd = static_cast<double>(per_device[v].size());
-    for (const auto& c : per_device[v]) {
-      mean.seconds += c.seconds / nd;
-      mean.wait_seconds += c.wait_seconds / nd;
-      mean.bytes_sent += c.bytes_sent / nd;
-    }
-    out[cfg.variants[v].name].comm.push_back(mean);
-  }
 }
 
 /// Every configuration, `rounds` times in alternation; results by variant name.
 std::map<std::string, Measured> run_alternating(const std::vector<Config>& cfgs, const Options& o) {
-  std::map<std::string, Measured> out;
-  for (int r = 0; r < o.rounds; ++r)
-    for (const Config& cfg : cfgs) {
-      if (!o.only.empty() && cfg.variants.front().name != o.only) continue;
-      // The first round also pays for oneDNN's primitive creation.
-      run_round(cfg, o.seconds * static_cast<double>(cfg.variants.size()) / o.rounds,
-                r == 0 ? 2 : 1, 3, out);
-      for (const Variant& v : cfg.variants)
-        std::fprintf(stderr, "[bench_tp] round %d %-22s median %.4f s (%zu steps so far)\n", r + 1,
-                     v.name.c_str(), median(out[v.name].step_times), out[v.name].step_times.size());
-    }
-  return out;
-}
-
-double mean_comm_seconds(const Measured& m) {
-  double s = 0;
-  for (const auto& c : m.comm)
-    s += c.seconds / static_cast<double>(m.comm.size());
-  return s;
-}
-double mean_comm_wait(const Measured& m) {
-  double s = 0;
-  for (const auto& c : m.comm)
-    s += c.wait_seconds / static_cast<double>(m.comm.size());
-  return s;
-}
-double mean_bytes(const Measured& m) {
-  double s = 0;
-  for (const auto& c : m.comm)
-    s += c.bytes_sent / static_cast<double>(m.comm.size());
-  return s;
-}
-
-/// CPU time used by other processes while a measurement ran, in cores: the machine's busy
-/// time from /proc/stat minus this process's (getrusage), over the wall time. On the 2
-/// shared cores here a value near 1 means one core was taken, which a 2-device run feels
-/// and a 1-device run does not.
-class OtherLoad {
- public:
-  OtherLoad() : busy0_(machine_busy_s()), self0_(self_cpu_s()), t0_(Clock::now()) {}
-  double cores() const {
-    const double wall = seconds_since(t0_);
-    if (busy0_ < 0 || wall <= 0) return -1;
-    return std::max(0.0, (machine_busy_s() - busy0_ - (self_cpu_s() - self0_)) / wall);
+  std::vector<RoundSpec> specs;
+  for (const Config& cfg : cfgs) {
+    std::vector<std::string> names;
+    for (const Variant& v : cfg.variants)
+      names.push_back(v.name);
+    specs.push_back({names, [&cfg](Round& r) { run_round(cfg, r); }});
   }
-
- private:
-  static double machine_busy_s() {
-    std::FILE* f = std::fopen("/proc/stat", "r");
-    if (!f) return -1;
-    unsigned long long v[8] = {};
-    const int got = std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1],
-                                &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]);
-    std::fclose(f);
-    if (got < 8) return -1;
-    // user nice system (idle iowait) irq softirq steal
-    const double busy = static_cast<double>(v[0] + v[1] + v[2] + v[5] + v[6]);
-    return busy / static_cast<double>(sysconf(_SC_CLK_TCK));
-  }
-  static double self_cpu_s() {
-    rusage r{};
-    getrusage(RUSAGE_SELF, &r);
-    auto s = [](const timeval& t) {
-      return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
-    };
-    return s(r.ru_utime) + s(r.ru_stime);
-  }
-  double busy0_, self0_;
-  Clock::time_point t0_;
-};
-
-json load_json() {
-  double l[3] = {0, 0, 0};
-  if (getloadavg(l, 3) != 3) return json::array();
-  return json::array({l[0], l[1], l[2]});
+  return bench::run_alternating(specs, o.rounds, o.seconds, o.only, "bench_tp");
 }
 
 // ------------------------------------------------------------------ async TP
