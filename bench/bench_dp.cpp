@@ -439,8 +439,12 @@ void write_overlap(const std::map<std::string, Measured>& m, const Options& o, c
   j["t_overlap_free_link_s"] = t_ov_free;
   j["link_cost_overlap_s"] = t_ov - t_ov_free;
   j["link_cost_hidden_fraction"] = t_comm > 0 ? 1.0 - (t_ov - t_ov_free) / t_comm : 0.0;
-  j["modelled_link_s_per_step"] = modelled_link_s(ms, OpKind::AllReduce, link, 2) +
-                                  modelled_link_s(ms, OpKind::AllGather, link, 2);
+  // The link model's own time per step (sleeps overshoot it a little): a denominator that
+  // other processes' load does not move, unlike T_comm, a difference between rounds.
+  const double modelled = modelled_link_s(ms, OpKind::AllReduce, link, 2) +
+                          modelled_link_s(ms, OpKind::AllGather, link, 2);
+  j["modelled_link_s_per_step"] = modelled;
+  j["hidden_fraction_of_modelled_link"] = modelled > 0 ? (t_sync - t_ov) / modelled : 0.0;
   j["comm_share_of_no_overlap_step"] = t_sync > 0 ? t_comm / t_sync : 0.0;
   if (auto it = extras.timelines.find("dp_overlap_slow_link");
       it != extras.timelines.end() && it->second.steps > 0) {
@@ -501,6 +505,7 @@ void write_prefetch(const std::map<std::string, Measured>& m, const Options& o,
       "link model's time per step (all_gather / (all_gather + reduce_scatter + all_reduce), "
       "from the calls and bytes counted)";
   j["hidden_fraction_of_all_comm"] = t_comm_all > 0 ? (t_no - t_pf) / t_comm_all : 0.0;
+  j["hidden_fraction_of_modelled_gathers"] = l_ag > 0 ? (t_no - t_pf) / l_ag : 0.0;
   j["modelled_link_s_per_step"] = {
       {"all_gather", l_ag}, {"reduce_scatter", l_rs}, {"all_reduce", l_ar}};
   j["t_no_prefetch_free_link_s"] = t_no_free;

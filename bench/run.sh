@@ -132,6 +132,9 @@ for round in 1 2; do
   # DistJax's tensor-parallel benchmarks right after the JAX TP reference (its baseline);
   # it alternates its own configurations in rounds inside, so it runs once.
   [ $round = 1 ] && [ -x "$BUILD/bench_tp" ] && run_native "$BUILD/bench_tp" --seconds "$SECONDS_PER"
+  # Data parallelism and ZeRO-3 on 2 devices (issue 8); it alternates its configurations in
+  # rounds inside too, so it runs once.
+  [ $round = 1 ] && [ -x "$BUILD/bench_dp" ] && run_native "$BUILD/bench_dp" --seconds "$SECONDS_PER"
   [ -x "$BUILD/bench_train" ] && run_native "$BUILD/bench_train" --seconds "$SECONDS_PER" --threads 1
   run_torch --threads 1
   # DistJax with OpenMP threads that sleep instead of spinning while they wait: on a
@@ -146,6 +149,7 @@ for exe in "$BUILD"/bench_*; do
   name="$(basename "$exe")"
   [ "$name" = bench_train ] && continue
   [ "$name" = bench_tp ] && continue  # ran in round 1 above
+  [ "$name" = bench_dp ] && continue  # ran in round 1 above
   run_native "$exe"
   # The communication benchmark again under MPI (2 ranks) when it was built with MPI.
   if [ "$name" = bench_comm ] && command -v mpirun >/dev/null 2>&1 && ldd "$exe" 2>/dev/null | grep -q libmpi; then
