@@ -3,6 +3,7 @@
 #include "distjax/autodiff/autodiff.hpp"
 #include "distjax/core/error.hpp"
 #include "distjax/spmd/collectives.hpp"
+#include "distjax/spmd/detail/blocks.hpp"
 #include "distjax/spmd/device_context.hpp"
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/grad_node.hpp"
@@ -11,26 +12,6 @@
 namespace distjax::nn {
 
 namespace {
-
-// The gathered parameter from rank-major blocks (n, shard...): block i becomes slice i
-// along `dim`.
-Tensor blocks_to_param(const Tensor& blocks, int dim) {
-  const int r = blocks.rank() - 1;
-  Tensor t = blocks;
-  if (dim != 0) {
-    std::vector<int> perm;
-    for (int i = 1; i <= dim; ++i)
-      perm.push_back(i);
-    perm.push_back(0);
-    for (int i = dim + 1; i <= r; ++i)
-      perm.push_back(i);
-    t = tensor::permute(blocks, perm);
-  }
-  Shape s = t.shape();  // (.., n, S, ..) with n at `dim`
-  s[dim] *= s[dim + 1];
-  s.erase(s.begin() + dim + 1);
-  return t.view(s);
-}
 
 // The differentiable gather: forward = `value` when given (a finished prefetch), else an
 // all_gather now; backward = reduce-scatter of the cotangent / n.
@@ -107,7 +88,7 @@ Tensor FsdpPrefetcher::gather(spmd::DeviceContext& ctx, const std::string& path,
     if (f.path == path && f.storage == shard.storage() && f.shape == shard.shape() &&
         shard.dtype() == DType::F32) {
       tensor::NoGradGuard no_grad;
-      value = blocks_to_param(f.blocks, dim);
+      value = spmd::detail::blocks_to_dim(f.blocks, dim, /*tiled=*/true);
     }
   }
   // The next ones travel while this parameter's module computes.
