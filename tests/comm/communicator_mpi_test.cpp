@@ -362,8 +362,11 @@ TEST_F(MpiTest, PeerThatLeftAfterTheCheckDoesNotHangTheOthers) {
     msg = e.what();
   }
   if (r == 0) {
-    EXPECT_TRUE(has(msg, "[all_reduce] timed out after 200 ms at call #0 of group (0,1,2,3): "
-                         "device 3 did not arrive")) << msg;
+    // Device 3 sleeps 500 ms; on a loaded machine devices 1 and 2 may also come after
+    // device 0's 200 ms ("devices 1,3 did not arrive"), device 3 is always named.
+    EXPECT_TRUE(has(msg, "[all_reduce] timed out after 200 ms at call #0 of group (0,1,2,3): "))
+        << msg;
+    EXPECT_TRUE(has(msg, "device 3 did not arrive") || has(msg, ",3 did not arrive")) << msg;
   } else {
     EXPECT_TRUE(has(msg, "[all_reduce] timed out after 1000 ms at call #0 of group (0,1,2,3)"))
         << msg;
