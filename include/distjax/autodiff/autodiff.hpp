@@ -35,6 +35,13 @@ using GradReadyFn = std::function<void(std::size_t index, const Tensor& grad)>;
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& seeds,
                          const std::vector<Tensor>& wrt, const GradReadyFn& on_ready);
 
+/// grad() that leaves undefined the cotangent of a `wrt` tensor the outputs do not reach
+/// (or whose cotangent an op deferred, tensor::WeightGradStore) instead of allocating
+/// zeros: a pipeline stage differentiates one chunk of its model at a time.
+std::vector<Tensor> grad_if_reached(const std::vector<Tensor>& outputs,
+                                    const std::vector<Tensor>& seeds,
+                                    const std::vector<Tensor>& wrt);
+
 namespace detail {
 inline const Tensor& primary(const Tensor& t) {
   return t;

@@ -74,9 +74,11 @@ struct PipelineOptions {
 /// One span of a device's step: a compute action, or the time it waited for a transfer.
 struct PipelineSpan {
   PipelineAction action;
-  bool wait = false;   ///< waiting for a receive (or for sends at the end), not computing
-  double start = 0.0;  ///< seconds on the steady clock
+  std::size_t index = 0;  ///< the action's index in the stage's list
+  bool wait = false;      ///< waiting for a receive (or for sends at the end), not computing
+  double start = 0.0;     ///< seconds on the steady clock
   double end = 0.0;
+  double cpu = 0.0;       ///< CPU seconds of this device's thread during the span
 };
 
 /// The spans of this device's last step.
@@ -87,7 +89,23 @@ struct PipelineTrace {
   int peak_in_flight = 0;           ///< micro-batch chunks held between F and B (or I)
   double compute_seconds() const;   ///< sum of the compute spans
   double wait_seconds() const;      ///< sum of the wait spans
+  /// 1 - compute / (end - start): the share of the step this device did not compute.
+  double idle_fraction() const;
 };
+
+/// The measured bubble of a step: the mean over the pipe axis of the devices' idle
+/// fractions. With `shared_clock` (the threads backend: every device reads one steady
+/// clock) each device's step runs from the earliest start to the latest end along the
+/// axis, as in the theory; otherwise (processes, each clock with its own origin) from its
+/// own start to its own end. Collective over `axis` (an all_gather of three numbers): call
+/// it on every device after the step, with the starts aligned by a barrier before it.
+double pipeline_bubble(spmd::DeviceContext& ctx, const PipelineTrace& trace, bool shared_clock,
+                       const mesh::Axes& axis = "pipe");
+
+/// A text timeline of measured steps, one row per trace (stage), `width` cells from the
+/// earliest start to the latest end: "F"/"B"/"I"/"W" where the device computed (the
+/// micro-batch's last digit in the next cell when it fits), "." where it waited or idled.
+std::string format_trace_timeline(const std::vector<PipelineTrace>& traces, int width = 96);
 
 /// The pipeline Strategy. forward_backward runs this stage's action list of the checked
 /// schedule over the micro-batches of the batch (the loss function of the train step is
@@ -123,6 +141,10 @@ class Pipeline final : public Strategy {
                                          int num_minibatches) override;
   TensorTree finalize_grads(TensorTree grads) override;
   train::Metrics reduce_metrics(train::Metrics metrics) override;
+  /// Forward only (no grad, no dropout), micro-batch by micro-batch through the stages:
+  /// the metrics of `batch` (this device's slice), summed over the pipe axis and reduced
+  /// by the inner strategy like a train step's. Collective over the mesh.
+  train::Metrics evaluate(const TensorTree& params, const train::Batch& batch);
   double grad_norm_squared(const TensorTree& grads) override;
   TensorTree init_opt_state(const optim::Optimizer& optimizer, const TensorTree& params) override;
   void apply_update(const optim::Optimizer& optimizer, TensorTree& params, const TensorTree& grads,

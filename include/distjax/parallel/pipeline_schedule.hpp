@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -108,6 +109,16 @@ struct ScheduleReport {
 /// for its send) finishes: a cycle of stages waiting on each other is a deadlock. Throws
 /// ScheduleError naming the stage, the action's index and the action.
 ScheduleReport check_schedule(const PipelineSchedule& schedule);
+
+/// The duration of action `index` of `stage` (any unit), for replay_schedule.
+using ActionCost = std::function<double(int stage, std::size_t index, const PipelineAction&)>;
+
+/// check_schedule with the given action durations instead of unit costs: the start and end
+/// of every action when each stage runs its list in order as soon as its inputs are there
+/// (a receive ends when its send has: transfers cost what `cost` gives the receive), and
+/// the idle fraction. With durations measured on devices this gives the bubble the
+/// schedule has when every device runs on its own core.
+ScheduleReport replay_schedule(const PipelineSchedule& schedule, const ActionCost& cost);
 
 /// The theoretical idle fraction of `kind`: (p-1)/(m+p-1) for GPipe and 1F1B, with p-1
 /// divided by v interleaved, and (p-1)/(3m+p-1) for ZB-H1 (F, I and W of equal cost).

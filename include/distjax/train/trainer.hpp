@@ -31,7 +31,9 @@ struct TrainerConfig {
 /// step), grad_norm (mean since the last record), the
 /// other train metrics by name, throughput (items/s over those steps, evaluation time
 /// excluded), throughput_unit and elapsed_s. Evaluations write records with "eval_"
-/// metrics. `finish` writes summary.json. The optimizer must outlive the Trainer.
+/// metrics. `finish` writes summary.json. The optimizer must outlive the Trainer. The
+/// loss function may be empty only with a strategy that computes the loss itself
+/// (parallel::Pipeline).
 ///
 ///   train::Trainer trainer({.out_dir = "runs/mnist", .total_steps = n}, opt, loss_fn);
 ///   for (...) trainer.step(state, loader.next());

@@ -50,8 +50,27 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
   return grad(outputs, seeds, wrt, GradReadyFn{});
 }
 
+namespace {
+std::vector<Tensor> grad_impl(const std::vector<Tensor>& outputs, const std::vector<Tensor>& seeds,
+                              const std::vector<Tensor>& wrt, const GradReadyFn& on_ready,
+                              bool zeros_for_unreached);
+}  // namespace
+
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& seeds,
                          const std::vector<Tensor>& wrt, const GradReadyFn& on_ready) {
+  return grad_impl(outputs, seeds, wrt, on_ready, /*zeros_for_unreached=*/true);
+}
+
+std::vector<Tensor> grad_if_reached(const std::vector<Tensor>& outputs,
+                                    const std::vector<Tensor>& seeds,
+                                    const std::vector<Tensor>& wrt) {
+  return grad_impl(outputs, seeds, wrt, GradReadyFn{}, /*zeros_for_unreached=*/false);
+}
+
+namespace {
+std::vector<Tensor> grad_impl(const std::vector<Tensor>& outputs, const std::vector<Tensor>& seeds,
+                              const std::vector<Tensor>& wrt, const GradReadyFn& on_ready,
+                              bool zeros_for_unreached) {
   DISTJAX_CHECK(outputs.size() == seeds.size(), InvalidArgument, "[grad] ", outputs.size(),
                 " outputs but ", seeds.size(), " seeds");
   NoGradGuard no_grad;
@@ -152,12 +171,16 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
   // A cotangent has its primal's type, varying axes included (the implicit pvary of the
   // tape has already summed over the axes the primal does not vary over).
   for (std::size_t j = 0; j < wrt.size(); ++j) {
-    if (!result[j].defined()) result[j] = Tensor::zeros(wrt[j].shape(), wrt[j].dtype());
+    if (!result[j].defined()) {
+      if (!zeros_for_unreached) continue;
+      result[j] = Tensor::zeros(wrt[j].shape(), wrt[j].dtype());
+    }
     result[j].set_varying_axes(wrt[j].varying_axes());
     if (on_ready && !reported[j]) on_ready(j, result[j]);  // unused by the outputs
   }
   return result;
 }
+}  // namespace
 
 namespace detail {
 

@@ -1,6 +1,7 @@
 #include "distjax/parallel/pipeline.hpp"
 
 #include <chrono>
+#include <ctime>
 #include <deque>
 #include <map>
 #include <optional>
@@ -24,6 +25,12 @@ constexpr int kActivationTag = comm::kMaxTag - 3;
 constexpr int kGradTag = comm::kMaxTag - 4;
 // How many receives per channel are posted ahead of the action that needs them.
 constexpr std::size_t kReceiveLookahead = 2;
+
+double thread_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
@@ -87,6 +94,58 @@ double PipelineTrace::wait_seconds() const {
   for (const PipelineSpan& x : spans)
     if (x.wait) s += x.end - x.start;
   return s;
+}
+
+double PipelineTrace::idle_fraction() const {
+  const double total = end - start;
+  return total > 0 ? 1.0 - compute_seconds() / total : 0.0;
+}
+
+double pipeline_bubble(spmd::DeviceContext& ctx, const PipelineTrace& trace, bool shared_clock,
+                       const mesh::Axes& axis) {
+  comm::Communicator& c = ctx.comm(axis);
+  const double mine[3] = {trace.start, trace.end, trace.compute_seconds()};
+  std::vector<double> all(3 * static_cast<std::size_t>(c.size()));
+  static_assert(sizeof(double) == sizeof(std::int64_t));
+  c.all_gather(mine, all.data(), 3, DType::I64);  // bit copies of the doubles
+  double first = all[0], last = all[1];
+  for (int r = 0; r < c.size(); ++r) {
+    first = std::min(first, all[3 * r]);
+    last = std::max(last, all[3 * r + 1]);
+  }
+  double idle = 0;
+  for (int r = 0; r < c.size(); ++r) {
+    const double span = shared_clock ? last - first : all[3 * r + 1] - all[3 * r];
+    idle += span > 0 ? 1.0 - all[3 * r + 2] / span : 0.0;
+  }
+  return idle / c.size();
+}
+
+std::string format_trace_timeline(const std::vector<PipelineTrace>& traces, int width) {
+  if (traces.empty()) return "";
+  double first = traces[0].start, last = traces[0].end;
+  for (const PipelineTrace& t : traces) {
+    first = std::min(first, t.start);
+    last = std::max(last, t.end);
+  }
+  const double cell = (last - first) / width;
+  std::ostringstream os;
+  for (const PipelineTrace& t : traces) {
+    std::string row(static_cast<std::size_t>(width), '.');
+    for (const PipelineSpan& x : t.spans) {
+      if (x.wait || cell <= 0) continue;
+      const int a = static_cast<int>((x.start - first) / cell);
+      const int b = std::max(a + 1, static_cast<int>((x.end - first) / cell));
+      const char op = to_string(x.action.op)[0];
+      for (int i = a; i < std::min(b, width); ++i)
+        row[static_cast<std::size_t>(i)] = op;
+      if (b - a >= 2 && a + 1 < width)
+        row[static_cast<std::size_t>(a + 1)] = static_cast<char>('0' + x.action.microbatch % 10);
+    }
+    os << "stage " << t.stage << " |" << row << "| idle " << static_cast<int>(t.idle_fraction() * 1000) / 10.0
+       << "%\n";
+  }
+  return os.str();
 }
 
 Pipeline::Pipeline(spmd::DeviceContext& ctx, const PipelineModule& module, PipelineOptions options,
@@ -250,8 +309,10 @@ train::GradientResult Pipeline::run_schedule(const TensorTree& params, const tra
   trace_.stage = stage_;
   trace_.start = now_s();
 
+  std::size_t index = 0;  // of the action running
+  double cpu0 = 0.0;
   auto span = [&](const PipelineAction& a, bool wait, double t0) {
-    trace_.spans.push_back({a, wait, t0, now_s()});
+    trace_.spans.push_back({a, index, wait, t0, now_s(), thread_cpu_s() - cpu0});
   };
   auto receive = [&](std::deque<Posted>& q, std::size_t& scan, PipelineOp op,
                      const PipelineAction& a) -> Tensor {
@@ -261,6 +322,7 @@ train::GradientResult Pipeline::run_schedule(const TensorTree& params, const tra
     Posted r = std::move(q.front());
     q.pop_front();
     const double t0 = now_s();
+    cpu0 = thread_cpu_s();
     r.request.wait();
     span(a, true, t0);
     post(q, scan, op);
@@ -274,9 +336,11 @@ train::GradientResult Pipeline::run_schedule(const TensorTree& params, const tra
 
   post(posted_act, next_act, PipelineOp::RecvActivation);
   post(posted_grad, next_grad, PipelineOp::RecvGrad);
-  for (const PipelineAction& a : actions) {
+  for (; index < actions.size(); ++index) {
+    const PipelineAction& a = actions[index];
     const std::pair<int, int> key_mc{a.microbatch, a.chunk};
     const double t0 = now_s();
+    cpu0 = thread_cpu_s();
     switch (a.op) {
       case PipelineOp::RecvActivation:
         received_act[key_mc] = receive(posted_act, next_act, PipelineOp::RecvActivation, a);
@@ -358,7 +422,7 @@ train::GradientResult Pipeline::run_schedule(const TensorTree& params, const tra
         {
           std::optional<tensor::WeightGradStoreGuard> defer;
           if (a.op == PipelineOp::BackwardInput) defer.emplace(&rec.deferred);
-          g = autodiff::grad({rec.output}, {seed}, wrt);
+          g = autodiff::grad_if_reached({rec.output}, {seed}, wrt);
         }
         tensor::NoGradGuard no_grad;
         add_param_grads(g, offset);
@@ -390,6 +454,7 @@ train::GradientResult Pipeline::run_schedule(const TensorTree& params, const tra
     }
   }
   const double t0 = now_s();
+  cpu0 = thread_cpu_s();
   for (Sent& x : sends)
     x.request.wait();
   if (!sends.empty()) span({PipelineOp::SendActivation, 0, 0}, true, t0);
@@ -407,6 +472,55 @@ train::GradientResult Pipeline::run_schedule(const TensorTree& params, const tra
     for (const std::string& name : module_->metric_names())
       out.metrics.add(name, 0.0, 0.0);
   return out;
+}
+
+train::Metrics Pipeline::evaluate(const TensorTree& params, const train::Batch& batch_in) {
+  const int m = schedule_.microbatches, last = num_chunks() - 1, p = schedule_.stages;
+  DISTJAX_CHECK(batch_in.size() % m == 0, InvalidArgument, "[Pipeline::evaluate] batch size ",
+                batch_in.size(), " is not divisible by ", m, " micro-batches");
+  const std::int64_t b = batch_in.size() / m;
+  tensor::NoGradGuard no_grad;
+  train::Batch batch = inner_ ? inner_->own_batch(batch_in) : batch_in;
+  batch.inputs.set_varying_axes(batch.inputs.varying_axes() | pipe_mask_);
+  batch.labels.set_varying_axes(batch.labels.varying_axes() | pipe_mask_);
+  const std::uint32_t act_mask = batch.inputs.varying_axes() |
+                                 ctx_->axis_mask(module_->activation_axes()) | pipe_mask_;
+  const TensorTree marked = stage_params(params);
+  comm::Communicator& link = ctx_->comm(options_.axis);
+  const int prev_stage = (stage_ - 1 + p) % p, next_stage = (stage_ + 1) % p;
+  nn::Scope scope = nn::Scope::apply(&marked, /*train=*/false).on(*ctx_);
+  if (options_.fsdp) scope = scope.fully_sharded(*options_.fsdp);
+  train::Metrics out;
+  std::vector<comm::Request> sends;
+  std::vector<Tensor> keep;  // send buffers until their sends complete
+  for (int mb = 0; mb < m; ++mb) {
+    const train::Batch slice = batch.slice(mb * b, (mb + 1) * b);
+    Tensor x;  // output of the previous chunk when it ran here
+    for (int c : chunks()) {
+      if (c > 0 && schedule_.stage_of(c - 1) != stage_) {
+        x = Tensor::empty(module_->activation_shape(scope, c - 1, last + 1, slice));
+        link.irecv(x.raw_data(), x.numel(), DType::F32, prev_stage, kActivationTag).wait();
+        x.set_varying_axes(act_mask);
+      }
+      train::Metrics metrics;
+      Tensor y = module_->forward(scope, c, last + 1, x, slice, metrics);
+      if (c == last) {
+        if (!metrics.contains("loss"))
+          metrics.add("loss", y.item<double>() * static_cast<double>(b), static_cast<double>(b));
+        out.merge(metrics);
+      } else if (schedule_.stage_of(c + 1) != stage_) {
+        keep.push_back(y);
+        sends.push_back(link.isend(y.raw_data(), y.numel(), DType::F32, next_stage, kActivationTag));
+      }
+      x = y;
+    }
+  }
+  for (comm::Request& r : sends)
+    r.wait();
+  if (!is_last_stage())
+    for (const std::string& name : module_->metric_names())
+      out.add(name, 0.0, 0.0);
+  return reduce_metrics(std::move(out));
 }
 
 TensorTree Pipeline::finalize_grads(TensorTree grads) {

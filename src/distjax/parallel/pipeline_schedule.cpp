@@ -386,6 +386,10 @@ std::vector<Positions> check_static(const PipelineSchedule& s) {
 }  // namespace
 
 ScheduleReport check_schedule(const PipelineSchedule& s) {
+  return replay_schedule(s, [](int, std::size_t, const PipelineAction& a) { return unit_cost(a.op); });
+}
+
+ScheduleReport replay_schedule(const PipelineSchedule& s, const ActionCost& cost) {
   const int p = s.stages, last = s.num_chunks() - 1;
   check_static(s);
   ScheduleReport r;
@@ -466,11 +470,12 @@ ScheduleReport check_schedule(const PipelineSchedule& s) {
             break;
         }
         if (!can) break;
-        const double end = ready + unit_cost(a.op);
+        const double c = cost(st, k, a);
+        const double end = ready + c;
         r.start[st][k] = ready;
         r.end[st][k] = end;
         clock[st] = end;
-        busy[st] += unit_cost(a.op);
+        if (is_compute(a.op)) busy[st] += c;
         switch (a.op) {
           case Op::Forward:
             out_ready[key] = end;

@@ -56,7 +56,10 @@ Trainer::Trainer(TrainerConfig config, const optim::Optimizer& optimizer, LossFn
       loss_fn_(std::move(loss_fn)),
       options_(options),
       start_(Clock::now()) {
-  DISTJAX_CHECK(loss_fn_, InvalidArgument, "[Trainer] loss function is empty");
+  // A pipeline computes the loss in its last stage and needs none.
+  DISTJAX_CHECK(loss_fn_ || options_.strategy, InvalidArgument,
+                "[Trainer] loss function is empty (only a strategy that computes the loss "
+                "itself, a pipeline, runs without one)");
   DISTJAX_CHECK(config_.log_every >= 1, InvalidArgument, "[Trainer] log_every must be >= 1, got ",
                 config_.log_every);
   if (!config_.out_dir.empty()) {
@@ -147,6 +150,9 @@ void Trainer::log_train(std::int64_t step) {
 
 Metrics Trainer::evaluate(const TrainState& state, const std::vector<Batch>& batches,
                           const LossFn& eval_fn) {
+  DISTJAX_CHECK(eval_fn || loss_fn_, InvalidArgument,
+                "[Trainer::evaluate] no loss function to evaluate with: pass eval_fn (a "
+                "pipeline evaluates with parallel::Pipeline::evaluate and log_eval)");
   Metrics m = train::evaluate(state.params, batches, eval_fn ? eval_fn : loss_fn_,
                               state.rng.fold_in(std::string_view("eval")));
   if (options_.strategy) m = options_.strategy->reduce_metrics(std::move(m));
