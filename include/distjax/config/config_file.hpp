@@ -30,6 +30,10 @@ const std::vector<ConfigKey>& config_keys();
 /// part), or "" when none is close: "run.stpes" -> "run.steps", "model.lr" -> "optimizer.lr".
 std::string nearest_key(std::string_view key);
 
+/// The candidate nearest to `name` by edit distance, or "" when none is close (used for
+/// keys, and by callers for their own names such as programs).
+std::string nearest_name(std::string_view name, const std::vector<std::string>& candidates);
+
 /// Applies a TOML document to `config`. `source` names it in errors. Every problem is
 /// collected and thrown as one ConfigError, one line each, e.g.
 ///   [config] configs/x.toml:3:1: unknown key "run.stpes"; did you mean "run.steps"?

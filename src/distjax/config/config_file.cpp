@@ -465,6 +465,17 @@ std::string nearest_key(std::string_view key) {
   return best_score <= limit ? best : std::string();
 }
 
+std::string nearest_name(std::string_view name, const std::vector<std::string>& candidates) {
+  std::string best;
+  std::size_t best_score = std::string::npos;
+  for (const std::string& c : candidates)
+    if (const std::size_t d = edit_distance(name, c); d < best_score) {
+      best_score = d;
+      best = c;
+    }
+  return best_score <= std::max<std::size_t>(3, name.size() / 2) ? best : std::string();
+}
+
 void apply_toml(TrainConfig& config, std::string_view text, const std::string& source) {
   toml::table doc;
   try {

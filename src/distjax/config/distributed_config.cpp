@@ -204,6 +204,13 @@ DistributedConfig resolve(DistributedConfig c, const comm::LaunchEnvironment& en
   c.launcher = comm::launcher_name(env.launcher);
   c.launcher_source = env.source;
   c.launched_processes = env.launcher == comm::Launcher::None ? 1 : env.world_size;
+  if (!c.enabled) {  // one device in this process, whoever launched it
+    if (c.backend == BackendChoice::Auto) c.backend = BackendChoice::Threads;
+    if (c.world_size == 0) c.world_size = 1;
+    if (c.num_processes_per_node == 0) c.num_processes_per_node = c.world_size;
+    c.launched_processes = 1;
+    return c;
+  }
   if (c.backend == BackendChoice::Auto)
     c.backend = comm::default_backend(env) == comm::Backend::Mpi ? BackendChoice::Mpi
                                                                  : BackendChoice::Threads;
@@ -219,9 +226,7 @@ DistributedConfig resolve(DistributedConfig c, const comm::LaunchEnvironment& en
   if (env.master_addr) c.master_addr = *env.master_addr;
   if (env.master_port) c.master_port = *env.master_port;
   if (c.world_size == 0) {
-    if (!c.enabled)
-      c.world_size = 1;
-    else if (!c.mesh_shape.empty())
+    if (!c.mesh_shape.empty())
       c.world_size = static_cast<int>(product(c.mesh_shape));
     else
       c.world_size = c.tensor_parallel_size * c.pipeline_parallel_size;
