@@ -40,7 +40,10 @@ std::string list_choices(const std::vector<std::string>& choices) {
 void check_choice(const std::string& key, const std::vector<std::string>& choices,
                   const std::string& v) {
   if (choices.empty() || std::find(choices.begin(), choices.end(), v) != choices.end()) return;
-  throw ConfigError(key + " must be one of " + list_choices(choices) + ", got " + quoted(v));
+  std::string msg = key + " must be one of " + list_choices(choices) + ", got " + quoted(v);
+  if (const std::string near = nearest_name(v, choices); !near.empty())
+    msg += "; did you mean " + quoted(near) + "?";
+  throw ConfigError(msg);
 }
 
 // An entry for a member reached by `access` (a lambda returning a reference into the
@@ -279,6 +282,12 @@ std::string unknown_key_message(std::string_view key, bool table) {
   return msg;
 }
 
+// Errors of one document, kept with their position so they print in file order.
+struct LocatedError {
+  std::uint32_t line, column;
+  std::string text;
+};
+
 std::string located(const std::string& source, const toml::source_region& where,
                     const std::string& msg) {
   return "[config] " + source + ":" + std::to_string(where.begin.line) + ":" +
@@ -346,43 +355,47 @@ std::optional<Value> convert(const toml::node& n, ValueType type) {
 
 // Checks and applies every key under `table` (dotted `prefix`), collecting errors.
 void walk(TrainConfig& config, const toml::table& table, const std::string& prefix,
-          const std::string& source, std::vector<std::string>& errors) {
+          const std::string& source, std::vector<LocatedError>& errors) {
+  const auto add = [&](const toml::source_region& where, const std::string& msg) {
+    errors.push_back({where.begin.line, where.begin.column, located(source, where, msg)});
+  };
   for (const auto& [k, node] : table) {
     const std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
     if (const toml::table* sub = node.as_table()) {
       if (is_table(key)) {
         walk(config, *sub, key, source, errors);
       } else {
-        errors.push_back(located(source, k.source(), unknown_key_message(key, !find_entry(key))));
+        add(k.source(), unknown_key_message(key, !find_entry(key)));
       }
       continue;
     }
     const Entry* e = find_entry(key);
     if (e == nullptr) {
-      errors.push_back(located(source, k.source(),
-                               is_table(key) ? quoted(key) + " is a table, not a key"
-                                             : unknown_key_message(key, false)));
+      add(k.source(), is_table(key) ? quoted(key) + " is a table, not a key"
+                                    : unknown_key_message(key, false));
       continue;
     }
     const std::optional<Value> v = convert(node, e->key.type);
     if (!v) {
-      errors.push_back(located(source, node.source(),
-                               key + " must be " + value_type_name(e->key.type) + ", got " +
-                                   toml_type_name(node)));
+      add(node.source(),
+          key + " must be " + value_type_name(e->key.type) + ", got " + toml_type_name(node));
       continue;
     }
     try {
       e->set(config, *v);
     } catch (const ConfigError& err) {
-      errors.push_back(located(source, node.source(), err.what()));
+      add(node.source(), err.what());
     }
   }
 }
 
-[[noreturn]] void throw_all(const std::vector<std::string>& errors) {
+[[noreturn]] void throw_all(std::vector<LocatedError> errors) {
+  std::stable_sort(errors.begin(), errors.end(), [](const LocatedError& a, const LocatedError& b) {
+    return a.line != b.line ? a.line < b.line : a.column < b.column;
+  });
   std::string msg;
   for (std::size_t i = 0; i < errors.size(); ++i)
-    msg += (i ? "\n" : "") + errors[i];
+    msg += (i ? "\n" : "") + errors[i].text;
   throw ConfigError(msg);
 }
 
@@ -484,7 +497,7 @@ void apply_toml(TrainConfig& config, std::string_view text, const std::string& s
     throw ConfigError(located(source, err.source(),
                               "TOML syntax error: " + std::string(err.description())));
   }
-  std::vector<std::string> errors;
+  std::vector<LocatedError> errors;
   walk(config, doc, "", source, errors);
   if (!errors.empty()) throw_all(errors);
 }

@@ -51,8 +51,15 @@ void size_rules(const DistributedConfig& c, std::vector<std::string>& out) {
       {"num_processes_per_node", c.num_processes_per_node},
       {"tensor_parallel_size", c.tensor_parallel_size},
       {"pipeline_parallel_size", c.pipeline_parallel_size}};
-  for (const auto& [name, v] : sizes)
-    if (v < 1) out.push_back(str(name, " = ", v, " must be positive"));
+  for (const auto& [name, v] : sizes) {
+    if (v >= 1) continue;
+    if (v == 0 && std::string_view(name) == "num_processes_per_node" && c.world_size >= 1 &&
+        c.num_nodes >= 1)  // left 0 by resolve(): world_size does not split evenly
+      out.push_back(str("num_processes_per_node cannot be derived: world_size = ", c.world_size,
+                        " is not divisible by num_nodes = ", c.num_nodes));
+    else
+      out.push_back(str(name, " = ", v, " must be positive"));
+  }
   if (c.rank < 0) out.push_back(str("rank = ", c.rank, " must not be negative"));
   if (c.local_rank < 0) out.push_back(str("local_rank = ", c.local_rank, " must not be negative"));
   if (c.master_port < 1 || c.master_port > 65535)
@@ -145,23 +152,23 @@ comm::Backend DistributedConfig::comm_backend() const {
 std::vector<std::string> DistributedConfig::problems() const {
   std::vector<std::string> out;
   size_rules(*this, out);
-  const bool sizes_ok = out.empty();
-  if (sizes_ok) {
-    if (world_size != num_nodes * num_processes_per_node)
-      out.push_back(str("world_size = ", world_size, " must equal num_nodes x num_processes_per_node = ",
-                        num_nodes, " x ", num_processes_per_node, " = ",
-                        num_nodes * num_processes_per_node));
-    const int mp = tensor_parallel_size * pipeline_parallel_size;
-    if (world_size % mp != 0)
-      out.push_back(str("tensor_parallel_size x pipeline_parallel_size = ", tensor_parallel_size,
-                        " x ", pipeline_parallel_size, " = ", mp, " must divide world_size = ",
-                        world_size));
-    if (rank >= world_size)
-      out.push_back(str("rank = ", rank, " must be below world_size = ", world_size));
-    if (local_rank >= num_processes_per_node)
-      out.push_back(str("local_rank = ", local_rank, " must be below num_processes_per_node = ",
-                        num_processes_per_node));
-  }
+  // Each rule runs when the sizes it reads are valid (their own messages are above).
+  const bool ws = world_size >= 1, nodes = num_nodes >= 1, per_node = num_processes_per_node >= 1;
+  const bool mp_ok = tensor_parallel_size >= 1 && pipeline_parallel_size >= 1;
+  if (ws && nodes && per_node && world_size != num_nodes * num_processes_per_node)
+    out.push_back(str("world_size = ", world_size,
+                      " must equal num_nodes x num_processes_per_node = ", num_nodes, " x ",
+                      num_processes_per_node, " = ", num_nodes * num_processes_per_node));
+  if (ws && mp_ok && world_size % (tensor_parallel_size * pipeline_parallel_size) != 0)
+    out.push_back(str("tensor_parallel_size x pipeline_parallel_size = ", tensor_parallel_size,
+                      " x ", pipeline_parallel_size, " = ",
+                      tensor_parallel_size * pipeline_parallel_size, " must divide world_size = ",
+                      world_size));
+  if (ws && rank >= world_size)
+    out.push_back(str("rank = ", rank, " must be below world_size = ", world_size));
+  if (per_node && local_rank >= num_processes_per_node)
+    out.push_back(str("local_rank = ", local_rank, " must be below num_processes_per_node = ",
+                      num_processes_per_node));
   mesh_rules(*this, out);
   if (!enabled && (world_size > 1 || tensor_parallel_size > 1 || pipeline_parallel_size > 1))
     out.push_back(str("enabled = false runs on one device, but world_size = ", world_size,
