@@ -416,9 +416,9 @@ void write_value(std::ostream& os, const Value& v) {
         } else if constexpr (std::is_same_v<T, std::int64_t>) {
           os << x;
         } else if constexpr (std::is_same_v<T, double>) {
-          char buf[64];
-          std::snprintf(buf, sizeof buf, "%.17g", x);
-          std::string s = buf;
+          char buf[64];  // the shortest text that reads back as the same double
+          const auto end = std::to_chars(buf, buf + sizeof buf, x).ptr;
+          std::string s(buf, end);
           if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
           os << s;
         } else if constexpr (std::is_same_v<T, std::string>) {
