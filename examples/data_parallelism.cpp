@@ -43,7 +43,8 @@ int main(int argc, char** argv) {
       return 2;
     }
     c.parallelism.zero_stage = zero == 3 ? 0 : static_cast<int>(zero);
-    c.parallelism.fsdp.modules = zero == 3 ? std::vector<std::string>{"*"} : std::vector<std::string>{};
+    c.parallelism.fsdp.modules =
+        zero == 3 ? std::vector<std::string>{"*"} : std::vector<std::string>{};
     return examples::run_program(c);
   });
 }

@@ -15,7 +15,8 @@ int main(int argc, char** argv) {
   return examples::run_main("train_gpt", [&] {
     config::TrainConfig c = examples::program_defaults("train_gpt");
     c.data.dir = data::kFortunesDir;
-    examples::Args args("train_gpt", "trains a byte-level GPT on the fortune files (single device)");
+    examples::Args args("train_gpt",
+                        "trains a byte-level GPT on the fortune files (single device)");
     args.bind("out", &c.run.out_dir, "output directory");
     args.bind("steps", &c.run.steps, "optimizer steps");
     args.bind("batch-size", &c.run.batch_size, "sequences per step");

@@ -32,8 +32,8 @@ int run_data_parallelism(const config::TrainConfig& c) {
   const char* kTags[] = {"DP", "ZeRO-1", "ZeRO-2", "FSDP"};
   const char* tag = kTags[zero];
   const mesh::Mesh mesh = config::build_mesh(c.distributed, {"data"});
-  DISTJAX_CHECK(mesh.ndim() == 1, ConfigError,
-                "[data_parallelism] runs on a (\"data\") mesh, got ", mesh.describe());
+  DISTJAX_CHECK(mesh.ndim() == 1, ConfigError, "[data_parallelism] runs on a (\"data\") mesh, got ",
+                mesh.describe());
   const int devices = mesh.size();
   const std::string backend_name = backend_label(c);
   if (c.distributed.is_main_process())
@@ -53,14 +53,15 @@ int run_data_parallelism(const config::TrainConfig& c) {
   const std::int64_t steps = c.run.steps;
   const double lr = c.optimizer.lr;
   optim::AdamW opt({.learning_rate = optim::warmup_cosine_schedule(
-                        0.0, lr, std::min<std::int64_t>(c.optimizer.warmup_steps, steps - 1),
-                        steps, lr * c.optimizer.final_lr_ratio),
+                        0.0, lr, std::min<std::int64_t>(c.optimizer.warmup_steps, steps - 1), steps,
+                        lr * c.optimizer.final_lr_ratio),
                     .b1 = c.optimizer.b1,
                     .b2 = c.optimizer.b2,
                     .eps = c.optimizer.eps,
                     .weight_decay = c.optimizer.weight_decay,
                     .decay_mask = optim::default_decay_mask()});
-  const nn::FullySharded fsdp{.axis = "data", .min_weight_size = c.parallelism.fsdp.min_weight_size};
+  const nn::FullySharded fsdp{.axis = "data",
+                              .min_weight_size = c.parallelism.fsdp.min_weight_size};
   const auto seed = static_cast<std::uint64_t>(c.run.seed);
   const Key root = Key::from_seed(seed);
 
@@ -120,10 +121,9 @@ int run_data_parallelism(const config::TrainConfig& c) {
                            {"devices", double(devices)},
                            {"zero_stage", double(zero)}});
     if (lead) {
-      std::printf("[%s] Test accuracy: %.2f%% (%lld images) after %lld steps on %d devices\n",
-                  tag, 100.0 * eval.mean("accuracy"),
-                  static_cast<long long>(eval.at("accuracy").count), static_cast<long long>(steps),
-                  devices);
+      std::printf("[%s] Test accuracy: %.2f%% (%lld images) after %lld steps on %d devices\n", tag,
+                  100.0 * eval.mean("accuracy"), static_cast<long long>(eval.at("accuracy").count),
+                  static_cast<long long>(steps), devices);
       std::printf(
           "[%s] Bytes held by device 0: parameters %lld, optimizer state %lld "
           "(the model has %lld parameters: %lld bytes each replicated)\n",
@@ -134,8 +134,8 @@ int run_data_parallelism(const config::TrainConfig& c) {
     }
     return std::vector<Tensor>{};
   };
-  spmd::shard_map(mesh, program, {}, {}, {.backend = c.distributed.comm_backend()})(
-      std::vector<Tensor>{});
+  spmd::shard_map(mesh, program, {}, {},
+                  {.backend = c.distributed.comm_backend()})(std::vector<Tensor>{});
   return 0;
 }
 

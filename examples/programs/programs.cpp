@@ -164,18 +164,19 @@ int run_program(config::TrainConfig c, const std::string& source) {
   const ProgramInfo& program = find_program(c.run.program);
   c.distributed = config::resolve(c.distributed, comm::discover_launch_environment());
   c.validate(source);
-  DISTJAX_CHECK(c.run.steps > 0 || c.run.program == "train_mnist", ConfigError, "[",
-                c.run.program, "] needs run.steps > 0 (run.epochs is train_mnist's)");
-  DISTJAX_CHECK(c.distributed.mixed_precision == config::MixedPrecision::No, NotImplemented,
-                "[", c.run.program, "] distributed.mixed_precision = \"",
+  DISTJAX_CHECK(c.run.steps > 0 || c.run.program == "train_mnist", ConfigError, "[", c.run.program,
+                "] needs run.steps > 0 (run.epochs is train_mnist's)");
+  DISTJAX_CHECK(c.distributed.mixed_precision == config::MixedPrecision::No, NotImplemented, "[",
+                c.run.program, "] distributed.mixed_precision = \"",
                 config::mixed_precision_name(c.distributed.mixed_precision),
                 "\" is not implemented yet; use \"no\"");
   DISTJAX_CHECK(c.distributed.pipeline_parallel_size == 1, NotImplemented, "[", c.run.program,
                 "] pipeline_parallel_size = ", c.distributed.pipeline_parallel_size,
                 ": no program runs pipeline parallelism yet");
   if (c.distributed.is_main_process() && (c.run.resume || c.run.checkpoint_every > 0))
-    std::printf("Note: checkpoints are not written yet; run.resume and run.checkpoint_every "
-                "are recorded but have no effect\n");
+    std::printf(
+        "Note: checkpoints are not written yet; run.resume and run.checkpoint_every "
+        "are recorded but have no effect\n");
   return program.run(c);
 }
 

@@ -26,13 +26,15 @@ int run_tensor_parallelism(const config::TrainConfig& c) {
   const std::string& layout = c.parallelism.tp_layout;
   DISTJAX_CHECK(layout == "gather" || layout == "async", ConfigError,
                 "[tensor_parallelism] parallelism.tp_layout must be \"gather\" (synchronous) or "
-                "\"async\" (ppermute rings) for the TP classifier, got \"", layout, "\"");
+                "\"async\" (ppermute rings) for the TP classifier, got \"",
+                layout, "\"");
   const bool async_rings = layout == "async";
   const bool bidirectional = c.parallelism.bidirectional;
   const mesh::Mesh mesh = config::build_mesh(c.distributed, {"data", "model"});
   const int n_data = mesh.axis_size("data"), n_model = mesh.axis_size("model");
-  DISTJAX_CHECK(c.model.hidden % n_model == 0, ConfigError, "[tensor_parallelism] model.hidden = ",
-                c.model.hidden, " must be divisible by the \"model\" axis size ", n_model);
+  DISTJAX_CHECK(c.model.hidden % n_model == 0, ConfigError,
+                "[tensor_parallelism] model.hidden = ", c.model.hidden,
+                " must be divisible by the \"model\" axis size ", n_model);
   const std::string backend_name = backend_label(c);
   if (c.distributed.is_main_process())
     std::printf("Mesh (%s backend, %s tensor parallelism):\n%s\n", backend_name.c_str(),
@@ -55,8 +57,8 @@ int run_tensor_parallelism(const config::TrainConfig& c) {
   const std::int64_t steps = c.run.steps;
   const double lr = c.optimizer.lr;
   optim::AdamW opt({.learning_rate = optim::warmup_cosine_schedule(
-                        0.0, lr, std::min<std::int64_t>(c.optimizer.warmup_steps, steps - 1),
-                        steps, lr * c.optimizer.final_lr_ratio),
+                        0.0, lr, std::min<std::int64_t>(c.optimizer.warmup_steps, steps - 1), steps,
+                        lr * c.optimizer.final_lr_ratio),
                     .b1 = c.optimizer.b1,
                     .b2 = c.optimizer.b2,
                     .eps = c.optimizer.eps,
@@ -116,8 +118,8 @@ int run_tensor_parallelism(const config::TrainConfig& c) {
                   static_cast<long long>(steps), 1e3 * seconds / static_cast<double>(steps));
     return std::vector<Tensor>{};
   };
-  spmd::shard_map(mesh, device_program, {}, {}, {.backend = c.distributed.comm_backend()})(
-      std::vector<Tensor>{});
+  spmd::shard_map(mesh, device_program, {}, {},
+                  {.backend = c.distributed.comm_backend()})(std::vector<Tensor>{});
   return 0;
 }
 

@@ -96,8 +96,8 @@ int run_train_gpt(const config::TrainConfig& c) {
                              .remat = !c.parallelism.remat.empty()});
   const double lr = c.optimizer.lr;
   optim::AdamW opt({.learning_rate = optim::warmup_cosine_schedule(
-                        0.0, lr, std::min<std::int64_t>(c.optimizer.warmup_steps, steps - 1),
-                        steps, lr * c.optimizer.final_lr_ratio),
+                        0.0, lr, std::min<std::int64_t>(c.optimizer.warmup_steps, steps - 1), steps,
+                        lr * c.optimizer.final_lr_ratio),
                     .b1 = c.optimizer.b1,
                     .b2 = c.optimizer.b2,
                     .eps = c.optimizer.eps,
@@ -145,8 +145,8 @@ int run_train_gpt(const config::TrainConfig& c) {
                          {"initial_val_bits_per_byte", initial_bpb},
                          {"flops_per_token", model.flops_per_token()}});
   std::printf("Validation bits per byte: %.3f -> %.3f\n", initial_bpb, bpb);
-  std::string text = sample(model, state.params, "The ", 120, seq_len,
-                            root.fold_in(std::string_view("sample")));
+  std::string text =
+      sample(model, state.params, "The ", 120, seq_len, root.fold_in(std::string_view("sample")));
   for (char& ch : text)
     if (ch == '\n') ch = ' ';
   std::printf("Sample: %s\n", text.c_str());

@@ -71,10 +71,9 @@ int run_train_mnist(const config::TrainConfig& c) {
   auto program = [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
     const int replica = ctx.axis_index("data");
     const bool lead = ctx.device() == 0;
-    data::DataLoader loader(train_set, {.batch_size = batch_size,
-                                        .seed = seed,
-                                        .num_shards = devices,
-                                        .shard_index = replica});
+    data::DataLoader loader(
+        train_set,
+        {.batch_size = batch_size, .seed = seed, .num_shards = devices, .shard_index = replica});
     std::vector<train::Batch> test_batches;  // this replica's share of the test set
     for (std::size_t i = replica; i < all_test_batches.size(); i += devices)
       test_batches.push_back(all_test_batches[i]);
@@ -121,8 +120,8 @@ int run_train_mnist(const config::TrainConfig& c) {
                   100.0 * acc, loss, epochs, devices);
     return std::vector<Tensor>{};
   };
-  spmd::shard_map(mesh, program, {}, {}, {.backend = c.distributed.comm_backend()})(
-      std::vector<Tensor>{});
+  spmd::shard_map(mesh, program, {}, {},
+                  {.backend = c.distributed.comm_backend()})(std::vector<Tensor>{});
   return 0;
 }
 

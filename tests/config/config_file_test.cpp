@@ -32,11 +32,10 @@ std::string parse_error(const std::string& toml) {
   });
 }
 
-#define EXPECT_CONTAINS(haystack, needle)                                 \
-  do {                                                                    \
-    const std::string h_ = (haystack);                                    \
-    EXPECT_NE(h_.find(needle), std::string::npos) << "expected: " << (needle) \
-                                                  << "\ngot: " << h_;     \
+#define EXPECT_CONTAINS(haystack, needle)                                                         \
+  do {                                                                                            \
+    const std::string h_ = (haystack);                                                            \
+    EXPECT_NE(h_.find(needle), std::string::npos) << "expected: " << (needle) << "\ngot: " << h_; \
   } while (0)
 
 }  // namespace
@@ -99,7 +98,8 @@ TEST(ConfigFile, UnknownKeySuggestsTheNearest) {
   EXPECT_CONTAINS(parse_error("[model]\nlr = 0.1\n"),
                   "unknown key \"model.lr\"; did you mean \"optimizer.lr\"?");
   // An unknown table.
-  EXPECT_CONTAINS(parse_error("[optimiser]\nlr = 0.1\n"), "test.toml:1:2: unknown table \"optimiser\"");
+  EXPECT_CONTAINS(parse_error("[optimiser]\nlr = 0.1\n"),
+                  "test.toml:1:2: unknown table \"optimiser\"");
   // Nothing close: no suggestion.
   const std::string far = parse_error("[run]\nxyzzy_frobnicate = 1\n");
   EXPECT_CONTAINS(far, "unknown key \"run.xyzzy_frobnicate\"");
@@ -131,7 +131,8 @@ TEST(ConfigFile, ChoicesAndRangesAreChecked) {
 
 TEST(ConfigFile, EveryErrorIsListedInFileOrder) {
   const std::string msg = parse_error("[run]\nstpes = 1\nbatch_size = \"x\"\n[model]\nhiden = 3\n");
-  const auto a = msg.find("test.toml:2:"), b = msg.find("test.toml:3:"), c = msg.find("test.toml:5:");
+  const auto a = msg.find("test.toml:2:"), b = msg.find("test.toml:3:"),
+             c = msg.find("test.toml:5:");
   ASSERT_NE(a, std::string::npos) << msg;
   ASSERT_NE(b, std::string::npos) << msg;
   ASSERT_NE(c, std::string::npos) << msg;
@@ -145,7 +146,7 @@ TEST(ConfigFile, OverridesAreTypedBySchema) {
   config::apply_override(c, "optimizer.lr = 0.5");
   config::apply_override(c, "run.resume=true");
   config::apply_override(c, "run.out_dir=/tmp/some dir");  // bare string
-  config::apply_override(c, "run.program=\"gpt\"");       // quoted string
+  config::apply_override(c, "run.program=\"gpt\"");        // quoted string
   config::apply_override(c, "distributed.mesh_shape=2,4");
   config::apply_override(c, "distributed.mesh_axis_names=[\"data\", \"model\"]");
   config::apply_override(c, "parallelism.fsdp.modules=*");
@@ -165,8 +166,9 @@ TEST(ConfigFile, OverrideErrorsNameTheOverride) {
   TrainConfig c;
   EXPECT_CONTAINS(error_of([&] { config::apply_override(c, "run.steps=abc"); }),
                   "[config] --set run.steps=abc: run.steps must be an integer, got \"abc\"");
-  EXPECT_CONTAINS(error_of([&] { config::apply_override(c, "run.stepz=3"); }),
-                  "[config] --set run.stepz=3: unknown key \"run.stepz\"; did you mean \"run.steps\"?");
+  EXPECT_CONTAINS(
+      error_of([&] { config::apply_override(c, "run.stepz=3"); }),
+      "[config] --set run.stepz=3: unknown key \"run.stepz\"; did you mean \"run.steps\"?");
   EXPECT_CONTAINS(error_of([&] { config::apply_override(c, "run.steps"); }),
                   "--set run.steps: expected key=value");
   EXPECT_CONTAINS(error_of([&] { config::apply_override(c, "distributed.backend=gloo"); }),

@@ -16,8 +16,8 @@ TEST(Configs, EveryFileParsesAndValidates) {
   for (const auto& entry : std::filesystem::directory_iterator(dir))
     if (entry.path().extension() == ".toml") files.push_back(entry.path());
   ASSERT_GE(files.size(), 7u) << "one config per example under " << dir;
-  const comm::LaunchEnvironment none = comm::discover_launch_environment(
-      [](const char*) -> const char* { return nullptr; });
+  const comm::LaunchEnvironment none =
+      comm::discover_launch_environment([](const char*) -> const char* { return nullptr; });
   for (const auto& f : files) {
     SCOPED_TRACE(f.string());
     config::TrainConfig c;

@@ -33,11 +33,10 @@ std::string problems(const DistributedConfig& c) {
   return out;
 }
 
-#define EXPECT_PROBLEM(config, text)                                                   \
-  do {                                                                                 \
-    const std::string all_ = problems(config);                                         \
-    EXPECT_NE(all_.find(text), std::string::npos) << "expected: " << (text) << "\ngot:\n" \
-                                                  << all_;                             \
+#define EXPECT_PROBLEM(config, text)                                                               \
+  do {                                                                                             \
+    const std::string all_ = problems(config);                                                     \
+    EXPECT_NE(all_.find(text), std::string::npos) << "expected: " << (text) << "\ngot:\n" << all_; \
   } while (0)
 
 comm::LaunchEnvironment env_of(const std::map<std::string, std::string>& vars) {
@@ -107,15 +106,17 @@ TEST(DistributedConfig, ProcessesPerNodeThatCannotBeDerived) {
   c.num_nodes = 4;
   c.num_processes_per_node = 0;
   c = config::resolve(c, env_of({}));
-  EXPECT_PROBLEM(c, "num_processes_per_node cannot be derived: world_size = 6 is not divisible "
-                    "by num_nodes = 4");
+  EXPECT_PROBLEM(c,
+                 "num_processes_per_node cannot be derived: world_size = 6 is not divisible "
+                 "by num_nodes = 4");
 }
 
 TEST(DistributedConfig, TensorTimesPipelineDividesWorldSize) {
   DistributedConfig c = valid();
   c.tensor_parallel_size = 3;
-  EXPECT_PROBLEM(c, "tensor_parallel_size x pipeline_parallel_size = 3 x 1 = 3 must divide "
-                    "world_size = 8");
+  EXPECT_PROBLEM(c,
+                 "tensor_parallel_size x pipeline_parallel_size = 3 x 1 = 3 must divide "
+                 "world_size = 8");
   c.tensor_parallel_size = 2;
   c.pipeline_parallel_size = 8;
   EXPECT_PROBLEM(c, "= 2 x 8 = 16 must divide world_size = 8");
@@ -144,8 +145,9 @@ TEST(DistributedConfig, AxisNamesOnePerDimension) {
   DistributedConfig c = valid();
   c.mesh_shape = {4, 2};
   c.mesh_axis_names = {"data"};
-  EXPECT_PROBLEM(c, "mesh_axis_names = [\"data\"] has 1 names for the 2 dimensions of mesh_shape "
-                    "= [4, 2]");
+  EXPECT_PROBLEM(c,
+                 "mesh_axis_names = [\"data\"] has 1 names for the 2 dimensions of mesh_shape "
+                 "= [4, 2]");
   c.mesh_shape = {};
   EXPECT_PROBLEM(c, "mesh_axis_names = [\"data\"] needs a mesh_shape with one size per name");
 }
@@ -198,8 +200,9 @@ TEST(DistributedConfig, BackendRules) {
   c = valid();
   c.launched_processes = 4;
   c.launcher_source = "PMI_RANK/PMI_SIZE";
-  EXPECT_PROBLEM(c, "backend = \"threads\" runs in one process, but the launcher "
-                    "(PMI_RANK/PMI_SIZE) started 4");
+  EXPECT_PROBLEM(c,
+                 "backend = \"threads\" runs in one process, but the launcher "
+                 "(PMI_RANK/PMI_SIZE) started 4");
   if (!comm::backend_available(comm::Backend::Mpi)) {
     c = valid();
     c.backend = BackendChoice::Mpi;
@@ -216,7 +219,8 @@ TEST(DistributedConfig, ValidateListsEveryProblemInOneError) {
     FAIL() << "no error";
   } catch (const ConfigError& e) {
     const std::string msg = e.what();
-    EXPECT_NE(msg.find("[DistributedConfig] configs/x.toml: 2 problems:"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[DistributedConfig] configs/x.toml: 2 problems:"), std::string::npos)
+        << msg;
     EXPECT_NE(msg.find("\n  - rank = 9"), std::string::npos) << msg;
     EXPECT_NE(msg.find("\n  - tensor_parallel_size x pipeline_parallel_size"), std::string::npos)
         << msg;
@@ -264,21 +268,22 @@ TEST(DistributedConfig, ResolveUnderOpenMpiTakesTheLaunchersRanks) {
 TEST(DistributedConfig, ResolveUnderSlurmAndPmiAndRank) {
   DistributedConfig c;
   c.backend = BackendChoice::Mpi;
-  const DistributedConfig slurm = config::resolve(
-      c, env_of({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
-                 {"SLURM_NNODES", "2"}}));
+  const DistributedConfig slurm = config::resolve(c, env_of({{"SLURM_PROCID", "5"},
+                                                             {"SLURM_NTASKS", "8"},
+                                                             {"SLURM_LOCALID", "1"},
+                                                             {"SLURM_NNODES", "2"}}));
   EXPECT_EQ(slurm.rank, 5);
   EXPECT_EQ(slurm.world_size, 8);
   EXPECT_EQ(slurm.num_nodes, 2);
   EXPECT_EQ(slurm.num_processes_per_node, 4);
   EXPECT_EQ(slurm.launcher, "slurm");
-  const DistributedConfig pmi =
-      config::resolve(c, env_of({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}}));
+  const DistributedConfig pmi = config::resolve(c, env_of({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}}));
   EXPECT_EQ(pmi.rank, 1);
   EXPECT_EQ(pmi.world_size, 2);
   EXPECT_EQ(pmi.launcher, "pmi");
   const DistributedConfig torchrun = config::resolve(
-      c, env_of({{"RANK", "2"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "2"}}));
+      c,
+      env_of({{"RANK", "2"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "2"}}));
   EXPECT_EQ(torchrun.rank, 2);
   EXPECT_EQ(torchrun.world_size, 4);
   EXPECT_EQ(torchrun.num_nodes, 2);
@@ -292,16 +297,18 @@ TEST(DistributedConfig, MeshMismatchNamesTheLauncher) {
   c.mesh_shape = {2, 4};
   c.mesh_axis_names = {"data", "model"};
   c = config::resolve(c, env_of({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "4"}}));
-  EXPECT_PROBLEM(c, "mesh_shape = [2, 4] has 8 devices but world_size is 4 (from "
-                    "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE)");
+  EXPECT_PROBLEM(c,
+                 "mesh_shape = [2, 4] has 8 devices but world_size is 4 (from "
+                 "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE)");
 }
 
 TEST(DistributedConfig, ThreadsUnderALauncherIsAnError) {
   DistributedConfig c = valid();
   c = config::resolve(c, env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}}));
   EXPECT_EQ(c.world_size, 8);  // threads: the launcher's ranks are not ours
-  EXPECT_PROBLEM(c, "backend = \"threads\" runs in one process, but the launcher (RANK/WORLD_SIZE) "
-                    "started 2");
+  EXPECT_PROBLEM(c,
+                 "backend = \"threads\" runs in one process, but the launcher (RANK/WORLD_SIZE) "
+                 "started 2");
 }
 
 TEST(DistributedConfig, BuildMeshFromSizes) {

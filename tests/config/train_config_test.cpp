@@ -29,16 +29,17 @@ std::string problems(const TrainConfig& c) {
   return out;
 }
 
-#define EXPECT_PROBLEM(config, text)                                                   \
-  do {                                                                                 \
-    const std::string all_ = problems(config);                                         \
-    EXPECT_NE(all_.find(text), std::string::npos) << "expected: " << (text) << "\ngot:\n" \
-                                                  << all_;                             \
+#define EXPECT_PROBLEM(config, text)                                                               \
+  do {                                                                                             \
+    const std::string all_ = problems(config);                                                     \
+    EXPECT_NE(all_.find(text), std::string::npos) << "expected: " << (text) << "\ngot:\n" << all_; \
   } while (0)
 
 }  // namespace
 
-TEST(TrainConfig, ValidHasNoProblems) { EXPECT_TRUE(valid().problems().empty()) << problems(valid()); }
+TEST(TrainConfig, ValidHasNoProblems) {
+  EXPECT_TRUE(valid().problems().empty()) << problems(valid());
+}
 
 TEST(TrainConfig, EveryRuleGivesItsMessage) {
   TrainConfig c = valid();
@@ -77,8 +78,9 @@ TEST(TrainConfig, EveryRuleGivesItsMessage) {
   EXPECT_PROBLEM(c, "run.batch_size = 127 must be divisible by the data-parallel size 2");
   c = valid();
   c.run.grad_accum_steps = 3;
-  EXPECT_PROBLEM(c, "run.batch_size / data-parallel size = 64 must be divisible by "
-                    "run.grad_accum_steps = 3");
+  EXPECT_PROBLEM(c,
+                 "run.batch_size / data-parallel size = 64 must be divisible by "
+                 "run.grad_accum_steps = 3");
   c = valid();
   c.distributed.rank = 5;
   EXPECT_PROBLEM(c, "distributed: rank = 5 must be below world_size = 2");

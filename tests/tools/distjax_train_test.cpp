@@ -35,9 +35,9 @@ std::pair<int, std::string> run(const std::string& command) {
 TEST(DistjaxTrain, ThreeStepsWriteMetrics) {
   const fs::path out = fs::temp_directory_path() / "distjax_train_test";
   fs::remove_all(out);
-  const auto [status, output] =
-      run(std::string(DISTJAX_TOOL) + " train " + DISTJAX_SOURCE_DIR +
-          "/configs/train_mnist.toml --set run.steps=3 --set run.log_every=1 --out " + out.string());
+  const auto [status, output] = run(
+      std::string(DISTJAX_TOOL) + " train " + DISTJAX_SOURCE_DIR +
+      "/configs/train_mnist.toml --set run.steps=3 --set run.log_every=1 --out " + out.string());
   ASSERT_EQ(status, 0) << output;
   ASSERT_TRUE(fs::exists(out / "metrics.jsonl")) << output;
   std::ifstream metrics(out / "metrics.jsonl");
@@ -61,8 +61,9 @@ TEST(DistjaxTrain, BadOverrideFailsNamingIt) {
   const auto [status, output] = run(std::string(DISTJAX_TOOL) + " train " + DISTJAX_SOURCE_DIR +
                                     "/configs/train_mnist.toml --set run.stepz=3");
   EXPECT_EQ(status, 1);
-  EXPECT_NE(output.find("--set run.stepz=3: unknown key \"run.stepz\"; did you mean \"run.steps\"?"),
-            std::string::npos)
+  EXPECT_NE(
+      output.find("--set run.stepz=3: unknown key \"run.stepz\"; did you mean \"run.steps\"?"),
+      std::string::npos)
       << output;
 }
 

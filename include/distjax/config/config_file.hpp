@@ -17,7 +17,7 @@ const char* value_type_name(ValueType t);
 
 /// One key of the schema, e.g. {"run.steps", Int, "optimizer steps; 0 = ...", {}}.
 struct ConfigKey {
-  std::string name;                  ///< dotted: "<table>.<key>" or "parallelism.fsdp.modules"
+  std::string name;  ///< dotted: "<table>.<key>" or "parallelism.fsdp.modules"
   ValueType type;
   std::string help;
   std::vector<std::string> choices;  ///< allowed strings (or list items); empty = any

@@ -31,22 +31,22 @@ const char* mixed_precision_name(MixedPrecision m);
 ///   c.world_size = 8;
 ///   c.tensor_parallel_size = 4;
 ///   c = resolve(c, comm::discover_launch_environment());   // auto fields, launcher's ranks
-///   c.validate();                                           // throws ConfigError listing every broken rule
-///   mesh::Mesh m = build_mesh(c, {"data", "model"});        // ("data"=2, "model"=4)
+///   c.validate();                                           // throws ConfigError listing every
+///   broken rule mesh::Mesh m = build_mesh(c, {"data", "model"});        // ("data"=2, "model"=4)
 struct DistributedConfig {
-  bool enabled = true;            ///< false: one device (world_size, tp and pp must be 1)
-  int world_size = 0;             ///< devices in total; 0 = derive (launcher, mesh_shape, tp x pp)
+  bool enabled = true;  ///< false: one device (world_size, tp and pp must be 1)
+  int world_size = 0;   ///< devices in total; 0 = derive (launcher, mesh_shape, tp x pp)
   BackendChoice backend = BackendChoice::Auto;
-  int rank = 0;                   ///< this process's rank (the launcher's under mpi)
-  int local_rank = 0;             ///< rank on this node
+  int rank = 0;        ///< this process's rank (the launcher's under mpi)
+  int local_rank = 0;  ///< rank on this node
   int num_nodes = 1;
-  int num_processes_per_node = 0; ///< devices per node; 0 = world_size / num_nodes
-  std::string master_addr = "localhost";  ///< rendezvous address (for nccl; MASTER_ADDR)
-  int master_port = 29500;                ///< rendezvous port (MASTER_PORT)
-  int tensor_parallel_size = 1;   ///< size of the "model" axis
-  int pipeline_parallel_size = 1; ///< size of the "pipe" axis
-  std::vector<int> mesh_shape;                ///< explicit mesh; empty = (data, model, pipe)
-  std::vector<std::string> mesh_axis_names;   ///< one name per mesh_shape entry
+  int num_processes_per_node = 0;            ///< devices per node; 0 = world_size / num_nodes
+  std::string master_addr = "localhost";     ///< rendezvous address (for nccl; MASTER_ADDR)
+  int master_port = 29500;                   ///< rendezvous port (MASTER_PORT)
+  int tensor_parallel_size = 1;              ///< size of the "model" axis
+  int pipeline_parallel_size = 1;            ///< size of the "pipe" axis
+  std::vector<int> mesh_shape;               ///< explicit mesh; empty = (data, model, pipe)
+  std::vector<std::string> mesh_axis_names;  ///< one name per mesh_shape entry
   MixedPrecision mixed_precision = MixedPrecision::No;
 
   /// Set by resolve(): the launcher found in the environment ("none", "openmpi", ...),

@@ -20,8 +20,8 @@ struct Names {
 };
 
 constexpr Names kLaunchers[] = {
-    {Launcher::OpenMpi, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-     "OMPI_COMM_WORLD_LOCAL_SIZE", ""},
+    {Launcher::OpenMpi, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", ""},
     {Launcher::Pmi, "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", ""},
     {Launcher::Slurm, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "", "SLURM_NNODES"},
     {Launcher::Env, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", ""},
@@ -47,17 +47,23 @@ std::optional<int> read_int(const EnvLookup& getenv, const char* name, long lo, 
 
 const char* launcher_name(Launcher l) {
   switch (l) {
-    case Launcher::OpenMpi: return "openmpi";
-    case Launcher::Pmi: return "pmi";
-    case Launcher::Slurm: return "slurm";
-    case Launcher::Env: return "env";
-    case Launcher::None: break;
+    case Launcher::OpenMpi:
+      return "openmpi";
+    case Launcher::Pmi:
+      return "pmi";
+    case Launcher::Slurm:
+      return "slurm";
+    case Launcher::Env:
+      return "env";
+    case Launcher::None:
+      break;
   }
   return "none";
 }
 
 LaunchEnvironment discover_launch_environment(const EnvLookup& lookup) {
-  const EnvLookup getenv = lookup ? lookup : EnvLookup([](const char* n) { return std::getenv(n); });
+  const EnvLookup getenv =
+      lookup ? lookup : EnvLookup([](const char* n) { return std::getenv(n); });
   constexpr long kMax = 1L << 30;
   LaunchEnvironment env;
   for (const Names& n : kLaunchers) {

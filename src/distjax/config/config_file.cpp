@@ -2,6 +2,7 @@
 // TOML walk that checks every key against it, overrides, nearest-key suggestions.
 #include "distjax/config/config_file.hpp"
 
+#include <toml++/toml.h>
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -9,7 +10,6 @@
 #include <fstream>
 #include <functional>
 #include <sstream>
-#include <toml++/toml.h>
 #include <variant>
 
 #include "distjax/core/error.hpp"
@@ -28,7 +28,9 @@ struct Entry {
   std::function<Value(const TrainConfig&)> get;
 };
 
-std::string quoted(const std::string& s) { return "\"" + s + "\""; }
+std::string quoted(const std::string& s) {
+  return "\"" + s + "\"";
+}
 
 std::string list_choices(const std::vector<std::string>& choices) {
   std::string out;
@@ -56,9 +58,7 @@ Entry field(std::string name, F access, std::string help, std::vector<std::strin
   if constexpr (std::is_same_v<T, bool>) {
     e.key.type = ValueType::Bool;
     e.set = [access](TrainConfig& c, const Value& v) { access(c) = std::get<bool>(v); };
-    e.get = [access](const TrainConfig& c) {
-      return Value(access(const_cast<TrainConfig&>(c)));
-    };
+    e.get = [access](const TrainConfig& c) { return Value(access(const_cast<TrainConfig&>(c))); };
   } else if constexpr (std::is_integral_v<T>) {
     e.key.type = ValueType::Int;
     e.set = [access, name](TrainConfig& c, const Value& v) {
@@ -125,7 +125,10 @@ Entry enum_field(std::string name, F access, std::string help, std::vector<std::
   return e;
 }
 
-#define DJ_ACCESS(member) [](TrainConfig& c) -> auto& { return c.member; }
+#define DJ_ACCESS(member)        \
+  [](TrainConfig & c) -> auto& { \
+    return c.member;             \
+  }
 
 const std::vector<Entry>& schema() {
   static const std::vector<Entry> entries = [] {
@@ -182,10 +185,12 @@ const std::vector<Entry>& schema() {
     s.push_back(field("data.validation_fraction", DJ_ACCESS(data.validation_fraction),
                       "fraction of a text corpus held out for validation"));
     // [parallelism]
-    s.push_back(field("parallelism.zero_stage", DJ_ACCESS(parallelism.zero_stage),
-                      "0 plain data parallelism, 1 ZeRO-1 (optimizer state), 2 ZeRO-2 (+ gradients)"));
+    s.push_back(
+        field("parallelism.zero_stage", DJ_ACCESS(parallelism.zero_stage),
+              "0 plain data parallelism, 1 ZeRO-1 (optimizer state), 2 ZeRO-2 (+ gradients)"));
     s.push_back(field("parallelism.tp_layout", DJ_ACCESS(parallelism.tp_layout),
-                      "tensor-parallel layout of the GPT", {"megatron", "gather", "async", "none"}));
+                      "tensor-parallel layout of the GPT",
+                      {"megatron", "gather", "async", "none"}));
     s.push_back(field("parallelism.sequence_parallel", DJ_ACCESS(parallelism.sequence_parallel),
                       "megatron: split the sequence between blocks"));
     s.push_back(field("parallelism.vocab_parallel", DJ_ACCESS(parallelism.vocab_parallel),
@@ -196,16 +201,18 @@ const std::vector<Entry>& schema() {
                       "rematerialised modules (activations recomputed in backward)", {"Block"}));
     s.push_back(field("parallelism.fsdp.modules", DJ_ACCESS(parallelism.fsdp.modules),
                       "fully sharded modules over \"data\" (ZeRO-3): [] none, [\"*\"] all", {"*"}));
-    s.push_back(field("parallelism.fsdp.min_weight_size", DJ_ACCESS(parallelism.fsdp.min_weight_size),
+    s.push_back(field("parallelism.fsdp.min_weight_size",
+                      DJ_ACCESS(parallelism.fsdp.min_weight_size),
                       "parameters with fewer elements stay replicated"));
     // [distributed]
     s.push_back(field("distributed.enabled", DJ_ACCESS(distributed.enabled),
                       "false: one device (world_size, tp and pp must be 1)"));
     s.push_back(field("distributed.world_size", DJ_ACCESS(distributed.world_size),
                       "devices in total; 0 = from the launcher, mesh_shape or tp x pp"));
-    s.push_back(enum_field<BackendChoice>("distributed.backend", DJ_ACCESS(distributed.backend),
-                                          "auto (mpi under a launcher, else threads), threads, mpi, nccl",
-                                          {"auto", "threads", "mpi", "nccl"}));
+    s.push_back(
+        enum_field<BackendChoice>("distributed.backend", DJ_ACCESS(distributed.backend),
+                                  "auto (mpi under a launcher, else threads), threads, mpi, nccl",
+                                  {"auto", "threads", "mpi", "nccl"}));
     s.push_back(field("distributed.rank", DJ_ACCESS(distributed.rank),
                       "global rank of this process (the launcher's wins)"));
     s.push_back(field("distributed.local_rank", DJ_ACCESS(distributed.local_rank),
@@ -218,18 +225,17 @@ const std::vector<Entry>& schema() {
                       "rendezvous address (MASTER_ADDR wins)"));
     s.push_back(field("distributed.master_port", DJ_ACCESS(distributed.master_port),
                       "rendezvous port (MASTER_PORT wins)"));
-    s.push_back(field("distributed.tensor_parallel_size", DJ_ACCESS(distributed.tensor_parallel_size),
-                      "size of the \"model\" axis"));
+    s.push_back(field("distributed.tensor_parallel_size",
+                      DJ_ACCESS(distributed.tensor_parallel_size), "size of the \"model\" axis"));
     s.push_back(field("distributed.pipeline_parallel_size",
                       DJ_ACCESS(distributed.pipeline_parallel_size), "size of the \"pipe\" axis"));
     s.push_back(field("distributed.mesh_shape", DJ_ACCESS(distributed.mesh_shape),
                       "explicit mesh sizes; [] = (data, model, pipe) from the sizes"));
     s.push_back(field("distributed.mesh_axis_names", DJ_ACCESS(distributed.mesh_axis_names),
                       "one name per mesh_shape entry"));
-    s.push_back(enum_field<MixedPrecision>("distributed.mixed_precision",
-                                           DJ_ACCESS(distributed.mixed_precision),
-                                           "compute precision: no (f32), fp16, bf16",
-                                           {"no", "fp16", "bf16"}));
+    s.push_back(enum_field<MixedPrecision>(
+        "distributed.mixed_precision", DJ_ACCESS(distributed.mixed_precision),
+        "compute precision: no (f32), fp16, bf16", {"no", "fp16", "bf16"}));
     return s;
   }();
   return entries;
@@ -276,7 +282,8 @@ std::string_view leaf(std::string_view key) {
 }
 
 std::string unknown_key_message(std::string_view key, bool table) {
-  std::string msg = std::string("unknown ") + (table ? "table " : "key ") + quoted(std::string(key));
+  std::string msg =
+      std::string("unknown ") + (table ? "table " : "key ") + quoted(std::string(key));
   if (const std::string near = nearest_key(key); !near.empty())
     msg += "; did you mean " + quoted(near) + "?";
   return msg;
@@ -296,16 +303,26 @@ std::string located(const std::string& source, const toml::source_region& where,
 
 const char* toml_type_name(const toml::node& n) {
   switch (n.type()) {
-    case toml::node_type::table: return "a table";
-    case toml::node_type::array: return "an array";
-    case toml::node_type::string: return "a string";
-    case toml::node_type::integer: return "an integer";
-    case toml::node_type::floating_point: return "a floating-point number";
-    case toml::node_type::boolean: return "a boolean";
-    case toml::node_type::date: return "a date";
-    case toml::node_type::time: return "a time";
-    case toml::node_type::date_time: return "a date-time";
-    case toml::node_type::none: break;
+    case toml::node_type::table:
+      return "a table";
+    case toml::node_type::array:
+      return "an array";
+    case toml::node_type::string:
+      return "a string";
+    case toml::node_type::integer:
+      return "an integer";
+    case toml::node_type::floating_point:
+      return "a floating-point number";
+    case toml::node_type::boolean:
+      return "a boolean";
+    case toml::node_type::date:
+      return "a date";
+    case toml::node_type::time:
+      return "a time";
+    case toml::node_type::date_time:
+      return "a date-time";
+    case toml::node_type::none:
+      break;
   }
   return "nothing";
 }
@@ -360,7 +377,8 @@ void walk(TrainConfig& config, const toml::table& table, const std::string& pref
     errors.push_back({where.begin.line, where.begin.column, located(source, where, msg)});
   };
   for (const auto& [k, node] : table) {
-    const std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    const std::string key =
+        prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
     if (const toml::table* sub = node.as_table()) {
       if (is_table(key)) {
         walk(config, *sub, key, source, errors);
@@ -371,8 +389,8 @@ void walk(TrainConfig& config, const toml::table& table, const std::string& pref
     }
     const Entry* e = find_entry(key);
     if (e == nullptr) {
-      add(k.source(), is_table(key) ? quoted(key) + " is a table, not a key"
-                                    : unknown_key_message(key, false));
+      add(k.source(),
+          is_table(key) ? quoted(key) + " is a table, not a key" : unknown_key_message(key, false));
       continue;
     }
     const std::optional<Value> v = convert(node, e->key.type);
@@ -442,12 +460,18 @@ void write_value(std::ostream& os, const Value& v) {
 
 const char* value_type_name(ValueType t) {
   switch (t) {
-    case ValueType::Bool: return "a boolean";
-    case ValueType::Int: return "an integer";
-    case ValueType::Float: return "a number";
-    case ValueType::String: return "a string";
-    case ValueType::IntList: return "an array of integers";
-    case ValueType::StringList: return "an array of strings";
+    case ValueType::Bool:
+      return "a boolean";
+    case ValueType::Int:
+      return "an integer";
+    case ValueType::Float:
+      return "a number";
+    case ValueType::String:
+      return "a string";
+    case ValueType::IntList:
+      return "an array of integers";
+    case ValueType::StringList:
+      return "an array of strings";
   }
   return "?";
 }
@@ -494,8 +518,8 @@ void apply_toml(TrainConfig& config, std::string_view text, const std::string& s
   try {
     doc = toml::parse(text, std::string_view(source));
   } catch (const toml::parse_error& err) {
-    throw ConfigError(located(source, err.source(),
-                              "TOML syntax error: " + std::string(err.description())));
+    throw ConfigError(
+        located(source, err.source(), "TOML syntax error: " + std::string(err.description())));
   }
   std::vector<LocatedError> errors;
   walk(config, doc, "", source, errors);

@@ -91,13 +91,13 @@ void mesh_rules(const DistributedConfig& c, std::vector<std::string>& out) {
                       " dimensions of mesh_shape = ", join(c.mesh_shape)));
   std::set<std::string> seen, repeated;
   for (const std::string& n : c.mesh_axis_names) {
-    if (n.empty()) out.push_back(str("mesh_axis_names = ", join(c.mesh_axis_names),
-                                     " has an empty name"));
+    if (n.empty())
+      out.push_back(str("mesh_axis_names = ", join(c.mesh_axis_names), " has an empty name"));
     if (!seen.insert(n).second) repeated.insert(n);
   }
   for (const std::string& n : repeated)
-    out.push_back(str("mesh_axis_names = ", join(c.mesh_axis_names), " names \"", n,
-                      "\" more than once"));
+    out.push_back(
+        str("mesh_axis_names = ", join(c.mesh_axis_names), " names \"", n, "\" more than once"));
   // tp and pp must agree with the explicit mesh's "model" and "pipe" axes.
   if (c.mesh_axis_names.size() == c.mesh_shape.size()) {
     const std::pair<const char*, std::pair<const char*, int>> axes[] = {
@@ -120,19 +120,26 @@ void mesh_rules(const DistributedConfig& c, std::vector<std::string>& out) {
 
 const char* backend_choice_name(BackendChoice b) {
   switch (b) {
-    case BackendChoice::Threads: return "threads";
-    case BackendChoice::Mpi: return "mpi";
-    case BackendChoice::Nccl: return "nccl";
-    case BackendChoice::Auto: break;
+    case BackendChoice::Threads:
+      return "threads";
+    case BackendChoice::Mpi:
+      return "mpi";
+    case BackendChoice::Nccl:
+      return "nccl";
+    case BackendChoice::Auto:
+      break;
   }
   return "auto";
 }
 
 const char* mixed_precision_name(MixedPrecision m) {
   switch (m) {
-    case MixedPrecision::Fp16: return "fp16";
-    case MixedPrecision::Bf16: return "bf16";
-    case MixedPrecision::No: break;
+    case MixedPrecision::Fp16:
+      return "fp16";
+    case MixedPrecision::Bf16:
+      return "bf16";
+    case MixedPrecision::No:
+      break;
   }
   return "no";
 }
@@ -162,13 +169,13 @@ std::vector<std::string> DistributedConfig::problems() const {
   if (ws && mp_ok && world_size % (tensor_parallel_size * pipeline_parallel_size) != 0)
     out.push_back(str("tensor_parallel_size x pipeline_parallel_size = ", tensor_parallel_size,
                       " x ", pipeline_parallel_size, " = ",
-                      tensor_parallel_size * pipeline_parallel_size, " must divide world_size = ",
-                      world_size));
+                      tensor_parallel_size * pipeline_parallel_size,
+                      " must divide world_size = ", world_size));
   if (ws && rank >= world_size)
     out.push_back(str("rank = ", rank, " must be below world_size = ", world_size));
   if (per_node && local_rank >= num_processes_per_node)
-    out.push_back(str("local_rank = ", local_rank, " must be below num_processes_per_node = ",
-                      num_processes_per_node));
+    out.push_back(str("local_rank = ", local_rank,
+                      " must be below num_processes_per_node = ", num_processes_per_node));
   mesh_rules(*this, out);
   if (!enabled && (world_size > 1 || tensor_parallel_size > 1 || pipeline_parallel_size > 1))
     out.push_back(str("enabled = false runs on one device, but world_size = ", world_size,
@@ -191,7 +198,8 @@ std::vector<std::string> DistributedConfig::problems() const {
                           launcher_source, ") started ", launched_processes,
                           " (use backend = \"mpi\" or \"auto\")"));
       break;
-    case BackendChoice::Auto: break;
+    case BackendChoice::Auto:
+      break;
   }
   return out;
 }

@@ -20,11 +20,16 @@ std::string str(const Args&... args) {
 std::vector<std::string> TrainConfig::problems() const {
   std::vector<std::string> out;
   const std::pair<const char*, std::int64_t> positive[] = {
-      {"run.batch_size", run.batch_size},     {"run.grad_accum_steps", run.grad_accum_steps},
-      {"run.log_every", run.log_every},       {"run.eval_batches", run.eval_batches},
-      {"model.hidden", model.hidden},         {"model.layers", model.layers},
-      {"model.d_model", model.d_model},       {"model.heads", model.heads},
-      {"data.seq_len", data.seq_len},         {"parallelism.fsdp.min_weight_size", parallelism.fsdp.min_weight_size}};
+      {"run.batch_size", run.batch_size},
+      {"run.grad_accum_steps", run.grad_accum_steps},
+      {"run.log_every", run.log_every},
+      {"run.eval_batches", run.eval_batches},
+      {"model.hidden", model.hidden},
+      {"model.layers", model.layers},
+      {"model.d_model", model.d_model},
+      {"model.heads", model.heads},
+      {"data.seq_len", data.seq_len},
+      {"parallelism.fsdp.min_weight_size", parallelism.fsdp.min_weight_size}};
   for (const auto& [name, v] : positive)
     if (v < 1) out.push_back(str(name, " = ", v, " must be positive"));
   const std::pair<const char*, std::int64_t> non_negative[] = {
@@ -42,7 +47,8 @@ std::vector<std::string> TrainConfig::problems() const {
   if (model.dropout < 0 || model.dropout >= 1)
     out.push_back(str("model.dropout = ", model.dropout, " must be in [0, 1)"));
   if (data.validation_fraction <= 0 || data.validation_fraction >= 1)
-    out.push_back(str("data.validation_fraction = ", data.validation_fraction, " must be in (0, 1)"));
+    out.push_back(
+        str("data.validation_fraction = ", data.validation_fraction, " must be in (0, 1)"));
   if (parallelism.zero_stage < 0 || parallelism.zero_stage > 2)
     out.push_back(str("parallelism.zero_stage = ", parallelism.zero_stage,
                       " must be 0, 1 or 2 (ZeRO-3 is parallelism.fsdp.modules = [\"*\"])"));
