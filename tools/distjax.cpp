@@ -55,9 +55,9 @@ void add_train(CLI::App& app, Command& command) {
   std::string programs;
   for (const examples::ProgramInfo& p : examples::programs())
     programs += std::string("\n  ") + p.name + ": " + p.about;
-  CLI::App* cmd = app.add_subcommand(
-      "train", "Runs the training a TOML config describes (run.program is one of:" + programs +
-                   ")\nUnder mpirun or srun it runs one device per process.");
+  CLI::App* cmd = app.add_subcommand("train", "Runs the training a TOML config describes");
+  cmd->footer("Programs (run.program):" + programs +
+              "\nUnder mpirun or srun it runs one device per process. See docs/configs.md.");
   cmd->add_option("config", o->config_path, "the TOML config file (see docs/configs.md)")
       ->required();
   cmd->add_option("--set", o->overrides,
