@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -26,5 +28,20 @@ TEST(Configs, EveryFileParsesAndValidates) {
     c.distributed = config::resolve(c.distributed, none);
     EXPECT_NO_THROW(c.validate(f.string()));
     EXPECT_NO_THROW(config::build_mesh(c.distributed));
+  }
+}
+
+TEST(Configs, EveryKeyIsDocumented) {
+  std::ifstream in(std::filesystem::path(DISTJAX_SOURCE_DIR) / "docs" / "configs.md");
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string doc = text.str();
+  for (const config::ConfigKey& k : config::config_keys()) {
+    const auto dot = k.name.rfind('.');
+    const std::string table = "### [" + k.name.substr(0, dot) + "]";
+    const std::string row = "| `" + k.name.substr(dot + 1) + "` |";
+    const auto at = doc.find(table);
+    ASSERT_NE(at, std::string::npos) << table << " missing from docs/configs.md";
+    EXPECT_NE(doc.find(row, at), std::string::npos) << k.name << " missing from docs/configs.md";
   }
 }
