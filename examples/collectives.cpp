@@ -15,6 +15,7 @@
 
 #include "distjax/autodiff/autodiff.hpp"
 #include "distjax/comm/launch.hpp"
+#include "distjax/comm/launch_environment.hpp"
 #include "distjax/mesh/mesh.hpp"
 #include "distjax/spmd/collectives.hpp"
 #include "distjax/spmd/shard_map.hpp"
@@ -141,9 +142,9 @@ void run_all(DeviceContext& ctx) {
 
 int main(int argc, char** argv) {
   ShardMapOptions opts;
-  // mpirun sets OMPI_COMM_WORLD_SIZE (PMI_SIZE under other launchers).
-  if (std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE"))
-    opts.backend = comm::Backend::Mpi;
+  // mpirun / srun: MPI (comm/launch_environment.hpp reads Open MPI, PMI and Slurm variables).
+  const comm::LaunchEnvironment env = comm::discover_launch_environment();
+  opts.backend = comm::default_backend(env);
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--backend" && i + 1 < argc) {
@@ -176,9 +177,7 @@ int main(int argc, char** argv) {
           return std::vector<Tensor>{};
         },
         {}, {}, opts);
-    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-    if (!rank) rank = std::getenv("PMI_RANK");
-    if (opts.backend == comm::Backend::Threads || (rank && std::string(rank) == "0"))
+    if (opts.backend == comm::Backend::Threads || env.rank == 0)
       std::cout << mesh << "backend: " << comm::backend_name(opts.backend) << "\n";
     f(std::vector<Tensor>{});
   } catch (const std::exception& e) {

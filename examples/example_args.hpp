@@ -13,10 +13,12 @@
 
 namespace distjax::examples {
 
-/// Flags are declared with their default and help text, then parsed:
+/// Flags are declared with their default and help text, or bound to a variable whose
+/// current value is the default (a config field), then parsed:
 ///
 ///   Args args("train_mnist", "Trains the MLP classifier on Fashion-MNIST.");
 ///   long long& epochs = args.flag("epochs", 8LL, "passes over the training set");
+///   args.bind("steps", &config.run.steps, "optimizer steps");
 ///   args.parse(argc, argv);   // exits 0 on --help, 2 on a bad flag
 class Args {
  public:
@@ -31,6 +33,16 @@ class Args {
   }
   double& flag(const std::string& name, double def, const std::string& help) {
     return add(name, doubles_, def, help);
+  }
+
+  /// Binds --name to *target (std::string, std::int64_t, int, double or bool as 0/1);
+  /// its current value is the default shown by --help.
+  template <class T>
+  void bind(const std::string& name, T* target, const std::string& help) {
+    std::ostringstream os;
+    os << *target;
+    flags_[name] = Flag{target, help, os.str()};
+    order_.push_back(name);
   }
 
   void parse(int argc, char** argv) {
@@ -58,10 +70,10 @@ class Args {
               *p = value;
             } else {
               char* end = nullptr;
-              if constexpr (std::is_same_v<T, long long>)
-                *p = std::strtoll(value.c_str(), &end, 10);
-              else
+              if constexpr (std::is_same_v<T, double>)
                 *p = std::strtod(value.c_str(), &end);
+              else
+                *p = static_cast<T>(std::strtoll(value.c_str(), &end, 10));
               if (value.empty() || *end != '\0')
                 fail("flag --" + name + ": '" + value + "' is not a number");
             }
@@ -72,7 +84,7 @@ class Args {
 
  private:
   struct Flag {
-    std::variant<std::string*, long long*, double*> value;
+    std::variant<std::string*, long long*, long*, int*, bool*, double*> value;
     std::string help;
     std::string def;
   };

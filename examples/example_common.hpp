@@ -1,5 +1,5 @@
-// What the examples share: the backend flag and MPI detection, the process that prints,
-// the classification loss with accuracy, and main()'s error handling.
+// What the examples share: the backend flag, the classification loss with accuracy, and
+// main()'s error handling. (Launcher detection lives in comm/launch_environment.hpp.)
 #pragma once
 
 #include <cstdio>
@@ -9,41 +9,27 @@
 #include <string>
 #include <utility>
 
-#include "distjax/comm/launch.hpp"
+#include "distjax/config/distributed_config.hpp"
 #include "distjax/tensor/nn_ops.hpp"
 #include "distjax/tensor/reduce.hpp"
 #include "distjax/train/metrics.hpp"
 
 namespace distjax::examples {
 
-/// The default of --backend: "mpi" when started by mpirun (Open MPI's environment), else
-/// "threads" (simulated devices in this process).
-inline std::string default_backend() {
-  return std::getenv("OMPI_COMM_WORLD_SIZE") ? "mpi" : "threads";
-}
-
-/// The backend named by --backend; prints "<program>: --backend must be threads or mpi"
-/// and returns false for another name.
-inline bool parse_backend(const char* program, const std::string& name, comm::Backend* out) {
-  if (name == "threads" || name == "mpi") {
-    *out = name == "mpi" ? comm::Backend::Mpi : comm::Backend::Threads;
+/// The value of --backend: "auto" (mpi when started by mpirun or srun, else threads),
+/// "threads" or "mpi"; prints "<program>: --backend must be auto, threads or mpi" and
+/// returns false for another name.
+inline bool parse_backend(const char* program, const std::string& name,
+                          config::BackendChoice* out) {
+  if (name == "auto" || name == "threads" || name == "mpi") {
+    *out = name == "mpi"       ? config::BackendChoice::Mpi
+           : name == "threads" ? config::BackendChoice::Threads
+                               : config::BackendChoice::Auto;
     return true;
   }
-  std::fprintf(stderr, "%s: --backend must be threads or mpi, got %s\n", program, name.c_str());
+  std::fprintf(stderr, "%s: --backend must be auto, threads or mpi, got %s\n", program,
+               name.c_str());
   return false;
-}
-
-/// Under mpirun, the number of processes (OMPI_COMM_WORLD_SIZE); 0 otherwise.
-inline long long mpi_world_size() {
-  const char* n = std::getenv("OMPI_COMM_WORLD_SIZE");
-  return n ? std::atoll(n) : 0;
-}
-
-/// Whether this process prints the run's header lines: rank 0 under mpirun, always with
-/// threads (device programs print from their device 0 themselves).
-inline bool main_process() {
-  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-  return rank == nullptr || std::string(rank) == "0";
 }
 
 /// Mean cross-entropy of logits (B, K) against i32 labels (B), with "accuracy" as

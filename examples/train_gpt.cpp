@@ -1,165 +1,39 @@
 // Trains the GPT-style Transformer on a byte-level corpus (the Debian fortune files)
 // on one device, reporting validation loss in bits per byte, and writes
-// metrics.jsonl and summary.json into --out.
+// metrics.jsonl and summary.json into --out. The flags fill the config of
+// configs/train_gpt.toml (program examples/programs/train_gpt.cpp).
 //
 //   ./build/train_gpt --out runs/gpt [--steps 600 --batch-size 16 --seq-len 64 --d-model 128]
-#include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <exception>
-#include <numbers>
-#include <vector>
-
 #include "distjax/data/text_corpus.hpp"
-#include "distjax/models/transformer.hpp"
-#include "distjax/optim/adamw.hpp"
-#include "distjax/tensor/grad_node.hpp"
-#include "distjax/tensor/nn_ops.hpp"
-#include "distjax/tensor/reduce.hpp"
-#include "distjax/train/trainer.hpp"
 #include "example_args.hpp"
 #include "example_common.hpp"
+#include "programs/programs.hpp"
 
 using namespace distjax;
-using tensor::Tensor;
-using tensor::TensorTree;
-
-namespace {
-
-// Mean next-byte cross-entropy (nats) over B * T positions; metrics per byte:
-// "loss" in nats and "bits_per_byte" = nats / ln 2.
-train::LossFn make_loss(const models::Transformer& model, bool train) {
-  return [&model, train](const TensorTree& params, const train::Batch& batch, Key rng) {
-    Tensor logits = model.apply(params, batch.inputs, train, rng);  // (B, T, 256)
-    Tensor loss = tensor::mean(tensor::cross_entropy(logits, batch.labels));
-    const double bytes = static_cast<double>(batch.labels.numel());
-    const double nats = loss.item<double>();
-    train::Metrics m;
-    m.add("loss", nats * bytes, bytes);
-    m.add("bits_per_byte", nats / std::numbers::ln2 * bytes, bytes);
-    return std::make_pair(loss, m);
-  };
-}
-
-// Samples `n` bytes after `prompt` at temperature 0.8: a look at what the model learned.
-std::string sample(const models::Transformer& model, const TensorTree& params,
-                   const std::string& prompt, int n, std::int64_t max_len, Key key) {
-  tensor::NoGradGuard no_grad;
-  std::string text = prompt;
-  for (int i = 0; i < n; ++i) {
-    const std::size_t start =
-        text.size() > static_cast<std::size_t>(max_len) ? text.size() - max_len : 0;
-    std::vector<std::int32_t> ids(text.begin() + start, text.end());
-    for (auto& id : ids)
-      id &= 0xff;
-    const auto t = static_cast<std::int64_t>(ids.size());
-    Tensor logits = model.apply(params, Tensor::from_vector(ids, {1, t}), false, Key());
-    const float* last = logits.data<float>() + (t - 1) * 256;
-    float top = last[0];
-    for (int v = 1; v < 256; ++v)
-      top = std::max(top, last[v]);
-    std::vector<double> p(256);
-    double total = 0;
-    for (int v = 0; v < 256; ++v)
-      total += p[v] = std::exp((last[v] - top) / 0.8);
-    float u = 0;
-    random_uniform(key.fold_in(static_cast<std::uint64_t>(i)), &u, 1);
-    double acc = 0;
-    int pick = 255;
-    for (int v = 0; v < 256; ++v) {
-      acc += p[v] / total;
-      if (u < acc) {
-        pick = v;
-        break;
-      }
-    }
-    text.push_back(static_cast<char>(pick));
-  }
-  return text;
-}
-
-int run(int argc, char** argv) {
-  examples::Args args("train_gpt", "trains a byte-level GPT on the fortune files (single device)");
-  std::string& out = args.flag("out", std::string("runs/gpt"), "output directory");
-  long long& steps = args.flag("steps", 600LL, "optimizer steps");
-  long long& batch_size = args.flag("batch-size", 16LL, "sequences per step");
-  long long& seq_len = args.flag("seq-len", 64LL, "bytes per sequence (T)");
-  long long& d_model = args.flag("d-model", 128LL, "model width (C)");
-  long long& layers = args.flag("layers", 4LL, "transformer blocks (L)");
-  long long& heads = args.flag("heads", 4LL, "attention heads (H)");
-  double& lr = args.flag("lr", 3e-3, "peak learning rate of AdamW");
-  double& weight_decay = args.flag("weight-decay", 0.1, "AdamW decoupled weight decay");
-  long long& warmup = args.flag("warmup-steps", 30LL, "linear warmup steps");
-  long long& minibatches = args.flag("minibatches", 1LL, "gradient-accumulation slices per step");
-  long long& eval_every = args.flag("eval-every", 100LL, "steps between validation evaluations");
-  long long& eval_batches = args.flag("eval-batches", 8LL, "validation batches per evaluation");
-  long long& log_every = args.flag("log-every", 50LL, "steps between progress lines");
-  long long& seed = args.flag("seed", 0LL, "seed of initialisation and batch sampling");
-  std::string& data_dir =
-      args.flag("data", std::string(data::kFortunesDir), "directory of text files");
-  args.parse(argc, argv);
-
-  data::ByteCorpus corpus = data::load_fortunes(data_dir, 0.05);
-  const std::vector<train::Batch> val =
-      data::sequential_windows(corpus.validation, batch_size, seq_len, eval_batches);
-  models::Transformer model({.vocab = 256,
-                             .d_model = d_model,
-                             .num_layers = layers,
-                             .num_heads = heads,
-                             .max_len = seq_len});
-  optim::AdamW opt({.learning_rate = optim::warmup_cosine_schedule(
-                        0.0, lr, std::min<std::int64_t>(warmup, steps - 1), steps, lr * 0.1),
-                    .b2 = 0.95,
-                    .weight_decay = weight_decay,
-                    .decay_mask = optim::default_decay_mask()});
-  const Key root = Key::from_seed(static_cast<std::uint64_t>(seed));
-  train::TrainState state =
-      train::TrainState::create(model.init(root.fold_in(std::string_view("init"))), opt,
-                                root.fold_in(std::string_view("dropout")));
-  const Key data_key = root.fold_in(std::string_view("data"));
-  std::printf("Corpus %s: %zu train / %zu validation bytes\n", data_dir.c_str(),
-              corpus.train.size(), corpus.validation.size());
-  std::printf(
-      "GPT L=%lld C=%lld H=%lld T=%lld: %lld parameters, %.1f MFLOP/token | %lld steps x %lld "
-      "sequences\n",
-      layers, d_model, heads, seq_len, static_cast<long long>(state.params.num_elements()),
-      model.flops_per_token() / 1e6, steps, batch_size);
-  std::printf("Validation: %zu batches x %lld x %lld bytes; uniform guessing is 8 bits per byte\n",
-              val.size(), batch_size, seq_len);
-
-  const train::LossFn train_loss = make_loss(model, true);
-  const train::LossFn eval_loss = make_loss(model, false);
-  train::Trainer trainer({.out_dir = out,
-                          .total_steps = steps,
-                          .log_every = log_every,
-                          .items_per_example = static_cast<double>(seq_len),
-                          .items_name = "tokens"},
-                         opt, train_loss,
-                         {.num_minibatches = static_cast<int>(minibatches), .max_grad_norm = 1.0});
-  trainer.evaluate(state, val, eval_loss);
-  const double initial_bpb = trainer.last_eval().at("bits_per_byte");
-  while (state.step < steps) {
-    trainer.step(state,
-                 data::sample_windows(corpus.train, batch_size, seq_len,
-                                      data_key.fold_in(static_cast<std::uint64_t>(state.step))));
-    if (state.step % eval_every == 0 || state.step == steps)
-      trainer.evaluate(state, val, eval_loss);
-  }
-  const double bpb = trainer.last_eval().at("bits_per_byte");
-  trainer.finish(state, {{"val_bits_per_byte", bpb},
-                         {"initial_val_bits_per_byte", initial_bpb},
-                         {"flops_per_token", model.flops_per_token()}});
-  std::printf("Validation bits per byte: %.3f -> %.3f\n", initial_bpb, bpb);
-  std::string text =
-      sample(model, state.params, "The ", 120, seq_len, root.fold_in(std::string_view("sample")));
-  for (char& c : text)
-    if (c == '\n') c = ' ';
-  std::printf("Sample: %s\n", text.c_str());
-  return 0;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
-  return distjax::examples::run_main("train_gpt", [&] { return run(argc, argv); });
+  return examples::run_main("train_gpt", [&] {
+    config::TrainConfig c = examples::program_defaults("train_gpt");
+    c.data.dir = data::kFortunesDir;
+    examples::Args args("train_gpt",
+                        "trains a byte-level GPT on the fortune files (single device)");
+    args.bind("out", &c.run.out_dir, "output directory");
+    args.bind("steps", &c.run.steps, "optimizer steps");
+    args.bind("batch-size", &c.run.batch_size, "sequences per step");
+    args.bind("seq-len", &c.data.seq_len, "bytes per sequence (T)");
+    args.bind("d-model", &c.model.d_model, "model width (C)");
+    args.bind("layers", &c.model.layers, "transformer blocks (L)");
+    args.bind("heads", &c.model.heads, "attention heads (H)");
+    args.bind("lr", &c.optimizer.lr, "peak learning rate of AdamW");
+    args.bind("weight-decay", &c.optimizer.weight_decay, "AdamW decoupled weight decay");
+    args.bind("warmup-steps", &c.optimizer.warmup_steps, "linear warmup steps");
+    args.bind("minibatches", &c.run.grad_accum_steps, "gradient-accumulation slices per step");
+    args.bind("eval-every", &c.run.eval_every, "steps between validation evaluations");
+    args.bind("eval-batches", &c.run.eval_batches, "validation batches per evaluation");
+    args.bind("log-every", &c.run.log_every, "steps between progress lines");
+    args.bind("seed", &c.run.seed, "seed of initialisation and batch sampling");
+    args.bind("data", &c.data.dir, "directory of text files");
+    args.parse(argc, argv);
+    return examples::run_program(c);
+  });
 }

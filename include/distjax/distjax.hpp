@@ -2,6 +2,9 @@
 #pragma once
 
 #include "distjax/autodiff/autodiff.hpp"
+#include "distjax/config/config_file.hpp"
+#include "distjax/config/distributed_config.hpp"
+#include "distjax/config/train_config.hpp"
 #include "distjax/core/dtype.hpp"
 #include "distjax/core/error.hpp"
 #include "distjax/core/memory_stats.hpp"

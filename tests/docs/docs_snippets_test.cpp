@@ -953,3 +953,17 @@ TEST(DocsZero, ShardingRulesTableAndLint) {
       [&] { parallel::check_sharding(bad, mesh, {.data_axes = "data"}); });
   EXPECT_TRUE(contains(msg, "replicas silently train different models")) << msg;
 }
+
+// ------------------------------------------------------------ configs.md
+
+// "From C++"
+TEST(DocsConfigs, FromCpp) {
+  const std::string path = std::string(DISTJAX_SOURCE_DIR) + "/configs/tensor_parallelism.toml";
+  config::TrainConfig c = config::load_config(path, {"run.steps=10", "distributed.backend=threads"});
+  c.distributed = config::resolve(c.distributed, comm::discover_launch_environment());
+  c.validate(path);  // ConfigError listing every problem
+  mesh::Mesh mesh = config::build_mesh(c.distributed, {"data", "model"});
+  EXPECT_EQ(mesh.describe(), "(\"data\"=2, \"model\"=4)");
+  EXPECT_EQ(c.distributed.data_parallel_size(), 2);
+  EXPECT_EQ(c.run.steps, 10);
+}

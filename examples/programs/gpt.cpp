@@ -1,0 +1,155 @@
+// Program gpt (the fsdp and tensor_parallel_gpt examples): the GPT on the fortunes corpus
+// over a ("data", "model") mesh, data parallel over "data" (optionally with fully sharded
+// parameters, parallelism.fsdp.modules = ["*"], and remat of its blocks), tensor parallel
+// over "model" in any layout (Megatron, sequence and vocabulary parallel, gather, async
+// rings). Prints the mesh, per-step loss, validation bits per byte and the bytes each
+// device holds.
+#include <algorithm>
+#include <cstdio>
+#include <numbers>
+
+#include "distjax/config/distributed_config.hpp"
+#include "distjax/data/text_corpus.hpp"
+#include "distjax/models/transformer.hpp"
+#include "distjax/optim/adamw.hpp"
+#include "distjax/parallel/data_parallel.hpp"
+#include "distjax/parallel/tp_transformer_block.hpp"
+#include "distjax/spmd/shard_map.hpp"
+#include "distjax/train/trainer.hpp"
+#include "example_common.hpp"
+#include "programs/programs.hpp"
+
+namespace distjax::examples {
+
+using tensor::Tensor;
+using tensor::TensorTree;
+
+int run_gpt(const config::TrainConfig& c) {
+  DISTJAX_CHECK(c.parallelism.zero_stage == 0, ConfigError,
+                "[gpt] parallelism.zero_stage = ", c.parallelism.zero_stage,
+                " is not supported by this program (use parallelism.fsdp.modules = [\"*\"])");
+  const bool fsdp_on = !c.parallelism.fsdp.modules.empty();
+  const bool remat = !c.parallelism.remat.empty();
+  const mesh::Mesh mesh = config::build_mesh(c.distributed, {"data", "model"});
+  const int n_data = mesh.axis_size("data"), n_model = mesh.axis_size("model");
+  DISTJAX_CHECK(c.model.heads % n_model == 0, ConfigError, "[gpt] model.heads = ", c.model.heads,
+                " must be divisible by the \"model\" axis size ", n_model);
+  const parallel::TPLayout layout = n_model > 1
+                                        ? parallel::tp_layout_from_name(c.parallelism.tp_layout)
+                                        : parallel::TPLayout::None;
+  const bool sequence_parallel = c.parallelism.sequence_parallel;
+  const bool vocab_parallel = c.parallelism.vocab_parallel;
+  const std::string backend_name = backend_label(c);
+  if (c.distributed.is_main_process())
+    std::printf("Mesh (%s backend, tensor parallel layout %s%s%s%s):\n%s\n", backend_name.c_str(),
+                parallel::tp_layout_name(layout), sequence_parallel ? " + sequence parallel" : "",
+                vocab_parallel ? " + vocabulary parallel" : "",
+                fsdp_on ? ", parameters fully sharded over \"data\"" : "",
+                mesh.to_string().c_str());
+
+  const std::int64_t batch_size = c.run.batch_size, seq_len = c.data.seq_len;
+  const std::int64_t steps = c.run.steps;
+  const std::string data_dir = c.data.dir.empty() ? data::kFortunesDir : c.data.dir;
+  const data::ByteCorpus corpus = data::load_fortunes(data_dir, c.data.validation_fraction);
+  const std::vector<train::Batch> val =
+      data::sequential_windows(corpus.validation, batch_size, seq_len, c.run.eval_batches);
+  const models::Transformer model(
+      {.vocab = 256,
+       .d_model = c.model.d_model,
+       .num_layers = c.model.layers,
+       .num_heads = c.model.heads,
+       .max_len = seq_len,
+       .dropout = static_cast<float>(c.model.dropout),
+       .remat = remat,  // with FSDP: a block's gathered weights live only while it runs
+       .tp = {.layout = layout,
+              .sequence_parallel = sequence_parallel,
+              .vocab_parallel = vocab_parallel,
+              .bidirectional = c.parallelism.bidirectional}});
+  const double lr = c.optimizer.lr;
+  optim::AdamW opt({.learning_rate = optim::warmup_cosine_schedule(
+                        0.0, lr, std::min<std::int64_t>(c.optimizer.warmup_steps, steps - 1), steps,
+                        lr * c.optimizer.final_lr_ratio),
+                    .b1 = c.optimizer.b1,
+                    .b2 = c.optimizer.b2,
+                    .eps = c.optimizer.eps,
+                    .weight_decay = c.optimizer.weight_decay,
+                    .decay_mask = optim::default_decay_mask()});
+  const nn::FullySharded fsdp{.axis = "data",
+                              .min_weight_size = c.parallelism.fsdp.min_weight_size};
+  const Key root = Key::from_seed(static_cast<std::uint64_t>(c.run.seed));
+
+  auto device_program = [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
+    const bool lead = ctx.device() == 0;
+    const int replica = ctx.axis_index("data");
+    nn::ParamSpecs specs;
+    parallel::DataParallel dp(ctx, "data", &specs);
+    train::TrainState state = train::TrainState::create(
+        model.init(root.fold_in(std::string_view("init")), &specs, &ctx, fsdp_on ? &fsdp : nullptr),
+        opt, root.fold_in(std::string_view("dropout")), dp);
+    auto loss_fn = [&](bool train) -> train::LossFn {
+      return [&, train](const TensorTree& p, const train::Batch& b, Key k) {
+        nn::Scope s = nn::Scope::apply(&p, train, k).on(ctx);
+        if (fsdp_on) s = s.fully_sharded(fsdp);
+        Tensor loss = model.loss(s, b.inputs, b.labels);
+        const double bytes = static_cast<double>(b.labels.numel()), nats = loss.item<double>();
+        train::Metrics m;
+        m.add("loss", nats * bytes, bytes);
+        m.add("bits_per_byte", nats / std::numbers::ln2 * bytes, bytes);
+        return std::make_pair(loss, m);
+      };
+    };
+    if (lead) {
+      std::int64_t sharded = 0;
+      for (const auto& [path, spec] : specs)
+        if (spec.size() > 0) ++sharded;
+      std::printf(
+          "GPT L=%lld C=%lld H=%lld T=%lld: %lld parameters, %lld on device 0; %lld of "
+          "%zu tensors split over the mesh\n",
+          static_cast<long long>(c.model.layers), static_cast<long long>(c.model.d_model),
+          static_cast<long long>(c.model.heads), static_cast<long long>(seq_len),
+          static_cast<long long>(model.num_params()),
+          static_cast<long long>(state.params.num_elements()), static_cast<long long>(sharded),
+          state.params.size());
+    }
+    train::Trainer trainer({.out_dir = lead ? c.run.out_dir : std::string(),
+                            .total_steps = steps,
+                            .log_every = c.run.log_every,
+                            .items_per_example = static_cast<double>(seq_len),
+                            .items_name = "tokens",
+                            .mesh = mesh.describe(),
+                            .backend = backend_name,
+                            .print = lead},
+                           opt, loss_fn(true),
+                           {.num_minibatches = static_cast<int>(c.run.grad_accum_steps),
+                            .max_grad_norm = c.optimizer.max_grad_norm,
+                            .strategy = &dp});
+    const std::int64_t per = batch_size / n_data;
+    const Key data_key = root.fold_in(std::string_view("data"));
+    while (state.step < steps) {
+      const train::Batch global =
+          data::sample_windows(corpus.train, batch_size, seq_len,
+                               data_key.fold_in(static_cast<std::uint64_t>(state.step)));
+      trainer.step(state, global.slice(replica * per, (replica + 1) * per));
+    }
+    // Every device evaluates every validation batch (the same gathers everywhere).
+    const train::Metrics eval = train::evaluate(state.params, val, loss_fn(false), Key{});
+    trainer.finish(state, {{"val_bits_per_byte", eval.mean("bits_per_byte")}});
+    if (lead) {
+      std::printf("Validation: %.3f bits per byte (uniform guessing: 8)\n",
+                  eval.mean("bits_per_byte"));
+      std::printf(
+          "Bytes held by device 0: parameters %lld, optimizer state %lld (replicated: "
+          "%lld and %lld)\n",
+          static_cast<long long>(state.params.storage_bytes()),
+          static_cast<long long>(state.opt_state.storage_bytes()),
+          static_cast<long long>(4 * model.num_params()),
+          static_cast<long long>(8 * model.num_params()));
+    }
+    return std::vector<Tensor>{};
+  };
+  spmd::shard_map(mesh, device_program, {}, {},
+                  {.backend = c.distributed.comm_backend()})(std::vector<Tensor>{});
+  return 0;
+}
+
+}  // namespace distjax::examples

@@ -1,0 +1,183 @@
+// The registry of training programs, their defaults (the example binaries' flag
+// defaults; configs/<example>.toml say the same) and run_program.
+#include "programs/programs.hpp"
+
+#include <cstdio>
+
+#include "distjax/comm/launch_environment.hpp"
+#include "distjax/config/config_file.hpp"
+#include "distjax/core/error.hpp"
+
+namespace distjax::examples {
+namespace {
+
+void defaults_train_mnist(config::TrainConfig& c) {
+  c.run.program = "train_mnist";
+  c.run.steps = 0;
+  c.run.epochs = 10;
+  c.run.batch_size = 128;
+  c.run.log_every = 100;
+  c.run.out_dir = "runs/mnist";
+  c.run.seed = 0;
+  c.model.hidden = 512;
+  c.model.dropout = 0.1;
+  c.optimizer.lr = 2e-3;
+  c.optimizer.final_lr_ratio = 0.01;
+  c.optimizer.warmup_steps = 200;
+  c.optimizer.weight_decay = 1e-4;
+  c.distributed.world_size = 2;
+}
+
+void defaults_data_parallelism(config::TrainConfig& c) {
+  c.run.program = "data_parallelism";
+  c.run.steps = 300;
+  c.run.batch_size = 128;
+  c.run.log_every = 50;
+  c.run.out_dir = "runs/data_parallelism";
+  c.run.seed = 69;  // the toolkit's seed
+  c.model.hidden = 512;
+  c.model.dropout = 0.1;
+  c.optimizer.lr = 1e-3;
+  c.optimizer.final_lr_ratio = 0.01;
+  c.optimizer.warmup_steps = 20;
+  c.optimizer.max_grad_norm = 1.0;
+  c.parallelism.fsdp.modules = {"*"};
+  c.parallelism.fsdp.min_weight_size = std::int64_t{1} << 18;
+  c.distributed.world_size = 8;
+}
+
+void defaults_tensor_parallelism(config::TrainConfig& c) {
+  c.run.program = "tensor_parallelism";
+  c.run.steps = 300;
+  c.run.batch_size = 128;
+  c.run.log_every = 50;
+  c.run.out_dir = "runs/tensor_parallelism";
+  c.run.seed = 42;  // the toolkit's seed
+  c.model.hidden = 512;
+  c.model.layers = 3;
+  c.model.dropout = 0.1;
+  c.optimizer.lr = 1e-3;
+  c.optimizer.final_lr_ratio = 0.01;
+  c.optimizer.warmup_steps = 20;
+  c.optimizer.max_grad_norm = 1.0;
+  c.parallelism.tp_layout = "gather";
+  c.distributed.world_size = 8;
+  c.distributed.tensor_parallel_size = 4;
+  c.distributed.mesh_shape = {2, 4};
+  c.distributed.mesh_axis_names = {"data", "model"};
+}
+
+void defaults_gpt(config::TrainConfig& c) {
+  c.run.program = "gpt";
+  c.run.steps = 200;
+  c.run.batch_size = 16;
+  c.run.log_every = 20;
+  c.run.eval_batches = 4;
+  c.run.out_dir = "runs/gpt_mesh";
+  c.run.seed = 0;
+  c.model.layers = 4;
+  c.model.d_model = 128;
+  c.model.heads = 4;
+  c.model.dropout = 0.0;
+  c.data.seq_len = 64;
+  c.optimizer.lr = 3e-3;
+  c.optimizer.final_lr_ratio = 0.1;
+  c.optimizer.warmup_steps = 20;
+  c.optimizer.b2 = 0.95;
+  c.optimizer.weight_decay = 0.1;
+  c.optimizer.max_grad_norm = 1.0;
+  c.parallelism.tp_layout = "megatron";
+  c.parallelism.fsdp.min_weight_size = std::int64_t{1} << 14;
+  c.distributed.world_size = 8;
+  c.distributed.tensor_parallel_size = 4;
+  c.distributed.mesh_shape = {2, 4};
+  c.distributed.mesh_axis_names = {"data", "model"};
+}
+
+void defaults_train_gpt(config::TrainConfig& c) {
+  c.run.program = "train_gpt";
+  c.run.steps = 600;
+  c.run.batch_size = 16;
+  c.run.log_every = 50;
+  c.run.eval_every = 100;
+  c.run.eval_batches = 8;
+  c.run.out_dir = "runs/gpt";
+  c.run.seed = 0;
+  c.model.layers = 4;
+  c.model.d_model = 128;
+  c.model.heads = 4;
+  c.model.dropout = 0.0;
+  c.data.seq_len = 64;
+  c.optimizer.lr = 3e-3;
+  c.optimizer.final_lr_ratio = 0.1;
+  c.optimizer.warmup_steps = 30;
+  c.optimizer.b2 = 0.95;
+  c.optimizer.weight_decay = 0.1;
+  c.optimizer.max_grad_norm = 1.0;
+  c.distributed.enabled = false;
+}
+
+}  // namespace
+
+const std::vector<ProgramInfo>& programs() {
+  static const std::vector<ProgramInfo> list = {
+      {"train_mnist", "the MLP classifier on Fashion-MNIST, data parallel over \"data\"",
+       defaults_train_mnist, run_train_mnist},
+      {"data_parallelism", "the MLP classifier on Fashion-MNIST with ZeRO-1/2 or FSDP",
+       defaults_data_parallelism, run_data_parallelism},
+      {"tensor_parallelism", "the TP classifier on Fashion-MNIST over (data, model)",
+       defaults_tensor_parallelism, run_tensor_parallelism},
+      {"gpt", "the GPT on the fortunes corpus over (data, model): TP layouts, FSDP, remat",
+       defaults_gpt, run_gpt},
+      {"train_gpt", "the GPT on the fortunes corpus on one device", defaults_train_gpt,
+       run_train_gpt},
+  };
+  return list;
+}
+
+const ProgramInfo& find_program(const std::string& name) {
+  std::vector<std::string> names;
+  for (const ProgramInfo& p : programs()) {
+    if (name == p.name) return p;
+    names.emplace_back(p.name);
+  }
+  std::string msg = "[config] run.program = \"" + name + "\" is not a program";
+  if (const std::string near = config::nearest_name(name, names); !near.empty())
+    msg += "; did you mean \"" + near + "\"?";
+  msg += " (programs:";
+  for (const std::string& n : names)
+    msg += " " + n;
+  throw ConfigError(msg + ")");
+}
+
+config::TrainConfig program_defaults(const std::string& name) {
+  config::TrainConfig c;
+  find_program(name).defaults(c);
+  return c;
+}
+
+std::string backend_label(const config::TrainConfig& c) {
+  return comm::backend_name(c.distributed.comm_backend());
+}
+
+int run_program(config::TrainConfig c, const std::string& source) {
+  const ProgramInfo& program = find_program(c.run.program);
+  c.distributed = config::resolve(c.distributed, comm::discover_launch_environment());
+  c.validate(source);
+  DISTJAX_CHECK(c.run.steps > 0 || c.run.program == "train_mnist", ConfigError, "[", c.run.program,
+                "] needs run.steps > 0 (run.epochs is train_mnist's)");
+  DISTJAX_CHECK(c.distributed.mixed_precision == config::MixedPrecision::No, NotImplemented, "[",
+                c.run.program, "] distributed.mixed_precision = \"",
+                config::mixed_precision_name(c.distributed.mixed_precision),
+                "\" is not implemented yet; use \"no\"");
+  DISTJAX_CHECK(c.distributed.pipeline_parallel_size == 1, NotImplemented, "[", c.run.program,
+                "] pipeline_parallel_size = ", c.distributed.pipeline_parallel_size,
+                ": no program runs pipeline parallelism yet");
+  if (c.distributed.is_main_process() && (c.run.resume || c.run.checkpoint_every > 0))
+    std::printf(
+        "Note: checkpoints are not written yet; run.resume and run.checkpoint_every "
+        "are recorded but have no effect\n");
+  return program.run(c);
+}
+
+}  // namespace distjax::examples

@@ -1,0 +1,48 @@
+// The training programs behind the examples and `distjax train`: each runs one
+// config::TrainConfig. The example binaries turn their flags into a config and call the
+// same function that `distjax train configs/<name>.toml` calls.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "distjax/config/train_config.hpp"
+
+namespace distjax::examples {
+
+/// A program of the registry: its name (the value of run.program), what it trains, the
+/// defaults it starts from (the example binary's flag defaults) and its entry point.
+struct ProgramInfo {
+  const char* name;
+  const char* about;
+  /// Sets the program's defaults on a default TrainConfig (run.program included).
+  void (*defaults)(config::TrainConfig&);
+  /// Runs a resolved and validated config; returns the exit status.
+  int (*run)(const config::TrainConfig&);
+};
+
+/// Every program, in the order `distjax train --help` lists them.
+const std::vector<ProgramInfo>& programs();
+
+/// The program called `name`; throws ConfigError naming the programs (and the nearest).
+const ProgramInfo& find_program(const std::string& name);
+
+/// TrainConfig{} with the defaults of program `name`.
+config::TrainConfig program_defaults(const std::string& name);
+
+/// Resolves config.distributed against the environment (comm::discover_launch_environment),
+/// validates the whole config (ConfigError listing every problem, naming `source`), refuses
+/// what no program runs yet (mixed precision, pipeline stages), and runs its program.
+int run_program(config::TrainConfig config, const std::string& source = "");
+
+// The programs (one file each in examples/programs/).
+int run_train_mnist(const config::TrainConfig& c);
+int run_data_parallelism(const config::TrainConfig& c);
+int run_tensor_parallelism(const config::TrainConfig& c);
+int run_gpt(const config::TrainConfig& c);
+int run_train_gpt(const config::TrainConfig& c);
+
+/// The backend name printed in headers and recorded in summary.json ("threads", "mpi").
+std::string backend_label(const config::TrainConfig& c);
+
+}  // namespace distjax::examples

@@ -1,0 +1,126 @@
+// Program tensor_parallelism: the toolkit's TP classifier on Fashion-MNIST over a ("data",
+// "model") mesh (2 x 4 in its configs): data parallel over "data", tensor parallel over
+// "model", with synchronous all-gathers / reduce-scatters (parallelism.tp_layout =
+// "gather") or asynchronous ppermute rings ("async", optionally bidirectional).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "distjax/config/distributed_config.hpp"
+#include "distjax/data/fashion_mnist.hpp"
+#include "distjax/data/loader.hpp"
+#include "distjax/models/tp_classifier.hpp"
+#include "distjax/optim/adamw.hpp"
+#include "distjax/parallel/data_parallel.hpp"
+#include "distjax/spmd/shard_map.hpp"
+#include "distjax/train/trainer.hpp"
+#include "example_common.hpp"
+#include "programs/programs.hpp"
+
+namespace distjax::examples {
+
+using tensor::Tensor;
+using tensor::TensorTree;
+
+int run_tensor_parallelism(const config::TrainConfig& c) {
+  const std::string& layout = c.parallelism.tp_layout;
+  DISTJAX_CHECK(layout == "gather" || layout == "async", ConfigError,
+                "[tensor_parallelism] parallelism.tp_layout must be \"gather\" (synchronous) or "
+                "\"async\" (ppermute rings) for the TP classifier, got \"",
+                layout, "\"");
+  const bool async_rings = layout == "async";
+  const bool bidirectional = c.parallelism.bidirectional;
+  const mesh::Mesh mesh = config::build_mesh(c.distributed, {"data", "model"});
+  const int n_data = mesh.axis_size("data"), n_model = mesh.axis_size("model");
+  DISTJAX_CHECK(c.model.hidden % n_model == 0, ConfigError,
+                "[tensor_parallelism] model.hidden = ", c.model.hidden,
+                " must be divisible by the \"model\" axis size ", n_model);
+  const std::string backend_name = backend_label(c);
+  if (c.distributed.is_main_process())
+    std::printf("Mesh (%s backend, %s tensor parallelism):\n%s\n", backend_name.c_str(),
+                async_rings ? (bidirectional ? "async bidirectional" : "async") : "synchronous",
+                mesh.to_string().c_str());
+
+  const std::string data_dir = c.data.dir.empty() ? data::kFashionMnistDir : c.data.dir;
+  const data::ArrayDataset train_set = data::load_fashion_mnist(data::Split::Train, data_dir);
+  const data::ArrayDataset test_set = data::load_fashion_mnist(data::Split::Test, data_dir);
+  // One test batch per data replica (every device of a replica runs the same passes).
+  const std::vector<train::Batch> test_batches = test_set.batches(test_set.size() / n_data);
+  const models::TPClassifier model({.in_features = 784,
+                                    .hidden = c.model.hidden,
+                                    .num_classes = 10,
+                                    .num_layers = static_cast<int>(c.model.layers),
+                                    .mlp_expansion = 1,
+                                    .dropout = static_cast<float>(c.model.dropout),
+                                    .async_rings = async_rings,
+                                    .bidirectional = bidirectional});
+  const std::int64_t steps = c.run.steps;
+  const double lr = c.optimizer.lr;
+  optim::AdamW opt({.learning_rate = optim::warmup_cosine_schedule(
+                        0.0, lr, std::min<std::int64_t>(c.optimizer.warmup_steps, steps - 1), steps,
+                        lr * c.optimizer.final_lr_ratio),
+                    .b1 = c.optimizer.b1,
+                    .b2 = c.optimizer.b2,
+                    .eps = c.optimizer.eps,
+                    .weight_decay = c.optimizer.weight_decay,
+                    .decay_mask = optim::default_decay_mask()});
+  const auto seed = static_cast<std::uint64_t>(c.run.seed);
+  const Key root = Key::from_seed(seed);
+
+  auto device_program = [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
+    const bool lead = ctx.device() == 0;
+    const int replica = ctx.axis_index("data");
+    nn::ParamSpecs specs;
+    TensorTree params = model.init(root.fold_in(std::string_view("init")), &specs, &ctx);
+    parallel::DataParallel dp(ctx, "data", &specs);
+    train::TrainState state =
+        train::TrainState::create(params, opt, root.fold_in(std::string_view("dropout")), dp);
+    if (lead)
+      std::printf("TP classifier 784-%lld x%lld-10: %lld parameters, %lld on each device\n",
+                  static_cast<long long>(c.model.hidden), static_cast<long long>(c.model.layers),
+                  static_cast<long long>(model.num_params()),
+                  static_cast<long long>(state.params.num_elements()));
+    auto loss_fn = [&](bool train) -> train::LossFn {
+      return [&, train](const TensorTree& p, const train::Batch& b, Key k) {
+        return classification_loss(model(nn::Scope::apply(&p, train, k).on(ctx), b.inputs),
+                                   b.labels);
+      };
+    };
+    data::DataLoader loader(train_set, {.batch_size = c.run.batch_size,
+                                        .seed = seed,
+                                        .num_shards = n_data,
+                                        .shard_index = replica});
+    train::Trainer trainer({.out_dir = lead ? c.run.out_dir : std::string(),
+                            .total_steps = steps,
+                            .log_every = 1 << 30,  // this program prints its own lines
+                            .mesh = mesh.describe(),
+                            .backend = backend_name,
+                            .print = false},
+                           opt, loss_fn(true),
+                           {.num_minibatches = static_cast<int>(c.run.grad_accum_steps),
+                            .max_grad_norm = c.optimizer.max_grad_norm,
+                            .strategy = &dp});
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::int64_t s = 1; s <= steps; ++s) {
+      const train::Metrics m = trainer.step(state, loader.next());
+      if (lead && (s % c.run.log_every == 0 || s == 1 || s == steps))
+        std::printf("[TP] Step %lld: Loss = %.4f, Accuracy = %.4f\n", static_cast<long long>(s),
+                    m.mean("loss"), m.mean("accuracy"));
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const train::Metrics eval = trainer.evaluate(state, {test_batches[replica]}, loss_fn(false));
+    trainer.finish(state, {{"test_accuracy", eval.mean("accuracy")},
+                           {"step_time_s", seconds / static_cast<double>(steps)}});
+    if (lead)
+      std::printf("[TP] Test accuracy: %.2f%% (%lld images) after %lld steps, %.1f ms per step\n",
+                  100.0 * eval.mean("accuracy"), static_cast<long long>(eval.at("accuracy").count),
+                  static_cast<long long>(steps), 1e3 * seconds / static_cast<double>(steps));
+    return std::vector<Tensor>{};
+  };
+  spmd::shard_map(mesh, device_program, {}, {},
+                  {.backend = c.distributed.comm_backend()})(std::vector<Tensor>{});
+  return 0;
+}
+
+}  // namespace distjax::examples

@@ -1,0 +1,95 @@
+// TrainConfig: everything a training run reads, table by table as in the TOML files
+// (run, model, optimizer, data, parallelism, distributed). docs/configs.md lists every key.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "distjax/config/distributed_config.hpp"
+
+namespace distjax::config {
+
+/// [run]: which program, how long, where the files go.
+struct RunConfig {
+  std::string program;                ///< the training program (`distjax train` lists them)
+  std::int64_t steps = 0;             ///< optimizer steps; 0 = epochs x steps per epoch
+  std::int64_t epochs = 0;            ///< passes over the training set (programs with epochs)
+  std::int64_t batch_size = 128;      ///< global examples (sequences) per step
+  std::int64_t grad_accum_steps = 1;  ///< gradient-accumulation slices per step
+  std::int64_t log_every = 50;        ///< steps between progress lines / metrics records
+  std::int64_t eval_every = 0;        ///< steps between evaluations; 0 = at the end only
+  std::int64_t eval_batches = 8;      ///< validation batches per evaluation
+  std::string out_dir = "runs/run";   ///< metrics.jsonl, summary.json (and checkpoints)
+  std::int64_t checkpoint_every = 0;  ///< steps between checkpoints; 0 = none
+  bool resume = false;                ///< continue from the latest checkpoint in out_dir
+  std::int64_t seed = 0;              ///< initialisation, shuffling, dropout
+};
+
+/// [model]: the classifier's and the GPT's sizes (each program reads its own).
+struct ModelConfig {
+  std::int64_t hidden = 512;   ///< classifier hidden width (D)
+  std::int64_t layers = 4;     ///< TP classifier blocks / transformer blocks (L)
+  double dropout = 0.1;        ///< dropout rate
+  std::int64_t d_model = 128;  ///< transformer width (C)
+  std::int64_t heads = 4;      ///< attention heads (H)
+};
+
+/// [optimizer]: AdamW with linear warmup and cosine decay.
+struct OptimizerConfig {
+  double lr = 1e-3;                ///< peak learning rate
+  double final_lr_ratio = 0.01;    ///< the cosine ends at lr x this
+  std::int64_t warmup_steps = 20;  ///< linear warmup from 0
+  double weight_decay = 0.01;      ///< decoupled (AdamW), not on biases and norms
+  double b1 = 0.9;
+  double b2 = 0.999;
+  double eps = 1e-8;
+  double max_grad_norm = 0.0;  ///< clip to this global norm; 0 = no clipping
+};
+
+/// [data]: where the data set is and how sequences are cut.
+struct DataConfig {
+  std::string dir;                    ///< "" = the program's default (Debian's data package)
+  std::int64_t seq_len = 64;          ///< bytes per sequence (T) for text
+  double validation_fraction = 0.05;  ///< of a text corpus held out
+};
+
+/// [parallelism.fsdp]: fully sharded parameters (ZeRO-3) over "data".
+struct FsdpConfig {
+  /// Modules whose parameters are fully sharded: [] none, ["*"] all (per-module names are
+  /// the toolkit's "Block", "Attn", "MLP"; only "*" is implemented).
+  std::vector<std::string> modules;
+  std::int64_t min_weight_size = std::int64_t{1} << 18;  ///< smaller parameters stay replicated
+};
+
+/// [parallelism]: how the strategies split the model (the mesh is in DistributedConfig).
+struct ParallelismConfig {
+  int zero_stage = 0;                  ///< 0 plain data parallel, 1 or 2 ZeRO (optimizer / grads)
+  std::string tp_layout = "megatron";  ///< megatron, gather, async or none
+  bool sequence_parallel = false;      ///< megatron: split T between the blocks
+  bool vocab_parallel = false;         ///< megatron: vocabulary-parallel head
+  bool bidirectional = false;          ///< async rings both ways
+  std::vector<std::string> remat;      ///< rematerialised modules: [] or ["Block"]
+  FsdpConfig fsdp;
+};
+
+/// A whole run. Built by load_config() (config/config_file.hpp) from defaults, a TOML file
+/// and --set overrides; `distributed` is resolved against the environment by the program.
+struct TrainConfig {
+  RunConfig run;
+  ModelConfig model;
+  OptimizerConfig optimizer;
+  DataConfig data;
+  ParallelismConfig parallelism;
+  DistributedConfig distributed;
+
+  /// One message per broken rule outside DistributedConfig (positive sizes, divisibility
+  /// of the batch by data_parallel_size and grad_accum_steps, zero_stage range, remat and
+  /// fsdp module names, ZeRO-1/2 with FSDP) followed by distributed.problems(); call on a
+  /// resolved config.
+  std::vector<std::string> problems() const;
+  /// Throws ConfigError "[config] <context>: N problems:\n  - ..." listing problems().
+  void validate(const std::string& context = "") const;
+};
+
+}  // namespace distjax::config

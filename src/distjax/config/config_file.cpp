@@ -1,0 +1,610 @@
+// config_file: the schema (one entry per key: type, help, how to read and write it), the
+// TOML walk that checks every key against it, overrides, nearest-key suggestions.
+#include "distjax/config/config_file.hpp"
+
+#include <toml++/toml.h>
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <variant>
+
+#include "distjax/core/error.hpp"
+
+namespace distjax::config {
+namespace {
+
+using Value = std::variant<bool, std::int64_t, double, std::string, std::vector<std::int64_t>,
+                           std::vector<std::string>>;
+
+// A key's schema entry and its accessors. `set` receives a value of the entry's type and
+// throws ConfigError (without location) for a value outside its choices or range.
+struct Entry {
+  ConfigKey key;
+  std::function<void(TrainConfig&, const Value&)> set;
+  std::function<Value(const TrainConfig&)> get;
+};
+
+std::string quoted(const std::string& s) {
+  return "\"" + s + "\"";
+}
+
+std::string list_choices(const std::vector<std::string>& choices) {
+  std::string out;
+  for (std::size_t i = 0; i < choices.size(); ++i)
+    out += (i ? ", " : "") + quoted(choices[i]);
+  return out;
+}
+
+void check_choice(const std::string& key, const std::vector<std::string>& choices,
+                  const std::string& v) {
+  if (choices.empty() || std::find(choices.begin(), choices.end(), v) != choices.end()) return;
+  std::string msg = key + " must be one of " + list_choices(choices) + ", got " + quoted(v);
+  if (const std::string near = nearest_name(v, choices); !near.empty())
+    msg += "; did you mean " + quoted(near) + "?";
+  throw ConfigError(msg);
+}
+
+// An entry for a member reached by `access` (a lambda returning a reference into the
+// config); its TOML type follows the member's C++ type.
+template <class F>
+Entry field(std::string name, F access, std::string help, std::vector<std::string> choices = {}) {
+  using T = std::remove_reference_t<decltype(access(std::declval<TrainConfig&>()))>;
+  Entry e;
+  e.key = {name, ValueType::Bool, std::move(help), choices};
+  if constexpr (std::is_same_v<T, bool>) {
+    e.key.type = ValueType::Bool;
+    e.set = [access](TrainConfig& c, const Value& v) { access(c) = std::get<bool>(v); };
+    e.get = [access](const TrainConfig& c) { return Value(access(const_cast<TrainConfig&>(c))); };
+  } else if constexpr (std::is_integral_v<T>) {
+    e.key.type = ValueType::Int;
+    e.set = [access, name](TrainConfig& c, const Value& v) {
+      const std::int64_t x = std::get<std::int64_t>(v);
+      if (x < std::numeric_limits<T>::min() || x > std::numeric_limits<T>::max())
+        throw ConfigError(name + " = " + std::to_string(x) + " is out of range");
+      access(c) = static_cast<T>(x);
+    };
+    e.get = [access](const TrainConfig& c) {
+      return Value(static_cast<std::int64_t>(access(const_cast<TrainConfig&>(c))));
+    };
+  } else if constexpr (std::is_floating_point_v<T>) {
+    e.key.type = ValueType::Float;
+    e.set = [access](TrainConfig& c, const Value& v) { access(c) = std::get<double>(v); };
+    e.get = [access](const TrainConfig& c) { return Value(access(const_cast<TrainConfig&>(c))); };
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    e.key.type = ValueType::String;
+    e.set = [access, name, choices](TrainConfig& c, const Value& v) {
+      check_choice(name, choices, std::get<std::string>(v));
+      access(c) = std::get<std::string>(v);
+    };
+    e.get = [access](const TrainConfig& c) { return Value(access(const_cast<TrainConfig&>(c))); };
+  } else if constexpr (std::is_same_v<T, std::vector<int>>) {
+    e.key.type = ValueType::IntList;
+    e.set = [access, name](TrainConfig& c, const Value& v) {
+      std::vector<int> out;
+      for (std::int64_t x : std::get<std::vector<std::int64_t>>(v)) {
+        if (x < std::numeric_limits<int>::min() || x > std::numeric_limits<int>::max())
+          throw ConfigError(name + ": " + std::to_string(x) + " is out of range");
+        out.push_back(static_cast<int>(x));
+      }
+      access(c) = out;
+    };
+    e.get = [access](const TrainConfig& c) {
+      const std::vector<int>& v = access(const_cast<TrainConfig&>(c));
+      return Value(std::vector<std::int64_t>(v.begin(), v.end()));
+    };
+  } else {
+    static_assert(std::is_same_v<T, std::vector<std::string>>);
+    e.key.type = ValueType::StringList;
+    e.set = [access, name, choices](TrainConfig& c, const Value& v) {
+      for (const std::string& s : std::get<std::vector<std::string>>(v))
+        check_choice(name + " item", choices, s);
+      access(c) = std::get<std::vector<std::string>>(v);
+    };
+    e.get = [access](const TrainConfig& c) { return Value(access(const_cast<TrainConfig&>(c))); };
+  }
+  return e;
+}
+
+// An entry for an enum member written as one of `names` (index = enum value).
+template <class E, class F>
+Entry enum_field(std::string name, F access, std::string help, std::vector<std::string> names) {
+  Entry e;
+  e.key = {name, ValueType::String, std::move(help), names};
+  e.set = [access, name, names](TrainConfig& c, const Value& v) {
+    const std::string& s = std::get<std::string>(v);
+    check_choice(name, names, s);
+    access(c) = static_cast<E>(std::find(names.begin(), names.end(), s) - names.begin());
+  };
+  e.get = [access, names](const TrainConfig& c) {
+    return Value(names[static_cast<std::size_t>(access(const_cast<TrainConfig&>(c)))]);
+  };
+  return e;
+}
+
+#define DJ_ACCESS(member)        \
+  [](TrainConfig & c) -> auto& { \
+    return c.member;             \
+  }
+
+const std::vector<Entry>& schema() {
+  static const std::vector<Entry> entries = [] {
+    std::vector<Entry> s;
+    // [run]
+    s.push_back(field("run.program", DJ_ACCESS(run.program),
+                      "the training program: train_mnist, data_parallelism, tensor_parallelism, "
+                      "gpt or train_gpt"));
+    s.push_back(field("run.steps", DJ_ACCESS(run.steps),
+                      "optimizer steps; 0 = run.epochs x steps per epoch"));
+    s.push_back(field("run.epochs", DJ_ACCESS(run.epochs),
+                      "passes over the training set (train_mnist; used when run.steps = 0)"));
+    s.push_back(field("run.batch_size", DJ_ACCESS(run.batch_size),
+                      "global examples (sequences) per step, split over \"data\""));
+    s.push_back(field("run.grad_accum_steps", DJ_ACCESS(run.grad_accum_steps),
+                      "gradient-accumulation slices per step"));
+    s.push_back(field("run.log_every", DJ_ACCESS(run.log_every),
+                      "steps between progress lines and metrics.jsonl records"));
+    s.push_back(field("run.eval_every", DJ_ACCESS(run.eval_every),
+                      "steps between evaluations; 0 = at the end (train_mnist: every epoch)"));
+    s.push_back(field("run.eval_batches", DJ_ACCESS(run.eval_batches),
+                      "validation batches per evaluation (text programs)"));
+    s.push_back(field("run.out_dir", DJ_ACCESS(run.out_dir),
+                      "output directory: metrics.jsonl, summary.json, checkpoints"));
+    s.push_back(field("run.checkpoint_every", DJ_ACCESS(run.checkpoint_every),
+                      "steps between checkpoints; 0 = none"));
+    s.push_back(field("run.resume", DJ_ACCESS(run.resume),
+                      "continue from the latest checkpoint in run.out_dir"));
+    s.push_back(field("run.seed", DJ_ACCESS(run.seed), "seed of initialisation, data and dropout"));
+    // [model]
+    s.push_back(field("model.hidden", DJ_ACCESS(model.hidden), "classifier hidden width (D)"));
+    s.push_back(field("model.layers", DJ_ACCESS(model.layers),
+                      "TP classifier blocks, or transformer blocks (L)"));
+    s.push_back(field("model.dropout", DJ_ACCESS(model.dropout), "dropout rate"));
+    s.push_back(field("model.d_model", DJ_ACCESS(model.d_model), "transformer width (C)"));
+    s.push_back(field("model.heads", DJ_ACCESS(model.heads), "attention heads (H)"));
+    // [optimizer]
+    s.push_back(field("optimizer.lr", DJ_ACCESS(optimizer.lr), "peak learning rate of AdamW"));
+    s.push_back(field("optimizer.final_lr_ratio", DJ_ACCESS(optimizer.final_lr_ratio),
+                      "the cosine schedule ends at lr x this"));
+    s.push_back(field("optimizer.warmup_steps", DJ_ACCESS(optimizer.warmup_steps),
+                      "linear warmup steps from 0"));
+    s.push_back(field("optimizer.weight_decay", DJ_ACCESS(optimizer.weight_decay),
+                      "decoupled weight decay (not on biases and norm scales)"));
+    s.push_back(field("optimizer.b1", DJ_ACCESS(optimizer.b1), "Adam's first-moment decay"));
+    s.push_back(field("optimizer.b2", DJ_ACCESS(optimizer.b2), "Adam's second-moment decay"));
+    s.push_back(field("optimizer.eps", DJ_ACCESS(optimizer.eps), "Adam's epsilon"));
+    s.push_back(field("optimizer.max_grad_norm", DJ_ACCESS(optimizer.max_grad_norm),
+                      "clip gradients to this global norm; 0 = no clipping"));
+    // [data]
+    s.push_back(field("data.dir", DJ_ACCESS(data.dir),
+                      "data directory; \"\" = the program's Debian data package"));
+    s.push_back(field("data.seq_len", DJ_ACCESS(data.seq_len), "bytes per sequence (T)"));
+    s.push_back(field("data.validation_fraction", DJ_ACCESS(data.validation_fraction),
+                      "fraction of a text corpus held out for validation"));
+    // [parallelism]
+    s.push_back(
+        field("parallelism.zero_stage", DJ_ACCESS(parallelism.zero_stage),
+              "0 plain data parallelism, 1 ZeRO-1 (optimizer state), 2 ZeRO-2 (+ gradients)"));
+    s.push_back(field("parallelism.tp_layout", DJ_ACCESS(parallelism.tp_layout),
+                      "tensor-parallel layout of the GPT",
+                      {"megatron", "gather", "async", "none"}));
+    s.push_back(field("parallelism.sequence_parallel", DJ_ACCESS(parallelism.sequence_parallel),
+                      "megatron: split the sequence between blocks"));
+    s.push_back(field("parallelism.vocab_parallel", DJ_ACCESS(parallelism.vocab_parallel),
+                      "megatron: vocabulary-parallel embedding and head"));
+    s.push_back(field("parallelism.bidirectional", DJ_ACCESS(parallelism.bidirectional),
+                      "async tensor parallelism: rings in both directions"));
+    s.push_back(field("parallelism.remat", DJ_ACCESS(parallelism.remat),
+                      "rematerialised modules (activations recomputed in backward)", {"Block"}));
+    s.push_back(field("parallelism.fsdp.modules", DJ_ACCESS(parallelism.fsdp.modules),
+                      "fully sharded modules over \"data\" (ZeRO-3): [] none, [\"*\"] all", {"*"}));
+    s.push_back(field("parallelism.fsdp.min_weight_size",
+                      DJ_ACCESS(parallelism.fsdp.min_weight_size),
+                      "parameters with fewer elements stay replicated"));
+    // [distributed]
+    s.push_back(field("distributed.enabled", DJ_ACCESS(distributed.enabled),
+                      "false: one device (world_size, tp and pp must be 1)"));
+    s.push_back(field("distributed.world_size", DJ_ACCESS(distributed.world_size),
+                      "devices in total; 0 = from the launcher, mesh_shape or tp x pp"));
+    s.push_back(
+        enum_field<BackendChoice>("distributed.backend", DJ_ACCESS(distributed.backend),
+                                  "auto (mpi under a launcher, else threads), threads, mpi, nccl",
+                                  {"auto", "threads", "mpi", "nccl"}));
+    s.push_back(field("distributed.rank", DJ_ACCESS(distributed.rank),
+                      "global rank of this process (the launcher's wins)"));
+    s.push_back(field("distributed.local_rank", DJ_ACCESS(distributed.local_rank),
+                      "rank on this node (the launcher's wins)"));
+    s.push_back(field("distributed.num_nodes", DJ_ACCESS(distributed.num_nodes), "nodes"));
+    s.push_back(field("distributed.num_processes_per_node",
+                      DJ_ACCESS(distributed.num_processes_per_node),
+                      "devices per node; 0 = world_size / num_nodes"));
+    s.push_back(field("distributed.master_addr", DJ_ACCESS(distributed.master_addr),
+                      "rendezvous address (MASTER_ADDR wins)"));
+    s.push_back(field("distributed.master_port", DJ_ACCESS(distributed.master_port),
+                      "rendezvous port (MASTER_PORT wins)"));
+    s.push_back(field("distributed.tensor_parallel_size",
+                      DJ_ACCESS(distributed.tensor_parallel_size), "size of the \"model\" axis"));
+    s.push_back(field("distributed.pipeline_parallel_size",
+                      DJ_ACCESS(distributed.pipeline_parallel_size), "size of the \"pipe\" axis"));
+    s.push_back(field("distributed.mesh_shape", DJ_ACCESS(distributed.mesh_shape),
+                      "explicit mesh sizes; [] = (data, model, pipe) from the sizes"));
+    s.push_back(field("distributed.mesh_axis_names", DJ_ACCESS(distributed.mesh_axis_names),
+                      "one name per mesh_shape entry"));
+    s.push_back(enum_field<MixedPrecision>(
+        "distributed.mixed_precision", DJ_ACCESS(distributed.mixed_precision),
+        "compute precision: no (f32), fp16, bf16", {"no", "fp16", "bf16"}));
+    return s;
+  }();
+  return entries;
+}
+
+#undef DJ_ACCESS
+
+const Entry* find_entry(std::string_view key) {
+  for (const Entry& e : schema())
+    if (e.key.name == key) return &e;
+  return nullptr;
+}
+
+// Whether `prefix` is a table of the schema ("run", "parallelism.fsdp").
+bool is_table(std::string_view prefix) {
+  for (const Entry& e : schema())
+    if (e.key.name.size() > prefix.size() && e.key.name.compare(0, prefix.size(), prefix) == 0 &&
+        e.key.name[prefix.size()] == '.')
+      return true;
+  return false;
+}
+
+// Optimal string alignment distance (Levenshtein plus adjacent transpositions).
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  const std::size_t n = a.size(), m = b.size();
+  std::vector<std::vector<std::size_t>> d(n + 1, std::vector<std::size_t>(m + 1));
+  for (std::size_t i = 0; i <= n; ++i)
+    d[i][0] = i;
+  for (std::size_t j = 0; j <= m; ++j)
+    d[0][j] = j;
+  for (std::size_t i = 1; i <= n; ++i)
+    for (std::size_t j = 1; j <= m; ++j) {
+      const std::size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[n][m];
+}
+
+std::string_view leaf(std::string_view key) {
+  const auto dot = key.rfind('.');
+  return dot == std::string_view::npos ? key : key.substr(dot + 1);
+}
+
+std::string unknown_key_message(std::string_view key, bool table) {
+  std::string msg =
+      std::string("unknown ") + (table ? "table " : "key ") + quoted(std::string(key));
+  if (const std::string near = nearest_key(key); !near.empty())
+    msg += "; did you mean " + quoted(near) + "?";
+  return msg;
+}
+
+// Errors of one document, kept with their position so they print in file order.
+struct LocatedError {
+  std::uint32_t line, column;
+  std::string text;
+};
+
+std::string located(const std::string& source, const toml::source_region& where,
+                    const std::string& msg) {
+  return "[config] " + source + ":" + std::to_string(where.begin.line) + ":" +
+         std::to_string(where.begin.column) + ": " + msg;
+}
+
+const char* toml_type_name(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::table:
+      return "a table";
+    case toml::node_type::array:
+      return "an array";
+    case toml::node_type::string:
+      return "a string";
+    case toml::node_type::integer:
+      return "an integer";
+    case toml::node_type::floating_point:
+      return "a floating-point number";
+    case toml::node_type::boolean:
+      return "a boolean";
+    case toml::node_type::date:
+      return "a date";
+    case toml::node_type::time:
+      return "a time";
+    case toml::node_type::date_time:
+      return "a date-time";
+    case toml::node_type::none:
+      break;
+  }
+  return "nothing";
+}
+
+// The node as the entry's type; nullopt when the TOML type does not fit (an integer fits a
+// float key).
+std::optional<Value> convert(const toml::node& n, ValueType type) {
+  switch (type) {
+    case ValueType::Bool:
+      if (auto v = n.value_exact<bool>()) return Value(*v);
+      return std::nullopt;
+    case ValueType::Int:
+      if (auto v = n.value_exact<std::int64_t>()) return Value(*v);
+      return std::nullopt;
+    case ValueType::Float:
+      if (n.is_floating_point()) return Value(*n.value<double>());
+      if (auto v = n.value_exact<std::int64_t>()) return Value(static_cast<double>(*v));
+      return std::nullopt;
+    case ValueType::String:
+      if (auto v = n.value_exact<std::string>()) return Value(*v);
+      return std::nullopt;
+    case ValueType::IntList: {
+      const toml::array* a = n.as_array();
+      if (a == nullptr) return std::nullopt;
+      std::vector<std::int64_t> out;
+      for (const toml::node& x : *a) {
+        auto v = x.value_exact<std::int64_t>();
+        if (!v) return std::nullopt;
+        out.push_back(*v);
+      }
+      return Value(out);
+    }
+    case ValueType::StringList: {
+      const toml::array* a = n.as_array();
+      if (a == nullptr) return std::nullopt;
+      std::vector<std::string> out;
+      for (const toml::node& x : *a) {
+        auto v = x.value_exact<std::string>();
+        if (!v) return std::nullopt;
+        out.push_back(*v);
+      }
+      return Value(out);
+    }
+  }
+  return std::nullopt;
+}
+
+// Checks and applies every key under `table` (dotted `prefix`), collecting errors.
+void walk(TrainConfig& config, const toml::table& table, const std::string& prefix,
+          const std::string& source, std::vector<LocatedError>& errors) {
+  const auto add = [&](const toml::source_region& where, const std::string& msg) {
+    errors.push_back({where.begin.line, where.begin.column, located(source, where, msg)});
+  };
+  for (const auto& [k, node] : table) {
+    const std::string key =
+        prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    if (const toml::table* sub = node.as_table()) {
+      if (is_table(key)) {
+        walk(config, *sub, key, source, errors);
+      } else {
+        add(k.source(), unknown_key_message(key, !find_entry(key)));
+      }
+      continue;
+    }
+    const Entry* e = find_entry(key);
+    if (e == nullptr) {
+      add(k.source(),
+          is_table(key) ? quoted(key) + " is a table, not a key" : unknown_key_message(key, false));
+      continue;
+    }
+    const std::optional<Value> v = convert(node, e->key.type);
+    if (!v) {
+      add(node.source(),
+          key + " must be " + value_type_name(e->key.type) + ", got " + toml_type_name(node));
+      continue;
+    }
+    try {
+      e->set(config, *v);
+    } catch (const ConfigError& err) {
+      add(node.source(), err.what());
+    }
+  }
+}
+
+[[noreturn]] void throw_all(std::vector<LocatedError> errors) {
+  std::stable_sort(errors.begin(), errors.end(), [](const LocatedError& a, const LocatedError& b) {
+    return a.line != b.line ? a.line < b.line : a.column < b.column;
+  });
+  std::string msg;
+  for (std::size_t i = 0; i < errors.size(); ++i)
+    msg += (i ? "\n" : "") + errors[i].text;
+  throw ConfigError(msg);
+}
+
+void write_value(std::ostream& os, const Value& v) {
+  std::visit(
+      [&os](const auto& x) {
+        using T = std::decay_t<decltype(x)>;
+        const auto str = [](const std::string& s) {
+          std::string out = "\"";
+          for (char ch : s) {
+            if (ch == '"' || ch == '\\') out += '\\';
+            out += ch;
+          }
+          return out + "\"";
+        };
+        if constexpr (std::is_same_v<T, bool>) {
+          os << (x ? "true" : "false");
+        } else if constexpr (std::is_same_v<T, std::int64_t>) {
+          os << x;
+        } else if constexpr (std::is_same_v<T, double>) {
+          char buf[64];  // the shortest text that reads back as the same double
+          const auto end = std::to_chars(buf, buf + sizeof buf, x).ptr;
+          std::string s(buf, end);
+          if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+          os << s;
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          os << str(x);
+        } else if constexpr (std::is_same_v<T, std::vector<std::int64_t>>) {
+          os << "[";
+          for (std::size_t i = 0; i < x.size(); ++i)
+            os << (i ? ", " : "") << x[i];
+          os << "]";
+        } else {
+          os << "[";
+          for (std::size_t i = 0; i < x.size(); ++i)
+            os << (i ? ", " : "") << str(x[i]);
+          os << "]";
+        }
+      },
+      v);
+}
+
+}  // namespace
+
+const char* value_type_name(ValueType t) {
+  switch (t) {
+    case ValueType::Bool:
+      return "a boolean";
+    case ValueType::Int:
+      return "an integer";
+    case ValueType::Float:
+      return "a number";
+    case ValueType::String:
+      return "a string";
+    case ValueType::IntList:
+      return "an array of integers";
+    case ValueType::StringList:
+      return "an array of strings";
+  }
+  return "?";
+}
+
+const std::vector<ConfigKey>& config_keys() {
+  static const std::vector<ConfigKey> keys = [] {
+    std::vector<ConfigKey> out;
+    for (const Entry& e : schema())
+      out.push_back(e.key);
+    return out;
+  }();
+  return keys;
+}
+
+std::string nearest_key(std::string_view key) {
+  std::string best;
+  std::size_t best_score = std::string::npos;
+  for (const Entry& e : schema()) {
+    // A key under the wrong table ("model.lr") is one step from the right one.
+    const std::size_t score =
+        std::min(edit_distance(key, e.key.name), edit_distance(leaf(key), leaf(e.key.name)) + 1);
+    if (score < best_score) {
+      best_score = score;
+      best = e.key.name;
+    }
+  }
+  const std::size_t limit = std::max<std::size_t>(3, leaf(key).size() / 2);
+  return best_score <= limit ? best : std::string();
+}
+
+std::string nearest_name(std::string_view name, const std::vector<std::string>& candidates) {
+  std::string best;
+  std::size_t best_score = std::string::npos;
+  for (const std::string& c : candidates)
+    if (const std::size_t d = edit_distance(name, c); d < best_score) {
+      best_score = d;
+      best = c;
+    }
+  return best_score <= std::max<std::size_t>(3, name.size() / 2) ? best : std::string();
+}
+
+void apply_toml(TrainConfig& config, std::string_view text, const std::string& source) {
+  toml::table doc;
+  try {
+    doc = toml::parse(text, std::string_view(source));
+  } catch (const toml::parse_error& err) {
+    throw ConfigError(
+        located(source, err.source(), "TOML syntax error: " + std::string(err.description())));
+  }
+  std::vector<LocatedError> errors;
+  walk(config, doc, "", source, errors);
+  if (!errors.empty()) throw_all(errors);
+}
+
+void apply_override(TrainConfig& config, std::string_view assignment) {
+  const std::string what = "[config] --set " + std::string(assignment) + ": ";
+  const auto eq = assignment.find('=');
+  if (eq == std::string_view::npos)
+    throw ConfigError(what + "expected key=value, e.g. run.steps=100");
+  std::string key(assignment.substr(0, eq));
+  std::string text(assignment.substr(eq + 1));
+  const auto trim = [](std::string& s) {
+    s.erase(0, s.find_first_not_of(" \t"));
+    s.erase(s.find_last_not_of(" \t") + 1);
+  };
+  trim(key);
+  trim(text);
+  const Entry* e = find_entry(key);
+  if (e == nullptr)
+    throw ConfigError(what + (is_table(key) ? quoted(key) + " is a table, not a key"
+                                            : unknown_key_message(key, false)));
+  // The value in TOML syntax; lists may drop their brackets ("2,4") and strings their quotes.
+  std::string toml_text = text;
+  const bool list = e->key.type == ValueType::IntList || e->key.type == ValueType::StringList;
+  if (list && (text.empty() || text.front() != '[')) {
+    toml_text = "[";
+    std::stringstream items(text);
+    std::string item;
+    for (bool first = true; std::getline(items, item, ','); first = false) {
+      trim(item);
+      if (e->key.type == ValueType::StringList && (item.empty() || item.front() != '"'))
+        item = quoted(item);
+      toml_text += (first ? "" : ", ") + item;
+    }
+    toml_text += "]";
+  }
+  std::optional<Value> v;
+  try {
+    const std::string doc_text = "v = " + toml_text;
+    const toml::table doc = toml::parse(std::string_view(doc_text), std::string_view("--set"));
+    v = convert(*doc.get("v"), e->key.type);
+  } catch (const toml::parse_error&) {
+  }
+  if (!v && e->key.type == ValueType::String) v = Value(text);
+  if (!v)
+    throw ConfigError(what + key + " must be " + value_type_name(e->key.type) + ", got " +
+                      quoted(text));
+  try {
+    e->set(config, *v);
+  } catch (const ConfigError& err) {
+    throw ConfigError(what + err.what());
+  }
+}
+
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides,
+                        const TrainConfig& defaults) {
+  std::ifstream in(path, std::ios::binary);
+  DISTJAX_CHECK(in.good(), IoError, "[config] cannot read config file ", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  TrainConfig config = defaults;
+  apply_toml(config, text.str(), path);
+  for (const std::string& o : overrides)
+    apply_override(config, o);
+  return config;
+}
+
+std::string to_toml(const TrainConfig& config) {
+  std::ostringstream os;
+  std::string table;
+  for (const Entry& e : schema()) {
+    const std::string& name = e.key.name;
+    const auto dot = name.rfind('.');
+    const std::string t = name.substr(0, dot);
+    if (t != table) {
+      os << (table.empty() ? "" : "\n") << "[" << t << "]\n";
+      table = t;
+    }
+    os << name.substr(dot + 1) << " = ";
+    write_value(os, e.get(config));
+    os << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace distjax::config

@@ -1,0 +1,284 @@
+// DistributedConfig: resolution from the launch environment, the validation rules, the mesh.
+#include "distjax/config/distributed_config.hpp"
+
+#include <algorithm>
+#include <set>
+#include <sstream>
+
+#include "distjax/core/error.hpp"
+
+namespace distjax::config {
+namespace {
+
+std::string join(const std::vector<int>& v) {
+  std::ostringstream os;
+  os << "[";
+  for (std::size_t i = 0; i < v.size(); ++i)
+    os << (i ? ", " : "") << v[i];
+  os << "]";
+  return os.str();
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::ostringstream os;
+  os << "[";
+  for (std::size_t i = 0; i < v.size(); ++i)
+    os << (i ? ", " : "") << '"' << v[i] << '"';
+  os << "]";
+  return os.str();
+}
+
+std::int64_t product(const std::vector<int>& v) {
+  std::int64_t p = 1;
+  for (int x : v)
+    p *= x;
+  return p;
+}
+
+// Messages are built with a stream: "world_size = 6 must equal ...".
+template <class... Args>
+std::string str(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+
+// The rules on sizes that every other rule needs (a size <= 0 makes the rest meaningless).
+void size_rules(const DistributedConfig& c, std::vector<std::string>& out) {
+  const std::pair<const char*, int> sizes[] = {
+      {"world_size", c.world_size},
+      {"num_nodes", c.num_nodes},
+      {"num_processes_per_node", c.num_processes_per_node},
+      {"tensor_parallel_size", c.tensor_parallel_size},
+      {"pipeline_parallel_size", c.pipeline_parallel_size}};
+  for (const auto& [name, v] : sizes) {
+    if (v >= 1) continue;
+    if (v == 0 && std::string_view(name) == "num_processes_per_node" && c.world_size >= 1 &&
+        c.num_nodes >= 1)  // left 0 by resolve(): world_size does not split evenly
+      out.push_back(str("num_processes_per_node cannot be derived: world_size = ", c.world_size,
+                        " is not divisible by num_nodes = ", c.num_nodes));
+    else
+      out.push_back(str(name, " = ", v, " must be positive"));
+  }
+  if (c.rank < 0) out.push_back(str("rank = ", c.rank, " must not be negative"));
+  if (c.local_rank < 0) out.push_back(str("local_rank = ", c.local_rank, " must not be negative"));
+  if (c.master_port < 1 || c.master_port > 65535)
+    out.push_back(str("master_port = ", c.master_port, " must be in 1..65535"));
+  if (c.master_addr.empty()) out.push_back("master_addr must not be empty");
+}
+
+void mesh_rules(const DistributedConfig& c, std::vector<std::string>& out) {
+  if (c.mesh_shape.empty()) {
+    if (!c.mesh_axis_names.empty())
+      out.push_back(str("mesh_axis_names = ", join(c.mesh_axis_names),
+                        " needs a mesh_shape with one size per name"));
+    return;
+  }
+  bool sizes_ok = true;
+  for (int s : c.mesh_shape)
+    if (s < 1) sizes_ok = false;
+  if (!sizes_ok) out.push_back(str("mesh_shape = ", join(c.mesh_shape), " has a size below 1"));
+  if (c.mesh_shape.size() > 4)
+    out.push_back(str("mesh_shape = ", join(c.mesh_shape), " has ", c.mesh_shape.size(),
+                      " dimensions; a mesh has at most 4"));
+  if (sizes_ok && c.world_size >= 1 && product(c.mesh_shape) != c.world_size)
+    out.push_back(str("mesh_shape = ", join(c.mesh_shape), " has ", product(c.mesh_shape),
+                      " devices but world_size is ", c.world_size,
+                      c.launcher_source.empty() ? "" : " (from " + c.launcher_source + ")"));
+  if (c.mesh_axis_names.size() != c.mesh_shape.size())
+    out.push_back(str("mesh_axis_names = ", join(c.mesh_axis_names), " has ",
+                      c.mesh_axis_names.size(), " names for the ", c.mesh_shape.size(),
+                      " dimensions of mesh_shape = ", join(c.mesh_shape)));
+  std::set<std::string> seen, repeated;
+  for (const std::string& n : c.mesh_axis_names) {
+    if (n.empty())
+      out.push_back(str("mesh_axis_names = ", join(c.mesh_axis_names), " has an empty name"));
+    if (!seen.insert(n).second) repeated.insert(n);
+  }
+  for (const std::string& n : repeated)
+    out.push_back(
+        str("mesh_axis_names = ", join(c.mesh_axis_names), " names \"", n, "\" more than once"));
+  // tp and pp must agree with the explicit mesh's "model" and "pipe" axes.
+  if (c.mesh_axis_names.size() == c.mesh_shape.size()) {
+    const std::pair<const char*, std::pair<const char*, int>> axes[] = {
+        {"model", {"tensor_parallel_size", c.tensor_parallel_size}},
+        {"pipe", {"pipeline_parallel_size", c.pipeline_parallel_size}}};
+    for (const auto& [axis, field] : axes) {
+      const auto it = std::find(c.mesh_axis_names.begin(), c.mesh_axis_names.end(), axis);
+      const int size = it == c.mesh_axis_names.end()
+                           ? 1
+                           : c.mesh_shape[static_cast<std::size_t>(it - c.mesh_axis_names.begin())];
+      if (size != field.second)
+        out.push_back(str(field.first, " = ", field.second, " but the mesh's \"", axis,
+                          "\" axis has size ", size, " (mesh_shape = ", join(c.mesh_shape),
+                          ", mesh_axis_names = ", join(c.mesh_axis_names), ")"));
+    }
+  }
+}
+
+}  // namespace
+
+const char* backend_choice_name(BackendChoice b) {
+  switch (b) {
+    case BackendChoice::Threads:
+      return "threads";
+    case BackendChoice::Mpi:
+      return "mpi";
+    case BackendChoice::Nccl:
+      return "nccl";
+    case BackendChoice::Auto:
+      break;
+  }
+  return "auto";
+}
+
+const char* mixed_precision_name(MixedPrecision m) {
+  switch (m) {
+    case MixedPrecision::Fp16:
+      return "fp16";
+    case MixedPrecision::Bf16:
+      return "bf16";
+    case MixedPrecision::No:
+      break;
+  }
+  return "no";
+}
+
+int DistributedConfig::data_parallel_size() const {
+  const int mp = tensor_parallel_size * pipeline_parallel_size;
+  return mp > 0 ? world_size / mp : 0;
+}
+
+comm::Backend DistributedConfig::comm_backend() const {
+  DISTJAX_CHECK(backend == BackendChoice::Threads || backend == BackendChoice::Mpi, ConfigError,
+                "[DistributedConfig] backend \"", backend_choice_name(backend),
+                "\" cannot launch (resolve() the config first; nccl is not built yet)");
+  return backend == BackendChoice::Mpi ? comm::Backend::Mpi : comm::Backend::Threads;
+}
+
+std::vector<std::string> DistributedConfig::problems() const {
+  std::vector<std::string> out;
+  size_rules(*this, out);
+  // Each rule runs when the sizes it reads are valid (their own messages are above).
+  const bool ws = world_size >= 1, nodes = num_nodes >= 1, per_node = num_processes_per_node >= 1;
+  const bool mp_ok = tensor_parallel_size >= 1 && pipeline_parallel_size >= 1;
+  if (ws && nodes && per_node && world_size != num_nodes * num_processes_per_node)
+    out.push_back(str("world_size = ", world_size,
+                      " must equal num_nodes x num_processes_per_node = ", num_nodes, " x ",
+                      num_processes_per_node, " = ", num_nodes * num_processes_per_node));
+  if (ws && mp_ok && world_size % (tensor_parallel_size * pipeline_parallel_size) != 0)
+    out.push_back(str("tensor_parallel_size x pipeline_parallel_size = ", tensor_parallel_size,
+                      " x ", pipeline_parallel_size, " = ",
+                      tensor_parallel_size * pipeline_parallel_size,
+                      " must divide world_size = ", world_size));
+  if (ws && rank >= world_size)
+    out.push_back(str("rank = ", rank, " must be below world_size = ", world_size));
+  if (per_node && local_rank >= num_processes_per_node)
+    out.push_back(str("local_rank = ", local_rank,
+                      " must be below num_processes_per_node = ", num_processes_per_node));
+  mesh_rules(*this, out);
+  if (!enabled && (world_size > 1 || tensor_parallel_size > 1 || pipeline_parallel_size > 1))
+    out.push_back(str("enabled = false runs on one device, but world_size = ", world_size,
+                      ", tensor_parallel_size = ", tensor_parallel_size,
+                      ", pipeline_parallel_size = ", pipeline_parallel_size));
+  switch (backend) {
+    case BackendChoice::Nccl:
+      out.push_back("backend = \"nccl\" is not built yet (use \"threads\" or \"mpi\")");
+      break;
+    case BackendChoice::Mpi:
+      if (!comm::backend_available(comm::Backend::Mpi))
+        out.push_back("backend = \"mpi\" but this build has no MPI (configure with MPI found)");
+      break;
+    case BackendChoice::Threads:
+      if (num_nodes > 1)
+        out.push_back(str("backend = \"threads\" runs in one process on one node, but num_nodes = ",
+                          num_nodes));
+      if (launched_processes > 1)
+        out.push_back(str("backend = \"threads\" runs in one process, but the launcher (",
+                          launcher_source, ") started ", launched_processes,
+                          " (use backend = \"mpi\" or \"auto\")"));
+      break;
+    case BackendChoice::Auto:
+      break;
+  }
+  return out;
+}
+
+void DistributedConfig::validate(const std::string& context) const {
+  const std::vector<std::string> p = problems();
+  if (p.empty()) return;
+  std::ostringstream os;
+  os << "[DistributedConfig] " << (context.empty() ? "" : context + ": ") << p.size()
+     << (p.size() == 1 ? " problem:" : " problems:");
+  for (const std::string& m : p)
+    os << "\n  - " << m;
+  throw ConfigError(os.str());
+}
+
+DistributedConfig resolve(DistributedConfig c, const comm::LaunchEnvironment& env) {
+  c.launcher = comm::launcher_name(env.launcher);
+  c.launcher_source = env.source;
+  c.launched_processes = env.launcher == comm::Launcher::None ? 1 : env.world_size;
+  if (!c.enabled) {  // one device in this process, whoever launched it
+    if (c.backend == BackendChoice::Auto) c.backend = BackendChoice::Threads;
+    if (c.world_size == 0) c.world_size = 1;
+    if (c.num_processes_per_node == 0) c.num_processes_per_node = c.world_size;
+    c.launched_processes = 1;
+    return c;
+  }
+  if (c.backend == BackendChoice::Auto)
+    c.backend = comm::default_backend(env) == comm::Backend::Mpi ? BackendChoice::Mpi
+                                                                 : BackendChoice::Threads;
+  const bool multi_process = c.backend == BackendChoice::Mpi || c.backend == BackendChoice::Nccl;
+  if (multi_process && env.launcher != comm::Launcher::None) {
+    // The launcher describes the job that really runs; it wins over the file.
+    c.rank = env.rank;
+    c.world_size = env.world_size;
+    c.local_rank = env.local_rank;
+    if (env.num_nodes > 0) c.num_nodes = env.num_nodes;
+    if (env.local_size > 0) c.num_processes_per_node = env.local_size;
+  }
+  if (env.master_addr) c.master_addr = *env.master_addr;
+  if (env.master_port) c.master_port = *env.master_port;
+  if (c.world_size == 0) {
+    if (!c.mesh_shape.empty())
+      c.world_size = static_cast<int>(product(c.mesh_shape));
+    else
+      c.world_size = c.tensor_parallel_size * c.pipeline_parallel_size;
+  }
+  if (c.num_processes_per_node == 0 && c.num_nodes > 0 && c.world_size % c.num_nodes == 0)
+    c.num_processes_per_node = c.world_size / c.num_nodes;
+  return c;
+}
+
+mesh::Mesh build_mesh(const DistributedConfig& c, const std::vector<std::string>& required_axes) {
+  c.validate();
+  const auto required = [&](const std::string& axis) {
+    return std::find(required_axes.begin(), required_axes.end(), axis) != required_axes.end();
+  };
+  if (!c.mesh_shape.empty()) {
+    for (const std::string& axis : required_axes)
+      DISTJAX_CHECK(std::find(c.mesh_axis_names.begin(), c.mesh_axis_names.end(), axis) !=
+                        c.mesh_axis_names.end(),
+                    ConfigError, "[build_mesh] this program needs a mesh axis \"", axis,
+                    "\" but mesh_axis_names = ", join(c.mesh_axis_names));
+    return mesh::Mesh(c.mesh_shape, c.mesh_axis_names);
+  }
+  std::vector<int> shape;
+  std::vector<std::string> names;
+  const std::pair<const char*, int> axes[] = {{"data", c.data_parallel_size()},
+                                              {"model", c.tensor_parallel_size},
+                                              {"pipe", c.pipeline_parallel_size}};
+  for (const auto& [name, size] : axes)
+    if (size > 1 || required(name)) {
+      shape.push_back(size);
+      names.emplace_back(name);
+    }
+  if (shape.empty()) {  // one device, no axis asked for: a 1-device "data" line
+    shape.push_back(1);
+    names.emplace_back("data");
+  }
+  return mesh::Mesh(shape, names);
+}
+
+}  // namespace distjax::config

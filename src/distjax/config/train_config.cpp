@@ -1,0 +1,83 @@
+// TrainConfig: the rules between the tables (the distributed ones are DistributedConfig's).
+#include "distjax/config/train_config.hpp"
+
+#include <sstream>
+
+#include "distjax/core/error.hpp"
+
+namespace distjax::config {
+namespace {
+
+template <class... Args>
+std::string str(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+
+}  // namespace
+
+std::vector<std::string> TrainConfig::problems() const {
+  std::vector<std::string> out;
+  const std::pair<const char*, std::int64_t> positive[] = {
+      {"run.batch_size", run.batch_size},
+      {"run.grad_accum_steps", run.grad_accum_steps},
+      {"run.log_every", run.log_every},
+      {"run.eval_batches", run.eval_batches},
+      {"model.hidden", model.hidden},
+      {"model.layers", model.layers},
+      {"model.d_model", model.d_model},
+      {"model.heads", model.heads},
+      {"data.seq_len", data.seq_len},
+      {"parallelism.fsdp.min_weight_size", parallelism.fsdp.min_weight_size}};
+  for (const auto& [name, v] : positive)
+    if (v < 1) out.push_back(str(name, " = ", v, " must be positive"));
+  const std::pair<const char*, std::int64_t> non_negative[] = {
+      {"run.steps", run.steps},
+      {"run.epochs", run.epochs},
+      {"run.eval_every", run.eval_every},
+      {"run.checkpoint_every", run.checkpoint_every},
+      {"optimizer.warmup_steps", optimizer.warmup_steps}};
+  for (const auto& [name, v] : non_negative)
+    if (v < 0) out.push_back(str(name, " = ", v, " must not be negative"));
+  if (run.program.empty()) out.push_back("run.program is not set");
+  if (run.steps == 0 && run.epochs == 0)
+    out.push_back("run.steps and run.epochs are both 0: set one of them");
+  if (optimizer.lr <= 0) out.push_back(str("optimizer.lr = ", optimizer.lr, " must be positive"));
+  if (model.dropout < 0 || model.dropout >= 1)
+    out.push_back(str("model.dropout = ", model.dropout, " must be in [0, 1)"));
+  if (data.validation_fraction <= 0 || data.validation_fraction >= 1)
+    out.push_back(
+        str("data.validation_fraction = ", data.validation_fraction, " must be in (0, 1)"));
+  if (parallelism.zero_stage < 0 || parallelism.zero_stage > 2)
+    out.push_back(str("parallelism.zero_stage = ", parallelism.zero_stage,
+                      " must be 0, 1 or 2 (ZeRO-3 is parallelism.fsdp.modules = [\"*\"])"));
+  if (parallelism.zero_stage > 0 && !parallelism.fsdp.modules.empty())
+    out.push_back(str("parallelism.zero_stage = ", parallelism.zero_stage,
+                      " and parallelism.fsdp.modules exclude each other (FSDP shards the "
+                      "optimizer state and gradients already)"));
+  const int dp = distributed.data_parallel_size();
+  if (dp >= 1 && run.batch_size >= 1 && run.batch_size % dp != 0)
+    out.push_back(str("run.batch_size = ", run.batch_size,
+                      " must be divisible by the data-parallel size ", dp));
+  if (dp >= 1 && run.batch_size >= 1 && run.grad_accum_steps >= 1 &&
+      (run.batch_size / dp) % run.grad_accum_steps != 0)
+    out.push_back(str("run.batch_size / data-parallel size = ", run.batch_size / dp,
+                      " must be divisible by run.grad_accum_steps = ", run.grad_accum_steps));
+  for (std::string& p : distributed.problems())
+    out.push_back("distributed: " + p);
+  return out;
+}
+
+void TrainConfig::validate(const std::string& context) const {
+  const std::vector<std::string> p = problems();
+  if (p.empty()) return;
+  std::ostringstream os;
+  os << "[config] " << (context.empty() ? "" : context + ": ") << p.size()
+     << (p.size() == 1 ? " problem:" : " problems:");
+  for (const std::string& m : p)
+    os << "\n  - " << m;
+  throw ConfigError(os.str());
+}
+
+}  // namespace distjax::config

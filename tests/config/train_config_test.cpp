@@ -1,0 +1,101 @@
+// TrainConfig's own rules (the distributed ones are in distributed_config_test.cpp).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "distjax/config/train_config.hpp"
+#include "distjax/core/error.hpp"
+
+using namespace distjax;
+using config::TrainConfig;
+
+namespace {
+
+// Valid: the classifier on a ("data"=2) mesh of threads.
+TrainConfig valid() {
+  TrainConfig c;
+  c.run.program = "train_mnist";
+  c.run.steps = 10;
+  c.distributed.world_size = 2;
+  c.distributed.num_processes_per_node = 2;
+  c.distributed.backend = config::BackendChoice::Threads;
+  return c;
+}
+
+std::string problems(const TrainConfig& c) {
+  std::string out;
+  for (const std::string& p : c.problems())
+    out += p + "\n";
+  return out;
+}
+
+#define EXPECT_PROBLEM(config, text)                                                               \
+  do {                                                                                             \
+    const std::string all_ = problems(config);                                                     \
+    EXPECT_NE(all_.find(text), std::string::npos) << "expected: " << (text) << "\ngot:\n" << all_; \
+  } while (0)
+
+}  // namespace
+
+TEST(TrainConfig, ValidHasNoProblems) {
+  EXPECT_TRUE(valid().problems().empty()) << problems(valid());
+}
+
+TEST(TrainConfig, EveryRuleGivesItsMessage) {
+  TrainConfig c = valid();
+  c.run.batch_size = 0;
+  EXPECT_PROBLEM(c, "run.batch_size = 0 must be positive");
+  c = valid();
+  c.model.heads = -1;
+  EXPECT_PROBLEM(c, "model.heads = -1 must be positive");
+  c = valid();
+  c.run.steps = -3;
+  EXPECT_PROBLEM(c, "run.steps = -3 must not be negative");
+  c = valid();
+  c.run.program = "";
+  EXPECT_PROBLEM(c, "run.program is not set");
+  c = valid();
+  c.run.steps = 0;
+  EXPECT_PROBLEM(c, "run.steps and run.epochs are both 0");
+  c = valid();
+  c.optimizer.lr = 0;
+  EXPECT_PROBLEM(c, "optimizer.lr = 0 must be positive");
+  c = valid();
+  c.model.dropout = 1.0;
+  EXPECT_PROBLEM(c, "model.dropout = 1 must be in [0, 1)");
+  c = valid();
+  c.data.validation_fraction = 0;
+  EXPECT_PROBLEM(c, "data.validation_fraction = 0 must be in (0, 1)");
+  c = valid();
+  c.parallelism.zero_stage = 3;
+  EXPECT_PROBLEM(c, "parallelism.zero_stage = 3 must be 0, 1 or 2");
+  c = valid();
+  c.parallelism.zero_stage = 1;
+  c.parallelism.fsdp.modules = {"*"};
+  EXPECT_PROBLEM(c, "parallelism.zero_stage = 1 and parallelism.fsdp.modules exclude each other");
+  c = valid();
+  c.run.batch_size = 127;
+  EXPECT_PROBLEM(c, "run.batch_size = 127 must be divisible by the data-parallel size 2");
+  c = valid();
+  c.run.grad_accum_steps = 3;
+  EXPECT_PROBLEM(c,
+                 "run.batch_size / data-parallel size = 64 must be divisible by "
+                 "run.grad_accum_steps = 3");
+  c = valid();
+  c.distributed.rank = 5;
+  EXPECT_PROBLEM(c, "distributed: rank = 5 must be below world_size = 2");
+}
+
+TEST(TrainConfig, ValidateThrowsOneErrorListingAll) {
+  TrainConfig c = valid();
+  c.run.batch_size = 127;
+  c.optimizer.lr = -1;
+  try {
+    c.validate("configs/a.toml");
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("[config] configs/a.toml: 2 problems:"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("  - optimizer.lr = -1 must be positive"), std::string::npos) << msg;
+  }
+}
