@@ -117,6 +117,26 @@ void defaults_train_gpt(config::TrainConfig& c) {
   c.distributed.enabled = false;
 }
 
+void defaults_pipeline_parallelism(config::TrainConfig& c) {
+  c.run.program = "pipeline_parallelism";
+  c.run.steps = 200;
+  c.run.batch_size = 128;
+  c.run.log_every = 20;
+  c.run.out_dir = "runs/pipeline_parallelism";
+  c.run.seed = 42;
+  c.model.hidden = 256;
+  c.model.layers = 8;
+  c.model.dropout = 0.0;
+  c.optimizer.lr = 1e-3;
+  c.optimizer.final_lr_ratio = 0.01;
+  c.optimizer.warmup_steps = 20;
+  c.optimizer.max_grad_norm = 1.0;
+  c.parallelism.schedule = "1f1b";
+  c.parallelism.microbatches = 8;
+  c.distributed.world_size = 8;
+  c.distributed.pipeline_parallel_size = 4;
+}
+
 }  // namespace
 
 const std::vector<ProgramInfo>& programs() {
@@ -131,6 +151,9 @@ const std::vector<ProgramInfo>& programs() {
        defaults_gpt, run_gpt},
       {"train_gpt", "the GPT on the fortunes corpus on one device", defaults_train_gpt,
        run_train_gpt},
+      {"pipeline_parallelism",
+       "the pipeline-parallel MLP classifier on Fashion-MNIST over (data, pipe)",
+       defaults_pipeline_parallelism, run_pipeline_parallelism},
   };
   return list;
 }
@@ -160,8 +183,8 @@ std::string backend_label(const config::TrainConfig& c) {
   return comm::backend_name(c.distributed.comm_backend());
 }
 
-int run_program(config::TrainConfig c, const std::string& source) {
-  const ProgramInfo& program = find_program(c.run.program);
+config::TrainConfig prepare_program(config::TrainConfig c, const std::string& source) {
+  find_program(c.run.program);
   c.distributed = config::resolve(c.distributed, comm::discover_launch_environment());
   c.validate(source);
   DISTJAX_CHECK(c.run.steps > 0 || c.run.program == "train_mnist", ConfigError, "[", c.run.program,
@@ -170,14 +193,20 @@ int run_program(config::TrainConfig c, const std::string& source) {
                 c.run.program, "] distributed.mixed_precision = \"",
                 config::mixed_precision_name(c.distributed.mixed_precision),
                 "\" is not implemented yet; use \"no\"");
-  DISTJAX_CHECK(c.distributed.pipeline_parallel_size == 1, NotImplemented, "[", c.run.program,
-                "] pipeline_parallel_size = ", c.distributed.pipeline_parallel_size,
-                ": no program runs pipeline parallelism yet");
+  DISTJAX_CHECK(c.distributed.pipeline_parallel_size == 1 || c.run.program == "pipeline_parallelism",
+                NotImplemented, "[", c.run.program, "] pipeline_parallel_size = ",
+                c.distributed.pipeline_parallel_size,
+                ": this program has no pipeline; run.program = \"pipeline_parallelism\" has");
   if (c.distributed.is_main_process() && (c.run.resume || c.run.checkpoint_every > 0))
     std::printf(
         "Note: checkpoints are not written yet; run.resume and run.checkpoint_every "
         "are recorded but have no effect\n");
-  return program.run(c);
+  return c;
+}
+
+int run_program(config::TrainConfig c, const std::string& source) {
+  c = prepare_program(std::move(c), source);
+  return find_program(c.run.program).run(c);
 }
 
 }  // namespace distjax::examples

@@ -32,8 +32,11 @@ config::TrainConfig program_defaults(const std::string& name);
 
 /// Resolves config.distributed against the environment (comm::discover_launch_environment),
 /// validates the whole config (ConfigError listing every problem, naming `source`), refuses
-/// what no program runs yet (mixed precision, pipeline stages), and runs its program.
+/// what no program runs yet (mixed precision; pipeline stages outside pipeline_parallelism),
+/// and runs its program.
 int run_program(config::TrainConfig config, const std::string& source = "");
+/// What run_program does before it runs: the resolved and validated config.
+config::TrainConfig prepare_program(config::TrainConfig config, const std::string& source = "");
 
 // The programs (one file each in examples/programs/).
 int run_train_mnist(const config::TrainConfig& c);
@@ -41,6 +44,9 @@ int run_data_parallelism(const config::TrainConfig& c);
 int run_tensor_parallelism(const config::TrainConfig& c);
 int run_gpt(const config::TrainConfig& c);
 int run_train_gpt(const config::TrainConfig& c);
+int run_pipeline_parallelism(const config::TrainConfig& c);
+/// The same, printing the schedule's timeline first and the measured one at the end.
+int run_pipeline_parallelism(const config::TrainConfig& c, bool show_schedule);
 
 /// The backend name printed in headers and recorded in summary.json ("threads", "mpi").
 std::string backend_label(const config::TrainConfig& c);

@@ -71,6 +71,11 @@ struct ParallelismConfig {
   bool bidirectional = false;          ///< async rings both ways
   std::vector<std::string> remat;      ///< rematerialised modules: [] or ["Block"]
   FsdpConfig fsdp;
+  /// Pipeline (distributed.pipeline_parallel_size > 1): the schedule, the micro-batches per
+  /// step (they divide each data replica's batch) and the chunks per stage (interleaved).
+  std::string schedule = "1f1b";       ///< gpipe, 1f1b, interleaved or zbh1
+  std::int64_t microbatches = 1;
+  std::int64_t virtual_stages = 1;
 };
 
 /// A whole run. Built by load_config() (config/config_file.hpp) from defaults, a TOML file

@@ -199,6 +199,12 @@ const std::vector<Entry>& schema() {
                       "async tensor parallelism: rings in both directions"));
     s.push_back(field("parallelism.remat", DJ_ACCESS(parallelism.remat),
                       "rematerialised modules (activations recomputed in backward)", {"Block"}));
+    s.push_back(field("parallelism.schedule", DJ_ACCESS(parallelism.schedule),
+                      "pipeline schedule", {"gpipe", "1f1b", "interleaved", "zbh1"}));
+    s.push_back(field("parallelism.microbatches", DJ_ACCESS(parallelism.microbatches),
+                      "pipeline micro-batches per step (divide each replica's batch)"));
+    s.push_back(field("parallelism.virtual_stages", DJ_ACCESS(parallelism.virtual_stages),
+                      "pipeline chunks per stage (interleaved schedule)"));
     s.push_back(field("parallelism.fsdp.modules", DJ_ACCESS(parallelism.fsdp.modules),
                       "fully sharded modules over \"data\" (ZeRO-3): [] none, [\"*\"] all", {"*"}));
     s.push_back(field("parallelism.fsdp.min_weight_size",

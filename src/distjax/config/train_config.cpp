@@ -64,6 +64,20 @@ std::vector<std::string> TrainConfig::problems() const {
       (run.batch_size / dp) % run.grad_accum_steps != 0)
     out.push_back(str("run.batch_size / data-parallel size = ", run.batch_size / dp,
                       " must be divisible by run.grad_accum_steps = ", run.grad_accum_steps));
+  if (parallelism.microbatches < 1)
+    out.push_back(str("parallelism.microbatches = ", parallelism.microbatches, " must be >= 1"));
+  if (parallelism.virtual_stages < 1)
+    out.push_back(str("parallelism.virtual_stages = ", parallelism.virtual_stages, " must be >= 1"));
+  if (parallelism.virtual_stages > 1 && parallelism.schedule != "interleaved")
+    out.push_back(str("parallelism.virtual_stages = ", parallelism.virtual_stages,
+                      " needs parallelism.schedule = \"interleaved\" (got \"",
+                      parallelism.schedule, "\")"));
+  if (dp >= 1 && run.batch_size >= 1 && run.grad_accum_steps >= 1 && parallelism.microbatches >= 1 &&
+      (run.batch_size / dp / run.grad_accum_steps) % parallelism.microbatches != 0)
+    out.push_back(str("each replica's batch (run.batch_size / data-parallel size / "
+                      "run.grad_accum_steps = ", run.batch_size / dp / run.grad_accum_steps,
+                      ") must be divisible by parallelism.microbatches = ",
+                      parallelism.microbatches));
   for (std::string& p : distributed.problems())
     out.push_back("distributed: " + p);
   return out;
