@@ -1,5 +1,6 @@
 // Pipeline bubbles (issue "Pipeline parallelism"): p = 4 stages on the threads backend,
-// the PPClassifier (two residual MLP blocks per stage) trained with GPipe, 1F1B,
+// the PPClassifier (two residual MLP blocks of width 768 per stage, micro-batches of 128)
+// trained with GPipe, 1F1B,
 // interleaved 1F1B (v = 2) and ZB-H1 over m = 4, 8, 16 micro-batches.
 //
 // pp_bubble_<kind>_m<m>: `value` is the idle fraction of the schedule replayed with the
@@ -40,7 +41,7 @@ struct Result {
 };
 
 Result measure(ScheduleKind kind, int p, int m, int v, int steps) {
-  const std::int64_t b = 32, width = 1024;
+  const std::int64_t b = 128, width = 768;
   const models::PPClassifier model(
       {.in_features = 16, .hidden = width, .num_layers = 2 * p, .mlp_expansion = 2, .num_classes = 10});
   const optim::SGD opt({.learning_rate = optim::constant_schedule(1e-3)});
