@@ -12,6 +12,7 @@
 #include "distjax/mesh/mesh.hpp"
 #include "distjax/mesh/partition_spec.hpp"
 #include "distjax/nn/initializers.hpp"
+#include "distjax/nn/precision.hpp"
 #include "distjax/tensor/tensor.hpp"
 #include "distjax/tensor/tensor_tree.hpp"
 
@@ -89,6 +90,13 @@ class Scope {
   /// The fully-sharded configuration; null when parameters are not fully sharded.
   const FullySharded* fsdp() const { return fsdp_.get(); }
 
+  /// The same scope with the mixed-precision policy `precision` (nn/precision.hpp),
+  /// inherited by its children: layers cast their matmul operands to its compute dtype.
+  /// Parameters stay f32 (param_dtype other than f32 is NotImplemented).
+  Scope with_precision(Precision precision) const;
+  /// The scope's policy (f32 unless with_precision set one).
+  const Precision& precision() const { return precision_; }
+
   /// The device this scope runs on; null for one device without a mesh.
   spmd::DeviceContext* context() const { return ctx_; }
   /// Devices along `axes` (1 without a context); throws ShardingError for an axis not
@@ -145,6 +153,7 @@ class Scope {
   // Fully sharded parameters already gathered by this scope tree (a tied embedding is
   // gathered once per pass, not per use); a rebased scope starts its own.
   std::shared_ptr<std::map<std::string, Tensor>> gathered_;
+  Precision precision_{};
   std::string path_;  // logical path of this scope
   std::string root_;  // logical path the tree is rooted at ("" unless rebased)
   Mode mode_ = Mode::Apply;

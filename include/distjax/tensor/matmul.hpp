@@ -6,14 +6,19 @@
 
 namespace distjax::tensor {
 
-/// Matrix product of the last two dimensions, f32.
+/// Matrix product of the last two dimensions.
 ///  a: (..., M, K) or (..., K, M) if trans_a;  b: (..., K, N) or (..., N, K) if trans_b.
 ///  Leading (batch) dimensions must be equal, or b may be 2-D and shared by every batch.
-///  Returns (..., M, N).
+///  Returns (..., M, N), f32.
+/// Operands are both f32, both bf16 or both f16. bf16 runs oneDNN's bf16 matmul (AVX-512
+/// BF16) accumulating in f32; f16 operands are widened to f32 for the GEMM (no f16 matmul
+/// on this CPU), so they carry f16's range and precision only. The result is f32 either
+/// way; the backward rounds the cotangent to the operands' dtype, runs its GEMMs in that
+/// dtype and returns f32 cotangents (astype's backward passes them on to f32 weights).
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 
-/// Dense layer: x (..., K) @ w (K, N) [+ bias (N)] -> (..., N). The bias add is fused
-/// into the GEMM; `bias` may be undefined.
+/// Dense layer: x (..., K) @ w (K, N) [+ bias (N)] -> (..., N) f32. The bias add is fused
+/// into the GEMM; `bias` (f32) may be undefined. x and w: both f32, bf16 or f16, as matmul.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
 
 namespace detail {

@@ -2,10 +2,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "distjax/core/prng.hpp"
 #include "distjax/optim/optimizer.hpp"
 #include "distjax/tensor/tensor_tree.hpp"
+#include "distjax/train/loss_scale.hpp"
 
 namespace distjax::parallel {
 class Strategy;
@@ -22,6 +24,9 @@ struct TrainState {
   TensorTree params;
   TensorTree opt_state;
   Key rng;
+  /// The dynamic loss scale of f16 training (train/loss_scale.hpp); none: the loss is not
+  /// scaled (f32 and bf16 training).
+  std::optional<DynamicLossScale> loss_scale;
 
   /// A state at step 0 with the optimizer's fresh state for `params`.
   static TrainState create(TensorTree params, const optim::Optimizer& optimizer, Key rng);

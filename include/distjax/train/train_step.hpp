@@ -37,6 +37,9 @@ struct TrainStepOptions {
 /// strategy.step_key(state.rng.fold_in(state.step)), forward_backward, finalize_grads,
 /// optional clipping, optimizer update, reduce_metrics, step += 1.
 /// Returns the metrics of the batch plus "grad_norm" and "learning_rate" (count 1).
+/// With state.loss_scale (f16 training): the loss is scaled, the gradients unscaled, a
+/// step with a non-finite gradient on any device is skipped on every device, and the
+/// metrics add "loss_scale" and "skipped_steps" (train/loss_scale.hpp).
 Metrics train_step(TrainState& state, const Batch& batch, const LossFn& loss_fn,
                    const optim::Optimizer& optimizer, const TrainStepOptions& options = {});
 

@@ -14,7 +14,7 @@ Tensor Dense::operator()(const Scope& scope, const Tensor& x) const {
   const std::int64_t in = x.size(-1) * scope.axis_size(mesh::Axes(kernel_spec.entry(0).axes));
   Tensor kernel = scope.param("kernel", {in, features}, kernel_init, kernel_spec);
   Tensor bias = use_bias ? scope.param("bias", {features}, bias_init, bias_spec) : Tensor();
-  return tensor::linear(x, kernel, bias);
+  return linear(scope.precision(), x, kernel, bias);
 }
 
 }  // namespace distjax::nn

@@ -27,7 +27,7 @@ Tensor Embedding::attend(const Scope& scope, const Tensor& x) const {
   const Tensor t = table(scope);
   DISTJAX_CHECK(x.rank() >= 1 && x.size(-1) == t.size(1), InvalidArgument, "[Embedding::attend] \"",
                 scope.path(), "\" expects x (..., ", t.size(1), "), got ", to_string(x.shape()));
-  return tensor::matmul(x, t, /*trans_a=*/false, /*trans_b=*/true);
+  return matmul(scope.precision(), x, t, /*trans_a=*/false, /*trans_b=*/true);
 }
 
 }  // namespace distjax::nn

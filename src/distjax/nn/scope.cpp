@@ -35,6 +35,18 @@ Scope Scope::apply(const TensorTree* params, bool train, Key dropout_key) {
   return s;
 }
 
+Scope Scope::with_precision(Precision precision) const {
+  DISTJAX_CHECK(precision.param_dtype == DType::F32, NotImplemented,
+                "[Scope::with_precision] param_dtype must be f32 (master weights), got ",
+                dtype_name(precision.param_dtype));
+  DISTJAX_CHECK(is_floating(precision.compute_dtype), InvalidArgument,
+                "[Scope::with_precision] compute_dtype must be f32, bf16 or f16, got ",
+                dtype_name(precision.compute_dtype));
+  Scope s = *this;
+  s.precision_ = precision;
+  return s;
+}
+
 Scope Scope::fully_sharded(FullySharded config) const {
   Scope s = *this;
   if (config.prefetch != nullptr) config.prefetch->begin_pass();

@@ -217,7 +217,7 @@ Tensor VocabParallelEmbedding::attend(const nn::Scope& scope, const Tensor& x) c
   // x is replicated along the axis and the table varies: the product enters the region
   // (its backward sums dx over the devices).
   const Tensor xin = copy_to_tp_region(scope.context(), x, axis);
-  return tensor::matmul(xin, table, /*trans_a=*/false, /*trans_b=*/true);
+  return nn::matmul(scope.precision(), xin, table, /*trans_a=*/false, /*trans_b=*/true);
 }
 
 Tensor vocab_parallel_cross_entropy(spmd::DeviceContext* ctx, const Tensor& logits,

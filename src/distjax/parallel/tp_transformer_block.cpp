@@ -108,7 +108,7 @@ Tensor TPTransformerBlock::parallel_block(const nn::Scope& scope, const Tensor& 
       h = gather_from_sp_region(ctx, h, axis, 1);
     else
       h = copy_to_tp_region(ctx, h, axis);
-    y = tensor::linear(h, w_in, b_in);
+    y = nn::linear(scope.precision(), h, w_in, b_in);
   }
   const std::vector<Tensor> parts = tensor::split(y, {3 * c / n, hidden / n}, 2);
   const Tensor cat = tensor::concat(
@@ -119,12 +119,12 @@ Tensor TPTransformerBlock::parallel_block(const nn::Scope& scope, const Tensor& 
   if (layout == TPLayout::Async && comm) {
     o = matmul_reduce_scatter(*ctx, cat, w_out, axis, bidirectional);
   } else if (features_sharded) {
-    o = tensor::linear(cat, w_out);
+    o = nn::linear(scope.precision(), cat, w_out);
     if (comm) o = spmd::psum_scatter(*ctx, o, axis, 2, /*tiled=*/true);
   } else if (sequence_parallel) {
-    o = reduce_scatter_to_sp_region(ctx, tensor::linear(cat, w_out), axis, 1);
+    o = reduce_scatter_to_sp_region(ctx, nn::linear(scope.precision(), cat, w_out), axis, 1);
   } else {
-    o = reduce_from_tp_region(ctx, tensor::linear(cat, w_out), axis);
+    o = reduce_from_tp_region(ctx, nn::linear(scope.precision(), cat, w_out), axis);
   }
   const mesh::PartitionSpec x_spec = features_sharded    ? P(std::nullopt, std::nullopt, axis)
                                      : sequence_parallel ? P(std::nullopt, axis)

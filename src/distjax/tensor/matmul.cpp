@@ -1,10 +1,13 @@
 #include "distjax/tensor/matmul.hpp"
 
+#include <cassert>
 #include <dnnl.hpp>
 #include <unordered_map>
 
+#include "distjax/tensor/detail/cast.hpp"
 #include "distjax/tensor/detail/gemm.hpp"
 #include "distjax/tensor/detail/kernels.hpp"
+#include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/grad_node.hpp"
 #include "distjax/tensor/reduce.hpp"
 
@@ -20,7 +23,8 @@ struct GemmKeyHash {
     std::size_t h = 1469598103934665603ull;
     for (std::int64_t v : {g.batch, g.m, g.n, g.k,
                            std::int64_t(g.ta) | std::int64_t(g.tb) << 1 |
-                               std::int64_t(g.b_shared) << 2 | std::int64_t(g.bias) << 3})
+                               std::int64_t(g.b_shared) << 2 | std::int64_t(g.bias) << 3 |
+                               std::int64_t(g.src) << 4})
       h = (h ^ static_cast<std::size_t>(v)) * 1099511628211ull;
     return h;
   }
@@ -46,11 +50,12 @@ GemmPlan& plan_for(const GemmKey& key) {
   thread_local std::unordered_map<GemmKey, GemmPlan, GemmKeyHash> cache;
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  const auto [batch, m, n, k, ta, tb, b_shared, bias] = key;
+  const auto [batch, m, n, k, ta, tb, b_shared, bias, src] = key;
   const std::int64_t bb = b_shared ? 1 : batch;
+  const dt s = src == DType::BF16 ? dt::bf16 : dt::f32;
   GemmPlan p;
-  p.a = dnnl::memory::desc(dims{batch, m, k}, dt::f32, ta ? dims{m * k, 1, m} : dims{m * k, k, 1});
-  p.b = dnnl::memory::desc(dims{bb, k, n}, dt::f32, tb ? dims{k * n, 1, k} : dims{k * n, n, 1});
+  p.a = dnnl::memory::desc(dims{batch, m, k}, s, ta ? dims{m * k, 1, m} : dims{m * k, k, 1});
+  p.b = dnnl::memory::desc(dims{bb, k, n}, s, tb ? dims{k * n, 1, k} : dims{k * n, n, 1});
   p.c = dnnl::memory::desc(dims{batch, m, n}, dt::f32, dims{m * n, n, 1});
   if (bias) p.bias = dnnl::memory::desc(dims{1, 1, n}, dt::f32, dims{n, n, 1});
   dnnl::matmul::desc d =
@@ -70,7 +75,8 @@ GemmPlan& plan_for(const GemmKey& key) {
 
 }  // namespace
 
-void run_gemm(const GemmKey& key, const float* a, const float* b, const float* bias, float* c) {
+void run_gemm(const GemmKey& key, const void* a, const void* b, const float* bias, float* c) {
+  assert(key.src == DType::F32 || key.src == DType::BF16);
   if (key.m == 0 || key.n == 0 || key.batch == 0) return;
   if (key.k == 0) {
     std::fill(c, c + key.batch * key.m * key.n, 0.f);
@@ -78,8 +84,8 @@ void run_gemm(const GemmKey& key, const float* a, const float* b, const float* b
   }
   GemmPlan& p = plan_for(key);
   thread_local dnnl::stream stream(cpu_engine());
-  p.ma.set_data_handle(const_cast<float*>(a));
-  p.mb.set_data_handle(const_cast<float*>(b));
+  p.ma.set_data_handle(const_cast<void*>(a));
+  p.mb.set_data_handle(const_cast<void*>(b));
   p.mc.set_data_handle(c);
   if (key.bias) p.mbias.set_data_handle(const_cast<float*>(bias));
   p.prim.execute(stream, p.args);
@@ -104,6 +110,37 @@ void gemm_f32_ld(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std
 
 namespace {
 
+// Operands are both f32, both bf16 or both f16 (the compute dtype of a mixed-precision
+// policy, nn/precision.hpp); f32 operands take exactly the f32 path.
+void check_operand_dtypes(const char* op, const Tensor& a, const Tensor& b) {
+  check_defined(a, op, "a");
+  check_defined(b, op, "b");
+  detail::require_cpu(op, {&a, &b});
+  DISTJAX_CHECK(a.dtype() == b.dtype() && is_floating(a.dtype()), InvalidArgument, "[", op,
+                "] operands must both be f32, both bf16 or both f16, got ", dtype_name(a.dtype()),
+                " and ", dtype_name(b.dtype()), " (use astype)");
+}
+
+// What the GEMM reads: bf16 and f32 as they are; f16 widened to f32 (exact), since
+// oneDNN 2.6 has no f16 matmul on this CPU: f16 operands have f16's range and precision,
+// the products and sums are f32.
+Tensor gemm_operand(const Tensor& t) {
+  if (t.dtype() != DType::F16) return t;
+  Tensor w = Tensor::empty(t.shape());
+  detail::convert(t, w);
+  return w;
+}
+DType gemm_dtype(const Tensor& t) { return t.dtype() == DType::BF16 ? DType::BF16 : DType::F32; }
+
+// The cotangent dC rounded to the operands' dtype for the backward GEMMs (a bf16 or f16
+// matmul runs its backward products in that dtype too); f32 returns it unchanged.
+Tensor cotangent_in(const Tensor& g, DType dtype) {
+  if (dtype == DType::F32) return g;
+  Tensor out = Tensor::empty(g.shape(), dtype);
+  detail::convert(g, out);
+  return out;
+}
+
 // Shapes of op(A) (.., M, K) and op(B) (.., K, N) after checking them.
 struct MatmulDims {
   Shape batch_shape;
@@ -112,7 +149,7 @@ struct MatmulDims {
 };
 
 MatmulDims check_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
-  detail::require_f32("matmul", {&a, &b});
+  check_operand_dtypes("matmul", a, b);
   DISTJAX_CHECK(a.rank() >= 2 && b.rank() >= 2, InvalidArgument,
                 "[matmul] operands need rank >= 2, got ", to_string(a.shape()), " and ",
                 to_string(b.shape()));
@@ -141,13 +178,15 @@ Tensor matmul_forward(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   out_shape.push_back(d.m);
   out_shape.push_back(d.n);
   Tensor out = Tensor::empty(out_shape);
+  const Tensor ag = gemm_operand(a), bg = gemm_operand(b);
+  const DType src = gemm_dtype(a);
   // With a shared B and no transpose of A, the batch folds into M: one larger GEMM.
   if (d.b_shared && !ta && d.batch > 1) {
-    detail::run_gemm({1, d.batch * d.m, d.n, d.k, false, tb, true, false}, a.data<float>(),
-                     b.data<float>(), nullptr, out.data<float>());
+    detail::run_gemm({1, d.batch * d.m, d.n, d.k, false, tb, true, false, src}, ag.raw_data(),
+                     bg.raw_data(), nullptr, out.data<float>());
   } else {
-    detail::run_gemm({d.batch, d.m, d.n, d.k, ta, tb, d.b_shared, false}, a.data<float>(),
-                     b.data<float>(), nullptr, out.data<float>());
+    detail::run_gemm({d.batch, d.m, d.n, d.k, ta, tb, d.b_shared, false, src}, ag.raw_data(),
+                     bg.raw_data(), nullptr, out.data<float>());
   }
   return out;
 }
@@ -155,7 +194,8 @@ Tensor matmul_forward(const Tensor& a, const Tensor& b, bool ta, bool tb) {
 }  // namespace
 
 // The cotangent of matmul's right operand B given A, B, dC (shared: a 2-D B used by every
-// batch of a batched A, whose cotangent sums over the batch).
+// batch of a batched A, whose cotangent sums over the batch). dC is in A's and B's dtype
+// (cotangent_in); the result is f32.
 static Tensor matmul_grad_b(const Tensor& ad, const Tensor& bd, const Tensor& gc, bool ta, bool tb) {
   const bool shared = bd.rank() == 2 && ad.rank() > 2;
   Tensor gb;
@@ -165,6 +205,10 @@ static Tensor matmul_grad_b(const Tensor& ad, const Tensor& bd, const Tensor& gc
       Tensor a2 = ad.view({ad.numel() / ad.size(-1), ad.size(-1)});
       Tensor g2 = gc.view({gc.numel() / gc.size(-1), gc.size(-1)});
       gb = tb ? matmul(g2, a2, true, false) : matmul(a2, g2, true, false);
+    } else if (ad.dtype() != DType::F32) {
+      // Reduced-precision operands: this rare layout runs in f32 on the widened values.
+      return matmul_grad_b(astype(ad, DType::F32), astype(bd, DType::F32), astype(gc, DType::F32),
+                           ta, tb);
     } else {
       // Accumulate per-batch products into one (K, N) or (N, K) buffer.
       gb = Tensor::zeros(bd.shape());
@@ -196,7 +240,9 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
                 [ad = a.detach(), bd = b.detach(), ta, tb, ra = a.requires_grad(),
                  rb = b.requires_grad(),
                  bleaf = deferrable_weight(b, {a, b})](const std::vector<Tensor>& g) {
-                  const Tensor gc = g[0];
+                  // Cotangents of bf16/f16 operands come back f32 (their astype's backward
+                  // keeps them f32 for the master weights).
+                  const Tensor gc = cotangent_in(g[0], ad.dtype());
                   Tensor ga, gb;
                   const bool shared = bd.rank() == 2 && ad.rank() > 2;
                   if (ra) {
@@ -206,12 +252,13 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
                       ga = matmul(bd, gc, tb, true);
                     } else {
                       // dA[i] = op(B) dC[i]^T for a shared B: per batch, no batched operand on the
-                      // left.
+                      // left (in f32, widening reduced-precision operands: a rare layout).
                       ga = Tensor::empty(ad.shape());
                       const std::int64_t m = gc.size(-2), n = gc.size(-1), k = ad.size(-2);
                       const std::int64_t batch = gc.numel() / (m * n);
-                      const float* pb = bd.data<float>();
-                      const float* pg = gc.data<float>();
+                      const Tensor b32 = astype(bd, DType::F32), g32 = astype(gc, DType::F32);
+                      const float* pb = b32.data<float>();
+                      const float* pg = g32.data<float>();
                       float* po = ga.data<float>();
                       for (std::int64_t i = 0; i < batch; ++i)
                         detail::gemm_f32(tb, true, k, m, n, 1.f, pb, pg + i * m * n, 0.f,
@@ -232,7 +279,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
-  detail::require_f32("linear", {&x, &w});
+  check_operand_dtypes("linear", x, w);
   DISTJAX_CHECK(w.rank() == 2 && x.rank() >= 1 && x.size(-1) == w.size(0), InvalidArgument,
                 "[linear] x ", to_string(x.shape()), " does not match kernel ",
                 to_string(w.shape()), " (expected x (..., K), kernel (K, N))");
@@ -245,8 +292,9 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   Shape out_shape = x.shape();
   out_shape.back() = n;
   Tensor out = Tensor::empty(out_shape);
-  detail::run_gemm({1, m, n, k, false, false, true, bias.defined()}, x.data<float>(),
-                   w.data<float>(), bias.defined() ? bias.data<float>() : nullptr,
+  const Tensor xg = gemm_operand(x), wg = gemm_operand(w);
+  detail::run_gemm({1, m, n, k, false, false, true, bias.defined(), gemm_dtype(x)}, xg.raw_data(),
+                   wg.raw_data(), bias.defined() ? bias.data<float>() : nullptr,
                    out.data<float>());
   std::vector<Tensor> inputs{x, w};
   if (bias.defined()) inputs.push_back(bias);
@@ -256,7 +304,9 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
                  rx = x.requires_grad(), rw = w.requires_grad(),
                  wleaf = deferrable_weight(w, inputs)](const std::vector<Tensor>& g) {
                   const std::int64_t k = wd.size(0), n = wd.size(1);
-                  Tensor g2 = g[0].view({g[0].numel() / n, n});
+                  // dx and dW from dC in the operands' dtype (f32 results); the bias
+                  // gradient from the f32 cotangent.
+                  Tensor g2 = cotangent_in(g[0], xd.dtype()).view({g[0].numel() / n, n});
                   Tensor x2 = xd.view({xd.numel() / k, k});
                   std::vector<Tensor> out;
                   out.push_back(rx ? matmul(g2, wd, false, true).view(xd.shape()) : Tensor());
@@ -267,7 +317,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
                   } else {
                     out.push_back(rw ? matmul(x2, g2, true, false) : Tensor());
                   }
-                  if (has_bias) out.push_back(sum(g2, {0}));
+                  if (has_bias) out.push_back(sum(g[0].view({g[0].numel() / n, n}), {0}));
                   return out;
                 });
 }

@@ -6,6 +6,7 @@
 #include "distjax/core/error.hpp"
 #include "distjax/optim/clip.hpp"
 #include "distjax/parallel/strategy.hpp"
+#include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/grad_node.hpp"
 
 namespace distjax::train {
@@ -53,6 +54,16 @@ TensorTree owned(TensorTree grads) {
     seen.push_back(g);
   }
   return grads;
+}
+
+// `loss_fn` with its loss multiplied by `scale` (f16 loss scaling); the metrics keep the
+// unscaled loss.
+LossFn scaled_loss(const LossFn& loss_fn, double scale) {
+  return [&loss_fn, scale](const TensorTree& params, const Batch& batch, Key rng) {
+    auto [loss, metrics] = loss_fn(params, batch, rng);
+    add_default_loss(metrics, scalar_loss(loss), batch.size());
+    return std::make_pair(tensor::mul_scalar(loss, scale), std::move(metrics));
+  };
 }
 
 }  // namespace
@@ -129,17 +140,30 @@ Metrics train_step(TrainState& state, const Batch& batch, const LossFn& loss_fn,
   MemoryStats* memory = strategy.memory_stats();
   const std::int64_t live_before = tensor::live_bytes();
   if (memory) tensor::reset_peak_bytes();
-  GradientResult r =
-      strategy.forward_backward(loss_fn, state.params, batch, rng, options.num_minibatches);
+  const double loss_scale = state.loss_scale ? state.loss_scale->scale : 1.0;
+  GradientResult r = strategy.forward_backward(
+      state.loss_scale ? scaled_loss(loss_fn, loss_scale) : loss_fn, state.params, batch, rng,
+      options.num_minibatches);
   if (memory) memory->activations_peak = tensor::peak_bytes() - live_before;
   r.grads = strategy.finalize_grads(std::move(r.grads));
   r.metrics = strategy.reduce_metrics(std::move(r.metrics));
-  // The norm of the whole model's gradient (sharded leaves summed over their shards).
-  const double norm = std::sqrt(strategy.grad_norm_squared(r.grads));
+  // The norm of the whole model's gradient (sharded leaves summed over their shards): one
+  // value on every device, so it is also where every device learns whether any gradient
+  // anywhere overflowed (inf or nan), and all skip or apply the update alike.
+  const double norm = std::sqrt(strategy.grad_norm_squared(r.grads)) / loss_scale;
+  const bool finite = std::isfinite(norm);
+  double factor = 1.0 / loss_scale;  // unscale and clip in one pass
   if (options.max_grad_norm > 0.0 && norm > options.max_grad_norm)
-    optim::scale_in_place(r.grads, options.max_grad_norm / norm);
+    factor *= options.max_grad_norm / norm;
+  if (factor != 1.0 && (finite || !state.loss_scale)) optim::scale_in_place(r.grads, factor);
   const double lr = optimizer.learning_rate(state.step);
-  strategy.apply_update(optimizer, state.params, r.grads, state.opt_state, state.step);
+  if (finite || !state.loss_scale)
+    strategy.apply_update(optimizer, state.params, r.grads, state.opt_state, state.step);
+  if (state.loss_scale) {
+    state.loss_scale->update(finite);
+    r.metrics.add("loss_scale", loss_scale, 1.0);
+    r.metrics.add("skipped_steps", static_cast<double>(state.loss_scale->skipped_steps), 1.0);
+  }
   if (memory) {
     memory->parameters = state.params.storage_bytes();
     memory->gradients = r.grads.storage_bytes();
