@@ -37,15 +37,22 @@ int run_gpt(const config::TrainConfig& c) {
   const parallel::TPLayout layout = n_model > 1
                                         ? parallel::tp_layout_from_name(c.parallelism.tp_layout)
                                         : parallel::TPLayout::None;
+  const nn::Precision precision = precision_of(c);
+  DISTJAX_CHECK(!precision.mixed() || layout != parallel::TPLayout::Async, NotImplemented,
+                "[gpt] distributed.mixed_precision = \"",
+                config::mixed_precision_name(c.distributed.mixed_precision),
+                "\" with parallelism.tp_layout = \"async\": the collective matmuls run in f32 "
+                "only; use another layout or mixed_precision = \"no\"");
   const bool sequence_parallel = c.parallelism.sequence_parallel;
   const bool vocab_parallel = c.parallelism.vocab_parallel;
   const std::string backend_name = backend_label(c);
   if (c.distributed.is_main_process())
-    std::printf("Mesh (%s backend, tensor parallel layout %s%s%s%s):\n%s\n", backend_name.c_str(),
+    std::printf("Mesh (%s backend, tensor parallel layout %s%s%s%s, precision %s):\n%s\n",
+                backend_name.c_str(),
                 parallel::tp_layout_name(layout), sequence_parallel ? " + sequence parallel" : "",
                 vocab_parallel ? " + vocabulary parallel" : "",
                 fsdp_on ? ", parameters fully sharded over \"data\"" : "",
-                mesh.to_string().c_str());
+                precision.str().c_str(), mesh.to_string().c_str());
 
   const std::int64_t batch_size = c.run.batch_size, seq_len = c.data.seq_len;
   const std::int64_t steps = c.run.steps;
@@ -86,9 +93,10 @@ int run_gpt(const config::TrainConfig& c) {
     train::TrainState state = train::TrainState::create(
         model.init(root.fold_in(std::string_view("init")), &specs, &ctx, fsdp_on ? &fsdp : nullptr),
         opt, root.fold_in(std::string_view("dropout")), dp);
+    enable_loss_scale(c, state);
     auto loss_fn = [&](bool train) -> train::LossFn {
       return [&, train](const TensorTree& p, const train::Batch& b, Key k) {
-        nn::Scope s = nn::Scope::apply(&p, train, k).on(ctx);
+        nn::Scope s = nn::Scope::apply(&p, train, k).on(ctx).with_precision(precision);
         if (fsdp_on) s = s.fully_sharded(fsdp);
         Tensor loss = model.loss(s, b.inputs, b.labels);
         const double bytes = static_cast<double>(b.labels.numel()), nats = loss.item<double>();

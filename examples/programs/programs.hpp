@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "distjax/config/train_config.hpp"
+#include "distjax/nn/precision.hpp"
+#include "distjax/train/train_state.hpp"
 
 namespace distjax::examples {
 
@@ -47,6 +49,12 @@ int run_train_gpt(const config::TrainConfig& c);
 int run_pipeline_parallelism(const config::TrainConfig& c);
 /// The same, printing the schedule's timeline first and the measured one at the end.
 int run_pipeline_parallelism(const config::TrainConfig& c, bool show_schedule);
+
+/// The nn::Precision policy of distributed.mixed_precision: "no" f32, "bf16" bf16
+/// matmuls, "fp16" f16 matmul operands; f32 master weights in every case.
+nn::Precision precision_of(const config::TrainConfig& c);
+/// Sets state.loss_scale (a fresh train::DynamicLossScale) when mixed_precision = "fp16".
+void enable_loss_scale(const config::TrainConfig& c, train::TrainState& state);
 
 /// The backend name printed in headers and recorded in summary.json ("threads", "mpi").
 std::string backend_label(const config::TrainConfig& c);

@@ -26,9 +26,10 @@ namespace {
 
 // Mean next-byte cross-entropy (nats) over B * T positions; metrics per byte:
 // "loss" in nats and "bits_per_byte" = nats / ln 2.
-train::LossFn make_gpt_loss(const models::Transformer& model, bool train) {
-  return [&model, train](const TensorTree& params, const train::Batch& batch, Key rng) {
-    Tensor logits = model.apply(params, batch.inputs, train, rng);  // (B, T, 256)
+train::LossFn make_gpt_loss(const models::Transformer& model, bool train, nn::Precision precision) {
+  return [&model, train, precision](const TensorTree& params, const train::Batch& batch, Key rng) {
+    const nn::Scope scope = nn::Scope::apply(&params, train, rng).with_precision(precision);
+    Tensor logits = model(scope, batch.inputs);  // (B, T, 256)
     Tensor loss = tensor::mean(tensor::cross_entropy(logits, batch.labels));
     const double bytes = static_cast<double>(batch.labels.numel());
     const double nats = loss.item<double>();
@@ -120,8 +121,12 @@ int run_train_gpt(const config::TrainConfig& c) {
   std::printf("Validation: %zu batches x %lld x %lld bytes; uniform guessing is 8 bits per byte\n",
               val.size(), static_cast<long long>(batch_size), static_cast<long long>(seq_len));
 
-  const train::LossFn train_loss = make_gpt_loss(model, true);
-  const train::LossFn eval_loss = make_gpt_loss(model, false);
+  const nn::Precision precision = precision_of(c);
+  enable_loss_scale(c, state);
+  std::printf("Precision: %s%s\n", precision.str().c_str(),
+              state.loss_scale ? ", dynamic loss scale" : "");
+  const train::LossFn train_loss = make_gpt_loss(model, true, precision);
+  const train::LossFn eval_loss = make_gpt_loss(model, false, precision);
   train::Trainer trainer({.out_dir = c.run.out_dir,
                           .total_steps = steps,
                           .log_every = c.run.log_every,

@@ -1,5 +1,6 @@
 // End to end: `distjax train configs/train_mnist.toml --set run.steps=3 --out DIR` writes
-// metrics.jsonl, summary.json and config.toml; a bad override fails naming it.
+// metrics.jsonl, summary.json and config.toml; a bad override fails naming it;
+// distributed.mixed_precision = "bf16" / "fp16" runs the GPT programs and is refused elsewhere.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -10,6 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
+#include <cmath>
 
 namespace fs = std::filesystem;
 
@@ -73,5 +76,70 @@ TEST(DistjaxTrain, InvalidConfigListsProblems) {
           "/configs/tensor_parallelism.toml --set distributed.world_size=4");
   EXPECT_EQ(status, 1);
   EXPECT_NE(output.find("mesh_shape = [2, 4] has 8 devices but world_size is 4"), std::string::npos)
+      << output;
+}
+
+// The metrics records of a run directory.
+std::vector<nlohmann::json> records_of(const fs::path& out) {
+  std::vector<nlohmann::json> r;
+  std::ifstream metrics(out / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);)
+    r.push_back(nlohmann::json::parse(line));
+  return r;
+}
+
+TEST(DistjaxTrain, Bf16GptRunsWithTheMixedPrecisionKey) {
+  const fs::path out = fs::temp_directory_path() / "distjax_train_bf16_test";
+  fs::remove_all(out);
+  const auto [status, output] =
+      run(std::string(DISTJAX_TOOL) + " train " + DISTJAX_SOURCE_DIR +
+          "/configs/train_gpt.toml --set distributed.mixed_precision=bf16 --set run.steps=4 "
+          "--set run.log_every=1 --set run.eval_every=4 --set run.eval_batches=1 "
+          "--set model.layers=1 --out " +
+          out.string());
+  ASSERT_EQ(status, 0) << output;
+  EXPECT_NE(output.find("Precision: bf16 compute, f32 params"), std::string::npos) << output;
+  int losses = 0;
+  for (const auto& j : records_of(out))
+    if (j.contains("loss")) {
+      EXPECT_TRUE(std::isfinite(j["loss"].get<double>()));
+      EXPECT_FALSE(j.contains("loss_scale"));  // bf16 needs no loss scale
+      ++losses;
+    }
+  EXPECT_GE(losses, 4);
+  fs::remove_all(out);
+}
+
+TEST(DistjaxTrain, Fp16GptOnTwoDevicesReportsTheLossScale) {
+  const fs::path out = fs::temp_directory_path() / "distjax_train_fp16_test";
+  fs::remove_all(out);
+  const auto [status, output] =
+      run(std::string(DISTJAX_TOOL) + " train " + DISTJAX_SOURCE_DIR +
+          "/configs/tensor_parallel_gpt.toml --set distributed.mixed_precision=fp16 "
+          "--set distributed.world_size=2 --set distributed.tensor_parallel_size=2 "
+          "--set distributed.mesh_shape=[1,2] --set run.steps=3 --set run.log_every=1 "
+          "--set run.eval_batches=1 --set model.layers=1 --out " +
+          out.string());
+  ASSERT_EQ(status, 0) << output;
+  EXPECT_NE(output.find("precision f16 compute, f32 params"), std::string::npos) << output;
+  int scaled = 0;
+  for (const auto& j : records_of(out))
+    if (j.contains("loss_scale")) {
+      EXPECT_EQ(j["loss_scale"].get<double>(), 32768.0);
+      EXPECT_EQ(j["skipped_steps"].get<double>(), 0.0);
+      ++scaled;
+    }
+  EXPECT_GE(scaled, 3) << output;
+  fs::remove_all(out);
+}
+
+TEST(DistjaxTrain, MixedPrecisionIsRefusedWhereNotWired) {
+  const auto [status, output] =
+      run(std::string(DISTJAX_TOOL) + " train " + DISTJAX_SOURCE_DIR +
+          "/configs/train_mnist.toml --set distributed.mixed_precision=bf16");
+  EXPECT_EQ(status, 1);
+  EXPECT_NE(output.find("[train_mnist] distributed.mixed_precision = \"bf16\" is not implemented "
+                        "for this program"),
+            std::string::npos)
       << output;
 }
