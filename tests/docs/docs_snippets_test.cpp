@@ -713,6 +713,38 @@ TEST(DocsTraining, TrainStepAndAccumulation) {
   EXPECT_NEAR(full.loss, acc.loss, 1e-5);
 }
 
+// "Mixed precision"
+TEST(DocsTraining, MixedPrecision) {
+  std::string text;
+  for (int i = 0; i < 200; ++i)
+    text += "mixed precision keeps f32 master weights. ";
+  const data::ByteCorpus corpus =
+      data::ByteCorpus::from_bytes(std::vector<std::uint8_t>(text.begin(), text.end()));
+  const train::Batch batch = data::sample_windows(corpus.train, 4, 32, Key::from_seed(3));
+
+  models::Transformer gpt({.vocab = 256, .d_model = 64, .num_layers = 2, .num_heads = 4,
+                           .max_len = 32});
+  auto loss_in = [&](nn::Precision policy) -> train::LossFn {
+    return [&gpt, policy](const TensorTree& p, const train::Batch& b, Key k) {
+      nn::Scope s = nn::Scope::apply(&p, /*train=*/true, k).with_precision(policy);
+      return std::make_pair(gpt.loss(s, b.inputs, b.labels), train::Metrics{});
+    };
+  };
+  optim::AdamW opt({.learning_rate = optim::constant_schedule(1e-3)});
+  train::TrainState state = train::TrainState::create(gpt.init(Key::from_seed(0)), opt,
+                                                      Key::from_seed(1));
+  train::train_step(state, batch, loss_in(nn::Precision::bf16()), opt);
+  EXPECT_EQ(state.params.at("wte/embedding").dtype(), DType::F32);
+
+  state.loss_scale = train::DynamicLossScale{.scale = 32768, .growth_interval = 2000};
+  train::Metrics m = train::train_step(state, batch, loss_in(nn::Precision::fp16()), opt);
+  EXPECT_EQ(m.mean("loss_scale"), 32768);
+  EXPECT_EQ(m.mean("skipped_steps"), 0);
+  EXPECT_TRUE(std::isfinite(m.mean("loss")));
+  for (const auto& [path, t] : state.opt_state)
+    EXPECT_EQ(t.dtype(), DType::F32) << path;
+}
+
 // "Trainer and its output files"
 TEST(DocsTraining, TrainerFiles) {
   namespace fs = std::filesystem;

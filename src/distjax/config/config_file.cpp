@@ -241,7 +241,7 @@ const std::vector<Entry>& schema() {
                       "one name per mesh_shape entry"));
     s.push_back(enum_field<MixedPrecision>(
         "distributed.mixed_precision", DJ_ACCESS(distributed.mixed_precision),
-        "compute precision: no (f32), fp16, bf16", {"no", "fp16", "bf16"}));
+        "compute precision: no (f32), bf16 (bf16 matmuls), fp16 (f16 matmuls, loss scale); f32 master weights", {"no", "fp16", "bf16"}));
     return s;
   }();
   return entries;
