@@ -66,8 +66,8 @@ data::ByteCorpus corpus() {
   } catch (const Error&) {
     std::vector<std::uint8_t> bytes;
     for (int i = 0; i < 1 << 20; ++i)
-      bytes.push_back(static_cast<std::uint8_t>("the quick brown fox jumps over a lazy dog "[(
-          i * 7 + i / 41) % 42]));
+      bytes.push_back(static_cast<std::uint8_t>(
+          "the quick brown fox jumps over a lazy dog "[(i * 7 + i / 41) % 42]));
     return data::ByteCorpus::from_bytes(std::move(bytes));
   }
 }
@@ -84,12 +84,17 @@ int main(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--steps" && i + 1 < argc) o.steps = std::atoi(argv[++i]);
-    else if (a == "--final" && i + 1 < argc) o.final_steps = std::atoi(argv[++i]);
-    else if (a == "--block" && i + 1 < argc) o.block = std::atoi(argv[++i]);
-    else if (a == "--threads" && i + 1 < argc) o.threads = std::atoi(argv[++i]);
+    if (a == "--steps" && i + 1 < argc)
+      o.steps = std::atoi(argv[++i]);
+    else if (a == "--final" && i + 1 < argc)
+      o.final_steps = std::atoi(argv[++i]);
+    else if (a == "--block" && i + 1 < argc)
+      o.block = std::atoi(argv[++i]);
+    else if (a == "--threads" && i + 1 < argc)
+      o.threads = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: bench_precision [--steps N] [--final K] [--block B] [--threads T]\n");
+      std::fprintf(stderr,
+                   "usage: bench_precision [--steps N] [--final K] [--block B] [--threads T]\n");
       return 2;
     }
   }
@@ -100,7 +105,8 @@ int main(int argc, char** argv) {
   const models::Transformer gpt(bench_gpt());
   const std::int64_t batch = 16, seq = 128;
   const data::ByteCorpus text = corpus();
-  optim::AdamW opt({.learning_rate = optim::warmup_cosine_schedule(0.0, 1e-3, std::min(10, o.steps - 1), o.steps, 1e-4),
+  optim::AdamW opt({.learning_rate = optim::warmup_cosine_schedule(
+                        0.0, 1e-3, std::min(10, o.steps - 1), o.steps, 1e-4),
                     .b1 = 0.9,
                     .b2 = 0.95,
                     .eps = 1e-8,
@@ -118,7 +124,7 @@ int main(int argc, char** argv) {
   for (int start = 0; start < o.steps; start += o.block) {
     for (Run& r : runs) {
       const train::LossFn loss = [&gpt, p = r.precision](const TensorTree& params,
-                                                          const train::Batch& b, Key k) {
+                                                         const train::Batch& b, Key k) {
         const nn::Scope s = nn::Scope::apply(&params, true, k).with_precision(p);
         return std::make_pair(gpt.loss(s, b.inputs, b.labels), train::Metrics{});
       };

@@ -48,11 +48,11 @@ int run_gpt(const config::TrainConfig& c) {
   const std::string backend_name = backend_label(c);
   if (c.distributed.is_main_process())
     std::printf("Mesh (%s backend, tensor parallel layout %s%s%s%s, precision %s):\n%s\n",
-                backend_name.c_str(),
-                parallel::tp_layout_name(layout), sequence_parallel ? " + sequence parallel" : "",
+                backend_name.c_str(), parallel::tp_layout_name(layout),
+                sequence_parallel ? " + sequence parallel" : "",
                 vocab_parallel ? " + vocabulary parallel" : "",
-                fsdp_on ? ", parameters fully sharded over \"data\"" : "",
-                precision.str().c_str(), mesh.to_string().c_str());
+                fsdp_on ? ", parameters fully sharded over \"data\"" : "", precision.str().c_str(),
+                mesh.to_string().c_str());
 
   const std::int64_t batch_size = c.run.batch_size, seq_len = c.data.seq_len;
   const std::int64_t steps = c.run.steps;

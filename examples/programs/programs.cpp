@@ -181,9 +181,12 @@ config::TrainConfig program_defaults(const std::string& name) {
 
 nn::Precision precision_of(const config::TrainConfig& c) {
   switch (c.distributed.mixed_precision) {
-    case config::MixedPrecision::Bf16: return nn::Precision::bf16();
-    case config::MixedPrecision::Fp16: return nn::Precision::fp16();
-    case config::MixedPrecision::No: break;
+    case config::MixedPrecision::Bf16:
+      return nn::Precision::bf16();
+    case config::MixedPrecision::Fp16:
+      return nn::Precision::fp16();
+    case config::MixedPrecision::No:
+      break;
   }
   return nn::Precision::f32();
 }

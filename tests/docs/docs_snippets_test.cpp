@@ -722,8 +722,8 @@ TEST(DocsTraining, MixedPrecision) {
       data::ByteCorpus::from_bytes(std::vector<std::uint8_t>(text.begin(), text.end()));
   const train::Batch batch = data::sample_windows(corpus.train, 4, 32, Key::from_seed(3));
 
-  models::Transformer gpt({.vocab = 256, .d_model = 64, .num_layers = 2, .num_heads = 4,
-                           .max_len = 32});
+  models::Transformer gpt(
+      {.vocab = 256, .d_model = 64, .num_layers = 2, .num_heads = 4, .max_len = 32});
   auto loss_in = [&](nn::Precision policy) -> train::LossFn {
     return [&gpt, policy](const TensorTree& p, const train::Batch& b, Key k) {
       nn::Scope s = nn::Scope::apply(&p, /*train=*/true, k).with_precision(policy);
@@ -731,8 +731,8 @@ TEST(DocsTraining, MixedPrecision) {
     };
   };
   optim::AdamW opt({.learning_rate = optim::constant_schedule(1e-3)});
-  train::TrainState state = train::TrainState::create(gpt.init(Key::from_seed(0)), opt,
-                                                      Key::from_seed(1));
+  train::TrainState state =
+      train::TrainState::create(gpt.init(Key::from_seed(0)), opt, Key::from_seed(1));
   train::train_step(state, batch, loss_in(nn::Precision::bf16()), opt);
   EXPECT_EQ(state.params.at("wte/embedding").dtype(), DType::F32);
 

@@ -24,7 +24,9 @@ Tensor randn(const Shape& shape, std::uint64_t seed) {
 }
 
 // x rounded to `dtype` and back: the values a reduced-precision operand holds.
-Tensor rounded(const Tensor& x, DType dtype) { return astype(astype(x, dtype), DType::F32); }
+Tensor rounded(const Tensor& x, DType dtype) {
+  return astype(astype(x, dtype), DType::F32);
+}
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {
   EXPECT_EQ(a.shape(), b.shape());
@@ -49,12 +51,10 @@ struct Case {
 };
 
 TEST(MatmulMixed, Bf16ProductIsTheF32ProductOfRoundedOperandsAndNearF32) {
-  const std::vector<Case> cases = {{{64, 96}, {96, 48}, false, false},
-                                   {{96, 64}, {96, 48}, true, false},
-                                   {{64, 96}, {48, 96}, false, true},
-                                   {{3, 17, 40}, {3, 40, 9}, false, false},
-                                   {{4, 33, 72}, {72, 65}, false, false},
-                                   {{2, 40, 17}, {2, 9, 40}, true, true}};
+  const std::vector<Case> cases = {
+      {{64, 96}, {96, 48}, false, false},    {{96, 64}, {96, 48}, true, false},
+      {{64, 96}, {48, 96}, false, true},     {{3, 17, 40}, {3, 40, 9}, false, false},
+      {{4, 33, 72}, {72, 65}, false, false}, {{2, 40, 17}, {2, 9, 40}, true, true}};
   std::uint64_t seed = 1;
   for (const Case& c : cases) {
     SCOPED_TRACE(to_string(c.a) + " @ " + to_string(c.b));
@@ -133,8 +133,8 @@ TEST(MatmulMixed, GradientsThroughTheCastAreF32AndNearTheF32Gradients) {
       }
       EXPECT_LE(max_abs_diff(g.at(name), gr.at(name)), 1e-5 * max_abs(gr.at(name)) + 1e-5);
       // Relative to the f32 gradient: within bf16 (or f16) rounding of a K = 32 or 60 sum.
-      const double tol = 4.0 * std::sqrt(60.0) * (dt == DType::BF16 ? std::ldexp(1.0, -8)
-                                                                    : std::ldexp(1.0, -11));
+      const double tol =
+          4.0 * std::sqrt(60.0) * (dt == DType::BF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11));
       EXPECT_LE(max_abs_diff(g.at(name), g32.at(name)), tol * max_abs(g32.at(name)) / 4.0 + tol);
     }
   }

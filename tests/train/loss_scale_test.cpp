@@ -45,7 +45,8 @@ LossFn loss_fn(nn::Precision precision, std::function<bool()> poison = {}) {
   return [precision, poison](const TensorTree& p, const Batch& b, Key k) {
     Tensor logits = model()(nn::Scope::apply(&p, true, k).with_precision(precision), b.inputs);
     Tensor loss = tensor::mean(tensor::cross_entropy(logits, b.labels));
-    if (poison && poison()) loss = tensor::mul_scalar(loss, std::numeric_limits<double>::infinity());
+    if (poison && poison())
+      loss = tensor::mul_scalar(loss, std::numeric_limits<double>::infinity());
     return std::make_pair(loss, Metrics{});
   };
 }
@@ -103,9 +104,10 @@ TEST(LossScaling, OverflowOnOneDeviceSkipsTheStepEverywhereThenTheScaleGrowsBack
         TrainState state =
             TrainState::create(model().init(Key::from_seed(1)), opt, Key::from_seed(2), dp);
         state.loss_scale = DynamicLossScale{.scale = 1024, .growth_interval = 2};
-        auto copy = [](const TensorTree& t) { return t.map([](const Tensor& x) { return x.clone(); }); };
-        const LossFn fn =
-            loss_fn(nn::Precision::fp16(), [&] { return d == 1 && state.step == 1; });
+        auto copy = [](const TensorTree& t) {
+          return t.map([](const Tensor& x) { return x.clone(); });
+        };
+        const LossFn fn = loss_fn(nn::Precision::fp16(), [&] { return d == 1 && state.step == 1; });
         for (int s = 0; s < steps; ++s) {
           const Batch global = make_batch(s);
           if (s == 1) before_skip[d] = copy(state.params);
@@ -136,7 +138,8 @@ TEST(LossScaling, OverflowOnOneDeviceSkipsTheStepEverywhereThenTheScaleGrowsBack
     EXPECT_EQ(final_scale[d].skipped_steps, 1);
     for (const auto& [path, t] : before_skip[d]) {
       EXPECT_EQ(t.to_vector<float>(), after_skip[d].at(path).to_vector<float>()) << path;
-      EXPECT_EQ(final_params[d].at(path).to_vector<float>(), final_params[0].at(path).to_vector<float>());
+      EXPECT_EQ(final_params[d].at(path).to_vector<float>(),
+                final_params[0].at(path).to_vector<float>());
       for (float v : final_params[d].at(path).to_vector<float>())
         ASSERT_TRUE(std::isfinite(v)) << path;
     }
@@ -151,8 +154,8 @@ TEST(LossScaling, TooLargeAScaleOverflowsF16AndBacksOff) {
   state.loss_scale = DynamicLossScale{.scale = std::ldexp(1.0, 40), .growth_interval = 1000};
   std::vector<double> losses;
   for (int s = 0; s < 60; ++s)
-    losses.push_back(train_step(state, make_batch(s % 4), loss_fn(nn::Precision::fp16()), opt)
-                         .mean("loss"));
+    losses.push_back(
+        train_step(state, make_batch(s % 4), loss_fn(nn::Precision::fp16()), opt).mean("loss"));
   EXPECT_GT(state.loss_scale->skipped_steps, 5);
   EXPECT_LT(state.loss_scale->scale, std::ldexp(1.0, 35));
   EXPECT_GE(state.loss_scale->scale, 1.0);

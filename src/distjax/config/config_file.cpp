@@ -239,9 +239,11 @@ const std::vector<Entry>& schema() {
                       "explicit mesh sizes; [] = (data, model, pipe) from the sizes"));
     s.push_back(field("distributed.mesh_axis_names", DJ_ACCESS(distributed.mesh_axis_names),
                       "one name per mesh_shape entry"));
-    s.push_back(enum_field<MixedPrecision>(
-        "distributed.mixed_precision", DJ_ACCESS(distributed.mixed_precision),
-        "compute precision: no (f32), bf16 (bf16 matmuls), fp16 (f16 matmuls, loss scale); f32 master weights", {"no", "fp16", "bf16"}));
+    s.push_back(enum_field<MixedPrecision>("distributed.mixed_precision",
+                                           DJ_ACCESS(distributed.mixed_precision),
+                                           "compute precision: no (f32), bf16 (bf16 matmuls), fp16 "
+                                           "(f16 matmuls, loss scale); f32 master weights",
+                                           {"no", "fp16", "bf16"}));
     return s;
   }();
   return entries;

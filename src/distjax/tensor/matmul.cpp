@@ -21,10 +21,10 @@ using dims = dnnl::memory::dims;
 struct GemmKeyHash {
   std::size_t operator()(const GemmKey& g) const {
     std::size_t h = 1469598103934665603ull;
-    for (std::int64_t v : {g.batch, g.m, g.n, g.k,
-                           std::int64_t(g.ta) | std::int64_t(g.tb) << 1 |
-                               std::int64_t(g.b_shared) << 2 | std::int64_t(g.bias) << 3 |
-                               std::int64_t(g.src) << 4})
+    for (std::int64_t v :
+         {g.batch, g.m, g.n, g.k,
+          std::int64_t(g.ta) | std::int64_t(g.tb) << 1 | std::int64_t(g.b_shared) << 2 |
+              std::int64_t(g.bias) << 3 | std::int64_t(g.src) << 4})
       h = (h ^ static_cast<std::size_t>(v)) * 1099511628211ull;
     return h;
   }
@@ -130,7 +130,9 @@ Tensor gemm_operand(const Tensor& t) {
   detail::convert(t, w);
   return w;
 }
-DType gemm_dtype(const Tensor& t) { return t.dtype() == DType::BF16 ? DType::BF16 : DType::F32; }
+DType gemm_dtype(const Tensor& t) {
+  return t.dtype() == DType::BF16 ? DType::BF16 : DType::F32;
+}
 
 // The cotangent dC rounded to the operands' dtype for the backward GEMMs (a bf16 or f16
 // matmul runs its backward products in that dtype too); f32 returns it unchanged.
@@ -236,46 +238,43 @@ static Tensor matmul_grad_b(const Tensor& ad, const Tensor& bd, const Tensor& gc
 Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   Tensor out = matmul_forward(a, b, ta, tb);
   if (!needs_grad({&a, &b})) return joined(out, {&a, &b});
-  return record("matmul", {a, b}, out,
-                [ad = a.detach(), bd = b.detach(), ta, tb, ra = a.requires_grad(),
-                 rb = b.requires_grad(),
-                 bleaf = deferrable_weight(b, {a, b})](const std::vector<Tensor>& g) {
-                  // Cotangents of bf16/f16 operands come back f32 (their astype's backward
-                  // keeps them f32 for the master weights).
-                  const Tensor gc = cotangent_in(g[0], ad.dtype());
-                  Tensor ga, gb;
-                  const bool shared = bd.rank() == 2 && ad.rank() > 2;
-                  if (ra) {
-                    if (!ta) {
-                      ga = matmul(gc, bd, false, !tb);
-                    } else if (!shared) {
-                      ga = matmul(bd, gc, tb, true);
-                    } else {
-                      // dA[i] = op(B) dC[i]^T for a shared B: per batch, no batched operand on the
-                      // left (in f32, widening reduced-precision operands: a rare layout).
-                      ga = Tensor::empty(ad.shape());
-                      const std::int64_t m = gc.size(-2), n = gc.size(-1), k = ad.size(-2);
-                      const std::int64_t batch = gc.numel() / (m * n);
-                      const Tensor b32 = astype(bd, DType::F32), g32 = astype(gc, DType::F32);
-                      const float* pb = b32.data<float>();
-                      const float* pg = g32.data<float>();
-                      float* po = ga.data<float>();
-                      for (std::int64_t i = 0; i < batch; ++i)
-                        detail::gemm_f32(tb, true, k, m, n, 1.f, pb, pg + i * m * n, 0.f,
-                                         po + i * k * m);
-                    }
-                  }
-                  if (rb) {
-                    WeightGradStore* store = weight_grad_store();
-                    if (bleaf && store)  // zero-bubble: dB later (W pass)
-                      store->defer(bleaf, [ad, bd, gc, ta, tb] {
-                        return matmul_grad_b(ad, bd, gc, ta, tb);
-                      });
-                    else
-                      gb = matmul_grad_b(ad, bd, gc, ta, tb);
-                  }
-                  return std::vector<Tensor>{ga, gb};
-                });
+  return record(
+      "matmul", {a, b}, out,
+      [ad = a.detach(), bd = b.detach(), ta, tb, ra = a.requires_grad(), rb = b.requires_grad(),
+       bleaf = deferrable_weight(b, {a, b})](const std::vector<Tensor>& g) {
+        // Cotangents of bf16/f16 operands come back f32 (their astype's backward
+        // keeps them f32 for the master weights).
+        const Tensor gc = cotangent_in(g[0], ad.dtype());
+        Tensor ga, gb;
+        const bool shared = bd.rank() == 2 && ad.rank() > 2;
+        if (ra) {
+          if (!ta) {
+            ga = matmul(gc, bd, false, !tb);
+          } else if (!shared) {
+            ga = matmul(bd, gc, tb, true);
+          } else {
+            // dA[i] = op(B) dC[i]^T for a shared B: per batch, no batched operand on the
+            // left (in f32, widening reduced-precision operands: a rare layout).
+            ga = Tensor::empty(ad.shape());
+            const std::int64_t m = gc.size(-2), n = gc.size(-1), k = ad.size(-2);
+            const std::int64_t batch = gc.numel() / (m * n);
+            const Tensor b32 = astype(bd, DType::F32), g32 = astype(gc, DType::F32);
+            const float* pb = b32.data<float>();
+            const float* pg = g32.data<float>();
+            float* po = ga.data<float>();
+            for (std::int64_t i = 0; i < batch; ++i)
+              detail::gemm_f32(tb, true, k, m, n, 1.f, pb, pg + i * m * n, 0.f, po + i * k * m);
+          }
+        }
+        if (rb) {
+          WeightGradStore* store = weight_grad_store();
+          if (bleaf && store)  // zero-bubble: dB later (W pass)
+            store->defer(bleaf, [ad, bd, gc, ta, tb] { return matmul_grad_b(ad, bd, gc, ta, tb); });
+          else
+            gb = matmul_grad_b(ad, bd, gc, ta, tb);
+        }
+        return std::vector<Tensor>{ga, gb};
+      });
 }
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
@@ -294,8 +293,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   Tensor out = Tensor::empty(out_shape);
   const Tensor xg = gemm_operand(x), wg = gemm_operand(w);
   detail::run_gemm({1, m, n, k, false, false, true, bias.defined(), gemm_dtype(x)}, xg.raw_data(),
-                   wg.raw_data(), bias.defined() ? bias.data<float>() : nullptr,
-                   out.data<float>());
+                   wg.raw_data(), bias.defined() ? bias.data<float>() : nullptr, out.data<float>());
   std::vector<Tensor> inputs{x, w};
   if (bias.defined()) inputs.push_back(bias);
   if (!needs_grad(inputs)) return joined(out, inputs);

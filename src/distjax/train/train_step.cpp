@@ -141,9 +141,9 @@ Metrics train_step(TrainState& state, const Batch& batch, const LossFn& loss_fn,
   const std::int64_t live_before = tensor::live_bytes();
   if (memory) tensor::reset_peak_bytes();
   const double loss_scale = state.loss_scale ? state.loss_scale->scale : 1.0;
-  GradientResult r = strategy.forward_backward(
-      state.loss_scale ? scaled_loss(loss_fn, loss_scale) : loss_fn, state.params, batch, rng,
-      options.num_minibatches);
+  GradientResult r =
+      strategy.forward_backward(state.loss_scale ? scaled_loss(loss_fn, loss_scale) : loss_fn,
+                                state.params, batch, rng, options.num_minibatches);
   if (memory) memory->activations_peak = tensor::peak_bytes() - live_before;
   r.grads = strategy.finalize_grads(std::move(r.grads));
   r.metrics = strategy.reduce_metrics(std::move(r.metrics));
