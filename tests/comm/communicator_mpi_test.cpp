@@ -349,17 +349,21 @@ TEST_F(MpiTest, ThrowingDeviceWakesPointToPointAndSubGroups) {
 // The race that used to hang: device 0 gives up on the descriptor check at its own short
 // deadline but stays in its program (catching the error), while the others, arriving
 // later, pass the check and enter the collective itself. They must fail at their timeout
-// instead of blocking forever.
+// instead of blocking forever. 20000 elements (80 KB): a call that large starts its data
+// operation only once the check passed. (A small all-reduce travels inside the check's
+// own messages: there the others may complete it with device 0's data, sent before it
+// left, which is no hang either.)
 TEST_F(MpiTest, PeerThatLeftAfterTheCheckDoesNotHangTheOthers) {
   const int r = world_rank();
   std::string msg;
   MPI_Barrier(MPI_COMM_WORLD);
   try {
     launch(mpi_opts(r == 0 ? 200 : 1000), [&](Communicator& world) {
-      std::vector<float> x(16, 1.f), y(16);
+      constexpr int n = 20000;
+      std::vector<float> x(n, 1.f), y(n);
       if (world.rank() == 3) std::this_thread::sleep_for(std::chrono::milliseconds(500));
       try {
-        world.all_reduce(x.data(), y.data(), 16, DType::F32, ReduceOp::Sum);
+        world.all_reduce(x.data(), y.data(), n, DType::F32, ReduceOp::Sum);
       } catch (const CommError& e) {
         if (world.rank() != 0) throw;
         msg = e.what();  // device 0 carries on without the collective

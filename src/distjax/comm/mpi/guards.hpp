@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "distjax/comm/mpi/flight_records.hpp"
 #include "distjax/core/error.hpp"
 
 namespace distjax::comm::mpi::guards {
@@ -155,27 +156,43 @@ inline constexpr std::chrono::milliseconds kAbortGrace{100};
 
 enum class WaitResult { Done, TimedOut, Aborted };
 
-/// Polls reqs until all complete (done[i] turns 1 as request i does), the deadline
-/// passes, or an abort notice arrives. Completed requests become MPI_REQUEST_NULL.
-inline WaitResult poll(MPI_Request* reqs, int* done, std::size_t n, Clock::time_point deadline,
-                       const char* op, int device) {
+/// Calls done() until it returns true (WaitResult::Done), the deadline passes, or an
+/// abort notice arrives. done() is looked at on every spin: a reply usually comes within
+/// a few, so the clock, the abort channel and peers' flight-record queries are looked at
+/// only every 64th spin, and the core is given away (it may be shared with the other
+/// ranks) only after kPollSpins.
+inline constexpr unsigned kPollSpins = 256;
+template <class Done>
+WaitResult poll_until(Done&& done, Clock::time_point deadline) {
   bool aborted = false;
-  for (int spins = 0;; ++spins) {
-    bool all = true;
-    for (std::size_t i = 0; i < n; ++i) {
-      if (done[i]) continue;
-      check(MPI_Test(&reqs[i], &done[i], MPI_STATUS_IGNORE), op, device);
-      all = all && done[i];
-    }
-    if (all) return WaitResult::Done;
+  for (unsigned spins = 1;; ++spins) {
+    if (done()) return WaitResult::Done;
+    if (spins < kPollSpins && (spins & 63) != 0) continue;
     if ((spins & 63) == 0) flight_serve();  // peers diagnosing a timeout ask us
     if (!aborted && poll_abort() != nullptr) {
       aborted = true;
       deadline = std::min(deadline, Clock::now() + kAbortGrace);
     }
     if (Clock::now() > deadline) return aborted ? WaitResult::Aborted : WaitResult::TimedOut;
-    if (spins > 256) std::this_thread::yield();
+    if (spins >= kPollSpins) std::this_thread::yield();
   }
+}
+
+/// Polls reqs until all complete (done[i] turns 1 as request i does), the deadline
+/// passes, or an abort notice arrives. Completed requests become MPI_REQUEST_NULL.
+inline WaitResult poll(MPI_Request* reqs, int* done, std::size_t n, Clock::time_point deadline,
+                       const char* op, int device) {
+  return poll_until(
+      [&] {
+        bool all = true;
+        for (std::size_t i = 0; i < n; ++i) {
+          if (done[i]) continue;
+          check(MPI_Test(&reqs[i], &done[i], MPI_STATUS_IGNORE), op, device);
+          all = all && done[i];
+        }
+        return all;
+      },
+      deadline);
 }
 
 /// Waits for one nonblocking call made while setting up a communicator; throws
