@@ -131,8 +131,8 @@ class Communicator {
   /// request completes (Request::wait(), or test() returning true); the buffers must stay
   /// alive and untouched until then. Under MPI they are MPI_Iallreduce, MPI_Iallgather
   /// and MPI_Ireduce_scatter_block (an all-reduce of at most 1 KiB: point-to-point
-  /// messages that also carry the per-call check); on the threads backend a per-group worker of this
-  /// device runs them in the background. Several may be in flight on one group and be
+  /// messages that also carry the per-call check); on the threads backend a per-group
+  /// worker of this device runs them in the background. Several may be in flight on one group and be
   /// waited on in any order. Ordering: like every collective (NCCL, MPI), they are
   /// matched across devices by the order in which each device ISSUES them on a group, so
   /// every device must issue the same sequence of collectives (blocking and nonblocking

@@ -256,7 +256,8 @@ class MpiCommunicator final : public CommunicatorImpl,
                  .bytes_received = t.received,
                  .seconds = s,
                  .wait_seconds = s});
-    if (stats_->record_spans) stats_->spans.push_back({OpKind::AllReduce, issued, end, end, t.sent});
+    if (stats_->record_spans)
+      stats_->spans.push_back({OpKind::AllReduce, issued, end, end, t.sent});
   }
   void all_gather(const Buffer& send, const Buffer& recv) override {
     iall_gather(send, recv).wait();
