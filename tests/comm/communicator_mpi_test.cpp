@@ -244,6 +244,28 @@ TEST_F(MpiTest, MismatchInAGroupOfThree) {
   }
 }
 
+// The same group of 3 with its extra device missing: device 0 waits for it to fold in,
+// device 1 for device 0; both time out naming device 2.
+TEST_F(MpiTest, MissingDeviceInAGroupOfThree) {
+  std::string msg;
+  MPI_Barrier(MPI_COMM_WORLD);
+  try {
+    launch(mpi_opts(500), [](Communicator& world) {
+      Communicator three = world.split(world.rank() == 3 ? 1 : 0, world.rank());
+      if (world.rank() >= 2) return;
+      std::vector<float> x(4, 1.f), y(4);
+      three.all_reduce(x.data(), y.data(), 4, DType::F32, ReduceOp::Sum);
+    });
+  } catch (const CommError& e) {
+    msg = e.what();
+  }
+  if (world_rank() < 2) {
+    EXPECT_TRUE(has(msg, "[all_reduce] timed out after 500 ms at call #0 of group (0,1,2)"))
+        << msg;
+    EXPECT_TRUE(names_missing(msg, 2)) << msg;
+  }
+}
+
 // Fast mode: small all-reduces still carry their descriptor hash (it rides on their own
 // messages), so two that differ only in their reduce op fail at once on every device.
 TEST_F(MpiTest, FastModeSmallAllReduceMismatchFailsAtOnce) {
