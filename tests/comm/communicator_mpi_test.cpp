@@ -163,6 +163,49 @@ TEST_F(MpiTest, SmallAllReduceEveryDtypeOpAndGroupSize) {
   }
 }
 
+// Requests in flight are waited on in different orders on different devices, across two
+// groups too: each must progress while a device waits on another (MPI's nonblocking
+// collectives do; so must the exchanges of small all-reduces and of the check).
+TEST_F(MpiTest, NonblockingWaitedInOtherOrdersOnOtherDevices) {
+  for (bool check : {true, false}) {
+    LaunchOptions o = mpi_opts(5000);
+    o.check_collectives = check;
+    for (std::int64_t count : {1, 20000}) {
+      launch(o, [&](Communicator& world) {
+        Communicator pair = world.split(world.rank() / 2, world.rank());
+        const int r = world.rank();
+        std::vector<float> x = testing::inputs_f32(r, count), a(count), b(count), p(count);
+        std::vector<float> g(4 * count);
+        Request ra = world.iall_reduce(x.data(), a.data(), count, DType::F32, ReduceOp::Sum);
+        Request rb = world.iall_reduce(x.data(), b.data(), count, DType::F32, ReduceOp::Max);
+        Request rg = world.iall_gather(x.data(), g.data(), count, DType::F32);
+        Request rp = pair.iall_reduce(x.data(), p.data(), count, DType::F32, ReduceOp::Sum);
+        if (r % 2 == 0) {
+          ra.wait();
+          rb.wait();
+          rg.wait();
+          rp.wait();
+        } else {
+          rp.wait();
+          rg.wait();
+          rb.wait();
+          ra.wait();
+        }
+        const auto want = testing::host_sum_f32(world.group(), count);
+        const auto want_pair = testing::host_sum_f32(pair.group(), count);
+        for (std::int64_t i = 0; i < count; ++i) {
+          ASSERT_NEAR(a[i], want[i], 1e-3 + 1e-5 * std::abs(want[i])) << i;
+          ASSERT_NEAR(p[i], want_pair[i], 1e-3 + 1e-5 * std::abs(want_pair[i])) << i;
+          float m = testing::input_f32(0, i);
+          for (int d = 1; d < 4; ++d) m = std::max(m, testing::input_f32(d, i));
+          ASSERT_EQ(b[i], m) << i;
+          for (int d = 0; d < 4; ++d) ASSERT_EQ(g[d * count + i], testing::input_f32(d, i));
+        }
+      });
+    }
+  }
+}
+
 TEST_F(MpiTest, SplitRowsAndColumns) {
   launch(mpi_opts(), [](Communicator& world) {
     const int r = world.rank();

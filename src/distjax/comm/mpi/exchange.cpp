@@ -39,6 +39,7 @@ void Exchange::start(MPI_Comm comm, int rank, int size, int tag, std::uint64_t h
   mine_.w[1] = ~hash;
   if (payload_bytes > 0) std::memcpy(mine_.data, payload, payload_bytes);
   step_ = nsteps_ = 0;
+  rc_ = MPI_SUCCESS;
   int pof2 = 1;
   while (pof2 <= size / 2) pof2 *= 2;
   const int rem = size - pof2;
@@ -55,21 +56,19 @@ void Exchange::start(MPI_Comm comm, int rank, int size, int tag, std::uint64_t h
 void Exchange::post_step() {
   const Step& s = steps_[step_];
   if (s.role != Role::SendResult)
-    guards::check(MPI_Irecv(&theirs_, sizeof(Msg), MPI_BYTE, s.peer, tag_, comm_, &req_[0]),
-                  name_, device_);
+    check(MPI_Irecv(&theirs_, sizeof(Msg), MPI_BYTE, s.peer, tag_, comm_, &req_[0]));
   if (s.role != Role::FoldIn)
-    guards::check(MPI_Isend(&mine_, bytes_, MPI_BYTE, s.peer, tag_, comm_, &req_[1]), name_,
-                  device_);
+    check(MPI_Isend(&mine_, bytes_, MPI_BYTE, s.peer, tag_, comm_, &req_[1]));
 }
 
 bool Exchange::test_step() {
   int flag = 1;
   if (req_[0] != MPI_REQUEST_NULL) {
-    guards::check(MPI_Test(&req_[0], &flag, &status_), name_, device_);
+    check(MPI_Test(&req_[0], &flag, &status_));
     if (!flag) return false;
   }
   if (req_[1] != MPI_REQUEST_NULL) {
-    guards::check(MPI_Test(&req_[1], &flag, MPI_STATUS_IGNORE), name_, device_);
+    check(MPI_Test(&req_[1], &flag, MPI_STATUS_IGNORE));
     if (!flag) return false;
   }
   return true;

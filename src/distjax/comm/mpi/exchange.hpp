@@ -51,12 +51,23 @@ class Exchange {
   /// A nonblocking look: completes the steps whose messages arrived and posts the next;
   /// true once the exchange is done. Throws CommError on an MPI error.
   bool progress() {
+    if (rc_ != MPI_SUCCESS) guards::check(rc_, name_, device_);  // failed in try_progress
     while (step_ < nsteps_) {
       if (!test_step()) return false;
       finish_step();
       if (++step_ < nsteps_) post_step();
     }
     return true;
+  }
+  /// progress() for the background (guards::Pending): never throws; an MPI error is kept
+  /// for the owner's progress() to throw.
+  bool try_progress() noexcept {
+    if (rc_ != MPI_SUCCESS) return false;
+    try {
+      return progress();
+    } catch (...) {
+      return false;
+    }
   }
   /// After progress() returned true: whether every rank's hash (and length) matched.
   bool agreed() const { return mine_.w[0] == ~mine_.w[1]; }
@@ -75,6 +86,12 @@ class Exchange {
     Role role;
   };
 
+  /// Keeps a failed MPI call's code and throws CommError with MPI's message.
+  void check(int rc) {
+    if (rc == MPI_SUCCESS) return;
+    rc_ = rc;
+    guards::check(rc, name_, device_);
+  }
   bool test_step();
   void finish_step();
   void post_step();
@@ -86,6 +103,7 @@ class Exchange {
   const char* name_ = "";
   int device_ = 0;
   int step_ = 0, nsteps_ = 0;
+  int rc_ = MPI_SUCCESS;  // the first MPI error
   Step steps_[34];  // fold-in, up to 32 doubling steps, send-result
   MPI_Request req_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  // receive, send
   MPI_Status status_;

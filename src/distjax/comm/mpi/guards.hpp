@@ -156,17 +156,59 @@ inline constexpr std::chrono::milliseconds kAbortGrace{100};
 
 enum class WaitResult { Done, TimedOut, Aborted };
 
+// ---------------------------------------------------------------- pending calls
+/// A call in flight that advances only when this process polls it: the later steps of
+/// an exchange (exchange.hpp), a data operation posted once its check passed. Every wait
+/// advances all of them (advance_pending), as MPI progresses its own nonblocking
+/// collectives, so requests waited on in different orders on different devices, or on
+/// different groups, do not wait on each other. advance() never throws and never blocks;
+/// what fails is left for the call's own wait to report.
+struct Pending {
+  virtual void advance() noexcept = 0;
+  bool registered = false;
+
+ protected:
+  ~Pending() = default;
+};
+/// The calls of this process that are in flight and need advancing (only the device's
+/// thread touches them: one device per process).
+inline std::vector<Pending*>& pending() {
+  static auto* p = new std::vector<Pending*>();
+  return *p;
+}
+inline void add_pending(Pending* c) {
+  if (c->registered) return;
+  c->registered = true;
+  pending().push_back(c);
+}
+inline void remove_pending(Pending* c) {
+  if (!c->registered) return;
+  c->registered = false;
+  auto& p = pending();
+  p.erase(std::find(p.begin(), p.end(), c));
+}
+/// Advances every pending call (advance() may remove the call from the list).
+inline void advance_pending() {
+  auto& p = pending();
+  for (std::size_t i = 0; i < p.size();) {
+    Pending* c = p[i];
+    c->advance();
+    if (i < p.size() && p[i] == c) ++i;
+  }
+}
+
 /// Calls done() until it returns true (WaitResult::Done), the deadline passes, or an
 /// abort notice arrives. done() is looked at on every spin: a reply usually comes within
 /// a few, so the clock, the abort channel and peers' flight-record queries are looked at
 /// only every 64th spin, and the core is given away (it may be shared with the other
-/// ranks) only after kPollSpins.
+/// ranks) only after kPollSpins. Meanwhile it advances the other pending calls.
 inline constexpr unsigned kPollSpins = 256;
 template <class Done>
 WaitResult poll_until(Done&& done, Clock::time_point deadline) {
   bool aborted = false;
   for (unsigned spins = 1;; ++spins) {
     if (done()) return WaitResult::Done;
+    if (!pending().empty()) advance_pending();
     if (spins < kPollSpins && (spins & 63) != 0) continue;
     if ((spins & 63) == 0) flight_serve();  // peers diagnosing a timeout ask us
     if (!aborted && poll_abort() != nullptr) {

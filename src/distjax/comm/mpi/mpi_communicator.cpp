@@ -161,6 +161,7 @@ class MpiCommunicator final : public CommunicatorImpl,
       call->xchg = std::make_shared<Exchange>();
       start_small(*call->xchg, call->desc, send, op);
       call->finish.push_back([x = call->xchg, recv, op, this] { finish_small(*x, recv, op); });
+      add_pending(call.get());
       return Request(std::make_unique<CollectiveRequest>(shared_from_this(), std::move(call)));
     }
     const bool in_place = send.data == recv.data;
@@ -341,6 +342,15 @@ class MpiCommunicator final : public CommunicatorImpl,
     // Always the full descriptor exchange: MPI_Comm_split only exists in blocking form,
     // so every rank must know the others are entering it.
     agree(call->desc, Clock::now() + opts_.timeout);
+    // MPI_Comm_split is a collective on comm_ too: after every earlier data operation.
+    const WaitResult w = poll_until(
+        [this] {
+          post_ready();
+          return unposted_.empty();
+        },
+        Clock::now() + opts_.timeout);
+    if (w != WaitResult::Done)
+      fail(w == WaitResult::Aborted ? abort_message(call->desc) : diagnose(call->desc, true));
     call->arrived = Clock::now();
     MPI_Comm sub;
     const int rc = guarded(opts_.timeout, blocked_message("split", "MPI_Comm_split", global_,
@@ -401,6 +411,7 @@ class MpiCommunicator final : public CommunicatorImpl,
     }
     bool test() override {
       if (r_ == MPI_REQUEST_NULL) return true;
+      advance_pending();  // pending collectives too, as a wait would
       int flag = 0;
       check(MPI_Test(&r_, &flag, MPI_STATUS_IGNORE), is_send_ ? "isend" : "irecv", c_.global_);
       return flag != 0;
@@ -418,8 +429,16 @@ class MpiCommunicator final : public CommunicatorImpl,
  private:
   /// One collective in flight: its flight-record entry, the MPI requests of the data
   /// (up to two: permute's receive and send) and of the check, and what to do on
-  /// completion. Shared by the request and the communicator.
-  struct Call {
+  /// completion. Shared by the request and the communicator. Pending (guards.hpp) while
+  /// its exchange or the posting of its data needs this process to advance it.
+  struct Call final : Pending {
+    explicit Call(MpiCommunicator* c) : owner(c) {}
+    ~Call() {
+      remove_pending(this);
+      if (post) owner->forget_unposted(*this);
+    }
+    void advance() noexcept override { owner->advance_call(*this); }
+    MpiCommunicator* owner;  // kept alive by the request, which outlives the call's wait
     detail::CallDesc desc;
     OpKind kind = OpKind::Barrier;
     detail::Traffic traffic;
@@ -434,6 +453,7 @@ class MpiCommunicator final : public CommunicatorImpl,
     /// Posts the data operation into data[] (kept until posted: after the check, unless
     /// the call is staged).
     std::function<int(MPI_Request*)> post;
+    int post_rc = MPI_SUCCESS;  // of a post made by advance_call
     std::vector<std::function<void()>> finish;  // after the data arrived, in order
     bool finished = false;
     std::uint64_t seq() const { return desc.seq; }
@@ -505,7 +525,7 @@ class MpiCommunicator final : public CommunicatorImpl,
   /// the next sequence number (desc was made with it) and records it.
   std::shared_ptr<Call> begin(const detail::CallDesc& desc, const detail::Traffic& traffic) {
     if (failed_) throw CommError(failure_);
-    auto c = std::make_shared<Call>();
+    auto c = std::make_shared<Call>(this);
     c->desc = desc;
     c->kind = static_cast<OpKind>(desc.op);
     c->traffic = traffic;
@@ -559,9 +579,10 @@ class MpiCommunicator final : public CommunicatorImpl,
     return {Buffer{st->send.data(), send.count, t, {}}, Buffer{st->recv.data(), recv.count, t, {}}};
   }
 
-  /// Posts the check (when on) and the data operation (`post`, if any: at once when the
-  /// check is off or the call is staged, otherwise once the check passed), and returns
-  /// the request of the call.
+  /// Starts the check (when on) and queues the data operation (`post`, if any: posted at
+  /// once when the check is off or the call is staged, otherwise once the check passed,
+  /// in both cases after every earlier call's, see post_ready), and returns the request
+  /// of the call.
   Request start(std::shared_ptr<Call> c, std::function<int(MPI_Request*)> post) {
     if (checking()) {
       c->xchg = std::make_shared<Exchange>();
@@ -569,14 +590,63 @@ class MpiCommunicator final : public CommunicatorImpl,
                      nullptr, 0, DType::F32, ReduceOp::Sum, op_kind_name(c->kind), global_);
     }
     c->post = std::move(post);
-    if (c->post && (!checking() || c->scratch)) post_data(*c);
+    if (c->post) {
+      unposted_.push_back(c.get());
+      post_ready();
+    }
+    if (c->xchg || c->post) add_pending(c.get());
     return Request(std::make_unique<CollectiveRequest>(shared_from_this(), std::move(c)));
   }
 
-  void post_data(Call& c) {
-    auto post = std::move(c.post);
+  /// Whether call c's data operation may be posted as far as c goes: its check passed,
+  /// or it runs on staged copies alongside the check.
+  static bool may_post(const Call& c) { return !c.xchg || c.has_arrived || c.scratch; }
+
+  /// Posts the queued data operations that may be, in issue order: MPI matches the
+  /// collectives of a communicator by the order in which each rank posts them, so no
+  /// call posts before an earlier one of its group (an earlier call waiting for its check
+  /// holds the later ones back; every wait advances that check, see Pending). An MPI
+  /// error is kept in the call, for its wait to throw.
+  void post_ready() noexcept {
+    while (!unposted_.empty() && may_post(*unposted_.front())) {
+      Call& c = *unposted_.front();
+      unposted_.pop_front();
+      auto post = std::move(c.post);
+      c.post = nullptr;
+      c.post_rc = post(c.data);
+    }
+  }
+  void forget_unposted(Call& c) {
+    unposted_.erase(std::remove(unposted_.begin(), unposted_.end(), &c), unposted_.end());
     c.post = nullptr;
-    check(post(c.data), op_kind_name(c.kind), global_);
+  }
+
+  /// Waits until call c's data operation is posted (earlier calls of the group post
+  /// first): false on a timeout or an abort notice, with w telling which.
+  bool wait_posted(Call& c, WaitResult& w) {
+    if (c.post) post_ready();
+    if (!c.post) return true;
+    w = poll_until(
+        [&] {
+          post_ready();
+          return !c.post;
+        },
+        Clock::now() + opts_.timeout);
+    return w == WaitResult::Done;
+  }
+
+  /// Advances call c for another call's wait (Pending): its exchange, then the posting of
+  /// its data once the check passed. A disagreement or an MPI error is left for c's own
+  /// wait to report.
+  void advance_call(Call& c) noexcept {
+    if (c.finished || failed_) return;
+    if (c.xchg && !c.has_arrived) {
+      if (!c.xchg->try_progress() || !c.xchg->agreed()) return;
+      c.arrived = Clock::now();
+      c.has_arrived = true;
+      post_ready();
+    }
+    if (!c.post) remove_pending(&c);  // MPI progresses the data operation by itself
   }
 
   /// A collective in flight.
@@ -611,6 +681,8 @@ class MpiCommunicator final : public CommunicatorImpl,
     if (c.scratch) graveyard().push_back(c.scratch);
     if (c.xchg) graveyard().push_back(c.xchg);
     c.finished = true;
+    remove_pending(&c);
+    if (c.post) forget_unposted(c);
   }
 
   /// Waits for call c: its check (a mismatch fails the group with every device's
@@ -638,9 +710,13 @@ class MpiCommunicator final : public CommunicatorImpl,
       }
       arrive(c);
     }
-    if (c.post) post_data(c);
-    std::array<int, 2> done{c.data[0] == MPI_REQUEST_NULL, c.data[1] == MPI_REQUEST_NULL};
     WaitResult w;
+    if (!wait_posted(c, w)) {
+      abandon(c);
+      fail(w == WaitResult::Aborted ? abort_message(c.desc) : diagnose(c.desc, true));
+    }
+    check(c.post_rc, name, global_);
+    std::array<int, 2> done{c.data[0] == MPI_REQUEST_NULL, c.data[1] == MPI_REQUEST_NULL};
     try {
       w = poll(c.data, done.data(), 2, Clock::now() + opts_.timeout, name, global_);
     } catch (const CommError& e) {  // an MPI error: a mismatched program, or a real one
@@ -660,11 +736,14 @@ class MpiCommunicator final : public CommunicatorImpl,
       abandon(c);
       throw CommError(failure_);
     }
+    advance_pending();  // the others too, as a wait would
     if (c.xchg && !c.has_arrived) {
       if (!c.xchg->progress()) return false;
       arrive(c);
     }
-    if (c.post) post_data(c);
+    post_ready();
+    if (c.post) return false;  // behind an earlier call of the group
+    check(c.post_rc, op_kind_name(c.kind), global_);
     for (MPI_Request& r : c.data) {
       int flag = 1;
       if (r != MPI_REQUEST_NULL)
@@ -695,6 +774,7 @@ class MpiCommunicator final : public CommunicatorImpl,
   }
 
   void complete(Call& c) {
+    remove_pending(&c);
     for (auto& f : c.finish) f();
     c.finished = true;
     ++records_->completed;
@@ -883,6 +963,7 @@ class MpiCommunicator final : public CommunicatorImpl,
   MPI_Comm check_comm_ = MPI_COMM_NULL;  // agree(): descriptors
   MPI_Comm xchg_comm_ = MPI_COMM_NULL;   // exchanges: hashes and small all-reduces
   std::shared_ptr<Exchange> hot_ = std::make_shared<Exchange>();  // blocking small all-reduce
+  std::deque<Call*> unposted_;  // calls whose data operation waits to be posted, in order
   static constexpr std::chrono::microseconds kAbortLook{100};
   Clock::time_point abort_looked_{};  // the blocking small all-reduce's last look
   LaunchOptions opts_;
