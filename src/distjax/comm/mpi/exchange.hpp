@@ -31,7 +31,8 @@ void check(int rc, const char* op, int device);
 /// rank - 2^k and receives the result from it). A message of another length than this
 /// rank's (a different call with the same sequence number) counts as a disagreement.
 ///
-/// Steps advance only in progress(), which never blocks. The memory MPI reads and writes
+/// Steps advance only in progress(), which never blocks (the communicator makes a call
+/// with an exchange in flight guards::Pending, so that every wait advances it). The memory MPI reads and writes
 /// is the object's own: one given up on must be kept alive (guards::graveyard) or
 /// finished, never destroyed with requests pending.
 class Exchange {
