@@ -1,7 +1,8 @@
 // The MPI backend's guards against silent hangs, shared by its communicator and launch
 // (private to src/distjax/comm/mpi): the watchdog that aborts a job blocked in a call MPI
 // only has in blocking form, the process-wide abort channel on which a failing process
-// tells the others, and the deadline-polled waits that listen to it.
+// tells the others, and the deadline-polled waits that listen to it and advance the
+// calls in flight that only advance when polled.
 #pragma once
 
 #define OMPI_SKIP_MPICXX 1
