@@ -193,10 +193,11 @@ config::TrainConfig prepare_program(config::TrainConfig c, const std::string& so
                 c.run.program, "] distributed.mixed_precision = \"",
                 config::mixed_precision_name(c.distributed.mixed_precision),
                 "\" is not implemented yet; use \"no\"");
-  DISTJAX_CHECK(c.distributed.pipeline_parallel_size == 1 || c.run.program == "pipeline_parallelism",
+  DISTJAX_CHECK(c.distributed.pipeline_parallel_size == 1 || c.run.program == "pipeline_parallelism" ||
+                    c.run.program == "gpt",
                 NotImplemented, "[", c.run.program, "] pipeline_parallel_size = ",
                 c.distributed.pipeline_parallel_size,
-                ": this program has no pipeline; run.program = \"pipeline_parallelism\" has");
+                ": this program has no pipeline (\"gpt\" and \"pipeline_parallelism\" have)");
   if (c.distributed.is_main_process() && (c.run.resume || c.run.checkpoint_every > 0))
     std::printf(
         "Note: checkpoints are not written yet; run.resume and run.checkpoint_every "

@@ -24,6 +24,7 @@ struct RunConfig {
   std::int64_t checkpoint_every = 0;  ///< steps between checkpoints; 0 = none
   bool resume = false;                ///< continue from the latest checkpoint in out_dir
   std::int64_t seed = 0;              ///< initialisation, shuffling, dropout
+  bool timeline = false;              ///< write out_dir/timeline.json (Chrome trace) of the last step
 };
 
 /// [model]: the classifier's and the GPT's sizes (each program reads its own).
