@@ -1,0 +1,181 @@
+// Checkpoints: a directory per saved step with a JSON index and safetensors files of the
+// shards, written atomically by the devices that own them, and loaded (resharded) onto any
+// mesh, spec and strategy. Format and guarantees: docs/checkpoints.md.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "distjax/core/dtype.hpp"
+#include "distjax/core/prng.hpp"
+#include "distjax/core/shape.hpp"
+#include "distjax/mesh/partition_spec.hpp"
+#include "distjax/nn/scope.hpp"
+#include "distjax/train/train_state.hpp"
+
+namespace distjax::spmd {
+class DeviceContext;
+}
+
+namespace distjax::train {
+
+/// Where a run's data stream stands: data::LoaderPosition's fields (kept as plain numbers
+/// so that `train` does not depend on `data`). A run that samples batches from the step's
+/// key needs only the step, and leaves this at zero.
+struct DataPosition {
+  std::int64_t epoch = 0;
+  std::int64_t batch = 0;
+  friend bool operator==(const DataPosition&, const DataPosition&) = default;
+};
+
+/// How this device holds the state it saves or loads into.
+///  - `ctx`: the device inside shard_map (null: one device, no mesh; every leaf is whole);
+///  - `specs`: each parameter's PartitionSpec on ctx's mesh (absent paths, or a null
+///    pointer: replicated); optimizer-state leaves "<slot>/<path>" take <path>'s spec;
+///  - `strategy`: converts the optimizer state to and from the layout of the parameters
+///    (parallel::Strategy::opt_state_to_param_layout; ZeRO-1/2 keeps flat chunks). Null:
+///    the state already has the parameters' layout (one device, data, tensor parallel,
+///    FSDP through nn::Scope::fully_sharded).
+struct CheckpointLayout {
+  spmd::DeviceContext* ctx = nullptr;
+  const nn::ParamSpecs* specs = nullptr;
+  parallel::Strategy* strategy = nullptr;
+};
+
+/// Options of save_checkpoint.
+struct SaveOptions {
+  DataPosition data{};             ///< recorded as "data_position"
+  std::string config = "{}";       ///< the run's configuration as JSON text, recorded as is
+  int keep_last = 0;               ///< delete older step directories beyond this many (0: keep all)
+  /// Fault injection for tests: called on every device with the stage the save reached:
+  /// "shards_written" (this device's file is on disk, in the temporary directory),
+  /// "index_written" (main device: index.json written, directory not renamed yet),
+  /// "renamed" (main device: step directory in place, `latest` not updated yet).
+  std::function<void(const std::string& stage)> fault_hook{};
+};
+
+/// What a checkpoint holds besides the arrays (from its index).
+struct CheckpointMeta {
+  std::string path;  ///< the step directory
+  std::int64_t step = 0;
+  Key rng{};
+  DataPosition data{};
+  std::string config = "{}";  ///< JSON text
+};
+
+/// One saved block of a tensor: elements [offset, offset + shape) of the global array,
+/// stored under the tensor's name in `file`.
+struct CheckpointBlock {
+  std::string file;
+  Shape offset;
+  Shape shape;
+};
+
+/// One tensor of a checkpoint: "params/<path>" or "opt_state/<slot>/<path>".
+struct CheckpointTensor {
+  std::string name;
+  Shape shape;  ///< global
+  DType dtype = DType::F32;
+  mesh::PartitionSpec spec;  ///< on the saver's mesh
+  std::vector<CheckpointBlock> blocks;
+};
+
+/// The parsed index.json of a step directory.
+struct CheckpointIndex {
+  CheckpointMeta meta;
+  std::vector<int> mesh_shape;  ///< empty: saved by one device without a mesh
+  std::vector<std::string> mesh_axis_names;
+  std::vector<std::string> files;
+  std::vector<CheckpointTensor> tensors;  ///< in name order
+};
+
+/// Saves `state` as DIR/step_<step, 8 digits>/ (index.json + device_<d>.safetensors) and
+/// points DIR/latest at it. Called by every device of the layout's mesh (a collective over
+/// ctx.world(): ZeRO's state is all-gathered, and the devices meet twice); each device
+/// writes only the blocks it owns, a block replicated along some mesh axes by the device
+/// with coordinate 0 along them. Atomic: the files are written and fsynced in
+/// DIR/step_<n>.tmp/, which the main device (device 0) renames once every device has
+/// written; a crash before leaves the previous checkpoint as it was. An error on any
+/// device is raised on every device with that device's message. Returns the step
+/// directory.
+///
+///   train::CheckpointLayout layout{&ctx, &specs, &strategy};
+///   train::save_checkpoint("runs/gpt/checkpoints", state, layout,
+///                          {.data = {pos.epoch, pos.batch}, .keep_last = 3});
+std::string save_checkpoint(const std::string& dir, const TrainState& state,
+                            const CheckpointLayout& layout, const SaveOptions& options = {});
+
+/// The step directory to load from `dir`: `dir` itself when it holds index.json, else the
+/// complete step_<n> directory with the highest n (a directory gets its final name only
+/// once complete; temporary step_<n>.tmp directories are never chosen; dir/latest names
+/// the same directory, for people and tools). nullopt when there is none.
+std::optional<std::string> find_checkpoint(const std::string& dir);
+
+/// Loads the checkpoint `path` (a step directory, or a run's checkpoint directory as in
+/// find_checkpoint) into `state`, whose params and opt_state give the layout wanted: the
+/// paths, dtypes and this device's local shapes (e.g. TrainState::create on the current
+/// mesh and strategy). Every leaf is replaced by its block of the saved global array
+/// (the current spec's block on the current mesh, whatever mesh and spec saved it): the
+/// device reads only the parts of the saved blocks that overlap it. step and rng are
+/// restored. Called by every device (a collective, as save_checkpoint). Errors (IoError,
+/// InvalidArgument) name the file and what is wrong: a missing file, a bad header
+/// length, a header that is not JSON, data_offsets beyond the file, a missing tensor, a
+/// global shape or dtype different from the state's. Tensors of the checkpoint that the
+/// state has no leaf for are ignored (loading parameters only is state.opt_state empty).
+CheckpointMeta load_checkpoint(const std::string& path, TrainState& state,
+                               const CheckpointLayout& layout);
+
+/// Reads and checks `path`/index.json (path as in load_checkpoint).
+CheckpointIndex read_checkpoint_index(const std::string& path);
+
+/// Prints the index of the checkpoint at `path` (as in load_checkpoint): step, mesh, rng,
+/// data position, then one line per tensor with its name, global shape, dtype, spec and
+/// the files holding its blocks. What `distjax ckpt inspect DIR` shows.
+void inspect_checkpoint(const std::string& path, std::ostream& os);
+
+/// Options of a Checkpointer (what a training run configures).
+struct CheckpointConfig {
+  std::string dir;            ///< where step directories go; empty: no checkpoints
+  std::int64_t every = 0;     ///< save when state.step is a multiple of this (0: only at the end)
+  int keep_last = 0;          ///< see SaveOptions::keep_last
+  bool resume = false;        ///< restore() loads the latest checkpoint of dir when there is one
+  std::string config = "{}";  ///< the run's configuration (JSON text), saved in the index
+};
+
+/// The checkpoint policy of a run, next to its Trainer: restore at the start (--resume),
+/// save every N steps and at the end. Every device calls it (it is collective).
+///
+///   train::Checkpointer ckpt({.dir = out + "/checkpoints", .every = 100, .resume = resume},
+///                            {&ctx, &specs, &strategy});
+///   if (auto pos = ckpt.restore(state)) loader.seek({pos->epoch, pos->batch});
+///   while (state.step < steps) {
+///     trainer.step(state, loader.next());
+///     ckpt.maybe_save(state, {loader.position().epoch, loader.position().batch});
+///   }
+///   ckpt.save(state, ...);   // at the end (skipped when this step is saved already)
+class Checkpointer {
+ public:
+  Checkpointer(CheckpointConfig config, CheckpointLayout layout);
+
+  /// With config.resume and a checkpoint in config.dir: loads it into `state` and returns
+  /// the data position to continue from; nullopt otherwise (a fresh run).
+  std::optional<DataPosition> restore(TrainState& state);
+  /// Saves when config.every > 0 and state.step is a multiple of it; returns whether it did.
+  bool maybe_save(const TrainState& state, DataPosition data);
+  /// Saves now unless this step was just saved or restored; returns the step directory
+  /// (empty when no dir is configured or nothing was written).
+  std::string save(const TrainState& state, DataPosition data);
+
+  const CheckpointConfig& config() const { return config_; }
+
+ private:
+  CheckpointConfig config_;
+  CheckpointLayout layout_;
+  std::int64_t last_saved_step_ = -1;
+};
+
+}  // namespace distjax::train
