@@ -153,5 +153,143 @@ TEST(Checkpoint, KeepLastPrunesOlderSteps) {
   EXPECT_EQ(*find_checkpoint(dir), (fs::path(dir) / "step_00000004").string());
 }
 
+// ------------------------------------------------------------ resharding
+
+// The GPT with Megatron tensor parallelism (vocabulary parallel too) over "model", data
+// parallel over every other mesh axis.
+models::TransformerConfig gpt_config() {
+  return {.vocab = 32,
+          .d_model = 32,
+          .num_layers = 2,
+          .num_heads = 8,
+          .mlp_ratio = 2,
+          .max_len = 8,
+          .tp = {.layout = parallel::TPLayout::Megatron, .vocab_parallel = true}};
+}
+
+struct GptRun {
+  models::Transformer model{gpt_config()};
+  optim::Adam opt{{.learning_rate = optim::constant_schedule(0.01)}};
+  std::vector<Batch> batches = testing::random_token_batches(5, 8, 8, 32, 21);
+};
+
+mesh::Axes data_axes(const Mesh& m) {
+  mesh::Axes out;
+  for (const auto& a : m.axis_names())
+    if (a != "model") out.names.push_back(a);
+  return out;
+}
+
+enum class Kind { DataParallel, Zero1, Zero2 };
+
+std::unique_ptr<parallel::Strategy> make_strategy(Kind kind, DeviceContext& ctx, const Mesh& m,
+                                                  const nn::ParamSpecs& specs) {
+  if (kind == Kind::DataParallel)
+    return std::make_unique<parallel::DataParallel>(ctx, data_axes(m), &specs);
+  return std::make_unique<parallel::ZeroDataParallel>(ctx, kind == Kind::Zero1 ? 1 : 2,
+                                                      data_axes(m), &specs);
+}
+
+// On `mesh`: builds the state with `kind`, loads `load_from` when given, else trains
+// batches [0, steps); saves into `save_to` when given; then trains one more step on batch
+// `next` and returns that step's loss.
+double gpt_on_mesh(const GptRun& run, const Mesh& mesh, Kind kind, const std::string& load_from,
+                   int steps, const std::string& save_to, int next) {
+  std::vector<double> loss(static_cast<std::size_t>(mesh.size()));
+  on_mesh(mesh, [&](DeviceContext& ctx) {
+    nn::ParamSpecs specs;
+    TensorTree shards = run.model.init(Key::from_seed(1), &specs, &ctx);
+    auto strategy = make_strategy(kind, ctx, mesh, specs);
+    TrainState state = TrainState::create(shards, run.opt, Key::from_seed(2), *strategy);
+    const CheckpointLayout layout{&ctx, &specs, strategy.get()};
+    const LossFn fn = [&](const TensorTree& p, const Batch& b, Key k) {
+      const nn::Scope scope = nn::Scope::apply(&p, /*train=*/true, k).on(ctx);
+      return std::make_pair(run.model.loss(scope, b.inputs, b.labels), Metrics{});
+    };
+    const mesh::Axes axes = data_axes(mesh);
+    const int n = ctx.axis_size(axes), i = ctx.axis_index(axes);
+    auto local = [&](const Batch& b) {
+      const std::int64_t per = b.size() / n;
+      return b.slice(i * per, (i + 1) * per);
+    };
+    const TrainStepOptions options{.strategy = strategy.get()};
+    if (!load_from.empty()) {
+      load_checkpoint(load_from, state, layout);
+    } else {
+      for (int s = 0; s < steps; ++s)
+        train_step(state, local(run.batches[static_cast<std::size_t>(s)]), fn, run.opt, options);
+    }
+    if (!save_to.empty()) save_checkpoint(save_to, state, layout);
+    const Metrics m =
+        train_step(state, local(run.batches[static_cast<std::size_t>(next)]), fn, run.opt, options);
+    loss[static_cast<std::size_t>(ctx.device())] = m.mean("loss");
+  });
+  return loss[0];
+}
+
+// The whole state of a checkpoint, loaded on one device (global arrays).
+TrainState load_whole(const GptRun& run, const std::string& dir) {
+  TrainState whole = TrainState::create(run.model.init(Key::from_seed(7)), run.opt, Key{});
+  load_checkpoint(dir, whole, {});
+  return whole;
+}
+
+TEST(CheckpointReshard, SavedOn2x2x2LoadsOn1x8And4x2x1) {
+  const GptRun run;
+  const std::string saved = scratch("reshard_a");
+  const Mesh a({2, 2, 2}, {"data", "model", "replica"});
+  // Saved under ZeRO-1 (optimizer state in chunks over data x replica) after 3 steps.
+  const double next_a = gpt_on_mesh(run, a, Kind::Zero1, "", 3, saved, 3);
+  const TrainState ref = load_whole(run, saved);
+  EXPECT_EQ(ref.step, 3);
+  EXPECT_EQ(ref.opt_state.size(), 2 * ref.params.size());  // mu and nu of every parameter
+
+  struct Target {
+    Mesh mesh;
+    Kind kind;
+  };
+  for (const Target& t : {Target{Mesh({1, 8}, {"data", "model"}), Kind::DataParallel},
+                          Target{Mesh({4, 2, 1}, {"data", "model", "replica"}), Kind::Zero2},
+                          Target{Mesh({8, 1}, {"data", "model"}), Kind::DataParallel}}) {
+    SCOPED_TRACE(t.mesh.describe());
+    const std::string again = scratch("reshard_b");
+    // Loaded, saved again at once from the new layout, and trained one step.
+    const double next = gpt_on_mesh(run, t.mesh, t.kind, saved, 0, again, 3);
+    const TrainState back = load_whole(run, again);
+    // Every parameter and every optimizer slot went through the new layout unchanged.
+    expect_bitwise_equal(ref.params, back.params, "params");
+    expect_bitwise_equal(ref.opt_state, back.opt_state, "opt_state");
+    EXPECT_EQ(back.step, 3);
+    // The same next-step loss (the reduction order of the sharded matmuls differs).
+    EXPECT_NEAR(next, next_a, 1e-5 * std::abs(next_a));
+  }
+}
+
+TEST(CheckpointReshard, EachDistinctBlockIsWrittenOnce) {
+  const GptRun run;
+  const std::string dir = scratch("dedup");
+  gpt_on_mesh(run, Mesh({2, 2, 2}, {"data", "model", "replica"}), Kind::DataParallel, "", 1, dir,
+              1);
+  const CheckpointIndex index = read_checkpoint_index(dir);
+  EXPECT_EQ(index.mesh_shape, (std::vector<int>{2, 2, 2}));
+  // Only the devices with data = replica = 0 write: 0 and 2 (model 0 and 1).
+  EXPECT_EQ(index.files, (std::vector<std::string>{"device_00000.safetensors",
+                                                   "device_00002.safetensors"}));
+  for (const CheckpointTensor& t : index.tensors) {
+    const bool sharded = t.spec.uses("model");
+    EXPECT_EQ(t.blocks.size(), sharded ? 2u : 1u) << t.name;
+    std::int64_t elements = 0;
+    for (const auto& b : t.blocks)
+      elements += numel(b.shape);
+    EXPECT_EQ(elements, numel(t.shape)) << t.name;
+  }
+  const auto it = std::find_if(index.tensors.begin(), index.tensors.end(),
+                               [](const auto& t) { return t.name == "params/wte/embedding"; });
+  ASSERT_NE(it, index.tensors.end());
+  EXPECT_EQ(it->spec, mesh::P("model", std::nullopt));
+  EXPECT_EQ(it->blocks[1].offset, (Shape{16, 0}));
+  EXPECT_EQ(it->blocks[1].file, "device_00002.safetensors");
+}
+
 }  // namespace
 }  // namespace distjax::train
