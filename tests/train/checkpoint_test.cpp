@@ -4,6 +4,7 @@
 #include "distjax/train/checkpoint.hpp"
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -289,6 +290,201 @@ TEST(CheckpointReshard, EachDistinctBlockIsWrittenOnce) {
   EXPECT_EQ(it->spec, mesh::P("model", std::nullopt));
   EXPECT_EQ(it->blocks[1].offset, (Shape{16, 0}));
   EXPECT_EQ(it->blocks[1].file, "device_00002.safetensors");
+}
+
+// ------------------------------------------------------------ resuming
+
+// A data-parallel run on ("data"=2) with fully sharded parameters (FSDP over "data"),
+// dropout (the key matters), AdamW with warmup and cosine decay (the step matters) and a
+// shuffling loader split over the replicas (its position matters), checkpointed by a
+// Checkpointer. Returns the loss of every step it ran, by step. A resumed run starts from
+// other initial parameters and key (`seed`): it must take both from the checkpoint.
+std::map<std::int64_t, double> run_with_checkpoints(
+    const CheckpointConfig& config, std::int64_t until,
+    const std::function<void(std::int64_t, double)>& on_step = nullptr) {
+  const std::uint64_t seed = config.resume ? 50 : 1;
+  const models::Classifier model({.in_features = 10, .hidden = 16, .num_classes = 3, .dropout = 0.2f});
+  const optim::AdamW opt({.learning_rate = optim::warmup_cosine_schedule(0.0, 0.01, 3, 60)});
+  const data::ArrayDataset data = data::synthetic_classification(40, 10, 3, Key::from_seed(5));
+  const nn::FullySharded fsdp{.axis = "data", .min_weight_size = 32};
+  std::map<std::int64_t, double> losses;
+  on_mesh(Mesh({2}, {"data"}), [&](DeviceContext& ctx) {
+    nn::ParamSpecs specs;
+    TensorTree params = model.init(Key::from_seed(seed), &specs, &ctx, &fsdp);
+    parallel::DataParallel dp(ctx, "data", &specs);
+    TrainState state = TrainState::create(params, opt, Key::from_seed(seed + 1), dp);
+    data::DataLoader loader(data, {.batch_size = 8, .seed = 3, .num_shards = 2,
+                                   .shard_index = ctx.axis_index("data")});
+    Checkpointer ckpt(config, {&ctx, &specs, &dp});
+    if (auto pos = ckpt.restore(state)) loader.seek({pos->epoch, pos->batch});
+    const LossFn fn = [&](const TensorTree& p, const Batch& b, Key k) {
+      const nn::Scope scope = nn::Scope::apply(&p, /*train=*/true, k).on(ctx).fully_sharded(fsdp);
+      return std::make_pair(tensor::mean(tensor::cross_entropy(model(scope, b.inputs), b.labels)),
+                            Metrics{});
+    };
+    auto position = [&] { return DataPosition{loader.position().epoch, loader.position().batch}; };
+    while (state.step < until) {
+      const Metrics m = train_step(state, loader.next(), fn, opt, {.strategy = &dp});
+      if (ctx.device() == 0) {
+        losses[state.step] = m.mean("loss");
+        if (on_step) on_step(state.step, m.mean("loss"));
+      }
+      ckpt.maybe_save(state, position());
+    }
+    ckpt.save(state, position());
+  });
+  return losses;
+}
+
+TEST(CheckpointResume, ResumedRunMatchesUninterrupted) {
+  const auto whole = run_with_checkpoints({}, 14);
+  const std::string dir = scratch("resume");
+  // Interrupted after step 8; checkpoints at 3, 6 and (at the end) 8.
+  const auto first = run_with_checkpoints({.dir = dir, .every = 3}, 8);
+  EXPECT_EQ(*find_checkpoint(dir), (fs::path(dir) / "step_00000008").string());
+  fs::remove_all(fs::path(dir) / "step_00000008");  // as if killed between 6 and 8
+  const auto second = run_with_checkpoints({.dir = dir, .every = 3, .resume = true}, 14);
+  ASSERT_EQ(second.begin()->first, 7);  // resumed from step 6
+  for (const auto& [step, loss] : second)
+    EXPECT_EQ(loss, whole.at(step)) << "step " << step;
+  for (const auto& [step, loss] : first)
+    EXPECT_EQ(loss, whole.at(step)) << "step " << step;
+  // The data position is saved: after 6 steps of 8 from 40 examples (5 batches an
+  // epoch), epoch 1, batch 1.
+  const std::string other = scratch("resume_other");
+  run_with_checkpoints({.dir = other, .every = 6}, 6);
+  const CheckpointIndex index = read_checkpoint_index(other);
+  EXPECT_EQ(index.meta.step, 6);
+  EXPECT_EQ(index.meta.data, (DataPosition{1, 1}));
+}
+
+// ------------------------------------------------------------ killed runs (child processes)
+
+// The training process the kill tests start: this test binary again, running only
+// CheckpointChild.Train with DISTJAX_CKPT_CHILD_DIR set. It trains up to 400 steps,
+// checkpointing every 5, appends "step loss" lines to DIR/losses.txt, and with
+// DISTJAX_CKPT_CHILD_CRASH=<stage>@<step> kills itself (SIGKILL) when the save of that step
+// reaches that stage; else it sleeps 30 ms per step until the parent kills it.
+TEST(CheckpointChild, Train) {
+  const char* dir = std::getenv("DISTJAX_CKPT_CHILD_DIR");
+  if (dir == nullptr) GTEST_SKIP() << "only runs as the child process of the kill tests";
+  const char* crash = std::getenv("DISTJAX_CKPT_CHILD_CRASH");
+  std::string stage;
+  std::int64_t crash_step = -1;
+  if (crash != nullptr) {
+    const std::string c = crash;
+    stage = c.substr(0, c.find('@'));
+    crash_step = std::stoll(c.substr(c.find('@') + 1));
+  }
+  std::FILE* log = std::fopen((fs::path(dir) / "losses.txt").c_str(), "a");
+  ASSERT_NE(log, nullptr);
+  std::int64_t current = 0;
+  CheckpointConfig config{.dir = (fs::path(dir) / "ckpt").string(), .every = 5};
+  config.fault_hook = [&](const std::string& s) {
+    if (s == stage && current == crash_step) ::raise(SIGKILL);
+  };
+  run_with_checkpoints(config, 400, [&](std::int64_t step, double loss) {
+    std::fprintf(log, "%lld %.17g\n", static_cast<long long>(step), loss);
+    std::fflush(log);
+    current = step;
+    if (crash == nullptr) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  });
+}
+
+// Starts the child; returns its pid.
+pid_t start_child(const std::string& dir, const std::string& crash) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setenv("DISTJAX_CKPT_CHILD_DIR", dir.c_str(), 1);
+    if (!crash.empty()) ::setenv("DISTJAX_CKPT_CHILD_CRASH", crash.c_str(), 1);
+    const int devnull = ::open("/dev/null", O_WRONLY);
+    ::dup2(devnull, 1);
+    ::execl("/proc/self/exe", "checkpoint_test", "--gtest_filter=CheckpointChild.Train",
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+std::map<std::int64_t, double> read_losses(const std::string& dir) {
+  std::map<std::int64_t, double> out;
+  std::ifstream f(fs::path(dir) / "losses.txt");
+  std::int64_t step;
+  double loss;
+  while (f >> step >> loss) out[step] = loss;
+  return out;
+}
+
+const std::map<std::int64_t, double>& uninterrupted_40() {
+  static const auto losses = run_with_checkpoints({}, 40);
+  return losses;
+}
+
+TEST(CheckpointResume, KilledWithSigkillResumesExactly) {
+  const std::string dir = scratch("sigkill");
+  const std::string ckpt = (fs::path(dir) / "ckpt").string();
+  const auto& whole = uninterrupted_40();
+  const pid_t pid = start_child(dir, "");
+  ASSERT_GT(pid, 0);
+  // Kill it once it has saved step 10 or later.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  std::int64_t saved = -1;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (auto c = find_checkpoint(ckpt)) saved = read_checkpoint_index(*c).meta.step;
+    if (saved >= 10) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_GE(saved, 10) << "the child saved no checkpoint in time";
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+
+  const auto before = read_losses(dir);
+  const std::int64_t resumed_from = read_checkpoint_index(ckpt).meta.step;
+  ASSERT_LT(resumed_from, 40);
+  ASSERT_GE(before.rbegin()->first, resumed_from);
+  for (const auto& [step, loss] : before)
+    if (step <= 40) {
+      EXPECT_EQ(loss, whole.at(step)) << "child, step " << step;
+    }
+  const auto after = run_with_checkpoints({.dir = ckpt, .every = 5, .resume = true}, 40);
+  ASSERT_EQ(after.begin()->first, resumed_from + 1);
+  ASSERT_EQ(after.rbegin()->first, 40);
+  for (const auto& [step, loss] : after)
+    EXPECT_EQ(loss, whole.at(step)) << "resumed, step " << step;
+}
+
+// A kill in the middle of the save of step 10, at each stage: the checkpoint of step 5 (or
+// the complete one of step 10) is loadable and the run resumes exactly.
+TEST(CheckpointResume, KillDuringSaveLeavesTheLastCheckpointLoadable) {
+  const auto& whole = uninterrupted_40();
+  for (const std::string stage : {"shards_written", "index_written", "renamed"}) {
+    SCOPED_TRACE(stage);
+    const std::string dir = scratch("crash_" + stage);
+    const std::string ckpt = (fs::path(dir) / "ckpt").string();
+    const pid_t pid = start_child(dir, stage + "@10");
+    ASSERT_GT(pid, 0);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+    const bool complete = stage == "renamed";
+    EXPECT_EQ(fs::exists(fs::path(ckpt) / "step_00000010.tmp"), !complete);
+    EXPECT_EQ(fs::exists(fs::path(ckpt) / "step_00000010"), complete);
+    std::ifstream latest(fs::path(ckpt) / "latest");
+    std::string name;
+    latest >> name;
+    EXPECT_EQ(name, "step_00000005");  // `latest` is updated last
+    const std::int64_t expect = complete ? 10 : 5;
+    EXPECT_EQ(read_checkpoint_index(ckpt).meta.step, expect);
+    const auto after = run_with_checkpoints({.dir = ckpt, .every = 5, .resume = true}, 20);
+    ASSERT_EQ(after.begin()->first, expect + 1);
+    for (const auto& [step, loss] : after)
+      EXPECT_EQ(loss, whole.at(step)) << "resumed, step " << step;
+    // The save of step 10 went through this time, over the leftover temporary directory.
+    EXPECT_FALSE(fs::exists(fs::path(ckpt) / "step_00000010.tmp"));
+    EXPECT_TRUE(fs::exists(fs::path(ckpt) / "step_00000010" / "index.json"));
+  }
 }
 
 }  // namespace

@@ -144,6 +144,7 @@ struct CheckpointConfig {
   int keep_last = 0;          ///< see SaveOptions::keep_last
   bool resume = false;        ///< restore() loads the latest checkpoint of dir when there is one
   std::string config = "{}";  ///< the run's configuration (JSON text), saved in the index
+  std::function<void(const std::string& stage)> fault_hook{};  ///< SaveOptions::fault_hook
 };
 
 /// The checkpoint policy of a run, next to its Trainer: restore at the start (--resume),

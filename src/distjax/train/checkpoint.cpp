@@ -558,7 +558,10 @@ std::string Checkpointer::save(const TrainState& state, DataPosition data) {
   if (config_.dir.empty() || state.step == last_saved_step_) return {};
   std::string out = save_checkpoint(
       config_.dir, state, layout_,
-      {.data = data, .config = config_.config, .keep_last = config_.keep_last});
+      {.data = data,
+       .config = config_.config,
+       .keep_last = config_.keep_last,
+       .fault_hook = config_.fault_hook});
   last_saved_step_ = state.step;
   return out;
 }
