@@ -348,8 +348,13 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
   const std::string text = detail::read_text_file(file, "load_checkpoint");
   CheckpointIndex out;
   out.meta.path = *found;
+  json j;
   try {
-    const json j = json::parse(text);
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    DISTJAX_THROW(IoError, "[load_checkpoint] \"", file, "\": not valid JSON: ", e.what());
+  }
+  try {
     DISTJAX_CHECK(j.value("format", "") == kFormat, IoError, "[load_checkpoint] \"", file,
                   "\": not a DistJax checkpoint index (format is not \"", kFormat, "\")");
     DISTJAX_CHECK(j.at("version").get<int>() == kVersion, IoError, "[load_checkpoint] \"", file,
@@ -377,7 +382,8 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
       out.tensors.push_back(std::move(ct));
     }
   } catch (const json::exception& e) {
-    DISTJAX_THROW(IoError, "[load_checkpoint] \"", file, "\": ", e.what());
+    DISTJAX_THROW(IoError, "[load_checkpoint] \"", file, "\": missing or malformed field: ",
+                  e.what());
   } catch (const InvalidArgument& e) {  // dtype_from_name
     DISTJAX_THROW(IoError, "[load_checkpoint] \"", file, "\": ", e.what());
   }
