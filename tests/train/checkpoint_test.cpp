@@ -672,5 +672,70 @@ TEST(CheckpointErrors, AnErrorOnOneDeviceIsRaisedOnEvery) {
         << e;
 }
 
+// ------------------------------------------------------------ Python's safetensors
+
+// The first Python that imports safetensors and numpy: $DISTJAX_PYTHON, the venv that
+// scripts/setup_python.sh makes, python3. Empty when none does.
+std::string python_with_safetensors() {
+  std::vector<std::string> candidates;
+  if (const char* p = std::getenv("DISTJAX_PYTHON")) candidates.emplace_back(p);
+  candidates.push_back(std::string(DISTJAX_SOURCE_DIR) + "/.venv-test/bin/python");
+  candidates.emplace_back("python3");
+  for (const auto& c : candidates)
+    if (std::system(("'" + c + "' -c 'import safetensors.numpy, numpy' >/dev/null 2>&1").c_str()) == 0)
+      return c;
+  return {};
+}
+
+// w (8, 6) = 0.5 * arange split over data x model, v (6,) replicated, ids (4,) i32, and the
+// slot mu/w = 2 w, at step 5: the values read_checkpoint.py expects.
+TrainState python_state(DeviceContext* ctx) {
+  const int di = ctx ? ctx->axis_index("data") : 0, mi = ctx ? ctx->axis_index("model") : 0;
+  const std::int64_t rows = ctx ? 4 : 8, cols = ctx ? 3 : 6;
+  Tensor w = Tensor::empty({rows, cols});
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c)
+      w.data<float>()[r * cols + c] = 0.5f * static_cast<float>((di * rows + r) * 6 + mi * cols + c);
+  Tensor mu = Tensor::empty(w.shape());
+  for (std::int64_t i = 0; i < w.numel(); ++i)
+    mu.data<float>()[i] = 2 * w.data<float>()[i];
+  TrainState s;
+  s.step = 5;
+  s.rng = Key::from_seed(77);
+  s.params.set("w", w);
+  s.params.set("v", Tensor::from_vector<float>({-2.5f, -1.5f, -0.5f, 0.5f, 1.5f, 2.5f}, {6}));
+  s.params.set("ids", Tensor::from_vector<std::int32_t>({7, 8, 9, 10}, {4}));
+  s.opt_state.set("mu/w", mu);
+  return s;
+}
+
+TEST(CheckpointPython, SafetensorsReadsTheShards) {
+  const std::string python = python_with_safetensors();
+  if (python.empty()) {
+    if (std::getenv("DISTJAX_REQUIRE_SAFETENSORS") != nullptr)
+      FAIL() << "no Python with safetensors and numpy (DISTJAX_REQUIRE_SAFETENSORS is set): run "
+                "scripts/setup_python.sh";
+    GTEST_SKIP() << "no Python with safetensors and numpy: run scripts/setup_python.sh (makes "
+                    ".venv-test) or set DISTJAX_PYTHON";
+  }
+  const std::string sharded = scratch("python_sharded"), whole = scratch("python_whole");
+  on_mesh(Mesh({2, 2}, {"data", "model"}), [&](DeviceContext& ctx) {
+    const nn::ParamSpecs specs{{"w", mesh::P("data", "model")}};
+    save_checkpoint(sharded, python_state(&ctx), {&ctx, &specs, nullptr});
+  });
+  save_checkpoint(whole, python_state(nullptr), {});
+  const std::string script = std::string(DISTJAX_SOURCE_DIR) + "/tests/train/read_checkpoint.py";
+  const std::string cmd = "'" + python + "' '" + script + "' '" + *find_checkpoint(sharded) +
+                          "' '" + *find_checkpoint(whole) + "' 2>&1";
+  std::FILE* pipe = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string out;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, pipe) != nullptr) out += buf;
+  const int status = ::pclose(pipe);
+  EXPECT_EQ(status, 0) << cmd << "\n" << out;
+  EXPECT_NE(out.find("ok: 4 tensors"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace distjax::train
