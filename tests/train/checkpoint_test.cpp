@@ -291,6 +291,16 @@ TEST(CheckpointReshard, EachDistinctBlockIsWrittenOnce) {
   EXPECT_EQ(it->spec, mesh::P("model", std::nullopt));
   EXPECT_EQ(it->blocks[1].offset, (Shape{16, 0}));
   EXPECT_EQ(it->blocks[1].file, "device_00002.safetensors");
+  std::ostringstream os;
+  inspect_checkpoint(dir, os);
+  EXPECT_NE(os.str().find("mesh (\"data\"=2, \"model\"=2, \"replica\"=2), 2 files"),
+            std::string::npos)
+      << os.str();
+  EXPECT_NE(os.str().find("P(\"model\", None)  2 in device_00000.safetensors, "
+                          "device_00002.safetensors"),
+            std::string::npos)
+      << os.str();
+  if (std::getenv("DISTJAX_TEST_PRINT")) std::cout << os.str();
 }
 
 // ------------------------------------------------------------ resuming
@@ -610,7 +620,7 @@ TEST(CheckpointErrors, BrokenFilesAreNamedWithWhatIsWrong) {
     EXPECT_NE(msg.find("[load_checkpoint]"), std::string::npos) << msg;
     EXPECT_NE(msg.find((dir / c.file).string()), std::string::npos) << msg;
     EXPECT_NE(msg.find(c.message), std::string::npos) << msg;
-    if (std::getenv("DISTJAX_SHOW_ERRORS")) std::cout << msg << "\n";
+    if (std::getenv("DISTJAX_TEST_PRINT")) std::cout << msg << "\n";
   }
   // The state's own shape is named too.
   const fs::path dir = small_checkpoint("broken_shape");

@@ -1,6 +1,7 @@
 #include "distjax/train/checkpoint.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -521,20 +522,25 @@ void inspect_checkpoint(const std::string& path, std::ostream& os) {
   if (index.mesh_shape.empty()) os << "(one device)";
   else os << mesh::Mesh(index.mesh_shape, index.mesh_axis_names).describe();
   os << ", " << index.files.size() << " files, " << index.tensors.size() << " tensors\n";
-  std::size_t w = 4;
-  for (const auto& t : index.tensors)
-    w = std::max(w, t.name.size());
+  // One row per tensor, in columns.
+  std::vector<std::array<std::string, 5>> rows{{"tensor", "shape", "dtype", "spec", "blocks"}};
   for (const auto& t : index.tensors) {
     std::vector<std::string> files;
     for (const auto& b : t.blocks)
       if (std::find(files.begin(), files.end(), b.file) == files.end()) files.push_back(b.file);
-    std::string shape = to_string(t.shape);
-    os << t.name << std::string(w + 2 - t.name.size(), ' ') << shape
-       << std::string(shape.size() < 14 ? 14 - shape.size() : 1, ' ') << dtype_name(t.dtype) << "  "
-       << t.spec.to_string() << "  " << t.blocks.size() << (t.blocks.size() == 1 ? " block: " : " blocks: ");
+    std::string where = std::to_string(t.blocks.size()) + " in ";
     for (std::size_t i = 0; i < files.size(); ++i)
-      os << (i ? ", " : "") << files[i];
-    os << "\n";
+      where += (i ? ", " : "") + files[i];
+    rows.push_back({t.name, to_string(t.shape), dtype_name(t.dtype), t.spec.to_string(), where});
+  }
+  std::array<std::size_t, 5> w{};
+  for (const auto& r : rows)
+    for (std::size_t c = 0; c < r.size(); ++c)
+      w[c] = std::max(w[c], r[c].size());
+  for (const auto& r : rows) {
+    for (std::size_t c = 0; c + 1 < r.size(); ++c)
+      os << r[c] << std::string(w[c] + 2 - r[c].size(), ' ');
+    os << r.back() << "\n";
   }
 }
 
