@@ -41,12 +41,24 @@ using mesh::Mesh;
 using spmd::DeviceContext;
 using tensor::Tensor;
 
-// A fresh scratch directory per test.
+// Scratch directories, removed when the test program ends.
+class ScratchDirs : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    for (const auto& d : dirs) fs::remove_all(d);
+  }
+  std::vector<fs::path> dirs;
+};
+ScratchDirs* const scratch_dirs =
+    static_cast<ScratchDirs*>(::testing::AddGlobalTestEnvironment(new ScratchDirs));
+
+// A fresh scratch directory.
 std::string scratch(const std::string& name) {
   const fs::path p = fs::temp_directory_path() /
                      ("distjax_ckpt_" + std::to_string(::getpid()) + "_" + name);
   fs::remove_all(p);
   fs::create_directories(p);
+  scratch_dirs->dirs.push_back(p);
   return p.string();
 }
 
