@@ -2,6 +2,7 @@
 // (also after SIGKILL, and after a kill in the middle of a save), clear errors for broken
 // files, and the files read by Python's safetensors.
 #include "distjax/train/checkpoint.hpp"
+#include "distjax/train/checkpointer.hpp"
 
 #include <gtest/gtest.h>
 #include <fcntl.h>

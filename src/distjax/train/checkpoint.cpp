@@ -544,38 +544,4 @@ void inspect_checkpoint(const std::string& path, std::ostream& os) {
   }
 }
 
-// ---------------------------------------------------------------- Checkpointer
-
-Checkpointer::Checkpointer(CheckpointConfig config, CheckpointLayout layout)
-    : config_(std::move(config)), layout_(layout) {
-  DISTJAX_CHECK(config_.every >= 0, InvalidArgument, "[Checkpointer] every must be >= 0, got ",
-                config_.every);
-}
-
-std::optional<DataPosition> Checkpointer::restore(TrainState& state) {
-  if (config_.dir.empty() || !config_.resume) return std::nullopt;
-  // Every device looks at the same directory; the main device's answer is not needed.
-  if (!find_checkpoint(config_.dir).has_value()) return std::nullopt;
-  const CheckpointMeta meta = load_checkpoint(config_.dir, state, layout_);
-  last_saved_step_ = meta.step;
-  return meta.data;
-}
-
-bool Checkpointer::maybe_save(const TrainState& state, DataPosition data) {
-  if (config_.dir.empty() || config_.every <= 0 || state.step % config_.every != 0) return false;
-  return !save(state, data).empty();
-}
-
-std::string Checkpointer::save(const TrainState& state, DataPosition data) {
-  if (config_.dir.empty() || state.step == last_saved_step_) return {};
-  std::string out = save_checkpoint(
-      config_.dir, state, layout_,
-      {.data = data,
-       .config = config_.config,
-       .keep_last = config_.keep_last,
-       .fault_hook = config_.fault_hook});
-  last_saved_step_ = state.step;
-  return out;
-}
-
 }  // namespace distjax::train
