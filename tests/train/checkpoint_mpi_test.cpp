@@ -84,8 +84,8 @@ void run(const Mesh& mesh, comm::Backend backend, int steps, const std::string& 
         save_checkpoint(save_to, state, layout);
         return std::vector<Tensor>{};
       },
-      {}, {}, {.backend = backend, .timeout = std::chrono::milliseconds(60000)})(
-      std::vector<Tensor>{});
+      {}, {},
+      {.backend = backend, .timeout = std::chrono::milliseconds(60000)})(std::vector<Tensor>{});
 }
 
 TrainState load_whole(const std::string& dir) {
@@ -117,8 +117,8 @@ TEST_F(CheckpointMpiTest, EachProcessWritesItsBlocksAndTheCheckpointReshards) {
   const CheckpointIndex index = read_checkpoint_index(saved);
   EXPECT_EQ(index.meta.step, 2);
   // The devices of data row 0 (0 and 1) hold every distinct block.
-  EXPECT_EQ(index.files, (std::vector<std::string>{"device_00000.safetensors",
-                                                   "device_00001.safetensors"}));
+  EXPECT_EQ(index.files,
+            (std::vector<std::string>{"device_00000.safetensors", "device_00001.safetensors"}));
   const TrainState a = load_whole(saved), b = load_whole(again);
   ASSERT_EQ(a.params.paths(), b.params.paths());
   ASSERT_EQ(a.opt_state.paths(), b.opt_state.paths());
@@ -144,4 +144,6 @@ TEST_F(CheckpointMpiTest, EachProcessWritesItsBlocksAndTheCheckpointReshards) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return distjax::testing::run_mpi_tests(argc, argv); }
+int main(int argc, char** argv) {
+  return distjax::testing::run_mpi_tests(argc, argv);
+}

@@ -4,8 +4,8 @@
 #include "distjax/train/checkpoint.hpp"
 #include "distjax/train/checkpointer.hpp"
 
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -46,7 +46,8 @@ using tensor::Tensor;
 class ScratchDirs : public ::testing::Environment {
  public:
   void TearDown() override {
-    for (const auto& d : dirs) fs::remove_all(d);
+    for (const auto& d : dirs)
+      fs::remove_all(d);
   }
   std::vector<fs::path> dirs;
 };
@@ -55,8 +56,8 @@ ScratchDirs* const scratch_dirs =
 
 // A fresh scratch directory.
 std::string scratch(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() /
-                     ("distjax_ckpt_" + std::to_string(::getpid()) + "_" + name);
+  const fs::path p =
+      fs::temp_directory_path() / ("distjax_ckpt_" + std::to_string(::getpid()) + "_" + name);
   fs::remove_all(p);
   fs::create_directories(p);
   scratch_dirs->dirs.push_back(p);
@@ -75,13 +76,12 @@ void expect_bitwise_equal(const TensorTree& a, const TensorTree& b, const std::s
 
 // Runs `fn` on every device of `mesh` (threads backend).
 void on_mesh(const Mesh& mesh, const std::function<void(DeviceContext&)>& fn) {
-  spmd::shard_map(
-      mesh,
-      [&](DeviceContext& ctx, const std::vector<Tensor>&) {
-        fn(ctx);
-        return std::vector<Tensor>{};
-      },
-      {}, {})(std::vector<Tensor>{});
+  spmd::shard_map(mesh,
+                  [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+                    fn(ctx);
+                    return std::vector<Tensor>{};
+                  },
+                  {}, {})(std::vector<Tensor>{});
 }
 
 // ------------------------------------------------------------ one device
@@ -288,8 +288,8 @@ TEST(CheckpointReshard, EachDistinctBlockIsWrittenOnce) {
   const CheckpointIndex index = read_checkpoint_index(dir);
   EXPECT_EQ(index.mesh_shape, (std::vector<int>{2, 2, 2}));
   // Only the devices with data = replica = 0 write: 0 and 2 (model 0 and 1).
-  EXPECT_EQ(index.files, (std::vector<std::string>{"device_00000.safetensors",
-                                                   "device_00002.safetensors"}));
+  EXPECT_EQ(index.files,
+            (std::vector<std::string>{"device_00000.safetensors", "device_00002.safetensors"}));
   for (const CheckpointTensor& t : index.tensors) {
     const bool sharded = t.spec.uses("model");
     EXPECT_EQ(t.blocks.size(), sharded ? 2u : 1u) << t.name;
@@ -327,7 +327,8 @@ std::map<std::int64_t, double> run_with_checkpoints(
     const CheckpointConfig& config, std::int64_t until,
     const std::function<void(std::int64_t, double)>& on_step = nullptr) {
   const std::uint64_t seed = config.resume ? 50 : 1;
-  const models::Classifier model({.in_features = 10, .hidden = 16, .num_classes = 3, .dropout = 0.2f});
+  const models::Classifier model(
+      {.in_features = 10, .hidden = 16, .num_classes = 3, .dropout = 0.2f});
   const optim::AdamW opt({.learning_rate = optim::warmup_cosine_schedule(0.0, 0.01, 3, 60)});
   const data::ArrayDataset data = data::synthetic_classification(40, 10, 3, Key::from_seed(5));
   const nn::FullySharded fsdp{.axis = "data", .min_weight_size = 32};
@@ -337,8 +338,8 @@ std::map<std::int64_t, double> run_with_checkpoints(
     TensorTree params = model.init(Key::from_seed(seed), &specs, &ctx, &fsdp);
     parallel::DataParallel dp(ctx, "data", &specs);
     TrainState state = TrainState::create(params, opt, Key::from_seed(seed + 1), dp);
-    data::DataLoader loader(data, {.batch_size = 8, .seed = 3, .num_shards = 2,
-                                   .shard_index = ctx.axis_index("data")});
+    data::DataLoader loader(
+        data, {.batch_size = 8, .seed = 3, .num_shards = 2, .shard_index = ctx.axis_index("data")});
     Checkpointer ckpt(config, {&ctx, &specs, &dp});
     if (auto pos = ckpt.restore(state)) loader.seek({pos->epoch, pos->batch});
     const LossFn fn = [&](const TensorTree& p, const Batch& b, Key k) {
@@ -435,7 +436,8 @@ std::map<std::int64_t, double> read_losses(const std::string& dir) {
   std::ifstream f(fs::path(dir) / "losses.txt");
   std::int64_t step;
   double loss;
-  while (f >> step >> loss) out[step] = loss;
+  while (f >> step >> loss)
+    out[step] = loss;
   return out;
 }
 
@@ -549,7 +551,8 @@ void edit_header(const fs::path& file, const std::function<void(json&)>& edit) {
   edit(h);
   const std::string text = h.dump();
   const std::uint64_t n = text.size();
-  write_bytes(file, std::string(reinterpret_cast<const char*>(&n), 8) + text + bytes.substr(8 + len));
+  write_bytes(file,
+              std::string(reinterpret_cast<const char*>(&n), 8) + text + bytes.substr(8 + len));
 }
 
 // Each kind of damage and (part of) the message it must give. Every message names the
@@ -589,7 +592,9 @@ TEST(CheckpointErrors, BrokenFilesAreNamedWithWhatIsWrong) {
        },
        shard, "are beyond the data section"},
       {"missing tensor",
-       [&](const fs::path& d) { edit_header(d / shard, [](json& h) { h.erase("params/fc2/bias"); }); },
+       [&](const fs::path& d) {
+         edit_header(d / shard, [](json& h) { h.erase("params/fc2/bias"); });
+       },
        shard, "missing tensor \"params/fc2/bias\""},
       {"dtype differs from the index",
        [&](const fs::path& d) {
@@ -609,7 +614,8 @@ TEST(CheckpointErrors, BrokenFilesAreNamedWithWhatIsWrong) {
          j.erase("tensors");
          write_bytes(d / "index.json", j.dump());
        },
-       "index.json", "missing or malformed field: [json.exception.out_of_range.403] key 'tensors' not found"},
+       "index.json",
+       "missing or malformed field: [json.exception.out_of_range.403] key 'tensors' not found"},
       {"tensor missing from the index",
        [&](const fs::path& d) {
          json j = json::parse(read_bytes(d / "index.json"));
@@ -705,7 +711,8 @@ std::string python_with_safetensors() {
   candidates.push_back(std::string(DISTJAX_SOURCE_DIR) + "/.venv-test/bin/python");
   candidates.emplace_back("python3");
   for (const auto& c : candidates)
-    if (std::system(("'" + c + "' -c 'import safetensors.numpy, numpy' >/dev/null 2>&1").c_str()) == 0)
+    if (std::system(("'" + c + "' -c 'import safetensors.numpy, numpy' >/dev/null 2>&1").c_str()) ==
+        0)
       return c;
   return {};
 }
@@ -718,7 +725,8 @@ TrainState python_state(DeviceContext* ctx) {
   Tensor w = Tensor::empty({rows, cols});
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < cols; ++c)
-      w.data<float>()[r * cols + c] = 0.5f * static_cast<float>((di * rows + r) * 6 + mi * cols + c);
+      w.data<float>()[r * cols + c] =
+          0.5f * static_cast<float>((di * rows + r) * 6 + mi * cols + c);
   Tensor mu = Tensor::empty(w.shape());
   for (std::int64_t i = 0; i < w.numel(); ++i)
     mu.data<float>()[i] = 2 * w.data<float>()[i];
@@ -754,7 +762,8 @@ TEST(CheckpointPython, SafetensorsReadsTheShards) {
   ASSERT_NE(pipe, nullptr);
   std::string out;
   char buf[512];
-  while (std::fgets(buf, sizeof buf, pipe) != nullptr) out += buf;
+  while (std::fgets(buf, sizeof buf, pipe) != nullptr)
+    out += buf;
   const int status = ::pclose(pipe);
   EXPECT_EQ(status, 0) << cmd << "\n" << out;
   EXPECT_NE(out.find("ok: 4 tensors"), std::string::npos) << out;

@@ -48,9 +48,9 @@ struct CheckpointLayout {
 
 /// Options of save_checkpoint.
 struct SaveOptions {
-  DataPosition data{};             ///< recorded as "data_position"
-  std::string config = "{}";       ///< the run's configuration as JSON text, recorded as is
-  int keep_last = 0;               ///< delete older step directories beyond this many (0: keep all)
+  DataPosition data{};        ///< recorded as "data_position"
+  std::string config = "{}";  ///< the run's configuration as JSON text, recorded as is
+  int keep_last = 0;          ///< delete older step directories beyond this many (0: keep all)
   /// Fault injection for tests: called on every device with the stage the save reached:
   /// "shards_written" (this device's file is on disk, in the temporary directory),
   /// "index_written" (main device: index.json written, directory not renamed yet),

@@ -78,7 +78,8 @@ void on_every_device(const CheckpointLayout& layout, Fn&& fn) {
   constexpr std::int64_t kWords = 512;  // code + message, truncated to ~2 KB
   std::vector<std::int32_t> mine(kWords, 0), all;
   mine[0] = code;
-  std::memcpy(mine.data() + 1, what.data(), std::min<std::size_t>(what.size(), (kWords - 1) * 4 - 1));
+  std::memcpy(mine.data() + 1, what.data(),
+              std::min<std::size_t>(what.size(), (kWords - 1) * 4 - 1));
   comm::Communicator& world = layout.ctx->world();
   all.resize(static_cast<std::size_t>(kWords * world.size()));
   world.all_gather(mine.data(), all.data(), kWords, DType::I32);
@@ -101,7 +102,9 @@ void on_every_device(const CheckpointLayout& layout, Fn&& fn) {
 
 // ---------------------------------------------------------------- layout of a leaf
 
-int device_of(const CheckpointLayout& l) { return l.ctx ? l.ctx->device() : 0; }
+int device_of(const CheckpointLayout& l) {
+  return l.ctx ? l.ctx->device() : 0;
+}
 
 // The spec of a state leaf: "params/<path>" takes the parameter's, "opt_state/<slot>/<path>"
 // too. Without a mesh every leaf is whole.
@@ -183,7 +186,8 @@ mesh::PartitionSpec spec_from_json(const json& j) {
 bool writes(const mesh::Mesh& m, const mesh::PartitionSpec& spec, int device) {
   const std::vector<int> c = m.coords(device);
   for (int a = 0; a < m.ndim(); ++a)
-    if (!spec.uses(m.axis_names()[static_cast<std::size_t>(a)]) && c[static_cast<std::size_t>(a)] != 0)
+    if (!spec.uses(m.axis_names()[static_cast<std::size_t>(a)]) &&
+        c[static_cast<std::size_t>(a)] != 0)
       return false;
   return true;
 }
@@ -198,13 +202,14 @@ json make_index(const CheckpointLayout& l, const TrainState& state,
   index["rng"] = {state.rng.words[0], state.rng.words[1]};
   index["data_position"] = {{"epoch", options.data.epoch}, {"batch", options.data.batch}};
   json mesh_j = {{"shape", json::array()}, {"axis_names", json::array()}};
-  if (l.ctx) mesh_j = {{"shape", l.ctx->mesh().shape()}, {"axis_names", l.ctx->mesh().axis_names()}};
+  if (l.ctx)
+    mesh_j = {{"shape", l.ctx->mesh().shape()}, {"axis_names", l.ctx->mesh().axis_names()}};
   index["mesh"] = mesh_j;
   try {
     index["config"] = json::parse(options.config.empty() ? "{}" : options.config);
   } catch (const json::exception& e) {
-    DISTJAX_THROW(InvalidArgument, "[save_checkpoint] SaveOptions::config is not valid JSON: ",
-                  e.what());
+    DISTJAX_THROW(InvalidArgument,
+                  "[save_checkpoint] SaveOptions::config is not valid JSON: ", e.what());
   }
   const int n = l.ctx ? l.ctx->mesh().size() : 1;
   std::vector<bool> has_file(static_cast<std::size_t>(n), false);
@@ -255,8 +260,8 @@ void prepare_tmp(const std::string& dir, const std::string& tmp) {
   fs::create_directories(dir, ec);
   DISTJAX_CHECK(!ec, IoError, "[save_checkpoint] cannot create \"", dir, "\": ", ec.message());
   fs::remove_all(tmp, ec);
-  DISTJAX_CHECK(!ec, IoError, "[save_checkpoint] cannot remove the leftover \"", tmp, "\": ",
-                ec.message());
+  DISTJAX_CHECK(!ec, IoError, "[save_checkpoint] cannot remove the leftover \"", tmp,
+                "\": ", ec.message());
   fs::create_directory(tmp, ec);
   DISTJAX_CHECK(!ec, IoError, "[save_checkpoint] cannot create \"", tmp, "\": ", ec.message());
 }
@@ -272,8 +277,8 @@ void commit(const std::string& dir, const std::string& tmp, const std::string& f
   if (fs::exists(final_dir)) {  // the same step saved again (e.g. after a resume): swap
     fs::remove_all(old, ec);
     fs::rename(final_dir, old, ec);
-    DISTJAX_CHECK(!ec, IoError, "[save_checkpoint] cannot move \"", final_dir, "\" aside: ",
-                  ec.message());
+    DISTJAX_CHECK(!ec, IoError, "[save_checkpoint] cannot move \"", final_dir,
+                  "\" aside: ", ec.message());
   }
   fs::rename(tmp, final_dir, ec);
   DISTJAX_CHECK(!ec, IoError, "[save_checkpoint] cannot rename \"", tmp, "\" to \"", final_dir,
@@ -308,10 +313,12 @@ std::string save_checkpoint(const std::string& dir, const TrainState& state,
   on_every_device(layout, [&] {
     std::vector<std::pair<std::string, Tensor>> mine;
     for (const auto& [name, t] : leaves)
-      if (layout.ctx == nullptr || writes(layout.ctx->mesh(), spec_of(layout, name), layout.ctx->device()))
+      if (layout.ctx == nullptr ||
+          writes(layout.ctx->mesh(), spec_of(layout, name), layout.ctx->device()))
         mine.emplace_back(name, t);
     if (!mine.empty())
-      detail::write_safetensors((fs::path(tmp) / device_file_name(device_of(layout))).string(), mine,
+      detail::write_safetensors((fs::path(tmp) / device_file_name(device_of(layout))).string(),
+                                mine,
                                 {{"format", "distjax"},
                                  {"device", std::to_string(device_of(layout))},
                                  {"step", std::to_string(state.step)}});
@@ -335,7 +342,8 @@ std::optional<std::string> find_checkpoint(const std::string& dir) {
   fs::path best_path;
   for (const auto& e : fs::directory_iterator(d)) {
     const std::int64_t s = step_of(e.path().filename().string());
-    if (e.is_directory() && s > best && fs::exists(e.path() / kIndex)) best = s, best_path = e.path();
+    if (e.is_directory() && s > best && fs::exists(e.path() / kIndex))
+      best = s, best_path = e.path();
   }
   if (best < 0) return std::nullopt;
   return best_path.string();
@@ -363,7 +371,8 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
                   kVersion, ")");
     out.meta.step = j.at("step").get<std::int64_t>();
     const auto rng = j.at("rng").get<std::vector<std::uint32_t>>();
-    DISTJAX_CHECK(rng.size() == 2, IoError, "[load_checkpoint] \"", file, "\": rng must hold 2 words");
+    DISTJAX_CHECK(rng.size() == 2, IoError, "[load_checkpoint] \"", file,
+                  "\": rng must hold 2 words");
     out.meta.rng.words = {rng[0], rng[1]};
     out.meta.data = {j.at("data_position").at("epoch").get<std::int64_t>(),
                      j.at("data_position").at("batch").get<std::int64_t>()};
@@ -383,8 +392,8 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
       out.tensors.push_back(std::move(ct));
     }
   } catch (const json::exception& e) {
-    DISTJAX_THROW(IoError, "[load_checkpoint] \"", file, "\": missing or malformed field: ",
-                  e.what());
+    DISTJAX_THROW(IoError, "[load_checkpoint] \"", file,
+                  "\": missing or malformed field: ", e.what());
   } catch (const InvalidArgument& e) {  // dtype_from_name
     DISTJAX_THROW(IoError, "[load_checkpoint] \"", file, "\": ", e.what());
   }
@@ -478,8 +487,8 @@ TensorTree fill(const CheckpointLayout& l, const CheckpointIndex& index, const T
             (fs::path(index.meta.path) / b.file).string(), "load_checkpoint");
       read_overlap(*reader, t, b, box, dst, &copied);
     }
-    DISTJAX_CHECK(copied == dst.numel(), IoError, "[load_checkpoint] \"", where, "\": the blocks of \"",
-                  name, "\" cover ", copied, " of the ", dst.numel(),
+    DISTJAX_CHECK(copied == dst.numel(), IoError, "[load_checkpoint] \"", where,
+                  "\": the blocks of \"", name, "\" cover ", copied, " of the ", dst.numel(),
                   " elements this device needs (overlapping or missing blocks)");
     out.set(path, dst);
   }
@@ -516,11 +525,13 @@ void inspect_checkpoint(const std::string& path, std::ostream& os) {
   const CheckpointIndex index = read_checkpoint_index(path);
   os << "checkpoint " << index.meta.path << "\n";
   os << "step " << index.meta.step << ", rng [" << index.meta.rng.words[0] << ", "
-     << index.meta.rng.words[1] << "], data position epoch " << index.meta.data.epoch
-     << " batch " << index.meta.data.batch << "\n";
+     << index.meta.rng.words[1] << "], data position epoch " << index.meta.data.epoch << " batch "
+     << index.meta.data.batch << "\n";
   os << "mesh ";
-  if (index.mesh_shape.empty()) os << "(one device)";
-  else os << mesh::Mesh(index.mesh_shape, index.mesh_axis_names).describe();
+  if (index.mesh_shape.empty())
+    os << "(one device)";
+  else
+    os << mesh::Mesh(index.mesh_shape, index.mesh_axis_names).describe();
   os << ", " << index.files.size() << " files, " << index.tensors.size() << " tensors\n";
   // One row per tensor, in columns.
   std::vector<std::array<std::string, 5>> rows{{"tensor", "shape", "dtype", "spec", "blocks"}};

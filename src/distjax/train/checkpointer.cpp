@@ -20,9 +20,8 @@ std::optional<DataPosition> Checkpointer::restore(TrainState& state) {
     comm::Communicator& world = layout_.ctx->world();
     std::int32_t finders = found;
     world.all_reduce(&finders, &finders, 1, DType::I32, comm::ReduceOp::Sum);
-    DISTJAX_CHECK(finders == 0 || finders == world.size(), IoError,
-                  "[Checkpointer] ", finders, " of ", world.size(),
-                  " devices find a checkpoint in \"", config_.dir,
+    DISTJAX_CHECK(finders == 0 || finders == world.size(), IoError, "[Checkpointer] ", finders,
+                  " of ", world.size(), " devices find a checkpoint in \"", config_.dir,
                   "\" (is it on a file system every process shares?); this device ",
                   found ? "does" : "does not");
   }
@@ -39,12 +38,11 @@ bool Checkpointer::maybe_save(const TrainState& state, DataPosition data) {
 
 std::string Checkpointer::save(const TrainState& state, DataPosition data) {
   if (config_.dir.empty() || state.step == last_saved_step_) return {};
-  std::string out = save_checkpoint(
-      config_.dir, state, layout_,
-      {.data = data,
-       .config = config_.config,
-       .keep_last = config_.keep_last,
-       .fault_hook = config_.fault_hook});
+  std::string out = save_checkpoint(config_.dir, state, layout_,
+                                    {.data = data,
+                                     .config = config_.config,
+                                     .keep_last = config_.keep_last,
+                                     .fault_hook = config_.fault_hook});
   last_saved_step_ = state.step;
   return out;
 }

@@ -26,7 +26,9 @@ using json = nlohmann::json;
 // The safetensors reference implementation refuses headers over 100 MB.
 constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
 
-std::string errno_text() { return std::strerror(errno); }
+std::string errno_text() {
+  return std::strerror(errno);
+}
 
 void write_all(int fd, const void* data, std::size_t n, const std::string& path) {
   const char* p = static_cast<const char*>(data);
@@ -104,8 +106,9 @@ SafetensorsReader::SafetensorsReader(std::string path, const char* op)
     struct stat st {};
     DISTJAX_CHECK(::fstat(fd_, &st) == 0, IoError, "[", op_, "] cannot stat \"", path_, "\"");
     const auto size = static_cast<std::uint64_t>(st.st_size);
-    DISTJAX_CHECK(size >= 8, IoError, "[", op_, "] \"", path_, "\": bad header length: the file has ",
-                  size, " bytes, fewer than the 8-byte header length (truncated?)");
+    DISTJAX_CHECK(size >= 8, IoError, "[", op_, "] \"", path_,
+                  "\": bad header length: the file has ", size,
+                  " bytes, fewer than the 8-byte header length (truncated?)");
     std::uint64_t len = 0;
     read(SafetensorsEntry{}, 0, &len, 8);  // data_start_ is 0 here: reads the file's first bytes
     DISTJAX_CHECK(len <= kMaxHeaderBytes && 8 + len <= size, IoError, "[", op_, "] \"", path_,
@@ -164,8 +167,8 @@ const SafetensorsEntry& SafetensorsReader::entry(const std::string& name, DType 
                 " but the index says ", safetensors_dtype(dtype), " ", to_string(shape));
   const std::uint64_t want = static_cast<std::uint64_t>(numel(shape)) * dtype_size(dtype);
   DISTJAX_CHECK(e.end - e.begin == want, IoError, "[", op_, "] \"", path_, "\": tensor \"", name,
-                "\": data_offsets [", e.begin, ", ", e.end, "] hold ", e.end - e.begin,
-                " bytes; ", safetensors_dtype(dtype), " ", to_string(shape), " needs ", want);
+                "\": data_offsets [", e.begin, ", ", e.end, "] hold ", e.end - e.begin, " bytes; ",
+                safetensors_dtype(dtype), " ", to_string(shape), " needs ", want);
   return e;
 }
 
@@ -176,8 +179,8 @@ void SafetensorsReader::read(const SafetensorsEntry& entry, std::uint64_t offset
   while (bytes > 0) {
     const ssize_t r = ::pread(fd_, p, bytes, at);
     if (r < 0 && errno == EINTR) continue;
-    DISTJAX_CHECK(r > 0, IoError, "[", op_, "] \"", path_, "\": read of ", bytes, " bytes at ",
-                  at, " failed: ", r == 0 ? std::string("unexpected end of file") : errno_text());
+    DISTJAX_CHECK(r > 0, IoError, "[", op_, "] \"", path_, "\": read of ", bytes, " bytes at ", at,
+                  " failed: ", r == 0 ? std::string("unexpected end of file") : errno_text());
     p += r;
     at += r;
     bytes -= static_cast<std::uint64_t>(r);
@@ -206,8 +209,8 @@ void write_file_atomic(const std::string& path, const std::string& text) {
     throw;
   }
   ::close(fd);
-  DISTJAX_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, IoError, "[save_checkpoint] cannot rename \"",
-                tmp, "\" to \"", path, "\": ", errno_text());
+  DISTJAX_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, IoError,
+                "[save_checkpoint] cannot rename \"", tmp, "\" to \"", path, "\": ", errno_text());
   const std::string dir = std::filesystem::path(path).parent_path().string();
   fsync_dir(dir.empty() ? "." : dir);
 }
