@@ -386,7 +386,7 @@ TEST(CheckpointResume, ResumedRunMatchesUninterrupted) {
 // ------------------------------------------------------------ killed runs (child processes)
 
 // The training process the kill tests start: this test binary again, running only
-// CheckpointChild.Train with DISTJAX_CKPT_CHILD_DIR set. It trains up to 400 steps,
+// CheckpointChild.Train with DISTJAX_CKPT_CHILD_DIR set. It trains up to 4000 steps,
 // checkpointing every 5, appends "step loss" lines to DIR/losses.txt, and with
 // DISTJAX_CKPT_CHILD_CRASH=<stage>@<step> kills itself (SIGKILL) when the save of that step
 // reaches that stage; else it sleeps 30 ms per step until the parent kills it.
@@ -408,7 +408,7 @@ TEST(CheckpointChild, Train) {
   config.fault_hook = [&](const std::string& s) {
     if (s == stage && current == crash_step) ::raise(SIGKILL);
   };
-  run_with_checkpoints(config, 400, [&](std::int64_t step, double loss) {
+  run_with_checkpoints(config, 4000, [&](std::int64_t step, double loss) {
     std::fprintf(log, "%lld %.17g\n", static_cast<long long>(step), loss);
     std::fflush(log);
     current = step;
@@ -441,15 +441,15 @@ std::map<std::int64_t, double> read_losses(const std::string& dir) {
   return out;
 }
 
-const std::map<std::int64_t, double>& uninterrupted_40() {
-  static const auto losses = run_with_checkpoints({}, 40);
+const std::map<std::int64_t, double>& uninterrupted_60() {
+  static const auto losses = run_with_checkpoints({}, 60);
   return losses;
 }
 
 TEST(CheckpointResume, KilledWithSigkillResumesExactly) {
   const std::string dir = scratch("sigkill");
   const std::string ckpt = (fs::path(dir) / "ckpt").string();
-  const auto& whole = uninterrupted_40();
+  const auto& whole = uninterrupted_60();
   const pid_t pid = start_child(dir, "");
   ASSERT_GT(pid, 0);
   // Kill it once it has saved step 10 or later.
@@ -468,15 +468,15 @@ TEST(CheckpointResume, KilledWithSigkillResumesExactly) {
 
   const auto before = read_losses(dir);
   const std::int64_t resumed_from = read_checkpoint_index(ckpt).meta.step;
-  ASSERT_LT(resumed_from, 40);
+  ASSERT_LT(resumed_from, 60);
   ASSERT_GE(before.rbegin()->first, resumed_from);
   for (const auto& [step, loss] : before)
-    if (step <= 40) {
+    if (step <= 60) {
       EXPECT_EQ(loss, whole.at(step)) << "child, step " << step;
     }
-  const auto after = run_with_checkpoints({.dir = ckpt, .every = 5, .resume = true}, 40);
+  const auto after = run_with_checkpoints({.dir = ckpt, .every = 5, .resume = true}, 60);
   ASSERT_EQ(after.begin()->first, resumed_from + 1);
-  ASSERT_EQ(after.rbegin()->first, 40);
+  ASSERT_EQ(after.rbegin()->first, 60);
   for (const auto& [step, loss] : after)
     EXPECT_EQ(loss, whole.at(step)) << "resumed, step " << step;
 }
@@ -484,7 +484,7 @@ TEST(CheckpointResume, KilledWithSigkillResumesExactly) {
 // A kill in the middle of the save of step 10, at each stage: the checkpoint of step 5 (or
 // the complete one of step 10) is loadable and the run resumes exactly.
 TEST(CheckpointResume, KillDuringSaveLeavesTheLastCheckpointLoadable) {
-  const auto& whole = uninterrupted_40();
+  const auto& whole = uninterrupted_60();
   for (const std::string stage : {"shards_written", "index_written", "renamed"}) {
     SCOPED_TRACE(stage);
     const std::string dir = scratch("crash_" + stage);
