@@ -318,6 +318,18 @@ TEST(CheckpointReshard, EachDistinctBlockIsWrittenOnce) {
 
 // ------------------------------------------------------------ resuming
 
+const models::Classifier& resume_model() {
+  static const models::Classifier model(
+      {.in_features = 10, .hidden = 16, .num_classes = 3, .dropout = 0.2f});
+  return model;
+}
+
+const optim::AdamW& resume_opt() {
+  static const optim::AdamW opt(
+      {.learning_rate = optim::warmup_cosine_schedule(0.0, 0.01, 3, 60)});
+  return opt;
+}
+
 // A data-parallel run on ("data"=2) with fully sharded parameters (FSDP over "data"),
 // dropout (the key matters), AdamW with warmup and cosine decay (the step matters) and a
 // shuffling loader split over the replicas (its position matters), checkpointed by a
@@ -327,9 +339,8 @@ std::map<std::int64_t, double> run_with_checkpoints(
     const CheckpointConfig& config, std::int64_t until,
     const std::function<void(std::int64_t, double)>& on_step = nullptr) {
   const std::uint64_t seed = config.resume ? 50 : 1;
-  const models::Classifier model(
-      {.in_features = 10, .hidden = 16, .num_classes = 3, .dropout = 0.2f});
-  const optim::AdamW opt({.learning_rate = optim::warmup_cosine_schedule(0.0, 0.01, 3, 60)});
+  const models::Classifier& model = resume_model();
+  const optim::AdamW& opt = resume_opt();
   const data::ArrayDataset data = data::synthetic_classification(40, 10, 3, Key::from_seed(5));
   const nn::FullySharded fsdp{.axis = "data", .min_weight_size = 32};
   std::map<std::int64_t, double> losses;
@@ -381,6 +392,39 @@ TEST(CheckpointResume, ResumedRunMatchesUninterrupted) {
   const CheckpointIndex index = read_checkpoint_index(other);
   EXPECT_EQ(index.meta.step, 6);
   EXPECT_EQ(index.meta.data, (DataPosition{1, 1}));
+}
+
+TEST(CheckpointReshard, FullyShardedLoadsReplicatedAndOnOneDevice) {
+  // Saved with the parameters fully sharded over ("data"=2)...
+  const std::string dir = scratch("fsdp");
+  run_with_checkpoints({.dir = dir, .every = 6}, 6);
+  const CheckpointIndex index = read_checkpoint_index(dir);
+  const auto kernel = std::find_if(index.tensors.begin(), index.tensors.end(),
+                                   [](const auto& t) { return t.name == "params/fc1/kernel"; });
+  ASSERT_NE(kernel, index.tensors.end());
+  EXPECT_TRUE(kernel->spec.uses("data")) << kernel->spec.to_string();
+  EXPECT_EQ(kernel->blocks.size(), 2u);
+  // ...loaded replicated on ("data"=4) and saved again: the same arrays.
+  const std::string again = scratch("fsdp_again");
+  on_mesh(Mesh({4}, {"data"}), [&](DeviceContext& ctx) {
+    nn::ParamSpecs specs;
+    TensorTree params = resume_model().init(Key::from_seed(9), &specs, &ctx);
+    parallel::DataParallel dp(ctx, "data", &specs);
+    TrainState state = TrainState::create(params, resume_opt(), Key{}, dp);
+    load_checkpoint(dir, state, {&ctx, &specs, &dp});
+    EXPECT_EQ(state.params.at("fc1/kernel").shape(), (Shape{10, 16}));
+    save_checkpoint(again, state, {&ctx, &specs, &dp});
+  });
+  auto whole = [&](const std::string& d) {
+    TrainState s = TrainState::create(resume_model().init(Key::from_seed(3)), resume_opt(), Key{});
+    load_checkpoint(d, s, {});
+    return s;
+  };
+  const TrainState a = whole(dir), b = whole(again);
+  expect_bitwise_equal(a.params, b.params, "params");
+  expect_bitwise_equal(a.opt_state, b.opt_state, "opt_state");
+  EXPECT_EQ(a.step, 6);
+  EXPECT_EQ(a.rng, b.rng);
 }
 
 // ------------------------------------------------------------ killed runs (child processes)
