@@ -325,8 +325,7 @@ const models::Classifier& resume_model() {
 }
 
 const optim::AdamW& resume_opt() {
-  static const optim::AdamW opt(
-      {.learning_rate = optim::warmup_cosine_schedule(0.0, 0.01, 3, 60)});
+  static const optim::AdamW opt({.learning_rate = optim::warmup_cosine_schedule(0.0, 0.01, 3, 60)});
   return opt;
 }
 
@@ -693,6 +692,27 @@ TEST(CheckpointErrors, BrokenFilesAreNamedWithWhatIsWrong) {
   EXPECT_NE(load_error(dir.string()).find("is f32 (9,); the state being loaded has f32 (8,)"),
             std::string::npos)
       << load_error(dir.string());
+}
+
+TEST(CheckpointErrors, ZeroStateWithoutItsStrategy) {
+  const GptRun run;
+  std::string msg;
+  const std::string dir = scratch("zero_without_strategy");
+  on_mesh(Mesh({2, 1}, {"data", "model"}), [&](DeviceContext& ctx) {
+    nn::ParamSpecs specs;
+    TensorTree shards = run.model.init(Key::from_seed(1), &specs, &ctx);
+    parallel::ZeroDataParallel zero(ctx, 1, "data", &specs);
+    TrainState state = TrainState::create(shards, run.opt, Key{}, zero);
+    try {
+      save_checkpoint(dir, state, {&ctx, &specs, nullptr});
+    } catch (const InvalidArgument& e) {
+      if (ctx.device() == 0) msg = e.what();
+    }
+  });
+  EXPECT_NE(msg.find("[save_checkpoint] optimizer state \"mu/blocks/0/attn/out/bias\" has shape "
+                     "(16,) but its parameter has (32,): pass the strategy"),
+            std::string::npos)
+      << msg;
 }
 
 TEST(CheckpointErrors, NoCheckpointAndLeftovers) {

@@ -155,8 +155,19 @@ std::vector<std::pair<std::string, Tensor>> named_leaves(const TensorTree& param
   std::vector<std::pair<std::string, Tensor>> out;
   for (const auto& [path, t] : params)
     out.emplace_back(kParams + path, t);
-  for (const auto& [path, t] : opt_state)
+  for (const auto& [path, t] : opt_state) {
+    // A slot must have its parameter's shape by now; flat chunks mean that the strategy
+    // that keeps them (ZeRO) was not given.
+    const auto slash = path.find('/');
+    const std::string param = slash == std::string::npos ? "" : path.substr(slash + 1);
+    DISTJAX_CHECK(!params.contains(param) || params.at(param).shape() == t.shape(), InvalidArgument,
+                  "[save_checkpoint] optimizer state \"", path, "\" has shape ",
+                  to_string(t.shape()), " but its parameter has ",
+                  to_string(params.at(param).shape()),
+                  ": pass the strategy that keeps the state (e.g. ZeroDataParallel) in "
+                  "CheckpointLayout::strategy");
     out.emplace_back(kOptState + path, t);
+  }
   return out;
 }
 
