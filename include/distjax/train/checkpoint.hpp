@@ -95,7 +95,7 @@ struct CheckpointIndex {
 
 /// Saves `state` as DIR/step_<step, 8 digits>/ (index.json + device_<d>.safetensors) and
 /// points DIR/latest at it. Called by every device of the layout's mesh (a collective over
-/// ctx.world(): ZeRO's state is all-gathered, and the devices meet twice); each device
+/// ctx.world(): ZeRO's state is all-gathered, and the devices meet three times); each device
 /// writes only the blocks it owns, a block replicated along some mesh axes by the device
 /// with coordinate 0 along them. Atomic: the files are written and fsynced in
 /// DIR/step_<n>.tmp/, which the main device (device 0) renames once every device has
@@ -125,7 +125,8 @@ std::optional<std::string> find_checkpoint(const std::string& dir);
 /// InvalidArgument) name the file and what is wrong: a missing file, a bad header
 /// length, a header that is not JSON, data_offsets beyond the file, a missing tensor, a
 /// global shape or dtype different from the state's. Tensors of the checkpoint that the
-/// state has no leaf for are ignored (loading parameters only is state.opt_state empty).
+/// state has no leaf for are ignored: a state with an empty opt_state loads the
+/// parameters only.
 CheckpointMeta load_checkpoint(const std::string& path, TrainState& state,
                                const CheckpointLayout& layout);
 
