@@ -93,6 +93,18 @@ class Transformer {
   /// replicated along the model axis (vocabulary-parallel when tp.vocab_parallel).
   Tensor loss(const nn::Scope& scope, const Tensor& tokens, const Tensor& targets) const;
 
+  /// The forward in its three parts (operator() is head(blocks(embed(tokens)))), for
+  /// pipelines that run them on different stages: tokens (B, T) -> residual stream
+  /// (residual_shape); block i of the residual stream; residual stream -> logits.
+  Tensor embed(const nn::Scope& scope, const Tensor& tokens) const;
+  Tensor block(const nn::Scope& scope, int i, const Tensor& x) const;
+  Tensor head(const nn::Scope& scope, const Tensor& x) const;
+  /// This device's shape of the residual stream between blocks: (B, T, C), (B, T, C/n)
+  /// feature-sharded, (B, T/n, C) sequence parallel.
+  Shape residual_shape(const nn::Scope& scope, std::int64_t batch, std::int64_t seq_len) const;
+  /// The mean cross-entropy of logits from head() (vocabulary-parallel when split).
+  Tensor loss_of_logits(const nn::Scope& scope, const Tensor& logits, const Tensor& targets) const;
+
   /// Parameter count the config gives (equals init(...).num_elements()).
   std::int64_t num_params() const;
   /// Number of elements of a parameter tree.

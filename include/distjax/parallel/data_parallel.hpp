@@ -78,6 +78,8 @@ class DataParallel final : public Strategy {
   train::GradientResult forward_backward(const train::LossFn& loss_fn, const TensorTree& params,
                                          const train::Batch& batch, const Key& key,
                                          int num_minibatches) override;
+  TensorTree own_params(const TensorTree& params) override;
+  train::Batch own_batch(const train::Batch& batch) override;
   TensorTree finalize_grads(TensorTree grads) override;
   train::Metrics reduce_metrics(train::Metrics metrics) override;
   /// parallel::global_norm_squared (sharded leaves summed over their shards).

@@ -34,6 +34,14 @@ class Strategy {
   virtual train::GradientResult forward_backward(const train::LossFn& loss_fn,
                                                  const TensorTree& params, const train::Batch& batch,
                                                  const Key& key, int num_minibatches);
+  /// The parameters as this device differentiates them: the same storage with the
+  /// varying marks the strategy needs (data parallelism marks each replica's copy as its
+  /// own along the data axes, so the tape does not sum the cotangents there). The base
+  /// returns them unchanged. forward_backward applies it; a strategy that runs the
+  /// backward itself around this one (a pipeline) calls it.
+  virtual TensorTree own_params(const TensorTree& params) { return params; }
+  /// This device's batch with its varying marks (data parallelism: along the data axes).
+  virtual train::Batch own_batch(const train::Batch& batch) { return batch; }
   /// The gradients the optimizer applies (synchronised where the strategy needs it).
   virtual TensorTree finalize_grads(TensorTree grads) { return grads; }
   /// Metrics merged over the devices that saw different examples.

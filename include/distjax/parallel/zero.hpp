@@ -46,6 +46,8 @@ class ZeroDataParallel final : public Strategy {
   train::GradientResult forward_backward(const train::LossFn& loss_fn, const TensorTree& params,
                                          const train::Batch& batch, const Key& key,
                                          int num_minibatches) override;
+  TensorTree own_params(const TensorTree& params) override { return dp_.own_params(params); }
+  train::Batch own_batch(const train::Batch& batch) override { return dp_.own_batch(batch); }
   TensorTree finalize_grads(TensorTree grads) override;
   train::Metrics reduce_metrics(train::Metrics metrics) override {
     return dp_.reduce_metrics(std::move(metrics));

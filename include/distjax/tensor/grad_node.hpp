@@ -129,4 +129,47 @@ Tensor record(const char* name, const std::vector<Tensor>& inputs, Tensor out,
 /// A fresh leaf that shares `t`'s storage and is differentiated with respect to.
 Tensor make_leaf(const Tensor& t);
 
+
+// ------------------------------------------------------------ deferred weight cotangents
+
+/// Zero-bubble pipeline schedules split a backward pass in two: the input cotangents,
+/// which the previous stage waits for, at once, and the weight cotangents later, where they
+/// fill what would be bubbles. While a store is installed on a thread (WeightGradStoreGuard),
+/// linear and matmul return no cotangent for a weight operand that is a parameter leaf and
+/// queue the product that computes it instead (it keeps the op's input and output
+/// cotangent alive until then); run() computes them.
+class WeightGradStore {
+ public:
+  using Job = std::function<Tensor()>;
+  /// Queues `job`, which computes the cotangent of `leaf`'s (single) output.
+  void defer(std::shared_ptr<Node> leaf, Job job);
+  /// Runs the queued jobs in order; returns (leaf, cotangent) pairs and empties the store.
+  std::vector<std::pair<std::shared_ptr<Node>, Tensor>> run();
+  bool empty() const { return jobs_.empty(); }
+  std::size_t size() const { return jobs_.size(); }
+
+ private:
+  std::vector<std::pair<std::shared_ptr<Node>, Job>> jobs_;
+};
+
+/// The store of this thread, or null (the default: every cotangent computed at once).
+WeightGradStore* weight_grad_store();
+
+/// Installs `store` for this thread for the guard's lifetime.
+class WeightGradStoreGuard {
+ public:
+  explicit WeightGradStoreGuard(WeightGradStore* store);
+  ~WeightGradStoreGuard();
+  WeightGradStoreGuard(const WeightGradStoreGuard&) = delete;
+  WeightGradStoreGuard& operator=(const WeightGradStoreGuard&) = delete;
+
+ private:
+  WeightGradStore* prev_;
+};
+
+/// At record time: w's leaf node when an op over `inputs` may defer w's cotangent (w is a
+/// differentiated leaf and no implicit pvary sits on its edge, so the cotangent goes to
+/// the leaf unchanged); null otherwise.
+std::shared_ptr<Node> deferrable_weight(const Tensor& w, const std::vector<Tensor>& inputs);
+
 }  // namespace distjax::tensor

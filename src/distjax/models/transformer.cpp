@@ -33,7 +33,42 @@ Transformer::Transformer(TransformerConfig config) : config_(config) {
                 "[Transformer] dropout must be in [0, 1), got ", c.dropout);
 }
 
+namespace {
+
+// What the tensor-parallel layout means for the embedding, the residual stream and the head.
+struct Layout {
+  bool megatron, feature_sharded, sp, vocab_parallel;
+  int n;  // devices along the model axis (1 without tensor parallelism)
+  mesh::Axes axis;
+  mesh::PartitionSpec table_spec;  // of the embedding tables
+};
+
+Layout layout_of(const TransformerConfig& c, const nn::Scope& scope) {
+  using parallel::TPLayout;
+  const TransformerTP& tp = c.tp;
+  Layout l;
+  l.megatron = tp.layout == TPLayout::Megatron;
+  l.feature_sharded = tp.layout == TPLayout::Gather || tp.layout == TPLayout::Async;
+  l.sp = l.megatron && tp.sequence_parallel;
+  l.vocab_parallel = l.megatron && tp.vocab_parallel;
+  l.axis = mesh::Axes(tp.axis);
+  l.n = tp.layout == TPLayout::None ? 1 : scope.axis_size(l.axis);
+  // Feature-sharded layouts split the embedding tables by columns, the vocabulary-parallel
+  // one by rows; otherwise they are replicated.
+  l.table_spec = l.feature_sharded ? mesh::P(std::nullopt, tp.axis) : mesh::PartitionSpec();
+  return l;
+}
+
+}  // namespace
+
 Tensor Transformer::operator()(const nn::Scope& scope, const Tensor& tokens) const {
+  Tensor x = embed(scope, tokens);
+  for (std::int64_t i = 0; i < config_.num_layers; ++i)
+    x = block(scope, static_cast<int>(i), x);
+  return head(scope, x);
+}
+
+Tensor Transformer::embed(const nn::Scope& scope, const Tensor& tokens) const {
   const auto& c = config_;
   tensor::check_defined(tokens, "Transformer", "tokens");
   DISTJAX_CHECK(
@@ -43,55 +78,48 @@ Tensor Transformer::operator()(const nn::Scope& scope, const Tensor& tokens) con
   DISTJAX_CHECK(t_len >= 1 && t_len <= c.max_len, InvalidArgument, "[Transformer] sequence length ",
                 t_len, " is outside [1, max_len=", c.max_len, "]");
   const TransformerTP& tp = c.tp;
-  using parallel::TPLayout;
-  const bool megatron = tp.layout == TPLayout::Megatron;
-  const bool feature_sharded = tp.layout == TPLayout::Gather || tp.layout == TPLayout::Async;
-  const bool sp = megatron && tp.sequence_parallel;
-  const bool vocab_parallel = megatron && tp.vocab_parallel;
+  const Layout l = layout_of(c, scope);
   spmd::DeviceContext* ctx = scope.context();
-  const mesh::Axes axis(tp.axis);
-  const int n = tp.layout == TPLayout::None ? 1 : scope.axis_size(axis);
-  DISTJAX_CHECK(!sp || t_len % n == 0, ShardingError, "[Transformer] sequence parallelism: T=",
-                t_len, " is not divisible by ", tp.axis, "=", n);
-  // Feature-sharded layouts split the embedding tables by columns, the vocabulary-parallel
-  // one by rows; otherwise they are replicated.
-  const mesh::PartitionSpec table_spec =
-      feature_sharded ? mesh::P(std::nullopt, tp.axis) : mesh::PartitionSpec();
-
+  DISTJAX_CHECK(!l.sp || t_len % l.n == 0, ShardingError, "[Transformer] sequence parallelism: T=",
+                t_len, " is not divisible by ", tp.axis, "=", l.n);
   const nn::Embedding wte{.num_embeddings = c.vocab,
                           .features = c.d_model,
                           .embedding_init = nn::normal(0.02),
-                          .embedding_spec = table_spec};
+                          .embedding_spec = l.table_spec};
   const parallel::VocabParallelEmbedding wte_vp{
       .num_embeddings = c.vocab, .features = c.d_model, .axis = tp.axis};
   Tensor x;  // (B, T, C); (B, T/n, C) sequence parallel; (B, T, C/n) feature-sharded
-  if (vocab_parallel) {
-    x = wte_vp(scope.child("wte"), tokens, sp);
+  if (l.vocab_parallel) {
+    x = wte_vp(scope.child("wte"), tokens, l.sp);
   } else {
     x = wte(scope.child("wte"), tokens);
-    if (sp) x = parallel::split_to_sp_region(ctx, x, axis, 1);
+    if (l.sp) x = parallel::split_to_sp_region(ctx, x, l.axis, 1);
   }
   Tensor pos;  // (T, C), split like x
   if (c.learned_positions) {
     const nn::Embedding wpe{.num_embeddings = c.max_len,
                             .features = c.d_model,
                             .embedding_init = nn::normal(0.01),
-                            .embedding_spec = table_spec};
+                            .embedding_spec = l.table_spec};
     pos = tensor::slice(wpe.table(scope.child("wpe")), 0, 0, t_len);
   } else {
     pos = nn::sinusoidal_positions(t_len, c.d_model);
-    if (feature_sharded && n > 1) {
-      const std::int64_t w = c.d_model / n, i = scope.axis_index(axis);
+    if (l.feature_sharded && l.n > 1) {
+      const std::int64_t w = c.d_model / l.n, i = scope.axis_index(l.axis);
       pos = tensor::slice(pos, 1, i * w, (i + 1) * w);
     }
   }
-  if (sp) pos = parallel::split_to_sp_region(ctx, pos, axis, 0);
+  if (l.sp) pos = parallel::split_to_sp_region(ctx, pos, l.axis, 0);
   x = tensor::add(x, pos);
-  const mesh::PartitionSpec x_spec = feature_sharded ? mesh::P(std::nullopt, std::nullopt, tp.axis)
-                                     : sp             ? mesh::P(std::nullopt, tp.axis)
-                                                      : mesh::PartitionSpec();
-  x = nn::Dropout{.rate = c.dropout, .spec = x_spec}(scope.child("embed_dropout"), x);
+  const mesh::PartitionSpec x_spec = l.feature_sharded ? mesh::P(std::nullopt, std::nullopt, tp.axis)
+                                     : l.sp            ? mesh::P(std::nullopt, tp.axis)
+                                                       : mesh::PartitionSpec();
+  return nn::Dropout{.rate = c.dropout, .spec = x_spec}(scope.child("embed_dropout"), x);
+}
 
+Tensor Transformer::block(const nn::Scope& scope, int i, const Tensor& x) const {
+  const auto& c = config_;
+  const Layout l = layout_of(c, scope);
   const double out_scale =
       1.0 / std::sqrt(2.0 * static_cast<double>(std::max<std::int64_t>(c.num_layers, 1)));
   const parallel::TPTransformerBlock block{.num_heads = c.num_heads,
@@ -101,16 +129,25 @@ Tensor Transformer::operator()(const nn::Scope& scope, const Tensor& tokens) con
                                            .remat = c.remat,
                                            .kernel_init = nn::lecun_normal(),
                                            .out_init = nn::scaled(nn::lecun_normal(), out_scale),
-                                           .axis = tp.axis,
-                                           .layout = tp.layout,
-                                           .sequence_parallel = sp,
-                                           .bidirectional = tp.bidirectional,
+                                           .axis = c.tp.axis,
+                                           .layout = c.tp.layout,
+                                           .sequence_parallel = l.sp,
+                                           .bidirectional = c.tp.bidirectional,
                                            .parallel = c.parallel_block};
-  const nn::Scope blocks = scope.child("blocks");
-  for (std::int64_t i = 0; i < c.num_layers; ++i)
-    x = block(blocks.child(static_cast<int>(i)), x);
+  return block(scope.child("blocks").child(i), x);
+}
 
-  if (feature_sharded) {
+Tensor Transformer::head(const nn::Scope& scope, const Tensor& x_in) const {
+  const auto& c = config_;
+  const TransformerTP& tp = c.tp;
+  const Layout l = layout_of(c, scope);
+  spmd::DeviceContext* ctx = scope.context();
+  Tensor x = x_in;
+  const nn::Embedding wte{.num_embeddings = c.vocab,
+                          .features = c.d_model,
+                          .embedding_init = nn::normal(0.02),
+                          .embedding_spec = l.table_spec};
+  if (l.feature_sharded) {
     // Norm over the sharded features, then partial logits from this device's columns,
     // summed over the axis: (B, T, V) replicated.
     x = parallel::TPNorm{.kind = parallel::TPNorm::Kind::Layer, .eps = c.ln_eps, .axis = tp.axis}(
@@ -123,30 +160,44 @@ Tensor Transformer::operator()(const nn::Scope& scope, const Tensor& tokens) con
                                 .mode = parallel::TPMode::Scatter,
                                 .skip_communication = true,
                                 .use_bias = false}(scope.child("lm_head"), x);
-    return parallel::reduce_from_tp_region(ctx, partial, axis);
+    return parallel::reduce_from_tp_region(ctx, partial, l.axis);
   }
   x = nn::LayerNorm{.eps = c.ln_eps}(scope.child("ln_f"), x);
-  if (vocab_parallel) {
+  if (l.vocab_parallel) {
     // The head's logits stay split over the vocabulary: (B, T, V/n).
-    if (sp) x = parallel::gather_from_sp_region(ctx, x, axis, 1);
+    if (l.sp) x = parallel::gather_from_sp_region(ctx, x, l.axis, 1);
+    const parallel::VocabParallelEmbedding wte_vp{
+        .num_embeddings = c.vocab, .features = c.d_model, .axis = tp.axis};
     if (c.tied_embeddings) return wte_vp.attend(scope.child("wte"), x);
     return parallel::ColumnParallelDense{.features = c.vocab, .axis = tp.axis, .use_bias = false}(
         scope.child("lm_head"), x);
   }
-  if (sp && n > 1) x = spmd::all_gather_invariant(*ctx, x, axis, 1, /*tiled=*/true);
+  if (l.sp && l.n > 1) x = spmd::all_gather_invariant(*ctx, x, l.axis, 1, /*tiled=*/true);
   if (c.tied_embeddings) return wte.attend(scope.child("wte"), x);  // (B, T, V)
   return nn::Dense{.features = c.vocab, .use_bias = false}(scope.child("lm_head"), x);
 }
 
-Tensor Transformer::loss(const nn::Scope& scope, const Tensor& tokens,
-                         const Tensor& targets) const {
-  Tensor logits = (*this)(scope, tokens);
+Shape Transformer::residual_shape(const nn::Scope& scope, std::int64_t batch,
+                                  std::int64_t seq_len) const {
+  const Layout l = layout_of(config_, scope);
+  if (l.feature_sharded) return {batch, seq_len, config_.d_model / l.n};
+  if (l.sp) return {batch, seq_len / l.n, config_.d_model};
+  return {batch, seq_len, config_.d_model};
+}
+
+Tensor Transformer::loss_of_logits(const nn::Scope& scope, const Tensor& logits,
+                                   const Tensor& targets) const {
   const bool vocab_parallel =
       config_.tp.layout == parallel::TPLayout::Megatron && config_.tp.vocab_parallel;
   if (vocab_parallel)
     return tensor::mean(parallel::vocab_parallel_cross_entropy(scope.context(), logits, targets,
                                                                mesh::Axes(config_.tp.axis)));
   return tensor::mean(tensor::cross_entropy(logits, targets));
+}
+
+Tensor Transformer::loss(const nn::Scope& scope, const Tensor& tokens,
+                         const Tensor& targets) const {
+  return loss_of_logits(scope, (*this)(scope, tokens), targets);
 }
 
 TensorTree Transformer::init(Key key) const {

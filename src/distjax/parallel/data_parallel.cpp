@@ -234,15 +234,16 @@ Key DataParallel::step_key(const Key& key) {
   return ctx_->fold_rng_over_axis(key, axes_);
 }
 
-train::GradientResult DataParallel::forward_backward(const train::LossFn& loss_fn,
-                                                     const TensorTree& params,
-                                                     const train::Batch& batch, const Key& key,
-                                                     int num_minibatches) {
+train::Batch DataParallel::own_batch(const train::Batch& batch) {
   // The batch is this device's slice: it varies along the data axes.
   const std::uint32_t data_mask = ctx_->axis_mask(axes_);
   train::Batch local = batch;
   local.inputs.set_varying_axes(local.inputs.varying_axes() | data_mask);
   local.labels.set_varying_axes(local.labels.varying_axes() | data_mask);
+  return local;
+}
+
+TensorTree DataParallel::own_params(const TensorTree& params) {
   // Each replica differentiates its own copy of the parameters along the data axes it is
   // not sharded on: no cotangent sum there (sync_grads averages afterwards, in buckets).
   TensorTree own;
@@ -252,6 +253,15 @@ train::GradientResult DataParallel::forward_backward(const train::LossFn& loss_f
                        ctx_->axis_mask(mesh::Axes(axes_to_average(axes_, specs_, path))));
     own.set(path, t);
   }
+  return own;
+}
+
+train::GradientResult DataParallel::forward_backward(const train::LossFn& loss_fn,
+                                                     const TensorTree& params,
+                                                     const train::Batch& batch, const Key& key,
+                                                     int num_minibatches) {
+  const train::Batch local = own_batch(batch);
+  const TensorTree own = own_params(params);
   if (!overlap_) return train::accumulate_gradients(loss_fn, own, local, key, num_minibatches);
 
   const std::int64_t bucket_elems =

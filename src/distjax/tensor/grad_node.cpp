@@ -110,4 +110,43 @@ Tensor make_leaf(const Tensor& t) {
   return leaf;
 }
 
+
+namespace {
+thread_local WeightGradStore* t_weight_grad_store = nullptr;
+}  // namespace
+
+void WeightGradStore::defer(std::shared_ptr<Node> leaf, Job job) {
+  jobs_.emplace_back(std::move(leaf), std::move(job));
+}
+
+std::vector<std::pair<std::shared_ptr<Node>, Tensor>> WeightGradStore::run() {
+  NoGradGuard no_grad;
+  std::vector<std::pair<std::shared_ptr<Node>, Tensor>> out;
+  out.reserve(jobs_.size());
+  for (auto& [leaf, job] : jobs_)
+    out.emplace_back(std::move(leaf), job());
+  jobs_.clear();
+  return out;
+}
+
+WeightGradStore* weight_grad_store() {
+  return t_weight_grad_store;
+}
+
+WeightGradStoreGuard::WeightGradStoreGuard(WeightGradStore* store) : prev_(t_weight_grad_store) {
+  t_weight_grad_store = store;
+}
+
+WeightGradStoreGuard::~WeightGradStoreGuard() {
+  t_weight_grad_store = prev_;
+}
+
+std::shared_ptr<Node> deferrable_weight(const Tensor& w, const std::vector<Tensor>& inputs) {
+  const std::shared_ptr<Node>& n = w.grad_node();
+  if (!w.requires_grad() || !n || !n->is_leaf) return nullptr;
+  const std::uint32_t all = joined_varying_axes(inputs);
+  if ((w.varying_axes() & all) != all) return nullptr;  // an implicit pvary on its edge
+  return n;
+}
+
 }  // namespace distjax::tensor

@@ -154,13 +154,49 @@ Tensor matmul_forward(const Tensor& a, const Tensor& b, bool ta, bool tb) {
 
 }  // namespace
 
+// The cotangent of matmul's right operand B given A, B, dC (shared: a 2-D B used by every
+// batch of a batched A, whose cotangent sums over the batch).
+static Tensor matmul_grad_b(const Tensor& ad, const Tensor& bd, const Tensor& gc, bool ta, bool tb) {
+  const bool shared = bd.rank() == 2 && ad.rank() > 2;
+  Tensor gb;
+  if (shared) {
+    // B was shared by every batch: its cotangent sums over the batch.
+    if (!ta) {
+      Tensor a2 = ad.view({ad.numel() / ad.size(-1), ad.size(-1)});
+      Tensor g2 = gc.view({gc.numel() / gc.size(-1), gc.size(-1)});
+      gb = tb ? matmul(g2, a2, true, false) : matmul(a2, g2, true, false);
+    } else {
+      // Accumulate per-batch products into one (K, N) or (N, K) buffer.
+      gb = Tensor::zeros(bd.shape());
+      const std::int64_t m = gc.size(-2), n = gc.size(-1), k = ad.size(-2);
+      const std::int64_t batch = gc.numel() / (m * n);
+      const float* pa = ad.data<float>();
+      const float* pg = gc.data<float>();
+      float* po = gb.data<float>();
+      for (std::int64_t i = 0; i < batch; ++i) {
+        const float beta = 1.f;
+        if (tb)  // dB (N, K) += dC[i]^T A[i]^T
+          detail::gemm_f32(true, true, n, k, m, 1.f, pg + i * m * n,
+                           pa + i * k * m, beta, po);
+        else  // dB (K, N) += A[i] dC[i]
+          detail::gemm_f32(false, false, k, n, m, 1.f, pa + i * k * m,
+                           pg + i * m * n, beta, po);
+      }
+    }
+  } else {
+    gb = tb ? matmul(gc, ad, true, ta) : matmul(ad, gc, !ta, false);
+  }
+  return gb;
+}
+
 Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   Tensor out = matmul_forward(a, b, ta, tb);
   if (!needs_grad({&a, &b})) return joined(out, {&a, &b});
   return record("matmul", {a, b}, out,
                 [ad = a.detach(), bd = b.detach(), ta, tb, ra = a.requires_grad(),
-                 rb = b.requires_grad()](const std::vector<Tensor>& g) {
-                  const Tensor& gc = g[0];
+                 rb = b.requires_grad(),
+                 bleaf = deferrable_weight(b, {a, b})](const std::vector<Tensor>& g) {
+                  const Tensor gc = g[0];
                   Tensor ga, gb;
                   const bool shared = bd.rank() == 2 && ad.rank() > 2;
                   if (ra) {
@@ -183,33 +219,13 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
                     }
                   }
                   if (rb) {
-                    if (shared) {
-                      // B was shared by every batch: its cotangent sums over the batch.
-                      if (!ta) {
-                        Tensor a2 = ad.view({ad.numel() / ad.size(-1), ad.size(-1)});
-                        Tensor g2 = gc.view({gc.numel() / gc.size(-1), gc.size(-1)});
-                        gb = tb ? matmul(g2, a2, true, false) : matmul(a2, g2, true, false);
-                      } else {
-                        // Accumulate per-batch products into one (K, N) or (N, K) buffer.
-                        gb = Tensor::zeros(bd.shape());
-                        const std::int64_t m = gc.size(-2), n = gc.size(-1), k = ad.size(-2);
-                        const std::int64_t batch = gc.numel() / (m * n);
-                        const float* pa = ad.data<float>();
-                        const float* pg = gc.data<float>();
-                        float* po = gb.data<float>();
-                        for (std::int64_t i = 0; i < batch; ++i) {
-                          const float beta = 1.f;
-                          if (tb)  // dB (N, K) += dC[i]^T A[i]^T
-                            detail::gemm_f32(true, true, n, k, m, 1.f, pg + i * m * n,
-                                             pa + i * k * m, beta, po);
-                          else  // dB (K, N) += A[i] dC[i]
-                            detail::gemm_f32(false, false, k, n, m, 1.f, pa + i * k * m,
-                                             pg + i * m * n, beta, po);
-                        }
-                      }
-                    } else {
-                      gb = tb ? matmul(gc, ad, true, ta) : matmul(ad, gc, !ta, false);
-                    }
+                    WeightGradStore* store = weight_grad_store();
+                    if (bleaf && store)  // zero-bubble: dB later (W pass)
+                      store->defer(bleaf, [ad, bd, gc, ta, tb] {
+                        return matmul_grad_b(ad, bd, gc, ta, tb);
+                      });
+                    else
+                      gb = matmul_grad_b(ad, bd, gc, ta, tb);
                   }
                   return std::vector<Tensor>{ga, gb};
                 });
@@ -237,13 +253,20 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   if (!needs_grad(inputs)) return joined(out, inputs);
   return record("linear", inputs, out,
                 [xd = x.detach(), wd = w.detach(), has_bias = bias.defined(),
-                 rx = x.requires_grad(), rw = w.requires_grad()](const std::vector<Tensor>& g) {
+                 rx = x.requires_grad(), rw = w.requires_grad(),
+                 wleaf = deferrable_weight(w, inputs)](const std::vector<Tensor>& g) {
                   const std::int64_t k = wd.size(0), n = wd.size(1);
                   Tensor g2 = g[0].view({g[0].numel() / n, n});
                   Tensor x2 = xd.view({xd.numel() / k, k});
                   std::vector<Tensor> out;
                   out.push_back(rx ? matmul(g2, wd, false, true).view(xd.shape()) : Tensor());
-                  out.push_back(rw ? matmul(x2, g2, true, false) : Tensor());
+                  WeightGradStore* store = weight_grad_store();
+                  if (rw && wleaf && store) {  // zero-bubble: dW later (W pass)
+                    store->defer(wleaf, [x2, g2] { return matmul(x2, g2, true, false); });
+                    out.emplace_back();
+                  } else {
+                    out.push_back(rw ? matmul(x2, g2, true, false) : Tensor());
+                  }
                   if (has_bias) out.push_back(sum(g2, {0}));
                   return out;
                 });

@@ -1,0 +1,164 @@
+// Pipeline parallelism: a model cut into chunks along its depth, one stage of chunks per
+// device along the "pipe" mesh axis, run by an executor over a checked schedule
+// (parallel/pipeline_schedule.hpp), composed with the strategy of the other axes.
+// Legend: p stages, m micro-batches, v chunks per stage; B batch, b = B/m micro-batch.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "distjax/core/prng.hpp"
+#include "distjax/nn/scope.hpp"
+#include "distjax/parallel/pipeline_schedule.hpp"
+#include "distjax/parallel/strategy.hpp"
+#include "distjax/spmd/device_context.hpp"
+#include "distjax/train/batch.hpp"
+#include "distjax/train/metrics.hpp"
+
+namespace distjax::parallel {
+
+/// A model cut into `num_chunks` chunks along its depth. Parameters keep the paths of the
+/// whole model; a stage creates and holds only the parameters of its chunks.
+class PipelineModule {
+ public:
+  virtual ~PipelineModule() = default;
+
+  /// Forward of chunk `chunk` of `num_chunks` on one micro-batch `mb`. Chunk 0 reads
+  /// mb.inputs (`x` undefined); the others get the previous chunk's output `x`. A chunk
+  /// other than the last returns the activation it passes on; the last returns the
+  /// micro-batch's scalar mean loss and adds its metrics as (sum, count) to `metrics`
+  /// (a "loss" entry is added as (loss * b, b) when it adds none).
+  virtual tensor::Tensor forward(const nn::Scope& scope, int chunk, int num_chunks,
+                                 const tensor::Tensor& x, const train::Batch& mb,
+                                 train::Metrics& metrics) const = 0;
+
+  /// The local shape of the activation chunk `chunk` (not the last) passes on for `mb` on
+  /// the device of `scope`, and the mesh axes it varies over besides the micro-batch's
+  /// (e.g. the model axis when tensor parallelism splits its features): the receiving
+  /// stage posts its receive with them before the sender has computed anything.
+  virtual Shape activation_shape(const nn::Scope& scope, int chunk, int num_chunks,
+                                 const train::Batch& mb) const = 0;
+  virtual mesh::Axes activation_axes() const { return mesh::Axes(); }
+
+  /// The names of the metrics the last chunk reports (the other stages report them as
+  /// zeros, so the metrics merge over the pipe axis).
+  virtual std::vector<std::string> metric_names() const { return {"loss"}; }
+
+  /// Parameters of `chunks` only (paths as in the whole model), each parameter's value the
+  /// one the whole model's init gives it. `specs`, `ctx` and `fsdp` as in the models' init.
+  virtual TensorTree init(Key key, const std::vector<int>& chunks, int num_chunks,
+                          nn::ParamSpecs* specs = nullptr, spmd::DeviceContext* ctx = nullptr,
+                          const nn::FullySharded* fsdp = nullptr) const = 0;
+};
+
+/// The layers [first, last) of each of `num_chunks` chunks of a `num_layers` deep stack:
+/// balanced by count (the first num_layers % num_chunks chunks one layer more), or
+/// `explicit_sizes` when given (one size per chunk, summing to num_layers). ConfigError
+/// when a chunk would be empty ("more stages than layers") or the sizes do not add up.
+std::vector<std::pair<int, int>> partition_layers(int num_layers, int num_chunks,
+                                                  const std::vector<int>& explicit_sizes = {});
+
+/// Options of a Pipeline.
+struct PipelineOptions {
+  mesh::Axes axis = "pipe";
+  ScheduleKind schedule = ScheduleKind::OneFOneB;
+  int microbatches = 4;    ///< m; the local batch must be divisible by it
+  int virtual_stages = 1;  ///< v (Interleaved1F1B)
+  /// Parameters stored fully sharded (ZeRO-3) inside each stage: the scope the chunks run
+  /// on gets this configuration (the parameters must come from init with the same one).
+  const nn::FullySharded* fsdp = nullptr;
+};
+
+/// One span of a device's step: a compute action, or the time it waited for a transfer.
+struct PipelineSpan {
+  PipelineAction action;
+  bool wait = false;   ///< waiting for a receive (or for sends at the end), not computing
+  double start = 0.0;  ///< seconds on the steady clock
+  double end = 0.0;
+};
+
+/// The spans of this device's last step.
+struct PipelineTrace {
+  int stage = 0;
+  double start = 0.0, end = 0.0;    ///< the step on this device (steady clock seconds)
+  std::vector<PipelineSpan> spans;
+  int peak_in_flight = 0;           ///< micro-batch chunks held between F and B (or I)
+  double compute_seconds() const;   ///< sum of the compute spans
+  double wait_seconds() const;      ///< sum of the wait spans
+};
+
+/// The pipeline Strategy. forward_backward runs this stage's action list of the checked
+/// schedule over the micro-batches of the batch (the loss function of the train step is
+/// not used: the module's last chunk computes the loss): forwards keep their micro-batch's
+/// activations until its backward frees them; activations and cotangents travel to the
+/// neighbouring stages by asynchronous point-to-point over the pipe axis (receives posted
+/// ahead, sends left in flight), so transfers overlap compute; the gradients of the
+/// micro-batches are summed into this stage's gradients (each loss seeded with 1/m: the
+/// mean over the batch). Zero-bubble schedules defer the weight products of linear layers
+/// to the W actions (tensor::WeightGradStore).
+///
+/// The other axes keep their strategy, `inner` (data parallel, ZeRO, tensor parallel; null
+/// for none): its own_params/own_batch marks are applied, then finalize_grads,
+/// init_opt_state and apply_update run on this stage's parameters among the devices of
+/// the stage; the metrics are summed over the pipe axis first; the gradient norm is the
+/// inner one summed over the stages. Parameters and the batch are marked as varying over
+/// the pipe axis (each stage has its own).
+///
+///   parallel::DataParallel dp(ctx, "data");
+///   parallel::Pipeline pp(ctx, gpt_pipe, {.schedule = ScheduleKind::OneFOneB, .microbatches = 8}, &dp);
+///   TensorTree params = gpt_pipe.init(key, pp.chunks(), pp.num_chunks(), &specs, &ctx);
+///   train::train_step(state, local_batch, nullptr, opt, {.strategy = &pp});
+class Pipeline final : public Strategy {
+ public:
+  Pipeline(spmd::DeviceContext& ctx, const PipelineModule& module, PipelineOptions options = {},
+           Strategy* inner = nullptr);
+
+  std::string name() const override;
+  int data_parallel_size() const override { return inner_ ? inner_->data_parallel_size() : 1; }
+  Key step_key(const Key& key) override { return inner_ ? inner_->step_key(key) : key; }
+  train::GradientResult forward_backward(const train::LossFn& loss_fn, const TensorTree& params,
+                                         const train::Batch& batch, const Key& key,
+                                         int num_minibatches) override;
+  TensorTree finalize_grads(TensorTree grads) override;
+  train::Metrics reduce_metrics(train::Metrics metrics) override;
+  double grad_norm_squared(const TensorTree& grads) override;
+  TensorTree init_opt_state(const optim::Optimizer& optimizer, const TensorTree& params) override;
+  void apply_update(const optim::Optimizer& optimizer, TensorTree& params, const TensorTree& grads,
+                    TensorTree& opt_state, std::int64_t step) override;
+  MemoryStats* memory_stats() override { return &ctx_->memory(); }
+
+  /// This device's stage (its index along the pipe axis) and the chunks it holds.
+  int stage() const { return stage_; }
+  int num_stages() const { return schedule_.stages; }
+  int num_chunks() const { return schedule_.num_chunks(); }
+  std::vector<int> chunks() const { return schedule_.chunks_of(stage_); }
+  /// Whether this stage computes the loss (holds the last chunk).
+  bool is_last_stage() const { return schedule_.stage_of(num_chunks() - 1) == stage_; }
+  const PipelineSchedule& schedule() const { return schedule_; }
+  const ScheduleReport& schedule_report() const { return report_; }
+  /// The spans of the last forward_backward on this device.
+  const PipelineTrace& last_trace() const { return trace_; }
+
+ private:
+  // Parameters with this stage's marks (inner's, plus the pipe axis).
+  TensorTree stage_params(const TensorTree& params);
+  train::GradientResult run_schedule(const TensorTree& params, const train::Batch& batch,
+                                     const Key& key);
+  // grads with the pipe axis taken out of their marks (collectives of the inner strategy
+  // run among the devices of one stage).
+  TensorTree without_pipe(const TensorTree& tree) const;
+
+  spmd::DeviceContext* ctx_;
+  const PipelineModule* module_;
+  PipelineOptions options_;
+  Strategy* inner_;
+  int stage_ = 0;
+  std::uint32_t pipe_mask_ = 0;
+  PipelineSchedule schedule_;
+  ScheduleReport report_;
+  PipelineTrace trace_;
+};
+
+}  // namespace distjax::parallel

@@ -1,0 +1,339 @@
+// Pipeline parallelism against one device: every schedule, PP x DP x TP on (2,2,2) and
+// PP x FSDP give the same losses and final parameters as the whole model trained on one
+// device over 5 AdamW steps; activation memory per stage follows the schedule (1F1B holds
+// at most p micro-batches, GPipe m), measured by the memory accounting; bad counts fail
+// with clear errors.
+#include "distjax/parallel/pipeline.hpp"
+
+#include <gtest/gtest.h>
+
+#include <mutex>
+
+#include "distjax/autodiff/autodiff.hpp"
+#include "distjax/models/pp_classifier.hpp"
+#include "distjax/models/transformer_pipeline.hpp"
+#include "distjax/optim/adamw.hpp"
+#include "distjax/optim/sgd.hpp"
+#include "distjax/parallel/data_parallel.hpp"
+#include "distjax/parallel/tensor_parallel.hpp"
+#include "distjax/spmd/shard_map.hpp"
+#include "distjax/train/train_step.hpp"
+#include "parallel/parity_util.hpp"
+
+using namespace distjax;
+using namespace distjax::parallel;
+using mesh::Mesh;
+using spmd::DeviceContext;
+using tensor::Tensor;
+using tensor::TensorTree;
+using distjax::testing::expect_same_run;
+using distjax::testing::TrainingRun;
+
+namespace {
+
+constexpr int kSteps = 5;
+// As in zero_test.cpp: AdamW divides by sqrt(v) + eps, so an element whose gradient is
+// near zero moves by up to ~lr when its sum order differs in the last bits; eps = 1e-4
+// and 2e-5 x max |value| bound it (micro-batches sum the gradient in another order).
+constexpr double kAdamTol = 2e-5;
+// The GPT's position table starts at N(0, 0.01), so its tolerance (relative to its own max
+// |value|, ~0.06 after 5 steps of lr 1e-2) is tight: near-zero position gradients, which
+// micro-batches and data shards sum in another order, move by different fractions of lr
+// under AdamW; measured 5.8e-5 x max |value| on "wpe/embedding", every other tensor under
+// 2e-5. The SGD run of the same test agrees to 1e-5 on every tensor.
+constexpr double kGptAdamTol = 1e-4;
+
+const optim::AdamW& adamw() {
+  static const optim::AdamW opt({.learning_rate = optim::constant_schedule(1e-2),
+                                 .eps = 1e-4,
+                                 .weight_decay = 1e-2,
+                                 .decay_mask = optim::default_decay_mask()});
+  return opt;
+}
+
+std::vector<train::Batch> image_batches(int steps, std::int64_t batch, std::int64_t features) {
+  std::vector<train::Batch> out;
+  for (int s = 0; s < steps; ++s) {
+    const Key k = Key::from_seed(7).fold_in(static_cast<std::uint64_t>(s));
+    Tensor x = Tensor::empty({batch, features}), y = Tensor::empty({batch}, DType::I32);
+    for (std::int64_t i = 0; i < batch * features; ++i)
+      x.data<float>()[i] = static_cast<float>(k.bits(static_cast<std::uint64_t>(i))[0] % 1000) / 500.f - 1.f;
+    for (std::int64_t i = 0; i < batch; ++i)
+      y.data<std::int32_t>()[i] = static_cast<std::int32_t>(k.bits(1u << 20 | i)[1] % 10);
+    out.push_back({x, y});
+  }
+  return out;
+}
+
+TrainingRun train_reference(const TensorTree& init, const train::LossFn& fn,
+                            const std::vector<train::Batch>& batches,
+                            const optim::Optimizer& opt = adamw()) {
+  auto state = train::TrainState::create(init, opt, Key::from_seed(2));
+  TrainingRun run;
+  for (const auto& b : batches) {
+    const train::Metrics m =
+        train::train_step(state, b, fn, opt, {.max_grad_norm = distjax::testing::kParityMaxGradNorm});
+    run.losses.push_back(m.mean("loss"));
+    run.grad_norms.push_back(m.mean("grad_norm"));
+  }
+  run.params = state.params;
+  return run;
+}
+
+// How a pipelined run is set up on each device.
+struct PipeSetup {
+  PipelineOptions options;
+  const nn::FullySharded* fsdp = nullptr;
+  // The strategy of the other axes: data parallel over "data" when the mesh has it, else
+  // tensor parallel over "model" when it has that, else none.
+};
+
+// Places a device's shard into the global array `g` (allocated on first use).
+struct Gathered {
+  std::mutex mu;
+  std::map<std::string, Tensor> global;
+  void put(const std::string& path, const Tensor& local, const mesh::PartitionSpec& spec,
+           DeviceContext& ctx) {
+    Shape gshape = local.shape();
+    std::vector<std::int64_t> offset(local.shape().size(), 0);
+    for (int d = 0; d < static_cast<int>(gshape.size()); ++d) {
+      const auto axes = spec.entry(d).axes;
+      if (axes.empty()) continue;
+      const mesh::Axes a(axes);
+      offset[d] = ctx.axis_index(a) * local.size(d);
+      gshape[d] *= ctx.axis_size(a);
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    Tensor& g = global[path];
+    if (!g.defined()) g = Tensor::zeros(gshape);
+    const auto v = local.to_vector<float>();
+    const int r = static_cast<int>(gshape.size());
+    std::vector<std::int64_t> idx(r, 0);
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      std::int64_t flat = 0;
+      for (int d = 0; d < r; ++d)
+        flat = flat * gshape[d] + offset[d] + idx[d];
+      g.data<float>()[flat] = v[i];
+      for (int d = r - 1; d >= 0; --d) {
+        if (++idx[d] < local.size(d)) break;
+        idx[d] = 0;
+      }
+    }
+  }
+};
+
+TrainingRun train_pipelined(const Mesh& mesh, const PipelineModule& module, const PipeSetup& setup,
+                            const std::vector<train::Batch>& batches,
+                            const optim::Optimizer& opt = adamw()) {
+  const bool has_data = mesh.has_axis("data");
+  const int n_data = has_data ? mesh.axis_size("data") : 1;
+  std::vector<std::vector<double>> losses(static_cast<std::size_t>(mesh.size()));
+  std::vector<double> norms;
+  Gathered out;
+  spmd::shard_map(
+      mesh,
+      [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+        const int p = ctx.axis_size("pipe"), v = setup.options.virtual_stages;
+        std::vector<int> chunks;
+        for (int k = 0; k < v; ++k)
+          chunks.push_back(k * p + ctx.axis_index("pipe"));
+        nn::ParamSpecs specs;
+        TensorTree params = module.init(Key::from_seed(1), chunks, p * v, &specs, &ctx, setup.fsdp);
+        std::unique_ptr<Strategy> inner;
+        if (has_data) inner = std::make_unique<DataParallel>(ctx, "data", &specs);
+        else if (mesh.has_axis("model")) inner = std::make_unique<TensorParallel>(ctx, "model");
+        PipelineOptions options = setup.options;
+        options.fsdp = setup.fsdp;
+        Pipeline pp(ctx, module, options, inner.get());
+        EXPECT_EQ(pp.chunks(), chunks);
+        auto state = train::TrainState::create(params, opt, Key::from_seed(2), pp);
+        const int i = has_data ? ctx.axis_index("data") : 0;
+        for (const auto& b : batches) {
+          const std::int64_t per = b.size() / n_data;
+          const train::Metrics m = train::train_step(
+              state, b.slice(i * per, (i + 1) * per), nullptr, opt,
+              {.max_grad_norm = distjax::testing::kParityMaxGradNorm, .strategy = &pp});
+          losses[static_cast<std::size_t>(ctx.device())].push_back(m.mean("loss"));
+          if (ctx.device() == 0) norms.push_back(m.mean("grad_norm"));
+        }
+        for (const auto& [path, t] : state.params)
+          out.put(path, t, specs.count(path) ? specs.at(path) : mesh::PartitionSpec(), ctx);
+        return std::vector<Tensor>{};
+      },
+      {}, {})(std::vector<Tensor>{});
+  TrainingRun run{losses[0], norms, {}};
+  for (const auto& [path, g] : out.global)
+    run.params.set(path, g);
+  for (std::size_t d = 1; d < losses.size(); ++d)
+    EXPECT_EQ(losses[d], losses[0]) << "device " << d;
+  return run;
+}
+
+models::PPClassifierConfig classifier_config(int layers) {
+  return {.in_features = 12, .hidden = 16, .num_layers = layers, .mlp_expansion = 2, .num_classes = 10};
+}
+
+models::TransformerConfig gpt_config(models::TransformerTP tp = {}) {
+  return {.vocab = 32,
+          .d_model = 16,
+          .num_layers = 4,
+          .num_heads = 4,
+          .mlp_ratio = 2,
+          .max_len = 8,
+          .tied_embeddings = false,
+          .tp = tp};
+}
+
+}  // namespace
+
+TEST(Pipeline, EveryScheduleMatchesOneDevice) {
+  const models::PPClassifier model(classifier_config(8));
+  const auto data = image_batches(kSteps, 16, 12);
+  const TrainingRun one = train_reference(model.init(Key::from_seed(1)), model.loss_fn(), data);
+  struct Case {
+    ScheduleKind kind;
+    int p, m, v;
+  };
+  for (const Case& c : {Case{ScheduleKind::GPipe, 4, 8, 1}, Case{ScheduleKind::OneFOneB, 4, 8, 1},
+                        Case{ScheduleKind::OneFOneB, 2, 4, 1},
+                        Case{ScheduleKind::Interleaved1F1B, 2, 4, 2},
+                        Case{ScheduleKind::Interleaved1F1B, 4, 4, 2},
+                        Case{ScheduleKind::ZeroBubbleH1, 4, 8, 1}}) {
+    const std::string what = to_string(c.kind) + " p=" + std::to_string(c.p) +
+                             " m=" + std::to_string(c.m) + " v=" + std::to_string(c.v);
+    const TrainingRun run = train_pipelined(
+        Mesh({c.p}, {"pipe"}), model,
+        {.options = {.schedule = c.kind, .microbatches = c.m, .virtual_stages = c.v}}, data);
+    expect_same_run(one, run, kAdamTol, what);
+  }
+}
+
+TEST(Pipeline, GptDataTensorPipe222MatchesOneDevice) {
+  const auto data = distjax::testing::random_token_batches(kSteps, 8, 8, 32, 3);
+  const models::TransformerPipeline whole(gpt_config());
+  const TrainingRun one = train_reference(whole.init(Key::from_seed(1), {0}, 1), whole.loss_fn(), data);
+  for (ScheduleKind kind : {ScheduleKind::OneFOneB, ScheduleKind::ZeroBubbleH1}) {
+    const models::TransformerPipeline tp(gpt_config({.layout = TPLayout::Megatron}));
+    const TrainingRun run =
+        train_pipelined(Mesh({2, 2, 2}, {"data", "model", "pipe"}), tp,
+                        {.options = {.schedule = kind, .microbatches = 2}}, data);
+    expect_same_run(one, run, kGptAdamTol, "PP x DP x TP, " + to_string(kind));
+  }
+  // With SGD, which moves each parameter in proportion to its gradient, the runs agree to
+  // 1e-5: the gradients are the same; only AdamW's normalisation amplifies their last bits.
+  const optim::SGD sgd({.learning_rate = optim::constant_schedule(0.1)});
+  const TrainingRun one_sgd =
+      train_reference(whole.init(Key::from_seed(1), {0}, 1), whole.loss_fn(), data, sgd);
+  const models::TransformerPipeline tp(gpt_config({.layout = TPLayout::Megatron}));
+  const TrainingRun run_sgd =
+      train_pipelined(Mesh({2, 2, 2}, {"data", "model", "pipe"}), tp,
+                      {.options = {.schedule = ScheduleKind::OneFOneB, .microbatches = 2}}, data, sgd);
+  expect_same_run(one_sgd, run_sgd, 1e-5, "PP x DP x TP, SGD");
+}
+
+TEST(Pipeline, FullyShardedStagesMatchOneDevice) {
+  const auto data = distjax::testing::random_token_batches(kSteps, 8, 8, 32, 4);
+  const models::TransformerPipeline gpt(gpt_config());
+  const TrainingRun one = train_reference(gpt.init(Key::from_seed(1), {0}, 1), gpt.loss_fn(), data);
+  const nn::FullySharded fsdp{.axis = "data", .min_weight_size = 64};
+  const TrainingRun run = train_pipelined(
+      Mesh({2, 2}, {"data", "pipe"}), gpt,
+      {.options = {.schedule = ScheduleKind::OneFOneB, .microbatches = 2}, .fsdp = &fsdp}, data);
+  expect_same_run(one, run, kAdamTol, "PP x FSDP");
+}
+
+TEST(Pipeline, ActivationMemoryFollowsTheSchedule) {
+  // Wide activations, few parameters: a micro-batch's activations dominate what a stage
+  // holds, so the memory accounting shows how many are in flight.
+  const models::PPClassifier model({.in_features = 8, .hidden = 64, .num_layers = 2,
+                                    .mlp_expansion = 4, .num_classes = 4});
+  const int p = 2, m = 8;
+  const std::int64_t b = 64;  // per micro-batch
+  std::map<std::pair<std::string, int>, std::int64_t> peak;  // (run, stage) -> bytes
+  std::map<std::pair<std::string, int>, int> in_flight;
+  std::int64_t one_mb = 0;  // activation bytes of one micro-batch on stage 0
+  std::mutex mu;
+  struct Run {
+    std::string name;
+    ScheduleKind kind;
+    int m;
+  };
+  for (const Run& r : {Run{"gpipe8", ScheduleKind::GPipe, 8}, Run{"gpipe4", ScheduleKind::GPipe, 4},
+                       Run{"1f1b8", ScheduleKind::OneFOneB, 8}, Run{"1f1b4", ScheduleKind::OneFOneB, 4},
+                       Run{"one", ScheduleKind::GPipe, 1}}) {
+    train::Batch batch = image_batches(1, b * r.m, 8)[0];
+    for (int i = 0; i < batch.size(); ++i)
+      batch.labels.data<std::int32_t>()[i] %= 4;
+    spmd::shard_map(Mesh({p}, {"pipe"}), [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+      Pipeline pp(ctx, model, {.schedule = r.kind, .microbatches = r.m});
+      TensorTree params = model.init(Key::from_seed(1), pp.chunks(), pp.num_chunks(), nullptr, &ctx);
+      auto state = train::TrainState::create(params, adamw(), Key::from_seed(2), pp);
+      train::train_step(state, batch, nullptr, adamw(), {.strategy = &pp});
+      std::lock_guard<std::mutex> lock(mu);
+      peak[{r.name, pp.stage()}] = ctx.memory().activations_peak;
+      in_flight[{r.name, pp.stage()}] = pp.last_trace().peak_in_flight;
+      if (pp.stage() == 0 && r.name == "one") {
+        // One micro-batch forward on stage 0 with grad on: what it keeps alive.
+        const TensorTree leaves = autodiff::detail::make_leaves(state.params);
+        const std::int64_t before = tensor::live_bytes();
+        tensor::EnableGradGuard on;
+        train::Metrics unused;
+        Tensor y = model.forward(nn::Scope::apply(&leaves, true).on(ctx), 0, 2, Tensor(), batch,
+                                 unused);
+        one_mb = tensor::live_bytes() - before;
+      }
+      return std::vector<Tensor>{};
+    }, {}, {})(std::vector<Tensor>{});
+  }
+  ASSERT_GT(one_mb, 0);
+  auto peak_of = [&](const std::string& run, int s) { return peak[std::make_pair(run, s)]; };
+  for (int s = 0; s < p; ++s) {
+    EXPECT_EQ(in_flight[std::make_pair(std::string("gpipe8"), s)], m) << "stage " << s;
+    EXPECT_EQ(in_flight[std::make_pair(std::string("1f1b8"), s)], p - s) << "stage " << s;
+  }
+  // In micro-batches of stage 0's activations: GPipe's peak grows by one per extra
+  // micro-batch (it holds all m), 1F1B's does not grow at all (it holds at most p),
+  // whatever else the step holds at its peak (gradients, backward temporaries). 5% of a
+  // micro-batch covers the transfer buffers.
+  auto in_mb = [&](std::int64_t bytes) { return static_cast<double>(bytes) / one_mb; };
+  EXPECT_NEAR(in_mb(peak_of("gpipe8", 0) - peak_of("gpipe4", 0)), 4.0, 0.05);
+  EXPECT_NEAR(in_mb(peak_of("1f1b8", 0) - peak_of("1f1b4", 0)), 0.0, 0.05);
+  EXPECT_GE(in_mb(peak_of("gpipe8", 0) - peak_of("one", 0)), (m - 1) - 0.05);
+  EXPECT_LE(in_mb(peak_of("1f1b8", 0)), in_mb(peak_of("gpipe8", 0)) - (m - p - 1));
+}
+
+TEST(Pipeline, CountsAreValidated) {
+  const models::PPClassifier model(classifier_config(2));
+  // More stages than layers.
+  EXPECT_THROW(
+      {
+        try {
+          model.init(Key::from_seed(1), {0}, 4);
+        } catch (const ConfigError& e) {
+          EXPECT_NE(std::string(e.what()).find("more stages than layers"), std::string::npos);
+          throw;
+        }
+      },
+      ConfigError);
+  // A batch the micro-batches do not divide.
+  std::string error;
+  std::mutex mu;
+  spmd::shard_map(Mesh({2}, {"pipe"}), [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+    Pipeline pp(ctx, model, {.schedule = ScheduleKind::OneFOneB, .microbatches = 4});
+    TensorTree params = model.init(Key::from_seed(1), pp.chunks(), pp.num_chunks(), nullptr, &ctx);
+    auto state = train::TrainState::create(params, adamw(), Key::from_seed(2), pp);
+    try {
+      train::train_step(state, image_batches(1, 6, 12)[0], nullptr, adamw(), {.strategy = &pp});
+    } catch (const InvalidArgument& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      error = e.what();
+    }
+    return std::vector<Tensor>{};
+  }, {}, {})(std::vector<Tensor>{});
+  EXPECT_NE(error.find("batch size 6 is not divisible by 4 micro-batches"), std::string::npos)
+      << error;
+  // Tied embeddings cannot be cut.
+  models::TransformerConfig tied = gpt_config();
+  tied.tied_embeddings = true;
+  EXPECT_THROW(models::TransformerPipeline(tied).init(Key::from_seed(1), {0}, 2), ConfigError);
+}
