@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -192,20 +193,114 @@ mesh::PartitionSpec spec_from_json(const json& j) {
   return mesh::PartitionSpec::from_entries(std::move(entries));
 }
 
-// Whether `device` writes the blocks of a leaf with `spec`: it has coordinate 0 along
-// every mesh axis the spec does not name (one copy of each distinct block).
-bool writes(const mesh::Mesh& m, const mesh::PartitionSpec& spec, int device) {
-  const std::vector<int> c = m.coords(device);
-  for (int a = 0; a < m.ndim(); ++a)
-    if (!spec.uses(m.axis_names()[static_cast<std::size_t>(a)]) &&
-        c[static_cast<std::size_t>(a)] != 0)
-      return false;
-  return true;
+// What a device holds of one leaf: the descriptors the devices exchange before a save.
+struct Held {
+  std::string name;
+  Shape global, offset, shape;  // global shape; this device's block: offset and shape
+  DType dtype = DType::F32;
+  mesh::PartitionSpec spec;
+};
+
+std::vector<Held> describe(const CheckpointLayout& l,
+                           const std::vector<std::pair<std::string, Tensor>>& leaves) {
+  std::vector<Held> out;
+  for (const auto& [name, t] : leaves) {
+    const mesh::PartitionSpec spec = spec_of(l, name);
+    const Placement p = place(l, spec, t.shape(), name);
+    out.push_back({name, p.global, p.begin, t.shape(), t.dtype(), spec});
+  }
+  return out;
+}
+
+json held_json(const std::vector<Held>& held) {
+  json out = json::array();
+  for (const Held& h : held)
+    out.push_back({h.name, h.global, h.offset, h.shape, dtype_name(h.dtype), spec_json(h.spec)});
+  return out;
+}
+
+std::vector<Held> held_from_json(const json& j) {
+  std::vector<Held> out;
+  for (const auto& e : j)
+    out.push_back({e[0].get<std::string>(), e[1].get<Shape>(), e[2].get<Shape>(),
+                   e[3].get<Shape>(), dtype_from_name(e[4].get<std::string>()),
+                   spec_from_json(e[5])});
+  return out;
+}
+
+// Every device's descriptors, by device (an all_gather of their JSON text; one device: its
+// own). Devices may hold different leaves (pipeline stages hold different layers).
+std::vector<std::vector<Held>> exchange_held(const CheckpointLayout& l, const std::vector<Held>& mine) {
+  if (l.ctx == nullptr) return {mine};
+  comm::Communicator& world = l.ctx->world();
+  const int n = world.size();
+  const std::string text = held_json(mine).dump();
+  std::int64_t len = static_cast<std::int64_t>(text.size()), max_len = len;
+  world.all_reduce(&len, &max_len, 1, DType::I64, comm::ReduceOp::Max);
+  const std::int64_t words = max_len / 4 + 1;  // text, NUL-padded, as i32 words
+  std::vector<std::int32_t> send(static_cast<std::size_t>(words), 0),
+      all(static_cast<std::size_t>(words * n));
+  std::memcpy(send.data(), text.data(), text.size());
+  world.all_gather(send.data(), all.data(), words, DType::I32);
+  std::vector<std::vector<Held>> out;
+  for (int d = 0; d < n; ++d)
+    out.push_back(
+        held_from_json(json::parse(reinterpret_cast<const char*>(all.data() + d * words))));
+  return out;
+}
+
+// One tensor of a save: its blocks, each written by the lowest device holding it (a block
+// replicated along some mesh axes is written once).
+struct Planned {
+  Shape global, block_shape;
+  DType dtype = DType::F32;
+  mesh::PartitionSpec spec;
+  std::vector<std::pair<Shape, int>> blocks;  // offset, writing device
+};
+
+// The same plan on every device (computed from every device's descriptors). Throws
+// InvalidArgument when devices disagree on a tensor or its blocks do not tile it.
+std::map<std::string, Planned> plan_save(const std::vector<std::vector<Held>>& all) {
+  std::map<std::string, Planned> plan;
+  for (int d = 0; d < static_cast<int>(all.size()); ++d) {
+    for (const Held& h : all[static_cast<std::size_t>(d)]) {
+      auto [it, fresh] = plan.try_emplace(h.name);
+      Planned& p = it->second;
+      if (fresh) {
+        p = {h.global, h.shape, h.dtype, h.spec, {}};
+      } else {
+        DISTJAX_CHECK(p.global == h.global && p.block_shape == h.shape && p.dtype == h.dtype &&
+                          p.spec == h.spec,
+                      InvalidArgument, "[save_checkpoint] devices disagree on \"", h.name,
+                      "\": device ", d, " holds ", dtype_name(h.dtype), " ",
+                      to_string(h.global), " ", h.spec.to_string(), " in blocks ",
+                      to_string(h.shape), ", a lower device ", dtype_name(p.dtype), " ",
+                      to_string(p.global), " ", p.spec.to_string(), " in blocks ",
+                      to_string(p.block_shape));
+      }
+      const bool known = std::any_of(p.blocks.begin(), p.blocks.end(),
+                                     [&](const auto& b) { return b.first == h.offset; });
+      if (!known) p.blocks.emplace_back(h.offset, d);
+    }
+  }
+  for (const auto& [name, p] : plan)
+    DISTJAX_CHECK(static_cast<std::int64_t>(p.blocks.size()) * numel(p.block_shape) ==
+                      numel(p.global),
+                  InvalidArgument, "[save_checkpoint] the devices hold ", p.blocks.size(),
+                  " distinct blocks ", to_string(p.block_shape), " of \"", name, "\" ",
+                  to_string(p.global), ": not the whole array");
+  return plan;
+}
+
+// Whether `device` writes its block of `name`.
+bool writes(const std::map<std::string, Planned>& plan, const std::string& name, int device) {
+  for (const auto& b : plan.at(name).blocks)
+    if (b.second == device) return true;
+  return false;
 }
 
 json make_index(const CheckpointLayout& l, const TrainState& state,
-                const std::vector<std::pair<std::string, Tensor>>& leaves,
-                const SaveOptions& options) {
+                const std::map<std::string, Planned>& plan, const SaveOptions& options) {
   json index;
   index["format"] = kFormat;
   index["version"] = kVersion;
@@ -222,32 +317,23 @@ json make_index(const CheckpointLayout& l, const TrainState& state,
     DISTJAX_THROW(InvalidArgument,
                   "[save_checkpoint] SaveOptions::config is not valid JSON: ", e.what());
   }
-  const int n = l.ctx ? l.ctx->mesh().size() : 1;
-  std::vector<bool> has_file(static_cast<std::size_t>(n), false);
+  std::set<int> writers;
   json tensors = json::object();
-  for (const auto& [name, t] : leaves) {
-    const mesh::PartitionSpec spec = spec_of(l, name);
-    const Placement mine = place(l, spec, t.shape(), name);
+  for (const auto& [name, p] : plan) {
     json blocks = json::array();
-    for (int d = 0; d < n; ++d) {
-      Shape begin(t.shape().size(), 0);
-      if (l.ctx) {
-        if (!writes(l.ctx->mesh(), spec, d)) continue;
-        const auto r = mesh::NamedSharding(l.ctx->mesh(), spec).shard_range(mine.global, d);
-        for (std::size_t i = 0; i < r.size(); ++i)
-          begin[i] = r[i].first;
-      }
-      has_file[static_cast<std::size_t>(d)] = true;
-      blocks.push_back({{"file", device_file_name(d)}, {"offset", begin}, {"shape", t.shape()}});
+    for (const auto& [offset, d] : p.blocks) {
+      writers.insert(d);
+      blocks.push_back(
+          {{"file", device_file_name(d)}, {"offset", offset}, {"shape", p.block_shape}});
     }
-    tensors[name] = {{"shape", mine.global},
-                     {"dtype", dtype_name(t.dtype())},
-                     {"spec", spec_json(spec)},
+    tensors[name] = {{"shape", p.global},
+                     {"dtype", dtype_name(p.dtype)},
+                     {"spec", spec_json(p.spec)},
                      {"blocks", blocks}};
   }
   json files = json::array();
-  for (int d = 0; d < n; ++d)
-    if (has_file[static_cast<std::size_t>(d)]) files.push_back(device_file_name(d));
+  for (int d : writers)
+    files.push_back(device_file_name(d));
   index["files"] = files;
   index["tensors"] = tensors;
   return index;
@@ -308,35 +394,40 @@ void commit(const std::string& dir, const std::string& tmp, const std::string& f
 
 std::string save_checkpoint(const std::string& dir, const TrainState& state,
                             const CheckpointLayout& layout, const SaveOptions& options) {
-  const bool main = device_of(layout) == 0;
+  const int device = device_of(layout);
   const std::string final_dir = (fs::path(dir) / step_dir_name(state.step)).string();
   const std::string tmp = final_dir + ".tmp";
   // A collective for ZeRO, so before anything that may fail on one device only.
   const TensorTree opt_state = opt_state_in_param_layout(layout, state);
-  const auto leaves = named_leaves(state.params, opt_state);
+  std::vector<std::pair<std::string, Tensor>> leaves;
+  std::vector<Held> held;
+  on_every_device(layout, [&] {
+    leaves = named_leaves(state.params, opt_state);
+    held = describe(layout, leaves);
+  });
+  const std::vector<std::vector<Held>> all = exchange_held(layout, held);
+  std::map<std::string, Planned> plan;
   json index;
   on_every_device(layout, [&] {
-    if (main) {
-      index = make_index(layout, state, leaves, options);
+    plan = plan_save(all);
+    if (device == 0) {
+      index = make_index(layout, state, plan, options);
       prepare_tmp(dir, tmp);
     }
   });
   on_every_device(layout, [&] {
     std::vector<std::pair<std::string, Tensor>> mine;
     for (const auto& [name, t] : leaves)
-      if (layout.ctx == nullptr ||
-          writes(layout.ctx->mesh(), spec_of(layout, name), layout.ctx->device()))
-        mine.emplace_back(name, t);
+      if (writes(plan, name, device)) mine.emplace_back(name, t);
     if (!mine.empty())
-      detail::write_safetensors((fs::path(tmp) / device_file_name(device_of(layout))).string(),
-                                mine,
+      detail::write_safetensors((fs::path(tmp) / device_file_name(device)).string(), mine,
                                 {{"format", "distjax"},
-                                 {"device", std::to_string(device_of(layout))},
+                                 {"device", std::to_string(device)},
                                  {"step", std::to_string(state.step)}});
     if (options.fault_hook) options.fault_hook("shards_written");
   });
   on_every_device(layout, [&] {
-    if (main) commit(dir, tmp, final_dir, index, options);
+    if (device == 0) commit(dir, tmp, final_dir, index, options);
   });
   return final_dir;
 }
