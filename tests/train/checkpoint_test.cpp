@@ -23,9 +23,11 @@
 #include "distjax/data/synthetic.hpp"
 #include "distjax/models/classifier.hpp"
 #include "distjax/models/transformer.hpp"
+#include "distjax/models/transformer_pipeline.hpp"
 #include "distjax/optim/adam.hpp"
 #include "distjax/optim/adamw.hpp"
 #include "distjax/parallel/data_parallel.hpp"
+#include "distjax/parallel/pipeline.hpp"
 #include "distjax/parallel/zero.hpp"
 #include "distjax/spmd/shard_map.hpp"
 #include "distjax/tensor/nn_ops.hpp"
@@ -197,12 +199,13 @@ mesh::Axes data_axes(const Mesh& m) {
 
 enum class Kind { DataParallel, Zero1, Zero2 };
 
-std::unique_ptr<parallel::Strategy> make_strategy(Kind kind, DeviceContext& ctx, const Mesh& m,
+std::unique_ptr<parallel::Strategy> make_strategy(Kind kind, DeviceContext& ctx,
+                                                  const mesh::Axes& axes,
                                                   const nn::ParamSpecs& specs) {
   if (kind == Kind::DataParallel)
-    return std::make_unique<parallel::DataParallel>(ctx, data_axes(m), &specs);
-  return std::make_unique<parallel::ZeroDataParallel>(ctx, kind == Kind::Zero1 ? 1 : 2,
-                                                      data_axes(m), &specs);
+    return std::make_unique<parallel::DataParallel>(ctx, axes, &specs);
+  return std::make_unique<parallel::ZeroDataParallel>(ctx, kind == Kind::Zero1 ? 1 : 2, axes,
+                                                      &specs);
 }
 
 // On `mesh`: builds the state with `kind`, loads `load_from` when given, else trains
@@ -214,7 +217,7 @@ double gpt_on_mesh(const GptRun& run, const Mesh& mesh, Kind kind, const std::st
   on_mesh(mesh, [&](DeviceContext& ctx) {
     nn::ParamSpecs specs;
     TensorTree shards = run.model.init(Key::from_seed(1), &specs, &ctx);
-    auto strategy = make_strategy(kind, ctx, mesh, specs);
+    auto strategy = make_strategy(kind, ctx, data_axes(mesh), specs);
     TrainState state = TrainState::create(shards, run.opt, Key::from_seed(2), *strategy);
     const CheckpointLayout layout{&ctx, &specs, strategy.get()};
     const LossFn fn = [&](const TensorTree& p, const Batch& b, Key k) {
@@ -314,6 +317,106 @@ TEST(CheckpointReshard, EachDistinctBlockIsWrittenOnce) {
             std::string::npos)
       << os.str();
   if (std::getenv("DISTJAX_TEST_PRINT")) std::cout << os.str();
+}
+
+// A pipeline (2 stages over "pipe", each holding its own blocks) with tensor parallelism
+// inside the stages and ZeRO-1 over "data": its checkpoint holds the whole model's paths,
+// so it loads into the plain model on other meshes, and into another pipeline.
+models::TransformerConfig pipe_gpt_config() {
+  models::TransformerConfig c = gpt_config();
+  c.num_layers = 4;
+  c.tied_embeddings = false;  // the head and the embedding are on different stages
+  c.tp.vocab_parallel = false;
+  return c;
+}
+
+// Trains (or loads) a pipeline on `mesh` ("data", "model", "pipe"); saves into `save_to`
+// when given; returns the loss of one more step on `next`.
+double pipeline_on_mesh(const Mesh& mesh, Kind kind, const std::string& load_from, int steps,
+                        const std::string& save_to, int next) {
+  const GptRun run;
+  const models::TransformerPipeline module(pipe_gpt_config());
+  std::vector<double> loss(static_cast<std::size_t>(mesh.size()));
+  on_mesh(mesh, [&](DeviceContext& ctx) {
+    const int p = ctx.axis_size("pipe");
+    nn::ParamSpecs specs;
+    TensorTree params = module.init(Key::from_seed(1), {ctx.axis_index("pipe")}, p, &specs, &ctx);
+    auto inner = make_strategy(kind, ctx, "data", specs);
+    parallel::Pipeline pp(ctx, module,
+                          {.schedule = parallel::ScheduleKind::OneFOneB, .microbatches = 2},
+                          inner.get());
+    TrainState state = TrainState::create(params, run.opt, Key::from_seed(2), pp);
+    const CheckpointLayout layout{&ctx, &specs, &pp};
+    const int n = ctx.axis_size("data"), i = ctx.axis_index("data");
+    auto local = [&](const Batch& b) {
+      const std::int64_t per = b.size() / n;
+      return b.slice(i * per, (i + 1) * per);
+    };
+    if (!load_from.empty()) load_checkpoint(load_from, state, layout);
+    for (int s = 0; s < steps; ++s)
+      train_step(state, local(run.batches[static_cast<std::size_t>(s)]), nullptr, run.opt,
+                 {.strategy = &pp});
+    if (!save_to.empty()) save_checkpoint(save_to, state, layout);
+    const Metrics m = train_step(state, local(run.batches[static_cast<std::size_t>(next)]), nullptr,
+                                 run.opt, {.strategy = &pp});
+    loss[static_cast<std::size_t>(ctx.device())] = m.mean("loss");
+  });
+  return loss[0];
+}
+
+TEST(CheckpointReshard, PipelineSavedOn2x2x2LoadsWithoutAndWithPipes) {
+  const std::string saved = scratch("pipe_a");
+  const Mesh a({2, 2, 2}, {"data", "model", "pipe"});
+  const double next_a = pipeline_on_mesh(a, Kind::Zero1, "", 2, saved, 2);
+  const CheckpointIndex index = read_checkpoint_index(saved);
+  // Stage 1 (pipe coordinate 1: devices 1, 3, 5, 7) holds the later blocks and the head;
+  // the lowest of those holding each block writes it.
+  auto tensor = [&](const std::string& name) {
+    const auto it = std::find_if(index.tensors.begin(), index.tensors.end(),
+                                 [&](const auto& t) { return t.name == name; });
+    EXPECT_NE(it, index.tensors.end()) << name;
+    return it == index.tensors.end() ? CheckpointTensor{} : *it;
+  };
+  const CheckpointTensor head = tensor("params/lm_head/kernel");
+  ASSERT_EQ(head.blocks.size(), 1u);
+  EXPECT_EQ(head.blocks[0].file, "device_00001.safetensors");
+  const CheckpointTensor qkv = tensor("params/blocks/3/attn/qkv/kernel");
+  ASSERT_EQ(qkv.blocks.size(), 2u);
+  EXPECT_EQ(qkv.blocks[0].file, "device_00001.safetensors");
+  EXPECT_EQ(qkv.blocks[1].file, "device_00003.safetensors");
+  const CheckpointTensor wte = tensor("params/wte/embedding");
+  ASSERT_EQ(wte.blocks.size(), 1u);
+  EXPECT_EQ(wte.blocks[0].file, "device_00000.safetensors");
+
+  // The whole model's arrays, on one device.
+  GptRun plain_run;
+  const models::Transformer plain(pipe_gpt_config());
+  auto whole = [&](const std::string& d) {
+    TrainState s = TrainState::create(plain.init(Key::from_seed(4)), plain_run.opt, Key{});
+    load_checkpoint(d, s, {});
+    return s;
+  };
+  const TrainState ref = whole(saved);
+  EXPECT_EQ(ref.opt_state.size(), 2 * ref.params.size());
+
+  // Into a pipeline of another shape: ("data"=4, "model"=1, "pipe"=2), plain data parallel.
+  const std::string again = scratch("pipe_b");
+  const double next_b = pipeline_on_mesh(Mesh({4, 1, 2}, {"data", "model", "pipe"}),
+                                         Kind::DataParallel, saved, 0, again, 2);
+  const TrainState back = whole(again);
+  expect_bitwise_equal(ref.params, back.params, "params via (4, 1, 2)");
+  expect_bitwise_equal(ref.opt_state, back.opt_state, "opt_state via (4, 1, 2)");
+  EXPECT_NEAR(next_b, next_a, 1e-5 * std::abs(next_a));
+
+  // Into the plain model, tensor parallel on (1, 8).
+  plain_run.model = plain;
+  const std::string flat = scratch("pipe_c");
+  const double next_c = gpt_on_mesh(plain_run, Mesh({1, 8}, {"data", "model"}), Kind::DataParallel,
+                                    saved, 0, flat, 2);
+  const TrainState back_c = whole(flat);
+  expect_bitwise_equal(ref.params, back_c.params, "params via (1, 8)");
+  expect_bitwise_equal(ref.opt_state, back_c.opt_state, "opt_state via (1, 8)");
+  EXPECT_NEAR(next_c, next_a, 1e-5 * std::abs(next_a));
 }
 
 // ------------------------------------------------------------ resuming

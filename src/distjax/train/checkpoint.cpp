@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <map>
 #include <memory>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "distjax/core/error.hpp"
@@ -222,15 +222,15 @@ json held_json(const std::vector<Held>& held) {
 std::vector<Held> held_from_json(const json& j) {
   std::vector<Held> out;
   for (const auto& e : j)
-    out.push_back({e[0].get<std::string>(), e[1].get<Shape>(), e[2].get<Shape>(),
-                   e[3].get<Shape>(), dtype_from_name(e[4].get<std::string>()),
-                   spec_from_json(e[5])});
+    out.push_back({e[0].get<std::string>(), e[1].get<Shape>(), e[2].get<Shape>(), e[3].get<Shape>(),
+                   dtype_from_name(e[4].get<std::string>()), spec_from_json(e[5])});
   return out;
 }
 
 // Every device's descriptors, by device (an all_gather of their JSON text; one device: its
 // own). Devices may hold different leaves (pipeline stages hold different layers).
-std::vector<std::vector<Held>> exchange_held(const CheckpointLayout& l, const std::vector<Held>& mine) {
+std::vector<std::vector<Held>> exchange_held(const CheckpointLayout& l,
+                                             const std::vector<Held>& mine) {
   if (l.ctx == nullptr) return {mine};
   comm::Communicator& world = l.ctx->world();
   const int n = world.size();
@@ -272,11 +272,10 @@ std::map<std::string, Planned> plan_save(const std::vector<std::vector<Held>>& a
         DISTJAX_CHECK(p.global == h.global && p.block_shape == h.shape && p.dtype == h.dtype &&
                           p.spec == h.spec,
                       InvalidArgument, "[save_checkpoint] devices disagree on \"", h.name,
-                      "\": device ", d, " holds ", dtype_name(h.dtype), " ",
-                      to_string(h.global), " ", h.spec.to_string(), " in blocks ",
-                      to_string(h.shape), ", a lower device ", dtype_name(p.dtype), " ",
-                      to_string(p.global), " ", p.spec.to_string(), " in blocks ",
-                      to_string(p.block_shape));
+                      "\": device ", d, " holds ", dtype_name(h.dtype), " ", to_string(h.global),
+                      " ", h.spec.to_string(), " in blocks ", to_string(h.shape),
+                      ", a lower device ", dtype_name(p.dtype), " ", to_string(p.global), " ",
+                      p.spec.to_string(), " in blocks ", to_string(p.block_shape));
       }
       const bool known = std::any_of(p.blocks.begin(), p.blocks.end(),
                                      [&](const auto& b) { return b.first == h.offset; });
@@ -284,11 +283,11 @@ std::map<std::string, Planned> plan_save(const std::vector<std::vector<Held>>& a
     }
   }
   for (const auto& [name, p] : plan)
-    DISTJAX_CHECK(static_cast<std::int64_t>(p.blocks.size()) * numel(p.block_shape) ==
-                      numel(p.global),
-                  InvalidArgument, "[save_checkpoint] the devices hold ", p.blocks.size(),
-                  " distinct blocks ", to_string(p.block_shape), " of \"", name, "\" ",
-                  to_string(p.global), ": not the whole array");
+    DISTJAX_CHECK(
+        static_cast<std::int64_t>(p.blocks.size()) * numel(p.block_shape) == numel(p.global),
+        InvalidArgument, "[save_checkpoint] the devices hold ", p.blocks.size(),
+        " distinct blocks ", to_string(p.block_shape), " of \"", name, "\" ", to_string(p.global),
+        ": not the whole array");
   return plan;
 }
 
