@@ -95,9 +95,10 @@ struct CheckpointIndex {
 
 /// Saves `state` as DIR/step_<step, 8 digits>/ (index.json + device_<d>.safetensors) and
 /// points DIR/latest at it. Called by every device of the layout's mesh (a collective over
-/// ctx.world(): ZeRO's state is all-gathered, and the devices meet three times); each device
-/// writes only the blocks it owns, a block replicated along some mesh axes by the device
-/// with coordinate 0 along them. Atomic: the files are written and fsynced in
+/// ctx.world(): ZeRO's state is all-gathered, the devices exchange what they hold and meet
+/// four times). Devices may hold different leaves (pipeline stages); each writes only blocks
+/// it holds, and a block held by several devices (replicated along some mesh axes) is
+/// written once, by the lowest of them. Atomic: the files are written and fsynced in
 /// DIR/step_<n>.tmp/, which the main device (device 0) renames once every device has
 /// written; a crash before leaves the previous checkpoint as it was. An error on any
 /// device is raised on every device with that device's message. Returns the step
