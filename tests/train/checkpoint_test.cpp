@@ -30,6 +30,7 @@
 #include "distjax/parallel/pipeline.hpp"
 #include "distjax/parallel/zero.hpp"
 #include "distjax/spmd/shard_map.hpp"
+#include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/nn_ops.hpp"
 #include "distjax/tensor/reduce.hpp"
 #include "distjax/train/train_step.hpp"
@@ -137,6 +138,47 @@ TEST(Checkpoint, OneDeviceRoundTrip) {
   // The load really replaced the values (a fresh state of another seed differs).
   EXPECT_NE(s.fresh(9).params.at("fc1/kernel").to_vector<float>(),
             b.params.at("fc1/kernel").to_vector<float>());
+}
+
+// Every dtype and a scalar, saved split over a mesh and read back on one device.
+TEST(Checkpoint, EveryDtypeAndScalars) {
+  auto values = [](DType t, const Shape& shape, std::int64_t begin) {
+    std::vector<float> v(static_cast<std::size_t>(numel(shape)));
+    for (std::size_t i = 0; i < v.size(); ++i)
+      v[i] = 0.25f * static_cast<float>(begin + static_cast<std::int64_t>(i)) - 3.f;
+    return tensor::astype(Tensor::from_vector<float>(v, shape), t);
+  };
+  auto state_of = [&](int part, int parts) {
+    TrainState s;
+    s.step = 1;
+    const std::int64_t rows = 8 / parts;
+    s.params.set("bf16", values(DType::BF16, {rows, 3}, part * rows * 3));
+    s.params.set("f16", values(DType::F16, {rows}, part * rows));
+    s.params.set("i32", values(DType::I32, {rows, 2}, part * rows * 2));
+    s.params.set("i64", values(DType::I64, {5}, 0));
+    s.params.set("scalar", Tensor::scalar(2.5));
+    return s;
+  };
+  const std::string dir = scratch("dtypes");
+  on_mesh(Mesh({2}, {"x"}), [&](DeviceContext& ctx) {
+    const nn::ParamSpecs specs{
+        {"bf16", mesh::P("x")}, {"f16", mesh::P("x")}, {"i32", mesh::P("x")}};
+    save_checkpoint(dir, state_of(ctx.device(), 2), {&ctx, &specs, nullptr});
+  });
+  const TrainState ref = state_of(0, 1);
+  TrainState back = ref;
+  back.params = zeros_like(ref.params);
+  load_checkpoint(dir, back, {});
+  expect_bitwise_equal(ref.params, back.params, "params");
+  // The index is JSON with one line per tensor.
+  const std::string text = [&] {
+    std::ifstream f(fs::path(*find_checkpoint(dir)) / "index.json");
+    return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }();
+  EXPECT_TRUE(json::accept(text));
+  EXPECT_NE(text.find("\n  \"params/bf16\": {\"shape\":[8,3],\"dtype\":\"bf16\""),
+            std::string::npos)
+      << text;
 }
 
 TEST(Checkpoint, InspectPrintsTheIndex) {

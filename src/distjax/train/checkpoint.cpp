@@ -338,6 +338,31 @@ json make_index(const CheckpointLayout& l, const TrainState& state,
   return index;
 }
 
+// The index as text: one line per top-level field and one per tensor (readable, and a
+// diff between two steps shows the tensors that changed layout).
+std::string index_text(const json& index) {
+  std::string out = "{\n";
+  bool first = true;
+  for (const auto& [key, value] : index.items()) {
+    out += first ? " " : ",\n ";
+    first = false;
+    out += json(key).dump() + ": ";
+    if (key != "tensors") {
+      out += value.dump();
+      continue;
+    }
+    out += "{";
+    bool first_tensor = true;
+    for (const auto& [name, t] : value.items()) {
+      out += first_tensor ? "\n  " : ",\n  ";
+      first_tensor = false;
+      out += json(name).dump() + ": " + t.dump();
+    }
+    out += "\n }";
+  }
+  return out + "\n}\n";
+}
+
 // Keeps the `keep` newest complete step directories of `dir`.
 void prune(const std::string& dir, int keep) {
   if (keep <= 0) return;
@@ -365,7 +390,7 @@ void prepare_tmp(const std::string& dir, const std::string& tmp) {
 // Main device: index, rename into place, `latest`, pruning.
 void commit(const std::string& dir, const std::string& tmp, const std::string& final_dir,
             const json& index, const SaveOptions& options) {
-  detail::write_file_atomic((fs::path(tmp) / kIndex).string(), index.dump(1) + "\n");
+  detail::write_file_atomic((fs::path(tmp) / kIndex).string(), index_text(index));
   detail::fsync_dir(tmp);
   if (options.fault_hook) options.fault_hook("index_written");
   std::error_code ec;
