@@ -67,6 +67,8 @@
 #include "distjax/tensor/tensor.hpp"
 #include "distjax/tensor/tensor_tree.hpp"
 #include "distjax/train/batch.hpp"
+#include "distjax/train/checkpoint.hpp"
+#include "distjax/train/checkpointer.hpp"
 #include "distjax/train/metrics.hpp"
 #include "distjax/train/train_state.hpp"
 #include "distjax/train/train_step.hpp"

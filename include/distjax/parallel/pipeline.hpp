@@ -157,6 +157,11 @@ class Pipeline final : public Strategy {
   TensorTree init_opt_state(const optim::Optimizer& optimizer, const TensorTree& params) override;
   void apply_update(const optim::Optimizer& optimizer, TensorTree& params, const TensorTree& grads,
                     TensorTree& opt_state, std::int64_t step) override;
+  /// The inner strategy's (checkpoints: this stage's optimizer state).
+  TensorTree opt_state_to_param_layout(const TensorTree& opt_state,
+                                       const TensorTree& params) override;
+  TensorTree opt_state_from_param_layout(const TensorTree& state,
+                                         const TensorTree& params) override;
   MemoryStats* memory_stats() override { return &ctx_->memory(); }
 
   /// This device's stage (its index along the pipe axis) and the chunks it holds.

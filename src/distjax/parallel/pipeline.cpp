@@ -598,4 +598,14 @@ void Pipeline::apply_update(const optim::Optimizer& optimizer, TensorTree& param
   else optimizer.update(params, grads, opt_state, step);
 }
 
+TensorTree Pipeline::opt_state_to_param_layout(const TensorTree& opt_state,
+                                               const TensorTree& params) {
+  return inner_ ? inner_->opt_state_to_param_layout(opt_state, params) : opt_state;
+}
+
+TensorTree Pipeline::opt_state_from_param_layout(const TensorTree& state,
+                                                 const TensorTree& params) {
+  return inner_ ? inner_->opt_state_from_param_layout(state, params) : state;
+}
+
 }  // namespace distjax::parallel
