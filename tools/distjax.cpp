@@ -3,17 +3,20 @@
 //
 //   distjax train configs/train_mnist.toml [--set run.steps=100]... [--out DIR] [--resume]
 //   mpirun -np 8 distjax train configs/data_parallelism.toml      (one process per device)
+//   distjax ckpt inspect runs/gpt_3d/checkpoints
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "distjax/comm/launch_environment.hpp"
 #include "distjax/config/config_file.hpp"
+#include "distjax/train/checkpoint.hpp"
 #include "example_common.hpp"
 #include "programs/programs.hpp"
 
@@ -70,6 +73,24 @@ void add_train(CLI::App& app, Command& command) {
   cmd->callback([o, &command] { command = [o] { return train(*o); }; });
 }
 
+void add_ckpt(CLI::App& app, Command& command) {
+  CLI::App* ckpt = app.add_subcommand("ckpt", "Checkpoint tools (see docs/checkpoints.md)");
+  ckpt->require_subcommand(1);
+  auto dir = std::make_shared<std::string>();
+  CLI::App* inspect = ckpt->add_subcommand(
+      "inspect", "Prints a checkpoint's index: step, mesh, and every tensor's shape, dtype, "
+                 "spec and files");
+  inspect->add_option("dir", *dir,
+                      "a step directory, or a run's checkpoint directory (its latest step)")
+      ->required();
+  inspect->callback([dir, &command] {
+    command = [dir] {
+      train::inspect_checkpoint(*dir, std::cout);
+      return 0;
+    };
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -77,6 +98,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   Command command;
   add_train(app, command);
+  add_ckpt(app, command);
   CLI11_PARSE(app, argc, argv);
   return examples::run_main("distjax", command);
 }

@@ -126,6 +126,11 @@ int run_gpt(const config::TrainConfig& c) {
                     static_cast<long long>(c.model.heads), static_cast<long long>(seq_len),
                     static_cast<long long>(model.num_params()),
                     static_cast<long long>(state.params.num_elements()), n_pipe);
+      // The data of step s is drawn from the step alone: the position to save is the step.
+      train::Checkpointer ckpt(checkpoint_config(c), {&ctx, &specs, &pp});
+      if (ckpt.restore(state) && lead)
+        std::printf("Resumed from %s at step %lld\n", ckpt.config().dir.c_str(),
+                    static_cast<long long>(state.step));
       train::Trainer trainer({.out_dir = lead ? c.run.out_dir : std::string(),
                               .total_steps = steps,
                               .log_every = c.run.log_every,
@@ -133,7 +138,8 @@ int run_gpt(const config::TrainConfig& c) {
                               .items_name = "tokens",
                               .mesh = mesh.describe(),
                               .backend = backend_name,
-                              .print = lead},
+                              .print = lead,
+                              .append = c.run.resume},
                              opt, nullptr,
                              {.num_minibatches = static_cast<int>(c.run.grad_accum_steps),
                               .max_grad_norm = c.optimizer.max_grad_norm,
@@ -154,9 +160,11 @@ int run_gpt(const config::TrainConfig& c) {
                                  data_key.fold_in(static_cast<std::uint64_t>(state.step)));
         if (state.step + 1 == steps) ctx.comm(mesh::Axes("pipe")).barrier();  // the traced step
         trainer.step(state, global.slice(replica * per, (replica + 1) * per));
+        ckpt.maybe_save(state, {0, state.step});
         if (c.run.eval_every > 0 && state.step % c.run.eval_every == 0 && state.step < steps)
           evaluate();
       }
+      const std::string saved = ckpt.save(state, {0, state.step});
       const double bubble = parallel::pipeline_bubble(
           ctx, pp.last_trace(), c.distributed.comm_backend() == comm::Backend::Threads);
       {
@@ -170,6 +178,9 @@ int run_gpt(const config::TrainConfig& c) {
         std::printf("Validation: %.3f bits per byte (uniform guessing: 8); measured pipeline "
                     "bubble of the last step %.1f%%\n",
                     eval.mean("bits_per_byte"), 100.0 * bubble);
+        if (!ckpt.config().dir.empty())
+          std::printf("Checkpoint: %s (continue with --resume; list with distjax ckpt inspect)\n",
+                      train::find_checkpoint(ckpt.config().dir).value_or(saved).c_str());
       }
       return std::vector<Tensor>{};
     }
@@ -205,6 +216,10 @@ int run_gpt(const config::TrainConfig& c) {
           static_cast<long long>(state.params.num_elements()), static_cast<long long>(sharded),
           state.params.size());
     }
+    train::Checkpointer ckpt(checkpoint_config(c), {&ctx, &specs, &dp});
+    if (ckpt.restore(state) && lead)
+      std::printf("Resumed from %s at step %lld\n", ckpt.config().dir.c_str(),
+                  static_cast<long long>(state.step));
     train::Trainer trainer({.out_dir = lead ? c.run.out_dir : std::string(),
                             .total_steps = steps,
                             .log_every = c.run.log_every,
@@ -212,7 +227,8 @@ int run_gpt(const config::TrainConfig& c) {
                             .items_name = "tokens",
                             .mesh = mesh.describe(),
                             .backend = backend_name,
-                            .print = lead},
+                            .print = lead,
+                            .append = c.run.resume},
                            opt, loss_fn(true),
                            {.num_minibatches = static_cast<int>(c.run.grad_accum_steps),
                             .max_grad_norm = c.optimizer.max_grad_norm,
@@ -224,7 +240,10 @@ int run_gpt(const config::TrainConfig& c) {
           data::sample_windows(corpus.train, batch_size, seq_len,
                                data_key.fold_in(static_cast<std::uint64_t>(state.step)));
       trainer.step(state, global.slice(replica * per, (replica + 1) * per));
+      ckpt.maybe_save(state, {0, state.step});
     }
+    const std::string saved = ckpt.save(state, {0, state.step});
+    if (lead && !saved.empty()) std::printf("Checkpoint: %s\n", saved.c_str());
     // Every device evaluates every validation batch (the same gathers everywhere).
     const train::Metrics eval = train::evaluate(state.params, val, loss_fn(false), Key{});
     trainer.finish(state, {{"val_bits_per_byte", eval.mean("bits_per_byte")}});

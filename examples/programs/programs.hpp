@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "distjax/config/train_config.hpp"
+#include "distjax/train/checkpointer.hpp"
 
 namespace distjax::examples {
 
@@ -47,6 +48,15 @@ int run_train_gpt(const config::TrainConfig& c);
 int run_pipeline_parallelism(const config::TrainConfig& c);
 /// The same, printing the schedule's timeline first and the measured one at the end.
 int run_pipeline_parallelism(const config::TrainConfig& c, bool show_schedule);
+
+/// The checkpoint policy of a run: out_dir/checkpoints, every run.checkpoint_every steps
+/// and at the end (none when checkpoint_every is 0 and resume is off), resume from
+/// run.resume, the config saved in the index as {"toml": ...}.
+train::CheckpointConfig checkpoint_config(const config::TrainConfig& c);
+
+/// Whether `program` writes checkpoints (run_program prints a note for the others when the
+/// config asks for them).
+bool program_checkpoints(const std::string& program);
 
 /// The backend name printed in headers and recorded in summary.json ("threads", "mpi").
 std::string backend_label(const config::TrainConfig& c);

@@ -1010,6 +1010,7 @@ TEST(DocsPipeline, Executor) {
   }, {}, {})(std::vector<Tensor>{});
   EXPECT_GT(losses[0], 0.0);
   for (double l : losses) EXPECT_EQ(l, losses[0]);  // every device reports the same loss
+}
 
 // ------------------------------------------------------------ checkpoints.md
 

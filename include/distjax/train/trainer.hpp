@@ -29,6 +29,8 @@ struct TrainerConfig {
   bool progress_bar = true;
   /// finish() draws out_dir/loss_curve.png from metrics.jsonl (train/plot.hpp, gnuplot).
   bool plot = true;
+  /// Append to an existing metrics.jsonl (a resumed run) instead of starting it afresh.
+  bool append = false;
 };
 
 /// Runs train steps and logs them. Each logged record in metrics.jsonl holds: step,

@@ -73,7 +73,7 @@ Trainer::Trainer(TrainerConfig config, const optim::Optimizer& optimizer, LossFn
     DISTJAX_CHECK(!ec, IoError, "[Trainer] cannot create output directory \"", config_.out_dir,
                   "\": ", ec.message());
     const auto path = files_->dir / "metrics.jsonl";
-    files_->metrics.open(path, std::ios::out | std::ios::trunc);
+    files_->metrics.open(path, std::ios::out | (config_.append ? std::ios::app : std::ios::trunc));
     DISTJAX_CHECK(files_->metrics.good(), IoError, "[Trainer] cannot write \"", path.string(),
                   "\"");
   }
