@@ -96,8 +96,7 @@ int plan_command(const PlanOptions& o) {
   const plan::Plan p = plan::make_plan(model, setup);
   std::printf("distjax plan %s\n%s", o.config_path.c_str(), p.str().c_str());
   const double budget = o.budget_gib * 1024.0 * 1024.0 * 1024.0;
-  const std::vector<plan::Plan> fits =
-      plan::meshes_that_fit(model, setup, setup.world(), budget);
+  const std::vector<plan::Plan> fits = plan::meshes_that_fit(model, setup, setup.world(), budget);
   std::printf("meshes of %d devices that fit %.0f GiB per device (%zu, smallest total first):\n",
               setup.world(), o.budget_gib, fits.size());
   std::printf("  %-32s %10s %10s %10s %10s %10s %12s\n", "mesh", "params", "grads", "optim",
@@ -118,8 +117,9 @@ void add_plan(CLI::App& app, Command& command) {
   auto o = std::make_shared<PlanOptions>();
   CLI::App* cmd = app.add_subcommand(
       "plan", "Predicts per-device memory and communication of a config, and the meshes that fit");
-  cmd->footer("Models: run.program gpt / train_gpt (model.vocab, d_model, layers, heads, "
-              "data.seq_len) and data_parallelism / train_mnist. See docs/plan.md.");
+  cmd->footer(
+      "Models: run.program gpt / train_gpt (model.vocab, d_model, layers, heads, "
+      "data.seq_len) and data_parallelism / train_mnist. See docs/plan.md.");
   cmd->add_option("config", o->config_path, "the TOML config file (see docs/configs.md)")
       ->required();
   cmd->add_option("--set", o->overrides, "override one key: --set distributed.mesh_shape=4,2")

@@ -58,8 +58,7 @@ Measured run_classifier(int n, std::int64_t batch, std::int64_t hidden, bool fsd
       Mesh({n}, {"data"}),
       [&](DeviceContext& ctx, const std::vector<Tensor>&) {
         nn::ParamSpecs specs;
-        TensorTree params =
-            model.init(Key::from_seed(1), &specs, &ctx, fsdp_on ? &fsdp : nullptr);
+        TensorTree params = model.init(Key::from_seed(1), &specs, &ctx, fsdp_on ? &fsdp : nullptr);
         parallel::DataParallel dp(ctx, "data", &specs);
         auto state = train::TrainState::create(params, adamw(), Key::from_seed(2), dp);
         const train::LossFn fn = [&](const TensorTree& p, const train::Batch& b, Key k) {
@@ -74,7 +73,8 @@ Measured run_classifier(int n, std::int64_t batch, std::int64_t hidden, bool fsd
           Tensor x = testing::random_tensor(k, {per, 784});
           Tensor y = Tensor::empty({per}, DType::I32);
           for (std::int64_t i = 0; i < per; ++i)
-            y.data<std::int32_t>()[i] = static_cast<std::int32_t>(k.fold_in(50 + i).bits(0)[0] % 10);
+            y.data<std::int32_t>()[i] =
+                static_cast<std::int32_t>(k.fold_in(50 + i).bits(0)[0] % 10);
           ctx.comm_stats().reset();
           train::train_step(state, {x, y}, fn, adamw(), {.strategy = &dp});
           if (ctx.device() == 0 && step == kSteps - 1) {
@@ -108,8 +108,8 @@ Measured run_gpt(int nd, int nm, const GptSizes& z) {
       [&](DeviceContext& ctx, const std::vector<Tensor>&) {
         nn::ParamSpecs specs;
         parallel::DataParallel dp(ctx, "data", &specs);
-        auto state = train::TrainState::create(model.init(Key::from_seed(1), &specs, &ctx),
-                                               adamw(), Key::from_seed(2), dp);
+        auto state = train::TrainState::create(model.init(Key::from_seed(1), &specs, &ctx), adamw(),
+                                               Key::from_seed(2), dp);
         const train::LossFn fn = [&](const TensorTree& p, const train::Batch& b, Key k) {
           const nn::Scope sc = nn::Scope::apply(&p, true, k).on(ctx);
           return std::make_pair(model.loss(sc, b.inputs, b.labels), train::Metrics{});
@@ -138,12 +138,13 @@ void expect_within(double predicted, double measured, double tol, const std::str
 }
 
 void expect_memory_within_10_percent(const Plan& p, const MemoryStats& m, const std::string& what) {
-  std::printf("%s\n  predicted: params %.0f grads %.0f optim %.0f activations %.0f total %.0f\n"
-              "  measured:  params %lld grads %lld optim %lld activations %lld total %lld\n",
-              what.c_str(), p.parameters, p.gradients, p.optimizer_state, p.activations,
-              p.total(), static_cast<long long>(m.parameters),
-              static_cast<long long>(m.gradients), static_cast<long long>(m.optimizer_state),
-              static_cast<long long>(m.activations_peak), static_cast<long long>(m.total()));
+  std::printf(
+      "%s\n  predicted: params %.0f grads %.0f optim %.0f activations %.0f total %.0f\n"
+      "  measured:  params %lld grads %lld optim %lld activations %lld total %lld\n",
+      what.c_str(), p.parameters, p.gradients, p.optimizer_state, p.activations, p.total(),
+      static_cast<long long>(m.parameters), static_cast<long long>(m.gradients),
+      static_cast<long long>(m.optimizer_state), static_cast<long long>(m.activations_peak),
+      static_cast<long long>(m.total()));
   expect_within(p.parameters, double(m.parameters), 0.10, what + " parameters");
   expect_within(p.gradients, double(m.gradients), 0.10, what + " gradients");
   expect_within(p.optimizer_state, double(m.optimizer_state), 0.10, what + " optimizer state");
@@ -210,8 +211,8 @@ TEST(Plan, GptTensorParallelMatchesTheRun) {
 TEST(Plan, DescriptionsCountTheModelsOwnParameters) {
   const ModelDescription gpt = describe_gpt(256, 64, 3, 4, 32);
   const TensorTree params =
-      models::Transformer({.vocab = 256, .d_model = 64, .num_layers = 3, .num_heads = 4,
-                           .max_len = 32})
+      models::Transformer(
+          {.vocab = 256, .d_model = 64, .num_layers = 3, .num_heads = 4, .max_len = 32})
           .init(Key::from_seed(0));
   ASSERT_EQ(gpt.params.size(), params.size());
   for (const ParamInfo& p : gpt.params) {
@@ -273,8 +274,10 @@ TEST(Plan, Gpt3OnSixtyFourDevicesAsInTheGuide) {
   EXPECT_LT(make_plan(gpt3, mixed).total(), 80e9);
   const std::vector<Plan> fits = meshes_that_fit(gpt3, guide, 64, 80.0 * (1 << 30));
   ASSERT_FALSE(fits.empty());
-  for (std::size_t i = 1; i < fits.size(); ++i) EXPECT_LE(fits[i - 1].total(), fits[i].total());
-  for (const Plan& f : fits) EXPECT_EQ(f.setup.world(), 64);
+  for (std::size_t i = 1; i < fits.size(); ++i)
+    EXPECT_LE(fits[i - 1].total(), fits[i].total());
+  for (const Plan& f : fits)
+    EXPECT_EQ(f.setup.world(), 64);
 }
 
 TEST(Plan, CommunicationFollowsTheRingFormulas) {

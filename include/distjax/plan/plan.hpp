@@ -21,10 +21,10 @@ enum class TPSplit : std::uint8_t { None, Column, Row, Vocab };
 
 /// One parameter of the model: path, global shape, split over "model", pipeline layer.
 struct ParamInfo {
-  std::string path;           ///< "blocks/3/mlp/fc1/kernel"
+  std::string path;                 ///< "blocks/3/mlp/fc1/kernel"
   std::vector<std::int64_t> shape;  ///< global
   TPSplit split = TPSplit::None;
-  int layer = -1;             ///< transformer block index (pipeline stages); -1 = none
+  int layer = -1;  ///< transformer block index (pipeline stages); -1 = none
   std::int64_t numel() const;
 };
 
@@ -34,7 +34,7 @@ struct ParamInfo {
 /// all for one device's share under tensor parallelism factor `t` applied by the model.
 /// Two calibrations exist (activation_model_megatron, activation_model_distjax).
 struct ActivationModel {
-  std::string name;       ///< "megatron-16bit", "distjax-f32"
+  std::string name;  ///< "megatron-16bit", "distjax-f32"
   /// Per transformer layer, per token, in units of h: replicated part (not split by t)
   /// and split part (divided by t; also the replicated part with sequence parallelism).
   double layer_replicated = 0;
@@ -98,10 +98,10 @@ struct Setup {
   int zero_stage = 0;                  ///< 0 DP, 1 ZeRO-1, 2 ZeRO-2 (over "data")
   bool fsdp = false;                   ///< ZeRO-3 over "data"
   std::int64_t fsdp_min_weight_size = std::int64_t{1} << 18;
-  bool sequence_parallel = false;      ///< Megatron sequence parallelism
+  bool sequence_parallel = false;  ///< Megatron sequence parallelism
   Recompute recompute = Recompute::None;
   PipeSchedule schedule = PipeSchedule::OneFOneB;
-  std::int64_t microbatches = 1;       ///< pipeline micro-batches per step
+  std::int64_t microbatches = 1;  ///< pipeline micro-batches per step
   /// Optimizer state per parameter element in f32 slots: 2 AdamW, 1 SGD with momentum, 0.
   int optimizer_slots = 2;
   /// Bytes of a parameter, a gradient, an activation element (4 f32; 2 fp16 / bf16).
@@ -132,8 +132,8 @@ struct CommEntry {
 struct Plan {
   Setup setup;
   std::string model_name;
-  std::int64_t model_params = 0;       ///< whole model
-  double params_per_device = 0;        ///< elements on the busiest device
+  std::int64_t model_params = 0;  ///< whole model
+  double params_per_device = 0;   ///< elements on the busiest device
   double parameters = 0, gradients = 0, optimizer_state = 0, activations = 0;  ///< bytes
   double total() const { return parameters + gradients + optimizer_state + activations; }
   std::vector<CommEntry> comm;

@@ -16,20 +16,21 @@ std::int64_t ParamInfo::numel() const {
 
 std::int64_t ModelDescription::num_params() const {
   std::int64_t n = 0;
-  for (const ParamInfo& p : params) n += p.numel();
+  for (const ParamInfo& p : params)
+    n += p.numel();
   return n;
 }
 
 ActivationModel activation_model_megatron() {
   ActivationModel m;
   m.name = "megatron-16bit";
-  m.layer_replicated = 10;    // layer norms' inputs, dropout masks, residual: 10 s b h
-  m.layer_split = 24;         // QKV, attention output, MLP activations: 24 s b h / t
-  m.layer_per_head_seq = 5;   // softmax output, its dropout mask, scores: 5 a s^2 b / t
-  m.head_per_vocab = 4;       // f32 logits of the vocabulary-parallel cross-entropy / t
-  m.head_replicated = 4;      // final norm input and output
-  m.layer_full_remat = 2;     // the block input, 16-bit
-  m.layer_selective = 34;     // 34 s b h / t
+  m.layer_replicated = 10;   // layer norms' inputs, dropout masks, residual: 10 s b h
+  m.layer_split = 24;        // QKV, attention output, MLP activations: 24 s b h / t
+  m.layer_per_head_seq = 5;  // softmax output, its dropout mask, scores: 5 a s^2 b / t
+  m.head_per_vocab = 4;      // f32 logits of the vocabulary-parallel cross-entropy / t
+  m.head_replicated = 4;     // final norm input and output
+  m.layer_full_remat = 2;    // the block input, 16-bit
+  m.layer_selective = 34;    // 34 s b h / t
   return m;
 }
 
@@ -41,8 +42,8 @@ ActivationModel activation_model_distjax() {
   m.head_per_vocab = 4;     // logits (b, s, V) f32
   m.head_replicated = 16;   // final norm and the head's input
   m.head_split = 12;
-  m.layer_full_remat = 4;   // the block input
-  m.layer_selective = -1;   // not implemented: selective recompute plans as none
+  m.layer_full_remat = 4;  // the block input
+  m.layer_selective = -1;  // not implemented: selective recompute plans as none
   m.gradient_bucket_copy = true;
   return m;
 }
@@ -107,10 +108,14 @@ struct LocalLeaf {
 
 std::int64_t tp_dim(const ParamInfo& p) {
   switch (p.split) {
-    case TPSplit::Column: return static_cast<std::int64_t>(p.shape.size()) - 1;
-    case TPSplit::Row: return p.shape.size() == 2 ? 0 : -1;
-    case TPSplit::Vocab: return 0;
-    case TPSplit::None: return -1;
+    case TPSplit::Column:
+      return static_cast<std::int64_t>(p.shape.size()) - 1;
+    case TPSplit::Row:
+      return p.shape.size() == 2 ? 0 : -1;
+    case TPSplit::Vocab:
+      return 0;
+    case TPSplit::None:
+      return -1;
   }
   return -1;
 }
@@ -129,14 +134,13 @@ std::vector<LocalLeaf> local_leaves(const ModelDescription& m, const Setup& s) {
       shape[d] = (shape[d] + s.tensor - 1) / s.tensor;  // padded vocabulary, as Megatron's
     } else if (d >= 0 && s.tensor > 1) {
       DISTJAX_CHECK(shape[d] % s.tensor == 0, InvalidArgument, "[plan] parameter \"", p.path,
-                    "\" dimension ", d, " of size ", shape[d], " does not split over model = ",
-                    s.tensor);
+                    "\" dimension ", d, " of size ", shape[d],
+                    " does not split over model = ", s.tensor);
       shape[d] /= s.tensor;
     }
     LocalLeaf leaf;
     leaf.layer = p.layer;
-    leaf.elems = std::accumulate(shape.begin(), shape.end(), std::int64_t{1},
-                                 std::multiplies<>());
+    leaf.elems = std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>());
     // mesh::fully_sharded_spec: global size >= min_weight_size and a dimension divisible.
     if (s.fsdp && s.data > 1 && p.numel() >= s.fsdp_min_weight_size &&
         std::any_of(shape.begin(), shape.end(), [&](std::int64_t e) { return e % s.data == 0; })) {
@@ -148,8 +152,12 @@ std::vector<LocalLeaf> local_leaves(const ModelDescription& m, const Setup& s) {
   return out;
 }
 
-double ring_all_reduce(int n, double bytes) { return n > 1 ? 2.0 * (n - 1) / n * bytes : 0.0; }
-double ring_gather(int n, double bytes) { return n > 1 ? double(n - 1) / n * bytes : 0.0; }
+double ring_all_reduce(int n, double bytes) {
+  return n > 1 ? 2.0 * (n - 1) / n * bytes : 0.0;
+}
+double ring_gather(int n, double bytes) {
+  return n > 1 ? double(n - 1) / n * bytes : 0.0;
+}
 
 std::int64_t in_flight(const Setup& s) {
   if (s.pipe <= 1) return 1;
@@ -163,8 +171,7 @@ double layer_activation_bytes(const ModelDescription& m, const Setup& s, double 
   const ActivationModel& a = s.activations;
   const double h = double(m.d_model), t = s.tensor, seq = double(s.seq_len);
   if (r == Recompute::Full) return tokens * h * a.layer_full_remat / (s.sequence_parallel ? t : 1);
-  if (r == Recompute::Selective && a.layer_selective > 0)
-    return tokens * h * a.layer_selective / t;
+  if (r == Recompute::Selective && a.layer_selective > 0) return tokens * h * a.layer_selective / t;
   const double replicated = a.layer_replicated / (s.sequence_parallel ? t : 1);
   return tokens * (h * (replicated + a.layer_split / t) +
                    double(m.heads) / t * (a.layer_per_head + a.layer_per_head_seq * seq));
@@ -182,7 +189,8 @@ double head_activation_bytes(const ModelDescription& m, const Setup& s, double t
 
 double Plan::comm_bytes() const {
   double b = 0;
-  for (const CommEntry& e : comm) b += e.bytes;
+  for (const CommEntry& e : comm)
+    b += e.bytes;
   return b;
 }
 
@@ -253,8 +261,8 @@ Plan make_plan(const ModelDescription& m, const Setup& s) {
   double end_of_forward = 0, end_of_backward = 0;
   if (gpt) {
     const double layers_here = double(m.layers / s.pipe);
-    double saved = layers_here * double(in_flight(s)) *
-                   layer_activation_bytes(m, s, tokens, s.recompute);
+    double saved =
+        layers_here * double(in_flight(s)) * layer_activation_bytes(m, s, tokens, s.recompute);
     // Recomputation rebuilds one block's activations in backward.
     if (s.recompute != Recompute::None)
       saved += layer_activation_bytes(m, s, tokens, Recompute::None);
@@ -267,10 +275,10 @@ Plan make_plan(const ModelDescription& m, const Setup& s) {
   }
   const double gathered = s.recompute == Recompute::Full ? fsdp_full_layer : fsdp_full;
   // (Without the bucket copy the gradients are the state's own, counted once, not here.)
-  end_of_backward = grad_local * (copy ? (d > 1 ? 2.0 : 1.0) : 0.0) + (fsdp_full * s.grad_bytes) +
-                    gathered * s.param_bytes +
-                    (gpt ? tokens * double(m.d_model) * s.activation_bytes
-                         : b_local * 4.0 * double(m.hidden));
+  end_of_backward =
+      grad_local * (copy ? (d > 1 ? 2.0 : 1.0) : 0.0) + (fsdp_full * s.grad_bytes) +
+      gathered * s.param_bytes +
+      (gpt ? tokens * double(m.d_model) * s.activation_bytes : b_local * 4.0 * double(m.hidden));
   plan.activations = std::max(end_of_forward, end_of_backward);
 
   // Communication per step of this device (ring figures, as comm::CommStats counts).
@@ -280,8 +288,8 @@ Plan make_plan(const ModelDescription& m, const Setup& s) {
       plan.comm.push_back({"data", "all_reduce", 1, ring_all_reduce(d, rep), "gradients"});
     } else {
       plan.comm.push_back({"data", "reduce_scatter", 1, ring_gather(d, rep), "gradients"});
-      plan.comm.push_back({"data", "all_gather", 1, ring_gather(d, replicated_elems * s.param_bytes),
-                           "updated parameters"});
+      plan.comm.push_back({"data", "all_gather", 1,
+                           ring_gather(d, replicated_elems * s.param_bytes), "updated parameters"});
     }
     if (fsdp_full > 0) {
       const int gathers = s.recompute == Recompute::Full ? 2 : 1;
@@ -296,21 +304,21 @@ Plan make_plan(const ModelDescription& m, const Setup& s) {
     const double layers_here = double(m.layers / s.pipe);
     const double micro = s.pipe > 1 ? double(s.microbatches) : 1.0;
     const double x = tokens * double(m.d_model) * s.activation_bytes;  // (b, s, h)
-    const double per_layer = s.recompute == Recompute::Full ? 6 : 4;  // fwd 2, bwd 2, recompute 2
+    const double per_layer = s.recompute == Recompute::Full ? 6 : 4;   // fwd 2, bwd 2, recompute 2
     const double n = layers_here * micro * per_layer;
     if (s.sequence_parallel) {
-      plan.comm.push_back({"model", "all_gather", std::int64_t(n),
-                           n * ring_gather(s.tensor, x), "activations (sequence parallel)"});
-      plan.comm.push_back({"model", "reduce_scatter", std::int64_t(n),
-                           n * ring_gather(s.tensor, x), "activations (sequence parallel)"});
+      plan.comm.push_back({"model", "all_gather", std::int64_t(n), n * ring_gather(s.tensor, x),
+                           "activations (sequence parallel)"});
+      plan.comm.push_back({"model", "reduce_scatter", std::int64_t(n), n * ring_gather(s.tensor, x),
+                           "activations (sequence parallel)"});
     } else {
-      plan.comm.push_back({"model", "all_reduce", std::int64_t(n),
-                           n * ring_all_reduce(s.tensor, x), "activations (Megatron f, g)"});
+      plan.comm.push_back({"model", "all_reduce", std::int64_t(n), n * ring_all_reduce(s.tensor, x),
+                           "activations (Megatron f, g)"});
     }
   }
   if (gpt && s.pipe > 1) {
-    const double x = tokens * double(m.d_model) * s.activation_bytes /
-                     (s.sequence_parallel ? s.tensor : 1);
+    const double x =
+        tokens * double(m.d_model) * s.activation_bytes / (s.sequence_parallel ? s.tensor : 1);
     // An inner stage sends each micro-batch's activation forward and its gradient back.
     plan.comm.push_back({"pipe", "send", 2 * s.microbatches, 2.0 * double(s.microbatches) * x,
                          "activations and their gradients"});
@@ -359,12 +367,13 @@ std::string Plan::str() const {
   out += "communication per step per device (bytes sent, ring algorithms):\n";
   if (comm.empty()) out += "  none\n";
   for (const CommEntry& e : comm) {
-    std::snprintf(line, sizeof line, "  %-6s %-15s %6lld calls %16.0f  %12s  %s\n",
-                  e.axis.c_str(), e.kind.c_str(), static_cast<long long>(e.calls), e.bytes,
-                  gib(e.bytes).c_str(), e.what.c_str());
+    std::snprintf(line, sizeof line, "  %-6s %-15s %6lld calls %16.0f  %12s  %s\n", e.axis.c_str(),
+                  e.kind.c_str(), static_cast<long long>(e.calls), e.bytes, gib(e.bytes).c_str(),
+                  e.what.c_str());
     out += line;
   }
-  std::snprintf(line, sizeof line, "  total %37.0f  %12s\n", comm_bytes(), gib(comm_bytes()).c_str());
+  std::snprintf(line, sizeof line, "  total %37.0f  %12s\n", comm_bytes(),
+                gib(comm_bytes()).c_str());
   out += line;
   return out;
 }
