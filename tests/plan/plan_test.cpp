@@ -291,6 +291,30 @@ TEST(Plan, CommunicationFollowsTheRingFormulas) {
   EXPECT_DOUBLE_EQ(make_plan(m, s).comm_bytes(), 2.0 * 7 / 8 * g);
 }
 
+TEST(Plan, StateFollowsTheZeroPaper) {
+  // f32 AdamW, bytes per parameter: DP 16, ZeRO-1 8 + 8/N, ZeRO-2 4 + 12/N, ZeRO-3 16/N
+  // (every leaf of this classifier is large enough to be fully sharded at 2^10).
+  const ModelDescription m = describe_classifier(1024, 1024, 16);
+  const double p = double(m.num_params()) - 1024 - 16;  // the biases stay replicated
+  for (int n : {2, 4, 8}) {
+    plan::Setup s;
+    s.data = n;
+    s.global_batch = 8 * n;
+    s.fsdp_min_weight_size = 1024 * 16;
+    auto state = [&](int zero, bool fsdp) {
+      s.zero_stage = zero;
+      s.fsdp = fsdp;
+      const Plan pl = make_plan(m, s);
+      return pl.parameters + pl.gradients + pl.optimizer_state;
+    };
+    const double all = double(m.num_params());
+    EXPECT_DOUBLE_EQ(state(0, false), 16 * all);
+    EXPECT_DOUBLE_EQ(state(1, false), 8 * all + 8 * all / n);
+    EXPECT_DOUBLE_EQ(state(2, false), 4 * all + 12 * all / n);
+    EXPECT_DOUBLE_EQ(state(0, true), 16 * p / n + 16 * (all - p));
+  }
+}
+
 TEST(Plan, BadMeshesAreClearErrors) {
   plan::Setup s;
   s.tensor = 3;
