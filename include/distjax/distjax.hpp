@@ -42,6 +42,7 @@
 #include "distjax/optim/clip.hpp"
 #include "distjax/optim/optimizer.hpp"
 #include "distjax/optim/schedule.hpp"
+#include "distjax/plan/plan.hpp"
 #include "distjax/optim/sgd.hpp"
 #include "distjax/parallel/data_parallel.hpp"
 #include "distjax/parallel/pipeline.hpp"

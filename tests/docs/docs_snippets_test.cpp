@@ -1104,3 +1104,20 @@ TEST(DocsCheckpoints, Checkpointer) {
   EXPECT_EQ(resumed, run(false, 10));  // the same as a run that was never stopped
   std::filesystem::remove_all(dir);
 }
+
+// docs/plan.md, "From C++".
+TEST(DocsPlan, Gpt3OnSixtyFourDevices) {
+  const plan::ModelDescription gpt3 = plan::describe_gpt(50257, 12288, 96, 96, 2048,
+                                                         /*vocab_parallel=*/true);
+  plan::Setup s{.data = 2, .tensor = 8, .pipe = 4, .sequence_parallel = true,
+                .recompute = plan::Recompute::Selective, .microbatches = 16,
+                .param_bytes = 2, .grad_bytes = 2, .activation_bytes = 2, .state_bytes = 2,
+                .global_batch = 32, .seq_len = 2048,
+                .activations = plan::activation_model_megatron()};
+  const plan::Plan p = plan::make_plan(gpt3, s);
+  EXPECT_NEAR(p.parameters / 1e9, 11.08, 0.01);
+  EXPECT_NEAR(p.total() / 1e9, 54.95, 0.01);
+  EXPECT_NE(p.str().find("11.08 GB"), std::string::npos);
+  std::vector<plan::Plan> fits = plan::meshes_that_fit(gpt3, s, 64, 80.0 * (1 << 30));
+  EXPECT_FALSE(fits.empty());
+}

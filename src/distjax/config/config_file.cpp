@@ -168,6 +168,8 @@ const std::vector<Entry>& schema() {
     s.push_back(field("model.dropout", DJ_ACCESS(model.dropout), "dropout rate"));
     s.push_back(field("model.d_model", DJ_ACCESS(model.d_model), "transformer width (C)"));
     s.push_back(field("model.heads", DJ_ACCESS(model.heads), "attention heads (H)"));
+    s.push_back(field("model.vocab", DJ_ACCESS(model.vocab),
+                      "transformer vocabulary (V) for distjax plan; 0 = the program's (256)"));
     // [optimizer]
     s.push_back(field("optimizer.lr", DJ_ACCESS(optimizer.lr), "peak learning rate of AdamW"));
     s.push_back(field("optimizer.final_lr_ratio", DJ_ACCESS(optimizer.final_lr_ratio),
