@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# The main job: set everything up, build, and train the Fashion-MNIST classifier,
-# writing metrics.jsonl and summary.json under runs/mnist.
+# The main job: set everything up, build, and train the GPT on the fortunes text corpus
+# on a ("data"=2, "model"=2, "pipe"=2) mesh of 8 simulated devices (configs/gpt_3d.toml:
+# data parallel x Megatron tensor parallel x a 1F1B pipeline), with a progress bar. It
+# ends by printing where the summary, the loss curve, the checkpoint and the timeline are
+# (runs/gpt_3d/). Extra arguments go to `distjax train`, e.g. --set run.steps=200 or
+# --resume.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
@@ -8,4 +12,4 @@ BUILD=${BUILD:-build}
 # Sleeping (not spinning) OpenMP workers: on a busy 2-core machine spinning barriers
 # made the run ~7x slower (measured with other builds running).
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
-exec "./$BUILD/train_mnist" --out runs/mnist "$@"
+exec "./$BUILD/distjax" train configs/gpt_3d.toml "$@"

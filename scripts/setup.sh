@@ -6,9 +6,9 @@
 # find_package(OpenCL REQUIRED), hence ocl-icd-opencl-dev. `make fresh-check` proves the
 # list on a clean Debian root; run it after changing this file.
 set -euo pipefail
-PKGS=(build-essential cmake ninja-build ccache pkg-config
+PKGS=(build-essential cmake ninja-build ccache pkg-config gnuplot-nox
       libdnnl-dev ocl-icd-opencl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev zlib1g-dev
-      libomp-dev libopenmpi-dev openmpi-bin libtomlplusplus-dev libcli11-dev
+      libomp-dev libopenmpi-dev openmpi-bin libtomlplusplus-dev libcli11-dev python3-venv
       dataset-fashion-mnist fortunes fortunes-min)
 missing=()
 for p in "${PKGS[@]}"; do

@@ -3,17 +3,22 @@
 //
 //   distjax train configs/train_mnist.toml [--set run.steps=100]... [--out DIR] [--resume]
 //   mpirun -np 8 distjax train configs/data_parallelism.toml      (one process per device)
+//   distjax ckpt inspect runs/gpt_3d/checkpoints
+//   distjax plan configs/plan_gpt3_175b.toml [--budget-gib 80]      (memory and communication)
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "distjax/comm/launch_environment.hpp"
 #include "distjax/config/config_file.hpp"
+#include "distjax/train/checkpoint.hpp"
+#include "distjax/plan/plan.hpp"
 #include "example_common.hpp"
 #include "programs/programs.hpp"
 
@@ -70,6 +75,90 @@ void add_train(CLI::App& app, Command& command) {
   cmd->callback([o, &command] { command = [o] { return train(*o); }; });
 }
 
+void add_ckpt(CLI::App& app, Command& command) {
+  CLI::App* ckpt = app.add_subcommand("ckpt", "Checkpoint tools (see docs/checkpoints.md)");
+  ckpt->require_subcommand(1);
+  auto dir = std::make_shared<std::string>();
+  CLI::App* inspect = ckpt->add_subcommand(
+      "inspect", "Prints a checkpoint's index: step, mesh, and every tensor's shape, dtype, "
+                 "spec and files");
+  inspect->add_option("dir", *dir,
+                      "a step directory, or a run's checkpoint directory (its latest step)")
+      ->required();
+  inspect->callback([dir, &command] {
+    command = [dir] {
+      train::inspect_checkpoint(*dir, std::cout);
+      return 0;
+    };
+  });
+}
+
+struct PlanOptions {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  double budget_gib = 80;
+  std::string recompute;  // "" = from parallelism.remat
+  int state_bytes = 4;
+  bool no_master_weights = false;
+  int max_rows = 20;
+};
+
+int plan_command(const PlanOptions& o) {
+  config::TrainConfig c = config::load_config(o.config_path, o.overrides);
+  c.distributed = config::resolve(c.distributed, comm::LaunchEnvironment{});
+  c.validate(o.config_path);
+  const plan::ModelDescription model = plan::model_from_config(c);
+  plan::Setup setup = plan::setup_from_config(c);
+  if (o.recompute == "none") setup.recompute = plan::Recompute::None;
+  if (o.recompute == "selective") setup.recompute = plan::Recompute::Selective;
+  if (o.recompute == "full") setup.recompute = plan::Recompute::Full;
+  setup.state_bytes = o.state_bytes;
+  if (o.no_master_weights) setup.master_weights = false;
+  const plan::Plan p = plan::make_plan(model, setup);
+  std::printf("distjax plan %s\n%s", o.config_path.c_str(), p.str().c_str());
+  const double budget = o.budget_gib * 1024.0 * 1024.0 * 1024.0;
+  const std::vector<plan::Plan> fits = plan::meshes_that_fit(model, setup, setup.world(), budget);
+  std::printf("meshes of %d devices that fit %.0f GiB per device (%zu, smallest total first):\n",
+              setup.world(), o.budget_gib, fits.size());
+  std::printf("  %-32s %10s %10s %10s %10s %10s %12s\n", "mesh", "params", "grads", "optim",
+              "activ", "total GiB", "comm GB/step");
+  const double g = 1024.0 * 1024.0 * 1024.0;
+  int shown = 0;
+  for (const plan::Plan& f : fits) {
+    if (shown++ == o.max_rows) break;
+    std::printf("  %-32s %10.2f %10.2f %10.2f %10.2f %10.2f %12.2f\n",
+                plan::describe_setup(f.setup).c_str(), f.parameters / g, f.gradients / g,
+                f.optimizer_state / g, f.activations / g, f.total() / g, f.comm_bytes() / 1e9);
+  }
+  if (fits.empty()) std::printf("  none\n");
+  return 0;
+}
+
+void add_plan(CLI::App& app, Command& command) {
+  auto o = std::make_shared<PlanOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "plan", "Predicts per-device memory and communication of a config, and the meshes that fit");
+  cmd->footer(
+      "Models: run.program gpt / train_gpt (model.vocab, d_model, layers, heads, "
+      "data.seq_len) and data_parallelism / train_mnist. See docs/plan.md.");
+  cmd->add_option("config", o->config_path, "the TOML config file (see docs/configs.md)")
+      ->required();
+  cmd->add_option("--set", o->overrides, "override one key: --set distributed.mesh_shape=4,2")
+      ->allow_extra_args(false);
+  cmd->add_option("--budget-gib", o->budget_gib, "memory per device for the meshes that fit")
+      ->capture_default_str();
+  cmd->add_option("--recompute", o->recompute,
+                  "activation recomputation: none, selective, full (default: parallelism.remat)")
+      ->check(CLI::IsMember({"none", "selective", "full"}));
+  cmd->add_option("--state-bytes", o->state_bytes,
+                  "bytes of an optimizer-state element (4 f32; 2: 16-bit moments)")
+      ->capture_default_str();
+  cmd->add_flag("--no-master-weights", o->no_master_weights,
+                "16-bit precision without an f32 master copy in the optimizer state");
+  cmd->add_option("--max-rows", o->max_rows, "meshes listed at most")->capture_default_str();
+  cmd->callback([o, &command] { command = [o] { return plan_command(*o); }; });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -77,6 +166,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   Command command;
   add_train(app, command);
+  add_ckpt(app, command);
+  add_plan(app, command);
   CLI11_PARSE(app, argc, argv);
   return examples::run_main("distjax", command);
 }

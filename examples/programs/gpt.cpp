@@ -1,18 +1,25 @@
-// Program gpt (the fsdp and tensor_parallel_gpt examples): the GPT on the fortunes corpus
-// over a ("data", "model") mesh, data parallel over "data" (optionally with fully sharded
-// parameters, parallelism.fsdp.modules = ["*"], and remat of its blocks), tensor parallel
-// over "model" in any layout (Megatron, sequence and vocabulary parallel, gather, async
-// rings). Prints the mesh, per-step loss, validation bits per byte and the bytes each
-// device holds.
+// Program gpt (the fsdp and tensor_parallel_gpt examples, and the main job): the GPT on
+// the fortunes corpus over a ("data", "model"[, "pipe"]) mesh, data parallel over "data"
+// (optionally with fully sharded parameters, parallelism.fsdp.modules = ["*"], and remat
+// of its blocks), tensor parallel over "model" in any layout (Megatron, sequence and
+// vocabulary parallel, gather, async rings), and with distributed.pipeline_parallel_size
+// > 1 pipelined over "pipe" (models::TransformerPipeline under parallelism.schedule, untied
+// embeddings). Prints the mesh, per-step loss (a progress bar on a terminal), validation
+// bits per byte, the bytes each device holds, and where the files are.
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
 #include <numbers>
 
 #include "distjax/config/distributed_config.hpp"
 #include "distjax/data/text_corpus.hpp"
 #include "distjax/models/transformer.hpp"
+#include "distjax/models/transformer_pipeline.hpp"
 #include "distjax/optim/adamw.hpp"
 #include "distjax/parallel/data_parallel.hpp"
+#include "distjax/parallel/pipeline.hpp"
 #include "distjax/parallel/tp_transformer_block.hpp"
 #include "distjax/spmd/shard_map.hpp"
 #include "distjax/train/trainer.hpp"
@@ -32,6 +39,8 @@ int run_gpt(const config::TrainConfig& c) {
   const bool remat = !c.parallelism.remat.empty();
   const mesh::Mesh mesh = config::build_mesh(c.distributed, {"data", "model"});
   const int n_data = mesh.axis_size("data"), n_model = mesh.axis_size("model");
+  const int n_pipe = mesh.has_axis("pipe") ? mesh.axis_size("pipe") : 1;
+  const bool piped = n_pipe > 1;
   DISTJAX_CHECK(c.model.heads % n_model == 0, ConfigError, "[gpt] model.heads = ", c.model.heads,
                 " must be divisible by the \"model\" axis size ", n_model);
   const parallel::TPLayout layout = n_model > 1
@@ -66,6 +75,7 @@ int run_gpt(const config::TrainConfig& c) {
        .num_layers = c.model.layers,
        .num_heads = c.model.heads,
        .max_len = seq_len,
+       .tied_embeddings = !piped,  // a pipeline's first and last stage cannot share "wte"
        .dropout = static_cast<float>(c.model.dropout),
        .remat = remat,  // with FSDP: a block's gathered weights live only while it runs
        .tp = {.layout = layout,
@@ -85,7 +95,102 @@ int run_gpt(const config::TrainConfig& c) {
                               .min_weight_size = c.parallelism.fsdp.min_weight_size};
   const Key root = Key::from_seed(static_cast<std::uint64_t>(c.run.seed));
 
+  const models::TransformerPipeline pipelined(model.config());
+  const parallel::PipelineOptions pipe_options{
+      .schedule = parallel::parse_schedule_kind(c.parallelism.schedule),
+      .microbatches = static_cast<int>(c.parallelism.microbatches),
+      .virtual_stages = static_cast<int>(c.parallelism.virtual_stages),
+      .fsdp = fsdp_on ? &fsdp : nullptr};
+  if (piped && c.distributed.is_main_process()) {
+    const parallel::PipelineSchedule sched = parallel::make_schedule(
+        pipe_options.schedule, n_pipe, pipe_options.microbatches, pipe_options.virtual_stages);
+    const parallel::ScheduleReport report = parallel::check_schedule(sched);
+    std::printf("Pipeline: %s over %d stages x %d chunks, %d micro-batches per step; bubble "
+                "%.1f%% in theory\n",
+                c.parallelism.schedule.c_str(), n_pipe, pipe_options.virtual_stages,
+                pipe_options.microbatches, 100.0 * report.bubble_fraction);
+  }
+  std::mutex trace_mu;
+  std::vector<parallel::PipelineTrace> traces(static_cast<std::size_t>(mesh.size()));
+  std::vector<int> traced;
+
   auto device_program = [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
+    if (piped) {
+      // Data x tensor x pipe: each device holds its stage's shards only.
+      const bool lead = ctx.device() == 0;
+      const int replica = ctx.axis_index("data");
+      nn::ParamSpecs specs;
+      parallel::DataParallel dp(ctx, "data", &specs);
+      parallel::Pipeline pp(ctx, pipelined, pipe_options, &dp);
+      train::TrainState state = train::TrainState::create(
+          pipelined.init(root.fold_in(std::string_view("init")), pp.chunks(), pp.num_chunks(),
+                         &specs, &ctx, fsdp_on ? &fsdp : nullptr),
+          opt, root.fold_in(std::string_view("dropout")), pp);
+      if (lead)
+        std::printf("GPT L=%lld C=%lld H=%lld T=%lld: %lld parameters, %lld on device 0 "
+                    "(stage 0 of %d)\n",
+                    static_cast<long long>(c.model.layers), static_cast<long long>(c.model.d_model),
+                    static_cast<long long>(c.model.heads), static_cast<long long>(seq_len),
+                    static_cast<long long>(model.num_params()),
+                    static_cast<long long>(state.params.num_elements()), n_pipe);
+      // The data of step s is drawn from the step alone: the position to save is the step.
+      train::Checkpointer ckpt(checkpoint_config(c), {&ctx, &specs, &pp});
+      if (ckpt.restore(state) && lead)
+        std::printf("Resumed from %s at step %lld\n", ckpt.config().dir.c_str(),
+                    static_cast<long long>(state.step));
+      train::Trainer trainer({.out_dir = lead ? c.run.out_dir : std::string(),
+                              .total_steps = steps,
+                              .log_every = c.run.log_every,
+                              .items_per_example = static_cast<double>(seq_len),
+                              .items_name = "tokens",
+                              .mesh = mesh.describe(),
+                              .backend = backend_name,
+                              .print = lead,
+                              .append = c.run.resume},
+                             opt, nullptr,
+                             {.num_minibatches = static_cast<int>(c.run.grad_accum_steps),
+                              .max_grad_norm = c.optimizer.max_grad_norm,
+                              .strategy = &pp});
+      const std::int64_t per = batch_size / n_data;
+      const Key data_key = root.fold_in(std::string_view("data"));
+      auto evaluate = [&] {
+        train::Metrics eval;
+        for (const train::Batch& b : val)
+          eval.merge(pp.evaluate(state.params, b.slice(replica * per, (replica + 1) * per)));
+        eval.add("bits_per_byte", eval.at("loss").sum / std::numbers::ln2, eval.at("loss").count);
+        trainer.log_eval(state.step, eval);
+        return eval;
+      };
+      while (state.step < steps) {
+        const train::Batch global =
+            data::sample_windows(corpus.train, batch_size, seq_len,
+                                 data_key.fold_in(static_cast<std::uint64_t>(state.step)));
+        if (state.step + 1 == steps) ctx.comm(mesh::Axes("pipe")).barrier();  // the traced step
+        trainer.step(state, global.slice(replica * per, (replica + 1) * per));
+        ckpt.maybe_save(state, {0, state.step});
+        if (c.run.eval_every > 0 && state.step % c.run.eval_every == 0 && state.step < steps)
+          evaluate();
+      }
+      const std::string saved = ckpt.save(state, {0, state.step});
+      const double bubble = parallel::pipeline_bubble(
+          ctx, pp.last_trace(), c.distributed.comm_backend() == comm::Backend::Threads);
+      {
+        std::lock_guard<std::mutex> lock(trace_mu);
+        traces[static_cast<std::size_t>(ctx.device())] = pp.last_trace();
+      }
+      const train::Metrics eval = evaluate();
+      trainer.finish(state, {{"val_bits_per_byte", eval.mean("bits_per_byte")},
+                             {"pipeline_bubble", bubble}});
+      if (lead) {
+        std::printf("Validation: %.3f bits per byte (uniform guessing: 8); measured pipeline "
+                    "bubble of the last step %.1f%%\n",
+                    eval.mean("bits_per_byte"), 100.0 * bubble);
+        if (!ckpt.config().dir.empty())
+          std::printf("Checkpoint: %s (continue with --resume; list with distjax ckpt inspect)\n",
+                      train::find_checkpoint(ckpt.config().dir).value_or(saved).c_str());
+      }
+      return std::vector<Tensor>{};
+    }
     const bool lead = ctx.device() == 0;
     const int replica = ctx.axis_index("data");
     nn::ParamSpecs specs;
@@ -119,6 +224,10 @@ int run_gpt(const config::TrainConfig& c) {
           static_cast<long long>(state.params.num_elements()), static_cast<long long>(sharded),
           state.params.size());
     }
+    train::Checkpointer ckpt(checkpoint_config(c), {&ctx, &specs, &dp});
+    if (ckpt.restore(state) && lead)
+      std::printf("Resumed from %s at step %lld\n", ckpt.config().dir.c_str(),
+                  static_cast<long long>(state.step));
     train::Trainer trainer({.out_dir = lead ? c.run.out_dir : std::string(),
                             .total_steps = steps,
                             .log_every = c.run.log_every,
@@ -126,7 +235,8 @@ int run_gpt(const config::TrainConfig& c) {
                             .items_name = "tokens",
                             .mesh = mesh.describe(),
                             .backend = backend_name,
-                            .print = lead},
+                            .print = lead,
+                            .append = c.run.resume},
                            opt, loss_fn(true),
                            {.num_minibatches = static_cast<int>(c.run.grad_accum_steps),
                             .max_grad_norm = c.optimizer.max_grad_norm,
@@ -138,7 +248,10 @@ int run_gpt(const config::TrainConfig& c) {
           data::sample_windows(corpus.train, batch_size, seq_len,
                                data_key.fold_in(static_cast<std::uint64_t>(state.step)));
       trainer.step(state, global.slice(replica * per, (replica + 1) * per));
+      ckpt.maybe_save(state, {0, state.step});
     }
+    const std::string saved = ckpt.save(state, {0, state.step});
+    if (lead && !saved.empty()) std::printf("Checkpoint: %s\n", saved.c_str());
     // Every device evaluates every validation batch (the same gathers everywhere).
     const train::Metrics eval = train::evaluate(state.params, val, loss_fn(false), Key{});
     trainer.finish(state, {{"val_bits_per_byte", eval.mean("bits_per_byte")}});
@@ -157,6 +270,27 @@ int run_gpt(const config::TrainConfig& c) {
   };
   spmd::shard_map(mesh, device_program, {}, {},
                   {.backend = c.distributed.comm_backend()})(std::vector<Tensor>{});
+  if (piped && c.run.timeline && !c.run.out_dir.empty()) {
+    // Threads: every device's trace is here; MPI: this process's device only.
+    std::vector<parallel::PipelineTrace> mine;
+    std::vector<int> devices;
+    for (std::size_t d = 0; d < traces.size(); ++d)
+      if (traces[d].end > traces[d].start) {
+        mine.push_back(traces[d]);
+        devices.push_back(static_cast<int>(d));
+      }
+    if (!mine.empty()) {
+      const std::string name = devices.size() == traces.size()
+                                   ? "timeline.json"
+                                   : "timeline_device" + std::to_string(devices[0]) + ".json";
+      const auto path = std::filesystem::path(c.run.out_dir) / name;
+      std::filesystem::create_directories(path.parent_path());
+      std::ofstream(path) << parallel::chrome_trace_json(mine, devices) << "\n";
+      if (c.distributed.is_main_process() || devices.size() != traces.size())
+        std::printf("Timeline of the last step (Chrome trace, opens in Perfetto): %s\n",
+                    path.string().c_str());
+    }
+  }
   return 0;
 }
 

@@ -3,6 +3,8 @@
 #include "programs/programs.hpp"
 
 #include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "distjax/comm/launch_environment.hpp"
 #include "distjax/config/config_file.hpp"
@@ -214,15 +216,32 @@ config::TrainConfig prepare_program(config::TrainConfig c, const std::string& so
                 config::mixed_precision_name(c.distributed.mixed_precision),
                 "\" is not implemented for this program (run.program = \"gpt\" and "
                 "\"train_gpt\" support it); use \"no\"");
-  DISTJAX_CHECK(c.distributed.pipeline_parallel_size == 1 || c.run.program == "pipeline_parallelism",
+  DISTJAX_CHECK(c.distributed.pipeline_parallel_size == 1 || c.run.program == "pipeline_parallelism" ||
+                    c.run.program == "gpt",
                 NotImplemented, "[", c.run.program, "] pipeline_parallel_size = ",
                 c.distributed.pipeline_parallel_size,
-                ": this program has no pipeline; run.program = \"pipeline_parallelism\" has");
-  if (c.distributed.is_main_process() && (c.run.resume || c.run.checkpoint_every > 0))
-    std::printf(
-        "Note: checkpoints are not written yet; run.resume and run.checkpoint_every "
-        "are recorded but have no effect\n");
+                ": this program has no pipeline (\"gpt\" and \"pipeline_parallelism\" have)");
+  if (c.distributed.is_main_process() && (c.run.resume || c.run.checkpoint_every > 0) &&
+      !program_checkpoints(c.run.program))
+    std::printf("Note: program %s does not write checkpoints yet (gpt and pipeline_parallelism "
+                "do); run.resume and run.checkpoint_every have no effect\n",
+                c.run.program.c_str());
   return c;
+}
+
+bool program_checkpoints(const std::string& program) {
+  return program == "gpt" || program == "pipeline_parallelism";
+}
+
+train::CheckpointConfig checkpoint_config(const config::TrainConfig& c) {
+  train::CheckpointConfig out;
+  if (c.run.checkpoint_every <= 0 && !c.run.resume) return out;
+  out.dir = (std::filesystem::path(c.run.out_dir) / "checkpoints").string();
+  out.every = c.run.checkpoint_every;
+  out.keep_last = 2;
+  out.resume = c.run.resume;
+  out.config = nlohmann::json{{"toml", config::to_toml(c)}}.dump();
+  return out;
 }
 
 int run_program(config::TrainConfig c, const std::string& source) {

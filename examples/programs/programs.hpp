@@ -9,6 +9,7 @@
 #include "distjax/config/train_config.hpp"
 #include "distjax/nn/precision.hpp"
 #include "distjax/train/train_state.hpp"
+#include "distjax/train/checkpointer.hpp"
 
 namespace distjax::examples {
 
@@ -55,6 +56,14 @@ int run_pipeline_parallelism(const config::TrainConfig& c, bool show_schedule);
 nn::Precision precision_of(const config::TrainConfig& c);
 /// Sets state.loss_scale (a fresh train::DynamicLossScale) when mixed_precision = "fp16".
 void enable_loss_scale(const config::TrainConfig& c, train::TrainState& state);
+/// The checkpoint policy of a run: out_dir/checkpoints, every run.checkpoint_every steps
+/// and at the end (none when checkpoint_every is 0 and resume is off), resume from
+/// run.resume, the config saved in the index as {"toml": ...}.
+train::CheckpointConfig checkpoint_config(const config::TrainConfig& c);
+
+/// Whether `program` writes checkpoints (run_program prints a note for the others when the
+/// config asks for them).
+bool program_checkpoints(const std::string& program);
 
 /// The backend name printed in headers and recorded in summary.json ("threads", "mpi").
 std::string backend_label(const config::TrainConfig& c);

@@ -30,6 +30,8 @@ LaunchOptions mpi_opts(int timeout_ms = 20000) {
 }
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+int world_rank();
+double seconds_since(std::chrono::steady_clock::time_point t0);
 
 // Whether `msg` lists device d among those that did not arrive ("device 3 did not
 // arrive", "devices 0,3 did not arrive"): on a loaded machine others may be late too.
@@ -74,6 +76,131 @@ TEST_F(MpiTest, NonblockingCollectivesMatchHost) {
         testing::check_nonblocking_collectives(world, count, false);
         Communicator pair = world.split(world.rank() / 2, world.rank());
         testing::check_nonblocking_collectives(pair, count, false);
+      });
+    }
+  }
+}
+
+// Values of element i on global device d: small integers, so every sum is exact in every
+// dtype and order.
+double small_input(int d, std::int64_t i) { return (d + 1) * static_cast<double>(i % 7) - 3; }
+
+template <class T>
+void fill_small(std::vector<unsigned char>& bytes, int d, std::int64_t n) {
+  bytes.resize(n * sizeof(T));
+  T* p = reinterpret_cast<T*>(bytes.data());
+  for (std::int64_t i = 0; i < n; ++i) p[i] = T(static_cast<float>(small_input(d, i)));
+}
+template <class T>
+double element(const std::vector<unsigned char>& bytes, std::int64_t i) {
+  return static_cast<double>(static_cast<float>(reinterpret_cast<const T*>(bytes.data())[i]));
+}
+template <>
+double element<std::int64_t>(const std::vector<unsigned char>& bytes, std::int64_t i) {
+  return static_cast<double>(reinterpret_cast<const std::int64_t*>(bytes.data())[i]);
+}
+template <>
+double element<std::int32_t>(const std::vector<unsigned char>& bytes, std::int64_t i) {
+  return reinterpret_cast<const std::int32_t*>(bytes.data())[i];
+}
+
+// One all-reduce of `count` elements of T on c, blocking on some devices and nonblocking
+// on others (both forms of a call must meet), checked against the host and for the same
+// bits on every device.
+template <class T>
+void check_small_all_reduce(Communicator& c, std::int64_t count, ReduceOp op) {
+  const DType t = dtype_of<T>();
+  const int me = c.global_rank();
+  std::vector<unsigned char> x, y(count * sizeof(T));
+  fill_small<T>(x, me, count);
+  if ((me + count) % 2 == 0) {
+    c.all_reduce(x.data(), y.data(), count, t, op);
+  } else {
+    c.iall_reduce(x.data(), y.data(), count, t, op).wait();
+  }
+  for (std::int64_t i = 0; i < count; ++i) {
+    double want = op == ReduceOp::Max ? -1e30 : 0;
+    for (int d : c.group())
+      want = op == ReduceOp::Max ? std::max(want, small_input(d, i)) : want + small_input(d, i);
+    if (op == ReduceOp::Mean) want /= c.size();
+    const bool is_int = t == DType::I32 || t == DType::I64;
+    if (is_int && op == ReduceOp::Mean) continue;  // integer division: the backend's own
+    const double tol = t == DType::F32 || is_int ? 1e-6 : 1e-2;
+    ASSERT_NEAR(element<T>(y, i), want, tol * (1 + std::abs(want)))
+        << dtype_name(t) << " " << reduce_op_name(op) << " count " << count << " element " << i
+        << " group " << c.size();
+  }
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char b : y) h = (h ^ b) * 1099511628211ull;
+  std::vector<std::int64_t> all(c.size());
+  const auto mine = static_cast<std::int64_t>(h);
+  c.all_gather(&mine, all.data(), 1, DType::I64);
+  for (std::int64_t other : all) ASSERT_EQ(other, mine) << "devices got different bits";
+}
+
+// All-reduces small enough to travel inside the per-call exchange (up to 1 KiB, here 256
+// f32) and just over it, every dtype and reduce op, in groups of 4, 3 (not a power of
+// two: device 2 folds in through device 0), 2 and 1, with the check on and off.
+TEST_F(MpiTest, SmallAllReduceEveryDtypeOpAndGroupSize) {
+  for (bool check : {true, false}) {
+    LaunchOptions o = mpi_opts();
+    o.check_collectives = check;
+    launch(o, [](Communicator& world) {
+      Communicator three = world.split(world.rank() == 3 ? 1 : 0, world.rank());  // 3 and 1
+      Communicator pair = world.split(world.rank() / 2, world.rank());
+      for (Communicator* c : {&world, &three, &pair}) {
+        for (std::int64_t count : {1, 5, 256, 257, 600}) {
+          for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max}) {
+            check_small_all_reduce<float>(*c, count, op);
+            check_small_all_reduce<bf16>(*c, count, op);
+            check_small_all_reduce<f16>(*c, count, op);
+            check_small_all_reduce<std::int32_t>(*c, count, op);
+            check_small_all_reduce<std::int64_t>(*c, count, op);
+          }
+        }
+      }
+    });
+  }
+}
+
+// Requests in flight are waited on in different orders on different devices, across two
+// groups too: each must progress while a device waits on another (MPI's nonblocking
+// collectives do; so must the exchanges of small all-reduces and of the check).
+TEST_F(MpiTest, NonblockingWaitedInOtherOrdersOnOtherDevices) {
+  for (bool check : {true, false}) {
+    LaunchOptions o = mpi_opts(5000);
+    o.check_collectives = check;
+    for (std::int64_t count : {1, 20000}) {
+      launch(o, [&](Communicator& world) {
+        Communicator pair = world.split(world.rank() / 2, world.rank());
+        const int r = world.rank();
+        std::vector<float> x = testing::inputs_f32(r, count), a(count), b(count), p(count);
+        std::vector<float> g(4 * count);
+        Request ra = world.iall_reduce(x.data(), a.data(), count, DType::F32, ReduceOp::Sum);
+        Request rb = world.iall_reduce(x.data(), b.data(), count, DType::F32, ReduceOp::Max);
+        Request rg = world.iall_gather(x.data(), g.data(), count, DType::F32);
+        Request rp = pair.iall_reduce(x.data(), p.data(), count, DType::F32, ReduceOp::Sum);
+        if (r % 2 == 0) {
+          ra.wait();
+          rb.wait();
+          rg.wait();
+          rp.wait();
+        } else {
+          rp.wait();
+          rg.wait();
+          rb.wait();
+          ra.wait();
+        }
+        const auto want = testing::host_sum_f32(world.group(), count);
+        const auto want_pair = testing::host_sum_f32(pair.group(), count);
+        for (std::int64_t i = 0; i < count; ++i) {
+          ASSERT_NEAR(a[i], want[i], 1e-3 + 1e-5 * std::abs(want[i])) << i;
+          ASSERT_NEAR(p[i], want_pair[i], 1e-3 + 1e-5 * std::abs(want_pair[i])) << i;
+          float m = testing::input_f32(0, i);
+          for (int d = 1; d < 4; ++d) m = std::max(m, testing::input_f32(d, i));
+          ASSERT_EQ(b[i], m) << i;
+          for (int d = 0; d < 4; ++d) ASSERT_EQ(g[d * count + i], testing::input_f32(d, i));
+        }
       });
     }
   }
@@ -131,6 +258,76 @@ TEST_F(MpiTest, MismatchNamesOpsAndDevices) {
       << msg;
   EXPECT_TRUE(has(msg, "devices 0,2,3 called all_reduce(count=16, f32, sum)")) << msg;
   EXPECT_TRUE(has(msg, "device 1 called all_gather(count=16, f32)")) << msg;
+}
+
+// In a group of 3 the extra device (2) folds in through device 0 and learns the verdict
+// from it: it disagrees here, and all three name it.
+TEST_F(MpiTest, MismatchInAGroupOfThree) {
+  std::string msg;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    launch(mpi_opts(), [](Communicator& world) {
+      Communicator three = world.split(world.rank() == 3 ? 1 : 0, world.rank());
+      if (world.rank() == 3) return;
+      std::vector<float> x(4, 1.f), y(12);
+      if (three.rank() == 2) {
+        three.all_gather(x.data(), y.data(), 4, DType::F32);
+      } else {
+        three.all_reduce(x.data(), y.data(), 4, DType::F32, ReduceOp::Sum);
+      }
+    });
+  } catch (const CommError& e) {
+    msg = e.what();
+  }
+  if (world_rank() != 3) {
+    EXPECT_TRUE(has(msg, "[all_reduce/all_gather] devices disagree at call #0 of group (0,1,2)"))
+        << msg;
+    EXPECT_TRUE(has(msg, "device 2 called all_gather(count=4, f32)")) << msg;
+    EXPECT_LT(seconds_since(t0), 10.0) << msg;  // seen by the check, not at the 20 s timeout
+  }
+}
+
+// The same group of 3 with its extra device missing: device 0 waits for it to fold in,
+// device 1 for device 0; both time out naming device 2.
+TEST_F(MpiTest, MissingDeviceInAGroupOfThree) {
+  std::string msg;
+  MPI_Barrier(MPI_COMM_WORLD);
+  try {
+    launch(mpi_opts(500), [](Communicator& world) {
+      Communicator three = world.split(world.rank() == 3 ? 1 : 0, world.rank());
+      if (world.rank() >= 2) return;
+      std::vector<float> x(4, 1.f), y(4);
+      three.all_reduce(x.data(), y.data(), 4, DType::F32, ReduceOp::Sum);
+    });
+  } catch (const CommError& e) {
+    msg = e.what();
+  }
+  if (world_rank() < 2) {
+    EXPECT_TRUE(has(msg, "[all_reduce] timed out after 500 ms at call #0 of group (0,1,2)"))
+        << msg;
+    EXPECT_TRUE(names_missing(msg, 2)) << msg;
+  }
+}
+
+// Fast mode: small all-reduces still carry their descriptor hash (it rides on their own
+// messages), so two that differ only in their reduce op fail at once on every device.
+TEST_F(MpiTest, FastModeSmallAllReduceMismatchFailsAtOnce) {
+  std::string msg;
+  LaunchOptions o = mpi_opts();
+  o.check_collectives = false;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    launch(o, [](Communicator& world) {
+      std::vector<float> x(4, 1.f), y(4);
+      world.all_reduce(x.data(), y.data(), 4, DType::F32,
+                       world.rank() == 2 ? ReduceOp::Max : ReduceOp::Sum);
+    });
+  } catch (const CommError& e) {
+    msg = e.what();
+  }
+  EXPECT_TRUE(has(msg, "devices disagree at call #0 of group (0,1,2,3)")) << msg;
+  EXPECT_TRUE(has(msg, "device 2 called all_reduce(count=4, f32, max)")) << msg;
+  EXPECT_LT(seconds_since(t0), 10.0) << msg;
 }
 
 int world_rank();
@@ -349,17 +546,21 @@ TEST_F(MpiTest, ThrowingDeviceWakesPointToPointAndSubGroups) {
 // The race that used to hang: device 0 gives up on the descriptor check at its own short
 // deadline but stays in its program (catching the error), while the others, arriving
 // later, pass the check and enter the collective itself. They must fail at their timeout
-// instead of blocking forever.
+// instead of blocking forever. 20000 elements (80 KB): a call that large starts its data
+// operation only once the check passed. (A small all-reduce travels inside the check's
+// own messages: there the others may complete it with device 0's data, sent before it
+// left, which is no hang either.)
 TEST_F(MpiTest, PeerThatLeftAfterTheCheckDoesNotHangTheOthers) {
   const int r = world_rank();
   std::string msg;
   MPI_Barrier(MPI_COMM_WORLD);
   try {
     launch(mpi_opts(r == 0 ? 200 : 1000), [&](Communicator& world) {
-      std::vector<float> x(16, 1.f), y(16);
+      constexpr int n = 20000;
+      std::vector<float> x(n, 1.f), y(n);
       if (world.rank() == 3) std::this_thread::sleep_for(std::chrono::milliseconds(500));
       try {
-        world.all_reduce(x.data(), y.data(), 16, DType::F32, ReduceOp::Sum);
+        world.all_reduce(x.data(), y.data(), n, DType::F32, ReduceOp::Sum);
       } catch (const CommError& e) {
         if (world.rank() != 0) throw;
         msg = e.what();  // device 0 carries on without the collective

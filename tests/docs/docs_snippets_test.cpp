@@ -2,11 +2,14 @@
 // documentation cannot drift from the headers. Each test names the page and section
 // its snippet comes from; when you change a snippet in the docs, change it here too.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <sstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -1039,4 +1042,114 @@ TEST(DocsPipeline, Executor) {
   }, {}, {})(std::vector<Tensor>{});
   EXPECT_GT(losses[0], 0.0);
   for (double l : losses) EXPECT_EQ(l, losses[0]);  // every device reports the same loss
+}
+
+// ------------------------------------------------------------ checkpoints.md
+
+// "Saving and loading"
+TEST(DocsCheckpoints, SaveOnOneMeshLoadOnAnother) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("distjax_docs_ckpt_" + std::to_string(::getpid())))
+          .string();
+  std::filesystem::remove_all(dir);
+  const models::Classifier model({.in_features = 8, .hidden = 16, .num_classes = 4, .dropout = 0.f});
+  optim::AdamW opt({.learning_rate = optim::constant_schedule(1e-2)});
+  train::LossFn loss_fn = [&](const TensorTree& p, const train::Batch& b, Key k) {
+    return std::make_pair(tensor::mean(tensor::cross_entropy(model.apply(p, b.inputs, true, k),
+                                                             b.labels)),
+                          train::Metrics{});
+  };
+  // Saved on ("data"=4) under ZeRO-2 after one step...
+  spmd::shard_map(
+      mesh::Mesh({4}, {"data"}),
+      [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
+        nn::ParamSpecs specs;
+        TensorTree params = model.init(Key::from_seed(0), &specs, &ctx);
+        parallel::ZeroDataParallel zero(ctx, /*stage=*/2, "data", &specs);
+        train::TrainState state = train::TrainState::create(params, opt, Key::from_seed(1), zero);
+        train::train_step(state, {Tensor::ones({2, 8}), Tensor::zeros({2}, DType::I32)}, loss_fn, opt,
+                          {.strategy = &zero});
+        train::save_checkpoint(dir, state, {&ctx, &specs, &zero}, {.data = {0, 1}});
+        return std::vector<Tensor>{};
+      },
+      {}, {})(std::vector<Tensor>{});
+  // ...loaded on ("data"=2) with plain data parallelism.
+  spmd::shard_map(
+      mesh::Mesh({2}, {"data"}),
+      [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
+        nn::ParamSpecs specs;
+        TensorTree params = model.init(Key::from_seed(0), &specs, &ctx);
+        parallel::DataParallel dp(ctx, "data", &specs);
+        train::TrainState state = train::TrainState::create(params, opt, Key::from_seed(1), dp);
+        train::CheckpointMeta meta = train::load_checkpoint(dir, state, {&ctx, &specs, &dp});
+        EXPECT_EQ(meta.step, 1);  // state.step == 1, state.rng == the saved key
+        EXPECT_EQ(state.step, 1);
+        EXPECT_EQ(meta.data, (train::DataPosition{0, 1}));
+        EXPECT_EQ(state.opt_state.at("mu/fc1/kernel").shape(), (Shape{8, 16}));  // whole slots
+        return std::vector<Tensor>{};
+      },
+      {}, {})(std::vector<Tensor>{});
+  // One device reads the global arrays.
+  train::TrainState whole = train::TrainState::create(model.init(Key::from_seed(5)), opt, Key{});
+  train::load_checkpoint(dir, whole, {});
+  EXPECT_EQ(whole.step, 1);
+  std::ostringstream os;
+  train::inspect_checkpoint(dir, os);
+  EXPECT_TRUE(contains(os.str(), "params/fc1/kernel")) << os.str();
+  if (std::getenv("DISTJAX_DOCS_PRINT")) std::cout << os.str();
+  std::filesystem::remove_all(dir);
+}
+
+// "A run that resumes"
+TEST(DocsCheckpoints, Checkpointer) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("distjax_docs_ckptr_" + std::to_string(::getpid())))
+          .string();
+  std::filesystem::remove_all(dir);
+  data::ArrayDataset d = data::synthetic_classification(64, 8, 4, Key::from_seed(1));
+  optim::Adam opt({.learning_rate = optim::constant_schedule(0.05)});
+  train::LossFn loss_fn = [](const TensorTree& p, const train::Batch& b, Key) {
+    Tensor loss = tensor::mean(tensor::cross_entropy(tensor::linear(b.inputs, p.at("w"), p.at("b")),
+                                                     b.labels));
+    return std::make_pair(loss, train::Metrics{});
+  };
+  auto run = [&](bool resume, std::int64_t steps) {
+    TensorTree params;
+    params.set("w", Tensor::zeros({8, 4}));
+    params.set("b", Tensor::zeros({4}));
+    train::TrainState state = train::TrainState::create(params, opt, Key::from_seed(0));
+    data::DataLoader loader(d, {.batch_size = 16, .seed = 0});
+    train::Checkpointer ckpt({.dir = dir, .every = 4, .keep_last = 2, .resume = resume}, {});
+    if (auto pos = ckpt.restore(state)) loader.seek({pos->epoch, pos->batch});
+    double loss = 0;
+    while (state.step < steps) {
+      loss = train::train_step(state, loader.next(), loss_fn, opt).mean("loss");
+      auto p = loader.position();
+      ckpt.maybe_save(state, {p.epoch, p.batch});
+    }
+    ckpt.save(state, {loader.position().epoch, loader.position().batch});  // the end
+    return loss;
+  };
+  run(false, 6);                     // saves step 4 and, at the end, step 6
+  const double resumed = run(true, 10);  // continues from step 6
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(resumed, run(false, 10));  // the same as a run that was never stopped
+  std::filesystem::remove_all(dir);
+}
+
+// docs/plan.md, "From C++".
+TEST(DocsPlan, Gpt3OnSixtyFourDevices) {
+  const plan::ModelDescription gpt3 = plan::describe_gpt(50257, 12288, 96, 96, 2048,
+                                                         /*vocab_parallel=*/true);
+  plan::Setup s{.data = 2, .tensor = 8, .pipe = 4, .sequence_parallel = true,
+                .recompute = plan::Recompute::Selective, .microbatches = 16,
+                .param_bytes = 2, .grad_bytes = 2, .activation_bytes = 2, .state_bytes = 2,
+                .global_batch = 32, .seq_len = 2048,
+                .activations = plan::activation_model_megatron()};
+  const plan::Plan p = plan::make_plan(gpt3, s);
+  EXPECT_NEAR(p.parameters / 1e9, 11.08, 0.01);
+  EXPECT_NEAR(p.total() / 1e9, 54.95, 0.01);
+  EXPECT_NE(p.str().find("11.08 GB"), std::string::npos);
+  std::vector<plan::Plan> fits = plan::meshes_that_fit(gpt3, s, 64, 80.0 * (1 << 30));
+  EXPECT_FALSE(fits.empty());
 }

@@ -84,7 +84,8 @@ class CommunicatorImpl {
 /// arrive within the timeout, EVERY participating device throws CommError with one
 /// message naming the op(s) and the devices that differ or are missing (under MPI with
 /// LaunchOptions::check_collectives off, only a call that hangs or fails is diagnosed,
-/// at its timeout, from the flight records; see launch.hpp), e.g.
+/// at its timeout, from the flight records, and a mismatch between all-reduces of at
+/// most 1 KiB at once; see launch.hpp), e.g.
 ///   [all_reduce/all_gather] devices disagree at call #3 of group (0,1,2,3): devices
 ///   0,2,3 called all_reduce(count=16, f32, sum); device 1 called all_gather(count=16, f32)
 ///   [all_reduce] timed out after 2000 ms at call #7 of group (0,1,2,3): devices 1,3 did
@@ -129,8 +130,9 @@ class Communicator {
   /// Nonblocking forms of the three above: same arguments, same results once the returned
   /// request completes (Request::wait(), or test() returning true); the buffers must stay
   /// alive and untouched until then. Under MPI they are MPI_Iallreduce, MPI_Iallgather
-  /// and MPI_Ireduce_scatter_block; on the threads backend a per-group worker of this
-  /// device runs them in the background. Several may be in flight on one group and be
+  /// and MPI_Ireduce_scatter_block (an all-reduce of at most 1 KiB: point-to-point
+  /// messages that also carry the per-call check); on the threads backend a per-group
+  /// worker of this device runs them in the background. Several may be in flight on one group and be
   /// waited on in any order. Ordering: like every collective (NCCL, MPI), they are
   /// matched across devices by the order in which each device ISSUES them on a group, so
   /// every device must issue the same sequence of collectives (blocking and nonblocking

@@ -43,14 +43,17 @@ struct LaunchOptions {
   int intra_op_threads = 0;
   /// Check every collective for a mismatched program (op, count, dtype, root, reduce op,
   /// permutation, sequence number). The threads backend always checks (it costs nothing
-  /// there). Under MPI the check is a 16-byte MPI_Iallreduce(MPI_BAND) of a hash of the
-  /// call's descriptor, on a private communicator, running alongside the collective; only
-  /// when the hashes differ do the ranks exchange their descriptors to name what each
-  /// called. false is the fast mode: no per-call check at all; a mismatch that completes
-  /// goes unnoticed, but one that hangs or makes MPI fail is still diagnosed (at the
-  /// timeout) from the flight records: each process keeps the last calls it issued per
-  /// group, and a device that times out asks the others for theirs, so the message names
-  /// the op and the devices that differ, are elsewhere or are missing.
+  /// there). Under MPI the check is an exchange of a hash of the call's descriptor, a
+  /// recursive-doubling all-reduce of (hash, ~hash) point to point on a private
+  /// communicator, running alongside the collective; only when the hashes differ do the
+  /// ranks exchange their descriptors to name what each called. An all-reduce of at most
+  /// 1 KiB travels inside that exchange, with or without the check, so small all-reduces
+  /// are always checked and cost about one MPI_Allreduce. false is the fast mode: no
+  /// per-call check on other calls; a mismatch that completes goes unnoticed, but one
+  /// that hangs or makes MPI fail is still diagnosed (at the timeout) from the flight
+  /// records: each process keeps the last calls it issued per group, and a device that
+  /// times out asks the others for theirs, so the message names the op and the devices
+  /// that differ, are elsewhere or are missing.
   bool check_collectives = true;
 };
 

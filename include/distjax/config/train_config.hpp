@@ -24,6 +24,7 @@ struct RunConfig {
   std::int64_t checkpoint_every = 0;  ///< steps between checkpoints; 0 = none
   bool resume = false;                ///< continue from the latest checkpoint in out_dir
   std::int64_t seed = 0;              ///< initialisation, shuffling, dropout
+  bool timeline = false;              ///< write out_dir/timeline.json (Chrome trace) of the last step
 };
 
 /// [model]: the classifier's and the GPT's sizes (each program reads its own).
@@ -33,6 +34,9 @@ struct ModelConfig {
   double dropout = 0.1;        ///< dropout rate
   std::int64_t d_model = 128;  ///< transformer width (C)
   std::int64_t heads = 4;      ///< attention heads (H)
+  /// Transformer vocabulary (V); 0 = the program's own (256 bytes for the text programs).
+  /// Read by `distjax plan` (e.g. GPT-3's 50257); the training programs read bytes.
+  std::int64_t vocab = 0;
 };
 
 /// [optimizer]: AdamW with linear warmup and cosine decay.

@@ -107,6 +107,14 @@ double pipeline_bubble(spmd::DeviceContext& ctx, const PipelineTrace& trace, boo
 /// micro-batch's last digit in the next cell when it fits), "." where it waited or idled.
 std::string format_trace_timeline(const std::vector<PipelineTrace>& traces, int width = 96);
 
+/// The traces as a Chrome trace (JSON that chrome://tracing and Perfetto open): one
+/// process per device (`devices[i]` names traces[i]), complete events for its compute
+/// spans (category "compute", named like "F mb 3 chunk 1"), its waits for transfers
+/// ("communication") and the gaps between them ("idle"); times in microseconds from the
+/// earliest start.
+std::string chrome_trace_json(const std::vector<PipelineTrace>& traces,
+                              const std::vector<int>& devices);
+
 /// The pipeline Strategy. forward_backward runs this stage's action list of the checked
 /// schedule over the micro-batches of the batch (the loss function of the train step is
 /// not used: the module's last chunk computes the loss): forwards keep their micro-batch's
@@ -149,6 +157,11 @@ class Pipeline final : public Strategy {
   TensorTree init_opt_state(const optim::Optimizer& optimizer, const TensorTree& params) override;
   void apply_update(const optim::Optimizer& optimizer, TensorTree& params, const TensorTree& grads,
                     TensorTree& opt_state, std::int64_t step) override;
+  /// The inner strategy's (checkpoints: this stage's optimizer state).
+  TensorTree opt_state_to_param_layout(const TensorTree& opt_state,
+                                       const TensorTree& params) override;
+  TensorTree opt_state_from_param_layout(const TensorTree& state,
+                                         const TensorTree& params) override;
   MemoryStats* memory_stats() override { return &ctx_->memory(); }
 
   /// This device's stage (its index along the pipe axis) and the chunks it holds.

@@ -56,6 +56,16 @@ class Strategy {
   /// optimizer.update. ZeRO updates this device's shard and all-gathers the result.
   virtual void apply_update(const optim::Optimizer& optimizer, TensorTree& params,
                             const TensorTree& grads, TensorTree& opt_state, std::int64_t step);
+  /// The optimizer state in the layout of the parameters, for a checkpoint: every slot
+  /// leaf "<slot>/<path>" with the shape of this device's block of parameter <path>, so
+  /// it is saved (and resharded) with the parameter's PartitionSpec. The base: the state
+  /// as it is. ZeRO-1/2: the chunks all-gathered over the ZeRO axes (a collective).
+  virtual TensorTree opt_state_to_param_layout(const TensorTree& opt_state,
+                                               const TensorTree& params);
+  /// The inverse: the state this device keeps, from one in the layout of the parameters
+  /// (ZeRO: this device's chunks of it). No collective.
+  virtual TensorTree opt_state_from_param_layout(const TensorTree& state,
+                                                 const TensorTree& params);
   /// Where the train step reports the device's memory (spmd::DeviceContext::memory() of
   /// the device the strategy runs on); null for one device without a context.
   virtual MemoryStats* memory_stats() { return nullptr; }

@@ -57,6 +57,13 @@ class ZeroDataParallel final : public Strategy {
   TensorTree init_opt_state(const optim::Optimizer& optimizer, const TensorTree& params) override;
   void apply_update(const optim::Optimizer& optimizer, TensorTree& params, const TensorTree& grads,
                     TensorTree& opt_state, std::int64_t step) override;
+  /// Each split leaf's slots all-gathered over the axes (one all_gather per slot leaf, in
+  /// path order) and cut back to the parameter's shape: what a checkpoint saves.
+  TensorTree opt_state_to_param_layout(const TensorTree& opt_state,
+                                       const TensorTree& params) override;
+  /// This device's chunk of each split leaf's slots.
+  TensorTree opt_state_from_param_layout(const TensorTree& state,
+                                         const TensorTree& params) override;
 
   int stage() const { return stage_; }
 
@@ -65,6 +72,10 @@ class ZeroDataParallel final : public Strategy {
   bool splits(const std::string& path, const tensor::Tensor& t) const;
   // This device's chunks of the split leaves (the others unchanged).
   TensorTree own_chunks(const TensorTree& params) const;
+  // The parameter an optimizer state path "<slot>/<param path>" belongs to, when ZeRO
+  // splits it (null otherwise).
+  const tensor::Tensor* split_param_of(const std::string& state_path,
+                                       const TensorTree& params) const;
   // Reduce-scatters the split leaves' gradients (mean); the others go through sync_grads.
   // keep_full: the chunks are views into the full-size gradient buffer (stage 1).
   TensorTree scatter_grads(const TensorTree& grads, bool keep_full);

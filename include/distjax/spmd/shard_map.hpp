@@ -43,7 +43,8 @@ struct ShardMapOptions {
   /// counters); runs on the device's thread.
   std::function<void(DeviceContext&)> on_exit{};
   /// comm::LaunchOptions::check_collectives: under MPI, false is the fast mode (no
-  /// per-call check; a hang is still diagnosed at the timeout from the flight records).
+  /// per-call check but on small all-reduces, which carry it in their own messages; a
+  /// hang is still diagnosed at the timeout from the flight records).
   bool check_collectives = true;
 };
 

@@ -24,6 +24,13 @@ struct TrainerConfig {
   std::string mesh = "single device";   ///< recorded in summary.json
   std::string backend = "none";         ///< communication backend, recorded in summary.json
   bool print = true;                    ///< print progress lines on stdout
+  /// With print, on a terminal: a progress bar (step, loss, throughput, ETA) redrawn in
+  /// place after every step between the log lines. Not a terminal: the log lines only.
+  bool progress_bar = true;
+  /// finish() draws out_dir/loss_curve.png from metrics.jsonl (train/plot.hpp, gnuplot).
+  bool plot = true;
+  /// Append to an existing metrics.jsonl (a resumed run) instead of starting it afresh.
+  bool append = false;
 };
 
 /// Runs train steps and logs them. Each logged record in metrics.jsonl holds: step,
@@ -63,8 +70,9 @@ class Trainer {
 
   /// Writes summary.json: steps, wall_time_s, train_time_s, throughput (+ unit), items
   /// seen, optimizer, mesh, backend, the last train and eval metrics, `extra`, and the
-  /// device's memory by category when the strategy reports it (memory_bytes_per_device).
-  /// Also prints a closing line (and the memory line).
+  /// device's memory by category when the strategy reports it (memory_bytes_per_device);
+  /// draws loss_curve.png (config.plot). Also prints a closing line naming the files (and
+  /// the memory line).
   void finish(const TrainState& state, const std::map<std::string, double>& extra = {});
 
   /// The means of the most recent evaluation (empty before the first).
@@ -76,6 +84,9 @@ class Trainer {
 
  private:
   void log_train(std::int64_t step);
+  void draw_progress(std::int64_t step, double loss);
+  void clear_progress();
+  std::string eta(std::int64_t step) const;
   void write_record(const std::string& json_line);
 
   TrainerConfig config_;
@@ -93,6 +104,10 @@ class Trainer {
   std::map<std::string, double> last_eval_;
   struct Files;
   std::unique_ptr<Files> files_;
+  bool tty_ = false;           // stdout is a terminal and the bar is on
+  bool bar_shown_ = false;     // a bar is on the current line
+  double last_bar_ = -1.0;     // elapsed_s() of the last redraw
+  std::int64_t first_step_ = -1;  // state.step before the first step() (resumed runs)
 };
 
 }  // namespace distjax::train

@@ -158,6 +158,9 @@ const std::vector<Entry>& schema() {
     s.push_back(field("run.resume", DJ_ACCESS(run.resume),
                       "continue from the latest checkpoint in run.out_dir"));
     s.push_back(field("run.seed", DJ_ACCESS(run.seed), "seed of initialisation, data and dropout"));
+    s.push_back(field("run.timeline", DJ_ACCESS(run.timeline),
+                      "pipelines: write timeline.json (Chrome trace, opens in Perfetto) of the "
+                      "last step's compute, communication and idle spans per device"));
     // [model]
     s.push_back(field("model.hidden", DJ_ACCESS(model.hidden), "classifier hidden width (D)"));
     s.push_back(field("model.layers", DJ_ACCESS(model.layers),
@@ -165,6 +168,8 @@ const std::vector<Entry>& schema() {
     s.push_back(field("model.dropout", DJ_ACCESS(model.dropout), "dropout rate"));
     s.push_back(field("model.d_model", DJ_ACCESS(model.d_model), "transformer width (C)"));
     s.push_back(field("model.heads", DJ_ACCESS(model.heads), "attention heads (H)"));
+    s.push_back(field("model.vocab", DJ_ACCESS(model.vocab),
+                      "transformer vocabulary (V) for distjax plan; 0 = the program's (256)"));
     // [optimizer]
     s.push_back(field("optimizer.lr", DJ_ACCESS(optimizer.lr), "peak learning rate of AdamW"));
     s.push_back(field("optimizer.final_lr_ratio", DJ_ACCESS(optimizer.final_lr_ratio),

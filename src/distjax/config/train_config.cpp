@@ -37,7 +37,8 @@ std::vector<std::string> TrainConfig::problems() const {
       {"run.epochs", run.epochs},
       {"run.eval_every", run.eval_every},
       {"run.checkpoint_every", run.checkpoint_every},
-      {"optimizer.warmup_steps", optimizer.warmup_steps}};
+      {"optimizer.warmup_steps", optimizer.warmup_steps},
+      {"model.vocab", model.vocab}};
   for (const auto& [name, v] : non_negative)
     if (v < 0) out.push_back(str(name, " = ", v, " must not be negative"));
   if (run.program.empty()) out.push_back("run.program is not set");

@@ -4,6 +4,7 @@
 #include <ctime>
 #include <deque>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 
@@ -146,6 +147,45 @@ std::string format_trace_timeline(const std::vector<PipelineTrace>& traces, int 
        << "%\n";
   }
   return os.str();
+}
+
+std::string chrome_trace_json(const std::vector<PipelineTrace>& traces,
+                              const std::vector<int>& devices) {
+  DISTJAX_CHECK(traces.size() == devices.size(), InvalidArgument, "[chrome_trace_json] ",
+                traces.size(), " traces for ", devices.size(), " devices");
+  double first = 0;
+  bool any = false;
+  for (const PipelineTrace& t : traces)
+    if (t.end > t.start) {
+      first = any ? std::min(first, t.start) : t.start;
+      any = true;
+    }
+  nlohmann::json events = nlohmann::json::array();
+  auto us = [&](double s) { return (s - first) * 1e6; };
+  for (std::size_t i = 0; i < traces.size(); ++i) {
+    const PipelineTrace& t = traces[i];
+    const int pid = devices[i];
+    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid},
+                      {"args", {{"name", "device " + std::to_string(pid) + " (stage " +
+                                             std::to_string(t.stage) + ")"}}}});
+    double cursor = t.start;
+    auto event = [&](const std::string& name, const char* cat, double a, double b) {
+      if (b <= a) return;
+      events.push_back({{"name", name}, {"cat", cat}, {"ph", "X"}, {"ts", us(a)},
+                        {"dur", (b - a) * 1e6}, {"pid", pid}, {"tid", 0}});
+    };
+    for (const PipelineSpan& x : t.spans) {
+      event("idle", "idle", cursor, x.start);
+      const std::string what = to_string(x.action.op) + " mb " +
+                               std::to_string(x.action.microbatch) + " chunk " +
+                               std::to_string(x.action.chunk);
+      const std::string name = x.wait ? "wait " + what : what;
+      event(name, x.wait ? "communication" : "compute", x.start, x.end);
+      cursor = std::max(cursor, x.end);
+    }
+    event("idle", "idle", cursor, t.end);
+  }
+  return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump();
 }
 
 Pipeline::Pipeline(spmd::DeviceContext& ctx, const PipelineModule& module, PipelineOptions options,
@@ -556,6 +596,16 @@ void Pipeline::apply_update(const optim::Optimizer& optimizer, TensorTree& param
                             const TensorTree& grads, TensorTree& opt_state, std::int64_t step) {
   if (inner_) inner_->apply_update(optimizer, params, grads, opt_state, step);
   else optimizer.update(params, grads, opt_state, step);
+}
+
+TensorTree Pipeline::opt_state_to_param_layout(const TensorTree& opt_state,
+                                               const TensorTree& params) {
+  return inner_ ? inner_->opt_state_to_param_layout(opt_state, params) : opt_state;
+}
+
+TensorTree Pipeline::opt_state_from_param_layout(const TensorTree& state,
+                                                 const TensorTree& params) {
+  return inner_ ? inner_->opt_state_from_param_layout(state, params) : state;
 }
 
 }  // namespace distjax::parallel

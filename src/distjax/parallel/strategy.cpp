@@ -24,4 +24,12 @@ void Strategy::apply_update(const optim::Optimizer& optimizer, TensorTree& param
   optimizer.update(params, grads, opt_state, step);
 }
 
+TensorTree Strategy::opt_state_to_param_layout(const TensorTree& opt_state, const TensorTree&) {
+  return opt_state;
+}
+
+TensorTree Strategy::opt_state_from_param_layout(const TensorTree& state, const TensorTree&) {
+  return state;
+}
+
 }  // namespace distjax::parallel

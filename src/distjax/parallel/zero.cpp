@@ -225,4 +225,61 @@ void ZeroDataParallel::apply_update(const optim::Optimizer& optimizer, TensorTre
   }
 }
 
+const Tensor* ZeroDataParallel::split_param_of(const std::string& state_path,
+                                               const TensorTree& params) const {
+  const auto slash = state_path.find('/');
+  if (slash == std::string::npos) return nullptr;
+  const std::string path = state_path.substr(slash + 1);
+  if (!params.contains(path)) return nullptr;
+  const Tensor& p = params.at(path);
+  return splits(path, p) ? &p : nullptr;
+}
+
+TensorTree ZeroDataParallel::opt_state_to_param_layout(const TensorTree& opt_state,
+                                                       const TensorTree& params) {
+  comm::Communicator& comm = ctx_->comm(axes_);
+  const int n = comm.size();
+  TensorTree out;
+  for (const auto& [path, s] : opt_state) {
+    const Tensor* p = split_param_of(path, params);
+    if (p == nullptr) {
+      out.set(path, s);
+      continue;
+    }
+    const std::int64_t k = chunk_size(p->numel(), n);
+    DISTJAX_CHECK(s.dtype() == DType::F32 && s.numel() == k, InvalidArgument,
+                  "[ZeroDataParallel] optimizer state \"", path, "\" has ", s.numel(),
+                  " elements; expected this device's chunk of ", k);
+    Tensor all = Tensor::empty({n * k});
+    comm.all_gather(s.data<float>(), all.data<float>(), k, DType::F32);
+    Tensor whole = Tensor::empty(p->shape());
+    std::memcpy(whole.data<float>(), all.data<float>(), whole.nbytes());
+    whole.set_varying_axes(p->varying_axes());
+    out.set(path, whole);
+  }
+  return out;
+}
+
+TensorTree ZeroDataParallel::opt_state_from_param_layout(const TensorTree& state,
+                                                         const TensorTree& params) {
+  const int n = ctx_->axis_size(axes_), r = ctx_->axis_index(axes_);
+  TensorTree out;
+  for (const auto& [path, s] : state) {
+    const Tensor* p = split_param_of(path, params);
+    if (p == nullptr) {
+      out.set(path, s);
+      continue;
+    }
+    DISTJAX_CHECK(s.shape() == p->shape(), InvalidArgument, "[ZeroDataParallel] optimizer state \"",
+                  path, "\" has shape ", to_string(s.shape()), "; expected its parameter's ",
+                  to_string(p->shape()));
+    const std::int64_t k = chunk_size(s.numel(), n), have = chunk_extent(s.numel(), k, r);
+    Tensor c = Tensor::zeros({k});
+    std::memcpy(c.data<float>(), s.data<float>() + r * k, static_cast<std::size_t>(have) * 4);
+    c.set_varying_axes(s.varying_axes() | ctx_->axis_mask(axes_));
+    out.set(path, c);
+  }
+  return out;
+}
+
 }  // namespace distjax::parallel

@@ -6,8 +6,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "distjax/parallel/strategy.hpp"
+#include <unistd.h>
+
 #include "distjax/core/error.hpp"
+#include "distjax/parallel/strategy.hpp"
+#include "distjax/train/plot.hpp"
 
 namespace distjax::train {
 
@@ -70,10 +73,52 @@ Trainer::Trainer(TrainerConfig config, const optim::Optimizer& optimizer, LossFn
     DISTJAX_CHECK(!ec, IoError, "[Trainer] cannot create output directory \"", config_.out_dir,
                   "\": ", ec.message());
     const auto path = files_->dir / "metrics.jsonl";
-    files_->metrics.open(path, std::ios::out | std::ios::trunc);
+    files_->metrics.open(path, std::ios::out | (config_.append ? std::ios::app : std::ios::trunc));
     DISTJAX_CHECK(files_->metrics.good(), IoError, "[Trainer] cannot write \"", path.string(),
                   "\"");
   }
+  tty_ = config_.print && config_.progress_bar && isatty(fileno(stdout)) != 0;
+}
+
+std::string Trainer::eta(std::int64_t step) const {
+  if (config_.total_steps <= 0 || step <= first_step_ || train_seconds_ <= 0.0) return "";
+  const double per_step = train_seconds_ / static_cast<double>(step - first_step_);
+  const auto left = static_cast<long long>(per_step * static_cast<double>(config_.total_steps - step));
+  char buf[32];
+  if (left >= 3600)
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", left / 3600, left / 60 % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", left / 60, left % 60);
+  return buf;
+}
+
+void Trainer::clear_progress() {
+  if (!bar_shown_) return;
+  std::printf("\r\033[K");
+  bar_shown_ = false;
+}
+
+void Trainer::draw_progress(std::int64_t step, double loss) {
+  // At most ten redraws a second; always the last step.
+  const double now = elapsed_s();
+  if (now - last_bar_ < 0.1 && step != config_.total_steps) return;
+  last_bar_ = now;
+  constexpr int kWidth = 24;
+  const double frac = config_.total_steps > 0
+                          ? std::min(1.0, static_cast<double>(step) / config_.total_steps)
+                          : 0.0;
+  const int filled = static_cast<int>(frac * kWidth);
+  std::string bar(static_cast<std::size_t>(filled), '#');
+  bar.append(static_cast<std::size_t>(kWidth - filled), '-');
+  const double tput = throughput();
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "\r\033[K[%s] %lld/%lld %3.0f%% | loss %.4f | %.0f %s/s | ETA %s",
+                bar.c_str(), static_cast<long long>(step),
+                static_cast<long long>(config_.total_steps), 100.0 * frac, loss, tput,
+                config_.items_name.c_str(), eta(step).c_str());
+  std::fputs(buf, stdout);
+  std::fflush(stdout);
+  bar_shown_ = true;
 }
 
 Trainer::~Trainer() = default;
@@ -93,6 +138,7 @@ void Trainer::write_record(const std::string& json_line) {
 }
 
 Metrics Trainer::step(TrainState& state, const Batch& batch) {
+  if (first_step_ < 0) first_step_ = state.step;
   const auto t0 = Clock::now();
   Metrics m = train_step(state, batch, loss_fn_, optimizer_, options_);
   const double dt = seconds_since(t0);
@@ -107,6 +153,7 @@ Metrics Trainer::step(TrainState& state, const Batch& batch) {
   last_lr_ = m.contains("learning_rate") ? m.mean("learning_rate") : last_lr_;
   if (state.step % config_.log_every == 0 || state.step == config_.total_steps)
     log_train(state.step);
+  if (tty_ && m.contains("loss")) draw_progress(state.step, m.mean("loss"));
   return m;
 }
 
@@ -140,6 +187,9 @@ void Trainer::log_train(std::int64_t step) {
     std::snprintf(buf, sizeof buf, " | %.0f %s/s | %.1fs", tput, config_.items_name.c_str(),
                   elapsed_s());
     line += buf;
+    if (const std::string left = eta(step); !left.empty() && step < config_.total_steps)
+      line += " | ETA " + left;
+    clear_progress();
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
   }
@@ -172,6 +222,7 @@ void Trainer::log_eval(std::int64_t step, const Metrics& eval) {
     std::string line = "eval @ step " + std::to_string(step);
     for (const auto& [name, v] : last_eval_)
       line += " | " + name + " " + format_value(name, v);
+    clear_progress();
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
   }
@@ -215,10 +266,18 @@ void Trainer::finish(const TrainState& state, const std::map<std::string, double
     }
     std::filesystem::rename(tmp, path);
   }
+  std::string plot_note;
+  if (files_ && config_.plot) {
+    files_->metrics.flush();
+    const auto png = files_->dir / "loss_curve.png";
+    const std::string why = plot_loss_curve(files_->dir / "metrics.jsonl", png, config_.mesh);
+    plot_note = why.empty() ? ", " + png.string() : " (no loss curve: " + why + ")";
+  }
   if (config_.print) {
-    std::printf("done: %lld steps in %.1fs (%.0f %s/s)%s%s\n", static_cast<long long>(state.step),
+    clear_progress();
+    std::printf("done: %lld steps in %.1fs (%.0f %s/s)%s%s%s\n", static_cast<long long>(state.step),
                 wall, throughput(), config_.items_name.c_str(), files_ ? ", wrote " : "",
-                files_ ? (files_->dir / "summary.json").string().c_str() : "");
+                files_ ? (files_->dir / "summary.json").string().c_str() : "", plot_note.c_str());
     if (memory != nullptr) std::printf("memory of this device: %s\n", memory->str().c_str());
     std::fflush(stdout);
   }

@@ -1,7 +1,8 @@
 // The MPI backend's guards against silent hangs, shared by its communicator and launch
 // (private to src/distjax/comm/mpi): the watchdog that aborts a job blocked in a call MPI
 // only has in blocking form, the process-wide abort channel on which a failing process
-// tells the others, and the deadline-polled waits that listen to it.
+// tells the others, and the deadline-polled waits that listen to it and advance the
+// calls in flight that only advance when polled.
 #pragma once
 
 #define OMPI_SKIP_MPICXX 1
@@ -22,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "distjax/comm/mpi/flight_records.hpp"
 #include "distjax/core/error.hpp"
 
 namespace distjax::comm::mpi::guards {
@@ -155,27 +157,85 @@ inline constexpr std::chrono::milliseconds kAbortGrace{100};
 
 enum class WaitResult { Done, TimedOut, Aborted };
 
-/// Polls reqs until all complete (done[i] turns 1 as request i does), the deadline
-/// passes, or an abort notice arrives. Completed requests become MPI_REQUEST_NULL.
-inline WaitResult poll(MPI_Request* reqs, int* done, std::size_t n, Clock::time_point deadline,
-                       const char* op, int device) {
+// ---------------------------------------------------------------- pending calls
+/// A call in flight that advances only when this process polls it: the later steps of
+/// an exchange (exchange.hpp), a data operation posted once its check passed. Every wait
+/// advances all of them (advance_pending), as MPI progresses its own nonblocking
+/// collectives, so requests waited on in different orders on different devices, or on
+/// different groups, do not wait on each other. advance() never throws and never blocks;
+/// what fails is left for the call's own wait to report.
+struct Pending {
+  virtual void advance() noexcept = 0;
+  bool registered = false;
+
+ protected:
+  ~Pending() = default;
+};
+/// The calls of this process that are in flight and need advancing (only the device's
+/// thread touches them: one device per process).
+inline std::vector<Pending*>& pending() {
+  static auto* p = new std::vector<Pending*>();
+  return *p;
+}
+inline void add_pending(Pending* c) {
+  if (c->registered) return;
+  c->registered = true;
+  pending().push_back(c);
+}
+inline void remove_pending(Pending* c) {
+  if (!c->registered) return;
+  c->registered = false;
+  auto& p = pending();
+  p.erase(std::find(p.begin(), p.end(), c));
+}
+/// Advances every pending call (advance() may remove the call from the list).
+inline void advance_pending() {
+  auto& p = pending();
+  for (std::size_t i = 0; i < p.size();) {
+    Pending* c = p[i];
+    c->advance();
+    if (i < p.size() && p[i] == c) ++i;
+  }
+}
+
+/// Calls done() until it returns true (WaitResult::Done), the deadline passes, or an
+/// abort notice arrives. done() is looked at on every spin: a reply usually comes within
+/// a few, so the clock, the abort channel and peers' flight-record queries are looked at
+/// only every 64th spin, and the core is given away (it may be shared with the other
+/// ranks) only after kPollSpins. Meanwhile it advances the other pending calls.
+inline constexpr unsigned kPollSpins = 256;
+template <class Done>
+WaitResult poll_until(Done&& done, Clock::time_point deadline) {
   bool aborted = false;
-  for (int spins = 0;; ++spins) {
-    bool all = true;
-    for (std::size_t i = 0; i < n; ++i) {
-      if (done[i]) continue;
-      check(MPI_Test(&reqs[i], &done[i], MPI_STATUS_IGNORE), op, device);
-      all = all && done[i];
-    }
-    if (all) return WaitResult::Done;
+  for (unsigned spins = 1;; ++spins) {
+    if (done()) return WaitResult::Done;
+    if (!pending().empty()) advance_pending();
+    if (spins < kPollSpins && (spins & 63) != 0) continue;
     if ((spins & 63) == 0) flight_serve();  // peers diagnosing a timeout ask us
     if (!aborted && poll_abort() != nullptr) {
       aborted = true;
       deadline = std::min(deadline, Clock::now() + kAbortGrace);
     }
     if (Clock::now() > deadline) return aborted ? WaitResult::Aborted : WaitResult::TimedOut;
-    if (spins > 256) std::this_thread::yield();
+    if (spins >= kPollSpins) std::this_thread::yield();
   }
+}
+
+/// Polls reqs until all complete (done[i] turns 1 as request i does), the deadline
+/// passes, or an abort notice arrives. Completed requests become MPI_REQUEST_NULL.
+inline WaitResult poll(MPI_Request* reqs, int* done, std::size_t n, Clock::time_point deadline,
+                       const char* op, int device) {
+  return poll_until(
+      [&] {
+        bool all = true;
+        for (std::size_t i = 0; i < n; ++i) {
+          if (done[i]) continue;
+          check(MPI_Test(&reqs[i], &done[i], MPI_STATUS_IGNORE), op, device);
+          all = all && done[i];
+        }
+        return all;
+      },
+      deadline);
 }
 
 /// Waits for one nonblocking call made while setting up a communicator; throws

@@ -1,8 +1,10 @@
 // The MPI backend: one process per device, launched by mpirun / srun. Collectives are
-// MPI collectives; before each one the ranks exchange call descriptors point-to-point
-// on a private duplicate communicator with a deadline, so a mismatch or a missing rank
-// raises CommError naming the op and the ranks instead of hanging. Several devices per
-// process are not implemented (devices_per_process must be 1).
+// MPI collectives; with each one the ranks exchange a hash of their call descriptors
+// point-to-point on a private duplicate communicator with a deadline (exchange.hpp), so
+// a mismatch or a missing rank raises CommError naming the op and the ranks instead of
+// hanging. A small all-reduce travels inside that exchange itself, in both modes: one
+// round of messages checks it and carries its data. Several devices per process are not
+// implemented (devices_per_process must be 1).
 //
 // No silent hangs: every wait is a nonblocking MPI call polled against a deadline (the
 // collective itself too, as MPI_Iallreduce etc.: a rank that passed the descriptor check
@@ -32,6 +34,7 @@
 #include <thread>
 
 #include "distjax/comm/detail/call.hpp"
+#include "distjax/comm/mpi/exchange.hpp"
 #include "distjax/comm/mpi/flight_records.hpp"
 #include "distjax/comm/mpi/guards.hpp"
 #include "distjax/core/error.hpp"
@@ -115,6 +118,12 @@ class MpiCommunicator final : public CommunicatorImpl,
                global_);
     check_comm_ = *dup;
     MPI_Comm_set_errhandler(check_comm_, MPI_ERRORS_RETURN);
+    auto xdup = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
+    check(MPI_Comm_idup(comm_, xdup.get(), &r), op, global_);
+    wait_setup(r, xdup, deadline, opts_.timeout, op, "duplicating the new group's communicator",
+               global_);
+    xchg_comm_ = *xdup;
+    MPI_Comm_set_errhandler(xchg_comm_, MPI_ERRORS_RETURN);
     auto ids = std::make_shared<std::vector<int>>(size_);
     check(MPI_Iallgather(&global_, 1, MPI_INT, ids->data(), 1, MPI_INT, comm_, &r), op, global_);
     wait_setup(r, ids, deadline, opts_.timeout, op, "gathering the new group's members", global_);
@@ -131,6 +140,7 @@ class MpiCommunicator final : public CommunicatorImpl,
     MPI_Finalized(&finalized);
     if (finalized) return;
     if (!failed_) {
+      MPI_Comm_free(&xchg_comm_);
       MPI_Comm_free(&check_comm_);
       MPI_Comm_free(&comm_);
     }
@@ -147,6 +157,13 @@ class MpiCommunicator final : public CommunicatorImpl,
     const DType dtype = send.dtype;
     auto call = begin(detail::make_desc(seq_, OpKind::AllReduce, send.count, dtype, op),
                       detail::ring_traffic(OpKind::AllReduce, send.bytes(), size_));
+    if (small(send)) {
+      call->xchg = std::make_shared<Exchange>();
+      start_small(*call->xchg, call->desc, send, op);
+      call->finish.push_back([x = call->xchg, recv, op, this] { finish_small(*x, recv, op); });
+      add_pending(call.get());
+      return Request(std::make_unique<CollectiveRequest>(shared_from_this(), std::move(call)));
+    }
     const bool in_place = send.data == recv.data;
     auto [sb, rb] = stage(*call, send, recv);
     if (op == ReduceOp::Mean) {
@@ -188,8 +205,60 @@ class MpiCommunicator final : public CommunicatorImpl,
     });
   }
 
+  /// A small all-reduce waits here, on the stack: no request, no allocation, nothing
+  /// but its exchange between the clock readings of its counters.
   void all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) override {
-    iall_reduce(send, recv, op).wait();
+    if (!small(send)) {
+      iall_reduce(send, recv, op).wait();
+      return;
+    }
+    if (failed_) throw CommError(failure_);
+    const detail::CallDesc d =
+        detail::make_desc(seq_, OpKind::AllReduce, send.count, send.dtype, op);
+    const auto issued = Clock::now();
+    ++seq_;
+    records_->issue(d);
+    // A device failed: start nothing (the others' messages may already be here, and this
+    // call would complete where theirs failed). Looking costs a trip through MPI's
+    // progress engine, so back-to-back calls look once per kAbortLook: a call that skips
+    // the look was issued within kAbortLook of one, and could complete where the others
+    // failed only if it arrived within kAbortLook after their timeout (a race at the
+    // deadline that any check has); the next call, or its wait, then fails.
+    if (issued - abort_looked_ > kAbortLook) {
+      abort_looked_ = issued;
+      if (poll_abort() != nullptr) fail(abort_message(d));
+    }
+    Waiting waiting(records_.get(), d);  // through the diagnosis too: peers ask meanwhile
+    Exchange& x = *hot_;
+    WaitResult w;
+    try {
+      start_small(x, d, send, op);
+      w = poll_until([&x] { return x.progress(); }, issued + opts_.timeout);
+    } catch (const CommError& e) {  // an MPI error
+      give_up_hot();
+      fail(diagnose(d, false, e.what()));
+    }
+    if (w != WaitResult::Done) {
+      give_up_hot();
+      fail(w == WaitResult::Aborted ? abort_message(d) : diagnose(d, false));
+    }
+    if (!x.agreed()) {
+      give_up_hot();
+      disagree(d);
+    }
+    finish_small(x, recv, op);
+    ++records_->completed;
+    const auto end = Clock::now();
+    const detail::Traffic t = detail::ring_traffic(OpKind::AllReduce, send.bytes(), size_);
+    const double s = std::chrono::duration<double>(end - issued).count();
+    stats_->add(stats_group(), OpKind::AllReduce,
+                {.calls = 1,
+                 .bytes_sent = t.sent,
+                 .bytes_received = t.received,
+                 .seconds = s,
+                 .wait_seconds = s});
+    if (stats_->record_spans)
+      stats_->spans.push_back({OpKind::AllReduce, issued, end, end, t.sent});
   }
   void all_gather(const Buffer& send, const Buffer& recv) override {
     iall_gather(send, recv).wait();
@@ -272,11 +341,20 @@ class MpiCommunicator final : public CommunicatorImpl,
                       detail::ring_traffic(OpKind::Split, 0, size_));
     // Always the full descriptor exchange: MPI_Comm_split only exists in blocking form,
     // so every rank must know the others are entering it.
-    agree(*call, Clock::now() + opts_.timeout);
+    agree(call->desc, Clock::now() + opts_.timeout);
+    // MPI_Comm_split is a collective on comm_ too: after every earlier data operation.
+    const WaitResult w = poll_until(
+        [this] {
+          post_ready();
+          return unposted_.empty();
+        },
+        Clock::now() + opts_.timeout);
+    if (w != WaitResult::Done)
+      fail(w == WaitResult::Aborted ? abort_message(call->desc) : diagnose(call->desc, true));
     call->arrived = Clock::now();
     MPI_Comm sub;
     const int rc = guarded(opts_.timeout, blocked_message("split", "MPI_Comm_split", global_,
-                                                          opts_.timeout, where(*call)),
+                                                          opts_.timeout, where(call->desc)),
                            [&] { return MPI_Comm_split(comm_, color, key, &sub); });
     check(rc, "split", global_);
     try {
@@ -333,6 +411,7 @@ class MpiCommunicator final : public CommunicatorImpl,
     }
     bool test() override {
       if (r_ == MPI_REQUEST_NULL) return true;
+      advance_pending();  // pending collectives too, as a wait would
       int flag = 0;
       check(MPI_Test(&r_, &flag, MPI_STATUS_IGNORE), is_send_ ? "isend" : "irecv", c_.global_);
       return flag != 0;
@@ -350,8 +429,16 @@ class MpiCommunicator final : public CommunicatorImpl,
  private:
   /// One collective in flight: its flight-record entry, the MPI requests of the data
   /// (up to two: permute's receive and send) and of the check, and what to do on
-  /// completion. Shared by the request and the communicator.
-  struct Call {
+  /// completion. Shared by the request and the communicator. Pending (guards.hpp) while
+  /// its exchange or the posting of its data needs this process to advance it.
+  struct Call final : Pending {
+    explicit Call(MpiCommunicator* c) : owner(c) {}
+    ~Call() {
+      remove_pending(this);
+      if (post) owner->forget_unposted(*this);
+    }
+    void advance() noexcept override { owner->advance_call(*this); }
+    MpiCommunicator* owner;  // kept alive by the request, which outlives the call's wait
     detail::CallDesc desc;
     OpKind kind = OpKind::Barrier;
     detail::Traffic traffic;
@@ -359,14 +446,14 @@ class MpiCommunicator final : public CommunicatorImpl,
     Clock::time_point issued, arrived;
     bool has_arrived = false;
     MPI_Request data[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-    MPI_Request check = MPI_REQUEST_NULL;
-    /// The check's words: this call's descriptor hash h and ~h in, their bitwise AND over
-    /// the group out. All ranks called the same thing iff AND(h) == ~AND(~h) (= OR(h)).
-    std::shared_ptr<std::array<std::uint64_t, 4>> words;
+    /// The exchange of the descriptor hash (the check) and, for a small all-reduce, of
+    /// the data; null when there is neither.
+    std::shared_ptr<Exchange> xchg;
     std::shared_ptr<void> scratch;  // staged copies MPI reads and writes (see stage())
     /// Posts the data operation into data[] (kept until posted: after the check, unless
     /// the call is staged).
     std::function<int(MPI_Request*)> post;
+    int post_rc = MPI_SUCCESS;  // of a post made by advance_call
     std::vector<std::function<void()>> finish;  // after the data arrived, in order
     bool finished = false;
     std::uint64_t seq() const { return desc.seq; }
@@ -374,11 +461,71 @@ class MpiCommunicator final : public CommunicatorImpl,
 
   bool checking() const { return opts_.check_collectives && size_ > 1; }
 
+  /// Whether an all-reduce of `send` travels inside its exchange (with the check on or
+  /// off): at most Exchange::kMaxPayload bytes once bf16/f16 are widened to f32.
+  static bool small(const Buffer& send) {
+    const std::int64_t es = is_half(send.dtype) ? 4 : dtype_size(send.dtype);
+    return send.count * es <= Exchange::kMaxPayload;
+  }
+
+  /// The tag of call `seq`'s messages on the exchange and check communicators (> 0).
+  int tag_of(std::uint64_t seq) const {
+    return static_cast<int>(seq % static_cast<std::uint64_t>(tag_ub_ - 1)) + 1;
+  }
+
+  /// Starts the exchange of a small all-reduce with descriptor d (halves widened to f32;
+  /// Mean sums, finish_small divides).
+  void start_small(Exchange& x, const detail::CallDesc& d, const Buffer& send, ReduceOp op) {
+    float wide[Exchange::kMaxPayload / sizeof(float)];
+    const void* p = send.data;
+    DType t = send.dtype;
+    if (is_half(t)) {
+      for (std::int64_t i = 0; i < send.count; ++i)
+        wide[i] = t == DType::BF16 ? static_cast<float>(static_cast<const bf16*>(p)[i])
+                                   : static_cast<float>(static_cast<const f16*>(p)[i]);
+      p = wide;
+      t = DType::F32;
+    }
+    x.start(xchg_comm_, rank_, size_, tag_of(d.seq), detail::hash_desc(d), p,
+            static_cast<int>(send.count), t, op == ReduceOp::Max ? ReduceOp::Max : ReduceOp::Sum,
+            "all_reduce", global_);
+  }
+  /// Writes the result of a small all-reduce's exchange into recv.
+  void finish_small(const Exchange& x, const Buffer& recv, ReduceOp op) {
+    if (is_half(recv.dtype)) {
+      const float* f = static_cast<const float*>(x.result());
+      for (std::int64_t i = 0; i < recv.count; ++i) {
+        if (recv.dtype == DType::BF16) {
+          static_cast<bf16*>(recv.data)[i] = bf16(f[i]);
+        } else {
+          static_cast<f16*>(recv.data)[i] = f16(f[i]);
+        }
+      }
+    } else if (recv.count > 0) {
+      std::memcpy(recv.data, x.result(), static_cast<std::size_t>(recv.bytes()));
+    }
+    if (op == ReduceOp::Mean) detail::divide_inplace(recv.data, recv.count, recv.dtype, size_);
+  }
+  /// The blocking small all-reduce's exchange was given up on: MPI may still write into
+  /// it, so it is kept (the group has failed; nothing uses it again).
+  void give_up_hot() {
+    graveyard().push_back(hot_);
+    hot_ = std::make_shared<Exchange>();
+  }
+
+  /// Marks, for peers' flight-record queries, what the device waits on while it lives.
+  struct Waiting {
+    Waiting(const GroupRecords* g, const detail::CallDesc& d) {
+      flight_waiting(g, d.seq, static_cast<OpKind>(d.op));
+    }
+    ~Waiting() { flight_waiting(nullptr, 0, OpKind::Barrier); }
+  };
+
   /// Starts a call: throws if the group failed or a device failed (abort notice); takes
   /// the next sequence number (desc was made with it) and records it.
   std::shared_ptr<Call> begin(const detail::CallDesc& desc, const detail::Traffic& traffic) {
     if (failed_) throw CommError(failure_);
-    auto c = std::make_shared<Call>();
+    auto c = std::make_shared<Call>(this);
     c->desc = desc;
     c->kind = static_cast<OpKind>(desc.op);
     c->traffic = traffic;
@@ -386,7 +533,7 @@ class MpiCommunicator final : public CommunicatorImpl,
     c->issued = Clock::now();
     ++seq_;
     records_->issue(desc);
-    if (poll_abort() != nullptr) fail(abort_message(*c));  // a device failed: start nothing
+    if (poll_abort() != nullptr) fail(abort_message(c->desc));  // a device failed: start nothing
     return c;
   }
 
@@ -432,27 +579,74 @@ class MpiCommunicator final : public CommunicatorImpl,
     return {Buffer{st->send.data(), send.count, t, {}}, Buffer{st->recv.data(), recv.count, t, {}}};
   }
 
-  /// Posts the check (when on) and the data operation (`post`, if any: at once when the
-  /// check is off or the call is staged, otherwise once the check passed), and returns
-  /// the request of the call.
+  /// Starts the check (when on) and queues the data operation (`post`, if any: posted at
+  /// once when the check is off or the call is staged, otherwise once the check passed,
+  /// in both cases after every earlier call's, see post_ready), and returns the request
+  /// of the call.
   Request start(std::shared_ptr<Call> c, std::function<int(MPI_Request*)> post) {
     if (checking()) {
-      const std::uint64_t h = detail::hash_desc(c->desc);
-      c->words = std::make_shared<std::array<std::uint64_t, 4>>(
-          std::array<std::uint64_t, 4>{h, ~h, 0, 0});
-      check(MPI_Iallreduce(c->words->data(), c->words->data() + 2, 2, MPI_UINT64_T, MPI_BAND,
-                           check_comm_, &c->check),
-            op_kind_name(c->kind), global_);
+      c->xchg = std::make_shared<Exchange>();
+      c->xchg->start(xchg_comm_, rank_, size_, tag_of(c->seq()), detail::hash_desc(c->desc),
+                     nullptr, 0, DType::F32, ReduceOp::Sum, op_kind_name(c->kind), global_);
     }
     c->post = std::move(post);
-    if (c->post && (!checking() || c->scratch)) post_data(*c);
+    if (c->post) {
+      unposted_.push_back(c.get());
+      post_ready();
+    }
+    if (c->xchg || c->post) add_pending(c.get());
     return Request(std::make_unique<CollectiveRequest>(shared_from_this(), std::move(c)));
   }
 
-  void post_data(Call& c) {
-    auto post = std::move(c.post);
+  /// Whether call c's data operation may be posted as far as c goes: its check passed,
+  /// or it runs on staged copies alongside the check.
+  static bool may_post(const Call& c) { return !c.xchg || c.has_arrived || c.scratch; }
+
+  /// Posts the queued data operations that may be, in issue order: MPI matches the
+  /// collectives of a communicator by the order in which each rank posts them, so no
+  /// call posts before an earlier one of its group (an earlier call waiting for its check
+  /// holds the later ones back; every wait advances that check, see Pending). An MPI
+  /// error is kept in the call, for its wait to throw.
+  void post_ready() noexcept {
+    while (!unposted_.empty() && may_post(*unposted_.front())) {
+      Call& c = *unposted_.front();
+      unposted_.pop_front();
+      auto post = std::move(c.post);
+      c.post = nullptr;
+      c.post_rc = post(c.data);
+    }
+  }
+  void forget_unposted(Call& c) {
+    unposted_.erase(std::remove(unposted_.begin(), unposted_.end(), &c), unposted_.end());
     c.post = nullptr;
-    check(post(c.data), op_kind_name(c.kind), global_);
+  }
+
+  /// Waits until call c's data operation is posted (earlier calls of the group post
+  /// first): false on a timeout or an abort notice, with w telling which.
+  bool wait_posted(Call& c, WaitResult& w) {
+    if (c.post) post_ready();
+    if (!c.post) return true;
+    w = poll_until(
+        [&] {
+          post_ready();
+          return !c.post;
+        },
+        Clock::now() + opts_.timeout);
+    return w == WaitResult::Done;
+  }
+
+  /// Advances call c for another call's wait (Pending): its exchange, then the posting of
+  /// its data once the check passed. A disagreement or an MPI error is left for c's own
+  /// wait to report.
+  void advance_call(Call& c) noexcept {
+    if (c.finished || failed_) return;
+    if (c.xchg && !c.has_arrived) {
+      if (!c.xchg->try_progress() || !c.xchg->agreed()) return;
+      c.arrived = Clock::now();
+      c.has_arrived = true;
+      post_ready();
+    }
+    if (!c.post) remove_pending(&c);  // MPI progresses the data operation by itself
   }
 
   /// A collective in flight.
@@ -485,8 +679,10 @@ class MpiCommunicator final : public CommunicatorImpl,
   /// Keeps what MPI may still write to (the call's own memory) past a failure.
   void abandon(Call& c) {
     if (c.scratch) graveyard().push_back(c.scratch);
-    if (c.words) graveyard().push_back(c.words);
+    if (c.xchg) graveyard().push_back(c.xchg);
     c.finished = true;
+    remove_pending(&c);
+    if (c.post) forget_unposted(c);
   }
 
   /// Waits for call c: its check (a mismatch fails the group with every device's
@@ -497,32 +693,39 @@ class MpiCommunicator final : public CommunicatorImpl,
       abandon(c);
       throw CommError(failure_);
     }
-    flight_waiting(records_.get(), c.seq(), c.kind);
-    struct Clear {
-      ~Clear() { flight_waiting(nullptr, 0, OpKind::Barrier); }
-    } clear;
+    Waiting waiting(records_.get(), c.desc);
     const char* name = op_kind_name(c.kind);
-    if (c.words && !c.has_arrived) {
-      int done = 0;
-      WaitResult w = poll(&c.check, &done, 1, Clock::now() + opts_.timeout, name, global_);
+    if (c.xchg && !c.has_arrived) {
+      Exchange& x = *c.xchg;
+      WaitResult w;
+      try {
+        w = poll_until([&x] { return x.progress(); }, Clock::now() + opts_.timeout);
+      } catch (const CommError& e) {  // an MPI error
+        abandon(c);
+        fail(diagnose(c.desc, false, e.what()));
+      }
       if (w != WaitResult::Done) {
         abandon(c);
-        fail(w == WaitResult::Aborted ? abort_message(c) : diagnose(c, false));
+        fail(w == WaitResult::Aborted ? abort_message(c.desc) : diagnose(c.desc, false));
       }
       arrive(c);
     }
-    if (c.post) post_data(c);
-    std::array<int, 2> done{c.data[0] == MPI_REQUEST_NULL, c.data[1] == MPI_REQUEST_NULL};
     WaitResult w;
+    if (!wait_posted(c, w)) {
+      abandon(c);
+      fail(w == WaitResult::Aborted ? abort_message(c.desc) : diagnose(c.desc, true));
+    }
+    check(c.post_rc, name, global_);
+    std::array<int, 2> done{c.data[0] == MPI_REQUEST_NULL, c.data[1] == MPI_REQUEST_NULL};
     try {
       w = poll(c.data, done.data(), 2, Clock::now() + opts_.timeout, name, global_);
     } catch (const CommError& e) {  // an MPI error: a mismatched program, or a real one
       abandon(c);
-      fail(diagnose(c, false, e.what()));
+      fail(diagnose(c.desc, false, e.what()));
     }
     if (w != WaitResult::Done) {
       abandon(c);
-      fail(w == WaitResult::Aborted ? abort_message(c) : diagnose(c, c.has_arrived));
+      fail(w == WaitResult::Aborted ? abort_message(c.desc) : diagnose(c.desc, c.has_arrived));
     }
     complete(c);
   }
@@ -533,13 +736,14 @@ class MpiCommunicator final : public CommunicatorImpl,
       abandon(c);
       throw CommError(failure_);
     }
-    if (c.words && !c.has_arrived) {
-      int flag = 0;
-      check(MPI_Test(&c.check, &flag, MPI_STATUS_IGNORE), op_kind_name(c.kind), global_);
-      if (!flag) return false;
+    advance_pending();  // the others too, as a wait would
+    if (c.xchg && !c.has_arrived) {
+      if (!c.xchg->progress()) return false;
       arrive(c);
     }
-    if (c.post) post_data(c);
+    post_ready();
+    if (c.post) return false;  // behind an earlier call of the group
+    check(c.post_rc, op_kind_name(c.kind), global_);
     for (MPI_Request& r : c.data) {
       int flag = 1;
       if (r != MPI_REQUEST_NULL)
@@ -556,15 +760,21 @@ class MpiCommunicator final : public CommunicatorImpl,
   void arrive(Call& c) {
     c.arrived = Clock::now();
     c.has_arrived = true;
-    const auto& w = *c.words;
-    if (w[2] == ~w[3]) return;
+    if (c.xchg->agreed()) return;
     abandon(c);
-    agree(c, Clock::now() + opts_.timeout);
-    fail("[" + std::string(op_kind_name(c.kind)) + "] devices disagree at call #" +
-         std::to_string(c.seq()) + " of group " + label_ + " (descriptor hashes differ)");
+    disagree(c.desc);
+  }
+  /// The exchange of call d said the devices disagree (every device sees the same):
+  /// exchanges the descriptors to name what each called, and fails the group.
+  [[noreturn]] void disagree(const detail::CallDesc& d) {
+    agree(d, Clock::now() + opts_.timeout);
+    fail("[" + std::string(op_kind_name(static_cast<OpKind>(d.op))) +
+         "] devices disagree at call #" + std::to_string(d.seq) + " of group " + label_ +
+         " (descriptor hashes differ)");
   }
 
   void complete(Call& c) {
+    remove_pending(&c);
     for (auto& f : c.finish) f();
     c.finished = true;
     ++records_->completed;
@@ -587,14 +797,15 @@ class MpiCommunicator final : public CommunicatorImpl,
   }
 
   /// " at call #k of group G".
-  std::string where(const Call& c) const {
-    return " at call #" + std::to_string(c.seq()) + " of group " + label_;
+  std::string where(const detail::CallDesc& d) const {
+    return " at call #" + std::to_string(d.seq) + " of group " + label_;
   }
   /// "[op] call #k of group G abandoned: device N failed: <its message>".
-  std::string abort_message(const Call& c) {
+  std::string abort_message(const detail::CallDesc& d) {
     const std::string* notice = poll_abort();
     std::ostringstream os;
-    os << "[" << op_kind_name(c.kind) << "] call #" << c.seq() << " of group " << label_
+    os << "[" << op_kind_name(static_cast<OpKind>(d.op)) << "] call #" << d.seq << " of group "
+       << label_
        << " abandoned: " << (notice ? *notice : std::string("another device failed"));
     return os.str();
   }
@@ -603,17 +814,18 @@ class MpiCommunicator final : public CommunicatorImpl,
   /// built from the flight records of the group's other devices: those that called
   /// something else at this sequence number, those that had not reached it (and where
   /// they are), and those that did not answer.
-  std::string diagnose(const Call& c, bool all_arrived, const std::string& mpi_error = "") {
+  std::string diagnose(const detail::CallDesc& d, bool all_arrived,
+                       const std::string& mpi_error = "") {
     std::vector<int> peers;
     for (int j = 0; j < size_; ++j)
       if (j != rank_) peers.push_back(members_[j]);
     const auto grace = std::min<Clock::duration>(opts_.timeout, std::chrono::milliseconds(500));
-    std::vector<PeerRecord> recs = flight_query(*records_, c.seq(), peers, Clock::now() + grace);
+    std::vector<PeerRecord> recs = flight_query(*records_, d.seq, peers, Clock::now() + grace);
     std::vector<detail::CallDesc> descs;
     std::vector<int> described;  // global ids of the devices in descs
     std::vector<int> missing;    // ranks
     std::vector<std::string> notes;
-    descs.push_back(c.desc);
+    descs.push_back(d);
     described.push_back(global_);
     for (std::size_t i = 0; i < peers.size(); ++i) {
       const PeerRecord& p = recs[i];
@@ -655,13 +867,13 @@ class MpiCommunicator final : public CommunicatorImpl,
     if (!disagree.empty() && missing.empty()) {
       os << disagree;
     } else {
-      os << "[" << op_kind_name(c.kind) << "] ";
+      os << "[" << op_kind_name(static_cast<OpKind>(d.op)) << "] ";
       if (mpi_error.empty()) {
         os << "timed out after " << opts_.timeout.count() << " ms";
       } else {
         os << "failed";
       }
-      os << where(c);
+      os << where(d);
       if (!missing.empty()) {
         std::vector<int> devs;
         for (int r : missing) devs.push_back(members_[r]);
@@ -683,13 +895,13 @@ class MpiCommunicator final : public CommunicatorImpl,
 
   /// Cancels the pending point-to-point requests of a call given up on, now: their
   /// buffers (locals of agree) must not be written after it throws.
-  void cancel(const Call& c, MPI_Request* reqs, const int* done, std::size_t n) {
+  void cancel(OpKind kind, MPI_Request* reqs, const int* done, std::size_t n) {
     for (std::size_t i = 0; i < n; ++i) {
       if (done[i] || reqs[i] == MPI_REQUEST_NULL) continue;
       MPI_Cancel(&reqs[i]);
       // An unmatched request completes at once; a matched one finishes its transfer.
       guarded(opts_.timeout,
-              blocked_message(op_kind_name(c.kind), "MPI_Wait", global_, opts_.timeout,
+              blocked_message(op_kind_name(kind), "MPI_Wait", global_, opts_.timeout,
                               " on a cancelled transfer in group " + label_),
               [&] { return MPI_Wait(&reqs[i], MPI_STATUS_IGNORE); });
     }
@@ -700,34 +912,34 @@ class MpiCommunicator final : public CommunicatorImpl,
   /// with another call's), and fails the group on a mismatch or when a rank does not
   /// arrive by `deadline`. Split runs it always; other calls only once their hash check
   /// said the ranks disagree, to name what each called.
-  void agree(const Call& c, Clock::time_point deadline) {
+  void agree(const detail::CallDesc& d, Clock::time_point deadline) {
     if (size_ == 1) return;
-    const int tag = static_cast<int>(c.seq() % static_cast<std::uint64_t>(tag_ub_ - 1)) + 1;
+    const int tag = tag_of(d.seq);
+    const char* name = op_kind_name(static_cast<OpKind>(d.op));
     std::vector<detail::CallDesc> all(size_);
-    all[rank_] = c.desc;
+    all[rank_] = d;
     std::vector<MPI_Request> reqs;
     reqs.reserve(2 * size_);
     for (int j = 0; j < size_; ++j) {
       if (j == rank_) continue;
       MPI_Request r;
       check(MPI_Irecv(&all[j], sizeof(detail::CallDesc), MPI_BYTE, j, tag, check_comm_, &r),
-            op_kind_name(c.kind), global_);
+            name, global_);
       reqs.push_back(r);
     }
     for (int j = 0; j < size_; ++j) {
       if (j == rank_) continue;
       MPI_Request r;
-      check(MPI_Isend(&c.desc, sizeof(detail::CallDesc), MPI_BYTE, j, tag, check_comm_, &r),
-            op_kind_name(c.kind), global_);
+      check(MPI_Isend(&d, sizeof(detail::CallDesc), MPI_BYTE, j, tag, check_comm_, &r),
+            name, global_);
       reqs.push_back(r);
     }
     std::vector<int> done(reqs.size(), 0);
-    WaitResult w = poll(reqs.data(), done.data(), reqs.size(), deadline, op_kind_name(c.kind),
-                        global_);
+    WaitResult w = poll(reqs.data(), done.data(), reqs.size(), deadline, name, global_);
     if (w != WaitResult::Done) {
-      cancel(c, reqs.data(), done.data(), reqs.size());
-      if (w == WaitResult::Aborted) fail(abort_message(c));
-      fail(diagnose(c, false));
+      cancel(static_cast<OpKind>(d.op), reqs.data(), done.data(), reqs.size());
+      if (w == WaitResult::Aborted) fail(abort_message(d));
+      fail(diagnose(d, false));
     }
     std::string msg = detail::mismatch_message(all, members_);
     if (!msg.empty()) fail(msg);
@@ -748,7 +960,12 @@ class MpiCommunicator final : public CommunicatorImpl,
   }
 
   MPI_Comm comm_;
-  MPI_Comm check_comm_ = MPI_COMM_NULL;
+  MPI_Comm check_comm_ = MPI_COMM_NULL;  // agree(): descriptors
+  MPI_Comm xchg_comm_ = MPI_COMM_NULL;   // exchanges: hashes and small all-reduces
+  std::shared_ptr<Exchange> hot_ = std::make_shared<Exchange>();  // blocking small all-reduce
+  std::deque<Call*> unposted_;  // calls whose data operation waits to be posted, in order
+  static constexpr std::chrono::microseconds kAbortLook{100};
+  Clock::time_point abort_looked_{};  // the blocking small all-reduce's last look
   LaunchOptions opts_;
   std::shared_ptr<CommStats> stats_;
   int rank_ = 0, size_ = 1, global_ = 0;

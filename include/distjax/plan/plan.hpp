@@ -1,0 +1,164 @@
+// Plan: the per-device memory and communication a training setup needs, predicted without
+// running it (or allocating anything), and the meshes that fit a memory budget.
+// `plan` is its own part, after `config` (it reads a TrainConfig) and beside `models`
+// (whose parameter shapes it counts analytically, so that a 175B model costs nothing):
+// it is a tool's model of the library, not a layer the training path uses.
+//
+// Shape legend: b micro-batch (sequences per device per pass), s sequence (T), h width (C),
+// a heads, L layers, V vocabulary; mesh axes data (d), model (t), pipe (p).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "distjax/config/train_config.hpp"
+
+namespace distjax::plan {
+
+/// How a parameter is split over the "model" axis (tensor parallelism).
+enum class TPSplit : std::uint8_t { None, Column, Row, Vocab };
+
+/// One parameter of the model: path, global shape, split over "model", pipeline layer.
+struct ParamInfo {
+  std::string path;                 ///< "blocks/3/mlp/fc1/kernel"
+  std::vector<std::int64_t> shape;  ///< global
+  TPSplit split = TPSplit::None;
+  int layer = -1;  ///< transformer block index (pipeline stages); -1 = none
+  std::int64_t numel() const;
+};
+
+/// Bytes of saved activations of one layer or of the head, as
+///   per token: per_token_h x h + per_token_head x (a / t) + per_token_v x V   (bytes)
+///   plus per_seq2 x a x s^2 / t per sequence (attention scores kept; 0 with fused attention)
+/// all for one device's share under tensor parallelism factor `t` applied by the model.
+/// Two calibrations exist (activation_model_megatron, activation_model_distjax).
+struct ActivationModel {
+  std::string name;  ///< "megatron-16bit", "distjax-f32"
+  /// Per transformer layer, per token, in units of h: replicated part (not split by t)
+  /// and split part (divided by t; also the replicated part with sequence parallelism).
+  double layer_replicated = 0;
+  double layer_split = 0;
+  /// Per layer, per token, in units of a (attention row statistics) and of a x s (scores).
+  double layer_per_head = 0;
+  double layer_per_head_seq = 0;
+  /// Per token at the head: units of V and of h (logits, their gradient, final norm).
+  double head_per_vocab = 0;
+  double head_replicated = 0;
+  double head_split = 0;
+  /// Per layer, per token, in units of h, kept under full recomputation (the block input).
+  double layer_full_remat = 0;
+  /// Per layer, per token, in units of h, kept under selective recomputation (the
+  /// Megatron paper's 34/t: attention's s^2 terms recomputed).
+  double layer_selective = 0;
+  /// Whether data parallelism all-reduces a copy of the gradients (DistJax's buckets)
+  /// rather than the gradient buffer in place (Megatron's contiguous buffer).
+  bool gradient_bucket_copy = false;
+};
+
+/// Megatron-LM's (Korthikanti et al. 2022, "Reducing Activation Recomputation"): per layer
+/// s b h (34 + 5 a s / h) bytes with 16-bit activations, s b h (10 + 24/t + 5 a s/(h t))
+/// under tensor parallelism, s b h (34/t + 5 a s/(h t)) with sequence parallelism,
+/// 34 s b h / t with selective recomputation, 2 s b h with full recomputation.
+ActivationModel activation_model_megatron();
+/// DistJax's own kernels in f32 (measured on this implementation, tests/plan/plan_test.cpp):
+/// per layer 4 (16 h + 2 a/t) bytes per token (the fused attention keeps two statistics per
+/// head and row, no s^2 scores; the Megatron layout keeps the residual stream, norms and
+/// MLP input replicated along "model", so the 16 h do not shrink with t); head
+/// 4 (V + 4 h + 3 h/t) bytes per token; 4 h per layer under remat (the block input).
+ActivationModel activation_model_distjax();
+
+/// What the model is: its parameters and how its activations scale.
+struct ModelDescription {
+  std::string name;  ///< "gpt", "classifier"
+  std::vector<ParamInfo> params;
+  /// Transformer sizes (0 for the classifier).
+  std::int64_t vocab = 0, d_model = 0, layers = 0, heads = 0;
+  /// Classifier sizes (0 for the transformer).
+  std::int64_t in_features = 0, hidden = 0, num_classes = 0;
+  std::int64_t num_params() const;
+};
+
+/// The GPT of models/transformer.hpp (tied embeddings, learned positions, MLP 4h): the same
+/// paths and shapes as Transformer::init, counted, not allocated. `vocab_parallel` splits
+/// "wte/embedding" over "model".
+ModelDescription describe_gpt(std::int64_t vocab, std::int64_t d_model, std::int64_t layers,
+                              std::int64_t heads, std::int64_t max_len,
+                              bool vocab_parallel = false);
+/// The Classifier of models/classifier.hpp: fc1 (F, hidden), fc2 (hidden, K) and biases.
+ModelDescription describe_classifier(std::int64_t in_features, std::int64_t hidden,
+                                     std::int64_t num_classes);
+
+enum class Recompute : std::uint8_t { None, Selective, Full };
+enum class PipeSchedule : std::uint8_t { GPipe, OneFOneB, Interleaved, ZeroBubble };
+
+/// How the model is trained: mesh, strategy, optimizer, precision, batch.
+struct Setup {
+  int data = 1, tensor = 1, pipe = 1;  ///< mesh sizes ("data", "model", "pipe")
+  int zero_stage = 0;                  ///< 0 DP, 1 ZeRO-1, 2 ZeRO-2 (over "data")
+  bool fsdp = false;                   ///< ZeRO-3 over "data"
+  std::int64_t fsdp_min_weight_size = std::int64_t{1} << 18;
+  bool sequence_parallel = false;  ///< Megatron sequence parallelism
+  Recompute recompute = Recompute::None;
+  PipeSchedule schedule = PipeSchedule::OneFOneB;
+  std::int64_t microbatches = 1;  ///< pipeline micro-batches per step
+  /// Optimizer state per parameter element in f32 slots: 2 AdamW, 1 SGD with momentum, 0.
+  int optimizer_slots = 2;
+  /// Bytes of a parameter, a gradient, an activation element (4 f32; 2 fp16 / bf16).
+  int param_bytes = 4, grad_bytes = 4, activation_bytes = 4;
+  /// Bytes of one optimizer-state element; with 16-bit parameters and `master_weights`, an
+  /// f32 master copy (4 bytes per element) is counted in the optimizer state too.
+  int state_bytes = 4;
+  bool master_weights = false;
+  std::int64_t global_batch = 1;  ///< sequences (examples) per step
+  std::int64_t seq_len = 1;       ///< s (1 for the classifier)
+  ActivationModel activations = activation_model_distjax();
+  int world() const { return data * tensor * pipe; }
+};
+
+/// Bytes sent per step by one device for one kind of collective over one mesh axis.
+struct CommEntry {
+  std::string axis;  ///< "data", "model", "pipe"
+  std::string kind;  ///< "all_reduce", "all_gather", "reduce_scatter", "send"
+  std::int64_t calls = 0;
+  double bytes = 0;  ///< ring figures (comm::OpCounters's convention)
+  std::string what;  ///< "gradients", "parameters (FSDP gather)", "activations (Megatron)"
+};
+
+/// Per-device prediction. Memory as spmd::DeviceContext::memory() measures it: parameters,
+/// gradients and optimizer state by storage after the update; the activation peak is the
+/// most bytes the forward and backward pass held beyond the state (saved activations, the
+/// gradient buffers they fill, FSDP's gathered weights).
+struct Plan {
+  Setup setup;
+  std::string model_name;
+  std::int64_t model_params = 0;  ///< whole model
+  double params_per_device = 0;   ///< elements on the busiest device
+  double parameters = 0, gradients = 0, optimizer_state = 0, activations = 0;  ///< bytes
+  double total() const { return parameters + gradients + optimizer_state + activations; }
+  std::vector<CommEntry> comm;
+  double comm_bytes() const;
+  /// Text: the per-device table and the communication per step.
+  std::string str() const;
+};
+
+/// The prediction for `model` under `setup` (the device that holds the most: the first
+/// pipeline stage). Throws InvalidArgument when the mesh does not divide the model.
+Plan make_plan(const ModelDescription& model, const Setup& setup);
+
+/// The model and setup a config describes (run.program picks the model: gpt / train_gpt
+/// -> describe_gpt, data_parallelism / train_mnist -> describe_classifier). Activations use
+/// activation_model_distjax() in f32, activation_model_megatron() in fp16 / bf16.
+ModelDescription model_from_config(const config::TrainConfig& c);
+Setup setup_from_config(const config::TrainConfig& c);
+
+/// The (data, tensor, pipe) factorizations of `world` (tensor dividing the heads, pipe the
+/// layers), each with ZeRO stage 0..2 and FSDP, whose predicted total fits `budget_bytes`,
+/// smallest total first. `base` gives everything else (batch, precision, recompute...).
+std::vector<Plan> meshes_that_fit(const ModelDescription& model, const Setup& base, int world,
+                                  double budget_bytes);
+
+/// "data=8 model=8 pipe=1 ZeRO-1"
+std::string describe_setup(const Setup& s);
+
+}  // namespace distjax::plan

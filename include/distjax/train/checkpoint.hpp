@@ -1,0 +1,142 @@
+// Checkpoints: a directory per saved step with a JSON index and safetensors files of the
+// shards, written atomically by the devices that own them, and loaded (resharded) onto any
+// mesh, spec and strategy. Format and guarantees: docs/checkpoints.md.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "distjax/core/dtype.hpp"
+#include "distjax/core/prng.hpp"
+#include "distjax/core/shape.hpp"
+#include "distjax/mesh/partition_spec.hpp"
+#include "distjax/nn/scope.hpp"
+#include "distjax/train/train_state.hpp"
+
+namespace distjax::spmd {
+class DeviceContext;
+}
+
+namespace distjax::train {
+
+/// Where a run's data stream stands: data::LoaderPosition's fields (kept as plain numbers
+/// so that `train` does not depend on `data`). A run that samples batches from the step's
+/// key needs only the step, and leaves this at zero.
+struct DataPosition {
+  std::int64_t epoch = 0;
+  std::int64_t batch = 0;
+  friend bool operator==(const DataPosition&, const DataPosition&) = default;
+};
+
+/// How this device holds the state it saves or loads into.
+///  - `ctx`: the device inside shard_map (null: one device, no mesh; every leaf is whole);
+///  - `specs`: each parameter's PartitionSpec on ctx's mesh (absent paths, or a null
+///    pointer: replicated); optimizer-state leaves "<slot>/<path>" take <path>'s spec;
+///  - `strategy`: converts the optimizer state to and from the layout of the parameters
+///    (parallel::Strategy::opt_state_to_param_layout; ZeRO-1/2 keeps flat chunks). Null:
+///    the state already has the parameters' layout (one device, data, tensor parallel,
+///    FSDP through nn::Scope::fully_sharded).
+struct CheckpointLayout {
+  spmd::DeviceContext* ctx = nullptr;
+  const nn::ParamSpecs* specs = nullptr;
+  parallel::Strategy* strategy = nullptr;
+};
+
+/// Options of save_checkpoint.
+struct SaveOptions {
+  DataPosition data{};        ///< recorded as "data_position"
+  std::string config = "{}";  ///< the run's configuration as JSON text, recorded as is
+  int keep_last = 0;          ///< delete older step directories beyond this many (0: keep all)
+  /// Fault injection for tests: called on every device with the stage the save reached:
+  /// "shards_written" (this device's file is on disk, in the temporary directory),
+  /// "index_written" (main device: index.json written, directory not renamed yet),
+  /// "renamed" (main device: step directory in place, `latest` not updated yet).
+  std::function<void(const std::string& stage)> fault_hook{};
+};
+
+/// What a checkpoint holds besides the arrays (from its index).
+struct CheckpointMeta {
+  std::string path;  ///< the step directory
+  std::int64_t step = 0;
+  Key rng{};
+  DataPosition data{};
+  std::string config = "{}";  ///< JSON text
+};
+
+/// One saved block of a tensor: elements [offset, offset + shape) of the global array,
+/// stored under the tensor's name in `file`.
+struct CheckpointBlock {
+  std::string file;
+  Shape offset;
+  Shape shape;
+};
+
+/// One tensor of a checkpoint: "params/<path>" or "opt_state/<slot>/<path>".
+struct CheckpointTensor {
+  std::string name;
+  Shape shape;  ///< global
+  DType dtype = DType::F32;
+  mesh::PartitionSpec spec;  ///< on the saver's mesh
+  std::vector<CheckpointBlock> blocks;
+};
+
+/// The parsed index.json of a step directory.
+struct CheckpointIndex {
+  CheckpointMeta meta;
+  std::vector<int> mesh_shape;  ///< empty: saved by one device without a mesh
+  std::vector<std::string> mesh_axis_names;
+  std::vector<std::string> files;
+  std::vector<CheckpointTensor> tensors;  ///< in name order
+};
+
+/// Saves `state` as DIR/step_<step, 8 digits>/ (index.json + device_<d>.safetensors) and
+/// points DIR/latest at it. Called by every device of the layout's mesh (a collective over
+/// ctx.world(): ZeRO's state is all-gathered, the devices exchange what they hold and meet
+/// four times). Devices may hold different leaves (pipeline stages); each writes only blocks
+/// it holds, and a block held by several devices (replicated along some mesh axes) is
+/// written once, by the lowest of them. Atomic: the files are written and fsynced in
+/// DIR/step_<n>.tmp/, which the main device (device 0) renames once every device has
+/// written; a crash before leaves the previous checkpoint as it was. An error on any
+/// device is raised on every device with that device's message. Returns the step
+/// directory.
+///
+///   train::CheckpointLayout layout{&ctx, &specs, &strategy};
+///   train::save_checkpoint("runs/gpt/checkpoints", state, layout,
+///                          {.data = {pos.epoch, pos.batch}, .keep_last = 3});
+std::string save_checkpoint(const std::string& dir, const TrainState& state,
+                            const CheckpointLayout& layout, const SaveOptions& options = {});
+
+/// The step directory to load from `dir`: `dir` itself when it holds index.json, else the
+/// complete step_<n> directory with the highest n (a directory gets its final name only
+/// once complete; temporary step_<n>.tmp directories are never chosen; dir/latest names
+/// the same directory, for people and tools). nullopt when there is none.
+std::optional<std::string> find_checkpoint(const std::string& dir);
+
+/// Loads the checkpoint `path` (a step directory, or a run's checkpoint directory as in
+/// find_checkpoint) into `state`, whose params and opt_state give the layout wanted: the
+/// paths, dtypes and this device's local shapes (e.g. TrainState::create on the current
+/// mesh and strategy). Every leaf is replaced by its block of the saved global array
+/// (the current spec's block on the current mesh, whatever mesh and spec saved it): the
+/// device reads only the parts of the saved blocks that overlap it. step and rng are
+/// restored. Called by every device (a collective, as save_checkpoint). Errors (IoError,
+/// InvalidArgument) name the file and what is wrong: a missing file, a bad header
+/// length, a header that is not JSON, data_offsets beyond the file, a missing tensor, a
+/// global shape or dtype different from the state's. Tensors of the checkpoint that the
+/// state has no leaf for are ignored: a state with an empty opt_state loads the
+/// parameters only.
+CheckpointMeta load_checkpoint(const std::string& path, TrainState& state,
+                               const CheckpointLayout& layout);
+
+/// Reads and checks `path`/index.json (path as in load_checkpoint).
+CheckpointIndex read_checkpoint_index(const std::string& path);
+
+/// Prints the index of the checkpoint at `path` (as in load_checkpoint): step, mesh, rng,
+/// data position, then one line per tensor with its name, global shape, dtype, spec and
+/// the files holding its blocks. What `distjax ckpt inspect DIR` shows.
+void inspect_checkpoint(const std::string& path, std::ostream& os);
+
+}  // namespace distjax::train

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Creates .venv-test, the Python environment of the tests that read DistJax files with
+# other tools (tests/train/checkpoint_test.cpp loads checkpoints with `safetensors`).
+# Debian 12 packages no safetensors, so it comes from PyPI. Fast when the venv is ready.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=.venv-test
+PY="$VENV/bin/python"
+if [ -x "$PY" ] && "$PY" -c "import safetensors.numpy, numpy" 2>/dev/null; then
+  exit 0
+fi
+echo "[setup_python] creating $VENV with safetensors and numpy (pip)"
+rm -rf "$VENV"
+/usr/bin/python3 -m venv "$VENV"
+"$PY" -m pip install -q --disable-pip-version-check safetensors numpy
+"$PY" -c "import safetensors.numpy, numpy"

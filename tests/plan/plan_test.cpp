@@ -1,0 +1,330 @@
+// The plan against what runs measure: three setups trained for a few AdamW steps on the
+// threads backend (the classifier data parallel, the classifier fully sharded, the GPT
+// Megatron tensor parallel x data parallel), each figure of spmd::DeviceContext::memory()
+// within 10% of plan::make_plan's, and the communication per step equal to the comm
+// counters (up to the few bytes of the metrics' all-reduce). Also: the analytic model
+// descriptions equal the models' own init, and the GPT-3 175B example of docs/plan.md.
+#include "distjax/plan/plan.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "distjax/models/classifier.hpp"
+#include "distjax/models/transformer.hpp"
+#include "distjax/optim/adamw.hpp"
+#include "distjax/parallel/data_parallel.hpp"
+#include "distjax/spmd/shard_map.hpp"
+#include "distjax/tensor/nn_ops.hpp"
+#include "distjax/tensor/reduce.hpp"
+#include "distjax/train/train_step.hpp"
+#include "parallel/parity_util.hpp"
+#include "spmd/spmd_test_util.hpp"
+
+namespace distjax::plan {
+namespace {
+
+using mesh::Mesh;
+using spmd::DeviceContext;
+using tensor::Tensor;
+using tensor::TensorTree;
+
+constexpr int kSteps = 3;
+
+/// Device 0's memory after the last step and its communication during that step.
+struct Measured {
+  MemoryStats mem;
+  comm::CommStats comm;
+  std::int64_t sent(const std::string& axis, comm::OpKind k) const {
+    return comm.of(axis, k).bytes_sent;
+  }
+};
+
+const optim::AdamW& adamw() {
+  static const optim::AdamW opt({.learning_rate = optim::constant_schedule(1e-3),
+                                 .weight_decay = 1e-2,
+                                 .decay_mask = optim::default_decay_mask()});
+  return opt;
+}
+
+/// The classifier (784 -> hidden -> 10) on ("data"=n), plain DP or FSDP (2^18).
+Measured run_classifier(int n, std::int64_t batch, std::int64_t hidden, bool fsdp_on) {
+  const models::Classifier model(
+      {.in_features = 784, .hidden = hidden, .num_classes = 10, .dropout = 0.1f});
+  const nn::FullySharded fsdp{.axis = "data", .min_weight_size = std::int64_t{1} << 18};
+  Measured out;
+  spmd::shard_map(
+      Mesh({n}, {"data"}),
+      [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+        nn::ParamSpecs specs;
+        TensorTree params = model.init(Key::from_seed(1), &specs, &ctx, fsdp_on ? &fsdp : nullptr);
+        parallel::DataParallel dp(ctx, "data", &specs);
+        auto state = train::TrainState::create(params, adamw(), Key::from_seed(2), dp);
+        const train::LossFn fn = [&](const TensorTree& p, const train::Batch& b, Key k) {
+          nn::Scope sc = nn::Scope::apply(&p, true, k).on(ctx);
+          if (fsdp_on) sc = sc.fully_sharded(fsdp);
+          return std::make_pair(tensor::mean(tensor::cross_entropy(model(sc, b.inputs), b.labels)),
+                                train::Metrics{});
+        };
+        const std::int64_t per = batch / n;
+        for (int step = 0; step < kSteps; ++step) {
+          const Key k = Key::from_seed(3).fold_in(static_cast<std::uint64_t>(step));
+          Tensor x = testing::random_tensor(k, {per, 784});
+          Tensor y = Tensor::empty({per}, DType::I32);
+          for (std::int64_t i = 0; i < per; ++i)
+            y.data<std::int32_t>()[i] =
+                static_cast<std::int32_t>(k.fold_in(50 + i).bits(0)[0] % 10);
+          ctx.comm_stats().reset();
+          train::train_step(state, {x, y}, fn, adamw(), {.strategy = &dp});
+          if (ctx.device() == 0 && step == kSteps - 1) {
+            out.mem = ctx.memory();
+            out.comm = ctx.comm_stats();
+          }
+        }
+        return std::vector<Tensor>{};
+      },
+      {}, {})(std::vector<Tensor>{});
+  return out;
+}
+
+struct GptSizes {
+  std::int64_t batch = 16, seq = 64, d_model = 128, layers = 2, heads = 4;
+};
+
+/// The GPT (vocab 256) on ("data"=nd, "model"=nm), Megatron layout, data parallel.
+Measured run_gpt(int nd, int nm, const GptSizes& z) {
+  const models::Transformer model(
+      {.vocab = 256,
+       .d_model = z.d_model,
+       .num_layers = z.layers,
+       .num_heads = z.heads,
+       .max_len = z.seq,
+       .tp = {.layout = nm > 1 ? parallel::TPLayout::Megatron : parallel::TPLayout::None}});
+  Measured out;
+  const auto data = testing::random_token_batches(kSteps, z.batch, z.seq, 256, 7);
+  spmd::shard_map(
+      Mesh({nd, nm}, {"data", "model"}),
+      [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+        nn::ParamSpecs specs;
+        parallel::DataParallel dp(ctx, "data", &specs);
+        auto state = train::TrainState::create(model.init(Key::from_seed(1), &specs, &ctx), adamw(),
+                                               Key::from_seed(2), dp);
+        const train::LossFn fn = [&](const TensorTree& p, const train::Batch& b, Key k) {
+          const nn::Scope sc = nn::Scope::apply(&p, true, k).on(ctx);
+          return std::make_pair(model.loss(sc, b.inputs, b.labels), train::Metrics{});
+        };
+        const int r = ctx.axis_index("data");
+        const std::int64_t per = z.batch / nd;
+        for (int step = 0; step < kSteps; ++step) {
+          ctx.comm_stats().reset();
+          train::train_step(state, data[step].slice(r * per, (r + 1) * per), fn, adamw(),
+                            {.strategy = &dp});
+          if (ctx.device() == 0 && step == kSteps - 1) {
+            out.mem = ctx.memory();
+            out.comm = ctx.comm_stats();
+          }
+        }
+        return std::vector<Tensor>{};
+      },
+      {}, {})(std::vector<Tensor>{});
+  return out;
+}
+
+void expect_within(double predicted, double measured, double tol, const std::string& what) {
+  EXPECT_LE(std::abs(predicted - measured), tol * measured)
+      << what << ": predicted " << predicted << ", measured " << measured << " ("
+      << 100.0 * (predicted - measured) / measured << "%)";
+}
+
+void expect_memory_within_10_percent(const Plan& p, const MemoryStats& m, const std::string& what) {
+  std::printf(
+      "%s\n  predicted: params %.0f grads %.0f optim %.0f activations %.0f total %.0f\n"
+      "  measured:  params %lld grads %lld optim %lld activations %lld total %lld\n",
+      what.c_str(), p.parameters, p.gradients, p.optimizer_state, p.activations, p.total(),
+      static_cast<long long>(m.parameters), static_cast<long long>(m.gradients),
+      static_cast<long long>(m.optimizer_state), static_cast<long long>(m.activations_peak),
+      static_cast<long long>(m.total()));
+  expect_within(p.parameters, double(m.parameters), 0.10, what + " parameters");
+  expect_within(p.gradients, double(m.gradients), 0.10, what + " gradients");
+  expect_within(p.optimizer_state, double(m.optimizer_state), 0.10, what + " optimizer state");
+  expect_within(p.activations, double(m.activations_peak), 0.10, what + " activations");
+  expect_within(p.total(), double(m.total()), 0.10, what + " total");
+}
+
+double planned(const Plan& p, const std::string& axis, const std::string& kind) {
+  double b = 0;
+  for (const CommEntry& e : p.comm)
+    if (e.axis == axis && e.kind == kind) b += e.bytes;
+  return b;
+}
+
+// The metrics' own all-reduce and gather (loss, counts: a few f64) ride on the same axes.
+constexpr double kMetricBytes = 128;
+
+plan::Setup classifier_setup(int n, std::int64_t batch, bool fsdp) {
+  plan::Setup s;
+  s.data = n;
+  s.fsdp = fsdp;
+  s.global_batch = batch;
+  return s;
+}
+
+TEST(Plan, ClassifierDataParallelMatchesTheRun) {
+  const Plan p = make_plan(describe_classifier(784, 512, 10), classifier_setup(4, 64, false));
+  const Measured m = run_classifier(4, 64, 512, false);
+  expect_memory_within_10_percent(p, m.mem, "classifier DP data=4");
+  EXPECT_NEAR(planned(p, "data", "all_reduce"), double(m.sent("data", comm::OpKind::AllReduce)),
+              kMetricBytes);
+}
+
+TEST(Plan, ClassifierFullyShardedMatchesTheRun) {
+  const Plan p = make_plan(describe_classifier(784, 512, 10), classifier_setup(4, 64, true));
+  const Measured m = run_classifier(4, 64, 512, true);
+  expect_memory_within_10_percent(p, m.mem, "classifier FSDP data=4");
+  EXPECT_NEAR(planned(p, "data", "all_reduce"), double(m.sent("data", comm::OpKind::AllReduce)),
+              kMetricBytes);
+  EXPECT_NEAR(planned(p, "data", "all_gather"), double(m.sent("data", comm::OpKind::AllGather)),
+              kMetricBytes);
+  EXPECT_EQ(planned(p, "data", "reduce_scatter"),
+            double(m.sent("data", comm::OpKind::ReduceScatter)));
+}
+
+TEST(Plan, GptTensorParallelMatchesTheRun) {
+  const GptSizes z;
+  plan::Setup s;
+  s.data = 2;
+  s.tensor = 2;
+  s.global_batch = z.batch;
+  s.seq_len = z.seq;
+  const Plan p = make_plan(describe_gpt(256, z.d_model, z.layers, z.heads, z.seq), s);
+  const Measured m = run_gpt(2, 2, z);
+  expect_memory_within_10_percent(p, m.mem, "GPT Megatron data=2 model=2");
+  // Megatron's f and g: 2 all-reduces of (b, s, h) per layer forward, 2 backward.
+  EXPECT_EQ(planned(p, "model", "all_reduce"), double(m.sent("model", comm::OpKind::AllReduce)));
+  EXPECT_NEAR(planned(p, "data", "all_reduce"), double(m.sent("data", comm::OpKind::AllReduce)),
+              kMetricBytes);
+}
+
+// ------------------------------------------------------------ the analytic descriptions
+
+TEST(Plan, DescriptionsCountTheModelsOwnParameters) {
+  const ModelDescription gpt = describe_gpt(256, 64, 3, 4, 32);
+  const TensorTree params =
+      models::Transformer(
+          {.vocab = 256, .d_model = 64, .num_layers = 3, .num_heads = 4, .max_len = 32})
+          .init(Key::from_seed(0));
+  ASSERT_EQ(gpt.params.size(), params.size());
+  for (const ParamInfo& p : gpt.params) {
+    ASSERT_TRUE(params.contains(p.path)) << p.path;
+    EXPECT_EQ(params.at(p.path).shape(), Shape(p.shape.begin(), p.shape.end())) << p.path;
+  }
+  const ModelDescription cls = describe_classifier(784, 512, 10);
+  EXPECT_EQ(cls.num_params(), models::Classifier({.hidden = 512}).num_params());
+}
+
+// ------------------------------------------------------------ GPT-3 175B (docs/plan.md)
+
+plan::Setup gpt3_setup() {
+  plan::Setup s;
+  s.data = 2;
+  s.tensor = 8;
+  s.pipe = 4;
+  s.sequence_parallel = true;
+  s.recompute = Recompute::Selective;
+  s.microbatches = 16;
+  s.global_batch = 32;
+  s.seq_len = 2048;
+  s.param_bytes = s.grad_bytes = s.activation_bytes = 2;
+  s.activations = activation_model_megatron();
+  return s;
+}
+
+TEST(Plan, Gpt3OnSixtyFourDevicesAsInTheGuide) {
+  const ModelDescription gpt3 = describe_gpt(50257, 12288, 96, 96, 2048, true);
+  EXPECT_NEAR(double(gpt3.num_params()), 174.6e9, 0.1e9);
+  // The guide: 175B / 8 = 22B parameters per device under 8-way model parallelism,
+  // 44 GB in fp16.
+  plan::Setup tp8 = gpt3_setup();
+  tp8.data = 8;
+  tp8.pipe = 1;
+  const Plan flat = make_plan(gpt3, tp8);
+  EXPECT_NEAR(flat.params_per_device / 1e9, 21.9, 0.1);
+  EXPECT_NEAR(flat.parameters / 1e9, 43.7, 0.2);
+  // "11 GB with optimizations": the same mesh of 64 with 4 pipeline stages (data=2,
+  // model=8, pipe=4); gradients as parameters, Adam's two 16-bit moments 2x (the guide's
+  // accounting: --state-bytes 2 --no-master-weights), activations of 1F1B micro-batches of
+  // one sequence under sequence parallelism and selective recomputation.
+  plan::Setup guide = gpt3_setup();
+  guide.state_bytes = 2;
+  const Plan p = make_plan(gpt3, guide);
+  EXPECT_NEAR(p.parameters / 1e9, 11.08, 0.01);
+  EXPECT_NEAR(p.gradients / 1e9, 11.08, 0.01);
+  EXPECT_NEAR(p.optimizer_state / 1e9, 22.16, 0.01);
+  // 24 layers x 4 micro-batches in flight x 34 s b h / t bytes, plus one layer rebuilt.
+  EXPECT_NEAR(p.activations / 1e9, 10.63, 0.01);
+  EXPECT_NEAR(p.total() / 1e9, 54.95, 0.01);
+  EXPECT_LT(p.total(), 80e9);  // "fits on 80GB A100"
+  // Mixed precision as the ZeRO paper counts it (f32 master and moments: 12 bytes per
+  // parameter) does not fit without sharding the optimizer state; ZeRO-1 does.
+  plan::Setup mixed = gpt3_setup();
+  mixed.master_weights = true;
+  EXPECT_GT(make_plan(gpt3, mixed).total(), 80e9);
+  mixed.zero_stage = 1;
+  EXPECT_LT(make_plan(gpt3, mixed).total(), 80e9);
+  const std::vector<Plan> fits = meshes_that_fit(gpt3, guide, 64, 80.0 * (1 << 30));
+  ASSERT_FALSE(fits.empty());
+  for (std::size_t i = 1; i < fits.size(); ++i)
+    EXPECT_LE(fits[i - 1].total(), fits[i].total());
+  for (const Plan& f : fits)
+    EXPECT_EQ(f.setup.world(), 64);
+}
+
+TEST(Plan, CommunicationFollowsTheRingFormulas) {
+  plan::Setup s;
+  s.data = 8;
+  s.global_batch = 64;
+  const ModelDescription m = describe_classifier(784, 512, 10);
+  const double g = 4.0 * double(m.num_params());
+  EXPECT_DOUBLE_EQ(planned(make_plan(m, s), "data", "all_reduce"), 2.0 * 7 / 8 * g);
+  s.zero_stage = 1;  // reduce-scatter + all-gather: the same total
+  EXPECT_DOUBLE_EQ(make_plan(m, s).comm_bytes(), 2.0 * 7 / 8 * g);
+}
+
+TEST(Plan, StateFollowsTheZeroPaper) {
+  // f32 AdamW, bytes per parameter: DP 16, ZeRO-1 8 + 8/N, ZeRO-2 4 + 12/N, ZeRO-3 16/N
+  // (every leaf of this classifier is large enough to be fully sharded at 2^10).
+  const ModelDescription m = describe_classifier(1024, 1024, 16);
+  const double p = double(m.num_params()) - 1024 - 16;  // the biases stay replicated
+  for (int n : {2, 4, 8}) {
+    plan::Setup s;
+    s.data = n;
+    s.global_batch = 8 * n;
+    s.fsdp_min_weight_size = 1024 * 16;
+    auto state = [&](int zero, bool fsdp) {
+      s.zero_stage = zero;
+      s.fsdp = fsdp;
+      const Plan pl = make_plan(m, s);
+      return pl.parameters + pl.gradients + pl.optimizer_state;
+    };
+    const double all = double(m.num_params());
+    EXPECT_DOUBLE_EQ(state(0, false), 16 * all);
+    EXPECT_DOUBLE_EQ(state(1, false), 8 * all + 8 * all / n);
+    EXPECT_DOUBLE_EQ(state(2, false), 4 * all + 12 * all / n);
+    EXPECT_DOUBLE_EQ(state(0, true), 16 * p / n + 16 * (all - p));
+  }
+}
+
+TEST(Plan, BadMeshesAreClearErrors) {
+  plan::Setup s;
+  s.tensor = 3;
+  s.global_batch = 8;
+  s.seq_len = 8;
+  EXPECT_THROW(make_plan(describe_gpt(256, 64, 2, 4, 8), s), InvalidArgument);
+  s.tensor = 1;
+  s.data = 3;
+  EXPECT_THROW(make_plan(describe_gpt(256, 64, 2, 4, 8), s), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace distjax::plan

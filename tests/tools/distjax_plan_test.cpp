@@ -1,0 +1,95 @@
+// End to end: `distjax plan` prints the GPT-3 175B example of docs/plan.md and the meshes
+// that fit; on configs/data_parallelism.toml its per-device memory is within 10% of what
+// `distjax train` on the same config writes into summary.json.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Runs a shell command without a launcher's variables; returns (exit status, output).
+std::pair<int, std::string> run(const std::string& command) {
+  const std::string cmd =
+      "env -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE -u PMI_RANK -u PMI_SIZE -u "
+      "SLURM_PROCID -u SLURM_NTASKS -u RANK -u WORLD_SIZE OMP_WAIT_POLICY=passive " +
+      command + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p) != nullptr)
+    out += buf;
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+}  // namespace
+
+namespace {
+
+// The bytes of the row `name` of the memory table ("  parameters   1628200   1.63 MB").
+double row_bytes(const std::string& output, const std::string& name) {
+  const std::size_t at = output.find("\n  " + name + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(output.substr(at + 3 + name.size()));
+}
+
+}  // namespace
+
+TEST(DistjaxPlan, Gpt3OnSixtyFourDevices) {
+  const auto [status, output] =
+      run(std::string(DISTJAX_TOOL) + " plan " + DISTJAX_SOURCE_DIR +
+          "/configs/plan_gpt3_175b.toml --recompute selective --state-bytes 2 --no-master-weights");
+  ASSERT_EQ(status, 0) << output;
+  EXPECT_NE(output.find("174604259328 parameters"), std::string::npos) << output;
+  EXPECT_NEAR(row_bytes(output, "parameters") / 1e9, 11.08, 0.01) << output;
+  EXPECT_NEAR(row_bytes(output, "gradients") / 1e9, 11.08, 0.01) << output;
+  EXPECT_NEAR(row_bytes(output, "optimizer state") / 1e9, 22.16, 0.01) << output;
+  EXPECT_NEAR(row_bytes(output, "activations") / 1e9, 10.63, 0.01) << output;
+  EXPECT_NEAR(row_bytes(output, "total") / 1e9, 54.95, 0.01) << output;
+  EXPECT_NE(output.find("meshes of 64 devices that fit 80 GiB"), std::string::npos) << output;
+  EXPECT_NE(output.find("data=2 model=8 pipe=4 ZeRO-2"), std::string::npos) << output;
+  EXPECT_NE(output.find("model  reduce_scatter"), std::string::npos) << output;
+}
+
+TEST(DistjaxPlan, PredictsWhatTrainMeasures) {
+  const fs::path out = fs::temp_directory_path() / "distjax_plan_test";
+  fs::remove_all(out);
+  const std::string config = std::string(DISTJAX_SOURCE_DIR) + "/configs/data_parallelism.toml";
+  const auto [status, output] = run(std::string(DISTJAX_TOOL) + " train " + config +
+                                    " --set run.steps=3 --out " + out.string());
+  ASSERT_EQ(status, 0) << output;
+  const auto summary = nlohmann::json::parse(std::ifstream(out / "summary.json"));
+  const auto& m = summary["memory_bytes_per_device"];
+  const auto [plan_status, plan] = run(std::string(DISTJAX_TOOL) + " plan " + config);
+  ASSERT_EQ(plan_status, 0) << plan;
+  const std::pair<const char*, const char*> rows[] = {{"parameters", "parameters"},
+                                                      {"gradients", "gradients"},
+                                                      {"optimizer state", "optimizer_state"},
+                                                      {"activations", "activations_peak"}};
+  double measured_total = 0, predicted_total = 0;
+  for (const auto& [row, key] : rows) {
+    const double measured = m[key].get<double>(), predicted = row_bytes(plan, row);
+    EXPECT_NEAR(predicted, measured, 0.10 * measured) << row << "\n" << plan;
+    measured_total += measured;
+    predicted_total += predicted;
+  }
+  EXPECT_NEAR(predicted_total, measured_total, 0.10 * measured_total) << plan;
+  EXPECT_NEAR(row_bytes(plan, "total"), predicted_total, 1.0);
+  fs::remove_all(out);
+}
+
+TEST(DistjaxPlan, AProgramWithoutAModelFailsNamingIt) {
+  const auto [status, output] = run(std::string(DISTJAX_TOOL) + " plan " + DISTJAX_SOURCE_DIR +
+                                    "/configs/pipeline_parallelism.toml");
+  EXPECT_NE(status, 0);
+  EXPECT_NE(output.find("pipeline_parallelism"), std::string::npos) << output;
+}
