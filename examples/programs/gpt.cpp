@@ -52,6 +52,11 @@ int run_gpt(const config::TrainConfig& c) {
                 config::mixed_precision_name(c.distributed.mixed_precision),
                 "\" with parallelism.tp_layout = \"async\": the collective matmuls run in f32 "
                 "only; use another layout or mixed_precision = \"no\"");
+  DISTJAX_CHECK(c.distributed.mixed_precision != config::MixedPrecision::Fp16 || !piped,
+                NotImplemented,
+                "[gpt] distributed.mixed_precision = \"fp16\" with pipeline_parallel_size = ",
+                n_pipe, ": the pipeline runs its own loss, which the loss scale cannot scale; "
+                "use \"bf16\"");
   const bool sequence_parallel = c.parallelism.sequence_parallel;
   const bool vocab_parallel = c.parallelism.vocab_parallel;
   const std::string backend_name = backend_label(c);
@@ -100,7 +105,8 @@ int run_gpt(const config::TrainConfig& c) {
       .schedule = parallel::parse_schedule_kind(c.parallelism.schedule),
       .microbatches = static_cast<int>(c.parallelism.microbatches),
       .virtual_stages = static_cast<int>(c.parallelism.virtual_stages),
-      .fsdp = fsdp_on ? &fsdp : nullptr};
+      .fsdp = fsdp_on ? &fsdp : nullptr,
+      .precision = precision};
   if (piped && c.distributed.is_main_process()) {
     const parallel::PipelineSchedule sched = parallel::make_schedule(
         pipe_options.schedule, n_pipe, pipe_options.microbatches, pipe_options.virtual_stages);

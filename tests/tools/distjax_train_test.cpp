@@ -143,3 +143,20 @@ TEST(DistjaxTrain, MixedPrecisionIsRefusedWhereNotWired) {
             std::string::npos)
       << output;
 }
+
+TEST(DistjaxTrain, Bf16OnTheDataTensorPipeMeshAndFp16RefusedThere) {
+  const fs::path out = fs::temp_directory_path() / "distjax_train_bf16_3d_test";
+  fs::remove_all(out);
+  const std::string base = std::string(DISTJAX_TOOL) + " train " + DISTJAX_SOURCE_DIR +
+                           "/configs/gpt_3d.toml --set run.steps=2 --set run.eval_batches=1 "
+                           "--set run.checkpoint_every=0 --set run.timeline=false --out " +
+                           out.string();
+  const auto [status, output] = run(base + " --set distributed.mixed_precision=bf16");
+  ASSERT_EQ(status, 0) << output;
+  EXPECT_NE(output.find("precision bf16 compute, f32 params"), std::string::npos) << output;
+  const auto [status16, output16] = run(base + " --set distributed.mixed_precision=fp16");
+  EXPECT_EQ(status16, 1);
+  EXPECT_NE(output16.find("\"fp16\" with pipeline_parallel_size = 2"), std::string::npos)
+      << output16;
+  fs::remove_all(out);
+}

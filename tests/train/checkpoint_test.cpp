@@ -140,6 +140,33 @@ TEST(Checkpoint, OneDeviceRoundTrip) {
             b.params.at("fc1/kernel").to_vector<float>());
 }
 
+TEST(Checkpoint, LossScaleRoundTrip) {
+  // An f16 run's dynamic loss scale is saved in the index and restored; a checkpoint
+  // without one leaves the state's own.
+  const std::string dir = scratch("loss_scale");
+  Small s;
+  TrainState a = s.trained();
+  a.loss_scale = DynamicLossScale{.scale = 512, .growth_interval = 7, .good_steps = 3,
+                                  .skipped_steps = 4};
+  save_checkpoint(dir, a, {});
+  TrainState b = s.fresh(/*seed=*/9);
+  const CheckpointMeta meta = load_checkpoint(dir, b, {});
+  ASSERT_TRUE(b.loss_scale.has_value());
+  EXPECT_EQ(*b.loss_scale, *a.loss_scale);
+  EXPECT_EQ(meta.loss_scale, a.loss_scale);
+  std::ostringstream os;
+  inspect_checkpoint(dir, os);
+  EXPECT_NE(os.str().find("loss scale 512 (3 good steps, 4 skipped)"), std::string::npos)
+      << os.str();
+
+  const std::string plain = scratch("no_loss_scale");
+  save_checkpoint(plain, s.trained(), {});
+  TrainState c = s.fresh(9);
+  c.loss_scale = DynamicLossScale{.scale = 64};
+  EXPECT_FALSE(load_checkpoint(plain, c, {}).loss_scale.has_value());
+  EXPECT_EQ(c.loss_scale->scale, 64);
+}
+
 // Every dtype and a scalar, saved split over a mesh and read back on one device.
 TEST(Checkpoint, EveryDtypeAndScalars) {
   auto values = [](DType t, const Shape& shape, std::int64_t begin) {

@@ -69,6 +69,10 @@ struct PipelineOptions {
   /// Parameters stored fully sharded (ZeRO-3) inside each stage: the scope the chunks run
   /// on gets this configuration (the parameters must come from init with the same one).
   const nn::FullySharded* fsdp = nullptr;
+  /// The mixed-precision policy of the scopes the chunks run on (nn/precision.hpp). A
+  /// loss scale (train::DynamicLossScale) is not supported: the executor runs the chunks'
+  /// own loss, which train_step cannot scale.
+  nn::Precision precision{};
 };
 
 /// One span of a device's step: a compute action, or the time it waited for a transfer.

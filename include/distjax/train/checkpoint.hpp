@@ -65,6 +65,8 @@ struct CheckpointMeta {
   Key rng{};
   DataPosition data{};
   std::string config = "{}";  ///< JSON text
+  /// The dynamic loss scale of an f16 run (index key "loss_scale"); none for f32/bf16.
+  std::optional<DynamicLossScale> loss_scale;
 };
 
 /// One saved block of a tensor: elements [offset, offset + shape) of the global array,

@@ -411,7 +411,9 @@ train::GradientResult Pipeline::run_schedule(const TensorTree& params, const tra
           rec.input = tensor::make_leaf(x);
         }
         const Key mb_key = key.fold_in(static_cast<std::uint64_t>(a.microbatch));
-        nn::Scope scope = nn::Scope::apply(&leaves, /*train=*/true, mb_key).on(*ctx_);
+        nn::Scope scope = nn::Scope::apply(&leaves, /*train=*/true, mb_key)
+                              .on(*ctx_)
+                              .with_precision(options_.precision);
         if (options_.fsdp) scope = scope.fully_sharded(*options_.fsdp);
         train::Metrics metrics;
         {
@@ -528,7 +530,8 @@ train::Metrics Pipeline::evaluate(const TensorTree& params, const train::Batch& 
   const TensorTree marked = stage_params(params);
   comm::Communicator& link = ctx_->comm(options_.axis);
   const int prev_stage = (stage_ - 1 + p) % p, next_stage = (stage_ + 1) % p;
-  nn::Scope scope = nn::Scope::apply(&marked, /*train=*/false).on(*ctx_);
+  nn::Scope scope =
+      nn::Scope::apply(&marked, /*train=*/false).on(*ctx_).with_precision(options_.precision);
   if (options_.fsdp) scope = scope.fully_sharded(*options_.fsdp);
   train::Metrics out;
   std::vector<comm::Request> sends;

@@ -306,6 +306,14 @@ json make_index(const CheckpointLayout& l, const TrainState& state,
   index["step"] = state.step;
   index["rng"] = {state.rng.words[0], state.rng.words[1]};
   index["data_position"] = {{"epoch", options.data.epoch}, {"batch", options.data.batch}};
+  if (const auto& ls = state.loss_scale)
+    index["loss_scale"] = {{"scale", ls->scale},
+                           {"growth_factor", ls->growth_factor},
+                           {"backoff_factor", ls->backoff_factor},
+                           {"growth_interval", ls->growth_interval},
+                           {"min_scale", ls->min_scale},
+                           {"good_steps", ls->good_steps},
+                           {"skipped_steps", ls->skipped_steps}};
   json mesh_j = {{"shape", json::array()}, {"axis_names", json::array()}};
   if (l.ctx)
     mesh_j = {{"shape", l.ctx->mesh().shape()}, {"axis_names", l.ctx->mesh().axis_names()}};
@@ -503,6 +511,17 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
     out.meta.data = {j.at("data_position").at("epoch").get<std::int64_t>(),
                      j.at("data_position").at("batch").get<std::int64_t>()};
     out.meta.config = j.at("config").dump();
+    if (j.contains("loss_scale")) {
+      const json& ls = j.at("loss_scale");
+      out.meta.loss_scale = DynamicLossScale{
+          .scale = ls.at("scale").get<double>(),
+          .growth_factor = ls.at("growth_factor").get<double>(),
+          .backoff_factor = ls.at("backoff_factor").get<double>(),
+          .growth_interval = ls.at("growth_interval").get<std::int64_t>(),
+          .min_scale = ls.at("min_scale").get<double>(),
+          .good_steps = ls.at("good_steps").get<std::int64_t>(),
+          .skipped_steps = ls.at("skipped_steps").get<std::int64_t>()};
+    }
     out.mesh_shape = j.at("mesh").at("shape").get<std::vector<int>>();
     out.mesh_axis_names = j.at("mesh").at("axis_names").get<std::vector<std::string>>();
     out.files = j.at("files").get<std::vector<std::string>>();
@@ -642,6 +661,9 @@ CheckpointMeta load_checkpoint(const std::string& path, TrainState& state,
                         : std::move(opt_state);
   state.step = meta.step;
   state.rng = meta.rng;
+  // A checkpoint without a loss scale leaves the state's own (a bf16 run resumed as f16
+  // starts a fresh scale).
+  if (meta.loss_scale) state.loss_scale = meta.loss_scale;
   return meta;
 }
 
@@ -653,6 +675,9 @@ void inspect_checkpoint(const std::string& path, std::ostream& os) {
   os << "step " << index.meta.step << ", rng [" << index.meta.rng.words[0] << ", "
      << index.meta.rng.words[1] << "], data position epoch " << index.meta.data.epoch << " batch "
      << index.meta.data.batch << "\n";
+  if (const auto& ls = index.meta.loss_scale)
+    os << "loss scale " << ls->scale << " (" << ls->good_steps << " good steps, "
+       << ls->skipped_steps << " skipped)\n";
   os << "mesh ";
   if (index.mesh_shape.empty())
     os << "(one device)";
