@@ -52,11 +52,11 @@ int run_gpt(const config::TrainConfig& c) {
                 config::mixed_precision_name(c.distributed.mixed_precision),
                 "\" with parallelism.tp_layout = \"async\": the collective matmuls run in f32 "
                 "only; use another layout or mixed_precision = \"no\"");
-  DISTJAX_CHECK(c.distributed.mixed_precision != config::MixedPrecision::Fp16 || !piped,
-                NotImplemented,
-                "[gpt] distributed.mixed_precision = \"fp16\" with pipeline_parallel_size = ",
-                n_pipe, ": the pipeline runs its own loss, which the loss scale cannot scale; "
-                "use \"bf16\"");
+  DISTJAX_CHECK(
+      c.distributed.mixed_precision != config::MixedPrecision::Fp16 || !piped, NotImplemented,
+      "[gpt] distributed.mixed_precision = \"fp16\" with pipeline_parallel_size = ", n_pipe,
+      ": the pipeline runs its own loss, which the loss scale cannot scale; "
+      "use \"bf16\"");
   const bool sequence_parallel = c.parallelism.sequence_parallel;
   const bool vocab_parallel = c.parallelism.vocab_parallel;
   const std::string backend_name = backend_label(c);

@@ -146,8 +146,8 @@ TEST(Checkpoint, LossScaleRoundTrip) {
   const std::string dir = scratch("loss_scale");
   Small s;
   TrainState a = s.trained();
-  a.loss_scale = DynamicLossScale{.scale = 512, .growth_interval = 7, .good_steps = 3,
-                                  .skipped_steps = 4};
+  a.loss_scale =
+      DynamicLossScale{.scale = 512, .growth_interval = 7, .good_steps = 3, .skipped_steps = 4};
   save_checkpoint(dir, a, {});
   TrainState b = s.fresh(/*seed=*/9);
   const CheckpointMeta meta = load_checkpoint(dir, b, {});

@@ -513,14 +513,14 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
     out.meta.config = j.at("config").dump();
     if (j.contains("loss_scale")) {
       const json& ls = j.at("loss_scale");
-      out.meta.loss_scale = DynamicLossScale{
-          .scale = ls.at("scale").get<double>(),
-          .growth_factor = ls.at("growth_factor").get<double>(),
-          .backoff_factor = ls.at("backoff_factor").get<double>(),
-          .growth_interval = ls.at("growth_interval").get<std::int64_t>(),
-          .min_scale = ls.at("min_scale").get<double>(),
-          .good_steps = ls.at("good_steps").get<std::int64_t>(),
-          .skipped_steps = ls.at("skipped_steps").get<std::int64_t>()};
+      out.meta.loss_scale =
+          DynamicLossScale{.scale = ls.at("scale").get<double>(),
+                           .growth_factor = ls.at("growth_factor").get<double>(),
+                           .backoff_factor = ls.at("backoff_factor").get<double>(),
+                           .growth_interval = ls.at("growth_interval").get<std::int64_t>(),
+                           .min_scale = ls.at("min_scale").get<double>(),
+                           .good_steps = ls.at("good_steps").get<std::int64_t>(),
+                           .skipped_steps = ls.at("skipped_steps").get<std::int64_t>()};
     }
     out.mesh_shape = j.at("mesh").at("shape").get<std::vector<int>>();
     out.mesh_axis_names = j.at("mesh").at("axis_names").get<std::vector<std::string>>();
