@@ -87,15 +87,7 @@ int run_gpt(const config::TrainConfig& c) {
               .sequence_parallel = sequence_parallel,
               .vocab_parallel = vocab_parallel,
               .bidirectional = c.parallelism.bidirectional}});
-  const double lr = c.optimizer.lr;
-  optim::AdamW opt({.learning_rate = optim::warmup_cosine_schedule(
-                        0.0, lr, std::min<std::int64_t>(c.optimizer.warmup_steps, steps - 1), steps,
-                        lr * c.optimizer.final_lr_ratio),
-                    .b1 = c.optimizer.b1,
-                    .b2 = c.optimizer.b2,
-                    .eps = c.optimizer.eps,
-                    .weight_decay = c.optimizer.weight_decay,
-                    .decay_mask = optim::default_decay_mask()});
+  const optim::AdamW opt = make_adamw(c, steps);
   const nn::FullySharded fsdp{.axis = "data",
                               .min_weight_size = c.parallelism.fsdp.min_weight_size};
   const Key root = Key::from_seed(static_cast<std::uint64_t>(c.run.seed));

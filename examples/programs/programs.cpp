@@ -2,6 +2,7 @@
 // defaults; configs/<example>.toml say the same) and run_program.
 #include "programs/programs.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -227,6 +228,18 @@ config::TrainConfig prepare_program(config::TrainConfig c, const std::string& so
                 "do); run.resume and run.checkpoint_every have no effect\n",
                 c.run.program.c_str());
   return c;
+}
+
+optim::AdamW make_adamw(const config::TrainConfig& c, std::int64_t total_steps) {
+  const double lr = c.optimizer.lr;
+  return optim::AdamW({.learning_rate = optim::warmup_cosine_schedule(
+                           0.0, lr, std::min<std::int64_t>(c.optimizer.warmup_steps, total_steps - 1),
+                           total_steps, lr * c.optimizer.final_lr_ratio),
+                       .b1 = c.optimizer.b1,
+                       .b2 = c.optimizer.b2,
+                       .eps = c.optimizer.eps,
+                       .weight_decay = c.optimizer.weight_decay,
+                       .decay_mask = optim::default_decay_mask()});
 }
 
 bool program_checkpoints(const std::string& program) {

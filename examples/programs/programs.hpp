@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "distjax/config/train_config.hpp"
+#include "distjax/optim/adamw.hpp"
 #include "distjax/nn/precision.hpp"
 #include "distjax/train/train_state.hpp"
 #include "distjax/train/checkpointer.hpp"
@@ -64,6 +65,11 @@ train::CheckpointConfig checkpoint_config(const config::TrainConfig& c);
 /// Whether `program` writes checkpoints (run_program prints a note for the others when the
 /// config asks for them).
 bool program_checkpoints(const std::string& program);
+
+/// The AdamW of [optimizer]: linear warmup from 0 over optimizer.warmup_steps (at most
+/// total_steps - 1), cosine decay to lr x final_lr_ratio at total_steps, decoupled weight
+/// decay off biases and norms.
+optim::AdamW make_adamw(const config::TrainConfig& c, std::int64_t total_steps);
 
 /// The backend name printed in headers and recorded in summary.json ("threads", "mpi").
 std::string backend_label(const config::TrainConfig& c);

@@ -55,15 +55,7 @@ int run_tensor_parallelism(const config::TrainConfig& c) {
                                     .async_rings = async_rings,
                                     .bidirectional = bidirectional});
   const std::int64_t steps = c.run.steps;
-  const double lr = c.optimizer.lr;
-  optim::AdamW opt({.learning_rate = optim::warmup_cosine_schedule(
-                        0.0, lr, std::min<std::int64_t>(c.optimizer.warmup_steps, steps - 1), steps,
-                        lr * c.optimizer.final_lr_ratio),
-                    .b1 = c.optimizer.b1,
-                    .b2 = c.optimizer.b2,
-                    .eps = c.optimizer.eps,
-                    .weight_decay = c.optimizer.weight_decay,
-                    .decay_mask = optim::default_decay_mask()});
+  const optim::AdamW opt = make_adamw(c, steps);
   const auto seed = static_cast<std::uint64_t>(c.run.seed);
   const Key root = Key::from_seed(seed);
 

@@ -95,15 +95,7 @@ int run_train_gpt(const config::TrainConfig& c) {
                              .max_len = seq_len,
                              .dropout = static_cast<float>(c.model.dropout),
                              .remat = !c.parallelism.remat.empty()});
-  const double lr = c.optimizer.lr;
-  optim::AdamW opt({.learning_rate = optim::warmup_cosine_schedule(
-                        0.0, lr, std::min<std::int64_t>(c.optimizer.warmup_steps, steps - 1), steps,
-                        lr * c.optimizer.final_lr_ratio),
-                    .b1 = c.optimizer.b1,
-                    .b2 = c.optimizer.b2,
-                    .eps = c.optimizer.eps,
-                    .weight_decay = c.optimizer.weight_decay,
-                    .decay_mask = optim::default_decay_mask()});
+  const optim::AdamW opt = make_adamw(c, steps);
   const Key root = Key::from_seed(static_cast<std::uint64_t>(c.run.seed));
   train::TrainState state =
       train::TrainState::create(model.init(root.fold_in(std::string_view("init"))), opt,

@@ -47,15 +47,7 @@ int run_train_mnist(const config::TrainConfig& c) {
   const std::int64_t total_steps = c.run.steps > 0 ? c.run.steps : c.run.epochs * steps_per_epoch;
   // Evaluate after every epoch unless run.eval_every says otherwise, and at the end.
   const std::int64_t eval_every = c.run.eval_every > 0 ? c.run.eval_every : steps_per_epoch;
-  const double lr = c.optimizer.lr;
-  optim::AdamW opt({.learning_rate = optim::warmup_cosine_schedule(
-                        0.0, lr, std::min<std::int64_t>(c.optimizer.warmup_steps, total_steps - 1),
-                        total_steps, lr * c.optimizer.final_lr_ratio),
-                    .b1 = c.optimizer.b1,
-                    .b2 = c.optimizer.b2,
-                    .eps = c.optimizer.eps,
-                    .weight_decay = c.optimizer.weight_decay,
-                    .decay_mask = optim::default_decay_mask()});
+  const optim::AdamW opt = make_adamw(c, total_steps);
   const auto seed = static_cast<std::uint64_t>(c.run.seed);
   const Key root = Key::from_seed(seed);
   const auto make_loss = [&model](bool train) -> train::LossFn {
