@@ -555,29 +555,31 @@ TEST_F(MpiTest, PeerThatLeftAfterTheCheckDoesNotHangTheOthers) {
   std::string msg;
   MPI_Barrier(MPI_COMM_WORLD);
   try {
-    launch(mpi_opts(r == 0 ? 200 : 1000), [&](Communicator& world) {
+    launch(mpi_opts(r == 0 ? 200 : 3000), [&](Communicator& world) {
       constexpr int n = 20000;
       std::vector<float> x(n, 1.f), y(n);
-      if (world.rank() == 3) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      // Device 3 comes 1.5 s late: long after device 0 gave up, even when a loaded machine
+      // schedules device 0 a few hundred ms late.
+      if (world.rank() == 3) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
       try {
         world.all_reduce(x.data(), y.data(), n, DType::F32, ReduceOp::Sum);
       } catch (const CommError& e) {
         if (world.rank() != 0) throw;
         msg = e.what();  // device 0 carries on without the collective
-        std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+        std::this_thread::sleep_for(std::chrono::milliseconds(4000));
       }
     });
   } catch (const CommError& e) {
     msg = e.what();
   }
   if (r == 0) {
-    // Device 3 sleeps 500 ms; on a loaded machine devices 1 and 2 may also come after
+    // Device 3 sleeps 1.5 s; on a loaded machine devices 1 and 2 may also come after
     // device 0's 200 ms ("devices 1,3 did not arrive"), device 3 is always named.
     EXPECT_TRUE(has(msg, "[all_reduce] timed out after 200 ms at call #0 of group (0,1,2,3): "))
         << msg;
     EXPECT_TRUE(names_missing(msg, 3)) << msg;
   } else {
-    EXPECT_TRUE(has(msg, "[all_reduce] timed out after 1000 ms at call #0 of group (0,1,2,3)"))
+    EXPECT_TRUE(has(msg, "[all_reduce] timed out after 3000 ms at call #0 of group (0,1,2,3)"))
         << msg;
     // Whether device 0's part of the check got out before it left is a race: either the
     // check completed and the transfer stalled, or device 0 never completed the check;
