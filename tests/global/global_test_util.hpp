@@ -95,3 +95,84 @@ inline std::string join(const std::vector<std::string>& v) {
 }
 
 }  // namespace distjax::testing
+
+#include "distjax/autodiff/autodiff.hpp"
+#include "distjax/global/program.hpp"
+#include "distjax/global/elementwise.hpp"
+#include "distjax/global/reduce.hpp"
+#include "distjax/tensor/reduce.hpp"
+
+namespace distjax::testing {
+
+/// One row of a rule table: inputs (host values and shardings), the global-view op and
+/// the same op on one device, the output sharding and forward collectives expected.
+struct OpCase {
+  std::string name;
+  std::vector<Tensor> inputs;
+  std::vector<GlobalSharding> shardings;
+  std::function<GlobalArray(const std::vector<GlobalArray>&)> op;
+  std::function<Tensor(const std::vector<Tensor>&)> reference;
+  GlobalSharding out;
+  std::string collectives;  // forward, "kind@axes" joined by spaces
+  bool check_grad = true;
+};
+
+/// Runs every case on `mesh`: output sharding and value, the forward collectives of the
+/// plan, and the gradients of sum(op(inputs) * r) for every f32 input against one device.
+inline void check_op_cases(const mesh::Mesh& mesh, const std::vector<OpCase>& cases,
+                           double tol = 1e-5) {
+  std::vector<std::string> failures(cases.size());
+  std::mutex mu;
+  run_devices(mesh, [&](spmd::DeviceContext& ctx) {
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+      const OpCase& c = cases[i];
+      std::string why;
+      std::vector<GlobalArray> xs;
+      for (std::size_t j = 0; j < c.inputs.size(); ++j) xs.push_back(place(ctx, c.inputs[j], c.shardings[j]));
+      global::PlanRecorder plan;
+      GlobalArray y;
+      {
+        global::RecordPlan on(plan);
+        y = c.op(xs);
+      }
+      if (!(y.sharding() == c.out.normalized(y.rank(), ctx.mesh())))
+        why += " sharding " + y.sharding().to_string();
+      if (join(forward_collectives(plan)) != c.collectives)
+        why += " collectives [" + join(forward_collectives(plan)) + "]";
+      const Tensor want = c.reference(c.inputs);
+      if (rel_diff(to_host(y), want) > tol) why += " value";
+      if (c.check_grad && y.dtype() == DType::F32) {
+        const Tensor r = randn(want.shape(), 99);
+        const GlobalArray rr = place(ctx, r, GlobalSharding{y.sharding().spec});
+        global::GlobalTree params;
+        tensor::TensorTree host;
+        for (std::size_t j = 0; j < xs.size(); ++j)
+          if (xs[j].dtype() == DType::F32) {
+            params.emplace(std::to_string(j), xs[j]);
+            host.set(std::to_string(j), c.inputs[j]);
+          }
+        auto [loss, grads] = global::value_and_grad(
+            [&](const global::GlobalTree& p) {
+              std::vector<GlobalArray> in = xs;
+              for (const auto& [k, v] : p) in[std::stoul(k)] = v;
+              return global::sum(global::mul(c.op(in), rr));
+            },
+            params);
+        auto [ref_loss, ref_grads] = autodiff::value_and_grad([&](const tensor::TensorTree& p) {
+          std::vector<Tensor> in = c.inputs;
+          for (const auto& [k, v] : p) in[std::stoul(k)] = v;
+          return tensor::sum(tensor::mul(c.reference(in), r));
+        })(host);
+        for (const auto& [k, g] : grads) {
+          const GlobalArray whole(ctx, g.local(), g.shape(), GlobalSharding{g.sharding().spec});
+          if (rel_diff(to_host(whole), ref_grads.at(k)) > tol) why += " gradient " + k;
+        }
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      if (!why.empty() && failures[i].empty()) failures[i] = "device " + std::to_string(ctx.device()) + ":" + why;
+    }
+  });
+  for (std::size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(failures[i], "") << cases[i].name;
+}
+
+}  // namespace distjax::testing
