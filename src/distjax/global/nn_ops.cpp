@@ -139,6 +139,9 @@ GlobalArray embedding(const GlobalArray& table, const GlobalArray& ids) {
     dst[i] = mine ? src[i] - lo : 0;
     m[i] = mine ? 1.f : 0.f;
   }
+  // Built per device from the ids: they vary where the ids do (and where the rows do).
+  local_ids.set_varying_axes(t[1].varying_axes());
+  mask.set_varying_axes(t[1].varying_axes() | t[0].varying_axes());
   return GlobalArray(ctx, tensor::mul(tensor::embedding(t[0], local_ids), mask), shape, r.output);
 }
 
