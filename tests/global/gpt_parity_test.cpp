@@ -3,7 +3,9 @@
 // vocabulary split) and both (data x model), against models::Transformer on one device.
 #include <gtest/gtest.h>
 
+#include "distjax/comm/comm_stats.hpp"
 #include "distjax/models/global_transformer.hpp"
+#include "distjax/parallel/tp_transformer_block.hpp"
 #include "distjax/nn/scope.hpp"
 #include "global/global_test_util.hpp"
 
@@ -109,6 +111,60 @@ TEST(GlobalGpt, ParityWithOneDevice) {
       EXPECT_LE(testing::rel_diff(got.params.at(path), ref.params.at(path)), 1e-5) << l.name << " " << path;
   }
   EXPECT_LT(ref.losses.back(), ref.losses.front());
+}
+
+}  // namespace
+}  // namespace distjax::global
+
+namespace distjax::global {
+namespace {
+
+// Megatron GPT over "model": the plan has two all-reduces forward and two backward per
+// block, and the global-view step makes exactly the communicator calls of the
+// hand-written tensor-parallel models::Transformer step.
+TEST(GlobalGpt, MegatronPlanMatchesTheHandWrittenStep) {
+  const Mesh mesh({4}, {"model"});
+  const auto b = batches()[0];
+  const tensor::TensorTree init = models::Transformer(kConfig).init(Key::from_seed(3));
+  const auto rules = models::transformer_megatron_rules();
+  std::vector<std::string> failures(4);
+  std::string printed;
+  testing::run_devices(mesh, [&](spmd::DeviceContext& ctx) {
+    // Hand-written Megatron step.
+    models::TransformerConfig tc = kConfig;
+    tc.tp.layout = parallel::TPLayout::Megatron;
+    const models::Transformer tp(tc);
+    const tensor::TensorTree shards = tp.init(Key::from_seed(3), nullptr, &ctx);
+    ctx.comm_stats().reset();
+    autodiff::value_and_grad([&](const tensor::TensorTree& p) {
+      return tp.loss(nn::Scope::apply(&p, false, Key{}).on(ctx), b.x, b.y);
+    })(shards);
+    const auto hand = ctx.comm_stats().of("model", comm::OpKind::AllReduce);
+    // Global view.
+    GlobalTree params;
+    for (const auto& [path, t] : init)
+      params.emplace(path, testing::place(ctx, t, GlobalSharding{rules.spec_for(path)}));
+    const GlobalArray x = testing::place(ctx, b.x, {P()}), y = testing::place(ctx, b.y, {P()});
+    ctx.comm_stats().reset();
+    PlanRecorder plan;
+    {
+      RecordPlan on(plan);
+      value_and_grad([&](const GlobalTree& p) { return models::global_transformer_loss(kConfig, p, x, y); },
+                     params);
+    }
+    const auto got = ctx.comm_stats().of("model", comm::OpKind::AllReduce);
+    using Ph = PlanEntry::Phase;
+    const int per_dir = 2 * static_cast<int>(kConfig.num_layers);
+    std::string why;
+    if (plan.count("all_reduce", "model", Ph::Forward) != per_dir) why += " plan forward";
+    if (plan.count("all_reduce", "model", Ph::Backward) != per_dir) why += " plan backward";
+    if (plan.entries().size() != static_cast<std::size_t>(2 * per_dir)) why += " other collectives";
+    if (got.calls != hand.calls) why += " calls " + std::to_string(got.calls) + " vs " + std::to_string(hand.calls);
+    if (got.bytes_sent != hand.bytes_sent) why += " bytes";
+    failures[static_cast<std::size_t>(ctx.device())] = why;
+    if (ctx.device() == 0) printed = plan.str();
+  });
+  for (const auto& f : failures) EXPECT_EQ(f, "") << printed;
 }
 
 }  // namespace

@@ -10,8 +10,8 @@
 
 namespace distjax::global {
 
-/// The decision of a propagation rule (pure: no devices). Rules minimise `bytes`, then
-/// prefer outputs split over more devices (less compute per device).
+/// The decision of a propagation rule (pure: no devices). Rules that choose between
+/// layouts keep the work split as the inputs split it, then minimise the bytes moved.
 struct OpRule {
   std::vector<GlobalSharding> inputs;
   GlobalSharding output;

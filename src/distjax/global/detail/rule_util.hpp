@@ -51,13 +51,17 @@ inline std::int64_t split_devices(const std::vector<std::string>& used, const Me
   return n;
 }
 
-/// Keeps the cheapest rule (fewest bytes, then most devices, then the first offered).
+/// Keeps the best rule: the one whose computation is split over the most devices (the
+/// product of the axes the inputs already split that the product keeps split: a rule
+/// never replicates work the shardings divided), then the fewest bytes, then the first
+/// offered. Bytes alone would gather a row-parallel product (an all-gather moves half an
+/// all-reduce's bytes) and run it whole on every device.
 class Best {
  public:
   void offer(OpRule r, std::int64_t devices) { offer(r, r.bytes, devices); }
   /// `cost`: the bytes to minimise (the rule's own plus what it defers to consumers).
   void offer(OpRule r, std::int64_t cost, std::int64_t devices) {
-    if (!rule_ || cost < cost_ || (cost == cost_ && devices > devices_)) {
+    if (!rule_ || devices > devices_ || (devices == devices_ && cost < cost_)) {
       rule_ = std::move(r);
       cost_ = cost;
       devices_ = devices;
