@@ -36,6 +36,9 @@ class GlobalArray {
   GlobalArray(DeviceContext& ctx, Tensor local, Shape shape, GlobalSharding sharding);
   /// Wraps a block whose global shape follows from the sharding (shard_map inputs).
   static GlobalArray from_local(DeviceContext& ctx, Tensor local, GlobalSharding sharding);
+  /// This device's block of a host array every device holds whole (a batch each process
+  /// loaded): jax.device_put from inside the program. No communication.
+  static GlobalArray from_host(DeviceContext& ctx, const Tensor& host, GlobalSharding sharding);
   /// A replicated array built from the same value on every device (a constant).
   static GlobalArray replicated(DeviceContext& ctx, Tensor value);
 

@@ -115,6 +115,23 @@ GlobalArray GlobalArray::from_local(DeviceContext& ctx, Tensor local, GlobalShar
   return GlobalArray(ctx, std::move(local), std::move(g), std::move(sharding));
 }
 
+GlobalArray GlobalArray::from_host(DeviceContext& ctx, const Tensor& host, GlobalSharding sharding) {
+  DISTJAX_CHECK(sharding.partial.empty(), ShardingError,
+                "[GlobalArray::from_host] a host array has no partial sums, got ",
+                sharding.to_string());
+  const GlobalSharding s = sharding.normalized(host.rank(), ctx.mesh());
+  check_sharding(host.shape(), s, ctx.mesh(), "GlobalArray::from_host", "host array");
+  Tensor t = host.detach();
+  for (int d = 0; d < host.rank(); ++d) {
+    const auto axes = s.spec.entry(d).axes;
+    if (axes.empty()) continue;
+    const std::int64_t n = ctx.axis_size(mesh::Axes(axes)), i = ctx.axis_index(mesh::Axes(axes));
+    const std::int64_t w = host.size(d) / n;
+    t = tensor::slice(t, d, i * w, (i + 1) * w);
+  }
+  return GlobalArray(ctx, t.clone(), host.shape(), s);
+}
+
 GlobalArray GlobalArray::replicated(DeviceContext& ctx, Tensor value) {
   Shape s = value.shape();
   return GlobalArray(ctx, std::move(value), std::move(s), GlobalSharding{});
