@@ -51,8 +51,8 @@ void run_round(Round& round) {
     // Hand-written Megatron step.
     parallel::Strategy single;
     const train::TrainStepOptions step_options{.strategy = &single};
-    train::TrainState hs =
-        train::TrainState::create(hand.init(Key::from_seed(0), nullptr, &ctx), opt, Key::from_seed(2));
+    train::TrainState hs = train::TrainState::create(hand.init(Key::from_seed(0), nullptr, &ctx),
+                                                     opt, Key::from_seed(2));
     const train::LossFn hand_loss = [&](const TensorTree& p, const train::Batch& b, Key k) {
       return std::make_pair(hand.loss(nn::Scope::apply(&p, true, k).on(ctx), b.inputs, b.labels),
                             train::Metrics{});
@@ -94,9 +94,12 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : "0"; };
-    if (a == "--seconds") o.seconds = std::atof(next());
-    else if (a == "--rounds") o.rounds = std::max(1, std::atoi(next()));
-    else if (a == "--only") o.only = next();
+    if (a == "--seconds")
+      o.seconds = std::atof(next());
+    else if (a == "--rounds")
+      o.rounds = std::max(1, std::atoi(next()));
+    else if (a == "--only")
+      o.only = next();
     else {
       std::fprintf(stderr, "usage: bench_global_view [--seconds S] [--rounds R] [--only NAME]\n");
       return 2;
@@ -104,9 +107,9 @@ int main(int argc, char** argv) {
   }
   const json load_before = load_json();
   const OtherLoad other;
-  const auto m = bench::run_alternating(
-      {{{"shard_map_tp", "global_view"}, [](Round& r) { run_round(r); }}}, o.rounds, o.seconds,
-      o.only, "bench_global_view");
+  const auto m =
+      bench::run_alternating({{{"shard_map_tp", "global_view"}, [](Round& r) { run_round(r); }}},
+                             o.rounds, o.seconds, o.only, "bench_global_view");
   if (!o.only.empty()) return 0;
   const double tok = static_cast<double>(kBatch) * 128.0;
   const Measured &mh = m.at("shard_map_tp"), &mg = m.at("global_view");

@@ -25,13 +25,14 @@ const Mesh kMesh({2, 4}, {"data", "model"});
 
 OpCase one(std::string name, Tensor x, GlobalSharding s, std::function<GlobalArray(const V&)> op,
            std::function<Tensor(const T&)> ref, GlobalSharding out, std::string coll) {
-  return {std::move(name), {std::move(x)}, {std::move(s)}, std::move(op), std::move(ref),
-          std::move(out), std::move(coll)};
+  return {std::move(name), {std::move(x)}, {std::move(s)}, std::move(op),
+          std::move(ref),  std::move(out), std::move(coll)};
 }
 
 Tensor labels(const Shape& s, int v) {
   Tensor y = Tensor::empty(s, DType::I32);
-  for (std::int64_t i = 0; i < y.numel(); ++i) y.data<std::int32_t>()[i] = static_cast<std::int32_t>((i * 5 + 3) % v);
+  for (std::int64_t i = 0; i < y.numel(); ++i)
+    y.data<std::int32_t>()[i] = static_cast<std::int32_t>((i * 5 + 3) % v);
   return y;
 }
 
@@ -42,11 +43,13 @@ TEST(GlobalRules, SoftmaxAndLogSoftmax) {
   auto lsm = [](const V& v) { return log_softmax(v[0], 0); };
   auto lsm_ref = [](const T& t) { return tensor::log_softmax(t[0], 0); };
   testing::check_op_cases(
-      kMesh,
-      {one("rows split: no communication", x, {P("data")}, sm, sm_ref, {P("data")}, ""),
-       one("the softmax dim is gathered", x, {P("data", "model")}, sm, sm_ref, {P("data")}, "all_gather@model"),
-       one("partial is resolved", x, {P("data"), {"model"}}, sm, sm_ref, {P("data")}, "all_reduce@model"),
-       one("log_softmax over dim 0", x, {P("data", "model")}, lsm, lsm_ref, {P(None, "model")}, "all_gather@data")});
+      kMesh, {one("rows split: no communication", x, {P("data")}, sm, sm_ref, {P("data")}, ""),
+              one("the softmax dim is gathered", x, {P("data", "model")}, sm, sm_ref, {P("data")},
+                  "all_gather@model"),
+              one("partial is resolved", x, {P("data"), {"model"}}, sm, sm_ref, {P("data")},
+                  "all_reduce@model"),
+              one("log_softmax over dim 0", x, {P("data", "model")}, lsm, lsm_ref,
+                  {P(None, "model")}, "all_gather@data")});
 }
 
 TEST(GlobalRules, Norms) {
@@ -55,15 +58,34 @@ TEST(GlobalRules, Norms) {
   auto ln_ref = [](const T& t) { return tensor::layer_norm(t[0], t[1], t[2]); };
   auto rms = [](const V& v) { return rms_norm(v[0], v[1]); };
   auto rms_ref = [](const T& t) { return tensor::rms_norm(t[0], t[1]); };
-  testing::check_op_cases(
-      kMesh,
-      {OpCase{"layer_norm, batch split", {x, g, b}, {{P("data")}, {P()}, {P()}}, ln, ln_ref, {P("data")}, ""},
-       OpCase{"layer_norm gathers C", {x, g, b}, {{P("data", None, "model")}, {P()}, {P("model")}}, ln, ln_ref,
-              {P("data")}, "all_gather@model all_gather@model"},
-       OpCase{"layer_norm resolves partial", {x, g, b}, {{P(), {"model"}}, {P()}, {P()}}, ln, ln_ref, {P()},
-              "all_reduce@model"},
-       OpCase{"rms_norm gathers C", {x, g}, {{P("data", None, "model")}, {P()}}, rms, rms_ref, {P("data")},
-              "all_gather@model"}});
+  testing::check_op_cases(kMesh, {OpCase{"layer_norm, batch split",
+                                         {x, g, b},
+                                         {{P("data")}, {P()}, {P()}},
+                                         ln,
+                                         ln_ref,
+                                         {P("data")},
+                                         ""},
+                                  OpCase{"layer_norm gathers C",
+                                         {x, g, b},
+                                         {{P("data", None, "model")}, {P()}, {P("model")}},
+                                         ln,
+                                         ln_ref,
+                                         {P("data")},
+                                         "all_gather@model all_gather@model"},
+                                  OpCase{"layer_norm resolves partial",
+                                         {x, g, b},
+                                         {{P(), {"model"}}, {P()}, {P()}},
+                                         ln,
+                                         ln_ref,
+                                         {P()},
+                                         "all_reduce@model"},
+                                  OpCase{"rms_norm gathers C",
+                                         {x, g},
+                                         {{P("data", None, "model")}, {P()}},
+                                         rms,
+                                         rms_ref,
+                                         {P("data")},
+                                         "all_gather@model"}});
 }
 
 TEST(GlobalRules, Embedding) {
@@ -72,13 +94,29 @@ TEST(GlobalRules, Embedding) {
   auto emb_ref = [](const T& t) { return tensor::embedding(t[0], t[1]); };
   testing::check_op_cases(
       kMesh,
-      {OpCase{"replicated table", {table, ids}, {{P()}, {P("data")}}, emb, emb_ref, {P("data")}, ""},
-       OpCase{"table split by columns", {table, ids}, {{P(None, "model")}, {P("data")}}, emb, emb_ref,
-              {P("data", None, "model")}, ""},
-       OpCase{"vocabulary-parallel: partial", {table, ids}, {{P("model", None)}, {P("data")}}, emb, emb_ref,
-              {P("data"), {"model"}}, ""},
-       OpCase{"ids split like the table: ids gathered", {table, ids}, {{P("data", None)}, {P("data")}}, emb,
-              emb_ref, {P(), {"data"}}, "all_gather@data"}});
+      {OpCase{
+           "replicated table", {table, ids}, {{P()}, {P("data")}}, emb, emb_ref, {P("data")}, ""},
+       OpCase{"table split by columns",
+              {table, ids},
+              {{P(None, "model")}, {P("data")}},
+              emb,
+              emb_ref,
+              {P("data", None, "model")},
+              ""},
+       OpCase{"vocabulary-parallel: partial",
+              {table, ids},
+              {{P("model", None)}, {P("data")}},
+              emb,
+              emb_ref,
+              {P("data"), {"model"}},
+              ""},
+       OpCase{"ids split like the table: ids gathered",
+              {table, ids},
+              {{P("data", None)}, {P("data")}},
+              emb,
+              emb_ref,
+              {P(), {"data"}},
+              "all_gather@data"}});
 }
 
 TEST(GlobalRules, CrossEntropy) {
@@ -90,15 +128,41 @@ TEST(GlobalRules, CrossEntropy) {
   testing::check_op_cases(
       kMesh,
       {OpCase{"batch split", {logits, y}, {{P("data")}, {P("data")}}, ce, ce_ref, {P("data")}, ""},
-       OpCase{"labels follow the logits", {logits, y}, {{P("data")}, {P()}}, ce, ce_ref, {P("data")}, ""},
-       OpCase{"partial logits resolved", {logits, y}, {{P("data"), {"model"}}, {P("data")}}, ce, ce_ref,
-              {P("data")}, "all_reduce@model"},
-       OpCase{"V split, few rows: vocabulary-parallel", {logits, y}, {{P("data", "model")}, {P("data")}}, ce,
-              ce_ref, {P("data")}, "all_reduce@model all_reduce@model all_reduce@model"},
-       OpCase{"V split, V small: gathered", {small, ys}, {{P(None, "model")}, {P()}}, ce, ce_ref, {P()},
+       OpCase{"labels follow the logits",
+              {logits, y},
+              {{P("data")}, {P()}},
+              ce,
+              ce_ref,
+              {P("data")},
+              ""},
+       OpCase{"partial logits resolved",
+              {logits, y},
+              {{P("data"), {"model"}}, {P("data")}},
+              ce,
+              ce_ref,
+              {P("data")},
+              "all_reduce@model"},
+       OpCase{"V split, few rows: vocabulary-parallel",
+              {logits, y},
+              {{P("data", "model")}, {P("data")}},
+              ce,
+              ce_ref,
+              {P("data")},
+              "all_reduce@model all_reduce@model all_reduce@model"},
+       OpCase{"V split, V small: gathered",
+              {small, ys},
+              {{P(None, "model")}, {P()}},
+              ce,
+              ce_ref,
+              {P()},
               "all_gather@model"},
-       OpCase{"large V split: vocabulary-parallel", {big, yb}, {{P(None, "model")}, {P()}}, ce, ce_ref,
-              {P()}, "all_reduce@model all_reduce@model all_reduce@model"}});
+       OpCase{"large V split: vocabulary-parallel",
+              {big, yb},
+              {{P(None, "model")}, {P()}},
+              ce,
+              ce_ref,
+              {P()},
+              "all_reduce@model all_reduce@model all_reduce@model"}});
 }
 
 TEST(GlobalRules, ShapeOps) {
@@ -113,23 +177,39 @@ TEST(GlobalRules, ShapeOps) {
   auto cc_ref = [](const T& t) { return tensor::concat({t[0], t[1]}, 1); };
   const Tensor y = randn({4, 2, 24}, 9);
   testing::check_op_cases(
-      kMesh,
-      {one("merge keeps the major split", x, {P("data")}, rs({8, 24}), rs_ref({8, 24}), {P("data")}, ""),
-       one("split of features into heads", x, {P(None, None, "model")}, rs({4, 2, 4, 3, 2}),
-           rs_ref({4, 2, 4, 3, 2}), {P(None, None, "model")}, ""),
-       one("minor split in a merge is gathered", x, {P(None, "data")}, rs({8, 24}), rs_ref({8, 24}), {P()},
-           "all_gather@data"),
-       one("reshape keeps partial", x, {P("data"), {"model"}}, rs({8, 24}), rs_ref({8, 24}),
-           {P("data"), {"model"}}, ""),
-       one("transpose moves entries", x, {P("data", None, "model")}, tr, tr_ref, {P("model", None, "data")}, ""),
-       one("slice gathers its dim", x, {P("data", None, "model")}, sl, sl_ref, {P("data")}, "all_gather@model"),
-       one("slice keeps partial", x, {P("data"), {"model"}}, sl, sl_ref, {P("data"), {"model"}}, ""),
-       OpCase{"concat", {x, y}, {{P("data")}, {P("data", None, "model")}}, cc, cc_ref, {P("data")}, "all_gather@model"},
-       OpCase{"concat of partials", {x, y}, {{P(), {"model"}}, {P(), {"model"}}}, cc, cc_ref, {P(), {"model"}}, ""}});
+      kMesh, {one("merge keeps the major split", x, {P("data")}, rs({8, 24}), rs_ref({8, 24}),
+                  {P("data")}, ""),
+              one("split of features into heads", x, {P(None, None, "model")}, rs({4, 2, 4, 3, 2}),
+                  rs_ref({4, 2, 4, 3, 2}), {P(None, None, "model")}, ""),
+              one("minor split in a merge is gathered", x, {P(None, "data")}, rs({8, 24}),
+                  rs_ref({8, 24}), {P()}, "all_gather@data"),
+              one("reshape keeps partial", x, {P("data"), {"model"}}, rs({8, 24}), rs_ref({8, 24}),
+                  {P("data"), {"model"}}, ""),
+              one("transpose moves entries", x, {P("data", None, "model")}, tr, tr_ref,
+                  {P("model", None, "data")}, ""),
+              one("slice gathers its dim", x, {P("data", None, "model")}, sl, sl_ref, {P("data")},
+                  "all_gather@model"),
+              one("slice keeps partial", x, {P("data"), {"model"}}, sl, sl_ref,
+                  {P("data"), {"model"}}, ""),
+              OpCase{"concat",
+                     {x, y},
+                     {{P("data")}, {P("data", None, "model")}},
+                     cc,
+                     cc_ref,
+                     {P("data")},
+                     "all_gather@model"},
+              OpCase{"concat of partials",
+                     {x, y},
+                     {{P(), {"model"}}, {P(), {"model"}}},
+                     cc,
+                     cc_ref,
+                     {P(), {"model"}},
+                     ""}});
 }
 
 TEST(GlobalRules, Attention) {
-  const Tensor q = randn({2, 4, 8, 4}, 10), k = randn({2, 4, 8, 4}, 11), v = randn({2, 4, 8, 4}, 12);
+  const Tensor q = randn({2, 4, 8, 4}, 10), k = randn({2, 4, 8, 4}, 11),
+               v = randn({2, 4, 8, 4}, 12);
   auto at = [](const V& x) { return attention(x[0], x[1], x[2]); };
   auto at_ref = [](const T& t) { return tensor::attention(t[0], t[1], t[2], true); };
   const Tensor qkv = randn({2, 8, 24}, 13);  // C = 8, H = 4
@@ -137,15 +217,31 @@ TEST(GlobalRules, Attention) {
   auto ap_ref = [](const T& t) { return tensor::attention_packed(t[0], 4, true); };
   testing::check_op_cases(
       kMesh,
-      {OpCase{"heads over model, batch over data", {q, k, v},
-              {{P("data", "model")}, {P("data", "model")}, {P("data", "model")}}, at, at_ref,
-              {P("data", "model")}, ""},
-       OpCase{"k, v follow q", {q, k, v}, {{P("data", "model")}, {P()}, {P()}}, at, at_ref,
-              {P("data", "model")}, ""},
-       OpCase{"sequence split is gathered", {q, k, v}, {{P(None, None, "model")}, {P()}, {P()}}, at, at_ref,
-              {P()}, "all_gather@model"},
-       one("packed, heads over model", qkv, {P("data", None, "model")}, ap, ap_ref, {P("data", None, "model")}, ""),
-       one("packed, partial resolved", qkv, {P("data"), {"model"}}, ap, ap_ref, {P("data")}, "all_reduce@model")},
+      {OpCase{"heads over model, batch over data",
+              {q, k, v},
+              {{P("data", "model")}, {P("data", "model")}, {P("data", "model")}},
+              at,
+              at_ref,
+              {P("data", "model")},
+              ""},
+       OpCase{"k, v follow q",
+              {q, k, v},
+              {{P("data", "model")}, {P()}, {P()}},
+              at,
+              at_ref,
+              {P("data", "model")},
+              ""},
+       OpCase{"sequence split is gathered",
+              {q, k, v},
+              {{P(None, None, "model")}, {P()}, {P()}},
+              at,
+              at_ref,
+              {P()},
+              "all_gather@model"},
+       one("packed, heads over model", qkv, {P("data", None, "model")}, ap, ap_ref,
+           {P("data", None, "model")}, ""),
+       one("packed, partial resolved", qkv, {P("data"), {"model"}}, ap, ap_ref, {P("data")},
+           "all_reduce@model")},
       2e-5);
 }
 

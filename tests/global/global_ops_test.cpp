@@ -27,7 +27,9 @@ OpCase mm(std::string name, Shape sa, GlobalSharding a, Shape sb, GlobalSharding
           {randn(sa, 1), randn(sb, 2)},
           {std::move(a), std::move(b)},
           [trans_b](const std::vector<GlobalArray>& x) { return matmul(x[0], x[1], trans_b); },
-          [trans_b](const std::vector<Tensor>& x) { return tensor::matmul(x[0], x[1], false, trans_b); },
+          [trans_b](const std::vector<Tensor>& x) {
+            return tensor::matmul(x[0], x[1], false, trans_b);
+          },
           std::move(out),
           std::move(coll)};
 }
@@ -47,8 +49,7 @@ TEST(GlobalRules, Matmul) {
       mm("fsdp weight", a, {P("data", None)}, b, {P("data", None)}, {P("data", None)},
          "all_gather@data"),
       mm("replicated x column", a, {P()}, b, {P(None, "model")}, {P(None, "model")}, ""),
-      mm("tied head (trans_b)", a, {P("data", None)}, {12, 16}, {P()}, {P("data", None)}, "",
-         true),
+      mm("tied head (trans_b)", a, {P("data", None)}, {12, 16}, {P()}, {P("data", None)}, "", true),
       mm("vocab-split head (trans_b)", a, {P("data", None)}, {12, 16}, {P("model", None)},
          {P("data", "model")}, "", true),
       mm("batched heads", {2, 4, 8, 8}, {P("data", "model")}, {2, 4, 8, 8}, {P("data", "model")},
@@ -67,30 +68,39 @@ OpCase ew(std::string name, Shape sa, GlobalSharding a, Shape sb, GlobalSharding
           GlobalSharding out, std::string coll, int kind) {
   auto op = [kind](const std::vector<GlobalArray>& x) {
     switch (kind) {
-      case 0: return add(x[0], x[1]);
-      case 1: return mul(x[0], x[1]);
-      case 2: return sub(x[0], x[1]);
-      default: return div(x[0], x[1]);
+      case 0:
+        return add(x[0], x[1]);
+      case 1:
+        return mul(x[0], x[1]);
+      case 2:
+        return sub(x[0], x[1]);
+      default:
+        return div(x[0], x[1]);
     }
   };
   auto ref = [kind](const std::vector<Tensor>& x) {
     switch (kind) {
-      case 0: return tensor::add(x[0], x[1]);
-      case 1: return tensor::mul(x[0], x[1]);
-      case 2: return tensor::sub(x[0], x[1]);
-      default: return tensor::div(x[0], x[1]);
+      case 0:
+        return tensor::add(x[0], x[1]);
+      case 1:
+        return tensor::mul(x[0], x[1]);
+      case 2:
+        return tensor::sub(x[0], x[1]);
+      default:
+        return tensor::div(x[0], x[1]);
     }
   };
   Tensor xb = randn(sb, 4);
   if (kind == 3) xb = tensor::add_scalar(tensor::square(xb), 1.0);  // a safe denominator
   return {std::move(name), {randn(sa, 3), xb}, {std::move(a), std::move(b)}, op, ref,
-          std::move(out), std::move(coll)};
+          std::move(out),  std::move(coll)};
 }
 
 TEST(GlobalRules, Elementwise) {
   const Shape a{8, 12};
   std::vector<OpCase> cases{
-      ew("bias, split alike", a, {P("data", "model")}, {12}, {P("model")}, {P("data", "model")}, "", 0),
+      ew("bias, split alike", a, {P("data", "model")}, {12}, {P("model")}, {P("data", "model")}, "",
+         0),
       ew("replicated bias is split locally", a, {P("data", "model")}, {12}, {P()},
          {P("data", "model")}, "", 0),
       ew("partial + partial", a, {P(), {"model"}}, a, {P(), {"model"}}, {P(), {"model"}}, "", 0),
@@ -108,32 +118,39 @@ TEST(GlobalRules, Elementwise) {
          {P(), {"model"}}, "all_reduce@model", 1),
       ew("partial / replicated stays partial", a, {P(), {"data"}}, {12}, {P("model")},
          {P(None, "model"), {"data"}}, "", 3),
-      ew("replicated / partial resolves", a, {P()}, {12}, {P(), {"data"}}, {P()},
-         "all_reduce@data", 3),
+      ew("replicated / partial resolves", a, {P()}, {12}, {P(), {"data"}}, {P()}, "all_reduce@data",
+         3),
   };
   testing::check_op_cases(kMesh, cases);
 }
 
 TEST(GlobalRules, UnaryOps) {
   const Shape a{8, 12};
-  auto un = [&](std::string name, GlobalSharding s, GlobalSharding out, std::string coll, bool lin) {
+  auto un = [&](std::string name, GlobalSharding s, GlobalSharding out, std::string coll,
+                bool lin) {
     return OpCase{std::move(name),
                   {randn(a, 5)},
                   {std::move(s)},
-                  [lin](const std::vector<GlobalArray>& x) { return lin ? mul_scalar(x[0], 3.0) : gelu(x[0]); },
-                  [lin](const std::vector<Tensor>& x) { return lin ? tensor::mul_scalar(x[0], 3.0) : tensor::gelu(x[0]); },
+                  [lin](const std::vector<GlobalArray>& x) {
+                    return lin ? mul_scalar(x[0], 3.0) : gelu(x[0]);
+                  },
+                  [lin](const std::vector<Tensor>& x) {
+                    return lin ? tensor::mul_scalar(x[0], 3.0) : tensor::gelu(x[0]);
+                  },
                   std::move(out),
                   std::move(coll)};
   };
   testing::check_op_cases(
-      kMesh, {un("gelu keeps splits", {P("data", "model")}, {P("data", "model")}, "", false),
-              un("gelu resolves partial", {P("data"), {"model"}}, {P("data")}, "all_reduce@model", false),
-              un("scale keeps partial", {P("data"), {"model"}}, {P("data"), {"model"}}, "", true)});
+      kMesh,
+      {un("gelu keeps splits", {P("data", "model")}, {P("data", "model")}, "", false),
+       un("gelu resolves partial", {P("data"), {"model"}}, {P("data")}, "all_reduce@model", false),
+       un("scale keeps partial", {P("data"), {"model"}}, {P("data"), {"model"}}, "", true)});
 }
 
 TEST(GlobalRules, Reductions) {
   const Shape a{8, 12};
-  auto red = [&](std::string name, GlobalSharding s, GlobalSharding out, std::string coll, int kind) {
+  auto red = [&](std::string name, GlobalSharding s, GlobalSharding out, std::string coll,
+                 int kind) {
     return OpCase{std::move(name),
                   {randn(a, 6)},
                   {std::move(s)},

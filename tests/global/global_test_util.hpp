@@ -56,14 +56,14 @@ inline Tensor to_host(const GlobalArray& x) {
 }
 
 /// Runs fn once per device of `mesh` (threads backend).
-inline void run_devices(const mesh::Mesh& mesh, const std::function<void(spmd::DeviceContext&)>& fn) {
-  auto f = spmd::shard_map(
-      mesh,
-      [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
-        fn(ctx);
-        return std::vector<Tensor>{};
-      },
-      {}, {});
+inline void run_devices(const mesh::Mesh& mesh,
+                        const std::function<void(spmd::DeviceContext&)>& fn) {
+  auto f = spmd::shard_map(mesh,
+                           [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
+                             fn(ctx);
+                             return std::vector<Tensor>{};
+                           },
+                           {}, {});
   f(std::vector<Tensor>{});
 }
 
@@ -90,15 +90,16 @@ inline std::vector<std::string> forward_collectives(const global::PlanRecorder& 
 
 inline std::string join(const std::vector<std::string>& v) {
   std::string s;
-  for (const auto& x : v) s += (s.empty() ? "" : " ") + x;
+  for (const auto& x : v)
+    s += (s.empty() ? "" : " ") + x;
   return s;
 }
 
 }  // namespace distjax::testing
 
 #include "distjax/autodiff/autodiff.hpp"
-#include "distjax/global/program.hpp"
 #include "distjax/global/elementwise.hpp"
+#include "distjax/global/program.hpp"
 #include "distjax/global/reduce.hpp"
 #include "distjax/tensor/reduce.hpp"
 
@@ -128,7 +129,8 @@ inline void check_op_cases(const mesh::Mesh& mesh, const std::vector<OpCase>& ca
       const OpCase& c = cases[i];
       std::string why;
       std::vector<GlobalArray> xs;
-      for (std::size_t j = 0; j < c.inputs.size(); ++j) xs.push_back(place(ctx, c.inputs[j], c.shardings[j]));
+      for (std::size_t j = 0; j < c.inputs.size(); ++j)
+        xs.push_back(place(ctx, c.inputs[j], c.shardings[j]));
       global::PlanRecorder plan;
       GlobalArray y;
       {
@@ -154,13 +156,15 @@ inline void check_op_cases(const mesh::Mesh& mesh, const std::vector<OpCase>& ca
         auto [loss, grads] = global::value_and_grad(
             [&](const global::GlobalTree& p) {
               std::vector<GlobalArray> in = xs;
-              for (const auto& [k, v] : p) in[std::stoul(k)] = v;
+              for (const auto& [k, v] : p)
+                in[std::stoul(k)] = v;
               return global::sum(global::mul(c.op(in), rr));
             },
             params);
         auto [ref_loss, ref_grads] = autodiff::value_and_grad([&](const tensor::TensorTree& p) {
           std::vector<Tensor> in = c.inputs;
-          for (const auto& [k, v] : p) in[std::stoul(k)] = v;
+          for (const auto& [k, v] : p)
+            in[std::stoul(k)] = v;
           return tensor::sum(tensor::mul(c.reference(in), r));
         })(host);
         for (const auto& [k, g] : grads) {
@@ -169,10 +173,12 @@ inline void check_op_cases(const mesh::Mesh& mesh, const std::vector<OpCase>& ca
         }
       }
       std::lock_guard<std::mutex> lock(mu);
-      if (!why.empty() && failures[i].empty()) failures[i] = "device " + std::to_string(ctx.device()) + ":" + why;
+      if (!why.empty() && failures[i].empty())
+        failures[i] = "device " + std::to_string(ctx.device()) + ":" + why;
     }
   });
-  for (std::size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(failures[i], "") << cases[i].name;
+  for (std::size_t i = 0; i < cases.size(); ++i)
+    EXPECT_EQ(failures[i], "") << cases[i].name;
 }
 
 }  // namespace distjax::testing

@@ -5,8 +5,8 @@
 
 #include "distjax/comm/comm_stats.hpp"
 #include "distjax/models/global_transformer.hpp"
-#include "distjax/parallel/tp_transformer_block.hpp"
 #include "distjax/nn/scope.hpp"
+#include "distjax/parallel/tp_transformer_block.hpp"
 #include "global/global_test_util.hpp"
 
 namespace distjax::global {
@@ -75,16 +75,20 @@ TrainRun train_global(const Layout& l) {
       params.emplace(path, testing::place(ctx, t, GlobalSharding{l.rules.spec_for(path)}));
     std::vector<double> losses;
     for (const auto& b : data) {
-      const GlobalArray x = testing::place(ctx, b.x, l.batch), y = testing::place(ctx, b.y, l.batch);
+      const GlobalArray x = testing::place(ctx, b.x, l.batch),
+                        y = testing::place(ctx, b.y, l.batch);
       auto [loss, grads] = value_and_grad(
-          [&](const GlobalTree& p) { return models::global_transformer_loss(kConfig, p, x, y); }, params);
+          [&](const GlobalTree& p) { return models::global_transformer_loss(kConfig, p, x, y); },
+          params);
       losses.push_back(loss.local().item<double>());
       for (auto& [path, p] : params)
-        p = GlobalArray(ctx, tensor::sub(p.local(), tensor::mul_scalar(grads.at(path).local(), kLr)),
+        p = GlobalArray(ctx,
+                        tensor::sub(p.local(), tensor::mul_scalar(grads.at(path).local(), kLr)),
                         p.shape(), p.sharding());
     }
     tensor::TensorTree whole;
-    for (const auto& [path, p] : params) whole.set(path, testing::to_host(p));
+    for (const auto& [path, p] : params)
+      whole.set(path, testing::to_host(p));
     std::lock_guard<std::mutex> lock(mu);
     if (ctx.device() == 0) run = {losses, whole};
   });
@@ -96,19 +100,29 @@ TEST(GlobalGpt, ParityWithOneDevice) {
   const parallel::ShardingRules none({});
   const std::vector<Layout> layouts{
       {"data parallel", Mesh({4}, {"data"}), none, {P("data")}},
-      {"Megatron tensor parallel", Mesh({4}, {"model"}), models::transformer_megatron_rules(), {P()}},
-      {"Megatron + vocabulary-parallel", Mesh({4}, {"model"}), models::transformer_megatron_rules("model", true),
+      {"Megatron tensor parallel",
+       Mesh({4}, {"model"}),
+       models::transformer_megatron_rules(),
        {P()}},
-      {"2-D data x model", Mesh({2, 4}, {"data", "model"}), models::transformer_megatron_rules(), {P("data")}},
+      {"Megatron + vocabulary-parallel",
+       Mesh({4}, {"model"}),
+       models::transformer_megatron_rules("model", true),
+       {P()}},
+      {"2-D data x model",
+       Mesh({2, 4}, {"data", "model"}),
+       models::transformer_megatron_rules(),
+       {P("data")}},
   };
   // Per tensor max |difference| <= 1e-5 x max |value| (f32, sums in another order).
   for (const auto& l : layouts) {
     const TrainRun got = train_global(l);
     ASSERT_EQ(got.losses.size(), ref.losses.size()) << l.name;
     for (std::size_t s = 0; s < ref.losses.size(); ++s)
-      EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-5 * std::fabs(ref.losses[s])) << l.name << " step " << s;
+      EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-5 * std::fabs(ref.losses[s]))
+          << l.name << " step " << s;
     for (const auto& path : ref.params.paths())
-      EXPECT_LE(testing::rel_diff(got.params.at(path), ref.params.at(path)), 1e-5) << l.name << " " << path;
+      EXPECT_LE(testing::rel_diff(got.params.at(path), ref.params.at(path)), 1e-5)
+          << l.name << " " << path;
   }
   EXPECT_LT(ref.losses.back(), ref.losses.front());
 }
@@ -149,8 +163,9 @@ TEST(GlobalGpt, MegatronPlanMatchesTheHandWrittenStep) {
     PlanRecorder plan;
     {
       RecordPlan on(plan);
-      value_and_grad([&](const GlobalTree& p) { return models::global_transformer_loss(kConfig, p, x, y); },
-                     params);
+      value_and_grad(
+          [&](const GlobalTree& p) { return models::global_transformer_loss(kConfig, p, x, y); },
+          params);
     }
     const auto got = ctx.comm_stats().of("model", comm::OpKind::AllReduce);
     using Ph = PlanEntry::Phase;
@@ -159,12 +174,14 @@ TEST(GlobalGpt, MegatronPlanMatchesTheHandWrittenStep) {
     if (plan.count("all_reduce", "model", Ph::Forward) != per_dir) why += " plan forward";
     if (plan.count("all_reduce", "model", Ph::Backward) != per_dir) why += " plan backward";
     if (plan.entries().size() != static_cast<std::size_t>(2 * per_dir)) why += " other collectives";
-    if (got.calls != hand.calls) why += " calls " + std::to_string(got.calls) + " vs " + std::to_string(hand.calls);
+    if (got.calls != hand.calls)
+      why += " calls " + std::to_string(got.calls) + " vs " + std::to_string(hand.calls);
     if (got.bytes_sent != hand.bytes_sent) why += " bytes";
     failures[static_cast<std::size_t>(ctx.device())] = why;
     if (ctx.device() == 0) printed = plan.str();
   });
-  for (const auto& f : failures) EXPECT_EQ(f, "") << printed;
+  for (const auto& f : failures)
+    EXPECT_EQ(f, "") << printed;
 }
 
 }  // namespace

@@ -53,7 +53,8 @@ std::vector<Batch> batches() {
   std::vector<Batch> out;
   for (int s = 0; s < kSteps; ++s) {
     Tensor y = Tensor::empty({kBatch}, DType::I32);
-    for (std::int64_t i = 0; i < kBatch; ++i) y.data<std::int32_t>()[i] = static_cast<std::int32_t>((i * 7 + s * 3) % kClasses);
+    for (std::int64_t i = 0; i < kBatch; ++i)
+      y.data<std::int32_t>()[i] = static_cast<std::int32_t>((i * 7 + s * 3) % kClasses);
     out.push_back({testing::randn({kBatch, kIn}, 100 + static_cast<std::uint64_t>(s)), y});
   }
   return out;
@@ -98,18 +99,20 @@ TrainRun train_global(const Layout& l) {
     for (const auto& b : data) {
       const GlobalArray x = testing::place(ctx, b.x, GlobalSharding{l.batch.spec});
       const GlobalArray y = testing::place(ctx, b.y, l.batch);
-      auto [loss, grads] = value_and_grad(
-          [&](const GlobalTree& p) { return mlp_loss(p, x, y); }, params);
+      auto [loss, grads] =
+          value_and_grad([&](const GlobalTree& p) { return mlp_loss(p, x, y); }, params);
       losses.push_back(loss.local().item<double>());
       for (auto& [path, p] : params) {
         // Every gradient has its parameter's sharding: the update is local.
         EXPECT_EQ(grads.at(path).sharding(), p.sharding()) << path;
-        p = GlobalArray(ctx, tensor::sub(p.local(), tensor::mul_scalar(grads.at(path).local(), kLr)),
+        p = GlobalArray(ctx,
+                        tensor::sub(p.local(), tensor::mul_scalar(grads.at(path).local(), kLr)),
                         p.shape(), p.sharding());
       }
     }
     tensor::TensorTree whole;
-    for (const auto& [path, p] : params) whole.set(path, testing::to_host(p));
+    for (const auto& [path, p] : params)
+      whole.set(path, testing::to_host(p));
     std::lock_guard<std::mutex> lock(mu);
     if (ctx.device() == 0) run = {losses, whole};
   });
@@ -124,8 +127,10 @@ std::vector<Layout> layouts() {
       {"data parallel", Mesh({4}, {"data"}), {}, {P("data")}},
       {"column/row tensor parallel", Mesh({4}, {"model"}), tp, {P()}},
       {"2-D data x model", Mesh({2, 4}, {"data", "model"}), tp, {P("data")}},
-      {"weights split over data (FSDP-like)", Mesh({2, 2}, {"data", "model"}),
-       {{"fc1/kernel$", P("data", "model")}, {"fc2/kernel$", P("model", "data")}}, {P("data")}},
+      {"weights split over data (FSDP-like)",
+       Mesh({2, 2}, {"data", "model"}),
+       {{"fc1/kernel$", P("data", "model")}, {"fc2/kernel$", P("model", "data")}},
+       {P("data")}},
   };
 }
 
@@ -135,9 +140,11 @@ TEST(GlobalMlp, ParityWithOneDevice) {
     const TrainRun got = train_global(l);
     ASSERT_EQ(got.losses.size(), ref.losses.size()) << l.name;
     for (std::size_t s = 0; s < ref.losses.size(); ++s)
-      EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-5 * std::fabs(ref.losses[s])) << l.name << " step " << s;
+      EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-5 * std::fabs(ref.losses[s]))
+          << l.name << " step " << s;
     for (const auto& path : ref.params.paths())
-      EXPECT_LE(testing::rel_diff(got.params.at(path), ref.params.at(path)), 1e-5) << l.name << " " << path;
+      EXPECT_LE(testing::rel_diff(got.params.at(path), ref.params.at(path)), 1e-5)
+          << l.name << " " << path;
   }
   // The losses really change: 5 steps of a working optimiser.
   EXPECT_LT(ref.losses.back(), ref.losses.front());
@@ -170,8 +177,9 @@ TEST(GlobalMlp, MegatronBlockPlanIsOneAllReduceEachWay) {
     PlanRecorder plan;
     {
       RecordPlan on(plan);
-      value_and_grad([&](const GlobalTree& p) { return mlp_loss(p, matmul(x, p.at("in/kernel")), y); },
-                     params);
+      value_and_grad(
+          [&](const GlobalTree& p) { return mlp_loss(p, matmul(x, p.at("in/kernel")), y); },
+          params);
     }
     using Ph = PlanEntry::Phase;
     const auto& stats = ctx.comm_stats();
@@ -179,16 +187,21 @@ TEST(GlobalMlp, MegatronBlockPlanIsOneAllReduceEachWay) {
     if (plan.count("all_reduce", "model", Ph::Forward) != 1) why += " plan forward";
     if (plan.count("all_reduce", "model", Ph::Backward) != 1) why += " plan backward";
     for (const char* c : {"all_gather", "reduce_scatter", "all_to_all"})
-      if (plan.count(c, "model", Ph::Forward) + plan.count(c, "model", Ph::Backward) != 0) why += std::string(" plan ") + c;
-    if (stats.of("model", comm::OpKind::AllReduce).calls != 2) why += " counters: model all-reduce calls " + std::to_string(stats.of("model", comm::OpKind::AllReduce).calls);
-    const std::int64_t planned = plan.bytes("all_reduce", "model", Ph::Forward) + plan.bytes("all_reduce", "model", Ph::Backward);
+      if (plan.count(c, "model", Ph::Forward) + plan.count(c, "model", Ph::Backward) != 0)
+        why += std::string(" plan ") + c;
+    if (stats.of("model", comm::OpKind::AllReduce).calls != 2)
+      why += " counters: model all-reduce calls " +
+             std::to_string(stats.of("model", comm::OpKind::AllReduce).calls);
+    const std::int64_t planned = plan.bytes("all_reduce", "model", Ph::Forward) +
+                                 plan.bytes("all_reduce", "model", Ph::Backward);
     if (stats.of("model", comm::OpKind::AllReduce).bytes_sent != planned) why += " counters: bytes";
     for (auto k : {comm::OpKind::AllGather, comm::OpKind::ReduceScatter, comm::OpKind::AllToAll})
       if (stats.of("model", k).calls != 0) why += " counters: other kinds over model";
     failures[static_cast<std::size_t>(ctx.device())] = why;
     if (ctx.device() == 0) printed = plan.str();
   });
-  for (const auto& f : failures) EXPECT_EQ(f, "") << printed;
+  for (const auto& f : failures)
+    EXPECT_EQ(f, "") << printed;
   std::cout << printed;
 }
 

@@ -5,9 +5,9 @@
 #include <gtest/gtest.h>
 
 #include "distjax/autodiff/autodiff.hpp"
+#include "distjax/global/elementwise.hpp"
 #include "distjax/global/program.hpp"
 #include "distjax/global/reduce.hpp"
-#include "distjax/global/elementwise.hpp"
 #include "global/global_test_util.hpp"
 
 namespace distjax::global {
@@ -21,7 +21,8 @@ std::string steps_of(const Shape& shape, const GlobalSharding& from, const Globa
   std::vector<std::string> out;
   for (const auto& s : plan_redistribution(shape, from, to, kMesh)) {
     std::string axes;
-    for (const auto& a : s.axes) axes += (axes.empty() ? "" : ",") + a;
+    for (const auto& a : s.axes)
+      axes += (axes.empty() ? "" : ",") + a;
     out.push_back(std::string(step_name(s.kind)) + "@" + axes);
   }
   return join(out);
@@ -38,7 +39,9 @@ std::vector<ReshardCase> reshard_cases() {
       {{P(std::nullopt, "model")}, {P("model", std::nullopt)}, "all_to_all@model"},
       {{P(), {"model"}}, {P()}, "all_reduce@model"},
       {{P(), {"model"}}, {P("model")}, "reduce_scatter@model"},
-      {{P(), {"data", "model"}}, {P(std::nullopt, "model")}, "all_reduce@data reduce_scatter@model"},
+      {{P(), {"data", "model"}},
+       {P(std::nullopt, "model")},
+       "all_reduce@data reduce_scatter@model"},
       {{P()}, {P("data", "model")}, "split@data split@model"},
       {{P({"data", "model"})}, {P("data")}, "all_gather@model"},
       {{P({"data", "model"})}, {P()}, "all_gather@data,model"},
@@ -83,14 +86,16 @@ TEST(GlobalReshard, ValuesGradientsAndBytesOnDevices) {
       const std::int64_t planned = reshard_bytes(x, c.to);
       const Tensor value = testing::to_host(y);
       GlobalTree params{{"x", x}};
-      const GlobalArray rr = testing::place(ctx, r, c.to.partial.empty() ? c.to : GlobalSharding{c.to.spec});
+      const GlobalArray rr =
+          testing::place(ctx, r, c.to.partial.empty() ? c.to : GlobalSharding{c.to.spec});
       auto [loss, grads] = value_and_grad(
           [&](const GlobalTree& p) { return sum(mul(reshard(p.at("x"), c.to), rr)); }, params);
-      const Tensor g = testing::to_host(GlobalArray(ctx, grads.at("x").local(), shape,
-                                                    GlobalSharding{c.from.spec}));
+      const Tensor g = testing::to_host(
+          GlobalArray(ctx, grads.at("x").local(), shape, GlobalSharding{c.from.spec}));
       std::string why;
       if (testing::rel_diff(value, host) > 1e-6) why += " value";
-      if (moved != planned) why += " bytes " + std::to_string(moved) + " != " + std::to_string(planned);
+      if (moved != planned)
+        why += " bytes " + std::to_string(moved) + " != " + std::to_string(planned);
       // A partial x's gradient is the whole cotangent on each device (its shares sum up).
       if (testing::rel_diff(g, r) > 1e-6) why += " gradient";
       std::lock_guard<std::mutex> lock(mu);

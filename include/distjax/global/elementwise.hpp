@@ -49,8 +49,14 @@ GlobalArray exp(const GlobalArray& x);
 GlobalArray log(const GlobalArray& x);
 GlobalArray square(const GlobalArray& x);
 
-inline GlobalArray operator+(const GlobalArray& a, const GlobalArray& b) { return add(a, b); }
-inline GlobalArray operator-(const GlobalArray& a, const GlobalArray& b) { return sub(a, b); }
-inline GlobalArray operator*(const GlobalArray& a, const GlobalArray& b) { return mul(a, b); }
+inline GlobalArray operator+(const GlobalArray& a, const GlobalArray& b) {
+  return add(a, b);
+}
+inline GlobalArray operator-(const GlobalArray& a, const GlobalArray& b) {
+  return sub(a, b);
+}
+inline GlobalArray operator*(const GlobalArray& a, const GlobalArray& b) {
+  return mul(a, b);
+}
 
 }  // namespace distjax::global

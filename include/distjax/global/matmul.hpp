@@ -11,9 +11,9 @@ namespace distjax::global {
 /// dimension keeps its operand's entry or none; the contraction K takes a's entry, b's,
 /// or none) and keeps the one split over the most devices (never replicating work the
 /// inputs' shardings divided), then the one whose input reshards plus the all-reduce of
-/// a new partial output send the fewest bytes. A contraction split over axes gives an output partial
-/// over them (resolved lazily by its consumer); an input's partial sums pass through
-/// when the other input is replicated along their axes (the product is linear).
+/// a new partial output send the fewest bytes. A contraction split over axes gives an output
+/// partial over them (resolved lazily by its consumer); an input's partial sums pass through when
+/// the other input is replicated along their axes (the product is linear).
 ///   a P("data", None)  @ b P(None, "model") -> P("data", "model"), 0 bytes
 ///   a P(None, "model") @ b P("model", None) -> P() partial("model"), 0 bytes
 ///   a P() partial("model") @ b P()          -> P() partial("model"), 0 bytes

@@ -23,7 +23,8 @@ OpRule attention_rule(const std::vector<Shape>& shapes, const std::vector<Global
   return r;
 }
 
-GlobalArray attention(const GlobalArray& q, const GlobalArray& k, const GlobalArray& v, bool causal) {
+GlobalArray attention(const GlobalArray& q, const GlobalArray& k, const GlobalArray& v,
+                      bool causal) {
   const OpRule r = attention_rule({q.shape(), k.shape(), v.shape()},
                                   {q.sharding(), k.sharding(), v.sharding()}, q.mesh());
   const std::uint32_t keep = detail::sharding_mask(q.ctx(), r.output);
@@ -51,7 +52,8 @@ OpRule attention_packed_rule(const Shape& shape, const GlobalSharding& s, std::i
 
 GlobalArray attention_packed(const GlobalArray& qkv, std::int64_t num_heads, bool causal) {
   const OpRule r = attention_packed_rule(qkv.shape(), qkv.sharding(), num_heads, qkv.mesh());
-  const GlobalArray m = reshard(qkv, r.inputs[0], "attention", detail::sharding_mask(qkv.ctx(), r.output));
+  const GlobalArray m =
+      reshard(qkv, r.inputs[0], "attention", detail::sharding_mask(qkv.ctx(), r.output));
   const std::int64_t n = detail::split_devices(r.inputs[0].dim_axes(2), qkv.mesh());
   Shape shape = qkv.shape();
   shape[2] /= 3;

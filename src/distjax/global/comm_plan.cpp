@@ -9,14 +9,20 @@ namespace {
 thread_local PlanRecorder* t_plan = nullptr;  // per device thread, like the tape
 }
 
-PlanRecorder* current_plan() { return t_plan; }
+PlanRecorder* current_plan() {
+  return t_plan;
+}
 
 void record(PlanEntry e) {
   if (t_plan) t_plan->add(std::move(e));
 }
 
-RecordPlan::RecordPlan(PlanRecorder& recorder) : previous_(t_plan) { t_plan = &recorder; }
-RecordPlan::~RecordPlan() { t_plan = previous_; }
+RecordPlan::RecordPlan(PlanRecorder& recorder) : previous_(t_plan) {
+  t_plan = &recorder;
+}
+RecordPlan::~RecordPlan() {
+  t_plan = previous_;
+}
 
 int PlanRecorder::count(const std::string& collective, const std::string& axes,
                         PlanEntry::Phase phase) const {

@@ -11,7 +11,8 @@ OpRule elementwise_rule(const std::vector<Shape>& shapes, const std::vector<Glob
                         Linearity lin, const Mesh& mesh) {
   const std::size_t k = shapes.size();
   int rank = 0;
-  for (const auto& s : shapes) rank = std::max(rank, static_cast<int>(s.size()));
+  for (const auto& s : shapes)
+    rank = std::max(rank, static_cast<int>(s.size()));
   Shape out_shape(static_cast<std::size_t>(rank), 1);
   for (const auto& s : shapes)
     for (std::size_t j = 0; j < s.size(); ++j) {
@@ -31,9 +32,11 @@ OpRule elementwise_rule(const std::vector<Shape>& shapes, const std::vector<Glob
   };
   // Inputs by size, largest first: the largest keeps its split.
   std::vector<std::size_t> order(k);
-  for (std::size_t i = 0; i < k; ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::size_t x, std::size_t y) { return numel(shapes[x]) > numel(shapes[y]); });
+  for (std::size_t i = 0; i < k; ++i)
+    order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
+    return numel(shapes[x]) > numel(shapes[y]);
+  });
   std::vector<Entry> dout(static_cast<std::size_t>(rank));
   std::vector<std::string> used;
   for (int d = 0; d < rank; ++d) {
@@ -43,7 +46,8 @@ OpRule elementwise_rule(const std::vector<Shape>& shapes, const std::vector<Glob
       Entry e = in[i].dim_axes(j);
       if (e.empty()) continue;
       bool ok = true;
-      for (const auto& a : e) ok = ok && !detail::contains(used, a);
+      for (const auto& a : e)
+        ok = ok && !detail::contains(used, a);
       if (!ok) continue;
       dout[static_cast<std::size_t>(d)] = e;
       used.insert(used.end(), e.begin(), e.end());
@@ -61,7 +65,8 @@ OpRule elementwise_rule(const std::vector<Shape>& shapes, const std::vector<Glob
   if (lin == Linearity::Sum) {
     for (const auto& p : in[0].partial)
       if (!detail::contains(used, p) && partial_in_all(p)) {
-        for (auto& kp : keep) kp.push_back(p);
+        for (auto& kp : keep)
+          kp.push_back(p);
         pout.push_back(p);
       }
   } else if (lin == Linearity::Product || lin == Linearity::Quotient) {
@@ -78,7 +83,8 @@ OpRule elementwise_rule(const std::vector<Shape>& shapes, const std::vector<Glob
     const int off = rank - static_cast<int>(shapes[i].size());
     std::vector<Entry> di(shapes[i].size());
     for (std::size_t j = 0; j < di.size(); ++j)
-      if (aligned(i, static_cast<int>(j) + off) >= 0) di[j] = dout[j + static_cast<std::size_t>(off)];
+      if (aligned(i, static_cast<int>(j) + off) >= 0)
+        di[j] = dout[j + static_cast<std::size_t>(off)];
     r.inputs.push_back(make_sharding(di, keep[i], mesh));
     r.bytes += redistribution_bytes(shapes[i], in[i], r.inputs.back(), mesh);
   }
@@ -97,14 +103,17 @@ GlobalArray elementwise(const char* op, const std::vector<GlobalArray>& xs, Line
   const OpRule r = elementwise_rule(shapes, in, lin, xs[0].mesh());
   const std::uint32_t keep = detail::sharding_mask(xs[0].ctx(), r.output);
   std::vector<GlobalArray> moved;
-  for (std::size_t i = 0; i < xs.size(); ++i) moved.push_back(reshard(xs[i], r.inputs[i], op, keep));
+  for (std::size_t i = 0; i < xs.size(); ++i)
+    moved.push_back(reshard(xs[i], r.inputs[i], op, keep));
   const Tensor out = fn(detail::join_varying(op, moved));
   // The global shape: the broadcast of the inputs'.
   Shape shape = xs[0].shape();
   for (const auto& x : xs) {
-    if (x.rank() > static_cast<int>(shape.size())) shape.insert(shape.begin(), x.rank() - shape.size(), 1);
+    if (x.rank() > static_cast<int>(shape.size()))
+      shape.insert(shape.begin(), x.rank() - shape.size(), 1);
     for (int j = 0; j < x.rank(); ++j) {
-      auto& o = shape[shape.size() - static_cast<std::size_t>(x.rank()) + static_cast<std::size_t>(j)];
+      auto& o =
+          shape[shape.size() - static_cast<std::size_t>(x.rank()) + static_cast<std::size_t>(j)];
       o = std::max(o, x.shape()[static_cast<std::size_t>(j)]);
     }
   }

@@ -21,7 +21,8 @@ std::uint32_t sharding_mask(const DeviceContext& ctx, const GlobalSharding& s) {
 
 std::vector<Tensor> join_varying(const char* op, const std::vector<GlobalArray>& xs) {
   std::uint32_t all = 0;
-  for (const auto& x : xs) all |= x.local().varying_axes();
+  for (const auto& x : xs)
+    all |= x.local().varying_axes();
   std::vector<Tensor> out;
   for (const auto& x : xs) {
     const Tensor& t = x.local();
@@ -44,7 +45,9 @@ std::vector<Tensor> join_varying(const char* op, const std::vector<GlobalArray>&
 
 namespace {
 
-std::string dtype_str(DType d) { return dtype_name(d); }
+std::string dtype_str(DType d) {
+  return dtype_name(d);
+}
 
 // Replicated along `axes` -> this device's block along `dim` (no communication).
 // Transpose: all-gather of the blocks' cotangents, replicated along `axes`.
@@ -81,7 +84,8 @@ Tensor to_partial(DeviceContext& ctx, const Tensor& x, const mesh::Axes& axes) {
   Tensor out = autodiff::custom_vjp1(
       "global_to_partial", {x},
       [&](const std::vector<Tensor>& in) {
-        return std::vector<Tensor>{keep ? in[0].clone() : Tensor::zeros(in[0].shape(), in[0].dtype())};
+        return std::vector<Tensor>{keep ? in[0].clone()
+                                        : Tensor::zeros(in[0].shape(), in[0].dtype())};
       },
       [](const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<Tensor>& g) {
         return std::vector<Tensor>{g[0]};
@@ -115,7 +119,8 @@ GlobalArray GlobalArray::from_local(DeviceContext& ctx, Tensor local, GlobalShar
   return GlobalArray(ctx, std::move(local), std::move(g), std::move(sharding));
 }
 
-GlobalArray GlobalArray::from_host(DeviceContext& ctx, const Tensor& host, GlobalSharding sharding) {
+GlobalArray GlobalArray::from_host(DeviceContext& ctx, const Tensor& host,
+                                   GlobalSharding sharding) {
   DISTJAX_CHECK(sharding.partial.empty(), ShardingError,
                 "[GlobalArray::from_host] a host array has no partial sums, got ",
                 sharding.to_string());
@@ -204,7 +209,9 @@ GlobalArray reshard(const GlobalArray& x, const GlobalSharding& target_in, const
         t = split_local(ctx, t, axes, s.dim);
         break;
       }
-      case K::ToPartial: t = to_partial(ctx, t, axes); break;
+      case K::ToPartial:
+        t = to_partial(ctx, t, axes);
+        break;
     }
   }
   return GlobalArray(ctx, t, x.shape(), target);

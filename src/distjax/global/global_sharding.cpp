@@ -18,7 +18,8 @@ bool GlobalSharding::is_partial(const std::string& axis) const {
 
 std::vector<std::vector<std::string>> dim_entries(const GlobalSharding& s, int rank) {
   std::vector<std::vector<std::string>> dims(static_cast<std::size_t>(rank));
-  for (int d = 0; d < rank; ++d) dims[static_cast<std::size_t>(d)] = s.spec.entry(d).axes;
+  for (int d = 0; d < rank; ++d)
+    dims[static_cast<std::size_t>(d)] = s.spec.entry(d).axes;
   return dims;
 }
 
@@ -28,7 +29,8 @@ GlobalSharding make_sharding(const std::vector<std::vector<std::string>>& dims,
   int last = -1;
   for (std::size_t d = 0; d < dims.size(); ++d)
     if (!dims[d].empty()) last = static_cast<int>(d);
-  for (int d = 0; d <= last; ++d) entries.emplace_back(dims[static_cast<std::size_t>(d)]);
+  for (int d = 0; d <= last; ++d)
+    entries.emplace_back(dims[static_cast<std::size_t>(d)]);
   std::sort(partial.begin(), partial.end(), [&](const std::string& a, const std::string& b) {
     return mesh.axis_position(a) < mesh.axis_position(b);
   });
@@ -45,7 +47,8 @@ std::string GlobalSharding::to_string() const {
   os << spec.to_string();
   if (!partial.empty()) {
     os << " partial(";
-    for (std::size_t i = 0; i < partial.size(); ++i) os << (i ? ", " : "") << '"' << partial[i] << '"';
+    for (std::size_t i = 0; i < partial.size(); ++i)
+      os << (i ? ", " : "") << '"' << partial[i] << '"';
     os << ")";
   }
   return os.str();
@@ -71,10 +74,12 @@ void check_sharding(const Shape& shape, const GlobalSharding& s, const Mesh& mes
       n *= mesh.axis_size(a);
     }
     if (shape[static_cast<std::size_t>(d)] % n != 0)
-      fail("dimension " + std::to_string(d) + " (" + std::to_string(shape[static_cast<std::size_t>(d)]) +
-           ") is not divisible by " + std::to_string(n));
+      fail("dimension " + std::to_string(d) + " (" +
+           std::to_string(shape[static_cast<std::size_t>(d)]) + ") is not divisible by " +
+           std::to_string(n));
   }
-  for (const auto& a : s.partial) use(a);
+  for (const auto& a : s.partial)
+    use(a);
 }
 
 bool is_valid_sharding(const Shape& shape, const GlobalSharding& s, const Mesh& mesh) {
@@ -97,7 +102,8 @@ bool is_valid_sharding(const Shape& shape, const GlobalSharding& s, const Mesh& 
 Shape local_shape(const Shape& global, const GlobalSharding& s, const Mesh& mesh) {
   Shape out = global;
   for (std::size_t d = 0; d < out.size(); ++d)
-    for (const auto& a : s.spec.entry(static_cast<int>(d)).axes) out[d] /= mesh.axis_size(a);
+    for (const auto& a : s.spec.entry(static_cast<int>(d)).axes)
+      out[d] /= mesh.axis_size(a);
   return out;
 }
 

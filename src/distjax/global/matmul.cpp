@@ -47,7 +47,8 @@ OpRule matmul_rule(const Shape& a, const GlobalSharding& sa, const Shape& b,
     dout.push_back(m);
     dout.push_back(n);
     std::vector<std::string> used;
-    for (const auto& e : pick) used.insert(used.end(), e.begin(), e.end());
+    for (const auto& e : pick)
+      used.insert(used.end(), e.begin(), e.end());
     if (!detail::distinct(used)) return;
     // Partial sums pass through the product when the other side is replicated along them.
     std::vector<std::string> pa, pb;

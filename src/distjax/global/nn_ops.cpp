@@ -20,17 +20,20 @@ int norm_axis(int axis, int rank, const char* op) {
 }
 
 // The inputs moved to `rule.inputs`, joined for the local op.
-std::vector<Tensor> prepare(const char* op, const OpRule& rule, const std::vector<GlobalArray>& xs) {
+std::vector<Tensor> prepare(const char* op, const OpRule& rule,
+                            const std::vector<GlobalArray>& xs) {
   const std::uint32_t keep = detail::sharding_mask(xs[0].ctx(), rule.output);
   std::vector<GlobalArray> moved;
-  for (std::size_t i = 0; i < xs.size(); ++i) moved.push_back(reshard(xs[i], rule.inputs[i], op, keep));
+  for (std::size_t i = 0; i < xs.size(); ++i)
+    moved.push_back(reshard(xs[i], rule.inputs[i], op, keep));
   return detail::join_varying(op, moved);
 }
 
 std::int64_t bytes_of(const std::vector<Shape>& shapes, const std::vector<GlobalSharding>& from,
                       const std::vector<GlobalSharding>& to, const Mesh& mesh) {
   std::int64_t b = 0;
-  for (std::size_t i = 0; i < shapes.size(); ++i) b += redistribution_bytes(shapes[i], from[i], to[i], mesh);
+  for (std::size_t i = 0; i < shapes.size(); ++i)
+    b += redistribution_bytes(shapes[i], from[i], to[i], mesh);
   return b;
 }
 
@@ -66,7 +69,8 @@ OpRule norm_rule(const std::vector<Shape>& shapes, const std::vector<GlobalShard
   e.back().clear();
   OpRule rule;
   rule.inputs.push_back(make_sharding(e, {}, mesh));
-  for (std::size_t i = 1; i < shapes.size(); ++i) rule.inputs.push_back(GlobalSharding{});
+  for (std::size_t i = 1; i < shapes.size(); ++i)
+    rule.inputs.push_back(GlobalSharding{});
   rule.output = rule.inputs[0];
   rule.bytes = bytes_of(shapes, in, rule.inputs, mesh);
   return rule;
@@ -89,7 +93,8 @@ GlobalArray layer_norm(const GlobalArray& x, const GlobalArray& gamma, const Glo
 }
 
 GlobalArray rms_norm(const GlobalArray& x, const GlobalArray& gamma, float eps) {
-  const OpRule r = norm_rule({x.shape(), gamma.shape()}, {x.sharding(), gamma.sharding()}, x.mesh());
+  const OpRule r =
+      norm_rule({x.shape(), gamma.shape()}, {x.sharding(), gamma.sharding()}, x.mesh());
   const auto t = prepare("rms_norm", r, {x, gamma});
   return GlobalArray(x.ctx(), tensor::rms_norm(t[0], t[1], eps), x.shape(), r.output);
 }
@@ -102,7 +107,8 @@ OpRule embedding_rule(const Shape& table, const GlobalSharding& st, const Shape&
   auto ei = dim_entries(si, static_cast<int>(ids.size()));
   for (auto& e : ei) {
     bool clash = false;
-    for (const auto& a : e) clash = clash || detail::contains(used, a);
+    for (const auto& a : e)
+      clash = clash || detail::contains(used, a);
     if (clash) e.clear();
   }
   OpRule rule;
@@ -116,8 +122,8 @@ OpRule embedding_rule(const Shape& table, const GlobalSharding& st, const Shape&
 }
 
 GlobalArray embedding(const GlobalArray& table, const GlobalArray& ids) {
-  const OpRule r = embedding_rule(table.shape(), table.sharding(), ids.shape(), ids.sharding(),
-                                  table.mesh());
+  const OpRule r =
+      embedding_rule(table.shape(), table.sharding(), ids.shape(), ids.sharding(), table.mesh());
   const auto t = prepare("embedding", r, {table, ids});
   Shape shape = ids.shape();
   shape.push_back(table.size(1));
@@ -158,7 +164,8 @@ OpRule cross_entropy_rule(const Shape& logits, const GlobalSharding& sl, const S
     auto gathered = e;
     gathered.back().clear();
     std::int64_t per_rows = rows;
-    for (std::size_t d = 0; d + 1 < e.size(); ++d) per_rows /= detail::split_devices(e[d], mesh);
+    for (std::size_t d = 0; d + 1 < e.size(); ++d)
+      per_rows /= detail::split_devices(e[d], mesh);
     const std::int64_t vp = 3 * 2 * (n - 1) * (per_rows * 4 / n);
     const std::int64_t gather = redistribution_bytes(logits, GlobalSharding{sl.spec},
                                                      make_sharding(gathered, {}, mesh), mesh);
@@ -188,7 +195,10 @@ GlobalArray cross_entropy(const GlobalArray& logits, const GlobalArray& labels) 
   const std::int64_t b = static_cast<std::int64_t>(t[1].numel()) * 4;
   for (int i = 0; i < 3; ++i)
     record({"cross_entropy", "all_reduce", ctx.comm_label(axes), 2 * (n - 1) * (b / n),
-            PlanEntry::Phase::Forward, "vocabulary-parallel row " + std::string(i == 0 ? "max" : i == 1 ? "sum of exp" : "target logit")});
+            PlanEntry::Phase::Forward,
+            "vocabulary-parallel row " + std::string(i == 0   ? "max"
+                                                     : i == 1 ? "sum of exp"
+                                                              : "target logit")});
   return GlobalArray(ctx, parallel::vocab_parallel_cross_entropy(&ctx, t[0], t[1], axes),
                      labels.shape(), r.output);
 }

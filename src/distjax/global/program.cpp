@@ -6,7 +6,8 @@
 
 namespace distjax::global {
 
-std::pair<GlobalArray, GlobalTree> value_and_grad(const GlobalLossFn& fn, const GlobalTree& params) {
+std::pair<GlobalArray, GlobalTree> value_and_grad(const GlobalLossFn& fn,
+                                                  const GlobalTree& params) {
   DISTJAX_CHECK(!params.empty(), InvalidArgument, "[global::value_and_grad] no parameters");
   DeviceContext& ctx = params.begin()->second.ctx();
   tensor::TensorTree leaves = locals_of(params);
@@ -34,7 +35,8 @@ GlobalTree wrap_params(DeviceContext& ctx, const tensor::TensorTree& locals,
 
 tensor::TensorTree locals_of(const GlobalTree& tree) {
   tensor::TensorTree t;
-  for (const auto& [path, g] : tree) t.set(path, g.local());
+  for (const auto& [path, g] : tree)
+    t.set(path, g.local());
   return t;
 }
 

@@ -8,12 +8,18 @@ namespace distjax::global {
 
 const char* step_name(RedistStep::Kind k) {
   switch (k) {
-    case RedistStep::Kind::AllGather: return "all_gather";
-    case RedistStep::Kind::AllToAll: return "all_to_all";
-    case RedistStep::Kind::AllReduce: return "all_reduce";
-    case RedistStep::Kind::ReduceScatter: return "reduce_scatter";
-    case RedistStep::Kind::Split: return "split";
-    case RedistStep::Kind::ToPartial: return "to_partial";
+    case RedistStep::Kind::AllGather:
+      return "all_gather";
+    case RedistStep::Kind::AllToAll:
+      return "all_to_all";
+    case RedistStep::Kind::AllReduce:
+      return "all_reduce";
+    case RedistStep::Kind::ReduceScatter:
+      return "reduce_scatter";
+    case RedistStep::Kind::Split:
+      return "split";
+    case RedistStep::Kind::ToPartial:
+      return "to_partial";
   }
   return "?";
 }
@@ -43,7 +49,8 @@ struct Planner {
 
   std::int64_t group(const std::vector<std::string>& axes) const {
     std::int64_t n = 1;
-    for (const auto& a : axes) n *= mesh.axis_size(a);
+    for (const auto& a : axes)
+      n *= mesh.axis_size(a);
     return n;
   }
   std::int64_t local_bytes() const { return numel(local) * elem; }
@@ -62,13 +69,18 @@ struct Planner {
         s.local_out[static_cast<std::size_t>(dim)] /= n;
         s.local_out[static_cast<std::size_t>(dim2)] *= n;
         break;
-      case K::AllReduce: s.bytes = 2 * (n - 1) * (b / n); break;
+      case K::AllReduce:
+        s.bytes = 2 * (n - 1) * (b / n);
+        break;
       case K::ReduceScatter:
         s.bytes = (n - 1) * (b / n);
         s.local_out[static_cast<std::size_t>(dim)] /= n;
         break;
-      case K::Split: s.local_out[static_cast<std::size_t>(dim)] /= n; break;
-      case K::ToPartial: break;
+      case K::Split:
+        s.local_out[static_cast<std::size_t>(dim)] /= n;
+        break;
+      case K::ToPartial:
+        break;
     }
     local = s.local_out;
     steps.push_back(std::move(s));
@@ -108,7 +120,8 @@ std::vector<RedistStep> plan_redistribution(const Shape& global, const GlobalSha
     auto& c = cur[static_cast<std::size_t>(d)];
     std::size_t keep = 0;
     const auto& w = want[static_cast<std::size_t>(d)];
-    while (keep < c.size() && keep < w.size() && c[keep] == w[keep]) ++keep;
+    while (keep < c.size() && keep < w.size() && c[keep] == w[keep])
+      ++keep;
     std::vector<std::string> gather;  // minor first
     auto flush = [&] {
       if (gather.empty()) return;
@@ -164,7 +177,9 @@ std::vector<RedistStep> plan_redistribution(const Shape& global, const GlobalSha
     DISTJAX_CHECK(is_prefix(c, w), ShardingError, "[reshard] internal: dimension ", d,
                   " is not a prefix of its target");
     if (c.size() < w.size())
-      p.push(K::Split, std::vector<std::string>(w.begin() + static_cast<std::ptrdiff_t>(c.size()), w.end()), d, -1);
+      p.push(K::Split,
+             std::vector<std::string>(w.begin() + static_cast<std::ptrdiff_t>(c.size()), w.end()),
+             d, -1);
   }
 
   // (4) New partial axes.
@@ -179,7 +194,8 @@ std::int64_t redistribution_bytes(const Shape& global, const GlobalSharding& fro
                                   const GlobalSharding& to, const Mesh& mesh,
                                   std::int64_t elem_size) {
   std::int64_t b = 0;
-  for (const auto& s : plan_redistribution(global, from, to, mesh, elem_size)) b += s.bytes;
+  for (const auto& s : plan_redistribution(global, from, to, mesh, elem_size))
+    b += s.bytes;
   return b;
 }
 

@@ -48,15 +48,18 @@ OpRule reduce_rule(const Shape& shape, const GlobalSharding& s, const std::vecto
 Shape reduced_shape(const Shape& shape, const std::vector<bool>& red, bool keepdims) {
   Shape out;
   for (std::size_t d = 0; d < shape.size(); ++d) {
-    if (!red[d]) out.push_back(shape[d]);
-    else if (keepdims) out.push_back(1);
+    if (!red[d])
+      out.push_back(shape[d]);
+    else if (keepdims)
+      out.push_back(1);
   }
   return out;
 }
 
 std::vector<int> all_dims(int r) {
   std::vector<int> d(static_cast<std::size_t>(r));
-  for (int i = 0; i < r; ++i) d[static_cast<std::size_t>(i)] = i;
+  for (int i = 0; i < r; ++i)
+    d[static_cast<std::size_t>(i)] = i;
   return d;
 }
 
@@ -82,7 +85,9 @@ GlobalArray sum(const GlobalArray& x, const std::vector<int>& dims, bool keepdim
   return GlobalArray(x.ctx(), t, reduced_shape(x.shape(), red, keepdims), r.output);
 }
 
-GlobalArray sum(const GlobalArray& x) { return sum(x, all_dims(x.rank()), false); }
+GlobalArray sum(const GlobalArray& x) {
+  return sum(x, all_dims(x.rank()), false);
+}
 
 GlobalArray mean(const GlobalArray& x, const std::vector<int>& dims, bool keepdims) {
   const auto red = reduced_mask(x.shape(), dims, "mean");
@@ -92,7 +97,9 @@ GlobalArray mean(const GlobalArray& x, const std::vector<int>& dims, bool keepdi
   return mul_scalar(sum(x, dims, keepdims), 1.0 / static_cast<double>(count));
 }
 
-GlobalArray mean(const GlobalArray& x) { return mean(x, all_dims(x.rank()), false); }
+GlobalArray mean(const GlobalArray& x) {
+  return mean(x, all_dims(x.rank()), false);
+}
 
 GlobalArray max(const GlobalArray& x, const std::vector<int>& dims, bool keepdims) {
   const OpRule r = max_rule(x.shape(), x.sharding(), dims, keepdims, x.mesh());

@@ -20,7 +20,8 @@ GlobalArray run(const char* op, const OpRule& r, const std::vector<GlobalArray>&
                 const std::function<Tensor(const std::vector<Tensor>&)>& fn, Shape shape) {
   const std::uint32_t keep = detail::sharding_mask(xs[0].ctx(), r.output);
   std::vector<GlobalArray> moved;
-  for (std::size_t i = 0; i < xs.size(); ++i) moved.push_back(reshard(xs[i], r.inputs[i], op, keep));
+  for (std::size_t i = 0; i < xs.size(); ++i)
+    moved.push_back(reshard(xs[i], r.inputs[i], op, keep));
   return GlobalArray(xs[0].ctx(), fn(detail::join_varying(op, moved)), std::move(shape), r.output);
 }
 
@@ -37,8 +38,10 @@ OpRule reshape_rule(const Shape& in, const GlobalSharding& s, const Shape& out, 
     const std::size_t i0 = i, o0 = o;
     std::int64_t pi = i < in.size() ? in[i++] : 1, po = o < out.size() ? out[o++] : 1;
     while (pi != po) {
-      if (pi < po) pi *= in[i++];
-      else po *= out[o++];
+      if (pi < po)
+        pi *= in[i++];
+      else
+        po *= out[o++];
     }
     if (i0 < in.size() && o0 < out.size() && !e[i0].empty() &&
         out[o0] % detail::split_devices(e[i0], mesh) == 0) {
@@ -56,7 +59,9 @@ OpRule reshape_rule(const Shape& in, const GlobalSharding& s, const Shape& out, 
 GlobalArray reshape(const GlobalArray& x, const Shape& shape) {
   const OpRule r = reshape_rule(x.shape(), x.sharding(), shape, x.mesh());
   const Shape local = local_shape(shape, r.output, x.mesh());
-  return run("reshape", r, {x}, [&](const std::vector<Tensor>& t) { return tensor::reshape(t[0], local); }, shape);
+  return run(
+      "reshape", r, {x}, [&](const std::vector<Tensor>& t) { return tensor::reshape(t[0], local); },
+      shape);
 }
 
 GlobalArray permute(const GlobalArray& x, const std::vector<int>& perm) {
@@ -68,12 +73,15 @@ GlobalArray permute(const GlobalArray& x, const std::vector<int>& perm) {
     shape.push_back(x.shape()[static_cast<std::size_t>(p)]);
   }
   OpRule r{{x.sharding()}, make_sharding(eo, x.sharding().partial, x.mesh()), 0};
-  return run("permute", r, {x}, [&](const std::vector<Tensor>& t) { return tensor::permute(t[0], perm); }, shape);
+  return run(
+      "permute", r, {x}, [&](const std::vector<Tensor>& t) { return tensor::permute(t[0], perm); },
+      shape);
 }
 
 GlobalArray transpose(const GlobalArray& x, int d0, int d1) {
   std::vector<int> perm(static_cast<std::size_t>(x.rank()));
-  for (int i = 0; i < x.rank(); ++i) perm[static_cast<std::size_t>(i)] = i;
+  for (int i = 0; i < x.rank(); ++i)
+    perm[static_cast<std::size_t>(i)] = i;
   std::swap(perm[static_cast<std::size_t>(norm_axis(d0, x.rank(), "transpose"))],
             perm[static_cast<std::size_t>(norm_axis(d1, x.rank(), "transpose"))]);
   return permute(x, perm);
@@ -83,7 +91,8 @@ OpRule slice_rule(const Shape& shape, const GlobalSharding& s, int axis, std::in
                   std::int64_t end, const Mesh& mesh) {
   const int a = norm_axis(axis, static_cast<int>(shape.size()), "slice");
   auto e = dim_entries(s, static_cast<int>(shape.size()));
-  if (!(start == 0 && end == shape[static_cast<std::size_t>(a)])) e[static_cast<std::size_t>(a)].clear();
+  if (!(start == 0 && end == shape[static_cast<std::size_t>(a)]))
+    e[static_cast<std::size_t>(a)].clear();
   OpRule r;
   r.inputs.push_back(make_sharding(e, s.partial, mesh));
   r.output = r.inputs[0];
@@ -97,7 +106,9 @@ GlobalArray slice(const GlobalArray& x, int axis, std::int64_t start, std::int64
   Shape shape = x.shape();
   shape[static_cast<std::size_t>(a)] = end - start;
   if (end - start == x.size(a)) return x;
-  return run("slice", r, {x}, [&](const std::vector<Tensor>& t) { return tensor::slice(t[0], a, start, end); }, shape);
+  return run(
+      "slice", r, {x},
+      [&](const std::vector<Tensor>& t) { return tensor::slice(t[0], a, start, end); }, shape);
 }
 
 OpRule concat_rule(const std::vector<Shape>& shapes, const std::vector<GlobalSharding>& in,
@@ -109,7 +120,8 @@ OpRule concat_rule(const std::vector<Shape>& shapes, const std::vector<GlobalSha
   std::vector<std::string> partial;
   for (const auto& p : in[0].partial) {
     bool all = true;
-    for (const auto& s : in) all = all && s.is_partial(p);
+    for (const auto& s : in)
+      all = all && s.is_partial(p);
     if (all) partial.push_back(p);
   }
   OpRule r;
@@ -132,8 +144,10 @@ GlobalArray concat(const std::vector<GlobalArray>& xs, int axis) {
   const int a = norm_axis(axis, xs[0].rank(), "concat");
   Shape shape = xs[0].shape();
   shape[static_cast<std::size_t>(a)] = 0;
-  for (const auto& x : xs) shape[static_cast<std::size_t>(a)] += x.size(a);
-  return run("concat", r, xs, [&](const std::vector<Tensor>& t) { return tensor::concat(t, a); }, shape);
+  for (const auto& x : xs)
+    shape[static_cast<std::size_t>(a)] += x.size(a);
+  return run(
+      "concat", r, xs, [&](const std::vector<Tensor>& t) { return tensor::concat(t, a); }, shape);
 }
 
 }  // namespace distjax::global

@@ -50,7 +50,7 @@ GlobalArray global_transformer_logits(const TransformerConfig& c, const GlobalTr
   for (std::int64_t i = 0; i < c.num_layers; ++i) {
     const Params b{params, "blocks/" + std::to_string(i) + "/"};
     GlobalArray h = norm(b, "ln1", x, c.ln_eps);
-    GlobalArray qkv = dense(b, "attn/qkv", h);                      // (B, T, 3C)
+    GlobalArray qkv = dense(b, "attn/qkv", h);                         // (B, T, 3C)
     GlobalArray a = global::attention_packed(qkv, c.num_heads, true);  // (B, T, C)
     x = global::add(x, dense(b, "attn/out", a));
     h = norm(b, "ln2", x, c.ln_eps);
@@ -68,10 +68,12 @@ GlobalArray global_transformer_loss(const TransformerConfig& c, const GlobalTree
 
 parallel::ShardingRules transformer_megatron_rules(const std::string& axis, bool vocab_parallel) {
   using mesh::P;
-  std::vector<parallel::ShardingRule> rules{
-      {"attn/qkv/kernel$", P(std::nullopt, axis)}, {"attn/qkv/bias$", P(axis)},
-      {"attn/out/kernel$", P(axis, std::nullopt)}, {"mlp/fc1/kernel$", P(std::nullopt, axis)},
-      {"mlp/fc1/bias$", P(axis)},                  {"mlp/fc2/kernel$", P(axis, std::nullopt)}};
+  std::vector<parallel::ShardingRule> rules{{"attn/qkv/kernel$", P(std::nullopt, axis)},
+                                            {"attn/qkv/bias$", P(axis)},
+                                            {"attn/out/kernel$", P(axis, std::nullopt)},
+                                            {"mlp/fc1/kernel$", P(std::nullopt, axis)},
+                                            {"mlp/fc1/bias$", P(axis)},
+                                            {"mlp/fc2/kernel$", P(axis, std::nullopt)}};
   if (vocab_parallel) rules.push_back({"wte/embedding$", P(axis, std::nullopt)});
   return parallel::ShardingRules(std::move(rules));
 }

@@ -47,7 +47,8 @@ inline void for_each_choice(const std::vector<std::vector<Entry>>& opts,
 /// Devices the computation is split over: the product of the used axes' sizes.
 inline std::int64_t split_devices(const std::vector<std::string>& used, const Mesh& mesh) {
   std::int64_t n = 1;
-  for (const auto& a : used) n *= mesh.axis_size(a);
+  for (const auto& a : used)
+    n *= mesh.axis_size(a);
   return n;
 }
 
