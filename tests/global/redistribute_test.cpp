@@ -6,8 +6,10 @@
 
 #include "distjax/autodiff/autodiff.hpp"
 #include "distjax/global/elementwise.hpp"
+#include "distjax/global/matmul.hpp"
 #include "distjax/global/program.hpp"
 #include "distjax/global/reduce.hpp"
+#include "distjax/tensor/matmul.hpp"
 #include "global/global_test_util.hpp"
 
 namespace distjax::global {
@@ -104,6 +106,58 @@ TEST(GlobalReshard, ValuesGradientsAndBytesOnDevices) {
   });
   for (std::size_t i = 0; i < cases.size(); ++i)
     EXPECT_EQ(failures[i], "") << cases[i].from.to_string() << " -> " << cases[i].to.to_string();
+}
+
+}  // namespace
+}  // namespace distjax::global
+
+namespace distjax::global {
+namespace {
+
+// A row-parallel product stays partial until its consumer: with_sharding_constraint to
+// rows over "model" resolves it by one reduce-scatter (not an all-reduce), and the
+// gradients are those of one device.
+TEST(GlobalReshard, PartialResolvedLazilyByReduceScatter) {
+  const Tensor a = testing::randn({8, 16}, 3), w = testing::randn({16, 8}, 4);
+  const Tensor r = testing::randn({8, 8}, 5);
+  auto [ref_loss, ref_g] = autodiff::value_and_grad([&](const tensor::TensorTree& p) {
+    return tensor::sum(tensor::mul(tensor::matmul(p.at("a"), p.at("w")), r));
+  })([&] {
+    tensor::TensorTree t;
+    t.set("a", a);
+    t.set("w", w);
+    return t;
+  }());
+  std::vector<std::string> failures(4);
+  testing::run_devices(Mesh({4}, {"model"}), [&](spmd::DeviceContext& ctx) {
+    GlobalTree p{{"a", testing::place(ctx, a, {P(std::nullopt, "model")})},
+                 {"w", testing::place(ctx, w, {P("model", std::nullopt)})}};
+    const GlobalArray rr = testing::place(ctx, r, {P("model")});
+    PlanRecorder plan;
+    std::pair<GlobalArray, GlobalTree> out;
+    {
+      RecordPlan on(plan);
+      out = value_and_grad(
+          [&](const GlobalTree& q) {
+            const GlobalArray y = matmul(q.at("a"), q.at("w"));  // P() partial("model")
+            return sum(mul(with_sharding_constraint(y, {P("model")}), rr));
+          },
+          p);
+    }
+    std::string why = testing::join(testing::forward_collectives(plan));
+    if (why != "reduce_scatter@model all_reduce@model")
+      why = "collectives [" + why + "]";
+    else
+      why.clear();
+    for (const char* k : {"a", "w"}) {
+      const GlobalArray& g = out.second.at(k);
+      if (testing::rel_diff(testing::to_host(g), ref_g.at(k)) > 1e-5)
+        why += std::string(" gradient ") + k;
+    }
+    failures[static_cast<std::size_t>(ctx.device())] = why;
+  });
+  for (const auto& f : failures)
+    EXPECT_EQ(f, "");
 }
 
 }  // namespace
