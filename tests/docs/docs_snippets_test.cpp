@@ -1153,3 +1153,137 @@ TEST(DocsPlan, Gpt3OnSixtyFourDevices) {
   std::vector<plan::Plan> fits = plan::meshes_that_fit(gpt3, s, 64, 80.0 * (1 << 30));
   EXPECT_FALSE(fits.empty());
 }
+
+// ------------------------------------------------------------ global-view.md
+
+namespace docs_global {
+
+using namespace distjax::global;
+using distjax::mesh::Mesh;
+using distjax::spmd::DeviceContext;
+
+Tensor randn(const Shape& s, std::uint64_t seed) {
+  Tensor t = Tensor::empty(s);
+  random_normal(Key::from_seed(seed), t.data<float>(), t.numel());
+  return t;
+}
+
+TEST(DocsGlobal, ShardingsAndGlobalMap) {
+  GlobalSharding rows{P("data", std::nullopt)};
+  GlobalSharding pending{P("data", std::nullopt), {"model"}};
+  EXPECT_EQ(rows.to_string(), "P(\"data\", None)");
+  EXPECT_EQ(pending.to_string(), "P(\"data\", None) partial(\"model\")");
+
+  const Tensor x = randn({8, 16}, 1), w = randn({16, 32}, 2);
+  Mesh mesh({2, 4}, {"data", "model"});
+  auto f = global::global_map(
+      mesh,
+      [](DeviceContext&, const std::vector<GlobalArray>& in) {
+        GlobalArray h = matmul(in[0], in[1]);  // P("data", "model"): no communication
+        EXPECT_EQ(h.sharding().to_string(), "P(\"data\", \"model\")");
+        return std::vector<GlobalArray>{h};
+      },
+      {P("data", std::nullopt), P(std::nullopt, "model")}, {P("data", "model")});
+  auto out = f(std::vector<Tensor>{x, w});
+  const auto got = mesh::gather(out[0]).to_vector<float>();
+  const auto want = tensor::matmul(x, w).to_vector<float>();
+  for (std::size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-4);
+}
+
+TEST(DocsGlobal, RulesAndReshardPlans) {
+  Mesh mesh({2, 4}, {"data", "model"});
+  OpRule r = global::matmul_rule({8, 16}, {P(std::nullopt, "model")}, {16, 12},
+                                 {P("model", std::nullopt)}, mesh);
+  EXPECT_EQ(r.output.to_string(), "P() partial(\"model\")");
+  EXPECT_EQ(r.bytes, 0);
+  auto a2a = global::plan_redistribution({8, 16}, {P(std::nullopt, "model")},
+                                         {P("model", std::nullopt)}, mesh);
+  ASSERT_EQ(a2a.size(), 1u);
+  EXPECT_EQ(a2a[0].kind, RedistStep::Kind::AllToAll);
+  EXPECT_EQ(a2a[0].bytes, 96);
+  auto rs = global::plan_redistribution({8, 16}, {P(), {"model"}}, {P("model")}, mesh);
+  ASSERT_EQ(rs.size(), 1u);
+  EXPECT_EQ(rs[0].kind, RedistStep::Kind::ReduceScatter);
+}
+
+TEST(DocsGlobal, MegatronBlockPlan) {
+  Mesh mesh({2, 4}, {"data", "model"});
+  const parallel::ShardingRules rules({{"fc1/kernel$", P(std::nullopt, "model")},
+                                       {"fc1/bias$", P("model")},
+                                       {"fc2/kernel$", P("model", std::nullopt)}});
+  TensorTree init;
+  init.set("in/kernel", randn({16, 16}, 3));
+  init.set("fc1/kernel", randn({16, 32}, 4));
+  init.set("fc1/bias", randn({32}, 5));
+  init.set("fc2/kernel", randn({32, 8}, 6));
+  init.set("fc2/bias", randn({8}, 7));
+  const Tensor xh = randn({16, 16}, 8);
+  Tensor yh = Tensor::empty({16}, DType::I32);
+  for (int i = 0; i < 16; ++i) yh.data<std::int32_t>()[i] = i % 8;
+  std::mutex mu;
+  std::vector<int> counts;
+  std::string printed;
+  spmd::shard_map(
+      mesh,
+      [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+        GlobalTree params;
+        for (const auto& [path, t] : init)
+          params.emplace(path, GlobalArray::from_host(ctx, t, {rules.spec_for(path)}));
+        const GlobalArray x = GlobalArray::from_host(ctx, xh, {P("data")});
+        const GlobalArray y = GlobalArray::from_host(ctx, yh, {P("data")});
+        global::PlanRecorder plan;
+        {
+          global::RecordPlan on(plan);
+          auto [loss, grads] = global::value_and_grad(
+              [&](const GlobalTree& p) {
+                GlobalArray h = relu(add(matmul(matmul(x, p.at("in/kernel")), p.at("fc1/kernel")), p.at("fc1/bias")));
+                return mean(cross_entropy(add(matmul(h, p.at("fc2/kernel")), p.at("fc2/bias")), y));
+              },
+              params);
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        counts.push_back(plan.count("all_reduce", "model", PlanEntry::Phase::Forward));
+        counts.push_back(plan.count("all_reduce", "model", PlanEntry::Phase::Backward));
+        if (ctx.device() == 0) printed = plan.str();
+        return std::vector<Tensor>{};
+      },
+      {}, {})(std::vector<Tensor>{});
+  for (int c : counts) EXPECT_EQ(c, 1);
+  EXPECT_TRUE(contains(printed, "forward  add             all_reduce      model                384"))
+      << printed;
+}
+
+TEST(DocsGlobal, RulesByPathGpt) {
+  const models::TransformerConfig cfg{.vocab = 32, .d_model = 16, .num_layers = 1, .num_heads = 4, .max_len = 8};
+  const TensorTree init = models::Transformer(cfg).init(Key::from_seed(0));
+  Tensor tokens = Tensor::empty({4, 8}, DType::I32), targets = Tensor::empty({4, 8}, DType::I32);
+  for (int i = 0; i < 32; ++i) {
+    tokens.data<std::int32_t>()[i] = (i * 7) % 32;
+    targets.data<std::int32_t>()[i] = (i * 3 + 1) % 32;
+  }
+  const double ref = models::Transformer(cfg)
+                         .loss(nn::Scope::apply(&init, false, Key{}), tokens, targets)
+                         .item<double>();
+  const parallel::ShardingRules rules = models::transformer_megatron_rules("model");
+  std::vector<double> losses(8);
+  spmd::shard_map(
+      Mesh({2, 4}, {"data", "model"}),
+      [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+        GlobalTree params;
+        for (const auto& [path, t] : init)  // init: models::Transformer(cfg).init(key)
+          params.emplace(path, GlobalArray::from_host(ctx, t, {rules.spec_for(path)}));
+        auto [loss, grads] = global::value_and_grad(
+            [&](const GlobalTree& p) {
+              return models::global_transformer_loss(cfg, p, GlobalArray::from_host(ctx, tokens, {P("data")}),
+                                                     GlobalArray::from_host(ctx, targets, {P("data")}));
+            },
+            params);
+        losses[static_cast<std::size_t>(ctx.device())] = loss.local().item<double>();
+        EXPECT_EQ(grads.at("blocks/0/mlp/fc1/kernel").sharding().to_string(), "P(None, \"model\")");
+        return std::vector<Tensor>{};
+      },
+      {}, {})(std::vector<Tensor>{});
+  for (double l : losses) EXPECT_NEAR(l, ref, 1e-5 * std::fabs(ref));
+}
+
+}  // namespace docs_global
