@@ -155,9 +155,21 @@ mount_all() {
   mount -t tmpfs shm "$ROOT/dev/shm" -o mode=1777
 }
 
+# pip inside the root (the test command's .venv-test) uses the host's pip settings: the CA
+# bundle of this network (PIP_CERT, copied in) and its timeout, as a new machine here has.
+PIP_ENV=()
+copy_pip_settings() {
+  if [ -n "${PIP_CERT:-}" ] && [ -f "$PIP_CERT" ]; then
+    cp "$PIP_CERT" "$ROOT/etc/distjax-pip-ca.crt"
+    PIP_ENV+=(PIP_CERT=/etc/distjax-pip-ca.crt)
+  fi
+  [ -n "${PIP_DEFAULT_TIMEOUT:-}" ] && PIP_ENV+=("PIP_DEFAULT_TIMEOUT=$PIP_DEFAULT_TIMEOUT")
+  return 0
+}
+
 in_root() {
   chroot "$ROOT" /usr/bin/env -i HOME=/root USER=root LOGNAME=root LANG=C.UTF-8 TERM=dumb \
-    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "${PIP_ENV[@]}" \
     /bin/bash -c "cd /root/distjax && $1"
 }
 
@@ -170,6 +182,7 @@ fi
 step unpack unpack
 step copy-tree copy_tree
 step mount mount_all
+copy_pip_settings  # sets PIP_ENV here (a step runs in a subshell)
 step test in_root "bash scripts/test.sh"
 step run in_root "bash scripts/run.sh"
 tail -n 3 "$LOG"
