@@ -89,7 +89,19 @@ PipelineSchedule make_schedule(ScheduleKind kind, int stages, int microbatches,
 PipelineSchedule schedule_gpipe(int stages, int microbatches);
 PipelineSchedule schedule_1f1b(int stages, int microbatches);
 PipelineSchedule schedule_interleaved(int stages, int microbatches, int virtual_stages);
-PipelineSchedule schedule_zbh1(int stages, int microbatches);
+/// Durations of a chunk's forward, backward-input and backward-weight (any unit), for
+/// schedules built by simulation.
+struct ActionCosts {
+  double forward = 1.0;
+  double backward_input = 1.0;
+  double backward_weight = 1.0;
+};
+/// ZB-H1 built by a greedy simulation with the given durations (unit costs by default;
+/// profiled ones, as the zero-bubble paper does, place the W actions where real bubbles
+/// are). The greedy is a heuristic: with other than unit costs the result is whichever of
+/// the two orders (greedy with these costs, greedy with unit costs) idles less when
+/// replayed with these costs.
+PipelineSchedule schedule_zbh1(int stages, int microbatches, ActionCosts costs = {});
 
 /// What check_schedule proved and measured, on a unit cost model (F = 1, B = 2, I = W = 1,
 /// transfers free): start and end time of every action, and the idle fraction.

@@ -137,7 +137,8 @@ Tensor make_leaf(const Tensor& t);
 /// fill what would be bubbles. While a store is installed on a thread (WeightGradStoreGuard),
 /// linear and matmul return no cotangent for a weight operand that is a parameter leaf and
 /// queue the product that computes it instead (it keeps the op's input and output
-/// cotangent alive until then); run() computes them.
+/// cotangent alive until then), and linear does the same for its bias's row sum; run()
+/// computes them.
 class WeightGradStore {
  public:
   using Job = std::function<Tensor()>;

@@ -198,7 +198,9 @@ Pipeline::Pipeline(spmd::DeviceContext& ctx, const PipelineModule& module, Pipel
     DISTJAX_CHECK(zero->stage() == 1, ConfigError, "[Pipeline] ZeRO-", zero->stage(),
                   " reduce-scatters inside its own forward_backward, which a pipeline replaces; "
                   "use ZeRO-1, or ZeRO-3 through PipelineOptions::fsdp with DataParallel");
-  schedule_ = make_schedule(options_.schedule, p, options_.microbatches, options_.virtual_stages);
+  schedule_ = options_.schedule == ScheduleKind::ZeroBubbleH1 && options_.virtual_stages == 1
+                  ? schedule_zbh1(p, options_.microbatches, options_.costs)
+                  : make_schedule(options_.schedule, p, options_.microbatches, options_.virtual_stages);
   report_ = check_schedule(schedule_);  // proven before anything runs
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <tuple>
@@ -204,54 +205,101 @@ PipelineSchedule schedule_interleaved(int p, int m, int v) {
   return with_transfers(ScheduleKind::Interleaved1F1B, p, m, v, compute);
 }
 
-PipelineSchedule schedule_zbh1(int p, int m) {
+namespace {
+PipelineSchedule zbh1_greedy(int p, int m, ActionCosts costs);
+}  // namespace
+
+PipelineSchedule schedule_zbh1(int p, int m, ActionCosts costs) {
+  const PipelineSchedule tuned = zbh1_greedy(p, m, costs);
+  const bool unit = costs.forward == 1.0 && costs.backward_input == 1.0 && costs.backward_weight == 1.0;
+  if (unit) return tuned;
+  // The greedy is a heuristic: keep the unit-cost order when it idles less under these
+  // durations.
+  const ActionCost cost = [&](int, std::size_t, const PipelineAction& a) {
+    return a.op == Op::Forward         ? costs.forward
+           : a.op == Op::BackwardInput ? costs.backward_input
+           : a.op == Op::BackwardWeight ? costs.backward_weight
+                                        : 0.0;
+  };
+  PipelineSchedule plain = zbh1_greedy(p, m, {});
+  return replay_schedule(tuned, cost).bubble_fraction <= replay_schedule(plain, cost).bubble_fraction
+             ? tuned
+             : plain;
+}
+
+namespace {
+PipelineSchedule zbh1_greedy(int p, int m, ActionCosts costs) {
   check_counts(p, m, 1);
+  DISTJAX_CHECK(costs.forward > 0 && costs.backward_input > 0 && costs.backward_weight > 0,
+                ConfigError, "[schedule_zbh1] action costs must be positive");
   // ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism"): the backward is split into its
   // input part I, which the previous stage waits for, and its weight part W, which nobody
-  // waits for and fills what would be bubbles. Built by simulating unit-time F, I and W
-  // greedily: I as soon as its cotangent is there, else F while stage s holds fewer than
-  // p - s micro-batches between F and I (1F1B's activation memory; W keeps only what the
-  // weight cotangents need: the linear layers' inputs and output cotangents), else the
-  // oldest pending W.
-  constexpr int kNever = 1 << 30;
-  std::vector<std::vector<int>> act_at(p, std::vector<int>(m, kNever));   // input arrives
-  std::vector<std::vector<int>> grad_at(p, std::vector<int>(m, kNever));  // cotangent arrives
+  // waits for and fills what would be bubbles. Built by simulating F, I and W with the
+  // given durations (unit by default; the paper profiles them) greedily: I as soon as its
+  // cotangent is there, else F while stage s holds fewer than p - s micro-batches between
+  // F and I (1F1B's activation memory; W keeps only what the weight cotangents need: the
+  // linear layers' inputs and output cotangents), else the oldest pending W.
+  constexpr double kNever = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> act_at(p, std::vector<double>(m, kNever));   // input arrives
+  std::vector<std::vector<double>> grad_at(p, std::vector<double>(m, kNever));  // cotangent arrives
   for (int i = 0; i < m; ++i)
     act_at[0][i] = 0;
   std::vector<int> next_f(p, 0), next_i(p, 0), held(p, 0);
+  std::vector<double> free_at(p, 0.0);
   std::vector<std::deque<int>> pending_w(p);
   std::vector<std::vector<PipelineAction>> compute(p);
   int done = 0;
   const int work = 3 * m * p;
-  for (int t = 0; done < work; ++t) {
-    DISTJAX_CHECK(t < 4 * work + 4 * p, ScheduleError, "[schedule_zbh1] no progress (p=", p, ", m=",
-                  m, ")");
+  double t = 0;
+  const double eps = 1e-9 * std::min({costs.forward, costs.backward_input, costs.backward_weight});
+  for (int rounds = 0; done < work; ++rounds) {
+    DISTJAX_CHECK(rounds < 16 * work + 16 * p, ScheduleError, "[schedule_zbh1] no progress (p=",
+                  p, ", m=", m, ")");
     for (int s = 0; s < p; ++s) {
-      const bool can_i = next_i[s] < next_f[s] && grad_at[s][next_i[s]] <= t;
-      const bool can_f = next_f[s] < m && act_at[s][next_f[s]] <= t && held[s] < p - s;
+      if (free_at[s] > t + eps) continue;  // busy
+      const bool can_i = next_i[s] < next_f[s] && grad_at[s][next_i[s]] <= t + eps;
+      const bool can_f = next_f[s] < m && act_at[s][next_f[s]] <= t + eps && held[s] < p - s;
       if (can_i) {
         const int i = next_i[s]++;
         compute[s].push_back({Op::BackwardInput, i, s});
         pending_w[s].push_back(i);
         --held[s];
-        if (s > 0) grad_at[s - 1][i] = t + 1;
+        free_at[s] = t + costs.backward_input;
+        if (s > 0) grad_at[s - 1][i] = free_at[s];
       } else if (can_f) {
         const int i = next_f[s]++;
         compute[s].push_back({Op::Forward, i, s});
         ++held[s];
-        if (s + 1 < p) act_at[s + 1][i] = t + 1;
-        else grad_at[s][i] = t + 1;
+        free_at[s] = t + costs.forward;
+        if (s + 1 < p) act_at[s + 1][i] = free_at[s];
+        else grad_at[s][i] = free_at[s];
       } else if (!pending_w[s].empty()) {
         compute[s].push_back({Op::BackwardWeight, pending_w[s].front(), s});
         pending_w[s].pop_front();
+        free_at[s] = t + costs.backward_weight;
       } else {
         continue;
       }
       ++done;
     }
+    // The next moment anything changes: a stage becomes free or a value arrives.
+    double next = kNever;
+    for (int s = 0; s < p; ++s) {
+      if (free_at[s] > t + eps) next = std::min(next, free_at[s]);
+      for (int i = 0; i < m; ++i) {
+        if (act_at[s][i] > t + eps) next = std::min(next, act_at[s][i]);
+        if (grad_at[s][i] > t + eps) next = std::min(next, grad_at[s][i]);
+      }
+    }
+    if (done < work) {
+      DISTJAX_CHECK(next < kNever, ScheduleError, "[schedule_zbh1] stuck at time ", t, " (p=", p,
+                    ", m=", m, ")");
+      t = next;
+    }
   }
   return with_transfers(ScheduleKind::ZeroBubbleH1, p, m, 1, compute);
 }
+}  // namespace
 
 PipelineSchedule make_schedule(ScheduleKind kind, int stages, int microbatches,
                                int virtual_stages) {

@@ -300,7 +300,9 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   return record("linear", inputs, out,
                 [xd = x.detach(), wd = w.detach(), has_bias = bias.defined(),
                  rx = x.requires_grad(), rw = w.requires_grad(),
-                 wleaf = deferrable_weight(w, inputs)](const std::vector<Tensor>& g) {
+                 wleaf = deferrable_weight(w, inputs),
+                 bleaf = bias.defined() ? deferrable_weight(bias, inputs)
+                                        : std::shared_ptr<Node>()](const std::vector<Tensor>& g) {
                   const std::int64_t k = wd.size(0), n = wd.size(1);
                   // dx and dW from dC in the operands' dtype (f32 results); the bias
                   // gradient from the f32 cotangent.
@@ -315,7 +317,15 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
                   } else {
                     out.push_back(rw ? matmul(x2, g2, true, false) : Tensor());
                   }
-                  if (has_bias) out.push_back(sum(g[0].view({g[0].numel() / n, n}), {0}));
+                  if (has_bias) {
+                    Tensor g_rows = g[0].view({g[0].numel() / n, n});
+                    if (bleaf && store) {  // zero-bubble: the bias's row sum in W too
+                      store->defer(bleaf, [g_rows] { return sum(g_rows, {0}); });
+                      out.emplace_back();
+                    } else {
+                      out.push_back(sum(g_rows, {0}));
+                    }
+                  }
                   return out;
                 });
 }
