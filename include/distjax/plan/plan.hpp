@@ -79,12 +79,13 @@ struct ModelDescription {
   std::int64_t num_params() const;
 };
 
-/// The GPT of models/transformer.hpp (tied embeddings, learned positions, MLP 4h): the same
-/// paths and shapes as Transformer::init, counted, not allocated. `vocab_parallel` splits
-/// "wte/embedding" over "model".
+/// The GPT of models/transformer.hpp (learned positions, MLP 4h; tied embeddings, or an
+/// untied "lm_head/kernel" (C, V) as the pipelined GPT has): the same paths and shapes as
+/// Transformer::init, counted, not allocated. `vocab_parallel` splits "wte/embedding" (and
+/// the untied head) over "model".
 ModelDescription describe_gpt(std::int64_t vocab, std::int64_t d_model, std::int64_t layers,
                               std::int64_t heads, std::int64_t max_len,
-                              bool vocab_parallel = false);
+                              bool vocab_parallel = false, bool tied = true);
 /// The Classifier of models/classifier.hpp: fc1 (F, hidden), fc2 (hidden, K) and biases.
 ModelDescription describe_classifier(std::int64_t in_features, std::int64_t hidden,
                                      std::int64_t num_classes);

@@ -49,7 +49,8 @@ ActivationModel activation_model_distjax() {
 }
 
 ModelDescription describe_gpt(std::int64_t vocab, std::int64_t d_model, std::int64_t layers,
-                              std::int64_t heads, std::int64_t max_len, bool vocab_parallel) {
+                              std::int64_t heads, std::int64_t max_len, bool vocab_parallel,
+                              bool tied) {
   const std::int64_t c = d_model;
   ModelDescription m;
   m.name = "gpt";
@@ -79,6 +80,7 @@ ModelDescription describe_gpt(std::int64_t vocab, std::int64_t d_model, std::int
   }
   add("ln_f/scale", {c}, TPSplit::None, -1);
   add("ln_f/bias", {c}, TPSplit::None, -1);
+  if (!tied) add("lm_head/kernel", {c, vocab}, vocab_parallel ? TPSplit::Column : TPSplit::None, -1);
   return m;
 }
 
@@ -127,7 +129,9 @@ std::vector<LocalLeaf> local_leaves(const ModelDescription& m, const Setup& s) {
     // The first stage: the embeddings and blocks 0 .. L/p - 1 (the last stage's head is
     // the tied embedding again and its final norm: never more).
     if (s.pipe > 1 && p.layer >= per_stage) continue;
-    if (s.pipe > 1 && p.layer < 0 && p.path.rfind("ln_f", 0) == 0) continue;
+    if (s.pipe > 1 && p.layer < 0 &&
+        (p.path.rfind("ln_f", 0) == 0 || p.path.rfind("lm_head", 0) == 0))
+      continue;  // on the last stage
     std::vector<std::int64_t> shape = p.shape;
     const std::int64_t d = tp_dim(p);
     if (d >= 0 && s.tensor > 1 && p.split == TPSplit::Vocab) {
@@ -382,7 +386,9 @@ ModelDescription model_from_config(const config::TrainConfig& c) {
   const std::string& p = c.run.program;
   if (p == "gpt" || p == "train_gpt")
     return describe_gpt(c.model.vocab > 0 ? c.model.vocab : 256, c.model.d_model, c.model.layers,
-                        c.model.heads, c.data.seq_len, c.parallelism.vocab_parallel);
+                        c.model.heads, c.data.seq_len, c.parallelism.vocab_parallel,
+                        // the gpt program unties the head when it has a pipe axis
+                        !(p == "gpt" && c.distributed.pipeline_parallel_size > 1));
   if (p == "data_parallelism" || p == "train_mnist")
     return describe_classifier(784, c.model.hidden, 10);
   DISTJAX_CHECK(false, NotImplemented, "[plan] run.program = \"", p,
