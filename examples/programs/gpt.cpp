@@ -36,7 +36,11 @@ int run_gpt(const config::TrainConfig& c) {
                 "[gpt] parallelism.zero_stage = ", c.parallelism.zero_stage,
                 " is not supported by this program (use parallelism.fsdp.modules = [\"*\"])");
   const bool fsdp_on = !c.parallelism.fsdp.modules.empty();
-  const bool remat = !c.parallelism.remat.empty();
+  auto remat_of = [&](const char* module) {
+    return std::find(c.parallelism.remat.begin(), c.parallelism.remat.end(), module) !=
+           c.parallelism.remat.end();
+  };
+  const bool remat = remat_of("Block");
   const mesh::Mesh mesh = config::build_mesh(c.distributed, {"data", "model"});
   const int n_data = mesh.axis_size("data"), n_model = mesh.axis_size("model");
   const int n_pipe = mesh.has_axis("pipe") ? mesh.axis_size("pipe") : 1;
@@ -83,6 +87,8 @@ int run_gpt(const config::TrainConfig& c) {
        .tied_embeddings = !piped,  // a pipeline's first and last stage cannot share "wte"
        .dropout = static_cast<float>(c.model.dropout),
        .remat = remat,  // with FSDP: a block's gathered weights live only while it runs
+       .remat_attn = remat_of("Attn"),
+       .remat_mlp = remat_of("MLP"),
        .tp = {.layout = layout,
               .sequence_parallel = sequence_parallel,
               .vocab_parallel = vocab_parallel,

@@ -80,6 +80,9 @@ std::string sample(const models::Transformer& model, const TensorTree& params,
 }  // namespace
 
 int run_train_gpt(const config::TrainConfig& c) {
+  auto has = [](const std::vector<std::string>& names, const char* name) {
+    return std::find(names.begin(), names.end(), name) != names.end();
+  };
   DISTJAX_CHECK(c.distributed.world_size == 1, ConfigError,
                 "[train_gpt] runs on one device; set distributed.enabled = false (world_size is ",
                 c.distributed.world_size, ")");
@@ -94,7 +97,9 @@ int run_train_gpt(const config::TrainConfig& c) {
                              .num_heads = c.model.heads,
                              .max_len = seq_len,
                              .dropout = static_cast<float>(c.model.dropout),
-                             .remat = !c.parallelism.remat.empty()});
+                             .remat = has(c.parallelism.remat, "Block"),
+                             .remat_attn = has(c.parallelism.remat, "Attn"),
+                             .remat_mlp = has(c.parallelism.remat, "MLP")});
   const optim::AdamW opt = make_adamw(c, steps);
   const Key root = Key::from_seed(static_cast<std::uint64_t>(c.run.seed));
   train::TrainState state =

@@ -123,8 +123,9 @@ TEST(ConfigFile, ChoicesAndRangesAreChecked) {
                   "\"mpi\", \"nccl\", got \"mpii\"; did you mean \"mpi\"?");
   EXPECT_CONTAINS(parse_error("[distributed]\nmixed_precision = \"fp8\"\n"),
                   "distributed.mixed_precision must be one of \"no\", \"fp16\", \"bf16\"");
-  EXPECT_CONTAINS(parse_error("[parallelism]\nremat = [\"Attn\"]\n"),
-                  "parallelism.remat item must be one of \"Block\", got \"Attn\"");
+  EXPECT_CONTAINS(parse_error("[parallelism]\nremat = [\"Attention\"]\n"),
+                  "parallelism.remat item must be one of \"Block\", \"Attn\", \"MLP\", got "
+                  "\"Attention\"");
   EXPECT_CONTAINS(parse_error("[distributed]\nworld_size = 9999999999\n"),
                   "distributed.world_size = 9999999999 is out of range");
 }

@@ -45,18 +45,40 @@ TEST(TransformerBlock, RematGivesSameValuesAndGradients) {
     };
   };
   auto [l1, g1] = autodiff::value_and_grad(loss_with(plain))(params);
-  auto [l2, g2] = autodiff::value_and_grad(loss_with(remat))(params);
-  EXPECT_FLOAT_EQ(l1.item<float>(), l2.item<float>());
-  ASSERT_TRUE(g1.same_structure(g2));
-  for (auto& [path, g] : g1) {
-    auto a = g.to_vector<float>(), b = g2.at(path).to_vector<float>();
-    double mx = 0;
-    for (float v : a)
-      mx = std::max(mx, double(std::abs(v)));
-    EXPECT_GT(mx, 0.0) << path;
-    for (std::size_t i = 0; i < a.size(); ++i)
-      EXPECT_NEAR(a[i], b[i], 1e-6 * (1 + mx)) << path << " " << i;
+  // The whole block, only its attention ("Attn"), only its MLP ("MLP"), both.
+  nn::TransformerBlock attn = plain, mlp = plain, both = plain;
+  attn.remat_attn = true;
+  mlp.remat_mlp = true;
+  both.remat_attn = both.remat_mlp = true;
+  for (const auto& [name, blk] : {std::pair{"block", remat}, std::pair{"attn", attn},
+                                  std::pair{"mlp", mlp}, std::pair{"attn+mlp", both}}) {
+    auto [l2, g2] = autodiff::value_and_grad(loss_with(blk))(params);
+    EXPECT_FLOAT_EQ(l1.item<float>(), l2.item<float>()) << name;
+    ASSERT_TRUE(g1.same_structure(g2));
+    for (auto& [path, g] : g1) {
+      auto a = g.to_vector<float>(), b = g2.at(path).to_vector<float>();
+      double mx = 0;
+      for (float v : a)
+        mx = std::max(mx, double(std::abs(v)));
+      EXPECT_GT(mx, 0.0) << path;
+      for (std::size_t i = 0; i < a.size(); ++i)
+        EXPECT_NEAR(a[i], b[i], 1e-6 * (1 + mx)) << name << " " << path << " " << i;
+    }
   }
+  // What the forward keeps for backward: rematerialised sub-modules keep only their input.
+  auto kept_by = [&](const nn::TransformerBlock& blk) {
+    const TensorTree leaves = autodiff::detail::make_leaves(params);
+    const std::int64_t before = tensor::live_bytes();
+    tensor::EnableGradGuard on;
+    Tensor y = blk(Scope::apply(&leaves, true, Key::from_seed(42)).child("blocks").child(0),
+                   leaves.at("x"));
+    return tensor::live_bytes() - before;
+  };
+  const std::int64_t kept_plain = kept_by(plain);
+  EXPECT_LT(kept_by(mlp), kept_plain);
+  EXPECT_LT(kept_by(attn), kept_plain);
+  EXPECT_LT(kept_by(both), kept_by(mlp));
+  EXPECT_LT(kept_by(remat), kept_by(both));
   // Dropout is really on: eval mode changes the value.
   auto eval = [&](const TensorTree& p) {
     return tensor::sum(tensor::mul(plain(Scope::apply(&p, false).child("blocks").child(0), x), w));

@@ -253,6 +253,25 @@ TEST(TPTransformer, UntiedHeadAndRematMatchOneDevice) {
   }
 }
 
+TEST(TPTransformer, AttnAndMlpRematMatchOneDevice) {
+  // The toolkit's module names: only the attention ("Attn") and only the MLP ("MLP") of
+  // each block recomputed in backward, in every layout.
+  auto cfg = [](TransformerTP tp) {
+    models::TransformerConfig c = tiny_gpt(tp);
+    c.remat_attn = true;
+    c.remat_mlp = true;
+    return c;
+  };
+  const auto batches = token_batches(4, 8, 32);
+  const TrainingRun one = train_one_device(gpt_model(models::Transformer(tiny_gpt({}))), sgd(), batches);
+  for (const Layout& l : all_layouts()) {
+    const models::Transformer model(cfg(l.tp));
+    expect_same_run(
+        one, train_on_mesh(Mesh({2, 2}, {"data", "model"}), gpt_model(model), sgd(), batches), kTol,
+        std::string(l.name) + " attn+mlp remat");
+  }
+}
+
 TEST(TPTransformer, ParallelBlockMatchesOneDeviceInEveryLayout) {
   const auto batches = token_batches(4, 8, 32);
   models::TransformerConfig base = tiny_gpt();

@@ -73,7 +73,7 @@ struct ParallelismConfig {
   bool sequence_parallel = false;      ///< megatron: split T between the blocks
   bool vocab_parallel = false;         ///< megatron: vocabulary-parallel head
   bool bidirectional = false;          ///< async rings both ways
-  std::vector<std::string> remat;      ///< rematerialised modules: [] or ["Block"]
+  std::vector<std::string> remat;      ///< rematerialised modules: "Block", "Attn", "MLP"
   FsdpConfig fsdp;
   /// Pipeline (distributed.pipeline_parallel_size > 1): the schedule, the micro-batches per
   /// step (they divide each data replica's batch) and the chunks per stage (interleaved).

@@ -43,6 +43,8 @@ struct TransformerConfig {
   bool tied_embeddings = true;    // logits = x @ wte^T, else an untied lm_head
   float dropout = 0.f;            // on embeddings and residual branches
   bool remat = false;             // recompute each block's activations in backward
+  bool remat_attn = false;        // only each block's attention (the toolkit's "Attn")
+  bool remat_mlp = false;         // only each block's MLP (the toolkit's "MLP")
   /// Parallel blocks (GPT-J, PaLM): x + attn(ln1(x)) + mlp(ln1(x)), one fused projection
   /// in and one out (parallel::TPTransformerBlock::parallel); no "ln2".
   bool parallel_block = false;

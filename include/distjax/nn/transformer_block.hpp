@@ -21,6 +21,10 @@ struct TransformerBlock {
   float dropout = 0.f;
   float ln_eps = 1e-5f;
   bool remat = false;
+  /// Rematerialise only the attention ("Attn": ln1 + attn) or only the MLP ("MLP": ln2 +
+  /// mlp), the toolkit's module names (nn/remat.hpp); with `remat` the whole block is.
+  bool remat_attn = false;
+  bool remat_mlp = false;
   Initializer kernel_init = lecun_normal();
   /// Initialiser of the two residual output projections (attn/out, mlp/fc2).
   Initializer out_init = lecun_normal();

@@ -50,6 +50,11 @@ struct TPTransformerBlock {
   float dropout = 0.f;
   float ln_eps = 1e-5f;
   bool remat = false;
+  /// Rematerialise only the attention ("Attn": ln1 + attn) or only the MLP ("MLP": ln2 +
+  /// mlp) of the sequential block (nn/remat.hpp); the parallel block has no separate ones
+  /// and takes `remat` only.
+  bool remat_attn = false;
+  bool remat_mlp = false;
   nn::Initializer kernel_init = nn::lecun_normal();
   nn::Initializer out_init = nn::lecun_normal();
   std::string axis = "model";

@@ -203,7 +203,8 @@ const std::vector<Entry>& schema() {
     s.push_back(field("parallelism.bidirectional", DJ_ACCESS(parallelism.bidirectional),
                       "async tensor parallelism: rings in both directions"));
     s.push_back(field("parallelism.remat", DJ_ACCESS(parallelism.remat),
-                      "rematerialised modules (activations recomputed in backward)", {"Block"}));
+                      "rematerialised modules (activations recomputed in backward)",
+                      {"Block", "Attn", "MLP"}));
     s.push_back(field("parallelism.schedule", DJ_ACCESS(parallelism.schedule),
                       "pipeline schedule", {"gpipe", "1f1b", "interleaved", "zbh1"}));
     s.push_back(field("parallelism.microbatches", DJ_ACCESS(parallelism.microbatches),

@@ -127,6 +127,8 @@ Tensor Transformer::block(const nn::Scope& scope, int i, const Tensor& x) const 
                                            .dropout = c.dropout,
                                            .ln_eps = c.ln_eps,
                                            .remat = c.remat,
+                                           .remat_attn = c.remat_attn,
+                                           .remat_mlp = c.remat_mlp,
                                            .kernel_init = nn::lecun_normal(),
                                            .out_init = nn::scaled(nn::lecun_normal(), out_scale),
                                            .axis = c.tp.axis,

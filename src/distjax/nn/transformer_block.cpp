@@ -5,6 +5,7 @@
 #include "distjax/nn/layer_norm.hpp"
 #include "distjax/nn/mlp_block.hpp"
 #include "distjax/nn/multi_head_attention.hpp"
+#include "distjax/nn/remat.hpp"
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/grad_node.hpp"
 
@@ -19,9 +20,13 @@ Tensor TransformerBlock::body(const Scope& scope, const Tensor& x) const {
   const MLPBlock mlp{.hidden = mlp_hidden,
                      .kernel_init = kernel_init,
                      .out_init = out_init};
-  Tensor h = attn(scope.child("attn"), ln(scope.child("ln1"), x));
+  Tensor h = remat_call(remat_attn, scope, x, [ln, attn](const Scope& s, const Tensor& in) {
+    return attn(s.child("attn"), ln(s.child("ln1"), in));
+  });
   Tensor y = tensor::add(x, drop(scope.child("attn_dropout"), h));
-  h = mlp(scope.child("mlp"), ln(scope.child("ln2"), y));
+  h = remat_call(remat_mlp, scope, y, [ln, mlp](const Scope& s, const Tensor& in) {
+    return mlp(s.child("mlp"), ln(s.child("ln2"), in));
+  });
   return tensor::add(y, drop(scope.child("mlp_dropout"), h));
 }
 

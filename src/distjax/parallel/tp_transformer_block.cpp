@@ -4,6 +4,7 @@
 #include "distjax/core/error.hpp"
 #include "distjax/nn/dropout.hpp"
 #include "distjax/nn/layer_norm.hpp"
+#include "distjax/nn/remat.hpp"
 #include "distjax/nn/transformer_block.hpp"
 #include "distjax/parallel/tensor_parallel.hpp"
 #include "distjax/parallel/tp_async_dense.hpp"
@@ -47,10 +48,10 @@ Tensor TPTransformerBlock::sequential(const nn::Scope& scope, const Tensor& x) c
                            .sequence_parallel = sequence_parallel,
                            .bidirectional = bidirectional};
   const bool features_sharded = layout == TPLayout::Gather || layout == TPLayout::Async;
-  auto ln = [&](const nn::Scope& s, const Tensor& h) {
-    if (features_sharded)
-      return TPNorm{.kind = TPNorm::Kind::Layer, .eps = ln_eps, .axis = axis}(s, h);
-    return nn::LayerNorm{.eps = ln_eps}(s, h);
+  // By value: a rematerialised sub-module calls it again in backward.
+  auto ln = [features_sharded, eps = ln_eps, axis = axis](const nn::Scope& s, const Tensor& h) {
+    if (features_sharded) return TPNorm{.kind = TPNorm::Kind::Layer, .eps = eps, .axis = axis}(s, h);
+    return nn::LayerNorm{.eps = eps}(s, h);
   };
   const nn::Dropout drop{.rate = dropout,
                          .spec = features_sharded    ? mesh::P(std::nullopt, std::nullopt, axis)
@@ -60,10 +61,14 @@ Tensor TPTransformerBlock::sequential(const nn::Scope& scope, const Tensor& x) c
       .num_heads = num_heads, .proj = proj, .kernel_init = kernel_init, .out_init = out_init};
   const TPMLPBlock mlp{
       .hidden = mlp_hidden, .proj = proj, .kernel_init = kernel_init, .out_init = out_init};
-  Tensor y = tensor::add(
-      x, drop(scope.child("attn_dropout"), attn(scope.child("attn"), ln(scope.child("ln1"), x))));
-  return tensor::add(
-      y, drop(scope.child("mlp_dropout"), mlp(scope.child("mlp"), ln(scope.child("ln2"), y))));
+  Tensor h = nn::remat_call(remat_attn, scope, x, [ln_v = ln, attn](const nn::Scope& s, const Tensor& in) {
+    return attn(s.child("attn"), ln_v(s.child("ln1"), in));
+  });
+  Tensor y = tensor::add(x, drop(scope.child("attn_dropout"), h));
+  h = nn::remat_call(remat_mlp, scope, y, [ln_v = ln, mlp](const nn::Scope& s, const Tensor& in) {
+    return mlp(s.child("mlp"), ln_v(s.child("ln2"), in));
+  });
+  return tensor::add(y, drop(scope.child("mlp_dropout"), h));
 }
 
 // The parallel block: one norm, one fused projection in (qkv | fc1 columns), local heads
@@ -140,6 +145,8 @@ Tensor TPTransformerBlock::body(const nn::Scope& scope, const Tensor& x) const {
                                 .mlp_hidden = mlp_hidden,
                                 .dropout = dropout,
                                 .ln_eps = ln_eps,
+                                .remat_attn = remat_attn,
+                                .remat_mlp = remat_mlp,
                                 .kernel_init = kernel_init,
                                 .out_init = out_init}(scope, x);
   return sequential(scope, x);

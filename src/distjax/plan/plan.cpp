@@ -406,7 +406,12 @@ Setup setup_from_config(const config::TrainConfig& c) {
   s.fsdp = !c.parallelism.fsdp.modules.empty();
   s.fsdp_min_weight_size = c.parallelism.fsdp.min_weight_size;
   s.sequence_parallel = c.parallelism.sequence_parallel;
-  s.recompute = c.parallelism.remat.empty() ? Recompute::None : Recompute::Full;
+  // Whole blocks recomputed: the full-recompute model; "Attn" / "MLP" alone are planned as
+  // no recompute (an upper bound).
+  s.recompute = std::find(c.parallelism.remat.begin(), c.parallelism.remat.end(), "Block") !=
+                        c.parallelism.remat.end()
+                    ? Recompute::Full
+                    : Recompute::None;
   const std::string& sch = c.parallelism.schedule;
   s.schedule = sch == "gpipe"         ? PipeSchedule::GPipe
                : sch == "interleaved" ? PipeSchedule::Interleaved
