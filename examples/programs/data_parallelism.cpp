@@ -28,6 +28,9 @@ using tensor::TensorTree;
 
 int run_data_parallelism(const config::TrainConfig& c) {
   const bool sharded = !c.parallelism.fsdp.modules.empty();
+  DISTJAX_CHECK(!sharded || c.parallelism.fsdp.modules == std::vector<std::string>{"*"}, ConfigError,
+                "[data_parallelism] the classifier has no Block, Attn or MLP modules: "
+                "parallelism.fsdp.modules must be [] or [\"*\"]");
   const int zero = sharded ? 3 : c.parallelism.zero_stage;
   const char* kTags[] = {"DP", "ZeRO-1", "ZeRO-2", "FSDP"};
   const char* tag = kTags[zero];

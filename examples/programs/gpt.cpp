@@ -94,8 +94,10 @@ int run_gpt(const config::TrainConfig& c) {
               .vocab_parallel = vocab_parallel,
               .bidirectional = c.parallelism.bidirectional}});
   const optim::AdamW opt = make_adamw(c, steps);
+  // ["*"]: every parameter; otherwise only those of the listed module kinds.
   const nn::FullySharded fsdp{.axis = "data",
-                              .min_weight_size = c.parallelism.fsdp.min_weight_size};
+                              .min_weight_size = c.parallelism.fsdp.min_weight_size,
+                              .modules = c.parallelism.fsdp.modules};
   const Key root = Key::from_seed(static_cast<std::uint64_t>(c.run.seed));
 
   const models::TransformerPipeline pipelined(model.config());

@@ -105,6 +105,40 @@ TEST(Fsdp, MatchesOneDeviceWithAndWithoutRemat) {
   }
 }
 
+TEST(Fsdp, ModulesByKindMatchOneDevice) {
+  // The toolkit's fsdp.modules: only the parameters of the listed module kinds are fully
+  // sharded (with and without remat, which re-gathers them in backward).
+  const auto data = tokens(8);
+  for (bool remat : {false, true}) {
+    const models::Transformer gpt(gpt_config(remat));
+    const TrainingRun one = train_one_device(fsdp_gpt(gpt, {}), adamw(), data);
+    for (const std::vector<std::string>& modules :
+         {std::vector<std::string>{"MLP"}, std::vector<std::string>{"Attn", "MLP"},
+          std::vector<std::string>{"Block"}}) {
+      const nn::FullySharded fsdp{.min_weight_size = 64, .modules = modules};
+      const TrainingRun run = train_on_mesh(Mesh({2}, {"data"}), fsdp_gpt(gpt, fsdp), adamw(), data);
+      std::string what = "ZeRO-3 of";
+      for (const auto& m : modules) what += " " + m;
+      expect_same_run(one, run, kAdamTol, what + (remat ? ", remat" : ""));
+    }
+  }
+  // Which parameters are split: the MLP's kernels only, with {"MLP"}.
+  const models::Transformer gpt(gpt_config(false));
+  nn::ParamSpecs specs;
+  spmd::shard_map(Mesh({2}, {"data"}), [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+    nn::ParamSpecs s;
+    const nn::FullySharded fsdp{.min_weight_size = 64, .modules = {"MLP"}};
+    gpt.init(Key::from_seed(1), &s, &ctx, &fsdp);
+    if (ctx.device() == 0) specs = s;
+    return std::vector<Tensor>{};
+  }, {}, {})(std::vector<Tensor>{});
+  ASSERT_TRUE(specs.count("blocks/0/mlp/fc1/kernel"));
+  EXPECT_TRUE(specs.at("blocks/0/mlp/fc1/kernel").uses("data"));
+  EXPECT_TRUE(specs.at("blocks/0/mlp/fc2/kernel").uses("data"));
+  EXPECT_FALSE(specs.count("blocks/0/attn/qkv/kernel") && specs.at("blocks/0/attn/qkv/kernel").uses("data"));
+  EXPECT_FALSE(specs.count("wte/embedding") && specs.at("wte/embedding").uses("data"));
+}
+
 TEST(Fsdp, PrefetchGivesTheSameRunAndServesTheGathers) {
   const auto data = tokens(8);
   const models::Transformer gpt(gpt_config(/*remat=*/true));

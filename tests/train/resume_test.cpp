@@ -18,7 +18,7 @@ TensorTree copy(const TensorTree& t) {
 }
 
 TrainState copy(const TrainState& s) {
-  return TrainState{s.step, copy(s.params), copy(s.opt_state), s.rng};
+  return TrainState{s.step, copy(s.params), copy(s.opt_state), s.rng, s.loss_scale};
 }
 
 struct Experiment {

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "distjax/core/prng.hpp"
@@ -38,6 +39,10 @@ struct FullySharded {
   std::int64_t min_weight_size = std::int64_t{1} << 18;
   /// This device's prefetcher (nn/fsdp_gather.hpp), or null: gather each parameter at use.
   FsdpPrefetcher* prefetch = nullptr;
+  /// Empty: every parameter under the scope. Otherwise only those of the modules of these
+  /// kinds (the toolkit's fsdp.modules: "Block", "Attn", "MLP"; Scope::module); the others
+  /// stay as they are. Not with a prefetcher.
+  std::vector<std::string> modules{};
 };
 
 /// Whether a scope creates parameters or reads them.
@@ -86,7 +91,12 @@ class Scope {
   /// parallelism averages), so layers see the same tensor as without. Under
   /// autodiff::checkpoint the gathered parameter lives only while its module runs and is
   /// gathered again in the backward pass (TransformerConfig::remat).
+  /// With config.modules, only inside modules of those kinds: see module().
   Scope fully_sharded(FullySharded config) const;
+  /// The scope of a module of kind `kind` ("Block", "Attn", "MLP"): this scope, fully
+  /// sharded when a fully_sharded configuration above lists that kind in its modules.
+  /// Layers call it on the child scope they open (blocks/<i>, attn, mlp).
+  Scope module(std::string_view kind) const;
   /// The fully-sharded configuration; null when parameters are not fully sharded.
   const FullySharded* fsdp() const { return fsdp_.get(); }
 
@@ -150,6 +160,7 @@ class Scope {
   ParamSpecs* specs_ = nullptr;
   spmd::DeviceContext* ctx_ = nullptr;
   std::shared_ptr<const FullySharded> fsdp_;
+  std::shared_ptr<const FullySharded> fsdp_modules_;  // pending: applies inside module()
   // Fully sharded parameters already gathered by this scope tree (a tied embedding is
   // gathered once per pass, not per use); a rebased scope starts its own.
   std::shared_ptr<std::map<std::string, Tensor>> gathered_;

@@ -212,7 +212,9 @@ const std::vector<Entry>& schema() {
     s.push_back(field("parallelism.virtual_stages", DJ_ACCESS(parallelism.virtual_stages),
                       "pipeline chunks per stage (interleaved schedule)"));
     s.push_back(field("parallelism.fsdp.modules", DJ_ACCESS(parallelism.fsdp.modules),
-                      "fully sharded modules over \"data\" (ZeRO-3): [] none, [\"*\"] all", {"*"}));
+                      "fully sharded modules over \"data\" (ZeRO-3): [] none, [\"*\"] all, or by kind "
+                      "(\"Block\", \"Attn\", \"MLP\")",
+                      {"*", "Block", "Attn", "MLP"}));
     s.push_back(field("parallelism.fsdp.min_weight_size",
                       DJ_ACCESS(parallelism.fsdp.min_weight_size),
                       "parameters with fewer elements stay replicated"));

@@ -136,7 +136,7 @@ Tensor Transformer::block(const nn::Scope& scope, int i, const Tensor& x) const 
                                            .sequence_parallel = l.sp,
                                            .bidirectional = c.tp.bidirectional,
                                            .parallel = c.parallel_block};
-  return block(scope.child("blocks").child(i), x);
+  return block(scope.child("blocks").child(i).module("Block"), x);
 }
 
 Tensor Transformer::head(const nn::Scope& scope, const Tensor& x_in) const {

@@ -1,5 +1,7 @@
 #include "distjax/nn/scope.hpp"
 
+#include <algorithm>
+
 #include "distjax/nn/fsdp_gather.hpp"
 
 #include "distjax/autodiff/autodiff.hpp"
@@ -49,8 +51,28 @@ Scope Scope::with_precision(Precision precision) const {
 
 Scope Scope::fully_sharded(FullySharded config) const {
   Scope s = *this;
+  if (!config.modules.empty() &&
+      std::find(config.modules.begin(), config.modules.end(), "*") == config.modules.end()) {
+    DISTJAX_CHECK(config.prefetch == nullptr, NotImplemented,
+                  "[Scope::fully_sharded] prefetching needs every module fully sharded "
+                  "(modules empty or \"*\")");
+    s.fsdp_modules_ = std::make_shared<const FullySharded>(std::move(config));
+    return s;
+  }
   if (config.prefetch != nullptr) config.prefetch->begin_pass();
   s.fsdp_ = std::make_shared<const FullySharded>(std::move(config));
+  s.gathered_ = std::make_shared<std::map<std::string, Tensor>>();
+  return s;
+}
+
+Scope Scope::module(std::string_view kind) const {
+  if (!fsdp_modules_ || fsdp_) return *this;
+  const auto& m = fsdp_modules_->modules;
+  if (std::find(m.begin(), m.end(), kind) == m.end()) return *this;
+  Scope s = *this;
+  FullySharded c = *fsdp_modules_;
+  c.modules.clear();
+  s.fsdp_ = std::make_shared<const FullySharded>(std::move(c));
   s.gathered_ = std::make_shared<std::map<std::string, Tensor>>();
   return s;
 }

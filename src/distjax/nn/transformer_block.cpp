@@ -21,11 +21,11 @@ Tensor TransformerBlock::body(const Scope& scope, const Tensor& x) const {
                      .kernel_init = kernel_init,
                      .out_init = out_init};
   Tensor h = remat_call(remat_attn, scope, x, [ln, attn](const Scope& s, const Tensor& in) {
-    return attn(s.child("attn"), ln(s.child("ln1"), in));
+    return attn(s.child("attn").module("Attn"), ln(s.child("ln1"), in));
   });
   Tensor y = tensor::add(x, drop(scope.child("attn_dropout"), h));
   h = remat_call(remat_mlp, scope, y, [ln, mlp](const Scope& s, const Tensor& in) {
-    return mlp(s.child("mlp"), ln(s.child("ln2"), in));
+    return mlp(s.child("mlp").module("MLP"), ln(s.child("ln2"), in));
   });
   return tensor::add(y, drop(scope.child("mlp_dropout"), h));
 }

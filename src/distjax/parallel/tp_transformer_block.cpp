@@ -62,11 +62,11 @@ Tensor TPTransformerBlock::sequential(const nn::Scope& scope, const Tensor& x) c
   const TPMLPBlock mlp{
       .hidden = mlp_hidden, .proj = proj, .kernel_init = kernel_init, .out_init = out_init};
   Tensor h = nn::remat_call(remat_attn, scope, x, [ln_v = ln, attn](const nn::Scope& s, const Tensor& in) {
-    return attn(s.child("attn"), ln_v(s.child("ln1"), in));
+    return attn(s.child("attn").module("Attn"), ln_v(s.child("ln1"), in));
   });
   Tensor y = tensor::add(x, drop(scope.child("attn_dropout"), h));
   h = nn::remat_call(remat_mlp, scope, y, [ln_v = ln, mlp](const nn::Scope& s, const Tensor& in) {
-    return mlp(s.child("mlp"), ln_v(s.child("ln2"), in));
+    return mlp(s.child("mlp").module("MLP"), ln_v(s.child("ln2"), in));
   });
   return tensor::add(y, drop(scope.child("mlp_dropout"), h));
 }
@@ -86,8 +86,9 @@ Tensor TPTransformerBlock::parallel_block(const nn::Scope& scope, const Tensor& 
   const mesh::PartitionSpec rows = tp ? P(axis, std::nullopt) : P();
   const mesh::PartitionSpec vec = tp ? P(axis) : P();
   const mesh::PartitionSpec out_bias = features_sharded ? vec : P();
-  const nn::Scope qkv = scope.child("attn").child("qkv"), out = scope.child("attn").child("out");
-  const nn::Scope fc1 = scope.child("mlp").child("fc1"), fc2 = scope.child("mlp").child("fc2");
+  const nn::Scope attn_s = scope.child("attn").module("Attn"), mlp_s = scope.child("mlp").module("MLP");
+  const nn::Scope qkv = attn_s.child("qkv"), out = attn_s.child("out");
+  const nn::Scope fc1 = mlp_s.child("fc1"), fc2 = mlp_s.child("fc2");
   const Tensor w_in = tensor::concat({qkv.param("kernel", {c, 3 * c}, kernel_init, cols),
                                       fc1.param("kernel", {c, hidden}, kernel_init, cols)},
                                      1);  // (C, (3C + H)/n)
