@@ -81,24 +81,38 @@ int run_pipeline_parallelism(const config::TrainConfig& c, bool show_schedule) {
                                         .seed = seed,
                                         .num_shards = n_data,
                                         .shard_index = replica});
+    train::Checkpointer ckpt(checkpoint_config(c), {&ctx, &specs, &pp});
+    if (const auto pos = ckpt.restore(state)) {
+      loader.seek({pos->epoch, pos->batch});
+      if (lead)
+        std::printf("[PP] Resumed from %s at step %lld\n", ckpt.config().dir.c_str(),
+                    static_cast<long long>(state.step));
+    }
     train::Trainer trainer({.out_dir = lead ? c.run.out_dir : std::string(),
                             .total_steps = steps,
                             .log_every = 1 << 30,  // this program prints its own lines
                             .mesh = "data=" + std::to_string(n_data) + ",pipe=" + std::to_string(pipe),
                             .backend = backend_name,
-                            .print = false},
+                            .print = false,
+                            .append = c.run.resume},
                            opt, nullptr,
                            {.num_minibatches = static_cast<int>(c.run.grad_accum_steps),
                             .max_grad_norm = c.optimizer.max_grad_norm,
                             .strategy = &pp});
-    for (std::int64_t s = 1; s <= steps; ++s) {
+    while (state.step < steps) {
       const train::Batch batch = loader.next();
-      if (s == steps) ctx.comm("pipe").barrier();  // align the measured step's start
+      if (state.step + 1 == steps) ctx.comm("pipe").barrier();  // align the measured step
       const train::Metrics mt = trainer.step(state, batch);
+      const std::int64_t s = state.step;
       if (lead && (s % c.run.log_every == 0 || s == 1 || s == steps))
         std::printf("[PP] Step %lld: Loss = %.4f, Accuracy = %.4f\n", static_cast<long long>(s),
                     mt.mean("loss"), mt.mean("accuracy"));
+      ckpt.maybe_save(state, {loader.position().epoch, loader.position().batch});
     }
+    const std::string saved = ckpt.save(state, {loader.position().epoch, loader.position().batch});
+    if (lead && !ckpt.config().dir.empty())
+      std::printf("[PP] Checkpoint: %s\n",
+                  train::find_checkpoint(ckpt.config().dir).value_or(saved).c_str());
     const double bubble = parallel::pipeline_bubble(ctx, pp.last_trace(), threads);
     if (replica == 0 && threads) {
       std::lock_guard<std::mutex> lock(mu);
