@@ -95,22 +95,27 @@ int run_data_parallelism(const config::TrainConfig& c) {
                                         .seed = seed,
                                         .num_shards = devices,
                                         .shard_index = replica});
+    RunCheckpoints ckpt(c, {&ctx, &specs, strategy.get()}, state, loader, lead);
     train::Trainer trainer({.out_dir = lead ? c.run.out_dir : std::string(),
                             .total_steps = steps,
                             .log_every = 1 << 30,  // this program prints its own lines
                             .mesh = "data=" + std::to_string(devices),
                             .backend = backend_name,
-                            .print = false},
+                            .print = false,
+                            .append = c.run.resume},
                            opt, loss_fn(true),
                            {.num_minibatches = static_cast<int>(c.run.grad_accum_steps),
                             .max_grad_norm = c.optimizer.max_grad_norm,
                             .strategy = strategy.get()});
-    for (std::int64_t s = 1; s <= steps; ++s) {
+    while (state.step < steps) {
       const train::Metrics m = trainer.step(state, loader.next());
+      const std::int64_t s = state.step;
+      ckpt.after_step(state);
       if (lead && (s % c.run.log_every == 0 || s == 1 || s == steps))
         std::printf("[%s] Step %lld: Loss = %.4f, Accuracy = %.4f\n", tag,
                     static_cast<long long>(s), m.mean("loss"), m.mean("accuracy"));
     }
+    ckpt.finish(state);
     const train::Metrics eval = trainer.evaluate(state, {all_test[replica]}, loss_fn(false));
     trainer.finish(state, {{"test_accuracy", eval.mean("accuracy")},
                            {"devices", double(devices)},

@@ -81,13 +81,7 @@ int run_pipeline_parallelism(const config::TrainConfig& c, bool show_schedule) {
                                         .seed = seed,
                                         .num_shards = n_data,
                                         .shard_index = replica});
-    train::Checkpointer ckpt(checkpoint_config(c), {&ctx, &specs, &pp});
-    if (const auto pos = ckpt.restore(state)) {
-      loader.seek({pos->epoch, pos->batch});
-      if (lead)
-        std::printf("[PP] Resumed from %s at step %lld\n", ckpt.config().dir.c_str(),
-                    static_cast<long long>(state.step));
-    }
+    RunCheckpoints ckpt(c, {&ctx, &specs, &pp}, state, loader, lead);
     train::Trainer trainer({.out_dir = lead ? c.run.out_dir : std::string(),
                             .total_steps = steps,
                             .log_every = 1 << 30,  // this program prints its own lines
@@ -107,12 +101,9 @@ int run_pipeline_parallelism(const config::TrainConfig& c, bool show_schedule) {
       if (lead && (s % c.run.log_every == 0 || s == 1 || s == steps))
         std::printf("[PP] Step %lld: Loss = %.4f, Accuracy = %.4f\n", static_cast<long long>(s),
                     mt.mean("loss"), mt.mean("accuracy"));
-      ckpt.maybe_save(state, {loader.position().epoch, loader.position().batch});
+      ckpt.after_step(state);
     }
-    const std::string saved = ckpt.save(state, {loader.position().epoch, loader.position().batch});
-    if (lead && !ckpt.config().dir.empty())
-      std::printf("[PP] Checkpoint: %s\n",
-                  train::find_checkpoint(ckpt.config().dir).value_or(saved).c_str());
+    ckpt.finish(state);
     const double bubble = parallel::pipeline_bubble(ctx, pp.last_trace(), threads);
     if (replica == 0 && threads) {
       std::lock_guard<std::mutex> lock(mu);

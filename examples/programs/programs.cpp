@@ -224,8 +224,8 @@ config::TrainConfig prepare_program(config::TrainConfig c, const std::string& so
                 ": this program has no pipeline (\"gpt\" and \"pipeline_parallelism\" have)");
   if (c.distributed.is_main_process() && (c.run.resume || c.run.checkpoint_every > 0) &&
       !program_checkpoints(c.run.program))
-    std::printf("Note: program %s does not write checkpoints yet (gpt and pipeline_parallelism "
-                "do); run.resume and run.checkpoint_every have no effect\n",
+    std::printf("Note: program %s does not write checkpoints yet (the others do); run.resume "
+                "and run.checkpoint_every have no effect\n",
                 c.run.program.c_str());
   return c;
 }
@@ -243,7 +243,29 @@ optim::AdamW make_adamw(const config::TrainConfig& c, std::int64_t total_steps) 
 }
 
 bool program_checkpoints(const std::string& program) {
-  return program == "gpt" || program == "pipeline_parallelism";
+  return program != "train_gpt";
+}
+
+RunCheckpoints::RunCheckpoints(const config::TrainConfig& c, train::CheckpointLayout layout,
+                               train::TrainState& state, data::DataLoader& loader, bool lead)
+    : ckpt_(checkpoint_config(c), layout), loader_(&loader), lead_(lead) {
+  if (const auto pos = ckpt_.restore(state)) {
+    loader_->seek({pos->epoch, pos->batch});
+    if (lead_)
+      std::printf("Resumed from %s at step %lld\n", ckpt_.config().dir.c_str(),
+                  static_cast<long long>(state.step));
+  }
+}
+
+void RunCheckpoints::after_step(const train::TrainState& state) {
+  ckpt_.maybe_save(state, {loader_->position().epoch, loader_->position().batch});
+}
+
+void RunCheckpoints::finish(const train::TrainState& state) {
+  const std::string saved =
+      ckpt_.save(state, {loader_->position().epoch, loader_->position().batch});
+  if (lead_ && !ckpt_.config().dir.empty())
+    std::printf("Checkpoint: %s\n", train::find_checkpoint(ckpt_.config().dir).value_or(saved).c_str());
 }
 
 train::CheckpointConfig checkpoint_config(const config::TrainConfig& c) {

@@ -10,6 +10,7 @@
 #include "distjax/optim/adamw.hpp"
 #include "distjax/nn/precision.hpp"
 #include "distjax/train/train_state.hpp"
+#include "distjax/data/loader.hpp"
 #include "distjax/train/checkpointer.hpp"
 
 namespace distjax::examples {
@@ -65,6 +66,23 @@ train::CheckpointConfig checkpoint_config(const config::TrainConfig& c);
 /// Whether `program` writes checkpoints (run_program prints a note for the others when the
 /// config asks for them).
 bool program_checkpoints(const std::string& program);
+
+/// A program's checkpoints around its data loader: the constructor restores `state` (and
+/// moves the loader to the saved position) on run.resume and says so on the main
+/// device; after_step saves every run.checkpoint_every steps; finish saves the last step
+/// and says where. Collective: every device calls each.
+class RunCheckpoints {
+ public:
+  RunCheckpoints(const config::TrainConfig& c, train::CheckpointLayout layout,
+                 train::TrainState& state, data::DataLoader& loader, bool lead);
+  void after_step(const train::TrainState& state);
+  void finish(const train::TrainState& state);
+
+ private:
+  train::Checkpointer ckpt_;
+  data::DataLoader* loader_;
+  bool lead_;
+};
 
 /// The AdamW of [optimizer]: linear warmup from 0 over optimizer.warmup_steps (at most
 /// total_steps - 1), cosine decay to lr x final_lr_ratio at total_steps, decoupled weight

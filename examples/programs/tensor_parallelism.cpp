@@ -82,32 +82,39 @@ int run_tensor_parallelism(const config::TrainConfig& c) {
                                         .seed = seed,
                                         .num_shards = n_data,
                                         .shard_index = replica});
+    RunCheckpoints ckpt(c, {&ctx, &specs, &dp}, state, loader, lead);
     train::Trainer trainer({.out_dir = lead ? c.run.out_dir : std::string(),
                             .total_steps = steps,
                             .log_every = 1 << 30,  // this program prints its own lines
                             .mesh = mesh.describe(),
                             .backend = backend_name,
-                            .print = false},
+                            .print = false,
+                            .append = c.run.resume},
                            opt, loss_fn(true),
                            {.num_minibatches = static_cast<int>(c.run.grad_accum_steps),
                             .max_grad_norm = c.optimizer.max_grad_norm,
                             .strategy = &dp});
     const auto t0 = std::chrono::steady_clock::now();
-    for (std::int64_t s = 1; s <= steps; ++s) {
+    const std::int64_t first = state.step;
+    while (state.step < steps) {
       const train::Metrics m = trainer.step(state, loader.next());
+      const std::int64_t s = state.step;
       if (lead && (s % c.run.log_every == 0 || s == 1 || s == steps))
         std::printf("[TP] Step %lld: Loss = %.4f, Accuracy = %.4f\n", static_cast<long long>(s),
                     m.mean("loss"), m.mean("accuracy"));
+      ckpt.after_step(state);
     }
+    ckpt.finish(state);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const train::Metrics eval = trainer.evaluate(state, {test_batches[replica]}, loss_fn(false));
     trainer.finish(state, {{"test_accuracy", eval.mean("accuracy")},
-                           {"step_time_s", seconds / static_cast<double>(steps)}});
+                           {"step_time_s", seconds / static_cast<double>(std::max<std::int64_t>(1, steps - first))}});
     if (lead)
       std::printf("[TP] Test accuracy: %.2f%% (%lld images) after %lld steps, %.1f ms per step\n",
                   100.0 * eval.mean("accuracy"), static_cast<long long>(eval.at("accuracy").count),
-                  static_cast<long long>(steps), 1e3 * seconds / static_cast<double>(steps));
+                  static_cast<long long>(steps),
+                  1e3 * seconds / static_cast<double>(std::max<std::int64_t>(1, steps - first)));
     return std::vector<Tensor>{};
   };
   spmd::shard_map(mesh, device_program, {}, {},

@@ -84,21 +84,26 @@ int run_train_mnist(const config::TrainConfig& c) {
           static_cast<long long>(batch_size), devices,
           static_cast<long long>(batch_size / devices));
     parallel::DataParallel dp(ctx, "data");
+    RunCheckpoints ckpt(c, {&ctx, nullptr, &dp}, state, loader, lead);
     train::Trainer trainer({.out_dir = lead ? c.run.out_dir : std::string(),
                             .total_steps = total_steps,
                             .log_every = c.run.log_every,
                             .mesh = "data=" + std::to_string(devices),
                             .backend = backend_name,
-                            .print = lead},
+                            .print = lead,
+                            .append = c.run.resume},
                            opt, train_loss,
                            {.num_minibatches = static_cast<int>(c.run.grad_accum_steps),
                             .max_grad_norm = c.optimizer.max_grad_norm,
                             .strategy = &dp});
     while (state.step < total_steps) {
       trainer.step(state, loader.next());
+      ckpt.after_step(state);
       if (state.step % eval_every == 0 || state.step == total_steps)
         trainer.evaluate(state, test_batches, eval_loss);
     }
+    ckpt.finish(state);
+    if (trainer.last_eval().empty()) trainer.evaluate(state, test_batches, eval_loss);  // resumed at the end
     const double acc = trainer.last_eval().at("accuracy");
     const double loss = trainer.last_eval().at("loss");
     const double epochs = static_cast<double>(total_steps) / static_cast<double>(steps_per_epoch);
