@@ -222,11 +222,6 @@ config::TrainConfig prepare_program(config::TrainConfig c, const std::string& so
                 NotImplemented, "[", c.run.program, "] pipeline_parallel_size = ",
                 c.distributed.pipeline_parallel_size,
                 ": this program has no pipeline (\"gpt\" and \"pipeline_parallelism\" have)");
-  if (c.distributed.is_main_process() && (c.run.resume || c.run.checkpoint_every > 0) &&
-      !program_checkpoints(c.run.program))
-    std::printf("Note: program %s does not write checkpoints yet (the others do); run.resume "
-                "and run.checkpoint_every have no effect\n",
-                c.run.program.c_str());
   return c;
 }
 
@@ -240,10 +235,6 @@ optim::AdamW make_adamw(const config::TrainConfig& c, std::int64_t total_steps) 
                        .eps = c.optimizer.eps,
                        .weight_decay = c.optimizer.weight_decay,
                        .decay_mask = optim::default_decay_mask()});
-}
-
-bool program_checkpoints(const std::string& program) {
-  return program != "train_gpt";
 }
 
 RunCheckpoints::RunCheckpoints(const config::TrainConfig& c, train::CheckpointLayout layout,

@@ -63,10 +63,6 @@ void enable_loss_scale(const config::TrainConfig& c, train::TrainState& state);
 /// run.resume, the config saved in the index as {"toml": ...}.
 train::CheckpointConfig checkpoint_config(const config::TrainConfig& c);
 
-/// Whether `program` writes checkpoints (run_program prints a note for the others when the
-/// config asks for them).
-bool program_checkpoints(const std::string& program);
-
 /// A program's checkpoints around its data loader: the constructor restores `state` (and
 /// moves the loader to the saved position) on run.resume and says so on the main
 /// device; after_step saves every run.checkpoint_every steps; finish saves the last step

@@ -124,11 +124,17 @@ int run_train_gpt(const config::TrainConfig& c) {
               state.loss_scale ? ", dynamic loss scale" : "");
   const train::LossFn train_loss = make_gpt_loss(model, true, precision);
   const train::LossFn eval_loss = make_gpt_loss(model, false, precision);
+  // One device, no mesh: an empty layout. Each step's batch is drawn from the step.
+  train::Checkpointer ckpt(checkpoint_config(c), {});
+  if (ckpt.restore(state))
+    std::printf("Resumed from %s at step %lld\n", ckpt.config().dir.c_str(),
+                static_cast<long long>(state.step));
   train::Trainer trainer({.out_dir = c.run.out_dir,
                           .total_steps = steps,
                           .log_every = c.run.log_every,
                           .items_per_example = static_cast<double>(seq_len),
-                          .items_name = "tokens"},
+                          .items_name = "tokens",
+                          .append = c.run.resume},
                          opt, train_loss,
                          {.num_minibatches = static_cast<int>(c.run.grad_accum_steps),
                           .max_grad_norm = c.optimizer.max_grad_norm});
@@ -139,9 +145,12 @@ int run_train_gpt(const config::TrainConfig& c) {
     trainer.step(state,
                  data::sample_windows(corpus.train, batch_size, seq_len,
                                       data_key.fold_in(static_cast<std::uint64_t>(state.step))));
+    ckpt.maybe_save(state, {0, state.step});
     if (state.step % eval_every == 0 || state.step == steps)
       trainer.evaluate(state, val, eval_loss);
   }
+  if (const std::string saved = ckpt.save(state, {0, state.step}); !ckpt.config().dir.empty())
+    std::printf("Checkpoint: %s\n", train::find_checkpoint(ckpt.config().dir).value_or(saved).c_str());
   const double bpb = trainer.last_eval().at("bits_per_byte");
   trainer.finish(state, {{"val_bits_per_byte", bpb},
                          {"initial_val_bits_per_byte", initial_bpb},
