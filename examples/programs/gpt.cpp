@@ -120,6 +120,24 @@ int run_gpt(const config::TrainConfig& c) {
   std::vector<parallel::PipelineTrace> traces(static_cast<std::size_t>(mesh.size()));
   std::vector<int> traced;
 
+  // The Trainer of every device (files and lines from the main one) and the step options.
+  auto trainer_config = [&](bool lead) -> train::TrainerConfig {
+    return {.out_dir = lead ? c.run.out_dir : std::string(),
+            .total_steps = steps,
+            .log_every = c.run.log_every,
+            .items_per_example = static_cast<double>(seq_len),
+            .items_name = "tokens",
+            .mesh = mesh.describe(),
+            .backend = backend_name,
+            .print = lead,
+            .append = c.run.resume};
+  };
+  auto step_options = [&](parallel::Strategy* strategy) -> train::TrainStepOptions {
+    return {.num_minibatches = static_cast<int>(c.run.grad_accum_steps),
+            .max_grad_norm = c.optimizer.max_grad_norm,
+            .strategy = strategy};
+  };
+
   auto device_program = [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
     if (piped) {
       // Data x tensor x pipe: each device holds its stage's shards only.
@@ -144,19 +162,7 @@ int run_gpt(const config::TrainConfig& c) {
       if (ckpt.restore(state) && lead)
         std::printf("Resumed from %s at step %lld\n", ckpt.config().dir.c_str(),
                     static_cast<long long>(state.step));
-      train::Trainer trainer({.out_dir = lead ? c.run.out_dir : std::string(),
-                              .total_steps = steps,
-                              .log_every = c.run.log_every,
-                              .items_per_example = static_cast<double>(seq_len),
-                              .items_name = "tokens",
-                              .mesh = mesh.describe(),
-                              .backend = backend_name,
-                              .print = lead,
-                              .append = c.run.resume},
-                             opt, nullptr,
-                             {.num_minibatches = static_cast<int>(c.run.grad_accum_steps),
-                              .max_grad_norm = c.optimizer.max_grad_norm,
-                              .strategy = &pp});
+      train::Trainer trainer(trainer_config(lead), opt, nullptr, step_options(&pp));
       const std::int64_t per = batch_size / n_data;
       const Key data_key = root.fold_in(std::string_view("data"));
       auto evaluate = [&] {
@@ -234,19 +240,7 @@ int run_gpt(const config::TrainConfig& c) {
     if (ckpt.restore(state) && lead)
       std::printf("Resumed from %s at step %lld\n", ckpt.config().dir.c_str(),
                   static_cast<long long>(state.step));
-    train::Trainer trainer({.out_dir = lead ? c.run.out_dir : std::string(),
-                            .total_steps = steps,
-                            .log_every = c.run.log_every,
-                            .items_per_example = static_cast<double>(seq_len),
-                            .items_name = "tokens",
-                            .mesh = mesh.describe(),
-                            .backend = backend_name,
-                            .print = lead,
-                            .append = c.run.resume},
-                           opt, loss_fn(true),
-                           {.num_minibatches = static_cast<int>(c.run.grad_accum_steps),
-                            .max_grad_norm = c.optimizer.max_grad_norm,
-                            .strategy = &dp});
+    train::Trainer trainer(trainer_config(lead), opt, loss_fn(true), step_options(&dp));
     const std::int64_t per = batch_size / n_data;
     const Key data_key = root.fold_in(std::string_view("data"));
     while (state.step < steps) {

@@ -2,6 +2,8 @@
 // that fit; on configs/data_parallelism.toml its per-device memory is within 10% of what
 // `distjax train` on the same config writes into summary.json.
 #include <gtest/gtest.h>
+
+#include "tools/tool_run.hpp"
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -16,19 +18,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Runs a shell command without a launcher's variables; returns (exit status, output).
 std::pair<int, std::string> run(const std::string& command) {
-  const std::string cmd =
-      "env -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE -u PMI_RANK -u PMI_SIZE -u "
-      "SLURM_PROCID -u SLURM_NTASKS -u RANK -u WORLD_SIZE OMP_WAIT_POLICY=passive " +
-      command + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p) != nullptr)
-    out += buf;
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return distjax::testing::run_tool(command);
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 // metrics.jsonl, summary.json and config.toml; a bad override fails naming it;
 // distributed.mixed_precision = "bf16" / "fp16" runs the GPT programs and is refused elsewhere.
 #include <gtest/gtest.h>
+
+#include "tools/tool_run.hpp"
 #include <sys/wait.h>
 
 #include <cmath>
@@ -18,19 +20,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Runs a shell command without a launcher's variables; returns (exit status, output).
 std::pair<int, std::string> run(const std::string& command) {
-  const std::string cmd =
-      "env -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE -u PMI_RANK -u PMI_SIZE -u "
-      "SLURM_PROCID -u SLURM_NTASKS -u RANK -u WORLD_SIZE OMP_WAIT_POLICY=passive " +
-      command + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p) != nullptr)
-    out += buf;
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return distjax::testing::run_tool(command);
 }
 
 }  // namespace

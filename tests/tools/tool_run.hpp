@@ -1,0 +1,29 @@
+// Running the distjax command from the tests/tools tests: a shell command without a
+// launcher's variables (so it runs on the threads backend), its exit status and output.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <string>
+#include <utility>
+
+namespace distjax::testing {
+
+/// Runs `command` through the shell without OMPI_* / PMI_* / SLURM_* / RANK / WORLD_SIZE
+/// and with OMP_WAIT_POLICY=passive; returns (exit status, stdout and stderr).
+inline std::pair<int, std::string> run_tool(const std::string& command) {
+  const std::string cmd =
+      "env -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE -u PMI_RANK -u PMI_SIZE -u "
+      "SLURM_PROCID -u SLURM_NTASKS -u RANK -u WORLD_SIZE OMP_WAIT_POLICY=passive " +
+      command + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p) != nullptr)
+    out += buf;
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+}  // namespace distjax::testing
