@@ -121,7 +121,10 @@ int run_gpt(const config::TrainConfig& c) {
   std::vector<int> traced;
 
   // The Trainer of every device (files and lines from the main one) and the step options.
-  auto trainer_config = [&](bool lead) -> train::TrainerConfig {
+  // run.timeline: a pipelined run writes the spans of every action (timeline.json, below),
+  // the others each device's step phases (timeline_device<d>.json).
+  auto trainer_config = [&](int device) -> train::TrainerConfig {
+    const bool lead = device == 0;
     return {.out_dir = lead ? c.run.out_dir : std::string(),
             .total_steps = steps,
             .log_every = c.run.log_every,
@@ -130,7 +133,9 @@ int run_gpt(const config::TrainConfig& c) {
             .mesh = mesh.describe(),
             .backend = backend_name,
             .print = lead,
-            .append = c.run.resume};
+            .append = c.run.resume,
+            .timeline_file = piped ? std::string() : timeline_file(c, device),
+            .device = device};
   };
   auto step_options = [&](parallel::Strategy* strategy) -> train::TrainStepOptions {
     return {.num_minibatches = static_cast<int>(c.run.grad_accum_steps),
@@ -162,7 +167,7 @@ int run_gpt(const config::TrainConfig& c) {
       if (ckpt.restore(state) && lead)
         std::printf("Resumed from %s at step %lld\n", ckpt.config().dir.c_str(),
                     static_cast<long long>(state.step));
-      train::Trainer trainer(trainer_config(lead), opt, nullptr, step_options(&pp));
+      train::Trainer trainer(trainer_config(ctx.device()), opt, nullptr, step_options(&pp));
       const std::int64_t per = batch_size / n_data;
       const Key data_key = root.fold_in(std::string_view("data"));
       auto evaluate = [&] {
@@ -240,7 +245,7 @@ int run_gpt(const config::TrainConfig& c) {
     if (ckpt.restore(state) && lead)
       std::printf("Resumed from %s at step %lld\n", ckpt.config().dir.c_str(),
                   static_cast<long long>(state.step));
-    train::Trainer trainer(trainer_config(lead), opt, loss_fn(true), step_options(&dp));
+    train::Trainer trainer(trainer_config(ctx.device()), opt, loss_fn(true), step_options(&dp));
     const std::int64_t per = batch_size / n_data;
     const Key data_key = root.fold_in(std::string_view("data"));
     while (state.step < steps) {

@@ -259,6 +259,12 @@ void RunCheckpoints::finish(const train::TrainState& state) {
     std::printf("Checkpoint: %s\n", train::find_checkpoint(ckpt_.config().dir).value_or(saved).c_str());
 }
 
+std::string timeline_file(const config::TrainConfig& c, int device) {
+  if (!c.run.timeline || c.run.out_dir.empty()) return "";
+  return (std::filesystem::path(c.run.out_dir) / ("timeline_device" + std::to_string(device) + ".json"))
+      .string();
+}
+
 train::CheckpointConfig checkpoint_config(const config::TrainConfig& c) {
   train::CheckpointConfig out;
   if (c.run.checkpoint_every <= 0 && !c.run.resume) return out;

@@ -85,6 +85,10 @@ class RunCheckpoints {
 /// decay off biases and norms.
 optim::AdamW make_adamw(const config::TrainConfig& c, std::int64_t total_steps);
 
+/// With run.timeline: out_dir/timeline_device<d>.json, where device d's Trainer writes its
+/// timeline (train::TrainerConfig::timeline_file); "" otherwise.
+std::string timeline_file(const config::TrainConfig& c, int device);
+
 /// The backend name printed in headers and recorded in summary.json ("threads", "mpi").
 std::string backend_label(const config::TrainConfig& c);
 

@@ -134,7 +134,8 @@ int run_train_gpt(const config::TrainConfig& c) {
                           .log_every = c.run.log_every,
                           .items_per_example = static_cast<double>(seq_len),
                           .items_name = "tokens",
-                          .append = c.run.resume},
+                          .append = c.run.resume,
+                          .timeline_file = timeline_file(c, 0)},
                          opt, train_loss,
                          {.num_minibatches = static_cast<int>(c.run.grad_accum_steps),
                           .max_grad_norm = c.optimizer.max_grad_norm});

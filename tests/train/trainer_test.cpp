@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "distjax/data/loader.hpp"
@@ -22,6 +23,41 @@ using nlohmann::json;
 std::pair<Tensor, Metrics> loss_fn(const TensorTree& p, const Batch& b, Key) {
   Tensor logits = tensor::linear(b.inputs, p.at("w"), p.at("b"));
   return {tensor::mean(tensor::cross_entropy(logits, b.labels)), Metrics{}};
+}
+
+TEST(Trainer, WritesTheDeviceTimelineOfItsLastSteps) {
+  const fs::path file = fs::temp_directory_path() / "distjax_trainer_timeline" / "timeline_device3.json";
+  fs::remove_all(file.parent_path());
+  data::ArrayDataset d = data::synthetic_classification(64, 6, 3, Key::from_seed(1));
+  data::DataLoader loader(d, {.batch_size = 16, .seed = 3});
+  optim::AdamW opt({.learning_rate = optim::constant_schedule(0.01)});
+  TensorTree params;
+  params.set("w", Tensor::zeros({6, 3}));
+  params.set("b", Tensor::zeros({3}));
+  TrainState state = TrainState::create(params, opt, Key::from_seed(0));
+  Trainer trainer({.print = false, .plot = false, .timeline_file = file.string(), .device = 3,
+                   .timeline_steps = 3},
+                  opt, loss_fn);
+  for (int s = 0; s < 5; ++s)
+    trainer.step(state, loader.next());
+  trainer.finish(state);
+  const json trace = json::parse(std::ifstream(file));
+  std::map<std::string, int> names;
+  double last_end = 0;
+  for (const json& e : trace["traceEvents"]) {
+    ++names[e["name"].get<std::string>()];
+    EXPECT_EQ(e["pid"], 3);
+    if (e["ph"] == "X") {
+      EXPECT_GE(e["ts"].get<double>() + 1e-6, last_end);  // in order, not overlapping
+      last_end = e["ts"].get<double>() + e["dur"].get<double>();
+    }
+  }
+  // The last 3 steps: each a forward + backward and an update; the sync may take no time.
+  EXPECT_EQ(names["forward + backward"], 3);
+  EXPECT_EQ(names["update"], 3);
+  EXPECT_EQ(names["process_name"], 1);
+  EXPECT_LE(names["gradient sync"], 3);
+  fs::remove_all(file.parent_path());
 }
 
 TEST(Trainer, WritesMetricsJsonlAndSummary) {

@@ -21,6 +21,17 @@ class Strategy;
 
 namespace distjax::train {
 
+/// When the phases of one train step ended, in seconds on the steady clock (a run's
+/// timeline): forward and backward (compute; under data parallelism with overlap this
+/// also issues the gradient all-reduces), gradient synchronisation (finalize_grads,
+/// reduce_metrics and the global norm: communication), and the optimizer update.
+struct StepSpans {
+  double start = 0.0;
+  double forward_backward_end = 0.0;
+  double sync_end = 0.0;
+  double update_end = 0.0;
+};
+
 /// Options of train_step.
 struct TrainStepOptions {
   /// Gradient accumulation: the batch is cut into this many equal slices, run one at
@@ -31,6 +42,8 @@ struct TrainStepOptions {
   /// How the step runs over devices (parallel/strategy.hpp: data, tensor, fully sharded,
   /// pipeline parallelism); null = one device. Not owned.
   parallel::Strategy* strategy = nullptr;
+  /// Filled with the step's phase times when given. Not owned.
+  StepSpans* spans = nullptr;
 };
 
 /// One optimisation step on `state` (in place), through options.strategy: key

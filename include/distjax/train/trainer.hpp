@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -16,7 +17,7 @@ namespace distjax::train {
 
 /// Options of a Trainer.
 struct TrainerConfig {
-  std::string out_dir;                  ///< where metrics.jsonl / summary.json go; empty = no files
+  std::string out_dir{};                ///< where metrics.jsonl / summary.json go; empty = no files
   std::int64_t total_steps = 0;         ///< shown as "step/total" (0 = unknown)
   std::int64_t log_every = 50;          ///< print and write a record every this many steps
   double items_per_example = 1;         ///< e.g. T tokens per sequence for a language model
@@ -31,6 +32,14 @@ struct TrainerConfig {
   bool plot = true;
   /// Append to an existing metrics.jsonl (a resumed run) instead of starting it afresh.
   bool append = false;
+  /// When set (on any device, not only the one with out_dir): finish() writes this
+  /// device's timeline there as a Chrome trace (opens in Perfetto): per step the forward
+  /// and backward and the update ("compute"), the gradient synchronisation
+  /// ("communication"), and the time between steps ("idle": data, evaluation, logging).
+  std::string timeline_file{};
+  int device = 0;  ///< the timeline's process id
+  /// Steps kept in the timeline (the last ones).
+  std::int64_t timeline_steps = 200;
 };
 
 /// Runs train steps and logs them. Each logged record in metrics.jsonl holds: step,
@@ -108,6 +117,8 @@ class Trainer {
   bool bar_shown_ = false;     // a bar is on the current line
   double last_bar_ = -1.0;     // elapsed_s() of the last redraw
   std::int64_t first_step_ = -1;  // state.step before the first step() (resumed runs)
+  std::deque<StepSpans> spans_;   // the last timeline_steps steps, for the timeline
+  void write_timeline() const;
 };
 
 }  // namespace distjax::train

@@ -159,8 +159,9 @@ const std::vector<Entry>& schema() {
                       "continue from the latest checkpoint in run.out_dir"));
     s.push_back(field("run.seed", DJ_ACCESS(run.seed), "seed of initialisation, data and dropout"));
     s.push_back(field("run.timeline", DJ_ACCESS(run.timeline),
-                      "pipelines: write timeline.json (Chrome trace, opens in Perfetto) of the "
-                      "last step's compute, communication and idle spans per device"));
+                      "write Chrome traces (open in Perfetto) of compute, communication and idle "
+                      "spans: timeline_device<d>.json per device (step phases), or for a "
+                      "pipelined gpt timeline.json (every action of the last step)"));
     // [model]
     s.push_back(field("model.hidden", DJ_ACCESS(model.hidden), "classifier hidden width (D)"));
     s.push_back(field("model.layers", DJ_ACCESS(model.layers),

@@ -1,5 +1,6 @@
 #include "distjax/train/train_step.hpp"
 
+#include <chrono>
 #include <cmath>
 
 #include "distjax/autodiff/autodiff.hpp"
@@ -141,10 +142,16 @@ Metrics train_step(TrainState& state, const Batch& batch, const LossFn& loss_fn,
   const std::int64_t live_before = tensor::live_bytes();
   if (memory) tensor::reset_peak_bytes();
   const double loss_scale = state.loss_scale ? state.loss_scale->scale : 1.0;
+  auto now = [] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
+  if (options.spans) options.spans->start = now();
   GradientResult r =
       strategy.forward_backward(state.loss_scale ? scaled_loss(loss_fn, loss_scale) : loss_fn,
                                 state.params, batch, rng, options.num_minibatches);
   if (memory) memory->activations_peak = tensor::peak_bytes() - live_before;
+  if (options.spans) options.spans->forward_backward_end = now();
   r.grads = strategy.finalize_grads(std::move(r.grads));
   r.metrics = strategy.reduce_metrics(std::move(r.metrics));
   // The norm of the whole model's gradient (sharded leaves summed over their shards): one
@@ -152,6 +159,7 @@ Metrics train_step(TrainState& state, const Batch& batch, const LossFn& loss_fn,
   // anywhere overflowed (inf or nan), and all skip or apply the update alike.
   const double norm = std::sqrt(strategy.grad_norm_squared(r.grads)) / loss_scale;
   const bool finite = std::isfinite(norm);
+  if (options.spans) options.spans->sync_end = now();
   double factor = 1.0 / loss_scale;  // unscale and clip in one pass
   if (options.max_grad_norm > 0.0 && norm > options.max_grad_norm)
     factor *= options.max_grad_norm / norm;
@@ -159,6 +167,7 @@ Metrics train_step(TrainState& state, const Batch& batch, const LossFn& loss_fn,
   const double lr = optimizer.learning_rate(state.step);
   if (finite || !state.loss_scale)
     strategy.apply_update(optimizer, state.params, r.grads, state.opt_state, state.step);
+  if (options.spans) options.spans->update_end = now();
   if (state.loss_scale) {
     state.loss_scale->update(finite);
     r.metrics.add("loss_scale", loss_scale, 1.0);

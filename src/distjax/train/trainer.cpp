@@ -80,6 +80,33 @@ Trainer::Trainer(TrainerConfig config, const optim::Optimizer& optimizer, LossFn
   tty_ = config_.print && config_.progress_bar && isatty(fileno(stdout)) != 0;
 }
 
+void Trainer::write_timeline() const {
+  if (config_.timeline_file.empty() || spans_.empty()) return;
+  const double t0 = spans_.front().start;
+  json events = json::array();
+  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", config_.device},
+                    {"args", {{"name", "device " + std::to_string(config_.device)}}}});
+  auto event = [&](const char* name, const char* cat, double a, double b) {
+    if (b <= a) return;
+    events.push_back({{"name", name}, {"cat", cat}, {"ph", "X"}, {"ts", (a - t0) * 1e6},
+                      {"dur", (b - a) * 1e6}, {"pid", config_.device}, {"tid", 0}});
+  };
+  double prev_end = t0;
+  for (const StepSpans& s : spans_) {
+    event("between steps", "idle", prev_end, s.start);
+    event("forward + backward", "compute", s.start, s.forward_backward_end);
+    event("gradient sync", "communication", s.forward_backward_end, s.sync_end);
+    event("update", "compute", s.sync_end, s.update_end);
+    prev_end = s.update_end;
+  }
+  const std::filesystem::path path(config_.timeline_file);
+  std::error_code ec;
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
+  std::ofstream f(path);
+  DISTJAX_CHECK(f.good(), IoError, "[Trainer] cannot write the timeline \"", path.string(), "\"");
+  f << json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() << '\n';
+}
+
 std::string Trainer::eta(std::int64_t step) const {
   if (config_.total_steps <= 0 || step <= first_step_ || train_seconds_ <= 0.0) return "";
   const double per_step = train_seconds_ / static_cast<double>(step - first_step_);
@@ -140,7 +167,15 @@ void Trainer::write_record(const std::string& json_line) {
 Metrics Trainer::step(TrainState& state, const Batch& batch) {
   if (first_step_ < 0) first_step_ = state.step;
   const auto t0 = Clock::now();
-  Metrics m = train_step(state, batch, loss_fn_, optimizer_, options_);
+  StepSpans spans;
+  TrainStepOptions options = options_;
+  if (!config_.timeline_file.empty()) options.spans = &spans;
+  Metrics m = train_step(state, batch, loss_fn_, optimizer_, options);
+  if (options.spans) {
+    spans_.push_back(spans);
+    while (static_cast<std::int64_t>(spans_.size()) > std::max<std::int64_t>(1, config_.timeline_steps))
+      spans_.pop_front();
+  }
   const double dt = seconds_since(t0);
   // Each data-parallel replica sees its slice of the global batch.
   const int replicas = options_.strategy ? options_.strategy->data_parallel_size() : 1;
@@ -266,6 +301,7 @@ void Trainer::finish(const TrainState& state, const std::map<std::string, double
     }
     std::filesystem::rename(tmp, path);
   }
+  write_timeline();
   std::string plot_note;
   if (files_ && config_.plot) {
     files_->metrics.flush();
