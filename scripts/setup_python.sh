@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates .venv-test, the Python environment of the tests that read DistJax files with
-# other tools (tests/train/checkpoint_test.cpp loads checkpoints with `safetensors`).
+# other tools (tests/train/checkpoint_errors_test.cpp loads checkpoints with `safetensors`).
 # Debian 12 packages no safetensors, so it comes from PyPI. Fast when the venv is ready.
 set -euo pipefail
 cd "$(dirname "$0")/.."
