@@ -37,6 +37,7 @@
 #include "distjax/comm/mpi/exchange.hpp"
 #include "distjax/comm/mpi/flight_records.hpp"
 #include "distjax/comm/mpi/guards.hpp"
+#include "distjax/comm/mpi/mpi_communicator.hpp"
 #include "distjax/core/error.hpp"
 
 namespace distjax::comm::mpi {
@@ -978,91 +979,10 @@ class MpiCommunicator final : public CommunicatorImpl,
   std::string failure_;
 };
 
-namespace {
-bool g_we_initialized = false;
-
-// Every collective runs in its nonblocking form (so no rank can hang, see the top of this
-// file). Open MPI's default choice for MPI_Iallreduce (libnbc) measured ~0.6x of the
-// blocking MPI_Allreduce at 4 MiB on 2 ranks; its ring algorithm measured 1.4x at 4 MiB
-// and 2.4x at 64 MiB (bench_comm). Open MPI reads MCA parameters from the environment
-// at MPI_Init, which may happen in the user's main, so the default is set when the
-// library loads; a value the user already set is kept.
-const bool g_iallreduce_ring = [] {
-  return setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", /*overwrite=*/0) == 0;
-}();
-
-void finalize_at_exit() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+std::shared_ptr<CommunicatorImpl> make_communicator(MPI_Comm comm, const LaunchOptions& opts,
+                                                    std::shared_ptr<CommStats> stats,
+                                                    const char* op) {
+  return std::make_shared<MpiCommunicator>(comm, opts, std::move(stats), op);
 }
-}  // namespace
 
 }  // namespace distjax::comm::mpi
-
-namespace distjax::comm::detail {
-
-void launch_mpi(const LaunchOptions& opts, const std::function<void(Communicator&)>& fn) {
-  int inited = 0;
-  MPI_Initialized(&inited);
-  if (!inited) {
-    int provided = 0;
-    int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
-    mpi::check(rc, "launch", -1);
-    mpi::g_we_initialized = true;
-    std::atexit(mpi::finalize_at_exit);
-  }
-  int world_size = 1, world_rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  DISTJAX_CHECK(opts.devices_per_process == 1, NotImplemented,
-                "[launch] the MPI backend runs one device per process; devices_per_process=",
-                opts.devices_per_process, " is not implemented");
-  DISTJAX_CHECK(opts.num_devices <= 1 || opts.num_devices == world_size, ConfigError,
-                "[launch] num_devices=", opts.num_devices, " but the MPI world has ", world_size,
-                " processes x 1 device per process");
-  DISTJAX_CHECK(opts.timeout.count() > 0, InvalidArgument, "[launch] timeout must be > 0 ms");
-  set_intra_op_threads(intra_op_threads_for(opts, 1));
-  // Open MPI reports a failed nonblocking collective (a mismatched program in fast mode:
-  // MPI_ERR_TRUNCATE) through MPI_COMM_WORLD's handler, fatal by default: return codes
-  // instead while the launch runs, so the flight records can name what went wrong.
-  MPI_Errhandler user_handler;
-  MPI_Comm_get_errhandler(MPI_COMM_WORLD, &user_handler);
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  struct Restore {
-    MPI_Errhandler h;
-    ~Restore() {
-      MPI_Comm_set_errhandler(MPI_COMM_WORLD, h);
-      MPI_Errhandler_free(&h);
-    }
-  } restore{user_handler};
-  mpi::open_epoch(opts.timeout, world_rank);
-  try {
-    auto world = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
-    MPI_Request r;
-    mpi::check(MPI_Comm_idup(MPI_COMM_WORLD, world.get(), &r), "launch", world_rank);
-    mpi::wait_setup(r, world, mpi::Clock::now() + opts.timeout, opts.timeout, "launch",
-                    "duplicating MPI_COMM_WORLD", world_rank);
-    Communicator c(std::make_shared<mpi::MpiCommunicator>(*world, opts,
-                                                          std::make_shared<CommStats>(),
-                                                          "launch"));
-    fn(c);
-  } catch (...) {
-    // Tell the other processes first, so their pending calls fail now, not at timeout.
-    std::exception_ptr e = std::current_exception();
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
-      mpi::send_abort(ex.what(), world_rank);
-    } catch (...) {
-      mpi::send_abort("a non-standard exception", world_rank);
-    }
-    mpi::close_epoch();
-    rethrow_with_device(e, world_rank);
-  }
-  mpi::close_epoch();
-}
-
-bool mpi_available() { return true; }
-
-}  // namespace distjax::comm::detail
