@@ -67,12 +67,14 @@ std::vector<train::Batch> image_batches(int steps, std::int64_t batch, std::int6
 
 TrainingRun train_reference(const TensorTree& init, const train::LossFn& fn,
                             const std::vector<train::Batch>& batches,
-                            const optim::Optimizer& opt = adamw()) {
+                            const optim::Optimizer& opt = adamw(), int num_minibatches = 1) {
   auto state = train::TrainState::create(init, opt, Key::from_seed(2));
   TrainingRun run;
   for (const auto& b : batches) {
     const train::Metrics m =
-        train::train_step(state, b, fn, opt, {.max_grad_norm = distjax::testing::kParityMaxGradNorm});
+        train::train_step(state, b, fn, opt,
+                          {.num_minibatches = num_minibatches,
+                           .max_grad_norm = distjax::testing::kParityMaxGradNorm});
     run.losses.push_back(m.mean("loss"));
     run.grad_norms.push_back(m.mean("grad_norm"));
   }
@@ -124,7 +126,7 @@ struct Gathered {
 
 TrainingRun train_pipelined(const Mesh& mesh, const PipelineModule& module, const PipeSetup& setup,
                             const std::vector<train::Batch>& batches,
-                            const optim::Optimizer& opt = adamw()) {
+                            const optim::Optimizer& opt = adamw(), int num_minibatches = 1) {
   const bool has_data = mesh.has_axis("data");
   const int n_data = has_data ? mesh.axis_size("data") : 1;
   std::vector<std::vector<double>> losses(static_cast<std::size_t>(mesh.size()));
@@ -152,7 +154,9 @@ TrainingRun train_pipelined(const Mesh& mesh, const PipelineModule& module, cons
           const std::int64_t per = b.size() / n_data;
           const train::Metrics m = train::train_step(
               state, b.slice(i * per, (i + 1) * per), nullptr, opt,
-              {.max_grad_norm = distjax::testing::kParityMaxGradNorm, .strategy = &pp});
+              {.num_minibatches = num_minibatches,
+               .max_grad_norm = distjax::testing::kParityMaxGradNorm,
+               .strategy = &pp});
           losses[static_cast<std::size_t>(ctx.device())].push_back(m.mean("loss"));
           if (ctx.device() == 0) norms.push_back(m.mean("grad_norm"));
         }
@@ -206,6 +210,18 @@ TEST(Pipeline, EveryScheduleMatchesOneDevice) {
         {.options = {.schedule = c.kind, .microbatches = c.m, .virtual_stages = c.v}}, data);
     expect_same_run(one, run, kAdamTol, what);
   }
+}
+
+TEST(Pipeline, GradientAccumulationAroundThePipelineMatchesOneDevice) {
+  // Two accumulation slices per step, each run as 4 micro-batches through the pipeline.
+  const models::PPClassifier model(classifier_config(4));
+  const auto data = image_batches(kSteps, 16, 12);
+  const TrainingRun one =
+      train_reference(model.init(Key::from_seed(1)), model.loss_fn(), data, adamw(), 2);
+  const TrainingRun run = train_pipelined(
+      Mesh({2}, {"pipe"}), model,
+      {.options = {.schedule = ScheduleKind::OneFOneB, .microbatches = 4}}, data, adamw(), 2);
+  expect_same_run(one, run, kAdamTol, "1F1B with 2 accumulation slices");
 }
 
 TEST(Pipeline, GptDataTensorPipe222MatchesOneDevice) {

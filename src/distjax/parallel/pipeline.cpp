@@ -10,6 +10,7 @@
 
 #include "distjax/autodiff/autodiff.hpp"
 #include "distjax/core/error.hpp"
+#include "distjax/optim/clip.hpp"
 #include "distjax/parallel/zero.hpp"
 #include "distjax/spmd/collectives.hpp"
 #include "distjax/tensor/grad_node.hpp"
@@ -154,11 +155,7 @@ train::GradientResult Pipeline::forward_backward(const train::LossFn&, const Ten
     }
   }
   tensor::NoGradGuard no_grad;
-  for (auto& [path, g] : out.grads) {
-    float* pg = g.data<float>();
-    for (std::int64_t k = 0; k < g.numel(); ++k)
-      pg[k] /= static_cast<float>(num_minibatches);
-  }
+  optim::scale_in_place(out.grads, 1.0 / num_minibatches);  // as train::accumulate_gradients
   return out;
 }
 
