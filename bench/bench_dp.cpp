@@ -23,8 +23,7 @@
 //                 [--fsdp-min-weight N] [--prefetch-depth D] [--only NAME]
 //   --seconds S  timed seconds per variant, split over the rounds (default 4)
 //   --only NAME  run only the configuration whose first variant is NAME (dp_2dev,
-//                single_1dev, dp_sync_slow_link, dp_sync_free_link, fsdp_slow_link,
-//                fsdp_free_link); prints no lines
+//                single_1dev, dp_sync_slow_link, fsdp_slow_link); prints no lines
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -80,12 +79,14 @@ struct Variant {
   bool prefetch = false;        // FSDP: an FsdpPrefetcher per device
   bool timeline = false;        // record device 0's gradient all-reduces (BucketTimeline)
   std::int64_t batch = kBatch;  // global batch (sequences)
+  /// The link its steps run on (set before each step with Communicator::set_link_model,
+  /// so variants on different links alternate step by step in one shard_map call).
+  comm::LinkModel link{};
 };
 
-/// One shard_map call over ("data" = devices): the link and the variants it alternates.
+/// One shard_map call over ("data" = devices): the variants it alternates.
 struct Config {
   int devices = 2;
-  comm::LinkModel link{};
   std::vector<Variant> variants;
 };
 
@@ -220,7 +221,6 @@ void run_round(const Config& cfg, const Options& o, Extras& extras, Round& round
   }
   const train::Batch global = token_batch(kBatch, 128, 256);
   spmd::ShardMapOptions so;
-  so.link = cfg.link;
   so.intra_op_threads = 1;
   so.timeout = std::chrono::milliseconds(120000);
   auto body = [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
@@ -231,18 +231,19 @@ void run_round(const Config& cfg, const Options& o, Extras& extras, Round& round
       reps.push_back(make_replica(ctx, v, *gpts[k], global, o));
       Replica& r = *reps.back();
       BucketTimeline* tl = v.timeline && ctx.device() == 0 ? &extras.timelines[v.name] : nullptr;
-      steps.push_back({[&ctx, &r, tl, &cfg] {
+      steps.push_back({[&ctx, &r, tl, &v, &cfg] {
                          comm::CommStats& st = ctx.comm_stats();
                          st.record_spans = tl != nullptr;
                          const train::Metrics m =
                              train::train_step(*r.state, r.batch, r.loss, bench_adamw(),
                                                {.strategy = r.strategy.get()});
-                         if (tl) add_timeline(*tl, st.spans, cfg.link, cfg.devices);
+                         if (tl) add_timeline(*tl, st.spans, v.link, cfg.devices);
                          st.record_spans = false;
                          st.spans.clear();
                          return static_cast<float>(m.mean("loss"));
                        },
-                       r.state->params.num_elements()});
+                       r.state->params.num_elements(),
+                       [&ctx, &v] { ctx.world().set_link_model(v.link); }});
     }
     round.run(ctx, steps);
     if (ctx.device() == 0)
@@ -267,20 +268,23 @@ comm::LinkModel slow_link(const Options& o) {
 std::vector<Config> configs(const Options& o) {
   std::vector<Config> out;
   const std::size_t bucket = static_cast<std::size_t>(o.bucket_kib) << 10;
-  auto dp = [&](std::string name, bool overlap, bool timeline = false) {
+  auto dp = [&](std::string name, bool overlap, comm::LinkModel link, bool timeline = false) {
     return Variant{.name = std::move(name),
                    .kind = Kind::DataParallel,
                    .overlap = overlap,
                    .bucket_bytes = bucket,
-                   .timeline = timeline};
+                   .timeline = timeline,
+                   .link = link};
   };
-  auto fsdp = [](std::string name, bool prefetch) {
-    return Variant{
-        .name = std::move(name), .kind = Kind::Fsdp, .remat = true, .prefetch = prefetch};
+  auto fsdp = [](std::string name, bool prefetch, comm::LinkModel link) {
+    return Variant{.name = std::move(name),
+                   .kind = Kind::Fsdp,
+                   .remat = true,
+                   .prefetch = prefetch,
+                   .link = link};
   };
   if (o.part == "all" || o.part == "scaling") {
     out.push_back({.devices = 2,
-                   .link = {},
                    .variants = {{.name = "dp_2dev"},
                                 {.name = "fsdp_remat_2dev", .kind = Kind::Fsdp, .remat = true},
                                 {.name = "fsdp_no_remat_2dev", .kind = Kind::Fsdp},
@@ -291,30 +295,25 @@ std::vector<Config> configs(const Options& o) {
     // The half batch on one device: what each data-parallel device computes.
     out.push_back(
         {.devices = 1,
-         .link = {},
          .variants = {
              {.name = "single_1dev", .kind = Kind::Single},
              {.name = "single_1dev_half_batch", .kind = Kind::Single, .batch = kBatch / 2}}});
   }
-  if (o.part == "all" || o.part == "overlap") {
+  // The slow and the zero-cost link in one shard_map call, step by step: T_comm is a
+  // difference of step times measured side by side, not across calls.
+  const comm::LinkModel slow = slow_link(o), free{};
+  if (o.part == "all" || o.part == "overlap")
     out.push_back({.devices = 2,
-                   .link = slow_link(o),
-                   .variants = {dp("dp_sync_slow_link", false),
-                                dp("dp_overlap_slow_link", true, /*timeline=*/true)}});
+                   .variants = {dp("dp_sync_slow_link", false, slow),
+                                dp("dp_overlap_slow_link", true, slow, /*timeline=*/true),
+                                dp("dp_sync_free_link", false, free),
+                                dp("dp_overlap_free_link", true, free)}});
+  if (o.part == "all" || o.part == "prefetch")
     out.push_back({.devices = 2,
-                   .link = {},
-                   .variants = {dp("dp_sync_free_link", false), dp("dp_overlap_free_link", true)}});
-  }
-  if (o.part == "all" || o.part == "prefetch") {
-    out.push_back(
-        {.devices = 2,
-         .link = slow_link(o),
-         .variants = {fsdp("fsdp_slow_link", false), fsdp("fsdp_prefetch_slow_link", true)}});
-    out.push_back(
-        {.devices = 2,
-         .link = {},
-         .variants = {fsdp("fsdp_free_link", false), fsdp("fsdp_prefetch_free_link", true)}});
-  }
+                   .variants = {fsdp("fsdp_slow_link", false, slow),
+                                fsdp("fsdp_prefetch_slow_link", true, slow),
+                                fsdp("fsdp_free_link", false, free),
+                                fsdp("fsdp_prefetch_free_link", true, free)}});
   return out;
 }
 

@@ -110,6 +110,9 @@ inline void add_comm(CommPerStep& c, const Counters& before, const Counters& aft
 struct DeviceStep {
   std::function<float()> step;  // one step; returns the loss
   std::int64_t params_per_device = 0;
+  /// Run on every device before each of the variant's steps, outside the timed span (a
+  /// collective is allowed: every device calls it); e.g. the variant's link model.
+  std::function<void()> prepare = {};
 };
 
 /// One round of one configuration: shared by the devices of one shard_map call, whose body
@@ -136,14 +139,17 @@ class Round {
     const std::size_t nv = steps.size();
     std::vector<float> loss(nv);
     for (std::size_t v = 0; v < nv; ++v)
-      for (int i = 0; i < warmup_; ++i)
+      for (int i = 0; i < warmup_; ++i) {
+        if (steps[v].prepare) steps[v].prepare();
         loss[v] = steps[v].step();
+      }
     const auto start = Clock::now();
     int n = 0;
     std::vector<std::vector<double>> times(nv);
     std::vector<CommPerStep> comm(nv);
     while (true) {
       for (std::size_t v = 0; v < nv; ++v) {
+        if (steps[v].prepare) steps[v].prepare();
         ctx.world().barrier();
         const Counters before = ctx.comm_stats().by_kind;
         const auto t0 = Clock::now();

@@ -308,6 +308,55 @@ TEST(Launch, LinkModelSlowsTransfers) {
   EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(4));
 }
 
+TEST(Launch, SetLinkModelChangesTheLinkOfEveryDeviceBetweenCalls) {
+  // 4 B all-reduces: free at launch, then 0.25 s of latency per step (2 steps on 2
+  // devices), then free again. A sleep lasts at least its time, so the lower bound cannot
+  // fail by load; the free calls would need 0.5 s of scheduling delay to fail.
+  using Seconds = std::chrono::duration<double>;
+  std::vector<double> t(3 * 2);
+  launch(opts(2), [&](Communicator& world) {
+    auto timed = [&] {
+      float x = 1, y = 0;
+      const auto t0 = std::chrono::steady_clock::now();
+      world.all_reduce(&x, &y, 1, DType::F32, ReduceOp::Sum);
+      EXPECT_EQ(y, 2.f);
+      return Seconds(std::chrono::steady_clock::now() - t0).count();
+    };
+    t[0 + world.rank()] = timed();
+    world.set_link_model({.latency_us = 250000});
+    t[2 + world.rank()] = timed();
+    world.set_link_model({});
+    t[4 + world.rank()] = timed();
+  });
+  for (int d = 0; d < 2; ++d) {
+    EXPECT_LT(t[0 + d], 0.5);
+    EXPECT_GE(t[2 + d], 0.5);
+    EXPECT_LT(t[4 + d], 0.5);
+  }
+}
+
+TEST(Launch, SetLinkModelMustAgreeAndCoverTheWorld) {
+  // Different models on different devices: a CommError naming the devices.
+  try {
+    launch(opts(2), [](Communicator& world) {
+      world.set_link_model({.latency_us = world.rank() == 0 ? 1.0 : 2.0});
+    });
+    ADD_FAILURE() << "no exception";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("disagree"), std::string::npos) << e.what();
+  }
+  // A sub-group cannot change the world's link.
+  try {
+    launch(opts(4), [](Communicator& world) {
+      Communicator half = world.split(world.rank() / 2, world.rank());
+      half.set_link_model({.latency_us = 1.0});
+    });
+    ADD_FAILURE() << "no exception";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("world communicator"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Launch, ReductionOfAnUnknownDTypeOrReduceOpThrows) {
   // Every DType is reducible; a value outside the enums (a corrupted byte, a dtype added
   // without its reduction) must throw rather than reduce nothing or fall back to a sum.

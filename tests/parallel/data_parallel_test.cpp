@@ -220,6 +220,88 @@ TEST(DataParallel, OverlappedBucketsStartDuringBackwardAndGiveTheSyncAverages) {
       EXPECT_EQ(with[d].at(path).to_vector<float>(), g.to_vector<float>()) << path;
 }
 
+// AdamW that records the parameter paths of each update call.
+class RecordingAdamW final : public optim::Optimizer {
+ public:
+  explicit RecordingAdamW(bool per_leaf) : per_leaf_(per_leaf) {}
+  TensorTree init(const TensorTree& params) const override { return inner_.init(params); }
+  void update(TensorTree& params, const TensorTree& grads, TensorTree& state,
+              std::int64_t step) const override {
+    std::vector<std::string> paths;
+    for (const auto& [path, p] : params)
+      paths.push_back(path);
+    calls.push_back(paths);
+    inner_.update(params, grads, state, step);
+  }
+  double learning_rate(std::int64_t step) const override { return inner_.learning_rate(step); }
+  std::string name() const override { return "recording_adamw"; }
+  bool updates_per_leaf() const override { return per_leaf_; }
+  mutable std::vector<std::vector<std::string>> calls;
+
+ private:
+  optim::AdamW inner_{{.learning_rate = optim::constant_schedule(1e-2), .weight_decay = 0.1}};
+  bool per_leaf_;
+};
+
+TEST(DataParallel, StreamedUpdateUpdatesEachBucketAsItArrivesWithTheSameResult) {
+  // Four 8x8 weights in 512-byte buckets over data=2: without clipping the train step
+  // updates each bucket once its all-reduce is done (the last layer's first); with
+  // clipping (a bound never reached), or an optimizer that does not update per leaf,
+  // once after all of them. The parameters must be the same bits.
+  const int n = 2, steps = 3;
+  enum Mode { Streamed, Clipped, NotPerLeaf };
+  std::vector<std::vector<TensorTree>> params(3, std::vector<TensorTree>(n));
+  std::vector<std::vector<std::vector<std::string>>> calls(3);
+  spmd::shard_map(
+      Mesh({n}, {"data"}),
+      [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+        const int i = ctx.axis_index("data");
+        train::LossFn fn = [](const TensorTree& p, const train::Batch& b, Key) {
+          Tensor h = b.inputs;
+          for (const char* name : {"w0", "w1", "w2", "w3"})
+            h = tensor::tanh(tensor::matmul(h, p.at(name)));
+          return std::make_pair(tensor::mean(h), train::Metrics{});
+        };
+        for (Mode mode : {Streamed, Clipped, NotPerLeaf}) {
+          TensorTree init;
+          for (const char* name : {"w0", "w1", "w2", "w3"})
+            init.set(name, testing::random_tensor(
+                               Key::from_seed(1).fold_in(std::string_view(name)), {8, 8}));
+          RecordingAdamW opt(mode != NotPerLeaf);
+          DataParallel dp(ctx, "data", nullptr, /*bucket_bytes=*/2 * 8 * 8 * 4, true);
+          train::TrainState state = train::TrainState::create(init, opt, Key::from_seed(3), dp);
+          for (int s = 0; s < steps; ++s) {
+            const train::Batch batch{
+                testing::random_tensor(Key::from_seed(2).fold_in(s * n + i), {4, 8}),
+                Tensor::zeros({4}, DType::I32)};
+            train::train_step(state, batch, fn, opt,
+                              {.max_grad_norm = mode == Clipped ? 1e9 : 0.0, .strategy = &dp});
+          }
+          params[mode][ctx.device()] = state.params;
+          if (ctx.device() == 0) calls[mode] = opt.calls;
+        }
+        return std::vector<Tensor>{};
+      },
+      {}, {})(std::vector<Tensor>{});
+  const std::vector<std::string> all = {"w0", "w1", "w2", "w3"};
+  ASSERT_EQ(calls[Streamed].size(), 2u * steps);
+  for (int s = 0; s < steps; ++s) {
+    EXPECT_EQ(calls[Streamed][2 * s], (std::vector<std::string>{"w2", "w3"}));
+    EXPECT_EQ(calls[Streamed][2 * s + 1], (std::vector<std::string>{"w0", "w1"}));
+  }
+  for (Mode mode : {Clipped, NotPerLeaf}) {
+    ASSERT_EQ(calls[mode].size(), static_cast<std::size_t>(steps));
+    for (const auto& c : calls[mode])
+      EXPECT_EQ(c, all);
+  }
+  for (int d = 0; d < n; ++d)
+    for (const std::string& path : all)
+      for (Mode mode : {Clipped, NotPerLeaf})
+        EXPECT_EQ(params[Streamed][d].at(path).to_vector<float>(),
+                  params[mode][d].at(path).to_vector<float>())
+            << path << " mode " << mode;
+}
+
 TEST(DataParallel, AdamWMatchesOneDevice) {
   optim::AdamW opt({.learning_rate = optim::constant_schedule(1e-2), .weight_decay = 1e-2});
   const TrainingRun one = train_one_device(opt);

@@ -12,6 +12,7 @@
 
 #include "distjax/comm/buffer.hpp"
 #include "distjax/comm/comm_stats.hpp"
+#include "distjax/comm/link_model.hpp"
 #include "distjax/comm/request.hpp"
 #include "distjax/core/dtype.hpp"
 
@@ -52,6 +53,8 @@ class CommunicatorImpl {
   virtual Request irecv(const Buffer& buf, int src, int tag) = 0;
   virtual std::shared_ptr<CommunicatorImpl> split(int color, int key) = 0;
   virtual CommStats& stats() = 0;
+  /// Communicator::set_link_model. The default: NotImplemented (no simulated link).
+  virtual void set_link_model(const LinkModel& link);
 
   /// The label of Communicator::label(), kept here for every backend ("world" at first).
   const std::string& label() const { return label_; }
@@ -176,6 +179,13 @@ class Communicator {
                const std::vector<std::pair<int, int>>& pairs);
   /// Returns when every rank of the group has called it.
   void barrier() { impl_->barrier(); }
+  /// Threads backend: the link model (LaunchOptions::link) of every call issued after it
+  /// returns, on every device of the launch. Collective over the world communicator:
+  /// every device calls it with the same model (else CommError naming the devices), with
+  /// no non-blocking call in flight that it has not waited for; it returns on every device
+  /// once the new model is in force. Lets one launch measure the same program on two links
+  /// step by step. Other backends (a real interconnect): NotImplemented.
+  void set_link_model(const LinkModel& link) { impl_->set_link_model(link); }
 
   /// Starts sending count elements of buf to rank dst with tag (0 <= tag < kMaxTag).
   /// Messages between the same (src, dst, tag) arrive in order. The transfer proceeds

@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "distjax/comm/communicator.hpp"
+#include "distjax/comm/link_model.hpp"
 
 namespace distjax::comm {
 
@@ -16,15 +17,6 @@ enum class Backend : std::uint8_t {
 };
 /// "threads", "mpi".
 const char* backend_name(Backend b);
-
-/// Optional cost model of the interconnect for the threads backend: every call sleeps
-/// steps * latency + bytes_sent / bandwidth (steps and bytes of the ring algorithm, see
-/// OpCounters), so users can see what communication would cost on a slower link.
-struct LinkModel {
-  double latency_us = 0;      // per message step
-  double bandwidth_gbps = 0;  // GB/s (1e9 bytes per second); 0 = off (memory speed)
-  bool enabled() const { return latency_us > 0 || bandwidth_gbps > 0; }
-};
 
 /// How launch starts the devices.
 struct LaunchOptions {

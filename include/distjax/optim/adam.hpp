@@ -27,6 +27,7 @@ class Adam : public Optimizer {
               std::int64_t step) const override;
   double learning_rate(std::int64_t step) const override { return config_.learning_rate(step); }
   std::string name() const override { return "adam"; }
+  bool updates_per_leaf() const override { return true; }
   const AdamConfig& config() const { return config_; }
 
  private:

@@ -48,6 +48,7 @@ class AdamW : public Optimizer {
               std::int64_t step) const override;
   double learning_rate(std::int64_t step) const override { return config_.learning_rate(step); }
   std::string name() const override { return "adamw"; }
+  bool updates_per_leaf() const override { return true; }
   const AdamWConfig& config() const { return config_; }
   /// Whether the leaf at `path` is decayed.
   bool decays(const std::string& path) const;

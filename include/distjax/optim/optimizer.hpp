@@ -40,6 +40,13 @@ class Optimizer {
 
   /// "sgd", "adam", "adamw".
   virtual std::string name() const = 0;
+
+  /// Whether `update` acts on each leaf alone (what it does to a leaf depends on that
+  /// leaf's parameter, gradient and state only), so the tree may be updated in parts at
+  /// different times with the same result: a data-parallel step then updates each
+  /// gradient bucket as soon as its all-reduce is done. The built-in rules do; a rule
+  /// with a global view (a norm over all leaves) must keep the default, false.
+  virtual bool updates_per_leaf() const { return false; }
 };
 
 }  // namespace distjax::optim

@@ -26,6 +26,7 @@ class SGD : public Optimizer {
               std::int64_t step) const override;
   double learning_rate(std::int64_t step) const override { return config_.learning_rate(step); }
   std::string name() const override { return "sgd"; }
+  bool updates_per_leaf() const override { return true; }
   const SGDConfig& config() const { return config_; }
 
  private:

@@ -67,7 +67,9 @@ class DataParallel final : public Strategy {
   /// backward pass has finished with it (train::GradReadyFn: the last layer's first), and
   /// a full bucket's all-reduce starts at once while the backward pass goes on;
   /// finalize_grads waits for them. The same averages as sync_grads (views into the
-  /// buckets, no other copy per leaf); only the bucket order differs (ready order).
+  /// buckets, no other copy per leaf); only the bucket order differs (ready order). A
+  /// train step without clipping or loss scaling then updates each bucket's parameters as
+  /// soon as it arrives (finalize_and_update).
   DataParallel(spmd::DeviceContext& ctx, mesh::Axes axes = "data", const ParamSpecs* specs = nullptr,
                std::size_t bucket_bytes = kDefaultBucketBytes, bool overlap = true);
   ~DataParallel() override;
@@ -81,6 +83,13 @@ class DataParallel final : public Strategy {
   TensorTree own_params(const TensorTree& params) override;
   train::Batch own_batch(const train::Batch& batch) override;
   TensorTree finalize_grads(TensorTree grads) override;
+  /// With overlap and an optimizer that updates per leaf: the leaves no bucket carries
+  /// first, then each bucket's leaves as soon as its all-reduce is done, in the order the
+  /// buckets started, so the update of the first buckets runs while the last ones travel.
+  /// The same values as finalize_grads then apply_update.
+  TensorTree finalize_and_update(TensorTree grads, const optim::Optimizer& optimizer,
+                                 TensorTree& params, TensorTree& opt_state,
+                                 std::int64_t step) override;
   train::Metrics reduce_metrics(train::Metrics metrics) override;
   /// parallel::global_norm_squared (sharded leaves summed over their shards).
   double grad_norm_squared(const TensorTree& grads) override;

@@ -155,6 +155,10 @@ class Pipeline final : public Strategy {
                                          const train::Batch& batch, const Key& key,
                                          int num_minibatches) override;
   TensorTree finalize_grads(TensorTree grads) override;
+  /// The inner strategy's (data parallelism: each bucket updated as it arrives).
+  TensorTree finalize_and_update(TensorTree grads, const optim::Optimizer& optimizer,
+                                 TensorTree& params, TensorTree& opt_state,
+                                 std::int64_t step) override;
   train::Metrics reduce_metrics(train::Metrics metrics) override;
   /// Forward only (no grad, no dropout), micro-batch by micro-batch through the stages:
   /// the metrics of `batch` (this device's slice), summed over the pipe axis and reduced

@@ -15,7 +15,9 @@ namespace distjax::parallel {
 using tensor::TensorTree;
 
 /// What a train step asks of a parallelism strategy, in order: step_key, forward_backward,
-/// finalize_grads, reduce_metrics, grad_norm_squared (clipping), apply_update. The base
+/// finalize_grads, reduce_metrics, grad_norm_squared (clipping), apply_update; or, when
+/// the update needs no global view of the gradients (no clipping, no loss scaling),
+/// step_key, forward_backward, finalize_and_update, reduce_metrics, grad_norm_squared. The base
 /// class is one device: every hook is the identity or the plain operation.
 ///
 ///   parallel::DataParallel dp(ctx, "data");
@@ -56,6 +58,15 @@ class Strategy {
   /// optimizer.update. ZeRO updates this device's shard and all-gathers the result.
   virtual void apply_update(const optim::Optimizer& optimizer, TensorTree& params,
                             const TensorTree& grads, TensorTree& opt_state, std::int64_t step);
+  /// finalize_grads and apply_update in one, for a step whose update needs no view of the
+  /// whole gradient first (no clipping, no loss scaling): a strategy may update each part
+  /// of the model as soon as its gradients are final, while the rest are still in flight
+  /// (data parallelism with overlap: each bucket once its all-reduce is done, when
+  /// optimizer.updates_per_leaf()). Returns the finalized gradients, as finalize_grads
+  /// does. The base: finalize_grads, then apply_update.
+  virtual TensorTree finalize_and_update(TensorTree grads, const optim::Optimizer& optimizer,
+                                         TensorTree& params, TensorTree& opt_state,
+                                         std::int64_t step);
   /// The optimizer state in the layout of the parameters, for a checkpoint: every slot
   /// leaf "<slot>/<path>" with the shape of this device's block of parameter <path>, so
   /// it is saved (and resharded) with the parameter's PartitionSpec. The base: the state

@@ -25,11 +25,15 @@ namespace distjax::train {
 /// timeline): forward and backward (compute; under data parallelism with overlap this
 /// also issues the gradient all-reduces), gradient synchronisation (finalize_grads,
 /// reduce_metrics and the global norm: communication), and the optimizer update.
+/// Without clipping and loss scaling the update runs inside the synchronisation
+/// (Strategy::finalize_and_update: a data-parallel step updates each bucket as it
+/// arrives): `update_streamed` is then true and sync_end == update_end.
 struct StepSpans {
   double start = 0.0;
   double forward_backward_end = 0.0;
   double sync_end = 0.0;
   double update_end = 0.0;
+  bool update_streamed = false;
 };
 
 /// Options of train_step.
@@ -48,7 +52,9 @@ struct TrainStepOptions {
 
 /// One optimisation step on `state` (in place), through options.strategy: key
 /// strategy.step_key(state.rng.fold_in(state.step)), forward_backward, finalize_grads,
-/// optional clipping, optimizer update, reduce_metrics, step += 1.
+/// reduce_metrics, optional clipping, optimizer update, step += 1. Without clipping and
+/// loss scaling, finalize_grads and the update are one call (Strategy::finalize_and_update),
+/// so a strategy can update each part of the model as soon as its gradients are final.
 /// Returns the metrics of the batch plus "grad_norm" and "learning_rate" (count 1).
 /// With state.loss_scale (f16 training): the loss is scaled, the gradients unscaled, a
 /// step with a non-finite gradient on any device is skipped on every device, and the

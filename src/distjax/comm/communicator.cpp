@@ -16,6 +16,12 @@ const char* reduce_op_name(ReduceOp op) {
   return "?";
 }
 
+void CommunicatorImpl::set_link_model(const LinkModel&) {
+  DISTJAX_THROW(NotImplemented,
+                "[set_link_model] this backend communicates over a real interconnect; only the "
+                "threads backend simulates a link model");
+}
+
 namespace {
 
 using detail::check_buffer;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 #include <vector>
 
 #include "distjax/core/error.hpp"
@@ -325,19 +326,66 @@ std::size_t DataParallel::started_buckets() const {
                     [](const Overlap::Bucket& b) { return b.started; }));
 }
 
+namespace {
+
+// Waits for a bucket's all-reduce and sets its leaves in `out` as views into the bucket.
+template <class Bucket>
+void take_bucket(spmd::DeviceContext& ctx, Bucket& b, TensorTree& out) {
+  b.request.wait();
+  const std::uint32_t averaged = ctx.axis_mask(mesh::Axes(b.axes));
+  for (const auto& leaf : b.leaves) {
+    Tensor v = b.buffer.view_rows(leaf.offset, leaf.offset + numel(leaf.shape)).view(leaf.shape);
+    v.set_varying_axes(leaf.varying & ~averaged);
+    out.set(leaf.path, v);
+  }
+}
+
+}  // namespace
+
 TensorTree DataParallel::finalize_grads(TensorTree grads) {
   if (!inflight_) return sync_grads(*ctx_, grads, axes_, specs_, bucket_bytes_);
   // The averaged gradients are views into the buckets; the others pass through.
   std::unique_ptr<Overlap> ov = std::move(inflight_);
   TensorTree out = grads;
-  for (Overlap::Bucket& b : ov->buckets) {
-    b.request.wait();
-    const std::uint32_t averaged = ctx_->axis_mask(mesh::Axes(b.axes));
-    for (const Overlap::Leaf& leaf : b.leaves) {
-      Tensor v = b.buffer.view_rows(leaf.offset, leaf.offset + numel(leaf.shape)).view(leaf.shape);
-      v.set_varying_axes(leaf.varying & ~averaged);
-      out.set(leaf.path, v);
+  for (Overlap::Bucket& b : ov->buckets)
+    take_bucket(*ctx_, b, out);
+  return out;
+}
+
+TensorTree DataParallel::finalize_and_update(TensorTree grads, const optim::Optimizer& optimizer,
+                                             TensorTree& params, TensorTree& opt_state,
+                                             std::int64_t step) {
+  if (!inflight_ || !optimizer.updates_per_leaf())
+    return Strategy::finalize_and_update(std::move(grads), optimizer, params, opt_state, step);
+  std::unique_ptr<Overlap> ov = std::move(inflight_);
+  // Updates the parameters at `paths` with their gradients in `g` (shared storage: the
+  // leaves of `params` change in place).
+  auto update = [&](const std::vector<std::string>& paths, const TensorTree& g) {
+    if (paths.empty()) return;
+    TensorTree part, part_grads;
+    for (const std::string& path : paths) {
+      part.set(path, params.at(path));
+      part_grads.set(path, g.at(path));
     }
+    optimizer.update(part, part_grads, opt_state, step);
+  };
+  // The leaves no bucket carries (sharded over every data axis, not f32) are final now.
+  std::set<std::string> carried;
+  for (const Overlap::Bucket& b : ov->buckets)
+    for (const Overlap::Leaf& leaf : b.leaves)
+      carried.insert(leaf.path);
+  std::vector<std::string> rest;
+  for (const auto& [path, p] : params)
+    if (!carried.count(path)) rest.push_back(path);
+  update(rest, grads);
+  TensorTree out = grads;
+  std::vector<std::string> paths;
+  for (Overlap::Bucket& b : ov->buckets) {
+    take_bucket(*ctx_, b, out);
+    paths.clear();
+    for (const Overlap::Leaf& leaf : b.leaves)
+      paths.push_back(leaf.path);
+    update(paths, out);
   }
   return out;
 }

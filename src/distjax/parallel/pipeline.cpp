@@ -464,6 +464,13 @@ TensorTree Pipeline::finalize_grads(TensorTree grads) {
   return inner_ ? inner_->finalize_grads(without_pipe(grads)) : without_pipe(grads);
 }
 
+TensorTree Pipeline::finalize_and_update(TensorTree grads, const optim::Optimizer& optimizer,
+                                         TensorTree& params, TensorTree& opt_state,
+                                         std::int64_t step) {
+  if (!inner_) return Strategy::finalize_and_update(std::move(grads), optimizer, params, opt_state, step);
+  return inner_->finalize_and_update(without_pipe(grads), optimizer, params, opt_state, step);
+}
+
 train::Metrics Pipeline::reduce_metrics(train::Metrics metrics) {
   // Only the last stage saw the losses: sum over the pipe axis, then the inner reduction.
   train::Metrics merged = sync_metrics(*ctx_, metrics, options_.axis);

@@ -24,6 +24,14 @@ void Strategy::apply_update(const optim::Optimizer& optimizer, TensorTree& param
   optimizer.update(params, grads, opt_state, step);
 }
 
+TensorTree Strategy::finalize_and_update(TensorTree grads, const optim::Optimizer& optimizer,
+                                         TensorTree& params, TensorTree& opt_state,
+                                         std::int64_t step) {
+  grads = finalize_grads(std::move(grads));
+  apply_update(optimizer, params, grads, opt_state, step);
+  return grads;
+}
+
 TensorTree Strategy::opt_state_to_param_layout(const TensorTree& opt_state, const TensorTree&) {
   return opt_state;
 }

@@ -152,24 +152,39 @@ Metrics train_step(TrainState& state, const Batch& batch, const LossFn& loss_fn,
                                 state.params, batch, rng, options.num_minibatches);
   if (memory) memory->activations_peak = tensor::peak_bytes() - live_before;
   if (options.spans) options.spans->forward_backward_end = now();
-  r.grads = strategy.finalize_grads(std::move(r.grads));
-  r.metrics = strategy.reduce_metrics(std::move(r.metrics));
-  // The norm of the whole model's gradient (sharded leaves summed over their shards): one
-  // value on every device, so it is also where every device learns whether any gradient
-  // anywhere overflowed (inf or nan), and all skip or apply the update alike.
-  const double norm = std::sqrt(strategy.grad_norm_squared(r.grads)) / loss_scale;
-  const bool finite = std::isfinite(norm);
-  if (options.spans) options.spans->sync_end = now();
-  double factor = 1.0 / loss_scale;  // unscale and clip in one pass
-  if (options.max_grad_norm > 0.0 && norm > options.max_grad_norm)
-    factor *= options.max_grad_norm / norm;
-  if (factor != 1.0 && (finite || !state.loss_scale)) optim::scale_in_place(r.grads, factor);
   const double lr = optimizer.learning_rate(state.step);
-  if (finite || !state.loss_scale)
-    strategy.apply_update(optimizer, state.params, r.grads, state.opt_state, state.step);
-  if (options.spans) options.spans->update_end = now();
+  double norm = 0.0;
+  if (options.max_grad_norm <= 0.0 && !state.loss_scale) {
+    // Nothing about the update depends on the whole gradient: the strategy may update
+    // each part as soon as it is final (data parallelism: bucket by bucket). The norm is
+    // only reported.
+    r.grads = strategy.finalize_and_update(std::move(r.grads), optimizer, state.params,
+                                           state.opt_state, state.step);
+    r.metrics = strategy.reduce_metrics(std::move(r.metrics));
+    norm = std::sqrt(strategy.grad_norm_squared(r.grads));
+    if (options.spans) {
+      options.spans->update_streamed = true;
+      options.spans->sync_end = options.spans->update_end = now();
+    }
+  } else {
+    r.grads = strategy.finalize_grads(std::move(r.grads));
+    r.metrics = strategy.reduce_metrics(std::move(r.metrics));
+    // The norm of the whole model's gradient (sharded leaves summed over their shards):
+    // one value on every device, so it is also where every device learns whether any
+    // gradient anywhere overflowed (inf or nan), and all skip or apply the update alike.
+    norm = std::sqrt(strategy.grad_norm_squared(r.grads)) / loss_scale;
+    const bool finite = std::isfinite(norm);
+    if (options.spans) options.spans->sync_end = now();
+    double factor = 1.0 / loss_scale;  // unscale and clip in one pass
+    if (options.max_grad_norm > 0.0 && norm > options.max_grad_norm)
+      factor *= options.max_grad_norm / norm;
+    if (factor != 1.0 && (finite || !state.loss_scale)) optim::scale_in_place(r.grads, factor);
+    if (finite || !state.loss_scale)
+      strategy.apply_update(optimizer, state.params, r.grads, state.opt_state, state.step);
+    if (options.spans) options.spans->update_end = now();
+    if (state.loss_scale) state.loss_scale->update(finite);
+  }
   if (state.loss_scale) {
-    state.loss_scale->update(finite);
     r.metrics.add("loss_scale", loss_scale, 1.0);
     r.metrics.add("skipped_steps", static_cast<double>(state.loss_scale->skipped_steps), 1.0);
   }

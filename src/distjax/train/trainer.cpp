@@ -95,8 +95,12 @@ void Trainer::write_timeline() const {
   for (const StepSpans& s : spans_) {
     event("between steps", "idle", prev_end, s.start);
     event("forward + backward", "compute", s.start, s.forward_backward_end);
-    event("gradient sync", "communication", s.forward_backward_end, s.sync_end);
-    event("update", "compute", s.sync_end, s.update_end);
+    if (s.update_streamed) {  // each bucket updated as it arrived: one phase
+      event("gradient sync + update", "communication", s.forward_backward_end, s.update_end);
+    } else {
+      event("gradient sync", "communication", s.forward_backward_end, s.sync_end);
+      event("update", "compute", s.sync_end, s.update_end);
+    }
     prev_end = s.update_end;
   }
   const std::filesystem::path path(config_.timeline_file);

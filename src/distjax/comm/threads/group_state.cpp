@@ -24,12 +24,23 @@ inline void cpu_relax() {
 constexpr int kSpinIterations = 4000;
 constexpr auto kYieldTime = std::chrono::microseconds(200);
 
+// Set on the workers of non-blocking collectives (GroupState::sleep_when_waiting).
+thread_local bool t_sleep_when_waiting = false;
+
 }  // namespace
+
+void GroupState::sleep_when_waiting() {
+  t_sleep_when_waiting = true;
+}
 
 // ---------------------------------------------------------------- WorldState
 
 WorldState::WorldState(const LaunchOptions& opts)
-    : n_(opts.num_devices), opts_(opts), exited_(new std::atomic<bool>[opts.num_devices]) {
+    : n_(opts.num_devices),
+      opts_(opts),
+      latency_us_(opts.link.latency_us),
+      bandwidth_gbps_(opts.link.bandwidth_gbps),
+      exited_(new std::atomic<bool>[opts.num_devices]) {
   for (int d = 0; d < n_; ++d) {
     exited_[d].store(false);
     slots_.push_back(std::make_unique<Slot>());
@@ -198,7 +209,7 @@ void GroupState::sync(int rank, const detail::CallDesc* arrival, const void* sen
     }
     return;
   }
-  if (spin_) {
+  if (spin_ && !t_sleep_when_waiting) {
     for (int i = 0; i < kSpinIterations; ++i) {
       if (phase_.load(std::memory_order_acquire) != my) return;
       if (failed_atomic_.load(std::memory_order_relaxed)) break;
@@ -291,7 +302,7 @@ void GroupState::post(int rank, const std::shared_ptr<P2POp>& op) {
     std::memcpy(r.recv_buf, s.send_buf, s.count * dtype_size(s.dtype));
   }
   Clock::time_point ready = Clock::now();
-  const LinkModel& link = world_->options().link;
+  const LinkModel link = world_->link();
   if (link.enabled()) {
     double us = link.latency_us;
     if (link.bandwidth_gbps > 0)

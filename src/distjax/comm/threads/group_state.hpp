@@ -29,6 +29,16 @@ class WorldState {
   explicit WorldState(const LaunchOptions& opts);
   int num_devices() const { return n_; }
   const LaunchOptions& options() const { return opts_; }
+  /// The link model in force (options().link until set_link changes it).
+  LinkModel link() const {
+    return {latency_us_.load(std::memory_order_relaxed),
+            bandwidth_gbps_.load(std::memory_order_relaxed)};
+  }
+  /// Called by one device between barriers of the whole world (set_link_model).
+  void set_link(const LinkModel& link) {
+    latency_us_.store(link.latency_us, std::memory_order_relaxed);
+    bandwidth_gbps_.store(link.bandwidth_gbps, std::memory_order_relaxed);
+  }
 
   void register_group(const std::shared_ptr<GroupState>& g);
   /// Fails every group not failed yet with `why` and wakes its waiters.
@@ -53,6 +63,7 @@ class WorldState {
   };
   int n_;
   LaunchOptions opts_;
+  std::atomic<double> latency_us_, bandwidth_gbps_;
   std::mutex mu_;
   std::vector<std::weak_ptr<GroupState>> groups_;
   std::unique_ptr<std::atomic<bool>[]> exited_;
@@ -87,12 +98,18 @@ class GroupState {
   const std::shared_ptr<const std::string>& label() const { return label_; }
   WorldState& world() { return *world_; }
 
-  /// Waits until every rank reached this sync point. With `arrival`, first publishes the
+  /// Waits until every rank reached this sync point (spinning briefly first where every
+  /// device has a core, except on a thread that called sleep_when_waiting). With `arrival`, first publishes the
   /// rank's descriptor, buffers and aux values, and the last arriving rank compares the
   /// descriptors. Throws CommError (and fails the group) on mismatch, timeout, a missing
   /// device that finished its program, or when the group has failed.
   void sync(int rank, const detail::CallDesc* arrival, const void* send, void* recv, int aux0,
             int aux1, Clock::time_point deadline);
+
+  /// Marks the calling thread as one that runs beside its device's compute (the worker of
+  /// non-blocking collectives): its sync points sleep at once instead of spinning, which
+  /// would take a core from the computation the collective overlaps.
+  static void sleep_when_waiting();
 
   /// Published at the arrival; valid until the rank's next arrival.
   const void* send_of(int r) const { return send_[r]; }

@@ -6,6 +6,7 @@
 #include "distjax/comm/threads/threads_communicator.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <thread>
 
@@ -55,7 +56,7 @@ class ThreadsCommunicator::Call {
   }
   /// Charges the link model, then waits for every rank (nobody touches the buffers after).
   void depart() {
-    detail::link_sleep(c_.world_->options().link, traffic_);
+    detail::link_sleep(c_.world_->link(), traffic_);
     c_.g_->sync(c_.rank_, nullptr, nullptr, nullptr, 0, 0, deadline_);
   }
   void phase() { c_.g_->sync(c_.rank_, nullptr, nullptr, nullptr, 0, 0, deadline_); }
@@ -192,8 +193,26 @@ void ThreadsCommunicator::run_permute(const Buffer& sb, const Buffer& rb,
       std::memset(recv, 0, bytes);
     }
   }
-  detail::link_sleep(world_->options().link,
+  detail::link_sleep(world_->link(),
                      detail::Traffic{sends ? bytes : 0, 0, (sends || src >= 0) ? 1 : 0});
+  call.phase();
+}
+
+void ThreadsCommunicator::run_set_link_model(const LinkModel& link) {
+  DISTJAX_CHECK(size() == world_->num_devices(), InvalidArgument,
+                "[set_link_model] call it on the world communicator (every device of the "
+                "launch); this group has ", size(), " of ", world_->num_devices(), " devices");
+  Call call(*this, OpKind::Barrier, 0);
+  // The model's bits in the descriptor: devices that pass different models disagree.
+  const std::vector<std::pair<int, int>> bits = {
+      {static_cast<int>(std::bit_cast<std::uint64_t>(link.latency_us) >> 32),
+       static_cast<int>(std::bit_cast<std::uint64_t>(link.latency_us))},
+      {static_cast<int>(std::bit_cast<std::uint64_t>(link.bandwidth_gbps) >> 32),
+       static_cast<int>(std::bit_cast<std::uint64_t>(link.bandwidth_gbps))}};
+  call.arrive(detail::make_desc(call.seq(), OpKind::Barrier, 0, DType::F32, ReduceOp::Sum, 0,
+                                detail::hash_pairs(bits)),
+              nullptr, nullptr);
+  if (rank_ == 0) world_->set_link(link);
   call.phase();
 }
 
@@ -360,6 +379,7 @@ ThreadsCommunicator::~ThreadsCommunicator() {
 }
 
 void ThreadsCommunicator::worker_loop() {
+  GroupState::sleep_when_waiting();  // the device's thread computes meanwhile
   for (;;) {
     std::shared_ptr<Job> job;
     {
@@ -436,6 +456,9 @@ void ThreadsCommunicator::permute(const Buffer& send, const Buffer& recv,
 }
 void ThreadsCommunicator::barrier() {
   in_order([&] { run_barrier(); });
+}
+void ThreadsCommunicator::set_link_model(const LinkModel& link) {
+  in_order([&] { run_set_link_model(link); });
 }
 std::shared_ptr<CommunicatorImpl> ThreadsCommunicator::split(int color, int key) {
   DISTJAX_CHECK(color >= 0, InvalidArgument, "[split] color must be >= 0, got ", color);

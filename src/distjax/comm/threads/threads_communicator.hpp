@@ -43,6 +43,7 @@ class ThreadsCommunicator final : public CommunicatorImpl {
   Request irecv(const Buffer& buf, int src, int tag) override;
   std::shared_ptr<CommunicatorImpl> split(int color, int key) override;
   CommStats& stats() override { return *stats_; }
+  void set_link_model(const LinkModel& link) override;
 
  private:
   class Call;
@@ -59,6 +60,7 @@ class ThreadsCommunicator final : public CommunicatorImpl {
   void run_permute(const Buffer& send, const Buffer& recv,
                    const std::vector<std::pair<int, int>>& pairs);
   void run_barrier();
+  void run_set_link_model(const LinkModel& link);
   std::shared_ptr<CommunicatorImpl> run_split(int color, int key);
 
   /// Queues fn on this group's worker (started on first use) behind the requests in
