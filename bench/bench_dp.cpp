@@ -60,7 +60,7 @@ struct Options {
   // Parameters of at least this many elements are fully sharded (qkv, out, fc1, fc2 and
   // the embeddings of the bench GPT; biases and LayerNorms stay replicated).
   std::int64_t fsdp_min_weight = std::int64_t{1} << 14;
-  int prefetch_depth = 2;
+  int prefetch_depth = 4;  // one block ahead (qkv, out, fc1, fc2), as FSDP2 prefetches the next module
   std::string only;
 };
 
@@ -440,7 +440,8 @@ void write_overlap(const std::map<std::string, Measured>& m, const Options& o, c
   j["t_comm_s"] = t_comm;
   j["t_comm_method"] =
       "T_no_overlap(slow link) - T_no_overlap(zero-cost link): the time the link adds to the "
-      "step that all-reduces after backward (medians)";
+      "step that all-reduces after backward (medians; the four variants alternate step by "
+      "step in one shard_map call, the link set before each step)";
   j["t_no_overlap_free_link_s"] = t_sync_free;
   j["t_overlap_free_link_s"] = t_ov_free;
   j["link_cost_overlap_s"] = t_ov - t_ov_free;
@@ -475,8 +476,9 @@ void write_overlap(const std::map<std::string, Measured>& m, const Options& o, c
   j["devices"] = 2;
   j["mesh"] = "(data=2)";
   j["how"] =
-      "parallel::DataParallel(ctx, data, specs, bucket_bytes, overlap=true|false) on the same "
-      "link, alternated step by step; the slow and zero-cost links alternate by round";
+      "parallel::DataParallel(ctx, data, specs, bucket_bytes, overlap=true|false) on the slow "
+      "and the zero-cost link, the four variants alternated step by step in one shard_map call "
+      "(Communicator::set_link_model before each step)";
   common(j, o, load, other);
   out.write(j);
 }
@@ -488,15 +490,19 @@ void write_prefetch(const std::map<std::string, Measured>& m, const Options& o,
   const Measured &mnf = m.at("fsdp_free_link"), &mpf = m.at("fsdp_prefetch_free_link");
   const double t_no = median(mn.step_times), t_pf = median(mp.step_times);
   const double t_no_free = median(mnf.step_times), t_pf_free = median(mpf.step_times);
-  // The link's whole cost to the step without prefetch, then the gathers' share of it by the
-  // link model's own time per kind (the gradient reduce-scatters and the replicated leaves'
-  // all-reduce are not prefetchable; they cost both variants the same).
+  // The link's whole cost to the step without prefetch. The gathers' part of it: the time
+  // the devices spent inside all_gather calls in the step without prefetch (blocking, on
+  // the device's thread) on the slow link minus on the zero-cost link, measured by the
+  // communicator in the same alternating steps (the gradient reduce-scatters and the
+  // replicated leaves' all-reduce are not prefetchable; they cost both variants the same).
   const double t_comm_all = t_no - t_no_free;
   const double l_ag = modelled_link_s(mn, OpKind::AllGather, link, 2);
   const double l_rs = modelled_link_s(mn, OpKind::ReduceScatter, link, 2);
   const double l_ar = modelled_link_s(mn, OpKind::AllReduce, link, 2);
+  const double t_comm =
+      mean_seconds(mn, OpKind::AllGather) - mean_seconds(mnf, OpKind::AllGather);
+  // The estimate of earlier runs: the whole cost split by the link model's time per kind.
   const double share = l_ag + l_rs + l_ar > 0 ? l_ag / (l_ag + l_rs + l_ar) : 0.0;
-  const double t_comm = t_comm_all * share;
   const double frac = t_comm > 0 ? (t_no - t_pf) / t_comm : 0.0;
   json j = line("fsdp_prefetch_comm_hidden_fraction", frac, "fraction");
   if (t_comm <= 0) {
@@ -514,9 +520,16 @@ void write_prefetch(const std::map<std::string, Measured>& m, const Options& o,
   j["t_comm_gathers_s"] = t_comm;
   j["t_comm_all_s"] = t_comm_all;
   j["t_comm_method"] =
-      "(T_no_prefetch(slow link) - T_no_prefetch(zero-cost link)) x the gathers' share of the "
-      "link model's time per step (all_gather / (all_gather + reduce_scatter + all_reduce), "
-      "from the calls and bytes counted)";
+      "seconds per step inside all_gather calls (communicator counters, mean over devices) of "
+      "the step without prefetch on the slow link minus on the zero-cost link";
+  j["t_comm_gathers_share_estimate_s"] = t_comm_all * share;
+  j["hidden_fraction_share_estimate"] =
+      t_comm_all * share > 0 ? (t_no - t_pf) / (t_comm_all * share) : 0.0;
+  j["all_gather_seconds_per_step"] = {
+      {"no_prefetch_slow_link", mean_seconds(mn, OpKind::AllGather)},
+      {"no_prefetch_free_link", mean_seconds(mnf, OpKind::AllGather)},
+      {"prefetch_slow_link", mean_seconds(mp, OpKind::AllGather)},
+      {"prefetch_free_link", mean_seconds(mpf, OpKind::AllGather)}};
   j["hidden_fraction_of_all_comm"] = t_comm_all > 0 ? (t_no - t_pf) / t_comm_all : 0.0;
   j["hidden_fraction_of_modelled_gathers"] = l_ag > 0 ? (t_no - t_pf) / l_ag : 0.0;
   j["modelled_link_s_per_step"] = {
@@ -546,8 +559,8 @@ void write_prefetch(const std::map<std::string, Measured>& m, const Options& o,
   j["mesh"] = "(data=2)";
   j["how"] =
       "ZeRO-3 (nn::FullySharded over data, TransformerConfig::remat) with an FsdpPrefetcher per "
-      "device vs without, on the same link, alternated step by step; the slow and zero-cost "
-      "links alternate by round";
+      "device vs without, on the slow and the zero-cost link, the four variants alternated step "
+      "by step in one shard_map call (Communicator::set_link_model before each step)";
   common(j, o, load, other);
   out.write(j);
 }

@@ -81,6 +81,7 @@ struct CommPerStep {
   double bytes_sent = 0;
   std::array<double, comm::kNumOpKinds> calls_by_kind{};  // per kind (comm::OpKind)
   std::array<double, comm::kNumOpKinds> bytes_by_kind{};
+  std::array<double, comm::kNumOpKinds> seconds_by_kind{};  // inside the calls, waits included
 };
 
 /// What the timed steps of all rounds of one variant gave.
@@ -103,6 +104,7 @@ inline void add_comm(CommPerStep& c, const Counters& before, const Counters& aft
     c.bytes_sent += bytes;
     c.calls_by_kind[k] += static_cast<double>(after[k].calls - before[k].calls);
     c.bytes_by_kind[k] += bytes;
+    c.seconds_by_kind[k] += after[k].seconds - before[k].seconds;
   }
 }
 
@@ -173,6 +175,7 @@ class Round {
       for (int k = 0; k < comm::kNumOpKinds; ++k) {
         c.calls_by_kind[k] /= n;
         c.bytes_by_kind[k] /= n;
+        c.seconds_by_kind[k] /= n;
       }
       per_device_[v].push_back(c);
       if (ctx.device() == 0) {
@@ -200,6 +203,7 @@ class Round {
         for (int k = 0; k < comm::kNumOpKinds; ++k) {
           mean.calls_by_kind[k] += c.calls_by_kind[k] / nd;
           mean.bytes_by_kind[k] += c.bytes_by_kind[k] / nd;
+          mean.seconds_by_kind[k] += c.seconds_by_kind[k] / nd;
         }
       }
       m.comm.push_back(mean);
@@ -277,6 +281,14 @@ inline double mean_bytes(const Measured& m, comm::OpKind k) {
   double s = 0;
   for (const auto& c : m.comm)
     s += c.bytes_by_kind[static_cast<int>(k)] / static_cast<double>(m.comm.size());
+  return s;
+}
+
+/// Seconds per step inside calls of one kind, waiting for peers included.
+inline double mean_seconds(const Measured& m, comm::OpKind k) {
+  double s = 0;
+  for (const auto& c : m.comm)
+    s += c.seconds_by_kind[static_cast<int>(k)] / static_cast<double>(m.comm.size());
   return s;
 }
 

@@ -56,7 +56,7 @@ class ThreadsCommunicator::Call {
   }
   /// Charges the link model, then waits for every rank (nobody touches the buffers after).
   void depart() {
-    detail::link_sleep(c_.world_->link(), traffic_);
+    c_.charge_link(traffic_);
     c_.g_->sync(c_.rank_, nullptr, nullptr, nullptr, 0, 0, deadline_);
   }
   void phase() { c_.g_->sync(c_.rank_, nullptr, nullptr, nullptr, 0, 0, deadline_); }
@@ -193,8 +193,7 @@ void ThreadsCommunicator::run_permute(const Buffer& sb, const Buffer& rb,
       std::memset(recv, 0, bytes);
     }
   }
-  detail::link_sleep(world_->link(),
-                     detail::Traffic{sends ? bytes : 0, 0, (sends || src >= 0) ? 1 : 0});
+  charge_link(detail::Traffic{sends ? bytes : 0, 0, (sends || src >= 0) ? 1 : 0});
   call.phase();
 }
 
@@ -314,9 +313,25 @@ Request ThreadsCommunicator::irecv(const Buffer& buf, int src, int tag) {
 
 // ---------------------------------------------------------------- nonblocking collectives
 
+void ThreadsCommunicator::charge_link(const detail::Traffic& traffic) {
+  const LinkModel link = world_->link();
+  if (!link.enabled()) return;
+  double us = traffic.steps * link.latency_us;
+  if (link.bandwidth_gbps > 0) us += static_cast<double>(traffic.sent) / (link.bandwidth_gbps * 1e3);
+  // The transfer starts when the link is free (after the calls before it on this group).
+  link_free_ = std::max(link_free_, Clock::now()) +
+               std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::micro>(us));
+  if (link_ready_) {
+    *link_ready_ = link_free_;  // the request's wait sleeps until then
+  } else {
+    std::this_thread::sleep_until(link_free_);
+  }
+}
+
 struct ThreadsCommunicator::Job {
   std::function<void()> fn;
   Clock::time_point issued = Clock::now();
+  Clock::time_point ready_at{};  // link model: when the data would have arrived
   detail::DeferredCount count;  // written by the worker before `done`
   std::exception_ptr error;
   std::mutex mu;
@@ -345,6 +360,7 @@ class ThreadsCommunicator::CollectiveRequest final : public RequestImpl {
       std::unique_lock lk(job_->mu);
       job_->cv.wait(lk, [&] { return job_->done; });
     }
+    if (!job_->error) std::this_thread::sleep_until(job_->ready_at);  // the link's time
     finish();
   }
   bool test() override {
@@ -353,6 +369,7 @@ class ThreadsCommunicator::CollectiveRequest final : public RequestImpl {
       std::lock_guard lk(job_->mu);
       if (!job_->done) return false;
     }
+    if (!job_->error && Clock::now() < job_->ready_at) return false;
     finish();
     return true;
   }
@@ -391,12 +408,14 @@ void ThreadsCommunicator::worker_loop() {
     }
     defer_ = &job->count;
     issued_ = job->issued;
+    link_ready_ = &job->ready_at;
     try {
       job->fn();
     } catch (...) {
       job->error = std::current_exception();
     }
     defer_ = nullptr;
+    link_ready_ = nullptr;
     {
       std::lock_guard lk(job->mu);
       job->done = true;

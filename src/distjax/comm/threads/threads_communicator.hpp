@@ -89,6 +89,14 @@ class ThreadsCommunicator final : public CommunicatorImpl {
   /// Where the running call of the worker puts its counters (null on the device's thread).
   detail::DeferredCount* defer_ = nullptr;
   Clock::time_point issued_{};  // when the worker's running call was issued
+  /// Link model of the worker's running call: it does not sleep but sets this time, when
+  /// its data would have arrived (the request's wait sleeps until then); null on the
+  /// device's thread, whose blocking calls sleep. `link_free_`: when this group's link is
+  /// free again, so calls in flight together take their turns (a FIFO link).
+  Clock::time_point* link_ready_ = nullptr;
+  Clock::time_point link_free_{};
+  /// Charges a call's link time: a sleep on the device's thread, a ready time on the worker.
+  void charge_link(const detail::Traffic& traffic);
 };
 
 }  // namespace distjax::comm::threads
