@@ -159,6 +159,9 @@ class Pipeline final : public Strategy {
   TensorTree finalize_and_update(TensorTree grads, const optim::Optimizer& optimizer,
                                  TensorTree& params, TensorTree& opt_state,
                                  std::int64_t step) override;
+  bool streams_update(const optim::Optimizer& optimizer) const override {
+    return inner_ && inner_->streams_update(optimizer);
+  }
   train::Metrics reduce_metrics(train::Metrics metrics) override;
   /// Forward only (no grad, no dropout), micro-batch by micro-batch through the stages:
   /// the metrics of `batch` (this device's slice), summed over the pipe axis and reduced

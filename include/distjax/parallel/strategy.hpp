@@ -16,8 +16,9 @@ using tensor::TensorTree;
 
 /// What a train step asks of a parallelism strategy, in order: step_key, forward_backward,
 /// finalize_grads, reduce_metrics, grad_norm_squared (clipping), apply_update; or, when
-/// the update needs no global view of the gradients (no clipping, no loss scaling),
-/// step_key, forward_backward, finalize_and_update, reduce_metrics, grad_norm_squared. The base
+/// the update needs no global view of the gradients (no clipping, no loss scaling) and
+/// streams_update(optimizer), step_key, forward_backward, finalize_and_update,
+/// reduce_metrics, grad_norm_squared. The base
 /// class is one device: every hook is the identity or the plain operation.
 ///
 ///   parallel::DataParallel dp(ctx, "data");
@@ -67,6 +68,13 @@ class Strategy {
   virtual TensorTree finalize_and_update(TensorTree grads, const optim::Optimizer& optimizer,
                                          TensorTree& params, TensorTree& opt_state,
                                          std::int64_t step);
+  /// Whether finalize_and_update would update parts of the model as they become final
+  /// with this optimizer (the train step then calls it instead of finalize_grads and
+  /// apply_update). The base: false.
+  virtual bool streams_update(const optim::Optimizer& optimizer) const {
+    (void)optimizer;
+    return false;
+  }
   /// The optimizer state in the layout of the parameters, for a checkpoint: every slot
   /// leaf "<slot>/<path>" with the shape of this device's block of parameter <path>, so
   /// it is saved (and resharded) with the parameter's PartitionSpec. The base: the state

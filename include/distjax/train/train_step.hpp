@@ -25,9 +25,10 @@ namespace distjax::train {
 /// timeline): forward and backward (compute; under data parallelism with overlap this
 /// also issues the gradient all-reduces), gradient synchronisation (finalize_grads,
 /// reduce_metrics and the global norm: communication), and the optimizer update.
-/// Without clipping and loss scaling the update runs inside the synchronisation
-/// (Strategy::finalize_and_update: a data-parallel step updates each bucket as it
-/// arrives): `update_streamed` is then true and sync_end == update_end.
+/// Without clipping and loss scaling, under a strategy that streams the update
+/// (Strategy::streams_update: a data-parallel step with overlap updates each bucket as it
+/// arrives), the update runs inside the synchronisation: `update_streamed` is then true
+/// and sync_end == update_end.
 struct StepSpans {
   double start = 0.0;
   double forward_backward_end = 0.0;
@@ -53,8 +54,9 @@ struct TrainStepOptions {
 /// One optimisation step on `state` (in place), through options.strategy: key
 /// strategy.step_key(state.rng.fold_in(state.step)), forward_backward, finalize_grads,
 /// reduce_metrics, optional clipping, optimizer update, step += 1. Without clipping and
-/// loss scaling, finalize_grads and the update are one call (Strategy::finalize_and_update),
-/// so a strategy can update each part of the model as soon as its gradients are final.
+/// loss scaling, under a strategy that streams_update(optimizer), finalize_grads and the
+/// update are one call (Strategy::finalize_and_update): each part of the model is updated
+/// as soon as its gradients are final.
 /// Returns the metrics of the batch plus "grad_norm" and "learning_rate" (count 1).
 /// With state.loss_scale (f16 training): the loss is scaled, the gradients unscaled, a
 /// step with a non-finite gradient on any device is skipped on every device, and the

@@ -154,10 +154,10 @@ Metrics train_step(TrainState& state, const Batch& batch, const LossFn& loss_fn,
   if (options.spans) options.spans->forward_backward_end = now();
   const double lr = optimizer.learning_rate(state.step);
   double norm = 0.0;
-  if (options.max_grad_norm <= 0.0 && !state.loss_scale) {
-    // Nothing about the update depends on the whole gradient: the strategy may update
-    // each part as soon as it is final (data parallelism: bucket by bucket). The norm is
-    // only reported.
+  if (options.max_grad_norm <= 0.0 && !state.loss_scale && strategy.streams_update(optimizer)) {
+    // Nothing about the update depends on the whole gradient: the strategy updates each
+    // part as soon as it is final (data parallelism: bucket by bucket). The norm is only
+    // reported.
     r.grads = strategy.finalize_and_update(std::move(r.grads), optimizer, state.params,
                                            state.opt_state, state.step);
     r.metrics = strategy.reduce_metrics(std::move(r.metrics));
