@@ -91,11 +91,11 @@ struct Config {
 };
 
 /// Device 0's gradient all-reduces of the overlapped steps on the slow link. The threads
-/// backend lets each non-blocking collective's link time elapse from its own issue, so two
-/// in flight share no bandwidth; `fifo_extra_s` estimates what a link that carries one
-/// transfer at a time (FIFO) would add at finalize_grads: the last bucket's completion
-/// replayed in FIFO order, minus the later of the modelled completion and the last issue.
-/// Sums over the recorded steps.
+/// backend's link carries one transfer at a time per group (a FIFO link clock, since
+/// 2026-11-25); `fifo_extra_s` replays the buckets in FIFO order from their issue times and
+/// gives what that adds at finalize_grads beyond the later of the modelled completion and
+/// the last issue (0 when the link keeps up; it was the estimate of a FIFO link when the
+/// backend let transfers in flight overlap). Sums over the recorded steps.
 struct BucketTimeline {
   int steps = 0;
   double buckets = 0;       // all-reduces of more than 64 bytes (the metrics' are 16)
