@@ -90,9 +90,10 @@ class DataParallel final : public Strategy {
   TensorTree finalize_and_update(TensorTree grads, const optim::Optimizer& optimizer,
                                  TensorTree& params, TensorTree& opt_state,
                                  std::int64_t step) override;
-  /// With overlap and optimizer.updates_per_leaf().
+  /// When this step's buckets are in flight (forward_backward ran with overlap; not when
+  /// a pipeline ran the backward itself) and optimizer.updates_per_leaf().
   bool streams_update(const optim::Optimizer& optimizer) const override {
-    return overlap_ && optimizer.updates_per_leaf();
+    return inflight_ != nullptr && optimizer.updates_per_leaf();
   }
   train::Metrics reduce_metrics(train::Metrics metrics) override;
   /// parallel::global_norm_squared (sharded leaves summed over their shards).
