@@ -369,14 +369,15 @@ TensorTree DataParallel::finalize_and_update(TensorTree grads, const optim::Opti
     }
     optimizer.update(part, part_grads, opt_state, step);
   };
-  // The leaves no bucket carries (sharded over every data axis, not f32) are final now.
+  // The trainable leaves no bucket carries (sharded over every data axis) are final now;
+  // integer leaves are not trained and may have no gradient.
   std::set<std::string> carried;
   for (const Overlap::Bucket& b : ov->buckets)
     for (const Overlap::Leaf& leaf : b.leaves)
       carried.insert(leaf.path);
   std::vector<std::string> rest;
   for (const auto& [path, p] : params)
-    if (!carried.count(path)) rest.push_back(path);
+    if (!carried.count(path) && is_floating(p.dtype())) rest.push_back(path);
   update(rest, grads);
   TensorTree out = grads;
   std::vector<std::string> paths;
