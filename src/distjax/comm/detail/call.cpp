@@ -269,11 +269,12 @@ void divide_inplace(void* buf, std::int64_t n, DType dtype, int divisor) {
   reduce_into(buf, srcs, 1, n, dtype, ReduceOp::Mean, divisor);
 }
 
-void link_sleep(const LinkModel& link, const Traffic& t) {
-  if (!link.enabled()) return;
+std::chrono::steady_clock::duration link_time(const LinkModel& link, const Traffic& t) {
+  if (!link.enabled()) return {};
   double us = t.steps * link.latency_us;
   if (link.bandwidth_gbps > 0) us += static_cast<double>(t.sent) / (link.bandwidth_gbps * 1e3);
-  if (us > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(us));
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double, std::micro>(us));
 }
 
 void DeferredCount::apply(CommStats& stats, int group) {

@@ -71,8 +71,9 @@ void reduce_into(void* dst, const void* const* srcs, int k, std::int64_t n, DTyp
 /// In place: buf[i] /= divisor (Mean after a backend's Sum).
 void divide_inplace(void* buf, std::int64_t n, DType dtype, int divisor);
 
-/// Sleeps for what the link model charges for this traffic (nothing when it is off).
-void link_sleep(const LinkModel& link, const Traffic& t);
+/// What the link model charges for this traffic: steps x latency + bytes sent /
+/// bandwidth (zero when it is off).
+std::chrono::steady_clock::duration link_time(const LinkModel& link, const Traffic& t);
 
 /// The counters of one call measured away from the device's thread (a nonblocking
 /// collective run by a worker), added to its CommStats by the device's thread when the

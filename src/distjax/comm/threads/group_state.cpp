@@ -301,15 +301,11 @@ void GroupState::post(int rank, const std::shared_ptr<P2POp>& op) {
   } else if (s.count > 0) {
     std::memcpy(r.recv_buf, s.send_buf, s.count * dtype_size(s.dtype));
   }
-  Clock::time_point ready = Clock::now();
-  const LinkModel link = world_->link();
-  if (link.enabled()) {
-    double us = link.latency_us;
-    if (link.bandwidth_gbps > 0)
-      us += static_cast<double>(s.count * dtype_size(s.dtype)) / (link.bandwidth_gbps * 1e3);
-    ready += std::chrono::duration_cast<Clock::duration>(
-        std::chrono::duration<double, std::micro>(us));
-  }
+  // One message step of the link model, counted from the match.
+  const Clock::time_point ready =
+      Clock::now() +
+      detail::link_time(world_->link(),
+                        detail::Traffic{.sent = s.count * dtype_size(s.dtype), .steps = 1});
   std::lock_guard lk(mu_);
   for (P2POp* p : {&s, &r}) {
     p->done = true;

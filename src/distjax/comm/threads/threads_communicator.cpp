@@ -316,11 +316,8 @@ Request ThreadsCommunicator::irecv(const Buffer& buf, int src, int tag) {
 void ThreadsCommunicator::charge_link(const detail::Traffic& traffic) {
   const LinkModel link = world_->link();
   if (!link.enabled()) return;
-  double us = traffic.steps * link.latency_us;
-  if (link.bandwidth_gbps > 0) us += static_cast<double>(traffic.sent) / (link.bandwidth_gbps * 1e3);
   // The transfer starts when the link is free (after the calls before it on this group).
-  link_free_ = std::max(link_free_, Clock::now()) +
-               std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::micro>(us));
+  link_free_ = std::max(link_free_, Clock::now()) + detail::link_time(link, traffic);
   if (link_ready_) {
     *link_ready_ = link_free_;  // the request's wait sleeps until then
   } else {
