@@ -38,6 +38,7 @@
 #include "distjax/comm/mpi/flight_records.hpp"
 #include "distjax/comm/mpi/guards.hpp"
 #include "distjax/comm/mpi/mpi_communicator.hpp"
+#include "distjax/comm/mpi/tsc_clock.hpp"
 #include "distjax/core/error.hpp"
 
 namespace distjax::comm::mpi {
@@ -216,7 +217,7 @@ class MpiCommunicator final : public CommunicatorImpl,
     if (failed_) throw CommError(failure_);
     const detail::CallDesc d =
         detail::make_desc(seq_, OpKind::AllReduce, send.count, send.dtype, op);
-    const auto issued = Clock::now();
+    auto issued = clock_.now();
     ++seq_;
     records_->issue(d);
     // A device failed: start nothing (the others' messages may already be here, and this
@@ -226,6 +227,7 @@ class MpiCommunicator final : public CommunicatorImpl,
     // failed only if it arrived within kAbortLook after their timeout (a race at the
     // deadline that any check has); the next call, or its wait, then fails.
     if (issued - abort_looked_ > kAbortLook) {
+      issued = clock_.anchor();  // steady_clock itself, at most every kAbortLook
       abort_looked_ = issued;
       if (poll_abort() != nullptr) fail(abort_message(d));
     }
@@ -249,7 +251,7 @@ class MpiCommunicator final : public CommunicatorImpl,
     }
     finish_small(x, recv, op);
     ++records_->completed;
-    const auto end = Clock::now();
+    const auto end = clock_.now();
     const detail::Traffic t = detail::ring_traffic(OpKind::AllReduce, send.bytes(), size_);
     const double s = std::chrono::duration<double>(end - issued).count();
     stats_->add(stats_group(), OpKind::AllReduce,
@@ -967,6 +969,7 @@ class MpiCommunicator final : public CommunicatorImpl,
   std::deque<Call*> unposted_;  // calls whose data operation waits to be posted, in order
   static constexpr std::chrono::microseconds kAbortLook{100};
   Clock::time_point abort_looked_{};  // the blocking small all-reduce's last look
+  TscClock clock_;                    // the blocking small all-reduce's clock
   LaunchOptions opts_;
   std::shared_ptr<CommStats> stats_;
   int rank_ = 0, size_ = 1, global_ = 0;
