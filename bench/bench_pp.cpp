@@ -17,8 +17,9 @@
 // then with the schedule built from the F, I and W durations profiled in that run, as the
 // zero-bubble paper builds its schedules; `value` is the second.
 //
-//   ./build/bench_pp [--steps 5]      (PP_COSTS=1 also prints the median CPU time per op and stage)
+//   ./build/bench_pp [--steps 5] [--m 8] [--kind zbh1]     (PP_COSTS=1 also prints the median CPU time per op and stage)
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -98,6 +99,16 @@ Result measure(ScheduleKind kind, int p, int m, int v, int steps, ActionCosts co
     auto it = cpu.find({st, i});
     return it == cpu.end() ? 0.0 : bench::median(it->second);
   });
+  if (std::getenv("PP_COSTS")) {
+    std::fprintf(stderr, "%s m=%d makespan %.2f ms, per stage busy/idle ms:", to_string(kind).c_str(),
+                 m, 1e3 * r.makespan);
+    for (int st = 0; st < p; ++st) {
+      double busy = 0;
+      for (std::size_t i = 0; i < r.start[st].size(); ++i) busy += r.end[st][i] - r.start[st][i];
+      std::fprintf(stderr, " %.2f/%.2f", 1e3 * busy, 1e3 * (r.makespan - busy));
+    }
+    std::fprintf(stderr, "\n");
+  }
   std::map<PipelineOp, std::vector<double>> by_op;
   for (const auto& step : traces)
     for (const PipelineTrace& t : step)
@@ -113,18 +124,26 @@ Result measure(ScheduleKind kind, int p, int m, int v, int steps, ActionCosts co
 
 int main(int argc, char** argv) {
   int steps = 5;
-  for (int i = 1; i + 1 < argc; ++i)
+  std::vector<int> ms = {4, 8, 16};
+  std::string only;  // --kind <name>: run that schedule alone (with 1F1B for zbh1's ratio)
+  for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--steps") == 0) steps = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--m") == 0) ms = {std::atoi(argv[i + 1])};
+    if (std::strcmp(argv[i], "--kind") == 0) only = argv[i + 1];
+  }
   bench::Writer out;
   const int p = 4;
   struct Kind {
     ScheduleKind kind;
     int v;
   };
-  for (int m : {4, 8, 16}) {
+  for (int m : ms) {
     std::map<ScheduleKind, Result> res;
     for (const Kind& k : {Kind{ScheduleKind::GPipe, 1}, Kind{ScheduleKind::OneFOneB, 1},
                           Kind{ScheduleKind::Interleaved1F1B, 2}, Kind{ScheduleKind::ZeroBubbleH1, 1}}) {
+      if (!only.empty() && to_string(k.kind) != only &&
+          !(only == "zbh1" && k.kind == ScheduleKind::OneFOneB))
+        continue;
       Result r = measure(k.kind, p, m, k.v, steps);
       double unit_schedule = -1;
       if (k.kind == ScheduleKind::ZeroBubbleH1 && r.profiled.forward > 0 &&
@@ -152,11 +171,17 @@ int main(int argc, char** argv) {
       }
       out.write(j);
     }
+    if (!res.contains(ScheduleKind::ZeroBubbleH1) || !res.contains(ScheduleKind::OneFOneB)) continue;
+    const Result& zb = res[ScheduleKind::ZeroBubbleH1];
+    const double one_idle = res[ScheduleKind::OneFOneB].idle_time;
     bench::json z = bench::line("pp_zbh1_vs_1f1b_idle_time_m" + std::to_string(m),
-                                res[ScheduleKind::ZeroBubbleH1].idle_time /
-                                    res[ScheduleKind::OneFOneB].idle_time,
-                                "ratio");
+                                zb.idle_time / one_idle, "ratio");
     z["goal"] = "<= 1/3";
+    // The limits (docs/pipeline-parallelism.md, test IdleTimeBoundsWithOneChunkPerStage),
+    // with the ZB-H1 run's F and I over the 1F1B run's idle time: ZB-H1 idles at least
+    // (p-1) max(F, I), any schedule with one chunk per stage at least (p-1) F.
+    z["zbh1_bound"] = (p - 1) * std::max(zb.profiled.forward, zb.profiled.backward_input) / one_idle;
+    z["one_chunk_floor"] = (p - 1) * zb.profiled.forward / one_idle;
     out.write(z);
   }
   return 0;

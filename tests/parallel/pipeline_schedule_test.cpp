@@ -191,3 +191,45 @@ TEST(PipelineSchedule, ZbH1WithProfiledCostsChecksAndBeatsTheUnitSchedule) {
   }
   EXPECT_THROW(schedule_zbh1(2, 2, {.forward = 0}), ConfigError);
 }
+
+TEST(PipelineSchedule, IdleTimeBoundsWithOneChunkPerStage) {
+  // The limits docs/pipeline-parallelism.md states, on uniform durations F, I, W (B = I + W
+  // for the fused backward). With one chunk per stage, no schedule idles less than (p-1) F
+  // per stage: the last stage cannot start before the first micro-batch has gone through
+  // the p-1 stages before it, and then has as much to do as every other stage. ZB-H1 idles
+  // at least (p-1) max(F, I): stage 0 holds p micro-batches at most, so after its p
+  // forwards it waits (p-1) I for the first cotangent, with no W to run. 1F1B idles
+  // (p-1)(F + B). So ZB-H1's idle time is at most a third of 1F1B's only while
+  // F + B >= 3 max(F, I), and no one-chunk schedule's is below F / (F + B).
+  struct Costs {
+    double f, i, w;
+  };
+  for (const Costs c : {Costs{1, 1, 1}, Costs{1.0, 1.05, 1.2}, Costs{1.0, 0.9, 1.1},
+                        Costs{1.3, 1.0, 0.8}, Costs{1.0, 1.2, 0.9}})
+    for (int p : {2, 4})
+      for (int m : {4, 8, 16}) {
+        SCOPED_TRACE("F " + std::to_string(c.f) + " I " + std::to_string(c.i) + " W " +
+                     std::to_string(c.w) + " p=" + std::to_string(p) + " m=" + std::to_string(m));
+        const ActionCost cost = [&](int, std::size_t, const PipelineAction& a) {
+          switch (a.op) {
+            case PipelineOp::Forward: return c.f;
+            case PipelineOp::Backward: return c.i + c.w;
+            case PipelineOp::BackwardInput: return c.i;
+            case PipelineOp::BackwardWeight: return c.w;
+            default: return 0.0;
+          }
+        };
+        auto idle = [&](const PipelineSchedule& s) {
+          const ScheduleReport r = replay_schedule(s, cost);
+          return r.bubble_fraction * r.makespan;  // mean over stages
+        };
+        const double floor = (p - 1) * c.f, zb_bound = (p - 1) * std::max(c.f, c.i);
+        EXPECT_NEAR(idle(schedule_1f1b(p, m)), (p - 1) * (c.f + c.i + c.w), 1e-9);
+        EXPECT_GE(idle(schedule_gpipe(p, m)), floor - 1e-9);
+        const PipelineSchedule zb = schedule_zbh1(p, m, {c.f, c.i, c.w});
+        EXPECT_GE(idle(zb), zb_bound - 1e-9);
+        EXPECT_GE(idle(schedule_zbh1(p, m)), zb_bound - 1e-9);
+        // Where W is the largest the tuned schedule reaches the bound.
+        if (c.w >= std::max(c.f, c.i)) EXPECT_NEAR(idle(zb), zb_bound, 1e-9);
+      }
+}
