@@ -29,9 +29,9 @@ int main(int argc, char** argv) {
                         "the pipeline-parallel MLP classifier on Fashion-MNIST");
     args.bind("data", &n_data, "devices along \"data\" (data parallel)");
     args.bind("pipe", &n_pipe, "devices along \"pipe\" (pipeline stages)");
-    args.bind("schedule", &c.parallelism.schedule, "gpipe, 1f1b, interleaved or zbh1");
+    args.bind("schedule", &c.parallelism.schedule, "gpipe, 1f1b, interleaved, zbh1 or interleaved_zb");
     args.bind("microbatches", &c.parallelism.microbatches, "micro-batches per step (m)");
-    args.bind("virtual-stages", &c.parallelism.virtual_stages, "chunks per stage (interleaved)");
+    args.bind("virtual-stages", &c.parallelism.virtual_stages, "chunks per stage (interleaved schedules; 2 by default there)");
     args.bind("layers", &c.model.layers, "residual MLP blocks, cut over the stages");
     args.bind("hidden", &c.model.hidden, "width of the blocks");
     args.bind("steps", &c.run.steps, "optimizer steps");
@@ -45,7 +45,8 @@ int main(int argc, char** argv) {
               "auto, threads (simulated devices in this process) or mpi (one process per device)");
     args.parse(argc, argv);
     if (!examples::parse_backend("pipeline_parallelism", backend, &c.distributed.backend)) return 2;
-    if (c.parallelism.schedule == "interleaved" && c.parallelism.virtual_stages == 1)
+    if ((c.parallelism.schedule == "interleaved" || c.parallelism.schedule == "interleaved_zb") &&
+        c.parallelism.virtual_stages == 1)
       c.parallelism.virtual_stages = 2;
     c.distributed.world_size = static_cast<int>(n_data * n_pipe);
     c.distributed.pipeline_parallel_size = static_cast<int>(n_pipe);

@@ -1,7 +1,7 @@
 // Program pipeline_parallelism: the PPClassifier (an input Dense, residual MLP blocks cut
 // into stages, LayerNorm + Dense head) on Fashion-MNIST over a ("data", "pipe") mesh,
 // micro-batches run by a checked schedule (parallelism.schedule: 1f1b, gpipe,
-// interleaved, zbh1). Prints "[PP] Step i: Loss = ..." lines, the test accuracy and the
+// interleaved, zbh1, interleaved_zb). Prints "[PP] Step i: Loss = ..." lines, the test accuracy and the
 // measured bubble of the last step against the theory; the example binary's
 // --show-schedule also prints the schedule and the measured per-stage timeline.
 #include <algorithm>

@@ -1,7 +1,7 @@
 // Pipeline parallelism under `mpirun -np 4` (MPI backend, one device per process): the
 // PPClassifier on a ("pipe"=4) mesh under 1F1B and ZB-H1, and on ("data"=2, "pipe"=2)
-// under interleaved 1F1B, trains 5 steps to the losses and gradient norms of the whole
-// model on one device, computed in each process.
+// under interleaved 1F1B and interleaved zero bubble, trains 5 steps to the losses and
+// gradient norms of the whole model on one device, computed in each process.
 #include "mpi_test_main.hpp"
 
 #include <gtest/gtest.h>
@@ -105,7 +105,8 @@ TEST_F(PipelineMpiTest, SchedulesMatchOneDevice) {
   };
   for (const Case& c : {Case{Mesh({4}, {"pipe"}), ScheduleKind::OneFOneB, 8, 1},
                         Case{Mesh({4}, {"pipe"}), ScheduleKind::ZeroBubbleH1, 4, 1},
-                        Case{Mesh({2, 2}, {"data", "pipe"}), ScheduleKind::Interleaved1F1B, 4, 2}}) {
+                        Case{Mesh({2, 2}, {"data", "pipe"}), ScheduleKind::Interleaved1F1B, 4, 2},
+                        Case{Mesh({2, 2}, {"data", "pipe"}), ScheduleKind::InterleavedZeroBubble, 4, 2}}) {
     const TrainingRun got = on_mpi(c.mesh, c.kind, c.m, c.v);
     ASSERT_EQ(got.losses.size(), want.losses.size());
     for (int s = 0; s < kSteps; ++s) {

@@ -48,7 +48,11 @@ TEST(PipelineSchedule, EveryKindChecksOverAGridOfCounts) {
         if (m % p != 0) continue;
         SCOPED_TRACE("interleaved p=" + std::to_string(p) + " m=" + std::to_string(m) +
                      " v=" + std::to_string(v));
-        check_schedule(make_schedule(ScheduleKind::Interleaved1F1B, p, m, v));
+        const ScheduleReport inter = check_schedule(make_schedule(ScheduleKind::Interleaved1F1B, p, m, v));
+        // Interleaved zero bubble holds what interleaved 1F1B holds between F and I.
+        const ScheduleReport zb =
+            check_schedule(make_schedule(ScheduleKind::InterleavedZeroBubble, p, m, v));
+        EXPECT_EQ(zb.peak_in_flight, inter.peak_in_flight);
       }
     }
 }
@@ -69,6 +73,16 @@ TEST(PipelineSchedule, UnitCostBubbleMatchesTheory) {
     const ScheduleReport inter = check_schedule(schedule_interleaved(p, m, 2));
     EXPECT_NEAR(inter.bubble_fraction,
                 schedule_bubble_theory(ScheduleKind::Interleaved1F1B, p, m, 2), 0.01);
+    // Interleaved zero bubble: (p-1) chunk forwards of idle, F/v each in a stage's units:
+    // 1/(3v) of 1F1B's idle time.
+    for (int v : {2, 3}) {
+      const ScheduleReport izb = check_schedule(schedule_interleaved_zb(p, m, v));
+      EXPECT_NEAR(izb.bubble_fraction * izb.makespan, p - 1, 1e-9) << "v=" << v << " m=" << m;
+      EXPECT_NEAR(izb.bubble_fraction * izb.makespan / v,
+                  one.bubble_fraction * one.makespan / (3 * v), 1e-9);
+      EXPECT_NEAR(izb.bubble_fraction,
+                  schedule_bubble_theory(ScheduleKind::InterleavedZeroBubble, p, m, v), 1e-9);
+    }
   }
 }
 
@@ -154,6 +168,10 @@ TEST(PipelineSchedule, BadCountsAreConfigErrors) {
   EXPECT_THROW(make_schedule(ScheduleKind::OneFOneB, 2, 4, 2), ConfigError);
   EXPECT_THROW(make_schedule(ScheduleKind::Interleaved1F1B, 4, 6, 2), ConfigError);
   EXPECT_THROW(parse_schedule_kind("zb"), ConfigError);
+  EXPECT_THROW(make_schedule(ScheduleKind::InterleavedZeroBubble, 4, 6, 2), ConfigError);
+  EXPECT_THROW(make_schedule(ScheduleKind::ZeroBubbleH1, 4, 8, 2), ConfigError);
+  EXPECT_THROW(schedule_interleaved_zb(2, 4, 2, {.forward = 0}), ConfigError);
+  EXPECT_EQ(parse_schedule_kind("interleaved_zb"), ScheduleKind::InterleavedZeroBubble);
   EXPECT_EQ(parse_schedule_kind("1f1b"), ScheduleKind::OneFOneB);
 }
 
@@ -230,6 +248,50 @@ TEST(PipelineSchedule, IdleTimeBoundsWithOneChunkPerStage) {
         EXPECT_GE(idle(zb), zb_bound - 1e-9);
         EXPECT_GE(idle(schedule_zbh1(p, m)), zb_bound - 1e-9);
         // Where W is the largest the tuned schedule reaches the bound.
-        if (c.w >= std::max(c.f, c.i)) EXPECT_NEAR(idle(zb), zb_bound, 1e-9);
+        if (c.w >= std::max(c.f, c.i)) {
+          EXPECT_NEAR(idle(zb), zb_bound, 1e-9);
+        }
       }
+}
+
+TEST(PipelineSchedule, InterleavedZeroBubbleGoesBelowTheOneChunkFloor) {
+  // With v chunks per stage the first micro-batch reaches the last stage after p-1 chunk
+  // forwards (F/v each): interleaved zero bubble idles less than any one-chunk schedule
+  // can, (p-1) F, and reaches (p-1) F/v where W is the largest: with m >= 2p even with I
+  // above F, as stage 0 has forwards left to run while its first cotangent comes back.
+  // Durations are a chunk's.
+  struct Costs {
+    double f, i, w;
+  };
+  const int p = 4, v = 2;
+  for (const Costs c : {Costs{1, 1, 1}, Costs{1.0, 1.05, 1.2}, Costs{1.0, 0.9, 1.1},
+                        Costs{1.3, 1.0, 0.8}, Costs{1.0, 1.2, 0.9}})
+    for (int m : {4, 8, 16}) {
+      SCOPED_TRACE("F " + std::to_string(c.f) + " I " + std::to_string(c.i) + " W " +
+                   std::to_string(c.w) + " m=" + std::to_string(m));
+      const ActionCost cost = [&](int, std::size_t, const PipelineAction& a) {
+        switch (a.op) {
+          case PipelineOp::Forward: return c.f;
+          case PipelineOp::Backward: return c.i + c.w;
+          case PipelineOp::BackwardInput: return c.i;
+          case PipelineOp::BackwardWeight: return c.w;
+          default: return 0.0;
+        }
+      };
+      auto idle = [&](const PipelineSchedule& s) {
+        const ScheduleReport r = replay_schedule(s, cost);
+        return r.bubble_fraction * r.makespan;
+      };
+      const PipelineSchedule zb = schedule_interleaved_zb(p, m, v, {c.f, c.i, c.w});
+      check_schedule(zb);
+      const double one_chunk_floor = (p - 1) * v * c.f;  // a stage's F is v chunk forwards
+      EXPECT_GE(idle(zb), (p - 1) * c.f - 1e-9);
+      EXPECT_LT(idle(zb), one_chunk_floor);
+      EXPECT_LE(idle(zb), idle(schedule_interleaved(p, m, v)) + 1e-9);
+      if (c.w >= std::max(c.f, c.i)) {
+        // With m = p stage 0 has no forward left to run while its first cotangent comes
+        // back, and waits (p-1) I as ZB-H1's does.
+        EXPECT_NEAR(idle(zb), (p - 1) * (m >= 2 * p ? c.f : std::max(c.f, c.i)), 1e-9);
+      }
+    }
 }

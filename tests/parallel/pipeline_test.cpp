@@ -202,7 +202,9 @@ TEST(Pipeline, EveryScheduleMatchesOneDevice) {
                         Case{ScheduleKind::OneFOneB, 2, 4, 1},
                         Case{ScheduleKind::Interleaved1F1B, 2, 4, 2},
                         Case{ScheduleKind::Interleaved1F1B, 4, 4, 2},
-                        Case{ScheduleKind::ZeroBubbleH1, 4, 8, 1}}) {
+                        Case{ScheduleKind::ZeroBubbleH1, 4, 8, 1},
+                        Case{ScheduleKind::InterleavedZeroBubble, 2, 4, 2},
+                        Case{ScheduleKind::InterleavedZeroBubble, 4, 8, 2}}) {
     const std::string what = to_string(c.kind) + " p=" + std::to_string(c.p) +
                              " m=" + std::to_string(c.m) + " v=" + std::to_string(c.v);
     const TrainingRun run = train_pipelined(

@@ -77,7 +77,7 @@ struct ParallelismConfig {
   FsdpConfig fsdp;
   /// Pipeline (distributed.pipeline_parallel_size > 1): the schedule, the micro-batches per
   /// step (they divide each data replica's batch) and the chunks per stage (interleaved).
-  std::string schedule = "1f1b";       ///< gpipe, 1f1b, interleaved or zbh1
+  std::string schedule = "1f1b";       ///< gpipe, 1f1b, interleaved, zbh1 or interleaved_zb
   std::int64_t microbatches = 1;
   std::int64_t virtual_stages = 1;
 };

@@ -65,9 +65,10 @@ struct PipelineOptions {
   mesh::Axes axis = "pipe";
   ScheduleKind schedule = ScheduleKind::OneFOneB;
   int microbatches = 4;    ///< m; the local batch must be divisible by it
-  int virtual_stages = 1;  ///< v (Interleaved1F1B)
-  /// ZeroBubbleH1: the F, I and W durations its schedule is built with (unit: the paper's
-  /// equal costs; profiled durations place the W actions where this model's bubbles are).
+  int virtual_stages = 1;  ///< v (Interleaved1F1B, InterleavedZeroBubble)
+  /// ZeroBubbleH1 and InterleavedZeroBubble: the F, I and W durations (of one chunk) the
+  /// schedule is built with (unit: the paper's equal costs; profiled durations place the W
+  /// actions where this model's bubbles are).
   ActionCosts costs{};
   /// Parameters stored fully sharded (ZeRO-3) inside each stage: the scope the chunks run
   /// on gets this configuration (the parameters must come from init with the same one).

@@ -30,9 +30,11 @@ enum class ScheduleKind {
   OneFOneB,        ///< 1F1B (PipeDream-flush): warm-up, one forward one backward, cool-down
   Interleaved1F1B, ///< Megatron's interleaved 1F1B over v chunks per stage (m % p == 0)
   ZeroBubbleH1,    ///< ZB-H1: backward split into input and weight parts, 1F1B's memory
+  InterleavedZeroBubble,  ///< interleaved 1F1B's order with the backward split as ZB-H1's,
+                          ///< weight parts filling the waits (interleaved 1F1B's memory)
 };
 
-/// "gpipe", "1f1b", "interleaved", "zbh1".
+/// "gpipe", "1f1b", "interleaved", "zbh1", "interleaved_zb".
 std::string to_string(ScheduleKind kind);
 /// The inverse of to_string; ConfigError listing the valid names otherwise.
 ScheduleKind parse_schedule_kind(const std::string& name);
@@ -102,6 +104,14 @@ struct ActionCosts {
 /// the two orders (greedy with these costs, greedy with unit costs) idles less when
 /// replayed with these costs.
 PipelineSchedule schedule_zbh1(int stages, int microbatches, ActionCosts costs = {});
+/// Interleaved zero bubble (torchtitan's ScheduleInterleavedZeroBubble): interleaved
+/// 1F1B's order of forwards and backwards over v chunks per stage, each backward split into
+/// I and W, the W placed where a simulation with `costs` (durations of one chunk's F, I and
+/// W) finds the stage waiting for its next input. Holds what interleaved 1F1B holds between
+/// F and I. With one chunk per stage no schedule idles less than (p-1) F; with v chunks the
+/// first input reaches the last stage after (p-1) chunk forwards, F/v each.
+PipelineSchedule schedule_interleaved_zb(int stages, int microbatches, int virtual_stages,
+                                         ActionCosts costs = {});
 
 /// What check_schedule proved and measured, on a unit cost model (F = 1, B = 2, I = W = 1,
 /// transfers free): start and end time of every action, and the idle fraction.

@@ -207,11 +207,11 @@ const std::vector<Entry>& schema() {
                       "rematerialised modules (activations recomputed in backward)",
                       {"Block", "Attn", "MLP"}));
     s.push_back(field("parallelism.schedule", DJ_ACCESS(parallelism.schedule),
-                      "pipeline schedule", {"gpipe", "1f1b", "interleaved", "zbh1"}));
+                      "pipeline schedule", {"gpipe", "1f1b", "interleaved", "zbh1", "interleaved_zb"}));
     s.push_back(field("parallelism.microbatches", DJ_ACCESS(parallelism.microbatches),
                       "pipeline micro-batches per step (divide each replica's batch)"));
     s.push_back(field("parallelism.virtual_stages", DJ_ACCESS(parallelism.virtual_stages),
-                      "pipeline chunks per stage (interleaved schedule)"));
+                      "pipeline chunks per stage (interleaved schedules)"));
     s.push_back(field("parallelism.fsdp.modules", DJ_ACCESS(parallelism.fsdp.modules),
                       "fully sharded modules over \"data\" (ZeRO-3): [] none, [\"*\"] all, or by kind "
                       "(\"Block\", \"Attn\", \"MLP\")",

@@ -69,9 +69,10 @@ std::vector<std::string> TrainConfig::problems() const {
     out.push_back(str("parallelism.microbatches = ", parallelism.microbatches, " must be >= 1"));
   if (parallelism.virtual_stages < 1)
     out.push_back(str("parallelism.virtual_stages = ", parallelism.virtual_stages, " must be >= 1"));
-  if (parallelism.virtual_stages > 1 && parallelism.schedule != "interleaved")
+  if (parallelism.virtual_stages > 1 && parallelism.schedule != "interleaved" &&
+      parallelism.schedule != "interleaved_zb")
     out.push_back(str("parallelism.virtual_stages = ", parallelism.virtual_stages,
-                      " needs parallelism.schedule = \"interleaved\" (got \"",
+                      " needs parallelism.schedule = \"interleaved\" or \"interleaved_zb\" (got \"",
                       parallelism.schedule, "\")"));
   if (dp >= 1 && run.batch_size >= 1 && run.grad_accum_steps >= 1 && parallelism.microbatches >= 1 &&
       (run.batch_size / dp / run.grad_accum_steps) % parallelism.microbatches != 0)

@@ -65,16 +65,18 @@ std::string to_string(ScheduleKind kind) {
       return "interleaved";
     case ScheduleKind::ZeroBubbleH1:
       return "zbh1";
+    case ScheduleKind::InterleavedZeroBubble:
+      return "interleaved_zb";
   }
   return "?";
 }
 
 ScheduleKind parse_schedule_kind(const std::string& name) {
-  for (ScheduleKind k : {ScheduleKind::GPipe, ScheduleKind::OneFOneB,
-                         ScheduleKind::Interleaved1F1B, ScheduleKind::ZeroBubbleH1})
+  for (ScheduleKind k : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Interleaved1F1B,
+                         ScheduleKind::ZeroBubbleH1, ScheduleKind::InterleavedZeroBubble})
     if (to_string(k) == name) return k;
   DISTJAX_THROW(ConfigError, "[pipeline schedule] unknown schedule \"", name,
-                "\"; valid: gpipe, 1f1b, interleaved, zbh1");
+                "\"; valid: gpipe, 1f1b, interleaved, zbh1, interleaved_zb");
 }
 
 std::string to_string(PipelineOp op) {
@@ -148,13 +150,18 @@ PipelineSchedule schedule_1f1b(int p, int m) {
   return with_transfers(ScheduleKind::OneFOneB, p, m, 1, compute);
 }
 
-PipelineSchedule schedule_interleaved(int p, int m, int v) {
+namespace {
+
+// Megatron-LM's interleaved 1F1B compute order (forwards and full backwards).
+std::vector<std::vector<PipelineAction>> interleaved_order(int p, int m, int v) {
   check_counts(p, m, v);
-  DISTJAX_CHECK(m % p == 0, ConfigError, "[pipeline schedule] interleaved 1F1B needs micro-batches (",
-                m, ") to be a multiple of the stages (", p, ")");
+  DISTJAX_CHECK(m % p == 0, ConfigError, "[pipeline schedule] interleaved schedules need "
+                "micro-batches (", m, ") to be a multiple of the stages (", p, ")");
   const int total = m * v;
-  // Megatron-LM's order: micro-batches go through a chunk in groups of p before the group
-  // moves to the stage's next chunk; backwards visit the chunks in reverse.
+  // Micro-batches go through a chunk in groups of p before the group moves to the
+  // stage's next chunk; backwards visit the chunks in reverse. (Megatron runs every
+  // forward first when m == p; the warm-up below holds there too, the checker proves it,
+  // and with the backward split it idles half as much.)
   auto unit = [&](int k, bool forward, int s) {
     const int local = (k / p) % v;
     const int mb = (k / (p * v)) * p + k % p;
@@ -163,7 +170,7 @@ PipelineSchedule schedule_interleaved(int p, int m, int v) {
   };
   std::vector<std::vector<PipelineAction>> compute(p);
   for (int s = 0; s < p; ++s) {
-    const int warmup = m == p ? total : std::min(total, (p - s - 1) * 2 + (v - 1) * p);
+    const int warmup = std::min(total, (p - s - 1) * 2 + (v - 1) * p);
     auto& c = compute[s];
     for (int k = 0; k < warmup; ++k)
       c.push_back(unit(k, true, s));
@@ -174,7 +181,109 @@ PipelineSchedule schedule_interleaved(int p, int m, int v) {
     for (int k = total - warmup; k < total; ++k)
       c.push_back(unit(k, false, s));
   }
-  return with_transfers(ScheduleKind::Interleaved1F1B, p, m, v, compute);
+  return compute;
+}
+
+// A fixed order of forwards and backwards turned zero-bubble: each backward becomes its
+// input part I, and the weight parts W (which nobody waits for) run where the stage would
+// otherwise wait for its next input, found by simulating the order with `costs` (the
+// oldest pending W first; the rest at the end). The forwards and I keep their order, so the
+// activations held between F and I are those of the order given.
+std::vector<std::vector<PipelineAction>> fill_weight_backwards(
+    int p, int v, int m, const std::vector<std::vector<PipelineAction>>& order,
+    ActionCosts costs) {
+  const int chunks = p * v, last = chunks - 1;
+  constexpr double kNever = std::numeric_limits<double>::infinity();
+  // [chunk][mb]: when chunk's input activation / output cotangent is there.
+  std::vector<std::vector<double>> act_at(chunks, std::vector<double>(m, kNever));
+  std::vector<std::vector<double>> grad_at(chunks, std::vector<double>(m, kNever));
+  for (int i = 0; i < m; ++i)
+    act_at[0][i] = 0;
+  std::vector<std::size_t> next(p, 0);
+  std::vector<double> free_at(p, 0.0);
+  std::vector<std::deque<PipelineAction>> pending_w(p);
+  std::vector<std::vector<PipelineAction>> compute(p);
+  std::size_t work = 0, done = 0;  // every F and I, and a W per I
+  for (const auto& l : order)
+    for (const PipelineAction& a : l) work += a.op == Op::Forward ? 1 : 2;
+  const double eps = 1e-9 * std::min({costs.forward, costs.backward_input, costs.backward_weight});
+  double t = 0;
+  for (std::size_t rounds = 0; done < work; ++rounds) {
+    DISTJAX_CHECK(rounds < 16 * work + 16, ScheduleError, "[pipeline schedule] zero-bubble fill "
+                  "made no progress (p=", p, ", m=", m, ", v=", v, ")");
+    for (int s = 0; s < p; ++s) {
+      if (free_at[s] > t + eps) continue;  // busy
+      bool ready = false;
+      if (next[s] < order[s].size()) {
+        const PipelineAction& a = order[s][next[s]];
+        ready = a.op == Op::Forward ? act_at[a.chunk][a.microbatch] <= t + eps
+                                    : grad_at[a.chunk][a.microbatch] <= t + eps;
+      }
+      if (ready) {
+        const PipelineAction& a = order[s][next[s]++];
+        if (a.op == Op::Forward) {
+          compute[s].push_back(a);
+          free_at[s] = t + costs.forward;
+          if (a.chunk < last) act_at[a.chunk + 1][a.microbatch] = free_at[s];
+          else grad_at[a.chunk][a.microbatch] = free_at[s];
+        } else {
+          compute[s].push_back({Op::BackwardInput, a.microbatch, a.chunk});
+          pending_w[s].push_back({Op::BackwardWeight, a.microbatch, a.chunk});
+          free_at[s] = t + costs.backward_input;
+          if (a.chunk > 0) grad_at[a.chunk - 1][a.microbatch] = free_at[s];
+        }
+      } else if (!pending_w[s].empty()) {
+        compute[s].push_back(pending_w[s].front());
+        pending_w[s].pop_front();
+        free_at[s] = t + costs.backward_weight;
+      } else {
+        continue;
+      }
+      ++done;
+    }
+    double soon = kNever;  // the next moment anything changes
+    for (int s = 0; s < p; ++s)
+      if (free_at[s] > t + eps) soon = std::min(soon, free_at[s]);
+    for (int c = 0; c < chunks; ++c)
+      for (int i = 0; i < m; ++i) {
+        if (act_at[c][i] > t + eps) soon = std::min(soon, act_at[c][i]);
+        if (grad_at[c][i] > t + eps) soon = std::min(soon, grad_at[c][i]);
+      }
+    if (done < work) {
+      DISTJAX_CHECK(soon < kNever, ScheduleError, "[pipeline schedule] zero-bubble fill stuck at "
+                    "time ", t, " (p=", p, ", m=", m, ", v=", v, ")");
+      t = soon;
+    }
+  }
+  return compute;
+}
+
+}  // namespace
+
+PipelineSchedule schedule_interleaved(int p, int m, int v) {
+  return with_transfers(ScheduleKind::Interleaved1F1B, p, m, v, interleaved_order(p, m, v));
+}
+
+PipelineSchedule schedule_interleaved_zb(int p, int m, int v, ActionCosts costs) {
+  DISTJAX_CHECK(costs.forward > 0 && costs.backward_input > 0 && costs.backward_weight > 0,
+                ConfigError, "[schedule_interleaved_zb] action costs must be positive");
+  const auto order = interleaved_order(p, m, v);
+  const PipelineSchedule tuned = with_transfers(ScheduleKind::InterleavedZeroBubble, p, m, v,
+                                                fill_weight_backwards(p, v, m, order, costs));
+  const bool unit = costs.forward == 1.0 && costs.backward_input == 1.0 && costs.backward_weight == 1.0;
+  if (unit) return tuned;
+  // As schedule_zbh1: keep the unit-cost placement where it idles less with these costs.
+  const PipelineSchedule plain = with_transfers(ScheduleKind::InterleavedZeroBubble, p, m, v,
+                                                fill_weight_backwards(p, v, m, order, {}));
+  const ActionCost cost = [&](int, std::size_t, const PipelineAction& a) {
+    return a.op == Op::Forward         ? costs.forward
+           : a.op == Op::BackwardInput ? costs.backward_input
+           : a.op == Op::BackwardWeight ? costs.backward_weight
+                                        : 0.0;
+  };
+  return replay_schedule(tuned, cost).bubble_fraction <= replay_schedule(plain, cost).bubble_fraction
+             ? tuned
+             : plain;
 }
 
 namespace {
@@ -275,9 +384,10 @@ PipelineSchedule zbh1_greedy(int p, int m, ActionCosts costs) {
 
 PipelineSchedule make_schedule(ScheduleKind kind, int stages, int microbatches,
                                int virtual_stages) {
-  DISTJAX_CHECK(virtual_stages == 1 || kind == ScheduleKind::Interleaved1F1B, ConfigError,
-                "[pipeline schedule] virtual stages (", virtual_stages, ") need the interleaved "
-                "schedule; ", to_string(kind), " runs one chunk per stage");
+  DISTJAX_CHECK(virtual_stages == 1 || kind == ScheduleKind::Interleaved1F1B ||
+                    kind == ScheduleKind::InterleavedZeroBubble,
+                ConfigError, "[pipeline schedule] virtual stages (", virtual_stages,
+                ") need an interleaved schedule; ", to_string(kind), " runs one chunk per stage");
   switch (kind) {
     case ScheduleKind::GPipe:
       return schedule_gpipe(stages, microbatches);
@@ -287,6 +397,8 @@ PipelineSchedule make_schedule(ScheduleKind kind, int stages, int microbatches,
       return schedule_interleaved(stages, microbatches, virtual_stages);
     case ScheduleKind::ZeroBubbleH1:
       return schedule_zbh1(stages, microbatches);
+    case ScheduleKind::InterleavedZeroBubble:
+      return schedule_interleaved_zb(stages, microbatches, virtual_stages);
   }
   DISTJAX_THROW(ConfigError, "[pipeline schedule] unknown kind");
 }
@@ -301,6 +413,8 @@ double schedule_bubble_theory(ScheduleKind kind, int p, int m, int v) {
       return (pm1 / v) / (m + pm1 / v);
     case ScheduleKind::ZeroBubbleH1:
       return pm1 / (3.0 * m + pm1);
+    case ScheduleKind::InterleavedZeroBubble:
+      return (pm1 / v) / (3.0 * m + pm1 / v);
   }
   return 0;
 }

@@ -414,7 +414,7 @@ Setup setup_from_config(const config::TrainConfig& c) {
                     : Recompute::None;
   const std::string& sch = c.parallelism.schedule;
   s.schedule = sch == "gpipe"         ? PipeSchedule::GPipe
-               : sch == "interleaved" ? PipeSchedule::Interleaved
+               : sch == "interleaved" || sch == "interleaved_zb" ? PipeSchedule::Interleaved
                : sch == "zbh1"        ? PipeSchedule::ZeroBubble
                                       : PipeSchedule::OneFOneB;
   s.microbatches = c.parallelism.microbatches;
