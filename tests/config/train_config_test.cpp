@@ -84,6 +84,13 @@ TEST(TrainConfig, EveryRuleGivesItsMessage) {
   c = valid();
   c.distributed.rank = 5;
   EXPECT_PROBLEM(c, "distributed: rank = 5 must be below world_size = 2");
+  c = valid();
+  c.parallelism.virtual_stages = 2;
+  c.parallelism.schedule = "zbh1";
+  EXPECT_PROBLEM(c, "parallelism.virtual_stages = 2 needs parallelism.schedule = \"interleaved\" "
+                    "or \"interleaved_zb\" (got \"zbh1\")");
+  c.parallelism.schedule = "interleaved_zb";
+  EXPECT_TRUE(c.problems().empty()) << problems(c);
 }
 
 TEST(TrainConfig, ValidateThrowsOneErrorListingAll) {
