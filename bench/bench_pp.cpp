@@ -24,7 +24,8 @@
 // its schedules; that pass's replayed idle fraction is `unit_cost_schedule_value`.
 //
 //   ./build/bench_pp [--steps 5] [--m 8] [--kind zbh1]
-//   (--kind runs that schedule and 1F1B; PP_COSTS=1 also prints per-stage costs and idle)
+//   (--kind runs that schedule and 1F1B; PP_COSTS=1 also prints per-stage costs and idle,
+//   and each stage's chunk timed alone on one thread first)
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -35,6 +36,7 @@
 #include <vector>
 
 #include "bench_util.hpp"
+#include "distjax/autodiff/autodiff.hpp"
 #include "distjax/models/pp_classifier.hpp"
 #include "distjax/optim/sgd.hpp"
 #include "distjax/parallel/pipeline.hpp"
@@ -155,6 +157,59 @@ std::vector<Result> measure(const std::vector<Variant>& variants, int m, int ste
   return out;
 }
 
+// PP_COSTS: each stage's chunk timed alone on this thread (no pipeline, no other thread):
+// median CPU ms of its F, I, W (the split backward) and B (the fused one).
+void print_isolated_costs() {
+  const int p = kStages;
+  const std::int64_t b = 128, width = 768;
+  const models::PPClassifier model(
+      {.in_features = 16, .hidden = width, .num_layers = 2 * p, .mlp_expansion = 2, .num_classes = 10});
+  const train::Batch mb{Tensor::full({b, 16}, 0.01), Tensor::zeros({b}, DType::I32)};
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);  // as each device runs
+  for (int chunk = 0; chunk < p; ++chunk) {
+    const TensorTree leaves = autodiff::detail::make_leaves(model.init(Key::from_seed(0), {chunk}, p));
+    std::vector<Tensor> leaf_list;
+    for (const auto& [path, t] : leaves)
+      if (t.requires_grad()) leaf_list.push_back(t);
+    std::vector<double> f, i, w, bw;
+    for (int rep = 0; rep < 12; ++rep)
+      for (bool split : {true, false}) {
+        const Tensor x = chunk > 0 ? tensor::make_leaf(Tensor::full({b, width}, 0.1)) : Tensor();
+        train::Metrics metrics;
+        const double t0 = bench::thread_cpu_seconds();
+        Tensor y;
+        {
+          tensor::EnableGradGuard grad;
+          y = model.forward(nn::Scope::apply(&leaves, true, Key::from_seed(3)), chunk, p, x, mb, metrics);
+        }
+        const double t1 = bench::thread_cpu_seconds();
+        std::vector<Tensor> wrt;
+        if (x.defined()) wrt.push_back(x);
+        wrt.insert(wrt.end(), leaf_list.begin(), leaf_list.end());
+        const Tensor seed = Tensor::full(y.shape(), 1.0 / 8);
+        tensor::WeightGradStore store;
+        if (split) {
+          {
+            tensor::WeightGradStoreGuard guard(&store);
+            autodiff::grad_if_reached({y}, {seed}, wrt);
+          }
+          const double t2 = bench::thread_cpu_seconds();
+          store.run();
+          const double t3 = bench::thread_cpu_seconds();
+          if (rep >= 2) f.push_back(t1 - t0), i.push_back(t2 - t1), w.push_back(t3 - t2);
+        } else {
+          autodiff::grad_if_reached({y}, {seed}, wrt);
+          if (rep >= 2) bw.push_back(bench::thread_cpu_seconds() - t1);
+        }
+      }
+    std::fprintf(stderr, "stage %d alone: F %.3f I %.3f W %.3f B %.3f ms\n", chunk,
+                 1e3 * bench::median(f), 1e3 * bench::median(i), 1e3 * bench::median(w),
+                 1e3 * bench::median(bw));
+  }
+  omp_set_num_threads(threads);
+}
+
 bool positive(const ActionCosts& c) {
   return c.forward > 0 && c.backward_input > 0 && c.backward_weight > 0;
 }
@@ -172,6 +227,7 @@ int main(int argc, char** argv) {
   }
   bench::Writer out;
   const int p = kStages;
+  if (std::getenv("PP_COSTS")) print_isolated_costs();
   std::vector<Variant> kinds;
   for (const Variant& k : {Variant{ScheduleKind::GPipe}, Variant{ScheduleKind::OneFOneB},
                            Variant{ScheduleKind::Interleaved1F1B, 2}, Variant{ScheduleKind::ZeroBubbleH1},

@@ -14,6 +14,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <time.h>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -42,6 +43,13 @@ inline std::vector<double> time_calls(const std::function<void()>& fn, int warmu
     out.push_back(seconds_since(t0) / inner);
   }
   return out;
+}
+
+/// CPU seconds the calling thread has run.
+inline double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 inline double median(std::vector<double> v) {
