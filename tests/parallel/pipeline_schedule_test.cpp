@@ -191,14 +191,7 @@ TEST(PipelineSchedule, ZbH1WithProfiledCostsChecksAndBeatsTheUnitSchedule) {
   // With the durations it will run with, the greedy places W where this model's bubbles
   // are: replayed with those durations it idles no more than the unit-cost schedule does.
   const ActionCosts costs{.forward = 1.3, .backward_input = 1.0, .backward_weight = 0.8};
-  const ActionCost cost = [&](int, std::size_t, const PipelineAction& a) {
-    switch (a.op) {
-      case PipelineOp::Forward: return costs.forward;
-      case PipelineOp::BackwardInput: return costs.backward_input;
-      case PipelineOp::BackwardWeight: return costs.backward_weight;
-      default: return 0.0;
-    }
-  };
+  const ActionCost cost = uniform_cost(costs);
   for (int m : {4, 8, 16}) {
     const PipelineSchedule tuned = schedule_zbh1(4, m, costs);
     const ScheduleReport r = check_schedule(tuned);
@@ -228,19 +221,8 @@ TEST(PipelineSchedule, IdleTimeBoundsWithOneChunkPerStage) {
       for (int m : {4, 8, 16}) {
         SCOPED_TRACE("F " + std::to_string(c.f) + " I " + std::to_string(c.i) + " W " +
                      std::to_string(c.w) + " p=" + std::to_string(p) + " m=" + std::to_string(m));
-        const ActionCost cost = [&](int, std::size_t, const PipelineAction& a) {
-          switch (a.op) {
-            case PipelineOp::Forward: return c.f;
-            case PipelineOp::Backward: return c.i + c.w;
-            case PipelineOp::BackwardInput: return c.i;
-            case PipelineOp::BackwardWeight: return c.w;
-            default: return 0.0;
-          }
-        };
-        auto idle = [&](const PipelineSchedule& s) {
-          const ScheduleReport r = replay_schedule(s, cost);
-          return r.bubble_fraction * r.makespan;  // mean over stages
-        };
+        const ActionCost cost = uniform_cost({c.f, c.i, c.w});  // B = I + W
+        auto idle = [&](const PipelineSchedule& s) { return idle_time(replay_schedule(s, cost)); };
         const double floor = (p - 1) * c.f, zb_bound = (p - 1) * std::max(c.f, c.i);
         EXPECT_NEAR(idle(schedule_1f1b(p, m)), (p - 1) * (c.f + c.i + c.w), 1e-9);
         EXPECT_GE(idle(schedule_gpipe(p, m)), floor - 1e-9);
@@ -269,19 +251,8 @@ TEST(PipelineSchedule, InterleavedZeroBubbleGoesBelowTheOneChunkFloor) {
     for (int m : {4, 8, 16}) {
       SCOPED_TRACE("F " + std::to_string(c.f) + " I " + std::to_string(c.i) + " W " +
                    std::to_string(c.w) + " m=" + std::to_string(m));
-      const ActionCost cost = [&](int, std::size_t, const PipelineAction& a) {
-        switch (a.op) {
-          case PipelineOp::Forward: return c.f;
-          case PipelineOp::Backward: return c.i + c.w;
-          case PipelineOp::BackwardInput: return c.i;
-          case PipelineOp::BackwardWeight: return c.w;
-          default: return 0.0;
-        }
-      };
-      auto idle = [&](const PipelineSchedule& s) {
-        const ScheduleReport r = replay_schedule(s, cost);
-        return r.bubble_fraction * r.makespan;
-      };
+      const ActionCost cost = uniform_cost({c.f, c.i, c.w});
+      auto idle = [&](const PipelineSchedule& s) { return idle_time(replay_schedule(s, cost)); };
       const PipelineSchedule zb = schedule_interleaved_zb(p, m, v, {c.f, c.i, c.w});
       check_schedule(zb);
       const double one_chunk_floor = (p - 1) * v * c.f;  // a stage's F is v chunk forwards

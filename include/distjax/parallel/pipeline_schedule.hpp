@@ -142,8 +142,16 @@ using ActionCost = std::function<double(int stage, std::size_t index, const Pipe
 /// schedule has when every device runs on its own core.
 ScheduleReport replay_schedule(const PipelineSchedule& schedule, const ActionCost& cost);
 
+/// The same durations for every stage and chunk: F, I and W as given, B = I + W, transfers
+/// free.
+ActionCost uniform_cost(const ActionCosts& costs);
+
+/// The mean idle time of a stage (bubble_fraction x makespan), in the report's unit.
+double idle_time(const ScheduleReport& report);
+
 /// The theoretical idle fraction of `kind`: (p-1)/(m+p-1) for GPipe and 1F1B, with p-1
-/// divided by v interleaved, and (p-1)/(3m+p-1) for ZB-H1 (F, I and W of equal cost).
+/// divided by v interleaved, (p-1)/(3m+p-1) for ZB-H1 (F, I and W of equal cost), and
+/// (p-1)/v over 3m+(p-1)/v for interleaved zero bubble.
 double schedule_bubble_theory(ScheduleKind kind, int stages, int microbatches,
                               int virtual_stages = 1);
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <map>
 #include <sstream>
@@ -101,6 +102,27 @@ std::string to_string(PipelineOp op) {
   return "?";
 }
 
+ActionCost uniform_cost(const ActionCosts& costs) {
+  return [costs](int, std::size_t, const PipelineAction& a) {
+    switch (a.op) {
+      case Op::Forward:
+        return costs.forward;
+      case Op::Backward:
+        return costs.backward_input + costs.backward_weight;
+      case Op::BackwardInput:
+        return costs.backward_input;
+      case Op::BackwardWeight:
+        return costs.backward_weight;
+      default:
+        return 0.0;
+    }
+  };
+}
+
+double idle_time(const ScheduleReport& report) {
+  return report.bubble_fraction * report.makespan;
+}
+
 // The other stage of a transfer (-1 for compute).
 std::string describe(const PipelineAction& a, int stages) {
   std::ostringstream os;
@@ -151,6 +173,19 @@ PipelineSchedule schedule_1f1b(int p, int m) {
 }
 
 namespace {
+
+// The greedy simulations are heuristics: a schedule built with `costs` is kept only where,
+// replayed with those durations, it idles no more than the unit-cost one (`unit_cost`).
+PipelineSchedule idles_less(PipelineSchedule tuned, const ActionCosts& costs,
+                            const std::function<PipelineSchedule()>& unit_cost) {
+  if (costs.forward == 1.0 && costs.backward_input == 1.0 && costs.backward_weight == 1.0)
+    return tuned;
+  PipelineSchedule plain = unit_cost();
+  const ActionCost cost = uniform_cost(costs);
+  return replay_schedule(tuned, cost).bubble_fraction <= replay_schedule(plain, cost).bubble_fraction
+             ? tuned
+             : plain;
+}
 
 // Megatron-LM's interleaved 1F1B compute order (forwards and full backwards).
 std::vector<std::vector<PipelineAction>> interleaved_order(int p, int m, int v) {
@@ -270,20 +305,10 @@ PipelineSchedule schedule_interleaved_zb(int p, int m, int v, ActionCosts costs)
   const auto order = interleaved_order(p, m, v);
   const PipelineSchedule tuned = with_transfers(ScheduleKind::InterleavedZeroBubble, p, m, v,
                                                 fill_weight_backwards(p, v, m, order, costs));
-  const bool unit = costs.forward == 1.0 && costs.backward_input == 1.0 && costs.backward_weight == 1.0;
-  if (unit) return tuned;
-  // As schedule_zbh1: keep the unit-cost placement where it idles less with these costs.
-  const PipelineSchedule plain = with_transfers(ScheduleKind::InterleavedZeroBubble, p, m, v,
-                                                fill_weight_backwards(p, v, m, order, {}));
-  const ActionCost cost = [&](int, std::size_t, const PipelineAction& a) {
-    return a.op == Op::Forward         ? costs.forward
-           : a.op == Op::BackwardInput ? costs.backward_input
-           : a.op == Op::BackwardWeight ? costs.backward_weight
-                                        : 0.0;
-  };
-  return replay_schedule(tuned, cost).bubble_fraction <= replay_schedule(plain, cost).bubble_fraction
-             ? tuned
-             : plain;
+  return idles_less(tuned, costs, [&] {
+    return with_transfers(ScheduleKind::InterleavedZeroBubble, p, m, v,
+                          fill_weight_backwards(p, v, m, order, {}));
+  });
 }
 
 namespace {
@@ -291,21 +316,7 @@ PipelineSchedule zbh1_greedy(int p, int m, ActionCosts costs);
 }  // namespace
 
 PipelineSchedule schedule_zbh1(int p, int m, ActionCosts costs) {
-  const PipelineSchedule tuned = zbh1_greedy(p, m, costs);
-  const bool unit = costs.forward == 1.0 && costs.backward_input == 1.0 && costs.backward_weight == 1.0;
-  if (unit) return tuned;
-  // The greedy is a heuristic: keep the unit-cost order when it idles less under these
-  // durations.
-  const ActionCost cost = [&](int, std::size_t, const PipelineAction& a) {
-    return a.op == Op::Forward         ? costs.forward
-           : a.op == Op::BackwardInput ? costs.backward_input
-           : a.op == Op::BackwardWeight ? costs.backward_weight
-                                        : 0.0;
-  };
-  PipelineSchedule plain = zbh1_greedy(p, m, {});
-  return replay_schedule(tuned, cost).bubble_fraction <= replay_schedule(plain, cost).bubble_fraction
-             ? tuned
-             : plain;
+  return idles_less(zbh1_greedy(p, m, costs), costs, [&] { return zbh1_greedy(p, m, {}); });
 }
 
 namespace {
