@@ -280,6 +280,29 @@ TEST(Plan, Gpt3OnSixtyFourDevicesAsInTheGuide) {
     EXPECT_EQ(f.setup.world(), 64);
 }
 
+TEST(Plan, PipelineActivationsFollowTheMicroBatchesInFlight) {
+  // The first stage holds min(m, p) micro-batches under 1F1B, m under GPipe and
+  // p + (p-1)/v under the interleaved schedules (Megatron's figure; pipeline_schedule_test
+  // checks the schedules' own peaks): with p = 4, m = 16, v = 2 that is 4, 16 and 5.5.
+  const ModelDescription gpt3 = describe_gpt(50257, 12288, 96, 96, 2048, true);
+  auto activations = [&](PipeSchedule schedule, int v, std::int64_t m) {
+    plan::Setup s = gpt3_setup();
+    s.schedule = schedule;
+    s.virtual_stages = v;
+    s.microbatches = m;
+    s.global_batch = m * s.data;
+    return make_plan(gpt3, s).activations;
+  };
+  const double one = activations(PipeSchedule::OneFOneB, 1, 16);
+  const double per_microbatch = (activations(PipeSchedule::GPipe, 1, 16) - one) / 12;
+  EXPECT_GT(per_microbatch, 0);
+  EXPECT_NEAR((activations(PipeSchedule::Interleaved, 2, 16) - one) / per_microbatch, 1.5, 1e-9);
+  EXPECT_NEAR(activations(PipeSchedule::ZeroBubble, 1, 16), one, 1e-6 * one);
+  // m = p: every chunk of every micro-batch, m v chunks of 1/v: as 1F1B.
+  EXPECT_NEAR(activations(PipeSchedule::Interleaved, 2, 4), activations(PipeSchedule::OneFOneB, 1, 4),
+              1e-6 * one);
+}
+
 TEST(Plan, CommunicationFollowsTheRingFormulas) {
   plan::Setup s;
   s.data = 8;

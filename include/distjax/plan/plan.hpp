@@ -103,6 +103,7 @@ struct Setup {
   Recompute recompute = Recompute::None;
   PipeSchedule schedule = PipeSchedule::OneFOneB;
   std::int64_t microbatches = 1;  ///< pipeline micro-batches per step
+  int virtual_stages = 1;         ///< chunks per stage (Interleaved)
   /// Optimizer state per parameter element in f32 slots: 2 AdamW, 1 SGD with momentum, 0.
   int optimizer_slots = 2;
   /// Bytes of a parameter, a gradient, an activation element (4 f32; 2 fp16 / bf16).

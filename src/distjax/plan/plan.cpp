@@ -163,10 +163,17 @@ double ring_gather(int n, double bytes) {
   return n > 1 ? double(n - 1) / n * bytes : 0.0;
 }
 
-std::int64_t in_flight(const Setup& s) {
+// Micro-batches whose activations the first stage holds at once, in whole-stage units.
+double in_flight(const Setup& s) {
   if (s.pipe <= 1) return 1;
-  if (s.schedule == PipeSchedule::GPipe) return s.microbatches;
-  return std::min<std::int64_t>(s.microbatches, s.pipe);  // 1F1B family: p - stage
+  if (s.schedule == PipeSchedule::GPipe) return double(s.microbatches);
+  if (s.schedule == PipeSchedule::Interleaved && s.virtual_stages > 1) {
+    // (v-1)p + 2(p-1) + 1 chunks of 1/v of a stage (Megatron's p + (p-1)/v), at most m v.
+    const std::int64_t v = s.virtual_stages, p = s.pipe;
+    return double(std::min<std::int64_t>(s.microbatches * v, (v - 1) * p + 2 * (p - 1) + 1)) /
+           double(v);
+  }
+  return double(std::min<std::int64_t>(s.microbatches, s.pipe));  // 1F1B, ZB-H1: p - stage
 }
 
 /// Bytes of activations one transformer layer keeps for `tokens` tokens of one micro-batch.
@@ -266,7 +273,7 @@ Plan make_plan(const ModelDescription& m, const Setup& s) {
   if (gpt) {
     const double layers_here = double(m.layers / s.pipe);
     double saved =
-        layers_here * double(in_flight(s)) * layer_activation_bytes(m, s, tokens, s.recompute);
+        layers_here * in_flight(s) * layer_activation_bytes(m, s, tokens, s.recompute);
     // Recomputation rebuilds one block's activations in backward.
     if (s.recompute != Recompute::None)
       saved += layer_activation_bytes(m, s, tokens, Recompute::None);
@@ -418,6 +425,7 @@ Setup setup_from_config(const config::TrainConfig& c) {
                : sch == "zbh1"        ? PipeSchedule::ZeroBubble
                                       : PipeSchedule::OneFOneB;
   s.microbatches = c.parallelism.microbatches;
+  s.virtual_stages = static_cast<int>(c.parallelism.virtual_stages);
   s.global_batch = c.run.batch_size;
   const bool gpt = c.run.program == "gpt" || c.run.program == "train_gpt";
   s.seq_len = gpt ? c.data.seq_len : 1;
