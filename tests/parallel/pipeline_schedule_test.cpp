@@ -39,8 +39,11 @@ TEST(PipelineSchedule, EveryKindChecksOverAGridOfCounts) {
         SCOPED_TRACE(to_string(k) + " p=" + std::to_string(p) + " m=" + std::to_string(m));
         ScheduleReport r = check_schedule(make_schedule(k, p, m));
         for (int st = 0; st < p; ++st) {
-          const int expect_peak =
-              k == ScheduleKind::GPipe ? m : std::min(m, p - st);  // 1F1B and ZB-H1: p - s
+          // Between F and the end of its backward (B, or W): GPipe all m, 1F1B p - s, ZB-H1
+          // 1F1B's stage-0 figure p on every stage (its W run late).
+          const int expect_peak = k == ScheduleKind::GPipe     ? m
+                                  : k == ScheduleKind::OneFOneB ? std::min(m, p - st)
+                                                                : std::min(m, p);
           EXPECT_EQ(r.peak_in_flight[st], expect_peak) << "stage " << st;
         }
       }
@@ -49,10 +52,11 @@ TEST(PipelineSchedule, EveryKindChecksOverAGridOfCounts) {
         SCOPED_TRACE("interleaved p=" + std::to_string(p) + " m=" + std::to_string(m) +
                      " v=" + std::to_string(v));
         const ScheduleReport inter = check_schedule(make_schedule(ScheduleKind::Interleaved1F1B, p, m, v));
-        // Interleaved zero bubble holds what interleaved 1F1B holds between F and I.
+        // Interleaved zero bubble holds at most what interleaved 1F1B holds on stage 0.
         const ScheduleReport zb =
             check_schedule(make_schedule(ScheduleKind::InterleavedZeroBubble, p, m, v));
-        EXPECT_EQ(zb.peak_in_flight, inter.peak_in_flight);
+        EXPECT_EQ(zb.peak_in_flight[0], inter.peak_in_flight[0]);
+        for (int st = 0; st < p; ++st) EXPECT_LE(zb.peak_in_flight[st], inter.peak_in_flight[0]);
       }
     }
 }
@@ -195,7 +199,7 @@ TEST(PipelineSchedule, ZbH1WithProfiledCostsChecksAndBeatsTheUnitSchedule) {
   for (int m : {4, 8, 16}) {
     const PipelineSchedule tuned = schedule_zbh1(4, m, costs);
     const ScheduleReport r = check_schedule(tuned);
-    for (int st = 0; st < 4; ++st) EXPECT_LE(r.peak_in_flight[st], 4 - st);
+    for (int st = 0; st < 4; ++st) EXPECT_LE(r.peak_in_flight[st], 4);
     const double tuned_idle = replay_schedule(tuned, cost).bubble_fraction;
     const double unit_idle = replay_schedule(schedule_zbh1(4, m), cost).bubble_fraction;
     EXPECT_LE(tuned_idle, unit_idle + 1e-12) << "m=" << m;

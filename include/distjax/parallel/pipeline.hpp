@@ -66,7 +66,7 @@ struct PipelineOptions {
   ScheduleKind schedule = ScheduleKind::OneFOneB;
   int microbatches = 4;    ///< m; the local batch must be divisible by it
   int virtual_stages = 1;  ///< v (Interleaved1F1B, InterleavedZeroBubble)
-  /// ZeroBubbleH1 and InterleavedZeroBubble: the F, I and W durations (of one chunk) the
+  /// The zero-bubble kinds: the F, I and W durations (of one chunk) the
   /// schedule is built with (unit: the paper's equal costs; profiled durations place the W
   /// actions where this model's bubbles are).
   ActionCosts costs{};
@@ -94,7 +94,7 @@ struct PipelineTrace {
   int stage = 0;
   double start = 0.0, end = 0.0;    ///< the step on this device (steady clock seconds)
   std::vector<PipelineSpan> spans;
-  int peak_in_flight = 0;           ///< micro-batch chunks held between F and B (or I)
+  int peak_in_flight = 0;           ///< micro-batch chunks held between F and B (or W)
   double compute_seconds() const;   ///< sum of the compute spans
   double wait_seconds() const;      ///< sum of the wait spans
   /// 1 - compute / (end - start): the share of the step this device did not compute.

@@ -63,9 +63,6 @@ struct PipelineAction {
 
 /// "F", "B", "I", "W", "send_act", "recv_act", "send_grad", "recv_grad".
 std::string to_string(PipelineOp op);
-/// e.g. "F(mb 3, chunk 1)", "send_act(mb 0, chunk 2 -> stage 3)".
-std::string describe(const PipelineAction& a, int stages);
-
 /// A schedule: per stage, the actions it runs in order.
 struct PipelineSchedule {
   ScheduleKind kind = ScheduleKind::GPipe;
@@ -80,6 +77,10 @@ struct PipelineSchedule {
   /// The chunks stage s holds, in model order.
   std::vector<int> chunks_of(int stage) const;
 };
+
+/// e.g. "F(mb 3, chunk 1)", "send_act(mb 0, chunk 2 -> stage 3)" (the peer from the
+/// schedule's stage_of).
+std::string describe(const PipelineAction& a, const PipelineSchedule& schedule);
 
 /// The schedule of `kind`: compute order per stage (the rules of each paper), with the
 /// transfers inserted where a neighbouring chunk lives on another stage (a receive just
@@ -98,18 +99,19 @@ struct ActionCosts {
   double backward_input = 1.0;
   double backward_weight = 1.0;
 };
-/// ZB-H1 built by a greedy simulation with the given durations (unit costs by default;
-/// profiled ones, as the zero-bubble paper does, place the W actions where real bubbles
-/// are). The greedy is a heuristic: with other than unit costs the result is whichever of
-/// the two orders (greedy with these costs, greedy with unit costs) idles less when
-/// replayed with these costs.
+/// ZB-H1: 1F1B's order with each backward split into I and W, stage s running its first s
+/// W late so that they fill the cool-down's waits (the paper's figure), or, where it idles
+/// less when replayed with the given durations (profiled ones, as the zero-bubble paper
+/// builds its schedules), the order a greedy simulation with them finds. Either holds at
+/// most p micro-batches between F and W on every stage: 1F1B's stage-0 memory.
 PipelineSchedule schedule_zbh1(int stages, int microbatches, ActionCosts costs = {});
 /// Interleaved zero bubble (torchtitan's ScheduleInterleavedZeroBubble): interleaved
 /// 1F1B's order of forwards and backwards over v chunks per stage, each backward split into
 /// I and W, the W placed where a simulation with `costs` (durations of one chunk's F, I and
-/// W) finds the stage waiting for its next input. Holds what interleaved 1F1B holds between
-/// F and I. With one chunk per stage no schedule idles less than (p-1) F; with v chunks the
-/// first input reaches the last stage after (p-1) chunk forwards, F/v each.
+/// W) finds the stage waiting for its next input; a forward waits for a W instead where
+/// the stage would hold more chunks between F and W than interleaved 1F1B's stage 0 does.
+/// With one chunk per stage no schedule idles less than (p-1) F; with v chunks the first
+/// input reaches the last stage after (p-1) chunk forwards, F/v each.
 PipelineSchedule schedule_interleaved_zb(int stages, int microbatches, int virtual_stages,
                                          ActionCosts costs = {});
 
@@ -117,7 +119,9 @@ PipelineSchedule schedule_interleaved_zb(int stages, int microbatches, int virtu
 /// transfers free): start and end time of every action, and the idle fraction.
 struct ScheduleReport {
   std::vector<int> peak_in_flight;  ///< [stage]: most micro-batch chunks forwarded and
-                                    ///< not yet fully backwarded at once (activations held)
+                                    ///< not yet fully backwarded (B, or W) at once: the
+                                    ///< activations held (W keeps the linear layers'
+                                    ///< inputs and output cotangents until it runs)
   std::vector<std::vector<double>> start, end;  ///< [stage][i], unit costs
   double makespan = 0;                          ///< end of the last action
   double bubble_fraction = 0;                   ///< mean over stages of idle / makespan

@@ -1,5 +1,7 @@
 #include "distjax/parallel/pipeline.hpp"
 
+#include "distjax/parallel/detail/pipeline_ops.hpp"
+
 #include <chrono>
 #include <ctime>
 #include <deque>
@@ -191,8 +193,6 @@ train::GradientResult Pipeline::run_schedule(const TensorTree& params, const tra
 
   comm::Communicator& link = ctx_->comm(options_.axis);
   const nn::Scope shape_scope = nn::Scope::apply(&leaves, /*train=*/true).on(*ctx_);
-  const int p = s.stages;
-  const int prev_stage = (stage_ - 1 + p) % p, next_stage = (stage_ + 1) % p;
 
   // Receives, posted ahead in list order per channel (a channel is FIFO).
   struct Posted {
@@ -214,7 +214,7 @@ train::GradientResult Pipeline::run_schedule(const TensorTree& params, const tra
           module_->activation_shape(shape_scope, grad ? a.chunk : a.chunk - 1, last + 1, mb);
       Posted r{a, Tensor::empty(shape, DType::F32), {}};
       r.request = link.irecv(r.buffer.raw_data(), r.buffer.numel(), DType::F32,
-                             grad ? next_stage : prev_stage, grad ? kGradTag : kActivationTag);
+                             detail::peer_of(a, s), grad ? kGradTag : kActivationTag);
       q.push_back(std::move(r));
     }
   };
@@ -256,7 +256,7 @@ train::GradientResult Pipeline::run_schedule(const TensorTree& params, const tra
                      const PipelineAction& a) -> Tensor {
     post(q, scan, op);
     DISTJAX_CHECK(!q.empty() && q.front().action == a, Error, "[Pipeline] stage ", stage_,
-                  ": receive ", describe(a, p), " was not posted in order");
+                  ": receive ", describe(a, s), " was not posted in order");
     Posted r = std::move(q.front());
     q.pop_front();
     const double t0 = now_s();
@@ -287,7 +287,7 @@ train::GradientResult Pipeline::run_schedule(const TensorTree& params, const tra
         received_grad[key_mc] = receive(posted_grad, next_grad, PipelineOp::RecvGrad, a);
         break;
       case PipelineOp::SendActivation:
-        send(live.at(key_mc).output, next_stage, kActivationTag);
+        send(live.at(key_mc).output, s.stage_of(a.chunk + 1), kActivationTag);
         break;
       case PipelineOp::SendGrad:
         break;  // sent by the backward that produced it (below), at once
@@ -302,7 +302,7 @@ train::GradientResult Pipeline::run_schedule(const TensorTree& params, const tra
           } else {
             auto jt = local_act.find({a.microbatch, a.chunk - 1});
             DISTJAX_CHECK(jt != local_act.end(), Error, "[Pipeline] stage ", stage_, ": ",
-                          describe(a, p), " has no input");
+                          describe(a, s), " has no input");
             x = jt->second;
             local_act.erase(jt);
           }
@@ -350,7 +350,7 @@ train::GradientResult Pipeline::run_schedule(const TensorTree& params, const tra
         } else {
           auto jt = local_grad.find(key_mc);
           DISTJAX_CHECK(jt != local_grad.end(), Error, "[Pipeline] stage ", stage_, ": ",
-                        describe(a, p), " has no output cotangent");
+                        describe(a, s), " has no output cotangent");
           seed = jt->second;
           local_grad.erase(jt);
         }
@@ -369,12 +369,14 @@ train::GradientResult Pipeline::run_schedule(const TensorTree& params, const tra
         if (a.chunk > 0) {
           Tensor gin = g[0].defined() ? g[0] : Tensor::zeros(rec.input.shape());
           if (s.stage_of(a.chunk - 1) == stage_) local_grad[{a.microbatch, a.chunk - 1}] = gin;
-          else send(gin, prev_stage, kGradTag);
+          else send(gin, s.stage_of(a.chunk - 1), kGradTag);
         }
         rec.input = Tensor();
         rec.output = Tensor();
-        --in_flight;
-        if (a.op == PipelineOp::Backward) live.erase(key_mc);
+        if (a.op == PipelineOp::Backward) {
+          --in_flight;
+          live.erase(key_mc);
+        }
         span(a, false, t0);
         break;
       }
@@ -387,6 +389,7 @@ train::GradientResult Pipeline::run_schedule(const TensorTree& params, const tra
                         "[Pipeline] a deferred weight cotangent of an unknown leaf");
           accumulate(acc, it->second, g);
         }
+        --in_flight;
         live.erase(key_mc);
         span(a, false, t0);
         break;
@@ -415,7 +418,7 @@ train::GradientResult Pipeline::run_schedule(const TensorTree& params, const tra
 }
 
 train::Metrics Pipeline::evaluate(const TensorTree& params, const train::Batch& batch_in) {
-  const int m = schedule_.microbatches, last = num_chunks() - 1, p = schedule_.stages;
+  const int m = schedule_.microbatches, last = num_chunks() - 1;
   DISTJAX_CHECK(batch_in.size() % m == 0, InvalidArgument, "[Pipeline::evaluate] batch size ",
                 batch_in.size(), " is not divisible by ", m, " micro-batches");
   const std::int64_t b = batch_in.size() / m;
@@ -427,7 +430,6 @@ train::Metrics Pipeline::evaluate(const TensorTree& params, const train::Batch& 
                                  ctx_->axis_mask(module_->activation_axes()) | pipe_mask_;
   const TensorTree marked = stage_params(params);
   comm::Communicator& link = ctx_->comm(options_.axis);
-  const int prev_stage = (stage_ - 1 + p) % p, next_stage = (stage_ + 1) % p;
   nn::Scope scope =
       nn::Scope::apply(&marked, /*train=*/false).on(*ctx_).with_precision(options_.precision);
   if (options_.fsdp) scope = scope.fully_sharded(*options_.fsdp);
@@ -440,7 +442,8 @@ train::Metrics Pipeline::evaluate(const TensorTree& params, const train::Batch& 
     for (int c : chunks()) {
       if (c > 0 && schedule_.stage_of(c - 1) != stage_) {
         x = Tensor::empty(module_->activation_shape(scope, c - 1, last + 1, slice));
-        link.irecv(x.raw_data(), x.numel(), DType::F32, prev_stage, kActivationTag).wait();
+        link.irecv(x.raw_data(), x.numel(), DType::F32, schedule_.stage_of(c - 1), kActivationTag)
+            .wait();
         x.set_varying_axes(act_mask);
       }
       train::Metrics metrics;
@@ -451,7 +454,8 @@ train::Metrics Pipeline::evaluate(const TensorTree& params, const train::Batch& 
         out.merge(metrics);
       } else if (schedule_.stage_of(c + 1) != stage_) {
         keep.push_back(y);
-        sends.push_back(link.isend(y.raw_data(), y.numel(), DType::F32, next_stage, kActivationTag));
+        sends.push_back(link.isend(y.raw_data(), y.numel(), DType::F32, schedule_.stage_of(c + 1),
+                                   kActivationTag));
       }
       x = y;
     }

@@ -23,7 +23,7 @@ namespace {
                        const std::string& what) {
   DISTJAX_THROW(ScheduleError, "[check_schedule] ", to_string(s.kind), " p=", s.stages,
                 " m=", s.microbatches, ": stage ", stage, ", action ", index, " ",
-                describe(s.actions[stage][index], s.stages), ": ", what);
+                describe(s.actions[stage][index], s), ": ", what);
 }
 
 using Key = std::pair<int, int>;  // (micro-batch, chunk)
@@ -155,7 +155,7 @@ ScheduleReport replay_schedule(const PipelineSchedule& s, const ActionCost& cost
         const std::size_t k = pc[st];
         const PipelineAction& a = list[k];
         const Key key{a.microbatch, a.chunk};
-        const int peer = peer_of(a, p);
+        const int peer = peer_of(a, s);
         double ready = clock[st];
         bool can = true;
         switch (a.op) {
@@ -219,9 +219,9 @@ ScheduleReport replay_schedule(const PipelineSchedule& s, const ActionCost& cost
             break;
           case Op::BackwardInput:
             grad_in_ready[key] = end;
-            --held[st];
             break;
-          case Op::BackwardWeight:
+          case Op::BackwardWeight:  // what the weight cotangents need is held until now
+            --held[st];
             break;
           case Op::SendActivation:
             channel[{st, peer, false}].push_back({{a.microbatch, a.chunk + 1}, out_ready[key], k});
@@ -248,11 +248,11 @@ ScheduleReport replay_schedule(const PipelineSchedule& s, const ActionCost& cost
     if (pc[st] == s.actions[st].size()) continue;
     if (first_stuck < 0) first_stuck = st;
     stuck << " stage " << st << " waits at action " << pc[st] << " "
-          << describe(s.actions[st][pc[st]], p) << ";";
+          << describe(s.actions[st][pc[st]], s) << ";";
   }
   if (first_stuck >= 0) {
     const PipelineAction& a = s.actions[first_stuck][pc[first_stuck]];
-    const int peer = peer_of(a, p);
+    const int peer = peer_of(a, s);
     const bool peer_done = peer >= 0 && pc[peer] == s.actions[peer].size();
     fail(s, first_stuck, pc[first_stuck],
          peer_done ? "stage " + std::to_string(peer) + " never sends it"
@@ -309,7 +309,7 @@ std::string schedule_csv(const PipelineSchedule& s, const ScheduleReport& r) {
     for (std::size_t k = 0; k < s.actions[st].size(); ++k) {
       const PipelineAction& a = s.actions[st][k];
       os << st << "," << k << "," << to_string(a.op) << "," << a.microbatch << "," << a.chunk << ","
-         << peer_of(a, s.stages) << "," << r.start[st][k] << "," << r.end[st][k] << "\n";
+         << peer_of(a, s) << "," << r.start[st][k] << "," << r.end[st][k] << "\n";
     }
   return os.str();
 }

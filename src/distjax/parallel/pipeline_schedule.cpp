@@ -124,19 +124,19 @@ double idle_time(const ScheduleReport& report) {
 }
 
 // The other stage of a transfer (-1 for compute).
-std::string describe(const PipelineAction& a, int stages) {
+std::string describe(const PipelineAction& a, const PipelineSchedule& s) {
   std::ostringstream os;
   os << to_string(a.op) << "(mb " << a.microbatch << ", chunk " << a.chunk;
-  if (a.op == Op::SendActivation || a.op == Op::SendGrad) os << " -> stage " << peer_of(a, stages);
-  if (a.op == Op::RecvActivation || a.op == Op::RecvGrad) os << " <- stage " << peer_of(a, stages);
+  if (a.op == Op::SendActivation || a.op == Op::SendGrad) os << " -> stage " << peer_of(a, s);
+  if (a.op == Op::RecvActivation || a.op == Op::RecvGrad) os << " <- stage " << peer_of(a, s);
   os << ")";
   return os.str();
 }
 
 std::vector<int> PipelineSchedule::chunks_of(int stage) const {
   std::vector<int> out;
-  for (int k = 0; k < virtual_stages; ++k)
-    out.push_back(k * stages + stage);
+  for (int c = 0; c < num_chunks(); ++c)
+    if (stage_of(c) == stage) out.push_back(c);
   return out;
 }
 
@@ -174,17 +174,17 @@ PipelineSchedule schedule_1f1b(int p, int m) {
 
 namespace {
 
-// The greedy simulations are heuristics: a schedule built with `costs` is kept only where,
-// replayed with those durations, it idles no more than the unit-cost one (`unit_cost`).
-PipelineSchedule idles_less(PipelineSchedule tuned, const ActionCosts& costs,
-                            const std::function<PipelineSchedule()>& unit_cost) {
-  if (costs.forward == 1.0 && costs.backward_input == 1.0 && costs.backward_weight == 1.0)
-    return tuned;
-  PipelineSchedule plain = unit_cost();
+// The candidates of a kind (a fixed order, greedy simulations with given and unit costs:
+// heuristics each): the first of those that idle least when replayed with `costs`.
+PipelineSchedule least_idle(const ActionCosts& costs, std::vector<PipelineSchedule> candidates) {
   const ActionCost cost = uniform_cost(costs);
-  return replay_schedule(tuned, cost).bubble_fraction <= replay_schedule(plain, cost).bubble_fraction
-             ? tuned
-             : plain;
+  std::size_t best = 0;
+  double best_idle = std::numeric_limits<double>::infinity();
+  for (std::size_t k = 0; k < candidates.size(); ++k) {
+    const double idle = idle_time(replay_schedule(candidates[k], cost));
+    if (idle < best_idle - 1e-12 * std::max(1.0, best_idle)) best = k, best_idle = idle;
+  }
+  return std::move(candidates[best]);
 }
 
 // Megatron-LM's interleaved 1F1B compute order (forwards and full backwards).
@@ -222,11 +222,12 @@ std::vector<std::vector<PipelineAction>> interleaved_order(int p, int m, int v) 
 // A fixed order of forwards and backwards turned zero-bubble: each backward becomes its
 // input part I, and the weight parts W (which nobody waits for) run where the stage would
 // otherwise wait for its next input, found by simulating the order with `costs` (the
-// oldest pending W first; the rest at the end). The forwards and I keep their order, so the
-// activations held between F and I are those of the order given.
+// oldest pending W first; the rest at the end). The forwards and I keep their order; a
+// forward waits for W to run first while the stage holds `cap` chunks between F and W
+// (what W keeps is about what F keeps), so no stage holds more than `cap`.
 std::vector<std::vector<PipelineAction>> fill_weight_backwards(
     int p, int v, int m, const std::vector<std::vector<PipelineAction>>& order,
-    ActionCosts costs) {
+    ActionCosts costs, int cap) {
   const int chunks = p * v, last = chunks - 1;
   constexpr double kNever = std::numeric_limits<double>::infinity();
   // [chunk][mb]: when chunk's input activation / output cotangent is there.
@@ -235,6 +236,7 @@ std::vector<std::vector<PipelineAction>> fill_weight_backwards(
   for (int i = 0; i < m; ++i)
     act_at[0][i] = 0;
   std::vector<std::size_t> next(p, 0);
+  std::vector<int> open(p, 0);  // chunks between F and W
   std::vector<double> free_at(p, 0.0);
   std::vector<std::deque<PipelineAction>> pending_w(p);
   std::vector<std::vector<PipelineAction>> compute(p);
@@ -251,13 +253,15 @@ std::vector<std::vector<PipelineAction>> fill_weight_backwards(
       bool ready = false;
       if (next[s] < order[s].size()) {
         const PipelineAction& a = order[s][next[s]];
-        ready = a.op == Op::Forward ? act_at[a.chunk][a.microbatch] <= t + eps
-                                    : grad_at[a.chunk][a.microbatch] <= t + eps;
+        ready = a.op == Op::Forward
+                    ? act_at[a.chunk][a.microbatch] <= t + eps && (open[s] < cap || pending_w[s].empty())
+                    : grad_at[a.chunk][a.microbatch] <= t + eps;
       }
       if (ready) {
         const PipelineAction& a = order[s][next[s]++];
         if (a.op == Op::Forward) {
           compute[s].push_back(a);
+          ++open[s];
           free_at[s] = t + costs.forward;
           if (a.chunk < last) act_at[a.chunk + 1][a.microbatch] = free_at[s];
           else grad_at[a.chunk][a.microbatch] = free_at[s];
@@ -270,6 +274,7 @@ std::vector<std::vector<PipelineAction>> fill_weight_backwards(
       } else if (!pending_w[s].empty()) {
         compute[s].push_back(pending_w[s].front());
         pending_w[s].pop_front();
+        --open[s];
         free_at[s] = t + costs.backward_weight;
       } else {
         continue;
@@ -303,20 +308,51 @@ PipelineSchedule schedule_interleaved_zb(int p, int m, int v, ActionCosts costs)
   DISTJAX_CHECK(costs.forward > 0 && costs.backward_input > 0 && costs.backward_weight > 0,
                 ConfigError, "[schedule_interleaved_zb] action costs must be positive");
   const auto order = interleaved_order(p, m, v);
+  // Interleaved 1F1B's peak on stage 0 (its warm-up and one more), on every stage.
+  const int cap = std::min(m * v, 2 * (p - 1) + (v - 1) * p + 1);
   const PipelineSchedule tuned = with_transfers(ScheduleKind::InterleavedZeroBubble, p, m, v,
-                                                fill_weight_backwards(p, v, m, order, costs));
-  return idles_less(tuned, costs, [&] {
-    return with_transfers(ScheduleKind::InterleavedZeroBubble, p, m, v,
-                          fill_weight_backwards(p, v, m, order, {}));
-  });
+                                                fill_weight_backwards(p, v, m, order, costs, cap));
+  return least_idle(costs, {tuned, with_transfers(ScheduleKind::InterleavedZeroBubble, p, m, v,
+                                                  fill_weight_backwards(p, v, m, order, {}, cap))});
 }
 
 namespace {
 PipelineSchedule zbh1_greedy(int p, int m, ActionCosts costs);
 }  // namespace
 
+namespace {
+// ZB-H1 as the paper draws it: 1F1B's order with each B split into I and W, stage s
+// running its first s W late (so it holds at most p micro-batches between F and W, as
+// stage 0 does under 1F1B) and the late ones filling the cool-down's waits.
+PipelineSchedule zbh1_handcrafted(int p, int m) {
+  check_counts(p, m, 1);
+  std::vector<std::vector<PipelineAction>> compute(p);
+  for (int s = 0; s < p; ++s) {
+    const int warmup = std::min(p - s - 1, m);
+    auto& c = compute[s];
+    int next_w = 0;
+    auto w = [&] { c.push_back({Op::BackwardWeight, next_w++, s}); };
+    for (int i = 0; i < warmup; ++i)
+      c.push_back({Op::Forward, i, s});
+    for (int i = 0; i < m - warmup; ++i) {
+      c.push_back({Op::Forward, warmup + i, s});
+      c.push_back({Op::BackwardInput, i, s});
+      if (i >= s) w();
+    }
+    for (int i = m - warmup; i < m; ++i) {
+      c.push_back({Op::BackwardInput, i, s});
+      w();
+    }
+    while (next_w < m) w();
+  }
+  return with_transfers(ScheduleKind::ZeroBubbleH1, p, m, 1, compute);
+}
+}  // namespace
+
 PipelineSchedule schedule_zbh1(int p, int m, ActionCosts costs) {
-  return idles_less(zbh1_greedy(p, m, costs), costs, [&] { return zbh1_greedy(p, m, {}); });
+  DISTJAX_CHECK(costs.forward > 0 && costs.backward_input > 0 && costs.backward_weight > 0,
+                ConfigError, "[schedule_zbh1] action costs must be positive");
+  return least_idle(costs, {zbh1_handcrafted(p, m), zbh1_greedy(p, m, costs)});
 }
 
 namespace {
@@ -327,16 +363,18 @@ PipelineSchedule zbh1_greedy(int p, int m, ActionCosts costs) {
   // ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism"): the backward is split into its
   // input part I, which the previous stage waits for, and its weight part W, which nobody
   // waits for and fills what would be bubbles. Built by simulating F, I and W with the
-  // given durations (unit by default; the paper profiles them) greedily: I as soon as its
-  // cotangent is there, else F while stage s holds fewer than p - s micro-batches between
-  // F and I (1F1B's activation memory; W keeps only what the weight cotangents need: the
-  // linear layers' inputs and output cotangents), else the oldest pending W.
+  // given durations (the paper profiles them) greedily: I as soon as its cotangent is
+  // there, else F while stage s holds fewer than p - s micro-batches between F and I (as
+  // 1F1B's warm-up) and fewer than p between F and W (W keeps the linear layers' inputs and
+  // output cotangents, about what F keeps: 1F1B's stage-0 memory), else the oldest W.
   constexpr double kNever = std::numeric_limits<double>::infinity();
   std::vector<std::vector<double>> act_at(p, std::vector<double>(m, kNever));   // input arrives
   std::vector<std::vector<double>> grad_at(p, std::vector<double>(m, kNever));  // cotangent arrives
   for (int i = 0; i < m; ++i)
     act_at[0][i] = 0;
-  std::vector<int> next_f(p, 0), next_i(p, 0), held(p, 0);
+  // held: between F and I (1F1B's warm-up, p - s); open: between F and W, what the
+  // stage holds (at most p, stage 0's peak under 1F1B, on every stage).
+  std::vector<int> next_f(p, 0), next_i(p, 0), held(p, 0), open(p, 0);
   std::vector<double> free_at(p, 0.0);
   std::vector<std::deque<int>> pending_w(p);
   std::vector<std::vector<PipelineAction>> compute(p);
@@ -350,7 +388,8 @@ PipelineSchedule zbh1_greedy(int p, int m, ActionCosts costs) {
     for (int s = 0; s < p; ++s) {
       if (free_at[s] > t + eps) continue;  // busy
       const bool can_i = next_i[s] < next_f[s] && grad_at[s][next_i[s]] <= t + eps;
-      const bool can_f = next_f[s] < m && act_at[s][next_f[s]] <= t + eps && held[s] < p - s;
+      const bool can_f = next_f[s] < m && act_at[s][next_f[s]] <= t + eps && held[s] < p - s &&
+                         open[s] < p;
       if (can_i) {
         const int i = next_i[s]++;
         compute[s].push_back({Op::BackwardInput, i, s});
@@ -362,12 +401,14 @@ PipelineSchedule zbh1_greedy(int p, int m, ActionCosts costs) {
         const int i = next_f[s]++;
         compute[s].push_back({Op::Forward, i, s});
         ++held[s];
+        ++open[s];
         free_at[s] = t + costs.forward;
         if (s + 1 < p) act_at[s + 1][i] = free_at[s];
         else grad_at[s][i] = free_at[s];
       } else if (!pending_w[s].empty()) {
         compute[s].push_back({Op::BackwardWeight, pending_w[s].front(), s});
         pending_w[s].pop_front();
+        --open[s];
         free_at[s] = t + costs.backward_weight;
       } else {
         continue;

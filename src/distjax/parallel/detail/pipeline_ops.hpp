@@ -28,14 +28,14 @@ inline double unit_cost(Op op) {
 }
 
 /// The other stage of a transfer (-1 for compute).
-inline int peer_of(const PipelineAction& a, int stages) {
+inline int peer_of(const PipelineAction& a, const PipelineSchedule& s) {
   switch (a.op) {
     case Op::SendActivation:
     case Op::RecvGrad:
-      return (a.chunk + 1) % stages;
+      return s.stage_of(a.chunk + 1);
     case Op::RecvActivation:
     case Op::SendGrad:
-      return ((a.chunk - 1) % stages + stages) % stages;
+      return s.stage_of(a.chunk - 1);
     default:
       return -1;
   }
