@@ -152,24 +152,43 @@ PipelineSchedule schedule_gpipe(int p, int m) {
   return with_transfers(ScheduleKind::GPipe, p, m, 1, compute);
 }
 
-PipelineSchedule schedule_1f1b(int p, int m) {
+namespace {
+// 1F1B's compute order. Warm-up: enough forwards to fill the stages after this one, then
+// one forward one backward, then the remaining backwards. With `split`, each B becomes I
+// then W, except that stage s runs its first s W late (ZB-H1 as the paper draws it: at
+// most p micro-batches between F and W on every stage, stage 0's 1F1B figure), the late
+// ones filling the cool-down's waits.
+std::vector<std::vector<PipelineAction>> one_f_one_b_order(int p, int m, bool split) {
   check_counts(p, m, 1);
   std::vector<std::vector<PipelineAction>> compute(p);
   for (int s = 0; s < p; ++s) {
-    // Warm-up: enough forwards to fill the stages after this one, then one forward one
-    // backward, then the remaining backwards.
     const int warmup = std::min(p - s - 1, m);
     auto& c = compute[s];
+    int next_w = 0;
+    auto backward = [&](int i, bool late) {
+      if (!split) {
+        c.push_back({Op::Backward, i, s});
+        return;
+      }
+      c.push_back({Op::BackwardInput, i, s});
+      if (!late) c.push_back({Op::BackwardWeight, next_w++, s});
+    };
     for (int i = 0; i < warmup; ++i)
       c.push_back({Op::Forward, i, s});
     for (int i = 0; i < m - warmup; ++i) {
       c.push_back({Op::Forward, warmup + i, s});
-      c.push_back({Op::Backward, i, s});
+      backward(i, /*late=*/i < s);
     }
     for (int i = m - warmup; i < m; ++i)
-      c.push_back({Op::Backward, i, s});
+      backward(i, false);
+    while (split && next_w < m) c.push_back({Op::BackwardWeight, next_w++, s});
   }
-  return with_transfers(ScheduleKind::OneFOneB, p, m, 1, compute);
+  return compute;
+}
+}  // namespace
+
+PipelineSchedule schedule_1f1b(int p, int m) {
+  return with_transfers(ScheduleKind::OneFOneB, p, m, 1, one_f_one_b_order(p, m, false));
 }
 
 namespace {
@@ -320,39 +339,12 @@ namespace {
 PipelineSchedule zbh1_greedy(int p, int m, ActionCosts costs);
 }  // namespace
 
-namespace {
-// ZB-H1 as the paper draws it: 1F1B's order with each B split into I and W, stage s
-// running its first s W late (so it holds at most p micro-batches between F and W, as
-// stage 0 does under 1F1B) and the late ones filling the cool-down's waits.
-PipelineSchedule zbh1_handcrafted(int p, int m) {
-  check_counts(p, m, 1);
-  std::vector<std::vector<PipelineAction>> compute(p);
-  for (int s = 0; s < p; ++s) {
-    const int warmup = std::min(p - s - 1, m);
-    auto& c = compute[s];
-    int next_w = 0;
-    auto w = [&] { c.push_back({Op::BackwardWeight, next_w++, s}); };
-    for (int i = 0; i < warmup; ++i)
-      c.push_back({Op::Forward, i, s});
-    for (int i = 0; i < m - warmup; ++i) {
-      c.push_back({Op::Forward, warmup + i, s});
-      c.push_back({Op::BackwardInput, i, s});
-      if (i >= s) w();
-    }
-    for (int i = m - warmup; i < m; ++i) {
-      c.push_back({Op::BackwardInput, i, s});
-      w();
-    }
-    while (next_w < m) w();
-  }
-  return with_transfers(ScheduleKind::ZeroBubbleH1, p, m, 1, compute);
-}
-}  // namespace
 
 PipelineSchedule schedule_zbh1(int p, int m, ActionCosts costs) {
   DISTJAX_CHECK(costs.forward > 0 && costs.backward_input > 0 && costs.backward_weight > 0,
                 ConfigError, "[schedule_zbh1] action costs must be positive");
-  return least_idle(costs, {zbh1_handcrafted(p, m), zbh1_greedy(p, m, costs)});
+  return least_idle(costs, {with_transfers(ScheduleKind::ZeroBubbleH1, p, m, 1, one_f_one_b_order(p, m, true)),
+                            zbh1_greedy(p, m, costs)});
 }
 
 namespace {
