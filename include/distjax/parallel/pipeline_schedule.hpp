@@ -82,13 +82,6 @@ struct PipelineSchedule {
 /// schedule's stage_of).
 std::string describe(const PipelineAction& a, const PipelineSchedule& schedule);
 
-/// The schedule of `kind`: compute order per stage (the rules of each paper), with the
-/// transfers inserted where a neighbouring chunk lives on another stage (a receive just
-/// before the compute that needs it, a send just after the compute that produced it).
-/// ConfigError on counts it cannot schedule (stages, micro-batches < 1; virtual stages
-/// other than 1 outside Interleaved1F1B; m not a multiple of p for Interleaved1F1B).
-PipelineSchedule make_schedule(ScheduleKind kind, int stages, int microbatches,
-                               int virtual_stages = 1);
 PipelineSchedule schedule_gpipe(int stages, int microbatches);
 PipelineSchedule schedule_1f1b(int stages, int microbatches);
 PipelineSchedule schedule_interleaved(int stages, int microbatches, int virtual_stages);
@@ -114,6 +107,15 @@ PipelineSchedule schedule_zbh1(int stages, int microbatches, ActionCosts costs =
 /// input reaches the last stage after (p-1) chunk forwards, F/v each.
 PipelineSchedule schedule_interleaved_zb(int stages, int microbatches, int virtual_stages,
                                          ActionCosts costs = {});
+
+/// The schedule of `kind`: compute order per stage (the rules of each paper), with the
+/// transfers inserted where a neighbouring chunk lives on another stage (a receive just
+/// before the compute that needs it, a send just after the compute that produced it).
+/// `costs` are the durations the zero-bubble kinds are built with (ignored by the others).
+/// ConfigError on counts it cannot schedule (stages, micro-batches < 1; virtual stages
+/// other than 1 outside the interleaved kinds; m not a multiple of p for them).
+PipelineSchedule make_schedule(ScheduleKind kind, int stages, int microbatches,
+                               int virtual_stages = 1, ActionCosts costs = {});
 
 /// What check_schedule proved and measured, on a unit cost model (F = 1, B = 2, I = W = 1,
 /// transfers free): start and end time of every action, and the idle fraction.

@@ -96,13 +96,8 @@ Pipeline::Pipeline(spmd::DeviceContext& ctx, const PipelineModule& module, Pipel
     DISTJAX_CHECK(zero->stage() == 1, ConfigError, "[Pipeline] ZeRO-", zero->stage(),
                   " reduce-scatters inside its own forward_backward, which a pipeline replaces; "
                   "use ZeRO-1, or ZeRO-3 through PipelineOptions::fsdp with DataParallel");
-  const int m = options_.microbatches, v = options_.virtual_stages;
-  if (options_.schedule == ScheduleKind::ZeroBubbleH1 && v == 1)
-    schedule_ = schedule_zbh1(p, m, options_.costs);
-  else if (options_.schedule == ScheduleKind::InterleavedZeroBubble)
-    schedule_ = schedule_interleaved_zb(p, m, v, options_.costs);
-  else
-    schedule_ = make_schedule(options_.schedule, p, m, v);
+  schedule_ = make_schedule(options_.schedule, p, options_.microbatches, options_.virtual_stages,
+                            options_.costs);
   report_ = check_schedule(schedule_);  // proven before anything runs
 }
 

@@ -238,6 +238,22 @@ std::vector<std::vector<PipelineAction>> interleaved_order(int p, int m, int v) 
   return compute;
 }
 
+// The greedy simulations' clock: the first time after t at which a stage becomes free
+// (free_at[stage]) or a value arrives (act_at / grad_at[chunk][micro-batch]); infinity if
+// none will.
+double next_change(double t, double eps, const std::vector<double>& free_at,
+                   const std::vector<std::vector<double>>& act_at,
+                   const std::vector<std::vector<double>>& grad_at) {
+  double soon = std::numeric_limits<double>::infinity();
+  for (double f : free_at)
+    if (f > t + eps) soon = std::min(soon, f);
+  for (const auto* at : {&act_at, &grad_at})
+    for (const auto& per_chunk : *at)
+      for (double x : per_chunk)
+        if (x > t + eps) soon = std::min(soon, x);
+  return soon;
+}
+
 // A fixed order of forwards and backwards turned zero-bubble: each backward becomes its
 // input part I, and the weight parts W (which nobody waits for) run where the stage would
 // otherwise wait for its next input, found by simulating the order with `costs` (the
@@ -300,14 +316,7 @@ std::vector<std::vector<PipelineAction>> fill_weight_backwards(
       }
       ++done;
     }
-    double soon = kNever;  // the next moment anything changes
-    for (int s = 0; s < p; ++s)
-      if (free_at[s] > t + eps) soon = std::min(soon, free_at[s]);
-    for (int c = 0; c < chunks; ++c)
-      for (int i = 0; i < m; ++i) {
-        if (act_at[c][i] > t + eps) soon = std::min(soon, act_at[c][i]);
-        if (grad_at[c][i] > t + eps) soon = std::min(soon, grad_at[c][i]);
-      }
+    const double soon = next_change(t, eps, free_at, act_at, grad_at);
     if (done < work) {
       DISTJAX_CHECK(soon < kNever, ScheduleError, "[pipeline schedule] zero-bubble fill stuck at "
                     "time ", t, " (p=", p, ", m=", m, ", v=", v, ")");
@@ -407,15 +416,7 @@ PipelineSchedule zbh1_greedy(int p, int m, ActionCosts costs) {
       }
       ++done;
     }
-    // The next moment anything changes: a stage becomes free or a value arrives.
-    double next = kNever;
-    for (int s = 0; s < p; ++s) {
-      if (free_at[s] > t + eps) next = std::min(next, free_at[s]);
-      for (int i = 0; i < m; ++i) {
-        if (act_at[s][i] > t + eps) next = std::min(next, act_at[s][i]);
-        if (grad_at[s][i] > t + eps) next = std::min(next, grad_at[s][i]);
-      }
-    }
+    const double next = next_change(t, eps, free_at, act_at, grad_at);
     if (done < work) {
       DISTJAX_CHECK(next < kNever, ScheduleError, "[schedule_zbh1] stuck at time ", t, " (p=", p,
                     ", m=", m, ")");
@@ -427,7 +428,7 @@ PipelineSchedule zbh1_greedy(int p, int m, ActionCosts costs) {
 }  // namespace
 
 PipelineSchedule make_schedule(ScheduleKind kind, int stages, int microbatches,
-                               int virtual_stages) {
+                               int virtual_stages, ActionCosts costs) {
   DISTJAX_CHECK(virtual_stages == 1 || kind == ScheduleKind::Interleaved1F1B ||
                     kind == ScheduleKind::InterleavedZeroBubble,
                 ConfigError, "[pipeline schedule] virtual stages (", virtual_stages,
@@ -440,9 +441,9 @@ PipelineSchedule make_schedule(ScheduleKind kind, int stages, int microbatches,
     case ScheduleKind::Interleaved1F1B:
       return schedule_interleaved(stages, microbatches, virtual_stages);
     case ScheduleKind::ZeroBubbleH1:
-      return schedule_zbh1(stages, microbatches);
+      return schedule_zbh1(stages, microbatches, costs);
     case ScheduleKind::InterleavedZeroBubble:
-      return schedule_interleaved_zb(stages, microbatches, virtual_stages);
+      return schedule_interleaved_zb(stages, microbatches, virtual_stages, costs);
   }
   DISTJAX_THROW(ConfigError, "[pipeline schedule] unknown kind");
 }
