@@ -34,7 +34,7 @@ int run_data_parallelism(const config::TrainConfig& c) {
   const int zero = sharded ? 3 : c.parallelism.zero_stage;
   const char* kTags[] = {"DP", "ZeRO-1", "ZeRO-2", "FSDP"};
   const char* tag = kTags[zero];
-  const mesh::Mesh mesh = config::build_mesh(c.distributed, {"data"});
+  const mesh::Mesh mesh = config::build_program_mesh(c.distributed, c.run.program, {"data"});
   DISTJAX_CHECK(mesh.ndim() == 1, ConfigError, "[data_parallelism] runs on a (\"data\") mesh, got ",
                 mesh.describe());
   const int devices = mesh.size();

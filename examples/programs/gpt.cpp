@@ -3,8 +3,8 @@
 // (optionally with fully sharded parameters, parallelism.fsdp.modules = ["*"], and remat
 // of its blocks), tensor parallel over "model" in any layout (Megatron, sequence and
 // vocabulary parallel, gather, async rings), and with distributed.pipeline_parallel_size
-// > 1 pipelined over "pipe" (models::TransformerPipeline under parallelism.schedule, untied
-// embeddings). Prints the mesh, per-step loss (a progress bar on a terminal), validation
+// > 1 pipelined over "pipe" (models::TransformerPipeline under parallelism.schedule; with
+// model.tie_embeddings = false, as a pipeline cannot tie). Prints the mesh, per-step loss (a progress bar on a terminal), validation
 // bits per byte, the bytes each device holds, and where the files are.
 #include <algorithm>
 #include <cstdio>
@@ -20,6 +20,7 @@
 #include "distjax/optim/adamw.hpp"
 #include "distjax/parallel/data_parallel.hpp"
 #include "distjax/parallel/pipeline.hpp"
+#include "distjax/parallel/sharding_rules.hpp"
 #include "distjax/parallel/tp_transformer_block.hpp"
 #include "distjax/spmd/shard_map.hpp"
 #include "distjax/train/trainer.hpp"
@@ -41,7 +42,7 @@ int run_gpt(const config::TrainConfig& c) {
            c.parallelism.remat.end();
   };
   const bool remat = remat_of("Block");
-  const mesh::Mesh mesh = config::build_mesh(c.distributed, {"data", "model"});
+  const mesh::Mesh mesh = config::build_program_mesh(c.distributed, c.run.program, {"data", "model"}, {"pipe"});
   const int n_data = mesh.axis_size("data"), n_model = mesh.axis_size("model");
   const int n_pipe = mesh.has_axis("pipe") ? mesh.axis_size("pipe") : 1;
   const bool piped = n_pipe > 1;
@@ -61,6 +62,12 @@ int run_gpt(const config::TrainConfig& c) {
       "[gpt] distributed.mixed_precision = \"fp16\" with pipeline_parallel_size = ", n_pipe,
       ": the pipeline runs its own loss, which the loss scale cannot scale; "
       "use \"bf16\"");
+  // The parameter tree is the config's, whatever the mesh: a checkpoint moves between
+  // meshes with and without a pipe axis.
+  DISTJAX_CHECK(!piped || !c.model.tie_embeddings, ConfigError,
+                "[gpt] model.tie_embeddings = true with pipeline_parallel_size = ", n_pipe,
+                ": a pipeline's first and last stages cannot share the embedding wte; set "
+                "model.tie_embeddings = false (an untied lm_head)");
   const bool sequence_parallel = c.parallelism.sequence_parallel;
   const bool vocab_parallel = c.parallelism.vocab_parallel;
   const std::string backend_name = backend_label(c);
@@ -84,7 +91,7 @@ int run_gpt(const config::TrainConfig& c) {
        .num_layers = c.model.layers,
        .num_heads = c.model.heads,
        .max_len = seq_len,
-       .tied_embeddings = !piped,  // a pipeline's first and last stage cannot share "wte"
+       .tied_embeddings = c.model.tie_embeddings,
        .dropout = static_cast<float>(c.model.dropout),
        .remat = remat,  // with FSDP: a block's gathered weights live only while it runs
        .remat_attn = remat_of("Attn"),
@@ -116,6 +123,12 @@ int run_gpt(const config::TrainConfig& c) {
                 c.parallelism.schedule.c_str(), n_pipe, pipe_options.virtual_stages,
                 pipe_options.microbatches, 100.0 * report.bubble_fraction);
   }
+  // The guide's pitfalls (a weight split over "data" without FSDP, an axis no strategy
+  // splits work over, a spec naming an axis the mesh lacks) refused before the first step.
+  const parallel::ShardingPlan sharding_plan{
+      .data_axes = "data",
+      .fully_sharded_axes = fsdp_on ? mesh::Axes("data") : mesh::Axes(),
+      .pipeline_axes = piped ? mesh::Axes("pipe") : mesh::Axes()};
   std::mutex trace_mu;
   std::vector<parallel::PipelineTrace> traces(static_cast<std::size_t>(mesh.size()));
   std::vector<int> traced;
@@ -155,6 +168,7 @@ int run_gpt(const config::TrainConfig& c) {
           pipelined.init(root.fold_in(std::string_view("init")), pp.chunks(), pp.num_chunks(),
                          &specs, &ctx, fsdp_on ? &fsdp : nullptr),
           opt, root.fold_in(std::string_view("dropout")), pp);
+      parallel::check_sharding(specs, mesh, sharding_plan);
       if (lead)
         std::printf("GPT L=%lld C=%lld H=%lld T=%lld: %lld parameters, %lld on device 0 "
                     "(stage 0 of %d)\n",
@@ -215,6 +229,7 @@ int run_gpt(const config::TrainConfig& c) {
     train::TrainState state = train::TrainState::create(
         model.init(root.fold_in(std::string_view("init")), &specs, &ctx, fsdp_on ? &fsdp : nullptr),
         opt, root.fold_in(std::string_view("dropout")), dp);
+    parallel::check_sharding(specs, mesh, sharding_plan);
     enable_loss_scale(c, state);
     auto loss_fn = [&](bool train) -> train::LossFn {
       return [&, train](const TensorTree& p, const train::Batch& b, Key k) {

@@ -15,6 +15,7 @@
 #include "distjax/optim/adamw.hpp"
 #include "distjax/parallel/data_parallel.hpp"
 #include "distjax/parallel/pipeline.hpp"
+#include "distjax/parallel/sharding_rules.hpp"
 #include "distjax/spmd/shard_map.hpp"
 #include "distjax/train/trainer.hpp"
 #include "example_common.hpp"
@@ -30,7 +31,7 @@ int run_pipeline_parallelism(const config::TrainConfig& c) {
 }
 
 int run_pipeline_parallelism(const config::TrainConfig& c, bool show_schedule) {
-  const mesh::Mesh mesh = config::build_mesh(c.distributed, {"data", "pipe"});
+  const mesh::Mesh mesh = config::build_program_mesh(c.distributed, c.run.program, {"data", "pipe"});
   DISTJAX_CHECK(mesh.ndim() == 2 && mesh.has_axis("data") && mesh.has_axis("pipe"), ConfigError,
                 "[pipeline_parallelism] runs on a (\"data\", \"pipe\") mesh, got ", mesh.describe());
   const bool threads = c.distributed.comm_backend() == comm::Backend::Threads;
@@ -77,6 +78,7 @@ int run_pipeline_parallelism(const config::TrainConfig& c, bool show_schedule) {
     // Each device creates only its stage's parameters.
     TensorTree params = model.init(root, pp.chunks(), pp.num_chunks(), &specs, &ctx);
     train::TrainState state = train::TrainState::create(params, opt, root.fold_in(1), pp);
+    parallel::check_sharding(specs, mesh, {.data_axes = "data", .pipeline_axes = "pipe"});
     data::DataLoader loader(train_set, {.batch_size = c.run.batch_size,
                                         .seed = seed,
                                         .num_shards = n_data,

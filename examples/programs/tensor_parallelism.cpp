@@ -12,6 +12,7 @@
 #include "distjax/models/tp_classifier.hpp"
 #include "distjax/optim/adamw.hpp"
 #include "distjax/parallel/data_parallel.hpp"
+#include "distjax/parallel/sharding_rules.hpp"
 #include "distjax/spmd/shard_map.hpp"
 #include "distjax/train/trainer.hpp"
 #include "example_common.hpp"
@@ -30,7 +31,7 @@ int run_tensor_parallelism(const config::TrainConfig& c) {
                 layout, "\"");
   const bool async_rings = layout == "async";
   const bool bidirectional = c.parallelism.bidirectional;
-  const mesh::Mesh mesh = config::build_mesh(c.distributed, {"data", "model"});
+  const mesh::Mesh mesh = config::build_program_mesh(c.distributed, c.run.program, {"data", "model"});
   const int n_data = mesh.axis_size("data"), n_model = mesh.axis_size("model");
   DISTJAX_CHECK(c.model.hidden % n_model == 0, ConfigError,
                 "[tensor_parallelism] model.hidden = ", c.model.hidden,
@@ -67,6 +68,7 @@ int run_tensor_parallelism(const config::TrainConfig& c) {
     parallel::DataParallel dp(ctx, "data", &specs);
     train::TrainState state =
         train::TrainState::create(params, opt, root.fold_in(std::string_view("dropout")), dp);
+    parallel::check_sharding(specs, mesh, {.data_axes = "data"});
     if (lead)
       std::printf("TP classifier 784-%lld x%lld-10: %lld parameters, %lld on each device\n",
                   static_cast<long long>(c.model.hidden), static_cast<long long>(c.model.layers),

@@ -96,6 +96,7 @@ int run_train_gpt(const config::TrainConfig& c) {
                              .num_layers = c.model.layers,
                              .num_heads = c.model.heads,
                              .max_len = seq_len,
+                             .tied_embeddings = c.model.tie_embeddings,
                              .dropout = static_cast<float>(c.model.dropout),
                              .remat = has(c.parallelism.remat, "Block"),
                              .remat_attn = has(c.parallelism.remat, "Attn"),

@@ -22,7 +22,7 @@ using tensor::Tensor;
 using tensor::TensorTree;
 
 int run_train_mnist(const config::TrainConfig& c) {
-  const mesh::Mesh mesh = config::build_mesh(c.distributed, {"data"});
+  const mesh::Mesh mesh = config::build_program_mesh(c.distributed, c.run.program, {"data"});
   DISTJAX_CHECK(mesh.ndim() == 1, ConfigError, "[train_mnist] runs on a (\"data\") mesh, got ",
                 mesh.describe());
   const int devices = mesh.size();

@@ -130,6 +130,20 @@ TEST(ConfigFile, ChoicesAndRangesAreChecked) {
                   "distributed.world_size = 9999999999 is out of range");
 }
 
+// TOML spells nan and inf, and --set reads TOML: a number a run cannot train with is
+// refused with its key, wherever it comes from.
+TEST(ConfigFile, NonFiniteNumbersAreRefusedWithTheirKey) {
+  EXPECT_CONTAINS(parse_error("[optimizer]\nlr = nan\n"),
+                  "test.toml:2:6: optimizer.lr = nan must be a finite number");
+  EXPECT_CONTAINS(parse_error("[optimizer]\nfinal_lr_ratio = -inf\n"),
+                  "optimizer.final_lr_ratio = -inf must be a finite number");
+  TrainConfig c;
+  EXPECT_CONTAINS(error_of([&] { config::apply_override(c, "optimizer.lr=inf"); }),
+                  "--set optimizer.lr=inf: optimizer.lr = inf must be a finite number");
+  EXPECT_CONTAINS(error_of([&] { config::apply_override(c, "model.dropout=nan"); }),
+                  "model.dropout = nan must be a finite number");
+}
+
 TEST(ConfigFile, EveryErrorIsListedInFileOrder) {
   const std::string msg = parse_error("[run]\nstpes = 1\nbatch_size = \"x\"\n[model]\nhiden = 3\n");
   const auto a = msg.find("test.toml:2:"), b = msg.find("test.toml:3:"),

@@ -1,6 +1,8 @@
 // TrainConfig's own rules (the distributed ones are in distributed_config_test.cpp).
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <string>
 
 #include "distjax/config/train_config.hpp"
@@ -91,6 +93,35 @@ TEST(TrainConfig, EveryRuleGivesItsMessage) {
                     "or \"interleaved_zb\" (got \"zbh1\")");
   c.parallelism.schedule = "interleaved_zb";
   EXPECT_TRUE(c.problems().empty()) << problems(c);
+}
+
+// Values that cannot train: NaN or infinite numbers set in code (the file and --set refuse
+// them while parsing), an Adam epsilon of 0, a negative clip norm.
+TEST(TrainConfig, ValuesThatCannotTrainAreProblems) {
+  TrainConfig c = valid();
+  c.optimizer.lr = std::nan("");
+  c.optimizer.final_lr_ratio = std::numeric_limits<double>::infinity();
+  c.optimizer.eps = 0;
+  c.optimizer.max_grad_norm = -1;
+  c.optimizer.b2 = 1.0;
+  EXPECT_PROBLEM(c, "optimizer.lr = nan must be a finite number");
+  EXPECT_PROBLEM(c, "optimizer.final_lr_ratio = inf must be a finite number");
+  EXPECT_PROBLEM(c, "optimizer.eps = 0 must be positive");
+  EXPECT_PROBLEM(c, "optimizer.max_grad_norm = -1 must not be negative");
+  EXPECT_PROBLEM(c, "optimizer.b2 = 1 must be in [0, 1)");
+}
+
+// parallelism.microbatches splits a replica's batch only under a pipeline: a data-parallel
+// run whose batch it does not divide is fine; a pipelined one is not.
+TEST(TrainConfig, MicrobatchesAreCheckedOnlyUnderAPipeline) {
+  TrainConfig c = valid();
+  c.run.batch_size = 6;  // 3 per replica
+  c.parallelism.microbatches = 4;
+  EXPECT_EQ(problems(c), "");
+  c.distributed.world_size = 4;
+  c.distributed.num_processes_per_node = 4;
+  c.distributed.pipeline_parallel_size = 2;
+  EXPECT_PROBLEM(c, "must be divisible by parallelism.microbatches = 4");
 }
 
 TEST(TrainConfig, ValidateThrowsOneErrorListingAll) {

@@ -161,5 +161,32 @@ TEST(LintSharding, AnAxisWhereDevicesDoTheSameWork) {
   EXPECT_TRUE(lint_sharding({}, Mesh({4, 1}, {"data", "model"}), {.data_axes = "data"}).empty());
 }
 
+// A spec naming an axis the mesh lacks (a typo) is an Error naming the parameter, the
+// axis and the mesh's axes; the plan's axes must be the mesh's too.
+TEST(LintSharding, ASpecNamingAnAxisTheMeshLacks) {
+  const Mesh mesh({2, 4}, {"data", "model"});
+  const nn::ParamSpecs specs = {{"fc1/kernel", P(std::nullopt, "modle")},
+                                {"fc2/kernel", P("model", std::nullopt)}};
+  const auto findings = lint_sharding(specs, mesh, {.data_axes = "data"});
+  ASSERT_EQ(findings.size(), 1u);
+  EXPECT_EQ(findings[0].severity, LintFinding::Severity::Error);
+  EXPECT_NE(findings[0].message.find("parameter \"fc1/kernel\""), std::string::npos)
+      << findings[0].message;
+  EXPECT_NE(findings[0].message.find("names axis \"modle\", not an axis of mesh"),
+            std::string::npos)
+      << findings[0].message;
+  EXPECT_NE(findings[0].message.find("(axes \"data\", \"model\")"), std::string::npos)
+      << findings[0].message;
+  EXPECT_THROW(check_sharding(specs, mesh, {.data_axes = "data"}), ShardingError);
+  EXPECT_ANY_THROW(lint_sharding({}, mesh, {.data_axes = "data", .pipeline_axes = "pipe"}));
+}
+
+// A pipeline splits the layers over its axis: no spec names it, and it is not idle.
+TEST(LintSharding, APipelineAxisDoesWork) {
+  const Mesh mesh({2, 2}, {"data", "pipe"});
+  EXPECT_EQ(lint_sharding({}, mesh, {.data_axes = "data"}).size(), 1u);
+  EXPECT_TRUE(lint_sharding({}, mesh, {.data_axes = "data", .pipeline_axes = "pipe"}).empty());
+}
+
 }  // namespace
 }  // namespace distjax::parallel

@@ -99,6 +99,13 @@ TEST(ShardMap, SpecErrorsNameTheArgument) {
   EXPECT_THROW(shard_map(m, [](DeviceContext&, const std::vector<Tensor>& in) { return in; },
                          {P("pipe")}, {P()}),
                ShardingError);
+  // A misspelled axis, in an in_spec or an out_spec, is named before anything runs.
+  for (const auto& [in, out] : {std::pair{P("modle"), P()}, std::pair{P(), P("modle")}}) {
+    const std::string typo = error_of<ShardingError>([&] {
+      shard_map(m, [](DeviceContext&, const std::vector<Tensor>& x) { return x; }, {in}, {out});
+    });
+    EXPECT_NE(typo.find("\"modle\""), std::string::npos) << typo;
+  }
 }
 
 TEST(ShardMap, AnOutputVaryingOverAnAxisItsOutSpecLeavesOutIsAnError) {

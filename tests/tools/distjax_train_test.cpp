@@ -151,3 +151,46 @@ TEST(DistjaxTrain, Bf16OnTheDataTensorPipeMeshAndFp16RefusedThere) {
       << output16;
   fs::remove_all(out);
 }
+
+// A mesh axis no strategy of the program uses is refused (its devices would compute the
+// same thing), naming the axis and what to do.
+TEST(DistjaxTrain, AMeshAxisNoStrategyUsesIsRefused) {
+  const auto [status, output] = run(
+      std::string(DISTJAX_TOOL) + " train " + DISTJAX_SOURCE_DIR +
+      "/configs/tensor_parallel_gpt.toml --set run.steps=1 --set distributed.mesh_shape=2,2,2 "
+      "--set distributed.mesh_axis_names=data,model,extra --set "
+      "distributed.tensor_parallel_size=2 --out " +
+      (fs::temp_directory_path() / "distjax_idle_axis_test").string());
+  EXPECT_EQ(status, 1) << output;
+  EXPECT_NE(output.find("mesh axis \"extra\" (size 2) is used by no strategy of this program"),
+            std::string::npos)
+      << output;
+  EXPECT_NE(output.find("Remove it from distributed.mesh_axis_names"), std::string::npos) << output;
+}
+
+// The parameter tree is the config's: a pipeline cannot tie the embeddings, so asking it to
+// is an error naming the key (not an untied model behind the user's back).
+TEST(DistjaxTrain, TiedEmbeddingsUnderAPipelineAreRefused) {
+  const auto [status, output] =
+      run(std::string(DISTJAX_TOOL) + " train " + DISTJAX_SOURCE_DIR +
+          "/configs/gpt_3d.toml --set run.steps=1 --set model.tie_embeddings=true --out " +
+          (fs::temp_directory_path() / "distjax_tied_pipe_test").string());
+  EXPECT_EQ(status, 1) << output;
+  EXPECT_NE(output.find("model.tie_embeddings = true with pipeline_parallel_size = 2"),
+            std::string::npos)
+      << output;
+}
+
+// A learning rate of nan (or inf) is refused with its key before anything runs.
+TEST(DistjaxTrain, NanLearningRateIsRefused) {
+  for (const char* value : {"nan", "inf"}) {
+    const auto [status, output] =
+        run(std::string(DISTJAX_TOOL) + " train " + DISTJAX_SOURCE_DIR +
+            "/configs/train_mnist.toml --set run.steps=1 --set optimizer.lr=" + value + " --out " +
+            (fs::temp_directory_path() / "distjax_nan_lr_test").string());
+    EXPECT_EQ(status, 1) << output;
+    EXPECT_NE(output.find(std::string("optimizer.lr = ") + value + " must be a finite number"),
+              std::string::npos)
+        << output;
+  }
+}

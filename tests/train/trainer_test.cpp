@@ -10,9 +10,11 @@
 #include "distjax/data/loader.hpp"
 #include "distjax/data/synthetic.hpp"
 #include "distjax/optim/adamw.hpp"
+#include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/matmul.hpp"
 #include "distjax/tensor/nn_ops.hpp"
 #include "distjax/tensor/reduce.hpp"
+#include "distjax/train/checkpointer.hpp"
 
 namespace distjax::train {
 namespace {
@@ -118,6 +120,115 @@ TEST(Trainer, WritesMetricsJsonlAndSummary) {
 TEST(Trainer, BadOutputDirectoryIsAnIoError) {
   optim::AdamW opt({});
   EXPECT_THROW(Trainer({.out_dir = "/proc/distjax_cannot_write_here"}, opt, loss_fn), IoError);
+}
+
+
+// A loss that turns NaN at step `bad` (and stays finite before): the run stops there with
+// an error naming the step, and the latest checkpoint is the step before.
+TEST(Trainer, NonFiniteLossStopsTheRunAtItsStep) {
+  const fs::path dir = fs::temp_directory_path() / "distjax_trainer_nan";
+  fs::remove_all(dir);
+  data::ArrayDataset d = data::synthetic_classification(64, 6, 3, Key::from_seed(1));
+  data::DataLoader loader(d, {.batch_size = 16, .seed = 3});
+  optim::AdamW opt({.learning_rate = optim::constant_schedule(0.01)});
+  TensorTree params;
+  params.set("w", Tensor::zeros({6, 3}));
+  params.set("b", Tensor::zeros({3}));
+  TrainState state = TrainState::create(params, opt, Key::from_seed(0));
+  constexpr std::int64_t bad = 4;  // the 4th step (state.step 3 -> 4) goes wrong
+  const LossFn nan_at_bad = [&](const TensorTree& p, const Batch& b, Key k) {
+    auto [loss, m] = loss_fn(p, b, k);
+    if (state.step + 1 == bad) loss = tensor::mul_scalar(loss, std::nan(""));
+    return std::make_pair(loss, m);
+  };
+  Trainer trainer({.out_dir = dir.string(), .log_every = 1, .print = false, .plot = false}, opt,
+                  nan_at_bad);
+  Checkpointer ckpt({.dir = (dir / "checkpoints").string(), .every = 1}, {});
+  std::string error;
+  try {
+    while (state.step < 10) {
+      trainer.step(state, loader.next());
+      ckpt.maybe_save(state, {});
+    }
+  } catch (const NonFiniteError& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("step 4: the loss is nan"), std::string::npos) << error;
+  EXPECT_EQ(state.step, bad);  // stopped there
+  const std::optional<std::string> latest = find_checkpoint((dir / "checkpoints").string());
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(fs::path(*latest).filename(), "step_00000003");
+  fs::remove_all(dir);
+}
+
+// The gradient norm alone can overflow (the loss stays finite): that stops the run too.
+TEST(Trainer, NonFiniteGradientNormStopsTheRun) {
+  data::ArrayDataset d = data::synthetic_classification(64, 6, 3, Key::from_seed(1));
+  data::DataLoader loader(d, {.batch_size = 16, .seed = 3});
+  optim::AdamW opt({.learning_rate = optim::constant_schedule(0.01)});
+  TensorTree params;
+  params.set("w", Tensor::zeros({6, 3}));
+  params.set("b", Tensor::zeros({3}));
+  TrainState state = TrainState::create(params, opt, Key::from_seed(0));
+  // loss + sum(b) x 1e38 x 1e38 with b = 0: the value is the loss, the gradient of "b"
+  // overflows f32 (1e76).
+  const LossFn inf_grad = [](const TensorTree& p, const Batch& b, Key k) {
+    auto [loss, m] = loss_fn(p, b, k);
+    Tensor zero = tensor::mul_scalar(tensor::mul_scalar(tensor::sum(p.at("b")), 1e38), 1e38);
+    return std::make_pair(tensor::add(loss, zero), m);
+  };
+  Trainer trainer({.print = false, .plot = false}, opt, inf_grad);
+  try {
+    trainer.step(state, loader.next());
+    ADD_FAILURE() << "a NaN gradient norm did not stop the run";
+  } catch (const NonFiniteError& e) {
+    EXPECT_NE(std::string(e.what()).find("step 1: the gradient norm is"), std::string::npos)
+        << e.what();
+  }
+}
+
+// A resumed run (append) drops the records an interrupted run wrote past the step it
+// resumes from: every step is in metrics.jsonl once.
+TEST(Trainer, ResumedRunDropsTheRecordsPastItsStep) {
+  const fs::path dir = fs::temp_directory_path() / "distjax_trainer_resume_log";
+  fs::remove_all(dir);
+  data::ArrayDataset d = data::synthetic_classification(64, 6, 3, Key::from_seed(1));
+  data::DataLoader loader(d, {.batch_size = 16, .seed = 3});
+  optim::AdamW opt({.learning_rate = optim::constant_schedule(0.01)});
+  TensorTree params;
+  params.set("w", Tensor::zeros({6, 3}));
+  params.set("b", Tensor::zeros({3}));
+  TrainState state = TrainState::create(params, opt, Key::from_seed(0));
+  {
+    Trainer first({.out_dir = dir.string(), .log_every = 1, .print = false, .plot = false}, opt,
+                  loss_fn);
+    for (int s = 0; s < 6; ++s)
+      first.step(state, loader.next());
+    first.log_eval(6, Metrics{});
+  }
+  {
+    std::ofstream(dir / "metrics.jsonl", std::ios::app) << "{\"step\": 7, \"lo";  // cut by a kill
+  }
+  state.step = 3;  // as if restored from the step-3 checkpoint
+  Trainer resumed({.out_dir = dir.string(), .log_every = 1, .print = false, .plot = false,
+                   .append = true},
+                  opt, loss_fn);
+  while (state.step < 8)
+    resumed.step(state, loader.next());
+  resumed.finish(state);
+  std::map<std::int64_t, int> train_records;
+  int eval_records = 0;
+  std::ifstream f(dir / "metrics.jsonl");
+  for (std::string line; std::getline(f, line);) {
+    const json rec = json::parse(line);  // every line whole
+    if (rec.contains("loss")) ++train_records[rec["step"].get<std::int64_t>()];
+    if (rec.contains("elapsed_s") && !rec.contains("loss")) ++eval_records;
+  }
+  for (std::int64_t step = 1; step <= 8; ++step)
+    EXPECT_EQ(train_records[step], 1) << "step " << step;
+  EXPECT_EQ(train_records.size(), 8u);
+  EXPECT_EQ(eval_records, 0);  // the eval at step 6 was past the resumed step
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -37,6 +37,10 @@ struct ModelConfig {
   /// Transformer vocabulary (V); 0 = the program's own (256 bytes for the text programs).
   /// Read by `distjax plan` (e.g. GPT-3's 50257); the training programs read bytes.
   std::int64_t vocab = 0;
+  /// GPT programs: the output head is the token embedding (logits = x wte^T) instead of a
+  /// separate lm_head. A choice of the model, the same on every mesh: a pipeline, whose
+  /// first and last stages cannot share wte, refuses it.
+  bool tie_embeddings = true;
 };
 
 /// [optimizer]: AdamW with linear warmup and cosine decay.

@@ -79,6 +79,9 @@ struct ShardingPlan {
   mesh::Axes fully_sharded_axes{};
   /// Axes the activations are split over besides the batch (sequence parallelism...).
   mesh::Axes activation_axes{};
+  /// Axes the layers are split over into pipeline stages (each stage's parameters are its
+  /// own tensors, so no spec names these).
+  mesh::Axes pipeline_axes{};
 };
 
 /// One finding of lint_sharding.
@@ -88,7 +91,9 @@ struct LintFinding {
   std::string message;
 };
 
-/// Checks specs against the guide's two pitfalls, with a message that says what to change:
+/// Checks specs against the guide's two pitfalls, with a message that says what to change
+/// (and, first, that every axis a spec or the plan names is an axis of the mesh: a
+/// misspelled name, P("modle"), is an Error naming it and the mesh's axes):
 ///  - a parameter split over a data axis that is not fully sharded: under plain data
 ///    parallelism each replica holds a different slice and trains it as if it were the
 ///    whole parameter (replicas silently train different models) -> Error;

@@ -15,6 +15,14 @@
 
 namespace distjax::train {
 
+/// A train step's loss or gradient norm is not a finite number: the run cannot go on.
+/// Thrown by Trainer::step on every device alike (both values are reduced over the mesh),
+/// before anything after the step (a checkpoint) could keep the broken state.
+class NonFiniteError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// Options of a Trainer.
 struct TrainerConfig {
   std::string out_dir{};                ///< where metrics.jsonl / summary.json go; empty = no files
@@ -31,6 +39,8 @@ struct TrainerConfig {
   /// finish() draws out_dir/loss_curve.png from metrics.jsonl (train/plot.hpp, gnuplot).
   bool plot = true;
   /// Append to an existing metrics.jsonl (a resumed run) instead of starting it afresh.
+  /// The records of steps after the one the run resumes from (those of the interrupted run
+  /// past its checkpoint) are dropped first, so no step is logged twice.
   bool append = false;
   /// When set (on any device, not only the one with out_dir): finish() writes this
   /// device's timeline there as a Chrome trace (opens in Perfetto): per step the forward
@@ -64,7 +74,11 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   /// One train_step on `state`; logs when the step count reaches a multiple of
-  /// log_every or total_steps. Returns the step's metrics.
+  /// log_every or total_steps. Returns the step's metrics. Throws NonFiniteError naming
+  /// the step when its loss, or its gradient norm, is NaN or infinite (the update may
+  /// already have been applied: the state must not be saved). With a dynamic loss scale
+  /// (fp16) a non-finite gradient norm is that policy's to handle: the step was skipped
+  /// and the scale lowered.
   Metrics step(TrainState& state, const Batch& batch);
 
   /// Evaluates the loss function (or `eval_fn` when given) over `batches` at
@@ -97,6 +111,7 @@ class Trainer {
   void clear_progress();
   std::string eta(std::int64_t step) const;
   void write_record(const std::string& json_line);
+  void open_log(std::int64_t step);
 
   TrainerConfig config_;
   const optim::Optimizer& optimizer_;
@@ -117,6 +132,7 @@ class Trainer {
   bool bar_shown_ = false;     // a bar is on the current line
   double last_bar_ = -1.0;     // elapsed_s() of the last redraw
   std::int64_t first_step_ = -1;  // state.step before the first step() (resumed runs)
+  bool log_open_ = false;         // metrics.jsonl opened (and, appending, cut at the step)
   std::deque<StepSpans> spans_;   // the last timeline_steps steps, for the timeline
   void write_timeline() const;
 };

@@ -28,23 +28,23 @@ struct Entry {
   std::function<Value(const TrainConfig&)> get;
 };
 
-std::string quoted(const std::string& s) {
+std::string in_quotes(const std::string& s) {
   return "\"" + s + "\"";
 }
 
 std::string list_choices(const std::vector<std::string>& choices) {
   std::string out;
   for (std::size_t i = 0; i < choices.size(); ++i)
-    out += (i ? ", " : "") + quoted(choices[i]);
+    out += (i ? ", " : "") + in_quotes(choices[i]);
   return out;
 }
 
 void check_choice(const std::string& key, const std::vector<std::string>& choices,
                   const std::string& v) {
   if (choices.empty() || std::find(choices.begin(), choices.end(), v) != choices.end()) return;
-  std::string msg = key + " must be one of " + list_choices(choices) + ", got " + quoted(v);
+  std::string msg = key + " must be one of " + list_choices(choices) + ", got " + in_quotes(v);
   if (const std::string near = nearest_name(v, choices); !near.empty())
-    msg += "; did you mean " + quoted(near) + "?";
+    msg += "; did you mean " + in_quotes(near) + "?";
   throw ConfigError(msg);
 }
 
@@ -72,7 +72,14 @@ Entry field(std::string name, F access, std::string help, std::vector<std::strin
     };
   } else if constexpr (std::is_floating_point_v<T>) {
     e.key.type = ValueType::Float;
-    e.set = [access](TrainConfig& c, const Value& v) { access(c) = std::get<double>(v); };
+    e.set = [access, name](TrainConfig& c, const Value& v) {
+      const double x = std::get<double>(v);
+      // TOML spells nan and inf; no key of a training run means either.
+      if (!std::isfinite(x))
+        throw ConfigError(name + " = " + (std::isnan(x) ? "nan" : x > 0 ? "inf" : "-inf") +
+                          " must be a finite number");
+      access(c) = x;
+    };
     e.get = [access](const TrainConfig& c) { return Value(access(const_cast<TrainConfig&>(c))); };
   } else if constexpr (std::is_same_v<T, std::string>) {
     e.key.type = ValueType::String;
@@ -171,6 +178,9 @@ const std::vector<Entry>& schema() {
     s.push_back(field("model.heads", DJ_ACCESS(model.heads), "attention heads (H)"));
     s.push_back(field("model.vocab", DJ_ACCESS(model.vocab),
                       "transformer vocabulary (V) for distjax plan; 0 = the program's (256)"));
+    s.push_back(field("model.tie_embeddings", DJ_ACCESS(model.tie_embeddings),
+                      "GPT: the output head is the token embedding wte (no lm_head); must be "
+                      "false with a pipe axis"));
     // [optimizer]
     s.push_back(field("optimizer.lr", DJ_ACCESS(optimizer.lr), "peak learning rate of AdamW"));
     s.push_back(field("optimizer.final_lr_ratio", DJ_ACCESS(optimizer.final_lr_ratio),
@@ -300,9 +310,9 @@ std::string_view leaf(std::string_view key) {
 
 std::string unknown_key_message(std::string_view key, bool table) {
   std::string msg =
-      std::string("unknown ") + (table ? "table " : "key ") + quoted(std::string(key));
+      std::string("unknown ") + (table ? "table " : "key ") + in_quotes(std::string(key));
   if (const std::string near = nearest_key(key); !near.empty())
-    msg += "; did you mean " + quoted(near) + "?";
+    msg += "; did you mean " + in_quotes(near) + "?";
   return msg;
 }
 
@@ -407,7 +417,7 @@ void walk(TrainConfig& config, const toml::table& table, const std::string& pref
     const Entry* e = find_entry(key);
     if (e == nullptr) {
       add(k.source(),
-          is_table(key) ? quoted(key) + " is a table, not a key" : unknown_key_message(key, false));
+          is_table(key) ? in_quotes(key) + " is a table, not a key" : unknown_key_message(key, false));
       continue;
     }
     const std::optional<Value> v = convert(node, e->key.type);
@@ -558,7 +568,7 @@ void apply_override(TrainConfig& config, std::string_view assignment) {
   trim(text);
   const Entry* e = find_entry(key);
   if (e == nullptr)
-    throw ConfigError(what + (is_table(key) ? quoted(key) + " is a table, not a key"
+    throw ConfigError(what + (is_table(key) ? in_quotes(key) + " is a table, not a key"
                                             : unknown_key_message(key, false)));
   // The value in TOML syntax; lists may drop their brackets ("2,4") and strings their quotes.
   std::string toml_text = text;
@@ -570,7 +580,7 @@ void apply_override(TrainConfig& config, std::string_view assignment) {
     for (bool first = true; std::getline(items, item, ','); first = false) {
       trim(item);
       if (e->key.type == ValueType::StringList && (item.empty() || item.front() != '"'))
-        item = quoted(item);
+        item = in_quotes(item);
       toml_text += (first ? "" : ", ") + item;
     }
     toml_text += "]";
@@ -585,7 +595,7 @@ void apply_override(TrainConfig& config, std::string_view assignment) {
   if (!v && e->key.type == ValueType::String) v = Value(text);
   if (!v)
     throw ConfigError(what + key + " must be " + value_type_name(e->key.type) + ", got " +
-                      quoted(text));
+                      in_quotes(text));
   try {
     e->set(config, *v);
   } catch (const ConfigError& err) {

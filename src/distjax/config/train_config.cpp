@@ -1,6 +1,8 @@
 // TrainConfig: the rules between the tables (the distributed ones are DistributedConfig's).
 #include "distjax/config/train_config.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <sstream>
 
 #include "distjax/core/error.hpp"
@@ -44,7 +46,39 @@ std::vector<std::string> TrainConfig::problems() const {
   if (run.program.empty()) out.push_back("run.program is not set");
   if (run.steps == 0 && run.epochs == 0)
     out.push_back("run.steps and run.epochs are both 0: set one of them");
+  // Every number must be finite (a TOML file or --set can spell nan and inf; a config built
+  // in code can hold them): the rules below would let a NaN through, as comparisons with
+  // NaN are false.
+  const std::pair<const char*, double> reals[] = {
+      {"optimizer.lr", optimizer.lr},
+      {"optimizer.final_lr_ratio", optimizer.final_lr_ratio},
+      {"optimizer.weight_decay", optimizer.weight_decay},
+      {"optimizer.b1", optimizer.b1},
+      {"optimizer.b2", optimizer.b2},
+      {"optimizer.eps", optimizer.eps},
+      {"optimizer.max_grad_norm", optimizer.max_grad_norm},
+      {"model.dropout", model.dropout},
+      {"data.validation_fraction", data.validation_fraction}};
+  for (const auto& [name, v] : reals)
+    if (!std::isfinite(v)) out.push_back(str(name, " = ", v, " must be a finite number"));
   if (optimizer.lr <= 0) out.push_back(str("optimizer.lr = ", optimizer.lr, " must be positive"));
+  if (optimizer.final_lr_ratio < 0)
+    out.push_back(str("optimizer.final_lr_ratio = ", optimizer.final_lr_ratio,
+                      " must not be negative"));
+  if (optimizer.weight_decay < 0)
+    out.push_back(str("optimizer.weight_decay = ", optimizer.weight_decay,
+                      " must not be negative"));
+  if (optimizer.b1 < 0 || optimizer.b1 >= 1)
+    out.push_back(str("optimizer.b1 = ", optimizer.b1, " must be in [0, 1)"));
+  if (optimizer.b2 < 0 || optimizer.b2 >= 1)
+    out.push_back(str("optimizer.b2 = ", optimizer.b2, " must be in [0, 1)"));
+  // Adam divides by sqrt(v) + eps, and v is 0 wherever a gradient has been 0.
+  if (optimizer.eps <= 0)
+    out.push_back(str("optimizer.eps = ", optimizer.eps,
+                      " must be positive (Adam divides by sqrt(v) + eps)"));
+  if (optimizer.max_grad_norm < 0)
+    out.push_back(str("optimizer.max_grad_norm = ", optimizer.max_grad_norm,
+                      " must not be negative (0 = no clipping)"));
   if (model.dropout < 0 || model.dropout >= 1)
     out.push_back(str("model.dropout = ", model.dropout, " must be in [0, 1)"));
   if (data.validation_fraction <= 0 || data.validation_fraction >= 1)
@@ -74,7 +108,13 @@ std::vector<std::string> TrainConfig::problems() const {
     out.push_back(str("parallelism.virtual_stages = ", parallelism.virtual_stages,
                       " needs parallelism.schedule = \"interleaved\" or \"interleaved_zb\" (got \"",
                       parallelism.schedule, "\")"));
-  if (dp >= 1 && run.batch_size >= 1 && run.grad_accum_steps >= 1 && parallelism.microbatches >= 1 &&
+  // Micro-batches split a replica's batch only under a pipeline (a "pipe" axis).
+  const bool pipelined = distributed.pipeline_parallel_size > 1 ||
+                         std::find(distributed.mesh_axis_names.begin(),
+                                   distributed.mesh_axis_names.end(),
+                                   "pipe") != distributed.mesh_axis_names.end();
+  if (pipelined && dp >= 1 && run.batch_size >= 1 && run.grad_accum_steps >= 1 &&
+      parallelism.microbatches >= 1 &&
       (run.batch_size / dp / run.grad_accum_steps) % parallelism.microbatches != 0)
     out.push_back(str("each replica's batch (run.batch_size / data-parallel size / "
                       "run.grad_accum_steps = ", run.batch_size / dp / run.grad_accum_steps,

@@ -19,6 +19,14 @@ std::string mesh_axis(const mesh::Mesh& mesh, const std::string& a) {
   return "\"" + a + "\" (" + std::to_string(mesh.axis_size(a)) + " devices)";
 }
 
+// "data", "model", "pipe"
+std::string axes_list(const mesh::Mesh& mesh) {
+  std::string out;
+  for (const auto& a : mesh.axis_names())
+    out += (out.empty() ? "\"" : ", \"") + a + "\"";
+  return out;
+}
+
 }  // namespace
 
 ShardingRules::ShardingRules(std::vector<ShardingRule> rules) : rules_(std::move(rules)) {
@@ -126,8 +134,19 @@ std::string sharding_table(const std::map<std::string, Shape>& shapes, const nn:
 std::vector<LintFinding> lint_sharding(const nn::ParamSpecs& specs, const mesh::Mesh& mesh,
                                        const ShardingPlan& plan) {
   std::vector<LintFinding> out;
-  for (const auto& a : plan.data_axes.names)
-    mesh.axis_size(a, "lint_sharding");
+  for (const mesh::Axes* axes :
+       {&plan.data_axes, &plan.fully_sharded_axes, &plan.activation_axes, &plan.pipeline_axes})
+    for (const auto& a : axes->names)
+      mesh.axis_size(a, "lint_sharding");
+  // A spec naming an axis the mesh lacks (a typo such as "modle") would be placed as if
+  // replicated by some paths and refused by others: report it before anything runs.
+  for (const auto& [path, spec] : specs)
+    for (const auto& a : spec.used_axes())
+      if (!mesh.has_axis(a))
+        out.push_back({LintFinding::Severity::Error,
+                       "[lint_sharding] parameter \"" + path + "\" has spec " + spec.to_string() +
+                           ", which names axis \"" + a + "\", not an axis of mesh " +
+                           mesh.describe() + " (axes " + axes_list(mesh) + ")"});
   for (const auto& a : plan.fully_sharded_axes.names) {
     DISTJAX_CHECK(contains(plan.data_axes, a), InvalidArgument,
                   "[lint_sharding] fully sharded axis \"", a, "\" is not one of the data axes ",
@@ -150,7 +169,8 @@ std::vector<LintFinding> lint_sharding(const nn::ParamSpecs& specs, const mesh::
   }
   // Pitfall 2: an axis along which the devices do the same work.
   for (const auto& a : mesh.axis_names()) {
-    if (mesh.axis_size(a) == 1 || contains(plan.data_axes, a) || contains(plan.activation_axes, a))
+    if (mesh.axis_size(a) == 1 || contains(plan.data_axes, a) ||
+        contains(plan.activation_axes, a) || contains(plan.pipeline_axes, a))
       continue;
     bool used = false;
     for (const auto& [path, spec] : specs)

@@ -72,10 +72,6 @@ Trainer::Trainer(TrainerConfig config, const optim::Optimizer& optimizer, LossFn
     std::filesystem::create_directories(files_->dir, ec);
     DISTJAX_CHECK(!ec, IoError, "[Trainer] cannot create output directory \"", config_.out_dir,
                   "\": ", ec.message());
-    const auto path = files_->dir / "metrics.jsonl";
-    files_->metrics.open(path, std::ios::out | (config_.append ? std::ios::app : std::ios::trunc));
-    DISTJAX_CHECK(files_->metrics.good(), IoError, "[Trainer] cannot write \"", path.string(),
-                  "\"");
   }
   tty_ = config_.print && config_.progress_bar && isatty(fileno(stdout)) != 0;
 }
@@ -162,6 +158,38 @@ double Trainer::throughput() const {
   return train_seconds_ > 0.0 ? total_items_ / train_seconds_ : 0.0;
 }
 
+// Opens metrics.jsonl before the first record, at the step the run starts from. A resumed
+// run (append) keeps the records up to `step` and drops the later ones, which an
+// interrupted run wrote past its last checkpoint and this run writes again.
+void Trainer::open_log(std::int64_t step) {
+  if (log_open_ || !files_) return;
+  log_open_ = true;
+  const auto path = files_->dir / "metrics.jsonl";
+  if (config_.append && std::filesystem::exists(path)) {
+    std::ifstream in(path);
+    std::string kept, line;
+    while (std::getline(in, line)) {
+      if (line.empty()) continue;
+      const json rec = json::parse(line, nullptr, /*allow_exceptions=*/false);
+      // A line cut short by the kill does not parse: it is dropped with the later ones.
+      if (rec.is_discarded() || !rec.contains("step") || !rec["step"].is_number_integer() ||
+          rec["step"].get<std::int64_t>() > step)
+        continue;
+      kept += line + '\n';
+    }
+    const auto tmp = files_->dir / "metrics.jsonl.tmp";
+    {
+      std::ofstream out(tmp, std::ios::out | std::ios::trunc);
+      out << kept;
+      DISTJAX_CHECK(out.good(), IoError, "[Trainer] cannot write \"", tmp.string(), "\"");
+    }
+    std::filesystem::rename(tmp, path);
+  }
+  files_->metrics.open(path, std::ios::out | (config_.append ? std::ios::app : std::ios::trunc));
+  DISTJAX_CHECK(files_->metrics.good(), IoError, "[Trainer] cannot write \"", path.string(),
+                "\"");
+}
+
 void Trainer::write_record(const std::string& json_line) {
   if (!files_) return;
   files_->metrics << json_line << '\n';
@@ -170,6 +198,7 @@ void Trainer::write_record(const std::string& json_line) {
 
 Metrics Trainer::step(TrainState& state, const Batch& batch) {
   if (first_step_ < 0) first_step_ = state.step;
+  open_log(state.step);
   const auto t0 = Clock::now();
   StepSpans spans;
   TrainStepOptions options = options_;
@@ -190,6 +219,18 @@ Metrics Trainer::step(TrainState& state, const Batch& batch) {
   total_items_ += items;
   window_.merge(m);
   last_lr_ = m.contains("learning_rate") ? m.mean("learning_rate") : last_lr_;
+  // Both values are reduced over the mesh: every device stops at the same step.
+  const double loss = m.contains("loss") ? m.mean("loss") : 0.0;
+  const double norm = m.contains("grad_norm") ? m.mean("grad_norm") : 0.0;
+  if (!std::isfinite(loss) || (!std::isfinite(norm) && !state.loss_scale)) {
+    clear_progress();
+    DISTJAX_CHECK(false, NonFiniteError, "[Trainer] step ", state.step, ": the ",
+                  std::isfinite(loss) ? "gradient norm" : "loss", " is ",
+                  std::isfinite(loss) ? norm : loss,
+                  "; the run stops here (nothing after step ", state.step - 1,
+                  " is kept: its last checkpoint is the latest). Lower optimizer.lr, set "
+                  "optimizer.max_grad_norm, or look at the data of this step");
+  }
   if (state.step % config_.log_every == 0 || state.step == config_.total_steps)
     log_train(state.step);
   if (tty_ && m.contains("loss")) draw_progress(state.step, m.mean("loss"));
@@ -250,6 +291,7 @@ Metrics Trainer::evaluate(const TrainState& state, const std::vector<Batch>& bat
 }
 
 void Trainer::log_eval(std::int64_t step, const Metrics& eval) {
+  open_log(step);
   last_eval_ = eval.means();
   json rec;
   rec["step"] = step;
@@ -268,6 +310,7 @@ void Trainer::log_eval(std::int64_t step, const Metrics& eval) {
 }
 
 void Trainer::finish(const TrainState& state, const std::map<std::string, double>& extra) {
+  open_log(state.step);
   log_train(state.step);  // flush a partial window
   const double wall = elapsed_s();
   json s;
