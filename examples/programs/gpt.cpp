@@ -4,8 +4,9 @@
 // of its blocks), tensor parallel over "model" in any layout (Megatron, sequence and
 // vocabulary parallel, gather, async rings), and with distributed.pipeline_parallel_size
 // > 1 pipelined over "pipe" (models::TransformerPipeline under parallelism.schedule; with
-// model.tie_embeddings = false, as a pipeline cannot tie). Prints the mesh, per-step loss (a progress bar on a terminal), validation
-// bits per byte, the bytes each device holds, and where the files are.
+// model.tie_embeddings = false, as a pipeline cannot tie). Prints the mesh, per-step loss (a
+// progress bar on a terminal), validation bits per byte, the bytes each device holds, and where the
+// files are.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -42,7 +43,8 @@ int run_gpt(const config::TrainConfig& c) {
            c.parallelism.remat.end();
   };
   const bool remat = remat_of("Block");
-  const mesh::Mesh mesh = config::build_program_mesh(c.distributed, c.run.program, {"data", "model"}, {"pipe"});
+  const mesh::Mesh mesh =
+      config::build_program_mesh(c.distributed, c.run.program, {"data", "model"}, {"pipe"});
   const int n_data = mesh.axis_size("data"), n_model = mesh.axis_size("model");
   const int n_pipe = mesh.has_axis("pipe") ? mesh.axis_size("pipe") : 1;
   const bool piped = n_pipe > 1;

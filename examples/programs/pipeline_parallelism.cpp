@@ -31,7 +31,8 @@ int run_pipeline_parallelism(const config::TrainConfig& c) {
 }
 
 int run_pipeline_parallelism(const config::TrainConfig& c, bool show_schedule) {
-  const mesh::Mesh mesh = config::build_program_mesh(c.distributed, c.run.program, {"data", "pipe"});
+  const mesh::Mesh mesh =
+      config::build_program_mesh(c.distributed, c.run.program, {"data", "pipe"});
   DISTJAX_CHECK(mesh.ndim() == 2 && mesh.has_axis("data") && mesh.has_axis("pipe"), ConfigError,
                 "[pipeline_parallelism] runs on a (\"data\", \"pipe\") mesh, got ", mesh.describe());
   const bool threads = c.distributed.comm_backend() == comm::Backend::Threads;

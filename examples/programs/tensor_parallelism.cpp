@@ -31,7 +31,8 @@ int run_tensor_parallelism(const config::TrainConfig& c) {
                 layout, "\"");
   const bool async_rings = layout == "async";
   const bool bidirectional = c.parallelism.bidirectional;
-  const mesh::Mesh mesh = config::build_program_mesh(c.distributed, c.run.program, {"data", "model"});
+  const mesh::Mesh mesh =
+      config::build_program_mesh(c.distributed, c.run.program, {"data", "model"});
   const int n_data = mesh.axis_size("data"), n_model = mesh.axis_size("model");
   DISTJAX_CHECK(c.model.hidden % n_model == 0, ConfigError,
                 "[tensor_parallelism] model.hidden = ", c.model.hidden,

@@ -22,10 +22,21 @@ namespace fs = std::filesystem;
 namespace {
 
 std::vector<std::string> job_args(const fs::path& out, bool resume) {
-  std::vector<std::string> a = {DISTJAX_TOOL, "train", std::string(DISTJAX_SOURCE_DIR) + "/configs/gpt_3d.toml",
-                                "--set", "run.steps=24", "--set", "run.log_every=2", "--set",
-                                "run.eval_every=0", "--set", "run.checkpoint_every=8", "--set",
-                                "run.timeline=false", "--out", out.string()};
+  std::vector<std::string> a = {DISTJAX_TOOL,
+                                "train",
+                                std::string(DISTJAX_SOURCE_DIR) + "/configs/gpt_3d.toml",
+                                "--set",
+                                "run.steps=24",
+                                "--set",
+                                "run.log_every=2",
+                                "--set",
+                                "run.eval_every=0",
+                                "--set",
+                                "run.checkpoint_every=8",
+                                "--set",
+                                "run.timeline=false",
+                                "--out",
+                                out.string()};
   if (resume) a.push_back("--resume");
   return a;
 }
@@ -155,14 +166,29 @@ TEST(DistjaxResume, CheckpointMovesBetweenMeshesWithAndWithoutAPipe) {
   fs::remove_all(base);
   fs::create_directories(base);
   auto args = [&](const fs::path& out, int data, int model, int pipe) {
-    std::vector<std::string> a = {DISTJAX_TOOL, "train", std::string(DISTJAX_SOURCE_DIR) + "/configs/gpt_3d.toml",
-                                  "--set", "run.steps=6", "--set", "run.log_every=1", "--set",
-                                  "run.eval_every=0", "--set", "run.eval_batches=1", "--set",
-                                  "run.checkpoint_every=4", "--set", "run.timeline=false",
-                                  "--set", "distributed.world_size=" + std::to_string(data * model * pipe),
-                                  "--set", "distributed.tensor_parallel_size=" + std::to_string(model),
-                                  "--set", "distributed.pipeline_parallel_size=" + std::to_string(pipe),
-                                  "--out", out.string()};
+    std::vector<std::string> a = {DISTJAX_TOOL,
+                                  "train",
+                                  std::string(DISTJAX_SOURCE_DIR) + "/configs/gpt_3d.toml",
+                                  "--set",
+                                  "run.steps=6",
+                                  "--set",
+                                  "run.log_every=1",
+                                  "--set",
+                                  "run.eval_every=0",
+                                  "--set",
+                                  "run.eval_batches=1",
+                                  "--set",
+                                  "run.checkpoint_every=4",
+                                  "--set",
+                                  "run.timeline=false",
+                                  "--set",
+                                  "distributed.world_size=" + std::to_string(data * model * pipe),
+                                  "--set",
+                                  "distributed.tensor_parallel_size=" + std::to_string(model),
+                                  "--set",
+                                  "distributed.pipeline_parallel_size=" + std::to_string(pipe),
+                                  "--out",
+                                  out.string()};
     return a;
   };
   ASSERT_EQ(wait_for(start(args(base / "whole", 2, 2, 2), base / "whole.log")), 0)
@@ -173,8 +199,8 @@ TEST(DistjaxResume, CheckpointMovesBetweenMeshesWithAndWithoutAPipe) {
     const std::string name = "d" + std::to_string(data) + "m" + std::to_string(model);
     const fs::path out = base / name;
     fs::create_directories(out / "checkpoints");
-    fs::copy(base / "whole" / "checkpoints" / "step_00000004", out / "checkpoints" / "step_00000004",
-             fs::copy_options::recursive);
+    fs::copy(base / "whole" / "checkpoints" / "step_00000004",
+             out / "checkpoints" / "step_00000004", fs::copy_options::recursive);
     std::vector<std::string> a = args(out, data, model, 1);
     a.push_back("--resume");
     const fs::path log = base / (name + ".log");

@@ -155,12 +155,12 @@ TEST(DistjaxTrain, Bf16OnTheDataTensorPipeMeshAndFp16RefusedThere) {
 // A mesh axis no strategy of the program uses is refused (its devices would compute the
 // same thing), naming the axis and what to do.
 TEST(DistjaxTrain, AMeshAxisNoStrategyUsesIsRefused) {
-  const auto [status, output] = run(
-      std::string(DISTJAX_TOOL) + " train " + DISTJAX_SOURCE_DIR +
-      "/configs/tensor_parallel_gpt.toml --set run.steps=1 --set distributed.mesh_shape=2,2,2 "
-      "--set distributed.mesh_axis_names=data,model,extra --set "
-      "distributed.tensor_parallel_size=2 --out " +
-      (fs::temp_directory_path() / "distjax_idle_axis_test").string());
+  const auto [status, output] =
+      run(std::string(DISTJAX_TOOL) + " train " + DISTJAX_SOURCE_DIR +
+          "/configs/tensor_parallel_gpt.toml --set run.steps=1 --set distributed.mesh_shape=2,2,2 "
+          "--set distributed.mesh_axis_names=data,model,extra --set "
+          "distributed.tensor_parallel_size=2 --out " +
+          (fs::temp_directory_path() / "distjax_idle_axis_test").string());
   EXPECT_EQ(status, 1) << output;
   EXPECT_NE(output.find("mesh axis \"extra\" (size 2) is used by no strategy of this program"),
             std::string::npos)

@@ -122,7 +122,6 @@ TEST(Trainer, BadOutputDirectoryIsAnIoError) {
   EXPECT_THROW(Trainer({.out_dir = "/proc/distjax_cannot_write_here"}, opt, loss_fn), IoError);
 }
 
-
 // A loss that turns NaN at step `bad` (and stays finite before): the run stops there with
 // an error naming the step, and the latest checkpoint is the step before.
 TEST(Trainer, NonFiniteLossStopsTheRunAtItsStep) {
@@ -210,9 +209,9 @@ TEST(Trainer, ResumedRunDropsTheRecordsPastItsStep) {
     std::ofstream(dir / "metrics.jsonl", std::ios::app) << "{\"step\": 7, \"lo";  // cut by a kill
   }
   state.step = 3;  // as if restored from the step-3 checkpoint
-  Trainer resumed({.out_dir = dir.string(), .log_every = 1, .print = false, .plot = false,
-                   .append = true},
-                  opt, loss_fn);
+  Trainer resumed(
+      {.out_dir = dir.string(), .log_every = 1, .print = false, .plot = false, .append = true}, opt,
+      loss_fn);
   while (state.step < 8)
     resumed.step(state, loader.next());
   resumed.finish(state);

@@ -76,7 +76,10 @@ Entry field(std::string name, F access, std::string help, std::vector<std::strin
       const double x = std::get<double>(v);
       // TOML spells nan and inf; no key of a training run means either.
       if (!std::isfinite(x))
-        throw ConfigError(name + " = " + (std::isnan(x) ? "nan" : x > 0 ? "inf" : "-inf") +
+        throw ConfigError(name + " = " +
+                          (std::isnan(x) ? "nan"
+                           : x > 0       ? "inf"
+                                         : "-inf") +
                           " must be a finite number");
       access(c) = x;
     };
@@ -416,8 +419,8 @@ void walk(TrainConfig& config, const toml::table& table, const std::string& pref
     }
     const Entry* e = find_entry(key);
     if (e == nullptr) {
-      add(k.source(),
-          is_table(key) ? in_quotes(key) + " is a table, not a key" : unknown_key_message(key, false));
+      add(k.source(), is_table(key) ? in_quotes(key) + " is a table, not a key"
+                                    : unknown_key_message(key, false));
       continue;
     }
     const std::optional<Value> v = convert(node, e->key.type);

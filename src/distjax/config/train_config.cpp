@@ -63,11 +63,11 @@ std::vector<std::string> TrainConfig::problems() const {
     if (!std::isfinite(v)) out.push_back(str(name, " = ", v, " must be a finite number"));
   if (optimizer.lr <= 0) out.push_back(str("optimizer.lr = ", optimizer.lr, " must be positive"));
   if (optimizer.final_lr_ratio < 0)
-    out.push_back(str("optimizer.final_lr_ratio = ", optimizer.final_lr_ratio,
-                      " must not be negative"));
+    out.push_back(
+        str("optimizer.final_lr_ratio = ", optimizer.final_lr_ratio, " must not be negative"));
   if (optimizer.weight_decay < 0)
-    out.push_back(str("optimizer.weight_decay = ", optimizer.weight_decay,
-                      " must not be negative"));
+    out.push_back(
+        str("optimizer.weight_decay = ", optimizer.weight_decay, " must not be negative"));
   if (optimizer.b1 < 0 || optimizer.b1 >= 1)
     out.push_back(str("optimizer.b1 = ", optimizer.b1, " must be in [0, 1)"));
   if (optimizer.b2 < 0 || optimizer.b2 >= 1)
@@ -109,10 +109,10 @@ std::vector<std::string> TrainConfig::problems() const {
                       " needs parallelism.schedule = \"interleaved\" or \"interleaved_zb\" (got \"",
                       parallelism.schedule, "\")"));
   // Micro-batches split a replica's batch only under a pipeline (a "pipe" axis).
-  const bool pipelined = distributed.pipeline_parallel_size > 1 ||
-                         std::find(distributed.mesh_axis_names.begin(),
-                                   distributed.mesh_axis_names.end(),
-                                   "pipe") != distributed.mesh_axis_names.end();
+  const bool pipelined =
+      distributed.pipeline_parallel_size > 1 ||
+      std::find(distributed.mesh_axis_names.begin(), distributed.mesh_axis_names.end(), "pipe") !=
+          distributed.mesh_axis_names.end();
   if (pipelined && dp >= 1 && run.batch_size >= 1 && run.grad_accum_steps >= 1 &&
       parallelism.microbatches >= 1 &&
       (run.batch_size / dp / run.grad_accum_steps) % parallelism.microbatches != 0)

@@ -186,8 +186,7 @@ void Trainer::open_log(std::int64_t step) {
     std::filesystem::rename(tmp, path);
   }
   files_->metrics.open(path, std::ios::out | (config_.append ? std::ios::app : std::ios::trunc));
-  DISTJAX_CHECK(files_->metrics.good(), IoError, "[Trainer] cannot write \"", path.string(),
-                "\"");
+  DISTJAX_CHECK(files_->metrics.good(), IoError, "[Trainer] cannot write \"", path.string(), "\"");
 }
 
 void Trainer::write_record(const std::string& json_line) {
@@ -226,8 +225,8 @@ Metrics Trainer::step(TrainState& state, const Batch& batch) {
     clear_progress();
     DISTJAX_CHECK(false, NonFiniteError, "[Trainer] step ", state.step, ": the ",
                   std::isfinite(loss) ? "gradient norm" : "loss", " is ",
-                  std::isfinite(loss) ? norm : loss,
-                  "; the run stops here (nothing after step ", state.step - 1,
+                  std::isfinite(loss) ? norm : loss, "; the run stops here (nothing after step ",
+                  state.step - 1,
                   " is kept: its last checkpoint is the latest). Lower optimizer.lr, set "
                   "optimizer.max_grad_norm, or look at the data of this step");
   }
