@@ -196,7 +196,8 @@ TEST(DistjaxResume, CheckpointMovesBetweenMeshesWithAndWithoutAPipe) {
   const std::map<int, double> want = losses(base / "whole" / "metrics.jsonl");
   ASSERT_EQ(want.size(), 6u) << slurp(base / "whole.log");
   for (const auto& [data, model] : {std::pair{8, 1}, std::pair{4, 2}, std::pair{1, 1}}) {
-    const std::string name = "d" + std::to_string(data) + "m" + std::to_string(model);
+    std::string name = "data";
+    name.append(std::to_string(data)).append("_model").append(std::to_string(model));
     const fs::path out = base / name;
     fs::create_directories(out / "checkpoints");
     fs::copy(base / "whole" / "checkpoints" / "step_00000004",
