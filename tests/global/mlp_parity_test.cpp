@@ -205,5 +205,47 @@ TEST(GlobalMlp, MegatronBlockPlanIsOneAllReduceEachWay) {
   std::cout << printed;
 }
 
+// The plan reports redundant compute: with every weight replicated and only the batch
+// split over "data", the two devices along "model" compute the same matmuls (all of the
+// forward FLOPs repeated); with the Megatron layout nothing is repeated along "model".
+TEST(GlobalMlp, PlanReportsComputeRepeatedAlongAnAxis) {
+  const Mesh mesh({2, 2}, {"data", "model"});
+  const parallel::ShardingRules megatron({{"fc1/kernel$", P(None, "model")},
+                                          {"fc1/bias$", P("model")},
+                                          {"fc2/kernel$", P("model", None)}});
+  const auto b = batches()[0];
+  for (const bool tp : {false, true}) {
+    std::vector<double> model_share(static_cast<std::size_t>(mesh.size()), -1.0),
+        data_share(static_cast<std::size_t>(mesh.size()), -1.0);
+    std::vector<std::string> report(static_cast<std::size_t>(mesh.size()));
+    testing::run_devices(mesh, [&](spmd::DeviceContext& ctx) {
+      GlobalTree params;
+      for (const auto& [path, t] : init_params())
+        params.emplace(path, testing::place(ctx, t,
+                                            GlobalSharding{tp ? megatron.spec_for(path) : P()}));
+      const GlobalArray x = testing::place(ctx, b.x, GlobalSharding{P("data")});
+      const GlobalArray y = testing::place(ctx, b.y, GlobalSharding{P("data")});
+      PlanRecorder plan;
+      {
+        RecordPlan on(plan);
+        value_and_grad([&](const GlobalTree& p) { return mlp_loss(p, x, y); }, params);
+      }
+      const auto d = static_cast<std::size_t>(ctx.device());
+      model_share[d] = plan.flops() > 0 ? plan.repeated_fraction("model") : -1.0;
+      data_share[d] = plan.repeated_fraction("data");
+      report[d] = plan.str();
+    });
+    for (std::size_t d = 0; d < model_share.size(); ++d) {
+      EXPECT_EQ(model_share[d], tp ? 0.0 : 1.0) << (tp ? "megatron" : "replicated") << "\n"
+                                                << report[d];
+      EXPECT_EQ(data_share[d], 0.0) << report[d];
+      EXPECT_EQ(report[d].find("redundant compute: the devices along \"model\" repeat 100%") !=
+                    std::string::npos,
+                !tp)
+          << report[d];
+    }
+  }
+}
+
 }  // namespace
 }  // namespace distjax::global

@@ -1,9 +1,11 @@
 // The communication plan of a global-view program: a recorder that logs, op by op, the
 // collectives the propagation rules insert (forward, and the transposes the backward
-// pass will run), over which mesh axes and how many bytes (what JAX users read in HLO).
+// pass will run), over which mesh axes and how many bytes (what JAX users read in HLO),
+// and the compute the devices along a mesh axis repeat (redundant compute).
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -42,11 +44,29 @@ class PlanRecorder {
   /// Bytes of those entries.
   std::int64_t bytes(const std::string& collective, const std::string& axes,
                      PlanEntry::Phase phase) const;
-  /// A table: phase, op, collective, axes, bytes, detail; and the totals per phase.
+  /// A table: phase, op, collective, axes, bytes, detail; the totals per phase; and a line
+  /// per mesh axis along which the devices repeated compute (see repeated_fraction).
   std::string str() const;
+
+  /// Records `flops` of a global-view op's forward (matmul, attention) on this device,
+  /// repeated by the devices along each of `repeated_axes` (size > 1; the output's
+  /// sharding neither splits nor holds partial sums over them, so each of those devices
+  /// computed this very block).
+  void add_compute(const std::string& op, double flops,
+                   const std::vector<std::string>& repeated_axes);
+  /// The forward FLOPs recorded by add_compute.
+  double flops() const { return flops_; }
+  /// The share of flops() the devices along `axis` repeated: 0 when the program splits
+  /// its work over the axis, 1 when every op computed the same block on each of them
+  /// (they could be dropped, or the batch split over the axis).
+  double repeated_fraction(const std::string& axis) const;
+  /// The axes with repeated compute and their FLOPs.
+  const std::map<std::string, double>& repeated_flops() const { return repeated_; }
 
  private:
   std::vector<PlanEntry> entries_;
+  double flops_ = 0.0;
+  std::map<std::string, double> repeated_;
 };
 
 /// Installs `recorder` on the calling thread for its lifetime (nests; restores the

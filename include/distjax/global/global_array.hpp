@@ -88,6 +88,10 @@ namespace detail {
 std::vector<Tensor> join_varying(const char* op, const std::vector<GlobalArray>& xs);
 /// Mask of the axes a sharding splits or holds partial.
 std::uint32_t sharding_mask(const DeviceContext& ctx, const GlobalSharding& s);
+/// Records in the current plan (if any) `flops` of op computing a block laid out by
+/// `output`: repeated along every mesh axis of size > 1 the layout leaves out.
+void record_compute(const DeviceContext& ctx, const char* op, double flops,
+                    const GlobalSharding& output);
 }  // namespace detail
 
 }  // namespace distjax::global

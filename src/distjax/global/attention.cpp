@@ -32,7 +32,12 @@ GlobalArray attention(const GlobalArray& q, const GlobalArray& k, const GlobalAr
                                  reshard(k, r.inputs[1], "attention", keep),
                                  reshard(v, r.inputs[2], "attention", keep)};
   const auto t = detail::join_varying("attention", moved);
-  return GlobalArray(q.ctx(), tensor::attention(t[0], t[1], t[2], causal), q.shape(), r.output);
+  Tensor out = tensor::attention(t[0], t[1], t[2], causal);
+  // q k^T and p v: 4 x (B, H, T) x T x head size, locally (causal or not, as computed).
+  detail::record_compute(q.ctx(), "attention",
+                         4.0 * static_cast<double>(out.numel()) * static_cast<double>(t[1].size(-2)),
+                         r.output);
+  return GlobalArray(q.ctx(), std::move(out), q.shape(), r.output);
 }
 
 OpRule attention_packed_rule(const Shape& shape, const GlobalSharding& s, std::int64_t num_heads,
@@ -57,8 +62,12 @@ GlobalArray attention_packed(const GlobalArray& qkv, std::int64_t num_heads, boo
   const std::int64_t n = detail::split_devices(r.inputs[0].dim_axes(2), qkv.mesh());
   Shape shape = qkv.shape();
   shape[2] /= 3;
-  return GlobalArray(qkv.ctx(), tensor::attention_packed(m.local(), num_heads / n, causal), shape,
-                     r.output);
+  Tensor out = tensor::attention_packed(m.local(), num_heads / n, causal);
+  // (B, T, H D) local: 4 x its elements x T keys.
+  detail::record_compute(qkv.ctx(), "attention",
+                         4.0 * static_cast<double>(out.numel()) * static_cast<double>(out.size(1)),
+                         r.output);
+  return GlobalArray(qkv.ctx(), std::move(out), shape, r.output);
 }
 
 }  // namespace distjax::global

@@ -56,7 +56,24 @@ std::string PlanRecorder::str() const {
   }
   os << "total: forward " << total[0] << " bytes, backward " << total[1] << " bytes, "
      << entries_.size() << " collectives\n";
+  for (const auto& [axis, repeated] : repeated_)
+    os << "redundant compute: the devices along \"" << axis << "\" repeat "
+       << std::setprecision(3) << 100.0 * repeated / flops_ << "% of the forward FLOPs ("
+       << repeated << " of " << flops_
+       << "): split the batch or the weights over it, or drop it from the mesh\n";
   return os.str();
+}
+
+void PlanRecorder::add_compute(const std::string&, double flops,
+                               const std::vector<std::string>& repeated_axes) {
+  flops_ += flops;
+  for (const std::string& a : repeated_axes)
+    repeated_[a] += flops;
+}
+
+double PlanRecorder::repeated_fraction(const std::string& axis) const {
+  const auto it = repeated_.find(axis);
+  return it == repeated_.end() || flops_ == 0.0 ? 0.0 : it->second / flops_;
 }
 
 }  // namespace distjax::global

@@ -19,6 +19,18 @@ std::uint32_t sharding_mask(const DeviceContext& ctx, const GlobalSharding& s) {
   return m;
 }
 
+void record_compute(const DeviceContext& ctx, const char* op, double flops,
+                    const GlobalSharding& output) {
+  PlanRecorder* plan = current_plan();
+  if (plan == nullptr) return;
+  const std::uint32_t used = sharding_mask(ctx, output);
+  std::vector<std::string> repeated;
+  for (const std::string& a : ctx.mesh().axis_names())
+    if (ctx.mesh().axis_size(a) > 1 && (ctx.axis_mask(mesh::Axes(a)) & used) == 0)
+      repeated.push_back(a);
+  plan->add_compute(op, flops, repeated);
+}
+
 std::vector<Tensor> join_varying(const char* op, const std::vector<GlobalArray>& xs) {
   std::uint32_t all = 0;
   for (const auto& x : xs)
