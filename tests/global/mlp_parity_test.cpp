@@ -221,8 +221,8 @@ TEST(GlobalMlp, PlanReportsComputeRepeatedAlongAnAxis) {
     testing::run_devices(mesh, [&](spmd::DeviceContext& ctx) {
       GlobalTree params;
       for (const auto& [path, t] : init_params())
-        params.emplace(path, testing::place(ctx, t,
-                                            GlobalSharding{tp ? megatron.spec_for(path) : P()}));
+        params.emplace(path,
+                       testing::place(ctx, t, GlobalSharding{tp ? megatron.spec_for(path) : P()}));
       const GlobalArray x = testing::place(ctx, b.x, GlobalSharding{P("data")});
       const GlobalArray y = testing::place(ctx, b.y, GlobalSharding{P("data")});
       PlanRecorder plan;

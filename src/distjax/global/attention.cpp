@@ -34,9 +34,9 @@ GlobalArray attention(const GlobalArray& q, const GlobalArray& k, const GlobalAr
   const auto t = detail::join_varying("attention", moved);
   Tensor out = tensor::attention(t[0], t[1], t[2], causal);
   // q k^T and p v: 4 x (B, H, T) x T x head size, locally (causal or not, as computed).
-  detail::record_compute(q.ctx(), "attention",
-                         4.0 * static_cast<double>(out.numel()) * static_cast<double>(t[1].size(-2)),
-                         r.output);
+  detail::record_compute(
+      q.ctx(), "attention",
+      4.0 * static_cast<double>(out.numel()) * static_cast<double>(t[1].size(-2)), r.output);
   return GlobalArray(q.ctx(), std::move(out), q.shape(), r.output);
 }
 

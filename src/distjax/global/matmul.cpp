@@ -89,10 +89,9 @@ GlobalArray matmul(const GlobalArray& a, const GlobalArray& b, bool trans_b) {
   shape.push_back(b.size(trans_b ? -2 : -1));
   Tensor out = tensor::matmul(t[0], t[1], false, trans_b);
   // 2 x (rows x columns of the local output) x the local contraction.
-  detail::record_compute(a.ctx(), "matmul",
-                         2.0 * static_cast<double>(out.numel()) *
-                             static_cast<double>(t[0].size(-1)),
-                         r.output);
+  detail::record_compute(
+      a.ctx(), "matmul",
+      2.0 * static_cast<double>(out.numel()) * static_cast<double>(t[0].size(-1)), r.output);
   return GlobalArray(a.ctx(), std::move(out), shape, r.output);
 }
 
