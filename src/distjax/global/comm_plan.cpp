@@ -57,8 +57,9 @@ std::string PlanRecorder::str() const {
   os << "total: forward " << total[0] << " bytes, backward " << total[1] << " bytes, "
      << entries_.size() << " collectives\n";
   for (const auto& [axis, repeated] : repeated_)
-    os << "redundant compute: the devices along \"" << axis << "\" repeat " << std::setprecision(3)
-       << 100.0 * repeated / flops_ << "% of the forward FLOPs (" << repeated << " of " << flops_
+    os << "redundant compute: the devices along \"" << axis << "\" repeat " << std::fixed
+       << std::setprecision(1) << 100.0 * repeated / flops_ << "% of the forward FLOPs ("
+       << static_cast<long long>(repeated) << " of " << static_cast<long long>(flops_)
        << "): split the batch or the weights over it, or drop it from the mesh\n";
   return os.str();
 }
