@@ -194,3 +194,35 @@ TEST(DistjaxTrain, NanLearningRateIsRefused) {
         << output;
   }
 }
+
+// A run that diverges (a learning rate of 1e30) stops at the first step whose loss or
+// gradient norm is not finite, with status 1 and the step in the message; the latest
+// checkpoint is the step before (nothing of the broken step is saved).
+TEST(DistjaxTrain, ADivergingRunStopsAtItsFirstNonFiniteStep) {
+  const fs::path out = fs::temp_directory_path() / "distjax_diverge_test";
+  fs::remove_all(out);
+  const auto [status, output] =
+      run(std::string(DISTJAX_TOOL) + " train " + DISTJAX_SOURCE_DIR +
+          "/configs/train_mnist.toml --set run.steps=20 --set optimizer.lr=1e30 --set "
+          "optimizer.warmup_steps=0 --set run.checkpoint_every=1 --set run.log_every=1 --out " +
+          out.string());
+  EXPECT_EQ(status, 1) << output;
+  const auto at = output.find("[Trainer] step ");
+  ASSERT_NE(at, std::string::npos) << output;
+  const int step = std::stoi(output.substr(at + 15));
+  EXPECT_GE(step, 1);
+  EXPECT_TRUE(output.find("the loss is nan", at) != std::string::npos ||
+              output.find("the loss is inf", at) != std::string::npos ||
+              output.find("the gradient norm is", at) != std::string::npos)
+      << output;
+  char want[32], broken[32];
+  std::snprintf(want, sizeof want, "step_%08d", step - 1);
+  std::snprintf(broken, sizeof broken, "step_%08d", step);
+  std::ifstream latest(out / "checkpoints" / "latest");
+  std::string name;
+  std::getline(latest, name);
+  EXPECT_EQ(fs::path(name).filename().string(), want) << output;
+  EXPECT_TRUE(fs::exists(out / "checkpoints" / want)) << output;
+  EXPECT_FALSE(fs::exists(out / "checkpoints" / broken)) << output;
+  fs::remove_all(out);
+}

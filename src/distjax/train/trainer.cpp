@@ -223,10 +223,11 @@ Metrics Trainer::step(TrainState& state, const Batch& batch) {
   const double norm = m.contains("grad_norm") ? m.mean("grad_norm") : 0.0;
   if (!std::isfinite(loss) || (!std::isfinite(norm) && !state.loss_scale)) {
     clear_progress();
+    const double bad = std::isfinite(loss) ? norm : loss;
     DISTJAX_CHECK(false, NonFiniteError, "[Trainer] step ", state.step, ": the ",
                   std::isfinite(loss) ? "gradient norm" : "loss", " is ",
-                  std::isfinite(loss) ? norm : loss, "; the run stops here (nothing after step ",
-                  state.step - 1,
+                  std::isnan(bad) ? "nan" : (bad > 0 ? "inf" : "-inf"),
+                  "; the run stops here (nothing after step ", state.step - 1,
                   " is kept: its last checkpoint is the latest). Lower optimizer.lr, set "
                   "optimizer.max_grad_norm, or look at the data of this step");
   }
