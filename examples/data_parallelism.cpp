@@ -33,6 +33,8 @@ int main(int argc, char** argv) {
               "FSDP: parameters with fewer elements stay replicated");
     args.bind("log-every", &c.run.log_every, "steps between progress lines");
     args.bind("out", &c.run.out_dir, "output directory");
+    args.bind("overwrite", &c.run.overwrite,
+              "1 = start afresh over the checkpoints in --out, removing them");
     args.bind("data", &c.data.dir, "directory of the Fashion-MNIST IDX files");
     args.bind("backend", &backend,
               "auto, threads (simulated devices in this process) or mpi (one process per device)");

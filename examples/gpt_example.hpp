@@ -50,6 +50,8 @@ inline int run_gpt_example(int argc, char** argv, const char* program,
   args.bind("lr", &c.optimizer.lr, "peak learning rate of AdamW");
   args.bind("log-every", &c.run.log_every, "steps between progress lines");
   args.bind("out", &c.run.out_dir, "output directory");
+  args.bind("overwrite", &c.run.overwrite,
+            "1 = start afresh over the checkpoints in --out, removing them");
   args.bind("corpus", &c.data.dir, "directory of text files");
   args.bind("backend", &backend,
             "auto, threads (simulated devices in this process) or mpi (one process per device)");

@@ -40,6 +40,8 @@ int main(int argc, char** argv) {
     args.bind("show-schedule", &show,
               "1: print the schedule and the measured timeline of the last step");
     args.bind("out", &c.run.out_dir, "output directory");
+    args.bind("overwrite", &c.run.overwrite,
+              "1 = start afresh over the checkpoints in --out, removing them");
     args.bind("data-dir", &c.data.dir, "directory of the Fashion-MNIST IDX files");
     args.bind("backend", &backend,
               "auto, threads (simulated devices in this process) or mpi (one process per device)");

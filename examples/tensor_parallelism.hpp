@@ -33,6 +33,8 @@ inline int run_tensor_parallelism(int argc, char** argv, const char* program, bo
   args.bind("bidirectional", &c.parallelism.bidirectional, "async: 1 = rings both ways");
   args.bind("log-every", &c.run.log_every, "steps between progress lines");
   args.bind("out", &c.run.out_dir, "output directory");
+  args.bind("overwrite", &c.run.overwrite,
+            "1 = start afresh over the checkpoints in --out, removing them");
   args.bind("data-dir", &c.data.dir, "directory of the Fashion-MNIST IDX files");
   args.bind("backend", &backend,
             "auto, threads (simulated devices in this process) or mpi (one process per device)");

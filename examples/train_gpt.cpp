@@ -18,6 +18,8 @@ int main(int argc, char** argv) {
     examples::Args args("train_gpt",
                         "trains a byte-level GPT on the fortune files (single device)");
     args.bind("out", &c.run.out_dir, "output directory");
+    args.bind("overwrite", &c.run.overwrite,
+              "1 = start afresh over the checkpoints in --out, removing them");
     args.bind("steps", &c.run.steps, "optimizer steps");
     args.bind("batch-size", &c.run.batch_size, "sequences per step");
     args.bind("seq-len", &c.data.seq_len, "bytes per sequence (T)");

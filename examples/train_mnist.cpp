@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
     std::string backend = "auto";
     examples::Args args("train_mnist", "trains the MLP classifier on Fashion-MNIST");
     args.bind("out", &c.run.out_dir, "output directory");
+    args.bind("overwrite", &c.run.overwrite,
+              "1 = start afresh over the checkpoints in --out, removing them");
     args.bind("epochs", &c.run.epochs, "passes over the 60,000 training images");
     args.bind("batch-size", &c.run.batch_size, "examples per step");
     args.bind("lr", &c.optimizer.lr, "peak learning rate of AdamW");

@@ -1,7 +1,8 @@
 // distjax: the command line of DistJax. Each subcommand is one function add_<name>(app,
 // command) that registers its options and, when chosen, sets `command` to what it runs.
 //
-//   distjax train configs/train_mnist.toml [--set run.steps=100]... [--out DIR] [--resume]
+//   distjax train configs/train_mnist.toml [--set run.steps=100]... [--out DIR]
+//                 [--resume[=auto]] [--overwrite]
 //   mpirun -np 8 distjax train configs/data_parallelism.toml      (one process per device)
 //   distjax ckpt inspect runs/gpt_3d/checkpoints
 //   distjax plan configs/plan_gpt3_175b.toml [--budget-gib 80]      (memory and communication)
@@ -33,26 +34,30 @@ struct TrainOptions {
   std::string config_path;
   std::vector<std::string> overrides;
   std::string out_dir;
-  bool resume = false;
+  std::string resume;  // "" (not given), "true", "false" or "auto"
+  bool overwrite = false;
   bool print_config = false;
 };
 
 int train(const TrainOptions& o) {
   config::TrainConfig c = config::load_config(o.config_path, o.overrides);
   if (!o.out_dir.empty()) c.run.out_dir = o.out_dir;
-  if (o.resume) c.run.resume = true;
+  if (!o.resume.empty()) config::apply_override(c, "run.resume=" + o.resume);
+  if (o.overwrite) c.run.overwrite = true;
   if (o.print_config) {
     std::fputs(config::to_toml(c).c_str(), stdout);
     return 0;
   }
+  const std::string as_given = config::to_toml(c);
+  // Checked (run.out_dir made, old checkpoints refused) before anything is written.
+  const config::TrainConfig prepared = examples::prepare_program(c, o.config_path);
   // The config as run, next to the metrics (written by the main process only).
-  if (comm::discover_launch_environment().rank == 0) {
-    std::filesystem::create_directories(c.run.out_dir);
+  if (comm::discover_launch_environment().rank == 0 && !c.run.out_dir.empty())
     std::ofstream(std::filesystem::path(c.run.out_dir) / "config.toml")
-        << "# distjax train " << o.config_path << " (with its --set / --out / --resume)\n"
-        << config::to_toml(c);
-  }
-  return examples::run_program(c, o.config_path);
+        << "# distjax train " << o.config_path
+        << " (with its --set / --out / --resume / --overwrite)\n"
+        << as_given;
+  return examples::find_program(prepared.run.program).run(prepared);
 }
 
 void add_train(CLI::App& app, Command& command) {
@@ -69,7 +74,14 @@ void add_train(CLI::App& app, Command& command) {
                   "override one key, typed by the schema: --set run.steps=100 (repeatable)")
       ->allow_extra_args(false);
   cmd->add_option("--out", o->out_dir, "output directory (overrides run.out_dir)");
-  cmd->add_flag("--resume", o->resume, "continue from the latest checkpoint (sets run.resume)");
+  // A flag with an optional value: --resume, --resume=auto (never the next argument).
+  cmd->add_flag("--resume{true}", o->resume,
+                "continue from the latest checkpoint, which must exist; --resume=auto: when "
+                "there is one, else start afresh (sets run.resume)")
+      ->check(CLI::IsMember({"true", "false", "auto"}));
+  cmd->add_flag("--overwrite", o->overwrite,
+                "start afresh in an out_dir that holds checkpoints, removing them (sets "
+                "run.overwrite)");
   cmd->add_flag("--print-config", o->print_config,
                 "print the config with every key (after --set) as TOML and exit");
   cmd->callback([o, &command] { command = [o] { return train(*o); }; });

@@ -102,7 +102,7 @@ int run_data_parallelism(const config::TrainConfig& c) {
                             .mesh = "data=" + std::to_string(devices),
                             .backend = backend_name,
                             .print = false,
-                            .append = c.run.resume,
+                            .append = ckpt.resumed(),
                             .timeline_file = timeline_file(c, ctx.device()),
                             .device = ctx.device()},
                            opt, loss_fn(true),

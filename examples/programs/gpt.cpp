@@ -138,7 +138,7 @@ int run_gpt(const config::TrainConfig& c) {
   // The Trainer of every device (files and lines from the main one) and the step options.
   // run.timeline: a pipelined run writes the spans of every action (timeline.json, below),
   // the others each device's step phases (timeline_device<d>.json).
-  auto trainer_config = [&](int device) -> train::TrainerConfig {
+  auto trainer_config = [&](int device, bool resumed) -> train::TrainerConfig {
     const bool lead = device == 0;
     return {.out_dir = lead ? c.run.out_dir : std::string(),
             .total_steps = steps,
@@ -148,7 +148,7 @@ int run_gpt(const config::TrainConfig& c) {
             .mesh = mesh.describe(),
             .backend = backend_name,
             .print = lead,
-            .append = c.run.resume,
+            .append = resumed,
             .timeline_file = piped ? std::string() : timeline_file(c, device),
             .device = device};
   };
@@ -180,10 +180,12 @@ int run_gpt(const config::TrainConfig& c) {
                     static_cast<long long>(state.params.num_elements()), n_pipe);
       // The data of step s is drawn from the step alone: the position to save is the step.
       train::Checkpointer ckpt(checkpoint_config(c), {&ctx, &specs, &pp});
-      if (ckpt.restore(state) && lead)
+      const bool resumed = ckpt.restore(state).has_value();
+      if (resumed && lead)
         std::printf("Resumed from %s at step %lld\n", ckpt.config().dir.c_str(),
                     static_cast<long long>(state.step));
-      train::Trainer trainer(trainer_config(ctx.device()), opt, nullptr, step_options(&pp));
+      train::Trainer trainer(trainer_config(ctx.device(), resumed), opt, nullptr,
+                             step_options(&pp));
       const std::int64_t per = batch_size / n_data;
       const Key data_key = root.fold_in(std::string_view("data"));
       auto evaluate = [&] {
@@ -218,7 +220,7 @@ int run_gpt(const config::TrainConfig& c) {
         std::printf("Validation: %.3f bits per byte (uniform guessing: 8); measured pipeline "
                     "bubble of the last step %.1f%%\n",
                     eval.mean("bits_per_byte"), 100.0 * bubble);
-        if (!ckpt.config().dir.empty())
+        if (ckpt.config().saves)
           std::printf("Checkpoint: %s (continue with --resume; list with distjax ckpt inspect)\n",
                       train::find_checkpoint(ckpt.config().dir).value_or(saved).c_str());
       }
@@ -259,10 +261,12 @@ int run_gpt(const config::TrainConfig& c) {
           state.params.size());
     }
     train::Checkpointer ckpt(checkpoint_config(c), {&ctx, &specs, &dp});
-    if (ckpt.restore(state) && lead)
+    const bool resumed = ckpt.restore(state).has_value();
+    if (resumed && lead)
       std::printf("Resumed from %s at step %lld\n", ckpt.config().dir.c_str(),
                   static_cast<long long>(state.step));
-    train::Trainer trainer(trainer_config(ctx.device()), opt, loss_fn(true), step_options(&dp));
+    train::Trainer trainer(trainer_config(ctx.device(), resumed), opt, loss_fn(true),
+                           step_options(&dp));
     const std::int64_t per = batch_size / n_data;
     const Key data_key = root.fold_in(std::string_view("data"));
     while (state.step < steps) {

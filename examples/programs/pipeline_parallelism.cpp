@@ -85,19 +85,20 @@ int run_pipeline_parallelism(const config::TrainConfig& c, bool show_schedule) {
                                         .num_shards = n_data,
                                         .shard_index = replica});
     RunCheckpoints ckpt(c, {&ctx, &specs, &pp}, state, loader, lead);
-    train::Trainer trainer({.out_dir = lead ? c.run.out_dir : std::string(),
-                            .total_steps = steps,
-                            .log_every = 1 << 30,  // this program prints its own lines
-                            .mesh = "data=" + std::to_string(n_data) + ",pipe=" + std::to_string(pipe),
-                            .backend = backend_name,
-                            .print = false,
-                            .append = c.run.resume,
-                            .timeline_file = timeline_file(c, ctx.device()),
-                            .device = ctx.device()},
-                           opt, nullptr,
-                           {.num_minibatches = static_cast<int>(c.run.grad_accum_steps),
-                            .max_grad_norm = c.optimizer.max_grad_norm,
-                            .strategy = &pp});
+    train::Trainer trainer(
+        {.out_dir = lead ? c.run.out_dir : std::string(),
+         .total_steps = steps,
+         .log_every = 1 << 30,  // this program prints its own lines
+         .mesh = "data=" + std::to_string(n_data) + ",pipe=" + std::to_string(pipe),
+         .backend = backend_name,
+         .print = false,
+         .append = ckpt.resumed(),
+         .timeline_file = timeline_file(c, ctx.device()),
+         .device = ctx.device()},
+        opt, nullptr,
+        {.num_minibatches = static_cast<int>(c.run.grad_accum_steps),
+         .max_grad_norm = c.optimizer.max_grad_norm,
+         .strategy = &pp});
     while (state.step < steps) {
       const train::Batch batch = loader.next();
       if (state.step + 1 == steps) ctx.comm("pipe").barrier();  // align the measured step

@@ -2,8 +2,12 @@
 // defaults; configs/<example>.toml say the same) and run_program.
 #include "programs/programs.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -222,7 +226,25 @@ config::TrainConfig prepare_program(config::TrainConfig c, const std::string& so
                 NotImplemented, "[", c.run.program, "] pipeline_parallel_size = ",
                 c.distributed.pipeline_parallel_size,
                 ": this program has no pipeline (\"gpt\" and \"pipeline_parallelism\" have)");
+  make_out_dir(c);
+  train::check_restore(checkpoint_config(c));
   return c;
+}
+
+void make_out_dir(const config::TrainConfig& c) {
+  const std::string& dir = c.run.out_dir;
+  if (dir.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  DISTJAX_CHECK(!ec, ConfigError, "[config] run.out_dir = \"", dir,
+                "\": cannot create the directory: ", ec.message());
+  // Writable: a probe file made and removed (permission bits alone miss read-only mounts).
+  std::string probe = (std::filesystem::path(dir) / ".distjax_probe_XXXXXX").string();
+  const int fd = ::mkstemp(probe.data());
+  DISTJAX_CHECK(fd >= 0, ConfigError, "[config] run.out_dir = \"", dir,
+                "\": cannot write in the directory: ", std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
 
 optim::AdamW make_adamw(const config::TrainConfig& c, std::int64_t total_steps) {
@@ -241,6 +263,7 @@ RunCheckpoints::RunCheckpoints(const config::TrainConfig& c, train::CheckpointLa
                                train::TrainState& state, data::DataLoader& loader, bool lead)
     : ckpt_(checkpoint_config(c), layout), loader_(&loader), lead_(lead) {
   if (const auto pos = ckpt_.restore(state)) {
+    resumed_ = true;
     loader_->seek({pos->epoch, pos->batch});
     if (lead_)
       std::printf("Resumed from %s at step %lld\n", ckpt_.config().dir.c_str(),
@@ -255,7 +278,7 @@ void RunCheckpoints::after_step(const train::TrainState& state) {
 void RunCheckpoints::finish(const train::TrainState& state) {
   const std::string saved =
       ckpt_.save(state, {loader_->position().epoch, loader_->position().batch});
-  if (lead_ && !ckpt_.config().dir.empty())
+  if (lead_ && ckpt_.config().saves)
     std::printf("Checkpoint: %s\n", train::find_checkpoint(ckpt_.config().dir).value_or(saved).c_str());
 }
 
@@ -265,13 +288,34 @@ std::string timeline_file(const config::TrainConfig& c, int device) {
       .string();
 }
 
+namespace {
+
+train::Resume resume_of(config::Resume r) {
+  switch (r) {
+    case config::Resume::Required:
+      return train::Resume::Required;
+    case config::Resume::Auto:
+      return train::Resume::Auto;
+    case config::Resume::Off:
+      break;
+  }
+  return train::Resume::Off;
+}
+
+}  // namespace
+
 train::CheckpointConfig checkpoint_config(const config::TrainConfig& c) {
   train::CheckpointConfig out;
-  if (c.run.checkpoint_every <= 0 && !c.run.resume) return out;
+  if (c.run.out_dir.empty()) return out;
+  // The directory is always given, so that a fresh run that saves nothing still refuses
+  // (or with run.overwrite removes) the checkpoints of an earlier run there.
   out.dir = (std::filesystem::path(c.run.out_dir) / "checkpoints").string();
   out.every = c.run.checkpoint_every;
   out.keep_last = 2;
-  out.resume = c.run.resume;
+  out.resume = resume_of(c.run.resume);
+  out.overwrite = c.run.overwrite;
+  out.drop = c.run.resume_drop;
+  out.saves = c.run.checkpoint_every > 0 || c.run.resume != config::Resume::Off;
   out.config = nlohmann::json{{"toml", config::to_toml(c)}}.dump();
   return out;
 }

@@ -38,10 +38,16 @@ config::TrainConfig program_defaults(const std::string& name);
 /// Resolves config.distributed against the environment (comm::discover_launch_environment),
 /// validates the whole config (ConfigError listing every problem, naming `source`), refuses
 /// what no program runs yet (mixed precision; pipeline stages outside pipeline_parallelism),
-/// and runs its program.
+/// makes run.out_dir (make_out_dir), refuses what the run's Checkpointer would
+/// (train::check_restore: a fresh run over old checkpoints, --resume without one) before
+/// any file is written, and runs its program.
 int run_program(config::TrainConfig config, const std::string& source = "");
 /// What run_program does before it runs: the resolved and validated config.
 config::TrainConfig prepare_program(config::TrainConfig config, const std::string& source = "");
+/// Creates run.out_dir (nothing when it is empty) and checks that a file can be made in it;
+/// else ConfigError naming the key and the path:
+///   [config] run.out_dir = "/proc/x": cannot create the directory: No such file or directory
+void make_out_dir(const config::TrainConfig& c);
 
 // The programs (one file each in examples/programs/).
 int run_train_mnist(const config::TrainConfig& c);
@@ -58,13 +64,15 @@ int run_pipeline_parallelism(const config::TrainConfig& c, bool show_schedule);
 nn::Precision precision_of(const config::TrainConfig& c);
 /// Sets state.loss_scale (a fresh train::DynamicLossScale) when mixed_precision = "fp16".
 void enable_loss_scale(const config::TrainConfig& c, train::TrainState& state);
-/// The checkpoint policy of a run: out_dir/checkpoints, every run.checkpoint_every steps
-/// and at the end (none when checkpoint_every is 0 and resume is off), resume from
-/// run.resume, the config saved in the index as {"toml": ...}.
+/// The checkpoint policy of a run: out_dir/checkpoints (none when out_dir is empty), saved
+/// every run.checkpoint_every steps and at the end (nothing is saved when checkpoint_every
+/// is 0 and resume is off), resumed by run.resume (train::Resume) leaving out
+/// run.resume_drop, old checkpoints of a fresh run refused or, with run.overwrite, removed;
+/// the config saved in the index as {"toml": ...}.
 train::CheckpointConfig checkpoint_config(const config::TrainConfig& c);
 
 /// A program's checkpoints around its data loader: the constructor restores `state` (and
-/// moves the loader to the saved position) on run.resume and says so on the main
+/// moves the loader to the saved position) by run.resume and says so on the main
 /// device; after_step saves every run.checkpoint_every steps; finish saves the last step
 /// and says where. Collective: every device calls each.
 class RunCheckpoints {
@@ -73,11 +81,14 @@ class RunCheckpoints {
                  train::TrainState& state, data::DataLoader& loader, bool lead);
   void after_step(const train::TrainState& state);
   void finish(const train::TrainState& state);
+  /// Whether the constructor resumed from a checkpoint (the metrics file is appended to).
+  bool resumed() const { return resumed_; }
 
  private:
   train::Checkpointer ckpt_;
   data::DataLoader* loader_;
   bool lead_;
+  bool resumed_ = false;
 };
 
 /// The AdamW of [optimizer]: linear warmup from 0 over optimizer.warmup_steps (at most

@@ -92,7 +92,7 @@ int run_tensor_parallelism(const config::TrainConfig& c) {
                             .mesh = mesh.describe(),
                             .backend = backend_name,
                             .print = false,
-                            .append = c.run.resume,
+                            .append = ckpt.resumed(),
                             .timeline_file = timeline_file(c, ctx.device()),
                             .device = ctx.device()},
                            opt, loss_fn(true),

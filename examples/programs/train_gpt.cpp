@@ -127,7 +127,8 @@ int run_train_gpt(const config::TrainConfig& c) {
   const train::LossFn eval_loss = make_gpt_loss(model, false, precision);
   // One device, no mesh: an empty layout. Each step's batch is drawn from the step.
   train::Checkpointer ckpt(checkpoint_config(c), {});
-  if (ckpt.restore(state))
+  const bool resumed = ckpt.restore(state).has_value();
+  if (resumed)
     std::printf("Resumed from %s at step %lld\n", ckpt.config().dir.c_str(),
                 static_cast<long long>(state.step));
   train::Trainer trainer({.out_dir = c.run.out_dir,
@@ -135,7 +136,7 @@ int run_train_gpt(const config::TrainConfig& c) {
                           .log_every = c.run.log_every,
                           .items_per_example = static_cast<double>(seq_len),
                           .items_name = "tokens",
-                          .append = c.run.resume,
+                          .append = resumed,
                           .timeline_file = timeline_file(c, 0)},
                          opt, train_loss,
                          {.num_minibatches = static_cast<int>(c.run.grad_accum_steps),
@@ -151,7 +152,7 @@ int run_train_gpt(const config::TrainConfig& c) {
     if (state.step % eval_every == 0 || state.step == steps)
       trainer.evaluate(state, val, eval_loss);
   }
-  if (const std::string saved = ckpt.save(state, {0, state.step}); !ckpt.config().dir.empty())
+  if (const std::string saved = ckpt.save(state, {0, state.step}); ckpt.config().saves)
     std::printf("Checkpoint: %s\n", train::find_checkpoint(ckpt.config().dir).value_or(saved).c_str());
   const double bpb = trainer.last_eval().at("bits_per_byte");
   trainer.finish(state, {{"val_bits_per_byte", bpb},

@@ -91,7 +91,7 @@ int run_train_mnist(const config::TrainConfig& c) {
                             .mesh = "data=" + std::to_string(devices),
                             .backend = backend_name,
                             .print = lead,
-                            .append = c.run.resume,
+                            .append = ckpt.resumed(),
                             .timeline_file = timeline_file(c, ctx.device()),
                             .device = ctx.device()},
                            opt, train_loss,

@@ -70,7 +70,7 @@ mixed_precision = "bf16"
                      "test.toml");
   EXPECT_EQ(c.run.program, "gpt");
   EXPECT_EQ(c.run.steps, 12);
-  EXPECT_TRUE(c.run.resume);
+  EXPECT_EQ(c.run.resume, config::Resume::Required);
   EXPECT_DOUBLE_EQ(c.model.dropout, 0.25);
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 1.0);
   EXPECT_EQ(c.parallelism.remat, (std::vector<std::string>{"Block"}));
@@ -110,11 +110,35 @@ TEST(ConfigFile, WrongTypeNamesKeyFileAndLine) {
   EXPECT_CONTAINS(parse_error("[run]\n\nsteps = \"ten\"\n"),
                   "test.toml:3:9: run.steps must be an integer, got a string");
   EXPECT_CONTAINS(parse_error("[run]\nresume = 1\n"),
-                  "test.toml:2:10: run.resume must be a boolean, got an integer");
+                  "test.toml:2:10: run.resume must be a boolean or a string, got an integer");
   EXPECT_CONTAINS(parse_error("[distributed]\nmesh_shape = [2, \"x\"]\n"),
                   "distributed.mesh_shape must be an array of integers, got an array");
   EXPECT_CONTAINS(parse_error("[optimizer]\nlr = 1.5e400\n"), "test.toml:2:");
   EXPECT_CONTAINS(parse_error("run = 3\n"), "\"run\" is a table, not a key");
+}
+
+// run.resume: false, true or "auto", in a file and in --set; written back as it was given.
+TEST(ConfigFile, ResumeIsABooleanOrAuto) {
+  TrainConfig c;
+  config::apply_toml(c, "[run]\nresume = \"auto\"\nresume_drop = [\"lm_head/*\"]\n", "test.toml");
+  EXPECT_EQ(c.run.resume, config::Resume::Auto);
+  EXPECT_EQ(c.run.resume_drop, (std::vector<std::string>{"lm_head/*"}));
+  EXPECT_NE(config::to_toml(c).find("resume = \"auto\"\n"), std::string::npos)
+      << config::to_toml(c);
+  config::apply_override(c, "run.resume=false");
+  EXPECT_EQ(c.run.resume, config::Resume::Off);
+  EXPECT_NE(config::to_toml(c).find("resume = false\n"), std::string::npos) << config::to_toml(c);
+  config::apply_override(c, "run.resume=auto");
+  EXPECT_EQ(c.run.resume, config::Resume::Auto);
+  config::apply_override(c, "run.resume=true");
+  EXPECT_EQ(c.run.resume, config::Resume::Required);
+  config::apply_override(c, "run.overwrite=true");
+  EXPECT_TRUE(c.run.overwrite);
+  EXPECT_CONTAINS(parse_error("[run]\nresume = \"maybe\"\n"),
+                  "test.toml:2:10: run.resume must be one of \"false\", \"true\", \"auto\", got "
+                  "\"maybe\"");
+  EXPECT_CONTAINS(error_of([&] { config::apply_override(c, "run.resume=atuo"); }),
+                  "did you mean \"auto\"?");
 }
 
 TEST(ConfigFile, ChoicesAndRangesAreChecked) {
@@ -168,7 +192,7 @@ TEST(ConfigFile, OverridesAreTypedBySchema) {
   config::apply_override(c, "distributed.backend=threads");
   EXPECT_EQ(c.run.steps, 7);
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.5);
-  EXPECT_TRUE(c.run.resume);
+  EXPECT_EQ(c.run.resume, config::Resume::Required);
   EXPECT_EQ(c.run.out_dir, "/tmp/some dir");
   EXPECT_EQ(c.run.program, "gpt");
   EXPECT_EQ(c.distributed.mesh_shape, (std::vector<int>{2, 4}));

@@ -124,6 +124,24 @@ TEST(TrainConfig, MicrobatchesAreCheckedOnlyUnderAPipeline) {
   EXPECT_PROBLEM(c, "must be divisible by parallelism.microbatches = 4");
 }
 
+TEST(TrainConfig, CheckpointKeysAreChecked) {
+  TrainConfig c = valid();
+  c.run.overwrite = true;
+  c.run.resume = config::Resume::Auto;
+  EXPECT_PROBLEM(c, "run.overwrite = true and run.resume exclude each other");
+  c = valid();
+  c.run.resume_drop = {"lm_head/*"};
+  EXPECT_PROBLEM(c, "run.resume_drop is set but run.resume = false");
+  c.run.resume = config::Resume::Required;
+  EXPECT_TRUE(c.problems().empty()) << problems(c);
+  c.run.resume_drop = {"lm_head/*", ""};
+  EXPECT_PROBLEM(c, "run.resume_drop item \"\" must be a non-empty glob");
+  c = valid();
+  c.run.out_dir = "";
+  c.run.checkpoint_every = 10;
+  EXPECT_PROBLEM(c, "run.out_dir is empty: checkpoints (run.checkpoint_every, run.resume) need it");
+}
+
 TEST(TrainConfig, ValidateThrowsOneErrorListingAll) {
   TrainConfig c = valid();
   c.run.batch_size = 127;

@@ -304,7 +304,7 @@ TEST(DocsCheckpoints, Checkpointer) {
                                                      b.labels));
     return std::make_pair(loss, train::Metrics{});
   };
-  auto run = [&](bool resume, std::int64_t steps) {
+  auto run = [&](train::Resume resume, std::int64_t steps) {
     TensorTree params;
     params.set("w", Tensor::zeros({8, 4}));
     params.set("b", Tensor::zeros({4}));
@@ -321,10 +321,10 @@ TEST(DocsCheckpoints, Checkpointer) {
     ckpt.save(state, {loader.position().epoch, loader.position().batch});  // the end
     return loss;
   };
-  run(false, 6);                     // saves step 4 and, at the end, step 6
-  const double resumed = run(true, 10);  // continues from step 6
+  run(train::Resume::Off, 6);                               // saves step 4 and, at the end, step 6
+  const double resumed = run(train::Resume::Required, 10);  // continues from step 6
   std::filesystem::remove_all(dir);
-  EXPECT_EQ(resumed, run(false, 10));  // the same as a run that was never stopped
+  EXPECT_EQ(resumed, run(train::Resume::Off, 10));  // the same as a run that was never stopped
   std::filesystem::remove_all(dir);
 }
 

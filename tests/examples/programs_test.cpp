@@ -2,6 +2,8 @@
 // defaults each example starts from equal its file under configs/.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "distjax/config/config_file.hpp"
@@ -49,4 +51,26 @@ TEST(Programs, UnknownProgramSuggestsTheNearest) {
     EXPECT_NE(std::string(e.what()).find("did you mean \"train_mnist\"?"), std::string::npos)
         << e.what();
   }
+}
+
+// prepare_program makes run.out_dir; one it cannot make or write is a ConfigError naming
+// the key and the path (not a bare file-system error).
+TEST(Programs, AnUnusableOutDirNamesTheKey) {
+  const std::filesystem::path file =
+      std::filesystem::temp_directory_path() / "distjax_programs_test_file";
+  std::ofstream(file) << "a file, not a directory\n";
+  for (const std::string& out :
+       {(file / "run").string(), std::string("/proc/distjax_no_such_dir"), std::string("/proc")}) {
+    SCOPED_TRACE(out);
+    config::TrainConfig c = examples::program_defaults("train_gpt");
+    c.run.out_dir = out;
+    try {
+      examples::prepare_program(c);
+      ADD_FAILURE() << "no error";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("run.out_dir = \"" + out + "\""), std::string::npos)
+          << e.what();
+    }
+  }
+  std::filesystem::remove(file);
 }

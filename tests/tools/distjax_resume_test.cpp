@@ -1,7 +1,8 @@
 // The main job's checkpoints end to end: `distjax train configs/gpt_3d.toml` (GPT on a
 // (data 2, model 2, pipe 2) mesh) killed with SIGKILL after a checkpoint and resumed with
 // --resume logs exactly the losses of a run that was never stopped; `distjax ckpt
-// inspect` lists the saved tensors.
+// inspect` lists the saved tensors. And what --resume, --resume=auto and --overwrite do
+// with a directory that holds checkpoints or none (the small one-device train_gpt).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -16,6 +17,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "tools/tool_run.hpp"
 
 namespace fs = std::filesystem;
 
@@ -212,4 +215,97 @@ TEST(DistjaxResume, CheckpointMovesBetweenMeshesWithAndWithoutAPipe) {
     EXPECT_NEAR(got.at(5), want.at(5), 1e-6) << name;
   }
   fs::remove_all(base);
+}
+
+// ------------------------------------------------------------ --resume, --resume=auto, --overwrite
+
+namespace {
+
+// `distjax train configs/train_gpt.toml` shrunk to a few seconds: `steps` steps of a
+// one-block GPT, a checkpoint every step, into `out`; `flags` appended.
+std::pair<int, std::string> small_run(const fs::path& out, int steps, const std::string& flags) {
+  return distjax::testing::run_tool(
+      std::string(DISTJAX_TOOL) + " train " + DISTJAX_SOURCE_DIR +
+      "/configs/train_gpt.toml --set run.steps=" + std::to_string(steps) +
+      " --set run.checkpoint_every=1 --set run.log_every=1 --set run.eval_every=0 "
+      "--set run.eval_batches=1 --set model.layers=1 --set model.d_model=32 --out " +
+      out.string() + " " + flags);
+}
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path p = fs::temp_directory_path() / (name + "_" + std::to_string(getpid()));
+  fs::remove_all(p);
+  return p;
+}
+
+}  // namespace
+
+TEST(DistjaxResume, ResumeWithoutACheckpointSaysWhereItLooked) {
+  const fs::path out = fresh_dir("distjax_resume_none");
+  const std::string ckpt = (out / "checkpoints").string();
+  {  // Nothing there at all.
+    const auto [status, output] = small_run(out, 2, "--resume");
+    EXPECT_EQ(status, 1) << output;
+    EXPECT_NE(output.find("[Checkpointer] no checkpoint to resume from in \"" + ckpt + "\""),
+              std::string::npos)
+        << output;
+    EXPECT_NE(output.find("does not exist"), std::string::npos) << output;
+    EXPECT_FALSE(fs::exists(out / "metrics.jsonl")) << "it trained anyway";
+  }
+  {  // A step directory whose index.json is gone: not a checkpoint.
+    ASSERT_EQ(small_run(out, 1, "").first, 0);
+    fs::remove(out / "checkpoints" / "step_00000001" / "index.json");
+    const auto [status, output] = small_run(out, 2, "--resume");
+    EXPECT_EQ(status, 1) << output;
+    EXPECT_NE(output.find("no checkpoint to resume from in \"" + ckpt + "\""), std::string::npos)
+        << output;
+    EXPECT_NE(output.find("step_00000001 has no index.json"), std::string::npos) << output;
+  }
+  fs::remove_all(out);
+}
+
+TEST(DistjaxResume, AutoResumesWhenThereIsACheckpointAndStartsFreshOtherwise) {
+  const fs::path out = fresh_dir("distjax_resume_auto");
+  const auto [status, output] = small_run(out, 2, "--resume=auto");
+  ASSERT_EQ(status, 0) << output;
+  EXPECT_EQ(output.find("Resumed from"), std::string::npos) << output;
+  const auto [status2, output2] = small_run(out, 3, "--resume=auto");
+  ASSERT_EQ(status2, 0) << output2;
+  EXPECT_NE(output2.find("Resumed from " + (out / "checkpoints").string() + " at step 2"),
+            std::string::npos)
+      << output2;
+  // The config key says the same ("auto" in TOML).
+  const auto [status3, output3] = small_run(out, 4, "--set run.resume=auto");
+  ASSERT_EQ(status3, 0) << output3;
+  EXPECT_NE(output3.find("at step 3"), std::string::npos) << output3;
+  fs::remove_all(out);
+}
+
+TEST(DistjaxResume, AFreshRunRefusesADirectoryWithCheckpoints) {
+  const fs::path out = fresh_dir("distjax_resume_overwrite");
+  const fs::path ckpt = out / "checkpoints";
+  ASSERT_EQ(small_run(out, 2, "").first, 0);
+  ASSERT_TRUE(fs::exists(ckpt / "step_00000002" / "index.json"));
+  const auto [status, output] = small_run(out, 1, "");
+  EXPECT_EQ(status, 1) << output;
+  EXPECT_NE(output.find(std::string("\"") + ckpt.string() +
+                        "\" holds checkpoints up to step 2: pass --resume "
+                        "to continue, --resume=auto, or --overwrite to start afresh"),
+            std::string::npos)
+      << output;
+  EXPECT_TRUE(fs::exists(ckpt / "step_00000002" / "index.json")) << "the refusal removed them";
+  // --overwrite starts afresh: the old steps are gone, `latest` names the new run's.
+  const auto [status2, output2] = small_run(out, 1, "--overwrite");
+  ASSERT_EQ(status2, 0) << output2;
+  EXPECT_FALSE(fs::exists(ckpt / "step_00000002"));
+  EXPECT_TRUE(fs::exists(ckpt / "step_00000001" / "index.json"));
+  std::ifstream latest(ckpt / "latest");
+  std::string name;
+  latest >> name;
+  EXPECT_EQ(name, "step_00000001");
+  // --overwrite and --resume contradict each other.
+  const auto [status3, output3] = small_run(out, 2, "--overwrite --resume");
+  EXPECT_EQ(status3, 1) << output3;
+  EXPECT_NE(output3.find("run.overwrite"), std::string::npos) << output3;
+  fs::remove_all(out);
 }

@@ -3,8 +3,9 @@
 // distributed.mixed_precision = "bf16" / "fp16" runs the GPT programs and is refused elsewhere.
 #include <gtest/gtest.h>
 
-#include "tools/tool_run.hpp"
 #include <sys/wait.h>
+#include <unistd.h>
+#include "tools/tool_run.hpp"
 
 #include <cmath>
 #include <cstdio>
@@ -225,4 +226,20 @@ TEST(DistjaxTrain, ADivergingRunStopsAtItsFirstNonFiniteStep) {
   EXPECT_TRUE(fs::exists(out / "checkpoints" / want)) << output;
   EXPECT_FALSE(fs::exists(out / "checkpoints" / broken)) << output;
   fs::remove_all(out);
+}
+
+// An output directory that cannot be made is a config error naming the key and the path.
+TEST(DistjaxTrain, AnUnusableOutDirNamesTheKey) {
+  const fs::path file =
+      fs::temp_directory_path() / ("distjax_out_file_" + std::to_string(getpid()));
+  std::ofstream(file) << "a file, not a directory\n";
+  for (const std::string& out :
+       {(file / "run").string(), std::string("/proc/distjax_no_such_dir")}) {
+    SCOPED_TRACE(out);
+    const auto [status, output] = run(std::string(DISTJAX_TOOL) + " train " + DISTJAX_SOURCE_DIR +
+                                      "/configs/train_mnist.toml --set run.steps=1 --out " + out);
+    EXPECT_EQ(status, 1) << output;
+    EXPECT_NE(output.find("run.out_dir = \"" + out + "\""), std::string::npos) << output;
+  }
+  fs::remove(file);
 }

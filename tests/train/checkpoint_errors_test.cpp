@@ -1,6 +1,7 @@
 // Checkpoints that cannot be loaded give clear errors naming the file and what is wrong
 // (broken, truncated or missing files, a ZeRO state without its strategy, leftovers of an
 // interrupted save, an error on one device), and the files read by Python's safetensors.
+#include "distjax/train/detail/checksum.hpp"
 #include "train/checkpoint_test_util.hpp"
 
 namespace distjax::train {
@@ -18,9 +19,7 @@ std::string small_checkpoint(const std::string& name) {
   return save_checkpoint(scratch(name), s.trained(), {});
 }
 
-std::string load_error(const std::string& dir) {
-  Small s;
-  TrainState t = s.fresh();
+std::string load_error(const std::string& dir, TrainState t = Small().fresh()) {
   try {
     load_checkpoint(dir, t, {});
   } catch (const Error& e) {
@@ -119,7 +118,8 @@ TEST(CheckpointErrors, BrokenFilesAreNamedWithWhatIsWrong) {
          j["tensors"].erase("opt_state/nu/fc1/bias");
          write_bytes(d / "index.json", j.dump());
        },
-       "index.json", "has no tensor \"opt_state/nu/fc1/bias\""},
+       "index.json",
+       "1 tensor of the state is missing from the checkpoint: \"opt_state/nu/fc1/bias\""},
       {"global shape differs from the state",
        [&](const fs::path& d) {
          json j = json::parse(read_bytes(d / "index.json"));
@@ -146,6 +146,179 @@ TEST(CheckpointErrors, BrokenFilesAreNamedWithWhatIsWrong) {
   EXPECT_NE(load_error(dir.string()).find("is f32 (9,); the state being loaded has f32 (8,)"),
             std::string::npos)
       << load_error(dir.string());
+}
+
+// The byte offset in `file` of the data of tensor `name` (from its safetensors header).
+std::uint64_t data_offset(const fs::path& file, const std::string& name) {
+  const std::string bytes = read_bytes(file);
+  std::uint64_t len = 0;
+  std::memcpy(&len, bytes.data(), 8);
+  const json h = json::parse(bytes.substr(8, len));
+  return 8 + len + h.at(name).at("data_offsets")[0].get<std::uint64_t>();
+}
+
+TEST(CheckpointErrors, AFlippedByteNamesTheFileAndTheTensor) {
+  const fs::path dir = small_checkpoint("flipped");
+  const fs::path shard = dir / "device_00000.safetensors";
+  std::string b = read_bytes(shard);
+  b[data_offset(shard, "opt_state/nu/fc1/kernel") + 5] ^= 0x10;  // one bit of one element
+  write_bytes(shard, b);
+  const std::string msg = load_error(dir.string());
+  EXPECT_NE(msg.find("[load_checkpoint] \"" + shard.string() +
+                     "\": tensor "
+                     "\"opt_state/nu/fc1/kernel\": checksum mismatch"),
+            std::string::npos)
+      << msg;
+}
+
+TEST(CheckpointErrors, IndexStepDisagreesWithItsDirectory) {
+  const fs::path dir = small_checkpoint("step_mismatch");  // step_00000003
+  json j = json::parse(read_bytes(dir / "index.json"));
+  j["step"] = 2;
+  write_bytes(dir / "index.json", j.dump());
+  const std::string msg = load_error(dir.string());
+  EXPECT_NE(msg.find("\"" + (dir / "index.json").string() +
+                     "\" says step 2 but its directory "
+                     "is step_00000003"),
+            std::string::npos)
+      << msg;
+}
+
+// Every tensor of the state must be in the checkpoint and every tensor of the checkpoint
+// must be loaded: the message counts both and names the first few.
+TEST(CheckpointErrors, LoadIsStrictInBothDirections) {
+  const fs::path dir = small_checkpoint("strict");
+  const std::string where = (dir / "index.json").string();
+  Small s;
+  {  // A state without optimizer state: the checkpoint's 8 slots are extra.
+    TrainState t = s.fresh();
+    t.opt_state = TensorTree();
+    const std::string msg = load_error(dir.string(), t);
+    EXPECT_NE(msg.find("[load_checkpoint] \"" + where + "\" does not match the state being loaded"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("8 tensors of the checkpoint are not in the state: "
+                       "\"opt_state/mu/fc1/bias\", \"opt_state/mu/fc1/kernel\", "
+                       "\"opt_state/mu/fc2/bias\", \"opt_state/mu/fc2/kernel\", "
+                       "\"opt_state/nu/fc1/bias\" and 3 more"),
+              std::string::npos)
+        << msg;
+    EXPECT_EQ(msg.find("missing from the checkpoint"), std::string::npos) << msg;
+    // Dropped explicitly, the parameters load alone.
+    load_checkpoint(dir.string(), t, {}, {.drop = {"opt_state/*"}});
+    expect_bitwise_equal(t.params, s.trained().params, "params");
+  }
+  {  // A state with a leaf the checkpoint lacks, and without one it has: both listed.
+    TrainState t = s.fresh();
+    t.params.set("fc3/kernel", Tensor::zeros({3, 3}));
+    t.opt_state.set("mu/fc3/kernel", Tensor::zeros({3, 3}));
+    t.opt_state.set("nu/fc3/kernel", Tensor::zeros({3, 3}));
+    t.params.erase("fc2/bias");
+    t.opt_state.erase("mu/fc2/bias");
+    t.opt_state.erase("nu/fc2/bias");
+    const std::string msg = load_error(dir.string(), t);
+    EXPECT_NE(msg.find("3 tensors of the state are missing from the checkpoint: "
+                       "\"opt_state/mu/fc3/kernel\", \"opt_state/nu/fc3/kernel\", "
+                       "\"params/fc3/kernel\""),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("3 tensors of the checkpoint are not in the state: "
+                       "\"opt_state/mu/fc2/bias\", \"opt_state/nu/fc2/bias\", "
+                       "\"params/fc2/bias\""),
+              std::string::npos)
+        << msg;
+  }
+}
+
+// A GPT saved with an untied head, loaded into the same GPT with its head tied to the
+// embedding: lm_head and its optimizer slots are extra, and loading them silently away
+// would drop trained weights.
+TEST(CheckpointErrors, UntiedHeadIntoATiedModel) {
+  models::TransformerConfig untied = gpt_config();
+  untied.tp = {};
+  untied.tied_embeddings = false;
+  models::TransformerConfig tied = untied;
+  tied.tied_embeddings = true;
+  const optim::Adam opt({.learning_rate = optim::constant_schedule(0.01)});
+  const std::string dir = scratch("untied");
+  save_checkpoint(dir,
+                  TrainState::create(models::Transformer(untied).init(Key::from_seed(1)), opt,
+                                     Key::from_seed(2)),
+                  {});
+  TrainState state =
+      TrainState::create(models::Transformer(tied).init(Key::from_seed(1)), opt, Key::from_seed(2));
+  const std::string msg = load_error(dir, state);
+  EXPECT_NE(msg.find("3 tensors of the checkpoint are not in the state: "
+                     "\"opt_state/mu/lm_head/kernel\", \"opt_state/nu/lm_head/kernel\", "
+                     "\"params/lm_head/kernel\""),
+            std::string::npos)
+      << msg;
+}
+
+TEST(CheckpointErrors, AnIndexWithoutChecksumsIsRefused) {
+  const fs::path dir = small_checkpoint("version1");
+  json j = json::parse(read_bytes(dir / "index.json"));
+  j["version"] = 1;
+  j.erase("checksum");
+  write_bytes(dir / "index.json", j.dump());
+  const std::string msg = load_error(dir.string());
+  EXPECT_NE(msg.find("\"" + (dir / "index.json").string() +
+                     "\": version 1 is not supported: this build reads version 2 (version 1 has "
+                     "no checksums of the data)"),
+            std::string::npos)
+      << msg;
+}
+
+TEST(CheckpointErrors, ChecksumsAreZlibsCrc32InChunks) {
+  // The check value of CRC-32 (ISO-HDLC): Python's zlib.crc32(b"123456789") too.
+  EXPECT_EQ(detail::crc32("123456789", 9), 0xCBF43926u);
+  EXPECT_EQ(detail::hex32(0xCBF43926u), "0xcbf43926");
+  const std::string data(2500, 'x');
+  const std::vector<std::uint32_t> chunks = detail::chunk_crc32(data.data(), data.size(), 1000);
+  ASSERT_EQ(chunks.size(), 3u);
+  EXPECT_EQ(chunks[0], detail::crc32(data.data(), 1000));
+  EXPECT_EQ(chunks[2], detail::crc32(data.data(), 500));
+  EXPECT_TRUE(detail::chunk_crc32(data.data(), 0, 1000).empty());
+}
+
+// A block of several checksum chunks loaded on three devices, each reading one row (one
+// chunk): a flipped byte in the last row is found by the device that reads it, raised on
+// every device, and named with its chunk's bytes.
+TEST(CheckpointErrors, EachChunkIsCheckedByTheDeviceThatReadsIt) {
+  constexpr std::int64_t kRow = detail::kChecksumChunkBytes / 4;  // f32 elements per chunk
+  TrainState whole;
+  whole.params.set("w", Tensor::ones({3, kRow}));
+  const std::string dir = scratch("chunks");
+  const fs::path step_dir = save_checkpoint(dir, whole, {});
+  const json index = json::parse(read_bytes(step_dir / "index.json"));
+  ASSERT_EQ(index["tensors"]["params/w"]["blocks"][0]["crc32"].size(), 3u);
+  auto load_on_3 = [&] {
+    std::vector<std::string> errors(3);
+    on_mesh(Mesh({3}, {"x"}), [&](DeviceContext& ctx) {
+      const nn::ParamSpecs specs{{"w", mesh::P("x")}};
+      TrainState state;
+      state.params.set("w", Tensor::zeros({1, kRow}));
+      try {
+        load_checkpoint(dir, state, {&ctx, &specs, nullptr});
+        EXPECT_EQ(state.params.at("w").to_vector<float>()[7], 1.f);
+      } catch (const IoError& e) {
+        errors[static_cast<std::size_t>(ctx.device())] = e.what();
+      }
+    });
+    return errors;
+  };
+  for (const std::string& e : load_on_3())
+    EXPECT_EQ(e, "");
+  const fs::path shard = step_dir / "device_00000.safetensors";
+  std::string b = read_bytes(shard);
+  b[data_offset(shard, "params/w") + 2 * detail::kChecksumChunkBytes + 99] ^= 1;
+  write_bytes(shard, b);
+  for (const std::string& e : load_on_3())
+    EXPECT_NE(e.find(std::string("\"") + shard.string() +
+                     "\": tensor \"params/w\": checksum mismatch in bytes "
+                     "[2097152, 3145728) of its data"),
+              std::string::npos)
+        << e;
 }
 
 TEST(CheckpointErrors, ZeroStateWithoutItsStrategy) {

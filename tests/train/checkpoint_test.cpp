@@ -333,7 +333,7 @@ const optim::AdamW& resume_opt() {
 std::map<std::int64_t, double> run_with_checkpoints(
     const CheckpointConfig& config, std::int64_t until,
     const std::function<void(std::int64_t, double)>& on_step = nullptr) {
-  const std::uint64_t seed = config.resume ? 50 : 1;
+  const std::uint64_t seed = config.resume != Resume::Off ? 50 : 1;
   const models::Classifier& model = resume_model();
   const optim::AdamW& opt = resume_opt();
   const data::ArrayDataset data = data::synthetic_classification(40, 10, 3, Key::from_seed(5));
@@ -374,7 +374,8 @@ TEST(CheckpointResume, ResumedRunMatchesUninterrupted) {
   const auto first = run_with_checkpoints({.dir = dir, .every = 3}, 8);
   EXPECT_EQ(*find_checkpoint(dir), (fs::path(dir) / "step_00000008").string());
   fs::remove_all(fs::path(dir) / "step_00000008");  // as if killed between 6 and 8
-  const auto second = run_with_checkpoints({.dir = dir, .every = 3, .resume = true}, 14);
+  const auto second =
+      run_with_checkpoints({.dir = dir, .every = 3, .resume = Resume::Required}, 14);
   ASSERT_EQ(second.begin()->first, 7);  // resumed from step 6
   for (const auto& [step, loss] : second)
     EXPECT_EQ(loss, whole.at(step)) << "step " << step;
@@ -521,7 +522,8 @@ TEST(CheckpointResume, KilledWithSigkillResumesExactly) {
     if (step <= 60) {
       EXPECT_EQ(loss, whole.at(step)) << "child, step " << step;
     }
-  const auto after = run_with_checkpoints({.dir = ckpt, .every = 5, .resume = true}, 60);
+  const auto after =
+      run_with_checkpoints({.dir = ckpt, .every = 5, .resume = Resume::Required}, 60);
   ASSERT_EQ(after.begin()->first, resumed_from + 1);
   ASSERT_EQ(after.rbegin()->first, 60);
   for (const auto& [step, loss] : after)
@@ -550,7 +552,8 @@ TEST(CheckpointResume, KillDuringSaveLeavesTheLastCheckpointLoadable) {
     EXPECT_EQ(name, "step_00000005");  // `latest` is updated last
     const std::int64_t expect = complete ? 10 : 5;
     EXPECT_EQ(read_checkpoint_index(ckpt).meta.step, expect);
-    const auto after = run_with_checkpoints({.dir = ckpt, .every = 5, .resume = true}, 20);
+    const auto after =
+        run_with_checkpoints({.dir = ckpt, .every = 5, .resume = Resume::Required}, 20);
     ASSERT_EQ(after.begin()->first, expect + 1);
     for (const auto& [step, loss] : after)
       EXPECT_EQ(loss, whole.at(step)) << "resumed, step " << step;

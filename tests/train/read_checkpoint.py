@@ -5,12 +5,14 @@ Usage: read_checkpoint.py SHARDED_STEP_DIR WHOLE_STEP_DIR
 SHARDED_STEP_DIR was saved by checkpoint_test.cpp (CheckpointPython) on a ("data"=2,
 "model"=2) mesh, WHOLE_STEP_DIR by one device from the same values. Every tensor is
 reassembled from its blocks as index.json lists them; the script checks the shapes and
-dtypes against the index, the values against the whole checkpoint and against the values
-the test wrote, and exits non-zero with a message on the first mismatch.
+dtypes against the index, each block's CRC-32s (Python's zlib) against the index, the
+values against the whole checkpoint and against the values the test wrote, and exits
+non-zero with a message on the first mismatch.
 """
 import json
 import os
 import sys
+import zlib
 
 import numpy as np
 from safetensors.numpy import load_file
@@ -18,10 +20,26 @@ from safetensors.numpy import load_file
 DTYPES = {"f32": np.float32, "bf16": None, "f16": np.float16, "i32": np.int32, "i64": np.int64}
 
 
+def check_checksums(step_dir, index):
+    """Every block's data, read raw from its file, has the CRC-32s the index lists."""
+    assert index["checksum"]["algorithm"] == "crc32", index["checksum"]
+    chunk = index["checksum"]["chunk_bytes"]
+    for name, t in index["tensors"].items():
+        for b in t["blocks"]:
+            with open(os.path.join(step_dir, b["file"]), "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                begin, end = json.loads(f.read(n))[name]["data_offsets"]
+                f.seek(8 + n + begin)
+                data = f.read(end - begin)
+            crcs = [zlib.crc32(data[i:i + chunk]) for i in range(0, len(data), chunk)]
+            assert crcs == b["crc32"], (name, b["file"], crcs, b["crc32"])
+
+
 def load(step_dir):
     with open(os.path.join(step_dir, "index.json")) as f:
         index = json.load(f)
     assert index["format"] == "distjax.checkpoint", index["format"]
+    check_checksums(step_dir, index)
     files = {name: load_file(os.path.join(step_dir, name)) for name in index["files"]}
     tensors = {}
     for name, t in index["tensors"].items():

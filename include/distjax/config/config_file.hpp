@@ -11,7 +11,7 @@
 namespace distjax::config {
 
 /// The TOML type a key takes.
-enum class ValueType : std::uint8_t { Bool, Int, Float, String, IntList, StringList };
+enum class ValueType : std::uint8_t { Bool, Int, Float, String, IntList, StringList, BoolOrString };
 /// "a boolean", "an integer", "a number", "a string", "an array of integers", ...
 const char* value_type_name(ValueType t);
 

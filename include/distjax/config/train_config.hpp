@@ -10,6 +10,14 @@
 
 namespace distjax::config {
 
+/// run.resume: whether a run continues from the checkpoints in out_dir (TOML false,
+/// true or "auto"; the programs map it onto train::Resume).
+enum class Resume : std::uint8_t {
+  Off,       ///< false: start afresh (refused over checkpoints unless run.overwrite)
+  Required,  ///< true: continue from the latest checkpoint; none is an error
+  Auto,      ///< "auto": continue when there is a checkpoint, else start afresh
+};
+
 /// [run]: which program, how long, where the files go.
 struct RunConfig {
   std::string program;                ///< the training program (`distjax train` lists them)
@@ -22,7 +30,11 @@ struct RunConfig {
   std::int64_t eval_batches = 8;      ///< validation batches per evaluation
   std::string out_dir = "runs/run";   ///< metrics.jsonl, summary.json (and checkpoints)
   std::int64_t checkpoint_every = 0;  ///< steps between checkpoints; 0 = none
-  bool resume = false;                ///< continue from the latest checkpoint in out_dir
+  Resume resume = Resume::Off;        ///< continue from the latest checkpoint in out_dir
+  bool overwrite = false;             ///< a fresh run removes out_dir's old checkpoints
+  /// Checkpoint tensors a resume leaves out (train::LoadOptions::drop): globs on the
+  /// tensor name or the parameter path, e.g. ["lm_head/*"].
+  std::vector<std::string> resume_drop;
   std::int64_t seed = 0;              ///< initialisation, shuffling, dropout
   bool timeline = false;              ///< write out_dir/timeline.json (Chrome trace) of the last step
 };

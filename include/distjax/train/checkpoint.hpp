@@ -70,11 +70,13 @@ struct CheckpointMeta {
 };
 
 /// One saved block of a tensor: elements [offset, offset + shape) of the global array,
-/// stored under the tensor's name in `file`.
+/// stored under the tensor's name in `file`, with the CRC-32 of each chunk of its data
+/// (CheckpointIndex::checksum_chunk_bytes bytes, the last one shorter).
 struct CheckpointBlock {
   std::string file;
   Shape offset;
   Shape shape;
+  std::vector<std::uint32_t> crc32;
 };
 
 /// One tensor of a checkpoint: "params/<path>" or "opt_state/<slot>/<path>".
@@ -89,6 +91,7 @@ struct CheckpointTensor {
 /// The parsed index.json of a step directory.
 struct CheckpointIndex {
   CheckpointMeta meta;
+  std::uint64_t checksum_chunk_bytes = 0;  ///< bytes of block data per CRC-32
   std::vector<int> mesh_shape;  ///< empty: saved by one device without a mesh
   std::vector<std::string> mesh_axis_names;
   std::vector<std::string> files;
@@ -118,22 +121,46 @@ std::string save_checkpoint(const std::string& dir, const TrainState& state,
 /// the same directory, for people and tools). nullopt when there is none.
 std::optional<std::string> find_checkpoint(const std::string& dir);
 
+/// Options of load_checkpoint.
+struct LoadOptions {
+  /// Tensors of the checkpoint to leave unread, as globs (`*` any characters, `/`
+  /// included; `?` one) matched against the tensor's name ("opt_state/mu/lm_head/kernel")
+  /// and against its parameter path ("lm_head/kernel"): {"lm_head/*"} drops the head and
+  /// its optimizer slots, {"opt_state/*"} the whole optimizer state. A pattern matching
+  /// nothing is no error (the same options load the checkpoints saved after the drop).
+  std::vector<std::string> drop{};
+};
+
 /// Loads the checkpoint `path` (a step directory, or a run's checkpoint directory as in
 /// find_checkpoint) into `state`, whose params and opt_state give the layout wanted: the
 /// paths, dtypes and this device's local shapes (e.g. TrainState::create on the current
 /// mesh and strategy). Every leaf is replaced by its block of the saved global array
 /// (the current spec's block on the current mesh, whatever mesh and spec saved it): the
-/// device reads only the parts of the saved blocks that overlap it. step and rng are
-/// restored. Called by every device (a collective, as save_checkpoint). Errors (IoError,
-/// InvalidArgument) name the file and what is wrong: a missing file, a bad header
-/// length, a header that is not JSON, data_offsets beyond the file, a missing tensor, a
-/// global shape or dtype different from the state's. Tensors of the checkpoint that the
-/// state has no leaf for are ignored: a state with an empty opt_state loads the
-/// parameters only.
+/// device reads only the parts of the saved blocks that overlap it (whole checksum
+/// chunks, each checked against the index's CRC-32 before use). step and rng are
+/// restored. Called by every device (a collective, as save_checkpoint).
+///
+/// Strict in both directions: every leaf of the state (on any device) must be in the
+/// checkpoint, and every tensor of the checkpoint must be loaded into a leaf or dropped
+/// by options.drop; else InvalidArgument counting and naming both kinds. So a model whose
+/// head is tied does not silently leave out a checkpoint's untied `lm_head`, and a state
+/// with an empty opt_state loads the parameters only with drop = {"opt_state/*"}.
+/// Other errors (IoError, InvalidArgument) name the file and what is wrong: a missing
+/// file, a bad header length, a header that is not JSON, data_offsets beyond the file, a
+/// checksum mismatch (file and tensor), an index whose step is not its directory's, a
+/// global shape or dtype different from the state's.
 CheckpointMeta load_checkpoint(const std::string& path, TrainState& state,
-                               const CheckpointLayout& layout);
+                               const CheckpointLayout& layout, const LoadOptions& options = {});
 
-/// Reads and checks `path`/index.json (path as in load_checkpoint).
+/// Removes the checkpoints of `dir` so that a fresh run can start there: every
+/// step_<n> directory (complete, or a save's step_<n>.tmp / step_<n>.old) and `latest`;
+/// other files stay. Called by every device of the layout (the main device removes, the
+/// others wait; an error is raised on every device).
+void remove_checkpoints(const std::string& dir, const CheckpointLayout& layout);
+
+/// Reads and checks `path`/index.json (path as in load_checkpoint): the format, version 2
+/// (version 1 had no checksums), a checksum per chunk of every block, and that the index of
+/// a step_<n> directory says step n (IoError naming both otherwise).
 CheckpointIndex read_checkpoint_index(const std::string& path);
 
 /// Prints the index of the checkpoint at `path` (as in load_checkpoint): step, mesh, rng,

@@ -135,6 +135,30 @@ Entry enum_field(std::string name, F access, std::string help, std::vector<std::
   return e;
 }
 
+// run.resume: false, true or "auto" (a TOML boolean, or one of those as a string).
+Entry resume_field() {
+  const std::vector<std::string> names = {"false", "true", "auto"};
+  Entry e;
+  e.key = {"run.resume", ValueType::BoolOrString,
+           "continue from the latest checkpoint in run.out_dir: false (start afresh), true (a "
+           "checkpoint must be there), \"auto\" (resume when there is one)",
+           names};
+  e.set = [names](TrainConfig& c, const Value& v) {
+    if (const bool* b = std::get_if<bool>(&v)) {
+      c.run.resume = *b ? Resume::Required : Resume::Off;
+      return;
+    }
+    const std::string& s = std::get<std::string>(v);
+    check_choice("run.resume", names, s);
+    c.run.resume = s == "auto" ? Resume::Auto : s == "true" ? Resume::Required : Resume::Off;
+  };
+  e.get = [](const TrainConfig& c) {
+    return c.run.resume == Resume::Auto ? Value(std::string("auto"))
+                                        : Value(c.run.resume == Resume::Required);
+  };
+  return e;
+}
+
 #define DJ_ACCESS(member)        \
   [](TrainConfig & c) -> auto& { \
     return c.member;             \
@@ -165,8 +189,13 @@ const std::vector<Entry>& schema() {
                       "output directory: metrics.jsonl, summary.json, checkpoints"));
     s.push_back(field("run.checkpoint_every", DJ_ACCESS(run.checkpoint_every),
                       "steps between checkpoints; 0 = none"));
-    s.push_back(field("run.resume", DJ_ACCESS(run.resume),
-                      "continue from the latest checkpoint in run.out_dir"));
+    s.push_back(resume_field());
+    s.push_back(field("run.overwrite", DJ_ACCESS(run.overwrite),
+                      "a fresh run (run.resume = false) removes the checkpoints in run.out_dir "
+                      "instead of refusing to start"));
+    s.push_back(field("run.resume_drop", DJ_ACCESS(run.resume_drop),
+                      "checkpoint tensors a resume leaves out: globs on the tensor name or the "
+                      "parameter path, e.g. [\"lm_head/*\"] (an untied head into a tied model)"));
     s.push_back(field("run.seed", DJ_ACCESS(run.seed), "seed of initialisation, data and dropout"));
     s.push_back(field("run.timeline", DJ_ACCESS(run.timeline),
                       "write Chrome traces (open in Perfetto) of compute, communication and idle "
@@ -374,6 +403,10 @@ std::optional<Value> convert(const toml::node& n, ValueType type) {
     case ValueType::String:
       if (auto v = n.value_exact<std::string>()) return Value(*v);
       return std::nullopt;
+    case ValueType::BoolOrString:
+      if (auto v = n.value_exact<bool>()) return Value(*v);
+      if (auto v = n.value_exact<std::string>()) return Value(*v);
+      return std::nullopt;
     case ValueType::IntList: {
       const toml::array* a = n.as_array();
       if (a == nullptr) return std::nullopt;
@@ -502,6 +535,8 @@ const char* value_type_name(ValueType t) {
       return "an array of integers";
     case ValueType::StringList:
       return "an array of strings";
+    case ValueType::BoolOrString:
+      return "a boolean or a string";
   }
   return "?";
 }
@@ -595,7 +630,8 @@ void apply_override(TrainConfig& config, std::string_view assignment) {
     v = convert(*doc.get("v"), e->key.type);
   } catch (const toml::parse_error&) {
   }
-  if (!v && e->key.type == ValueType::String) v = Value(text);
+  if (!v && (e->key.type == ValueType::String || e->key.type == ValueType::BoolOrString))
+    v = Value(text);
   if (!v)
     throw ConfigError(what + key + " must be " + value_type_name(e->key.type) + ", got " +
                       in_quotes(text));

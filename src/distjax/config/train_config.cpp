@@ -120,6 +120,18 @@ std::vector<std::string> TrainConfig::problems() const {
                       "run.grad_accum_steps = ", run.batch_size / dp / run.grad_accum_steps,
                       ") must be divisible by parallelism.microbatches = ",
                       parallelism.microbatches));
+  if (run.out_dir.empty() && (run.checkpoint_every > 0 || run.resume != Resume::Off))
+    out.push_back("run.out_dir is empty: checkpoints (run.checkpoint_every, run.resume) need it");
+  if (run.overwrite && run.resume != Resume::Off)
+    out.push_back(
+        "run.overwrite = true and run.resume exclude each other (resume continues from "
+        "the checkpoints that overwrite removes)");
+  if (!run.resume_drop.empty() && run.resume == Resume::Off)
+    out.push_back("run.resume_drop is set but run.resume = false: it applies only when resuming");
+  for (const std::string& p : run.resume_drop)
+    if (p.empty() || p.find_first_of(" \t\n") != std::string::npos)
+      out.push_back("run.resume_drop item \"" + p +
+                    "\" must be a non-empty glob without spaces (e.g. \"lm_head/*\")");
   for (std::string& p : distributed.problems())
     out.push_back("distributed: " + p);
   return out;

@@ -15,6 +15,8 @@
 #include "distjax/mesh/named_sharding.hpp"
 #include "distjax/parallel/strategy.hpp"
 #include "distjax/spmd/device_context.hpp"
+#include "distjax/train/detail/checkpoint_match.hpp"
+#include "distjax/train/detail/checksum.hpp"
 #include "distjax/train/detail/safetensors.hpp"
 
 namespace distjax::train {
@@ -26,11 +28,12 @@ using tensor::Tensor;
 namespace {
 
 constexpr const char* kFormat = "distjax.checkpoint";
-constexpr int kVersion = 1;
+// Version 2 added the checksums ("checksum", and "crc32" in every block).
+constexpr int kVersion = 2;
 constexpr const char* kIndex = "index.json";
 constexpr const char* kLatest = "latest";
-constexpr const char* kParams = "params/";
-constexpr const char* kOptState = "opt_state/";
+using detail::kOptState;
+using detail::kParams;
 
 std::string step_dir_name(std::int64_t step) {
   char buf[32];
@@ -111,15 +114,8 @@ int device_of(const CheckpointLayout& l) {
 // too. Without a mesh every leaf is whole.
 mesh::PartitionSpec spec_of(const CheckpointLayout& l, const std::string& name) {
   if (l.ctx == nullptr || l.specs == nullptr) return {};
-  std::string path;
-  if (name.rfind(kParams, 0) == 0) {
-    path = name.substr(std::strlen(kParams));
-  } else {
-    const std::string rest = name.substr(std::strlen(kOptState));
-    const auto slash = rest.find('/');
-    if (slash == std::string::npos) return {};
-    path = rest.substr(slash + 1);
-  }
+  const std::string path = detail::param_path(name);
+  if (path.empty()) return {};
   auto it = l.specs->find(path);
   return it == l.specs->end() ? mesh::PartitionSpec() : it->second;
 }
@@ -227,14 +223,13 @@ std::vector<Held> held_from_json(const json& j) {
   return out;
 }
 
-// Every device's descriptors, by device (an all_gather of their JSON text; one device: its
-// own). Devices may hold different leaves (pipeline stages hold different layers).
-std::vector<std::vector<Held>> exchange_held(const CheckpointLayout& l,
-                                             const std::vector<Held>& mine) {
+// Every device's `mine`, by device (an all_gather of the JSON texts; one device: its own).
+// A collective.
+std::vector<json> gather_json(const CheckpointLayout& l, const json& mine) {
   if (l.ctx == nullptr) return {mine};
   comm::Communicator& world = l.ctx->world();
   const int n = world.size();
-  const std::string text = held_json(mine).dump();
+  const std::string text = mine.dump();
   std::int64_t len = static_cast<std::int64_t>(text.size()), max_len = len;
   world.all_reduce(&len, &max_len, 1, DType::I64, comm::ReduceOp::Max);
   const std::int64_t words = max_len / 4 + 1;  // text, NUL-padded, as i32 words
@@ -242,10 +237,19 @@ std::vector<std::vector<Held>> exchange_held(const CheckpointLayout& l,
       all(static_cast<std::size_t>(words * n));
   std::memcpy(send.data(), text.data(), text.size());
   world.all_gather(send.data(), all.data(), words, DType::I32);
-  std::vector<std::vector<Held>> out;
+  std::vector<json> out;
   for (int d = 0; d < n; ++d)
-    out.push_back(
-        held_from_json(json::parse(reinterpret_cast<const char*>(all.data() + d * words))));
+    out.push_back(json::parse(reinterpret_cast<const char*>(all.data() + d * words)));
+  return out;
+}
+
+// Every device's descriptors, by device. Devices may hold different leaves (pipeline
+// stages hold different layers).
+std::vector<std::vector<Held>> exchange_held(const CheckpointLayout& l,
+                                             const std::vector<Held>& mine) {
+  std::vector<std::vector<Held>> out;
+  for (const json& j : gather_json(l, held_json(mine)))
+    out.push_back(held_from_json(j));
   return out;
 }
 
@@ -318,6 +322,7 @@ json make_index(const CheckpointLayout& l, const TrainState& state,
   if (l.ctx)
     mesh_j = {{"shape", l.ctx->mesh().shape()}, {"axis_names", l.ctx->mesh().axis_names()}};
   index["mesh"] = mesh_j;
+  index["checksum"] = {{"algorithm", "crc32"}, {"chunk_bytes", detail::kChecksumChunkBytes}};
   try {
     index["config"] = json::parse(options.config.empty() ? "{}" : options.config);
   } catch (const json::exception& e) {
@@ -330,8 +335,10 @@ json make_index(const CheckpointLayout& l, const TrainState& state,
     json blocks = json::array();
     for (const auto& [offset, d] : p.blocks) {
       writers.insert(d);
-      blocks.push_back(
-          {{"file", device_file_name(d)}, {"offset", offset}, {"shape", p.block_shape}});
+      blocks.push_back({{"file", device_file_name(d)},
+                        {"offset", offset},
+                        {"shape", p.block_shape},
+                        {"crc32", json::array()}});  // filled by add_checksums
     }
     tensors[name] = {{"shape", p.global},
                      {"dtype", dtype_name(p.dtype)},
@@ -344,6 +351,16 @@ json make_index(const CheckpointLayout& l, const TrainState& state,
   index["files"] = files;
   index["tensors"] = tensors;
   return index;
+}
+
+// Main device: each block's checksums (`sums`: by device, tensor name -> CRC-32 per chunk),
+// from the device that wrote it.
+void add_checksums(json& index, const std::map<std::string, Planned>& plan,
+                   const std::vector<json>& sums) {
+  for (const auto& [name, p] : plan)
+    for (std::size_t i = 0; i < p.blocks.size(); ++i)
+      index["tensors"][name]["blocks"][i]["crc32"] =
+          sums.at(static_cast<std::size_t>(p.blocks[i].second)).at(name);
 }
 
 // The index as text: one line per top-level field and one per tensor (readable, and a
@@ -447,10 +464,13 @@ std::string save_checkpoint(const std::string& dir, const TrainState& state,
       prepare_tmp(dir, tmp);
     }
   });
+  json sums = json::object();  // of this device's blocks: name -> CRC-32 per chunk
   on_every_device(layout, [&] {
     std::vector<std::pair<std::string, Tensor>> mine;
     for (const auto& [name, t] : leaves)
       if (writes(plan, name, device)) mine.emplace_back(name, t);
+    for (const auto& [name, t] : mine)
+      sums[name] = detail::chunk_crc32(t.raw_data(), t.nbytes(), detail::kChecksumChunkBytes);
     if (!mine.empty())
       detail::write_safetensors((fs::path(tmp) / device_file_name(device)).string(), mine,
                                 {{"format", "distjax"},
@@ -458,8 +478,11 @@ std::string save_checkpoint(const std::string& dir, const TrainState& state,
                                  {"step", std::to_string(state.step)}});
     if (options.fault_hook) options.fault_hook("shards_written");
   });
+  const std::vector<json> all_sums = gather_json(layout, sums);
   on_every_device(layout, [&] {
-    if (device == 0) commit(dir, tmp, final_dir, index, options);
+    if (device != 0) return;
+    add_checksums(index, plan, all_sums);
+    commit(dir, tmp, final_dir, index, options);
   });
   return final_dir;
 }
@@ -500,9 +523,10 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
   try {
     DISTJAX_CHECK(j.value("format", "") == kFormat, IoError, "[load_checkpoint] \"", file,
                   "\": not a DistJax checkpoint index (format is not \"", kFormat, "\")");
-    DISTJAX_CHECK(j.at("version").get<int>() == kVersion, IoError, "[load_checkpoint] \"", file,
-                  "\": version ", j.at("version").dump(), " is not supported (this build reads ",
-                  kVersion, ")");
+    const int version = j.at("version").get<int>();
+    DISTJAX_CHECK(version == kVersion, IoError, "[load_checkpoint] \"", file, "\": version ",
+                  version, " is not supported: this build reads version ", kVersion,
+                  version < kVersion ? " (version 1 has no checksums of the data)" : "");
     out.meta.step = j.at("step").get<std::int64_t>();
     const auto rng = j.at("rng").get<std::vector<std::uint32_t>>();
     DISTJAX_CHECK(rng.size() == 2, IoError, "[load_checkpoint] \"", file,
@@ -525,15 +549,32 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
     out.mesh_shape = j.at("mesh").at("shape").get<std::vector<int>>();
     out.mesh_axis_names = j.at("mesh").at("axis_names").get<std::vector<std::string>>();
     out.files = j.at("files").get<std::vector<std::string>>();
+    const json& checksum = j.at("checksum");
+    DISTJAX_CHECK(checksum.at("algorithm").get<std::string>() == "crc32", IoError,
+                  "[load_checkpoint] \"", file, "\": checksum algorithm ",
+                  checksum.at("algorithm").dump(),
+                  " is not supported (this build reads \"crc32\")");
+    out.checksum_chunk_bytes = checksum.at("chunk_bytes").get<std::uint64_t>();
+    DISTJAX_CHECK(out.checksum_chunk_bytes > 0, IoError, "[load_checkpoint] \"", file,
+                  "\": checksum chunk_bytes must be positive");
     for (const auto& [name, t] : j.at("tensors").items()) {
       CheckpointTensor ct;
       ct.name = name;
       ct.shape = t.at("shape").get<Shape>();
       ct.dtype = dtype_from_name(t.at("dtype").get<std::string>());
       ct.spec = spec_from_json(t.at("spec"));
-      for (const auto& b : t.at("blocks"))
-        ct.blocks.push_back({b.at("file").get<std::string>(), b.at("offset").get<Shape>(),
-                             b.at("shape").get<Shape>()});
+      for (const auto& b : t.at("blocks")) {
+        CheckpointBlock block{b.at("file").get<std::string>(), b.at("offset").get<Shape>(),
+                              b.at("shape").get<Shape>(),
+                              b.at("crc32").get<std::vector<std::uint32_t>>()};
+        const std::uint64_t bytes =
+            static_cast<std::uint64_t>(numel(block.shape)) * dtype_size(ct.dtype);
+        const std::uint64_t chunks = detail::num_chunks(bytes, out.checksum_chunk_bytes);
+        DISTJAX_CHECK(block.crc32.size() == chunks, IoError, "[load_checkpoint] \"", file,
+                      "\": a block of \"", name, "\" in ", block.file, " has ", block.crc32.size(),
+                      " checksums; its ", bytes, " bytes need ", chunks);
+        ct.blocks.push_back(std::move(block));
+      }
       out.tensors.push_back(std::move(ct));
     }
   } catch (const json::exception& e) {
@@ -542,6 +583,13 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
   } catch (const InvalidArgument& e) {  // dtype_from_name
     DISTJAX_THROW(IoError, "[load_checkpoint] \"", file, "\": ", e.what());
   }
+  // A step directory holds its own step: a copied or edited index is not taken for another.
+  fs::path step_dir = fs::path(*found).lexically_normal();
+  if (!step_dir.has_filename()) step_dir = step_dir.parent_path();
+  const std::int64_t dir_step = step_of(step_dir.filename().string());
+  DISTJAX_CHECK(dir_step < 0 || dir_step == out.meta.step, IoError, "[load_checkpoint] \"", file,
+                "\" says step ", out.meta.step, " but its directory is ",
+                step_dir.filename().string());
   std::sort(out.tensors.begin(), out.tensors.end(),
             [](const auto& a, const auto& b) { return a.name < b.name; });
   return out;
@@ -553,8 +601,8 @@ namespace {
 
 // Copies the part of `block` (in `file`) that overlaps `box` into `dst` (the box's tensor).
 void read_overlap(const detail::SafetensorsReader& file, const CheckpointTensor& t,
-                  const CheckpointBlock& block, const Placement& box, Tensor& dst,
-                  std::int64_t* copied) {
+                  const CheckpointBlock& block, std::uint64_t chunk_bytes, const Placement& box,
+                  Tensor& dst, std::int64_t* copied) {
   const std::size_t r = t.shape.size();
   Shape lo(r), hi(r);
   for (std::size_t i = 0; i < r; ++i) {
@@ -562,7 +610,8 @@ void read_overlap(const detail::SafetensorsReader& file, const CheckpointTensor&
     hi[i] = std::min(box.end[i], block.offset[i] + block.shape[i]);
     if (lo[i] >= hi[i]) return;
   }
-  const detail::SafetensorsEntry& e = file.entry(t.name, t.dtype, block.shape);
+  detail::CheckedReads data(file, file.entry(t.name, t.dtype, block.shape), t.name, block.crc32,
+                            chunk_bytes);
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(t.dtype));
   const Shape dst_shape = dst.shape();
   const auto bstride = contiguous_strides(block.shape), dstride = contiguous_strides(dst_shape);
@@ -587,7 +636,7 @@ void read_overlap(const detail::SafetensorsReader& file, const CheckpointTensor&
       src += (g - block.offset[i]) * bstride[i];
       to += (g - box.begin[i]) * dstride[i];
     }
-    file.read(e, static_cast<std::uint64_t>(src * es), out + to * es,
+    data.read(static_cast<std::uint64_t>(src * es), out + to * es,
               static_cast<std::uint64_t>(run * es));
     *copied += run;
     std::size_t i = k;
@@ -597,6 +646,23 @@ void read_overlap(const detail::SafetensorsReader& file, const CheckpointTensor&
     }
     if (i == 0) return;
   }
+}
+
+// The names of the state's leaves on every device ("params/...", "opt_state/..."): devices
+// may hold different leaves (pipeline stages), and the checkpoint must match their union.
+// A collective.
+std::set<std::string> state_names(const CheckpointLayout& l, const TensorTree& params,
+                                  const TensorTree& opt_state) {
+  json mine = json::array();
+  for (const auto& [path, t] : params)
+    mine.push_back(kParams + path);
+  for (const auto& [path, t] : opt_state)
+    mine.push_back(kOptState + path);
+  std::set<std::string> out;
+  for (const json& names : gather_json(l, mine))
+    for (const auto& n : names)
+      out.insert(n.get<std::string>());
+  return out;
 }
 
 // Fills every leaf of `tree` (names `prefix` + path) from the checkpoint.
@@ -630,7 +696,7 @@ TensorTree fill(const CheckpointLayout& l, const CheckpointIndex& index, const T
       if (!reader)
         reader = std::make_unique<detail::SafetensorsReader>(
             (fs::path(index.meta.path) / b.file).string(), "load_checkpoint");
-      read_overlap(*reader, t, b, box, dst, &copied);
+      read_overlap(*reader, t, b, index.checksum_chunk_bytes, box, dst, &copied);
     }
     DISTJAX_CHECK(copied == dst.numel(), IoError, "[load_checkpoint] \"", where,
                   "\": the blocks of \"", name, "\" cover ", copied, " of the ", dst.numel(),
@@ -643,13 +709,16 @@ TensorTree fill(const CheckpointLayout& l, const CheckpointIndex& index, const T
 }  // namespace
 
 CheckpointMeta load_checkpoint(const std::string& path, TrainState& state,
-                               const CheckpointLayout& layout) {
-  // ZeRO's conversion is a collective: done first, so that no device skips it.
+                               const CheckpointLayout& layout, const LoadOptions& options) {
+  // ZeRO's conversion and the exchange of names are collectives: done first, so that no
+  // device skips them.
   const TensorTree opt_target = opt_state_in_param_layout(layout, state);
+  const std::set<std::string> names = state_names(layout, state.params, opt_target);
   CheckpointMeta meta;
   TensorTree params, opt_state;
   on_every_device(layout, [&] {
     const CheckpointIndex index = read_checkpoint_index(path);
+    detail::check_match(index, names, options);
     std::map<std::string, std::unique_ptr<detail::SafetensorsReader>> files;
     params = fill(layout, index, state.params, kParams, files);
     opt_state = fill(layout, index, opt_target, kOptState, files);
@@ -665,6 +734,31 @@ CheckpointMeta load_checkpoint(const std::string& path, TrainState& state,
   // starts a fresh scale).
   if (meta.loss_scale) state.loss_scale = meta.loss_scale;
   return meta;
+}
+
+// ---------------------------------------------------------------- remove
+
+void remove_checkpoints(const std::string& dir, const CheckpointLayout& layout) {
+  on_every_device(layout, [&] {
+    if (device_of(layout) != 0 || !fs::is_directory(dir)) return;
+    // `latest` first: it never names a directory that is gone while others remain.
+    std::vector<fs::path> doomed;
+    for (const char* name : {kLatest, "latest.tmp"})
+      if (fs::exists(fs::path(dir) / name)) doomed.push_back(fs::path(dir) / name);
+    for (const auto& e : fs::directory_iterator(dir)) {
+      const fs::path name = e.path().filename();
+      const bool aside = name.extension() == ".tmp" || name.extension() == ".old";
+      if (e.is_directory() && step_of((aside ? name.stem() : name).string()) >= 0)
+        doomed.push_back(e.path());
+    }
+    for (const fs::path& p : doomed) {
+      std::error_code ec;
+      fs::remove_all(p, ec);
+      DISTJAX_CHECK(!ec, IoError, "[remove_checkpoints] cannot remove \"", p.string(),
+                    "\": ", ec.message());
+    }
+    detail::fsync_dir(dir);
+  });
 }
 
 // ---------------------------------------------------------------- inspect
