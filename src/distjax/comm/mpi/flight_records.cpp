@@ -38,9 +38,9 @@ struct Service {
   std::deque<Query> queries;  // buffers of queries in flight (freed requests)
   std::map<std::string, int> created;  // groups per label in this launch
   std::vector<std::weak_ptr<GroupRecords>> groups;
-  const GroupRecords* waiting = nullptr;
-  std::uint64_t waiting_seq = 0;
-  OpKind waiting_kind = OpKind::Barrier;
+  std::vector<GroupCount> retired;  // groups of this launch destroyed, oldest first
+  Awaited waiting;
+  bool finished = false;  // the device's program returned
 };
 Service& service() {
   static Service* s = new Service();  // never destroyed: used until MPI_Finalize
@@ -54,11 +54,21 @@ void copy_key(char* dst, const std::string& key) {
 
 std::string where_text() {
   const Service& s = service();
-  if (s.waiting == nullptr) return "is not in a communicator call";
+  const Awaited& a = s.waiting;
+  if (s.finished) return "finished its program";
+  if (a.group == nullptr) return "is not in a communicator call";
   std::ostringstream os;
-  os << "is in " << op_kind_name(s.waiting_kind) << " call #" << s.waiting_seq << " of group "
-     << s.waiting->label;
+  if (a.peer >= 0) {
+    os << "is in " << (a.kind == OpKind::Send ? "isend to" : "irecv from") << " device " << a.peer
+       << " (tag " << a.tag << ") in group " << a.group->label;
+  } else {
+    os << "is in " << op_kind_name(a.kind) << " call #" << a.seq << " of group " << a.group->label;
+  }
   return os.str();
+}
+
+GroupCount count_of(const GroupRecords& g) {
+  return {.id = g.id, .issued = g.issued, .failed = g.failed ? 1u : 0u};
 }
 
 Reply answer(const Query& q) {
@@ -88,23 +98,48 @@ void post_recv() {
 
 }  // namespace
 
-std::shared_ptr<GroupRecords> flight_register(const std::string& label) {
+std::shared_ptr<GroupRecords> flight_register(const std::string& label,
+                                              const std::vector<int>& members) {
   Service& s = service();
   auto g = std::make_shared<GroupRecords>();
   g->label = label;
+  g->members = members;
   const int k = s.created[label]++;
   // Labels of large groups are long; the key only has to be unique and agreed on.
   g->key = std::to_string(std::hash<std::string>{}(label)) + "#" + std::to_string(k);
+  g->id = std::hash<std::string>{}(g->key);
   std::erase_if(s.groups, [](const std::weak_ptr<GroupRecords>& w) { return w.expired(); });
   s.groups.push_back(g);
   return g;
 }
 
-void flight_waiting(const GroupRecords* g, std::uint64_t seq, OpKind kind) {
+void flight_retire(const GroupRecords& g) {
+  service().retired.push_back(count_of(g));
+}
+
+std::vector<GroupCount> flight_counts(std::size_t max) {
+  const Service& s = service();
+  std::vector<GroupCount> out;
+  for (const auto& w : s.groups)
+    if (auto g = w.lock(); g && out.size() < max) out.push_back(count_of(*g));
+  for (auto it = s.retired.rbegin(); it != s.retired.rend() && out.size() < max; ++it)
+    out.push_back(*it);
+  return out;
+}
+
+void flight_waiting(const Awaited& a) {
   Service& s = service();
-  s.waiting = g;
-  s.waiting_seq = seq;
-  s.waiting_kind = kind;
+  const std::uint64_t generation = s.waiting.generation + 1;
+  s.waiting = a;
+  s.waiting.generation = generation;
+}
+
+const Awaited& flight_awaited() {
+  return service().waiting;
+}
+
+void flight_finished() {
+  service().finished = true;
 }
 
 void flight_open(MPI_Comm comm, int query_tag) {
@@ -113,7 +148,9 @@ void flight_open(MPI_Comm comm, int query_tag) {
   s.tag = query_tag;
   s.created.clear();
   s.groups.clear();
-  s.waiting = nullptr;
+  s.retired.clear();
+  flight_waiting({});
+  s.finished = false;
   post_recv();
 }
 
@@ -123,7 +160,7 @@ void flight_close() {
     MPI_Cancel(&s.recv);
     MPI_Wait(&s.recv, MPI_STATUS_IGNORE);
   }
-  s.waiting = nullptr;
+  flight_waiting({});
 }
 
 void flight_serve() {
