@@ -1,10 +1,12 @@
 // MPI backend under `mpirun -np 4`: a device that leaves (its program finishes) while
-// others wait on it is reported at once on both sides, long before the timeout, and
-// programs that end normally stay silent. The threads backend's counterparts are in
-// comm_failure_test.cpp. Only rank 0 prints.
+// others wait on it is reported at once on both sides, long before the timeout; programs
+// that end normally stay silent; and a device waiting for seconds backs off instead of
+// holding a core. The threads backend's counterparts are in comm_failure_test.cpp. Only
+// rank 0 prints.
 #include "mpi_test_main.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <chrono>
 #include <cstdio>
@@ -222,6 +224,56 @@ TEST_F(MpiTest, LateFinishPastTheTimeoutIsNoError) {
   EXPECT_EQ(out.msg, "");
   if (r != 3) {
     EXPECT_LT(out.seconds, 1.2);  // stopped waiting at the 300 ms timeout
+  }
+}
+
+// ---------------------------------------------------------------- waiting costs no core
+
+double thread_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_THREAD, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+// Devices 0, 2 and 3 wait 2 s for device 1 (in a small all-reduce, then in a receive):
+// the CPU time of their thread stays a small fraction of the wall time.
+TEST_F(MpiTest, WaitingDeviceBacksOff) {
+  const int r = world_rank();
+  double wall[2] = {}, cpu[2] = {};
+  Outcome out = run(mpi_opts(), [&](Communicator& world) {
+    float x = 1, y = 0;
+    for (int phase = 0; phase < 2; ++phase) {
+      world.barrier();
+      const auto t0 = Clock::now();
+      const double c0 = thread_cpu_seconds();
+      if (world.rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(2));
+      if (phase == 0) {
+        world.all_reduce(&x, &y, 1, DType::F32, ReduceOp::Sum);
+      } else if (world.rank() == 1) {
+        for (int d : {0, 2, 3})
+          world.isend(&x, 1, DType::F32, d, 3).wait();
+      } else {
+        world.irecv(&y, 1, DType::F32, 1, 3).wait();
+      }
+      cpu[phase] = thread_cpu_seconds() - c0;
+      wall[phase] = std::chrono::duration<double>(Clock::now() - t0).count();
+    }
+  });
+  EXPECT_EQ(out.msg, "");
+  double all[8];
+  const double mine[2] = {cpu[0], cpu[1]};
+  MPI_Gather(mine, 2, MPI_DOUBLE, all, 2, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  if (r == 0)
+    std::printf(
+        "[ backoff ] CPU seconds while waiting ~%.2f s (all_reduce, irecv) on devices "
+        "0,2,3: %.3f %.3f, %.3f %.3f, %.3f %.3f\n",
+        wall[0], all[0], all[1], all[4], all[5], all[6], all[7]);
+  if (r == 1) return;
+  for (int phase = 0; phase < 2; ++phase) {
+    EXPECT_GT(wall[phase], 1.5);
+    EXPECT_LT(cpu[phase], 0.1 * wall[phase])
+        << "phase " << phase << ": " << cpu[phase] << " s of CPU in " << wall[phase] << " s";
   }
 }
 

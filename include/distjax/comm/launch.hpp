@@ -66,11 +66,12 @@ struct LaunchOptions {
 /// this group)"; it then waits (at most the timeout) until every other process has
 /// finished or failed, and throws CommError if one failed because it left ("[launch]
 /// device 1 finished its program while device 0 waited on it (...)"); otherwise it
-/// returns normally. No MPI call ever blocks without a deadline: collectives run in
-/// nonblocking form polled against the timeout, and the few calls MPI has only in
-/// blocking form (MPI_Comm_split, the first duplicate of MPI_COMM_WORLD) run under a
-/// watchdog that prints what blocked and calls MPI_Abort when they exceed the timeout
-/// (ending the job rather than hanging it).
+/// returns normally. Waits spin briefly, then yield, then sleep (backing off to 1 ms), so
+/// a device waiting seconds for a peer costs almost no CPU. No MPI call ever blocks
+/// without a deadline: collectives run in nonblocking form polled against the timeout,
+/// and the few calls MPI has only in blocking form (MPI_Comm_split, the first duplicate
+/// of MPI_COMM_WORLD) run under a watchdog that prints what blocked and calls MPI_Abort
+/// when they exceed the timeout (ending the job rather than hanging it).
 void launch(const LaunchOptions& opts, const std::function<void(Communicator& world)>& fn);
 
 /// Whether a backend is compiled into this build (Mpi is false in builds without MPI).

@@ -5,7 +5,8 @@
 #include <deque>
 #include <map>
 #include <sstream>
-#include <thread>
+
+#include "distjax/comm/mpi/backoff.hpp"
 
 namespace distjax::comm::mpi {
 
@@ -199,15 +200,17 @@ std::vector<PeerRecord> flight_query(const GroupRecords& g, std::uint64_t seq,
       MPI_Request_free(&r);
   }
   std::vector<int> done(peers.size(), 0);
-  for (;;) {
+  Backoff backoff;
+  for (const auto start = Clock::now();;) {
     bool all = true;
     for (std::size_t i = 0; i < peers.size(); ++i) {
       if (!done[i]) MPI_Test(&reqs[i], &done[i], MPI_STATUS_IGNORE);
       all = all && done[i];
     }
     flight_serve();  // a peer diagnosing at the same time asks us too
-    if (all || Clock::now() > until) break;
-    std::this_thread::yield();
+    const auto now = Clock::now();
+    if (all || now > until) break;
+    backoff.pause(start, now);
   }
   for (std::size_t i = 0; i < peers.size(); ++i) {
     if (!done[i]) {  // a late answer must not land in `replies` after we return

@@ -1,8 +1,8 @@
 // The MPI backend's guards against silent hangs, shared by its communicator and launch
 // (private to src/distjax/comm/mpi): the watchdog that aborts a job blocked in a call MPI
 // only has in blocking form, and the deadline-polled waits that listen to the notices of
-// other processes (notices.hpp) and advance the calls in flight that only advance when
-// polled.
+// other processes (notices.hpp), advance the calls in flight that only advance when
+// polled, and back off once a reply is late.
 #pragma once
 
 #define OMPI_SKIP_MPICXX 1
@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "distjax/comm/mpi/backoff.hpp"
 #include "distjax/comm/mpi/flight_records.hpp"
 #include "distjax/comm/mpi/notices.hpp"
 #include "distjax/core/error.hpp"
@@ -168,12 +169,17 @@ inline void advance_pending() {
 /// notice arrives, or a finished notice says a device the awaited call needs left it.
 /// done() is looked at on every spin: a reply usually comes within a few, so the clock,
 /// the notices and peers' flight-record queries are looked at only every 64th spin, and
-/// the core is given away (it may be shared with the other ranks) only after kPollSpins.
-/// Meanwhile it advances the other pending calls.
+/// the core is given away (it may be shared with the other ranks) only after kPollSpins,
+/// then at every poll, yielding first and sleeping once the wait is long (Backoff).
+/// Meanwhile it advances the other pending calls. `window`: how long it yields before it
+/// sleeps (Backoff::yield_window of the bytes the wait moves).
 inline constexpr unsigned kPollSpins = 256;
 template <class Done>
-WaitResult poll_until(Done&& done, Clock::time_point deadline) {
+WaitResult poll_until(Done&& done, Clock::time_point deadline,
+                      std::chrono::nanoseconds window = Backoff::kYieldFor) {
   bool aborted = false, left = false;
+  Clock::time_point start;
+  Backoff backoff(window);
   for (unsigned spins = 1;; ++spins) {
     if (done()) return WaitResult::Done;
     if (!pending().empty()) advance_pending();
@@ -187,15 +193,17 @@ WaitResult poll_until(Done&& done, Clock::time_point deadline) {
     left = left || look_left;
     if (now > deadline)
       return left ? WaitResult::Left : aborted ? WaitResult::Aborted : WaitResult::TimedOut;
-    if (spins >= kPollSpins) std::this_thread::yield();
+    if (spins == kPollSpins) start = now;
+    if (spins >= kPollSpins) backoff.pause(start, now);
   }
 }
 
 /// Polls reqs until all complete (done[i] turns 1 as request i does), the deadline
-/// passes, or a notice ends the wait (see poll_until). Completed requests become
-/// MPI_REQUEST_NULL.
+/// passes, or a notice ends the wait (see poll_until; `window` too). Completed requests
+/// become MPI_REQUEST_NULL.
 inline WaitResult poll(MPI_Request* reqs, int* done, std::size_t n, Clock::time_point deadline,
-                       const char* op, int device) {
+                       const char* op, int device,
+                       std::chrono::nanoseconds window = Backoff::kYieldFor) {
   return poll_until(
       [&] {
         bool all = true;
@@ -206,7 +214,7 @@ inline WaitResult poll(MPI_Request* reqs, int* done, std::size_t n, Clock::time_
         }
         return all;
       },
-      deadline);
+      deadline, window);
 }
 
 /// Waits for one nonblocking call made while setting up a communicator; throws

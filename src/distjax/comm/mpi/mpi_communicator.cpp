@@ -375,13 +375,15 @@ class MpiCommunicator final : public CommunicatorImpl,
   /// A point-to-point transfer in flight.
   class MpiRequest final : public RequestImpl {
    public:
-    MpiRequest(std::shared_ptr<MpiCommunicator> c, MPI_Request r, bool is_send, int peer, int tag)
+    MpiRequest(std::shared_ptr<MpiCommunicator> c, MPI_Request r, bool is_send, int peer, int tag,
+               std::int64_t bytes)
         : keep_(std::move(c)),
           c_(*keep_),
           r_(r),
           is_send_(is_send),
           peer_(peer),
           tag_(tag),
+          bytes_(bytes),
           stats_group_(c_.stats_group()) {}
     ~MpiRequest() override {
       int finalized = 0;
@@ -404,7 +406,7 @@ class MpiCommunicator final : public CommunicatorImpl,
       {
         Waiting waiting(c_.records_.get(), is_send_ ? OpKind::Send : OpKind::Recv,
                         c_.members_[peer_], tag_);
-        w = poll(&r_, &done, 1, deadline, name, c_.global_);
+        w = poll(&r_, &done, 1, deadline, name, c_.global_, Backoff::yield_window(bytes_));
       }
       switch (w) {
         case WaitResult::Done: break;
@@ -437,6 +439,7 @@ class MpiCommunicator final : public CommunicatorImpl,
     MPI_Request r_;
     bool is_send_;
     int peer_, tag_;
+    std::int64_t bytes_;
     int stats_group_;  // the label in force when the transfer was posted
   };
 
@@ -739,7 +742,8 @@ class MpiCommunicator final : public CommunicatorImpl,
     check(c.post_rc, name, global_);
     std::array<int, 2> done{c.data[0] == MPI_REQUEST_NULL, c.data[1] == MPI_REQUEST_NULL};
     try {
-      w = poll(c.data, done.data(), 2, Clock::now() + opts_.timeout, name, global_);
+      w = poll(c.data, done.data(), 2, Clock::now() + opts_.timeout, name, global_,
+               Backoff::yield_window(c.traffic.sent + c.traffic.received));
     } catch (const CommError& e) {  // an MPI error: a mismatched program, or a real one
       abandon(c);
       fail(diagnose(c.desc, false, e.what()));
@@ -987,7 +991,8 @@ class MpiCommunicator final : public CommunicatorImpl,
     } else {
       check(MPI_Irecv(b.data, n, mpi_type(b.dtype), peer, tag, comm_, &r), name, global_);
     }
-    return Request(std::make_unique<MpiRequest>(shared_from_this(), r, is_send, peer, tag));
+    return Request(
+        std::make_unique<MpiRequest>(shared_from_this(), r, is_send, peer, tag, b.bytes()));
   }
 
   MPI_Comm comm_;
