@@ -1,6 +1,7 @@
 // The MPI backend's flight recorder and its query service (see flight_records.hpp).
 #include "distjax/comm/mpi/flight_records.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -229,6 +230,81 @@ std::vector<PeerRecord> flight_query(const GroupRecords& g, std::uint64_t seq,
     p.where = std::string(r.where, strnlen(r.where, kWhereBytes));
   }
   return out;
+}
+
+std::string flight_diagnose(const GroupRecords& g, int device, const detail::CallDesc& d,
+                            const CallEnd& end) {
+  const std::vector<int>& members = g.members;
+  std::vector<int> peers;
+  for (int m : members)
+    if (m != device) peers.push_back(m);
+  const auto grace = std::min<Clock::duration>(end.timeout, std::chrono::milliseconds(500));
+  std::vector<PeerRecord> recs = flight_query(g, d.seq, peers, Clock::now() + grace);
+  std::vector<detail::CallDesc> descs;
+  std::vector<int> described;  // global ids of the devices in descs
+  std::vector<int> missing;    // global ids
+  std::vector<std::string> notes;
+  descs.push_back(d);
+  described.push_back(device);
+  for (std::size_t i = 0; i < peers.size(); ++i) {
+    const PeerRecord& p = recs[i];
+    if (p.has_desc) {
+      descs.push_back(p.desc);
+      described.push_back(peers[i]);
+      continue;
+    }
+    missing.push_back(peers[i]);
+    std::ostringstream os;
+    os << "device " << peers[i] << " ";
+    if (!p.answered) {
+      os << "did not answer (busy outside the communicator, or gone)";
+    } else if (!p.knows_group) {
+      os << "has no such group; it " << p.where;
+    } else {
+      os << "issued " << p.issued << " call" << (p.issued == 1 ? "" : "s")
+         << " on this group; it " << p.where;
+    }
+    notes.push_back(os.str());
+  }
+  // In rank order, so the message reads like the check's ("group (0,1,2,3)").
+  std::vector<std::size_t> order(descs.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return std::find(members.begin(), members.end(), described[a]) <
+           std::find(members.begin(), members.end(), described[b]);
+  });
+  std::vector<detail::CallDesc> sorted_descs;
+  std::vector<int> sorted_devs;
+  for (std::size_t i : order) {
+    sorted_descs.push_back(descs[i]);
+    sorted_devs.push_back(described[i]);
+  }
+  std::string disagree = detail::mismatch_message(sorted_descs, sorted_devs);
+  std::ostringstream os;
+  if (!disagree.empty() && missing.empty()) {
+    os << disagree;
+  } else {
+    os << "[" << op_kind_name(static_cast<OpKind>(d.op)) << "] ";
+    if (end.mpi_error.empty()) {
+      os << "timed out after " << end.timeout.count() << " ms";
+    } else {
+      os << "failed";
+    }
+    os << " at call #" << d.seq << " of group " << g.label;
+    if (!missing.empty()) {
+      os << ": " << (missing.size() == 1 ? "device " : "devices ") << detail::join_ints(missing)
+         << (end.all_arrived ? " arrived but did not complete the transfer" : " did not arrive")
+         << " (";
+      for (std::size_t i = 0; i < notes.size(); ++i) os << (i ? "; " : "") << notes[i];
+      os << ")";
+      if (!disagree.empty()) os << "; " << disagree;
+    } else if (end.all_arrived || !end.checked) {
+      os << ": every device arrived and agreed, but the transfer did not complete (a device "
+            "left the call?)";
+    }
+    if (!end.mpi_error.empty()) os << "; MPI: " << end.mpi_error;
+  }
+  return os.str();
 }
 
 }  // namespace distjax::comm::mpi

@@ -98,4 +98,18 @@ std::vector<PeerRecord> flight_query(const GroupRecords& g, std::uint64_t seq,
                                      const std::vector<int>& peers,
                                      std::chrono::steady_clock::time_point until);
 
+/// How a call ended for flight_diagnose.
+struct CallEnd {
+  bool all_arrived = false;  // the per-call check had completed
+  bool checked = false;      // the per-call check runs on this group
+  std::chrono::milliseconds timeout{0};
+  std::string mpi_error;  // empty: it timed out; else MPI's error
+};
+/// The message of call d of group g on world rank `device` that did not complete (timed
+/// out, or failed inside MPI), built from the flight records of the group's other devices
+/// (flight_query): those that called something else at this sequence number, those that
+/// had not reached it (and where they are), and those that did not answer.
+std::string flight_diagnose(const GroupRecords& g, int device, const detail::CallDesc& d,
+                            const CallEnd& end);
+
 }  // namespace distjax::comm::mpi

@@ -846,87 +846,15 @@ class MpiCommunicator final : public CommunicatorImpl,
     return os.str();
   }
 
-  /// The message of a call that did not complete (or failed inside MPI: `mpi_error`),
-  /// built from the flight records of the group's other devices: those that called
-  /// something else at this sequence number, those that had not reached it (and where
-  /// they are), and those that did not answer.
+  /// The message of call d that did not complete (or failed inside MPI: `mpi_error`),
+  /// from the flight records of the group's other devices (flight_diagnose).
   std::string diagnose(const detail::CallDesc& d, bool all_arrived,
                        const std::string& mpi_error = "") {
-    std::vector<int> peers;
-    for (int j = 0; j < size_; ++j)
-      if (j != rank_) peers.push_back(members_[j]);
-    const auto grace = std::min<Clock::duration>(opts_.timeout, std::chrono::milliseconds(500));
-    std::vector<PeerRecord> recs = flight_query(*records_, d.seq, peers, Clock::now() + grace);
-    std::vector<detail::CallDesc> descs;
-    std::vector<int> described;  // global ids of the devices in descs
-    std::vector<int> missing;    // ranks
-    std::vector<std::string> notes;
-    descs.push_back(d);
-    described.push_back(global_);
-    for (std::size_t i = 0; i < peers.size(); ++i) {
-      const PeerRecord& p = recs[i];
-      if (p.has_desc) {
-        descs.push_back(p.desc);
-        described.push_back(peers[i]);
-        continue;
-      }
-      const int r = static_cast<int>(std::find(members_.begin(), members_.end(), peers[i]) -
-                                     members_.begin());
-      missing.push_back(r);
-      std::ostringstream os;
-      os << "device " << peers[i] << " ";
-      if (!p.answered) {
-        os << "did not answer (busy outside the communicator, or gone)";
-      } else if (!p.knows_group) {
-        os << "has no such group; it " << p.where;
-      } else {
-        os << "issued " << p.issued << " call" << (p.issued == 1 ? "" : "s")
-           << " on this group; it " << p.where;
-      }
-      notes.push_back(os.str());
-    }
-    // In rank order, so the message reads like the check's ("group (0,1,2,3)").
-    std::vector<std::size_t> order(descs.size());
-    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-      return std::find(members_.begin(), members_.end(), described[a]) <
-             std::find(members_.begin(), members_.end(), described[b]);
-    });
-    std::vector<detail::CallDesc> sorted_descs;
-    std::vector<int> sorted_devs;
-    for (std::size_t i : order) {
-      sorted_descs.push_back(descs[i]);
-      sorted_devs.push_back(described[i]);
-    }
-    std::string disagree = detail::mismatch_message(sorted_descs, sorted_devs);
-    std::ostringstream os;
-    if (!disagree.empty() && missing.empty()) {
-      os << disagree;
-    } else {
-      os << "[" << op_kind_name(static_cast<OpKind>(d.op)) << "] ";
-      if (mpi_error.empty()) {
-        os << "timed out after " << opts_.timeout.count() << " ms";
-      } else {
-        os << "failed";
-      }
-      os << where(d);
-      if (!missing.empty()) {
-        std::vector<int> devs;
-        for (int r : missing) devs.push_back(members_[r]);
-        os << ": " << (devs.size() == 1 ? "device " : "devices ") << detail::join_ints(devs)
-           << (all_arrived ? " arrived but did not complete the transfer"
-                           : " did not arrive")
-           << " (";
-        for (std::size_t i = 0; i < notes.size(); ++i) os << (i ? "; " : "") << notes[i];
-        os << ")";
-        if (!disagree.empty()) os << "; " << disagree;
-      } else if (all_arrived || !checking()) {
-        os << ": every device arrived and agreed, but the transfer did not complete (a device "
-              "left the call?)";
-      }
-      if (!mpi_error.empty()) os << "; MPI: " << mpi_error;
-    }
-    return os.str();
+    return flight_diagnose(*records_, global_, d,
+                           {.all_arrived = all_arrived,
+                            .checked = checking(),
+                            .timeout = opts_.timeout,
+                            .mpi_error = mpi_error});
   }
 
   /// Cancels the pending point-to-point requests of a call given up on, now: their
