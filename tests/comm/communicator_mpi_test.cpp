@@ -287,15 +287,19 @@ TEST_F(MpiTest, MismatchInAGroupOfThree) {
   }
 }
 
-// The same group of 3 with its extra device missing: device 0 waits for it to fold in,
-// device 1 for device 0; both time out naming device 2.
+// The same group of 3 with its extra device missing (busy past the timeout): device 0
+// waits for it to fold in, device 1 for device 0; both time out naming device 2. (A device
+// that finishes instead is named at once: comm_failure_mpi_test.cpp.)
 TEST_F(MpiTest, MissingDeviceInAGroupOfThree) {
   std::string msg;
   MPI_Barrier(MPI_COMM_WORLD);
   try {
     launch(mpi_opts(500), [](Communicator& world) {
       Communicator three = world.split(world.rank() == 3 ? 1 : 0, world.rank());
-      if (world.rank() >= 2) return;
+      if (world.rank() >= 2) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        return;
+      }
       std::vector<float> x(4, 1.f), y(4);
       three.all_reduce(x.data(), y.data(), 4, DType::F32, ReduceOp::Sum);
     });
@@ -407,27 +411,6 @@ TEST_F(MpiTest, FastModeMissingDeviceDiagnosedFromFlightRecords) {
     EXPECT_TRUE(names_missing(msg, 3) || has(msg, "device 3 failed")) << msg;
     EXPECT_TRUE(has(msg, "is in all_reduce call #") || has(msg, "device 3 did not answer"))
         << msg;
-  }
-}
-
-TEST_F(MpiTest, SkippedCollectiveTimesOut) {
-  std::string msg;
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  try {
-    launch(mpi_opts(500), [](Communicator& world) {
-      std::vector<float> x(16, 1.f), y(16);
-      if (world.rank() != 1) world.all_reduce(x.data(), y.data(), 16, DType::F32, ReduceOp::Sum);
-    });
-  } catch (const CommError& e) {
-    msg = e.what();
-  }
-  if (r == 1) {
-    EXPECT_EQ(msg, "");
-  } else {
-    EXPECT_TRUE(has(msg, "[all_reduce] timed out after 500 ms at call #0 of group (0,1,2,3)"))
-        << msg;
-    EXPECT_TRUE(names_missing(msg, 1)) << msg;
   }
 }
 
@@ -546,10 +529,11 @@ TEST_F(MpiTest, ThrowingDeviceWakesPointToPointAndSubGroups) {
 // The race that used to hang: device 0 gives up on the descriptor check at its own short
 // deadline but stays in its program (catching the error), while the others, arriving
 // later, pass the check and enter the collective itself. They must fail at their timeout
-// instead of blocking forever. 20000 elements (80 KB): a call that large starts its data
-// operation only once the check passed. (A small all-reduce travels inside the check's
-// own messages: there the others may complete it with device 0's data, sent before it
-// left, which is no hang either.)
+// instead of blocking forever (at the latest 1.5 + 3 s; device 0 stays 6 s, so that its
+// finished notice, which would fail them at once, comes after). 20000 elements (80 KB): a
+// call that large starts its data operation only once the check passed. (A small
+// all-reduce travels inside the check's own messages: there the others may complete it
+// with device 0's data, sent before it left, which is no hang either.)
 TEST_F(MpiTest, PeerThatLeftAfterTheCheckDoesNotHangTheOthers) {
   const int r = world_rank();
   std::string msg;
@@ -566,7 +550,7 @@ TEST_F(MpiTest, PeerThatLeftAfterTheCheckDoesNotHangTheOthers) {
       } catch (const CommError& e) {
         if (world.rank() != 0) throw;
         msg = e.what();  // device 0 carries on without the collective
-        std::this_thread::sleep_for(std::chrono::milliseconds(4000));
+        std::this_thread::sleep_for(std::chrono::milliseconds(6000));
       }
     });
   } catch (const CommError& e) {

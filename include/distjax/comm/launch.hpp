@@ -59,11 +59,18 @@ struct LaunchOptions {
 /// process rethrows only its own device's error; a failing process first sends a notice
 /// to every other process, so their pending and later calls in this launch (any group,
 /// any kind of wait) throw CommError at once, e.g. "[all_reduce] call #4 of group
-/// (0,1,2,3) abandoned: device 2 failed: <its message>"; a process whose program ends
-/// without waiting on anything returns normally. No MPI call ever blocks without a
-/// deadline: collectives run in nonblocking form polled against the timeout, and the
-/// few calls MPI has only in blocking form (MPI_Comm_split, the first duplicate of
-/// MPI_COMM_WORLD) run under a watchdog that prints what blocked and calls MPI_Abort
+/// (0,1,2,3) abandoned: device 2 failed: <its message>". A process whose program returns
+/// tells the others how many calls it issued on each group, so a call it never joined (or
+/// a transfer with it) fails at once, e.g. "[all_reduce] cannot complete call #4 of group
+/// (0,1,2,3): device 1 did not arrive (device 1 finished its program after 4 calls on
+/// this group)"; it then waits (at most the timeout) until every other process has
+/// finished or failed, and throws CommError if one failed because it left ("[launch]
+/// device 1 finished its program while device 0 waited on it (...)"); otherwise it
+/// returns normally. Waits spin briefly, then yield, then sleep (backing off to 1 ms), so
+/// a device waiting seconds for a peer costs almost no CPU. No MPI call ever blocks
+/// without a deadline: collectives run in nonblocking form polled against the timeout,
+/// and the few calls MPI has only in blocking form (MPI_Comm_split, the first duplicate
+/// of MPI_COMM_WORLD) run under a watchdog that prints what blocked and calls MPI_Abort
 /// when they exceed the timeout (ending the job rather than hanging it).
 void launch(const LaunchOptions& opts, const std::function<void(Communicator& world)>& fn);
 

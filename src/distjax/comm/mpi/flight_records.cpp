@@ -1,11 +1,13 @@
 // The MPI backend's flight recorder and its query service (see flight_records.hpp).
 #include "distjax/comm/mpi/flight_records.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <sstream>
-#include <thread>
+
+#include "distjax/comm/mpi/backoff.hpp"
 
 namespace distjax::comm::mpi {
 
@@ -38,9 +40,9 @@ struct Service {
   std::deque<Query> queries;  // buffers of queries in flight (freed requests)
   std::map<std::string, int> created;  // groups per label in this launch
   std::vector<std::weak_ptr<GroupRecords>> groups;
-  const GroupRecords* waiting = nullptr;
-  std::uint64_t waiting_seq = 0;
-  OpKind waiting_kind = OpKind::Barrier;
+  std::vector<GroupCount> retired;  // groups of this launch destroyed, oldest first
+  Awaited waiting;
+  bool finished = false;  // the device's program returned
 };
 Service& service() {
   static Service* s = new Service();  // never destroyed: used until MPI_Finalize
@@ -54,11 +56,21 @@ void copy_key(char* dst, const std::string& key) {
 
 std::string where_text() {
   const Service& s = service();
-  if (s.waiting == nullptr) return "is not in a communicator call";
+  const Awaited& a = s.waiting;
+  if (s.finished) return "finished its program";
+  if (a.group == nullptr) return "is not in a communicator call";
   std::ostringstream os;
-  os << "is in " << op_kind_name(s.waiting_kind) << " call #" << s.waiting_seq << " of group "
-     << s.waiting->label;
+  if (a.peer >= 0) {
+    os << "is in " << (a.kind == OpKind::Send ? "isend to" : "irecv from") << " device " << a.peer
+       << " (tag " << a.tag << ") in group " << a.group->label;
+  } else {
+    os << "is in " << op_kind_name(a.kind) << " call #" << a.seq << " of group " << a.group->label;
+  }
   return os.str();
+}
+
+GroupCount count_of(const GroupRecords& g) {
+  return {.id = g.id, .issued = g.issued, .failed = g.failed ? 1u : 0u};
 }
 
 Reply answer(const Query& q) {
@@ -88,23 +100,48 @@ void post_recv() {
 
 }  // namespace
 
-std::shared_ptr<GroupRecords> flight_register(const std::string& label) {
+std::shared_ptr<GroupRecords> flight_register(const std::string& label,
+                                              const std::vector<int>& members) {
   Service& s = service();
   auto g = std::make_shared<GroupRecords>();
   g->label = label;
+  g->members = members;
   const int k = s.created[label]++;
   // Labels of large groups are long; the key only has to be unique and agreed on.
   g->key = std::to_string(std::hash<std::string>{}(label)) + "#" + std::to_string(k);
+  g->id = std::hash<std::string>{}(g->key);
   std::erase_if(s.groups, [](const std::weak_ptr<GroupRecords>& w) { return w.expired(); });
   s.groups.push_back(g);
   return g;
 }
 
-void flight_waiting(const GroupRecords* g, std::uint64_t seq, OpKind kind) {
+void flight_retire(const GroupRecords& g) {
+  service().retired.push_back(count_of(g));
+}
+
+std::vector<GroupCount> flight_counts(std::size_t max) {
+  const Service& s = service();
+  std::vector<GroupCount> out;
+  for (const auto& w : s.groups)
+    if (auto g = w.lock(); g && out.size() < max) out.push_back(count_of(*g));
+  for (auto it = s.retired.rbegin(); it != s.retired.rend() && out.size() < max; ++it)
+    out.push_back(*it);
+  return out;
+}
+
+void flight_waiting(const Awaited& a) {
   Service& s = service();
-  s.waiting = g;
-  s.waiting_seq = seq;
-  s.waiting_kind = kind;
+  const std::uint64_t generation = s.waiting.generation + 1;
+  s.waiting = a;
+  s.waiting.generation = generation;
+}
+
+const Awaited& flight_awaited() {
+  return service().waiting;
+}
+
+void flight_finished() {
+  service().finished = true;
 }
 
 void flight_open(MPI_Comm comm, int query_tag) {
@@ -113,7 +150,9 @@ void flight_open(MPI_Comm comm, int query_tag) {
   s.tag = query_tag;
   s.created.clear();
   s.groups.clear();
-  s.waiting = nullptr;
+  s.retired.clear();
+  flight_waiting({});
+  s.finished = false;
   post_recv();
 }
 
@@ -123,7 +162,7 @@ void flight_close() {
     MPI_Cancel(&s.recv);
     MPI_Wait(&s.recv, MPI_STATUS_IGNORE);
   }
-  s.waiting = nullptr;
+  flight_waiting({});
 }
 
 void flight_serve() {
@@ -162,15 +201,17 @@ std::vector<PeerRecord> flight_query(const GroupRecords& g, std::uint64_t seq,
       MPI_Request_free(&r);
   }
   std::vector<int> done(peers.size(), 0);
-  for (;;) {
+  Backoff backoff;
+  for (const auto start = Clock::now();;) {
     bool all = true;
     for (std::size_t i = 0; i < peers.size(); ++i) {
       if (!done[i]) MPI_Test(&reqs[i], &done[i], MPI_STATUS_IGNORE);
       all = all && done[i];
     }
     flight_serve();  // a peer diagnosing at the same time asks us too
-    if (all || Clock::now() > until) break;
-    std::this_thread::yield();
+    const auto now = Clock::now();
+    if (all || now > until) break;
+    backoff.pause(start, now);
   }
   for (std::size_t i = 0; i < peers.size(); ++i) {
     if (!done[i]) {  // a late answer must not land in `replies` after we return
@@ -189,6 +230,81 @@ std::vector<PeerRecord> flight_query(const GroupRecords& g, std::uint64_t seq,
     p.where = std::string(r.where, strnlen(r.where, kWhereBytes));
   }
   return out;
+}
+
+std::string flight_diagnose(const GroupRecords& g, int device, const detail::CallDesc& d,
+                            const CallEnd& end) {
+  const std::vector<int>& members = g.members;
+  std::vector<int> peers;
+  for (int m : members)
+    if (m != device) peers.push_back(m);
+  const auto grace = std::min<Clock::duration>(end.timeout, std::chrono::milliseconds(500));
+  std::vector<PeerRecord> recs = flight_query(g, d.seq, peers, Clock::now() + grace);
+  std::vector<detail::CallDesc> descs;
+  std::vector<int> described;  // global ids of the devices in descs
+  std::vector<int> missing;    // global ids
+  std::vector<std::string> notes;
+  descs.push_back(d);
+  described.push_back(device);
+  for (std::size_t i = 0; i < peers.size(); ++i) {
+    const PeerRecord& p = recs[i];
+    if (p.has_desc) {
+      descs.push_back(p.desc);
+      described.push_back(peers[i]);
+      continue;
+    }
+    missing.push_back(peers[i]);
+    std::ostringstream os;
+    os << "device " << peers[i] << " ";
+    if (!p.answered) {
+      os << "did not answer (busy outside the communicator, or gone)";
+    } else if (!p.knows_group) {
+      os << "has no such group; it " << p.where;
+    } else {
+      os << "issued " << p.issued << " call" << (p.issued == 1 ? "" : "s")
+         << " on this group; it " << p.where;
+    }
+    notes.push_back(os.str());
+  }
+  // In rank order, so the message reads like the check's ("group (0,1,2,3)").
+  std::vector<std::size_t> order(descs.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return std::find(members.begin(), members.end(), described[a]) <
+           std::find(members.begin(), members.end(), described[b]);
+  });
+  std::vector<detail::CallDesc> sorted_descs;
+  std::vector<int> sorted_devs;
+  for (std::size_t i : order) {
+    sorted_descs.push_back(descs[i]);
+    sorted_devs.push_back(described[i]);
+  }
+  std::string disagree = detail::mismatch_message(sorted_descs, sorted_devs);
+  std::ostringstream os;
+  if (!disagree.empty() && missing.empty()) {
+    os << disagree;
+  } else {
+    os << "[" << op_kind_name(static_cast<OpKind>(d.op)) << "] ";
+    if (end.mpi_error.empty()) {
+      os << "timed out after " << end.timeout.count() << " ms";
+    } else {
+      os << "failed";
+    }
+    os << " at call #" << d.seq << " of group " << g.label;
+    if (!missing.empty()) {
+      os << ": " << (missing.size() == 1 ? "device " : "devices ") << detail::join_ints(missing)
+         << (end.all_arrived ? " arrived but did not complete the transfer" : " did not arrive")
+         << " (";
+      for (std::size_t i = 0; i < notes.size(); ++i) os << (i ? "; " : "") << notes[i];
+      os << ")";
+      if (!disagree.empty()) os << "; " << disagree;
+    } else if (end.all_arrived || !end.checked) {
+      os << ": every device arrived and agreed, but the transfer did not complete (a device "
+            "left the call?)";
+    }
+    if (!end.mpi_error.empty()) os << "; MPI: " << end.mpi_error;
+  }
+  return os.str();
 }
 
 }  // namespace distjax::comm::mpi

@@ -3,7 +3,8 @@
 // asks the group's other processes for theirs, so its message can name the op and the
 // devices that differ or are missing even when no per-call check ran (the fast mode).
 // The answers are sent by every process from inside its own waits (poll), as PyTorch's
-// flight recorder dumps from a watchdog.
+// flight recorder dumps from a watchdog. How many calls it issued on each group, those
+// destroyed too, is what its finished notice tells the others (notices.hpp).
 #pragma once
 
 #define OMPI_SKIP_MPICXX 1
@@ -25,14 +26,35 @@ namespace distjax::comm::mpi {
 struct GroupRecords {
   static constexpr int kKeep = 32;
   std::string key;                       // identifies the group across its processes
+  std::uint64_t id = 0;                  // hash of key: the group in notices (notices.hpp)
   std::string label;                     // "(0,1,2,3)"
+  std::vector<int> members;              // world ranks, in group rank order
   std::uint64_t issued = 0;              // calls issued (= next sequence number)
   std::uint64_t completed = 0;           // calls completed, in issue order or not
+  bool failed = false;                   // the group failed on this process
   std::array<detail::CallDesc, kKeep> last{};  // last[seq % kKeep]
   void issue(const detail::CallDesc& d) {
     last[d.seq % kKeep] = d;
     issued = d.seq + 1;
   }
+};
+
+/// How far this process went on one group: what its finished notice tells the others.
+struct GroupCount {
+  std::uint64_t id = 0;
+  std::uint64_t issued = 0;
+  std::uint64_t failed = 0;  // 0 or 1 (a word, so the struct travels as plain bytes)
+};
+
+/// What the device waits on: call `seq` of `group`, or (peer >= 0) a transfer with world
+/// rank `peer`. `generation` changes with every flight_waiting.
+struct Awaited {
+  const GroupRecords* group = nullptr;  // nullptr: nothing
+  std::uint64_t seq = 0;
+  OpKind kind = OpKind::Barrier;  // Send / Recv for a transfer
+  int peer = -1;
+  int tag = 0;
+  std::uint64_t generation = 0;
 };
 
 /// What a peer said about call `seq` of a group.
@@ -46,10 +68,22 @@ struct PeerRecord {
 };
 
 /// Registers a group created on this process (the k-th with this label in this launch,
-/// which every member creates in the same order: splits are collective).
-std::shared_ptr<GroupRecords> flight_register(const std::string& label);
-/// Marks what the device waits on (nullptr: nothing), for the answers to peers.
-void flight_waiting(const GroupRecords* g, std::uint64_t seq, OpKind kind);
+/// which every member creates in the same order: splits are collective); `members` are
+/// its world ranks.
+std::shared_ptr<GroupRecords> flight_register(const std::string& label,
+                                              const std::vector<int>& members);
+/// Keeps how far this process went on group g, destroyed now, for its finished notice.
+void flight_retire(const GroupRecords& g);
+/// How far this process went on each group of this launch, live ones first, then the
+/// retired ones from the newest, at most `max` of them.
+std::vector<GroupCount> flight_counts(std::size_t max);
+/// Marks what the device waits on (a.group nullptr: nothing), for the answers to peers and
+/// for the verdicts on finished notices.
+void flight_waiting(const Awaited& a);
+/// What the device waits on now.
+const Awaited& flight_awaited();
+/// Marks the device's program as finished (answers say so until the launch closes).
+void flight_finished();
 
 /// Opens a launch: queries and answers travel on `comm` (a private duplicate of
 /// MPI_COMM_WORLD) with tags query_tag and query_tag + 1; forgets previous groups.
@@ -63,5 +97,19 @@ void flight_serve();
 std::vector<PeerRecord> flight_query(const GroupRecords& g, std::uint64_t seq,
                                      const std::vector<int>& peers,
                                      std::chrono::steady_clock::time_point until);
+
+/// How a call ended for flight_diagnose.
+struct CallEnd {
+  bool all_arrived = false;  // the per-call check had completed
+  bool checked = false;      // the per-call check runs on this group
+  std::chrono::milliseconds timeout{0};
+  std::string mpi_error;  // empty: it timed out; else MPI's error
+};
+/// The message of call d of group g on world rank `device` that did not complete (timed
+/// out, or failed inside MPI), built from the flight records of the group's other devices
+/// (flight_query): those that called something else at this sequence number, those that
+/// had not reached it (and where they are), and those that did not answer.
+std::string flight_diagnose(const GroupRecords& g, int device, const detail::CallDesc& d,
+                            const CallEnd& end);
 
 }  // namespace distjax::comm::mpi

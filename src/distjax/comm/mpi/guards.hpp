@@ -1,8 +1,8 @@
 // The MPI backend's guards against silent hangs, shared by its communicator and launch
 // (private to src/distjax/comm/mpi): the watchdog that aborts a job blocked in a call MPI
-// only has in blocking form, the process-wide abort channel on which a failing process
-// tells the others, and the deadline-polled waits that listen to it and advance the
-// calls in flight that only advance when polled.
+// only has in blocking form, and the deadline-polled waits that listen to the notices of
+// other processes (notices.hpp), advance the calls in flight that only advance when
+// polled, and back off once a reply is late.
 #pragma once
 
 #define OMPI_SKIP_MPICXX 1
@@ -15,7 +15,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -23,7 +22,9 @@
 #include <thread>
 #include <vector>
 
+#include "distjax/comm/mpi/backoff.hpp"
 #include "distjax/comm/mpi/flight_records.hpp"
+#include "distjax/comm/mpi/notices.hpp"
 #include "distjax/core/error.hpp"
 
 namespace distjax::comm::mpi::guards {
@@ -107,43 +108,6 @@ inline std::string blocked_message(const char* op, const char* mpi_call, int dev
   return os.str();
 }
 
-// ---------------------------------------------------------------- abort channel
-/// Process-wide channel on which a failing process tells every other process that its
-/// device program threw. Each launch is one epoch (a tag): every process keeps one
-/// receive posted for the current epoch, and every wait polls it.
-inline constexpr int kNoticeBytes = 2048;
-struct AbortChannel {
-  MPI_Comm comm = MPI_COMM_NULL;
-  int tag_ub = 32767;
-  std::uint64_t epoch = 0;
-  MPI_Request recv = MPI_REQUEST_NULL;
-  char buf[kNoticeBytes] = {};
-  bool received = false;
-  std::string notice;            // "device N failed: <its message>"
-  std::deque<std::string> sent;  // send buffers (kept alive: the sends are freed)
-  int tag() const { return static_cast<int>(epoch % static_cast<std::uint64_t>(tag_ub)); }
-};
-inline AbortChannel& channel() {
-  static AbortChannel* c = new AbortChannel();
-  return *c;
-}
-
-/// The notice of this epoch if one has arrived (never blocks), else nullptr.
-inline const std::string* poll_abort() {
-  AbortChannel& ch = channel();
-  if (ch.received) return &ch.notice;
-  if (ch.recv == MPI_REQUEST_NULL) return nullptr;
-  int flag = 0;
-  MPI_Status st;
-  if (MPI_Test(&ch.recv, &flag, &st) != MPI_SUCCESS || !flag) return nullptr;
-  int len = 0;
-  MPI_Get_count(&st, MPI_CHAR, &len);
-  ch.received = true;
-  ch.notice = "device " + std::to_string(st.MPI_SOURCE) +
-              " failed: " + std::string(ch.buf, static_cast<std::size_t>(std::max(0, len)));
-  return &ch.notice;
-}
-
 /// Buffers of abandoned collectives: MPI cannot cancel those, so their memory is kept
 /// until the process ends.
 inline std::vector<std::shared_ptr<void>>& graveyard() {
@@ -151,11 +115,14 @@ inline std::vector<std::shared_ptr<void>>& graveyard() {
   return *g;
 }
 
-/// How long a wait keeps polling after an abort notice, so a call that can still
-/// complete does (and leaves no request behind); the next call then fails.
+/// How long a wait keeps polling after an abort notice or a verdict that a device it needs
+/// left (poll_left), so a call that can still complete does (and leaves no request
+/// behind); the next call then fails.
 inline constexpr std::chrono::milliseconds kAbortGrace{100};
 
-enum class WaitResult { Done, TimedOut, Aborted };
+/// How a wait ended: done, at its deadline, on an abort notice (poll_abort), or on a
+/// device that left it (poll_left).
+enum class WaitResult { Done, TimedOut, Aborted, Left };
 
 // ---------------------------------------------------------------- pending calls
 /// A call in flight that advances only when this process polls it: the later steps of
@@ -198,33 +165,45 @@ inline void advance_pending() {
   }
 }
 
-/// Calls done() until it returns true (WaitResult::Done), the deadline passes, or an
-/// abort notice arrives. done() is looked at on every spin: a reply usually comes within
-/// a few, so the clock, the abort channel and peers' flight-record queries are looked at
-/// only every 64th spin, and the core is given away (it may be shared with the other
-/// ranks) only after kPollSpins. Meanwhile it advances the other pending calls.
+/// Calls done() until it returns true (WaitResult::Done), the deadline passes, an abort
+/// notice arrives, or a finished notice says a device the awaited call needs left it.
+/// done() is looked at on every spin: a reply usually comes within a few, so the clock,
+/// the notices and peers' flight-record queries are looked at only every 64th spin, and
+/// the core is given away (it may be shared with the other ranks) only after kPollSpins,
+/// then at every poll, yielding first and sleeping once the wait is long (Backoff).
+/// Meanwhile it advances the other pending calls. `window`: how long it yields before it
+/// sleeps (Backoff::yield_window of the bytes the wait moves).
 inline constexpr unsigned kPollSpins = 256;
 template <class Done>
-WaitResult poll_until(Done&& done, Clock::time_point deadline) {
-  bool aborted = false;
+WaitResult poll_until(Done&& done, Clock::time_point deadline,
+                      std::chrono::nanoseconds window = Backoff::kYieldFor) {
+  bool aborted = false, left = false;
+  Clock::time_point start;
+  Backoff backoff(window);
   for (unsigned spins = 1;; ++spins) {
     if (done()) return WaitResult::Done;
     if (!pending().empty()) advance_pending();
     if (spins < kPollSpins && (spins & 63) != 0) continue;
-    if ((spins & 63) == 0) flight_serve();  // peers diagnosing a timeout ask us
-    if (!aborted && poll_abort() != nullptr) {
-      aborted = true;
-      deadline = std::min(deadline, Clock::now() + kAbortGrace);
-    }
-    if (Clock::now() > deadline) return aborted ? WaitResult::Aborted : WaitResult::TimedOut;
-    if (spins >= kPollSpins) std::this_thread::yield();
+    flight_serve();  // peers diagnosing a timeout ask us
+    const bool look_aborted = !aborted && poll_abort() != nullptr;
+    const bool look_left = !left && poll_left() != nullptr;
+    const Clock::time_point now = Clock::now();
+    if (look_aborted || look_left) deadline = std::min(deadline, now + kAbortGrace);
+    aborted = aborted || look_aborted;
+    left = left || look_left;
+    if (now > deadline)
+      return left ? WaitResult::Left : aborted ? WaitResult::Aborted : WaitResult::TimedOut;
+    if (spins == kPollSpins) start = now;
+    if (spins >= kPollSpins) backoff.pause(start, now);
   }
 }
 
 /// Polls reqs until all complete (done[i] turns 1 as request i does), the deadline
-/// passes, or an abort notice arrives. Completed requests become MPI_REQUEST_NULL.
+/// passes, or a notice ends the wait (see poll_until; `window` too). Completed requests
+/// become MPI_REQUEST_NULL.
 inline WaitResult poll(MPI_Request* reqs, int* done, std::size_t n, Clock::time_point deadline,
-                       const char* op, int device) {
+                       const char* op, int device,
+                       std::chrono::nanoseconds window = Backoff::kYieldFor) {
   return poll_until(
       [&] {
         bool all = true;
@@ -235,7 +214,7 @@ inline WaitResult poll(MPI_Request* reqs, int* done, std::size_t n, Clock::time_
         }
         return all;
       },
-      deadline);
+      deadline, window);
 }
 
 /// Waits for one nonblocking call made while setting up a communicator; throws
@@ -251,63 +230,9 @@ inline void wait_setup(MPI_Request& r, std::shared_ptr<void> out, Clock::time_po
   graveyard().push_back(std::move(out));
   if (w == WaitResult::Aborted)
     DISTJAX_THROW(CommError, "[", op, "] ", what, " abandoned: ", *poll_abort());
+  if (w == WaitResult::Left) DISTJAX_THROW(CommError, "[", op, "] ", what, ": ", left_failure());
   DISTJAX_THROW(CommError, "[", op, "] timed out after ", timeout.count(), " ms in ", what,
                 " on device ", device, ": some device did not arrive");
-}
-
-/// Opens the abort channel for a new launch (creating it on first use).
-inline void open_epoch(std::chrono::milliseconds timeout, int device) {
-  AbortChannel& ch = channel();
-  if (ch.comm == MPI_COMM_NULL) {
-    check(guarded(timeout,
-                  blocked_message("launch", "MPI_Comm_dup(MPI_COMM_WORLD)", device, timeout,
-                                  " while starting the MPI backend"),
-                  [&] { return MPI_Comm_dup(MPI_COMM_WORLD, &ch.comm); }),
-          "launch", device);
-    MPI_Comm_set_errhandler(ch.comm, MPI_ERRORS_RETURN);
-    int* ub = nullptr;
-    int flag = 0;
-    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
-    if (flag && ub != nullptr && *ub > 0) ch.tag_ub = *ub;
-  }
-  ch.epoch += 1;
-  ch.received = false;
-  ch.notice.clear();
-  check(MPI_Irecv(ch.buf, kNoticeBytes, MPI_CHAR, MPI_ANY_SOURCE, ch.tag(), ch.comm, &ch.recv),
-        "launch", device);
-  // The flight recorder's queries share the channel, with tags counted down from the
-  // top (notices count up from 1), a pair per epoch.
-  flight_open(ch.comm, ch.tag_ub - 2 - 2 * static_cast<int>(ch.epoch % 1000));
-}
-
-/// Closes this launch's epoch: withdraws the posted receive. Notices that arrive later
-/// (other processes still failing) keep this epoch's tag and are never matched again.
-inline void close_epoch() {
-  AbortChannel& ch = channel();
-  if (ch.recv != MPI_REQUEST_NULL) {
-    MPI_Cancel(&ch.recv);
-    MPI_Wait(&ch.recv, MPI_STATUS_IGNORE);
-  }
-  ch.received = false;
-  flight_close();
-}
-
-/// Tells every other process that this process's device program failed with `what`,
-/// unless this process itself learned of a failure from a notice (everyone has it).
-inline void send_abort(const std::string& what, int device) {
-  AbortChannel& ch = channel();
-  if (ch.comm == MPI_COMM_NULL || poll_abort() != nullptr) return;
-  ch.sent.push_back(what.substr(0, kNoticeBytes));
-  const std::string& buf = ch.sent.back();
-  int world = 1;
-  MPI_Comm_size(ch.comm, &world);
-  for (int p = 0; p < world; ++p) {
-    if (p == device) continue;
-    MPI_Request r;
-    if (MPI_Isend(buf.data(), static_cast<int>(buf.size()), MPI_CHAR, p, ch.tag(), ch.comm, &r) ==
-        MPI_SUCCESS)
-      MPI_Request_free(&r);  // small (eager) message; the buffer stays alive in ch.sent
-  }
 }
 
 }  // namespace distjax::comm::mpi::guards

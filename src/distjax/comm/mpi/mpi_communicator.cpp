@@ -9,11 +9,13 @@
 // No silent hangs: every wait is a nonblocking MPI call polled against a deadline (the
 // collective itself too, as MPI_Iallreduce etc.: a rank that passed the descriptor check
 // while a peer failed it would otherwise block forever). While waiting, every rank also
-// polls a process-wide abort channel: a process whose device program throws sends a
-// notice to every other process before launch rethrows, and their pending calls raise
-// CommError "device N failed: ..." at once. The few calls MPI only has in blocking form
-// (MPI_Comm_split, the first duplicate of MPI_COMM_WORLD) run under a watchdog thread
-// that prints what blocked and calls MPI_Abort once they exceed the timeout.
+// polls a process-wide channel of notices (notices.hpp): a process whose device program
+// throws sends a notice to every other process before launch rethrows, and their pending
+// calls raise CommError "device N failed: ..." at once; one whose program returns says
+// how many calls it issued on each group, and a call it never issued fails at once
+// naming it. The few calls MPI only has in blocking form (MPI_Comm_split, the first
+// duplicate of MPI_COMM_WORLD) run under a watchdog thread that prints what blocked and
+// calls MPI_Abort once they exceed the timeout.
 // The C API only: OpenMPI's mpi.h pulls in its C++ bindings otherwise.
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
@@ -131,13 +133,14 @@ class MpiCommunicator final : public CommunicatorImpl,
     wait_setup(r, ids, deadline, opts_.timeout, op, "gathering the new group's members", global_);
     members_ = *ids;
     label_ = detail::group_label(members_);
-    records_ = flight_register(label_);
+    records_ = flight_register(label_, members_);
     int* ub = nullptr;
     int flag = 0;
     MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
     if (flag && ub != nullptr && *ub > 1) tag_ub_ = *ub;
   }
   ~MpiCommunicator() override {
+    flight_retire(*records_);
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
@@ -243,7 +246,7 @@ class MpiCommunicator final : public CommunicatorImpl,
     }
     if (w != WaitResult::Done) {
       give_up_hot();
-      fail(w == WaitResult::Aborted ? abort_message(d) : diagnose(d, false));
+      fail_wait(w, d, false);
     }
     if (!x.agreed()) {
       give_up_hot();
@@ -342,6 +345,7 @@ class MpiCommunicator final : public CommunicatorImpl,
     if (failed_) throw CommError(failure_);
     auto call = begin(detail::make_desc(seq_, OpKind::Split),
                       detail::ring_traffic(OpKind::Split, 0, size_));
+    Waiting waiting(records_.get(), call->desc);
     // Always the full descriptor exchange: MPI_Comm_split only exists in blocking form,
     // so every rank must know the others are entering it.
     agree(call->desc, Clock::now() + opts_.timeout);
@@ -352,8 +356,7 @@ class MpiCommunicator final : public CommunicatorImpl,
           return unposted_.empty();
         },
         Clock::now() + opts_.timeout);
-    if (w != WaitResult::Done)
-      fail(w == WaitResult::Aborted ? abort_message(call->desc) : diagnose(call->desc, true));
+    if (w != WaitResult::Done) fail_wait(w, call->desc, true);
     call->arrived = Clock::now();
     MPI_Comm sub;
     const int rc = guarded(opts_.timeout, blocked_message("split", "MPI_Comm_split", global_,
@@ -372,13 +375,15 @@ class MpiCommunicator final : public CommunicatorImpl,
   /// A point-to-point transfer in flight.
   class MpiRequest final : public RequestImpl {
    public:
-    MpiRequest(std::shared_ptr<MpiCommunicator> c, MPI_Request r, bool is_send, int peer, int tag)
+    MpiRequest(std::shared_ptr<MpiCommunicator> c, MPI_Request r, bool is_send, int peer, int tag,
+               std::int64_t bytes)
         : keep_(std::move(c)),
           c_(*keep_),
           r_(r),
           is_send_(is_send),
           peer_(peer),
           tag_(tag),
+          bytes_(bytes),
           stats_group_(c_.stats_group()) {}
     ~MpiRequest() override {
       int finalized = 0;
@@ -397,7 +402,13 @@ class MpiCommunicator final : public CommunicatorImpl,
       const char* name = is_send_ ? "isend" : "irecv";
       std::ostringstream os;
       int done = r_ == MPI_REQUEST_NULL ? 1 : 0;
-      switch (poll(&r_, &done, 1, deadline, name, c_.global_)) {
+      WaitResult w;
+      {
+        Waiting waiting(c_.records_.get(), is_send_ ? OpKind::Send : OpKind::Recv,
+                        c_.members_[peer_], tag_);
+        w = poll(&r_, &done, 1, deadline, name, c_.global_, Backoff::yield_window(bytes_));
+      }
+      switch (w) {
         case WaitResult::Done: break;
         case WaitResult::TimedOut:
           os << "[" << name << "] timed out after " << c_.opts_.timeout.count() << " ms: device "
@@ -408,6 +419,8 @@ class MpiCommunicator final : public CommunicatorImpl,
           os << "[" << name << "] transfer with device " << c_.members_[peer_] << " (tag " << tag_
              << ") in group " << c_.label_ << " abandoned: " << *poll_abort();
           throw CommError(os.str());
+        case WaitResult::Left:
+          throw CommError(left_failure());
       }
       detail::count_wait(*c_.stats_, stats_group_, is_send_,
                          std::chrono::duration<double>(Clock::now() - start).count());
@@ -426,6 +439,7 @@ class MpiCommunicator final : public CommunicatorImpl,
     MPI_Request r_;
     bool is_send_;
     int peer_, tag_;
+    std::int64_t bytes_;
     int stats_group_;  // the label in force when the transfer was posted
   };
 
@@ -516,12 +530,19 @@ class MpiCommunicator final : public CommunicatorImpl,
     hot_ = std::make_shared<Exchange>();
   }
 
-  /// Marks, for peers' flight-record queries, what the device waits on while it lives.
+  /// Marks what the device waits on while it lives: call d of group g, or a transfer
+  /// with world rank `peer`; for peers' flight-record queries and the verdicts on
+  /// finished notices.
   struct Waiting {
     Waiting(const GroupRecords* g, const detail::CallDesc& d) {
-      flight_waiting(g, d.seq, static_cast<OpKind>(d.op));
+      flight_waiting({.group = g, .seq = d.seq, .kind = static_cast<OpKind>(d.op)});
     }
-    ~Waiting() { flight_waiting(nullptr, 0, OpKind::Barrier); }
+    Waiting(const GroupRecords* g, OpKind kind, int peer, int tag) {
+      flight_waiting({.group = g, .kind = kind, .peer = peer, .tag = tag});
+    }
+    ~Waiting() { flight_waiting({}); }
+    Waiting(const Waiting&) = delete;
+    Waiting& operator=(const Waiting&) = delete;
   };
 
   /// Starts a call: throws if the group failed or a device failed (abort notice); takes
@@ -709,26 +730,27 @@ class MpiCommunicator final : public CommunicatorImpl,
       }
       if (w != WaitResult::Done) {
         abandon(c);
-        fail(w == WaitResult::Aborted ? abort_message(c.desc) : diagnose(c.desc, false));
+        fail_wait(w, c.desc, false);
       }
       arrive(c);
     }
     WaitResult w;
     if (!wait_posted(c, w)) {
       abandon(c);
-      fail(w == WaitResult::Aborted ? abort_message(c.desc) : diagnose(c.desc, true));
+      fail_wait(w, c.desc, true);
     }
     check(c.post_rc, name, global_);
     std::array<int, 2> done{c.data[0] == MPI_REQUEST_NULL, c.data[1] == MPI_REQUEST_NULL};
     try {
-      w = poll(c.data, done.data(), 2, Clock::now() + opts_.timeout, name, global_);
+      w = poll(c.data, done.data(), 2, Clock::now() + opts_.timeout, name, global_,
+               Backoff::yield_window(c.traffic.sent + c.traffic.received));
     } catch (const CommError& e) {  // an MPI error: a mismatched program, or a real one
       abandon(c);
       fail(diagnose(c.desc, false, e.what()));
     }
     if (w != WaitResult::Done) {
       abandon(c);
-      fail(w == WaitResult::Aborted ? abort_message(c.desc) : diagnose(c.desc, c.has_arrived));
+      fail_wait(w, c.desc, c.has_arrived);
     }
     complete(c);
   }
@@ -771,9 +793,10 @@ class MpiCommunicator final : public CommunicatorImpl,
   /// exchanges the descriptors to name what each called, and fails the group.
   [[noreturn]] void disagree(const detail::CallDesc& d) {
     agree(d, Clock::now() + opts_.timeout);
-    fail("[" + std::string(op_kind_name(static_cast<OpKind>(d.op))) +
-         "] devices disagree at call #" + std::to_string(d.seq) + " of group " + label_ +
-         " (descriptor hashes differ)");
+    std::ostringstream os;
+    os << "[" << op_kind_name(static_cast<OpKind>(d.op)) << "] devices disagree at call #" << d.seq
+       << " of group " << label_ << " (descriptor hashes differ)";
+    fail(os.str());
   }
 
   void complete(Call& c) {
@@ -795,8 +818,18 @@ class MpiCommunicator final : public CommunicatorImpl,
 
   [[noreturn]] void fail(const std::string& msg) {
     failed_ = true;
+    records_->failed = true;
     failure_ = msg;
     throw CommError(msg);
+  }
+
+  /// Fails the group after a wait on call d ended with w (not Done): on an abort notice,
+  /// on a device that left the call (its finished notice), or at the timeout, diagnosed
+  /// from the flight records (`all_arrived`: the check had completed).
+  [[noreturn]] void fail_wait(WaitResult w, const detail::CallDesc& d, bool all_arrived) {
+    if (w == WaitResult::Aborted) fail(abort_message(d));
+    if (w == WaitResult::Left) fail(left_failure());
+    fail(diagnose(d, all_arrived));
   }
 
   /// " at call #k of group G".
@@ -813,87 +846,15 @@ class MpiCommunicator final : public CommunicatorImpl,
     return os.str();
   }
 
-  /// The message of a call that did not complete (or failed inside MPI: `mpi_error`),
-  /// built from the flight records of the group's other devices: those that called
-  /// something else at this sequence number, those that had not reached it (and where
-  /// they are), and those that did not answer.
+  /// The message of call d that did not complete (or failed inside MPI: `mpi_error`),
+  /// from the flight records of the group's other devices (flight_diagnose).
   std::string diagnose(const detail::CallDesc& d, bool all_arrived,
                        const std::string& mpi_error = "") {
-    std::vector<int> peers;
-    for (int j = 0; j < size_; ++j)
-      if (j != rank_) peers.push_back(members_[j]);
-    const auto grace = std::min<Clock::duration>(opts_.timeout, std::chrono::milliseconds(500));
-    std::vector<PeerRecord> recs = flight_query(*records_, d.seq, peers, Clock::now() + grace);
-    std::vector<detail::CallDesc> descs;
-    std::vector<int> described;  // global ids of the devices in descs
-    std::vector<int> missing;    // ranks
-    std::vector<std::string> notes;
-    descs.push_back(d);
-    described.push_back(global_);
-    for (std::size_t i = 0; i < peers.size(); ++i) {
-      const PeerRecord& p = recs[i];
-      if (p.has_desc) {
-        descs.push_back(p.desc);
-        described.push_back(peers[i]);
-        continue;
-      }
-      const int r = static_cast<int>(std::find(members_.begin(), members_.end(), peers[i]) -
-                                     members_.begin());
-      missing.push_back(r);
-      std::ostringstream os;
-      os << "device " << peers[i] << " ";
-      if (!p.answered) {
-        os << "did not answer (busy outside the communicator, or gone)";
-      } else if (!p.knows_group) {
-        os << "has no such group; it " << p.where;
-      } else {
-        os << "issued " << p.issued << " call" << (p.issued == 1 ? "" : "s")
-           << " on this group; it " << p.where;
-      }
-      notes.push_back(os.str());
-    }
-    // In rank order, so the message reads like the check's ("group (0,1,2,3)").
-    std::vector<std::size_t> order(descs.size());
-    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-      return std::find(members_.begin(), members_.end(), described[a]) <
-             std::find(members_.begin(), members_.end(), described[b]);
-    });
-    std::vector<detail::CallDesc> sorted_descs;
-    std::vector<int> sorted_devs;
-    for (std::size_t i : order) {
-      sorted_descs.push_back(descs[i]);
-      sorted_devs.push_back(described[i]);
-    }
-    std::string disagree = detail::mismatch_message(sorted_descs, sorted_devs);
-    std::ostringstream os;
-    if (!disagree.empty() && missing.empty()) {
-      os << disagree;
-    } else {
-      os << "[" << op_kind_name(static_cast<OpKind>(d.op)) << "] ";
-      if (mpi_error.empty()) {
-        os << "timed out after " << opts_.timeout.count() << " ms";
-      } else {
-        os << "failed";
-      }
-      os << where(d);
-      if (!missing.empty()) {
-        std::vector<int> devs;
-        for (int r : missing) devs.push_back(members_[r]);
-        os << ": " << (devs.size() == 1 ? "device " : "devices ") << detail::join_ints(devs)
-           << (all_arrived ? " arrived but did not complete the transfer"
-                           : " did not arrive")
-           << " (";
-        for (std::size_t i = 0; i < notes.size(); ++i) os << (i ? "; " : "") << notes[i];
-        os << ")";
-        if (!disagree.empty()) os << "; " << disagree;
-      } else if (all_arrived || !checking()) {
-        os << ": every device arrived and agreed, but the transfer did not complete (a device "
-              "left the call?)";
-      }
-      if (!mpi_error.empty()) os << "; MPI: " << mpi_error;
-    }
-    return os.str();
+    return flight_diagnose(*records_, global_, d,
+                           {.all_arrived = all_arrived,
+                            .checked = checking(),
+                            .timeout = opts_.timeout,
+                            .mpi_error = mpi_error});
   }
 
   /// Cancels the pending point-to-point requests of a call given up on, now: their
@@ -941,8 +902,7 @@ class MpiCommunicator final : public CommunicatorImpl,
     WaitResult w = poll(reqs.data(), done.data(), reqs.size(), deadline, name, global_);
     if (w != WaitResult::Done) {
       cancel(static_cast<OpKind>(d.op), reqs.data(), done.data(), reqs.size());
-      if (w == WaitResult::Aborted) fail(abort_message(d));
-      fail(diagnose(d, false));
+      fail_wait(w, d, false);
     }
     std::string msg = detail::mismatch_message(all, members_);
     if (!msg.empty()) fail(msg);
@@ -959,7 +919,8 @@ class MpiCommunicator final : public CommunicatorImpl,
     } else {
       check(MPI_Irecv(b.data, n, mpi_type(b.dtype), peer, tag, comm_, &r), name, global_);
     }
-    return Request(std::make_unique<MpiRequest>(shared_from_this(), r, is_send, peer, tag));
+    return Request(
+        std::make_unique<MpiRequest>(shared_from_this(), r, is_send, peer, tag, b.bytes()));
   }
 
   MPI_Comm comm_;

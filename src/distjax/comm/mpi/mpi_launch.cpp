@@ -1,7 +1,8 @@
 // The MPI backend's launch: MPI initialised once per process (finalized at exit), one
 // device per process, MPI_COMM_WORLD's errors returned instead of fatal while the device
-// program runs, and a failing program's notice sent to every other process before launch
-// rethrows (see mpi_communicator.cpp for the communicator itself).
+// program runs, a failing program's notice sent to every other process before launch
+// rethrows, and a finished program's notice sent before launch waits for the others' and
+// returns (notices.hpp; see mpi_communicator.cpp for the communicator itself).
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
@@ -14,6 +15,7 @@
 #include "distjax/comm/detail/call.hpp"
 #include "distjax/comm/mpi/guards.hpp"
 #include "distjax/comm/mpi/mpi_communicator.hpp"
+#include "distjax/comm/mpi/notices.hpp"
 #include "distjax/core/error.hpp"
 
 namespace distjax::comm::mpi {
@@ -91,12 +93,20 @@ void launch_mpi(const LaunchOptions& opts, const std::function<void(Communicator
     try {
       std::rethrow_exception(e);
     } catch (const std::exception& ex) {
-      mpi::send_abort(ex.what(), world_rank);
+      mpi::send_abort(ex.what());
     } catch (...) {
-      mpi::send_abort("a non-standard exception", world_rank);
+      mpi::send_abort("a non-standard exception");
     }
     mpi::close_epoch();
     rethrow_with_device(e, world_rank);
+  }
+  // The program returned (its communicators are gone): tell the others, and fail if one
+  // of them failed because this device left it waiting.
+  try {
+    mpi::finish_epoch(opts.timeout, world_rank);
+  } catch (...) {
+    mpi::close_epoch();
+    rethrow_with_device(std::current_exception(), world_rank);
   }
   mpi::close_epoch();
 }
