@@ -83,9 +83,6 @@ int run_train_gpt(const config::TrainConfig& c) {
   auto has = [](const std::vector<std::string>& names, const char* name) {
     return std::find(names.begin(), names.end(), name) != names.end();
   };
-  DISTJAX_CHECK(c.distributed.world_size == 1, ConfigError,
-                "[train_gpt] runs on one device; set distributed.enabled = false (world_size is ",
-                c.distributed.world_size, ")");
   const std::int64_t steps = c.run.steps, batch_size = c.run.batch_size, seq_len = c.data.seq_len;
   const std::string data_dir = c.data.dir.empty() ? data::kFortunesDir : c.data.dir;
   data::ByteCorpus corpus = data::load_fortunes(data_dir, c.data.validation_fraction);
