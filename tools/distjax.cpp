@@ -18,8 +18,9 @@
 
 #include "distjax/comm/launch_environment.hpp"
 #include "distjax/config/config_file.hpp"
-#include "distjax/train/checkpoint.hpp"
+#include "distjax/core/error.hpp"
 #include "distjax/plan/plan.hpp"
+#include "distjax/train/checkpoint.hpp"
 #include "example_common.hpp"
 #include "programs/programs.hpp"
 
@@ -128,10 +129,22 @@ int plan_command(const PlanOptions& o) {
   if (o.no_master_weights) setup.master_weights = false;
   const plan::Plan p = plan::make_plan(model, setup);
   std::printf("distjax plan %s\n%s", o.config_path.c_str(), p.str().c_str());
+  try {
+    examples::check_program(c);
+  } catch (const Error& e) {
+    std::printf("note: the program refuses this config as it is:\n%s\n", e.what());
+  }
+  // Only what the program runs: its axes, ZeRO stages and FSDP, at the config's precision.
+  const config::ProgramCapabilities runs =
+      examples::find_program(c.run.program)
+          .capabilities.for_config(c);
   const double budget = o.budget_gib * 1024.0 * 1024.0 * 1024.0;
-  const std::vector<plan::Plan> fits = plan::meshes_that_fit(model, setup, setup.world(), budget);
-  std::printf("meshes of %d devices that fit %.0f GiB per device (%zu, smallest total first):\n",
-              setup.world(), o.budget_gib, fits.size());
+  const std::vector<plan::Plan> fits =
+      plan::meshes_that_fit(model, setup, setup.world(), budget, runs);
+  std::printf(
+      "meshes of %d devices that fit %.0f GiB per device, of those %s runs (%s): %zu, "
+      "smallest total first:\n",
+      setup.world(), o.budget_gib, c.run.program.c_str(), runs.str().c_str(), fits.size());
   std::printf("  %-32s %10s %10s %10s %10s %10s %12s\n", "mesh", "params", "grads", "optim",
               "activ", "total GiB", "comm GB/step");
   const double g = 1024.0 * 1024.0 * 1024.0;

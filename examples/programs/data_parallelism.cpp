@@ -26,17 +26,23 @@ namespace distjax::examples {
 using tensor::Tensor;
 using tensor::TensorTree;
 
-int run_data_parallelism(const config::TrainConfig& c) {
-  const bool sharded = !c.parallelism.fsdp.modules.empty();
-  DISTJAX_CHECK(!sharded || c.parallelism.fsdp.modules == std::vector<std::string>{"*"}, ConfigError,
+void check_data_parallelism(const config::TrainConfig& c) {
+  DISTJAX_CHECK(c.parallelism.fsdp.modules.empty() ||
+                    c.parallelism.fsdp.modules == std::vector<std::string>{"*"},
+                ConfigError,
                 "[data_parallelism] the classifier has no Block, Attn or MLP modules: "
                 "parallelism.fsdp.modules must be [] or [\"*\"]");
+  const mesh::Mesh mesh = config::build_program_mesh(c.distributed, c.run.program, {"data"});
+  DISTJAX_CHECK(mesh.ndim() == 1, ConfigError, "[data_parallelism] runs on a (\"data\") mesh, got ",
+                mesh.describe());
+}
+
+int run_data_parallelism(const config::TrainConfig& c) {
+  const bool sharded = !c.parallelism.fsdp.modules.empty();
   const int zero = sharded ? 3 : c.parallelism.zero_stage;
   const char* kTags[] = {"DP", "ZeRO-1", "ZeRO-2", "FSDP"};
   const char* tag = kTags[zero];
   const mesh::Mesh mesh = config::build_program_mesh(c.distributed, c.run.program, {"data"});
-  DISTJAX_CHECK(mesh.ndim() == 1, ConfigError, "[data_parallelism] runs on a (\"data\") mesh, got ",
-                mesh.describe());
   const int devices = mesh.size();
   const std::string backend_name = backend_label(c);
   if (c.distributed.is_main_process())

@@ -33,10 +33,36 @@ namespace distjax::examples {
 using tensor::Tensor;
 using tensor::TensorTree;
 
+void check_gpt(const config::TrainConfig& c) {
+  const mesh::Mesh mesh =
+      config::build_program_mesh(c.distributed, c.run.program, {"data", "model"}, {"pipe"});
+  const int n_model = mesh.axis_size("model");
+  const int n_pipe = mesh.has_axis("pipe") ? mesh.axis_size("pipe") : 1;
+  DISTJAX_CHECK(c.model.heads % n_model == 0, ConfigError, "[gpt] model.heads = ", c.model.heads,
+                " must be divisible by the \"model\" axis size ", n_model);
+  const parallel::TPLayout layout = n_model > 1
+                                        ? parallel::tp_layout_from_name(c.parallelism.tp_layout)
+                                        : parallel::TPLayout::None;
+  DISTJAX_CHECK(c.distributed.mixed_precision == config::MixedPrecision::No ||
+                    layout != parallel::TPLayout::Async,
+                NotImplemented, "[gpt] distributed.mixed_precision = \"",
+                config::mixed_precision_name(c.distributed.mixed_precision),
+                "\" with parallelism.tp_layout = \"async\": the collective matmuls run in f32 "
+                "only; use another layout or mixed_precision = \"no\"");
+  DISTJAX_CHECK(!c.parallelism.sequence_parallel || layout != parallel::TPLayout::Megatron ||
+                    c.data.seq_len % n_model == 0,
+                ConfigError, "[gpt] parallelism.sequence_parallel: data.seq_len = ", c.data.seq_len,
+                " must be divisible by the \"model\" axis size ", n_model);
+  if (n_pipe > 1) {
+    // The schedule and the split of the layers into chunks, as the pipeline builds them.
+    const int v = static_cast<int>(c.parallelism.virtual_stages);
+    parallel::make_schedule(parallel::parse_schedule_kind(c.parallelism.schedule), n_pipe,
+                            static_cast<int>(c.parallelism.microbatches), v);
+    parallel::partition_layers(static_cast<int>(c.model.layers), n_pipe * v);
+  }
+}
+
 int run_gpt(const config::TrainConfig& c) {
-  DISTJAX_CHECK(c.parallelism.zero_stage == 0, ConfigError,
-                "[gpt] parallelism.zero_stage = ", c.parallelism.zero_stage,
-                " is not supported by this program (use parallelism.fsdp.modules = [\"*\"])");
   const bool fsdp_on = !c.parallelism.fsdp.modules.empty();
   auto remat_of = [&](const char* module) {
     return std::find(c.parallelism.remat.begin(), c.parallelism.remat.end(), module) !=
@@ -48,28 +74,10 @@ int run_gpt(const config::TrainConfig& c) {
   const int n_data = mesh.axis_size("data"), n_model = mesh.axis_size("model");
   const int n_pipe = mesh.has_axis("pipe") ? mesh.axis_size("pipe") : 1;
   const bool piped = n_pipe > 1;
-  DISTJAX_CHECK(c.model.heads % n_model == 0, ConfigError, "[gpt] model.heads = ", c.model.heads,
-                " must be divisible by the \"model\" axis size ", n_model);
   const parallel::TPLayout layout = n_model > 1
                                         ? parallel::tp_layout_from_name(c.parallelism.tp_layout)
                                         : parallel::TPLayout::None;
   const nn::Precision precision = precision_of(c);
-  DISTJAX_CHECK(!precision.mixed() || layout != parallel::TPLayout::Async, NotImplemented,
-                "[gpt] distributed.mixed_precision = \"",
-                config::mixed_precision_name(c.distributed.mixed_precision),
-                "\" with parallelism.tp_layout = \"async\": the collective matmuls run in f32 "
-                "only; use another layout or mixed_precision = \"no\"");
-  DISTJAX_CHECK(
-      c.distributed.mixed_precision != config::MixedPrecision::Fp16 || !piped, NotImplemented,
-      "[gpt] distributed.mixed_precision = \"fp16\" with pipeline_parallel_size = ", n_pipe,
-      ": the pipeline runs its own loss, which the loss scale cannot scale; "
-      "use \"bf16\"");
-  // The parameter tree is the config's, whatever the mesh: a checkpoint moves between
-  // meshes with and without a pipe axis.
-  DISTJAX_CHECK(!piped || !c.model.tie_embeddings, ConfigError,
-                "[gpt] model.tie_embeddings = true with pipeline_parallel_size = ", n_pipe,
-                ": a pipeline's first and last stages cannot share the embedding wte; set "
-                "model.tie_embeddings = false (an untied lm_head)");
   const bool sequence_parallel = c.parallelism.sequence_parallel;
   const bool vocab_parallel = c.parallelism.vocab_parallel;
   const std::string backend_name = backend_label(c);

@@ -148,19 +148,47 @@ void defaults_pipeline_parallelism(config::TrainConfig& c) {
 
 const std::vector<ProgramInfo>& programs() {
   static const std::vector<ProgramInfo> list = {
-      {"train_mnist", "the MLP classifier on Fashion-MNIST, data parallel over \"data\"",
-       defaults_train_mnist, run_train_mnist},
-      {"data_parallelism", "the MLP classifier on Fashion-MNIST with ZeRO-1/2 or FSDP",
-       defaults_data_parallelism, run_data_parallelism},
-      {"tensor_parallelism", "the TP classifier on Fashion-MNIST over (data, model)",
-       defaults_tensor_parallelism, run_tensor_parallelism},
-      {"gpt", "the GPT on the fortunes corpus over (data, model): TP layouts, FSDP, remat",
-       defaults_gpt, run_gpt},
-      {"train_gpt", "the GPT on the fortunes corpus on one device", defaults_train_gpt,
-       run_train_gpt},
+      {"train_mnist",
+       "the MLP classifier on Fashion-MNIST, data parallel over \"data\"",
+       defaults_train_mnist,
+       run_train_mnist,
+       {},
+       check_train_mnist},
+      {"data_parallelism",
+       "the MLP classifier on Fashion-MNIST with ZeRO-1/2 or FSDP",
+       defaults_data_parallelism,
+       run_data_parallelism,
+       {.zero_stages = {0, 1, 2}, .fsdp = true},
+       check_data_parallelism},
+      {"tensor_parallelism",
+       "the TP classifier on Fashion-MNIST over (data, model)",
+       defaults_tensor_parallelism,
+       run_tensor_parallelism,
+       {.tensor_parallel = true},
+       check_tensor_parallelism},
+      {"gpt",
+       "the GPT on the fortunes corpus over (data, model): TP layouts, FSDP, remat",
+       defaults_gpt,
+       run_gpt,
+       // ZeRO-1/2: no; its data parallelism shards with FSDP (parallelism.fsdp.modules).
+       {.tensor_parallel = true,
+        .pipeline_parallel = true,
+        .fsdp = true,
+        .mixed_precision = true,
+        .ties_embeddings = true},
+       check_gpt},
+      {"train_gpt",
+       "the GPT on the fortunes corpus on one device",
+       defaults_train_gpt,
+       run_train_gpt,
+       {.max_devices = 1, .mixed_precision = true},
+       nullptr},
       {"pipeline_parallelism",
        "the pipeline-parallel MLP classifier on Fashion-MNIST over (data, pipe)",
-       defaults_pipeline_parallelism, run_pipeline_parallelism},
+       defaults_pipeline_parallelism,
+       run_pipeline_parallelism,
+       {.pipeline_parallel = true},
+       check_pipeline_parallelism},
   };
   return list;
 }
@@ -213,22 +241,19 @@ config::TrainConfig prepare_program(config::TrainConfig c, const std::string& so
   c.validate(source);
   DISTJAX_CHECK(c.run.steps > 0 || c.run.program == "train_mnist", ConfigError, "[", c.run.program,
                 "] needs run.steps > 0 (run.epochs is train_mnist's)");
-  // The GPT programs cast their matmuls by the policy; the classifier and pipeline
-  // programs have not been wired to it.
-  DISTJAX_CHECK(c.distributed.mixed_precision == config::MixedPrecision::No ||
-                    c.run.program == "gpt" || c.run.program == "train_gpt",
-                NotImplemented, "[", c.run.program, "] distributed.mixed_precision = \"",
-                config::mixed_precision_name(c.distributed.mixed_precision),
-                "\" is not implemented for this program (run.program = \"gpt\" and "
-                "\"train_gpt\" support it); use \"no\"");
-  DISTJAX_CHECK(c.distributed.pipeline_parallel_size == 1 || c.run.program == "pipeline_parallelism" ||
-                    c.run.program == "gpt",
-                NotImplemented, "[", c.run.program, "] pipeline_parallel_size = ",
-                c.distributed.pipeline_parallel_size,
-                ": this program has no pipeline (\"gpt\" and \"pipeline_parallelism\" have)");
+  check_program(c);
   make_out_dir(c);
   train::check_restore(checkpoint_config(c));
   return c;
+}
+
+void check_program(const config::TrainConfig& c) {
+  const ProgramInfo& program = find_program(c.run.program);
+  std::string refused;
+  for (const std::string& p : program.capabilities.problems(c))
+    refused += (refused.empty() ? "[" : "\n[") + c.run.program + "] " + p;
+  DISTJAX_CHECK(refused.empty(), NotImplemented, refused);
+  if (program.check != nullptr) program.check(c);
 }
 
 void make_out_dir(const config::TrainConfig& c) {

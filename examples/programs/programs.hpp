@@ -6,24 +6,32 @@
 #include <string>
 #include <vector>
 
+#include "distjax/config/program_capabilities.hpp"
 #include "distjax/config/train_config.hpp"
-#include "distjax/optim/adamw.hpp"
-#include "distjax/nn/precision.hpp"
-#include "distjax/train/train_state.hpp"
 #include "distjax/data/loader.hpp"
+#include "distjax/nn/precision.hpp"
+#include "distjax/optim/adamw.hpp"
 #include "distjax/train/checkpointer.hpp"
+#include "distjax/train/train_state.hpp"
 
 namespace distjax::examples {
 
 /// A program of the registry: its name (the value of run.program), what it trains, the
-/// defaults it starts from (the example binary's flag defaults) and its entry point.
+/// defaults it starts from (the example binary's flag defaults), its entry point, the
+/// parallelism it runs and its own checks of a config.
 struct ProgramInfo {
   const char* name;
   const char* about;
   /// Sets the program's defaults on a default TrainConfig (run.program included).
   void (*defaults)(config::TrainConfig&);
-  /// Runs a resolved and validated config; returns the exit status.
+  /// Runs a config that passed check_program; returns the exit status.
   int (*run)(const config::TrainConfig&);
+  /// The mesh axes, ZeRO stages, FSDP and precisions it runs: a config asking for more is
+  /// refused before it runs, and `distjax plan` suggests nothing beyond them.
+  config::ProgramCapabilities capabilities;
+  /// Its own checks of a resolved, validated config within its capabilities (sizes its
+  /// mesh axes must divide, layouts, the pipeline schedule): ConfigError or NotImplemented.
+  void (*check)(const config::TrainConfig&);
 };
 
 /// Every program, in the order `distjax train --help` lists them.
@@ -37,13 +45,18 @@ config::TrainConfig program_defaults(const std::string& name);
 
 /// Resolves config.distributed against the environment (comm::discover_launch_environment),
 /// validates the whole config (ConfigError listing every problem, naming `source`), refuses
-/// what no program runs yet (mixed precision; pipeline stages outside pipeline_parallelism),
-/// makes run.out_dir (make_out_dir), refuses what the run's Checkpointer would
-/// (train::check_restore: a fresh run over old checkpoints, --resume without one) before
-/// any file is written, and runs its program.
+/// what its program does not run (check_program), makes run.out_dir (make_out_dir),
+/// refuses what the run's Checkpointer would (train::check_restore: a fresh run over
+/// old checkpoints, --resume without one) before any file is written, and runs its
+/// program.
 int run_program(config::TrainConfig config, const std::string& source = "");
-/// What run_program does before it runs: the resolved and validated config.
+/// What run_program does before it runs: the resolved, validated and checked config.
 config::TrainConfig prepare_program(config::TrainConfig config, const std::string& source = "");
+/// The checks of a resolved and validated config against its program: NotImplemented
+/// listing every key that asks for more than ProgramInfo::capabilities ("[gpt]
+/// parallelism.zero_stage = 1 is not implemented for this program ..."), then the
+/// program's own ProgramInfo::check.
+void check_program(const config::TrainConfig& config);
 /// Creates run.out_dir (nothing when it is empty) and checks that a file can be made in it;
 /// else ConfigError naming the key and the path:
 ///   [config] run.out_dir = "/proc/x": cannot create the directory: No such file or directory
@@ -58,6 +71,12 @@ int run_train_gpt(const config::TrainConfig& c);
 int run_pipeline_parallelism(const config::TrainConfig& c);
 /// The same, printing the schedule's timeline first and the measured one at the end.
 int run_pipeline_parallelism(const config::TrainConfig& c, bool show_schedule);
+// Their own checks (ProgramInfo::check), beside each program.
+void check_train_mnist(const config::TrainConfig& c);
+void check_data_parallelism(const config::TrainConfig& c);
+void check_tensor_parallelism(const config::TrainConfig& c);
+void check_gpt(const config::TrainConfig& c);
+void check_pipeline_parallelism(const config::TrainConfig& c);
 
 /// The nn::Precision policy of distributed.mixed_precision: "no" f32, "bf16" bf16
 /// matmuls, "fp16" f16 matmul operands; f32 master weights in every case.

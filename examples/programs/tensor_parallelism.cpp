@@ -23,20 +23,24 @@ namespace distjax::examples {
 using tensor::Tensor;
 using tensor::TensorTree;
 
-int run_tensor_parallelism(const config::TrainConfig& c) {
+void check_tensor_parallelism(const config::TrainConfig& c) {
   const std::string& layout = c.parallelism.tp_layout;
   DISTJAX_CHECK(layout == "gather" || layout == "async", ConfigError,
                 "[tensor_parallelism] parallelism.tp_layout must be \"gather\" (synchronous) or "
                 "\"async\" (ppermute rings) for the TP classifier, got \"",
                 layout, "\"");
-  const bool async_rings = layout == "async";
-  const bool bidirectional = c.parallelism.bidirectional;
-  const mesh::Mesh mesh =
-      config::build_program_mesh(c.distributed, c.run.program, {"data", "model"});
-  const int n_data = mesh.axis_size("data"), n_model = mesh.axis_size("model");
+  const int n_model = config::build_program_mesh(c.distributed, c.run.program, {"data", "model"}).axis_size("model");
   DISTJAX_CHECK(c.model.hidden % n_model == 0, ConfigError,
                 "[tensor_parallelism] model.hidden = ", c.model.hidden,
                 " must be divisible by the \"model\" axis size ", n_model);
+}
+
+int run_tensor_parallelism(const config::TrainConfig& c) {
+  const std::string& layout = c.parallelism.tp_layout;
+  const bool async_rings = layout == "async";
+  const bool bidirectional = c.parallelism.bidirectional;
+  const mesh::Mesh mesh = config::build_program_mesh(c.distributed, c.run.program, {"data", "model"});
+  const int n_data = mesh.axis_size("data");
   const std::string backend_name = backend_label(c);
   if (c.distributed.is_main_process())
     std::printf("Mesh (%s backend, %s tensor parallelism):\n%s\n", backend_name.c_str(),

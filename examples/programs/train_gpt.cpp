@@ -10,6 +10,7 @@
 #include "distjax/data/text_corpus.hpp"
 #include "distjax/models/transformer.hpp"
 #include "distjax/optim/adamw.hpp"
+#include "distjax/parallel/strategy.hpp"
 #include "distjax/tensor/grad_node.hpp"
 #include "distjax/tensor/nn_ops.hpp"
 #include "distjax/tensor/reduce.hpp"
@@ -77,15 +78,22 @@ std::string sample(const models::Transformer& model, const TensorTree& params,
   return text;
 }
 
+// One device, no mesh: the base strategy, reporting the device's memory (summary.json's
+// memory_bytes_per_device) as the distributed strategies do.
+class OneDevice : public parallel::Strategy {
+ public:
+  MemoryStats* memory_stats() override { return &memory_; }
+
+ private:
+  MemoryStats memory_;
+};
+
 }  // namespace
 
 int run_train_gpt(const config::TrainConfig& c) {
   auto has = [](const std::vector<std::string>& names, const char* name) {
     return std::find(names.begin(), names.end(), name) != names.end();
   };
-  DISTJAX_CHECK(c.distributed.world_size == 1, ConfigError,
-                "[train_gpt] runs on one device; set distributed.enabled = false (world_size is ",
-                c.distributed.world_size, ")");
   const std::int64_t steps = c.run.steps, batch_size = c.run.batch_size, seq_len = c.data.seq_len;
   const std::string data_dir = c.data.dir.empty() ? data::kFortunesDir : c.data.dir;
   data::ByteCorpus corpus = data::load_fortunes(data_dir, c.data.validation_fraction);
@@ -131,6 +139,7 @@ int run_train_gpt(const config::TrainConfig& c) {
   if (resumed)
     std::printf("Resumed from %s at step %lld\n", ckpt.config().dir.c_str(),
                 static_cast<long long>(state.step));
+  OneDevice one_device;
   train::Trainer trainer({.out_dir = c.run.out_dir,
                           .total_steps = steps,
                           .log_every = c.run.log_every,
@@ -140,7 +149,8 @@ int run_train_gpt(const config::TrainConfig& c) {
                           .timeline_file = timeline_file(c, 0)},
                          opt, train_loss,
                          {.num_minibatches = static_cast<int>(c.run.grad_accum_steps),
-                          .max_grad_norm = c.optimizer.max_grad_norm});
+                          .max_grad_norm = c.optimizer.max_grad_norm,
+                          .strategy = &one_device});
   trainer.evaluate(state, val, eval_loss);
   const double initial_bpb = trainer.last_eval().at("bits_per_byte");
   const std::int64_t eval_every = c.run.eval_every > 0 ? c.run.eval_every : steps;

@@ -45,8 +45,9 @@ TEST(LaunchEnvironment, OpenMpi) {
   EXPECT_EQ(env.local_size, 4);
   EXPECT_EQ(env.num_nodes, 2);
   EXPECT_EQ(env.source, "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE");
-  if (comm::backend_available(comm::Backend::Mpi))
+  if (comm::backend_available(comm::Backend::Mpi)) {
     EXPECT_EQ(comm::default_backend(env), comm::Backend::Mpi);
+  }
 }
 
 TEST(LaunchEnvironment, Pmi) {

@@ -341,8 +341,13 @@ TEST(DocsPlan, Gpt3OnSixtyFourDevices) {
   EXPECT_NEAR(p.parameters / 1e9, 11.08, 0.01);
   EXPECT_NEAR(p.total() / 1e9, 54.95, 0.01);
   EXPECT_NE(p.str().find("11.08 GB"), std::string::npos);
-  std::vector<plan::Plan> fits = plan::meshes_that_fit(gpt3, s, 64, 80.0 * (1 << 30));
+  // Only what the program that will run it runs (the gpt program's: no ZeRO-1/2, FSDP).
+  const config::ProgramCapabilities runs{
+      .tensor_parallel = true, .pipeline_parallel = true, .fsdp = true, .mixed_precision = true};
+  std::vector<plan::Plan> fits = plan::meshes_that_fit(gpt3, s, 64, 80.0 * (1 << 30), runs);
   EXPECT_FALSE(fits.empty());
+  for (const plan::Plan& f : fits)
+    EXPECT_EQ(f.setup.zero_stage, 0);
 }
 
 // ------------------------------------------------------------ global-view.md

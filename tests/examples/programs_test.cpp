@@ -1,13 +1,18 @@
 // The example binaries and `distjax train configs/<example>.toml` run the same config: the
-// defaults each example starts from equal its file under configs/.
+// defaults each example starts from equal its file under configs/. `distjax plan` suggests
+// for each program only setups that pass the checks `distjax train` runs before running it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 
 #include "distjax/config/config_file.hpp"
 #include "distjax/core/error.hpp"
+#include "distjax/plan/plan.hpp"
 #include "programs/programs.hpp"
 
 using namespace distjax;
@@ -73,4 +78,68 @@ TEST(Programs, AnUnusableOutDirNamesTheKey) {
     }
   }
   std::filesystem::remove(file);
+}
+
+// Every setup plan::meshes_that_fit lists, under any budget, for each program's defaults and
+// each shipped config, on 1, 2, 4, 8 devices and the config's own count, applied to that
+// config (plan::apply_setup), is one prepare_program (what `distjax train` runs before the
+// program) accepts.
+TEST(Programs, ThePlannerSuggestsOnlyWhatTheProgramRuns) {
+  std::vector<std::pair<std::string, config::TrainConfig>> bases;
+  for (const examples::ProgramInfo& p : examples::programs())
+    bases.emplace_back(std::string(p.name) + " defaults", examples::program_defaults(p.name));
+  std::vector<std::filesystem::path> files;
+  for (const auto& f :
+       std::filesystem::directory_iterator(std::string(DISTJAX_SOURCE_DIR) + "/configs"))
+    if (f.path().extension() == ".toml") files.push_back(f.path());
+  std::sort(files.begin(), files.end());
+  for (const std::filesystem::path& f : files)
+    bases.emplace_back(f.filename().string(), config::load_config(f.string()));
+  std::set<std::string> planned, unplanned;
+  int suggestions = 0;
+  // prepare_program makes run.out_dir and looks for checkpoints there: one empty directory.
+  const std::filesystem::path out =
+      std::filesystem::temp_directory_path() / "distjax_programs_plan_test";
+  std::filesystem::remove_all(out);
+  for (auto& [name, base] : bases) {
+    base.run.steps = std::max<std::int64_t>(base.run.steps, 1);
+    base.run.out_dir = out.string();
+    base = examples::prepare_program(base, name);  // the base itself runs
+    plan::ModelDescription model;
+    try {
+      model = plan::model_from_config(base);
+    } catch (const NotImplemented&) {
+      unplanned.insert(base.run.program);  // `distjax plan` refuses it, naming the program
+      continue;
+    }
+    planned.insert(base.run.program);
+    const plan::Setup setup = plan::setup_from_config(base);
+    const config::ProgramCapabilities runs =
+        examples::find_program(base.run.program)
+            .capabilities.for_config(base);
+    for (int world : {1, 2, 4, 8, base.distributed.world_size}) {
+      for (const plan::Plan& p : plan::meshes_that_fit(model, setup, world, 1e300, runs)) {
+        ++suggestions;
+        try {
+          examples::prepare_program(plan::apply_setup(base, p.setup), name);
+        } catch (const Error& e) {
+          ADD_FAILURE() << name << ": the plan suggests " << plan::describe_setup(p.setup)
+                        << " (micro-batches " << p.setup.microbatches << "), which "
+                        << base.run.program << " refuses:\n"
+                        << e.what();
+        }
+      }
+    }
+  }
+  std::string checked, skipped;
+  for (const std::string& p : planned)
+    checked += " " + p;
+  for (const std::string& p : unplanned)
+    skipped += " " + p;
+  std::printf("%d suggestions checked, programs%s; no planning model:%s\n", suggestions,
+              checked.c_str(), skipped.c_str());
+  EXPECT_EQ(planned,
+            (std::set<std::string>{"data_parallelism", "gpt", "train_gpt", "train_mnist"}));
+  EXPECT_GT(suggestions, 50);
+  std::filesystem::remove_all(out);
 }

@@ -1,8 +1,10 @@
 // Plan: the per-device memory and communication a training setup needs, predicted without
 // running it (or allocating anything), and the meshes that fit a memory budget.
-// `plan` is its own part, after `config` (it reads a TrainConfig) and beside `models`
-// (whose parameter shapes it counts analytically, so that a 175B model costs nothing):
-// it is a tool's model of the library, not a layer the training path uses.
+// `plan` is its own part, after `config` (it reads a TrainConfig and a program's
+// capabilities) and beside `models` (whose parameter shapes it counts analytically, so that
+// a 175B model costs nothing); it runs the pipeline schedules of parallel/pipeline_schedule.hpp
+// (pure data) over its memory model. It is a tool's model of the library, not a layer the
+// training path uses.
 //
 // Shape legend: b micro-batch (sequences per device per pass), s sequence (T), h width (C),
 // a heads, L layers, V vocabulary; mesh axes data (d), model (t), pipe (p).
@@ -12,12 +14,16 @@
 #include <string>
 #include <vector>
 
+#include "distjax/config/program_capabilities.hpp"
 #include "distjax/config/train_config.hpp"
 
 namespace distjax::plan {
 
-/// How a parameter is split over the "model" axis (tensor parallelism).
-enum class TPSplit : std::uint8_t { None, Column, Row, Vocab };
+/// How a parameter is split over the "model" axis (tensor parallelism): Column its last
+/// dimension, Row the first of a kernel; the vocabulary, padded to a multiple of the axis
+/// as Megatron pads it, VocabRow the rows of an embedding table (V, C), VocabColumn the
+/// columns of a head's kernel (C, V).
+enum class TPSplit : std::uint8_t { None, Column, Row, VocabRow, VocabColumn };
 
 /// One parameter of the model: path, global shape, split over "model", pipeline layer.
 struct ParamInfo {
@@ -28,44 +34,86 @@ struct ParamInfo {
   std::int64_t numel() const;
 };
 
-/// Bytes of saved activations of one layer or of the head, as
-///   per token: per_token_h x h + per_token_head x (a / t) + per_token_v x V   (bytes)
-///   plus per_seq2 x a x s^2 / t per sequence (attention scores kept; 0 with fused attention)
-/// all for one device's share under tensor parallelism factor `t` applied by the model.
-/// Two calibrations exist (activation_model_megatron, activation_model_distjax).
+/// What one training step keeps and allocates beyond the state, per micro-batch, for one
+/// device's share under tensor parallelism factor `t`:
+///   a layer keeps  per token: h x (layer_replicated + layer_split / t) + layer_per_token
+///                  + (a / t) x (layer_per_head + layer_per_head_seq x s)   bytes
+///   (with t = 1, no tensor-parallel layout: h x layer_unsplit and no layer_per_token; with
+///   sequence parallelism and t > 1: h x (layer_replicated_sp + layer_split_sp / t)),
+///   the head keeps per token: V' x head_per_vocab + h x (head_replicated + head_split / t)
+///   (V' = V, or V / t in the Megatron calibration), the stage's input h x stage_input.
+/// Two calibrations exist (activation_model_megatron, activation_model_distjax); make_plan
+/// runs each pipeline stage's schedule over these to find its peak.
 struct ActivationModel {
   std::string name;  ///< "megatron-16bit", "distjax-f32"
-  /// Per transformer layer, per token, in units of h: replicated part (not split by t)
-  /// and split part (divided by t; also the replicated part with sequence parallelism).
+  /// Per transformer layer, per token, in units of h: with t = 1; with t > 1 the
+  /// replicated part (not split by t) and split part (divided by t); the same under
+  /// sequence parallelism.
+  double layer_unsplit = 0;
   double layer_replicated = 0;
   double layer_split = 0;
-  /// Per layer, per token, in units of a (attention row statistics) and of a x s (scores).
+  double layer_replicated_sp = 0;
+  double layer_split_sp = 0;
+  /// Per layer, per token: bytes (t > 1), in units of a / t (attention row statistics)
+  /// and of a s / t (scores).
+  double layer_per_token = 0;
   double layer_per_head = 0;
   double layer_per_head_seq = 0;
-  /// Per token at the head: units of V and of h (logits, their gradient, final norm).
+  /// Per token at the head: units of V' and of h (logits, final norm); in units of V',
+  /// what the head's backward adds before the saved logits are freed (their cotangent).
   double head_per_vocab = 0;
+  double head_backward_per_vocab = 0;
   double head_replicated = 0;
   double head_split = 0;
   /// Per layer, per token, in units of h, kept under full recomputation (the block input).
   double layer_full_remat = 0;
   /// Per layer, per token, in units of h, kept under selective recomputation (the
-  /// Megatron paper's 34/t: attention's s^2 terms recomputed).
+  /// Megatron paper's 34/t: attention's s^2 terms recomputed); <= 0: not implemented.
   double layer_selective = 0;
+  /// Per token, in units of h: the stage's input kept for its backward (the embedding's
+  /// output on the first stage, the received activation on the others; divided by t under
+  /// sequence parallelism), and what the embedding keeps besides under sequence and
+  /// vocabulary parallelism.
+  double stage_input = 0;
+  double embed_sequence_parallel = 0;
+  double embed_vocab_parallel = 0;
+  /// Bytes per token of a pipeline micro-batch's token ids and labels (sliced in the step).
+  double microbatch_per_token = 0;
+  /// Cotangents of the residual stream, (b, s, h) each, alive while a layer's backward runs
+  /// (the one arriving and the one it sends down).
+  double cotangent_buffers = 0;
+  /// Per layer, per token, in units of h: the cotangents a layer's backward holds beside
+  /// its saved activations before it frees them, with t = 1 (no tensor-parallel layout)
+  /// and split by t > 1.
+  double layer_backward_unsplit = 0;
+  double layer_backward_split = 0;
+  /// Receives a pipeline stage posts ahead per channel, (b, s, h) each.
+  int receive_buffers = 0;
   /// Whether data parallelism all-reduces a copy of the gradients (DistJax's buckets)
   /// rather than the gradient buffer in place (Megatron's contiguous buffer).
   bool gradient_bucket_copy = false;
+  /// Whether a backward returns fresh gradient tensors (DistJax's tape; a pipeline adds
+  /// each micro-batch's into an accumulator of its own), counted in the activation peak,
+  /// rather than adding into the persistent gradient buffer in place (Megatron's main_grad).
+  bool step_gradients = false;
 };
 
 /// Megatron-LM's (Korthikanti et al. 2022, "Reducing Activation Recomputation"): per layer
 /// s b h (34 + 5 a s / h) bytes with 16-bit activations, s b h (10 + 24/t + 5 a s/(h t))
 /// under tensor parallelism, s b h (34/t + 5 a s/(h t)) with sequence parallelism,
-/// 34 s b h / t with selective recomputation, 2 s b h with full recomputation.
+/// 34 s b h / t with selective recomputation, 2 s b h with full recomputation (plus one
+/// layer rebuilt in backward). Gradients in place, no transfer buffers counted.
 ActivationModel activation_model_megatron();
-/// DistJax's own kernels in f32 (measured on this implementation, tests/plan/plan_test.cpp):
-/// per layer 4 (16 h + 2 a/t) bytes per token (the fused attention keeps two statistics per
-/// head and row, no s^2 scores; the Megatron layout keeps the residual stream, norms and
-/// MLP input replicated along "model", so the 16 h do not shrink with t); head
-/// 4 (V + 4 h + 3 h/t) bytes per token; 4 h per layer under remat (the block input).
+/// DistJax's own kernels in f32 (measured on this implementation, tests/plan/plan_test.cpp
+/// and tests/tools/distjax_plan_test.cpp): per layer 4 (16 h + 2 a) bytes per token with
+/// t = 1, 4 (10 h + 12 h/t + 2 a/t) + 12 with the Megatron layout (the fused attention
+/// keeps two statistics per head and row, no s^2 scores; the residual stream, norms and
+/// MLP input stay replicated along "model"), 4 (4 h + 18 h / t) with sequence parallelism;
+/// head 4 (V + h + h/t), and the logits' cotangent 4 V in its backward; the stage input
+/// 4 h; 4 h per layer under remat (the block input); the gradients as fresh tensors; in a
+/// layer's backward two residual cotangents and the MLP's two hidden ones, 4 (2 h + 8 h)
+/// per token (t = 1) or 4 (2 h + 2 h / t), beside its saved activations; two receives
+/// posted ahead per pipeline channel.
 ActivationModel activation_model_distjax();
 
 /// What the model is: its parameters and how its activations scale.
@@ -91,7 +139,15 @@ ModelDescription describe_classifier(std::int64_t in_features, std::int64_t hidd
                                      std::int64_t num_classes);
 
 enum class Recompute : std::uint8_t { None, Selective, Full };
-enum class PipeSchedule : std::uint8_t { GPipe, OneFOneB, Interleaved, ZeroBubble };
+/// The pipeline schedules (parallel::ScheduleKind): "gpipe", "1f1b", "interleaved", "zbh1",
+/// "interleaved_zb".
+enum class PipeSchedule : std::uint8_t {
+  GPipe,
+  OneFOneB,
+  Interleaved,
+  ZeroBubble,
+  InterleavedZeroBubble
+};
 
 /// How the model is trained: mesh, strategy, optimizer, precision, batch.
 struct Setup {
@@ -130,9 +186,11 @@ struct CommEntry {
 /// Per-device prediction. Memory as spmd::DeviceContext::memory() measures it: parameters,
 /// gradients and optimizer state by storage after the update; the activation peak is the
 /// most bytes the forward and backward pass held beyond the state (saved activations, the
-/// gradient buffers they fill, FSDP's gathered weights).
+/// gradients the backward returns and the buffers they fill, FSDP's gathered weights, a
+/// pipeline's gradient accumulator and posted receives).
 struct Plan {
   Setup setup;
+  int stage = 0;  ///< the pipeline stage reported: the one whose total is largest
   std::string model_name;
   std::int64_t model_params = 0;  ///< whole model
   double params_per_device = 0;   ///< elements on the busiest device
@@ -144,8 +202,12 @@ struct Plan {
   std::string str() const;
 };
 
-/// The prediction for `model` under `setup` (the device that holds the most: the first
-/// pipeline stage). Throws InvalidArgument when the mesh does not divide the model.
+/// The prediction for `model` under `setup`, on the device that holds the most (of a
+/// pipeline: the stage with the largest total; the activation peak of each stage comes
+/// from running its schedule, parallel::make_schedule, over the model of what each
+/// forward keeps and each backward allocates). Throws InvalidArgument when the mesh does
+/// not divide the model (layers over pipe x virtual stages, heads over model, the
+/// sequence over model with sequence parallelism).
 Plan make_plan(const ModelDescription& model, const Setup& setup);
 
 /// The model and setup a config describes (run.program picks the model: gpt / train_gpt
@@ -154,11 +216,24 @@ Plan make_plan(const ModelDescription& model, const Setup& setup);
 ModelDescription model_from_config(const config::TrainConfig& c);
 Setup setup_from_config(const config::TrainConfig& c);
 
+/// The config `c` with the choices meshes_that_fit makes taken from `s`: the mesh
+/// (distributed.world_size, tensor_parallel_size, pipeline_parallel_size; an explicit
+/// mesh_shape dropped for the default (data, model, pipe) axes, num_processes_per_node left
+/// to config::resolve; enabled with more than one device), parallelism.zero_stage, fsdp.modules
+/// (["*"] unless `c` names modules) and microbatches (1 without a pipe axis).
+config::TrainConfig apply_setup(config::TrainConfig c, const Setup& s);
+
 /// The (data, tensor, pipe) factorizations of `world` (tensor dividing the heads, pipe the
-/// layers), each with ZeRO stage 0..2 and FSDP, whose predicted total fits `budget_bytes`,
-/// smallest total first. `base` gives everything else (batch, precision, recompute...).
+/// layers), each with plain data parallelism, ZeRO-1, ZeRO-2 and FSDP over "data", that
+/// the program runs (`runs`: its mesh axes, ZeRO stages and FSDP; parallel::Pipeline takes
+/// no ZeRO-2) and whose predicted total fits `budget_bytes`, smallest total first. A
+/// pipeline gets at least p micro-batches. `base` gives everything else (batch, precision,
+/// recompute...).
+///
+///   const auto& gpt = examples::find_program("gpt").capabilities;   // no ZeRO: FSDP
+///   meshes_that_fit(model, setup, 64, 80.0 * (1 << 30), gpt.for_config(config));
 std::vector<Plan> meshes_that_fit(const ModelDescription& model, const Setup& base, int world,
-                                  double budget_bytes);
+                                  double budget_bytes, const config::ProgramCapabilities& runs);
 
 /// "data=8 model=8 pipe=1 ZeRO-1"
 std::string describe_setup(const Setup& s);

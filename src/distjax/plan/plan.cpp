@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "distjax/core/error.hpp"
+#include "distjax/plan/detail/stage_memory.hpp"
 
 namespace distjax::plan {
 
@@ -24,8 +25,10 @@ std::int64_t ModelDescription::num_params() const {
 ActivationModel activation_model_megatron() {
   ActivationModel m;
   m.name = "megatron-16bit";
+  m.layer_unsplit = 34;      // 34 s b h without tensor parallelism
   m.layer_replicated = 10;   // layer norms' inputs, dropout masks, residual: 10 s b h
   m.layer_split = 24;        // QKV, attention output, MLP activations: 24 s b h / t
+  m.layer_split_sp = 34;     // sequence parallel: all of it split, 34 s b h / t
   m.layer_per_head_seq = 5;  // softmax output, its dropout mask, scores: 5 a s^2 b / t
   m.head_per_vocab = 4;      // f32 logits of the vocabulary-parallel cross-entropy / t
   m.head_replicated = 4;     // final norm input and output
@@ -37,14 +40,29 @@ ActivationModel activation_model_megatron() {
 ActivationModel activation_model_distjax() {
   ActivationModel m;
   m.name = "distjax-f32";
-  m.layer_replicated = 64;  // 16 f32 tensors of (b, s, h) per block, kept along "model"
-  m.layer_per_head = 8;     // the fused attention's max and sum per (head, row)
-  m.head_per_vocab = 4;     // logits (b, s, V) f32
-  m.head_replicated = 16;   // final norm and the head's input
-  m.head_split = 12;
-  m.layer_full_remat = 4;  // the block input
-  m.layer_selective = -1;  // not implemented: selective recompute plans as none
+  m.layer_unsplit = 64;        // 16 f32 tensors of (b, s, h) per block
+  m.layer_replicated = 40;     // Megatron layout: 10 of them kept whole along "model",
+  m.layer_split = 48;          //   12 split by t (QKV, attention output, MLP hidden)
+  m.layer_replicated_sp = 16;  // sequence parallel: 4 of them still whole,
+  m.layer_split_sp = 72;       //   18 split along the sequence
+  m.layer_per_token = 12;      // the Megatron layout's norm statistics
+  m.layer_per_head = 8;        // the fused attention's max and sum per (head, row)
+  m.head_per_vocab = 4;        // logits (b, s, V) f32, and in backward their cotangent
+  m.head_backward_per_vocab = 4;
+  m.head_replicated = 4;           // the final norm's output (split by t: the gathered one
+  m.head_split = 4;                //   of sequence parallelism)
+  m.layer_full_remat = 4;          // the block input
+  m.layer_selective = -1;          // not implemented: selective recompute plans as none
+  m.stage_input = 4;               // (b, s, h) f32
+  m.embed_sequence_parallel = 12;  // the lookup's output before it is split, its gather
+  m.embed_vocab_parallel = 12;     // the masked lookup and its partial sums
+  m.microbatch_per_token = 16;     // i32 ids and labels, sliced and marked per micro-batch
+  m.cotangent_buffers = 2;
+  m.layer_backward_unsplit = 32;  // the MLP's hidden cotangents, (b, s, 4h) f32 twice, while
+  m.layer_backward_split = 8;     //   its saved ones live; split by t: 2 h / t measured
+  m.receive_buffers = 2;          // parallel::Pipeline's kReceiveLookahead
   m.gradient_bucket_copy = true;
+  m.step_gradients = true;
   return m;
 }
 
@@ -61,7 +79,7 @@ ModelDescription describe_gpt(std::int64_t vocab, std::int64_t d_model, std::int
   auto add = [&](std::string path, std::vector<std::int64_t> shape, TPSplit split, int layer) {
     m.params.push_back({std::move(path), std::move(shape), split, layer});
   };
-  add("wte/embedding", {vocab, c}, vocab_parallel ? TPSplit::Vocab : TPSplit::None, -1);
+  add("wte/embedding", {vocab, c}, vocab_parallel ? TPSplit::VocabRow : TPSplit::None, -1);
   add("wpe/embedding", {max_len, c}, TPSplit::None, -1);
   for (int i = 0; i < layers; ++i) {
     const std::string b = "blocks/" + std::to_string(i) + "/";
@@ -80,7 +98,8 @@ ModelDescription describe_gpt(std::int64_t vocab, std::int64_t d_model, std::int
   }
   add("ln_f/scale", {c}, TPSplit::None, -1);
   add("ln_f/bias", {c}, TPSplit::None, -1);
-  if (!tied) add("lm_head/kernel", {c, vocab}, vocab_parallel ? TPSplit::Column : TPSplit::None, -1);
+  if (!tied)
+    add("lm_head/kernel", {c, vocab}, vocab_parallel ? TPSplit::VocabColumn : TPSplit::None, -1);
   return m;
 }
 
@@ -100,100 +119,11 @@ ModelDescription describe_classifier(std::int64_t in_features, std::int64_t hidd
 
 namespace {
 
-/// One parameter on the first pipeline stage of one device: elements held, and the
-/// elements of the whole (tensor-parallel shard of the) leaf when FSDP splits it.
-struct LocalLeaf {
-  std::int64_t elems = 0;     // stored on this device
-  std::int64_t gathered = 0;  // FSDP: elements after the gather (0 = not fully sharded)
-  int layer = -1;
-};
-
-std::int64_t tp_dim(const ParamInfo& p) {
-  switch (p.split) {
-    case TPSplit::Column:
-      return static_cast<std::int64_t>(p.shape.size()) - 1;
-    case TPSplit::Row:
-      return p.shape.size() == 2 ? 0 : -1;
-    case TPSplit::Vocab:
-      return 0;
-    case TPSplit::None:
-      return -1;
-  }
-  return -1;
-}
-
-std::vector<LocalLeaf> local_leaves(const ModelDescription& m, const Setup& s) {
-  const std::int64_t per_stage = m.layers > 0 ? m.layers / s.pipe : 0;
-  std::vector<LocalLeaf> out;
-  for (const ParamInfo& p : m.params) {
-    // The first stage: the embeddings and blocks 0 .. L/p - 1 (the last stage's head is
-    // the tied embedding again and its final norm: never more).
-    if (s.pipe > 1 && p.layer >= per_stage) continue;
-    if (s.pipe > 1 && p.layer < 0 &&
-        (p.path.rfind("ln_f", 0) == 0 || p.path.rfind("lm_head", 0) == 0))
-      continue;  // on the last stage
-    std::vector<std::int64_t> shape = p.shape;
-    const std::int64_t d = tp_dim(p);
-    if (d >= 0 && s.tensor > 1 && p.split == TPSplit::Vocab) {
-      shape[d] = (shape[d] + s.tensor - 1) / s.tensor;  // padded vocabulary, as Megatron's
-    } else if (d >= 0 && s.tensor > 1) {
-      DISTJAX_CHECK(shape[d] % s.tensor == 0, InvalidArgument, "[plan] parameter \"", p.path,
-                    "\" dimension ", d, " of size ", shape[d],
-                    " does not split over model = ", s.tensor);
-      shape[d] /= s.tensor;
-    }
-    LocalLeaf leaf;
-    leaf.layer = p.layer;
-    leaf.elems = std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>());
-    // mesh::fully_sharded_spec: global size >= min_weight_size and a dimension divisible.
-    if (s.fsdp && s.data > 1 && p.numel() >= s.fsdp_min_weight_size &&
-        std::any_of(shape.begin(), shape.end(), [&](std::int64_t e) { return e % s.data == 0; })) {
-      leaf.gathered = leaf.elems;
-      leaf.elems /= s.data;
-    }
-    out.push_back(leaf);
-  }
-  return out;
-}
-
 double ring_all_reduce(int n, double bytes) {
   return n > 1 ? 2.0 * (n - 1) / n * bytes : 0.0;
 }
 double ring_gather(int n, double bytes) {
   return n > 1 ? double(n - 1) / n * bytes : 0.0;
-}
-
-// Micro-batches whose activations the first stage holds at once, in whole-stage units.
-double in_flight(const Setup& s) {
-  if (s.pipe <= 1) return 1;
-  if (s.schedule == PipeSchedule::GPipe) return double(s.microbatches);
-  if (s.schedule == PipeSchedule::Interleaved && s.virtual_stages > 1) {
-    // (v-1)p + 2(p-1) + 1 chunks of 1/v of a stage (Megatron's p + (p-1)/v), at most m v.
-    const std::int64_t v = s.virtual_stages, p = s.pipe;
-    return double(std::min<std::int64_t>(s.microbatches * v, (v - 1) * p + 2 * (p - 1) + 1)) /
-           double(v);
-  }
-  return double(std::min<std::int64_t>(s.microbatches, s.pipe));  // 1F1B, ZB-H1: p - stage
-}
-
-/// Bytes of activations one transformer layer keeps for `tokens` tokens of one micro-batch.
-double layer_activation_bytes(const ModelDescription& m, const Setup& s, double tokens,
-                              Recompute r) {
-  const ActivationModel& a = s.activations;
-  const double h = double(m.d_model), t = s.tensor, seq = double(s.seq_len);
-  if (r == Recompute::Full) return tokens * h * a.layer_full_remat / (s.sequence_parallel ? t : 1);
-  if (r == Recompute::Selective && a.layer_selective > 0) return tokens * h * a.layer_selective / t;
-  const double replicated = a.layer_replicated / (s.sequence_parallel ? t : 1);
-  return tokens * (h * (replicated + a.layer_split / t) +
-                   double(m.heads) / t * (a.layer_per_head + a.layer_per_head_seq * seq));
-}
-
-double head_activation_bytes(const ModelDescription& m, const Setup& s, double tokens) {
-  const ActivationModel& a = s.activations;
-  const double t = s.tensor;
-  const double vocab_share = (a.name == "megatron-16bit") ? double(m.vocab) / t : double(m.vocab);
-  return tokens * (vocab_share * a.head_per_vocab +
-                   double(m.d_model) * (a.head_replicated + a.head_split / t));
 }
 
 }  // namespace
@@ -218,123 +148,164 @@ std::string describe_setup(const Setup& s) {
   return out;
 }
 
-Plan make_plan(const ModelDescription& m, const Setup& s) {
-  DISTJAX_CHECK(s.data >= 1 && s.tensor >= 1 && s.pipe >= 1, InvalidArgument,
-                "[plan] mesh sizes must be positive, got ", describe_setup(s));
+namespace {
+
+void check_setup(const ModelDescription& m, const Setup& s) {
+  DISTJAX_CHECK(s.data >= 1 && s.tensor >= 1 && s.pipe >= 1 && s.virtual_stages >= 1,
+                InvalidArgument, "[plan] mesh sizes and virtual stages must be positive, got ",
+                describe_setup(s), ", virtual stages ", s.virtual_stages);
   DISTJAX_CHECK(s.global_batch % s.data == 0, InvalidArgument, "[plan] batch ", s.global_batch,
                 " does not split over data = ", s.data);
   const bool gpt = m.layers > 0;
   DISTJAX_CHECK(gpt || (s.tensor == 1 && s.pipe == 1), NotImplemented,
                 "[plan] the classifier is planned on a (\"data\") mesh only, got ",
                 describe_setup(s));
-  if (gpt) {
-    DISTJAX_CHECK(m.layers % s.pipe == 0, InvalidArgument, "[plan] ", m.layers,
-                  " layers do not split over pipe = ", s.pipe);
-    DISTJAX_CHECK(m.heads % s.tensor == 0, InvalidArgument, "[plan] ", m.heads,
-                  " heads do not split over model = ", s.tensor);
+  if (!gpt) return;
+  const std::int64_t chunks = std::int64_t{s.pipe} * (s.pipe > 1 ? s.virtual_stages : 1);
+  DISTJAX_CHECK(m.layers % chunks == 0, InvalidArgument, "[plan] ", m.layers,
+                " layers do not split over pipe = ", s.pipe,
+                " x virtual stages = ", chunks / s.pipe);
+  DISTJAX_CHECK(m.heads % s.tensor == 0, InvalidArgument, "[plan] ", m.heads,
+                " heads do not split over model = ", s.tensor);
+  DISTJAX_CHECK(!s.sequence_parallel || s.seq_len % s.tensor == 0, InvalidArgument,
+                "[plan] sequence parallelism: sequence ", s.seq_len,
+                " does not split over model = ", s.tensor);
+  DISTJAX_CHECK(s.pipe == 1 || (s.global_batch / s.data) % s.microbatches == 0, InvalidArgument,
+                "[plan] each replica's batch ", s.global_batch / s.data, " does not split into ",
+                s.microbatches, " micro-batches");
+}
+
+/// What data parallelism adds to the gradients `grads` within the step's backward, when it
+/// copies them (ActivationModel::gradient_bucket_copy): plain data parallelism its buckets,
+/// ZeRO-2 the buffer it reduce-scatters and the chunk it keeps; ZeRO-1 nothing yet.
+double step_copies(const Setup& s, double grads) {
+  if (s.data == 1 || s.zero_stage == 1) return 0.0;
+  return s.zero_stage == 2 ? grads + grads / s.data : grads;
+}
+
+/// The classifier's activation peak: the larger of the end of forward (fc1's output, silu's
+/// output, the dropout mask and output, h each, the logits, K, f32; the data-parallel
+/// bucket, allocated when backward starts) and the end of backward (the gradients and
+/// what the strategy adds in the step: data parallelism's bucket copy, ZeRO-2's copy and
+/// the chunks it keeps, FSDP's gathered weights and full gradients; the first layer's
+/// input cotangent and the loss). ZeRO-1 reduce-scatters after the step's backward.
+double classifier_activation_peak(const ModelDescription& m, const Setup& s,
+                                  const std::vector<detail::LocalLeaf>& leaves) {
+  double elems = 0, fsdp_full = 0;
+  for (const detail::LocalLeaf& l : leaves) {
+    elems += double(l.elems);
+    fsdp_full += double(l.gathered);
   }
+  const int d = s.data;
+  const double b_local = double(s.global_batch) / d;
+  const double grads = elems * s.grad_bytes;
+  const bool copy = s.activations.gradient_bucket_copy;
+  const double bucket = copy && d > 1 && !s.fsdp && s.zero_stage == 0 ? grads : 0.0;
+  const double end_of_forward = b_local * 4.0 * double(4 * m.hidden + m.num_classes) + bucket;
+  // (Without the bucket copy the gradients are the state's own, counted once, not here.)
+  const double end_of_backward = (copy ? grads + step_copies(s, grads) : 0.0) +
+                                 fsdp_full * (s.grad_bytes + s.param_bytes) +
+                                 b_local * 4.0 * double(m.hidden) + 4.0;
+  return std::max(end_of_forward, end_of_backward);
+}
+
+/// The state and activation peak of one device of pipeline stage `stage`.
+Plan stage_plan(const ModelDescription& m, const Setup& s, int stage,
+                const std::vector<detail::LocalLeaf>& leaves) {
   Plan plan;
   plan.setup = s;
+  plan.stage = stage;
   plan.model_name = m.name;
   plan.model_params = m.num_params();
-
-  // State: parameters, gradients and optimizer slots of the leaves this device holds.
-  const std::vector<LocalLeaf> leaves = local_leaves(m, s);
-  double elems = 0, replicated_elems = 0, fsdp_full = 0, fsdp_full_layer = 0;
-  for (const LocalLeaf& l : leaves) {
+  double elems = 0;
+  for (const detail::LocalLeaf& l : leaves)
     elems += double(l.elems);
-    if (l.gathered > 0) {
-      fsdp_full += double(l.gathered);
-    } else {
-      replicated_elems += double(l.elems);
-    }
-  }
-  for (const LocalLeaf& l : leaves)  // one block's gathered leaves (remat frees them after use)
-    if (l.layer == 0) fsdp_full_layer += double(l.gathered);
   const int d = s.data;
   plan.params_per_device = elems;
   plan.parameters = elems * s.param_bytes;
   plan.gradients = elems * s.grad_bytes / (s.zero_stage >= 2 ? d : 1);
   plan.optimizer_state = elems * (s.optimizer_slots * s.state_bytes + (s.master_weights ? 4 : 0)) /
                          (s.zero_stage >= 1 ? d : 1);
+  plan.activations = m.layers > 0 ? detail::gpt_activation_peak(m, s, stage, leaves)
+                                  : classifier_activation_peak(m, s, leaves);
+  return plan;
+}
 
-  // Activation peak: the larger of two moments of the step.
-  //  (1) the end of forward: every saved activation of the micro-batches in flight, the
-  //      head's, and the data-parallel buckets (allocated when backward starts);
-  //  (2) the end of backward: the gradients (and a bucket copy of them when they are
-  //      all-reduced), FSDP's gathered weights and their full gradients before the
-  //      reduce-scatter, the first layer's input.
-  const double b_local = double(s.global_batch) / d / (s.pipe > 1 ? double(s.microbatches) : 1.0);
-  const double tokens = b_local * double(s.seq_len);
-  const double grad_local = elems * s.grad_bytes;
-  const bool copy = s.activations.gradient_bucket_copy;
-  const double bucket = copy && d > 1 && !s.fsdp && s.zero_stage == 0 ? grad_local : 0.0;
-  double end_of_forward = 0, end_of_backward = 0;
-  if (gpt) {
-    const double layers_here = double(m.layers / s.pipe);
-    double saved =
-        layers_here * in_flight(s) * layer_activation_bytes(m, s, tokens, s.recompute);
-    // Recomputation rebuilds one block's activations in backward.
-    if (s.recompute != Recompute::None)
-      saved += layer_activation_bytes(m, s, tokens, Recompute::None);
-    if (s.pipe == 1) saved += head_activation_bytes(m, s, tokens);
-    end_of_forward = saved + bucket;
-  } else {
-    // Classifier: fc1's output, silu's output, the dropout mask and output (h each), the
-    // logits (K), f32.
-    end_of_forward = b_local * 4.0 * double(4 * m.hidden + m.num_classes) + bucket;
+/// Communication per step of one device (ring figures, as comm::CommStats counts).
+std::vector<CommEntry> stage_comm(const ModelDescription& m, const Setup& s,
+                                  const std::vector<detail::LocalLeaf>& leaves) {
+  std::vector<CommEntry> comm;
+  double replicated_elems = 0, fsdp_full = 0;
+  for (const detail::LocalLeaf& l : leaves) {
+    if (l.gathered > 0) {
+      fsdp_full += double(l.gathered);
+    } else {
+      replicated_elems += double(l.elems);
+    }
   }
-  const double gathered = s.recompute == Recompute::Full ? fsdp_full_layer : fsdp_full;
-  // (Without the bucket copy the gradients are the state's own, counted once, not here.)
-  end_of_backward =
-      grad_local * (copy ? (d > 1 ? 2.0 : 1.0) : 0.0) + (fsdp_full * s.grad_bytes) +
-      gathered * s.param_bytes +
-      (gpt ? tokens * double(m.d_model) * s.activation_bytes : b_local * 4.0 * double(m.hidden));
-  plan.activations = std::max(end_of_forward, end_of_backward);
-
-  // Communication per step of this device (ring figures, as comm::CommStats counts).
+  const int d = s.data;
+  const bool gpt = m.layers > 0;
+  const double micro = s.pipe > 1 ? double(s.microbatches) : 1.0;
+  const double tokens = double(s.global_batch) / d / micro * double(s.seq_len);
   if (d > 1) {
     const double rep = replicated_elems * s.grad_bytes;
     if (s.zero_stage == 0) {
-      plan.comm.push_back({"data", "all_reduce", 1, ring_all_reduce(d, rep), "gradients"});
+      comm.push_back({"data", "all_reduce", 1, ring_all_reduce(d, rep), "gradients"});
     } else {
-      plan.comm.push_back({"data", "reduce_scatter", 1, ring_gather(d, rep), "gradients"});
-      plan.comm.push_back({"data", "all_gather", 1,
-                           ring_gather(d, replicated_elems * s.param_bytes), "updated parameters"});
+      comm.push_back({"data", "reduce_scatter", 1, ring_gather(d, rep), "gradients"});
+      comm.push_back({"data", "all_gather", 1, ring_gather(d, replicated_elems * s.param_bytes),
+                      "updated parameters"});
     }
     if (fsdp_full > 0) {
       const int gathers = s.recompute == Recompute::Full ? 2 : 1;
-      plan.comm.push_back({"data", "all_gather", gathers,
-                           gathers * ring_gather(d, fsdp_full * s.param_bytes),
-                           "parameters (FSDP gathers)"});
-      plan.comm.push_back({"data", "reduce_scatter", 1, ring_gather(d, fsdp_full * s.grad_bytes),
-                           "gradients of fully sharded leaves"});
+      comm.push_back({"data", "all_gather", gathers,
+                      gathers * ring_gather(d, fsdp_full * s.param_bytes),
+                      "parameters (FSDP gathers)"});
+      comm.push_back({"data", "reduce_scatter", 1, ring_gather(d, fsdp_full * s.grad_bytes),
+                      "gradients of fully sharded leaves"});
     }
   }
   if (gpt && s.tensor > 1) {
     const double layers_here = double(m.layers / s.pipe);
-    const double micro = s.pipe > 1 ? double(s.microbatches) : 1.0;
     const double x = tokens * double(m.d_model) * s.activation_bytes;  // (b, s, h)
     const double per_layer = s.recompute == Recompute::Full ? 6 : 4;   // fwd 2, bwd 2, recompute 2
     const double n = layers_here * micro * per_layer;
     if (s.sequence_parallel) {
-      plan.comm.push_back({"model", "all_gather", std::int64_t(n), n * ring_gather(s.tensor, x),
-                           "activations (sequence parallel)"});
-      plan.comm.push_back({"model", "reduce_scatter", std::int64_t(n), n * ring_gather(s.tensor, x),
-                           "activations (sequence parallel)"});
+      comm.push_back({"model", "all_gather", std::int64_t(n), n * ring_gather(s.tensor, x),
+                      "activations (sequence parallel)"});
+      comm.push_back({"model", "reduce_scatter", std::int64_t(n), n * ring_gather(s.tensor, x),
+                      "activations (sequence parallel)"});
     } else {
-      plan.comm.push_back({"model", "all_reduce", std::int64_t(n), n * ring_all_reduce(s.tensor, x),
-                           "activations (Megatron f, g)"});
+      comm.push_back({"model", "all_reduce", std::int64_t(n), n * ring_all_reduce(s.tensor, x),
+                      "activations (Megatron f, g)"});
     }
   }
   if (gpt && s.pipe > 1) {
     const double x =
         tokens * double(m.d_model) * s.activation_bytes / (s.sequence_parallel ? s.tensor : 1);
     // An inner stage sends each micro-batch's activation forward and its gradient back.
-    plan.comm.push_back({"pipe", "send", 2 * s.microbatches, 2.0 * double(s.microbatches) * x,
-                         "activations and their gradients"});
+    comm.push_back({"pipe", "send", 2 * s.microbatches, 2.0 * double(s.microbatches) * x,
+                    "activations and their gradients"});
   }
-  return plan;
+  return comm;
+}
+
+}  // namespace
+
+Plan make_plan(const ModelDescription& m, const Setup& s) {
+  check_setup(m, s);
+  Plan best;
+  std::vector<detail::LocalLeaf> best_leaves;
+  for (int stage = 0; stage < s.pipe; ++stage) {
+    std::vector<detail::LocalLeaf> leaves = detail::stage_leaves(m, s, stage);
+    Plan p = stage_plan(m, s, stage, leaves);
+    if (stage == 0 || p.total() > best.total()) {
+      best = std::move(p);
+      best_leaves = std::move(leaves);
+    }
+  }
+  best.comm = stage_comm(m, s, best_leaves);
+  return best;
 }
 
 namespace {
@@ -363,6 +334,11 @@ std::string Plan::str() const {
   std::snprintf(line, sizeof line, "parameters per device: %.4g (%.3g B)\n", params_per_device,
                 params_per_device / 1e9);
   out += line;
+  if (setup.pipe > 1) {
+    std::snprintf(line, sizeof line, "the busiest device: pipeline stage %d of %d\n", stage,
+                  setup.pipe);
+    out += line;
+  }
   out += "memory per device (bytes; GB = 1e9):\n";
   auto row = [&](const char* name, double v) {
     std::snprintf(line, sizeof line, "  %-18s %16.0f  %12s\n", name, v, gib(v).c_str());
@@ -394,8 +370,7 @@ ModelDescription model_from_config(const config::TrainConfig& c) {
   if (p == "gpt" || p == "train_gpt")
     return describe_gpt(c.model.vocab > 0 ? c.model.vocab : 256, c.model.d_model, c.model.layers,
                         c.model.heads, c.data.seq_len, c.parallelism.vocab_parallel,
-                        // the gpt program unties the head when it has a pipe axis
-                        !(p == "gpt" && c.distributed.pipeline_parallel_size > 1));
+                        c.model.tie_embeddings);
   if (p == "data_parallelism" || p == "train_mnist")
     return describe_classifier(784, c.model.hidden, 10);
   DISTJAX_CHECK(false, NotImplemented, "[plan] run.program = \"", p,
@@ -420,10 +395,11 @@ Setup setup_from_config(const config::TrainConfig& c) {
                     ? Recompute::Full
                     : Recompute::None;
   const std::string& sch = c.parallelism.schedule;
-  s.schedule = sch == "gpipe"         ? PipeSchedule::GPipe
-               : sch == "interleaved" || sch == "interleaved_zb" ? PipeSchedule::Interleaved
-               : sch == "zbh1"        ? PipeSchedule::ZeroBubble
-                                      : PipeSchedule::OneFOneB;
+  s.schedule = sch == "gpipe"            ? PipeSchedule::GPipe
+               : sch == "interleaved"    ? PipeSchedule::Interleaved
+               : sch == "interleaved_zb" ? PipeSchedule::InterleavedZeroBubble
+               : sch == "zbh1"           ? PipeSchedule::ZeroBubble
+                                         : PipeSchedule::OneFOneB;
   s.microbatches = c.parallelism.microbatches;
   s.virtual_stages = static_cast<int>(c.parallelism.virtual_stages);
   s.global_batch = c.run.batch_size;
@@ -439,8 +415,41 @@ Setup setup_from_config(const config::TrainConfig& c) {
   return s;
 }
 
+config::TrainConfig apply_setup(config::TrainConfig c, const Setup& s) {
+  config::DistributedConfig& d = c.distributed;
+  d.enabled = d.enabled || s.world() > 1;
+  d.world_size = s.world();
+  d.num_processes_per_node = 0;  // derived again from the new world size
+  d.tensor_parallel_size = s.tensor;
+  d.pipeline_parallel_size = s.pipe;
+  d.mesh_shape.clear();
+  d.mesh_axis_names.clear();
+  c.parallelism.zero_stage = s.zero_stage;
+  if (!s.fsdp) {
+    c.parallelism.fsdp.modules.clear();
+  } else if (c.parallelism.fsdp.modules.empty()) {
+    c.parallelism.fsdp.modules = {"*"};
+  }
+  c.parallelism.microbatches = s.pipe > 1 ? s.microbatches : 1;  // they split a pipe's batch
+  return c;
+}
+
+namespace {
+
+/// Whether the program runs setup `s` (its mesh axes and data-parallel sharding) and the
+/// library's pipeline takes it.
+bool runs_setup(const config::ProgramCapabilities& runs, const Setup& s) {
+  if (runs.max_devices > 0 && s.world() > runs.max_devices) return false;
+  if ((s.tensor > 1 && !runs.tensor_parallel) || (s.pipe > 1 && !runs.pipeline_parallel))
+    return false;
+  if (s.fsdp ? !runs.fsdp : !runs.runs_zero_stage(s.zero_stage)) return false;
+  return s.pipe == 1 || s.zero_stage != 2;  // ZeRO-2 reduce-scatters inside its own backward
+}
+
+}  // namespace
+
 std::vector<Plan> meshes_that_fit(const ModelDescription& m, const Setup& base, int world,
-                                  double budget_bytes) {
+                                  double budget_bytes, const config::ProgramCapabilities& runs) {
   std::vector<Plan> out;
   const bool gpt = m.layers > 0;
   for (int t = 1; t <= world; ++t) {
@@ -458,13 +467,12 @@ std::vector<Plan> meshes_that_fit(const ModelDescription& m, const Setup& base, 
         s.zero_stage = variant < 3 ? variant : 0;
         s.fsdp = variant == 3;
         if (p > 1 && s.microbatches < p) s.microbatches = p;
-        if (p > 1 && (s.global_batch / d) % s.microbatches != 0) continue;
-        if (p > 1 && s.fsdp) continue;  // pipelines shard over "data" with ZeRO-1/2 only
+        if (!runs_setup(runs, s)) continue;
         try {
           Plan plan = make_plan(m, s);
           if (plan.total() <= budget_bytes) out.push_back(std::move(plan));
         } catch (const Error&) {
-          // a mesh the model does not split over: not a candidate
+          // a mesh the model or the schedule does not split over: not a candidate
         }
       }
     }

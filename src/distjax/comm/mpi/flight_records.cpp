@@ -41,6 +41,7 @@ struct Service {
   std::map<std::string, int> created;  // groups per label in this launch
   std::vector<std::weak_ptr<GroupRecords>> groups;
   std::vector<GroupCount> retired;  // groups of this launch destroyed, oldest first
+  std::vector<std::shared_ptr<GroupRecords>> kept;  // their records, for answers
   Awaited waiting;
   bool finished = false;  // the device's program returned
 };
@@ -78,16 +79,19 @@ Reply answer(const Query& q) {
   Reply r;
   r.seq = q.seq;
   std::memcpy(r.key, q.key, kKeyBytes);
-  for (auto& w : s.groups) {
-    auto g = w.lock();
-    if (!g || std::strncmp(g->key.c_str(), q.key, kKeyBytes) != 0) continue;
+  auto look = [&](const GroupRecords& g) {
+    if (std::strncmp(g.key.c_str(), q.key, kKeyBytes) != 0) return;
     r.knows_group = 1;
-    r.issued = g->issued;
-    if (q.seq < g->issued && q.seq + GroupRecords::kKeep >= g->issued) {
+    r.issued = g.issued;
+    if (q.seq < g.issued && q.seq + GroupRecords::kKeep >= g.issued) {
       r.has_desc = 1;
-      r.desc = g->last[q.seq % GroupRecords::kKeep];
+      r.desc = g.last[q.seq % GroupRecords::kKeep];
     }
-  }
+  };
+  for (auto& w : s.groups)
+    if (auto g = w.lock()) look(*g);
+  for (const auto& g : s.kept)
+    look(*g);
   std::string w = where_text();
   std::strncpy(r.where, w.c_str(), kWhereBytes - 1);
   return r;
@@ -115,8 +119,15 @@ std::shared_ptr<GroupRecords> flight_register(const std::string& label,
   return g;
 }
 
-void flight_retire(const GroupRecords& g) {
-  service().retired.push_back(count_of(g));
+void flight_retire(const std::shared_ptr<GroupRecords>& g) {
+  Service& s = service();
+  s.retired.push_back(count_of(*g));
+  // Out of the live list (flight_counts counts it once, as retired), into the kept one.
+  std::erase_if(s.groups, [&](const std::weak_ptr<GroupRecords>& w) {
+    auto live = w.lock();
+    return !live || live == g;
+  });
+  s.kept.push_back(g);
 }
 
 std::vector<GroupCount> flight_counts(std::size_t max) {
@@ -151,6 +162,7 @@ void flight_open(MPI_Comm comm, int query_tag) {
   s.created.clear();
   s.groups.clear();
   s.retired.clear();
+  s.kept.clear();
   flight_waiting({});
   s.finished = false;
   post_recv();

@@ -72,8 +72,10 @@ struct PeerRecord {
 /// its world ranks.
 std::shared_ptr<GroupRecords> flight_register(const std::string& label,
                                               const std::vector<int>& members);
-/// Keeps how far this process went on group g, destroyed now, for its finished notice.
-void flight_retire(const GroupRecords& g);
+/// Keeps how far this process went on group g, destroyed now, for its finished notice, and
+/// its records until the launch ends: a device whose program returned still answers a
+/// peer's diagnosis with the calls it made (the peer may time out on a call it completed).
+void flight_retire(const std::shared_ptr<GroupRecords>& g);
 /// How far this process went on each group of this launch, live ones first, then the
 /// retired ones from the newest, at most `max` of them.
 std::vector<GroupCount> flight_counts(std::size_t max);

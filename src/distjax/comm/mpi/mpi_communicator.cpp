@@ -140,7 +140,7 @@ class MpiCommunicator final : public CommunicatorImpl,
     if (flag && ub != nullptr && *ub > 1) tag_ub_ = *ub;
   }
   ~MpiCommunicator() override {
-    flight_retire(*records_);
+    flight_retire(records_);
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;

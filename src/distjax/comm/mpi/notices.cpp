@@ -323,13 +323,15 @@ void finish_epoch(std::chrono::milliseconds timeout, int device) {
   send_to_all(encode(Kind::Finished, ch.blamed, flight_counts(room / sizeof(GroupCount)),
                      ch.blame_text.substr(0, kTextRoom)));
   // Until every other process has finished or failed; after an abort notice only for the
-  // grace period (a process that learned of a failure from a notice sends none).
+  // grace period (a process that learned of a failure from a notice sends none). Twice the
+  // timeout: a peer may start waiting on a call this device completed a little after it
+  // finished, and its diagnosis at its own timeout asks this device for its records.
   guards::poll_until(
       [&ch] {
         drain();
         return ch.heard_from == ch.world - 1;
       },
-      Clock::now() + timeout);
+      Clock::now() + 2 * timeout);
   if (ch.blamers.empty()) return;
   std::sort(ch.blamers.begin(), ch.blamers.end());
   std::vector<int> ranks;

@@ -305,7 +305,8 @@ void GroupState::post(int rank, const std::shared_ptr<P2POp>& op) {
   const Clock::time_point ready =
       Clock::now() +
       detail::link_time(world_->link(),
-                        detail::Traffic{.sent = s.count * dtype_size(s.dtype), .steps = 1});
+                        detail::Traffic{.sent = static_cast<std::int64_t>(s.count * dtype_size(s.dtype)),
+                                        .steps = 1});
   std::lock_guard lk(mu_);
   for (P2POp* p : {&s, &r}) {
     p->done = true;

@@ -1,0 +1,42 @@
+// ProgramCapabilities: what a training program runs of the parallelism a config can ask
+// for (mesh axes, ZeRO, FSDP, precision). A program refuses a config that asks for more
+// before it runs, and `distjax plan` suggests only setups within it.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "distjax/config/train_config.hpp"
+
+namespace distjax::config {
+
+/// What a program runs; every other choice of these keys is refused, none ignored.
+///
+///   ProgramCapabilities gpt{.tensor_parallel = true, .pipeline_parallel = true,
+///                           .fsdp = true, .mixed_precision = true};
+///   gpt.problems(config);   // {"parallelism.zero_stage = 1: ..."} for a ZeRO-1 config
+struct ProgramCapabilities {
+  int max_devices = 0;             ///< devices it runs on at most; 0: any number
+  bool tensor_parallel = false;    ///< a "model" axis (distributed.tensor_parallel_size > 1)
+  bool pipeline_parallel = false;  ///< a "pipe" axis (distributed.pipeline_parallel_size > 1)
+  /// parallelism.zero_stage values it runs over "data" (0: plain data parallelism).
+  std::vector<int> zero_stages = {0};
+  bool fsdp = false;             ///< parameters fully sharded over "data" (fsdp.modules = ["*"])
+  bool mixed_precision = false;  ///< distributed.mixed_precision "bf16" and "fp16"
+  bool fp16_pipeline = false;    ///< "fp16" (its loss scale) with a "pipe" axis
+  /// Reads model.tie_embeddings (the GPT): a tied model runs no pipeline, whose first and
+  /// last stages cannot share the embedding.
+  bool ties_embeddings = false;
+
+  bool runs_zero_stage(int stage) const;
+  /// The capabilities left once a config's model and precision are chosen: "fp16"
+  /// without fp16_pipeline runs no pipeline, nor does a tied model (ties_embeddings).
+  ProgramCapabilities for_config(const TrainConfig& c) const;
+  /// One message per key of `c` (resolved) that asks for what the program does not run,
+  /// "distributed.pipeline_parallel_size = 2: no pipeline (runs: ...)"; empty when it runs.
+  std::vector<std::string> problems(const TrainConfig& c) const;
+  /// "mesh axes data, model, pipe; DP, FSDP; f32, bf16, fp16 (not with pipe)".
+  std::string str() const;
+};
+
+}  // namespace distjax::config

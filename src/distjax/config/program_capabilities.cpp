@@ -1,0 +1,106 @@
+#include "distjax/config/program_capabilities.hpp"
+
+#include <algorithm>
+#include <sstream>
+
+namespace distjax::config {
+
+namespace {
+
+std::string list(const std::vector<std::string>& names) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < names.size(); ++i)
+    out += (i ? ", \"" : "\"") + names[i] + "\"";
+  return out + "]";
+}
+
+}  // namespace
+
+bool ProgramCapabilities::runs_zero_stage(int stage) const {
+  return std::find(zero_stages.begin(), zero_stages.end(), stage) != zero_stages.end();
+}
+
+ProgramCapabilities ProgramCapabilities::for_config(const TrainConfig& c) const {
+  ProgramCapabilities out = *this;
+  if (c.distributed.mixed_precision == MixedPrecision::Fp16 && !fp16_pipeline)
+    out.pipeline_parallel = false;
+  if (ties_embeddings && c.model.tie_embeddings) out.pipeline_parallel = false;
+  return out;
+}
+
+std::vector<std::string> ProgramCapabilities::problems(const TrainConfig& c) const {
+  std::vector<std::string> out;
+  const DistributedConfig& d = c.distributed;
+  std::ostringstream os;
+  auto flush = [&] {
+    out.push_back(os.str());
+    os.str("");
+  };
+  if (max_devices > 0 && d.world_size > max_devices) {
+    os << "distributed.world_size = " << d.world_size << ": this program runs on at most "
+       << max_devices
+       << (max_devices == 1 ? " device (set distributed.enabled = false)" : " devices");
+    flush();
+  }
+  if (!tensor_parallel && d.tensor_parallel_size > 1) {
+    os << "distributed.tensor_parallel_size = " << d.tensor_parallel_size
+       << ": this program has no tensor parallelism (no \"model\" axis)";
+    flush();
+  }
+  if (!pipeline_parallel && d.pipeline_parallel_size > 1) {
+    os << "distributed.pipeline_parallel_size = " << d.pipeline_parallel_size
+       << ": this program has no pipeline (no \"pipe\" axis)";
+    flush();
+  }
+  if (!runs_zero_stage(c.parallelism.zero_stage)) {
+    os << "parallelism.zero_stage = " << c.parallelism.zero_stage
+       << " is not implemented for this program (it runs zero_stage";
+    for (int z : zero_stages)
+      os << " " << z;
+    os << (fsdp ? "; fully sharded parameters are parallelism.fsdp.modules = [\"*\"])" : ")");
+    flush();
+  }
+  if (!fsdp && !c.parallelism.fsdp.modules.empty()) {
+    os << "parallelism.fsdp.modules = " << list(c.parallelism.fsdp.modules)
+       << " is not implemented for this program (it does not shard parameters; use [])";
+    flush();
+  }
+  if (ties_embeddings && pipeline_parallel && c.model.tie_embeddings &&
+      d.pipeline_parallel_size > 1) {
+    // The parameter tree is the config's on every mesh, so a pipe axis does not untie it.
+    os << "model.tie_embeddings = true with pipeline_parallel_size = " << d.pipeline_parallel_size
+       << ": a pipeline's first and last stages cannot share the embedding wte; set "
+          "model.tie_embeddings = false (an untied lm_head)";
+    flush();
+  }
+  if (!mixed_precision && d.mixed_precision != MixedPrecision::No) {
+    os << "distributed.mixed_precision = \"" << mixed_precision_name(d.mixed_precision)
+       << "\" is not implemented for this program (it computes in f32); use \"no\"";
+    flush();
+  } else if (!fp16_pipeline && d.mixed_precision == MixedPrecision::Fp16 &&
+             d.pipeline_parallel_size > 1) {
+    os << "distributed.mixed_precision = \"fp16\" with pipeline_parallel_size = "
+       << d.pipeline_parallel_size
+       << " is not implemented: the pipeline runs its own loss, which the loss scale cannot "
+          "scale; use \"bf16\"";
+    flush();
+  }
+  return out;
+}
+
+std::string ProgramCapabilities::str() const {
+  std::string out = "mesh axes data";
+  if (tensor_parallel) out += ", model";
+  if (pipeline_parallel) out += ", pipe";
+  if (max_devices > 0) out += " (at most " + std::to_string(max_devices) + " devices)";
+  out += ";";
+  for (int z : zero_stages)
+    out += z == 0 ? " DP," : " ZeRO-" + std::to_string(z) + ",";
+  if (fsdp) out += " FSDP,";
+  out.back() = ';';
+  out += mixed_precision ? " f32, bf16, fp16" : " f32";
+  if (mixed_precision && pipeline_parallel && !fp16_pipeline) out += " (fp16 not with pipe)";
+  return out;
+}
+
+}  // namespace distjax::config

@@ -1,0 +1,91 @@
+// ProgramCapabilities: a config asking for more than a program runs gets one message per key,
+// and one within them none.
+#include "distjax/config/program_capabilities.hpp"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+using namespace distjax;
+using config::ProgramCapabilities;
+using config::TrainConfig;
+
+namespace {
+
+std::string problems(const ProgramCapabilities& runs, const TrainConfig& c) {
+  std::string out;
+  for (const std::string& p : runs.problems(c))
+    out += p + "\n";
+  return out;
+}
+
+// The gpt program's: tensor, pipe, FSDP, bf16 and fp16 (fp16 not with a pipe); no ZeRO.
+const ProgramCapabilities kGpt{
+    .tensor_parallel = true, .pipeline_parallel = true, .fsdp = true, .mixed_precision = true};
+
+}  // namespace
+
+TEST(ProgramCapabilities, WithinThemNoProblem) {
+  TrainConfig c;
+  c.distributed.world_size = 8;
+  c.distributed.tensor_parallel_size = 2;
+  c.distributed.pipeline_parallel_size = 2;
+  c.parallelism.fsdp.modules = {"*"};
+  c.distributed.mixed_precision = config::MixedPrecision::Bf16;
+  EXPECT_EQ(problems(kGpt, c), "");
+}
+
+TEST(ProgramCapabilities, EveryKeyBeyondThemIsNamed) {
+  TrainConfig c;
+  c.parallelism.zero_stage = 1;
+  EXPECT_EQ(problems(kGpt, c),
+            "parallelism.zero_stage = 1 is not implemented for this program (it runs zero_stage "
+            "0; fully sharded parameters are parallelism.fsdp.modules = [\"*\"])\n");
+  c = TrainConfig{};
+  c.distributed.mixed_precision = config::MixedPrecision::Fp16;
+  c.distributed.pipeline_parallel_size = 2;
+  EXPECT_NE(problems(kGpt, c).find("\"fp16\" with pipeline_parallel_size = 2"), std::string::npos);
+  // A classifier on ("data"): every key beyond it, one message each.
+  c = TrainConfig{};
+  c.distributed.world_size = 8;
+  c.distributed.tensor_parallel_size = 2;
+  c.distributed.pipeline_parallel_size = 2;
+  c.parallelism.fsdp.modules = {"*"};
+  c.distributed.mixed_precision = config::MixedPrecision::Bf16;
+  const std::string all = problems(ProgramCapabilities{.max_devices = 4}, c);
+  for (const char* key :
+       {"distributed.world_size = 8: this program runs on at most 4 devices",
+        "distributed.tensor_parallel_size = 2: this program has no tensor parallelism",
+        "distributed.pipeline_parallel_size = 2: this program has no pipeline",
+        "parallelism.fsdp.modules = [\"*\"] is not implemented for this program",
+        "distributed.mixed_precision = \"bf16\" is not implemented for this program"})
+    EXPECT_NE(all.find(key), std::string::npos) << key << "\n" << all;
+}
+
+TEST(ProgramCapabilities, Fp16LeavesNoPipelineUnlessItRunsOne) {
+  config::TrainConfig c;
+  c.model.tie_embeddings = false;
+  c.distributed.mixed_precision = config::MixedPrecision::Fp16;
+  EXPECT_FALSE(kGpt.for_config(c).pipeline_parallel);
+  ProgramCapabilities scaled = kGpt;
+  scaled.fp16_pipeline = true;
+  EXPECT_TRUE(scaled.for_config(c).pipeline_parallel);
+  c.distributed.mixed_precision = config::MixedPrecision::Bf16;
+  EXPECT_TRUE(kGpt.for_config(c).pipeline_parallel);
+  // A tied GPT runs no pipeline: the planner suggests none, the program refuses one.
+  ProgramCapabilities tying = kGpt;
+  tying.ties_embeddings = true;
+  EXPECT_TRUE(tying.for_config(c).pipeline_parallel);
+  c.model.tie_embeddings = true;
+  EXPECT_FALSE(tying.for_config(c).pipeline_parallel);
+  c.distributed.pipeline_parallel_size = 2;
+  const std::vector<std::string> p = tying.problems(c);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_NE(p[0].find("model.tie_embeddings = true with pipeline_parallel_size = 2"),
+            std::string::npos)
+      << p[0];
+  EXPECT_EQ(kGpt.str(),
+            "mesh axes data, model, pipe; DP, FSDP; f32, bf16, fp16 (fp16 not with pipe)");
+  const ProgramCapabilities zero{.zero_stages = {0, 1, 2}};
+  EXPECT_EQ(zero.str(), "mesh axes data; DP, ZeRO-1, ZeRO-2; f32");
+}
