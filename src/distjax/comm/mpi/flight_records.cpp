@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "distjax/comm/mpi/backoff.hpp"
+#include "distjax/comm/mpi/notices.hpp"
 
 namespace distjax::comm::mpi {
 
@@ -222,7 +223,9 @@ std::vector<PeerRecord> flight_query(const GroupRecords& g, std::uint64_t seq,
     }
     flight_serve();  // a peer diagnosing at the same time asks us too
     const auto now = Clock::now();
-    if (all || now > until) break;
+    // A peer that failed answers no more (its epoch is closed), and its abort notice, sent
+    // before it closed, says why: waiting out the grace for it would only delay the failure.
+    if (all || now > until || poll_abort() != nullptr) break;
     backoff.pause(start, now);
   }
   for (std::size_t i = 0; i < peers.size(); ++i) {
@@ -245,13 +248,17 @@ std::vector<PeerRecord> flight_query(const GroupRecords& g, std::uint64_t seq,
 }
 
 std::string flight_diagnose(const GroupRecords& g, int device, const detail::CallDesc& d,
-                            const CallEnd& end) {
+                            const CallEnd& end, bool* all_answered) {
   const std::vector<int>& members = g.members;
   std::vector<int> peers;
   for (int m : members)
     if (m != device) peers.push_back(m);
   const auto grace = std::min<Clock::duration>(end.timeout, std::chrono::milliseconds(500));
   std::vector<PeerRecord> recs = flight_query(g, d.seq, peers, Clock::now() + grace);
+  if (all_answered != nullptr)
+    *all_answered = std::all_of(recs.begin(), recs.end(), [](const PeerRecord& p) {
+      return p.answered;
+    });
   std::vector<detail::CallDesc> descs;
   std::vector<int> described;  // global ids of the devices in descs
   std::vector<int> missing;    // global ids

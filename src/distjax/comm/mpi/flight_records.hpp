@@ -95,7 +95,8 @@ void flight_close();
 /// Answers the queries that have arrived (never blocks). Called from every wait.
 void flight_serve();
 /// Asks world ranks `peers` about call `seq` of group `g` and waits until all answered or
-/// `until` (serving queries meanwhile). One PeerRecord per peer, in order.
+/// `until` (serving queries meanwhile), or an abort notice arrives (poll_abort: a peer that
+/// failed has stopped answering). One PeerRecord per peer, in order.
 std::vector<PeerRecord> flight_query(const GroupRecords& g, std::uint64_t seq,
                                      const std::vector<int>& peers,
                                      std::chrono::steady_clock::time_point until);
@@ -110,8 +111,9 @@ struct CallEnd {
 /// The message of call d of group g on world rank `device` that did not complete (timed
 /// out, or failed inside MPI), built from the flight records of the group's other devices
 /// (flight_query): those that called something else at this sequence number, those that
-/// had not reached it (and where they are), and those that did not answer.
+/// had not reached it (and where they are), and those that did not answer. Sets
+/// *all_answered (if given) to whether every peer answered.
 std::string flight_diagnose(const GroupRecords& g, int device, const detail::CallDesc& d,
-                            const CallEnd& end);
+                            const CallEnd& end, bool* all_answered = nullptr);
 
 }  // namespace distjax::comm::mpi

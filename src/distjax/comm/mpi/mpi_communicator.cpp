@@ -847,14 +847,25 @@ class MpiCommunicator final : public CommunicatorImpl,
   }
 
   /// The message of call d that did not complete (or failed inside MPI: `mpi_error`),
-  /// from the flight records of the group's other devices (flight_diagnose).
+  /// from the flight records of the group's other devices (flight_diagnose), or the abort
+  /// notice of a device that failed first. A device that failed answers no queries (its
+  /// epoch is closed), but every process heard of its failure before it closed: from its
+  /// notice, or from the one it learned of the failure from. So when a peer did not
+  /// answer, an abort notice (one that came just after this device's deadline, or during
+  /// the queries) says what went wrong where the records cannot: under load, devices time
+  /// out tens of ms apart, and the first to diagnose is gone when the last asks.
   std::string diagnose(const detail::CallDesc& d, bool all_arrived,
                        const std::string& mpi_error = "") {
-    return flight_diagnose(*records_, global_, d,
-                           {.all_arrived = all_arrived,
-                            .checked = checking(),
-                            .timeout = opts_.timeout,
-                            .mpi_error = mpi_error});
+    if (poll_abort() != nullptr) return abort_message(d);
+    bool all_answered = true;
+    std::string msg = flight_diagnose(*records_, global_, d,
+                                      {.all_arrived = all_arrived,
+                                       .checked = checking(),
+                                       .timeout = opts_.timeout,
+                                       .mpi_error = mpi_error},
+                                      &all_answered);
+    if (!all_answered && poll_abort() != nullptr) return abort_message(d);
+    return msg;
   }
 
   /// Cancels the pending point-to-point requests of a call given up on, now: their
