@@ -36,9 +36,9 @@ std::string nearest_name(std::string_view name, const std::vector<std::string>& 
 
 /// Applies a TOML document to `config`. `source` names it in errors. Every problem is
 /// collected and thrown as one ConfigError, one line each, e.g.
-///   [config] configs/x.toml:3:1: unknown key "run.stpes"; did you mean "run.steps"?
-///   [config] configs/x.toml:4:9: run.steps must be an integer, got a string
-///   [config] configs/x.toml:7:12: TOML syntax error: ...
+///   [config] run.toml:3:1: unknown key "run.stpes"; did you mean "run.steps"?
+///   [config] run.toml:4:9: run.steps must be an integer, got a string
+///   [config] run.toml:7:12: TOML syntax error: ...
 void apply_toml(TrainConfig& config, std::string_view toml, const std::string& source);
 
 /// Applies one override "table.key=value" (the value typed by the schema: TOML syntax,

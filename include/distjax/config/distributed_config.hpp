@@ -31,8 +31,8 @@ const char* mixed_precision_name(MixedPrecision m);
 ///   c.world_size = 8;
 ///   c.tensor_parallel_size = 4;
 ///   c = resolve(c, comm::discover_launch_environment());   // auto fields, launcher's ranks
-///   c.validate();                                           // throws ConfigError listing every
-///   broken rule mesh::Mesh m = build_mesh(c, {"data", "model"});        // ("data"=2, "model"=4)
+///   c.validate();          // throws ConfigError listing every broken rule
+///   mesh::Mesh m = build_mesh(c, {"data", "model"});       // ("data"=2, "model"=4)
 struct DistributedConfig {
   bool enabled = true;  ///< false: one device (world_size, tp and pp must be 1)
   int world_size = 0;   ///< devices in total; 0 = derive (launcher, mesh_shape, tp x pp)

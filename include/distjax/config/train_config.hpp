@@ -76,8 +76,8 @@ struct DataConfig {
 
 /// [parallelism.fsdp]: fully sharded parameters (ZeRO-3) over "data".
 struct FsdpConfig {
-  /// Modules whose parameters are fully sharded: [] none, ["*"] all (per-module names are
-  /// the toolkit's "Block", "Attn", "MLP"; only "*" is implemented).
+  /// Modules whose parameters are fully sharded: [] none, ["*"] all, or the modules of
+  /// these kinds (the toolkit's "Block", "Attn", "MLP"; nn::FullySharded::modules).
   std::vector<std::string> modules;
   std::int64_t min_weight_size = std::int64_t{1} << 18;  ///< smaller parameters stay replicated
 };

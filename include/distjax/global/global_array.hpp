@@ -1,8 +1,8 @@
 // GlobalArray: the global view inside shard_map. On each device it holds this device's
 // local tensor and the array's global shape and GlobalSharding; the global-view ops
-// (global/ops.hpp and friends) run per device on the local tensors and insert the
-// collectives their propagation rules choose. reshard / with_sharding_constraint move
-// between layouts with the fewest bytes.
+// (global/elementwise.hpp, global/matmul.hpp and friends) run per device on the local
+// tensors and insert the collectives their propagation rules choose. reshard /
+// with_sharding_constraint move between layouts with the fewest bytes.
 #pragma once
 
 #include <cstdint>

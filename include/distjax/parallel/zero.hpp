@@ -1,7 +1,7 @@
 // ZeRO stages 1 and 2 (DeepSpeed): data parallelism whose optimizer state (stage 1) and
 // gradients (stage 2) are split over the data axes; each device updates its shard of every
 // parameter and the shards are all-gathered. Stage 3 (parameters stored sharded, gathered
-// on use) is parallel/fsdp.hpp.
+// on use) is nn::Scope::fully_sharded (nn/scope.hpp, gathers in nn/fsdp_gather.hpp).
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,5 @@
 // Named-axis collectives on Tensors inside shard_map, each differentiable: forward and
-// transpose are written together (DESIGN.md, "Collectives and their transposes").
+// transpose are written together (docs/spmd.md, "Collectives and their transposes").
 //
 // Varying axes and the gradient convention (JAX's shard_map with vma checking, the one
 // Megatron's regions follow). Every tensor inside shard_map carries the set of mesh axes

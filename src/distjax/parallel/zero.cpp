@@ -57,7 +57,7 @@ ZeroDataParallel::ZeroDataParallel(spmd::DeviceContext& ctx, int stage, mesh::Ax
       dp_(ctx, axes, specs, bucket_bytes, /*overlap=*/false) {
   DISTJAX_CHECK(stage == 1 || stage == 2, InvalidArgument,
                 "[ZeroDataParallel] stage must be 1 or 2, got ", stage,
-                " (stage 3 stores the parameters sharded: parallel/fsdp.hpp)");
+                " (stage 3 stores the parameters sharded: nn::Scope::fully_sharded, nn/scope.hpp)");
 }
 
 std::string ZeroDataParallel::name() const {

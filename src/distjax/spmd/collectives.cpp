@@ -1,5 +1,6 @@
 // Differentiable named-axis collectives. Each op is one custom_vjp: its forward and its
-// transpose (DESIGN.md table) sit side by side, with the cotangent assumption stated.
+// transpose (the table in docs/spmd.md) sit side by side, with the cotangent assumption
+// stated.
 #include "distjax/spmd/collectives.hpp"
 
 #include <string>
