@@ -122,18 +122,31 @@ TEST(Trainer, BadOutputDirectoryIsAnIoError) {
   EXPECT_THROW(Trainer({.out_dir = "/proc/distjax_cannot_write_here"}, opt, loss_fn), IoError);
 }
 
+// A linear classifier on a synthetic set at the start of training: the loader, a
+// constant-rate AdamW and the state (the non-finite and resume tests).
+struct Linear {
+  data::ArrayDataset data = data::synthetic_classification(64, 6, 3, Key::from_seed(1));
+  data::DataLoader loader{data, {.batch_size = 16, .seed = 3}};
+  optim::AdamW opt{{.learning_rate = optim::constant_schedule(0.01)}};
+  TrainState state = TrainState::create(
+      [] {
+        TensorTree p;
+        p.set("w", Tensor::zeros({6, 3}));
+        p.set("b", Tensor::zeros({3}));
+        return p;
+      }(),
+      opt, Key::from_seed(0));
+};
+
 // A loss that turns NaN at step `bad` (and stays finite before): the run stops there with
 // an error naming the step, and the latest checkpoint is the step before.
 TEST(Trainer, NonFiniteLossStopsTheRunAtItsStep) {
   const fs::path dir = fs::temp_directory_path() / "distjax_trainer_nan";
   fs::remove_all(dir);
-  data::ArrayDataset d = data::synthetic_classification(64, 6, 3, Key::from_seed(1));
-  data::DataLoader loader(d, {.batch_size = 16, .seed = 3});
-  optim::AdamW opt({.learning_rate = optim::constant_schedule(0.01)});
-  TensorTree params;
-  params.set("w", Tensor::zeros({6, 3}));
-  params.set("b", Tensor::zeros({3}));
-  TrainState state = TrainState::create(params, opt, Key::from_seed(0));
+  Linear run;
+  optim::AdamW& opt = run.opt;
+  TrainState& state = run.state;
+  data::DataLoader& loader = run.loader;
   constexpr std::int64_t bad = 4;  // the 4th step (state.step 3 -> 4) goes wrong
   const LossFn nan_at_bad = [&](const TensorTree& p, const Batch& b, Key k) {
     auto [loss, m] = loss_fn(p, b, k);
@@ -162,13 +175,10 @@ TEST(Trainer, NonFiniteLossStopsTheRunAtItsStep) {
 
 // The gradient norm alone can overflow (the loss stays finite): that stops the run too.
 TEST(Trainer, NonFiniteGradientNormStopsTheRun) {
-  data::ArrayDataset d = data::synthetic_classification(64, 6, 3, Key::from_seed(1));
-  data::DataLoader loader(d, {.batch_size = 16, .seed = 3});
-  optim::AdamW opt({.learning_rate = optim::constant_schedule(0.01)});
-  TensorTree params;
-  params.set("w", Tensor::zeros({6, 3}));
-  params.set("b", Tensor::zeros({3}));
-  TrainState state = TrainState::create(params, opt, Key::from_seed(0));
+  Linear run;
+  optim::AdamW& opt = run.opt;
+  TrainState& state = run.state;
+  data::DataLoader& loader = run.loader;
   // loss + sum(b) x 1e38 x 1e38 with b = 0: the value is the loss, the gradient of "b"
   // overflows f32 (1e76).
   const LossFn inf_grad = [](const TensorTree& p, const Batch& b, Key k) {
@@ -191,13 +201,10 @@ TEST(Trainer, NonFiniteGradientNormStopsTheRun) {
 TEST(Trainer, ResumedRunDropsTheRecordsPastItsStep) {
   const fs::path dir = fs::temp_directory_path() / "distjax_trainer_resume_log";
   fs::remove_all(dir);
-  data::ArrayDataset d = data::synthetic_classification(64, 6, 3, Key::from_seed(1));
-  data::DataLoader loader(d, {.batch_size = 16, .seed = 3});
-  optim::AdamW opt({.learning_rate = optim::constant_schedule(0.01)});
-  TensorTree params;
-  params.set("w", Tensor::zeros({6, 3}));
-  params.set("b", Tensor::zeros({3}));
-  TrainState state = TrainState::create(params, opt, Key::from_seed(0));
+  Linear run;
+  optim::AdamW& opt = run.opt;
+  TrainState& state = run.state;
+  data::DataLoader& loader = run.loader;
   {
     Trainer first({.out_dir = dir.string(), .log_every = 1, .print = false, .plot = false}, opt,
                   loss_fn);
