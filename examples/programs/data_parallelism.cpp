@@ -32,7 +32,7 @@ void check_data_parallelism(const config::TrainConfig& c) {
                 ConfigError,
                 "[data_parallelism] the classifier has no Block, Attn or MLP modules: "
                 "parallelism.fsdp.modules must be [] or [\"*\"]");
-  const mesh::Mesh mesh = config::build_program_mesh(c.distributed, c.run.program, {"data"});
+  const mesh::Mesh mesh = config::build_mesh(c.distributed, {"data"});
   DISTJAX_CHECK(mesh.ndim() == 1, ConfigError, "[data_parallelism] runs on a (\"data\") mesh, got ",
                 mesh.describe());
 }
@@ -42,7 +42,7 @@ int run_data_parallelism(const config::TrainConfig& c) {
   const int zero = sharded ? 3 : c.parallelism.zero_stage;
   const char* kTags[] = {"DP", "ZeRO-1", "ZeRO-2", "FSDP"};
   const char* tag = kTags[zero];
-  const mesh::Mesh mesh = config::build_program_mesh(c.distributed, c.run.program, {"data"});
+  const mesh::Mesh mesh = config::build_mesh(c.distributed, {"data"});
   const int devices = mesh.size();
   const std::string backend_name = backend_label(c);
   if (c.distributed.is_main_process())

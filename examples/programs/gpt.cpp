@@ -34,8 +34,7 @@ using tensor::Tensor;
 using tensor::TensorTree;
 
 void check_gpt(const config::TrainConfig& c) {
-  const mesh::Mesh mesh =
-      config::build_program_mesh(c.distributed, c.run.program, {"data", "model"}, {"pipe"});
+  const mesh::Mesh mesh = config::build_mesh(c.distributed, {"data", "model"});
   const int n_model = mesh.axis_size("model");
   const int n_pipe = mesh.has_axis("pipe") ? mesh.axis_size("pipe") : 1;
   DISTJAX_CHECK(c.model.heads % n_model == 0, ConfigError, "[gpt] model.heads = ", c.model.heads,
@@ -69,8 +68,7 @@ int run_gpt(const config::TrainConfig& c) {
            c.parallelism.remat.end();
   };
   const bool remat = remat_of("Block");
-  const mesh::Mesh mesh =
-      config::build_program_mesh(c.distributed, c.run.program, {"data", "model"}, {"pipe"});
+  const mesh::Mesh mesh = config::build_mesh(c.distributed, {"data", "model"});
   const int n_data = mesh.axis_size("data"), n_model = mesh.axis_size("model");
   const int n_pipe = mesh.has_axis("pipe") ? mesh.axis_size("pipe") : 1;
   const bool piped = n_pipe > 1;

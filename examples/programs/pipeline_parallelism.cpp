@@ -31,7 +31,7 @@ int run_pipeline_parallelism(const config::TrainConfig& c) {
 }
 
 void check_pipeline_parallelism(const config::TrainConfig& c) {
-  const mesh::Mesh mesh = config::build_program_mesh(c.distributed, c.run.program, {"data", "pipe"});
+  const mesh::Mesh mesh = config::build_mesh(c.distributed, {"data", "pipe"});
   DISTJAX_CHECK(mesh.ndim() == 2 && mesh.has_axis("data") && mesh.has_axis("pipe"), ConfigError,
                 "[pipeline_parallelism] runs on a (\"data\", \"pipe\") mesh, got ", mesh.describe());
   parallel::make_schedule(parallel::parse_schedule_kind(c.parallelism.schedule),
@@ -40,7 +40,7 @@ void check_pipeline_parallelism(const config::TrainConfig& c) {
 }
 
 int run_pipeline_parallelism(const config::TrainConfig& c, bool show_schedule) {
-  const mesh::Mesh mesh = config::build_program_mesh(c.distributed, c.run.program, {"data", "pipe"});
+  const mesh::Mesh mesh = config::build_mesh(c.distributed, {"data", "pipe"});
   const bool threads = c.distributed.comm_backend() == comm::Backend::Threads;
   const int n_data = mesh.axis_size("data"), pipe = mesh.axis_size("pipe");
   const int m = static_cast<int>(c.parallelism.microbatches);

@@ -29,7 +29,7 @@ void check_tensor_parallelism(const config::TrainConfig& c) {
                 "[tensor_parallelism] parallelism.tp_layout must be \"gather\" (synchronous) or "
                 "\"async\" (ppermute rings) for the TP classifier, got \"",
                 layout, "\"");
-  const int n_model = config::build_program_mesh(c.distributed, c.run.program, {"data", "model"}).axis_size("model");
+  const int n_model = config::build_mesh(c.distributed, {"data", "model"}).axis_size("model");
   DISTJAX_CHECK(c.model.hidden % n_model == 0, ConfigError,
                 "[tensor_parallelism] model.hidden = ", c.model.hidden,
                 " must be divisible by the \"model\" axis size ", n_model);
@@ -39,7 +39,7 @@ int run_tensor_parallelism(const config::TrainConfig& c) {
   const std::string& layout = c.parallelism.tp_layout;
   const bool async_rings = layout == "async";
   const bool bidirectional = c.parallelism.bidirectional;
-  const mesh::Mesh mesh = config::build_program_mesh(c.distributed, c.run.program, {"data", "model"});
+  const mesh::Mesh mesh = config::build_mesh(c.distributed, {"data", "model"});
   const int n_data = mesh.axis_size("data");
   const std::string backend_name = backend_label(c);
   if (c.distributed.is_main_process())

@@ -22,13 +22,13 @@ using tensor::Tensor;
 using tensor::TensorTree;
 
 void check_train_mnist(const config::TrainConfig& c) {
-  const mesh::Mesh mesh = config::build_program_mesh(c.distributed, c.run.program, {"data"});
+  const mesh::Mesh mesh = config::build_mesh(c.distributed, {"data"});
   DISTJAX_CHECK(mesh.ndim() == 1, ConfigError, "[train_mnist] runs on a (\"data\") mesh, got ",
                 mesh.describe());
 }
 
 int run_train_mnist(const config::TrainConfig& c) {
-  const mesh::Mesh mesh = config::build_program_mesh(c.distributed, c.run.program, {"data"});
+  const mesh::Mesh mesh = config::build_mesh(c.distributed, {"data"});
   const int devices = mesh.size();
   const std::string backend_name = backend_label(c);
   const std::string data_dir = c.data.dir.empty() ? data::kFashionMnistDir : c.data.dir;

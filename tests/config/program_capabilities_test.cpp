@@ -35,6 +35,25 @@ TEST(ProgramCapabilities, WithinThemNoProblem) {
   EXPECT_EQ(problems(kGpt, c), "");
 }
 
+// An explicit mesh axis of size > 1 that no strategy of the program uses is named; one of
+// size 1, or one the program uses, is not.
+TEST(ProgramCapabilities, AnIdleMeshAxisIsNamed) {
+  TrainConfig c;
+  c.distributed.mesh_shape = {2, 2, 2};
+  c.distributed.mesh_axis_names = {"data", "model", "extra"};
+  EXPECT_EQ(problems(kGpt, c),
+            "mesh axis \"extra\" (size 2) is used by no strategy of this program, which splits "
+            "work over [\"data\", \"model\", \"pipe\"] only: the 2 devices along it would "
+            "compute the same thing. Remove it from distributed.mesh_axis_names / mesh_shape (or "
+            "give it size 1), or fold its size into one of those axes\n");
+  c.distributed.mesh_shape = {4, 2, 1};
+  EXPECT_EQ(problems(kGpt, c), "");
+  c.distributed.mesh_shape = {4, 2};
+  c.distributed.mesh_axis_names = {"data", "model"};
+  EXPECT_NE(problems(ProgramCapabilities{}, c).find("mesh axis \"model\" (size 2)"),
+            std::string::npos);
+}
+
 TEST(ProgramCapabilities, EveryKeyBeyondThemIsNamed) {
   TrainConfig c;
   c.parallelism.zero_stage = 1;

@@ -89,13 +89,4 @@ DistributedConfig resolve(DistributedConfig config, const comm::LaunchEnvironmen
 mesh::Mesh build_mesh(const DistributedConfig& config,
                       const std::vector<std::string>& required_axes = {"data"});
 
-/// The mesh a program runs on: build_mesh(config, required_axes), refusing any axis of
-/// size > 1 outside `required_axes` and `optional_axes` (those the program's strategies
-/// use when they are there, e.g. "pipe"): no strategy would split work over it, so its
-/// devices would all compute the same thing. The ConfigError names the axis, its size,
-/// the axes `program` uses and what to do.
-mesh::Mesh build_program_mesh(const DistributedConfig& config, const std::string& program,
-                              const std::vector<std::string>& required_axes,
-                              const std::vector<std::string>& optional_axes = {});
-
 }  // namespace distjax::config

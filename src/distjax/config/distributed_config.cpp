@@ -281,25 +281,4 @@ mesh::Mesh build_mesh(const DistributedConfig& c, const std::vector<std::string>
   return mesh::Mesh(shape, names);
 }
 
-mesh::Mesh build_program_mesh(const DistributedConfig& c, const std::string& program,
-                              const std::vector<std::string>& required_axes,
-                              const std::vector<std::string>& optional_axes) {
-  mesh::Mesh mesh = build_mesh(c, required_axes);
-  std::vector<std::string> usable = required_axes;
-  usable.insert(usable.end(), optional_axes.begin(), optional_axes.end());
-  for (const std::string& axis : mesh.axis_names()) {
-    if (mesh.axis_size(axis) == 1 || std::find(usable.begin(), usable.end(), axis) != usable.end())
-      continue;
-    DISTJAX_CHECK(false, ConfigError, "[", program, "] mesh axis \"", axis, "\" (size ",
-                  mesh.axis_size(axis),
-                  ") is used by no strategy of this program, which splits "
-                  "work over ",
-                  join(usable), " only: the ", mesh.axis_size(axis),
-                  " devices along it would compute the same thing. Remove it from "
-                  "distributed.mesh_axis_names / mesh_shape (or give it size 1), or fold its "
-                  "size into one of those axes");
-  }
-  return mesh;
-}
-
 }  // namespace distjax::config

@@ -42,6 +42,22 @@ std::vector<std::string> ProgramCapabilities::problems(const TrainConfig& c) con
        << (max_devices == 1 ? " device (set distributed.enabled = false)" : " devices");
     flush();
   }
+  // An explicit mesh may name axes of its own: one of size > 1 that no strategy of the
+  // program splits work over leaves its devices computing the same thing.
+  std::vector<std::string> used = {"data"};
+  if (tensor_parallel) used.emplace_back("model");
+  if (pipeline_parallel) used.emplace_back("pipe");
+  for (std::size_t i = 0; i < d.mesh_axis_names.size() && i < d.mesh_shape.size(); ++i) {
+    const std::string& axis = d.mesh_axis_names[i];
+    if (d.mesh_shape[i] == 1 || std::find(used.begin(), used.end(), axis) != used.end()) continue;
+    os << "mesh axis \"" << axis << "\" (size " << d.mesh_shape[i]
+       << ") is used by no strategy of this program, which splits work over " << list(used)
+       << " only: the " << d.mesh_shape[i]
+       << " devices along it would compute the same thing. Remove it from "
+          "distributed.mesh_axis_names / mesh_shape (or give it size 1), or fold its size "
+          "into one of those axes";
+    flush();
+  }
   if (!tensor_parallel && d.tensor_parallel_size > 1) {
     os << "distributed.tensor_parallel_size = " << d.tensor_parallel_size
        << ": this program has no tensor parallelism (no \"model\" axis)";
