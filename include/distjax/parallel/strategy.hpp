@@ -45,6 +45,11 @@ class Strategy {
   virtual TensorTree own_params(const TensorTree& params) { return params; }
   /// This device's batch with its varying marks (data parallelism: along the data axes).
   virtual train::Batch own_batch(const train::Batch& batch) { return batch; }
+  /// Why this strategy cannot be the inner strategy of one that runs the forward and
+  /// backward itself (a pipeline: own_params and own_batch, its own tape, then
+  /// finalize_grads on what it computed, never this forward_backward); empty when it can.
+  /// The base: empty. ZeRO-2 reduce-scatters inside its own forward_backward, so says why.
+  virtual std::string problem_as_inner() const { return {}; }
   /// The gradients the optimizer applies (synchronised where the strategy needs it).
   virtual TensorTree finalize_grads(TensorTree grads) { return grads; }
   /// Metrics merged over the devices that saw different examples.

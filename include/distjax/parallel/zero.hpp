@@ -48,6 +48,9 @@ class ZeroDataParallel final : public Strategy {
                                          int num_minibatches) override;
   TensorTree own_params(const TensorTree& params) override { return dp_.own_params(params); }
   train::Batch own_batch(const train::Batch& batch) override { return dp_.own_batch(batch); }
+  /// ZeRO-1: none. ZeRO-2: its forward_backward reduce-scatters each gradient as the
+  /// backward produces it, which a strategy running the backward itself would skip.
+  std::string problem_as_inner() const override;
   TensorTree finalize_grads(TensorTree grads) override;
   train::Metrics reduce_metrics(train::Metrics metrics) override {
     return dp_.reduce_metrics(std::move(metrics));

@@ -181,6 +181,13 @@ train::GradientResult ZeroDataParallel::forward_backward(const train::LossFn& lo
   return out;
 }
 
+std::string ZeroDataParallel::problem_as_inner() const {
+  if (stage_ == 1) return {};
+  return "ZeRO-" + std::to_string(stage_) +
+         " reduce-scatters inside its own forward_backward, which a pipeline replaces; use "
+         "ZeRO-1, or ZeRO-3 through PipelineOptions::fsdp with DataParallel";
+}
+
 TensorTree ZeroDataParallel::finalize_grads(TensorTree grads) {
   // Stage 2 reduce-scattered each minibatch in forward_backward already.
   return stage_ == 1 ? scatter_grads(grads, /*keep_full=*/true) : grads;
