@@ -194,8 +194,21 @@ class Pipeline final : public Strategy {
  private:
   // Parameters with this stage's marks (inner's, plus the pipe axis).
   TensorTree stage_params(const TensorTree& params);
+  // One run of this stage's action list over `batch` (pipeline.cpp): the state of the
+  // run in a Step, one function per kind of action.
+  struct Step;
   train::GradientResult run_schedule(const TensorTree& params, const train::Batch& batch,
                                      const Key& key);
+  void post_receives(Step& step, bool grad);
+  tensor::Tensor receive(Step& step, const PipelineAction& a);
+  void send(Step& step, const tensor::Tensor& t, int to, int tag);
+  void run_forward(Step& step, const PipelineAction& a);
+  tensor::Tensor forward_input(Step& step, const PipelineAction& a);
+  void run_backward(Step& step, const PipelineAction& a);  // B and I
+  tensor::Tensor output_cotangent(Step& step, const PipelineAction& a);
+  void run_weight_backward(Step& step, const PipelineAction& a);
+  void record_span(Step& step, const PipelineAction& a, bool wait, double t0);
+  train::GradientResult finish_step(Step& step);
   // grads with the pipe axis taken out of their marks (collectives of the inner strategy
   // run among the devices of one stage).
   TensorTree without_pipe(const TensorTree& tree) const;

@@ -13,7 +13,7 @@
 #include "distjax/autodiff/autodiff.hpp"
 #include "distjax/core/error.hpp"
 #include "distjax/optim/clip.hpp"
-#include "distjax/parallel/zero.hpp"
+#include "distjax/parallel/data_parallel.hpp"
 #include "distjax/spmd/collectives.hpp"
 #include "distjax/tensor/grad_node.hpp"
 
@@ -92,10 +92,11 @@ Pipeline::Pipeline(spmd::DeviceContext& ctx, const PipelineModule& module, Pipel
   const int p = ctx.axis_size(options_.axis);
   stage_ = ctx.axis_index(options_.axis);
   pipe_mask_ = ctx.axis_mask(options_.axis);
-  if (auto* zero = dynamic_cast<ZeroDataParallel*>(inner))
-    DISTJAX_CHECK(zero->stage() == 1, ConfigError, "[Pipeline] ZeRO-", zero->stage(),
-                  " reduce-scatters inside its own forward_backward, which a pipeline replaces; "
-                  "use ZeRO-1, or ZeRO-3 through PipelineOptions::fsdp with DataParallel");
+  if (inner) {
+    const std::string problem = inner->problem_as_inner();
+    DISTJAX_CHECK(problem.empty(), ConfigError, "[Pipeline] inner strategy ", inner->name(), ": ",
+                  problem);
+  }
   schedule_ = make_schedule(options_.schedule, p, options_.microbatches, options_.virtual_stages,
                             options_.costs);
   report_ = check_schedule(schedule_);  // proven before anything runs
@@ -160,249 +161,318 @@ train::GradientResult Pipeline::forward_backward(const train::LossFn&, const Ten
   return out;
 }
 
-train::GradientResult Pipeline::run_schedule(const TensorTree& params, const train::Batch& batch_in,
-                                             const Key& key) {
-  const PipelineSchedule& s = schedule_;
-  const int m = s.microbatches, last = s.num_chunks() - 1;
-  DISTJAX_CHECK(batch_in.size() % m == 0, InvalidArgument, "[Pipeline] local batch size ",
-                batch_in.size(), " is not divisible by ", m,
-                " micro-batches; choose a batch that is a multiple of it");
-  const std::int64_t b = batch_in.size() / m;
-  train::Batch batch = inner_ ? inner_->own_batch(batch_in) : batch_in;
-  batch.inputs.set_varying_axes(batch.inputs.varying_axes() | pipe_mask_);
-  batch.labels.set_varying_axes(batch.labels.varying_axes() | pipe_mask_);
-  const std::uint32_t act_mask = batch.inputs.varying_axes() |
-                                 ctx_->axis_mask(module_->activation_axes()) | pipe_mask_;
-
-  const TensorTree marked = stage_params(params);
-  const TensorTree leaves = autodiff::detail::make_leaves(marked);
-  std::vector<Tensor> leaf_list;
-  std::vector<std::string> leaf_paths;
-  std::map<const tensor::Node*, std::string> path_of_node;
-  for (const auto& [path, t] : leaves) {
-    if (!t.requires_grad()) continue;
-    leaf_list.push_back(t);
-    leaf_paths.push_back(path);
-    path_of_node[t.grad_node().get()] = path;
-  }
-
-  comm::Communicator& link = ctx_->comm(options_.axis);
-  const nn::Scope shape_scope = nn::Scope::apply(&leaves, /*train=*/true).on(*ctx_);
-
-  // Receives, posted ahead in list order per channel (a channel is FIFO).
+// The state of one run of this stage's action list.
+struct Pipeline::Step {
+  // A receive posted ahead of the action that needs it.
   struct Posted {
     PipelineAction action;
     Tensor buffer;
     comm::Request request;
   };
-  const std::vector<PipelineAction>& actions = s.actions[stage_];
-  std::deque<Posted> posted_act, posted_grad;
-  std::size_t next_act = 0, next_grad = 0;  // next list index to scan for a receive
-  auto post = [&](std::deque<Posted>& q, std::size_t& scan, PipelineOp op) {
-    while (q.size() < kReceiveLookahead && scan < actions.size()) {
-      const PipelineAction& a = actions[scan++];
-      if (a.op != op) continue;
-      const bool grad = op == PipelineOp::RecvGrad;
-      // The activation chunk c-1 sends into chunk c, or the cotangent of chunk c's output.
-      const train::Batch mb = batch.slice(a.microbatch * b, (a.microbatch + 1) * b);
-      const Shape shape =
-          module_->activation_shape(shape_scope, grad ? a.chunk : a.chunk - 1, last + 1, mb);
-      Posted r{a, Tensor::empty(shape, DType::F32), {}};
-      r.request = link.irecv(r.buffer.raw_data(), r.buffer.numel(), DType::F32,
-                             detail::peer_of(a, s), grad ? kGradTag : kActivationTag);
-      q.push_back(std::move(r));
-    }
+  // One FIFO channel of receives (activations or cotangents), posted in list order.
+  struct Channel {
+    PipelineOp op;
+    int tag;
+    std::deque<Posted> posted;
+    std::size_t scan = 0;  // next list index to look at for a receive
   };
+  // A send in flight, with the buffer it reads.
   struct Sent {
     Tensor buffer;
     comm::Request request;
   };
-  std::deque<Sent> sends;
-  auto send = [&](const Tensor& t, int to, int tag) {
-    Sent x{t.detach(), {}};  // row-major storage: sent as is
-    x.request = link.isend(x.buffer.raw_data(), x.buffer.numel(), DType::F32, to, tag);
-    sends.push_back(std::move(x));
-    while (!sends.empty() && sends.front().request.test())
-      sends.pop_front();  // completed: free the buffer
-  };
-
   // A forwarded micro-batch chunk, held until its backward.
   struct Live {
     Tensor input;   // leaf of the received activation (undefined for chunk 0)
     Tensor output;  // activation passed on, or the loss
     tensor::WeightGradStore deferred;
   };
-  std::map<std::pair<int, int>, Live> live;
-  std::map<std::pair<int, int>, Tensor> received_act, received_grad;  // keyed by own chunk
-  std::map<std::pair<int, int>, Tensor> local_act, local_grad;  // neighbour on this stage
-  TensorTree acc;
-  train::GradientResult out;
+  using Slot = std::pair<int, int>;  // (micro-batch, chunk)
+
+  const std::vector<PipelineAction>& actions;
+  train::Batch batch;  // with this stage's marks
+  Key key;
+  std::int64_t b = 0;  // micro-batch size
+  std::uint32_t act_mask = 0;  // marks of a received activation or cotangent
+  TensorTree marked, leaves;   // the stage's parameters, and their tape leaves
+  std::vector<Tensor> leaf_list{};
+  std::vector<std::string> leaf_paths{};
+  std::map<const tensor::Node*, std::string> path_of_node{};
+  nn::Scope shape_scope;
+  Channel act{PipelineOp::RecvActivation, kActivationTag, {}};
+  Channel grad{PipelineOp::RecvGrad, kGradTag, {}};
+  std::deque<Sent> sends{};
+  std::map<Slot, Live> live{};
+  std::map<Slot, Tensor> received_act{}, received_grad{};  // keyed by own chunk
+  std::map<Slot, Tensor> local_act{}, local_grad{};        // neighbour on this stage
+  std::map<Slot, Tensor> outgoing_grad{};                  // input cotangents for send_grad
+  TensorTree acc{};  // summed parameter cotangents
+  train::GradientResult out{};
   int in_flight = 0;
+  std::size_t index = 0;  // of the action running
+  double cpu0 = 0.0;      // thread CPU time at its start
+
+  train::Batch micro_batch(int i) const { return batch.slice(i * b, (i + 1) * b); }
+  // The value stored for `slot` in `from`, taken out of it (null when absent).
+  static std::optional<Tensor> take(std::map<Slot, Tensor>& from, const Slot& slot) {
+    auto it = from.find(slot);
+    if (it == from.end()) return std::nullopt;
+    Tensor t = std::move(it->second);
+    from.erase(it);
+    return t;
+  }
+};
+
+train::GradientResult Pipeline::run_schedule(const TensorTree& params, const train::Batch& batch_in,
+                                             const Key& key) {
+  const int m = schedule_.microbatches;
+  DISTJAX_CHECK(batch_in.size() % m == 0, InvalidArgument, "[Pipeline] local batch size ",
+                batch_in.size(), " is not divisible by ", m,
+                " micro-batches; choose a batch that is a multiple of it");
+  train::Batch batch = inner_ ? inner_->own_batch(batch_in) : batch_in;
+  batch.inputs.set_varying_axes(batch.inputs.varying_axes() | pipe_mask_);
+  batch.labels.set_varying_axes(batch.labels.varying_axes() | pipe_mask_);
+  TensorTree marked = stage_params(params);
+  TensorTree leaves = autodiff::detail::make_leaves(marked);
+  Step step{.actions = schedule_.actions[stage_],
+            .batch = batch,
+            .key = key,
+            .b = batch_in.size() / m,
+            .act_mask = batch.inputs.varying_axes() |
+                        ctx_->axis_mask(module_->activation_axes()) | pipe_mask_,
+            .marked = std::move(marked),
+            .leaves = std::move(leaves),
+            .shape_scope = nn::Scope::apply(&step.leaves, /*train=*/true).on(*ctx_)};
+  for (const auto& [path, t] : step.leaves) {
+    if (!t.requires_grad()) continue;
+    step.leaf_list.push_back(t);
+    step.leaf_paths.push_back(path);
+    step.path_of_node[t.grad_node().get()] = path;
+  }
   trace_ = PipelineTrace{};
   trace_.stage = stage_;
   trace_.start = now_s();
 
-  std::size_t index = 0;  // of the action running
-  double cpu0 = 0.0;
-  auto span = [&](const PipelineAction& a, bool wait, double t0) {
-    trace_.spans.push_back({a, index, wait, t0, now_s(), thread_cpu_s() - cpu0});
-  };
-  auto receive = [&](std::deque<Posted>& q, std::size_t& scan, PipelineOp op,
-                     const PipelineAction& a) -> Tensor {
-    post(q, scan, op);
-    DISTJAX_CHECK(!q.empty() && q.front().action == a, Error, "[Pipeline] stage ", stage_,
-                  ": receive ", describe(a, s), " was not posted in order");
-    Posted r = std::move(q.front());
-    q.pop_front();
-    const double t0 = now_s();
-    cpu0 = thread_cpu_s();
-    r.request.wait();
-    span(a, true, t0);
-    post(q, scan, op);
-    r.buffer.set_varying_axes(act_mask);
-    return r.buffer;
-  };
-  auto add_param_grads = [&](const std::vector<Tensor>& g, std::size_t offset) {
-    for (std::size_t j = 0; j < leaf_list.size(); ++j)
-      accumulate(acc, leaf_paths[j], g[offset + j]);
-  };
-
-  post(posted_act, next_act, PipelineOp::RecvActivation);
-  post(posted_grad, next_grad, PipelineOp::RecvGrad);
-  for (; index < actions.size(); ++index) {
-    const PipelineAction& a = actions[index];
-    const std::pair<int, int> key_mc{a.microbatch, a.chunk};
-    const double t0 = now_s();
-    cpu0 = thread_cpu_s();
+  post_receives(step, /*grad=*/false);
+  post_receives(step, /*grad=*/true);
+  for (; step.index < step.actions.size(); ++step.index) {
+    const PipelineAction& a = step.actions[step.index];
     switch (a.op) {
       case PipelineOp::RecvActivation:
-        received_act[key_mc] = receive(posted_act, next_act, PipelineOp::RecvActivation, a);
+        step.received_act[{a.microbatch, a.chunk}] = receive(step, a);
         break;
       case PipelineOp::RecvGrad:
-        received_grad[key_mc] = receive(posted_grad, next_grad, PipelineOp::RecvGrad, a);
+        step.received_grad[{a.microbatch, a.chunk}] = receive(step, a);
         break;
       case PipelineOp::SendActivation:
-        send(live.at(key_mc).output, s.stage_of(a.chunk + 1), kActivationTag);
+        send(step, step.live.at({a.microbatch, a.chunk}).output, schedule_.stage_of(a.chunk + 1),
+             kActivationTag);
         break;
-      case PipelineOp::SendGrad:
-        break;  // sent by the backward that produced it (below), at once
-      case PipelineOp::Forward: {
-        const train::Batch mb = batch.slice(a.microbatch * b, (a.microbatch + 1) * b);
-        Live rec;
-        if (a.chunk > 0) {
-          Tensor x;
-          if (auto it = received_act.find(key_mc); it != received_act.end()) {
-            x = it->second;
-            received_act.erase(it);
-          } else {
-            auto jt = local_act.find({a.microbatch, a.chunk - 1});
-            DISTJAX_CHECK(jt != local_act.end(), Error, "[Pipeline] stage ", stage_, ": ",
-                          describe(a, s), " has no input");
-            x = jt->second;
-            local_act.erase(jt);
-          }
-          rec.input = tensor::make_leaf(x);
-        }
-        const Key mb_key = key.fold_in(static_cast<std::uint64_t>(a.microbatch));
-        nn::Scope scope = nn::Scope::apply(&leaves, /*train=*/true, mb_key)
-                              .on(*ctx_)
-                              .with_precision(options_.precision);
-        if (options_.fsdp) scope = scope.fully_sharded(*options_.fsdp);
-        train::Metrics metrics;
-        {
-          tensor::EnableGradGuard grad_on;
-          rec.output = module_->forward(scope, a.chunk, last + 1, rec.input, mb, metrics);
-        }
-        if (a.chunk == last) {
-          DISTJAX_CHECK(rec.output.numel() == 1, InvalidArgument, "[Pipeline] the last chunk must "
-                        "return a scalar loss, got ", distjax::to_string(rec.output.shape()));
-          const double loss = rec.output.item<double>();
-          if (!metrics.contains("loss"))
-            metrics.add("loss", loss * static_cast<double>(b), static_cast<double>(b));
-          out.metrics.merge(metrics);
-          out.loss += loss / m;
-        } else {
-          const Shape want = module_->activation_shape(scope, a.chunk, last + 1, mb);
-          DISTJAX_CHECK(rec.output.shape() == want, ShardingError, "[Pipeline] chunk ", a.chunk,
-                        " returned an activation of shape ", distjax::to_string(rec.output.shape()),
-                        ", the module's activation_shape says ", distjax::to_string(want));
-          if (s.stage_of(a.chunk + 1) == stage_) local_act[key_mc] = rec.output.detach();
-        }
-        live.emplace(key_mc, std::move(rec));
-        trace_.peak_in_flight = std::max(trace_.peak_in_flight, ++in_flight);
-        span(a, false, t0);
+      case PipelineOp::SendGrad: {
+        // The cotangent of chunk c's input that the backward before this action computed.
+        std::optional<Tensor> g = Step::take(step.outgoing_grad, {a.microbatch, a.chunk});
+        DISTJAX_CHECK(g.has_value(), Error, "[Pipeline] stage ", stage_, ": ",
+                      describe(a, schedule_), " before the backward that computes it");
+        send(step, *g, schedule_.stage_of(a.chunk - 1), kGradTag);
         break;
       }
+      case PipelineOp::Forward:
+        run_forward(step, a);
+        break;
       case PipelineOp::Backward:
-      case PipelineOp::BackwardInput: {
-        Live& rec = live.at(key_mc);
-        Tensor seed;
-        if (a.chunk == last) {
-          seed = Tensor::full(rec.output.shape(), 1.0 / m);  // the loss is the mean over m
-        } else if (auto it = received_grad.find(key_mc); it != received_grad.end()) {
-          seed = it->second;
-          received_grad.erase(it);
-        } else {
-          auto jt = local_grad.find(key_mc);
-          DISTJAX_CHECK(jt != local_grad.end(), Error, "[Pipeline] stage ", stage_, ": ",
-                        describe(a, s), " has no output cotangent");
-          seed = jt->second;
-          local_grad.erase(jt);
-        }
-        std::vector<Tensor> wrt;
-        if (rec.input.defined()) wrt.push_back(rec.input);
-        const std::size_t offset = wrt.size();
-        wrt.insert(wrt.end(), leaf_list.begin(), leaf_list.end());
-        std::vector<Tensor> g;
-        {
-          std::optional<tensor::WeightGradStoreGuard> defer;
-          if (a.op == PipelineOp::BackwardInput) defer.emplace(&rec.deferred);
-          g = autodiff::grad_if_reached({rec.output}, {seed}, wrt);
-        }
-        tensor::NoGradGuard no_grad;
-        add_param_grads(g, offset);
-        if (a.chunk > 0) {
-          Tensor gin = g[0].defined() ? g[0] : Tensor::zeros(rec.input.shape());
-          if (s.stage_of(a.chunk - 1) == stage_) local_grad[{a.microbatch, a.chunk - 1}] = gin;
-          else send(gin, s.stage_of(a.chunk - 1), kGradTag);
-        }
-        rec.input = Tensor();
-        rec.output = Tensor();
-        if (a.op == PipelineOp::Backward) {
-          --in_flight;
-          live.erase(key_mc);
-        }
-        span(a, false, t0);
+      case PipelineOp::BackwardInput:
+        run_backward(step, a);
         break;
-      }
-      case PipelineOp::BackwardWeight: {
-        Live& rec = live.at(key_mc);
-        tensor::NoGradGuard no_grad;
-        for (auto& [node, g] : rec.deferred.run()) {
-          auto it = path_of_node.find(node.get());
-          DISTJAX_CHECK(it != path_of_node.end(), Error,
-                        "[Pipeline] a deferred weight cotangent of an unknown leaf");
-          accumulate(acc, it->second, g);
-        }
-        --in_flight;
-        live.erase(key_mc);
-        span(a, false, t0);
+      case PipelineOp::BackwardWeight:
+        run_weight_backward(step, a);
         break;
-      }
     }
   }
+  return finish_step(step);
+}
+
+void Pipeline::record_span(Step& step, const PipelineAction& a, bool wait, double t0) {
+  trace_.spans.push_back({a, step.index, wait, t0, now_s(), thread_cpu_s() - step.cpu0});
+}
+
+// Posts the receives of a channel ahead, in list order, up to kReceiveLookahead.
+void Pipeline::post_receives(Step& step, bool grad) {
+  Step::Channel& ch = grad ? step.grad : step.act;
+  const int last = num_chunks() - 1;
+  comm::Communicator& link = ctx_->comm(options_.axis);
+  while (ch.posted.size() < kReceiveLookahead && ch.scan < step.actions.size()) {
+    const PipelineAction& a = step.actions[ch.scan++];
+    if (a.op != ch.op) continue;
+    // The activation chunk c-1 sends into chunk c, or the cotangent of chunk c's output.
+    const Shape shape = module_->activation_shape(step.shape_scope, grad ? a.chunk : a.chunk - 1,
+                                                  last + 1, step.micro_batch(a.microbatch));
+    Step::Posted r{a, Tensor::empty(shape, DType::F32), {}};
+    r.request = link.irecv(r.buffer.raw_data(), r.buffer.numel(), DType::F32,
+                           detail::peer_of(a, schedule_), ch.tag);
+    ch.posted.push_back(std::move(r));
+  }
+}
+
+// Waits for the receive `a` (posted ahead) and returns its buffer; a wait span.
+Tensor Pipeline::receive(Step& step, const PipelineAction& a) {
+  const bool grad = a.op == PipelineOp::RecvGrad;
+  Step::Channel& ch = grad ? step.grad : step.act;
+  post_receives(step, grad);
+  DISTJAX_CHECK(!ch.posted.empty() && ch.posted.front().action == a, Error, "[Pipeline] stage ",
+                stage_, ": receive ", describe(a, schedule_), " was not posted in order");
+  Step::Posted r = std::move(ch.posted.front());
+  ch.posted.pop_front();
   const double t0 = now_s();
-  cpu0 = thread_cpu_s();
-  for (Sent& x : sends)
+  step.cpu0 = thread_cpu_s();
+  r.request.wait();
+  record_span(step, a, /*wait=*/true, t0);
+  post_receives(step, grad);
+  r.buffer.set_varying_axes(step.act_mask);
+  return r.buffer;
+}
+
+// Starts sending `t` to stage `to` and leaves it in flight; frees the sends done since.
+void Pipeline::send(Step& step, const Tensor& t, int to, int tag) {
+  Step::Sent x{t.detach(), {}};  // row-major storage: sent as is
+  x.request = ctx_->comm(options_.axis)
+                  .isend(x.buffer.raw_data(), x.buffer.numel(), DType::F32, to, tag);
+  step.sends.push_back(std::move(x));
+  while (!step.sends.empty() && step.sends.front().request.test())
+    step.sends.pop_front();  // completed: free the buffer
+}
+
+// The input of chunk a.chunk > 0: received from another stage, or left by the previous
+// chunk's forward on this one.
+Tensor Pipeline::forward_input(Step& step, const PipelineAction& a) {
+  if (auto x = Step::take(step.received_act, {a.microbatch, a.chunk})) return *x;
+  std::optional<Tensor> x = Step::take(step.local_act, {a.microbatch, a.chunk - 1});
+  DISTJAX_CHECK(x.has_value(), Error, "[Pipeline] stage ", stage_, ": ", describe(a, schedule_),
+                " has no input");
+  return *x;
+}
+
+// F: the chunk's forward on its micro-batch, on the tape; the last chunk's loss and
+// metrics go into the step's result, another chunk's output to the next chunk.
+void Pipeline::run_forward(Step& step, const PipelineAction& a) {
+  const double t0 = now_s();
+  step.cpu0 = thread_cpu_s();
+  const int m = schedule_.microbatches, last = num_chunks() - 1;
+  const train::Batch mb = step.micro_batch(a.microbatch);
+  Step::Live rec;
+  if (a.chunk > 0) rec.input = tensor::make_leaf(forward_input(step, a));
+  const Key mb_key = step.key.fold_in(static_cast<std::uint64_t>(a.microbatch));
+  nn::Scope scope = nn::Scope::apply(&step.leaves, /*train=*/true, mb_key)
+                        .on(*ctx_)
+                        .with_precision(options_.precision);
+  if (options_.fsdp) scope = scope.fully_sharded(*options_.fsdp);
+  train::Metrics metrics;
+  {
+    tensor::EnableGradGuard grad_on;
+    rec.output = module_->forward(scope, a.chunk, last + 1, rec.input, mb, metrics);
+  }
+  if (a.chunk == last) {
+    DISTJAX_CHECK(rec.output.numel() == 1, InvalidArgument, "[Pipeline] the last chunk must "
+                  "return a scalar loss, got ", distjax::to_string(rec.output.shape()));
+    const double loss = rec.output.item<double>();
+    if (!metrics.contains("loss"))
+      metrics.add("loss", loss * static_cast<double>(step.b), static_cast<double>(step.b));
+    step.out.metrics.merge(metrics);
+    step.out.loss += loss / m;
+  } else {
+    const Shape want = module_->activation_shape(scope, a.chunk, last + 1, mb);
+    DISTJAX_CHECK(rec.output.shape() == want, ShardingError, "[Pipeline] chunk ", a.chunk,
+                  " returned an activation of shape ", distjax::to_string(rec.output.shape()),
+                  ", the module's activation_shape says ", distjax::to_string(want));
+    if (schedule_.stage_of(a.chunk + 1) == stage_)
+      step.local_act[{a.microbatch, a.chunk}] = rec.output.detach();
+  }
+  step.live.emplace(Step::Slot{a.microbatch, a.chunk}, std::move(rec));
+  trace_.peak_in_flight = std::max(trace_.peak_in_flight, ++step.in_flight);
+  record_span(step, a, /*wait=*/false, t0);
+}
+
+// The cotangent a backward starts from: 1/m on the loss (the loss is the mean over the m
+// micro-batches), else the one received or left by the next chunk on this stage.
+Tensor Pipeline::output_cotangent(Step& step, const PipelineAction& a) {
+  const Step::Slot slot{a.microbatch, a.chunk};
+  if (a.chunk == num_chunks() - 1)
+    return Tensor::full(step.live.at(slot).output.shape(), 1.0 / schedule_.microbatches);
+  if (auto g = Step::take(step.received_grad, slot)) return *g;
+  std::optional<Tensor> g = Step::take(step.local_grad, slot);
+  DISTJAX_CHECK(g.has_value(), Error, "[Pipeline] stage ", stage_, ": ", describe(a, schedule_),
+                " has no output cotangent");
+  return *g;
+}
+
+// B, or I (the weight products deferred to W): the cotangents of the chunk's input and,
+// for B, of the parameters; the input's goes to the previous chunk (send_grad when it
+// lives on another stage).
+void Pipeline::run_backward(Step& step, const PipelineAction& a) {
+  const double t0 = now_s();
+  step.cpu0 = thread_cpu_s();
+  const Step::Slot slot{a.microbatch, a.chunk};
+  const Tensor seed = output_cotangent(step, a);
+  Step::Live& rec = step.live.at(slot);
+  std::vector<Tensor> wrt;
+  if (rec.input.defined()) wrt.push_back(rec.input);
+  const std::size_t offset = wrt.size();
+  wrt.insert(wrt.end(), step.leaf_list.begin(), step.leaf_list.end());
+  std::vector<Tensor> g;
+  {
+    std::optional<tensor::WeightGradStoreGuard> defer;
+    if (a.op == PipelineOp::BackwardInput) defer.emplace(&rec.deferred);
+    g = autodiff::grad_if_reached({rec.output}, {seed}, wrt);
+  }
+  tensor::NoGradGuard no_grad;
+  for (std::size_t j = 0; j < step.leaf_list.size(); ++j)
+    accumulate(step.acc, step.leaf_paths[j], g[offset + j]);
+  if (a.chunk > 0) {
+    Tensor gin = g[0].defined() ? g[0] : Tensor::zeros(rec.input.shape());
+    const Step::Slot prev{a.microbatch, a.chunk - 1};
+    if (schedule_.stage_of(a.chunk - 1) == stage_) step.local_grad[prev] = gin;
+    else step.outgoing_grad[slot] = gin;
+  }
+  rec.input = Tensor();
+  rec.output = Tensor();
+  if (a.op == PipelineOp::Backward) {
+    --step.in_flight;
+    step.live.erase(slot);
+  }
+  record_span(step, a, /*wait=*/false, t0);
+}
+
+// W: the weight products I deferred; frees the micro-batch chunk.
+void Pipeline::run_weight_backward(Step& step, const PipelineAction& a) {
+  const double t0 = now_s();
+  step.cpu0 = thread_cpu_s();
+  const Step::Slot slot{a.microbatch, a.chunk};
+  tensor::NoGradGuard no_grad;
+  for (auto& [node, g] : step.live.at(slot).deferred.run()) {
+    auto it = step.path_of_node.find(node.get());
+    DISTJAX_CHECK(it != step.path_of_node.end(), Error,
+                  "[Pipeline] a deferred weight cotangent of an unknown leaf");
+    accumulate(step.acc, it->second, g);
+  }
+  --step.in_flight;
+  step.live.erase(slot);
+  record_span(step, a, /*wait=*/false, t0);
+}
+
+// Waits for the sends still in flight; every parameter of the stage gets a gradient
+// (zeros where no chunk used it); the stages without the loss report its metrics as zeros.
+train::GradientResult Pipeline::finish_step(Step& step) {
+  const double t0 = now_s();
+  step.cpu0 = thread_cpu_s();
+  for (Step::Sent& x : step.sends)
     x.request.wait();
-  if (!sends.empty()) span({PipelineOp::SendActivation, 0, 0}, true, t0);
-  sends.clear();
+  if (!step.sends.empty()) record_span(step, {PipelineOp::SendActivation, 0, 0}, true, t0);
+  step.sends.clear();
   trace_.end = now_s();
 
-  // Every parameter of the stage gets a gradient (zeros where no chunk used it).
   tensor::NoGradGuard no_grad;
-  for (const auto& [path, t] : marked) {
-    Tensor g = acc.contains(path) ? acc.at(path) : Tensor::zeros(t.shape(), t.dtype());
+  train::GradientResult out = std::move(step.out);
+  for (const auto& [path, t] : step.marked) {
+    Tensor g = step.acc.contains(path) ? step.acc.at(path) : Tensor::zeros(t.shape(), t.dtype());
     g.set_varying_axes(t.varying_axes());
     out.grads.set(path, g);
   }
