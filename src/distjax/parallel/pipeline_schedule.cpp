@@ -7,6 +7,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <tuple>
 
@@ -254,6 +255,76 @@ double next_change(double t, double eps, const std::vector<double>& free_at,
   return soon;
 }
 
+// The greedy simulation both zero-bubble builders run: the stages compute in turn as time
+// advances (to the next moment a stage frees or a value arrives), each free stage running
+// the forward or input backward I its builder's `pick` chooses, or else its oldest
+// pending weight backward W (which nobody waits for), or idling. Durations from `costs`;
+// I of chunk c hands its cotangent to chunk c-1, F its activation to c+1 (the last
+// chunk's F makes its own cotangent).
+struct ZeroBubbleSim {
+  std::vector<std::vector<double>> act_at, grad_at;  // [chunk][mb]: when input / cotangent is there
+  std::vector<int> open;                             // [stage]: chunks between F and W
+  std::vector<std::deque<PipelineAction>> pending_w;  // [stage]: W not yet run, oldest first
+  // [stage]: F or I to run now, null when none can: the builder's choice (it updates its
+  // own counters when it returns one).
+  using Pick = std::function<std::optional<PipelineAction>(int stage, double t, double eps)>;
+
+  std::vector<std::vector<PipelineAction>> run(int p, int v, int m, ActionCosts costs,
+                                               std::size_t work, const std::string& what,
+                                               const Pick& pick) {
+    const int chunks = p * v, last = chunks - 1;
+    constexpr double kNever = std::numeric_limits<double>::infinity();
+    act_at.assign(chunks, std::vector<double>(m, kNever));
+    grad_at.assign(chunks, std::vector<double>(m, kNever));
+    for (int i = 0; i < m; ++i)
+      act_at[0][i] = 0;
+    open.assign(p, 0);
+    pending_w.assign(p, {});
+    std::vector<double> free_at(p, 0.0);
+    std::vector<std::vector<PipelineAction>> compute(p);
+    std::size_t done = 0;
+    const double eps =
+        1e-9 * std::min({costs.forward, costs.backward_input, costs.backward_weight});
+    double t = 0;
+    for (std::size_t rounds = 0; done < work; ++rounds) {
+      DISTJAX_CHECK(rounds < 16 * work + 16 * static_cast<std::size_t>(p), ScheduleError, what,
+                    " made no progress (p=", p, ", m=", m, ", v=", v, ")");
+      for (int s = 0; s < p; ++s) {
+        if (free_at[s] > t + eps) continue;  // busy
+        if (const std::optional<PipelineAction> a = pick(s, t, eps)) {
+          if (a->op == Op::Forward) {
+            compute[s].push_back(*a);
+            ++open[s];
+            free_at[s] = t + costs.forward;
+            if (a->chunk < last) act_at[a->chunk + 1][a->microbatch] = free_at[s];
+            else grad_at[a->chunk][a->microbatch] = free_at[s];
+          } else {
+            compute[s].push_back({Op::BackwardInput, a->microbatch, a->chunk});
+            pending_w[s].push_back({Op::BackwardWeight, a->microbatch, a->chunk});
+            free_at[s] = t + costs.backward_input;
+            if (a->chunk > 0) grad_at[a->chunk - 1][a->microbatch] = free_at[s];
+          }
+        } else if (!pending_w[s].empty()) {
+          compute[s].push_back(pending_w[s].front());
+          pending_w[s].pop_front();
+          --open[s];
+          free_at[s] = t + costs.backward_weight;
+        } else {
+          continue;
+        }
+        ++done;
+      }
+      const double soon = next_change(t, eps, free_at, act_at, grad_at);
+      if (done < work) {
+        DISTJAX_CHECK(soon < kNever, ScheduleError, what, " stuck at time ", t, " (p=", p,
+                      ", m=", m, ", v=", v, ")");
+        t = soon;
+      }
+    }
+    return compute;
+  }
+};
+
 // A fixed order of forwards and backwards turned zero-bubble: each backward becomes its
 // input part I, and the weight parts W (which nobody waits for) run where the stage would
 // otherwise wait for its next input, found by simulating the order with `costs` (the
@@ -263,67 +334,24 @@ double next_change(double t, double eps, const std::vector<double>& free_at,
 std::vector<std::vector<PipelineAction>> fill_weight_backwards(
     int p, int v, int m, const std::vector<std::vector<PipelineAction>>& order,
     ActionCosts costs, int cap) {
-  const int chunks = p * v, last = chunks - 1;
-  constexpr double kNever = std::numeric_limits<double>::infinity();
-  // [chunk][mb]: when chunk's input activation / output cotangent is there.
-  std::vector<std::vector<double>> act_at(chunks, std::vector<double>(m, kNever));
-  std::vector<std::vector<double>> grad_at(chunks, std::vector<double>(m, kNever));
-  for (int i = 0; i < m; ++i)
-    act_at[0][i] = 0;
   std::vector<std::size_t> next(p, 0);
-  std::vector<int> open(p, 0);  // chunks between F and W
-  std::vector<double> free_at(p, 0.0);
-  std::vector<std::deque<PipelineAction>> pending_w(p);
-  std::vector<std::vector<PipelineAction>> compute(p);
-  std::size_t work = 0, done = 0;  // every F and I, and a W per I
+  std::size_t work = 0;  // every F and I, and a W per I
   for (const auto& l : order)
     for (const PipelineAction& a : l) work += a.op == Op::Forward ? 1 : 2;
-  const double eps = 1e-9 * std::min({costs.forward, costs.backward_input, costs.backward_weight});
-  double t = 0;
-  for (std::size_t rounds = 0; done < work; ++rounds) {
-    DISTJAX_CHECK(rounds < 16 * work + 16, ScheduleError, "[pipeline schedule] zero-bubble fill "
-                  "made no progress (p=", p, ", m=", m, ", v=", v, ")");
-    for (int s = 0; s < p; ++s) {
-      if (free_at[s] > t + eps) continue;  // busy
-      bool ready = false;
-      if (next[s] < order[s].size()) {
-        const PipelineAction& a = order[s][next[s]];
-        ready = a.op == Op::Forward
-                    ? act_at[a.chunk][a.microbatch] <= t + eps && (open[s] < cap || pending_w[s].empty())
-                    : grad_at[a.chunk][a.microbatch] <= t + eps;
-      }
-      if (ready) {
-        const PipelineAction& a = order[s][next[s]++];
-        if (a.op == Op::Forward) {
-          compute[s].push_back(a);
-          ++open[s];
-          free_at[s] = t + costs.forward;
-          if (a.chunk < last) act_at[a.chunk + 1][a.microbatch] = free_at[s];
-          else grad_at[a.chunk][a.microbatch] = free_at[s];
-        } else {
-          compute[s].push_back({Op::BackwardInput, a.microbatch, a.chunk});
-          pending_w[s].push_back({Op::BackwardWeight, a.microbatch, a.chunk});
-          free_at[s] = t + costs.backward_input;
-          if (a.chunk > 0) grad_at[a.chunk - 1][a.microbatch] = free_at[s];
-        }
-      } else if (!pending_w[s].empty()) {
-        compute[s].push_back(pending_w[s].front());
-        pending_w[s].pop_front();
-        --open[s];
-        free_at[s] = t + costs.backward_weight;
-      } else {
-        continue;
-      }
-      ++done;
-    }
-    const double soon = next_change(t, eps, free_at, act_at, grad_at);
-    if (done < work) {
-      DISTJAX_CHECK(soon < kNever, ScheduleError, "[pipeline schedule] zero-bubble fill stuck at "
-                    "time ", t, " (p=", p, ", m=", m, ", v=", v, ")");
-      t = soon;
-    }
-  }
-  return compute;
+  ZeroBubbleSim sim;
+  return sim.run(p, v, m, costs, work, "[pipeline schedule] zero-bubble fill",
+                 [&](int s, double t, double eps) -> std::optional<PipelineAction> {
+                   if (next[s] >= order[s].size()) return std::nullopt;
+                   const PipelineAction& a = order[s][next[s]];
+                   const bool ready =
+                       a.op == Op::Forward
+                           ? sim.act_at[a.chunk][a.microbatch] <= t + eps &&
+                                 (sim.open[s] < cap || sim.pending_w[s].empty())
+                           : sim.grad_at[a.chunk][a.microbatch] <= t + eps;
+                   if (!ready) return std::nullopt;
+                   ++next[s];
+                   return a;
+                 });
 }
 
 }  // namespace
@@ -368,61 +396,24 @@ PipelineSchedule zbh1_greedy(int p, int m, ActionCosts costs) {
   // there, else F while stage s holds fewer than p - s micro-batches between F and I (as
   // 1F1B's warm-up) and fewer than p between F and W (W keeps the linear layers' inputs and
   // output cotangents, about what F keeps: 1F1B's stage-0 memory), else the oldest W.
-  constexpr double kNever = std::numeric_limits<double>::infinity();
-  std::vector<std::vector<double>> act_at(p, std::vector<double>(m, kNever));   // input arrives
-  std::vector<std::vector<double>> grad_at(p, std::vector<double>(m, kNever));  // cotangent arrives
-  for (int i = 0; i < m; ++i)
-    act_at[0][i] = 0;
-  // held: between F and I (1F1B's warm-up, p - s); open: between F and W, what the
-  // stage holds (at most p, stage 0's peak under 1F1B, on every stage).
-  std::vector<int> next_f(p, 0), next_i(p, 0), held(p, 0), open(p, 0);
-  std::vector<double> free_at(p, 0.0);
-  std::vector<std::deque<int>> pending_w(p);
-  std::vector<std::vector<PipelineAction>> compute(p);
-  int done = 0;
-  const int work = 3 * m * p;
-  double t = 0;
-  const double eps = 1e-9 * std::min({costs.forward, costs.backward_input, costs.backward_weight});
-  for (int rounds = 0; done < work; ++rounds) {
-    DISTJAX_CHECK(rounds < 16 * work + 16 * p, ScheduleError, "[schedule_zbh1] no progress (p=",
-                  p, ", m=", m, ")");
-    for (int s = 0; s < p; ++s) {
-      if (free_at[s] > t + eps) continue;  // busy
-      const bool can_i = next_i[s] < next_f[s] && grad_at[s][next_i[s]] <= t + eps;
-      const bool can_f = next_f[s] < m && act_at[s][next_f[s]] <= t + eps && held[s] < p - s &&
-                         open[s] < p;
-      if (can_i) {
-        const int i = next_i[s]++;
-        compute[s].push_back({Op::BackwardInput, i, s});
-        pending_w[s].push_back(i);
-        --held[s];
-        free_at[s] = t + costs.backward_input;
-        if (s > 0) grad_at[s - 1][i] = free_at[s];
-      } else if (can_f) {
-        const int i = next_f[s]++;
-        compute[s].push_back({Op::Forward, i, s});
-        ++held[s];
-        ++open[s];
-        free_at[s] = t + costs.forward;
-        if (s + 1 < p) act_at[s + 1][i] = free_at[s];
-        else grad_at[s][i] = free_at[s];
-      } else if (!pending_w[s].empty()) {
-        compute[s].push_back({Op::BackwardWeight, pending_w[s].front(), s});
-        pending_w[s].pop_front();
-        --open[s];
-        free_at[s] = t + costs.backward_weight;
-      } else {
-        continue;
-      }
-      ++done;
-    }
-    const double next = next_change(t, eps, free_at, act_at, grad_at);
-    if (done < work) {
-      DISTJAX_CHECK(next < kNever, ScheduleError, "[schedule_zbh1] stuck at time ", t, " (p=", p,
-                    ", m=", m, ")");
-      t = next;
-    }
-  }
+  // held: between F and I (1F1B's warm-up, p - s); the simulation's open: between F and
+  // W, what the stage holds (at most p, stage 0's peak under 1F1B, on every stage).
+  std::vector<int> next_f(p, 0), next_i(p, 0), held(p, 0);
+  ZeroBubbleSim sim;
+  const std::vector<std::vector<PipelineAction>> compute = sim.run(
+      p, 1, m, costs, static_cast<std::size_t>(3 * m * p), "[schedule_zbh1]",
+      [&](int s, double t, double eps) -> std::optional<PipelineAction> {
+        if (next_i[s] < next_f[s] && sim.grad_at[s][next_i[s]] <= t + eps) {
+          --held[s];
+          return PipelineAction{Op::BackwardInput, next_i[s]++, s};
+        }
+        if (next_f[s] < m && sim.act_at[s][next_f[s]] <= t + eps && held[s] < p - s &&
+            sim.open[s] < p) {
+          ++held[s];
+          return PipelineAction{Op::Forward, next_f[s]++, s};
+        }
+        return std::nullopt;
+      });
   return with_transfers(ScheduleKind::ZeroBubbleH1, p, m, 1, compute);
 }
 }  // namespace
