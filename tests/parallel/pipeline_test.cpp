@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <mutex>
 
 #include "distjax/autodiff/autodiff.hpp"
@@ -16,6 +17,7 @@
 #include "distjax/optim/sgd.hpp"
 #include "distjax/parallel/data_parallel.hpp"
 #include "distjax/parallel/tensor_parallel.hpp"
+#include "distjax/parallel/zero.hpp"
 #include "distjax/spmd/shard_map.hpp"
 #include "distjax/train/train_step.hpp"
 #include "parallel/parity_util.hpp"
@@ -86,8 +88,9 @@ TrainingRun train_reference(const TensorTree& init, const train::LossFn& fn,
 struct PipeSetup {
   PipelineOptions options;
   const nn::FullySharded* fsdp = nullptr;
-  // The strategy of the other axes: data parallel over "data" when the mesh has it, else
-  // tensor parallel over "model" when it has that, else none.
+  // The strategy of the other axes: data parallel over "data" when the mesh has it (ZeRO
+  // of this stage when > 0), else tensor parallel over "model" when it has that, else none.
+  int zero_stage = 0;
 };
 
 // Places a device's shard into the global array `g` (allocated on first use).
@@ -142,7 +145,9 @@ TrainingRun train_pipelined(const Mesh& mesh, const PipelineModule& module, cons
         nn::ParamSpecs specs;
         TensorTree params = module.init(Key::from_seed(1), chunks, p * v, &specs, &ctx, setup.fsdp);
         std::unique_ptr<Strategy> inner;
-        if (has_data) inner = std::make_unique<DataParallel>(ctx, "data", &specs);
+        if (has_data && setup.zero_stage > 0)
+          inner = std::make_unique<ZeroDataParallel>(ctx, setup.zero_stage, "data", &specs);
+        else if (has_data) inner = std::make_unique<DataParallel>(ctx, "data", &specs);
         else if (mesh.has_axis("model")) inner = std::make_unique<TensorParallel>(ctx, "model");
         PipelineOptions options = setup.options;
         options.fsdp = setup.fsdp;
@@ -224,6 +229,118 @@ TEST(Pipeline, GradientAccumulationAroundThePipelineMatchesOneDevice) {
       Mesh({2}, {"pipe"}), model,
       {.options = {.schedule = ScheduleKind::OneFOneB, .microbatches = 4}}, data, adamw(), 2);
   expect_same_run(one, run, kAdamTol, "1F1B with 2 accumulation slices");
+}
+
+TEST(Pipeline, ZeroOneInsideTheStagesMatchesOneDevice) {
+  // ZeRO-1 over "data" inside each stage of a 1F1B pipeline over "pipe"; ZeRO-2, which
+  // reduce-scatters inside its own forward_backward, is refused by the reason it gives.
+  const models::PPClassifier model(classifier_config(4));
+  const auto data = image_batches(kSteps, 16, 12);
+  const TrainingRun one = train_reference(model.init(Key::from_seed(1)), model.loss_fn(), data);
+  const TrainingRun run = train_pipelined(
+      Mesh({2, 2}, {"data", "pipe"}), model,
+      {.options = {.schedule = ScheduleKind::OneFOneB, .microbatches = 4}, .zero_stage = 1}, data);
+  expect_same_run(one, run, kAdamTol, "1F1B x ZeRO-1");
+  spmd::shard_map(
+      Mesh({2, 2}, {"data", "pipe"}),
+      [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+        ZeroDataParallel zero2(ctx, 2, "data");
+        try {
+          Pipeline pp(ctx, model, {}, &zero2);
+          ADD_FAILURE() << "a pipeline over ZeRO-2 was accepted";
+        } catch (const ConfigError& e) {
+          EXPECT_NE(std::string(e.what()).find("ZeRO-2 reduce-scatters inside its own "
+                                               "forward_backward"),
+                    std::string::npos)
+              << e.what();
+        }
+        return std::vector<Tensor>{};
+      },
+      {}, {})(std::vector<Tensor>{});
+}
+
+// f16 with dynamic loss scaling: a 2-stage 1F1B pipeline of 4 micro-batches, the train
+// step's (scaled) loss function in the last chunk's place (Pipeline::module_loss()),
+// against the same f16 computation on one device (the whole model as one chunk) over 8
+// SGD steps. The first scale, 2^20, overflows the f16 cotangents of the matmuls: those
+// steps are skipped on both alike, the scale halves until the gradients fit, then grows
+// (every 2 good steps) until it overflows again. The scales and skipped steps are equal;
+// losses agree to 1e-5 relative and every parameter to 1e-5 x its tensor's max |value|
+// (measured 2e-7: the micro-batches sum the f32 gradient in another order; the bound leaves
+// room for a parameter an ulp apart to round to another f16 in a later step's matmuls).
+TEST(Pipeline, Fp16WithDynamicLossScalingMatchesOneDevice) {
+  const models::PPClassifier model(classifier_config(4));
+  constexpr int kF16Steps = 8;
+  const auto data = image_batches(kF16Steps, 16, 12);
+  const nn::Precision f16 = nn::Precision::fp16();
+  const train::DynamicLossScale scale0{.scale = std::ldexp(1.0, 20), .growth_interval = 2};
+  const optim::SGD opt({.learning_rate = optim::constant_schedule(0.1), .momentum = 0.9});
+  struct Run {
+    std::vector<double> losses, scales, skipped;
+    TensorTree params;
+  };
+  auto record = [](Run& r, const train::Metrics& m) {
+    r.losses.push_back(m.mean("loss"));
+    r.scales.push_back(m.mean("loss_scale"));
+    r.skipped.push_back(m.mean("skipped_steps"));
+  };
+  Run one;
+  {
+    auto state = train::TrainState::create(model.init(Key::from_seed(1)), opt, Key::from_seed(2));
+    state.loss_scale = scale0;
+    const train::LossFn whole = [&](const TensorTree& p, const train::Batch& b, Key k) {
+      train::Metrics m;
+      Tensor loss = model.forward(nn::Scope::apply(&p, true, k).with_precision(f16), 0, 1,
+                                  Tensor(), b, m);
+      return std::make_pair(loss, m);
+    };
+    for (const auto& b : data)
+      record(one, train::train_step(state, b, whole, opt));
+    one.params = state.params;
+  }
+  Run piped;
+  std::mutex mu;
+  spmd::shard_map(
+      Mesh({2}, {"pipe"}),
+      [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+        Pipeline pp(ctx, model,
+                    {.schedule = ScheduleKind::OneFOneB, .microbatches = 4, .precision = f16});
+        auto state = train::TrainState::create(
+            model.init(Key::from_seed(1), pp.chunks(), pp.num_chunks()), opt, Key::from_seed(2),
+            pp);
+        state.loss_scale = scale0;
+        Run mine;
+        for (const auto& b : data)
+          record(mine, train::train_step(state, b, pp.module_loss(), opt, {.strategy = &pp}));
+        std::lock_guard<std::mutex> lock(mu);
+        if (ctx.device() == 0) piped = mine;
+        for (const auto& [path, t] : state.params)
+          piped.params.set(path, t);
+        return std::vector<Tensor>{};
+      },
+      {}, {})(std::vector<Tensor>{});
+  EXPECT_EQ(piped.scales, one.scales);
+  EXPECT_EQ(piped.skipped, one.skipped);
+  ASSERT_GE(one.skipped.back(), 1) << "no step overflowed: the test shows no skip";
+  ASSERT_LT(one.skipped.back(), kF16Steps) << "every step overflowed";
+  for (int s = 0; s < kF16Steps; ++s)
+    EXPECT_NEAR(piped.losses[s], one.losses[s], 1e-5 * std::abs(one.losses[s])) << "step " << s;
+  ASSERT_EQ(piped.params.size(), one.params.size());
+  double worst = 0;
+  for (const auto& [path, t] : one.params) {
+    const auto a = t.to_vector<float>(), b = piped.params.at(path).to_vector<float>();
+    double max_abs = 0, max_diff = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      max_abs = std::max(max_abs, std::abs(static_cast<double>(a[i])));
+      max_diff = std::max(max_diff, std::abs(static_cast<double>(a[i]) - b[i]));
+    }
+    worst = std::max(worst, max_diff / max_abs);
+    EXPECT_LE(max_diff, 1e-5 * max_abs) << path;
+  }
+  std::printf("fp16 pipeline vs one device: scales");
+  for (double x : one.scales)
+    std::printf(" %g", x);
+  std::printf("; worst parameter difference %.2g x max |value|\n", worst);
 }
 
 TEST(Pipeline, GptDataTensorPipe222MatchesOneDevice) {

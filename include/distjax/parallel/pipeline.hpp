@@ -73,9 +73,10 @@ struct PipelineOptions {
   /// Parameters stored fully sharded (ZeRO-3) inside each stage: the scope the chunks run
   /// on gets this configuration (the parameters must come from init with the same one).
   const nn::FullySharded* fsdp = nullptr;
-  /// The mixed-precision policy of the scopes the chunks run on (nn/precision.hpp). A
-  /// loss scale (train::DynamicLossScale) is not supported: the executor runs the chunks'
-  /// own loss, which train_step cannot scale.
+  /// The mixed-precision policy of the scopes the chunks run on (nn/precision.hpp). With
+  /// f16, give the TrainState a loss scale (train::DynamicLossScale) and the train step a
+  /// loss function (module_loss()): train_step scales that function's loss, which the
+  /// pipeline differentiates on the last stage.
   nn::Precision precision{};
 };
 
@@ -124,8 +125,8 @@ std::string chrome_trace_json(const std::vector<PipelineTrace>& traces,
                               const std::vector<int>& devices);
 
 /// The pipeline Strategy. forward_backward runs this stage's action list of the checked
-/// schedule over the micro-batches of the batch (the loss function of the train step is
-/// not used: the module's last chunk computes the loss): forwards keep their micro-batch's
+/// schedule over the micro-batches of the batch, the train step's loss function in place of
+/// the module's last chunk (see module_loss(); null: the last chunk itself): forwards keep their micro-batch's
 /// activations until its backward frees them; activations and cotangents travel to the
 /// neighbouring stages by asynchronous point-to-point over the pipe axis (receives posted
 /// ahead, sends left in flight), so transfers overlap compute; the gradients of the
@@ -143,13 +144,29 @@ std::string chrome_trace_json(const std::vector<PipelineTrace>& traces,
 ///   parallel::DataParallel dp(ctx, "data");
 ///   parallel::Pipeline pp(ctx, gpt_pipe, {.schedule = ScheduleKind::OneFOneB, .microbatches = 8}, &dp);
 ///   TensorTree params = gpt_pipe.init(key, pp.chunks(), pp.num_chunks(), &specs, &ctx);
-///   train::train_step(state, local_batch, nullptr, opt, {.strategy = &pp});
+///   train::train_step(state, local_batch, pp.module_loss(), opt, {.strategy = &pp});
 class Pipeline final : public Strategy {
  public:
   Pipeline(spmd::DeviceContext& ctx, const PipelineModule& module, PipelineOptions options = {},
            Strategy* inner = nullptr);
 
   std::string name() const override;
+  /// The module's last chunk as a train::LossFn: what a LossFn means under a pipeline
+  /// (Megatron's loss function on the last stage), and what a null one stands for.
+  /// forward_backward calls the train step's loss function on the last stage once per
+  /// micro-batch, in place of the last chunk's forward, as
+  ///   loss_fn(params, {x, mb.labels}, key)
+  /// with params this stage's parameters (tape leaves), x the activation the last chunk
+  /// receives ((b, ...), on the tape: the cotangent flows back through it; mb.inputs when
+  /// the last chunk is also the first), mb the micro-batch (b examples) and key the
+  /// micro-batch's key; it returns the micro-batch's scalar mean loss, which the pipeline
+  /// differentiates (seeded with 1/m), and its metrics ("loss" added as (loss * b, b) when
+  /// absent). A wrapper of this function (train_step's loss scaling) therefore applies
+  /// under a pipeline as on one device:
+  ///   state.loss_scale = train::DynamicLossScale{};   // f16: PipelineOptions::precision
+  ///   train::train_step(state, local_batch, pp.module_loss(), opt, {.strategy = &pp});
+  /// The function runs the last chunk on chunk_scope (precision, FSDP, this device).
+  train::LossFn module_loss() const;
   int data_parallel_size() const override { return inner_ ? inner_->data_parallel_size() : 1; }
   Key step_key(const Key& key) override { return inner_ ? inner_->step_key(key) : key; }
   train::GradientResult forward_backward(const train::LossFn& loss_fn, const TensorTree& params,
@@ -192,13 +209,16 @@ class Pipeline final : public Strategy {
   const PipelineTrace& last_trace() const { return trace_; }
 
  private:
+  // The scope a chunk runs on: `params`, training, `key`, this device, the options'
+  // precision and FSDP.
+  nn::Scope chunk_scope(const TensorTree& params, const Key& key) const;
   // Parameters with this stage's marks (inner's, plus the pipe axis).
   TensorTree stage_params(const TensorTree& params);
   // One run of this stage's action list over `batch` (pipeline.cpp): the state of the
   // run in a Step, one function per kind of action.
   struct Step;
-  train::GradientResult run_schedule(const TensorTree& params, const train::Batch& batch,
-                                     const Key& key);
+  train::GradientResult run_schedule(const train::LossFn& loss_fn, const TensorTree& params,
+                                     const train::Batch& batch, const Key& key);
   void post_receives(Step& step, bool grad);
   tensor::Tensor receive(Step& step, const PipelineAction& a);
   void send(Step& step, const tensor::Tensor& t, int to, int tag);

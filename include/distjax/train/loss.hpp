@@ -19,6 +19,10 @@ using tensor::TensorTree;
 /// metrics as (sum, count) pairs}. The loss must be the mean over the examples of the
 /// batch so that averaging equal minibatches gives the full-batch loss. When the
 /// metrics have no "loss" entry, the step adds one as (loss * B, B).
+///
+/// Under a pipeline (parallel::Pipeline) the loss function takes the last chunk's place on
+/// the last stage, once per micro-batch: batch.inputs is the activation that chunk receives
+/// (on the tape), batch.labels the micro-batch's labels (Pipeline::module_loss()).
 using LossFn = std::function<std::pair<Tensor, Metrics>(const TensorTree& params,
                                                         const Batch& batch, Key rng)>;
 

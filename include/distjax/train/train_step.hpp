@@ -60,7 +60,9 @@ struct TrainStepOptions {
 /// Returns the metrics of the batch plus "grad_norm" and "learning_rate" (count 1).
 /// With state.loss_scale (f16 training): the loss is scaled, the gradients unscaled, a
 /// step with a non-finite gradient on any device is skipped on every device, and the
-/// metrics add "loss_scale" and "skipped_steps" (train/loss_scale.hpp).
+/// metrics add "loss_scale" and "skipped_steps" (train/loss_scale.hpp). The scaling wraps
+/// `loss_fn`, so it needs one: a strategy that may take null (a pipeline, whose module
+/// computes its loss) has it as a LossFn too (parallel::Pipeline::module_loss()).
 Metrics train_step(TrainState& state, const Batch& batch, const LossFn& loss_fn,
                    const optim::Optimizer& optimizer, const TrainStepOptions& options = {});
 

@@ -102,6 +102,23 @@ Pipeline::Pipeline(spmd::DeviceContext& ctx, const PipelineModule& module, Pipel
   report_ = check_schedule(schedule_);  // proven before anything runs
 }
 
+nn::Scope Pipeline::chunk_scope(const TensorTree& params, const Key& key) const {
+  nn::Scope scope = nn::Scope::apply(&params, /*train=*/true, key)
+                        .on(*ctx_)
+                        .with_precision(options_.precision);
+  return options_.fsdp ? scope.fully_sharded(*options_.fsdp) : scope;
+}
+
+train::LossFn Pipeline::module_loss() const {
+  return [this](const TensorTree& params, const train::Batch& batch, Key key) {
+    const int last = num_chunks() - 1;
+    train::Metrics metrics;
+    Tensor loss = module_->forward(chunk_scope(params, key), last, last + 1,
+                                   last == 0 ? Tensor() : batch.inputs, batch, metrics);
+    return std::make_pair(std::move(loss), std::move(metrics));
+  };
+}
+
 std::string Pipeline::name() const {
   std::ostringstream os;
   os << "pipe(" << to_string(schedule_.kind) << ", " << options_.axis.str() << "="
@@ -133,18 +150,19 @@ TensorTree Pipeline::without_pipe(const TensorTree& tree) const {
   return out;
 }
 
-train::GradientResult Pipeline::forward_backward(const train::LossFn&, const TensorTree& params,
+train::GradientResult Pipeline::forward_backward(const train::LossFn& loss_fn,
+                                                 const TensorTree& params,
                                                  const train::Batch& batch, const Key& key,
                                                  int num_minibatches) {
   DISTJAX_CHECK(num_minibatches >= 1 && batch.size() % num_minibatches == 0, InvalidArgument,
                 "[Pipeline] batch size ", batch.size(), " is not divisible by num_minibatches ",
                 num_minibatches);
-  if (num_minibatches == 1) return run_schedule(params, batch, key);
+  if (num_minibatches == 1) return run_schedule(loss_fn, params, batch, key);
   // Gradient accumulation around the pipeline: one schedule per minibatch, averaged.
   const std::int64_t n = batch.size() / num_minibatches;
   train::GradientResult out;
   for (int i = 0; i < num_minibatches; ++i) {
-    train::GradientResult r = run_schedule(params, batch.slice(i * n, (i + 1) * n),
+    train::GradientResult r = run_schedule(loss_fn, params, batch.slice(i * n, (i + 1) * n),
                                            key.fold_in(static_cast<std::uint64_t>(i)));
     out.loss += r.loss / num_minibatches;
     out.metrics.merge(r.metrics);
@@ -190,6 +208,7 @@ struct Pipeline::Step {
   using Slot = std::pair<int, int>;  // (micro-batch, chunk)
 
   const std::vector<PipelineAction>& actions;
+  const train::LossFn& loss_fn;  // the train step's; null: the module's last chunk
   train::Batch batch;  // with this stage's marks
   Key key;
   std::int64_t b = 0;  // micro-batch size
@@ -223,8 +242,8 @@ struct Pipeline::Step {
   }
 };
 
-train::GradientResult Pipeline::run_schedule(const TensorTree& params, const train::Batch& batch_in,
-                                             const Key& key) {
+train::GradientResult Pipeline::run_schedule(const train::LossFn& loss_fn, const TensorTree& params,
+                                             const train::Batch& batch_in, const Key& key) {
   const int m = schedule_.microbatches;
   DISTJAX_CHECK(batch_in.size() % m == 0, InvalidArgument, "[Pipeline] local batch size ",
                 batch_in.size(), " is not divisible by ", m,
@@ -235,6 +254,7 @@ train::GradientResult Pipeline::run_schedule(const TensorTree& params, const tra
   TensorTree marked = stage_params(params);
   TensorTree leaves = autodiff::detail::make_leaves(marked);
   Step step{.actions = schedule_.actions[stage_],
+            .loss_fn = loss_fn,
             .batch = batch,
             .key = key,
             .b = batch_in.size() / m,
@@ -361,18 +381,23 @@ void Pipeline::run_forward(Step& step, const PipelineAction& a) {
   Step::Live rec;
   if (a.chunk > 0) rec.input = tensor::make_leaf(forward_input(step, a));
   const Key mb_key = step.key.fold_in(static_cast<std::uint64_t>(a.microbatch));
-  nn::Scope scope = nn::Scope::apply(&step.leaves, /*train=*/true, mb_key)
-                        .on(*ctx_)
-                        .with_precision(options_.precision);
-  if (options_.fsdp) scope = scope.fully_sharded(*options_.fsdp);
+  const nn::Scope scope = chunk_scope(step.leaves, mb_key);
   train::Metrics metrics;
   {
     tensor::EnableGradGuard grad_on;
-    rec.output = module_->forward(scope, a.chunk, last + 1, rec.input, mb, metrics);
+    if (a.chunk == last && step.loss_fn) {
+      // The train step's loss function in place of the last chunk (module_loss()'s contract).
+      auto [loss, m] = step.loss_fn(step.leaves, {a.chunk == 0 ? mb.inputs : rec.input, mb.labels},
+                                    mb_key);
+      rec.output = std::move(loss);
+      metrics = std::move(m);
+    } else {
+      rec.output = module_->forward(scope, a.chunk, last + 1, rec.input, mb, metrics);
+    }
   }
   if (a.chunk == last) {
-    DISTJAX_CHECK(rec.output.numel() == 1, InvalidArgument, "[Pipeline] the last chunk must "
-                  "return a scalar loss, got ", distjax::to_string(rec.output.shape()));
+    DISTJAX_CHECK(rec.output.numel() == 1, InvalidArgument, "[Pipeline] the last chunk (or the "
+                  "loss function) must return a scalar loss, got ", distjax::to_string(rec.output.shape()));
     const double loss = rec.output.item<double>();
     if (!metrics.contains("loss"))
       metrics.add("loss", loss * static_cast<double>(step.b), static_cast<double>(step.b));

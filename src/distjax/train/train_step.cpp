@@ -142,6 +142,10 @@ Metrics train_step(TrainState& state, const Batch& batch, const LossFn& loss_fn,
   const std::int64_t live_before = tensor::live_bytes();
   if (memory) tensor::reset_peak_bytes();
   const double loss_scale = state.loss_scale ? state.loss_scale->scale : 1.0;
+  DISTJAX_CHECK(loss_fn || !state.loss_scale, InvalidArgument,
+                "[train_step] loss scaling scales the loss function, and none was given; a "
+                "strategy that computes its model's loss takes it as a loss function too (a "
+                "pipeline: Pipeline::module_loss())");
   auto now = [] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
         .count();
