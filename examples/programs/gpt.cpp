@@ -177,6 +177,7 @@ int run_gpt(const config::TrainConfig& c) {
                          &specs, &ctx, fsdp_on ? &fsdp : nullptr),
           opt, root.fold_in(std::string_view("dropout")), pp);
       parallel::check_sharding(specs, mesh, sharding_plan);
+      enable_loss_scale(c, state);  // f16: scales pp.module_loss(), the step's loss function
       if (lead)
         std::printf("GPT L=%lld C=%lld H=%lld T=%lld: %lld parameters, %lld on device 0 "
                     "(stage 0 of %d)\n",
@@ -190,7 +191,7 @@ int run_gpt(const config::TrainConfig& c) {
       if (resumed && lead)
         std::printf("Resumed from %s at step %lld\n", ckpt.config().dir.c_str(),
                     static_cast<long long>(state.step));
-      train::Trainer trainer(trainer_config(ctx.device(), resumed), opt, nullptr,
+      train::Trainer trainer(trainer_config(ctx.device(), resumed), opt, pp.module_loss(),
                              step_options(&pp));
       const std::int64_t per = batch_size / n_data;
       const Key data_key = root.fold_in(std::string_view("data"));

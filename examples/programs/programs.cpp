@@ -175,6 +175,7 @@ const std::vector<ProgramInfo>& programs() {
         .pipeline_parallel = true,
         .fsdp = true,
         .mixed_precision = true,
+        .fp16_pipeline = true,
         .ties_embeddings = true},
        check_gpt},
       {"train_gpt",

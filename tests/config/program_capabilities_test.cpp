@@ -19,7 +19,8 @@ std::string problems(const ProgramCapabilities& runs, const TrainConfig& c) {
   return out;
 }
 
-// The gpt program's: tensor, pipe, FSDP, bf16 and fp16 (fp16 not with a pipe); no ZeRO.
+// A GPT program's: tensor, pipe, FSDP, bf16 and fp16, fp16 not with a pipe (a program that
+// does not give its pipeline its loss function); no ZeRO.
 const ProgramCapabilities kGpt{
     .tensor_parallel = true, .pipeline_parallel = true, .fsdp = true, .mixed_precision = true};
 

@@ -23,7 +23,9 @@ struct ProgramCapabilities {
   std::vector<int> zero_stages = {0};
   bool fsdp = false;             ///< parameters fully sharded over "data" (fsdp.modules = ["*"])
   bool mixed_precision = false;  ///< distributed.mixed_precision "bf16" and "fp16"
-  bool fp16_pipeline = false;    ///< "fp16" (its loss scale) with a "pipe" axis
+  /// "fp16" with a "pipe" axis: the program gives its pipeline the train step's loss
+  /// function (parallel::Pipeline::module_loss()), which the loss scale scales.
+  bool fp16_pipeline = false;
   /// Reads model.tie_embeddings (the GPT): a tied model runs no pipeline, whose first and
   /// last stages cannot share the embedding.
   bool ties_embeddings = false;

@@ -97,8 +97,9 @@ std::vector<std::string> ProgramCapabilities::problems(const TrainConfig& c) con
              d.pipeline_parallel_size > 1) {
     os << "distributed.mixed_precision = \"fp16\" with pipeline_parallel_size = "
        << d.pipeline_parallel_size
-       << " is not implemented: the pipeline runs its own loss, which the loss scale cannot "
-          "scale; use \"bf16\"";
+       << " is not implemented for this program: it does not give its pipeline the train "
+          "step's loss function (Pipeline::module_loss()), which the loss scale scales; use "
+          "\"bf16\"";
     flush();
   }
   return out;
