@@ -126,10 +126,11 @@ std::string chrome_trace_json(const std::vector<PipelineTrace>& traces,
 
 /// The pipeline Strategy. forward_backward runs this stage's action list of the checked
 /// schedule over the micro-batches of the batch, the train step's loss function in place of
-/// the module's last chunk (see module_loss(); null: the last chunk itself): forwards keep their micro-batch's
-/// activations until its backward frees them; activations and cotangents travel to the
-/// neighbouring stages by asynchronous point-to-point over the pipe axis (receives posted
-/// ahead, sends left in flight), so transfers overlap compute; the gradients of the
+/// the module's last chunk (module_loss(); null: the last chunk itself): forwards keep
+/// their micro-batch's activations until its backward frees them; activations and
+/// cotangents travel to the neighbouring stages by asynchronous point-to-point over the
+/// pipe axis (receives posted ahead, sends left in flight, each the schedule's send_act or
+/// send_grad), so transfers overlap compute; the gradients of the
 /// micro-batches are summed into this stage's gradients (each loss seeded with 1/m: the
 /// mean over the batch). Zero-bubble schedules defer the weight products of linear layers
 /// to the W actions (tensor::WeightGradStore).

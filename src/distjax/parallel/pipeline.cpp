@@ -397,7 +397,8 @@ void Pipeline::run_forward(Step& step, const PipelineAction& a) {
   }
   if (a.chunk == last) {
     DISTJAX_CHECK(rec.output.numel() == 1, InvalidArgument, "[Pipeline] the last chunk (or the "
-                  "loss function) must return a scalar loss, got ", distjax::to_string(rec.output.shape()));
+                  "loss function) must return a scalar loss, got ",
+                  distjax::to_string(rec.output.shape()));
     const double loss = rec.output.item<double>();
     if (!metrics.contains("loss"))
       metrics.add("loss", loss * static_cast<double>(step.b), static_cast<double>(step.b));
