@@ -160,7 +160,7 @@ void add_timeline(BucketTimeline& tl, const std::vector<comm::CommSpan>& spans,
 struct Replica {
   nn::ParamSpecs specs;
   std::unique_ptr<nn::FsdpPrefetcher> prefetcher;
-  std::unique_ptr<parallel::Strategy> strategy;
+  std::unique_ptr<train::Strategy> strategy;
   std::optional<train::TrainState> state;
   train::LossFn loss;
   train::Batch batch;
@@ -175,7 +175,7 @@ std::unique_ptr<Replica> make_replica(spmd::DeviceContext& ctx, const Variant& v
   r->batch = global.slice(i * per, (i + 1) * per);
   const optim::AdamW& opt = bench_adamw();
   if (v.kind == Kind::Single) {
-    r->strategy = std::make_unique<parallel::Strategy>();
+    r->strategy = std::make_unique<train::Strategy>();
     r->state = train::TrainState::create(gpt.init(Key::from_seed(0)), opt, Key::from_seed(2));
     r->loss = [&gpt](const TensorTree& p, const train::Batch& b, Key k) {
       return std::make_pair(gpt.loss(nn::Scope::apply(&p, true, k), b.inputs, b.labels),

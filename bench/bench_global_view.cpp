@@ -15,7 +15,7 @@
 #include "distjax/global/program.hpp"
 #include "distjax/models/global_transformer.hpp"
 #include "distjax/nn/scope.hpp"
-#include "distjax/parallel/strategy.hpp"
+#include "distjax/train/strategy.hpp"
 #include "distjax/spmd/shard_map.hpp"
 #include "distjax/train/train_step.hpp"
 #include "step_timer.hpp"
@@ -49,7 +49,7 @@ void run_round(Round& round) {
   so.timeout = std::chrono::milliseconds(120000);
   auto body = [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
     // Hand-written Megatron step.
-    parallel::Strategy single;
+    train::Strategy single;
     const train::TrainStepOptions step_options{.strategy = &single};
     train::TrainState hs = train::TrainState::create(hand.init(Key::from_seed(0), nullptr, &ctx),
                                                      opt, Key::from_seed(2));

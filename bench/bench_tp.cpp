@@ -34,7 +34,7 @@
 
 #include "bench_util.hpp"
 #include "distjax/nn/scope.hpp"
-#include "distjax/parallel/strategy.hpp"
+#include "distjax/train/strategy.hpp"
 #include "distjax/spmd/shard_map.hpp"
 #include "distjax/train/train_step.hpp"
 #include "step_timer.hpp"
@@ -92,7 +92,7 @@ void run_round(const Config& cfg, Round& round) {
   so.intra_op_threads = cfg.intra_op_threads;
   so.timeout = std::chrono::milliseconds(120000);
   auto body = [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
-    parallel::Strategy single;  // tensor parallelism only: no data axis
+    train::Strategy single;  // tensor parallelism only: no data axis
     const train::TrainStepOptions step_options{.strategy = &single};
     std::vector<train::TrainState> states;
     std::vector<train::LossFn> loss_fns;

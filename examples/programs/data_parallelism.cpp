@@ -72,7 +72,7 @@ int run_data_parallelism(const config::TrainConfig& c) {
     nn::ParamSpecs specs;
     TensorTree params =
         model.init(root.fold_in(std::string_view("init")), &specs, &ctx, sharded ? &fsdp : nullptr);
-    std::unique_ptr<parallel::Strategy> strategy;
+    std::unique_ptr<train::Strategy> strategy;
     if (zero == 1 || zero == 2) {
       strategy = std::make_unique<parallel::ZeroDataParallel>(ctx, zero, "data", &specs);
     } else {

@@ -158,7 +158,7 @@ int run_gpt(const config::TrainConfig& c) {
             .timeline_file = piped ? std::string() : timeline_file(c, device),
             .device = device};
   };
-  auto step_options = [&](parallel::Strategy* strategy) -> train::TrainStepOptions {
+  auto step_options = [&](train::Strategy* strategy) -> train::TrainStepOptions {
     return {.num_minibatches = static_cast<int>(c.run.grad_accum_steps),
             .max_grad_norm = c.optimizer.max_grad_norm,
             .strategy = strategy};

@@ -10,7 +10,7 @@
 #include "distjax/data/text_corpus.hpp"
 #include "distjax/models/transformer.hpp"
 #include "distjax/optim/adamw.hpp"
-#include "distjax/parallel/strategy.hpp"
+#include "distjax/train/strategy.hpp"
 #include "distjax/tensor/grad_node.hpp"
 #include "distjax/tensor/nn_ops.hpp"
 #include "distjax/tensor/reduce.hpp"
@@ -80,7 +80,7 @@ std::string sample(const models::Transformer& model, const TensorTree& params,
 
 // One device, no mesh: the base strategy, reporting the device's memory (summary.json's
 // memory_bytes_per_device) as the distributed strategies do.
-class OneDevice : public parallel::Strategy {
+class OneDevice : public train::Strategy {
  public:
   MemoryStats* memory_stats() override { return &memory_; }
 

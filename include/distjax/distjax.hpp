@@ -62,7 +62,7 @@
 #include "distjax/parallel/pipeline.hpp"
 #include "distjax/parallel/pipeline_schedule.hpp"
 #include "distjax/parallel/sharding_rules.hpp"
-#include "distjax/parallel/strategy.hpp"
+#include "distjax/train/strategy.hpp"
 #include "distjax/parallel/tensor_parallel.hpp"
 #include "distjax/parallel/tp_async.hpp"
 #include "distjax/parallel/tp_async_dense.hpp"

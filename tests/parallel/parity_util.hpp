@@ -90,7 +90,7 @@ inline TrainingRun train_one_device(const ParityModel& model, const optim::Optim
 /// Makes the strategy of a mesh run on each device (null: DataParallel over "data" when
 /// the mesh has that axis, else TensorParallel over "model").
 using StrategyFactory =
-    std::function<std::unique_ptr<parallel::Strategy>(spmd::DeviceContext&, const nn::ParamSpecs&)>;
+    std::function<std::unique_ptr<train::Strategy>(spmd::DeviceContext&, const nn::ParamSpecs&)>;
 
 /// The same on `mesh`: each device creates its shards, trains on its slice of every batch
 /// along "data" (data parallel when the mesh has a "data" axis of size > 1), and the final
@@ -131,7 +131,7 @@ inline TrainingRun train_on_mesh(const mesh::Mesh& mesh, const ParityModel& mode
         nn::ParamSpecs my_specs;
         TensorTree shards = model.init(Key::from_seed(1), &my_specs, &ctx);
         EXPECT_EQ(my_specs, specs);
-        std::unique_ptr<parallel::Strategy> strategy;
+        std::unique_ptr<train::Strategy> strategy;
         if (make_strategy) {
           strategy = make_strategy(ctx, my_specs);
         } else if (has_data) {

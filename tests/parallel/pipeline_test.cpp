@@ -144,7 +144,7 @@ TrainingRun train_pipelined(const Mesh& mesh, const PipelineModule& module, cons
           chunks.push_back(k * p + ctx.axis_index("pipe"));
         nn::ParamSpecs specs;
         TensorTree params = module.init(Key::from_seed(1), chunks, p * v, &specs, &ctx, setup.fsdp);
-        std::unique_ptr<Strategy> inner;
+        std::unique_ptr<train::Strategy> inner;
         if (has_data && setup.zero_stage > 0)
           inner = std::make_unique<ZeroDataParallel>(ctx, setup.zero_stage, "data", &specs);
         else if (has_data) inner = std::make_unique<DataParallel>(ctx, "data", &specs);

@@ -138,7 +138,7 @@ StepFigures one_step(int n, int stage) {
       Mesh({n}, {"data"}),
       [&](DeviceContext& ctx, const std::vector<Tensor>&) {
         nn::ParamSpecs specs;
-        std::unique_ptr<Strategy> s;
+        std::unique_ptr<train::Strategy> s;
         if (stage == 0) {
           s = std::make_unique<DataParallel>(ctx, "data", &specs);
         } else {
@@ -205,7 +205,7 @@ TEST(Zero, TheTrainStepReportsMemoryToTheDeviceContext) {
       MemoryStats mem;
       spmd::shard_map(Mesh({2}, {"data"}),
                       [&](DeviceContext& ctx, const std::vector<Tensor>&) {
-                        std::unique_ptr<Strategy> s;
+                        std::unique_ptr<train::Strategy> s;
                         if (stage == 0) {
                           s = std::make_unique<DataParallel>(ctx, "data");
                         } else {

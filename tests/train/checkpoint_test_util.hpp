@@ -138,7 +138,7 @@ inline mesh::Axes data_axes(const Mesh& m) {
 
 enum class Kind { DataParallel, Zero1, Zero2 };
 
-inline std::unique_ptr<parallel::Strategy> make_strategy(Kind kind, DeviceContext& ctx,
+inline std::unique_ptr<train::Strategy> make_strategy(Kind kind, DeviceContext& ctx,
                                                   const mesh::Axes& axes,
                                                   const nn::ParamSpecs& specs) {
   if (kind == Kind::DataParallel)

@@ -7,7 +7,7 @@
 namespace distjax {
 
 /// Bytes one device holds by category. Written by whoever owns the memory (the train
-/// step, through its parallel::Strategy: parameters, gradients and optimizer state after
+/// step, through its train::Strategy: parameters, gradients and optimizer state after
 /// the update, counted by storage; the activation peak of forward and backward) and read
 /// from spmd::DeviceContext::memory(); train::Trainer prints it at the end of a run.
 struct MemoryStats {

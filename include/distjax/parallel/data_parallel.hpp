@@ -10,11 +10,13 @@
 #include "distjax/mesh/mesh.hpp"
 #include "distjax/mesh/partition_spec.hpp"
 #include "distjax/nn/scope.hpp"
-#include "distjax/parallel/strategy.hpp"
+#include "distjax/train/strategy.hpp"
 #include "distjax/spmd/device_context.hpp"
 #include "distjax/tensor/tensor_tree.hpp"
 
 namespace distjax::parallel {
+
+using tensor::TensorTree;
 
 /// The PartitionSpec of each parameter, by path (what nn::Scope records at init). A path
 /// that is absent is replicated.
@@ -61,7 +63,7 @@ train::Metrics sync_metrics(spmd::DeviceContext& ctx, const train::Metrics& metr
 ///
 ///   parallel::DataParallel dp(ctx, "data", &specs);
 ///   train::train_step(state, local_batch, loss_fn, opt, {.strategy = &dp});
-class DataParallel final : public Strategy {
+class DataParallel final : public train::Strategy {
  public:
   /// With `overlap`, forward_backward copies each gradient into a bucket as soon as the
   /// backward pass has finished with it (train::GradReadyFn: the last layer's first), and

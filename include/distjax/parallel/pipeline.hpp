@@ -12,12 +12,14 @@
 #include "distjax/core/prng.hpp"
 #include "distjax/nn/scope.hpp"
 #include "distjax/parallel/pipeline_schedule.hpp"
-#include "distjax/parallel/strategy.hpp"
+#include "distjax/train/strategy.hpp"
 #include "distjax/spmd/device_context.hpp"
 #include "distjax/train/batch.hpp"
 #include "distjax/train/metrics.hpp"
 
 namespace distjax::parallel {
+
+using tensor::TensorTree;
 
 /// A model cut into `num_chunks` chunks along its depth. Parameters keep the paths of the
 /// whole model; a stage creates and holds only the parameters of its chunks.
@@ -146,10 +148,10 @@ std::string chrome_trace_json(const std::vector<PipelineTrace>& traces,
 ///   parallel::Pipeline pp(ctx, gpt_pipe, {.schedule = ScheduleKind::OneFOneB, .microbatches = 8}, &dp);
 ///   TensorTree params = gpt_pipe.init(key, pp.chunks(), pp.num_chunks(), &specs, &ctx);
 ///   train::train_step(state, local_batch, pp.module_loss(), opt, {.strategy = &pp});
-class Pipeline final : public Strategy {
+class Pipeline final : public train::Strategy {
  public:
   Pipeline(spmd::DeviceContext& ctx, const PipelineModule& module, PipelineOptions options = {},
-           Strategy* inner = nullptr);
+           train::Strategy* inner = nullptr);
 
   std::string name() const override;
   /// The module's last chunk as a train::LossFn: what a LossFn means under a pipeline
@@ -237,7 +239,7 @@ class Pipeline final : public Strategy {
   spmd::DeviceContext* ctx_;
   const PipelineModule* module_;
   PipelineOptions options_;
-  Strategy* inner_;
+  train::Strategy* inner_;
   int stage_ = 0;
   std::uint32_t pipe_mask_ = 0;
   PipelineSchedule schedule_;

@@ -22,11 +22,13 @@
 #include "distjax/mesh/mesh.hpp"
 #include "distjax/nn/initializers.hpp"
 #include "distjax/nn/scope.hpp"
-#include "distjax/parallel/strategy.hpp"
+#include "distjax/train/strategy.hpp"
 #include "distjax/spmd/device_context.hpp"
 #include "distjax/tensor/tensor.hpp"
 
 namespace distjax::parallel {
+
+using tensor::TensorTree;
 
 using tensor::Tensor;
 
@@ -174,7 +176,7 @@ Tensor vocab_parallel_cross_entropy(spmd::DeviceContext* ctx, const Tensor& logi
 ///
 ///   parallel::TensorParallel tp(ctx, "model");
 ///   train::train_step(state, batch, loss_fn, opt, {.max_grad_norm = 1.0, .strategy = &tp});
-class TensorParallel final : public Strategy {
+class TensorParallel final : public train::Strategy {
  public:
   explicit TensorParallel(spmd::DeviceContext& ctx, mesh::Axes axes = "model");
   std::string name() const override;

@@ -9,10 +9,12 @@
 #include <vector>
 
 #include "distjax/parallel/data_parallel.hpp"
-#include "distjax/parallel/strategy.hpp"
+#include "distjax/train/strategy.hpp"
 #include "distjax/spmd/device_context.hpp"
 
 namespace distjax::parallel {
+
+using tensor::TensorTree;
 
 /// ZeRO-1 or ZeRO-2 over `axes` (n devices). Every f32 parameter replicated along `axes`
 /// is split, per leaf, into n equal chunks of its flattened elements (the last padded
@@ -34,7 +36,7 @@ namespace distjax::parallel {
 ///   parallel::ZeroDataParallel zero(ctx, 2, "data", &specs);
 ///   auto state = train::TrainState::create(params, opt, key, zero);  // sharded state
 ///   train::train_step(state, local_batch, loss_fn, opt, {.strategy = &zero});
-class ZeroDataParallel final : public Strategy {
+class ZeroDataParallel final : public train::Strategy {
  public:
   ZeroDataParallel(spmd::DeviceContext& ctx, int stage, mesh::Axes axes = "data",
                    const ParamSpecs* specs = nullptr,

@@ -37,13 +37,13 @@ struct DataPosition {
 ///  - `specs`: each parameter's PartitionSpec on ctx's mesh (absent paths, or a null
 ///    pointer: replicated); optimizer-state leaves "<slot>/<path>" take <path>'s spec;
 ///  - `strategy`: converts the optimizer state to and from the layout of the parameters
-///    (parallel::Strategy::opt_state_to_param_layout; ZeRO-1/2 keeps flat chunks). Null:
+///    (train::Strategy::opt_state_to_param_layout; ZeRO-1/2 keeps flat chunks). Null:
 ///    the state already has the parameters' layout (one device, data, tensor parallel,
 ///    FSDP through nn::Scope::fully_sharded).
 struct CheckpointLayout {
   spmd::DeviceContext* ctx = nullptr;
   const nn::ParamSpecs* specs = nullptr;
-  parallel::Strategy* strategy = nullptr;
+  train::Strategy* strategy = nullptr;
 };
 
 /// Options of save_checkpoint.

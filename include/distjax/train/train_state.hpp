@@ -9,11 +9,9 @@
 #include "distjax/tensor/tensor_tree.hpp"
 #include "distjax/train/loss_scale.hpp"
 
-namespace distjax::parallel {
-class Strategy;
-}
-
 namespace distjax::train {
+
+class Strategy;  // train/strategy.hpp
 
 using tensor::TensorTree;
 
@@ -32,7 +30,7 @@ struct TrainState {
   static TrainState create(TensorTree params, const optim::Optimizer& optimizer, Key rng);
   /// The same with the state `strategy` keeps (ZeRO: this device's shard of it).
   static TrainState create(TensorTree params, const optim::Optimizer& optimizer, Key rng,
-                           parallel::Strategy& strategy);
+                           train::Strategy& strategy);
 };
 
 }  // namespace distjax::train

@@ -15,10 +15,6 @@
 #include "distjax/train/metrics.hpp"
 #include "distjax/train/train_state.hpp"
 
-namespace distjax::parallel {
-class Strategy;
-}
-
 namespace distjax::train {
 
 /// When the phases of one train step ended, in seconds on the steady clock (a run's
@@ -44,9 +40,9 @@ struct TrainStepOptions {
   int num_minibatches = 1;
   /// Clip the gradient to this global norm before the update; 0 disables clipping.
   double max_grad_norm = 0.0;
-  /// How the step runs over devices (parallel/strategy.hpp: data, tensor, fully sharded,
+  /// How the step runs over devices (train/strategy.hpp; data, tensor, fully sharded,
   /// pipeline parallelism); null = one device. Not owned.
-  parallel::Strategy* strategy = nullptr;
+  train::Strategy* strategy = nullptr;
   /// Filled with the step's phase times when given. Not owned.
   StepSpans* spans = nullptr;
 };

@@ -356,7 +356,7 @@ TensorTree DataParallel::finalize_and_update(TensorTree grads, const optim::Opti
                                              TensorTree& params, TensorTree& opt_state,
                                              std::int64_t step) {
   if (!inflight_ || !optimizer.updates_per_leaf())
-    return Strategy::finalize_and_update(std::move(grads), optimizer, params, opt_state, step);
+    return train::Strategy::finalize_and_update(std::move(grads), optimizer, params, opt_state, step);
   std::unique_ptr<Overlap> ov = std::move(inflight_);
   // Updates the parameters at `paths` with their gradients in `g` (shared storage: the
   // leaves of `params` change in place).

@@ -87,7 +87,7 @@ std::vector<std::pair<int, int>> partition_layers(int num_layers, int num_chunks
 }
 
 Pipeline::Pipeline(spmd::DeviceContext& ctx, const PipelineModule& module, PipelineOptions options,
-                   Strategy* inner)
+                   train::Strategy* inner)
     : ctx_(&ctx), module_(&module), options_(options), inner_(inner) {
   const int p = ctx.axis_size(options_.axis);
   stage_ = ctx.axis_index(options_.axis);
@@ -566,7 +566,7 @@ TensorTree Pipeline::finalize_grads(TensorTree grads) {
 TensorTree Pipeline::finalize_and_update(TensorTree grads, const optim::Optimizer& optimizer,
                                          TensorTree& params, TensorTree& opt_state,
                                          std::int64_t step) {
-  if (!inner_) return Strategy::finalize_and_update(std::move(grads), optimizer, params, opt_state, step);
+  if (!inner_) return train::Strategy::finalize_and_update(std::move(grads), optimizer, params, opt_state, step);
   return inner_->finalize_and_update(without_pipe(grads), optimizer, params, opt_state, step);
 }
 

@@ -13,7 +13,7 @@
 
 #include "distjax/core/error.hpp"
 #include "distjax/mesh/named_sharding.hpp"
-#include "distjax/parallel/strategy.hpp"
+#include "distjax/train/strategy.hpp"
 #include "distjax/spmd/device_context.hpp"
 #include "distjax/train/detail/checkpoint_match.hpp"
 #include "distjax/train/detail/checksum.hpp"

@@ -1,6 +1,6 @@
 #include "distjax/train/train_state.hpp"
 
-#include "distjax/parallel/strategy.hpp"
+#include "distjax/train/strategy.hpp"
 
 namespace distjax::train {
 
@@ -13,7 +13,7 @@ TrainState TrainState::create(TensorTree params, const optim::Optimizer& optimiz
 }
 
 TrainState TrainState::create(TensorTree params, const optim::Optimizer& optimizer, Key rng,
-                              parallel::Strategy& strategy) {
+                              train::Strategy& strategy) {
   TrainState s;
   s.opt_state = strategy.init_opt_state(optimizer, params);
   s.params = std::move(params);

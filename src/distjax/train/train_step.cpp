@@ -6,7 +6,7 @@
 #include "distjax/autodiff/autodiff.hpp"
 #include "distjax/core/error.hpp"
 #include "distjax/optim/clip.hpp"
-#include "distjax/parallel/strategy.hpp"
+#include "distjax/train/strategy.hpp"
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/grad_node.hpp"
 
@@ -135,8 +135,8 @@ GradientResult accumulate_gradients(const LossFn& loss_fn, const TensorTree& par
 
 Metrics train_step(TrainState& state, const Batch& batch, const LossFn& loss_fn,
                    const optim::Optimizer& optimizer, const TrainStepOptions& options) {
-  parallel::Strategy single;
-  parallel::Strategy& strategy = options.strategy ? *options.strategy : single;
+  train::Strategy single;
+  train::Strategy& strategy = options.strategy ? *options.strategy : single;
   const Key rng = strategy.step_key(state.rng.fold_in(static_cast<std::uint64_t>(state.step)));
   MemoryStats* memory = strategy.memory_stats();
   const std::int64_t live_before = tensor::live_bytes();

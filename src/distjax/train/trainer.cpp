@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "distjax/core/error.hpp"
-#include "distjax/parallel/strategy.hpp"
+#include "distjax/train/strategy.hpp"
 #include "distjax/train/plot.hpp"
 
 namespace distjax::train {

@@ -1,8 +1,8 @@
-#include "distjax/parallel/strategy.hpp"
+#include "distjax/train/strategy.hpp"
 
 #include "distjax/optim/clip.hpp"
 
-namespace distjax::parallel {
+namespace distjax::train {
 
 train::GradientResult Strategy::forward_backward(const train::LossFn& loss_fn,
                                                  const TensorTree& params,
@@ -40,4 +40,4 @@ TensorTree Strategy::opt_state_from_param_layout(const TensorTree& state, const 
   return state;
 }
 
-}  // namespace distjax::parallel
+}  // namespace distjax::train

@@ -10,7 +10,7 @@
 #include "distjax/optim/optimizer.hpp"
 #include "distjax/train/loss.hpp"
 
-namespace distjax::parallel {
+namespace distjax::train {
 
 using tensor::TensorTree;
 
@@ -95,4 +95,4 @@ class Strategy {
   virtual MemoryStats* memory_stats() { return nullptr; }
 };
 
-}  // namespace distjax::parallel
+}  // namespace distjax::train
