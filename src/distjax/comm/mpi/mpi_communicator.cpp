@@ -66,6 +66,7 @@ MPI_Datatype mpi_type(DType t) {
     case DType::F32: return MPI_FLOAT;
     case DType::I32: return MPI_INT32_T;
     case DType::I64: return MPI_INT64_T;
+    case DType::F64: return MPI_DOUBLE;
     case DType::BF16:
     case DType::F16: return MPI_UINT16_T;
   }
