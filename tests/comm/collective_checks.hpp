@@ -16,6 +16,39 @@
 
 namespace distjax::comm::testing {
 
+// f64 all_reduce (sum, in place, mean, max) and all_gather against the host, on the
+// members `c.group()` of `c`. Exact: as in check_all_collectives.
+inline void check_f64_collectives(Communicator& c, std::int64_t count, bool exact) {
+  auto same = [exact](double got, double want) {
+    // Another order of addition errs by ~1e-13 here; a pass through f32 by ~1e-5.
+    return exact ? got == want : std::abs(got - want) <= 1e-10 + 1e-14 * std::abs(want);
+  };
+  const int n = c.size();
+  const auto& g = c.group();
+  auto x = inputs_f64(c.global_rank(), count);
+  std::vector<double> y(count, -1.0);
+  c.all_reduce(x.data(), y.data(), count, DType::F64, ReduceOp::Sum);
+  const auto want = host_sum_f64(g, count);
+  for (std::int64_t i = 0; i < count; ++i)
+    ASSERT_TRUE(same(y[i], want[i])) << "f64 sum i=" << i << ": " << y[i] << " vs " << want[i];
+  c.all_reduce(x.data(), x.data(), count, DType::F64, ReduceOp::Sum);  // in place
+  for (std::int64_t i = 0; i < count; ++i) ASSERT_TRUE(same(x[i], want[i])) << "f64 in place";
+  x = inputs_f64(c.global_rank(), count);
+  c.all_reduce(x.data(), y.data(), count, DType::F64, ReduceOp::Mean);
+  for (std::int64_t i = 0; i < count; ++i) ASSERT_TRUE(same(y[i], want[i] / n)) << "f64 mean";
+  c.all_reduce(x.data(), y.data(), count, DType::F64, ReduceOp::Max);
+  for (std::int64_t i = 0; i < count; ++i) {
+    double m = input_f64(g[0], i);
+    for (int j : g) m = std::max(m, input_f64(j, i));
+    ASSERT_EQ(y[i], m) << "f64 max i=" << i;
+  }
+  std::vector<double> all(n * count);
+  c.all_gather(x.data(), all.data(), count, DType::F64);
+  for (int j = 0; j < n; ++j)
+    for (std::int64_t i = 0; i < count; ++i)
+      ASSERT_EQ(all[j * count + i], input_f64(g[j], i)) << "f64 gather j=" << j << " i=" << i;
+}
+
 // Checks every collective on `c`, whose members are global device ids `c.group()`;
 // inputs are keyed by global id so sub-groups can be checked against the host too.
 inline void check_all_collectives(Communicator& c, std::int64_t count, bool exact = true) {
@@ -55,6 +88,7 @@ inline void check_all_collectives(Communicator& c, std::int64_t count, bool exac
       ASSERT_EQ(yi[i], s);
     }
   }
+  check_f64_collectives(c, count, exact);
   // all_gather, f32 and i32: rank-major blocks.
   {
     auto x = inputs_f32(me, count);

@@ -15,6 +15,12 @@ inline std::int32_t input_i32(int r, std::int64_t i) {
   return static_cast<std::int32_t>(r * 1000003 + i * 7 - 50);
 }
 
+/// Element i of device r's f64 input: input_f32 plus a part below f32's precision, so a
+/// value that went through f32 (or was reduced as f32) is caught.
+inline double input_f64(int r, std::int64_t i) {
+  return static_cast<double>(input_f32(r, i)) + (r + 1) * 1.234567e-9 + i * 1e-12;
+}
+
 inline std::vector<float> inputs_f32(int r, std::int64_t n) {
   std::vector<float> v(n);
   for (std::int64_t i = 0; i < n; ++i) v[i] = input_f32(r, i);
@@ -26,6 +32,12 @@ inline std::vector<std::int32_t> inputs_i32(int r, std::int64_t n) {
   return v;
 }
 
+inline std::vector<double> inputs_f64(int r, std::int64_t n) {
+  std::vector<double> v(n);
+  for (std::int64_t i = 0; i < n; ++i) v[i] = input_f64(r, i);
+  return v;
+}
+
 /// Host sum over ranks 0..n-1 in that order (the threads backend's fixed order).
 inline std::vector<float> host_sum_f32(const std::vector<int>& ranks, std::int64_t n,
                                        std::int64_t offset = 0) {
@@ -33,6 +45,17 @@ inline std::vector<float> host_sum_f32(const std::vector<int>& ranks, std::int64
   for (std::int64_t i = 0; i < n; ++i) {
     float acc = input_f32(ranks[0], offset + i);
     for (std::size_t j = 1; j < ranks.size(); ++j) acc += input_f32(ranks[j], offset + i);
+    out[i] = acc;
+  }
+  return out;
+}
+
+/// host_sum_f32 of the f64 inputs.
+inline std::vector<double> host_sum_f64(const std::vector<int>& ranks, std::int64_t n) {
+  std::vector<double> out(n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    double acc = input_f64(ranks[0], i);
+    for (std::size_t j = 1; j < ranks.size(); ++j) acc += input_f64(ranks[j], i);
     out[i] = acc;
   }
   return out;

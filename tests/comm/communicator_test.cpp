@@ -408,7 +408,7 @@ TEST(Launch, ReductionOfAnUnknownDTypeOrReduceOpThrows) {
     c.all_reduce(x, y, 2, bad_dtype, ReduceOp::Sum);
   });
   EXPECT_EQ(m.rfind("NotImplemented: [all_reduce] expected a reducible dtype (f32, bf16, f16, "
-                    "i32, i64), got dtype value 200",
+                    "i32, i64, f64), got dtype value 200",
                     0),
             0u)
       << m;

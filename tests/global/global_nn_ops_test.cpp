@@ -207,6 +207,30 @@ TEST(GlobalRules, ShapeOps) {
                      ""}});
 }
 
+// The rules normalise a negative axis and refuse one out of range, naming the global op.
+TEST(GlobalRules, AxisOutOfRangeNamesTheOp) {
+  auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no InvalidArgument");
+  };
+  const Shape s{4, 2, 24};
+  const GlobalSharding g{P("data")};
+  EXPECT_NE(message([&] { softmax_rule(s, g, 3, kMesh); })
+                .find("[global::softmax] axis 3 is out of range for rank 3"),
+            std::string::npos);
+  EXPECT_NE(message([&] { slice_rule(s, g, -4, 0, 1, kMesh); })
+                .find("[global::slice] axis -4 is out of range for rank 3"),
+            std::string::npos);
+  EXPECT_NE(message([&] { concat_rule({s, s}, {g, g}, 3, kMesh); })
+                .find("[global::concat] axis 3"),
+            std::string::npos);
+  EXPECT_EQ(slice_rule(s, g, -1, 0, 12, kMesh).output, slice_rule(s, g, 2, 0, 12, kMesh).output);
+}
+
 TEST(GlobalRules, Attention) {
   const Tensor q = randn({2, 4, 8, 4}, 10), k = randn({2, 4, 8, 4}, 11),
                v = randn({2, 4, 8, 4}, 12);

@@ -16,6 +16,17 @@ TEST(Tensor, FactoriesAndAccess) {
   EXPECT_EQ(Tensor::arange(3).to_vector<std::int64_t>(), (std::vector<std::int64_t>{0, 1, 2}));
 }
 
+// f64 is a comm dtype only: it has a name and a size, no tensor holds it, and a
+// checkpoint's dtype name cannot be "f64".
+TEST(Tensor, F64IsNotATensorDtype) {
+  EXPECT_EQ(dtype_size(DType::F64), 8u);
+  EXPECT_STREQ(dtype_name(DType::F64), "f64");
+  EXPECT_THROW(Tensor::empty({2}, DType::F64), InvalidArgument);
+  EXPECT_THROW(Tensor::zeros({2}, DType::F64), InvalidArgument);
+  EXPECT_THROW(dtype_from_name("f64"), InvalidArgument);
+  EXPECT_EQ(dtype_from_name("i64"), DType::I64);
+}
+
 TEST(Tensor, ViewsShareStorageAndCloneCopies) {
   Tensor t = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {3, 2});
   Tensor rows = t.view_rows(1, 3);

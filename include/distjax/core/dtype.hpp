@@ -1,4 +1,5 @@
-// Element types: f32, bf16 and f16 (storage types, computed in f32 on CPU), i32, i64.
+// Element types: f32, bf16 and f16 (storage types, computed in f32 on CPU), i32, i64 for
+// tensors; f64 only for values that travel through comm (timings, statistics).
 #pragma once
 
 #include <cstdint>
@@ -7,8 +8,9 @@
 
 namespace distjax {
 
-/// Element type of a Tensor.
-enum class DType : std::uint8_t { F32, BF16, F16, I32, I64 };
+/// Element type of a Tensor or of a comm::Buffer. F64 is a comm dtype only: a Tensor
+/// never holds it (Tensor::empty refuses it), so tensor kernels need not handle it.
+enum class DType : std::uint8_t { F32, BF16, F16, I32, I64, F64 };
 
 /// Bytes per element.
 constexpr std::size_t dtype_size(DType t) {
@@ -23,15 +25,19 @@ constexpr std::size_t dtype_size(DType t) {
       return 4;
     case DType::I64:
       return 8;
+    case DType::F64:
+      return 8;
   }
   return 0;
 }
+/// A floating tensor dtype (F64, not a tensor dtype, is left out).
 constexpr bool is_floating(DType t) {
   return t == DType::F32 || t == DType::BF16 || t == DType::F16;
 }
-/// "f32", "bf16", "f16", "i32", "i64".
+/// "f32", "bf16", "f16", "i32", "i64", "f64".
 const char* dtype_name(DType t);
-/// Inverse of dtype_name; throws InvalidArgument for an unknown name.
+/// Inverse of dtype_name over the tensor dtypes (not "f64"); throws InvalidArgument for
+/// any other name.
 DType dtype_from_name(const std::string& name);
 
 /// bfloat16 storage: the upper 16 bits of an IEEE f32, rounded to nearest even.
@@ -92,6 +98,10 @@ constexpr DType dtype_of<std::int32_t>() {
 template <>
 constexpr DType dtype_of<std::int64_t>() {
   return DType::I64;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::F64;
 }
 
 }  // namespace distjax

@@ -60,7 +60,8 @@ class Tensor {
   /// An undefined tensor (no storage); `defined()` is false.
   Tensor() = default;
 
-  /// Uninitialised storage of the given shape and dtype.
+  /// Uninitialised storage of the given shape and dtype (any but F64, which is comm only:
+  /// InvalidArgument).
   static Tensor empty(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
   static Tensor zeros(const Shape& shape, DType dtype = DType::F32);
   static Tensor ones(const Shape& shape, DType dtype = DType::F32);

@@ -64,6 +64,8 @@ const char* dtype_name(DType t) {
       return "i32";
     case DType::I64:
       return "i64";
+    case DType::F64:
+      return "f64";
   }
   return "?";
 }

@@ -1,5 +1,6 @@
 #include "distjax/global/nn_ops.hpp"
 
+#include "distjax/core/shape.hpp"
 #include "distjax/global/comm_plan.hpp"
 #include "distjax/global/detail/rule_util.hpp"
 #include "distjax/parallel/tensor_parallel.hpp"
@@ -11,13 +12,6 @@ namespace distjax::global {
 using detail::Entry;
 
 namespace {
-
-int norm_axis(int axis, int rank, const char* op) {
-  const int a = axis < 0 ? axis + rank : axis;
-  DISTJAX_CHECK(a >= 0 && a < rank, InvalidArgument, "[global::", op, "] axis ", axis,
-                " out of range for rank ", rank);
-  return a;
-}
 
 // The inputs moved to `rule.inputs`, joined for the local op.
 std::vector<Tensor> prepare(const char* op, const OpRule& rule,
@@ -42,7 +36,7 @@ std::int64_t bytes_of(const std::vector<Shape>& shapes, const std::vector<Global
 OpRule softmax_rule(const Shape& shape, const GlobalSharding& s, int axis, const Mesh& mesh) {
   const int r = static_cast<int>(shape.size());
   auto e = dim_entries(s, r);
-  e[static_cast<std::size_t>(norm_axis(axis, r, "softmax"))].clear();
+  e[static_cast<std::size_t>(normalize_axis(axis, r, "global::softmax"))].clear();
   OpRule rule;
   rule.inputs.push_back(make_sharding(e, {}, mesh));
   rule.output = rule.inputs[0];

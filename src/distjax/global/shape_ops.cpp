@@ -1,5 +1,6 @@
 #include "distjax/global/shape_ops.hpp"
 
+#include "distjax/core/shape.hpp"
 #include "distjax/global/detail/rule_util.hpp"
 #include "distjax/tensor/shape_ops.hpp"
 
@@ -8,13 +9,6 @@ namespace distjax::global {
 using detail::Entry;
 
 namespace {
-
-int norm_axis(int axis, int rank, const char* op) {
-  const int a = axis < 0 ? axis + rank : axis;
-  DISTJAX_CHECK(a >= 0 && a < rank, InvalidArgument, "[global::", op, "] axis ", axis,
-                " out of range for rank ", rank);
-  return a;
-}
 
 GlobalArray run(const char* op, const OpRule& r, const std::vector<GlobalArray>& xs,
                 const std::function<Tensor(const std::vector<Tensor>&)>& fn, Shape shape) {
@@ -82,14 +76,14 @@ GlobalArray transpose(const GlobalArray& x, int d0, int d1) {
   std::vector<int> perm(static_cast<std::size_t>(x.rank()));
   for (int i = 0; i < x.rank(); ++i)
     perm[static_cast<std::size_t>(i)] = i;
-  std::swap(perm[static_cast<std::size_t>(norm_axis(d0, x.rank(), "transpose"))],
-            perm[static_cast<std::size_t>(norm_axis(d1, x.rank(), "transpose"))]);
+  std::swap(perm[static_cast<std::size_t>(normalize_axis(d0, x.rank(), "global::transpose"))],
+            perm[static_cast<std::size_t>(normalize_axis(d1, x.rank(), "global::transpose"))]);
   return permute(x, perm);
 }
 
 OpRule slice_rule(const Shape& shape, const GlobalSharding& s, int axis, std::int64_t start,
                   std::int64_t end, const Mesh& mesh) {
-  const int a = norm_axis(axis, static_cast<int>(shape.size()), "slice");
+  const int a = normalize_axis(axis, static_cast<int>(shape.size()), "global::slice");
   auto e = dim_entries(s, static_cast<int>(shape.size()));
   if (!(start == 0 && end == shape[static_cast<std::size_t>(a)]))
     e[static_cast<std::size_t>(a)].clear();
@@ -102,7 +96,7 @@ OpRule slice_rule(const Shape& shape, const GlobalSharding& s, int axis, std::in
 
 GlobalArray slice(const GlobalArray& x, int axis, std::int64_t start, std::int64_t end) {
   const OpRule r = slice_rule(x.shape(), x.sharding(), axis, start, end, x.mesh());
-  const int a = norm_axis(axis, x.rank(), "slice");
+  const int a = normalize_axis(axis, x.rank(), "global::slice");
   Shape shape = x.shape();
   shape[static_cast<std::size_t>(a)] = end - start;
   if (end - start == x.size(a)) return x;
@@ -114,7 +108,7 @@ GlobalArray slice(const GlobalArray& x, int axis, std::int64_t start, std::int64
 OpRule concat_rule(const std::vector<Shape>& shapes, const std::vector<GlobalSharding>& in,
                    int axis, const Mesh& mesh) {
   const int rank = static_cast<int>(shapes[0].size());
-  const int a = norm_axis(axis, rank, "concat");
+  const int a = normalize_axis(axis, rank, "global::concat");
   auto e = dim_entries(in[0], rank);
   e[static_cast<std::size_t>(a)].clear();
   std::vector<std::string> partial;
@@ -141,7 +135,7 @@ GlobalArray concat(const std::vector<GlobalArray>& xs, int axis) {
     in.push_back(x.sharding());
   }
   const OpRule r = concat_rule(shapes, in, axis, xs[0].mesh());
-  const int a = norm_axis(axis, xs[0].rank(), "concat");
+  const int a = normalize_axis(axis, xs[0].rank(), "global::concat");
   Shape shape = xs[0].shape();
   shape[static_cast<std::size_t>(a)] = 0;
   for (const auto& x : xs)

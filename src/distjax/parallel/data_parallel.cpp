@@ -103,12 +103,12 @@ TensorTree sync_grads(spmd::DeviceContext& ctx, const TensorTree& grads,
 
 namespace {
 
-// Sum over the group of `comm` of one double per device, added in device order (the
-// doubles travel as their bits: the communicator reduces no f64).
+// Sum over the group of `comm` of one double per device, added in device order: gathered,
+// not all-reduced, since an MPI all-reduce may associate the sum otherwise (a tree), and
+// the same bits on every backend are wanted.
 double sum_in_device_order(comm::Communicator& comm, double mine) {
-  static_assert(sizeof(double) == sizeof(std::int64_t));
   std::vector<double> all(static_cast<std::size_t>(comm.size()));
-  comm.all_gather(&mine, all.data(), 1, DType::I64);
+  comm.all_gather(&mine, all.data(), 1, DType::F64);
   double s = 0;
   for (double v : all)
     s += v;
@@ -163,7 +163,7 @@ train::Metrics sync_metrics(spmd::DeviceContext& ctx, const train::Metrics& metr
   comm.all_reduce(hs, hs, 2, DType::I64, comm::ReduceOp::Max);
   DISTJAX_CHECK(hs[0] == -hs[1], InvalidArgument, "[sync_metrics] the devices along ", axes.str(),
                 " report different metric names; device ", ctx.device(), " has: ", names);
-  // (sum, count) pairs in name order, gathered as raw f64 and added in device order.
+  // (sum, count) pairs in name order, gathered and added in device order.
   std::vector<double> mine;
   for (const auto& [name, m] : metrics) {
     mine.push_back(m.sum);
@@ -171,8 +171,7 @@ train::Metrics sync_metrics(spmd::DeviceContext& ctx, const train::Metrics& metr
   }
   const std::int64_t k = static_cast<std::int64_t>(mine.size());
   std::vector<double> all(static_cast<std::size_t>(k * n));
-  static_assert(sizeof(double) == sizeof(std::int64_t));
-  comm.all_gather(mine.data(), all.data(), k, DType::I64);  // bit copies of the doubles
+  comm.all_gather(mine.data(), all.data(), k, DType::F64);
   train::Metrics out;
   std::size_t i = 0;
   for (const auto& [name, m] : metrics) {

@@ -580,11 +580,10 @@ double Pipeline::grad_norm_squared(const TensorTree& grads) {
   const TensorTree g = without_pipe(grads);
   const double local = inner_ ? inner_->grad_norm_squared(g) : global_norm_squared(*ctx_, g);
   // Each stage holds different parameters: add the stages' squares.
-  // Gathered as bit copies of the doubles and added in stage order: the same on every device.
+  // Gathered and added in stage order: the same on every device and backend.
   comm::Communicator& c = ctx_->comm(options_.axis);
   std::vector<double> all(static_cast<std::size_t>(c.size()));
-  static_assert(sizeof(double) == sizeof(std::int64_t));
-  c.all_gather(&local, all.data(), 1, DType::I64);
+  c.all_gather(&local, all.data(), 1, DType::F64);
   double total = 0.0;
   for (double x : all)
     total += x;

@@ -33,8 +33,7 @@ double pipeline_bubble(spmd::DeviceContext& ctx, const PipelineTrace& trace, boo
   comm::Communicator& c = ctx.comm(axis);
   const double mine[3] = {trace.start, trace.end, trace.compute_seconds()};
   std::vector<double> all(3 * static_cast<std::size_t>(c.size()));
-  static_assert(sizeof(double) == sizeof(std::int64_t));
-  c.all_gather(mine, all.data(), 3, DType::I64);  // bit copies of the doubles
+  c.all_gather(mine, all.data(), 3, DType::F64);
   double first = all[0], last = all[1];
   for (int r = 0; r < c.size(); ++r) {
     first = std::min(first, all[3 * r]);

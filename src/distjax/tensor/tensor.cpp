@@ -57,6 +57,9 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (auto d : shape)
     DISTJAX_CHECK(d >= 0, InvalidArgument, "[Tensor::empty] negative dimension in ",
                   to_string(shape));
+  DISTJAX_CHECK(dtype != DType::F64, InvalidArgument,
+                "[Tensor::empty] expected a tensor dtype (f32, bf16, f16, i32, i64), got f64 "
+                "(a comm dtype only)");
   Tensor t;
   t.shape_ = shape;
   t.dtype_ = dtype;

@@ -152,11 +152,12 @@ void check_reducible(const char* op, DType dtype, ReduceOp reduce) {
     case DType::F16:
     case DType::I32:
     case DType::I64:
+    case DType::F64:
       dtype_ok = true;
       break;
   }
   DISTJAX_CHECK(dtype_ok, NotImplemented, "[", op,
-                "] expected a reducible dtype (f32, bf16, f16, i32, i64), got dtype value ",
+                "] expected a reducible dtype (f32, bf16, f16, i32, i64, f64), got dtype value ",
                 static_cast<int>(dtype));
   bool reduce_ok = false;
   switch (reduce) {
@@ -259,6 +260,7 @@ void reduce_into(void* dst, const void* const* srcs, int k, std::int64_t n, DTyp
       return reduce_native(static_cast<std::int32_t*>(dst), srcs, k, n, op, divisor);
     case DType::I64:
       return reduce_native(static_cast<std::int64_t*>(dst), srcs, k, n, op, divisor);
+    case DType::F64: return reduce_native(static_cast<double*>(dst), srcs, k, n, op, divisor);
     case DType::BF16: return reduce_half(static_cast<bf16*>(dst), srcs, k, n, op, divisor);
     case DType::F16: return reduce_half(static_cast<f16*>(dst), srcs, k, n, op, divisor);
   }

@@ -51,7 +51,7 @@ void check_buffer(const char* op, const Buffer& b);
 /// backend's per-call check compares instead of the descriptors themselves.
 std::uint64_t hash_desc(const CallDesc& d);
 /// Argument check of all_reduce / reduce_scatter: throws NotImplemented unless dtype is
-/// one reduce_into handles (f32, bf16, f16, i32, i64; a value outside DType would
+/// one reduce_into handles (f32, bf16, f16, i32, i64, f64; a value outside DType would
 /// otherwise reduce nothing), and InvalidArgument unless reduce is Sum, Mean or Max.
 void check_reducible(const char* op, DType dtype, ReduceOp reduce);
 

@@ -91,7 +91,10 @@ void Exchange::finish_step() {
     switch (dtype_) {
       case DType::I32: combine<std::int32_t>(mine_.data, a, b, n_, op_); break;
       case DType::I64: combine<std::int64_t>(mine_.data, a, b, n_, op_); break;
-      default: combine<float>(mine_.data, a, b, n_, op_); break;
+      case DType::F64: combine<double>(mine_.data, a, b, n_, op_); break;
+      case DType::F32: combine<float>(mine_.data, a, b, n_, op_); break;
+      case DType::BF16:  // widened to f32 by the caller
+      case DType::F16: break;
     }
   }
   // Another call's message (its length differs): a disagreement everyone will see.

@@ -23,7 +23,7 @@ void check(int rc, const char* op, int device);
 }
 
 /// One exchange: every rank contributes (h, ~h) for its descriptor hash h and optionally
-/// `n` elements (f32, i32 or i64); every rank ends with the bitwise AND of the words over
+/// `n` elements (f32, f64, i32 or i64); every rank ends with the bitwise AND of the words over
 /// the group and the sum (or max) of the elements. All ranks called the same thing iff
 /// AND(h) == ~AND(~h) (both are then h). Reductions combine the lower ranks' partial with
 /// the higher ranks' in that order on both partners, so every rank gets the same bits.
@@ -45,7 +45,7 @@ class Exchange {
   static constexpr int kMaxPayload = 1024;
 
   /// Starts the exchange of call `tag` (> 0) on `comm` (rank `rank` of `size`): posts its
-  /// first step. `payload`: n elements of `dtype` (F32, I32 or I64) reduced with `op`
+  /// first step. `payload`: n elements of `dtype` (F32, F64, I32 or I64) reduced with `op`
   /// (Sum or Max); nullptr and 0 for the check alone.
   void start(MPI_Comm comm, int rank, int size, int tag, std::uint64_t hash, const void* payload,
              int n, DType dtype, ReduceOp op, const char* name, int device);

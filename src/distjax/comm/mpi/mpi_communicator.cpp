@@ -16,6 +16,11 @@
 // naming it. The few calls MPI only has in blocking form (MPI_Comm_split, the first
 // duplicate of MPI_COMM_WORLD) run under a watchdog thread that prints what blocked and
 // calls MPI_Abort once they exceed the timeout.
+//
+// This file is the transport: the MPI calls that move data (collectives, point-to-point,
+// their requests, the exchanges and the order in which data operations are posted). A
+// wait that goes wrong is handed to the group's GroupDiagnosis (diagnosis.hpp), which
+// keeps the failure and builds the message naming the op and the devices.
 // The C API only: OpenMPI's mpi.h pulls in its C++ bindings otherwise.
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
@@ -23,23 +28,21 @@
 
 #include <algorithm>
 #include <array>
-#include <functional>
-#include <type_traits>
 #include <climits>
-#include <condition_variable>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <mutex>
-#include <sstream>
-#include <thread>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "distjax/comm/detail/call.hpp"
+#include "distjax/comm/mpi/diagnosis.hpp"
 #include "distjax/comm/mpi/exchange.hpp"
 #include "distjax/comm/mpi/flight_records.hpp"
 #include "distjax/comm/mpi/guards.hpp"
 #include "distjax/comm/mpi/mpi_communicator.hpp"
+#include "distjax/comm/mpi/staging.hpp"
 #include "distjax/comm/mpi/tsc_clock.hpp"
 #include "distjax/core/error.hpp"
 
@@ -66,6 +69,7 @@ MPI_Datatype mpi_type(DType t) {
     case DType::F32: return MPI_FLOAT;
     case DType::I32: return MPI_INT32_T;
     case DType::I64: return MPI_INT64_T;
+    case DType::F64: return MPI_DOUBLE;
     case DType::BF16:
     case DType::F16: return MPI_UINT16_T;
   }
@@ -79,26 +83,6 @@ int to_int(const char* op, std::int64_t count) {
                 " exceeds what one MPI call can move (", INT_MAX, ")");
   return static_cast<int>(count);
 }
-
-bool is_half(DType t) { return t == DType::BF16 || t == DType::F16; }
-
-std::vector<float> to_f32(const void* p, std::int64_t n, DType t) {
-  std::vector<float> out(n);
-  for (std::int64_t i = 0; i < n; ++i)
-    out[i] = t == DType::BF16 ? static_cast<float>(static_cast<const bf16*>(p)[i])
-                              : static_cast<float>(static_cast<const f16*>(p)[i]);
-  return out;
-}
-void from_f32(const std::vector<float>& v, void* p, DType t) {
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (t == DType::BF16) {
-      static_cast<bf16*>(p)[i] = bf16(v[i]);
-    } else {
-      static_cast<f16*>(p)[i] = f16(v[i]);
-    }
-  }
-}
-
 
 }  // namespace
 
@@ -115,36 +99,24 @@ class MpiCommunicator final : public CommunicatorImpl,
     MPI_Comm_size(comm_, &size_);
     MPI_Comm_rank(MPI_COMM_WORLD, &global_);
     const auto deadline = Clock::now() + opts_.timeout;
+    check_comm_ = duplicate(op, deadline);
+    xchg_comm_ = duplicate(op, deadline);
     MPI_Request r;
-    auto dup = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
-    check(MPI_Comm_idup(comm_, dup.get(), &r), op, global_);
-    wait_setup(r, dup, deadline, opts_.timeout, op, "duplicating the new group's communicator",
-               global_);
-    check_comm_ = *dup;
-    MPI_Comm_set_errhandler(check_comm_, MPI_ERRORS_RETURN);
-    auto xdup = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
-    check(MPI_Comm_idup(comm_, xdup.get(), &r), op, global_);
-    wait_setup(r, xdup, deadline, opts_.timeout, op, "duplicating the new group's communicator",
-               global_);
-    xchg_comm_ = *xdup;
-    MPI_Comm_set_errhandler(xchg_comm_, MPI_ERRORS_RETURN);
     auto ids = std::make_shared<std::vector<int>>(size_);
     check(MPI_Iallgather(&global_, 1, MPI_INT, ids->data(), 1, MPI_INT, comm_, &r), op, global_);
     wait_setup(r, ids, deadline, opts_.timeout, op, "gathering the new group's members", global_);
-    members_ = *ids;
-    label_ = detail::group_label(members_);
-    records_ = flight_register(label_, members_);
+    diag_ = std::make_unique<GroupDiagnosis>(*ids, rank_, global_, check_comm_, opts_.timeout,
+                                             checking());
     int* ub = nullptr;
     int flag = 0;
     MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
     if (flag && ub != nullptr && *ub > 1) tag_ub_ = *ub;
   }
   ~MpiCommunicator() override {
-    flight_retire(records_);
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
-    if (!failed_) {
+    if (!diag_->failed()) {
       MPI_Comm_free(&xchg_comm_);
       MPI_Comm_free(&check_comm_);
       MPI_Comm_free(&comm_);
@@ -154,7 +126,7 @@ class MpiCommunicator final : public CommunicatorImpl,
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   int global_rank() const override { return global_; }
-  const std::vector<int>& group() const override { return members_; }
+  const std::vector<int>& group() const override { return diag_->members(); }
   CommStats& stats() override { return *stats_; }
 
   Request iall_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) override {
@@ -217,12 +189,12 @@ class MpiCommunicator final : public CommunicatorImpl,
       iall_reduce(send, recv, op).wait();
       return;
     }
-    if (failed_) throw CommError(failure_);
+    diag_->throw_if_failed();
     const detail::CallDesc d =
         detail::make_desc(seq_, OpKind::AllReduce, send.count, send.dtype, op);
     auto issued = clock_.now();
     ++seq_;
-    records_->issue(d);
+    diag_->records().issue(d);
     // A device failed: start nothing (the others' messages may already be here, and this
     // call would complete where theirs failed). Looking costs a trip through MPI's
     // progress engine, so back-to-back calls look once per kAbortLook: a call that skips
@@ -232,9 +204,9 @@ class MpiCommunicator final : public CommunicatorImpl,
     if (issued - abort_looked_ > kAbortLook) {
       issued = clock_.anchor();  // steady_clock itself, at most every kAbortLook
       abort_looked_ = issued;
-      if (poll_abort() != nullptr) fail(abort_message(d));
+      diag_->fail_if_aborted(d);
     }
-    Waiting waiting(records_.get(), d);  // through the diagnosis too: peers ask meanwhile
+    Waiting waiting(&diag_->records(), d);  // through the diagnosis too: peers ask meanwhile
     Exchange& x = *hot_;
     WaitResult w;
     try {
@@ -242,29 +214,19 @@ class MpiCommunicator final : public CommunicatorImpl,
       w = poll_until([&x] { return x.progress(); }, issued + opts_.timeout);
     } catch (const CommError& e) {  // an MPI error
       give_up_hot();
-      fail(diagnose(d, false, e.what()));
+      diag_->fail_mpi(d, e.what());
     }
     if (w != WaitResult::Done) {
       give_up_hot();
-      fail_wait(w, d, false);
+      diag_->fail_wait(w, d, false);
     }
     if (!x.agreed()) {
       give_up_hot();
-      disagree(d);
+      diag_->disagree(d, tag_of(d.seq));
     }
     finish_small(x, recv, op);
-    ++records_->completed;
-    const auto end = clock_.now();
-    const detail::Traffic t = detail::ring_traffic(OpKind::AllReduce, send.bytes(), size_);
-    const double s = std::chrono::duration<double>(end - issued).count();
-    stats_->add(stats_group(), OpKind::AllReduce,
-                {.calls = 1,
-                 .bytes_sent = t.sent,
-                 .bytes_received = t.received,
-                 .seconds = s,
-                 .wait_seconds = s});
-    if (stats_->record_spans)
-      stats_->spans.push_back({OpKind::AllReduce, issued, end, end, t.sent});
+    ++diag_->records().completed;
+    count_small(send, issued);
   }
   void all_gather(const Buffer& send, const Buffer& recv) override {
     iall_gather(send, recv).wait();
@@ -342,13 +304,13 @@ class MpiCommunicator final : public CommunicatorImpl,
 
   std::shared_ptr<CommunicatorImpl> split(int color, int key) override {
     DISTJAX_CHECK(color >= 0, InvalidArgument, "[split] color must be >= 0, got ", color);
-    if (failed_) throw CommError(failure_);
+    diag_->throw_if_failed();
     auto call = begin(detail::make_desc(seq_, OpKind::Split),
                       detail::ring_traffic(OpKind::Split, 0, size_));
-    Waiting waiting(records_.get(), call->desc);
+    Waiting waiting(&diag_->records(), call->desc);
     // Always the full descriptor exchange: MPI_Comm_split only exists in blocking form,
     // so every rank must know the others are entering it.
-    agree(call->desc, Clock::now() + opts_.timeout);
+    diag_->agree(call->desc, tag_of(call->desc.seq), Clock::now() + opts_.timeout);
     // MPI_Comm_split is a collective on comm_ too: after every earlier data operation.
     const WaitResult w = poll_until(
         [this] {
@@ -356,11 +318,11 @@ class MpiCommunicator final : public CommunicatorImpl,
           return unposted_.empty();
         },
         Clock::now() + opts_.timeout);
-    if (w != WaitResult::Done) fail_wait(w, call->desc, true);
+    if (w != WaitResult::Done) diag_->fail_wait(w, call->desc, true);
     call->arrived = Clock::now();
     MPI_Comm sub;
     const int rc = guarded(opts_.timeout, blocked_message("split", "MPI_Comm_split", global_,
-                                                          opts_.timeout, where(call->desc)),
+                                                          opts_.timeout, diag_->where(call->desc)),
                            [&] { return MPI_Comm_split(comm_, color, key, &sub); });
     check(rc, "split", global_);
     try {
@@ -368,7 +330,7 @@ class MpiCommunicator final : public CommunicatorImpl,
       complete(*call);
       return out;
     } catch (const CommError& e) {
-      fail(e.what());
+      diag_->fail(e.what());
     }
   }
 
@@ -393,35 +355,22 @@ class MpiCommunicator final : public CommunicatorImpl,
       // A transfer already matched must finish; the watchdog bounds that wait.
       guarded(c_.opts_.timeout,
               blocked_message(is_send_ ? "isend" : "irecv", "MPI_Wait", c_.global_,
-                              c_.opts_.timeout, " on a cancelled transfer in group " + c_.label_),
+                              c_.opts_.timeout,
+                              " on a cancelled transfer in group " + c_.diag_->label()),
               [&] { return MPI_Wait(&r_, MPI_STATUS_IGNORE); });
     }
     void wait() override {
       const auto start = Clock::now();
       const auto deadline = start + c_.opts_.timeout;
       const char* name = is_send_ ? "isend" : "irecv";
-      std::ostringstream os;
       int done = r_ == MPI_REQUEST_NULL ? 1 : 0;
       WaitResult w;
       {
-        Waiting waiting(c_.records_.get(), is_send_ ? OpKind::Send : OpKind::Recv,
-                        c_.members_[peer_], tag_);
+        Waiting waiting(&c_.diag_->records(), is_send_ ? OpKind::Send : OpKind::Recv,
+                        c_.diag_->members()[peer_], tag_);
         w = poll(&r_, &done, 1, deadline, name, c_.global_, Backoff::yield_window(bytes_));
       }
-      switch (w) {
-        case WaitResult::Done: break;
-        case WaitResult::TimedOut:
-          os << "[" << name << "] timed out after " << c_.opts_.timeout.count() << " ms: device "
-             << c_.global_ << (is_send_ ? " sending to" : " receiving from") << " device "
-             << c_.members_[peer_] << " with tag " << tag_ << " in group " << c_.label_;
-          throw CommError(os.str());
-        case WaitResult::Aborted:
-          os << "[" << name << "] transfer with device " << c_.members_[peer_] << " (tag " << tag_
-             << ") in group " << c_.label_ << " abandoned: " << *poll_abort();
-          throw CommError(os.str());
-        case WaitResult::Left:
-          throw CommError(left_failure());
-      }
+      if (w != WaitResult::Done) c_.diag_->throw_transfer(w, is_send_, peer_, tag_);
       detail::count_wait(*c_.stats_, stats_group_, is_send_,
                          std::chrono::duration<double>(Clock::now() - start).count());
     }
@@ -478,6 +427,17 @@ class MpiCommunicator final : public CommunicatorImpl,
 
   bool checking() const { return opts_.check_collectives && size_ > 1; }
 
+  /// A duplicate of comm_ that returns its errors, made by `deadline`.
+  MPI_Comm duplicate(const char* op, Clock::time_point deadline) {
+    MPI_Request r;
+    auto dup = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
+    check(MPI_Comm_idup(comm_, dup.get(), &r), op, global_);
+    wait_setup(r, dup, deadline, opts_.timeout, op, "duplicating the new group's communicator",
+               global_);
+    MPI_Comm_set_errhandler(*dup, MPI_ERRORS_RETURN);
+    return *dup;
+  }
+
   /// Whether an all-reduce of `send` travels inside its exchange (with the check on or
   /// off): at most Exchange::kMaxPayload bytes once bf16/f16 are widened to f32.
   static bool small(const Buffer& send) {
@@ -497,9 +457,7 @@ class MpiCommunicator final : public CommunicatorImpl,
     const void* p = send.data;
     DType t = send.dtype;
     if (is_half(t)) {
-      for (std::int64_t i = 0; i < send.count; ++i)
-        wide[i] = t == DType::BF16 ? static_cast<float>(static_cast<const bf16*>(p)[i])
-                                   : static_cast<float>(static_cast<const f16*>(p)[i]);
+      widen_half(p, send.count, t, wide);
       p = wide;
       t = DType::F32;
     }
@@ -510,18 +468,25 @@ class MpiCommunicator final : public CommunicatorImpl,
   /// Writes the result of a small all-reduce's exchange into recv.
   void finish_small(const Exchange& x, const Buffer& recv, ReduceOp op) {
     if (is_half(recv.dtype)) {
-      const float* f = static_cast<const float*>(x.result());
-      for (std::int64_t i = 0; i < recv.count; ++i) {
-        if (recv.dtype == DType::BF16) {
-          static_cast<bf16*>(recv.data)[i] = bf16(f[i]);
-        } else {
-          static_cast<f16*>(recv.data)[i] = f16(f[i]);
-        }
-      }
+      narrow_half(static_cast<const float*>(x.result()), recv.count, recv.dtype, recv.data);
     } else if (recv.count > 0) {
       std::memcpy(recv.data, x.result(), static_cast<std::size_t>(recv.bytes()));
     }
     if (op == ReduceOp::Mean) detail::divide_inplace(recv.data, recv.count, recv.dtype, size_);
+  }
+  /// Counts a blocking small all-reduce of `send` issued at `issued`, done now.
+  void count_small(const Buffer& send, Clock::time_point issued) {
+    const auto end = clock_.now();
+    const detail::Traffic t = detail::ring_traffic(OpKind::AllReduce, send.bytes(), size_);
+    const double s = std::chrono::duration<double>(end - issued).count();
+    stats_->add(stats_group(), OpKind::AllReduce,
+                {.calls = 1,
+                 .bytes_sent = t.sent,
+                 .bytes_received = t.received,
+                 .seconds = s,
+                 .wait_seconds = s});
+    if (stats_->record_spans)
+      stats_->spans.push_back({OpKind::AllReduce, issued, end, end, t.sent});
   }
   /// The blocking small all-reduce's exchange was given up on: MPI may still write into
   /// it, so it is kept (the group has failed; nothing uses it again).
@@ -530,25 +495,10 @@ class MpiCommunicator final : public CommunicatorImpl,
     hot_ = std::make_shared<Exchange>();
   }
 
-  /// Marks what the device waits on while it lives: call d of group g, or a transfer
-  /// with world rank `peer`; for peers' flight-record queries and the verdicts on
-  /// finished notices.
-  struct Waiting {
-    Waiting(const GroupRecords* g, const detail::CallDesc& d) {
-      flight_waiting({.group = g, .seq = d.seq, .kind = static_cast<OpKind>(d.op)});
-    }
-    Waiting(const GroupRecords* g, OpKind kind, int peer, int tag) {
-      flight_waiting({.group = g, .kind = kind, .peer = peer, .tag = tag});
-    }
-    ~Waiting() { flight_waiting({}); }
-    Waiting(const Waiting&) = delete;
-    Waiting& operator=(const Waiting&) = delete;
-  };
-
   /// Starts a call: throws if the group failed or a device failed (abort notice); takes
   /// the next sequence number (desc was made with it) and records it.
   std::shared_ptr<Call> begin(const detail::CallDesc& desc, const detail::Traffic& traffic) {
-    if (failed_) throw CommError(failure_);
+    diag_->throw_if_failed();
     auto c = std::make_shared<Call>(this);
     c->desc = desc;
     c->kind = static_cast<OpKind>(desc.op);
@@ -556,8 +506,8 @@ class MpiCommunicator final : public CommunicatorImpl,
     c->stats_group = stats_group();
     c->issued = Clock::now();
     ++seq_;
-    records_->issue(desc);
-    if (poll_abort() != nullptr) fail(abort_message(c->desc));  // a device failed: start nothing
+    diag_->records().issue(desc);
+    diag_->fail_if_aborted(c->desc);  // a device failed: start nothing
     return c;
   }
 
@@ -573,34 +523,13 @@ class MpiCommunicator final : public CommunicatorImpl,
   /// reductions); other dtypes are staged when the check is on and the call is small.
   /// Adds to call.finish the copy back into recv.
   std::pair<Buffer, Buffer> stage(Call& c, const Buffer& send, const Buffer& recv) {
-    struct Copies {
-      std::vector<char> send, recv;
-    };
-    const bool half = is_half(send.dtype);
-    if (!half && !(checking() && std::max(send.bytes(), recv.bytes()) <= kOverlapBytes))
+    if (!is_half(send.dtype) &&
+        !(checking() && std::max(send.bytes(), recv.bytes()) <= kOverlapBytes))
       return {send, recv};
-    auto st = std::make_shared<Copies>();
-    const DType t = half ? DType::F32 : send.dtype;
-    const std::int64_t es = dtype_size(t);
-    st->send.resize(send.count * es);
-    st->recv.resize(recv.count * es);
-    if (half) {
-      auto f = to_f32(send.data, send.count, send.dtype);
-      std::memcpy(st->send.data(), f.data(), st->send.size());
-    } else if (!st->send.empty()) {
-      std::memcpy(st->send.data(), send.data, st->send.size());
-    }
-    c.scratch = st;
-    c.finish.push_back([st, recv, half] {
-      if (half) {
-        std::vector<float> f(recv.count);
-        std::memcpy(f.data(), st->recv.data(), st->recv.size());
-        from_f32(f, recv.data, recv.dtype);
-      } else if (!st->recv.empty()) {
-        std::memcpy(recv.data, st->recv.data(), st->recv.size());
-      }
-    });
-    return {Buffer{st->send.data(), send.count, t, {}}, Buffer{st->recv.data(), recv.count, t, {}}};
+    Staged st = stage_copies(send, recv);
+    c.scratch = std::move(st.memory);
+    c.finish.push_back(std::move(st.copy_back));
+    return {st.send, st.recv};
   }
 
   /// Starts the check (when on) and queues the data operation (`post`, if any: posted at
@@ -663,7 +592,7 @@ class MpiCommunicator final : public CommunicatorImpl,
   /// its data once the check passed. A disagreement or an MPI error is left for c's own
   /// wait to report.
   void advance_call(Call& c) noexcept {
-    if (c.finished || failed_) return;
+    if (c.finished || diag_->failed()) return;
     if (c.xchg && !c.has_arrived) {
       if (!c.xchg->try_progress() || !c.xchg->agreed()) return;
       c.arrived = Clock::now();
@@ -713,11 +642,11 @@ class MpiCommunicator final : public CommunicatorImpl,
   /// descriptor), then its data, each within the timeout; a timeout, an abort notice or
   /// an MPI error fails the group with a message from the flight records.
   void wait_call(Call& c) {
-    if (failed_) {
+    if (diag_->failed()) {
       abandon(c);
-      throw CommError(failure_);
+      diag_->throw_if_failed();
     }
-    Waiting waiting(records_.get(), c.desc);
+    Waiting waiting(&diag_->records(), c.desc);
     const char* name = op_kind_name(c.kind);
     if (c.xchg && !c.has_arrived) {
       Exchange& x = *c.xchg;
@@ -726,18 +655,18 @@ class MpiCommunicator final : public CommunicatorImpl,
         w = poll_until([&x] { return x.progress(); }, Clock::now() + opts_.timeout);
       } catch (const CommError& e) {  // an MPI error
         abandon(c);
-        fail(diagnose(c.desc, false, e.what()));
+        diag_->fail_mpi(c.desc, e.what());
       }
       if (w != WaitResult::Done) {
         abandon(c);
-        fail_wait(w, c.desc, false);
+        diag_->fail_wait(w, c.desc, false);
       }
       arrive(c);
     }
     WaitResult w;
     if (!wait_posted(c, w)) {
       abandon(c);
-      fail_wait(w, c.desc, true);
+      diag_->fail_wait(w, c.desc, true);
     }
     check(c.post_rc, name, global_);
     std::array<int, 2> done{c.data[0] == MPI_REQUEST_NULL, c.data[1] == MPI_REQUEST_NULL};
@@ -746,20 +675,20 @@ class MpiCommunicator final : public CommunicatorImpl,
                Backoff::yield_window(c.traffic.sent + c.traffic.received));
     } catch (const CommError& e) {  // an MPI error: a mismatched program, or a real one
       abandon(c);
-      fail(diagnose(c.desc, false, e.what()));
+      diag_->fail_mpi(c.desc, e.what());
     }
     if (w != WaitResult::Done) {
       abandon(c);
-      fail_wait(w, c.desc, c.has_arrived);
+      diag_->fail_wait(w, c.desc, c.has_arrived);
     }
     complete(c);
   }
 
   /// One nonblocking look at call c; completes it when everything arrived.
   bool test_call(Call& c) {
-    if (failed_) {
+    if (diag_->failed()) {
       abandon(c);
-      throw CommError(failure_);
+      diag_->throw_if_failed();
     }
     advance_pending();  // the others too, as a wait would
     if (c.xchg && !c.has_arrived) {
@@ -787,23 +716,13 @@ class MpiCommunicator final : public CommunicatorImpl,
     c.has_arrived = true;
     if (c.xchg->agreed()) return;
     abandon(c);
-    disagree(c.desc);
+    diag_->disagree(c.desc, tag_of(c.desc.seq));
   }
-  /// The exchange of call d said the devices disagree (every device sees the same):
-  /// exchanges the descriptors to name what each called, and fails the group.
-  [[noreturn]] void disagree(const detail::CallDesc& d) {
-    agree(d, Clock::now() + opts_.timeout);
-    std::ostringstream os;
-    os << "[" << op_kind_name(static_cast<OpKind>(d.op)) << "] devices disagree at call #" << d.seq
-       << " of group " << label_ << " (descriptor hashes differ)";
-    fail(os.str());
-  }
-
   void complete(Call& c) {
     remove_pending(&c);
     for (auto& f : c.finish) f();
     c.finished = true;
-    ++records_->completed;
+    ++diag_->records().completed;
     const auto end = Clock::now();
     if (!c.has_arrived) c.arrived = end;  // no check: no separate arrival
     stats_->add(c.stats_group, c.kind,
@@ -816,112 +735,9 @@ class MpiCommunicator final : public CommunicatorImpl,
       stats_->spans.push_back({c.kind, c.issued, c.arrived, end, c.traffic.sent});
   }
 
-  [[noreturn]] void fail(const std::string& msg) {
-    failed_ = true;
-    records_->failed = true;
-    failure_ = msg;
-    throw CommError(msg);
-  }
-
-  /// Fails the group after a wait on call d ended with w (not Done): on an abort notice,
-  /// on a device that left the call (its finished notice), or at the timeout, diagnosed
-  /// from the flight records (`all_arrived`: the check had completed).
-  [[noreturn]] void fail_wait(WaitResult w, const detail::CallDesc& d, bool all_arrived) {
-    if (w == WaitResult::Aborted) fail(abort_message(d));
-    if (w == WaitResult::Left) fail(left_failure());
-    fail(diagnose(d, all_arrived));
-  }
-
-  /// " at call #k of group G".
-  std::string where(const detail::CallDesc& d) const {
-    return " at call #" + std::to_string(d.seq) + " of group " + label_;
-  }
-  /// "[op] call #k of group G abandoned: device N failed: <its message>".
-  std::string abort_message(const detail::CallDesc& d) {
-    const std::string* notice = poll_abort();
-    std::ostringstream os;
-    os << "[" << op_kind_name(static_cast<OpKind>(d.op)) << "] call #" << d.seq << " of group "
-       << label_
-       << " abandoned: " << (notice ? *notice : std::string("another device failed"));
-    return os.str();
-  }
-
-  /// The message of call d that did not complete (or failed inside MPI: `mpi_error`),
-  /// from the flight records of the group's other devices (flight_diagnose), or the abort
-  /// notice of a device that failed first. A device that failed answers no queries (its
-  /// epoch is closed), but every process heard of its failure before it closed: from its
-  /// notice, or from the one it learned of the failure from. So when a peer did not
-  /// answer, an abort notice (one that came just after this device's deadline, or during
-  /// the queries) says what went wrong where the records cannot: under load, devices time
-  /// out tens of ms apart, and the first to diagnose is gone when the last asks.
-  std::string diagnose(const detail::CallDesc& d, bool all_arrived,
-                       const std::string& mpi_error = "") {
-    if (poll_abort() != nullptr) return abort_message(d);
-    bool all_answered = true;
-    std::string msg = flight_diagnose(*records_, global_, d,
-                                      {.all_arrived = all_arrived,
-                                       .checked = checking(),
-                                       .timeout = opts_.timeout,
-                                       .mpi_error = mpi_error},
-                                      &all_answered);
-    if (!all_answered && poll_abort() != nullptr) return abort_message(d);
-    return msg;
-  }
-
-  /// Cancels the pending point-to-point requests of a call given up on, now: their
-  /// buffers (locals of agree) must not be written after it throws.
-  void cancel(OpKind kind, MPI_Request* reqs, const int* done, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) {
-      if (done[i] || reqs[i] == MPI_REQUEST_NULL) continue;
-      MPI_Cancel(&reqs[i]);
-      // An unmatched request completes at once; a matched one finishes its transfer.
-      guarded(opts_.timeout,
-              blocked_message(op_kind_name(kind), "MPI_Wait", global_, opts_.timeout,
-                              " on a cancelled transfer in group " + label_),
-              [&] { return MPI_Wait(&reqs[i], MPI_STATUS_IGNORE); });
-    }
-  }
-
-  /// Exchanges call c's descriptor with every other rank, point-to-point on the private
-  /// check communicator with a tag of its sequence number (so it cannot be confused
-  /// with another call's), and fails the group on a mismatch or when a rank does not
-  /// arrive by `deadline`. Split runs it always; other calls only once their hash check
-  /// said the ranks disagree, to name what each called.
-  void agree(const detail::CallDesc& d, Clock::time_point deadline) {
-    if (size_ == 1) return;
-    const int tag = tag_of(d.seq);
-    const char* name = op_kind_name(static_cast<OpKind>(d.op));
-    std::vector<detail::CallDesc> all(size_);
-    all[rank_] = d;
-    std::vector<MPI_Request> reqs;
-    reqs.reserve(2 * size_);
-    for (int j = 0; j < size_; ++j) {
-      if (j == rank_) continue;
-      MPI_Request r;
-      check(MPI_Irecv(&all[j], sizeof(detail::CallDesc), MPI_BYTE, j, tag, check_comm_, &r),
-            name, global_);
-      reqs.push_back(r);
-    }
-    for (int j = 0; j < size_; ++j) {
-      if (j == rank_) continue;
-      MPI_Request r;
-      check(MPI_Isend(&d, sizeof(detail::CallDesc), MPI_BYTE, j, tag, check_comm_, &r),
-            name, global_);
-      reqs.push_back(r);
-    }
-    std::vector<int> done(reqs.size(), 0);
-    WaitResult w = poll(reqs.data(), done.data(), reqs.size(), deadline, name, global_);
-    if (w != WaitResult::Done) {
-      cancel(static_cast<OpKind>(d.op), reqs.data(), done.data(), reqs.size());
-      fail_wait(w, d, false);
-    }
-    std::string msg = detail::mismatch_message(all, members_);
-    if (!msg.empty()) fail(msg);
-  }
-
   Request post(bool is_send, const Buffer& b, int peer, int tag) {
     const char* name = is_send ? "isend" : "irecv";
-    if (failed_) throw CommError(failure_);
+    diag_->throw_if_failed();
     const int n = to_int(name, b.count);
     detail::count_post(*this, is_send, b.bytes(), peer == rank_);
     MPI_Request r;
@@ -946,12 +762,8 @@ class MpiCommunicator final : public CommunicatorImpl,
   std::shared_ptr<CommStats> stats_;
   int rank_ = 0, size_ = 1, global_ = 0;
   int tag_ub_ = 32767;
-  std::vector<int> members_;
-  std::string label_;
-  std::shared_ptr<GroupRecords> records_;
+  std::unique_ptr<GroupDiagnosis> diag_;  // failure state and messages, flight records
   std::uint64_t seq_ = 0;
-  bool failed_ = false;
-  std::string failure_;
 };
 
 std::shared_ptr<CommunicatorImpl> make_communicator(MPI_Comm comm, const LaunchOptions& opts,

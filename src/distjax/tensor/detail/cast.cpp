@@ -11,6 +11,7 @@ void visit_dtype(DType t, F&& f) {
     case DType::F16: f(f16{}); break;
     case DType::I32: f(std::int32_t{}); break;
     case DType::I64: f(std::int64_t{}); break;
+    case DType::F64: f(double{}); break;  // unreached: no tensor holds f64
   }
 }
 

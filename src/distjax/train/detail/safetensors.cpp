@@ -60,6 +60,8 @@ const char* safetensors_dtype(DType t) {
       return "I32";
     case DType::I64:
       return "I64";
+    case DType::F64:  // not a tensor dtype, but safetensors has a name for it
+      return "F64";
   }
   return "?";
 }
