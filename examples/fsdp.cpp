@@ -7,11 +7,15 @@
 //
 //   ./build/fsdp [--data 8 --model 1 --steps 200 --min-weight-size 16384]
 //   mpirun -np 8 ./build/fsdp                    (one process per device)
-#include "gpt_example.hpp"
+#include "example_main.hpp"
 
 int main(int argc, char** argv) {
-  return distjax::examples::run_main("fsdp", [&] {
-    return distjax::examples::run_gpt_example(argc, argv, "fsdp",
-                                              {.data = 8, .model = 1, .fsdp = 1});
-  });
+  distjax::examples::DataModelMesh mesh;
+  return distjax::examples::example_main(
+      argc, argv,
+      {.name = "fsdp",
+       .about = "the GPT on the fortunes corpus, parameters fully sharded over \"data\"",
+       .flags = distjax::examples::gpt_flags(),
+       .more = [&](CLI::App& cli) { mesh.add_flags(cli); },
+       .adjust = [&](distjax::config::TrainConfig& c) { mesh.apply(c); }});
 }

@@ -5,12 +5,15 @@
 //
 //   ./build/tensor_parallel_gpt [--layout megatron --data 2 --model 4 --steps 200]
 //   mpirun -np 8 ./build/tensor_parallel_gpt      (one process per device)
-#include "gpt_example.hpp"
+#include "example_main.hpp"
 
 int main(int argc, char** argv) {
-  return distjax::examples::run_main("tensor_parallel_gpt", [&] {
-    return distjax::examples::run_gpt_example(
-        argc, argv, "tensor_parallel_gpt",
-        {.data = 2, .model = 4, .layout = "megatron", .fsdp = 0});
-  });
+  distjax::examples::DataModelMesh mesh;
+  return distjax::examples::example_main(
+      argc, argv,
+      {.name = "tensor_parallel_gpt",
+       .about = "the GPT on the fortunes corpus over a (data, model) mesh",
+       .flags = distjax::examples::gpt_flags(),
+       .more = [&](CLI::App& cli) { mesh.add_flags(cli); },
+       .adjust = [&](distjax::config::TrainConfig& c) { mesh.apply(c); }});
 }

@@ -6,11 +6,15 @@
 //
 //   ./build/tensor_parallelism [--data 2 --model 4 --steps 300]
 //   mpirun -np 8 ./build/tensor_parallelism          (one process per device)
-#include "tensor_parallelism.hpp"
+#include "example_main.hpp"
 
 int main(int argc, char** argv) {
-  return distjax::examples::run_main("tensor_parallelism", [&] {
-    return distjax::examples::run_tensor_parallelism(argc, argv, "tensor_parallelism",
-                                                     /*async_rings=*/false);
-  });
+  distjax::examples::DataModelMesh mesh;
+  return distjax::examples::example_main(
+      argc, argv,
+      {.name = "tensor_parallelism",
+       .about = "the TP classifier on Fashion-MNIST (data x model mesh)",
+       .flags = distjax::examples::tp_classifier_flags(),
+       .more = [&](CLI::App& cli) { mesh.add_flags(cli); },
+       .adjust = [&](distjax::config::TrainConfig& c) { mesh.apply(c); }});
 }

@@ -7,11 +7,15 @@
 //
 //   ./build/tensor_parallelism_async [--data 2 --model 4 --steps 300]
 //   mpirun -np 8 ./build/tensor_parallelism_async          (one process per device)
-#include "tensor_parallelism.hpp"
+#include "example_main.hpp"
 
 int main(int argc, char** argv) {
-  return distjax::examples::run_main("tensor_parallelism_async", [&] {
-    return distjax::examples::run_tensor_parallelism(argc, argv, "tensor_parallelism_async",
-                                                     /*async_rings=*/true);
-  });
+  distjax::examples::DataModelMesh mesh;
+  return distjax::examples::example_main(
+      argc, argv,
+      {.name = "tensor_parallelism_async",
+       .about = "the TP classifier on Fashion-MNIST with async TP rings",
+       .flags = distjax::examples::tp_classifier_flags(),
+       .more = [&](CLI::App& cli) { mesh.add_flags(cli); },
+       .adjust = [&](distjax::config::TrainConfig& c) { mesh.apply(c); }});
 }

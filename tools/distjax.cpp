@@ -1,4 +1,4 @@
-// distjax: the command line of DistJax. Each subcommand is one function add_<name>(app,
+// distjax: the command line of DistJax. Each subcommand is one function add_<name>(cli,
 // command) that registers its options and, when chosen, sets `command` to what it runs.
 //
 //   distjax train configs/train_mnist.toml [--set run.steps=100]... [--out DIR]
@@ -21,8 +21,7 @@
 #include "distjax/core/error.hpp"
 #include "distjax/plan/plan.hpp"
 #include "distjax/train/checkpoint.hpp"
-#include "example_common.hpp"
-#include "programs/programs.hpp"
+#include "distjax/app/programs.hpp"
 
 using namespace distjax;
 
@@ -51,22 +50,22 @@ int train(const TrainOptions& o) {
   }
   const std::string as_given = config::to_toml(c);
   // Checked (run.out_dir made, old checkpoints refused) before anything is written.
-  const config::TrainConfig prepared = examples::prepare_program(c, o.config_path);
+  const config::TrainConfig prepared = app::prepare_program(c, o.config_path);
   // The config as run, next to the metrics (written by the main process only).
   if (comm::discover_launch_environment().rank == 0 && !c.run.out_dir.empty())
     std::ofstream(std::filesystem::path(c.run.out_dir) / "config.toml")
         << "# distjax train " << o.config_path
         << " (with its --set / --out / --resume / --overwrite)\n"
         << as_given;
-  return examples::find_program(prepared.run.program).run(prepared);
+  return app::find_program(prepared.run.program).run(prepared);
 }
 
-void add_train(CLI::App& app, Command& command) {
+void add_train(CLI::App& cli, Command& command) {
   auto o = std::make_shared<TrainOptions>();
   std::string programs;
-  for (const examples::ProgramInfo& p : examples::programs())
+  for (const app::ProgramInfo& p : app::programs())
     programs += std::string("\n  ") + p.name + ": " + p.about;
-  CLI::App* cmd = app.add_subcommand("train", "Runs the training a TOML config describes");
+  CLI::App* cmd = cli.add_subcommand("train", "Runs the training a TOML config describes");
   cmd->footer("Programs (run.program):" + programs +
               "\nUnder mpirun or srun it runs one device per process. See docs/configs.md.");
   cmd->add_option("config", o->config_path, "the TOML config file (see docs/configs.md)")
@@ -88,8 +87,8 @@ void add_train(CLI::App& app, Command& command) {
   cmd->callback([o, &command] { command = [o] { return train(*o); }; });
 }
 
-void add_ckpt(CLI::App& app, Command& command) {
-  CLI::App* ckpt = app.add_subcommand("ckpt", "Checkpoint tools (see docs/checkpoints.md)");
+void add_ckpt(CLI::App& cli, Command& command) {
+  CLI::App* ckpt = cli.add_subcommand("ckpt", "Checkpoint tools (see docs/checkpoints.md)");
   ckpt->require_subcommand(1);
   auto dir = std::make_shared<std::string>();
   CLI::App* inspect = ckpt->add_subcommand(
@@ -130,13 +129,13 @@ int plan_command(const PlanOptions& o) {
   const plan::Plan p = plan::make_plan(model, setup);
   std::printf("distjax plan %s\n%s", o.config_path.c_str(), p.str().c_str());
   try {
-    examples::check_program(c);
+    app::check_program(c);
   } catch (const Error& e) {
     std::printf("note: the program refuses this config as it is:\n%s\n", e.what());
   }
   // Only what the program runs: its axes, ZeRO stages and FSDP, at the config's precision.
   const config::ProgramCapabilities runs =
-      examples::find_program(c.run.program)
+      app::find_program(c.run.program)
           .capabilities.for_config(c);
   const double budget = o.budget_gib * 1024.0 * 1024.0 * 1024.0;
   const std::vector<plan::Plan> fits =
@@ -159,9 +158,9 @@ int plan_command(const PlanOptions& o) {
   return 0;
 }
 
-void add_plan(CLI::App& app, Command& command) {
+void add_plan(CLI::App& cli, Command& command) {
   auto o = std::make_shared<PlanOptions>();
-  CLI::App* cmd = app.add_subcommand(
+  CLI::App* cmd = cli.add_subcommand(
       "plan", "Predicts per-device memory and communication of a config, and the meshes that fit");
   cmd->footer(
       "Models: run.program gpt / train_gpt (model.vocab, d_model, layers, heads, "
@@ -187,12 +186,12 @@ void add_plan(CLI::App& app, Command& command) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"distjax: distributed training with DistJax"};
-  app.require_subcommand(1);
+  CLI::App cli{"distjax: distributed training with DistJax"};
+  cli.require_subcommand(1);
   Command command;
-  add_train(app, command);
-  add_ckpt(app, command);
-  add_plan(app, command);
-  CLI11_PARSE(app, argc, argv);
-  return examples::run_main("distjax", command);
+  add_train(cli, command);
+  add_ckpt(cli, command);
+  add_plan(cli, command);
+  CLI11_PARSE(cli, argc, argv);
+  return app::run_main("distjax", command);
 }

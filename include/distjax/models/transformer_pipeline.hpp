@@ -30,7 +30,8 @@ class TransformerPipeline final : public parallel::PipelineModule {
   explicit TransformerPipeline(TransformerConfig config, std::vector<int> layers_per_chunk = {});
 
   const Transformer& model() const { return model_; }
-  /// The loss function of the whole model on one device (the reference of a pipeline).
+  /// The loss function of the whole model on one device (the reference of a pipeline),
+  /// with the same metrics as the last chunk.
   train::LossFn loss_fn() const;
 
   tensor::Tensor forward(const nn::Scope& scope, int chunk, int num_chunks, const tensor::Tensor& x,
@@ -38,6 +39,8 @@ class TransformerPipeline final : public parallel::PipelineModule {
   Shape activation_shape(const nn::Scope& scope, int chunk, int num_chunks,
                          const train::Batch& mb) const override;
   mesh::Axes activation_axes() const override;
+  /// "loss" and "bits_per_byte" (the loss in bits: nats / ln 2).
+  std::vector<std::string> metric_names() const override;
   TensorTree init(Key key, const std::vector<int>& chunks, int num_chunks,
                   nn::ParamSpecs* specs = nullptr, spmd::DeviceContext* ctx = nullptr,
                   const nn::FullySharded* fsdp = nullptr) const override;

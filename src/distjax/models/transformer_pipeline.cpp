@@ -1,5 +1,7 @@
 #include "distjax/models/transformer_pipeline.hpp"
 
+#include <numbers>
+
 #include "distjax/tensor/grad_node.hpp"
 
 namespace distjax::models {
@@ -12,7 +14,12 @@ TransformerPipeline::TransformerPipeline(TransformerConfig config, std::vector<i
 train::LossFn TransformerPipeline::loss_fn() const {
   return [this](const TensorTree& params, const train::Batch& batch, Key key) {
     const nn::Scope scope = nn::Scope::apply(&params, /*train=*/true, key);
-    return std::make_pair(model_.loss(scope, batch.inputs, batch.labels), train::Metrics{});
+    Tensor loss = model_.loss(scope, batch.inputs, batch.labels);
+    const double b = static_cast<double>(batch.size());
+    train::Metrics metrics;
+    metrics.add("loss", loss.item<double>() * b, b);
+    metrics.add("bits_per_byte", loss.item<double>() / std::numbers::ln2 * b, b);
+    return std::make_pair(loss, metrics);
   };
 }
 
@@ -33,10 +40,18 @@ Tensor TransformerPipeline::run_chunk(const nn::Scope& scope, int chunk, int num
 
 Tensor TransformerPipeline::forward(const nn::Scope& scope, int chunk, int num_chunks,
                                     const Tensor& x, const train::Batch& mb,
-                                    train::Metrics&) const {
+                                    train::Metrics& metrics) const {
   Tensor y = run_chunk(scope, chunk, num_chunks, x, mb.inputs);
   if (chunk < num_chunks - 1) return y;
-  return model_.loss_of_logits(scope, y, mb.labels);
+  Tensor loss = model_.loss_of_logits(scope, y, mb.labels);
+  // Per sequence, as the "loss" entry the pipeline adds: the mean is per byte alike.
+  const double b = static_cast<double>(mb.size());
+  metrics.add("bits_per_byte", loss.item<double>() / std::numbers::ln2 * b, b);
+  return loss;
+}
+
+std::vector<std::string> TransformerPipeline::metric_names() const {
+  return {"loss", "bits_per_byte"};
 }
 
 Shape TransformerPipeline::activation_shape(const nn::Scope& scope, int, int,

@@ -6,22 +6,17 @@
 #include <chrono>
 #include <cstdio>
 
+#include "distjax/app/model_specs.hpp"
+#include "distjax/app/programs.hpp"
+#include "distjax/app/run.hpp"
 #include "distjax/config/distributed_config.hpp"
 #include "distjax/data/fashion_mnist.hpp"
-#include "distjax/data/loader.hpp"
 #include "distjax/models/tp_classifier.hpp"
-#include "distjax/optim/adamw.hpp"
-#include "distjax/parallel/data_parallel.hpp"
-#include "distjax/parallel/sharding_rules.hpp"
 #include "distjax/spmd/shard_map.hpp"
-#include "distjax/train/trainer.hpp"
-#include "example_common.hpp"
-#include "programs/programs.hpp"
 
-namespace distjax::examples {
+namespace distjax::app {
 
 using tensor::Tensor;
-using tensor::TensorTree;
 
 void check_tensor_parallelism(const config::TrainConfig& c) {
   const std::string& layout = c.parallelism.tp_layout;
@@ -41,9 +36,8 @@ int run_tensor_parallelism(const config::TrainConfig& c) {
   const bool bidirectional = c.parallelism.bidirectional;
   const mesh::Mesh mesh = config::build_mesh(c.distributed, {"data", "model"});
   const int n_data = mesh.axis_size("data");
-  const std::string backend_name = backend_label(c);
   if (c.distributed.is_main_process())
-    std::printf("Mesh (%s backend, %s tensor parallelism):\n%s\n", backend_name.c_str(),
+    std::printf("Mesh (%s backend, %s tensor parallelism):\n%s\n", backend_label(c).c_str(),
                 async_rings ? (bidirectional ? "async bidirectional" : "async") : "synchronous",
                 mesh.to_string().c_str());
 
@@ -65,65 +59,63 @@ int run_tensor_parallelism(const config::TrainConfig& c) {
   const auto seed = static_cast<std::uint64_t>(c.run.seed);
   const Key root = Key::from_seed(seed);
 
+  const ModelSpec spec{
+      .init = [&](Key key, nn::ParamSpecs* specs, spmd::DeviceContext* ctx,
+                  const nn::FullySharded*) { return model.init(key, specs, ctx); },
+      .loss = [&](const nn::Scope& scope, const train::Batch& b) {
+        return classification_loss(model(scope, b.inputs), b.labels);
+      }};
+
   auto device_program = [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
     const bool lead = ctx.device() == 0;
     const int replica = ctx.axis_index("data");
-    nn::ParamSpecs specs;
-    TensorTree params = model.init(root.fold_in(std::string_view("init")), &specs, &ctx);
-    parallel::DataParallel dp(ctx, "data", &specs);
-    train::TrainState state =
-        train::TrainState::create(params, opt, root.fold_in(std::string_view("dropout")), dp);
-    parallel::check_sharding(specs, mesh, {.data_axes = "data"});
+    Composed composed(c, &ctx, spec);
+    train::TrainState state = composed.create_state(opt, root.fold_in(std::string_view("init")),
+                                                    root.fold_in(std::string_view("dropout")));
     if (lead)
       std::printf("TP classifier 784-%lld x%lld-10: %lld parameters, %lld on each device\n",
                   static_cast<long long>(c.model.hidden), static_cast<long long>(c.model.layers),
                   static_cast<long long>(model.num_params()),
                   static_cast<long long>(state.params.num_elements()));
-    auto loss_fn = [&](bool train) -> train::LossFn {
-      return [&, train](const TensorTree& p, const train::Batch& b, Key k) {
-        return classification_loss(model(nn::Scope::apply(&p, train, k).on(ctx), b.inputs),
-                                   b.labels);
-      };
-    };
     data::DataLoader loader(train_set, {.batch_size = c.run.batch_size,
                                         .seed = seed,
                                         .num_shards = n_data,
                                         .shard_index = replica});
-    RunCheckpoints ckpt(c, {&ctx, &specs, &dp}, state, loader, lead);
-    train::Trainer trainer({.out_dir = lead ? c.run.out_dir : std::string(),
-                            .total_steps = steps,
-                            .log_every = 1 << 30,  // this program prints its own lines
-                            .mesh = mesh.describe(),
-                            .backend = backend_name,
-                            .print = false,
-                            .append = ckpt.resumed(),
-                            .timeline_file = timeline_file(c, ctx.device()),
-                            .device = ctx.device()},
-                           opt, loss_fn(true),
-                           {.num_minibatches = static_cast<int>(c.run.grad_accum_steps),
-                            .max_grad_norm = c.optimizer.max_grad_norm,
-                            .strategy = &dp});
     const auto t0 = std::chrono::steady_clock::now();
     const std::int64_t first = state.step;
-    while (state.step < steps) {
-      const train::Metrics m = trainer.step(state, loader.next());
-      const std::int64_t s = state.step;
-      if (lead && (s % c.run.log_every == 0 || s == 1 || s == steps))
-        std::printf("[TP] Step %lld: Loss = %.4f, Accuracy = %.4f\n", static_cast<long long>(s),
-                    m.mean("loss"), m.mean("accuracy"));
-      ckpt.after_step(state);
-    }
-    ckpt.finish(state);
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const train::Metrics eval = trainer.evaluate(state, {test_batches[replica]}, loss_fn(false));
-    trainer.finish(state, {{"test_accuracy", eval.mean("accuracy")},
-                           {"step_time_s", seconds / static_cast<double>(std::max<std::int64_t>(1, steps - first))}});
+    double ms_per_step = 0.0;
+    const LoopResult r = run_loop(
+        {.config = &c,
+         .ctx = &ctx,
+         .composed = &composed,
+         .optimizer = &opt,
+         .state = &state,
+         .total_steps = steps,
+         .log_every = 1 << 30,  // this program prints its own lines
+         .mesh = mesh.describe(),
+         .backend = backend_label(c),
+         .print = false,
+         .batch = [&](std::int64_t) { return loader.next(); },
+         .loader = &loader,
+         .eval_batches = {test_batches[static_cast<std::size_t>(replica)]},
+         .on_step = [&](std::int64_t s, const train::Metrics& m) {
+           if (lead && (s % c.run.log_every == 0 || s == 1 || s == steps))
+             std::printf("[TP] Step %lld: Loss = %.4f, Accuracy = %.4f\n",
+                         static_cast<long long>(s), m.mean("loss"), m.mean("accuracy"));
+         },
+         .after_training = [&]() -> std::map<std::string, double> {
+           const double seconds =
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+           ms_per_step = 1e3 * seconds / static_cast<double>(std::max<std::int64_t>(1, steps - first));
+           return {{"step_time_s", ms_per_step / 1e3}};
+         },
+         .summary = [&](const LoopResult& r) -> std::map<std::string, double> {
+           return {{"test_accuracy", r.eval.mean("accuracy")}};
+         }});
     if (lead)
       std::printf("[TP] Test accuracy: %.2f%% (%lld images) after %lld steps, %.1f ms per step\n",
-                  100.0 * eval.mean("accuracy"), static_cast<long long>(eval.at("accuracy").count),
-                  static_cast<long long>(steps),
-                  1e3 * seconds / static_cast<double>(std::max<std::int64_t>(1, steps - first)));
+                  100.0 * r.eval.mean("accuracy"), static_cast<long long>(r.eval.at("accuracy").count),
+                  static_cast<long long>(steps), ms_per_step);
     return std::vector<Tensor>{};
   };
   spmd::shard_map(mesh, device_program, {}, {},
@@ -131,4 +123,4 @@ int run_tensor_parallelism(const config::TrainConfig& c) {
   return 0;
 }
 
-}  // namespace distjax::examples
+}  // namespace distjax::app

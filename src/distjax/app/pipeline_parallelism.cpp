@@ -8,23 +8,16 @@
 #include <cstdio>
 #include <mutex>
 
+#include "distjax/app/programs.hpp"
+#include "distjax/app/run.hpp"
 #include "distjax/config/distributed_config.hpp"
 #include "distjax/data/fashion_mnist.hpp"
-#include "distjax/data/loader.hpp"
 #include "distjax/models/pp_classifier.hpp"
-#include "distjax/optim/adamw.hpp"
-#include "distjax/parallel/data_parallel.hpp"
-#include "distjax/parallel/pipeline.hpp"
-#include "distjax/parallel/sharding_rules.hpp"
 #include "distjax/spmd/shard_map.hpp"
-#include "distjax/train/trainer.hpp"
-#include "example_common.hpp"
-#include "programs/programs.hpp"
 
-namespace distjax::examples {
+namespace distjax::app {
 
 using tensor::Tensor;
-using tensor::TensorTree;
 
 int run_pipeline_parallelism(const config::TrainConfig& c) {
   return run_pipeline_parallelism(c, /*show_schedule=*/false);
@@ -46,12 +39,11 @@ int run_pipeline_parallelism(const config::TrainConfig& c, bool show_schedule) {
   const int m = static_cast<int>(c.parallelism.microbatches);
   const parallel::ScheduleKind kind = parallel::parse_schedule_kind(c.parallelism.schedule);
   const int v = static_cast<int>(c.parallelism.virtual_stages);
-  const std::string backend_name = backend_label(c);
   // The schedule is data: built and checked here, before any device runs.
   const parallel::PipelineSchedule schedule = parallel::make_schedule(kind, pipe, m, v);
   const parallel::ScheduleReport report = parallel::check_schedule(schedule);
   if (c.distributed.is_main_process()) {
-    std::printf("Mesh (%s backend):\n%s\n", backend_name.c_str(), mesh.to_string().c_str());
+    std::printf("Mesh (%s backend):\n%s\n", backend_label(c).c_str(), mesh.to_string().c_str());
     std::printf("[PP] %s: %d stages x %d chunks, %d micro-batches of %lld, peak in flight on "
                 "stage 0: %d\n",
                 c.parallelism.schedule.c_str(), pipe, v, m,
@@ -74,68 +66,60 @@ int run_pipeline_parallelism(const config::TrainConfig& c, bool show_schedule) {
   const Key root = Key::from_seed(seed);
   std::mutex mu;
   std::vector<parallel::PipelineTrace> traces(static_cast<std::size_t>(pipe));
+  // The whole model is only ever run cut into stages (init and loss come from the module).
+  const ModelSpec spec{.pipeline = &model};
 
   auto program = [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
     const int replica = ctx.axis_index("data");
     const bool lead = ctx.device() == 0;
-    nn::ParamSpecs specs;
-    parallel::DataParallel dp(ctx, "data", &specs);
-    parallel::Pipeline pp(ctx, model, {.schedule = kind, .microbatches = m, .virtual_stages = v},
-                          &dp);
+    Composed composed(c, &ctx, spec);
+    parallel::Pipeline& pp = *composed.pipeline();
     // Each device creates only its stage's parameters.
-    TensorTree params = model.init(root, pp.chunks(), pp.num_chunks(), &specs, &ctx);
-    train::TrainState state = train::TrainState::create(params, opt, root.fold_in(1), pp);
-    parallel::check_sharding(specs, mesh, {.data_axes = "data", .pipeline_axes = "pipe"});
+    train::TrainState state = composed.create_state(opt, root, root.fold_in(1));
     data::DataLoader loader(train_set, {.batch_size = c.run.batch_size,
                                         .seed = seed,
                                         .num_shards = n_data,
                                         .shard_index = replica});
-    RunCheckpoints ckpt(c, {&ctx, &specs, &pp}, state, loader, lead);
-    train::Trainer trainer(
-        {.out_dir = lead ? c.run.out_dir : std::string(),
-         .total_steps = steps,
-         .log_every = 1 << 30,  // this program prints its own lines
-         .mesh = "data=" + std::to_string(n_data) + ",pipe=" + std::to_string(pipe),
-         .backend = backend_name,
-         .print = false,
-         .append = ckpt.resumed(),
-         .timeline_file = timeline_file(c, ctx.device()),
-         .device = ctx.device()},
-        opt, nullptr,
-        {.num_minibatches = static_cast<int>(c.run.grad_accum_steps),
-         .max_grad_norm = c.optimizer.max_grad_norm,
-         .strategy = &pp});
-    while (state.step < steps) {
-      const train::Batch batch = loader.next();
-      if (state.step + 1 == steps) ctx.comm("pipe").barrier();  // align the measured step
-      const train::Metrics mt = trainer.step(state, batch);
-      const std::int64_t s = state.step;
-      if (lead && (s % c.run.log_every == 0 || s == 1 || s == steps))
-        std::printf("[PP] Step %lld: Loss = %.4f, Accuracy = %.4f\n", static_cast<long long>(s),
-                    mt.mean("loss"), mt.mean("accuracy"));
-      ckpt.after_step(state);
-    }
-    ckpt.finish(state);
-    const double bubble = parallel::pipeline_bubble(ctx, pp.last_trace(), threads);
-    if (replica == 0 && threads) {
-      std::lock_guard<std::mutex> lock(mu);
-      traces[static_cast<std::size_t>(pp.stage())] = pp.last_trace();
-    }
     // Test accuracy: the pipeline's forward over this replica's share of the test set.
     const std::int64_t chunk = c.run.batch_size / n_data;
     const std::int64_t share = test_set.size() / n_data / chunk * chunk;
-    train::Metrics eval;
-    for (std::int64_t i = 0; i < share; i += chunk) {
-      const std::int64_t at = replica * share + i;
-      eval.merge(pp.evaluate(state.params, test_set.slice(at, at + chunk)));
-    }
-    trainer.log_eval(steps, eval);
-    trainer.finish(state, {{"devices", double(mesh.size())},
-                           {"bubble", bubble},
-                           {"test_accuracy", eval.mean("accuracy")}});
+    std::vector<train::Batch> test_batches;
+    for (std::int64_t at = replica * share; at < (replica + 1) * share; at += chunk)
+      test_batches.push_back(test_set.slice(at, at + chunk));
+    double bubble = 0.0;
+    const LoopResult r = run_loop(
+        {.config = &c,
+         .ctx = &ctx,
+         .composed = &composed,
+         .optimizer = &opt,
+         .state = &state,
+         .total_steps = steps,
+         .log_every = 1 << 30,  // this program prints its own lines
+         .mesh = "data=" + std::to_string(n_data) + ",pipe=" + std::to_string(pipe),
+         .backend = backend_label(c),
+         .print = false,
+         .batch = [&](std::int64_t) { return loader.next(); },
+         .loader = &loader,
+         .eval_batches = std::move(test_batches),
+         .on_step = [&](std::int64_t s, const train::Metrics& m) {
+           if (lead && (s % c.run.log_every == 0 || s == 1 || s == steps))
+             std::printf("[PP] Step %lld: Loss = %.4f, Accuracy = %.4f\n",
+                         static_cast<long long>(s), m.mean("loss"), m.mean("accuracy"));
+         },
+         .after_training = [&]() -> std::map<std::string, double> {
+           bubble = parallel::pipeline_bubble(ctx, pp.last_trace(), threads);
+           if (replica == 0 && threads) {
+             std::lock_guard<std::mutex> lock(mu);
+             traces[static_cast<std::size_t>(pp.stage())] = pp.last_trace();
+           }
+           return {{"devices", double(mesh.size())}, {"bubble", bubble}};
+         },
+         .summary = [&](const LoopResult& r) -> std::map<std::string, double> {
+           return {{"test_accuracy", r.eval.mean("accuracy")}};
+         }});
     if (lead) {
       std::printf("[PP] Test accuracy: %.2f%% (%lld images) after %lld steps\n",
-                  100.0 * eval.mean("accuracy"), static_cast<long long>(eval.at("accuracy").count),
+                  100.0 * r.eval.mean("accuracy"), static_cast<long long>(r.eval.at("accuracy").count),
                   static_cast<long long>(steps));
       std::printf("[PP] Measured bubble of the last step: %.1f%% (theory %.1f%%, unit-cost "
                   "schedule %.1f%%)\n",
@@ -153,4 +137,4 @@ int run_pipeline_parallelism(const config::TrainConfig& c, bool show_schedule) {
   return 0;
 }
 
-}  // namespace distjax::examples
+}  // namespace distjax::app

@@ -1,6 +1,6 @@
 // The example binaries and `distjax train configs/<example>.toml` run the same config: the
-// defaults each example starts from equal its file under configs/. `distjax plan` suggests
-// for each program only setups that pass the checks `distjax train` runs before running it.
+// configs built into the library are the files of configs/. `distjax plan` suggests for
+// each program only setups that pass the checks `distjax train` runs before running it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,7 +13,7 @@
 #include "distjax/config/config_file.hpp"
 #include "distjax/core/error.hpp"
 #include "distjax/plan/plan.hpp"
-#include "programs/programs.hpp"
+#include "distjax/app/programs.hpp"
 
 using namespace distjax;
 
@@ -26,31 +26,30 @@ std::string file_config(const std::string& name) {
 
 }  // namespace
 
-TEST(Programs, ConfigsEqualTheExamplesDefaults) {
-  for (const char* name : {"train_mnist", "data_parallelism", "tensor_parallelism", "train_gpt"}) {
+// Each example binary starts from its config as built into the library: the same as the
+// file under configs/ (the build embeds the files), and every program has one.
+TEST(Programs, BuiltinConfigsAreTheFiles) {
+  std::set<std::string> files;
+  for (const auto& f :
+       std::filesystem::directory_iterator(std::string(DISTJAX_SOURCE_DIR) + "/configs"))
+    if (f.path().extension() == ".toml") files.insert(f.path().stem().string());
+  const std::vector<std::string> names = app::builtin_configs();
+  EXPECT_EQ(std::set<std::string>(names.begin(), names.end()), files);
+  std::set<std::string> programs_with_a_config;
+  for (const std::string& name : names) {
     SCOPED_TRACE(name);
-    EXPECT_EQ(file_config(name), config::to_toml(examples::program_defaults(name)));
+    const config::TrainConfig c = app::builtin_config(name);
+    EXPECT_EQ(config::to_toml(c), file_config(name));
+    programs_with_a_config.insert(c.run.program);
   }
-  // The examples that share a program change what their flags' defaults say.
-  config::TrainConfig async = examples::program_defaults("tensor_parallelism");
-  async.run.out_dir = "runs/tensor_parallelism_async";
-  async.parallelism.tp_layout = "async";
-  EXPECT_EQ(file_config("tensor_parallelism_async"), config::to_toml(async));
-  config::TrainConfig tp_gpt = examples::program_defaults("gpt");
-  tp_gpt.run.out_dir = "runs/tensor_parallel_gpt";
-  EXPECT_EQ(file_config("tensor_parallel_gpt"), config::to_toml(tp_gpt));
-  config::TrainConfig fsdp = examples::program_defaults("gpt");
-  fsdp.run.out_dir = "runs/fsdp";
-  fsdp.parallelism.fsdp.modules = {"*"};
-  fsdp.parallelism.remat = {"Block"};
-  fsdp.distributed.mesh_shape = {8, 1};
-  fsdp.distributed.tensor_parallel_size = 1;
-  EXPECT_EQ(file_config("fsdp"), config::to_toml(fsdp));
+  for (const app::ProgramInfo& p : app::programs())
+    EXPECT_TRUE(programs_with_a_config.count(p.name)) << p.name << " has no config";
+  EXPECT_THROW(app::builtin_config("train_mnst"), ConfigError);
 }
 
 TEST(Programs, UnknownProgramSuggestsTheNearest) {
   try {
-    examples::find_program("train_mnst");
+    app::find_program("train_mnst");
     FAIL() << "no error";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("did you mean \"train_mnist\"?"), std::string::npos)
@@ -67,10 +66,10 @@ TEST(Programs, AnUnusableOutDirNamesTheKey) {
   for (const std::string& out :
        {(file / "run").string(), std::string("/proc/distjax_no_such_dir"), std::string("/proc")}) {
     SCOPED_TRACE(out);
-    config::TrainConfig c = examples::program_defaults("train_gpt");
+    config::TrainConfig c = app::builtin_config("train_gpt");
     c.run.out_dir = out;
     try {
-      examples::prepare_program(c);
+      app::prepare_program(c);
       ADD_FAILURE() << "no error";
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find("run.out_dir = \"" + out + "\""), std::string::npos)
@@ -86,8 +85,6 @@ TEST(Programs, AnUnusableOutDirNamesTheKey) {
 // program) accepts.
 TEST(Programs, ThePlannerSuggestsOnlyWhatTheProgramRuns) {
   std::vector<std::pair<std::string, config::TrainConfig>> bases;
-  for (const examples::ProgramInfo& p : examples::programs())
-    bases.emplace_back(std::string(p.name) + " defaults", examples::program_defaults(p.name));
   std::vector<std::filesystem::path> files;
   for (const auto& f :
        std::filesystem::directory_iterator(std::string(DISTJAX_SOURCE_DIR) + "/configs"))
@@ -104,7 +101,7 @@ TEST(Programs, ThePlannerSuggestsOnlyWhatTheProgramRuns) {
   for (auto& [name, base] : bases) {
     base.run.steps = std::max<std::int64_t>(base.run.steps, 1);
     base.run.out_dir = out.string();
-    base = examples::prepare_program(base, name);  // the base itself runs
+    base = app::prepare_program(base, name);  // the base itself runs
     plan::ModelDescription model;
     try {
       model = plan::model_from_config(base);
@@ -115,13 +112,13 @@ TEST(Programs, ThePlannerSuggestsOnlyWhatTheProgramRuns) {
     planned.insert(base.run.program);
     const plan::Setup setup = plan::setup_from_config(base);
     const config::ProgramCapabilities runs =
-        examples::find_program(base.run.program)
+        app::find_program(base.run.program)
             .capabilities.for_config(base);
     for (int world : {1, 2, 4, 8, base.distributed.world_size}) {
       for (const plan::Plan& p : plan::meshes_that_fit(model, setup, world, 1e300, runs)) {
         ++suggestions;
         try {
-          examples::prepare_program(plan::apply_setup(base, p.setup), name);
+          app::prepare_program(plan::apply_setup(base, p.setup), name);
         } catch (const Error& e) {
           ADD_FAILURE() << name << ": the plan suggests " << plan::describe_setup(p.setup)
                         << " (micro-batches " << p.setup.microbatches << "), which "

@@ -1,0 +1,115 @@
+// The one place where the parallelisms a config names compose, as torchtitan's
+// parallelize does: data parallelism, ZeRO-1/2 or fully sharded parameters over "data",
+// the tensor-parallel layout over "model" (a property of the model, tp_of), a pipeline over
+// "pipe", and the precision and remat of the scopes the model runs on. A program gives its
+// model as a ModelSpec and gets, on each device, one strategy for the train step, the
+// parameters this device holds, the loss functions and an evaluation, whatever the mesh:
+// the same device program runs pipelined or not.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "distjax/config/train_config.hpp"
+#include "distjax/nn/precision.hpp"
+#include "distjax/nn/scope.hpp"
+#include "distjax/optim/optimizer.hpp"
+#include "distjax/parallel/pipeline.hpp"
+#include "distjax/models/transformer.hpp"
+#include "distjax/spmd/device_context.hpp"
+#include "distjax/train/loss.hpp"
+#include "distjax/train/strategy.hpp"
+#include "distjax/train/train_state.hpp"
+
+namespace distjax::app {
+
+/// A model as the composition needs it.
+struct ModelSpec {
+  /// The whole model's parameters (null for a model that only runs cut into chunks: it
+  /// is pipelined even over a "pipe" axis of size 1) (this device's shards when `ctx` is given; stored fully
+  /// sharded as `fsdp` says when it is not null), their specs recorded in `specs`.
+  std::function<tensor::TensorTree(Key key, nn::ParamSpecs* specs, spmd::DeviceContext* ctx,
+                                   const nn::FullySharded* fsdp)>
+      init{};
+  /// The mean loss of a batch and its metrics, on a scope the composition prepares.
+  std::function<std::pair<tensor::Tensor, train::Metrics>(const nn::Scope& scope,
+                                                          const train::Batch& batch)>
+      loss{};
+  /// The model cut into chunks, run over a "pipe" axis; null: it cannot be pipelined.
+  const parallel::PipelineModule* pipeline = nullptr;
+};
+
+/// The strategies of `config` on one device (every device builds its own, in the same
+/// order: the constructors of ZeRO and the pipeline talk to the other devices):
+/// - over "data": ZeroDataParallel when parallelism.zero_stage is 1 or 2, else DataParallel
+///   (its parameters stored fully sharded over "data" when parallelism.fsdp.modules names
+///   modules: FSDP is a property of the scopes, below);
+/// - over "pipe" (size > 1, or any size for a model without a whole-model init): a Pipeline under parallelism.schedule, with the data strategy
+///   inside each stage;
+/// - the scopes of the loss: on the device, with the precision of
+///   distributed.mixed_precision and the fully sharded configuration.
+/// Without a device context (one device, no mesh): the base strategy, reporting memory.
+class Composed {
+ public:
+  Composed(const config::TrainConfig& config, spmd::DeviceContext* ctx, ModelSpec model);
+  ~Composed();
+  Composed(const Composed&) = delete;
+  Composed& operator=(const Composed&) = delete;
+
+  /// The strategy the train step runs through: the pipeline when there is one.
+  train::Strategy& strategy() { return *top_; }
+  /// The pipeline over "pipe"; null without one.
+  parallel::Pipeline* pipeline() { return pipeline_.get(); }
+  /// The PartitionSpec of every parameter this device created (filled by create_state).
+  const nn::ParamSpecs& specs() const { return specs_; }
+  const nn::Precision& precision() const { return precision_; }
+  bool fully_sharded() const { return fully_sharded_; }
+  /// How many devices see different examples (the global batch over this is the local).
+  int data_parallel_size() const { return top_->data_parallel_size(); }
+  /// This device's index along "data" (0 without a mesh).
+  int replica() const;
+
+  /// The train state of this device: its parameters (its stage's chunks under a pipeline)
+  /// from `init_key`, the optimizer state the strategy keeps, the dropout key; a dynamic
+  /// loss scale with mixed_precision = "fp16". The sharding is linted
+  /// (parallel::check_sharding: a weight split over "data" without FSDP, an axis no
+  /// strategy uses, a spec naming an axis the mesh lacks).
+  train::TrainState create_state(const optim::Optimizer& optimizer, Key init_key, Key dropout_key);
+
+  /// The loss function of a train step (`train`: dropout on) or of an evaluation. Under
+  /// a pipeline the train step's is the pipeline's module loss (Pipeline::module_loss).
+  train::LossFn loss(bool train) const;
+  /// The metrics of `batches` (this device's share of the evaluation set: each data replica
+  /// its own, every device of a replica the same), merged over the mesh: a collective,
+  /// run alike on every device. Under a pipeline: Pipeline::evaluate.
+  train::Metrics evaluate(const tensor::TensorTree& params, const std::vector<train::Batch>& batches);
+
+ private:
+  const config::TrainConfig* config_;
+  spmd::DeviceContext* ctx_;
+  ModelSpec model_;
+  nn::ParamSpecs specs_;
+  nn::Precision precision_;
+  bool fully_sharded_ = false;
+  nn::FullySharded fsdp_;
+  std::unique_ptr<train::Strategy> data_;
+  std::unique_ptr<parallel::Pipeline> pipeline_;
+  train::Strategy* top_ = nullptr;
+};
+
+/// The nn::Precision policy of distributed.mixed_precision: "no" f32, "bf16" bf16
+/// matmuls, "fp16" f16 matmul operands; f32 master weights in every case.
+nn::Precision precision_of(const config::TrainConfig& c);
+
+/// The tensor-parallel configuration of a Transformer on `mesh`: parallelism.tp_layout
+/// (none when the "model" axis is absent or of size 1), sequence and vocabulary
+/// parallelism, bidirectional rings.
+models::TransformerTP transformer_tp(const config::TrainConfig& c, const mesh::Mesh& mesh);
+
+/// Whether parallelism.remat names `module` ("Block", "Attn", "MLP").
+bool remat_of(const config::TrainConfig& c, const std::string& module);
+
+}  // namespace distjax::app

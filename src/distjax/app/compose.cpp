@@ -1,0 +1,143 @@
+#include "distjax/app/compose.hpp"
+
+#include <algorithm>
+
+#include "distjax/core/error.hpp"
+#include "distjax/parallel/data_parallel.hpp"
+#include "distjax/parallel/sharding_rules.hpp"
+#include "distjax/parallel/zero.hpp"
+#include "distjax/train/train_step.hpp"
+
+namespace distjax::app {
+
+using tensor::TensorTree;
+
+namespace {
+
+// One device, no mesh: the base strategy, reporting the device's memory (summary.json's
+// memory_bytes_per_device) as the distributed strategies do.
+class OneDevice final : public train::Strategy {
+ public:
+  MemoryStats* memory_stats() override { return &memory_; }
+
+ private:
+  MemoryStats memory_;
+};
+
+// A pipeline over "pipe" when the axis splits the model, or when the model only runs cut
+// into chunks (no whole-model init).
+bool pipelined(const spmd::DeviceContext* ctx, const ModelSpec& model) {
+  if (ctx == nullptr || !ctx->mesh().has_axis("pipe")) return false;
+  return ctx->mesh().axis_size("pipe") > 1 || !model.init;
+}
+
+}  // namespace
+
+Composed::Composed(const config::TrainConfig& c, spmd::DeviceContext* ctx, ModelSpec model)
+    : config_(&c),
+      ctx_(ctx),
+      model_(std::move(model)),
+      precision_(precision_of(c)),
+      fully_sharded_(!c.parallelism.fsdp.modules.empty()),
+      fsdp_{.axis = "data",
+            .min_weight_size = c.parallelism.fsdp.min_weight_size,
+            .modules = c.parallelism.fsdp.modules} {
+  if (ctx == nullptr) {
+    data_ = std::make_unique<OneDevice>();
+    top_ = data_.get();
+    return;
+  }
+  const int zero = c.parallelism.zero_stage;
+  if (zero == 1 || zero == 2)
+    data_ = std::make_unique<parallel::ZeroDataParallel>(*ctx, zero, "data", &specs_);
+  else
+    data_ = std::make_unique<parallel::DataParallel>(*ctx, "data", &specs_);
+  top_ = data_.get();
+  if (!pipelined(ctx, model_)) return;
+  DISTJAX_CHECK(model_.pipeline != nullptr, ConfigError, "[", c.run.program,
+                "] a \"pipe\" axis needs a model cut into chunks; this one cannot be pipelined");
+  pipeline_ = std::make_unique<parallel::Pipeline>(
+      *ctx, *model_.pipeline,
+      parallel::PipelineOptions{
+          .schedule = parallel::parse_schedule_kind(c.parallelism.schedule),
+          .microbatches = static_cast<int>(c.parallelism.microbatches),
+          .virtual_stages = static_cast<int>(c.parallelism.virtual_stages),
+          .fsdp = fully_sharded_ ? &fsdp_ : nullptr,
+          .precision = precision_},
+      data_.get());
+  top_ = pipeline_.get();
+}
+
+Composed::~Composed() = default;
+
+int Composed::replica() const {
+  return ctx_ != nullptr && ctx_->mesh().has_axis("data") ? ctx_->axis_index("data") : 0;
+}
+
+train::TrainState Composed::create_state(const optim::Optimizer& optimizer, Key init_key,
+                                         Key dropout_key) {
+  const nn::FullySharded* fsdp = fully_sharded_ ? &fsdp_ : nullptr;
+  TensorTree params = pipeline_ ? model_.pipeline->init(init_key, pipeline_->chunks(),
+                                                        pipeline_->num_chunks(), &specs_, ctx_, fsdp)
+                                : model_.init(init_key, &specs_, ctx_, fsdp);
+  train::TrainState state = train::TrainState::create(std::move(params), optimizer, dropout_key, *top_);
+  if (ctx_ != nullptr)
+    parallel::check_sharding(
+        specs_, ctx_->mesh(),
+        {.data_axes = "data",
+         .fully_sharded_axes = fully_sharded_ ? mesh::Axes("data") : mesh::Axes(),
+         .pipeline_axes = pipeline_ ? mesh::Axes("pipe") : mesh::Axes()});
+  if (config_->distributed.mixed_precision == config::MixedPrecision::Fp16)
+    state.loss_scale = train::DynamicLossScale{};
+  return state;
+}
+
+train::LossFn Composed::loss(bool train) const {
+  if (pipeline_) return train ? pipeline_->module_loss() : train::LossFn{};
+  return [this, train](const TensorTree& params, const train::Batch& batch, Key key) {
+    nn::Scope scope = nn::Scope::apply(&params, train, key);
+    if (ctx_ != nullptr) scope = scope.on(*ctx_);
+    scope = scope.with_precision(precision_);
+    if (fully_sharded_) scope = scope.fully_sharded(fsdp_);
+    return model_.loss(scope, batch);
+  };
+}
+
+train::Metrics Composed::evaluate(const TensorTree& params, const std::vector<train::Batch>& batches) {
+  train::Metrics metrics;
+  if (pipeline_) {
+    for (const train::Batch& b : batches)
+      metrics.merge(pipeline_->evaluate(params, b));
+    return metrics;
+  }
+  metrics = train::evaluate(params, batches, loss(false), Key{});
+  return top_->reduce_metrics(std::move(metrics));
+}
+
+nn::Precision precision_of(const config::TrainConfig& c) {
+  switch (c.distributed.mixed_precision) {
+    case config::MixedPrecision::Bf16:
+      return nn::Precision::bf16();
+    case config::MixedPrecision::Fp16:
+      return nn::Precision::fp16();
+    case config::MixedPrecision::No:
+      break;
+  }
+  return nn::Precision::f32();
+}
+
+models::TransformerTP transformer_tp(const config::TrainConfig& c, const mesh::Mesh& mesh) {
+  const bool split = mesh.has_axis("model") && mesh.axis_size("model") > 1;
+  return {.layout = split ? parallel::tp_layout_from_name(c.parallelism.tp_layout)
+                          : parallel::TPLayout::None,
+          .sequence_parallel = c.parallelism.sequence_parallel,
+          .vocab_parallel = c.parallelism.vocab_parallel,
+          .bidirectional = c.parallelism.bidirectional};
+}
+
+bool remat_of(const config::TrainConfig& c, const std::string& module) {
+  return std::find(c.parallelism.remat.begin(), c.parallelism.remat.end(), module) !=
+         c.parallelism.remat.end();
+}
+
+}  // namespace distjax::app

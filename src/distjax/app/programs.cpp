@@ -1,0 +1,153 @@
+// The registry of training programs, the configs built into the library, and run_program.
+#include "distjax/app/programs.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "distjax/comm/launch_environment.hpp"
+#include "distjax/config/config_file.hpp"
+#include "distjax/app/detail/builtin_configs.hpp"
+#include "distjax/app/run.hpp"
+#include "distjax/core/error.hpp"
+#include "distjax/train/checkpointer.hpp"
+
+namespace distjax::app {
+
+const std::vector<ProgramInfo>& programs() {
+  static const std::vector<ProgramInfo> list = {
+      {"train_mnist",
+       "the MLP classifier on Fashion-MNIST, data parallel over \"data\"",
+       run_train_mnist,
+       {},
+       check_train_mnist},
+      {"data_parallelism",
+       "the MLP classifier on Fashion-MNIST with ZeRO-1/2 or FSDP",
+       run_data_parallelism,
+       {.zero_stages = {0, 1, 2}, .fsdp = true},
+       check_data_parallelism},
+      {"tensor_parallelism",
+       "the TP classifier on Fashion-MNIST over (data, model)",
+       run_tensor_parallelism,
+       {.tensor_parallel = true},
+       check_tensor_parallelism},
+      {"gpt",
+       "the GPT on the fortunes corpus over (data, model): TP layouts, FSDP, remat",
+       run_gpt,
+       // ZeRO-1/2: no; its data parallelism shards with FSDP (parallelism.fsdp.modules).
+       {.tensor_parallel = true,
+        .pipeline_parallel = true,
+        .fsdp = true,
+        .mixed_precision = true,
+        .fp16_pipeline = true,
+        .ties_embeddings = true},
+       check_gpt},
+      {"train_gpt",
+       "the GPT on the fortunes corpus on one device",
+       run_train_gpt,
+       {.max_devices = 1, .mixed_precision = true},
+       nullptr},
+      {"pipeline_parallelism",
+       "the pipeline-parallel MLP classifier on Fashion-MNIST over (data, pipe)",
+       run_pipeline_parallelism,
+       {.pipeline_parallel = true},
+       check_pipeline_parallelism},
+  };
+  return list;
+}
+
+const ProgramInfo& find_program(const std::string& name) {
+  std::vector<std::string> names;
+  for (const ProgramInfo& p : programs()) {
+    if (name == p.name) return p;
+    names.emplace_back(p.name);
+  }
+  std::string msg = "[config] run.program = \"" + name + "\" is not a program";
+  if (const std::string near = config::nearest_name(name, names); !near.empty())
+    msg += "; did you mean \"" + near + "\"?";
+  msg += " (programs:";
+  for (const std::string& n : names)
+    msg += " " + n;
+  throw ConfigError(msg + ")");
+}
+
+std::vector<std::string> builtin_configs() {
+  std::vector<std::string> names;
+  for (const detail::BuiltinConfig& b : detail::builtin_config_files())
+    names.emplace_back(b.name);
+  return names;
+}
+
+config::TrainConfig builtin_config(const std::string& name) {
+  for (const detail::BuiltinConfig& b : detail::builtin_config_files())
+    if (name == b.name) {
+      config::TrainConfig c;
+      config::apply_toml(c, b.toml, "configs/" + name + ".toml");
+      return c;
+    }
+  std::string msg = "no config \"" + name + "\" is built into the library";
+  const std::vector<std::string> names = builtin_configs();
+  if (const std::string near = config::nearest_name(name, names); !near.empty())
+    msg += "; did you mean \"" + near + "\"?";
+  msg += " (configs:";
+  for (const std::string& n : names)
+    msg += " " + n;
+  throw ConfigError(msg + ")");
+}
+
+config::TrainConfig prepare_program(config::TrainConfig c, const std::string& source) {
+  find_program(c.run.program);
+  c.distributed = config::resolve(c.distributed, comm::discover_launch_environment());
+  c.validate(source);
+  DISTJAX_CHECK(c.run.steps > 0 || c.run.program == "train_mnist", ConfigError, "[", c.run.program,
+                "] needs run.steps > 0 (run.epochs is train_mnist's)");
+  check_program(c);
+  make_out_dir(c);
+  train::check_restore(checkpoint_config(c));
+  return c;
+}
+
+void check_program(const config::TrainConfig& c) {
+  const ProgramInfo& program = find_program(c.run.program);
+  std::string refused;
+  for (const std::string& p : program.capabilities.problems(c))
+    refused += (refused.empty() ? "[" : "\n[") + c.run.program + "] " + p;
+  DISTJAX_CHECK(refused.empty(), NotImplemented, refused);
+  if (program.check != nullptr) program.check(c);
+}
+
+void make_out_dir(const config::TrainConfig& c) {
+  const std::string& dir = c.run.out_dir;
+  if (dir.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  DISTJAX_CHECK(!ec, ConfigError, "[config] run.out_dir = \"", dir,
+                "\": cannot create the directory: ", ec.message());
+  // Writable: a probe file made and removed (permission bits alone miss read-only mounts).
+  std::string probe = (std::filesystem::path(dir) / ".distjax_probe_XXXXXX").string();
+  const int fd = ::mkstemp(probe.data());
+  DISTJAX_CHECK(fd >= 0, ConfigError, "[config] run.out_dir = \"", dir,
+                "\": cannot write in the directory: ", std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+int run_main(const char* program, const std::function<int()>& fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", program, e.what());
+    return 1;
+  }
+}
+
+int run_program(config::TrainConfig c, const std::string& source) {
+  c = prepare_program(std::move(c), source);
+  return find_program(c.run.program).run(c);
+}
+
+}  // namespace distjax::app

@@ -1,0 +1,173 @@
+// The one training loop (run_loop) and the policies of a run it reads from the config.
+#include "distjax/app/run.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "distjax/comm/launch_environment.hpp"
+#include "distjax/config/config_file.hpp"
+#include "distjax/train/checkpoint.hpp"
+
+namespace distjax::app {
+
+namespace {
+
+train::Resume resume_of(config::Resume r) {
+  switch (r) {
+    case config::Resume::Required:
+      return train::Resume::Required;
+    case config::Resume::Auto:
+      return train::Resume::Auto;
+    case config::Resume::Off:
+      break;
+  }
+  return train::Resume::Off;
+}
+
+// The loop's state on one device: the checkpoints, the Trainer, the evaluations.
+class DeviceRun {
+ public:
+  explicit DeviceRun(const Loop& loop)
+      : loop_(loop),
+        state_(*loop.state),
+        lead_(loop.ctx == nullptr || loop.ctx->device() == 0),
+        ckpt_(checkpoint_config(*loop.config), layout(loop)) {}
+
+  LoopResult run() {
+    LoopResult result;
+    result.resumed = restore();
+    train::Trainer trainer(trainer_config(result.resumed), *loop_.optimizer,
+                           loop_.composed->loss(true),
+                           {.num_minibatches = static_cast<int>(loop_.config->run.grad_accum_steps),
+                            .max_grad_norm = loop_.config->optimizer.max_grad_norm,
+                            .strategy = &loop_.composed->strategy()});
+    if (loop_.eval_at_start) result.initial_eval = evaluate(trainer);
+    const std::int64_t steps = loop_.total_steps;
+    while (state_.step < steps) {
+      step(trainer);
+      ckpt_.maybe_save(state_, position());
+      if (loop_.eval_every > 0 && state_.step % loop_.eval_every == 0 && state_.step < steps)
+        evaluate(trainer);
+    }
+    result.checkpoint = ckpt_.save(state_, position());
+    std::map<std::string, double> summary;
+    if (loop_.after_training) summary = loop_.after_training();
+    result.eval = evaluate(trainer);
+    if (loop_.summary) summary.merge(loop_.summary(result));
+    trainer.finish(state_, summary);
+    if (lead_ && ckpt_.config().saves)
+      std::printf("Checkpoint: %s (continue with --resume; list with distjax ckpt inspect)\n",
+                  train::find_checkpoint(ckpt_.config().dir).value_or(result.checkpoint).c_str());
+    return result;
+  }
+
+ private:
+  static train::CheckpointLayout layout(const Loop& loop) {
+    if (loop.ctx == nullptr) return {};
+    return {loop.ctx, &loop.composed->specs(), &loop.composed->strategy()};
+  }
+
+  bool restore() {
+    const auto pos = ckpt_.restore(state_);
+    if (!pos) return false;
+    if (loop_.loader != nullptr) loop_.loader->seek({pos->epoch, pos->batch});
+    if (lead_)
+      std::printf("Resumed from %s at step %lld\n", ckpt_.config().dir.c_str(),
+                  static_cast<long long>(state_.step));
+    return true;
+  }
+
+  train::DataPosition position() const {
+    if (loop_.loader == nullptr) return {0, state_.step};
+    return {loop_.loader->position().epoch, loop_.loader->position().batch};
+  }
+
+  train::TrainerConfig trainer_config(bool resumed) const {
+    const int device = loop_.ctx != nullptr ? loop_.ctx->device() : 0;
+    train::TrainerConfig t;
+    t.out_dir = lead_ ? loop_.config->run.out_dir : std::string();
+    t.total_steps = loop_.total_steps;
+    t.log_every = loop_.log_every;
+    t.items_per_example = loop_.items_per_example;
+    t.items_name = loop_.items_name;
+    t.mesh = loop_.mesh;
+    t.backend = loop_.backend;
+    t.print = loop_.print && lead_;
+    t.append = resumed;
+    // A pipeline's timeline is the spans of its actions (the program writes it).
+    if (loop_.composed->pipeline() == nullptr) t.timeline_file = timeline_file(*loop_.config, device);
+    t.device = device;
+    return t;
+  }
+
+  void step(train::Trainer& trainer) {
+    const train::Batch batch = loop_.batch(state_.step);
+    // The last step's timeline is measured: the stages start it together.
+    if (loop_.composed->pipeline() != nullptr && state_.step + 1 == loop_.total_steps)
+      loop_.ctx->comm(mesh::Axes("pipe")).barrier();
+    const train::Metrics metrics = trainer.step(state_, batch);
+    if (loop_.on_step) loop_.on_step(state_.step, metrics);
+  }
+
+  train::Metrics evaluate(train::Trainer& trainer) {
+    const train::Metrics eval = loop_.composed->evaluate(state_.params, loop_.eval_batches);
+    trainer.log_eval(state_.step, eval);
+    return eval;
+  }
+
+  const Loop& loop_;
+  train::TrainState& state_;
+  bool lead_;
+  train::Checkpointer ckpt_;
+};
+
+}  // namespace
+
+LoopResult run_loop(const Loop& loop) { return DeviceRun(loop).run(); }
+
+optim::AdamW make_adamw(const config::TrainConfig& c, std::int64_t total_steps) {
+  const double lr = c.optimizer.lr;
+  return optim::AdamW({.learning_rate = optim::warmup_cosine_schedule(
+                           0.0, lr, std::min<std::int64_t>(c.optimizer.warmup_steps, total_steps - 1),
+                           total_steps, lr * c.optimizer.final_lr_ratio),
+                       .b1 = c.optimizer.b1,
+                       .b2 = c.optimizer.b2,
+                       .eps = c.optimizer.eps,
+                       .weight_decay = c.optimizer.weight_decay,
+                       .decay_mask = optim::default_decay_mask()});
+}
+
+train::CheckpointConfig checkpoint_config(const config::TrainConfig& c) {
+  train::CheckpointConfig out;
+  if (c.run.out_dir.empty()) return out;
+  // The directory is always given, so that a fresh run that saves nothing still refuses
+  // (or with run.overwrite removes) the checkpoints of an earlier run there.
+  out.dir = (std::filesystem::path(c.run.out_dir) / "checkpoints").string();
+  out.every = c.run.checkpoint_every;
+  out.keep_last = 2;
+  out.resume = resume_of(c.run.resume);
+  out.overwrite = c.run.overwrite;
+  out.drop = c.run.resume_drop;
+  out.saves = c.run.checkpoint_every > 0 || c.run.resume != config::Resume::Off;
+  out.config = nlohmann::json{{"toml", config::to_toml(c)}}.dump();
+  return out;
+}
+
+std::string timeline_file(const config::TrainConfig& c, int device) {
+  if (!c.run.timeline || c.run.out_dir.empty()) return "";
+  return (std::filesystem::path(c.run.out_dir) / ("timeline_device" + std::to_string(device) + ".json"))
+      .string();
+}
+
+std::string backend_label(const config::TrainConfig& c) {
+  return comm::backend_name(c.distributed.comm_backend());
+}
+
+train::Batch replica_slice(const train::Batch& batch, int replica, int replicas) {
+  const std::int64_t per = batch.size() / replicas;
+  return batch.slice(replica * per, (replica + 1) * per);
+}
+
+}  // namespace distjax::app
