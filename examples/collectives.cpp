@@ -5,6 +5,7 @@
 //   ./collectives                                   # 8 simulated devices in one process
 //   mpirun -np 8 --oversubscribe ./collectives      # 8 processes (MPI is auto-detected)
 //   ./collectives --backend threads|mpi
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -145,23 +146,12 @@ int main(int argc, char** argv) {
   // mpirun / srun: MPI (comm/launch_environment.hpp reads Open MPI, PMI and Slurm variables).
   const comm::LaunchEnvironment env = comm::discover_launch_environment();
   opts.backend = comm::default_backend(env);
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--backend" && i + 1 < argc) {
-      const std::string b = argv[++i];
-      if (b == "mpi") {
-        opts.backend = comm::Backend::Mpi;
-      } else if (b == "threads") {
-        opts.backend = comm::Backend::Threads;
-      } else {
-        std::cerr << "unknown backend '" << b << "' (threads or mpi)\n";
-        return 2;
-      }
-    } else {
-      std::cerr << "usage: collectives [--backend threads|mpi]\n";
-      return 2;
-    }
-  }
+  std::string backend;
+  CLI::App cli{"collectives: every collective on a 2x4 mesh of simulated devices"};
+  cli.add_option("--backend", backend, "threads or mpi (default: mpi under a launcher)")
+      ->check(CLI::IsMember({"threads", "mpi"}));
+  CLI11_PARSE(cli, argc, argv);
+  if (!backend.empty()) opts.backend = backend == "mpi" ? comm::Backend::Mpi : comm::Backend::Threads;
   if (!comm::backend_available(opts.backend)) {
     std::cerr << "collectives: backend '" << comm::backend_name(opts.backend)
               << "' is not in this build (rebuild with MPI found by CMake)\n";

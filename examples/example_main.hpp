@@ -90,7 +90,8 @@ inline int example_main(int argc, char** argv, const Example& e) {
   std::vector<std::string> sets;
   std::vector<std::string> values(e.flags.size());
   for (std::size_t i = 0; i < e.flags.size(); ++i)
-    cli.add_option("--" + e.flags[i].flag, values[i], e.flags[i].help + " [" + e.flags[i].key + "]");
+    cli.add_option("--" + e.flags[i].flag, values[i], e.flags[i].help + " [" + e.flags[i].key + "]")
+        ->type_name("VALUE");
   std::string out, backend, resume;
   bool overwrite = false;
   cli.add_option("--out", out, "output directory [run.out_dir]");

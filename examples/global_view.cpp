@@ -8,6 +8,7 @@
 //   ./global_view                                  # 8 simulated devices (threads)
 //   mpirun -np 8 --oversubscribe ./global_view     # 8 processes (MPI is auto-detected)
 //   ./global_view --steps 50 --gpt-steps 30 --backend threads|mpi
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -101,21 +102,14 @@ int main(int argc, char** argv) {
   const comm::LaunchEnvironment env = comm::discover_launch_environment();
   opt.backend = comm::default_backend(env);
   opt.leader = env.rank == 0;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--steps" && i + 1 < argc)
-      opt.steps = std::atoi(argv[++i]);
-    else if (a == "--gpt-steps" && i + 1 < argc)
-      opt.gpt_steps = std::atoi(argv[++i]);
-    else if (a == "--backend" && i + 1 < argc) {
-      const std::string b = argv[++i];
-      opt.backend = b == "mpi" ? comm::Backend::Mpi : comm::Backend::Threads;
-    } else {
-      std::fprintf(stderr,
-                   "usage: global_view [--steps N] [--gpt-steps N] [--backend threads|mpi]\n");
-      return 2;
-    }
-  }
+  std::string backend;
+  CLI::App cli{"global_view: the MLP and the GPT trained in the global view on a (2, 4) mesh"};
+  cli.add_option("--steps", opt.steps, "steps of the MLP");
+  cli.add_option("--gpt-steps", opt.gpt_steps, "steps of the GPT");
+  cli.add_option("--backend", backend, "threads or mpi (default: mpi under a launcher)")
+      ->check(CLI::IsMember({"threads", "mpi"}));
+  CLI11_PARSE(cli, argc, argv);
+  if (!backend.empty()) opt.backend = backend == "mpi" ? comm::Backend::Mpi : comm::Backend::Threads;
   try {
     const mesh::Mesh mesh({2, 4}, {"data", "model"});
     // ---- MLP on Fashion-MNIST: fc1 split by columns, fc2 by rows, batch over data.

@@ -1,6 +1,10 @@
 // Umbrella header: the whole public API of DistJax.
 #pragma once
 
+#include "distjax/app/compose.hpp"
+#include "distjax/app/model_specs.hpp"
+#include "distjax/app/programs.hpp"
+#include "distjax/app/run.hpp"
 #include "distjax/autodiff/autodiff.hpp"
 #include "distjax/config/config_file.hpp"
 #include "distjax/config/distributed_config.hpp"

@@ -49,7 +49,7 @@ struct Loop {
   data::DataLoader* loader = nullptr;
   /// This device's share of the evaluation set (Composed::evaluate): evaluated every
   /// `eval_every` steps (0: never during training), once more at the end, and first when
-  /// `eval_at_start`.
+  /// `eval_at_start`. None: no evaluation.
   std::vector<train::Batch> eval_batches{};
   std::int64_t eval_every = 0;
   bool eval_at_start = false;

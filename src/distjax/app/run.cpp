@@ -112,6 +112,7 @@ class DeviceRun {
   }
 
   train::Metrics evaluate(train::Trainer& trainer) {
+    if (loop_.eval_batches.empty()) return {};
     const train::Metrics eval = loop_.composed->evaluate(state_.params, loop_.eval_batches);
     trainer.log_eval(state_.step, eval);
     return eval;
