@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "distjax/app/compose.hpp"
+#include "distjax/data/array_dataset.hpp"
 #include "distjax/models/classifier.hpp"
 #include "distjax/models/transformer.hpp"
 #include "distjax/models/transformer_pipeline.hpp"
@@ -21,6 +22,12 @@ std::pair<tensor::Tensor, train::Metrics> classification_loss(const tensor::Tens
 /// A language model's mean next-byte loss (nats) over `bytes` positions, with its metrics per
 /// byte: "loss" in nats and "bits_per_byte" = nats / ln 2.
 std::pair<tensor::Tensor, train::Metrics> per_byte(tensor::Tensor mean_loss, std::int64_t bytes);
+
+/// Fashion-MNIST's training and test sets from data.dir (empty: the Debian package's).
+struct FashionMnist {
+  data::ArrayDataset train, test;
+};
+FashionMnist load_fashion_mnist(const config::TrainConfig& c);
 
 /// The MLP classifier: its init and its classification_loss on the logits. The model must
 /// outlive the spec.

@@ -89,6 +89,12 @@ std::string timeline_file(const config::TrainConfig& c, int device);
 /// The backend name printed in headers and recorded in summary.json ("threads", "mpi").
 std::string backend_label(const config::TrainConfig& c);
 
+/// The progress lines of the toolkit's examples, as Loop::on_step: "[<tag>] Step i: Loss =
+/// ..., Accuracy = ..." after the first step, every run.log_every steps and the last, when
+/// `lead` (the main device).
+std::function<void(std::int64_t step, const train::Metrics& metrics)> step_lines(
+    std::string tag, const config::TrainConfig& c, bool lead);
+
 /// The rows [replica x B/n, (replica + 1) x B/n) of `batch`: this data replica's slice.
 train::Batch replica_slice(const train::Batch& batch, int replica, int replicas);
 

@@ -10,7 +10,6 @@
 #include "distjax/app/programs.hpp"
 #include "distjax/app/run.hpp"
 #include "distjax/config/distributed_config.hpp"
-#include "distjax/data/fashion_mnist.hpp"
 #include "distjax/parallel/sharding_rules.hpp"
 #include "distjax/spmd/shard_map.hpp"
 
@@ -39,9 +38,9 @@ int run_data_parallelism(const config::TrainConfig& c) {
     std::printf("Mesh (%s backend, %s):\n%s\n", backend_label(c).c_str(), tag,
                 mesh.to_string().c_str());
 
-  const std::string data_dir = c.data.dir.empty() ? data::kFashionMnistDir : c.data.dir;
-  const data::ArrayDataset train_set = data::load_fashion_mnist(data::Split::Train, data_dir);
-  const data::ArrayDataset test_set = data::load_fashion_mnist(data::Split::Test, data_dir);
+  const FashionMnist mnist = load_fashion_mnist(c);
+  const data::ArrayDataset& train_set = mnist.train;
+  const data::ArrayDataset& test_set = mnist.test;
   // One test batch per device: with fully sharded parameters every forward pass gathers,
   // so every device must run the same number of them (devices > 1 drop < devices images).
   const std::vector<train::Batch> all_test = test_set.batches(test_set.size() / devices);
@@ -83,11 +82,7 @@ int run_data_parallelism(const config::TrainConfig& c) {
          .batch = [&](std::int64_t) { return loader.next(); },
          .loader = &loader,
          .eval_batches = {all_test[static_cast<std::size_t>(replica)]},
-         .on_step = [&](std::int64_t s, const train::Metrics& m) {
-           if (lead && (s % c.run.log_every == 0 || s == 1 || s == steps))
-             std::printf("[%s] Step %lld: Loss = %.4f, Accuracy = %.4f\n", tag,
-                         static_cast<long long>(s), m.mean("loss"), m.mean("accuracy"));
-         },
+         .on_step = step_lines(tag, c, lead),
          .summary = [&](const LoopResult& r) -> std::map<std::string, double> {
            return {{"test_accuracy", r.eval.mean("accuracy")},
                    {"devices", double(devices)},

@@ -2,6 +2,7 @@
 
 #include <numbers>
 
+#include "distjax/data/fashion_mnist.hpp"
 #include "distjax/tensor/nn_ops.hpp"
 #include "distjax/tensor/reduce.hpp"
 
@@ -25,6 +26,12 @@ std::pair<tensor::Tensor, train::Metrics> per_byte(tensor::Tensor mean_loss, std
   m.add("loss", nats * n, n);
   m.add("bits_per_byte", nats / std::numbers::ln2 * n, n);
   return {std::move(mean_loss), m};
+}
+
+FashionMnist load_fashion_mnist(const config::TrainConfig& c) {
+  const std::string dir = c.data.dir.empty() ? data::kFashionMnistDir : c.data.dir;
+  return {data::load_fashion_mnist(data::Split::Train, dir),
+          data::load_fashion_mnist(data::Split::Test, dir)};
 }
 
 ModelSpec classifier_spec(const models::Classifier& model) {

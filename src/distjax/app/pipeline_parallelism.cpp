@@ -11,7 +11,7 @@
 #include "distjax/app/programs.hpp"
 #include "distjax/app/run.hpp"
 #include "distjax/config/distributed_config.hpp"
-#include "distjax/data/fashion_mnist.hpp"
+#include "distjax/app/model_specs.hpp"
 #include "distjax/models/pp_classifier.hpp"
 #include "distjax/spmd/shard_map.hpp"
 
@@ -51,9 +51,9 @@ int run_pipeline_parallelism(const config::TrainConfig& c, bool show_schedule) {
     if (show_schedule) std::printf("%s", parallel::format_timeline(schedule, report).c_str());
   }
 
-  const std::string data_dir = c.data.dir.empty() ? data::kFashionMnistDir : c.data.dir;
-  const data::ArrayDataset train_set = data::load_fashion_mnist(data::Split::Train, data_dir);
-  const data::ArrayDataset test_set = data::load_fashion_mnist(data::Split::Test, data_dir);
+  const FashionMnist mnist = load_fashion_mnist(c);
+  const data::ArrayDataset& train_set = mnist.train;
+  const data::ArrayDataset& test_set = mnist.test;
   const models::PPClassifier model({.in_features = 784,
                                     .hidden = c.model.hidden,
                                     .num_layers = c.model.layers,
@@ -101,11 +101,7 @@ int run_pipeline_parallelism(const config::TrainConfig& c, bool show_schedule) {
          .batch = [&](std::int64_t) { return loader.next(); },
          .loader = &loader,
          .eval_batches = std::move(test_batches),
-         .on_step = [&](std::int64_t s, const train::Metrics& m) {
-           if (lead && (s % c.run.log_every == 0 || s == 1 || s == steps))
-             std::printf("[PP] Step %lld: Loss = %.4f, Accuracy = %.4f\n",
-                         static_cast<long long>(s), m.mean("loss"), m.mean("accuracy"));
-         },
+         .on_step = step_lines("PP", c, lead),
          .after_training = [&]() -> std::map<std::string, double> {
            bubble = parallel::pipeline_bubble(ctx, pp.last_trace(), threads);
            if (replica == 0 && threads) {

@@ -10,7 +10,6 @@
 #include "distjax/app/programs.hpp"
 #include "distjax/app/run.hpp"
 #include "distjax/config/distributed_config.hpp"
-#include "distjax/data/fashion_mnist.hpp"
 #include "distjax/models/tp_classifier.hpp"
 #include "distjax/spmd/shard_map.hpp"
 
@@ -41,9 +40,9 @@ int run_tensor_parallelism(const config::TrainConfig& c) {
                 async_rings ? (bidirectional ? "async bidirectional" : "async") : "synchronous",
                 mesh.to_string().c_str());
 
-  const std::string data_dir = c.data.dir.empty() ? data::kFashionMnistDir : c.data.dir;
-  const data::ArrayDataset train_set = data::load_fashion_mnist(data::Split::Train, data_dir);
-  const data::ArrayDataset test_set = data::load_fashion_mnist(data::Split::Test, data_dir);
+  const FashionMnist mnist = load_fashion_mnist(c);
+  const data::ArrayDataset& train_set = mnist.train;
+  const data::ArrayDataset& test_set = mnist.test;
   // One test batch per data replica (every device of a replica runs the same passes).
   const std::vector<train::Batch> test_batches = test_set.batches(test_set.size() / n_data);
   const models::TPClassifier model({.in_features = 784,
@@ -98,11 +97,7 @@ int run_tensor_parallelism(const config::TrainConfig& c) {
          .batch = [&](std::int64_t) { return loader.next(); },
          .loader = &loader,
          .eval_batches = {test_batches[static_cast<std::size_t>(replica)]},
-         .on_step = [&](std::int64_t s, const train::Metrics& m) {
-           if (lead && (s % c.run.log_every == 0 || s == 1 || s == steps))
-             std::printf("[TP] Step %lld: Loss = %.4f, Accuracy = %.4f\n",
-                         static_cast<long long>(s), m.mean("loss"), m.mean("accuracy"));
-         },
+         .on_step = step_lines("TP", c, lead),
          .after_training = [&]() -> std::map<std::string, double> {
            const double seconds =
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

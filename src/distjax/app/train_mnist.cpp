@@ -30,8 +30,9 @@ int run_train_mnist(const config::TrainConfig& c) {
     std::printf("Mesh (%s backend):\n%s\n", backend_label(c).c_str(), mesh.to_string().c_str());
     std::printf("Loading Fashion-MNIST from %s\n", data_dir.c_str());
   }
-  const data::ArrayDataset train_set = data::load_fashion_mnist(data::Split::Train, data_dir);
-  const data::ArrayDataset test_set = data::load_fashion_mnist(data::Split::Test, data_dir);
+  const FashionMnist mnist = load_fashion_mnist(c);
+  const data::ArrayDataset& train_set = mnist.train;
+  const data::ArrayDataset& test_set = mnist.test;
   const std::vector<train::Batch> test_batches = test_set.batches(1000);
   const std::int64_t batch_size = c.run.batch_size;
   const models::Classifier model({.in_features = 784,
