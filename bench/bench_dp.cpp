@@ -24,6 +24,7 @@
 //   --seconds S  timed seconds per variant, split over the rounds (default 4)
 //   --only NAME  run only the configuration whose first variant is NAME (dp_2dev,
 //                single_1dev, dp_sync_slow_link, fsdp_slow_link); prints no lines
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -569,35 +570,18 @@ void write_prefetch(const std::map<std::string, Measured>& m, const Options& o,
 
 int main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : "0"; };
-    if (a == "--seconds")
-      o.seconds = std::atof(next());
-    else if (a == "--rounds")
-      o.rounds = std::max(1, std::atoi(next()));
-    else if (a == "--part")
-      o.part = next();
-    else if (a == "--latency-us")
-      o.latency_us = std::atof(next());
-    else if (a == "--bandwidth-gbps")
-      o.bandwidth_gbps = std::atof(next());
-    else if (a == "--bucket-kib")
-      o.bucket_kib = std::max<std::int64_t>(1, std::atoll(next()));
-    else if (a == "--fsdp-min-weight")
-      o.fsdp_min_weight = std::atoll(next());
-    else if (a == "--prefetch-depth")
-      o.prefetch_depth = std::atoi(next());
-    else if (a == "--only")
-      o.only = next();
-    else {
-      std::fprintf(stderr,
-                   "usage: bench_dp [--seconds S] [--rounds R] [--part "
-                   "all|scaling|overlap|prefetch] [--latency-us U] [--bandwidth-gbps G] "
-                   "[--bucket-kib K] [--fsdp-min-weight N] [--prefetch-depth D] [--only NAME]\n");
-      return 2;
-    }
-  }
+  CLI::App cli{"bench_dp: data parallelism, ZeRO and FSDP on simulated devices"};
+  cli.add_option("--seconds", o.seconds, "time budget per measurement");
+  cli.add_option("--rounds", o.rounds, "rounds per measurement")->check(CLI::PositiveNumber);
+  cli.add_option("--part", o.part, "which part")
+      ->check(CLI::IsMember({"all", "scaling", "overlap", "prefetch"}));
+  cli.add_option("--latency-us", o.latency_us, "link model: latency per message");
+  cli.add_option("--bandwidth-gbps", o.bandwidth_gbps, "link model: bandwidth");
+  cli.add_option("--bucket-kib", o.bucket_kib, "gradient bucket size")->check(CLI::PositiveNumber);
+  cli.add_option("--fsdp-min-weight", o.fsdp_min_weight, "FSDP: smaller parameters stay replicated");
+  cli.add_option("--prefetch-depth", o.prefetch_depth, "FSDP gathers ahead");
+  cli.add_option("--only", o.only, "run only the measurement of this name");
+  CLI11_PARSE(cli, argc, argv);
   const std::vector<Config> cfgs = configs(o);
   Extras extras;
   std::vector<RoundSpec> specs;

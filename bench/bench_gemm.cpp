@@ -6,6 +6,7 @@
 // for each (M, K, N) we time the forward product x(M,K) @ W(K,N) ("nn") and both
 // products of its backward: dX = dY(M,N) @ W^T ("nt") and dW = X^T @ dY ("tn").
 // Both implementations are timed alternately in rounds, so machine noise hits both.
+#include <CLI/CLI.hpp>
 #include <dnnl.h>
 #include <omp.h>
 
@@ -67,7 +68,9 @@ Paired time_paired(const std::function<void()>& ours, const std::function<void()
 
 int main(int argc, char** argv) {
   double budget = 0.25;  // seconds per implementation per problem
-  if (argc > 1) budget = std::atof(argv[1]);
+  CLI::App cli{"bench_gemm: GEMM against oneDNN's and the FP32 peak"};
+  cli.add_option("budget", budget, "seconds per implementation per problem");
+  CLI11_PARSE(cli, argc, argv);
   Writer out;
 
   const double peak1 = measure_peak_gflops(1, 1.0);

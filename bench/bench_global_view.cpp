@@ -7,6 +7,7 @@
 //                                     hand-written step (goal >= 0.9)
 //
 //   bench_global_view [--seconds S] [--rounds R] [--only NAME]
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -91,20 +92,11 @@ void run_round(Round& round) {
 
 int main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : "0"; };
-    if (a == "--seconds")
-      o.seconds = std::atof(next());
-    else if (a == "--rounds")
-      o.rounds = std::max(1, std::atoi(next()));
-    else if (a == "--only")
-      o.only = next();
-    else {
-      std::fprintf(stderr, "usage: bench_global_view [--seconds S] [--rounds R] [--only NAME]\n");
-      return 2;
-    }
-  }
+  CLI::App cli{"bench_global_view: the global view against hand-written SPMD"};
+  cli.add_option("--seconds", o.seconds, "time budget per measurement");
+  cli.add_option("--rounds", o.rounds, "rounds per measurement")->check(CLI::PositiveNumber);
+  cli.add_option("--only", o.only, "run only the measurement of this name");
+  CLI11_PARSE(cli, argc, argv);
   const json load_before = load_json();
   const OtherLoad other;
   const auto m =

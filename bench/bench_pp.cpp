@@ -26,6 +26,7 @@
 //   ./build/bench_pp [--steps 5] [--m 8] [--kind zbh1]
 //   (--kind runs that schedule and 1F1B; PP_COSTS=1 also prints per-stage costs and idle,
 //   and each stage's chunk timed alone on one thread first)
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -220,11 +221,13 @@ int main(int argc, char** argv) {
   int steps = 5;
   std::vector<int> ms = {4, 8, 16};
   std::string only;  // --kind <name>: run that schedule alone (with 1F1B, the ratios' reference)
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], "--steps") == 0) steps = std::atoi(argv[i + 1]);
-    if (std::strcmp(argv[i], "--m") == 0) ms = {std::atoi(argv[i + 1])};
-    if (std::strcmp(argv[i], "--kind") == 0) only = argv[i + 1];
-  }
+  int m = 0;
+  CLI::App cli{"bench_pp: pipeline schedules trained on simulated devices"};
+  cli.add_option("--steps", steps, "train steps per schedule")->check(CLI::PositiveNumber);
+  cli.add_option("--m", m, "micro-batches (default: 4, 8 and 16)")->check(CLI::PositiveNumber);
+  cli.add_option("--kind", only, "run this schedule alone (with 1F1B, the ratios' reference)");
+  CLI11_PARSE(cli, argc, argv);
+  if (m > 0) ms = {m};
   bench::Writer out;
   const int p = kStages;
   if (std::getenv("PP_COSTS")) print_isolated_costs();

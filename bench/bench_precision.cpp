@@ -15,6 +15,7 @@
 //   --final K    steps averaged for the final loss (default 10)
 //   --block B    steps per alternating block (default 5)
 //   --threads T  OpenMP threads (default: the OpenMP default)
+#include <CLI/CLI.hpp>
 #include <omp.h>
 
 #include <algorithm>
@@ -82,22 +83,12 @@ struct Run {
 
 int main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--steps" && i + 1 < argc)
-      o.steps = std::atoi(argv[++i]);
-    else if (a == "--final" && i + 1 < argc)
-      o.final_steps = std::atoi(argv[++i]);
-    else if (a == "--block" && i + 1 < argc)
-      o.block = std::atoi(argv[++i]);
-    else if (a == "--threads" && i + 1 < argc)
-      o.threads = std::atoi(argv[++i]);
-    else {
-      std::fprintf(stderr,
-                   "usage: bench_precision [--steps N] [--final K] [--block B] [--threads T]\n");
-      return 2;
-    }
-  }
+  CLI::App cli{"bench_precision: f32, bf16 and f16 training of the GPT"};
+  cli.add_option("--steps", o.steps, "steps");
+  cli.add_option("--final", o.final_steps, "steps averaged at the end");
+  cli.add_option("--block", o.block, "block size");
+  cli.add_option("--threads", o.threads, "OpenMP threads");
+  CLI11_PARSE(cli, argc, argv);
   if (o.threads > 0) omp_set_num_threads(o.threads);
   o.final_steps = std::max(1, std::min(o.final_steps, o.steps));
   o.block = std::max(1, o.block);

@@ -25,6 +25,7 @@
 //   --only NAME  run only the shard_map whose first variant is NAME (sync_slow_link,
 //                sync_free_link, megatron_2dev, single_1dev; for profiling), print its step
 //                times to stderr and write no lines
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -306,35 +307,17 @@ void bench_scaling(const Options& o, Writer& out) {
 
 int main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : "0"; };
-    if (a == "--seconds")
-      o.seconds = std::atof(next());
-    else if (a == "--rounds")
-      o.rounds = std::max(1, std::atoi(next()));
-    else if (a == "--part")
-      o.part = next();
-    else if (a == "--latency-us")
-      o.latency_us = std::atof(next());
-    else if (a == "--bandwidth-gbps")
-      o.bandwidth_gbps = std::atof(next());
-    else if (a == "--async-batch")
-      o.async_batch = std::atoll(next());
-    else if (a == "--async-layers")
-      o.async_layers = std::atoll(next());
-    else if (a == "--only")
-      o.only = next();
-    else if (a == "--async-d")
-      o.async_d = std::atoll(next());
-    else {
-      std::fprintf(stderr,
-                   "usage: bench_tp [--seconds S] [--rounds R] [--part all|async|scaling] "
-                   "[--latency-us U] [--bandwidth-gbps G] [--async-batch B] [--async-layers L] "
-                   "[--async-d C] [--only NAME]\n");
-      return 2;
-    }
-  }
+  CLI::App cli{"bench_tp: tensor parallelism, synchronous and asynchronous rings"};
+  cli.add_option("--seconds", o.seconds, "time budget per measurement");
+  cli.add_option("--rounds", o.rounds, "rounds per measurement")->check(CLI::PositiveNumber);
+  cli.add_option("--part", o.part, "which part")->check(CLI::IsMember({"all", "async", "scaling"}));
+  cli.add_option("--latency-us", o.latency_us, "link model: latency per message");
+  cli.add_option("--bandwidth-gbps", o.bandwidth_gbps, "link model: bandwidth");
+  cli.add_option("--async-batch", o.async_batch, "async part: batch");
+  cli.add_option("--async-layers", o.async_layers, "async part: layers");
+  cli.add_option("--async-d", o.async_d, "async part: width");
+  cli.add_option("--only", o.only, "run only the measurement of this name");
+  CLI11_PARSE(cli, argc, argv);
   Writer out;
   if (o.part == "all" || o.part == "scaling") bench_scaling(o, out);
   if (o.part == "all" || o.part == "async") bench_async(o, out);

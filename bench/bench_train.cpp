@@ -13,6 +13,7 @@
 //   --threads N  OpenMP threads for DistJax (default: the OpenMP default, all cores)
 //   --phases     also time forward, forward+backward and the optimizer update alone
 //   --tag T      append "_T" to the measurement names (run.sh: "omp_passive")
+#include <CLI/CLI.hpp>
 #include <omp.h>
 
 #include <cstdio>
@@ -218,18 +219,13 @@ json bench_gpt(const Options& o, Writer& out, double peak) {
 
 int main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--threads" && i + 1 < argc) o.threads = std::atoi(argv[++i]);
-    else if (a == "--seconds" && i + 1 < argc) o.seconds = std::atof(argv[++i]);
-    else if (a == "--model" && i + 1 < argc) o.model = argv[++i];
-    else if (a == "--phases") o.phases = true;
-    else if (a == "--tag" && i + 1 < argc) o.tag = argv[++i];
-    else {
-      std::fprintf(stderr, "usage: bench_train [--threads N] [--seconds S] [--model mlp|gpt|all] [--phases] [--tag T]\n");
-      return 2;
-    }
-  }
+  CLI::App cli{"bench_train: training throughput against PyTorch and JAX"};
+  cli.add_option("--threads", o.threads, "OpenMP threads");
+  cli.add_option("--seconds", o.seconds, "time budget per measurement");
+  cli.add_option("--model", o.model, "which model")->check(CLI::IsMember({"mlp", "gpt", "all"}));
+  cli.add_flag("--phases", o.phases, "time the phases of a step");
+  cli.add_option("--tag", o.tag, "tag of the output lines");
+  CLI11_PARSE(cli, argc, argv);
   if (o.threads > 0) omp_set_num_threads(o.threads);
   const int threads = omp_get_max_threads();
   Writer out;
