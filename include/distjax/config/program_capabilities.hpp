@@ -37,7 +37,7 @@ struct ProgramCapabilities {
   /// One message per key of `c` (resolved) that asks for what the program does not run,
   /// "distributed.pipeline_parallel_size = 2: no pipeline (runs: ...)"; empty when it runs.
   std::vector<std::string> problems(const TrainConfig& c) const;
-  /// "mesh axes data, model, pipe; DP, FSDP; f32, bf16, fp16 (not with pipe)".
+  /// "mesh axes data, model, pipe; DP, FSDP; f32, bf16, fp16 (fp16 not with pipe)".
   std::string str() const;
 };
 
