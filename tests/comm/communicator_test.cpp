@@ -452,5 +452,22 @@ TEST(Launch, InvalidArguments) {
 #endif
 }
 
+// A buffer carries its real device (core/device.hpp, the type tensors use): a backend that
+// moves CPU memory only refuses one on a GPU, naming the op and the device, instead of
+// reading a device pointer as host memory.
+TEST(Buffers, ADeviceBufferIsRefusedNamingTheOpAndTheDevice) {
+  launch(opts(2), [](Communicator& world) {
+    float x[4] = {1, 2, 3, 4};
+    Buffer on_gpu{x, 4, DType::F32, Device{DeviceKind::CUDA, 1}};
+    try {
+      world.all_reduce(on_gpu, on_gpu, ReduceOp::Sum);
+      ADD_FAILURE() << "no error";
+    } catch (const NotImplemented& e) {
+      EXPECT_NE(std::string(e.what()).find("[all_reduce] buffers on cuda:1"), std::string::npos)
+          << e.what();
+    }
+  });
+}
+
 }  // namespace
 }  // namespace distjax::comm

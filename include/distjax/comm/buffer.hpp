@@ -4,20 +4,10 @@
 
 #include <cstdint>
 
+#include "distjax/core/device.hpp"
 #include "distjax/core/dtype.hpp"
 
 namespace distjax::comm {
-
-/// Where a buffer lives. A minimal copy of tensor::Device's kind, kept in comm because
-/// comm must not depend on tensor. Every backend today moves host memory only.
-enum class MemoryKind : std::uint8_t { Host, Cuda };
-
-/// A memory space and index (the host, or CUDA device `index`).
-struct BufferDevice {
-  MemoryKind kind = MemoryKind::Host;
-  int index = 0;
-  friend bool operator==(const BufferDevice&, const BufferDevice&) = default;
-};
 
 /// `count` elements of `dtype` at `data` on `device`. Inputs of a collective are only
 /// read (they are described by the same type; the front casts const away). `count` is
@@ -27,9 +17,9 @@ struct Buffer {
   void* data = nullptr;
   std::int64_t count = 0;
   DType dtype = DType::F32;
-  BufferDevice device{};
+  Device device{};  ///< every backend today moves CPU memory only
 
-  /// Host memory, as the raw-pointer signatures of Communicator pass it.
+  /// CPU memory, as the raw-pointer signatures of Communicator pass it.
   static Buffer host(const void* p, std::int64_t count, DType dtype) {
     return {const_cast<void*>(p), count, dtype, {}};
   }

@@ -10,9 +10,12 @@
 #include "distjax/core/dtype.hpp"
 #include "distjax/core/error.hpp"
 #include "distjax/core/shape.hpp"
-#include "distjax/tensor/device.hpp"
+#include "distjax/core/device.hpp"
 
 namespace distjax::tensor {
+
+using distjax::Device;  // core/device.hpp: one type for tensors and communication
+using distjax::DeviceKind;
 
 struct Node;
 

@@ -123,9 +123,8 @@ void check_buffer(const char* op, const Buffer& b) {
   DISTJAX_CHECK(b.count >= 0, InvalidArgument, "[", op, "] count must be >= 0, got ", b.count);
   DISTJAX_CHECK(b.data != nullptr || b.count == 0, InvalidArgument, "[", op,
                 "] null buffer for count ", b.count);
-  DISTJAX_CHECK(b.device.kind == MemoryKind::Host, NotImplemented, "[", op,
-                "] buffers on cuda:", b.device.index,
-                " are not supported: every backend moves host memory only");
+  DISTJAX_CHECK(b.device.kind == DeviceKind::CPU, NotImplemented, "[", op, "] buffers on ",
+                b.device.str(), " are not supported: every backend moves CPU memory only");
 }
 
 std::uint64_t hash_desc(const CallDesc& d) {

@@ -1,10 +1,11 @@
-// Where a tensor's storage lives. Kernels dispatch on Device::kind, so a CUDA backend
-// can be added without touching callers.
+// Device: where memory lives, one type for tensors (tensor::Storage) and communication
+// (comm::Buffer): the CPU, or CUDA device `index`. Kernels and backends check the kind and
+// refuse one they cannot reach, naming the op and the device.
 #pragma once
 
 #include <string>
 
-namespace distjax::tensor {
+namespace distjax {
 
 enum class DeviceKind { CPU, CUDA };
 
@@ -19,4 +20,4 @@ struct Device {
   friend bool operator==(const Device&, const Device&) = default;
 };
 
-}  // namespace distjax::tensor
+}  // namespace distjax
