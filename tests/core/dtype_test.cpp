@@ -12,7 +12,9 @@
 namespace distjax {
 namespace {
 
-bool is_nan_half(std::uint16_t h) { return (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0; }
+bool is_nan_half(std::uint16_t h) {
+  return (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0;
+}
 
 TEST(F16Software, EveryHalfSurvivesTheRoundTrip) {
   for (std::uint32_t h = 0; h <= 0xffffu; ++h) {
@@ -31,17 +33,17 @@ TEST(F16Software, KnownValues) {
   EXPECT_EQ(detail::f32_from_f16_bits(0x7bff), 65504.f);
   EXPECT_EQ(detail::f32_from_f16_bits(0x0001), std::ldexp(1.f, -24));  // smallest subnormal
   EXPECT_EQ(detail::f32_from_f16_bits(0x0400), std::ldexp(1.f, -14));  // smallest normal
-  EXPECT_EQ(detail::f16_bits_from_f32(65519.f), 0x7bff);  // below the midpoint to 2^16
+  EXPECT_EQ(detail::f16_bits_from_f32(65519.f), 0x7bff);               // below the midpoint to 2^16
   EXPECT_EQ(detail::f16_bits_from_f32(65520.f), 0x7c00);  // the midpoint ties to even: inf
   EXPECT_EQ(detail::f16_bits_from_f32(1e10f), 0x7c00);
   EXPECT_EQ(detail::f16_bits_from_f32(-std::numeric_limits<float>::infinity()), 0xfc00);
   EXPECT_TRUE(is_nan_half(detail::f16_bits_from_f32(std::numeric_limits<float>::quiet_NaN())));
-  EXPECT_EQ(detail::f16_bits_from_f32(std::ldexp(1.f, -25)), 0x0000);         // tie to even: 0
-  EXPECT_EQ(detail::f16_bits_from_f32(std::ldexp(1.5f, -25)), 0x0001);        // above the tie
-  EXPECT_EQ(detail::f16_bits_from_f32(std::ldexp(3.f, -25)), 0x0002);         // 1.5 units: even 2
+  EXPECT_EQ(detail::f16_bits_from_f32(std::ldexp(1.f, -25)), 0x0000);   // tie to even: 0
+  EXPECT_EQ(detail::f16_bits_from_f32(std::ldexp(1.5f, -25)), 0x0001);  // above the tie
+  EXPECT_EQ(detail::f16_bits_from_f32(std::ldexp(3.f, -25)), 0x0002);   // 1.5 units: even 2
   EXPECT_EQ(detail::f16_bits_from_f32(-0.f), 0x8000);
-  EXPECT_EQ(detail::f16_bits_from_f32(1.f + std::ldexp(1.f, -11)), 0x3c00);   // tie: even 1.0
-  EXPECT_EQ(detail::f16_bits_from_f32(1.f + std::ldexp(3.f, -11)), 0x3c02);   // tie: even up
+  EXPECT_EQ(detail::f16_bits_from_f32(1.f + std::ldexp(1.f, -11)), 0x3c00);  // tie: even 1.0
+  EXPECT_EQ(detail::f16_bits_from_f32(1.f + std::ldexp(3.f, -11)), 0x3c02);  // tie: even up
 }
 
 // Every float between two neighbouring halves rounds to the nearer one (ties to even).
@@ -82,7 +84,8 @@ TEST(F16Software, MatchesTheCompilersFloat16) {
 
 TEST(F16, StoresThroughTheConversion) {
   EXPECT_EQ(f16(1.f).bits, 0x3c00);
-  EXPECT_EQ(static_cast<float>(f16(0.1f)), detail::f32_from_f16_bits(detail::f16_bits_from_f32(0.1f)));
+  EXPECT_EQ(static_cast<float>(f16(0.1f)),
+            detail::f32_from_f16_bits(detail::f16_bits_from_f32(0.1f)));
   EXPECT_EQ(static_cast<float>(f16(-3.5f)), -3.5f);
 }
 

@@ -79,7 +79,7 @@ inline std::uint16_t f16_bits_from_f32(float f) {
   std::uint32_t h, rem, half;
   if (abs < 0x38800000u) {  // below 2^-14: a subnormal half, in units of 2^-24
     if (abs < 0x33000000u) return static_cast<std::uint16_t>(sign);  // below 2^-25: zero
-    const std::uint32_t shift = 126u - (abs >> 23);                   // 14..24
+    const std::uint32_t shift = 126u - (abs >> 23);                  // 14..24
     const std::uint32_t m = (abs & 0x7fffffu) | 0x800000u;
     h = m >> shift;
     rem = m & ((1u << shift) - 1u);
@@ -136,7 +136,9 @@ struct f16 {
   }
 #else
   explicit f16(float f) : bits(detail::f16_bits_from_f32(f)) {}
-  explicit operator float() const { return detail::f32_from_f16_bits(bits); }
+  explicit operator float() const {
+    return detail::f32_from_f16_bits(bits);
+  }
 #endif
 };
 
