@@ -31,10 +31,12 @@ test-tsan: setup
 	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
 	  ctest --output-on-failure -L '^comm$$' -j $(JOBS)
 
-# The README's two commands on a clean Debian 12 root (debootstrap, chroot): see
-# scripts/fresh-check.sh. Run it after any change to dependencies, scripts/, CMake or .ci/.
+# The README's two commands on a clean Debian root (debootstrap, chroot): see
+# scripts/fresh-check.sh. SUITE=bookworm (Debian 12, the default) or SUITE=trixie (Debian 13).
+# Run it on both after any change to dependencies, scripts/, CMake or .ci/.
+SUITE ?= bookworm
 fresh-check:
-	bash scripts/fresh-check.sh
+	SUITE=$(SUITE) bash scripts/fresh-check.sh
 
 bench: build
 	bash bench/run.sh $(BUILD)

@@ -85,7 +85,9 @@ int main(int argc, char** argv) {
 
   double ratio_sum = 0.0, ratio_min = 1e9;
   int count = 0;
-  for (const auto& [M, K, N] : shapes) {
+  for (const auto& shape : shapes) {
+    // Copies, not a structured binding: clang before 16 cannot use one inside a lambda.
+    const std::int64_t M = shape[0], K = shape[1], N = shape[2];
     // Forward: (M,K)@(K,N); dX: (M,N)@(K,N)^T -> (M,K); dW: (M,K)^T@(M,N) -> (K,N).
     const std::vector<Problem> problems = {{"nn", M, N, K, false, false},
                                            {"nt", M, K, N, false, true},

@@ -92,7 +92,7 @@ inline bool cpu_has_avx512f() { return __builtin_cpu_supports("avx512f"); }
 /// shared with other processes some repetitions run undisturbed. 0 without AVX-512.
 inline double measure_peak_gflops(int threads, double seconds = 0.5) {
   if (!cpu_has_avx512f()) return 0.0;
-  const long iters = 200'000;  // 0.1024 GFLOP per thread per repetition
+  constexpr long iters = 200'000;  // 0.1024 GFLOP per thread per repetition
   volatile float sink = 0.f;
   fma_loop_avx512(iters);  // warm up (clock ramp, AVX-512 licence)
   double best = 0.0;
@@ -103,7 +103,7 @@ inline double measure_peak_gflops(int threads, double seconds = 0.5) {
     std::vector<float> res(threads);
     const auto t0 = Clock::now();
     for (int t = 1; t < threads; ++t)
-      pool.emplace_back([&res, t, iters] { res[t] = fma_loop_avx512(iters); });
+      pool.emplace_back([&res, t] { res[t] = fma_loop_avx512(iters); });
     res[0] = fma_loop_avx512(iters);
     for (auto& th : pool) th.join();
     const double dt = seconds_since(t0);

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# `make fresh-check`: the README's two commands on a clean Debian 12 root, as a new user
-# on a freshly provisioned machine would type them.
+# `make fresh-check`: the README's two commands on a clean Debian root, as a new user
+# on a freshly provisioned machine would type them. The suite is Debian 12 "bookworm"
+# unless SUITE names another (`make fresh-check SUITE=trixie`, or SUITE=trixie in the
+# environment of this script): bookworm and trixie are the two the README promises.
 #
-#   1. bootstrap  debootstrap --variant=minbase bookworm from the archive this machine's apt
-#                 uses; the root is cached as a tarball outside the repository
+#   1. bootstrap  debootstrap --variant=minbase $SUITE from the archive this machine's apt
+#                 uses, with the host's apt sources switched to $SUITE; the root is cached
+#                 as a tarball per suite outside the repository
 #                 (${DISTJAX_FRESH_CACHE:-~/.cache/distjax-fresh-check}), so later runs skip it
 #   2. unpack     the cached root into a temporary directory
 #   3. copy tree  `git archive HEAD`: the committed tree only (nothing untracked, no build
@@ -20,7 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
 
-SUITE=bookworm
+SUITE=${SUITE:-bookworm}
 CACHE_DIR=${DISTJAX_FRESH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/distjax-fresh-check}
 TARBALL="$CACHE_DIR/debian-$SUITE-minbase-$(dpkg --print-architecture).tar.gz"
 KEEP=0
@@ -121,10 +124,19 @@ bootstrap() {
   mkdir -p "$CACHE_DIR"
   local tmp="$WORK/bootstrap"
   debootstrap --variant=minbase "$SUITE" "$tmp" "$(mirror)"
-  # The host's apt sources and settings, as a freshly provisioned machine of this kind has them.
+  # The host's apt sources and settings, as a freshly provisioned machine of this kind has them,
+  # with the host's suite names (bookworm, bookworm-updates, bookworm-security) made $SUITE's.
   rm -f "$tmp/etc/apt/sources.list"
   cp /etc/apt/sources.list.d/*.sources "$tmp/etc/apt/sources.list.d/" 2>/dev/null || true
   [ -f /etc/apt/sources.list ] && cp /etc/apt/sources.list "$tmp/etc/apt/sources.list"
+  local host_suite
+  host_suite=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+  if [ -n "$host_suite" ] && [ "$host_suite" != "$SUITE" ]; then
+    local f
+    for f in "$tmp/etc/apt/sources.list" "$tmp"/etc/apt/sources.list.d/*.sources; do
+      if [ -f "$f" ]; then sed -i -E "s/\\b$host_suite(-updates|-security)?\\b/$SUITE\\1/g" "$f"; fi
+    done
+  fi
   cp /etc/apt/apt.conf.d/99* "$tmp/etc/apt/apt.conf.d/" 2>/dev/null || true
   rm -rf "$tmp/var/cache/apt/archives/"*.deb "$tmp/var/lib/apt/lists/"*
   tar -C "$tmp" -czf "$TARBALL.part" .

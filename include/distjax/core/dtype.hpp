@@ -62,10 +62,69 @@ struct bf16 {
   }
 };
 
-/// IEEE half-precision storage, converted through the compiler's _Float16.
+namespace detail {
+
+/// f32 -> IEEE half bits, rounding to nearest even (overflow to inf, NaN stays a quiet NaN
+/// with the top of its payload): what a _Float16 conversion does, for compilers without
+/// _Float16 (clang before 15 on x86 without AVX512-FP16).
+inline std::uint16_t f16_bits_from_f32(float f) {
+  std::uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  const std::uint32_t abs = x & 0x7fffffffu;
+  if (abs >= 0x7f800000u)  // inf, NaN
+    return static_cast<std::uint16_t>(sign | 0x7c00u |
+                                      (abs > 0x7f800000u ? 0x0200u | ((abs >> 13) & 0x3ffu) : 0u));
+  if (abs >= 0x47800000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 2^16: inf
+  std::uint32_t h, rem, half;
+  if (abs < 0x38800000u) {  // below 2^-14: a subnormal half, in units of 2^-24
+    if (abs < 0x33000000u) return static_cast<std::uint16_t>(sign);  // below 2^-25: zero
+    const std::uint32_t shift = 126u - (abs >> 23);                  // 14..24
+    const std::uint32_t m = (abs & 0x7fffffu) | 0x800000u;
+    h = m >> shift;
+    rem = m & ((1u << shift) - 1u);
+    half = 1u << (shift - 1u);
+  } else {  // rebias the exponent (127 -> 15); a carry out of the mantissa is still right
+    h = (abs - 0x38000000u) >> 13;
+    rem = abs & 0x1fffu;
+    half = 0x1000u;
+  }
+  if (rem > half || (rem == half && (h & 1u))) ++h;
+  return static_cast<std::uint16_t>(sign | h);
+}
+
+/// IEEE half bits -> f32 (exact).
+inline float f32_from_f16_bits(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  std::uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
+  if (e == 0x1fu) {
+    x = sign | 0x7f800000u | (m << 13);
+  } else if (e != 0) {
+    x = sign | ((e + 112u) << 23) | (m << 13);
+  } else if (m == 0) {
+    x = sign;
+  } else {  // subnormal: normalise
+    e = 113;
+    while (!(m & 0x400u)) {
+      m <<= 1;
+      --e;
+    }
+    x = sign | (e << 23) | ((m & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+}  // namespace detail
+
+/// IEEE half-precision storage, converted through the compiler's _Float16 where it has one
+/// (g++ 12 and later, clang 15 and later; __FLT16_MAX__ says so), else in software with the
+/// same rounding (detail::f16_bits_from_f32).
 struct f16 {
   std::uint16_t bits = 0;
   f16() = default;
+#ifdef __FLT16_MAX__
   explicit f16(float f) {
     _Float16 h = static_cast<_Float16>(f);
     std::memcpy(&bits, &h, 2);
@@ -75,6 +134,12 @@ struct f16 {
     std::memcpy(&h, &bits, 2);
     return static_cast<float>(h);
   }
+#else
+  explicit f16(float f) : bits(detail::f16_bits_from_f32(f)) {}
+  explicit operator float() const {
+    return detail::f32_from_f16_bits(bits);
+  }
+#endif
 };
 
 template <class T>

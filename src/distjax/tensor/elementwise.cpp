@@ -270,8 +270,11 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   float* po = out.data<float>();
   const std::int64_t n = out.numel();
 #pragma omp parallel for simd if (parallel: n > kParallelGrainMemory)
-  for (std::int64_t i = 0; i < n; ++i)
-    po[i] = pm[i] != 0.f ? pa[i] : pb[i];
+  for (std::int64_t i = 0; i < n; ++i) {
+    // Both loads unconditional: clang vectorises a select, not a conditional load.
+    const float x = pa[i], y = pb[i];
+    po[i] = pm[i] != 0.f ? x : y;
+  }
   if (!needs_grad({&a, &b})) return joined(out, {&a, &b});
   return record(
       "where", {a, b}, out, [mask, sa = a.shape(), sb = b.shape()](const std::vector<Tensor>& g) {

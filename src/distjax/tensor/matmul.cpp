@@ -1,7 +1,8 @@
 #include "distjax/tensor/matmul.hpp"
 
 #include <cassert>
-#include <dnnl.hpp>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <oneapi/dnnl/dnnl_version.h>
 #include <unordered_map>
 
 #include "distjax/tensor/detail/cast.hpp"
@@ -58,10 +59,17 @@ GemmPlan& plan_for(const GemmKey& key) {
   p.b = dnnl::memory::desc(dims{bb, k, n}, s, tb ? dims{k * n, 1, k} : dims{k * n, n, 1});
   p.c = dnnl::memory::desc(dims{batch, m, n}, dt::f32, dims{m * n, n, 1});
   if (bias) p.bias = dnnl::memory::desc(dims{1, 1, n}, dt::f32, dims{n, n, 1});
+  dnnl::engine& e = cpu_engine();
+#if DNNL_VERSION_MAJOR >= 3
+  // oneDNN 3 (Debian 13) dropped the operation descriptors: the primitive descriptor takes
+  // the engine and the memory descriptors directly.
+  p.prim = dnnl::matmul(bias ? dnnl::matmul::primitive_desc(e, p.a, p.b, p.bias, p.c)
+                             : dnnl::matmul::primitive_desc(e, p.a, p.b, p.c));
+#else
   dnnl::matmul::desc d =
       bias ? dnnl::matmul::desc(p.a, p.b, p.bias, p.c) : dnnl::matmul::desc(p.a, p.b, p.c);
-  p.prim = dnnl::matmul(dnnl::matmul::primitive_desc(d, cpu_engine()));
-  dnnl::engine& e = cpu_engine();
+  p.prim = dnnl::matmul(dnnl::matmul::primitive_desc(d, e));
+#endif
   p.ma = dnnl::memory(p.a, e, DNNL_MEMORY_NONE);
   p.mb = dnnl::memory(p.b, e, DNNL_MEMORY_NONE);
   p.mc = dnnl::memory(p.c, e, DNNL_MEMORY_NONE);

@@ -22,7 +22,9 @@ namespace {
 using detail::kParallelGrain;
 using detail::kParallelGrainMemory;
 
-// x (..., C) viewed as n rows of c.
+// x (..., C) viewed as n rows of c. Callers copy n and c into variables rather than bind
+// them (auto [n, c]): clang before 16 cannot use a structured binding inside a lambda or an
+// OpenMP region.
 struct Rows {
   std::int64_t n, c;
 };
@@ -70,7 +72,8 @@ std::vector<int> axis_last_perm(int rank, int axis) {
 
 Tensor softmax_last(const Tensor& x, bool log_form) {
   const char* op = log_form ? "log_softmax" : "softmax";
-  const auto [n, c] = as_rows(x);
+  const Rows rc = as_rows(x);
+  const std::int64_t n = rc.n, c = rc.c;
   Tensor y = Tensor::empty(x.shape());
   const float* px = x.data<float>();
   float* py = y.data<float>();
@@ -92,7 +95,8 @@ Tensor softmax_last(const Tensor& x, bool log_form) {
   }
   if (!needs_grad({&x})) return joined(y, {&x});
   return record(op, {x}, y, [yd = y.detach(), log_form](const std::vector<Tensor>& g) {
-    const auto [n, c] = as_rows(yd);
+    const Rows rc = as_rows(yd);
+    const std::int64_t n = rc.n, c = rc.c;
     Tensor gx = Tensor::empty(yd.shape());
     const float* py = yd.data<float>();
     const float* pg = g[0].data<float>();
@@ -150,7 +154,8 @@ Tensor log_softmax(const Tensor& x, int axis) {
 Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) {
   detail::require_f32("layer_norm", {&x});
   DISTJAX_CHECK(x.rank() >= 1, InvalidArgument, "[layer_norm] needs x of rank >= 1, got a scalar");
-  const auto [n, c] = as_rows(x);
+  const Rows rc = as_rows(x);
+  const std::int64_t n = rc.n, c = rc.c;
   check_vector("layer_norm", "gamma", gamma, c, x);
   if (beta.defined()) check_vector("layer_norm", "beta", beta, c, x);
   Tensor y = Tensor::empty(x.shape());
@@ -195,7 +200,8 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
       "layer_norm", inputs, y,
       [xd = x.detach(), wd = gamma.detach(), mean, rstd, has_beta = beta.defined(),
        rx = x.requires_grad()](const std::vector<Tensor>& g) {
-        const auto [n, c] = as_rows(xd);
+        const Rows rc = as_rows(xd);
+        const std::int64_t n = rc.n, c = rc.c;
         const float* px = xd.data<float>();
         const float* pw = wd.data<float>();
         const float* pg = g[0].data<float>();
@@ -252,7 +258,8 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
 Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps) {
   detail::require_f32("rms_norm", {&x});
   DISTJAX_CHECK(x.rank() >= 1, InvalidArgument, "[rms_norm] needs x of rank >= 1, got a scalar");
-  const auto [n, c] = as_rows(x);
+  const Rows rc = as_rows(x);
+  const std::int64_t n = rc.n, c = rc.c;
   check_vector("rms_norm", "gamma", gamma, c, x);
   Tensor y = Tensor::empty(x.shape());
   Tensor rrms = Tensor::empty({n});
@@ -279,7 +286,8 @@ Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps) {
   return record("rms_norm", {x, gamma}, y,
                 [xd = x.detach(), wd = gamma.detach(), rrms,
                  rx = x.requires_grad()](const std::vector<Tensor>& g) {
-                  const auto [n, c] = as_rows(xd);
+                  const Rows rc = as_rows(xd);
+                  const std::int64_t n = rc.n, c = rc.c;
                   const float* px = xd.data<float>();
                   const float* pw = wd.data<float>();
                   const float* pg = g[0].data<float>();
@@ -398,7 +406,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
   DISTJAX_CHECK(labels.shape() == ls, InvalidArgument, "[cross_entropy] labels ",
                 to_string(labels.shape()), " do not match logits ", to_string(logits.shape()),
                 " (expected labels ", to_string(ls), ")");
-  const auto [n, v] = as_rows(logits);
+  const Rows rc = as_rows(logits);
+  const std::int64_t n = rc.n, v = rc.c;
   auto lab =
       std::make_shared<const std::vector<std::int64_t>>(checked_ids("cross_entropy", labels, v));
   Tensor loss = Tensor::empty(ls);
@@ -416,7 +425,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
   if (!needs_grad({&logits})) return joined(loss, {&logits, &labels});
   return record("cross_entropy", {logits, labels}, loss,
                 [xd = logits.detach(), lse, lab](const std::vector<Tensor>& g) {
-                  const auto [n, v] = as_rows(xd);
+                  const Rows rc = as_rows(xd);
+                  const std::int64_t n = rc.n, v = rc.c;
                   Tensor gx = Tensor::empty(xd.shape());
                   const float* px = xd.data<float>();
                   const float* pg = g[0].data<float>();
@@ -484,8 +494,8 @@ Tensor dropout(const Tensor& x, float rate, const Key& key, const Shape& global,
                const std::vector<std::int64_t>& block_start) {
   check_rate(x, rate);
   const int r = x.rank();
-  bool inside = r >= 1 && static_cast<int>(global.size()) == r &&
-                static_cast<int>(block_start.size()) == r;
+  bool inside =
+      r >= 1 && static_cast<int>(global.size()) == r && static_cast<int>(block_start.size()) == r;
   for (int d = 0; inside && d < r; ++d)
     inside = block_start[d] >= 0 && block_start[d] + x.size(d) <= global[d];
   DISTJAX_CHECK(inside, InvalidArgument, "[dropout] block ", to_string(x.shape()),

@@ -142,7 +142,8 @@ class MpiCommunicator final : public CommunicatorImpl,
       return Request(std::make_unique<CollectiveRequest>(shared_from_this(), std::move(call)));
     }
     const bool in_place = send.data == recv.data;
-    auto [sb, rb] = stage(*call, send, recv);
+    const std::pair<Buffer, Buffer> staged = stage(*call, send, recv);
+    const Buffer sb = staged.first, rb = staged.second;  // no binding: clang 14 cannot capture one
     if (op == ReduceOp::Mean) {
       const Buffer r = recv;
       call->finish.push_back([r, this] { detail::divide_inplace(r.data, r.count, r.dtype, size_); });
@@ -159,7 +160,8 @@ class MpiCommunicator final : public CommunicatorImpl,
     auto call = begin(detail::make_desc(seq_, OpKind::AllGather, send.count, send.dtype),
                       detail::ring_traffic(OpKind::AllGather, send.bytes(), size_));
     const bool in_place = send.data == static_cast<char*>(recv.data) + rank_ * send.bytes();
-    auto [sb, rb] = stage(*call, send, recv);
+    const std::pair<Buffer, Buffer> staged = stage(*call, send, recv);
+    const Buffer sb = staged.first, rb = staged.second;  // no binding: clang 14 cannot capture one
     const MPI_Datatype t = mpi_type(sb.dtype);
     const void* sp = in_place && rb.data == recv.data ? MPI_IN_PLACE : sb.data;
     return start(std::move(call), [=, this](MPI_Request* q) {
@@ -171,7 +173,8 @@ class MpiCommunicator final : public CommunicatorImpl,
     const int n = to_int("reduce_scatter", send.count) / size_;
     auto call = begin(detail::make_desc(seq_, OpKind::ReduceScatter, recv.count, recv.dtype, op),
                       detail::ring_traffic(OpKind::ReduceScatter, recv.bytes(), size_));
-    auto [sb, rb] = stage(*call, send, recv);
+    const std::pair<Buffer, Buffer> staged = stage(*call, send, recv);
+    const Buffer sb = staged.first, rb = staged.second;  // no binding: clang 14 cannot capture one
     if (op == ReduceOp::Mean) {
       const Buffer r = recv;
       call->finish.push_back([r, this] { detail::divide_inplace(r.data, r.count, r.dtype, size_); });

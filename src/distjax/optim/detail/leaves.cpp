@@ -26,9 +26,9 @@ const Tensor& checked_grad(const char* op, const std::string& path, const Tensor
   return g;
 }
 
-const Tensor& checked_slot(const char* op, const std::string& slot, const std::string& path,
+const Tensor& checked_slot(const char* op, const char* slot, const std::string& path,
                            const Tensor& p, const TensorTree& state) {
-  const std::string key = slot + "/" + path;
+  const std::string key = std::string(slot) + "/" + path;
   DISTJAX_CHECK(state.contains(key), InvalidArgument, "[", op, "] optimizer state has no \"", key,
                 "\"; was the state created by this optimizer's init() for these params?");
   const Tensor& s = state.at(key);

@@ -23,7 +23,9 @@ const Tensor& checked_grad(const char* op, const std::string& path, const Tensor
                            const TensorTree& grads);
 
 /// The f32 state slot "<slot>/<path>" of p's shape; throws naming `op` if absent.
-const Tensor& checked_slot(const char* op, const std::string& slot, const std::string& path,
+/// (`slot` is a C string: a std::string temporary made at the call would look, to g++ 14's
+/// -Wdangling-reference, like what the returned reference points into.)
+const Tensor& checked_slot(const char* op, const char* slot, const std::string& path,
                            const Tensor& p, const TensorTree& state);
 
 /// f32 zeros of every trainable leaf's shape at "<slot>/<path>", merged into `state`.

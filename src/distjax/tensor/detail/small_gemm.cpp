@@ -127,7 +127,9 @@ void small_gemm(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, con
 // g++ 12 flags the unmasked unpack/shuffle intrinsics' internal _mm512_undefined_ps.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#ifndef __clang__  // a g++ warning that clang does not know
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 namespace {
 // dst (16 x 16, ldd) = src (16 x 16, lds)^T in registers: 32-bit, 64-bit and two 128-bit
 // lane interleaves.
