@@ -6,6 +6,7 @@
 
 #include "distjax/app/compose.hpp"
 #include "distjax/data/array_dataset.hpp"
+#include "distjax/data/text_corpus.hpp"
 #include "distjax/models/classifier.hpp"
 #include "distjax/models/transformer.hpp"
 #include "distjax/models/transformer_pipeline.hpp"
@@ -13,11 +14,6 @@
 #include "distjax/train/metrics.hpp"
 
 namespace distjax::app {
-
-/// Mean cross-entropy of logits (B, K) against i32 labels (B), with "accuracy" as
-/// (rows where argmax == label, B).
-std::pair<tensor::Tensor, train::Metrics> classification_loss(const tensor::Tensor& logits,
-                                                              const tensor::Tensor& labels);
 
 /// A language model's mean next-byte loss (nats) over `bytes` positions, with its metrics per
 /// byte: "loss" in nats and "bits_per_byte" = nats / ln 2.
@@ -29,7 +25,21 @@ struct FashionMnist {
 };
 FashionMnist load_fashion_mnist(const config::TrainConfig& c);
 
-/// The MLP classifier: its init and its classification_loss on the logits. The model must
+/// The fortune files from data.dir (empty: the Debian package's), split by
+/// data.validation_fraction, and run.eval_batches validation batches of run.batch_size
+/// windows of data.seq_len bytes.
+struct Fortunes {
+  data::ByteCorpus corpus;
+  std::vector<train::Batch> validation;
+};
+Fortunes load_fortunes(const config::TrainConfig& c);
+
+/// The GPT of [model] over bytes (vocabulary 256, context data.seq_len), remat as
+/// parallelism.remat names it, tensor parallel as `tp` says.
+models::TransformerConfig transformer_config(const config::TrainConfig& c,
+                                             models::TransformerTP tp = {});
+
+/// The MLP classifier: its init and models::classification_loss on the logits. The model must
 /// outlive the spec.
 ModelSpec classifier_spec(const models::Classifier& model);
 

@@ -4,11 +4,13 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include "distjax/core/prng.hpp"
 #include "distjax/nn/scope.hpp"
 #include "distjax/tensor/tensor.hpp"
 #include "distjax/tensor/tensor_tree.hpp"
+#include "distjax/train/metrics.hpp"
 
 namespace distjax::models {
 
@@ -54,5 +56,9 @@ class Classifier {
  private:
   ClassifierConfig config_;
 };
+
+/// Mean cross-entropy of logits (B, K) against i32 labels (B), with "accuracy" as
+/// (rows where argmax == label, B): the loss of the classifiers.
+std::pair<Tensor, train::Metrics> classification_loss(const Tensor& logits, const Tensor& labels);
 
 }  // namespace distjax::models

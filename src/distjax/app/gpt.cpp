@@ -102,22 +102,10 @@ int run_gpt(const config::TrainConfig& c) {
   const mesh::Mesh mesh = config::build_mesh(c.distributed, {"data", "model"});
   const int n_data = mesh.axis_size("data");
   const std::int64_t batch_size = c.run.batch_size, seq_len = c.data.seq_len, steps = c.run.steps;
-  const std::string data_dir = c.data.dir.empty() ? data::kFortunesDir : c.data.dir;
-  const data::ByteCorpus corpus = data::load_fortunes(data_dir, c.data.validation_fraction);
-  const std::vector<train::Batch> val =
-      data::sequential_windows(corpus.validation, batch_size, seq_len, c.run.eval_batches);
-  const models::Transformer model({.vocab = 256,
-                                   .d_model = c.model.d_model,
-                                   .num_layers = c.model.layers,
-                                   .num_heads = c.model.heads,
-                                   .max_len = seq_len,
-                                   .tied_embeddings = c.model.tie_embeddings,
-                                   .dropout = static_cast<float>(c.model.dropout),
-                                   // with FSDP: a block's gathered weights live only while it runs
-                                   .remat = remat_of(c, "Block"),
-                                   .remat_attn = remat_of(c, "Attn"),
-                                   .remat_mlp = remat_of(c, "MLP"),
-                                   .tp = transformer_tp(c, mesh)});
+  const Fortunes fortunes = load_fortunes(c);
+  const data::ByteCorpus& corpus = fortunes.corpus;
+  const std::vector<train::Batch>& val = fortunes.validation;
+  const models::Transformer model(transformer_config(c, transformer_tp(c, mesh)));
   const models::TransformerPipeline pipelined(model.config());
   if (c.distributed.is_main_process()) print_header(c, mesh, model.config(), precision_of(c));
   const optim::AdamW opt = make_adamw(c, steps);

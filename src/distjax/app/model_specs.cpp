@@ -3,22 +3,8 @@
 #include <numbers>
 
 #include "distjax/data/fashion_mnist.hpp"
-#include "distjax/tensor/nn_ops.hpp"
-#include "distjax/tensor/reduce.hpp"
 
 namespace distjax::app {
-
-std::pair<tensor::Tensor, train::Metrics> classification_loss(const tensor::Tensor& logits,
-                                                              const tensor::Tensor& labels) {
-  const auto pred = tensor::argmax(logits.detach(), -1).to_vector<std::int64_t>();
-  const std::int32_t* y = labels.data<std::int32_t>();
-  double correct = 0;
-  for (std::size_t i = 0; i < pred.size(); ++i)
-    correct += pred[i] == y[i];
-  train::Metrics m;
-  m.add("accuracy", correct, static_cast<double>(pred.size()));
-  return {tensor::mean(tensor::cross_entropy(logits, labels)), m};
-}
 
 std::pair<tensor::Tensor, train::Metrics> per_byte(tensor::Tensor mean_loss, std::int64_t bytes) {
   const double n = static_cast<double>(bytes), nats = mean_loss.item<double>();
@@ -34,11 +20,35 @@ FashionMnist load_fashion_mnist(const config::TrainConfig& c) {
           data::load_fashion_mnist(data::Split::Test, dir)};
 }
 
+Fortunes load_fortunes(const config::TrainConfig& c) {
+  const std::string dir = c.data.dir.empty() ? data::kFortunesDir : c.data.dir;
+  Fortunes f{data::load_fortunes(dir, c.data.validation_fraction), {}};
+  f.validation = data::sequential_windows(f.corpus.validation, c.run.batch_size, c.data.seq_len,
+                                          c.run.eval_batches);
+  return f;
+}
+
+models::TransformerConfig transformer_config(const config::TrainConfig& c,
+                                             models::TransformerTP tp) {
+  return {.vocab = 256,
+          .d_model = c.model.d_model,
+          .num_layers = c.model.layers,
+          .num_heads = c.model.heads,
+          .max_len = c.data.seq_len,
+          .tied_embeddings = c.model.tie_embeddings,
+          .dropout = static_cast<float>(c.model.dropout),
+          // with FSDP: a block's gathered weights live only while it runs
+          .remat = remat_of(c, "Block"),
+          .remat_attn = remat_of(c, "Attn"),
+          .remat_mlp = remat_of(c, "MLP"),
+          .tp = std::move(tp)};
+}
+
 ModelSpec classifier_spec(const models::Classifier& model) {
   return {.init = [&model](Key key, nn::ParamSpecs* specs, spmd::DeviceContext* ctx,
                            const nn::FullySharded* fsdp) { return model.init(key, specs, ctx, fsdp); },
           .loss = [&model](const nn::Scope& scope, const train::Batch& batch) {
-            return classification_loss(model(scope, batch.inputs), batch.labels);
+            return models::classification_loss(model(scope, batch.inputs), batch.labels);
           }};
 }
 

@@ -62,7 +62,7 @@ int run_tensor_parallelism(const config::TrainConfig& c) {
       .init = [&](Key key, nn::ParamSpecs* specs, spmd::DeviceContext* ctx,
                   const nn::FullySharded*) { return model.init(key, specs, ctx); },
       .loss = [&](const nn::Scope& scope, const train::Batch& b) {
-        return classification_loss(model(scope, b.inputs), b.labels);
+        return models::classification_loss(model(scope, b.inputs), b.labels);
       }};
 
   auto device_program = [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {

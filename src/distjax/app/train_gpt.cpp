@@ -61,19 +61,10 @@ std::string sample(const models::Transformer& model, const TensorTree& params,
 int run_train_gpt(const config::TrainConfig& c) {
   const std::int64_t steps = c.run.steps, batch_size = c.run.batch_size, seq_len = c.data.seq_len;
   const std::string data_dir = c.data.dir.empty() ? data::kFortunesDir : c.data.dir;
-  data::ByteCorpus corpus = data::load_fortunes(data_dir, c.data.validation_fraction);
-  const std::vector<train::Batch> val =
-      data::sequential_windows(corpus.validation, batch_size, seq_len, c.run.eval_batches);
-  models::Transformer model({.vocab = 256,
-                             .d_model = c.model.d_model,
-                             .num_layers = c.model.layers,
-                             .num_heads = c.model.heads,
-                             .max_len = seq_len,
-                             .tied_embeddings = c.model.tie_embeddings,
-                             .dropout = static_cast<float>(c.model.dropout),
-                             .remat = remat_of(c, "Block"),
-                             .remat_attn = remat_of(c, "Attn"),
-                             .remat_mlp = remat_of(c, "MLP")});
+  const Fortunes fortunes = load_fortunes(c);
+  const data::ByteCorpus& corpus = fortunes.corpus;
+  const std::vector<train::Batch>& val = fortunes.validation;
+  const models::Transformer model(transformer_config(c));
   const optim::AdamW opt = make_adamw(c, steps);
   const Key root = Key::from_seed(static_cast<std::uint64_t>(c.run.seed));
   // One device, no mesh: the base strategy.

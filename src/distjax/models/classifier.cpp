@@ -4,6 +4,8 @@
 #include "distjax/nn/dropout.hpp"
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/grad_node.hpp"
+#include "distjax/tensor/nn_ops.hpp"
+#include "distjax/tensor/reduce.hpp"
 
 namespace distjax::models {
 
@@ -49,6 +51,17 @@ Tensor Classifier::apply(const TensorTree& params, const Tensor& x, bool train,
 std::int64_t Classifier::num_params() const {
   const auto& c = config_;
   return c.in_features * c.hidden + c.hidden + c.hidden * c.num_classes + c.num_classes;
+}
+
+std::pair<Tensor, train::Metrics> classification_loss(const Tensor& logits, const Tensor& labels) {
+  const auto pred = tensor::argmax(logits.detach(), -1).to_vector<std::int64_t>();
+  const std::int32_t* y = labels.data<std::int32_t>();
+  double correct = 0;
+  for (std::size_t i = 0; i < pred.size(); ++i)
+    correct += pred[i] == y[i];
+  train::Metrics m;
+  m.add("accuracy", correct, static_cast<double>(pred.size()));
+  return {tensor::mean(tensor::cross_entropy(logits, labels)), m};
 }
 
 }  // namespace distjax::models

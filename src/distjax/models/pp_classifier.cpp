@@ -1,5 +1,7 @@
 #include "distjax/models/pp_classifier.hpp"
 
+#include "distjax/models/classifier.hpp"
+
 #include "distjax/nn/dense.hpp"
 #include "distjax/nn/dropout.hpp"
 #include "distjax/nn/layer_norm.hpp"
@@ -53,14 +55,7 @@ Tensor PPClassifier::logits(const nn::Scope& scope, const Tensor& x) const {
 
 std::pair<Tensor, train::Metrics> PPClassifier::loss(const Tensor& logits,
                                                      const Tensor& labels) const {
-  const auto pred = tensor::argmax(logits.detach(), -1).to_vector<std::int64_t>();
-  const std::int32_t* y = labels.data<std::int32_t>();
-  double correct = 0;
-  for (std::size_t i = 0; i < pred.size(); ++i)
-    correct += pred[i] == y[i];
-  train::Metrics m;
-  m.add("accuracy", correct, static_cast<double>(pred.size()));
-  return {tensor::mean(tensor::cross_entropy(logits, labels)), m};
+  return classification_loss(logits, labels);
 }
 
 train::LossFn PPClassifier::loss_fn() const {
