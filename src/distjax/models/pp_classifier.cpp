@@ -1,7 +1,6 @@
 #include "distjax/models/pp_classifier.hpp"
 
 #include "distjax/models/classifier.hpp"
-
 #include "distjax/nn/dense.hpp"
 #include "distjax/nn/dropout.hpp"
 #include "distjax/nn/layer_norm.hpp"
