@@ -15,10 +15,10 @@ train::LossFn TransformerPipeline::loss_fn() const {
   return [this](const TensorTree& params, const train::Batch& batch, Key key) {
     const nn::Scope scope = nn::Scope::apply(&params, /*train=*/true, key);
     Tensor loss = model_.loss(scope, batch.inputs, batch.labels);
-    const double b = static_cast<double>(batch.size());
+    const double b = static_cast<double>(batch.size()), nats = loss.item<double>();
     train::Metrics metrics;
-    metrics.add("loss", loss.item<double>() * b, b);
-    metrics.add("bits_per_byte", loss.item<double>() / std::numbers::ln2 * b, b);
+    metrics.add("loss", nats * b, b);
+    metrics.add("bits_per_byte", nats / std::numbers::ln2 * b, b);
     return std::make_pair(loss, metrics);
   };
 }
