@@ -7,6 +7,7 @@
 
 #include "distjax/comm/communicator.hpp"
 #include "distjax/comm/link_model.hpp"
+#include "distjax/core/device.hpp"
 
 namespace distjax::comm {
 
@@ -31,6 +32,10 @@ struct LaunchOptions {
   /// per-call check) and the transfer after it each get this much time.
   std::chrono::milliseconds timeout{30000};
   LinkModel link;
+  /// The device every simulated device's thread (or the MPI process) runs on: its current
+  /// device (core/device.hpp), where its tensors are made. Simulated devices share it, as
+  /// they share one GPU; by default the process's (the CPU, or DISTJAX_DEVICE).
+  Device device = default_device();
   /// OpenMP threads per device for its kernels; 0 = cores / local devices, at least 1.
   int intra_op_threads = 0;
   /// Check every collective for a mismatched program (op, count, dtype, root, reduce op,

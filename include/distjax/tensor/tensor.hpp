@@ -19,18 +19,27 @@ using distjax::DeviceKind;
 
 struct Node;
 
-/// Raw memory of one or more tensors: 64-byte aligned, freed when the last user goes.
 namespace detail {
 struct ThreadMemory;
 }
 
-/// Bytes of tensor storage the calling thread has allocated and not freed yet (wherever
-/// they are freed: a simulated device is a thread), and the most since reset_peak_bytes().
+/// Bytes of tensor storage on devices of `kind` the calling thread has allocated and not
+/// freed yet (wherever they are freed: a simulated device is a thread), and the most since
+/// reset_peak_bytes(kind). Without a kind: the kind of the current device.
+std::int64_t live_bytes(DeviceKind kind);
+std::int64_t peak_bytes(DeviceKind kind);
+/// Starts a new peak at the current live bytes.
+void reset_peak_bytes(DeviceKind kind);
 std::int64_t live_bytes();
 std::int64_t peak_bytes();
-/// Starts a new peak at the current live bytes.
 void reset_peak_bytes();
 
+namespace detail {
+struct DeviceAllocator;
+}
+
+/// Raw memory of one or more tensors on one device: 64-byte aligned, allocated by the
+/// allocator of the device's kind and freed by the same one when the last user goes.
 class Storage {
  public:
   Storage(std::size_t nbytes, Device device);
@@ -45,6 +54,7 @@ class Storage {
   void* data_ = nullptr;
   std::size_t nbytes_ = 0;
   Device device_;
+  const detail::DeviceAllocator* allocator_;
   std::shared_ptr<detail::ThreadMemory> owner_;  // the allocating thread's counters
 };
 
@@ -63,19 +73,28 @@ class Tensor {
   /// An undefined tensor (no storage); `defined()` is false.
   Tensor() = default;
 
+  // Factories place their tensor on `device`: by default the calling thread's current
+  // device (core/device.hpp), which a launch sets per simulated device.
+
   /// Uninitialised storage of the given shape and dtype (any but F64, which is comm only:
   /// InvalidArgument).
-  static Tensor empty(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
-  static Tensor zeros(const Shape& shape, DType dtype = DType::F32);
-  static Tensor ones(const Shape& shape, DType dtype = DType::F32);
-  static Tensor full(const Shape& shape, double value, DType dtype = DType::F32);
+  static Tensor empty(const Shape& shape, DType dtype = DType::F32,
+                      Device device = current_device());
+  static Tensor zeros(const Shape& shape, DType dtype = DType::F32,
+                      Device device = current_device());
+  static Tensor ones(const Shape& shape, DType dtype = DType::F32,
+                     Device device = current_device());
+  static Tensor full(const Shape& shape, double value, DType dtype = DType::F32,
+                     Device device = current_device());
   /// A rank-0 tensor.
-  static Tensor scalar(double value, DType dtype = DType::F32);
+  static Tensor scalar(double value, DType dtype = DType::F32, Device device = current_device());
   /// [0, 1, ..., n-1].
-  static Tensor arange(std::int64_t n, DType dtype = DType::I64);
-  /// Copies `values` (numel(shape) of them) into a new tensor of dtype_of<T>.
+  static Tensor arange(std::int64_t n, DType dtype = DType::I64, Device device = current_device());
+  /// Copies `values` (numel(shape) of them) into a new tensor of dtype_of<T>: filled on the
+  /// host, then one copy to `device`.
   template <class T>
-  static Tensor from_vector(const std::vector<T>& values, const Shape& shape);
+  static Tensor from_vector(const std::vector<T>& values, const Shape& shape,
+                            Device device = current_device());
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
@@ -87,18 +106,24 @@ class Tensor {
   DType dtype() const { return dtype_; }
   Device device() const;
 
-  /// Typed pointer to the first element; throws InvalidArgument if T is not the dtype.
+  /// Typed pointer to the first element, in the memory of device(): the host may read it
+  /// only for a CPU tensor (kernels take it on any device). Throws InvalidArgument if T is
+  /// not the dtype.
   template <class T>
   T* data() const;
   void* raw_data() const;
-  /// Copies to a host vector of T (dtype must match).
+  /// Copies to a host vector of T (dtype must match), from any device.
   template <class T>
   std::vector<T> to_vector() const;
-  /// The single element of a tensor with numel() == 1, converted to T.
+  /// The single element of a tensor with numel() == 1, converted to T, from any device.
   template <class T>
   T item() const;
 
-  /// Deep copy, detached from the tape.
+  /// This tensor on `device`: itself when it is there already, else a copy (through the
+  /// host between two devices that are not the CPU), detached from the tape, keeping its
+  /// varying axes.
+  Tensor to(Device device) const;
+  /// Deep copy on the same device, detached from the tape.
   Tensor clone() const;
   /// Same storage, no grad node: a constant to the tape.
   Tensor detach() const;
@@ -159,17 +184,18 @@ T* Tensor::data() const {
 }
 
 template <class T>
-Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape) {
+Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape, Device device) {
   DISTJAX_CHECK(static_cast<std::int64_t>(values.size()) == distjax::numel(shape), InvalidArgument,
                 "[Tensor::from_vector] ", values.size(), " values for shape ", to_string(shape));
-  Tensor t = empty(shape, dtype_of<T>());
+  Tensor t = empty(shape, dtype_of<T>(), Device::cpu());
   std::copy(values.begin(), values.end(), t.data<T>());
-  return t;
+  return t.to(device);
 }
 
 template <class T>
 std::vector<T> Tensor::to_vector() const {
-  const T* p = data<T>();
+  const Tensor host = to(Device::cpu());
+  const T* p = host.data<T>();
   return std::vector<T>(p, p + numel());
 }
 

@@ -7,16 +7,20 @@
 
 #include "distjax/tensor/detail/allocator.hpp"
 #include "distjax/tensor/detail/cast.hpp"
+#include "distjax/tensor/detail/dtype_visit.hpp"
 #include "distjax/tensor/grad_node.hpp"
+#include "distjax/tensor/table/table.hpp"
 
 namespace distjax::tensor {
 
 namespace detail {
-// Live and peak bytes of one thread's storages; shared with them, so a storage freed on
-// another thread (or after its thread ended) still counts down the right counter.
+// Live and peak bytes of one thread's storages per device kind; shared with them, so a
+// storage freed on another thread (or after its thread ended) still counts down the right
+// counter.
 struct ThreadMemory {
-  std::atomic<std::int64_t> live{0};
-  std::atomic<std::int64_t> peak{0};
+  static constexpr int kKinds = 3;  // DeviceKind's values
+  std::atomic<std::int64_t> live[kKinds] = {};
+  std::atomic<std::int64_t> peak[kKinds] = {};
 };
 }  // namespace detail
 
@@ -28,29 +32,41 @@ const std::shared_ptr<detail::ThreadMemory>& thread_memory() {
 }
 }  // namespace
 
-std::int64_t live_bytes() { return thread_memory()->live.load(std::memory_order_relaxed); }
-std::int64_t peak_bytes() { return thread_memory()->peak.load(std::memory_order_relaxed); }
-void reset_peak_bytes() {
-  auto& m = *thread_memory();
-  m.peak.store(m.live.load(std::memory_order_relaxed), std::memory_order_relaxed);
+std::int64_t live_bytes(DeviceKind kind) {
+  return thread_memory()->live[static_cast<int>(kind)].load(std::memory_order_relaxed);
 }
+std::int64_t peak_bytes(DeviceKind kind) {
+  return thread_memory()->peak[static_cast<int>(kind)].load(std::memory_order_relaxed);
+}
+void reset_peak_bytes(DeviceKind kind) {
+  auto& m = *thread_memory();
+  const int k = static_cast<int>(kind);
+  m.peak[k].store(m.live[k].load(std::memory_order_relaxed), std::memory_order_relaxed);
+}
+std::int64_t live_bytes() { return live_bytes(current_device().kind); }
+std::int64_t peak_bytes() { return peak_bytes(current_device().kind); }
+void reset_peak_bytes() { reset_peak_bytes(current_device().kind); }
 
 Storage::Storage(std::size_t nbytes, Device device)
-    : nbytes_(nbytes), device_(device), owner_(thread_memory()) {
+    : nbytes_(nbytes),
+      device_(device),
+      allocator_(&detail::allocator_for(device, "Storage")),
+      owner_(thread_memory()) {
+  data_ = allocator_->alloc(nbytes, device.index);
+  DISTJAX_CHECK(data_ != nullptr, Error, "[Storage] out of memory allocating ", nbytes,
+                " bytes on ", device.str());
+  const int k = static_cast<int>(device.kind);
   const auto n = static_cast<std::int64_t>(nbytes);
-  const std::int64_t live = owner_->live.fetch_add(n, std::memory_order_relaxed) + n;
+  const std::int64_t live = owner_->live[k].fetch_add(n, std::memory_order_relaxed) + n;
   // Only the owning thread raises its peak, so a plain max suffices.
-  if (live > owner_->peak.load(std::memory_order_relaxed))
-    owner_->peak.store(live, std::memory_order_relaxed);
-  DISTJAX_CHECK(device.kind == DeviceKind::CPU, NotImplemented, "[Storage] device ", device.str(),
-                " has no allocator in this build");
-  data_ = detail::cpu_alloc(nbytes);
-  DISTJAX_CHECK(data_ != nullptr, Error, "[Storage] out of memory allocating ", nbytes, " bytes");
+  if (live > owner_->peak[k].load(std::memory_order_relaxed))
+    owner_->peak[k].store(live, std::memory_order_relaxed);
 }
 
 Storage::~Storage() {
-  detail::cpu_free(data_, nbytes_);
-  owner_->live.fetch_sub(static_cast<std::int64_t>(nbytes_), std::memory_order_relaxed);
+  allocator_->free(data_, nbytes_, device_.index);
+  owner_->live[static_cast<int>(device_.kind)].fetch_sub(static_cast<std::int64_t>(nbytes_),
+                                                         std::memory_order_relaxed);
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
@@ -67,32 +83,30 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   return t;
 }
 
-Tensor Tensor::zeros(const Shape& shape, DType dtype) {
-  Tensor t = empty(shape, dtype);
-  std::memset(t.raw_data(), 0, t.nbytes());
-  return t;
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  return full(shape, 0.0, dtype, device);
 }
 
-Tensor Tensor::full(const Shape& shape, double value, DType dtype) {
-  Tensor t = empty(shape, dtype);
+Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
   detail::fill(t, value);
   return t;
 }
 
-Tensor Tensor::ones(const Shape& shape, DType dtype) {
-  return full(shape, 1.0, dtype);
+Tensor Tensor::ones(const Shape& shape, DType dtype, Device device) {
+  return full(shape, 1.0, dtype, device);
 }
-Tensor Tensor::scalar(double value, DType dtype) {
-  return full({}, value, dtype);
+Tensor Tensor::scalar(double value, DType dtype, Device device) {
+  return full({}, value, dtype, device);
 }
 
-Tensor Tensor::arange(std::int64_t n, DType dtype) {
-  Tensor t = empty({n}, DType::F32);
-  float* p = t.data<float>();
+Tensor Tensor::arange(std::int64_t n, DType dtype, Device device) {
+  std::vector<float> values(static_cast<std::size_t>(std::max<std::int64_t>(n, 0)));
   for (std::int64_t i = 0; i < n; ++i)
-    p[i] = static_cast<float>(i);
+    values[static_cast<std::size_t>(i)] = static_cast<float>(i);
+  Tensor t = from_vector(values, {n}, device);
   if (dtype == DType::F32) return t;
-  Tensor out = empty({n}, dtype);
+  Tensor out = empty({n}, dtype, device);
   detail::convert(t, out);
   return out;
 }
@@ -114,7 +128,8 @@ template <class T>
 T Tensor::item() const {
   DISTJAX_CHECK(numel() == 1, InvalidArgument, "[Tensor::item] expected one element, shape is ",
                 to_string(shape_));
-  return static_cast<T>(detail::load_as_double(*this, 0));
+  const Tensor host = to(Device::cpu());
+  return static_cast<T>(detail::load_as_double(host.raw_data(), dtype_, 0));
 }
 template float Tensor::item<float>() const;
 template double Tensor::item<double>() const;
@@ -123,7 +138,26 @@ template std::int64_t Tensor::item<std::int64_t>() const;
 
 Tensor Tensor::clone() const {
   Tensor t = empty(shape_, dtype_, device());
-  std::memcpy(t.raw_data(), raw_data(), nbytes());
+  detail::Dispatch k("clone", &detail::KernelTable::copy, {this, &t});
+  k->copy_2d(raw_data(), nbytes(), t.raw_data(), nbytes(), nbytes(), 1, k.stream());
+  t.vma_ = vma_;
+  return t;
+}
+
+Tensor Tensor::to(Device device) const {
+  check_defined(*this, "Tensor::to", "the tensor");
+  const Device from = this->device();
+  if (from == device) return *this;
+  if (from.kind != DeviceKind::CPU && device.kind != DeviceKind::CPU)
+    return to(Device::cpu()).to(device);  // between two devices: through the host
+  Tensor t = empty(shape_, dtype_, device);
+  if (device.kind == DeviceKind::CPU) {
+    detail::Dispatch k("Tensor::to", &detail::KernelTable::copy, {this});
+    k->to_host(raw_data(), t.raw_data(), nbytes(), k.stream());
+  } else {
+    detail::Dispatch k("Tensor::to", &detail::KernelTable::copy, {&t});
+    k->from_host(raw_data(), t.raw_data(), nbytes(), k.stream());
+  }
   t.vma_ = vma_;
   return t;
 }
@@ -163,10 +197,12 @@ std::string Tensor::str(int max_values) const {
   if (!defined()) return "Tensor(undefined)";
   os << "Tensor(" << dtype_name(dtype_) << ", " << to_string(shape_);
   std::int64_t n = std::min<std::int64_t>(numel(), max_values);
+  if (device().kind != DeviceKind::CPU) os << ", " << device().str();
   if (n > 0) {
+    const Tensor host = to(Device::cpu());
     os << ", [";
     for (std::int64_t i = 0; i < n; ++i)
-      os << (i ? ", " : "") << detail::load_as_double(*this, i);
+      os << (i ? ", " : "") << detail::load_as_double(host.raw_data(), dtype_, i);
     if (numel() > n) os << ", ...";
     os << "]";
   }

@@ -65,6 +65,7 @@ void launch_mpi(const LaunchOptions& opts, const std::function<void(Communicator
                 " processes x 1 device per process");
   DISTJAX_CHECK(opts.timeout.count() > 0, InvalidArgument, "[launch] timeout must be > 0 ms");
   set_intra_op_threads(intra_op_threads_for(opts, 1));
+  const DeviceScope on_device(opts.device);
   // Open MPI reports a failed nonblocking collective (a mismatched program in fast mode:
   // MPI_ERR_TRUNCATE) through MPI_COMM_WORLD's handler, fatal by default: return codes
   // instead while the launch runs, so the flight records can name what went wrong.

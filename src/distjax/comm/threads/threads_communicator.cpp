@@ -506,6 +506,7 @@ void launch_threads(const LaunchOptions& opts, const std::function<void(Communic
   int first_device = -1;
   auto run_device = [&](int d) {
     set_intra_op_threads(omp_threads);
+    set_current_device(opts.device);
     try {
       Communicator c(std::make_shared<threads::ThreadsCommunicator>(
           world, world_group, d, std::make_shared<CommStats>()));

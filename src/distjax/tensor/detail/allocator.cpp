@@ -7,6 +7,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "distjax/core/error.hpp"
+#include "distjax/tensor/detail/checked_memory.hpp"
+
 namespace distjax::tensor::detail {
 namespace {
 
@@ -79,6 +82,30 @@ std::size_t cpu_cached_bytes() {
 
 void cpu_release_cached() {
   cache().release();
+}
+
+}  // namespace distjax::tensor::detail
+
+// ------------------------------------------------------------ allocators per device kind
+
+namespace distjax::tensor::detail {
+namespace {
+const DeviceAllocator kCpuAllocator{
+    DeviceKind::CPU, [](std::size_t n, int) { return cpu_alloc(n); },
+    [](void* p, std::size_t n, int) { cpu_free(p, n); }};
+const DeviceAllocator kCheckedAllocator{
+    DeviceKind::Checked, [](std::size_t n, int) { return checked::alloc(n); },
+    [](void* p, std::size_t n, int) { checked::free(p, n); }};
+}  // namespace
+
+const DeviceAllocator& allocator_for(Device device, const char* op) {
+  switch (device.kind) {
+    case DeviceKind::CPU: return kCpuAllocator;
+    case DeviceKind::Checked: return kCheckedAllocator;
+    case DeviceKind::CUDA: break;
+  }
+  DISTJAX_THROW(NotImplemented, "[", op, "] device ", device.str(),
+                " has no allocator in this build");
 }
 
 }  // namespace distjax::tensor::detail

@@ -5,7 +5,22 @@
 
 #include <cstddef>
 
+#include "distjax/core/device.hpp"
+
 namespace distjax::tensor::detail {
+
+/// Memory of one device kind: what Storage allocates with, and frees with the same one.
+struct DeviceAllocator {
+  DeviceKind kind;
+  /// A 64-byte aligned block of at least `nbytes` on device `index` (nullptr when out of
+  /// memory). Thread-safe.
+  void* (*alloc)(std::size_t nbytes, int index);
+  /// Returns a block from alloc (same nbytes and index). Thread-safe.
+  void (*free)(void* p, std::size_t nbytes, int index);
+};
+/// The allocator of `device`'s kind; NotImplemented naming `op` and the device when this
+/// build has none (CUDA without DISTJAX_WITH_CUDA).
+const DeviceAllocator& allocator_for(Device device, const char* op);
 
 /// Blocks of at least this many bytes go through the cache; smaller ones straight to malloc.
 constexpr std::size_t kCachedBlockMin = 64 * 1024;

@@ -1,0 +1,10 @@
+// The CPU's kernel families (defined in this folder, one file per family).
+#pragma once
+
+#include "distjax/tensor/table/table.hpp"
+
+namespace distjax::tensor::detail::cpu {
+
+extern const CopyKernels copy_kernels;
+
+}  // namespace distjax::tensor::detail::cpu

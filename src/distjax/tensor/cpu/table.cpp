@@ -1,0 +1,15 @@
+// The CPU's kernel table (also the checked device's: its kernels are these, run while the
+// table opens its memory).
+#include "distjax/tensor/cpu/kernels.hpp"
+#include "distjax/tensor/table/table.hpp"
+
+namespace distjax::tensor::detail {
+
+const KernelTable& cpu_kernel_table() {
+  static const KernelTable table{
+      .copy = &cpu::copy_kernels,
+  };
+  return table;
+}
+
+}  // namespace distjax::tensor::detail

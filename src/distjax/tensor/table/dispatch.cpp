@@ -1,0 +1,54 @@
+#include "distjax/core/error.hpp"
+#include "distjax/tensor/detail/checked_memory.hpp"
+#include "distjax/tensor/table/table.hpp"
+
+namespace distjax::tensor::detail {
+
+const KernelTable& cpu_kernel_table();  // tensor/cpu/table.cpp
+
+const KernelTable& kernel_table(DeviceKind kind) {
+  static const KernelTable none{};
+  switch (kind) {
+    case DeviceKind::CPU:
+    case DeviceKind::Checked: return cpu_kernel_table();
+    case DeviceKind::CUDA: break;
+  }
+  return none;
+}
+
+Device op_device(const char* op, std::initializer_list<const Tensor*> inputs) {
+  const Tensor* first = nullptr;
+  for (const Tensor* t : inputs) {
+    if (!t->defined()) continue;
+    if (!first) {
+      first = t;
+    } else {
+      DISTJAX_CHECK(t->device() == first->device(), InvalidArgument, "[", op,
+                    "] expects its tensors on one device, got ", first->device().str(), " and ",
+                    t->device().str(), " (move one with Tensor::to)");
+    }
+  }
+  return first ? first->device() : current_device();
+}
+
+OpenScope::~OpenScope() {
+  for (auto it = opened_.rbegin(); it != opened_.rend(); ++it) checked::close(*it);
+}
+
+void OpenScope::open(const Tensor& t) {
+  if (t.device().kind == DeviceKind::Checked && t.nbytes() > 0) open(t.raw_data());
+}
+
+void OpenScope::open(const void* p) {
+  checked::open(p);
+  opened_.push_back(p);
+}
+
+void begin_op(const char* op) { checked::set_last_op(op); }
+
+void no_kernel(const char* op, Device device) {
+  DISTJAX_THROW(NotImplemented, "[", op, "] has no kernel for device ", device.str(),
+                " in this build");
+}
+
+}  // namespace distjax::tensor::detail

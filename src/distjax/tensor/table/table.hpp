@@ -1,0 +1,80 @@
+// The kernel table: one set of kernels per device kind, in families (one header each under
+// table/), and the one dispatch point every op goes through.
+//
+//   Tensor out = Tensor::empty(shape, DType::F32, op_device("add", {&a, &b}));
+//   Dispatch k("add", &KernelTable::elementwise, {&a, &b, &out});
+//   k->binary(BinaryOp::Add, ..., k.stream());
+//
+// Dispatch checks that every tensor it is given lives on one device (InvalidArgument naming
+// the op and both devices otherwise), finds the device's kernels (NotImplemented naming the
+// op and the device when this build has none), and on the checked device opens the
+// tensors' memory for the kernel's duration: every tensor a kernel reads or writes must be
+// in the list.
+#pragma once
+
+#include <initializer_list>
+#include <vector>
+
+#include "distjax/tensor/table/copy.hpp"
+#include "distjax/tensor/table/stream.hpp"
+#include "distjax/tensor/tensor.hpp"
+
+namespace distjax::tensor::detail {
+
+/// Every kernel family of one device kind; null where the kind has none.
+struct KernelTable {
+  const CopyKernels* copy = nullptr;
+};
+
+/// The table of a device kind: tensor/cpu/ for the CPU and the checked device.
+const KernelTable& kernel_table(DeviceKind kind);
+
+/// The device of an op's defined inputs, which must agree (InvalidArgument naming the op
+/// and both devices); the current device when no input is defined.
+Device op_device(const char* op, std::initializer_list<const Tensor*> inputs);
+
+/// Opens the checked device's memory of some tensors (or raw blocks) for host access while
+/// it lives; nothing on other devices.
+class OpenScope {
+ public:
+  OpenScope() = default;
+  OpenScope(const OpenScope&) = delete;
+  OpenScope& operator=(const OpenScope&) = delete;
+  ~OpenScope();
+  void open(const Tensor& t);
+  void open(const void* p);
+
+ private:
+  std::vector<const void*> opened_;
+};
+
+/// Records `op` as the calling thread's current op (named by the checked device's fault
+/// report).
+void begin_op(const char* op);
+/// Throws NotImplemented: `op` has no kernel for `device` in this build.
+[[noreturn]] void no_kernel(const char* op, Device device);
+
+/// Where an op meets its kernels: see the file comment.
+template <class F>
+class Dispatch {
+ public:
+  Dispatch(const char* op, const F* KernelTable::*family, std::initializer_list<const Tensor*> touched)
+      : device_(op_device(op, touched)) {
+    kernels_ = kernel_table(device_.kind).*family;
+    if (!kernels_) no_kernel(op, device_);
+    begin_op(op);
+    if (device_.kind == DeviceKind::Checked)
+      for (const Tensor* t : touched)
+        if (t->defined()) open_.open(*t);
+  }
+  const F* operator->() const { return kernels_; }
+  Device device() const { return device_; }
+  Stream stream() const { return {}; }
+
+ private:
+  Device device_;
+  const F* kernels_ = nullptr;
+  OpenScope open_;
+};
+
+}  // namespace distjax::tensor::detail
