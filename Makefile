@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: setup configure build run test test-tsan fresh-check bench format clean
+.PHONY: setup configure build run test test-gpu test-tsan fresh-check bench format clean
 
 setup:
 	@bash scripts/setup.sh
@@ -21,12 +21,19 @@ run:
 test:
 	BUILD=$(BUILD) bash scripts/test.sh
 
+# The tests labelled "gpu" (tests/gpu/), for a machine with a GPU: DISTJAX_REQUIRE_GPU=1 turns
+# their skip without a GPU into a failure. (On the GPU machine, which has no package registry,
+# scripts/gpu-machine.sh builds and runs them instead.)
+test-gpu: build
+	cd $(BUILD) && DISTJAX_REQUIRE_GPU=1 ctest --output-on-failure -L '^gpu$$'
+
 # ThreadSanitizer run of the comm tests, in its own build directory (not part of `make
 # test`: a cold TSan build of the library takes several minutes on 2 cores).
 TSAN_BUILD ?= build-tsan
 test-tsan: setup
 	@cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDISTJAX_SANITIZE=thread \
-	  -DDISTJAX_WITH_MPI=OFF -DDISTJAX_BUILD_EXAMPLES=OFF -DDISTJAX_BUILD_BENCH=OFF >/dev/null
+	  -DDISTJAX_WITH_MPI=OFF -DDISTJAX_WITH_CUDA=OFF -DDISTJAX_BUILD_EXAMPLES=OFF \
+	  -DDISTJAX_BUILD_BENCH=OFF >/dev/null
 	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target communicator_test comm_failure_test
 	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
 	  ctest --output-on-failure -L '^comm$$' -j $(JOBS)
@@ -42,7 +49,7 @@ bench: build
 	bash bench/run.sh $(BUILD)
 
 format:
-	clang-format -i $$(git ls-files '*.cpp' '*.hpp')
+	clang-format -i $$(git ls-files '*.cpp' '*.hpp' '*.cu')
 
 clean:
 	rm -rf $(BUILD)

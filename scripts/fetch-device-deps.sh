@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Run here (a machine with apt), once: puts into .device-deps/ (git-ignored) what
+# scripts/gpu-machine.sh needs on the GPU machine, which has no package registry: the Debian
+# packages of the build (about 40 MB of .deb files, unpacked there into a prefix) and NCCL's
+# header (that machine has NCCL's runtime library, perhaps without nccl.h).
+# Then carry .device-deps/ to the GPU machine along with the tree.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DEPS=${DEPS:-.device-deps}
+# scripts/setup.sh's build packages that Ubuntu 24.04 lacks there, with what they need
+# (Debian's dnnl-config.cmake wants OpenCL), and the data the programs read by default.
+PKGS=(libdnnl-dev libdnnl2 ocl-icd-opencl-dev opencl-c-headers opencl-clhpp-headers
+      ocl-icd-libopencl1 nlohmann-json3-dev libtomlplusplus-dev libtomlplusplus3 libcli11-dev
+      libgtest-dev libgmock-dev fortunes fortunes-min dataset-fashion-mnist)
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+$SUDO apt-get update -qq
+mkdir -p "$DEPS"
+rm -f "$DEPS"/*.deb
+(cd "$DEPS" && apt-get download "${PKGS[@]}")
+# nccl.h as the CUDA toolkit here has it (NCCL 2.28.x; the GPU machine's library is 2.28 too).
+for h in /usr/local/cuda/include/nccl.h /usr/include/nccl.h; do
+  if [ -f "$h" ]; then
+    mkdir -p "$DEPS/nccl/include"
+    cp -L "$h" "$DEPS/nccl/include/nccl.h"
+    break
+  fi
+done
+echo "[fetch-device-deps] $(find "$DEPS" -maxdepth 1 -name '*.deb' | wc -l) packages, $(du -sh "$DEPS" | cut -f1) in $DEPS"

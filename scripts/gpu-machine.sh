@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC2317  # the step functions are called through step()
+# Builds DistJax with CUDA on the GPU machine and tests it: first the tests labelled "gpu",
+# which must not skip there (DISTJAX_REQUIRE_GPU=1), then the whole suite. Logs and a
+# summary go to ${OUT:-gpu-logs}/; the exit status is 0 only if every step passed.
+#
+# That machine (Ubuntu 24.04, g++ 13, CMake 4, ninja, nvcc under /usr/local/cuda, NCCL's
+# runtime library, 16 cores) has no package registry and keeps nothing between uses. So:
+#   here, once:  bash scripts/fetch-device-deps.sh     (fills .device-deps/)
+#   there:       bash scripts/gpu-machine.sh [extra cmake -D options]
+# with .device-deps/ carried along with the tree. The .deb files are unpacked into a prefix
+# (${PREFIX:-/tmp/deps}), never into /, except the data packages (fortunes, Fashion-MNIST),
+# which go to the default paths the programs read. The build is made there, so the
+# library's -march=native is that machine's CPU; nothing built here is carried.
+set -uo pipefail  # no -e: a failed step is recorded, and the next steps still run
+cd "$(dirname "$0")/.." || exit 1
+DEPS=${DEPS:-.device-deps}
+PREFIX=${PREFIX:-/tmp/deps}
+BUILD=${BUILD:-build-gpu}
+OUT=${OUT:-gpu-logs}
+mkdir -p "$OUT" "$PREFIX"
+SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
+failed=0
+
+# step NAME COMMAND...: runs COMMAND with its output in $OUT/NAME.log, one line to the summary.
+step() {
+  local name=$1 start rc
+  shift
+  start=$(date +%s)
+  "$@" >"$OUT/$name.log" 2>&1
+  rc=$?
+  local line
+  line="$name: $([ $rc -eq 0 ] && echo ok || echo "FAILED (exit $rc)") in $(($(date +%s) - start)) s"
+  echo "$line" | tee -a "$SUMMARY"
+  [ $rc -eq 0 ] || failed=1
+  return $rc
+}
+
+unpack() {
+  local f
+  compgen -G "$DEPS/*.deb" >/dev/null || {
+    echo "no .deb files in $DEPS: run scripts/fetch-device-deps.sh where apt works, carry $DEPS"
+    return 1
+  }
+  for f in "$DEPS"/*.deb; do
+    case $f in
+      *fortune* | *fashion*) dpkg -x "$f" / ;;
+      *) dpkg -x "$f" "$PREFIX" ;;
+    esac
+    echo "unpacked $f"
+  done
+}
+
+configure() {
+  local nccl=()
+  # NCCL's header, carried, where the machine has only the library.
+  if [ ! -f /usr/local/cuda/include/nccl.h ] && [ ! -f /usr/include/nccl.h ] &&
+    [ -f "$DEPS/nccl/include/nccl.h" ]; then
+    nccl=(-DDISTJAX_NCCL_INCLUDE_DIR="$PWD/$DEPS/nccl/include")
+  fi
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PREFIX/usr" \
+    -DDISTJAX_WITH_CUDA=ON -DDISTJAX_WITH_MPI=OFF "${nccl[@]}" "$@"
+}
+
+# The tests labelled gpu, which fail instead of skipping when they find no GPU.
+ctest_gpu() {
+  (cd "$BUILD" && DISTJAX_REQUIRE_GPU=1 ctest --output-on-failure -L '^gpu$')
+}
+
+# The whole suite, but the loss-curve plot needs gnuplot, which that machine lacks.
+ctest_all() {
+  local skip=()
+  if ! command -v gnuplot >/dev/null; then
+    echo "gnuplot is not installed: PlotLossCurve is left out"
+    skip=(-E '^PlotLossCurve\.')
+  fi
+  (cd "$BUILD" && ctest --output-on-failure -j "$(nproc)" --timeout 600 "${skip[@]}")
+}
+
+export LD_LIBRARY_PATH=$PREFIX/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export OMP_WAIT_POLICY=passive
+{
+  date
+  nvidia-smi || true
+  nvcc --version || /usr/local/cuda/bin/nvcc --version || true
+  g++ --version | head -1
+  cmake --version | head -1
+  lscpu | grep -E 'Model name|^CPU\(s\)' || true
+} >"$OUT/machine.txt" 2>&1
+
+step unpack unpack || exit 1
+step configure configure "$@" || exit 1
+grep -E '^-- DistJax:' "$OUT/configure.log" | tee -a "$SUMMARY"
+step build cmake --build "$BUILD" -j "$(nproc)" || exit 1
+step ctest-gpu ctest_gpu
+step ctest-all ctest_all
+exit $failed

@@ -1,0 +1,36 @@
+// Stub of the CUDA backend for builds without CUDA: every query answers "none", and memory
+// on a CUDA device is refused, saying what is missing.
+#include <string>
+
+#include "distjax/core/error.hpp"
+#include "distjax/tensor/cuda.hpp"
+#include "distjax/tensor/cuda/cuda_memory.hpp"
+
+namespace distjax::tensor {
+
+bool built_with_cuda() {
+  return false;
+}
+int cuda_device_count() {
+  return 0;
+}
+std::string cuda_unavailable_reason() {
+  return "this build has no CUDA (DISTJAX_WITH_CUDA=OFF or nvcc not found)";
+}
+
+namespace cuda {
+
+void* cuda_alloc(std::size_t nbytes, int device) {
+  DISTJAX_THROW(NotImplemented, "[cuda_alloc] cannot allocate ", nbytes, " bytes on cuda:", device,
+                ": this build of DistJax has no CUDA backend; reconfigure where nvcc is found "
+                "(/usr/local/cuda/bin) with -DDISTJAX_WITH_CUDA=AUTO or ON");
+}
+
+// Nothing can have come from cuda_alloc in this build: freeing nullptr is all there is.
+void cuda_free(void* p, std::size_t nbytes, int device) {
+  DISTJAX_CHECK(p == nullptr, NotImplemented, "[cuda_free] cannot free ", nbytes,
+                " bytes on cuda:", device, ": this build of DistJax has no CUDA backend");
+}
+
+}  // namespace cuda
+}  // namespace distjax::tensor
