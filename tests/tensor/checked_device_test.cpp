@@ -61,6 +61,17 @@ TEST(CheckedDevice, MemoryIsCountedPerDeviceKind) {
   EXPECT_EQ(live_bytes(DeviceKind::Checked), checked_before);
 }
 
+// Storage allocates with its device kind's allocator: a CUDA device that does not exist
+// (or a build without CUDA) is refused naming it.
+TEST(CheckedDevice, StorageOnAMissingCudaDeviceIsRefusedNamingIt) {
+  try {
+    (void)Tensor::empty({2}, DType::F32, Device{DeviceKind::CUDA, 1000});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cuda:1000"), std::string::npos) << e.what();
+  }
+}
+
 TEST(CheckedDevice, HostAccessOpensItsMemoryForAScope) {
   Tensor t = Tensor::full({4}, 1.0, DType::F32, kChecked);
   {

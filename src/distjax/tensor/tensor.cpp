@@ -53,7 +53,7 @@ Storage::Storage(std::size_t nbytes, Device device)
       allocator_(&detail::allocator_for(device, "Storage")),
       owner_(thread_memory()) {
   data_ = allocator_->alloc(nbytes, device.index);
-  DISTJAX_CHECK(data_ != nullptr, Error, "[Storage] out of memory allocating ", nbytes,
+  DISTJAX_CHECK(data_ != nullptr || nbytes == 0, Error, "[Storage] out of memory allocating ", nbytes,
                 " bytes on ", device.str());
   const int k = static_cast<int>(device.kind);
   const auto n = static_cast<std::int64_t>(nbytes);

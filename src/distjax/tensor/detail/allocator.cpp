@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "distjax/core/error.hpp"
+#include "distjax/tensor/cuda/cuda_memory.hpp"
 #include "distjax/tensor/detail/checked_memory.hpp"
 
 namespace distjax::tensor::detail {
@@ -96,13 +97,15 @@ const DeviceAllocator kCpuAllocator{
 const DeviceAllocator kCheckedAllocator{
     DeviceKind::Checked, [](std::size_t n, int) { return checked::alloc(n); },
     [](void* p, std::size_t n, int) { checked::free(p, n); }};
+// tensor/cuda/ (or its stub, which refuses naming the device, in a build without CUDA).
+const DeviceAllocator kCudaAllocator{DeviceKind::CUDA, cuda::cuda_alloc, cuda::cuda_free};
 }  // namespace
 
 const DeviceAllocator& allocator_for(Device device, const char* op) {
   switch (device.kind) {
     case DeviceKind::CPU: return kCpuAllocator;
     case DeviceKind::Checked: return kCheckedAllocator;
-    case DeviceKind::CUDA: break;
+    case DeviceKind::CUDA: return kCudaAllocator;
   }
   DISTJAX_THROW(NotImplemented, "[", op, "] device ", device.str(),
                 " has no allocator in this build");

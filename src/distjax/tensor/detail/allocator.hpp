@@ -18,8 +18,8 @@ struct DeviceAllocator {
   /// Returns a block from alloc (same nbytes and index). Thread-safe.
   void (*free)(void* p, std::size_t nbytes, int index);
 };
-/// The allocator of `device`'s kind; NotImplemented naming `op` and the device when this
-/// build has none (CUDA without DISTJAX_WITH_CUDA).
+/// The allocator of `device`'s kind. In a build without CUDA the CUDA allocator throws
+/// NotImplemented naming the device.
 const DeviceAllocator& allocator_for(Device device, const char* op);
 
 /// Blocks of at least this many bytes go through the cache; smaller ones straight to malloc.
