@@ -88,7 +88,7 @@ TEST_F(FixtureDir, LoadsScaledImagesAndLabels) {
   EXPECT_EQ(train.inputs.dtype(), DType::F32);
   EXPECT_EQ(train.labels.dtype(), DType::I32);
   EXPECT_EQ(test.size(), 3);
-  const float* x = train.inputs.data<float>();
+  const std::vector<float> x = train.inputs.to_vector<float>();
   EXPECT_FLOAT_EQ(x[0], 0.f);
   EXPECT_FLOAT_EQ(x[255], 1.f);
   EXPECT_FLOAT_EQ(x[2 * 784 + 1], 15.f / 255.f);
@@ -126,7 +126,7 @@ TEST(FashionMnist, RealDataSetIfInstalled) {
     EXPECT_EQ(per_class[c], 1000) << "class " << c;  // balanced set
   float lo = 1.f, hi = 0.f;
   double total = 0;
-  const float* x = test.inputs.data<float>();
+  const std::vector<float> x = test.inputs.to_vector<float>();
   for (std::int64_t i = 0; i < test.inputs.numel(); ++i) {
     lo = std::min(lo, x[i]);
     hi = std::max(hi, x[i]);

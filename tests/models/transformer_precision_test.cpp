@@ -43,10 +43,11 @@ train::LossFn gpt_loss(const models::Transformer& model, nn::Precision precision
 
 double rel_diff(const Tensor& a, const Tensor& b) {
   double num = 0, den = 0;
-  for (std::int64_t i = 0; i < a.numel(); ++i) {
-    const double d = double(a.data<float>()[i]) - double(b.data<float>()[i]);
+  const std::vector<float> av = a.to_vector<float>(), bv = b.to_vector<float>();
+  for (std::size_t i = 0; i < av.size(); ++i) {
+    const double d = double(av[i]) - double(bv[i]);
     num += d * d;
-    den += double(b.data<float>()[i]) * double(b.data<float>()[i]);
+    den += double(bv[i]) * double(bv[i]);
   }
   return std::sqrt(num / std::max(den, 1e-30));
 }

@@ -413,14 +413,14 @@ std::string python_with_safetensors() {
 TrainState python_state(DeviceContext* ctx) {
   const int di = ctx ? ctx->axis_index("data") : 0, mi = ctx ? ctx->axis_index("model") : 0;
   const std::int64_t rows = ctx ? 4 : 8, cols = ctx ? 3 : 6;
-  Tensor w = Tensor::empty({rows, cols});
+  std::vector<float> wv(static_cast<std::size_t>(rows * cols)), muv(wv.size());
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < cols; ++c)
-      w.data<float>()[r * cols + c] =
-          0.5f * static_cast<float>((di * rows + r) * 6 + mi * cols + c);
-  Tensor mu = Tensor::empty(w.shape());
-  for (std::int64_t i = 0; i < w.numel(); ++i)
-    mu.data<float>()[i] = 2 * w.data<float>()[i];
+      wv[r * cols + c] = 0.5f * static_cast<float>((di * rows + r) * 6 + mi * cols + c);
+  for (std::size_t i = 0; i < wv.size(); ++i)
+    muv[i] = 2 * wv[i];
+  const Tensor w = Tensor::from_vector(wv, {rows, cols});
+  const Tensor mu = Tensor::from_vector(muv, {rows, cols});
   TrainState s;
   s.step = 5;
   s.rng = Key::from_seed(77);

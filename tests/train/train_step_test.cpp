@@ -31,9 +31,9 @@ std::pair<Tensor, Metrics> linear_loss(const TensorTree& p, const Batch& b, Key)
 
 TensorTree linear_params(std::int64_t in, std::int64_t out, Key key) {
   TensorTree p;
-  Tensor w = Tensor::empty({in, out});
+  Tensor w = Tensor::empty({in, out}, DType::F32, Device::cpu());
   random_normal(key, w.data<float>(), w.numel());
-  p.set("dense/kernel", tensor::mul_scalar(w, 0.1));
+  p.set("dense/kernel", tensor::mul_scalar(w.to(current_device()), 0.1));
   p.set("dense/bias", Tensor::zeros({out}));
   return p;
 }

@@ -11,6 +11,7 @@
 #include "distjax/app/run.hpp"
 #include "distjax/data/text_corpus.hpp"
 #include "distjax/tensor/grad_node.hpp"
+#include "distjax/tensor/shape_ops.hpp"
 
 namespace distjax::app {
 
@@ -32,7 +33,8 @@ std::string sample(const models::Transformer& model, const TensorTree& params,
       id &= 0xff;
     const auto t = static_cast<std::int64_t>(ids.size());
     Tensor logits = model.apply(params, Tensor::from_vector(ids, {1, t}), false, Key());
-    const float* last = logits.data<float>() + (t - 1) * 256;
+    // The last position's logits, read back for the host's draw.
+    const std::vector<float> last = tensor::slice(logits, 1, t - 1, t).to_vector<float>();
     float top = last[0];
     for (int v = 1; v < 256; ++v)
       top = std::max(top, last[v]);

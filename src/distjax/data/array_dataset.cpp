@@ -1,9 +1,9 @@
 #include "distjax/data/array_dataset.hpp"
 
 #include <algorithm>
-#include <cstring>
 
 #include "distjax/core/error.hpp"
+#include "distjax/tensor/table/table.hpp"
 
 namespace distjax::data {
 
@@ -13,16 +13,16 @@ Tensor gather_rows(const Tensor& x, const std::vector<std::int64_t>& indices) {
   const std::int64_t n = x.size(0);
   Shape shape = x.shape();
   shape[0] = static_cast<std::int64_t>(indices.size());
-  Tensor out = Tensor::empty(shape, x.dtype());
-  const std::size_t row_bytes = n == 0 ? 0 : x.nbytes() / static_cast<std::size_t>(n);
-  const auto* src = static_cast<const std::uint8_t*>(x.raw_data());
-  auto* dst = static_cast<std::uint8_t*>(out.raw_data());
-  for (std::size_t i = 0; i < indices.size(); ++i) {
-    const std::int64_t r = indices[i];
+  for (const std::int64_t r : indices)
     DISTJAX_CHECK(0 <= r && r < n, InvalidArgument, "[gather_rows] index ", r, " out of range for ",
                   n, " rows");
-    std::memcpy(dst + i * row_bytes, src + static_cast<std::size_t>(r) * row_bytes, row_bytes);
-  }
+  Tensor out = Tensor::empty(shape, x.dtype(), x.device());
+  const Tensor rows = Tensor::from_vector(indices, {static_cast<std::int64_t>(indices.size())},
+                                          x.device());
+  const std::size_t row_bytes = n == 0 ? 0 : x.nbytes() / static_cast<std::size_t>(n);
+  tensor::detail::Dispatch k("gather_rows", &tensor::detail::KernelTable::data, {&x, &rows, &out});
+  k->gather_rows(x.raw_data(), row_bytes, rows.data<std::int64_t>(), rows.numel(), out.raw_data(),
+                 k.stream());
   return out;
 }
 

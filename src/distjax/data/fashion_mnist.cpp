@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "distjax/core/error.hpp"
+#include "distjax/data/detail/on_device.hpp"
 #include "distjax/data/idx.hpp"
 
 namespace distjax::data {
@@ -49,9 +50,10 @@ ArrayDataset load_fashion_mnist(Split split, const std::string& dir) {
   DISTJAX_CHECK(labels.dims[0] == n, IoError, "[load_fashion_mnist] ", n, " images but ",
                 labels.dims[0], " labels in ", dir);
   const std::int64_t features = images.dims[1] * images.dims[2];
+  // Decoded on the host, then handed to the current device with one copy each.
   ArrayDataset out;
-  out.inputs = Tensor::empty({n, features}, DType::F32);
-  out.labels = Tensor::empty({n}, DType::I32);
+  out.inputs = Tensor::empty({n, features}, DType::F32, Device::cpu());
+  out.labels = Tensor::empty({n}, DType::I32, Device::cpu());
   float* x = out.inputs.data<float>();
   const std::int64_t total = n * features;
   for (std::int64_t i = 0; i < total; ++i)
@@ -62,7 +64,7 @@ ArrayDataset load_fashion_mnist(Split split, const std::string& dir) {
                   " at index ", i, " of \"", f.labels, "\" is outside [0, 10)");
     y[i] = labels.data[i];
   }
-  return out;
+  return on_current_device(std::move(out));
 }
 
 }  // namespace distjax::data

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "distjax/core/error.hpp"
+#include "distjax/data/detail/on_device.hpp"
 #include "distjax/data/loader.hpp"
 
 namespace distjax::data {
@@ -13,9 +14,10 @@ ArrayDataset synthetic_classification(std::int64_t n, std::int64_t features, std
                 "[synthetic_classification] need n >= 1, features >= 1, classes >= 2; got ", n,
                 ", ", features, ", ", classes);
   auto keys = key.split(2);
+  // Made on the host, then handed to the current device with one copy each.
   ArrayDataset d;
-  d.inputs = Tensor::empty({n, features}, DType::F32);
-  d.labels = Tensor::empty({n}, DType::I32);
+  d.inputs = Tensor::empty({n, features}, DType::F32, Device::cpu());
+  d.labels = Tensor::empty({n}, DType::I32, Device::cpu());
   float* x = d.inputs.data<float>();
   random_normal(keys[0], x, n * features);
   std::vector<float> w(static_cast<std::size_t>(features * classes));
@@ -32,7 +34,7 @@ ArrayDataset synthetic_classification(std::int64_t n, std::int64_t features, std
       if (logits[c] > logits[best]) best = c;
     y[i] = static_cast<std::int32_t>(best);
   }
-  return d;
+  return on_current_device(std::move(d));
 }
 
 ArrayDataset synthetic_tokens(std::int64_t n, std::int64_t seq_len, std::int64_t vocab,
@@ -43,8 +45,8 @@ ArrayDataset synthetic_tokens(std::int64_t n, std::int64_t seq_len, std::int64_t
   auto keys = key.split(2);
   const std::vector<std::int64_t> perm = random_permutation(vocab, keys[0]);
   ArrayDataset d;
-  d.inputs = Tensor::empty({n, seq_len}, DType::I32);
-  d.labels = Tensor::empty({n, seq_len}, DType::I32);
+  d.inputs = Tensor::empty({n, seq_len}, DType::I32, Device::cpu());
+  d.labels = Tensor::empty({n, seq_len}, DType::I32, Device::cpu());
   std::int32_t* x = d.inputs.data<std::int32_t>();
   std::int32_t* y = d.labels.data<std::int32_t>();
   for (std::int64_t i = 0; i < n; ++i) {
@@ -56,7 +58,7 @@ ArrayDataset synthetic_tokens(std::int64_t n, std::int64_t seq_len, std::int64_t
       y[i * seq_len + t] = static_cast<std::int32_t>(tok);
     }
   }
-  return d;
+  return on_current_device(std::move(d));
 }
 
 }  // namespace distjax::data

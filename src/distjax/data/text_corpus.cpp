@@ -6,6 +6,7 @@
 #include <iterator>
 
 #include "distjax/core/error.hpp"
+#include "distjax/data/detail/on_device.hpp"
 
 namespace distjax::data {
 
@@ -77,8 +78,9 @@ train::Batch sample_windows(const std::vector<std::uint8_t>& bytes, std::int64_t
   check_window(bytes, batch_size, seq_len, "sample_windows");
   const auto positions =
       static_cast<std::uint64_t>(bytes.size()) - seq_len;  // offsets [0, positions)
-  train::Batch b{Tensor::empty({batch_size, seq_len}, DType::I32),
-                 Tensor::empty({batch_size, seq_len}, DType::I32)};
+  // Filled on the host, then handed to the current device with one copy each.
+  train::Batch b{Tensor::empty({batch_size, seq_len}, DType::I32, Device::cpu()),
+                 Tensor::empty({batch_size, seq_len}, DType::I32, Device::cpu())};
   std::int32_t* x = b.inputs.data<std::int32_t>();
   std::int32_t* y = b.labels.data<std::int32_t>();
   for (std::int64_t i = 0; i < batch_size; ++i) {
@@ -87,7 +89,7 @@ train::Batch sample_windows(const std::vector<std::uint8_t>& bytes, std::int64_t
     const std::int64_t off = static_cast<std::int64_t>(r % positions);
     fill_window(bytes.data() + off, seq_len, x + i * seq_len, y + i * seq_len);
   }
-  return b;
+  return to_current_device(b);
 }
 
 std::vector<train::Batch> sequential_windows(const std::vector<std::uint8_t>& bytes,
@@ -100,14 +102,14 @@ std::vector<train::Batch> sequential_windows(const std::vector<std::uint8_t>& by
   if (max_batches > 0) n_batches = std::min(n_batches, max_batches);
   std::vector<train::Batch> out;
   for (std::int64_t bi = 0; bi < n_batches; ++bi) {
-    train::Batch b{Tensor::empty({batch_size, seq_len}, DType::I32),
-                   Tensor::empty({batch_size, seq_len}, DType::I32)};
+    train::Batch b{Tensor::empty({batch_size, seq_len}, DType::I32, Device::cpu()),
+                   Tensor::empty({batch_size, seq_len}, DType::I32, Device::cpu())};
     for (std::int64_t i = 0; i < batch_size; ++i) {
       const std::int64_t off = (bi * batch_size + i) * seq_len;
       fill_window(bytes.data() + off, seq_len, b.inputs.data<std::int32_t>() + i * seq_len,
                   b.labels.data<std::int32_t>() + i * seq_len);
     }
-    out.push_back(std::move(b));
+    out.push_back(to_current_device(b));
   }
   return out;
 }

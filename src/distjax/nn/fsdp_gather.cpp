@@ -70,7 +70,7 @@ void FsdpPrefetcher::start(spmd::DeviceContext& ctx, std::size_t position) {
   comm::Communicator& comm = ctx.comm(e.axis);
   Shape blocks_shape = e.shard.shape();
   blocks_shape.insert(blocks_shape.begin(), comm.size());
-  f.blocks = Tensor::empty(blocks_shape);
+  f.blocks = Tensor::empty(blocks_shape, DType::F32, e.shard.device());  // beside the shard
   f.request =
       comm.iall_gather(e.shard.data<float>(), f.blocks.data<float>(), e.shard.numel(), DType::F32);
   in_flight_.emplace(position, std::move(f));

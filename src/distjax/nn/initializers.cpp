@@ -27,9 +27,10 @@ Tensor Initializer::operator()(const Key& key, const Shape& global, const Block&
         block.start[d] >= 0 && block.shape[d] >= 0 && block.start[d] + block.shape[d] <= global[d];
   DISTJAX_CHECK(inside, InvalidArgument, "[Initializer] block of shape ", to_string(block.shape),
                 " does not lie inside the parameter of shape ", to_string(global));
-  Tensor t = Tensor::empty(block.shape, DType::F32);
+  // Fills write host memory; the block goes to the current device with one copy.
+  Tensor t = Tensor::empty(block.shape, DType::F32, Device::cpu());
   fill_(key, global, block, t.data<float>());
-  return t;
+  return t.to(current_device());
 }
 
 void for_each_block_row(const Shape& global, const Block& block,
@@ -118,7 +119,10 @@ Initializer constant(double value) {
 Initializer scaled(Initializer init, double factor) {
   return Initializer([init = std::move(init), factor](const Key& key, const Shape& global,
                                                       const Block& block, float* out) {
-    Tensor t = init(key, global, block);
+    Tensor t = [&] {
+      DeviceScope host(Device::cpu());  // the inner draw on the host: no copy to and fro
+      return init(key, global, block);
+    }();
     const float* src = t.data<float>();
     const float f = static_cast<float>(factor);
     for (std::int64_t i = 0, n = t.numel(); i < n; ++i)

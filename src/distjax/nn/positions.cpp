@@ -10,7 +10,8 @@ tensor::Tensor sinusoidal_positions(std::int64_t seq_len, std::int64_t channels)
   DISTJAX_CHECK(seq_len >= 0 && channels > 0, InvalidArgument,
                 "[sinusoidal_positions] expected seq_len >= 0 and channels > 0, got ", seq_len,
                 " and ", channels);
-  tensor::Tensor pe = tensor::Tensor::empty({seq_len, channels});
+  // Computed on the host, then handed to the current device with one copy.
+  tensor::Tensor pe = tensor::Tensor::empty({seq_len, channels}, DType::F32, Device::cpu());
   float* p = pe.data<float>();
   for (std::int64_t j = 0; j < channels; ++j) {
     const double even = static_cast<double>(j - (j % 2));
@@ -20,7 +21,7 @@ tensor::Tensor sinusoidal_positions(std::int64_t seq_len, std::int64_t channels)
       p[t * channels + j] = static_cast<float>(j % 2 == 0 ? std::sin(a) : std::cos(a));
     }
   }
-  return pe;
+  return pe.to(current_device());
 }
 
 }  // namespace distjax::nn

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "distjax/core/error.hpp"
+#include "distjax/tensor/update_ops.hpp"
 
 namespace distjax::optim {
 
@@ -12,13 +13,7 @@ double global_norm_squared(const tensor::TensorTree& tree) {
     if (!is_floating(t.dtype())) continue;
     DISTJAX_CHECK(t.dtype() == DType::F32, NotImplemented, "[global_norm] leaf \"", path, "\" is ",
                   dtype_name(t.dtype()), "; only f32 is supported");
-    const float* p = t.data<float>();
-    const std::int64_t n = t.numel();
-    double acc = 0.0;
-#pragma omp simd reduction(+ : acc)
-    for (std::int64_t i = 0; i < n; ++i)
-      acc += static_cast<double>(p[i]) * p[i];
-    total += acc;
+    total += tensor::sum_of_squares(t);
   }
   return total;
 }
@@ -28,16 +23,11 @@ double global_norm(const tensor::TensorTree& tree) {
 }
 
 void scale_in_place(tensor::TensorTree& grads, double factor) {
-  const float f = static_cast<float>(factor);
   for (auto& [path, t] : grads) {
     if (!is_floating(t.dtype())) continue;
     DISTJAX_CHECK(t.dtype() == DType::F32, NotImplemented, "[scale_in_place] leaf \"", path,
                   "\" is ", dtype_name(t.dtype()), "; only f32 is supported");
-    float* p = t.data<float>();
-    const std::int64_t n = t.numel();
-#pragma omp simd
-    for (std::int64_t i = 0; i < n; ++i)
-      p[i] *= f;
+    tensor::scale_(t, factor);
   }
 }
 

@@ -466,9 +466,10 @@ std::string save_checkpoint(const std::string& dir, const TrainState& state,
   });
   json sums = json::object();  // of this device's blocks: name -> CRC-32 per chunk
   on_every_device(layout, [&] {
+    // The host's copies of the blocks this device writes (no copy on the CPU).
     std::vector<std::pair<std::string, Tensor>> mine;
     for (const auto& [name, t] : leaves)
-      if (writes(plan, name, device)) mine.emplace_back(name, t);
+      if (writes(plan, name, device)) mine.emplace_back(name, t.to(Device::cpu()));
     for (const auto& [name, t] : mine)
       sums[name] = detail::chunk_crc32(t.raw_data(), t.nbytes(), detail::kChecksumChunkBytes);
     if (!mine.empty())
@@ -685,7 +686,8 @@ TensorTree fill(const CheckpointLayout& l, const CheckpointIndex& index, const T
                   "[load_checkpoint] tensor \"", name, "\" in \"", where, "\" is ",
                   dtype_name(t.dtype), " ", to_string(t.shape), "; the state being loaded has ",
                   dtype_name(leaf.dtype()), " ", to_string(box.global));
-    Tensor dst = Tensor::empty(leaf.shape(), leaf.dtype());
+    // Read on the host, then handed to the current device with one copy.
+    Tensor dst = Tensor::empty(leaf.shape(), leaf.dtype(), Device::cpu());
     dst.set_varying_axes(leaf.varying_axes());
     std::int64_t copied = 0;
     for (const CheckpointBlock& b : t.blocks) {
@@ -701,7 +703,7 @@ TensorTree fill(const CheckpointLayout& l, const CheckpointIndex& index, const T
     DISTJAX_CHECK(copied == dst.numel(), IoError, "[load_checkpoint] \"", where,
                   "\": the blocks of \"", name, "\" cover ", copied, " of the ", dst.numel(),
                   " elements this device needs (overlapping or missing blocks)");
-    out.set(path, dst);
+    out.set(path, dst.to(current_device()));
   }
   return out;
 }

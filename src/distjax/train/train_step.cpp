@@ -9,6 +9,7 @@
 #include "distjax/train/strategy.hpp"
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/grad_node.hpp"
+#include "distjax/tensor/update_ops.hpp"
 
 namespace distjax::train {
 
@@ -27,18 +28,18 @@ void add_default_loss(Metrics& m, double loss, std::int64_t batch_size) {
     m.add("loss", loss * static_cast<double>(batch_size), static_cast<double>(batch_size));
 }
 
-// acc += g (f32 leaves), in place.
+// acc += g (f32 leaves): each leaf of acc replaced by the sum (the same f32 additions as
+// an accumulation in place, which leaves may take once the tensor layer has one).
 void add_into(TensorTree& acc, const TensorTree& g) {
-  for (auto& [path, a] : acc) {
-    if (a.dtype() != DType::F32) continue;
-    const Tensor& b = g.at(path);
-    float* __restrict pa = a.data<float>();
-    const float* __restrict pb = b.data<float>();
-    const std::int64_t n = a.numel();
-#pragma omp simd
-    for (std::int64_t i = 0; i < n; ++i)
-      pa[i] += pb[i];
-  }
+  for (auto& [path, a] : acc)
+    if (a.dtype() == DType::F32) a = tensor::add(a, g.at(path));
+}
+
+// The device kind whose memory a step's accounting counts: that of the parameters.
+DeviceKind memory_kind(const TensorTree& params) {
+  for (const auto& [path, p] : params)
+    if (p.defined()) return p.device().kind;
+  return current_device().kind;
 }
 
 // Gradient leaves may share storage (one cotangent handed to two inputs, views of
@@ -101,14 +102,11 @@ GradientResult accumulate_gradients(const LossFn& loss_fn, const TensorTree& par
         tensor::NoGradGuard no_grad;
         Tensor final_g = g;
         if (num_minibatches > 1) {
-          final_g = g.clone();
-          TensorTree one;
-          one.set(path, final_g);
-          if (final_g.dtype() == DType::F32) {
-            TensorTree prev;
-            prev.set(path, out.grads.at(path));
-            add_into(one, prev);
-            optim::scale_in_place(one, 1.0 / num_minibatches);
+          if (g.dtype() == DType::F32) {
+            final_g = tensor::add(g, out.grads.at(path));  // a new tensor: g stays as it was
+            tensor::scale_(final_g, 1.0 / num_minibatches);
+          } else {
+            final_g = g.clone();
           }
         }
         last.set(path, final_g);
@@ -139,8 +137,9 @@ Metrics train_step(TrainState& state, const Batch& batch, const LossFn& loss_fn,
   train::Strategy& strategy = options.strategy ? *options.strategy : single;
   const Key rng = strategy.step_key(state.rng.fold_in(static_cast<std::uint64_t>(state.step)));
   MemoryStats* memory = strategy.memory_stats();
-  const std::int64_t live_before = tensor::live_bytes();
-  if (memory) tensor::reset_peak_bytes();
+  const DeviceKind kind = memory_kind(state.params);
+  const std::int64_t live_before = tensor::live_bytes(kind);
+  if (memory) tensor::reset_peak_bytes(kind);
   const double loss_scale = state.loss_scale ? state.loss_scale->scale : 1.0;
   DISTJAX_CHECK(loss_fn || !state.loss_scale, InvalidArgument,
                 "[train_step] loss scaling scales the loss function, and none was given; a "
@@ -154,7 +153,7 @@ Metrics train_step(TrainState& state, const Batch& batch, const LossFn& loss_fn,
   GradientResult r =
       strategy.forward_backward(state.loss_scale ? scaled_loss(loss_fn, loss_scale) : loss_fn,
                                 state.params, batch, rng, options.num_minibatches);
-  if (memory) memory->activations_peak = tensor::peak_bytes() - live_before;
+  if (memory) memory->activations_peak = tensor::peak_bytes(kind) - live_before;
   if (options.spans) options.spans->forward_backward_end = now();
   const double lr = optimizer.learning_rate(state.step);
   double norm = 0.0;

@@ -25,22 +25,17 @@ const Tensor& checked_grad(const char* op, const std::string& path, const Tensor
 /// The f32 state slot "<slot>/<path>" of p's shape; throws naming `op` if absent.
 /// (`slot` is a C string: a std::string temporary made at the call would look, to g++ 14's
 /// -Wdangling-reference, like what the returned reference points into.)
-const Tensor& checked_slot(const char* op, const char* slot, const std::string& path,
-                           const Tensor& p, const TensorTree& state);
+Tensor& checked_slot(const char* op, const char* slot, const std::string& path, const Tensor& p,
+                     TensorTree& state);
 
 /// f32 zeros of every trainable leaf's shape at "<slot>/<path>", merged into `state`.
 void add_zero_slot(TensorTree& state, const std::string& slot, const TensorTree& params);
-
-/// The fused Adam/AdamW update on n elements. `decay` is the decoupled multiplier
-/// applied to p first (1 for none), `l2` the coupled L2 coefficient added to g.
-void adam_kernel(float* p, const float* g, float* m, float* v, std::int64_t n, double lr, double b1,
-                 double b2, double eps, std::int64_t t, double decay, double l2);
 
 /// Adam's state: zero "mu" and "nu" slots for every trainable leaf.
 TensorTree adam_init(const TensorTree& params);
 
 /// The Adam/AdamW update of every trainable leaf of `params`, in place, with grad mode
-/// off: moments in state "mu/<path>" and "nu/<path>", bias correction for step + 1,
+/// off (tensor::adam_update_ per leaf): moments in state "mu/<path>" and "nu/<path>", bias correction for step + 1,
 /// `decay(path)` the decoupled multiplier applied to the parameter first (1 for none),
 /// `l2` the coupled L2 coefficient. `op` names the optimizer in errors.
 void adam_update(const char* op, TensorTree& params, const TensorTree& grads, TensorTree& state,

@@ -6,5 +6,7 @@
 namespace distjax::tensor::detail::cpu {
 
 extern const CopyKernels copy_kernels;
+extern const OptimKernels optim_kernels;
+extern const DataKernels data_kernels;
 
 }  // namespace distjax::tensor::detail::cpu

@@ -8,6 +8,8 @@ namespace distjax::tensor::detail {
 const KernelTable& cpu_kernel_table() {
   static const KernelTable table{
       .copy = &cpu::copy_kernels,
+      .optim = &cpu::optim_kernels,
+      .data = &cpu::data_kernels,
   };
   return table;
 }

@@ -73,6 +73,8 @@ void write_safetensors(const std::string& path,
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
+    DISTJAX_CHECK(t.device() == Device::cpu(), InvalidArgument, "[save_checkpoint] tensor \"",
+                  name, "\" is on ", t.device().str(), "; the writer takes host tensors");
     const std::uint64_t n = t.nbytes();
     header[name] = {{"dtype", safetensors_dtype(t.dtype())},
                     {"shape", t.shape()},

@@ -17,7 +17,7 @@ namespace distjax::train::detail {
 /// "F32", "BF16", "F16", "I32", "I64" (safetensors' names).
 const char* safetensors_dtype(DType t);
 
-/// Writes `tensors` (name -> contiguous tensor) as a safetensors file at `path` and
+/// Writes `tensors` (name -> contiguous host tensor) as a safetensors file at `path` and
 /// fsyncs it. `metadata` goes into "__metadata__". Throws IoError naming the file.
 void write_safetensors(const std::string& path,
                        const std::vector<std::pair<std::string, tensor::Tensor>>& tensors,

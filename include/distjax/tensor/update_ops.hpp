@@ -1,0 +1,53 @@
+// Update ops: the optimizers' fused per-leaf updates (SGD, Adam/AdamW) and the pieces of
+// gradient clipping (a sum of squares, a scale in place), each one pass over a leaf on its
+// device through the kernel table. Not differentiable: they write their tensors in place.
+#pragma once
+
+#include <cstdint>
+
+#include "distjax/tensor/tensor.hpp"
+
+namespace distjax::tensor {
+
+/// One SGD step's coefficients (f32, as the update computes in f32).
+struct SGDStep {
+  float lr = 0.f;
+  float momentum = 0.f;      ///< used with a momentum buffer
+  float weight_decay = 0.f;  ///< L2 added to the gradient: g += wd * p
+  bool nesterov = false;
+};
+
+/// SGD on one leaf, in place: with g' = grad + wd * param,
+///   without a buffer (buf undefined): param -= lr * g'
+///   with one: buf = mu * buf + g';  param -= lr * (nesterov ? g' + mu * buf : buf)
+/// param, grad and a defined buf: f32 of one shape on one device.
+void sgd_update_(Tensor& param, const Tensor& grad, Tensor& buf, const SGDStep& step);
+
+/// One Adam/AdamW step's coefficients: step t (1-based, for the bias corrections),
+/// `decay` the decoupled multiplier applied to the parameter first (AdamW: 1 - lr * wd;
+/// 1 for none), `l2` the coupled L2 coefficient added to the gradient (Adam's weight decay).
+struct AdamStep {
+  double lr = 1e-3;
+  double b1 = 0.9;
+  double b2 = 0.999;
+  double eps = 1e-8;
+  std::int64_t t = 1;
+  double decay = 1.0;
+  double l2 = 0.0;
+};
+
+/// The fused Adam/AdamW update of one leaf, in place (PyTorch's formulation):
+///   p = param * decay;  g = grad + l2 * p
+///   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+///   param = p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+/// param, grad, m, v: f32 of one shape on one device.
+void adam_update_(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamStep& step);
+
+/// Sum of the squares of an f32 tensor's elements, accumulated in f64 (one leaf's share of
+/// a global norm). Read back to the host: a decision (clipping) follows it.
+double sum_of_squares(const Tensor& x);
+
+/// x *= factor (rounded to f32) in place; x is f32.
+void scale_(Tensor& x, double factor);
+
+}  // namespace distjax::tensor
