@@ -8,6 +8,9 @@ namespace distjax::tensor::detail {
 const KernelTable& cpu_kernel_table() {
   static const KernelTable table{
       .copy = &cpu::copy_kernels,
+      .elementwise = &cpu::elementwise_kernels,
+      .reduce = &cpu::reduce_kernels,
+      .shape = &cpu::shape_kernels,
   };
   return table;
 }

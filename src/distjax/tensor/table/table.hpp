@@ -16,6 +16,9 @@
 #include <vector>
 
 #include "distjax/tensor/table/copy.hpp"
+#include "distjax/tensor/table/elementwise.hpp"
+#include "distjax/tensor/table/reduce.hpp"
+#include "distjax/tensor/table/shape.hpp"
 #include "distjax/tensor/table/stream.hpp"
 #include "distjax/tensor/tensor.hpp"
 
@@ -24,6 +27,9 @@ namespace distjax::tensor::detail {
 /// Every kernel family of one device kind; null where the kind has none.
 struct KernelTable {
   const CopyKernels* copy = nullptr;
+  const ElementwiseKernels* elementwise = nullptr;
+  const ReduceKernels* reduce = nullptr;
+  const ShapeKernels* shape = nullptr;
 };
 
 /// The table of a device kind: tensor/cpu/ for the CPU and the checked device.
