@@ -1,5 +1,6 @@
 // Reductions and broadcasting binary ops at sizes that take the parallel and fast paths,
-// against plain loops; the broadcasting plan for every operand layout.
+// against plain loops; the broadcasting plan for every operand layout; argmax, and the
+// shape ops on every element width.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -174,6 +175,29 @@ TEST(Reduce, BiasGradientSumToRowsAndLongVectors) {
 
 namespace distjax::tensor {
 namespace {
+
+TEST(Reduce, ArgmaxPicksTheFirstMaximumAlongAnyAxis) {
+  // (2, 3, 2) with ties: the first maximal index wins.
+  Tensor x = Tensor::from_vector<float>({1, 5, 3, 5, 3, 0, 7, 7, 7, 2, -1, 9}, {2, 3, 2});
+  EXPECT_EQ(argmax(x, 0).to_vector<std::int64_t>(), (std::vector<std::int64_t>{1, 1, 1, 0, 0, 1}));
+  EXPECT_EQ(argmax(x, 1).to_vector<std::int64_t>(), (std::vector<std::int64_t>{1, 0, 0, 2}));
+  EXPECT_EQ(argmax(x, -1).to_vector<std::int64_t>(), (std::vector<std::int64_t>{1, 1, 0, 0, 0, 1}));
+}
+
+// Permutes, slices and concatenations move bytes of any dtype (2, 4 and 8 bytes wide).
+TEST(ShapeOps, MoveElementsOfEveryWidth) {
+  Tensor x = Tensor::from_vector<std::int64_t>({0, 1, 2, 3, 4, 5}, {2, 3});
+  EXPECT_EQ(transpose(x).to_vector<std::int64_t>(), (std::vector<std::int64_t>{0, 3, 1, 4, 2, 5}));
+  EXPECT_EQ(slice(x, 1, 1, 3).to_vector<std::int64_t>(), (std::vector<std::int64_t>{1, 2, 4, 5}));
+  EXPECT_EQ(concat({x, x}, 1).to_vector<std::int64_t>(),
+            (std::vector<std::int64_t>{0, 1, 2, 0, 1, 2, 3, 4, 5, 3, 4, 5}));
+  Tensor h = astype(x, DType::BF16);
+  EXPECT_EQ(astype(transpose(h), DType::I64).to_vector<std::int64_t>(),
+            (std::vector<std::int64_t>{0, 3, 1, 4, 2, 5}));
+  Tensor i = astype(x, DType::I32);
+  EXPECT_EQ(permute(reshape(i, {1, 2, 3}), {2, 0, 1}).to_vector<std::int32_t>(),
+            (std::vector<std::int32_t>{0, 3, 1, 4, 2, 5}));
+}
 
 TEST(Reduce, MaxGradientGoesToTheFirstMaximum) {
   for (const std::vector<int>& axes : {std::vector<int>{1}, std::vector<int>{0, 1}}) {
