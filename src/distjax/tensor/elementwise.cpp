@@ -102,13 +102,13 @@ Tensor div(const Tensor& a, const Tensor& b) {
 Tensor maximum(const Tensor& a, const Tensor& b) {
   Tensor out = map_binary("maximum", BinaryOp::Maximum, a, b);
   if (!needs_grad({&a, &b})) return joined(out, {&a, &b});
-  return record(
-      "maximum", {a, b}, out, [ad = a.detach(), bd = b.detach()](const std::vector<Tensor>& g) {
-        Tensor mask_a = map_binary("maximum", BinaryOp::GreaterEqual, ad, bd);
-        Tensor ga = mul(g[0], mask_a);
-        Tensor gb = sub(g[0], ga);
-        return std::vector<Tensor>{sum_to(ga, ad.shape()), sum_to(gb, bd.shape())};
-      });
+  return record("maximum", {a, b}, out,
+                [ad = a.detach(), bd = b.detach()](const std::vector<Tensor>& g) {
+                  Tensor mask_a = map_binary("maximum", BinaryOp::GreaterEqual, ad, bd);
+                  Tensor ga = mul(g[0], mask_a);
+                  Tensor gb = sub(g[0], ga);
+                  return std::vector<Tensor>{sum_to(ga, ad.shape()), sum_to(gb, bd.shape())};
+                });
 }
 
 // ---------------------------------------------------------------- scalar
@@ -206,11 +206,11 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
               out.numel(), k.stream());
   }
   if (!needs_grad({&a, &b})) return joined(out, {&a, &b});
-  return record(
-      "where", {a, b}, out, [mask, sa = a.shape(), sb = b.shape()](const std::vector<Tensor>& g) {
-        Tensor ga = mul(g[0], map_unary("where", mask, UnaryOp::NonZero));
-        return std::vector<Tensor>{sum_to(ga, sa), sum_to(sub(g[0], ga), sb)};
-      });
+  return record("where", {a, b}, out,
+                [mask, sa = a.shape(), sb = b.shape()](const std::vector<Tensor>& g) {
+                  Tensor ga = mul(g[0], map_unary("where", mask, UnaryOp::NonZero));
+                  return std::vector<Tensor>{sum_to(ga, sa), sum_to(sub(g[0], ga), sb)};
+                });
 }
 
 Tensor astype(const Tensor& x, DType dtype) {

@@ -137,8 +137,8 @@ Tensor max(const Tensor& x, const std::vector<int>& axes_in, bool keepdims) {
             inner *= s[i];
           Tensor out = Tensor::zeros(s, DType::F32, xd.device());
           Dispatch k("max", &KernelTable::reduce, {&xd, &md, &g[0], &out});
-          k->max_grad_run(xd.data<float>(), md.data<float>(), g[0].data<float>(),
-                          out.data<float>(), outer, r, inner, k.stream());
+          k->max_grad_run(xd.data<float>(), md.data<float>(), g[0].data<float>(), out.data<float>(),
+                          outer, r, inner, k.stream());
           return std::vector<Tensor>{out};
         }
         const Tensor gk = broadcast_to(g[0].view(ks), xd.shape());
@@ -146,8 +146,8 @@ Tensor max(const Tensor& x, const std::vector<int>& axes_in, bool keepdims) {
         Tensor out = Tensor::zeros(xd.shape(), DType::F32, xd.device());
         const detail::BroadcastPlan groups = detail::plan_broadcast(ks, xd.shape(), "max");
         Dispatch k("max", &KernelTable::reduce, {&xd, &mk, &gk, &out});
-        k->max_grad_general(xd.data<float>(), mk.data<float>(), gk.data<float>(),
-                            out.data<float>(), xd.numel(), groups, md.numel(), k.stream());
+        k->max_grad_general(xd.data<float>(), mk.data<float>(), gk.data<float>(), out.data<float>(),
+                            xd.numel(), groups, md.numel(), k.stream());
         return std::vector<Tensor>{out};
       });
 }

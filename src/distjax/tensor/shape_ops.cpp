@@ -80,8 +80,8 @@ Tensor permute(const Tensor& x, const std::vector<int>& perm) {
                   "[permute] perm is not a permutation of 0..", x.rank() - 1);
   }
   const int r = x.rank();
-  DISTJAX_CHECK(r <= detail::kMaxKernelRank, InvalidArgument, "[permute] rank ", r,
-                " exceeds ", detail::kMaxKernelRank);
+  DISTJAX_CHECK(r <= detail::kMaxKernelRank, InvalidArgument, "[permute] rank ", r, " exceeds ",
+                detail::kMaxKernelRank);
   detail::PermutePlan plan;
   plan.rank = r;
   const auto in_strides = contiguous_strides(x.shape());
@@ -195,8 +195,8 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<std::int64_t>& size
     for (Tensor& o : outs) o.set_varying_axes(x.varying_axes());
     return outs;
   }
-  record("split", {x}, outs,
-         [xs = x.shape(), device = x.device(), sizes, axis](const std::vector<Tensor>& g) {
+  const Device device = x.device();
+  record("split", {x}, outs, [xs = x.shape(), device, sizes, axis](const std::vector<Tensor>& g) {
     std::vector<Tensor> parts;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       if (g[i].defined()) {

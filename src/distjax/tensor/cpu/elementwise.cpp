@@ -109,9 +109,7 @@ constexpr float kInvSqrt2Pi = 0.3989422804014327f;
 
 struct GeluTanh {
   static constexpr std::int64_t kGrain = kParallelGrain;
-  float f(float v) const {
-    return 0.5f * v * (1.f + fast_tanh(kGeluC * (v + kGeluA * v * v * v)));
-  }
+  float f(float v) const { return 0.5f * v * (1.f + fast_tanh(kGeluC * (v + kGeluA * v * v * v))); }
   float df(float v, float) const {
     float t = fast_tanh(kGeluC * (v + kGeluA * v * v * v));
     return 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * kGeluC * (1.f + 3.f * kGeluA * v * v);
@@ -144,30 +142,48 @@ struct NonZero {
 template <class F>
 void with_unary(UnaryOp op, float c, F&& fn) {
   switch (op) {
-    case UnaryOp::AddScalar: return fn(AddScalar{c});
-    case UnaryOp::MulScalar: return fn(MulScalar{c});
-    case UnaryOp::Identity: return fn(Identity{});
-    case UnaryOp::Square: return fn(Square{});
-    case UnaryOp::Cube: return fn(Cube{});
-    case UnaryOp::Sqrt: return fn(Sqrt{});
-    case UnaryOp::Reciprocal: return fn(Reciprocal{});
-    case UnaryOp::Pow: return fn(Pow{c});
-    case UnaryOp::Exp: return fn(Exp{});
-    case UnaryOp::Log: return fn(Log{});
-    case UnaryOp::Rsqrt: return fn(Rsqrt{});
-    case UnaryOp::Tanh: return fn(Tanh{});
-    case UnaryOp::Sigmoid: return fn(Sigmoid{});
-    case UnaryOp::Relu: return fn(Relu{});
-    case UnaryOp::GeluTanh: return fn(GeluTanh{});
-    case UnaryOp::GeluErf: return fn(GeluErf{});
-    case UnaryOp::Silu: return fn(Silu{});
-    case UnaryOp::NonZero: return fn(NonZero{});
+    case UnaryOp::AddScalar:
+      return fn(AddScalar{c});
+    case UnaryOp::MulScalar:
+      return fn(MulScalar{c});
+    case UnaryOp::Identity:
+      return fn(Identity{});
+    case UnaryOp::Square:
+      return fn(Square{});
+    case UnaryOp::Cube:
+      return fn(Cube{});
+    case UnaryOp::Sqrt:
+      return fn(Sqrt{});
+    case UnaryOp::Reciprocal:
+      return fn(Reciprocal{});
+    case UnaryOp::Pow:
+      return fn(Pow{c});
+    case UnaryOp::Exp:
+      return fn(Exp{});
+    case UnaryOp::Log:
+      return fn(Log{});
+    case UnaryOp::Rsqrt:
+      return fn(Rsqrt{});
+    case UnaryOp::Tanh:
+      return fn(Tanh{});
+    case UnaryOp::Sigmoid:
+      return fn(Sigmoid{});
+    case UnaryOp::Relu:
+      return fn(Relu{});
+    case UnaryOp::GeluTanh:
+      return fn(GeluTanh{});
+    case UnaryOp::GeluErf:
+      return fn(GeluErf{});
+    case UnaryOp::Silu:
+      return fn(Silu{});
+    case UnaryOp::NonZero:
+      return fn(NonZero{});
   }
 }
 
 template <class U>
 void map_unary(U u, const float* px, float* po, std::int64_t n) {
-#pragma omp parallel for simd if (parallel: n > U::kGrain)
+#pragma omp parallel for simd if (parallel : n > U::kGrain)
   for (std::int64_t i = 0; i < n; ++i)
     po[i] = u.f(px[i]);
 }
@@ -175,7 +191,7 @@ void map_unary(U u, const float* px, float* po, std::int64_t n) {
 // grad * f'(x, y) elementwise.
 template <class U>
 void map_grad(U u, const float* pg, const float* px, const float* py, float* po, std::int64_t n) {
-#pragma omp parallel for simd if (parallel: n > U::kGrain)
+#pragma omp parallel for simd if (parallel : n > U::kGrain)
   for (std::int64_t i = 0; i < n; ++i)
     po[i] = pg[i] * u.df(px[i], py[i]);
 }
@@ -219,17 +235,17 @@ void broadcast_binary(const float* pa, const BroadcastPlan& qa, const float* pb,
   // Fast paths: the operand layouts that dominate training (bias rows, per-row scales,
   // scalars) on either side; everything else goes through general indexing.
   if (qa.kind == K::Same && qb.kind == K::Same) {
-#pragma omp parallel for simd if (parallel: n > kParallelGrainMemory)
+#pragma omp parallel for simd if (parallel : n > kParallelGrainMemory)
     for (std::int64_t i = 0; i < n; ++i)
       po[i] = f(pa[i], pb[i]);
   } else if (qa.kind == K::Same && qb.kind == K::Scalar) {
     const float s = pb[0];
-#pragma omp parallel for simd if (parallel: n > kParallelGrainMemory)
+#pragma omp parallel for simd if (parallel : n > kParallelGrainMemory)
     for (std::int64_t i = 0; i < n; ++i)
       po[i] = f(pa[i], s);
   } else if (qa.kind == K::Scalar && qb.kind == K::Same) {
     const float s = pa[0];
-#pragma omp parallel for simd if (parallel: n > kParallelGrainMemory)
+#pragma omp parallel for simd if (parallel : n > kParallelGrainMemory)
     for (std::int64_t i = 0; i < n; ++i)
       po[i] = f(s, pb[i]);
   } else if ((qa.kind == K::Same && qb.kind == K::Row) ||
@@ -299,9 +315,8 @@ void binary(BinaryOp op, const float* a, const BroadcastPlan& qa, const float* b
   }
 }
 
-void select(const float* pm, const float* pa, const float* pb, float* po, std::int64_t n,
-            Stream) {
-#pragma omp parallel for simd if (parallel: n > kParallelGrainMemory)
+void select(const float* pm, const float* pa, const float* pb, float* po, std::int64_t n, Stream) {
+#pragma omp parallel for simd if (parallel : n > kParallelGrainMemory)
   for (std::int64_t i = 0; i < n; ++i) {
     // Both loads unconditional: clang vectorises a select, not a conditional load.
     const float x = pa[i], y = pb[i];

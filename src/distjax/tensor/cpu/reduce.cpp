@@ -95,8 +95,8 @@ void reduce(ReduceOp op, const float* x, float* out, std::int64_t outer, std::in
     reduce_middle<ReduceOp::Max>(x, out, outer, r, inner);
 }
 
-void max_grad_run(const float* px, const float* pm, const float* pg, float* po,
-                  std::int64_t outer, std::int64_t r, std::int64_t inner, Stream) {
+void max_grad_run(const float* px, const float* pm, const float* pg, float* po, std::int64_t outer,
+                  std::int64_t r, std::int64_t inner, Stream) {
 #pragma omp parallel for if (outer * r * inner > kParallelGrainMemory)
   for (std::int64_t o = 0; o < outer; ++o)
     for (std::int64_t i = 0; i < inner; ++i) {
@@ -111,8 +111,8 @@ void max_grad_run(const float* px, const float* pm, const float* pg, float* po,
     }
 }
 
-void max_grad_general(const float* px, const float* pm, const float* pg, float* po,
-                      std::int64_t n, const BroadcastPlan& groups, std::int64_t ngroups, Stream) {
+void max_grad_general(const float* px, const float* pm, const float* pg, float* po, std::int64_t n,
+                      const BroadcastPlan& groups, std::int64_t ngroups, Stream) {
   std::vector<char> taken(static_cast<std::size_t>(ngroups), 0);
   for (std::int64_t i = 0; i < n; ++i) {
     if (px[i] != pm[i]) continue;

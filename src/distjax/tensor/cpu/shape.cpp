@@ -8,8 +8,8 @@
 namespace distjax::tensor::detail::cpu {
 namespace {
 
-void permute(const void* src_v, void* dst_v, std::size_t es, const PermutePlan& p,
-             std::int64_t n, Stream) {
+void permute(const void* src_v, void* dst_v, std::size_t es, const PermutePlan& p, std::int64_t n,
+             Stream) {
   const int r = p.rank;
   const std::int64_t* os = p.dims;
   const std::int64_t* st = p.strides;

@@ -21,8 +21,7 @@ void require_cpu(const char* op, std::initializer_list<const Tensor*> ts);
 
 /// The plan of `operand` broadcast to `out` (a valid broadcast); InvalidArgument naming
 /// `op` when out's rank exceeds kMaxKernelRank.
-BroadcastPlan plan_broadcast(const Shape& operand, const Shape& out,
-                             const char* op = "broadcast");
+BroadcastPlan plan_broadcast(const Shape& operand, const Shape& out, const char* op = "broadcast");
 /// Flat index into `operand` for flat output index `i` (general case).
 std::int64_t broadcast_index(const Shape& operand, const Shape& out, std::int64_t i);
 

@@ -18,10 +18,10 @@ struct BroadcastPlan {
   enum class Kind { Same, Scalar, Row, Col, General };
   Kind kind = Kind::General;
   std::int64_t outer = 1, inner = 1;
-  int rank = 0;                                 // the output's rank
-  std::int64_t dims[kMaxKernelRank] = {};       // the output's dimensions
-  std::int64_t strides[kMaxKernelRank] = {};    // the operand's stride per output dimension,
-                                                // 0 where it broadcasts
+  int rank = 0;                               // the output's rank
+  std::int64_t dims[kMaxKernelRank] = {};     // the output's dimensions
+  std::int64_t strides[kMaxKernelRank] = {};  // the operand's stride per output dimension,
+                                              // 0 where it broadcasts
 };
 
 /// Flat index into the operand for flat output index `i`.
