@@ -32,22 +32,20 @@ struct GradCase {
   double atol = 1e-3;
 };
 
-/// Uniform values in [lo, hi) from a fixed key.
+/// Uniform values in [lo, hi) from a fixed key, on the current device.
 inline Tensor uniform(const Shape& shape, std::uint64_t seed, float lo = -1.f, float hi = 1.f) {
-  Tensor t = Tensor::empty(shape);
-  random_uniform(Key::from_seed(seed), t.data<float>(), t.numel(), lo, hi);
-  return t;
+  std::vector<float> v(static_cast<std::size_t>(numel(shape)));
+  random_uniform(Key::from_seed(seed), v.data(), numel(shape), lo, hi);
+  return Tensor::from_vector(v, shape);
 }
 
 /// Uniform magnitudes in [lo, hi) with random signs: values kept away from 0 (relu, abs).
 inline Tensor away_from_zero(const Shape& shape, std::uint64_t seed, float lo, float hi) {
-  Tensor t = uniform(shape, seed, lo, hi);
-  Tensor s = uniform(shape, seed + 7919, -1.f, 1.f);
-  float* p = t.data<float>();
-  const float* ps = s.data<float>();
-  for (std::int64_t i = 0; i < t.numel(); ++i)
+  std::vector<float> p = uniform(shape, seed, lo, hi).to_vector<float>();
+  const std::vector<float> ps = uniform(shape, seed + 7919, -1.f, 1.f).to_vector<float>();
+  for (std::size_t i = 0; i < p.size(); ++i)
     p[i] = ps[i] < 0.f ? -p[i] : p[i];
-  return t;
+  return Tensor::from_vector(p, shape);
 }
 
 /// A random permutation of {0, gap, 2 gap, ...} shifted to be centred: no two values tie,
@@ -81,9 +79,9 @@ inline std::string leaf_name(std::size_t i) {
 inline double weighted_sum(const std::vector<Tensor>& ys, const std::vector<Tensor>& cs) {
   double acc = 0.0;
   for (std::size_t o = 0; o < ys.size(); ++o) {
-    const float* py = ys[o].data<float>();
-    const float* pc = cs[o].data<float>();
-    for (std::int64_t i = 0; i < ys[o].numel(); ++i)
+    const std::vector<float> py = ys[o].to_vector<float>();
+    const std::vector<float> pc = cs[o].to_vector<float>();
+    for (std::size_t i = 0; i < py.size(); ++i)
       acc += static_cast<double>(py[i]) * pc[i];
   }
   return acc;
@@ -102,9 +100,9 @@ inline ::testing::AssertionResult check_gradients(const GradCase& c) {
     tensor::NoGradGuard off;
     std::vector<Tensor> ys = c.fn(xs);
     for (std::size_t o = 0; o < ys.size(); ++o) {
-      Tensor ct = Tensor::empty(ys[o].shape());
-      random_normal(Key::from_seed(2024).fold_in(c.name).fold_in(o), ct.data<float>(), ct.numel());
-      cots.push_back(ct);
+      std::vector<float> ct(static_cast<std::size_t>(ys[o].numel()));
+      random_normal(Key::from_seed(2024).fold_in(c.name).fold_in(o), ct.data(), ys[o].numel());
+      cots.push_back(Tensor::from_vector(ct, ys[o].shape()));
     }
   }
   TensorTree params;
@@ -131,15 +129,20 @@ inline ::testing::AssertionResult check_gradients(const GradCase& c) {
       return ::testing::AssertionFailure()
              << c.name << ": gradient of input " << i << " has shape " << to_string(ga.shape())
              << ", expected " << to_string(xs[i].shape());
-    const float* pa = ga.data<float>();
-    float* px = xs[i].data<float>();
-    for (std::int64_t j = 0; j < xs[i].numel(); ++j) {
+    // Perturbed copies of input i go through the host (the inputs may live on a device).
+    const std::vector<float> pa = ga.to_vector<float>();
+    std::vector<float> px = xs[i].to_vector<float>();
+    const Tensor unperturbed = xs[i];
+    for (std::size_t j = 0; j < px.size(); ++j) {
       const float orig = px[j];
       px[j] = static_cast<float>(orig + c.eps);
+      xs[i] = Tensor::from_vector(px, unperturbed.shape());
       const double hi = detail::weighted_sum(c.fn(xs), cots);
       px[j] = static_cast<float>(orig - c.eps);
+      xs[i] = Tensor::from_vector(px, unperturbed.shape());
       const double lo = detail::weighted_sum(c.fn(xs), cots);
       px[j] = orig;
+      xs[i] = unperturbed;
       const double num = (hi - lo) / (2.0 * c.eps);
       const double err = std::abs(pa[j] - num);
       const double tol = c.atol + c.rtol * std::abs(num);

@@ -1,5 +1,6 @@
 // Reductions and broadcasting binary ops at sizes that take the parallel and fast paths,
-// against plain loops; the broadcasting plan for every operand layout.
+// against plain loops; the broadcasting plan for every operand layout; argmax, and the
+// shape ops on every element width.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -43,7 +44,7 @@ TEST(Broadcast, BinaryOpsMatchIndexArithmeticForEveryLayout) {
       Tensor a = uniform(sa, ++seed), b = uniform(sb, ++seed, 0.5f, 1.5f);
       Tensor y = sub(div(a, b), mul(b, a));
       if (broadcast_shapes(sa, sb, "test") != out) continue;
-      const float *pa = a.data<float>(), *pb = b.data<float>(), *py = y.data<float>();
+      const auto pa = a.to_vector<float>(), pb = b.to_vector<float>(), py = y.to_vector<float>();
       for (std::int64_t i = 0; i < numel(out); ++i) {
         const float va = pa[detail::broadcast_index(sa, out, i)],
                     vb = pb[detail::broadcast_index(sb, out, i)];
@@ -66,8 +67,8 @@ TEST(Broadcast, LargeOperandsTakeTheParallelPaths) {
     Tensor y = sub(div(a, b), mul(b, a));
     Tensor ya = broadcast_to(a, out);
     ASSERT_EQ(y.shape(), out);
-    const float *pa = a.data<float>(), *pb = b.data<float>(), *py = y.data<float>(),
-                *pya = ya.data<float>();
+    const auto pa = a.to_vector<float>(), pb = b.to_vector<float>(), py = y.to_vector<float>(),
+               pya = ya.to_vector<float>();
     for (std::int64_t i = 0; i < numel(out); i += 7) {
       const float va = pa[detail::broadcast_index(sa, out, i)],
                   vb = pb[detail::broadcast_index(sb, out, i)];
@@ -88,7 +89,7 @@ TEST(Broadcast, BroadcastToAndWhereMatchIndexArithmetic) {
     Tensor a = uniform(sa, ++seed);
     Tensor y = broadcast_to(a, out);
     Tensor w = where(cond, a, Tensor::zeros(out));  // uniform cond is never exactly 0: picks a
-    const float *pa = a.data<float>(), *py = y.data<float>(), *pw = w.data<float>();
+    const auto pa = a.to_vector<float>(), py = y.to_vector<float>(), pw = w.to_vector<float>();
     for (std::int64_t i = 0; i < numel(out); ++i) {
       ASSERT_EQ(py[i], pa[detail::broadcast_index(sa, out, i)]) << to_string(sa) << " at " << i;
       ASSERT_EQ(pw[i], pa[detail::broadcast_index(sa, out, i)]) << to_string(sa) << " at " << i;
@@ -118,7 +119,7 @@ TEST(Reduce, SumAndMaxOverAxisSubsetsMatchLoops) {
   const Shape s{33, 65, 513};
   ASSERT_GT(numel(s), detail::kParallelGrainMemory);
   Tensor x = uniform(s, 99, -1.f, 1.f);
-  const float* px = x.data<float>();
+  const std::vector<float> px = x.to_vector<float>();
   for (int mask = 1; mask < 8; ++mask) {
     std::vector<int> axes;
     for (int d = 0; d < 3; ++d)
@@ -136,9 +137,10 @@ TEST(Reduce, SumAndMaxOverAxisSubsetsMatchLoops) {
           ws[o] += v;
           wm[o] = std::max(wm[o], v);
         }
+    const std::vector<float> got_sum = sm.to_vector<float>(), got_max = mx.to_vector<float>();
     for (std::int64_t o = 0; o < sm.numel(); ++o) {
-      ASSERT_NEAR(sm.data<float>()[o], ws[o], 1e-5 * (1 + std::abs(ws[o])) * 40) << "mask " << mask;
-      ASSERT_EQ(mx.data<float>()[o], wm[o]) << "mask " << mask;
+      ASSERT_NEAR(got_sum[o], ws[o], 1e-5 * (1 + std::abs(ws[o])) * 40) << "mask " << mask;
+      ASSERT_EQ(got_max[o], wm[o]) << "mask " << mask;
     }
   }
 }
@@ -147,23 +149,23 @@ TEST(Reduce, BiasGradientSumToRowsAndLongVectors) {
   // (N, C) -> (C): the bias gradient; split over rows into per-thread partials.
   const std::int64_t c = 256, n = detail::kParallelGrainMemory / c + 5;
   Tensor g = uniform({n, c}, 100);
-  Tensor b = sum_to(g, {c});
+  const std::vector<float> b = sum_to(g, {c}).to_vector<float>(), pg = g.to_vector<float>();
   std::vector<double> want(c, 0.0);
   for (std::int64_t r = 0; r < n; ++r)
     for (std::int64_t j = 0; j < c; ++j)
-      want[j] += g.data<float>()[r * c + j];
+      want[j] += pg[r * c + j];
   for (std::int64_t j = 0; j < c; ++j)
-    ASSERT_NEAR(b.data<float>()[j], want[j], 2e-3);
+    ASSERT_NEAR(b[j], want[j], 2e-3);
   // A long 1-D vector and its mean.
   Tensor v = Tensor::full({std::int64_t(1) << 21}, 0.5);
   EXPECT_FLOAT_EQ(sum(v).item<float>(), 1048576.f);
   EXPECT_FLOAT_EQ(mean(v).item<float>(), 0.5f);
   // max over the leading axis with the maximum in the last row.
   const std::int64_t rows = detail::kParallelGrainMemory / 50 + 3;
-  Tensor m = uniform({rows, 50}, 101);
+  std::vector<float> pm = uniform({rows, 50}, 101).to_vector<float>();
   for (std::int64_t j = 0; j < 50; ++j)
-    m.data<float>()[(rows - 1) * 50 + j] = 2.f + j;
-  auto mv = max(m, {0}).to_vector<float>();
+    pm[(rows - 1) * 50 + j] = 2.f + j;
+  auto mv = max(Tensor::from_vector(pm, {rows, 50}), {0}).to_vector<float>();
   for (std::int64_t j = 0; j < 50; ++j)
     EXPECT_EQ(mv[j], 2.f + j);
 }
@@ -173,6 +175,29 @@ TEST(Reduce, BiasGradientSumToRowsAndLongVectors) {
 
 namespace distjax::tensor {
 namespace {
+
+TEST(Reduce, ArgmaxPicksTheFirstMaximumAlongAnyAxis) {
+  // (2, 3, 2) with ties: the first maximal index wins.
+  Tensor x = Tensor::from_vector<float>({1, 5, 3, 5, 3, 0, 7, 7, 7, 2, -1, 9}, {2, 3, 2});
+  EXPECT_EQ(argmax(x, 0).to_vector<std::int64_t>(), (std::vector<std::int64_t>{1, 1, 1, 0, 0, 1}));
+  EXPECT_EQ(argmax(x, 1).to_vector<std::int64_t>(), (std::vector<std::int64_t>{1, 0, 0, 2}));
+  EXPECT_EQ(argmax(x, -1).to_vector<std::int64_t>(), (std::vector<std::int64_t>{1, 1, 0, 0, 0, 1}));
+}
+
+// Permutes, slices and concatenations move bytes of any dtype (2, 4 and 8 bytes wide).
+TEST(ShapeOps, MoveElementsOfEveryWidth) {
+  Tensor x = Tensor::from_vector<std::int64_t>({0, 1, 2, 3, 4, 5}, {2, 3});
+  EXPECT_EQ(transpose(x).to_vector<std::int64_t>(), (std::vector<std::int64_t>{0, 3, 1, 4, 2, 5}));
+  EXPECT_EQ(slice(x, 1, 1, 3).to_vector<std::int64_t>(), (std::vector<std::int64_t>{1, 2, 4, 5}));
+  EXPECT_EQ(concat({x, x}, 1).to_vector<std::int64_t>(),
+            (std::vector<std::int64_t>{0, 1, 2, 0, 1, 2, 3, 4, 5, 3, 4, 5}));
+  Tensor h = astype(x, DType::BF16);
+  EXPECT_EQ(astype(transpose(h), DType::I64).to_vector<std::int64_t>(),
+            (std::vector<std::int64_t>{0, 3, 1, 4, 2, 5}));
+  Tensor i = astype(x, DType::I32);
+  EXPECT_EQ(permute(reshape(i, {1, 2, 3}), {2, 0, 1}).to_vector<std::int32_t>(),
+            (std::vector<std::int32_t>{0, 3, 1, 4, 2, 5}));
+}
 
 TEST(Reduce, MaxGradientGoesToTheFirstMaximum) {
   for (const std::vector<int>& axes : {std::vector<int>{1}, std::vector<int>{0, 1}}) {

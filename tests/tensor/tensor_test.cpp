@@ -10,7 +10,7 @@ TEST(Tensor, FactoriesAndAccess) {
   EXPECT_EQ(t.shape(), (Shape{2, 3}));
   EXPECT_EQ(t.numel(), 6);
   EXPECT_EQ(t.size(-1), 3);
-  EXPECT_EQ(t.data<float>()[4], 5.f);
+  EXPECT_EQ(t.to_vector<float>()[4], 5.f);
   EXPECT_THROW(t.data<std::int32_t>(), InvalidArgument);
   EXPECT_EQ(Tensor::full({2}, 3.5).to_vector<float>(), (std::vector<float>{3.5f, 3.5f}));
   EXPECT_EQ(Tensor::arange(3).to_vector<std::int64_t>(), (std::vector<std::int64_t>{0, 1, 2}));

@@ -1,11 +1,11 @@
 #include "distjax/tensor/shape_ops.hpp"
 
-#include <cstring>
 #include <numeric>
 
 #include "distjax/tensor/detail/kernels.hpp"
 #include "distjax/tensor/grad_node.hpp"
 #include "distjax/tensor/reduce.hpp"
+#include "distjax/tensor/table/table.hpp"
 
 namespace distjax::tensor {
 namespace {
@@ -17,13 +17,18 @@ std::vector<int> inverse_perm(const std::vector<int>& p) {
   return inv;
 }
 
-// Copies x (viewed as outer x (len*inner)) into out (outer x (total*inner)) at offset
-// `at` along the middle dimension: the shared kernel of slice, concat and split.
-void copy_block(const char* src, std::int64_t src_row, char* dst, std::int64_t dst_row,
-                std::int64_t outer, std::int64_t bytes) {
-#pragma omp parallel for if (outer * bytes > 4 * detail::kParallelGrainMemory)
-  for (std::int64_t o = 0; o < outer; ++o)
-    std::memcpy(dst + o * dst_row, src + o * src_row, bytes);
+using detail::Dispatch;
+using detail::KernelTable;
+
+// Copies `outer` runs of `bytes` bytes from src (runs src_row bytes apart) to dst (runs
+// dst_row bytes apart), src and dst in the memory of `from` and `to`: the shared step of
+// slice, concat and split.
+void copy_block(const char* op, const Tensor& from, const char* src, std::int64_t src_row,
+                const Tensor& to, char* dst, std::int64_t dst_row, std::int64_t outer,
+                std::int64_t bytes) {
+  Dispatch k(op, &KernelTable::copy, {&from, &to});
+  k->copy_2d(src, static_cast<std::size_t>(src_row), dst, static_cast<std::size_t>(dst_row),
+             static_cast<std::size_t>(bytes), outer, k.stream());
 }
 
 std::pair<std::int64_t, std::int64_t> outer_inner(const Shape& s, int axis) {
@@ -67,7 +72,6 @@ Tensor reshape(const Tensor& x, const Shape& shape_in) {
 
 Tensor permute(const Tensor& x, const std::vector<int>& perm) {
   check_defined(x, "permute", "x");
-  detail::require_cpu("permute", {&x});
   DISTJAX_CHECK(static_cast<int>(perm.size()) == x.rank(), InvalidArgument,
                 "[permute] perm of length ", perm.size(), " for rank ", x.rank());
   std::vector<int> seen(perm.size(), 0);
@@ -76,40 +80,18 @@ Tensor permute(const Tensor& x, const std::vector<int>& perm) {
                   "[permute] perm is not a permutation of 0..", x.rank() - 1);
   }
   const int r = x.rank();
-  Shape os(r);
-  for (int i = 0; i < r; ++i)
-    os[i] = x.shape()[perm[i]];
-  Tensor out = Tensor::empty(os, x.dtype());
+  DISTJAX_CHECK(r <= detail::kMaxKernelRank, InvalidArgument, "[permute] rank ", r, " exceeds ",
+                detail::kMaxKernelRank);
+  detail::PermutePlan plan;
+  plan.rank = r;
   const auto in_strides = contiguous_strides(x.shape());
-  std::vector<std::int64_t> st(r);  // input stride for each output dim
-  for (int i = 0; i < r; ++i)
-    st[i] = in_strides[perm[i]];
-  const std::size_t es = dtype_size(x.dtype());
-  const char* src = static_cast<const char*>(x.raw_data());
-  char* dst = static_cast<char*>(out.raw_data());
-  // Iterate the output in order over all but its last dim; copy the last dim with its stride.
-  const std::int64_t last = r ? os[r - 1] : 1, last_stride = r ? st[r - 1] : 1;
-  const std::int64_t rows = r ? out.numel() / std::max<std::int64_t>(last, 1) : 1;
-#pragma omp parallel for if (out.numel() > detail::kParallelGrainMemory)
-  for (std::int64_t row = 0; row < rows; ++row) {
-    std::int64_t rem = row, off = 0;
-    for (int d = r - 2; d >= 0; --d) {
-      off += (rem % os[d]) * st[d];
-      rem /= os[d];
-    }
-    char* o = dst + row * last * es;
-    if (last_stride == 1) {  // the innermost dimension stays innermost: copy whole rows
-      std::memcpy(o, src + off * es, static_cast<std::size_t>(last) * es);
-    } else if (es == 4) {
-      const float* s = reinterpret_cast<const float*>(src) + off;
-      float* of = reinterpret_cast<float*>(o);
-      for (std::int64_t j = 0; j < last; ++j)
-        of[j] = s[j * last_stride];
-    } else {
-      for (std::int64_t j = 0; j < last; ++j)
-        std::memcpy(o + j * es, src + (off + j * last_stride) * es, es);
-    }
+  for (int i = 0; i < r; ++i) {
+    plan.dims[i] = x.shape()[perm[i]];
+    plan.strides[i] = in_strides[perm[i]];  // input stride for each output dim
   }
+  Tensor out = Tensor::empty(Shape(plan.dims, plan.dims + r), x.dtype(), x.device());
+  Dispatch k("permute", &KernelTable::shape, {&x, &out});
+  k->permute(x.raw_data(), out.raw_data(), dtype_size(x.dtype()), plan, out.numel(), k.stream());
   if (!needs_grad({&x})) return joined(out, {&x});
   return record("permute", {x}, out, [inv = inverse_perm(perm)](const std::vector<Tensor>& g) {
     return std::vector<Tensor>{permute(g[0], inv)};
@@ -127,7 +109,6 @@ Tensor transpose(const Tensor& x, int d0, int d1) {
 
 Tensor slice(const Tensor& x, int axis_in, std::int64_t start, std::int64_t end) {
   check_defined(x, "slice", "x");
-  detail::require_cpu("slice", {&x});
   const int axis = normalize_axis(axis_in, x.rank(), "slice");
   const std::int64_t n = x.size(axis);
   if (start < 0) start += n;
@@ -136,18 +117,19 @@ Tensor slice(const Tensor& x, int axis_in, std::int64_t start, std::int64_t end)
                 ", ", end, ") is outside dimension ", axis, " of ", to_string(x.shape()));
   Shape os = x.shape();
   os[axis] = end - start;
-  Tensor out = Tensor::empty(os, x.dtype());
+  Tensor out = Tensor::empty(os, x.dtype(), x.device());
   auto [outer, inner] = outer_inner(x.shape(), axis);
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(x.dtype()));
-  copy_block(static_cast<const char*>(x.raw_data()) + start * inner * es, n * inner * es,
-             static_cast<char*>(out.raw_data()), (end - start) * inner * es, outer,
-             (end - start) * inner * es);
+  copy_block("slice", x, static_cast<const char*>(x.raw_data()) + start * inner * es,
+             n * inner * es, out, static_cast<char*>(out.raw_data()), (end - start) * inner * es,
+             outer, (end - start) * inner * es);
   if (!needs_grad({&x})) return joined(out, {&x});
   return record("slice", {x}, out,
                 [xs = x.shape(), axis, start, end](const std::vector<Tensor>& g) {
-                  Tensor gx = Tensor::zeros(xs);
+                  Tensor gx = Tensor::zeros(xs, DType::F32, g[0].device());
                   auto [outer, inner] = outer_inner(xs, axis);
-                  copy_block(static_cast<const char*>(g[0].raw_data()), (end - start) * inner * 4,
+                  copy_block("slice", g[0], static_cast<const char*>(g[0].raw_data()),
+                             (end - start) * inner * 4, gx,
                              static_cast<char*>(gx.raw_data()) + start * inner * 4,
                              xs[axis] * inner * 4, outer, (end - start) * inner * 4);
                   return std::vector<Tensor>{gx};
@@ -174,13 +156,13 @@ Tensor concat(const std::vector<Tensor>& xs, int axis_in) {
     sizes.push_back(xs[i].size(axis));
     os[axis] += xs[i].size(axis);
   }
-  Tensor out = Tensor::empty(os, x0.dtype());
+  Tensor out = Tensor::empty(os, x0.dtype(), x0.device());
   auto [outer, inner] = outer_inner(os, axis);
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(x0.dtype()));
   std::int64_t at = 0;
   for (const Tensor& x : xs) {
     const std::int64_t len = x.size(axis);
-    copy_block(static_cast<const char*>(x.raw_data()), len * inner * es,
+    copy_block("concat", x, static_cast<const char*>(x.raw_data()), len * inner * es, out,
                static_cast<char*>(out.raw_data()) + at * inner * es, os[axis] * inner * es, outer,
                len * inner * es);
     at += len;
@@ -213,7 +195,8 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<std::int64_t>& size
     for (Tensor& o : outs) o.set_varying_axes(x.varying_axes());
     return outs;
   }
-  record("split", {x}, outs, [xs = x.shape(), sizes, axis](const std::vector<Tensor>& g) {
+  const Device device = x.device();
+  record("split", {x}, outs, [xs = x.shape(), device, sizes, axis](const std::vector<Tensor>& g) {
     std::vector<Tensor> parts;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       if (g[i].defined()) {
@@ -221,7 +204,7 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<std::int64_t>& size
       } else {
         Shape ps = xs;
         ps[axis] = sizes[i];
-        parts.push_back(Tensor::zeros(ps));
+        parts.push_back(Tensor::zeros(ps, DType::F32, device));
       }
     }
     return std::vector<Tensor>{concat(parts, axis)};
@@ -257,8 +240,8 @@ Tensor broadcast_to(const Tensor& x, const Shape& shape) {
   DISTJAX_CHECK(broadcast_shapes(x.shape(), shape, "broadcast_to") == shape, InvalidArgument,
                 "[broadcast_to] cannot broadcast ", to_string(x.shape()), " to ", to_string(shape));
   if (x.shape() == shape) return x;
-  Tensor out = Tensor::empty(shape);
-  detail::broadcast_copy(x, out);
+  Tensor out = Tensor::empty(shape, DType::F32, x.device());
+  detail::broadcast_copy("broadcast_to", x, out);
   if (!needs_grad({&x})) return joined(out, {&x});
   return record("broadcast_to", {x}, out, [xs = x.shape()](const std::vector<Tensor>& g) {
     return std::vector<Tensor>{sum_to(g[0], xs)};

@@ -105,7 +105,7 @@ std::int64_t TensorTree::num_bytes() const {
 }
 
 TensorTree zeros_like(const TensorTree& t) {
-  return t.map([](const Tensor& x) { return Tensor::zeros(x.shape(), x.dtype()); });
+  return t.map([](const Tensor& x) { return Tensor::zeros(x.shape(), x.dtype(), x.device()); });
 }
 
 }  // namespace distjax::tensor

@@ -8,5 +8,8 @@ namespace distjax::tensor::detail::cpu {
 extern const CopyKernels copy_kernels;
 extern const OptimKernels optim_kernels;
 extern const DataKernels data_kernels;
+extern const ElementwiseKernels elementwise_kernels;
+extern const ReduceKernels reduce_kernels;
+extern const ShapeKernels shape_kernels;
 
 }  // namespace distjax::tensor::detail::cpu

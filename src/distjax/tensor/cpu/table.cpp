@@ -10,6 +10,9 @@ const KernelTable& cpu_kernel_table() {
       .copy = &cpu::copy_kernels,
       .optim = &cpu::optim_kernels,
       .data = &cpu::data_kernels,
+      .elementwise = &cpu::elementwise_kernels,
+      .reduce = &cpu::reduce_kernels,
+      .shape = &cpu::shape_kernels,
   };
   return table;
 }

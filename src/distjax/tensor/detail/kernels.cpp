@@ -1,7 +1,8 @@
 #include "distjax/tensor/detail/kernels.hpp"
 
 #include <algorithm>
-#include <cstring>
+
+#include "distjax/tensor/table/table.hpp"
 
 namespace distjax::tensor::detail {
 
@@ -20,22 +21,27 @@ void require_f32(const char* op, std::initializer_list<const Tensor*> ts) {
                   "; compute is f32 (use astype to convert bf16/f16 storage)");
     ++i;
   }
-  require_cpu(op, ts);
 }
 
-BroadcastPlan plan_broadcast(const Shape& s, const Shape& out) {
+namespace {
+
+BroadcastPlan::Kind broadcast_kind(const Shape& s, const Shape& out, std::int64_t& outer,
+                                   std::int64_t& inner) {
   using K = BroadcastPlan::Kind;
-  if (s == out) return {K::Same};
-  if (numel(s) == 1) return {K::Scalar};
-  if (numel(out) == 0) return {K::General};  // nothing to compute; avoids 0 / 0 below
+  if (s == out) return K::Same;
+  if (numel(s) == 1) return K::Scalar;
+  if (numel(out) == 0) return K::General;  // nothing to compute; avoids 0 / 0 below
   // Strip leading ones; a row operand matches a suffix of out, a column operand is a
   // prefix of out followed by ones.
   std::size_t lead = 0;
   while (lead < s.size() && s[lead] == 1)
     ++lead;
   Shape core(s.begin() + lead, s.end());
-  if (core.size() <= out.size() && std::equal(core.begin(), core.end(), out.end() - core.size()))
-    return {K::Row, numel(out) / numel(core), numel(core)};
+  if (core.size() <= out.size() && std::equal(core.begin(), core.end(), out.end() - core.size())) {
+    outer = numel(out) / numel(core);
+    inner = numel(core);
+    return K::Row;
+  }
   std::size_t trail = s.size();
   while (trail > 0 && s[trail - 1] == 1)
     --trail;
@@ -43,12 +49,35 @@ BroadcastPlan plan_broadcast(const Shape& s, const Shape& out) {
   for (std::size_t i = 0; prefix && i < trail; ++i)
     prefix = s[i] == out[i];
   if (prefix) {
-    std::int64_t outer = 1;
+    outer = 1;
     for (std::size_t i = 0; i < trail; ++i)
       outer *= out[i];
-    return {K::Col, outer, numel(out) / outer};
+    inner = numel(out) / outer;
+    return K::Col;
   }
-  return {K::General};
+  return K::General;
+}
+
+}  // namespace
+
+BroadcastPlan plan_broadcast(const Shape& s, const Shape& out, const char* op) {
+  DISTJAX_CHECK(out.size() <= static_cast<std::size_t>(kMaxKernelRank) && s.size() <= out.size(),
+                InvalidArgument, "[", op, "] cannot broadcast ", to_string(s), " to ",
+                to_string(out), " (ranks up to ", kMaxKernelRank, ")");
+  BroadcastPlan q;
+  q.kind = broadcast_kind(s, out, q.outer, q.inner);
+  q.rank = static_cast<int>(out.size());
+  const std::size_t off = out.size() - s.size();
+  std::int64_t stride = 1;
+  for (int d = q.rank - 1; d >= 0; --d) {
+    q.dims[d] = out[d];
+    if (d >= static_cast<int>(off)) {
+      const std::int64_t sd = s[d - off];
+      q.strides[d] = sd != 1 ? stride : 0;
+      stride *= sd;
+    }
+  }
+  return q;
 }
 
 std::int64_t broadcast_index(const Shape& s, const Shape& out, std::int64_t i) {
@@ -66,45 +95,10 @@ std::int64_t broadcast_index(const Shape& s, const Shape& out, std::int64_t i) {
   return idx;
 }
 
-void broadcast_copy(const Tensor& x, Tensor& out) {
-  using K = BroadcastPlan::Kind;
-  const float* px = x.data<float>();
-  float* po = out.data<float>();
-  const std::int64_t n = out.numel();
-  const BroadcastPlan q = plan_broadcast(x.shape(), out.shape());
-  switch (q.kind) {
-    case K::Same:
-      std::memcpy(po, px, static_cast<std::size_t>(n) * sizeof(float));
-      return;
-    case K::Scalar:
-      std::fill(po, po + n, px[0]);
-      return;
-    case K::Row:
-#pragma omp parallel for if (n > kParallelGrainMemory)
-      for (std::int64_t r = 0; r < q.outer; ++r)
-        std::memcpy(po + r * q.inner, px, static_cast<std::size_t>(q.inner) * sizeof(float));
-      return;
-    case K::Col:
-#pragma omp parallel for if (n > kParallelGrainMemory)
-      for (std::int64_t r = 0; r < q.outer; ++r)
-        std::fill(po + r * q.inner, po + (r + 1) * q.inner, px[r]);
-      return;
-    default: {
-      // General: per run of the output's last dimension, either a row copy (the operand
-      // keeps that dimension) or a fill (it broadcasts it).
-      const std::int64_t last = out.shape().empty() ? 1 : out.shape().back();
-      const bool keeps_last = !x.shape().empty() && x.shape().back() == last && last != 1;
-      const std::int64_t rows = last ? n / last : 0;
-#pragma omp parallel for if (n > kParallelGrainMemory)
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const std::int64_t src = broadcast_index(x.shape(), out.shape(), r * last);
-        if (keeps_last)
-          std::memcpy(po + r * last, px + src, static_cast<std::size_t>(last) * sizeof(float));
-        else
-          std::fill(po + r * last, po + (r + 1) * last, px[src]);
-      }
-    }
-  }
+void broadcast_copy(const char* op, const Tensor& x, Tensor& out) {
+  const BroadcastPlan q = plan_broadcast(x.shape(), out.shape(), op);
+  Dispatch k(op, &KernelTable::shape, {&x, &out});
+  k->broadcast(x.data<float>(), q, out.data<float>(), out.numel(), k.stream());
 }
 
 }  // namespace distjax::tensor::detail

@@ -18,6 +18,9 @@
 #include "distjax/tensor/table/copy.hpp"
 #include "distjax/tensor/table/data.hpp"
 #include "distjax/tensor/table/optim.hpp"
+#include "distjax/tensor/table/elementwise.hpp"
+#include "distjax/tensor/table/reduce.hpp"
+#include "distjax/tensor/table/shape.hpp"
 #include "distjax/tensor/table/stream.hpp"
 #include "distjax/tensor/tensor.hpp"
 
@@ -28,6 +31,9 @@ struct KernelTable {
   const CopyKernels* copy = nullptr;
   const OptimKernels* optim = nullptr;
   const DataKernels* data = nullptr;
+  const ElementwiseKernels* elementwise = nullptr;
+  const ReduceKernels* reduce = nullptr;
+  const ShapeKernels* shape = nullptr;
 };
 
 /// The table of a device kind: tensor/cpu/ for the CPU and the checked device.
