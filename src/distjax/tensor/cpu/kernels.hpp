@@ -6,5 +6,8 @@
 namespace distjax::tensor::detail::cpu {
 
 extern const CopyKernels copy_kernels;
+extern const NnKernels nn_kernels;
+extern const AttentionKernels attention_kernels;
+extern const GemmKernels gemm_kernels;
 
 }  // namespace distjax::tensor::detail::cpu

@@ -8,6 +8,9 @@ namespace distjax::tensor::detail {
 const KernelTable& cpu_kernel_table() {
   static const KernelTable table{
       .copy = &cpu::copy_kernels,
+      .nn = &cpu::nn_kernels,
+      .attention = &cpu::attention_kernels,
+      .gemm = &cpu::gemm_kernels,
   };
   return table;
 }

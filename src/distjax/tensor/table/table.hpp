@@ -15,7 +15,10 @@
 #include <initializer_list>
 #include <vector>
 
+#include "distjax/tensor/table/attention.hpp"
 #include "distjax/tensor/table/copy.hpp"
+#include "distjax/tensor/table/gemm.hpp"
+#include "distjax/tensor/table/nn.hpp"
 #include "distjax/tensor/table/stream.hpp"
 #include "distjax/tensor/tensor.hpp"
 
@@ -24,6 +27,9 @@ namespace distjax::tensor::detail {
 /// Every kernel family of one device kind; null where the kind has none.
 struct KernelTable {
   const CopyKernels* copy = nullptr;
+  const NnKernels* nn = nullptr;
+  const AttentionKernels* attention = nullptr;
+  const GemmKernels* gemm = nullptr;
 };
 
 /// The table of a device kind: tensor/cpu/ for the CPU and the checked device.
