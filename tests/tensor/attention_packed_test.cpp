@@ -18,14 +18,13 @@ namespace distjax::tensor {
 namespace {
 
 Tensor uniform(const Shape& shape, std::uint32_t seed) {
-  Tensor t = Tensor::empty(shape);
+  std::vector<float> p(static_cast<std::size_t>(numel(shape)));
   std::uint32_t x = 2463534242u ^ (seed * 2654435761u);
-  float* p = t.data<float>();
-  for (std::int64_t i = 0; i < t.numel(); ++i) {
+  for (float& v : p) {
     x ^= x << 13, x ^= x >> 17, x ^= x << 5;
-    p[i] = static_cast<float>(x % 20001) / 10000.f - 1.f;
+    v = static_cast<float>(x % 20001) / 10000.f - 1.f;
   }
-  return t;
+  return Tensor::from_vector(p, shape);
 }
 
 Tensor composed(const Tensor& qkv, std::int64_t h, bool causal, float scale) {
@@ -40,8 +39,7 @@ Tensor composed(const Tensor& qkv, std::int64_t h, bool causal, float scale) {
 
 void expect_near(const Tensor& got, const Tensor& want, float tol, const char* what) {
   ASSERT_EQ(got.shape(), want.shape()) << what;
-  const float* g = got.data<float>();
-  const float* w = want.data<float>();
+  const std::vector<float> g = got.to_vector<float>(), w = want.to_vector<float>();
   for (std::int64_t i = 0; i < got.numel(); ++i)
     ASSERT_NEAR(g[i], w[i], tol) << what << " at " << i;
 }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "distjax/distjax.hpp"
+#include "distjax/tensor/cpu/grain.hpp"
 #include "distjax/tensor/detail/kernels.hpp"
 #include "grad_check.hpp"
 

@@ -13,14 +13,15 @@
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/matmul.hpp"
 #include "distjax/tensor/reduce.hpp"
+#include "checked_parity.hpp"
 
 namespace distjax::tensor {
 namespace {
 
 Tensor randn(const Shape& shape, std::uint64_t seed) {
-  Tensor t = Tensor::empty(shape);
-  random_normal(Key::from_seed(seed), t.data<float>(), t.numel());
-  return t;
+  std::vector<float> v(static_cast<std::size_t>(numel(shape)));
+  random_normal(Key::from_seed(seed), v.data(), numel(shape));
+  return Tensor::from_vector(v, shape);
 }
 
 // x rounded to `dtype` and back: the values a reduced-precision operand holds.
@@ -32,16 +33,17 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
   EXPECT_EQ(a.shape(), b.shape());
   EXPECT_EQ(a.dtype(), DType::F32);
   EXPECT_EQ(b.dtype(), DType::F32);
+  const std::vector<float> va = a.to_vector<float>(), vb = b.to_vector<float>();
   double m = 0;
-  for (std::int64_t i = 0; i < a.numel(); ++i)
-    m = std::max(m, std::abs(double(a.data<float>()[i]) - double(b.data<float>()[i])));
+  for (std::size_t i = 0; i < va.size(); ++i)
+    m = std::max(m, std::abs(double(va[i]) - double(vb[i])));
   return m;
 }
 
 double max_abs(const Tensor& a) {
   double m = 0;
-  for (std::int64_t i = 0; i < a.numel(); ++i)
-    m = std::max(m, std::abs(double(a.data<float>()[i])));
+  for (float v : a.to_vector<float>())
+    m = std::max(m, std::abs(double(v)));
   return m;
 }
 
@@ -91,9 +93,9 @@ TEST(MatmulMixed, F16OperandsOverflowToInfinity) {
   // f16's range ends at 65504: the cast overflows, which is what loss scaling guards.
   const Tensor x = Tensor::full({1, 2}, 1e5), w = Tensor::ones({2, 2});
   const Tensor y = linear(astype(x, DType::F16), astype(w, DType::F16));
-  EXPECT_TRUE(std::isinf(y.data<float>()[0]));
+  EXPECT_TRUE(std::isinf(y.to_vector<float>()[0]));
   const Tensor yb = linear(astype(x, DType::BF16), astype(w, DType::BF16));
-  EXPECT_TRUE(std::isfinite(yb.data<float>()[0]));  // bf16 has f32's range
+  EXPECT_TRUE(std::isfinite(yb.to_vector<float>()[0]));  // bf16 has f32's range
 }
 
 TEST(MatmulMixed, GradientsThroughTheCastAreF32AndNearTheF32Gradients) {
@@ -161,6 +163,48 @@ TEST(MatmulMixed, BatchedTransposedSharedBackwardMatchesRounded) {
   })(rp);
   for (const char* name : {"a", "b"})
     EXPECT_LE(max_abs_diff(g.at(name), gr.at(name)), 1e-5 * max_abs(gr.at(name))) << name;
+}
+
+// matmul and linear on the checked device give the CPU's bits, forward and backward, for
+// every operand layout and compute dtype. Operands are rounded on the CPU first.
+TEST(MatmulDevices, CheckedDeviceGivesTheCpuBits) {
+  using V = std::vector<Tensor>;
+  using testing::expect_same_on_checked;
+  using testing::host_uniform;
+  const std::vector<Case> cases = {
+      {{64, 96}, {96, 48}, false, false}, {{96, 64}, {96, 48}, true, false},
+      {{64, 96}, {48, 96}, false, true},  {{3, 17, 40}, {3, 40, 9}, false, false},
+      {{2, 40, 17}, {2, 9, 40}, true, true}, {{4, 33, 72}, {72, 65}, false, false},
+      {{3, 8, 20}, {12, 20}, false, true}};
+  std::uint64_t seed = 1;
+  for (const Case& c : cases)
+    for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+      const Tensor a = astype(host_uniform(c.a, seed++), dt), b = astype(host_uniform(c.b, seed++), dt);
+      expect_same_on_checked(to_string(c.a) + " @ " + to_string(c.b) + " " + dtype_name(dt),
+                             [&c](const V& x) { return matmul(x[0], x[1], c.ta, c.tb); }, {a, b},
+                             {true, true});
+    }
+  const Tensor x = host_uniform({5, 7, 96}, 40), w = host_uniform({96, 80}, 41);
+  expect_same_on_checked(
+      "linear", [](const V& in) { return linear(in[0], in[1]); }, {x, w}, {true, true});
+  expect_same_on_checked(
+      "linear with bias, forward", [](const V& in) { return linear(in[0], in[1], in[2]); },
+      {x, w, host_uniform({80}, 42)}, {false, false, false});
+}
+
+// The batched transposed A with a shared B: its backward sums dB over the batch in one
+// strided GEMM and widens reduced-precision operands to f32 (astype).
+TEST(MatmulDevices, SharedBWithTransposedAGivesTheCpuBits) {
+  using V = std::vector<Tensor>;
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const Tensor a = astype(testing::host_uniform({3, 20, 8}, 50), dt);
+    for (bool tb : {false, true}) {
+      const Tensor b = astype(testing::host_uniform(tb ? Shape{12, 20} : Shape{20, 12}, 51), dt);
+      testing::expect_same_on_checked(
+          std::string("A^T @ B") + (tb ? "^T " : " ") + dtype_name(dt),
+          [tb](const V& x) { return matmul(x[0], x[1], true, tb); }, {a, b}, {true, true});
+    }
+  }
 }
 
 TEST(MatmulMixed, MixedOperandDtypesAreRejected) {

@@ -9,26 +9,30 @@
 
 #include "distjax/distjax.hpp"
 #include "distjax/tensor/detail/fast_math.hpp"
+#include "distjax/tensor/cpu/grain.hpp"
 #include "distjax/tensor/detail/kernels.hpp"
+#include "checked_parity.hpp"
 #include "grad_check.hpp"
 
 namespace distjax::tensor {
 namespace {
 
+using testing::expect_same_on_checked;
+using testing::host_uniform;
 using testing::uniform;
 
 void expect_close(const Tensor& got, const std::vector<double>& want, double tol,
                   const char* what) {
   ASSERT_EQ(got.numel(), static_cast<std::int64_t>(want.size())) << what;
-  const float* p = got.data<float>();
+  const std::vector<float> p = got.to_vector<float>();
   for (std::size_t i = 0; i < want.size(); ++i)
     ASSERT_NEAR(p[i], want[i], tol * (1.0 + std::abs(want[i]))) << what << " at " << i;
 }
 
 void expect_close(const Tensor& got, const Tensor& want, double tol, const char* what) {
   ASSERT_EQ(got.shape(), want.shape()) << what;
-  const float* p = want.data<float>();
-  expect_close(got, std::vector<double>(p, p + want.numel()), tol, what);
+  const std::vector<float> p = want.to_vector<float>();
+  expect_close(got, std::vector<double>(p.begin(), p.end()), tol, what);
 }
 
 // Gradients of sum(f(x) * ct) with respect to every input.
@@ -78,7 +82,7 @@ TEST(FastMath, TanhErfSigmoidMatchLibm) {
 
 TEST(Activations, ValuesMatchLibmFormulas) {
   Tensor x = uniform({5000}, 77, -6.f, 6.f);
-  const float* px = x.data<float>();
+  const std::vector<float> px = x.to_vector<float>();
   auto ref = [&](double (*f)(double)) {
     std::vector<double> r(5000);
     for (int i = 0; i < 5000; ++i)
@@ -111,7 +115,7 @@ TEST(NnOps, SoftmaxAndLogSoftmaxMatchReference) {
   const std::int64_t n = 7, c = 33;
   Tensor x = uniform({n, c}, 1, -20.f, 20.f);
   std::vector<double> sm(n * c), lsm(n * c);
-  const float* px = x.data<float>();
+  const std::vector<float> px = x.to_vector<float>();
   for (std::int64_t r = 0; r < n; ++r) {
     double m = -1e30, s = 0;
     for (std::int64_t j = 0; j < c; ++j)
@@ -137,7 +141,8 @@ TEST(NnOps, LayerNormAndRmsNormMatchReference) {
   const std::int64_t n = 5, c = 19;
   Tensor x = uniform({n, c}, 2, -3.f, 5.f), g = uniform({c}, 3), b = uniform({c}, 4);
   std::vector<double> ln(n * c), ln_nb(n * c), rms(n * c);
-  const float *px = x.data<float>(), *pg = g.data<float>(), *pb = b.data<float>();
+  const std::vector<float> px = x.to_vector<float>(), pg = g.to_vector<float>(),
+                           pb = b.to_vector<float>();
   for (std::int64_t r = 0; r < n; ++r) {
     double m = 0, v = 0, ss = 0;
     for (std::int64_t j = 0; j < c; ++j)
@@ -163,7 +168,7 @@ TEST(NnOps, EmbeddingGathersRowsAndScatterAddsRepeats) {
   Tensor ids = Tensor::from_vector<std::int64_t>({2, 0, 2, 2}, {2, 2});
   Tensor out = embedding(table, ids);
   EXPECT_EQ(out.shape(), (Shape{2, 2, 3}));
-  const float* pt = table.data<float>();
+  const std::vector<float> pt = table.to_vector<float>();
   std::vector<double> want;
   for (int id : {2, 0, 2, 2})
     for (int j = 0; j < 3; ++j)
@@ -172,14 +177,14 @@ TEST(NnOps, EmbeddingGathersRowsAndScatterAddsRepeats) {
   Tensor ct = uniform({2, 2, 3}, 6);
   Tensor gt =
       grads_of([&](const std::vector<Tensor>& x) { return embedding(x[0], ids); }, {table}, ct)[0];
-  const float* pc = ct.data<float>();
+  const std::vector<float> pc = ct.to_vector<float>();
   std::vector<double> gwant(12, 0.0);
   const int idv[] = {2, 0, 2, 2};
   for (int i = 0; i < 4; ++i)
     for (int j = 0; j < 3; ++j)
       gwant[idv[i] * 3 + j] += pc[i * 3 + j];
   expect_close(gt, gwant, 1e-6, "embedding grad");
-  EXPECT_EQ(gt.data<float>()[3], 0.f);  // row 1 never looked up
+  EXPECT_EQ(gt.to_vector<float>()[3], 0.f);  // row 1 never looked up
 }
 
 TEST(NnOps, EmbeddingAtScaleTakesTheParallelPaths) {
@@ -194,7 +199,8 @@ TEST(NnOps, EmbeddingAtScaleTakesTheParallelPaths) {
   Tensor gt =
       grads_of([&](const std::vector<Tensor>& x) { return embedding(x[0], ids); }, {table}, ct)[0];
   std::vector<double> gwant(v * c, 0.0);
-  const float *pt = table.data<float>(), *pc = ct.data<float>(), *po = out.data<float>();
+  const std::vector<float> pt = table.to_vector<float>(), pc = ct.to_vector<float>(),
+                           po = out.to_vector<float>();
   for (std::int64_t i = 0; i < n; ++i)
     for (std::int64_t j = 0; j < c; ++j) {
       ASSERT_EQ(po[i * c + j], pt[idv[i] * c + j]);
@@ -209,7 +215,7 @@ TEST(NnOps, CrossEntropyMatchesReference) {
   Tensor labels = Tensor::from_vector<std::int32_t>({0, 10, 5, 3, 3, 7}, {2, 3});
   Tensor loss = cross_entropy(logits, labels);
   EXPECT_EQ(loss.shape(), (Shape{2, 3}));
-  const float* px = logits.data<float>();
+  const std::vector<float> px = logits.to_vector<float>();
   std::vector<double> want(n);
   const int lab[] = {0, 10, 5, 3, 3, 7};
   for (std::int64_t r = 0; r < n; ++r) {
@@ -232,7 +238,7 @@ TEST(NnOps, DropoutIsDeterministicPerKeyAndScalesKeptValues) {
   EXPECT_EQ(a.to_vector<float>(), b.to_vector<float>());
   EXPECT_NE(a.to_vector<float>(), c.to_vector<float>());
   std::int64_t kept = 0;
-  const float *pa = a.data<float>(), *px = x.data<float>();
+  const std::vector<float> pa = a.to_vector<float>(), px = x.to_vector<float>();
   for (std::int64_t i = 0; i < n; ++i) {
     if (pa[i] == 0.f) continue;
     ++kept;
@@ -245,7 +251,7 @@ TEST(NnOps, DropoutIsDeterministicPerKeyAndScalesKeptValues) {
   Tensor gx = grads_of(
       [&](const std::vector<Tensor>& in) { return dropout(in[0], rate, Key::from_seed(1)); }, {x},
       ct)[0];
-  const float* pg = gx.data<float>();
+  const std::vector<float> pg = gx.to_vector<float>();
   for (std::int64_t i = 0; i < n; ++i)
     ASSERT_FLOAT_EQ(pg[i], pa[i] == 0.f ? 0.f : 1.f / (1.f - rate));
 }
@@ -254,7 +260,8 @@ TEST(NnOps, DropoutIsDeterministicPerKeyAndScalesKeptValues) {
 std::vector<double> attention_reference(const Tensor& q, const Tensor& k, const Tensor& v,
                                         bool causal, double scale) {
   const std::int64_t bh = q.size(0) * q.size(1), t = q.size(2), s = k.size(2), d = q.size(3);
-  const float *pq = q.data<float>(), *pk = k.data<float>(), *pv = v.data<float>();
+  const std::vector<float> pq = q.to_vector<float>(), pk = k.to_vector<float>(),
+                           pv = v.to_vector<float>();
   std::vector<double> out(bh * t * d, 0.0);
   for (std::int64_t h = 0; h < bh; ++h)
     for (std::int64_t i = 0; i < t; ++i) {
@@ -299,13 +306,15 @@ TEST(Attention, CausalRowsWithoutVisibleKeysAreZero) {
   Tensor q = uniform({1, 1, 5, 4}, 13), k = uniform({1, 1, 3, 4}, 14),
          v = uniform({1, 1, 3, 4}, 15);
   Tensor o = attention(q, k, v, true);
+  const std::vector<float> ov = o.to_vector<float>();
   for (int i = 0; i < 2 * 4; ++i)
-    EXPECT_EQ(o.data<float>()[i], 0.f);
+    EXPECT_EQ(ov[i], 0.f);
   expect_close(o, attention_reference(q, k, v, true, 0.5), 1e-5, "attention with T > S");
   // And no gradient flows from the rows that see nothing.
-  Tensor ct = Tensor::zeros({1, 1, 5, 4});
+  std::vector<float> ctv(20, 0.f);
   for (int i = 0; i < 8; ++i)
-    ct.data<float>()[i] = 1.f;
+    ctv[i] = 1.f;
+  Tensor ct = Tensor::from_vector(ctv, {1, 1, 5, 4});
   auto gs =
       grads_of([](const std::vector<Tensor>& in) { return attention(in[0], in[1], in[2], true); },
                {q, k, v}, ct);
@@ -419,6 +428,105 @@ TEST(NnOps, GradientsWithOnlySomeInputsDifferentiated) {
          v = uniform({1, 2, 6, 3}, 69);
   check([](const std::vector<Tensor>& in) { return attention(in[0], in[1], in[2], true); },
         {q, k, v}, uniform({1, 2, 4, 3}, 70), "attention");
+}
+
+// ---------------------------------------------------------------- devices
+
+// Every fused op on the checked device gives the CPU's bits, forward and backward, at sizes
+// that take the parallel paths (and so the per-thread partial sums of the norms).
+TEST(NnOpsDevices, CheckedDeviceGivesTheCpuBits) {
+  using V = std::vector<Tensor>;
+  const std::int64_t n = 300, c = 1000;  // n c > kParallelGrainMemory
+  const Tensor x = host_uniform({3, n / 3, c}, 1), g = host_uniform({c}, 2),
+               b = host_uniform({c}, 3);
+  for (bool lf : {false, true})
+    expect_same_on_checked(
+        lf ? "log_softmax" : "softmax",
+        [lf](const V& a) { return lf ? log_softmax(a[0]) : softmax(a[0]); }, {x}, {true});
+  auto ln = [](const V& a) { return layer_norm(a[0], a[1], a[2]); };
+  expect_same_on_checked("layer_norm", ln, {x, g, b}, {true, true, true});
+  expect_same_on_checked("layer_norm, x constant", ln, {x, g, b}, {false, true, true});
+  expect_same_on_checked(
+      "layer_norm without beta", [](const V& a) { return layer_norm(a[0], a[1], Tensor()); },
+      {x, g}, {true, true});
+  auto rms = [](const V& a) { return rms_norm(a[0], a[1]); };
+  expect_same_on_checked("rms_norm", rms, {x, g}, {true, true});
+  expect_same_on_checked("rms_norm, x constant", rms, {x, g}, {false, true});
+
+  std::vector<std::int32_t> l32(n);
+  std::vector<std::int64_t> l64(n);
+  for (std::int64_t r = 0; r < n; ++r)
+    l32[r] = static_cast<std::int32_t>(l64[r] = (r * r + 5) % c);  // repeats
+  const Tensor ids32 = Tensor::from_vector(l32, {3, n / 3}, Device::cpu());
+  const Tensor ids64 = Tensor::from_vector(l64, {3, n / 3}, Device::cpu());
+  const Tensor table = host_uniform({c, 300}, 4);
+  for (const Tensor& ids : {ids32, ids64}) {
+    const std::string dt = dtype_name(ids.dtype());
+    expect_same_on_checked(
+        "embedding " + dt, [](const V& a) { return embedding(a[0], a[1]); }, {table, ids},
+        {true, false});
+    expect_same_on_checked(
+        "cross_entropy " + dt, [](const V& a) { return cross_entropy(a[0], a[1]); }, {x, ids},
+        {true, false});
+  }
+  expect_same_on_checked(
+      "dropout", [](const V& a) { return dropout(a[0], 0.3f, Key::from_seed(5)); }, {x}, {true});
+  expect_same_on_checked(
+      "dropout of a block",
+      [](const V& a) {
+        return dropout(a[0], 0.25f, Key::from_seed(6), {8, 400, 2000}, {2, 100, 500});
+      },
+      {x}, {true});
+}
+
+TEST(AttentionDevices, CheckedDeviceGivesTheCpuBits) {
+  using V = std::vector<Tensor>;
+  struct Case {
+    std::int64_t b, h, t, s, d;
+    bool causal;
+  };
+  for (const Case& c : {Case{2, 3, 70, 70, 16, true}, Case{1, 2, 40, 75, 8, false},
+                        Case{1, 1, 5, 3, 4, true}}) {
+    const Tensor q = host_uniform({c.b, c.h, c.t, c.d}, 10),
+                 k = host_uniform({c.b, c.h, c.s, c.d}, 11),
+                 v = host_uniform({c.b, c.h, c.s, c.d}, 12);
+    expect_same_on_checked(
+        "attention T=" + std::to_string(c.t) + " S=" + std::to_string(c.s),
+        [causal = c.causal](const V& a) { return attention(a[0], a[1], a[2], causal); },
+        {q, k, v}, {true, true, true});
+  }
+  for (bool causal : {true, false})
+    expect_same_on_checked(
+        "attention_packed",
+        [causal](const V& a) { return attention_packed(a[0], 4, causal); },
+        {host_uniform({2, 70, 3 * 4 * 16}, 13)}, {true});
+}
+
+// An op given tensors of two devices names itself and both devices.
+TEST(NnOpsDevices, MixedDevicesNameTheOpAndBothDevices) {
+  const Device checked{DeviceKind::Checked, 0};
+  const Tensor x = host_uniform({4, 8}, 1), g = host_uniform({8}, 2).to(checked);
+  const Tensor ids = Tensor::from_vector<std::int32_t>({0, 1, 2, 3}, {4}, checked);
+  const Tensor q = host_uniform({1, 1, 4, 8}, 3);
+  auto expect_mixed = [](const std::function<void()>& f, const std::string& op) {
+    try {
+      f();
+      ADD_FAILURE() << "expected InvalidArgument from [" << op << "]";
+    } catch (const InvalidArgument& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("[" + op + "]"), std::string::npos) << what;
+      EXPECT_NE(what.find("checked:0"), std::string::npos) << what;
+      EXPECT_NE(what.find("cpu"), std::string::npos) << what;
+    }
+  };
+  expect_mixed([&] { layer_norm(x, g, Tensor()); }, "layer_norm");
+  expect_mixed([&] { rms_norm(x, g); }, "rms_norm");
+  expect_mixed([&] { embedding(x, ids); }, "embedding");
+  expect_mixed([&] { cross_entropy(x, ids); }, "cross_entropy");
+  expect_mixed([&] { attention(q, q.to(checked), q); }, "attention");
+  expect_mixed([&] { matmul(x, x.to(checked), false, true); }, "matmul");
+  expect_mixed([&] { linear(x, host_uniform({8, 3}, 4), host_uniform({3}, 5).to(checked)); },
+               "linear");
 }
 
 // ---------------------------------------------------------------- errors

@@ -7,9 +7,9 @@
 #include <limits>
 #include <vector>
 
-#include "distjax/tensor/detail/small_gemm.hpp"
+#include "distjax/tensor/cpu/small_gemm.hpp"
 
-namespace distjax::tensor::detail {
+namespace distjax::tensor::detail::cpu {
 namespace {
 
 std::vector<float> values(std::size_t n, std::uint32_t seed) {
@@ -76,4 +76,4 @@ TEST(SmallGemm, TransposeMatchesNaive) {
 }
 
 }  // namespace
-}  // namespace distjax::tensor::detail
+}  // namespace distjax::tensor::detail::cpu

@@ -22,8 +22,9 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
 
 namespace detail {
-/// C (M, N) = alpha * op(A) op(B) + beta * C, single GEMM on raw row-major f32 buffers
-/// through a cached oneDNN primitive. Exposed for kernels and benchmarks.
+/// C (M, N) = alpha * op(A) op(B) + beta * C, one GEMM on raw row-major f32 host buffers
+/// through oneDNN's sgemm: for the CPU kernels of tensor/cpu/ (ops go through the kernel
+/// table's gemm family) and benchmarks.
 void gemm_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
               float alpha, const float* a, const float* b, float beta, float* c);
 /// The same with explicit leading dimensions (row-major: lda >= op-stored row length),

@@ -11,5 +11,8 @@ extern const DataKernels data_kernels;
 extern const ElementwiseKernels elementwise_kernels;
 extern const ReduceKernels reduce_kernels;
 extern const ShapeKernels shape_kernels;
+extern const NnKernels nn_kernels;
+extern const AttentionKernels attention_kernels;
+extern const GemmKernels gemm_kernels;
 
 }  // namespace distjax::tensor::detail::cpu

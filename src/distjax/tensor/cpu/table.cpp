@@ -13,6 +13,9 @@ const KernelTable& cpu_kernel_table() {
       .elementwise = &cpu::elementwise_kernels,
       .reduce = &cpu::reduce_kernels,
       .shape = &cpu::shape_kernels,
+      .nn = &cpu::nn_kernels,
+      .attention = &cpu::attention_kernels,
+      .gemm = &cpu::gemm_kernels,
   };
   return table;
 }

@@ -6,12 +6,6 @@
 
 namespace distjax::tensor::detail {
 
-void require_cpu(const char* op, std::initializer_list<const Tensor*> ts) {
-  for (const Tensor* t : ts)
-    DISTJAX_CHECK(t->device().kind == DeviceKind::CPU, NotImplemented, "[", op,
-                  "] has no kernel for device ", t->device().str(), " in this build");
-}
-
 void require_f32(const char* op, std::initializer_list<const Tensor*> ts) {
   int i = 0;
   for (const Tensor* t : ts) {

@@ -1,11 +1,9 @@
 // Host-side helpers of the op files: dtype checks, broadcast planning (the plain sizes
-// the kernels of tensor/cpu/ take) and the broadcasting copy's dispatch; the CPU
-// kernels' parallel grains (cpu/grain.hpp) for the op files that still loop themselves.
+// the kernels of tensor/cpu/ take) and the broadcasting copy's dispatch.
 #pragma once
 
 #include <cstdint>
 
-#include "distjax/tensor/cpu/grain.hpp"
 #include "distjax/tensor/table/broadcast.hpp"
 #include "distjax/tensor/tensor.hpp"
 
@@ -14,10 +12,6 @@ namespace distjax::tensor::detail {
 /// Requires defined f32 tensors, naming the op. Devices are checked where the op
 /// dispatches (Dispatch refuses mixed devices and a device without kernels).
 void require_f32(const char* op, std::initializer_list<const Tensor*> ts);
-
-/// Throws NotImplemented unless every tensor lives on the CPU. To be removed: only the op
-/// files that do not dispatch through the kernel table yet (nn_ops.cpp, matmul.cpp) call it.
-void require_cpu(const char* op, std::initializer_list<const Tensor*> ts);
 
 /// The plan of `operand` broadcast to `out` (a valid broadcast); InvalidArgument naming
 /// `op` when out's rank exceeds kMaxKernelRank.

@@ -15,12 +15,15 @@
 #include <initializer_list>
 #include <vector>
 
+#include "distjax/tensor/table/attention.hpp"
 #include "distjax/tensor/table/copy.hpp"
 #include "distjax/tensor/table/data.hpp"
 #include "distjax/tensor/table/optim.hpp"
 #include "distjax/tensor/table/elementwise.hpp"
 #include "distjax/tensor/table/reduce.hpp"
 #include "distjax/tensor/table/shape.hpp"
+#include "distjax/tensor/table/gemm.hpp"
+#include "distjax/tensor/table/nn.hpp"
 #include "distjax/tensor/table/stream.hpp"
 #include "distjax/tensor/tensor.hpp"
 
@@ -34,6 +37,9 @@ struct KernelTable {
   const ElementwiseKernels* elementwise = nullptr;
   const ReduceKernels* reduce = nullptr;
   const ShapeKernels* shape = nullptr;
+  const NnKernels* nn = nullptr;
+  const AttentionKernels* attention = nullptr;
+  const GemmKernels* gemm = nullptr;
 };
 
 /// The table of a device kind: tensor/cpu/ for the CPU and the checked device.

@@ -1,7 +1,7 @@
 // Register-blocked small GEMM (see small_gemm.hpp): micro-tiles of up to 6 rows x 64
 // columns (24 accumulators), B rows loaded as vectors (masked at the right edge), A
 // elements broadcast, so any layout of A costs the same.
-#include "distjax/tensor/detail/small_gemm.hpp"
+#include "distjax/tensor/cpu/small_gemm.hpp"
 
 #include <algorithm>
 
@@ -9,7 +9,7 @@
 #include <immintrin.h>
 #endif
 
-namespace distjax::tensor::detail {
+namespace distjax::tensor::detail::cpu {
 
 namespace {
 
@@ -185,4 +185,4 @@ void transpose(const float* src, std::int64_t rows, std::int64_t cols, std::int6
     }
 }
 
-}  // namespace distjax::tensor::detail
+}  // namespace distjax::tensor::detail::cpu

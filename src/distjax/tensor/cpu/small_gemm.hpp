@@ -1,11 +1,12 @@
-// A register-blocked AVX-512 GEMM for the small products inside fused kernels
+// A register-blocked AVX-512 GEMM for the small products inside the CPU's fused kernels
 // (attention's per-head blocks: tens to a few hundred rows and columns), where a
-// library call's setup costs as much as the arithmetic.
+// library call's setup costs as much as the arithmetic. Host pointers: a helper of
+// kernels in tensor/cpu/, not a kernel of the table.
 #pragma once
 
 #include <cstdint>
 
-namespace distjax::tensor::detail {
+namespace distjax::tensor::detail::cpu {
 
 /// C (m x n) = alpha * A B + beta * C with A(i, p) = a[i * a_rs + p * a_cs] (so A or its
 /// transpose, any strides), B (k x n) row-major with leading dimension ldb, C row-major
@@ -18,4 +19,4 @@ void small_gemm(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, con
 void transpose(const float* src, std::int64_t rows, std::int64_t cols, std::int64_t lds,
                float* dst, std::int64_t ldd);
 
-}  // namespace distjax::tensor::detail
+}  // namespace distjax::tensor::detail::cpu

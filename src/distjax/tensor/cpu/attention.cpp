@@ -1,0 +1,170 @@
+// CPU kernels: fused multi-head attention (see tensor/attention.hpp). Per head, scores =
+// scale * Q K^T, mask, softmax, times V. Only a block of kRowBlock score rows exists at a
+// time, and for a causal mask each block's GEMMs stop at the last key its rows can see,
+// which skips most of the masked upper triangle. The forward saves the row log-sum-exp;
+// the backward recomputes the probabilities from it (FlashAttention's recipe, at the
+// granularity of a row block).
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "distjax/tensor/cpu/kernels.hpp"
+#include "distjax/tensor/cpu/small_gemm.hpp"
+#include "distjax/tensor/detail/fast_math.hpp"
+#include "distjax/tensor/cpu/grain.hpp"
+#include "distjax/tensor/detail/kernels.hpp"
+
+namespace distjax::tensor::detail::cpu {
+namespace {
+
+// Score rows per block: small enough for the block (kRowBlock x S) to stay in L2 and for
+// the causal skip to be fine-grained (the blocks compute 5/8 of a T = 128 score matrix,
+// the masked triangle itself is 1/2), large enough to amortise the dK, dV updates.
+constexpr std::int64_t kRowBlock = 32;
+
+// One head's forward: Q (T, D), K and V (S, D) -> O (T, D), L (T), rows at the strides
+// of `a`. p: kRowBlock * S scratch; kt: D * S scratch (K transposed).
+void head_forward(const AttentionPlan& a, const float* q, const float* k, const float* v, float* o,
+                  float* l, float* p, float* kt) {
+  const std::int64_t s = a.s, d = a.d;
+  transpose(k, s, d, a.ldkv, kt, s);
+  for (std::int64_t t0 = 0; t0 < a.t; t0 += kRowBlock) {
+    const std::int64_t rows = std::min(kRowBlock, a.t - t0);
+    const std::int64_t kmax = a.visible(t0 + rows - 1);
+    if (kmax == 0) {  // no key visible to any row: output 0 (and no gradient)
+      for (std::int64_t i = t0; i < t0 + rows; ++i)
+        std::fill(o + i * a.ldo, o + i * a.ldo + d, 0.f);
+      std::fill(l + t0, l + t0 + rows, -INFINITY);
+      continue;
+    }
+    small_gemm(rows, kmax, d, a.scale, q + t0 * a.ldq, a.ldq, 1, kt, s, 0.f, p, s);
+    for (std::int64_t i = 0; i < rows; ++i) {
+      float* row = p + i * s;
+      const std::int64_t n = a.visible(t0 + i);
+      std::fill(row + n, row + kmax, 0.f);
+      if (n == 0) {
+        l[t0 + i] = -INFINITY;
+        continue;
+      }
+      const float m = row_max(row, n);
+      const float sum = exp_shifted_sum(row, row, n, m);
+      const float inv = 1.f / sum;
+#pragma omp simd
+      for (std::int64_t j = 0; j < n; ++j)
+        row[j] *= inv;
+      l[t0 + i] = m + std::log(sum);
+    }
+    small_gemm(rows, d, kmax, 1.f, p, s, 1, v, a.ldkv, 0.f, o + t0 * a.ldo, a.ldo);
+  }
+}
+
+// One head's backward. dq (T, D), dk and dv (S, D) are written (rows at the strides of
+// q, k and v). p, dp: kRowBlock * S scratch each; di: T scratch; kt, vt: D * S scratch
+// each (K and V transposed).
+void head_backward(const AttentionPlan& a, const float* q, const float* k, const float* v,
+                   const float* o, const float* l, const float* go, float* dq, float* dk, float* dv,
+                   float* p, float* dp, float* di, float* kt, float* vt) {
+  const std::int64_t s = a.s, d = a.d;
+  transpose(k, s, d, a.ldkv, kt, s);
+  transpose(v, s, d, a.ldkv, vt, s);
+  for (std::int64_t t = 0; t < a.t; ++t) {  // D_t = <dO_t, O_t> = sum_j P_tj dP_tj
+    const float* gr = go + t * a.ldo;
+    const float* orow = o + t * a.ldo;
+    float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+    for (std::int64_t j = 0; j < d; ++j)
+      acc += gr[j] * orow[j];
+    di[t] = acc;
+  }
+  for (std::int64_t j = 0; j < s; ++j) {
+    std::fill(dk + j * a.ldkv, dk + j * a.ldkv + d, 0.f);
+    std::fill(dv + j * a.ldkv, dv + j * a.ldkv + d, 0.f);
+  }
+  for (std::int64_t t0 = 0; t0 < a.t; t0 += kRowBlock) {
+    const std::int64_t rows = std::min(kRowBlock, a.t - t0);
+    const std::int64_t kmax = a.visible(t0 + rows - 1);
+    if (kmax == 0) {
+      for (std::int64_t i = t0; i < t0 + rows; ++i)
+        std::fill(dq + i * a.ldq, dq + i * a.ldq + d, 0.f);
+      continue;
+    }
+    const float* qb = q + t0 * a.ldq;
+    const float* gb = go + t0 * a.ldo;
+    // P = exp(scale * Q K^T - L), recomputed from the saved log-sum-exp.
+    small_gemm(rows, kmax, d, a.scale, qb, a.ldq, 1, kt, s, 0.f, p, s);
+    for (std::int64_t i = 0; i < rows; ++i) {
+      float* row = p + i * s;
+      const std::int64_t n = a.visible(t0 + i);
+      const float li = l[t0 + i];
+#pragma omp simd
+      for (std::int64_t j = 0; j < n; ++j)
+        row[j] = fast_exp(row[j] - li);
+      std::fill(row + n, row + kmax, 0.f);
+    }
+    // dV += P^T dO;  dP = dO V^T
+    small_gemm(kmax, d, rows, 1.f, p, 1, s, gb, a.ldo, 1.f, dv, a.ldkv);
+    small_gemm(rows, kmax, d, 1.f, gb, a.ldo, 1, vt, s, 0.f, dp, s);
+    // dS = P * (dP - D_t); the softmax Jacobian, row by row.
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const float* pr = p + i * s;
+      float* dr = dp + i * s;
+      const float dt = di[t0 + i];
+#pragma omp simd
+      for (std::int64_t j = 0; j < kmax; ++j)
+        dr[j] = pr[j] * (dr[j] - dt);
+    }
+    // dQ = scale * dS K;  dK += scale * dS^T Q
+    small_gemm(rows, d, kmax, a.scale, dp, s, 1, k, a.ldkv, 0.f, dq + t0 * a.ldq, a.ldq);
+    small_gemm(kmax, d, rows, a.scale, dp, 1, s, qb, a.ldq, 1.f, dk, a.ldkv);
+  }
+}
+
+// Heads run in parallel when the whole problem is big enough; handed out dynamically so a
+// thread that loses its core to another process does not hold up the rest.
+int attention_threads(const AttentionPlan& a) {
+  return a.bh > 1 && a.bh * a.t * a.s * a.d > kParallelGrain ? omp_get_max_threads() : 1;
+}
+
+void forward(const AttentionPlan& a, const float* pq, const float* pk, const float* pv, float* po,
+             float* pl, Stream) {
+#pragma omp parallel num_threads(attention_threads(a))
+  {
+    std::vector<float> scratch(static_cast<std::size_t>(kRowBlock * a.s + a.d * a.s));
+    float* kt = scratch.data() + kRowBlock * a.s;
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t h = 0; h < a.bh; ++h)
+      head_forward(a, pq + a.q_at(h), pk + a.kv_at(h), pv + a.kv_at(h), po + a.o_at(h),
+                   pl + h * a.t, scratch.data(), kt);
+  }
+}
+
+void backward(const AttentionPlan& a, const float* pq, const float* pk, const float* pv,
+              const float* po, const float* pl, const float* pg, float* gq, float* gk, float* gv,
+              Stream) {
+#pragma omp parallel num_threads(attention_threads(a))
+  {
+    std::vector<float> scratch(static_cast<std::size_t>(2 * kRowBlock * a.s + a.t + 2 * a.d * a.s));
+    float* p = scratch.data();
+    float* dp = p + kRowBlock * a.s;
+    float* di = dp + kRowBlock * a.s;
+    float* kt = di + a.t;
+    float* vt = kt + a.d * a.s;
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t h = 0; h < a.bh; ++h) {
+      const std::int64_t qo = a.q_at(h), ko = a.kv_at(h), oo = a.o_at(h);
+      head_backward(a, pq + qo, pk + ko, pv + ko, po + oo, pl + h * a.t, pg + oo, gq + qo, gk + ko,
+                    gv + ko, p, dp, di, kt, vt);
+    }
+  }
+}
+
+}  // namespace
+
+const AttentionKernels attention_kernels{
+    .forward = forward,
+    .backward = backward,
+};
+
+}  // namespace distjax::tensor::detail::cpu

@@ -1,0 +1,132 @@
+// CPU kernels: matrix products through oneDNN, its matmul primitives cached per GemmKey
+// and thread, and its sgemm for strided products.
+#include <oneapi/dnnl/dnnl_version.h>
+#include <algorithm>
+#include <cassert>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <unordered_map>
+
+#include "distjax/tensor/cpu/kernels.hpp"
+#include "distjax/tensor/matmul.hpp"
+
+namespace distjax::tensor::detail {
+
+// The raw sgemm entry points tensor/matmul.hpp declares (for kernels of other families).
+
+void gemm_f32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+              float alpha, const float* a, const float* b, float beta, float* c) {
+  gemm_f32_ld(trans_a, trans_b, m, n, k, alpha, a, trans_a ? m : k, b, trans_b ? k : n, beta, c, n);
+}
+
+void gemm_f32_ld(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                 float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                 float beta, float* c, std::int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b,
+                                ldb, beta, c, ldc);
+  DISTJAX_CHECK(st == dnnl_success, Error, "[gemm_f32] dnnl_sgemm failed with status ", int(st));
+}
+
+namespace cpu {
+namespace {
+
+using dt = dnnl::memory::data_type;
+using dims = dnnl::memory::dims;
+
+struct GemmKeyHash {
+  std::size_t operator()(const GemmKey& g) const {
+    std::size_t h = 1469598103934665603ull;
+    for (std::int64_t v :
+         {g.batch, g.m, g.n, g.k,
+          std::int64_t(g.ta) | std::int64_t(g.tb) << 1 | std::int64_t(g.b_shared) << 2 |
+              std::int64_t(g.bias) << 3 | std::int64_t(g.src) << 4})
+      h = (h ^ static_cast<std::size_t>(v)) * 1099511628211ull;
+    return h;
+  }
+};
+
+struct GemmPlan {
+  dnnl::matmul prim;
+  dnnl::memory::desc a, b, c, bias;
+  // Memory objects and the argument map, made once; each call only swaps the data
+  // handles (creating them per call cost a few microseconds, noticeable on small GEMMs).
+  dnnl::memory ma, mb, mc, mbias;
+  std::unordered_map<int, dnnl::memory> args;
+};
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+// Primitives are cached per thread: simulated devices never contend on the cache,
+// and a primitive is only ever executed by the thread that made it.
+GemmPlan& plan_for(const GemmKey& key) {
+  thread_local std::unordered_map<GemmKey, GemmPlan, GemmKeyHash> cache;
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  const auto [batch, m, n, k, ta, tb, b_shared, bias, src] = key;
+  const std::int64_t bb = b_shared ? 1 : batch;
+  const dt s = src == DType::BF16 ? dt::bf16 : dt::f32;
+  GemmPlan p;
+  p.a = dnnl::memory::desc(dims{batch, m, k}, s, ta ? dims{m * k, 1, m} : dims{m * k, k, 1});
+  p.b = dnnl::memory::desc(dims{bb, k, n}, s, tb ? dims{k * n, 1, k} : dims{k * n, n, 1});
+  p.c = dnnl::memory::desc(dims{batch, m, n}, dt::f32, dims{m * n, n, 1});
+  if (bias) p.bias = dnnl::memory::desc(dims{1, 1, n}, dt::f32, dims{n, n, 1});
+  dnnl::engine& e = cpu_engine();
+#if DNNL_VERSION_MAJOR >= 3
+  // oneDNN 3 (Debian 13) dropped the operation descriptors: the primitive descriptor takes
+  // the engine and the memory descriptors directly.
+  p.prim = dnnl::matmul(bias ? dnnl::matmul::primitive_desc(e, p.a, p.b, p.bias, p.c)
+                             : dnnl::matmul::primitive_desc(e, p.a, p.b, p.c));
+#else
+  dnnl::matmul::desc d =
+      bias ? dnnl::matmul::desc(p.a, p.b, p.bias, p.c) : dnnl::matmul::desc(p.a, p.b, p.c);
+  p.prim = dnnl::matmul(dnnl::matmul::primitive_desc(d, e));
+#endif
+  p.ma = dnnl::memory(p.a, e, DNNL_MEMORY_NONE);
+  p.mb = dnnl::memory(p.b, e, DNNL_MEMORY_NONE);
+  p.mc = dnnl::memory(p.c, e, DNNL_MEMORY_NONE);
+  p.args = {{DNNL_ARG_SRC, p.ma}, {DNNL_ARG_WEIGHTS, p.mb}, {DNNL_ARG_DST, p.mc}};
+  if (bias) {
+    p.mbias = dnnl::memory(p.bias, e, DNNL_MEMORY_NONE);
+    p.args.emplace(DNNL_ARG_BIAS, p.mbias);
+  }
+  return cache.emplace(key, std::move(p)).first->second;
+}
+
+void gemm(const GemmKey& key, const void* a, const void* b, const float* bias, float* c, Stream) {
+  assert(key.src == DType::F32 || key.src == DType::BF16);
+  if (key.m == 0 || key.n == 0 || key.batch == 0) return;
+  if (key.k == 0) {
+    std::fill(c, c + key.batch * key.m * key.n, 0.f);
+    return;
+  }
+  GemmPlan& p = plan_for(key);
+  thread_local dnnl::stream stream(cpu_engine());
+  p.ma.set_data_handle(const_cast<void*>(a));
+  p.mb.set_data_handle(const_cast<void*>(b));
+  p.mc.set_data_handle(c);
+  if (key.bias) p.mbias.set_data_handle(const_cast<float*>(bias));
+  p.prim.execute(stream, p.args);
+  stream.wait();
+}
+
+void gemm_f32_strided(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                      float alpha, const float* a, std::int64_t lda, std::int64_t stride_a,
+                      const float* b, std::int64_t ldb, std::int64_t stride_b, float beta, float* c,
+                      std::int64_t ldc, std::int64_t stride_c, std::int64_t batch, Stream) {
+  for (std::int64_t i = 0; i < batch; ++i)
+    gemm_f32_ld(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb,
+                beta, c + i * stride_c, ldc);
+}
+
+}  // namespace
+
+const GemmKernels gemm_kernels{
+    .gemm = gemm,
+    .gemm_f32_strided = gemm_f32_strided,
+};
+
+}  // namespace cpu
+}  // namespace distjax::tensor::detail

@@ -1,0 +1,331 @@
+// CPU kernels: the fused NN ops over rows. x (n, c) is handled a row at a time while it
+// sits in L1; each kernel's backward follows its forward.
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "distjax/tensor/cpu/kernels.hpp"
+#include "distjax/tensor/detail/fast_math.hpp"
+#include "distjax/tensor/cpu/grain.hpp"
+#include "distjax/tensor/detail/kernels.hpp"
+
+namespace distjax::tensor::detail::cpu {
+namespace {
+
+// Threads for `work` elements: kParallelGrain when each element costs an exp,
+// kParallelGrainMemory when it costs a few flops (see kernels.hpp).
+int threads_for(std::int64_t work, std::int64_t grain = kParallelGrain) {
+  return work > grain ? omp_get_max_threads() : 1;
+}
+
+// Sums per-thread partial rows part[t * len + i] over t into part[0..len).
+void reduce_partials(std::vector<float>& part, int nt, std::int64_t len) {
+  for (int t = 1; t < nt; ++t) {
+    const float* src = part.data() + t * len;
+#pragma omp simd
+    for (std::int64_t i = 0; i < len; ++i)
+      part[i] += src[i];
+  }
+}
+
+// Calls f with the ids as the C++ type of id_dtype (i32 or i64).
+template <class F>
+void with_ids(const void* ids, DType id_dtype, F&& f) {
+  if (id_dtype == DType::I32)
+    f(static_cast<const std::int32_t*>(ids));
+  else
+    f(static_cast<const std::int64_t*>(ids));
+}
+
+// ------------------------------------------------------------------ softmax
+
+void softmax(const float* px, float* py, std::int64_t n, std::int64_t c, bool log_form, Stream) {
+#pragma omp parallel for schedule(static) num_threads(threads_for(n* c))
+  for (std::int64_t r = 0; r < n; ++r) {
+    const float* xr = px + r * c;
+    float* yr = py + r * c;
+    if (log_form) {
+      const float lse = row_logsumexp(xr, c);
+#pragma omp simd
+      for (std::int64_t j = 0; j < c; ++j)
+        yr[j] = xr[j] - lse;
+    } else {
+      const float inv = 1.f / exp_shifted_sum(xr, yr, c, row_max(xr, c));
+#pragma omp simd
+      for (std::int64_t j = 0; j < c; ++j)
+        yr[j] *= inv;
+    }
+  }
+}
+
+void softmax_backward(const float* py, const float* pg, float* po, std::int64_t n, std::int64_t c,
+                      bool log_form, Stream) {
+#pragma omp parallel for schedule(static) num_threads(threads_for(n* c))
+  for (std::int64_t r = 0; r < n; ++r) {
+    const float* yr = py + r * c;
+    const float* gr = pg + r * c;
+    float* o = po + r * c;
+    float s = 0.f;
+    if (log_form) {  // dx = g - softmax * sum(g)
+#pragma omp simd reduction(+ : s)
+      for (std::int64_t j = 0; j < c; ++j)
+        s += gr[j];
+#pragma omp simd
+      for (std::int64_t j = 0; j < c; ++j)
+        o[j] = gr[j] - fast_exp(yr[j]) * s;
+    } else {  // dx = y * (g - <g, y>)
+#pragma omp simd reduction(+ : s)
+      for (std::int64_t j = 0; j < c; ++j)
+        s += gr[j] * yr[j];
+#pragma omp simd
+      for (std::int64_t j = 0; j < c; ++j)
+        o[j] = yr[j] * (gr[j] - s);
+    }
+  }
+}
+
+// ------------------------------------------------------------------ layer norm
+
+void layer_norm(const float* px, const float* pw, const float* pb, float* py, float* pm, float* ps,
+                std::int64_t n, std::int64_t c, float eps, Stream) {
+  const float inv_c = 1.f / static_cast<float>(c);
+#pragma omp parallel for schedule(static) num_threads(threads_for(n* c, kParallelGrainMemory))
+  for (std::int64_t r = 0; r < n; ++r) {
+    const float* xr = px + r * c;
+    float* yr = py + r * c;
+    float s = 0.f;
+#pragma omp simd reduction(+ : s)
+    for (std::int64_t j = 0; j < c; ++j)
+      s += xr[j];
+    const float m = s * inv_c;
+    float v = 0.f;
+#pragma omp simd reduction(+ : v)
+    for (std::int64_t j = 0; j < c; ++j)
+      v += (xr[j] - m) * (xr[j] - m);
+    const float rs = 1.f / std::sqrt(v * inv_c + eps);
+    pm[r] = m;
+    ps[r] = rs;
+    if (pb) {
+#pragma omp simd
+      for (std::int64_t j = 0; j < c; ++j)
+        yr[j] = (xr[j] - m) * rs * pw[j] + pb[j];
+    } else {
+#pragma omp simd
+      for (std::int64_t j = 0; j < c; ++j)
+        yr[j] = (xr[j] - m) * rs * pw[j];
+    }
+  }
+}
+
+void layer_norm_backward(const float* px, const float* pw, const float* pg, const float* pm,
+                         const float* ps, float* pgx, float* dgamma, float* dbeta, std::int64_t n,
+                         std::int64_t c, Stream) {
+  const float inv_c = 1.f / static_cast<float>(c);
+  const int nt = threads_for(n * c, kParallelGrainMemory);
+  // Per-thread partial sums of dgamma (first c) and dbeta (next c).
+  std::vector<float> part(static_cast<std::size_t>(nt) * 2 * c, 0.f);
+#pragma omp parallel num_threads(nt)
+  {
+    float* dw = part.data() + static_cast<std::int64_t>(omp_get_thread_num()) * 2 * c;
+    float* db = dw + c;
+#pragma omp for schedule(static)
+    for (std::int64_t r = 0; r < n; ++r) {
+      const float* xr = px + r * c;
+      const float* gr = pg + r * c;
+      const float m = pm[r], rs = ps[r];
+      float a = 0.f, b = 0.f;
+#pragma omp simd reduction(+ : a, b)
+      for (std::int64_t j = 0; j < c; ++j) {
+        const float xh = (xr[j] - m) * rs;
+        const float dxh = gr[j] * pw[j];
+        dw[j] += gr[j] * xh;
+        db[j] += gr[j];
+        a += dxh;
+        b += dxh * xh;
+      }
+      if (!pgx) continue;
+      a *= inv_c;
+      b *= inv_c;
+      float* o = pgx + r * c;
+#pragma omp simd
+      for (std::int64_t j = 0; j < c; ++j) {
+        const float xh = (xr[j] - m) * rs;
+        o[j] = rs * (gr[j] * pw[j] - a - xh * b);
+      }
+    }
+  }
+  reduce_partials(part, nt, 2 * c);
+  std::memcpy(dgamma, part.data(), static_cast<std::size_t>(c) * sizeof(float));
+  if (dbeta) std::memcpy(dbeta, part.data() + c, static_cast<std::size_t>(c) * sizeof(float));
+}
+
+// ------------------------------------------------------------------ RMS norm
+
+void rms_norm(const float* px, const float* pw, float* py, float* ps, std::int64_t n,
+              std::int64_t c, float eps, Stream) {
+  const float inv_c = 1.f / static_cast<float>(c);
+#pragma omp parallel for schedule(static) num_threads(threads_for(n* c, kParallelGrainMemory))
+  for (std::int64_t r = 0; r < n; ++r) {
+    const float* xr = px + r * c;
+    float* yr = py + r * c;
+    float s = 0.f;
+#pragma omp simd reduction(+ : s)
+    for (std::int64_t j = 0; j < c; ++j)
+      s += xr[j] * xr[j];
+    const float rs = 1.f / std::sqrt(s * inv_c + eps);
+    ps[r] = rs;
+#pragma omp simd
+    for (std::int64_t j = 0; j < c; ++j)
+      yr[j] = xr[j] * rs * pw[j];
+  }
+}
+
+void rms_norm_backward(const float* px, const float* pw, const float* pg, const float* ps,
+                       float* pgx, float* dgamma, std::int64_t n, std::int64_t c, Stream) {
+  const float inv_c = 1.f / static_cast<float>(c);
+  const int nt = threads_for(n * c, kParallelGrainMemory);
+  std::vector<float> part(static_cast<std::size_t>(nt) * c, 0.f);
+#pragma omp parallel num_threads(nt)
+  {
+    float* dw = part.data() + static_cast<std::int64_t>(omp_get_thread_num()) * c;
+#pragma omp for schedule(static)
+    for (std::int64_t r = 0; r < n; ++r) {
+      const float* xr = px + r * c;
+      const float* gr = pg + r * c;
+      const float rs = ps[r];
+      float b = 0.f;
+#pragma omp simd reduction(+ : b)
+      for (std::int64_t j = 0; j < c; ++j) {
+        const float xh = xr[j] * rs;
+        dw[j] += gr[j] * xh;
+        b += gr[j] * pw[j] * xh;
+      }
+      if (!pgx) continue;
+      b *= inv_c;
+      float* o = pgx + r * c;
+#pragma omp simd
+      for (std::int64_t j = 0; j < c; ++j)
+        o[j] = rs * (gr[j] * pw[j] - xr[j] * rs * b);
+    }
+  }
+  reduce_partials(part, nt, c);
+  std::memcpy(dgamma, part.data(), static_cast<std::size_t>(c) * sizeof(float));
+}
+
+// ------------------------------------------------------------------ embedding
+
+void find_bad_id(const void* ids, DType id_dtype, std::int64_t n, std::int64_t v, std::int64_t* bad,
+                 Stream) {
+  bad[0] = -1;
+  bad[1] = 0;
+  with_ids(ids, id_dtype, [&](const auto* pi) {
+    for (std::int64_t i = 0; i < n; ++i)
+      if (!(pi[i] >= 0 && pi[i] < v)) {
+        bad[0] = i;
+        bad[1] = pi[i];
+        return;
+      }
+  });
+}
+
+void embedding(const float* pt, const void* ids, DType id_dtype, float* po, std::int64_t n,
+               std::int64_t c, Stream) {
+  with_ids(ids, id_dtype, [&](const auto* pi) {
+#pragma omp parallel for schedule(static) num_threads(threads_for(n* c, kParallelGrainMemory))
+    for (std::int64_t i = 0; i < n; ++i)
+      std::memcpy(po + i * c, pt + static_cast<std::int64_t>(pi[i]) * c,
+                  static_cast<std::size_t>(c) * sizeof(float));
+  });
+}
+
+void embedding_backward(const float* pg, const void* ids, DType id_dtype, float* po, std::int64_t n,
+                        std::int64_t c, Stream) {
+  with_ids(ids, id_dtype, [&](const auto* pi) {
+  // Scatter-add with each thread owning a range of columns: no races, and the sum
+  // over repeated ids runs in id order, so the result is deterministic.
+#pragma omp parallel num_threads(threads_for(n* c, kParallelGrainMemory))
+    {
+      const std::int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+      const std::int64_t c0 = c * t / nt, c1 = c * (t + 1) / nt;
+      for (std::int64_t i = 0; i < n; ++i) {
+        float* dst = po + static_cast<std::int64_t>(pi[i]) * c;
+        const float* src = pg + i * c;
+#pragma omp simd
+        for (std::int64_t j = c0; j < c1; ++j)
+          dst[j] += src[j];
+      }
+    }
+  });
+}
+
+// ------------------------------------------------------------------ cross-entropy
+
+void cross_entropy(const float* px, const void* labels, DType id_dtype, float* pl, float* ps,
+                   std::int64_t n, std::int64_t v, Stream) {
+  with_ids(labels, id_dtype, [&](const auto* pi) {
+#pragma omp parallel for schedule(static) num_threads(threads_for(n* v))
+    for (std::int64_t r = 0; r < n; ++r) {
+      const float* xr = px + r * v;
+      ps[r] = row_logsumexp(xr, v);
+      pl[r] = ps[r] - xr[pi[r]];
+    }
+  });
+}
+
+void cross_entropy_backward(const float* px, const float* pg, const float* ps, const void* labels,
+                            DType id_dtype, float* po, std::int64_t n, std::int64_t v, Stream) {
+  with_ids(labels, id_dtype, [&](const auto* pi) {
+  // d loss_r / d x_rj = softmax_rj - [j == label_r]
+#pragma omp parallel for schedule(static) num_threads(threads_for(n* v))
+    for (std::int64_t r = 0; r < n; ++r) {
+      const float* xr = px + r * v;
+      float* o = po + r * v;
+      const float gr = pg[r], l = ps[r];
+#pragma omp simd
+      for (std::int64_t j = 0; j < v; ++j)
+        o[j] = gr * fast_exp(xr[j] - l);
+      o[pi[r]] -= gr;
+    }
+  });
+}
+
+// ------------------------------------------------------------------ dropout
+
+// Inverted dropout with the keep-mask drawn from the key (the forward and the backward
+// draw the same mask).
+void dropout(const float* src, float* dst, std::int64_t n, const DropoutMask& mask,
+             const std::int64_t* run_offsets, Stream) {
+  std::vector<std::uint8_t> keep(static_cast<std::size_t>(n));
+  if (!run_offsets) {
+    random_bernoulli(mask.key, keep.data(), n, mask.keep);
+  } else {
+    for (std::int64_t local = 0, r = 0; local < n; local += mask.run, ++r)
+      random_bernoulli(mask.key, keep.data() + local, mask.run, mask.keep, run_offsets[r]);
+  }
+  const std::uint8_t* pm = keep.data();
+  const float scale = mask.scale;
+#pragma omp parallel for simd num_threads(threads_for(n, kParallelGrainMemory))
+  for (std::int64_t i = 0; i < n; ++i)
+    dst[i] = pm[i] ? src[i] * scale : 0.f;
+}
+
+}  // namespace
+
+const NnKernels nn_kernels{
+    .softmax = softmax,
+    .softmax_backward = softmax_backward,
+    .layer_norm = layer_norm,
+    .layer_norm_backward = layer_norm_backward,
+    .rms_norm = rms_norm,
+    .rms_norm_backward = rms_norm_backward,
+    .find_bad_id = find_bad_id,
+    .embedding = embedding,
+    .embedding_backward = embedding_backward,
+    .cross_entropy = cross_entropy,
+    .cross_entropy_backward = cross_entropy_backward,
+    .dropout = dropout,
+};
+
+}  // namespace distjax::tensor::detail::cpu

@@ -1,0 +1,48 @@
+// Kernel family: fused multi-head attention, forward and backward, over heads laid out by
+// one descriptor (the (B, H, T, D) layout of q, k, v and o, or q, k and v read in place
+// from a packed (B, T, H, 3, D) projection). Plain arguments only.
+// Shape legend: B batch, H heads, T queries, S keys, D head size.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "distjax/tensor/table/stream.hpp"
+
+namespace distjax::tensor::detail {
+
+/// The sizes and layout of an attention problem: bh = B * H heads, each q (T, D), k and
+/// v (S, D), o (T, D), their rows `ldq`, `ldkv`, `ldo` elements apart; head i = b H + j
+/// starts at b * x_b + j * x_h elements in operand x.
+struct AttentionPlan {
+  std::int64_t bh, t, s, d;
+  // Row strides (elements) of q (and dq), k and v (and dk, dv), o (and dO): d for the
+  // (B, H, T, D) layout; 3 H D and H D for the packed (B, T, H, 3, D) / (B, T, H, D) one.
+  std::int64_t ldq, ldkv, ldo;
+  std::int64_t heads;  // H
+  std::int64_t q_b, q_h, kv_b, kv_h, o_b, o_h;
+  bool causal;
+  float scale;
+  // Keys visible to query row `row` (all of them without a mask).
+  std::int64_t visible(std::int64_t row) const {
+    return causal ? std::clamp<std::int64_t>(row + 1 + (s - t), 0, s) : s;
+  }
+  // Where head h starts in each operand (elements).
+  std::int64_t q_at(std::int64_t h) const { return h / heads * q_b + h % heads * q_h; }
+  std::int64_t kv_at(std::int64_t h) const { return h / heads * kv_b + h % heads * kv_h; }
+  std::int64_t o_at(std::int64_t h) const { return h / heads * o_b + h % heads * o_h; }
+};
+
+struct AttentionKernels {
+  /// o = softmax(scale * q k^T [causal mask]) v per head and lse (bh, T) = each row's
+  /// log-sum-exp of the scaled scores (-inf for a row that sees no key; its o row is 0).
+  void (*forward)(const AttentionPlan& a, const float* q, const float* k, const float* v, float* o,
+                  float* lse, Stream s);
+  /// dq, dk, dv (written, at the layout of q, k, v) from the forward's q, k, v, o, lse and
+  /// the cotangent go of o (at o's layout).
+  void (*backward)(const AttentionPlan& a, const float* q, const float* k, const float* v,
+                   const float* o, const float* lse, const float* go, float* dq, float* dk,
+                   float* dv, Stream s);
+};
+
+}  // namespace distjax::tensor::detail

@@ -1,0 +1,43 @@
+// Kernel family: matrix products. The batched GEMM of matmul and linear, described by one
+// GemmKey (on the CPU: oneDNN matmul primitives cached per key), and a strided f32 GEMM
+// with leading dimensions, alpha and beta for the products the key does not describe.
+// Plain arguments only: the descriptor, pointers, sizes and the stream.
+#pragma once
+
+#include <cstdint>
+
+#include "distjax/core/dtype.hpp"
+#include "distjax/tensor/table/stream.hpp"
+
+namespace distjax::tensor::detail {
+
+/// A batched GEMM problem: C[b] = op(A[b]) op(B[b or 0]) (+ bias), all row-major and
+/// contiguous per batch (A[b] is M x K, or K x M with ta; B[b] K x N, or N x K with tb).
+/// `src` is the dtype of A and B: f32, or bf16 (oneDNN's bf16 matmul, AVX-512 BF16,
+/// accumulating in f32). C and the bias are f32 either way.
+struct GemmKey {
+  std::int64_t batch, m, n, k;
+  bool ta, tb, b_shared, bias;
+  DType src = DType::F32;
+  bool operator==(const GemmKey&) const = default;
+};
+
+struct GemmKernels {
+  /// Runs `key` (the CPU: the calling thread's cached primitive, parallel over the OpenMP
+  /// threads). bias (N) only when key.bias. k == 0 writes zeros. `a` and `b` point to
+  /// elements of key.src.
+  void (*gemm)(const GemmKey& key, const void* a, const void* b, const float* bias, float* c,
+               Stream s);
+  /// For i < batch, in order: C_i = alpha * op(A_i) op(B_i) + beta * C_i on row-major f32
+  /// matrices, A_i = a + i * stride_a (op(A_i) m x k, stored k x m when trans_a, lda
+  /// elements between its rows), B_i = b + i * stride_b (op(B_i) k x n, stored n x k when
+  /// trans_b), C_i = c + i * stride_c (m x n). A stride of 0 reuses one matrix: with
+  /// stride_c = 0 and beta = 1 the products accumulate into one C.
+  void (*gemm_f32_strided)(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                           std::int64_t k, float alpha, const float* a, std::int64_t lda,
+                           std::int64_t stride_a, const float* b, std::int64_t ldb,
+                           std::int64_t stride_b, float beta, float* c, std::int64_t ldc,
+                           std::int64_t stride_c, std::int64_t batch, Stream s);
+};
+
+}  // namespace distjax::tensor::detail

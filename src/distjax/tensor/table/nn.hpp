@@ -1,0 +1,75 @@
+// Kernel family: the fused NN ops over rows, forward and backward: softmax, layer and RMS
+// norm, embedding, cross-entropy and dropout. An input (..., C) is n rows of c; f32 unless
+// said otherwise; ids and labels are i32 or i64 (`id_dtype`). Plain arguments only.
+#pragma once
+
+#include <cstdint>
+
+#include "distjax/core/dtype.hpp"
+#include "distjax/core/prng.hpp"
+#include "distjax/tensor/table/stream.hpp"
+
+namespace distjax::tensor::detail {
+
+/// Which elements a dropout keeps, drawn again from the key wherever it is applied (the
+/// forward and the backward): element i of run r (runs of `run` elements, n / run of them)
+/// is kept when draw run_offsets[r] + i of random_bernoulli(key, ..., keep) is 1 (without
+/// run_offsets: one run, run = n, from draw 0). Kept elements are multiplied by `scale`,
+/// the others are 0.
+struct DropoutMask {
+  Key key;
+  float keep;
+  float scale;
+  std::int64_t run;
+};
+
+struct NnKernels {
+  /// y = softmax of each row of x, or log_softmax when log_form.
+  void (*softmax)(const float* x, float* y, std::int64_t n, std::int64_t c, bool log_form,
+                  Stream s);
+  /// gx from the forward's output y and its cotangent g.
+  void (*softmax_backward)(const float* y, const float* g, float* gx, std::int64_t n,
+                           std::int64_t c, bool log_form, Stream s);
+
+  /// y = (x - mean) * rstd * gamma (+ beta when not null) per row; mean and rstd (n) are
+  /// saved for the backward.
+  void (*layer_norm)(const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                     float* rstd, std::int64_t n, std::int64_t c, float eps, Stream s);
+  /// gx (skipped when null), dgamma (c) and dbeta (c, skipped when null) from x, gamma,
+  /// the saved mean and rstd and the cotangent g.
+  void (*layer_norm_backward)(const float* x, const float* gamma, const float* g, const float* mean,
+                              const float* rstd, float* gx, float* dgamma, float* dbeta,
+                              std::int64_t n, std::int64_t c, Stream s);
+  /// y = x * rrms * gamma per row; rrms (n) = 1 / sqrt(mean(x^2) + eps) is saved.
+  void (*rms_norm)(const float* x, const float* gamma, float* y, float* rrms, std::int64_t n,
+                   std::int64_t c, float eps, Stream s);
+  /// gx (skipped when null) and dgamma (c).
+  void (*rms_norm_backward)(const float* x, const float* gamma, const float* g, const float* rrms,
+                            float* gx, float* dgamma, std::int64_t n, std::int64_t c, Stream s);
+
+  /// bad (2 i64) = {flat index, value} of the first of the n ids outside [0, v), or
+  /// {-1, 0} when every id lies inside.
+  void (*find_bad_id)(const void* ids, DType id_dtype, std::int64_t n, std::int64_t v,
+                      std::int64_t* bad, Stream s);
+  /// out (n, c): row i = table row ids[i] (ids in range).
+  void (*embedding)(const float* table, const void* ids, DType id_dtype, float* out, std::int64_t n,
+                    std::int64_t c, Stream s);
+  /// gtable (V, c) += g's row i at row ids[i], for i < n in order.
+  void (*embedding_backward)(const float* g, const void* ids, DType id_dtype, float* gtable,
+                             std::int64_t n, std::int64_t c, Stream s);
+
+  /// loss (n) = logsumexp(row) - row[label] and lse (n) = logsumexp(row), logits (n, v).
+  void (*cross_entropy)(const float* logits, const void* labels, DType id_dtype, float* loss,
+                        float* lse, std::int64_t n, std::int64_t v, Stream s);
+  /// gx (n, v) = g[r] * (softmax(row) - onehot(label)) from the saved lse.
+  void (*cross_entropy_backward)(const float* logits, const float* g, const float* lse,
+                                 const void* labels, DType id_dtype, float* gx, std::int64_t n,
+                                 std::int64_t v, Stream s);
+
+  /// y = x masked and scaled by `mask` (n elements); run_offsets: n / mask.run draw
+  /// offsets, or null.
+  void (*dropout)(const float* x, float* y, std::int64_t n, const DropoutMask& mask,
+                  const std::int64_t* run_offsets, Stream s);
+};
+
+}  // namespace distjax::tensor::detail
