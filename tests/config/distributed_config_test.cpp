@@ -337,3 +337,22 @@ TEST(DistributedConfig, BuildMeshExplicit) {
   c.mesh_shape = {2, 2};
   EXPECT_THROW(config::build_mesh(c), ConfigError);  // validates first
 }
+
+// `device` names where tensors live: parsed, refused with the rule when it names none, and
+// refused for CUDA while that backend has no kernels.
+TEST(DistributedConfig, DeviceNamesTheDeviceOrSaysWhyNot) {
+  DistributedConfig c = valid();
+  EXPECT_EQ(c.placement(), default_device());
+  c.device = "checked";
+  EXPECT_EQ(c.placement(), (Device{DeviceKind::Checked, 0}));
+  EXPECT_TRUE(c.problems().empty());
+  c.device = "gpu";
+  EXPECT_THROW((void)c.placement(), ConfigError);
+  auto problems = c.problems();
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_NE(problems[0].find("device = \"gpu\" names no device"), std::string::npos) << problems[0];
+  c.device = "cuda:0";
+  problems = c.problems();
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_NE(problems[0].find("no kernels yet"), std::string::npos) << problems[0];
+}

@@ -48,6 +48,10 @@ struct DistributedConfig {
   std::vector<int> mesh_shape;               ///< explicit mesh; empty = (data, model, pipe)
   std::vector<std::string> mesh_axis_names;  ///< one name per mesh_shape entry
   MixedPrecision mixed_precision = MixedPrecision::No;
+  /// Where the devices' tensors live: "auto" (the process default: the CPU, or the
+  /// DISTJAX_DEVICE environment variable), "cpu", "checked" (the checked device: the
+  /// CPU's kernels on memory the host may touch only through them), or "cuda".
+  std::string device = "auto";
 
   /// Set by resolve(): the launcher found in the environment ("none", "openmpi", ...),
   /// the variables that gave the ranks, and how many processes it started.
@@ -63,6 +67,8 @@ struct DistributedConfig {
   bool is_local_main_process() const { return local_rank == 0; }
   /// The backend to launch with; Threads or Mpi (call on a resolved config).
   comm::Backend comm_backend() const;
+  /// The device `device` names (ConfigError when it names none).
+  Device placement() const;
 
   /// One message per broken rule (empty when valid): sizes positive, world_size =
   /// num_nodes x num_processes_per_node, tp x pp divides world_size, rank < world_size,

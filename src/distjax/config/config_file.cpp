@@ -295,6 +295,9 @@ const std::vector<Entry>& schema() {
                                            "compute precision: no (f32), bf16 (bf16 matmuls), fp16 "
                                            "(f16 matmuls, loss scale); f32 master weights",
                                            {"no", "fp16", "bf16"}));
+    s.push_back(field("distributed.device", DJ_ACCESS(distributed.device),
+                      "where tensors live: auto (cpu, or the DISTJAX_DEVICE environment "
+                      "variable), cpu, checked (the checked device), cuda"));
     return s;
   }();
   return entries;

@@ -149,6 +149,16 @@ int DistributedConfig::data_parallel_size() const {
   return mp > 0 ? world_size / mp : 0;
 }
 
+Device DistributedConfig::placement() const {
+  if (device == "auto") return default_device();
+  try {
+    return parse_device(device);
+  } catch (const InvalidArgument&) {
+    DISTJAX_THROW(ConfigError, "[DistributedConfig] device = \"", device,
+                  "\" names no device (auto, cpu, checked, cuda)");
+  }
+}
+
 comm::Backend DistributedConfig::comm_backend() const {
   DISTJAX_CHECK(backend == BackendChoice::Threads || backend == BackendChoice::Mpi, ConfigError,
                 "[DistributedConfig] backend \"", backend_choice_name(backend),
@@ -181,6 +191,15 @@ std::vector<std::string> DistributedConfig::problems() const {
     out.push_back(str("enabled = false runs on one device, but world_size = ", world_size,
                       ", tensor_parallel_size = ", tensor_parallel_size,
                       ", pipeline_parallel_size = ", pipeline_parallel_size));
+  if (device != "auto") {
+    try {
+      if (parse_device(device).kind == DeviceKind::CUDA)
+        out.push_back(str("device = \"", device,
+                          "\": the CUDA backend has no kernels yet (use \"cpu\" or \"checked\")"));
+    } catch (const InvalidArgument&) {
+      out.push_back(str("device = \"", device, "\" names no device (auto, cpu, checked, cuda)"));
+    }
+  }
   switch (backend) {
     case BackendChoice::Nccl:
       out.push_back("backend = \"nccl\" is not built yet (use \"threads\" or \"mpi\")");
