@@ -6,5 +6,7 @@
 namespace distjax::tensor::detail::cpu {
 
 extern const CopyKernels copy_kernels;
+extern const InplaceKernels inplace_kernels;
+extern const ParallelKernels parallel_kernels;
 
 }  // namespace distjax::tensor::detail::cpu

@@ -8,6 +8,8 @@ namespace distjax::tensor::detail {
 const KernelTable& cpu_kernel_table() {
   static const KernelTable table{
       .copy = &cpu::copy_kernels,
+      .inplace = &cpu::inplace_kernels,
+      .parallel = &cpu::parallel_kernels,
   };
   return table;
 }

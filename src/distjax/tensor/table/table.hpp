@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "distjax/tensor/table/copy.hpp"
+#include "distjax/tensor/table/inplace.hpp"
+#include "distjax/tensor/table/parallel.hpp"
 #include "distjax/tensor/table/stream.hpp"
 #include "distjax/tensor/tensor.hpp"
 
@@ -24,6 +26,8 @@ namespace distjax::tensor::detail {
 /// Every kernel family of one device kind; null where the kind has none.
 struct KernelTable {
   const CopyKernels* copy = nullptr;
+  const InplaceKernels* inplace = nullptr;
+  const ParallelKernels* parallel = nullptr;
 };
 
 /// The table of a device kind: tensor/cpu/ for the CPU and the checked device.
