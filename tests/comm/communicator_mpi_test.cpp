@@ -9,8 +9,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <stdexcept>
 #include <regex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -250,23 +250,29 @@ TEST_F(MpiTest, DeviceBuffersAreRefusedAndCheckedTensorsGoThrough) {
     const Buffer on_gpu{x, 4, DType::F32, Device{DeviceKind::CUDA, 0}};
     for (int i = 0; i < 2; ++i) {
       try {
-        if (i == 0) world.all_reduce(on_gpu, on_gpu, ReduceOp::Sum);
-        else world.isend(on_gpu, (r + 1) % n, 0);
+        if (i == 0)
+          world.all_reduce(on_gpu, on_gpu, ReduceOp::Sum);
+        else
+          world.isend(on_gpu, (r + 1) % n, 0);
         ADD_FAILURE() << "no error";
       } catch (const NotImplemented& e) {
-        const std::string want = i == 0 ? "[all_reduce] buffers on cuda:0" : "[isend] buffers on cuda:0";
+        const std::string want =
+            i == 0 ? "[all_reduce] buffers on cuda:0" : "[isend] buffers on cuda:0";
         EXPECT_TRUE(has(e.what(), want) && has(e.what(), "MPI backend")) << e.what();
       }
     }
     std::vector<int> all(n);
-    for (int i = 0; i < n; ++i) all[i] = i;
+    for (int i = 0; i < n; ++i)
+      all[i] = i;
     for (std::int64_t count : {7, 20000}) {  // inside the exchange, and an MPI collective
       const Tensor t = Tensor::from_vector(testing::inputs_f32(r, count), {count});
       ASSERT_EQ(t.device().kind, DeviceKind::Checked);
       Tensor sum = Tensor::empty({count});
       world.all_reduce(buffer_of(t), buffer_of(sum), ReduceOp::Sum);
-      const std::vector<float> got = sum.to_vector<float>(), want = testing::host_sum_f32(all, count);
-      for (std::int64_t i = 0; i < count; ++i) ASSERT_NEAR(got[i], want[i], 1e-3 * (1 + std::abs(want[i])));
+      const std::vector<float> got = sum.to_vector<float>(),
+                               want = testing::host_sum_f32(all, count);
+      for (std::int64_t i = 0; i < count; ++i)
+        ASSERT_NEAR(got[i], want[i], 1e-3 * (1 + std::abs(want[i])));
       const int left = (r + n - 1) % n;
       Tensor received = Tensor::empty({count});
       Request rr = world.irecv(buffer_of(received), left, 4);
@@ -275,7 +281,8 @@ TEST_F(MpiTest, DeviceBuffersAreRefusedAndCheckedTensorsGoThrough) {
       rr.wait();
       EXPECT_EQ(received.to_vector<float>(), testing::inputs_f32(left, count));
       std::vector<std::pair<int, int>> ring;
-      for (int i = 0; i < n; ++i) ring.emplace_back(i, (i + 1) % n);
+      for (int i = 0; i < n; ++i)
+        ring.emplace_back(i, (i + 1) % n);
       Tensor from_left = Tensor::empty({count});
       world.permute(buffer_of(t), buffer_of(from_left), ring);
       EXPECT_EQ(from_left.to_vector<float>(), testing::inputs_f32(left, count));

@@ -469,21 +469,24 @@ TEST(Buffers, ADeviceBufferIsRefusedNamingTheOpAndTheDevice) {
         {3, [&] { world.ireduce_scatter(on_gpu, Buffer::host(y, 2, DType::F32), ReduceOp::Sum); }},
         {4, [&] { world.all_to_all(on_gpu, host_recv); }},
         {5, [&] { world.broadcast(on_gpu, 0); }},
-        {6, [&] { world.permute(on_gpu, host_recv, {{0, 1}, {1, 0}}); }},
+        {6,
+         [&] {
+           world.permute(on_gpu, host_recv, {{0, 1}, {1, 0}});
+         }},
         {7, [&] { world.isend(on_gpu, 1 - world.rank(), 0); }},
         {8, [&] { world.irecv(recv_on_gpu, 1 - world.rank(), 0); }},
     };
-    const char* names[] = {"all_reduce", "iall_reduce", "all_gather",
-                           "ireduce_scatter", "all_to_all", "broadcast",
-                           "permute", "isend", "irecv"};
+    const char* names[] = {"all_reduce",      "iall_reduce", "all_gather",
+                           "ireduce_scatter", "all_to_all",  "broadcast",
+                           "permute",         "isend",       "irecv"};
     for (const auto& [i, call] : calls) {
       try {
         call();
         ADD_FAILURE() << names[i] << ": no error";
       } catch (const NotImplemented& e) {
         const std::string what = e.what();
-        EXPECT_NE(what.find(std::string("[") + names[i] + "] buffers on cuda:1"),
-                  std::string::npos) << what;
+        EXPECT_NE(what.find(std::string("[") + names[i] + "] buffers on cuda:1"), std::string::npos)
+            << what;
         EXPECT_NE(what.find("threads backend"), std::string::npos) << what;
       }
     }

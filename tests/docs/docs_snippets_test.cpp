@@ -526,7 +526,8 @@ TEST(DocsSpmd, TensorsThroughBufferOf) {
   comm::LaunchOptions opts;
   opts.num_devices = 2;
   comm::launch(opts, [&](comm::Communicator& world) {
-    Tensor g = Tensor::full({4}, world.rank() + 1.0), out = Tensor::empty(g.shape(), g.dtype(), g.device());
+    Tensor g = Tensor::full({4}, world.rank() + 1.0),
+           out = Tensor::empty(g.shape(), g.dtype(), g.device());
     world.all_reduce(comm::buffer_of(g), comm::buffer_of(out), comm::ReduceOp::Sum);
     Tensor in = Tensor::empty({4});
     comm::Request recv = world.irecv(comm::buffer_of(in), /*src=*/1 - world.rank(), /*tag=*/0);

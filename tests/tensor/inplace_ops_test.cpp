@@ -72,9 +72,11 @@ TEST_P(InplaceOps, GemmIntoSubBlocksMatchesMatmulOfTheSlices) {
   const std::vector<float> k = kernel.to_vector<float>();
   std::vector<float> cols, rows;
   for (int r = 0; r < 4; ++r)
-    for (int c = 2; c < 5; ++c) cols.push_back(k[r * 6 + c]);
+    for (int c = 2; c < 5; ++c)
+      cols.push_back(k[r * 6 + c]);
   for (int r = 1; r < 3; ++r)
-    for (int c = 0; c < 6; ++c) rows.push_back(k[r * 6 + c]);
+    for (int c = 0; c < 6; ++c)
+      rows.push_back(k[r * 6 + c]);
   // The references: matmul of copies of the slices, on the CPU.
   const Device cpu = Device::cpu();
   auto reference = [&](const std::vector<float>& a, const Shape& sa, const std::vector<float>& b,
@@ -90,13 +92,16 @@ TEST_P(InplaceOps, GemmIntoSubBlocksMatchesMatmulOfTheSlices) {
   gemm_into(c, {0, 6}, x, {0, 4}, false, kernel, {6, 6}, false, 2, 6, 2, 1.f, 1.f);
   const std::vector<float> xs = x.to_vector<float>();
   std::vector<float> want = reference({xs[0], xs[1], xs[4], xs[5]}, {2, 2}, rows, {2, 6});
-  for (float& v : want) v += 1.f;
+  for (float& v : want)
+    v += 1.f;
   EXPECT_EQ(c.to_vector<float>(), want);
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, InplaceOps,
                          ::testing::Values(Device::cpu(), Device{DeviceKind::Checked, 0}),
-                         [](const auto& info) { return std::string(device_kind_name(info.param.kind)); });
+                         [](const auto& info) {
+                           return std::string(device_kind_name(info.param.kind));
+                         });
 
 template <class F>
 void expect_invalid(F f, const std::string& part) {
@@ -112,15 +117,29 @@ TEST(InplaceOpsErrors, NameTheOpAndWhatIsWrong) {
   DeviceScope on_cpu(Device::cpu());  // the last one mixes in a checked tensor
   const Tensor a = Tensor::zeros({4}), b = Tensor::zeros({5});
   expect_invalid([&] { copy_into(a, b); }, "[copy_into] dst (4,) and src (5,)");
-  expect_invalid([&] { copy_into(a, Tensor::zeros({4}, DType::I32)); }, "[copy_into] dst is f32 but src is i32");
-  expect_invalid([&] { copy_rows_into(a, {0, 2}, b, {0, 2}, 3, 2); }, "do not fit dst of 4 elements");
+  expect_invalid([&] { copy_into(a, Tensor::zeros({4}, DType::I32)); },
+                 "[copy_into] dst is f32 but src is i32");
+  expect_invalid(
+      [&] {
+        copy_rows_into(a, {0, 2}, b, {0, 2}, 3, 2);
+      },
+      "do not fit dst of 4 elements");
   expect_invalid([&] { add_into(a, a.view_rows(0, 4)); }, "[add_into] dst and src overlap");
-  expect_invalid([&] { copy_from_box(Tensor::zeros({2, 2}), Tensor::zeros({3, 3}), {2, 0}); },
-                 "leaves the array (3, 3)");
-  expect_invalid([&] { gemm_into(a, {0, 2}, a, {0, 2}, false, b, {0, 2}, false, 2, 2, 3); },
-                 "[gemm_into]");
-  expect_invalid([&] { copy_into(a, Tensor::zeros({4}, DType::F32, Device{DeviceKind::Checked, 0})); },
-                 "[copy_into] expects its tensors on one device, got checked:0 and cpu");
+  expect_invalid(
+      [&] {
+        copy_from_box(Tensor::zeros({2, 2}), Tensor::zeros({3, 3}), {2, 0});
+      },
+      "leaves the array (3, 3)");
+  expect_invalid(
+      [&] {
+        gemm_into(a, {0, 2}, a, {0, 2}, false, b, {0, 2}, false, 2, 2, 3);
+      },
+      "[gemm_into]");
+  expect_invalid(
+      [&] {
+        copy_into(a, Tensor::zeros({4}, DType::F32, Device{DeviceKind::Checked, 0}));
+      },
+      "[copy_into] expects its tensors on one device, got checked:0 and cpu");
 }
 
 }  // namespace

@@ -54,20 +54,26 @@ TEST_P(ParallelOps, SelectEqualAgainstATensorOrOneValue) {
 
 TEST_P(ParallelOps, SumOfSquaresInItsFixedOrder) {
   std::vector<float> v;
-  for (int i = 0; i < 1003; ++i) v.push_back(0.001f * static_cast<float>(i % 37) - 0.011f * static_cast<float>(i % 5));
+  for (int i = 0; i < 1003; ++i)
+    v.push_back(0.001f * static_cast<float>(i % 37) - 0.011f * static_cast<float>(i % 5));
   double acc[8] = {};
   std::size_t i = 0;
   for (; i + 8 <= v.size(); i += 8)
-    for (int k = 0; k < 8; ++k) acc[k] += static_cast<double>(v[i + k]) * v[i + k];
-  for (int k = 0; i < v.size(); ++i, ++k) acc[k] += static_cast<double>(v[i]) * v[i];
-  const double want = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (int k = 0; k < 8; ++k)
+      acc[k] += static_cast<double>(v[i + k]) * v[i + k];
+  for (int k = 0; i < v.size(); ++i, ++k)
+    acc[k] += static_cast<double>(v[i]) * v[i];
+  const double want =
+      ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
   EXPECT_EQ(sum_of_squares_f64(Tensor::from_vector(v, {1003})), want);
   EXPECT_EQ(sum_of_squares_f64(Tensor::zeros({0})), 0.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, ParallelOps,
                          ::testing::Values(Device::cpu(), Device{DeviceKind::Checked, 0}),
-                         [](const auto& info) { return std::string(device_kind_name(info.param.kind)); });
+                         [](const auto& info) {
+                           return std::string(device_kind_name(info.param.kind));
+                         });
 
 }  // namespace
 }  // namespace distjax::tensor

@@ -45,9 +45,9 @@ struct Block {
 /// trans_b), C m x n; every block inside its tensor. With beta = 1 the product accumulates
 /// into C (a ring's partial products into one buffer); a block of columns reads a weight
 /// shard in place.
-void gemm_into(const Tensor& c, Block cb, const Tensor& a, Block ab, bool trans_a,
-               const Tensor& b, Block bb, bool trans_b, std::int64_t m, std::int64_t n,
-               std::int64_t k, float alpha = 1.f, float beta = 0.f);
+void gemm_into(const Tensor& c, Block cb, const Tensor& a, Block ab, bool trans_a, const Tensor& b,
+               Block bb, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+               float alpha = 1.f, float beta = 0.f);
 
 /// local = the box of `global` starting at index `offset` (one per dimension) with local's
 /// shape; same dtype and rank, one device (device_put's shards).

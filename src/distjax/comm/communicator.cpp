@@ -114,8 +114,8 @@ void Communicator::all_to_all(const void* send, void* recv, std::int64_t count, 
 }
 void Communicator::all_to_all(const Buffer& send, const Buffer& recv) {
   check_pair("all_to_all", send, recv, 1, 1);
-  DISTJAX_CHECK(send.count % size() == 0, InvalidArgument, "[all_to_all] send holds ",
-                send.count, " elements, not ", size(), " equal blocks");
+  DISTJAX_CHECK(send.count % size() == 0, InvalidArgument, "[all_to_all] send holds ", send.count,
+                " elements, not ", size(), " equal blocks");
   DISTJAX_CHECK(send.data != recv.data || send.count == 0, InvalidArgument,
                 "[all_to_all] send and recv must be different buffers");
   impl_->all_to_all(send, recv);

@@ -134,8 +134,7 @@ GlobalArray embedding(const GlobalArray& table, const GlobalArray& ids) {
   // Built per device from the ids: they vary where the ids do (and where the rows do).
   local.local.set_varying_axes(t[1].varying_axes());
   mask.set_varying_axes(t[1].varying_axes() | t[0].varying_axes());
-  return GlobalArray(ctx, tensor::mul(tensor::embedding(t[0], local.local), mask), shape,
-                     r.output);
+  return GlobalArray(ctx, tensor::mul(tensor::embedding(t[0], local.local), mask), shape, r.output);
 }
 
 OpRule cross_entropy_rule(const Shape& logits, const GlobalSharding& sl, const Shape& labels,

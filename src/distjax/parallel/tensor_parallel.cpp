@@ -239,8 +239,8 @@ Tensor vocab_parallel_cross_entropy(spmd::DeviceContext* ctx, const Tensor& logi
   // The label's logit: this device holds it for the labels in its block.
   tensor::ShardOneHot hot = tensor::shard_one_hot(labels, start, v_local, vocab);
   DISTJAX_CHECK(hot.out_of_range.count == 0, InvalidArgument,
-                "[vocab_parallel_cross_entropy] label ", hot.out_of_range.first,
-                " is outside [0, ", vocab, ")");
+                "[vocab_parallel_cross_entropy] label ", hot.out_of_range.first, " is outside [0, ",
+                vocab, ")");
   Tensor onehot = hot.one_hot;
   onehot.set_varying_axes(logits.varying_axes());
   Tensor target = spmd::psum(*ctx, tensor::sum(tensor::mul(shifted, onehot), {last}), axis);

@@ -46,8 +46,8 @@ void gather_product(Tensor& y, Tensor& kernel, const Tensor& chunk, std::int64_t
   shape.back() = f;
   std::vector<Tensor> outputs{has_y ? y.detach() : Tensor::empty(shape, DType::F32, chunk.device()),
                               kernel.detach()};
-  tensor::gemm_into(outputs[0], {0, f}, chunk, {0, k_local}, false, kernel, {row0 * f, f}, false,
-                    m, f, k_local, 1.f, has_y ? 1.f : 0.f);
+  tensor::gemm_into(outputs[0], {0, f}, chunk, {0, k_local}, false, kernel, {row0 * f, f}, false, m,
+                    f, k_local, 1.f, has_y ? 1.f : 0.f);
   std::vector<Tensor> inputs{chunk, kernel};
   if (has_y) inputs.push_back(y);
   if (!tensor::needs_grad(inputs)) {
@@ -62,14 +62,14 @@ void gather_product(Tensor& y, Tensor& kernel, const Tensor& chunk, std::int64_t
           std::vector<Tensor> out(has_y ? 3 : 2);
           if (g[0].defined() && rc) {
             out[0] = Tensor::empty(cd.shape(), DType::F32, cd.device());
-            tensor::gemm_into(out[0], {0, k_local}, g[0], {0, f}, false, kd, {row0 * f, f}, true,
-                              m, k_local, f);
+            tensor::gemm_into(out[0], {0, k_local}, g[0], {0, f}, false, kd, {row0 * f, f}, true, m,
+                              k_local, f);
           }
           if (rk) {
             out[1] = own_or_zeros(g[1], kd);
             if (g[0].defined())
-              tensor::gemm_into(out[1], {row0 * f, f}, cd, {0, k_local}, true, g[0], {0, f},
-                                false, k_local, f, m);
+              tensor::gemm_into(out[1], {row0 * f, f}, cd, {0, k_local}, true, g[0], {0, f}, false,
+                                k_local, f, m);
           }
           if (has_y) out[2] = g[0];
           return out;

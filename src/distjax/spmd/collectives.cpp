@@ -141,8 +141,8 @@ Tensor pmean(DeviceContext& ctx, const Tensor& x_in, const Axes& axes) {
         // f32 division by n: the same bits as dividing in f64 and rounding (double
         // rounding is innocuous for a quotient of f32 values computed in f64).
         tensor::check_dtype(g[0], DType::F32, "pmean transpose", "the cotangent");
-        return std::vector<Tensor>{tensor::div(
-            g[0].detach(), Tensor::scalar(n, DType::F32, g[0].device()))};
+        return std::vector<Tensor>{
+            tensor::div(g[0].detach(), Tensor::scalar(n, DType::F32, g[0].device()))};
       },
       tensor::VaryingRule::AsIs), x.varying_axes() & ~m);
 }
@@ -173,8 +173,8 @@ Tensor pmax(DeviceContext& ctx, const Tensor& x_in, const Axes& axes) {
             const auto mine = static_cast<float>(n - me);
             Tensor cand = tensor::select_equal(in[0], m, mine);
             Tensor owner = raw_all_reduce(c, cand, ReduceOp::Max);
-            *mask = tensor::select_equal(owner, Tensor::scalar(mine, DType::F32, owner.device()),
-                                         1.f);
+            *mask =
+                tensor::select_equal(owner, Tensor::scalar(mine, DType::F32, owner.device()), 1.f);
           }
           return std::vector<Tensor>{m};
         });

@@ -61,8 +61,7 @@ void start_backward(PermuteState& s, const Tensor& g) {
   named(s, "ppermute transpose", [&] {
     if (s.send_to >= 0) {
       s.grad_recv = Tensor::empty(s.shape, s.dtype);
-      s.grad_recv_req =
-          s.comm.irecv(comm::buffer_of(s.grad_recv), s.send_to, detail::kBackwardTag);
+      s.grad_recv_req = s.comm.irecv(comm::buffer_of(s.grad_recv), s.send_to, detail::kBackwardTag);
     }
     if (s.recv_from >= 0) {
       s.grad_send = g.defined() ? g : Tensor::zeros(s.shape, s.dtype);

@@ -73,9 +73,9 @@ void add_into(const Tensor& dst, const Tensor& src) {
   k->add_f32(dst.data<float>(), src.data<float>(), dst.numel(), k.stream());
 }
 
-void gemm_into(const Tensor& c, Block cb, const Tensor& a, Block ab, bool trans_a,
-               const Tensor& b, Block bb, bool trans_b, std::int64_t m, std::int64_t n,
-               std::int64_t k, float alpha, float beta) {
+void gemm_into(const Tensor& c, Block cb, const Tensor& a, Block ab, bool trans_a, const Tensor& b,
+               Block bb, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+               float beta) {
   for (const auto& [t, name] : {std::pair{&c, "c"}, std::pair{&a, "a"}, std::pair{&b, "b"}}) {
     check_defined(*t, "gemm_into", name);
     check_dtype(*t, DType::F32, "gemm_into", name);

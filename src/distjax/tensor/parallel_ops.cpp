@@ -16,7 +16,9 @@ void check_ids(const char* op, const Tensor& ids) {
                 "] expects i32 or i64 ids, got ", dtype_name(ids.dtype()));
 }
 
-OutOfRange out_of_range(const detail::IdReport& r) { return {r.bad, r.first}; }
+OutOfRange out_of_range(const detail::IdReport& r) {
+  return {r.bad, r.first};
+}
 
 }  // namespace
 

@@ -252,7 +252,10 @@ class ThreadsRequest final : public RequestImpl {
   ThreadsRequest(std::shared_ptr<GroupState> g, int rank, std::shared_ptr<P2POp> op,
                  std::shared_ptr<CommStats> stats, int stats_group,
                  std::chrono::milliseconds timeout, HostBuffers access)
-      : g_(std::move(g)), rank_(rank), op_(std::move(op)), stats_(std::move(stats)),
+      : g_(std::move(g)),
+        rank_(rank),
+        op_(std::move(op)),
+        stats_(std::move(stats)),
         stats_group_(stats_group),
         timeout_(timeout),
         access_(std::move(access)) {}

@@ -17,8 +17,8 @@ struct InplaceKernels {
   /// k x n, C m x n; lda, ldb, ldc are the elements between rows of the stored blocks (A
   /// stored k x m when trans_a, B n x k when trans_b).
   void (*gemm_f32)(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
-                   float alpha, const float* a, std::int64_t lda, const float* b,
-                   std::int64_t ldb, float beta, float* c, std::int64_t ldc, Stream s);
+                   float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                   float beta, float* c, std::int64_t ldc, Stream s);
 };
 
 }  // namespace distjax::tensor::detail

@@ -44,8 +44,8 @@ struct ParallelKernels {
   /// out[i * width + label - lo] = 1 (out is zero otherwise, as given). Labels outside
   /// [0, bound) are counted into *host_report.
   void (*shard_one_hot)(const void* labels, DType dtype, std::int64_t n, std::int64_t lo,
-                        std::int64_t width, std::int64_t bound, float* out,
-                        IdReport* host_report, Stream s);
+                        std::int64_t width, std::int64_t bound, float* out, IdReport* host_report,
+                        Stream s);
   /// out[i] = a[i] == b[i] ? value : 0 for i < n (f32); b_scalar: b[0] for every i.
   void (*select_equal)(const float* a, const float* b, bool b_scalar, float value, float* out,
                        std::int64_t n, Stream s);
