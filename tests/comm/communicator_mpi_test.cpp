@@ -7,15 +7,17 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
-#include <stdexcept>
 #include <regex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
 #include "comm/collective_checks.hpp"
 #include "distjax/comm/launch.hpp"
 #include "distjax/core/error.hpp"
+#include "distjax/tensor/tensor.hpp"
 
 namespace distjax::comm {
 namespace {
@@ -232,6 +234,59 @@ TEST_F(MpiTest, AsyncRing) {
     rr.wait();
     for (int i = 0; i < 5000; ++i) ASSERT_EQ(y[i], input_f32(left, i));
     EXPECT_EQ(world.stats()[OpKind::Send].bytes_sent, 5000 * 4);
+  });
+}
+
+// The MPI backend reaches the CPU and the checked device (under a tensor::HostAccess while
+// MPI reads or writes a buffer) and refuses a GPU buffer naming the op and the device before
+// the call is issued.
+TEST_F(MpiTest, DeviceBuffersAreRefusedAndCheckedTensorsGoThrough) {
+  LaunchOptions o = mpi_opts();
+  o.device = Device{DeviceKind::Checked, 0};
+  launch(o, [](Communicator& world) {
+    using tensor::Tensor;
+    const int n = world.size(), r = world.rank();
+    float x[4] = {1, 2, 3, 4};
+    const Buffer on_gpu{x, 4, DType::F32, Device{DeviceKind::CUDA, 0}};
+    for (int i = 0; i < 2; ++i) {
+      try {
+        if (i == 0)
+          world.all_reduce(on_gpu, on_gpu, ReduceOp::Sum);
+        else
+          world.isend(on_gpu, (r + 1) % n, 0);
+        ADD_FAILURE() << "no error";
+      } catch (const NotImplemented& e) {
+        const std::string want =
+            i == 0 ? "[all_reduce] buffers on cuda:0" : "[isend] buffers on cuda:0";
+        EXPECT_TRUE(has(e.what(), want) && has(e.what(), "MPI backend")) << e.what();
+      }
+    }
+    std::vector<int> all(n);
+    for (int i = 0; i < n; ++i)
+      all[i] = i;
+    for (std::int64_t count : {7, 20000}) {  // inside the exchange, and an MPI collective
+      const Tensor t = Tensor::from_vector(testing::inputs_f32(r, count), {count});
+      ASSERT_EQ(t.device().kind, DeviceKind::Checked);
+      Tensor sum = Tensor::empty({count});
+      world.all_reduce(buffer_of(t), buffer_of(sum), ReduceOp::Sum);
+      const std::vector<float> got = sum.to_vector<float>(),
+                               want = testing::host_sum_f32(all, count);
+      for (std::int64_t i = 0; i < count; ++i)
+        ASSERT_NEAR(got[i], want[i], 1e-3 * (1 + std::abs(want[i])));
+      const int left = (r + n - 1) % n;
+      Tensor received = Tensor::empty({count});
+      Request rr = world.irecv(buffer_of(received), left, 4);
+      Request sr = world.isend(buffer_of(t), (r + 1) % n, 4);
+      sr.wait();
+      rr.wait();
+      EXPECT_EQ(received.to_vector<float>(), testing::inputs_f32(left, count));
+      std::vector<std::pair<int, int>> ring;
+      for (int i = 0; i < n; ++i)
+        ring.emplace_back(i, (i + 1) % n);
+      Tensor from_left = Tensor::empty({count});
+      world.permute(buffer_of(t), buffer_of(from_left), ring);
+      EXPECT_EQ(from_left.to_vector<float>(), testing::inputs_f32(left, count));
+    }
   });
 }
 

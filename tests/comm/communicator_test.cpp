@@ -18,6 +18,7 @@
 #include "distjax/comm/launch.hpp"
 #include "distjax/comm/mpi/tsc_clock.hpp"
 #include "distjax/core/error.hpp"
+#include "distjax/tensor/tensor.hpp"
 
 namespace distjax::comm {
 namespace {
@@ -452,21 +453,97 @@ TEST(Launch, InvalidArguments) {
 #endif
 }
 
-// A buffer carries its real device (core/device.hpp, the type tensors use): a backend that
-// moves CPU memory only refuses one on a GPU, naming the op and the device, instead of
-// reading a device pointer as host memory.
+// A buffer carries its real device (core/device.hpp, the type tensors use): the threads
+// backend moves memory the host reaches and refuses a buffer on a GPU, naming the op and the
+// device, before anything moves (instead of reading a device pointer as host memory).
 TEST(Buffers, ADeviceBufferIsRefusedNamingTheOpAndTheDevice) {
   launch(opts(2), [](Communicator& world) {
-    float x[4] = {1, 2, 3, 4};
-    Buffer on_gpu{x, 4, DType::F32, Device{DeviceKind::CUDA, 1}};
-    try {
-      world.all_reduce(on_gpu, on_gpu, ReduceOp::Sum);
-      ADD_FAILURE() << "no error";
-    } catch (const NotImplemented& e) {
-      EXPECT_NE(std::string(e.what()).find("[all_reduce] buffers on cuda:1"), std::string::npos)
-          << e.what();
+    float x[4] = {1, 2, 3, 4}, y[4] = {9, 9, 9, 9};
+    const Device gpu{DeviceKind::CUDA, 1};
+    const Buffer on_gpu{x, 4, DType::F32, gpu}, recv_on_gpu{y, 4, DType::F32, gpu};
+    const Buffer host_recv = Buffer::host(y, 4, DType::F32);
+    const std::vector<std::pair<int, std::function<void()>>> calls = {
+        {0, [&] { world.all_reduce(on_gpu, on_gpu, ReduceOp::Sum); }},
+        {1, [&] { world.iall_reduce(on_gpu, host_recv, ReduceOp::Sum).wait(); }},
+        {2, [&] { world.all_gather(Buffer::host(x, 2, DType::F32), recv_on_gpu); }},
+        {3, [&] { world.ireduce_scatter(on_gpu, Buffer::host(y, 2, DType::F32), ReduceOp::Sum); }},
+        {4, [&] { world.all_to_all(on_gpu, host_recv); }},
+        {5, [&] { world.broadcast(on_gpu, 0); }},
+        {6,
+         [&] {
+           world.permute(on_gpu, host_recv, {{0, 1}, {1, 0}});
+         }},
+        {7, [&] { world.isend(on_gpu, 1 - world.rank(), 0); }},
+        {8, [&] { world.irecv(recv_on_gpu, 1 - world.rank(), 0); }},
+    };
+    const char* names[] = {"all_reduce",      "iall_reduce", "all_gather",
+                           "ireduce_scatter", "all_to_all",  "broadcast",
+                           "permute",         "isend",       "irecv"};
+    for (const auto& [i, call] : calls) {
+      try {
+        call();
+        ADD_FAILURE() << names[i] << ": no error";
+      } catch (const NotImplemented& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find(std::string("[") + names[i] + "] buffers on cuda:1"), std::string::npos)
+            << what;
+        EXPECT_NE(what.find("threads backend"), std::string::npos) << what;
+      }
     }
+    // Nothing moved, and nothing was issued: the group still agrees on its next call.
+    EXPECT_EQ(std::vector<float>(y, y + 4), std::vector<float>(4, 9.f));
+    world.all_reduce(x, y, 4, DType::F32, ReduceOp::Sum);
+    EXPECT_EQ(std::vector<float>(y, y + 4), (std::vector<float>{2, 4, 6, 8}));
   });
+}
+
+// Tensors on the checked device (memory the host may touch only inside the kernel table or
+// under a tensor::HostAccess) go through the threads backend by buffer_of: it holds host
+// access to every buffer while it reads or writes it, a peer's buffer during a collective
+// and a transfer's buffer until the transfer is done. A copy without it would fault and
+// kill the test, naming the memory.
+TEST(Buffers, CheckedDeviceTensorsGoThroughTheThreadsBackend) {
+  LaunchOptions o = opts(4);
+  o.device = Device{DeviceKind::Checked, 0};
+  // 7 elements: one step; 20000: reduce-scatter + all-gather reading the peers' buffers.
+  for (std::int64_t count : {7, 20000}) {
+    launch(o, [&](Communicator& c) {
+      using tensor::Tensor;
+      const int n = c.size(), r = c.rank();
+      std::vector<int> all(n);
+      std::iota(all.begin(), all.end(), 0);
+      const Tensor x = Tensor::from_vector(inputs_f32(r, count), {count});
+      ASSERT_EQ(x.device(), (Device{DeviceKind::Checked, 0}));
+      ASSERT_EQ(buffer_of(x).device, x.device());
+
+      Tensor sum = Tensor::empty({count});
+      c.all_reduce(buffer_of(x), buffer_of(sum), ReduceOp::Sum);
+      EXPECT_EQ(sum.to_vector<float>(), host_sum_f32(all, count));
+      Tensor in_place = x.clone();
+      Request pending = c.iall_reduce(buffer_of(in_place), buffer_of(in_place), ReduceOp::Sum);
+      pending.wait();
+      EXPECT_EQ(in_place.to_vector<float>(), host_sum_f32(all, count));
+
+      Tensor gathered = Tensor::empty({n, count});
+      c.all_gather(buffer_of(x), buffer_of(gathered));
+      EXPECT_EQ(gathered.view_rows(n - 1, n).to_vector<float>(), inputs_f32(n - 1, count));
+
+      // A ring shift, as ppermute makes it: permute, and isend / irecv in flight.
+      std::vector<std::pair<int, int>> ring;
+      for (int i = 0; i < n; ++i)
+        ring.emplace_back(i, (i + 1) % n);
+      const int left = (r + n - 1) % n;
+      Tensor from_left = Tensor::empty({count});
+      c.permute(buffer_of(x), buffer_of(from_left), ring);
+      EXPECT_EQ(from_left.to_vector<float>(), inputs_f32(left, count));
+      Tensor received = Tensor::empty({count});
+      Request recv = c.irecv(buffer_of(received), left, 3);
+      Request send = c.isend(buffer_of(x), (r + 1) % n, 3);
+      recv.wait();
+      send.wait();
+      EXPECT_EQ(received.to_vector<float>(), inputs_f32(left, count));
+    });
+  }
 }
 
 }  // namespace

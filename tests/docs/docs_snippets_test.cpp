@@ -520,6 +520,27 @@ TEST(DocsSpmd, LaunchAndCommunicator) {
   EXPECT_EQ(row_sizes, (std::vector<int>{2, 2, 2, 2}));
 }
 
+// "The communicator underneath": tensors through comm::buffer_of
+TEST(DocsSpmd, TensorsThroughBufferOf) {
+  std::vector<float> sums(2), received(2);
+  comm::LaunchOptions opts;
+  opts.num_devices = 2;
+  comm::launch(opts, [&](comm::Communicator& world) {
+    Tensor g = Tensor::full({4}, world.rank() + 1.0),
+           out = Tensor::empty(g.shape(), g.dtype(), g.device());
+    world.all_reduce(comm::buffer_of(g), comm::buffer_of(out), comm::ReduceOp::Sum);
+    Tensor in = Tensor::empty({4});
+    comm::Request recv = world.irecv(comm::buffer_of(in), /*src=*/1 - world.rank(), /*tag=*/0);
+    comm::Request r = world.isend(comm::buffer_of(g), /*dst=*/1 - world.rank(), /*tag=*/0);
+    r.wait();
+    recv.wait();
+    sums[world.rank()] = out.to_vector<float>()[3];
+    received[world.rank()] = in.to_vector<float>()[0];
+  });
+  EXPECT_EQ(sums, (std::vector<float>{3, 3}));
+  EXPECT_EQ(received, (std::vector<float>{2, 1}));
+}
+
 // "Link model" and "Counters"
 TEST(DocsSpmd, LinkModelAndCounters) {
   using namespace distjax::spmd;

@@ -30,10 +30,10 @@ OpCase one(std::string name, Tensor x, GlobalSharding s, std::function<GlobalArr
 }
 
 Tensor labels(const Shape& s, int v) {
-  Tensor y = Tensor::empty(s, DType::I32);
-  for (std::int64_t i = 0; i < y.numel(); ++i)
-    y.data<std::int32_t>()[i] = static_cast<std::int32_t>((i * 5 + 3) % v);
-  return y;
+  std::vector<std::int32_t> y(static_cast<std::size_t>(distjax::numel(s)));
+  for (std::size_t i = 0; i < y.size(); ++i)
+    y[i] = static_cast<std::int32_t>((i * 5 + 3) % v);
+  return Tensor::from_vector(y, s);
 }
 
 TEST(GlobalRules, SoftmaxAndLogSoftmax) {

@@ -28,8 +28,9 @@ using mesh::P;
 using tensor::Tensor;
 
 inline Tensor randn(const Shape& s, std::uint64_t seed, double scale = 1.0) {
-  Tensor t = Tensor::empty(s);
-  random_normal(Key::from_seed(seed), t.data<float>(), t.numel());
+  std::vector<float> v(static_cast<std::size_t>(distjax::numel(s)));
+  random_normal(Key::from_seed(seed), v.data(), static_cast<std::int64_t>(v.size()));
+  const Tensor t = Tensor::from_vector(v, s);  // filled on the host, then copied to the device
   return scale == 1.0 ? t : tensor::mul_scalar(t, scale);
 }
 

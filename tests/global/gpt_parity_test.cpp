@@ -27,12 +27,12 @@ struct Batch {
 std::vector<Batch> batches() {
   std::vector<Batch> out;
   for (int s = 0; s < kSteps; ++s) {
-    Tensor x = Tensor::empty({kBatch, kT}, DType::I32), y = Tensor::empty({kBatch, kT}, DType::I32);
+    std::vector<std::int32_t> x(kBatch * kT), y(kBatch * kT);
     for (std::int64_t i = 0; i < kBatch * kT; ++i) {
-      x.data<std::int32_t>()[i] = static_cast<std::int32_t>((i * 13 + s * 0) % kConfig.vocab);
-      y.data<std::int32_t>()[i] = static_cast<std::int32_t>((i * 5 + s * 0 + 1) % kConfig.vocab);
+      x[i] = static_cast<std::int32_t>((i * 13 + s * 0) % kConfig.vocab);
+      y[i] = static_cast<std::int32_t>((i * 5 + s * 0 + 1) % kConfig.vocab);
     }
-    out.push_back({x, y});
+    out.push_back({Tensor::from_vector(x, {kBatch, kT}), Tensor::from_vector(y, {kBatch, kT})});
   }
   return out;
 }

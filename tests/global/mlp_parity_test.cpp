@@ -52,10 +52,11 @@ struct Batch {
 std::vector<Batch> batches() {
   std::vector<Batch> out;
   for (int s = 0; s < kSteps; ++s) {
-    Tensor y = Tensor::empty({kBatch}, DType::I32);
+    std::vector<std::int32_t> y(kBatch);
     for (std::int64_t i = 0; i < kBatch; ++i)
-      y.data<std::int32_t>()[i] = static_cast<std::int32_t>((i * 7 + s * 3) % kClasses);
-    out.push_back({testing::randn({kBatch, kIn}, 100 + static_cast<std::uint64_t>(s)), y});
+      y[i] = static_cast<std::int32_t>((i * 7 + s * 3) % kClasses);
+    out.push_back({testing::randn({kBatch, kIn}, 100 + static_cast<std::uint64_t>(s)),
+                   Tensor::from_vector(y, {kBatch})});
   }
   return out;
 }

@@ -34,12 +34,12 @@ constexpr std::int64_t kBatch = 16;
 
 train::Batch make_batch(int step) {
   Key k = Key::from_seed(7).fold_in(static_cast<std::uint64_t>(step));
-  Tensor x = Tensor::empty({kBatch, 8});
-  random_normal(k, x.data<float>(), x.numel());
-  Tensor y = Tensor::empty({kBatch}, DType::I32);
+  std::vector<float> x(kBatch * 8);
+  random_normal(k, x.data(), static_cast<std::int64_t>(x.size()));
+  std::vector<std::int32_t> y(kBatch);
   for (std::int64_t i = 0; i < kBatch; ++i)
-    y.data<std::int32_t>()[i] = static_cast<std::int32_t>(k.fold_in(100 + i).bits(0)[0] % 4);
-  return {x, y};
+    y[i] = static_cast<std::int32_t>(k.fold_in(100 + i).bits(0)[0] % 4);
+  return {Tensor::from_vector(x, {kBatch, 8}), Tensor::from_vector(y, {kBatch})};
 }
 
 const models::Classifier& model() {

@@ -183,10 +183,10 @@ TEST(Fsdp, ClassifierMatchesOneDevice) {
   std::vector<train::Batch> data;
   for (int s = 0; s < kSteps; ++s) {
     Key k = Key::from_seed(4).fold_in(static_cast<std::uint64_t>(s));
-    Tensor y = Tensor::empty({16}, DType::I32);
+    std::vector<std::int32_t> y(16);
     for (std::int64_t i = 0; i < 16; ++i)
-      y.data<std::int32_t>()[i] = static_cast<std::int32_t>(k.fold_in(50 + i).bits(0)[0] % 8);
-    data.push_back({testing::random_tensor(k, {16, 16}), y});
+      y[i] = static_cast<std::int32_t>(k.fold_in(50 + i).bits(0)[0] % 8);
+    data.push_back({testing::random_tensor(k, {16, 16}), Tensor::from_vector(y, {16})});
   }
   const TrainingRun one = train_one_device(model, adamw(), data);
   for (int n : {2, 4, 8})

@@ -31,13 +31,13 @@ inline std::vector<train::Batch> random_token_batches(int steps, std::int64_t ba
   std::vector<train::Batch> out;
   for (int s = 0; s < steps; ++s) {
     const Key k = Key::from_seed(seed).fold_in(static_cast<std::uint64_t>(s));
-    Tensor x = Tensor::empty({batch, t}, DType::I32), y = Tensor::empty({batch, t}, DType::I32);
+    std::vector<std::int32_t> x(batch * t), y(batch * t);
     for (std::int64_t i = 0; i < batch * t; ++i) {
       const auto bits = k.bits(static_cast<std::uint64_t>(i));
-      x.data<std::int32_t>()[i] = static_cast<std::int32_t>(bits[0] % vocab);
-      y.data<std::int32_t>()[i] = static_cast<std::int32_t>(bits[1] % vocab);
+      x[i] = static_cast<std::int32_t>(bits[0] % vocab);
+      y[i] = static_cast<std::int32_t>(bits[1] % vocab);
     }
-    out.push_back({x, y});
+    out.push_back({Tensor::from_vector(x, {batch, t}), Tensor::from_vector(y, {batch, t})});
   }
   return out;
 }

@@ -19,6 +19,7 @@
 #include "distjax/parallel/tensor_parallel.hpp"
 #include "distjax/parallel/zero.hpp"
 #include "distjax/spmd/shard_map.hpp"
+#include "distjax/tensor/inplace_ops.hpp"
 #include "distjax/train/train_step.hpp"
 #include "parallel/parity_util.hpp"
 
@@ -57,12 +58,13 @@ std::vector<train::Batch> image_batches(int steps, std::int64_t batch, std::int6
   std::vector<train::Batch> out;
   for (int s = 0; s < steps; ++s) {
     const Key k = Key::from_seed(7).fold_in(static_cast<std::uint64_t>(s));
-    Tensor x = Tensor::empty({batch, features}), y = Tensor::empty({batch}, DType::I32);
+    std::vector<float> x(batch * features);
+    std::vector<std::int32_t> y(batch);
     for (std::int64_t i = 0; i < batch * features; ++i)
-      x.data<float>()[i] = static_cast<float>(k.bits(static_cast<std::uint64_t>(i))[0] % 1000) / 500.f - 1.f;
+      x[i] = static_cast<float>(k.bits(static_cast<std::uint64_t>(i))[0] % 1000) / 500.f - 1.f;
     for (std::int64_t i = 0; i < batch; ++i)
-      y.data<std::int32_t>()[i] = static_cast<std::int32_t>(k.bits(1u << 20 | i)[1] % 10);
-    out.push_back({x, y});
+      y[i] = static_cast<std::int32_t>(k.bits(1u << 20 | i)[1] % 10);
+    out.push_back({Tensor::from_vector(x, {batch, features}), Tensor::from_vector(y, {batch})});
   }
   return out;
 }
@@ -110,20 +112,8 @@ struct Gathered {
     }
     std::lock_guard<std::mutex> lock(mu);
     Tensor& g = global[path];
-    if (!g.defined()) g = Tensor::zeros(gshape);
-    const auto v = local.to_vector<float>();
-    const int r = static_cast<int>(gshape.size());
-    std::vector<std::int64_t> idx(r, 0);
-    for (std::size_t i = 0; i < v.size(); ++i) {
-      std::int64_t flat = 0;
-      for (int d = 0; d < r; ++d)
-        flat = flat * gshape[d] + offset[d] + idx[d];
-      g.data<float>()[flat] = v[i];
-      for (int d = r - 1; d >= 0; --d) {
-        if (++idx[d] < local.size(d)) break;
-        idx[d] = 0;
-      }
-    }
+    if (!g.defined()) g = Tensor::zeros(gshape, DType::F32, local.device());
+    tensor::copy_to_box(g, offset, local);
   }
 };
 
@@ -401,8 +391,10 @@ TEST(Pipeline, ActivationMemoryFollowsTheSchedule) {
                        Run{"1f1b8", ScheduleKind::OneFOneB, 8}, Run{"1f1b4", ScheduleKind::OneFOneB, 4},
                        Run{"one", ScheduleKind::GPipe, 1}}) {
     train::Batch batch = image_batches(1, b * r.m, 8)[0];
-    for (int i = 0; i < batch.size(); ++i)
-      batch.labels.data<std::int32_t>()[i] %= 4;
+    std::vector<std::int32_t> labels = batch.labels.to_vector<std::int32_t>();
+    for (std::int32_t& y : labels)
+      y %= 4;
+    batch.labels = Tensor::from_vector(labels, batch.labels.shape());
     spmd::shard_map(Mesh({p}, {"pipe"}), [&](DeviceContext& ctx, const std::vector<Tensor>&) {
       Pipeline pp(ctx, model, {.schedule = r.kind, .microbatches = r.m});
       TensorTree params = model.init(Key::from_seed(1), pp.chunks(), pp.num_chunks(), nullptr, &ctx);
@@ -467,8 +459,10 @@ TEST(Pipeline, ZeroBubbleActivationMemoryStaysAtItsNonSplitSchedules) {
                        Run{"izb8", ScheduleKind::InterleavedZeroBubble, 8, 2},
                        Run{"izb4", ScheduleKind::InterleavedZeroBubble, 4, 2}}) {
     train::Batch batch = image_batches(1, b * r.m, 8)[0];
-    for (int i = 0; i < batch.size(); ++i)
-      batch.labels.data<std::int32_t>()[i] %= 4;
+    std::vector<std::int32_t> labels = batch.labels.to_vector<std::int32_t>();
+    for (std::int32_t& y : labels)
+      y %= 4;
+    batch.labels = Tensor::from_vector(labels, batch.labels.shape());
     spmd::shard_map(Mesh({p}, {"pipe"}), [&](DeviceContext& ctx, const std::vector<Tensor>&) {
       Pipeline pp(ctx, model, {.schedule = r.kind, .microbatches = r.m, .virtual_stages = r.v});
       TensorTree params = model.init(Key::from_seed(1), pp.chunks(), pp.num_chunks(), nullptr, &ctx);

@@ -91,9 +91,10 @@ TEST(ShardingRules, HostInitPlacedByRulesRunsTheTensorParallelModel) {
     inputs.push_back(array);
     in_specs.push_back(specs.count(path) ? specs.at(path) : P());
   }
-  Tensor tokens = Tensor::zeros({2, 8}, DType::I32), targets = Tensor::ones({2, 8}, DType::I32);
+  std::vector<std::int32_t> ids(16);
   for (std::int64_t i = 0; i < 16; ++i)
-    tokens.data<std::int32_t>()[i] = static_cast<int>(i % 32);
+    ids[i] = static_cast<int>(i % 32);
+  Tensor tokens = Tensor::from_vector(ids, {2, 8}), targets = Tensor::ones({2, 8}, DType::I32);
   const double want = plain.loss(nn::Scope::apply(&host, false), tokens, targets).item<double>();
   auto f = spmd::shard_map(mesh,
                            [&](spmd::DeviceContext& ctx, const std::vector<Tensor>& in) {

@@ -50,10 +50,10 @@ std::vector<train::Batch> image_batches(std::int64_t batch, std::int64_t feature
   for (int s = 0; s < kSteps; ++s) {
     Key k = Key::from_seed(7).fold_in(static_cast<std::uint64_t>(s));
     Tensor x = testing::random_tensor(k, {batch, features});
-    Tensor y = Tensor::empty({batch}, DType::I32);
+    std::vector<std::int32_t> y(batch);
     for (std::int64_t i = 0; i < batch; ++i)
-      y.data<std::int32_t>()[i] = static_cast<std::int32_t>(k.fold_in(100 + i).bits(0)[0] % 10);
-    out.push_back({x, y});
+      y[i] = static_cast<std::int32_t>(k.fold_in(100 + i).bits(0)[0] % 10);
+    out.push_back({x, Tensor::from_vector(y, {batch})});
   }
   return out;
 }

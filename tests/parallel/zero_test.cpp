@@ -54,10 +54,10 @@ std::vector<train::Batch> batches(std::int64_t batch) {
   for (int s = 0; s < kSteps; ++s) {
     Key k = Key::from_seed(3).fold_in(static_cast<std::uint64_t>(s));
     Tensor x = testing::random_tensor(k, {batch, 16});
-    Tensor y = Tensor::empty({batch}, DType::I32);
+    std::vector<std::int32_t> y(batch);
     for (std::int64_t i = 0; i < batch; ++i)
-      y.data<std::int32_t>()[i] = static_cast<std::int32_t>(k.fold_in(50 + i).bits(0)[0] % 8);
-    out.push_back({x, y});
+      y[i] = static_cast<std::int32_t>(k.fold_in(50 + i).bits(0)[0] % 8);
+    out.push_back({x, Tensor::from_vector(y, {batch})});
   }
   return out;
 }

@@ -9,8 +9,11 @@
 #include <functional>
 
 #include "distjax/autodiff/autodiff.hpp"
+#include "distjax/comm/launch.hpp"
+#include "distjax/spmd/ppermute.hpp"
 #include "distjax/spmd/shard_map.hpp"
 #include "distjax/tensor/elementwise.hpp"
+#include "distjax/tensor/grad_node.hpp"
 #include "distjax/tensor/matmul.hpp"
 #include "distjax/tensor/reduce.hpp"
 #include "distjax/tensor/shape_ops.hpp"
@@ -417,3 +420,36 @@ TEST(Collectives, PsumScatterGradientIsAllGatherAndPpermuteGradientIsInverse) {
   EXPECT_EQ(out[1].shard(3).to_vector<float>()[0], 200.f);
   EXPECT_EQ(out[1].shard(1).to_vector<float>()[0], 100.f);
 }
+
+namespace {
+
+// The collectives move each device's own tensors wherever they live: on the checked device
+// (memory the host reaches only through the kernel table or a HostAccess) psum, pmean,
+// pmax (with the owner masks its transpose keeps, computed in the forward), all_gather,
+// psum_scatter and ppermute give the values they give on the CPU.
+TEST(Collectives, ForwardValuesOnTheCheckedDevice) {
+  const Mesh mesh = Mesh::line(4);
+  comm::LaunchOptions lo;
+  lo.num_devices = 4;
+  lo.device = Device{DeviceKind::Checked, 0};
+  comm::launch(lo, [&](comm::Communicator& world) {
+    DeviceContext ctx(mesh, world);
+    const auto i = static_cast<float>(ctx.axis_index("data"));
+    const Tensor x = tensor::make_leaf(Tensor::from_vector<float>({i, 1.f, -i, 2.f}, {4}));
+    ASSERT_EQ(x.device().kind, DeviceKind::Checked);
+    EXPECT_EQ(psum(ctx, x, "data").to_vector<float>(), (std::vector<float>{6, 4, -6, 8}));
+    EXPECT_EQ(pmean(ctx, x, "data").to_vector<float>(), (std::vector<float>{1.5, 1, -1.5, 2}));
+    EXPECT_EQ(pmax(ctx, x, "data").to_vector<float>(), (std::vector<float>{3, 1, 0, 2}));
+    EXPECT_EQ(all_gather(ctx, x, "data", 0, true).to_vector<float>()[12], 3.f);
+    EXPECT_EQ(psum_scatter(ctx, x, "data", 0, true).to_vector<float>(),
+              (std::vector<float>{i == 0   ? 6.f
+                                  : i == 1 ? 4.f
+                                  : i == 2 ? -6.f
+                                           : 8.f}));
+    const float left = static_cast<float>((static_cast<int>(i) + 3) % 4);
+    EXPECT_EQ(ppermute(ctx, x, "data", ring_permutation(4)).to_vector<float>(),
+              (std::vector<float>{left, 1.f, -left, 2.f}));
+  });
+}
+
+}  // namespace

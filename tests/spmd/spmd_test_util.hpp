@@ -31,9 +31,9 @@ inline std::vector<Mesh> test_meshes() {
 
 /// Uniform values in [-1, 1) from `key`, f32.
 inline Tensor random_tensor(const Key& key, const distjax::Shape& shape) {
-  Tensor t = Tensor::empty(shape);
-  random_uniform(key, t.data<float>(), t.numel(), -1.f, 1.f);
-  return t;
+  std::vector<float> v(static_cast<std::size_t>(distjax::numel(shape)));
+  random_uniform(key, v.data(), static_cast<std::int64_t>(v.size()), -1.f, 1.f);
+  return Tensor::from_vector(v, shape);  // filled on the host, then copied to the device
 }
 
 /// Max |a - b| over elements; shapes must match (a failure otherwise).

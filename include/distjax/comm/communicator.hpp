@@ -26,9 +26,11 @@ const char* reduce_op_name(ReduceOp op);
 /// Backend side of a Communicator (one object per device per group). Every virtual
 /// method has the contract of the Communicator method of the same name, with buffers as
 /// Buffer (see buffer.hpp for what `count` means per op). The front (Communicator) has
-/// checked the arguments: counts >= 0, pointers non-null when count > 0, host memory,
-/// dtype and reduce op supported, ranks, roots, tags and pairs in range, distinct buffers
-/// where required; backends check only what is their own (an MPI count over INT_MAX).
+/// checked the arguments: counts >= 0, pointers non-null when count > 0, dtype and reduce
+/// op supported, ranks, roots, tags and pairs in range, distinct buffers where required;
+/// backends check only what is their own: the devices they reach (a buffer elsewhere is
+/// refused with NotImplemented naming the op and the device, before anything moves) and
+/// an MPI count over INT_MAX.
 /// The label is kept here, once for every backend: backends count each call with
 /// stats().add(stats_group(), ...).
 class CommunicatorImpl {
@@ -76,8 +78,12 @@ class CommunicatorImpl {
 
 /// One device's view of a group of devices. A small value handle (copies share the same
 /// group); one per device per group. Not thread-safe: only the device that owns it calls
-/// it. In the raw-pointer forms `count` is always the number of elements of one rank's
-/// block; buffers are host memory of `dtype`. Ranks are positions in this group
+/// it. Every operation takes Buffers that carry their device (a tensor's through
+/// buffer_of, buffer.hpp); the raw-pointer forms describe host memory (CPU) and `count` is
+/// always the number of elements of one rank's block. The threads and MPI backends reach
+/// the CPU and the checked device (they hold a tensor::HostAccess while they read and
+/// write a buffer there) and refuse a CUDA buffer naming the op and the device. Ranks are
+/// positions in this group
 /// (0..size()-1). Arguments are checked here, once, before any backend sees them
 /// (InvalidArgument / NotImplemented naming the op).
 ///
@@ -170,12 +176,17 @@ class Communicator {
   /// send and recv hold size()*count elements: block j of send goes to rank j; block i of
   /// recv came from rank i.
   void all_to_all(const void* send, void* recv, std::int64_t count, DType dtype);
+  /// The same on buffers of size() blocks each (send.count == recv.count).
+  void all_to_all(const Buffer& send, const Buffer& recv);
   /// Copies root's buf (count) into every rank's buf.
   void broadcast(void* buf, std::int64_t count, DType dtype, int root);
+  void broadcast(const Buffer& buf, int root);
   /// For every (src, dst) pair, rank dst's recv gets rank src's send (count elements);
   /// ranks that receive nothing get zeros. Each rank may appear at most once as src and
   /// once as dst. Every rank must pass the same pairs.
   void permute(const void* send, void* recv, std::int64_t count, DType dtype,
+               const std::vector<std::pair<int, int>>& pairs);
+  void permute(const Buffer& send, const Buffer& recv,
                const std::vector<std::pair<int, int>>& pairs);
   /// Returns when every rank of the group has called it.
   void barrier() { impl_->barrier(); }
@@ -191,8 +202,10 @@ class Communicator {
   /// Messages between the same (src, dst, tag) arrive in order. The transfer proceeds
   /// while the caller computes; complete it with Request::wait().
   Request isend(const void* buf, std::int64_t count, DType dtype, int dst, int tag);
+  Request isend(const Buffer& buf, int dst, int tag);
   /// Starts receiving count elements from rank src with tag into buf.
   Request irecv(void* buf, std::int64_t count, DType dtype, int src, int tag);
+  Request irecv(const Buffer& buf, int src, int tag);
   /// Collective over this group: a new group of the ranks that passed the same color
   /// (>= 0), ordered by key then by rank (like MPI_Comm_split).
   /// The new group counts its calls under this group's label() until given its own.

@@ -54,11 +54,12 @@ class ShardedArray {
 };
 
 /// Splits `host` into one shard per device of `sharding`'s mesh (each a copy in its own
-/// memory). `name` names the argument in errors; throws ShardingError when the spec does
-/// not fit `host`'s shape.
+/// memory, on host's device). `name` names the argument in errors; throws ShardingError
+/// when the spec does not fit `host`'s shape.
 ShardedArray device_put(const Tensor& host, const NamedSharding& sharding,
                         std::string_view name = "x");
-/// Rebuilds the global array from the shards (one device per distinct shard is read).
+/// Rebuilds the global array from the shards (one device per distinct shard is read), on
+/// the shards' device.
 Tensor gather(const ShardedArray& array);
 
 }  // namespace distjax::mesh

@@ -109,31 +109,39 @@ Request Communicator::ireduce_scatter(const void* send, void* recv, std::int64_t
 }
 
 void Communicator::all_to_all(const void* send, void* recv, std::int64_t count, DType dtype) {
-  check_buffer("all_to_all", Buffer::host(send, count, dtype));
-  const Buffer s = Buffer::host(send, count * size(), dtype);
-  const Buffer r = Buffer::host(recv, count * size(), dtype);
-  check_pair("all_to_all", s, r, 1, 1);
-  DISTJAX_CHECK(send != recv || count == 0, InvalidArgument,
+  check_buffer("all_to_all", Buffer::host(send, count, dtype));  // before count * size()
+  all_to_all(Buffer::host(send, count * size(), dtype), Buffer::host(recv, count * size(), dtype));
+}
+void Communicator::all_to_all(const Buffer& send, const Buffer& recv) {
+  check_pair("all_to_all", send, recv, 1, 1);
+  DISTJAX_CHECK(send.count % size() == 0, InvalidArgument, "[all_to_all] send holds ", send.count,
+                " elements, not ", size(), " equal blocks");
+  DISTJAX_CHECK(send.data != recv.data || send.count == 0, InvalidArgument,
                 "[all_to_all] send and recv must be different buffers");
-  impl_->all_to_all(s, r);
+  impl_->all_to_all(send, recv);
 }
 
 void Communicator::broadcast(void* buf, std::int64_t count, DType dtype, int root) {
-  const Buffer b = Buffer::host(buf, count, dtype);
-  check_buffer("broadcast", b);
+  broadcast(Buffer::host(buf, count, dtype), root);
+}
+void Communicator::broadcast(const Buffer& buf, int root) {
+  check_buffer("broadcast", buf);
   DISTJAX_CHECK(root >= 0 && root < size(), InvalidArgument, "[broadcast] root ", root,
                 " is out of range for a group of ", size());
-  impl_->broadcast(b, root);
+  impl_->broadcast(buf, root);
 }
 
 void Communicator::permute(const void* send, void* recv, std::int64_t count, DType dtype,
                            const std::vector<std::pair<int, int>>& pairs) {
-  const Buffer s = Buffer::host(send, count, dtype), r = Buffer::host(recv, count, dtype);
-  check_pair("permute", s, r, 1, 1);
-  DISTJAX_CHECK(send != recv || count == 0, InvalidArgument,
+  permute(Buffer::host(send, count, dtype), Buffer::host(recv, count, dtype), pairs);
+}
+void Communicator::permute(const Buffer& send, const Buffer& recv,
+                           const std::vector<std::pair<int, int>>& pairs) {
+  check_pair("permute", send, recv, 1, 1);
+  DISTJAX_CHECK(send.data != recv.data || send.count == 0, InvalidArgument,
                 "[permute] send and recv must be different buffers");
   detail::check_pairs(pairs, size());
-  impl_->permute(s, r, pairs);
+  impl_->permute(send, recv, pairs);
 }
 
 namespace {
@@ -147,14 +155,18 @@ void check_peer(const char* op, const Buffer& b, int peer, int tag, const Commun
 }  // namespace
 
 Request Communicator::isend(const void* buf, std::int64_t count, DType dtype, int dst, int tag) {
-  const Buffer b = Buffer::host(buf, count, dtype);
-  check_peer("isend", b, dst, tag, *this);
-  return impl_->isend(b, dst, tag);
+  return isend(Buffer::host(buf, count, dtype), dst, tag);
+}
+Request Communicator::isend(const Buffer& buf, int dst, int tag) {
+  check_peer("isend", buf, dst, tag, *this);
+  return impl_->isend(buf, dst, tag);
 }
 Request Communicator::irecv(void* buf, std::int64_t count, DType dtype, int src, int tag) {
-  const Buffer b = Buffer::host(buf, count, dtype);
-  check_peer("irecv", b, src, tag, *this);
-  return impl_->irecv(b, src, tag);
+  return irecv(Buffer::host(buf, count, dtype), src, tag);
+}
+Request Communicator::irecv(const Buffer& buf, int src, int tag) {
+  check_peer("irecv", buf, src, tag, *this);
+  return impl_->irecv(buf, src, tag);
 }
 
 }  // namespace distjax::comm

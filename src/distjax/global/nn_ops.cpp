@@ -6,6 +6,7 @@
 #include "distjax/parallel/tensor_parallel.hpp"
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/nn_ops.hpp"
+#include "distjax/tensor/parallel_ops.hpp"
 
 namespace distjax::global {
 
@@ -126,23 +127,14 @@ GlobalArray embedding(const GlobalArray& table, const GlobalArray& ids) {
   // Vocabulary-parallel: look up the ids of this device's rows, zeros for the others.
   DeviceContext& ctx = table.ctx();
   const std::int64_t rows = t[0].size(0), lo = ctx.axis_index(mesh::Axes(ev)) * rows;
-  const Tensor ids64 = tensor::astype(t[1].detach(), DType::I64);
-  Tensor local_ids = Tensor::empty(ids64.shape(), DType::I64);
-  Shape mshape = ids64.shape();
+  tensor::ShardIds local = tensor::shard_ids(t[1].detach(), lo, rows, /*bound=*/-1);
+  Shape mshape = t[1].shape();
   mshape.push_back(1);
-  Tensor mask = Tensor::empty(mshape);
-  const auto* src = ids64.data<std::int64_t>();
-  auto* dst = local_ids.data<std::int64_t>();
-  auto* m = mask.data<float>();
-  for (std::int64_t i = 0; i < ids64.numel(); ++i) {
-    const bool mine = src[i] >= lo && src[i] < lo + rows;
-    dst[i] = mine ? src[i] - lo : 0;
-    m[i] = mine ? 1.f : 0.f;
-  }
+  Tensor mask = local.keep.view(mshape);
   // Built per device from the ids: they vary where the ids do (and where the rows do).
-  local_ids.set_varying_axes(t[1].varying_axes());
+  local.local.set_varying_axes(t[1].varying_axes());
   mask.set_varying_axes(t[1].varying_axes() | t[0].varying_axes());
-  return GlobalArray(ctx, tensor::mul(tensor::embedding(t[0], local_ids), mask), shape, r.output);
+  return GlobalArray(ctx, tensor::mul(tensor::embedding(t[0], local.local), mask), shape, r.output);
 }
 
 OpRule cross_entropy_rule(const Shape& logits, const GlobalSharding& sl, const Shape& labels,

@@ -1,46 +1,14 @@
 // ShardedArray, device_put (split a host array) and gather (rebuild it).
 #include "distjax/mesh/sharded_array.hpp"
 
-#include <cstring>
 #include <set>
 
 #include "distjax/core/error.hpp"
+#include "distjax/tensor/inplace_ops.hpp"
 
 namespace distjax::mesh {
 
 namespace {
-
-// Copies the box of `global` starting at `offset` with the shape of `local` into
-// `local` (to_local) or back (!to_local). Row-major, innermost rows with memcpy.
-void copy_box(const Tensor& global, const Tensor& local, const std::vector<std::int64_t>& offset,
-              bool to_local) {
-  const Shape& gs = global.shape();
-  const Shape& ls = local.shape();
-  const std::size_t es = dtype_size(global.dtype());
-  char* g = static_cast<char*>(global.raw_data());
-  char* l = static_cast<char*>(local.raw_data());
-  const int rank = static_cast<int>(gs.size());
-  if (rank == 0 || local.numel() == 0) {
-    if (local.numel() != 0) to_local ? std::memcpy(l, g, es) : std::memcpy(g, l, es);
-    return;
-  }
-  const std::vector<std::int64_t> gstr = contiguous_strides(gs);
-  const std::int64_t row = ls[rank - 1];
-  const std::int64_t rows = local.numel() / row;
-  std::vector<std::int64_t> idx(rank, 0);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    std::int64_t goff = 0;
-    for (int d = 0; d < rank; ++d)
-      goff += (offset[d] + idx[d]) * gstr[d];
-    char* gp = g + goff * es;
-    char* lp = l + r * row * es;
-    to_local ? std::memcpy(lp, gp, row * es) : std::memcpy(gp, lp, row * es);
-    for (int d = rank - 2; d >= 0; --d) {  // next row: odometer over the outer dims
-      if (++idx[d] < ls[d]) break;
-      idx[d] = 0;
-    }
-  }
-}
 
 std::vector<std::int64_t> offsets_of(const NamedSharding& s, const Shape& global, int device) {
   std::vector<std::int64_t> off;
@@ -103,8 +71,8 @@ ShardedArray device_put(const Tensor& host, const NamedSharding& sharding, std::
   std::vector<Tensor> shards;
   shards.reserve(sharding.mesh().size());
   for (int d = 0; d < sharding.mesh().size(); ++d) {
-    Tensor t = Tensor::empty(local, host.dtype());
-    copy_box(host, t, offsets_of(sharding, host.shape(), d), true);
+    Tensor t = Tensor::empty(local, host.dtype(), host.device());
+    tensor::copy_from_box(t, host, offsets_of(sharding, host.shape(), d));
     shards.push_back(std::move(t));
   }
   return ShardedArray(host.shape(), host.dtype(), sharding, std::move(shards));
@@ -112,13 +80,20 @@ ShardedArray device_put(const Tensor& host, const NamedSharding& sharding, std::
 
 Tensor gather(const ShardedArray& array) {
   const NamedSharding& s = array.sharding();
-  Tensor out = Tensor::empty(array.shape(), array.dtype());
+  // On the device of the shards held here (the current device when none is).
+  Device device = current_device();
+  for (int d = 0; d < array.num_devices(); ++d)
+    if (array.has_shard(d)) {
+      device = array.shard(d).device();
+      break;
+    }
+  Tensor out = Tensor::empty(array.shape(), array.dtype(), device);
   std::set<std::vector<std::int64_t>> done;
   for (int d = 0; d < array.num_devices(); ++d) {
     std::vector<std::int64_t> off = offsets_of(s, array.shape(), d);
     if (done.count(off)) continue;
     if (!array.has_shard(d)) continue;  // another replica may hold the same block
-    copy_box(out, array.shard(d), off, false);
+    tensor::copy_to_box(out, off, array.shard(d));
     done.insert(off);
   }
   // Every block must have been found on some device held here.

@@ -1,11 +1,12 @@
 #include "distjax/parallel/data_parallel.hpp"
 
 #include <algorithm>
-#include <cstring>
 #include <set>
 #include <vector>
 
 #include "distjax/core/error.hpp"
+#include "distjax/tensor/inplace_ops.hpp"
+#include "distjax/tensor/parallel_ops.hpp"
 
 namespace distjax::parallel {
 
@@ -38,14 +39,13 @@ void average_in_buckets(comm::Communicator& comm, std::uint32_t averaged_mask,
     if (pending.empty()) return;
     // A fresh buffer: leaves may share storage (one cotangent feeding two inputs), so
     // nothing is averaged in place.
-    Tensor bucket = Tensor::empty({pending_elems});
-    float* p = bucket.data<float>();
+    Tensor bucket = Tensor::empty({pending_elems}, DType::F32, pending[0]->second.device());
     std::int64_t at = 0;
     for (const auto* leaf : pending) {
-      std::memcpy(p + at, leaf->second.data<float>(), leaf->second.nbytes());
+      tensor::copy_into(bucket.view_rows(at, at + leaf->second.numel()), leaf->second);
       at += leaf->second.numel();
     }
-    comm.all_reduce(p, p, pending_elems, DType::F32, comm::ReduceOp::Mean);
+    comm.all_reduce(comm::buffer_of(bucket), comm::buffer_of(bucket), comm::ReduceOp::Mean);
     at = 0;
     for (const auto* leaf : pending) {
       const Tensor& g = leaf->second;
@@ -115,30 +115,17 @@ double sum_in_device_order(comm::Communicator& comm, double mine) {
   return s;
 }
 
-// Sum of squares in f64 over 8 interleaved partial sums added in a fixed order: independent
-// chains that vectorize without reassociation (one chain ran at the add latency, ~3% of a
-// data-parallel GPT step), and the same bits on every device for the same values (a
-// replicated leaf's sum is not exchanged, so the devices must agree on it by themselves).
-double sum_of_squares(const float* p, std::int64_t n) {
-  constexpr int kLanes = 8;
-  double acc[kLanes] = {};
-  std::int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int k = 0; k < kLanes; ++k)
-      acc[k] += static_cast<double>(p[i + k]) * p[i + k];
-  for (int k = 0; i < n; ++i, ++k)
-    acc[k] += static_cast<double>(p[i]) * p[i];
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
 }  // namespace
 
 double global_norm_squared(spmd::DeviceContext& ctx, const TensorTree& grads) {
-  // Local sums of squares, grouped by the axes the leaves vary over (in mask order).
+  // Local sums of squares, grouped by the axes the leaves vary over (in mask order). Each
+  // in a fixed order (tensor::sum_of_squares_f64): the same bits on every device for the
+  // same values, since a replicated leaf's sum is not exchanged and the devices must agree
+  // on it by themselves.
   std::map<std::uint32_t, double> by_mask;
   for (const auto& [path, g] : grads) {
     if (g.dtype() != DType::F32) continue;
-    by_mask[g.varying_axes()] += sum_of_squares(g.data<float>(), g.numel());
+    by_mask[g.varying_axes()] += tensor::sum_of_squares_f64(g);
   }
   double total = 0;
   for (const auto& [mask, s] : by_mask)
@@ -277,8 +264,8 @@ train::GradientResult DataParallel::forward_backward(const train::LossFn& loss_f
     // Every device opens and fills its buckets in the same (ready) order, so the
     // collectives of a group match.
     comm::Communicator& c = ctx_->comm(mesh::Axes(b.axes));
-    float* p = b.buffer.data<float>();
-    b.request = c.iall_reduce(p, p, b.filled, DType::F32, comm::ReduceOp::Mean);
+    const comm::Buffer filled = comm::buffer_of(b.buffer.view_rows(0, b.filled));
+    b.request = c.iall_reduce(filled, filled, comm::ReduceOp::Mean);
     b.started = true;
   };
   auto on_ready = [&](const std::string& path, const Tensor& g) {
@@ -297,12 +284,13 @@ train::GradientResult DataParallel::forward_backward(const train::LossFn& loss_f
     if (it == ov.open.end()) {
       Overlap::Bucket b;
       b.axes = axes;
-      b.buffer = Tensor::empty({std::max(std::min(bucket_elems, ov.left[axes]), g.numel())});
+      b.buffer = Tensor::empty({std::max(std::min(bucket_elems, ov.left[axes]), g.numel())},
+                               DType::F32, g.device());
       it = ov.open.emplace(axes, ov.buckets.size()).first;
       ov.buckets.push_back(std::move(b));
     }
     Overlap::Bucket& b = ov.buckets[it->second];
-    std::memcpy(b.buffer.data<float>() + b.filled, g.data<float>(), g.nbytes());
+    tensor::copy_into(b.buffer.view_rows(b.filled, b.filled + g.numel()), g);
     b.leaves.push_back({path, g.shape(), g.varying_axes(), b.filled});
     b.filled += g.numel();
     ov.left[axes] -= g.numel();

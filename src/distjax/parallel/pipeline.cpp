@@ -16,6 +16,7 @@
 #include "distjax/parallel/data_parallel.hpp"
 #include "distjax/spmd/collectives.hpp"
 #include "distjax/tensor/grad_node.hpp"
+#include "distjax/tensor/inplace_ops.hpp"
 
 namespace distjax::parallel {
 
@@ -48,13 +49,7 @@ void accumulate(TensorTree& acc, const std::string& path, const Tensor& g) {
     acc.set(path, g.clone());
     return;
   }
-  Tensor a = acc.at(path);
-  float* __restrict pa = a.data<float>();
-  const float* __restrict pb = g.data<float>();
-  const std::int64_t n = a.numel();
-#pragma omp simd
-  for (std::int64_t i = 0; i < n; ++i)
-    pa[i] += pb[i];
+  tensor::add_into(acc.at(path), g);
 }
 
 }  // namespace
@@ -327,8 +322,7 @@ void Pipeline::post_receives(Step& step, bool grad) {
     const Shape shape = module_->activation_shape(step.shape_scope, grad ? a.chunk : a.chunk - 1,
                                                   last + 1, step.micro_batch(a.microbatch));
     Step::Posted r{a, Tensor::empty(shape, DType::F32), {}};
-    r.request = link.irecv(r.buffer.raw_data(), r.buffer.numel(), DType::F32,
-                           detail::peer_of(a, schedule_), ch.tag);
+    r.request = link.irecv(comm::buffer_of(r.buffer), detail::peer_of(a, schedule_), ch.tag);
     ch.posted.push_back(std::move(r));
   }
 }
@@ -354,8 +348,7 @@ Tensor Pipeline::receive(Step& step, const PipelineAction& a) {
 // Starts sending `t` to stage `to` and leaves it in flight; frees the sends done since.
 void Pipeline::send(Step& step, const Tensor& t, int to, int tag) {
   Step::Sent x{t.detach(), {}};  // row-major storage: sent as is
-  x.request = ctx_->comm(options_.axis)
-                  .isend(x.buffer.raw_data(), x.buffer.numel(), DType::F32, to, tag);
+  x.request = ctx_->comm(options_.axis).isend(comm::buffer_of(x.buffer), to, tag);
   step.sends.push_back(std::move(x));
   while (!step.sends.empty() && step.sends.front().request.test())
     step.sends.pop_front();  // completed: free the buffer
@@ -533,8 +526,7 @@ train::Metrics Pipeline::evaluate(const TensorTree& params, const train::Batch& 
     for (int c : chunks()) {
       if (c > 0 && schedule_.stage_of(c - 1) != stage_) {
         x = Tensor::empty(module_->activation_shape(scope, c - 1, last + 1, slice));
-        link.irecv(x.raw_data(), x.numel(), DType::F32, schedule_.stage_of(c - 1), kActivationTag)
-            .wait();
+        link.irecv(comm::buffer_of(x), schedule_.stage_of(c - 1), kActivationTag).wait();
         x.set_varying_axes(act_mask);
       }
       train::Metrics metrics;
@@ -545,8 +537,7 @@ train::Metrics Pipeline::evaluate(const TensorTree& params, const train::Batch& 
         out.merge(metrics);
       } else if (schedule_.stage_of(c + 1) != stage_) {
         keep.push_back(y);
-        sends.push_back(link.isend(y.raw_data(), y.numel(), DType::F32, schedule_.stage_of(c + 1),
-                                   kActivationTag));
+        sends.push_back(link.isend(comm::buffer_of(y), schedule_.stage_of(c + 1), kActivationTag));
       }
       x = y;
     }

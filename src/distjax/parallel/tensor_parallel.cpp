@@ -10,6 +10,7 @@
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/matmul.hpp"
 #include "distjax/tensor/nn_ops.hpp"
+#include "distjax/tensor/parallel_ops.hpp"
 #include "distjax/tensor/reduce.hpp"
 #include "distjax/tensor/shape_ops.hpp"
 
@@ -186,23 +187,15 @@ Tensor VocabParallelEmbedding::operator()(const nn::Scope& scope, const Tensor& 
   // summed over the devices: exactly one device contributes each id.
   const std::int64_t rows = table.size(0);
   const std::int64_t start = rows * ctx->axis_index(axis);
-  Tensor local = Tensor::empty(ids.shape(), DType::I64);
-  Tensor keep = Tensor::empty(ids.shape(), DType::F32);
-  std::int64_t* li = local.data<std::int64_t>();
-  float* k = keep.data<float>();
-  for (std::int64_t i = 0, n = ids.numel(); i < n; ++i) {
-    const std::int64_t id =
-        ids.dtype() == DType::I32 ? ids.data<std::int32_t>()[i] : ids.data<std::int64_t>()[i];
-    DISTJAX_CHECK(id >= 0 && id < num_embeddings, InvalidArgument, "[VocabParallelEmbedding] \"",
-                  scope.path(), "\" id ", id, " is outside [0, ", num_embeddings, ")");
-    const bool mine = id >= start && id < start + rows;
-    li[i] = mine ? id - start : 0;
-    k[i] = mine ? 1.f : 0.f;
-  }
+  tensor::ShardIds local = tensor::shard_ids(ids, start, rows, num_embeddings);
+  DISTJAX_CHECK(local.out_of_range.count == 0, InvalidArgument, "[VocabParallelEmbedding] \"",
+                scope.path(), "\" id ", local.out_of_range.first, " is outside [0, ",
+                num_embeddings, ")");
   Shape keep_shape = ids.shape();
   keep_shape.push_back(1);
+  Tensor keep = local.keep.view(keep_shape);
   keep.set_varying_axes(table.varying_axes());
-  Tensor rows_here = tensor::mul(tensor::embedding(table, local), keep.view(keep_shape));
+  Tensor rows_here = tensor::mul(tensor::embedding(table, local.local), keep);
   if (sequence_parallel) return reduce_scatter_to_sp_region(ctx, rows_here, axis, 1);
   return reduce_from_tp_region(ctx, rows_here, axis);
 }
@@ -244,15 +237,11 @@ Tensor vocab_parallel_cross_entropy(spmd::DeviceContext* ctx, const Tensor& logi
   Tensor shifted = tensor::sub(logits, m.detach());
   Tensor sum_exp = spmd::psum(*ctx, tensor::sum(tensor::exp(shifted), {last}), axis);
   // The label's logit: this device holds it for the labels in its block.
-  Tensor onehot = Tensor::zeros(logits.shape(), DType::F32);
-  float* oh = onehot.data<float>();
-  for (std::int64_t r = 0, rows = labels.numel(); r < rows; ++r) {
-    const std::int64_t y = labels.dtype() == DType::I32 ? labels.data<std::int32_t>()[r]
-                                                        : labels.data<std::int64_t>()[r];
-    DISTJAX_CHECK(y >= 0 && y < vocab, InvalidArgument, "[vocab_parallel_cross_entropy] label ", y,
-                  " is outside [0, ", vocab, ")");
-    if (y >= start && y < start + v_local) oh[r * v_local + (y - start)] = 1.f;
-  }
+  tensor::ShardOneHot hot = tensor::shard_one_hot(labels, start, v_local, vocab);
+  DISTJAX_CHECK(hot.out_of_range.count == 0, InvalidArgument,
+                "[vocab_parallel_cross_entropy] label ", hot.out_of_range.first, " is outside [0, ",
+                vocab, ")");
+  Tensor onehot = hot.one_hot;
   onehot.set_varying_axes(logits.varying_axes());
   Tensor target = spmd::psum(*ctx, tensor::sum(tensor::mul(shifted, onehot), {last}), axis);
   return tensor::sub(tensor::log(sum_exp), target);

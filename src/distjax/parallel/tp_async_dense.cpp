@@ -5,7 +5,7 @@
 #include "distjax/parallel/tp_async.hpp"
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/grad_node.hpp"
-#include "distjax/tensor/matmul.hpp"
+#include "distjax/tensor/inplace_ops.hpp"
 #include "distjax/tensor/shape_ops.hpp"
 
 namespace distjax::parallel {
@@ -23,7 +23,7 @@ namespace {
 // product, so the cotangent it receives is the buffer the chain made, and no backward
 // reads the forward values of an accumulator.
 Tensor own_or_zeros(const Tensor& g_alias, const Tensor& like) {
-  return g_alias.defined() ? g_alias : Tensor::zeros(like.shape());
+  return g_alias.defined() ? g_alias : Tensor::zeros(like.shape(), DType::F32, like.device());
 }
 
 void check_f32(const Tensor& x, const Tensor& kernel) {
@@ -44,10 +44,10 @@ void gather_product(Tensor& y, Tensor& kernel, const Tensor& chunk, std::int64_t
   const bool has_y = y.defined();
   Shape shape = chunk.shape();
   shape.back() = f;
-  std::vector<Tensor> outputs{has_y ? y.detach() : Tensor::empty(shape), kernel.detach()};
-  tensor::detail::gemm_f32_ld(false, false, m, f, k_local, 1.f, chunk.data<float>(), k_local,
-                              kernel.data<float>() + row0 * f, f, has_y ? 1.f : 0.f,
-                              outputs[0].data<float>(), f);
+  std::vector<Tensor> outputs{has_y ? y.detach() : Tensor::empty(shape, DType::F32, chunk.device()),
+                              kernel.detach()};
+  tensor::gemm_into(outputs[0], {0, f}, chunk, {0, k_local}, false, kernel, {row0 * f, f}, false, m,
+                    f, k_local, 1.f, has_y ? 1.f : 0.f);
   std::vector<Tensor> inputs{chunk, kernel};
   if (has_y) inputs.push_back(y);
   if (!tensor::needs_grad(inputs)) {
@@ -61,17 +61,15 @@ void gather_product(Tensor& y, Tensor& kernel, const Tensor& chunk, std::int64_t
           const std::int64_t k_local = cd.size(-1), f = kd.size(1), m = cd.numel() / k_local;
           std::vector<Tensor> out(has_y ? 3 : 2);
           if (g[0].defined() && rc) {
-            out[0] = Tensor::empty(cd.shape());
-            tensor::detail::gemm_f32_ld(false, true, m, k_local, f, 1.f, g[0].data<float>(), f,
-                                        kd.data<float>() + row0 * f, f, 0.f, out[0].data<float>(),
-                                        k_local);
+            out[0] = Tensor::empty(cd.shape(), DType::F32, cd.device());
+            tensor::gemm_into(out[0], {0, k_local}, g[0], {0, f}, false, kd, {row0 * f, f}, true, m,
+                              k_local, f);
           }
           if (rk) {
             out[1] = own_or_zeros(g[1], kd);
             if (g[0].defined())
-              tensor::detail::gemm_f32_ld(true, false, k_local, f, m, 1.f, cd.data<float>(),
-                                          k_local, g[0].data<float>(), f, 0.f,
-                                          out[1].data<float>() + row0 * f, f);
+              tensor::gemm_into(out[1], {row0 * f, f}, cd, {0, k_local}, true, g[0], {0, f}, false,
+                                k_local, f, m);
           }
           if (has_y) out[2] = g[0];
           return out;
@@ -91,10 +89,10 @@ Tensor scatter_product(Tensor& x, Tensor& kernel, std::int64_t col0, std::int64_
   const std::int64_t k_local = x.size(-1), f = kernel.size(1), m = x.numel() / k_local;
   Shape shape = x.shape();
   shape.back() = f_local;
-  std::vector<Tensor> outputs{Tensor::empty(shape), x.detach(), kernel.detach()};
-  tensor::detail::gemm_f32_ld(false, false, m, f_local, k_local, 1.f, x.data<float>(), k_local,
-                              kernel.data<float>() + col0, f, 0.f, outputs[0].data<float>(),
-                              f_local);
+  std::vector<Tensor> outputs{Tensor::empty(shape, DType::F32, x.device()), x.detach(),
+                              kernel.detach()};
+  tensor::gemm_into(outputs[0], {0, f_local}, x, {0, k_local}, false, kernel, {col0, f}, false, m,
+                    f_local, k_local);
   const std::vector<Tensor> inputs{x, kernel};
   if (!tensor::needs_grad(inputs)) {
     for (Tensor& o : outputs)
@@ -110,16 +108,14 @@ Tensor scatter_product(Tensor& x, Tensor& kernel, std::int64_t col0, std::int64_
                      if (rx) {
                        out[0] = own_or_zeros(g[1], xd);
                        if (gp.defined())
-                         tensor::detail::gemm_f32_ld(
-                             false, true, m, k_local, f_local, 1.f, gp.data<float>(), f_local,
-                             kd.data<float>() + col0, f, 1.f, out[0].data<float>(), k_local);
+                         tensor::gemm_into(out[0], {0, k_local}, gp, {0, f_local}, false, kd,
+                                           {col0, f}, true, m, k_local, f_local, 1.f, 1.f);
                      }
                      if (rk) {
                        out[1] = own_or_zeros(g[2], kd);
                        if (gp.defined())
-                         tensor::detail::gemm_f32_ld(true, false, k_local, f_local, m, 1.f,
-                                                     xd.data<float>(), k_local, gp.data<float>(),
-                                                     f_local, 0.f, out[1].data<float>() + col0, f);
+                         tensor::gemm_into(out[1], {col0, f}, xd, {0, k_local}, true, gp,
+                                           {0, f_local}, false, k_local, f_local, m);
                      }
                      return out;
                    });

@@ -1,11 +1,11 @@
 #include "distjax/parallel/zero.hpp"
 
 #include <algorithm>
-#include <cstring>
 
 #include "distjax/core/error.hpp"
 #include "distjax/optim/clip.hpp"
 #include "distjax/tensor/grad_node.hpp"
+#include "distjax/tensor/inplace_ops.hpp"
 
 namespace distjax::parallel {
 
@@ -21,6 +21,32 @@ std::int64_t chunk_size(std::int64_t numel, int n) {
 // Elements of chunk `b` of a leaf that exist (the rest is padding).
 std::int64_t chunk_extent(std::int64_t numel, std::int64_t k, int b) {
   return std::clamp<std::int64_t>(numel - b * k, 0, k);
+}
+
+// Chunk r of leaf `t` (flat; `have` elements) into the start of `c`.
+void copy_chunk(const Tensor& c, const Tensor& t, std::int64_t k, int r, std::int64_t have) {
+  if (have == 0) return;
+  const Tensor flat = t.view({t.numel()});
+  tensor::copy_into(c.view_rows(0, have), flat.view_rows(r * k, r * k + have));
+}
+
+// Copies the n chunks (k elements each, the last ones short or empty) of a leaf of `numel`
+// elements between the leaf, flat, and column `offset` of n rank-major blocks of `block`
+// elements: into the blocks when to_blocks, else back into the leaf.
+void copy_chunks(const Tensor& blocks, std::int64_t block, std::int64_t offset, const Tensor& leaf,
+                 std::int64_t k, bool to_blocks) {
+  const std::int64_t numel = leaf.numel();
+  if (k == 0) return;
+  const std::int64_t full = numel / k, rest = numel - full * k;
+  const tensor::Rows in_blocks{offset, block}, in_leaf{0, k};
+  const tensor::Rows rest_in_blocks{full * block + offset, 0}, rest_in_leaf{full * k, 0};
+  if (to_blocks) {
+    tensor::copy_rows_into(blocks, in_blocks, leaf, in_leaf, full, k);
+    if (rest > 0) tensor::copy_rows_into(blocks, rest_in_blocks, leaf, rest_in_leaf, 1, rest);
+  } else {
+    tensor::copy_rows_into(leaf, in_leaf, blocks, in_blocks, full, k);
+    if (rest > 0) tensor::copy_rows_into(leaf, rest_in_leaf, blocks, rest_in_blocks, 1, rest);
+  }
 }
 
 // The split leaves in buckets: path order, each bucket at most `max_elems` elements per
@@ -85,8 +111,8 @@ TensorTree ZeroDataParallel::own_chunks(const TensorTree& params) const {
       continue;
     }
     const std::int64_t k = chunk_size(p.numel(), n), have = chunk_extent(p.numel(), k, r);
-    Tensor c = Tensor::zeros({k});
-    std::memcpy(c.data<float>(), p.data<float>() + r * k, static_cast<std::size_t>(have) * 4);
+    Tensor c = Tensor::zeros({k}, DType::F32, p.device());
+    copy_chunk(c, p, k, r, have);
     c.set_varying_axes(p.varying_axes() | ctx_->axis_mask(axes_));
     out.set(path, c);
   }
@@ -112,23 +138,20 @@ TensorTree ZeroDataParallel::scatter_grads(const TensorTree& grads, bool keep_fu
   for (const Bucket& b : make_buckets(split, n, std::max<std::int64_t>(1, max_elems))) {
     // Rank-major: block j holds every leaf's chunk j, so the reduce-scatter leaves each
     // device the averaged chunks it owns.
-    Tensor send = Tensor::zeros({n * b.block});
-    float* s = send.data<float>();
+    const Device device = grads.at(b.paths[0]).device();
+    Tensor send = Tensor::zeros({n * b.block}, DType::F32, device);
     for (std::size_t i = 0; i < b.paths.size(); ++i) {
       const Tensor& g = grads.at(b.paths[i]);
-      const std::int64_t k = chunk_size(g.numel(), n);
-      for (int j = 0; j < n; ++j)
-        std::memcpy(s + j * b.block + b.offsets[i], g.data<float>() + j * k,
-                    static_cast<std::size_t>(chunk_extent(g.numel(), k, j)) * 4);
+      copy_chunks(send, b.block, b.offsets[i], g, chunk_size(g.numel(), n), /*to_blocks=*/true);
     }
-    Tensor recv = Tensor::empty({b.block});
-    comm.reduce_scatter(s, recv.data<float>(), b.block, DType::F32, comm::ReduceOp::Mean);
+    Tensor recv = Tensor::empty({b.block}, DType::F32, device);
+    comm.reduce_scatter(comm::buffer_of(send), comm::buffer_of(recv), comm::ReduceOp::Mean);
     // Stage 1 keeps the full-size gradient buffer (its chunk written back in place);
     // stage 2 keeps only the chunks.
     Tensor held = recv;
     std::int64_t base = 0;
     if (keep_full) {
-      std::memcpy(s + r * b.block, recv.data<float>(), static_cast<std::size_t>(b.block) * 4);
+      tensor::copy_into(send.view_rows(r * b.block, (r + 1) * b.block), recv);
       held = send;
       base = r * b.block;
     }
@@ -166,12 +189,8 @@ train::GradientResult ZeroDataParallel::forward_backward(const train::LossFn& lo
     } else if (i == 0) {
       out.grads = chunks.map([](const Tensor& t) { return t.clone(); });
     } else {
-      for (auto& [path, acc] : out.grads) {
-        float* a = acc.data<float>();
-        const float* c = chunks.at(path).data<float>();
-        for (std::int64_t e = 0, m = acc.numel(); e < m; ++e)
-          a[e] += c[e];
-      }
+      for (auto& [path, acc] : out.grads)
+        tensor::add_into(acc, chunks.at(path));
     }
     out.loss += part.loss / num_minibatches;
     if (num_minibatches == 1) out.grads = chunks;
@@ -215,19 +234,17 @@ void ZeroDataParallel::apply_update(const optim::Optimizer& optimizer, TensorTre
     if (splits(path, p)) split.emplace_back(path, p.numel());
   const auto max_elems = static_cast<std::int64_t>(bucket_bytes_ / sizeof(float)) / n;
   for (const Bucket& b : make_buckets(split, n, std::max<std::int64_t>(1, max_elems))) {
-    Tensor send = Tensor::empty({b.block});
+    const Device device = params.at(b.paths[0]).device();
+    Tensor send = Tensor::empty({b.block}, DType::F32, device);
     for (std::size_t i = 0; i < b.paths.size(); ++i) {
       const Tensor& c = chunks.at(b.paths[i]);
-      std::memcpy(send.data<float>() + b.offsets[i], c.data<float>(), c.nbytes());
+      tensor::copy_into(send.view_rows(b.offsets[i], b.offsets[i] + c.numel()), c);
     }
-    Tensor recv = Tensor::empty({n * b.block});
-    comm.all_gather(send.data<float>(), recv.data<float>(), b.block, DType::F32);
+    Tensor recv = Tensor::empty({n * b.block}, DType::F32, device);
+    comm.all_gather(comm::buffer_of(send), comm::buffer_of(recv));
     for (std::size_t i = 0; i < b.paths.size(); ++i) {
-      Tensor& p = params.at(b.paths[i]);
-      const std::int64_t k = chunk_size(p.numel(), n);
-      for (int j = 0; j < n; ++j)
-        std::memcpy(p.data<float>() + j * k, recv.data<float>() + j * b.block + b.offsets[i],
-                    static_cast<std::size_t>(chunk_extent(p.numel(), k, j)) * 4);
+      const Tensor& p = params.at(b.paths[i]);
+      copy_chunks(recv, b.block, b.offsets[i], p, chunk_size(p.numel(), n), /*to_blocks=*/false);
     }
   }
 }
@@ -257,10 +274,10 @@ TensorTree ZeroDataParallel::opt_state_to_param_layout(const TensorTree& opt_sta
     DISTJAX_CHECK(s.dtype() == DType::F32 && s.numel() == k, InvalidArgument,
                   "[ZeroDataParallel] optimizer state \"", path, "\" has ", s.numel(),
                   " elements; expected this device's chunk of ", k);
-    Tensor all = Tensor::empty({n * k});
-    comm.all_gather(s.data<float>(), all.data<float>(), k, DType::F32);
-    Tensor whole = Tensor::empty(p->shape());
-    std::memcpy(whole.data<float>(), all.data<float>(), whole.nbytes());
+    Tensor all = Tensor::empty({n * k}, DType::F32, s.device());
+    comm.all_gather(comm::buffer_of(s), comm::buffer_of(all));
+    Tensor whole = Tensor::empty(p->shape(), DType::F32, s.device());
+    tensor::copy_into(whole, all.view_rows(0, whole.numel()));
     whole.set_varying_axes(p->varying_axes());
     out.set(path, whole);
   }
@@ -281,8 +298,8 @@ TensorTree ZeroDataParallel::opt_state_from_param_layout(const TensorTree& state
                   path, "\" has shape ", to_string(s.shape()), "; expected its parameter's ",
                   to_string(p->shape()));
     const std::int64_t k = chunk_size(s.numel(), n), have = chunk_extent(s.numel(), k, r);
-    Tensor c = Tensor::zeros({k});
-    std::memcpy(c.data<float>(), s.data<float>() + r * k, static_cast<std::size_t>(have) * 4);
+    Tensor c = Tensor::zeros({k}, DType::F32, s.device());
+    copy_chunk(c, s, k, r, have);
     c.set_varying_axes(s.varying_axes() | ctx_->axis_mask(axes_));
     out.set(path, c);
   }

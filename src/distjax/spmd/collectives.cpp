@@ -9,7 +9,9 @@
 #include "distjax/core/error.hpp"
 #include "distjax/spmd/detail/blocks.hpp"
 #include "distjax/spmd/detail/named.hpp"
+#include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/grad_node.hpp"
+#include "distjax/tensor/parallel_ops.hpp"
 #include "distjax/tensor/shape_ops.hpp"
 
 namespace distjax::spmd {
@@ -39,8 +41,8 @@ Tensor zeros_like_shape(const Shape& s, DType dt) {
 // ------------------------------------------------------------ raw (non-differentiable)
 
 Tensor raw_all_reduce(comm::Communicator& c, const Tensor& x, ReduceOp op) {
-  Tensor out = Tensor::empty(x.shape(), x.dtype());
-  c.all_reduce(x.raw_data(), out.raw_data(), x.numel(), x.dtype(), op);
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  c.all_reduce(comm::buffer_of(x), comm::buffer_of(out), op);
   return out;
 }
 
@@ -48,8 +50,8 @@ Tensor raw_all_gather(comm::Communicator& c, const Tensor& x, int dim, bool tile
   const int n = c.size();
   Shape bs = x.shape();
   bs.insert(bs.begin(), n);
-  Tensor blocks = Tensor::empty(bs, x.dtype());
-  c.all_gather(x.raw_data(), blocks.raw_data(), x.numel(), x.dtype());
+  Tensor blocks = Tensor::empty(bs, x.dtype(), x.device());
+  c.all_gather(comm::buffer_of(x), comm::buffer_of(blocks));
   return blocks_to_dim(blocks, dim, tiled);
 }
 
@@ -65,16 +67,16 @@ Tensor raw_reduce_scatter(comm::Communicator& c, const Tensor& x, int dim, bool 
     out_shape = x.shape();
     out_shape[dim] /= n;
   }
-  Tensor out = Tensor::empty(out_shape, x.dtype());
-  c.reduce_scatter(send.raw_data(), out.raw_data(), out.numel(), x.dtype(), ReduceOp::Sum);
+  Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
+  c.reduce_scatter(comm::buffer_of(send), comm::buffer_of(out), ReduceOp::Sum);
   return out;
 }
 
 Tensor raw_all_to_all(comm::Communicator& c, const Tensor& x, int split_dim, int concat_dim) {
   const int n = c.size();
   Tensor send = dim_to_blocks(x, split_dim, n, /*tiled=*/true);
-  Tensor recv = Tensor::empty(send.shape(), x.dtype());
-  c.all_to_all(send.raw_data(), recv.raw_data(), x.numel() / n, x.dtype());
+  Tensor recv = Tensor::empty(send.shape(), x.dtype(), x.device());
+  c.all_to_all(comm::buffer_of(send), comm::buffer_of(recv));
   return blocks_to_dim(recv, concat_dim, /*tiled=*/true);
 }
 
@@ -136,11 +138,11 @@ Tensor pmean(DeviceContext& ctx, const Tensor& x_in, const Axes& axes) {
       },
       [n](const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<Tensor>& g) {
         if (!g[0].defined()) return std::vector<Tensor>{Tensor()};
-        Tensor r = g[0].clone();
-        float* p = r.data<float>();
-        for (std::int64_t i = 0; i < r.numel(); ++i)
-          p[i] = static_cast<float>(p[i] / n);
-        return std::vector<Tensor>{r};
+        // f32 division by n: the same bits as dividing in f64 and rounding (double
+        // rounding is innocuous for a quotient of f32 values computed in f64).
+        tensor::check_dtype(g[0], DType::F32, "pmean transpose", "the cotangent");
+        return std::vector<Tensor>{
+            tensor::div(g[0].detach(), Tensor::scalar(n, DType::F32, g[0].device()))};
       },
       tensor::VaryingRule::AsIs), x.varying_axes() & ~m);
 }
@@ -168,30 +170,19 @@ Tensor pmax(DeviceContext& ctx, const Tensor& x_in, const Axes& axes) {
           Tensor m = raw_all_reduce(c, in[0], ReduceOp::Max);
           if (want_grad) {
             // owner = n - max over devices holding the max of (n - index).
-            Tensor cand = Tensor::empty(in[0].shape(), DType::F32);
-            const float* px = in[0].data<float>();
-            const float* pm = m.data<float>();
-            float* pc = cand.data<float>();
-            for (std::int64_t i = 0; i < cand.numel(); ++i)
-              pc[i] = px[i] == pm[i] ? static_cast<float>(n - me) : 0.f;
+            const auto mine = static_cast<float>(n - me);
+            Tensor cand = tensor::select_equal(in[0], m, mine);
             Tensor owner = raw_all_reduce(c, cand, ReduceOp::Max);
-            *mask = Tensor::empty(in[0].shape(), DType::F32);
-            const float* po = owner.data<float>();
-            float* pk = mask->data<float>();
-            for (std::int64_t i = 0; i < cand.numel(); ++i)
-              pk[i] = po[i] == static_cast<float>(n - me) ? 1.f : 0.f;
+            *mask =
+                tensor::select_equal(owner, Tensor::scalar(mine, DType::F32, owner.device()), 1.f);
           }
           return std::vector<Tensor>{m};
         });
       },
       [mask](const std::vector<Tensor>&, const std::vector<Tensor>&, const std::vector<Tensor>& g) {
         if (!g[0].defined()) return std::vector<Tensor>{Tensor()};
-        Tensor r = g[0].clone();
-        float* p = r.data<float>();
-        const float* k = mask->data<float>();
-        for (std::int64_t i = 0; i < r.numel(); ++i)
-          p[i] *= k[i];
-        return std::vector<Tensor>{r};
+        tensor::check_dtype(g[0], DType::F32, "pmax transpose", "the cotangent");
+        return std::vector<Tensor>{tensor::mul(g[0].detach(), *mask)};
       },
       tensor::VaryingRule::AsIs), x.varying_axes() & ~vm);
 }

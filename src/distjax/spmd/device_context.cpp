@@ -87,8 +87,8 @@ Axes DeviceContext::axes_of(std::uint32_t mask) const {
 tensor::Tensor DeviceContext::psum_mask(const tensor::Tensor& g, std::uint32_t mask) {
   ++counters_.collective_calls["pvary.T"];
   comm::Communicator& c = comm(axes_of(mask));
-  tensor::Tensor out = tensor::Tensor::empty(g.shape(), g.dtype());
-  c.all_reduce(g.raw_data(), out.raw_data(), g.numel(), g.dtype(), comm::ReduceOp::Sum);
+  tensor::Tensor out = tensor::Tensor::empty(g.shape(), g.dtype(), g.device());
+  c.all_reduce(comm::buffer_of(g), comm::buffer_of(out), comm::ReduceOp::Sum);
   out.set_varying_axes(g.varying_axes() & ~mask);
   return out;
 }

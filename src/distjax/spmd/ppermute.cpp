@@ -61,13 +61,12 @@ void start_backward(PermuteState& s, const Tensor& g) {
   named(s, "ppermute transpose", [&] {
     if (s.send_to >= 0) {
       s.grad_recv = Tensor::empty(s.shape, s.dtype);
-      s.grad_recv_req = s.comm.irecv(s.grad_recv.raw_data(), s.grad_recv.numel(), s.dtype,
-                                     s.send_to, detail::kBackwardTag);
+      s.grad_recv_req = s.comm.irecv(comm::buffer_of(s.grad_recv), s.send_to, detail::kBackwardTag);
     }
     if (s.recv_from >= 0) {
       s.grad_send = g.defined() ? g : Tensor::zeros(s.shape, s.dtype);
-      s.grad_send_req = s.comm.isend(s.grad_send.raw_data(), s.grad_send.numel(), s.dtype,
-                                     s.recv_from, detail::kBackwardTag);
+      s.grad_send_req =
+          s.comm.isend(comm::buffer_of(s.grad_send), s.recv_from, detail::kBackwardTag);
     }
   });
 }
@@ -114,14 +113,12 @@ PermuteHandle ppermute_start(DeviceContext& ctx, const Tensor& x_in, const Axes&
   s->vma = x.varying_axes();
   named(*s, "ppermute", [&] {
     if (s->recv_from >= 0) {
-      s->recv_buf = Tensor::empty(x.shape(), x.dtype());
-      s->recv_req = c.irecv(s->recv_buf.raw_data(), x.numel(), x.dtype(), s->recv_from,
-                            detail::kForwardTag);
+      s->recv_buf = Tensor::empty(x.shape(), x.dtype(), x.device());
+      s->recv_req = c.irecv(comm::buffer_of(s->recv_buf), s->recv_from, detail::kForwardTag);
     }
     if (s->send_to >= 0) {
       s->send_buf = x.detach();
-      s->send_req =
-          c.isend(s->send_buf.raw_data(), x.numel(), x.dtype(), s->send_to, detail::kForwardTag);
+      s->send_req = c.isend(comm::buffer_of(s->send_buf), s->send_to, detail::kForwardTag);
     }
   });
   if (tensor::needs_grad({&x})) {

@@ -38,12 +38,15 @@ void check_replicated_output(DeviceContext& ctx, const Tensor& out, std::size_t 
                     spec.to_string(), " is declared replicated along \"", axis,
                     "\" but its shape/dtype differs between devices ", c.group()[0], " and ",
                     c.group()[r], " in mesh ", ctx.mesh().describe());
+    // Gathered on the device, compared on a host copy (a debug check's host decision).
     const std::size_t nb = out.nbytes();
-    std::vector<char> buf(nb * n);
-    c.all_gather(out.raw_data(), buf.data(), out.numel(), out.dtype());
+    const Tensor gathered = Tensor::empty({n * out.numel()}, out.dtype(), out.device());
+    c.all_gather(comm::buffer_of(out), comm::buffer_of(gathered));
+    const Tensor host = gathered.to(Device::cpu());
+    const char* buf = static_cast<const char*>(host.raw_data());
     for (int r = 1; r < n; ++r) {
-      const char* a = buf.data();
-      const char* b = buf.data() + r * nb;
+      const char* a = buf;
+      const char* b = buf + r * nb;
       if (out.dtype() == DType::F32) {
         const float* fa = reinterpret_cast<const float*>(a);
         const float* fb = reinterpret_cast<const float*>(b);

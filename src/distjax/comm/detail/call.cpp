@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "distjax/core/error.hpp"
+#include "distjax/tensor/host_access.hpp"
 
 namespace distjax::comm::detail {
 
@@ -123,9 +124,22 @@ void check_buffer(const char* op, const Buffer& b) {
   DISTJAX_CHECK(b.count >= 0, InvalidArgument, "[", op, "] count must be >= 0, got ", b.count);
   DISTJAX_CHECK(b.data != nullptr || b.count == 0, InvalidArgument, "[", op,
                 "] null buffer for count ", b.count);
-  DISTJAX_CHECK(b.device.kind == DeviceKind::CPU, NotImplemented, "[", op, "] buffers on ",
-                b.device.str(), " are not supported: every backend moves CPU memory only");
 }
+
+namespace {
+tensor::HostAccess host_access(const char* op, const char* backend, const Buffer& b) {
+  DISTJAX_CHECK(tensor::host_reachable(b.device), NotImplemented, "[", op, "] buffers on ",
+                b.device.str(), " are out of reach of the ", backend,
+                " backend, which moves memory the host reaches (cpu, checked)");
+  return tensor::HostAccess(op, b.device, b.data, static_cast<std::size_t>(b.bytes()));
+}
+}  // namespace
+
+HostBuffers::HostBuffers(const char* op, const char* backend, const Buffer& a)
+    : a_(host_access(op, backend, a)), b_(op, Device::cpu(), nullptr, 0) {}
+
+HostBuffers::HostBuffers(const char* op, const char* backend, const Buffer& a, const Buffer& b)
+    : a_(host_access(op, backend, a)), b_(host_access(op, backend, b)) {}
 
 std::uint64_t hash_desc(const CallDesc& d) {
   // Word at a time (it runs on every checked call): each field is folded in with a

@@ -11,6 +11,7 @@
 
 #include "distjax/comm/communicator.hpp"
 #include "distjax/comm/launch.hpp"
+#include "distjax/tensor/host_access.hpp"
 
 namespace distjax::comm::detail {
 
@@ -44,9 +45,24 @@ std::uint64_t hash_pairs(const std::vector<std::pair<int, int>>& pairs);
 /// Throws InvalidArgument unless every pair is in range and no rank is twice a source or
 /// twice a destination.
 void check_pairs(const std::vector<std::pair<int, int>>& pairs, int size);
-/// Throws InvalidArgument for a negative count or a null buffer with count > 0, and
-/// NotImplemented for memory outside the host (no backend moves device memory yet).
+/// Throws InvalidArgument for a negative count or a null buffer with count > 0 (the
+/// device is each backend's to check: HostBuffers for those that move memory on the host).
 void check_buffer(const char* op, const Buffer& b);
+
+/// Host access to one call's buffers (one or two), for a backend whose host code moves
+/// them (threads, MPI): constructed before anything of the call happens, it refuses a
+/// buffer on a device the host cannot reach (CUDA) with NotImplemented naming the op, the
+/// device and `backend`, and holds a tensor::HostAccess on each buffer of the checked
+/// device until it is destroyed, once the backend touches the buffers no more (a
+/// blocking call's end; a non-blocking one's completion).
+class HostBuffers {
+ public:
+  HostBuffers(const char* op, const char* backend, const Buffer& a);
+  HostBuffers(const char* op, const char* backend, const Buffer& a, const Buffer& b);
+
+ private:
+  tensor::HostAccess a_, b_;
+};
 /// 64-bit hash of a descriptor (every field, the sequence number too): what the MPI
 /// backend's per-call check compares instead of the descriptors themselves.
 std::uint64_t hash_desc(const CallDesc& d);

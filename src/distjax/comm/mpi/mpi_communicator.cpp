@@ -33,6 +33,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,8 @@ void guards::check(int rc, const char* op, int device) {
 namespace {
 
 constexpr int kPermuteTag = kMaxTag + 1;
+constexpr const char* kBackend = "MPI";
+using detail::HostBuffers;
 
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
@@ -129,11 +132,15 @@ class MpiCommunicator final : public CommunicatorImpl,
   const std::vector<int>& group() const override { return diag_->members(); }
   CommStats& stats() override { return *stats_; }
 
+  // Every entry takes host access to its buffers first (a CUDA buffer is refused naming
+  // the op before the call is issued); the call holds it until it completes.
   Request iall_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) override {
+    HostBuffers access("iall_reduce", kBackend, send, recv);
     const int n = to_int("all_reduce", send.count);
     const DType dtype = send.dtype;
     auto call = begin(detail::make_desc(seq_, OpKind::AllReduce, send.count, dtype, op),
                       detail::ring_traffic(OpKind::AllReduce, send.bytes(), size_));
+    call->access.emplace(std::move(access));
     if (small(send)) {
       call->xchg = std::make_shared<Exchange>();
       start_small(*call->xchg, call->desc, send, op);
@@ -156,9 +163,11 @@ class MpiCommunicator final : public CommunicatorImpl,
   }
 
   Request iall_gather(const Buffer& send, const Buffer& recv) override {
+    HostBuffers access("iall_gather", kBackend, send, recv);
     const int n = to_int("all_gather", recv.count) / size_;
     auto call = begin(detail::make_desc(seq_, OpKind::AllGather, send.count, send.dtype),
                       detail::ring_traffic(OpKind::AllGather, send.bytes(), size_));
+    call->access.emplace(std::move(access));
     const bool in_place = send.data == static_cast<char*>(recv.data) + rank_ * send.bytes();
     const std::pair<Buffer, Buffer> staged = stage(*call, send, recv);
     const Buffer sb = staged.first, rb = staged.second;  // no binding: clang 14 cannot capture one
@@ -170,9 +179,11 @@ class MpiCommunicator final : public CommunicatorImpl,
   }
 
   Request ireduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) override {
+    HostBuffers access("ireduce_scatter", kBackend, send, recv);
     const int n = to_int("reduce_scatter", send.count) / size_;
     auto call = begin(detail::make_desc(seq_, OpKind::ReduceScatter, recv.count, recv.dtype, op),
                       detail::ring_traffic(OpKind::ReduceScatter, recv.bytes(), size_));
+    call->access.emplace(std::move(access));
     const std::pair<Buffer, Buffer> staged = stage(*call, send, recv);
     const Buffer sb = staged.first, rb = staged.second;  // no binding: clang 14 cannot capture one
     if (op == ReduceOp::Mean) {
@@ -188,6 +199,7 @@ class MpiCommunicator final : public CommunicatorImpl,
   /// A small all-reduce waits here, on the stack: no request, no allocation, nothing
   /// but its exchange between the clock readings of its counters.
   void all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) override {
+    HostBuffers access("all_reduce", kBackend, send, recv);
     if (!small(send)) {
       iall_reduce(send, recv, op).wait();
       return;
@@ -232,13 +244,16 @@ class MpiCommunicator final : public CommunicatorImpl,
     count_small(send, issued);
   }
   void all_gather(const Buffer& send, const Buffer& recv) override {
+    HostBuffers access("all_gather", kBackend, send, recv);
     iall_gather(send, recv).wait();
   }
   void reduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) override {
+    HostBuffers access("reduce_scatter", kBackend, send, recv);
     ireduce_scatter(send, recv, op).wait();
   }
 
   void all_to_all(const Buffer& send, const Buffer& recv) override {
+    HostBuffers access("all_to_all", kBackend, send, recv);
     const int n = to_int("all_to_all", send.count) / size_;
     const DType dtype = send.dtype;
     auto call = begin(detail::make_desc(seq_, OpKind::AllToAll, n, dtype),
@@ -249,6 +264,7 @@ class MpiCommunicator final : public CommunicatorImpl,
   }
 
   void broadcast(const Buffer& buf, int root) override {
+    HostBuffers access("broadcast", kBackend, buf);
     const int n = to_int("broadcast", buf.count);
     auto call = begin(
         detail::make_desc(seq_, OpKind::Broadcast, buf.count, buf.dtype, ReduceOp::Sum, root),
@@ -260,6 +276,7 @@ class MpiCommunicator final : public CommunicatorImpl,
 
   void permute(const Buffer& send, const Buffer& recv,
                const std::vector<std::pair<int, int>>& pairs) override {
+    HostBuffers access("permute", kBackend, send, recv);
     const int n = to_int("permute", send.count);
     const std::int64_t bytes = send.bytes();
     int src = -1, dst = -1;
@@ -341,7 +358,7 @@ class MpiCommunicator final : public CommunicatorImpl,
   class MpiRequest final : public RequestImpl {
    public:
     MpiRequest(std::shared_ptr<MpiCommunicator> c, MPI_Request r, bool is_send, int peer, int tag,
-               std::int64_t bytes)
+               std::int64_t bytes, HostBuffers access)
         : keep_(std::move(c)),
           c_(*keep_),
           r_(r),
@@ -349,7 +366,8 @@ class MpiCommunicator final : public CommunicatorImpl,
           peer_(peer),
           tag_(tag),
           bytes_(bytes),
-          stats_group_(c_.stats_group()) {}
+          stats_group_(c_.stats_group()),
+          access_(std::move(access)) {}
     ~MpiRequest() override {
       int finalized = 0;
       MPI_Finalized(&finalized);
@@ -374,6 +392,7 @@ class MpiCommunicator final : public CommunicatorImpl,
         w = poll(&r_, &done, 1, deadline, name, c_.global_, Backoff::yield_window(bytes_));
       }
       if (w != WaitResult::Done) c_.diag_->throw_transfer(w, is_send_, peer_, tag_);
+      access_.reset();  // done: the buffer is the caller's again
       detail::count_wait(*c_.stats_, stats_group_, is_send_,
                          std::chrono::duration<double>(Clock::now() - start).count());
     }
@@ -382,6 +401,7 @@ class MpiCommunicator final : public CommunicatorImpl,
       advance_pending();  // pending collectives too, as a wait would
       int flag = 0;
       check(MPI_Test(&r_, &flag, MPI_STATUS_IGNORE), is_send_ ? "isend" : "irecv", c_.global_);
+      if (flag) access_.reset();
       return flag != 0;
     }
 
@@ -393,6 +413,7 @@ class MpiCommunicator final : public CommunicatorImpl,
     int peer_, tag_;
     std::int64_t bytes_;
     int stats_group_;  // the label in force when the transfer was posted
+    std::optional<HostBuffers> access_;  // the buffer, until the transfer is done
   };
 
  private:
@@ -425,6 +446,8 @@ class MpiCommunicator final : public CommunicatorImpl,
     int post_rc = MPI_SUCCESS;  // of a post made by advance_call
     std::vector<std::function<void()>> finish;  // after the data arrived, in order
     bool finished = false;
+    /// Host access to the caller's buffers until the call completes (or is abandoned).
+    std::optional<HostBuffers> access;
     std::uint64_t seq() const { return desc.seq; }
   };
 
@@ -636,6 +659,7 @@ class MpiCommunicator final : public CommunicatorImpl,
   void abandon(Call& c) {
     if (c.scratch) graveyard().push_back(c.scratch);
     if (c.xchg) graveyard().push_back(c.xchg);
+    c.access.reset();  // the launch fails (see Communicator): the caller's memory is its own
     c.finished = true;
     remove_pending(&c);
     if (c.post) forget_unposted(c);
@@ -724,6 +748,7 @@ class MpiCommunicator final : public CommunicatorImpl,
   void complete(Call& c) {
     remove_pending(&c);
     for (auto& f : c.finish) f();
+    c.access.reset();
     c.finished = true;
     ++diag_->records().completed;
     const auto end = Clock::now();
@@ -740,6 +765,7 @@ class MpiCommunicator final : public CommunicatorImpl,
 
   Request post(bool is_send, const Buffer& b, int peer, int tag) {
     const char* name = is_send ? "isend" : "irecv";
+    HostBuffers access(name, kBackend, b);
     diag_->throw_if_failed();
     const int n = to_int(name, b.count);
     detail::count_post(*this, is_send, b.bytes(), peer == rank_);
@@ -749,8 +775,8 @@ class MpiCommunicator final : public CommunicatorImpl,
     } else {
       check(MPI_Irecv(b.data, n, mpi_type(b.dtype), peer, tag, comm_, &r), name, global_);
     }
-    return Request(
-        std::make_unique<MpiRequest>(shared_from_this(), r, is_send, peer, tag, b.bytes()));
+    return Request(std::make_unique<MpiRequest>(shared_from_this(), r, is_send, peer, tag,
+                                                b.bytes(), std::move(access)));
   }
 
   MPI_Comm comm_;

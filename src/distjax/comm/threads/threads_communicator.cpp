@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "distjax/comm/threads/reduce.hpp"
@@ -16,6 +17,9 @@
 namespace distjax::comm::threads {
 
 namespace {
+
+constexpr const char* kBackend = "threads";
+using detail::HostBuffers;
 
 // Below this many bytes all_reduce reduces the whole buffer on every rank (2 sync
 // points) instead of reduce-scatter + all-gather (3 sync points).
@@ -247,41 +251,55 @@ class ThreadsRequest final : public RequestImpl {
  public:
   ThreadsRequest(std::shared_ptr<GroupState> g, int rank, std::shared_ptr<P2POp> op,
                  std::shared_ptr<CommStats> stats, int stats_group,
-                 std::chrono::milliseconds timeout)
-      : g_(std::move(g)), rank_(rank), op_(std::move(op)), stats_(std::move(stats)),
+                 std::chrono::milliseconds timeout, HostBuffers access)
+      : g_(std::move(g)),
+        rank_(rank),
+        op_(std::move(op)),
+        stats_(std::move(stats)),
         stats_group_(stats_group),
-        timeout_(timeout) {}
+        timeout_(timeout),
+        access_(std::move(access)) {}
   ~ThreadsRequest() override {
-    if (!finished_) g_->cancel(rank_, op_);
+    if (!finished_) g_->cancel(rank_, op_);  // then access_ goes: nobody copies any more
   }
   void wait() override {
     if (finished_) return;
     auto start = Clock::now();
     g_->wait(rank_, op_, start + timeout_);
-    finished_ = true;
+    finish();
     detail::count_wait(*stats_, stats_group_, op_->is_send,
                        std::chrono::duration<double>(Clock::now() - start).count());
   }
   bool test() override {
     if (finished_) return true;
     if (!g_->test(op_)) return false;
-    finished_ = true;
+    finish();
     return true;
   }
 
  private:
+  // The copy is done: the buffer is the caller's again (who may free it before dropping
+  // the request).
+  void finish() {
+    finished_ = true;
+    access_.reset();
+  }
+
   std::shared_ptr<GroupState> g_;
   int rank_;
   std::shared_ptr<P2POp> op_;
   std::shared_ptr<CommStats> stats_;
   int stats_group_;  // the label in force when the transfer was posted
   std::chrono::milliseconds timeout_;
+  std::optional<HostBuffers> access_;  // the buffer, until the transfer is done
   bool finished_ = false;
 };
 
 }  // namespace
 
 Request ThreadsCommunicator::post(bool is_send, const Buffer& b, int peer, int tag) {
+  // Before the peer can see the op: it may copy into or out of the buffer at once.
+  HostBuffers access(is_send ? "isend" : "irecv", kBackend, b);
   void* buf = b.data;
   const std::int64_t count = b.count;
   const DType dtype = b.dtype;
@@ -300,7 +318,7 @@ Request ThreadsCommunicator::post(bool is_send, const Buffer& b, int peer, int t
                      peer == rank_);
   g_->post(rank_, op);
   return Request(std::make_unique<ThreadsRequest>(g_, rank_, std::move(op), stats_, stats_group(),
-                                                  world_->options().timeout));
+                                                  world_->options().timeout, std::move(access)));
 }
 
 Request ThreadsCommunicator::isend(const Buffer& buf, int dst, int tag) {
@@ -411,6 +429,7 @@ void ThreadsCommunicator::worker_loop() {
     } catch (...) {
       job->error = std::current_exception();
     }
+    job->fn = nullptr;  // with it the host access to the buffers, before anyone can free them
     defer_ = nullptr;
     link_ready_ = nullptr;
     {
@@ -441,33 +460,44 @@ void ThreadsCommunicator::in_order(std::function<void()> fn) {
   enqueue(std::move(fn)).wait();
 }
 
+// Each entry takes host access to its buffers before anything happens (a CUDA buffer is
+// refused here, naming the op); a non-blocking call's job holds it until the call is done.
 Request ThreadsCommunicator::iall_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) {
-  return enqueue([=, this] { run_all_reduce(send, recv, op); });
+  auto access = std::make_shared<HostBuffers>("iall_reduce", kBackend, send, recv);
+  return enqueue([this, send, recv, op, access] { run_all_reduce(send, recv, op); });
 }
 Request ThreadsCommunicator::iall_gather(const Buffer& send, const Buffer& recv) {
-  return enqueue([=, this] { run_all_gather(send, recv); });
+  auto access = std::make_shared<HostBuffers>("iall_gather", kBackend, send, recv);
+  return enqueue([this, send, recv, access] { run_all_gather(send, recv); });
 }
 Request ThreadsCommunicator::ireduce_scatter(const Buffer& send, const Buffer& recv,
                                              ReduceOp op) {
-  return enqueue([=, this] { run_reduce_scatter(send, recv, op); });
+  auto access = std::make_shared<HostBuffers>("ireduce_scatter", kBackend, send, recv);
+  return enqueue([this, send, recv, op, access] { run_reduce_scatter(send, recv, op); });
 }
 void ThreadsCommunicator::all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) {
+  HostBuffers access("all_reduce", kBackend, send, recv);
   in_order([&] { run_all_reduce(send, recv, op); });
 }
 void ThreadsCommunicator::all_gather(const Buffer& send, const Buffer& recv) {
+  HostBuffers access("all_gather", kBackend, send, recv);
   in_order([&] { run_all_gather(send, recv); });
 }
 void ThreadsCommunicator::reduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) {
+  HostBuffers access("reduce_scatter", kBackend, send, recv);
   in_order([&] { run_reduce_scatter(send, recv, op); });
 }
 void ThreadsCommunicator::all_to_all(const Buffer& send, const Buffer& recv) {
+  HostBuffers access("all_to_all", kBackend, send, recv);
   in_order([&] { run_all_to_all(send, recv); });
 }
 void ThreadsCommunicator::broadcast(const Buffer& buf, int root) {
+  HostBuffers access("broadcast", kBackend, buf);
   in_order([&] { run_broadcast(buf, root); });
 }
 void ThreadsCommunicator::permute(const Buffer& send, const Buffer& recv,
                                   const std::vector<std::pair<int, int>>& pairs) {
+  HostBuffers access("permute", kBackend, send, recv);
   in_order([&] { run_permute(send, recv, pairs); });
 }
 void ThreadsCommunicator::barrier() {

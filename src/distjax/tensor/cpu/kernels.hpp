@@ -14,5 +14,7 @@ extern const ShapeKernels shape_kernels;
 extern const NnKernels nn_kernels;
 extern const AttentionKernels attention_kernels;
 extern const GemmKernels gemm_kernels;
+extern const InplaceKernels inplace_kernels;
+extern const ParallelKernels parallel_kernels;
 
 }  // namespace distjax::tensor::detail::cpu

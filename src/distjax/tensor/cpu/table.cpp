@@ -16,6 +16,8 @@ const KernelTable& cpu_kernel_table() {
       .nn = &cpu::nn_kernels,
       .attention = &cpu::attention_kernels,
       .gemm = &cpu::gemm_kernels,
+      .inplace = &cpu::inplace_kernels,
+      .parallel = &cpu::parallel_kernels,
   };
   return table;
 }

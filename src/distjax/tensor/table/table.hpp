@@ -24,6 +24,8 @@
 #include "distjax/tensor/table/shape.hpp"
 #include "distjax/tensor/table/gemm.hpp"
 #include "distjax/tensor/table/nn.hpp"
+#include "distjax/tensor/table/inplace.hpp"
+#include "distjax/tensor/table/parallel.hpp"
 #include "distjax/tensor/table/stream.hpp"
 #include "distjax/tensor/tensor.hpp"
 
@@ -40,6 +42,8 @@ struct KernelTable {
   const NnKernels* nn = nullptr;
   const AttentionKernels* attention = nullptr;
   const GemmKernels* gemm = nullptr;
+  const InplaceKernels* inplace = nullptr;
+  const ParallelKernels* parallel = nullptr;
 };
 
 /// The table of a device kind: tensor/cpu/ for the CPU and the checked device.
