@@ -1,6 +1,7 @@
 #include "distjax/nn/fsdp_gather.hpp"
 
 #include "distjax/autodiff/autodiff.hpp"
+#include "distjax/comm/buffer.hpp"
 #include "distjax/core/error.hpp"
 #include "distjax/spmd/collectives.hpp"
 #include "distjax/spmd/detail/blocks.hpp"
@@ -71,8 +72,8 @@ void FsdpPrefetcher::start(spmd::DeviceContext& ctx, std::size_t position) {
   Shape blocks_shape = e.shard.shape();
   blocks_shape.insert(blocks_shape.begin(), comm.size());
   f.blocks = Tensor::empty(blocks_shape, DType::F32, e.shard.device());  // beside the shard
-  f.request =
-      comm.iall_gather(e.shard.data<float>(), f.blocks.data<float>(), e.shard.numel(), DType::F32);
+  tensor::check_dtype(e.shard, DType::F32, "fsdp prefetch", "the shard");
+  f.request = comm.iall_gather(comm::buffer_of(e.shard), comm::buffer_of(f.blocks));
   in_flight_.emplace(position, std::move(f));
 }
 
