@@ -27,6 +27,9 @@ using ShardMapFn =
 /// How shard_map runs the devices.
 struct ShardMapOptions {
   comm::Backend backend = comm::Backend::Threads;
+  /// The devices' current device (comm::LaunchOptions::device): where their tensors are
+  /// made; inputs elsewhere are copied there.
+  Device device = default_device();
   /// A collective that does not complete within this time fails on every device.
   std::chrono::milliseconds timeout{30000};
   /// Debug check: every output must really be equal along the mesh axes its out_spec

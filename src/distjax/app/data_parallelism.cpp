@@ -103,7 +103,7 @@ int run_data_parallelism(const config::TrainConfig& c) {
     return std::vector<Tensor>{};
   };
   spmd::shard_map(mesh, program, {}, {},
-                  {.backend = c.distributed.comm_backend()})(std::vector<Tensor>{});
+                  {.backend = c.distributed.comm_backend(), .device = c.distributed.placement()})(std::vector<Tensor>{});
   return 0;
 }
 

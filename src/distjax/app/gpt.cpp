@@ -184,7 +184,7 @@ int run_gpt(const config::TrainConfig& c) {
     return std::vector<Tensor>{};
   };
   spmd::shard_map(mesh, device_program, {}, {},
-                  {.backend = c.distributed.comm_backend()})(std::vector<Tensor>{});
+                  {.backend = c.distributed.comm_backend(), .device = c.distributed.placement()})(std::vector<Tensor>{});
   const bool piped = mesh.has_axis("pipe") && mesh.axis_size("pipe") > 1;
   if (piped && c.run.timeline && !c.run.out_dir.empty()) write_pipeline_timeline(c, traces);
   return 0;

@@ -125,7 +125,7 @@ int run_pipeline_parallelism(const config::TrainConfig& c, bool show_schedule) {
     return std::vector<Tensor>{};
   };
   spmd::shard_map(mesh, program, {}, {},
-                  {.backend = c.distributed.comm_backend()})(std::vector<Tensor>{});
+                  {.backend = c.distributed.comm_backend(), .device = c.distributed.placement()})(std::vector<Tensor>{});
   if (show_schedule && threads && c.distributed.is_main_process())
     std::printf("Measured timeline of the last step (data replica 0; on a machine with fewer "
                 "cores than devices, waits for a core show as idle):\n%s",

@@ -113,7 +113,12 @@ class DeviceRun {
 
   train::Metrics evaluate(train::Trainer& trainer) {
     if (loop_.eval_batches.empty()) return {};
-    const train::Metrics eval = loop_.composed->evaluate(state_.params, loop_.eval_batches);
+    // The program may have made them on another thread's device (e.g. the host): bring
+    // them to this device (no copy when they are there already).
+    std::vector<train::Batch> batches;
+    for (const train::Batch& b : loop_.eval_batches)
+      batches.push_back({b.inputs.to(current_device()), b.labels.to(current_device())});
+    const train::Metrics eval = loop_.composed->evaluate(state_.params, batches);
     trainer.log_eval(state_.step, eval);
     return eval;
   }

@@ -114,7 +114,7 @@ int run_tensor_parallelism(const config::TrainConfig& c) {
     return std::vector<Tensor>{};
   };
   spmd::shard_map(mesh, device_program, {}, {},
-                  {.backend = c.distributed.comm_backend()})(std::vector<Tensor>{});
+                  {.backend = c.distributed.comm_backend(), .device = c.distributed.placement()})(std::vector<Tensor>{});
   return 0;
 }
 

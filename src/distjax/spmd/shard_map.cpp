@@ -133,6 +133,7 @@ std::vector<ShardedArray> ShardMapped::operator()(const std::vector<ShardedArray
   std::vector<std::vector<Tensor>> results(mesh_.size());
   comm::LaunchOptions lo;
   lo.backend = options_.backend;
+  lo.device = options_.device;
   lo.num_devices = mesh_.size();
   lo.timeout = options_.timeout;
   lo.link = options_.link;
@@ -144,7 +145,7 @@ std::vector<ShardedArray> ShardMapped::operator()(const std::vector<ShardedArray
     const int d = ctx.device();
     std::vector<Tensor> locals;
     for (std::size_t i = 0; i < placed.size(); ++i) {
-      Tensor t = placed[i].shard(d);
+      Tensor t = placed[i].shard(d).to(options_.device);
       t.set_varying_axes(ctx.axis_mask(in_specs_[i]));  // inputs vary over their in_spec's axes
       locals.push_back(std::move(t));
     }
