@@ -16,9 +16,11 @@
 namespace distjax::tensor::detail::checked {
 namespace {
 
-// 1 TiB of address space, reserved without memory: blocks are carved from it and never
-// handed out twice.
-constexpr std::size_t kArenaBytes = std::size_t(1) << 40;
+// Address space reserved without memory: blocks are carved from it and never handed out
+// twice. 1 TiB where the process may reserve it; less where it may not (ThreadSanitizer
+// keeps most of the address space for itself), halving down to 1 GiB.
+constexpr std::size_t kArenaMaxBytes = std::size_t(1) << 40;
+constexpr std::size_t kArenaMinBytes = std::size_t(1) << 30;
 
 struct Block {
   std::size_t bytes = 0;  // page-rounded
@@ -31,9 +33,12 @@ struct Arena {
   std::mutex mu;
   std::map<std::uintptr_t, Block> blocks;  // by start address
   std::size_t page = 4096;
+  std::size_t bytes = 0;  // the reserved range
 };
 
-char* g_base = nullptr;  // read by the signal handler: set once, before any block exists
+// Read by the signal handler: set once, before any block exists.
+char* g_base = nullptr;
+std::size_t g_bytes = 0;
 struct sigaction g_previous;
 
 __attribute__((tls_model("initial-exec"))) thread_local const char* t_last_op = nullptr;
@@ -53,7 +58,7 @@ void write_hex(std::uintptr_t v) {
 
 void on_fault(int sig, siginfo_t* info, void* context) {
   auto* addr = static_cast<char*>(info->si_addr);
-  if (g_base && addr >= g_base && addr < g_base + kArenaBytes) {
+  if (g_base && addr >= g_base && addr < g_base + g_bytes) {
     write_str("\n[checked device] the host touched checked-device memory at ");
     write_hex(reinterpret_cast<std::uintptr_t>(addr));
     write_str(" outside the kernel table (a host loop, memcpy or read of tensor data); the last "
@@ -79,11 +84,17 @@ Arena& arena() {
   static Arena* a = [] {
     auto* arena = new Arena;  // never destroyed: blocks may be freed during static destruction
     arena->page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-    void* p = ::mmap(nullptr, kArenaBytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                     -1, 0);
-    DISTJAX_CHECK(p != MAP_FAILED, Error, "[checked device] cannot reserve its address range: ",
-                  std::strerror(errno));
+    void* p = MAP_FAILED;
+    std::size_t bytes = kArenaMaxBytes;
+    for (; bytes >= kArenaMinBytes; bytes /= 2) {
+      p = ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (p != MAP_FAILED) break;
+    }
+    DISTJAX_CHECK(p != MAP_FAILED, Error, "[checked device] cannot reserve its address range (",
+                  kArenaMinBytes, " bytes at least): ", std::strerror(errno));
     arena->base = static_cast<char*>(p);
+    arena->bytes = bytes;
+    g_bytes = bytes;
     g_base = arena->base;
     void* warm[1];
     ::backtrace(warm, 1);  // loads the unwinder now, not inside the signal handler
@@ -120,8 +131,8 @@ void* alloc(std::size_t nbytes) {
   const std::size_t bytes = (std::max<std::size_t>(nbytes, 1) + a.page - 1) / a.page * a.page;
   // One closed page between blocks, so an overrun faults too.
   const std::size_t offset = a.next.fetch_add(bytes + a.page);
-  DISTJAX_CHECK(offset + bytes <= kArenaBytes, Error,
-                "[checked device] its address range is used up (", kArenaBytes, " bytes)");
+  DISTJAX_CHECK(offset + bytes <= a.bytes, Error,
+                "[checked device] its address range is used up (", a.bytes, " bytes)");
   char* p = a.base + offset;
   std::lock_guard<std::mutex> lock(a.mu);
   a.blocks.emplace(reinterpret_cast<std::uintptr_t>(p), Block{bytes, 0});
@@ -139,7 +150,7 @@ void free(void* p, std::size_t) {
 
 bool contains(const void* p) {
   const auto* c = static_cast<const char*>(p);
-  return g_base && c >= g_base && c < g_base + kArenaBytes;
+  return g_base && c >= g_base && c < g_base + g_bytes;
 }
 
 void open(const void* p) {
