@@ -84,10 +84,10 @@ void gemm_into(const Tensor& c, Block cb, const Tensor& a, Block ab, bool trans_
   check_runs("gemm_into", "a", a, {ab.offset, ab.ld}, trans_a ? k : m, trans_a ? m : k);
   check_runs("gemm_into", "b", b, {bb.offset, bb.ld}, trans_b ? n : k, trans_b ? k : n);
   if (m == 0 || n == 0) return;
-  Dispatch kd("gemm_into", &KernelTable::inplace, {&a, &b, &c});
-  kd->gemm_f32(trans_a, trans_b, m, n, k, alpha, a.data<float>() + ab.offset, ab.ld,
-               b.data<float>() + bb.offset, bb.ld, beta, c.data<float>() + cb.offset, cb.ld,
-               kd.stream());
+  Dispatch kd("gemm_into", &KernelTable::gemm, {&a, &b, &c});
+  kd->gemm_f32_strided(trans_a, trans_b, m, n, k, alpha, a.data<float>() + ab.offset, ab.ld, 0,
+                       b.data<float>() + bb.offset, bb.ld, 0, beta, c.data<float>() + cb.offset,
+                       cb.ld, 0, 1, kd.stream());
 }
 
 namespace {
