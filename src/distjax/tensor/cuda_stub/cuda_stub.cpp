@@ -5,6 +5,7 @@
 #include "distjax/core/error.hpp"
 #include "distjax/tensor/cuda.hpp"
 #include "distjax/tensor/cuda/cuda_memory.hpp"
+#include "distjax/tensor/table/table.hpp"
 
 namespace distjax::tensor {
 
@@ -34,3 +35,13 @@ void cuda_free(void* p, std::size_t nbytes, int device) {
 
 }  // namespace cuda
 }  // namespace distjax::tensor
+
+namespace distjax::tensor::detail {
+
+// No kernels: every op on a CUDA tensor says so (and no CUDA tensor can be made anyway).
+const KernelTable& cuda_kernel_table() {
+  static const KernelTable none{};
+  return none;
+}
+
+}  // namespace distjax::tensor::detail

@@ -4,14 +4,15 @@
 
 namespace distjax::tensor::detail {
 
-const KernelTable& cpu_kernel_table();  // tensor/cpu/table.cpp
+const KernelTable& cpu_kernel_table();   // tensor/cpu/table.cpp
+const KernelTable& cuda_kernel_table();  // tensor/cuda/table.cpp (tensor/cuda_stub/: empty)
 
 const KernelTable& kernel_table(DeviceKind kind) {
   static const KernelTable none{};
   switch (kind) {
     case DeviceKind::CPU:
     case DeviceKind::Checked: return cpu_kernel_table();
-    case DeviceKind::CUDA: break;
+    case DeviceKind::CUDA: return cuda_kernel_table();
   }
   return none;
 }
