@@ -6,6 +6,7 @@
 #include <string>
 
 #include "distjax/config/distributed_config.hpp"
+#include "distjax/tensor/cuda.hpp"
 #include "distjax/core/error.hpp"
 
 using namespace distjax;
@@ -338,8 +339,9 @@ TEST(DistributedConfig, BuildMeshExplicit) {
   EXPECT_THROW(config::build_mesh(c), ConfigError);  // validates first
 }
 
-// `device` names where tensors live: parsed, refused with the rule when it names none, and
-// refused for CUDA while that backend has no kernels.
+// `device` names where tensors live: parsed, refused with the rule when it names none; a
+// CUDA device validates anywhere and is placed only where that GPU exists (else the
+// placement says why).
 TEST(DistributedConfig, DeviceNamesTheDeviceOrSaysWhyNot) {
   DistributedConfig c = valid();
   EXPECT_EQ(c.placement(), default_device());
@@ -352,7 +354,18 @@ TEST(DistributedConfig, DeviceNamesTheDeviceOrSaysWhyNot) {
   ASSERT_EQ(problems.size(), 1u);
   EXPECT_NE(problems[0].find("device = \"gpu\" names no device"), std::string::npos) << problems[0];
   c.device = "cuda:0";
-  problems = c.problems();
-  ASSERT_EQ(problems.size(), 1u);
-  EXPECT_NE(problems[0].find("no kernels yet"), std::string::npos) << problems[0];
+  EXPECT_TRUE(c.problems().empty());
+  if (tensor::cuda_device_count() > 0) {
+    EXPECT_EQ(c.placement(), (Device{DeviceKind::CUDA, 0}));
+  } else {
+    try {
+      (void)c.placement();
+      ADD_FAILURE() << "placed on cuda:0 without a GPU";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(tensor::cuda_unavailable_reason()), std::string::npos)
+          << e.what();
+    }
+  }
+  c.device = "cuda:99";
+  EXPECT_THROW((void)c.placement(), ConfigError);
 }

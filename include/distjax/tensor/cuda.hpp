@@ -1,7 +1,9 @@
 // What this build and this machine offer of CUDA: whether the library was compiled with its
-// CUDA backend, how many GPUs the runtime sees, and why there are none.
+// CUDA backend, how many GPUs the runtime sees, and why there are none; the device memory
+// the backend holds; the precision of f32 matrix products.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace distjax::tensor {
@@ -20,5 +22,23 @@ int cuda_device_count();
 /// failed: CUDA driver version is insufficient for CUDA runtime version
 /// (cudaErrorInsufficientDriver)". Empty when there is a device.
 std::string cuda_unavailable_reason();
+
+/// Device memory of the CUDA backend on one device, in bytes: `reserved` is what its
+/// stream-ordered pool holds from the driver (freed blocks stay there for reuse: no
+/// cudaMalloc/cudaFree per step), `reserved_peak` the most it held. What tensors use is
+/// live_bytes(DeviceKind::CUDA) / peak_bytes(DeviceKind::CUDA) (tensor.hpp). All zero
+/// without CUDA.
+struct CudaMemoryStats {
+  std::int64_t reserved = 0;
+  std::int64_t reserved_peak = 0;
+};
+CudaMemoryStats cuda_memory_stats(int device = 0);
+
+/// Whether f32 matrix products on CUDA may use TF32 (the tensor cores' 10-bit mantissa,
+/// about 1e-3 relative error, several times faster). Off unless set here or by the
+/// environment variable DISTJAX_ALLOW_TF32=1: f32 products are full f32 by default, as in
+/// PyTorch. bf16 products are unaffected.
+void set_allow_tf32(bool allow);
+bool allow_tf32();
 
 }  // namespace distjax::tensor

@@ -61,6 +61,8 @@ std::string sample(const models::Transformer& model, const TensorTree& params,
 }  // namespace
 
 int run_train_gpt(const config::TrainConfig& c) {
+  // The one device: distributed.device (a GPU with "cuda"), or DISTJAX_DEVICE's default.
+  const DeviceScope on(c.distributed.placement());
   const std::int64_t steps = c.run.steps, batch_size = c.run.batch_size, seq_len = c.data.seq_len;
   const std::string data_dir = c.data.dir.empty() ? data::kFortunesDir : c.data.dir;
   const Fortunes fortunes = load_fortunes(c);

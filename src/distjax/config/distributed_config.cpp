@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "distjax/core/error.hpp"
+#include "distjax/tensor/cuda.hpp"
 
 namespace distjax::config {
 namespace {
@@ -151,12 +152,20 @@ int DistributedConfig::data_parallel_size() const {
 
 Device DistributedConfig::placement() const {
   if (device == "auto") return default_device();
+  Device d;
   try {
-    return parse_device(device);
+    d = parse_device(device);
   } catch (const InvalidArgument&) {
     DISTJAX_THROW(ConfigError, "[DistributedConfig] device = \"", device,
                   "\" names no device (auto, cpu, checked, cuda)");
   }
+  if (d.kind == DeviceKind::CUDA) {
+    const int count = tensor::cuda_device_count();
+    DISTJAX_CHECK(count > d.index, ConfigError, "[DistributedConfig] device = \"", device,
+                  "\", but ", count == 0 ? tensor::cuda_unavailable_reason()
+                                         : "this machine has " + std::to_string(count) + " GPUs");
+  }
+  return d;
 }
 
 comm::Backend DistributedConfig::comm_backend() const {
@@ -193,9 +202,8 @@ std::vector<std::string> DistributedConfig::problems() const {
                       ", pipeline_parallel_size = ", pipeline_parallel_size));
   if (device != "auto") {
     try {
-      if (parse_device(device).kind == DeviceKind::CUDA)
-        out.push_back(str("device = \"", device,
-                          "\": the CUDA backend has no kernels yet (use \"cpu\" or \"checked\")"));
+      // A CUDA device is checked where the run starts (the machine may differ from this one).
+      (void)parse_device(device);
     } catch (const InvalidArgument&) {
       out.push_back(str("device = \"", device, "\" names no device (auto, cpu, checked, cuda)"));
     }

@@ -1,5 +1,6 @@
 // Stub of the CUDA backend for builds without CUDA: every query answers "none", and memory
 // on a CUDA device is refused, saying what is missing.
+#include <atomic>
 #include <string>
 
 #include "distjax/core/error.hpp"
@@ -45,3 +46,22 @@ const KernelTable& cuda_kernel_table() {
 }
 
 }  // namespace distjax::tensor::detail
+
+namespace distjax::tensor {
+
+CudaMemoryStats cuda_memory_stats(int) {
+  return {};
+}
+
+// Remembered, so that a program can set it everywhere; nothing multiplies on CUDA here.
+namespace {
+std::atomic<bool> tf32_allowed{false};
+}
+void set_allow_tf32(bool allow) {
+  tf32_allowed = allow;
+}
+bool allow_tf32() {
+  return tf32_allowed;
+}
+
+}  // namespace distjax::tensor

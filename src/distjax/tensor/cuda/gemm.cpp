@@ -1,0 +1,341 @@
+// The CUDA backend's GEMM family, through cuBLASLt: every product of the table is one
+// cublasLtMatmul (a batched, strided one) on the calling thread's stream, with its plan
+// (descriptors, layouts and the heuristic's algorithm) cached per problem.
+//
+// cuBLASLt is column-major and the table is row-major: a row-major X (r x c) is the
+// column-major X^T (c x r) with the same leading dimension, so C = op(A) op(B) is computed
+// as C^T = op(B)^T op(A)^T, with B's buffer first and A's second.
+//
+// Precision: f32 operands multiply in full f32 (CUBLAS_COMPUTE_32F) unless TF32 is allowed
+// (allow_tf32, or DISTJAX_ALLOW_TF32=1); bf16 operands multiply on the tensor cores with f32
+// accumulation. C and the bias are f32.
+#include <cublasLt.h>
+
+#include <atomic>
+#include <bit>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <type_traits>
+#include <unordered_map>
+
+#include "distjax/core/error.hpp"
+#include "distjax/tensor/cuda.hpp"
+#include "distjax/tensor/cuda/cuda_runtime.hpp"
+#include "distjax/tensor/cuda/kernels.hpp"
+
+namespace distjax::tensor {
+namespace {
+
+std::atomic<int>& tf32_flag() {
+  // -1: not yet read from the environment.
+  static std::atomic<int> flag{-1};
+  return flag;
+}
+
+}  // namespace
+
+void set_allow_tf32(bool allow) {
+  tf32_flag().store(allow ? 1 : 0);
+}
+
+bool allow_tf32() {
+  int f = tf32_flag().load();
+  if (f < 0) {
+    const char* env = std::getenv("DISTJAX_ALLOW_TF32");
+    f = env && std::strcmp(env, "1") == 0 ? 1 : 0;
+    int expected = -1;
+    tf32_flag().compare_exchange_strong(expected, f);
+  }
+  return f == 1;
+}
+
+namespace cuda {
+namespace {
+
+using detail::GemmKey;
+using detail::Stream;
+
+#define DISTJAX_CUBLAS_CHECK(expr, op)                                                        \
+  do {                                                                                        \
+    const cublasStatus_t distjax_cublas_st_ = (expr);                                         \
+    DISTJAX_CHECK(distjax_cublas_st_ == CUBLAS_STATUS_SUCCESS, Error, "[", op, "] ", #expr, \
+                  " failed: ", cublasLtGetStatusName(distjax_cublas_st_), " (",             \
+                  cublasLtGetStatusString(distjax_cublas_st_), ")");                         \
+  } while (0)
+
+// cuBLASLt's workspace per thread: what its heuristics ask of it for large products.
+constexpr std::size_t kWorkspaceBytes = std::size_t{32} << 20;
+
+// The calling thread's cuBLASLt handle and workspace, made once (on the device current
+// then: the one a thread's kernels run on).
+struct ThreadContext {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  ThreadContext() {
+    DISTJAX_CUBLAS_CHECK(cublasLtCreate(&handle), "gemm");
+    DISTJAX_CUDA_CHECK(cudaMalloc(&workspace, kWorkspaceBytes), "gemm", "cuBLASLt's workspace");
+  }
+  ~ThreadContext() {
+    cudaFree(workspace);
+    cublasLtDestroy(handle);
+  }
+};
+
+ThreadContext& context() {
+  thread_local ThreadContext ctx;
+  return ctx;
+}
+
+// The largest power of two (at most 256) dividing every one of the values: the alignment
+// in bytes cuBLASLt may assume of a matrix's pointer, leading dimension and batch stride.
+std::int64_t alignment(std::initializer_list<std::uint64_t> values) {
+  std::uint64_t bits = 256;
+  for (std::uint64_t v : values) bits |= v;
+  return std::int64_t{1} << std::countr_zero(bits);
+}
+
+// One matrix of a product in cuBLASLt's column-major terms.
+// Every field is 64 bits wide, so that the structs have no padding and compare and hash
+// as bytes.
+struct Operand {
+  std::int64_t type;  // cudaDataType_t
+  std::int64_t trans;
+  std::int64_t rows, cols, ld, batch_stride;  // of the stored matrix
+};
+
+// A problem: everything a plan depends on.
+struct Problem {
+  Operand a, b;  // cuBLASLt's A and B (the table's B and A)
+  std::int64_t m, n, k;  // D is m x n (column-major), ld ldd
+  std::int64_t ldd, stride_d, batch;
+  std::int64_t bias, tf32;
+  std::int64_t align_a, align_b, align_d;
+  bool operator==(const Problem& o) const { return std::memcmp(this, &o, sizeof(Problem)) == 0; }
+};
+
+struct ProblemHash {
+  std::size_t operator()(const Problem& p) const {
+    const auto* w = reinterpret_cast<const unsigned char*>(&p);
+    std::uint64_t h = 1469598103934665603ull;
+    for (std::size_t i = 0; i < sizeof(Problem); ++i) h = (h ^ w[i]) * 1099511628211ull;
+    return h;
+  }
+};
+
+// A problem's cuBLASLt objects and the algorithm the heuristic chose.
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    if (ld) cublasLtMatrixLayoutDestroy(ld);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+cublasLtMatrixLayout_t make_layout(cudaDataType_t type, std::int64_t rows, std::int64_t cols,
+                                   std::int64_t ld, std::int64_t batch, std::int64_t stride) {
+  cublasLtMatrixLayout_t l = nullptr;
+  DISTJAX_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, type, static_cast<std::uint64_t>(rows),
+                                                  static_cast<std::uint64_t>(cols), ld),
+                       "gemm");
+  if (batch > 1) {
+    const auto count = static_cast<std::int32_t>(batch);
+    DISTJAX_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                          &count, sizeof(count)),
+                         "gemm");
+    DISTJAX_CUBLAS_CHECK(
+        cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                         sizeof(stride)),
+        "gemm");
+  }
+  return l;
+}
+
+std::unique_ptr<Plan> make_plan(const Problem& p) {
+  auto plan = std::make_unique<Plan>();
+  const bool f32 = p.a.type == CUDA_R_32F;
+  static_assert(std::has_unique_object_representations_v<Problem>, "Problem has padding");
+  const cublasComputeType_t compute =
+      f32 && p.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  DISTJAX_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, compute, CUDA_R_32F), "gemm");
+  const cublasOperation_t ta = p.a.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t tb = p.b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  DISTJAX_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta,
+                                                      sizeof(ta)),
+                       "gemm");
+  DISTJAX_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb,
+                                                      sizeof(tb)),
+                       "gemm");
+  if (p.bias) {
+    // The bias (one value per row of D, i.e. per column of the row-major C), the same for
+    // every batch (bias batch stride 0, cuBLASLt's default).
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    DISTJAX_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                        &epi, sizeof(epi)),
+                         "gemm");
+    const std::int32_t bias_type = CUDA_R_32F;
+    DISTJAX_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+                             plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                             sizeof(bias_type)),
+                         "gemm");
+  }
+  plan->la = make_layout(static_cast<cudaDataType_t>(p.a.type), p.a.rows, p.a.cols, p.a.ld, p.batch, p.a.batch_stride);
+  plan->lb = make_layout(static_cast<cudaDataType_t>(p.b.type), p.b.rows, p.b.cols, p.b.ld, p.batch, p.b.batch_stride);
+  plan->ld = make_layout(CUDA_R_32F, p.m, p.n, p.ldd, p.batch, p.stride_d);
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  DISTJAX_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref), "gemm");
+  const std::uint64_t ws = kWorkspaceBytes;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                       sizeof(ws));
+  const auto align_a = static_cast<std::uint32_t>(p.align_a);
+  const auto align_b = static_cast<std::uint32_t>(p.align_b);
+  const auto align_d = static_cast<std::uint32_t>(p.align_d);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                       sizeof(align_a));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                       sizeof(align_b));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d,
+                                       sizeof(align_d));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
+                                       sizeof(align_d));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(context().handle, plan->desc, plan->la, plan->lb, plan->ld,
+                                     plan->ld, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  DISTJAX_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, Error,
+                "[gemm] cuBLASLt has no algorithm for a ", p.batch, " x (", p.n, " x ", p.k,
+                ") x (", p.k, " x ", p.m, ") product of ", f32 ? "f32" : "bf16",
+                " operands (alignments ", p.align_a, "/", p.align_b, "/", p.align_d,
+                " bytes): ", cublasLtGetStatusString(st));
+  plan->algo = result.algo;
+  return plan;
+}
+
+const Plan& plan_for(const Problem& p) {
+  thread_local std::unordered_map<Problem, std::unique_ptr<Plan>, ProblemHash> cache;
+  auto it = cache.find(p);
+  if (it == cache.end()) it = cache.emplace(p, make_plan(p)).first;
+  return *it->second;
+}
+
+// D = alpha * A B + beta * D for the problem (its pointers given), on the thread's stream.
+void run(const Problem& p, const void* a, const void* b, const float* bias, float* d, float alpha,
+         float beta, Stream s) {
+  const Plan& plan = plan_for(p);
+  if (p.bias)
+    DISTJAX_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc,
+                                                        CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                        sizeof(bias)),
+                         "gemm");
+  ThreadContext& ctx = context();
+  const cudaStream_t stream = s.handle ? static_cast<cudaStream_t>(s.handle) : cudaStreamPerThread;
+  DISTJAX_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, plan.desc, &alpha, a, plan.la, b, plan.lb, &beta,
+                                      d, plan.ld, d, plan.ld, &plan.algo, ctx.workspace,
+                                      kWorkspaceBytes, stream),
+                       "gemm");
+}
+
+std::uint64_t addr(const void* p) {
+  return reinterpret_cast<std::uint64_t>(p);
+}
+
+void zero(float* c, std::int64_t n, Stream s) {
+  const cudaStream_t stream = s.handle ? static_cast<cudaStream_t>(s.handle) : cudaStreamPerThread;
+  DISTJAX_CUDA_CHECK(cudaMemsetAsync(c, 0, static_cast<std::size_t>(n) * sizeof(float), stream),
+                     "gemm");
+}
+
+void gemm(const GemmKey& key, const void* a, const void* b, const float* bias, float* c,
+          Stream s) {
+  DISTJAX_CHECK(key.src == DType::F32 || key.src == DType::BF16, NotImplemented,
+                "[gemm] CUDA multiplies f32 or bf16 operands, not ", dtype_name(key.src));
+  const auto [batch, m, n, k, ta, tb, b_shared, has_bias, src] = key;
+  if (m == 0 || n == 0 || batch == 0) return;
+  if (k == 0) return zero(c, batch * m * n, s);
+  const cudaDataType_t type = src == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+  const std::uint64_t es = src == DType::BF16 ? 2 : 4;
+  Problem p{};
+  // cuBLASLt's A: the table's B, wanted as N x K (column-major).
+  p.a = tb ? Operand{static_cast<std::int64_t>(type), true, k, n, k, b_shared ? 0 : n * k}
+           : Operand{static_cast<std::int64_t>(type), false, n, k, n, b_shared ? 0 : k * n};
+  // cuBLASLt's B: the table's A, wanted as K x M.
+  p.b = ta ? Operand{static_cast<std::int64_t>(type), true, m, k, m, m * k} : Operand{static_cast<std::int64_t>(type), false, k, m, k, m * k};
+  p.m = n;
+  p.n = m;
+  p.k = k;
+  p.ldd = n;
+  p.stride_d = m * n;
+  p.batch = batch;
+  p.bias = has_bias;
+  p.tf32 = src == DType::F32 && allow_tf32();
+  p.align_a = alignment({addr(b), std::uint64_t(p.a.ld) * es, std::uint64_t(p.a.batch_stride) * es});
+  p.align_b = alignment({addr(a), std::uint64_t(p.b.ld) * es, std::uint64_t(p.b.batch_stride) * es});
+  p.align_d = alignment({addr(c), std::uint64_t(n) * 4, std::uint64_t(m * n) * 4});
+  run(p, b, a, has_bias ? bias : nullptr, c, 1.f, 0.f, s);
+}
+
+void gemm_f32_strided(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                      float alpha, const float* a, std::int64_t lda, std::int64_t stride_a,
+                      const float* b, std::int64_t ldb, std::int64_t stride_b, float beta, float* c,
+                      std::int64_t ldc, std::int64_t stride_c, std::int64_t batch, Stream s) {
+  if (m == 0 || n == 0 || batch <= 0) return;
+  Problem p{};
+  p.a = trans_b ? Operand{std::int64_t{CUDA_R_32F}, true, k, n, ldb, stride_b}
+                : Operand{std::int64_t{CUDA_R_32F}, false, n, k, ldb, stride_b};
+  p.b = trans_a ? Operand{std::int64_t{CUDA_R_32F}, true, m, k, lda, stride_a}
+                : Operand{std::int64_t{CUDA_R_32F}, false, k, m, lda, stride_a};
+  p.m = n;
+  p.n = m;
+  p.k = k;
+  p.ldd = ldc;
+  p.tf32 = allow_tf32();
+  // One C for every product: the products run one after another, each adding to the last.
+  const bool accumulate = stride_c == 0 && batch > 1;
+  p.batch = accumulate ? 1 : batch;
+  p.stride_d = accumulate ? 0 : stride_c;
+  if (!accumulate) {
+    p.a.batch_stride = stride_b;
+    p.b.batch_stride = stride_a;
+  } else {
+    p.a.batch_stride = p.b.batch_stride = 0;
+  }
+  p.align_a = alignment({addr(b), std::uint64_t(ldb) * 4, std::uint64_t(stride_b) * 4});
+  p.align_b = alignment({addr(a), std::uint64_t(lda) * 4, std::uint64_t(stride_a) * 4});
+  p.align_d = alignment({addr(c), std::uint64_t(ldc) * 4, std::uint64_t(stride_c) * 4});
+  if (k == 0) {
+    DISTJAX_CHECK(beta == 0.f || beta == 1.f, NotImplemented,
+                  "[gemm_f32_strided] k = 0 with beta ", beta);
+    if (beta == 1.f) return;
+    for (std::int64_t i = 0; i < p.batch; ++i)
+      DISTJAX_CUDA_CHECK(
+          cudaMemset2DAsync(c + i * stride_c, static_cast<std::size_t>(ldc) * 4, 0,
+                            static_cast<std::size_t>(n) * 4, static_cast<std::size_t>(m),
+                            s.handle ? static_cast<cudaStream_t>(s.handle) : cudaStreamPerThread),
+          "gemm_f32_strided");
+    return;
+  }
+  if (!accumulate) return run(p, b, a, nullptr, c, alpha, beta, s);
+  for (std::int64_t i = 0; i < batch; ++i)
+    run(p, b + i * stride_b, a + i * stride_a, nullptr, c, alpha, beta, s);
+}
+
+}  // namespace
+
+const detail::GemmKernels gemm_kernels{
+    .gemm = gemm,
+    .gemm_f32_strided = gemm_f32_strided,
+};
+
+}  // namespace cuda
+}  // namespace distjax::tensor
