@@ -1,0 +1,537 @@
+// The op harness of the CUDA backend (label "gpu"): every op of the kernel table, forward
+// and backward, on the GPU against the CPU on the same fresh random inputs. Every new block
+// of device memory is poisoned (DISTJAX_CUDA_POISON: 0xFF bytes, NaN in f32), so an output
+// element a kernel leaves unwritten shows as a NaN and fails.
+//
+// Tolerances (relative, ||gpu - cpu|| / ||cpu|| over each output and gradient):
+//   kF32 = 1e-5: f32 kernels (the summation order may differ from the CPU's);
+//   kTf32 = 1e-3: f32 products with TF32 allowed;
+//   kBf16 = 1e-2: bf16 operands.
+// Integer outputs, masks, copies and ids must be equal. Without a GPU every test skips,
+// saying why (fails under DISTJAX_REQUIRE_GPU=1).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "distjax/distjax.hpp"
+#include "distjax/tensor/cuda.hpp"
+#include "distjax/tensor/inplace_ops.hpp"
+#include "distjax/tensor/parallel_ops.hpp"
+#include "distjax/tensor/update_ops.hpp"
+#include "tensor/checked_parity.hpp"
+
+namespace {
+
+using namespace distjax;
+using namespace distjax::tensor;
+using distjax::testing::host_uniform;
+using distjax::testing::run_on;
+using V = std::vector<Tensor>;
+using Fn = std::function<Tensor(const V&)>;
+
+constexpr double kF32 = 1e-5;
+constexpr double kTf32 = 1e-3;
+constexpr double kBf16 = 1e-2;
+
+// Poison every CUDA allocation of this process (read at the first one).
+const bool poisoned = (setenv("DISTJAX_CUDA_POISON", "1", 1), true);
+
+#define SKIP_WITHOUT_GPU()                                                                        \
+  do {                                                                                            \
+    if (cuda_device_count() == 0) {                                                               \
+      if (std::getenv("DISTJAX_REQUIRE_GPU") != nullptr)                                          \
+        FAIL() << "no usable GPU, and DISTJAX_REQUIRE_GPU is set: " << cuda_unavailable_reason(); \
+      GTEST_SKIP() << cuda_unavailable_reason();                                                  \
+    }                                                                                             \
+  } while (0)
+
+const Device kGpu{DeviceKind::CUDA, 0};
+
+// A fresh seed per call: each check draws new inputs.
+std::uint64_t fresh() {
+  static std::uint64_t next = 1000;
+  return next++;
+}
+
+Tensor uniform(const Shape& shape) {
+  return host_uniform(shape, fresh());
+}
+// Values in [lo, hi).
+Tensor uniform(const Shape& shape, float lo, float hi) {
+  std::vector<float> v(static_cast<std::size_t>(numel(shape)));
+  random_uniform(Key::from_seed(fresh()), v.data(), numel(shape), lo, hi);
+  return Tensor::from_vector(v, shape, Device::cpu());
+}
+
+// got (from the GPU) against want (the CPU's): same shape and dtype; floating outputs within
+// rtol (norm-wise) and no NaN where the CPU has none; others equal.
+::testing::AssertionResult close(const Tensor& got, const Tensor& want, double rtol) {
+  if (got.shape() != want.shape() || got.dtype() != want.dtype())
+    return ::testing::AssertionFailure() << got.str(0) << " vs " << want.str(0);
+  const bool floating = want.dtype() == DType::F32 || want.dtype() == DType::BF16 ||
+                        want.dtype() == DType::F16;
+  if (!floating) return distjax::testing::same_bits(got, want);
+  const std::vector<float> g = astype(got, DType::F32).to_vector<float>();
+  const std::vector<float> w = astype(want, DType::F32).to_vector<float>();
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    if (std::isnan(g[i]) != std::isnan(w[i]) || std::isinf(g[i]) != std::isinf(w[i]))
+      return ::testing::AssertionFailure()
+             << "element " << i << " of " << w.size() << ": " << g[i] << " vs the CPU's " << w[i]
+             << " (NaN: unwritten or a bad value)";
+    if (!std::isfinite(w[i])) {
+      if (g[i] != w[i]) return ::testing::AssertionFailure() << "element " << i << " differs";
+      continue;
+    }
+    diff += (double(g[i]) - w[i]) * (double(g[i]) - w[i]);
+    norm += double(w[i]) * w[i];
+  }
+  const double rel = norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+  if (rel <= rtol) return ::testing::AssertionSuccess();
+  std::size_t worst = 0;
+  for (std::size_t i = 0; i < w.size(); ++i)
+    if (std::fabs(g[i] - w[i]) > std::fabs(g[worst] - w[worst])) worst = i;
+  return ::testing::AssertionFailure() << "relative error " << rel << " > " << rtol
+                                       << "; worst element " << worst << ": " << g[worst]
+                                       << " vs the CPU's " << w[worst];
+}
+
+// fn forward, and backward into the inputs marked in `diff`, on the GPU and on the CPU.
+void expect_close(const std::string& what, const Fn& fn, const V& inputs,
+                  const std::vector<bool>& diff, double rtol = kF32) {
+  SCOPED_TRACE(what);
+  Tensor ct;
+  {
+    DeviceScope cpu(Device::cpu());
+    NoGradGuard off;
+    const Tensor y = fn(inputs);
+    if (y.dtype() == DType::F32) ct = uniform(y.shape());
+  }
+  std::vector<bool> d = diff;
+  if (!ct.defined()) d.assign(d.size(), false);  // no gradient through a non-f32 output
+  const V want = run_on(Device::cpu(), fn, inputs, d, ct);
+  const V got = run_on(kGpu, fn, inputs, d, ct);
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i)
+    EXPECT_TRUE(close(got[i], want[i], rtol))
+        << (i == 0 ? std::string("output") : "gradient of input " + std::to_string(i - 1));
+}
+
+TEST(CudaOps, UnaryForwardAndBackward) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<std::pair<std::string, std::function<Tensor(const Tensor&)>>> any = {
+      {"neg", [](const Tensor& x) { return neg(x); }},
+      {"exp", [](const Tensor& x) { return exp(x); }},
+      {"square", [](const Tensor& x) { return square(x); }},
+      {"tanh", [](const Tensor& x) { return tanh(x); }},
+      {"sigmoid", [](const Tensor& x) { return sigmoid(x); }},
+      {"relu", [](const Tensor& x) { return relu(x); }},
+      {"gelu tanh", [](const Tensor& x) { return gelu(x, true); }},
+      {"gelu erf", [](const Tensor& x) { return gelu(x, false); }},
+      {"silu", [](const Tensor& x) { return silu(x); }},
+      {"add_scalar", [](const Tensor& x) { return add_scalar(x, 0.75); }},
+      {"mul_scalar", [](const Tensor& x) { return mul_scalar(x, -1.5); }},
+      {"pow 3", [](const Tensor& x) { return pow_scalar(x, 3.0); }},
+      {"pow 1", [](const Tensor& x) { return pow_scalar(x, 1.0); }},
+  };
+  const std::vector<std::pair<std::string, std::function<Tensor(const Tensor&)>>> positive = {
+      {"log", [](const Tensor& x) { return log(x); }},
+      {"sqrt", [](const Tensor& x) { return sqrt(x); }},
+      {"rsqrt", [](const Tensor& x) { return rsqrt(x); }},
+      {"pow -1", [](const Tensor& x) { return pow_scalar(x, -1.0); }},
+      {"pow 2.5", [](const Tensor& x) { return pow_scalar(x, 2.5); }},
+      {"pow 0.5", [](const Tensor& x) { return pow_scalar(x, 0.5); }},
+  };
+  // An odd size (tails of vector access) and one over a million elements.
+  for (const Shape& shape : {Shape{37, 129}, Shape{(1 << 20) + 3}}) {
+    for (const auto& [name, f] : any)
+      expect_close(name, [f](const V& a) { return f(a[0]); }, {uniform(shape, -3.f, 3.f)},
+                   {true});
+    for (const auto& [name, f] : positive)
+      expect_close(name, [f](const V& a) { return f(a[0]); }, {uniform(shape, 0.1f, 4.f)},
+                   {true});
+  }
+}
+
+TEST(CudaOps, BinaryWithEveryBroadcastKind) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<std::pair<Shape, Shape>> shapes = {
+      {{64, 100}, {64, 100}},  // same
+      {{64, 100}, {}},         // scalar
+      {{64, 100}, {100}},      // row
+      {{64, 100}, {64, 1}},    // column
+      {{4, 1, 5}, {1, 3, 5}},  // general, both broadcast
+      {{1001}, {1001}},        // odd length
+  };
+  const std::vector<std::pair<std::string, std::function<Tensor(const Tensor&, const Tensor&)>>>
+      ops = {{"add", [](const Tensor& a, const Tensor& b) { return add(a, b); }},
+             {"sub", [](const Tensor& a, const Tensor& b) { return sub(a, b); }},
+             {"mul", [](const Tensor& a, const Tensor& b) { return mul(a, b); }},
+             {"div", [](const Tensor& a, const Tensor& b) { return div(a, b); }},
+             {"maximum", [](const Tensor& a, const Tensor& b) { return maximum(a, b); }}};
+  for (const auto& [sa, sb] : shapes)
+    for (const auto& [name, f] : ops) {
+      // Divisors away from zero.
+      Tensor b = name == "div" ? uniform(sb, 0.5f, 2.f) : uniform(sb);
+      expect_close(name + " " + to_string(sa) + " " + to_string(sb),
+                   [f](const V& a) { return f(a[0], a[1]); }, {uniform(sa), b}, {true, true});
+    }
+}
+
+TEST(CudaOps, WhereAndConversions) {
+  SKIP_WITHOUT_GPU();
+  std::vector<float> mask(50 * 70);
+  for (std::size_t i = 0; i < mask.size(); ++i) mask[i] = (i * 13) % 3 == 0 ? 1.f : 0.f;
+  const Tensor cond = Tensor::from_vector(mask, {50, 70}, Device::cpu());
+  expect_close("where", [](const V& a) { return where(a[0], a[1], a[2]); },
+               {cond, uniform({50, 70}), uniform({50, 70})}, {false, true, true});
+  for (DType dt : {DType::BF16, DType::F16, DType::I32, DType::I64, DType::F32})
+    expect_close(std::string("astype f32 to ") + dtype_name(dt),
+                 [dt](const V& a) { return astype(a[0], dt); }, {uniform({1000, 3}, -50.f, 50.f)},
+                 {false});
+  expect_close("astype bf16 to f32",
+               [](const V& a) { return astype(astype(a[0], DType::BF16), DType::F32); },
+               {uniform({333})}, {true});
+  expect_close("zeros and full", [](const V& a) {
+    return add(add(a[0], Tensor::zeros(a[0].shape())), Tensor::full(a[0].shape(), 2.5f));
+  }, {uniform({1025})}, {true});
+}
+
+TEST(CudaOps, Reductions) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<std::pair<Shape, std::vector<int>>> cases = {
+      {{8, 300, 5}, {1}},    {{8, 300, 5}, {2}},  {{8, 300, 5}, {0, 2}},
+      {{1000, 3}, {0}},      {{3, 100000}, {1}},  {{3, 100000}, {0}},
+      {{2, 3, 4, 5}, {1, 3}}, {{4096, 768}, {0}}, {{7}, {0}},
+  };
+  for (const auto& [shape, axes] : cases) {
+    const std::string s = to_string(shape) + " axes " + std::to_string(axes[0]) +
+                          (axes.size() > 1 ? "," + std::to_string(axes[1]) : "");
+    expect_close("sum " + s, [axes](const V& a) { return sum(a[0], axes); }, {uniform(shape)},
+                 {true});
+    expect_close("mean " + s, [axes](const V& a) { return mean(a[0], axes, true); },
+                 {uniform(shape)}, {true});
+    expect_close("max " + s, [axes](const V& a) { return max(a[0], axes); }, {uniform(shape)},
+                 {true});
+  }
+  expect_close("sum of all", [](const V& a) { return sum(a[0]); }, {uniform({513, 257})}, {true});
+  expect_close("max of all", [](const V& a) { return max(a[0]); }, {uniform({513, 257})}, {true});
+  // Ties: the first maximum gets the gradient, and argmax names the first.
+  std::vector<float> tied(600);
+  for (std::size_t i = 0; i < tied.size(); ++i) tied[i] = static_cast<float>((i * 7) % 5);
+  const Tensor t = Tensor::from_vector(tied, {20, 30}, Device::cpu());
+  expect_close("max with ties", [](const V& a) { return max(a[0], {1}); }, {t}, {true});
+  expect_close("max of all with ties", [](const V& a) { return max(a[0], {0, 1}); }, {t}, {true});
+  for (int axis : {0, 1})
+    expect_close("argmax with ties axis " + std::to_string(axis),
+                 [axis](const V& a) { return argmax(a[0], axis); }, {t}, {false});
+  expect_close("argmax", [](const V& a) { return argmax(a[0], -1); }, {uniform({64, 50304})},
+               {false});
+  expect_close("sum_to", [](const V& a) { return sum_to(a[0], {1, 30}); }, {uniform({20, 30})},
+               {true});
+}
+
+TEST(CudaOps, ShapeOps) {
+  SKIP_WITHOUT_GPU();
+  for (const std::vector<int>& perm :
+       {std::vector<int>{0, 2, 1, 3}, {3, 1, 0, 2}, {1, 0}, {0, 1, 2, 3}}) {
+    const Shape shape = perm.size() == 2 ? Shape{129, 67} : Shape{2, 35, 3, 17};
+    expect_close("permute", [perm](const V& a) { return permute(a[0], perm); }, {uniform(shape)},
+                 {true});
+  }
+  expect_close("transpose of a large matrix", [](const V& a) { return permute(a[0], {1, 0}); },
+               {uniform({1024, 768})}, {true});
+  expect_close("permute of bf16", [](const V& a) {
+    return astype(permute(astype(a[0], DType::BF16), {2, 0, 1}), DType::F32);
+  }, {uniform({5, 6, 7})}, {true});
+  expect_close("slice", [](const V& a) { return slice(a[0], 1, 3, 40); }, {uniform({6, 50, 7})},
+               {true});
+  expect_close("concat", [](const V& a) { return concat({a[0], a[1]}, 1); },
+               {uniform({6, 5, 7}), uniform({6, 9, 7})}, {true, true});
+  expect_close("split", [](const V& a) { return mul(split(a[0], 3, 2)[1], split(a[0], 3, 2)[2]); },
+               {uniform({4, 5, 12})}, {true});
+  expect_close("broadcast_to", [](const V& a) { return broadcast_to(a[0], {4, 6, 5}); },
+               {uniform({6, 1})}, {true});
+}
+
+TEST(CudaOps, RowOps) {
+  SKIP_WITHOUT_GPU();
+  for (const Shape& shape : {Shape{96, 1000}, Shape{3, 7}, Shape{4, 50304}, Shape{2048, 768}}) {
+    const std::string s = to_string(shape);
+    const std::int64_t c = shape.back();
+    for (bool lf : {false, true})
+      expect_close((lf ? "log_softmax " : "softmax ") + s,
+                   [lf](const V& a) { return lf ? log_softmax(a[0]) : softmax(a[0]); },
+                   {uniform(shape, -4.f, 4.f)}, {true});
+    expect_close("layer_norm " + s, [](const V& a) { return layer_norm(a[0], a[1], a[2]); },
+                 {uniform(shape), uniform({c}), uniform({c})}, {true, true, true});
+    expect_close("layer_norm without beta " + s,
+                 [](const V& a) { return layer_norm(a[0], a[1], Tensor()); },
+                 {uniform(shape), uniform({c})}, {true, true});
+    expect_close("layer_norm, x constant " + s,
+                 [](const V& a) { return layer_norm(a[0], a[1], a[2]); },
+                 {uniform(shape), uniform({c}), uniform({c})}, {false, true, true});
+    expect_close("rms_norm " + s, [](const V& a) { return rms_norm(a[0], a[1]); },
+                 {uniform(shape), uniform({c})}, {true, true});
+  }
+}
+
+TEST(CudaOps, EmbeddingAndCrossEntropy) {
+  SKIP_WITHOUT_GPU();
+  for (const auto& [n, v, c] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{
+           {96, 1000, 64}, {4096, 50304, 768}, {5, 3, 7}}) {
+    std::vector<std::int32_t> l32(static_cast<std::size_t>(n));
+    std::vector<std::int64_t> l64(static_cast<std::size_t>(n));
+    for (std::int64_t r = 0; r < n; ++r)
+      l32[static_cast<std::size_t>(r)] =
+          static_cast<std::int32_t>(l64[static_cast<std::size_t>(r)] = (r * r + 5) % v);  // repeats
+    for (const Tensor& ids : {Tensor::from_vector(l32, {n}, Device::cpu()),
+                              Tensor::from_vector(l64, {n}, Device::cpu())}) {
+      const std::string s = std::string(dtype_name(ids.dtype())) + " n=" + std::to_string(n) +
+                            " v=" + std::to_string(v);
+      expect_close("embedding " + s, [](const V& a) { return embedding(a[0], a[1]); },
+                   {uniform({v, c}), ids}, {true, false});
+      if (n * v <= (std::int64_t{1} << 28))
+        expect_close("cross_entropy " + s, [](const V& a) { return cross_entropy(a[0], a[1]); },
+                     {uniform({n, v}, -5.f, 5.f), ids}, {true, false});
+    }
+  }
+}
+
+TEST(CudaOps, AnIdOutOfRangeIsRefusedAsOnTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const Tensor ids = Tensor::from_vector(std::vector<std::int64_t>{1, 2, 7, 9, 3}, {5}, Device::cpu());
+  const Tensor table = uniform({5, 4});
+  std::string want, got;
+  try {
+    (void)embedding(table, ids);
+  } catch (const Error& e) {
+    want = e.what();
+  }
+  try {
+    DeviceScope on(kGpu);
+    (void)embedding(table.to(kGpu), ids.to(kGpu));
+  } catch (const Error& e) {
+    got = e.what();
+  }
+  ASSERT_FALSE(want.empty());
+  // The same report (the first bad id, its index), less the file and line.
+  EXPECT_EQ(got.substr(0, got.find(" (")), want.substr(0, want.find(" ("))) << got;
+}
+
+TEST(CudaOps, DropoutDrawsTheCpusMask) {
+  SKIP_WITHOUT_GPU();
+  expect_close("dropout", [](const V& a) { return dropout(a[0], 0.3f, Key::from_seed(5)); },
+               {uniform({300, 701})}, {true});
+  expect_close("dropout of a block",
+               [](const V& a) {
+                 return dropout(a[0], 0.25f, Key::from_seed(6), {8, 400, 2000}, {2, 100, 500});
+               },
+               {uniform({4, 200, 1000})}, {true});
+}
+
+TEST(CudaOps, Attention) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    std::int64_t b, h, t, s, d;
+    bool causal;
+  };
+  for (const Case& c : {Case{2, 3, 70, 70, 16, true}, Case{2, 3, 70, 70, 16, false},
+                        Case{1, 2, 33, 90, 32, true}, Case{1, 2, 90, 33, 32, true},
+                        Case{2, 4, 256, 256, 64, true}, Case{1, 2, 128, 128, 128, true},
+                        Case{1, 2, 40, 40, 24, false}}) {
+    expect_close("attention T=" + std::to_string(c.t) + " S=" + std::to_string(c.s) +
+                     " D=" + std::to_string(c.d) + (c.causal ? " causal" : ""),
+                 [causal = c.causal](const V& a) { return attention(a[0], a[1], a[2], causal); },
+                 {uniform({c.b, c.h, c.t, c.d}), uniform({c.b, c.h, c.s, c.d}),
+                  uniform({c.b, c.h, c.s, c.d})},
+                 {true, true, true});
+  }
+  for (bool causal : {true, false})
+    expect_close("attention_packed", [causal](const V& a) { return attention_packed(a[0], 4, causal); },
+                 {uniform({2, 70, 3 * 4 * 16})}, {true});
+  expect_close("attention_packed GPT-2 head shape",
+               [](const V& a) { return attention_packed(a[0], 12, true); },
+               {uniform({2, 256, 3 * 768})}, {true});
+}
+
+TEST(CudaOps, MatrixProducts) {
+  SKIP_WITHOUT_GPU();
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const std::string s = std::string("ta=") + (ta ? "1" : "0") + " tb=" + (tb ? "1" : "0");
+      const Shape sa = ta ? Shape{3, 65, 33} : Shape{3, 33, 65};
+      const Shape sb = tb ? Shape{3, 17, 65} : Shape{3, 65, 17};
+      expect_close("batched matmul " + s,
+                   [ta, tb](const V& a) { return matmul(a[0], a[1], ta, tb); },
+                   {uniform(sa), uniform(sb)}, {true, true});
+      const Shape shared = tb ? Shape{17, 65} : Shape{65, 17};
+      expect_close("matmul, one B for every batch " + s,
+                   [ta, tb](const V& a) { return matmul(a[0], a[1], ta, tb); },
+                   {uniform(sa), uniform(shared)}, {true, true});
+      expect_close("bf16 matmul " + s,
+                   [ta, tb](const V& a) {
+                     return matmul(astype(a[0], DType::BF16), astype(a[1], DType::BF16), ta, tb);
+                   },
+                   {uniform(sa), uniform(sb)}, {true, true}, kBf16);
+    }
+  expect_close("linear with bias", [](const V& a) { return linear(a[0], a[1], a[2]); },
+               {uniform({4, 50, 96}), uniform({96, 130}), uniform({130})}, {true, true, true});
+  expect_close("bf16 linear with bias",
+               [](const V& a) {
+                 return linear(astype(a[0], DType::BF16), astype(a[1], DType::BF16), a[2]);
+               },
+               {uniform({4, 50, 96}), uniform({96, 130}), uniform({130})}, {true, true, true},
+               kBf16);
+  expect_close("GPT-2 MLP product", [](const V& a) { return linear(a[0], a[1], a[2]); },
+               {uniform({2048, 768}), uniform({768, 3072}), uniform({3072})}, {true, true, true});
+  set_allow_tf32(true);
+  expect_close("TF32 matmul", [](const V& a) { return matmul(a[0], a[1]); },
+               {uniform({512, 768}), uniform({768, 1024})}, {true, true}, kTf32);
+  set_allow_tf32(false);
+}
+
+// The in-place family: accumulation, copies of runs and boxes, GEMMs into blocks.
+TEST(CudaOps, InPlaceOps) {
+  SKIP_WITHOUT_GPU();
+  const Tensor a = uniform({300, 41}), b = uniform({300, 41});
+  auto check = [](const std::string& what, const std::function<Tensor(Device)>& f) {
+    SCOPED_TRACE(what);
+    Tensor want, got;
+    {
+      DeviceScope on(Device::cpu());
+      want = f(Device::cpu());
+    }
+    {
+      DeviceScope on(kGpu);
+      got = f(kGpu).to(Device::cpu());
+    }
+    EXPECT_TRUE(close(got, want, kF32));
+  };
+  check("add_into", [&](Device d) {
+    Tensor dst = a.to(d).clone();
+    add_into(dst, b.to(d));
+    return dst;
+  });
+  check("copy_into", [&](Device d) {
+    Tensor dst = Tensor::zeros({300, 41}, DType::F32, d);
+    copy_into(dst, b.to(d));
+    return dst;
+  });
+  check("copy_rows_into", [&](Device d) {
+    Tensor dst = Tensor::zeros({300, 41}, DType::F32, d);
+    copy_rows_into(dst, {5, 41}, b.to(d), {3, 82}, 100, 30);
+    return dst;
+  });
+  for (float beta : {0.f, 1.f})
+    check("gemm_into beta=" + std::to_string(beta), [&](Device d) {
+      Tensor c = a.to(d).clone();
+      // c's 20 x 10 block at row 2, column 5 = a's block (20 x 30) times b's (30 x 10)^T's...
+      gemm_into(c, {2 * 41 + 5, 41}, a.to(d), {41, 41}, false, b.to(d), {7, 41}, true, 20, 10, 30,
+                0.5f, beta);
+      return c;
+    });
+  check("copy_from_box", [&](Device d) {
+    Tensor local = Tensor::zeros({3, 20, 4}, DType::F32, d);
+    copy_from_box(local, uniform({6, 50, 7}).to(d), {2, 10, 3});
+    return local;
+  });
+  check("copy_to_box", [&](Device d) {
+    Tensor global = Tensor::zeros({6, 50, 7}, DType::F32, d);
+    copy_to_box(global, {1, 30, 2}, uniform({3, 20, 4}).to(d));
+    return global;
+  });
+}
+
+TEST(CudaOps, OptimizerUpdates) {
+  SKIP_WITHOUT_GPU();
+  const Tensor p0 = uniform({1000, 37}), g = uniform({1000, 37});
+  const Tensor m0 = uniform({1000, 37}, -0.1f, 0.1f), v0 = uniform({1000, 37}, 0.f, 0.01f);
+  auto check = [&](const std::string& what, const std::function<V(Device)>& f) {
+    SCOPED_TRACE(what);
+    V want, got;
+    {
+      DeviceScope on(Device::cpu());
+      want = f(Device::cpu());
+    }
+    {
+      DeviceScope on(kGpu);
+      for (const Tensor& t : f(kGpu)) got.push_back(t.to(Device::cpu()));
+    }
+    for (std::size_t i = 0; i < want.size(); ++i) EXPECT_TRUE(close(got[i], want[i], kF32)) << i;
+  };
+  for (const SGDStep& s : {SGDStep{0.1f, 0.f, 0.01f, false}, SGDStep{0.1f, 0.9f, 0.01f, false},
+                           SGDStep{0.1f, 0.9f, 0.f, true}})
+    check("sgd momentum " + std::to_string(s.momentum), [&](Device d) {
+      Tensor p = p0.to(d).clone(), buf = s.momentum > 0 ? m0.to(d).clone() : Tensor();
+      for (int i = 0; i < 3; ++i) sgd_update_(p, g.to(d), buf, s);
+      return s.momentum > 0 ? V{p, buf} : V{p};
+    });
+  for (const AdamStep& s : {AdamStep{1e-3, 0.9, 0.999, 1e-8, 1, 1.0, 0.0},
+                            AdamStep{3e-3, 0.9, 0.95, 1e-8, 7, 1.0 - 3e-3 * 0.1, 0.0},
+                            AdamStep{1e-3, 0.8, 0.99, 1e-6, 3, 1.0, 0.01}})
+    check("adam t=" + std::to_string(s.t), [&](Device d) {
+      Tensor p = p0.to(d).clone(), m = m0.to(d).clone(), v = v0.to(d).clone();
+      adam_update_(p, g.to(d), m, v, s);
+      return V{p, m, v};
+    });
+  check("scale_", [&](Device d) {
+    Tensor p = p0.to(d).clone();
+    scale_(p, 0.37);
+    return V{p};
+  });
+  for (const Shape& shape : {Shape{1000, 37}, Shape{3}, Shape{(1 << 22) + 5}}) {
+    const Tensor x = uniform(shape);
+    const double want = sum_of_squares(x);
+    const double want64 = sum_of_squares_f64(x);
+    const Tensor xg = x.to(kGpu);
+    DeviceScope on(kGpu);
+    EXPECT_NEAR(sum_of_squares(xg), want, 1e-9 * want) << to_string(shape);
+    EXPECT_NEAR(sum_of_squares_f64(xg), want64, 1e-12 * want64) << to_string(shape);
+  }
+}
+
+TEST(CudaOps, ParallelOps) {
+  SKIP_WITHOUT_GPU();
+  std::vector<std::int64_t> ids(500);
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    ids[i] = static_cast<std::int64_t>((i * 37) % 120) - (i == 77 || i == 300 ? 200 : 0);
+  const Tensor ids64 = Tensor::from_vector(ids, {20, 25}, Device::cpu());
+  const Tensor ids32 = astype(ids64, DType::I32);
+  for (const Tensor& t : {ids64, ids32}) {
+    const ShardIds want = shard_ids(t, 30, 40, 120);
+    ShardIds got;
+    {
+      DeviceScope on(kGpu);
+      got = shard_ids(t.to(kGpu), 30, 40, 120);
+    }
+    EXPECT_TRUE(distjax::testing::same_bits(got.local.to(Device::cpu()), want.local));
+    EXPECT_TRUE(distjax::testing::same_bits(got.keep.to(Device::cpu()), want.keep));
+    EXPECT_EQ(got.out_of_range.count, want.out_of_range.count);
+    EXPECT_EQ(got.out_of_range.first, want.out_of_range.first);
+    EXPECT_EQ(want.out_of_range.count, 2);
+
+    const ShardOneHot want_hot = shard_one_hot(t, 30, 40, 120);
+    ShardOneHot got_hot;
+    {
+      DeviceScope on(kGpu);
+      got_hot = shard_one_hot(t.to(kGpu), 30, 40, 120);
+    }
+    EXPECT_TRUE(distjax::testing::same_bits(got_hot.one_hot.to(Device::cpu()), want_hot.one_hot));
+    EXPECT_EQ(got_hot.out_of_range.count, want_hot.out_of_range.count);
+    EXPECT_EQ(got_hot.out_of_range.first, want_hot.out_of_range.first);
+  }
+  const Tensor a = astype(astype(uniform({40, 30}, 0.f, 4.f), DType::I32), DType::F32);
+  const Tensor b = astype(astype(uniform({40, 30}, 0.f, 4.f), DType::I32), DType::F32);
+  expect_close("select_equal", [](const V& x) { return select_equal(x[0], x[1], 2.5f); }, {a, b},
+               {false, false});
+  expect_close("select_equal, one b",
+               [](const V& x) { return select_equal(x[0], slice(reshape(x[1], {1200}), 0, 0, 1), 1.f); },
+               {a, b}, {false, false});
+}
+
+}  // namespace
