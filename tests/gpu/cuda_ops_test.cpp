@@ -430,20 +430,22 @@ TEST(CudaOps, InPlaceOps) {
   for (float beta : {0.f, 1.f})
     check("gemm_into beta=" + std::to_string(beta), [&](Device d) {
       Tensor c = a.to(d).clone();
-      // c's 20 x 10 block at row 2, column 5 = a's block (20 x 30) times b's (30 x 10)^T's...
+      // c's 20 x 10 block at (2, 5) = 0.5 a's 20 x 30 block at (1, 0) times the transpose of
+      // b's 10 x 30 block at (0, 7), plus beta times itself.
       gemm_into(c, {2 * 41 + 5, 41}, a.to(d), {41, 41}, false, b.to(d), {7, 41}, true, 20, 10, 30,
                 0.5f, beta);
       return c;
     });
+  const Tensor global = uniform({6, 50, 7}), box = uniform({3, 20, 4});
   check("copy_from_box", [&](Device d) {
     Tensor local = Tensor::zeros({3, 20, 4}, DType::F32, d);
-    copy_from_box(local, uniform({6, 50, 7}).to(d), {2, 10, 3});
+    copy_from_box(local, global.to(d), {2, 10, 3});
     return local;
   });
   check("copy_to_box", [&](Device d) {
-    Tensor global = Tensor::zeros({6, 50, 7}, DType::F32, d);
-    copy_to_box(global, {1, 30, 2}, uniform({3, 20, 4}).to(d));
-    return global;
+    Tensor out = Tensor::zeros({6, 50, 7}, DType::F32, d);
+    copy_to_box(out, {1, 30, 2}, box.to(d));
+    return out;
   });
 }
 
