@@ -1,5 +1,6 @@
 #include "distjax/core/prng.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace distjax {
@@ -14,8 +15,10 @@ constexpr std::uint32_t kSplitTag = 0x53504c54u;  // "SPLT"
 constexpr std::uint32_t kFoldTag = 0x464f4c44u;   // "FOLD"
 
 // Uniform in (0, 1), never exactly 0 or 1: 24 random bits centred in their bucket.
+// (w's top 24 bits + 0.5) / 2^24, in (0, 1). The top word's value, 1 - 2^-25, has no float
+// (it would round to 1, and a normal draw of it to infinity): it is the float below 1.
 inline float open_unit(std::uint32_t w) {
-  return (static_cast<float>(w >> 8) + 0.5f) * (1.0f / 16777216.0f);
+  return std::min((static_cast<float>(w >> 8) + 0.5f) * (1.0f / 16777216.0f), 0x1.fffffep-1f);
 }
 
 // Inverse error function (M. Giles, "Approximating the erfinv function", single precision).

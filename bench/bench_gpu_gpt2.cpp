@@ -1,0 +1,154 @@
+// GPT-2 124M training on one GPU through the CUDA backend: L12 H12 d768 T1024 V50304 (tied
+// head, learned positions), bf16 matmuls with f32 master weights (nn::Precision::bf16()),
+// AdamW (lr 3e-4, wd 0.1), random tokens, as bench/reference/torch_gpt2.py and
+// jax_gpt2.py train it. Prints one JSON line (gpu_gpt2_124m_tokens_per_s) with the median
+// step after warm-up, the MFU (6N + 12 L H Q T FLOPs per token against 989 TFLOP/s) and
+// the peak device memory; DISTJAX_BENCH_OUT appends it to a file.
+//   bench_gpu_gpt2 [--batch 16] [--steps 20] [--warmup 3] [--precision bf16|f32]
+//                  [--layers 12] [--seq 1024] [--device cuda]
+// bench/gpu.sh runs it with the references and writes bench/results/gpu-latest.jsonl.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "distjax/autodiff/autodiff.hpp"
+#include "distjax/models/transformer.hpp"
+#include "distjax/nn/scope.hpp"
+#include "distjax/optim/adamw.hpp"
+#include "distjax/tensor/cuda.hpp"
+#include "distjax/tensor/reduce.hpp"
+#include "distjax/tensor/shape_ops.hpp"
+
+namespace {
+
+using namespace distjax;
+using tensor::Tensor;
+using tensor::TensorTree;
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  std::int64_t batch = 16, steps = 20, warmup = 3, layers = 12, seq = 1024;
+  std::string precision = "bf16";
+  std::string device = "cuda";  // another device (cpu) runs a small smoke test of the program
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--batch") o.batch = std::stoll(v);
+    else if (k == "--steps") o.steps = std::stoll(v);
+    else if (k == "--warmup") o.warmup = std::stoll(v);
+    else if (k == "--layers") o.layers = std::stoll(v);
+    else if (k == "--seq") o.seq = std::stoll(v);
+    else if (k == "--precision") o.precision = v;
+    else if (k == "--device") o.device = v;
+    else {
+      std::fprintf(stderr, "bench_gpu_gpt2: unknown option %s\n", k.c_str());
+      std::exit(2);
+    }
+  }
+  return o;
+}
+
+// Random ids in [0, v) on the host.
+Tensor random_ids(const Shape& shape, std::uint64_t seed, std::int64_t v) {
+  std::vector<float> u(static_cast<std::size_t>(numel(shape)));
+  random_uniform(Key::from_seed(seed), u.data(), numel(shape), 0.f, 1.f);
+  std::vector<std::int32_t> ids(u.size());
+  for (std::size_t i = 0; i < u.size(); ++i)
+    ids[i] = std::min<std::int32_t>(static_cast<std::int32_t>(u[i] * v), static_cast<std::int32_t>(v - 1));
+  return Tensor::from_vector(ids, shape, Device::cpu());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  const Device gpu = parse_device(o.device);
+  if (gpu.kind == DeviceKind::CUDA && tensor::cuda_device_count() == 0) {
+    std::fprintf(stderr, "bench_gpu_gpt2: no GPU: %s\n", tensor::cuda_unavailable_reason().c_str());
+    return 1;
+  }
+  DeviceScope on(gpu);
+  models::TransformerConfig cfg;
+  cfg.vocab = 50304;
+  cfg.d_model = 768;
+  cfg.num_layers = o.layers;
+  cfg.num_heads = 12;
+  cfg.mlp_ratio = 4;
+  cfg.max_len = o.seq;
+  cfg.learned_positions = true;
+  cfg.tied_embeddings = true;
+  cfg.dropout = 0.f;
+  cfg.ln_eps = 1e-5f;
+  const models::Transformer gpt(cfg);
+  TensorTree params = gpt.init(Key::from_seed(0));
+  const Tensor inp = random_ids({o.batch, o.seq}, 1, cfg.vocab).to(gpu);
+  const Tensor tgt = random_ids({o.batch, o.seq}, 2, cfg.vocab).to(gpu);
+  const nn::Precision precision =
+      o.precision == "bf16" ? nn::Precision::bf16() : nn::Precision{};
+  auto loss_fn = [&](const TensorTree& p, const Tensor& x, const Tensor& y) {
+    const nn::Scope scope = nn::Scope::apply(&p, /*train=*/true).with_precision(precision);
+    return gpt.loss(scope, x, y);
+  };
+  optim::AdamW opt({.learning_rate = optim::constant_schedule(3e-4), .b1 = 0.9, .b2 = 0.95,
+                    .eps = 1e-8, .weight_decay = 0.1, .decay_mask = {}});
+  TensorTree state = opt.init(params);
+  std::int64_t step = 0;
+  float loss = 0.f;
+  // One step; the loss is read (a host synchronisation) at its end, so each step's time is
+  // its whole device work.
+  auto train_step = [&] {
+    auto [l, grads] = autodiff::value_and_grad(loss_fn)(params, inp, tgt);
+    opt.update(params, grads, state, step++);
+    loss = l.item<float>();
+  };
+  for (std::int64_t i = 0; i < o.warmup; ++i) train_step();
+  tensor::reset_peak_bytes(gpu.kind);
+  std::vector<double> times;
+  for (std::int64_t i = 0; i < o.steps; ++i) {
+    const auto t0 = Clock::now();
+    train_step();
+    times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::vector<double> sorted = times;
+  std::sort(sorted.begin(), sorted.end());
+  const double med = sorted[sorted.size() / 2];
+  const double tokens = static_cast<double>(o.batch * o.seq);
+  const double n_params = static_cast<double>(gpt.num_params());
+  const double head = 768.0 / 12.0;
+  const double flops_per_token =
+      6 * n_params + 12.0 * static_cast<double>(o.layers) * 12 * head * static_cast<double>(o.seq);
+  const double tok_s = tokens / med;
+  const tensor::CudaMemoryStats mem = tensor::cuda_memory_stats(0);
+  nlohmann::json j;
+  j["name"] = "gpu_gpt2_124m_tokens_per_s";
+  j["value"] = tok_s;
+  j["unit"] = "tokens/s";
+  j["framework"] = "distjax";
+  j["device"] = gpu.str();
+  j["precision"] = o.precision;
+  j["batch"] = o.batch;
+  j["seq"] = o.seq;
+  j["layers"] = o.layers;
+  j["params"] = gpt.num_params();
+  j["step_ms_median"] = med * 1e3;
+  j["step_ms_min"] = sorted.front() * 1e3;
+  j["steps"] = o.steps;
+  j["mfu"] = tok_s * flops_per_token / 989e12;
+  j["peak_mem_gib"] = static_cast<double>(tensor::peak_bytes(gpu.kind)) / (1 << 30);
+  j["reserved_peak_gib"] = static_cast<double>(mem.reserved_peak) / (1 << 30);
+  j["loss_final"] = loss;
+  const std::string line = j.dump();
+  std::printf("%s\n", line.c_str());
+  if (const char* path = std::getenv("DISTJAX_BENCH_OUT")) std::ofstream(path, std::ios::app) << line << "\n";
+  return 0;
+}
