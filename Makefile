@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: setup configure build run test test-gpu test-tsan fresh-check bench format clean
+.PHONY: setup configure build run test test-gpu test-tsan fresh-check bench bench-gpu format clean
 
 setup:
 	@bash scripts/setup.sh
@@ -47,6 +47,11 @@ fresh-check:
 
 bench: build
 	bash bench/run.sh $(BUILD)
+
+# On a GPU machine: GPT-2 124M on the GPU against PyTorch and JAX there, into
+# bench/results/gpu-latest.jsonl (scripts/gpu-machine.sh with BENCH=1 builds and runs it).
+bench-gpu: build
+	bash bench/gpu.sh $(BUILD)
 
 format:
 	clang-format -i $$(git ls-files '*.cpp' '*.hpp' '*.cu')

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The GPU benchmark (`make bench-gpu`, on the GPU machine after scripts/gpu-machine.sh has
+# built there): GPT-2 124M bf16 training through DistJax's CUDA backend and, in the same
+# run, its references at the same batch: PyTorch eager and torch.compile
+# (bench/reference/torch_gpt2.py) and JAX jit (bench/reference/jax_gpt2.py). Writes one JSON
+# object per line to bench/results/gpu-latest.jsonl (the first line: card, date, commit)
+# and prints them.
+#
+#   bash bench/gpu.sh [BUILD_DIR]     (default: build-gpu)
+#   GPU_BATCH=16      the batch of every comparison
+#   GPU_STEPS=20      timed steps (after warm-up) of each system
+#   GPU_SKIP_REFS=1   DistJax alone
+#   GPU_DEADLINE=S    skip what would start after S seconds of this script (a lease's end)
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD="${1:-build-gpu}"
+case "$BUILD" in /*) ;; *) BUILD="$ROOT/$BUILD" ;; esac
+B="${GPU_BATCH:-16}"
+STEPS="${GPU_STEPS:-20}"
+DEADLINE="${GPU_DEADLINE:-100000}"
+OUT="$ROOT/bench/results/gpu-latest.jsonl"
+mkdir -p "$ROOT/bench/results"
+T0=$(date +%s)
+PY=python3
+
+log() { echo "[bench-gpu] $*" >&2; }
+late() { [ $(($(date +%s) - T0)) -ge "$DEADLINE" ]; }
+# note NAME REASON: a measurement that could not be made, and why.
+note() {
+  $PY -c 'import json,sys; print(json.dumps({"name": sys.argv[1], "value": None, "reason": sys.argv[2]}))' "$1" "$2" >>"$OUT"
+  log "$1: $2"
+}
+
+card=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
+commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+$PY -c 'import json,sys; print(json.dumps({"name": "gpu_bench_run", "card": sys.argv[1], "date": sys.argv[2], "commit": sys.argv[3], "batch": int(sys.argv[4]), "seq": 1024, "model": "GPT-2 124M (L12 H12 d768 T1024 V50304), bf16, AdamW"}))' \
+  "$card" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$commit" "$B" >"$OUT"
+
+# DistJax.
+if [ -x "$BUILD/bench_gpu_gpt2" ]; then
+  log "DistJax GPT-2 124M, batch $B"
+  DISTJAX_BENCH_OUT="$OUT" "$BUILD/bench_gpu_gpt2" --batch "$B" --steps "$STEPS" >/dev/null \
+    || note gpu_gpt2_124m_tokens_per_s "bench_gpu_gpt2 failed (exit $?)"
+else
+  note gpu_gpt2_124m_tokens_per_s "no $BUILD/bench_gpu_gpt2: build first"
+fi
+
+# The references, each in the same run.
+if [ -z "${GPU_SKIP_REFS:-}" ]; then
+  for mode in eager compile; do
+    if late; then note "torch_$mode" "skipped: past the deadline"; continue; fi
+    log "PyTorch $mode, batch $B"
+    B=$B STEPS=$STEPS $PY "$ROOT/bench/reference/torch_gpt2.py" "$mode" 2>/dev/null |
+      $PY -c 'import json,sys
+for l in sys.stdin:
+    j = json.loads(l)
+    if "mode" in j: j["name"] = "torch_" + j["mode"] + "_gpt2_124m_tokens_per_s"; j["value"] = j["tok_s"]
+    print(json.dumps(j))' >>"$OUT" || note "torch_$mode" "torch_gpt2.py failed"
+  done
+  if late; then note jax_jit "skipped: past the deadline"; else
+    log "JAX jit, batch $B"
+    B=$B STEPS=$STEPS $PY "$ROOT/bench/reference/jax_gpt2.py" 2>/dev/null |
+      $PY -c 'import json,sys
+for l in sys.stdin:
+    j = json.loads(l); j["name"] = "jax_jit_gpt2_124m_tokens_per_s"; j["value"] = j["tok_s"]; print(json.dumps(j))' \
+      >>"$OUT" || note jax_jit "jax_gpt2.py failed"
+  fi
+fi
+
+# The ratios, from the lines above.
+$PY - "$OUT" <<'EOF'
+import json, sys
+path = sys.argv[1]
+lines = [json.loads(l) for l in open(path)]
+by = {l["name"]: l for l in lines}
+ours = by.get("gpu_gpt2_124m_tokens_per_s", {}).get("value")
+out = []
+for ref, name in [("torch_compile_gpt2_124m_tokens_per_s", "gpu_gpt2_124m_vs_torch_compile"),
+                  ("torch_eager_gpt2_124m_tokens_per_s", "gpu_gpt2_124m_vs_torch_eager"),
+                  ("jax_jit_gpt2_124m_tokens_per_s", "gpu_gpt2_124m_vs_jax_jit")]:
+    theirs = by.get(ref, {}).get("value")
+    if ours and theirs:
+        out.append({"name": name, "value": ours / theirs, "unit": "ratio", "reference": ref})
+    else:
+        out.append({"name": name, "value": None, "reason": "a side is missing"})
+with open(path, "a") as f:
+    for o in out:
+        f.write(json.dumps(o) + "\n")
+for l in lines + out:
+    print(json.dumps(l))
+EOF
