@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU benchmark (`make bench-gpu`, on the GPU machine after scripts/gpu-machine.sh has
-# built there): GPT-2 124M bf16 training through DistJax's CUDA backend and, in the same
+# built there): GPT-2 124M bf16 training through DistJax's CUDA backend, its GEMMs against
+# raw cuBLASLt (bench_gpu_gemm), and, in the same
 # run, its references at the same batch: PyTorch eager and torch.compile
 # (bench/reference/torch_gpt2.py) and JAX jit (bench/reference/jax_gpt2.py). Writes one JSON
 # object per line to bench/results/gpu-latest.jsonl (the first line: card, date, commit)
@@ -44,6 +45,13 @@ if [ -x "$BUILD/bench_gpu_gpt2" ]; then
     || note gpu_gpt2_124m_tokens_per_s "bench_gpu_gpt2 failed (exit $?)"
 else
   note gpu_gpt2_124m_tokens_per_s "no $BUILD/bench_gpu_gpt2: build first"
+fi
+
+# The step's GEMMs through DistJax's matmul against raw cuBLASLt.
+if [ -x "$BUILD/bench_gpu_gemm" ] && ! late; then
+  log "GEMMs of the step vs raw cuBLASLt, batch $B"
+  DISTJAX_BENCH_OUT="$OUT" "$BUILD/bench_gpu_gemm" --batch "$B" >/dev/null \
+    || note gpu_gemm_vs_cublas "bench_gpu_gemm failed (exit $?)"
 fi
 
 # The references, each in the same run.

@@ -150,7 +150,7 @@ for exe in "$BUILD"/bench_*; do
   [ "$name" = bench_train ] && continue
   [ "$name" = bench_tp ] && continue  # ran in round 1 above
   [ "$name" = bench_dp ] && continue  # ran in round 1 above
-  [ "$name" = bench_gpu_gpt2 ] && continue  # a GPU benchmark: bench/gpu.sh (make bench-gpu)
+  case $name in bench_gpu_*) continue ;; esac  # GPU benchmarks: bench/gpu.sh (make bench-gpu)
   run_native "$exe"
   # The communication benchmark again under MPI (2 ranks) when it was built with MPI.
   if [ "$name" = bench_comm ] && command -v mpirun >/dev/null 2>&1 && ldd "$exe" 2>/dev/null | grep -q libmpi; then
