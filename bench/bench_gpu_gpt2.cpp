@@ -5,7 +5,9 @@
 // step after warm-up, the MFU (6N + 12 L H Q T FLOPs per token against 989 TFLOP/s) and
 // the peak device memory; DISTJAX_BENCH_OUT appends it to a file.
 //   bench_gpu_gpt2 [--batch 16] [--steps 20] [--warmup 3] [--precision bf16|f32]
-//                  [--layers 12] [--seq 1024] [--device cuda]
+//                  [--layers 12] [--seq 1024] [--device cuda] [--profile-steps 2]
+// then one line per op (gpu_gpt2_124m_op_time: device ms per step, the 30 largest) from
+// `--profile-steps` more steps with every op timed.
 // bench/gpu.sh runs it with the references and writes bench/results/gpu-latest.jsonl.
 #include <algorithm>
 #include <chrono>
@@ -34,7 +36,7 @@ using tensor::TensorTree;
 using Clock = std::chrono::steady_clock;
 
 struct Options {
-  std::int64_t batch = 16, steps = 20, warmup = 3, layers = 12, seq = 1024;
+  std::int64_t batch = 16, steps = 20, warmup = 3, layers = 12, seq = 1024, profile_steps = 2;
   std::string precision = "bf16";
   std::string device = "cuda";  // another device (cpu) runs a small smoke test of the program
 };
@@ -50,6 +52,7 @@ Options parse(int argc, char** argv) {
     else if (k == "--seq") o.seq = std::stoll(v);
     else if (k == "--precision") o.precision = v;
     else if (k == "--device") o.device = v;
+    else if (k == "--profile-steps") o.profile_steps = std::stoll(v);
     else {
       std::fprintf(stderr, "bench_gpu_gpt2: unknown option %s\n", k.c_str());
       std::exit(2);
@@ -66,6 +69,12 @@ Tensor random_ids(const Shape& shape, std::uint64_t seed, std::int64_t v) {
   for (std::size_t i = 0; i < u.size(); ++i)
     ids[i] = std::min<std::int32_t>(static_cast<std::int32_t>(u[i] * v), static_cast<std::int32_t>(v - 1));
   return Tensor::from_vector(ids, shape, Device::cpu());
+}
+
+void emit(const nlohmann::json& j) {
+  const std::string line = j.dump();
+  std::printf("%s\n", line.c_str());
+  if (const char* path = std::getenv("DISTJAX_BENCH_OUT")) std::ofstream(path, std::ios::app) << line << "\n";
 }
 
 }  // namespace
@@ -147,8 +156,19 @@ int main(int argc, char** argv) {
   j["peak_mem_gib"] = static_cast<double>(tensor::peak_bytes(gpu.kind)) / (1 << 30);
   j["reserved_peak_gib"] = static_cast<double>(mem.reserved_peak) / (1 << 30);
   j["loss_final"] = loss;
-  const std::string line = j.dump();
-  std::printf("%s\n", line.c_str());
-  if (const char* path = std::getenv("DISTJAX_BENCH_OUT")) std::ofstream(path, std::ios::app) << line << "\n";
+  emit(j);
+
+  // Where a step's device time goes: two more steps with every op timed by CUDA events
+  // (apart from the timed steps above: the events cost a little per op).
+  if (gpu.kind == DeviceKind::CUDA && o.profile_steps > 0) {
+    tensor::profile_ops_begin();
+    for (std::int64_t i = 0; i < o.profile_steps; ++i) train_step();
+    const std::vector<tensor::OpTime> ops = tensor::profile_ops_end();
+    const double steps = static_cast<double>(o.profile_steps);
+    for (std::size_t i = 0; i < ops.size() && i < 30; ++i)
+      emit({{"name", "gpu_gpt2_124m_op_time"}, {"op", ops[i].op}, {"ms_per_step", ops[i].ms / steps},
+            {"calls_per_step", static_cast<double>(ops[i].calls) / steps},
+            {"share_of_step", ops[i].ms / steps / (med * 1e3)}});
+  }
   return 0;
 }

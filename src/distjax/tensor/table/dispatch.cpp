@@ -7,6 +7,8 @@ namespace distjax::tensor::detail {
 const KernelTable& cpu_kernel_table();   // tensor/cpu/table.cpp
 const KernelTable& cuda_kernel_table();  // tensor/cuda/table.cpp (tensor/cuda_stub/: empty)
 
+std::atomic<bool> op_profiling{false};
+
 const KernelTable& kernel_table(DeviceKind kind) {
   static const KernelTable none{};
   switch (kind) {

@@ -12,6 +12,7 @@
 // in the list.
 #pragma once
 
+#include <atomic>
 #include <initializer_list>
 #include <vector>
 
@@ -74,6 +75,12 @@ void begin_op(const char* op);
 /// Throws NotImplemented: `op` has no kernel for `device` in this build.
 [[noreturn]] void no_kernel(const char* op, Device device);
 
+/// Per-op device time on CUDA (profile_ops_begin / profile_ops_end in tensor/cuda.hpp):
+/// while on, each CUDA dispatch records an event pair around its kernels.
+extern std::atomic<bool> op_profiling;
+void cuda_profile_begin(const char* op);  // tensor/cuda/ (a no-op in the stub)
+void cuda_profile_end();
+
 /// Where an op meets its kernels: see the file comment.
 template <class F>
 class Dispatch {
@@ -86,7 +93,16 @@ class Dispatch {
     if (device_.kind == DeviceKind::Checked)
       for (const Tensor* t : touched)
         if (t->defined()) open_.open(*t);
+    if (device_.kind == DeviceKind::CUDA && op_profiling.load(std::memory_order_relaxed)) {
+      cuda_profile_begin(op);
+      profiled_ = true;
+    }
   }
+  ~Dispatch() {
+    if (profiled_) cuda_profile_end();
+  }
+  Dispatch(const Dispatch&) = delete;
+  Dispatch& operator=(const Dispatch&) = delete;
   const F* operator->() const { return kernels_; }
   Device device() const { return device_; }
   Stream stream() const { return {}; }
@@ -95,6 +111,7 @@ class Dispatch {
   Device device_;
   const F* kernels_ = nullptr;
   OpenScope open_;
+  bool profiled_ = false;
 };
 
 }  // namespace distjax::tensor::detail
