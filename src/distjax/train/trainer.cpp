@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include "distjax/core/error.hpp"
+#include "distjax/tensor/cuda.hpp"
+#include "distjax/tensor/tensor.hpp"
 #include "distjax/train/strategy.hpp"
 #include "distjax/train/plot.hpp"
 
@@ -338,6 +340,23 @@ void Trainer::finish(const TrainState& state, const std::map<std::string, double
                                     {"gradients", memory->gradients},
                                     {"optimizer_state", memory->optimizer_state},
                                     {"activations_peak", memory->activations_peak}};
+  // A GPU's memory: what tensors held (now, at the peak) and what the backend's pool holds.
+  const Device device = current_device();
+  s["device"] = device.str();
+  std::string gpu_memory;
+  if (device.kind == DeviceKind::CUDA) {
+    const tensor::CudaMemoryStats pool = tensor::cuda_memory_stats(device.index);
+    const std::int64_t peak = tensor::peak_bytes(DeviceKind::CUDA);
+    s["device_memory_bytes"] = {{"allocated", tensor::live_bytes(DeviceKind::CUDA)},
+                                {"allocated_peak", peak},
+                                {"reserved", pool.reserved},
+                                {"reserved_peak", pool.reserved_peak}};
+    char line[160];
+    std::snprintf(line, sizeof line, "%s memory: peak %.2f GiB allocated, %.2f GiB reserved",
+                  device.str().c_str(), static_cast<double>(peak) / (1 << 30),
+                  static_cast<double>(pool.reserved_peak) / (1 << 30));
+    gpu_memory = line;
+  }
   if (files_) {
     const auto path = files_->dir / "summary.json";
     const auto tmp = files_->dir / "summary.json.tmp";
@@ -362,6 +381,7 @@ void Trainer::finish(const TrainState& state, const std::map<std::string, double
                 wall, throughput(), config_.items_name.c_str(), files_ ? ", wrote " : "",
                 files_ ? (files_->dir / "summary.json").string().c_str() : "", plot_note.c_str());
     if (memory != nullptr) std::printf("memory of this device: %s\n", memory->str().c_str());
+    if (!gpu_memory.empty()) std::printf("%s\n", gpu_memory.c_str());
     std::fflush(stdout);
   }
 }
