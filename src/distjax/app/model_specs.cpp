@@ -1,5 +1,7 @@
 #include "distjax/app/model_specs.hpp"
 
+#include "distjax/core/error.hpp"
+
 #include <numbers>
 
 #include "distjax/data/fashion_mnist.hpp"
@@ -30,7 +32,11 @@ Fortunes load_fortunes(const config::TrainConfig& c) {
 
 models::TransformerConfig transformer_config(const config::TrainConfig& c,
                                              models::TransformerTP tp) {
-  return {.vocab = 256,
+  // Byte corpora need 256 ids; a larger vocabulary (e.g. GPT-2's 50304, to train that
+  // shape) leaves the rows above 255 unused by the data.
+  DISTJAX_CHECK(c.model.vocab == 0 || c.model.vocab >= 256, ConfigError, "[config] model.vocab = ",
+                c.model.vocab, ": the byte corpora need at least 256 ids (0 = 256)");
+  return {.vocab = c.model.vocab > 0 ? c.model.vocab : 256,
           .d_model = c.model.d_model,
           .num_layers = c.model.layers,
           .num_heads = c.model.heads,

@@ -209,7 +209,7 @@ const std::vector<Entry>& schema() {
     s.push_back(field("model.d_model", DJ_ACCESS(model.d_model), "transformer width (C)"));
     s.push_back(field("model.heads", DJ_ACCESS(model.heads), "attention heads (H)"));
     s.push_back(field("model.vocab", DJ_ACCESS(model.vocab),
-                      "transformer vocabulary (V) for distjax plan; 0 = the program's (256)"));
+                      "transformer vocabulary (V); 0 = the byte vocabulary (256)"));
     s.push_back(field("model.tie_embeddings", DJ_ACCESS(model.tie_embeddings),
                       "GPT: the output head is the token embedding wte (no lm_head); must be "
                       "false with a pipe axis"));
