@@ -7,6 +7,8 @@ const KernelTable& cuda_kernel_table() {
   // Each family's line is added with its file; a family without one leaves its ops
   // refusing the device (NotImplemented naming the op and the device).
   static const KernelTable table{
+      .nn = &cuda::nn_kernels,
+      .attention = &cuda::attention_kernels,
       .gemm = &cuda::gemm_kernels,
   };
   return table;

@@ -1,0 +1,553 @@
+// CUDA kernels of the nn family over rows (see table/nn.hpp and cpu/nn.cpp): softmax and
+// log_softmax, layer and RMS norm, cross-entropy, each with its backward; and the family's
+// kernel table, which takes embedding (nn_embedding.cu) and dropout (nn_dropout.cu) from
+// their files. A block owns a row (grid-stride over rows), reads it in 16-byte packs where
+// the alignment allows, and reduces it with warp shuffles in a fixed order (deterministic).
+// The parameter gradients of the norms sum rows in chunks into a scratch, then the chunks
+// in order (no float atomics). Bounds are bytes moved; measured on one H200 (4.8 TB/s) at
+// GPT-2 124M sizes, noted at each kernel.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "distjax/tensor/cuda/kernels.hpp"
+#include "distjax/tensor/cuda/nn.cuh"
+
+namespace distjax::tensor::cuda {
+namespace nn {
+namespace {
+
+// ------------------------------------------------------------------ online log-sum-exp
+
+// A running (max, sum of exp(x - max)) pair; a max of -inf stands for an empty sum.
+struct MaxSum {
+  float m = -INFINITY;
+  float s = 0.f;
+};
+
+__device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return {m, 0.f};
+  const float sa = a.m == -INFINITY ? 0.f : a.s * expf(a.m - m);
+  const float sb = b.m == -INFINITY ? 0.f : b.s * expf(b.m - m);
+  return {m, sa + sb};
+}
+
+// Adds a pack's values to the running pair (one rescale per pack).
+template <int V>
+__device__ __forceinline__ MaxSum add_pack(MaxSum a, const Pack<V>& x) {
+  float pm = x.v[0];
+#pragma unroll
+  for (int e = 1; e < V; ++e)
+    pm = fmaxf(pm, x.v[e]);
+  if (pm == -INFINITY) return a;
+  const float m = fmaxf(a.m, pm);
+  float s = a.m == -INFINITY ? 0.f : a.s * expf(a.m - m);
+#pragma unroll
+  for (int e = 0; e < V; ++e)
+    s += expf(x.v[e] - m);
+  return {m, s};
+}
+
+// The block's (max, sum) of every thread's pair, returned to every thread in a fixed order.
+// rm, rs: 32 floats of shared memory each.
+__device__ MaxSum block_max_sum(MaxSum a, float* rm, float* rs) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2)
+    a = combine(a,
+                {__shfl_xor_sync(0xffffffffu, a.m, off), __shfl_xor_sync(0xffffffffu, a.s, off)});
+  if (lane == 0) {
+    rm[warp] = a.m;
+    rs[warp] = a.s;
+  }
+  __syncthreads();
+  a = lane < int(blockDim.x / 32) ? MaxSum{rm[lane], rs[lane]} : MaxSum{};
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2)
+    a = combine(a,
+                {__shfl_xor_sync(0xffffffffu, a.m, off), __shfl_xor_sync(0xffffffffu, a.s, off)});
+  __syncthreads();
+  return a;
+}
+
+// logsumexp of a row from its (max, sum): -inf for an empty or all -inf row.
+__device__ __forceinline__ float lse_of(MaxSum a) {
+  return a.m == -INFINITY ? -INFINITY : a.m + logf(a.s);
+}
+
+// ------------------------------------------------------------------ softmax
+
+// y = softmax(x) or log_softmax(x) per row: the row's max, then its sum of exp(x - max),
+// then the write (plain block reductions: cheaper than a running pair for short rows).
+// Bound: 8 bytes per element (the later reads hit L1/L2 for rows up to ~1 MB); 2.2 TB/s
+// at 8192 x 768 on an H200.
+template <int V>
+__global__ void softmax_kernel(const float* __restrict__ x, float* __restrict__ y, std::int64_t n,
+                               std::int64_t c, bool log_form) {
+  __shared__ float red[32];
+  const std::int64_t cv = c / V;
+  for (std::int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    const float* xr = x + r * c;
+    float* yr = y + r * c;
+    float m = -INFINITY;
+    for (std::int64_t j = threadIdx.x; j < cv; j += blockDim.x) {
+      const Pack<V> p = load_pack<V>(xr, j);
+#pragma unroll
+      for (int e = 0; e < V; ++e)
+        m = fmaxf(m, p.v[e]);
+    }
+    m = block_max(m, red);
+    float s = 0.f;
+    for (std::int64_t j = threadIdx.x; j < cv; j += blockDim.x) {
+      const Pack<V> p = load_pack<V>(xr, j);
+#pragma unroll
+      for (int e = 0; e < V; ++e)
+        s += expf(p.v[e] - m);
+    }
+    s = block_sum(s, red);
+    const float lse = m == -INFINITY ? -INFINITY : m + logf(s);
+    const float inv = 1.f / s;
+    for (std::int64_t j = threadIdx.x; j < cv; j += blockDim.x) {
+      Pack<V> p = load_pack<V>(xr, j);
+#pragma unroll
+      for (int e = 0; e < V; ++e)
+        p.v[e] = log_form ? p.v[e] - lse : expf(p.v[e] - m) * inv;
+      store_pack<V>(yr, j, p);
+    }
+  }
+}
+
+// gx = g - exp(y) sum(g) (log_form) or y (g - <g, y>) per row. Bound: 12 bytes per element.
+template <int V>
+__global__ void softmax_backward_kernel(const float* __restrict__ y, const float* __restrict__ g,
+                                        float* __restrict__ gx, std::int64_t n, std::int64_t c,
+                                        bool log_form) {
+  __shared__ float red[32];
+  const std::int64_t cv = c / V;
+  for (std::int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    const float* yr = y + r * c;
+    const float* gr = g + r * c;
+    float* o = gx + r * c;
+    float s = 0.f;
+    for (std::int64_t j = threadIdx.x; j < cv; j += blockDim.x) {
+      const Pack<V> gp = load_pack<V>(gr, j);
+      if (log_form) {
+#pragma unroll
+        for (int e = 0; e < V; ++e)
+          s += gp.v[e];
+      } else {
+        const Pack<V> yp = load_pack<V>(yr, j);
+#pragma unroll
+        for (int e = 0; e < V; ++e)
+          s += gp.v[e] * yp.v[e];
+      }
+    }
+    s = block_sum(s, red);
+    for (std::int64_t j = threadIdx.x; j < cv; j += blockDim.x) {
+      const Pack<V> gp = load_pack<V>(gr, j);
+      Pack<V> yp = load_pack<V>(yr, j);
+#pragma unroll
+      for (int e = 0; e < V; ++e)
+        yp.v[e] = log_form ? gp.v[e] - expf(yp.v[e]) * s : yp.v[e] * (gp.v[e] - s);
+      store_pack<V>(o, j, yp);
+    }
+  }
+}
+
+void softmax(const float* x, float* y, std::int64_t n, std::int64_t c, bool log_form, Stream s) {
+  if (n == 0 || c == 0) return;
+  const cudaStream_t st = stream_of(s);
+  const int threads = row_threads(c);
+  if (packs_of_4(c, {x, y}))
+    softmax_kernel<4><<<row_blocks(n), threads, 0, st>>>(x, y, n, c, log_form);
+  else
+    softmax_kernel<1><<<row_blocks(n), threads, 0, st>>>(x, y, n, c, log_form);
+  DISTJAX_CUDA_LAUNCHED("softmax");
+}
+
+void softmax_backward(const float* y, const float* g, float* gx, std::int64_t n, std::int64_t c,
+                      bool log_form, Stream s) {
+  if (n == 0 || c == 0) return;
+  const cudaStream_t st = stream_of(s);
+  const int threads = row_threads(c);
+  if (packs_of_4(c, {y, g, gx}))
+    softmax_backward_kernel<4><<<row_blocks(n), threads, 0, st>>>(y, g, gx, n, c, log_form);
+  else
+    softmax_backward_kernel<1><<<row_blocks(n), threads, 0, st>>>(y, g, gx, n, c, log_form);
+  DISTJAX_CUDA_LAUNCHED("softmax_backward");
+}
+
+// ------------------------------------------------------------------ norms
+
+// y = (x - mean) rstd gamma (+ beta) per row, mean and rstd saved; as the CPU, the variance
+// is the mean of (x - mean)^2 (a second pass). Bound: 8 bytes per element; 2.3 TB/s at
+// 8192 x 768 on an H200.
+template <int V>
+__global__ void layer_norm_kernel(const float* __restrict__ x, const float* __restrict__ gamma,
+                                  const float* __restrict__ beta, float* __restrict__ y,
+                                  float* __restrict__ mean, float* __restrict__ rstd,
+                                  std::int64_t n, std::int64_t c, float eps) {
+  __shared__ float red[32];
+  const std::int64_t cv = c / V;
+  const float inv_c = 1.f / static_cast<float>(c);
+  for (std::int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    const float* xr = x + r * c;
+    float* yr = y + r * c;
+    float s = 0.f;
+    for (std::int64_t j = threadIdx.x; j < cv; j += blockDim.x) {
+      const Pack<V> p = load_pack<V>(xr, j);
+#pragma unroll
+      for (int e = 0; e < V; ++e)
+        s += p.v[e];
+    }
+    const float m = block_sum(s, red) * inv_c;
+    float var = 0.f;
+    for (std::int64_t j = threadIdx.x; j < cv; j += blockDim.x) {
+      const Pack<V> p = load_pack<V>(xr, j);
+#pragma unroll
+      for (int e = 0; e < V; ++e)
+        var += (p.v[e] - m) * (p.v[e] - m);
+    }
+    const float rs = 1.f / sqrtf(block_sum(var, red) * inv_c + eps);
+    if (threadIdx.x == 0) {
+      mean[r] = m;
+      rstd[r] = rs;
+    }
+    for (std::int64_t j = threadIdx.x; j < cv; j += blockDim.x) {
+      Pack<V> p = load_pack<V>(xr, j);
+      const Pack<V> w = load_pack<V>(gamma, j);
+      if (beta) {
+        const Pack<V> b = load_pack<V>(beta, j);
+#pragma unroll
+        for (int e = 0; e < V; ++e)
+          p.v[e] = (p.v[e] - m) * rs * w.v[e] + b.v[e];
+      } else {
+#pragma unroll
+        for (int e = 0; e < V; ++e)
+          p.v[e] = (p.v[e] - m) * rs * w.v[e];
+      }
+      store_pack<V>(yr, j, p);
+    }
+  }
+}
+
+// gx = rstd (g gamma - mean_c(g gamma) - xh mean_c(g gamma xh)) per row, xh the normalised
+// x (layer norm: (x - mean) rstd; RMS norm, mean == null: x rstd, and no mean_c(g gamma)
+// term). Bound: 12 bytes per element.
+template <int V>
+__global__ void norm_backward_kernel(const float* __restrict__ x, const float* __restrict__ gamma,
+                                     const float* __restrict__ g, const float* __restrict__ mean,
+                                     const float* __restrict__ rstd, float* __restrict__ gx,
+                                     std::int64_t n, std::int64_t c) {
+  __shared__ float red[32];
+  const std::int64_t cv = c / V;
+  const float inv_c = 1.f / static_cast<float>(c);
+  for (std::int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    const float* xr = x + r * c;
+    const float* gr = g + r * c;
+    const float m = mean ? mean[r] : 0.f, rs = rstd[r];
+    float a = 0.f, b = 0.f;
+    for (std::int64_t j = threadIdx.x; j < cv; j += blockDim.x) {
+      const Pack<V> xp = load_pack<V>(xr, j), gp = load_pack<V>(gr, j), w = load_pack<V>(gamma, j);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float xh = (xp.v[e] - m) * rs;
+        const float dxh = gp.v[e] * w.v[e];
+        a += dxh;
+        b += dxh * xh;
+      }
+    }
+    a = mean ? block_sum(a, red) * inv_c : 0.f;
+    b = block_sum(b, red) * inv_c;
+    float* o = gx + r * c;
+    for (std::int64_t j = threadIdx.x; j < cv; j += blockDim.x) {
+      Pack<V> xp = load_pack<V>(xr, j);
+      const Pack<V> gp = load_pack<V>(gr, j), w = load_pack<V>(gamma, j);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float xh = (xp.v[e] - m) * rs;
+        xp.v[e] = rs * (gp.v[e] * w.v[e] - a - xh * b);
+      }
+      store_pack<V>(o, j, xp);
+    }
+  }
+}
+
+// y = x rrms gamma per row, rrms = 1 / sqrt(mean(x^2) + eps) saved. Bound: 8 bytes per
+// element.
+template <int V>
+__global__ void rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ gamma,
+                                float* __restrict__ y, float* __restrict__ rrms, std::int64_t n,
+                                std::int64_t c, float eps) {
+  __shared__ float red[32];
+  const std::int64_t cv = c / V;
+  const float inv_c = 1.f / static_cast<float>(c);
+  for (std::int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    const float* xr = x + r * c;
+    float* yr = y + r * c;
+    float s = 0.f;
+    for (std::int64_t j = threadIdx.x; j < cv; j += blockDim.x) {
+      const Pack<V> p = load_pack<V>(xr, j);
+#pragma unroll
+      for (int e = 0; e < V; ++e)
+        s += p.v[e] * p.v[e];
+    }
+    const float rs = 1.f / sqrtf(block_sum(s, red) * inv_c + eps);
+    if (threadIdx.x == 0) rrms[r] = rs;
+    for (std::int64_t j = threadIdx.x; j < cv; j += blockDim.x) {
+      Pack<V> p = load_pack<V>(xr, j);
+      const Pack<V> w = load_pack<V>(gamma, j);
+#pragma unroll
+      for (int e = 0; e < V; ++e)
+        p.v[e] = p.v[e] * rs * w.v[e];
+      store_pack<V>(yr, j, p);
+    }
+  }
+}
+
+// The norms' parameter gradients: dgamma = sum over rows of g xh, dbeta = sum of g.
+// Block (kColTile, kColLanes) owns kColTile columns of one chunk of rows; its lanes take
+// the chunk's rows in turn, then lane sums are added in lane order into
+// part[chunk][column] (dgamma) and part[chunks + chunk][column] (dbeta, when wanted).
+// Bound: 8 bytes per element (a second read of x and g after the gx kernel). The whole
+// layer_norm_backward (20 bytes per element) runs at 2.0 TB/s at 8192 x 768 on an H200.
+constexpr int kColTile = 32;
+constexpr int kColLanes = 8;
+
+__global__ void norm_param_partial_kernel(const float* __restrict__ x, const float* __restrict__ g,
+                                          const float* __restrict__ mean,
+                                          const float* __restrict__ rstd, float* __restrict__ part,
+                                          std::int64_t n, std::int64_t c, std::int64_t chunk_rows,
+                                          bool with_beta) {
+  __shared__ float sw[kColLanes][kColTile + 1], sb[kColLanes][kColTile + 1];
+  const std::int64_t col = std::int64_t(blockIdx.x) * kColTile + threadIdx.x;
+  const std::int64_t chunk = blockIdx.y;
+  const std::int64_t r0 = chunk * chunk_rows;
+  const std::int64_t r1 = r0 + chunk_rows < n ? r0 + chunk_rows : n;
+  float dw = 0.f, db = 0.f;
+  if (col < c) {
+    for (std::int64_t r = r0 + threadIdx.y; r < r1; r += kColLanes) {
+      const float gv = g[r * c + col];
+      const float xh = (x[r * c + col] - (mean ? mean[r] : 0.f)) * rstd[r];
+      dw += gv * xh;
+      db += gv;
+    }
+  }
+  sw[threadIdx.y][threadIdx.x] = dw;
+  sb[threadIdx.y][threadIdx.x] = db;
+  __syncthreads();
+  if (threadIdx.y != 0 || col >= c) return;
+  for (int l = 1; l < kColLanes; ++l) {
+    dw += sw[l][threadIdx.x];
+    db += sb[l][threadIdx.x];
+  }
+  part[chunk * c + col] = dw;
+  if (with_beta) part[(gridDim.y + chunk) * c + col] = db;
+}
+
+// dgamma[col] (and dbeta[col]) = the chunks' partial sums in chunk order. Bound: the scratch
+// read once.
+__global__ void norm_param_final_kernel(const float* __restrict__ part, float* __restrict__ dgamma,
+                                        float* __restrict__ dbeta, std::int64_t c,
+                                        std::int64_t chunks) {
+  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
+  for (std::int64_t col = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; col < c;
+       col += stride) {
+    float dw = 0.f, db = 0.f;
+    for (std::int64_t k = 0; k < chunks; ++k) {
+      dw += part[k * c + col];
+      if (dbeta) db += part[(chunks + k) * c + col];
+    }
+    dgamma[col] = dw;
+    if (dbeta) dbeta[col] = db;
+  }
+}
+
+// dgamma (and dbeta when not null) of a norm over x (n, c), deterministic for given n and c:
+// the chunking depends on the sizes only.
+void norm_param_grads(const float* x, const float* g, const float* mean, const float* rstd,
+                      float* dgamma, float* dbeta, std::int64_t n, std::int64_t c, cudaStream_t st,
+                      const char* op) {
+  const std::int64_t tiles = (c + kColTile - 1) / kColTile;
+  // About 1024 blocks in all (8 per SM of an H100), each chunk at least kColLanes rows.
+  std::int64_t chunks = std::clamp<std::int64_t>((1024 + tiles - 1) / tiles, 1, 65535);
+  chunks = std::min<std::int64_t>(chunks, std::max<std::int64_t>(1, n / kColLanes));
+  const std::int64_t chunk_rows = std::max<std::int64_t>(1, (n + chunks - 1) / chunks);
+  chunks = std::max<std::int64_t>(1, (n + chunk_rows - 1) / chunk_rows);
+  const std::int64_t part_floats = (dbeta ? 2 : 1) * chunks * c;
+  void* scratch = nullptr;
+  DISTJAX_CUDA_CHECK(cudaMallocAsync(&scratch, std::size_t(part_floats) * sizeof(float), st), op,
+                     "norm parameter scratch of ", part_floats, " floats");
+  float* part = static_cast<float*>(scratch);
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks));
+  norm_param_partial_kernel<<<grid, dim3(kColTile, kColLanes), 0, st>>>(
+      x, g, mean, rstd, part, n, c, chunk_rows, dbeta != nullptr);
+  DISTJAX_CUDA_LAUNCHED(op);
+  norm_param_final_kernel<<<grid_for(c), kThreads, 0, st>>>(part, dgamma, dbeta, c, chunks);
+  DISTJAX_CUDA_LAUNCHED(op);
+  DISTJAX_CUDA_CHECK(cudaFreeAsync(scratch, st), op);
+}
+
+void layer_norm(const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                float* rstd, std::int64_t n, std::int64_t c, float eps, Stream s) {
+  if (n == 0) return;
+  const cudaStream_t st = stream_of(s);
+  const int threads = row_threads(c);
+  if (packs_of_4(c, {x, gamma, beta, y}))
+    layer_norm_kernel<4>
+        <<<row_blocks(n), threads, 0, st>>>(x, gamma, beta, y, mean, rstd, n, c, eps);
+  else
+    layer_norm_kernel<1>
+        <<<row_blocks(n), threads, 0, st>>>(x, gamma, beta, y, mean, rstd, n, c, eps);
+  DISTJAX_CUDA_LAUNCHED("layer_norm");
+}
+
+// The gx kernel of either norm (mean == null: RMS norm).
+void norm_gx(const float* x, const float* gamma, const float* g, const float* mean,
+             const float* rstd, float* gx, std::int64_t n, std::int64_t c, cudaStream_t st,
+             const char* op) {
+  const int threads = row_threads(c);
+  if (packs_of_4(c, {x, gamma, g, gx}))
+    norm_backward_kernel<4><<<row_blocks(n), threads, 0, st>>>(x, gamma, g, mean, rstd, gx, n, c);
+  else
+    norm_backward_kernel<1><<<row_blocks(n), threads, 0, st>>>(x, gamma, g, mean, rstd, gx, n, c);
+  DISTJAX_CUDA_LAUNCHED(op);
+}
+
+void layer_norm_backward(const float* x, const float* gamma, const float* g, const float* mean,
+                         const float* rstd, float* gx, float* dgamma, float* dbeta, std::int64_t n,
+                         std::int64_t c, Stream s) {
+  if (c == 0) return;
+  const cudaStream_t st = stream_of(s);
+  if (gx && n > 0) norm_gx(x, gamma, g, mean, rstd, gx, n, c, st, "layer_norm_backward");
+  norm_param_grads(x, g, mean, rstd, dgamma, dbeta, n, c, st, "layer_norm_backward");
+}
+
+void rms_norm(const float* x, const float* gamma, float* y, float* rrms, std::int64_t n,
+              std::int64_t c, float eps, Stream s) {
+  if (n == 0) return;
+  const cudaStream_t st = stream_of(s);
+  const int threads = row_threads(c);
+  if (packs_of_4(c, {x, gamma, y}))
+    rms_norm_kernel<4><<<row_blocks(n), threads, 0, st>>>(x, gamma, y, rrms, n, c, eps);
+  else
+    rms_norm_kernel<1><<<row_blocks(n), threads, 0, st>>>(x, gamma, y, rrms, n, c, eps);
+  DISTJAX_CUDA_LAUNCHED("rms_norm");
+}
+
+void rms_norm_backward(const float* x, const float* gamma, const float* g, const float* rrms,
+                       float* gx, float* dgamma, std::int64_t n, std::int64_t c, Stream s) {
+  if (c == 0) return;
+  const cudaStream_t st = stream_of(s);
+  if (gx && n > 0) norm_gx(x, gamma, g, nullptr, rrms, gx, n, c, st, "rms_norm_backward");
+  norm_param_grads(x, g, nullptr, rrms, dgamma, nullptr, n, c, st, "rms_norm_backward");
+}
+
+// ------------------------------------------------------------------ cross-entropy
+
+// lse[r] = logsumexp(row r) in one pass (a running max and sum per thread), loss[r] =
+// lse[r] - row[label]. Bound: 4 bytes per logit; 4.0 TB/s at 8192 x 50304 on an H200.
+template <int V, class Id>
+__global__ void cross_entropy_kernel(const float* __restrict__ logits,
+                                     const Id* __restrict__ labels, float* __restrict__ loss,
+                                     float* __restrict__ lse, std::int64_t n, std::int64_t v) {
+  __shared__ float rm[32], rs[32];
+  const std::int64_t vv = v / V;
+  for (std::int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    const float* xr = logits + r * v;
+    MaxSum a;
+    for (std::int64_t j = threadIdx.x; j < vv; j += blockDim.x)
+      a = add_pack<V>(a, load_pack<V>(xr, j));
+    a = block_max_sum(a, rm, rs);
+    if (threadIdx.x == 0) {
+      const float l = lse_of(a);
+      lse[r] = l;
+      loss[r] = l - xr[static_cast<std::int64_t>(labels[r])];
+    }
+  }
+}
+
+// gx[r] = g[r] (exp(row - lse[r]) - onehot(label)). Bound: 8 bytes per logit; 4.0 TB/s at
+// 8192 x 50304 on an H200.
+template <int V, class Id>
+__global__ void cross_entropy_backward_kernel(const float* __restrict__ logits,
+                                              const float* __restrict__ g,
+                                              const float* __restrict__ lse,
+                                              const Id* __restrict__ labels, float* __restrict__ gx,
+                                              std::int64_t n, std::int64_t v) {
+  const std::int64_t vv = v / V;
+  for (std::int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    const float* xr = logits + r * v;
+    float* o = gx + r * v;
+    const float gr = g[r], l = lse[r];
+    const std::int64_t label = static_cast<std::int64_t>(labels[r]);
+    for (std::int64_t j = threadIdx.x; j < vv; j += blockDim.x) {
+      Pack<V> p = load_pack<V>(xr, j);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        p.v[e] = gr * expf(p.v[e] - l);
+        if (j * V + e == label) p.v[e] -= gr;
+      }
+      store_pack<V>(o, j, p);
+    }
+  }
+}
+
+void cross_entropy(const float* logits, const void* labels, DType id_dtype, float* loss, float* lse,
+                   std::int64_t n, std::int64_t v, Stream s) {
+  if (n == 0 || v == 0) return;  // v == 0 has no valid label (check_ids refuses every id)
+  const cudaStream_t st = stream_of(s);
+  const int threads = row_threads(v);
+  const bool v4 = packs_of_4(v, {logits});
+  with_ids(labels, id_dtype, [&](const auto* pl) {
+    using Id = std::remove_cv_t<std::remove_pointer_t<decltype(pl)>>;
+    if (v4)
+      cross_entropy_kernel<4, Id><<<row_blocks(n), threads, 0, st>>>(logits, pl, loss, lse, n, v);
+    else
+      cross_entropy_kernel<1, Id><<<row_blocks(n), threads, 0, st>>>(logits, pl, loss, lse, n, v);
+  });
+  DISTJAX_CUDA_LAUNCHED("cross_entropy");
+}
+
+void cross_entropy_backward(const float* logits, const float* g, const float* lse,
+                            const void* labels, DType id_dtype, float* gx, std::int64_t n,
+                            std::int64_t v, Stream s) {
+  if (n == 0 || v == 0) return;
+  const cudaStream_t st = stream_of(s);
+  const int threads = row_threads(v);
+  const bool v4 = packs_of_4(v, {logits, gx});
+  with_ids(labels, id_dtype, [&](const auto* pl) {
+    using Id = std::remove_cv_t<std::remove_pointer_t<decltype(pl)>>;
+    if (v4)
+      cross_entropy_backward_kernel<4, Id>
+          <<<row_blocks(n), threads, 0, st>>>(logits, g, lse, pl, gx, n, v);
+    else
+      cross_entropy_backward_kernel<1, Id>
+          <<<row_blocks(n), threads, 0, st>>>(logits, g, lse, pl, gx, n, v);
+  });
+  DISTJAX_CUDA_LAUNCHED("cross_entropy_backward");
+}
+
+}  // namespace
+}  // namespace nn
+
+const detail::NnKernels nn_kernels{
+    .softmax = nn::softmax,
+    .softmax_backward = nn::softmax_backward,
+    .layer_norm = nn::layer_norm,
+    .layer_norm_backward = nn::layer_norm_backward,
+    .rms_norm = nn::rms_norm,
+    .rms_norm_backward = nn::rms_norm_backward,
+    .find_bad_id = nn::find_bad_id,
+    .embedding = nn::embedding,
+    .embedding_backward = nn::embedding_backward,
+    .cross_entropy = nn::cross_entropy,
+    .cross_entropy_backward = nn::cross_entropy_backward,
+    .dropout = nn::dropout,
+};
+
+}  // namespace distjax::tensor::cuda
