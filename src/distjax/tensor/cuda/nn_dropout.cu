@@ -36,9 +36,11 @@ __device__ __forceinline__ uint2 threefry2x32(std::uint32_t k0, std::uint32_t k1
 }
 
 // random_bernoulli's draw of a stream word: open_unit(w) < keep, with open_unit's
-// (w >> 8 + 0.5) 2^-24 rounded as on the CPU (round-to-nearest, no contraction).
+// (w >> 8 + 0.5) 2^-24 rounded as on the CPU (round-to-nearest, no contraction), the top
+// word's 1 taken down to the float below 1 as there.
 __device__ __forceinline__ bool kept(std::uint32_t w, float keep) {
-  const float u = __fmul_rn(__fadd_rn(__uint2float_rn(w >> 8), 0.5f), 1.0f / 16777216.0f);
+  const float u = fminf(__fmul_rn(__fadd_rn(__uint2float_rn(w >> 8), 0.5f), 1.0f / 16777216.0f),
+                        0x1.fffffep-1f);
   return u < keep;
 }
 
