@@ -56,7 +56,7 @@ fi
 
 # The references, each in the same run.
 if [ -z "${GPU_SKIP_REFS:-}" ]; then
-  for mode in eager compile; do
+  for mode in compile eager; do
     if late; then note "torch_$mode" "skipped: past the deadline"; continue; fi
     log "PyTorch $mode, batch $B"
     B=$B STEPS=$STEPS $PY "$ROOT/bench/reference/torch_gpt2.py" "$mode" 2>/dev/null |
