@@ -7,6 +7,9 @@ const KernelTable& cuda_kernel_table() {
   // Each family's line is added with its file; a family without one leaves its ops
   // refusing the device (NotImplemented naming the op and the device).
   static const KernelTable table{
+      .optim = &cuda::optim_kernels,
+      .reduce = &cuda::reduce_kernels,
+      .parallel = &cuda::parallel_kernels,
   };
   return table;
 }
