@@ -4,17 +4,19 @@
 namespace distjax::tensor::detail {
 
 const KernelTable& cuda_kernel_table() {
-  // Each family's line is added with its file; a family without one leaves its ops
-  // refusing the device (NotImplemented naming the op and the device).
+  // Every family: an op reaches the GPU through these (the CPU's table is cpu/table.cpp).
   static const KernelTable table{
       .copy = &cuda::copy_kernels,
+      .optim = &cuda::optim_kernels,
       .data = &cuda::data_kernels,
       .elementwise = &cuda::elementwise_kernels,
+      .reduce = &cuda::reduce_kernels,
       .shape = &cuda::shape_kernels,
       .nn = &cuda::nn_kernels,
       .attention = &cuda::attention_kernels,
       .gemm = &cuda::gemm_kernels,
       .inplace = &cuda::inplace_kernels,
+      .parallel = &cuda::parallel_kernels,
   };
   return table;
 }

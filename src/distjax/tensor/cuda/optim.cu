@@ -1,0 +1,263 @@
+// CUDA kernels: the optimizers' fused per-leaf updates (SGD, Adam/AdamW), a sum of squares
+// and a scale in place (table/optim.hpp; cpu/optim.cpp defines the results: the same
+// per-element formulas, in f32 with the scalars rounded on the host as the CPU rounds them).
+// Each update is one pass over its leaf, bound by memory traffic; float4 accesses where
+// every pointer is 16-byte aligned. Measured on an H200 (130M elements): adam 4.0 TB/s,
+// scale 4.0 TB/s, sum_squares 2.2 TB/s (with its synchronisation).
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "distjax/tensor/cuda/kernels.hpp"
+#include "distjax/tensor/cuda/launch.cuh"
+#include "distjax/tensor/cuda/stream_scratch.cuh"
+
+namespace distjax::tensor::cuda {
+namespace {
+
+using detail::Stream;
+
+bool aligned16(const void* p) {
+  return (reinterpret_cast<std::uintptr_t>(p) & 15) == 0;
+}
+
+// Calls f(i) for each i < n that this thread owns (grid-stride), and, when `vec`, first
+// f4(k) for each float4 k < n / 4 (elements 4k..4k+3), leaving the tail to f.
+template <class F4, class F>
+__device__ void for_each(std::int64_t n, bool vec, F4&& f4, F&& f) {
+  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
+  const std::int64_t t = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::int64_t nv = vec ? n / 4 : 0;
+  for (std::int64_t k = t; k < nv; k += stride)
+    f4(k);
+  for (std::int64_t i = 4 * nv + t; i < n; i += stride)
+    f(i);
+}
+
+__device__ float sgd_one(float p, float g, float lr, float wd) {
+  return p - lr * (g + wd * p);
+}
+
+// p[i] -= lr * (g[i] + wd * p[i]). Bound: 12 bytes moved per element.
+__global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, std::int64_t n,
+                           float lr, float wd, bool vec) {
+  for_each(
+      n, vec,
+      [&](std::int64_t k) {
+        float4 pv = reinterpret_cast<float4*>(p)[k];
+        const float4 gv = reinterpret_cast<const float4*>(g)[k];
+        pv.x = sgd_one(pv.x, gv.x, lr, wd);
+        pv.y = sgd_one(pv.y, gv.y, lr, wd);
+        pv.z = sgd_one(pv.z, gv.z, lr, wd);
+        pv.w = sgd_one(pv.w, gv.w, lr, wd);
+        reinterpret_cast<float4*>(p)[k] = pv;
+      },
+      [&](std::int64_t i) { p[i] = sgd_one(p[i], g[i], lr, wd); });
+}
+
+// One element of SGD with momentum: updates p and b (the buffer) in place.
+__device__ void momentum_one(float& p, float g, float& b, float lr, float mu, float wd,
+                             bool nesterov) {
+  const float gi = g + wd * p;
+  const float bi = mu * b + gi;
+  b = bi;
+  p -= lr * (nesterov ? gi + mu * bi : bi);
+}
+
+// g' = g + wd * p; buf = mu * buf + g'; p -= lr * (nesterov ? g' + mu * buf : buf).
+// Bound: 20 bytes moved per element.
+__global__ void sgd_momentum_kernel(float* __restrict__ p, const float* __restrict__ g,
+                                    float* __restrict__ buf, std::int64_t n, float lr, float mu,
+                                    float wd, bool nesterov, bool vec) {
+  for_each(
+      n, vec,
+      [&](std::int64_t k) {
+        float4 pv = reinterpret_cast<float4*>(p)[k];
+        float4 bv = reinterpret_cast<float4*>(buf)[k];
+        const float4 gv = reinterpret_cast<const float4*>(g)[k];
+        momentum_one(pv.x, gv.x, bv.x, lr, mu, wd, nesterov);
+        momentum_one(pv.y, gv.y, bv.y, lr, mu, wd, nesterov);
+        momentum_one(pv.z, gv.z, bv.z, lr, mu, wd, nesterov);
+        momentum_one(pv.w, gv.w, bv.w, lr, mu, wd, nesterov);
+        reinterpret_cast<float4*>(p)[k] = pv;
+        reinterpret_cast<float4*>(buf)[k] = bv;
+      },
+      [&](std::int64_t i) { momentum_one(p[i], g[i], buf[i], lr, mu, wd, nesterov); });
+}
+
+// Adam's scalars, rounded to f32 on the host exactly as cpu/optim.cpp rounds them.
+struct AdamScalars {
+  float step_size, inv_sqrt_bc2, b1, b2, c1, c2, eps, decay, l2;
+};
+
+// One element of the Adam/AdamW step, cpu/optim.cpp's expression for expression.
+__device__ void adam_one(float& p, float g, float& m, float& v, const AdamScalars& a) {
+  const float pi = p * a.decay;
+  const float gi = g + a.l2 * pi;
+  const float mi = a.b1 * m + a.c1 * gi;
+  const float vi = a.b2 * v + a.c2 * gi * gi;
+  m = mi;
+  v = vi;
+  p = pi - a.step_size * mi / (sqrtf(vi) * a.inv_sqrt_bc2 + a.eps);
+}
+
+// The fused Adam/AdamW step. Bound: 28 bytes moved per element (p, m, v read and written,
+// g read).
+__global__ void adam_kernel(float* __restrict__ p, const float* __restrict__ g,
+                            float* __restrict__ m, float* __restrict__ v, std::int64_t n,
+                            AdamScalars a, bool vec) {
+  for_each(
+      n, vec,
+      [&](std::int64_t k) {
+        float4 pv = reinterpret_cast<float4*>(p)[k];
+        float4 mv = reinterpret_cast<float4*>(m)[k];
+        float4 vv = reinterpret_cast<float4*>(v)[k];
+        const float4 gv = reinterpret_cast<const float4*>(g)[k];
+        adam_one(pv.x, gv.x, mv.x, vv.x, a);
+        adam_one(pv.y, gv.y, mv.y, vv.y, a);
+        adam_one(pv.z, gv.z, mv.z, vv.z, a);
+        adam_one(pv.w, gv.w, mv.w, vv.w, a);
+        reinterpret_cast<float4*>(p)[k] = pv;
+        reinterpret_cast<float4*>(m)[k] = mv;
+        reinterpret_cast<float4*>(v)[k] = vv;
+      },
+      [&](std::int64_t i) { adam_one(p[i], g[i], m[i], v[i], a); });
+}
+
+// x[i] *= f. Bound: 8 bytes moved per element.
+__global__ void scale_kernel(float* __restrict__ x, std::int64_t n, float f, bool vec) {
+  for_each(
+      n, vec,
+      [&](std::int64_t k) {
+        float4 xv = reinterpret_cast<float4*>(x)[k];
+        xv.x *= f;
+        xv.y *= f;
+        xv.z *= f;
+        xv.w *= f;
+        reinterpret_cast<float4*>(x)[k] = xv;
+      },
+      [&](std::int64_t i) { x[i] *= f; });
+}
+
+// Thread 0 gets the block's sum of v (a fixed tree; blockDim.x a multiple of 32, at most
+// 1024).
+__device__ double block_sum(double v) {
+  __shared__ double shared[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int off = 16; off > 0; off >>= 1)
+    v += __shfl_down_sync(0xffffffffu, v, off);
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = 0.0;
+  if (warp == 0) {
+    v = lane < static_cast<int>(blockDim.x >> 5) ? shared[lane] : 0.0;
+    for (int off = 16; off > 0; off >>= 1)
+      v += __shfl_down_sync(0xffffffffu, v, off);
+  }
+  return v;
+}
+
+// partial[block] = the sum in f64 of x[i]^2 over the elements this block owns (grid-stride,
+// float4 loads when `vec`). Bound: 4 bytes read per element.
+__global__ void sum_squares_partial(const float* __restrict__ x, std::int64_t n, bool vec,
+                                    double* __restrict__ partial) {
+  double acc = 0.0;
+  for_each(
+      n, vec,
+      [&](std::int64_t k) {
+        const float4 q = reinterpret_cast<const float4*>(x)[k];
+        acc += static_cast<double>(q.x) * q.x;
+        acc += static_cast<double>(q.y) * q.y;
+        acc += static_cast<double>(q.z) * q.z;
+        acc += static_cast<double>(q.w) * q.w;
+      },
+      [&](std::int64_t i) { acc += static_cast<double>(x[i]) * x[i]; });
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+// *out = the sum of partial[b], b < blocks, by one block (a fixed order).
+__global__ void sum_partials(const double* __restrict__ partial, int blocks,
+                             double* __restrict__ out) {
+  double acc = 0.0;
+  for (int b = threadIdx.x; b < blocks; b += blockDim.x)
+    acc += partial[b];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) *out = acc;
+}
+
+void sgd(float* p, const float* g, std::int64_t n, float lr, float wd, Stream s) {
+  if (n == 0) return;
+  const bool vec = aligned16(p) && aligned16(g);
+  sgd_kernel<<<grid_for(vec ? n / 4 : n), kThreads, 0, stream_of(s)>>>(p, g, n, lr, wd, vec);
+  DISTJAX_CUDA_LAUNCHED("sgd");
+}
+
+void sgd_momentum(float* p, const float* g, float* buf, std::int64_t n, float lr, float mu,
+                  float wd, bool nesterov, Stream s) {
+  if (n == 0) return;
+  const bool vec = aligned16(p) && aligned16(g) && aligned16(buf);
+  sgd_momentum_kernel<<<grid_for(vec ? n / 4 : n), kThreads, 0, stream_of(s)>>>(
+      p, g, buf, n, lr, mu, wd, nesterov, vec);
+  DISTJAX_CUDA_LAUNCHED("sgd_momentum");
+}
+
+void adam(float* p, const float* g, float* m, float* v, std::int64_t n, double lr, double b1,
+          double b2, double eps, std::int64_t t, double decay, double l2, Stream s) {
+  if (n == 0) return;
+  // PyTorch's formulation: step_size = lr / bc1, denom = sqrt(v) / sqrt(bc2) + eps.
+  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(t));
+  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(t));
+  const AdamScalars a{static_cast<float>(lr / bc1), static_cast<float>(1.0 / std::sqrt(bc2)),
+                      static_cast<float>(b1),       static_cast<float>(b2),
+                      static_cast<float>(1.0 - b1), static_cast<float>(1.0 - b2),
+                      static_cast<float>(eps),      static_cast<float>(decay),
+                      static_cast<float>(l2)};
+  const bool vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v);
+  adam_kernel<<<grid_for(vec ? n / 4 : n), kThreads, 0, stream_of(s)>>>(p, g, m, v, n, a, vec);
+  DISTJAX_CUDA_LAUNCHED("adam");
+}
+
+// Two passes in a fixed order (the block count depends on n only): per-block sums, then one
+// block adds them. The result goes to host memory, so the stream is synchronised.
+void sum_squares(const float* x, std::int64_t n, double* host_out, Stream s) {
+  if (n == 0) {
+    *host_out = 0.0;
+    return;
+  }
+  const cudaStream_t stream = stream_of(s);
+  const bool vec = aligned16(x);
+  constexpr int kMaxPartials = 1024;
+  const unsigned blocks = std::min<unsigned>(grid_for(vec ? n / 4 : n), kMaxPartials);
+  StreamScratch scratch((blocks + 1) * sizeof(double), stream, "sum_squares");
+  double* partial = scratch.as<double>();
+  sum_squares_partial<<<blocks, kThreads, 0, stream>>>(x, n, vec, partial);
+  DISTJAX_CUDA_LAUNCHED("sum_squares");
+  sum_partials<<<1, kMaxPartials, 0, stream>>>(partial, static_cast<int>(blocks), partial + blocks);
+  DISTJAX_CUDA_LAUNCHED("sum_squares");
+  DISTJAX_CUDA_CHECK(
+      cudaMemcpyAsync(host_out, partial + blocks, sizeof(double), cudaMemcpyDeviceToHost, stream),
+      "sum_squares");
+  scratch.release();
+  DISTJAX_CUDA_CHECK(cudaStreamSynchronize(stream), "sum_squares");
+}
+
+void scale(float* x, std::int64_t n, float f, Stream s) {
+  if (n == 0) return;
+  const bool vec = aligned16(x);
+  scale_kernel<<<grid_for(vec ? n / 4 : n), kThreads, 0, stream_of(s)>>>(x, n, f, vec);
+  DISTJAX_CUDA_LAUNCHED("scale");
+}
+
+}  // namespace
+
+const detail::OptimKernels optim_kernels{
+    .sgd = sgd,
+    .sgd_momentum = sgd_momentum,
+    .adam = adam,
+    .sum_squares = sum_squares,
+    .scale = scale,
+};
+
+}  // namespace distjax::tensor::cuda
