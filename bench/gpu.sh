@@ -12,6 +12,7 @@
 #   GPU_STEPS=20      timed steps (after warm-up) of each system
 #   GPU_SKIP_REFS=1   DistJax alone
 #   GPU_DEADLINE=S    skip what would start after S seconds of this script (a lease's end)
+#   DISTJAX_COMMIT=.. the commit recorded in the first line (default: git's HEAD)
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -34,7 +35,9 @@ note() {
 }
 
 card=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
-commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+# DISTJAX_COMMIT names the commit where the tree's git cannot (a copy made for the GPU
+# machine may carry an older .git than its files).
+commit=${DISTJAX_COMMIT:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)}
 $PY -c 'import json,sys; print(json.dumps({"name": "gpu_bench_run", "card": sys.argv[1], "date": sys.argv[2], "commit": sys.argv[3], "batch": int(sys.argv[4]), "seq": 1024, "model": "GPT-2 124M (L12 H12 d768 T1024 V50304), bf16, AdamW"}))' \
   "$card" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$commit" "$B" >"$OUT"
 
