@@ -23,7 +23,7 @@ for round in $(seq 1 "$ROUNDS"); do
     for exe in $ONLY; do
       [ -x "$build/$exe" ] || { echo "[compare] missing $build/$exe" >&2; continue; }
       args=()
-      case "$exe" in bench_train | bench_dp | bench_tp | bench_pp) args=(--seconds "$SECONDS_PER") ;; esac
+      case "$exe" in bench_train | bench_dp | bench_tp) args=(--seconds "$SECONDS_PER") ;; esac  # bench_pp: --steps
       echo "[compare] round $round, $side: $exe" >&2
       DISTJAX_BENCH_OUT="$OUT/$side.jsonl" timeout 900 "$build/$exe" "${args[@]}" >/dev/null 2>&1 ||
         echo "[compare] $side $exe failed" >&2
