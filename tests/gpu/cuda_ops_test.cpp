@@ -23,6 +23,7 @@
 #include "distjax/tensor/parallel_ops.hpp"
 #include "distjax/tensor/update_ops.hpp"
 #include "tensor/checked_parity.hpp"
+#include "gpu/gpu_test.hpp"
 
 namespace {
 
@@ -40,14 +41,6 @@ constexpr double kBf16 = 1e-2;
 // Poison every CUDA allocation of this process (read at the first one).
 const bool poisoned = (setenv("DISTJAX_CUDA_POISON", "1", 1), true);
 
-#define SKIP_WITHOUT_GPU()                                                                        \
-  do {                                                                                            \
-    if (cuda_device_count() == 0) {                                                               \
-      if (std::getenv("DISTJAX_REQUIRE_GPU") != nullptr)                                          \
-        FAIL() << "no usable GPU, and DISTJAX_REQUIRE_GPU is set: " << cuda_unavailable_reason(); \
-      GTEST_SKIP() << cuda_unavailable_reason();                                                  \
-    }                                                                                             \
-  } while (0)
 
 const Device kGpu{DeviceKind::CUDA, 0};
 

@@ -12,6 +12,7 @@
 #include "distjax/core/error.hpp"
 #include "distjax/tensor/cuda.hpp"
 #include "distjax/tensor/cuda/cuda_memory.hpp"
+#include "gpu/gpu_test.hpp"
 #ifdef DISTJAX_HAVE_CUDA
 #include <cuda_runtime.h>
 
@@ -23,14 +24,6 @@ namespace {
 using namespace distjax;
 using namespace distjax::tensor;
 
-#define SKIP_WITHOUT_GPU()                                                                        \
-  do {                                                                                            \
-    if (cuda_device_count() == 0) {                                                               \
-      if (std::getenv("DISTJAX_REQUIRE_GPU") != nullptr)                                          \
-        FAIL() << "no usable GPU, and DISTJAX_REQUIRE_GPU is set: " << cuda_unavailable_reason(); \
-      GTEST_SKIP() << cuda_unavailable_reason();                                                  \
-    }                                                                                             \
-  } while (0)
 
 TEST(Cuda, BuiltWithCudaAsConfigured) {
 #ifdef DISTJAX_HAVE_CUDA

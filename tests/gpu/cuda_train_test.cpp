@@ -28,21 +28,13 @@
 #include "distjax/config/config_file.hpp"
 #include "distjax/tensor/cuda.hpp"
 #include "distjax/tensor/tensor.hpp"
+#include "gpu/gpu_test.hpp"
 
 namespace {
 
 using namespace distjax;
 namespace fs = std::filesystem;
 
-#define SKIP_WITHOUT_GPU()                                                                        \
-  do {                                                                                            \
-    if (tensor::cuda_device_count() == 0) {                                                       \
-      if (std::getenv("DISTJAX_REQUIRE_GPU") != nullptr)                                          \
-        FAIL() << "no usable GPU, and DISTJAX_REQUIRE_GPU is set: "                               \
-               << tensor::cuda_unavailable_reason();                                              \
-      GTEST_SKIP() << tensor::cuda_unavailable_reason();                                          \
-    }                                                                                             \
-  } while (0)
 
 // The per-step training losses of a 50-step run of configs/train_gpt.toml on `device`.
 std::vector<double> losses(const std::string& device, const std::string& precision) {
