@@ -41,7 +41,10 @@ class GlobalViewMpiTest : public ::testing::Test {
 
 TEST_F(GlobalViewMpiTest, MegatronGptMatchesOneDevice) {
   ASSERT_TRUE(comm::backend_available(comm::Backend::Mpi));
-  const auto [x, y] = batch();
+  // Plain variables, not a structured binding: the lambdas below use them, which clang
+  // before 16 rejects for a binding.
+  const std::pair<Tensor, Tensor> xy = batch();
+  const Tensor &x = xy.first, &y = xy.second;
   const models::Transformer gpt(kConfig);
   std::vector<double> want;
   TensorTree p = gpt.init(Key::from_seed(0));

@@ -120,7 +120,9 @@ namespace {
 TEST(GlobalReshard, PartialResolvedLazilyByReduceScatter) {
   const Tensor a = testing::randn({8, 16}, 3), w = testing::randn({16, 8}, 4);
   const Tensor r = testing::randn({8, 8}, 5);
-  auto [ref_loss, ref_g] = autodiff::value_and_grad([&](const tensor::TensorTree& p) {
+  // A plain variable, not a structured binding: the lambda below uses it, which clang
+  // before 16 rejects for a binding.
+  const tensor::TensorTree ref_g = autodiff::grad([&](const tensor::TensorTree& p) {
     return tensor::sum(tensor::mul(tensor::matmul(p.at("a"), p.at("w")), r));
   })([&] {
     tensor::TensorTree t;

@@ -114,6 +114,8 @@ void expect_close(const std::string& what, const Fn& fn, const V& inputs,
         << (i == 0 ? std::string("output") : "gradient of input " + std::to_string(i - 1));
 }
 
+// Lambdas copy a structured binding by an init-capture ([f = f]): clang before 16 cannot
+// capture a binding by name.
 TEST(CudaOps, UnaryForwardAndBackward) {
   SKIP_WITHOUT_GPU();
   const std::vector<std::pair<std::string, std::function<Tensor(const Tensor&)>>> any = {
@@ -142,10 +144,10 @@ TEST(CudaOps, UnaryForwardAndBackward) {
   // An odd size (tails of vector access) and one over a million elements.
   for (const Shape& shape : {Shape{37, 129}, Shape{(1 << 20) + 3}}) {
     for (const auto& [name, f] : any)
-      expect_close(name, [f](const V& a) { return f(a[0]); }, {uniform(shape, -3.f, 3.f)},
+      expect_close(name, [f = f](const V& a) { return f(a[0]); }, {uniform(shape, -3.f, 3.f)},
                    {true});
     for (const auto& [name, f] : positive)
-      expect_close(name, [f](const V& a) { return f(a[0]); }, {uniform(shape, 0.1f, 4.f)},
+      expect_close(name, [f = f](const V& a) { return f(a[0]); }, {uniform(shape, 0.1f, 4.f)},
                    {true});
   }
 }
@@ -171,7 +173,7 @@ TEST(CudaOps, BinaryWithEveryBroadcastKind) {
       // Divisors away from zero.
       Tensor b = name == "div" ? uniform(sb, 0.5f, 2.f) : uniform(sb);
       expect_close(name + " " + to_string(sa) + " " + to_string(sb),
-                   [f](const V& a) { return f(a[0], a[1]); }, {uniform(sa), b}, {true, true});
+                   [f = f](const V& a) { return f(a[0], a[1]); }, {uniform(sa), b}, {true, true});
     }
 }
 
@@ -204,12 +206,12 @@ TEST(CudaOps, Reductions) {
   for (const auto& [shape, axes] : cases) {
     const std::string s = to_string(shape) + " axes " + std::to_string(axes[0]) +
                           (axes.size() > 1 ? "," + std::to_string(axes[1]) : "");
-    expect_close("sum " + s, [axes](const V& a) { return sum(a[0], axes); }, {uniform(shape)},
-                 {true});
-    expect_close("mean " + s, [axes](const V& a) { return mean(a[0], axes, true); },
+    expect_close("sum " + s, [axes = axes](const V& a) { return sum(a[0], axes); },
                  {uniform(shape)}, {true});
-    expect_close("max " + s, [axes](const V& a) { return max(a[0], axes); }, {uniform(shape)},
-                 {true});
+    expect_close("mean " + s, [axes = axes](const V& a) { return mean(a[0], axes, true); },
+                 {uniform(shape)}, {true});
+    expect_close("max " + s, [axes = axes](const V& a) { return max(a[0], axes); },
+                 {uniform(shape)}, {true});
   }
   expect_close("sum of all", [](const V& a) { return sum(a[0]); }, {uniform({513, 257})}, {true});
   expect_close("max of all", [](const V& a) { return max(a[0]); }, {uniform({513, 257})}, {true});

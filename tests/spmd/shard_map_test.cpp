@@ -100,7 +100,10 @@ TEST(ShardMap, SpecErrorsNameTheArgument) {
                          {P("pipe")}, {P()}),
                ShardingError);
   // A misspelled axis, in an in_spec or an out_spec, is named before anything runs.
-  for (const auto& [in, out] : {std::pair{P("modle"), P()}, std::pair{P(), P("modle")}}) {
+  // in and out are plain variables, not a structured binding: the lambda uses them, which
+  // clang before 16 rejects for a binding.
+  for (const auto& io : {std::pair{P("modle"), P()}, std::pair{P(), P("modle")}}) {
+    const auto &in = io.first, &out = io.second;
     const std::string typo = error_of<ShardingError>([&] {
       shard_map(m, [](DeviceContext&, const std::vector<Tensor>& x) { return x; }, {in}, {out});
     });
