@@ -6,6 +6,7 @@
 // shows as a NaN (the op harness sets it).
 #include "distjax/tensor/cuda/cuda_memory.hpp"
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -19,21 +20,22 @@ namespace distjax::tensor {
 namespace cuda {
 namespace {
 
-// The device's default pool, set up once per device to keep freed memory.
+// The device's default pool, set up once per device to keep freed memory. Every allocation
+// asks: the set-up pool is read without a lock.
 cudaMemPool_t pool_of(int device) {
   static std::mutex mu;
-  static cudaMemPool_t pools[64] = {};
+  static std::atomic<cudaMemPool_t> pools[64] = {};
   DISTJAX_CHECK(device < 64, InvalidArgument, "[cuda_alloc] cuda:", device, " is out of range");
+  if (cudaMemPool_t pool = pools[device].load(std::memory_order_acquire)) return pool;
   std::lock_guard<std::mutex> lock(mu);
-  if (!pools[device]) {
-    cudaMemPool_t pool = nullptr;
-    DISTJAX_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device), "cuda_alloc");
-    std::uint64_t keep_all = UINT64_MAX;
-    DISTJAX_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all),
-                       "cuda_alloc");
-    pools[device] = pool;
-  }
-  return pools[device];
+  if (cudaMemPool_t pool = pools[device].load(std::memory_order_relaxed)) return pool;
+  cudaMemPool_t pool = nullptr;
+  DISTJAX_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device), "cuda_alloc");
+  std::uint64_t keep_all = UINT64_MAX;
+  DISTJAX_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all),
+                     "cuda_alloc");
+  pools[device].store(pool, std::memory_order_release);
+  return pool;
 }
 
 bool poison() {

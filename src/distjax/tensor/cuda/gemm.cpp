@@ -24,6 +24,7 @@
 #include "distjax/tensor/cuda.hpp"
 #include "distjax/tensor/cuda/cuda_runtime.hpp"
 #include "distjax/tensor/cuda/kernels.hpp"
+#include "distjax/tensor/cuda/launch.cuh"
 
 namespace distjax::tensor {
 namespace {
@@ -239,7 +240,7 @@ void run(const Problem& p, const void* a, const void* b, const float* bias, floa
                                                         sizeof(bias)),
                          "gemm");
   ThreadContext& ctx = context();
-  const cudaStream_t stream = s.handle ? static_cast<cudaStream_t>(s.handle) : cudaStreamPerThread;
+  const cudaStream_t stream = stream_of(s);
   DISTJAX_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, plan.desc, &alpha, a, plan.la, b, plan.lb, &beta,
                                       d, plan.ld, d, plan.ld, &plan.algo, ctx.workspace,
                                       kWorkspaceBytes, stream),
@@ -251,7 +252,7 @@ std::uint64_t addr(const void* p) {
 }
 
 void zero(float* c, std::int64_t n, Stream s) {
-  const cudaStream_t stream = s.handle ? static_cast<cudaStream_t>(s.handle) : cudaStreamPerThread;
+  const cudaStream_t stream = stream_of(s);
   DISTJAX_CUDA_CHECK(cudaMemsetAsync(c, 0, static_cast<std::size_t>(n) * sizeof(float), stream),
                      "gemm");
 }
@@ -321,7 +322,7 @@ void gemm_f32_strided(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n
       DISTJAX_CUDA_CHECK(
           cudaMemset2DAsync(c + i * stride_c, static_cast<std::size_t>(ldc) * 4, 0,
                             static_cast<std::size_t>(n) * 4, static_cast<std::size_t>(m),
-                            s.handle ? static_cast<cudaStream_t>(s.handle) : cudaStreamPerThread),
+                            stream_of(s)),
           "gemm_f32_strided");
     return;
   }
