@@ -31,13 +31,13 @@ namespace {
 using namespace distjax;
 using tensor::Tensor;
 
+#ifdef DISTJAX_HAVE_CUDA
+
 void emit(const nlohmann::json& j) {
   const std::string line = j.dump();
   std::printf("%s\n", line.c_str());
   if (const char* path = std::getenv("DISTJAX_BENCH_OUT")) std::ofstream(path, std::ios::app) << line << "\n";
 }
-
-#ifdef DISTJAX_HAVE_CUDA
 
 #define CHECK_CUDA(x)                                                                  \
   do {                                                                                 \
@@ -133,6 +133,11 @@ double time_ms(F fn, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (tensor::cuda_device_count() == 0) {
+    std::fprintf(stderr, "bench_gpu_gemm: no GPU: %s\n", tensor::cuda_unavailable_reason().c_str());
+    return 1;
+  }
+#ifdef DISTJAX_HAVE_CUDA
   std::int64_t batch = 16;
   int reps = 20;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -140,11 +145,6 @@ int main(int argc, char** argv) {
     if (k == "--batch") batch = std::stoll(argv[i + 1]);
     else if (k == "--reps") reps = std::stoi(argv[i + 1]);
   }
-  if (tensor::cuda_device_count() == 0) {
-    std::fprintf(stderr, "bench_gpu_gemm: no GPU: %s\n", tensor::cuda_unavailable_reason().c_str());
-    return 1;
-  }
-#ifdef DISTJAX_HAVE_CUDA
   const Device gpu{DeviceKind::CUDA, 0};
   DeviceScope on(gpu);
   tensor::NoGradGuard no_grad;
@@ -200,6 +200,9 @@ int main(int argc, char** argv) {
         {"batch", batch}, {"distjax_ms_per_layer_set", ours_total},
         {"cublaslt_ms_per_layer_set", raw_total},
         {"note", "one of each layer's products; a step runs the block's four 12 times"}});
+#else
+  (void)argc;
+  (void)argv;
 #endif
   return 0;
 }
