@@ -11,13 +11,14 @@
 #include <thread>
 
 #include "distjax/core/error.hpp"
+#include "distjax/tensor/device_memory.hpp"
 #include "distjax/tensor/host_access.hpp"
 
 namespace distjax::comm::detail {
 
 bool CallDesc::operator==(const CallDesc& o) const {
   return seq == o.seq && count == o.count && pairs_hash == o.pairs_hash && root == o.root &&
-         op == o.op && dtype == o.dtype && reduce == o.reduce;
+         op == o.op && dtype == o.dtype && reduce == o.reduce && cuda == o.cuda;
 }
 
 CallDesc make_desc(std::uint64_t seq, OpKind op, std::int64_t count, DType dtype, ReduceOp reduce,
@@ -43,6 +44,7 @@ std::string describe(const CallDesc& d) {
     os << ", " << reduce_op_name(static_cast<ReduceOp>(d.reduce));
   if (op == OpKind::Broadcast) os << ", root=" << d.root;
   if (op == OpKind::Permute) os << ", pairs#" << std::hex << (d.pairs_hash & 0xffff) << std::dec;
+  if (d.cuda) os << ", on cuda";
   os << ")";
   return os.str();
 }
@@ -150,7 +152,8 @@ std::uint64_t hash_desc(const CallDesc& d) {
   mix(static_cast<std::uint64_t>(d.count));
   mix(d.pairs_hash);
   mix(static_cast<std::uint32_t>(d.root) |
-      (std::uint64_t(d.op) << 32 | std::uint64_t(d.dtype) << 40 | std::uint64_t(d.reduce) << 48));
+      (std::uint64_t(d.op) << 32 | std::uint64_t(d.dtype) << 40 | std::uint64_t(d.reduce) << 48 |
+       std::uint64_t(d.cuda) << 56));
   h ^= h >> 31;
   h *= 0x94d049bb133111ebull;
   h ^= h >> 29;
@@ -213,75 +216,10 @@ Traffic ring_traffic(OpKind op, std::int64_t b, int p, bool is_root) {
   return t;
 }
 
-namespace {
-
-constexpr std::int64_t kTile = 1024;
-
-template <class T>
-void reduce_native(T* dst, const void* const* srcs, int k, std::int64_t n, ReduceOp op,
-                   int divisor) {
-  T acc[kTile];
-  for (std::int64_t lo = 0; lo < n; lo += kTile) {
-    const std::int64_t m = std::min(kTile, n - lo);
-    const T* s0 = static_cast<const T*>(srcs[0]) + lo;
-    for (std::int64_t i = 0; i < m; ++i) acc[i] = s0[i];
-    for (int j = 1; j < k; ++j) {
-      const T* s = static_cast<const T*>(srcs[j]) + lo;
-      if (op == ReduceOp::Max) {
-        for (std::int64_t i = 0; i < m; ++i) acc[i] = s[i] > acc[i] ? s[i] : acc[i];
-      } else {
-        for (std::int64_t i = 0; i < m; ++i) acc[i] += s[i];
-      }
-    }
-    if (op == ReduceOp::Mean) {
-      for (std::int64_t i = 0; i < m; ++i) acc[i] = acc[i] / static_cast<T>(divisor);
-    }
-    std::memcpy(dst + lo, acc, m * sizeof(T));
-  }
-}
-
-// bf16 / f16: accumulate in f32 in rank order, round once.
-template <class H>
-void reduce_half(H* dst, const void* const* srcs, int k, std::int64_t n, ReduceOp op,
-                 int divisor) {
-  float acc[kTile];
-  for (std::int64_t lo = 0; lo < n; lo += kTile) {
-    const std::int64_t m = std::min(kTile, n - lo);
-    const H* s0 = static_cast<const H*>(srcs[0]) + lo;
-    for (std::int64_t i = 0; i < m; ++i) acc[i] = static_cast<float>(s0[i]);
-    for (int j = 1; j < k; ++j) {
-      const H* s = static_cast<const H*>(srcs[j]) + lo;
-      for (std::int64_t i = 0; i < m; ++i) {
-        float v = static_cast<float>(s[i]);
-        acc[i] = op == ReduceOp::Max ? (v > acc[i] ? v : acc[i]) : acc[i] + v;
-      }
-    }
-    for (std::int64_t i = 0; i < m; ++i) {
-      float v = op == ReduceOp::Mean ? acc[i] / static_cast<float>(divisor) : acc[i];
-      dst[lo + i] = H(v);
-    }
-  }
-}
-
-}  // namespace
-
-void reduce_into(void* dst, const void* const* srcs, int k, std::int64_t n, DType dtype,
-                 ReduceOp op, int divisor) {
-  switch (dtype) {
-    case DType::F32: return reduce_native(static_cast<float*>(dst), srcs, k, n, op, divisor);
-    case DType::I32:
-      return reduce_native(static_cast<std::int32_t*>(dst), srcs, k, n, op, divisor);
-    case DType::I64:
-      return reduce_native(static_cast<std::int64_t*>(dst), srcs, k, n, op, divisor);
-    case DType::F64: return reduce_native(static_cast<double*>(dst), srcs, k, n, op, divisor);
-    case DType::BF16: return reduce_half(static_cast<bf16*>(dst), srcs, k, n, op, divisor);
-    case DType::F16: return reduce_half(static_cast<f16*>(dst), srcs, k, n, op, divisor);
-  }
-}
-
 void divide_inplace(void* buf, std::int64_t n, DType dtype, int divisor) {
   const void* srcs[1] = {buf};
-  reduce_into(buf, srcs, 1, n, dtype, ReduceOp::Mean, divisor);
+  tensor::raw::reduce("divide", Device::cpu(), buf, srcs, 1, n, dtype, tensor::raw::Reduction::Mean,
+                      divisor);
 }
 
 std::chrono::steady_clock::duration link_time(const LinkModel& link, const Traffic& t) {

@@ -25,7 +25,7 @@ struct CallDesc {
   std::uint8_t op = 0;           // OpKind
   std::uint8_t dtype = 0;        // DType
   std::uint8_t reduce = 0;       // ReduceOp
-  std::uint8_t pad = 0;
+  std::uint8_t cuda = 0;          // threads backend: 1 when the call moves CUDA buffers
   bool operator==(const CallDesc& o) const;
 };
 
@@ -80,11 +80,7 @@ struct Traffic {
 };
 Traffic ring_traffic(OpKind op, std::int64_t block_bytes, int size, bool is_root = false);
 
-/// dst[i] = reduce over j of srcs[j][i] for i in [0, n), in source order 0..k-1 (so sums
-/// are bit-reproducible); Mean divides by `divisor`. dst may alias any source.
-void reduce_into(void* dst, const void* const* srcs, int k, std::int64_t n, DType dtype,
-                 ReduceOp op, int divisor);
-/// In place: buf[i] /= divisor (Mean after a backend's Sum).
+/// In place on host memory: buf[i] /= divisor (Mean after a backend's Sum).
 void divide_inplace(void* buf, std::int64_t n, DType dtype, int divisor);
 
 /// What the link model charges for this traffic: steps x latency + bytes sent /

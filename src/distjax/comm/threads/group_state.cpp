@@ -270,6 +270,30 @@ std::shared_ptr<GroupState> GroupState::take_split(std::uint64_t seq, int color,
 
 // ---------------------------------------------------------------- point-to-point
 
+// Copies a paired message (s's send buffer into r's recv buffer) on the calling thread's
+// stream of their device and waits for it; returns the error, empty when it worked.
+std::string GroupState::copy_message(P2POp& s, P2POp& r, const std::tuple<int, int, int>& key) {
+  const bool s_cuda = s.device.kind == DeviceKind::CUDA, r_cuda = r.device.kind == DeviceKind::CUDA;
+  if (s_cuda != r_cuda || (s_cuda && s.device != r.device)) {
+    std::ostringstream os;
+    os << "[send/recv] device " << members_[std::get<0>(key)] << " sends from "
+       << s.device.str() << " but device " << members_[std::get<1>(key)] << " receives into "
+       << r.device.str() << " (tag " << std::get<2>(key) << "): both buffers must be on one GPU, "
+       << "or both in host memory";
+    return os.str();
+  }
+  try {
+    s.ready.wait();
+    r.ready.wait();
+    const std::size_t bytes = static_cast<std::size_t>(s.count) * dtype_size(s.dtype);
+    tensor::raw::copy("send/recv", s.device, r.recv_buf, s.send_buf, bytes);
+    tensor::raw::synchronize("send/recv", s.device);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};
+}
+
 void GroupState::post(int rank, const std::shared_ptr<P2POp>& op) {
   const Key key = op->is_send ? Key{rank, op->peer, op->tag} : Key{op->peer, rank, op->tag};
   std::shared_ptr<P2POp> other;
@@ -299,7 +323,7 @@ void GroupState::post(int rank, const std::shared_ptr<P2POp>& op) {
        << std::get<2>(key) << " but it sent " << s.count << " " << dtype_name(s.dtype);
     error = os.str();
   } else if (s.count > 0) {
-    std::memcpy(r.recv_buf, s.send_buf, s.count * dtype_size(s.dtype));
+    error = copy_message(s, r, key);
   }
   // One message step of the link model, counted from the match.
   const Clock::time_point ready =

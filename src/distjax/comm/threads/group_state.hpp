@@ -15,6 +15,7 @@
 
 #include "distjax/comm/detail/call.hpp"
 #include "distjax/comm/launch.hpp"
+#include "distjax/tensor/device_memory.hpp"
 
 namespace distjax::comm::threads {
 
@@ -79,6 +80,8 @@ struct P2POp {
   DType dtype = DType::F32;
   int peer = 0;  // rank in the group
   int tag = 0;
+  Device device;              // where the buffer is: a CUDA device, or the host (cpu)
+  tensor::raw::Event ready;   // the poster's work before the post (waited for by the copier)
   // Guarded by the group mutex:
   bool matched = false;  // paired with the other side (the copy may still be running)
   bool done = false;     // copy finished
@@ -123,7 +126,8 @@ class GroupState {
                                          const std::vector<int>& members);
 
   /// Point-to-point matching. `op` is queued or paired (the paired copy is done here,
-  /// outside the lock) and completed.
+  /// outside the lock, on the calling thread's stream, once both sides' work before their
+  /// posts is done; it is complete when the ops are marked done) and completed.
   void post(int rank, const std::shared_ptr<P2POp>& op);
   /// Blocks until op is done; throws CommError on timeout, failure or a peer that
   /// finished its program without the matching call.
@@ -139,6 +143,7 @@ class GroupState {
 
  private:
   void fail_locked(const std::string& why);
+  std::string copy_message(P2POp& s, P2POp& r, const std::tuple<int, int, int>& key);
   std::vector<int> missing_locked(int rank) const;
   std::string missing_message_locked(int rank, const std::vector<int>& missing, bool timeout);
 

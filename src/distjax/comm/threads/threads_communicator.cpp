@@ -11,15 +11,14 @@
 #include <optional>
 #include <thread>
 
-#include "distjax/comm/threads/reduce.hpp"
 #include "distjax/core/error.hpp"
+#include "distjax/tensor/device_memory.hpp"
 
 namespace distjax::comm::threads {
 
 namespace {
 
-constexpr const char* kBackend = "threads";
-using detail::HostBuffers;
+namespace raw = tensor::raw;
 
 // Below this many bytes all_reduce reduces the whole buffer on every rank (2 sync
 // points) instead of reduce-scatter + all-gather (3 sync points).
@@ -28,6 +27,35 @@ constexpr std::int64_t kSmallAllReduceBytes = 32 * 1024;
 char* bytes_of(void* p) { return static_cast<char*>(p); }
 const char* bytes_of(const void* p) { return static_cast<const char*>(p); }
 
+raw::Reduction reduction_of(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return raw::Reduction::Sum;
+    case ReduceOp::Mean: return raw::Reduction::Mean;
+    case ReduceOp::Max: return raw::Reduction::Max;
+  }
+  return raw::Reduction::Sum;
+}
+
+// Where a call's data moves: the CUDA device of its buffers, or the host (the CPU and the
+// checked device alike: the CPU's kernels reach both). Buffers that hold nothing do not
+// count; the others must agree (InvalidArgument naming the op and both devices).
+Device data_device(const char* op, std::initializer_list<const Buffer*> buffers) {
+  const Buffer* first = nullptr;
+  for (const Buffer* b : buffers) {
+    if (b->count == 0) continue;
+    if (!first) {
+      first = b;
+      continue;
+    }
+    const bool cuda = b->device.kind == DeviceKind::CUDA,
+               first_cuda = first->device.kind == DeviceKind::CUDA;
+    DISTJAX_CHECK(cuda == first_cuda && (!cuda || b->device == first->device), InvalidArgument,
+                  "[", op, "] expects its buffers on one device, got ", first->device.str(),
+                  " and ", b->device.str());
+  }
+  return first && first->device.kind == DeviceKind::CUDA ? first->device : Device::cpu();
+}
+
 // Elements [lo, hi) of rank r's share of count elements over n ranks.
 std::pair<std::int64_t, std::int64_t> share(std::int64_t count, int n, int r) {
   return {count * r / n, count * (r + 1) / n};
@@ -35,14 +63,51 @@ std::pair<std::int64_t, std::int64_t> share(std::int64_t count, int n, int r) {
 
 }  // namespace
 
-/// One collective call: sequence number, deadline, flight-recorder entry and stats.
+/// How one call of this device moves its data: through tensor::raw on its buffers' device
+/// (memcpy and the CPU's reduction on the host; kernels on the calling thread's stream on a
+/// GPU, where the device of every rank's buffers is one GPU shared by the simulated
+/// devices, or GPUs of this process that reach each other).
+struct ThreadsCommunicator::Mover {
+  const char* op = "";
+  Device device;
+  /// The work this device queued before it issued the call (what wrote its send buffer,
+  /// and what last used its recv buffer): the call waits for it before peers see them.
+  raw::Event ready;
+
+  Mover(const char* name, Device d) : op(name), device(d), ready(raw::Event::record(name, d)) {}
+  void copy(void* dst, const void* src, std::int64_t bytes) const {
+    if (bytes > 0) raw::copy(op, device, dst, src, static_cast<std::size_t>(bytes));
+  }
+  void zero(void* dst, std::int64_t bytes) const {
+    if (bytes > 0) raw::zero(op, device, dst, static_cast<std::size_t>(bytes));
+  }
+  void reduce(void* dst, const std::vector<const void*>& srcs, std::int64_t n, DType dtype,
+              ReduceOp r, int divisor) const {
+    raw::reduce(op, device, dst, srcs.data(), static_cast<int>(srcs.size()), n, dtype,
+                reduction_of(r), divisor);
+  }
+  /// What this thread queued for the call is done: peers may read what it wrote, and
+  /// their buffers are no longer read.
+  void finish() const { raw::synchronize(op, device); }
+};
+
+std::shared_ptr<ThreadsCommunicator::Mover> ThreadsCommunicator::mover(
+    const char* op, std::initializer_list<const Buffer*> buffers) {
+  return std::make_shared<Mover>(op, data_device(op, buffers));
+}
+
+/// One collective call: sequence number, deadline, flight-recorder entry and stats. Its
+/// sync points order the data: a rank arrives once the work that produced its buffers is
+/// done, and leaves a phase once what it moved in that phase is done.
 class ThreadsCommunicator::Call {
  public:
-  Call(ThreadsCommunicator& c, OpKind kind, std::int64_t block_bytes, bool is_root = false)
-      : Call(c, kind, detail::ring_traffic(kind, block_bytes, c.size(), is_root)) {}
+  Call(ThreadsCommunicator& c, Mover& m, OpKind kind, std::int64_t block_bytes,
+       bool is_root = false)
+      : Call(c, m, kind, detail::ring_traffic(kind, block_bytes, c.size(), is_root)) {}
   /// A call whose traffic is not the ring algorithm's (permute: the bytes it moves).
-  Call(ThreadsCommunicator& c, OpKind kind, const detail::Traffic& traffic)
+  Call(ThreadsCommunicator& c, Mover& m, OpKind kind, const detail::Traffic& traffic)
       : c_(c),
+        m_(m),
         seq_(c.seq_++),
         traffic_(traffic),
         timer_(c, kind, traffic_, c.defer_,
@@ -53,20 +118,28 @@ class ThreadsCommunicator::Call {
   ~Call() { c_.world_->leave_call(c_.global_rank()); }
   std::uint64_t seq() const { return seq_; }
   Clock::time_point deadline() const { return deadline_; }
-  void arrive(const detail::CallDesc& d, const void* send, void* recv, int aux0 = 0,
-              int aux1 = 0) {
+  /// Publishes the call (the descriptor says whether its buffers are on a GPU: every rank's
+  /// must agree) once this device's buffers are ready, and waits for every rank.
+  void arrive(detail::CallDesc d, const void* send, void* recv, int aux0 = 0, int aux1 = 0) {
+    m_.ready.wait();
+    d.cuda = m_.device.kind == DeviceKind::CUDA ? 1 : 0;
     c_.g_->sync(c_.rank_, &d, send, recv, aux0, aux1, deadline_);
     timer_.arrived();
   }
   /// Charges the link model, then waits for every rank (nobody touches the buffers after).
   void depart() {
+    m_.finish();
     c_.charge_link(traffic_);
     c_.g_->sync(c_.rank_, nullptr, nullptr, nullptr, 0, 0, deadline_);
   }
-  void phase() { c_.g_->sync(c_.rank_, nullptr, nullptr, nullptr, 0, 0, deadline_); }
+  void phase() {
+    m_.finish();
+    c_.g_->sync(c_.rank_, nullptr, nullptr, nullptr, 0, 0, deadline_);
+  }
 
  private:
   ThreadsCommunicator& c_;
+  Mover& m_;
   std::uint64_t seq_;
   detail::Traffic traffic_;
   detail::CallTimer timer_;
@@ -78,14 +151,15 @@ ThreadsCommunicator::ThreadsCommunicator(std::shared_ptr<WorldState> world,
                                          std::shared_ptr<CommStats> stats)
     : world_(std::move(world)), g_(std::move(group)), rank_(rank), stats_(std::move(stats)) {}
 
-void ThreadsCommunicator::run_all_reduce(const Buffer& sb, const Buffer& rb, ReduceOp op) {
+void ThreadsCommunicator::run_all_reduce(Mover& m, const Buffer& sb, const Buffer& rb,
+                                         ReduceOp op) {
   const void* send = sb.data;
   void* recv = rb.data;
   const std::int64_t count = sb.count;
   const DType dtype = sb.dtype;
   const int n = size();
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(dtype));
-  Call call(*this, OpKind::AllReduce, count * es);
+  Call call(*this, m, OpKind::AllReduce, count * es);
   const auto d = detail::make_desc(call.seq(), OpKind::AllReduce, count, dtype, op);
   call.arrive(d, send, recv);
   std::vector<const void*> srcs(n);
@@ -93,40 +167,40 @@ void ThreadsCommunicator::run_all_reduce(const Buffer& sb, const Buffer& rb, Red
   for (int j = 0; j < n; ++j) in_place |= g_->send_of(j) == g_->recv_of(j);
   if (n == 1 || (count * es <= kSmallAllReduceBytes && !in_place)) {
     for (int j = 0; j < n; ++j) srcs[j] = g_->send_of(j);
-    reduce_rank_order(recv, srcs.data(), n, count, dtype, op, n);
+    m.reduce(recv, srcs, count, dtype, op, n);
   } else {
     // Reduce-scatter: this rank reduces its share (in rank order) into its own recv ...
     auto [lo, hi] = share(count, n, rank_);
     for (int j = 0; j < n; ++j) srcs[j] = bytes_of(g_->send_of(j)) + lo * es;
-    reduce_rank_order(bytes_of(recv) + lo * es, srcs.data(), n, hi - lo, dtype, op, n);
+    m.reduce(bytes_of(recv) + lo * es, srcs, hi - lo, dtype, op, n);
     call.phase();
     // ... all-gather: copy every other share from its owner's recv.
     for (int j = 0; j < n; ++j) {
       if (j == rank_) continue;
       auto [l, h] = share(count, n, j);
-      std::memcpy(bytes_of(recv) + l * es, bytes_of(g_->recv_of(j)) + l * es, (h - l) * es);
+      m.copy(bytes_of(recv) + l * es, bytes_of(g_->recv_of(j)) + l * es, (h - l) * es);
     }
   }
   call.depart();
 }
 
-void ThreadsCommunicator::run_all_gather(const Buffer& sb, const Buffer& rb) {
+void ThreadsCommunicator::run_all_gather(Mover& m, const Buffer& sb, const Buffer& rb) {
   const void* send = sb.data;
   void* recv = rb.data;
   const std::int64_t count = sb.count;
   const DType dtype = sb.dtype;
   const int n = size();
   const std::int64_t bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
-  Call call(*this, OpKind::AllGather, bytes);
+  Call call(*this, m, OpKind::AllGather, bytes);
   call.arrive(detail::make_desc(call.seq(), OpKind::AllGather, count, dtype), send, recv);
   for (int j = 0; j < n; ++j) {
     char* dst = bytes_of(recv) + j * bytes;
-    if (dst != g_->send_of(j) && bytes > 0) std::memcpy(dst, g_->send_of(j), bytes);
+    if (dst != g_->send_of(j)) m.copy(dst, g_->send_of(j), bytes);
   }
   call.depart();
 }
 
-void ThreadsCommunicator::run_reduce_scatter(const Buffer& sb, const Buffer& rb,
+void ThreadsCommunicator::run_reduce_scatter(Mover& m, const Buffer& sb, const Buffer& rb,
                                              ReduceOp op) {
   const void* send = sb.data;
   void* recv = rb.data;
@@ -134,43 +208,42 @@ void ThreadsCommunicator::run_reduce_scatter(const Buffer& sb, const Buffer& rb,
   const DType dtype = rb.dtype;
   const int n = size();
   const std::int64_t bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
-  Call call(*this, OpKind::ReduceScatter, bytes);
+  Call call(*this, m, OpKind::ReduceScatter, bytes);
   call.arrive(detail::make_desc(call.seq(), OpKind::ReduceScatter, count, dtype, op), send,
               recv);
   std::vector<const void*> srcs(n);
   for (int j = 0; j < n; ++j) srcs[j] = bytes_of(g_->send_of(j)) + rank_ * bytes;
-  reduce_rank_order(recv, srcs.data(), n, count, dtype, op, n);
+  m.reduce(recv, srcs, count, dtype, op, n);
   call.depart();
 }
 
-void ThreadsCommunicator::run_all_to_all(const Buffer& sb, const Buffer& rb) {
+void ThreadsCommunicator::run_all_to_all(Mover& m, const Buffer& sb, const Buffer& rb) {
   const void* send = sb.data;
   void* recv = rb.data;
   const int n = size();
   const std::int64_t count = sb.count / n;
   const DType dtype = sb.dtype;
   const std::int64_t bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
-  Call call(*this, OpKind::AllToAll, bytes);
+  Call call(*this, m, OpKind::AllToAll, bytes);
   call.arrive(detail::make_desc(call.seq(), OpKind::AllToAll, count, dtype), send, recv);
   for (int j = 0; j < n; ++j)
-    if (bytes > 0)
-      std::memcpy(bytes_of(recv) + j * bytes, bytes_of(g_->send_of(j)) + rank_ * bytes, bytes);
+    m.copy(bytes_of(recv) + j * bytes, bytes_of(g_->send_of(j)) + rank_ * bytes, bytes);
   call.depart();
 }
 
-void ThreadsCommunicator::run_broadcast(const Buffer& b, int root) {
+void ThreadsCommunicator::run_broadcast(Mover& m, const Buffer& b, int root) {
   void* buf = b.data;
   const std::int64_t count = b.count;
   const DType dtype = b.dtype;
   const std::int64_t bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
-  Call call(*this, OpKind::Broadcast, bytes, rank_ == root);
+  Call call(*this, m, OpKind::Broadcast, bytes, rank_ == root);
   call.arrive(detail::make_desc(call.seq(), OpKind::Broadcast, count, dtype, ReduceOp::Sum, root),
               buf, buf);
-  if (rank_ != root && bytes > 0) std::memcpy(buf, g_->send_of(root), bytes);
+  if (rank_ != root) m.copy(buf, g_->send_of(root), bytes);
   call.depart();
 }
 
-void ThreadsCommunicator::run_permute(const Buffer& sb, const Buffer& rb,
+void ThreadsCommunicator::run_permute(Mover& m, const Buffer& sb, const Buffer& rb,
                                       const std::vector<std::pair<int, int>>& pairs) {
   const void* send = sb.data;
   void* recv = rb.data;
@@ -185,17 +258,15 @@ void ThreadsCommunicator::run_permute(const Buffer& sb, const Buffer& rb,
   }
   // Bytes actually moved between devices (a self pair moves nothing).
   const bool receives = src >= 0 && src != rank_;
-  Call call(*this, OpKind::Permute,
+  Call call(*this, m, OpKind::Permute,
             detail::Traffic{sends ? bytes : 0, receives ? bytes : 0, (sends || src >= 0) ? 1 : 0});
   call.arrive(detail::make_desc(call.seq(), OpKind::Permute, count, dtype, ReduceOp::Sum, 0,
                                 detail::hash_pairs(pairs)),
               send, recv);
-  if (bytes > 0) {
-    if (src >= 0) {
-      std::memcpy(recv, g_->send_of(src), bytes);
-    } else {
-      std::memset(recv, 0, bytes);
-    }
+  if (src >= 0) {
+    m.copy(recv, g_->send_of(src), bytes);
+  } else {
+    m.zero(recv, bytes);
   }
   charge_link(detail::Traffic{sends ? bytes : 0, 0, (sends || src >= 0) ? 1 : 0});
   call.phase();
@@ -205,7 +276,8 @@ void ThreadsCommunicator::run_set_link_model(const LinkModel& link) {
   DISTJAX_CHECK(size() == world_->num_devices(), InvalidArgument,
                 "[set_link_model] call it on the world communicator (every device of the "
                 "launch); this group has ", size(), " of ", world_->num_devices(), " devices");
-  Call call(*this, OpKind::Barrier, 0);
+  Mover m("set_link_model", Device::cpu());
+  Call call(*this, m, OpKind::Barrier, 0);
   // The model's bits in the descriptor: devices that pass different models disagree.
   const std::vector<std::pair<int, int>> bits = {
       {static_cast<int>(std::bit_cast<std::uint64_t>(link.latency_us) >> 32),
@@ -220,13 +292,15 @@ void ThreadsCommunicator::run_set_link_model(const LinkModel& link) {
 }
 
 void ThreadsCommunicator::run_barrier() {
-  Call call(*this, OpKind::Barrier, 0);
+  Mover m("barrier", Device::cpu());
+  Call call(*this, m, OpKind::Barrier, 0);
   call.arrive(detail::make_desc(call.seq(), OpKind::Barrier), nullptr, nullptr);
 }
 
 std::shared_ptr<CommunicatorImpl> ThreadsCommunicator::run_split(int color, int key) {
   const int n = size();
-  Call call(*this, OpKind::Split, 0);
+  Mover m("split", Device::cpu());
+  Call call(*this, m, OpKind::Split, 0);
   call.arrive(detail::make_desc(call.seq(), OpKind::Split), nullptr, nullptr, color, key);
   std::vector<int> ranks;
   for (int j = 0; j < n; ++j)
@@ -251,16 +325,15 @@ class ThreadsRequest final : public RequestImpl {
  public:
   ThreadsRequest(std::shared_ptr<GroupState> g, int rank, std::shared_ptr<P2POp> op,
                  std::shared_ptr<CommStats> stats, int stats_group,
-                 std::chrono::milliseconds timeout, HostBuffers access)
+                 std::chrono::milliseconds timeout)
       : g_(std::move(g)),
         rank_(rank),
         op_(std::move(op)),
         stats_(std::move(stats)),
         stats_group_(stats_group),
-        timeout_(timeout),
-        access_(std::move(access)) {}
+        timeout_(timeout) {}
   ~ThreadsRequest() override {
-    if (!finished_) g_->cancel(rank_, op_);  // then access_ goes: nobody copies any more
+    if (!finished_) g_->cancel(rank_, op_);
   }
   void wait() override {
     if (finished_) return;
@@ -278,12 +351,8 @@ class ThreadsRequest final : public RequestImpl {
   }
 
  private:
-  // The copy is done: the buffer is the caller's again (who may free it before dropping
-  // the request).
-  void finish() {
-    finished_ = true;
-    access_.reset();
-  }
+  // The copy is done: the buffer is the caller's again.
+  void finish() { finished_ = true; }
 
   std::shared_ptr<GroupState> g_;
   int rank_;
@@ -291,15 +360,12 @@ class ThreadsRequest final : public RequestImpl {
   std::shared_ptr<CommStats> stats_;
   int stats_group_;  // the label in force when the transfer was posted
   std::chrono::milliseconds timeout_;
-  std::optional<HostBuffers> access_;  // the buffer, until the transfer is done
   bool finished_ = false;
 };
 
 }  // namespace
 
 Request ThreadsCommunicator::post(bool is_send, const Buffer& b, int peer, int tag) {
-  // Before the peer can see the op: it may copy into or out of the buffer at once.
-  HostBuffers access(is_send ? "isend" : "irecv", kBackend, b);
   void* buf = b.data;
   const std::int64_t count = b.count;
   const DType dtype = b.dtype;
@@ -314,11 +380,15 @@ Request ThreadsCommunicator::post(bool is_send, const Buffer& b, int peer, int t
   op->dtype = dtype;
   op->peer = peer;
   op->tag = tag;
+  // Whoever pairs the two sides copies, on its own thread: it waits for the work this
+  // device queued before posting (what wrote the send buffer or last used the recv one).
+  op->device = data_device(is_send ? "isend" : "irecv", {&b});
+  op->ready = raw::Event::record(is_send ? "isend" : "irecv", op->device);
   detail::count_post(*this, is_send, count * static_cast<std::int64_t>(dtype_size(dtype)),
                      peer == rank_);
   g_->post(rank_, op);
   return Request(std::make_unique<ThreadsRequest>(g_, rank_, std::move(op), stats_, stats_group(),
-                                                  world_->options().timeout, std::move(access)));
+                                                  world_->options().timeout));
 }
 
 Request ThreadsCommunicator::isend(const Buffer& buf, int dst, int tag) {
@@ -460,45 +530,46 @@ void ThreadsCommunicator::in_order(std::function<void()> fn) {
   enqueue(std::move(fn)).wait();
 }
 
-// Each entry takes host access to its buffers before anything happens (a CUDA buffer is
-// refused here, naming the op); a non-blocking call's job holds it until the call is done.
+// Each entry finds its buffers' device (refusing buffers on two devices, naming the op)
+// and marks the work this device queued before the call, on this thread; a non-blocking
+// call's job keeps its mover until the call is done.
 Request ThreadsCommunicator::iall_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) {
-  auto access = std::make_shared<HostBuffers>("iall_reduce", kBackend, send, recv);
-  return enqueue([this, send, recv, op, access] { run_all_reduce(send, recv, op); });
+  auto m = mover("iall_reduce", {&send, &recv});
+  return enqueue([this, m, send, recv, op] { run_all_reduce(*m, send, recv, op); });
 }
 Request ThreadsCommunicator::iall_gather(const Buffer& send, const Buffer& recv) {
-  auto access = std::make_shared<HostBuffers>("iall_gather", kBackend, send, recv);
-  return enqueue([this, send, recv, access] { run_all_gather(send, recv); });
+  auto m = mover("iall_gather", {&send, &recv});
+  return enqueue([this, m, send, recv] { run_all_gather(*m, send, recv); });
 }
 Request ThreadsCommunicator::ireduce_scatter(const Buffer& send, const Buffer& recv,
                                              ReduceOp op) {
-  auto access = std::make_shared<HostBuffers>("ireduce_scatter", kBackend, send, recv);
-  return enqueue([this, send, recv, op, access] { run_reduce_scatter(send, recv, op); });
+  auto m = mover("ireduce_scatter", {&send, &recv});
+  return enqueue([this, m, send, recv, op] { run_reduce_scatter(*m, send, recv, op); });
 }
 void ThreadsCommunicator::all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) {
-  HostBuffers access("all_reduce", kBackend, send, recv);
-  in_order([&] { run_all_reduce(send, recv, op); });
+  auto m = mover("all_reduce", {&send, &recv});
+  in_order([&] { run_all_reduce(*m, send, recv, op); });
 }
 void ThreadsCommunicator::all_gather(const Buffer& send, const Buffer& recv) {
-  HostBuffers access("all_gather", kBackend, send, recv);
-  in_order([&] { run_all_gather(send, recv); });
+  auto m = mover("all_gather", {&send, &recv});
+  in_order([&] { run_all_gather(*m, send, recv); });
 }
 void ThreadsCommunicator::reduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) {
-  HostBuffers access("reduce_scatter", kBackend, send, recv);
-  in_order([&] { run_reduce_scatter(send, recv, op); });
+  auto m = mover("reduce_scatter", {&send, &recv});
+  in_order([&] { run_reduce_scatter(*m, send, recv, op); });
 }
 void ThreadsCommunicator::all_to_all(const Buffer& send, const Buffer& recv) {
-  HostBuffers access("all_to_all", kBackend, send, recv);
-  in_order([&] { run_all_to_all(send, recv); });
+  auto m = mover("all_to_all", {&send, &recv});
+  in_order([&] { run_all_to_all(*m, send, recv); });
 }
 void ThreadsCommunicator::broadcast(const Buffer& buf, int root) {
-  HostBuffers access("broadcast", kBackend, buf);
-  in_order([&] { run_broadcast(buf, root); });
+  auto m = mover("broadcast", {&buf});
+  in_order([&] { run_broadcast(*m, buf, root); });
 }
 void ThreadsCommunicator::permute(const Buffer& send, const Buffer& recv,
                                   const std::vector<std::pair<int, int>>& pairs) {
-  HostBuffers access("permute", kBackend, send, recv);
-  in_order([&] { run_permute(send, recv, pairs); });
+  auto m = mover("permute", {&send, &recv});
+  in_order([&] { run_permute(*m, send, recv, pairs); });
 }
 void ThreadsCommunicator::barrier() {
   in_order([&] { run_barrier(); });

@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -46,18 +47,22 @@ class ThreadsCommunicator final : public CommunicatorImpl {
   void set_link_model(const LinkModel& link) override;
 
  private:
+  struct Mover;
   class Call;
   struct Job;
   class CollectiveRequest;
   Request post(bool is_send, const Buffer& buf, int peer, int tag);
 
+  /// The mover of a call issued now on these buffers (see Mover in the .cpp).
+  std::shared_ptr<Mover> mover(const char* op, std::initializer_list<const Buffer*> buffers);
+
   // The collectives themselves, run on the device's thread or on the worker.
-  void run_all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op);
-  void run_all_gather(const Buffer& send, const Buffer& recv);
-  void run_reduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op);
-  void run_all_to_all(const Buffer& send, const Buffer& recv);
-  void run_broadcast(const Buffer& buf, int root);
-  void run_permute(const Buffer& send, const Buffer& recv,
+  void run_all_reduce(Mover& m, const Buffer& send, const Buffer& recv, ReduceOp op);
+  void run_all_gather(Mover& m, const Buffer& send, const Buffer& recv);
+  void run_reduce_scatter(Mover& m, const Buffer& send, const Buffer& recv, ReduceOp op);
+  void run_all_to_all(Mover& m, const Buffer& send, const Buffer& recv);
+  void run_broadcast(Mover& m, const Buffer& buf, int root);
+  void run_permute(Mover& m, const Buffer& send, const Buffer& recv,
                    const std::vector<std::pair<int, int>>& pairs);
   void run_barrier();
   void run_set_link_model(const LinkModel& link);

@@ -18,6 +18,7 @@ const KernelTable& cpu_kernel_table() {
       .gemm = &cpu::gemm_kernels,
       .inplace = &cpu::inplace_kernels,
       .parallel = &cpu::parallel_kernels,
+      .comm = &cpu::comm_kernels,
   };
   return table;
 }

@@ -16,5 +16,6 @@ extern const detail::AttentionKernels attention_kernels;
 extern const detail::GemmKernels gemm_kernels;
 extern const detail::InplaceKernels inplace_kernels;
 extern const detail::ParallelKernels parallel_kernels;
+extern const detail::CommKernels comm_kernels;
 
 }  // namespace distjax::tensor::cuda

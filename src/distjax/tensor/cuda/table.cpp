@@ -17,6 +17,7 @@ const KernelTable& cuda_kernel_table() {
       .gemm = &cuda::gemm_kernels,
       .inplace = &cuda::inplace_kernels,
       .parallel = &cuda::parallel_kernels,
+      .comm = &cuda::comm_kernels,
   };
   return table;
 }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "distjax/tensor/table/attention.hpp"
+#include "distjax/tensor/table/comm.hpp"
 #include "distjax/tensor/table/copy.hpp"
 #include "distjax/tensor/table/data.hpp"
 #include "distjax/tensor/table/optim.hpp"
@@ -45,6 +46,7 @@ struct KernelTable {
   const GemmKernels* gemm = nullptr;
   const InplaceKernels* inplace = nullptr;
   const ParallelKernels* parallel = nullptr;
+  const CommKernels* comm = nullptr;
 };
 
 /// The table of a device kind: tensor/cpu/ for the CPU and the checked device.

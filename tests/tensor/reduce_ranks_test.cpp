@@ -1,5 +1,6 @@
-// The threads backend's f32 reduction kernel against the generic rank-order reduction:
-// bit-identical for every op, source count, alignment, tail and the streaming path.
+// The CPU's rank-order reduction kernel (the communication backends' reductions) against
+// its plain loop: bit-identical for every op, source count, alignment, tail and the
+// streaming path of the AVX-512 f32 code.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -7,11 +8,12 @@
 #include <limits>
 #include <vector>
 
-#include "distjax/comm/detail/call.hpp"
-#include "distjax/comm/threads/reduce.hpp"
+#include "distjax/tensor/cpu/kernels.hpp"
 
-namespace distjax::comm::threads {
+namespace distjax::tensor::detail::cpu {
 namespace {
+
+constexpr const char* kOpNames[] = {"sum", "mean", "max"};
 
 std::vector<float> values(std::int64_t n, int seed) {
   std::vector<float> v(n);
@@ -33,23 +35,23 @@ void expect_bit_equal(const float* a, const float* b, std::int64_t n, const char
   }
 }
 
-TEST(ThreadsReduce, BitIdenticalToRankOrderReduction) {
+TEST(ReduceRanks, BitIdenticalToRankOrderReduction) {
   // Sizes around the vector widths and the streaming threshold; offsets misalign dst.
-  const std::int64_t big = kStreamBytes / 4 + 37;
+  const std::int64_t big = (std::int64_t(8) << 20) / 4 + 37;  // streamed from 8 MiB
   for (std::int64_t n : {std::int64_t(0), std::int64_t(1), std::int64_t(15), std::int64_t(17),
                          std::int64_t(64), std::int64_t(1000), big}) {
     for (int k : {1, 2, 3, 5}) {
       std::vector<std::vector<float>> src;
       for (int j = 0; j < k; ++j) src.push_back(values(n + 3, 10 * j + static_cast<int>(n % 7)));
       if (n > 5) src[0][5] = std::numeric_limits<float>::quiet_NaN();  // max's NaN rule
-      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max}) {
+      for (RankReduce op : {RankReduce::Sum, RankReduce::Mean, RankReduce::Max}) {
         for (int off : {0, 1, 3}) {
           std::vector<const void*> s;
           for (auto& v : src) s.push_back(v.data() + off);
           std::vector<float> want(n + 3, -1.f), got(n + 3, -2.f);
-          comm::detail::reduce_into(want.data() + off, s.data(), k, n, DType::F32, op, 3);
-          reduce_rank_order(got.data() + off, s.data(), k, n, DType::F32, op, 3);
-          expect_bit_equal(want.data() + off, got.data() + off, n, reduce_op_name(op));
+          reduce_ranks_generic(want.data() + off, s.data(), k, n, DType::F32, op, 3);
+          reduce_ranks(got.data() + off, s.data(), k, n, DType::F32, op, 3, {});
+          expect_bit_equal(want.data() + off, got.data() + off, n, kOpNames[static_cast<int>(op)]);
           if (::testing::Test::HasFatalFailure()) return;
           if (n == big) break;  // one alignment is enough for the large case
         }
@@ -58,21 +60,21 @@ TEST(ThreadsReduce, BitIdenticalToRankOrderReduction) {
   }
 }
 
-TEST(ThreadsReduce, InPlaceOverFirstSource) {
+TEST(ReduceRanks, InPlaceOverFirstSource) {
   const std::int64_t n = 4099;
   std::vector<float> a = values(n, 1), b = values(n, 2), want(n);
   const void* s[2] = {a.data(), b.data()};
-  comm::detail::reduce_into(want.data(), s, 2, n, DType::F32, ReduceOp::Sum, 2);
-  reduce_rank_order(a.data(), s, 2, n, DType::F32, ReduceOp::Sum, 2);
+  reduce_ranks_generic(want.data(), s, 2, n, DType::F32, RankReduce::Sum, 2);
+  reduce_ranks(a.data(), s, 2, n, DType::F32, RankReduce::Sum, 2, {});
   expect_bit_equal(want.data(), a.data(), n, "in place");
 }
 
-TEST(ThreadsReduce, OtherDtypesUseTheGenericPath) {
+TEST(ReduceRanks, OtherDtypesUseTheGenericPath) {
   std::vector<std::int32_t> a{1, -2, 3}, b{4, 5, -6}, got(3);
   const void* s[2] = {a.data(), b.data()};
-  reduce_rank_order(got.data(), s, 2, 3, DType::I32, ReduceOp::Max, 2);
+  reduce_ranks(got.data(), s, 2, 3, DType::I32, RankReduce::Max, 2, {});
   EXPECT_EQ(got, (std::vector<std::int32_t>{4, 5, 3}));
 }
 
 }  // namespace
-}  // namespace distjax::comm::threads
+}  // namespace distjax::tensor::detail::cpu

@@ -1,0 +1,230 @@
+// CUDA communication kernels (table/comm.hpp): the rank-order reduction of several
+// simulated devices' blocks on one GPU (the CPU's bits: each element folded left in source
+// order, halves in f32 and rounded once), zero fills, stream waits and events, and
+// page-locked host blocks for staging, kept for reuse.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <type_traits>
+
+#include "distjax/core/error.hpp"
+#include "distjax/tensor/cuda/halves.cuh"
+#include "distjax/tensor/cuda/kernels.hpp"
+#include "distjax/tensor/cuda/launch.cuh"
+
+namespace distjax::tensor::cuda {
+namespace {
+
+using detail::RankReduce;
+using detail::Stream;
+
+// The sources, by value in the kernel's parameters (512 bytes).
+struct Sources {
+  const void* p[detail::kMaxRankSources];
+};
+
+// What each element accumulates in: f32 for halves, the type itself otherwise.
+template <class T>
+using Acc = std::conditional_t<kHalf<T>, float, T>;
+
+template <class T>
+__device__ inline Acc<T> widen(T v) {
+  if constexpr (kHalf<T>)
+    return f32_from_half(v);
+  else
+    return v;
+}
+
+template <class T, RankReduce Op>
+__device__ inline T fold(const Sources& s, int k, std::int64_t i, Acc<T> divisor) {
+  using A = Acc<T>;
+  A acc = widen(static_cast<const T*>(s.p[0])[i]);
+  for (int j = 1; j < k; ++j) {
+    const A v = widen(static_cast<const T*>(s.p[j])[i]);
+    if constexpr (Op == RankReduce::Max)
+      acc = v > acc ? v : acc;
+    else
+      acc = acc + v;  // a plain add: no contraction with the division below
+  }
+  if constexpr (Op == RankReduce::Mean) acc = acc / divisor;
+  if constexpr (kHalf<T>)
+    return half_from_f32<T>(acc);
+  else
+    return acc;
+}
+
+template <class T, RankReduce Op>
+__global__ void reduce_kernel(T* __restrict__ dst, Sources s, int k, std::int64_t n,
+                              Acc<T> divisor) {
+  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
+  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    dst[i] = fold<T, Op>(s, k, i, divisor);
+}
+
+// f32 with every pointer 16-byte aligned: four elements per load (the same arithmetic).
+template <RankReduce Op>
+__global__ void reduce_f32x4_kernel(float4* __restrict__ dst, Sources s, int k, std::int64_t n4,
+                                    float divisor) {
+  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
+  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n4;
+       i += stride) {
+    float4 acc = static_cast<const float4*>(s.p[0])[i];
+    for (int j = 1; j < k; ++j) {
+      const float4 v = static_cast<const float4*>(s.p[j])[i];
+      if constexpr (Op == RankReduce::Max) {
+        acc.x = v.x > acc.x ? v.x : acc.x;
+        acc.y = v.y > acc.y ? v.y : acc.y;
+        acc.z = v.z > acc.z ? v.z : acc.z;
+        acc.w = v.w > acc.w ? v.w : acc.w;
+      } else {
+        acc.x = __fadd_rn(acc.x, v.x);
+        acc.y = __fadd_rn(acc.y, v.y);
+        acc.z = __fadd_rn(acc.z, v.z);
+        acc.w = __fadd_rn(acc.w, v.w);
+      }
+    }
+    if constexpr (Op == RankReduce::Mean) {
+      acc.x = __fdiv_rn(acc.x, divisor);
+      acc.y = __fdiv_rn(acc.y, divisor);
+      acc.z = __fdiv_rn(acc.z, divisor);
+      acc.w = __fdiv_rn(acc.w, divisor);
+    }
+    dst[i] = acc;
+  }
+}
+
+template <class T, RankReduce Op>
+void launch_reduce(void* dst, const Sources& s, int k, std::int64_t n, int divisor,
+                   cudaStream_t stream) {
+  if constexpr (std::is_same_v<T, float>) {
+    bool aligned = reinterpret_cast<std::uintptr_t>(dst) % 16 == 0 && n % 4 == 0;
+    for (int j = 0; j < k; ++j) aligned &= reinterpret_cast<std::uintptr_t>(s.p[j]) % 16 == 0;
+    if (aligned) {
+      reduce_f32x4_kernel<Op><<<grid_for(n / 4), kThreads, 0, stream>>>(
+          static_cast<float4*>(dst), s, k, n / 4, static_cast<float>(divisor));
+      DISTJAX_CUDA_LAUNCHED("reduce_ranks");
+      return;
+    }
+  }
+  reduce_kernel<T, Op><<<grid_for(n), kThreads, 0, stream>>>(static_cast<T*>(dst), s, k, n,
+                                                             static_cast<Acc<T>>(divisor));
+  DISTJAX_CUDA_LAUNCHED("reduce_ranks");
+}
+
+template <class T>
+void reduce_typed(void* dst, const Sources& s, int k, std::int64_t n, RankReduce op, int divisor,
+                  cudaStream_t stream) {
+  switch (op) {
+    case RankReduce::Sum: return launch_reduce<T, RankReduce::Sum>(dst, s, k, n, divisor, stream);
+    case RankReduce::Mean:
+      return launch_reduce<T, RankReduce::Mean>(dst, s, k, n, divisor, stream);
+    case RankReduce::Max: return launch_reduce<T, RankReduce::Max>(dst, s, k, n, divisor, stream);
+  }
+}
+
+void reduce_ranks(void* dst, const void* const* srcs, int k, std::int64_t n, DType dtype,
+                  RankReduce op, int divisor, Stream st) {
+  DISTJAX_CHECK(k >= 1 && k <= detail::kMaxRankSources, InvalidArgument,
+                "[reduce_ranks] folds 1 to ", detail::kMaxRankSources, " sources, got ", k);
+  if (n == 0) return;
+  Sources s{};
+  for (int j = 0; j < k; ++j) s.p[j] = srcs[j];
+  const cudaStream_t stream = stream_of(st);
+  switch (dtype) {
+    case DType::F32: return reduce_typed<float>(dst, s, k, n, op, divisor, stream);
+    case DType::F64: return reduce_typed<double>(dst, s, k, n, op, divisor, stream);
+    case DType::I32: return reduce_typed<std::int32_t>(dst, s, k, n, op, divisor, stream);
+    case DType::I64: return reduce_typed<std::int64_t>(dst, s, k, n, op, divisor, stream);
+    case DType::BF16: return reduce_typed<Bf16>(dst, s, k, n, op, divisor, stream);
+    case DType::F16: return reduce_typed<F16>(dst, s, k, n, op, divisor, stream);
+  }
+}
+
+void zero(void* dst, std::size_t nbytes, Stream s) {
+  if (nbytes == 0) return;
+  DISTJAX_CUDA_CHECK(cudaMemsetAsync(dst, 0, nbytes, stream_of(s)), "zero", nbytes, " bytes");
+}
+
+void synchronize(Stream s) {
+  DISTJAX_CUDA_CHECK(cudaStreamSynchronize(stream_of(s)), "synchronize");
+}
+
+void* event_record(Stream s) {
+  cudaEvent_t e = nullptr;
+  DISTJAX_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "event_record");
+  const cudaError_t err = cudaEventRecord(e, stream_of(s));
+  if (err != cudaSuccess) {
+    cudaEventDestroy(e);
+    DISTJAX_CUDA_CHECK(err, "event_record");
+  }
+  return e;
+}
+
+void event_release(void* event) {
+  if (event) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
+void event_wait(void* event) {
+  if (!event) return;
+  const cudaError_t err = cudaEventSynchronize(static_cast<cudaEvent_t>(event));
+  event_release(event);
+  DISTJAX_CUDA_CHECK(err, "event_wait");
+}
+
+// Page-locked blocks cost a system call and a page-table walk each: freed ones are kept
+// by size class (powers of two from 64 KiB) and handed out again.
+struct PinnedCache {
+  std::mutex mu;
+  std::multimap<std::size_t, void*> free;
+};
+PinnedCache& pinned_cache() {
+  static auto* cache = new PinnedCache;  // never destroyed: blocks may be freed at exit
+  return *cache;
+}
+std::size_t size_class(std::size_t nbytes) {
+  std::size_t c = std::size_t(64) << 10;
+  while (c < nbytes) c <<= 1;
+  return c;
+}
+
+void* host_alloc(std::size_t nbytes) {
+  const std::size_t c = size_class(nbytes);
+  {
+    PinnedCache& cache = pinned_cache();
+    std::lock_guard lk(cache.mu);
+    auto it = cache.free.find(c);
+    if (it != cache.free.end()) {
+      void* p = it->second;
+      cache.free.erase(it);
+      return p;
+    }
+  }
+  void* p = nullptr;
+  DISTJAX_CUDA_CHECK(cudaHostAlloc(&p, c, cudaHostAllocPortable), "host_alloc", c,
+                     " bytes of page-locked host memory");
+  return p;
+}
+
+void host_free(void* p, std::size_t nbytes) {
+  if (!p) return;
+  PinnedCache& cache = pinned_cache();
+  std::lock_guard lk(cache.mu);
+  cache.free.emplace(size_class(nbytes), p);
+}
+
+}  // namespace
+
+const detail::CommKernels comm_kernels{
+    .zero = zero,
+    .reduce_ranks = reduce_ranks,
+    .synchronize = synchronize,
+    .event_record = event_record,
+    .event_wait = event_wait,
+    .event_release = event_release,
+    .host_alloc = host_alloc,
+    .host_free = host_free,
+};
+
+}  // namespace distjax::tensor::cuda

@@ -1,0 +1,46 @@
+// Kernel family: what a communication backend does to a device's memory: zero fills and
+// rank-order reductions of raw blocks (the blocks of several simulated devices of one
+// kind, all reachable from the calling thread), waits for the calling thread's queued work,
+// events that order one thread's work before another thread reads it, and page-locked host
+// blocks for staging. Copies are the copy family's (copy_2d, to_host, from_host).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "distjax/core/dtype.hpp"
+#include "distjax/tensor/table/stream.hpp"
+
+namespace distjax::tensor::detail {
+
+/// The reductions of a collective: Mean is the sum divided by a divisor.
+enum class RankReduce : std::uint8_t { Sum, Mean, Max };
+
+struct CommKernels {
+  /// nbytes of dst set to zero bytes.
+  void (*zero)(void* dst, std::size_t nbytes, Stream s);
+  /// dst[i] = srcs[0][i] op srcs[1][i] op ... op srcs[k-1][i] for i < n, folded left in
+  /// source order (bf16 and f16 in f32, rounded once), Mean dividing the sum by `divisor`:
+  /// the same bits on every device kind. max keeps the first operand unless the next is
+  /// greater (a NaN in the first source stays). dst may alias a source at the same offset.
+  /// `srcs` is host memory holding k device pointers, 1 <= k <= kMaxRankSources.
+  void (*reduce_ranks)(void* dst, const void* const* srcs, int k, std::int64_t n, DType dtype,
+                       RankReduce op, int divisor, Stream s);
+  /// Returns when the work queued so far on the stream is done (a no-op on the CPU).
+  void (*synchronize)(Stream s);
+  /// An event marking the work queued so far on the stream (null where kernels run at once);
+  /// event_wait returns once that work is done and releases the event; event_release
+  /// releases it without waiting.
+  void* (*event_record)(Stream s);
+  void (*event_wait)(void* event);
+  void (*event_release)(void* event);
+  /// Host memory of at least nbytes the device copies to and from at full speed
+  /// (page-locked on a GPU), and its release.
+  void* (*host_alloc)(std::size_t nbytes);
+  void (*host_free)(void* p, std::size_t nbytes);
+};
+
+/// The most sources one reduce_ranks call folds (the simulated devices of one group).
+inline constexpr int kMaxRankSources = 64;
+
+}  // namespace distjax::tensor::detail
