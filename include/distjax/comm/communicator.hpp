@@ -60,8 +60,8 @@ class CommunicatorImpl {
 
   /// The label of Communicator::label(), kept here for every backend ("world" at first).
   const std::string& label() const { return label_; }
-  /// Communicator::set_label.
-  void set_label(std::string_view label) {
+  /// Communicator::set_label (a backend that wraps another passes the label on).
+  virtual void set_label(std::string_view label) {
     label_ = label;
     group_ = -1;
   }
@@ -80,11 +80,14 @@ class CommunicatorImpl {
 /// group); one per device per group. Not thread-safe: only the device that owns it calls
 /// it. Every operation takes Buffers that carry their device (a tensor's through
 /// buffer_of, buffer.hpp); the raw-pointer forms describe host memory (CPU) and `count` is
-/// always the number of elements of one rank's block. The threads and MPI backends reach
-/// the CPU and the checked device (they hold a tensor::HostAccess while they read and
-/// write a buffer there) and refuse a CUDA buffer naming the op and the device. Ranks are
-/// positions in this group
-/// (0..size()-1). Arguments are checked here, once, before any backend sees them
+/// always the number of elements of one rank's block. Where buffers may be: the threads
+/// backend moves every device's buffers with that device's kernels (tensor/device_memory.hpp:
+/// on a GPU shared by the simulated devices, device to device on each device's stream; the
+/// checked device through the same path), and a call's buffers, on every rank, must all be
+/// on one GPU or all in host memory (else InvalidArgument on the issuing device, or CommError
+/// naming the devices that differ). The MPI backend stages buffers on a device through host
+/// memory (page-locked on a GPU; src/distjax/comm/detail/host_staging.hpp). Ranks are
+/// positions in this group (0..size()-1). Arguments are checked here, once, before any backend sees them
 /// (InvalidArgument / NotImplemented naming the op).
 ///
 /// No silent hangs: every call is recorded in a flight recorder (sequence number, op,

@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "distjax/comm/detail/call.hpp"
+#include "distjax/comm/detail/host_staging.hpp"
 #include "distjax/comm/mpi/guards.hpp"
 #include "distjax/comm/mpi/mpi_communicator.hpp"
 #include "distjax/comm/mpi/notices.hpp"
@@ -86,7 +87,9 @@ void launch_mpi(const LaunchOptions& opts, const std::function<void(Communicator
     mpi::check(MPI_Comm_idup(MPI_COMM_WORLD, world.get(), &r), "launch", world_rank);
     mpi::wait_setup(r, world, mpi::Clock::now() + opts.timeout, opts.timeout, "launch",
                     "duplicating MPI_COMM_WORLD", world_rank);
-    Communicator c(mpi::make_communicator(*world, opts, std::make_shared<CommStats>(), "launch"));
+    // Device buffers (a GPU's, the checked device's) reach MPI through host staging.
+    Communicator c(stage_device_buffers(
+        mpi::make_communicator(*world, opts, std::make_shared<CommStats>(), "launch")));
     fn(c);
   } catch (...) {
     // Tell the other processes first, so their pending calls fail now, not at timeout.
