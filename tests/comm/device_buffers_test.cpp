@@ -1,0 +1,150 @@
+// Every collective and transfer of the threads backend on tensors of the launch's device:
+// the CPU here, the checked device in the "checked" rerun, and one GPU shared by the
+// simulated devices in the "gpu" rerun (DISTJAX_DEVICE=cuda through run_on_gpu). Results
+// must equal the host's bit for bit (sums fold in rank order on every device kind), with
+// sizes that take each path (one step, reduce-scatter + all-gather, tails that are not a
+// multiple of the vector width), and buffers written by a kernel just before the call, so
+// a call that does not wait for the work queued before it reads stale data.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/comm_test_util.hpp"
+#include "distjax/comm/launch.hpp"
+#include "distjax/core/error.hpp"
+#include "distjax/tensor/elementwise.hpp"
+#include "distjax/tensor/tensor.hpp"
+
+namespace distjax::comm {
+namespace {
+
+using tensor::Tensor;
+using testing::input_f32;
+using testing::inputs_f32;
+
+LaunchOptions opts(int n) {
+  LaunchOptions o;
+  o.num_devices = n;
+  o.timeout = std::chrono::milliseconds(60000);
+  return o;
+}
+
+// Device r's input, written on the device by a kernel (x + 0 after an upload), so the
+// call after it must wait for that kernel.
+Tensor input_on_device(int r, std::int64_t count) {
+  const Tensor x = Tensor::from_vector(inputs_f32(r, count), {count});
+  return tensor::add(x, Tensor::zeros({count}));
+}
+
+std::vector<float> sum_over(int n, std::int64_t count, std::int64_t offset = 0) {
+  std::vector<int> all(n);
+  for (int i = 0; i < n; ++i) all[i] = i;
+  return testing::host_sum_f32(all, count, offset);
+}
+
+class DeviceBuffers : public ::testing::TestWithParam<int> {};
+
+TEST_P(DeviceBuffers, EveryCollectiveEqualsTheHostBitForBit) {
+  const int n = GetParam();
+  launch(opts(n), [n](Communicator& c) {
+    const int r = c.rank();
+    const Device dev = current_device();
+    for (std::int64_t count : {std::int64_t(5), std::int64_t(4099), std::int64_t(1) << 16}) {
+      SCOPED_TRACE("count " + std::to_string(count) + " on " + dev.str());
+      const Tensor x = input_on_device(r, count);
+      ASSERT_EQ(x.device(), dev);
+      const std::vector<float> sum = sum_over(n, count);
+
+      Tensor y = Tensor::empty({count});
+      c.all_reduce(buffer_of(x), buffer_of(y), ReduceOp::Sum);
+      EXPECT_EQ(y.to_vector<float>(), sum);
+      Tensor in_place = tensor::add(x, Tensor::zeros({count}));
+      c.iall_reduce(buffer_of(in_place), buffer_of(in_place), ReduceOp::Sum).wait();
+      EXPECT_EQ(in_place.to_vector<float>(), sum);
+      c.all_reduce(buffer_of(x), buffer_of(y), ReduceOp::Mean);
+      std::vector<float> mean(sum);
+      for (float& v : mean) v /= static_cast<float>(n);
+      EXPECT_EQ(y.to_vector<float>(), mean);
+      c.all_reduce(buffer_of(x), buffer_of(y), ReduceOp::Max);
+      std::vector<float> max(count);
+      for (std::int64_t i = 0; i < count; ++i) {
+        max[i] = input_f32(0, i);
+        for (int j = 1; j < n; ++j) max[i] = input_f32(j, i) > max[i] ? input_f32(j, i) : max[i];
+      }
+      EXPECT_EQ(y.to_vector<float>(), max);
+
+      // bf16 in, f32 accumulation, one rounding: the host's arithmetic.
+      const Tensor xh = tensor::astype(x, DType::BF16);
+      Tensor yh = Tensor::empty({count}, DType::BF16);
+      c.all_reduce(buffer_of(xh), buffer_of(yh), ReduceOp::Sum);
+      std::vector<float> want_h(count);
+      for (std::int64_t i = 0; i < count; ++i) {
+        float acc = static_cast<float>(bf16(input_f32(0, i)));
+        for (int j = 1; j < n; ++j) acc += static_cast<float>(bf16(input_f32(j, i)));
+        want_h[i] = static_cast<float>(bf16(acc));
+      }
+      EXPECT_EQ(tensor::astype(yh, DType::F32).to_vector<float>(), want_h);
+
+      Tensor gathered = Tensor::empty({n, count});
+      c.iall_gather(buffer_of(x), buffer_of(gathered)).wait();
+      for (int j = 0; j < n; ++j)
+        EXPECT_EQ(gathered.view_rows(j, j + 1).to_vector<float>(), inputs_f32(j, count));
+
+      const std::int64_t block = count / n;
+      const Tensor blocks = input_on_device(r, block * n);
+      Tensor mine = Tensor::empty({block});
+      c.ireduce_scatter(buffer_of(blocks), buffer_of(mine), ReduceOp::Sum).wait();
+      EXPECT_EQ(mine.to_vector<float>(), sum_over(n, block, r * block));
+
+      Tensor swapped = Tensor::empty({block * n});
+      c.all_to_all(buffer_of(blocks), buffer_of(swapped));
+      for (int j = 0; j < n; ++j) {
+        const std::vector<float> from_j = inputs_f32(j, block * n);
+        const std::vector<float> got = swapped.to_vector<float>();
+        for (std::int64_t i = 0; i < block; ++i)
+          ASSERT_EQ(got[j * block + i], from_j[r * block + i]) << "from " << j << " at " << i;
+      }
+
+      Tensor b = r == n - 1 ? input_on_device(r, count) : Tensor::zeros({count});
+      c.broadcast(buffer_of(b), n - 1);
+      EXPECT_EQ(b.to_vector<float>(), inputs_f32(n - 1, count));
+
+      // A shift by one where the last device sends nothing: device 0 receives zeros.
+      std::vector<std::pair<int, int>> shift;
+      for (int i = 0; i + 1 < n; ++i) shift.emplace_back(i, i + 1);
+      Tensor shifted = Tensor::full({count}, 7.0);
+      c.permute(buffer_of(x), buffer_of(shifted), shift);
+      EXPECT_EQ(shifted.to_vector<float>(),
+                r == 0 ? std::vector<float>(count, 0.f) : inputs_f32(r - 1, count));
+
+      const int left = (r + n - 1) % n, right = (r + 1) % n;
+      Tensor received = Tensor::full({count}, 7.0);
+      Request rr = c.irecv(buffer_of(received), left, 5);
+      Request sr = c.isend(buffer_of(x), right, 5);
+      sr.wait();
+      rr.wait();
+      EXPECT_EQ(received.to_vector<float>(), inputs_f32(left, count));
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, DeviceBuffers, ::testing::Values(1, 2, 4));
+
+// Sub-groups (a split per mesh axis) move device buffers too.
+TEST(DeviceBuffers, SplitGroupsReduceTheirMembers) {
+  launch(opts(4), [](Communicator& world) {
+    const int r = world.rank();
+    Communicator pair = world.split(r / 2, r);
+    const std::int64_t count = 3001;
+    const Tensor x = input_on_device(r, count);
+    Tensor y = Tensor::empty({count});
+    pair.all_reduce(buffer_of(x), buffer_of(y), ReduceOp::Sum);
+    EXPECT_EQ(y.to_vector<float>(), testing::host_sum_f32({r / 2 * 2, r / 2 * 2 + 1}, count));
+  });
+}
+
+}  // namespace
+}  // namespace distjax::comm
