@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU benchmark (`make bench-gpu`, on the GPU machine after scripts/gpu-machine.sh has
 # built there): GPT-2 124M bf16 training through DistJax's CUDA backend, its GEMMs against
-# raw cuBLASLt (bench_gpu_gemm), and, in the same
+# raw cuBLASLt (bench_gpu_gemm), communication of simulated devices on the GPU
+# (bench_gpu_comm), the cost of simulating the (2,2,2) mesh there, and, in the same
 # run, its references at the same batch: PyTorch eager and torch.compile
 # (bench/reference/torch_gpt2.py) and JAX jit (bench/reference/jax_gpt2.py). Writes one JSON
 # object per line to bench/results/gpu-latest.jsonl (the first line: card, date, commit)
@@ -55,6 +56,61 @@ if [ -x "$BUILD/bench_gpu_gemm" ] && ! late; then
   log "GEMMs of the step vs raw cuBLASLt, batch $B"
   DISTJAX_BENCH_OUT="$OUT" "$BUILD/bench_gpu_gemm" --batch "$B" >/dev/null \
     || note gpu_gemm_vs_cublas "bench_gpu_gemm failed (exit $?)"
+fi
+
+# Simulated devices sharing the GPU: the threads backend's all-reduce against a plain
+# device-to-device copy, and (where MPI is built and mpirun found) the MPI backend's staged
+# all-reduce of device buffers against the same staged by hand.
+if [ -x "$BUILD/bench_gpu_comm" ] && ! late; then
+  log "all-reduce of 4 simulated devices on the GPU, 64 MiB"
+  DISTJAX_BENCH_OUT="$OUT" "$BUILD/bench_gpu_comm" --devices 4 --mib 64 >/dev/null \
+    || note gpu_threads_all_reduce_busbw_4dev_64MiB "bench_gpu_comm failed (exit $?)"
+  if command -v mpirun >/dev/null 2>&1 && ldd "$BUILD/bench_gpu_comm" | grep -q libmpi; then
+    log "all-reduce of 2 MPI processes' GPU buffers, 64 MiB"
+    DISTJAX_BENCH_OUT="$OUT" mpirun --allow-run-as-root -np 2 "$BUILD/bench_gpu_comm" --mpi \
+      --mib 64 >/dev/null || note gpu_mpi_all_reduce_busbw_2proc_64MiB "bench_gpu_comm --mpi failed"
+  else
+    note gpu_mpi_all_reduce_busbw_2proc_64MiB "no MPI in this build or no mpirun on this machine"
+  fi
+fi
+
+# The cost of simulating the mesh: the 124M GPT on (data 2, model 2, pipe 2) simulated
+# devices on this GPU against the same model and batch on one device of it (distjax train,
+# configs/gpt2_124m_3d_gpu.toml; tokens/s: the median of the logged intervals after the first).
+if [ -x "$BUILD/distjax" ] && ! late; then
+  SIM_STEPS=${GPU_SIM_STEPS:-30}
+  for mesh in sim8 single; do
+    extra=()
+    [ $mesh = single ] && extra=(--set distributed.world_size=1 --set distributed.tensor_parallel_size=1
+                                 --set distributed.pipeline_parallel_size=1)
+    log "GPT-2 124M shape, $mesh, $SIM_STEPS steps"
+    "$BUILD/distjax" train "$ROOT/configs/gpt2_124m_3d_gpu.toml" --set run.steps="$SIM_STEPS" \
+      --set run.log_every=5 --set run.eval_every=0 --set run.timeline=false \
+      --set run.batch_size="$B" "${extra[@]}" --out "/tmp/distjax-bench-$mesh" --overwrite \
+      >"/tmp/distjax-bench-$mesh.log" 2>&1 || note "gpu_gpt2_124m_3d_$mesh" "distjax train failed: $(tail -n 2 "/tmp/distjax-bench-$mesh.log" | tr '\n' ' ' | cut -c1-300)"
+  done
+  $PY - "$OUT" /tmp/distjax-bench-sim8 /tmp/distjax-bench-single <<'EOF2'
+import json, os, statistics, sys
+out, runs = sys.argv[1], {"sim8": sys.argv[2], "single": sys.argv[3]}
+tput = {}
+for mesh, d in runs.items():
+    path = os.path.join(d, "metrics.jsonl")
+    if not os.path.exists(path):
+        continue
+    vals = [r["throughput"] for r in map(json.loads, open(path)) if r.get("throughput")]
+    if len(vals) > 1:
+        tput[mesh] = statistics.median(vals[1:])
+lines = [{"name": "gpu_gpt2_124m_3d_" + m + "_tokens_per_s", "value": v, "unit": "tokens/s"}
+         for m, v in tput.items()]
+if len(tput) == 2:
+    lines.append({"name": "gpu_sim8_gpt2_124m_3d_vs_single", "value": tput["sim8"] / tput["single"],
+                  "unit": "ratio", "reference": "gpu_gpt2_124m_3d_single_tokens_per_s"})
+else:
+    lines.append({"name": "gpu_sim8_gpt2_124m_3d_vs_single", "value": None, "reason": "a run failed"})
+with open(out, "a") as f:
+    for l in lines:
+        f.write(json.dumps(l) + "\n")
+EOF2
 fi
 
 # The references, each in the same run.

@@ -96,13 +96,21 @@ step configure configure "$@" || exit 1
 grep -E '^-- DistJax:' "$OUT/configure.log" | tee -a "$SUMMARY"
 # QUICK=1: only the library, the gpu tests and the GPU benchmarks are built, and the gpu
 # tests run as programs (a lease's minutes go to the GPU, not to building the suite).
-QUICK_TARGETS=(distjax cuda_smoke_test cuda_ops_test cuda_train_test bench_gpu_gpt2 bench_gpu_gemm)
+# With them, the parity tests of every strategy that the gpu_* ctest entries rerun with the
+# simulated devices sharing the GPU (tests/CMakeLists.txt, distjax_gpu_run), and the main job.
+QUICK_TARGETS=(distjax cuda_smoke_test cuda_ops_test cuda_train_test bench_gpu_gpt2 bench_gpu_gemm
+               bench_gpu_comm distjax_tool run_on_gpu device_buffers_test collectives_test
+               ppermute_test data_parallel_test zero_test fsdp_test tensor_parallel_test
+               tp_async_test pipeline_test gpt_parity_test)
 gpu_programs() {
   local t rc=0
   for t in cuda_smoke_test cuda_ops_test cuda_train_test; do
     echo "== $t"
     DISTJAX_REQUIRE_GPU=1 timeout 600 "$BUILD/tests/$t" || rc=1
   done
+  echo "== the strategies' parity tests and the main job on the GPU (ctest -R '^gpu_')"
+  (cd "$BUILD" && DISTJAX_REQUIRE_GPU=1 ctest --output-on-failure --timeout 900 -R '^gpu_' \
+     -E '^gpu_spmd_mpi$') || rc=1
   return $rc
 }
 if [ "${QUICK:-0}" = 1 ]; then

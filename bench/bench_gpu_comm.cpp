@@ -1,0 +1,198 @@
+// Communication of simulated devices on one GPU, and of MPI processes with GPU buffers,
+// each against a plain reference measured in the same run:
+//   threads (default): N simulated devices on the GPU all-reduce a `--mib` f32 buffer in
+//     place (the threads backend, device to device on each device's stream). Line
+//     gpu_threads_all_reduce_busbw_4dev_64MiB: bus bandwidth 2(N-1)/N x bytes / time,
+//     against a plain device-to-device copy of the same bytes on the same card
+//     (gpu_d2d_copy_gbps: bytes / time); goal ratio >= 0.8.
+//   --mpi (under mpirun -np 2): the MPI backend's all-reduce of a device buffer, staged
+//     through page-locked host memory, against the same staged by hand (copy to the host,
+//     the all-reduce of the host buffer, copy back). Line gpu_mpi_all_reduce_busbw_2proc_64MiB.
+// Each line's value is the median of `--iters` timed calls after warm-up; DISTJAX_BENCH_OUT
+// appends the lines to a file. `--device cpu` runs the same program on the CPU (a smoke
+// test of the program where there is no GPU).
+//   bench_gpu_comm [--devices 4] [--mib 64] [--iters 20] [--device cuda] [--mpi]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "distjax/comm/launch.hpp"
+#include "distjax/tensor/cuda.hpp"
+#include "distjax/tensor/device_memory.hpp"
+#include "distjax/tensor/tensor.hpp"
+
+namespace {
+
+using namespace distjax;
+using tensor::Tensor;
+using Clock = std::chrono::steady_clock;
+namespace raw = tensor::raw;
+
+struct Options {
+  int devices = 4, iters = 20, warmup = 3;
+  std::int64_t mib = 64;
+  std::string device = "cuda";
+  bool mpi = false;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (k == "--mpi") {
+      o.mpi = true;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "bench_gpu_comm: %s needs a value\n", k.c_str());
+      std::exit(2);
+    }
+    const std::string v = argv[++i];
+    if (k == "--devices") o.devices = std::stoi(v);
+    else if (k == "--mib") o.mib = std::stoll(v);
+    else if (k == "--iters") o.iters = std::stoi(v);
+    else if (k == "--warmup") o.warmup = std::stoi(v);
+    else if (k == "--device") o.device = v;
+    else {
+      std::fprintf(stderr, "bench_gpu_comm: unknown option %s\n", k.c_str());
+      std::exit(2);
+    }
+  }
+  return o;
+}
+
+void emit(const nlohmann::json& j) {
+  const std::string line = j.dump();
+  std::printf("%s\n", line.c_str());
+  if (const char* path = std::getenv("DISTJAX_BENCH_OUT")) std::ofstream(path, std::ios::app) << line << "\n";
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median seconds of fn over iters calls after warm-up; fn returns once its work is done.
+template <class F>
+double time_median(const Options& o, F&& fn) {
+  for (int i = 0; i < o.warmup; ++i) fn();
+  std::vector<double> t;
+  for (int i = 0; i < o.iters; ++i) {
+    const auto t0 = Clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return median(t);
+}
+
+std::string size_tag(const Options& o, int ranks, const char* what) {
+  return std::to_string(ranks) + what + "_" + std::to_string(o.mib) + "MiB";
+}
+
+int run_threads(const Options& o, Device dev) {
+  const std::int64_t count = o.mib * (1 << 20) / 4;
+  const double bytes = static_cast<double>(count) * 4;
+  // The reference: one device-to-device copy of the same bytes on the same card.
+  double copy_s = 0;
+  {
+    DeviceScope on(dev);
+    const Tensor a = Tensor::ones({count}), b = Tensor::empty({count});
+    copy_s = time_median(o, [&] {
+      raw::copy("bench", dev, b.raw_data(), a.raw_data(), static_cast<std::size_t>(bytes));
+      raw::synchronize("bench", dev);
+    });
+  }
+  const double copy_gbps = bytes / copy_s / 1e9;
+  std::vector<double> per_device(o.devices);
+  comm::LaunchOptions lo;
+  lo.num_devices = o.devices;
+  lo.device = dev;
+  lo.timeout = std::chrono::milliseconds(120000);
+  comm::launch(lo, [&](comm::Communicator& c) {
+    const Tensor x = Tensor::ones({count});
+    per_device[c.rank()] = time_median(o, [&] {
+      c.all_reduce(comm::buffer_of(x), comm::buffer_of(x), comm::ReduceOp::Sum);
+      raw::synchronize("bench", dev);
+    });
+  });
+  const double t = *std::max_element(per_device.begin(), per_device.end());
+  const int n = o.devices;
+  const double busbw = 2.0 * (n - 1) / n * bytes / t / 1e9;
+  emit({{"name", "gpu_d2d_copy_gbps"}, {"value", copy_gbps}, {"unit", "GB/s"},
+        {"device", dev.str()}, {"bytes", bytes}});
+  emit({{"name", "gpu_threads_all_reduce_busbw_" + size_tag(o, n, "dev")},
+        {"value", busbw},
+        {"unit", "GB/s"},
+        {"device", dev.str()},
+        {"devices", n},
+        {"bytes", bytes},
+        {"ms_per_call", t * 1e3},
+        {"baseline", "gpu_d2d_copy_gbps"},
+        {"baseline_value", copy_gbps},
+        {"ratio", busbw / copy_gbps}});
+  return 0;
+}
+
+int run_mpi(const Options& o, Device dev) {
+  if (!comm::backend_available(comm::Backend::Mpi)) {
+    std::fprintf(stderr, "bench_gpu_comm: this build has no MPI\n");
+    return 1;
+  }
+  const std::int64_t count = o.mib * (1 << 20) / 4;
+  const std::size_t bytes = static_cast<std::size_t>(count) * 4;
+  comm::LaunchOptions lo;
+  lo.backend = comm::Backend::Mpi;
+  lo.device = dev;
+  lo.timeout = std::chrono::milliseconds(120000);
+  comm::launch(lo, [&](comm::Communicator& c) {
+    const int n = c.size();
+    const Tensor x = Tensor::ones({count});
+    // DistJax: the device buffer itself (staged by the backend).
+    const double ours = time_median(o, [&] {
+      c.all_reduce(comm::buffer_of(x), comm::buffer_of(x), comm::ReduceOp::Sum);
+    });
+    // By hand: to a page-locked host block, the host all-reduce, back.
+    raw::HostBlock host("bench", dev, bytes);
+    const double hand = time_median(o, [&] {
+      raw::to_host("bench", dev, x.raw_data(), host.data(), bytes);
+      c.all_reduce(comm::Buffer::host(host.data(), count, DType::F32),
+                   comm::Buffer::host(host.data(), count, DType::F32), comm::ReduceOp::Sum);
+      raw::from_host("bench", dev, host.data(), x.raw_data(), bytes);
+    });
+    // The slowest process sets the pace: the max over processes of each median.
+    std::vector<double> t = {ours, hand}, tmax(2);
+    c.all_reduce(comm::Buffer::host(t.data(), 2, DType::F64),
+                 comm::Buffer::host(tmax.data(), 2, DType::F64), comm::ReduceOp::Max);
+    if (c.rank() != 0) return;
+    const double factor = 2.0 * (n - 1) / n * static_cast<double>(bytes) / 1e9;
+    emit({{"name", "gpu_mpi_all_reduce_busbw_" + size_tag(o, n, "proc")},
+          {"value", factor / tmax[0]},
+          {"unit", "GB/s"},
+          {"device", dev.str()},
+          {"processes", n},
+          {"bytes", bytes},
+          {"ms_per_call", tmax[0] * 1e3},
+          {"baseline", "staged_by_hand"},
+          {"baseline_value", factor / tmax[1]},
+          {"ratio", tmax[1] / tmax[0]}});
+  });
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  const Device dev = parse_device(o.device);
+  if (dev.kind == DeviceKind::CUDA && tensor::cuda_device_count() == 0) {
+    std::fprintf(stderr, "bench_gpu_comm: no GPU: %s\n", tensor::cuda_unavailable_reason().c_str());
+    return 1;
+  }
+  return o.mpi ? run_mpi(o, dev) : run_threads(o, dev);
+}
