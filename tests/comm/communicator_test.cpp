@@ -497,6 +497,35 @@ TEST(Buffers, BuffersOnAGpuAndOnTheHostInOneCallAreRefusedNamingTheOpAndBothDevi
   });
 }
 
+// The devices of a group must agree on where a call's buffers are: one device's on the
+// checked device (as a GPU's would be) and the other's in host memory fail on both, naming
+// the devices and what each called, before anything moves.
+TEST(Buffers, DevicesWhoseBuffersAreOnDifferentDeviceKindsDisagree) {
+  std::vector<std::string> errors(2);
+  launch(opts(2), [&](Communicator& c) {
+    using tensor::Tensor;
+    std::vector<float> host(8, 1.f), out(8);
+    const Tensor t = Tensor::ones({8}, DType::F32, Device{DeviceKind::Checked, 0});
+    Tensor u = Tensor::empty({8}, DType::F32, Device{DeviceKind::Checked, 0});
+    try {
+      if (c.rank() == 0) {
+        c.all_reduce(buffer_of(t), buffer_of(u), ReduceOp::Sum);
+      } else {
+        c.all_reduce(host.data(), out.data(), 8, DType::F32, ReduceOp::Sum);
+      }
+    } catch (const CommError& e) {
+      errors[c.rank()] = e.what();
+    }
+  });
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("devices disagree"), std::string::npos) << e;
+    EXPECT_NE(e.find("device 0 called all_reduce(count=8, f32, sum, on checked)"),
+              std::string::npos)
+        << e;
+    EXPECT_NE(e.find("device 1 called all_reduce(count=8, f32, sum)"), std::string::npos) << e;
+  }
+}
+
 // Tensors on the checked device (memory the host may touch only inside the kernel table)
 // go through the threads backend by buffer_of: it moves every buffer, its own and its
 // peers', only with the device-memory kernels (tensor/device_memory.hpp), the path a GPU's

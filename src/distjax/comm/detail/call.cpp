@@ -18,7 +18,7 @@ namespace distjax::comm::detail {
 
 bool CallDesc::operator==(const CallDesc& o) const {
   return seq == o.seq && count == o.count && pairs_hash == o.pairs_hash && root == o.root &&
-         op == o.op && dtype == o.dtype && reduce == o.reduce && cuda == o.cuda;
+         op == o.op && dtype == o.dtype && reduce == o.reduce && device == o.device;
 }
 
 CallDesc make_desc(std::uint64_t seq, OpKind op, std::int64_t count, DType dtype, ReduceOp reduce,
@@ -44,7 +44,7 @@ std::string describe(const CallDesc& d) {
     os << ", " << reduce_op_name(static_cast<ReduceOp>(d.reduce));
   if (op == OpKind::Broadcast) os << ", root=" << d.root;
   if (op == OpKind::Permute) os << ", pairs#" << std::hex << (d.pairs_hash & 0xffff) << std::dec;
-  if (d.cuda) os << ", on cuda";
+  if (d.device != 0) os << ", on " << device_kind_name(static_cast<DeviceKind>(d.device));
   os << ")";
   return os.str();
 }
@@ -153,7 +153,7 @@ std::uint64_t hash_desc(const CallDesc& d) {
   mix(d.pairs_hash);
   mix(static_cast<std::uint32_t>(d.root) |
       (std::uint64_t(d.op) << 32 | std::uint64_t(d.dtype) << 40 | std::uint64_t(d.reduce) << 48 |
-       std::uint64_t(d.cuda) << 56));
+       std::uint64_t(d.device) << 56));
   h ^= h >> 31;
   h *= 0x94d049bb133111ebull;
   h ^= h >> 29;

@@ -25,7 +25,7 @@ struct CallDesc {
   std::uint8_t op = 0;           // OpKind
   std::uint8_t dtype = 0;        // DType
   std::uint8_t reduce = 0;       // ReduceOp
-  std::uint8_t cuda = 0;          // threads backend: 1 when the call moves CUDA buffers
+  std::uint8_t device = 0;        // threads backend: the DeviceKind of the call's buffers
   bool operator==(const CallDesc& o) const;
 };
 

@@ -273,13 +273,16 @@ std::shared_ptr<GroupState> GroupState::take_split(std::uint64_t seq, int color,
 // Copies a paired message (s's send buffer into r's recv buffer) on the calling thread's
 // stream of their device and waits for it; returns the error, empty when it worked.
 std::string GroupState::copy_message(P2POp& s, P2POp& r, const std::tuple<int, int, int>& key) {
-  const bool s_cuda = s.device.kind == DeviceKind::CUDA, r_cuda = r.device.kind == DeviceKind::CUDA;
-  if (s_cuda != r_cuda || (s_cuda && s.device != r.device)) {
+  // One device kind on both sides (host memory and the checked device apart too, as in
+  // the collectives: what a GPU could not serve fails on the CPU as well).
+  const bool same = s.device.kind == r.device.kind &&
+                    (s.device.kind != DeviceKind::CUDA || s.device == r.device);
+  if (!same) {
     std::ostringstream os;
     os << "[send/recv] device " << members_[std::get<0>(key)] << " sends from "
        << s.device.str() << " but device " << members_[std::get<1>(key)] << " receives into "
-       << r.device.str() << " (tag " << std::get<2>(key) << "): both buffers must be on one GPU, "
-       << "or both in host memory";
+       << r.device.str() << " (tag " << std::get<2>(key) << "): both buffers must be on one "
+       << "device";
     return os.str();
   }
   try {

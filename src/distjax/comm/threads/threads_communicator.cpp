@@ -36,9 +36,11 @@ raw::Reduction reduction_of(ReduceOp op) {
   return raw::Reduction::Sum;
 }
 
-// Where a call's data moves: the CUDA device of its buffers, or the host (the CPU and the
-// checked device alike: the CPU's kernels reach both). Buffers that hold nothing do not
-// count; the others must agree (InvalidArgument naming the op and both devices).
+// Where a call's data moves: the device of its buffers. Buffers that hold nothing do not
+// count; the others must be of one device kind (one GPU for CUDA), else InvalidArgument
+// naming the op and both devices. Host memory and the checked device are refused together
+// too, though the CPU's kernels reach both: so the checked runs catch a call that mixes a
+// tensor's buffer with host memory, which a GPU could not serve.
 Device data_device(const char* op, std::initializer_list<const Buffer*> buffers) {
   const Buffer* first = nullptr;
   for (const Buffer* b : buffers) {
@@ -47,13 +49,12 @@ Device data_device(const char* op, std::initializer_list<const Buffer*> buffers)
       first = b;
       continue;
     }
-    const bool cuda = b->device.kind == DeviceKind::CUDA,
-               first_cuda = first->device.kind == DeviceKind::CUDA;
-    DISTJAX_CHECK(cuda == first_cuda && (!cuda || b->device == first->device), InvalidArgument,
-                  "[", op, "] expects its buffers on one device, got ", first->device.str(),
-                  " and ", b->device.str());
+    const bool same = b->device.kind == first->device.kind &&
+                      (b->device.kind != DeviceKind::CUDA || b->device == first->device);
+    DISTJAX_CHECK(same, InvalidArgument, "[", op, "] expects its buffers on one device, got ",
+                  first->device.str(), " and ", b->device.str());
   }
-  return first && first->device.kind == DeviceKind::CUDA ? first->device : Device::cpu();
+  return first ? first->device : Device::cpu();
 }
 
 // Elements [lo, hi) of rank r's share of count elements over n ranks.
@@ -118,11 +119,11 @@ class ThreadsCommunicator::Call {
   ~Call() { c_.world_->leave_call(c_.global_rank()); }
   std::uint64_t seq() const { return seq_; }
   Clock::time_point deadline() const { return deadline_; }
-  /// Publishes the call (the descriptor says whether its buffers are on a GPU: every rank's
+  /// Publishes the call (the descriptor names the device kind of its buffers: every rank's
   /// must agree) once this device's buffers are ready, and waits for every rank.
   void arrive(detail::CallDesc d, const void* send, void* recv, int aux0 = 0, int aux1 = 0) {
     m_.ready.wait();
-    d.cuda = m_.device.kind == DeviceKind::CUDA ? 1 : 0;
+    d.device = static_cast<std::uint8_t>(m_.device.kind);
     c_.g_->sync(c_.rank_, &d, send, recv, aux0, aux1, deadline_);
     timer_.arrived();
   }
