@@ -52,21 +52,25 @@ TEST_P(ParallelOps, SelectEqualAgainstATensorOrOneValue) {
   EXPECT_THROW(select_equal(a, Tensor::zeros({3}), 1.f), InvalidArgument);
 }
 
+// The order of the table's contract (table/parallel.hpp), written out: chunks of 8192, 8
+// lanes each, the lanes' fixed tree, the chunks in order. Sizes below one chunk, across
+// chunks with a short last one, and none.
 TEST_P(ParallelOps, SumOfSquaresInItsFixedOrder) {
-  std::vector<float> v;
-  for (int i = 0; i < 1003; ++i)
-    v.push_back(0.001f * static_cast<float>(i % 37) - 0.011f * static_cast<float>(i % 5));
-  double acc[8] = {};
-  std::size_t i = 0;
-  for (; i + 8 <= v.size(); i += 8)
-    for (int k = 0; k < 8; ++k)
-      acc[k] += static_cast<double>(v[i + k]) * v[i + k];
-  for (int k = 0; i < v.size(); ++i, ++k)
-    acc[k] += static_cast<double>(v[i]) * v[i];
-  const double want =
-      ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  EXPECT_EQ(sum_of_squares_f64(Tensor::from_vector(v, {1003})), want);
-  EXPECT_EQ(sum_of_squares_f64(Tensor::zeros({0})), 0.0);
+  for (std::size_t n : {std::size_t(1003), std::size_t(3 * 8192 + 11), std::size_t(0)}) {
+    std::vector<float> v;
+    for (std::size_t i = 0; i < n; ++i)
+      v.push_back(0.001f * static_cast<float>(i % 37) - 0.011f * static_cast<float>(i % 5) +
+                  (i % 4099 == 0 ? 3.f : 0.f));
+    double want = 0.0;
+    for (std::size_t c = 0; c < n; c += 8192) {
+      double acc[8] = {};
+      for (std::size_t j = c; j < std::min(n, c + 8192); ++j)
+        acc[(j - c) % 8] += static_cast<double>(v[j]) * v[j];
+      want += ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    }
+    EXPECT_EQ(sum_of_squares_f64(Tensor::from_vector(v, {static_cast<std::int64_t>(n)})), want)
+        << n;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, ParallelOps,

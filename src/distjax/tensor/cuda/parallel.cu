@@ -2,8 +2,7 @@
 // labels, pmax's owner masks, the gradient norm's sum of squares (table/parallel.hpp;
 // cpu/parallel.cpp defines the results, bit for bit). Measured on an H200: select_equal
 // 4.2 TB/s; copy_box of a (768, 3072) box 3.4 TB/s, of a one-column box 1.1 TB/s;
-// sum_squares_f64 39 ms for 38.6M elements (latency-bound, see its kernel).
-#include <cuda_pipeline.h>
+// sum_squares_f64 in chunks since (its single-block predecessor: 39 ms for 38.6M elements).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -348,54 +347,43 @@ void select_equal(const float* a, const float* b, bool b_scalar, float value, fl
 
 // ---- sum_squares_f64 ----------------------------------------------------------------------
 
-// Floats per shared-memory tile of the sum of squares (two tiles: 32 KiB).
-constexpr int kSquaresTile = 4096;
+// The table's order (parallel.hpp), bit for bit: 8 threads per chunk of kSquaresChunk
+// elements, thread k adding the squares of the chunk's elements j % 8 == k in order (in f64;
+// a square of a float is exact in f64, so a fused multiply-add rounds as the CPU's add), the
+// chunk's 8 lanes combined in the fixed tree into partials[chunk]; then one thread adds the
+// partials in chunk order. The chains run side by side (one per lane and chunk), where one
+// block of 8 chains ran at the add latency (39 ms for 38.6M elements on an H200).
+constexpr int kSquaresChunksPerBlock = kThreads / 8;
 
-// *out = the CPU's sum of squares, bit for bit: acc[k] adds x[i]^2 in f64 for i = k, k + 8,
-// k + 16, ... in order (the CPU's 8 interleaved lanes, its tail included), then
-// ((acc0 + acc1) + (acc2 + acc3)) + ((acc4 + acc5) + (acc6 + acc7)). Each acc[k] is one
-// chain of dependent adds, so one block runs them all: threads 0..7 (warp 0) run the
-// chains out of shared memory while warps 1.. copy the next tile in (cp.async, double
-// buffered). Bound: the chains' latency, n / 8 dependent f64 adds, not bandwidth (~8 ns
-// per add on an H200: 39 ms for 38.6M elements, where a tree order takes 0.2 ms). Each
-// square is exact in f64, so a fused multiply-add gives the CPU's bits too.
 __global__ void __launch_bounds__(kThreads)
-    sum_squares_f64_kernel(const float* __restrict__ x, std::int64_t n, double* __restrict__ out) {
-  __shared__ float tile[2][kSquaresTile];
-  __shared__ double acc[8];
-  const int t = threadIdx.x;
-  const int loaders = static_cast<int>(blockDim.x) - 32;
-  const std::int64_t tiles = (n + kSquaresTile - 1) / kSquaresTile;
-  auto load = [&](int buf, std::int64_t at) {
-    const std::int64_t len = min(std::int64_t(kSquaresTile), n - at);
-    for (int e = t - 32; e < len; e += loaders)
-      __pipeline_memcpy_async(&tile[buf][e], x + at + e, sizeof(float));
-    __pipeline_commit();
-  };
-  if (t >= 32) {
-    load(0, 0);
-    __pipeline_wait_prior(0);
-  }
-  __syncthreads();
+    sum_squares_chunks_kernel(const float* __restrict__ x, std::int64_t n,
+                              double* __restrict__ partials, std::int64_t chunks) {
+  __shared__ double lanes[kThreads];
+  const int t = threadIdx.x, lane = t % 8;
+  const std::int64_t chunk = std::int64_t(blockIdx.x) * kSquaresChunksPerBlock + t / 8;
   double a = 0.0;
-  for (std::int64_t k = 0; k < tiles; ++k) {
-    const int buf = static_cast<int>(k & 1);
-    if (t >= 32) {
-      if (k + 1 < tiles) load(buf ^ 1, (k + 1) * kSquaresTile);
-    } else if (t < 8) {
-      const int len = static_cast<int>(min(std::int64_t(kSquaresTile), n - k * kSquaresTile));
-      const float* v = tile[buf];
-#pragma unroll 16
-      for (int e = t; e < len; e += 8)
-        a += static_cast<double>(v[e]) * v[e];
+  if (chunk < chunks) {
+    const std::int64_t at = chunk * detail::kSquaresChunk;
+    const std::int64_t m = min(detail::kSquaresChunk, n - at);
+    const float* q = x + at;
+    for (std::int64_t j = lane; j < m; j += 8) {
+      const double v = q[j];
+      a += v * v;
     }
-    if (t >= 32) __pipeline_wait_prior(0);
-    __syncthreads();
   }
-  if (t < 8) acc[t] = a;
+  lanes[t] = a;
   __syncthreads();
-  if (t == 0)
-    *out = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  if (lane == 0 && chunk < chunks) {
+    const double* l = lanes + t;
+    partials[chunk] = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+  }
+}
+
+__global__ void sum_squares_fold_kernel(const double* __restrict__ partials, std::int64_t chunks,
+                                        double* __restrict__ out) {
+  double total = 0.0;
+  for (std::int64_t c = 0; c < chunks; ++c) total += partials[c];
+  *out = total;
 }
 
 void sum_squares_f64(const float* x, std::int64_t n, double* host_out, Stream s) {
@@ -404,8 +392,15 @@ void sum_squares_f64(const float* x, std::int64_t n, double* host_out, Stream s)
     return;
   }
   const cudaStream_t stream = stream_of(s);
-  StreamScratch result(sizeof(double), stream, "sum_of_squares_f64");
-  sum_squares_f64_kernel<<<1, kThreads, 0, stream>>>(x, n, result.as<double>());
+  const std::int64_t chunks = (n + detail::kSquaresChunk - 1) / detail::kSquaresChunk;
+  StreamScratch result(sizeof(double) * static_cast<std::size_t>(chunks + 1), stream,
+                       "sum_of_squares_f64");
+  double* partials = result.as<double>() + 1;
+  const auto blocks = static_cast<unsigned>((chunks + kSquaresChunksPerBlock - 1) /
+                                            kSquaresChunksPerBlock);
+  sum_squares_chunks_kernel<<<blocks, kThreads, 0, stream>>>(x, n, partials, chunks);
+  DISTJAX_CUDA_LAUNCHED("sum_of_squares_f64");
+  sum_squares_fold_kernel<<<1, 1, 0, stream>>>(partials, chunks, result.as<double>());
   DISTJAX_CUDA_LAUNCHED("sum_of_squares_f64");
   DISTJAX_CUDA_CHECK(cudaMemcpyAsync(host_out, result.as<double>(), sizeof(double),
                                      cudaMemcpyDeviceToHost, stream),

@@ -49,9 +49,16 @@ struct ParallelKernels {
   /// out[i] = a[i] == b[i] ? value : 0 for i < n (f32); b_scalar: b[0] for every i.
   void (*select_equal)(const float* a, const float* b, bool b_scalar, float value, float* out,
                        std::int64_t n, Stream s);
-  /// *host_out = sum of x[i]^2 over i < n in f64, in a fixed order (8 interleaved partial
-  /// sums), so equal values give equal bits on every device.
+  /// *host_out = sum of x[i]^2 over i < n in f64, in one fixed order, so equal values give
+  /// equal bits on every device: x is cut into chunks of kSquaresChunk elements; in each,
+  /// lane k (0..7) adds the squares of the chunk's elements j with j % 8 == k in order, and
+  /// the chunk's partial is ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)); the partials
+  /// are added in chunk order. (Chunks let a GPU run them side by side; the lanes let a CPU
+  /// vectorize without reassociating.)
   void (*sum_squares_f64)(const float* x, std::int64_t n, double* host_out, Stream s);
 };
+
+/// The chunk of ParallelKernels::sum_squares_f64's order.
+inline constexpr std::int64_t kSquaresChunk = 8192;
 
 }  // namespace distjax::tensor::detail
