@@ -193,7 +193,17 @@ TEST(DistributedConfig, DisabledMeansOneDevice) {
 TEST(DistributedConfig, BackendRules) {
   DistributedConfig c = valid();
   c.backend = BackendChoice::Nccl;
-  EXPECT_PROBLEM(c, "backend = \"nccl\" is not built yet");
+  c.device = "auto";
+  if (comm::backend_available(comm::Backend::Nccl)) {
+    EXPECT_TRUE(c.problems().empty()) << problems(c);
+    EXPECT_EQ(c.comm_backend(), comm::Backend::Nccl);
+  } else {
+    EXPECT_PROBLEM(c, "backend = \"nccl\" but this build has no NCCL");
+  }
+  c.device = "cuda:1";
+  EXPECT_EQ(problems(c).find("runs on GPUs"), std::string::npos) << problems(c);
+  c.device = "cpu";
+  EXPECT_PROBLEM(c, "backend = \"nccl\" runs on GPUs, but device = \"cpu\"");
   c = valid();
   c.num_nodes = 2;
   c.num_processes_per_node = 4;
