@@ -672,11 +672,14 @@ std::shared_ptr<CommunicatorImpl> NcclCommunicator::split(int color, int key) {
   g_->order_after_compute(op);
   g_->check(ncclAllGather(dmine, dmine + 3, 3, ncclInt64, g_->comm(), g_->stream()), op,
             "ncclAllGather");
+  // Waited on against the timeout first: a copy into pageable host memory blocks the host
+  // until the stream reaches it, which must not be before the gather has completed.
+  g_->wait(record(g_->stream(), op), "[split] " + detail::describe(d), true, d);
   DISTJAX_CUDA_CHECK(cudaMemcpyAsync(all.data(), dmine + 3, all.size() * sizeof(std::int64_t),
                                      cudaMemcpyDeviceToHost, g_->stream()),
                      op);
   DISTJAX_CUDA_CHECK(cudaFreeAsync(dev, g_->stream()), op);
-  g_->wait(record(g_->stream(), op), "[split] " + detail::describe(d), true, d);
+  DISTJAX_CUDA_CHECK(cudaStreamSynchronize(g_->stream()), op);
   const detail::SplitMembers sm = detail::split_members(all, rank());
 
   ncclConfig_t config;
