@@ -4,7 +4,7 @@
 // refusal of host buffers, and the abort path (a receive never matched, waited on with a
 // short timeout, throws CommError naming the op, and the group stays failed). Skips with
 // the reason where there is no GPU or the build has no NCCL. The multi-process path is
-// not exercised here (docs/backends.md says why and how it was reviewed).
+// not exercised here (docs/nccl.md says why and how it was reviewed).
 #include <gtest/gtest.h>
 
 #include <chrono>

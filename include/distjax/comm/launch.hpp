@@ -91,7 +91,7 @@ struct LaunchOptions {
 /// DISTJAX_NCCL_STORE (a path every process sees), and at world size 1 without any
 /// launcher. The device is cuda:(local rank % GPUs); buffers must live there. A build
 /// without NCCL, or a machine without a GPU, throws NotImplemented saying so. See
-/// docs/backends.md for what of the multi-process path is tested.
+/// docs/nccl.md for what of the multi-process path is tested.
 void launch(const LaunchOptions& opts, const std::function<void(Communicator& world)>& fn);
 
 /// Whether a backend is compiled into this build (Mpi is false in builds without MPI, Nccl

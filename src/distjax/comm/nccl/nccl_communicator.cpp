@@ -1,4 +1,4 @@
-// The NCCL backend's communicator (see nccl_communicator.hpp and docs/backends.md).
+// The NCCL backend's communicator (see nccl_communicator.hpp and docs/nccl.md).
 //
 // Ordering: every call records an event on the caller's compute stream
 // (cudaStreamPerThread of the device's thread), makes the group's communication stream

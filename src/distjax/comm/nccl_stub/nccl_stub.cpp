@@ -17,7 +17,7 @@ void launch_nccl(const LaunchOptions&, const std::function<void(Communicator&)>&
   DISTJAX_THROW(NotImplemented,
                 "[launch] backend nccl: this build has no NCCL: it needs the CUDA backend and "
                 "nccl.h / libnccl at configure time (DISTJAX_WITH_CUDA, NCCL_HOME; see "
-                "docs/backends.md)");
+                "docs/nccl.md)");
 }
 
 }  // namespace distjax::comm::detail
