@@ -142,7 +142,7 @@ TEST_F(NcclStore, ReaderTimesOutNamingThePathAndWhatItFound) {
 
 TEST(NcclSplit, MembersByColorThenKeyThenRank) {
   // (color, key, world rank) of ranks 0..4 of a group whose world ranks are 10..14.
-  const std::vector<std::int64_t> all = {1, 5, 10,  0, 0, 11,  1, 5, 12,  1, 2, 13,  0, 0, 14};
+  const std::vector<std::int64_t> all = {1, 5, 10, 0, 0, 11, 1, 5, 12, 1, 2, 13, 0, 0, 14};
   auto s = cd::split_members(all, 0);
   EXPECT_EQ(s.members, (std::vector<int>{13, 10, 12}));  // key 2 first, then ties by rank
   EXPECT_EQ(s.rank, 1);

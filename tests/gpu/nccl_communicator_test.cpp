@@ -26,9 +26,9 @@ namespace {
 using namespace distjax;
 using namespace distjax::comm;
 
-#define SKIP_WITHOUT_NCCL()                                                 \
-  do {                                                                      \
-    SKIP_WITHOUT_GPU();                                                     \
+#define SKIP_WITHOUT_NCCL()                                                         \
+  do {                                                                              \
+    SKIP_WITHOUT_GPU();                                                             \
     if (!backend_available(Backend::Nccl)) GTEST_SKIP() << "no NCCL in this build"; \
   } while (0)
 
@@ -123,7 +123,8 @@ TEST(NcclCommunicator, Bf16ReductionsWithAndWithoutF32Accumulation) {
             world.all_reduce(in.buf(DType::BF16), out.buf(DType::BF16), op);
             const std::vector<bf16> got = out.read();
             for (std::size_t i = 0; i < x.size(); ++i)
-              ASSERT_EQ(got[i].bits, x[i].bits) << i << " " << reduce_op_name(op) << " f32=" << in_f32;
+              ASSERT_EQ(got[i].bits, x[i].bits)
+                  << i << " " << reduce_op_name(op) << " f32=" << in_f32;
             DeviceArray<bf16> rs(std::vector<bf16>(x.size(), bf16(9.f)));
             world.ireduce_scatter(in.buf(DType::BF16), rs.buf(DType::BF16), op).wait();
             const std::vector<bf16> got_rs = rs.read();

@@ -50,11 +50,11 @@ NcclBootstrapPlan plan_nccl_bootstrap(const LaunchEnvironment& env, bool mpi_bui
     return p;
   }
   const bool has_store = store_dir != nullptr && *store_dir != '\0';
-  DISTJAX_CHECK(has_store, ConfigError, "[launch] backend nccl: ", env.world_size,
-                " processes (", env.source, ") need a way to share NCCL's unique id: ",
-                mpi_launcher ? "this build has no MPI, so " : "",
-                "set DISTJAX_NCCL_STORE to a directory every process sees (a fresh one per run)",
-                mpi_launcher ? "" : ", or start the processes with mpirun / srun in a build with MPI");
+  DISTJAX_CHECK(
+      has_store, ConfigError, "[launch] backend nccl: ", env.world_size, " processes (", env.source,
+      ") need a way to share NCCL's unique id: ", mpi_launcher ? "this build has no MPI, so " : "",
+      "set DISTJAX_NCCL_STORE to a directory every process sees (a fresh one per run)",
+      mpi_launcher ? "" : ", or start the processes with mpirun / srun in a build with MPI");
   p.how = NcclBootstrap::FileStore;
   p.store = store_dir;
   return p;
@@ -68,12 +68,13 @@ void store_put(const std::string& path, const void* bytes, std::size_t n) {
   namespace fs = std::filesystem;
   std::error_code ec;
   DISTJAX_CHECK(!fs::exists(path, ec), CommError, "[launch] the NCCL file store already holds ",
-                path, " (left by an earlier run? its id would be stale): remove it, or give "
+                path,
+                " (left by an earlier run? its id would be stale): remove it, or give "
                 "DISTJAX_NCCL_STORE a fresh directory per run");
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  DISTJAX_CHECK(fd >= 0, CommError, "[launch] cannot create ", tmp, " in the NCCL file store: ",
-                std::strerror(errno));
+  DISTJAX_CHECK(fd >= 0, CommError, "[launch] cannot create ", tmp,
+                " in the NCCL file store: ", std::strerror(errno));
   const char* p = static_cast<const char*>(bytes);
   std::size_t left = n;
   while (left > 0) {
@@ -95,8 +96,8 @@ void store_put(const std::string& path, const void* bytes, std::size_t n) {
   if (!synced || ::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
-    DISTJAX_THROW(CommError, "[launch] cannot publish ", path, " in the NCCL file store: ",
-                  std::strerror(err));
+    DISTJAX_THROW(CommError, "[launch] cannot publish ", path,
+                  " in the NCCL file store: ", std::strerror(err));
   }
 }
 
@@ -110,7 +111,8 @@ std::vector<char> store_get(const std::string& path, std::size_t n,
     std::ifstream in(path, std::ios::binary);
     if (in) {
       seen = true;
-      std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
+                              std::istreambuf_iterator<char>());
       last_size = bytes.size();
       if (bytes.size() == n) return bytes;
     }
@@ -118,16 +120,15 @@ std::vector<char> store_get(const std::string& path, std::size_t n,
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(10000));
   }
-  DISTJAX_THROW(CommError, "[launch] timed out after ", timeout.count(),
-                " ms waiting for NCCL's unique id in ", path, " (rank 0 writes it): ",
-                seen ? "the file holds " + std::to_string(last_size) + " bytes, not " +
-                           std::to_string(n)
-                     : std::string("no such file"));
+  DISTJAX_THROW(
+      CommError, "[launch] timed out after ", timeout.count(),
+      " ms waiting for NCCL's unique id in ", path, " (rank 0 writes it): ",
+      seen ? "the file holds " + std::to_string(last_size) + " bytes, not " + std::to_string(n)
+           : std::string("no such file"));
 }
 
 SplitMembers split_members(const std::vector<std::int64_t>& all, int rank) {
-  DISTJAX_CHECK(all.size() % 3 == 0 && rank >= 0 &&
-                    static_cast<std::size_t>(rank) < all.size() / 3,
+  DISTJAX_CHECK(all.size() % 3 == 0 && rank >= 0 && static_cast<std::size_t>(rank) < all.size() / 3,
                 InvalidArgument, "[split] ", all.size(), " values for rank ", rank,
                 " (three per rank expected)");
   const auto n = static_cast<int>(all.size() / 3);
@@ -135,8 +136,7 @@ SplitMembers split_members(const std::vector<std::int64_t>& all, int rank) {
   std::vector<int> same;  // ranks of this rank's color
   for (int r = 0; r < n; ++r)
     if (at(r, 0) == at(rank, 0)) same.push_back(r);
-  std::stable_sort(same.begin(), same.end(),
-                   [&](int a, int b) { return at(a, 1) < at(b, 1); });
+  std::stable_sort(same.begin(), same.end(), [&](int a, int b) { return at(a, 1) < at(b, 1); });
   SplitMembers out;
   for (std::size_t i = 0; i < same.size(); ++i) {
     if (same[i] == rank) out.rank = static_cast<int>(i);

@@ -77,7 +77,9 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   DISTJAX_THROW(InvalidArgument, "[nccl] unknown reduce op ", static_cast<int>(op));
 }
 
-bool is_half(DType t) { return t == DType::BF16 || t == DType::F16; }
+bool is_half(DType t) {
+  return t == DType::BF16 || t == DType::F16;
+}
 
 // Spin briefly, then sleep, backing off to 1 ms: a wait of seconds costs little CPU.
 class Backoff {
@@ -131,7 +133,7 @@ namespace {
 
 // One queued point-to-point transfer and the state its request shares with the queue.
 struct P2pState {
-  Event done;             // set when the transfer's group is issued
+  Event done;              // set when the transfer's group is issued
   bool cancelled = false;  // its request was destroyed before it was issued
 };
 struct P2pOp {
@@ -191,8 +193,10 @@ class Group {
   void throw_if_failed() const {
     if (failed_) throw CommError(failure_);
   }
-  /// Checks a buffer is on this process's GPU.
+  /// Checks a buffer is on this process's GPU (an empty one may be anywhere: NCCL reads
+  /// none of it).
   void check_device(const char* op, const Buffer& b) const {
+    if (b.count == 0) return;
     DISTJAX_CHECK(b.device.kind == DeviceKind::CUDA && b.device.index == settings_.device,
                   NotImplemented, "[", op, "] buffers on ", b.device.str(),
                   " are out of reach of the nccl backend, which moves memory on cuda:",
@@ -215,7 +219,18 @@ class Group {
     const Event ready = record(cudaStreamPerThread, op);
     DISTJAX_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready.get(), 0), op);
   }
-  /// Checks an NCCL call issued on the communication stream (settling ncclInProgress).
+  /// A send or receive inside a group failed: the group is closed, the communicator
+  /// aborted and the group failed (its queued transfers would never complete).
+  [[noreturn]] void refused(ncclResult_t r, const char* op, const char* call) {
+    ncclGroupEnd();
+    try {
+      raise_nccl(r, op, call, settings_.device, comm_);
+    } catch (const CommError& e) {
+      fail_now(e.what());
+    }
+  }
+  /// Checks an NCCL call issued on the communication stream (settling ncclInProgress);
+  /// fails the group on an error.
   void check(ncclResult_t r, const char* op, const char* call) {
     if (r == ncclSuccess) return;
     try {
@@ -240,10 +255,8 @@ class Group {
       const ncclResult_t r =
           o.is_send ? ncclSend(o.buf.data, n, nccl_type(o.buf.dtype), o.peer, comm_, stream_)
                     : ncclRecv(o.buf.data, n, nccl_type(o.buf.dtype), o.peer, comm_, stream_);
-      if (r != ncclSuccess && r != ncclInProgress) {
-        ncclGroupEnd();
-        raise_nccl(r, op, o.is_send ? "ncclSend" : "ncclRecv", settings_.device, comm_);
-      }
+      if (r != ncclSuccess && r != ncclInProgress)
+        refused(r, op, o.is_send ? "ncclSend" : "ncclRecv");
     }
     check(ncclGroupEnd(), op, "ncclGroupEnd");
     const Event done = record(stream_, op);
@@ -275,8 +288,8 @@ class Group {
     ncclCommGetAsyncError(comm_, &async);
     if (async != ncclSuccess && async != ncclInProgress) {
       const char* last = ncclGetLastError(comm_);
-      abort_and_fail(what + " failed inside NCCL on cuda:" + std::to_string(settings_.device) +
-                     ": " + ncclGetErrorString(async) + (last && *last ? std::string(" (") + last + ")" : ""));
+      fail_now(what + " failed inside NCCL on cuda:" + std::to_string(settings_.device) + ": " +
+               ncclGetErrorString(async) + (last && *last ? std::string(" (") + last + ")" : ""));
     }
     return false;
   }
@@ -290,8 +303,6 @@ class Group {
   }
 
  private:
-  [[noreturn]] void abort_and_fail(const std::string& msg) { fail_now(msg); }
-
   [[noreturn]] void timeout(const std::string& what, bool collective, const CallDesc& d) {
     // Abort first: it stops this device's NCCL kernels, whatever the diagnosis takes.
     if (comm_ != nullptr) ncclCommAbort(comm_);
@@ -310,8 +321,7 @@ class Group {
   std::string diagnose(const CallDesc& d) {
     if (!host_.valid()) {
       std::string local = "; this device's last calls:";
-      const std::uint64_t from = d.seq + 1 > last_.size() ? d.seq + 1 - last_.size() : 0;
-      for (std::uint64_t s = std::max<std::uint64_t>(from, d.seq >= 3 ? d.seq - 3 : 0); s <= d.seq; ++s)
+      for (std::uint64_t s = d.seq >= 3 ? d.seq - 3 : 0; s <= d.seq; ++s)
         local += " #" + std::to_string(s) + " " + detail::describe(last_[s % last_.size()]);
       return local + " (no host communicator to ask the other devices: launched without MPI)";
     }
@@ -326,10 +336,9 @@ class Group {
              e.what();
     }
     const std::string mismatch = detail::mismatch_message(all, members_);
-    return mismatch.empty()
-               ? "; every device of the group called " + detail::describe(d) +
-                     " (the same call: NCCL itself did not complete it)"
-               : "; " + mismatch;
+    return mismatch.empty() ? "; every device of the group called " + detail::describe(d) +
+                                  " (the same call: NCCL itself did not complete it)"
+                            : "; " + mismatch;
   }
 
   ncclComm_t comm_;
@@ -353,8 +362,8 @@ class NcclCommunicator;
 // A collective in flight: completes on its done event.
 class CollectiveRequest final : public RequestImpl {
  public:
-  CollectiveRequest(std::shared_ptr<NcclCommunicator> owner, std::shared_ptr<Group> g,
-                    Event done, CallDesc d, const detail::Traffic& t)
+  CollectiveRequest(std::shared_ptr<NcclCommunicator> owner, std::shared_ptr<Group> g, Event done,
+                    CallDesc d, const detail::Traffic& t)
       : owner_(std::move(owner)), g_(std::move(g)), done_(std::move(done)), d_(d), traffic_(t) {}
   ~CollectiveRequest() override {
     if (complete_) return;
@@ -405,7 +414,7 @@ class TransferRequest final : public RequestImpl {
     g_->throw_if_failed();
     const tensor::cuda::DeviceGuard on(g_->settings().device, "nccl");
     if (!s_->done) g_->flush(is_send_ ? "send" : "recv");
-    g_->wait(s_->done, what_, /*collective=*/false, CallDesc{});
+    g_->wait(s_->done, what_, /*collective=*/false, CallDesc{});  // flush issued it or threw
     complete(t0);
   }
   bool test() override {
@@ -519,9 +528,9 @@ class NcclCommunicator final : public CommunicatorImpl,
     if (from >= 0) send_recv(name, recv.data, recv.count, recv.dtype, from, false);
     g_->check(ncclGroupEnd(), name, "ncclGroupEnd");
     if (from < 0 && recv.count > 0)
-      DISTJAX_CUDA_CHECK(cudaMemsetAsync(recv.data, 0, static_cast<std::size_t>(recv.bytes()),
-                                         g_->stream()),
-                         name);
+      DISTJAX_CUDA_CHECK(
+          cudaMemsetAsync(recv.data, 0, static_cast<std::size_t>(recv.bytes()), g_->stream()),
+          name);
     detail::Traffic t;
     if (to >= 0 && to != rank()) t.sent = send.bytes();
     if (from >= 0 && from != rank()) t.received = recv.bytes();
@@ -533,9 +542,9 @@ class NcclCommunicator final : public CommunicatorImpl,
     const Buffer word{g_->barrier_word(), 1, DType::F32, {DeviceKind::CUDA, g_->settings().device}};
     const Start s(*g_, name, word, word);
     const CallDesc d = g_->issue(OpKind::Barrier);
-    g_->check(ncclAllReduce(word.data, word.data, 1, ncclFloat32, ncclSum, g_->comm(),
-                            g_->stream()),
-              name, "ncclAllReduce");
+    g_->check(
+        ncclAllReduce(word.data, word.data, 1, ncclFloat32, ncclSum, g_->comm(), g_->stream()),
+        name, "ncclAllReduce");
     finish(s, d, detail::Traffic{}).wait();
   }
 
@@ -568,13 +577,12 @@ class NcclCommunicator final : public CommunicatorImpl,
     return Request(std::make_unique<CollectiveRequest>(shared_from_this(), g_, done, d, t));
   }
   void send_recv(const char* op, void* p, std::int64_t n, DType t, int peer, bool is_send) {
-    const ncclResult_t r =
-        is_send ? ncclSend(p, static_cast<std::size_t>(n), nccl_type(t), peer, g_->comm(), g_->stream())
-                : ncclRecv(p, static_cast<std::size_t>(n), nccl_type(t), peer, g_->comm(), g_->stream());
-    if (r != ncclSuccess && r != ncclInProgress) {
-      ncclGroupEnd();
-      raise_nccl(r, op, is_send ? "ncclSend" : "ncclRecv", g_->settings().device, g_->comm());
-    }
+    const ncclResult_t r = is_send ? ncclSend(p, static_cast<std::size_t>(n), nccl_type(t), peer,
+                                              g_->comm(), g_->stream())
+                                   : ncclRecv(p, static_cast<std::size_t>(n), nccl_type(t), peer,
+                                              g_->comm(), g_->stream());
+    if (r != ncclSuccess && r != ncclInProgress)
+      g_->refused(r, op, is_send ? "ncclSend" : "ncclRecv");
   }
   // all_reduce / reduce_scatter; bf16 and f16 sums (and means) widened to f32 first when
   // the settings ask (NCCL adds halves in their own precision at every step of its ring).
@@ -586,7 +594,8 @@ class NcclCommunicator final : public CommunicatorImpl,
                         : ncclAllReduce(in, out, n, nccl_type(t), nccl_op(rop), g_->comm(), st),
                 op, scatter ? "ncclReduceScatter" : "ncclAllReduce");
     };
-    if (!(is_half(recv.dtype) && rop != ReduceOp::Max && g_->settings().half_reduce_in_f32)) {
+    if (!(is_half(recv.dtype) && rop != ReduceOp::Max && g_->settings().half_reduce_in_f32) ||
+        recv.count == 0) {
       call(send.data, recv.data, recv.dtype);
       return;
     }
@@ -620,13 +629,13 @@ class NcclCommunicator final : public CommunicatorImpl,
     auto state = std::make_shared<P2pState>();
     std::ostringstream what;
     what << "[" << op << "] " << (is_send ? "send" : "receive") << " of " << buf.count << " "
-         << dtype_name(buf.dtype) << (is_send ? " to" : " from") << " rank " << peer
-         << " (tag " << tag << "; NCCL matches the transfers of two ranks in the order they "
+         << dtype_name(buf.dtype) << (is_send ? " to" : " from") << " rank " << peer << " (tag "
+         << tag << "; NCCL matches the transfers of two ranks in the order they "
          << "are posted, not by tag)";
     g_->post({is_send, buf, peer, tag, record(cudaStreamPerThread, op), state});
     detail::count_post(*this, is_send, buf.bytes(), peer == rank());
-    return Request(
-        std::make_unique<TransferRequest>(g_, std::move(state), is_send, what.str(), stats_group()));
+    return Request(std::make_unique<TransferRequest>(g_, std::move(state), is_send, what.str(),
+                                                     stats_group()));
   }
 
   std::shared_ptr<Group> g_;
@@ -666,9 +675,11 @@ std::shared_ptr<CommunicatorImpl> NcclCommunicator::split(int color, int key) {
   const std::int64_t mine[3] = {color, key, global_rank()};
   std::vector<std::int64_t> all(3 * static_cast<std::size_t>(size()));
   void* dev = nullptr;
-  DISTJAX_CUDA_CHECK(cudaMallocAsync(&dev, (3 + all.size()) * sizeof(std::int64_t), g_->stream()), op);
+  DISTJAX_CUDA_CHECK(cudaMallocAsync(&dev, (3 + all.size()) * sizeof(std::int64_t), g_->stream()),
+                     op);
   auto* dmine = static_cast<std::int64_t*>(dev);
-  DISTJAX_CUDA_CHECK(cudaMemcpyAsync(dmine, mine, sizeof(mine), cudaMemcpyHostToDevice, g_->stream()), op);
+  DISTJAX_CUDA_CHECK(
+      cudaMemcpyAsync(dmine, mine, sizeof(mine), cudaMemcpyHostToDevice, g_->stream()), op);
   g_->order_after_compute(op);
   g_->check(ncclAllGather(dmine, dmine + 3, 3, ncclInt64, g_->comm(), g_->stream()), op,
             "ncclAllGather");

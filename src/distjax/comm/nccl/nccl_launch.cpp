@@ -36,8 +36,7 @@ ncclComm_t init_world(const ncclUniqueId& id, int rank, int world_size, int devi
   ncclUniqueId copy = id;
   const ncclResult_t r = ncclCommInitRankConfig(&comm, world_size, copy, rank, &config);
   try {
-    nccl::nccl_settle(comm, r, "launch", "ncclCommInitRankConfig", device,
-                      Clock::now() + timeout);
+    nccl::nccl_settle(comm, r, "launch", "ncclCommInitRankConfig", device, Clock::now() + timeout);
   } catch (...) {
     if (comm != nullptr) ncclCommAbort(comm);
     throw;
@@ -66,11 +65,12 @@ void run(const NcclBootstrapPlan& plan, const ncclUniqueId& id, int device,
 
 void launch_nccl(const LaunchOptions& opts, const std::function<void(Communicator&)>& fn) {
   const int gpus = tensor::cuda_device_count();
-  DISTJAX_CHECK(gpus > 0, NotImplemented, "[launch] backend nccl needs a GPU: ",
-                tensor::cuda_unavailable_reason());
+  DISTJAX_CHECK(gpus > 0, NotImplemented,
+                "[launch] backend nccl needs a GPU: ", tensor::cuda_unavailable_reason());
   DISTJAX_CHECK(opts.devices_per_process == 1, NotImplemented,
                 "[launch] the nccl backend runs one GPU per process (NCCL refuses two ranks on "
-                "one GPU); devices_per_process=", opts.devices_per_process, " is not implemented");
+                "one GPU); devices_per_process=",
+                opts.devices_per_process, " is not implemented");
   DISTJAX_CHECK(opts.timeout.count() > 0, InvalidArgument, "[launch] timeout must be > 0 ms");
   const LaunchEnvironment env = discover_launch_environment();
   const NcclBootstrapPlan plan =
@@ -89,8 +89,8 @@ void launch_nccl(const LaunchOptions& opts, const std::function<void(Communicato
       ncclUniqueId id{};
       if (host.rank() == 0) {
         const ncclResult_t r = ncclGetUniqueId(&id);
-        DISTJAX_CHECK(r == ncclSuccess, CommError, "[launch] ncclGetUniqueId failed: ",
-                      ncclGetErrorString(r));
+        DISTJAX_CHECK(r == ncclSuccess, CommError,
+                      "[launch] ncclGetUniqueId failed: ", ncclGetErrorString(r));
       }
       static_assert(sizeof(ncclUniqueId) % sizeof(std::int32_t) == 0);
       host.broadcast(&id, sizeof(id) / sizeof(std::int32_t), DType::I32, 0);
@@ -106,8 +106,8 @@ void launch_nccl(const LaunchOptions& opts, const std::function<void(Communicato
     ncclUniqueId id{};
     if (plan.rank == 0) {
       const ncclResult_t r = ncclGetUniqueId(&id);
-      DISTJAX_CHECK(r == ncclSuccess, CommError, "[launch] ncclGetUniqueId failed: ",
-                    ncclGetErrorString(r));
+      DISTJAX_CHECK(r == ncclSuccess, CommError,
+                    "[launch] ncclGetUniqueId failed: ", ncclGetErrorString(r));
       if (plan.how == NcclBootstrap::FileStore)
         store_put(nccl_store_path(plan.store, plan.world_size), &id, sizeof(id));
     } else {
