@@ -8,11 +8,14 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "distjax/comm/detail/nccl_bootstrap.hpp"
@@ -179,6 +182,54 @@ TEST(NcclLaunch, RefusesWithTheReasonWhereItCannotRun) {
       EXPECT_NE(what.find(tensor::cuda_unavailable_reason()), std::string::npos) << what;
   }
   EXPECT_FALSE(ran);
+}
+
+// Sets environment variables for one scope, restoring what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(const std::map<std::string, std::string>& vars, const std::vector<std::string>& unset) {
+    for (const auto& [k, v] : vars)
+      save(k), ::setenv(k.c_str(), v.c_str(), 1);
+    for (const std::string& k : unset)
+      save(k), ::unsetenv(k.c_str());
+  }
+  ~ScopedEnv() {
+    for (const auto& [k, v] : saved_)
+      v ? ::setenv(k.c_str(), v->c_str(), 1) : ::unsetenv(k.c_str());
+  }
+
+ private:
+  void save(const std::string& k) {
+    const char* v = std::getenv(k.c_str());
+    saved_.emplace_back(k, v ? std::optional<std::string>(v) : std::nullopt);
+  }
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+// A launch's own mistakes are reported before the machine is asked for a GPU, so they
+// show on every machine: two processes with no way to share the id, a world size that
+// contradicts num_devices.
+TEST(NcclLaunch, LaunchMistakesAreReportedBeforeTheGpu) {
+  if (!cd::built_with_nccl()) GTEST_SKIP() << "this build has no NCCL: launch refuses first";
+  const ScopedEnv env({{"RANK", "1"}, {"WORLD_SIZE", "2"}},
+                      {"DISTJAX_NCCL_STORE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                       "PMI_RANK", "PMI_SIZE", "SLURM_PROCID", "SLURM_NTASKS"});
+  LaunchOptions o;
+  o.backend = Backend::Nccl;
+  try {
+    launch(o, [](Communicator&) {});
+    ADD_FAILURE() << "two processes without a store were launched";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("DISTJAX_NCCL_STORE"), std::string::npos) << e.what();
+  }
+  const ScopedEnv store({{"DISTJAX_NCCL_STORE", "/nonexistent"}}, {});
+  o.num_devices = 4;
+  try {
+    launch(o, [](Communicator&) {});
+    ADD_FAILURE() << "num_devices = 4 in a world of 2 was launched";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("num_devices=4"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -64,9 +64,7 @@ void run(const NcclBootstrapPlan& plan, const ncclUniqueId& id, int device,
 }  // namespace
 
 void launch_nccl(const LaunchOptions& opts, const std::function<void(Communicator&)>& fn) {
-  const int gpus = tensor::cuda_device_count();
-  DISTJAX_CHECK(gpus > 0, NotImplemented,
-                "[launch] backend nccl needs a GPU: ", tensor::cuda_unavailable_reason());
+  // The launch's own mistakes first, so a machine without a GPU reports them too.
   DISTJAX_CHECK(opts.devices_per_process == 1, NotImplemented,
                 "[launch] the nccl backend runs one GPU per process (NCCL refuses two ranks on "
                 "one GPU); devices_per_process=",
@@ -78,6 +76,9 @@ void launch_nccl(const LaunchOptions& opts, const std::function<void(Communicato
   DISTJAX_CHECK(opts.num_devices <= 1 || opts.num_devices == plan.world_size, ConfigError,
                 "[launch] num_devices=", opts.num_devices, " but the nccl backend's world has ",
                 plan.world_size, " processes x 1 GPU (", nccl_bootstrap_name(plan.how), ")");
+  const int gpus = tensor::cuda_device_count();
+  DISTJAX_CHECK(gpus > 0, NotImplemented,
+                "[launch] backend nccl needs a GPU: ", tensor::cuda_unavailable_reason());
   const int device = plan.local_rank % gpus;
 
   if (plan.how == NcclBootstrap::Mpi) {
