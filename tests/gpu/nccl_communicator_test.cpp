@@ -109,6 +109,30 @@ TEST(NcclCommunicator, AllReduceEveryOpBlockingAndNot) {
 #endif
 }
 
+// The communication stream runs after the compute stream's work queued before the call,
+// and the compute stream's work queued after wait() sees the result: a memset queued on
+// the compute stream just before the calls, and a copy queued on it just after.
+TEST(NcclCommunicator, OrderedAgainstTheComputeStream) {
+  SKIP_WITHOUT_NCCL();
+#ifdef DISTJAX_HAVE_CUDA
+  run([](Communicator& world) {
+    const std::size_t n = std::size_t{1} << 24;  // 64 MiB: the memset takes a while
+    DeviceArray<float> in(std::vector<float>(n, 1.f)), out(std::vector<float>(n, 2.f)),
+        copy(std::vector<float>(n, 3.f)), gathered(std::vector<float>(n, 4.f));
+    ASSERT_EQ(cudaMemsetAsync(in.p, 0, n * sizeof(float), cudaStreamPerThread), cudaSuccess);
+    Request a = world.iall_reduce(in.buf(DType::F32), out.buf(DType::F32), ReduceOp::Sum);
+    Request b = world.iall_gather(in.buf(DType::F32), gathered.buf(DType::F32));
+    b.wait();  // in any order
+    a.wait();
+    ASSERT_EQ(cudaMemcpyAsync(copy.p, out.p, n * sizeof(float), cudaMemcpyDeviceToDevice,
+                              cudaStreamPerThread),
+              cudaSuccess);
+    EXPECT_EQ(copy.read(), std::vector<float>(n, 0.f));
+    EXPECT_EQ(gathered.read(), std::vector<float>(n, 0.f));
+  });
+#endif
+}
+
 TEST(NcclCommunicator, Bf16ReductionsWithAndWithoutF32Accumulation) {
   SKIP_WITHOUT_NCCL();
 #ifdef DISTJAX_HAVE_CUDA
@@ -193,8 +217,10 @@ TEST(NcclCommunicator, SendAndReceiveToSelfGroupedInAnyWaitOrder) {
     DeviceArray<float> out2(std::vector<float>(x.size()));
     Request s2 = world.isend(in.buf(DType::F32), 0, 0);
     Request r2 = world.irecv(out2.buf(DType::F32), 0, 0);
-    while (!r2.test()) {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!r2.test() && std::chrono::steady_clock::now() < give_up) {
     }
+    r2.wait();  // complete already, or gives the timeout's error
     s2.wait();
     EXPECT_EQ(out2.read(), x);
     EXPECT_EQ(world.stats()[OpKind::Send].calls, 2);
