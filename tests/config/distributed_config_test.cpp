@@ -379,3 +379,29 @@ TEST(DistributedConfig, DeviceNamesTheDeviceOrSaysWhyNot) {
   c.device = "cuda:99";
   EXPECT_THROW((void)c.placement(), ConfigError);
 }
+
+// Under backend nccl, "auto" and "cuda" name the process's GPU, the one launch_nccl picks
+// (cuda:(local_rank % GPUs)); without a GPU the placement says why.
+TEST(DistributedConfig, NcclPlacesOnTheProcesssGpu) {
+  DistributedConfig c = valid();
+  c.backend = BackendChoice::Nccl;
+  c.local_rank = 3;
+  for (const char* name : {"auto", "cuda"}) {
+    c.device = name;
+    const int gpus = tensor::cuda_device_count();
+    if (gpus > 0) {
+      EXPECT_EQ(c.placement(), (Device{DeviceKind::CUDA, 3 % gpus})) << name;
+    } else {
+      try {
+        (void)c.placement();
+        ADD_FAILURE() << "backend nccl placed without a GPU (device = " << name << ")";
+      } catch (const ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find(tensor::cuda_unavailable_reason()), std::string::npos)
+            << e.what();
+      }
+    }
+  }
+  c.backend = BackendChoice::Threads;
+  c.device = "auto";
+  EXPECT_EQ(c.placement(), default_device());
+}

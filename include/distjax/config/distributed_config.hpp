@@ -67,7 +67,9 @@ struct DistributedConfig {
   bool is_local_main_process() const { return local_rank == 0; }
   /// The backend to launch with: Threads, Mpi or Nccl (call on a resolved config).
   comm::Backend comm_backend() const;
-  /// The device `device` names (ConfigError when it names none).
+  /// The device `device` names (ConfigError when it names none, or a GPU this machine lacks).
+  /// Under backend nccl, "auto" and "cuda" name this process's GPU, cuda:(local_rank % GPUs),
+  /// the one its launch uses.
   Device placement() const;
 
   /// One message per broken rule (empty when valid): sizes positive, world_size =

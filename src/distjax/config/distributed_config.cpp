@@ -151,14 +151,19 @@ int DistributedConfig::data_parallel_size() const {
 }
 
 Device DistributedConfig::placement() const {
-  if (device == "auto") return default_device();
+  // NCCL runs each process on the GPU its launch picks: cuda:(local rank % GPUs).
+  const bool process_gpu =
+      backend == BackendChoice::Nccl && (device == "auto" || device == "cuda");
+  if (device == "auto" && !process_gpu) return default_device();
   Device d;
   try {
-    d = parse_device(device);
+    d = process_gpu ? Device{DeviceKind::CUDA, 0} : parse_device(device);
   } catch (const InvalidArgument&) {
     DISTJAX_THROW(ConfigError, "[DistributedConfig] device = \"", device,
                   "\" names no device (auto, cpu, checked, cuda)");
   }
+  if (process_gpu && tensor::cuda_device_count() > 0)
+    d.index = local_rank % tensor::cuda_device_count();
   if (d.kind == DeviceKind::CUDA) {
     const int count = tensor::cuda_device_count();
     DISTJAX_CHECK(count > d.index, ConfigError, "[DistributedConfig] device = \"", device,
