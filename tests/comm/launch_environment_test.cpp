@@ -130,5 +130,6 @@ TEST(LaunchEnvironment, ReadsTheProcessEnvironment) {
 TEST(LaunchEnvironment, BackendNames) {
   EXPECT_EQ(comm::backend_from_name("mpi"), comm::Backend::Mpi);
   EXPECT_EQ(comm::backend_from_name("threads"), comm::Backend::Threads);
+  EXPECT_EQ(comm::backend_from_name("nccl"), comm::Backend::Nccl);
   EXPECT_FALSE(comm::backend_from_name("gloo").has_value());
 }

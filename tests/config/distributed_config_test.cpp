@@ -193,7 +193,17 @@ TEST(DistributedConfig, DisabledMeansOneDevice) {
 TEST(DistributedConfig, BackendRules) {
   DistributedConfig c = valid();
   c.backend = BackendChoice::Nccl;
-  EXPECT_PROBLEM(c, "backend = \"nccl\" is not built yet");
+  c.device = "auto";
+  if (comm::backend_available(comm::Backend::Nccl)) {
+    EXPECT_TRUE(c.problems().empty()) << problems(c);
+    EXPECT_EQ(c.comm_backend(), comm::Backend::Nccl);
+  } else {
+    EXPECT_PROBLEM(c, "backend = \"nccl\" but this build has no NCCL");
+  }
+  c.device = "cuda:1";
+  EXPECT_EQ(problems(c).find("runs on GPUs"), std::string::npos) << problems(c);
+  c.device = "cpu";
+  EXPECT_PROBLEM(c, "backend = \"nccl\" runs on GPUs, but device = \"cpu\"");
   c = valid();
   c.num_nodes = 2;
   c.num_processes_per_node = 4;
@@ -368,4 +378,30 @@ TEST(DistributedConfig, DeviceNamesTheDeviceOrSaysWhyNot) {
   }
   c.device = "cuda:99";
   EXPECT_THROW((void)c.placement(), ConfigError);
+}
+
+// Under backend nccl, "auto" and "cuda" name the process's GPU, the one launch_nccl picks
+// (cuda:(local_rank % GPUs)); without a GPU the placement says why.
+TEST(DistributedConfig, NcclPlacesOnTheProcesssGpu) {
+  DistributedConfig c = valid();
+  c.backend = BackendChoice::Nccl;
+  c.local_rank = 3;
+  for (const char* name : {"auto", "cuda"}) {
+    c.device = name;
+    const int gpus = tensor::cuda_device_count();
+    if (gpus > 0) {
+      EXPECT_EQ(c.placement(), (Device{DeviceKind::CUDA, 3 % gpus})) << name;
+    } else {
+      try {
+        (void)c.placement();
+        ADD_FAILURE() << "backend nccl placed without a GPU (device = " << name << ")";
+      } catch (const ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find(tensor::cuda_unavailable_reason()), std::string::npos)
+            << e.what();
+      }
+    }
+  }
+  c.backend = BackendChoice::Threads;
+  c.device = "auto";
+  EXPECT_EQ(c.placement(), default_device());
 }

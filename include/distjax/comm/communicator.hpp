@@ -130,7 +130,8 @@ class Communicator {
 
   /// recv[i] = op over ranks of send[i], i < count. Sums are taken in rank order
   /// 0..size()-1 on the threads backend, so results are bit-reproducible. Reductions
-  /// support f32, f64, i32, i64 and bf16/f16 (accumulated in f32). send == recv is allowed.
+  /// support f32, f64, i32, i64 and bf16/f16 (accumulated in f32; under NCCL unless
+  /// LaunchOptions::half_reduce_in_f32 is false). send == recv is allowed.
   void all_reduce(const void* send, void* recv, std::int64_t count, DType dtype, ReduceOp op);
   /// recv (size()*count elements, rank-major) gets every rank's send block (count).
   void all_gather(const void* send, void* recv, std::int64_t count, DType dtype);

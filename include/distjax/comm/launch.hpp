@@ -1,4 +1,4 @@
-// launch: runs a function once per device (threads or MPI backend) with the world
+// launch: runs a function once per device (threads, MPI or NCCL backend) with the world
 // communicator, and the options that choose the backend, timeout and link model.
 #pragma once
 
@@ -15,8 +15,9 @@ namespace distjax::comm {
 enum class Backend : std::uint8_t {
   Threads,  // simulated devices: one thread each, in this process
   Mpi,      // one process per device, launched by mpirun / srun
+  Nccl,     // one GPU per process: NCCL collectives (see launch below)
 };
-/// "threads", "mpi".
+/// "threads", "mpi", "nccl".
 const char* backend_name(Backend b);
 
 /// How launch starts the devices.
@@ -52,6 +53,12 @@ struct LaunchOptions {
   /// times out asks the others for theirs, so the message names the op and the devices
   /// that differ, are elsewhere or are missing.
   bool check_collectives = true;
+  /// NCCL backend: sums and means of bf16 / f16 are widened to f32 on the GPU, reduced in
+  /// f32 and rounded once (as the threads and MPI backends reduce them, so results agree
+  /// across backends). false: NCCL reduces the halves natively, half the bytes on the wire
+  /// but rounded at every step of its ring (error growing with the group size). Max is
+  /// exact either way and never widened.
+  bool half_reduce_in_f32 = true;
 };
 
 /// Runs fn once per local device with that device's world communicator and joins.
@@ -77,9 +84,18 @@ struct LaunchOptions {
 /// and the few calls MPI has only in blocking form (MPI_Comm_split, the first duplicate
 /// of MPI_COMM_WORLD) run under a watchdog that prints what blocked and calls MPI_Abort
 /// when they exceed the timeout (ending the job rather than hanging it).
+/// Under Backend::Nccl, launch runs fn on this process's GPU with an NCCL communicator over
+/// the world: under mpirun / srun when the build has MPI (the NCCL unique id broadcast
+/// over MPI, which stays the host communicator), else from the RANK / WORLD_SIZE /
+/// LOCAL_RANK environment with the id exchanged through a file in the directory named by
+/// DISTJAX_NCCL_STORE (a path every process sees), and at world size 1 without any
+/// launcher. The device is cuda:(local rank % GPUs); buffers must live there. A build
+/// without NCCL, or a machine without a GPU, throws NotImplemented saying so. See
+/// docs/nccl.md for what of the multi-process path is tested.
 void launch(const LaunchOptions& opts, const std::function<void(Communicator& world)>& fn);
 
-/// Whether a backend is compiled into this build (Mpi is false in builds without MPI).
+/// Whether a backend is compiled into this build (Mpi is false in builds without MPI, Nccl
+/// in builds without CUDA and NCCL; a machine without a GPU is refused at launch).
 bool backend_available(Backend b);
 
 }  // namespace distjax::comm

@@ -51,7 +51,7 @@ LaunchEnvironment discover_launch_environment(const EnvLookup& getenv = nullptr)
 /// started this process (and MPI is built in), Threads otherwise.
 Backend default_backend(const LaunchEnvironment& env);
 
-/// "threads" or "mpi" to a Backend; nullopt for another name.
+/// "threads", "mpi" or "nccl" to a Backend; nullopt for another name.
 std::optional<Backend> backend_from_name(std::string_view name);
 
 }  // namespace distjax::comm

@@ -13,8 +13,8 @@
 namespace distjax::config {
 
 /// The backend a config asks for. Auto: Mpi when a launcher (mpirun, srun) started the
-/// process, Threads otherwise. Nccl is accepted by the parser and refused by validate()
-/// until the backend exists.
+/// process, Threads otherwise. Nccl (one GPU per process) is refused by validate() in a
+/// build without NCCL and with a device other than auto or cuda.
 enum class BackendChoice : std::uint8_t { Auto, Threads, Mpi, Nccl };
 /// "auto", "threads", "mpi", "nccl".
 const char* backend_choice_name(BackendChoice b);
@@ -65,9 +65,11 @@ struct DistributedConfig {
   bool is_main_process() const { return rank == 0; }
   /// local_rank == 0: the process that does per-node work.
   bool is_local_main_process() const { return local_rank == 0; }
-  /// The backend to launch with; Threads or Mpi (call on a resolved config).
+  /// The backend to launch with: Threads, Mpi or Nccl (call on a resolved config).
   comm::Backend comm_backend() const;
-  /// The device `device` names (ConfigError when it names none).
+  /// The device `device` names (ConfigError when it names none, or a GPU this machine lacks).
+  /// Under backend nccl, "auto" and "cuda" name this process's GPU, cuda:(local_rank % GPUs),
+  /// the one its launch uses.
   Device placement() const;
 
   /// One message per broken rule (empty when valid): sizes positive, world_size =

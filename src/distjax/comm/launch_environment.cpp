@@ -97,6 +97,7 @@ Backend default_backend(const LaunchEnvironment& env) {
 std::optional<Backend> backend_from_name(std::string_view name) {
   if (name == "threads") return Backend::Threads;
   if (name == "mpi") return Backend::Mpi;
+  if (name == "nccl") return Backend::Nccl;
   return std::nullopt;
 }
 

@@ -151,14 +151,19 @@ int DistributedConfig::data_parallel_size() const {
 }
 
 Device DistributedConfig::placement() const {
-  if (device == "auto") return default_device();
+  // NCCL runs each process on the GPU its launch picks: cuda:(local rank % GPUs).
+  const bool process_gpu =
+      backend == BackendChoice::Nccl && (device == "auto" || device == "cuda");
+  if (device == "auto" && !process_gpu) return default_device();
   Device d;
   try {
-    d = parse_device(device);
+    d = process_gpu ? Device{DeviceKind::CUDA, 0} : parse_device(device);
   } catch (const InvalidArgument&) {
     DISTJAX_THROW(ConfigError, "[DistributedConfig] device = \"", device,
                   "\" names no device (auto, cpu, checked, cuda)");
   }
+  if (process_gpu && tensor::cuda_device_count() > 0)
+    d.index = local_rank % tensor::cuda_device_count();
   if (d.kind == DeviceKind::CUDA) {
     const int count = tensor::cuda_device_count();
     DISTJAX_CHECK(count > d.index, ConfigError, "[DistributedConfig] device = \"", device,
@@ -169,10 +174,18 @@ Device DistributedConfig::placement() const {
 }
 
 comm::Backend DistributedConfig::comm_backend() const {
-  DISTJAX_CHECK(backend == BackendChoice::Threads || backend == BackendChoice::Mpi, ConfigError,
-                "[DistributedConfig] backend \"", backend_choice_name(backend),
-                "\" cannot launch (resolve() the config first; nccl is not built yet)");
-  return backend == BackendChoice::Mpi ? comm::Backend::Mpi : comm::Backend::Threads;
+  switch (backend) {
+    case BackendChoice::Threads:
+      return comm::Backend::Threads;
+    case BackendChoice::Mpi:
+      return comm::Backend::Mpi;
+    case BackendChoice::Nccl:
+      return comm::Backend::Nccl;
+    case BackendChoice::Auto:
+      break;
+  }
+  DISTJAX_THROW(ConfigError, "[DistributedConfig] backend \"", backend_choice_name(backend),
+                "\" cannot launch (resolve() the config first)");
 }
 
 std::vector<std::string> DistributedConfig::problems() const {
@@ -210,7 +223,11 @@ std::vector<std::string> DistributedConfig::problems() const {
   }
   switch (backend) {
     case BackendChoice::Nccl:
-      out.push_back("backend = \"nccl\" is not built yet (use \"threads\" or \"mpi\")");
+      if (!comm::backend_available(comm::Backend::Nccl))
+        out.push_back(
+            "backend = \"nccl\" but this build has no NCCL (configure with CUDA and NCCL found)");
+      if (device != "auto" && device != "cuda" && device.rfind("cuda:", 0) != 0)
+        out.push_back(str("backend = \"nccl\" runs on GPUs, but device = \"", device, "\""));
       break;
     case BackendChoice::Mpi:
       if (!comm::backend_available(comm::Backend::Mpi))

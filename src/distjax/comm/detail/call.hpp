@@ -140,5 +140,7 @@ void set_intra_op_threads(int n);
 void launch_threads(const LaunchOptions& opts, const std::function<void(Communicator&)>& fn);
 void launch_mpi(const LaunchOptions& opts, const std::function<void(Communicator&)>& fn);
 bool mpi_available();
+/// The NCCL backend (nccl/, or nccl_stub/, which throws NotImplemented saying why).
+void launch_nccl(const LaunchOptions& opts, const std::function<void(Communicator&)>& fn);
 
 }  // namespace distjax::comm::detail

@@ -1,6 +1,6 @@
-// What this build has of NCCL. The NCCL communicator itself (one GPU per device, NCCL
-// collectives) is not written yet: this is the seam it will grow from, compiled against
-// nccl.h in builds with CUDA and NCCL (comm/nccl/), a stub otherwise (comm/nccl_stub/).
+// What this build has of NCCL: whether it is linked and its version, compiled against
+// nccl.h in builds with CUDA and NCCL (comm/nccl/), a stub otherwise (comm/nccl_stub/). The
+// communicator itself is nccl_communicator.hpp; its launch is detail::launch_nccl.
 #pragma once
 
 #include <string>
