@@ -6,7 +6,8 @@
 // Tolerances (relative, ||gpu - cpu|| / ||cpu|| over each output and gradient):
 //   kF32 = 1e-5: f32 kernels (the summation order may differ from the CPU's);
 //   kTf32 = 1e-3: f32 products with TF32 allowed;
-//   kBf16 = 1e-2: bf16 operands.
+//   kBf16 = 1e-2: bf16 operands;
+//   kF16 = 1e-3: f16 operands.
 // Integer outputs, masks, copies and ids must be equal. Without a GPU every test skips,
 // saying why (fails under DISTJAX_REQUIRE_GPU=1).
 #include <gtest/gtest.h>
@@ -37,6 +38,11 @@ using Fn = std::function<Tensor(const V&)>;
 constexpr double kF32 = 1e-5;
 constexpr double kTf32 = 1e-3;
 constexpr double kBf16 = 1e-2;
+// f16 operands: both devices round to f16 alike and multiply exactly; the sums are f32 in
+// another order, and the tensor cores' f32 accumulation does not round each add as IEEE
+// adds do: 1e-3 leaves room for that, well below f16's own step (2^-11 ~ 5e-4 relative per
+// element, which a bug in the operands' conversion would exceed over a whole output).
+constexpr double kF16 = 1e-3;
 
 // Poison every CUDA allocation of this process (read at the first one).
 const bool poisoned = (setenv("DISTJAX_CUDA_POISON", "1", 1), true);
@@ -373,6 +379,12 @@ TEST(CudaOps, MatrixProducts) {
                      return matmul(astype(a[0], DType::BF16), astype(a[1], DType::BF16), ta, tb);
                    },
                    {uniform(sa), uniform(sb)}, {true, true}, kBf16);
+      // f16 on the tensor cores (the CPU widens to f32): equal products, f32 sums.
+      expect_close("f16 matmul " + s,
+                   [ta, tb](const V& a) {
+                     return matmul(astype(a[0], DType::F16), astype(a[1], DType::F16), ta, tb);
+                   },
+                   {uniform(sa), uniform(sb)}, {true, true}, kF16);
     }
   expect_close("linear with bias", [](const V& a) { return linear(a[0], a[1], a[2]); },
                {uniform({4, 50, 96}), uniform({96, 130}), uniform({130})}, {true, true, true});
@@ -382,6 +394,12 @@ TEST(CudaOps, MatrixProducts) {
                },
                {uniform({4, 50, 96}), uniform({96, 130}), uniform({130})}, {true, true, true},
                kBf16);
+  expect_close("f16 linear with bias",
+               [](const V& a) {
+                 return linear(astype(a[0], DType::F16), astype(a[1], DType::F16), a[2]);
+               },
+               {uniform({4, 50, 96}), uniform({96, 130}), uniform({130})}, {true, true, true},
+               kF16);
   expect_close("GPT-2 MLP product", [](const V& a) { return linear(a[0], a[1], a[2]); },
                {uniform({2048, 768}), uniform({768, 3072}), uniform({3072})}, {true, true, true});
   set_allow_tf32(true);

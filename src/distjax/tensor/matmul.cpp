@@ -21,16 +21,21 @@ void check_operand_dtypes(const char* op, const Tensor& a, const Tensor& b) {
                 " and ", dtype_name(b.dtype()), " (use astype)");
 }
 
-// What the GEMM reads: bf16 and f32 as they are; f16 widened to f32 (exact), since
-// oneDNN 2.6 has no f16 matmul on this CPU: f16 operands have f16's range and precision,
-// the products and sums are f32.
+// What the GEMM reads: bf16 and f32 as they are; f16 as it is on a GPU (cuBLASLt's tensor
+// cores, f32 accumulation) and widened to f32 (exact) elsewhere, since oneDNN 2.6 has no
+// f16 matmul on this CPU. Either way the operands have f16's range and precision, each
+// product is exact in f32 and the sums are f32: the devices differ in summation order only.
+bool f16_on_gpu(const Tensor& t) {
+  return t.dtype() == DType::F16 && t.device().kind == DeviceKind::CUDA;
+}
 Tensor gemm_operand(const Tensor& t) {
-  if (t.dtype() != DType::F16) return t;
+  if (t.dtype() != DType::F16 || f16_on_gpu(t)) return t;
   Tensor w = Tensor::empty(t.shape(), DType::F32, t.device());
   detail::convert(t, w);
   return w;
 }
 DType gemm_dtype(const Tensor& t) {
+  if (f16_on_gpu(t)) return DType::F16;
   return t.dtype() == DType::BF16 ? DType::BF16 : DType::F32;
 }
 

@@ -259,13 +259,17 @@ void zero(float* c, std::int64_t n, Stream s) {
 
 void gemm(const GemmKey& key, const void* a, const void* b, const float* bias, float* c,
           Stream s) {
-  DISTJAX_CHECK(key.src == DType::F32 || key.src == DType::BF16, NotImplemented,
-                "[gemm] CUDA multiplies f32 or bf16 operands, not ", dtype_name(key.src));
+  DISTJAX_CHECK(key.src == DType::F32 || key.src == DType::BF16 || key.src == DType::F16,
+                NotImplemented, "[gemm] CUDA multiplies f32, bf16 or f16 operands, not ",
+                dtype_name(key.src));
   const auto [batch, m, n, k, ta, tb, b_shared, has_bias, src] = key;
   if (m == 0 || n == 0 || batch == 0) return;
   if (k == 0) return zero(c, batch * m * n, s);
-  const cudaDataType_t type = src == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
-  const std::uint64_t es = src == DType::BF16 ? 2 : 4;
+  // Halves on the tensor cores with f32 accumulation into the f32 C.
+  const cudaDataType_t type = src == DType::BF16  ? CUDA_R_16BF
+                              : src == DType::F16 ? CUDA_R_16F
+                                                  : CUDA_R_32F;
+  const std::uint64_t es = src == DType::F32 ? 4 : 2;
   Problem p{};
   // cuBLASLt's A: the table's B, wanted as N x K (column-major).
   p.a = tb ? Operand{static_cast<std::int64_t>(type), true, k, n, k, b_shared ? 0 : n * k}

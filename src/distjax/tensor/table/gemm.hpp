@@ -14,7 +14,8 @@ namespace distjax::tensor::detail {
 /// A batched GEMM problem: C[b] = op(A[b]) op(B[b or 0]) (+ bias), all row-major and
 /// contiguous per batch (A[b] is M x K, or K x M with ta; B[b] K x N, or N x K with tb).
 /// `src` is the dtype of A and B: f32, or bf16 (oneDNN's bf16 matmul, AVX-512 BF16,
-/// accumulating in f32). C and the bias are f32 either way.
+/// accumulating in f32), or f16 on CUDA only (the CPU's matmul widens f16 to f32 first).
+/// C and the bias are f32 always.
 struct GemmKey {
   std::int64_t batch, m, n, k;
   bool ta, tb, b_shared, bias;
