@@ -4,8 +4,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cstring>
-#include <map>
 #include <set>
 #include <sstream>
 #include <thread>

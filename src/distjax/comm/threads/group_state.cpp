@@ -2,7 +2,6 @@
 #include "distjax/comm/threads/group_state.hpp"
 
 #include <algorithm>
-#include <cstring>
 #include <sstream>
 #include <thread>
 

@@ -7,8 +7,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <cstring>
-#include <optional>
 #include <thread>
 
 #include "distjax/core/error.hpp"
