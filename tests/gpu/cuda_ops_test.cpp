@@ -360,6 +360,58 @@ TEST(CudaOps, Attention) {
                {uniform({2, 256, 3 * 768})}, {true});
 }
 
+// bf16 products (the bf16 policy's attention): the GPU's tensor-core kernels against the
+// CPU's f32 ones at kBf16 (operands rounded to bf16, f32 accumulation), every head size the
+// kernels are built for (padded to 32, 64, 128), masks, T != S, both layouts.
+TEST(CudaOps, AttentionWithBf16Products) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    std::int64_t b, h, t, s, d;
+    bool causal;
+  };
+  for (const Case& c : {Case{2, 3, 70, 70, 16, true}, Case{2, 3, 70, 70, 24, false},
+                        Case{1, 2, 33, 90, 32, true}, Case{1, 2, 90, 33, 32, true},
+                        Case{2, 4, 256, 256, 64, true}, Case{1, 3, 130, 200, 64, false},
+                        Case{1, 2, 128, 128, 128, true}, Case{1, 2, 65, 65, 100, true}}) {
+    expect_close("bf16 attention T=" + std::to_string(c.t) + " S=" + std::to_string(c.s) +
+                     " D=" + std::to_string(c.d) + (c.causal ? " causal" : ""),
+                 [causal = c.causal](const V& a) {
+                   return attention(a[0], a[1], a[2], causal, 0.f, DType::BF16);
+                 },
+                 {uniform({c.b, c.h, c.t, c.d}), uniform({c.b, c.h, c.s, c.d}),
+                  uniform({c.b, c.h, c.s, c.d})},
+                 {true, true, true}, kBf16);
+  }
+  for (bool causal : {true, false})
+    expect_close("bf16 attention_packed",
+                 [causal](const V& a) { return attention_packed(a[0], 4, causal, 0.f, DType::BF16); },
+                 {uniform({2, 70, 3 * 4 * 16})}, {true}, kBf16);
+  expect_close("bf16 attention_packed GPT-2 head shape",
+               [](const V& a) { return attention_packed(a[0], 12, true, 0.f, DType::BF16); },
+               {uniform({2, 256, 3 * 768})}, {true}, kBf16);
+
+  // The tensor-core path is the one taken: on the GPU, bf16 products differ from f32 ones
+  // by bf16's rounding (about 2^-9 relative per operand), neither 0 nor beyond kBf16.
+  const V in{uniform({2, 256, 3 * 768})};
+  const Tensor ct = uniform({2, 256, 768});
+  auto on_gpu = [&](DType compute) {
+    return run_on(kGpu, [compute](const V& a) { return attention_packed(a[0], 12, true, 0.f, compute); },
+                  in, {true}, ct);
+  };
+  const V f32 = on_gpu(DType::F32), bf16 = on_gpu(DType::BF16);
+  for (std::size_t i = 0; i < f32.size(); ++i) {
+    const std::vector<float> x = f32[i].to_vector<float>(), y = bf16[i].to_vector<float>();
+    double diff = 0, norm = 0;
+    for (std::size_t j = 0; j < x.size(); ++j) {
+      diff += (double(x[j]) - y[j]) * (double(x[j]) - y[j]);
+      norm += double(x[j]) * x[j];
+    }
+    const double rel = std::sqrt(diff / norm);
+    EXPECT_GT(rel, 1e-4) << (i ? "gradient" : "output") << ": bf16 products equal f32 ones";
+    EXPECT_LT(rel, kBf16) << (i ? "gradient" : "output");
+  }
+}
+
 TEST(CudaOps, MatrixProducts) {
   SKIP_WITHOUT_GPU();
   for (bool ta : {false, true})

@@ -66,6 +66,32 @@ TEST(AttentionPacked, MatchesComposedAttentionAndGradients) {
   }
 }
 
+// The compute dtype lets a device round the products' operands (a GPU's tensor cores);
+// the CPU computes in f32 whatever is asked: the same bits, values and gradients.
+TEST(AttentionCompute, TheCpuComputesEveryComputeDtypeInF32) {
+  const Tensor qkv = uniform({2, 33, 3 * 2 * 8}, 5), ct = uniform({2, 33, 2 * 8}, 6);
+  const Tensor q = uniform({2, 2, 17, 8}, 7), k = uniform({2, 2, 21, 8}, 8),
+               v = uniform({2, 2, 21, 8}, 9);
+  auto run = [&](DType compute) {
+    Tensor leaf = make_leaf(qkv), lq = make_leaf(q), lk = make_leaf(k), lv = make_leaf(v);
+    Tensor y = attention_packed(leaf, 2, true, 0.f, compute);
+    Tensor z = attention(lq, lk, lv, true, 0.f, compute);
+    std::vector<Tensor> g = autodiff::grad({add(sum(mul(y, ct)), sum(z))}, {Tensor()},
+                                           {leaf, lq, lk, lv});
+    g.insert(g.begin(), {y, z});
+    return g;
+  };
+  const std::vector<Tensor> want = run(DType::F32);
+  for (DType compute : {DType::BF16, DType::F16}) {
+    const std::vector<Tensor> got = run(compute);
+    for (std::size_t i = 0; i < want.size(); ++i)
+      EXPECT_EQ(got[i].to_vector<float>(), want[i].to_vector<float>())
+          << dtype_name(compute) << ", output " << i;
+  }
+  EXPECT_THROW(attention_packed(qkv, 2, true, 0.f, DType::I32), InvalidArgument);
+  EXPECT_THROW(attention(q, k, v, true, 0.f, DType::I64), InvalidArgument);
+}
+
 TEST(AttentionPacked, RejectsBadShapes) {
   EXPECT_THROW(attention_packed(uniform({2, 3, 10}, 1), 2), InvalidArgument);  // 10 % 6 != 0
   EXPECT_THROW(attention_packed(uniform({2, 12}, 1), 2), InvalidArgument);

@@ -21,8 +21,10 @@ using tensor::Tensor;
 ///    tensor::linear / tensor::matmul, which accumulate and write f32.
 ///
 /// There is no separate output dtype: the ops between the matmuls (layer/RMS norm,
-/// softmax, attention, GELU, residual adds, cross-entropy, reductions) compute in f32, so
-/// every activation a layer hands on is f32.
+/// softmax, GELU, residual adds, cross-entropy, reductions) compute in f32, so every
+/// activation a layer hands on is f32. Attention reads and writes f32 too; its products may
+/// read compute_dtype operands (tensor::attention's `compute`: bf16 on a GPU's tensor cores,
+/// f32 on the CPU).
 ///
 ///   nn::Scope s = nn::Scope::apply(&params, true, key).with_precision(nn::Precision::bf16());
 ///   Tensor y = nn::Dense{.features = 64}(s.child("fc"), x);  // bf16 GEMM, f32 y

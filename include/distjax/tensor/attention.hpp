@@ -15,8 +15,15 @@ namespace distjax::tensor {
 /// (OpenMP); the per-head products are register-blocked AVX-512 GEMMs (no per-call
 /// library setup) on blocks of 32 query rows, which for a causal mask stop at the last
 /// visible key. Errors name "[attention]".
+///
+/// `compute` is the dtype the two products (q k^T and p v) may read: nn::Precision's
+/// compute dtype. F32 computes in f32 on every device. BF16 lets a GPU run FlashAttention-2
+/// on its tensor cores (heads up to 128; q, k, v and the probabilities rounded to bf16,
+/// f32 accumulation, f32 softmax; inputs, output and gradients stay f32); the CPU, and a
+/// GPU for larger heads or with DISTJAX_CUDA_ATTENTION=f32, compute in f32, more precise
+/// than asked. F16 computes in f32 everywhere. Any other dtype is an InvalidArgument.
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
-                 float scale = 0.f);
+                 float scale = 0.f, DType compute = DType::F32);
 
 /// The same attention read straight from a fused projection, without the permutes and
 /// splits that would cut q, k and v out of it: qkv (B, T, 3 H D), viewed as
@@ -24,8 +31,8 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal 
 /// nn::MultiHeadAttention's reshape to (B, T, H, 3, D) expects), -> (B, T, H D), heads
 /// side by side per position. Equal to reshaping qkv to (B, T, H, 3, D), permuting it
 /// to (3, B, H, T, D), calling attention(q, k, v, causal, scale) and permuting the
-/// result back to (B, T, H, D). Errors name "[attention_packed]".
+/// result back to (B, T, H, D); `compute` as attention's. Errors name "[attention_packed]".
 Tensor attention_packed(const Tensor& qkv, std::int64_t num_heads, bool causal = true,
-                        float scale = 0.f);
+                        float scale = 0.f, DType compute = DType::F32);
 
 }  // namespace distjax::tensor

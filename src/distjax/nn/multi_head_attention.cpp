@@ -17,9 +17,10 @@ Tensor MultiHeadAttention::operator()(const Scope& scope, const Tensor& x) const
   const Dense qkv_proj{.features = 3 * c, .kernel_init = kernel_init};
   const Dense out_proj{.features = c, .kernel_init = out_init};
   Tensor qkv = qkv_proj(scope.child("qkv"), x);  // (B, T, 3C)
+  const DType compute = scope.precision().compute_dtype;  // the products' operands
   if (qkv.rank() == 3 && qkv.size(2) == 3 * c) {
     // Heads read in place from the projection: no permute / split copies.
-    Tensor y = tensor::attention_packed(qkv, h, causal);  // (B, T, C)
+    Tensor y = tensor::attention_packed(qkv, h, causal, 0.f, compute);  // (B, T, C)
     return out_proj(scope.child("out"), y);
   }
   qkv = tensor::reshape(qkv, {b, t, h, 3, d});
@@ -29,7 +30,7 @@ Tensor MultiHeadAttention::operator()(const Scope& scope, const Tensor& x) const
   Tensor q = tensor::reshape(parts[0], head_shape);
   Tensor k = tensor::reshape(parts[1], head_shape);
   Tensor v = tensor::reshape(parts[2], head_shape);
-  Tensor y = tensor::attention(q, k, v, causal);                     // (B, H, T, D)
+  Tensor y = tensor::attention(q, k, v, causal, 0.f, compute);                  // (B, H, T, D)
   y = tensor::reshape(tensor::permute(y, {0, 2, 1, 3}), {b, t, c});  // (B, T, C)
   return out_proj(scope.child("out"), y);
 }

@@ -69,7 +69,8 @@ Tensor TPMultiHeadAttention::operator()(const nn::Scope& scope, const Tensor& x)
                 " must divide C=", c, " and be divisible by ", proj.axis, "=", n,
                 " (each device computes whole heads)");
   Tensor qkv = proj.in(scope.child("qkv"), x, 3 * c, kernel_init);           // (B, T, 3C/n)
-  Tensor h = tensor::attention_packed(qkv, num_heads / n, /*causal=*/true);  // (B, T, C/n)
+  Tensor h = tensor::attention_packed(qkv, num_heads / n, /*causal=*/true, 0.f,
+                                     scope.precision().compute_dtype);  // (B, T, C/n)
   return proj.out(scope.child("out"), h, c, out_init);
 }
 

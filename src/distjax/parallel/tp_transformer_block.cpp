@@ -118,7 +118,8 @@ Tensor TPTransformerBlock::parallel_block(const nn::Scope& scope, const Tensor& 
   }
   const std::vector<Tensor> parts = tensor::split(y, {3 * c / n, hidden / n}, 2);
   const Tensor cat = tensor::concat(
-      {tensor::attention_packed(parts[0], num_heads / n, /*causal=*/true),  // (B, T, C/n)
+      {tensor::attention_packed(parts[0], num_heads / n, /*causal=*/true, 0.f,
+                                 scope.precision().compute_dtype),  // (B, T, C/n)
        tensor::gelu(parts[1], /*approximate=*/true)},                       // (B, T, H/n)
       2);
   Tensor o;

@@ -18,12 +18,20 @@ using detail::AttentionPlan;
 using detail::Dispatch;
 using detail::KernelTable;
 
+// Whether the products may read bf16 operands, from the compute dtype (checked).
+bool bf16_products(DType compute, const char* op) {
+  DISTJAX_CHECK(compute == DType::F32 || compute == DType::BF16 || compute == DType::F16,
+                InvalidArgument, "[", op, "] computes in f32, bf16 or f16, not ",
+                dtype_name(compute));
+  return compute == DType::BF16;
+}
+
 float default_scale(float scale, std::int64_t d) {
   return scale != 0.f ? scale : 1.f / std::sqrt(static_cast<float>(std::max<std::int64_t>(d, 1)));
 }
 
 AttentionPlan check_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                              float scale) {
+                              float scale, DType compute) {
   detail::require_f32("attention", {&q, &k, &v});
   DISTJAX_CHECK(q.rank() == 4 && k.rank() == 4 && v.rank() == 4, InvalidArgument,
                 "[attention] expected q (B, H, T, D), k and v (B, H, S, D), got q ",
@@ -46,13 +54,15 @@ AttentionPlan check_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   a.q_h = a.kv_h = a.o_h = 0;
   a.causal = causal;
   a.scale = default_scale(scale, a.d);
+  a.bf16_products = bf16_products(compute, "attention");
   return a;
 }
 
 }  // namespace
 
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, float scale) {
-  const AttentionPlan a = check_attention(q, k, v, causal, scale);
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, float scale,
+                 DType compute) {
+  const AttentionPlan a = check_attention(q, k, v, causal, scale, compute);
   const Device dev = detail::op_device("attention", {&q, &k, &v});
   Tensor out = Tensor::empty(q.shape(), DType::F32, dev);
   Tensor lse = Tensor::empty({q.size(0), q.size(1), a.t}, DType::F32, dev);
@@ -78,8 +88,10 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                 });
 }
 
-Tensor attention_packed(const Tensor& qkv, std::int64_t num_heads, bool causal, float scale) {
+Tensor attention_packed(const Tensor& qkv, std::int64_t num_heads, bool causal, float scale,
+                        DType compute) {
   detail::require_f32("attention_packed", {&qkv});
+  const bool bf16 = bf16_products(compute, "attention_packed");
   DISTJAX_CHECK(qkv.rank() == 3 && num_heads > 0 && qkv.size(2) % (3 * num_heads) == 0,
                 InvalidArgument,
                 "[attention_packed] expected qkv (B, T, 3 H D) with H = ", num_heads,
@@ -100,6 +112,7 @@ Tensor attention_packed(const Tensor& qkv, std::int64_t num_heads, bool causal, 
   a.o_h = d;
   a.causal = causal;
   a.scale = default_scale(scale, d);
+  a.bf16_products = bf16;
   Tensor out = Tensor::empty({b, t, c}, DType::F32, qkv.device());
   Tensor lse = Tensor::empty({b, h, t}, DType::F32, qkv.device());
   {

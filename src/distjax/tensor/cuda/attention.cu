@@ -18,6 +18,10 @@
 // about 10 T S D backward, halved by a causal mask). On an H200 (f32 FMA peak about 67
 // TFLOP/s), GPT-2 124M's attention (B 8, H 12, T 1024, D 64, causal, packed) takes 0.47 ms
 // forward (27 TFLOP/s) and 1.7 ms backward (19 TFLOP/s counting 2.5x the forward's FLOPs).
+//
+// Plans that allow bf16 products (AttentionPlan::bf16_products, the bf16 policy's
+// attention) go to the tensor-core kernels of attention_mma.cu instead, where they serve
+// the plan (heads up to 128); delta is computed here for both.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -26,6 +30,7 @@
 #include <cstdint>
 
 #include "distjax/core/error.hpp"
+#include "distjax/tensor/cuda/attention_mma.hpp"
 #include "distjax/tensor/cuda/kernels.hpp"
 #include "distjax/tensor/cuda/launch.cuh"
 
@@ -679,6 +684,7 @@ void forward(const AttentionPlan& a, const float* q, const float* k, const float
              float* lse, Stream s) {
   if (a.bh == 0 || a.t == 0) return;
   const cudaStream_t st = stream_of(s);
+  if (attn_mma::serves(a)) return attn_mma::forward(a, q, k, v, o, lse, vec_ok(a, {q, k, v, o}), st);
   switch (padded_d(a.d)) {
     case 16:
       return forward_tiled<16>(a, q, k, v, o, lse, st);
@@ -709,30 +715,35 @@ void backward(const AttentionPlan& a, const float* q, const float* k, const floa
     delta_kernel<<<grid_for(rows * 32), kThreads, 0, st>>>(a, o, go, delta);
     DISTJAX_CUDA_LAUNCHED("attention_backward");
   }
-  switch (padded_d(a.d)) {
-    case 16:
-      backward_tiled<16>(a, q, k, v, lse, go, delta, dq, dk, dv, st);
-      break;
-    case 32:
-      backward_tiled<32>(a, q, k, v, lse, go, delta, dq, dk, dv, st);
-      break;
-    case 64:
-      backward_tiled<64>(a, q, k, v, lse, go, delta, dq, dk, dv, st);
-      break;
-    case 128:
-      backward_tiled<128>(a, q, k, v, lse, go, delta, dq, dk, dv, st);
-      break;
-    default:
-      if (rows > 0) {
-        backward_dq_rows_kernel<<<grid_for(rows * 32), kThreads, 0, st>>>(a, q, k, v, go, lse,
-                                                                          delta, dq);
-        DISTJAX_CUDA_LAUNCHED("attention_backward");
-      }
-      if (a.s > 0) {
-        backward_dkdv_rows_kernel<<<grid_for(a.bh * a.s * 32), kThreads, 0, st>>>(
-            a, q, k, v, go, lse, delta, dk, dv);
-        DISTJAX_CUDA_LAUNCHED("attention_backward");
-      }
+  if (attn_mma::serves(a)) {
+    attn_mma::backward(a, q, k, v, lse, go, delta, dq, dk, dv,
+                       vec_ok(a, {q, k, v, go, dq, dk, dv}), st);
+  } else {
+    switch (padded_d(a.d)) {
+      case 16:
+        backward_tiled<16>(a, q, k, v, lse, go, delta, dq, dk, dv, st);
+        break;
+      case 32:
+        backward_tiled<32>(a, q, k, v, lse, go, delta, dq, dk, dv, st);
+        break;
+      case 64:
+        backward_tiled<64>(a, q, k, v, lse, go, delta, dq, dk, dv, st);
+        break;
+      case 128:
+        backward_tiled<128>(a, q, k, v, lse, go, delta, dq, dk, dv, st);
+        break;
+      default:
+        if (rows > 0) {
+          backward_dq_rows_kernel<<<grid_for(rows * 32), kThreads, 0, st>>>(a, q, k, v, go, lse,
+                                                                            delta, dq);
+          DISTJAX_CUDA_LAUNCHED("attention_backward");
+        }
+        if (a.s > 0) {
+          backward_dkdv_rows_kernel<<<grid_for(a.bh * a.s * 32), kThreads, 0, st>>>(
+              a, q, k, v, go, lse, delta, dk, dv);
+          DISTJAX_CUDA_LAUNCHED("attention_backward");
+        }
+    }
   }
   if (delta) DISTJAX_CUDA_CHECK(cudaFreeAsync(delta, st), "attention_backward");
 }

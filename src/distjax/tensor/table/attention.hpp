@@ -23,6 +23,10 @@ struct AttentionPlan {
   std::int64_t q_b, q_h, kv_b, kv_h, o_b, o_h;
   bool causal;
   float scale;
+  // Whether the two products may read bf16-rounded operands (q, k, v, and the
+  // probabilities and dS between the products) with f32 accumulation, as tensor cores do:
+  // the bf16 policy's attention. A kernel may compute them in f32 instead (the CPU's do).
+  bool bf16_products = false;
   // Keys visible to query row `row` (all of them without a mask).
   std::int64_t visible(std::int64_t row) const {
     return causal ? std::clamp<std::int64_t>(row + 1 + (s - t), 0, s) : s;
