@@ -125,4 +125,28 @@ TEST(CudaDeviceMemory, CopiesZerosEventsAndHostBlocks) {
   EXPECT_EQ(again.data(), first);
 }
 
+// Host-to-device copies return before the transfer lands (staged through page-locked
+// slots): the host buffer is reusable at once, the device copy is right in the stream's
+// order, and more copies in flight than there are slots wait for one rather than overwrite
+// it. A kernel queued first (a long fill) keeps the transfers behind it.
+TEST(CudaDeviceMemory, HostToDeviceCopiesReturnAtOnceWithTheHostBufferReusable) {
+  SKIP_WITHOUT_GPU();
+  DeviceScope on(kGpu);
+  const std::int64_t n = 100003;
+  std::vector<float> host(static_cast<std::size_t>(n));
+  std::vector<Tensor> copies;
+  Tensor busy = Tensor::full({std::int64_t(1) << 26}, 1.f, DType::F32, kGpu);
+  for (int round = 0; round < 150; ++round) {  // beyond the 64 slots
+    for (std::int64_t i = 0; i < n; ++i) host[static_cast<std::size_t>(i)] = float(round * n + i);
+    copies.push_back(Tensor::from_vector(host, {n}, Device::cpu()).to(kGpu));
+    std::fill(host.begin(), host.end(), -1.f);  // the host's buffer, reused at once
+  }
+  for (int round = 0; round < 150; ++round) {
+    const std::vector<float> got = copies[static_cast<std::size_t>(round)].to_vector<float>();
+    for (std::int64_t i = 0; i < n; i += 997)
+      ASSERT_EQ(got[static_cast<std::size_t>(i)], float(round * n + i)) << "copy " << round;
+  }
+  EXPECT_EQ(busy.to_vector<float>()[12345], 1.f);
+}
+
 }  // namespace

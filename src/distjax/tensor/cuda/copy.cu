@@ -1,10 +1,14 @@
 // CUDA kernels: fills, dtype conversion and copies (within a device, and to and from the
 // host). Conversions round exactly as the CPU's cast_one: bf16 and f16 go through f32 and
 // round to nearest even, integers truncate toward zero.
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <mutex>
 #include <type_traits>
+#include <vector>
 
 #include "distjax/core/error.hpp"
 #include "distjax/tensor/cuda/kernels.hpp"
@@ -277,8 +281,73 @@ void copy_2d(const void* src, std::size_t src_stride, void* dst, std::size_t dst
   }
 }
 
-// Host copies wait for the stream, so the host buffer is ready (to_host) or reusable
-// (from_host) on return.
+// Host-to-device copies up to kStagedMax bytes (the loaders' batches, small tensors) go
+// through page-locked staging slots and return without waiting for the stream: the host's
+// bytes are copied into a free slot, the slot's transfer is queued on the stream, and an
+// event on the stream marks when the slot is free again. A copy from pageable memory would
+// make the host wait for all the stream's earlier work (a stall per training step). Larger
+// copies (checkpoints, whole parameter sets) go straight from pageable memory and wait.
+constexpr std::size_t kStagedMax = std::size_t(16) << 20;
+constexpr std::size_t kStagingSlots = 64;  // beyond this many, a copy waits for a busy slot
+
+struct StagingSlot {
+  void* p = nullptr;
+  std::size_t bytes = 0;
+  cudaEvent_t done = nullptr;  // recorded after the slot's last transfer
+};
+
+class Staging {
+ public:
+  // A slot of at least n bytes whose last transfer is done (the caller owns it until give):
+  // a free one, a new one, or, with kStagingSlots in flight, the first that fits once done.
+  StagingSlot take(std::size_t n) {
+    std::unique_lock lk(mu_);
+    std::size_t pending = free_.size();  // the first fitting slot still in flight
+    for (std::size_t i = 0; i < free_.size(); ++i) {
+      if (free_[i].bytes < n) continue;
+      const cudaError_t q = cudaEventQuery(free_[i].done);
+      if (q == cudaSuccess) return pop(i);
+      DISTJAX_CUDA_CHECK(q == cudaErrorNotReady ? cudaSuccess : q, "from_host", "staging slot");
+      (void)cudaGetLastError();  // "not ready" is no error: leave none behind
+      if (pending == free_.size()) pending = i;
+    }
+    if (pending < free_.size() && free_.size() >= kStagingSlots) {
+      const StagingSlot slot = pop(pending);
+      lk.unlock();
+      DISTJAX_CUDA_CHECK(cudaEventSynchronize(slot.done), "from_host", "staging slot");
+      return slot;
+    }
+    lk.unlock();
+    StagingSlot slot;
+    slot.bytes = std::max<std::size_t>(n, std::size_t(64) << 10);
+    DISTJAX_CUDA_CHECK(cudaHostAlloc(&slot.p, slot.bytes, cudaHostAllocPortable), "from_host",
+                       slot.bytes, " bytes of page-locked staging memory");
+    DISTJAX_CUDA_CHECK(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming), "from_host");
+    return slot;
+  }
+
+  void give(const StagingSlot& slot) {
+    std::lock_guard lk(mu_);
+    free_.push_back(slot);
+  }
+
+ private:
+  StagingSlot pop(std::size_t i) {
+    StagingSlot slot = free_[i];
+    free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
+    return slot;
+  }
+
+  std::mutex mu_;
+  std::vector<StagingSlot> free_;
+};
+
+Staging& staging() {
+  static auto* s = new Staging;  // never destroyed: transfers may be in flight at exit
+  return *s;
+}
+
+// to_host waits for the stream, so host_dst is written on return.
 void to_host(const void* src, void* host_dst, std::size_t nbytes, Stream s) {
   if (nbytes == 0) return;
   const cudaStream_t stream = stream_of(s);
@@ -290,6 +359,15 @@ void to_host(const void* src, void* host_dst, std::size_t nbytes, Stream s) {
 void from_host(const void* host_src, void* dst, std::size_t nbytes, Stream s) {
   if (nbytes == 0) return;
   const cudaStream_t stream = stream_of(s);
+  if (nbytes <= kStagedMax) {
+    StagingSlot slot = staging().take(nbytes);
+    std::memcpy(slot.p, host_src, nbytes);
+    cudaError_t err = cudaMemcpyAsync(dst, slot.p, nbytes, cudaMemcpyHostToDevice, stream);
+    if (err == cudaSuccess) err = cudaEventRecord(slot.done, stream);
+    staging().give(slot);  // free again once `done` completes
+    DISTJAX_CUDA_CHECK(err, "from_host", nbytes, " bytes");
+    return;
+  }
   DISTJAX_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, nbytes, cudaMemcpyHostToDevice, stream),
                      "from_host", nbytes, " bytes");
   DISTJAX_CUDA_CHECK(cudaStreamSynchronize(stream), "from_host");

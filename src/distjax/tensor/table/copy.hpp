@@ -20,7 +20,10 @@ struct CopyKernels {
   /// concatenation and the packing of buckets and shards.
   void (*copy_2d)(const void* src, std::size_t src_stride, void* dst, std::size_t dst_stride,
                   std::size_t row_bytes, std::int64_t rows, Stream s);
-  /// nbytes from device memory to host memory, and back.
+  /// nbytes from device memory to host memory, and back. to_host returns with host_dst
+  /// written. from_host returns with host_src reusable; the device's copy is then ready in
+  /// the stream's order, as a kernel's output is (a GPU stages it through page-locked
+  /// memory and does not wait for the stream).
   void (*to_host)(const void* src, void* host_dst, std::size_t nbytes, Stream s);
   void (*from_host)(const void* host_src, void* dst, std::size_t nbytes, Stream s);
 };
