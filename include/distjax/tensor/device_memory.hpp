@@ -38,7 +38,9 @@ void zero(const char* op, Device device, void* dst, std::size_t nbytes);
 /// device kind. 1 <= k <= kMaxSources; dst may alias a source. Ordered like copy.
 void reduce(const char* op, Device device, void* dst, const void* const* srcs, int k,
             std::int64_t n, DType dtype, Reduction reduction, int divisor);
-/// nbytes from device memory to host memory, and back; complete on return.
+/// nbytes from device memory to host memory, and back. to_host is complete on return;
+/// from_host returns with host_src reusable and the device's copy ordered on the calling
+/// thread's stream, like copy.
 void to_host(const char* op, Device device, const void* src, void* host_dst, std::size_t nbytes);
 void from_host(const char* op, Device device, const void* host_src, void* dst,
                std::size_t nbytes);
@@ -54,6 +56,12 @@ class Event {
   static Event record(const char* op, Device device);
   /// Returns once the marked work is done (at most once; later calls return at once).
   void wait();
+  /// The calling thread's stream waits for the marked work on the device; the host goes on
+  /// at once and the event stays (several threads may order their streams on it, as long
+  /// as it lives). Nothing for an empty event.
+  void stream_wait() const;
+  /// Whether it marks nothing (recorded where kernels run at once, or moved from).
+  bool empty() const { return handle_ == nullptr; }
   ~Event();
   Event(Event&& o) noexcept;
   Event& operator=(Event&& o) noexcept;

@@ -110,6 +110,10 @@ void Event::wait() {
   kernels(op_, device_, &KernelTable::comm).event_wait(h);
 }
 
+void Event::stream_wait() const {
+  if (handle_) kernels(op_, device_, &KernelTable::comm).event_stream_wait(handle_, {});
+}
+
 Event::~Event() {
   if (handle_) detail::kernel_table(device_.kind).comm->event_release(handle_);
 }

@@ -125,8 +125,18 @@ GroupState::GroupState(std::shared_ptr<WorldState> world, std::vector<int> membe
       send_(n_, nullptr),
       recv_(n_, nullptr),
       aux0_(n_, 0),
-      aux1_(n_, 0) {
+      aux1_(n_, 0),
+      marks_{std::vector<const tensor::raw::Event*>(n_, nullptr),
+             std::vector<const tensor::raw::Event*>(n_, nullptr)},
+      own_marks_(static_cast<std::size_t>(n_)),
+      marks_made_(static_cast<std::size_t>(n_), 0) {
   for (int j = 0; j < n_; ++j) entered_[j].store(0);
+}
+
+void GroupState::order_after_marks(int rank) const {
+  const auto& marks = marks_[(entered_[rank].load() - 1) % 2];
+  for (const tensor::raw::Event* e : marks)
+    if (e) e->stream_wait();
 }
 
 void GroupState::fail_locked(const std::string& why) {
@@ -176,7 +186,8 @@ std::string GroupState::missing_message_locked(int rank, const std::vector<int>&
 }
 
 void GroupState::sync(int rank, const detail::CallDesc* arrival, const void* send, void* recv,
-                      int aux0, int aux1, Clock::time_point deadline) {
+                      int aux0, int aux1, Clock::time_point deadline,
+                      const tensor::raw::Event* mark) {
   if (failed_atomic_.load(std::memory_order_acquire)) {
     std::lock_guard lk(mu_);
     throw CommError(failure_);
@@ -188,6 +199,7 @@ void GroupState::sync(int rank, const detail::CallDesc* arrival, const void* sen
     aux0_[rank] = aux0;
     aux1_[rank] = aux1;
   }
+  marks_[entered_[rank].load() % 2][rank] = mark;  // published like the arrival's values
   entered_[rank].fetch_add(1);
   // The phase cannot advance before this rank arrives, so this is the current one.
   const std::uint64_t my = phase_.load(std::memory_order_acquire);
@@ -270,7 +282,8 @@ std::shared_ptr<GroupState> GroupState::take_split(std::uint64_t seq, int color,
 // ---------------------------------------------------------------- point-to-point
 
 // Copies a paired message (s's send buffer into r's recv buffer) on the calling thread's
-// stream of their device and waits for it; returns the error, empty when it worked.
+// stream of their device, after both posters' work before their posts, and marks the copy
+// in both ops (on a GPU the host does not wait); returns the error, empty when it worked.
 std::string GroupState::copy_message(P2POp& s, P2POp& r, const std::tuple<int, int, int>& key) {
   // One device kind on both sides (host memory and the checked device apart too, as in
   // the collectives: what a GPU could not serve fails on the CPU as well).
@@ -285,11 +298,13 @@ std::string GroupState::copy_message(P2POp& s, P2POp& r, const std::tuple<int, i
     return os.str();
   }
   try {
-    s.ready.wait();
-    r.ready.wait();
+    s.ready.stream_wait();
+    r.ready.stream_wait();
     const std::size_t bytes = static_cast<std::size_t>(s.count) * dtype_size(s.dtype);
     tensor::raw::copy("send/recv", s.device, r.recv_buf, s.send_buf, bytes);
-    tensor::raw::synchronize("send/recv", s.device);
+    auto copied = std::make_shared<tensor::raw::Event>(
+        tensor::raw::Event::record("send/recv", s.device));
+    s.copied = r.copied = std::move(copied);  // published with `done`, under the lock
   } catch (const std::exception& e) {
     return e.what();
   }

@@ -2,6 +2,7 @@
 // GroupState per group, where devices meet for collectives and point-to-point messages.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -81,7 +82,10 @@ struct P2POp {
   int peer = 0;  // rank in the group
   int tag = 0;
   Device device;              // where the buffer is: a CUDA device, or the host (cpu)
-  tensor::raw::Event ready;   // the poster's work before the post (waited for by the copier)
+  tensor::raw::Event ready;   // the poster's work before the post (the copy follows it)
+  // The copy (recorded by the copier on its stream): completing either side orders the
+  // completing thread's stream after it. Set before `done`.
+  std::shared_ptr<tensor::raw::Event> copied;
   // Guarded by the group mutex:
   bool matched = false;  // paired with the other side (the copy may still be running)
   bool done = false;     // copy finished
@@ -106,8 +110,20 @@ class GroupState {
   /// rank's descriptor, buffers and aux values, and the last arriving rank compares the
   /// descriptors. Throws CommError (and fails the group) on mismatch, timeout, a missing
   /// device that finished its program, or when the group has failed.
+  ///
+  /// `mark` (may be null) marks the rank's device work before this sync point; once every
+  /// rank is through, order_after_marks makes the caller's stream wait for every rank's.
   void sync(int rank, const detail::CallDesc* arrival, const void* send, void* recv, int aux0,
-            int aux1, Clock::time_point deadline);
+            int aux1, Clock::time_point deadline, const tensor::raw::Event* mark = nullptr);
+  /// After rank's last sync point: its thread's stream waits (on the device; the host goes
+  /// on) for the work every rank marked before it. Each mark must live until every rank
+  /// has called this, i.e. until its owner passes the next sync point of the group.
+  void order_after_marks(int rank) const;
+  /// Where rank records the mark of its next sync point: a ring of two per rank, kept
+  /// here rather than in the rank's communicator so that a mark outlives the call and the
+  /// communicator. Slot k is recorded again two marks later, after its rank has passed one
+  /// more sync point, so every peer has ordered its stream on it.
+  tensor::raw::Event& next_mark(int rank) { return own_marks_[rank][marks_made_[rank]++ % 2]; }
 
   /// Marks the calling thread as one that runs beside its device's compute (the worker of
   /// non-blocking collectives): its sync points sleep at once instead of spinning, which
@@ -125,9 +141,9 @@ class GroupState {
   std::shared_ptr<GroupState> take_split(std::uint64_t seq, int color,
                                          const std::vector<int>& members);
 
-  /// Point-to-point matching. `op` is queued or paired (the paired copy is done here,
-  /// outside the lock, on the calling thread's stream, once both sides' work before their
-  /// posts is done; it is complete when the ops are marked done) and completed.
+  /// Point-to-point matching. `op` is queued or paired (the paired copy is queued here,
+  /// outside the lock, on the calling thread's stream after both sides' work before their
+  /// posts; the ops are then marked done, with the event that marks the copy) and completed.
   void post(int rank, const std::shared_ptr<P2POp>& op);
   /// Blocks until op is done; throws CommError on timeout, failure or a peer that
   /// finished its program without the matching call.
@@ -169,6 +185,11 @@ class GroupState {
   std::vector<const void*> send_;
   std::vector<void*> recv_;
   std::vector<int> aux0_, aux1_;
+  // The marks of each rank's sync points, by parity: a rank writes those of sync k + 1
+  // while a slower one may still read those of sync k, never those of k - 1.
+  std::vector<const tensor::raw::Event*> marks_[2];
+  std::vector<std::array<tensor::raw::Event, 2>> own_marks_;  // each rank's, touched by it
+  std::vector<std::uint64_t> marks_made_;
 
   struct PendingSplit {
     std::shared_ptr<GroupState> group;

@@ -66,6 +66,12 @@ std::pair<std::int64_t, std::int64_t> share(std::int64_t count, int n, int r) {
 /// (memcpy and the CPU's reduction on the host; kernels on the calling thread's stream on a
 /// GPU, where the device of every rank's buffers is one GPU shared by the simulated
 /// devices, or GPUs of this process that reach each other).
+///
+/// On a GPU no sync point waits on the host: each rank publishes an event marking its work
+/// before the sync point (at the arrival, `ready`: what wrote its buffers; later, what it
+/// moved), and once through, every rank's stream waits on the device for every rank's mark.
+/// So a rank's reads of its peers' buffers follow their writers, and its later work (which
+/// may reuse its buffers) follows its peers' reads; the host only meets its peers.
 struct ThreadsCommunicator::Mover {
   const char* op = "";
   Device device;
@@ -85,9 +91,6 @@ struct ThreadsCommunicator::Mover {
     raw::reduce(op, device, dst, srcs.data(), static_cast<int>(srcs.size()), n, dtype,
                 reduction_of(r), divisor);
   }
-  /// What this thread queued for the call is done: peers may read what it wrote, and
-  /// their buffers are no longer read.
-  void finish() const { raw::synchronize(op, device); }
 };
 
 std::shared_ptr<ThreadsCommunicator::Mover> ThreadsCommunicator::mover(
@@ -96,8 +99,9 @@ std::shared_ptr<ThreadsCommunicator::Mover> ThreadsCommunicator::mover(
 }
 
 /// One collective call: sequence number, deadline, flight-recorder entry and stats. Its
-/// sync points order the data: a rank arrives once the work that produced its buffers is
-/// done, and leaves a phase once what it moved in that phase is done.
+/// sync points order the data (see Mover): work after the arrival follows the work that
+/// produced every rank's buffers, work after a phase or the departure follows what every
+/// rank moved before it.
 class ThreadsCommunicator::Call {
  public:
   Call(ThreadsCommunicator& c, Mover& m, OpKind kind, std::int64_t block_bytes,
@@ -119,24 +123,33 @@ class ThreadsCommunicator::Call {
   Clock::time_point deadline() const { return deadline_; }
   /// Publishes the call (the descriptor names the device kind of its buffers: every rank's
   /// must agree) once this device's buffers are ready, and waits for every rank.
+  /// The mover's `ready` event is published (a call whose mover marks nothing publishes no
+  /// mark: such a call, a barrier or a split, may end with its arrival).
   void arrive(detail::CallDesc d, const void* send, void* recv, int aux0 = 0, int aux1 = 0) {
-    m_.ready.wait();
     d.device = static_cast<std::uint8_t>(m_.device.kind);
-    c_.g_->sync(c_.rank_, &d, send, recv, aux0, aux1, deadline_);
+    c_.g_->sync(c_.rank_, &d, send, recv, aux0, aux1, deadline_,
+                m_.ready.empty() ? nullptr : &m_.ready);
+    c_.g_->order_after_marks(c_.rank_);
     timer_.arrived();
   }
   /// Charges the link model, then waits for every rank (nobody touches the buffers after).
   void depart() {
-    m_.finish();
     c_.charge_link(traffic_);
-    c_.g_->sync(c_.rank_, nullptr, nullptr, nullptr, 0, 0, deadline_);
+    mark_and_sync();
   }
-  void phase() {
-    m_.finish();
-    c_.g_->sync(c_.rank_, nullptr, nullptr, nullptr, 0, 0, deadline_);
-  }
+  void phase() { mark_and_sync(); }
 
  private:
+  // Marks what this thread queued for the call so far, meets every rank, and orders the
+  // stream after every rank's mark (the mark outlives the call: GroupState::next_mark).
+  void mark_and_sync() {
+    raw::Event& mark = c_.g_->next_mark(c_.rank_);
+    mark = raw::Event::record(m_.op, m_.device);
+    c_.g_->sync(c_.rank_, nullptr, nullptr, nullptr, 0, 0, deadline_,
+                mark.empty() ? nullptr : &mark);
+    c_.g_->order_after_marks(c_.rank_);
+  }
+
   ThreadsCommunicator& c_;
   Mover& m_;
   std::uint64_t seq_;
@@ -332,7 +345,9 @@ class ThreadsRequest final : public RequestImpl {
         stats_group_(stats_group),
         timeout_(timeout) {}
   ~ThreadsRequest() override {
-    if (!finished_) g_->cancel(rank_, op_);
+    if (finished_) return;
+    g_->cancel(rank_, op_);
+    if (op_->copied) op_->copied->stream_wait();  // matched: the buffer may be freed next
   }
   void wait() override {
     if (finished_) return;
@@ -350,8 +365,12 @@ class ThreadsRequest final : public RequestImpl {
   }
 
  private:
-  // The copy is done: the buffer is the caller's again.
-  void finish() { finished_ = true; }
+  // The copy is done (or, on a GPU, this thread's stream is ordered after it): the buffer
+  // is the caller's again.
+  void finish() {
+    finished_ = true;
+    if (op_->copied) op_->copied->stream_wait();
+  }
 
   std::shared_ptr<GroupState> g_;
   int rank_;
@@ -414,6 +433,8 @@ void ThreadsCommunicator::charge_link(const detail::Traffic& traffic) {
 
 struct ThreadsCommunicator::Job {
   std::function<void()> fn;
+  std::shared_ptr<Mover> mover;  // how fn moves data (none: a barrier, a split)
+  raw::Event done_mark;           // recorded by the worker after fn's device work
   Clock::time_point issued = Clock::now();
   Clock::time_point ready_at{};  // link model: when the data would have arrived
   detail::DeferredCount count;  // written by the worker before `done`
@@ -436,6 +457,7 @@ class ThreadsCommunicator::CollectiveRequest final : public RequestImpl {
     std::unique_lock lk(job_->mu);
     job_->cv.wait(lk, [&] { return job_->done; });
     lk.unlock();
+    job_->done_mark.stream_wait();  // the buffers may be freed next, on this stream
     job_->count.apply(*stats_, group_);
   }
   void wait() override {
@@ -447,6 +469,8 @@ class ThreadsCommunicator::CollectiveRequest final : public RequestImpl {
     if (!job_->error) std::this_thread::sleep_until(job_->ready_at);  // the link's time
     finish();
   }
+  // Completing orders this thread's stream after the device work the worker queued for
+  // the call (on a GPU: on the device, without a host wait).
   bool test() override {
     if (finished_) return true;
     {
@@ -461,6 +485,7 @@ class ThreadsCommunicator::CollectiveRequest final : public RequestImpl {
  private:
   void finish() {
     finished_ = true;
+    job_->done_mark.stream_wait();
     job_->count.apply(*stats_, group_);
     if (job_->error) std::rethrow_exception(job_->error);
   }
@@ -495,10 +520,12 @@ void ThreadsCommunicator::worker_loop() {
     link_ready_ = &job->ready_at;
     try {
       job->fn();
+      if (job->mover) job->done_mark = raw::Event::record(job->mover->op, job->mover->device);
     } catch (...) {
       job->error = std::current_exception();
     }
     job->fn = nullptr;  // with it the host access to the buffers, before anyone can free them
+    job->mover = nullptr;
     defer_ = nullptr;
     link_ready_ = nullptr;
     {
@@ -510,9 +537,10 @@ void ThreadsCommunicator::worker_loop() {
   }
 }
 
-Request ThreadsCommunicator::enqueue(std::function<void()> fn) {
+Request ThreadsCommunicator::enqueue(std::shared_ptr<Mover> m, std::function<void()> fn) {
   auto job = std::make_shared<Job>();
   job->fn = std::move(fn);
+  job->mover = std::move(m);
   {
     std::lock_guard lk(q_mu_);
     if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
@@ -523,10 +551,10 @@ Request ThreadsCommunicator::enqueue(std::function<void()> fn) {
   return Request(std::make_unique<CollectiveRequest>(std::move(job), stats_, stats_group()));
 }
 
-void ThreadsCommunicator::in_order(std::function<void()> fn) {
+void ThreadsCommunicator::in_order(std::shared_ptr<Mover> m, std::function<void()> fn) {
   // Only this device's thread adds jobs, so once the count is 0 it stays 0 here.
   if (pending_.load(std::memory_order_acquire) == 0) return fn();
-  enqueue(std::move(fn)).wait();
+  enqueue(std::move(m), std::move(fn)).wait();
 }
 
 // Each entry finds its buffers' device (refusing buffers on two devices, naming the op)
@@ -534,52 +562,52 @@ void ThreadsCommunicator::in_order(std::function<void()> fn) {
 // call's job keeps its mover until the call is done.
 Request ThreadsCommunicator::iall_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) {
   auto m = mover("iall_reduce", {&send, &recv});
-  return enqueue([this, m, send, recv, op] { run_all_reduce(*m, send, recv, op); });
+  return enqueue(m, [this, m, send, recv, op] { run_all_reduce(*m, send, recv, op); });
 }
 Request ThreadsCommunicator::iall_gather(const Buffer& send, const Buffer& recv) {
   auto m = mover("iall_gather", {&send, &recv});
-  return enqueue([this, m, send, recv] { run_all_gather(*m, send, recv); });
+  return enqueue(m, [this, m, send, recv] { run_all_gather(*m, send, recv); });
 }
 Request ThreadsCommunicator::ireduce_scatter(const Buffer& send, const Buffer& recv,
                                              ReduceOp op) {
   auto m = mover("ireduce_scatter", {&send, &recv});
-  return enqueue([this, m, send, recv, op] { run_reduce_scatter(*m, send, recv, op); });
+  return enqueue(m, [this, m, send, recv, op] { run_reduce_scatter(*m, send, recv, op); });
 }
 void ThreadsCommunicator::all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) {
   auto m = mover("all_reduce", {&send, &recv});
-  in_order([&] { run_all_reduce(*m, send, recv, op); });
+  in_order(m, [&] { run_all_reduce(*m, send, recv, op); });
 }
 void ThreadsCommunicator::all_gather(const Buffer& send, const Buffer& recv) {
   auto m = mover("all_gather", {&send, &recv});
-  in_order([&] { run_all_gather(*m, send, recv); });
+  in_order(m, [&] { run_all_gather(*m, send, recv); });
 }
 void ThreadsCommunicator::reduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) {
   auto m = mover("reduce_scatter", {&send, &recv});
-  in_order([&] { run_reduce_scatter(*m, send, recv, op); });
+  in_order(m, [&] { run_reduce_scatter(*m, send, recv, op); });
 }
 void ThreadsCommunicator::all_to_all(const Buffer& send, const Buffer& recv) {
   auto m = mover("all_to_all", {&send, &recv});
-  in_order([&] { run_all_to_all(*m, send, recv); });
+  in_order(m, [&] { run_all_to_all(*m, send, recv); });
 }
 void ThreadsCommunicator::broadcast(const Buffer& buf, int root) {
   auto m = mover("broadcast", {&buf});
-  in_order([&] { run_broadcast(*m, buf, root); });
+  in_order(m, [&] { run_broadcast(*m, buf, root); });
 }
 void ThreadsCommunicator::permute(const Buffer& send, const Buffer& recv,
                                   const std::vector<std::pair<int, int>>& pairs) {
   auto m = mover("permute", {&send, &recv});
-  in_order([&] { run_permute(*m, send, recv, pairs); });
+  in_order(m, [&] { run_permute(*m, send, recv, pairs); });
 }
 void ThreadsCommunicator::barrier() {
-  in_order([&] { run_barrier(); });
+  in_order(nullptr, [&] { run_barrier(); });
 }
 void ThreadsCommunicator::set_link_model(const LinkModel& link) {
-  in_order([&] { run_set_link_model(link); });
+  in_order(nullptr, [&] { run_set_link_model(link); });
 }
 std::shared_ptr<CommunicatorImpl> ThreadsCommunicator::split(int color, int key) {
   DISTJAX_CHECK(color >= 0, InvalidArgument, "[split] color must be >= 0, got ", color);
   std::shared_ptr<CommunicatorImpl> out;
-  in_order([&] { out = run_split(color, key); });
+  in_order(nullptr, [&] { out = run_split(color, key); });
   return out;
 }
 

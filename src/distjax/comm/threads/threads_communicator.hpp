@@ -68,12 +68,13 @@ class ThreadsCommunicator final : public CommunicatorImpl {
   void run_set_link_model(const LinkModel& link);
   std::shared_ptr<CommunicatorImpl> run_split(int color, int key);
 
-  /// Queues fn on this group's worker (started on first use) behind the requests in
-  /// flight; the request completes when fn has run.
-  Request enqueue(std::function<void()> fn);
+  /// Queues fn (moving data with mover m, or none) on this group's worker (started on
+  /// first use) behind the requests in flight; the request completes when fn has run,
+  /// and orders the caller's stream after the device work fn queued.
+  Request enqueue(std::shared_ptr<Mover> m, std::function<void()> fn);
   /// Runs a blocking collective in issue order: at once when nothing is in flight on
   /// this group, otherwise queued behind the requests in flight, and waited on.
-  void in_order(std::function<void()> fn);
+  void in_order(std::shared_ptr<Mover> m, std::function<void()> fn);
   void worker_loop();
 
   std::shared_ptr<WorldState> world_;

@@ -125,6 +125,7 @@ void zero(void* dst, std::size_t nbytes, Stream) {
 void synchronize(Stream) {}
 void* event_record(Stream) { return nullptr; }
 void event_wait(void*) {}
+void event_stream_wait(void*, Stream) {}
 void event_release(void*) {}
 
 void* host_alloc(std::size_t nbytes) {
@@ -180,6 +181,7 @@ const CommKernels comm_kernels{
     .synchronize = synchronize,
     .event_record = event_record,
     .event_wait = event_wait,
+    .event_stream_wait = event_stream_wait,
     .event_release = event_release,
     .host_alloc = host_alloc,
     .host_free = host_free,

@@ -173,6 +173,12 @@ void event_wait(void* event) {
   DISTJAX_CUDA_CHECK(err, "event_wait");
 }
 
+void event_stream_wait(void* event, Stream s) {
+  if (event)
+    DISTJAX_CUDA_CHECK(cudaStreamWaitEvent(stream_of(s), static_cast<cudaEvent_t>(event), 0),
+                       "event_stream_wait");
+}
+
 // Page-locked blocks cost a system call and a page-table walk each: freed ones are kept
 // by size class (powers of two from 64 KiB) and handed out again.
 struct PinnedCache {
@@ -222,6 +228,7 @@ const detail::CommKernels comm_kernels{
     .synchronize = synchronize,
     .event_record = event_record,
     .event_wait = event_wait,
+    .event_stream_wait = event_stream_wait,
     .event_release = event_release,
     .host_alloc = host_alloc,
     .host_free = host_free,

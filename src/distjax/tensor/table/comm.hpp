@@ -29,10 +29,12 @@ struct CommKernels {
   /// Returns when the work queued so far on the stream is done (a no-op on the CPU).
   void (*synchronize)(Stream s);
   /// An event marking the work queued so far on the stream (null where kernels run at once);
-  /// event_wait returns once that work is done and releases the event; event_release
-  /// releases it without waiting.
+  /// event_wait returns once that work is done and releases the event; event_stream_wait
+  /// makes stream s wait for it on the device (the host goes on; the event stays);
+  /// event_release releases it without waiting.
   void* (*event_record)(Stream s);
   void (*event_wait)(void* event);
+  void (*event_stream_wait)(void* event, Stream s);
   void (*event_release)(void* event);
   /// Host memory of at least nbytes the device copies to and from at full speed
   /// (page-locked on a GPU), and its release.
