@@ -20,6 +20,7 @@
 
 #include "distjax/distjax.hpp"
 #include "distjax/tensor/cuda.hpp"
+#include "distjax/tensor/detail/update_many.hpp"
 #include "distjax/tensor/inplace_ops.hpp"
 #include "distjax/tensor/parallel_ops.hpp"
 #include "distjax/tensor/update_ops.hpp"
@@ -560,6 +561,105 @@ TEST(CudaOps, OptimizerUpdates) {
     EXPECT_NEAR(sum_of_squares(xg), want, 1e-9 * want) << to_string(shape);
     EXPECT_EQ(sum_of_squares_f64(xg), want64) << to_string(shape);  // one order, same bits
   }
+}
+
+// The multi-leaf updates (one launch per table of 36 leaves or 320 chunks of 65536 elements)
+// over 45 small leaves (some empty), an unaligned leaf (the scalar path), a leaf of several
+// chunks and one cut across two tables: the bits of the per-leaf CUDA kernels, whose
+// per-element functions they share, and the CPU's within kF32 as for those.
+TEST(CudaOps, MultiLeafOptimizerUpdates) {
+  SKIP_WITHOUT_GPU();
+  std::vector<std::int64_t> sizes;
+  for (int i = 0; i < 45; ++i)
+    sizes.push_back(i * 37 % 101);
+  sizes.push_back(1001);             // unaligned below
+  sizes.push_back(2 * 65536 + 7);    // three chunks
+  sizes.push_back(330 * 65536 + 5);  // more chunks than one table holds
+  const std::size_t unaligned = 45;
+  // Host values of each leaf's p, g, m, v: one element more than the leaf, which views
+  // elements [1, n] of them on the unaligned leaf and [0, n) elsewhere.
+  std::vector<V> host(4);
+  for (std::int64_t n : sizes) {
+    host[0].push_back(uniform({n + 1}));
+    host[1].push_back(uniform({n + 1}));
+    host[2].push_back(uniform({n + 1}, -0.1f, 0.1f));
+    host[3].push_back(uniform({n + 1}, 0.f, 0.01f));
+  }
+  // Fresh leaves on d: [which][leaf].
+  auto leaves_on = [&](Device d) {
+    std::vector<V> out(4);
+    for (std::size_t k = 0; k < 4; ++k)
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        const std::int64_t n = sizes[i], first = i == unaligned ? 1 : 0;
+        out[k].push_back(
+            host[k][i].to(d).clone().view({n + 1, 1}).view_rows(first, first + n).view({n}));
+      }
+    return out;
+  };
+  auto records = [&](std::vector<V>& l, bool with_m, bool with_v) {
+    std::vector<tensor::detail::UpdateLeaf> out;
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      out.push_back({&l[0][i], &l[1][i], with_m ? &l[2][i] : nullptr, with_v ? &l[3][i] : nullptr,
+                     i % 3 == 0 ? 1.0 - 3e-3 * 0.1 : 1.0});
+    return out;
+  };
+  // Per leaf on the CPU, per leaf on the GPU, many at once on the GPU: two steps.
+  auto compare = [&](const std::string& what, const std::function<void(std::vector<V>&)>& per_leaf,
+                     const std::function<void(std::vector<V>&)>& many) {
+    SCOPED_TRACE(what);
+    std::vector<V> cpu = leaves_on(Device::cpu()), one = leaves_on(kGpu), all = leaves_on(kGpu);
+    {
+      DeviceScope on(Device::cpu());
+      per_leaf(cpu);
+    }
+    DeviceScope on(kGpu);
+    per_leaf(one);
+    many(all);
+    for (std::size_t k = 0; k < 4; ++k)
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        const Tensor got = all[k][i].to(Device::cpu());
+        EXPECT_TRUE(distjax::testing::same_bits(got, one[k][i].to(Device::cpu())))
+            << "tensor " << k << " of leaf " << i;
+        EXPECT_TRUE(close(got, cpu[k][i], kF32)) << "tensor " << k << " of leaf " << i;
+      }
+  };
+  for (const SGDStep& s : {SGDStep{0.1f, 0.f, 0.01f, false}, SGDStep{0.1f, 0.9f, 0.01f, false},
+                           SGDStep{0.1f, 0.9f, 0.f, true}}) {
+    const bool momentum = s.momentum > 0;
+    compare(
+        "sgd momentum " + std::to_string(s.momentum),
+        [&](std::vector<V>& l) {
+          Tensor none;
+          for (int t = 0; t < 2; ++t)
+            for (std::size_t i = 0; i < sizes.size(); ++i)
+              sgd_update_(l[0][i], l[1][i], momentum ? l[2][i] : none, s);
+        },
+        [&](std::vector<V>& l) {
+          for (int t = 0; t < 2; ++t)
+            tensor::detail::sgd_update_many_(records(l, momentum, false), s);
+        });
+  }
+  for (const AdamStep& s :
+       {AdamStep{1e-3, 0.9, 0.999, 1e-8, 1, 1.0, 0.0}, AdamStep{3e-3, 0.9, 0.95, 1e-8, 7, 1.0, 0.0},
+        AdamStep{1e-3, 0.8, 0.99, 1e-6, 3, 1.0, 0.01}})
+    compare(
+        "adam t=" + std::to_string(s.t),
+        [&](std::vector<V>& l) {
+          for (int t = 0; t < 2; ++t)
+            for (std::size_t i = 0; i < sizes.size(); ++i) {
+              AdamStep leaf = s;
+              leaf.t += t;
+              leaf.decay = i % 3 == 0 ? 1.0 - 3e-3 * 0.1 : 1.0;
+              adam_update_(l[0][i], l[1][i], l[2][i], l[3][i], leaf);
+            }
+        },
+        [&](std::vector<V>& l) {
+          for (int t = 0; t < 2; ++t) {
+            AdamStep step = s;
+            step.t += t;
+            tensor::detail::adam_update_many_(records(l, true, true), step);
+          }
+        });
 }
 
 TEST(CudaOps, ParallelOps) {

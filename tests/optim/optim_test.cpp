@@ -1,15 +1,20 @@
 // Optimizer updates against PyTorch 1.13 (torch.optim.SGD / Adam / AdamW) on the same
-// parameters and gradient sequence: values printed by torch and stored here.
+// parameters and gradient sequence: values printed by torch and stored here. And, over a
+// tree of many leaves, the optimizers' multi-leaf updates against the per-leaf update ops.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 
 #include "distjax/autodiff/autodiff.hpp"
+#include "distjax/core/prng.hpp"
 #include "distjax/optim/adam.hpp"
 #include "distjax/optim/adamw.hpp"
 #include "distjax/optim/sgd.hpp"
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/reduce.hpp"
+#include "distjax/tensor/update_ops.hpp"
 
 namespace distjax::optim {
 namespace {
@@ -171,6 +176,121 @@ TEST(Adam, MinimisesAQuadratic) {
   }
   EXPECT_LT(loss, 1e-4);
   expect_near(params.at("w").to_vector<float>(), {1.f, -2.f, 0.5f}, 1e-2f);
+}
+
+// The optimizers update all leaves of a tree with the multi-leaf kernels: the same bits as
+// the per-leaf update ops on each leaf, over leaves of odd sizes (an empty one, one larger
+// than a GPU chunk of 65536 elements) and an AdamW mask that spares some of them.
+class MultiLeaf : public ::testing::Test {
+ protected:
+  // "blocks/0/ln_1/scale" and "b/bias" are not decayed by the default mask; "ids" not trained.
+  const std::vector<std::pair<std::string, Shape>> leaves_{
+      {"blocks/0/fc/kernel", {3, 17}},
+      {"blocks/0/ln_1/scale", {129}},
+      {"empty", {0}},
+      {"big/kernel", {70001}},
+      {"b/bias", {1}},
+      {"c/kernel", {4, 4, 5}},
+      {"z/kernel", {7}}};  // last in the tree's order, after the empty leaf
+
+  static Tensor values(const Shape& shape, std::uint64_t seed, float scale) {
+    std::vector<float> v(static_cast<std::size_t>(numel(shape)));
+    random_uniform(Key::from_seed(seed), v.data(), numel(shape), -scale, scale);
+    return Tensor::from_vector(v, shape);
+  }
+  TensorTree params() const {
+    TensorTree t;
+    for (std::size_t i = 0; i < leaves_.size(); ++i)
+      t.set(leaves_[i].first, values(leaves_[i].second, 10 + i, 1.f));
+    t.set("ids", Tensor::zeros({3}, DType::I32));
+    return t;
+  }
+  TensorTree grads(int step) const {
+    TensorTree t;
+    for (std::size_t i = 0; i < leaves_.size(); ++i)
+      t.set(leaves_[i].first, values(leaves_[i].second, 100 * step + i, 0.5f));
+    return t;
+  }
+  // got and want hold the same f32 bits (the first difference named otherwise).
+  static ::testing::AssertionResult same_bits(const Tensor& got, const Tensor& want) {
+    const std::vector<float> g = got.to_vector<float>(), w = want.to_vector<float>();
+    if (g.size() != w.size())
+      return ::testing::AssertionFailure() << g.size() << " vs " << w.size() << " elements";
+    for (std::size_t i = 0; i < g.size(); ++i)
+      if (std::bit_cast<std::uint32_t>(g[i]) != std::bit_cast<std::uint32_t>(w[i]))
+        return ::testing::AssertionFailure()
+               << "element " << i << " of " << g.size() << ": " << g[i] << " vs " << w[i];
+    return ::testing::AssertionSuccess();
+  }
+  // Every f32 leaf of `got` (parameters or state) has the bits of `want`'s.
+  static void expect_same_bits(const TensorTree& got, const TensorTree& want) {
+    ASSERT_EQ(got.paths(), want.paths());
+    for (const std::string& path : got.paths())
+      if (got.at(path).dtype() == DType::F32) {
+        EXPECT_TRUE(same_bits(got.at(path), want.at(path))) << path;
+      }
+  }
+};
+
+TEST_F(MultiLeaf, AdamWMatchesThePerLeafOpBits) {
+  const double lr = 0.01, wd = 0.1;
+  AdamW opt({.learning_rate = constant_schedule(lr),
+             .weight_decay = wd,
+             .decay_mask = default_decay_mask()});
+  TensorTree p = params(), want = params();
+  TensorTree state = opt.init(p), want_state = opt.init(want);
+  for (int step = 0; step < 3; ++step) {
+    const TensorTree g = grads(step);
+    opt.update(p, g, state, step);
+    for (const auto& [path, shape] : leaves_)
+      tensor::adam_update_(want.at(path), g.at(path), want_state.at("mu/" + path),
+                           want_state.at("nu/" + path),
+                           {.lr = lr, .t = step + 1, .decay = opt.decays(path) ? 1 - lr * wd : 1});
+  }
+  expect_same_bits(p, want);
+  expect_same_bits(state, want_state);
+  EXPECT_FALSE(same_bits(p.at("big/kernel"), params().at("big/kernel")));
+}
+
+TEST_F(MultiLeaf, AdamMatchesThePerLeafOpBits) {
+  Adam opt({.learning_rate = constant_schedule(0.01), .weight_decay = 0.05});
+  TensorTree p = params(), want = params();
+  TensorTree state = opt.init(p), want_state = opt.init(want);
+  for (int step = 0; step < 3; ++step) {
+    const TensorTree g = grads(step);
+    opt.update(p, g, state, step);
+    for (const auto& [path, shape] : leaves_)
+      tensor::adam_update_(want.at(path), g.at(path), want_state.at("mu/" + path),
+                           want_state.at("nu/" + path), {.lr = 0.01, .t = step + 1, .l2 = 0.05});
+  }
+  expect_same_bits(p, want);
+  expect_same_bits(state, want_state);
+}
+
+TEST_F(MultiLeaf, SgdMatchesThePerLeafOpBits) {
+  for (const SGDConfig& config :
+       {SGDConfig{.learning_rate = constant_schedule(0.1), .weight_decay = 0.01},
+        SGDConfig{.learning_rate = constant_schedule(0.1), .momentum = 0.9, .weight_decay = 0.01},
+        SGDConfig{.learning_rate = constant_schedule(0.1), .momentum = 0.9, .nesterov = true}}) {
+    SCOPED_TRACE("momentum " + std::to_string(config.momentum));
+    SGD opt(config);
+    TensorTree p = params(), want = params();
+    TensorTree state = opt.init(p), want_state = opt.init(want);
+    const tensor::SGDStep step{.lr = 0.1f,
+                               .momentum = static_cast<float>(config.momentum),
+                               .weight_decay = static_cast<float>(config.weight_decay),
+                               .nesterov = config.nesterov};
+    for (int s = 0; s < 3; ++s) {
+      const TensorTree g = grads(s);
+      opt.update(p, g, state, s);
+      Tensor none;
+      for (const auto& [path, shape] : leaves_)
+        tensor::sgd_update_(want.at(path), g.at(path),
+                            config.momentum > 0 ? want_state.at("momentum/" + path) : none, step);
+    }
+    expect_same_bits(p, want);
+    expect_same_bits(state, want_state);
+  }
 }
 
 }  // namespace

@@ -2,8 +2,8 @@
 
 #include "distjax/core/error.hpp"
 #include "distjax/optim/detail/leaves.hpp"
+#include "distjax/tensor/detail/update_many.hpp"
 #include "distjax/tensor/grad_node.hpp"
-#include "distjax/tensor/update_ops.hpp"
 
 namespace distjax::optim {
 
@@ -28,15 +28,19 @@ void SGD::update(TensorTree& params, const TensorTree& grads, TensorTree& state,
                                      .momentum = static_cast<float>(config_.momentum),
                                      .weight_decay = static_cast<float>(config_.weight_decay),
                                      .nesterov = config_.nesterov};
-  Tensor none;
+  // Every leaf checked first, then one multi-leaf kernel call per device (the same bits as
+  // tensor::sgd_update_ on each leaf).
+  std::vector<tensor::detail::UpdateLeaf> leaves;
   for (auto& [path, p] : params) {
     if (!detail::trainable(p)) continue;
     const Tensor& g = detail::checked_grad("SGD", path, p, grads);
     // No buffer without momentum (init() made none).
-    Tensor& buf = config_.momentum == 0.0 ? none
-                                          : detail::checked_slot("SGD", "momentum", path, p, state);
-    tensor::sgd_update_(p, g, buf, coefficients);
+    Tensor* buf = config_.momentum == 0.0
+                      ? nullptr
+                      : &detail::checked_slot("SGD", "momentum", path, p, state);
+    leaves.push_back({.param = &p, .grad = &g, .m = buf});
   }
+  tensor::detail::sgd_update_many_(leaves, coefficients);
 }
 
 }  // namespace distjax::optim

@@ -1,6 +1,10 @@
 #include "distjax/tensor/update_ops.hpp"
 
+#include <algorithm>
+#include <vector>
+
 #include "distjax/core/error.hpp"
+#include "distjax/tensor/detail/update_many.hpp"
 #include "distjax/tensor/table/table.hpp"
 
 namespace distjax::tensor {
@@ -18,6 +22,55 @@ void check_leaf(const char* op, const Tensor& param, std::initializer_list<const
                   InvalidArgument, "[", op, "] expected f32 ", to_string(param.shape()), ", got ",
                   t->defined() ? dtype_name(t->dtype()) : "undefined", " ",
                   t->defined() ? to_string(t->shape()) : std::string());
+}
+
+// The leaves of a multi-leaf op that go to one kernel call: those on one device with the
+// same `kind` (SGD: with a buffer or without), in their order.
+struct LeafGroup {
+  Device device;
+  bool kind = false;
+  std::vector<const detail::UpdateLeaf*> leaves;
+  std::vector<const Tensor*> touched;  // every tensor of the leaves, for Dispatch
+};
+
+std::vector<LeafGroup> group_leaves(std::span<const detail::UpdateLeaf> leaves,
+                                    bool (*kind)(const detail::UpdateLeaf&)) {
+  std::vector<LeafGroup> groups;
+  for (const detail::UpdateLeaf& l : leaves) {
+    const Device d = l.param->device();
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const LeafGroup& g) { return g.device == d && g.kind == kind(l); });
+    if (it == groups.end()) it = groups.insert(groups.end(), LeafGroup{d, kind(l), {}, {}});
+    it->leaves.push_back(&l);
+    for (const Tensor* t : {static_cast<const Tensor*>(l.param), l.grad,
+                            static_cast<const Tensor*>(l.m), static_cast<const Tensor*>(l.v)})
+      if (t) it->touched.push_back(t);
+  }
+  return groups;
+}
+
+// The kernel records of a group's leaves (after its Dispatch: pointers into its tensors).
+std::vector<detail::OptimLeaf> leaf_records(const LeafGroup& group) {
+  std::vector<detail::OptimLeaf> records;
+  records.reserve(group.leaves.size());
+  for (const detail::UpdateLeaf* l : group.leaves)
+    records.push_back({.p = l->param->data<float>(),
+                       .g = l->grad->data<float>(),
+                       .m = l->m ? l->m->data<float>() : nullptr,
+                       .v = l->v ? l->v->data<float>() : nullptr,
+                       .n = l->param->numel(),
+                       .decay = l->decay});
+  return records;
+}
+
+// Whether two records' parameters share memory (tied leaves): a multi-leaf kernel may update
+// its leaves concurrently, so such a group is updated leaf by leaf, as the per-leaf ops do.
+bool parameters_overlap(std::vector<detail::OptimLeaf> records) {
+  std::sort(records.begin(), records.end(),
+            [](const detail::OptimLeaf& a, const detail::OptimLeaf& b) { return a.p < b.p; });
+  for (std::size_t i = 1; i < records.size(); ++i)
+    if (records[i - 1].n > 0 && records[i].p < records[i - 1].p + records[i - 1].n) return true;
+  return false;
 }
 
 }  // namespace
@@ -42,6 +95,60 @@ void adam_update_(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
   k->adam(param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(), param.numel(),
           step.lr, step.b1, step.b2, step.eps, step.t, step.decay, step.l2, k.stream());
 }
+
+namespace detail {
+
+void sgd_update_many_(std::span<const UpdateLeaf> leaves, const SGDStep& step) {
+  for (const UpdateLeaf& l : leaves) {
+    if (l.m)
+      check_leaf("sgd_update_many_", *l.param, {l.grad, l.m});
+    else
+      check_leaf("sgd_update_many_", *l.param, {l.grad});
+  }
+  for (const LeafGroup& group :
+       group_leaves(leaves, [](const UpdateLeaf& l) { return l.m != nullptr; })) {
+    Dispatch k("sgd_update_many_", &KernelTable::optim, group.touched);
+    const std::vector<OptimLeaf> records = leaf_records(group);
+    const bool many = group.kind ? k->sgd_momentum_many != nullptr : k->sgd_many != nullptr;
+    const auto count = static_cast<std::int64_t>(records.size());
+    if (many && !parameters_overlap(records)) {
+      if (group.kind)
+        k->sgd_momentum_many(records.data(), count, step.lr, step.momentum, step.weight_decay,
+                             step.nesterov, k.stream());
+      else
+        k->sgd_many(records.data(), count, step.lr, step.weight_decay, k.stream());
+      continue;
+    }
+    for (const OptimLeaf& r : records) {
+      if (group.kind)
+        k->sgd_momentum(r.p, r.g, r.m, r.n, step.lr, step.momentum, step.weight_decay,
+                        step.nesterov, k.stream());
+      else
+        k->sgd(r.p, r.g, r.n, step.lr, step.weight_decay, k.stream());
+    }
+  }
+}
+
+void adam_update_many_(std::span<const UpdateLeaf> leaves, const AdamStep& step) {
+  for (const UpdateLeaf& l : leaves) {
+    DISTJAX_CHECK(l.m && l.v, InvalidArgument, "[adam_update_many_] a leaf has no moments");
+    check_leaf("adam_update_many_", *l.param, {l.grad, l.m, l.v});
+  }
+  for (const LeafGroup& group : group_leaves(leaves, [](const UpdateLeaf&) { return false; })) {
+    Dispatch k("adam_update_many_", &KernelTable::optim, group.touched);
+    const std::vector<OptimLeaf> records = leaf_records(group);
+    if (k->adam_many && !parameters_overlap(records)) {
+      k->adam_many(records.data(), static_cast<std::int64_t>(records.size()), step.lr, step.b1,
+                   step.b2, step.eps, step.t, step.l2, k.stream());
+      continue;
+    }
+    for (const OptimLeaf& r : records)
+      k->adam(r.p, r.g, r.m, r.v, r.n, step.lr, step.b1, step.b2, step.eps, step.t, r.decay,
+              step.l2, k.stream());
+  }
+}
+
+}  // namespace detail
 
 double sum_of_squares(const Tensor& x) {
   check_leaf("sum_of_squares", x, {});

@@ -35,9 +35,12 @@ void add_zero_slot(TensorTree& state, const std::string& slot, const TensorTree&
 TensorTree adam_init(const TensorTree& params);
 
 /// The Adam/AdamW update of every trainable leaf of `params`, in place, with grad mode
-/// off (tensor::adam_update_ per leaf): moments in state "mu/<path>" and "nu/<path>", bias correction for step + 1,
+/// off: moments in state "mu/<path>" and "nu/<path>", bias correction for step + 1,
 /// `decay(path)` the decoupled multiplier applied to the parameter first (1 for none),
-/// `l2` the coupled L2 coefficient. `op` names the optimizer in errors.
+/// `l2` the coupled L2 coefficient. `op` names the optimizer in errors. Every leaf is
+/// checked before any is updated; then the leaves of each device are updated by one
+/// multi-leaf kernel call (tensor::detail::adam_update_many_), bit for bit as
+/// tensor::adam_update_ would update each.
 void adam_update(const char* op, TensorTree& params, const TensorTree& grads, TensorTree& state,
                  std::int64_t step, double lr, double b1, double b2, double eps,
                  const std::function<double(const std::string& path)>& decay, double l2);

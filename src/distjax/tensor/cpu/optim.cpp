@@ -1,5 +1,6 @@
-// CPU kernels: the optimizers' fused per-leaf updates, a sum of squares and a scale in
-// place. Each is one pass over its leaf, bound by memory traffic.
+// CPU kernels: the optimizers' fused updates, a sum of squares and a scale in place. Each is
+// one pass over its leaf, bound by memory traffic; the multi-leaf forms call the per-leaf
+// ones leaf by leaf (no launch cost to save here), so their bits are the per-leaf bits.
 #include <cmath>
 
 #include "distjax/tensor/cpu/kernels.hpp"
@@ -56,6 +57,27 @@ void adam(float* __restrict p, const float* __restrict g, float* __restrict m, f
   }
 }
 
+void sgd_many(const OptimLeaf* leaves, std::int64_t count, float lr, float wd, Stream s) {
+  for (std::int64_t i = 0; i < count; ++i)
+    sgd(leaves[i].p, leaves[i].g, leaves[i].n, lr, wd, s);
+}
+
+void sgd_momentum_many(const OptimLeaf* leaves, std::int64_t count, float lr, float mu, float wd,
+                       bool nesterov, Stream s) {
+  for (std::int64_t i = 0; i < count; ++i) {
+    const OptimLeaf& l = leaves[i];
+    sgd_momentum(l.p, l.g, l.m, l.n, lr, mu, wd, nesterov, s);
+  }
+}
+
+void adam_many(const OptimLeaf* leaves, std::int64_t count, double lr, double b1, double b2,
+               double eps, std::int64_t t, double l2, Stream s) {
+  for (std::int64_t i = 0; i < count; ++i) {
+    const OptimLeaf& l = leaves[i];
+    adam(l.p, l.g, l.m, l.v, l.n, lr, b1, b2, eps, t, l.decay, l2, s);
+  }
+}
+
 void sum_squares(const float* p, std::int64_t n, double* host_out, Stream) {
   double acc = 0.0;
 #pragma omp simd reduction(+ : acc)
@@ -76,6 +98,9 @@ const OptimKernels optim_kernels{
     .sgd = sgd,
     .sgd_momentum = sgd_momentum,
     .adam = adam,
+    .sgd_many = sgd_many,
+    .sgd_momentum_many = sgd_momentum_many,
+    .adam_many = adam_many,
     .sum_squares = sum_squares,
     .scale = scale,
 };

@@ -3,7 +3,10 @@
 // per-element formulas, in f32 with the scalars rounded on the host as the CPU rounds them).
 // Each update is one pass over its leaf, bound by memory traffic; float4 accesses where
 // every pointer is 16-byte aligned. Measured on an H200 (130M elements): adam 4.0 TB/s,
-// scale 4.0 TB/s, sum_squares 2.2 TB/s (with its synchronisation).
+// scale 4.0 TB/s, sum_squares 2.2 TB/s (with its synchronisation). The multi-leaf forms
+// update many leaves per launch (PyTorch's multi_tensor_apply): a table of leaves and
+// (leaf, chunk) pairs travels in the kernel's arguments, one block per chunk, each element
+// through the per-leaf kernel's own function (same bits). Not yet measured on a GPU.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -125,6 +128,103 @@ __global__ void adam_kernel(float* __restrict__ p, const float* __restrict__ g,
       [&](std::int64_t i) { adam_one(p[i], g[i], m[i], v[i], a); });
 }
 
+// The multi-leaf launches. A leaf is cut into chunks of kChunk elements (a multiple of 4, so
+// a chunk of an aligned leaf starts aligned); each block of a launch updates one chunk.
+constexpr std::int64_t kChunk = 65536;
+constexpr int kTableLeaves = 36;  // PyTorch's depth-4 table: 36 tensors, 320 blocks
+constexpr int kTableBlocks = 320;
+
+// One launch's leaves and its blocks' (leaf, chunk) pairs, passed by value as a kernel
+// argument (under the 4 KB every architecture takes; no copy to the device, no sync).
+struct ChunkTable {
+  float* p[kTableLeaves];
+  const float* g[kTableLeaves];
+  float* m[kTableLeaves];
+  float* v[kTableLeaves];
+  std::int64_t n[kTableLeaves];
+  float decay[kTableLeaves];  // Adam's per-leaf decoupled multiplier, rounded as adam() does
+  bool vec[kTableLeaves];     // every pointer of the leaf 16-byte aligned
+  std::uint8_t leaf[kTableBlocks];
+  std::int32_t chunk[kTableBlocks];
+};
+static_assert(sizeof(ChunkTable) + sizeof(AdamScalars) + 16 <= 4096,
+              "a kernel's arguments must fit in 4 KB");
+
+// Calls f4(leaf, k) for each float4 k of this block's chunk (when the leaf is vectorised),
+// then f(leaf, i) for the chunk's remaining elements i; blockDim-strided. The elements and
+// their functions are those of the per-leaf kernels' for_each.
+template <class F4, class F>
+__device__ void for_each_in_chunk(const ChunkTable& t, F4&& f4, F&& f) {
+  const int leaf = t.leaf[blockIdx.x];
+  const std::int64_t begin = std::int64_t(t.chunk[blockIdx.x]) * kChunk;
+  const std::int64_t end = t.n[leaf] < begin + kChunk ? t.n[leaf] : begin + kChunk;
+  const std::int64_t nv = t.vec[leaf] ? (end - begin) / 4 : 0;
+  for (std::int64_t k = threadIdx.x; k < nv; k += blockDim.x)
+    f4(leaf, begin / 4 + k);
+  for (std::int64_t i = begin + 4 * nv + threadIdx.x; i < end; i += blockDim.x)
+    f(leaf, i);
+}
+
+// sgd_kernel on the table's chunks. Bound: 12 bytes moved per element.
+__global__ void sgd_many_kernel(const __grid_constant__ ChunkTable t, float lr, float wd) {
+  for_each_in_chunk(
+      t,
+      [&](int l, std::int64_t k) {
+        float4 pv = reinterpret_cast<float4*>(t.p[l])[k];
+        const float4 gv = reinterpret_cast<const float4*>(t.g[l])[k];
+        pv.x = sgd_one(pv.x, gv.x, lr, wd);
+        pv.y = sgd_one(pv.y, gv.y, lr, wd);
+        pv.z = sgd_one(pv.z, gv.z, lr, wd);
+        pv.w = sgd_one(pv.w, gv.w, lr, wd);
+        reinterpret_cast<float4*>(t.p[l])[k] = pv;
+      },
+      [&](int l, std::int64_t i) { t.p[l][i] = sgd_one(t.p[l][i], t.g[l][i], lr, wd); });
+}
+
+// sgd_momentum_kernel on the table's chunks (m is the buffer). Bound: 20 bytes per element.
+__global__ void sgd_momentum_many_kernel(const __grid_constant__ ChunkTable t, float lr, float mu,
+                                         float wd, bool nesterov) {
+  for_each_in_chunk(
+      t,
+      [&](int l, std::int64_t k) {
+        float4 pv = reinterpret_cast<float4*>(t.p[l])[k];
+        float4 bv = reinterpret_cast<float4*>(t.m[l])[k];
+        const float4 gv = reinterpret_cast<const float4*>(t.g[l])[k];
+        momentum_one(pv.x, gv.x, bv.x, lr, mu, wd, nesterov);
+        momentum_one(pv.y, gv.y, bv.y, lr, mu, wd, nesterov);
+        momentum_one(pv.z, gv.z, bv.z, lr, mu, wd, nesterov);
+        momentum_one(pv.w, gv.w, bv.w, lr, mu, wd, nesterov);
+        reinterpret_cast<float4*>(t.p[l])[k] = pv;
+        reinterpret_cast<float4*>(t.m[l])[k] = bv;
+      },
+      [&](int l, std::int64_t i) {
+        momentum_one(t.p[l][i], t.g[l][i], t.m[l][i], lr, mu, wd, nesterov);
+      });
+}
+
+// adam_kernel on the table's chunks, each leaf with its own decay. Bound: 28 bytes per
+// element.
+__global__ void adam_many_kernel(const __grid_constant__ ChunkTable t, AdamScalars shared) {
+  AdamScalars a = shared;
+  a.decay = t.decay[t.leaf[blockIdx.x]];
+  for_each_in_chunk(
+      t,
+      [&](int l, std::int64_t k) {
+        float4 pv = reinterpret_cast<float4*>(t.p[l])[k];
+        float4 mv = reinterpret_cast<float4*>(t.m[l])[k];
+        float4 vv = reinterpret_cast<float4*>(t.v[l])[k];
+        const float4 gv = reinterpret_cast<const float4*>(t.g[l])[k];
+        adam_one(pv.x, gv.x, mv.x, vv.x, a);
+        adam_one(pv.y, gv.y, mv.y, vv.y, a);
+        adam_one(pv.z, gv.z, mv.z, vv.z, a);
+        adam_one(pv.w, gv.w, mv.w, vv.w, a);
+        reinterpret_cast<float4*>(t.p[l])[k] = pv;
+        reinterpret_cast<float4*>(t.m[l])[k] = mv;
+        reinterpret_cast<float4*>(t.v[l])[k] = vv;
+      },
+      [&](int l, std::int64_t i) { adam_one(t.p[l][i], t.g[l][i], t.m[l][i], t.v[l][i], a); });
+}
+
 // x[i] *= f. Bound: 8 bytes moved per element.
 __global__ void scale_kernel(float* __restrict__ x, std::int64_t n, float f, bool vec) {
   for_each(
@@ -187,6 +287,63 @@ __global__ void sum_partials(const double* __restrict__ partial, int blocks,
   if (threadIdx.x == 0) *out = acc;
 }
 
+// Fills chunk tables with the leaves' chunks in order and calls launch(table, blocks) for
+// each full one and the last: ceil(total chunks / 320) launches when leaves are large, one
+// per 36 leaves at most when they are small. A leaf cut by a full table goes on in the next
+// one from slot 0. Empty leaves take no slot.
+template <class Launch>
+void for_each_chunk_table(const detail::OptimLeaf* leaves, std::int64_t count, Launch&& launch) {
+  ChunkTable t{};
+  int slot = 0, blocks = 0;  // the current leaf's slot; blocks filled
+  auto set_slot = [&](int to, const detail::OptimLeaf& l) {
+    t.p[to] = l.p;
+    t.g[to] = l.g;
+    t.m[to] = l.m;
+    t.v[to] = l.v;
+    t.n[to] = l.n;
+    t.decay[to] = static_cast<float>(l.decay);
+    t.vec[to] =
+        aligned16(l.p) && aligned16(l.g) && (!l.m || aligned16(l.m)) && (!l.v || aligned16(l.v));
+  };
+  for (std::int64_t i = 0; i < count; ++i) {
+    const detail::OptimLeaf& l = leaves[i];
+    if (l.n == 0) continue;
+    set_slot(slot, l);
+    const std::int64_t chunks = (l.n + kChunk - 1) / kChunk;
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      t.leaf[blocks] = static_cast<std::uint8_t>(slot);
+      t.chunk[blocks] = static_cast<std::int32_t>(c);
+      ++blocks;
+      const bool last = c + 1 == chunks;
+      if (blocks == kTableBlocks || (last && slot + 1 == kTableLeaves)) {
+        launch(t, blocks);
+        blocks = 0;
+        if (last) {
+          slot = -1;  // the next leaf starts the empty table
+        } else {
+          set_slot(0, l);
+          slot = 0;
+        }
+      }
+    }
+    ++slot;
+  }
+  if (blocks > 0) launch(t, blocks);
+}
+
+// Adam's scalars for step t, rounded to f32 as cpu/optim.cpp rounds them.
+AdamScalars adam_scalars(double lr, double b1, double b2, double eps, std::int64_t t, double decay,
+                         double l2) {
+  // PyTorch's formulation: step_size = lr / bc1, denom = sqrt(v) / sqrt(bc2) + eps.
+  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(t));
+  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(t));
+  return {static_cast<float>(lr / bc1), static_cast<float>(1.0 / std::sqrt(bc2)),
+          static_cast<float>(b1),       static_cast<float>(b2),
+          static_cast<float>(1.0 - b1), static_cast<float>(1.0 - b2),
+          static_cast<float>(eps),      static_cast<float>(decay),
+          static_cast<float>(l2)};
+}
+
 void sgd(float* p, const float* g, std::int64_t n, float lr, float wd, Stream s) {
   if (n == 0) return;
   const bool vec = aligned16(p) && aligned16(g);
@@ -206,17 +363,38 @@ void sgd_momentum(float* p, const float* g, float* buf, std::int64_t n, float lr
 void adam(float* p, const float* g, float* m, float* v, std::int64_t n, double lr, double b1,
           double b2, double eps, std::int64_t t, double decay, double l2, Stream s) {
   if (n == 0) return;
-  // PyTorch's formulation: step_size = lr / bc1, denom = sqrt(v) / sqrt(bc2) + eps.
-  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(t));
-  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(t));
-  const AdamScalars a{static_cast<float>(lr / bc1), static_cast<float>(1.0 / std::sqrt(bc2)),
-                      static_cast<float>(b1),       static_cast<float>(b2),
-                      static_cast<float>(1.0 - b1), static_cast<float>(1.0 - b2),
-                      static_cast<float>(eps),      static_cast<float>(decay),
-                      static_cast<float>(l2)};
+  const AdamScalars a = adam_scalars(lr, b1, b2, eps, t, decay, l2);
   const bool vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v);
   adam_kernel<<<grid_for(vec ? n / 4 : n), kThreads, 0, stream_of(s)>>>(p, g, m, v, n, a, vec);
   DISTJAX_CUDA_LAUNCHED("adam");
+}
+
+void sgd_many(const detail::OptimLeaf* leaves, std::int64_t count, float lr, float wd, Stream s) {
+  const cudaStream_t stream = stream_of(s);
+  for_each_chunk_table(leaves, count, [&](const ChunkTable& t, int blocks) {
+    sgd_many_kernel<<<blocks, kThreads, 0, stream>>>(t, lr, wd);
+    DISTJAX_CUDA_LAUNCHED("sgd_many");
+  });
+}
+
+void sgd_momentum_many(const detail::OptimLeaf* leaves, std::int64_t count, float lr, float mu,
+                       float wd, bool nesterov, Stream s) {
+  const cudaStream_t stream = stream_of(s);
+  for_each_chunk_table(leaves, count, [&](const ChunkTable& t, int blocks) {
+    sgd_momentum_many_kernel<<<blocks, kThreads, 0, stream>>>(t, lr, mu, wd, nesterov);
+    DISTJAX_CUDA_LAUNCHED("sgd_momentum_many");
+  });
+}
+
+void adam_many(const detail::OptimLeaf* leaves, std::int64_t count, double lr, double b1, double b2,
+               double eps, std::int64_t t, double l2, Stream s) {
+  // adam()'s scalars; each leaf's decay is rounded into the table the same way.
+  const AdamScalars a = adam_scalars(lr, b1, b2, eps, t, 1.0, l2);
+  const cudaStream_t stream = stream_of(s);
+  for_each_chunk_table(leaves, count, [&](const ChunkTable& table, int blocks) {
+    adam_many_kernel<<<blocks, kThreads, 0, stream>>>(table, a);
+    DISTJAX_CUDA_LAUNCHED("adam_many");
+  });
 }
 
 // Two passes in a fixed order (the block count depends on n only): per-block sums, then one
@@ -256,6 +434,9 @@ const detail::OptimKernels optim_kernels{
     .sgd = sgd,
     .sgd_momentum = sgd_momentum,
     .adam = adam,
+    .sgd_many = sgd_many,
+    .sgd_momentum_many = sgd_momentum_many,
+    .adam_many = adam_many,
     .sum_squares = sum_squares,
     .scale = scale,
 };

@@ -19,7 +19,10 @@ const KernelTable& kernel_table(DeviceKind kind) {
   return none;
 }
 
-Device op_device(const char* op, std::initializer_list<const Tensor*> inputs) {
+namespace {
+
+template <class List>
+Device common_device(const char* op, const List& inputs) {
   const Tensor* first = nullptr;
   for (const Tensor* t : inputs) {
     if (!t->defined()) continue;
@@ -32,6 +35,16 @@ Device op_device(const char* op, std::initializer_list<const Tensor*> inputs) {
     }
   }
   return first ? first->device() : current_device();
+}
+
+}  // namespace
+
+Device op_device(const char* op, std::initializer_list<const Tensor*> inputs) {
+  return common_device(op, inputs);
+}
+
+Device op_device(const char* op, const std::vector<const Tensor*>& inputs) {
+  return common_device(op, inputs);
 }
 
 OpenScope::~OpenScope() {

@@ -1,6 +1,6 @@
-// Kernel family: the optimizers' fused per-leaf updates (SGD, Adam/AdamW) and the gradient
-// norm's pieces (a sum of squares, a scale in place). Plain arguments only: f32 pointers,
-// element counts, scalars and the stream.
+// Kernel family: the optimizers' fused updates (SGD, Adam/AdamW), of one leaf or of many at
+// once, and the gradient norm's pieces (a sum of squares, a scale in place). Plain arguments
+// only: f32 pointers, element counts, scalars, small arrays of leaf records and the stream.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +8,17 @@
 #include "distjax/tensor/table/stream.hpp"
 
 namespace distjax::tensor::detail {
+
+/// One leaf of a multi-leaf update: n f32 elements at each pointer. The leaves of one call
+/// must not overlap (a GPU updates them concurrently).
+struct OptimLeaf {
+  float* p = nullptr;        ///< [n] the parameter
+  const float* g = nullptr;  ///< [n] its gradient
+  float* m = nullptr;        ///< [n] Adam's first moment, or SGD's momentum buffer (else null)
+  float* v = nullptr;        ///< [n] Adam's second moment (else null)
+  std::int64_t n = 0;
+  double decay = 1.0;  ///< Adam's decoupled multiplier for this leaf (AdamW masks some leaves)
+};
 
 struct OptimKernels {
   /// p[i] -= lr * (g[i] + wd * p[i]), for i < n (SGD without momentum).
@@ -22,6 +33,14 @@ struct OptimKernels {
   /// formulation: step_size = lr / bc1, denom = sqrt(v) / sqrt(bc2) + eps).
   void (*adam)(float* p, const float* g, float* m, float* v, std::int64_t n, double lr, double b1,
                double b2, double eps, std::int64_t t, double decay, double l2, Stream s);
+  /// The multi-leaf forms: for each of the `count` leaves, the same bits as the per-leaf
+  /// kernel above on that leaf (adam with the leaf's own decay), in fewer launches on a GPU.
+  /// Each leaf record's memory must be in the leaf's tensors the op dispatched with.
+  void (*sgd_many)(const OptimLeaf* leaves, std::int64_t count, float lr, float wd, Stream s);
+  void (*sgd_momentum_many)(const OptimLeaf* leaves, std::int64_t count, float lr, float mu,
+                            float wd, bool nesterov, Stream s);
+  void (*adam_many)(const OptimLeaf* leaves, std::int64_t count, double lr, double b1, double b2,
+                    double eps, std::int64_t t, double l2, Stream s);
   /// *host_out = sum of x[i]^2 for i < n, accumulated in f64.
   void (*sum_squares)(const float* x, std::int64_t n, double* host_out, Stream s);
   /// x[i] *= f, for i < n.

@@ -55,6 +55,8 @@ const KernelTable& kernel_table(DeviceKind kind);
 /// The device of an op's defined inputs, which must agree (InvalidArgument naming the op
 /// and both devices); the current device when no input is defined.
 Device op_device(const char* op, std::initializer_list<const Tensor*> inputs);
+/// The same for a list made at run time (an op over many leaves).
+Device op_device(const char* op, const std::vector<const Tensor*>& inputs);
 
 /// Opens the checked device's memory of some tensors (or raw blocks) for host access while
 /// it lives; nothing on other devices.
@@ -89,16 +91,12 @@ class Dispatch {
  public:
   Dispatch(const char* op, const F* KernelTable::*family, std::initializer_list<const Tensor*> touched)
       : device_(op_device(op, touched)) {
-    kernels_ = kernel_table(device_.kind).*family;
-    if (!kernels_) no_kernel(op, device_);
-    begin_op(op);
-    if (device_.kind == DeviceKind::Checked)
-      for (const Tensor* t : touched)
-        if (t->defined()) open_.open(*t);
-    if (device_.kind == DeviceKind::CUDA && op_profiling.load(std::memory_order_relaxed)) {
-      cuda_profile_begin(op);
-      profiled_ = true;
-    }
+    start(op, family, touched);
+  }
+  /// The same for a list made at run time (an op over many leaves).
+  Dispatch(const char* op, const F* KernelTable::*family, const std::vector<const Tensor*>& touched)
+      : device_(op_device(op, touched)) {
+    start(op, family, touched);
   }
   ~Dispatch() {
     if (profiled_) cuda_profile_end();
@@ -110,6 +108,20 @@ class Dispatch {
   Stream stream() const { return {}; }
 
  private:
+  template <class List>
+  void start(const char* op, const F* KernelTable::*family, const List& touched) {
+    kernels_ = kernel_table(device_.kind).*family;
+    if (!kernels_) no_kernel(op, device_);
+    begin_op(op);
+    if (device_.kind == DeviceKind::Checked)
+      for (const Tensor* t : touched)
+        if (t->defined()) open_.open(*t);
+    if (device_.kind == DeviceKind::CUDA && op_profiling.load(std::memory_order_relaxed)) {
+      cuda_profile_begin(op);
+      profiled_ = true;
+    }
+  }
+
   Device device_;
   const F* kernels_ = nullptr;
   OpenScope open_;
