@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <regex>
 #include <stdexcept>
@@ -314,6 +315,62 @@ TEST_F(MpiTest, CheckedTensorsAreStagedThroughHostMemoryInEveryForm) {
       EXPECT_EQ(from_left.to_vector<float>(), testing::inputs_f32(left, count));
     }
   });
+}
+
+// Non-blocking calls on device buffers start in issue order once their send copies are
+// done. On odd ranks DISTJAX_STAGING_START=forced starts them only when they must, as on a
+// GPU still copying, while even ranks start each at once: several calls in flight, a
+// blocking call between them, completions in another order, a request dropped unwaited.
+// Every rank's backend must still see one order, or the sums and maxima mix.
+TEST_F(MpiTest, DeferredStagedCallsStartInIssueOrder) {
+  LaunchOptions o = mpi_opts();
+  o.device = Device{DeviceKind::Checked, 0};
+  const char* rank_env = std::getenv("OMPI_COMM_WORLD_RANK");
+  if (rank_env && std::atoi(rank_env) % 2 == 1) setenv("DISTJAX_STAGING_START", "forced", 1);
+  launch(o, [](Communicator& world) {
+    using tensor::Tensor;
+    const int n = world.size(), r = world.rank();
+    std::vector<int> all(n);
+    for (int i = 0; i < n; ++i)
+      all[i] = i;
+    const std::int64_t count = 20000;
+    auto near = [](const Tensor& got, const std::vector<float>& want) {
+      const std::vector<float> g = got.to_vector<float>();
+      ASSERT_EQ(g.size(), want.size());
+      for (std::size_t i = 0; i < g.size(); ++i)
+        ASSERT_NEAR(g[i], want[i], 1e-5 * (1 + std::abs(want[i]))) << "at " << i;
+    };
+    const Tensor t = Tensor::from_vector(testing::inputs_f32(r, count), {count});
+    const std::vector<float> want = testing::host_sum_f32(all, count);
+    Tensor a = Tensor::empty({count}), c = Tensor::empty({count}), d = Tensor::empty({count});
+    Tensor gathered = Tensor::empty({n, count}), received = Tensor::empty({count});
+    const int left = (r + n - 1) % n;
+    Request ra = world.iall_reduce(buffer_of(t), buffer_of(a), ReduceOp::Sum);
+    Request rr = world.irecv(buffer_of(received), left, 9);
+    Request sr = world.isend(buffer_of(t), (r + 1) % n, 9);
+    Request rg = world.iall_gather(buffer_of(t), buffer_of(gathered));
+    { Request dropped = world.iall_reduce(buffer_of(t), buffer_of(d), ReduceOp::Sum); }
+    world.all_reduce(buffer_of(t), buffer_of(c), ReduceOp::Max);  // starts all before it
+    Request rb = world.iall_reduce(buffer_of(t), buffer_of(d), ReduceOp::Max);
+    rg.wait();
+    for (int j = 0; j < n; ++j)
+      EXPECT_EQ(gathered.view_rows(j, j + 1).to_vector<float>(), testing::inputs_f32(j, count));
+    while (!rr.test()) {
+    }
+    EXPECT_EQ(received.to_vector<float>(), testing::inputs_f32(left, count));
+    rb.wait();  // the last issued, waited before the first
+    std::vector<float> most(count, -1e30f);
+    for (int j = 0; j < n; ++j) {
+      const std::vector<float> x = testing::inputs_f32(j, count);
+      for (std::int64_t i = 0; i < count; ++i) most[i] = std::max(most[i], x[i]);
+    }
+    EXPECT_EQ(d.to_vector<float>(), most);
+    EXPECT_EQ(c.to_vector<float>(), most);
+    ra.wait();
+    near(a, want);
+    sr.wait();
+  });
+  unsetenv("DISTJAX_STAGING_START");
 }
 
 TEST_F(MpiTest, StatsCountedPerGroupLabel) {

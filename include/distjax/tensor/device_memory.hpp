@@ -44,6 +44,11 @@ void reduce(const char* op, Device device, void* dst, const void* const* srcs, i
 void to_host(const char* op, Device device, const void* src, void* host_dst, std::size_t nbytes);
 void from_host(const char* op, Device device, const void* host_src, void* dst,
                std::size_t nbytes);
+/// nbytes from device memory into host_dst, which must be a HostBlock's memory of that
+/// device, queued on the calling thread's stream: complete once an Event recorded after it
+/// is (at once where kernels run at once).
+void to_host_async(const char* op, Device device, const void* src, void* host_dst,
+                   std::size_t nbytes);
 /// Returns when everything the calling thread queued on `device` is done.
 void synchronize(const char* op, Device device);
 
@@ -60,6 +65,8 @@ class Event {
   /// at once and the event stays (several threads may order their streams on it, as long
   /// as it lives). Nothing for an empty event.
   void stream_wait() const;
+  /// Whether the marked work is done, without waiting (true for an empty event).
+  bool done() const;
   /// Whether it marks nothing (recorded where kernels run at once, or moved from).
   bool empty() const { return handle_ == nullptr; }
   ~Event();

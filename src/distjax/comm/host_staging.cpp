@@ -1,7 +1,10 @@
 // Device buffers staged through host memory for a host backend (see detail/host_staging.hpp).
 #include "distjax/comm/detail/host_staging.hpp"
 
-#include <optional>
+#include <cstdlib>
+#include <deque>
+#include <functional>
+#include <string_view>
 #include <utility>
 
 #include "distjax/tensor/device_memory.hpp"
@@ -14,13 +17,17 @@ namespace raw = tensor::raw;
 
 bool on_device(const Buffer& b) { return b.device.kind != DeviceKind::CPU && b.count > 0; }
 
+/// How a Staging copies its send buffer to the host: at once (a blocking call), queued on
+/// the calling thread's stream (a non-blocking one: sent() marks the copy), or not at all.
+enum class SendCopy { Now, Queued, None };
+
 /// One call's host copies: what the backend is given instead of the caller's device
 /// buffers, and the copy back of the received one.
 class Staging {
  public:
-  /// Stages `send` (copied to the host now when copy_send) and `recv` (copied back by
+  /// Stages `send` (copied to the host as `copy` says) and `recv` (copied back by
   /// finish()). `recv` may be null (isend), and so may `send` (irecv).
-  Staging(const char* op, const Buffer* send, const Buffer* recv, bool copy_send = true)
+  Staging(const char* op, const Buffer* send, const Buffer* recv, SendCopy copy = SendCopy::Now)
       : op_(op) {
     if (recv) {
       recv_ = *recv;
@@ -45,10 +52,18 @@ class Staging {
       send_block_ = raw::HostBlock(op, send->device, static_cast<std::size_t>(send->bytes()));
       host_send_ = {send_block_.data(), send->count, send->dtype, Device::cpu()};
     }
-    if (copy_send)
-      raw::to_host(op, send->device, send->data, host_send_.data,
-                   static_cast<std::size_t>(send->bytes()));
+    const auto bytes = static_cast<std::size_t>(send->bytes());
+    if (copy == SendCopy::Now) {
+      raw::to_host(op, send->device, send->data, host_send_.data, bytes);
+    } else if (copy == SendCopy::Queued) {
+      raw::to_host_async(op, send->device, send->data, host_send_.data, bytes);
+      sent_ = raw::Event::record(op, send->device);
+    }
   }
+  /// Whether the queued copy of the send buffer is done (true when there is none), and
+  /// the wait for it.
+  bool sent() const { return sent_.done(); }
+  void wait_sent() { sent_.wait(); }
   const Buffer& send() const { return host_send_; }
   const Buffer& recv() const { return host_recv_; }
   /// The call is complete: the received data goes back to the device (once).
@@ -63,29 +78,90 @@ class Staging {
   const char* op_;
   Buffer recv_{}, host_send_{}, host_recv_{};
   raw::HostBlock send_block_, recv_block_;
+  raw::Event sent_;
   bool copy_back_ = false;
 };
 
-/// A staged call in flight: completing the backend's request copies the result back.
+/// A non-blocking call whose host backend call starts once its send buffer is on the host.
 /// The staging outlives the backend's request (declared first, destroyed last), which
 /// waits for or cancels the transfer when dropped unfinished.
+struct Deferred {
+  std::unique_ptr<Staging> staging;
+  std::function<Request(const Staging&)> start;  // the host backend's call
+  Request inner;                                  // once started
+  bool started = false;
+};
+
+/// A communicator's non-blocking calls not started yet, in issue order. They start in that
+/// order (so every rank's backend sees its calls in issue order): the ones whose copy is
+/// done whenever the communicator is used or a request polled, and all of them, waiting
+/// for their copies, before a blocking call, or up to a request that is waited for.
+class DeferredQueue {
+ public:
+  void push(std::shared_ptr<Deferred> d) {
+    queue_.push_back(std::move(d));
+    start_ready();
+  }
+  /// Starts the calls at the front whose send copies are done.
+  void start_ready() {
+    if (lazy_) return;
+    while (!queue_.empty() && queue_.front()->staging->sent()) start_front();
+  }
+  /// Starts every call up to `last` (all with null), waiting for their copies.
+  void start_through(const Deferred* last = nullptr) {
+    while (!queue_.empty()) {
+      const bool was_last = queue_.front().get() == last;
+      start_front();
+      if (was_last) return;
+    }
+  }
+
+ private:
+  void start_front() {
+    std::shared_ptr<Deferred> d = std::move(queue_.front());
+    queue_.pop_front();
+    d->staging->wait_sent();
+    d->inner = d->start(*d->staging);
+    d->started = true;
+  }
+  std::deque<std::shared_ptr<Deferred>> queue_;
+  // DISTJAX_STAGING_START=forced: calls start only when they must (a wait, a later
+  // blocking call, a dropped request), as on a GPU whose copies are still running; the
+  // tests use it to take the deferred path on devices whose copies finish at once.
+  const bool lazy_ = [] {
+    const char* e = std::getenv("DISTJAX_STAGING_START");
+    return e && std::string_view(e) == "forced";
+  }();
+};
+
+/// A staged non-blocking call: completing it (a wait, a test that returns true) starts it
+/// if it has not started, completes the backend's request and copies the result back.
+/// Dropped unfinished, it is started (its peers may have started theirs) and dropped.
 class StagedRequest final : public RequestImpl {
  public:
-  StagedRequest(std::unique_ptr<Staging> staging, Request inner)
-      : staging_(std::move(staging)), inner_(std::move(inner)) {}
+  StagedRequest(std::shared_ptr<Deferred> d, std::shared_ptr<DeferredQueue> q)
+      : d_(std::move(d)), q_(std::move(q)) {}
+  ~StagedRequest() override {
+    try {
+      if (!d_->started) q_->start_through(d_.get());
+    } catch (...) {  // dropped with the request, as a backend's own request drops its error
+    }
+  }
   void wait() override {
-    inner_.wait();
-    staging_->finish();
+    q_->start_through(d_.get());
+    d_->inner.wait();
+    d_->staging->finish();
   }
   bool test() override {
-    if (!inner_.test()) return false;
-    staging_->finish();
+    q_->start_ready();
+    if (!d_->started || !d_->inner.test()) return false;
+    d_->staging->finish();
     return true;
   }
 
  private:
-  std::unique_ptr<Staging> staging_;
-  Request inner_;
+  std::shared_ptr<Deferred> d_;
+  std::shared_ptr<DeferredQueue> q_;
 };
 
 class StagingCommunicator final : public CommunicatorImpl {
@@ -105,86 +181,98 @@ class StagingCommunicator final : public CommunicatorImpl {
   }
   void set_link_model(const LinkModel& link) override { inner_->set_link_model(link); }
 
+  // A non-blocking call on host buffers also waits for the calls before it to start.
   Request iall_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) override {
-    if (!any_on_device(send, recv)) return inner_->iall_reduce(send, recv, op);
-    auto st = std::make_unique<Staging>("iall_reduce", &send, &recv);
-    Request r = inner_->iall_reduce(st->send(), st->recv(), op);
-    return staged(std::move(st), std::move(r));
+    if (!any_on_device(send, recv)) return in_order()->iall_reduce(send, recv, op);
+    return deferred(std::make_unique<Staging>("iall_reduce", &send, &recv, SendCopy::Queued),
+                    [inner = inner_, op](const Staging& st) {
+                      return inner->iall_reduce(st.send(), st.recv(), op);
+                    });
   }
   Request iall_gather(const Buffer& send, const Buffer& recv) override {
-    if (!any_on_device(send, recv)) return inner_->iall_gather(send, recv);
-    auto st = std::make_unique<Staging>("iall_gather", &send, &recv);
-    Request r = inner_->iall_gather(st->send(), st->recv());
-    return staged(std::move(st), std::move(r));
+    if (!any_on_device(send, recv)) return in_order()->iall_gather(send, recv);
+    return deferred(std::make_unique<Staging>("iall_gather", &send, &recv, SendCopy::Queued),
+                    [inner = inner_](const Staging& st) { return inner->iall_gather(st.send(), st.recv()); });
   }
   Request ireduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) override {
-    if (!any_on_device(send, recv)) return inner_->ireduce_scatter(send, recv, op);
-    auto st = std::make_unique<Staging>("ireduce_scatter", &send, &recv);
-    Request r = inner_->ireduce_scatter(st->send(), st->recv(), op);
-    return staged(std::move(st), std::move(r));
+    if (!any_on_device(send, recv)) return in_order()->ireduce_scatter(send, recv, op);
+    return deferred(std::make_unique<Staging>("ireduce_scatter", &send, &recv, SendCopy::Queued),
+                    [inner = inner_, op](const Staging& st) {
+                      return inner->ireduce_scatter(st.send(), st.recv(), op);
+                    });
   }
+  // Blocking calls start every non-blocking call before them first.
   void all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) override {
-    if (!any_on_device(send, recv)) return inner_->all_reduce(send, recv, op);
+    if (!any_on_device(send, recv)) return in_order()->all_reduce(send, recv, op);
     Staging st("all_reduce", &send, &recv);
-    inner_->all_reduce(st.send(), st.recv(), op);
+    in_order()->all_reduce(st.send(), st.recv(), op);
     st.finish();
   }
   void all_gather(const Buffer& send, const Buffer& recv) override {
-    if (!any_on_device(send, recv)) return inner_->all_gather(send, recv);
+    if (!any_on_device(send, recv)) return in_order()->all_gather(send, recv);
     Staging st("all_gather", &send, &recv);
-    inner_->all_gather(st.send(), st.recv());
+    in_order()->all_gather(st.send(), st.recv());
     st.finish();
   }
   void reduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) override {
-    if (!any_on_device(send, recv)) return inner_->reduce_scatter(send, recv, op);
+    if (!any_on_device(send, recv)) return in_order()->reduce_scatter(send, recv, op);
     Staging st("reduce_scatter", &send, &recv);
-    inner_->reduce_scatter(st.send(), st.recv(), op);
+    in_order()->reduce_scatter(st.send(), st.recv(), op);
     st.finish();
   }
   void all_to_all(const Buffer& send, const Buffer& recv) override {
-    if (!any_on_device(send, recv)) return inner_->all_to_all(send, recv);
+    if (!any_on_device(send, recv)) return in_order()->all_to_all(send, recv);
     Staging st("all_to_all", &send, &recv);
-    inner_->all_to_all(st.send(), st.recv());
+    in_order()->all_to_all(st.send(), st.recv());
     st.finish();
   }
   void broadcast(const Buffer& buf, int root) override {
-    if (!on_device(buf)) return inner_->broadcast(buf, root);
+    if (!on_device(buf)) return in_order()->broadcast(buf, root);
     // One block, both ways: the root's goes out, the others' come back.
-    Staging st("broadcast", &buf, &buf, /*copy_send=*/rank() == root);
-    inner_->broadcast(st.recv(), root);
+    Staging st("broadcast", &buf, &buf, rank() == root ? SendCopy::Now : SendCopy::None);
+    in_order()->broadcast(st.recv(), root);
     if (rank() != root) st.finish();
   }
   void permute(const Buffer& send, const Buffer& recv,
                const std::vector<std::pair<int, int>>& pairs) override {
-    if (!any_on_device(send, recv)) return inner_->permute(send, recv, pairs);
+    if (!any_on_device(send, recv)) return in_order()->permute(send, recv, pairs);
     Staging st("permute", &send, &recv);
-    inner_->permute(st.send(), st.recv(), pairs);
+    in_order()->permute(st.send(), st.recv(), pairs);
     st.finish();
   }
-  void barrier() override { inner_->barrier(); }
+  void barrier() override { in_order()->barrier(); }
+  // Messages keep their order too (MPI matches by order within a tag).
   Request isend(const Buffer& buf, int dst, int tag) override {
-    if (!on_device(buf)) return inner_->isend(buf, dst, tag);
-    auto st = std::make_unique<Staging>("isend", &buf, nullptr);
-    Request r = inner_->isend(st->send(), dst, tag);
-    return staged(std::move(st), std::move(r));
+    if (!on_device(buf)) return in_order()->isend(buf, dst, tag);
+    return deferred(std::make_unique<Staging>("isend", &buf, nullptr, SendCopy::Queued),
+                    [inner = inner_, dst, tag](const Staging& st) { return inner->isend(st.send(), dst, tag); });
   }
   Request irecv(const Buffer& buf, int src, int tag) override {
-    if (!on_device(buf)) return inner_->irecv(buf, src, tag);
-    auto st = std::make_unique<Staging>("irecv", nullptr, &buf);
-    Request r = inner_->irecv(st->recv(), src, tag);
-    return staged(std::move(st), std::move(r));
+    if (!on_device(buf)) return in_order()->irecv(buf, src, tag);
+    return deferred(std::make_unique<Staging>("irecv", nullptr, &buf),
+                    [inner = inner_, src, tag](const Staging& st) { return inner->irecv(st.recv(), src, tag); });
   }
   std::shared_ptr<CommunicatorImpl> split(int color, int key) override {
-    return std::make_shared<StagingCommunicator>(inner_->split(color, key));
+    return std::make_shared<StagingCommunicator>(in_order()->split(color, key));
   }
 
  private:
   static bool any_on_device(const Buffer& a, const Buffer& b) { return on_device(a) || on_device(b); }
-  static Request staged(std::unique_ptr<Staging> st, Request inner) {
-    return Request(std::make_unique<StagedRequest>(std::move(st), std::move(inner)));
+  // The host backend, once every deferred call before this one has started.
+  CommunicatorImpl* in_order() {
+    queue_->start_through();
+    return inner_.get();
+  }
+  Request deferred(std::unique_ptr<Staging> st, std::function<Request(const Staging&)> start) {
+    auto d = std::make_shared<Deferred>();
+    d->staging = std::move(st);
+    d->start = std::move(start);
+    queue_->push(d);
+    return Request(std::make_unique<StagedRequest>(std::move(d), queue_));
   }
 
   std::shared_ptr<CommunicatorImpl> inner_;
+  std::shared_ptr<DeferredQueue> queue_ = std::make_shared<DeferredQueue>();
 };
 
 }  // namespace

@@ -90,6 +90,14 @@ void from_host(const char* op, Device device, const void* host_src, void* dst,
   k.from_host(host_src, dst, nbytes, {});
 }
 
+void to_host_async(const char* op, Device device, const void* src, void* host_dst,
+                   std::size_t nbytes) {
+  if (nbytes == 0) return;
+  const auto& k = kernels(op, device, &KernelTable::comm);
+  Open open(device, {src});
+  k.to_host_async(src, host_dst, nbytes, {});
+}
+
 void synchronize(const char* op, Device device) {
   kernels(op, device, &KernelTable::comm).synchronize({});
 }
@@ -108,6 +116,10 @@ void Event::wait() {
   if (!handle_) return;
   void* h = std::exchange(handle_, nullptr);
   kernels(op_, device_, &KernelTable::comm).event_wait(h);
+}
+
+bool Event::done() const {
+  return !handle_ || kernels(op_, device_, &KernelTable::comm).event_done(handle_);
 }
 
 void Event::stream_wait() const {

@@ -125,7 +125,12 @@ void zero(void* dst, std::size_t nbytes, Stream) {
 void synchronize(Stream) {}
 void* event_record(Stream) { return nullptr; }
 void event_wait(void*) {}
+bool event_done(void*) { return true; }
 void event_stream_wait(void*, Stream) {}
+
+void to_host_async(const void* src, void* host_dst, std::size_t nbytes, Stream) {
+  if (nbytes > 0) std::memcpy(host_dst, src, nbytes);
+}
 void event_release(void*) {}
 
 void* host_alloc(std::size_t nbytes) {
@@ -181,8 +186,10 @@ const CommKernels comm_kernels{
     .synchronize = synchronize,
     .event_record = event_record,
     .event_wait = event_wait,
+    .event_done = event_done,
     .event_stream_wait = event_stream_wait,
     .event_release = event_release,
+    .to_host_async = to_host_async,
     .host_alloc = host_alloc,
     .host_free = host_free,
 };

@@ -173,10 +173,29 @@ void event_wait(void* event) {
   DISTJAX_CUDA_CHECK(err, "event_wait");
 }
 
+bool event_done(void* event) {
+  if (!event) return true;
+  const cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // "not ready" is no error: leave none behind
+    return false;
+  }
+  DISTJAX_CUDA_CHECK(err, "event_done");
+  return true;
+}
+
 void event_stream_wait(void* event, Stream s) {
   if (event)
     DISTJAX_CUDA_CHECK(cudaStreamWaitEvent(stream_of(s), static_cast<cudaEvent_t>(event), 0),
                        "event_stream_wait");
+}
+
+// Into page-locked memory a device-to-host copy is a DMA queued on the stream.
+void to_host_async(const void* src, void* host_dst, std::size_t nbytes, Stream s) {
+  if (nbytes > 0)
+    DISTJAX_CUDA_CHECK(
+        cudaMemcpyAsync(host_dst, src, nbytes, cudaMemcpyDeviceToHost, stream_of(s)),
+        "to_host_async", nbytes, " bytes");
 }
 
 // Page-locked blocks cost a system call and a page-table walk each: freed ones are kept
@@ -228,8 +247,10 @@ const detail::CommKernels comm_kernels{
     .synchronize = synchronize,
     .event_record = event_record,
     .event_wait = event_wait,
+    .event_done = event_done,
     .event_stream_wait = event_stream_wait,
     .event_release = event_release,
+    .to_host_async = to_host_async,
     .host_alloc = host_alloc,
     .host_free = host_free,
 };

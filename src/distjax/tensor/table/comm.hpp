@@ -31,11 +31,16 @@ struct CommKernels {
   /// An event marking the work queued so far on the stream (null where kernels run at once);
   /// event_wait returns once that work is done and releases the event; event_stream_wait
   /// makes stream s wait for it on the device (the host goes on; the event stays);
-  /// event_release releases it without waiting.
+  /// event_done tells, without waiting, whether the work is done; event_release releases
+  /// it without waiting.
   void* (*event_record)(Stream s);
   void (*event_wait)(void* event);
+  bool (*event_done)(void* event);
   void (*event_stream_wait)(void* event, Stream s);
   void (*event_release)(void* event);
+  /// nbytes from device memory into host_dst, a block of host_alloc's, ordered on the
+  /// stream like a kernel (done when an event recorded after it is; at once on the CPU).
+  void (*to_host_async)(const void* src, void* host_dst, std::size_t nbytes, Stream s);
   /// Host memory of at least nbytes the device copies to and from at full speed
   /// (page-locked on a GPU), and its release.
   void* (*host_alloc)(std::size_t nbytes);
