@@ -561,6 +561,16 @@ TEST(CudaOps, OptimizerUpdates) {
     EXPECT_NEAR(sum_of_squares(xg), want, 1e-9 * want) << to_string(shape);
     EXPECT_EQ(sum_of_squares_f64(xg), want64) << to_string(shape);  // one order, same bits
   }
+  // Many leaves with one host sync: each the same bits as alone on the GPU.
+  std::vector<Tensor> leaves;
+  for (const Shape& shape : {Shape{1000, 37}, Shape{0}, Shape{3}, Shape{(1 << 20) + 5}})
+    leaves.push_back(uniform(shape).to(kGpu));
+  DeviceScope on(kGpu);
+  const std::vector<double> many = sums_of_squares(leaves), many64 = sums_of_squares_f64(leaves);
+  for (std::size_t i = 0; i < leaves.size(); ++i) {
+    EXPECT_EQ(many[i], sum_of_squares(leaves[i])) << "leaf " << i;
+    EXPECT_EQ(many64[i], sum_of_squares_f64(leaves[i])) << "leaf " << i;
+  }
 }
 
 // The multi-leaf updates (one launch per table of 36 leaves or 320 chunks of 65536 elements)

@@ -2,10 +2,12 @@
 // parallel ids and one-hot labels with their out-of-range reports, pmax's owner masks and
 // the f64 sum of squares (the same bits as a plain f64 loop in its fixed order).
 #include "distjax/tensor/parallel_ops.hpp"
+#include "distjax/tensor/update_ops.hpp"
 
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 namespace distjax::tensor {
 namespace {
@@ -71,6 +73,29 @@ TEST_P(ParallelOps, SumOfSquaresInItsFixedOrder) {
     EXPECT_EQ(sum_of_squares_f64(Tensor::from_vector(v, {static_cast<std::int64_t>(n)})), want)
         << n;
   }
+}
+
+// Many leaves read back together: each sum the same bits as alone, in either family (the
+// fixed order's and the optimizer's), for leaves of every size on this device and, mixed
+// in, leaves on the host.
+TEST_P(ParallelOps, SumsOfSquaresOfManyLeavesEqualEachAlone) {
+  std::vector<Tensor> leaves;
+  for (std::int64_t n : {std::int64_t(5), std::int64_t(0), std::int64_t(2 * 8192 + 3),
+                         std::int64_t(1), std::int64_t(777)}) {
+    std::vector<float> v;
+    for (std::int64_t i = 0; i < n; ++i) v.push_back(0.01f * static_cast<float>((i * 7 + n) % 101) - 0.5f);
+    leaves.push_back(Tensor::from_vector(v, {n}, GetParam()));
+    leaves.push_back(Tensor::from_vector(v, {n}, Device::cpu()));
+  }
+  const std::vector<double> f64 = sums_of_squares_f64(leaves), plain = sums_of_squares(leaves);
+  ASSERT_EQ(f64.size(), leaves.size());
+  ASSERT_EQ(plain.size(), leaves.size());
+  for (std::size_t i = 0; i < leaves.size(); ++i) {
+    EXPECT_EQ(f64[i], sum_of_squares_f64(leaves[i])) << "leaf " << i;
+    EXPECT_EQ(plain[i], sum_of_squares(leaves[i])) << "leaf " << i;
+  }
+  EXPECT_TRUE(sums_of_squares_f64({}).empty());
+  EXPECT_THROW(sums_of_squares_f64({Tensor::zeros({3}, DType::I32)}), InvalidArgument);
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, ParallelOps,

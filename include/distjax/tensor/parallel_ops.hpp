@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include <vector>
+
 #include "distjax/tensor/tensor.hpp"
 
 namespace distjax::tensor {
@@ -41,5 +43,8 @@ Tensor select_equal(const Tensor& a, const Tensor& b, float value);
 /// The sum of x's squares in f64 (x f32), in a fixed order: equal values give equal bits
 /// on every device. A host value (the gradient norm's clipping decision).
 double sum_of_squares_f64(const Tensor& x);
+/// sum_of_squares_f64 of every tensor of xs (the same bits), read back together: one wait
+/// per device for all of them (on a GPU, one host sync rather than one per leaf).
+std::vector<double> sums_of_squares_f64(const std::vector<Tensor>& xs);
 
 }  // namespace distjax::tensor

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include <vector>
+
 #include "distjax/tensor/tensor.hpp"
 
 namespace distjax::tensor {
@@ -46,6 +48,9 @@ void adam_update_(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
 /// Sum of the squares of an f32 tensor's elements, accumulated in f64 (one leaf's share of
 /// a global norm). Read back to the host: a decision (clipping) follows it.
 double sum_of_squares(const Tensor& x);
+/// sum_of_squares of every tensor of xs (the same values), read back together: one wait
+/// per device for all of them (on a GPU, one host sync rather than one per leaf).
+std::vector<double> sums_of_squares(const std::vector<Tensor>& xs);
 
 /// x *= factor (rounded to f32) in place; x is f32.
 void scale_(Tensor& x, double factor);

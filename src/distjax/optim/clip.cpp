@@ -8,13 +8,15 @@
 namespace distjax::optim {
 
 double global_norm_squared(const tensor::TensorTree& tree) {
-  double total = 0.0;
+  std::vector<tensor::Tensor> leaves;
   for (const auto& [path, t] : tree) {
     if (!is_floating(t.dtype())) continue;
     DISTJAX_CHECK(t.dtype() == DType::F32, NotImplemented, "[global_norm] leaf \"", path, "\" is ",
                   dtype_name(t.dtype()), "; only f32 is supported");
-    total += tensor::sum_of_squares(t);
+    leaves.push_back(t);
   }
+  double total = 0.0;  // the leaves' sums, added in tree order
+  for (double s : tensor::sums_of_squares(leaves)) total += s;
   return total;
 }
 

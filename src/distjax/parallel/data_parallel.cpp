@@ -122,11 +122,12 @@ double global_norm_squared(spmd::DeviceContext& ctx, const TensorTree& grads) {
   // in a fixed order (tensor::sum_of_squares_f64): the same bits on every device for the
   // same values, since a replicated leaf's sum is not exchanged and the devices must agree
   // on it by themselves.
+  std::vector<Tensor> leaves;
+  for (const auto& [path, g] : grads)
+    if (g.dtype() == DType::F32) leaves.push_back(g);
+  const std::vector<double> sums = tensor::sums_of_squares_f64(leaves);  // one wait for all
   std::map<std::uint32_t, double> by_mask;
-  for (const auto& [path, g] : grads) {
-    if (g.dtype() != DType::F32) continue;
-    by_mask[g.varying_axes()] += tensor::sum_of_squares_f64(g);
-  }
+  for (std::size_t i = 0; i < leaves.size(); ++i) by_mask[leaves[i].varying_axes()] += sums[i];
   double total = 0;
   for (const auto& [mask, s] : by_mask)
     total += mask == 0 ? s : sum_in_device_order(ctx.comm(ctx.axes_of(mask)), s);

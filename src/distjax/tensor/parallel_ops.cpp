@@ -1,6 +1,7 @@
 #include "distjax/tensor/parallel_ops.hpp"
 
 #include "distjax/core/error.hpp"
+#include "distjax/tensor/detail/sums_by_device.hpp"
 #include "distjax/tensor/table/table.hpp"
 
 namespace distjax::tensor {
@@ -64,6 +65,15 @@ Tensor select_equal(const Tensor& a, const Tensor& b, float value) {
   k->select_equal(a.data<float>(), b.data<float>(), scalar, value, out.data<float>(), a.numel(),
                   k.stream());
   return out;
+}
+
+std::vector<double> sums_of_squares_f64(const std::vector<Tensor>& xs) {
+  for (const Tensor& x : xs) {
+    check_defined(x, "sums_of_squares_f64", "x");
+    check_dtype(x, DType::F32, "sums_of_squares_f64", "x");
+  }
+  return detail::sums_by_device("sums_of_squares_f64", xs, &KernelTable::parallel,
+                                &detail::ParallelKernels::sum_squares_f64_many);
 }
 
 double sum_of_squares_f64(const Tensor& x) {

@@ -5,6 +5,7 @@
 
 #include "distjax/core/error.hpp"
 #include "distjax/tensor/detail/update_many.hpp"
+#include "distjax/tensor/detail/sums_by_device.hpp"
 #include "distjax/tensor/table/table.hpp"
 
 namespace distjax::tensor {
@@ -156,6 +157,12 @@ double sum_of_squares(const Tensor& x) {
   double out = 0.0;
   k->sum_squares(x.data<float>(), x.numel(), &out, k.stream());
   return out;
+}
+
+std::vector<double> sums_of_squares(const std::vector<Tensor>& xs) {
+  for (const Tensor& x : xs) check_leaf("sums_of_squares", x, {});
+  return detail::sums_by_device("sums_of_squares", xs, &KernelTable::optim,
+                                &detail::OptimKernels::sum_squares_many);
 }
 
 void scale_(Tensor& x, double factor) {

@@ -86,6 +86,11 @@ void sum_squares(const float* p, std::int64_t n, double* host_out, Stream) {
   *host_out = acc;
 }
 
+void sum_squares_many(const float* const* xs, const std::int64_t* ns, std::int64_t count,
+                      double* host_out, Stream s) {
+  for (std::int64_t i = 0; i < count; ++i) sum_squares(xs[i], ns[i], host_out + i, s);
+}
+
 void scale(float* p, std::int64_t n, float f, Stream) {
 #pragma omp simd
   for (std::int64_t i = 0; i < n; ++i)
@@ -102,6 +107,7 @@ const OptimKernels optim_kernels{
     .sgd_momentum_many = sgd_momentum_many,
     .adam_many = adam_many,
     .sum_squares = sum_squares,
+    .sum_squares_many = sum_squares_many,
     .scale = scale,
 };
 

@@ -112,6 +112,11 @@ void sum_squares_f64(const float* p, std::int64_t n, double* out, Stream) {
   *out = total;
 }
 
+void sum_squares_f64_many(const float* const* xs, const std::int64_t* ns, std::int64_t count,
+                          double* out, Stream s) {
+  for (std::int64_t i = 0; i < count; ++i) sum_squares_f64(xs[i], ns[i], out + i, s);
+}
+
 }  // namespace
 
 const ParallelKernels parallel_kernels{
@@ -120,6 +125,7 @@ const ParallelKernels parallel_kernels{
     .shard_one_hot = shard_one_hot,
     .select_equal = select_equal,
     .sum_squares_f64 = sum_squares_f64,
+    .sum_squares_f64_many = sum_squares_f64_many,
 };
 
 }  // namespace distjax::tensor::detail::cpu

@@ -398,27 +398,42 @@ void adam_many(const detail::OptimLeaf* leaves, std::int64_t count, double lr, d
 }
 
 // Two passes in a fixed order (the block count depends on n only): per-block sums, then one
-// block adds them. The result goes to host memory, so the stream is synchronised.
-void sum_squares(const float* x, std::int64_t n, double* host_out, Stream s) {
+// block adds them into *out (device memory), queued on the stream.
+void queue_sum_squares(const float* x, std::int64_t n, double* out, cudaStream_t stream) {
   if (n == 0) {
-    *host_out = 0.0;
+    DISTJAX_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), stream), "sum_squares");
     return;
   }
-  const cudaStream_t stream = stream_of(s);
   const bool vec = aligned16(x);
   constexpr int kMaxPartials = 1024;
   const unsigned blocks = std::min<unsigned>(grid_for(vec ? n / 4 : n), kMaxPartials);
-  StreamScratch scratch((blocks + 1) * sizeof(double), stream, "sum_squares");
+  StreamScratch scratch(blocks * sizeof(double), stream, "sum_squares");
   double* partial = scratch.as<double>();
   sum_squares_partial<<<blocks, kThreads, 0, stream>>>(x, n, vec, partial);
   DISTJAX_CUDA_LAUNCHED("sum_squares");
-  sum_partials<<<1, kMaxPartials, 0, stream>>>(partial, static_cast<int>(blocks), partial + blocks);
+  sum_partials<<<1, kMaxPartials, 0, stream>>>(partial, static_cast<int>(blocks), out);
   DISTJAX_CUDA_LAUNCHED("sum_squares");
-  DISTJAX_CUDA_CHECK(
-      cudaMemcpyAsync(host_out, partial + blocks, sizeof(double), cudaMemcpyDeviceToHost, stream),
-      "sum_squares");
   scratch.release();
+}
+
+// Every leaf's sum into one device array, then one copy to the host and one wait.
+void sum_squares_many(const float* const* xs, const std::int64_t* ns, std::int64_t count,
+                      double* host_out, Stream s) {
+  if (count == 0) return;
+  const cudaStream_t stream = stream_of(s);
+  StreamScratch results(sizeof(double) * static_cast<std::size_t>(count), stream, "sum_squares");
+  for (std::int64_t i = 0; i < count; ++i)
+    queue_sum_squares(xs[i], ns[i], results.as<double>() + i, stream);
+  DISTJAX_CUDA_CHECK(cudaMemcpyAsync(host_out, results.as<double>(),
+                                     sizeof(double) * static_cast<std::size_t>(count),
+                                     cudaMemcpyDeviceToHost, stream),
+                     "sum_squares");
+  results.release();
   DISTJAX_CUDA_CHECK(cudaStreamSynchronize(stream), "sum_squares");
+}
+
+void sum_squares(const float* x, std::int64_t n, double* host_out, Stream s) {
+  sum_squares_many(&x, &n, 1, host_out, s);
 }
 
 void scale(float* x, std::int64_t n, float f, Stream s) {
@@ -438,6 +453,7 @@ const detail::OptimKernels optim_kernels{
     .sgd_momentum_many = sgd_momentum_many,
     .adam_many = adam_many,
     .sum_squares = sum_squares,
+    .sum_squares_many = sum_squares_many,
     .scale = scale,
 };
 

@@ -386,27 +386,44 @@ __global__ void sum_squares_fold_kernel(const double* __restrict__ partials, std
   *out = total;
 }
 
-void sum_squares_f64(const float* x, std::int64_t n, double* host_out, Stream s) {
+// *out (device memory) = the order's sum of squares of x, queued on the stream.
+void queue_sum_squares_f64(const float* x, std::int64_t n, double* out, cudaStream_t stream) {
   if (n == 0) {
-    *host_out = 0.0;
+    DISTJAX_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), stream), "sum_of_squares_f64");
     return;
   }
-  const cudaStream_t stream = stream_of(s);
   const std::int64_t chunks = (n + detail::kSquaresChunk - 1) / detail::kSquaresChunk;
-  StreamScratch result(sizeof(double) * static_cast<std::size_t>(chunks + 1), stream,
-                       "sum_of_squares_f64");
-  double* partials = result.as<double>() + 1;
+  StreamScratch scratch(sizeof(double) * static_cast<std::size_t>(chunks), stream,
+                        "sum_of_squares_f64");
+  double* partials = scratch.as<double>();
   const auto blocks = static_cast<unsigned>((chunks + kSquaresChunksPerBlock - 1) /
                                             kSquaresChunksPerBlock);
   sum_squares_chunks_kernel<<<blocks, kThreads, 0, stream>>>(x, n, partials, chunks);
   DISTJAX_CUDA_LAUNCHED("sum_of_squares_f64");
-  sum_squares_fold_kernel<<<1, 1, 0, stream>>>(partials, chunks, result.as<double>());
+  sum_squares_fold_kernel<<<1, 1, 0, stream>>>(partials, chunks, out);
   DISTJAX_CUDA_LAUNCHED("sum_of_squares_f64");
-  DISTJAX_CUDA_CHECK(cudaMemcpyAsync(host_out, result.as<double>(), sizeof(double),
+  scratch.release();
+}
+
+// Every leaf's sum into one device array, then one copy to the host and one wait.
+void sum_squares_f64_many(const float* const* xs, const std::int64_t* ns, std::int64_t count,
+                          double* host_out, Stream s) {
+  if (count == 0) return;
+  const cudaStream_t stream = stream_of(s);
+  StreamScratch results(sizeof(double) * static_cast<std::size_t>(count), stream,
+                        "sum_of_squares_f64");
+  for (std::int64_t i = 0; i < count; ++i)
+    queue_sum_squares_f64(xs[i], ns[i], results.as<double>() + i, stream);
+  DISTJAX_CUDA_CHECK(cudaMemcpyAsync(host_out, results.as<double>(),
+                                     sizeof(double) * static_cast<std::size_t>(count),
                                      cudaMemcpyDeviceToHost, stream),
                      "sum_of_squares_f64");
-  result.release();
+  results.release();
   DISTJAX_CUDA_CHECK(cudaStreamSynchronize(stream), "sum_of_squares_f64");
+}
+
+void sum_squares_f64(const float* x, std::int64_t n, double* host_out, Stream s) {
+  sum_squares_f64_many(&x, &n, 1, host_out, s);
 }
 
 }  // namespace
@@ -417,6 +434,7 @@ const detail::ParallelKernels parallel_kernels{
     .shard_one_hot = shard_one_hot,
     .select_equal = select_equal,
     .sum_squares_f64 = sum_squares_f64,
+    .sum_squares_f64_many = sum_squares_f64_many,
 };
 
 }  // namespace distjax::tensor::cuda

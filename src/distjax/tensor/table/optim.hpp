@@ -43,6 +43,10 @@ struct OptimKernels {
                     double eps, std::int64_t t, double l2, Stream s);
   /// *host_out = sum of x[i]^2 for i < n, accumulated in f64.
   void (*sum_squares)(const float* x, std::int64_t n, double* host_out, Stream s);
+  /// host_out[i] = sum_squares of xs[i] (ns[i] elements) for i < count, each as
+  /// sum_squares computes it, with one wait for all (a GPU: one host sync, not one per leaf).
+  void (*sum_squares_many)(const float* const* xs, const std::int64_t* ns, std::int64_t count,
+                           double* host_out, Stream s);
   /// x[i] *= f, for i < n.
   void (*scale)(float* x, std::int64_t n, float f, Stream s);
 };

@@ -56,6 +56,10 @@ struct ParallelKernels {
   /// are added in chunk order. (Chunks let a GPU run them side by side; the lanes let a CPU
   /// vectorize without reassociating.)
   void (*sum_squares_f64)(const float* x, std::int64_t n, double* host_out, Stream s);
+  /// host_out[i] = sum_squares_f64 of xs[i] (ns[i] elements) for i < count, the same bits,
+  /// with one wait for all (a GPU: one host sync, not one per leaf).
+  void (*sum_squares_f64_many)(const float* const* xs, const std::int64_t* ns,
+                               std::int64_t count, double* host_out, Stream s);
 };
 
 /// The chunk of ParallelKernels::sum_squares_f64's order.
