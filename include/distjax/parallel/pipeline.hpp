@@ -210,6 +210,11 @@ class Pipeline final : public train::Strategy {
   const ScheduleReport& schedule_report() const { return report_; }
   /// The spans of the last forward_backward on this device.
   const PipelineTrace& last_trace() const { return trace_; }
+  /// Whether the next steps' spans are in the device's time: on a GPU each span boundary
+  /// then waits for this device's stream (kernels run asynchronously, so the host's clock
+  /// alone times their launch), which costs the overlap of those steps: turn it on for the
+  /// steps whose timeline is kept. Off by default; a CPU's spans are its time either way.
+  void time_on_device(bool on) { device_time_ = on; }
 
  private:
   // The scope a chunk runs on: `params`, training, `key`, this device, the options'
@@ -245,6 +250,9 @@ class Pipeline final : public train::Strategy {
   PipelineSchedule schedule_;
   ScheduleReport report_;
   PipelineTrace trace_;
+  bool device_time_ = false;
+  // The clock of the trace's spans (see time_on_device).
+  double trace_now() const;
 };
 
 }  // namespace distjax::parallel

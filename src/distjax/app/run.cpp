@@ -105,8 +105,10 @@ class DeviceRun {
   void step(train::Trainer& trainer) {
     const train::Batch batch = loop_.batch(state_.step);
     // The last step's timeline is measured: the stages start it together.
-    if (loop_.composed->pipeline() != nullptr && state_.step + 1 == loop_.total_steps)
+    if (loop_.composed->pipeline() != nullptr && state_.step + 1 == loop_.total_steps) {
       loop_.ctx->comm(mesh::Axes("pipe")).barrier();
+      loop_.composed->pipeline()->time_on_device(true);  // a GPU's time, for this step only
+    }
     const train::Metrics metrics = trainer.step(state_, batch);
     if (loop_.on_step) loop_.on_step(state_.step, metrics);
   }

@@ -15,6 +15,7 @@
 #include "distjax/optim/clip.hpp"
 #include "distjax/parallel/data_parallel.hpp"
 #include "distjax/spmd/collectives.hpp"
+#include "distjax/tensor/device_memory.hpp"
 #include "distjax/tensor/grad_node.hpp"
 #include "distjax/tensor/inplace_ops.hpp"
 
@@ -266,7 +267,7 @@ train::GradientResult Pipeline::run_schedule(const train::LossFn& loss_fn, const
   }
   trace_ = PipelineTrace{};
   trace_.stage = stage_;
-  trace_.start = now_s();
+  trace_.start = trace_now();
 
   post_receives(step, /*grad=*/false);
   post_receives(step, /*grad=*/true);
@@ -306,8 +307,13 @@ train::GradientResult Pipeline::run_schedule(const train::LossFn& loss_fn, const
   return finish_step(step);
 }
 
+double Pipeline::trace_now() const {
+  if (device_time_) tensor::raw::synchronize("pipeline timeline", current_device());
+  return now_s();
+}
+
 void Pipeline::record_span(Step& step, const PipelineAction& a, bool wait, double t0) {
-  trace_.spans.push_back({a, step.index, wait, t0, now_s(), thread_cpu_s() - step.cpu0});
+  trace_.spans.push_back({a, step.index, wait, t0, trace_now(), thread_cpu_s() - step.cpu0});
 }
 
 // Posts the receives of a channel ahead, in list order, up to kReceiveLookahead.
@@ -336,7 +342,7 @@ Tensor Pipeline::receive(Step& step, const PipelineAction& a) {
                 stage_, ": receive ", describe(a, schedule_), " was not posted in order");
   Step::Posted r = std::move(ch.posted.front());
   ch.posted.pop_front();
-  const double t0 = now_s();
+  const double t0 = trace_now();
   step.cpu0 = thread_cpu_s();
   r.request.wait();
   record_span(step, a, /*wait=*/true, t0);
@@ -367,7 +373,7 @@ Tensor Pipeline::forward_input(Step& step, const PipelineAction& a) {
 // F: the chunk's forward on its micro-batch, on the tape; the last chunk's loss and
 // metrics go into the step's result, another chunk's output to the next chunk.
 void Pipeline::run_forward(Step& step, const PipelineAction& a) {
-  const double t0 = now_s();
+  const double t0 = trace_now();
   step.cpu0 = thread_cpu_s();
   const int m = schedule_.microbatches, last = num_chunks() - 1;
   const train::Batch mb = step.micro_batch(a.microbatch);
@@ -427,7 +433,7 @@ Tensor Pipeline::output_cotangent(Step& step, const PipelineAction& a) {
 // for B, of the parameters; the input's goes to the previous chunk (send_grad when it
 // lives on another stage).
 void Pipeline::run_backward(Step& step, const PipelineAction& a) {
-  const double t0 = now_s();
+  const double t0 = trace_now();
   step.cpu0 = thread_cpu_s();
   const Step::Slot slot{a.microbatch, a.chunk};
   const Tensor seed = output_cotangent(step, a);
@@ -462,7 +468,7 @@ void Pipeline::run_backward(Step& step, const PipelineAction& a) {
 
 // W: the weight products I deferred; frees the micro-batch chunk.
 void Pipeline::run_weight_backward(Step& step, const PipelineAction& a) {
-  const double t0 = now_s();
+  const double t0 = trace_now();
   step.cpu0 = thread_cpu_s();
   const Step::Slot slot{a.microbatch, a.chunk};
   tensor::NoGradGuard no_grad;
@@ -480,13 +486,13 @@ void Pipeline::run_weight_backward(Step& step, const PipelineAction& a) {
 // Waits for the sends still in flight; every parameter of the stage gets a gradient
 // (zeros where no chunk used it); the stages without the loss report its metrics as zeros.
 train::GradientResult Pipeline::finish_step(Step& step) {
-  const double t0 = now_s();
+  const double t0 = trace_now();
   step.cpu0 = thread_cpu_s();
   for (Step::Sent& x : step.sends)
     x.request.wait();
   if (!step.sends.empty()) record_span(step, {PipelineOp::SendActivation, 0, 0}, true, t0);
   step.sends.clear();
-  trace_.end = now_s();
+  trace_.end = trace_now();
 
   tensor::NoGradGuard no_grad;
   train::GradientResult out = std::move(step.out);

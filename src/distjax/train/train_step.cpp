@@ -7,6 +7,7 @@
 #include "distjax/core/error.hpp"
 #include "distjax/optim/clip.hpp"
 #include "distjax/train/strategy.hpp"
+#include "distjax/tensor/device_memory.hpp"
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/grad_node.hpp"
 #include "distjax/tensor/update_ops.hpp"
@@ -145,7 +146,10 @@ Metrics train_step(TrainState& state, const Batch& batch, const LossFn& loss_fn,
                 "[train_step] loss scaling scales the loss function, and none was given; a "
                 "strategy that computes its model's loss takes it as a loss function too (a "
                 "pipeline: Pipeline::module_loss())");
+  // A span boundary: on a GPU the device's time (the host waits for its stream first; only
+  // steps that record spans pay it), the host's where kernels run at once.
   auto now = [] {
+    tensor::raw::synchronize("timeline", current_device());
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
         .count();
   };
