@@ -47,24 +47,6 @@ constexpr int kLdP = kTile + 4;  // row stride of a score tile in shared memory
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// ------------------------------------------------------------------ the plan on the device
-
-// AttentionPlan::visible, q_at, kv_at and o_at for device code.
-__device__ __forceinline__ std::int64_t visible(const AttentionPlan& a, std::int64_t row) {
-  if (!a.causal) return a.s;
-  const std::int64_t v = row + 1 + (a.s - a.t);
-  return v < 0 ? 0 : (v > a.s ? a.s : v);
-}
-__device__ __forceinline__ std::int64_t q_at(const AttentionPlan& a, std::int64_t h) {
-  return h / a.heads * a.q_b + h % a.heads * a.q_h;
-}
-__device__ __forceinline__ std::int64_t kv_at(const AttentionPlan& a, std::int64_t h) {
-  return h / a.heads * a.kv_b + h % a.heads * a.kv_h;
-}
-__device__ __forceinline__ std::int64_t o_at(const AttentionPlan& a, std::int64_t h) {
-  return h / a.heads * a.o_b + h % a.heads * a.o_h;
-}
-
 // ------------------------------------------------------------------ tile helpers
 
 __device__ __forceinline__ float half_warp_max(float v) {
@@ -245,18 +227,18 @@ __global__ void __launch_bounds__(kBlock)
   const std::int64_t h = blockIdx.x % a.bh;
   const std::int64_t t0 = (tiles - 1 - blockIdx.x / a.bh) * kTile;
   const std::int64_t rows = min(std::int64_t(kTile), a.t - t0);
-  const float* kh = k + kv_at(a, h);
-  const float* vh = v + kv_at(a, h);
-  load_tile<DP>(qs, q + q_at(a, h) + t0 * a.ldq, a.ldq, rows, a.d, vec);
+  const float* kh = k + a.kv_at(h);
+  const float* vh = v + a.kv_at(h);
+  load_tile<DP>(qs, q + a.q_at(h) + t0 * a.ldq, a.ldq, rows, a.d, vec);
 
-  const std::int64_t kmax = visible(a, t0 + rows - 1);  // keys the tile's last row sees
-  const std::int64_t vis_first = visible(a, t0);        // keys every row of the tile sees
+  const std::int64_t kmax = a.visible(t0 + rows - 1);  // keys the tile's last row sees
+  const std::int64_t vis_first = a.visible(t0);        // keys every row of the tile sees
   const float sl2 = a.scale * kLog2e;                   // scores in base 2
   std::int64_t vis[4];
   float m[4], l[4], acc[4][kCols];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    vis[i] = visible(a, t0 + ty + 16 * i);
+    vis[i] = a.visible(t0 + ty + 16 * i);
     m[i] = -INFINITY;
     l[i] = 0.f;
 #pragma unroll
@@ -305,7 +287,7 @@ __global__ void __launch_bounds__(kBlock)
     mul_tile<DP>(ps, vs, acc);
   }
 
-  float* oh = o + o_at(a, h);
+  float* oh = o + a.o_at(h);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const std::int64_t row = t0 + ty + 16 * i;
@@ -326,7 +308,7 @@ __global__ void delta_kernel(const AttentionPlan a, const float* __restrict__ o,
   for (std::int64_t w = (std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; w < rows;
        w += warps) {
     const std::int64_t h = w / a.t, i = w % a.t;
-    const std::int64_t at = o_at(a, h) + i * a.ldo;
+    const std::int64_t at = a.o_at(h) + i * a.ldo;
     float acc = 0.f;
     for (std::int64_t c = lane; c < a.d; c += 32)
       acc += go[at + c] * o[at + c];
@@ -358,13 +340,13 @@ __global__ void __launch_bounds__(kBlock)
   const std::int64_t h = blockIdx.x % a.bh;
   const std::int64_t t0 = (tiles - 1 - blockIdx.x / a.bh) * kTile;
   const std::int64_t rows = min(std::int64_t(kTile), a.t - t0);
-  const float* kh = k + kv_at(a, h);
-  const float* vh = v + kv_at(a, h);
-  load_tile<DP>(qs, q + q_at(a, h) + t0 * a.ldq, a.ldq, rows, a.d, vec);
-  load_tile<DP>(dos, go + o_at(a, h) + t0 * a.ldo, a.ldo, rows, a.d, vec);
+  const float* kh = k + a.kv_at(h);
+  const float* vh = v + a.kv_at(h);
+  load_tile<DP>(qs, q + a.q_at(h) + t0 * a.ldq, a.ldq, rows, a.d, vec);
+  load_tile<DP>(dos, go + a.o_at(h) + t0 * a.ldo, a.ldo, rows, a.d, vec);
 
-  const std::int64_t kmax = visible(a, t0 + rows - 1);
-  const std::int64_t vis_first = visible(a, t0);
+  const std::int64_t kmax = a.visible(t0 + rows - 1);
+  const std::int64_t vis_first = a.visible(t0);
   const float sl2 = a.scale * kLog2e;
   std::int64_t vis[4];
   float lse2[4], dd[4], acc[4][kCols];
@@ -372,7 +354,7 @@ __global__ void __launch_bounds__(kBlock)
   for (int i = 0; i < 4; ++i) {
     const std::int64_t row = t0 + ty + 16 * i;
     const bool inside = row < a.t;
-    vis[i] = inside ? visible(a, row) : 0;
+    vis[i] = inside ? a.visible(row) : 0;
     lse2[i] = inside ? lse[h * a.t + row] * kLog2e : 0.f;
     dd[i] = inside ? delta[h * a.t + row] : 0.f;
 #pragma unroll
@@ -402,7 +384,7 @@ __global__ void __launch_bounds__(kBlock)
     mul_tile<DP>(ps, ks, acc);
   }
 
-  float* dqh = dq + q_at(a, h);
+  float* dqh = dq + a.q_at(h);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const std::int64_t row = t0 + ty + 16 * i;
@@ -432,10 +414,10 @@ __global__ void __launch_bounds__(kBlock)
   const std::int64_t h = blockIdx.x % a.bh;
   const std::int64_t j0 = std::int64_t(blockIdx.x / a.bh) * kTile;
   const std::int64_t keys = min(std::int64_t(kTile), a.s - j0);
-  load_tile<DP>(ks, k + kv_at(a, h) + j0 * a.ldkv, a.ldkv, keys, a.d, vec);
-  load_tile<DP>(vs, v + kv_at(a, h) + j0 * a.ldkv, a.ldkv, keys, a.d, vec);
-  const float* qh = q + q_at(a, h);
-  const float* gh = go + o_at(a, h);
+  load_tile<DP>(ks, k + a.kv_at(h) + j0 * a.ldkv, a.ldkv, keys, a.d, vec);
+  load_tile<DP>(vs, v + a.kv_at(h) + j0 * a.ldkv, a.ldkv, keys, a.d, vec);
+  const float* qh = q + a.q_at(h);
+  const float* gh = go + a.o_at(h);
 
   const float sl2 = a.scale * kLog2e;
   float dk_acc[4][kCols], dv_acc[4][kCols];
@@ -459,7 +441,7 @@ __global__ void __launch_bounds__(kBlock)
     for (int j = 0; j < 4; ++j) {
       const std::int64_t row = t0 + tx + 16 * j;
       const bool inside = row < a.t;
-      vis[j] = inside ? visible(a, row) : 0;
+      vis[j] = inside ? a.visible(row) : 0;
       lse2[j] = inside ? lse[h * a.t + row] * kLog2e : 0.f;
       dd[j] = inside ? delta[h * a.t + row] : 0.f;
     }
@@ -489,8 +471,8 @@ __global__ void __launch_bounds__(kBlock)
     mul_tile<DP>(ps, qs, dk_acc);
   }
 
-  float* dkh = dk + kv_at(a, h);
-  float* dvh = dv + kv_at(a, h);
+  float* dkh = dk + a.kv_at(h);
+  float* dvh = dv + a.kv_at(h);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const std::int64_t key = j0 + ty + 16 * i;
@@ -524,15 +506,15 @@ __global__ void forward_rows_kernel(const AttentionPlan a, const float* __restri
   for (std::int64_t w = (std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; w < a.bh * a.t;
        w += warps) {
     const std::int64_t h = w / a.t, i = w % a.t;
-    const float* qr = q + q_at(a, h) + i * a.ldq;
-    float* orow = o + o_at(a, h) + i * a.ldo;
+    const float* qr = q + a.q_at(h) + i * a.ldq;
+    float* orow = o + a.o_at(h) + i * a.ldo;
     for (std::int64_t c = lane; c < a.d; c += 32)
       orow[c] = 0.f;
     float m = -INFINITY, l = 0.f;
-    const std::int64_t n = visible(a, i);
+    const std::int64_t n = a.visible(i);
     for (std::int64_t j = 0; j < n; ++j) {
-      const float* kr = k + kv_at(a, h) + j * a.ldkv;
-      const float* vr = v + kv_at(a, h) + j * a.ldkv;
+      const float* kr = k + a.kv_at(h) + j * a.ldkv;
+      const float* vr = v + a.kv_at(h) + j * a.ldkv;
       const float s = warp_dot(qr, kr, a.d) * a.scale;
       const float m_new = fmaxf(m, s);
       const float alpha = expf(m - m_new), p = expf(s - m_new);
@@ -558,15 +540,15 @@ __global__ void backward_dq_rows_kernel(const AttentionPlan a, const float* __re
   for (std::int64_t w = (std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; w < a.bh * a.t;
        w += warps) {
     const std::int64_t h = w / a.t, i = w % a.t;
-    const float* qr = q + q_at(a, h) + i * a.ldq;
-    const float* gr = go + o_at(a, h) + i * a.ldo;
-    float* dqr = dq + q_at(a, h) + i * a.ldq;
+    const float* qr = q + a.q_at(h) + i * a.ldq;
+    const float* gr = go + a.o_at(h) + i * a.ldo;
+    float* dqr = dq + a.q_at(h) + i * a.ldq;
     for (std::int64_t c = lane; c < a.d; c += 32)
       dqr[c] = 0.f;
-    const std::int64_t n = visible(a, i);
+    const std::int64_t n = a.visible(i);
     for (std::int64_t j = 0; j < n; ++j) {
-      const float* kr = k + kv_at(a, h) + j * a.ldkv;
-      const float* vr = v + kv_at(a, h) + j * a.ldkv;
+      const float* kr = k + a.kv_at(h) + j * a.ldkv;
+      const float* vr = v + a.kv_at(h) + j * a.ldkv;
       const float p = expf(warp_dot(qr, kr, a.d) * a.scale - lse[w]);
       const float ds = p * (warp_dot(gr, vr, a.d) - delta[w]);
       for (std::int64_t c = lane; c < a.d; c += 32)
@@ -589,19 +571,19 @@ __global__ void backward_dkdv_rows_kernel(const AttentionPlan a, const float* __
   for (std::int64_t w = (std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; w < a.bh * a.s;
        w += warps) {
     const std::int64_t h = w / a.s, j = w % a.s;
-    const float* kr = k + kv_at(a, h) + j * a.ldkv;
-    const float* vr = v + kv_at(a, h) + j * a.ldkv;
-    float* dkr = dk + kv_at(a, h) + j * a.ldkv;
-    float* dvr = dv + kv_at(a, h) + j * a.ldkv;
+    const float* kr = k + a.kv_at(h) + j * a.ldkv;
+    const float* vr = v + a.kv_at(h) + j * a.ldkv;
+    float* dkr = dk + a.kv_at(h) + j * a.ldkv;
+    float* dvr = dv + a.kv_at(h) + j * a.ldkv;
     for (std::int64_t c = lane; c < a.d; c += 32) {
       dkr[c] = 0.f;
       dvr[c] = 0.f;
     }
     const std::int64_t first = a.causal ? max(std::int64_t(0), j - (a.s - a.t)) : 0;
     for (std::int64_t i = first; i < a.t; ++i) {
-      if (j >= visible(a, i)) continue;
-      const float* qr = q + q_at(a, h) + i * a.ldq;
-      const float* gr = go + o_at(a, h) + i * a.ldo;
+      if (j >= a.visible(i)) continue;
+      const float* qr = q + a.q_at(h) + i * a.ldq;
+      const float* gr = go + a.o_at(h) + i * a.ldo;
       const float p = expf(warp_dot(qr, kr, a.d) * a.scale - lse[h * a.t + i]);
       const float ds = p * (warp_dot(gr, vr, a.d) - delta[h * a.t + i]);
       for (std::int64_t c = lane; c < a.d; c += 32) {

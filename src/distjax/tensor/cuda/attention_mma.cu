@@ -48,7 +48,7 @@ constexpr float kLn2 = 0.6931471805599453f;
 template <int DP>
 constexpr int kLd = DP + 8;
 
-// ------------------------------------------------------------------ the plan on the device
+// ------------------------------------------------------------------ helpers
 
 __device__ __forceinline__ std::int64_t min64(std::int64_t x, std::int64_t y) {
   return x < y ? x : y;
@@ -57,20 +57,6 @@ __device__ __forceinline__ std::int64_t max64(std::int64_t x, std::int64_t y) {
   return x > y ? x : y;
 }
 
-__device__ __forceinline__ std::int64_t visible(const AttentionPlan& a, std::int64_t row) {
-  if (!a.causal) return a.s;
-  const std::int64_t v = row + 1 + (a.s - a.t);
-  return v < 0 ? 0 : (v > a.s ? a.s : v);
-}
-__device__ __forceinline__ std::int64_t q_at(const AttentionPlan& a, std::int64_t h) {
-  return h / a.heads * a.q_b + h % a.heads * a.q_h;
-}
-__device__ __forceinline__ std::int64_t kv_at(const AttentionPlan& a, std::int64_t h) {
-  return h / a.heads * a.kv_b + h % a.heads * a.kv_h;
-}
-__device__ __forceinline__ std::int64_t o_at(const AttentionPlan& a, std::int64_t h) {
-  return h / a.heads * a.o_b + h % a.heads * a.o_h;
-}
 
 // ------------------------------------------------------------------ fragments
 
@@ -249,15 +235,15 @@ __global__ void __launch_bounds__(kThreads)
   const std::int64_t row0 = (tiles - 1 - blockIdx.x / a.bh) * kRows;
   const std::int64_t rows = min64(kRows, a.t - row0);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const float* kh = k + kv_at(a, h);
-  const float* vh = v + kv_at(a, h);
-  load_tile<DP>(qs, q + q_at(a, h) + row0 * a.ldq, a.ldq, rows, a.d, vec);
+  const float* kh = k + a.kv_at(h);
+  const float* vh = v + a.kv_at(h);
+  load_tile<DP>(qs, q + a.q_at(h) + row0 * a.ldq, a.ldq, rows, a.d, vec);
 
   // This lane's two rows (local r_lo and r_lo + 8) and the keys each sees.
   const int r_lo = warp * 16 + g;
-  const std::int64_t vis_lo = r_lo < rows ? visible(a, row0 + r_lo) : 0;
-  const std::int64_t vis_hi = r_lo + 8 < rows ? visible(a, row0 + r_lo + 8) : 0;
-  const std::int64_t keys = visible(a, row0 + rows - 1);  // the block's last row sees most
+  const std::int64_t vis_lo = r_lo < rows ? a.visible(row0 + r_lo) : 0;
+  const std::int64_t vis_hi = r_lo + 8 < rows ? a.visible(row0 + r_lo + 8) : 0;
+  const std::int64_t keys = a.visible(row0 + rows - 1);  // the block's last row sees most
   const float c = a.scale * kLog2e;                        // scores in log2 units
   float acc[DP / 8][4] = {};
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
@@ -310,7 +296,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   l_lo = quad_sum(l_lo);
   l_hi = quad_sum(l_hi);
-  store_rows<DP>(o + o_at(a, h) + row0 * a.ldo, a.ldo, acc, r_lo, rows, a.d,
+  store_rows<DP>(o + a.o_at(h) + row0 * a.ldo, a.ldo, acc, r_lo, rows, a.d,
                  l_lo > 0.f ? 1.f / l_lo : 0.f, l_hi > 0.f ? 1.f / l_hi : 0.f);
   if (t == 0) {
     float* out = lse + h * a.t + row0;
@@ -338,20 +324,20 @@ __global__ void __launch_bounds__(kThreads)
   const std::int64_t row0 = (tiles - 1 - blockIdx.x / a.bh) * kRows;
   const std::int64_t rows = min64(kRows, a.t - row0);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const float* kh = k + kv_at(a, h);
-  const float* vh = v + kv_at(a, h);
-  load_tile<DP>(qs, q + q_at(a, h) + row0 * a.ldq, a.ldq, rows, a.d, vec);
-  load_tile<DP>(gs, go + o_at(a, h) + row0 * a.ldo, a.ldo, rows, a.d, vec);
+  const float* kh = k + a.kv_at(h);
+  const float* vh = v + a.kv_at(h);
+  load_tile<DP>(qs, q + a.q_at(h) + row0 * a.ldq, a.ldq, rows, a.d, vec);
+  load_tile<DP>(gs, go + a.o_at(h) + row0 * a.ldo, a.ldo, rows, a.d, vec);
 
   const int r_lo = warp * 16 + g;
-  const std::int64_t vis_lo = r_lo < rows ? visible(a, row0 + r_lo) : 0;
-  const std::int64_t vis_hi = r_lo + 8 < rows ? visible(a, row0 + r_lo + 8) : 0;
+  const std::int64_t vis_lo = r_lo < rows ? a.visible(row0 + r_lo) : 0;
+  const std::int64_t vis_hi = r_lo + 8 < rows ? a.visible(row0 + r_lo + 8) : 0;
   // A row that sees no key has lse -inf; its entries are all masked, never exponentiated.
   const float lse_lo = vis_lo > 0 ? lse[h * a.t + row0 + r_lo] * kLog2e : 0.f;
   const float lse_hi = vis_hi > 0 ? lse[h * a.t + row0 + r_lo + 8] * kLog2e : 0.f;
   const float del_lo = vis_lo > 0 ? delta[h * a.t + row0 + r_lo] : 0.f;
   const float del_hi = vis_hi > 0 ? delta[h * a.t + row0 + r_lo + 8] : 0.f;
-  const std::int64_t keys = visible(a, row0 + rows - 1);
+  const std::int64_t keys = a.visible(row0 + rows - 1);
   const float c = a.scale * kLog2e;
   float acc[DP / 8][4] = {};
   for (std::int64_t key0 = 0; key0 < keys; key0 += kTile) {
@@ -375,7 +361,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     times_tile<DP>(acc, s, ks);
   }
-  store_rows<DP>(dq + q_at(a, h) + row0 * a.ldq, a.ldq, acc, r_lo, rows, a.d, a.scale, a.scale);
+  store_rows<DP>(dq + a.q_at(h) + row0 * a.ldq, a.ldq, acc, r_lo, rows, a.d, a.scale, a.scale);
 }
 
 // dK and dV of key tile x / bh of head x % bh over the query tiles that see
@@ -400,10 +386,10 @@ __global__ void __launch_bounds__(kThreads)
   const std::int64_t key0 = std::int64_t(blockIdx.x / a.bh) * kRows;
   const std::int64_t n_keys = min64(kRows, a.s - key0);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  load_tile<DP>(ks, k + kv_at(a, h) + key0 * a.ldkv, a.ldkv, n_keys, a.d, vec);
-  load_tile<DP>(vs, v + kv_at(a, h) + key0 * a.ldkv, a.ldkv, n_keys, a.d, vec);
-  const float* qh = q + q_at(a, h);
-  const float* gh = go + o_at(a, h);
+  load_tile<DP>(ks, k + a.kv_at(h) + key0 * a.ldkv, a.ldkv, n_keys, a.d, vec);
+  load_tile<DP>(vs, v + a.kv_at(h) + key0 * a.ldkv, a.ldkv, n_keys, a.d, vec);
+  const float* qh = q + a.q_at(h);
+  const float* gh = go + a.o_at(h);
 
   // Query row i sees key j when j < visible(i), i.e. (causal) i >= j - (S - T).
   const int r_lo = warp * 16 + g;  // this lane's keys: key0 + r_lo and key0 + r_lo + 8
@@ -419,7 +405,7 @@ __global__ void __launch_bounds__(kThreads)
     load_tile<DP>(gs, gh + q0 * a.ldo, a.ldo, n_rows, a.d, vec);
     for (int i = threadIdx.x; i < kTile; i += kThreads) {
       // Rows past T, and rows that see no key (lse -inf), are masked below.
-      const bool seen = i < n_rows && visible(a, q0 + i) > 0;
+      const bool seen = i < n_rows && a.visible(q0 + i) > 0;
       lse_s[i] = seen ? lse[h * a.t + q0 + i] * kLog2e : 0.f;
       del_s[i] = seen ? delta[h * a.t + q0 + i] : 0.f;
     }
@@ -444,7 +430,7 @@ __global__ void __launch_bounds__(kThreads)
     times_tile<DP>(acc_v, st, gs);
     times_tile<DP>(acc_k, dpt, qs);
   }
-  const std::int64_t at = kv_at(a, h) + key0 * a.ldkv;
+  const std::int64_t at = a.kv_at(h) + key0 * a.ldkv;
   store_rows<DP>(dk + at, a.ldkv, acc_k, r_lo, n_keys, a.d, a.scale, a.scale);
   store_rows<DP>(dv + at, a.ldkv, acc_v, r_lo, n_keys, a.d, 1.f, 1.f);
 }

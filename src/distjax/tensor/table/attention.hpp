@@ -4,10 +4,16 @@
 // Shape legend: B batch, H heads, T queries, S keys, D head size.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 
 #include "distjax/tensor/table/stream.hpp"
+
+// The plan's helpers serve the CUDA kernels too (compiled for the device under nvcc).
+#if defined(__CUDACC__)
+#define DISTJAX_PLAN_FN __host__ __device__
+#else
+#define DISTJAX_PLAN_FN
+#endif
 
 namespace distjax::tensor::detail {
 
@@ -28,13 +34,17 @@ struct AttentionPlan {
   // the bf16 policy's attention. A kernel may compute them in f32 instead (the CPU's do).
   bool bf16_products = false;
   // Keys visible to query row `row` (all of them without a mask).
-  std::int64_t visible(std::int64_t row) const {
-    return causal ? std::clamp<std::int64_t>(row + 1 + (s - t), 0, s) : s;
+  DISTJAX_PLAN_FN std::int64_t visible(std::int64_t row) const {
+    if (!causal) return s;
+    const std::int64_t v = row + 1 + (s - t);
+    return v < 0 ? 0 : (v > s ? s : v);
   }
   // Where head h starts in each operand (elements).
-  std::int64_t q_at(std::int64_t h) const { return h / heads * q_b + h % heads * q_h; }
-  std::int64_t kv_at(std::int64_t h) const { return h / heads * kv_b + h % heads * kv_h; }
-  std::int64_t o_at(std::int64_t h) const { return h / heads * o_b + h % heads * o_h; }
+  DISTJAX_PLAN_FN std::int64_t q_at(std::int64_t h) const { return h / heads * q_b + h % heads * q_h; }
+  DISTJAX_PLAN_FN std::int64_t kv_at(std::int64_t h) const {
+    return h / heads * kv_b + h % heads * kv_h;
+  }
+  DISTJAX_PLAN_FN std::int64_t o_at(std::int64_t h) const { return h / heads * o_b + h % heads * o_h; }
 };
 
 struct AttentionKernels {
@@ -50,3 +60,5 @@ struct AttentionKernels {
 };
 
 }  // namespace distjax::tensor::detail
+
+#undef DISTJAX_PLAN_FN
