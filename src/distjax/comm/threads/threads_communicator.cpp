@@ -122,9 +122,9 @@ class ThreadsCommunicator::Call {
   std::uint64_t seq() const { return seq_; }
   Clock::time_point deadline() const { return deadline_; }
   /// Publishes the call (the descriptor names the device kind of its buffers: every rank's
-  /// must agree) once this device's buffers are ready, and waits for every rank.
-  /// The mover's `ready` event is published (a call whose mover marks nothing publishes no
-  /// mark: such a call, a barrier or a split, may end with its arrival).
+  /// must agree) with the mover's `ready` event, waits for every rank, and orders this
+  /// stream after every rank's `ready`. (A call whose mover marks nothing publishes no
+  /// mark: such a call, a barrier or a split, may end with its arrival.)
   void arrive(detail::CallDesc d, const void* send, void* recv, int aux0 = 0, int aux1 = 0) {
     d.device = static_cast<std::uint8_t>(m_.device.kind);
     c_.g_->sync(c_.rank_, &d, send, recv, aux0, aux1, deadline_,
@@ -347,7 +347,10 @@ class ThreadsRequest final : public RequestImpl {
   ~ThreadsRequest() override {
     if (finished_) return;
     g_->cancel(rank_, op_);
-    if (op_->copied) op_->copied->stream_wait();  // matched: the buffer may be freed next
+    try {
+      if (op_->copied) op_->copied->stream_wait();  // matched: the buffer may be freed next
+    } catch (...) {  // a device error: dropped with the request, as its other errors are
+    }
   }
   void wait() override {
     if (finished_) return;
@@ -457,7 +460,10 @@ class ThreadsCommunicator::CollectiveRequest final : public RequestImpl {
     std::unique_lock lk(job_->mu);
     job_->cv.wait(lk, [&] { return job_->done; });
     lk.unlock();
-    job_->done_mark.stream_wait();  // the buffers may be freed next, on this stream
+    try {
+      job_->done_mark.stream_wait();  // the buffers may be freed next, on this stream
+    } catch (...) {  // a device error: dropped with the request, as its other errors are
+    }
     job_->count.apply(*stats_, group_);
   }
   void wait() override {
