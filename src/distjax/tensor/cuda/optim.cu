@@ -27,15 +27,22 @@ bool aligned16(const void* p) {
 
 // Calls f(i) for each i < n that this thread owns (grid-stride), and, when `vec`, first
 // f4(k) for each float4 k < n / 4 (elements 4k..4k+3), leaving the tail to f.
+// What for_each hands block `b` of a grid of `blocks` blocks.
 template <class F4, class F>
-__device__ void for_each(std::int64_t n, bool vec, F4&& f4, F&& f) {
-  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
-  const std::int64_t t = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+__device__ void for_each_as(std::int64_t b, std::int64_t blocks, std::int64_t n, bool vec, F4&& f4,
+                            F&& f) {
+  const std::int64_t stride = blocks * blockDim.x;
+  const std::int64_t t = b * blockDim.x + threadIdx.x;
   const std::int64_t nv = vec ? n / 4 : 0;
   for (std::int64_t k = t; k < nv; k += stride)
     f4(k);
   for (std::int64_t i = 4 * nv + t; i < n; i += stride)
     f(i);
+}
+
+template <class F4, class F>
+__device__ void for_each(std::int64_t n, bool vec, F4&& f4, F&& f) {
+  for_each_as(blockIdx.x, gridDim.x, n, vec, f4, f);
 }
 
 __device__ float sgd_one(float p, float g, float lr, float wd) {
@@ -258,13 +265,14 @@ __device__ double block_sum(double v) {
   return v;
 }
 
-// partial[block] = the sum in f64 of x[i]^2 over the elements this block owns (grid-stride,
-// float4 loads when `vec`). Bound: 4 bytes read per element.
-__global__ void sum_squares_partial(const float* __restrict__ x, std::int64_t n, bool vec,
-                                    double* __restrict__ partial) {
+// The sum in f64 of x[i]^2 over the elements block b of a grid of `blocks` owns (grid-
+// stride, float4 loads when `vec`), reduced over the block by block_sum (thread 0 holds
+// it). Bound: 4 bytes read per element.
+__device__ double squares_of_block(const float* __restrict__ x, std::int64_t n, bool vec,
+                                   std::int64_t b, std::int64_t blocks) {
   double acc = 0.0;
-  for_each(
-      n, vec,
+  for_each_as(
+      b, blocks, n, vec,
       [&](std::int64_t k) {
         const float4 q = reinterpret_cast<const float4*>(x)[k];
         acc += static_cast<double>(q.x) * q.x;
@@ -273,18 +281,48 @@ __global__ void sum_squares_partial(const float* __restrict__ x, std::int64_t n,
         acc += static_cast<double>(q.w) * q.w;
       },
       [&](std::int64_t i) { acc += static_cast<double>(x[i]) * x[i]; });
-  acc = block_sum(acc);
-  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+  return block_sum(acc);
 }
 
 // *out = the sum of partial[b], b < blocks, by one block (a fixed order).
-__global__ void sum_partials(const double* __restrict__ partial, int blocks,
-                             double* __restrict__ out) {
+__device__ void fold_partials(const double* __restrict__ partial, int blocks,
+                              double* __restrict__ out) {
   double acc = 0.0;
   for (int b = threadIdx.x; b < blocks; b += blockDim.x)
     acc += partial[b];
   acc = block_sum(acc);
   if (threadIdx.x == 0) *out = acc;
+}
+
+// Sums of squares, many leaves in two launches: per-block partials (a leaf's block count
+// depends on its size only), then one block per leaf adds its partials, each in a fixed
+// order. A table of up to kSquaresLeaves leaves travels in the kernels' arguments.
+constexpr int kSquaresLeaves = 64;
+struct SquaresTable {
+  const float* x[kSquaresLeaves];
+  std::int64_t n[kSquaresLeaves];
+  std::int64_t first_block[kSquaresLeaves + 1];  // leaf i owns blocks [first[i], first[i+1])
+  bool vec[kSquaresLeaves];
+};
+static_assert(sizeof(SquaresTable) + 32 <= 4096, "a kernel's arguments must fit in 4 KB");
+
+// Block b: its leaf's partial (partials are laid out like the blocks).
+__global__ void sum_squares_partial_many(const __grid_constant__ SquaresTable t, int leaves,
+                                         double* __restrict__ partials) {
+  const std::int64_t b = blockIdx.x;
+  int i = 0;
+  while (i + 1 < leaves && t.first_block[i + 1] <= b) ++i;
+  const std::int64_t blocks = t.first_block[i + 1] - t.first_block[i];
+  const double acc = squares_of_block(t.x[i], t.n[i], t.vec[i], b - t.first_block[i], blocks);
+  if (threadIdx.x == 0) partials[b] = acc;
+}
+
+// Block i: leaf i's partials folded into out[i].
+__global__ void sum_partials_many(const __grid_constant__ SquaresTable t,
+                                  const double* __restrict__ partials, double* __restrict__ out) {
+  const int i = blockIdx.x;
+  fold_partials(partials + t.first_block[i],
+                static_cast<int>(t.first_block[i + 1] - t.first_block[i]), out + i);
 }
 
 // Fills chunk tables with the leaves' chunks in order and calls launch(table, blocks) for
@@ -397,33 +435,40 @@ void adam_many(const detail::OptimLeaf* leaves, std::int64_t count, double lr, d
   });
 }
 
-// Two passes in a fixed order (the block count depends on n only): per-block sums, then one
-// block adds them into *out (device memory), queued on the stream.
-void queue_sum_squares(const float* x, std::int64_t n, double* out, cudaStream_t stream) {
-  if (n == 0) {
-    DISTJAX_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), stream), "sum_squares");
-    return;
-  }
-  const bool vec = aligned16(x);
-  constexpr int kMaxPartials = 1024;
-  const unsigned blocks = std::min<unsigned>(grid_for(vec ? n / 4 : n), kMaxPartials);
-  StreamScratch scratch(blocks * sizeof(double), stream, "sum_squares");
-  double* partial = scratch.as<double>();
-  sum_squares_partial<<<blocks, kThreads, 0, stream>>>(x, n, vec, partial);
-  DISTJAX_CUDA_LAUNCHED("sum_squares");
-  sum_partials<<<1, kMaxPartials, 0, stream>>>(partial, static_cast<int>(blocks), out);
-  DISTJAX_CUDA_LAUNCHED("sum_squares");
-  scratch.release();
-}
-
-// Every leaf's sum into one device array, then one copy to the host and one wait.
+// Every leaf's sum into one device array (two launches per kSquaresLeaves leaves), then one
+// copy to the host and one wait.
 void sum_squares_many(const float* const* xs, const std::int64_t* ns, std::int64_t count,
                       double* host_out, Stream s) {
   if (count == 0) return;
   const cudaStream_t stream = stream_of(s);
   StreamScratch results(sizeof(double) * static_cast<std::size_t>(count), stream, "sum_squares");
-  for (std::int64_t i = 0; i < count; ++i)
-    queue_sum_squares(xs[i], ns[i], results.as<double>() + i, stream);
+  constexpr int kMaxPartials = 1024;
+  for (std::int64_t at = 0; at < count; at += kSquaresLeaves) {
+    const int leaves = static_cast<int>(std::min<std::int64_t>(kSquaresLeaves, count - at));
+    SquaresTable t{};
+    t.first_block[0] = 0;
+    for (int i = 0; i < leaves; ++i) {
+      const std::int64_t n = ns[at + i];
+      t.x[i] = xs[at + i];
+      t.n[i] = n;
+      t.vec[i] = aligned16(xs[at + i]);
+      const std::int64_t blocks =
+          n == 0 ? 0 : std::min<unsigned>(grid_for(t.vec[i] ? n / 4 : n), kMaxPartials);
+      t.first_block[i + 1] = t.first_block[i] + blocks;
+    }
+    const std::int64_t total = t.first_block[leaves];
+    StreamScratch partials(sizeof(double) * static_cast<std::size_t>(std::max<std::int64_t>(total, 1)),
+                           stream, "sum_squares");
+    if (total > 0) {
+      sum_squares_partial_many<<<static_cast<unsigned>(total), kThreads, 0, stream>>>(
+          t, leaves, partials.as<double>());
+      DISTJAX_CUDA_LAUNCHED("sum_squares");
+    }
+    sum_partials_many<<<leaves, kMaxPartials, 0, stream>>>(t, partials.as<double>(),
+                                                           results.as<double>() + at);
+    DISTJAX_CUDA_LAUNCHED("sum_squares");
+    partials.release();
+  }
   DISTJAX_CUDA_CHECK(cudaMemcpyAsync(host_out, results.as<double>(),
                                      sizeof(double) * static_cast<std::size_t>(count),
                                      cudaMemcpyDeviceToHost, stream),
