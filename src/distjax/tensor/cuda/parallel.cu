@@ -355,12 +355,25 @@ void select_equal(const float* a, const float* b, bool b_scalar, float value, fl
 // block of 8 chains ran at the add latency (39 ms for 38.6M elements on an H200).
 constexpr int kSquaresChunksPerBlock = kThreads / 8;
 
-__global__ void __launch_bounds__(kThreads)
-    sum_squares_chunks_kernel(const float* __restrict__ x, std::int64_t n,
-                              double* __restrict__ partials, std::int64_t chunks) {
+// Many leaves per launch: a table of up to kSquaresLeaves leaves in the kernels' arguments;
+// leaf i owns blocks [first_block[i], first_block[i + 1]) of the chunk kernel and partials
+// [first_chunk[i], first_chunk[i + 1]).
+constexpr int kSquaresLeaves = 64;
+struct SquaresTable {
+  const float* x[kSquaresLeaves];
+  std::int64_t n[kSquaresLeaves];
+  std::int64_t first_block[kSquaresLeaves + 1];
+  std::int64_t first_chunk[kSquaresLeaves + 1];
+};
+static_assert(sizeof(SquaresTable) + 32 <= 4096, "a kernel's arguments must fit in 4 KB");
+
+// The chunks of block `block` (of the leaf x, n): partials[chunk] for its chunks.
+__device__ __forceinline__ void sum_squares_chunks(const float* __restrict__ x, std::int64_t n,
+                                                   double* __restrict__ partials,
+                                                   std::int64_t chunks, std::int64_t block) {
   __shared__ double lanes[kThreads];
   const int t = threadIdx.x, lane = t % 8;
-  const std::int64_t chunk = std::int64_t(blockIdx.x) * kSquaresChunksPerBlock + t / 8;
+  const std::int64_t chunk = block * kSquaresChunksPerBlock + t / 8;
   double a = 0.0;
   if (chunk < chunks) {
     const std::int64_t at = chunk * detail::kSquaresChunk;
@@ -379,41 +392,61 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-__global__ void sum_squares_fold_kernel(const double* __restrict__ partials, std::int64_t chunks,
+// Block b: its leaf's chunks.
+__global__ void __launch_bounds__(kThreads)
+    sum_squares_chunks_kernel(const __grid_constant__ SquaresTable t, int leaves,
+                              double* __restrict__ partials) {
+  const std::int64_t b = blockIdx.x;
+  int i = 0;
+  while (i + 1 < leaves && t.first_block[i + 1] <= b) ++i;
+  sum_squares_chunks(t.x[i], t.n[i], partials + t.first_chunk[i],
+                     t.first_chunk[i + 1] - t.first_chunk[i], b - t.first_block[i]);
+}
+
+// Thread i: leaf i's partials added in chunk order into out[i].
+__global__ void sum_squares_fold_kernel(const __grid_constant__ SquaresTable t, int leaves,
+                                        const double* __restrict__ partials,
                                         double* __restrict__ out) {
+  const int i = static_cast<int>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= leaves) return;
   double total = 0.0;
-  for (std::int64_t c = 0; c < chunks; ++c) total += partials[c];
-  *out = total;
+  for (std::int64_t c = t.first_chunk[i]; c < t.first_chunk[i + 1]; ++c) total += partials[c];
+  out[i] = total;
 }
 
-// *out (device memory) = the order's sum of squares of x, queued on the stream.
-void queue_sum_squares_f64(const float* x, std::int64_t n, double* out, cudaStream_t stream) {
-  if (n == 0) {
-    DISTJAX_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), stream), "sum_of_squares_f64");
-    return;
-  }
-  const std::int64_t chunks = (n + detail::kSquaresChunk - 1) / detail::kSquaresChunk;
-  StreamScratch scratch(sizeof(double) * static_cast<std::size_t>(chunks), stream,
-                        "sum_of_squares_f64");
-  double* partials = scratch.as<double>();
-  const auto blocks = static_cast<unsigned>((chunks + kSquaresChunksPerBlock - 1) /
-                                            kSquaresChunksPerBlock);
-  sum_squares_chunks_kernel<<<blocks, kThreads, 0, stream>>>(x, n, partials, chunks);
-  DISTJAX_CUDA_LAUNCHED("sum_of_squares_f64");
-  sum_squares_fold_kernel<<<1, 1, 0, stream>>>(partials, chunks, out);
-  DISTJAX_CUDA_LAUNCHED("sum_of_squares_f64");
-  scratch.release();
-}
-
-// Every leaf's sum into one device array, then one copy to the host and one wait.
+// Every leaf's sum into one device array (two launches per kSquaresLeaves leaves), then one
+// copy to the host and one wait.
 void sum_squares_f64_many(const float* const* xs, const std::int64_t* ns, std::int64_t count,
                           double* host_out, Stream s) {
   if (count == 0) return;
   const cudaStream_t stream = stream_of(s);
   StreamScratch results(sizeof(double) * static_cast<std::size_t>(count), stream,
                         "sum_of_squares_f64");
-  for (std::int64_t i = 0; i < count; ++i)
-    queue_sum_squares_f64(xs[i], ns[i], results.as<double>() + i, stream);
+  for (std::int64_t at = 0; at < count; at += kSquaresLeaves) {
+    const int leaves = static_cast<int>(std::min<std::int64_t>(kSquaresLeaves, count - at));
+    SquaresTable t{};
+    for (int i = 0; i < leaves; ++i) {
+      const std::int64_t n = ns[at + i];
+      const std::int64_t chunks = (n + detail::kSquaresChunk - 1) / detail::kSquaresChunk;
+      t.x[i] = xs[at + i];
+      t.n[i] = n;
+      t.first_chunk[i + 1] = t.first_chunk[i] + chunks;
+      t.first_block[i + 1] =
+          t.first_block[i] + (chunks + kSquaresChunksPerBlock - 1) / kSquaresChunksPerBlock;
+    }
+    const std::int64_t blocks = t.first_block[leaves], chunks = t.first_chunk[leaves];
+    StreamScratch partials(sizeof(double) * static_cast<std::size_t>(std::max<std::int64_t>(chunks, 1)),
+                           stream, "sum_of_squares_f64");
+    if (blocks > 0) {
+      sum_squares_chunks_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+          t, leaves, partials.as<double>());
+      DISTJAX_CUDA_LAUNCHED("sum_of_squares_f64");
+    }
+    sum_squares_fold_kernel<<<1, kSquaresLeaves, 0, stream>>>(t, leaves, partials.as<double>(),
+                                                              results.as<double>() + at);
+    DISTJAX_CUDA_LAUNCHED("sum_of_squares_f64");
+    partials.release();
+  }
   DISTJAX_CUDA_CHECK(cudaMemcpyAsync(host_out, results.as<double>(),
                                      sizeof(double) * static_cast<std::size_t>(count),
                                      cudaMemcpyDeviceToHost, stream),
