@@ -30,6 +30,7 @@
 #include <cstdint>
 
 #include "distjax/core/error.hpp"
+#include "distjax/tensor/cuda/attention_load.cuh"
 #include "distjax/tensor/cuda/attention_mma.hpp"
 #include "distjax/tensor/cuda/kernels.hpp"
 #include "distjax/tensor/cuda/launch.cuh"
@@ -75,19 +76,7 @@ __device__ __forceinline__ void load_tile(float* sm, const float* __restrict__ g
   constexpr int kC4 = DP / 4;
   for (int slot = threadIdx.x; slot < kTile * kC4; slot += kBlock) {
     const int r = slot / kC4, c = slot % kC4 * 4;
-    float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (r < rows && c < d) {
-      const float* src = g + std::int64_t(r) * ld + c;
-      if (vec) {
-        val = *reinterpret_cast<const float4*>(src);
-      } else {
-        val.x = src[0];
-        if (c + 1 < d) val.y = src[1];
-        if (c + 2 < d) val.z = src[2];
-        if (c + 3 < d) val.w = src[3];
-      }
-    }
-    *reinterpret_cast<float4*>(sm + r * (DP + 4) + c) = val;
+    *reinterpret_cast<float4*>(sm + r * (DP + 4) + c) = load_quad(g, ld, r, c, rows, d, vec);
   }
 }
 

@@ -31,6 +31,7 @@
 #include <cstring>
 
 #include "distjax/core/error.hpp"
+#include "distjax/tensor/cuda/attention_load.cuh"
 #include "distjax/tensor/cuda/launch.cuh"
 
 namespace distjax::tensor::cuda::attn_mma {
@@ -163,18 +164,7 @@ __device__ __forceinline__ void load_tile(__nv_bfloat16* sm, const float* __rest
   constexpr int kC4 = DP / 4;
   for (int slot = threadIdx.x; slot < kTile * kC4; slot += kThreads) {
     const int r = slot / kC4, c = slot % kC4 * 4;
-    float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (r < rows && c < d) {
-      const float* p = src + std::int64_t(r) * ld_src + c;
-      if (vec) {
-        val = *reinterpret_cast<const float4*>(p);
-      } else {
-        val.x = p[0];
-        if (c + 1 < d) val.y = p[1];
-        if (c + 2 < d) val.z = p[2];
-        if (c + 3 < d) val.w = p[3];
-      }
-    }
+    const float4 val = load_quad(src, ld_src, r, c, rows, d, vec);
     __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(sm + r * kLd<DP> + c);
     out[0] = __floats2bfloat162_rn(val.x, val.y);
     out[1] = __floats2bfloat162_rn(val.z, val.w);
