@@ -30,7 +30,7 @@
 #include <cstdint>
 
 #include "distjax/core/error.hpp"
-#include "distjax/tensor/cuda/attention_load.cuh"
+#include "distjax/tensor/cuda/attention_common.cuh"
 #include "distjax/tensor/cuda/attention_mma.hpp"
 #include "distjax/tensor/cuda/kernels.hpp"
 #include "distjax/tensor/cuda/launch.cuh"
@@ -45,8 +45,6 @@ using detail::Stream;
 constexpr int kTile = 64;        // query rows and keys per tile
 constexpr int kBlock = 256;      // threads per tiled block: 16 x 16
 constexpr int kLdP = kTile + 4;  // row stride of a score tile in shared memory
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 // ------------------------------------------------------------------ tile helpers
 
@@ -600,24 +598,9 @@ bool vec_ok(const AttentionPlan& a, std::initializer_list<const void*> ptrs) {
   return true;
 }
 
-// Blocks of `tiles` tiles per head (one grid dimension).
-unsigned tile_blocks(const AttentionPlan& a, std::int64_t tiles, const char* op) {
-  const std::int64_t blocks = tiles * a.bh;
-  DISTJAX_CHECK(blocks <= INT_MAX, InvalidArgument, "[", op, "] ", a.bh, " heads of ", tiles,
-                " tiles each exceed one grid");
-  return static_cast<unsigned>(blocks);
-}
-
 // The tiled kernel's head size: d padded to 16, 32, 64 or 128 (0 for larger heads).
 int padded_d(std::int64_t d) {
   return d <= 16 ? 16 : d <= 32 ? 32 : d <= 64 ? 64 : d <= 128 ? 128 : 0;
-}
-
-template <class Kernel>
-void allow_smem(Kernel kernel, std::size_t bytes, const char* op) {
-  DISTJAX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(bytes)),
-                     op, bytes, " bytes of shared memory per block");
 }
 
 template <int DP>

@@ -31,7 +31,7 @@
 #include <cstring>
 
 #include "distjax/core/error.hpp"
-#include "distjax/tensor/cuda/attention_load.cuh"
+#include "distjax/tensor/cuda/attention_common.cuh"
 #include "distjax/tensor/cuda/launch.cuh"
 
 namespace distjax::tensor::cuda::attn_mma {
@@ -42,8 +42,6 @@ using detail::AttentionPlan;
 constexpr int kRows = 64;      // a block's own rows: 16 per warp
 constexpr int kTile = 64;      // the rows of each tile it walks
 constexpr int kThreads = 128;  // 4 warps
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 // bf16 elements per shared row of a tile of head size DP.
 template <int DP>
@@ -432,18 +430,9 @@ int padded_d(std::int64_t d) {
   return d <= 32 ? 32 : d <= 64 ? 64 : d <= 128 ? 128 : 0;
 }
 
-unsigned tile_blocks(const AttentionPlan& a, std::int64_t n, const char* op) {
-  const std::int64_t blocks = (n + kRows - 1) / kRows * a.bh;
-  DISTJAX_CHECK(blocks <= INT_MAX, InvalidArgument, "[", op, "] ", a.bh, " heads of ", n,
-                " rows each exceed one grid");
-  return static_cast<unsigned>(blocks);
-}
-
-template <class Kernel>
-void allow_smem(Kernel kernel, std::size_t bytes, const char* op) {
-  DISTJAX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(bytes)),
-                     op, bytes, " bytes of shared memory per block");
+// A grid of one block per kRows rows of n, per head.
+unsigned row_blocks(const AttentionPlan& a, std::int64_t n, const char* op) {
+  return tile_blocks(a, (n + kRows - 1) / kRows, op);
 }
 
 template <int DP>
@@ -451,7 +440,7 @@ void forward_d(const AttentionPlan& a, const float* q, const float* k, const flo
                float* lse, bool vec, cudaStream_t st) {
   const std::size_t smem = smem_bytes<DP>(3);
   allow_smem(forward_kernel<DP>, smem, "attention");
-  forward_kernel<DP><<<tile_blocks(a, a.t, "attention"), kThreads, smem, st>>>(a, q, k, v, o,
+  forward_kernel<DP><<<row_blocks(a, a.t, "attention"), kThreads, smem, st>>>(a, q, k, v, o,
                                                                               lse, vec);
   DISTJAX_CUDA_LAUNCHED("attention");
 }
@@ -463,14 +452,14 @@ void backward_d(const AttentionPlan& a, const float* q, const float* k, const fl
   const std::size_t smem = smem_bytes<DP>(4);
   if (a.t > 0) {
     allow_smem(dq_kernel<DP>, smem, "attention_backward");
-    dq_kernel<DP><<<tile_blocks(a, a.t, "attention_backward"), kThreads, smem, st>>>(
+    dq_kernel<DP><<<row_blocks(a, a.t, "attention_backward"), kThreads, smem, st>>>(
         a, q, k, v, go, lse, delta, dq, vec);
     DISTJAX_CUDA_LAUNCHED("attention_backward");
   }
   if (a.s > 0) {  // with T == 0 too: dK and dV are then 0
     const std::size_t bytes = smem + 2 * kTile * sizeof(float);
     allow_smem(dkdv_kernel<DP>, bytes, "attention_backward");
-    dkdv_kernel<DP><<<tile_blocks(a, a.s, "attention_backward"), kThreads, bytes, st>>>(
+    dkdv_kernel<DP><<<row_blocks(a, a.s, "attention_backward"), kThreads, bytes, st>>>(
         a, q, k, v, go, lse, delta, dk, dv, vec);
     DISTJAX_CUDA_LAUNCHED("attention_backward");
   }
