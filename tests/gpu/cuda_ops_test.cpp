@@ -304,6 +304,8 @@ TEST(CudaOps, EmbeddingAndCrossEntropy) {
   }
 }
 
+// The CPU refuses a bad id at once; the GPU reports the same at the next read, without a
+// host wait in the op, and its kernels stay inside the table (NaN rows, a NaN loss).
 TEST(CudaOps, AnIdOutOfRangeIsRefusedAsOnTheCpu) {
   SKIP_WITHOUT_GPU();
   const Tensor ids = Tensor::from_vector(std::vector<std::int64_t>{1, 2, 7, 9, 3}, {5}, Device::cpu());
@@ -314,15 +316,57 @@ TEST(CudaOps, AnIdOutOfRangeIsRefusedAsOnTheCpu) {
   } catch (const Error& e) {
     want = e.what();
   }
+  DeviceScope on(kGpu);
+  const std::int64_t waits = host_waits(DeviceKind::CUDA);
+  const Tensor rows = embedding(table.to(kGpu), ids.to(kGpu));
+  EXPECT_EQ(host_waits(DeviceKind::CUDA), waits) << "the id check waited for the GPU";
   try {
-    DeviceScope on(kGpu);
-    (void)embedding(table.to(kGpu), ids.to(kGpu));
+    raise_deferred_errors();
   } catch (const Error& e) {
     got = e.what();
   }
   ASSERT_FALSE(want.empty());
   // The same report (the first bad id, its index), less the file and line.
   EXPECT_EQ(got.substr(0, got.find(" (")), want.substr(0, want.find(" ("))) << got;
+  const std::vector<float> r = rows.to_vector<float>(), t = table.to_vector<float>();
+  for (int j = 0; j < 4; ++j) {
+    EXPECT_EQ(r[j], t[4 + j]);
+    EXPECT_TRUE(std::isnan(r[8 + j]) && std::isnan(r[12 + j]));
+  }
+  // A bad label: a NaN loss, the error at the next read; the backward has no one-hot there.
+  Tensor logits = make_leaf(uniform({3, 6}).to(kGpu));
+  const Tensor labels = Tensor::from_vector(std::vector<std::int32_t>{0, 6, 5}, {3}, kGpu);
+  const Tensor loss = cross_entropy(logits, labels);
+  const Tensor g = autodiff::grad({sum(loss)}, {Tensor()}, {logits})[0];
+  EXPECT_THROW(raise_deferred_errors(), InvalidArgument);
+  const std::vector<float> l = loss.to_vector<float>(), gx = g.to_vector<float>();
+  EXPECT_TRUE(std::isfinite(l[0]) && std::isnan(l[1]) && std::isfinite(l[2]));
+  float row1 = 0.f;
+  for (int j = 6; j < 12; ++j) row1 += gx[j];
+  EXPECT_NEAR(row1, 1.f, 1e-5);  // softmax alone
+}
+
+// The norm and clip factor the GPU computes (no host wait) are the CPU's bits.
+TEST(CudaOps, NormAndClipFactorOnTheDevice) {
+  SKIP_WITHOUT_GPU();
+  std::vector<Tensor> host;
+  for (std::int64_t n : {1, 7, 1000, 70001, 3 << 20}) host.push_back(uniform({n}));
+  std::vector<Tensor> dev;
+  for (const Tensor& t : host) dev.push_back(t.to(kGpu));
+  for (double max_norm : {0.0, 1.0, 1e9}) {
+    const NormAndClipFactor want = norm_and_clip_factor(host, max_norm);
+    const std::int64_t waits = host_waits(DeviceKind::CUDA);
+    DeviceScope on(kGpu);
+    const NormAndClipFactor got = norm_and_clip_factor(dev, max_norm);
+    Tensor scaled = dev[3].clone();
+    scale_by_(scaled, got.factor);
+    EXPECT_EQ(host_waits(DeviceKind::CUDA), waits) << "the norm waited for the GPU";
+    EXPECT_EQ(got.norm.item<float>(), want.norm.item<float>()) << max_norm;
+    EXPECT_EQ(got.factor.item<float>(), want.factor.item<float>()) << max_norm;
+    Tensor cpu_scaled = host[3].clone();
+    scale_by_(cpu_scaled, want.factor);
+    EXPECT_EQ(scaled.to_vector<float>(), cpu_scaled.to_vector<float>()) << max_norm;
+  }
 }
 
 TEST(CudaOps, DropoutDrawsTheCpusMask) {

@@ -45,10 +45,12 @@ std::vector<Tensor> grads_of(const std::function<Tensor(const std::vector<Tensor
   return autodiff::grad({sum(mul(y, ct))}, {Tensor()}, leaves);
 }
 
+// On a device other than the CPU an id check reports at the next read: ask for it.
 template <class F>
 void expect_throws_naming(F f, const std::string& op) {
   try {
     f();
+    raise_deferred_errors();
     ADD_FAILURE() << "expected InvalidArgument from [" << op << "]";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("[" + op + "]"), std::string::npos) << e.what();
@@ -527,6 +529,68 @@ TEST(NnOpsDevices, MixedDevicesNameTheOpAndBothDevices) {
   expect_mixed([&] { matmul(x, x.to(checked), false, true); }, "matmul");
   expect_mixed([&] { linear(x, host_uniform({8, 3}, 4), host_uniform({3}, 5).to(checked)); },
                "linear");
+}
+
+// On a device the id checks of embedding and cross_entropy make the host wait for nothing:
+// the kernels stay inside their buffers (NaN where an id is bad) and the first bad id is
+// reported, with its op, at the next read from the device.
+TEST(NnOpsDevices, BadIdsOnADeviceAreReportedAtTheNextRead) {
+  const Device checked{DeviceKind::Checked, 0};
+  const Tensor table = host_uniform({5, 3}, 1);
+  DeviceScope on(checked);  // the cotangents' device
+  const Tensor ids = Tensor::from_vector<std::int32_t>({0, 7, 2, -3}, {4}, checked);
+  const std::int64_t waits = host_waits(DeviceKind::Checked);
+  const Tensor out = embedding(table.to(checked), ids);
+  EXPECT_EQ(host_waits(DeviceKind::Checked), waits) << "the id check waited for the device";
+  try {
+    (void)out.to_vector<float>();
+    ADD_FAILURE() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("[embedding] id 7 at flat index 1 is outside [0, 5)"), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("checked:0"), std::string::npos) << what;
+  }
+  // Reported once; the bad rows are NaN, the others the table's.
+  const std::vector<float> rows = out.to_vector<float>(), t = table.to_vector<float>();
+  for (int j = 0; j < 3; ++j) {
+    EXPECT_EQ(rows[j], t[j]);
+    EXPECT_TRUE(std::isnan(rows[3 + j]));
+    EXPECT_EQ(rows[6 + j], t[6 + j]);
+    EXPECT_TRUE(std::isnan(rows[9 + j]));
+  }
+  // The backward adds nothing for a bad id.
+  Tensor leaf = make_leaf(table.to(checked));
+  const Tensor gt = autodiff::grad({sum(embedding(leaf, ids))}, {Tensor()}, {leaf})[0];
+  EXPECT_THROW(raise_deferred_errors(), InvalidArgument);
+  const std::vector<float> g = gt.to_vector<float>();
+  for (int r = 0; r < 5; ++r)
+    for (int j = 0; j < 3; ++j)
+      EXPECT_EQ(g[r * 3 + j], r == 0 || r == 2 ? 1.f : 0.f) << r;
+  // A bad label: its loss is NaN, its gradient row has no one-hot.
+  Tensor logits = make_leaf(host_uniform({2, 4}, 2).to(checked));
+  const Tensor labels = Tensor::from_vector<std::int32_t>({1, 4}, {2}, checked);
+  const Tensor loss = cross_entropy(logits, labels);
+  try {
+    raise_deferred_errors();
+    ADD_FAILURE() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("[cross_entropy] label 4 at flat index 1 is outside [0, 4)"),
+              std::string::npos)
+        << e.what();
+  }
+  const std::vector<float> l = loss.to_vector<float>();
+  EXPECT_TRUE(std::isfinite(l[0]));
+  EXPECT_TRUE(std::isnan(l[1]));
+  const Tensor gl = autodiff::grad({sum(mul(loss, Tensor::from_vector<float>({1.f, 1.f}, {2}, checked)))},
+                                   {Tensor()}, {logits})[0];
+  const std::vector<float> gx = gl.to_vector<float>();
+  float row1 = 0.f;
+  for (int j = 4; j < 8; ++j) row1 += gx[j];
+  EXPECT_NEAR(row1, 1.f, 1e-6);  // softmax only: no -1 at a label
+  // Good ids queue a verdict that reads clean.
+  (void)embedding(table.to(checked), Tensor::from_vector<std::int32_t>({4, 0}, {2}, checked));
+  EXPECT_NO_THROW(raise_deferred_errors());
 }
 
 // ---------------------------------------------------------------- errors

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -23,9 +24,11 @@
 #include "distjax/optim/adamw.hpp"
 #include "distjax/optim/clip.hpp"
 #include "distjax/optim/sgd.hpp"
+#include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/update_ops.hpp"
 #include "distjax/train/checkpoint.hpp"
 #include "distjax/train/train_step.hpp"
+#include "distjax/train/trainer.hpp"
 
 namespace distjax::train {
 namespace {
@@ -113,7 +116,7 @@ TrainRun classifier_run() {
   const Batch first = d.gather({3, 1, 4, 1, 5, 9, 2, 6, 53, 58, 9, 7, 32, 38, 46, 26});
   GradientResult g = accumulate_gradients(loss, r.init, first, Key::from_seed(7), 1);
   r.grads = g.grads;
-  r.grad_loss = g.loss;
+  r.grad_loss = g.metrics.mean("loss");
   r.steps.push_back(train_step(r.state, first, loss, opt));
   r.steps.push_back(train_step(r.state, d.slice(16, 48), loss, opt, {.num_minibatches = 2}));
   return r;
@@ -145,7 +148,7 @@ TrainRun gpt_run() {
   const Batch first = data::sample_windows(text, 4, 16, Key::from_seed(10));
   GradientResult g = accumulate_gradients(loss, r.init, first, Key::from_seed(3), 2);
   r.grads = g.grads;
-  r.grad_loss = g.loss;
+  r.grad_loss = g.metrics.mean("loss");
   // A small max norm: clipping scales the gradient on every step.
   r.steps.push_back(train_step(r.state, first, loss, opt, {.max_grad_norm = 0.05}));
   const Batch second = data::sequential_windows(text, 4, 16, 1).at(0);
@@ -156,6 +159,104 @@ TrainRun gpt_run() {
 
 TEST(CheckedTrain, GptAdamWClippedStepIsBitwiseEqualToTheCpu) {
   expect_same_on_checked(gpt_run);
+}
+
+// The GPT of gpt_run, its data and optimizer, for the host-wait tests below.
+struct SmallGpt {
+  models::Transformer model{{.vocab = 64,
+                             .d_model = 32,
+                             .num_layers = 2,
+                             .num_heads = 2,
+                             .max_len = 16,
+                             .learned_positions = false}};
+  std::vector<std::uint8_t> text = std::vector<std::uint8_t>(600);
+  optim::AdamW opt{
+      {.learning_rate = optim::constant_schedule(1e-2), .decay_mask = optim::default_decay_mask()}};
+  LossFn loss = [this](const TensorTree& p, const Batch& b, Key k) {
+    return std::make_pair(model.loss(nn::Scope::apply(&p, /*train=*/true, k), b.inputs, b.labels),
+                          Metrics{});
+  };
+  SmallGpt() {
+    for (std::size_t i = 0; i < text.size(); ++i)
+      text[i] = static_cast<std::uint8_t>((i * 7 + i / 13) % 64);
+  }
+  Batch batch(int i) const { return data::sample_windows(text, 4, 16, Key::from_seed(10 + i)); }
+};
+
+// What a GPU needs to run a step without the host waiting on it: the loss, the gradient
+// norm and the clip factor stay on the device, read only when a metric is.
+TEST(CheckedTrain, StepsMakeNoHostWaitUntilTheMetricsAreRead) {
+  DeviceScope on(kChecked);
+  SmallGpt g;
+  TrainState state = TrainState::create(g.model.init(Key::from_seed(1)), g.opt, Key::from_seed(2));
+  const std::vector<Batch> batches = {g.batch(0), g.batch(1), g.batch(2)};
+  const std::int64_t before = tensor::host_waits(DeviceKind::Checked);
+  std::vector<Metrics> steps;
+  steps.push_back(train_step(state, batches[0], g.loss, g.opt, {.max_grad_norm = 0.05}));
+  steps.push_back(train_step(state, batches[1], g.loss, g.opt,
+                             {.num_minibatches = 2, .max_grad_norm = 0.05}));
+  steps.push_back(train_step(state, batches[2], g.loss, g.opt));  // no clipping
+  EXPECT_EQ(tensor::host_waits(DeviceKind::Checked), before) << "a step waited for the device";
+  Metrics window;
+  for (const Metrics& m : steps) {
+    EXPECT_TRUE(m.pending("loss"));
+    EXPECT_TRUE(m.pending("grad_norm"));
+    EXPECT_FALSE(m.pending("learning_rate"));
+    window.merge(m);
+  }
+  EXPECT_EQ(tensor::host_waits(DeviceKind::Checked), before) << "merging read a metric";
+  // Read now: the mean of the three steps' losses, each step's as it reads alone.
+  const double mean = window.mean("loss");
+  EXPECT_GT(tensor::host_waits(DeviceKind::Checked), before);
+  EXPECT_FALSE(window.pending("loss"));
+  EXPECT_TRUE(window.pending("grad_norm"));  // read one by one
+  double sum = 0.0;
+  for (const Metrics& m : steps) sum += m.at("loss").sum;
+  EXPECT_EQ(window.at("loss").sum, sum);
+  EXPECT_EQ(mean, sum / window.at("loss").count);
+  EXPECT_GT(steps[0].mean("grad_norm"), 0.05);  // the clipping applied: the norm is above it
+}
+
+// On a device the Trainer checks a step's loss when it reads it (at the next log), and
+// still names the step that went wrong.
+TEST(CheckedTrain, TrainerReadsTheLossAtTheLogAndNamesTheBadStep) {
+  DeviceScope on(kChecked);
+  SmallGpt g;
+  int calls = 0;
+  const LossFn poisoned = [&](const TensorTree& p, const Batch& b, Key k) {
+    auto [loss, m] = g.loss(p, b, k);
+    // The loss of the second step is nan (so are its gradients).
+    if (++calls == 2) loss = tensor::mul_scalar(loss, std::numeric_limits<double>::quiet_NaN());
+    return std::make_pair(loss, m);
+  };
+  TrainState state = TrainState::create(g.model.init(Key::from_seed(1)), g.opt, Key::from_seed(2));
+  Trainer trainer({.total_steps = 8, .log_every = 4, .print = false, .plot = false}, g.opt,
+                  poisoned);
+  const std::int64_t before = tensor::host_waits(DeviceKind::Checked);
+  for (int s = 0; s < 3; ++s) trainer.step(state, g.batch(s));
+  EXPECT_EQ(tensor::host_waits(DeviceKind::Checked), before) << "a step waited for the device";
+  try {
+    trainer.step(state, g.batch(3));  // step 4 logs: the window is read
+    FAIL() << "expected NonFiniteError";
+  } catch (const NonFiniteError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("step 2: the loss is nan"), std::string::npos) << what;
+  }
+  // Before a checkpoint the loop asks at once (check_finite), between two logs.
+  calls = 0;
+  TrainState again = TrainState::create(g.model.init(Key::from_seed(1)), g.opt, Key::from_seed(2));
+  Trainer before_save({.total_steps = 8, .log_every = 4, .print = false, .plot = false}, g.opt,
+                      poisoned);
+  before_save.step(again, g.batch(0));
+  before_save.check_finite();  // step 1 is fine
+  before_save.step(again, g.batch(1));
+  try {
+    before_save.check_finite();
+    FAIL() << "expected NonFiniteError";
+  } catch (const NonFiniteError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("step 2: the loss is nan"), std::string::npos) << what;
+  }
 }
 
 // The optimizers alone (no ops around them): SGD with and without momentum, Adam with L2,

@@ -100,6 +100,7 @@ class DataParallel final : public train::Strategy {
   train::Metrics reduce_metrics(train::Metrics metrics) override;
   /// parallel::global_norm_squared (sharded leaves summed over their shards).
   double grad_norm_squared(const TensorTree& grads) override;
+  bool local_grad_norm() const override { return false; }
   MemoryStats* memory_stats() override { return &ctx_->memory(); }
 
   const mesh::Axes& axes() const { return axes_; }

@@ -189,6 +189,7 @@ class Pipeline final : public train::Strategy {
   /// by the inner strategy like a train step's. Collective over the mesh.
   train::Metrics evaluate(const TensorTree& params, const train::Batch& batch);
   double grad_norm_squared(const TensorTree& grads) override;
+  bool local_grad_norm() const override { return false; }
   TensorTree init_opt_state(const optim::Optimizer& optimizer, const TensorTree& params) override;
   void apply_update(const optim::Optimizer& optimizer, TensorTree& params, const TensorTree& grads,
                     TensorTree& opt_state, std::int64_t step) override;

@@ -181,6 +181,7 @@ class TensorParallel final : public train::Strategy {
   explicit TensorParallel(spmd::DeviceContext& ctx, mesh::Axes axes = "model");
   std::string name() const override;
   double grad_norm_squared(const TensorTree& grads) override;
+  bool local_grad_norm() const override { return false; }
   MemoryStats* memory_stats() override;
 
  private:

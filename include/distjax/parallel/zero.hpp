@@ -58,6 +58,7 @@ class ZeroDataParallel final : public train::Strategy {
     return dp_.reduce_metrics(std::move(metrics));
   }
   double grad_norm_squared(const TensorTree& grads) override;
+  bool local_grad_norm() const override { return false; }
   MemoryStats* memory_stats() override { return &ctx_->memory(); }
   TensorTree init_opt_state(const optim::Optimizer& optimizer, const TensorTree& params) override;
   void apply_update(const optim::Optimizer& optimizer, TensorTree& params, const TensorTree& grads,

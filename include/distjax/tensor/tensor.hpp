@@ -34,6 +34,25 @@ std::int64_t live_bytes();
 std::int64_t peak_bytes();
 void reset_peak_bytes();
 
+/// How many times the calling thread has waited, through the tensor layer, for a device of
+/// `kind` to finish its queued work: reads of device memory (Tensor::to the CPU, item,
+/// to_vector, raw::to_host), sums of squares read back (sums_of_squares and its kin), and
+/// raw::synchronize. Always 0 for the CPU, whose kernels run at once. A test counts them to
+/// see a training step run without one.
+std::int64_t host_waits(DeviceKind kind);
+namespace detail {
+/// Counts one host wait for `device` (not for the CPU).
+void count_host_wait(Device device);
+}  // namespace detail
+
+/// Reads the verdicts of the checks that ran on a device since the last read, and throws
+/// the first failure. The checks of values an op can only see where they are (ids inside
+/// a table: embedding, cross_entropy) throw at once on the CPU; on another device the op
+/// queues its verdict there and goes on without a host wait (its kernels stay inside their
+/// buffers, writing NaN where an id is bad), and the calling thread's next read of device
+/// memory (Tensor::to the CPU, item, to_vector; so any metric or log) throws it.
+void raise_deferred_errors();
+
 namespace detail {
 struct DeviceAllocator;
 }
@@ -191,6 +210,13 @@ Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape, Dev
   std::copy(values.begin(), values.end(), t.data<T>());
   return t.to(device);
 }
+
+namespace detail {
+/// Queues a check that ran on a device for raise_deferred_errors: `verdict` holds 2 i64
+/// there, {flat index, value} of the first `what` ("id", "label") outside [0, v) that `op`
+/// was given, or {-1, 0}.
+void defer_id_check(const char* op, const char* what, Tensor verdict, std::int64_t v);
+}  // namespace detail
 
 template <class T>
 std::vector<T> Tensor::to_vector() const {

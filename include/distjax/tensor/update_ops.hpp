@@ -55,4 +55,18 @@ std::vector<double> sums_of_squares(const std::vector<Tensor>& xs);
 /// x *= factor (rounded to f32) in place; x is f32.
 void scale_(Tensor& x, double factor);
 
+/// A global norm and its clip factor, computed where the leaves are and left there.
+struct NormAndClipFactor {
+  Tensor norm;    ///< one f32 element: sqrt of the leaves' f64 sums of squares added in order
+  Tensor factor;  ///< one f32 element: max_norm / norm when max_norm > 0 and norm > max_norm, else 1
+};
+/// The global norm of xs (f32 tensors on one device) and its clip factor, without a host
+/// wait: what a step that clips needs when nothing on the host must decide on the norm.
+/// The same bits as sums_of_squares added in order on the host, its sqrt, and
+/// max_norm / norm, each rounded to f32 (the factor from the f64 norm).
+NormAndClipFactor norm_and_clip_factor(const std::vector<Tensor>& xs, double max_norm);
+/// x *= factor[0] in place: x f32, factor one f32 element on x's device (a clip factor the
+/// device computed; no host wait).
+void scale_by_(Tensor& x, const Tensor& factor);
+
 }  // namespace distjax::tensor

@@ -67,8 +67,12 @@ class Checkpointer {
   ///    where it looked when there is none;
   ///  - Auto: as Required when dir holds a checkpoint, else nullopt (a fresh run).
   std::optional<DataPosition> restore(TrainState& state);
-  /// Saves when config.saves, config.every > 0 and state.step is a multiple of it; returns
-  /// whether it did.
+  /// Whether maybe_save saves at this step: config.every > 0 and state.step a multiple of
+  /// it (check what the steps produced first: Trainer::check_finite).
+  bool due(const TrainState& state) const {
+    return config_.every > 0 && state.step % config_.every == 0;
+  }
+  /// Saves when config.saves and due(state); returns whether it did.
   bool maybe_save(const TrainState& state, DataPosition data);
   /// Saves now unless this step was just saved or restored; returns the step directory
   /// (empty when no dir is configured, config.saves is false or nothing was written).

@@ -32,9 +32,10 @@ using LossFn = std::function<std::pair<Tensor, Metrics>(const TensorTree& params
 /// full-batch gradient for a mean loss. Throws InvalidArgument when the batch size is
 /// not divisible by num_minibatches.
 struct GradientResult {
-  TensorTree grads;   ///< same paths as params
-  double loss = 0.0;  ///< mean of the minibatch losses
-  Metrics metrics;    ///< merged over the minibatches
+  TensorTree grads;  ///< same paths as params
+  /// Merged over the minibatches. "loss" is the loss function's own metric, or else the
+  /// minibatch losses weighted by their examples (their mean), still on the device.
+  Metrics metrics;
 };
 GradientResult accumulate_gradients(const LossFn& loss_fn, const TensorTree& params,
                                     const Batch& batch, Key rng, int num_minibatches);

@@ -57,6 +57,11 @@ class Strategy {
   /// The squared global norm of the (finalized) gradients of the whole model: every
   /// parameter counted once, however it is sharded. One device: the local sum of squares.
   virtual double grad_norm_squared(const TensorTree& grads);
+  /// Whether grad_norm_squared is the plain norm of the gradients this device holds (the
+  /// base: one device). Then, without loss scaling, the train step computes the norm and
+  /// the clip factor on the device and reads neither (no host wait per step). A strategy
+  /// that overrides grad_norm_squared returns false.
+  virtual bool local_grad_norm() const { return true; }
   /// The optimizer state this device keeps for `params` (TrainState::create calls it).
   /// The base: optimizer.init(params). ZeRO keeps the state of this device's shard only.
   virtual TensorTree init_opt_state(const optim::Optimizer& optimizer, const TensorTree& params);

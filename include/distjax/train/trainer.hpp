@@ -78,8 +78,16 @@ class Trainer {
   /// the step when its loss, or its gradient norm, is NaN or infinite (the update may
   /// already have been applied: the state must not be saved). With a dynamic loss scale
   /// (fp16) a non-finite gradient norm is that policy's to handle: the step was skipped
-  /// and the scale lowered.
+  /// and the scale lowered. Values the host has (the CPU's) are checked at once; values
+  /// still on a device (a GPU's loss) when they are read: at the next log, check_finite or
+  /// finish, so a step makes the host wait for nothing. The error names the first bad step
+  /// either way.
   Metrics step(TrainState& state, const Batch& batch);
+
+  /// Reads the losses and gradient norms of the steps not checked yet and throws
+  /// NonFiniteError, as step does, at the first that is not finite. Call it before saving
+  /// what the steps produced (a checkpoint).
+  void check_finite();
 
   /// Evaluates the loss function (or `eval_fn` when given) over `batches` at
   /// state.params, then prints and records the means under "eval_<name>". When the
@@ -107,6 +115,7 @@ class Trainer {
 
  private:
   void log_train(std::int64_t step);
+  void check_step(std::int64_t step, const Metrics& m, bool loss_scaled);
   void draw_progress(std::int64_t step, double loss);
   void clear_progress();
   std::string eta(std::int64_t step) const;
@@ -124,6 +133,13 @@ class Trainer {
   double total_items_ = 0.0;
   double last_lr_ = 0.0;
   Metrics window_;
+  // Steps whose loss or norm was still on a device: (step, its metrics, loss-scaled), in order.
+  struct Unchecked {
+    std::int64_t step;
+    Metrics metrics;
+    bool loss_scaled;
+  };
+  std::vector<Unchecked> unchecked_;
   std::map<std::string, double> last_train_;
   std::map<std::string, double> last_eval_;
   struct Files;

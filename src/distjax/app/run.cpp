@@ -47,10 +47,13 @@ class DeviceRun {
     const std::int64_t steps = loop_.total_steps;
     while (state_.step < steps) {
       step(trainer);
+      // A step's loss may still be on the device: nothing non-finite is saved.
+      if (ckpt_.due(state_)) trainer.check_finite();
       ckpt_.maybe_save(state_, position());
       if (loop_.eval_every > 0 && state_.step % loop_.eval_every == 0 && state_.step < steps)
         evaluate(trainer);
     }
+    trainer.check_finite();
     result.checkpoint = ckpt_.save(state_, position());
     std::map<std::string, double> summary;
     if (loop_.after_training) summary = loop_.after_training();

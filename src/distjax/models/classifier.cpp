@@ -54,15 +54,14 @@ std::int64_t Classifier::num_params() const {
 }
 
 std::pair<Tensor, train::Metrics> classification_loss(const Tensor& logits, const Tensor& labels) {
-  // Correct predictions counted on the logits' device, one number read back: with
+  // Correct predictions counted on the logits' device, one number read when reported: with
   // d = prediction - label (small integers, exact in f32), relu(1 - d^2) is 1 where they
   // agree and 0 elsewhere, and a sum of ones is exact.
   const Tensor pred = tensor::argmax(logits.detach(), -1);
   const Tensor d = tensor::astype(pred, DType::F32) - tensor::astype(labels.detach(), DType::F32);
-  const double correct =
-      tensor::sum(tensor::relu(tensor::add_scalar(-tensor::square(d), 1.0))).item<double>();
+  const Tensor correct = tensor::sum(tensor::relu(tensor::add_scalar(-tensor::square(d), 1.0)));
   train::Metrics m;
-  m.add("accuracy", correct, static_cast<double>(pred.numel()));
+  m.add("accuracy", correct, 1.0, static_cast<double>(pred.numel()));
   return {tensor::mean(tensor::cross_entropy(logits, labels)), m};
 }
 

@@ -15,10 +15,10 @@ train::LossFn TransformerPipeline::loss_fn() const {
   return [this](const TensorTree& params, const train::Batch& batch, Key key) {
     const nn::Scope scope = nn::Scope::apply(&params, /*train=*/true, key);
     Tensor loss = model_.loss(scope, batch.inputs, batch.labels);
-    const double b = static_cast<double>(batch.size()), nats = loss.item<double>();
-    train::Metrics metrics;
-    metrics.add("loss", nats * b, b);
-    metrics.add("bits_per_byte", nats / std::numbers::ln2 * b, b);
+    const auto b = static_cast<double>(batch.size());
+    train::Metrics metrics;  // read when reported: no host wait here
+    metrics.add("loss", loss, b, b);
+    metrics.add("bits_per_byte", loss, b / std::numbers::ln2, b);
     return std::make_pair(loss, metrics);
   };
 }
@@ -46,7 +46,7 @@ Tensor TransformerPipeline::forward(const nn::Scope& scope, int chunk, int num_c
   Tensor loss = model_.loss_of_logits(scope, y, mb.labels);
   // Per sequence, as the "loss" entry the pipeline adds: the mean is per byte alike.
   const double b = static_cast<double>(mb.size());
-  metrics.add("bits_per_byte", loss.item<double>() / std::numbers::ln2 * b, b);
+  metrics.add("bits_per_byte", loss, b / std::numbers::ln2, b);
   return loss;
 }
 

@@ -7,17 +7,38 @@
 
 namespace distjax::optim {
 
-double global_norm_squared(const tensor::TensorTree& tree) {
+namespace {
+// The floating leaves of `tree` in order; each must be f32.
+std::vector<tensor::Tensor> f32_leaves(const tensor::TensorTree& tree, const char* op) {
   std::vector<tensor::Tensor> leaves;
   for (const auto& [path, t] : tree) {
     if (!is_floating(t.dtype())) continue;
-    DISTJAX_CHECK(t.dtype() == DType::F32, NotImplemented, "[global_norm] leaf \"", path, "\" is ",
+    DISTJAX_CHECK(t.dtype() == DType::F32, NotImplemented, "[", op, "] leaf \"", path, "\" is ",
                   dtype_name(t.dtype()), "; only f32 is supported");
     leaves.push_back(t);
   }
+  return leaves;
+}
+}  // namespace
+
+double global_norm_squared(const tensor::TensorTree& tree) {
   double total = 0.0;  // the leaves' sums, added in tree order
-  for (double s : tensor::sums_of_squares(leaves)) total += s;
+  for (double s : tensor::sums_of_squares(f32_leaves(tree, "global_norm"))) total += s;
   return total;
+}
+
+
+tensor::NormAndClipFactor norm_and_clip_factor(const tensor::TensorTree& grads, double max_norm) {
+  return tensor::norm_and_clip_factor(f32_leaves(grads, "norm_and_clip_factor"), max_norm);
+}
+
+void scale_in_place(tensor::TensorTree& grads, const tensor::Tensor& factor) {
+  for (auto& [path, t] : grads) {
+    if (!is_floating(t.dtype())) continue;
+    DISTJAX_CHECK(t.dtype() == DType::F32, NotImplemented, "[scale_in_place] leaf \"", path,
+                  "\" is ", dtype_name(t.dtype()), "; only f32 is supported");
+    tensor::scale_by_(t, factor);
+  }
 }
 
 double global_norm(const tensor::TensorTree& tree) {

@@ -160,7 +160,6 @@ train::GradientResult Pipeline::forward_backward(const train::LossFn& loss_fn,
   for (int i = 0; i < num_minibatches; ++i) {
     train::GradientResult r = run_schedule(loss_fn, params, batch.slice(i * n, (i + 1) * n),
                                            key.fold_in(static_cast<std::uint64_t>(i)));
-    out.loss += r.loss / num_minibatches;
     out.metrics.merge(r.metrics);
     if (i == 0) {
       out.grads = std::move(r.grads);
@@ -375,7 +374,7 @@ Tensor Pipeline::forward_input(Step& step, const PipelineAction& a) {
 void Pipeline::run_forward(Step& step, const PipelineAction& a) {
   const double t0 = trace_now();
   step.cpu0 = thread_cpu_s();
-  const int m = schedule_.microbatches, last = num_chunks() - 1;
+  const int last = num_chunks() - 1;
   const train::Batch mb = step.micro_batch(a.microbatch);
   Step::Live rec;
   if (a.chunk > 0) rec.input = tensor::make_leaf(forward_input(step, a));
@@ -398,11 +397,9 @@ void Pipeline::run_forward(Step& step, const PipelineAction& a) {
     DISTJAX_CHECK(rec.output.numel() == 1, InvalidArgument, "[Pipeline] the last chunk (or the "
                   "loss function) must return a scalar loss, got ",
                   distjax::to_string(rec.output.shape()));
-    const double loss = rec.output.item<double>();
-    if (!metrics.contains("loss"))
-      metrics.add("loss", loss * static_cast<double>(step.b), static_cast<double>(step.b));
+    const auto b = static_cast<double>(step.b);
+    if (!metrics.contains("loss")) metrics.add("loss", rec.output, b, b);
     step.out.metrics.merge(metrics);
-    step.out.loss += loss / m;
   } else {
     const Shape want = module_->activation_shape(scope, a.chunk, last + 1, mb);
     DISTJAX_CHECK(rec.output.shape() == want, ShardingError, "[Pipeline] chunk ", a.chunk,
@@ -539,7 +536,7 @@ train::Metrics Pipeline::evaluate(const TensorTree& params, const train::Batch& 
       Tensor y = module_->forward(scope, c, last + 1, x, slice, metrics);
       if (c == last) {
         if (!metrics.contains("loss"))
-          metrics.add("loss", y.item<double>() * static_cast<double>(b), static_cast<double>(b));
+          metrics.add("loss", y, static_cast<double>(b), static_cast<double>(b));
         out.merge(metrics);
       } else if (schedule_.stage_of(c + 1) != stage_) {
         keep.push_back(y);

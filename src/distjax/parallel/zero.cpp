@@ -192,7 +192,6 @@ train::GradientResult ZeroDataParallel::forward_backward(const train::LossFn& lo
       for (auto& [path, acc] : out.grads)
         tensor::add_into(acc, chunks.at(path));
     }
-    out.loss += part.loss / num_minibatches;
     if (num_minibatches == 1) out.grads = chunks;
     out.metrics.merge(part.metrics);
   }

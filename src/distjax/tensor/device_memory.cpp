@@ -79,6 +79,7 @@ void to_host(const char* op, Device device, const void* src, void* host_dst, std
   if (nbytes == 0) return;
   const auto& k = kernels(op, device, &KernelTable::copy);
   Open open(device, {src});
+  detail::count_host_wait(device);
   k.to_host(src, host_dst, nbytes, {});
 }
 
@@ -99,6 +100,7 @@ void to_host_async(const char* op, Device device, const void* src, void* host_ds
 }
 
 void synchronize(const char* op, Device device) {
+  detail::count_host_wait(device);
   kernels(op, device, &KernelTable::comm).synchronize({});
 }
 

@@ -166,8 +166,10 @@ Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps) {
 
 namespace {
 
-// Checks that `ids` holds integers in [0, v) (one read of the first bad id, if any).
-void check_ids(const char* op, const Tensor& ids, std::int64_t v) {
+// Checks that `ids` holds integers in [0, v): on the CPU at once; on another device the
+// verdict is read with the next read from it (raise_deferred_errors), so the op makes the
+// host wait for nothing.
+void check_ids(const char* op, const Tensor& ids, std::int64_t v, const char* what) {
   check_defined(ids, op, "ids");
   DISTJAX_CHECK(ids.dtype() == DType::I32 || ids.dtype() == DType::I64, InvalidArgument, "[", op,
                 "] ids/labels must be i32 or i64, got ", dtype_name(ids.dtype()));
@@ -177,8 +179,12 @@ void check_ids(const char* op, const Tensor& ids, std::int64_t v) {
     k->find_bad_id(ids.raw_data(), ids.dtype(), ids.numel(), v, bad.data<std::int64_t>(),
                    k.stream());
   }
+  if (ids.device().kind != DeviceKind::CPU) {
+    detail::defer_id_check(op, what, std::move(bad), v);
+    return;
+  }
   const std::vector<std::int64_t> b = bad.to_vector<std::int64_t>();
-  DISTJAX_CHECK(b[0] < 0, InvalidArgument, "[", op, "] id ", b[1], " at flat index ", b[0],
+  DISTJAX_CHECK(b[0] < 0, InvalidArgument, "[", op, "] ", what, " ", b[1], " at flat index ", b[0],
                 " is outside [0, ", v, ")");
 }
 
@@ -189,14 +195,14 @@ Tensor embedding(const Tensor& table, const Tensor& ids) {
   DISTJAX_CHECK(table.rank() == 2, InvalidArgument, "[embedding] table must be (V, C), got ",
                 to_string(table.shape()));
   const std::int64_t v = table.size(0), c = table.size(1);
-  check_ids("embedding", ids, v);
+  check_ids("embedding", ids, v, "id");
   Shape os = ids.shape();
   os.push_back(c);
   Tensor out = Tensor::empty(os, DType::F32, detail::op_device("embedding", {&table, &ids}));
   {
     Dispatch k("embedding", &KernelTable::nn, {&table, &ids, &out});
     k->embedding(table.data<float>(), ids.raw_data(), ids.dtype(), out.data<float>(), ids.numel(),
-                 c, k.stream());
+                 c, v, k.stream());
   }
   // ids join the varying axes (a batch sharded over "data" gives rows that vary over it).
   if (!needs_grad({&table})) return joined(out, {&table, &ids});
@@ -205,7 +211,7 @@ Tensor embedding(const Tensor& table, const Tensor& ids) {
                   Tensor gt = Tensor::zeros({v, c}, DType::F32, idd.device());
                   Dispatch k("embedding", &KernelTable::nn, {&g[0], &idd, &gt});
                   k->embedding_backward(g[0].data<float>(), idd.raw_data(), idd.dtype(),
-                                        gt.data<float>(), idd.numel(), c, k.stream());
+                                        gt.data<float>(), idd.numel(), c, v, k.stream());
                   return std::vector<Tensor>{gt, Tensor()};
                 });
 }
@@ -223,7 +229,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
                 " (expected labels ", to_string(ls), ")");
   const Rows rc = as_rows(logits);
   const std::int64_t n = rc.n, v = rc.c;
-  check_ids("cross_entropy", labels, v);
+  check_ids("cross_entropy", labels, v, "label");
   const Device dev = detail::op_device("cross_entropy", {&logits, &labels});
   Tensor loss = Tensor::empty(ls, DType::F32, dev);
   Tensor lse = Tensor::empty({n}, DType::F32, dev);

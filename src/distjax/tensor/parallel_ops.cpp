@@ -80,6 +80,7 @@ double sum_of_squares_f64(const Tensor& x) {
   check_defined(x, "sum_of_squares_f64", "x");
   check_dtype(x, DType::F32, "sum_of_squares_f64", "x");
   double out = 0;
+  detail::count_host_wait(x.device());
   Dispatch k("sum_of_squares_f64", &KernelTable::parallel, {&x});
   k->sum_squares_f64(x.data<float>(), x.numel(), &out, k.stream());
   return out;

@@ -43,6 +43,61 @@ void reset_peak_bytes(DeviceKind kind) {
   const int k = static_cast<int>(kind);
   m.peak[k].store(m.live[k].load(std::memory_order_relaxed), std::memory_order_relaxed);
 }
+namespace {
+std::int64_t& host_wait_count(DeviceKind kind) {
+  thread_local std::int64_t counts[detail::ThreadMemory::kKinds] = {};
+  return counts[static_cast<int>(kind)];
+}
+}  // namespace
+
+std::int64_t host_waits(DeviceKind kind) { return host_wait_count(kind); }
+void detail::count_host_wait(Device device) {
+  if (device.kind != DeviceKind::CPU) ++host_wait_count(device.kind);
+}
+
+// ---------------------------------------------------------------- deferred checks
+
+namespace {
+struct DeferredCheck {
+  std::string op;
+  std::string what;  // "id", "label"
+  Tensor verdict;    // 2 i64 on the device: {flat index, value} of the first bad id, or -1
+  std::int64_t v;
+};
+// The calling thread's (a simulated device's) checks not read yet, in op order.
+std::vector<DeferredCheck>& deferred_checks() {
+  thread_local std::vector<DeferredCheck> checks;
+  return checks;
+}
+thread_local bool reading_checks = false;
+// Checks queued before the host reads them all at once (a wait) to bound their memory.
+constexpr std::size_t kMaxDeferredChecks = 1024;
+}  // namespace
+
+void detail::defer_id_check(const char* op, const char* what, Tensor verdict, std::int64_t v) {
+  deferred_checks().push_back({op, what, std::move(verdict), v});
+  if (deferred_checks().size() >= kMaxDeferredChecks) raise_deferred_errors();
+}
+
+void raise_deferred_errors() {
+  if (reading_checks || deferred_checks().empty()) return;
+  reading_checks = true;
+  std::vector<DeferredCheck> checks;
+  checks.swap(deferred_checks());
+  try {
+    for (const DeferredCheck& c : checks) {
+      const std::vector<std::int64_t> b = c.verdict.to_vector<std::int64_t>();
+      DISTJAX_CHECK(b[0] < 0, InvalidArgument, "[", c.op, "] ", c.what, " ", b[1],
+                    " at flat index ", b[0], " is outside [0, ", c.v, ") (found on ",
+                    c.verdict.device().str(), " when the op ran; reported at the next read)");
+    }
+  } catch (...) {
+    reading_checks = false;
+    throw;
+  }
+  reading_checks = false;
+}
+
 std::int64_t live_bytes() { return live_bytes(current_device().kind); }
 std::int64_t peak_bytes() { return peak_bytes(current_device().kind); }
 void reset_peak_bytes() { reset_peak_bytes(current_device().kind); }
@@ -152,8 +207,12 @@ Tensor Tensor::to(Device device) const {
     return to(Device::cpu()).to(device);  // between two devices: through the host
   Tensor t = empty(shape_, dtype_, device);
   if (device.kind == DeviceKind::CPU) {
-    detail::Dispatch k("Tensor::to", &detail::KernelTable::copy, {this});
-    k->to_host(raw_data(), t.raw_data(), nbytes(), k.stream());
+    detail::count_host_wait(from);
+    {
+      detail::Dispatch k("Tensor::to", &detail::KernelTable::copy, {this});
+      k->to_host(raw_data(), t.raw_data(), nbytes(), k.stream());
+    }
+    raise_deferred_errors();  // the device's queued work is done: its verdicts cost no wait
   } else {
     detail::Dispatch k("Tensor::to", &detail::KernelTable::copy, {&t});
     k->from_host(raw_data(), t.raw_data(), nbytes(), k.stream());

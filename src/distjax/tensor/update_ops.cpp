@@ -153,6 +153,7 @@ void adam_update_many_(std::span<const UpdateLeaf> leaves, const AdamStep& step)
 
 double sum_of_squares(const Tensor& x) {
   check_leaf("sum_of_squares", x, {});
+  detail::count_host_wait(x.device());
   Dispatch k("sum_of_squares", &KernelTable::optim, {&x});
   double out = 0.0;
   k->sum_squares(x.data<float>(), x.numel(), &out, k.stream());
@@ -163,6 +164,35 @@ std::vector<double> sums_of_squares(const std::vector<Tensor>& xs) {
   for (const Tensor& x : xs) check_leaf("sums_of_squares", x, {});
   return detail::sums_by_device("sums_of_squares", xs, &KernelTable::optim,
                                 &detail::OptimKernels::sum_squares_many);
+}
+
+NormAndClipFactor norm_and_clip_factor(const std::vector<Tensor>& xs, double max_norm) {
+  std::vector<const Tensor*> touched;
+  std::vector<const float*> ptrs;
+  std::vector<std::int64_t> ns;
+  for (const Tensor& x : xs) {
+    check_leaf("norm_and_clip_factor", x, {});
+    touched.push_back(&x);
+    ptrs.push_back(x.data<float>());
+    ns.push_back(x.numel());
+  }
+  const Device device = detail::op_device("norm_and_clip_factor", touched);
+  NormAndClipFactor out{Tensor::empty({}, DType::F32, device), Tensor::empty({}, DType::F32, device)};
+  touched.push_back(&out.norm);
+  touched.push_back(&out.factor);
+  Dispatch k("norm_and_clip_factor", &KernelTable::optim, touched);
+  k->norm_and_clip_factor(ptrs.data(), ns.data(), static_cast<std::int64_t>(xs.size()), max_norm,
+                          out.norm.data<float>(), out.factor.data<float>(), k.stream());
+  return out;
+}
+
+void scale_by_(Tensor& x, const Tensor& factor) {
+  check_leaf("scale_by_", x, {});
+  DISTJAX_CHECK(factor.defined() && factor.dtype() == DType::F32 && factor.numel() == 1,
+                InvalidArgument, "[scale_by_] the factor must be one f32 element, got ",
+                factor.defined() ? factor.str(0) : std::string("undefined"));
+  Dispatch k("scale_by_", &KernelTable::optim, {&x, &factor});
+  k->scale_by(x.data<float>(), x.numel(), factor.data<float>(), k.stream());
 }
 
 void scale_(Tensor& x, double factor) {

@@ -94,7 +94,7 @@ std::optional<DataPosition> Checkpointer::restore(TrainState& state) {
 }
 
 bool Checkpointer::maybe_save(const TrainState& state, DataPosition data) {
-  if (config_.every <= 0 || state.step % config_.every != 0) return false;
+  if (!due(state)) return false;
   return !save(state, data).empty();
 }
 

@@ -1,5 +1,6 @@
 #include "distjax/train/train_step.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -16,17 +17,18 @@ namespace distjax::train {
 
 namespace {
 
-double scalar_loss(const Tensor& loss) {
+const Tensor& scalar_loss(const Tensor& loss) {
   DISTJAX_CHECK(loss.defined() && loss.numel() == 1, InvalidArgument,
                 "[train_step] the loss function must return a scalar loss, got ",
                 loss.defined() ? to_string(loss.shape()) : std::string("undefined"));
-  return loss.item<double>();
+  return loss;
 }
 
-// Adds ("loss", loss * B, B) unless the loss function reported "loss" itself.
-void add_default_loss(Metrics& m, double loss, std::int64_t batch_size) {
-  if (!m.contains("loss"))
-    m.add("loss", loss * static_cast<double>(batch_size), static_cast<double>(batch_size));
+// Adds ("loss", loss * B, B) unless the loss function reported "loss" itself. The loss
+// stays where it was computed until the metric is read.
+void add_default_loss(Metrics& m, const Tensor& loss, std::int64_t batch_size) {
+  const auto b = static_cast<double>(batch_size);
+  if (!m.contains("loss")) m.add("loss", scalar_loss(loss), b, b);
 }
 
 // acc += g (f32 leaves): each leaf of acc replaced by the sum (the same f32 additions as
@@ -64,7 +66,7 @@ TensorTree owned(TensorTree grads) {
 LossFn scaled_loss(const LossFn& loss_fn, double scale) {
   return [&loss_fn, scale](const TensorTree& params, const Batch& batch, Key rng) {
     auto [loss, metrics] = loss_fn(params, batch, rng);
-    add_default_loss(metrics, scalar_loss(loss), batch.size());
+    add_default_loss(metrics, loss, batch.size());
     return std::make_pair(tensor::mul_scalar(loss, scale), std::move(metrics));
   };
 }
@@ -114,11 +116,9 @@ GradientResult accumulate_gradients(const LossFn& loss_fn, const TensorTree& par
         on_ready(path, final_g);
       };
     }
-    TensorTree grads = autodiff::detail::grads_of(res.first, leaves, ready);
-    const double loss = scalar_loss(res.first);
-    add_default_loss(res.second, loss, part.size());
+    TensorTree grads = autodiff::detail::grads_of(scalar_loss(res.first), leaves, ready);
+    add_default_loss(res.second, res.first, part.size());
     out.metrics.merge(res.second);
-    out.loss += loss / num_minibatches;
     tensor::NoGradGuard no_grad;
     if (ready) {
       out.grads = owned(std::move(last));
@@ -161,6 +161,7 @@ Metrics train_step(TrainState& state, const Batch& batch, const LossFn& loss_fn,
   if (options.spans) options.spans->forward_backward_end = now();
   const double lr = optimizer.learning_rate(state.step);
   double norm = 0.0;
+  Tensor device_norm;  // the norm where the device left it (reported without a host wait)
   if (options.max_grad_norm <= 0.0 && !state.loss_scale && strategy.streams_update(optimizer)) {
     // Nothing about the update depends on the whole gradient: the strategy updates each
     // part as soon as it is final (data parallelism: bucket by bucket). The norm is only
@@ -173,6 +174,19 @@ Metrics train_step(TrainState& state, const Batch& batch, const LossFn& loss_fn,
       options.spans->update_streamed = true;
       options.spans->sync_end = options.spans->update_end = now();
     }
+  } else if (!state.loss_scale && strategy.local_grad_norm()) {
+    // One device: nothing on the host decides on the norm, so the device computes it and
+    // the clip factor (1 when not clipping or below the bound) and scales by it: the step
+    // queues its work and returns without waiting. The same bits as the branch below.
+    r.grads = strategy.finalize_grads(std::move(r.grads));
+    r.metrics = strategy.reduce_metrics(std::move(r.metrics));
+    const tensor::NormAndClipFactor clip =
+        optim::norm_and_clip_factor(r.grads, std::max(options.max_grad_norm, 0.0));
+    device_norm = clip.norm;
+    if (options.spans) options.spans->sync_end = now();
+    if (options.max_grad_norm > 0.0) optim::scale_in_place(r.grads, clip.factor);
+    strategy.apply_update(optimizer, state.params, r.grads, state.opt_state, state.step);
+    if (options.spans) options.spans->update_end = now();
   } else {
     r.grads = strategy.finalize_grads(std::move(r.grads));
     r.metrics = strategy.reduce_metrics(std::move(r.metrics));
@@ -201,7 +215,12 @@ Metrics train_step(TrainState& state, const Batch& batch, const LossFn& loss_fn,
     memory->optimizer_state = state.opt_state.storage_bytes();
   }
   state.step += 1;
-  r.metrics.add("grad_norm", norm, 1.0);
+  // Reported in f32, like the gradients, by either branch: one device's and a mesh's runs
+  // report the same number.
+  if (device_norm.defined())
+    r.metrics.add("grad_norm", device_norm, 1.0, 1.0);
+  else
+    r.metrics.add("grad_norm", static_cast<float>(norm), 1.0);
   r.metrics.add("learning_rate", lr, 1.0);
   return r.metrics;
 }
@@ -209,7 +228,7 @@ Metrics train_step(TrainState& state, const Batch& batch, const LossFn& loss_fn,
 Metrics eval_step(const TensorTree& params, const Batch& batch, const LossFn& loss_fn, Key rng) {
   tensor::NoGradGuard no_grad;
   auto [loss, m] = loss_fn(params, batch, rng);
-  add_default_loss(m, scalar_loss(loss), batch.size());
+  add_default_loss(m, loss, batch.size());
   return m;
 }
 

@@ -140,10 +140,12 @@ void Trainer::draw_progress(std::int64_t step, double loss) {
   std::string bar(static_cast<std::size_t>(filled), '#');
   bar.append(static_cast<std::size_t>(kWidth - filled), '-');
   const double tput = throughput();
+  char loss_text[48] = "";  // none before the first read of a device's loss
+  if (!std::isnan(loss)) std::snprintf(loss_text, sizeof loss_text, " | loss %.4f", loss);
   char buf[256];
-  std::snprintf(buf, sizeof buf, "\r\033[K[%s] %lld/%lld %3.0f%% | loss %.4f | %.0f %s/s | ETA %s",
+  std::snprintf(buf, sizeof buf, "\r\033[K[%s] %lld/%lld %3.0f%%%s | %.0f %s/s | ETA %s",
                 bar.c_str(), static_cast<long long>(step),
-                static_cast<long long>(config_.total_steps), 100.0 * frac, loss, tput,
+                static_cast<long long>(config_.total_steps), 100.0 * frac, loss_text, tput,
                 config_.items_name.c_str(), eta(step).c_str());
   std::fputs(buf, stdout);
   std::fflush(stdout);
@@ -220,26 +222,45 @@ Metrics Trainer::step(TrainState& state, const Batch& batch) {
   total_items_ += items;
   window_.merge(m);
   last_lr_ = m.contains("learning_rate") ? m.mean("learning_rate") : last_lr_;
-  // Both values are reduced over the mesh: every device stops at the same step.
-  const double loss = m.contains("loss") ? m.mean("loss") : 0.0;
-  const double norm = m.contains("grad_norm") ? m.mean("grad_norm") : 0.0;
-  if (!std::isfinite(loss) || (!std::isfinite(norm) && !state.loss_scale)) {
-    clear_progress();
-    const double bad = std::isfinite(loss) ? norm : loss;
-    DISTJAX_CHECK(false, NonFiniteError, "[Trainer] step ", state.step, ": the ",
-                  std::isfinite(loss) ? "gradient norm" : "loss", " is ",
-                  std::isnan(bad) ? "nan" : (bad > 0 ? "inf" : "-inf"),
-                  "; the run stops here (nothing after step ", state.step - 1,
-                  " is kept: its last checkpoint is the latest). Lower optimizer.lr, set "
-                  "optimizer.max_grad_norm, or look at the data of this step");
-  }
+  // Checked now when the host has the values; else with the next read, in step order.
+  if (m.pending("loss") || m.pending("grad_norm") || !unchecked_.empty())
+    unchecked_.push_back({state.step, m, state.loss_scale.has_value()});
+  else
+    check_step(state.step, m, state.loss_scale.has_value());
   if (state.step % config_.log_every == 0 || state.step == config_.total_steps)
     log_train(state.step);
-  if (tty_ && m.contains("loss")) draw_progress(state.step, m.mean("loss"));
+  // The bar shows the step's loss when the host has it, else the last logged one.
+  if (tty_ && m.contains("loss"))
+    draw_progress(state.step, !m.pending("loss")        ? m.mean("loss")
+                              : last_train_.count("loss") ? last_train_.at("loss")
+                                                          : std::nan(""));
   return m;
 }
 
+void Trainer::check_step(std::int64_t step, const Metrics& m, bool loss_scaled) {
+  // Both values are reduced over the mesh: every device stops at the same step.
+  const double loss = m.contains("loss") ? m.mean("loss") : 0.0;
+  const double norm = m.contains("grad_norm") ? m.mean("grad_norm") : 0.0;
+  if (std::isfinite(loss) && (std::isfinite(norm) || loss_scaled)) return;
+  unchecked_.clear();
+  clear_progress();
+  const double bad = std::isfinite(loss) ? norm : loss;
+  DISTJAX_CHECK(false, NonFiniteError, "[Trainer] step ", step, ": the ",
+                std::isfinite(loss) ? "gradient norm" : "loss", " is ",
+                std::isnan(bad) ? "nan" : (bad > 0 ? "inf" : "-inf"),
+                "; the run stops here (nothing after step ", step - 1,
+                " is kept: its last checkpoint is the latest). Lower optimizer.lr, set "
+                "optimizer.max_grad_norm, or look at the data of this step");
+}
+
+void Trainer::check_finite() {
+  std::vector<Unchecked> steps;
+  steps.swap(unchecked_);
+  for (const Unchecked& u : steps) check_step(u.step, u.metrics, u.loss_scaled);
+}
+
 void Trainer::log_train(std::int64_t step) {
+  check_finite();  // the window's values are read here anyway
   if (window_.empty()) return;
   const double tput = window_seconds_ > 0.0 ? window_items_ / window_seconds_ : 0.0;
   last_train_ = window_.means();

@@ -231,17 +231,21 @@ void find_bad_id(const void* ids, DType id_dtype, std::int64_t n, std::int64_t v
 }
 
 void embedding(const float* pt, const void* ids, DType id_dtype, float* po, std::int64_t n,
-               std::int64_t c, Stream) {
+               std::int64_t c, std::int64_t v, Stream) {
   with_ids(ids, id_dtype, [&](const auto* pi) {
 #pragma omp parallel for schedule(static) num_threads(threads_for(n* c, kParallelGrainMemory))
-    for (std::int64_t i = 0; i < n; ++i)
-      std::memcpy(po + i * c, pt + static_cast<std::int64_t>(pi[i]) * c,
-                  static_cast<std::size_t>(c) * sizeof(float));
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto id = static_cast<std::int64_t>(pi[i]);
+      if (id >= 0 && id < v)
+        std::memcpy(po + i * c, pt + id * c, static_cast<std::size_t>(c) * sizeof(float));
+      else
+        std::fill(po + i * c, po + (i + 1) * c, std::numeric_limits<float>::quiet_NaN());
+    }
   });
 }
 
 void embedding_backward(const float* pg, const void* ids, DType id_dtype, float* po, std::int64_t n,
-                        std::int64_t c, Stream) {
+                        std::int64_t c, std::int64_t v, Stream) {
   with_ids(ids, id_dtype, [&](const auto* pi) {
   // Scatter-add with each thread owning a range of columns: no races, and the sum
   // over repeated ids runs in id order, so the result is deterministic.
@@ -250,7 +254,9 @@ void embedding_backward(const float* pg, const void* ids, DType id_dtype, float*
       const std::int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
       const std::int64_t c0 = c * t / nt, c1 = c * (t + 1) / nt;
       for (std::int64_t i = 0; i < n; ++i) {
-        float* dst = po + static_cast<std::int64_t>(pi[i]) * c;
+        const auto id = static_cast<std::int64_t>(pi[i]);
+        if (id < 0 || id >= v) continue;
+        float* dst = po + id * c;
         const float* src = pg + i * c;
 #pragma omp simd
         for (std::int64_t j = c0; j < c1; ++j)
@@ -269,7 +275,8 @@ void cross_entropy(const float* px, const void* labels, DType id_dtype, float* p
     for (std::int64_t r = 0; r < n; ++r) {
       const float* xr = px + r * v;
       ps[r] = row_logsumexp(xr, v);
-      pl[r] = ps[r] - xr[pi[r]];
+      const auto label = static_cast<std::int64_t>(pi[r]);
+      pl[r] = label >= 0 && label < v ? ps[r] - xr[label] : std::numeric_limits<float>::quiet_NaN();
     }
   });
 }
@@ -286,7 +293,8 @@ void cross_entropy_backward(const float* px, const float* pg, const float* ps, c
 #pragma omp simd
       for (std::int64_t j = 0; j < v; ++j)
         o[j] = gr * fast_exp(xr[j] - l);
-      o[pi[r]] -= gr;
+      if (const auto label = static_cast<std::int64_t>(pi[r]); label >= 0 && label < v)
+        o[label] -= gr;
     }
   });
 }

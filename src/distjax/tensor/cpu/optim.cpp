@@ -97,6 +97,21 @@ void scale(float* p, std::int64_t n, float f, Stream) {
     p[i] *= f;
 }
 
+void norm_and_clip_factor(const float* const* xs, const std::int64_t* ns, std::int64_t count,
+                          double max_norm, float* norm_out, float* factor_out, Stream s) {
+  double total = 0.0;
+  for (std::int64_t i = 0; i < count; ++i) {
+    double leaf = 0.0;
+    sum_squares(xs[i], ns[i], &leaf, s);
+    total += leaf;
+  }
+  const double norm = std::sqrt(total);
+  *norm_out = static_cast<float>(norm);
+  *factor_out = max_norm > 0.0 && norm > max_norm ? static_cast<float>(max_norm / norm) : 1.0f;
+}
+
+void scale_by(float* p, std::int64_t n, const float* factor, Stream s) { scale(p, n, *factor, s); }
+
 }  // namespace
 
 const OptimKernels optim_kernels{
@@ -109,6 +124,8 @@ const OptimKernels optim_kernels{
     .sum_squares = sum_squares,
     .sum_squares_many = sum_squares_many,
     .scale = scale,
+    .norm_and_clip_factor = norm_and_clip_factor,
+    .scale_by = scale_by,
 };
 
 }  // namespace distjax::tensor::detail::cpu

@@ -466,7 +466,8 @@ __global__ void cross_entropy_kernel(const float* __restrict__ logits,
     if (threadIdx.x == 0) {
       const float l = lse_of(a);
       lse[r] = l;
-      loss[r] = l - xr[static_cast<std::int64_t>(labels[r])];
+      const auto label = static_cast<std::int64_t>(labels[r]);
+      loss[r] = label >= 0 && label < v ? l - xr[label] : __int_as_float(0x7fc00000);
     }
   }
 }

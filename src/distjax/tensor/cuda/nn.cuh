@@ -129,9 +129,9 @@ void with_ids(const void* ids, DType id_dtype, F&& f) {
 void find_bad_id(const void* ids, DType id_dtype, std::int64_t n, std::int64_t v, std::int64_t* bad,
                  Stream s);
 void embedding(const float* table, const void* ids, DType id_dtype, float* out, std::int64_t n,
-               std::int64_t c, Stream s);
+               std::int64_t c, std::int64_t v, Stream s);
 void embedding_backward(const float* g, const void* ids, DType id_dtype, float* gtable,
-                        std::int64_t n, std::int64_t c, Stream s);
+                        std::int64_t n, std::int64_t c, std::int64_t v, Stream s);
 void dropout(const float* x, float* y, std::int64_t n, const DropoutMask& mask,
              const std::int64_t* run_offsets, Stream s);
 

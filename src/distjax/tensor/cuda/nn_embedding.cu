@@ -54,14 +54,26 @@ __global__ void bad_id_final_kernel(const Id* __restrict__ ids, long long* bad) 
 
 // ------------------------------------------------------------------ embedding
 
-// out row r = table row ids[r]. Bound: 8 bytes per output element.
+// out row r = table row ids[r] (NaN for an id outside [0, rows)). Bound: 8 bytes per
+// output element.
 template <int V, class Id>
 __global__ void embedding_kernel(const float* __restrict__ table, const Id* __restrict__ ids,
-                                 float* __restrict__ out, std::int64_t n, std::int64_t c) {
+                                 float* __restrict__ out, std::int64_t n, std::int64_t c,
+                                 std::int64_t rows) {
   const std::int64_t cv = c / V;
   for (std::int64_t r = blockIdx.x; r < n; r += gridDim.x) {
-    const float* src = table + static_cast<std::int64_t>(ids[r]) * c;
+    const auto id = static_cast<std::int64_t>(ids[r]);
     float* dst = out + r * c;
+    if (id < 0 || id >= rows) {
+      Pack<V> nan;
+#pragma unroll
+      for (int e = 0; e < V; ++e)
+        nan.v[e] = __int_as_float(0x7fc00000);
+      for (std::int64_t j = threadIdx.x; j < cv; j += blockDim.x)
+        store_pack<V>(dst, j, nan);
+      continue;
+    }
+    const float* src = table + id * c;
     for (std::int64_t j = threadIdx.x; j < cv; j += blockDim.x)
       store_pack<V>(dst, j, load_pack<V>(src, j));
   }
@@ -81,11 +93,12 @@ template <int V, class Id>
 __global__ void embedding_backward_kernel(const float* __restrict__ g, const Id* __restrict__ sid,
                                           const std::int64_t* __restrict__ spos,
                                           float* __restrict__ gtable, std::int64_t n,
-                                          std::int64_t c) {
+                                          std::int64_t c, std::int64_t rows) {
   const std::int64_t cv = c / V;
   for (std::int64_t k = blockIdx.x; k < n; k += gridDim.x) {
     const Id id = sid[k];
     if (k > 0 && sid[k - 1] == id) continue;
+    if (id < 0 || static_cast<std::int64_t>(id) >= rows) continue;  // no row: nothing to add
     float* dst = gtable + static_cast<std::int64_t>(id) * c;
     for (std::int64_t j = std::int64_t(blockIdx.y) * blockDim.x + threadIdx.x; j < cv;
          j += std::int64_t(gridDim.y) * blockDim.x) {
@@ -108,7 +121,7 @@ std::size_t align256(std::size_t b) {
 
 template <class Id>
 void embedding_backward_ids(const float* g, const Id* ids, float* gtable, std::int64_t n,
-                            std::int64_t c, cudaStream_t st) {
+                            std::int64_t c, std::int64_t v, cudaStream_t st) {
   constexpr const char* kOp = "embedding_backward";
   std::size_t sort_bytes = 0;
   DISTJAX_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
@@ -136,9 +149,9 @@ void embedding_backward_ids(const float* g, const Id* ids, float* gtable, std::i
   const dim3 grid(row_blocks(n), static_cast<unsigned>(
                                      std::min<std::int64_t>((cv + threads - 1) / threads, 65535)));
   if (v4)
-    embedding_backward_kernel<4, Id><<<grid, threads, 0, st>>>(g, sid, spos, gtable, n, c);
+    embedding_backward_kernel<4, Id><<<grid, threads, 0, st>>>(g, sid, spos, gtable, n, c, v);
   else
-    embedding_backward_kernel<1, Id><<<grid, threads, 0, st>>>(g, sid, spos, gtable, n, c);
+    embedding_backward_kernel<1, Id><<<grid, threads, 0, st>>>(g, sid, spos, gtable, n, c, v);
   DISTJAX_CUDA_LAUNCHED(kOp);
   DISTJAX_CUDA_CHECK(cudaFreeAsync(scratch, st), kOp);
 }
@@ -163,7 +176,7 @@ void find_bad_id(const void* ids, DType id_dtype, std::int64_t n, std::int64_t v
 }
 
 void embedding(const float* table, const void* ids, DType id_dtype, float* out, std::int64_t n,
-               std::int64_t c, Stream s) {
+               std::int64_t c, std::int64_t v, Stream s) {
   if (n == 0 || c == 0) return;
   const cudaStream_t st = stream_of(s);
   const int threads = row_threads(c, 256);
@@ -171,18 +184,19 @@ void embedding(const float* table, const void* ids, DType id_dtype, float* out, 
   with_ids(ids, id_dtype, [&](const auto* pi) {
     using Id = IdOf<decltype(pi)>;
     if (v4)
-      embedding_kernel<4, Id><<<row_blocks(n), threads, 0, st>>>(table, pi, out, n, c);
+      embedding_kernel<4, Id><<<row_blocks(n), threads, 0, st>>>(table, pi, out, n, c, v);
     else
-      embedding_kernel<1, Id><<<row_blocks(n), threads, 0, st>>>(table, pi, out, n, c);
+      embedding_kernel<1, Id><<<row_blocks(n), threads, 0, st>>>(table, pi, out, n, c, v);
   });
   DISTJAX_CUDA_LAUNCHED("embedding");
 }
 
 void embedding_backward(const float* g, const void* ids, DType id_dtype, float* gtable,
-                        std::int64_t n, std::int64_t c, Stream s) {
+                        std::int64_t n, std::int64_t c, std::int64_t v, Stream s) {
   if (n == 0 || c == 0) return;
   const cudaStream_t st = stream_of(s);
-  with_ids(ids, id_dtype, [&](const auto* pi) { embedding_backward_ids(g, pi, gtable, n, c, st); });
+  with_ids(ids, id_dtype,
+           [&](const auto* pi) { embedding_backward_ids(g, pi, gtable, n, c, v, st); });
 }
 
 }  // namespace distjax::tensor::cuda::nn

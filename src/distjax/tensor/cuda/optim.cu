@@ -233,7 +233,7 @@ __global__ void adam_many_kernel(const __grid_constant__ ChunkTable t, AdamScala
 }
 
 // x[i] *= f. Bound: 8 bytes moved per element.
-__global__ void scale_kernel(float* __restrict__ x, std::int64_t n, float f, bool vec) {
+__device__ void scale_elements(float* __restrict__ x, std::int64_t n, float f, bool vec) {
   for_each(
       n, vec,
       [&](std::int64_t k) {
@@ -245,6 +245,16 @@ __global__ void scale_kernel(float* __restrict__ x, std::int64_t n, float f, boo
         reinterpret_cast<float4*>(x)[k] = xv;
       },
       [&](std::int64_t i) { x[i] *= f; });
+}
+
+__global__ void scale_kernel(float* __restrict__ x, std::int64_t n, float f, bool vec) {
+  scale_elements(x, n, f, vec);
+}
+
+// The factor is read from device memory (a clip factor the device computed).
+__global__ void scale_by_kernel(float* __restrict__ x, std::int64_t n,
+                                const float* __restrict__ factor, bool vec) {
+  scale_elements(x, n, *factor, vec);
 }
 
 // Thread 0 gets the block's sum of v (a fixed tree; blockDim.x a multiple of 32, at most
@@ -435,13 +445,10 @@ void adam_many(const detail::OptimLeaf* leaves, std::int64_t count, double lr, d
   });
 }
 
-// Every leaf's sum into one device array (two launches per kSquaresLeaves leaves), then one
-// copy to the host and one wait.
-void sum_squares_many(const float* const* xs, const std::int64_t* ns, std::int64_t count,
-                      double* host_out, Stream s) {
-  if (count == 0) return;
-  const cudaStream_t stream = stream_of(s);
-  StreamScratch results(sizeof(double) * static_cast<std::size_t>(count), stream, "sum_squares");
+// results[i] = leaf i's sum of squares, i < count, in device memory: two launches per
+// kSquaresLeaves leaves.
+void sums_of_squares_into(const float* const* xs, const std::int64_t* ns, std::int64_t count,
+                          double* results, cudaStream_t stream) {
   constexpr int kMaxPartials = 1024;
   for (std::int64_t at = 0; at < count; at += kSquaresLeaves) {
     const int leaves = static_cast<int>(std::min<std::int64_t>(kSquaresLeaves, count - at));
@@ -465,16 +472,50 @@ void sum_squares_many(const float* const* xs, const std::int64_t* ns, std::int64
       DISTJAX_CUDA_LAUNCHED("sum_squares");
     }
     sum_partials_many<<<leaves, kMaxPartials, 0, stream>>>(t, partials.as<double>(),
-                                                           results.as<double>() + at);
+                                                           results + at);
     DISTJAX_CUDA_LAUNCHED("sum_squares");
     partials.release();
   }
+}
+
+// Every leaf's sum into one device array, then one copy to the host and one wait.
+void sum_squares_many(const float* const* xs, const std::int64_t* ns, std::int64_t count,
+                      double* host_out, Stream s) {
+  if (count == 0) return;
+  const cudaStream_t stream = stream_of(s);
+  StreamScratch results(sizeof(double) * static_cast<std::size_t>(count), stream, "sum_squares");
+  sums_of_squares_into(xs, ns, count, results.as<double>(), stream);
   DISTJAX_CUDA_CHECK(cudaMemcpyAsync(host_out, results.as<double>(),
                                      sizeof(double) * static_cast<std::size_t>(count),
                                      cudaMemcpyDeviceToHost, stream),
                      "sum_squares");
   results.release();
   DISTJAX_CUDA_CHECK(cudaStreamSynchronize(stream), "sum_squares");
+}
+
+// One thread: the leaves' sums added in order, the norm and the clip factor, in the host's
+// f64 arithmetic (IEEE sqrt and division round the same on both).
+__global__ void norm_and_clip_factor_kernel(const double* __restrict__ sums, std::int64_t count,
+                                            double max_norm, float* __restrict__ norm_out,
+                                            float* __restrict__ factor_out) {
+  double total = 0.0;
+  for (std::int64_t i = 0; i < count; ++i)
+    total += sums[i];
+  const double norm = sqrt(total);
+  *norm_out = static_cast<float>(norm);
+  *factor_out = max_norm > 0.0 && norm > max_norm ? static_cast<float>(max_norm / norm) : 1.0f;
+}
+
+void norm_and_clip_factor(const float* const* xs, const std::int64_t* ns, std::int64_t count,
+                          double max_norm, float* norm_out, float* factor_out, Stream s) {
+  const cudaStream_t stream = stream_of(s);
+  StreamScratch sums(sizeof(double) * static_cast<std::size_t>(std::max<std::int64_t>(count, 1)),
+                     stream, "norm_and_clip_factor");
+  sums_of_squares_into(xs, ns, count, sums.as<double>(), stream);
+  norm_and_clip_factor_kernel<<<1, 1, 0, stream>>>(sums.as<double>(), count, max_norm, norm_out,
+                                                   factor_out);
+  DISTJAX_CUDA_LAUNCHED("norm_and_clip_factor");
+  sums.release();
 }
 
 void sum_squares(const float* x, std::int64_t n, double* host_out, Stream s) {
@@ -486,6 +527,13 @@ void scale(float* x, std::int64_t n, float f, Stream s) {
   const bool vec = aligned16(x);
   scale_kernel<<<grid_for(vec ? n / 4 : n), kThreads, 0, stream_of(s)>>>(x, n, f, vec);
   DISTJAX_CUDA_LAUNCHED("scale");
+}
+
+void scale_by(float* x, std::int64_t n, const float* factor, Stream s) {
+  if (n == 0) return;
+  const bool vec = aligned16(x);
+  scale_by_kernel<<<grid_for(vec ? n / 4 : n), kThreads, 0, stream_of(s)>>>(x, n, factor, vec);
+  DISTJAX_CUDA_LAUNCHED("scale_by");
 }
 
 }  // namespace
@@ -500,6 +548,8 @@ const detail::OptimKernels optim_kernels{
     .sum_squares = sum_squares,
     .sum_squares_many = sum_squares_many,
     .scale = scale,
+    .norm_and_clip_factor = norm_and_clip_factor,
+    .scale_by = scale_by,
 };
 
 }  // namespace distjax::tensor::cuda

@@ -29,6 +29,7 @@ std::vector<double> sums_by_device(const char* op, const std::vector<Tensor>& xs
         touched.push_back(&xs[i]);
         done[i] = true;
       }
+    count_host_wait(device);
     Dispatch k(op, family, touched);
     std::vector<const float*> ptrs;
     std::vector<std::int64_t> ns;

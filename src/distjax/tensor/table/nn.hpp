@@ -48,20 +48,24 @@ struct NnKernels {
                             float* gx, float* dgamma, std::int64_t n, std::int64_t c, Stream s);
 
   /// bad (2 i64) = {flat index, value} of the first of the n ids outside [0, v), or
-  /// {-1, 0} when every id lies inside.
+  /// {-1, 0} when every id lies inside. The ops below stay inside their buffers whatever
+  /// the ids (a device's verdict is read later: tensor::raise_deferred_errors).
   void (*find_bad_id)(const void* ids, DType id_dtype, std::int64_t n, std::int64_t v,
                       std::int64_t* bad, Stream s);
-  /// out (n, c): row i = table row ids[i] (ids in range).
+  /// out (n, c): row i = table (v, c) row ids[i]; NaN where ids[i] is outside [0, v).
   void (*embedding)(const float* table, const void* ids, DType id_dtype, float* out, std::int64_t n,
-                    std::int64_t c, Stream s);
-  /// gtable (V, c) += g's row i at row ids[i], for i < n in order.
+                    std::int64_t c, std::int64_t v, Stream s);
+  /// gtable (v, c) += g's row i at row ids[i], for i < n in order (ids outside [0, v):
+  /// nothing).
   void (*embedding_backward)(const float* g, const void* ids, DType id_dtype, float* gtable,
-                             std::int64_t n, std::int64_t c, Stream s);
+                             std::int64_t n, std::int64_t c, std::int64_t v, Stream s);
 
-  /// loss (n) = logsumexp(row) - row[label] and lse (n) = logsumexp(row), logits (n, v).
+  /// loss (n) = logsumexp(row) - row[label] and lse (n) = logsumexp(row), logits (n, v);
+  /// the loss is NaN where the label is outside [0, v).
   void (*cross_entropy)(const float* logits, const void* labels, DType id_dtype, float* loss,
                         float* lse, std::int64_t n, std::int64_t v, Stream s);
-  /// gx (n, v) = g[r] * (softmax(row) - onehot(label)) from the saved lse.
+  /// gx (n, v) = g[r] * (softmax(row) - onehot(label)) from the saved lse (no onehot for
+  /// a label outside [0, v)).
   void (*cross_entropy_backward)(const float* logits, const float* g, const float* lse,
                                  const void* labels, DType id_dtype, float* gx, std::int64_t n,
                                  std::int64_t v, Stream s);

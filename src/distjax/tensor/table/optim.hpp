@@ -1,5 +1,6 @@
 // Kernel family: the optimizers' fused updates (SGD, Adam/AdamW), of one leaf or of many at
-// once, and the gradient norm's pieces (a sum of squares, a scale in place). Plain arguments
+// once, and the gradient norm's pieces (a sum of squares, a scale in place, the norm and clip
+// factor kept on the device). Plain arguments
 // only: f32 pointers, element counts, scalars, small arrays of leaf records and the stream.
 #pragma once
 
@@ -49,6 +50,16 @@ struct OptimKernels {
                            double* host_out, Stream s);
   /// x[i] *= f, for i < n.
   void (*scale)(float* x, std::int64_t n, float f, Stream s);
+  /// The global norm and the clip factor of `count` leaves, left in device memory (no host
+  /// wait): norm = sqrt of the leaves' sum_squares added in leaf order in f64, written
+  /// rounded to f32 to *norm_out; *factor_out = max_norm / norm (the f64 norm) rounded to
+  /// f32 when max_norm > 0 and the norm exceeds it, else 1. The same bits as the host
+  /// computing them from sum_squares_many.
+  void (*norm_and_clip_factor)(const float* const* xs, const std::int64_t* ns, std::int64_t count,
+                               double max_norm, float* norm_out, float* factor_out, Stream s);
+  /// x[i] *= *factor (one f32 in device memory), for i < n: scale with a factor the device
+  /// computed.
+  void (*scale_by)(float* x, std::int64_t n, const float* factor, Stream s);
 };
 
 }  // namespace distjax::tensor::detail
