@@ -103,6 +103,34 @@ TEST(DistjaxTrain, Bf16GptRunsWithTheMixedPrecisionKey) {
   fs::remove_all(out);
 }
 
+// The GPT program on one device that is not the CPU (the checked device: what a GPU runs,
+// on this machine): its train steps make the host wait for nothing; the logs read.
+TEST(DistjaxTrain, OneDeviceGptStepsMakeNoHostWait) {
+  const fs::path out = fs::temp_directory_path() / "distjax_train_waits_test";
+  fs::remove_all(out);
+  for (const char* precision : {"no", "bf16"}) {
+    const auto [status, output] =
+        run("DISTJAX_DEVICE=checked " + std::string(DISTJAX_TOOL) + " train " + DISTJAX_SOURCE_DIR +
+            "/configs/train_gpt.toml --set distributed.mixed_precision=" + precision +
+            " --set run.steps=4 --set run.log_every=2 --set run.eval_every=0 "
+            "--set run.eval_batches=1 --set model.layers=1 --out " +
+            out.string());
+    ASSERT_EQ(status, 0) << output;
+    const auto summary = nlohmann::json::parse(std::ifstream(out / "summary.json"));
+    EXPECT_EQ(summary["steps"], 4);
+    EXPECT_EQ(summary["host_waits_in_steps"], 0) << precision << "\n" << output;
+    int losses = 0;
+    for (const auto& j : records_of(out))
+      if (j.contains("loss")) {
+        EXPECT_TRUE(std::isfinite(j["loss"].get<double>()));
+        EXPECT_GT(j["grad_norm"].get<double>(), 0.0);
+        ++losses;
+      }
+    EXPECT_EQ(losses, 2) << output;
+    fs::remove_all(out);
+  }
+}
+
 TEST(DistjaxTrain, Fp16GptOnTwoDevicesReportsTheLossScale) {
   const fs::path out = fs::temp_directory_path() / "distjax_train_fp16_test";
   fs::remove_all(out);

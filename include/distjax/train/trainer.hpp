@@ -132,6 +132,7 @@ class Trainer {
   double window_items_ = 0.0;
   double total_items_ = 0.0;
   double last_lr_ = 0.0;
+  std::int64_t step_waits_ = 0;  // the host's waits for the device inside train_step
   Metrics window_;
   // Steps whose loss or norm was still on a device: (step, its metrics, loss-scaled), in order.
   struct Unchecked {

@@ -206,7 +206,10 @@ Metrics Trainer::step(TrainState& state, const Batch& batch) {
   StepSpans spans;
   TrainStepOptions options = options_;
   if (!config_.timeline_file.empty()) options.spans = &spans;
+  const DeviceKind kind = current_device().kind;
+  const std::int64_t waits = tensor::host_waits(kind);
   Metrics m = train_step(state, batch, loss_fn_, optimizer_, options);
+  step_waits_ += tensor::host_waits(kind) - waits;
   if (options.spans) {
     spans_.push_back(spans);
     while (static_cast<std::int64_t>(spans_.size()) > std::max<std::int64_t>(1, config_.timeline_steps))
@@ -347,6 +350,7 @@ void Trainer::finish(const TrainState& state, const std::map<std::string, double
   s["num_parameters"] = state.params.num_elements();
   s["mesh"] = config_.mesh;
   s["backend"] = config_.backend;
+  s["host_waits_in_steps"] = step_waits_;
   json fm = json::object();
   for (const auto& [name, v] : last_train_)
     fm["train_" + name] = number(v);
