@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <iterator>
 #include <limits>
@@ -215,6 +216,32 @@ TEST(CheckedTrain, StepsMakeNoHostWaitUntilTheMetricsAreRead) {
   EXPECT_EQ(window.at("loss").sum, sum);
   EXPECT_EQ(mean, sum / window.at("loss").count);
   EXPECT_GT(steps[0].mean("grad_norm"), 0.05);  // the clipping applied: the norm is above it
+}
+
+// A timeline times only the steps it keeps: the others make no host wait.
+TEST(CheckedTrain, OnlyTheTimelinesStepsWaitForTheDevice) {
+  const fs::path dir = fs::temp_directory_path() / ("distjax_checked_tl_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  DeviceScope on(kChecked);
+  SmallGpt g;
+  TrainState state = TrainState::create(g.model.init(Key::from_seed(1)), g.opt, Key::from_seed(2));
+  Trainer trainer({.total_steps = 6, .log_every = 100, .print = false, .plot = false,
+                   .timeline_file = (dir / "timeline.json").string(), .timeline_steps = 2},
+                  g.opt, g.loss);
+  const std::int64_t before = tensor::host_waits(DeviceKind::Checked);
+  for (int s = 0; s < 4; ++s) trainer.step(state, g.batch(s));
+  EXPECT_EQ(tensor::host_waits(DeviceKind::Checked), before) << "an untimed step waited";
+  for (int s = 4; s < 6; ++s) trainer.step(state, g.batch(s));
+  EXPECT_GT(tensor::host_waits(DeviceKind::Checked), before) << "the timed steps wait";
+  trainer.finish(state);
+  std::ifstream in(dir / "timeline.json");
+  const std::string trace((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::size_t updates = 0;
+  for (std::size_t at = trace.find("\"update\""); at != std::string::npos;
+       at = trace.find("\"update\"", at + 1))
+    ++updates;
+  EXPECT_EQ(updates, 2u) << trace;
+  fs::remove_all(dir);
 }
 
 // On a device the Trainer checks a step's loss when it reads it (at the next log), and

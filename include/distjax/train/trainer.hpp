@@ -48,7 +48,8 @@ struct TrainerConfig {
   /// ("communication"), and the time between steps ("idle": data, evaluation, logging).
   std::string timeline_file{};
   int device = 0;  ///< the timeline's process id
-  /// Steps kept in the timeline (the last ones).
+  /// Steps kept in the timeline (the last ones). With total_steps known only those are
+  /// timed: a GPU's span boundaries wait for the device, the other steps do not.
   std::int64_t timeline_steps = 200;
 };
 

@@ -205,7 +205,11 @@ Metrics Trainer::step(TrainState& state, const Batch& batch) {
   const auto t0 = Clock::now();
   StepSpans spans;
   TrainStepOptions options = options_;
-  if (!config_.timeline_file.empty()) options.spans = &spans;
+  // Spans only where the timeline keeps them: on a GPU each boundary waits for the device.
+  const std::int64_t kept = std::max<std::int64_t>(1, config_.timeline_steps);
+  if (!config_.timeline_file.empty() &&
+      (config_.total_steps <= 0 || state.step >= config_.total_steps - kept))
+    options.spans = &spans;
   const DeviceKind kind = current_device().kind;
   const std::int64_t waits = tensor::host_waits(kind);
   Metrics m = train_step(state, batch, loss_fn_, optimizer_, options);
