@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "distjax/core/error.hpp"
+#include "distjax/tensor/detail/group_indices.hpp"
 #include "distjax/tensor/detail/update_many.hpp"
 #include "distjax/tensor/detail/sums_by_device.hpp"
 #include "distjax/tensor/table/table.hpp"
@@ -37,15 +38,19 @@ struct LeafGroup {
 std::vector<LeafGroup> group_leaves(std::span<const detail::UpdateLeaf> leaves,
                                     bool (*kind)(const detail::UpdateLeaf&)) {
   std::vector<LeafGroup> groups;
-  for (const detail::UpdateLeaf& l : leaves) {
-    const Device d = l.param->device();
-    auto it = std::find_if(groups.begin(), groups.end(),
-                           [&](const LeafGroup& g) { return g.device == d && g.kind == kind(l); });
-    if (it == groups.end()) it = groups.insert(groups.end(), LeafGroup{d, kind(l), {}, {}});
-    it->leaves.push_back(&l);
-    for (const Tensor* t : {static_cast<const Tensor*>(l.param), l.grad,
-                            static_cast<const Tensor*>(l.m), static_cast<const Tensor*>(l.v)})
-      if (t) it->touched.push_back(t);
+  for (const std::vector<std::size_t>& at : detail::group_indices(leaves.size(), [&](std::size_t i) {
+         return std::make_pair(leaves[i].param->device(), kind(leaves[i]));
+       })) {
+    LeafGroup& g = groups.emplace_back();
+    g.device = leaves[at[0]].param->device();
+    g.kind = kind(leaves[at[0]]);
+    for (std::size_t i : at) {
+      const detail::UpdateLeaf& l = leaves[i];
+      g.leaves.push_back(&l);
+      for (const Tensor* t : {static_cast<const Tensor*>(l.param), l.grad,
+                              static_cast<const Tensor*>(l.m), static_cast<const Tensor*>(l.v)})
+        if (t) g.touched.push_back(t);
+    }
   }
   return groups;
 }

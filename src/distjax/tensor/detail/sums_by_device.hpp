@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "distjax/tensor/detail/group_indices.hpp"
 #include "distjax/tensor/table/table.hpp"
 
 namespace distjax::tensor::detail {
@@ -17,19 +18,11 @@ std::vector<double> sums_by_device(const char* op, const std::vector<Tensor>& xs
                                    void (*F::*many)(const float* const*, const std::int64_t*,
                                                     std::int64_t, double*, Stream)) {
   std::vector<double> out(xs.size(), 0.0);
-  std::vector<bool> done(xs.size(), false);
-  for (std::size_t first = 0; first < xs.size(); ++first) {
-    if (done[first]) continue;
-    const Device device = xs[first].device();
-    std::vector<std::size_t> at;
+  for (const std::vector<std::size_t>& at :
+       group_indices(xs.size(), [&](std::size_t i) { return xs[i].device(); })) {
     std::vector<const Tensor*> touched;
-    for (std::size_t i = first; i < xs.size(); ++i)
-      if (!done[i] && xs[i].device() == device) {
-        at.push_back(i);
-        touched.push_back(&xs[i]);
-        done[i] = true;
-      }
-    count_host_wait(device);
+    for (std::size_t i : at) touched.push_back(&xs[i]);
+    count_host_wait(xs[at[0]].device());
     Dispatch k(op, family, touched);
     std::vector<const float*> ptrs;
     std::vector<std::int64_t> ns;
