@@ -77,6 +77,13 @@ TEST(Metrics, ValuesOnADeviceAreReadWhenReportedInTheOrderAdded) {
   EXPECT_GT(tensor::host_waits(DeviceKind::Checked), waits);
   EXPECT_FALSE(a.pending());
   EXPECT_EQ(a.mean("accuracy"), 0.5);
+  // A metric keeps at most 256 values on a device; the 256th reads them all.
+  Metrics many;
+  for (int i = 1; i <= 255; ++i) many.add("loss", on_device(static_cast<float>(i)), 1.0, 1.0);
+  EXPECT_TRUE(many.pending("loss"));
+  many.add("loss", on_device(256.f), 1.0, 1.0);
+  EXPECT_FALSE(many.pending("loss"));
+  EXPECT_EQ(many.at("loss").sum, 256.0 * 257.0 / 2.0);
   // A CPU value is read at once; a value must be one floating element.
   Metrics c;
   c.add("x", Tensor::from_vector<float>({2.f}, {1}, Device::cpu()), 1.5, 1.0);

@@ -38,7 +38,8 @@ class Metrics {
   /// is a one-element floating tensor on any device (a loss as the device computed it). On
   /// the CPU it is read at once; elsewhere it stays there, detached from the tape, until
   /// the metric is read (at, mean, means, iterating): the first such read waits for the
-  /// device, the others find its work done. Sums keep the order they were added in.
+  /// device, the others find its work done. Sums keep the order they were added in. A
+  /// metric keeps at most 256 values on a device: the one that makes 256 reads them.
   void add(const std::string& name, const tensor::Tensor& value, double weight, double count);
   /// Adds every metric of `other` into this one (values still on a device stay there).
   void merge(const Metrics& other);

@@ -80,9 +80,9 @@ class Trainer {
   /// already have been applied: the state must not be saved). With a dynamic loss scale
   /// (fp16) a non-finite gradient norm is that policy's to handle: the step was skipped
   /// and the scale lowered. Values the host has (the CPU's) are checked at once; values
-  /// still on a device (a GPU's loss) when they are read: at the next log, check_finite or
-  /// finish, so a step makes the host wait for nothing. The error names the first bad step
-  /// either way.
+  /// still on a device (a GPU's loss) when they are read (at the next log, check_finite or
+  /// finish, or after 256 unread steps), so a step makes the host wait for nothing. The
+  /// error names the first bad step either way.
   Metrics step(TrainState& state, const Batch& batch);
 
   /// Reads the losses and gradient norms of the steps not checked yet and throws

@@ -6,6 +6,12 @@
 
 namespace distjax::train {
 
+namespace {
+// Values one metric keeps on a device before they are read anyway (a host wait), which
+// bounds the device memory a run that never reads its metrics holds.
+constexpr std::size_t kMaxPendingTerms = 256;
+}  // namespace
+
 double Metric::mean() const {
   return count == 0.0 ? std::numeric_limits<double>::quiet_NaN() : sum / count;
 }
@@ -31,7 +37,9 @@ void Metrics::add(const std::string& name, const tensor::Tensor& value, double w
     return;
   }
   values_[name].count += count;
-  pending_[name].push_back({value.detach(), weight});
+  auto& terms = pending_[name];
+  terms.push_back({value.detach(), weight});
+  if (terms.size() >= kMaxPendingTerms) read(name);
 }
 
 void Metrics::merge(const Metrics& other) {
@@ -45,6 +53,7 @@ void Metrics::merge(const Metrics& other) {
     add(name, m.sum, m.count);
     auto& mine = pending_[name];
     mine.insert(mine.end(), terms->second.begin(), terms->second.end());
+    if (mine.size() >= kMaxPendingTerms) read(name);
   }
 }
 

@@ -18,6 +18,10 @@ namespace distjax::train {
 
 namespace {
 
+// Steps whose values stay on the device before the Trainer reads them anyway (a host wait
+// every so many steps when the logs are further apart).
+constexpr std::size_t kMaxUncheckedSteps = 256;
+
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 
@@ -230,9 +234,10 @@ Metrics Trainer::step(TrainState& state, const Batch& batch) {
   window_.merge(m);
   last_lr_ = m.contains("learning_rate") ? m.mean("learning_rate") : last_lr_;
   // Checked now when the host has the values; else with the next read, in step order.
-  if (m.pending("loss") || m.pending("grad_norm") || !unchecked_.empty())
+  if (m.pending("loss") || m.pending("grad_norm") || !unchecked_.empty()) {
     unchecked_.push_back({state.step, m, state.loss_scale.has_value()});
-  else
+    if (unchecked_.size() >= kMaxUncheckedSteps) check_finite();  // bounds what is kept
+  } else
     check_step(state.step, m, state.loss_scale.has_value());
   if (state.step % config_.log_every == 0 || state.step == config_.total_steps)
     log_train(state.step);
