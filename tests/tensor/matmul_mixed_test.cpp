@@ -142,6 +142,27 @@ TEST(MatmulMixed, GradientsThroughTheCastAreF32AndNearTheF32Gradients) {
   }
 }
 
+// A bf16 product's f32 cotangent goes once it is cast: the weight's f32 gradient is made
+// without it (a language model's head, where the cotangent is B x T x V floats). So the
+// bf16 backward peaks lower than the f32 one, which needs its f32 cotangent throughout;
+// held to the end, the f32 cotangent would put the bf16 peak above it by the bf16 copy.
+TEST(MatmulMixed, TheF32CotangentGoesBeforeTheWeightGradientIsMade) {
+  constexpr std::int64_t n = 64, d = 512, v = 1000;
+  auto backward_peak = [&](DType dtype) {
+    Tensor h = make_leaf(randn({n, d}, 1)), w = make_leaf(randn({d, v}, 2));
+    Tensor out = dtype == DType::F32 ? matmul(h, w) : matmul(astype(h, dtype), astype(w, dtype));
+    const Tensor loss = sum(mul(out, randn({n, v}, 3)));
+    out = Tensor();
+    const std::int64_t live = live_bytes();
+    reset_peak_bytes();
+    const std::vector<Tensor> g = autodiff::grad({loss}, {Tensor()}, {h, w});
+    EXPECT_EQ(g[1].dtype(), DType::F32);
+    return peak_bytes() - live;
+  };
+  const std::int64_t f32 = backward_peak(DType::F32), bf16 = backward_peak(DType::BF16);
+  EXPECT_LT(bf16, f32) << "bf16 " << bf16 << " bytes, f32 " << f32;
+}
+
 TEST(MatmulMixed, BatchedTransposedSharedBackwardMatchesRounded) {
   // The rare layout (batched A transposed, shared B) widens to f32 in the backward.
   const Tensor a = randn({3, 20, 8}, 31), b = randn({20, 12}, 32);

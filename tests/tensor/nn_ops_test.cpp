@@ -231,6 +231,42 @@ TEST(NnOps, CrossEntropyMatchesReference) {
   expect_close(loss, want, 1e-5, "cross_entropy");
 }
 
+// The gradient of the logits takes their memory when only the tape kept them (a language
+// model's largest tensor), and leaves them alone when the caller still holds them.
+TEST(NnOps, CrossEntropyBackwardTakesTheLogitsMemoryOnlyWhenNobodyElseHasIt) {
+  constexpr std::int64_t n = 64, d = 8, v = 1000;
+  const std::int64_t logits_bytes = n * v * 4;
+  const Tensor h0 = uniform({n, d}, 11), w0 = uniform({d, v}, 12);
+  std::vector<std::int32_t> y(n);
+  for (std::int64_t i = 0; i < n; ++i) y[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 37) % v);
+  const Tensor labels = Tensor::from_vector(y, {n}, current_device());
+  struct Run {
+    std::vector<float> gh, gw;
+    std::int64_t extra_peak;
+    bool kept_unchanged = true;
+  };
+  auto run = [&](bool caller_keeps_logits) {
+    Tensor h = make_leaf(h0), w = make_leaf(w0);
+    Tensor logits = matmul(h, w);
+    const std::vector<float> before = logits.to_vector<float>();
+    Tensor loss = mean(cross_entropy(logits, labels));
+    Tensor kept = caller_keeps_logits ? logits : Tensor();
+    logits = Tensor();
+    const std::int64_t live = live_bytes();
+    reset_peak_bytes();
+    const std::vector<Tensor> g = autodiff::grad({loss}, {Tensor()}, {h, w});
+    Run r{g[0].to_vector<float>(), g[1].to_vector<float>(), peak_bytes() - live};
+    if (caller_keeps_logits) r.kept_unchanged = kept.to_vector<float>() == before;
+    return r;
+  };
+  const Run alone = run(false), held = run(true);
+  EXPECT_EQ(alone.gh, held.gh);
+  EXPECT_EQ(alone.gw, held.gw);
+  EXPECT_TRUE(held.kept_unchanged) << "the backward wrote over logits the caller holds";
+  EXPECT_LT(alone.extra_peak, logits_bytes / 2) << "the gradient did not take the logits' memory";
+  EXPECT_GE(held.extra_peak, logits_bytes);
+}
+
 TEST(NnOps, DropoutIsDeterministicPerKeyAndScalesKeptValues) {
   const std::int64_t n = detail::kParallelGrainMemory + 1000;  // the parallel path
   Tensor x = uniform({n}, 8, 1.f, 2.f);

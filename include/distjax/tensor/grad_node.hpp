@@ -16,8 +16,10 @@ namespace distjax::tensor {
 struct Node {
   /// Maps the cotangents of the outputs (an undefined tensor means zero) to the
   /// cotangents of the inputs, in input order (undefined = no gradient). Runs with grad
-  /// mode off.
-  using BackwardFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& grad_outputs)>;
+  /// mode off. The cotangents are the pass's own: a backward may drop one it has used
+  /// (assign an undefined tensor) so its memory goes before the backward's own results
+  /// are made (a matmul's f32 cotangent once cast to bf16).
+  using BackwardFn = std::function<std::vector<Tensor>(std::vector<Tensor>& grad_outputs)>;
 
   /// An input edge: the node that produced input i and which of its outputs it was.
   struct Edge {

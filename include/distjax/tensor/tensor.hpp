@@ -153,6 +153,9 @@ class Tensor {
   Tensor view_rows(std::int64_t begin, std::int64_t end) const;
   /// Whether the two tensors' bytes overlap in one storage.
   bool shares_storage_with(const Tensor& other) const { return storage_ == other.storage_; }
+  /// Whether no other handle (tensor, view, copy) shares this one's storage: an op may then
+  /// write its result over it (a backward over an input that only the tape kept).
+  bool sole_owner() const { return storage_ != nullptr && storage_.use_count() == 1; }
   /// The storage this tensor views (null when undefined): what memory accounting counts
   /// once however many views share it.
   const Storage* storage() const { return storage_.get(); }

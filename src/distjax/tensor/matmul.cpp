@@ -160,10 +160,13 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   return record(
       "matmul", {a, b}, out,
       [ad = a.detach(), bd = b.detach(), ta, tb, ra = a.requires_grad(), rb = b.requires_grad(),
-       bleaf = deferrable_weight(b, {a, b})](const std::vector<Tensor>& g) {
+       bleaf = deferrable_weight(b, {a, b})](std::vector<Tensor>& g) {
         // Cotangents of bf16/f16 operands come back f32 (their astype's backward
         // keeps them f32 for the master weights).
         const Tensor gc = cotangent_in(g[0], ad.dtype());
+        // Cast: the f32 cotangent goes before dA and dB are made (a language model's head:
+        // B x T x V floats).
+        if (!gc.shares_storage_with(g[0])) g[0] = Tensor();
         Tensor ga, gb;
         const bool shared = bd.rank() == 2 && ad.rank() > 2;
         if (ra) {

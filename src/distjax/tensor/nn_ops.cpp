@@ -242,8 +242,14 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
   return record("cross_entropy", {logits, labels}, loss,
                 [xd = logits.detach(), lse, ld = labels.detach()](const std::vector<Tensor>& g) {
                   const Rows rc = as_rows(xd);
-                  Tensor gx = Tensor::empty(xd.shape(), DType::F32, xd.device());
-                  Dispatch k("cross_entropy", &KernelTable::nn, {&xd, &g[0], &lse, &ld, &gx});
+                  // The logits are usually the largest tensor of a language model's step
+                  // (B x T x V): when only the tape kept them, their gradient takes their
+                  // memory (the kernel reads each logit before it writes its gradient).
+                  const bool reuse = xd.sole_owner();
+                  Tensor gx = reuse ? xd : Tensor::empty(xd.shape(), DType::F32, xd.device());
+                  Dispatch k("cross_entropy", &KernelTable::nn,
+                             reuse ? std::vector<const Tensor*>{&xd, &g[0], &lse, &ld}
+                                   : std::vector<const Tensor*>{&xd, &g[0], &lse, &ld, &gx});
                   k->cross_entropy_backward(xd.data<float>(), g[0].data<float>(), lse.data<float>(),
                                             ld.raw_data(), ld.dtype(), gx.data<float>(), rc.n, rc.c,
                                             k.stream());

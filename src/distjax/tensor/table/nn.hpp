@@ -65,7 +65,7 @@ struct NnKernels {
   void (*cross_entropy)(const float* logits, const void* labels, DType id_dtype, float* loss,
                         float* lse, std::int64_t n, std::int64_t v, Stream s);
   /// gx (n, v) = g[r] * (softmax(row) - onehot(label)) from the saved lse (no onehot for
-  /// a label outside [0, v)).
+  /// a label outside [0, v)). gx may be logits (the gradient over the logits' memory).
   void (*cross_entropy_backward)(const float* logits, const float* g, const float* lse,
                                  const void* labels, DType id_dtype, float* gx, std::int64_t n,
                                  std::int64_t v, Stream s);
