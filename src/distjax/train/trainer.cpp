@@ -237,8 +237,9 @@ Metrics Trainer::step(TrainState& state, const Batch& batch) {
   if (m.pending("loss") || m.pending("grad_norm") || !unchecked_.empty()) {
     unchecked_.push_back({state.step, m, state.loss_scale.has_value()});
     if (unchecked_.size() >= kMaxUncheckedSteps) check_finite();  // bounds what is kept
-  } else
+  } else {
     check_step(state.step, m, state.loss_scale.has_value());
+  }
   if (state.step % config_.log_every == 0 || state.step == config_.total_steps)
     log_train(state.step);
   // The bar shows the step's loss when the host has it, else the last logged one.
