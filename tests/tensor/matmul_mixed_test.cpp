@@ -161,6 +161,21 @@ TEST(MatmulMixed, TheF32CotangentGoesBeforeTheWeightGradientIsMade) {
   };
   const std::int64_t f32 = backward_peak(DType::F32), bf16 = backward_peak(DType::BF16);
   EXPECT_LT(bf16, f32) << "bf16 " << bf16 << " bytes, f32 " << f32;
+  // linear too, its bias gradient summed from the f32 cotangent first.
+  auto linear_peak = [&](DType dtype) {
+    Tensor h = make_leaf(randn({n, d}, 1)), w = make_leaf(randn({d, v}, 2));
+    Tensor b = make_leaf(randn({v}, 4));
+    Tensor out = dtype == DType::F32 ? linear(h, w, b) : linear(astype(h, dtype), astype(w, dtype), b);
+    const Tensor loss = sum(mul(out, randn({n, v}, 3)));
+    out = Tensor();
+    const std::int64_t live = live_bytes();
+    reset_peak_bytes();
+    const std::vector<Tensor> g = autodiff::grad({loss}, {Tensor()}, {h, w, b});
+    EXPECT_EQ(g[2].dtype(), DType::F32);
+    return peak_bytes() - live;
+  };
+  const std::int64_t lf32 = linear_peak(DType::F32), lbf16 = linear_peak(DType::BF16);
+  EXPECT_LT(lbf16, lf32) << "linear: bf16 " << lbf16 << " bytes, f32 " << lf32;
 }
 
 TEST(MatmulMixed, BatchedTransposedSharedBackwardMatchesRounded) {

@@ -221,30 +221,36 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
       [xd = x.detach(), wd = w.detach(), has_bias = bias.defined(), rx = x.requires_grad(),
        rw = w.requires_grad(), wleaf = deferrable_weight(w, inputs),
        bleaf = bias.defined() ? deferrable_weight(bias, inputs)
-                              : std::shared_ptr<Node>()](const std::vector<Tensor>& g) {
+                              : std::shared_ptr<Node>()](std::vector<Tensor>& g) {
         const std::int64_t k = wd.size(0), n = wd.size(1);
         // dx and dW from dC in the operands' dtype (f32 results); the bias
-        // gradient from the f32 cotangent.
-        Tensor g2 = cotangent_in(g[0], xd.dtype()).view({g[0].numel() / n, n});
+        // gradient from the f32 cotangent, first: then a cast cotangent's f32 original
+        // goes before dx and dW are made.
+        WeightGradStore* store = weight_grad_store();
+        Tensor gbias;
+        bool bias_deferred = false;
+        if (has_bias) {
+          Tensor g_rows = g[0].view({g[0].numel() / n, n});
+          if (bleaf && store) {  // zero-bubble: the bias's row sum in W too
+            store->defer(bleaf, [g_rows] { return sum(g_rows, {0}); });
+            bias_deferred = true;
+          } else {
+            gbias = sum(g_rows, {0});
+          }
+        }
+        const std::int64_t rows = g[0].numel() / n;
+        Tensor g2 = cotangent_in(g[0], xd.dtype()).view({rows, n});
+        if (!g2.shares_storage_with(g[0]) && !bias_deferred) g[0] = Tensor();
         Tensor x2 = xd.view({xd.numel() / k, k});
         std::vector<Tensor> out;
         out.push_back(rx ? matmul(g2, wd, false, true).view(xd.shape()) : Tensor());
-        WeightGradStore* store = weight_grad_store();
         if (rw && wleaf && store) {  // zero-bubble: dW later (W pass)
           store->defer(wleaf, [x2, g2] { return matmul(x2, g2, true, false); });
           out.emplace_back();
         } else {
           out.push_back(rw ? matmul(x2, g2, true, false) : Tensor());
         }
-        if (has_bias) {
-          Tensor g_rows = g[0].view({g[0].numel() / n, n});
-          if (bleaf && store) {  // zero-bubble: the bias's row sum in W too
-            store->defer(bleaf, [g_rows] { return sum(g_rows, {0}); });
-            out.emplace_back();
-          } else {
-            out.push_back(sum(g_rows, {0}));
-          }
-        }
+        if (has_bias) out.push_back(gbias);  // undefined when deferred
         return out;
       });
 }
