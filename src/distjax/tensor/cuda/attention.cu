@@ -210,10 +210,7 @@ __global__ void __launch_bounds__(kBlock)
   float* vs = ks + kTile * kLd;
   float* ps = vs + kTile * kLd;
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
-  const std::int64_t tiles = (a.t + kTile - 1) / kTile;
-  const std::int64_t h = blockIdx.x % a.bh;
-  const std::int64_t t0 = (tiles - 1 - blockIdx.x / a.bh) * kTile;
-  const std::int64_t rows = min(std::int64_t(kTile), a.t - t0);
+  const auto [h, t0, rows] = query_tile(a, kTile);
   const float* kh = k + a.kv_at(h);
   const float* vh = v + a.kv_at(h);
   load_tile<DP>(qs, q + a.q_at(h) + t0 * a.ldq, a.ldq, rows, a.d, vec);
@@ -323,10 +320,7 @@ __global__ void __launch_bounds__(kBlock)
   float* vs = ks + kTile * kLd;
   float* ps = vs + kTile * kLd;
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
-  const std::int64_t tiles = (a.t + kTile - 1) / kTile;
-  const std::int64_t h = blockIdx.x % a.bh;
-  const std::int64_t t0 = (tiles - 1 - blockIdx.x / a.bh) * kTile;
-  const std::int64_t rows = min(std::int64_t(kTile), a.t - t0);
+  const auto [h, t0, rows] = query_tile(a, kTile);
   const float* kh = k + a.kv_at(h);
   const float* vh = v + a.kv_at(h);
   load_tile<DP>(qs, q + a.q_at(h) + t0 * a.ldq, a.ldq, rows, a.d, vec);

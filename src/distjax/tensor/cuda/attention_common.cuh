@@ -39,6 +39,18 @@ __device__ __forceinline__ float4 load_quad(const float* __restrict__ src, std::
   return val;
 }
 
+/// A query-tile block's work: head h, rows [row0, row0 + rows) of its t query rows.
+struct QueryTile {
+  std::int64_t h, row0, rows;
+};
+/// Block x of a grid of tile_blocks(a, ceil(t / tile)): query tile (tiles - 1 - x / bh) of
+/// head x % bh, so a causal mask's heaviest tiles start first.
+__device__ __forceinline__ QueryTile query_tile(const detail::AttentionPlan& a, std::int64_t tile) {
+  const std::int64_t tiles = (a.t + tile - 1) / tile;
+  const std::int64_t row0 = (tiles - 1 - blockIdx.x / a.bh) * tile;
+  return {static_cast<std::int64_t>(blockIdx.x % a.bh), row0, min(tile, a.t - row0)};
+}
+
 /// The grid of `tiles` blocks per head of plan a (one grid dimension); errors name `op`.
 inline unsigned tile_blocks(const detail::AttentionPlan& a, std::int64_t tiles, const char* op) {
   const std::int64_t blocks = tiles * a.bh;

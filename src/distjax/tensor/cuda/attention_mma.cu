@@ -218,10 +218,7 @@ __global__ void __launch_bounds__(kThreads)
   auto* qs = reinterpret_cast<__nv_bfloat16*>(smem);
   __nv_bfloat16* ks = qs + kTile * kLd<DP>;
   __nv_bfloat16* vs = ks + kTile * kLd<DP>;
-  const std::int64_t tiles = (a.t + kRows - 1) / kRows;
-  const std::int64_t h = blockIdx.x % a.bh;
-  const std::int64_t row0 = (tiles - 1 - blockIdx.x / a.bh) * kRows;
-  const std::int64_t rows = min64(kRows, a.t - row0);
+  const auto [h, row0, rows] = query_tile(a, kRows);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const float* kh = k + a.kv_at(h);
   const float* vh = v + a.kv_at(h);
@@ -307,10 +304,7 @@ __global__ void __launch_bounds__(kThreads)
   __nv_bfloat16* gs = qs + kTile * kLd<DP>;
   __nv_bfloat16* ks = gs + kTile * kLd<DP>;
   __nv_bfloat16* vs = ks + kTile * kLd<DP>;
-  const std::int64_t tiles = (a.t + kRows - 1) / kRows;
-  const std::int64_t h = blockIdx.x % a.bh;
-  const std::int64_t row0 = (tiles - 1 - blockIdx.x / a.bh) * kRows;
-  const std::int64_t rows = min64(kRows, a.t - row0);
+  const auto [h, row0, rows] = query_tile(a, kRows);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const float* kh = k + a.kv_at(h);
   const float* vh = v + a.kv_at(h);
