@@ -33,12 +33,8 @@ tensor::NormAndClipFactor norm_and_clip_factor(const tensor::TensorTree& grads, 
 }
 
 void scale_in_place(tensor::TensorTree& grads, const tensor::Tensor& factor) {
-  for (auto& [path, t] : grads) {
-    if (!is_floating(t.dtype())) continue;
-    DISTJAX_CHECK(t.dtype() == DType::F32, NotImplemented, "[scale_in_place] leaf \"", path,
-                  "\" is ", dtype_name(t.dtype()), "; only f32 is supported");
-    tensor::scale_by_(t, factor);
-  }
+  // The leaves are handles on the tree's storage: scaling them scales the tree.
+  for (tensor::Tensor& t : f32_leaves(grads, "scale_in_place")) tensor::scale_by_(t, factor);
 }
 
 double global_norm(const tensor::TensorTree& tree) {
@@ -46,12 +42,7 @@ double global_norm(const tensor::TensorTree& tree) {
 }
 
 void scale_in_place(tensor::TensorTree& grads, double factor) {
-  for (auto& [path, t] : grads) {
-    if (!is_floating(t.dtype())) continue;
-    DISTJAX_CHECK(t.dtype() == DType::F32, NotImplemented, "[scale_in_place] leaf \"", path,
-                  "\" is ", dtype_name(t.dtype()), "; only f32 is supported");
-    tensor::scale_(t, factor);
-  }
+  for (tensor::Tensor& t : f32_leaves(grads, "scale_in_place")) tensor::scale_(t, factor);
 }
 
 double clip_by_global_norm(tensor::TensorTree& grads, double max_norm) {

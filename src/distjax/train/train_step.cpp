@@ -174,36 +174,35 @@ Metrics train_step(TrainState& state, const Batch& batch, const LossFn& loss_fn,
       options.spans->update_streamed = true;
       options.spans->sync_end = options.spans->update_end = now();
     }
-  } else if (!state.loss_scale && strategy.local_grad_norm()) {
-    // One device: nothing on the host decides on the norm, so the device computes it and
-    // the clip factor (1 when not clipping or below the bound) and scales by it: the step
-    // queues its work and returns without waiting. The same bits as the branch below.
-    r.grads = strategy.finalize_grads(std::move(r.grads));
-    r.metrics = strategy.reduce_metrics(std::move(r.metrics));
-    const tensor::NormAndClipFactor clip =
-        optim::norm_and_clip_factor(r.grads, std::max(options.max_grad_norm, 0.0));
-    device_norm = clip.norm;
-    if (options.spans) options.spans->sync_end = now();
-    if (options.max_grad_norm > 0.0) optim::scale_in_place(r.grads, clip.factor);
-    strategy.apply_update(optimizer, state.params, r.grads, state.opt_state, state.step);
-    if (options.spans) options.spans->update_end = now();
   } else {
     r.grads = strategy.finalize_grads(std::move(r.grads));
     r.metrics = strategy.reduce_metrics(std::move(r.metrics));
-    // The norm of the whole model's gradient (sharded leaves summed over their shards):
-    // one value on every device, so it is also where every device learns whether any
-    // gradient anywhere overflowed (inf or nan), and all skip or apply the update alike.
-    norm = std::sqrt(strategy.grad_norm_squared(r.grads)) / loss_scale;
-    const bool finite = std::isfinite(norm);
-    if (options.spans) options.spans->sync_end = now();
-    double factor = 1.0 / loss_scale;  // unscale and clip in one pass
-    if (options.max_grad_norm > 0.0 && norm > options.max_grad_norm)
-      factor *= options.max_grad_norm / norm;
-    if (factor != 1.0 && (finite || !state.loss_scale)) optim::scale_in_place(r.grads, factor);
-    if (finite || !state.loss_scale)
+    if (!state.loss_scale && strategy.local_grad_norm()) {
+      // One device: nothing on the host decides on the norm, so the device computes it and
+      // the clip factor (1 when not clipping or below the bound) and scales by it: the
+      // step queues its work and returns without waiting. The same bits as below.
+      const tensor::NormAndClipFactor clip =
+          optim::norm_and_clip_factor(r.grads, std::max(options.max_grad_norm, 0.0));
+      device_norm = clip.norm;
+      if (options.spans) options.spans->sync_end = now();
+      if (options.max_grad_norm > 0.0) optim::scale_in_place(r.grads, clip.factor);
       strategy.apply_update(optimizer, state.params, r.grads, state.opt_state, state.step);
+    } else {
+      // The norm of the whole model's gradient (sharded leaves summed over their shards):
+      // one value on every device, so it is also where every device learns whether any
+      // gradient anywhere overflowed (inf or nan), and all skip or apply the update alike.
+      norm = std::sqrt(strategy.grad_norm_squared(r.grads)) / loss_scale;
+      const bool finite = std::isfinite(norm);
+      if (options.spans) options.spans->sync_end = now();
+      double factor = 1.0 / loss_scale;  // unscale and clip in one pass
+      if (options.max_grad_norm > 0.0 && norm > options.max_grad_norm)
+        factor *= options.max_grad_norm / norm;
+      if (factor != 1.0 && (finite || !state.loss_scale)) optim::scale_in_place(r.grads, factor);
+      if (finite || !state.loss_scale)
+        strategy.apply_update(optimizer, state.params, r.grads, state.opt_state, state.step);
+      if (state.loss_scale) state.loss_scale->update(finite);
+    }
     if (options.spans) options.spans->update_end = now();
-    if (state.loss_scale) state.loss_scale->update(finite);
   }
   if (state.loss_scale) {
     r.metrics.add("loss_scale", loss_scale, 1.0);
