@@ -98,13 +98,15 @@ grep -E '^-- DistJax:' "$OUT/configure.log" | tee -a "$SUMMARY"
 # tests run as programs (a lease's minutes go to the GPU, not to building the suite).
 # With them, the parity tests of every strategy that the gpu_* ctest entries rerun with the
 # simulated devices sharing the GPU (tests/CMakeLists.txt, distjax_gpu_run), and the main job.
-QUICK_TARGETS=(distjax cuda_smoke_test cuda_ops_test cuda_train_test bench_gpu_gpt2 bench_gpu_gemm
+GPU_PROGRAMS=()
+for f in tests/gpu/*_test.cpp; do GPU_PROGRAMS+=("$(basename "$f" .cpp)"); done
+QUICK_TARGETS=(distjax "${GPU_PROGRAMS[@]}" bench_gpu_gpt2 bench_gpu_gemm
                bench_gpu_comm distjax_tool run_on_gpu device_buffers_test collectives_test
                ppermute_test data_parallel_test zero_test fsdp_test tensor_parallel_test
                tp_async_test pipeline_test gpt_parity_test)
 gpu_programs() {
   local t rc=0
-  for t in cuda_smoke_test cuda_ops_test cuda_train_test; do
+  for t in "${GPU_PROGRAMS[@]}"; do
     echo "== $t"
     DISTJAX_REQUIRE_GPU=1 timeout 600 "$BUILD/tests/$t" || rc=1
   done
@@ -138,6 +140,23 @@ if [ "${BENCH:-0}" = 1 ]; then
   step bench-gpu bash bench/gpu.sh "$BUILD"
   cp bench/results/gpu-latest.jsonl "$OUT/" 2>/dev/null
 fi
+# BREAK=1, last (it leaves the build broken): the device-to-device reduction of the threads
+# backend made to drop its last rank, the library rebuilt, and the parity reruns that go
+# through it run again. They must fail; the step passes only if they do.
+break_all_reduce() {
+  sed -i 's/for (int j = 1; j < k; ++j)/for (int j = 1; j < k - 1; ++j)/' src/distjax/tensor/cuda/comm.cu
+  grep -c 'j < k - 1' src/distjax/tensor/cuda/comm.cu
+  cmake --build "$BUILD" -j "$(nproc)" --target distjax data_parallel_test collectives_test zero_test \
+    || return 1
+  if (cd "$BUILD" && DISTJAX_REQUIRE_GPU=1 ctest --output-on-failure --timeout 300 \
+        -R '^gpu_(parallel_dp|spmd_collectives|parallel_zero)$'); then
+    echo "the parity reruns passed with a broken all-reduce: they do not guard it"
+    return 1
+  fi
+  echo "the parity reruns failed with the all-reduce broken, as they must"
+}
+[ "${BREAK:-0}" = 1 ] && step break-all-reduce break_all_reduce
+
 # What a caller reading only the end of the output needs: the summary, the failures of the
 # gpu tests, and the benchmark's lines.
 {
@@ -148,5 +167,6 @@ fi
     grep -E -A4 'Failure|FAILED|\[golden' "$OUT/gpu-tests.log" | cut -c1-400 | head -n 120
   fi
   [ -f "$OUT/gpu-latest.jsonl" ] && { echo "==== bench"; cut -c1-600 "$OUT/gpu-latest.jsonl"; }
+  [ -f "$OUT/break-all-reduce.log" ] && { echo "==== break"; grep -E 'tests passed|\(Failed\)|must|guard' "$OUT/break-all-reduce.log"; }
 }
 exit $failed
