@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run here (a machine with apt), once: puts into .device-deps/ (git-ignored) what
 # scripts/gpu-machine.sh needs on the GPU machine, which has no package registry: the Debian
-# packages of the build (about 40 MB of .deb files, unpacked there into a prefix) and NCCL's
-# header (that machine has NCCL's runtime library, perhaps without nccl.h).
+# packages of the build and OpenMPI (about 45 MB of .deb files, unpacked there into a prefix)
+# and NCCL's header (that machine has NCCL's runtime library, perhaps without nccl.h).
 # Then carry .device-deps/ to the GPU machine along with the tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +11,13 @@ DEPS=${DEPS:-.device-deps}
 # (Debian's dnnl-config.cmake wants OpenCL), and the data the programs read by default.
 PKGS=(libdnnl-dev libdnnl2 ocl-icd-opencl-dev opencl-c-headers opencl-clhpp-headers
       ocl-icd-libopencl1 nlohmann-json3-dev libtomlplusplus-dev libtomlplusplus3 libcli11-dev
-      libgtest-dev libgmock-dev fortunes fortunes-min dataset-fashion-mnist)
+      libgtest-dev libgmock-dev fortunes fortunes-min dataset-fashion-mnist
+      # OpenMPI (4.8 MB), relocated there by gpu-machine.sh's mpi_env: what mpicc and
+      # mpirun -np 4 on one machine load. Left out: the fabrics (ucx, libfabric, psm, verbs,
+      # libnl), whose plugins are turned off there (Debian's openmpi-mca-params.conf and
+      # mpi_env), and libopenmpi-dev's -dev dependencies, which mpicc does not need.
+      openmpi-bin openmpi-common libopenmpi3 libopenmpi-dev libpmix2 libmunge2 libhwloc15
+      libevent-core-2.1-7 libevent-pthreads-2.1-7)
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 $SUDO apt-get update -qq

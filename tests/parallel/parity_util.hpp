@@ -189,6 +189,10 @@ inline void expect_same_run(const TrainingRun& one, const TrainingRun& other, do
       max_diff = std::max(max_diff, std::abs(double(va[i]) - vb[i]));
     }
     EXPECT_LE(max_diff, tol * max_ref) << what << ": " << path;
+    // DISTJAX_PARITY_REPORT=1: every tensor's distance, to see the margin on a new device.
+    if (std::getenv("DISTJAX_PARITY_REPORT") != nullptr)
+      std::fprintf(stderr, "[parity] %s: %s max|diff| / max|value| = %.3g (tolerance %.3g)\n",
+                   what.c_str(), path.c_str(), max_diff / max_ref, tol);
   }
   // Training moved the parameters, so the comparison is not vacuous.
   EXPECT_NE(one.losses.front(), one.losses.back()) << what;

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <sstream>
 #include <string>
@@ -697,16 +698,30 @@ std::shared_ptr<CommunicatorImpl> NcclCommunicator::split(int color, int key) {
   nccl_config(config);
   ncclComm_t sub = nullptr;
   const ncclResult_t r = ncclCommSplit(g_->comm(), color, key, &sub, &config);
+  // Non-blocking, NCCL reports the split's progress on the parent and writes the new handle
+  // only once it is done (NCCL 2.28 returned with `sub` still null, seen on an H200; NCCL
+  // issue 1472 describes this): settle the parent, wait for the handle, then settle the
+  // child, whose own initialisation may still be in progress.
+  const Clock::time_point deadline = Clock::now() + g_->settings().timeout;
+  const int device = g_->settings().device;
+  std::atomic_ref<ncclComm_t> handle(sub);
   try {
-    nccl_settle(sub != nullptr ? sub : g_->comm(), r, op, "ncclCommSplit", g_->settings().device,
-                Clock::now() + g_->settings().timeout);
+    nccl_settle(g_->comm(), r, op, "ncclCommSplit", device, deadline);
+    Backoff backoff;
+    while (handle.load(std::memory_order_acquire) == nullptr) {
+      if (Clock::now() >= deadline)
+        DISTJAX_THROW(CommError, "[", op, "] ncclCommSplit completed on cuda:", device,
+                      " without giving the new communicator before the timeout");
+      backoff.pause();
+    }
+    nccl_settle(handle.load(), ncclInProgress, op, "ncclCommSplit", device, deadline);
   } catch (const CommError& e) {
-    if (sub != nullptr) ncclCommAbort(sub);
+    if (handle.load() != nullptr) ncclCommAbort(handle.load());
     g_->fail_now(e.what());
   }
   Communicator host;
   if (g_->host().valid()) host = g_->host().split(color, key);
-  auto sub_group = std::make_shared<Group>(sub, sm.rank, sm.members, std::move(host),
+  auto sub_group = std::make_shared<Group>(handle.load(), sm.rank, sm.members, std::move(host),
                                            g_->settings(), g_->stats());
   return std::make_shared<NcclCommunicator>(std::move(sub_group));
 }
