@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include "distjax/autodiff/autodiff.hpp"
 #include "distjax/models/global_transformer.hpp"
 #include "distjax/nn/scope.hpp"
@@ -26,12 +28,13 @@ const models::TransformerConfig kConfig{
     .vocab = 32, .d_model = 16, .num_layers = 2, .num_heads = 4, .mlp_ratio = 2, .max_len = 8};
 
 std::pair<Tensor, Tensor> batch() {
-  Tensor x = Tensor::empty({4, 8}, DType::I32), y = Tensor::empty({4, 8}, DType::I32);
+  // Filled on the host, then copied to the current device (DISTJAX_DEVICE).
+  std::vector<std::int32_t> x(32), y(32);
   for (std::int32_t i = 0; i < 32; ++i) {
-    x.data<std::int32_t>()[i] = (i * 7) % 32;
-    y.data<std::int32_t>()[i] = (i * 3 + 1) % 32;
+    x[i] = (i * 7) % 32;
+    y[i] = (i * 3 + 1) % 32;
   }
-  return {x, y};
+  return {Tensor::from_vector(x, {4, 8}), Tensor::from_vector(y, {4, 8})};
 }
 
 class GlobalViewMpiTest : public ::testing::Test {

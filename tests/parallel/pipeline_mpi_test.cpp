@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <vector>
 
 #include "distjax/models/pp_classifier.hpp"
 #include "distjax/optim/sgd.hpp"
@@ -27,12 +28,13 @@ constexpr int kSteps = 5;
 
 train::Batch batch(int step) {
   Key k = Key::from_seed(5).fold_in(static_cast<std::uint64_t>(step));
-  Tensor x = Tensor::empty({16, 12}), y = Tensor::empty({16}, DType::I32);
+  // Filled on the host, then copied to the current device (DISTJAX_DEVICE).
+  std::vector<float> x(16 * 12);
+  std::vector<std::int32_t> y(16);
   for (std::int64_t i = 0; i < 16 * 12; ++i)
-    x.data<float>()[i] = static_cast<float>(k.bits(i)[0] % 1000) / 500.f - 1.f;
-  for (std::int64_t i = 0; i < 16; ++i)
-    y.data<std::int32_t>()[i] = static_cast<std::int32_t>(k.bits(i)[1] % 10);
-  return {x, y};
+    x[i] = static_cast<float>(k.bits(i)[0] % 1000) / 500.f - 1.f;
+  for (std::int64_t i = 0; i < 16; ++i) y[i] = static_cast<std::int32_t>(k.bits(i)[1] % 10);
+  return {Tensor::from_vector(x, {16, 12}), Tensor::from_vector(y, {16})};
 }
 
 const optim::SGD& sgd() {

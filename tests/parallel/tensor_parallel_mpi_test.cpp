@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include "distjax/models/transformer.hpp"
 #include "distjax/optim/sgd.hpp"
 #include "distjax/parallel/data_parallel.hpp"
@@ -41,12 +43,13 @@ models::TransformerConfig tiny_gpt(TransformerTP tp) {
 
 train::Batch batch(int step) {
   Key k = Key::from_seed(11).fold_in(static_cast<std::uint64_t>(step));
-  Tensor x = Tensor::empty({4, 8}, DType::I32), y = Tensor::empty({4, 8}, DType::I32);
+  // Filled on the host, then copied to the current device (DISTJAX_DEVICE).
+  std::vector<std::int32_t> x(32), y(32);
   for (std::int64_t i = 0; i < 32; ++i) {
-    x.data<std::int32_t>()[i] = static_cast<std::int32_t>(k.bits(i)[0] % 32);
-    y.data<std::int32_t>()[i] = static_cast<std::int32_t>(k.bits(i)[1] % 32);
+    x[i] = static_cast<std::int32_t>(k.bits(i)[0] % 32);
+    y[i] = static_cast<std::int32_t>(k.bits(i)[1] % 32);
   }
-  return {x, y};
+  return {Tensor::from_vector(x, {4, 8}), Tensor::from_vector(y, {4, 8})};
 }
 
 const optim::SGD& sgd() {
