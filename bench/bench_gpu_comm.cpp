@@ -4,11 +4,13 @@
 //     place (the threads backend, device to device on each device's stream). Line
 //     gpu_threads_all_reduce_busbw_4dev_64MiB: bus bandwidth 2(N-1)/N x bytes / time,
 //     against a plain device-to-device copy of the same bytes on the same card
-//     (gpu_d2d_copy_gbps: bytes / time); goal ratio >= 0.8.
+//     (gpu_d2d_copy_gbps: bytes / time; goal ratio >= 0.8), and against the bound that N
+//     devices sharing one GPU's memory put on it (of_shared_gpu_bound; see run_threads).
 //   --mpi (under mpirun -np 2): the MPI backend's all-reduce of a device buffer, staged
 //     through page-locked host memory, against the same staged by hand (copy to the host,
 //     the all-reduce of the host buffer, copy back). Line gpu_mpi_all_reduce_busbw_2proc_64MiB.
-// Each line's value is the median of `--iters` timed calls after warm-up; DISTJAX_BENCH_OUT
+// The threads lines time `--iters` calls queued back to back (median of 5 such runs), the
+// MPI line the median of `--iters` calls; DISTJAX_BENCH_OUT
 // appends the lines to a file. `--device cpu` runs the same program on the CPU (a smoke
 // test of the program where there is no GPU).
 //   bench_gpu_comm [--devices 4] [--mib 64] [--iters 20] [--device cuda] [--mpi]
@@ -23,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "distjax/comm/launch.hpp"
+#include "distjax/core/prng.hpp"
 #include "distjax/tensor/cuda.hpp"
 #include "distjax/tensor/device_memory.hpp"
 #include "distjax/tensor/tensor.hpp"
@@ -95,18 +98,42 @@ std::string size_tag(const Options& o, int ranks, const char* what) {
   return std::to_string(ranks) + what + "_" + std::to_string(o.mib) + "MiB";
 }
 
+// count normal values (not a constant: the data a collective really moves), on the
+// current device.
+Tensor random_tensor(std::int64_t count, std::uint64_t seed) {
+  std::vector<float> v(static_cast<std::size_t>(count));
+  random_normal(Key::from_seed(seed), v.data(), count);
+  return Tensor::from_vector(v, {count});
+}
+
+// Median over 5 runs of the seconds per call of `calls` calls queued back to back and
+// waited for once: a 64 MiB copy takes tens of microseconds, about what one host wait costs.
+template <class F, class Wait>
+double time_per_call(const Options& o, int calls, F&& fn, Wait&& wait) {
+  for (int i = 0; i < o.warmup; ++i) fn();
+  wait();
+  std::vector<double> t;
+  for (int r = 0; r < 5; ++r) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < calls; ++i) fn();
+    wait();
+    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / calls);
+  }
+  return median(t);
+}
+
 int run_threads(const Options& o, Device dev) {
   const std::int64_t count = o.mib * (1 << 20) / 4;
   const double bytes = static_cast<double>(count) * 4;
+  const auto wait = [&] { raw::synchronize("bench", dev); };
   // The reference: one device-to-device copy of the same bytes on the same card.
   double copy_s = 0;
   {
     DeviceScope on(dev);
-    const Tensor a = Tensor::ones({count}), b = Tensor::empty({count});
-    copy_s = time_median(o, [&] {
+    const Tensor a = random_tensor(count, 1), b = Tensor::empty({count});
+    copy_s = time_per_call(o, o.iters, [&] {
       raw::copy("bench", dev, b.raw_data(), a.raw_data(), static_cast<std::size_t>(bytes));
-      raw::synchronize("bench", dev);
-    });
+    }, wait);
   }
   const double copy_gbps = bytes / copy_s / 1e9;
   std::vector<double> per_device(o.devices);
@@ -115,15 +142,19 @@ int run_threads(const Options& o, Device dev) {
   lo.device = dev;
   lo.timeout = std::chrono::milliseconds(120000);
   comm::launch(lo, [&](comm::Communicator& c) {
-    const Tensor x = Tensor::ones({count});
-    per_device[c.rank()] = time_median(o, [&] {
-      c.all_reduce(comm::buffer_of(x), comm::buffer_of(x), comm::ReduceOp::Sum);
-      raw::synchronize("bench", dev);
-    });
+    Tensor x = random_tensor(count, 2 + static_cast<std::uint64_t>(c.rank()));
+    per_device[c.rank()] = time_per_call(o, o.iters, [&] {
+      c.all_reduce(comm::buffer_of(x), comm::buffer_of(x), comm::ReduceOp::Mean);
+    }, wait);
   });
   const double t = *std::max_element(per_device.begin(), per_device.end());
   const int n = o.devices;
   const double busbw = 2.0 * (n - 1) / n * bytes / t / 1e9;
+  // The devices share one GPU's memory: an all-reduce must read every rank's buffer and
+  // write every rank's result, n copies' worth of traffic, so at the copy's pace it takes
+  // n x the copy's time, a bus bandwidth of 2(n-1)/n^2 x the copy's. The line's ratio is
+  // against the copy, as named; `of_shared_gpu_bound` is against that bound.
+  const double bound = 2.0 * (n - 1) / (static_cast<double>(n) * n) * copy_gbps;
   emit({{"name", "gpu_d2d_copy_gbps"}, {"value", copy_gbps}, {"unit", "GB/s"},
         {"device", dev.str()}, {"bytes", bytes}});
   emit({{"name", "gpu_threads_all_reduce_busbw_" + size_tag(o, n, "dev")},
@@ -135,7 +166,9 @@ int run_threads(const Options& o, Device dev) {
         {"ms_per_call", t * 1e3},
         {"baseline", "gpu_d2d_copy_gbps"},
         {"baseline_value", copy_gbps},
-        {"ratio", busbw / copy_gbps}});
+        {"ratio", busbw / copy_gbps},
+        {"shared_gpu_bound_gbps", bound},
+        {"of_shared_gpu_bound", busbw / bound}});
   return 0;
 }
 
@@ -152,18 +185,20 @@ int run_mpi(const Options& o, Device dev) {
   lo.timeout = std::chrono::milliseconds(120000);
   comm::launch(lo, [&](comm::Communicator& c) {
     const int n = c.size();
-    const Tensor x = Tensor::ones({count});
+    const Tensor x = random_tensor(count, 2 + static_cast<std::uint64_t>(c.rank()));
     // DistJax: the device buffer itself (staged by the backend).
     const double ours = time_median(o, [&] {
-      c.all_reduce(comm::buffer_of(x), comm::buffer_of(x), comm::ReduceOp::Sum);
+      c.all_reduce(comm::buffer_of(x), comm::buffer_of(x), comm::ReduceOp::Mean);
+      raw::synchronize("bench", dev);
     });
     // By hand: to a page-locked host block, the host all-reduce, back.
     raw::HostBlock host("bench", dev, bytes);
     const double hand = time_median(o, [&] {
       raw::to_host("bench", dev, x.raw_data(), host.data(), bytes);
       c.all_reduce(comm::Buffer::host(host.data(), count, DType::F32),
-                   comm::Buffer::host(host.data(), count, DType::F32), comm::ReduceOp::Sum);
+                   comm::Buffer::host(host.data(), count, DType::F32), comm::ReduceOp::Mean);
       raw::from_host("bench", dev, host.data(), x.raw_data(), bytes);
+      raw::synchronize("bench", dev);
     });
     // The slowest process sets the pace: the max over processes of each median.
     std::vector<double> t = {ours, hand}, tmax(2);

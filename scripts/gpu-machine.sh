@@ -131,7 +131,10 @@ export OMP_WAIT_POLICY=passive
 step unpack unpack >/dev/null || exit 1
 mv "$OUT/unpack.log" /tmp/ 2>/dev/null
 step configure configure "$@" || exit 1
-grep -E '^-- DistJax:' "$OUT/configure.log" | tee -a "$SUMMARY"
+grep -E '^-- DistJax:|configuring again' "$OUT/configure.log" | tee -a "$SUMMARY"
+# At most 8 files come back from the GPU machine: a configure that passed keeps only the
+# lines above.
+mv "$OUT/configure.log" /tmp/ 2>/dev/null
 # QUICK=1: only the library, the gpu tests and the GPU benchmarks are built, and the gpu
 # tests run as programs (a lease's minutes go to the GPU, not to building the suite).
 # With them, the parity tests of every strategy that the gpu_* ctest entries rerun with the
@@ -143,7 +146,7 @@ QUICK_TARGETS=(distjax "${GPU_PROGRAMS[@]}" bench_gpu_gpt2 bench_gpu_gemm
                ppermute_test data_parallel_test zero_test fsdp_test tensor_parallel_test
                tp_async_test pipeline_test gpt_parity_test)
 # With MPI: the SPMD and parity programs that ctest's gpu_*_mpi entries run under mpirun.
-grep -q 'MPI backend ON' "$OUT/configure.log" &&
+grep -q 'MPI backend ON' "$SUMMARY" &&
   QUICK_TARGETS+=(spmd_mpi_test pipeline_mpi_test tensor_parallel_mpi_test global_view_mpi_test)
 gpu_programs() {
   local t rc=0
@@ -153,6 +156,13 @@ gpu_programs() {
   done
   echo "== the strategies' parity tests and the main job on the GPU (ctest -R '^gpu_')"
   (cd "$BUILD" && DISTJAX_REQUIRE_GPU=1 ctest --output-on-failure --timeout 900 -R '^gpu_') || rc=1
+  echo "== the main job's summary on the GPU (memory per device, bubble; timeline.json beside it)"
+  cat "$BUILD/tests/gpu_main_job/summary.json"
+  echo
+  echo "== margins of the pipeline parity tests on the GPU (DISTJAX_PARITY_REPORT=1)"
+  DISTJAX_DEVICE=cuda DISTJAX_PARITY_REPORT=1 "$BUILD/tests/pipeline_test" \
+    --gtest_filter='Pipeline.FullyShardedStagesMatchOneDevice:Pipeline.GptDataTensorPipe222*' 2>&1 |
+    grep -E '^\[parity\]|OK \]|FAILED \]' | sort -t= -k2 -g | tail -n 8
   return $rc
 }
 if [ "${QUICK:-0}" = 1 ]; then

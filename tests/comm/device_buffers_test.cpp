@@ -2,14 +2,20 @@
 // the CPU here, the checked device in the "checked" rerun, and one GPU shared by the
 // simulated devices in the "gpu" rerun (DISTJAX_DEVICE=cuda through run_on_gpu). Results
 // must equal the host's bit for bit (sums fold in rank order on every device kind), with
-// sizes that take each path (one step, reduce-scatter + all-gather, tails that are not a
-// multiple of the vector width), and buffers written by a kernel just before the call, so
-// a call that does not wait for the work queued before it reads stale data.
+// sizes that take each path (fewer elements than devices, so some shares are empty; tails
+// that are not a multiple of the vector width), and buffers written by a kernel just before
+// the call, so a call that does not wait for the work queued before it reads stale data. A
+// mismatched or missing device fails every device, naming the ops and devices, on device
+// buffers as on host ones.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/comm_test_util.hpp"
@@ -52,7 +58,8 @@ TEST_P(DeviceBuffers, EveryCollectiveEqualsTheHostBitForBit) {
   launch(opts(n), [n](Communicator& c) {
     const int r = c.rank();
     const Device dev = current_device();
-    for (std::int64_t count : {std::int64_t(5), std::int64_t(4099), std::int64_t(1) << 16}) {
+    for (std::int64_t count :
+         {std::int64_t(3), std::int64_t(5), std::int64_t(4099), std::int64_t(1) << 16}) {
       SCOPED_TRACE("count " + std::to_string(count) + " on " + dev.str());
       const Tensor x = input_on_device(r, count);
       ASSERT_EQ(x.device(), dev);
@@ -144,6 +151,72 @@ TEST(DeviceBuffers, SplitGroupsReduceTheirMembers) {
     pair.all_reduce(buffer_of(x), buffer_of(y), ReduceOp::Sum);
     EXPECT_EQ(y.to_vector<float>(), testing::host_sum_f32({r / 2 * 2, r / 2 * 2 + 1}, count));
   });
+}
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// Each device's CommError message from fn on n devices with this timeout ("" if none).
+std::vector<std::string> device_errors(int n, int timeout_ms,
+                                       const std::function<void(Communicator&)>& fn) {
+  LaunchOptions o = opts(n);
+  o.timeout = std::chrono::milliseconds(timeout_ms);
+  std::vector<std::string> msgs(n);
+  std::mutex mu;
+  try {
+    launch(o, [&](Communicator& world) {
+      try {
+        fn(world);
+      } catch (const CommError& e) {
+        std::lock_guard lk(mu);
+        msgs[world.rank()] = e.what();
+        throw;
+      }
+    });
+  } catch (const CommError&) {
+  }
+  return msgs;
+}
+
+TEST(DeviceBuffers, AMismatchedCollectiveFailsEveryDeviceNamingOpsAndDevices) {
+  const auto msgs = device_errors(4, 20000, [](Communicator& world) {
+    const Tensor x = input_on_device(world.rank(), 16);
+    Tensor y = Tensor::empty({64});
+    if (world.rank() == 1)
+      world.all_gather(buffer_of(x), buffer_of(y));
+    else
+      world.all_reduce(buffer_of(x), buffer_of(x), ReduceOp::Sum);
+    ADD_FAILURE() << "device " << world.rank() << " passed a mismatched collective";
+  });
+  // Off the CPU the descriptors name the buffers' device kind too.
+  const DeviceKind kind = current_device().kind;
+  const std::string on =
+      kind == DeviceKind::CPU ? ")" : std::string(", on ") + device_kind_name(kind) + ")";
+  for (int d = 0; d < 4; ++d) {
+    EXPECT_TRUE(has(msgs[d], "devices disagree at call #0 of group (0,1,2,3)")) << msgs[d];
+    EXPECT_TRUE(has(msgs[d], "devices 0,2,3 called all_reduce(count=16, f32, sum" + on)) << msgs[d];
+    EXPECT_TRUE(has(msgs[d], "device 1 called all_gather(count=16, f32" + on)) << msgs[d];
+  }
+}
+
+TEST(DeviceBuffers, ADeviceThatNeverArrivesTimesTheOthersOutNamingIt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto msgs = device_errors(4, 1000, [](Communicator& world) {
+    Communicator pair = world.split(world.rank() / 2, 0);
+    const Tensor x = input_on_device(world.rank(), 4099);
+    if (world.rank() == 1) {
+      // Late into a barrier of (0, 1), so the world's all_reduce times out first.
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      pair.barrier();
+    } else {
+      world.all_reduce(buffer_of(x), buffer_of(x), ReduceOp::Sum);
+    }
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+  for (int d : {0, 2, 3}) {
+    EXPECT_TRUE(has(msgs[d], "[all_reduce] timed out after 1000 ms")) << d << ": " << msgs[d];
+    EXPECT_TRUE(has(msgs[d], "device 1 did not arrive")) << d << ": " << msgs[d];
+  }
+  EXPECT_FALSE(msgs[1].empty()) << "device 1 did not fail";
 }
 
 }  // namespace

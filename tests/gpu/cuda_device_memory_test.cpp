@@ -79,14 +79,21 @@ TEST(CudaDeviceMemory, ReductionsEqualTheCpusBitForBit) {
             ASSERT_EQ(std::memcmp(want.data() + offset * es, got.data() + offset * es,
                                   static_cast<std::size_t>(n) * es),
                       0);
-            // In place over the first source.
-            raw::reduce("test", kGpu, const_cast<void*>(gpu_srcs[0]), gpu_srcs.data(), k, n,
-                        dtype, op, k);
-            raw::to_host("test", kGpu, gpu_srcs[0], got.data() + offset * es,
-                         static_cast<std::size_t>(n) * es);
-            ASSERT_EQ(std::memcmp(want.data() + offset * es, got.data() + offset * es,
-                                  static_cast<std::size_t>(n) * es),
-                      0);
+            // An all-reduce's share: written to every source's block (in place) and to dst
+            // again (cleared first), in one pass.
+            raw::zero("test", kGpu, dst.raw_data(), bytes);
+            std::vector<void*> dsts;
+            for (const void* p : gpu_srcs) dsts.push_back(const_cast<void*>(p));
+            dsts.push_back(static_cast<char*>(dst.raw_data()) + offset * es);
+            raw::reduce("test", kGpu, dsts.data(), static_cast<int>(dsts.size()),
+                        gpu_srcs.data(), k, n, dtype, op, k);
+            for (void* p : dsts) {
+              raw::to_host("test", kGpu, p, got.data() + offset * es,
+                           static_cast<std::size_t>(n) * es);
+              ASSERT_EQ(std::memcmp(want.data() + offset * es, got.data() + offset * es,
+                                    static_cast<std::size_t>(n) * es),
+                        0);
+            }
           }
         }
       }

@@ -50,7 +50,8 @@ TEST(ReduceRanks, BitIdenticalToRankOrderReduction) {
           for (auto& v : src) s.push_back(v.data() + off);
           std::vector<float> want(n + 3, -1.f), got(n + 3, -2.f);
           reduce_ranks_generic(want.data() + off, s.data(), k, n, DType::F32, op, 3);
-          reduce_ranks(got.data() + off, s.data(), k, n, DType::F32, op, 3, {});
+          void* const d[1] = {got.data() + off};
+          reduce_ranks(d, 1, s.data(), k, n, DType::F32, op, 3, {});
           expect_bit_equal(want.data() + off, got.data() + off, n, kOpNames[static_cast<int>(op)]);
           if (::testing::Test::HasFatalFailure()) return;
           if (n == big) break;  // one alignment is enough for the large case
@@ -65,14 +66,30 @@ TEST(ReduceRanks, InPlaceOverFirstSource) {
   std::vector<float> a = values(n, 1), b = values(n, 2), want(n);
   const void* s[2] = {a.data(), b.data()};
   reduce_ranks_generic(want.data(), s, 2, n, DType::F32, RankReduce::Sum, 2);
-  reduce_ranks(a.data(), s, 2, n, DType::F32, RankReduce::Sum, 2, {});
+  void* const d[1] = {a.data()};
+  reduce_ranks(d, 1, s, 2, n, DType::F32, RankReduce::Sum, 2, {});
   expect_bit_equal(want.data(), a.data(), n, "in place");
+}
+
+// An all-reduce's share: one fold written to every rank's block, each destination over
+// its own rank's source (in place), plus one apart.
+TEST(ReduceRanks, EveryDestinationGetsTheFoldAlsoInPlace) {
+  const std::int64_t n = 1031;
+  std::vector<std::vector<float>> src{values(n, 3), values(n, 4), values(n, 5)};
+  std::vector<float> want(n), apart(n, -1.f);
+  const void* s[3] = {src[0].data(), src[1].data(), src[2].data()};
+  reduce_ranks_generic(want.data(), s, 3, n, DType::F32, RankReduce::Mean, 3);
+  void* const d[4] = {src[0].data(), src[1].data(), src[2].data(), apart.data()};
+  reduce_ranks(d, 4, s, 3, n, DType::F32, RankReduce::Mean, 3, {});
+  for (const auto& v : src) expect_bit_equal(want.data(), v.data(), n, "in place");
+  expect_bit_equal(want.data(), apart.data(), n, "apart");
 }
 
 TEST(ReduceRanks, OtherDtypesUseTheGenericPath) {
   std::vector<std::int32_t> a{1, -2, 3}, b{4, 5, -6}, got(3);
   const void* s[2] = {a.data(), b.data()};
-  reduce_ranks(got.data(), s, 2, 3, DType::I32, RankReduce::Max, 2, {});
+  void* const d[1] = {got.data()};
+  reduce_ranks(d, 1, s, 2, 3, DType::I32, RankReduce::Max, 2, {});
   EXPECT_EQ(got, (std::vector<std::int32_t>{4, 5, 3}));
 }
 

@@ -38,6 +38,10 @@ void zero(const char* op, Device device, void* dst, std::size_t nbytes);
 /// device kind. 1 <= k <= kMaxSources; dst may alias a source. Ordered like copy.
 void reduce(const char* op, Device device, void* dst, const void* const* srcs, int k,
             std::int64_t n, DType dtype, Reduction reduction, int divisor);
+/// The same fold written to each of m destinations (1 <= m <= kMaxSources) in one pass; a
+/// destination may alias a source at the same offset.
+void reduce(const char* op, Device device, void* const* dsts, int m, const void* const* srcs,
+            int k, std::int64_t n, DType dtype, Reduction reduction, int divisor);
 /// nbytes from device memory to host memory, and back. to_host is complete on return;
 /// from_host returns with host_src reusable and the device's copy ordered on the calling
 /// thread's stream, like copy.

@@ -79,7 +79,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                   Tensor gq = Tensor::empty(qd.shape(), DType::F32, dev),
                          gk = Tensor::empty(kd.shape(), DType::F32, dev),
                          gv = Tensor::empty(vd.shape(), DType::F32, dev);
-                  Dispatch k("attention", &KernelTable::attention,
+                  Dispatch k("attention_backward", &KernelTable::attention,
                              {&qd, &kd, &vd, &od, &lse, &g[0], &gq, &gk, &gv});
                   k->backward(a, qd.data<float>(), kd.data<float>(), vd.data<float>(),
                               od.data<float>(), lse.data<float>(), g[0].data<float>(),
@@ -121,17 +121,17 @@ Tensor attention_packed(const Tensor& qkv, std::int64_t num_heads, bool causal, 
     kd->forward(a, pq, pq + d, pq + 2 * d, out.data<float>(), lse.data<float>(), kd.stream());
   }
   if (!needs_grad({&qkv})) return joined(out, {&qkv});
-  return record(
-      "attention_packed", {qkv}, out,
-      [a, xd = qkv.detach(), od = out.detach(), lse](const std::vector<Tensor>& g) {
-        Tensor gx = Tensor::empty(xd.shape(), DType::F32, xd.device());
-        Dispatch k("attention_packed", &KernelTable::attention, {&xd, &od, &lse, &g[0], &gx});
-        const float* px = xd.data<float>();
-        float* pgx = gx.data<float>();
-        k->backward(a, px, px + a.d, px + 2 * a.d, od.data<float>(), lse.data<float>(),
-                    g[0].data<float>(), pgx, pgx + a.d, pgx + 2 * a.d, k.stream());
-        return std::vector<Tensor>{gx};
-      });
+  return record("attention_packed", {qkv}, out,
+                [a, xd = qkv.detach(), od = out.detach(), lse](const std::vector<Tensor>& g) {
+                  Tensor gx = Tensor::empty(xd.shape(), DType::F32, xd.device());
+                  Dispatch k("attention_packed_backward", &KernelTable::attention,
+                             {&xd, &od, &lse, &g[0], &gx});
+                  const float* px = xd.data<float>();
+                  float* pgx = gx.data<float>();
+                  k->backward(a, px, px + a.d, px + 2 * a.d, od.data<float>(), lse.data<float>(),
+                              g[0].data<float>(), pgx, pgx + a.d, pgx + 2 * a.d, k.stream());
+                  return std::vector<Tensor>{gx};
+                });
 }
 
 }  // namespace distjax::tensor

@@ -66,13 +66,21 @@ void zero(const char* op, Device device, void* dst, std::size_t nbytes) {
 
 void reduce(const char* op, Device device, void* dst, const void* const* srcs, int k,
             std::int64_t n, DType dtype, Reduction reduction, int divisor) {
-  DISTJAX_CHECK(k >= 1 && k <= kMaxSources, InvalidArgument, "[", op, "] reduces 1 to ",
-                kMaxSources, " blocks at once, got ", k);
+  void* const dsts[1] = {dst};
+  reduce(op, device, dsts, 1, srcs, k, n, dtype, reduction, divisor);
+}
+
+void reduce(const char* op, Device device, void* const* dsts, int m, const void* const* srcs,
+            int k, std::int64_t n, DType dtype, Reduction reduction, int divisor) {
+  DISTJAX_CHECK(k >= 1 && k <= kMaxSources && m >= 1 && m <= kMaxSources, InvalidArgument, "[",
+                op, "] reduces 1 to ", kMaxSources, " blocks into as many at once, got ", k,
+                " into ", m);
   if (n == 0) return;
   const auto& kern = kernels(op, device, &KernelTable::comm);
-  Open open(device, {dst});
+  Open open(device, {});
+  for (int j = 0; j < m; ++j) open.add(dsts[j]);
   for (int j = 0; j < k; ++j) open.add(srcs[j]);
-  kern.reduce_ranks(dst, srcs, k, n, dtype, rank_reduce(reduction), divisor, {});
+  kern.reduce_ranks(dsts, m, srcs, k, n, dtype, rank_reduce(reduction), divisor, {});
 }
 
 void to_host(const char* op, Device device, const void* src, void* host_dst, std::size_t nbytes) {

@@ -1,6 +1,7 @@
 // The threads backend (see threads_communicator.hpp). Each collective is a few sync
 // points on the group's shared state; between them every rank works on its own share
-// (reduce-scatter + all-gather for all_reduce), so the work is split across devices.
+// (all_reduce: each rank folds its share of every send into every recv), so the work is
+// split across devices.
 // Nonblocking collectives run the same code on a worker thread of the device's group
 // handle, in issue order (see ThreadsCommunicator::enqueue).
 #include "distjax/comm/threads/threads_communicator.hpp"
@@ -18,9 +19,6 @@ namespace {
 
 namespace raw = tensor::raw;
 
-// Below this many bytes all_reduce reduces the whole buffer on every rank (2 sync
-// points) instead of reduce-scatter + all-gather (3 sync points).
-constexpr std::int64_t kSmallAllReduceBytes = 32 * 1024;
 
 char* bytes_of(void* p) { return static_cast<char*>(p); }
 const char* bytes_of(const void* p) { return static_cast<const char*>(p); }
@@ -90,6 +88,12 @@ struct ThreadsCommunicator::Mover {
               ReduceOp r, int divisor) const {
     raw::reduce(op, device, dst, srcs.data(), static_cast<int>(srcs.size()), n, dtype,
                 reduction_of(r), divisor);
+  }
+  /// The same fold written to every block of dsts in one pass.
+  void reduce(const std::vector<void*>& dsts, const std::vector<const void*>& srcs,
+              std::int64_t n, DType dtype, ReduceOp r, int divisor) const {
+    raw::reduce(op, device, dsts.data(), static_cast<int>(dsts.size()), srcs.data(),
+                static_cast<int>(srcs.size()), n, dtype, reduction_of(r), divisor);
   }
 };
 
@@ -175,23 +179,22 @@ void ThreadsCommunicator::run_all_reduce(Mover& m, const Buffer& sb, const Buffe
   const auto d = detail::make_desc(call.seq(), OpKind::AllReduce, count, dtype, op);
   call.arrive(d, send, recv);
   std::vector<const void*> srcs(n);
-  bool in_place = false;
-  for (int j = 0; j < n; ++j) in_place |= g_->send_of(j) == g_->recv_of(j);
-  if (n == 1 || (count * es <= kSmallAllReduceBytes && !in_place)) {
-    for (int j = 0; j < n; ++j) srcs[j] = g_->send_of(j);
+  if (n == 1) {
+    srcs[0] = send;
     m.reduce(recv, srcs, count, dtype, op, n);
   } else {
-    // Reduce-scatter: this rank reduces its share (in rank order) into its own recv ...
+    // This rank folds its share (in rank order) and writes it into every rank's recv in the
+    // same pass: the reads and writes of a reduce-scatter and an all-gather, without
+    // writing the share and reading it back (8 buffer passes for 4 devices instead of 11),
+    // and without the sync point between them. Only this rank touches its share of any
+    // buffer, so in place is safe; the departure orders every rank after all the writes.
     auto [lo, hi] = share(count, n, rank_);
-    for (int j = 0; j < n; ++j) srcs[j] = bytes_of(g_->send_of(j)) + lo * es;
-    m.reduce(bytes_of(recv) + lo * es, srcs, hi - lo, dtype, op, n);
-    call.phase();
-    // ... all-gather: copy every other share from its owner's recv.
+    std::vector<void*> dsts(n);
     for (int j = 0; j < n; ++j) {
-      if (j == rank_) continue;
-      auto [l, h] = share(count, n, j);
-      m.copy(bytes_of(recv) + l * es, bytes_of(g_->recv_of(j)) + l * es, (h - l) * es);
+      srcs[j] = bytes_of(g_->send_of(j)) + lo * es;
+      dsts[j] = bytes_of(g_->recv_of(j)) + lo * es;
     }
+    m.reduce(dsts, srcs, hi - lo, dtype, op, n);
   }
   call.depart();
 }

@@ -162,8 +162,10 @@ void reduce_ranks_generic(void* dst, const void* const* srcs, int k, std::int64_
   }
 }
 
-void reduce_ranks(void* dst, const void* const* srcs, int k, std::int64_t n, DType dtype,
-                  RankReduce op, int divisor, Stream) {
+namespace {
+
+void reduce_ranks_one(void* dst, const void* const* srcs, int k, std::int64_t n, DType dtype,
+                      RankReduce op, int divisor) {
 #if defined(__AVX512F__)
   if (dtype == DType::F32 && k >= 1 && k <= kMaxRankSources) {
     const float* s[kMaxRankSources];
@@ -178,6 +180,21 @@ void reduce_ranks(void* dst, const void* const* srcs, int k, std::int64_t n, DTy
   }
 #endif
   reduce_ranks_generic(dst, srcs, k, n, dtype, op, divisor);
+}
+
+}  // namespace
+
+// The fold into the first destination, then copies of it: every source is read before the
+// first copy, so a later destination may alias a source too.
+void reduce_ranks(void* const* dsts, int m, const void* const* srcs, int k, std::int64_t n,
+                  DType dtype, RankReduce op, int divisor, Stream) {
+  DISTJAX_CHECK(m >= 1 && m <= kMaxRankSources && k >= 1 && k <= kMaxRankSources,
+                InvalidArgument, "[reduce_ranks] folds 1 to ", kMaxRankSources,
+                " sources into as many destinations, got ", k, " into ", m);
+  reduce_ranks_one(dsts[0], srcs, k, n, dtype, op, divisor);
+  const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(dtype);
+  for (int j = 1; j < m; ++j)
+    if (dsts[j] != dsts[0]) std::memcpy(dsts[j], dsts[0], bytes);
 }
 
 const CommKernels comm_kernels{

@@ -20,9 +20,12 @@ namespace {
 using detail::RankReduce;
 using detail::Stream;
 
-// The sources, by value in the kernel's parameters (512 bytes).
+// The sources and the destinations, by value in the kernel's parameters (512 bytes each).
 struct Sources {
   const void* p[detail::kMaxRankSources];
+};
+struct Dests {
+  void* p[detail::kMaxRankSources];
 };
 
 // What each element accumulates in: f32 for halves, the type itself otherwise.
@@ -55,17 +58,20 @@ __device__ inline T fold(const Sources& s, int k, std::int64_t i, Acc<T> divisor
     return acc;
 }
 
+// Each element is read from every source before it is written to any destination, so a
+// destination may alias a source at the same offset.
 template <class T, RankReduce Op>
-__global__ void reduce_kernel(T* __restrict__ dst, Sources s, int k, std::int64_t n,
-                              Acc<T> divisor) {
+__global__ void reduce_kernel(Dests d, int m, Sources s, int k, std::int64_t n, Acc<T> divisor) {
   const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
-  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    dst[i] = fold<T, Op>(s, k, i, divisor);
+  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const T v = fold<T, Op>(s, k, i, divisor);
+    for (int j = 0; j < m; ++j) static_cast<T*>(d.p[j])[i] = v;
+  }
 }
 
 // f32 with every pointer 16-byte aligned: four elements per load (the same arithmetic).
 template <RankReduce Op>
-__global__ void reduce_f32x4_kernel(float4* __restrict__ dst, Sources s, int k, std::int64_t n4,
+__global__ void reduce_f32x4_kernel(Dests d, int m, Sources s, int k, std::int64_t n4,
                                     float divisor) {
   const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
   for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n4;
@@ -91,54 +97,63 @@ __global__ void reduce_f32x4_kernel(float4* __restrict__ dst, Sources s, int k, 
       acc.z = __fdiv_rn(acc.z, divisor);
       acc.w = __fdiv_rn(acc.w, divisor);
     }
-    dst[i] = acc;
+    for (int j = 0; j < m; ++j) static_cast<float4*>(d.p[j])[i] = acc;
   }
 }
 
+bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
 template <class T, RankReduce Op>
-void launch_reduce(void* dst, const Sources& s, int k, std::int64_t n, int divisor,
+void launch_reduce(const Dests& d, int m, const Sources& s, int k, std::int64_t n, int divisor,
                    cudaStream_t stream) {
   if constexpr (std::is_same_v<T, float>) {
-    bool aligned = reinterpret_cast<std::uintptr_t>(dst) % 16 == 0 && n % 4 == 0;
-    for (int j = 0; j < k; ++j) aligned &= reinterpret_cast<std::uintptr_t>(s.p[j]) % 16 == 0;
+    bool aligned = n % 4 == 0;
+    for (int j = 0; j < m; ++j) aligned &= aligned16(d.p[j]);
+    for (int j = 0; j < k; ++j) aligned &= aligned16(s.p[j]);
     if (aligned) {
       reduce_f32x4_kernel<Op><<<grid_for(n / 4), kThreads, 0, stream>>>(
-          static_cast<float4*>(dst), s, k, n / 4, static_cast<float>(divisor));
+          d, m, s, k, n / 4, static_cast<float>(divisor));
       DISTJAX_CUDA_LAUNCHED("reduce_ranks");
       return;
     }
   }
-  reduce_kernel<T, Op><<<grid_for(n), kThreads, 0, stream>>>(static_cast<T*>(dst), s, k, n,
+  reduce_kernel<T, Op><<<grid_for(n), kThreads, 0, stream>>>(d, m, s, k, n,
                                                              static_cast<Acc<T>>(divisor));
   DISTJAX_CUDA_LAUNCHED("reduce_ranks");
 }
 
 template <class T>
-void reduce_typed(void* dst, const Sources& s, int k, std::int64_t n, RankReduce op, int divisor,
-                  cudaStream_t stream) {
+void reduce_typed(const Dests& d, int m, const Sources& s, int k, std::int64_t n, RankReduce op,
+                  int divisor, cudaStream_t stream) {
   switch (op) {
-    case RankReduce::Sum: return launch_reduce<T, RankReduce::Sum>(dst, s, k, n, divisor, stream);
+    case RankReduce::Sum:
+      return launch_reduce<T, RankReduce::Sum>(d, m, s, k, n, divisor, stream);
     case RankReduce::Mean:
-      return launch_reduce<T, RankReduce::Mean>(dst, s, k, n, divisor, stream);
-    case RankReduce::Max: return launch_reduce<T, RankReduce::Max>(dst, s, k, n, divisor, stream);
+      return launch_reduce<T, RankReduce::Mean>(d, m, s, k, n, divisor, stream);
+    case RankReduce::Max:
+      return launch_reduce<T, RankReduce::Max>(d, m, s, k, n, divisor, stream);
   }
 }
 
-void reduce_ranks(void* dst, const void* const* srcs, int k, std::int64_t n, DType dtype,
-                  RankReduce op, int divisor, Stream st) {
-  DISTJAX_CHECK(k >= 1 && k <= detail::kMaxRankSources, InvalidArgument,
-                "[reduce_ranks] folds 1 to ", detail::kMaxRankSources, " sources, got ", k);
+void reduce_ranks(void* const* dsts, int m, const void* const* srcs, int k, std::int64_t n,
+                  DType dtype, RankReduce op, int divisor, Stream st) {
+  DISTJAX_CHECK(m >= 1 && m <= detail::kMaxRankSources && k >= 1 &&
+                    k <= detail::kMaxRankSources,
+                InvalidArgument, "[reduce_ranks] folds 1 to ", detail::kMaxRankSources,
+                " sources into as many destinations, got ", k, " into ", m);
   if (n == 0) return;
   Sources s{};
   for (int j = 0; j < k; ++j) s.p[j] = srcs[j];
+  Dests d{};
+  for (int j = 0; j < m; ++j) d.p[j] = dsts[j];
   const cudaStream_t stream = stream_of(st);
   switch (dtype) {
-    case DType::F32: return reduce_typed<float>(dst, s, k, n, op, divisor, stream);
-    case DType::F64: return reduce_typed<double>(dst, s, k, n, op, divisor, stream);
-    case DType::I32: return reduce_typed<std::int32_t>(dst, s, k, n, op, divisor, stream);
-    case DType::I64: return reduce_typed<std::int64_t>(dst, s, k, n, op, divisor, stream);
-    case DType::BF16: return reduce_typed<Bf16>(dst, s, k, n, op, divisor, stream);
-    case DType::F16: return reduce_typed<F16>(dst, s, k, n, op, divisor, stream);
+    case DType::F32: return reduce_typed<float>(d, m, s, k, n, op, divisor, stream);
+    case DType::F64: return reduce_typed<double>(d, m, s, k, n, op, divisor, stream);
+    case DType::I32: return reduce_typed<std::int32_t>(d, m, s, k, n, op, divisor, stream);
+    case DType::I64: return reduce_typed<std::int64_t>(d, m, s, k, n, op, divisor, stream);
+    case DType::BF16: return reduce_typed<Bf16>(d, m, s, k, n, op, divisor, stream);
+    case DType::F16: return reduce_typed<F16>(d, m, s, k, n, op, divisor, stream);
   }
 }
 

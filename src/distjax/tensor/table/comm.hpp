@@ -19,13 +19,15 @@ enum class RankReduce : std::uint8_t { Sum, Mean, Max };
 struct CommKernels {
   /// nbytes of dst set to zero bytes.
   void (*zero)(void* dst, std::size_t nbytes, Stream s);
-  /// dst[i] = srcs[0][i] op srcs[1][i] op ... op srcs[k-1][i] for i < n, folded left in
-  /// source order (bf16 and f16 in f32, rounded once), Mean dividing the sum by `divisor`:
-  /// the same bits on every device kind. max keeps the first operand unless the next is
-  /// greater (a NaN in the first source stays). dst may alias a source at the same offset.
-  /// `srcs` is host memory holding k device pointers, 1 <= k <= kMaxRankSources.
-  void (*reduce_ranks)(void* dst, const void* const* srcs, int k, std::int64_t n, DType dtype,
-                       RankReduce op, int divisor, Stream s);
+  /// dsts[j][i] = srcs[0][i] op srcs[1][i] op ... op srcs[k-1][i] for i < n and every one
+  /// of the m destinations, folded left in source order (bf16 and f16 in f32, rounded
+  /// once), Mean dividing the sum by `divisor`: the same bits on every device kind. max
+  /// keeps the first operand unless the next is greater (a NaN in the first source stays).
+  /// A destination may alias a source at the same offset. `dsts` and `srcs` are host memory
+  /// holding m and k device pointers, 1 <= m, k <= kMaxRankSources. (Several destinations:
+  /// one pass of an all-reduce's share over every rank's copy.)
+  void (*reduce_ranks)(void* const* dsts, int m, const void* const* srcs, int k, std::int64_t n,
+                       DType dtype, RankReduce op, int divisor, Stream s);
   /// Returns when the work queued so far on the stream is done (a no-op on the CPU).
   void (*synchronize)(Stream s);
   /// An event marking the work queued so far on the stream (null where kernels run at once);
@@ -47,7 +49,8 @@ struct CommKernels {
   void (*host_free)(void* p, std::size_t nbytes);
 };
 
-/// The most sources one reduce_ranks call folds (the simulated devices of one group).
+/// The most sources one reduce_ranks call folds, and destinations it writes (the simulated
+/// devices of one group).
 inline constexpr int kMaxRankSources = 64;
 
 }  // namespace distjax::tensor::detail
