@@ -12,6 +12,7 @@
 #   GPU_BATCH=16      the batch of every comparison
 #   GPU_STEPS=20      timed steps (after warm-up) of each system
 #   GPU_SKIP_REFS=1   DistJax alone
+#   GPU_SKIP_SIM=1    without the (2,2,2) simulated mesh against one device
 #   GPU_DEADLINE=S    skip what would start after S seconds of this script (a lease's end)
 #   DISTJAX_COMMIT=.. the commit recorded in the first line (default: git's HEAD)
 set -uo pipefail
@@ -77,7 +78,7 @@ fi
 # The cost of simulating the mesh: the 124M GPT on (data 2, model 2, pipe 2) simulated
 # devices on this GPU against the same model and batch on one device of it (distjax train,
 # configs/gpt2_124m_3d_gpu.toml; tokens/s: the median of the logged intervals after the first).
-if [ -x "$BUILD/distjax" ] && ! late; then
+if [ -x "$BUILD/distjax" ] && [ -z "${GPU_SKIP_SIM:-}" ] && ! late; then
   SIM_STEPS=${GPU_SIM_STEPS:-30}
   for mesh in sim8 single; do
     extra=()

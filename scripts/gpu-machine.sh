@@ -178,10 +178,17 @@ if [ "${QUICK:-0}" = 1 ]; then
     QUICK_TARGETS=("${local_targets[@]}")
     step build build_quick || exit 1
   fi
-  step gpu-tests gpu_programs
+  [ "${TESTS:-1}" = 1 ] && step gpu-tests gpu_programs
 else
   step build cmake --build "$BUILD" -j "$(nproc)" || exit 1
   step ctest-gpu ctest_gpu
+fi
+# PROBE_SPMD_MPI=1: the SPMD programs under mpirun -np 4 on the GPU once, each line tagged
+# with its rank, capped at 45 s (a report: what each rank says when the run does not end).
+if [ "${PROBE_SPMD_MPI:-0}" = 1 ] && [ -x "$BUILD/tests/spmd_mpi_test" ]; then
+  timeout -s INT 45 mpirun --allow-run-as-root --oversubscribe --tag-output -x DISTJAX_DEVICE=cuda \
+    -x LD_LIBRARY_PATH -np 4 "$BUILD/tests/spmd_mpi_test" >"$OUT/spmd-mpi-probe.log" 2>&1
+  echo "spmd-mpi-probe: exit $?" | tee -a "$SUMMARY"
 fi
 # RERUN=1: one-device test binaries rerun with every tensor on the GPU (DISTJAX_DEVICE=cuda)
 # against their own CPU-computed expectations; a report, not a gate (some tests compare
