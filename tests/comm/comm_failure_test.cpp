@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/comm_test_util.hpp"
 #include "distjax/comm/communicator.hpp"
 #include "distjax/comm/launch.hpp"
 #include "distjax/core/error.hpp"
@@ -24,31 +25,7 @@ LaunchOptions opts(int n, int timeout_ms) {
   return o;
 }
 
-// Runs fn on n devices; returns each device's CommError message ("" if it threw none) and
-// the message launch rethrew.
-struct Outcome {
-  std::vector<std::string> device_msgs;
-  std::string launch_msg;
-};
-Outcome run_failing(const LaunchOptions& o, const std::function<void(Communicator&)>& fn) {
-  Outcome out;
-  out.device_msgs.resize(o.num_devices);
-  std::mutex mu;
-  try {
-    launch(o, [&](Communicator& world) {
-      try {
-        fn(world);
-      } catch (const CommError& e) {
-        std::lock_guard lk(mu);
-        out.device_msgs[world.global_rank()] = e.what();
-        throw;
-      }
-    });
-  } catch (const CommError& e) {
-    out.launch_msg = e.what();
-  }
-  return out;
-}
+using testing::run_failing;
 
 TEST(Mismatch, AllGatherWhereOthersAllReduce) {
   auto out = run_failing(opts(4, 20000), [](Communicator& world) {

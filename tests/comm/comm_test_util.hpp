@@ -1,10 +1,43 @@
-// Helpers of the comm tests: deterministic inputs per device and host references.
+// Helpers of the comm tests: deterministic inputs per device, host references, and the
+// errors of a launch that must fail.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
 #include <vector>
 
+#include "distjax/comm/launch.hpp"
+#include "distjax/core/error.hpp"
+
 namespace distjax::comm::testing {
+
+/// What a failing launch reported: each device's CommError message ("" if it threw none),
+/// by global rank, and the message launch rethrew.
+struct Outcome {
+  std::vector<std::string> device_msgs;
+  std::string launch_msg;
+};
+inline Outcome run_failing(const LaunchOptions& o, const std::function<void(Communicator&)>& fn) {
+  Outcome out;
+  out.device_msgs.resize(o.num_devices);
+  std::mutex mu;
+  try {
+    launch(o, [&](Communicator& world) {
+      try {
+        fn(world);
+      } catch (const CommError& e) {
+        std::lock_guard lk(mu);
+        out.device_msgs[world.global_rank()] = e.what();
+        throw;
+      }
+    });
+  } catch (const CommError& e) {
+    out.launch_msg = e.what();
+  }
+  return out;
+}
 
 /// Element i of device r's input: values whose f32 sums depend on the order of addition.
 inline float input_f32(int r, std::int64_t i) {

@@ -160,21 +160,7 @@ std::vector<std::string> device_errors(int n, int timeout_ms,
                                        const std::function<void(Communicator&)>& fn) {
   LaunchOptions o = opts(n);
   o.timeout = std::chrono::milliseconds(timeout_ms);
-  std::vector<std::string> msgs(n);
-  std::mutex mu;
-  try {
-    launch(o, [&](Communicator& world) {
-      try {
-        fn(world);
-      } catch (const CommError& e) {
-        std::lock_guard lk(mu);
-        msgs[world.rank()] = e.what();
-        throw;
-      }
-    });
-  } catch (const CommError&) {
-  }
-  return msgs;
+  return testing::run_failing(o, fn).device_msgs;
 }
 
 TEST(DeviceBuffers, AMismatchedCollectiveFailsEveryDeviceNamingOpsAndDevices) {
