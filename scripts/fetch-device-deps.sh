@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run here (a machine with apt), once: puts into .device-deps/ (git-ignored) what
 # scripts/gpu-machine.sh needs on the GPU machine, which has no package registry: the Debian
-# packages of the build and OpenMPI (about 45 MB of .deb files, unpacked there into a prefix)
+# packages of the build and OpenMPI (about 48 MB of .deb files, unpacked there into a prefix)
 # and NCCL's header (that machine has NCCL's runtime library, perhaps without nccl.h).
 # Then carry .device-deps/ to the GPU machine along with the tree.
 set -euo pipefail
@@ -17,7 +17,12 @@ PKGS=(libdnnl-dev libdnnl2 ocl-icd-opencl-dev opencl-c-headers opencl-clhpp-head
       # libnl), whose plugins are turned off there (Debian's openmpi-mca-params.conf and
       # mpi_env), and libopenmpi-dev's -dev dependencies, which mpicc does not need.
       openmpi-bin openmpi-common libopenmpi3 libopenmpi-dev libpmix2 libmunge2 libhwloc15
-      libevent-core-2.1-7 libevent-pthreads-2.1-7)
+      libevent-core-2.1-7 libevent-pthreads-2.1-7
+      # gdb for the threads' backtraces of a hung run (3.6 MB; that machine has none):
+      # gdb-minimal (no Python, so none of libpython3.11's chain) with the libraries it links
+      # that Ubuntu 24.04 may lack, unpacked beside it (gpu-machine.sh's gdb_env; its
+      # libdebuginfod.so.1 is a stub built there, the real one wants libcurl-gnutls).
+      gdb-minimal libipt2 libreadline8 libexpat1 libxxhash0)
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 $SUDO apt-get update -qq

@@ -47,6 +47,9 @@ unpack() {
   for f in "$DEPS"/*.deb; do
     case $f in
       *fortune* | *fashion*) dpkg -x "$f" / ;;
+      # gdb's, in a prefix of their own, off LD_LIBRARY_PATH (see gdb_env).
+      */gdb-minimal_* | */libipt2_* | */libreadline8_* | */libexpat1_* | */libxxhash0_*)
+        dpkg -x "$f" "$PREFIX/gdb" ;;
       *) dpkg -x "$f" "$PREFIX" ;;
     esac
     echo "unpacked $f"
@@ -118,6 +121,38 @@ mpi_env() {
     export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
   fi
 }
+# gdb, for the threads' backtraces of a run that hangs: the machine's own, or Debian's
+# gdb-minimal where it was carried (unpacked into $PREFIX/gdb), run through a wrapper,
+# $PREFIX/gdb/bin/gdb, put first on PATH. Its libraries stay off the global LD_LIBRARY_PATH:
+# bookworm's expat and readline would shadow the machine's newer ones for every program.
+# libdebuginfod.so.1 is a stub built here: the real one wants libcurl-gnutls and its chain, for
+# a lookup gdb makes only with DEBUGINFOD_URLS set, which the wrapper empties. Returns 1 where
+# there is no gdb that runs.
+gdb_env() {
+  command -v gdb >/dev/null && return 0
+  local g=$PREFIX/gdb
+  local lib=$g/usr/lib/x86_64-linux-gnu
+  [ -x "$g/usr/bin/gdb" ] || return 1
+  mkdir -p "$lib" "$g/bin"
+  if [ ! -f "$lib/libdebuginfod.so.1" ]; then
+    printf '%s\n' 'ELFUTILS_0.178 { global: debuginfod_begin; debuginfod_end; debuginfod_find_debuginfo;' \
+      'debuginfod_find_executable; debuginfod_find_source; debuginfod_set_progressfn; local: *; };' \
+      'ELFUTILS_0.179 { global: debuginfod_get_user_data; debuginfod_set_user_data; } ELFUTILS_0.178;' \
+      >"$g/debuginfod.map"
+    printf '%s\n' '#define F(n) int n(void) { return -38; }' 'void *debuginfod_begin(void) { return 0; }' \
+      'void *debuginfod_get_user_data(void) { return 0; }' 'F(debuginfod_end) F(debuginfod_find_debuginfo)' \
+      'F(debuginfod_find_executable) F(debuginfod_find_source) F(debuginfod_set_progressfn)' \
+      'F(debuginfod_set_user_data)' |
+      gcc -shared -fPIC -x c - -o "$lib/libdebuginfod.so.1" -Wl,-soname,libdebuginfod.so.1 \
+        -Wl,--version-script="$g/debuginfod.map" || return 1
+  fi
+  printf '%s\n' '#!/bin/sh' \
+    "LD_LIBRARY_PATH=$lib:$g/lib/x86_64-linux-gnu\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH} DEBUGINFOD_URLS= \\" \
+    "  exec $g/usr/bin/gdb \"\$@\"" >"$g/bin/gdb"
+  chmod +x "$g/bin/gdb"
+  export PATH=$g/bin:$PATH
+  gdb --version >/dev/null
+}
 export OMP_WAIT_POLICY=passive
 {
   date
@@ -130,6 +165,10 @@ export OMP_WAIT_POLICY=passive
 
 step unpack unpack >/dev/null || exit 1
 mv "$OUT/unpack.log" /tmp/ 2>/dev/null
+# In this shell: gdb_env's PATH stays for the later steps.
+if gdb_env >/tmp/gdb-env.log 2>&1; then gdb_line="gdb: $(gdb --version | head -n 1)"
+else gdb_line="gdb: none$(tail -n 1 /tmp/gdb-env.log | sed 's/^./ (&/; s/.$/&)/')"; fi
+echo "$gdb_line" | tee -a "$SUMMARY"
 step configure configure "$@" || exit 1
 grep -E '^-- DistJax:|configuring again' "$OUT/configure.log" | tee -a "$SUMMARY"
 # At most 8 files come back from the GPU machine: a configure that passed keeps only the
@@ -185,10 +224,31 @@ else
 fi
 # PROBE_SPMD_MPI=1: the SPMD programs under mpirun -np 4 on the GPU once, each line tagged
 # with its rank, capped at 45 s (a report: what each rank says when the run does not end).
+# Ranks still running after 30 s get their threads' backtraces (gdb, attached to all at once,
+# 20 s each) and their threads' kernel wait channels (no ptrace needed), after the run's output.
 if [ "${PROBE_SPMD_MPI:-0}" = 1 ] && [ -x "$BUILD/tests/spmd_mpi_test" ]; then
   timeout -s INT 45 mpirun --allow-run-as-root --oversubscribe --tag-output -x DISTJAX_DEVICE=cuda \
-    -x LD_LIBRARY_PATH -np 4 "$BUILD/tests/spmd_mpi_test" >"$OUT/spmd-mpi-probe.log" 2>&1
+    -x LD_LIBRARY_PATH -np 4 "$BUILD/tests/spmd_mpi_test" >"$OUT/spmd-mpi-probe.log" 2>&1 &
+  probe=$!
+  for _ in $(seq 30); do kill -0 "$probe" 2>/dev/null && sleep 1; done
+  dumps=$(mktemp -d)
+  for p in /proc/[0-9]*; do  # not pgrep: procps may be missing there
+    [ "$(cat "$p/comm" 2>/dev/null)" = spmd_mpi_test ] || continue
+    pid=${p#/proc/}
+    {
+      echo "==== rank process $pid: threads (name, wait channel)"
+      for t in "$p"/task/*; do echo "${t##*/} $(cat "$t/comm") $(cat "$t/wchan")"; done
+      if command -v gdb >/dev/null; then
+        echo "==== gdb -p $pid -batch -ex 'thread apply all bt'"
+        timeout 20 gdb -p "$pid" -batch -ex 'thread apply all bt' </dev/null 2>&1
+      fi
+    } >"$dumps/$pid" 2>&1 &
+  done
+  wait "$probe"
   echo "spmd-mpi-probe: exit $?" | tee -a "$SUMMARY"
+  wait  # the dumps
+  cat "$dumps"/* >>"$OUT/spmd-mpi-probe.log" 2>/dev/null
+  rm -rf "$dumps"
 fi
 # RERUN=1: one-device test binaries rerun with every tensor on the GPU (DISTJAX_DEVICE=cuda)
 # against their own CPU-computed expectations; a report, not a gate (some tests compare
