@@ -627,6 +627,22 @@ TEST(NnOpsDevices, BadIdsOnADeviceAreReportedAtTheNextRead) {
   // Good ids queue a verdict that reads clean.
   (void)embedding(table.to(checked), Tensor::from_vector<std::int32_t>({4, 0}, {2}, checked));
   EXPECT_NO_THROW(raise_deferred_errors());
+  // Many verdicts are read with one wait, and the first bad one in op order is reported.
+  const Tensor dev_table = table.to(checked);
+  for (int i = 0; i < 6; ++i)
+    (void)embedding(dev_table, Tensor::from_vector<std::int32_t>(
+                                   {i % 5, i == 3 ? 9 : 0, i == 4 ? 8 : 1}, {3}, checked));
+  const std::int64_t before = host_waits(DeviceKind::Checked);
+  try {
+    raise_deferred_errors();
+    ADD_FAILURE() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("[embedding] id 9 at flat index 1 is outside [0, 5)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(host_waits(DeviceKind::Checked) - before, 1);
+  EXPECT_NO_THROW(raise_deferred_errors());
 }
 
 // ---------------------------------------------------------------- errors

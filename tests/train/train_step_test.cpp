@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
+#include <string>
 
 #include "distjax/data/synthetic.hpp"
 #include "distjax/optim/adam.hpp"
@@ -92,6 +94,28 @@ TEST(Metrics, ValuesOnADeviceAreReadWhenReportedInTheOrderAdded) {
   EXPECT_THROW(c.add("x", Tensor::zeros({2}, DType::F32, checked), 1.0, 1.0), InvalidArgument);
   EXPECT_THROW(c.add("x", Tensor::zeros({}, DType::I32, checked), 1.0, 1.0), InvalidArgument);
   EXPECT_THROW(c.add("x", Tensor(), 1.0, 1.0), InvalidArgument);
+}
+
+// Reading metrics waits for the device once, however many values it holds: they are
+// gathered there (bf16 widened exactly) and read together, and sum in the order added.
+TEST(Metrics, ValuesOnADeviceAreReadWithOneWait) {
+  const Device checked{DeviceKind::Checked, 0};
+  Metrics m;
+  double want_loss = 0, want_acc = 0;
+  for (int i = 0; i < 40; ++i) {
+    const float v = 0.1f * static_cast<float>(i) + 1e-3f;
+    m.add("loss", Tensor::from_vector<float>({v}, {}, checked), 0.25, 1.0);
+    want_loss += static_cast<double>(v) * 0.25;
+    const Tensor h = tensor::astype(Tensor::from_vector<float>({v}, {1}, checked), DType::BF16);
+    m.add("accuracy", h, 1.0, 1.0);
+    want_acc += static_cast<double>(static_cast<float>(bf16(v)));
+  }
+  const std::int64_t waits = tensor::host_waits(DeviceKind::Checked);
+  const std::map<std::string, double> means = m.means();
+  EXPECT_EQ(tensor::host_waits(DeviceKind::Checked) - waits, 1);
+  EXPECT_EQ(m.at("loss").sum, want_loss);
+  EXPECT_EQ(m.at("accuracy").sum, want_acc);
+  EXPECT_EQ(means.at("loss"), want_loss / 40.0);
 }
 
 TEST(Batch, SliceSharesStorageAndChecksSizes) {

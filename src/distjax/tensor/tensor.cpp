@@ -9,6 +9,7 @@
 #include "distjax/tensor/detail/cast.hpp"
 #include "distjax/tensor/detail/dtype_visit.hpp"
 #include "distjax/tensor/grad_node.hpp"
+#include "distjax/tensor/shape_ops.hpp"
 #include "distjax/tensor/table/table.hpp"
 
 namespace distjax::tensor {
@@ -85,10 +86,25 @@ void raise_deferred_errors() {
   std::vector<DeferredCheck> checks;
   checks.swap(deferred_checks());
   try {
-    for (const DeferredCheck& c : checks) {
-      const std::vector<std::int64_t> b = c.verdict.to_vector<std::int64_t>();
-      DISTJAX_CHECK(b[0] < 0, InvalidArgument, "[", c.op, "] ", c.what, " ", b[1],
-                    " at flat index ", b[0], " is outside [0, ", c.v, ") (found on ",
+    // The verdicts of one device gathered there and read with one wait (a run's checks are
+    // all its device's), the first bad one in op order reported.
+    std::vector<std::int64_t> all;
+    all.reserve(2 * checks.size());
+    for (std::size_t i = 0; i < checks.size();) {
+      std::size_t j = i;
+      std::vector<Tensor> same;
+      while (j < checks.size() && checks[j].verdict.device() == checks[i].verdict.device())
+        same.push_back(checks[j++].verdict);
+      const std::vector<std::int64_t> b =
+          (same.size() == 1 ? same[0] : concat(same, 0)).to_vector<std::int64_t>();
+      all.insert(all.end(), b.begin(), b.end());
+      i = j;
+    }
+    for (std::size_t i = 0; i < checks.size(); ++i) {
+      const DeferredCheck& c = checks[i];
+      const std::int64_t at = all[2 * i], value = all[2 * i + 1];
+      DISTJAX_CHECK(at < 0, InvalidArgument, "[", c.op, "] ", c.what, " ", value,
+                    " at flat index ", at, " is outside [0, ", c.v, ") (found on ",
                     c.verdict.device().str(), " when the op ran; reported at the next read)");
     }
   } catch (...) {

@@ -1,8 +1,14 @@
 #include "distjax/train/metrics.hpp"
 
+#include <algorithm>
 #include <limits>
+#include <map>
+#include <vector>
 
 #include "distjax/core/error.hpp"
+#include "distjax/tensor/grad_node.hpp"
+#include "distjax/tensor/elementwise.hpp"
+#include "distjax/tensor/shape_ops.hpp"
 
 namespace distjax::train {
 
@@ -59,21 +65,64 @@ void Metrics::merge(const Metrics& other) {
 
 bool Metrics::pending(const std::string& name) const { return pending_.count(name) != 0; }
 
+namespace {
+
+// The values of one-element tensors as doubles, in order, with one host wait per device:
+// each device's values are gathered into one tensor there (f32: every floating dtype a
+// metric takes widens to it exactly) and read together, instead of one wait per value.
+std::vector<double> read_values(const std::vector<const tensor::Tensor*>& values) {
+  std::vector<double> out(values.size());
+  std::vector<std::pair<Device, std::vector<std::size_t>>> by_device;  // indices, in order
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const Device d = values[i]->device();
+    auto it = std::find_if(by_device.begin(), by_device.end(),
+                           [&](const auto& g) { return g.first == d; });
+    if (it == by_device.end()) it = by_device.insert(by_device.end(), {d, {}});
+    it->second.push_back(i);
+  }
+  for (const auto& [device, idx] : by_device) {
+    if (idx.size() == 1) {
+      out[idx[0]] = values[idx[0]]->item<double>();
+      continue;
+    }
+    tensor::NoGradGuard no_grad;
+    std::vector<tensor::Tensor> ones;
+    ones.reserve(idx.size());
+    for (std::size_t i : idx) {
+      const tensor::Tensor& v = *values[i];
+      const tensor::Tensor f = v.dtype() == DType::F32 ? v : tensor::astype(v, DType::F32);
+      ones.push_back(f.view({1}));
+    }
+    const std::vector<float> host = tensor::concat(ones, 0).to_vector<float>();
+    for (std::size_t j = 0; j < idx.size(); ++j) out[idx[j]] = host[j];
+  }
+  return out;
+}
+
+}  // namespace
+
 void Metrics::read(const std::string& name) const {
-  auto read_one = [this](const std::string& n, const std::vector<Term>& terms) {
-    Metric& m = values_[n];
-    for (const Term& t : terms)
-      m.sum += t.value.defined() ? t.value.item<double>() * t.weight : t.weight;
-  };
+  // The metrics to read (one, or every one with terms), their values read together.
+  std::vector<std::map<std::string, std::vector<Term>>::iterator> which;
   if (!name.empty()) {
     const auto it = pending_.find(name);
     if (it == pending_.end()) return;
-    read_one(it->first, it->second);
-    pending_.erase(it);
-    return;
+    which.push_back(it);
+  } else {
+    for (auto it = pending_.begin(); it != pending_.end(); ++it) which.push_back(it);
   }
-  for (const auto& [n, terms] : pending_) read_one(n, terms);
-  pending_.clear();
+  std::vector<const tensor::Tensor*> values;
+  for (const auto& it : which)
+    for (const Term& t : it->second)
+      if (t.value.defined()) values.push_back(&t.value);
+  const std::vector<double> read = read_values(values);
+  std::size_t k = 0;
+  for (const auto& it : which) {
+    Metric& m = values_[it->first];
+    for (const Term& t : it->second)
+      m.sum += t.value.defined() ? read[k++] * t.weight : t.weight;
+  }
+  for (const auto& it : which) pending_.erase(it);
 }
 
 Metrics::Map::const_iterator Metrics::begin() const {
