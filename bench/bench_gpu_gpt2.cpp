@@ -156,6 +156,7 @@ int main(int argc, char** argv) {
   j["peak_mem_gib"] = static_cast<double>(tensor::peak_bytes(gpu.kind)) / (1 << 30);
   j["reserved_peak_gib"] = static_cast<double>(mem.reserved_peak) / (1 << 30);
   j["loss_final"] = loss;
+  j["attention"] = tensor::cuda_attention_library();
   emit(j);
 
   // Where a step's device time goes: two more steps with every op timed by CUDA events

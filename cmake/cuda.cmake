@@ -1,6 +1,7 @@
 # CUDA and NCCL detection, included by the top-level CMakeLists.txt before the library is
 # defined. Reads DISTJAX_WITH_CUDA (AUTO, ON or OFF); sets DISTJAX_HAVE_CUDA and
-# DISTJAX_HAVE_NCCL (with DISTJAX_NCCL_INCLUDE_DIR and DISTJAX_NCCL_LIBRARY), enables the
+# DISTJAX_HAVE_NCCL (with DISTJAX_NCCL_INCLUDE_DIR and DISTJAX_NCCL_LIBRARY) and
+# DISTJAX_HAVE_CUDNN_FRONTEND (cuDNN's attention, see below), enables the
 # CUDA language and finds CUDAToolkit (CUDA::cudart, CUDA::cublasLt) when CUDA is on.
 #
 # AUTO turns CUDA on where nvcc and the toolkit are found, which is true of machines that
@@ -66,6 +67,29 @@ else()
   endif()
 endif()
 message(STATUS "DistJax: CUDA backend ${DISTJAX_HAVE_CUDA} (${_distjax_cuda_why})")
+
+# cuDNN's fused attention (tensor/cuda/attention_cudnn.cpp): the cuDNN frontend's headers
+# (scripts/fetch-cudnn-frontend.sh puts them in .deps/) and cudnn.h. cuDNN itself is loaded
+# at run time (dlopen), so a build with them runs where cuDNN is missing (own kernels).
+set(DISTJAX_HAVE_CUDNN_FRONTEND OFF)
+if(DISTJAX_HAVE_CUDA)
+  set(DISTJAX_CUDNN_FRONTEND_DIR "${PROJECT_SOURCE_DIR}/.deps/cudnn-frontend/include" CACHE PATH
+      "Folder of cudnn_frontend.h (scripts/fetch-cudnn-frontend.sh)")
+  find_path(DISTJAX_CUDNN_INCLUDE_DIR cudnn.h HINTS ENV CUDNN_HOME ${CUDAToolkit_INCLUDE_DIRS}
+            PATH_SUFFIXES include)
+  if(EXISTS "${DISTJAX_CUDNN_FRONTEND_DIR}/cudnn_frontend.h" AND DISTJAX_CUDNN_INCLUDE_DIR)
+    set(DISTJAX_HAVE_CUDNN_FRONTEND ON)
+    set(_distjax_cudnn_why "frontend ${DISTJAX_CUDNN_FRONTEND_DIR}, cudnn.h in "
+                           "${DISTJAX_CUDNN_INCLUDE_DIR}; libcudnn.so.9 loaded at run time")
+  else()
+    string(CONCAT _distjax_cudnn_why "cudnn_frontend.h: ${DISTJAX_CUDNN_FRONTEND_DIR}, cudnn.h: "
+                  "${DISTJAX_CUDNN_INCLUDE_DIR}; run scripts/fetch-cudnn-frontend.sh, or set "
+                  "DISTJAX_CUDNN_FRONTEND_DIR and DISTJAX_CUDNN_INCLUDE_DIR; the own kernels run")
+  endif()
+else()
+  set(_distjax_cudnn_why "needs the CUDA backend")
+endif()
+message(STATUS "DistJax: cuDNN attention ${DISTJAX_HAVE_CUDNN_FRONTEND} (${_distjax_cudnn_why})")
 
 # NCCL: nccl.h (which includes cuda_runtime.h, hence only with CUDA) and libnccl. Machines
 # with only the runtime library have libnccl.so.2 and no libnccl.so link, hence both names.

@@ -3,6 +3,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# Where nvcc is, the CUDA backend builds; its cuDNN attention needs the cuDNN frontend's
+# headers (PyPI). Without them the backend builds with its own attention kernels only.
+if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
+  bash scripts/fetch-cudnn-frontend.sh ||
+    echo "[build] could not fetch the cuDNN frontend: CUDA builds without cuDNN attention" >&2
+fi
 BUILD=${BUILD:-build}
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release ${CMAKE_FLAGS:-} >/dev/null
 cmake --build "$BUILD" -j "$(nproc)"

@@ -37,4 +37,14 @@ for h in /usr/local/cuda/include/nccl.h /usr/include/nccl.h; do
     break
   fi
 done
+# cuDNN's attention: the cuDNN frontend's headers (scripts/fetch-cudnn-frontend.sh, PyPI) and
+# cudnn.h as the CUDA toolkit here has it (cuDNN 9; that machine has cuDNN 9 as a pip
+# package, whose headers the build need not find).
+bash scripts/fetch-cudnn-frontend.sh
+rm -rf "$DEPS/cudnn-frontend" "$DEPS/cudnn"
+cp -r .deps/cudnn-frontend "$DEPS/cudnn-frontend"
+if compgen -G "/usr/local/cuda/include/cudnn*.h" >/dev/null; then
+  mkdir -p "$DEPS/cudnn/include"
+  cp -L /usr/local/cuda/include/cudnn*.h "$DEPS/cudnn/include/"
+fi
 echo "[fetch-device-deps] $(find "$DEPS" -maxdepth 1 -name '*.deb' | wc -l) packages, $(du -sh "$DEPS" | cut -f1) in $DEPS"

@@ -69,8 +69,15 @@ configure() {
   if [ "${NO_MPI:-0}" != 1 ] && mpi_env; then
     mpi=(-DDISTJAX_WITH_MPI=ON -DMPI_HOME="$PREFIX/usr")
   fi
+  # cuDNN's attention: the frontend's headers and cudnn.h, carried (that machine's cuDNN is
+  # a pip package, its headers elsewhere); the library is found at run time (cudnn_env).
+  local cudnn=()
+  [ -f "$DEPS/cudnn-frontend/include/cudnn_frontend.h" ] &&
+    cudnn+=(-DDISTJAX_CUDNN_FRONTEND_DIR="$PWD/$DEPS/cudnn-frontend/include")
+  [ ! -f /usr/local/cuda/include/cudnn.h ] && [ -f "$DEPS/cudnn/include/cudnn.h" ] &&
+    cudnn+=(-DDISTJAX_CUDNN_INCLUDE_DIR="$PWD/$DEPS/cudnn/include")
   local args=(-S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PREFIX/usr"
-              -DDISTJAX_WITH_CUDA=ON "${nccl[@]}" "$@")
+              -DDISTJAX_WITH_CUDA=ON "${nccl[@]}" "${cudnn[@]}" "$@")
   cmake "${args[@]}" "${mpi[@]}" && return 0
   # A relocated MPI that does not configure must not cost the GPU run: without it, said so.
   [ "${mpi[0]}" = -DDISTJAX_WITH_MPI=ON ] || return 1
@@ -153,6 +160,23 @@ gdb_env() {
   export PATH=$g/bin:$PATH
   gdb --version >/dev/null
 }
+# libcudnn.so.9 for cuDNN's attention (loaded at run time): the toolkit's, else the pip
+# package nvidia-cudnn-cu13's (DISTJAX_CUDNN_LIBRARY, and its folder on LD_LIBRARY_PATH for
+# the libraries it loads). Found, the tests require it (DISTJAX_REQUIRE_CUDNN=1).
+cudnn_env() {
+  local lib=""
+  if [ -f /usr/local/cuda/lib64/libcudnn.so.9 ]; then
+    lib=/usr/local/cuda/lib64/libcudnn.so.9
+  else
+    local dir
+    dir=$(python3 -c 'import nvidia.cudnn as m; print(list(m.__path__)[0])' 2>/dev/null) &&
+      [ -f "$dir/lib/libcudnn.so.9" ] && lib=$dir/lib/libcudnn.so.9
+  fi
+  [ -n "$lib" ] || { echo "cudnn: no libcudnn.so.9 found (the own attention kernels run)"; return 1; }
+  export DISTJAX_CUDNN_LIBRARY=$lib DISTJAX_REQUIRE_CUDNN=1
+  export LD_LIBRARY_PATH=$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  echo "cudnn: $lib"
+}
 export OMP_WAIT_POLICY=passive
 {
   date
@@ -169,6 +193,8 @@ mv "$OUT/unpack.log" /tmp/ 2>/dev/null
 if gdb_env >/tmp/gdb-env.log 2>&1; then gdb_line="gdb: $(gdb --version | head -n 1)"
 else gdb_line="gdb: none$(tail -n 1 /tmp/gdb-env.log | sed 's/^./ (&/; s/.$/&)/')"; fi
 echo "$gdb_line" | tee -a "$SUMMARY"
+cudnn_env >/tmp/cudnn-env.txt  # in this shell: its exports stay for the later steps
+tee -a "$SUMMARY" </tmp/cudnn-env.txt
 step configure configure "$@" || exit 1
 grep -E '^-- DistJax:|configuring again' "$OUT/configure.log" | tee -a "$SUMMARY"
 # At most 8 files come back from the GPU machine: a configure that passed keeps only the

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <string>
@@ -20,6 +21,7 @@
 
 #include "distjax/distjax.hpp"
 #include "distjax/tensor/cuda.hpp"
+#include "distjax/tensor/cuda/attention_cudnn.hpp"
 #include "distjax/tensor/detail/update_many.hpp"
 #include "distjax/tensor/inplace_ops.hpp"
 #include "distjax/tensor/parallel_ops.hpp"
@@ -405,11 +407,25 @@ TEST(CudaOps, Attention) {
                {uniform({2, 256, 3 * 768})}, {true});
 }
 
-// bf16 products (the bf16 policy's attention): the GPU's tensor-core kernels against the
-// CPU's f32 ones at kBf16 (operands rounded to bf16, f32 accumulation), every head size the
-// kernels are built for (padded to 32, 64, 128), masks, T != S, both layouts.
-TEST(CudaOps, AttentionWithBf16Products) {
-  SKIP_WITHOUT_GPU();
+// Sets an environment variable for a scope (the previous value back after).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() { had_ ? setenv(name_, old_.c_str(), 1) : unsetenv(name_); }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+// bf16 products (the bf16 policy's attention) against the CPU's f32 ones at kBf16 (operands
+// rounded to bf16, f32 accumulation), every head size the own kernels are built for
+// (padded to 32, 64, 128), masks, T != S, both layouts.
+void expect_bf16_attention_close() {
   struct Case {
     std::int64_t b, h, t, s, d;
     bool causal;
@@ -434,6 +450,13 @@ TEST(CudaOps, AttentionWithBf16Products) {
   expect_close("bf16 attention_packed GPT-2 head shape",
                [](const V& a) { return attention_packed(a[0], 12, true, 0.f, DType::BF16); },
                {uniform({2, 256, 3 * 768})}, {true}, kBf16);
+}
+
+// The own tensor-core kernels (attention_mma.cu), cuDNN turned off.
+TEST(CudaOps, AttentionWithBf16Products) {
+  SKIP_WITHOUT_GPU();
+  ScopedEnv own("DISTJAX_CUDA_ATTENTION", "own");
+  expect_bf16_attention_close();
 
   // The tensor-core path is the one taken: on the GPU, bf16 products differ from f32 ones
   // by bf16's rounding (about 2^-9 relative per operand), neither 0 nor beyond kBf16.
@@ -454,6 +477,40 @@ TEST(CudaOps, AttentionWithBf16Products) {
     const double rel = std::sqrt(diff / norm);
     EXPECT_GT(rel, 1e-4) << (i ? "gradient" : "output") << ": bf16 products equal f32 ones";
     EXPECT_LT(rel, kBf16) << (i ? "gradient" : "output");
+  }
+}
+
+// cuDNN's fused attention (attention_cudnn.cpp), where it loads: the same cases (those it
+// refuses run the own kernels), and the GPT-2 head shape through cuDNN itself, forward and
+// backward. Skips where cuDNN is not there, unless DISTJAX_REQUIRE_CUDNN=1 (the GPU
+// machine's runs), which makes that a failure.
+TEST(CudaOps, AttentionWithBf16ProductsThroughCudnn) {
+  SKIP_WITHOUT_GPU();
+  const std::string library = cuda_attention_library();
+  std::printf("bf16 attention: %s\n", library.c_str());
+  if (library.rfind("cuDNN ", 0) != 0) {
+    const char* require = std::getenv("DISTJAX_REQUIRE_CUDNN");
+    if (require != nullptr && std::string(require) == "1")
+      FAIL() << "DISTJAX_REQUIRE_CUDNN=1, but " << library;
+    GTEST_SKIP() << library;
+  }
+  ScopedEnv auto_mode("DISTJAX_CUDA_ATTENTION", "auto");
+  expect_bf16_attention_close();
+  ScopedEnv cudnn("DISTJAX_CUDA_ATTENTION", "cudnn");  // cuDNN, or an error
+  const cuda::cudnn_attention::Calls before = cuda::cudnn_attention::calls();
+  expect_close("bf16 attention_packed GPT-2 head shape through cuDNN",
+               [](const V& a) { return attention_packed(a[0], 12, true, 0.f, DType::BF16); },
+               {uniform({2, 256, 3 * 768})}, {true}, kBf16);
+  const cuda::cudnn_attention::Calls after = cuda::cudnn_attention::calls();
+  EXPECT_EQ(after.forward - before.forward, 1);
+  EXPECT_EQ(after.backward - before.backward, 1);
+  // A problem it refuses is an error under "cudnn", naming why.
+  try {
+    run_on(kGpu, [](const V& a) { return attention_packed(a[0], 2, true, 0.f, DType::BF16); },
+           {uniform({1, 16, 3 * 2 * 12})}, {false}, Tensor());
+    ADD_FAILURE() << "head size 12 ran under DISTJAX_CUDA_ATTENTION=cudnn";
+  } catch (const NotImplemented& e) {
+    EXPECT_NE(std::string(e.what()).find("head size 12"), std::string::npos) << e.what();
   }
 }
 

@@ -3,12 +3,17 @@
 // and gradients, causal and not, several head counts and sequence lengths.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "distjax/autodiff/autodiff.hpp"
 #include "distjax/core/error.hpp"
 #include "distjax/tensor/attention.hpp"
+#include "distjax/tensor/cpu/kernels.hpp"
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/grad_node.hpp"
 #include "distjax/tensor/reduce.hpp"
@@ -90,6 +95,66 @@ TEST(AttentionCompute, TheCpuComputesEveryComputeDtypeInF32) {
   }
   EXPECT_THROW(attention_packed(qkv, 2, true, 0.f, DType::I32), InvalidArgument);
   EXPECT_THROW(attention(q, k, v, true, 0.f, DType::I64), InvalidArgument);
+}
+
+Tensor bf16_rounded(const Tensor& x) { return astype(astype(x, DType::BF16), DType::F32); }
+
+// The bf16 entries of the attention family (cuDNN's SDPA on CUDA; on the CPU, turned on
+// here, a widening reference): a bf16 plan hands them bf16 copies of q, k, v and the
+// cotangent, and widens their bf16 o and gradients. So the op computes exactly what the f32
+// entries compute on bf16-rounded inputs and cotangents, rounded to bf16.
+TEST(AttentionCompute, ABf16PlanRunsTheBf16EntriesOnBf16Copies) {
+  struct On {
+    On() { detail::cpu::set_serves_bf16_attention(true); }
+    ~On() { detail::cpu::set_serves_bf16_attention(false); }
+  };
+  const Tensor qkv = uniform({2, 33, 3 * 2 * 8}, 5), ct = uniform({2, 33, 2 * 8}, 6);
+  const Tensor q = uniform({2, 2, 17, 8}, 7), k = uniform({2, 2, 21, 8}, 8),
+               v = uniform({2, 2, 21, 8}, 9);
+  // On the CPU, and on the checked device (every tensor the entries touch must be opened).
+  auto run = [&](DType compute, bool rounded, Device dev = Device::cpu()) {
+    DeviceScope scope(dev);
+    auto in = [&](const Tensor& x) { return make_leaf((rounded ? bf16_rounded(x) : x).to(dev)); };
+    Tensor leaf = in(qkv), lq = in(q), lk = in(k), lv = in(v);
+    Tensor y = attention_packed(leaf, 2, true, 0.f, compute);
+    Tensor z = attention(lq, lk, lv, false, 0.3f, compute);
+    const Tensor c = (rounded ? bf16_rounded(ct) : ct).to(dev);
+    std::vector<Tensor> g =
+        autodiff::grad({add(sum(mul(y, c)), sum(z))}, {Tensor()}, {leaf, lq, lk, lv});
+    g.insert(g.begin(), {y, z});
+    for (Tensor& t : g) t = t.to(Device::cpu());
+    return g;
+  };
+  const std::vector<Tensor> want = run(DType::F32, true);
+  std::vector<Tensor> got, got_checked;
+  {
+    On on;
+    got = run(DType::BF16, false);
+    got_checked = run(DType::BF16, false, Device{DeviceKind::Checked, 0});
+  }
+  for (std::size_t i = 0; i < want.size(); ++i)
+    EXPECT_EQ(got_checked[i].to_vector<float>(), got[i].to_vector<float>()) << "checked, " << i;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const std::vector<float> g = got[i].to_vector<float>(), w = want[i].to_vector<float>();
+    ASSERT_EQ(g.size(), w.size());
+    float max_w = 0.f, worst = 0.f;
+    for (float x : w) max_w = std::max(max_w, std::fabs(x));
+    for (std::size_t j = 0; j < g.size(); ++j) {
+      std::uint32_t bits;
+      std::memcpy(&bits, &g[j], 4);
+      ASSERT_EQ(bits & 0xffffu, 0u) << "output " << i << " at " << j << " is not a bf16 value";
+      worst = std::max(worst, std::fabs(g[j] - w[j]) / max_w);
+      // The outputs: one bf16 rounding of the f32 result, half a unit in the last place
+      // (<= 2^-8 relative). The gradients also see o rounded to bf16 (in rowsum(dO * O)):
+      // within 2^-8 of their largest value.
+      const float tol = i < 2 ? std::ldexp(std::fabs(w[j]), -8) + 1e-7f : std::ldexp(max_w, -8);
+      ASSERT_LE(std::fabs(g[j] - w[j]), tol) << "output " << i << " at " << j;
+    }
+    std::printf("output %zu: largest difference %.3g x max|value|\n", i, worst);
+  }
+  // Without them (the default), the CPU computes bf16 plans with the f32 entries.
+  EXPECT_EQ(run(DType::BF16, false)[0].to_vector<float>(),
+            run(DType::F32, false)[0].to_vector<float>());
 }
 
 TEST(AttentionPacked, RejectsBadShapes) {

@@ -1,6 +1,6 @@
 // What this build and this machine offer of CUDA: whether the library was compiled with its
 // CUDA backend, how many GPUs the runtime sees, and why there are none; the device memory
-// the backend holds; the precision of f32 matrix products.
+// the backend holds; the precision of f32 matrix products; what runs bf16 attention.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +41,13 @@ CudaMemoryStats cuda_memory_stats(int device = 0);
 /// PyTorch. bf16 products are unaffected.
 void set_allow_tf32(bool allow);
 bool allow_tf32();
+
+/// What runs the bf16 policy's attention on CUDA: "cuDNN 9.x.y through the cuDNN frontend
+/// 1.32.0" where cuDNN's fused attention is built in and loads, else why the project's own
+/// kernels run instead (not built, not loaded, DISTJAX_CUDA_ATTENTION=own). A problem cuDNN
+/// refuses (head size not a multiple of 8 or over 128, a causal mask with T != S) runs the
+/// own kernels too. DISTJAX_CUDA_ATTENTION: auto (default), cudnn (cuDNN or an error), own.
+std::string cuda_attention_library();
 
 /// Device time per op on CUDA: between profile_ops_begin() and profile_ops_end(), every op
 /// dispatched to a CUDA device records a pair of CUDA events around its kernels (on the

@@ -1,6 +1,8 @@
 // Fused multi-head attention: the ops check shapes, lay out the heads (AttentionPlan) and
 // dispatch the attention family (tensor/cpu/attention.cpp holds the CPU kernels). The
 // forward saves the row log-sum-exp; the backward recomputes the probabilities from it.
+// A bf16 plan that the device's bf16 entries serve (cuDNN's fused attention on CUDA) runs
+// on bf16 copies of q, k, v, which the backward keeps instead of the f32 operands.
 #include "distjax/tensor/attention.hpp"
 
 #include <algorithm>
@@ -8,6 +10,7 @@
 #include <vector>
 
 #include "distjax/tensor/detail/kernels.hpp"
+#include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/grad_node.hpp"
 #include "distjax/tensor/table/table.hpp"
 
@@ -29,6 +32,18 @@ bool bf16_products(DType compute, const char* op) {
 float default_scale(float scale, std::int64_t d) {
   return scale != 0.f ? scale : 1.f / std::sqrt(static_cast<float>(std::max<std::int64_t>(d, 1)));
 }
+
+// Whether the device's attention family takes bf16 operands for plan `a` (the bf16
+// policy's attention where a bf16 library serves it: cuDNN's SDPA on CUDA): the op then
+// hands it bf16 copies of q, k, v and saves those, not the f32 operands, for the backward.
+bool runs_bf16(const AttentionPlan& a, Device dev) {
+  if (!a.bf16_products) return false;
+  const detail::AttentionKernels* f = detail::kernel_table(dev.kind).attention;
+  return f != nullptr && f->serves_bf16 != nullptr && f->forward_bf16 != nullptr &&
+         f->backward_bf16 != nullptr && f->serves_bf16(a);
+}
+
+Tensor to_bf16(const Tensor& x) { return astype(x.detach(), DType::BF16); }
 
 AttentionPlan check_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                               float scale, DType compute) {
@@ -58,12 +73,72 @@ AttentionPlan check_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   return a;
 }
 
+// attention() through the bf16 entries: q, k, v rounded to bf16 (and saved so), o
+// widened back to f32, the cotangents rounded and the gradients widened.
+Tensor attention_bf16(const AttentionPlan& a, const Tensor& q, const Tensor& k, const Tensor& v,
+                      Device dev) {
+  const Tensor q16 = to_bf16(q), k16 = to_bf16(k), v16 = to_bf16(v);
+  Tensor o16 = Tensor::empty(q.shape(), DType::BF16, dev);
+  Tensor lse = Tensor::empty({q.size(0), q.size(1), a.t}, DType::F32, dev);
+  {
+    Dispatch kd("attention", &KernelTable::attention, {&q16, &k16, &v16, &o16, &lse});
+    kd->forward_bf16(a, q16.data<bf16>(), k16.data<bf16>(), v16.data<bf16>(), o16.data<bf16>(),
+                     lse.data<float>(), kd.stream());
+  }
+  Tensor out = astype(o16, DType::F32);
+  if (!needs_grad({&q, &k, &v})) return joined(out, {&q, &k, &v});
+  return record("attention", {q, k, v}, out,
+                [a, q16, k16, v16, o16, lse](const std::vector<Tensor>& g) {
+                  const Device dev = q16.device();
+                  const Tensor g16 = to_bf16(g[0]);
+                  Tensor gq = Tensor::empty(q16.shape(), DType::BF16, dev),
+                         gk = Tensor::empty(k16.shape(), DType::BF16, dev),
+                         gv = Tensor::empty(v16.shape(), DType::BF16, dev);
+                  Dispatch k("attention_backward", &KernelTable::attention,
+                             {&q16, &k16, &v16, &o16, &lse, &g16, &gq, &gk, &gv});
+                  k->backward_bf16(a, q16.data<bf16>(), k16.data<bf16>(), v16.data<bf16>(),
+                                   o16.data<bf16>(), lse.data<float>(), g16.data<bf16>(),
+                                   gq.data<bf16>(), gk.data<bf16>(), gv.data<bf16>(), k.stream());
+                  return std::vector<Tensor>{astype(gq, DType::F32), astype(gk, DType::F32),
+                                             astype(gv, DType::F32)};
+                });
+}
+
+// attention_packed() through the bf16 entries: one bf16 copy of the packed projection.
+Tensor attention_packed_bf16(const AttentionPlan& a, const Tensor& qkv, const Shape& out_shape) {
+  const Device dev = qkv.device();
+  const Tensor x16 = to_bf16(qkv);
+  Tensor o16 = Tensor::empty(out_shape, DType::BF16, dev);
+  Tensor lse = Tensor::empty({a.bh / a.heads, a.heads, a.t}, DType::F32, dev);
+  {
+    Dispatch kd("attention_packed", &KernelTable::attention, {&x16, &o16, &lse});
+    const bf16* p = x16.data<bf16>();
+    kd->forward_bf16(a, p, p + a.d, p + 2 * a.d, o16.data<bf16>(), lse.data<float>(), kd.stream());
+  }
+  Tensor out = astype(o16, DType::F32);
+  if (!needs_grad({&qkv})) return joined(out, {&qkv});
+  return record("attention_packed", {qkv}, out,
+                [a, x16, o16, lse](const std::vector<Tensor>& g) {
+                  const Tensor g16 = to_bf16(g[0]);
+                  Tensor gx = Tensor::empty(x16.shape(), DType::BF16, x16.device());
+                  Dispatch k("attention_packed_backward", &KernelTable::attention,
+                             {&x16, &o16, &lse, &g16, &gx});
+                  const bf16* px = x16.data<bf16>();
+                  bf16* pgx = gx.data<bf16>();
+                  k->backward_bf16(a, px, px + a.d, px + 2 * a.d, o16.data<bf16>(),
+                                   lse.data<float>(), g16.data<bf16>(), pgx, pgx + a.d,
+                                   pgx + 2 * a.d, k.stream());
+                  return std::vector<Tensor>{astype(gx, DType::F32)};
+                });
+}
+
 }  // namespace
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, float scale,
                  DType compute) {
   const AttentionPlan a = check_attention(q, k, v, causal, scale, compute);
   const Device dev = detail::op_device("attention", {&q, &k, &v});
+  if (runs_bf16(a, dev)) return attention_bf16(a, q, k, v, dev);
   Tensor out = Tensor::empty(q.shape(), DType::F32, dev);
   Tensor lse = Tensor::empty({q.size(0), q.size(1), a.t}, DType::F32, dev);
   {
@@ -113,6 +188,7 @@ Tensor attention_packed(const Tensor& qkv, std::int64_t num_heads, bool causal, 
   a.causal = causal;
   a.scale = default_scale(scale, d);
   a.bf16_products = bf16;
+  if (runs_bf16(a, qkv.device())) return attention_packed_bf16(a, qkv, {b, t, c});
   Tensor out = Tensor::empty({b, t, c}, DType::F32, qkv.device());
   Tensor lse = Tensor::empty({b, h, t}, DType::F32, qkv.device());
   {

@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <vector>
 
@@ -160,11 +161,90 @@ void backward(const AttentionPlan& a, const float* pq, const float* pk, const fl
   }
 }
 
+// ------------------------------------------------------------------ bf16 operands
+// The table's bf16 entries: operands widened to f32 in the (bh, T, D) layout, the kernels
+// above, outputs rounded to bf16 at the plan's layout. The CPU's bf16 policy runs the f32
+// entries (no copies, no rounding of o); these serve the tests of the op's bf16 path,
+// which turn them on with set_serves_bf16_attention.
+
+std::atomic<bool> g_serves_bf16{false};
+
+// The plan of the same problem with every operand in the (bh, T or S, D) layout.
+AttentionPlan contiguous(const AttentionPlan& a) {
+  AttentionPlan c = a;
+  c.ldq = c.ldkv = c.ldo = a.d;
+  c.heads = 1;
+  c.q_b = c.o_b = a.t * a.d;
+  c.kv_b = a.s * a.d;
+  c.q_h = c.kv_h = c.o_h = 0;
+  return c;
+}
+
+// The rows (n per head, `ld` apart, head h at at(h)) of operand x, widened, head after head.
+template <class At>
+std::vector<float> widen(const AttentionPlan& a, const bf16* x, std::int64_t n, std::int64_t ld,
+                         At at) {
+  std::vector<float> out(static_cast<std::size_t>(a.bh * n * a.d));
+  for (std::int64_t h = 0; h < a.bh; ++h)
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t c = 0; c < a.d; ++c)
+        out[static_cast<std::size_t>((h * n + i) * a.d + c)] =
+            static_cast<float>(x[at(h) + i * ld + c]);
+  return out;
+}
+
+// The inverse: rows of `src` (head after head) rounded into operand x.
+template <class At>
+void narrow(const AttentionPlan& a, const std::vector<float>& src, bf16* x, std::int64_t n,
+            std::int64_t ld, At at) {
+  for (std::int64_t h = 0; h < a.bh; ++h)
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t c = 0; c < a.d; ++c)
+        x[at(h) + i * ld + c] = bf16(src[static_cast<std::size_t>((h * n + i) * a.d + c)]);
+}
+
+bool serves_bf16(const AttentionPlan& a) {
+  return a.bf16_products && g_serves_bf16.load(std::memory_order_relaxed);
+}
+
+void forward_bf16(const AttentionPlan& a, const bf16* q, const bf16* k, const bf16* v, bf16* o,
+                  float* lse, Stream s) {
+  auto qa = [&](std::int64_t h) { return a.q_at(h); };
+  auto kva = [&](std::int64_t h) { return a.kv_at(h); };
+  const std::vector<float> q32 = widen(a, q, a.t, a.ldq, qa), k32 = widen(a, k, a.s, a.ldkv, kva),
+                           v32 = widen(a, v, a.s, a.ldkv, kva);
+  std::vector<float> o32(static_cast<std::size_t>(a.bh * a.t * a.d));
+  forward(contiguous(a), q32.data(), k32.data(), v32.data(), o32.data(), lse, s);
+  narrow(a, o32, o, a.t, a.ldo, [&](std::int64_t h) { return a.o_at(h); });
+}
+
+void backward_bf16(const AttentionPlan& a, const bf16* q, const bf16* k, const bf16* v,
+                   const bf16* o, const float* lse, const bf16* go, bf16* dq, bf16* dk, bf16* dv,
+                   Stream s) {
+  auto qa = [&](std::int64_t h) { return a.q_at(h); };
+  auto kva = [&](std::int64_t h) { return a.kv_at(h); };
+  auto oa = [&](std::int64_t h) { return a.o_at(h); };
+  const std::vector<float> q32 = widen(a, q, a.t, a.ldq, qa), k32 = widen(a, k, a.s, a.ldkv, kva),
+                           v32 = widen(a, v, a.s, a.ldkv, kva), o32 = widen(a, o, a.t, a.ldo, oa),
+                           g32 = widen(a, go, a.t, a.ldo, oa);
+  std::vector<float> dq32(q32.size()), dk32(k32.size()), dv32(v32.size());
+  backward(contiguous(a), q32.data(), k32.data(), v32.data(), o32.data(), lse, g32.data(),
+           dq32.data(), dk32.data(), dv32.data(), s);
+  narrow(a, dq32, dq, a.t, a.ldq, qa);
+  narrow(a, dk32, dk, a.s, a.ldkv, kva);
+  narrow(a, dv32, dv, a.s, a.ldkv, kva);
+}
+
 }  // namespace
+
+void set_serves_bf16_attention(bool on) { g_serves_bf16.store(on, std::memory_order_relaxed); }
 
 const AttentionKernels attention_kernels{
     .forward = forward,
     .backward = backward,
+    .serves_bf16 = serves_bf16,
+    .forward_bf16 = forward_bf16,
+    .backward_bf16 = backward_bf16,
 };
 
 }  // namespace distjax::tensor::detail::cpu

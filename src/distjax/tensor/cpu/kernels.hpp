@@ -13,6 +13,10 @@ extern const ReduceKernels reduce_kernels;
 extern const ShapeKernels shape_kernels;
 extern const NnKernels nn_kernels;
 extern const AttentionKernels attention_kernels;
+/// Whether the CPU's attention family serves bf16 plans through its bf16-operand entries
+/// (widening to f32 and rounding o, dq, dk, dv to bf16), as CUDA's cuDNN path does; off by
+/// default. For the tests of the ops' bf16 path.
+void set_serves_bf16_attention(bool on);
 extern const GemmKernels gemm_kernels;
 extern const InplaceKernels inplace_kernels;
 extern const ParallelKernels parallel_kernels;

@@ -21,7 +21,8 @@
 //
 // Plans that allow bf16 products (AttentionPlan::bf16_products, the bf16 policy's
 // attention) go to the tensor-core kernels of attention_mma.cu instead, where they serve
-// the plan (heads up to 128); delta is computed here for both.
+// the plan (heads up to 128); delta is computed here for both. Before either, the op asks
+// the bf16 entries (attention_cudnn.cpp: cuDNN's fused attention on bf16 copies).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -31,6 +32,7 @@
 
 #include "distjax/core/error.hpp"
 #include "distjax/tensor/cuda/attention_common.cuh"
+#include "distjax/tensor/cuda/attention_cudnn.hpp"
 #include "distjax/tensor/cuda/attention_mma.hpp"
 #include "distjax/tensor/cuda/kernels.hpp"
 #include "distjax/tensor/cuda/launch.cuh"
@@ -702,6 +704,9 @@ void backward(const AttentionPlan& a, const float* q, const float* k, const floa
 const detail::AttentionKernels attention_kernels{
     .forward = attn::forward,
     .backward = attn::backward,
+    .serves_bf16 = cudnn_attention::serves,
+    .forward_bf16 = cudnn_attention::forward,
+    .backward_bf16 = cudnn_attention::backward,
 };
 
 }  // namespace distjax::tensor::cuda

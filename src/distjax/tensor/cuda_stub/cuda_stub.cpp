@@ -57,6 +57,8 @@ CudaMemoryStats cuda_memory_stats(int) {
 namespace {
 std::atomic<bool> tf32_allowed{false};
 }
+std::string cuda_attention_library() { return "this build has no CUDA backend"; }
+
 void set_allow_tf32(bool allow) {
   tf32_allowed = allow;
 }

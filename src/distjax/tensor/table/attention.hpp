@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "distjax/core/dtype.hpp"
 #include "distjax/tensor/table/stream.hpp"
 
 // The plan's helpers serve the CUDA kernels too (compiled for the device under nvcc).
@@ -57,6 +58,17 @@ struct AttentionKernels {
   void (*backward)(const AttentionPlan& a, const float* q, const float* k, const float* v,
                    const float* o, const float* lse, const float* go, float* dq, float* dk,
                    float* dv, Stream s);
+
+  // The same with bf16 operands and outputs (lse stays f32), for plans with bf16_products:
+  // what a fused bf16 attention library (cuDNN's SDPA on CUDA) takes, so the op hands it
+  // bf16 copies instead of f32 activations. Where serves_bf16 is null or says no for a
+  // plan, the op runs the f32 entries above. Pointers are of `bf16` storage.
+  bool (*serves_bf16)(const AttentionPlan& a) = nullptr;
+  void (*forward_bf16)(const AttentionPlan& a, const bf16* q, const bf16* k, const bf16* v,
+                       bf16* o, float* lse, Stream s) = nullptr;
+  void (*backward_bf16)(const AttentionPlan& a, const bf16* q, const bf16* k, const bf16* v,
+                        const bf16* o, const float* lse, const bf16* go, bf16* dq, bf16* dk,
+                        bf16* dv, Stream s) = nullptr;
 };
 
 }  // namespace distjax::tensor::detail
