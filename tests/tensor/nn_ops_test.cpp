@@ -271,6 +271,55 @@ TEST(NnOps, CrossEntropyBackwardTakesTheLogitsMemoryOnlyWhenNobodyElseHasIt) {
   EXPECT_GE(held.extra_peak, logits_bytes);
 }
 
+// The head and its loss in chunks: the same mean loss and gradients as the composed
+// ops (f32: up to the order of the sums; bf16: the logits' cotangent rounds to bf16 in both),
+// for chunks that do and do not divide the rows, w in both layouts, a cotangent other than 1.
+TEST(NnOps, LinearCrossEntropyMeanMatchesTheComposedOps) {
+  const std::int64_t b = 3, t = 7, k = 16, v = 50;
+  const Tensor x = uniform({b, t, k}, 1), w_vk = uniform({v, k}, 2), w_kv = uniform({k, v}, 3);
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(b * t));
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>((i * 37 + 5) % v);
+  const Tensor labels = Tensor::from_vector(ids, {b, t});
+  for (DType dtype : {DType::F32, DType::BF16})
+    for (bool trans_w : {true, false})
+      for (std::int64_t chunk_rows : {1, 4, 21, 1000}) {
+        SCOPED_TRACE(std::string(dtype_name(dtype)) + (trans_w ? ", w (V, K)" : ", w (K, V)") +
+                     ", chunks of " + std::to_string(chunk_rows) + " rows");
+        const Tensor& w = trans_w ? w_vk : w_kv;
+        auto run = [&](bool fused) {
+          Tensor xl = make_leaf(x), wl = make_leaf(w);
+          const Tensor xc = astype(xl, dtype), wc = astype(wl, dtype);
+          Tensor loss = fused ? linear_cross_entropy_mean(xc, wc, labels, trans_w, chunk_rows * v * 4)
+                              : mean(cross_entropy(matmul(xc, wc, false, trans_w), labels));
+          std::vector<Tensor> g =
+              autodiff::grad({mul_scalar(loss, 0.75)}, {Tensor()}, {xl, wl});
+          g.insert(g.begin(), loss);
+          return g;
+        };
+        const std::vector<Tensor> want = run(false), got = run(true);
+        const double tol = dtype == DType::F32 ? 2e-6 : 1e-3;
+        expect_close(got[0], want[0], tol, "loss");
+        expect_close(got[1], want[1], tol, "dx");
+        expect_close(got[2], want[2], tol, "dw");
+      }
+  // Without a gradient: the loss only.
+  NoGradGuard off;
+  expect_close(linear_cross_entropy_mean(x, w_vk, labels, true, 5 * v * 4),
+               mean(cross_entropy(matmul(x, w_vk, false, true), labels)), 2e-6, "no-grad loss");
+  // On the checked device: the CPU's bits.
+  expect_same_on_checked(
+      "linear_cross_entropy_mean",
+      [&](const std::vector<Tensor>& a) {
+        return linear_cross_entropy_mean(a[0], a[1], labels.to(a[0].device()), true, 8 * v * 4);
+      },
+      {x, w_vk}, {true, true});
+  EXPECT_THROW(linear_cross_entropy_mean(x, w_kv, labels, true), InvalidArgument);
+  EXPECT_THROW(linear_cross_entropy_mean(x, astype(w_vk, DType::BF16), labels, true),
+               InvalidArgument);
+  EXPECT_THROW(linear_cross_entropy_mean(x, w_vk, Tensor::zeros({b}, DType::I32), true),
+               InvalidArgument);
+}
+
 TEST(NnOps, DropoutIsDeterministicPerKeyAndScalesKeptValues) {
   const std::int64_t n = detail::kParallelGrainMemory + 1000;  // the parallel path
   Tensor x = uniform({n}, 8, 1.f, 2.f);

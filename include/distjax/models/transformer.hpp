@@ -92,7 +92,10 @@ class Transformer {
   /// The same forward on any scope.
   Tensor operator()(const nn::Scope& scope, const Tensor& tokens) const;
   /// Mean next-token cross-entropy of `tokens` (B, T) against `targets` (B, T): a scalar,
-  /// replicated along the model axis (vocabulary-parallel when tp.vocab_parallel).
+  /// replicated along the model axis (vocabulary-parallel when tp.vocab_parallel). A
+  /// replicated head tied to the embedding (no tensor parallelism, or Megatron without
+  /// vocabulary parallelism or sequence parallelism) computes it without the (B, T, V)
+  /// logits (tensor::linear_cross_entropy_mean).
   Tensor loss(const nn::Scope& scope, const Tensor& tokens, const Tensor& targets) const;
 
   /// The forward in its three parts (operator() is head(blocks(embed(tokens)))), for

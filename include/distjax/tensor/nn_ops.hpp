@@ -3,6 +3,8 @@
 // Shape legend: N rows (batch * time), C channels, V vocabulary / classes.
 #pragma once
 
+#include <cstdint>
+
 #include "distjax/core/prng.hpp"
 #include "distjax/tensor/tensor.hpp"
 
@@ -26,6 +28,17 @@ Tensor embedding(const Tensor& table, const Tensor& ids);
 /// (...) losses, computed as logsumexp(logits) - logits[label] in one fused pass. The
 /// backward is softmax(logits) - onehot(label), rebuilt from the saved row log-sum-exp.
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels);
+
+/// mean(cross_entropy(matmul(x, w, false, trans_w), labels)) without the (rows, V) logits of
+/// a language model's head: the rows of x (..., K) go through in chunks whose f32 logits
+/// take about `chunk_bytes`, and where a gradient is needed each chunk's contribution to dx
+/// and dw is made right there (the loss being a mean, its backward only scales them by the
+/// cotangent), so no logits are kept for the backward nor computed twice. w is (V, K) with
+/// trans_w (a tied embedding table) or (K, V); x and w share a dtype (f32, or bf16/f16 as
+/// matmul takes them: f32 accumulation, f32 logits, the logits' cotangent cast to that
+/// dtype as matmul's backward does). Returns a scalar; dx and dw come back f32.
+Tensor linear_cross_entropy_mean(const Tensor& x, const Tensor& w, const Tensor& labels,
+                                 bool trans_w, std::int64_t chunk_bytes = std::int64_t{1} << 30);
 
 /// Inverted dropout: keeps each element with probability 1 - rate and scales by
 /// 1 / (1 - rate). The mask comes from `key` only, so a key gives the same mask on

@@ -199,7 +199,26 @@ Tensor Transformer::loss_of_logits(const nn::Scope& scope, const Tensor& logits,
 
 Tensor Transformer::loss(const nn::Scope& scope, const Tensor& tokens,
                          const Tensor& targets) const {
-  return loss_of_logits(scope, (*this)(scope, tokens), targets);
+  const auto& c = config_;
+  const Layout l = layout_of(c, scope);
+  // The replicated head tied to the embedding: ln_f, then the head's products and their mean
+  // cross-entropy in chunks (tensor::linear_cross_entropy_mean), so the (B, T, V) logits
+  // and their gradient never exist whole: the largest tensors of a language model's step.
+  // The same loss and gradients as loss_of_logits(operator()), summed in another order.
+  if (l.feature_sharded || l.vocab_parallel || (l.sp && l.n > 1) || !c.tied_embeddings)
+    return loss_of_logits(scope, (*this)(scope, tokens), targets);
+  Tensor x = embed(scope, tokens);
+  for (std::int64_t i = 0; i < c.num_layers; ++i)
+    x = block(scope, static_cast<int>(i), x);
+  x = nn::LayerNorm{.eps = c.ln_eps}(scope.child("ln_f"), x);
+  const nn::Embedding wte{.num_embeddings = c.vocab,
+                          .features = c.d_model,
+                          .embedding_init = nn::normal(0.02),
+                          .embedding_spec = l.table_spec};
+  const nn::Precision& p = scope.precision();
+  return tensor::linear_cross_entropy_mean(p.cast_to_compute(x),
+                                           p.cast_to_compute(wte.table(scope.child("wte"))),
+                                           targets, /*trans_w=*/true);
 }
 
 TensorTree Transformer::init(Key key) const {

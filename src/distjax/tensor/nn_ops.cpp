@@ -3,10 +3,15 @@
 // kernels). Each op's backward follows its forward.
 #include "distjax/tensor/nn_ops.hpp"
 
+#include <algorithm>
 #include <numeric>
+#include <optional>
 #include <vector>
 
 #include "distjax/tensor/detail/kernels.hpp"
+#include "distjax/tensor/elementwise.hpp"
+#include "distjax/tensor/matmul.hpp"
+#include "distjax/tensor/reduce.hpp"
 #include "distjax/tensor/grad_node.hpp"
 #include "distjax/tensor/shape_ops.hpp"
 #include "distjax/tensor/table/table.hpp"
@@ -254,6 +259,80 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
                                             ld.raw_data(), ld.dtype(), gx.data<float>(), rc.n, rc.c,
                                             k.stream());
                   return std::vector<Tensor>{gx, Tensor()};
+                });
+}
+
+// ------------------------------------------------------------------ head + cross-entropy
+
+Tensor linear_cross_entropy_mean(const Tensor& x, const Tensor& w, const Tensor& labels,
+                                 bool trans_w, std::int64_t chunk_bytes) {
+  const char* op = "linear_cross_entropy_mean";
+  check_defined(x, op, "x");
+  check_defined(w, op, "w");
+  check_defined(labels, op, "labels");
+  DISTJAX_CHECK(x.rank() >= 1 && w.rank() == 2 && x.size(-1) == w.size(trans_w ? 1 : 0),
+                InvalidArgument, "[", op, "] x ", to_string(x.shape()), " does not match w ",
+                to_string(w.shape()), trans_w ? " (expected w (V, K))" : " (expected w (K, V))");
+  DISTJAX_CHECK(x.dtype() == w.dtype() && is_floating(x.dtype()), InvalidArgument, "[", op,
+                "] x and w must share a floating dtype, got ", dtype_name(x.dtype()), " and ",
+                dtype_name(w.dtype()));
+  const Shape ls(x.shape().begin(), x.shape().end() - 1);
+  DISTJAX_CHECK(labels.shape() == ls, InvalidArgument, "[", op, "] labels ",
+                to_string(labels.shape()), " do not match x ", to_string(x.shape()),
+                " (expected labels ", to_string(ls), ")");
+  DISTJAX_CHECK(chunk_bytes > 0, InvalidArgument, "[", op, "] chunk_bytes must be > 0");
+  const std::int64_t k = x.size(-1), v = w.size(trans_w ? 0 : 1);
+  const std::int64_t rows = numel(ls);
+  DISTJAX_CHECK(rows > 0 && v > 0, InvalidArgument, "[", op, "] needs rows and classes, got x ",
+                to_string(x.shape()), " and w ", to_string(w.shape()));
+  const Device dev = detail::op_device(op, {&x, &w, &labels});
+  const bool grad = needs_grad({&x, &w});
+  const std::int64_t chunk = std::clamp<std::int64_t>(chunk_bytes / (v * 4), 1, rows);
+  const Tensor x2 = x.detach().view({rows, k}), l2 = labels.detach().view({rows}),
+               wd = w.detach();
+  const double inv = 1.0 / static_cast<double>(rows);
+  Tensor total, dw;
+  std::vector<Tensor> dx;
+  std::optional<NoGradGuard> no_grad(std::in_place);  // the chunks' ops are not recorded
+  for (std::int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const std::int64_t n = std::min(chunk, rows - r0);
+    const Tensor xc = x2.view_rows(r0, r0 + n), lc = l2.view_rows(r0, r0 + n);
+    check_ids(op, lc, v, "label");
+    Tensor logits = matmul(xc, wd, false, trans_w);  // (n, V) f32
+    Tensor loss = Tensor::empty({n}, DType::F32, dev), lse = Tensor::empty({n}, DType::F32, dev);
+    {
+      Dispatch kd("cross_entropy", &KernelTable::nn, {&logits, &lc, &loss, &lse});
+      kd->cross_entropy(logits.data<float>(), lc.raw_data(), lc.dtype(), loss.data<float>(),
+                        lse.data<float>(), n, v, kd.stream());
+    }
+    const Tensor part = sum(loss);
+    total = total.defined() ? add(total, part) : part;
+    if (!grad) continue;
+    // d(mean)/d(logits) = (softmax - onehot) / rows, written over the logits.
+    const Tensor g = Tensor::full({n}, inv, DType::F32, dev);
+    {
+      Dispatch kd("cross_entropy", &KernelTable::nn, {&logits, &g, &lse, &lc});
+      kd->cross_entropy_backward(logits.data<float>(), g.data<float>(), lse.data<float>(),
+                                 lc.raw_data(), lc.dtype(), logits.data<float>(), n, v,
+                                 kd.stream());
+    }
+    Tensor dl = logits;
+    if (x.dtype() != DType::F32) {
+      dl = astype(logits, x.dtype());
+      logits = Tensor();  // the f32 gradient goes before the products
+    }
+    dx.push_back(matmul(dl, wd, false, !trans_w));  // (n, K)
+    const Tensor dwc = trans_w ? matmul(dl, xc, true, false) : matmul(xc, dl, true, false);
+    dw = dw.defined() ? add(dw, dwc) : dwc;
+  }
+  Tensor mean_loss = mul_scalar(total, inv);
+  if (!grad) return joined(mean_loss, {&x, &w});
+  Tensor dx_all = (dx.size() == 1 ? dx[0] : concat(dx, 0)).view(x.shape());
+  dx.clear();
+  no_grad.reset();  // this op is
+  return record(op, {x, w}, mean_loss,
+                [dx_all, dw](const std::vector<Tensor>& g) {
+                  return std::vector<Tensor>{mul(dx_all, g[0]), mul(dw, g[0])};
                 });
 }
 
