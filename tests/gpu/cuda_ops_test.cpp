@@ -21,7 +21,6 @@
 
 #include "distjax/distjax.hpp"
 #include "distjax/tensor/cuda.hpp"
-#include "distjax/tensor/cuda/attention_cudnn.hpp"
 #include "distjax/tensor/detail/update_many.hpp"
 #include "distjax/tensor/inplace_ops.hpp"
 #include "distjax/tensor/parallel_ops.hpp"
@@ -497,11 +496,11 @@ TEST(CudaOps, AttentionWithBf16ProductsThroughCudnn) {
   ScopedEnv auto_mode("DISTJAX_CUDA_ATTENTION", "auto");
   expect_bf16_attention_close();
   ScopedEnv cudnn("DISTJAX_CUDA_ATTENTION", "cudnn");  // cuDNN, or an error
-  const cuda::cudnn_attention::Calls before = cuda::cudnn_attention::calls();
+  const CudnnAttentionCalls before = cuda_attention_cudnn_calls();
   expect_close("bf16 attention_packed GPT-2 head shape through cuDNN",
                [](const V& a) { return attention_packed(a[0], 12, true, 0.f, DType::BF16); },
                {uniform({2, 256, 3 * 768})}, {true}, kBf16);
-  const cuda::cudnn_attention::Calls after = cuda::cudnn_attention::calls();
+  const CudnnAttentionCalls after = cuda_attention_cudnn_calls();
   EXPECT_EQ(after.forward - before.forward, 1);
   EXPECT_EQ(after.backward - before.backward, 1);
   // A problem it refuses is an error under "cudnn", naming why.

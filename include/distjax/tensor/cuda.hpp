@@ -48,6 +48,11 @@ bool allow_tf32();
 /// refuses (head size not a multiple of 8 or over 128, a causal mask with T != S) runs the
 /// own kernels too. DISTJAX_CUDA_ATTENTION: auto (default), cudnn (cuDNN or an error), own.
 std::string cuda_attention_library();
+/// How many bf16 attention forwards and backwards cuDNN ran in this process (0 without it).
+struct CudnnAttentionCalls {
+  std::int64_t forward = 0, backward = 0;
+};
+CudnnAttentionCalls cuda_attention_cudnn_calls();
 
 /// Device time per op on CUDA: between profile_ops_begin() and profile_ops_end(), every op
 /// dispatched to a CUDA device records a pair of CUDA events around its kernels (on the

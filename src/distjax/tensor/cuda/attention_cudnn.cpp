@@ -396,4 +396,9 @@ namespace distjax::tensor {
 
 std::string cuda_attention_library() { return cuda::cudnn_attention::status(); }
 
+CudnnAttentionCalls cuda_attention_cudnn_calls() {
+  const cuda::cudnn_attention::Calls c = cuda::cudnn_attention::calls();
+  return {c.forward, c.backward};
+}
+
 }  // namespace distjax::tensor
