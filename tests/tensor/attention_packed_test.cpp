@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "distjax/autodiff/autodiff.hpp"
@@ -155,6 +156,42 @@ TEST(AttentionCompute, ABf16PlanRunsTheBf16EntriesOnBf16Copies) {
   // Without them (the default), the CPU computes bf16 plans with the f32 entries.
   EXPECT_EQ(run(DType::BF16, false)[0].to_vector<float>(),
             run(DType::F32, false)[0].to_vector<float>());
+}
+
+// `out`: the output in the dtype its next matmul reads, the same bits as casting the f32
+// output (and the same gradients), with the f32 entries and with the bf16 ones (whose bf16
+// output is then handed over as it is).
+TEST(AttentionCompute, AnOutputDtypeIsTheCastOfTheF32Output) {
+  struct On {
+    On() { detail::cpu::set_serves_bf16_attention(true); }
+    ~On() { detail::cpu::set_serves_bf16_attention(false); }
+  };
+  const Tensor qkv = uniform({2, 9, 3 * 2 * 8}, 11), ct = uniform({2, 9, 2 * 8}, 12);
+  const Tensor q = uniform({1, 2, 9, 8}, 13), k = uniform({1, 2, 9, 8}, 14),
+               v = uniform({1, 2, 9, 8}, 15);
+  auto run = [&](DType out) {
+    Tensor leaf = make_leaf(qkv), lq = make_leaf(q), lk = make_leaf(k), lv = make_leaf(v);
+    Tensor y = attention_packed(leaf, 2, true, 0.f, DType::BF16, out);
+    Tensor z = attention(lq, lk, lv, true, 0.f, DType::BF16, out);
+    if (out == DType::F32) y = astype(y, DType::BF16), z = astype(z, DType::BF16);
+    EXPECT_EQ(y.dtype(), DType::BF16);
+    EXPECT_EQ(z.dtype(), DType::BF16);
+    std::vector<Tensor> g = autodiff::grad({add(sum(mul(astype(y, DType::F32), ct)),
+                                                sum(astype(z, DType::F32)))},
+                                           {Tensor()}, {leaf, lq, lk, lv});
+    g.insert(g.begin(), {astype(y, DType::F32), astype(z, DType::F32)});
+    return g;
+  };
+  for (bool entries : {false, true}) {
+    SCOPED_TRACE(entries ? "bf16 entries" : "f32 entries");
+    std::optional<On> on;
+    if (entries) on.emplace();
+    const std::vector<Tensor> want = run(DType::F32), got = run(DType::BF16);
+    for (std::size_t i = 0; i < want.size(); ++i)
+      EXPECT_EQ(got[i].to_vector<float>(), want[i].to_vector<float>()) << "output " << i;
+  }
+  EXPECT_THROW(attention_packed(qkv, 2, true, 0.f, DType::BF16, DType::I32), InvalidArgument);
+  EXPECT_THROW(attention(q, k, v, true, 0.f, DType::F32, DType::I64), InvalidArgument);
 }
 
 TEST(AttentionPacked, RejectsBadShapes) {

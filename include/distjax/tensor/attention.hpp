@@ -17,13 +17,20 @@ namespace distjax::tensor {
 /// visible key. Errors name "[attention]".
 ///
 /// `compute` is the dtype the two products (q k^T and p v) may read: nn::Precision's
-/// compute dtype. F32 computes in f32 on every device. BF16 lets a GPU run FlashAttention-2
-/// on its tensor cores (heads up to 128; q, k, v and the probabilities rounded to bf16,
-/// f32 accumulation, f32 softmax; inputs, output and gradients stay f32); the CPU, and a
-/// GPU for larger heads or with DISTJAX_CUDA_ATTENTION=f32, compute in f32, more precise
+/// compute dtype. F32 computes in f32 on every device. BF16 lets a GPU run fused attention
+/// on its tensor cores: cuDNN's SDPA where it loads and serves the problem (on bf16 copies
+/// of q, k, v, which the backward keeps), else the own FlashAttention-2 kernels (heads up to
+/// 128); q, k, v and the probabilities rounded to bf16, f32 accumulation, f32 softmax;
+/// inputs, output and gradients stay f32 (see tensor::cuda_attention_library). The CPU, and
+/// a GPU for larger heads or with DISTJAX_CUDA_ATTENTION=f32, compute in f32, more precise
 /// than asked. F16 computes in f32 everywhere. Any other dtype is an InvalidArgument.
+///
+/// `out` is the output's dtype: F32, or the dtype a matmul will read it in (what a layer
+/// under the bf16 policy casts it to next). The output is then that cast of the f32 result,
+/// the same bits; a device whose attention writes bf16 (cuDNN's) hands its output over
+/// as it is, without the round trip through f32.
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
-                 float scale = 0.f, DType compute = DType::F32);
+                 float scale = 0.f, DType compute = DType::F32, DType out = DType::F32);
 
 /// The same attention read straight from a fused projection, without the permutes and
 /// splits that would cut q, k and v out of it: qkv (B, T, 3 H D), viewed as
@@ -31,8 +38,9 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal 
 /// nn::MultiHeadAttention's reshape to (B, T, H, 3, D) expects), -> (B, T, H D), heads
 /// side by side per position. Equal to reshaping qkv to (B, T, H, 3, D), permuting it
 /// to (3, B, H, T, D), calling attention(q, k, v, causal, scale) and permuting the
-/// result back to (B, T, H, D); `compute` as attention's. Errors name "[attention_packed]".
+/// result back to (B, T, H, D); `compute` and `out` as attention's. Errors name
+/// "[attention_packed]".
 Tensor attention_packed(const Tensor& qkv, std::int64_t num_heads, bool causal = true,
-                        float scale = 0.f, DType compute = DType::F32);
+                        float scale = 0.f, DType compute = DType::F32, DType out = DType::F32);
 
 }  // namespace distjax::tensor

@@ -46,7 +46,8 @@ bool allow_tf32();
 /// 1.32.0" where cuDNN's fused attention is built in and loads, else why the project's own
 /// kernels run instead (not built, not loaded, DISTJAX_CUDA_ATTENTION=own). A problem cuDNN
 /// refuses (head size not a multiple of 8 or over 128, a causal mask with T != S) runs the
-/// own kernels too. DISTJAX_CUDA_ATTENTION: auto (default), cudnn (cuDNN or an error), own.
+/// own kernels too. DISTJAX_CUDA_ATTENTION: auto (default), cudnn (cuDNN or an error), own
+/// (the own bf16 kernels), f32 (the own f32 kernels).
 std::string cuda_attention_library();
 /// How many bf16 attention forwards and backwards cuDNN ran in this process (0 without it).
 struct CudnnAttentionCalls {

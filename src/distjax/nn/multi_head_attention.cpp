@@ -19,8 +19,9 @@ Tensor MultiHeadAttention::operator()(const Scope& scope, const Tensor& x) const
   Tensor qkv = qkv_proj(scope.child("qkv"), x);  // (B, T, 3C)
   const DType compute = scope.precision().compute_dtype;  // the products' operands
   if (qkv.rank() == 3 && qkv.size(2) == 3 * c) {
-    // Heads read in place from the projection: no permute / split copies.
-    Tensor y = tensor::attention_packed(qkv, h, causal, 0.f, compute);  // (B, T, C)
+    // Heads read in place from the projection: no permute / split copies. The output comes
+    // in the dtype out_proj reads it in (a bf16 attention's output as it is).
+    Tensor y = tensor::attention_packed(qkv, h, causal, 0.f, compute, compute);  // (B, T, C)
     return out_proj(scope.child("out"), y);
   }
   qkv = tensor::reshape(qkv, {b, t, h, 3, d});

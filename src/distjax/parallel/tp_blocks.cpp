@@ -69,8 +69,12 @@ Tensor TPMultiHeadAttention::operator()(const nn::Scope& scope, const Tensor& x)
                 " must divide C=", c, " and be divisible by ", proj.axis, "=", n,
                 " (each device computes whole heads)");
   Tensor qkv = proj.in(scope.child("qkv"), x, 3 * c, kernel_init);           // (B, T, 3C/n)
-  Tensor h = tensor::attention_packed(qkv, num_heads / n, /*causal=*/true, 0.f,
-                                     scope.precision().compute_dtype);  // (B, T, C/n)
+  // The output in the dtype the out projection reads it in, where that reads it locally
+  // (a bf16 attention's output as it is); the feature-sharded layouts move it first.
+  const DType compute = scope.precision().compute_dtype;
+  const bool local_out = proj.layout == TPLayout::None || proj.layout == TPLayout::Megatron;
+  Tensor h = tensor::attention_packed(qkv, num_heads / n, /*causal=*/true, 0.f, compute,
+                                      local_out ? compute : DType::F32);  // (B, T, C/n)
   return proj.out(scope.child("out"), h, c, out_init);
 }
 

@@ -45,6 +45,19 @@ bool runs_bf16(const AttentionPlan& a, Device dev) {
 
 Tensor to_bf16(const Tensor& x) { return astype(x.detach(), DType::BF16); }
 
+void check_out(DType out, const char* op) {
+  DISTJAX_CHECK(is_floating(out), InvalidArgument, "[", op, "] writes f32, bf16 or f16, not ",
+                dtype_name(out));
+}
+
+// The op's result in dtype `out` (a recorded cast of the f32 result unless it is f32).
+Tensor finish(const Tensor& y, DType out) { return out == DType::F32 ? y : astype(y, out); }
+
+// The bf16 entries' output o16 as the op's result: itself for a bf16 `out`, else widened.
+Tensor result_of(const Tensor& o16, DType out) {
+  return out == DType::BF16 ? o16 : astype(o16, out);
+}
+
 AttentionPlan check_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                               float scale, DType compute) {
   detail::require_f32("attention", {&q, &k, &v});
@@ -76,7 +89,7 @@ AttentionPlan check_attention(const Tensor& q, const Tensor& k, const Tensor& v,
 // attention() through the bf16 entries: q, k, v rounded to bf16 (and saved so), o
 // widened back to f32, the cotangents rounded and the gradients widened.
 Tensor attention_bf16(const AttentionPlan& a, const Tensor& q, const Tensor& k, const Tensor& v,
-                      Device dev) {
+                      Device dev, DType out_dtype) {
   const Tensor q16 = to_bf16(q), k16 = to_bf16(k), v16 = to_bf16(v);
   Tensor o16 = Tensor::empty(q.shape(), DType::BF16, dev);
   Tensor lse = Tensor::empty({q.size(0), q.size(1), a.t}, DType::F32, dev);
@@ -85,10 +98,10 @@ Tensor attention_bf16(const AttentionPlan& a, const Tensor& q, const Tensor& k, 
     kd->forward_bf16(a, q16.data<bf16>(), k16.data<bf16>(), v16.data<bf16>(), o16.data<bf16>(),
                      lse.data<float>(), kd.stream());
   }
-  Tensor out = astype(o16, DType::F32);
+  Tensor out = result_of(o16, out_dtype);
   if (!needs_grad({&q, &k, &v})) return joined(out, {&q, &k, &v});
   return record("attention", {q, k, v}, out,
-                [a, q16, k16, v16, o16, lse](const std::vector<Tensor>& g) {
+                [a, q16, k16, v16, o16 = o16.detach(), lse](const std::vector<Tensor>& g) {
                   const Device dev = q16.device();
                   const Tensor g16 = to_bf16(g[0]);
                   Tensor gq = Tensor::empty(q16.shape(), DType::BF16, dev),
@@ -105,7 +118,8 @@ Tensor attention_bf16(const AttentionPlan& a, const Tensor& q, const Tensor& k, 
 }
 
 // attention_packed() through the bf16 entries: one bf16 copy of the packed projection.
-Tensor attention_packed_bf16(const AttentionPlan& a, const Tensor& qkv, const Shape& out_shape) {
+Tensor attention_packed_bf16(const AttentionPlan& a, const Tensor& qkv, const Shape& out_shape,
+                             DType out_dtype) {
   const Device dev = qkv.device();
   const Tensor x16 = to_bf16(qkv);
   Tensor o16 = Tensor::empty(out_shape, DType::BF16, dev);
@@ -115,10 +129,10 @@ Tensor attention_packed_bf16(const AttentionPlan& a, const Tensor& qkv, const Sh
     const bf16* p = x16.data<bf16>();
     kd->forward_bf16(a, p, p + a.d, p + 2 * a.d, o16.data<bf16>(), lse.data<float>(), kd.stream());
   }
-  Tensor out = astype(o16, DType::F32);
+  Tensor out = result_of(o16, out_dtype);
   if (!needs_grad({&qkv})) return joined(out, {&qkv});
   return record("attention_packed", {qkv}, out,
-                [a, x16, o16, lse](const std::vector<Tensor>& g) {
+                [a, x16, o16 = o16.detach(), lse](const std::vector<Tensor>& g) {
                   const Tensor g16 = to_bf16(g[0]);
                   Tensor gx = Tensor::empty(x16.shape(), DType::BF16, x16.device());
                   Dispatch k("attention_packed_backward", &KernelTable::attention,
@@ -132,13 +146,11 @@ Tensor attention_packed_bf16(const AttentionPlan& a, const Tensor& qkv, const Sh
                 });
 }
 
-}  // namespace
 
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, float scale,
-                 DType compute) {
-  const AttentionPlan a = check_attention(q, k, v, causal, scale, compute);
-  const Device dev = detail::op_device("attention", {&q, &k, &v});
-  if (runs_bf16(a, dev)) return attention_bf16(a, q, k, v, dev);
+// attention() through the f32 entries (the bf16 policy's products computed by the device
+// as it can): the f32 operands and output are saved for the backward.
+Tensor attention_f32(const AttentionPlan& a, const Tensor& q, const Tensor& k, const Tensor& v,
+                     Device dev) {
   Tensor out = Tensor::empty(q.shape(), DType::F32, dev);
   Tensor lse = Tensor::empty({q.size(0), q.size(1), a.t}, DType::F32, dev);
   {
@@ -163,15 +175,9 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                 });
 }
 
-Tensor attention_packed(const Tensor& qkv, std::int64_t num_heads, bool causal, float scale,
-                        DType compute) {
-  detail::require_f32("attention_packed", {&qkv});
-  const bool bf16 = bf16_products(compute, "attention_packed");
-  DISTJAX_CHECK(qkv.rank() == 3 && num_heads > 0 && qkv.size(2) % (3 * num_heads) == 0,
-                InvalidArgument,
-                "[attention_packed] expected qkv (B, T, 3 H D) with H = ", num_heads,
-                " heads, got ", to_string(qkv.shape()));
-  const std::int64_t b = qkv.size(0), t = qkv.size(1), h = num_heads;
+// The plan of attention_packed: q, k, v read in place from the (B, T, H, 3, D) projection.
+AttentionPlan packed_plan(const Tensor& qkv, std::int64_t h, bool causal, float scale, bool bf16) {
+  const std::int64_t b = qkv.size(0), t = qkv.size(1);
   const std::int64_t d = qkv.size(2) / (3 * h), c = h * d;
   AttentionPlan a;
   a.bh = b * h;
@@ -188,13 +194,18 @@ Tensor attention_packed(const Tensor& qkv, std::int64_t num_heads, bool causal, 
   a.causal = causal;
   a.scale = default_scale(scale, d);
   a.bf16_products = bf16;
-  if (runs_bf16(a, qkv.device())) return attention_packed_bf16(a, qkv, {b, t, c});
-  Tensor out = Tensor::empty({b, t, c}, DType::F32, qkv.device());
-  Tensor lse = Tensor::empty({b, h, t}, DType::F32, qkv.device());
+  return a;
+}
+
+// attention_packed() through the f32 entries.
+Tensor attention_packed_f32(const AttentionPlan& a, const Tensor& qkv, const Shape& out_shape) {
+  Tensor out = Tensor::empty(out_shape, DType::F32, qkv.device());
+  Tensor lse = Tensor::empty({a.bh / a.heads, a.heads, a.t}, DType::F32, qkv.device());
   {
     Dispatch kd("attention_packed", &KernelTable::attention, {&qkv, &out, &lse});
     const float* pq = qkv.data<float>();
-    kd->forward(a, pq, pq + d, pq + 2 * d, out.data<float>(), lse.data<float>(), kd.stream());
+    kd->forward(a, pq, pq + a.d, pq + 2 * a.d, out.data<float>(), lse.data<float>(),
+                kd.stream());
   }
   if (!needs_grad({&qkv})) return joined(out, {&qkv});
   return record("attention_packed", {qkv}, out,
@@ -208,6 +219,32 @@ Tensor attention_packed(const Tensor& qkv, std::int64_t num_heads, bool causal, 
                               g[0].data<float>(), pgx, pgx + a.d, pgx + 2 * a.d, k.stream());
                   return std::vector<Tensor>{gx};
                 });
+}
+
+}  // namespace
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, float scale,
+                 DType compute, DType out_dtype) {
+  const AttentionPlan a = check_attention(q, k, v, causal, scale, compute);
+  check_out(out_dtype, "attention");
+  const Device dev = detail::op_device("attention", {&q, &k, &v});
+  if (runs_bf16(a, dev)) return attention_bf16(a, q, k, v, dev, out_dtype);
+  return finish(attention_f32(a, q, k, v, dev), out_dtype);
+}
+
+Tensor attention_packed(const Tensor& qkv, std::int64_t num_heads, bool causal, float scale,
+                        DType compute, DType out_dtype) {
+  detail::require_f32("attention_packed", {&qkv});
+  const bool bf16 = bf16_products(compute, "attention_packed");
+  check_out(out_dtype, "attention_packed");
+  DISTJAX_CHECK(qkv.rank() == 3 && num_heads > 0 && qkv.size(2) % (3 * num_heads) == 0,
+                InvalidArgument,
+                "[attention_packed] expected qkv (B, T, 3 H D) with H = ", num_heads,
+                " heads, got ", to_string(qkv.shape()));
+  const AttentionPlan a = packed_plan(qkv, num_heads, causal, scale, bf16);
+  const Shape out_shape{qkv.size(0), qkv.size(1), num_heads * a.d};
+  if (runs_bf16(a, qkv.device())) return attention_packed_bf16(a, qkv, out_shape, out_dtype);
+  return finish(attention_packed_f32(a, qkv, out_shape), out_dtype);
 }
 
 }  // namespace distjax::tensor

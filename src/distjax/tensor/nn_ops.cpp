@@ -10,6 +10,7 @@
 
 #include "distjax/tensor/detail/kernels.hpp"
 #include "distjax/tensor/elementwise.hpp"
+#include "distjax/tensor/inplace_ops.hpp"
 #include "distjax/tensor/matmul.hpp"
 #include "distjax/tensor/reduce.hpp"
 #include "distjax/tensor/grad_node.hpp"
@@ -24,11 +25,11 @@ using detail::KernelTable;
 
 // x (..., C) viewed as n rows of c. Callers copy n and c into variables rather than bind
 // them (auto [n, c]): clang before 16 cannot use a structured binding inside a lambda.
-struct Rows {
+struct RowsOf {
   std::int64_t n, c;
 };
 
-Rows as_rows(const Tensor& x) {
+RowsOf as_rows(const Tensor& x) {
   const std::int64_t c = x.rank() ? x.size(-1) : 1;
   return {c ? x.numel() / c : 0, c};
 }
@@ -55,7 +56,7 @@ std::vector<int> axis_last_perm(int rank, int axis) {
 
 Tensor softmax_last(const Tensor& x, bool log_form) {
   const char* op = log_form ? "log_softmax" : "softmax";
-  const Rows rc = as_rows(x);
+  const RowsOf rc = as_rows(x);
   Tensor y = Tensor::empty(x.shape(), DType::F32, x.device());
   {
     Dispatch k(op, &KernelTable::nn, {&x, &y});
@@ -63,7 +64,7 @@ Tensor softmax_last(const Tensor& x, bool log_form) {
   }
   if (!needs_grad({&x})) return joined(y, {&x});
   return record(op, {x}, y, [op, yd = y.detach(), log_form](const std::vector<Tensor>& g) {
-    const Rows rc = as_rows(yd);
+    const RowsOf rc = as_rows(yd);
     Tensor gx = Tensor::empty(yd.shape(), DType::F32, yd.device());
     Dispatch k(op, &KernelTable::nn, {&yd, &g[0], &gx});
     k->softmax_backward(yd.data<float>(), g[0].data<float>(), gx.data<float>(), rc.n, rc.c,
@@ -99,7 +100,7 @@ Tensor log_softmax(const Tensor& x, int axis) {
 Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) {
   detail::require_f32("layer_norm", {&x});
   DISTJAX_CHECK(x.rank() >= 1, InvalidArgument, "[layer_norm] needs x of rank >= 1, got a scalar");
-  const Rows rc = as_rows(x);
+  const RowsOf rc = as_rows(x);
   const std::int64_t n = rc.n, c = rc.c;
   check_vector("layer_norm", "gamma", gamma, c, x);
   if (beta.defined()) check_vector("layer_norm", "beta", beta, c, x);
@@ -119,7 +120,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
       "layer_norm", inputs, y,
       [xd = x.detach(), wd = gamma.detach(), mean, rstd, has_beta = beta.defined(),
        rx = x.requires_grad()](const std::vector<Tensor>& g) {
-        const Rows rc = as_rows(xd);
+        const RowsOf rc = as_rows(xd);
         const Device dev = xd.device();
         Tensor gx = rx ? Tensor::empty(xd.shape(), DType::F32, dev) : Tensor();
         Tensor gw = Tensor::empty({rc.c}, DType::F32, dev);
@@ -140,7 +141,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
 Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps) {
   detail::require_f32("rms_norm", {&x});
   DISTJAX_CHECK(x.rank() >= 1, InvalidArgument, "[rms_norm] needs x of rank >= 1, got a scalar");
-  const Rows rc = as_rows(x);
+  const RowsOf rc = as_rows(x);
   const std::int64_t n = rc.n, c = rc.c;
   check_vector("rms_norm", "gamma", gamma, c, x);
   const Device dev = detail::op_device("rms_norm", {&x, &gamma});
@@ -155,7 +156,7 @@ Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps) {
   return record("rms_norm", {x, gamma}, y,
                 [xd = x.detach(), wd = gamma.detach(), rrms,
                  rx = x.requires_grad()](const std::vector<Tensor>& g) {
-                  const Rows rc = as_rows(xd);
+                  const RowsOf rc = as_rows(xd);
                   const Device dev = xd.device();
                   Tensor gx = rx ? Tensor::empty(xd.shape(), DType::F32, dev) : Tensor();
                   Tensor gw = Tensor::empty({rc.c}, DType::F32, dev);
@@ -232,7 +233,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
   DISTJAX_CHECK(labels.shape() == ls, InvalidArgument, "[cross_entropy] labels ",
                 to_string(labels.shape()), " do not match logits ", to_string(logits.shape()),
                 " (expected labels ", to_string(ls), ")");
-  const Rows rc = as_rows(logits);
+  const RowsOf rc = as_rows(logits);
   const std::int64_t n = rc.n, v = rc.c;
   check_ids("cross_entropy", labels, v, "label");
   const Device dev = detail::op_device("cross_entropy", {&logits, &labels});
@@ -246,7 +247,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
   if (!needs_grad({&logits})) return joined(loss, {&logits, &labels});
   return record("cross_entropy", {logits, labels}, loss,
                 [xd = logits.detach(), lse, ld = labels.detach()](const std::vector<Tensor>& g) {
-                  const Rows rc = as_rows(xd);
+                  const RowsOf rc = as_rows(xd);
                   // The logits are usually the largest tensor of a language model's step
                   // (B x T x V): when only the tape kept them, their gradient takes their
                   // memory (the kernel reads each logit before it writes its gradient).
@@ -292,7 +293,8 @@ Tensor linear_cross_entropy_mean(const Tensor& x, const Tensor& w, const Tensor&
                wd = w.detach();
   const double inv = 1.0 / static_cast<double>(rows);
   Tensor total, dw;
-  std::vector<Tensor> dx;
+  // The gradients, filled chunk by chunk: dx's rows in place, dw accumulated in place.
+  const Tensor dx = grad ? Tensor::empty({rows, k}, DType::F32, dev) : Tensor();
   std::optional<NoGradGuard> no_grad(std::in_place);  // the chunks' ops are not recorded
   for (std::int64_t r0 = 0; r0 < rows; r0 += chunk) {
     const std::int64_t n = std::min(chunk, rows - r0);
@@ -321,14 +323,16 @@ Tensor linear_cross_entropy_mean(const Tensor& x, const Tensor& w, const Tensor&
       dl = astype(logits, x.dtype());
       logits = Tensor();  // the f32 gradient goes before the products
     }
-    dx.push_back(matmul(dl, wd, false, !trans_w));  // (n, K)
+    copy_into(dx.view_rows(r0, r0 + n), matmul(dl, wd, false, !trans_w));  // (n, K)
     const Tensor dwc = trans_w ? matmul(dl, xc, true, false) : matmul(xc, dl, true, false);
-    dw = dw.defined() ? add(dw, dwc) : dwc;
+    if (dw.defined())
+      add_into(dw, dwc);
+    else
+      dw = dwc;
   }
   Tensor mean_loss = mul_scalar(total, inv);
   if (!grad) return joined(mean_loss, {&x, &w});
-  Tensor dx_all = (dx.size() == 1 ? dx[0] : concat(dx, 0)).view(x.shape());
-  dx.clear();
+  const Tensor dx_all = dx.view(x.shape());
   no_grad.reset();  // this op is
   return record(op, {x, w}, mean_loss,
                 [dx_all, dw](const std::vector<Tensor>& g) {

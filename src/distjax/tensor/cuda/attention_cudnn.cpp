@@ -54,9 +54,10 @@ Mode mode() {
   const char* v = std::getenv("DISTJAX_CUDA_ATTENTION");
   if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return Mode::Auto;
   if (std::strcmp(v, "cudnn") == 0) return Mode::Cudnn;
-  if (std::strcmp(v, "own") == 0) return Mode::Own;
+  // "f32" also keeps the own kernels on f32 (attention_mma.cu).
+  if (std::strcmp(v, "own") == 0 || std::strcmp(v, "f32") == 0) return Mode::Own;
   DISTJAX_THROW(ConfigError, "[attention] DISTJAX_CUDA_ATTENTION=", v,
-                " is not one of auto, cudnn, own");
+                " is not one of auto, cudnn, own, f32");
 }
 
 // The loaded library: its handle, or why there is none.
@@ -336,7 +337,8 @@ void backward(const AttentionPlan& a, const bf16* q, const bf16* k, const bf16* 
 }
 
 std::string status() {
-  if (mode() == Mode::Own) return "turned off (DISTJAX_CUDA_ATTENTION=own)";
+  if (mode() == Mode::Own)
+    return std::string("turned off (DISTJAX_CUDA_ATTENTION=") + std::getenv("DISTJAX_CUDA_ATTENTION") + ")";
   const Library& l = library();
   if (l.handle == nullptr) return l.why;
   const std::size_t v = l.version;

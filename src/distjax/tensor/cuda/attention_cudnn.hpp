@@ -7,7 +7,8 @@
 //   unset or "auto": cuDNN where it loads and builds a plan for the problem, else the own
 //                    kernels (attention.cu, attention_mma.cu), saying why once on stderr;
 //   "cudnn":         cuDNN, or an error saying why not (for benchmarks and tests);
-//   "own":           the own kernels.
+//   "own":           the own kernels (bf16 tensor-core ones, attention_mma.cu);
+//   "f32":           the own f32 kernels (attention_mma.cu's switch).
 // The library is looked for at $DISTJAX_CUDNN_LIBRARY, then as libcudnn.so.9 (the loader's
 // search path, then the CUDA toolkit's lib64 this build found).
 #pragma once
