@@ -169,6 +169,72 @@ TEST(NnOps, LayerNormAndRmsNormMatchReference) {
   expect_close(rms_norm(x, g), rms, 1e-5, "rms_norm");
 }
 
+// layer_norm's `out`: the cast of the f32 output, bit for bit, and the same gradients; a
+// bf16 output is written by the bf16 kernel (the CPU's and the checked device's alike).
+TEST(NnOps, LayerNormWritesTheOutputDtypeAsTheCastOfItsF32Output) {
+  const Tensor x = uniform({6, 40}, 3), g = uniform({40}, 4), b = uniform({40}, 5),
+               ct = uniform({6, 40}, 6);
+  for (DType out : {DType::BF16, DType::F16})
+    for (bool bias : {true, false}) {
+      SCOPED_TRACE(std::string(dtype_name(out)) + (bias ? ", bias" : ", no bias"));
+      auto run = [&](bool cast_after, Device dev) {
+        DeviceScope scope(dev);
+        Tensor lx = make_leaf(x.to(dev)), lg = make_leaf(g.to(dev)), lb = make_leaf(b.to(dev));
+        Tensor y = cast_after ? astype(layer_norm(lx, lg, bias ? lb : Tensor(), 1e-5f), out)
+                              : layer_norm(lx, lg, bias ? lb : Tensor(), 1e-5f, out);
+        EXPECT_EQ(y.dtype(), out);
+        std::vector<Tensor> r = autodiff::grad({sum(mul(astype(y, DType::F32), ct.to(dev)))},
+                                               {Tensor()}, {lx, lg, lb});
+        r.insert(r.begin(), astype(y, DType::F32));
+        for (Tensor& t : r)
+          t = t.defined() ? t.to(Device::cpu()) : t;
+        return r;
+      };
+      const std::vector<Tensor> want = run(true, Device::cpu());
+      for (Device dev : {Device::cpu(), Device{DeviceKind::Checked, 0}}) {
+        const std::vector<Tensor> got = run(false, dev);
+        for (std::size_t i = 0; i < want.size(); ++i) {
+          if (!want[i].defined()) continue;
+          EXPECT_EQ(got[i].to_vector<float>(), want[i].to_vector<float>())
+              << dev.str() << ", output " << i;
+        }
+      }
+    }
+  EXPECT_THROW(layer_norm(x, g, b, 1e-5f, DType::I32), InvalidArgument);
+}
+
+// gelu's `out`: the cast of the f32 output, bit for bit, with the same gradient; and a unary
+// op's backward keeps only what its derivative reads (GELU's x, tanh's output), so GELU's
+// output is not held by the tape.
+TEST(Activations, GeluWritesTheOutputDtypeAndItsBackwardKeepsOnlyTheInput) {
+  const Tensor x = uniform({5, 36}, 8), ct = uniform({5, 36}, 9);
+  for (bool approximate : {true, false})
+    for (DType out : {DType::BF16, DType::F16}) {
+      SCOPED_TRACE(std::string(approximate ? "tanh form, " : "erf form, ") + dtype_name(out));
+      auto run = [&](bool cast_after, Device dev) {
+        DeviceScope scope(dev);
+        Tensor lx = make_leaf(x.to(dev));
+        Tensor y = cast_after ? astype(gelu(lx, approximate), out) : gelu(lx, approximate, out);
+        EXPECT_EQ(y.dtype(), out);
+        const Tensor g = autodiff::grad({sum(mul(astype(y, DType::F32), ct.to(dev)))},
+                                        {Tensor()}, {lx})[0];
+        return std::vector<Tensor>{astype(y, DType::F32).to(Device::cpu()), g.to(Device::cpu())};
+      };
+      const std::vector<Tensor> want = run(true, Device::cpu());
+      for (Device dev : {Device::cpu(), Device{DeviceKind::Checked, 0}}) {
+        const std::vector<Tensor> got = run(false, dev);
+        for (std::size_t i = 0; i < want.size(); ++i)
+          EXPECT_EQ(got[i].to_vector<float>(), want[i].to_vector<float>())
+              << dev.str() << (i ? ", gradient" : ", output");
+      }
+    }
+  const Tensor leaf = make_leaf(x);
+  EXPECT_TRUE(gelu(leaf).sole_owner()) << "the tape holds GELU's output";
+  EXPECT_TRUE(gelu(leaf, true, DType::BF16).sole_owner()) << "the tape holds GELU's output";
+  EXPECT_FALSE(tanh(leaf).sole_owner()) << "tanh's backward reads its output";
+  EXPECT_THROW(gelu(x, true, DType::I32), InvalidArgument);
+}
+
 TEST(NnOps, EmbeddingGathersRowsAndScatterAddsRepeats) {
   Tensor table = uniform({4, 3}, 5);
   Tensor ids = Tensor::from_vector<std::int64_t>({2, 0, 2, 2}, {2, 2});

@@ -30,7 +30,11 @@ Tensor tanh(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 Tensor relu(const Tensor& x);
 /// GELU; `approximate` selects the tanh form (JAX's default), else the erf form.
-Tensor gelu(const Tensor& x, bool approximate = true);
+///
+/// `out`: the output's dtype, F32 or the dtype a matmul will read it in (the bf16 policy's
+/// MLP): the cast of the f32 output, the same bits, written in one pass where the device
+/// can (bf16). The backward keeps x only (GELU's derivative reads x), whatever `out`.
+Tensor gelu(const Tensor& x, bool approximate = true, DType out = DType::F32);
 /// x * sigmoid(x).
 Tensor silu(const Tensor& x);
 

@@ -16,7 +16,12 @@ Tensor log_softmax(const Tensor& x, int axis = -1);
 
 /// Layer norm over the last dimension: (x - mean) / sqrt(var + eps) * gamma + beta.
 ///  x (..., C); gamma, beta (C) (beta may be undefined).
-Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps = 1e-5f);
+///
+/// `out` is the output's dtype: F32, or the dtype a matmul will read it in (a layer under the
+/// bf16 policy). The output is then that cast of the f32 output, the same bits, written in
+/// one pass where the device can (bf16); the backward is the f32 output's.
+Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps = 1e-5f,
+                  DType out = DType::F32);
 /// RMS norm over the last dimension: x / sqrt(mean(x^2) + eps) * gamma. x (..., C), gamma (C).
 Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps = 1e-6f);
 

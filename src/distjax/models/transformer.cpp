@@ -210,7 +210,7 @@ Tensor Transformer::loss(const nn::Scope& scope, const Tensor& tokens,
   Tensor x = embed(scope, tokens);
   for (std::int64_t i = 0; i < c.num_layers; ++i)
     x = block(scope, static_cast<int>(i), x);
-  x = nn::LayerNorm{.eps = c.ln_eps}(scope.child("ln_f"), x);
+  x = nn::LayerNorm{.eps = c.ln_eps, .to_compute = true}(scope.child("ln_f"), x);
   const nn::Embedding wte{.num_embeddings = c.vocab,
                           .features = c.d_model,
                           .embedding_init = nn::normal(0.02),

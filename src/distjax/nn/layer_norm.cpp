@@ -11,7 +11,8 @@ Tensor LayerNorm::operator()(const Scope& scope, const Tensor& x) const {
   const std::int64_t c = x.size(-1);
   Tensor scale = scope.param("scale", {c}, ones());
   Tensor bias = use_bias ? scope.param("bias", {c}, zeros()) : Tensor();
-  return tensor::layer_norm(x, scale, bias, eps);
+  return tensor::layer_norm(x, scale, bias, eps,
+                            to_compute ? scope.precision().compute_dtype : DType::F32);
 }
 
 }  // namespace distjax::nn

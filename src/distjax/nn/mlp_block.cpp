@@ -14,7 +14,8 @@ Tensor MLPBlock::operator()(const Scope& scope, const Tensor& x) const {
   const Dense fc1{.features = h, .kernel_init = kernel_init};
   const Dense fc2{.features = c, .kernel_init = out_init};
   Tensor y = fc1(scope.child("fc1"), x);
-  y = tensor::gelu(y, gelu_approximate);
+  // In the dtype fc2 reads it in: one pass on a device with a bf16-writing kernel.
+  y = tensor::gelu(y, gelu_approximate, scope.precision().compute_dtype);
   return fc2(scope.child("fc2"), y);
 }
 

@@ -12,7 +12,8 @@
 namespace distjax::nn {
 
 Tensor TransformerBlock::body(const Scope& scope, const Tensor& x) const {
-  const LayerNorm ln{.eps = ln_eps};
+  // ln1 and ln2 feed only the attention's and the MLP's first projections.
+  const LayerNorm ln{.eps = ln_eps, .to_compute = true};
   const Dropout drop{.rate = dropout};
   const MultiHeadAttention attn{.num_heads = num_heads,
                                 .kernel_init = kernel_init,

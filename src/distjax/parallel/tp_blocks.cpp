@@ -82,7 +82,10 @@ Tensor TPMLPBlock::operator()(const nn::Scope& scope, const Tensor& x) const {
   tensor::check_defined(x, "TPMLPBlock", "x");
   const std::int64_t c = proj.width(scope, x);
   Tensor h = proj.in(scope.child("fc1"), x, hidden > 0 ? hidden : 4 * c, kernel_init);
-  h = tensor::gelu(h, /*approximate=*/true);
+  // In the dtype fc2 reads it in, where fc2 reads it locally (as the attention's output).
+  const bool local_out = proj.layout == TPLayout::None || proj.layout == TPLayout::Megatron;
+  h = tensor::gelu(h, /*approximate=*/true,
+                   local_out ? scope.precision().compute_dtype : DType::F32);
   return proj.out(scope.child("fc2"), h, c, out_init);
 }
 

@@ -46,13 +46,35 @@ Tensor map_grad(const char* op, const Tensor& g, const Tensor& x, const Tensor& 
 }
 
 // A unary op and its derivative in terms of (x, y = f(x)), recorded together.
+// Whether op's derivative reads its input x, and its output y (the kernels' df(x, y)): the
+// backward keeps only what it reads (GELU's reads x alone, tanh's y alone), and hands the
+// kept one to the kernel's unused argument too.
+bool grad_reads_input(UnaryOp code) {
+  return code != UnaryOp::Exp && code != UnaryOp::Tanh && code != UnaryOp::Sigmoid &&
+         code != UnaryOp::Sqrt && code != UnaryOp::Reciprocal;
+}
+bool grad_reads_output(UnaryOp code) {
+  return code == UnaryOp::Exp || code == UnaryOp::Tanh || code == UnaryOp::Sigmoid ||
+         code == UnaryOp::Sqrt || code == UnaryOp::Reciprocal || code == UnaryOp::Rsqrt;
+}
+
+// The recorded backward of a unary op with output y (f32, or bf16 for an op that never
+// reads y); a cotangent that is not f32 is widened first.
+Tensor record_unary(const char* op, const Tensor& x, const Tensor& y, UnaryOp code, float c) {
+  const Tensor xs = grad_reads_input(code) ? x.detach() : Tensor();
+  const Tensor ys = grad_reads_output(code) ? y.detach() : Tensor();
+  return record(op, {x}, y, [op, xs, ys, code, c](const std::vector<Tensor>& g) {
+    const Tensor& xa = xs.defined() ? xs : ys;
+    const Tensor& ya = ys.defined() ? ys : xs;
+    const Tensor g0 = g[0].dtype() == DType::F32 ? g[0] : astype(g[0], DType::F32);
+    return std::vector<Tensor>{map_grad(op, g0, xa, ya, code, c)};
+  });
+}
+
 Tensor unary_op(const char* op, const Tensor& x, UnaryOp code, float c = 0.f) {
   Tensor y = map_unary(op, x, code, c);
   if (!needs_grad({&x})) return joined(y, {&x});
-  return record(op, {x}, y,
-                [op, xs = x.detach(), ys = y.detach(), code, c](const std::vector<Tensor>& g) {
-                  return std::vector<Tensor>{map_grad(op, g[0], xs, ys, code, c)};
-                });
+  return record_unary(op, x, y, code, c);
 }
 
 }  // namespace
@@ -176,8 +198,23 @@ Tensor relu(const Tensor& x) {
   return unary_op("relu", x, UnaryOp::Relu);
 }
 
-Tensor gelu(const Tensor& x, bool approximate) {
-  return unary_op("gelu", x, approximate ? UnaryOp::GeluTanh : UnaryOp::GeluErf);
+Tensor gelu(const Tensor& x, bool approximate, DType out) {
+  DISTJAX_CHECK(is_floating(out), InvalidArgument, "[gelu] writes f32, bf16 or f16, not ",
+                dtype_name(out));
+  const UnaryOp code = approximate ? UnaryOp::GeluTanh : UnaryOp::GeluErf;
+  if (out == DType::F32) return unary_op("gelu", x, code);
+  // bf16 written by the kernel where the device has one; else the f32 op and its cast.
+  detail::require_f32("gelu", {&x});
+  const detail::ElementwiseKernels* fam = detail::kernel_table(x.device().kind).elementwise;
+  if (out != DType::BF16 || fam == nullptr || fam->unary_bf16 == nullptr)
+    return astype(gelu(x, approximate), out);
+  Tensor y = Tensor::empty(x.shape(), DType::BF16, x.device());
+  {
+    Dispatch k("gelu", &KernelTable::elementwise, {&x, &y});
+    k->unary_bf16(code, x.data<float>(), y.data<bf16>(), x.numel(), 0.f, k.stream());
+  }
+  if (!needs_grad({&x})) return joined(y, {&x});
+  return record_unary("gelu", x, y, code, 0.f);  // GELU's derivative reads x alone
 }
 
 Tensor silu(const Tensor& x) {

@@ -97,21 +97,32 @@ Tensor log_softmax(const Tensor& x, int axis) {
 
 // ------------------------------------------------------------------ layer norm
 
-Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) {
+Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                  DType out) {
   detail::require_f32("layer_norm", {&x});
+  DISTJAX_CHECK(is_floating(out), InvalidArgument, "[layer_norm] writes f32, bf16 or f16, not ",
+                dtype_name(out));
   DISTJAX_CHECK(x.rank() >= 1, InvalidArgument, "[layer_norm] needs x of rank >= 1, got a scalar");
   const RowsOf rc = as_rows(x);
   const std::int64_t n = rc.n, c = rc.c;
   check_vector("layer_norm", "gamma", gamma, c, x);
   if (beta.defined()) check_vector("layer_norm", "beta", beta, c, x);
   const Device dev = detail::op_device("layer_norm", {&x, &gamma, &beta});
-  Tensor y = Tensor::empty(x.shape(), DType::F32, dev);
+  // bf16 written by the kernel where the device has one; else the f32 op and its cast.
+  const detail::NnKernels* fam = detail::kernel_table(dev.kind).nn;
+  const bool fused = out == DType::BF16 && fam != nullptr && fam->layer_norm_bf16 != nullptr;
+  if (out != DType::F32 && !fused) return astype(layer_norm(x, gamma, beta, eps), out);
+  Tensor y = Tensor::empty(x.shape(), fused ? DType::BF16 : DType::F32, dev);
   Tensor mean = Tensor::empty({n}, DType::F32, dev), rstd = Tensor::empty({n}, DType::F32, dev);
   {
     Dispatch k("layer_norm", &KernelTable::nn, {&x, &gamma, &beta, &y, &mean, &rstd});
-    k->layer_norm(x.data<float>(), gamma.data<float>(),
-                  beta.defined() ? beta.data<float>() : nullptr, y.data<float>(),
-                  mean.data<float>(), rstd.data<float>(), n, c, eps, k.stream());
+    const float* pb = beta.defined() ? beta.data<float>() : nullptr;
+    if (fused)
+      k->layer_norm_bf16(x.data<float>(), gamma.data<float>(), pb, y.data<bf16>(),
+                         mean.data<float>(), rstd.data<float>(), n, c, eps, k.stream());
+    else
+      k->layer_norm(x.data<float>(), gamma.data<float>(), pb, y.data<float>(), mean.data<float>(),
+                    rstd.data<float>(), n, c, eps, k.stream());
   }
   std::vector<Tensor> inputs{x, gamma};
   if (beta.defined()) inputs.push_back(beta);
@@ -125,8 +136,10 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
         Tensor gx = rx ? Tensor::empty(xd.shape(), DType::F32, dev) : Tensor();
         Tensor gw = Tensor::empty({rc.c}, DType::F32, dev);
         Tensor gb = has_beta ? Tensor::empty({rc.c}, DType::F32, dev) : Tensor();
-        Dispatch k("layer_norm", &KernelTable::nn, {&xd, &wd, &g[0], &mean, &rstd, &gx, &gw, &gb});
-        k->layer_norm_backward(xd.data<float>(), wd.data<float>(), g[0].data<float>(),
+        // A bf16 output's cotangent comes f32 from the matmul that read it; widened if not.
+        const Tensor g0 = g[0].dtype() == DType::F32 ? g[0] : astype(g[0], DType::F32);
+        Dispatch k("layer_norm", &KernelTable::nn, {&xd, &wd, &g0, &mean, &rstd, &gx, &gw, &gb});
+        k->layer_norm_backward(xd.data<float>(), wd.data<float>(), g0.data<float>(),
                                mean.data<float>(), rstd.data<float>(),
                                rx ? gx.data<float>() : nullptr, gw.data<float>(),
                                has_beta ? gb.data<float>() : nullptr, rc.n, rc.c, k.stream());

@@ -181,11 +181,12 @@ void with_unary(UnaryOp op, float c, F&& fn) {
   }
 }
 
-template <class U>
-void map_unary(U u, const float* px, float* po, std::int64_t n) {
+// Out: f32, or bf16 (each value rounded as it is stored).
+template <class U, class Out>
+void map_unary(U u, const float* px, Out* po, std::int64_t n) {
 #pragma omp parallel for simd if (parallel : n > U::kGrain)
   for (std::int64_t i = 0; i < n; ++i)
-    po[i] = u.f(px[i]);
+    po[i] = Out(u.f(px[i]));
 }
 
 // grad * f'(x, y) elementwise.
@@ -197,6 +198,10 @@ void map_grad(U u, const float* pg, const float* px, const float* py, float* po,
 }
 
 void unary(UnaryOp op, const float* x, float* out, std::int64_t n, float c, Stream) {
+  with_unary(op, c, [&](auto u) { map_unary(u, x, out, n); });
+}
+
+void unary_bf16(UnaryOp op, const float* x, bf16* out, std::int64_t n, float c, Stream) {
   with_unary(op, c, [&](auto u) { map_unary(u, x, out, n); });
 }
 
@@ -328,6 +333,7 @@ void select(const float* pm, const float* pa, const float* pb, float* po, std::i
 
 const ElementwiseKernels elementwise_kernels{
     .unary = unary,
+    .unary_bf16 = unary_bf16,
     .unary_grad = unary_grad,
     .binary = binary,
     .select = select,

@@ -88,13 +88,15 @@ void softmax_backward(const float* py, const float* pg, float* po, std::int64_t 
 
 // ------------------------------------------------------------------ layer norm
 
-void layer_norm(const float* px, const float* pw, const float* pb, float* py, float* pm, float* ps,
-                std::int64_t n, std::int64_t c, float eps, Stream) {
+// y written as Out: f32, or bf16 (each value rounded as it is stored).
+template <class Out>
+void layer_norm_to(const float* px, const float* pw, const float* pb, Out* py, float* pm, float* ps,
+                   std::int64_t n, std::int64_t c, float eps) {
   const float inv_c = 1.f / static_cast<float>(c);
 #pragma omp parallel for schedule(static) num_threads(threads_for(n* c, kParallelGrainMemory))
   for (std::int64_t r = 0; r < n; ++r) {
     const float* xr = px + r * c;
-    float* yr = py + r * c;
+    Out* yr = py + r * c;
     float s = 0.f;
 #pragma omp simd reduction(+ : s)
     for (std::int64_t j = 0; j < c; ++j)
@@ -110,13 +112,23 @@ void layer_norm(const float* px, const float* pw, const float* pb, float* py, fl
     if (pb) {
 #pragma omp simd
       for (std::int64_t j = 0; j < c; ++j)
-        yr[j] = (xr[j] - m) * rs * pw[j] + pb[j];
+        yr[j] = Out((xr[j] - m) * rs * pw[j] + pb[j]);
     } else {
 #pragma omp simd
       for (std::int64_t j = 0; j < c; ++j)
-        yr[j] = (xr[j] - m) * rs * pw[j];
+        yr[j] = Out((xr[j] - m) * rs * pw[j]);
     }
   }
+}
+
+void layer_norm(const float* px, const float* pw, const float* pb, float* py, float* pm, float* ps,
+                std::int64_t n, std::int64_t c, float eps, Stream) {
+  layer_norm_to(px, pw, pb, py, pm, ps, n, c, eps);
+}
+
+void layer_norm_bf16(const float* px, const float* pw, const float* pb, bf16* py, float* pm,
+                     float* ps, std::int64_t n, std::int64_t c, float eps, Stream) {
+  layer_norm_to(px, pw, pb, py, pm, ps, n, c, eps);
 }
 
 void layer_norm_backward(const float* px, const float* pw, const float* pg, const float* pm,
@@ -325,6 +337,7 @@ const NnKernels nn_kernels{
     .softmax = softmax,
     .softmax_backward = softmax_backward,
     .layer_norm = layer_norm,
+    .layer_norm_bf16 = layer_norm_bf16,
     .layer_norm_backward = layer_norm_backward,
     .rms_norm = rms_norm,
     .rms_norm_backward = rms_norm_backward,

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "distjax/core/error.hpp"
+#include "distjax/tensor/cuda/halves.cuh"
 #include "distjax/tensor/cuda/kernels.hpp"
 #include "distjax/tensor/cuda/launch.cuh"
 
@@ -284,6 +285,31 @@ void launch_map(const M& m, float* out, std::int64_t n, bool vec, cudaStream_t s
   DISTJAX_CUDA_LAUNCHED(op);
 }
 
+// map_kernel writing bf16, each value rounded as distjax::bf16(float) does (vec: 4 values
+// as one 8-byte store).
+template <class M>
+__global__ void map_bf16_kernel(M m, Bf16* __restrict__ out, std::int64_t n, bool vec) {
+  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
+  const std::int64_t t = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  std::int64_t head = 0;
+  if (vec) {
+    const std::int64_t n4 = n / 4;
+    auto* o4 = reinterpret_cast<ushort4*>(out);
+    for (std::int64_t j = t; j < n4; j += stride) {
+      const float4 v = m.vec(j);
+      ushort4 u;
+      u.x = bf16_from_f32(v.x).bits;
+      u.y = bf16_from_f32(v.y).bits;
+      u.z = bf16_from_f32(v.z).bits;
+      u.w = bf16_from_f32(v.w).bits;
+      o4[j] = u;
+    }
+    head = n4 * 4;
+  }
+  for (std::int64_t i = head + t; i < n; i += stride)
+    out[i] = bf16_from_f32(m(i));
+}
+
 __device__ inline float4 load4(const float* p, std::int64_t j) {
   return reinterpret_cast<const float4*>(p)[j];
 }
@@ -315,6 +341,18 @@ void unary(UnaryOp op, const float* x, float* out, std::int64_t n, float c, Stre
   const bool vec = aligned16(x) && aligned16(out);
   with_unary(op, c, [&](auto u) {
     launch_map(UnaryMap<decltype(u)>{u, x}, out, n, vec, stream_of(s), "unary");
+  });
+}
+
+void unary_bf16(UnaryOp op, const float* x, bf16* out, std::int64_t n, float c, Stream s) {
+  if (n <= 0) return;
+  const bool vec = aligned16(x) && reinterpret_cast<std::uintptr_t>(out) % 8 == 0;
+  auto* o = reinterpret_cast<Bf16*>(out);
+  with_unary(op, c, [&](auto u) {
+    const UnaryMap<decltype(u)> m{u, x};
+    map_bf16_kernel<decltype(m)>
+        <<<grid_for(vec ? n / 4 + 1 : n), kThreads, 0, stream_of(s)>>>(m, o, n, vec);
+    DISTJAX_CUDA_LAUNCHED("unary");
   });
 }
 
@@ -569,6 +607,7 @@ void select(const float* m, const float* a, const float* b, float* out, std::int
 
 const detail::ElementwiseKernels elementwise_kernels{
     .unary = unary,
+    .unary_bf16 = unary_bf16,
     .unary_grad = unary_grad,
     .binary = binary,
     .select = select,

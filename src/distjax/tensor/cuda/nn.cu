@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "distjax/tensor/cuda/halves.cuh"
 #include "distjax/tensor/cuda/kernels.hpp"
 #include "distjax/tensor/cuda/nn.cuh"
 
@@ -186,9 +187,29 @@ void softmax_backward(const float* y, const float* g, float* gx, std::int64_t n,
 // y = (x - mean) rstd gamma (+ beta) per row, mean and rstd saved; as the CPU, the variance
 // is the mean of (x - mean)^2 (a second pass). Bound: 8 bytes per element; 2.3 TB/s at
 // 8192 x 768 on an H200.
+// Pack j of a row of Out: f32 as store_pack; bf16 rounded as distjax::bf16(float) does
+// (V = 4: one 8-byte store).
 template <int V>
+__device__ __forceinline__ void store_out(float* p, std::int64_t j, const Pack<V>& x) {
+  store_pack<V>(p, j, x);
+}
+template <int V>
+__device__ __forceinline__ void store_out(Bf16* p, std::int64_t j, const Pack<V>& x) {
+  if constexpr (V == 4) {
+    ushort4 u;
+    u.x = bf16_from_f32(x.v[0]).bits;
+    u.y = bf16_from_f32(x.v[1]).bits;
+    u.z = bf16_from_f32(x.v[2]).bits;
+    u.w = bf16_from_f32(x.v[3]).bits;
+    reinterpret_cast<ushort4*>(p)[j] = u;
+  } else {
+    p[j] = bf16_from_f32(x.v[0]);
+  }
+}
+
+template <int V, class Out>
 __global__ void layer_norm_kernel(const float* __restrict__ x, const float* __restrict__ gamma,
-                                  const float* __restrict__ beta, float* __restrict__ y,
+                                  const float* __restrict__ beta, Out* __restrict__ y,
                                   float* __restrict__ mean, float* __restrict__ rstd,
                                   std::int64_t n, std::int64_t c, float eps) {
   __shared__ float red[32];
@@ -196,7 +217,7 @@ __global__ void layer_norm_kernel(const float* __restrict__ x, const float* __re
   const float inv_c = 1.f / static_cast<float>(c);
   for (std::int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const float* xr = x + r * c;
-    float* yr = y + r * c;
+    Out* yr = y + r * c;
     float s = 0.f;
     for (std::int64_t j = threadIdx.x; j < cv; j += blockDim.x) {
       const Pack<V> p = load_pack<V>(xr, j);
@@ -230,7 +251,7 @@ __global__ void layer_norm_kernel(const float* __restrict__ x, const float* __re
         for (int e = 0; e < V; ++e)
           p.v[e] = (p.v[e] - m) * rs * w.v[e];
       }
-      store_pack<V>(yr, j, p);
+      store_out<V>(yr, j, p);
     }
   }
 }
@@ -392,18 +413,32 @@ void norm_param_grads(const float* x, const float* g, const float* mean, const f
   DISTJAX_CUDA_CHECK(cudaFreeAsync(scratch, st), op);
 }
 
-void layer_norm(const float* x, const float* gamma, const float* beta, float* y, float* mean,
-                float* rstd, std::int64_t n, std::int64_t c, float eps, Stream s) {
+template <class Out>
+void layer_norm_to(const float* x, const float* gamma, const float* beta, Out* y, float* mean,
+                   float* rstd, std::int64_t n, std::int64_t c, float eps, Stream s) {
   if (n == 0) return;
   const cudaStream_t st = stream_of(s);
   const int threads = row_threads(c);
-  if (packs_of_4(c, {x, gamma, beta, y}))
-    layer_norm_kernel<4>
+  // A bf16 row of 4-packs is 8-byte aligned where its f32 twin would be 16-byte aligned.
+  const bool vec = packs_of_4(c, {x, gamma, beta}) &&
+                   reinterpret_cast<std::uintptr_t>(y) % (4 * sizeof(Out)) == 0;
+  if (vec)
+    layer_norm_kernel<4, Out>
         <<<row_blocks(n), threads, 0, st>>>(x, gamma, beta, y, mean, rstd, n, c, eps);
   else
-    layer_norm_kernel<1>
+    layer_norm_kernel<1, Out>
         <<<row_blocks(n), threads, 0, st>>>(x, gamma, beta, y, mean, rstd, n, c, eps);
   DISTJAX_CUDA_LAUNCHED("layer_norm");
+}
+
+void layer_norm(const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                float* rstd, std::int64_t n, std::int64_t c, float eps, Stream s) {
+  layer_norm_to(x, gamma, beta, y, mean, rstd, n, c, eps, s);
+}
+
+void layer_norm_bf16(const float* x, const float* gamma, const float* beta, bf16* y, float* mean,
+                     float* rstd, std::int64_t n, std::int64_t c, float eps, Stream s) {
+  layer_norm_to(x, gamma, beta, reinterpret_cast<Bf16*>(y), mean, rstd, n, c, eps, s);
 }
 
 // The gx kernel of either norm (mean == null: RMS norm).
@@ -541,6 +576,7 @@ const detail::NnKernels nn_kernels{
     .softmax = nn::softmax,
     .softmax_backward = nn::softmax_backward,
     .layer_norm = nn::layer_norm,
+    .layer_norm_bf16 = nn::layer_norm_bf16,
     .layer_norm_backward = nn::layer_norm_backward,
     .rms_norm = nn::rms_norm,
     .rms_norm_backward = nn::rms_norm_backward,

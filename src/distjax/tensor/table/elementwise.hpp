@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "distjax/core/dtype.hpp"
 #include "distjax/tensor/table/broadcast.hpp"
 #include "distjax/tensor/table/stream.hpp"
 
@@ -39,6 +40,10 @@ enum class BinaryOp { Add, Sub, Mul, Div, Maximum, GreaterEqual };
 struct ElementwiseKernels {
   /// out[i] = op(x[i]) for i < n (f32).
   void (*unary)(UnaryOp op, const float* x, float* out, std::int64_t n, float c, Stream s);
+  /// out[i] = op(x[i]) rounded to bf16 as it is written (bf16(float) of unary's out): the
+  /// input of the bf16 policy's next matmul in one pass. Null where the device has none.
+  void (*unary_bf16)(UnaryOp op, const float* x, bf16* out, std::int64_t n, float c,
+                     Stream s) = nullptr;
   /// out[i] = g[i] * op'(x[i]) for i < n, where y = op(x) is the forward's output; every
   /// op but AddScalar, MulScalar and NonZero (whose backward is another op).
   void (*unary_grad)(UnaryOp op, const float* g, const float* x, const float* y, float* out,

@@ -35,6 +35,11 @@ struct NnKernels {
   /// saved for the backward.
   void (*layer_norm)(const float* x, const float* gamma, const float* beta, float* y, float* mean,
                      float* rstd, std::int64_t n, std::int64_t c, float eps, Stream s);
+  /// The same with y rounded to bf16 as it is written (bf16(float) of layer_norm's y): the
+  /// input of the bf16 policy's next matmul in one pass, not an f32 y and its cast.
+  void (*layer_norm_bf16)(const float* x, const float* gamma, const float* beta, bf16* y,
+                          float* mean, float* rstd, std::int64_t n, std::int64_t c, float eps,
+                          Stream s);
   /// gx (skipped when null), dgamma (c) and dbeta (c, skipped when null) from x, gamma,
   /// the saved mean and rstd and the cotangent g.
   void (*layer_norm_backward)(const float* x, const float* gamma, const float* g, const float* mean,
