@@ -100,15 +100,19 @@ TEST(AttentionCompute, TheCpuComputesEveryComputeDtypeInF32) {
 
 Tensor bf16_rounded(const Tensor& x) { return astype(astype(x, DType::BF16), DType::F32); }
 
+// The CPU's bf16 attention entries on for a scope (off by default).
+struct CpuBf16Entries {
+  CpuBf16Entries() { detail::cpu::set_serves_bf16_attention(true); }
+  ~CpuBf16Entries() { detail::cpu::set_serves_bf16_attention(false); }
+  CpuBf16Entries(const CpuBf16Entries&) = delete;
+  CpuBf16Entries& operator=(const CpuBf16Entries&) = delete;
+};
+
 // The bf16 entries of the attention family (cuDNN's SDPA on CUDA; on the CPU, turned on
 // here, a widening reference): a bf16 plan hands them bf16 copies of q, k, v and the
 // cotangent, and widens their bf16 o and gradients. So the op computes exactly what the f32
 // entries compute on bf16-rounded inputs and cotangents, rounded to bf16.
 TEST(AttentionCompute, ABf16PlanRunsTheBf16EntriesOnBf16Copies) {
-  struct On {
-    On() { detail::cpu::set_serves_bf16_attention(true); }
-    ~On() { detail::cpu::set_serves_bf16_attention(false); }
-  };
   const Tensor qkv = uniform({2, 33, 3 * 2 * 8}, 5), ct = uniform({2, 33, 2 * 8}, 6);
   const Tensor q = uniform({2, 2, 17, 8}, 7), k = uniform({2, 2, 21, 8}, 8),
                v = uniform({2, 2, 21, 8}, 9);
@@ -129,7 +133,7 @@ TEST(AttentionCompute, ABf16PlanRunsTheBf16EntriesOnBf16Copies) {
   const std::vector<Tensor> want = run(DType::F32, true);
   std::vector<Tensor> got, got_checked;
   {
-    On on;
+    CpuBf16Entries on;
     got = run(DType::BF16, false);
     got_checked = run(DType::BF16, false, Device{DeviceKind::Checked, 0});
   }
@@ -162,10 +166,6 @@ TEST(AttentionCompute, ABf16PlanRunsTheBf16EntriesOnBf16Copies) {
 // output (and the same gradients), with the f32 entries and with the bf16 ones (whose bf16
 // output is then handed over as it is).
 TEST(AttentionCompute, AnOutputDtypeIsTheCastOfTheF32Output) {
-  struct On {
-    On() { detail::cpu::set_serves_bf16_attention(true); }
-    ~On() { detail::cpu::set_serves_bf16_attention(false); }
-  };
   const Tensor qkv = uniform({2, 9, 3 * 2 * 8}, 11), ct = uniform({2, 9, 2 * 8}, 12);
   const Tensor q = uniform({1, 2, 9, 8}, 13), k = uniform({1, 2, 9, 8}, 14),
                v = uniform({1, 2, 9, 8}, 15);
@@ -184,7 +184,7 @@ TEST(AttentionCompute, AnOutputDtypeIsTheCastOfTheF32Output) {
   };
   for (bool entries : {false, true}) {
     SCOPED_TRACE(entries ? "bf16 entries" : "f32 entries");
-    std::optional<On> on;
+    std::optional<CpuBf16Entries> on;
     if (entries) on.emplace();
     const std::vector<Tensor> want = run(DType::F32), got = run(DType::BF16);
     for (std::size_t i = 0; i < want.size(); ++i)
