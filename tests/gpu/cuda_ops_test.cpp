@@ -283,6 +283,45 @@ TEST(CudaOps, RowOps) {
   }
 }
 
+// The kernels that write bf16 for the next matmul (layer_norm_bf16, unary_bf16, and the
+// attention's bf16 output): on the GPU, the same bits as the f32 kernels' output cast to
+// bf16; against the CPU, and through their backward, at kBf16.
+TEST(CudaOps, Bf16WritingKernelsAreTheCastOfTheF32Ones) {
+  SKIP_WITHOUT_GPU();
+  auto same = [](const std::string& what, const std::function<Tensor(DType)>& f) {
+    SCOPED_TRACE(what);
+    DeviceScope gpu(kGpu);
+    const Tensor fused = f(DType::BF16).to(Device::cpu());
+    const Tensor cast = astype(f(DType::F32), DType::BF16).to(Device::cpu());
+    EXPECT_TRUE(distjax::testing::same_bits(fused, cast));
+  };
+  for (const Shape& shape : {Shape{37, 129}, Shape{2048, 768}, Shape{3, 7}}) {
+    const std::string s = to_string(shape);
+    const std::int64_t c = shape.back();
+    const Tensor x = uniform(shape, -3.f, 3.f), g = uniform({c}), b = uniform({c});
+    same("layer_norm " + s, [&](DType out) {
+      return layer_norm(x.to(kGpu), g.to(kGpu), b.to(kGpu), 1e-5f, out);
+    });
+    same("layer_norm without beta " + s, [&](DType out) {
+      return layer_norm(x.to(kGpu), g.to(kGpu), Tensor(), 1e-5f, out);
+    });
+    for (bool approximate : {true, false})
+      same("gelu " + s, [&](DType out) { return gelu(x.to(kGpu), approximate, out); });
+    expect_close("layer_norm to bf16 " + s,
+                 [](const V& a) {
+                   return astype(layer_norm(a[0], a[1], a[2], 1e-5f, DType::BF16), DType::F32);
+                 },
+                 {x, g, b}, {true, true, true}, kBf16);
+    expect_close("gelu to bf16 " + s,
+                 [](const V& a) { return astype(gelu(a[0], true, DType::BF16), DType::F32); },
+                 {x}, {true}, kBf16);
+  }
+  const Tensor qkv = uniform({2, 256, 3 * 768});
+  same("attention_packed", [&](DType out) {
+    return attention_packed(qkv.to(kGpu), 12, true, 0.f, DType::BF16, out);
+  });
+}
+
 TEST(CudaOps, EmbeddingAndCrossEntropy) {
   SKIP_WITHOUT_GPU();
   for (const auto& [n, v, c] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{
