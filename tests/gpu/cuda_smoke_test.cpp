@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -35,6 +36,36 @@ TEST(Cuda, BuiltWithCudaAsConfigured) {
   // A reason is given exactly when there is no device.
   EXPECT_EQ(cuda_device_count() == 0, !cuda_unavailable_reason().empty())
       << "devices: " << cuda_device_count() << ", reason: \"" << cuda_unavailable_reason() << "\"";
+}
+
+// Runs on every machine: what runs bf16 attention is said without a GPU (cuDNN loads, and
+// reports its version, where it is installed; a CPU machine with the toolkit has it), and
+// DISTJAX_CUDA_ATTENTION is checked.
+TEST(Cuda, SaysWhatRunsBf16Attention) {
+  const std::string lib = cuda_attention_library();
+  std::printf("bf16 attention: %s\n", lib.c_str());
+  if (!built_with_cuda()) {
+    EXPECT_EQ(lib, "this build has no CUDA backend");
+    return;
+  }
+  EXPECT_TRUE(lib.rfind("cuDNN 9.", 0) == 0 || lib.find("cuDNN not loaded") != std::string::npos ||
+              lib.find("no cuDNN attention") != std::string::npos)
+      << lib;
+  const char* old = std::getenv("DISTJAX_CUDA_ATTENTION");
+  const std::string saved = old ? old : "";
+  setenv("DISTJAX_CUDA_ATTENTION", "own", 1);
+  const std::string own = cuda_attention_library();
+  setenv("DISTJAX_CUDA_ATTENTION", "fastest", 1);
+  std::string bad;
+  try {
+    cuda_attention_library();
+  } catch (const ConfigError& e) {
+    bad = e.what();
+  }
+  old ? setenv("DISTJAX_CUDA_ATTENTION", saved.c_str(), 1) : unsetenv("DISTJAX_CUDA_ATTENTION");
+  if (lib.find("no cuDNN attention") != std::string::npos) return;  // built without it
+  EXPECT_EQ(own, "turned off (DISTJAX_CUDA_ATTENTION=own)");
+  EXPECT_NE(bad.find("auto, cudnn, own, f32"), std::string::npos) << bad;
 }
 
 // Runs on every machine: the device one past the last (cuda:0 where there is none) is

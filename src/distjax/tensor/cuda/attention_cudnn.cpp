@@ -89,6 +89,10 @@ const Library& library() {
       return l;
     }
     fe::cudnn_dlhandle = l.handle;
+    // The frontend loads the CUDA runtime too, trying libcudart.so.12 before .so.13: point it
+    // at this build's (a user's choice stays).
+    setenv("CUDNN_FRONTEND_CUDART_LIB_NAME",
+           ("libcudart.so." + std::to_string(CUDART_VERSION / 1000)).c_str(), /*overwrite=*/0);
     try {
       l.version = fe::detail::get_backend_version();
     } catch (const std::exception& e) {
