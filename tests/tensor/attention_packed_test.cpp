@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -72,6 +73,25 @@ TEST(AttentionPacked, MatchesComposedAttentionAndGradients) {
   }
 }
 
+// Attention's outputs y (packed) and z from `f` on fresh leaves of `inputs` (qkv, q, k, v),
+// then the gradients of sum(y * ct) + sum(z) with respect to them: {y, z, dqkv, dq, dk, dv},
+// y and z widened to f32, everything copied to the CPU.
+using YZ = std::pair<Tensor, Tensor>;
+std::vector<Tensor> outputs_and_grads(const std::vector<Tensor>& inputs, const Tensor& ct,
+                                      const std::function<YZ(const std::vector<Tensor>&)>& f) {
+  std::vector<Tensor> leaves;
+  for (const Tensor& x : inputs)
+    leaves.push_back(make_leaf(x));
+  const auto [y, z] = f(leaves);
+  const Tensor y32 = astype(y, DType::F32), z32 = astype(z, DType::F32);
+  std::vector<Tensor> out =
+      autodiff::grad({add(sum(mul(y32, ct)), sum(z32))}, {Tensor()}, leaves);
+  out.insert(out.begin(), {y32, z32});
+  for (Tensor& t : out)
+    t = t.to(Device::cpu());
+  return out;
+}
+
 // The compute dtype lets a device round the products' operands (a GPU's tensor cores);
 // the CPU computes in f32 whatever is asked: the same bits, values and gradients.
 TEST(AttentionCompute, TheCpuComputesEveryComputeDtypeInF32) {
@@ -79,13 +99,10 @@ TEST(AttentionCompute, TheCpuComputesEveryComputeDtypeInF32) {
   const Tensor q = uniform({2, 2, 17, 8}, 7), k = uniform({2, 2, 21, 8}, 8),
                v = uniform({2, 2, 21, 8}, 9);
   auto run = [&](DType compute) {
-    Tensor leaf = make_leaf(qkv), lq = make_leaf(q), lk = make_leaf(k), lv = make_leaf(v);
-    Tensor y = attention_packed(leaf, 2, true, 0.f, compute);
-    Tensor z = attention(lq, lk, lv, true, 0.f, compute);
-    std::vector<Tensor> g = autodiff::grad({add(sum(mul(y, ct)), sum(z))}, {Tensor()},
-                                           {leaf, lq, lk, lv});
-    g.insert(g.begin(), {y, z});
-    return g;
+    return outputs_and_grads({qkv, q, k, v}, ct, [&](const std::vector<Tensor>& a) {
+      return YZ{attention_packed(a[0], 2, true, 0.f, compute),
+                attention(a[1], a[2], a[3], true, 0.f, compute)};
+    });
   };
   const std::vector<Tensor> want = run(DType::F32);
   for (DType compute : {DType::BF16, DType::F16}) {
@@ -119,16 +136,12 @@ TEST(AttentionCompute, ABf16PlanRunsTheBf16EntriesOnBf16Copies) {
   // On the CPU, and on the checked device (every tensor the entries touch must be opened).
   auto run = [&](DType compute, bool rounded, Device dev = Device::cpu()) {
     DeviceScope scope(dev);
-    auto in = [&](const Tensor& x) { return make_leaf((rounded ? bf16_rounded(x) : x).to(dev)); };
-    Tensor leaf = in(qkv), lq = in(q), lk = in(k), lv = in(v);
-    Tensor y = attention_packed(leaf, 2, true, 0.f, compute);
-    Tensor z = attention(lq, lk, lv, false, 0.3f, compute);
-    const Tensor c = (rounded ? bf16_rounded(ct) : ct).to(dev);
-    std::vector<Tensor> g =
-        autodiff::grad({add(sum(mul(y, c)), sum(z))}, {Tensor()}, {leaf, lq, lk, lv});
-    g.insert(g.begin(), {y, z});
-    for (Tensor& t : g) t = t.to(Device::cpu());
-    return g;
+    auto in = [&](const Tensor& x) { return (rounded ? bf16_rounded(x) : x).to(dev); };
+    return outputs_and_grads({in(qkv), in(q), in(k), in(v)}, in(ct),
+                             [&](const std::vector<Tensor>& a) {
+                               return YZ{attention_packed(a[0], 2, true, 0.f, compute),
+                                         attention(a[1], a[2], a[3], false, 0.3f, compute)};
+                             });
   };
   const std::vector<Tensor> want = run(DType::F32, true);
   std::vector<Tensor> got, got_checked;
@@ -170,17 +183,14 @@ TEST(AttentionCompute, AnOutputDtypeIsTheCastOfTheF32Output) {
   const Tensor q = uniform({1, 2, 9, 8}, 13), k = uniform({1, 2, 9, 8}, 14),
                v = uniform({1, 2, 9, 8}, 15);
   auto run = [&](DType out) {
-    Tensor leaf = make_leaf(qkv), lq = make_leaf(q), lk = make_leaf(k), lv = make_leaf(v);
-    Tensor y = attention_packed(leaf, 2, true, 0.f, DType::BF16, out);
-    Tensor z = attention(lq, lk, lv, true, 0.f, DType::BF16, out);
-    if (out == DType::F32) y = astype(y, DType::BF16), z = astype(z, DType::BF16);
-    EXPECT_EQ(y.dtype(), DType::BF16);
-    EXPECT_EQ(z.dtype(), DType::BF16);
-    std::vector<Tensor> g = autodiff::grad({add(sum(mul(astype(y, DType::F32), ct)),
-                                                sum(astype(z, DType::F32)))},
-                                           {Tensor()}, {leaf, lq, lk, lv});
-    g.insert(g.begin(), {astype(y, DType::F32), astype(z, DType::F32)});
-    return g;
+    return outputs_and_grads({qkv, q, k, v}, ct, [&](const std::vector<Tensor>& a) {
+      Tensor y = attention_packed(a[0], 2, true, 0.f, DType::BF16, out);
+      Tensor z = attention(a[1], a[2], a[3], true, 0.f, DType::BF16, out);
+      if (out == DType::F32) y = astype(y, DType::BF16), z = astype(z, DType::BF16);
+      EXPECT_EQ(y.dtype(), DType::BF16);
+      EXPECT_EQ(z.dtype(), DType::BF16);
+      return YZ{y, z};
+    });
   };
   for (bool entries : {false, true}) {
     SCOPED_TRACE(entries ? "bf16 entries" : "f32 entries");

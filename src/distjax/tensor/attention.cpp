@@ -50,14 +50,6 @@ void check_out(DType out, const char* op) {
                 dtype_name(out));
 }
 
-// The op's result in dtype `out` (a recorded cast of the f32 result unless it is f32).
-Tensor finish(const Tensor& y, DType out) { return out == DType::F32 ? y : astype(y, out); }
-
-// The bf16 entries' output o16 as the op's result: itself for a bf16 `out`, else widened.
-Tensor result_of(const Tensor& o16, DType out) {
-  return out == DType::BF16 ? o16 : astype(o16, out);
-}
-
 AttentionPlan check_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                               float scale, DType compute) {
   detail::require_f32("attention", {&q, &k, &v});
@@ -98,7 +90,7 @@ Tensor attention_bf16(const AttentionPlan& a, const Tensor& q, const Tensor& k, 
     kd->forward_bf16(a, q16.data<bf16>(), k16.data<bf16>(), v16.data<bf16>(), o16.data<bf16>(),
                      lse.data<float>(), kd.stream());
   }
-  Tensor out = result_of(o16, out_dtype);
+  Tensor out = astype(o16, out_dtype);  // o16 itself for a bf16 `out`
   if (!needs_grad({&q, &k, &v})) return joined(out, {&q, &k, &v});
   return record("attention", {q, k, v}, out,
                 [a, q16, k16, v16, o16 = o16.detach(), lse](const std::vector<Tensor>& g) {
@@ -129,7 +121,7 @@ Tensor attention_packed_bf16(const AttentionPlan& a, const Tensor& qkv, const Sh
     const bf16* p = x16.data<bf16>();
     kd->forward_bf16(a, p, p + a.d, p + 2 * a.d, o16.data<bf16>(), lse.data<float>(), kd.stream());
   }
-  Tensor out = result_of(o16, out_dtype);
+  Tensor out = astype(o16, out_dtype);  // o16 itself for a bf16 `out`
   if (!needs_grad({&qkv})) return joined(out, {&qkv});
   return record("attention_packed", {qkv}, out,
                 [a, x16, o16 = o16.detach(), lse](const std::vector<Tensor>& g) {
@@ -145,7 +137,6 @@ Tensor attention_packed_bf16(const AttentionPlan& a, const Tensor& qkv, const Sh
                   return std::vector<Tensor>{astype(gx, DType::F32)};
                 });
 }
-
 
 // attention() through the f32 entries (the bf16 policy's products computed by the device
 // as it can): the f32 operands and output are saved for the backward.
@@ -229,7 +220,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
   check_out(out_dtype, "attention");
   const Device dev = detail::op_device("attention", {&q, &k, &v});
   if (runs_bf16(a, dev)) return attention_bf16(a, q, k, v, dev, out_dtype);
-  return finish(attention_f32(a, q, k, v, dev), out_dtype);
+  return astype(attention_f32(a, q, k, v, dev), out_dtype);
 }
 
 Tensor attention_packed(const Tensor& qkv, std::int64_t num_heads, bool causal, float scale,
@@ -244,7 +235,7 @@ Tensor attention_packed(const Tensor& qkv, std::int64_t num_heads, bool causal, 
   const AttentionPlan a = packed_plan(qkv, num_heads, causal, scale, bf16);
   const Shape out_shape{qkv.size(0), qkv.size(1), num_heads * a.d};
   if (runs_bf16(a, qkv.device())) return attention_packed_bf16(a, qkv, out_shape, out_dtype);
-  return finish(attention_packed_f32(a, qkv, out_shape), out_dtype);
+  return astype(attention_packed_f32(a, qkv, out_shape), out_dtype);
 }
 
 }  // namespace distjax::tensor

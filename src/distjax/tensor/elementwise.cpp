@@ -66,8 +66,7 @@ Tensor record_unary(const char* op, const Tensor& x, const Tensor& y, UnaryOp co
   return record(op, {x}, y, [op, xs, ys, code, c](const std::vector<Tensor>& g) {
     const Tensor& xa = xs.defined() ? xs : ys;
     const Tensor& ya = ys.defined() ? ys : xs;
-    const Tensor g0 = g[0].dtype() == DType::F32 ? g[0] : astype(g[0], DType::F32);
-    return std::vector<Tensor>{map_grad(op, g0, xa, ya, code, c)};
+    return std::vector<Tensor>{map_grad(op, astype(g[0], DType::F32), xa, ya, code, c)};
   });
 }
 

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <numeric>
-#include <optional>
 #include <vector>
 
 #include "distjax/tensor/detail/kernels.hpp"
@@ -137,7 +136,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
         Tensor gw = Tensor::empty({rc.c}, DType::F32, dev);
         Tensor gb = has_beta ? Tensor::empty({rc.c}, DType::F32, dev) : Tensor();
         // A bf16 output's cotangent comes f32 from the matmul that read it; widened if not.
-        const Tensor g0 = g[0].dtype() == DType::F32 ? g[0] : astype(g[0], DType::F32);
+        const Tensor g0 = astype(g[0], DType::F32);
         Dispatch k("layer_norm", &KernelTable::nn, {&xd, &wd, &g0, &mean, &rstd, &gx, &gw, &gb});
         k->layer_norm_backward(xd.data<float>(), wd.data<float>(), g0.data<float>(),
                                mean.data<float>(), rstd.data<float>(),
@@ -237,6 +236,32 @@ Tensor embedding(const Tensor& table, const Tensor& ids) {
 
 // ------------------------------------------------------------------ cross-entropy
 
+namespace {
+
+// The loss (n) and row log-sum-exp (n) of n rows of v logits against their labels (checked
+// by the caller).
+void cross_entropy_rows(const Tensor& logits, const Tensor& labels, const Tensor& loss,
+                        const Tensor& lse, std::int64_t n, std::int64_t v) {
+  Dispatch k("cross_entropy", &KernelTable::nn, {&logits, &labels, &loss, &lse});
+  k->cross_entropy(logits.data<float>(), labels.raw_data(), labels.dtype(), loss.data<float>(),
+                   lse.data<float>(), n, v, k.stream());
+}
+
+// gx = g * (softmax(logits) - onehot(label)) per row, rebuilt from lse; gx may be the logits
+// themselves (the kernel reads each logit before it writes its gradient).
+void cross_entropy_rows_backward(const Tensor& logits, const Tensor& g, const Tensor& lse,
+                                 const Tensor& labels, const Tensor& gx, std::int64_t n,
+                                 std::int64_t v) {
+  const bool over = gx.raw_data() == logits.raw_data();
+  Dispatch k("cross_entropy", &KernelTable::nn,
+             over ? std::vector<const Tensor*>{&logits, &g, &lse, &labels}
+                  : std::vector<const Tensor*>{&logits, &g, &lse, &labels, &gx});
+  k->cross_entropy_backward(logits.data<float>(), g.data<float>(), lse.data<float>(),
+                            labels.raw_data(), labels.dtype(), gx.data<float>(), n, v, k.stream());
+}
+
+}  // namespace
+
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
   detail::require_f32("cross_entropy", {&logits});
   DISTJAX_CHECK(logits.rank() >= 1, InvalidArgument,
@@ -252,11 +277,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
   const Device dev = detail::op_device("cross_entropy", {&logits, &labels});
   Tensor loss = Tensor::empty(ls, DType::F32, dev);
   Tensor lse = Tensor::empty({n}, DType::F32, dev);
-  {
-    Dispatch k("cross_entropy", &KernelTable::nn, {&logits, &labels, &loss, &lse});
-    k->cross_entropy(logits.data<float>(), labels.raw_data(), labels.dtype(), loss.data<float>(),
-                     lse.data<float>(), n, v, k.stream());
-  }
+  cross_entropy_rows(logits, labels, loss, lse, n, v);
   if (!needs_grad({&logits})) return joined(loss, {&logits, &labels});
   return record("cross_entropy", {logits, labels}, loss,
                 [xd = logits.detach(), lse, ld = labels.detach()](const std::vector<Tensor>& g) {
@@ -264,14 +285,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
                   // The logits are usually the largest tensor of a language model's step
                   // (B x T x V): when only the tape kept them, their gradient takes their
                   // memory (the kernel reads each logit before it writes its gradient).
-                  const bool reuse = xd.sole_owner();
-                  Tensor gx = reuse ? xd : Tensor::empty(xd.shape(), DType::F32, xd.device());
-                  Dispatch k("cross_entropy", &KernelTable::nn,
-                             reuse ? std::vector<const Tensor*>{&xd, &g[0], &lse, &ld}
-                                   : std::vector<const Tensor*>{&xd, &g[0], &lse, &ld, &gx});
-                  k->cross_entropy_backward(xd.data<float>(), g[0].data<float>(), lse.data<float>(),
-                                            ld.raw_data(), ld.dtype(), gx.data<float>(), rc.n, rc.c,
-                                            k.stream());
+                  Tensor gx = xd.sole_owner() ? xd
+                                              : Tensor::empty(xd.shape(), DType::F32, xd.device());
+                  cross_entropy_rows_backward(xd, g[0], lse, ld, gx, rc.n, rc.c);
                   return std::vector<Tensor>{gx, Tensor()};
                 });
 }
@@ -304,52 +320,40 @@ Tensor linear_cross_entropy_mean(const Tensor& x, const Tensor& w, const Tensor&
   const std::int64_t chunk = std::clamp<std::int64_t>(chunk_bytes / (v * 4), 1, rows);
   const Tensor x2 = x.detach().view({rows, k}), l2 = labels.detach().view({rows}),
                wd = w.detach();
-  const double inv = 1.0 / static_cast<double>(rows);
-  Tensor total, dw;
-  // The gradients, filled chunk by chunk: dx's rows in place, dw accumulated in place.
+  check_ids(op, l2, v, "label");
+  // Per row: the loss; the gradients, filled chunk by chunk (dx's rows in place, dw summed
+  // in place), with the rows' weight in the mean, 1 / rows, as their cotangent.
+  const Tensor loss = Tensor::empty({rows}, DType::F32, dev);
   const Tensor dx = grad ? Tensor::empty({rows, k}, DType::F32, dev) : Tensor();
-  std::optional<NoGradGuard> no_grad(std::in_place);  // the chunks' ops are not recorded
-  for (std::int64_t r0 = 0; r0 < rows; r0 += chunk) {
-    const std::int64_t n = std::min(chunk, rows - r0);
-    const Tensor xc = x2.view_rows(r0, r0 + n), lc = l2.view_rows(r0, r0 + n);
-    check_ids(op, lc, v, "label");
-    Tensor logits = matmul(xc, wd, false, trans_w);  // (n, V) f32
-    Tensor loss = Tensor::empty({n}, DType::F32, dev), lse = Tensor::empty({n}, DType::F32, dev);
-    {
-      Dispatch kd("cross_entropy", &KernelTable::nn, {&logits, &lc, &loss, &lse});
-      kd->cross_entropy(logits.data<float>(), lc.raw_data(), lc.dtype(), loss.data<float>(),
-                        lse.data<float>(), n, v, kd.stream());
+  const Tensor weight = grad ? Tensor::full({chunk}, 1.0 / static_cast<double>(rows),
+                                            DType::F32, dev)
+                             : Tensor();
+  Tensor dw;
+  {
+    NoGradGuard no_grad;  // the chunks' ops are not recorded; this op is, below
+    for (std::int64_t r0 = 0; r0 < rows; r0 += chunk) {
+      const std::int64_t n = std::min(chunk, rows - r0);
+      const Tensor xc = x2.view_rows(r0, r0 + n), lc = l2.view_rows(r0, r0 + n);
+      Tensor logits = matmul(xc, wd, false, trans_w);  // (n, V) f32
+      const Tensor lse = Tensor::empty({n}, DType::F32, dev);
+      cross_entropy_rows(logits, lc, loss.view_rows(r0, r0 + n), lse, n, v);
+      if (!grad) continue;
+      cross_entropy_rows_backward(logits, weight.view_rows(0, n), lse, lc, logits, n, v);
+      const Tensor dl = astype(logits, x.dtype());  // the products' dtype
+      if (dl.dtype() != DType::F32) logits = Tensor();  // the f32 gradient goes first
+      copy_into(dx.view_rows(r0, r0 + n), matmul(dl, wd, false, !trans_w));  // (n, K)
+      const Tensor dwc = trans_w ? matmul(dl, xc, true, false) : matmul(xc, dl, true, false);
+      if (dw.defined())
+        add_into(dw, dwc);
+      else
+        dw = dwc;
     }
-    const Tensor part = sum(loss);
-    total = total.defined() ? add(total, part) : part;
-    if (!grad) continue;
-    // d(mean)/d(logits) = (softmax - onehot) / rows, written over the logits.
-    const Tensor g = Tensor::full({n}, inv, DType::F32, dev);
-    {
-      Dispatch kd("cross_entropy", &KernelTable::nn, {&logits, &g, &lse, &lc});
-      kd->cross_entropy_backward(logits.data<float>(), g.data<float>(), lse.data<float>(),
-                                 lc.raw_data(), lc.dtype(), logits.data<float>(), n, v,
-                                 kd.stream());
-    }
-    Tensor dl = logits;
-    if (x.dtype() != DType::F32) {
-      dl = astype(logits, x.dtype());
-      logits = Tensor();  // the f32 gradient goes before the products
-    }
-    copy_into(dx.view_rows(r0, r0 + n), matmul(dl, wd, false, !trans_w));  // (n, K)
-    const Tensor dwc = trans_w ? matmul(dl, xc, true, false) : matmul(xc, dl, true, false);
-    if (dw.defined())
-      add_into(dw, dwc);
-    else
-      dw = dwc;
   }
-  Tensor mean_loss = mul_scalar(total, inv);
+  Tensor mean_loss = mean(loss);
   if (!grad) return joined(mean_loss, {&x, &w});
-  const Tensor dx_all = dx.view(x.shape());
-  no_grad.reset();  // this op is
   return record(op, {x, w}, mean_loss,
-                [dx_all, dw](const std::vector<Tensor>& g) {
-                  return std::vector<Tensor>{mul(dx_all, g[0]), mul(dw, g[0])};
+                [dx = dx.view(x.shape()), dw](const std::vector<Tensor>& g) {
+                  return std::vector<Tensor>{mul(dx, g[0]), mul(dw, g[0])};
                 });
 }
 

@@ -268,12 +268,7 @@ __device__ inline void store4(float* out, std::int64_t j, float4 v) {
   reinterpret_cast<float4*>(out)[j] = v;
 }
 __device__ inline void store4(Bf16* out, std::int64_t j, float4 v) {
-  ushort4 u;
-  u.x = bf16_from_f32(v.x).bits;
-  u.y = bf16_from_f32(v.y).bits;
-  u.z = bf16_from_f32(v.z).bits;
-  u.w = bf16_from_f32(v.w).bits;
-  reinterpret_cast<ushort4*>(out)[j] = u;
+  store_bf16x4(out, j, v.x, v.y, v.z, v.w);
 }
 __device__ inline void store1(float* out, std::int64_t i, float v) { out[i] = v; }
 __device__ inline void store1(Bf16* out, std::int64_t i, float v) { out[i] = bf16_from_f32(v); }

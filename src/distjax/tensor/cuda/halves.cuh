@@ -25,6 +25,17 @@ __device__ inline Bf16 bf16_from_f32(float f) {
   return {static_cast<std::uint16_t>(u >> 16)};
 }
 
+// Four floats rounded to bf16 (bf16_from_f32) and stored at p[4j .. 4j + 3] as one 8-byte
+// access (p 8-byte aligned).
+__device__ inline void store_bf16x4(Bf16* p, std::int64_t j, float a, float b, float c, float d) {
+  ushort4 u;
+  u.x = bf16_from_f32(a).bits;
+  u.y = bf16_from_f32(b).bits;
+  u.z = bf16_from_f32(c).bits;
+  u.w = bf16_from_f32(d).bits;
+  reinterpret_cast<ushort4*>(p)[j] = u;
+}
+
 __device__ inline float f32_from_bf16(Bf16 h) {
   return __uint_as_float(static_cast<std::uint32_t>(h.bits) << 16);
 }

@@ -196,12 +196,7 @@ __device__ __forceinline__ void store_out(float* p, std::int64_t j, const Pack<V
 template <int V>
 __device__ __forceinline__ void store_out(Bf16* p, std::int64_t j, const Pack<V>& x) {
   if constexpr (V == 4) {
-    ushort4 u;
-    u.x = bf16_from_f32(x.v[0]).bits;
-    u.y = bf16_from_f32(x.v[1]).bits;
-    u.z = bf16_from_f32(x.v[2]).bits;
-    u.w = bf16_from_f32(x.v[3]).bits;
-    reinterpret_cast<ushort4*>(p)[j] = u;
+    store_bf16x4(p, j, x.v[0], x.v[1], x.v[2], x.v[3]);
   } else {
     p[j] = bf16_from_f32(x.v[0]);
   }
