@@ -25,8 +25,8 @@
 #include "distjax/tensor/inplace_ops.hpp"
 #include "distjax/tensor/parallel_ops.hpp"
 #include "distjax/tensor/update_ops.hpp"
-#include "tensor/checked_parity.hpp"
 #include "gpu/gpu_test.hpp"
+#include "tensor/checked_parity.hpp"
 
 namespace {
 
@@ -48,7 +48,6 @@ constexpr double kF16 = 1e-3;
 
 // Poison every CUDA allocation of this process (read at the first one).
 const bool poisoned = (setenv("DISTJAX_CUDA_POISON", "1", 1), true);
-
 
 const Device kGpu{DeviceKind::CUDA, 0};
 
@@ -73,8 +72,8 @@ Tensor uniform(const Shape& shape, float lo, float hi) {
 ::testing::AssertionResult close(const Tensor& got, const Tensor& want, double rtol) {
   if (got.shape() != want.shape() || got.dtype() != want.dtype())
     return ::testing::AssertionFailure() << got.str(0) << " vs " << want.str(0);
-  const bool floating = want.dtype() == DType::F32 || want.dtype() == DType::BF16 ||
-                        want.dtype() == DType::F16;
+  const bool floating =
+      want.dtype() == DType::F32 || want.dtype() == DType::BF16 || want.dtype() == DType::F16;
   if (!floating) return distjax::testing::same_bits(got, want);
   const std::vector<float> g = astype(got, DType::F32).to_vector<float>();
   const std::vector<float> w = astype(want, DType::F32).to_vector<float>();
@@ -96,9 +95,9 @@ Tensor uniform(const Shape& shape, float lo, float hi) {
   std::size_t worst = 0;
   for (std::size_t i = 0; i < w.size(); ++i)
     if (std::fabs(g[i] - w[i]) > std::fabs(g[worst] - w[worst])) worst = i;
-  return ::testing::AssertionFailure() << "relative error " << rel << " > " << rtol
-                                       << "; worst element " << worst << ": " << g[worst]
-                                       << " vs the CPU's " << w[worst];
+  return ::testing::AssertionFailure()
+         << "relative error " << rel << " > " << rtol << "; worst element " << worst << ": "
+         << g[worst] << " vs the CPU's " << w[worst];
 }
 
 // fn forward, and backward into the inputs marked in `diff`, on the GPU and on the CPU.
@@ -188,7 +187,8 @@ TEST(CudaOps, BinaryWithEveryBroadcastKind) {
 TEST(CudaOps, WhereAndConversions) {
   SKIP_WITHOUT_GPU();
   std::vector<float> mask(50 * 70);
-  for (std::size_t i = 0; i < mask.size(); ++i) mask[i] = (i * 13) % 3 == 0 ? 1.f : 0.f;
+  for (std::size_t i = 0; i < mask.size(); ++i)
+    mask[i] = (i * 13) % 3 == 0 ? 1.f : 0.f;
   const Tensor cond = Tensor::from_vector(mask, {50, 70}, Device::cpu());
   expect_close("where", [](const V& a) { return where(a[0], a[1], a[2]); },
                {cond, uniform({50, 70}), uniform({50, 70})}, {false, true, true});
@@ -199,16 +199,19 @@ TEST(CudaOps, WhereAndConversions) {
   expect_close("astype bf16 to f32",
                [](const V& a) { return astype(astype(a[0], DType::BF16), DType::F32); },
                {uniform({333})}, {true});
-  expect_close("zeros and full", [](const V& a) {
-    return add(add(a[0], Tensor::zeros(a[0].shape())), Tensor::full(a[0].shape(), 2.5f));
-  }, {uniform({1025})}, {true});
+  expect_close("zeros and full",
+               [](const V& a) {
+                 return add(add(a[0], Tensor::zeros(a[0].shape())),
+                            Tensor::full(a[0].shape(), 2.5f));
+               },
+               {uniform({1025})}, {true});
 }
 
 TEST(CudaOps, Reductions) {
   SKIP_WITHOUT_GPU();
   const std::vector<std::pair<Shape, std::vector<int>>> cases = {
-      {{8, 300, 5}, {1}},    {{8, 300, 5}, {2}},  {{8, 300, 5}, {0, 2}},
-      {{1000, 3}, {0}},      {{3, 100000}, {1}},  {{3, 100000}, {0}},
+      {{8, 300, 5}, {1}},     {{8, 300, 5}, {2}}, {{8, 300, 5}, {0, 2}},
+      {{1000, 3}, {0}},       {{3, 100000}, {1}}, {{3, 100000}, {0}},
       {{2, 3, 4, 5}, {1, 3}}, {{4096, 768}, {0}}, {{7}, {0}},
   };
   for (const auto& [shape, axes] : cases) {
@@ -225,7 +228,8 @@ TEST(CudaOps, Reductions) {
   expect_close("max of all", [](const V& a) { return max(a[0]); }, {uniform({513, 257})}, {true});
   // Ties: the first maximum gets the gradient, and argmax names the first.
   std::vector<float> tied(600);
-  for (std::size_t i = 0; i < tied.size(); ++i) tied[i] = static_cast<float>((i * 7) % 5);
+  for (std::size_t i = 0; i < tied.size(); ++i)
+    tied[i] = static_cast<float>((i * 7) % 5);
   const Tensor t = Tensor::from_vector(tied, {20, 30}, Device::cpu());
   expect_close("max with ties", [](const V& a) { return max(a[0], {1}); }, {t}, {true});
   expect_close("max of all with ties", [](const V& a) { return max(a[0], {0, 1}); }, {t}, {true});
@@ -234,8 +238,11 @@ TEST(CudaOps, Reductions) {
                  [axis](const V& a) { return argmax(a[0], axis); }, {t}, {false});
   expect_close("argmax", [](const V& a) { return argmax(a[0], -1); }, {uniform({64, 50304})},
                {false});
-  expect_close("sum_to", [](const V& a) { return sum_to(a[0], {1, 30}); }, {uniform({20, 30})},
-               {true});
+  expect_close("sum_to",
+               [](const V& a) {
+                 return sum_to(a[0], {1, 30});
+               },
+               {uniform({20, 30})}, {true});
 }
 
 TEST(CudaOps, ShapeOps) {
@@ -246,18 +253,29 @@ TEST(CudaOps, ShapeOps) {
     expect_close("permute", [perm](const V& a) { return permute(a[0], perm); }, {uniform(shape)},
                  {true});
   }
-  expect_close("transpose of a large matrix", [](const V& a) { return permute(a[0], {1, 0}); },
+  expect_close("transpose of a large matrix",
+               [](const V& a) {
+                 return permute(a[0], {1, 0});
+               },
                {uniform({1024, 768})}, {true});
-  expect_close("permute of bf16", [](const V& a) {
-    return astype(permute(astype(a[0], DType::BF16), {2, 0, 1}), DType::F32);
-  }, {uniform({5, 6, 7})}, {true});
+  expect_close("permute of bf16",
+               [](const V& a) {
+                 return astype(permute(astype(a[0], DType::BF16), {2, 0, 1}), DType::F32);
+               },
+               {uniform({5, 6, 7})}, {true});
   expect_close("slice", [](const V& a) { return slice(a[0], 1, 3, 40); }, {uniform({6, 50, 7})},
                {true});
-  expect_close("concat", [](const V& a) { return concat({a[0], a[1]}, 1); },
+  expect_close("concat",
+               [](const V& a) {
+                 return concat({a[0], a[1]}, 1);
+               },
                {uniform({6, 5, 7}), uniform({6, 9, 7})}, {true, true});
   expect_close("split", [](const V& a) { return mul(split(a[0], 3, 2)[1], split(a[0], 3, 2)[2]); },
                {uniform({4, 5, 12})}, {true});
-  expect_close("broadcast_to", [](const V& a) { return broadcast_to(a[0], {4, 6, 5}); },
+  expect_close("broadcast_to",
+               [](const V& a) {
+                 return broadcast_to(a[0], {4, 6, 5});
+               },
                {uniform({6, 1})}, {true});
 }
 
@@ -299,27 +317,26 @@ TEST(CudaOps, Bf16WritingKernelsAreTheCastOfTheF32Ones) {
     const std::string s = to_string(shape);
     const std::int64_t c = shape.back();
     const Tensor x = uniform(shape, -3.f, 3.f), g = uniform({c}), b = uniform({c});
-    same("layer_norm " + s, [&](DType out) {
-      return layer_norm(x.to(kGpu), g.to(kGpu), b.to(kGpu), 1e-5f, out);
-    });
-    same("layer_norm without beta " + s, [&](DType out) {
-      return layer_norm(x.to(kGpu), g.to(kGpu), Tensor(), 1e-5f, out);
-    });
+    same("layer_norm " + s,
+         [&](DType out) { return layer_norm(x.to(kGpu), g.to(kGpu), b.to(kGpu), 1e-5f, out); });
+    same("layer_norm without beta " + s,
+         [&](DType out) { return layer_norm(x.to(kGpu), g.to(kGpu), Tensor(), 1e-5f, out); });
     for (bool approximate : {true, false})
       same("gelu " + s, [&](DType out) { return gelu(x.to(kGpu), approximate, out); });
-    expect_close("layer_norm to bf16 " + s,
-                 [](const V& a) {
-                   return astype(layer_norm(a[0], a[1], a[2], 1e-5f, DType::BF16), DType::F32);
-                 },
-                 {x, g, b}, {true, true, true}, kBf16);
-    expect_close("gelu to bf16 " + s,
-                 [](const V& a) { return astype(gelu(a[0], true, DType::BF16), DType::F32); },
-                 {x}, {true}, kBf16);
+    expect_close(
+        "layer_norm to bf16 " + s,
+        [](const V& a) {
+          return astype(layer_norm(a[0], a[1], a[2], 1e-5f, DType::BF16), DType::F32);
+        },
+        {x, g, b}, {true, true, true}, kBf16);
+    expect_close(
+        "gelu to bf16 " + s,
+        [](const V& a) { return astype(gelu(a[0], true, DType::BF16), DType::F32); }, {x}, {true},
+        kBf16);
   }
   const Tensor qkv = uniform({2, 256, 3 * 768});
-  same("attention_packed", [&](DType out) {
-    return attention_packed(qkv.to(kGpu), 12, true, 0.f, DType::BF16, out);
-  });
+  same("attention_packed",
+       [&](DType out) { return attention_packed(qkv.to(kGpu), 12, true, 0.f, DType::BF16, out); });
 }
 
 TEST(CudaOps, EmbeddingAndCrossEntropy) {
@@ -348,7 +365,8 @@ TEST(CudaOps, EmbeddingAndCrossEntropy) {
 // host wait in the op, and its kernels stay inside the table (NaN rows, a NaN loss).
 TEST(CudaOps, AnIdOutOfRangeIsRefusedAsOnTheCpu) {
   SKIP_WITHOUT_GPU();
-  const Tensor ids = Tensor::from_vector(std::vector<std::int64_t>{1, 2, 7, 9, 3}, {5}, Device::cpu());
+  const Tensor ids =
+      Tensor::from_vector(std::vector<std::int64_t>{1, 2, 7, 9, 3}, {5}, Device::cpu());
   const Tensor table = uniform({5, 4});
   std::string want, got;
   try {
@@ -382,7 +400,8 @@ TEST(CudaOps, AnIdOutOfRangeIsRefusedAsOnTheCpu) {
   const std::vector<float> l = loss.to_vector<float>(), gx = g.to_vector<float>();
   EXPECT_TRUE(std::isfinite(l[0]) && std::isnan(l[1]) && std::isfinite(l[2]));
   float row1 = 0.f;
-  for (int j = 6; j < 12; ++j) row1 += gx[j];
+  for (int j = 6; j < 12; ++j)
+    row1 += gx[j];
   EXPECT_NEAR(row1, 1.f, 1e-5);  // softmax alone
 }
 
@@ -390,9 +409,11 @@ TEST(CudaOps, AnIdOutOfRangeIsRefusedAsOnTheCpu) {
 TEST(CudaOps, NormAndClipFactorOnTheDevice) {
   SKIP_WITHOUT_GPU();
   std::vector<Tensor> host;
-  for (std::int64_t n : {1, 7, 1000, 70001, 3 << 20}) host.push_back(uniform({n}));
+  for (std::int64_t n : {1, 7, 1000, 70001, 3 << 20})
+    host.push_back(uniform({n}));
   std::vector<Tensor> dev;
-  for (const Tensor& t : host) dev.push_back(t.to(kGpu));
+  for (const Tensor& t : host)
+    dev.push_back(t.to(kGpu));
   for (double max_norm : {0.0, 1.0, 1e9}) {
     const NormAndClipFactor want = norm_and_clip_factor(host, max_norm);
     const std::int64_t waits = host_waits(DeviceKind::CUDA);
@@ -426,10 +447,10 @@ TEST(CudaOps, Attention) {
     std::int64_t b, h, t, s, d;
     bool causal;
   };
-  for (const Case& c : {Case{2, 3, 70, 70, 16, true}, Case{2, 3, 70, 70, 16, false},
-                        Case{1, 2, 33, 90, 32, true}, Case{1, 2, 90, 33, 32, true},
-                        Case{2, 4, 256, 256, 64, true}, Case{1, 2, 128, 128, 128, true},
-                        Case{1, 2, 40, 40, 24, false}}) {
+  for (const Case& c :
+       {Case{2, 3, 70, 70, 16, true}, Case{2, 3, 70, 70, 16, false}, Case{1, 2, 33, 90, 32, true},
+        Case{1, 2, 90, 33, 32, true}, Case{2, 4, 256, 256, 64, true},
+        Case{1, 2, 128, 128, 128, true}, Case{1, 2, 40, 40, 24, false}}) {
     expect_close("attention T=" + std::to_string(c.t) + " S=" + std::to_string(c.s) +
                      " D=" + std::to_string(c.d) + (c.causal ? " causal" : ""),
                  [causal = c.causal](const V& a) { return attention(a[0], a[1], a[2], causal); },
@@ -438,7 +459,8 @@ TEST(CudaOps, Attention) {
                  {true, true, true});
   }
   for (bool causal : {true, false})
-    expect_close("attention_packed", [causal](const V& a) { return attention_packed(a[0], 4, causal); },
+    expect_close("attention_packed",
+                 [causal](const V& a) { return attention_packed(a[0], 4, causal); },
                  {uniform({2, 70, 3 * 4 * 16})}, {true});
   expect_close("attention_packed GPT-2 head shape",
                [](const V& a) { return attention_packed(a[0], 12, true); },
@@ -472,22 +494,25 @@ void expect_bf16_attention_close() {
                         Case{1, 2, 33, 90, 32, true}, Case{1, 2, 90, 33, 32, true},
                         Case{2, 4, 256, 256, 64, true}, Case{1, 3, 130, 200, 64, false},
                         Case{1, 2, 128, 128, 128, true}, Case{1, 2, 65, 65, 100, true}}) {
-    expect_close("bf16 attention T=" + std::to_string(c.t) + " S=" + std::to_string(c.s) +
-                     " D=" + std::to_string(c.d) + (c.causal ? " causal" : ""),
-                 [causal = c.causal](const V& a) {
-                   return attention(a[0], a[1], a[2], causal, 0.f, DType::BF16);
-                 },
-                 {uniform({c.b, c.h, c.t, c.d}), uniform({c.b, c.h, c.s, c.d}),
-                  uniform({c.b, c.h, c.s, c.d})},
-                 {true, true, true}, kBf16);
+    expect_close(
+        "bf16 attention T=" + std::to_string(c.t) + " S=" + std::to_string(c.s) +
+            " D=" + std::to_string(c.d) + (c.causal ? " causal" : ""),
+        [causal = c.causal](const V& a) {
+          return attention(a[0], a[1], a[2], causal, 0.f, DType::BF16);
+        },
+        {uniform({c.b, c.h, c.t, c.d}), uniform({c.b, c.h, c.s, c.d}),
+         uniform({c.b, c.h, c.s, c.d})},
+        {true, true, true}, kBf16);
   }
   for (bool causal : {true, false})
-    expect_close("bf16 attention_packed",
-                 [causal](const V& a) { return attention_packed(a[0], 4, causal, 0.f, DType::BF16); },
-                 {uniform({2, 70, 3 * 4 * 16})}, {true}, kBf16);
-  expect_close("bf16 attention_packed GPT-2 head shape",
-               [](const V& a) { return attention_packed(a[0], 12, true, 0.f, DType::BF16); },
-               {uniform({2, 256, 3 * 768})}, {true}, kBf16);
+    expect_close(
+        "bf16 attention_packed",
+        [causal](const V& a) { return attention_packed(a[0], 4, causal, 0.f, DType::BF16); },
+        {uniform({2, 70, 3 * 4 * 16})}, {true}, kBf16);
+  expect_close(
+      "bf16 attention_packed GPT-2 head shape",
+      [](const V& a) { return attention_packed(a[0], 12, true, 0.f, DType::BF16); },
+      {uniform({2, 256, 3 * 768})}, {true}, kBf16);
 }
 
 // The own tensor-core kernels (attention_mma.cu), cuDNN turned off.
@@ -501,8 +526,9 @@ TEST(CudaOps, AttentionWithBf16Products) {
   const V in{uniform({2, 256, 3 * 768})};
   const Tensor ct = uniform({2, 256, 768});
   auto on_gpu = [&](DType compute) {
-    return run_on(kGpu, [compute](const V& a) { return attention_packed(a[0], 12, true, 0.f, compute); },
-                  in, {true}, ct);
+    return run_on(
+        kGpu, [compute](const V& a) { return attention_packed(a[0], 12, true, 0.f, compute); }, in,
+        {true}, ct);
   };
   const V f32 = on_gpu(DType::F32), bf16 = on_gpu(DType::BF16);
   for (std::size_t i = 0; i < f32.size(); ++i) {
@@ -536,16 +562,18 @@ TEST(CudaOps, AttentionWithBf16ProductsThroughCudnn) {
   expect_bf16_attention_close();
   ScopedEnv cudnn("DISTJAX_CUDA_ATTENTION", "cudnn");  // cuDNN, or an error
   const CudnnAttentionCalls before = cuda_attention_cudnn_calls();
-  expect_close("bf16 attention_packed GPT-2 head shape through cuDNN",
-               [](const V& a) { return attention_packed(a[0], 12, true, 0.f, DType::BF16); },
-               {uniform({2, 256, 3 * 768})}, {true}, kBf16);
+  expect_close(
+      "bf16 attention_packed GPT-2 head shape through cuDNN",
+      [](const V& a) { return attention_packed(a[0], 12, true, 0.f, DType::BF16); },
+      {uniform({2, 256, 3 * 768})}, {true}, kBf16);
   const CudnnAttentionCalls after = cuda_attention_cudnn_calls();
   EXPECT_EQ(after.forward - before.forward, 1);
   EXPECT_EQ(after.backward - before.backward, 1);
   // A problem it refuses is an error under "cudnn", naming why.
   try {
-    run_on(kGpu, [](const V& a) { return attention_packed(a[0], 2, true, 0.f, DType::BF16); },
-           {uniform({1, 16, 3 * 2 * 12})}, {false}, Tensor());
+    run_on(
+        kGpu, [](const V& a) { return attention_packed(a[0], 2, true, 0.f, DType::BF16); },
+        {uniform({1, 16, 3 * 2 * 12})}, {false}, Tensor());
     ADD_FAILURE() << "head size 12 ran under DISTJAX_CUDA_ATTENTION=cudnn";
   } catch (const NotImplemented& e) {
     EXPECT_NE(std::string(e.what()).find("head size 12"), std::string::npos) << e.what();
@@ -566,38 +594,75 @@ TEST(CudaOps, MatrixProducts) {
       expect_close("matmul, one B for every batch " + s,
                    [ta, tb](const V& a) { return matmul(a[0], a[1], ta, tb); },
                    {uniform(sa), uniform(shared)}, {true, true});
-      expect_close("bf16 matmul " + s,
-                   [ta, tb](const V& a) {
-                     return matmul(astype(a[0], DType::BF16), astype(a[1], DType::BF16), ta, tb);
-                   },
-                   {uniform(sa), uniform(sb)}, {true, true}, kBf16);
+      expect_close(
+          "bf16 matmul " + s,
+          [ta, tb](const V& a) {
+            return matmul(astype(a[0], DType::BF16), astype(a[1], DType::BF16), ta, tb);
+          },
+          {uniform(sa), uniform(sb)}, {true, true}, kBf16);
       // f16 on the tensor cores (the CPU widens to f32): equal products, f32 sums.
-      expect_close("f16 matmul " + s,
-                   [ta, tb](const V& a) {
-                     return matmul(astype(a[0], DType::F16), astype(a[1], DType::F16), ta, tb);
-                   },
-                   {uniform(sa), uniform(sb)}, {true, true}, kF16);
+      expect_close(
+          "f16 matmul " + s,
+          [ta, tb](const V& a) {
+            return matmul(astype(a[0], DType::F16), astype(a[1], DType::F16), ta, tb);
+          },
+          {uniform(sa), uniform(sb)}, {true, true}, kF16);
     }
   expect_close("linear with bias", [](const V& a) { return linear(a[0], a[1], a[2]); },
                {uniform({4, 50, 96}), uniform({96, 130}), uniform({130})}, {true, true, true});
-  expect_close("bf16 linear with bias",
-               [](const V& a) {
-                 return linear(astype(a[0], DType::BF16), astype(a[1], DType::BF16), a[2]);
-               },
-               {uniform({4, 50, 96}), uniform({96, 130}), uniform({130})}, {true, true, true},
-               kBf16);
-  expect_close("f16 linear with bias",
-               [](const V& a) {
-                 return linear(astype(a[0], DType::F16), astype(a[1], DType::F16), a[2]);
-               },
-               {uniform({4, 50, 96}), uniform({96, 130}), uniform({130})}, {true, true, true},
-               kF16);
+  expect_close(
+      "bf16 linear with bias",
+      [](const V& a) { return linear(astype(a[0], DType::BF16), astype(a[1], DType::BF16), a[2]); },
+      {uniform({4, 50, 96}), uniform({96, 130}), uniform({130})}, {true, true, true}, kBf16);
+  expect_close(
+      "f16 linear with bias",
+      [](const V& a) { return linear(astype(a[0], DType::F16), astype(a[1], DType::F16), a[2]); },
+      {uniform({4, 50, 96}), uniform({96, 130}), uniform({130})}, {true, true, true}, kF16);
   expect_close("GPT-2 MLP product", [](const V& a) { return linear(a[0], a[1], a[2]); },
                {uniform({2048, 768}), uniform({768, 3072}), uniform({3072})}, {true, true, true});
   set_allow_tf32(true);
-  expect_close("TF32 matmul", [](const V& a) { return matmul(a[0], a[1]); },
-               {uniform({512, 768}), uniform({768, 1024})}, {true, true}, kTf32);
+  expect_close(
+      "TF32 matmul", [](const V& a) { return matmul(a[0], a[1]); },
+      {uniform({512, 768}), uniform({768, 1024})}, {true, true}, kTf32);
   set_allow_tf32(false);
+}
+
+// linear's epilogues (cuBLASLt's BIAS, GELU_AUX and GELU_AUX_BIAS with an f32, bf16 or f16
+// D; an f32 sum and the elementwise kernels where cuBLASLt has none, as for N = 130, whose
+// aux leading dimension is no multiple of 8) and their backward (epilogue_backward), with
+// the cotangent arriving in the output's dtype (through astype) and in f32 (through a
+// product).
+TEST(CudaOps, LinearEpilogues) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    DType operands, out;
+    double tol;
+  };
+  for (const Case& c : {Case{DType::F32, DType::F32, kF32}, Case{DType::BF16, DType::F32, kBf16},
+                        Case{DType::BF16, DType::BF16, kBf16}, Case{DType::F16, DType::F16, kF16}})
+    for (const Shape& w_shape : {Shape{96, 128}, Shape{96, 130}, Shape{768, 3072}})
+      for (bool gelu : {false, true})
+        for (bool bias : {false, true}) {
+          const std::string s = std::string(dtype_name(c.operands)) + " -> " + dtype_name(c.out) +
+                                " " + to_string(w_shape) + (gelu ? " gelu" : "") +
+                                (bias ? " bias" : "");
+          const LinearEpilogue e{.gelu = gelu, .out = c.out};
+          const DType op = c.operands;
+          const Fn through_astype = [e, op, bias](const V& a) {
+            return astype(linear(astype(a[0], op), astype(a[1], op), bias ? a[2] : Tensor(), e),
+                          DType::F32);
+          };
+          const Shape x_shape = w_shape[0] == 768 ? Shape{4, 512, 768} : Shape{4, 50, 96};
+          const Tensor x = uniform(x_shape), w = uniform(w_shape), b = uniform({w_shape[1]});
+          expect_close("linear " + s, through_astype, {x, w, b}, {true, true, bias}, c.tol);
+          if (c.out == DType::F32) continue;
+          const Fn through_product = [e, op, bias](const V& a) {
+            const Tensor y = linear(astype(a[0], op), astype(a[1], op), bias ? a[2] : Tensor(), e);
+            return matmul(y, astype(a[3], op));
+          };
+          expect_close("linear, f32 cotangent " + s, through_product,
+                       {x, w, b, uniform({w_shape[1], 24})}, {true, true, bias, true}, c.tol);
+        }
 }
 
 // The in-place family: accumulation, copies of runs and boxes, GEMMs into blocks.
@@ -667,15 +732,18 @@ TEST(CudaOps, OptimizerUpdates) {
     }
     {
       DeviceScope on(kGpu);
-      for (const Tensor& t : f(kGpu)) got.push_back(t.to(Device::cpu()));
+      for (const Tensor& t : f(kGpu))
+        got.push_back(t.to(Device::cpu()));
     }
-    for (std::size_t i = 0; i < want.size(); ++i) EXPECT_TRUE(close(got[i], want[i], kF32)) << i;
+    for (std::size_t i = 0; i < want.size(); ++i)
+      EXPECT_TRUE(close(got[i], want[i], kF32)) << i;
   };
   for (const SGDStep& s : {SGDStep{0.1f, 0.f, 0.01f, false}, SGDStep{0.1f, 0.9f, 0.01f, false},
                            SGDStep{0.1f, 0.9f, 0.f, true}})
     check("sgd momentum " + std::to_string(s.momentum), [&](Device d) {
       Tensor p = p0.to(d).clone(), buf = s.momentum > 0 ? m0.to(d).clone() : Tensor();
-      for (int i = 0; i < 3; ++i) sgd_update_(p, g.to(d), buf, s);
+      for (int i = 0; i < 3; ++i)
+        sgd_update_(p, g.to(d), buf, s);
       return s.momentum > 0 ? V{p, buf} : V{p};
     });
   for (const AdamStep& s : {AdamStep{1e-3, 0.9, 0.999, 1e-8, 1, 1.0, 0.0},
@@ -845,9 +913,10 @@ TEST(CudaOps, ParallelOps) {
   const Tensor b = astype(astype(uniform({40, 30}, 0.f, 4.f), DType::I32), DType::F32);
   expect_close("select_equal", [](const V& x) { return select_equal(x[0], x[1], 2.5f); }, {a, b},
                {false, false});
-  expect_close("select_equal, one b",
-               [](const V& x) { return select_equal(x[0], slice(reshape(x[1], {1200}), 0, 0, 1), 1.f); },
-               {a, b}, {false, false});
+  expect_close(
+      "select_equal, one b",
+      [](const V& x) { return select_equal(x[0], slice(reshape(x[1], {1200}), 0, 0, 1), 1.f); },
+      {a, b}, {false, false});
 }
 
 }  // namespace

@@ -21,6 +21,25 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans
 /// into the GEMM; `bias` (f32) may be undefined. x and w: both f32, bf16 or f16, as matmul.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
 
+/// What linear does with its f32 sum P = x @ w + bias before writing it: the GEMM's epilogue
+/// (cuBLASLt's on CUDA, in the product's own kernel; the CPU runs the same steps after
+/// oneDNN's product).
+struct LinearEpilogue {
+  /// GELU in its tanh form (gelu(P, true), GPT-2's) instead of P. The backward reads P,
+  /// which the op keeps rounded to `out` (instead of an f32 input kept by gelu).
+  bool gelu = false;
+  /// The output's dtype: f32, or the operands' own (bf16 or f16), so that the next matmul
+  /// reads it as it is (no f32 activation and cast). P is rounded once, as it is written.
+  DType out = DType::F32;
+};
+
+/// linear(x, w, bias) with `epilogue` applied: (..., N) in epilogue.out. The backward takes
+/// the cotangent in f32 or in epilogue.out and makes the bias gradient, GELU's derivative
+/// and the cotangent's rounding for its GEMMs in one pass (GemmKernels::epilogue_backward).
+///
+///   Tensor h = linear(x16, w16, b, {.gelu = true, .out = DType::BF16});  // bf16 gelu(x W + b)
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const LinearEpilogue& epilogue);
+
 namespace detail {
 /// C (M, N) = alpha * op(A) op(B) + beta * C, one GEMM on raw row-major f32 host buffers
 /// through oneDNN's sgemm: for the CPU kernels of tensor/cpu/ (ops go through the kernel

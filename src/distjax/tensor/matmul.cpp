@@ -40,9 +40,10 @@ DType gemm_dtype(const Tensor& t) {
 }
 
 // The cotangent dC rounded to the operands' dtype for the backward GEMMs (a bf16 or f16
-// matmul runs its backward products in that dtype too); f32 returns it unchanged.
+// matmul runs its backward products in that dtype too); f32, or a cotangent already in
+// that dtype, returns it unchanged.
 Tensor cotangent_in(const Tensor& g, DType dtype) {
-  if (dtype == DType::F32) return g;
+  if (dtype == DType::F32 || g.dtype() == dtype) return g;
   Tensor out = Tensor::empty(g.shape(), dtype, g.device());
   detail::convert(g, out);
   return out;
@@ -79,12 +80,14 @@ MatmulDims check_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   return d;
 }
 
-// out = the product `key` describes of a and b (converted by gemm_operand) plus bias.
+// out = the product `key` describes of a and b (converted by gemm_operand) plus bias, its
+// epilogue applied (aux: GELU's pre-activation).
 void run_gemm(const char* op, const detail::GemmKey& key, const Tensor& a, const Tensor& b,
-              const Tensor& bias, Tensor& out) {
-  detail::Dispatch k(op, &detail::KernelTable::gemm, {&a, &b, &bias, &out});
+              const Tensor& bias, Tensor& out, Tensor* aux = nullptr) {
+  const Tensor no_aux;
+  detail::Dispatch k(op, &detail::KernelTable::gemm, {&a, &b, &bias, &out, aux ? aux : &no_aux});
   k->gemm(key, a.raw_data(), b.raw_data(), bias.defined() ? bias.data<float>() : nullptr,
-          out.data<float>(), k.stream());
+          out.raw_data(), aux ? aux->raw_data() : nullptr, k.stream());
 }
 
 // For i < batch: C_i = alpha op(A_i) op(B_i) + beta C_i (f32, dense row-major matrices,
@@ -196,62 +199,105 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
       });
 }
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+namespace {
+
+void check_linear(const Tensor& x, const Tensor& w, const Tensor& bias, const LinearEpilogue& e) {
   check_operand_dtypes("linear", x, w);
   DISTJAX_CHECK(w.rank() == 2 && x.rank() >= 1 && x.size(-1) == w.size(0), InvalidArgument,
                 "[linear] x ", to_string(x.shape()), " does not match kernel ",
                 to_string(w.shape()), " (expected x (..., K), kernel (K, N))");
-  const std::int64_t k = w.size(0), n = w.size(1), m = x.numel() / std::max<std::int64_t>(k, 1);
   if (bias.defined()) {
     detail::require_f32("linear", {&bias});
-    DISTJAX_CHECK(bias.rank() == 1 && bias.size(0) == n, InvalidArgument, "[linear] bias ",
+    DISTJAX_CHECK(bias.rank() == 1 && bias.size(0) == w.size(1), InvalidArgument, "[linear] bias ",
                   to_string(bias.shape()), " does not match kernel ", to_string(w.shape()));
   }
+  DISTJAX_CHECK(e.out == DType::F32 || e.out == x.dtype(), InvalidArgument,
+                "[linear] writes f32 or its operands' dtype (", dtype_name(x.dtype()), "), not ",
+                dtype_name(e.out));
+}
+
+// The bias's cotangent, handed over now or, in a zero-bubble pipeline's B pass, queued for
+// its W pass (`compute` runs there).
+Tensor bias_cotangent(const std::shared_ptr<Node>& bleaf, std::function<Tensor()> compute) {
+  WeightGradStore* store = weight_grad_store();
+  if (!bleaf || !store) return compute();
+  store->defer(bleaf, std::move(compute));
+  return Tensor();
+}
+
+// linear's backward: dx, dW (or deferred) and dbias from the cotangent g of out (rows, n).
+// The plain f32 case sums the bias gradient from g; otherwise one epilogue_backward pass
+// makes the GEMMs' cotangent (GELU's derivative applied, rounded to the operands' dtype)
+// and the bias gradient together.
+std::vector<Tensor> linear_backward(std::vector<Tensor>& g, const Tensor& xd, const Tensor& wd,
+                                    const Tensor& pre, bool has_bias, bool rx, bool rw,
+                                    const std::shared_ptr<Node>& wleaf,
+                                    const std::shared_ptr<Node>& bleaf) {
+  const std::int64_t k = wd.size(0), n = wd.size(1);
+  const std::int64_t rows = g[0].numel() / n;
+  const DType gemm_dtype = xd.dtype();
+  Tensor gbias, g2;
+  if (!pre.defined() && g[0].dtype() == DType::F32 && gemm_dtype == DType::F32) {
+    g2 = g[0].view({rows, n});
+    if (has_bias) gbias = bias_cotangent(bleaf, [g2] { return sum(g2, {0}); });
+  } else {
+    const Tensor& gc = g[0];
+    const bool reuse = !pre.defined() && gc.dtype() == gemm_dtype;
+    g2 = reuse ? gc.view({rows, n}) : Tensor::empty({rows, n}, gemm_dtype, gc.device());
+    Tensor bsum = has_bias ? Tensor::empty({n}, DType::F32, gc.device()) : Tensor();
+    if (!reuse || has_bias) {
+      detail::Dispatch kd("linear_backward", &detail::KernelTable::gemm, {&gc, &pre, &g2, &bsum});
+      kd->epilogue_backward(gc.raw_data(), gc.dtype(), pre.defined() ? pre.raw_data() : nullptr,
+                            pre.defined() ? pre.dtype() : DType::F32,
+                            reuse ? nullptr : g2.raw_data(), gemm_dtype,
+                            has_bias ? bsum.data<float>() : nullptr, rows, n, kd.stream());
+    }
+    // The sum is made: a zero-bubble W pass only hands it over.
+    if (has_bias) gbias = bias_cotangent(bleaf, [bsum] { return bsum; });
+    // dx and dW read g2: the cotangent's original goes before they are made.
+    if (!reuse) g[0] = Tensor();
+  }
+  Tensor x2 = xd.view({xd.numel() / k, k});
+  std::vector<Tensor> out;
+  out.push_back(rx ? matmul(g2, wd, false, true).view(xd.shape()) : Tensor());
+  WeightGradStore* store = weight_grad_store();
+  if (rw && wleaf && store) {  // zero-bubble: dW later (W pass)
+    store->defer(wleaf, [x2, g2] { return matmul(x2, g2, true, false); });
+    out.emplace_back();
+  } else {
+    out.push_back(rw ? matmul(x2, g2, true, false) : Tensor());
+  }
+  if (has_bias) out.push_back(gbias);  // undefined when deferred
+  return out;
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  return linear(x, w, bias, LinearEpilogue{});
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const LinearEpilogue& e) {
+  check_linear(x, w, bias, e);
+  const std::int64_t k = w.size(0), n = w.size(1), m = x.numel() / std::max<std::int64_t>(k, 1);
   Shape out_shape = x.shape();
   out_shape.back() = n;
-  Tensor out = Tensor::empty(out_shape, DType::F32, detail::op_device("linear", {&x, &w, &bias}));
+  const Device dev = detail::op_device("linear", {&x, &w, &bias});
+  Tensor out = Tensor::empty(out_shape, e.out, dev);
+  Tensor pre = e.gelu ? Tensor::empty(out_shape, e.out, dev) : Tensor();
   const Tensor xg = gemm_operand(x), wg = gemm_operand(w);
-  run_gemm("linear", {1, m, n, k, false, false, true, bias.defined(), gemm_dtype(x)}, xg, wg, bias,
-           out);
+  run_gemm("linear", {1, m, n, k, false, false, true, bias.defined(), gemm_dtype(x), e.out, e.gelu},
+           xg, wg, bias, out, e.gelu ? &pre : nullptr);
   std::vector<Tensor> inputs{x, w};
   if (bias.defined()) inputs.push_back(bias);
   if (!needs_grad(inputs)) return joined(out, inputs);
   return record(
       "linear", inputs, out,
-      [xd = x.detach(), wd = w.detach(), has_bias = bias.defined(), rx = x.requires_grad(),
+      [xd = x.detach(), wd = w.detach(), pre, has_bias = bias.defined(), rx = x.requires_grad(),
        rw = w.requires_grad(), wleaf = deferrable_weight(w, inputs),
        bleaf = bias.defined() ? deferrable_weight(bias, inputs)
                               : std::shared_ptr<Node>()](std::vector<Tensor>& g) {
-        const std::int64_t k = wd.size(0), n = wd.size(1);
-        // dx and dW from dC in the operands' dtype (f32 results); the bias
-        // gradient from the f32 cotangent, first: then a cast cotangent's f32 original
-        // goes before dx and dW are made.
-        WeightGradStore* store = weight_grad_store();
-        Tensor gbias;
-        bool bias_deferred = false;
-        if (has_bias) {
-          Tensor g_rows = g[0].view({g[0].numel() / n, n});
-          if (bleaf && store) {  // zero-bubble: the bias's row sum in W too
-            store->defer(bleaf, [g_rows] { return sum(g_rows, {0}); });
-            bias_deferred = true;
-          } else {
-            gbias = sum(g_rows, {0});
-          }
-        }
-        const std::int64_t rows = g[0].numel() / n;
-        Tensor g2 = cotangent_in(g[0], xd.dtype()).view({rows, n});
-        if (!g2.shares_storage_with(g[0]) && !bias_deferred) g[0] = Tensor();
-        Tensor x2 = xd.view({xd.numel() / k, k});
-        std::vector<Tensor> out;
-        out.push_back(rx ? matmul(g2, wd, false, true).view(xd.shape()) : Tensor());
-        if (rw && wleaf && store) {  // zero-bubble: dW later (W pass)
-          store->defer(wleaf, [x2, g2] { return matmul(x2, g2, true, false); });
-          out.emplace_back();
-        } else {
-          out.push_back(rw ? matmul(x2, g2, true, false) : Tensor());
-        }
-        if (has_bias) out.push_back(gbias);  // undefined when deferred
-        return out;
+        return linear_backward(g, xd, wd, pre, has_bias, rx, rw, wleaf, bleaf);
       });
 }
 

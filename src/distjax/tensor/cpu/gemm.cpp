@@ -1,10 +1,13 @@
 // CPU kernels: matrix products through oneDNN, its matmul primitives cached per GemmKey
-// and thread, and its sgemm for strided products.
+// and thread, and its sgemm for strided products. The epilogues other than a bias (a
+// rounded C beside bf16, GELU) and their backward run the family's other kernels over an
+// f32 sum: the reference the CUDA backend's fused cuBLASLt epilogues are tested against.
 #include <oneapi/dnnl/dnnl_version.h>
 #include <algorithm>
 #include <cassert>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
+#include <vector>
 
 #include "distjax/tensor/cpu/kernels.hpp"
 #include "distjax/tensor/matmul.hpp"
@@ -39,7 +42,8 @@ struct GemmKeyHash {
     for (std::int64_t v :
          {g.batch, g.m, g.n, g.k,
           std::int64_t(g.ta) | std::int64_t(g.tb) << 1 | std::int64_t(g.b_shared) << 2 |
-              std::int64_t(g.bias) << 3 | std::int64_t(g.src) << 4})
+              std::int64_t(g.bias) << 3 | std::int64_t(g.gelu) << 4 | std::int64_t(g.src) << 8 |
+              std::int64_t(g.dst) << 16})
       h = (h ^ static_cast<std::size_t>(v)) * 1099511628211ull;
     return h;
   }
@@ -65,13 +69,15 @@ GemmPlan& plan_for(const GemmKey& key) {
   thread_local std::unordered_map<GemmKey, GemmPlan, GemmKeyHash> cache;
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  const auto [batch, m, n, k, ta, tb, b_shared, bias, src] = key;
+  const auto [batch, m, n, k, ta, tb, b_shared, bias, src, dst, gelu] = key;
   const std::int64_t bb = b_shared ? 1 : batch;
   const dt s = src == DType::BF16 ? dt::bf16 : dt::f32;
+  // A bf16 C straight from the primitive (rounded to nearest even, as bf16(float)).
+  const dt c_type = dst == DType::BF16 && !gelu ? dt::bf16 : dt::f32;
   GemmPlan p;
   p.a = dnnl::memory::desc(dims{batch, m, k}, s, ta ? dims{m * k, 1, m} : dims{m * k, k, 1});
   p.b = dnnl::memory::desc(dims{bb, k, n}, s, tb ? dims{k * n, 1, k} : dims{k * n, n, 1});
-  p.c = dnnl::memory::desc(dims{batch, m, n}, dt::f32, dims{m * n, n, 1});
+  p.c = dnnl::memory::desc(dims{batch, m, n}, c_type, dims{m * n, n, 1});
   if (bias) p.bias = dnnl::memory::desc(dims{1, 1, n}, dt::f32, dims{n, n, 1});
   dnnl::engine& e = cpu_engine();
 #if DNNL_VERSION_MAJOR >= 3
@@ -95,13 +101,8 @@ GemmPlan& plan_for(const GemmKey& key) {
   return cache.emplace(key, std::move(p)).first->second;
 }
 
-void gemm(const GemmKey& key, const void* a, const void* b, const float* bias, float* c, Stream) {
-  assert(key.src == DType::F32 || key.src == DType::BF16);
-  if (key.m == 0 || key.n == 0 || key.batch == 0) return;
-  if (key.k == 0) {
-    std::fill(c, c + key.batch * key.m * key.n, 0.f);
-    return;
-  }
+// C = A B + bias by the cached primitive, in its dtype (f32, or bf16 without GELU); k > 0.
+void run_primitive(const GemmKey& key, const void* a, const void* b, const float* bias, void* c) {
   GemmPlan& p = plan_for(key);
   thread_local dnnl::stream stream(cpu_engine());
   p.ma.set_data_handle(const_cast<void*>(a));
@@ -110,6 +111,78 @@ void gemm(const GemmKey& key, const void* a, const void* b, const float* bias, f
   if (key.bias) p.mbias.set_data_handle(const_cast<float*>(bias));
   p.prim.execute(stream, p.args);
   stream.wait();
+}
+
+// sum = P = A B + bias in f32 (the bias alone, or zeros, when k == 0).
+void gemm_f32_sum(const GemmKey& key, const void* a, const void* b, const float* bias, float* sum) {
+  const std::int64_t rows = key.batch * key.m;
+  if (key.k == 0) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      float* row = sum + r * key.n;
+      if (key.bias)
+        std::copy(bias, bias + key.n, row);
+      else
+        std::fill(row, row + key.n, 0.f);
+    }
+    return;
+  }
+  GemmKey f32_key = key;
+  f32_key.dst = DType::F32;
+  f32_key.gelu = false;
+  run_primitive(f32_key, a, b, bias, sum);
+}
+
+void gemm(const GemmKey& key, const void* a, const void* b, const float* bias, void* c, void* aux,
+          Stream s) {
+  assert(key.src == DType::F32 || key.src == DType::BF16);
+  const std::int64_t n = key.batch * key.m * key.n;
+  if (n == 0) return;
+  if (!key.gelu && key.k > 0 && (key.dst == DType::F32 || key.dst == DType::BF16))
+    return run_primitive(key, a, b, bias, c);
+  // P in f32 (in aux or C itself where that is f32), then aux = P and C = gelu(P), rounded.
+  std::vector<float> scratch;
+  float* sum = nullptr;
+  if (key.dst == DType::F32) {
+    sum = static_cast<float*>(key.gelu ? aux : c);
+  } else {
+    scratch.resize(static_cast<std::size_t>(n));
+    sum = scratch.data();
+  }
+  gemm_f32_sum(key, a, b, bias, sum);
+  if (key.gelu) {
+    if (key.dst == DType::F32)
+      return elementwise_kernels.unary(UnaryOp::GeluTanh, sum, static_cast<float*>(c), n, 0.f, s);
+    copy_kernels.convert(sum, DType::F32, aux, key.dst, n, s);
+    elementwise_kernels.unary(UnaryOp::GeluTanh, sum, sum, n, 0.f, s);
+  }
+  if (key.dst != DType::F32) copy_kernels.convert(sum, DType::F32, c, key.dst, n, s);
+}
+
+// d = g (* gelu'(aux)) in f32, its column sums and its rounding, through the elementwise,
+// reduce and copy kernels: the composed ops' own arithmetic.
+void epilogue_backward(const void* g, DType g_dtype, const void* aux, DType aux_dtype, void* out,
+                       DType out_dtype, float* bias_grad, std::int64_t rows, std::int64_t n,
+                       Stream s) {
+  const std::int64_t total = rows * n;
+  if (total == 0) {
+    if (bias_grad) std::fill(bias_grad, bias_grad + n, 0.f);
+    return;
+  }
+  std::vector<float> d32;
+  const float* d = static_cast<const float*>(g);
+  if (g_dtype != DType::F32 || aux) {
+    d32.resize(static_cast<std::size_t>(total));
+    copy_kernels.convert(g, g_dtype, d32.data(), DType::F32, total, s);
+    if (aux) {
+      std::vector<float> pre(static_cast<std::size_t>(total));
+      copy_kernels.convert(aux, aux_dtype, pre.data(), DType::F32, total, s);
+      elementwise_kernels.unary_grad(UnaryOp::GeluTanh, d32.data(), pre.data(), nullptr, d32.data(),
+                                     total, 0.f, s);
+    }
+    d = d32.data();
+  }
+  if (bias_grad) reduce_kernels.reduce(ReduceOp::Sum, d, bias_grad, 1, rows, n, s);
+  if (out) copy_kernels.convert(d, DType::F32, out, out_dtype, total, s);
 }
 
 void gemm_f32_strided(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
@@ -125,6 +198,7 @@ void gemm_f32_strided(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n
 
 const GemmKernels gemm_kernels{
     .gemm = gemm,
+    .epilogue_backward = epilogue_backward,
     .gemm_f32_strided = gemm_f32_strided,
 };
 

@@ -8,7 +8,10 @@
 //
 // Precision: f32 operands multiply in full f32 (CUBLAS_COMPUTE_32F) unless TF32 is allowed
 // (allow_tf32, or DISTJAX_ALLOW_TF32=1); bf16 operands multiply on the tensor cores with f32
-// accumulation. C and the bias are f32.
+// accumulation. The bias is f32; C (and GELU's aux) are f32, bf16 or f16, rounded by
+// cuBLASLt's epilogue (BIAS, GELU_AUX, GELU_AUX_BIAS). Where cuBLASLt offers no algorithm
+// for an epilogue, the product is summed in f32 and the copy and elementwise kernels round
+// it and apply GELU, as the CPU does.
 #include <cublasLt.h>
 
 #include <atomic>
@@ -57,13 +60,14 @@ namespace {
 
 using detail::GemmKey;
 using detail::Stream;
+using detail::UnaryOp;
 
-#define DISTJAX_CUBLAS_CHECK(expr, op)                                                        \
-  do {                                                                                        \
-    const cublasStatus_t distjax_cublas_st_ = (expr);                                         \
+#define DISTJAX_CUBLAS_CHECK(expr, op)                                                      \
+  do {                                                                                      \
+    const cublasStatus_t distjax_cublas_st_ = (expr);                                       \
     DISTJAX_CHECK(distjax_cublas_st_ == CUBLAS_STATUS_SUCCESS, Error, "[", op, "] ", #expr, \
                   " failed: ", cublasLtGetStatusName(distjax_cublas_st_), " (",             \
-                  cublasLtGetStatusString(distjax_cublas_st_), ")");                         \
+                  cublasLtGetStatusString(distjax_cublas_st_), ")");                        \
   } while (0)
 
 // cuBLASLt's workspace per thread: what its heuristics ask of it for large products.
@@ -93,7 +97,8 @@ ThreadContext& context() {
 // in bytes cuBLASLt may assume of a matrix's pointer, leading dimension and batch stride.
 std::int64_t alignment(std::initializer_list<std::uint64_t> values) {
   std::uint64_t bits = 256;
-  for (std::uint64_t v : values) bits |= v;
+  for (std::uint64_t v : values)
+    bits |= v;
   return std::int64_t{1} << std::countr_zero(bits);
 }
 
@@ -108,10 +113,11 @@ struct Operand {
 
 // A problem: everything a plan depends on.
 struct Problem {
-  Operand a, b;  // cuBLASLt's A and B (the table's B and A)
-  std::int64_t m, n, k;  // D is m x n (column-major), ld ldd
+  Operand a, b;          // cuBLASLt's A and B (the table's B and A)
+  std::int64_t m, n, k;  // D is m x n (column-major), ld ldd; GELU's aux the same
   std::int64_t ldd, stride_d, batch;
-  std::int64_t bias, tf32;
+  std::int64_t d_type;  // cudaDataType_t of D and aux
+  std::int64_t bias, gelu, tf32;
   std::int64_t align_a, align_b, align_d;
   bool operator==(const Problem& o) const { return std::memcmp(this, &o, sizeof(Problem)) == 0; }
 };
@@ -120,7 +126,8 @@ struct ProblemHash {
   std::size_t operator()(const Problem& p) const {
     const auto* w = reinterpret_cast<const unsigned char*>(&p);
     std::uint64_t h = 1469598103934665603ull;
-    for (std::size_t i = 0; i < sizeof(Problem); ++i) h = (h ^ w[i]) * 1099511628211ull;
+    for (std::size_t i = 0; i < sizeof(Problem); ++i)
+      h = (h ^ w[i]) * 1099511628211ull;
     return h;
   }
 };
@@ -160,6 +167,19 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, std::int64_t rows, std::
   return l;
 }
 
+// Whether the problem's epilogue goes beyond an f32 D with a bias: then make_plan may find
+// no algorithm, and the caller sums in f32 instead.
+bool optional_epilogue(const Problem& p) {
+  return p.gelu || p.d_type != CUDA_R_32F;
+}
+
+void set_attribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr,
+                   const void* value, std::size_t size) {
+  DISTJAX_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attr, value, size), "gemm");
+}
+
+// The problem's cuBLASLt objects and algorithm; null when cuBLASLt has none for an
+// optional epilogue (an error otherwise).
 std::unique_ptr<Plan> make_plan(const Problem& p) {
   auto plan = std::make_unique<Plan>();
   const bool f32 = p.a.type == CUDA_R_32F;
@@ -169,28 +189,34 @@ std::unique_ptr<Plan> make_plan(const Problem& p) {
   DISTJAX_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, compute, CUDA_R_32F), "gemm");
   const cublasOperation_t ta = p.a.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t tb = p.b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
-  DISTJAX_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta,
-                                                      sizeof(ta)),
-                       "gemm");
-  DISTJAX_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb,
-                                                      sizeof(tb)),
-                       "gemm");
+  DISTJAX_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
+      "gemm");
+  DISTJAX_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
+      "gemm");
+  // The bias: one value per row of D, i.e. per column of the row-major C, the same for
+  // every batch (bias batch stride 0, cuBLASLt's default). GELU's aux: the pre-activation,
+  // laid out as D, in D's type (cuBLASLt's default).
+  const cublasLtEpilogue_t epi =
+      p.gelu ? (p.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+             : (p.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+  set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi));
   if (p.bias) {
-    // The bias (one value per row of D, i.e. per column of the row-major C), the same for
-    // every batch (bias batch stride 0, cuBLASLt's default).
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    DISTJAX_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
-                                                        &epi, sizeof(epi)),
-                         "gemm");
     const std::int32_t bias_type = CUDA_R_32F;
-    DISTJAX_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-                             plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
-                             sizeof(bias_type)),
-                         "gemm");
+    set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type));
   }
-  plan->la = make_layout(static_cast<cudaDataType_t>(p.a.type), p.a.rows, p.a.cols, p.a.ld, p.batch, p.a.batch_stride);
-  plan->lb = make_layout(static_cast<cudaDataType_t>(p.b.type), p.b.rows, p.b.cols, p.b.ld, p.batch, p.b.batch_stride);
-  plan->ld = make_layout(CUDA_R_32F, p.m, p.n, p.ldd, p.batch, p.stride_d);
+  if (p.gelu) {
+    set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &p.ldd, sizeof(p.ldd));
+    set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, &p.stride_d,
+                  sizeof(p.stride_d));
+  }
+  plan->la = make_layout(static_cast<cudaDataType_t>(p.a.type), p.a.rows, p.a.cols, p.a.ld, p.batch,
+                         p.a.batch_stride);
+  plan->lb = make_layout(static_cast<cudaDataType_t>(p.b.type), p.b.rows, p.b.cols, p.b.ld, p.batch,
+                         p.b.batch_stride);
+  plan->ld =
+      make_layout(static_cast<cudaDataType_t>(p.d_type), p.m, p.n, p.ldd, p.batch, p.stride_d);
 
   cublasLtMatmulPreference_t pref = nullptr;
   DISTJAX_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref), "gemm");
@@ -214,6 +240,7 @@ std::unique_ptr<Plan> make_plan(const Problem& p) {
       cublasLtMatmulAlgoGetHeuristic(context().handle, plan->desc, plan->la, plan->lb, plan->ld,
                                      plan->ld, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
+  if ((st != CUBLAS_STATUS_SUCCESS || found == 0) && optional_epilogue(p)) return nullptr;
   DISTJAX_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, Error,
                 "[gemm] cuBLASLt has no algorithm for a ", p.batch, " x (", p.n, " x ", p.k,
                 ") x (", p.k, " x ", p.m, ") product of ", f32 ? "f32" : "bf16",
@@ -223,71 +250,141 @@ std::unique_ptr<Plan> make_plan(const Problem& p) {
   return plan;
 }
 
-const Plan& plan_for(const Problem& p) {
+// The problem's plan, made once per thread (null, also cached: no algorithm).
+const Plan* plan_for(const Problem& p) {
   thread_local std::unordered_map<Problem, std::unique_ptr<Plan>, ProblemHash> cache;
   auto it = cache.find(p);
   if (it == cache.end()) it = cache.emplace(p, make_plan(p)).first;
-  return *it->second;
+  return it->second.get();
 }
 
-// D = alpha * A B + beta * D for the problem (its pointers given), on the thread's stream.
-void run(const Problem& p, const void* a, const void* b, const float* bias, float* d, float alpha,
-         float beta, Stream s) {
-  const Plan& plan = plan_for(p);
-  if (p.bias)
-    DISTJAX_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc,
-                                                        CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                                        sizeof(bias)),
-                         "gemm");
+// D = alpha * A B + beta * D for the problem (its pointers given; aux with GELU), on the
+// thread's stream. False, running nothing, where an optional epilogue has no algorithm.
+bool run(const Problem& p, const void* a, const void* b, const float* bias, void* d, void* aux,
+         float alpha, float beta, Stream s) {
+  const Plan* found = plan_for(p);
+  if (!found) return false;
+  const Plan& plan = *found;
+  if (p.bias) set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
+  if (p.gelu)
+    set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux));
   ThreadContext& ctx = context();
   const cudaStream_t stream = stream_of(s);
-  DISTJAX_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, plan.desc, &alpha, a, plan.la, b, plan.lb, &beta,
-                                      d, plan.ld, d, plan.ld, &plan.algo, ctx.workspace,
-                                      kWorkspaceBytes, stream),
-                       "gemm");
+  DISTJAX_CUBLAS_CHECK(
+      cublasLtMatmul(ctx.handle, plan.desc, &alpha, a, plan.la, b, plan.lb, &beta, d, plan.ld, d,
+                     plan.ld, &plan.algo, ctx.workspace, kWorkspaceBytes, stream),
+      "gemm");
+  return true;
 }
 
 std::uint64_t addr(const void* p) {
   return reinterpret_cast<std::uint64_t>(p);
 }
 
-void zero(float* c, std::int64_t n, Stream s) {
-  const cudaStream_t stream = stream_of(s);
-  DISTJAX_CUDA_CHECK(cudaMemsetAsync(c, 0, static_cast<std::size_t>(n) * sizeof(float), stream),
-                     "gemm");
+cudaDataType_t cuda_type(DType t) {
+  return t == DType::BF16 ? CUDA_R_16BF : t == DType::F16 ? CUDA_R_16F : CUDA_R_32F;
 }
 
-void gemm(const GemmKey& key, const void* a, const void* b, const float* bias, float* c,
-          Stream s) {
-  DISTJAX_CHECK(key.src == DType::F32 || key.src == DType::BF16 || key.src == DType::F16,
-                NotImplemented, "[gemm] CUDA multiplies f32, bf16 or f16 operands, not ",
-                dtype_name(key.src));
-  const auto [batch, m, n, k, ta, tb, b_shared, has_bias, src] = key;
-  if (m == 0 || n == 0 || batch == 0) return;
-  if (k == 0) return zero(c, batch * m * n, s);
-  // Halves on the tensor cores with f32 accumulation into the f32 C.
-  const cudaDataType_t type = src == DType::BF16  ? CUDA_R_16BF
-                              : src == DType::F16 ? CUDA_R_16F
-                                                  : CUDA_R_32F;
-  const std::uint64_t es = src == DType::F32 ? 4 : 2;
+// Runs `key` (k > 0) with its epilogue fused into cuBLASLt's; false where cuBLASLt has no
+// algorithm for it.
+bool gemm_fused(const GemmKey& key, const void* a, const void* b, const float* bias, void* c,
+                void* aux, Stream s) {
+  const auto [batch, m, n, k, ta, tb, b_shared, has_bias, src, dst, gelu] = key;
+  // Halves on the tensor cores with f32 accumulation.
+  const cudaDataType_t type = cuda_type(src);
+  const std::uint64_t es = src == DType::F32 ? 4 : 2, ds = dst == DType::F32 ? 4 : 2;
   Problem p{};
   // cuBLASLt's A: the table's B, wanted as N x K (column-major).
   p.a = tb ? Operand{static_cast<std::int64_t>(type), true, k, n, k, b_shared ? 0 : n * k}
            : Operand{static_cast<std::int64_t>(type), false, n, k, n, b_shared ? 0 : k * n};
   // cuBLASLt's B: the table's A, wanted as K x M.
-  p.b = ta ? Operand{static_cast<std::int64_t>(type), true, m, k, m, m * k} : Operand{static_cast<std::int64_t>(type), false, k, m, k, m * k};
+  p.b = ta ? Operand{static_cast<std::int64_t>(type), true, m, k, m, m * k}
+           : Operand{static_cast<std::int64_t>(type), false, k, m, k, m * k};
   p.m = n;
   p.n = m;
   p.k = k;
   p.ldd = n;
   p.stride_d = m * n;
   p.batch = batch;
+  p.d_type = cuda_type(dst);
   p.bias = has_bias;
+  p.gelu = gelu;
   p.tf32 = src == DType::F32 && allow_tf32();
-  p.align_a = alignment({addr(b), std::uint64_t(p.a.ld) * es, std::uint64_t(p.a.batch_stride) * es});
-  p.align_b = alignment({addr(a), std::uint64_t(p.b.ld) * es, std::uint64_t(p.b.batch_stride) * es});
-  p.align_d = alignment({addr(c), std::uint64_t(n) * 4, std::uint64_t(m * n) * 4});
-  run(p, b, a, has_bias ? bias : nullptr, c, 1.f, 0.f, s);
+  p.align_a =
+      alignment({addr(b), std::uint64_t(p.a.ld) * es, std::uint64_t(p.a.batch_stride) * es});
+  p.align_b =
+      alignment({addr(a), std::uint64_t(p.b.ld) * es, std::uint64_t(p.b.batch_stride) * es});
+  // aux is laid out as D: its pointer bounds D's alignment too.
+  p.align_d =
+      alignment({addr(c), gelu ? addr(aux) : 0, std::uint64_t(n) * ds, std::uint64_t(m * n) * ds});
+  // GELU's aux wants a leading dimension and batch stride divisible by 8 elements.
+  if (gelu && (n % 8 != 0 || (batch > 1 && (m * n) % 8 != 0))) return false;
+  return run(p, b, a, has_bias ? bias : nullptr, c, aux, 1.f, 0.f, s);
+}
+
+// rows x n of `sum` = the bias in every row (zeros without one), by doubling copies.
+void fill_rows(float* sum, const float* bias, std::int64_t rows, std::int64_t n, Stream s) {
+  const cudaStream_t stream = stream_of(s);
+  const std::size_t row_bytes = static_cast<std::size_t>(n) * sizeof(float);
+  if (!bias) {
+    DISTJAX_CUDA_CHECK(cudaMemsetAsync(sum, 0, row_bytes * rows, stream), "gemm");
+    return;
+  }
+  DISTJAX_CUDA_CHECK(cudaMemcpyAsync(sum, bias, row_bytes, cudaMemcpyDeviceToDevice, stream),
+                     "gemm");
+  for (std::int64_t done = 1; done < rows; done *= 2) {
+    const std::int64_t count = std::min(done, rows - done);
+    DISTJAX_CUDA_CHECK(
+        cudaMemcpyAsync(sum + done * n, sum, row_bytes * count, cudaMemcpyDeviceToDevice, stream),
+        "gemm");
+  }
+}
+
+// Runs `key` as an f32 sum P (+ bias) and then the copy and elementwise kernels: aux = P
+// and C = gelu(P), rounded as written (the CPU's order of work).
+void gemm_unfused(const GemmKey& key, const void* a, const void* b, const float* bias, void* c,
+                  void* aux, Stream s) {
+  const std::int64_t rows = key.batch * key.m, total = rows * key.n;
+  const cudaStream_t stream = stream_of(s);
+  void* scratch = nullptr;
+  float* sum = nullptr;
+  if (key.dst == DType::F32) {
+    sum = static_cast<float*>(key.gelu ? aux : c);
+  } else {
+    DISTJAX_CUDA_CHECK(
+        cudaMallocAsync(&scratch, static_cast<std::size_t>(total) * sizeof(float), stream), "gemm",
+        "an f32 sum of ", total, " elements");
+    sum = static_cast<float*>(scratch);
+  }
+  if (key.k == 0) {
+    fill_rows(sum, key.bias ? bias : nullptr, rows, key.n, s);
+  } else {
+    GemmKey f32_key = key;
+    f32_key.dst = DType::F32;
+    f32_key.gelu = false;
+    DISTJAX_CHECK(gemm_fused(f32_key, a, b, bias, sum, nullptr, s), Error,
+                  "[gemm] cuBLASLt has no algorithm for an f32 product");
+  }
+  if (key.gelu && key.dst == DType::F32) {
+    elementwise_kernels.unary(UnaryOp::GeluTanh, sum, static_cast<float*>(c), total, 0.f, s);
+  } else {
+    if (key.gelu) {
+      copy_kernels.convert(sum, DType::F32, aux, key.dst, total, s);
+      elementwise_kernels.unary(UnaryOp::GeluTanh, sum, sum, total, 0.f, s);
+    }
+    if (key.dst != DType::F32) copy_kernels.convert(sum, DType::F32, c, key.dst, total, s);
+  }
+  if (scratch) DISTJAX_CUDA_CHECK(cudaFreeAsync(scratch, stream), "gemm");
+}
+
+void gemm(const GemmKey& key, const void* a, const void* b, const float* bias, void* c, void* aux,
+          Stream s) {
+  for (const DType t : {key.src, key.dst})
+    DISTJAX_CHECK(t == DType::F32 || t == DType::BF16 || t == DType::F16, NotImplemented,
+                  "[gemm] CUDA multiplies and writes f32, bf16 or f16, not ", dtype_name(t));
+  if (key.m == 0 || key.n == 0 || key.batch == 0) return;
+  if (key.k > 0 && gemm_fused(key, a, b, bias, c, aux, s)) return;
+  gemm_unfused(key, a, b, bias, c, aux, s);
 }
 
 void gemm_f32_strided(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
@@ -304,6 +401,7 @@ void gemm_f32_strided(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n
   p.n = m;
   p.k = k;
   p.ldd = ldc;
+  p.d_type = CUDA_R_32F;
   p.tf32 = allow_tf32();
   // One C for every product: the products run one after another, each adding to the last.
   const bool accumulate = stride_c == 0 && batch > 1;
@@ -319,26 +417,29 @@ void gemm_f32_strided(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n
   p.align_b = alignment({addr(a), std::uint64_t(lda) * 4, std::uint64_t(stride_a) * 4});
   p.align_d = alignment({addr(c), std::uint64_t(ldc) * 4, std::uint64_t(stride_c) * 4});
   if (k == 0) {
-    DISTJAX_CHECK(beta == 0.f || beta == 1.f, NotImplemented,
-                  "[gemm_f32_strided] k = 0 with beta ", beta);
+    DISTJAX_CHECK(beta == 0.f || beta == 1.f, NotImplemented, "[gemm_f32_strided] k = 0 with beta ",
+                  beta);
     if (beta == 1.f) return;
     for (std::int64_t i = 0; i < p.batch; ++i)
-      DISTJAX_CUDA_CHECK(
-          cudaMemset2DAsync(c + i * stride_c, static_cast<std::size_t>(ldc) * 4, 0,
-                            static_cast<std::size_t>(n) * 4, static_cast<std::size_t>(m),
-                            stream_of(s)),
-          "gemm_f32_strided");
+      DISTJAX_CUDA_CHECK(cudaMemset2DAsync(c + i * stride_c, static_cast<std::size_t>(ldc) * 4, 0,
+                                           static_cast<std::size_t>(n) * 4,
+                                           static_cast<std::size_t>(m), stream_of(s)),
+                         "gemm_f32_strided");
     return;
   }
-  if (!accumulate) return run(p, b, a, nullptr, c, alpha, beta, s);
+  if (!accumulate) {
+    run(p, b, a, nullptr, c, nullptr, alpha, beta, s);
+    return;
+  }
   for (std::int64_t i = 0; i < batch; ++i)
-    run(p, b + i * stride_b, a + i * stride_a, nullptr, c, alpha, beta, s);
+    run(p, b + i * stride_b, a + i * stride_a, nullptr, c, nullptr, alpha, beta, s);
 }
 
 }  // namespace
 
 const detail::GemmKernels gemm_kernels{
     .gemm = gemm,
+    .epilogue_backward = epilogue_backward,
     .gemm_f32_strided = gemm_f32_strided,
 };
 

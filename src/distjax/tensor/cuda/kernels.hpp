@@ -18,4 +18,9 @@ extern const detail::InplaceKernels inplace_kernels;
 extern const detail::ParallelKernels parallel_kernels;
 extern const detail::CommKernels comm_kernels;
 
+/// The GEMM family's epilogue backward (gemm_epilogue.cu), for gemm.cpp's table.
+void epilogue_backward(const void* g, DType g_dtype, const void* aux, DType aux_dtype, void* out,
+                       DType out_dtype, float* bias_grad, std::int64_t rows, std::int64_t n,
+                       detail::Stream s);
+
 }  // namespace distjax::tensor::cuda

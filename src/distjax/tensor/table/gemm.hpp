@@ -15,20 +15,34 @@ namespace distjax::tensor::detail {
 /// contiguous per batch (A[b] is M x K, or K x M with ta; B[b] K x N, or N x K with tb).
 /// `src` is the dtype of A and B: f32, or bf16 (oneDNN's bf16 matmul, AVX-512 BF16,
 /// accumulating in f32), or f16 on CUDA only (the CPU's matmul widens f16 to f32 first).
-/// C and the bias are f32 always.
+/// The bias is f32. The epilogue works on the f32 sum P = A B + bias: C = P, or with `gelu`
+/// C = gelu_tanh(P) and aux = P (the pre-activation the backward reads); C and aux are
+/// rounded to `dst` (f32, bf16 or f16) as they are written.
 struct GemmKey {
   std::int64_t batch, m, n, k;
   bool ta, tb, b_shared, bias;
   DType src = DType::F32;
+  DType dst = DType::F32;
+  bool gelu = false;
   bool operator==(const GemmKey&) const = default;
 };
 
 struct GemmKernels {
   /// Runs `key` (the CPU: the calling thread's cached primitive, parallel over the OpenMP
-  /// threads). bias (N) only when key.bias. k == 0 writes zeros. `a` and `b` point to
-  /// elements of key.src.
-  void (*gemm)(const GemmKey& key, const void* a, const void* b, const float* bias, float* c,
-               Stream s);
+  /// threads). bias (N) only when key.bias; aux (batch M x N of key.dst) only with
+  /// key.gelu. k == 0 sums to zero (P is the bias). `a` and `b` point to elements of key.src, `c`
+  /// to elements of key.dst. CUDA fuses the epilogue into cuBLASLt's (BIAS, GELU_AUX_BIAS).
+  void (*gemm)(const GemmKey& key, const void* a, const void* b, const float* bias, void* c,
+               void* aux, Stream s);
+  /// The epilogue's backward, for the cotangent g (rows x n, f32 or g_dtype) of C:
+  ///   d = g * gelu_tanh'(aux) with an aux (the forward's, aux_dtype), else g   (in f32)
+  ///   out = d rounded to out_dtype (what the backward's GEMMs read; skipped when null)
+  ///   bias_grad[j] = the sum of d's column j (f32; skipped when null), in an order that
+  ///   depends on rows and n only.
+  /// One pass over g instead of the GELU backward, a cast and a column sum.
+  void (*epilogue_backward)(const void* g, DType g_dtype, const void* aux, DType aux_dtype,
+                            void* out, DType out_dtype, float* bias_grad, std::int64_t rows,
+                            std::int64_t n, Stream s);
   /// For i < batch, in order: C_i = alpha * op(A_i) op(B_i) + beta * C_i on row-major f32
   /// matrices, A_i = a + i * stride_a (op(A_i) m x k, stored k x m when trans_a, lda
   /// elements between its rows), B_i = b + i * stride_b (op(B_i) k x n, stored n x k when
