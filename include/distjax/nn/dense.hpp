@@ -6,7 +6,8 @@
 namespace distjax::nn {
 
 /// Fully connected layer over the last dimension.
-///  x (..., K) f32 -> (..., features). Parameters: "kernel" (K, features), "bias" (features).
+///  x (..., K) f32 -> (..., features), f32 (or the compute dtype: compute_dtype_output).
+///  Parameters: "kernel" (K, features), "bias" (features).
 ///
 ///   Tensor h = Dense{.features = 512}(scope.child("fc1"), x);
 struct Dense {
@@ -20,6 +21,12 @@ struct Dense {
   /// the matching input and communication (parallel/tensor_parallel.hpp does).
   mesh::PartitionSpec kernel_spec{};
   mesh::PartitionSpec bias_spec{};
+  /// GELU in its tanh form applied to x @ kernel + bias in the product's epilogue (one
+  /// kernel on CUDA; the backward keeps the pre-activation in the output's dtype).
+  bool gelu = false;
+  /// Writes the output in the scope's compute dtype (bf16 under Precision::bf16()) instead
+  /// of f32: for a layer whose consumer reads that dtype anyway (a matmul, bf16 attention).
+  bool compute_dtype_output = false;
 
   Tensor operator()(const Scope& scope, const Tensor& x) const;
 };

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "distjax/core/dtype.hpp"
+#include "distjax/tensor/matmul.hpp"
 #include "distjax/tensor/tensor.hpp"
 
 namespace distjax::nn {
@@ -20,11 +21,13 @@ using tensor::Tensor;
 ///    to it (astype, whose backward hands the cotangent back in f32) and call
 ///    tensor::linear / tensor::matmul, which accumulate and write f32.
 ///
-/// There is no separate output dtype: the ops between the matmuls (layer/RMS norm,
-/// softmax, GELU, residual adds, cross-entropy, reductions) compute in f32, so every
-/// activation a layer hands on is f32. Attention reads and writes f32 too; its products may
-/// read compute_dtype operands (tensor::attention's `compute`: bf16 on a GPU's tensor cores,
-/// f32 on the CPU).
+/// The ops between the matmuls (layer/RMS norm, softmax, GELU, residual adds,
+/// cross-entropy, reductions) compute in f32. Where an activation's only consumer is a
+/// matmul, its producer writes it in compute_dtype instead of f32 and its cast (the
+/// transformer's layer norms, attention's output, the MLP's GELU, the fused QKV projection:
+/// Dense::compute_dtype_output); the residual stream and the loss stay f32. Attention's
+/// products may read compute_dtype operands (tensor::attention's `compute`: bf16 on a GPU's
+/// tensor cores, f32 on the CPU).
 ///
 ///   nn::Scope s = nn::Scope::apply(&params, true, key).with_precision(nn::Precision::bf16());
 ///   Tensor y = nn::Dense{.features = 64}(s.child("fc"), x);  // bf16 GEMM, f32 y
@@ -54,6 +57,10 @@ struct Precision {
 /// and result f32 (tensor::linear).
 Tensor linear(const Precision& policy, const Tensor& x, const Tensor& w,
               const Tensor& bias = Tensor());
+/// The same with the product's epilogue (tensor::LinearEpilogue): GELU, and the output in
+/// f32 or the compute dtype (`epilogue.out`; f32 where the policy computes in f32).
+Tensor linear(const Precision& policy, const Tensor& x, const Tensor& w, const Tensor& bias,
+              const tensor::LinearEpilogue& epilogue);
 /// tensor::matmul(a, b, trans_a, trans_b) with both operands in the compute dtype; f32 result.
 Tensor matmul(const Precision& policy, const Tensor& a, const Tensor& b, bool trans_a = false,
               bool trans_b = false);

@@ -38,7 +38,9 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal 
 /// nn::MultiHeadAttention's reshape to (B, T, H, 3, D) expects), -> (B, T, H D), heads
 /// side by side per position. Equal to reshaping qkv to (B, T, H, 3, D), permuting it
 /// to (3, B, H, T, D), calling attention(q, k, v, causal, scale) and permuting the
-/// result back to (B, T, H, D); `compute` and `out` as attention's. Errors name
+/// result back to (B, T, H, D); `compute` and `out` as attention's. qkv may also come in
+/// the compute dtype (a projection that wrote bf16: LinearEpilogue::out): the bf16 entries
+/// read it as it is and hand its cotangent back in bf16; f32 kernels widen it. Errors name
 /// "[attention_packed]".
 Tensor attention_packed(const Tensor& qkv, std::int64_t num_heads, bool causal = true,
                         float scale = 0.f, DType compute = DType::F32, DType out = DType::F32);

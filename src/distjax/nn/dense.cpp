@@ -14,7 +14,10 @@ Tensor Dense::operator()(const Scope& scope, const Tensor& x) const {
   const std::int64_t in = x.size(-1) * scope.axis_size(mesh::Axes(kernel_spec.entry(0).axes));
   Tensor kernel = scope.param("kernel", {in, features}, kernel_init, kernel_spec);
   Tensor bias = use_bias ? scope.param("bias", {features}, bias_init, bias_spec) : Tensor();
-  return linear(scope.precision(), x, kernel, bias);
+  const Precision& policy = scope.precision();
+  if (!gelu && !compute_dtype_output) return linear(policy, x, kernel, bias);
+  return linear(policy, x, kernel, bias,
+                {.gelu = gelu, .out = compute_dtype_output ? policy.compute_dtype : DType::F32});
 }
 
 }  // namespace distjax::nn

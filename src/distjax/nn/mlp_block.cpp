@@ -11,8 +11,16 @@ Tensor MLPBlock::operator()(const Scope& scope, const Tensor& x) const {
                 "\" expects x of rank >= 1, got ", to_string(x.shape()));
   const std::int64_t c = x.size(-1);
   const std::int64_t h = hidden > 0 ? hidden : 4 * c;
-  const Dense fc1{.features = h, .kernel_init = kernel_init};
   const Dense fc2{.features = c, .kernel_init = out_init};
+  if (gelu_approximate) {
+    // GELU in fc1's epilogue, written in the dtype fc2 reads it in.
+    const Dense fc1{.features = h,
+                    .kernel_init = kernel_init,
+                    .gelu = true,
+                    .compute_dtype_output = true};
+    return fc2(scope.child("fc2"), fc1(scope.child("fc1"), x));
+  }
+  const Dense fc1{.features = h, .kernel_init = kernel_init};
   Tensor y = fc1(scope.child("fc1"), x);
   // In the dtype fc2 reads it in: one pass on a device with a bf16-writing kernel.
   y = tensor::gelu(y, gelu_approximate, scope.precision().compute_dtype);

@@ -2,6 +2,7 @@
 
 #include "distjax/nn/dense.hpp"
 #include "distjax/tensor/attention.hpp"
+#include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/shape_ops.hpp"
 
 namespace distjax::nn {
@@ -14,7 +15,9 @@ Tensor MultiHeadAttention::operator()(const Scope& scope, const Tensor& x) const
   DISTJAX_CHECK(num_heads > 0 && c % num_heads == 0, InvalidArgument, "[MultiHeadAttention] \"",
                 scope.path(), "\" width C=", c, " is not divisible by num_heads=", num_heads);
   const std::int64_t h = num_heads, d = c / num_heads;
-  const Dense qkv_proj{.features = 3 * c, .kernel_init = kernel_init};
+  // The projection in the compute dtype: what bf16 attention reads.
+  const Dense qkv_proj{
+      .features = 3 * c, .kernel_init = kernel_init, .compute_dtype_output = true};
   const Dense out_proj{.features = c, .kernel_init = out_init};
   Tensor qkv = qkv_proj(scope.child("qkv"), x);  // (B, T, 3C)
   const DType compute = scope.precision().compute_dtype;  // the products' operands
@@ -24,7 +27,7 @@ Tensor MultiHeadAttention::operator()(const Scope& scope, const Tensor& x) const
     Tensor y = tensor::attention_packed(qkv, h, causal, 0.f, compute, compute);  // (B, T, C)
     return out_proj(scope.child("out"), y);
   }
-  qkv = tensor::reshape(qkv, {b, t, h, 3, d});
+  qkv = tensor::reshape(tensor::astype(qkv, DType::F32), {b, t, h, 3, d});
   qkv = tensor::permute(qkv, {3, 0, 2, 1, 4});  // (3, B, H, T, D)
   std::vector<Tensor> parts = tensor::split(qkv, 3, 0);
   const Shape head_shape{b, h, t, d};

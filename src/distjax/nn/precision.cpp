@@ -22,6 +22,12 @@ Tensor linear(const Precision& policy, const Tensor& x, const Tensor& w, const T
   return tensor::linear(policy.cast_to_compute(x), policy.cast_to_compute(w), bias);
 }
 
+Tensor linear(const Precision& policy, const Tensor& x, const Tensor& w, const Tensor& bias,
+              const tensor::LinearEpilogue& epilogue) {
+  if (!policy.mixed()) return tensor::linear(x, w, bias, {.gelu = epilogue.gelu});
+  return tensor::linear(policy.cast_to_compute(x), policy.cast_to_compute(w), bias, epilogue);
+}
+
 Tensor matmul(const Precision& policy, const Tensor& a, const Tensor& b, bool trans_a,
               bool trans_b) {
   if (!policy.mixed()) return tensor::matmul(a, b, trans_a, trans_b);

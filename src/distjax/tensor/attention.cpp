@@ -124,7 +124,7 @@ Tensor attention_packed_bf16(const AttentionPlan& a, const Tensor& qkv, const Sh
   Tensor out = astype(o16, out_dtype);  // o16 itself for a bf16 `out`
   if (!needs_grad({&qkv})) return joined(out, {&qkv});
   return record("attention_packed", {qkv}, out,
-                [a, x16, o16 = o16.detach(), lse](const std::vector<Tensor>& g) {
+                [a, x16, o16 = o16.detach(), lse, from = qkv.dtype()](const std::vector<Tensor>& g) {
                   const Tensor g16 = to_bf16(g[0]);
                   Tensor gx = Tensor::empty(x16.shape(), DType::BF16, x16.device());
                   Dispatch k("attention_packed_backward", &KernelTable::attention,
@@ -134,7 +134,8 @@ Tensor attention_packed_bf16(const AttentionPlan& a, const Tensor& qkv, const Sh
                   k->backward_bf16(a, px, px + a.d, px + 2 * a.d, o16.data<bf16>(),
                                    lse.data<float>(), g16.data<bf16>(), pgx, pgx + a.d,
                                    pgx + 2 * a.d, k.stream());
-                  return std::vector<Tensor>{astype(gx, DType::F32)};
+                  // The cotangent in qkv's own dtype: bf16 for a bf16 projection.
+                  return std::vector<Tensor>{astype(gx, from)};
                 });
 }
 
@@ -225,8 +226,11 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
 
 Tensor attention_packed(const Tensor& qkv, std::int64_t num_heads, bool causal, float scale,
                         DType compute, DType out_dtype) {
-  detail::require_f32("attention_packed", {&qkv});
+  check_defined(qkv, "attention_packed", "qkv");
   const bool bf16 = bf16_products(compute, "attention_packed");
+  DISTJAX_CHECK(qkv.dtype() == DType::F32 || qkv.dtype() == compute, InvalidArgument,
+                "[attention_packed] reads qkv in f32 or in the compute dtype (",
+                dtype_name(compute), "), not ", dtype_name(qkv.dtype()));
   check_out(out_dtype, "attention_packed");
   DISTJAX_CHECK(qkv.rank() == 3 && num_heads > 0 && qkv.size(2) % (3 * num_heads) == 0,
                 InvalidArgument,
@@ -235,7 +239,8 @@ Tensor attention_packed(const Tensor& qkv, std::int64_t num_heads, bool causal, 
   const AttentionPlan a = packed_plan(qkv, num_heads, causal, scale, bf16);
   const Shape out_shape{qkv.size(0), qkv.size(1), num_heads * a.d};
   if (runs_bf16(a, qkv.device())) return attention_packed_bf16(a, qkv, out_shape, out_dtype);
-  return astype(attention_packed_f32(a, qkv, out_shape), out_dtype);
+  // f32 kernels: a reduced-precision qkv widened (its cotangent rounded back by astype).
+  return astype(attention_packed_f32(a, astype(qkv, DType::F32), out_shape), out_dtype);
 }
 
 }  // namespace distjax::tensor
