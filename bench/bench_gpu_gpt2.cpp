@@ -45,14 +45,22 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--batch") o.batch = std::stoll(v);
-    else if (k == "--steps") o.steps = std::stoll(v);
-    else if (k == "--warmup") o.warmup = std::stoll(v);
-    else if (k == "--layers") o.layers = std::stoll(v);
-    else if (k == "--seq") o.seq = std::stoll(v);
-    else if (k == "--precision") o.precision = v;
-    else if (k == "--device") o.device = v;
-    else if (k == "--profile-steps") o.profile_steps = std::stoll(v);
+    if (k == "--batch")
+      o.batch = std::stoll(v);
+    else if (k == "--steps")
+      o.steps = std::stoll(v);
+    else if (k == "--warmup")
+      o.warmup = std::stoll(v);
+    else if (k == "--layers")
+      o.layers = std::stoll(v);
+    else if (k == "--seq")
+      o.seq = std::stoll(v);
+    else if (k == "--precision")
+      o.precision = v;
+    else if (k == "--device")
+      o.device = v;
+    else if (k == "--profile-steps")
+      o.profile_steps = std::stoll(v);
     else {
       std::fprintf(stderr, "bench_gpu_gpt2: unknown option %s\n", k.c_str());
       std::exit(2);
@@ -67,14 +75,16 @@ Tensor random_ids(const Shape& shape, std::uint64_t seed, std::int64_t v) {
   random_uniform(Key::from_seed(seed), u.data(), numel(shape), 0.f, 1.f);
   std::vector<std::int32_t> ids(u.size());
   for (std::size_t i = 0; i < u.size(); ++i)
-    ids[i] = std::min<std::int32_t>(static_cast<std::int32_t>(u[i] * v), static_cast<std::int32_t>(v - 1));
+    ids[i] = std::min<std::int32_t>(static_cast<std::int32_t>(u[i] * v),
+                                    static_cast<std::int32_t>(v - 1));
   return Tensor::from_vector(ids, shape, Device::cpu());
 }
 
 void emit(const nlohmann::json& j) {
   const std::string line = j.dump();
   std::printf("%s\n", line.c_str());
-  if (const char* path = std::getenv("DISTJAX_BENCH_OUT")) std::ofstream(path, std::ios::app) << line << "\n";
+  if (const char* path = std::getenv("DISTJAX_BENCH_OUT"))
+    std::ofstream(path, std::ios::app) << line << "\n";
 }
 
 }  // namespace
@@ -102,14 +112,17 @@ int main(int argc, char** argv) {
   TensorTree params = gpt.init(Key::from_seed(0));
   const Tensor inp = random_ids({o.batch, o.seq}, 1, cfg.vocab).to(gpu);
   const Tensor tgt = random_ids({o.batch, o.seq}, 2, cfg.vocab).to(gpu);
-  const nn::Precision precision =
-      o.precision == "bf16" ? nn::Precision::bf16() : nn::Precision{};
+  const nn::Precision precision = o.precision == "bf16" ? nn::Precision::bf16() : nn::Precision{};
   auto loss_fn = [&](const TensorTree& p, const Tensor& x, const Tensor& y) {
     const nn::Scope scope = nn::Scope::apply(&p, /*train=*/true).with_precision(precision);
     return gpt.loss(scope, x, y);
   };
-  optim::AdamW opt({.learning_rate = optim::constant_schedule(3e-4), .b1 = 0.9, .b2 = 0.95,
-                    .eps = 1e-8, .weight_decay = 0.1, .decay_mask = {}});
+  optim::AdamW opt({.learning_rate = optim::constant_schedule(3e-4),
+                    .b1 = 0.9,
+                    .b2 = 0.95,
+                    .eps = 1e-8,
+                    .weight_decay = 0.1,
+                    .decay_mask = {}});
   TensorTree state = opt.init(params);
   std::int64_t step = 0;
   float loss = 0.f;
@@ -120,7 +133,8 @@ int main(int argc, char** argv) {
     opt.update(params, grads, state, step++);
     loss = l.item<float>();
   };
-  for (std::int64_t i = 0; i < o.warmup; ++i) train_step();
+  for (std::int64_t i = 0; i < o.warmup; ++i)
+    train_step();
   tensor::reset_peak_bytes(gpu.kind);
   std::vector<double> times;
   for (std::int64_t i = 0; i < o.steps; ++i) {
@@ -156,18 +170,22 @@ int main(int argc, char** argv) {
   j["peak_mem_gib"] = static_cast<double>(tensor::peak_bytes(gpu.kind)) / (1 << 30);
   j["reserved_peak_gib"] = static_cast<double>(mem.reserved_peak) / (1 << 30);
   j["loss_final"] = loss;
-  j["attention"] = tensor::cuda_attention_library();
+  j["attention"] = gpu.kind == DeviceKind::CUDA ? tensor::cuda_attention_library()
+                                                : std::string("the CPU's f32 kernels");
   emit(j);
 
   // Where a step's device time goes: two more steps with every op timed by CUDA events
   // (apart from the timed steps above: the events cost a little per op).
   if (gpu.kind == DeviceKind::CUDA && o.profile_steps > 0) {
     tensor::profile_ops_begin();
-    for (std::int64_t i = 0; i < o.profile_steps; ++i) train_step();
+    for (std::int64_t i = 0; i < o.profile_steps; ++i)
+      train_step();
     const std::vector<tensor::OpTime> ops = tensor::profile_ops_end();
     const double steps = static_cast<double>(o.profile_steps);
     for (std::size_t i = 0; i < ops.size() && i < 30; ++i)
-      emit({{"name", "gpu_gpt2_124m_op_time"}, {"op", ops[i].op}, {"ms_per_step", ops[i].ms / steps},
+      emit({{"name", "gpu_gpt2_124m_op_time"},
+            {"op", ops[i].op},
+            {"ms_per_step", ops[i].ms / steps},
             {"calls_per_step", static_cast<double>(ops[i].calls) / steps},
             {"share_of_step", ops[i].ms / steps / (med * 1e3)}});
   }

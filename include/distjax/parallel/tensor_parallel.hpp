@@ -22,9 +22,9 @@
 #include "distjax/mesh/mesh.hpp"
 #include "distjax/nn/initializers.hpp"
 #include "distjax/nn/scope.hpp"
-#include "distjax/train/strategy.hpp"
 #include "distjax/spmd/device_context.hpp"
 #include "distjax/tensor/tensor.hpp"
+#include "distjax/train/strategy.hpp"
 
 namespace distjax::parallel {
 
@@ -68,6 +68,9 @@ struct ColumnParallelDense {
   bool use_bias = true;
   nn::Initializer kernel_init = nn::lecun_normal();
   nn::Initializer bias_init = nn::zeros();
+  /// The local product's epilogue, as nn::Dense's: GELU (tanh), the compute dtype out.
+  bool gelu = false;
+  bool compute_dtype_output = false;
 
   Tensor operator()(const nn::Scope& scope, const Tensor& x) const;
 };

@@ -15,6 +15,13 @@
 
 namespace distjax::parallel {
 
+/// What a TP input projection's product does before writing (nn::Dense's fields of the
+/// same names): for the layouts whose projection is one local product (None, Megatron).
+struct TPEpilogue {
+  bool gelu = false;
+  bool compute_dtype_output = false;
+};
+
 /// How activations enter and leave the model-parallel region in a layout:
 ///  - Megatron: in = ColumnParallelDense (sequence parallel: after an all-gather along T),
 ///    out = RowParallelDense (psum, or reduce-scatter along T); x (B, T, C) or (B, T/n, C).
@@ -29,13 +36,17 @@ struct TPProjections {
   bool bidirectional = false;
 
   /// x -> (B, T, F/n): the input projection (whole x gathered as the layout does it).
+  /// A non-default `epilogue` needs a local() layout (else InvalidArgument).
   Tensor in(const nn::Scope& scope, const Tensor& x, std::int64_t features,
-            const nn::Initializer& init) const;
+            const nn::Initializer& init, const TPEpilogue& epilogue = {}) const;
   /// x (B, T, K/n) -> the residual stream's layout, F features.
   Tensor out(const nn::Scope& scope, const Tensor& x, std::int64_t features,
              const nn::Initializer& init) const;
   /// The global width C of an activation x in this layout on this scope's mesh.
   std::int64_t width(const nn::Scope& scope, const Tensor& x) const;
+  /// Whether the projections multiply locally, the feature-sharded activation between
+  /// them never moving (None, Megatron): then it may come in the compute dtype.
+  bool local() const { return layout == TPLayout::None || layout == TPLayout::Megatron; }
 };
 
 /// Causal multi-head attention with its heads split over the axis: fused qkv projection

@@ -14,10 +14,8 @@ Tensor MLPBlock::operator()(const Scope& scope, const Tensor& x) const {
   const Dense fc2{.features = c, .kernel_init = out_init};
   if (gelu_approximate) {
     // GELU in fc1's epilogue, written in the dtype fc2 reads it in.
-    const Dense fc1{.features = h,
-                    .kernel_init = kernel_init,
-                    .gelu = true,
-                    .compute_dtype_output = true};
+    const Dense fc1{
+        .features = h, .kernel_init = kernel_init, .gelu = true, .compute_dtype_output = true};
     return fc2(scope.child("fc2"), fc1(scope.child("fc1"), x));
   }
   const Dense fc1{.features = h, .kernel_init = kernel_init};

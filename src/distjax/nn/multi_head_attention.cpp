@@ -16,10 +16,9 @@ Tensor MultiHeadAttention::operator()(const Scope& scope, const Tensor& x) const
                 scope.path(), "\" width C=", c, " is not divisible by num_heads=", num_heads);
   const std::int64_t h = num_heads, d = c / num_heads;
   // The projection in the compute dtype: what bf16 attention reads.
-  const Dense qkv_proj{
-      .features = 3 * c, .kernel_init = kernel_init, .compute_dtype_output = true};
+  const Dense qkv_proj{.features = 3 * c, .kernel_init = kernel_init, .compute_dtype_output = true};
   const Dense out_proj{.features = c, .kernel_init = out_init};
-  Tensor qkv = qkv_proj(scope.child("qkv"), x);  // (B, T, 3C)
+  Tensor qkv = qkv_proj(scope.child("qkv"), x);           // (B, T, 3C)
   const DType compute = scope.precision().compute_dtype;  // the products' operands
   if (qkv.rank() == 3 && qkv.size(2) == 3 * c) {
     // Heads read in place from the projection: no permute / split copies. The output comes
@@ -34,7 +33,7 @@ Tensor MultiHeadAttention::operator()(const Scope& scope, const Tensor& x) const
   Tensor q = tensor::reshape(parts[0], head_shape);
   Tensor k = tensor::reshape(parts[1], head_shape);
   Tensor v = tensor::reshape(parts[2], head_shape);
-  Tensor y = tensor::attention(q, k, v, causal, 0.f, compute);                  // (B, H, T, D)
+  Tensor y = tensor::attention(q, k, v, causal, 0.f, compute);       // (B, H, T, D)
   y = tensor::reshape(tensor::permute(y, {0, 2, 1, 3}), {b, t, c});  // (B, T, C)
   return out_proj(scope.child("out"), y);
 }

@@ -15,12 +15,9 @@ Tensor TransformerBlock::body(const Scope& scope, const Tensor& x) const {
   // ln1 and ln2 feed only the attention's and the MLP's first projections.
   const LayerNorm ln{.eps = ln_eps, .to_compute = true};
   const Dropout drop{.rate = dropout};
-  const MultiHeadAttention attn{.num_heads = num_heads,
-                                .kernel_init = kernel_init,
-                                .out_init = out_init};
-  const MLPBlock mlp{.hidden = mlp_hidden,
-                     .kernel_init = kernel_init,
-                     .out_init = out_init};
+  const MultiHeadAttention attn{
+      .num_heads = num_heads, .kernel_init = kernel_init, .out_init = out_init};
+  const MLPBlock mlp{.hidden = mlp_hidden, .kernel_init = kernel_init, .out_init = out_init};
   Tensor h = remat_call(remat_attn, scope, x, [ln, attn](const Scope& s, const Tensor& in) {
     return attn(s.child("attn").module("Attn"), ln(s.child("ln1"), in));
   });

@@ -83,7 +83,9 @@ Tensor ColumnParallelDense::operator()(const nn::Scope& scope, const Tensor& x) 
                    .kernel_init = kernel_init,
                    .bias_init = bias_init,
                    .kernel_spec = P(std::nullopt, axis),
-                   .bias_spec = P(axis)}(scope, xin);
+                   .bias_spec = P(axis),
+                   .gelu = gelu,
+                   .compute_dtype_output = compute_dtype_output}(scope, xin);
 }
 
 Tensor RowParallelDense::operator()(const nn::Scope& scope, const Tensor& x) const {

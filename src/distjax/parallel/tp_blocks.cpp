@@ -14,13 +14,23 @@ std::int64_t TPProjections::width(const nn::Scope& scope, const Tensor& x) const
 }
 
 Tensor TPProjections::in(const nn::Scope& scope, const Tensor& x, std::int64_t features,
-                         const nn::Initializer& init) const {
+                         const nn::Initializer& init, const TPEpilogue& e) const {
+  DISTJAX_CHECK(local() || (!e.gelu && !e.compute_dtype_output), InvalidArgument,
+                "[TPProjections] \"", scope.path(),
+                "\": an epilogue needs a local layout (None or Megatron)");
   switch (layout) {
     case TPLayout::None:
-      return nn::Dense{.features = features, .kernel_init = init}(scope, x);
+      return nn::Dense{.features = features,
+                       .kernel_init = init,
+                       .gelu = e.gelu,
+                       .compute_dtype_output = e.compute_dtype_output}(scope, x);
     case TPLayout::Megatron: {
       const Tensor h = sequence_parallel ? gather_from_sp_region(scope.context(), x, axis, 1) : x;
-      return ColumnParallelDense{.features = features, .axis = axis, .kernel_init = init}(scope, h);
+      return ColumnParallelDense{.features = features,
+                                 .axis = axis,
+                                 .kernel_init = init,
+                                 .gelu = e.gelu,
+                                 .compute_dtype_output = e.compute_dtype_output}(scope, h);
     }
     case TPLayout::Gather:
       return TPDense{
@@ -68,24 +78,30 @@ Tensor TPMultiHeadAttention::operator()(const nn::Scope& scope, const Tensor& x)
                 "[TPMultiHeadAttention] \"", scope.path(), "\": num_heads=", num_heads,
                 " must divide C=", c, " and be divisible by ", proj.axis, "=", n,
                 " (each device computes whole heads)");
-  Tensor qkv = proj.in(scope.child("qkv"), x, 3 * c, kernel_init);           // (B, T, 3C/n)
-  // The output in the dtype the out projection reads it in, where that reads it locally
-  // (a bf16 attention's output as it is); the feature-sharded layouts move it first.
+  // The projection, and the attention's output, in the compute dtype where the projections
+  // multiply locally (bf16 attention reads and writes it as it is); the feature-sharded
+  // layouts move the activations in f32.
+  const bool local = proj.local();
+  Tensor qkv = proj.in(scope.child("qkv"), x, 3 * c, kernel_init,
+                       {.compute_dtype_output = local});  // (B, T, 3C/n)
   const DType compute = scope.precision().compute_dtype;
-  const bool local_out = proj.layout == TPLayout::None || proj.layout == TPLayout::Megatron;
   Tensor h = tensor::attention_packed(qkv, num_heads / n, /*causal=*/true, 0.f, compute,
-                                      local_out ? compute : DType::F32);  // (B, T, C/n)
+                                      local ? compute : DType::F32);  // (B, T, C/n)
   return proj.out(scope.child("out"), h, c, out_init);
 }
 
 Tensor TPMLPBlock::operator()(const nn::Scope& scope, const Tensor& x) const {
   tensor::check_defined(x, "TPMLPBlock", "x");
   const std::int64_t c = proj.width(scope, x);
-  Tensor h = proj.in(scope.child("fc1"), x, hidden > 0 ? hidden : 4 * c, kernel_init);
-  // In the dtype fc2 reads it in, where fc2 reads it locally (as the attention's output).
-  const bool local_out = proj.layout == TPLayout::None || proj.layout == TPLayout::Megatron;
-  h = tensor::gelu(h, /*approximate=*/true,
-                   local_out ? scope.precision().compute_dtype : DType::F32);
+  const std::int64_t features = hidden > 0 ? hidden : 4 * c;
+  // Where fc2 reads it locally: GELU in fc1's epilogue, in the dtype fc2 reads it in.
+  if (proj.local()) {
+    const Tensor h = proj.in(scope.child("fc1"), x, features, kernel_init,
+                             {.gelu = true, .compute_dtype_output = true});
+    return proj.out(scope.child("fc2"), h, c, out_init);
+  }
+  Tensor h = proj.in(scope.child("fc1"), x, features, kernel_init);
+  h = tensor::gelu(h, /*approximate=*/true);
   return proj.out(scope.child("fc2"), h, c, out_init);
 }
 

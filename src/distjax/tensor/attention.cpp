@@ -43,7 +43,9 @@ bool runs_bf16(const AttentionPlan& a, Device dev) {
          f->backward_bf16 != nullptr && f->serves_bf16(a);
 }
 
-Tensor to_bf16(const Tensor& x) { return astype(x.detach(), DType::BF16); }
+Tensor to_bf16(const Tensor& x) {
+  return astype(x.detach(), DType::BF16);
+}
 
 void check_out(DType out, const char* op) {
   DISTJAX_CHECK(is_floating(out), InvalidArgument, "[", op, "] writes f32, bf16 or f16, not ",
@@ -123,20 +125,20 @@ Tensor attention_packed_bf16(const AttentionPlan& a, const Tensor& qkv, const Sh
   }
   Tensor out = astype(o16, out_dtype);  // o16 itself for a bf16 `out`
   if (!needs_grad({&qkv})) return joined(out, {&qkv});
-  return record("attention_packed", {qkv}, out,
-                [a, x16, o16 = o16.detach(), lse, from = qkv.dtype()](const std::vector<Tensor>& g) {
-                  const Tensor g16 = to_bf16(g[0]);
-                  Tensor gx = Tensor::empty(x16.shape(), DType::BF16, x16.device());
-                  Dispatch k("attention_packed_backward", &KernelTable::attention,
-                             {&x16, &o16, &lse, &g16, &gx});
-                  const bf16* px = x16.data<bf16>();
-                  bf16* pgx = gx.data<bf16>();
-                  k->backward_bf16(a, px, px + a.d, px + 2 * a.d, o16.data<bf16>(),
-                                   lse.data<float>(), g16.data<bf16>(), pgx, pgx + a.d,
-                                   pgx + 2 * a.d, k.stream());
-                  // The cotangent in qkv's own dtype: bf16 for a bf16 projection.
-                  return std::vector<Tensor>{astype(gx, from)};
-                });
+  return record(
+      "attention_packed", {qkv}, out,
+      [a, x16, o16 = o16.detach(), lse, from = qkv.dtype()](const std::vector<Tensor>& g) {
+        const Tensor g16 = to_bf16(g[0]);
+        Tensor gx = Tensor::empty(x16.shape(), DType::BF16, x16.device());
+        Dispatch k("attention_packed_backward", &KernelTable::attention,
+                   {&x16, &o16, &lse, &g16, &gx});
+        const bf16* px = x16.data<bf16>();
+        bf16* pgx = gx.data<bf16>();
+        k->backward_bf16(a, px, px + a.d, px + 2 * a.d, o16.data<bf16>(), lse.data<float>(),
+                         g16.data<bf16>(), pgx, pgx + a.d, pgx + 2 * a.d, k.stream());
+        // The cotangent in qkv's own dtype: bf16 for a bf16 projection.
+        return std::vector<Tensor>{astype(gx, from)};
+      });
 }
 
 // attention() through the f32 entries (the bf16 policy's products computed by the device
@@ -196,8 +198,7 @@ Tensor attention_packed_f32(const AttentionPlan& a, const Tensor& qkv, const Sha
   {
     Dispatch kd("attention_packed", &KernelTable::attention, {&qkv, &out, &lse});
     const float* pq = qkv.data<float>();
-    kd->forward(a, pq, pq + a.d, pq + 2 * a.d, out.data<float>(), lse.data<float>(),
-                kd.stream());
+    kd->forward(a, pq, pq + a.d, pq + 2 * a.d, out.data<float>(), lse.data<float>(), kd.stream());
   }
   if (!needs_grad({&qkv})) return joined(out, {&qkv});
   return record("attention_packed", {qkv}, out,

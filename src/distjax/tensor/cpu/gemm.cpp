@@ -159,7 +159,8 @@ void gemm(const GemmKey& key, const void* a, const void* b, const float* bias, v
 }
 
 // d = g (* gelu'(aux)) in f32, its column sums and its rounding, through the elementwise,
-// reduce and copy kernels: the composed ops' own arithmetic.
+// reduce and copy kernels (the composed ops' own arithmetic), widening only what is not f32
+// and writing d straight into an f32 `out`.
 void epilogue_backward(const void* g, DType g_dtype, const void* aux, DType aux_dtype, void* out,
                        DType out_dtype, float* bias_grad, std::int64_t rows, std::int64_t n,
                        Stream s) {
@@ -168,21 +169,27 @@ void epilogue_backward(const void* g, DType g_dtype, const void* aux, DType aux_
     if (bias_grad) std::fill(bias_grad, bias_grad + n, 0.f);
     return;
   }
-  std::vector<float> d32;
-  const float* d = static_cast<const float*>(g);
-  if (g_dtype != DType::F32 || aux) {
-    d32.resize(static_cast<std::size_t>(total));
-    copy_kernels.convert(g, g_dtype, d32.data(), DType::F32, total, s);
-    if (aux) {
-      std::vector<float> pre(static_cast<std::size_t>(total));
-      copy_kernels.convert(aux, aux_dtype, pre.data(), DType::F32, total, s);
-      elementwise_kernels.unary_grad(UnaryOp::GeluTanh, d32.data(), pre.data(), nullptr, d32.data(),
-                                     total, 0.f, s);
+  // An f32 view of a buffer, widened into `store` where it is not f32.
+  auto as_f32 = [&](const void* p, DType t, std::vector<float>& store) -> const float* {
+    if (t == DType::F32) return static_cast<const float*>(p);
+    store.resize(static_cast<std::size_t>(total));
+    copy_kernels.convert(p, t, store.data(), DType::F32, total, s);
+    return store.data();
+  };
+  std::vector<float> g_store, aux_store, d_store;
+  const float* d = as_f32(g, g_dtype, g_store);
+  if (aux) {
+    float* dest = out && out_dtype == DType::F32 ? static_cast<float*>(out) : nullptr;
+    if (!dest) {
+      d_store.resize(static_cast<std::size_t>(total));
+      dest = d_store.data();
     }
-    d = d32.data();
+    elementwise_kernels.unary_grad(UnaryOp::GeluTanh, d, as_f32(aux, aux_dtype, aux_store), nullptr,
+                                   dest, total, 0.f, s);
+    d = dest;
   }
   if (bias_grad) reduce_kernels.reduce(ReduceOp::Sum, d, bias_grad, 1, rows, n, s);
-  if (out) copy_kernels.convert(d, DType::F32, out, out_dtype, total, s);
+  if (out && out != d) copy_kernels.convert(d, DType::F32, out, out_dtype, total, s);
 }
 
 void gemm_f32_strided(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
