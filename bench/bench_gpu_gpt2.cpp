@@ -170,6 +170,9 @@ int main(int argc, char** argv) {
   j["peak_mem_gib"] = static_cast<double>(tensor::peak_bytes(gpu.kind)) / (1 << 30);
   j["reserved_peak_gib"] = static_cast<double>(mem.reserved_peak) / (1 << 30);
   j["loss_final"] = loss;
+  // Whether linear's epilogues (GELU, bf16 outputs) ran in cuBLASLt's or fell back.
+  const tensor::CudaGemmEpilogueCalls epi = tensor::cuda_gemm_epilogue_calls();
+  j["gemm_epilogues"] = {{"fused", epi.fused}, {"unfused", epi.unfused}};
   j["attention"] = gpu.kind == DeviceKind::CUDA ? tensor::cuda_attention_library()
                                                 : std::string("the CPU's f32 kernels");
   emit(j);

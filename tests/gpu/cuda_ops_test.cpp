@@ -634,6 +634,7 @@ TEST(CudaOps, MatrixProducts) {
 // product).
 TEST(CudaOps, LinearEpilogues) {
   SKIP_WITHOUT_GPU();
+  const CudaGemmEpilogueCalls before = cuda_gemm_epilogue_calls();
   struct Case {
     DType operands, out;
     double tol;
@@ -663,6 +664,12 @@ TEST(CudaOps, LinearEpilogues) {
           expect_close("linear, f32 cotangent " + s, through_product,
                        {x, w, b, uniform({w_shape[1], 24})}, {true, true, bias, true}, c.tol);
         }
+  // N = 130 always falls back; the rest runs in cuBLASLt's epilogues where it has them.
+  const CudaGemmEpilogueCalls after = cuda_gemm_epilogue_calls();
+  std::printf("gemm epilogues: %lld fused in cuBLASLt, %lld as an f32 sum and kernels\n",
+              static_cast<long long>(after.fused - before.fused),
+              static_cast<long long>(after.unfused - before.unfused));
+  EXPECT_GT(after.unfused, before.unfused);
 }
 
 // The in-place family: accumulation, copies of runs and boxes, GEMMs into blocks.

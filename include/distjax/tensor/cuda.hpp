@@ -55,6 +55,15 @@ struct CudnnAttentionCalls {
 };
 CudnnAttentionCalls cuda_attention_cudnn_calls();
 
+/// How many GEMMs with an epilogue beyond an f32 D and a bias (linear's GELU, a bf16 or f16
+/// output: tensor::LinearEpilogue) ran in this process on CUDA: `fused` in cuBLASLt's own
+/// epilogue, `unfused` as an f32 sum and the elementwise kernels because cuBLASLt offered
+/// no algorithm or refused the call (0 without CUDA).
+struct CudaGemmEpilogueCalls {
+  std::int64_t fused = 0, unfused = 0;
+};
+CudaGemmEpilogueCalls cuda_gemm_epilogue_calls();
+
 /// Device time per op on CUDA: between profile_ops_begin() and profile_ops_end(), every op
 /// dispatched to a CUDA device records a pair of CUDA events around its kernels (on the
 /// calling thread's stream); profile_ops_end() waits for them and returns each op's total

@@ -250,30 +250,47 @@ std::unique_ptr<Plan> make_plan(const Problem& p) {
   return plan;
 }
 
-// The problem's plan, made once per thread (null, also cached: no algorithm).
-const Plan* plan_for(const Problem& p) {
+// The calling thread's plans, made once per problem (null, also cached: none to run).
+std::unordered_map<Problem, std::unique_ptr<Plan>, ProblemHash>& plans() {
   thread_local std::unordered_map<Problem, std::unique_ptr<Plan>, ProblemHash> cache;
+  return cache;
+}
+
+const Plan* plan_for(const Problem& p) {
+  auto& cache = plans();
   auto it = cache.find(p);
   if (it == cache.end()) it = cache.emplace(p, make_plan(p)).first;
   return it->second.get();
 }
 
+std::atomic<std::int64_t> epilogues_fused{0}, epilogues_unfused{0};
+
 // D = alpha * A B + beta * D for the problem (its pointers given; aux with GELU), on the
-// thread's stream. False, running nothing, where an optional epilogue has no algorithm.
+// thread's stream. False, running nothing, where an optional epilogue has no algorithm or
+// cuBLASLt refuses the call (the problem is then not tried again on this thread).
 bool run(const Problem& p, const void* a, const void* b, const float* bias, void* d, void* aux,
          float alpha, float beta, Stream s) {
   const Plan* found = plan_for(p);
-  if (!found) return false;
+  if (!found) {
+    ++epilogues_unfused;
+    return false;
+  }
   const Plan& plan = *found;
   if (p.bias) set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
   if (p.gelu)
     set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux));
   ThreadContext& ctx = context();
   const cudaStream_t stream = stream_of(s);
-  DISTJAX_CUBLAS_CHECK(
+  const cublasStatus_t st =
       cublasLtMatmul(ctx.handle, plan.desc, &alpha, a, plan.la, b, plan.lb, &beta, d, plan.ld, d,
-                     plan.ld, &plan.algo, ctx.workspace, kWorkspaceBytes, stream),
-      "gemm");
+                     plan.ld, &plan.algo, ctx.workspace, kWorkspaceBytes, stream);
+  if (st != CUBLAS_STATUS_SUCCESS && optional_epilogue(p)) {
+    plans()[p].reset();
+    ++epilogues_unfused;
+    return false;
+  }
+  DISTJAX_CUBLAS_CHECK(st, "gemm");
+  if (optional_epilogue(p)) ++epilogues_fused;
   return true;
 }
 
@@ -318,7 +335,10 @@ bool gemm_fused(const GemmKey& key, const void* a, const void* b, const float* b
   p.align_d =
       alignment({addr(c), gelu ? addr(aux) : 0, std::uint64_t(n) * ds, std::uint64_t(m * n) * ds});
   // GELU's aux wants a leading dimension and batch stride divisible by 8 elements.
-  if (gelu && (n % 8 != 0 || (batch > 1 && (m * n) % 8 != 0))) return false;
+  if (gelu && (n % 8 != 0 || (batch > 1 && (m * n) % 8 != 0))) {
+    ++epilogues_unfused;
+    return false;
+  }
   return run(p, b, a, has_bias ? bias : nullptr, c, aux, 1.f, 0.f, s);
 }
 
@@ -444,4 +464,8 @@ const detail::GemmKernels gemm_kernels{
 };
 
 }  // namespace cuda
+
+CudaGemmEpilogueCalls cuda_gemm_epilogue_calls() {
+  return {cuda::epilogues_fused.load(), cuda::epilogues_unfused.load()};
+}
 }  // namespace distjax::tensor

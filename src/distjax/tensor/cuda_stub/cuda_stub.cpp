@@ -60,6 +60,7 @@ std::atomic<bool> tf32_allowed{false};
 std::string cuda_attention_library() { return "this build has no CUDA backend"; }
 
 CudnnAttentionCalls cuda_attention_cudnn_calls() { return {}; }
+CudaGemmEpilogueCalls cuda_gemm_epilogue_calls() { return {}; }
 
 void set_allow_tf32(bool allow) {
   tf32_allowed = allow;
