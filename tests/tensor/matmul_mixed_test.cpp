@@ -14,20 +14,13 @@
 #include "distjax/tensor/matmul.hpp"
 #include "distjax/tensor/reduce.hpp"
 #include "checked_parity.hpp"
+#include "test_tensors.hpp"
 
 namespace distjax::tensor {
 namespace {
 
-Tensor randn(const Shape& shape, std::uint64_t seed) {
-  std::vector<float> v(static_cast<std::size_t>(numel(shape)));
-  random_normal(Key::from_seed(seed), v.data(), numel(shape));
-  return Tensor::from_vector(v, shape);
-}
-
-// x rounded to `dtype` and back: the values a reduced-precision operand holds.
-Tensor rounded(const Tensor& x, DType dtype) {
-  return astype(astype(x, dtype), DType::F32);
-}
+using testing::randn;
+using testing::rounded;
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {
   EXPECT_EQ(a.shape(), b.shape());
