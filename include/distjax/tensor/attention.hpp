@@ -45,4 +45,11 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal 
 Tensor attention_packed(const Tensor& qkv, std::int64_t num_heads, bool causal = true,
                         float scale = 0.f, DType compute = DType::F32, DType out = DType::F32);
 
+/// The dtype attention_packed reads a qkv of `qkv_shape` in as it is on `device` under
+/// `compute`: bf16 where the device's bf16 entries serve the problem (cuDNN's attention on
+/// CUDA), else f32 (its f32 kernels would widen a bf16 qkv first). What a projection
+/// feeding it writes (nn::MultiHeadAttention).
+DType attention_packed_input_dtype(const Shape& qkv_shape, std::int64_t num_heads, bool causal,
+                                   DType compute, Device device);
+
 }  // namespace distjax::tensor

@@ -15,11 +15,14 @@ Tensor MultiHeadAttention::operator()(const Scope& scope, const Tensor& x) const
   DISTJAX_CHECK(num_heads > 0 && c % num_heads == 0, InvalidArgument, "[MultiHeadAttention] \"",
                 scope.path(), "\" width C=", c, " is not divisible by num_heads=", num_heads);
   const std::int64_t h = num_heads, d = c / num_heads;
-  // The projection in the compute dtype: what bf16 attention reads.
-  const Dense qkv_proj{.features = 3 * c, .kernel_init = kernel_init, .compute_dtype_output = true};
-  const Dense out_proj{.features = c, .kernel_init = out_init};
-  Tensor qkv = qkv_proj(scope.child("qkv"), x);           // (B, T, 3C)
   const DType compute = scope.precision().compute_dtype;  // the products' operands
+  // The projection in the dtype the attention reads as it is (bf16 for cuDNN's).
+  const bool bf16_qkv = tensor::attention_packed_input_dtype({b, t, 3 * c}, h, causal, compute,
+                                                             x.device()) != DType::F32;
+  const Dense qkv_proj{
+      .features = 3 * c, .kernel_init = kernel_init, .compute_dtype_output = bf16_qkv};
+  const Dense out_proj{.features = c, .kernel_init = out_init};
+  Tensor qkv = qkv_proj(scope.child("qkv"), x);  // (B, T, 3C)
   if (qkv.rank() == 3 && qkv.size(2) == 3 * c) {
     // Heads read in place from the projection: no permute / split copies. The output comes
     // in the dtype out_proj reads it in (a bf16 attention's output as it is).

@@ -78,13 +78,17 @@ Tensor TPMultiHeadAttention::operator()(const nn::Scope& scope, const Tensor& x)
                 "[TPMultiHeadAttention] \"", scope.path(), "\": num_heads=", num_heads,
                 " must divide C=", c, " and be divisible by ", proj.axis, "=", n,
                 " (each device computes whole heads)");
-  // The projection, and the attention's output, in the compute dtype where the projections
-  // multiply locally (bf16 attention reads and writes it as it is); the feature-sharded
-  // layouts move the activations in f32.
+  // Where the projections multiply locally, the attention's output in the compute dtype
+  // (bf16 attention writes it as it is) and the projection in the dtype the attention reads
+  // as it is (bf16 for cuDNN's); the feature-sharded layouts move the activations in f32.
   const bool local = proj.local();
-  Tensor qkv = proj.in(scope.child("qkv"), x, 3 * c, kernel_init,
-                       {.compute_dtype_output = local});  // (B, T, 3C/n)
   const DType compute = scope.precision().compute_dtype;
+  const std::int64_t t = x.size(1) * (local && proj.sequence_parallel ? n : 1);
+  const bool bf16_qkv =
+      local && tensor::attention_packed_input_dtype({x.size(0), t, 3 * c / n}, num_heads / n, true,
+                                                    compute, x.device()) != DType::F32;
+  Tensor qkv = proj.in(scope.child("qkv"), x, 3 * c, kernel_init,
+                       {.compute_dtype_output = bf16_qkv});  // (B, T, 3C/n)
   Tensor h = tensor::attention_packed(qkv, num_heads / n, /*causal=*/true, 0.f, compute,
                                       local ? compute : DType::F32);  // (B, T, C/n)
   return proj.out(scope.child("out"), h, c, out_init);

@@ -170,9 +170,9 @@ Tensor attention_f32(const AttentionPlan& a, const Tensor& q, const Tensor& k, c
 }
 
 // The plan of attention_packed: q, k, v read in place from the (B, T, H, 3, D) projection.
-AttentionPlan packed_plan(const Tensor& qkv, std::int64_t h, bool causal, float scale, bool bf16) {
-  const std::int64_t b = qkv.size(0), t = qkv.size(1);
-  const std::int64_t d = qkv.size(2) / (3 * h), c = h * d;
+AttentionPlan packed_plan(const Shape& qkv, std::int64_t h, bool causal, float scale, bool bf16) {
+  const std::int64_t b = qkv[0], t = qkv[1];
+  const std::int64_t d = qkv[2] / (3 * h), c = h * d;
   AttentionPlan a;
   a.bh = b * h;
   a.t = a.s = t;
@@ -237,11 +237,20 @@ Tensor attention_packed(const Tensor& qkv, std::int64_t num_heads, bool causal, 
                 InvalidArgument,
                 "[attention_packed] expected qkv (B, T, 3 H D) with H = ", num_heads,
                 " heads, got ", to_string(qkv.shape()));
-  const AttentionPlan a = packed_plan(qkv, num_heads, causal, scale, bf16);
+  const AttentionPlan a = packed_plan(qkv.shape(), num_heads, causal, scale, bf16);
   const Shape out_shape{qkv.size(0), qkv.size(1), num_heads * a.d};
   if (runs_bf16(a, qkv.device())) return attention_packed_bf16(a, qkv, out_shape, out_dtype);
   // f32 kernels: a reduced-precision qkv widened (its cotangent rounded back by astype).
   return astype(attention_packed_f32(a, astype(qkv, DType::F32), out_shape), out_dtype);
+}
+
+DType attention_packed_input_dtype(const Shape& qkv_shape, std::int64_t num_heads, bool causal,
+                                   DType compute, Device device) {
+  if (!bf16_products(compute, "attention_packed")) return DType::F32;
+  if (qkv_shape.size() != 3 || num_heads <= 0 || qkv_shape[2] % (3 * num_heads) != 0)
+    return DType::F32;  // attention_packed itself names what is wrong
+  const AttentionPlan a = packed_plan(qkv_shape, num_heads, causal, 0.f, true);
+  return runs_bf16(a, device) ? DType::BF16 : DType::F32;
 }
 
 }  // namespace distjax::tensor

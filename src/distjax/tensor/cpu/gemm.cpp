@@ -2,13 +2,16 @@
 // and thread, and its sgemm for strided products. The epilogues other than a bias (a
 // rounded C beside bf16, GELU) and their backward run the family's other kernels over an
 // f32 sum: the reference the CUDA backend's fused cuBLASLt epilogues are tested against.
+#include <omp.h>
 #include <oneapi/dnnl/dnnl_version.h>
+
 #include <algorithm>
 #include <cassert>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
 #include <vector>
 
+#include "distjax/tensor/cpu/grain.hpp"
 #include "distjax/tensor/cpu/kernels.hpp"
 #include "distjax/tensor/matmul.hpp"
 
@@ -139,13 +142,14 @@ void gemm(const GemmKey& key, const void* a, const void* b, const float* bias, v
   if (n == 0) return;
   if (!key.gelu && key.k > 0 && (key.dst == DType::F32 || key.dst == DType::BF16))
     return run_primitive(key, a, b, bias, c);
-  // P in f32 (in aux or C itself where that is f32), then aux = P and C = gelu(P), rounded.
-  std::vector<float> scratch;
+  // P in f32 (in aux or C itself where that is f32, else in the thread's scratch, kept for
+  // the next call: no allocation per step), then aux = P and C = gelu(P), rounded.
+  thread_local std::vector<float> scratch;
   float* sum = nullptr;
   if (key.dst == DType::F32) {
     sum = static_cast<float*>(key.gelu ? aux : c);
   } else {
-    scratch.resize(static_cast<std::size_t>(n));
+    if (scratch.size() < static_cast<std::size_t>(n)) scratch.resize(static_cast<std::size_t>(n));
     sum = scratch.data();
   }
   gemm_f32_sum(key, a, b, bias, sum);
@@ -153,43 +157,69 @@ void gemm(const GemmKey& key, const void* a, const void* b, const float* bias, v
     if (key.dst == DType::F32)
       return elementwise_kernels.unary(UnaryOp::GeluTanh, sum, static_cast<float*>(c), n, 0.f, s);
     copy_kernels.convert(sum, DType::F32, aux, key.dst, n, s);
+    if (key.dst == DType::BF16)
+      return elementwise_kernels.unary_bf16(UnaryOp::GeluTanh, sum, static_cast<bf16*>(c), n, 0.f,
+                                            s);
     elementwise_kernels.unary(UnaryOp::GeluTanh, sum, sum, n, 0.f, s);
   }
-  if (key.dst != DType::F32) copy_kernels.convert(sum, DType::F32, c, key.dst, n, s);
+  copy_kernels.convert(sum, DType::F32, c, key.dst, n, s);
 }
 
-// d = g (* gelu'(aux)) in f32, its column sums and its rounding, through the elementwise,
-// reduce and copy kernels (the composed ops' own arithmetic), widening only what is not f32
-// and writing d straight into an f32 `out`.
+// d = g (* gelu'(aux)) in f32, its rounding and its column sums. An f32 g without GELU is
+// summed by the reduce kernel and rounded by the copy kernel. Otherwise each thread takes a
+// run of rows in blocks that stay in its cache: it widens g and aux there, applies GELU's
+// derivative (the elementwise kernel's, its parallel loop run by this thread alone), writes
+// the block's rounding and adds the block's rows to its column sums; the threads' sums are
+// added in thread order (deterministic for a given thread count, as the reduce kernel).
 void epilogue_backward(const void* g, DType g_dtype, const void* aux, DType aux_dtype, void* out,
                        DType out_dtype, float* bias_grad, std::int64_t rows, std::int64_t n,
                        Stream s) {
   const std::int64_t total = rows * n;
-  if (total == 0) {
-    if (bias_grad) std::fill(bias_grad, bias_grad + n, 0.f);
+  if (n == 0) return;
+  if (g_dtype == DType::F32 && !aux) {
+    const auto* g32 = static_cast<const float*>(g);
+    if (bias_grad) reduce_kernels.reduce(ReduceOp::Sum, g32, bias_grad, 1, rows, n, s);
+    if (out) copy_kernels.convert(g32, DType::F32, out, out_dtype, total, s);
     return;
   }
-  // An f32 view of a buffer, widened into `store` where it is not f32.
-  auto as_f32 = [&](const void* p, DType t, std::vector<float>& store) -> const float* {
-    if (t == DType::F32) return static_cast<const float*>(p);
-    store.resize(static_cast<std::size_t>(total));
-    copy_kernels.convert(p, t, store.data(), DType::F32, total, s);
-    return store.data();
-  };
-  std::vector<float> g_store, aux_store, d_store;
-  const float* d = as_f32(g, g_dtype, g_store);
-  if (aux) {
-    float* dest = out && out_dtype == DType::F32 ? static_cast<float*>(out) : nullptr;
-    if (!dest) {
-      d_store.resize(static_cast<std::size_t>(total));
-      dest = d_store.data();
+  const std::int64_t block_rows = std::max<std::int64_t>(1, 16384 / n);
+  const int nt = total > kParallelGrainMemory ? omp_get_max_threads() : 1;
+  std::vector<float> part(bias_grad ? static_cast<std::size_t>(nt * n) : 0, 0.f);
+  const std::size_t g_size = static_cast<std::size_t>(dtype_size(g_dtype));
+  const std::size_t aux_size = aux ? static_cast<std::size_t>(dtype_size(aux_dtype)) : 0;
+  const std::size_t out_size = out ? static_cast<std::size_t>(dtype_size(out_dtype)) : 0;
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num(), threads = omp_get_num_threads();
+    const std::int64_t r0 = rows * t / threads, r1 = rows * (t + 1) / threads;
+    std::vector<float> gb(static_cast<std::size_t>(block_rows * n)), ab(aux ? gb.size() : 0);
+    float* sums = bias_grad ? part.data() + t * n : nullptr;
+    for (std::int64_t r = r0; r < r1; r += block_rows) {
+      const std::int64_t len = std::min(block_rows, r1 - r) * n, at = r * n;
+      copy_kernels.convert(static_cast<const char*>(g) + at * g_size, g_dtype, gb.data(),
+                           DType::F32, len, s);
+      if (aux) {
+        copy_kernels.convert(static_cast<const char*>(aux) + at * aux_size, aux_dtype, ab.data(),
+                             DType::F32, len, s);
+        elementwise_kernels.unary_grad(UnaryOp::GeluTanh, gb.data(), ab.data(), nullptr, gb.data(),
+                                       len, 0.f, s);
+      }
+      if (out)
+        copy_kernels.convert(gb.data(), DType::F32, static_cast<char*>(out) + at * out_size,
+                             out_dtype, len, s);
+      if (sums)
+        for (std::int64_t i = 0; i < len; i += n) {
+#pragma omp simd
+          for (std::int64_t j = 0; j < n; ++j)
+            sums[j] += gb[static_cast<std::size_t>(i + j)];
+        }
     }
-    elementwise_kernels.unary_grad(UnaryOp::GeluTanh, d, as_f32(aux, aux_dtype, aux_store), nullptr,
-                                   dest, total, 0.f, s);
-    d = dest;
   }
-  if (bias_grad) reduce_kernels.reduce(ReduceOp::Sum, d, bias_grad, 1, rows, n, s);
-  if (out && out != d) copy_kernels.convert(d, DType::F32, out, out_dtype, total, s);
+  if (!bias_grad) return;
+  std::copy(part.begin(), part.begin() + n, bias_grad);
+  for (int t = 1; t < nt; ++t)
+    for (std::int64_t j = 0; j < n; ++j)
+      bias_grad[j] += part[static_cast<std::size_t>(t * n + j)];
 }
 
 void gemm_f32_strided(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
