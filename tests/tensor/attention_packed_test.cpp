@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -39,8 +39,8 @@ Tensor composed(const Tensor& qkv, std::int64_t h, bool causal, float scale) {
   Tensor x = permute(reshape(qkv, {b, t, h, 3, d}), {3, 0, 2, 1, 4});
   std::vector<Tensor> parts = split(x, 3, 0);
   const Shape hs{b, h, t, d};
-  Tensor y = attention(reshape(parts[0], hs), reshape(parts[1], hs), reshape(parts[2], hs), causal,
-                       scale);
+  Tensor y =
+      attention(reshape(parts[0], hs), reshape(parts[1], hs), reshape(parts[2], hs), causal, scale);
   return reshape(permute(y, {0, 2, 1, 3}), {b, t, h * d});
 }
 
@@ -61,8 +61,8 @@ TEST(AttentionPacked, MatchesComposedAttentionAndGradients) {
                         Case{2, 70, 4, 16, true, 0.3f}, Case{1, 1, 1, 4, true, 0.f}}) {
     Tensor qkv = uniform({c.b, c.t, 3 * c.h * c.d}, static_cast<std::uint32_t>(c.t));
     Tensor ct = uniform({c.b, c.t, c.h * c.d}, 99);
-    expect_near(attention_packed(qkv, c.h, c.causal, c.scale), composed(qkv, c.h, c.causal, c.scale),
-                1e-6f, "values");
+    expect_near(attention_packed(qkv, c.h, c.causal, c.scale),
+                composed(qkv, c.h, c.causal, c.scale), 1e-6f, "values");
     auto grad_of = [&](bool packed) {
       Tensor leaf = make_leaf(qkv);
       Tensor y = packed ? attention_packed(leaf, c.h, c.causal, c.scale)
@@ -84,8 +84,7 @@ std::vector<Tensor> outputs_and_grads(const std::vector<Tensor>& inputs, const T
     leaves.push_back(make_leaf(x));
   const auto [y, z] = f(leaves);
   const Tensor y32 = astype(y, DType::F32), z32 = astype(z, DType::F32);
-  std::vector<Tensor> out =
-      autodiff::grad({add(sum(mul(y32, ct)), sum(z32))}, {Tensor()}, leaves);
+  std::vector<Tensor> out = autodiff::grad({add(sum(mul(y32, ct)), sum(z32))}, {Tensor()}, leaves);
   out.insert(out.begin(), {y32, z32});
   for (Tensor& t : out)
     t = t.to(Device::cpu());
@@ -115,7 +114,9 @@ TEST(AttentionCompute, TheCpuComputesEveryComputeDtypeInF32) {
   EXPECT_THROW(attention(q, k, v, true, 0.f, DType::I64), InvalidArgument);
 }
 
-Tensor bf16_rounded(const Tensor& x) { return astype(astype(x, DType::BF16), DType::F32); }
+Tensor bf16_rounded(const Tensor& x) {
+  return astype(astype(x, DType::BF16), DType::F32);
+}
 
 // The CPU's bf16 attention entries on for a scope (off by default).
 struct CpuBf16Entries {
@@ -156,7 +157,8 @@ TEST(AttentionCompute, ABf16PlanRunsTheBf16EntriesOnBf16Copies) {
     const std::vector<float> g = got[i].to_vector<float>(), w = want[i].to_vector<float>();
     ASSERT_EQ(g.size(), w.size());
     float max_w = 0.f, worst = 0.f;
-    for (float x : w) max_w = std::max(max_w, std::fabs(x));
+    for (float x : w)
+      max_w = std::max(max_w, std::fabs(x));
     for (std::size_t j = 0; j < g.size(); ++j) {
       std::uint32_t bits;
       std::memcpy(&bits, &g[j], 4);
@@ -202,6 +204,37 @@ TEST(AttentionCompute, AnOutputDtypeIsTheCastOfTheF32Output) {
   }
   EXPECT_THROW(attention_packed(qkv, 2, true, 0.f, DType::BF16, DType::I32), InvalidArgument);
   EXPECT_THROW(attention(q, k, v, true, 0.f, DType::F32, DType::I64), InvalidArgument);
+}
+
+// A projection written in bf16 (what nn::MultiHeadAttention asks of its QKV projection where
+// attention_packed_input_dtype says bf16): the bf16 entries read it as it is and hand its
+// cotangent back in bf16, with the values of an f32 projection rounded to bf16; without them
+// the f32 entries widen it.
+TEST(AttentionCompute, ABf16ProjectionIsReadAsItIsWithItsCotangentInBf16) {
+  const Tensor qkv = uniform({2, 33, 3 * 2 * 8}, 21), ct = uniform({2, 33, 2 * 8}, 22);
+  const Tensor qkv16 = astype(qkv, DType::BF16);
+  const Shape shape = qkv.shape();
+  auto run = [&](const Tensor& x) {
+    return outputs_and_grads({x, qkv, qkv, qkv}, ct, [&](const std::vector<Tensor>& a) {
+      return YZ{attention_packed(a[0], 2, true, 0.f, DType::BF16, DType::BF16), Tensor::zeros({1})};
+    });
+  };
+  for (bool entries : {false, true}) {
+    SCOPED_TRACE(entries ? "bf16 entries" : "f32 entries");
+    std::optional<CpuBf16Entries> on;
+    if (entries) on.emplace();
+    EXPECT_EQ(attention_packed_input_dtype(shape, 2, true, DType::BF16, Device::cpu()),
+              entries ? DType::BF16 : DType::F32);
+    EXPECT_EQ(attention_packed_input_dtype(shape, 2, true, DType::F32, Device::cpu()), DType::F32);
+    const std::vector<Tensor> got = run(qkv16), want = run(astype(qkv16, DType::F32));
+    // The cotangent of the bf16 projection comes in its dtype.
+    EXPECT_EQ(got[2].dtype(), DType::BF16);
+    EXPECT_EQ(got[0].to_vector<float>(), want[0].to_vector<float>());
+    EXPECT_EQ(astype(got[2], DType::F32).to_vector<float>(),
+              astype(astype(want[2], DType::BF16), DType::F32).to_vector<float>());
+  }
+  EXPECT_THROW(attention_packed(astype(qkv, DType::F16), 2, true, 0.f, DType::BF16),
+               InvalidArgument);
 }
 
 TEST(AttentionPacked, RejectsBadShapes) {
