@@ -9,8 +9,9 @@
 // Precision: f32 operands multiply in full f32 (CUBLAS_COMPUTE_32F) unless TF32 is allowed
 // (allow_tf32, or DISTJAX_ALLOW_TF32=1); bf16 operands multiply on the tensor cores with f32
 // accumulation. The bias is f32; C (and GELU's aux) are f32, bf16 or f16, rounded by
-// cuBLASLt's epilogue (BIAS, GELU_AUX, GELU_AUX_BIAS). Where cuBLASLt offers no algorithm
-// for an epilogue, the product is summed in f32 and the copy and elementwise kernels round
+// cuBLASLt's epilogue (BIAS, GELU_AUX, GELU_AUX_BIAS). Where cuBLASLt takes no f32 bias
+// beside a 16-bit D, the bias goes rounded to D's type; where it offers no algorithm for an
+// epilogue at all, the product is summed in f32 and the copy and elementwise kernels round
 // it and apply GELU, as the CPU does.
 #include <cublasLt.h>
 
@@ -116,8 +117,8 @@ struct Problem {
   Operand a, b;          // cuBLASLt's A and B (the table's B and A)
   std::int64_t m, n, k;  // D is m x n (column-major), ld ldd; GELU's aux the same
   std::int64_t ldd, stride_d, batch;
-  std::int64_t d_type;  // cudaDataType_t of D and aux
-  std::int64_t bias, gelu, tf32;
+  std::int64_t d_type;                       // cudaDataType_t of D and aux
+  std::int64_t bias, bias_type, gelu, tf32;  // bias_type: cudaDataType_t
   std::int64_t align_a, align_b, align_d;
   bool operator==(const Problem& o) const { return std::memcmp(this, &o, sizeof(Problem)) == 0; }
 };
@@ -203,7 +204,7 @@ std::unique_ptr<Plan> make_plan(const Problem& p) {
              : (p.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
   set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi));
   if (p.bias) {
-    const std::int32_t bias_type = CUDA_R_32F;
+    const auto bias_type = static_cast<std::int32_t>(p.bias_type);
     set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type));
   }
   if (p.gelu) {
@@ -263,18 +264,13 @@ const Plan* plan_for(const Problem& p) {
   return it->second.get();
 }
 
-std::atomic<std::int64_t> epilogues_fused{0}, epilogues_unfused{0};
-
 // D = alpha * A B + beta * D for the problem (its pointers given; aux with GELU), on the
 // thread's stream. False, running nothing, where an optional epilogue has no algorithm or
 // cuBLASLt refuses the call (the problem is then not tried again on this thread).
 bool run(const Problem& p, const void* a, const void* b, const float* bias, void* d, void* aux,
          float alpha, float beta, Stream s) {
   const Plan* found = plan_for(p);
-  if (!found) {
-    ++epilogues_unfused;
-    return false;
-  }
+  if (!found) return false;
   const Plan& plan = *found;
   if (p.bias) set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
   if (p.gelu)
@@ -286,11 +282,9 @@ bool run(const Problem& p, const void* a, const void* b, const float* bias, void
                      plan.ld, &plan.algo, ctx.workspace, kWorkspaceBytes, stream);
   if (st != CUBLAS_STATUS_SUCCESS && optional_epilogue(p)) {
     plans()[p].reset();
-    ++epilogues_unfused;
     return false;
   }
   DISTJAX_CUBLAS_CHECK(st, "gemm");
-  if (optional_epilogue(p)) ++epilogues_fused;
   return true;
 }
 
@@ -302,8 +296,11 @@ cudaDataType_t cuda_type(DType t) {
   return t == DType::BF16 ? CUDA_R_16BF : t == DType::F16 ? CUDA_R_16F : CUDA_R_32F;
 }
 
+std::atomic<std::int64_t> epilogues_fused{0}, epilogues_unfused{0};
+
 // Runs `key` (k > 0) with its epilogue fused into cuBLASLt's; false where cuBLASLt has no
-// algorithm for it.
+// algorithm for it. The bias goes in f32; for a 16-bit D where cuBLASLt takes no f32 bias,
+// rounded to D's type (as PyTorch's bf16 linear holds it).
 bool gemm_fused(const GemmKey& key, const void* a, const void* b, const float* bias, void* c,
                 void* aux, Stream s) {
   const auto [batch, m, n, k, ta, tb, b_shared, has_bias, src, dst, gelu] = key;
@@ -325,6 +322,7 @@ bool gemm_fused(const GemmKey& key, const void* a, const void* b, const float* b
   p.batch = batch;
   p.d_type = cuda_type(dst);
   p.bias = has_bias;
+  p.bias_type = CUDA_R_32F;
   p.gelu = gelu;
   p.tf32 = src == DType::F32 && allow_tf32();
   p.align_a =
@@ -335,11 +333,24 @@ bool gemm_fused(const GemmKey& key, const void* a, const void* b, const float* b
   p.align_d =
       alignment({addr(c), gelu ? addr(aux) : 0, std::uint64_t(n) * ds, std::uint64_t(m * n) * ds});
   // GELU's aux wants a leading dimension and batch stride divisible by 8 elements.
+  const bool optional = optional_epilogue(p);
   if (gelu && (n % 8 != 0 || (batch > 1 && (m * n) % 8 != 0))) {
     ++epilogues_unfused;
     return false;
   }
-  return run(p, b, a, has_bias ? bias : nullptr, c, aux, 1.f, 0.f, s);
+  bool done = run(p, b, a, has_bias ? bias : nullptr, c, aux, 1.f, 0.f, s);
+  if (!done && optional && has_bias && dst != DType::F32) {
+    p.bias_type = p.d_type;
+    const cudaStream_t stream = stream_of(s);
+    void* rounded = nullptr;
+    DISTJAX_CUDA_CHECK(cudaMallocAsync(&rounded, static_cast<std::size_t>(n) * ds, stream), "gemm",
+                       "a bias of ", n, " elements");
+    copy_kernels.convert(bias, DType::F32, rounded, dst, n, s);
+    done = run(p, b, a, static_cast<const float*>(rounded), c, aux, 1.f, 0.f, s);
+    DISTJAX_CUDA_CHECK(cudaFreeAsync(rounded, stream), "gemm");
+  }
+  if (optional) ++(done ? epilogues_fused : epilogues_unfused);
+  return done;
 }
 
 // rows x n of `sum` = the bias in every row (zeros without one), by doubling copies.
