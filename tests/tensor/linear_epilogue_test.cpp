@@ -11,12 +11,12 @@
 #include <vector>
 
 #include "checked_parity.hpp"
-#include "test_tensors.hpp"
 #include "distjax/autodiff/autodiff.hpp"
 #include "distjax/core/prng.hpp"
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/matmul.hpp"
 #include "distjax/tensor/reduce.hpp"
+#include "test_tensors.hpp"
 
 namespace distjax::tensor {
 namespace {
@@ -33,6 +33,9 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
     m = std::max(m, std::abs(double(va[i]) - double(vb[i])));
   return m;
 }
+
+// What consumes the linear's output y in the backward test.
+enum class Consumer { Astype, Matmul, Linear };
 
 struct Config {
   DType operands;  // f32, bf16 or f16
@@ -80,15 +83,18 @@ TEST(LinearEpilogue, ForwardIsTheComposedOpsBitForBit) {
 }
 
 // The backward against the chain rule written out with the ops, for a cotangent that comes
-// in the output's dtype (through astype) and one that comes in f32 (through a bf16 product).
+// in the output's dtype (through astype, or as the dX a linear writes in the dtype of an
+// input whose producer takes it so) and one that comes in f32 (through a bf16 product).
 TEST(LinearEpilogue, BackwardIsTheChainRuleThroughTheKeptPreActivation) {
   const Tensor x = randn({4, 9, 64}, 11), w = randn({64, 48}, 12), b = randn({48}, 13);
   const Tensor r = randn({4, 9, 48}, 14);  // the loss's weights: sum(y * r)
   const Tensor v = randn({48, 24}, 15), r2 = randn({4, 9, 24}, 16);
   for (const Config& c : configs())
-    for (bool f32_cotangent : {false, true}) {
-      if (f32_cotangent && c.out == DType::F32) continue;
-      SCOPED_TRACE(c.str() + (f32_cotangent ? ", f32 cotangent" : ""));
+    for (Consumer consumer : {Consumer::Astype, Consumer::Matmul, Consumer::Linear}) {
+      if (consumer != Consumer::Astype && c.out == DType::F32) continue;
+      SCOPED_TRACE(c.str() + (consumer == Consumer::Matmul   ? ", through a product"
+                              : consumer == Consumer::Linear ? ", through a linear"
+                                                             : ""));
       TensorTree params;
       params.set("x", x);
       params.set("w", w);
@@ -97,17 +103,22 @@ TEST(LinearEpilogue, BackwardIsTheChainRuleThroughTheKeptPreActivation) {
       const TensorTree g = autodiff::grad([&](const TensorTree& p) {
         const Tensor y = linear(astype(p.at("x"), c.operands), astype(p.at("w"), c.operands),
                                 c.bias ? p.at("b") : Tensor(), {.gelu = c.gelu, .out = c.out});
-        // A bf16 product hands y an f32 cotangent; astype hands it one in y's dtype.
-        if (f32_cotangent) return sum(mul(matmul(y, vc), r2));
+        // A bf16 product hands y an f32 cotangent; astype hands it one in y's dtype, and so
+        // does a linear, whose dX takes the dtype of an input from a linear writing it.
+        if (consumer == Consumer::Matmul) return sum(mul(matmul(y, vc), r2));
+        if (consumer == Consumer::Linear) return sum(mul(linear(y, vc), r2));
         return sum(mul(astype(y, DType::F32), r));
       })(params);
 
       // The chain rule with the ops, on the rounded values the op works with.
       NoGradGuard off;
       const Tensor xc = astype(x, c.operands), wc = astype(w, c.operands);
-      // The cotangent of y: r rounded to y's dtype, or the f32 product dy = r2 v^T in bf16.
-      const Tensor gy =
-          f32_cotangent ? matmul(astype(r2, c.out), vc, false, true) : rounded(r, c.out);
+      // The cotangent of y: r rounded to y's dtype, or the product dy = r2 v^T in bf16
+      // operands, f32 (a matmul's) or rounded to y's dtype (a linear's).
+      const Tensor dy = matmul(astype(r2, c.out), vc, false, true);
+      const Tensor gy = consumer == Consumer::Matmul   ? dy
+                        : consumer == Consumer::Linear ? rounded(dy, c.out)
+                                                       : rounded(r, c.out);
       Tensor d = gy;
       if (c.gelu) {
         const Tensor pre = rounded(linear(xc, wc, c.bias ? b : Tensor()), c.out);
@@ -129,6 +140,29 @@ TEST(LinearEpilogue, BackwardIsTheChainRuleThroughTheKeptPreActivation) {
       if (c.bias) EXPECT_LE(max_abs_diff(g.at("b"), sum(d2, {0})), 1e-6 * max_abs(sum(d2, {0})));
       ASSERT_EQ(g.at("x").dtype(), DType::F32);
     }
+}
+
+// A bf16 output read by two linears gets two bf16 cotangents: the tape widens them and sums
+// in f32.
+TEST(LinearEpilogue, TwoBf16CotangentsAreSummedInF32) {
+  const Tensor x = randn({6, 32}, 41), w = randn({32, 16}, 42);
+  const Tensor v1 = astype(randn({16, 8}, 43), DType::BF16),
+               v2 = astype(randn({16, 8}, 44), DType::BF16);
+  const Tensor r1 = randn({6, 8}, 45), r2 = randn({6, 8}, 46);
+  TensorTree params;
+  params.set("w", w);
+  const Tensor x16 = astype(x, DType::BF16);
+  const TensorTree g = autodiff::grad([&](const TensorTree& p) {
+    const Tensor y = linear(x16, astype(p.at("w"), DType::BF16), Tensor(), {.out = DType::BF16});
+    return add(sum(mul(linear(y, v1), r1)), sum(mul(linear(y, v2), r2)));
+  })(params);
+  NoGradGuard off;
+  const Tensor dy1 = rounded(matmul(astype(r1, DType::BF16), v1, false, true), DType::BF16);
+  const Tensor dy2 = rounded(matmul(astype(r2, DType::BF16), v2, false, true), DType::BF16);
+  const Tensor dy = astype(add(dy1, dy2), DType::BF16);  // linear's backward rounds it
+  const Tensor want = matmul(x16, dy, true, false);
+  ASSERT_EQ(g.at("w").dtype(), DType::F32);
+  EXPECT_LE(max_abs_diff(g.at("w"), want), 1e-6 * max_abs(want));
 }
 
 TEST(LinearEpilogue, OnTheCheckedDeviceGivesTheCpuBits) {

@@ -33,6 +33,10 @@ struct Node {
   std::vector<Shape> output_shapes;
   std::vector<DType> output_dtypes;
   bool is_leaf = false;
+  /// Whether the backward takes the cotangent of a bf16 or f16 output in that dtype as it
+  /// takes an f32 one (a bf16 attention, linear with a bf16 epilogue): then an op whose
+  /// backward makes that cotangent (linear's dX) may write it in the output's dtype.
+  bool reduced_cotangent = false;
   std::uint64_t sequence = 0;  // creation order on this thread, for deterministic traversal
 };
 

@@ -13,8 +13,16 @@ using tensor::NoGradGuard;
 
 namespace {
 
+// Cotangents of one output summed; a bf16 or f16 one (a backward may hand those: see
+// Node::reduced_cotangent) is widened, so the sum is f32.
 void accumulate(Tensor& slot, const Tensor& g) {
-  slot = slot.defined() ? tensor::add(slot, g) : g;
+  if (!slot.defined()) {
+    slot = g;
+  } else if (slot.dtype() == DType::F32 && g.dtype() == DType::F32) {
+    slot = tensor::add(slot, g);
+  } else {
+    slot = tensor::add(tensor::astype(slot, DType::F32), tensor::astype(g, DType::F32));
+  }
 }
 
 // Nodes reachable from the roots, newest first. Every node is newer than its inputs, so
@@ -234,7 +242,8 @@ std::vector<Tensor> custom_vjp(const char* name, const std::vector<Tensor>& inpu
   }
   if (!tensor::needs_grad(inputs)) {
     if (rule == tensor::VaryingRule::Join)
-      for (Tensor& o : outs) o.set_varying_axes(tensor::joined_varying_axes(inputs));
+      for (Tensor& o : outs)
+        o.set_varying_axes(tensor::joined_varying_axes(inputs));
     return outs;
   }
   std::vector<Tensor> saved_out = detach_all(outs);
@@ -272,27 +281,28 @@ std::vector<Tensor> checkpoint(const RematFn& fn, const TensorTree& params,
 
   TensorTree saved_params = params.map([](const Tensor& t) { return t.detach(); });
   std::vector<Tensor> saved_inputs = detach_all(inputs);
-  tensor::record("checkpoint", all, outs,
-                 [fn, saved_params, saved_inputs](const std::vector<Tensor>& go) {
-                   tensor::EnableGradGuard on;
-                   TensorTree p = detail::make_leaves(saved_params);
-                   std::vector<Tensor> xs;
-                   for (auto& x : saved_inputs)
-                     xs.push_back(x.defined() && is_floating(x.dtype()) ? tensor::make_leaf(x) : x);
-                   std::vector<Tensor> re = fn(p, xs);
-                   std::vector<Tensor> used, seeds;
-                   for (std::size_t i = 0; i < re.size(); ++i) {
-                     if (go[i].defined()) {
-                       used.push_back(re[i]);
-                       seeds.push_back(go[i]);
-                     }
-                   }
-                   std::vector<Tensor> wrt = xs;
-                   for (auto& [_, t] : p)
-                     wrt.push_back(t);
-                   return grad(used, seeds, wrt);
-                 },
-                 tensor::VaryingRule::AsIs);
+  tensor::record(
+      "checkpoint", all, outs,
+      [fn, saved_params, saved_inputs](const std::vector<Tensor>& go) {
+        tensor::EnableGradGuard on;
+        TensorTree p = detail::make_leaves(saved_params);
+        std::vector<Tensor> xs;
+        for (auto& x : saved_inputs)
+          xs.push_back(x.defined() && is_floating(x.dtype()) ? tensor::make_leaf(x) : x);
+        std::vector<Tensor> re = fn(p, xs);
+        std::vector<Tensor> used, seeds;
+        for (std::size_t i = 0; i < re.size(); ++i) {
+          if (go[i].defined()) {
+            used.push_back(re[i]);
+            seeds.push_back(go[i]);
+          }
+        }
+        std::vector<Tensor> wrt = xs;
+        for (auto& [_, t] : p)
+          wrt.push_back(t);
+        return grad(used, seeds, wrt);
+      },
+      tensor::VaryingRule::AsIs);
   return outs;
 }
 

@@ -47,6 +47,13 @@ Tensor to_bf16(const Tensor& x) {
   return astype(x.detach(), DType::BF16);
 }
 
+// Marks a bf16 entries' output as taking its cotangent in bf16 as cheaply as in f32 (the
+// backward rounds it to bf16 first), where that output is bf16.
+Tensor takes_reduced_cotangent(Tensor out) {
+  if (out.grad_node() && out.dtype() != DType::F32) out.grad_node()->reduced_cotangent = true;
+  return out;
+}
+
 void check_out(DType out, const char* op) {
   DISTJAX_CHECK(is_floating(out), InvalidArgument, "[", op, "] writes f32, bf16 or f16, not ",
                 dtype_name(out));
@@ -94,21 +101,22 @@ Tensor attention_bf16(const AttentionPlan& a, const Tensor& q, const Tensor& k, 
   }
   Tensor out = astype(o16, out_dtype);  // o16 itself for a bf16 `out`
   if (!needs_grad({&q, &k, &v})) return joined(out, {&q, &k, &v});
-  return record("attention", {q, k, v}, out,
-                [a, q16, k16, v16, o16 = o16.detach(), lse](const std::vector<Tensor>& g) {
-                  const Device dev = q16.device();
-                  const Tensor g16 = to_bf16(g[0]);
-                  Tensor gq = Tensor::empty(q16.shape(), DType::BF16, dev),
-                         gk = Tensor::empty(k16.shape(), DType::BF16, dev),
-                         gv = Tensor::empty(v16.shape(), DType::BF16, dev);
-                  Dispatch k("attention_backward", &KernelTable::attention,
-                             {&q16, &k16, &v16, &o16, &lse, &g16, &gq, &gk, &gv});
-                  k->backward_bf16(a, q16.data<bf16>(), k16.data<bf16>(), v16.data<bf16>(),
-                                   o16.data<bf16>(), lse.data<float>(), g16.data<bf16>(),
-                                   gq.data<bf16>(), gk.data<bf16>(), gv.data<bf16>(), k.stream());
-                  return std::vector<Tensor>{astype(gq, DType::F32), astype(gk, DType::F32),
-                                             astype(gv, DType::F32)};
-                });
+  return takes_reduced_cotangent(
+      record("attention", {q, k, v}, out,
+             [a, q16, k16, v16, o16 = o16.detach(), lse](const std::vector<Tensor>& g) {
+               const Device dev = q16.device();
+               const Tensor g16 = to_bf16(g[0]);
+               Tensor gq = Tensor::empty(q16.shape(), DType::BF16, dev),
+                      gk = Tensor::empty(k16.shape(), DType::BF16, dev),
+                      gv = Tensor::empty(v16.shape(), DType::BF16, dev);
+               Dispatch k("attention_backward", &KernelTable::attention,
+                          {&q16, &k16, &v16, &o16, &lse, &g16, &gq, &gk, &gv});
+               k->backward_bf16(a, q16.data<bf16>(), k16.data<bf16>(), v16.data<bf16>(),
+                                o16.data<bf16>(), lse.data<float>(), g16.data<bf16>(),
+                                gq.data<bf16>(), gk.data<bf16>(), gv.data<bf16>(), k.stream());
+               return std::vector<Tensor>{astype(gq, DType::F32), astype(gk, DType::F32),
+                                          astype(gv, DType::F32)};
+             }));
 }
 
 // attention_packed() through the bf16 entries: one bf16 copy of the packed projection.
@@ -125,20 +133,20 @@ Tensor attention_packed_bf16(const AttentionPlan& a, const Tensor& qkv, const Sh
   }
   Tensor out = astype(o16, out_dtype);  // o16 itself for a bf16 `out`
   if (!needs_grad({&qkv})) return joined(out, {&qkv});
-  return record(
-      "attention_packed", {qkv}, out,
-      [a, x16, o16 = o16.detach(), lse, from = qkv.dtype()](const std::vector<Tensor>& g) {
-        const Tensor g16 = to_bf16(g[0]);
-        Tensor gx = Tensor::empty(x16.shape(), DType::BF16, x16.device());
-        Dispatch k("attention_packed_backward", &KernelTable::attention,
-                   {&x16, &o16, &lse, &g16, &gx});
-        const bf16* px = x16.data<bf16>();
-        bf16* pgx = gx.data<bf16>();
-        k->backward_bf16(a, px, px + a.d, px + 2 * a.d, o16.data<bf16>(), lse.data<float>(),
-                         g16.data<bf16>(), pgx, pgx + a.d, pgx + 2 * a.d, k.stream());
-        // The cotangent in qkv's own dtype: bf16 for a bf16 projection.
-        return std::vector<Tensor>{astype(gx, from)};
-      });
+  return takes_reduced_cotangent(
+      record("attention_packed", {qkv}, out,
+             [a, x16, o16 = o16.detach(), lse, from = qkv.dtype()](const std::vector<Tensor>& g) {
+               const Tensor g16 = to_bf16(g[0]);
+               Tensor gx = Tensor::empty(x16.shape(), DType::BF16, x16.device());
+               Dispatch k("attention_packed_backward", &KernelTable::attention,
+                          {&x16, &o16, &lse, &g16, &gx});
+               const bf16* px = x16.data<bf16>();
+               bf16* pgx = gx.data<bf16>();
+               k->backward_bf16(a, px, px + a.d, px + 2 * a.d, o16.data<bf16>(), lse.data<float>(),
+                                g16.data<bf16>(), pgx, pgx + a.d, pgx + 2 * a.d, k.stream());
+               // The cotangent in qkv's own dtype: bf16 for a bf16 projection.
+               return std::vector<Tensor>{astype(gx, from)};
+             }));
 }
 
 // attention() through the f32 entries (the bf16 policy's products computed by the device

@@ -103,21 +103,22 @@ void gemm_f32_strided(const char* op, bool ta, bool tb, std::int64_t m, std::int
                        kd.stream());
 }
 
-Tensor matmul_forward(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+// The product, written in `dst` (f32, or the operands' dtype), unrecorded.
+Tensor matmul_forward(const Tensor& a, const Tensor& b, bool ta, bool tb, DType dst = DType::F32) {
   MatmulDims d = check_matmul(a, b, ta, tb);
   Shape out_shape = d.batch_shape;
   out_shape.push_back(d.m);
   out_shape.push_back(d.n);
-  Tensor out = Tensor::empty(out_shape, DType::F32, detail::op_device("matmul", {&a, &b}));
+  Tensor out = Tensor::empty(out_shape, dst, detail::op_device("matmul", {&a, &b}));
   const Tensor ag = gemm_operand(a), bg = gemm_operand(b);
   const DType src = gemm_dtype(a);
   // With a shared B and no transpose of A, the batch folds into M: one larger GEMM.
   if (d.b_shared && !ta && d.batch > 1) {
-    run_gemm("matmul", {1, d.batch * d.m, d.n, d.k, false, tb, true, false, src}, ag, bg, Tensor(),
-             out);
+    run_gemm("matmul", {1, d.batch * d.m, d.n, d.k, false, tb, true, false, src, dst}, ag, bg,
+             Tensor(), out);
   } else {
-    run_gemm("matmul", {d.batch, d.m, d.n, d.k, ta, tb, d.b_shared, false, src}, ag, bg, Tensor(),
-             out);
+    run_gemm("matmul", {d.batch, d.m, d.n, d.k, ta, tb, d.b_shared, false, src, dst}, ag, bg,
+             Tensor(), out);
   }
   return out;
 }
@@ -230,8 +231,8 @@ Tensor bias_cotangent(const std::shared_ptr<Node>& bleaf, std::function<Tensor()
 // makes the GEMMs' cotangent (GELU's derivative applied, rounded to the operands' dtype)
 // and the bias gradient together.
 std::vector<Tensor> linear_backward(std::vector<Tensor>& g, const Tensor& xd, const Tensor& wd,
-                                    const Tensor& pre, bool has_bias, bool rx, bool rw,
-                                    const std::shared_ptr<Node>& wleaf,
+                                    const Tensor& pre, DType dx_dtype, bool has_bias, bool rx,
+                                    bool rw, const std::shared_ptr<Node>& wleaf,
                                     const std::shared_ptr<Node>& bleaf) {
   const std::int64_t k = wd.size(0), n = wd.size(1);
   const std::int64_t rows = g[0].numel() / n;
@@ -259,7 +260,7 @@ std::vector<Tensor> linear_backward(std::vector<Tensor>& g, const Tensor& xd, co
   }
   Tensor x2 = xd.view({xd.numel() / k, k});
   std::vector<Tensor> out;
-  out.push_back(rx ? matmul(g2, wd, false, true).view(xd.shape()) : Tensor());
+  out.push_back(rx ? matmul_forward(g2, wd, false, true, dx_dtype).view(xd.shape()) : Tensor());
   WeightGradStore* store = weight_grad_store();
   if (rw && wleaf && store) {  // zero-bubble: dW later (W pass)
     store->defer(wleaf, [x2, g2] { return matmul(x2, g2, true, false); });
@@ -291,14 +292,22 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Linear
   std::vector<Tensor> inputs{x, w};
   if (bias.defined()) inputs.push_back(bias);
   if (!needs_grad(inputs)) return joined(out, inputs);
-  return record(
-      "linear", inputs, out,
-      [xd = x.detach(), wd = w.detach(), pre, has_bias = bias.defined(), rx = x.requires_grad(),
-       rw = w.requires_grad(), wleaf = deferrable_weight(w, inputs),
-       bleaf = bias.defined() ? deferrable_weight(bias, inputs)
-                              : std::shared_ptr<Node>()](std::vector<Tensor>& g) {
-        return linear_backward(g, xd, wd, pre, has_bias, rx, rw, wleaf, bleaf);
-      });
+  // dX in x's own dtype where x's producer takes its cotangent so (a bf16 attention, a
+  // linear writing bf16): half the bytes, and the rounding it would do anyway.
+  const DType dx_dtype =
+      x.dtype() != DType::F32 && x.grad_node() && x.grad_node()->reduced_cotangent ? x.dtype()
+                                                                                   : DType::F32;
+  Tensor y =
+      record("linear", inputs, out,
+             [xd = x.detach(), wd = w.detach(), pre, dx_dtype, has_bias = bias.defined(),
+              rx = x.requires_grad(), rw = w.requires_grad(), wleaf = deferrable_weight(w, inputs),
+              bleaf = bias.defined() ? deferrable_weight(bias, inputs)
+                                     : std::shared_ptr<Node>()](std::vector<Tensor>& g) {
+               return linear_backward(g, xd, wd, pre, dx_dtype, has_bias, rx, rw, wleaf, bleaf);
+             });
+  // Its backward reads a cotangent in its output's dtype as it reads an f32 one.
+  if (e.out != DType::F32) y.grad_node()->reduced_cotangent = true;
+  return y;
 }
 
 }  // namespace distjax::tensor
