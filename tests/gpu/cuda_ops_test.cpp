@@ -333,6 +333,14 @@ TEST(CudaOps, Bf16WritingKernelsAreTheCastOfTheF32Ones) {
         "gelu to bf16 " + s,
         [](const V& a) { return astype(gelu(a[0], true, DType::BF16), DType::F32); }, {x}, {true},
         kBf16);
+    // Read by a bf16 linear, whose dX comes back in bf16 (layer_norm_backward_bf16).
+    expect_close(
+        "layer_norm to bf16 into a linear " + s,
+        [](const V& a) {
+          return linear(layer_norm(a[0], a[1], a[2], 1e-5f, DType::BF16),
+                        astype(a[3], DType::BF16));
+        },
+        {x, g, b, uniform({c, 16})}, {true, true, true, true}, kBf16);
   }
   const Tensor qkv = uniform({2, 256, 3 * 768});
   same("attention_packed",

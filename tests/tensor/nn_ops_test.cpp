@@ -7,11 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "distjax/distjax.hpp"
-#include "distjax/tensor/detail/fast_math.hpp"
-#include "distjax/tensor/cpu/grain.hpp"
-#include "distjax/tensor/detail/kernels.hpp"
 #include "checked_parity.hpp"
+#include "distjax/distjax.hpp"
+#include "distjax/tensor/cpu/grain.hpp"
+#include "distjax/tensor/detail/fast_math.hpp"
+#include "distjax/tensor/detail/kernels.hpp"
 #include "grad_check.hpp"
 
 namespace distjax::tensor {
@@ -183,8 +183,8 @@ TEST(NnOps, LayerNormWritesTheOutputDtypeAsTheCastOfItsF32Output) {
         Tensor y = cast_after ? astype(layer_norm(lx, lg, bias ? lb : Tensor(), 1e-5f), out)
                               : layer_norm(lx, lg, bias ? lb : Tensor(), 1e-5f, out);
         EXPECT_EQ(y.dtype(), out);
-        std::vector<Tensor> r = autodiff::grad({sum(mul(astype(y, DType::F32), ct.to(dev)))},
-                                               {Tensor()}, {lx, lg, lb});
+        std::vector<Tensor> r =
+            autodiff::grad({sum(mul(astype(y, DType::F32), ct.to(dev)))}, {Tensor()}, {lx, lg, lb});
         r.insert(r.begin(), astype(y, DType::F32));
         for (Tensor& t : r)
           t = t.defined() ? t.to(Device::cpu()) : t;
@@ -203,6 +203,38 @@ TEST(NnOps, LayerNormWritesTheOutputDtypeAsTheCastOfItsF32Output) {
   EXPECT_THROW(layer_norm(x, g, b, 1e-5f, DType::I32), InvalidArgument);
 }
 
+// A bf16 layer-norm output read by a bf16 linear: the linear writes its dX in bf16 (the
+// norm takes its cotangent so) and the norm's backward reads it as it is, giving bit for bit
+// what the f32 backward gives for that cotangent widened.
+TEST(NnOps, LayerNormReadsABf16CotangentAsItComes) {
+  const Tensor x = uniform({6, 40}, 13), g = uniform({40}, 14), b = uniform({40}, 15);
+  const Tensor w16 = astype(uniform({40, 24}, 16), DType::BF16), r = uniform({6, 24}, 17);
+  for (Device dev : {Device::cpu(), Device{DeviceKind::Checked, 0}}) {
+    SCOPED_TRACE(dev.str());
+    DeviceScope scope(dev);
+    Tensor lx = make_leaf(x.to(dev)), lg = make_leaf(g.to(dev)), lb = make_leaf(b.to(dev));
+    const Tensor y = layer_norm(lx, lg, lb, 1e-5f, DType::BF16);
+    const std::vector<Tensor> got =
+        autodiff::grad({sum(mul(linear(y, w16.to(dev)), r.to(dev)))}, {Tensor()}, {lx, lg, lb});
+    // The reference: dY = bf16(bf16(r) w^T), through the f32 norm's backward.
+    NoGradGuard off;
+    const Tensor dy = astype(
+        astype(matmul(astype(r.to(dev), DType::BF16), w16.to(dev), false, true), DType::BF16),
+        DType::F32);
+    Tensor fx = make_leaf(x.to(dev)), fg = make_leaf(g.to(dev)), fb = make_leaf(b.to(dev));
+    std::vector<Tensor> want;
+    {
+      EnableGradGuard on;
+      want =
+          autodiff::grad({sum(mul(layer_norm(fx, fg, fb, 1e-5f), dy))}, {Tensor()}, {fx, fg, fb});
+    }
+    for (std::size_t i = 0; i < want.size(); ++i)
+      EXPECT_EQ(got[i].to(Device::cpu()).to_vector<float>(),
+                want[i].to(Device::cpu()).to_vector<float>())
+          << "gradient " << i;
+  }
+}
+
 // gelu's `out`: the cast of the f32 output, bit for bit, with the same gradient; and a unary
 // op's backward keeps only what its derivative reads (GELU's x, tanh's output), so GELU's
 // output is not held by the tape.
@@ -216,8 +248,8 @@ TEST(Activations, GeluWritesTheOutputDtypeAndItsBackwardKeepsOnlyTheInput) {
         Tensor lx = make_leaf(x.to(dev));
         Tensor y = cast_after ? astype(gelu(lx, approximate), out) : gelu(lx, approximate, out);
         EXPECT_EQ(y.dtype(), out);
-        const Tensor g = autodiff::grad({sum(mul(astype(y, DType::F32), ct.to(dev)))},
-                                        {Tensor()}, {lx})[0];
+        const Tensor g =
+            autodiff::grad({sum(mul(astype(y, DType::F32), ct.to(dev)))}, {Tensor()}, {lx})[0];
         return std::vector<Tensor>{astype(y, DType::F32).to(Device::cpu()), g.to(Device::cpu())};
       };
       const std::vector<Tensor> want = run(true, Device::cpu());
@@ -308,7 +340,8 @@ TEST(NnOps, CrossEntropyBackwardTakesTheLogitsMemoryOnlyWhenNobodyElseHasIt) {
   const std::int64_t logits_bytes = n * v * 4;
   const Tensor h0 = uniform({n, d}, 11), w0 = uniform({d, v}, 12);
   std::vector<std::int32_t> y(n);
-  for (std::int64_t i = 0; i < n; ++i) y[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 37) % v);
+  for (std::int64_t i = 0; i < n; ++i)
+    y[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 37) % v);
   const Tensor labels = Tensor::from_vector(y, {n}, current_device());
   struct Run {
     std::vector<float> gh, gw;
@@ -344,7 +377,8 @@ TEST(NnOps, LinearCrossEntropyMeanMatchesTheComposedOps) {
   const std::int64_t b = 3, t = 7, k = 16, v = 50;
   const Tensor x = uniform({b, t, k}, 1), w_vk = uniform({v, k}, 2), w_kv = uniform({k, v}, 3);
   std::vector<std::int32_t> ids(static_cast<std::size_t>(b * t));
-  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>((i * 37 + 5) % v);
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    ids[i] = static_cast<std::int32_t>((i * 37 + 5) % v);
   const Tensor labels = Tensor::from_vector(ids, {b, t});
   for (DType dtype : {DType::F32, DType::BF16})
     for (bool trans_w : {true, false})
@@ -355,10 +389,10 @@ TEST(NnOps, LinearCrossEntropyMeanMatchesTheComposedOps) {
         auto run = [&](bool fused) {
           Tensor xl = make_leaf(x), wl = make_leaf(w);
           const Tensor xc = astype(xl, dtype), wc = astype(wl, dtype);
-          Tensor loss = fused ? linear_cross_entropy_mean(xc, wc, labels, trans_w, chunk_rows * v * 4)
-                              : mean(cross_entropy(matmul(xc, wc, false, trans_w), labels));
-          std::vector<Tensor> g =
-              autodiff::grad({mul_scalar(loss, 0.75)}, {Tensor()}, {xl, wl});
+          Tensor loss = fused
+                            ? linear_cross_entropy_mean(xc, wc, labels, trans_w, chunk_rows * v * 4)
+                            : mean(cross_entropy(matmul(xc, wc, false, trans_w), labels));
+          std::vector<Tensor> g = autodiff::grad({mul_scalar(loss, 0.75)}, {Tensor()}, {xl, wl});
           g.insert(g.begin(), loss);
           return g;
         };
@@ -373,12 +407,12 @@ TEST(NnOps, LinearCrossEntropyMeanMatchesTheComposedOps) {
   expect_close(linear_cross_entropy_mean(x, w_vk, labels, true, 5 * v * 4),
                mean(cross_entropy(matmul(x, w_vk, false, true), labels)), 2e-6, "no-grad loss");
   // On the checked device: the CPU's bits.
-  expect_same_on_checked(
-      "linear_cross_entropy_mean",
-      [&](const std::vector<Tensor>& a) {
-        return linear_cross_entropy_mean(a[0], a[1], labels.to(a[0].device()), true, 8 * v * 4);
-      },
-      {x, w_vk}, {true, true});
+  expect_same_on_checked("linear_cross_entropy_mean",
+                         [&](const std::vector<Tensor>& a) {
+                           return linear_cross_entropy_mean(a[0], a[1], labels.to(a[0].device()),
+                                                            true, 8 * v * 4);
+                         },
+                         {x, w_vk}, {true, true});
   EXPECT_THROW(linear_cross_entropy_mean(x, w_kv, labels, true), InvalidArgument);
   EXPECT_THROW(linear_cross_entropy_mean(x, astype(w_vk, DType::BF16), labels, true),
                InvalidArgument);
@@ -597,15 +631,15 @@ TEST(NnOpsDevices, CheckedDeviceGivesTheCpuBits) {
   const Tensor x = host_uniform({3, n / 3, c}, 1), g = host_uniform({c}, 2),
                b = host_uniform({c}, 3);
   for (bool lf : {false, true})
-    expect_same_on_checked(
-        lf ? "log_softmax" : "softmax",
-        [lf](const V& a) { return lf ? log_softmax(a[0]) : softmax(a[0]); }, {x}, {true});
+    expect_same_on_checked(lf ? "log_softmax" : "softmax",
+                           [lf](const V& a) { return lf ? log_softmax(a[0]) : softmax(a[0]); }, {x},
+                           {true});
   auto ln = [](const V& a) { return layer_norm(a[0], a[1], a[2]); };
   expect_same_on_checked("layer_norm", ln, {x, g, b}, {true, true, true});
   expect_same_on_checked("layer_norm, x constant", ln, {x, g, b}, {false, true, true});
-  expect_same_on_checked(
-      "layer_norm without beta", [](const V& a) { return layer_norm(a[0], a[1], Tensor()); },
-      {x, g}, {true, true});
+  expect_same_on_checked("layer_norm without beta",
+                         [](const V& a) { return layer_norm(a[0], a[1], Tensor()); }, {x, g},
+                         {true, true});
   auto rms = [](const V& a) { return rms_norm(a[0], a[1]); };
   expect_same_on_checked("rms_norm", rms, {x, g}, {true, true});
   expect_same_on_checked("rms_norm, x constant", rms, {x, g}, {false, true});
@@ -619,12 +653,11 @@ TEST(NnOpsDevices, CheckedDeviceGivesTheCpuBits) {
   const Tensor table = host_uniform({c, 300}, 4);
   for (const Tensor& ids : {ids32, ids64}) {
     const std::string dt = dtype_name(ids.dtype());
-    expect_same_on_checked(
-        "embedding " + dt, [](const V& a) { return embedding(a[0], a[1]); }, {table, ids},
-        {true, false});
-    expect_same_on_checked(
-        "cross_entropy " + dt, [](const V& a) { return cross_entropy(a[0], a[1]); }, {x, ids},
-        {true, false});
+    expect_same_on_checked("embedding " + dt, [](const V& a) { return embedding(a[0], a[1]); },
+                           {table, ids}, {true, false});
+    expect_same_on_checked("cross_entropy " + dt,
+                           [](const V& a) { return cross_entropy(a[0], a[1]); }, {x, ids},
+                           {true, false});
   }
   expect_same_on_checked(
       "dropout", [](const V& a) { return dropout(a[0], 0.3f, Key::from_seed(5)); }, {x}, {true});
@@ -642,21 +675,20 @@ TEST(AttentionDevices, CheckedDeviceGivesTheCpuBits) {
     std::int64_t b, h, t, s, d;
     bool causal;
   };
-  for (const Case& c : {Case{2, 3, 70, 70, 16, true}, Case{1, 2, 40, 75, 8, false},
-                        Case{1, 1, 5, 3, 4, true}}) {
+  for (const Case& c :
+       {Case{2, 3, 70, 70, 16, true}, Case{1, 2, 40, 75, 8, false}, Case{1, 1, 5, 3, 4, true}}) {
     const Tensor q = host_uniform({c.b, c.h, c.t, c.d}, 10),
                  k = host_uniform({c.b, c.h, c.s, c.d}, 11),
                  v = host_uniform({c.b, c.h, c.s, c.d}, 12);
     expect_same_on_checked(
         "attention T=" + std::to_string(c.t) + " S=" + std::to_string(c.s),
-        [causal = c.causal](const V& a) { return attention(a[0], a[1], a[2], causal); },
-        {q, k, v}, {true, true, true});
+        [causal = c.causal](const V& a) { return attention(a[0], a[1], a[2], causal); }, {q, k, v},
+        {true, true, true});
   }
   for (bool causal : {true, false})
-    expect_same_on_checked(
-        "attention_packed",
-        [causal](const V& a) { return attention_packed(a[0], 4, causal); },
-        {host_uniform({2, 70, 3 * 4 * 16}, 13)}, {true});
+    expect_same_on_checked("attention_packed",
+                           [causal](const V& a) { return attention_packed(a[0], 4, causal); },
+                           {host_uniform({2, 70, 3 * 4 * 16}, 13)}, {true});
 }
 
 // An op given tensors of two devices names itself and both devices.
@@ -682,8 +714,11 @@ TEST(NnOpsDevices, MixedDevicesNameTheOpAndBothDevices) {
   expect_mixed([&] { cross_entropy(x, ids); }, "cross_entropy");
   expect_mixed([&] { attention(q, q.to(checked), q); }, "attention");
   expect_mixed([&] { matmul(x, x.to(checked), false, true); }, "matmul");
-  expect_mixed([&] { linear(x, host_uniform({8, 3}, 4), host_uniform({3}, 5).to(checked)); },
-               "linear");
+  expect_mixed(
+      [&] {
+        linear(x, host_uniform({8, 3}, 4), host_uniform({3}, 5).to(checked));
+      },
+      "linear");
 }
 
 // On a device the id checks of embedding and cross_entropy make the host wait for nothing:
@@ -730,11 +765,13 @@ TEST(NnOpsDevices, BadIdsOnADeviceAreReportedAtTheNextRead) {
   const std::vector<float> l = loss.to_vector<float>();
   EXPECT_TRUE(std::isfinite(l[0]));
   EXPECT_TRUE(std::isnan(l[1]));
-  const Tensor gl = autodiff::grad({sum(mul(loss, Tensor::from_vector<float>({1.f, 1.f}, {2}, checked)))},
-                                   {Tensor()}, {logits})[0];
+  const Tensor gl =
+      autodiff::grad({sum(mul(loss, Tensor::from_vector<float>({1.f, 1.f}, {2}, checked)))},
+                     {Tensor()}, {logits})[0];
   const std::vector<float> gx = gl.to_vector<float>();
   float row1 = 0.f;
-  for (int j = 4; j < 8; ++j) row1 += gx[j];
+  for (int j = 4; j < 8; ++j)
+    row1 += gx[j];
   EXPECT_NEAR(row1, 1.f, 1e-6);  // softmax only: no -1 at a label
   // Good ids queue a verdict that reads clean.
   (void)embedding(table.to(checked), Tensor::from_vector<std::int32_t>({4, 0}, {2}, checked));

@@ -9,10 +9,10 @@
 
 #include "distjax/tensor/detail/kernels.hpp"
 #include "distjax/tensor/elementwise.hpp"
+#include "distjax/tensor/grad_node.hpp"
 #include "distjax/tensor/inplace_ops.hpp"
 #include "distjax/tensor/matmul.hpp"
 #include "distjax/tensor/reduce.hpp"
-#include "distjax/tensor/grad_node.hpp"
 #include "distjax/tensor/shape_ops.hpp"
 #include "distjax/tensor/table/table.hpp"
 
@@ -96,8 +96,7 @@ Tensor log_softmax(const Tensor& x, int axis) {
 
 // ------------------------------------------------------------------ layer norm
 
-Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
-                  DType out) {
+Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, DType out) {
   detail::require_f32("layer_norm", {&x});
   DISTJAX_CHECK(is_floating(out), InvalidArgument, "[layer_norm] writes f32, bf16 or f16, not ",
                 dtype_name(out));
@@ -126,26 +125,37 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
   std::vector<Tensor> inputs{x, gamma};
   if (beta.defined()) inputs.push_back(beta);
   if (!needs_grad(inputs)) return joined(y, inputs);
-  return record(
+  // A bf16 y's cotangent is read as it comes (f32 or bf16) where the device has a kernel for
+  // a bf16 one: then the matmul that read y may write it in bf16 (Node::reduced_cotangent).
+  const bool bf16_cotangent = fused && fam->layer_norm_backward_bf16 != nullptr;
+  Tensor result = record(
       "layer_norm", inputs, y,
       [xd = x.detach(), wd = gamma.detach(), mean, rstd, has_beta = beta.defined(),
-       rx = x.requires_grad()](const std::vector<Tensor>& g) {
+       rx = x.requires_grad(), bf16_cotangent](const std::vector<Tensor>& g) {
         const RowsOf rc = as_rows(xd);
         const Device dev = xd.device();
         Tensor gx = rx ? Tensor::empty(xd.shape(), DType::F32, dev) : Tensor();
         Tensor gw = Tensor::empty({rc.c}, DType::F32, dev);
         Tensor gb = has_beta ? Tensor::empty({rc.c}, DType::F32, dev) : Tensor();
-        // A bf16 output's cotangent comes f32 from the matmul that read it; widened if not.
-        const Tensor g0 = astype(g[0], DType::F32);
+        const bool g16 = bf16_cotangent && g[0].dtype() == DType::BF16;
+        const Tensor g0 = g16 ? g[0] : astype(g[0], DType::F32);
         Dispatch k("layer_norm", &KernelTable::nn, {&xd, &wd, &g0, &mean, &rstd, &gx, &gw, &gb});
-        k->layer_norm_backward(xd.data<float>(), wd.data<float>(), g0.data<float>(),
-                               mean.data<float>(), rstd.data<float>(),
-                               rx ? gx.data<float>() : nullptr, gw.data<float>(),
-                               has_beta ? gb.data<float>() : nullptr, rc.n, rc.c, k.stream());
+        float* pgx = rx ? gx.data<float>() : nullptr;
+        float* pgb = has_beta ? gb.data<float>() : nullptr;
+        if (g16)
+          k->layer_norm_backward_bf16(xd.data<float>(), wd.data<float>(), g0.data<bf16>(),
+                                      mean.data<float>(), rstd.data<float>(), pgx, gw.data<float>(),
+                                      pgb, rc.n, rc.c, k.stream());
+        else
+          k->layer_norm_backward(xd.data<float>(), wd.data<float>(), g0.data<float>(),
+                                 mean.data<float>(), rstd.data<float>(), pgx, gw.data<float>(), pgb,
+                                 rc.n, rc.c, k.stream());
         std::vector<Tensor> out{gx, gw};
         if (has_beta) out.push_back(gb);
         return out;
       });
+  if (bf16_cotangent) result.grad_node()->reduced_cotangent = true;
+  return result;
 }
 
 // ------------------------------------------------------------------ RMS norm
@@ -285,8 +295,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
                   // The logits are usually the largest tensor of a language model's step
                   // (B x T x V): when only the tape kept them, their gradient takes their
                   // memory (the kernel reads each logit before it writes its gradient).
-                  Tensor gx = xd.sole_owner() ? xd
-                                              : Tensor::empty(xd.shape(), DType::F32, xd.device());
+                  Tensor gx =
+                      xd.sole_owner() ? xd : Tensor::empty(xd.shape(), DType::F32, xd.device());
                   cross_entropy_rows_backward(xd, g[0], lse, ld, gx, rc.n, rc.c);
                   return std::vector<Tensor>{gx, Tensor()};
                 });
@@ -318,16 +328,14 @@ Tensor linear_cross_entropy_mean(const Tensor& x, const Tensor& w, const Tensor&
   const Device dev = detail::op_device(op, {&x, &w, &labels});
   const bool grad = needs_grad({&x, &w});
   const std::int64_t chunk = std::clamp<std::int64_t>(chunk_bytes / (v * 4), 1, rows);
-  const Tensor x2 = x.detach().view({rows, k}), l2 = labels.detach().view({rows}),
-               wd = w.detach();
+  const Tensor x2 = x.detach().view({rows, k}), l2 = labels.detach().view({rows}), wd = w.detach();
   check_ids(op, l2, v, "label");
   // Per row: the loss; the gradients, filled chunk by chunk (dx's rows in place, dw summed
   // in place), with the rows' weight in the mean, 1 / rows, as their cotangent.
   const Tensor loss = Tensor::empty({rows}, DType::F32, dev);
   const Tensor dx = grad ? Tensor::empty({rows, k}, DType::F32, dev) : Tensor();
-  const Tensor weight = grad ? Tensor::full({chunk}, 1.0 / static_cast<double>(rows),
-                                            DType::F32, dev)
-                             : Tensor();
+  const Tensor weight =
+      grad ? Tensor::full({chunk}, 1.0 / static_cast<double>(rows), DType::F32, dev) : Tensor();
   Tensor dw;
   {
     NoGradGuard no_grad;  // the chunks' ops are not recorded; this op is, below
@@ -339,7 +347,7 @@ Tensor linear_cross_entropy_mean(const Tensor& x, const Tensor& w, const Tensor&
       cross_entropy_rows(logits, lc, loss.view_rows(r0, r0 + n), lse, n, v);
       if (!grad) continue;
       cross_entropy_rows_backward(logits, weight.view_rows(0, n), lse, lc, logits, n, v);
-      const Tensor dl = astype(logits, x.dtype());  // the products' dtype
+      const Tensor dl = astype(logits, x.dtype());      // the products' dtype
       if (dl.dtype() != DType::F32) logits = Tensor();  // the f32 gradient goes first
       copy_into(dx.view_rows(r0, r0 + n), matmul(dl, wd, false, !trans_w));  // (n, K)
       const Tensor dwc = trans_w ? matmul(dl, xc, true, false) : matmul(xc, dl, true, false);
@@ -351,10 +359,9 @@ Tensor linear_cross_entropy_mean(const Tensor& x, const Tensor& w, const Tensor&
   }
   Tensor mean_loss = mean(loss);
   if (!grad) return joined(mean_loss, {&x, &w});
-  return record(op, {x, w}, mean_loss,
-                [dx = dx.view(x.shape()), dw](const std::vector<Tensor>& g) {
-                  return std::vector<Tensor>{mul(dx, g[0]), mul(dw, g[0])};
-                });
+  return record(op, {x, w}, mean_loss, [dx = dx.view(x.shape()), dw](const std::vector<Tensor>& g) {
+    return std::vector<Tensor>{mul(dx, g[0]), mul(dw, g[0])};
+  });
 }
 
 // ------------------------------------------------------------------ dropout

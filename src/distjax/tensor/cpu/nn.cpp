@@ -4,11 +4,12 @@
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
+#include "distjax/tensor/cpu/grain.hpp"
 #include "distjax/tensor/cpu/kernels.hpp"
 #include "distjax/tensor/detail/fast_math.hpp"
-#include "distjax/tensor/cpu/grain.hpp"
 #include "distjax/tensor/detail/kernels.hpp"
 
 namespace distjax::tensor::detail::cpu {
@@ -131,9 +132,12 @@ void layer_norm_bf16(const float* px, const float* pw, const float* pb, bf16* py
   layer_norm_to(px, pw, pb, py, pm, ps, n, c, eps);
 }
 
-void layer_norm_backward(const float* px, const float* pw, const float* pg, const float* pm,
-                         const float* ps, float* pgx, float* dgamma, float* dbeta, std::int64_t n,
-                         std::int64_t c, Stream) {
+// g f32 or bf16 (G); a bf16 row is widened first into a row buffer, so the arithmetic is
+// the f32 kernel's, bit for bit.
+template <class G>
+void layer_norm_backward_of(const float* px, const float* pw, const G* pg, const float* pm,
+                            const float* ps, float* pgx, float* dgamma, float* dbeta,
+                            std::int64_t n, std::int64_t c) {
   const float inv_c = 1.f / static_cast<float>(c);
   const int nt = threads_for(n * c, kParallelGrainMemory);
   // Per-thread partial sums of dgamma (first c) and dbeta (next c).
@@ -142,10 +146,18 @@ void layer_norm_backward(const float* px, const float* pw, const float* pg, cons
   {
     float* dw = part.data() + static_cast<std::int64_t>(omp_get_thread_num()) * 2 * c;
     float* db = dw + c;
+    std::vector<float> row(std::is_same_v<G, float> ? 0 : static_cast<std::size_t>(c));
 #pragma omp for schedule(static)
     for (std::int64_t r = 0; r < n; ++r) {
       const float* xr = px + r * c;
-      const float* gr = pg + r * c;
+      const float* gr = nullptr;
+      if constexpr (std::is_same_v<G, float>) {
+        gr = pg + r * c;
+      } else {
+        for (std::int64_t j = 0; j < c; ++j)
+          row[static_cast<std::size_t>(j)] = static_cast<float>(pg[r * c + j]);
+        gr = row.data();
+      }
       const float m = pm[r], rs = ps[r];
       float a = 0.f, b = 0.f;
 #pragma omp simd reduction(+ : a, b)
@@ -171,6 +183,18 @@ void layer_norm_backward(const float* px, const float* pw, const float* pg, cons
   reduce_partials(part, nt, 2 * c);
   std::memcpy(dgamma, part.data(), static_cast<std::size_t>(c) * sizeof(float));
   if (dbeta) std::memcpy(dbeta, part.data() + c, static_cast<std::size_t>(c) * sizeof(float));
+}
+
+void layer_norm_backward(const float* px, const float* pw, const float* pg, const float* pm,
+                         const float* ps, float* pgx, float* dgamma, float* dbeta, std::int64_t n,
+                         std::int64_t c, Stream) {
+  layer_norm_backward_of(px, pw, pg, pm, ps, pgx, dgamma, dbeta, n, c);
+}
+
+void layer_norm_backward_bf16(const float* px, const float* pw, const bf16* pg, const float* pm,
+                              const float* ps, float* pgx, float* dgamma, float* dbeta,
+                              std::int64_t n, std::int64_t c, Stream) {
+  layer_norm_backward_of(px, pw, pg, pm, ps, pgx, dgamma, dbeta, n, c);
 }
 
 // ------------------------------------------------------------------ RMS norm
@@ -339,6 +363,7 @@ const NnKernels nn_kernels{
     .layer_norm = layer_norm,
     .layer_norm_bf16 = layer_norm_bf16,
     .layer_norm_backward = layer_norm_backward,
+    .layer_norm_backward_bf16 = layer_norm_backward_bf16,
     .rms_norm = rms_norm,
     .rms_norm_backward = rms_norm_backward,
     .find_bad_id = find_bad_id,

@@ -253,10 +253,10 @@ __global__ void layer_norm_kernel(const float* __restrict__ x, const float* __re
 
 // gx = rstd (g gamma - mean_c(g gamma) - xh mean_c(g gamma xh)) per row, xh the normalised
 // x (layer norm: (x - mean) rstd; RMS norm, mean == null: x rstd, and no mean_c(g gamma)
-// term). Bound: 12 bytes per element.
-template <int V>
+// term); g f32 or bf16 (G). Bound: 12 bytes per element (10 with a bf16 g).
+template <int V, class G>
 __global__ void norm_backward_kernel(const float* __restrict__ x, const float* __restrict__ gamma,
-                                     const float* __restrict__ g, const float* __restrict__ mean,
+                                     const G* __restrict__ g, const float* __restrict__ mean,
                                      const float* __restrict__ rstd, float* __restrict__ gx,
                                      std::int64_t n, std::int64_t c) {
   __shared__ float red[32];
@@ -264,7 +264,7 @@ __global__ void norm_backward_kernel(const float* __restrict__ x, const float* _
   const float inv_c = 1.f / static_cast<float>(c);
   for (std::int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const float* xr = x + r * c;
-    const float* gr = g + r * c;
+    const G* gr = g + r * c;
     const float m = mean ? mean[r] : 0.f, rs = rstd[r];
     float a = 0.f, b = 0.f;
     for (std::int64_t j = threadIdx.x; j < cv; j += blockDim.x) {
@@ -334,7 +334,8 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __rest
 constexpr int kColTile = 32;
 constexpr int kColLanes = 8;
 
-__global__ void norm_param_partial_kernel(const float* __restrict__ x, const float* __restrict__ g,
+template <class G>
+__global__ void norm_param_partial_kernel(const float* __restrict__ x, const G* __restrict__ g,
                                           const float* __restrict__ mean,
                                           const float* __restrict__ rstd, float* __restrict__ part,
                                           std::int64_t n, std::int64_t c, std::int64_t chunk_rows,
@@ -347,7 +348,7 @@ __global__ void norm_param_partial_kernel(const float* __restrict__ x, const flo
   float dw = 0.f, db = 0.f;
   if (col < c) {
     for (std::int64_t r = r0 + threadIdx.y; r < r1; r += kColLanes) {
-      const float gv = g[r * c + col];
+      const float gv = load_f32(g, r * c + col);
       const float xh = (x[r * c + col] - (mean ? mean[r] : 0.f)) * rstd[r];
       dw += gv * xh;
       db += gv;
@@ -385,7 +386,8 @@ __global__ void norm_param_final_kernel(const float* __restrict__ part, float* _
 
 // dgamma (and dbeta when not null) of a norm over x (n, c), deterministic for given n and c:
 // the chunking depends on the sizes only.
-void norm_param_grads(const float* x, const float* g, const float* mean, const float* rstd,
+template <class G>
+void norm_param_grads(const float* x, const G* g, const float* mean, const float* rstd,
                       float* dgamma, float* dbeta, std::int64_t n, std::int64_t c, cudaStream_t st,
                       const char* op) {
   const std::int64_t tiles = (c + kColTile - 1) / kColTile;
@@ -437,9 +439,9 @@ void layer_norm_bf16(const float* x, const float* gamma, const float* beta, bf16
 }
 
 // The gx kernel of either norm (mean == null: RMS norm).
-void norm_gx(const float* x, const float* gamma, const float* g, const float* mean,
-             const float* rstd, float* gx, std::int64_t n, std::int64_t c, cudaStream_t st,
-             const char* op) {
+template <class G>
+void norm_gx(const float* x, const float* gamma, const G* g, const float* mean, const float* rstd,
+             float* gx, std::int64_t n, std::int64_t c, cudaStream_t st, const char* op) {
   const int threads = row_threads(c);
   if (packs_of_4(c, {x, gamma, g, gx}))
     norm_backward_kernel<4><<<row_blocks(n), threads, 0, st>>>(x, gamma, g, mean, rstd, gx, n, c);
@@ -448,13 +450,27 @@ void norm_gx(const float* x, const float* gamma, const float* g, const float* me
   DISTJAX_CUDA_LAUNCHED(op);
 }
 
-void layer_norm_backward(const float* x, const float* gamma, const float* g, const float* mean,
-                         const float* rstd, float* gx, float* dgamma, float* dbeta, std::int64_t n,
-                         std::int64_t c, Stream s) {
+template <class G>
+void layer_norm_backward_of(const float* x, const float* gamma, const G* g, const float* mean,
+                            const float* rstd, float* gx, float* dgamma, float* dbeta,
+                            std::int64_t n, std::int64_t c, Stream s) {
   if (c == 0) return;
   const cudaStream_t st = stream_of(s);
   if (gx && n > 0) norm_gx(x, gamma, g, mean, rstd, gx, n, c, st, "layer_norm_backward");
   norm_param_grads(x, g, mean, rstd, dgamma, dbeta, n, c, st, "layer_norm_backward");
+}
+
+void layer_norm_backward(const float* x, const float* gamma, const float* g, const float* mean,
+                         const float* rstd, float* gx, float* dgamma, float* dbeta, std::int64_t n,
+                         std::int64_t c, Stream s) {
+  layer_norm_backward_of(x, gamma, g, mean, rstd, gx, dgamma, dbeta, n, c, s);
+}
+
+void layer_norm_backward_bf16(const float* x, const float* gamma, const bf16* g, const float* mean,
+                              const float* rstd, float* gx, float* dgamma, float* dbeta,
+                              std::int64_t n, std::int64_t c, Stream s) {
+  layer_norm_backward_of(x, gamma, reinterpret_cast<const Bf16*>(g), mean, rstd, gx, dgamma, dbeta,
+                         n, c, s);
 }
 
 void rms_norm(const float* x, const float* gamma, float* y, float* rrms, std::int64_t n,
@@ -506,8 +522,7 @@ __global__ void cross_entropy_kernel(const float* __restrict__ logits,
 // 8192 x 50304 on an H200. gx may be logits: each thread reads its pack of a row before it
 // writes it.
 template <int V, class Id>
-__global__ void cross_entropy_backward_kernel(const float* logits,
-                                              const float* __restrict__ g,
+__global__ void cross_entropy_backward_kernel(const float* logits, const float* __restrict__ g,
                                               const float* __restrict__ lse,
                                               const Id* __restrict__ labels, float* gx,
                                               std::int64_t n, std::int64_t v) {
@@ -573,6 +588,7 @@ const detail::NnKernels nn_kernels{
     .layer_norm = nn::layer_norm,
     .layer_norm_bf16 = nn::layer_norm_bf16,
     .layer_norm_backward = nn::layer_norm_backward,
+    .layer_norm_backward_bf16 = nn::layer_norm_backward_bf16,
     .rms_norm = nn::rms_norm,
     .rms_norm_backward = nn::rms_norm_backward,
     .find_bad_id = nn::find_bad_id,

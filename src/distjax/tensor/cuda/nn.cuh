@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "distjax/tensor/cuda/halves.cuh"
 #include "distjax/tensor/cuda/launch.cuh"
 #include "distjax/tensor/table/nn.hpp"
 
@@ -34,6 +35,26 @@ __device__ __forceinline__ Pack<V> load_pack(const float* p, std::int64_t j) {
   } else {
     return {{p[j]}};
   }
+}
+
+/// Pack j of a bf16 row, widened (V = 4: one 8-byte access).
+template <int V>
+__device__ __forceinline__ Pack<V> load_pack(const Bf16* p, std::int64_t j) {
+  if constexpr (V == 4) {
+    const ushort4 u = reinterpret_cast<const ushort4*>(p)[j];
+    return {
+        {f32_from_bf16({u.x}), f32_from_bf16({u.y}), f32_from_bf16({u.z}), f32_from_bf16({u.w})}};
+  } else {
+    return {{f32_from_bf16(p[j])}};
+  }
+}
+
+/// Element i of an f32 or bf16 buffer, as f32.
+__device__ __forceinline__ float load_f32(const float* p, std::int64_t i) {
+  return p[i];
+}
+__device__ __forceinline__ float load_f32(const Bf16* p, std::int64_t i) {
+  return f32_from_bf16(p[i]);
 }
 
 template <int V>

@@ -45,6 +45,12 @@ struct NnKernels {
   void (*layer_norm_backward)(const float* x, const float* gamma, const float* g, const float* mean,
                               const float* rstd, float* gx, float* dgamma, float* dbeta,
                               std::int64_t n, std::int64_t c, Stream s);
+  /// The same for a bf16 g (what a bf16 y's consumer may hand back: Node::reduced_cotangent),
+  /// read as it is. Null where the device has none.
+  void (*layer_norm_backward_bf16)(const float* x, const float* gamma, const bf16* g,
+                                   const float* mean, const float* rstd, float* gx, float* dgamma,
+                                   float* dbeta, std::int64_t n, std::int64_t c,
+                                   Stream s) = nullptr;
   /// y = x * rrms * gamma per row; rrms (n) = 1 / sqrt(mean(x^2) + eps) is saved.
   void (*rms_norm)(const float* x, const float* gamma, float* y, float* rrms, std::int64_t n,
                    std::int64_t c, float eps, Stream s);
