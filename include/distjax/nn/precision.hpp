@@ -22,12 +22,14 @@ using tensor::Tensor;
 ///    tensor::linear / tensor::matmul, which accumulate and write f32.
 ///
 /// The ops between the matmuls (layer/RMS norm, softmax, GELU, residual adds,
-/// cross-entropy, reductions) compute in f32. Where an activation's only consumer is a
-/// matmul, its producer writes it in compute_dtype instead of f32 and its cast (the
-/// transformer's layer norms, attention's output, the MLP's GELU, the fused QKV projection:
-/// Dense::compute_dtype_output); the residual stream and the loss stay f32. Attention's
-/// products may read compute_dtype operands (tensor::attention's `compute`: bf16 on a GPU's
-/// tensor cores, f32 on the CPU).
+/// cross-entropy, reductions) compute in f32. Where an activation's only consumer reads it
+/// in compute_dtype, its producer writes it so instead of f32 and its cast (the
+/// transformer's layer norms, attention's output, the MLP's fc1 with its GELU in the
+/// product's epilogue, the QKV projection where the attention reads bf16 as it is:
+/// Dense::gelu and Dense::compute_dtype_output); the residual stream and the loss stay f32.
+/// The backward then writes such an activation's cotangent in compute_dtype too
+/// (tensor::Node::reduced_cotangent). Attention's products may read compute_dtype operands
+/// (tensor::attention's `compute`: bf16 on a GPU's tensor cores, f32 on the CPU).
 ///
 ///   nn::Scope s = nn::Scope::apply(&params, true, key).with_precision(nn::Precision::bf16());
 ///   Tensor y = nn::Dense{.features = 64}(s.child("fc"), x);  // bf16 GEMM, f32 y
