@@ -5,12 +5,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "distjax/autodiff/autodiff.hpp"
 #include "distjax/data/text_corpus.hpp"
 #include "distjax/models/transformer.hpp"
 #include "distjax/optim/adamw.hpp"
+#include "distjax/tensor/attention.hpp"
+#include "distjax/tensor/cpu/kernels.hpp"
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/nn_ops.hpp"
 #include "distjax/tensor/reduce.hpp"
@@ -90,6 +93,38 @@ TEST(TransformerPrecision, Bf16LogitsAndGradientsNearF32) {
       ASSERT_EQ(gp.at(path).dtype(), DType::F32);
       EXPECT_LT(rel_diff(gp.at(path), g), 2 * tol);
     }
+  }
+}
+
+// The path a GPU with cuDNN takes, on the CPU: its bf16 attention entries turned on, so the
+// QKV projection writes bf16, the attention reads it as it is, and the backward hands bf16
+// cotangents from the attention, fc1 and the norms to the products that read them. The
+// logits and gradients stay as near f32 as the CPU's own bf16 path.
+TEST(TransformerPrecision, Bf16WithBf16AttentionEntriesNearF32) {
+  const models::Transformer model(kSmall);
+  const TensorTree params = model.init(Key::from_seed(0));
+  const train::Batch b = data::sample_windows(corpus().train, 4, 32, Key::from_seed(1));
+  const nn::Precision p = nn::Precision::bf16();
+  auto [v32, g32] =
+      autodiff::value_and_grad(gpt_loss(model, nn::Precision::f32()))(params, b, Key::from_seed(2));
+  const Tensor l32 = model(nn::Scope::apply(&params, false), b.inputs);
+  struct Bf16Entries {  // on for this scope, off again however it ends
+    Bf16Entries() { tensor::detail::cpu::set_serves_bf16_attention(true); }
+    ~Bf16Entries() { tensor::detail::cpu::set_serves_bf16_attention(false); }
+  };
+  std::optional<Bf16Entries> entries(std::in_place);
+  ASSERT_EQ(
+      tensor::attention_packed_input_dtype({4, 32, 3 * 64}, 4, true, DType::BF16, Device::cpu()),
+      DType::BF16);
+  const Tensor lp = model(nn::Scope::apply(&params, false).with_precision(p), b.inputs);
+  auto [vp, gp] = autodiff::value_and_grad(gpt_loss(model, p))(params, b, Key::from_seed(2));
+  entries.reset();
+  EXPECT_LT(rel_diff(lp, l32), 1.5e-2);
+  EXPECT_NEAR(vp.first.item<double>(), v32.first.item<double>(), 1.5e-3 * v32.first.item<double>());
+  for (const auto& [path, g] : g32) {
+    SCOPED_TRACE(path);
+    ASSERT_EQ(gp.at(path).dtype(), DType::F32);
+    EXPECT_LT(rel_diff(gp.at(path), g), 3e-2);
   }
 }
 
