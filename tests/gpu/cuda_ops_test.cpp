@@ -637,9 +637,9 @@ TEST(CudaOps, MatrixProducts) {
 
 // linear's epilogues (cuBLASLt's BIAS, GELU_AUX and GELU_AUX_BIAS with an f32, bf16 or f16
 // D; an f32 sum and the elementwise kernels where cuBLASLt has none, as for N = 130, whose
-// aux leading dimension is no multiple of 8) and their backward (epilogue_backward), with
-// the cotangent arriving in the output's dtype (through astype) and in f32 (through a
-// product).
+// aux leading dimension is no multiple of 8; a residual as cuBLASLt's C) and their backward
+// (epilogue_backward), with the cotangent arriving in the output's dtype (through astype)
+// and in f32 (through a product).
 TEST(CudaOps, LinearEpilogues) {
   SKIP_WITHOUT_GPU();
   const CudaGemmEpilogueCalls before = cuda_gemm_epilogue_calls();
@@ -672,6 +672,15 @@ TEST(CudaOps, LinearEpilogues) {
           expect_close("linear, f32 cotangent " + s, through_product,
                        {x, w, b, uniform({w_shape[1], 24})}, {true, true, bias, true}, c.tol);
         }
+  // A residual: cuBLASLt's C (beta = 1), the bias added after it.
+  for (const DType op : {DType::F32, DType::BF16})
+    expect_close(
+        std::string("linear with a residual, ") + dtype_name(op),
+        [op](const V& a) {
+          return linear(astype(a[0], op), astype(a[1], op), a[2], {.residual = a[3]});
+        },
+        {uniform({4, 50, 96}), uniform({96, 128}), uniform({128}), uniform({4, 50, 128})},
+        {true, true, true, true}, op == DType::F32 ? kF32 : kBf16);
   // N = 130 always falls back; the rest runs in cuBLASLt's epilogues where it has them.
   const CudaGemmEpilogueCalls after = cuda_gemm_epilogue_calls();
   std::printf("gemm epilogues: %lld fused in cuBLASLt, %lld as an f32 sum and kernels\n",

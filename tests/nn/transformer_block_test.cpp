@@ -1,8 +1,12 @@
-// TransformerBlock: parameter layout, and remat (checkpoint) giving the same values
-// and gradients as the plain block, with dropout on.
+// TransformerBlock: parameter layout, the pre-norm residual formula (its residual adds made
+// in the out projections' products), and remat (checkpoint) giving the same values and
+// gradients as the plain block, with dropout on.
 #include <gtest/gtest.h>
 
 #include "distjax/autodiff/autodiff.hpp"
+#include "distjax/nn/layer_norm.hpp"
+#include "distjax/nn/mlp_block.hpp"
+#include "distjax/nn/multi_head_attention.hpp"
 #include "distjax/nn/transformer_block.hpp"
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/reduce.hpp"
@@ -23,6 +27,42 @@ TEST(TransformerBlock, ParamLayout) {
                            "ln1/bias", "ln1/scale", "ln2/bias", "ln2/scale", "mlp/fc1/bias",
                            "mlp/fc1/kernel", "mlp/fc2/bias", "mlp/fc2/kernel"}));
   EXPECT_EQ(p.at("mlp/fc1/kernel").shape(), (Shape{16, 64}));
+}
+
+// Without dropout the block adds its residuals in the out projections' products
+// (tensor::LinearEpilogue::residual): still y = x + attn(ln1(x)), y + mlp(ln2(y)) from the
+// sub-modules, bit for bit, forward and backward, with and without remat.
+TEST(TransformerBlock, IsThePreNormResidualFormula) {
+  const Tensor x = nn::normal(1.0)(Key::from_seed(3), {2, 6, 16});
+  const Tensor w = nn::normal(1.0)(Key::from_seed(4), {2, 6, 16});
+  TensorTree params;
+  const nn::TransformerBlock block{.num_heads = 2};
+  block(Scope::init(&params, Key::from_seed(0)), x);
+  params.set("x", x);
+  auto formula = [&](const TensorTree& p) {
+    const Scope s = Scope::apply(&p, true, Key::from_seed(5));
+    const nn::LayerNorm ln{.eps = block.ln_eps};
+    const Tensor& in = p.at("x");
+    const Tensor y = tensor::add(
+        in, nn::MultiHeadAttention{.num_heads = 2}(s.child("attn"), ln(s.child("ln1"), in)));
+    const Tensor z = tensor::add(y, nn::MLPBlock{}(s.child("mlp"), ln(s.child("ln2"), y)));
+    return tensor::sum(tensor::mul(z, w));
+  };
+  auto [lw, gw] = autodiff::value_and_grad(formula)(params);
+  nn::TransformerBlock remat = block, both = block;
+  remat.remat = true;
+  both.remat_attn = both.remat_mlp = true;
+  for (const auto& [name, blk] :
+       {std::pair{"plain", block}, std::pair{"remat", remat}, std::pair{"attn+mlp", both}}) {
+    SCOPED_TRACE(name);
+    auto [l, g] = autodiff::value_and_grad([&, blk = blk](const TensorTree& p) {
+      const Scope s = Scope::apply(&p, true, Key::from_seed(5));
+      return tensor::sum(tensor::mul(blk(s, p.at("x")), w));
+    })(params);
+    EXPECT_EQ(l.item<float>(), lw.item<float>());
+    for (const auto& [path, gp] : gw)
+      EXPECT_EQ(g.at(path).to_vector<float>(), gp.to_vector<float>()) << path;
+  }
 }
 
 TEST(TransformerBlock, RematGivesSameValuesAndGradients) {

@@ -165,10 +165,54 @@ TEST(LinearEpilogue, TwoBf16CotangentsAreSummedInF32) {
   EXPECT_LE(max_abs_diff(g.at("w"), want), 1e-6 * max_abs(want));
 }
 
+// A residual added in the product: the bits of add(residual, linear(...)), forward and
+// backward (the residual's cotangent is the output's), for f32 and bf16 operands.
+TEST(LinearEpilogue, AResidualIsTheAddBitForBit) {
+  const Tensor x = randn({3, 5, 24}, 51), w = randn({24, 16}, 52), b = randn({16}, 53);
+  const Tensor res = randn({3, 5, 16}, 54), r = randn({3, 5, 16}, 55);
+  for (DType operands : {DType::F32, DType::BF16})
+    for (bool bias : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(operands)) + (bias ? ", bias" : ""));
+      auto run = [&](bool fused) {
+        TensorTree params;
+        params.set("x", x);
+        params.set("w", w);
+        params.set("b", b);
+        params.set("res", res);
+        Tensor out;
+        const TensorTree g = autodiff::grad([&](const TensorTree& p) {
+          const Tensor xc = astype(p.at("x"), operands), wc = astype(p.at("w"), operands);
+          const Tensor bb = bias ? p.at("b") : Tensor();
+          out = fused ? linear(xc, wc, bb, {.residual = p.at("res")})
+                      : add(p.at("res"), linear(xc, wc, bb));
+          return sum(mul(out, r));
+        })(params);
+        std::vector<Tensor> all{out.detach()};
+        for (const char* name : {"x", "w", "b", "res"})
+          all.push_back(g.at(name));
+        return all;
+      };
+      const std::vector<Tensor> got = run(true), want = run(false);
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        if (i == 3 && !bias) continue;  // no bias: its gradient is zero either way
+        EXPECT_TRUE(testing::same_bits(got[i].to(Device::cpu()), want[i].to(Device::cpu())))
+            << (i == 0 ? "output" : "gradient " + std::to_string(i - 1));
+      }
+    }
+  EXPECT_THROW(linear(x, w, b, {.gelu = true, .residual = res}), InvalidArgument);
+  EXPECT_THROW(linear(astype(x, DType::BF16), astype(w, DType::BF16), b,
+                      {.out = DType::BF16, .residual = res}),
+               InvalidArgument);
+  EXPECT_THROW(linear(x, w, b, {.residual = randn({3, 16}, 56)}), InvalidArgument);
+}
+
 TEST(LinearEpilogue, OnTheCheckedDeviceGivesTheCpuBits) {
   using V = std::vector<Tensor>;
   const Tensor x = testing::host_uniform({3, 11, 40}, 21), w = testing::host_uniform({40, 24}, 22);
   const Tensor b = testing::host_uniform({24}, 23);
+  testing::expect_same_on_checked(
+      "residual", [](const V& in) { return linear(in[0], in[1], in[2], {.residual = in[3]}); },
+      {x, w, b, testing::host_uniform({3, 11, 24}, 24)}, {true, true, true, true});
   for (const Config& c : configs()) {
     testing::expect_same_on_checked(
         c.str(),

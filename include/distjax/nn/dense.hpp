@@ -29,6 +29,9 @@ struct Dense {
   bool compute_dtype_output = false;
 
   Tensor operator()(const Scope& scope, const Tensor& x) const;
+  /// residual + Dense(x): the residual connection's add in the product (an f32 output, no
+  /// GELU), the bits of tensor::add(residual, (*this)(scope, x)) on the CPU.
+  Tensor operator()(const Scope& scope, const Tensor& x, const Tensor& residual) const;
 };
 
 }  // namespace distjax::nn

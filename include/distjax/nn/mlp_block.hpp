@@ -19,7 +19,8 @@ struct MLPBlock {
   /// Initialiser of the output projection fc2 (GPT-2 scales it by 1 / sqrt(2 L)).
   Initializer out_init = lecun_normal();
 
-  Tensor operator()(const Scope& scope, const Tensor& x) const;
+  /// With a `residual` (..., C): residual + mlp(x), the add in fc2's product.
+  Tensor operator()(const Scope& scope, const Tensor& x, const Tensor& residual = Tensor()) const;
 };
 
 }  // namespace distjax::nn

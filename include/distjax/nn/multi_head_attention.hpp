@@ -21,7 +21,8 @@ struct MultiHeadAttention {
   /// Initialiser of the output projection (GPT-2 scales it by 1 / sqrt(2 L)).
   Initializer out_init = lecun_normal();
 
-  Tensor operator()(const Scope& scope, const Tensor& x) const;
+  /// With a `residual` (B, T, C): residual + attention(x), the add in the out projection.
+  Tensor operator()(const Scope& scope, const Tensor& x, const Tensor& residual = Tensor()) const;
 };
 
 }  // namespace distjax::nn

@@ -31,6 +31,10 @@ struct LinearEpilogue {
   /// The output's dtype: f32, or the operands' own (bf16 or f16), so that the next matmul
   /// reads it as it is (no f32 activation and cast). P is rounded once, as it is written.
   DType out = DType::F32;
+  /// A residual connection (..., N) f32 added to P: residual + x @ w + bias, the bits of
+  /// add(residual, linear(x, w, bias)) on the CPU (cuBLASLt's C on CUDA, so no separate
+  /// pass over the sum). Needs an f32 `out` and no GELU; its cotangent is the output's.
+  Tensor residual = Tensor();
 };
 
 /// linear(x, w, bias) with `epilogue` applied: (..., N) in epilogue.out. The backward takes

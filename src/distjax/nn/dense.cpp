@@ -5,6 +5,10 @@
 namespace distjax::nn {
 
 Tensor Dense::operator()(const Scope& scope, const Tensor& x) const {
+  return (*this)(scope, x, Tensor());
+}
+
+Tensor Dense::operator()(const Scope& scope, const Tensor& x, const Tensor& residual) const {
   tensor::check_defined(x, "Dense", "x");
   DISTJAX_CHECK(x.rank() >= 1, InvalidArgument, "[Dense] \"", scope.path(),
                 "\" expects x of rank >= 1, got ", to_string(x.shape()));
@@ -15,9 +19,11 @@ Tensor Dense::operator()(const Scope& scope, const Tensor& x) const {
   Tensor kernel = scope.param("kernel", {in, features}, kernel_init, kernel_spec);
   Tensor bias = use_bias ? scope.param("bias", {features}, bias_init, bias_spec) : Tensor();
   const Precision& policy = scope.precision();
-  if (!gelu && !compute_dtype_output) return linear(policy, x, kernel, bias);
+  if (!gelu && !compute_dtype_output && !residual.defined()) return linear(policy, x, kernel, bias);
   return linear(policy, x, kernel, bias,
-                {.gelu = gelu, .out = compute_dtype_output ? policy.compute_dtype : DType::F32});
+                {.gelu = gelu,
+                 .out = compute_dtype_output ? policy.compute_dtype : DType::F32,
+                 .residual = residual});
 }
 
 }  // namespace distjax::nn

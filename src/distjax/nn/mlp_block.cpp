@@ -5,7 +5,7 @@
 
 namespace distjax::nn {
 
-Tensor MLPBlock::operator()(const Scope& scope, const Tensor& x) const {
+Tensor MLPBlock::operator()(const Scope& scope, const Tensor& x, const Tensor& residual) const {
   tensor::check_defined(x, "MLPBlock", "x");
   DISTJAX_CHECK(x.rank() >= 1, InvalidArgument, "[MLPBlock] \"", scope.path(),
                 "\" expects x of rank >= 1, got ", to_string(x.shape()));
@@ -16,13 +16,13 @@ Tensor MLPBlock::operator()(const Scope& scope, const Tensor& x) const {
     // GELU in fc1's epilogue, written in the dtype fc2 reads it in.
     const Dense fc1{
         .features = h, .kernel_init = kernel_init, .gelu = true, .compute_dtype_output = true};
-    return fc2(scope.child("fc2"), fc1(scope.child("fc1"), x));
+    return fc2(scope.child("fc2"), fc1(scope.child("fc1"), x), residual);
   }
   const Dense fc1{.features = h, .kernel_init = kernel_init};
   Tensor y = fc1(scope.child("fc1"), x);
   // In the dtype fc2 reads it in: one pass on a device with a bf16-writing kernel.
   y = tensor::gelu(y, gelu_approximate, scope.precision().compute_dtype);
-  return fc2(scope.child("fc2"), y);
+  return fc2(scope.child("fc2"), y, residual);
 }
 
 }  // namespace distjax::nn

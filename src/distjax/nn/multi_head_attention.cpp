@@ -7,7 +7,8 @@
 
 namespace distjax::nn {
 
-Tensor MultiHeadAttention::operator()(const Scope& scope, const Tensor& x) const {
+Tensor MultiHeadAttention::operator()(const Scope& scope, const Tensor& x,
+                                      const Tensor& residual) const {
   tensor::check_defined(x, "MultiHeadAttention", "x");
   DISTJAX_CHECK(x.rank() == 3, InvalidArgument, "[MultiHeadAttention] \"", scope.path(),
                 "\" expects x (B, T, C), got ", to_string(x.shape()));
@@ -27,7 +28,7 @@ Tensor MultiHeadAttention::operator()(const Scope& scope, const Tensor& x) const
     // Heads read in place from the projection: no permute / split copies. The output comes
     // in the dtype out_proj reads it in (a bf16 attention's output as it is).
     Tensor y = tensor::attention_packed(qkv, h, causal, 0.f, compute, compute);  // (B, T, C)
-    return out_proj(scope.child("out"), y);
+    return out_proj(scope.child("out"), y, residual);
   }
   qkv = tensor::reshape(tensor::astype(qkv, DType::F32), {b, t, h, 3, d});
   qkv = tensor::permute(qkv, {3, 0, 2, 1, 4});  // (3, B, H, T, D)
@@ -38,7 +39,7 @@ Tensor MultiHeadAttention::operator()(const Scope& scope, const Tensor& x) const
   Tensor v = tensor::reshape(parts[2], head_shape);
   Tensor y = tensor::attention(q, k, v, causal, 0.f, compute);       // (B, H, T, D)
   y = tensor::reshape(tensor::permute(y, {0, 2, 1, 3}), {b, t, c});  // (B, T, C)
-  return out_proj(scope.child("out"), y);
+  return out_proj(scope.child("out"), y, residual);
 }
 
 }  // namespace distjax::nn

@@ -24,7 +24,8 @@ Tensor linear(const Precision& policy, const Tensor& x, const Tensor& w, const T
 
 Tensor linear(const Precision& policy, const Tensor& x, const Tensor& w, const Tensor& bias,
               const tensor::LinearEpilogue& epilogue) {
-  if (!policy.mixed()) return tensor::linear(x, w, bias, {.gelu = epilogue.gelu});
+  if (!policy.mixed())
+    return tensor::linear(x, w, bias, {.gelu = epilogue.gelu, .residual = epilogue.residual});
   return tensor::linear(policy.cast_to_compute(x), policy.cast_to_compute(w), bias, epilogue);
 }
 

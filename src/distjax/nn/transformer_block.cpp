@@ -18,6 +18,15 @@ Tensor TransformerBlock::body(const Scope& scope, const Tensor& x) const {
   const MultiHeadAttention attn{
       .num_heads = num_heads, .kernel_init = kernel_init, .out_init = out_init};
   const MLPBlock mlp{.hidden = mlp_hidden, .kernel_init = kernel_init, .out_init = out_init};
+  if (dropout == 0.f) {
+    // The residual adds in the out projections' products (no dropout between).
+    const Tensor y = remat_call(remat_attn, scope, x, [ln, attn](const Scope& s, const Tensor& in) {
+      return attn(s.child("attn").module("Attn"), ln(s.child("ln1"), in), in);
+    });
+    return remat_call(remat_mlp, scope, y, [ln, mlp](const Scope& s, const Tensor& in) {
+      return mlp(s.child("mlp").module("MLP"), ln(s.child("ln2"), in), in);
+    });
+  }
   Tensor h = remat_call(remat_attn, scope, x, [ln, attn](const Scope& s, const Tensor& in) {
     return attn(s.child("attn").module("Attn"), ln(s.child("ln1"), in));
   });

@@ -83,11 +83,14 @@ MatmulDims check_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
 // out = the product `key` describes of a and b (converted by gemm_operand) plus bias, its
 // epilogue applied (aux: GELU's pre-activation).
 void run_gemm(const char* op, const detail::GemmKey& key, const Tensor& a, const Tensor& b,
-              const Tensor& bias, Tensor& out, Tensor* aux = nullptr) {
+              const Tensor& bias, Tensor& out, Tensor* aux = nullptr,
+              const Tensor& residual = Tensor()) {
   const Tensor no_aux;
-  detail::Dispatch k(op, &detail::KernelTable::gemm, {&a, &b, &bias, &out, aux ? aux : &no_aux});
+  detail::Dispatch k(op, &detail::KernelTable::gemm,
+                     {&a, &b, &bias, &out, aux ? aux : &no_aux, &residual});
   k->gemm(key, a.raw_data(), b.raw_data(), bias.defined() ? bias.data<float>() : nullptr,
-          out.raw_data(), aux ? aux->raw_data() : nullptr, k.stream());
+          residual.defined() ? residual.data<float>() : nullptr, out.raw_data(),
+          aux ? aux->raw_data() : nullptr, k.stream());
 }
 
 // For i < batch: C_i = alpha op(A_i) op(B_i) + beta C_i (f32, dense row-major matrices,
@@ -215,6 +218,16 @@ void check_linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Li
   DISTJAX_CHECK(e.out == DType::F32 || e.out == x.dtype(), InvalidArgument,
                 "[linear] writes f32 or its operands' dtype (", dtype_name(x.dtype()), "), not ",
                 dtype_name(e.out));
+  if (e.residual.defined()) {
+    Shape out_shape = x.shape();
+    out_shape.back() = w.size(1);
+    detail::require_f32("linear", {&e.residual});
+    DISTJAX_CHECK(e.residual.shape() == out_shape, InvalidArgument, "[linear] residual ",
+                  to_string(e.residual.shape()), " does not match the output ",
+                  to_string(out_shape));
+    DISTJAX_CHECK(e.out == DType::F32 && !e.gelu, InvalidArgument,
+                  "[linear] adds a residual to an f32 output without GELU only");
+  }
 }
 
 // The bias's cotangent, handed over now or, in a zero-bubble pipeline's B pass, queued for
@@ -231,10 +244,13 @@ Tensor bias_cotangent(const std::shared_ptr<Node>& bleaf, std::function<Tensor()
 // makes the GEMMs' cotangent (GELU's derivative applied, rounded to the operands' dtype)
 // and the bias gradient together.
 std::vector<Tensor> linear_backward(std::vector<Tensor>& g, const Tensor& xd, const Tensor& wd,
-                                    const Tensor& pre, DType dx_dtype, bool has_bias, bool rx,
-                                    bool rw, const std::shared_ptr<Node>& wleaf,
+                                    const Tensor& pre, DType dx_dtype, bool has_bias,
+                                    bool has_residual, bool rx, bool rw,
+                                    const std::shared_ptr<Node>& wleaf,
                                     const std::shared_ptr<Node>& bleaf) {
   const std::int64_t k = wd.size(0), n = wd.size(1);
+  // The residual's cotangent is the output's own.
+  const Tensor gresidual = has_residual ? g[0] : Tensor();
   const std::int64_t rows = g[0].numel() / n;
   const DType gemm_dtype = xd.dtype();
   Tensor gbias, g2;
@@ -269,6 +285,7 @@ std::vector<Tensor> linear_backward(std::vector<Tensor>& g, const Tensor& xd, co
     out.push_back(rw ? matmul(x2, g2, true, false) : Tensor());
   }
   if (has_bias) out.push_back(gbias);  // undefined when deferred
+  if (has_residual) out.push_back(gresidual);
   return out;
 }
 
@@ -281,6 +298,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const LinearEpilogue& e) {
   check_linear(x, w, bias, e);
   const std::int64_t k = w.size(0), n = w.size(1), m = x.numel() / std::max<std::int64_t>(k, 1);
+  // No product to add to (K = 0): the add itself.
+  if (e.residual.defined() && k == 0) return add(e.residual, linear(x, w, bias));
   Shape out_shape = x.shape();
   out_shape.back() = n;
   const Device dev = detail::op_device("linear", {&x, &w, &bias});
@@ -288,23 +307,25 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Linear
   Tensor pre = e.gelu ? Tensor::empty(out_shape, e.out, dev) : Tensor();
   const Tensor xg = gemm_operand(x), wg = gemm_operand(w);
   run_gemm("linear", {1, m, n, k, false, false, true, bias.defined(), gemm_dtype(x), e.out, e.gelu},
-           xg, wg, bias, out, e.gelu ? &pre : nullptr);
+           xg, wg, bias, out, e.gelu ? &pre : nullptr, e.residual);
   std::vector<Tensor> inputs{x, w};
   if (bias.defined()) inputs.push_back(bias);
+  if (e.residual.defined()) inputs.push_back(e.residual);
   if (!needs_grad(inputs)) return joined(out, inputs);
   // dX in x's own dtype where x's producer takes its cotangent so (a bf16 attention, a
   // linear writing bf16): half the bytes, and the rounding it would do anyway.
   const DType dx_dtype =
       x.dtype() != DType::F32 && x.grad_node() && x.grad_node()->reduced_cotangent ? x.dtype()
                                                                                    : DType::F32;
-  Tensor y =
-      record("linear", inputs, out,
-             [xd = x.detach(), wd = w.detach(), pre, dx_dtype, has_bias = bias.defined(),
-              rx = x.requires_grad(), rw = w.requires_grad(), wleaf = deferrable_weight(w, inputs),
-              bleaf = bias.defined() ? deferrable_weight(bias, inputs)
-                                     : std::shared_ptr<Node>()](std::vector<Tensor>& g) {
-               return linear_backward(g, xd, wd, pre, dx_dtype, has_bias, rx, rw, wleaf, bleaf);
-             });
+  Tensor y = record("linear", inputs, out,
+                    [xd = x.detach(), wd = w.detach(), pre, dx_dtype, has_bias = bias.defined(),
+                     has_residual = e.residual.defined(), rx = x.requires_grad(),
+                     rw = w.requires_grad(), wleaf = deferrable_weight(w, inputs),
+                     bleaf = bias.defined() ? deferrable_weight(bias, inputs)
+                                            : std::shared_ptr<Node>()](std::vector<Tensor>& g) {
+                      return linear_backward(g, xd, wd, pre, dx_dtype, has_bias, has_residual, rx,
+                                             rw, wleaf, bleaf);
+                    });
   // Its backward reads a cotangent in its output's dtype as it reads an f32 one.
   if (e.out != DType::F32) y.grad_node()->reduced_cotangent = true;
   return y;

@@ -135,11 +135,25 @@ void gemm_f32_sum(const GemmKey& key, const void* a, const void* b, const float*
   run_primitive(f32_key, a, b, bias, sum);
 }
 
-void gemm(const GemmKey& key, const void* a, const void* b, const float* bias, void* c, void* aux,
-          Stream s) {
+// c[i] = p[i] + residual[i] (the residual connection's add, after the product: the bits of
+// add(residual, linear(...))).
+void add_residual(const float* p, const float* residual, float* c, std::int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > kParallelGrainMemory)
+  for (std::int64_t i = 0; i < n; ++i)
+    c[i] = residual[i] + p[i];
+}
+
+void gemm(const GemmKey& key, const void* a, const void* b, const float* bias,
+          const float* residual, void* c, void* aux, Stream s) {
   assert(key.src == DType::F32 || key.src == DType::BF16);
+  assert(!residual || (key.dst == DType::F32 && !key.gelu));
   const std::int64_t n = key.batch * key.m * key.n;
   if (n == 0) return;
+  if (residual) {
+    float* out = static_cast<float*>(c);
+    gemm_f32_sum(key, a, b, bias, out);
+    return add_residual(out, residual, out, n);
+  }
   if (!key.gelu && key.k > 0 && (key.dst == DType::F32 || key.dst == DType::BF16))
     return run_primitive(key, a, b, bias, c);
   // P in f32 (in aux or C itself where that is f32, else in the thread's scratch, kept for

@@ -264,11 +264,12 @@ const Plan* plan_for(const Problem& p) {
   return it->second.get();
 }
 
-// D = alpha * A B + beta * D for the problem (its pointers given; aux with GELU), on the
-// thread's stream. False, running nothing, where an optional epilogue has no algorithm or
-// cuBLASLt refuses the call (the problem is then not tried again on this thread).
+// D = alpha * A B + beta * C for the problem (its pointers given; C is D unless c_in is
+// given; aux with GELU), on the thread's stream. False, running nothing, where an optional
+// epilogue has no algorithm or cuBLASLt refuses the call (the problem is then not tried
+// again on this thread).
 bool run(const Problem& p, const void* a, const void* b, const float* bias, void* d, void* aux,
-         float alpha, float beta, Stream s) {
+         float alpha, float beta, Stream s, const void* c_in = nullptr) {
   const Plan* found = plan_for(p);
   if (!found) return false;
   const Plan& plan = *found;
@@ -278,8 +279,8 @@ bool run(const Problem& p, const void* a, const void* b, const float* bias, void
   ThreadContext& ctx = context();
   const cudaStream_t stream = stream_of(s);
   const cublasStatus_t st =
-      cublasLtMatmul(ctx.handle, plan.desc, &alpha, a, plan.la, b, plan.lb, &beta, d, plan.ld, d,
-                     plan.ld, &plan.algo, ctx.workspace, kWorkspaceBytes, stream);
+      cublasLtMatmul(ctx.handle, plan.desc, &alpha, a, plan.la, b, plan.lb, &beta, c_in ? c_in : d,
+                     plan.ld, d, plan.ld, &plan.algo, ctx.workspace, kWorkspaceBytes, stream);
   if (st != CUBLAS_STATUS_SUCCESS && optional_epilogue(p)) {
     plans()[p].reset();
     return false;
@@ -300,9 +301,10 @@ std::atomic<std::int64_t> epilogues_fused{0}, epilogues_unfused{0};
 
 // Runs `key` (k > 0) with its epilogue fused into cuBLASLt's; false where cuBLASLt has no
 // algorithm for it. The bias goes in f32; for a 16-bit D where cuBLASLt takes no f32 bias,
-// rounded to D's type (as PyTorch's bf16 linear holds it).
-bool gemm_fused(const GemmKey& key, const void* a, const void* b, const float* bias, void* c,
-                void* aux, Stream s) {
+// rounded to D's type (as PyTorch's bf16 linear holds it). A residual is cuBLASLt's C
+// (beta = 1), its bias added after it.
+bool gemm_fused(const GemmKey& key, const void* a, const void* b, const float* bias,
+                const float* residual, void* c, void* aux, Stream s) {
   const auto [batch, m, n, k, ta, tb, b_shared, has_bias, src, dst, gelu] = key;
   // Halves on the tensor cores with f32 accumulation.
   const cudaDataType_t type = cuda_type(src);
@@ -330,15 +332,16 @@ bool gemm_fused(const GemmKey& key, const void* a, const void* b, const float* b
   p.align_b =
       alignment({addr(a), std::uint64_t(p.b.ld) * es, std::uint64_t(p.b.batch_stride) * es});
   // aux is laid out as D: its pointer bounds D's alignment too.
-  p.align_d =
-      alignment({addr(c), gelu ? addr(aux) : 0, std::uint64_t(n) * ds, std::uint64_t(m * n) * ds});
+  p.align_d = alignment({addr(c), gelu ? addr(aux) : 0, addr(residual), std::uint64_t(n) * ds,
+                         std::uint64_t(m * n) * ds});
   // GELU's aux wants a leading dimension and batch stride divisible by 8 elements.
   const bool optional = optional_epilogue(p);
   if (gelu && (n % 8 != 0 || (batch > 1 && (m * n) % 8 != 0))) {
     ++epilogues_unfused;
     return false;
   }
-  bool done = run(p, b, a, has_bias ? bias : nullptr, c, aux, 1.f, 0.f, s);
+  bool done =
+      run(p, b, a, has_bias ? bias : nullptr, c, aux, 1.f, residual ? 1.f : 0.f, s, residual);
   if (!done && optional && has_bias && dst != DType::F32) {
     p.bias_type = p.d_type;
     const cudaStream_t stream = stream_of(s);
@@ -393,7 +396,7 @@ void gemm_unfused(const GemmKey& key, const void* a, const void* b, const float*
     GemmKey f32_key = key;
     f32_key.dst = DType::F32;
     f32_key.gelu = false;
-    DISTJAX_CHECK(gemm_fused(f32_key, a, b, bias, sum, nullptr, s), Error,
+    DISTJAX_CHECK(gemm_fused(f32_key, a, b, bias, nullptr, sum, nullptr, s), Error,
                   "[gemm] cuBLASLt has no algorithm for an f32 product");
   }
   if (key.gelu && key.dst == DType::F32) {
@@ -408,13 +411,20 @@ void gemm_unfused(const GemmKey& key, const void* a, const void* b, const float*
   if (scratch) DISTJAX_CUDA_CHECK(cudaFreeAsync(scratch, stream), "gemm");
 }
 
-void gemm(const GemmKey& key, const void* a, const void* b, const float* bias, void* c, void* aux,
-          Stream s) {
+void gemm(const GemmKey& key, const void* a, const void* b, const float* bias,
+          const float* residual, void* c, void* aux, Stream s) {
   for (const DType t : {key.src, key.dst})
     DISTJAX_CHECK(t == DType::F32 || t == DType::BF16 || t == DType::F16, NotImplemented,
                   "[gemm] CUDA multiplies and writes f32, bf16 or f16, not ", dtype_name(t));
   if (key.m == 0 || key.n == 0 || key.batch == 0) return;
-  if (key.k > 0 && gemm_fused(key, a, b, bias, c, aux, s)) return;
+  if (residual) {
+    // An f32 C without GELU (the op checks): cuBLASLt's C, never an optional epilogue.
+    DISTJAX_CHECK(key.k > 0, NotImplemented,
+                  "[gemm] CUDA adds a residual to a product with k > 0 only");
+    gemm_fused(key, a, b, bias, residual, c, aux, s);
+    return;
+  }
+  if (key.k > 0 && gemm_fused(key, a, b, bias, nullptr, c, aux, s)) return;
   gemm_unfused(key, a, b, bias, c, aux, s);
 }
 

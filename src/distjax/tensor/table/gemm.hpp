@@ -30,10 +30,12 @@ struct GemmKey {
 struct GemmKernels {
   /// Runs `key` (the CPU: the calling thread's cached primitive, parallel over the OpenMP
   /// threads). bias (N) only when key.bias; aux (batch M x N of key.dst) only with
-  /// key.gelu. k == 0 sums to zero (P is the bias). `a` and `b` point to elements of key.src, `c`
-  /// to elements of key.dst. CUDA fuses the epilogue into cuBLASLt's (BIAS, GELU_AUX_BIAS).
-  void (*gemm)(const GemmKey& key, const void* a, const void* b, const float* bias, void* c,
-               void* aux, Stream s);
+  /// key.gelu. `residual` (batch M x N f32, or null) is added to P, with an f32 C and no
+  /// GELU only (a residual connection: C = residual + A B + bias). k == 0 sums to zero (P
+  /// is the bias). `a` and `b` point to elements of key.src, `c` to elements of key.dst.
+  /// CUDA fuses the epilogue into cuBLASLt's (BIAS, GELU_AUX_BIAS; the residual as C).
+  void (*gemm)(const GemmKey& key, const void* a, const void* b, const float* bias,
+               const float* residual, void* c, void* aux, Stream s);
   /// The epilogue's backward, for the cotangent g (rows x n, f32 or g_dtype) of C:
   ///   d = g * gelu_tanh'(aux) with an aux (the forward's, aux_dtype), else g   (in f32)
   ///   out = d rounded to out_dtype (what the backward's GEMMs read; skipped when null)
