@@ -59,8 +59,8 @@ struct Precision {
 /// and result f32 (tensor::linear).
 Tensor linear(const Precision& policy, const Tensor& x, const Tensor& w,
               const Tensor& bias = Tensor());
-/// The same with the product's epilogue (tensor::LinearEpilogue): GELU, and the output in
-/// f32 or the compute dtype (`epilogue.out`; f32 where the policy computes in f32).
+/// The same with the product's epilogue (tensor::LinearEpilogue): GELU, the output in f32
+/// or the compute dtype (`epilogue.out`), a residual added.
 Tensor linear(const Precision& policy, const Tensor& x, const Tensor& w, const Tensor& bias,
               const tensor::LinearEpilogue& epilogue);
 /// tensor::matmul(a, b, trans_a, trans_b) with both operands in the compute dtype; f32 result.

@@ -73,6 +73,10 @@ class EnableGradGuard {
 bool needs_grad(std::initializer_list<const Tensor*> inputs);
 bool needs_grad(const std::vector<Tensor>& inputs);
 
+/// `out` with its node marked Node::reduced_cotangent where out is bf16 or f16 and
+/// recorded: for an op whose backward takes that output's cotangent in its own dtype.
+Tensor takes_reduced_cotangent(Tensor out);
+
 // ------------------------------------------------------------ varying mesh axes
 // Inside shard_map every tensor carries the set of mesh axes it varies over
 // (Tensor::varying_axes, JAX's vma). An op's result varies over the union of its
@@ -134,7 +138,6 @@ Tensor record(const char* name, const std::vector<Tensor>& inputs, Tensor out,
 
 /// A fresh leaf that shares `t`'s storage and is differentiated with respect to.
 Tensor make_leaf(const Tensor& t);
-
 
 // ------------------------------------------------------------ deferred weight cotangents
 

@@ -19,7 +19,6 @@ Tensor Dense::operator()(const Scope& scope, const Tensor& x, const Tensor& resi
   Tensor kernel = scope.param("kernel", {in, features}, kernel_init, kernel_spec);
   Tensor bias = use_bias ? scope.param("bias", {features}, bias_init, bias_spec) : Tensor();
   const Precision& policy = scope.precision();
-  if (!gelu && !compute_dtype_output && !residual.defined()) return linear(policy, x, kernel, bias);
   return linear(policy, x, kernel, bias,
                 {.gelu = gelu,
                  .out = compute_dtype_output ? policy.compute_dtype : DType::F32,

@@ -18,14 +18,12 @@ std::string Precision::str() const {
 }
 
 Tensor linear(const Precision& policy, const Tensor& x, const Tensor& w, const Tensor& bias) {
-  if (!policy.mixed()) return tensor::linear(x, w, bias);
-  return tensor::linear(policy.cast_to_compute(x), policy.cast_to_compute(w), bias);
+  return linear(policy, x, w, bias, tensor::LinearEpilogue{});
 }
 
 Tensor linear(const Precision& policy, const Tensor& x, const Tensor& w, const Tensor& bias,
               const tensor::LinearEpilogue& epilogue) {
-  if (!policy.mixed())
-    return tensor::linear(x, w, bias, {.gelu = epilogue.gelu, .residual = epilogue.residual});
+  if (!policy.mixed()) return tensor::linear(x, w, bias, epilogue);
   return tensor::linear(policy.cast_to_compute(x), policy.cast_to_compute(w), bias, epilogue);
 }
 

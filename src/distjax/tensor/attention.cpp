@@ -47,13 +47,6 @@ Tensor to_bf16(const Tensor& x) {
   return astype(x.detach(), DType::BF16);
 }
 
-// Marks a bf16 entries' output as taking its cotangent in bf16 as cheaply as in f32 (the
-// backward rounds it to bf16 first), where that output is bf16.
-Tensor takes_reduced_cotangent(Tensor out) {
-  if (out.grad_node() && out.dtype() != DType::F32) out.grad_node()->reduced_cotangent = true;
-  return out;
-}
-
 void check_out(DType out, const char* op) {
   DISTJAX_CHECK(is_floating(out), InvalidArgument, "[", op, "] writes f32, bf16 or f16, not ",
                 dtype_name(out));

@@ -99,6 +99,11 @@ Tensor record(const char* name, const std::vector<Tensor>& inputs, Tensor out,
   return std::move(outs[0]);
 }
 
+Tensor takes_reduced_cotangent(Tensor out) {
+  if (out.grad_node() && out.dtype() != DType::F32) out.grad_node()->reduced_cotangent = true;
+  return out;
+}
+
 Tensor make_leaf(const Tensor& t) {
   auto node = std::make_shared<Node>();
   node->is_leaf = true;

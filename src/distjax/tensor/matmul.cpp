@@ -239,10 +239,8 @@ Tensor bias_cotangent(const std::shared_ptr<Node>& bleaf, std::function<Tensor()
   return Tensor();
 }
 
-// linear's backward: dx, dW (or deferred) and dbias from the cotangent g of out (rows, n).
-// The plain f32 case sums the bias gradient from g; otherwise one epilogue_backward pass
-// makes the GEMMs' cotangent (GELU's derivative applied, rounded to the operands' dtype)
-// and the bias gradient together.
+// linear's backward: dx, dW (or deferred), dbias and dresidual from the cotangent g of out
+// (rows, n).
 std::vector<Tensor> linear_backward(std::vector<Tensor>& g, const Tensor& xd, const Tensor& wd,
                                     const Tensor& pre, DType dx_dtype, bool has_bias,
                                     bool has_residual, bool rx, bool rw,
@@ -253,27 +251,24 @@ std::vector<Tensor> linear_backward(std::vector<Tensor>& g, const Tensor& xd, co
   const Tensor gresidual = has_residual ? g[0] : Tensor();
   const std::int64_t rows = g[0].numel() / n;
   const DType gemm_dtype = xd.dtype();
-  Tensor gbias, g2;
-  if (!pre.defined() && g[0].dtype() == DType::F32 && gemm_dtype == DType::F32) {
-    g2 = g[0].view({rows, n});
-    if (has_bias) gbias = bias_cotangent(bleaf, [g2] { return sum(g2, {0}); });
-  } else {
-    const Tensor& gc = g[0];
-    const bool reuse = !pre.defined() && gc.dtype() == gemm_dtype;
-    g2 = reuse ? gc.view({rows, n}) : Tensor::empty({rows, n}, gemm_dtype, gc.device());
-    Tensor bsum = has_bias ? Tensor::empty({n}, DType::F32, gc.device()) : Tensor();
-    if (!reuse || has_bias) {
-      detail::Dispatch kd("linear_backward", &detail::KernelTable::gemm, {&gc, &pre, &g2, &bsum});
-      kd->epilogue_backward(gc.raw_data(), gc.dtype(), pre.defined() ? pre.raw_data() : nullptr,
-                            pre.defined() ? pre.dtype() : DType::F32,
-                            reuse ? nullptr : g2.raw_data(), gemm_dtype,
-                            has_bias ? bsum.data<float>() : nullptr, rows, n, kd.stream());
-    }
-    // The sum is made: a zero-bubble W pass only hands it over.
-    if (has_bias) gbias = bias_cotangent(bleaf, [bsum] { return bsum; });
-    // dx and dW read g2: the cotangent's original goes before they are made.
-    if (!reuse) g[0] = Tensor();
+  // One epilogue_backward pass makes the GEMMs' cotangent (GELU's derivative applied,
+  // rounded to the operands' dtype; g itself where it already is that) and the bias
+  // gradient.
+  const Tensor& gc = g[0];
+  const bool reuse = !pre.defined() && gc.dtype() == gemm_dtype;
+  Tensor g2 = reuse ? gc.view({rows, n}) : Tensor::empty({rows, n}, gemm_dtype, gc.device());
+  Tensor bsum = has_bias ? Tensor::empty({n}, DType::F32, gc.device()) : Tensor();
+  if (!reuse || has_bias) {
+    detail::Dispatch kd("linear_backward", &detail::KernelTable::gemm, {&gc, &pre, &g2, &bsum});
+    kd->epilogue_backward(gc.raw_data(), gc.dtype(), pre.defined() ? pre.raw_data() : nullptr,
+                          pre.defined() ? pre.dtype() : DType::F32, reuse ? nullptr : g2.raw_data(),
+                          gemm_dtype, has_bias ? bsum.data<float>() : nullptr, rows, n,
+                          kd.stream());
   }
+  // The sum is made: a zero-bubble W pass only hands it over.
+  const Tensor gbias = has_bias ? bias_cotangent(bleaf, [bsum] { return bsum; }) : Tensor();
+  // dx and dW read g2: the cotangent's original goes before they are made.
+  if (!reuse) g[0] = Tensor();
   Tensor x2 = xd.view({xd.numel() / k, k});
   std::vector<Tensor> out;
   out.push_back(rx ? matmul_forward(g2, wd, false, true, dx_dtype).view(xd.shape()) : Tensor());
@@ -327,8 +322,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Linear
                                              rw, wleaf, bleaf);
                     });
   // Its backward reads a cotangent in its output's dtype as it reads an f32 one.
-  if (e.out != DType::F32) y.grad_node()->reduced_cotangent = true;
-  return y;
+  return takes_reduced_cotangent(std::move(y));
 }
 
 }  // namespace distjax::tensor

@@ -154,8 +154,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
         if (has_beta) out.push_back(gb);
         return out;
       });
-  if (bf16_cotangent) result.grad_node()->reduced_cotangent = true;
-  return result;
+  return bf16_cotangent ? takes_reduced_cotangent(std::move(result)) : result;
 }
 
 // ------------------------------------------------------------------ RMS norm

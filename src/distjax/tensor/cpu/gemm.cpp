@@ -135,12 +135,12 @@ void gemm_f32_sum(const GemmKey& key, const void* a, const void* b, const float*
   run_primitive(f32_key, a, b, bias, sum);
 }
 
-// c[i] = p[i] + residual[i] (the residual connection's add, after the product: the bits of
+// c[i] += residual[i] (the residual connection's add, after the product: the bits of
 // add(residual, linear(...))).
-void add_residual(const float* p, const float* residual, float* c, std::int64_t n) {
+void add_residual(float* c, const float* residual, std::int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > kParallelGrainMemory)
   for (std::int64_t i = 0; i < n; ++i)
-    c[i] = residual[i] + p[i];
+    c[i] = residual[i] + c[i];
 }
 
 void gemm(const GemmKey& key, const void* a, const void* b, const float* bias,
@@ -152,7 +152,7 @@ void gemm(const GemmKey& key, const void* a, const void* b, const float* bias,
   if (residual) {
     float* out = static_cast<float*>(c);
     gemm_f32_sum(key, a, b, bias, out);
-    return add_residual(out, residual, out, n);
+    return add_residual(out, residual, n);
   }
   if (!key.gelu && key.k > 0 && (key.dst == DType::F32 || key.dst == DType::BF16))
     return run_primitive(key, a, b, bias, c);
