@@ -369,6 +369,33 @@ TEST(CudaOps, EmbeddingAndCrossEntropy) {
   }
 }
 
+// The language-model head and its loss in chunks (the GPT's loss): dw's chunk products
+// accumulated in the GEMMs, dx and dw scaled in place by the cotangent; f32 and bf16
+// operands, chunks that do and do not divide the rows, w in both layouts.
+TEST(CudaOps, LinearCrossEntropyMean) {
+  SKIP_WITHOUT_GPU();
+  const std::int64_t rows = 300, k = 64, v = 1000;
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(rows));
+  for (std::int64_t r = 0; r < rows; ++r)
+    ids[static_cast<std::size_t>(r)] = static_cast<std::int32_t>((r * 37 + 11) % v);
+  const Tensor labels = Tensor::from_vector(ids, {rows}, Device::cpu());
+  for (DType dtype : {DType::F32, DType::BF16})
+    for (bool trans_w : {true, false})
+      for (std::int64_t chunk_rows : {64, 300}) {
+        const std::string what = std::string(dtype_name(dtype)) +
+                                 (trans_w ? " w (V, K)" : " w (K, V)") + ", chunks of " +
+                                 std::to_string(chunk_rows);
+        expect_close(
+            "linear_cross_entropy_mean " + what,
+            [=](const V& a) {
+              return linear_cross_entropy_mean(astype(a[0], dtype), astype(a[1], dtype), a[2],
+                                               trans_w, chunk_rows * v * 4);
+            },
+            {uniform({rows, k}), uniform(trans_w ? Shape{v, k} : Shape{k, v}), labels},
+            {true, true, false}, dtype == DType::F32 ? kTf32 : kBf16);
+      }
+}
+
 // The CPU refuses a bad id at once; the GPU reports the same at the next read, without a
 // host wait in the op, and its kernels stay inside the table (NaN rows, a NaN loss).
 TEST(CudaOps, AnIdOutOfRangeIsRefusedAsOnTheCpu) {
@@ -693,7 +720,8 @@ TEST(CudaOps, LinearEpilogues) {
 TEST(CudaOps, InPlaceOps) {
   SKIP_WITHOUT_GPU();
   const Tensor a = uniform({300, 41}), b = uniform({300, 41});
-  auto check = [](const std::string& what, const std::function<Tensor(Device)>& f) {
+  auto check = [](const std::string& what, const std::function<Tensor(Device)>& f,
+                  double rtol = kF32) {
     SCOPED_TRACE(what);
     Tensor want, got;
     {
@@ -704,7 +732,7 @@ TEST(CudaOps, InPlaceOps) {
       DeviceScope on(kGpu);
       got = f(kGpu).to(Device::cpu());
     }
-    EXPECT_TRUE(close(got, want, kF32));
+    EXPECT_TRUE(close(got, want, rtol));
   };
   check("add_into", [&](Device d) {
     Tensor dst = a.to(d).clone();
@@ -730,6 +758,33 @@ TEST(CudaOps, InPlaceOps) {
                 0.5f, beta);
       return c;
     });
+  for (DType dtype : {DType::F32, DType::BF16, DType::F16})
+    check(std::string("scale_into ") + dtype_name(dtype), [&](Device d) {
+      Tensor x = astype(a.to(d), dtype);
+      scale_into(x, Tensor::full({}, -0.7, DType::F32, d));
+      return astype(x, DType::F32);
+    });
+  // Into a block of rows in bf16, and accumulated into f32 with a transposed operand.
+  check(
+      "matmul_into bf16 rows",
+      [&](Device d) {
+        Tensor c = Tensor::zeros({310, 30}, DType::BF16, d);
+        matmul_into(c.view_rows(5, 305), astype(a.to(d), DType::BF16),
+                    astype(b.to(d).view_rows(0, 30), DType::BF16), false, true);
+        return astype(c, DType::F32);
+      },
+      kBf16);
+  const Tensor c0 = uniform({41, 41});
+  check(
+      "matmul_into accumulate",
+      [&](Device d) {
+        Tensor c = c0.to(d).clone();
+        for (int i = 0; i < 2; ++i)
+          matmul_into(c, astype(a.to(d), DType::BF16), astype(b.to(d), DType::BF16), true, false,
+                      /*accumulate=*/true);
+        return c;
+      },
+      kBf16);
   const Tensor global = uniform({6, 50, 7}), box = uniform({3, 20, 4});
   check("copy_from_box", [&](Device d) {
     Tensor local = Tensor::zeros({3, 20, 4}, DType::F32, d);

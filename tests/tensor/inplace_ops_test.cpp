@@ -1,6 +1,6 @@
 // In-place tensor functions on the CPU and on the checked device (where any host access
 // outside the kernel table would kill the test): copies into views, strided runs, boxes,
-// accumulation and GEMMs on sub-blocks, and their argument errors.
+// accumulation, scaling, GEMMs on sub-blocks and into views, and their argument errors.
 #include "distjax/tensor/inplace_ops.hpp"
 
 #include <gtest/gtest.h>
@@ -9,7 +9,10 @@
 #include <string>
 
 #include "distjax/core/error.hpp"
+#include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/matmul.hpp"
+#include "distjax/tensor/shape_ops.hpp"
+#include "test_tensors.hpp"
 
 namespace distjax::tensor {
 namespace {
@@ -97,6 +100,51 @@ TEST_P(InplaceOps, GemmIntoSubBlocksMatchesMatmulOfTheSlices) {
   EXPECT_EQ(c.to_vector<float>(), want);
 }
 
+// x *= s in x's dtype: the bits of mul(x, s) for f32, and of its widening, product and
+// rounding for bf16 and f16.
+TEST_P(InplaceOps, ScaleIntoMultipliesInTheTensorsOwnDtype) {
+  const Tensor x = testing::randn({3, 37}, 5);
+  const Tensor s = Tensor::scalar(0.3);
+  for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Tensor t = astype(x, dtype);
+    const Tensor want = astype(mul(astype(t, DType::F32), s), dtype);
+    scale_into(t, s);
+    EXPECT_EQ(astype(t, DType::F32).to_vector<float>(),
+              astype(want, DType::F32).to_vector<float>());
+  }
+}
+
+// Products written into a block of rows (f32 or the operands' dtype) and accumulated into
+// an f32 C: the bits of matmul, of its rounding and of add(C, matmul).
+TEST_P(InplaceOps, MatmulIntoWritesAndAccumulatesTheProductsBits) {
+  const Tensor a = testing::randn({6, 5}, 1), b = testing::randn({5, 7}, 2);
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Tensor a16 = astype(a, dtype), b16 = astype(b, dtype);
+    // Rows [2, 5) of a (10, 7) C, in f32 and in the operands' dtype; b read transposed.
+    const Tensor bt = astype(transpose(b, 0, 1), dtype);
+    for (DType out : {DType::F32, dtype}) {
+      const Tensor c = Tensor::zeros({10, 7}, out);
+      matmul_into(c.view_rows(2, 5), a16.view_rows(0, 3), bt, false, true);
+      const Tensor want = astype(matmul(a16.view_rows(0, 3), b16), out);
+      EXPECT_EQ(astype(c.view_rows(2, 5), DType::F32).to_vector<float>(),
+                astype(want, DType::F32).to_vector<float>());
+      EXPECT_EQ(astype(c.view_rows(0, 2), DType::F32).to_vector<float>(),
+                std::vector<float>(14, 0.f));
+    }
+    // C (5, 7) += a^T-stored product, twice.
+    const Tensor at = astype(transpose(a, 0, 1), dtype);  // (5, 6)
+    const Tensor c = testing::randn({6, 7}, 3);
+    const Tensor c0 = Tensor::from_vector(c.to_vector<float>(), c.shape());
+    matmul_into(c, at, b16, true, false, /*accumulate=*/true);
+    const Tensor once = add(c0, matmul(a16, b16));
+    EXPECT_EQ(c.to_vector<float>(), once.to_vector<float>());
+    matmul_into(c, at, b16, true, false, /*accumulate=*/true);
+    EXPECT_EQ(c.to_vector<float>(), add(once, matmul(a16, b16)).to_vector<float>());
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, InplaceOps,
                          ::testing::Values(Device::cpu(), Device{DeviceKind::Checked, 0}),
                          [](const auto& info) {
@@ -109,7 +157,8 @@ void expect_invalid(F f, const std::string& part) {
     f();
     ADD_FAILURE() << "no error, expected " << part;
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+        << e.what() << "\n  expected: " << part;
   }
 }
 
@@ -135,6 +184,27 @@ TEST(InplaceOpsErrors, NameTheOpAndWhatIsWrong) {
         gemm_into(a, {0, 2}, a, {0, 2}, false, b, {0, 2}, false, 2, 2, 3);
       },
       "[gemm_into]");
+  expect_invalid([&] { scale_into(a, b); }, "[scale_into] the scale is one value, got (5,)");
+  expect_invalid([&] { scale_into(Tensor::zeros({2}, DType::I32), Tensor::scalar(2.0)); },
+                 "[scale_into] scales f32, bf16 or f16, not i32");
+  const Tensor m = Tensor::zeros({2, 3}), m16 = Tensor::zeros({2, 3}, DType::BF16);
+  expect_invalid(
+      [&] {
+        matmul_into(Tensor::zeros({2, 2}), m, m, false, false);
+      },
+      "[matmul_into] c (2, 2) is not a (2, 3) @ (2, 3) product");
+  expect_invalid(
+      [&] {
+        matmul_into(Tensor::zeros({2, 2}, DType::BF16), m16, m16, false, true, true);
+      },
+      "[matmul_into] writes f32 when it accumulates, not bf16");
+  expect_invalid([&] { matmul_into(m, m16, m, false, false); },
+                 "[matmul_into] operands must both be f32, both bf16 or both f16");
+  expect_invalid(
+      [&] {
+        matmul_into(m.view({3, 2}), m, Tensor::zeros({2, 2}), true, false);
+      },
+      "[matmul_into] c shares memory with an operand");
   expect_invalid(
       [&] {
         copy_into(a, Tensor::zeros({4}, DType::F32, Device{DeviceKind::Checked, 0}));

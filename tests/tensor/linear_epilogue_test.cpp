@@ -137,7 +137,9 @@ TEST(LinearEpilogue, BackwardIsTheChainRuleThroughTheKeptPreActivation) {
       // The same ops in the same order: equal up to f32 rounding (1e-6 relative).
       EXPECT_LE(max_abs_diff(g.at("x"), want_x), 1e-6 * max_abs(want_x));
       EXPECT_LE(max_abs_diff(g.at("w"), want_w), 1e-6 * max_abs(want_w));
-      if (c.bias) EXPECT_LE(max_abs_diff(g.at("b"), sum(d2, {0})), 1e-6 * max_abs(sum(d2, {0})));
+      if (c.bias) {
+        EXPECT_LE(max_abs_diff(g.at("b"), sum(d2, {0})), 1e-6 * max_abs(sum(d2, {0})));
+      }
       ASSERT_EQ(g.at("x").dtype(), DType::F32);
     }
 }

@@ -76,6 +76,9 @@ bool needs_grad(const std::vector<Tensor>& inputs);
 /// `out` with its node marked Node::reduced_cotangent where out is bf16 or f16 and
 /// recorded: for an op whose backward takes that output's cotangent in its own dtype.
 Tensor takes_reduced_cotangent(Tensor out);
+/// Whether x is bf16 or f16 and its producer takes x's cotangent in that dtype (marked by
+/// takes_reduced_cotangent): an op's backward may then hand it over so.
+bool accepts_reduced_cotangent(const Tensor& x);
 
 // ------------------------------------------------------------ varying mesh axes
 // Inside shard_map every tensor carries the set of mesh axes it varies over

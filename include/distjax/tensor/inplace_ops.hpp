@@ -33,6 +33,19 @@ void copy_rows_into(const Tensor& dst, Rows to, const Tensor& src, Rows from, st
 /// accumulated across micro-batches).
 void add_into(const Tensor& dst, const Tensor& src);
 
+/// x *= scale in place: `scale` one f32 value on x's device (e.g. a cotangent), x f32, bf16
+/// or f16 (each element widened, multiplied in f32 and rounded back).
+void scale_into(const Tensor& x, const Tensor& scale);
+
+/// c = op(a) op(b), or with `accumulate` c += op(a) op(b), written straight into c: op(a)
+/// M x K (a stored (K, M) with trans_a), op(b) K x N (b (N, K) with trans_b), both f32, both
+/// bf16 or both f16 (matmul's operands, f32 accumulation); c (M, N), f32 or, without
+/// `accumulate`, the operands' dtype (rounded once). c may be a view (a block of rows).
+/// With `accumulate` the product adds into c in the GEMM itself (cuBLASLt's C with beta =
+/// 1), without a product tensor of its own: a gradient summed over chunks.
+void matmul_into(const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
+                 bool accumulate = false);
+
 /// A row-major matrix inside a tensor's flat elements: its first element `offset`, `ld`
 /// elements between the starts of its rows.
 struct Block {

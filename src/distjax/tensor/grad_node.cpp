@@ -104,6 +104,10 @@ Tensor takes_reduced_cotangent(Tensor out) {
   return out;
 }
 
+bool accepts_reduced_cotangent(const Tensor& x) {
+  return x.dtype() != DType::F32 && x.grad_node() && x.grad_node()->reduced_cotangent;
+}
+
 Tensor make_leaf(const Tensor& t) {
   auto node = std::make_shared<Node>();
   node->is_leaf = true;

@@ -73,6 +73,18 @@ void add_into(const Tensor& dst, const Tensor& src) {
   k->add_f32(dst.data<float>(), src.data<float>(), dst.numel(), k.stream());
 }
 
+void scale_into(const Tensor& x, const Tensor& scale) {
+  check_defined(x, "scale_into", "x");
+  check_defined(scale, "scale_into", "scale");
+  DISTJAX_CHECK(is_floating(x.dtype()), InvalidArgument,
+                "[scale_into] scales f32, bf16 or f16, not ", dtype_name(x.dtype()));
+  check_dtype(scale, DType::F32, "scale_into", "scale");
+  DISTJAX_CHECK(scale.numel() == 1, InvalidArgument, "[scale_into] the scale is one value, got ",
+                to_string(scale.shape()));
+  Dispatch k("scale_into", &KernelTable::inplace, {&x, &scale});
+  k->scale(x.raw_data(), x.dtype(), scale.data<float>(), x.numel(), k.stream());
+}
+
 void gemm_into(const Tensor& c, Block cb, const Tensor& a, Block ab, bool trans_a, const Tensor& b,
                Block bb, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                float beta) {

@@ -4,6 +4,7 @@
 #include "distjax/tensor/detail/kernels.hpp"
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/grad_node.hpp"
+#include "distjax/tensor/inplace_ops.hpp"
 #include "distjax/tensor/reduce.hpp"
 #include "distjax/tensor/table/table.hpp"
 
@@ -290,6 +291,32 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   return linear(x, w, bias, LinearEpilogue{});
 }
 
+void matmul_into(const Tensor& c, const Tensor& a, const Tensor& b, bool ta, bool tb,
+                 bool accumulate) {
+  check_defined(c, "matmul_into", "c");
+  check_operand_dtypes("matmul_into", a, b);
+  DISTJAX_CHECK(a.rank() == 2 && b.rank() == 2 && c.rank() == 2, InvalidArgument,
+                "[matmul_into] takes matrices, got c ", to_string(c.shape()), ", a ",
+                to_string(a.shape()), " and b ", to_string(b.shape()));
+  const std::int64_t m = ta ? a.size(1) : a.size(0), k = ta ? a.size(0) : a.size(1);
+  const std::int64_t n = tb ? b.size(0) : b.size(1);
+  DISTJAX_CHECK((tb ? b.size(1) : b.size(0)) == k && c.size(0) == m && c.size(1) == n,
+                InvalidArgument, "[matmul_into] c ", to_string(c.shape()), " is not a ",
+                to_string(a.shape()), (ta ? "^T" : ""), " @ ", to_string(b.shape()),
+                (tb ? "^T" : ""), " product");
+  DISTJAX_CHECK(c.dtype() == DType::F32 || (!accumulate && c.dtype() == a.dtype()), InvalidArgument,
+                "[matmul_into] writes f32",
+                accumulate ? " when it accumulates" : " or its operands' dtype", ", not ",
+                dtype_name(c.dtype()));
+  if (m == 0 || n == 0 || (accumulate && k == 0)) return;
+  DISTJAX_CHECK(!c.shares_storage_with(a) && !c.shares_storage_with(b), InvalidArgument,
+                "[matmul_into] c shares memory with an operand");
+  Tensor out = c;
+  const detail::GemmKey key{1, m, n, k, ta, tb, true, false, gemm_dtype(a), c.dtype(), false};
+  run_gemm("matmul_into", key, gemm_operand(a), gemm_operand(b), Tensor(), out, nullptr,
+           accumulate ? c : Tensor());
+}
+
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const LinearEpilogue& e) {
   check_linear(x, w, bias, e);
   const std::int64_t k = w.size(0), n = w.size(1), m = x.numel() / std::max<std::int64_t>(k, 1);
@@ -309,9 +336,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Linear
   if (!needs_grad(inputs)) return joined(out, inputs);
   // dX in x's own dtype where x's producer takes its cotangent so (a bf16 attention, a
   // linear writing bf16): half the bytes, and the rounding it would do anyway.
-  const DType dx_dtype =
-      x.dtype() != DType::F32 && x.grad_node() && x.grad_node()->reduced_cotangent ? x.dtype()
-                                                                                   : DType::F32;
+  const DType dx_dtype = accepts_reduced_cotangent(x) ? x.dtype() : DType::F32;
   Tensor y = record("linear", inputs, out,
                     [xd = x.detach(), wd = w.detach(), pre, dx_dtype, has_bias = bias.defined(),
                      has_residual = e.residual.defined(), rx = x.requires_grad(),

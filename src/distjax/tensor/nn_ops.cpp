@@ -325,17 +325,23 @@ Tensor linear_cross_entropy_mean(const Tensor& x, const Tensor& w, const Tensor&
   DISTJAX_CHECK(rows > 0 && v > 0, InvalidArgument, "[", op, "] needs rows and classes, got x ",
                 to_string(x.shape()), " and w ", to_string(w.shape()));
   const Device dev = detail::op_device(op, {&x, &w, &labels});
-  const bool grad = needs_grad({&x, &w});
+  const bool gx = needs_grad({&x}), gw = needs_grad({&w});
   const std::int64_t chunk = std::clamp<std::int64_t>(chunk_bytes / (v * 4), 1, rows);
   const Tensor x2 = x.detach().view({rows, k}), l2 = labels.detach().view({rows}), wd = w.detach();
   check_ids(op, l2, v, "label");
-  // Per row: the loss; the gradients, filled chunk by chunk (dx's rows in place, dw summed
-  // in place), with the rows' weight in the mean, 1 / rows, as their cotangent.
+  // Per row: the loss; the gradients for a cotangent of 1, filled chunk by chunk: dx's rows
+  // written in place, dw's products added into it by the GEMMs; the rows' weight in the
+  // mean, 1 / rows, is the logits' cotangent. dx comes in bf16 where x's producer takes its
+  // cotangent so (Node::reduced_cotangent: half the bytes, the rounding its GEMM would do);
+  // an f16 dx stays f32, since its values lie below f16's range until a loss scale
+  // multiplies them.
+  const DType dx_dtype =
+      x.dtype() == DType::BF16 && accepts_reduced_cotangent(x) ? DType::BF16 : DType::F32;
   const Tensor loss = Tensor::empty({rows}, DType::F32, dev);
-  const Tensor dx = grad ? Tensor::empty({rows, k}, DType::F32, dev) : Tensor();
+  const Tensor dx = gx ? Tensor::empty({rows, k}, dx_dtype, dev) : Tensor();
+  const Tensor dw = gw ? Tensor::empty(w.shape(), DType::F32, dev) : Tensor();
   const Tensor weight =
-      grad ? Tensor::full({chunk}, 1.0 / static_cast<double>(rows), DType::F32, dev) : Tensor();
-  Tensor dw;
+      gx || gw ? Tensor::full({chunk}, 1.0 / static_cast<double>(rows), DType::F32, dev) : Tensor();
   {
     NoGradGuard no_grad;  // the chunks' ops are not recorded; this op is, below
     for (std::int64_t r0 = 0; r0 < rows; r0 += chunk) {
@@ -344,22 +350,28 @@ Tensor linear_cross_entropy_mean(const Tensor& x, const Tensor& w, const Tensor&
       Tensor logits = matmul(xc, wd, false, trans_w);  // (n, V) f32
       const Tensor lse = Tensor::empty({n}, DType::F32, dev);
       cross_entropy_rows(logits, lc, loss.view_rows(r0, r0 + n), lse, n, v);
-      if (!grad) continue;
+      if (!gx && !gw) continue;
       cross_entropy_rows_backward(logits, weight.view_rows(0, n), lse, lc, logits, n, v);
       const Tensor dl = astype(logits, x.dtype());      // the products' dtype
       if (dl.dtype() != DType::F32) logits = Tensor();  // the f32 gradient goes first
-      copy_into(dx.view_rows(r0, r0 + n), matmul(dl, wd, false, !trans_w));  // (n, K)
-      const Tensor dwc = trans_w ? matmul(dl, xc, true, false) : matmul(xc, dl, true, false);
-      if (dw.defined())
-        add_into(dw, dwc);
-      else
-        dw = dwc;
+      if (gx) matmul_into(dx.view_rows(r0, r0 + n), dl, wd, false, !trans_w);  // (n, K)
+      if (gw) {
+        if (trans_w)
+          matmul_into(dw, dl, xc, true, false, /*accumulate=*/r0 > 0);  // (V, K)
+        else
+          matmul_into(dw, xc, dl, true, false, /*accumulate=*/r0 > 0);  // (K, V)
+      }
     }
   }
   Tensor mean_loss = mean(loss);
-  if (!grad) return joined(mean_loss, {&x, &w});
-  return record(op, {x, w}, mean_loss, [dx = dx.view(x.shape()), dw](const std::vector<Tensor>& g) {
-    return std::vector<Tensor>{mul(dx, g[0]), mul(dw, g[0])};
+  if (!gx && !gw) return joined(mean_loss, {&x, &w});
+  const Tensor dx_out = gx ? dx.view(x.shape()) : Tensor();
+  return record(op, {x, w}, mean_loss, [dx_out, dw](const std::vector<Tensor>& g) {
+    // Scaled by the loss's cotangent in place: the tape runs this once, and these buffers
+    // are this op's alone.
+    for (const Tensor* t : {&dx_out, &dw})
+      if (t->defined()) scale_into(*t, g[0]);
+    return std::vector<Tensor>{dx_out, dw};
   });
 }
 

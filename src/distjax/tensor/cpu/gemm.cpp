@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <memory>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
 #include <vector>
@@ -151,8 +152,14 @@ void gemm(const GemmKey& key, const void* a, const void* b, const float* bias,
   if (n == 0) return;
   if (residual) {
     float* out = static_cast<float*>(c);
-    gemm_f32_sum(key, a, b, bias, out);
-    return add_residual(out, residual, n);
+    if (residual != out) {
+      gemm_f32_sum(key, a, b, bias, out);
+      return add_residual(out, residual, n);
+    }
+    // Accumulating into C itself: the product in a buffer of its own first.
+    const std::unique_ptr<float[]> product(new float[static_cast<std::size_t>(n)]);
+    gemm_f32_sum(key, a, b, bias, product.get());
+    return add_residual(out, product.get(), n);
   }
   if (!key.gelu && key.k > 0 && (key.dst == DType::F32 || key.dst == DType::BF16))
     return run_primitive(key, a, b, bias, c);

@@ -1,6 +1,9 @@
-// CUDA kernels: accumulation into a tensor (GEMMs into sub-blocks use the gemm family).
+// CUDA kernels: accumulation into a tensor and scaling in place (GEMMs into sub-blocks use
+// the gemm family).
 #include <cstdint>
 
+#include "distjax/core/error.hpp"
+#include "distjax/tensor/cuda/halves.cuh"
 #include "distjax/tensor/cuda/kernels.hpp"
 #include "distjax/tensor/cuda/launch.cuh"
 
@@ -43,10 +46,44 @@ void add_f32(float* dst, const float* src, std::int64_t n, Stream s) {
   DISTJAX_CUDA_LAUNCHED("add_f32");
 }
 
+// x[i] *= scale[0], in f32 for a half x (widened, multiplied, rounded back).
+template <class T>
+__global__ void scale_kernel(T* __restrict__ x, const float* __restrict__ scale, std::int64_t n) {
+  const float s = *scale;
+  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
+  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    if constexpr (kHalf<T>)
+      x[i] = half_from_f32<T>(f32_from_half(x[i]) * s);
+    else
+      x[i] *= s;
+  }
+}
+
+template <class T>
+void launch_scale(void* x, const float* scale, std::int64_t n, Stream s) {
+  scale_kernel<<<grid_for(n), kThreads, 0, stream_of(s)>>>(static_cast<T*>(x), scale, n);
+  DISTJAX_CUDA_LAUNCHED("scale");
+}
+
+void scale(void* x, DType dtype, const float* scale, std::int64_t n, Stream s) {
+  if (n <= 0) return;
+  switch (dtype) {
+    case DType::F32:
+      return launch_scale<float>(x, scale, n, s);
+    case DType::BF16:
+      return launch_scale<Bf16>(x, scale, n, s);
+    case DType::F16:
+      return launch_scale<F16>(x, scale, n, s);
+    default:
+      DISTJAX_THROW(NotImplemented, "[scale] scales f32, bf16 or f16, not ", dtype_name(dtype));
+  }
+}
+
 }  // namespace
 
 const detail::InplaceKernels inplace_kernels{
     .add_f32 = add_f32,
+    .scale = scale,
 };
 
 }  // namespace distjax::tensor::cuda

@@ -31,7 +31,8 @@ struct GemmKernels {
   /// Runs `key` (the CPU: the calling thread's cached primitive, parallel over the OpenMP
   /// threads). bias (N) only when key.bias; aux (batch M x N of key.dst) only with
   /// key.gelu. `residual` (batch M x N f32, or null) is added to P, with an f32 C and no
-  /// GELU only (a residual connection: C = residual + A B + bias). k == 0 sums to zero (P
+  /// GELU only (a residual connection: C = residual + A B + bias); it may be C itself (the
+  /// product accumulates into C). k == 0 sums to zero (P
   /// is the bias). `a` and `b` point to elements of key.src, `c` to elements of key.dst.
   /// CUDA fuses the epilogue into cuBLASLt's (BIAS, GELU_AUX_BIAS; the residual as C).
   void (*gemm)(const GemmKey& key, const void* a, const void* b, const float* bias,
