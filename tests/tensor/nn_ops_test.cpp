@@ -420,6 +420,34 @@ TEST(NnOps, LinearCrossEntropyMeanMatchesTheComposedOps) {
                InvalidArgument);
 }
 
+// In one chunk and for a cotangent of 1, the head's one pass over the logits (loss, lse and
+// their cotangent in the products' dtype) gives the composed ops' bits: the same kernels'
+// arithmetic, the cotangent rounded once as matmul's backward rounds it.
+TEST(NnOps, LinearCrossEntropyMeanInOneChunkIsTheComposedOpsBitForBit) {
+  const std::int64_t rows = 20, k = 24, v = 300;
+  const Tensor x = uniform({rows, k}, 41), w = uniform({v, k}, 42);
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(rows));
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    ids[i] = static_cast<std::int32_t>((i * 53 + 7) % v);
+  const Tensor labels = Tensor::from_vector(ids, {rows});
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    auto run = [&](bool fused) {
+      Tensor xl = make_leaf(x), wl = make_leaf(w);
+      const Tensor xc = astype(xl, dtype), wc = astype(wl, dtype);
+      const Tensor loss = fused ? linear_cross_entropy_mean(xc, wc, labels, true)
+                                : mean(cross_entropy(matmul(xc, wc, false, true), labels));
+      std::vector<Tensor> g = autodiff::grad({loss}, {Tensor()}, {xl, wl});
+      g.insert(g.begin(), loss);
+      return g;
+    };
+    const std::vector<Tensor> want = run(false), got = run(true);
+    for (std::size_t i = 0; i < want.size(); ++i)
+      EXPECT_EQ(got[i].to_vector<float>(), want[i].to_vector<float>())
+          << (i == 0 ? "loss" : i == 1 ? "dx" : "dw");
+  }
+}
+
 // The head's memory: dw's chunk products add into dw in their GEMMs (no product of a
 // chunk's own), and the backward scales dx and dw by the cotangent in place (no copies).
 TEST(NnOps, LinearCrossEntropyMeanMakesNoGradientCopies) {

@@ -269,6 +269,20 @@ void cross_entropy_rows_backward(const Tensor& logits, const Tensor& g, const Te
                             labels.raw_data(), labels.dtype(), gx.data<float>(), n, v, k.stream());
 }
 
+// Both in one pass (the chunked head's): loss and lse, and gx = g * (softmax(logits) -
+// onehot(label)) written in gx's dtype; an f32 gx may be the logits themselves.
+void cross_entropy_rows_with_grad(const Tensor& logits, const Tensor& labels, const Tensor& loss,
+                                  const Tensor& lse, const Tensor& g, const Tensor& gx,
+                                  std::int64_t n, std::int64_t v) {
+  const bool over = gx.raw_data() == logits.raw_data();
+  Dispatch k("cross_entropy", &KernelTable::nn,
+             over ? std::vector<const Tensor*>{&logits, &labels, &loss, &lse, &g}
+                  : std::vector<const Tensor*>{&logits, &labels, &loss, &lse, &g, &gx});
+  k->cross_entropy_with_grad(logits.data<float>(), labels.raw_data(), labels.dtype(),
+                             loss.data<float>(), lse.data<float>(), g.data<float>(), gx.raw_data(),
+                             gx.dtype(), n, v, k.stream());
+}
+
 }  // namespace
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
@@ -349,11 +363,16 @@ Tensor linear_cross_entropy_mean(const Tensor& x, const Tensor& w, const Tensor&
       const Tensor xc = x2.view_rows(r0, r0 + n), lc = l2.view_rows(r0, r0 + n);
       Tensor logits = matmul(xc, wd, false, trans_w);  // (n, V) f32
       const Tensor lse = Tensor::empty({n}, DType::F32, dev);
-      cross_entropy_rows(logits, lc, loss.view_rows(r0, r0 + n), lse, n, v);
-      if (!gx && !gw) continue;
-      cross_entropy_rows_backward(logits, weight.view_rows(0, n), lse, lc, logits, n, v);
-      const Tensor dl = astype(logits, x.dtype());      // the products' dtype
-      if (dl.dtype() != DType::F32) logits = Tensor();  // the f32 gradient goes first
+      if (!gx && !gw) {
+        cross_entropy_rows(logits, lc, loss.view_rows(r0, r0 + n), lse, n, v);
+        continue;
+      }
+      // The loss and the logits' cotangent in the products' dtype, one pass over the logits
+      // (an f32 cotangent over their memory).
+      const Tensor dl = x.dtype() == DType::F32 ? logits : Tensor::empty({n, v}, x.dtype(), dev);
+      cross_entropy_rows_with_grad(logits, lc, loss.view_rows(r0, r0 + n), lse,
+                                   weight.view_rows(0, n), dl, n, v);
+      logits = Tensor();  // the f32 logits go before the products (unless dl is them)
       if (gx) matmul_into(dx.view_rows(r0, r0 + n), dl, wd, false, !trans_w);  // (n, K)
       if (gw) {
         if (trans_w)

@@ -335,6 +335,43 @@ void cross_entropy_backward(const float* px, const float* pg, const float* ps, c
   });
 }
 
+// One row's gradient in f32, as cross_entropy_backward writes it.
+void cross_entropy_row_grad(const float* xr, float gr, float l, std::int64_t label, float* o,
+                            std::int64_t v) {
+#pragma omp simd
+  for (std::int64_t j = 0; j < v; ++j)
+    o[j] = gr * fast_exp(xr[j] - l);
+  if (label >= 0 && label < v) o[label] -= gr;
+}
+
+// Per row: its loss and lse, then its gradient, in f32 (over the logits when gx is them) or
+// in the thread's f32 row and rounded from there: the bits of cross_entropy,
+// cross_entropy_backward and a cast, the row read while it is in the cache.
+void cross_entropy_with_grad(const float* px, const void* labels, DType id_dtype, float* pl,
+                             float* ps, const float* pg, void* gx, DType gx_dtype, std::int64_t n,
+                             std::int64_t v, Stream) {
+  with_ids(labels, id_dtype, [&](const auto* pi) {
+#pragma omp parallel for schedule(static) num_threads(threads_for(n* v))
+    for (std::int64_t r = 0; r < n; ++r) {
+      const float* xr = px + r * v;
+      ps[r] = row_logsumexp(xr, v);
+      const auto label = static_cast<std::int64_t>(pi[r]);
+      pl[r] = label >= 0 && label < v ? ps[r] - xr[label] : std::numeric_limits<float>::quiet_NaN();
+      if (gx_dtype == DType::F32) {
+        cross_entropy_row_grad(xr, pg[r], ps[r], label, static_cast<float*>(gx) + r * v, v);
+        continue;
+      }
+      thread_local std::vector<float> row;
+      if (row.size() < static_cast<std::size_t>(v)) row.resize(static_cast<std::size_t>(v));
+      cross_entropy_row_grad(xr, pg[r], ps[r], label, row.data(), v);
+      copy_kernels.convert(
+          row.data(), DType::F32,
+          static_cast<char*>(gx) + r * v * static_cast<std::int64_t>(dtype_size(gx_dtype)),
+          gx_dtype, v, Stream{});
+    }
+  });
+}
+
 // ------------------------------------------------------------------ dropout
 
 // Inverted dropout with the keep-mask drawn from the key (the forward and the backward
@@ -371,6 +408,7 @@ const NnKernels nn_kernels{
     .embedding_backward = embedding_backward,
     .cross_entropy = cross_entropy,
     .cross_entropy_backward = cross_entropy_backward,
+    .cross_entropy_with_grad = cross_entropy_with_grad,
     .dropout = dropout,
 };
 

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "distjax/core/error.hpp"
 #include "distjax/tensor/cuda/halves.cuh"
 #include "distjax/tensor/cuda/kernels.hpp"
 #include "distjax/tensor/cuda/nn.cuh"
@@ -199,6 +200,20 @@ __device__ __forceinline__ void store_out(Bf16* p, std::int64_t j, const Pack<V>
     store_bf16x4(p, j, x.v[0], x.v[1], x.v[2], x.v[3]);
   } else {
     p[j] = bf16_from_f32(x.v[0]);
+  }
+}
+// f16 rounded as distjax::f16(float) does (V = 4: one 8-byte store).
+template <int V>
+__device__ __forceinline__ void store_out(F16* p, std::int64_t j, const Pack<V>& x) {
+  if constexpr (V == 4) {
+    ushort4 u;
+    u.x = f16_from_f32(x.v[0]).bits;
+    u.y = f16_from_f32(x.v[1]).bits;
+    u.z = f16_from_f32(x.v[2]).bits;
+    u.w = f16_from_f32(x.v[3]).bits;
+    reinterpret_cast<ushort4*>(p)[j] = u;
+  } else {
+    p[j] = f16_from_f32(x.v[0]);
   }
 }
 
@@ -544,6 +559,81 @@ __global__ void cross_entropy_backward_kernel(const float* logits, const float* 
   }
 }
 
+// Both kernels above in one pass: a row's (max, sum), then its gradient from the row read
+// again (from L2: a block holds one row at a time), written in Out. The label's logit is
+// read before the block's barrier, so a gradient written over the logits cannot change it.
+// Bound: 4 bytes read and sizeof(Out) written per logit.
+template <int V, class Id, class Out>
+__global__ void cross_entropy_with_grad_kernel(const float* logits, const Id* __restrict__ labels,
+                                               float* __restrict__ loss, float* __restrict__ lse,
+                                               const float* __restrict__ g, Out* gx, std::int64_t n,
+                                               std::int64_t v) {
+  __shared__ float rm[32], rs[32];
+  const std::int64_t vv = v / V;
+  for (std::int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    const float* xr = logits + r * v;
+    const std::int64_t label = static_cast<std::int64_t>(labels[r]);
+    const bool valid = label >= 0 && label < v;
+    const float at_label = threadIdx.x == 0 && valid ? xr[label] : 0.f;
+    MaxSum a;
+    for (std::int64_t j = threadIdx.x; j < vv; j += blockDim.x)
+      a = add_pack<V>(a, load_pack<V>(xr, j));
+    a = block_max_sum(a, rm, rs);
+    const float l = lse_of(a);
+    if (threadIdx.x == 0) {
+      lse[r] = l;
+      loss[r] = valid ? l - at_label : __int_as_float(0x7fc00000);
+    }
+    const float gr = g[r];
+    Out* o = gx + r * v;
+    for (std::int64_t j = threadIdx.x; j < vv; j += blockDim.x) {
+      Pack<V> p = load_pack<V>(xr, j);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        p.v[e] = gr * expf(p.v[e] - l);
+        if (j * V + e == label) p.v[e] -= gr;
+      }
+      store_out<V>(o, j, p);
+    }
+  }
+}
+
+void cross_entropy_with_grad(const float* logits, const void* labels, DType id_dtype, float* loss,
+                             float* lse, const float* g, void* gx, DType gx_dtype, std::int64_t n,
+                             std::int64_t v, Stream s) {
+  if (n == 0 || v == 0) return;
+  const cudaStream_t st = stream_of(s);
+  const int threads = row_threads(v);
+  // 16-byte packs of the logits; the gradient's packs are 16 (f32) or 8 bytes (halves).
+  const bool v4 = packs_of_4(v, {logits}) &&
+                  reinterpret_cast<std::uintptr_t>(gx) % (gx_dtype == DType::F32 ? 16 : 8) == 0;
+  with_ids(labels, id_dtype, [&](const auto* pl) {
+    using Id = std::remove_cv_t<std::remove_pointer_t<decltype(pl)>>;
+    auto launch = [&](auto* out) {
+      using Out = std::remove_pointer_t<decltype(out)>;
+      if (v4)
+        cross_entropy_with_grad_kernel<4, Id, Out>
+            <<<row_blocks(n), threads, 0, st>>>(logits, pl, loss, lse, g, out, n, v);
+      else
+        cross_entropy_with_grad_kernel<1, Id, Out>
+            <<<row_blocks(n), threads, 0, st>>>(logits, pl, loss, lse, g, out, n, v);
+    };
+    switch (gx_dtype) {
+      case DType::F32:
+        return launch(static_cast<float*>(gx));
+      case DType::BF16:
+        return launch(static_cast<Bf16*>(gx));
+      case DType::F16:
+        return launch(static_cast<F16*>(gx));
+      default:
+        DISTJAX_THROW(NotImplemented,
+                      "[cross_entropy] writes its gradient in f32, bf16 or f16, not ",
+                      dtype_name(gx_dtype));
+    }
+  });
+  DISTJAX_CUDA_LAUNCHED("cross_entropy_with_grad");
+}
+
 void cross_entropy(const float* logits, const void* labels, DType id_dtype, float* loss, float* lse,
                    std::int64_t n, std::int64_t v, Stream s) {
   if (n == 0 || v == 0) return;  // v == 0 has no valid label (check_ids refuses every id)
@@ -596,6 +686,7 @@ const detail::NnKernels nn_kernels{
     .embedding_backward = nn::embedding_backward,
     .cross_entropy = nn::cross_entropy,
     .cross_entropy_backward = nn::cross_entropy_backward,
+    .cross_entropy_with_grad = nn::cross_entropy_with_grad,
     .dropout = nn::dropout,
 };
 
