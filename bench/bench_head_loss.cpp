@@ -32,11 +32,11 @@ int main(int argc, char** argv) {
   CLI::App app{"head + cross-entropy: chunked against composed"};
   std::int64_t rows = 4096;
   int reps = 5;
-  std::int64_t chunk_mib = 1024;
+  std::int64_t chunk_mib = 512;
   std::string device = "cpu";
   app.add_option("--rows", rows, "rows (batch x sequence)");
   app.add_option("--reps", reps, "repetitions of each side");
-  app.add_option("--chunk-mib", chunk_mib, "f32 logits per chunk (MiB; the op's default 1024)");
+  app.add_option("--chunk-mib", chunk_mib, "f32 logits per chunk (MiB; the op's default 512)");
   app.add_option("--device", device, "cpu or cuda");
   CLI11_PARSE(app, argc, argv);
   const Device dev = device == "cuda" ? Device{DeviceKind::CUDA, 0} : Device::cpu();

@@ -43,7 +43,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels);
 /// matmul takes them: f32 accumulation, f32 logits, the logits' cotangent cast to that
 /// dtype as matmul's backward does). Returns a scalar; dx and dw come back f32.
 Tensor linear_cross_entropy_mean(const Tensor& x, const Tensor& w, const Tensor& labels,
-                                 bool trans_w, std::int64_t chunk_bytes = std::int64_t{256} << 20);
+                                 bool trans_w, std::int64_t chunk_bytes = std::int64_t{512} << 20);
 
 /// Inverted dropout: keeps each element with probability 1 - rate and scales by
 /// 1 / (1 - rate). The mask comes from `key` only, so a key gives the same mask on
