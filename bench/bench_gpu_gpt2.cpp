@@ -6,8 +6,12 @@
 // the peak device memory; DISTJAX_BENCH_OUT appends it to a file.
 //   bench_gpu_gpt2 [--batch 16] [--steps 20] [--warmup 3] [--precision bf16|f32]
 //                  [--layers 12] [--seq 1024] [--device cuda] [--profile-steps 2]
+//                  [--bf16-attention 1]
 // then one line per op (gpu_gpt2_124m_op_time: device ms per step, the 30 largest) from
-// `--profile-steps` more steps with every op timed.
+// `--profile-steps` more steps with every op timed. With `--device cpu --bf16-attention 1`
+// the CPU's attention serves the bf16 policy through its bf16 entries, as cuDNN's does on a
+// GPU, so the step keeps the tensors a GPU step with cuDNN keeps: its peak memory, measured
+// without a GPU (slow: minutes a step at batch 8).
 // bench/gpu.sh runs it with the references and writes bench/results/gpu-latest.jsonl.
 #include <algorithm>
 #include <chrono>
@@ -24,6 +28,7 @@
 #include "distjax/models/transformer.hpp"
 #include "distjax/nn/scope.hpp"
 #include "distjax/optim/adamw.hpp"
+#include "distjax/tensor/cpu/kernels.hpp"
 #include "distjax/tensor/cuda.hpp"
 #include "distjax/tensor/reduce.hpp"
 #include "distjax/tensor/shape_ops.hpp"
@@ -39,6 +44,7 @@ struct Options {
   std::int64_t batch = 16, steps = 20, warmup = 3, layers = 12, seq = 1024, profile_steps = 2;
   std::string precision = "bf16";
   std::string device = "cuda";  // another device (cpu) runs a small smoke test of the program
+  bool bf16_attention = false;  // the CPU's attention as cuDNN's (the GPU step's tensors)
 };
 
 Options parse(int argc, char** argv) {
@@ -61,6 +67,8 @@ Options parse(int argc, char** argv) {
       o.device = v;
     else if (k == "--profile-steps")
       o.profile_steps = std::stoll(v);
+    else if (k == "--bf16-attention")
+      o.bf16_attention = v == "1";
     else {
       std::fprintf(stderr, "bench_gpu_gpt2: unknown option %s\n", k.c_str());
       std::exit(2);
@@ -95,6 +103,13 @@ int main(int argc, char** argv) {
   if (gpu.kind == DeviceKind::CUDA && tensor::cuda_device_count() == 0) {
     std::fprintf(stderr, "bench_gpu_gpt2: no GPU: %s\n", tensor::cuda_unavailable_reason().c_str());
     return 1;
+  }
+  if (o.bf16_attention) {
+    if (gpu.kind != DeviceKind::CPU) {
+      std::fprintf(stderr, "bench_gpu_gpt2: --bf16-attention is for --device cpu\n");
+      return 2;
+    }
+    tensor::detail::cpu::set_serves_bf16_attention(true);
   }
   DeviceScope on(gpu);
   models::TransformerConfig cfg;
@@ -174,6 +189,7 @@ int main(int argc, char** argv) {
   const tensor::CudaGemmEpilogueCalls epi = tensor::cuda_gemm_epilogue_calls();
   j["gemm_epilogues"] = {{"fused", epi.fused}, {"unfused", epi.unfused}};
   j["attention"] = gpu.kind == DeviceKind::CUDA ? tensor::cuda_attention_library()
+                   : o.bf16_attention           ? std::string("the CPU's bf16 entries (as cuDNN's)")
                                                 : std::string("the CPU's f32 kernels");
   emit(j);
 
