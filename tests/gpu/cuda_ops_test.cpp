@@ -716,6 +716,33 @@ TEST(CudaOps, LinearEpilogues) {
   EXPECT_GT(after.unfused, before.unfused);
 }
 
+// The MLP as one op: its backward's fc2 dX product with GELU's derivative and fc1's bias
+// gradient in cuBLASLt's DGELU_BGRAD epilogue (a hidden width of 130 falls back to the f32
+// product and the epilogue_backward kernel).
+TEST(CudaOps, GeluMlp) {
+  SKIP_WITHOUT_GPU();
+  const CudaGemmEpilogueCalls before = cuda_gemm_epilogue_calls();
+  for (const DType op : {DType::F32, DType::BF16})
+    for (const auto& [c, h] : {std::pair<std::int64_t, std::int64_t>{768, 3072}, {96, 130}})
+      for (bool bias : {false, true}) {
+        const std::string s = std::string(dtype_name(op)) + " " + std::to_string(c) + " -> " +
+                              std::to_string(h) + (bias ? " biases" : "");
+        expect_close(
+            "gelu_mlp " + s,
+            [op, bias](const V& a) {
+              return gelu_mlp(astype(a[0], op), astype(a[1], op), bias ? a[2] : Tensor(),
+                              astype(a[3], op), bias ? a[4] : Tensor(), a[5]);
+            },
+            {uniform({4, 128, c}), uniform({c, h}), uniform({h}), uniform({h, c}), uniform({c}),
+             uniform({4, 128, c})},
+            {true, true, bias, true, bias, true}, op == DType::F32 ? kF32 : kBf16);
+      }
+  const CudaGemmEpilogueCalls after = cuda_gemm_epilogue_calls();
+  std::printf("gelu_mlp's gemm epilogues: %lld fused in cuBLASLt, %lld as an f32 sum and kernels\n",
+              static_cast<long long>(after.fused - before.fused),
+              static_cast<long long>(after.unfused - before.unfused));
+}
+
 // The in-place family: accumulation, copies of runs and boxes, GEMMs into blocks.
 TEST(CudaOps, InPlaceOps) {
   SKIP_WITHOUT_GPU();

@@ -2,7 +2,9 @@
 // composed ops' (linear in f32, gelu, astype) bit for bit, and the backward is the chain rule
 // through the kept pre-activation P rounded to the output dtype: d = g * gelu'(P), the bias
 // gradient its column sums, dx and dW the GEMMs of d rounded to the operands' dtype, with
-// the cotangent arriving in f32 or in the output dtype.
+// the cotangent arriving in f32 or in the output dtype. gelu_mlp (two linears as one op) is
+// their forward bit for bit, and its backward the chain rule with the hidden cotangent kept
+// in f32 up to GELU's derivative.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -225,6 +227,122 @@ TEST(LinearEpilogue, OnTheCheckedDeviceGivesTheCpuBits) {
         },
         {x, w, b}, {true, true, c.bias});
   }
+}
+
+// gelu_mlp's inputs, by name (x, w1, b1, w2, b2, residual), and its value under a
+// configuration: f32 or bf16 operands, with or without biases and a residual.
+struct MlpCase {
+  DType operands;
+  bool bias, residual;
+  std::string str() const {
+    return std::string(dtype_name(operands)) + (bias ? ", biases" : "") +
+           (residual ? ", residual" : "");
+  }
+};
+std::vector<MlpCase> mlp_cases() {
+  std::vector<MlpCase> all;
+  for (DType t : {DType::F32, DType::BF16})
+    for (bool bias : {false, true})
+      for (bool residual : {false, true})
+        all.push_back({t, bias, residual});
+  return all;
+}
+TensorTree mlp_inputs() {
+  TensorTree p;
+  p.set("x", randn({3, 10, 40}, 61));
+  p.set("w1", randn({40, 64}, 62));
+  p.set("b1", randn({64}, 63));
+  p.set("w2", randn({64, 24}, 64));
+  p.set("b2", randn({24}, 65));
+  p.set("residual", randn({3, 10, 24}, 66));
+  return p;
+}
+// sum(mlp(p) * r): the MLP as one op (fused) or as the two linears.
+Tensor mlp_loss(const TensorTree& p, const MlpCase& c, bool fused, const Tensor& r) {
+  const Tensor x = astype(p.at("x"), c.operands), w1 = astype(p.at("w1"), c.operands),
+               w2 = astype(p.at("w2"), c.operands);
+  const Tensor b1 = c.bias ? p.at("b1") : Tensor(), b2 = c.bias ? p.at("b2") : Tensor();
+  const Tensor res = c.residual ? p.at("residual") : Tensor();
+  const Tensor y = fused ? gelu_mlp(x, w1, b1, w2, b2, res)
+                         : linear(linear(x, w1, b1, {.gelu = true, .out = c.operands}), w2, b2,
+                                  {.residual = res});
+  return sum(mul(y, r));
+}
+
+// The forward is the two linears' bit for bit; in f32 so is every gradient (the same
+// products and passes, in the same order).
+TEST(GeluMlp, IsTheTwoLinearsBitForBitInF32) {
+  const TensorTree p = mlp_inputs();
+  const Tensor r = randn({3, 10, 24}, 67);
+  for (const MlpCase& c : mlp_cases()) {
+    SCOPED_TRACE(c.str());
+    {
+      NoGradGuard off;
+      EXPECT_EQ(mlp_loss(p, c, true, r).item<float>(), mlp_loss(p, c, false, r).item<float>());
+    }
+    if (c.operands != DType::F32) continue;
+    const TensorTree got =
+        autodiff::grad([&](const TensorTree& q) { return mlp_loss(q, c, true, r); })(p);
+    const TensorTree want =
+        autodiff::grad([&](const TensorTree& q) { return mlp_loss(q, c, false, r); })(p);
+    for (const auto& [name, g] : want) {
+      SCOPED_TRACE(name);
+      EXPECT_EQ(got.at(name).to_vector<float>(), g.to_vector<float>());
+    }
+  }
+}
+
+// In bf16 the backward applies GELU's derivative to fc2's f32 dX product (the two linears
+// round it to bf16 first): d = rounded(dA * gelu'(P)) with dA = g2 w2^T in f32, fc1's bias
+// gradient d's column sums before rounding, dx and dW1 the products of d.
+TEST(GeluMlp, Bf16BackwardKeepsTheHiddenCotangentInF32UpToTheDerivative) {
+  const TensorTree p = mlp_inputs();
+  const Tensor r = randn({3, 10, 24}, 68);
+  const MlpCase c{DType::BF16, true, true};
+  const TensorTree got =
+      autodiff::grad([&](const TensorTree& q) { return mlp_loss(q, c, true, r); })(p);
+  NoGradGuard off;
+  const DType bf = DType::BF16;
+  const Tensor x = astype(p.at("x"), bf).view({30, 40}), w1 = astype(p.at("w1"), bf),
+               w2 = astype(p.at("w2"), bf);
+  const Tensor p32 = linear(x, w1, p.at("b1"));  // fc1's f32 sum
+  const Tensor pre = rounded(p32, bf), a = astype(gelu(p32, true), bf);
+  const Tensor g2 = astype(r.view({30, 24}), bf);  // fc2's cotangent, rounded for its products
+  const Tensor da = matmul(g2, w2, false, true);   // (30, 64) f32
+  const Tensor d32 =
+      autodiff::grad([&](const TensorTree& t) { return sum(mul(gelu(t.at("p"), true), da)); })([&] {
+        TensorTree t;
+        t.set("p", pre);
+        return t;
+      }())
+          .at("p");
+  const Tensor d = astype(d32, bf);
+  auto expect_near = [](const Tensor& got, const Tensor& want, const char* what) {
+    EXPECT_LE(max_abs_diff(got, want), 1e-6 * max_abs(want)) << what;
+  };
+  expect_near(got.at("x"), matmul(d, w1, false, true).view({3, 10, 40}), "dx");
+  expect_near(got.at("w1"), matmul(x, d, true, false), "dw1");
+  expect_near(got.at("b1"), sum(d32, {0}), "db1");
+  expect_near(got.at("w2"), matmul(a, g2, true, false), "dw2");
+  expect_near(got.at("b2"), sum(r.view({30, 24}), {0}), "db2");
+  EXPECT_EQ(got.at("residual").to_vector<float>(), r.to_vector<float>());
+}
+
+TEST(GeluMlp, OnTheCheckedDeviceGivesTheCpuBits) {
+  using V = std::vector<Tensor>;
+  const TensorTree p = mlp_inputs();
+  for (DType t : {DType::F32, DType::BF16})
+    testing::expect_same_on_checked(
+        dtype_name(t),
+        [t](const V& in) {
+          return gelu_mlp(astype(in[0], t), astype(in[1], t), in[2], astype(in[3], t), in[4],
+                          in[5]);
+        },
+        {p.at("x"), p.at("w1"), p.at("b1"), p.at("w2"), p.at("b2"), p.at("residual")},
+        {true, true, true, true, true, true});
+  // The two linears' argument checks.
+  EXPECT_THROW(gelu_mlp(p.at("x"), p.at("w2"), Tensor(), p.at("w2"), Tensor()), InvalidArgument);
+  EXPECT_THROW(gelu_mlp(p.at("x"), p.at("w1"), Tensor(), p.at("w1"), Tensor()), InvalidArgument);
 }
 
 TEST(LinearEpilogue, WritesF32OrItsOperandsDtype) {

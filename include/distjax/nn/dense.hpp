@@ -1,6 +1,8 @@
 // Dense: the fully connected layer y = x @ kernel + bias.
 #pragma once
 
+#include <utility>
+
 #include "distjax/nn/scope.hpp"
 
 namespace distjax::nn {
@@ -29,6 +31,10 @@ struct Dense {
   bool compute_dtype_output = false;
 
   Tensor operator()(const Scope& scope, const Tensor& x) const;
+  /// The layer's kernel (K, features) and bias (undefined without use_bias) for an input
+  /// of `in` features, as the layer holds them (the local shards on a bound scope): for an
+  /// op that multiplies by them itself (tensor::gelu_mlp).
+  std::pair<Tensor, Tensor> params(const Scope& scope, std::int64_t in) const;
   /// residual + Dense(x): the residual connection's add in the product (an f32 output, no
   /// GELU), the bits of tensor::add(residual, (*this)(scope, x)) on the CPU.
   Tensor operator()(const Scope& scope, const Tensor& x, const Tensor& residual) const;

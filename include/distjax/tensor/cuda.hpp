@@ -56,9 +56,10 @@ struct CudnnAttentionCalls {
 CudnnAttentionCalls cuda_attention_cudnn_calls();
 
 /// How many GEMMs with an epilogue beyond an f32 D and a bias (linear's GELU, a bf16 or f16
-/// output: tensor::LinearEpilogue) ran in this process on CUDA: `fused` in cuBLASLt's own
-/// epilogue, `unfused` as an f32 sum and the elementwise kernels because cuBLASLt offered
-/// no algorithm or refused the call (0 without CUDA).
+/// output: tensor::LinearEpilogue; gelu_mlp's backward GELU derivative and bias gradient)
+/// ran in this process on CUDA: `fused` in cuBLASLt's own epilogue, `unfused` as an f32 sum
+/// and the elementwise kernels because cuBLASLt offered no algorithm or refused the call (0
+/// without CUDA).
 struct CudaGemmEpilogueCalls {
   std::int64_t fused = 0, unfused = 0;
 };

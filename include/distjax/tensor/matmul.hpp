@@ -44,6 +44,17 @@ struct LinearEpilogue {
 ///   Tensor h = linear(x16, w16, b, {.gelu = true, .out = DType::BF16});  // bf16 gelu(x W + b)
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const LinearEpilogue& epilogue);
 
+/// The transformer's MLP as one op: linear(gelu(linear(x, w1, b1)), w2, b2) (+ residual),
+/// GELU in its tanh form. x, w1 (K, H) and w2 (H, N) share a dtype (f32, bf16 or f16); b1
+/// (H) and b2 (N) f32 or undefined; residual (..., N) f32 or undefined. The forward is the
+/// two linears' (fc1 with LinearEpilogue{.gelu = true, .out = x's dtype}, fc2 with
+/// {.residual}), bit for bit. The backward makes fc2's dX product with GELU's derivative
+/// and fc1's bias gradient in the product's epilogue (GemmKernels::gemm_dgelu: cuBLASLt's
+/// DGELU_BGRAD), so the hidden cotangent is not written and read again before the
+/// derivative: in f32 the two linears' bits, in bf16 one rounding fewer.
+Tensor gelu_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
+                const Tensor& b2, const Tensor& residual = Tensor());
+
 namespace detail {
 /// C (M, N) = alpha * op(A) op(B) + beta * C, one GEMM on raw row-major f32 host buffers
 /// through oneDNN's sgemm: for the CPU kernels of tensor/cpu/ (ops go through the kernel

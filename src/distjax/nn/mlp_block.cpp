@@ -2,6 +2,7 @@
 
 #include "distjax/nn/dense.hpp"
 #include "distjax/tensor/elementwise.hpp"
+#include "distjax/tensor/matmul.hpp"
 
 namespace distjax::nn {
 
@@ -13,10 +14,14 @@ Tensor MLPBlock::operator()(const Scope& scope, const Tensor& x, const Tensor& r
   const std::int64_t h = hidden > 0 ? hidden : 4 * c;
   const Dense fc2{.features = c, .kernel_init = out_init};
   if (gelu_approximate) {
-    // GELU in fc1's epilogue, written in the dtype fc2 reads it in.
-    const Dense fc1{
-        .features = h, .kernel_init = kernel_init, .gelu = true, .compute_dtype_output = true};
-    return fc2(scope.child("fc2"), fc1(scope.child("fc1"), x), residual);
+    // One op (tensor::gelu_mlp): GELU in fc1's epilogue, written in the dtype fc2 reads it
+    // in; in the backward, its derivative and fc1's bias gradient in fc2's dX product.
+    const Dense fc1{.features = h, .kernel_init = kernel_init};
+    auto [w1, b1] = fc1.params(scope.child("fc1"), c);
+    auto [w2, b2] = fc2.params(scope.child("fc2"), h);
+    const Precision& p = scope.precision();
+    auto compute = [&p](const Tensor& t) { return p.mixed() ? p.cast_to_compute(t) : t; };
+    return tensor::gelu_mlp(compute(x), compute(w1), b1, compute(w2), b2, residual);
   }
   const Dense fc1{.features = h, .kernel_init = kernel_init};
   Tensor y = fc1(scope.child("fc1"), x);

@@ -240,22 +240,18 @@ Tensor bias_cotangent(const std::shared_ptr<Node>& bleaf, std::function<Tensor()
   return Tensor();
 }
 
-// linear's backward: dx, dW (or deferred), dbias and dresidual from the cotangent g of out
-// (rows, n).
-std::vector<Tensor> linear_backward(std::vector<Tensor>& g, const Tensor& xd, const Tensor& wd,
-                                    const Tensor& pre, DType dx_dtype, bool has_bias,
-                                    bool has_residual, bool rx, bool rw,
-                                    const std::shared_ptr<Node>& wleaf,
-                                    const std::shared_ptr<Node>& bleaf) {
-  const std::int64_t k = wd.size(0), n = wd.size(1);
-  // The residual's cotangent is the output's own.
-  const Tensor gresidual = has_residual ? g[0] : Tensor();
-  const std::int64_t rows = g[0].numel() / n;
-  const DType gemm_dtype = xd.dtype();
-  // One epilogue_backward pass makes the GEMMs' cotangent (GELU's derivative applied,
-  // rounded to the operands' dtype; g itself where it already is that) and the bias
-  // gradient.
+// What linear's backward makes from the cotangent g of its output (rows, n), in one
+// epilogue_backward pass: the GEMMs' cotangent g2 (GELU's derivative applied with `pre`,
+// rounded to the operands' dtype; g itself where it already is that) and the bias gradient
+// (handed over now, or queued for a zero-bubble W pass). g's original goes once g2 is made.
+struct LinearCotangent {
+  Tensor g2, gbias;
+};
+LinearCotangent linear_cotangent(std::vector<Tensor>& g, const Tensor& pre, DType gemm_dtype,
+                                 std::int64_t n, bool has_bias,
+                                 const std::shared_ptr<Node>& bleaf) {
   const Tensor& gc = g[0];
+  const std::int64_t rows = gc.numel() / n;
   const bool reuse = !pre.defined() && gc.dtype() == gemm_dtype;
   Tensor g2 = reuse ? gc.view({rows, n}) : Tensor::empty({rows, n}, gemm_dtype, gc.device());
   Tensor bsum = has_bias ? Tensor::empty({n}, DType::F32, gc.device()) : Tensor();
@@ -267,22 +263,65 @@ std::vector<Tensor> linear_backward(std::vector<Tensor>& g, const Tensor& xd, co
                           kd.stream());
   }
   // The sum is made: a zero-bubble W pass only hands it over.
-  const Tensor gbias = has_bias ? bias_cotangent(bleaf, [bsum] { return bsum; }) : Tensor();
-  // dx and dW read g2: the cotangent's original goes before they are made.
+  Tensor gbias = has_bias ? bias_cotangent(bleaf, [bsum] { return bsum; }) : Tensor();
   if (!reuse) g[0] = Tensor();
+  return {g2, gbias};
+}
+
+// linear's products from g2 (rows, n): dx (in dx_dtype, shaped as x) and dW (undefined when
+// deferred to a zero-bubble W pass), each where wanted.
+std::pair<Tensor, Tensor> linear_products(const Tensor& g2, const Tensor& xd, const Tensor& wd,
+                                          DType dx_dtype, bool rx, bool rw,
+                                          const std::shared_ptr<Node>& wleaf) {
+  const std::int64_t k = wd.size(0);
   Tensor x2 = xd.view({xd.numel() / k, k});
-  std::vector<Tensor> out;
-  out.push_back(rx ? matmul_forward(g2, wd, false, true, dx_dtype).view(xd.shape()) : Tensor());
+  Tensor dx = rx ? matmul_forward(g2, wd, false, true, dx_dtype).view(xd.shape()) : Tensor();
+  Tensor dw;
   WeightGradStore* store = weight_grad_store();
-  if (rw && wleaf && store) {  // zero-bubble: dW later (W pass)
+  if (rw && wleaf && store)  // zero-bubble: dW later (W pass)
     store->defer(wleaf, [x2, g2] { return matmul(x2, g2, true, false); });
-    out.emplace_back();
-  } else {
-    out.push_back(rw ? matmul(x2, g2, true, false) : Tensor());
-  }
-  if (has_bias) out.push_back(gbias);  // undefined when deferred
+  else if (rw)
+    dw = matmul(x2, g2, true, false);
+  return {dx, dw};
+}
+
+// linear's backward: dx, dW (or deferred), dbias and dresidual from the cotangent g of out
+// (rows, n).
+std::vector<Tensor> linear_backward(std::vector<Tensor>& g, const Tensor& xd, const Tensor& wd,
+                                    const Tensor& pre, DType dx_dtype, bool has_bias,
+                                    bool has_residual, bool rx, bool rw,
+                                    const std::shared_ptr<Node>& wleaf,
+                                    const std::shared_ptr<Node>& bleaf) {
+  // The residual's cotangent is the output's own.
+  const Tensor gresidual = has_residual ? g[0] : Tensor();
+  const LinearCotangent c = linear_cotangent(g, pre, xd.dtype(), wd.size(1), has_bias, bleaf);
+  auto [dx, dw] = linear_products(c.g2, xd, wd, dx_dtype, rx, rw, wleaf);
+  std::vector<Tensor> out{dx, dw};
+  if (has_bias) out.push_back(c.gbias);  // undefined when deferred
   if (has_residual) out.push_back(gresidual);
   return out;
+}
+
+// linear's forward, unrecorded: (..., N) in e.out, and GELU's pre-activation in *pre with
+// e.gelu.
+Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const LinearEpilogue& e,
+                      Tensor* pre) {
+  const std::int64_t k = w.size(0), n = w.size(1), m = x.numel() / std::max<std::int64_t>(k, 1);
+  Shape out_shape = x.shape();
+  out_shape.back() = n;
+  const Device dev = detail::op_device("linear", {&x, &w, &bias});
+  Tensor out = Tensor::empty(out_shape, e.out, dev);
+  if (e.gelu) *pre = Tensor::empty(out_shape, e.out, dev);
+  run_gemm("linear", {1, m, n, k, false, false, true, bias.defined(), gemm_dtype(x), e.out, e.gelu},
+           gemm_operand(x), gemm_operand(w), bias, out, e.gelu ? pre : nullptr, e.residual);
+  return out;
+}
+
+// The dtype of the cotangent a backward hands x: x's own where its producer takes it so (a
+// bf16 attention, a linear writing bf16): half the bytes, and the rounding it would do
+// anyway; else f32.
+DType cotangent_dtype(const Tensor& x) {
+  return accepts_reduced_cotangent(x) ? x.dtype() : DType::F32;
 }
 
 }  // namespace
@@ -319,35 +358,78 @@ void matmul_into(const Tensor& c, const Tensor& a, const Tensor& b, bool ta, boo
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const LinearEpilogue& e) {
   check_linear(x, w, bias, e);
-  const std::int64_t k = w.size(0), n = w.size(1), m = x.numel() / std::max<std::int64_t>(k, 1);
   // No product to add to (K = 0): the add itself.
-  if (e.residual.defined() && k == 0) return add(e.residual, linear(x, w, bias));
-  Shape out_shape = x.shape();
-  out_shape.back() = n;
-  const Device dev = detail::op_device("linear", {&x, &w, &bias});
-  Tensor out = Tensor::empty(out_shape, e.out, dev);
-  Tensor pre = e.gelu ? Tensor::empty(out_shape, e.out, dev) : Tensor();
-  const Tensor xg = gemm_operand(x), wg = gemm_operand(w);
-  run_gemm("linear", {1, m, n, k, false, false, true, bias.defined(), gemm_dtype(x), e.out, e.gelu},
-           xg, wg, bias, out, e.gelu ? &pre : nullptr, e.residual);
+  if (e.residual.defined() && w.size(0) == 0) return add(e.residual, linear(x, w, bias));
+  Tensor pre;
+  Tensor out = linear_forward(x, w, bias, e, &pre);
   std::vector<Tensor> inputs{x, w};
   if (bias.defined()) inputs.push_back(bias);
   if (e.residual.defined()) inputs.push_back(e.residual);
   if (!needs_grad(inputs)) return joined(out, inputs);
-  // dX in x's own dtype where x's producer takes its cotangent so (a bf16 attention, a
-  // linear writing bf16): half the bytes, and the rounding it would do anyway.
-  const DType dx_dtype = accepts_reduced_cotangent(x) ? x.dtype() : DType::F32;
-  Tensor y = record("linear", inputs, out,
-                    [xd = x.detach(), wd = w.detach(), pre, dx_dtype, has_bias = bias.defined(),
-                     has_residual = e.residual.defined(), rx = x.requires_grad(),
-                     rw = w.requires_grad(), wleaf = deferrable_weight(w, inputs),
-                     bleaf = bias.defined() ? deferrable_weight(bias, inputs)
-                                            : std::shared_ptr<Node>()](std::vector<Tensor>& g) {
-                      return linear_backward(g, xd, wd, pre, dx_dtype, has_bias, has_residual, rx,
-                                             rw, wleaf, bleaf);
-                    });
+  Tensor y =
+      record("linear", inputs, out,
+             [xd = x.detach(), wd = w.detach(), pre, dx_dtype = cotangent_dtype(x),
+              has_bias = bias.defined(), has_residual = e.residual.defined(),
+              rx = x.requires_grad(), rw = w.requires_grad(), wleaf = deferrable_weight(w, inputs),
+              bleaf = bias.defined() ? deferrable_weight(bias, inputs)
+                                     : std::shared_ptr<Node>()](std::vector<Tensor>& g) {
+               return linear_backward(g, xd, wd, pre, dx_dtype, has_bias, has_residual, rx, rw,
+                                      wleaf, bleaf);
+             });
   // Its backward reads a cotangent in its output's dtype as it reads an f32 one.
   return takes_reduced_cotangent(std::move(y));
+}
+
+Tensor gelu_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
+                const Tensor& b2, const Tensor& residual) {
+  const LinearEpilogue e1{.gelu = true, .out = x.dtype()}, e2{.residual = residual};
+  check_linear(x, w1, b1, e1);
+  // Nothing to fuse in empty products: the two linears.
+  if (x.numel() == 0 || w1.numel() == 0 || w2.numel() == 0)
+    return linear(linear(x, w1, b1, e1), w2, b2, e2);
+  Tensor pre;
+  const Tensor a = linear_forward(x, w1, b1, e1, &pre);
+  check_linear(a, w2, b2, e2);
+  Tensor out = linear_forward(a, w2, b2, e2, nullptr);
+  std::vector<Tensor> inputs{x, w1, w2};
+  for (const Tensor* t : {&b1, &b2, &residual})
+    if (t->defined()) inputs.push_back(*t);
+  if (!needs_grad(inputs)) return joined(out, inputs);
+  auto leaf = [&](const Tensor& t) {
+    return t.defined() ? deferrable_weight(t, inputs) : std::shared_ptr<Node>();
+  };
+  return record(
+      "gelu_mlp", inputs, out,
+      [xd = x.detach(), w1d = w1.detach(), w2d = w2.detach(), a, pre, dx_dtype = cotangent_dtype(x),
+       has_b1 = b1.defined(), has_b2 = b2.defined(), has_residual = residual.defined(),
+       rx = x.requires_grad(), rw1 = w1.requires_grad(), rw2 = w2.requires_grad(),
+       w1leaf = leaf(w1), w2leaf = leaf(w2), b1leaf = leaf(b1),
+       b2leaf = leaf(b2)](std::vector<Tensor>& g) {
+        const Tensor gresidual = has_residual ? g[0] : Tensor();
+        const std::int64_t h = w2d.size(0), n = w2d.size(1), rows = a.numel() / h;
+        // fc2: its cotangent's pass (rounding, bias gradient) and dW2.
+        LinearCotangent c2 = linear_cotangent(g, Tensor(), a.dtype(), n, has_b2, b2leaf);
+        Tensor dw2 = linear_products(c2.g2, a, w2d, DType::F32, false, rw2, w2leaf).second;
+        // fc2's dX with GELU's derivative and fc1's bias gradient in its epilogue: the
+        // cotangent of fc1's pre-activation, in the operands' dtype.
+        const Tensor d = Tensor::empty({rows, h}, a.dtype(), a.device());
+        const Tensor db1 = has_b1 ? Tensor::empty({h}, DType::F32, a.device()) : Tensor();
+        {
+          const Tensor g2 = gemm_operand(c2.g2), w2g = gemm_operand(w2d);
+          detail::Dispatch kd("gelu_mlp", &detail::KernelTable::gemm, {&g2, &w2g, &pre, &d, &db1});
+          kd->gemm_dgelu({1, rows, h, n, false, true, true, false, gemm_dtype(a), a.dtype(), false},
+                         g2.raw_data(), w2g.raw_data(), pre.raw_data(), d.raw_data(),
+                         has_b1 ? db1.data<float>() : nullptr, kd.stream());
+        }
+        c2.g2 = Tensor();  // dx and dW1 read d only
+        const Tensor gb1 = has_b1 ? bias_cotangent(b1leaf, [db1] { return db1; }) : Tensor();
+        auto [dx, dw1] = linear_products(d, xd, w1d, dx_dtype, rx, rw1, w1leaf);
+        std::vector<Tensor> out{dx, dw1, dw2};
+        if (has_b1) out.push_back(gb1);
+        if (has_b2) out.push_back(c2.gbias);
+        if (has_residual) out.push_back(gresidual);
+        return out;
+      });
 }
 
 }  // namespace distjax::tensor

@@ -136,6 +136,13 @@ void gemm_f32_sum(const GemmKey& key, const void* a, const void* b, const float*
   run_primitive(f32_key, a, b, bias, sum);
 }
 
+// n floats of the calling thread's, kept for its next call (no allocation per step).
+float* f32_scratch(std::int64_t n) {
+  thread_local std::vector<float> scratch;
+  if (scratch.size() < static_cast<std::size_t>(n)) scratch.resize(static_cast<std::size_t>(n));
+  return scratch.data();
+}
+
 // c[i] += residual[i] (the residual connection's add, after the product: the bits of
 // add(residual, linear(...))).
 void add_residual(float* c, const float* residual, std::int64_t n) {
@@ -163,16 +170,9 @@ void gemm(const GemmKey& key, const void* a, const void* b, const float* bias,
   }
   if (!key.gelu && key.k > 0 && (key.dst == DType::F32 || key.dst == DType::BF16))
     return run_primitive(key, a, b, bias, c);
-  // P in f32 (in aux or C itself where that is f32, else in the thread's scratch, kept for
-  // the next call: no allocation per step), then aux = P and C = gelu(P), rounded.
-  thread_local std::vector<float> scratch;
-  float* sum = nullptr;
-  if (key.dst == DType::F32) {
-    sum = static_cast<float*>(key.gelu ? aux : c);
-  } else {
-    if (scratch.size() < static_cast<std::size_t>(n)) scratch.resize(static_cast<std::size_t>(n));
-    sum = scratch.data();
-  }
+  // P in f32 (in aux or C itself where that is f32, else in the thread's scratch), then aux
+  // = P and C = gelu(P), rounded.
+  float* sum = key.dst == DType::F32 ? static_cast<float*>(key.gelu ? aux : c) : f32_scratch(n);
   gemm_f32_sum(key, a, b, bias, sum);
   if (key.gelu) {
     if (key.dst == DType::F32)
@@ -254,9 +254,21 @@ void gemm_f32_strided(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n
 
 }  // namespace
 
+// The product in f32 (the thread's scratch), then the epilogue's backward pass over it.
+void gemm_dgelu(const GemmKey& key, const void* a, const void* b, const void* aux, void* c,
+                float* bias_grad, Stream s) {
+  assert(key.batch == 1 && !key.bias && !key.gelu);
+  const std::int64_t n = key.m * key.n;
+  if (n == 0) return;
+  float* sum = f32_scratch(n);
+  gemm_f32_sum(key, a, b, nullptr, sum);
+  epilogue_backward(sum, DType::F32, aux, key.dst, c, key.dst, bias_grad, key.m, key.n, s);
+}
+
 const GemmKernels gemm_kernels{
     .gemm = gemm,
     .epilogue_backward = epilogue_backward,
+    .gemm_dgelu = gemm_dgelu,
     .gemm_f32_strided = gemm_f32_strided,
 };
 

@@ -112,13 +112,18 @@ struct Operand {
   std::int64_t rows, cols, ld, batch_stride;  // of the stored matrix
 };
 
+// The GELU in a problem's epilogue: none, GELU with its input kept as aux (the forward),
+// or GELU's derivative from that aux (the backward; the bias pointer then receives the
+// bias gradient).
+enum Gelu : std::int64_t { kNoGelu = 0, kGeluAux = 1, kDgelu = 2 };
+
 // A problem: everything a plan depends on.
 struct Problem {
   Operand a, b;          // cuBLASLt's A and B (the table's B and A)
   std::int64_t m, n, k;  // D is m x n (column-major), ld ldd; GELU's aux the same
   std::int64_t ldd, stride_d, batch;
   std::int64_t d_type;                       // cudaDataType_t of D and aux
-  std::int64_t bias, bias_type, gelu, tf32;  // bias_type: cudaDataType_t
+  std::int64_t bias, bias_type, gelu, tf32;  // bias_type: cudaDataType_t; gelu: a Gelu
   std::int64_t align_a, align_b, align_d;
   bool operator==(const Problem& o) const { return std::memcmp(this, &o, sizeof(Problem)) == 0; }
 };
@@ -199,9 +204,13 @@ std::unique_ptr<Plan> make_plan(const Problem& p) {
   // The bias: one value per row of D, i.e. per column of the row-major C, the same for
   // every batch (bias batch stride 0, cuBLASLt's default). GELU's aux: the pre-activation,
   // laid out as D, in D's type (cuBLASLt's default).
+  // DGELU_BGRAD: d = (A B) gelu'(aux), and the bias gradient (d summed per row of D) into
+  // the bias pointer.
   const cublasLtEpilogue_t epi =
-      p.gelu ? (p.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
-             : (p.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+      p.gelu == kDgelu ? (p.bias ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU)
+      : p.gelu         ? (p.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+      : p.bias         ? CUBLASLT_EPILOGUE_BIAS
+                       : CUBLASLT_EPILOGUE_DEFAULT;
   set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi));
   if (p.bias) {
     const auto bias_type = static_cast<std::int32_t>(p.bias_type);
@@ -299,12 +308,9 @@ cudaDataType_t cuda_type(DType t) {
 
 std::atomic<std::int64_t> epilogues_fused{0}, epilogues_unfused{0};
 
-// Runs `key` (k > 0) with its epilogue fused into cuBLASLt's; false where cuBLASLt has no
-// algorithm for it. The bias goes in f32; for a 16-bit D where cuBLASLt takes no f32 bias,
-// rounded to D's type (as PyTorch's bf16 linear holds it). A residual is cuBLASLt's C
-// (beta = 1), its bias added after it.
-bool gemm_fused(const GemmKey& key, const void* a, const void* b, const float* bias,
-                const float* residual, void* c, void* aux, Stream s) {
+// The cuBLASLt problem of `key` on these pointers (aux and residual may be null).
+Problem problem_of(const GemmKey& key, const void* a, const void* b, const void* c, const void* aux,
+                   const void* residual) {
   const auto [batch, m, n, k, ta, tb, b_shared, has_bias, src, dst, gelu] = key;
   // Halves on the tensor cores with f32 accumulation.
   const cudaDataType_t type = cuda_type(src);
@@ -325,15 +331,27 @@ bool gemm_fused(const GemmKey& key, const void* a, const void* b, const float* b
   p.d_type = cuda_type(dst);
   p.bias = has_bias;
   p.bias_type = CUDA_R_32F;
-  p.gelu = gelu;
+  p.gelu = gelu ? kGeluAux : kNoGelu;
   p.tf32 = src == DType::F32 && allow_tf32();
   p.align_a =
       alignment({addr(b), std::uint64_t(p.a.ld) * es, std::uint64_t(p.a.batch_stride) * es});
   p.align_b =
       alignment({addr(a), std::uint64_t(p.b.ld) * es, std::uint64_t(p.b.batch_stride) * es});
   // aux is laid out as D: its pointer bounds D's alignment too.
-  p.align_d = alignment({addr(c), gelu ? addr(aux) : 0, addr(residual), std::uint64_t(n) * ds,
-                         std::uint64_t(m * n) * ds});
+  p.align_d = alignment(
+      {addr(c), addr(aux), addr(residual), std::uint64_t(n) * ds, std::uint64_t(m * n) * ds});
+  return p;
+}
+
+// Runs `key` (k > 0) with its epilogue fused into cuBLASLt's; false where cuBLASLt has no
+// algorithm for it. The bias goes in f32; for a 16-bit D where cuBLASLt takes no f32 bias,
+// rounded to D's type (as PyTorch's bf16 linear holds it). A residual is cuBLASLt's C
+// (beta = 1), its bias added after it.
+bool gemm_fused(const GemmKey& key, const void* a, const void* b, const float* bias,
+                const float* residual, void* c, void* aux, Stream s) {
+  const auto [batch, m, n, k, ta, tb, b_shared, has_bias, src, dst, gelu] = key;
+  const std::uint64_t ds = dst == DType::F32 ? 4 : 2;
+  Problem p = problem_of(key, a, b, c, gelu ? aux : nullptr, residual);
   // GELU's aux wants a leading dimension and batch stride divisible by 8 elements.
   const bool optional = optional_epilogue(p);
   if (gelu && (n % 8 != 0 || (batch > 1 && (m * n) % 8 != 0))) {
@@ -428,6 +446,34 @@ void gemm(const GemmKey& key, const void* a, const void* b, const float* bias,
   gemm_unfused(key, a, b, bias, c, aux, s);
 }
 
+// cuBLASLt's DGELU_BGRAD (DGELU without a bias gradient): GELU's derivative from aux and the
+// bias gradient in the product's epilogue; the f32 product and the epilogue_backward kernel
+// where cuBLASLt has no algorithm for it (or K = 0).
+void gemm_dgelu(const GemmKey& key, const void* a, const void* b, const void* aux, void* c,
+                float* bias_grad, Stream s) {
+  if (key.m == 0 || key.n == 0) return;
+  if (key.k > 0 && key.n % 8 == 0) {  // aux's leading dimension, as the forward's
+    Problem p = problem_of(key, a, b, c, aux, nullptr);
+    p.gelu = kDgelu;
+    p.bias = bias_grad != nullptr;
+    if (run(p, b, a, bias_grad, c, const_cast<void*>(aux), 1.f, 0.f, s)) {
+      ++epilogues_fused;
+      return;
+    }
+  }
+  ++epilogues_unfused;
+  const cudaStream_t stream = stream_of(s);
+  const std::int64_t total = key.m * key.n;
+  void* sum = nullptr;
+  DISTJAX_CUDA_CHECK(cudaMallocAsync(&sum, static_cast<std::size_t>(total) * sizeof(float), stream),
+                     "gemm", "an f32 product of ", total, " elements");
+  GemmKey f32_key = key;
+  f32_key.dst = DType::F32;
+  gemm(f32_key, a, b, nullptr, nullptr, sum, nullptr, s);
+  epilogue_backward(sum, DType::F32, aux, key.dst, c, key.dst, bias_grad, key.m, key.n, s);
+  DISTJAX_CUDA_CHECK(cudaFreeAsync(sum, stream), "gemm");
+}
+
 void gemm_f32_strided(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                       float alpha, const float* a, std::int64_t lda, std::int64_t stride_a,
                       const float* b, std::int64_t ldb, std::int64_t stride_b, float beta, float* c,
@@ -481,6 +527,7 @@ void gemm_f32_strided(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n
 const detail::GemmKernels gemm_kernels{
     .gemm = gemm,
     .epilogue_backward = epilogue_backward,
+    .gemm_dgelu = gemm_dgelu,
     .gemm_f32_strided = gemm_f32_strided,
 };
 

@@ -46,6 +46,15 @@ struct GemmKernels {
   void (*epilogue_backward)(const void* g, DType g_dtype, const void* aux, DType aux_dtype,
                             void* out, DType out_dtype, float* bias_grad, std::int64_t rows,
                             std::int64_t n, Stream s);
+  /// The product of a layer that reads a GELU's output, with that GELU's derivative in
+  /// its epilogue: for `key` (batch 1, no bias, no gelu flag), d = (A B) * gelu_tanh'(aux)
+  /// in f32, with aux (M x N of key.dst: the GELU's pre-activation kept by the forward), C
+  /// = d rounded to key.dst, and bias_grad[j] (f32; skipped when null) = the sum of d's
+  /// column j: the cotangent of that GELU's input and its layer's bias gradient (the MLP's
+  /// fc2 dX product; cuBLASLt's DGELU_BGRAD). The same numbers as the f32 product followed
+  /// by epilogue_backward, without the product in memory.
+  void (*gemm_dgelu)(const GemmKey& key, const void* a, const void* b, const void* aux, void* c,
+                     float* bias_grad, Stream s);
   /// For i < batch, in order: C_i = alpha * op(A_i) op(B_i) + beta * C_i on row-major f32
   /// matrices, A_i = a + i * stride_a (op(A_i) m x k, stored k x m when trans_a, lda
   /// elements between its rows), B_i = b + i * stride_b (op(B_i) k x n, stored n x k when
