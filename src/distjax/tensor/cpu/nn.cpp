@@ -304,44 +304,38 @@ void embedding_backward(const float* pg, const void* ids, DType id_dtype, float*
 
 // ------------------------------------------------------------------ cross-entropy
 
-void cross_entropy(const float* px, const void* labels, DType id_dtype, float* pl, float* ps,
-                   std::int64_t n, std::int64_t v, Stream) {
-  with_ids(labels, id_dtype, [&](const auto* pi) {
-#pragma omp parallel for schedule(static) num_threads(threads_for(n* v))
-    for (std::int64_t r = 0; r < n; ++r) {
-      const float* xr = px + r * v;
-      ps[r] = row_logsumexp(xr, v);
-      const auto label = static_cast<std::int64_t>(pi[r]);
-      pl[r] = label >= 0 && label < v ? ps[r] - xr[label] : std::numeric_limits<float>::quiet_NaN();
-    }
-  });
+// One row's log-sum-exp into *lse and its loss (NaN for a label outside [0, v)).
+float cross_entropy_row(const float* xr, std::int64_t label, std::int64_t v, float* lse) {
+  *lse = row_logsumexp(xr, v);
+  return label >= 0 && label < v ? *lse - xr[label] : std::numeric_limits<float>::quiet_NaN();
 }
 
-void cross_entropy_backward(const float* px, const float* pg, const float* ps, const void* labels,
-                            DType id_dtype, float* po, std::int64_t n, std::int64_t v, Stream) {
-  with_ids(labels, id_dtype, [&](const auto* pi) {
-  // d loss_r / d x_rj = softmax_rj - [j == label_r]
-#pragma omp parallel for schedule(static) num_threads(threads_for(n* v))
-    for (std::int64_t r = 0; r < n; ++r) {
-      const float* xr = px + r * v;
-      float* o = po + r * v;
-      const float gr = pg[r], l = ps[r];
-#pragma omp simd
-      for (std::int64_t j = 0; j < v; ++j)
-        o[j] = gr * fast_exp(xr[j] - l);
-      if (const auto label = static_cast<std::int64_t>(pi[r]); label >= 0 && label < v)
-        o[label] -= gr;
-    }
-  });
-}
-
-// One row's gradient in f32, as cross_entropy_backward writes it.
+// One row's gradient in f32: d loss / d x_j = gr (softmax_j - [j == label]).
 void cross_entropy_row_grad(const float* xr, float gr, float l, std::int64_t label, float* o,
                             std::int64_t v) {
 #pragma omp simd
   for (std::int64_t j = 0; j < v; ++j)
     o[j] = gr * fast_exp(xr[j] - l);
   if (label >= 0 && label < v) o[label] -= gr;
+}
+
+void cross_entropy(const float* px, const void* labels, DType id_dtype, float* pl, float* ps,
+                   std::int64_t n, std::int64_t v, Stream) {
+  with_ids(labels, id_dtype, [&](const auto* pi) {
+#pragma omp parallel for schedule(static) num_threads(threads_for(n* v))
+    for (std::int64_t r = 0; r < n; ++r)
+      pl[r] = cross_entropy_row(px + r * v, static_cast<std::int64_t>(pi[r]), v, ps + r);
+  });
+}
+
+void cross_entropy_backward(const float* px, const float* pg, const float* ps, const void* labels,
+                            DType id_dtype, float* po, std::int64_t n, std::int64_t v, Stream) {
+  with_ids(labels, id_dtype, [&](const auto* pi) {
+#pragma omp parallel for schedule(static) num_threads(threads_for(n* v))
+    for (std::int64_t r = 0; r < n; ++r)
+      cross_entropy_row_grad(px + r * v, pg[r], ps[r], static_cast<std::int64_t>(pi[r]), po + r * v,
+                             v);
+  });
 }
 
 // Per row: its loss and lse, then its gradient, in f32 (over the logits when gx is them) or
@@ -354,9 +348,8 @@ void cross_entropy_with_grad(const float* px, const void* labels, DType id_dtype
 #pragma omp parallel for schedule(static) num_threads(threads_for(n* v))
     for (std::int64_t r = 0; r < n; ++r) {
       const float* xr = px + r * v;
-      ps[r] = row_logsumexp(xr, v);
       const auto label = static_cast<std::int64_t>(pi[r]);
-      pl[r] = label >= 0 && label < v ? ps[r] - xr[label] : std::numeric_limits<float>::quiet_NaN();
+      pl[r] = cross_entropy_row(xr, label, v, ps + r);
       if (gx_dtype == DType::F32) {
         cross_entropy_row_grad(xr, pg[r], ps[r], label, static_cast<float*>(gx) + r * v, v);
         continue;

@@ -533,6 +533,22 @@ __global__ void cross_entropy_kernel(const float* __restrict__ logits,
   }
 }
 
+// One row's gradient by the block, gr (exp(x - l) - onehot(label)), in packs of V written
+// in Out: each thread reads its pack before it writes it (o may be xr).
+template <int V, class Out>
+__device__ __forceinline__ void row_grad(const float* xr, Out* o, float gr, float l,
+                                         std::int64_t label, std::int64_t vv) {
+  for (std::int64_t j = threadIdx.x; j < vv; j += blockDim.x) {
+    Pack<V> p = load_pack<V>(xr, j);
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      p.v[e] = gr * expf(p.v[e] - l);
+      if (j * V + e == label) p.v[e] -= gr;
+    }
+    store_out<V>(o, j, p);
+  }
+}
+
 // gx[r] = g[r] (exp(row - lse[r]) - onehot(label)). Bound: 8 bytes per logit; 4.0 TB/s at
 // 8192 x 50304 on an H200. gx may be logits: each thread reads its pack of a row before it
 // writes it.
@@ -543,19 +559,7 @@ __global__ void cross_entropy_backward_kernel(const float* logits, const float* 
                                               std::int64_t n, std::int64_t v) {
   const std::int64_t vv = v / V;
   for (std::int64_t r = blockIdx.x; r < n; r += gridDim.x) {
-    const float* xr = logits + r * v;
-    float* o = gx + r * v;
-    const float gr = g[r], l = lse[r];
-    const std::int64_t label = static_cast<std::int64_t>(labels[r]);
-    for (std::int64_t j = threadIdx.x; j < vv; j += blockDim.x) {
-      Pack<V> p = load_pack<V>(xr, j);
-#pragma unroll
-      for (int e = 0; e < V; ++e) {
-        p.v[e] = gr * expf(p.v[e] - l);
-        if (j * V + e == label) p.v[e] -= gr;
-      }
-      store_pack<V>(o, j, p);
-    }
+    row_grad<V>(logits + r * v, gx + r * v, g[r], lse[r], static_cast<std::int64_t>(labels[r]), vv);
   }
 }
 
@@ -584,17 +588,7 @@ __global__ void cross_entropy_with_grad_kernel(const float* logits, const Id* __
       lse[r] = l;
       loss[r] = valid ? l - at_label : __int_as_float(0x7fc00000);
     }
-    const float gr = g[r];
-    Out* o = gx + r * v;
-    for (std::int64_t j = threadIdx.x; j < vv; j += blockDim.x) {
-      Pack<V> p = load_pack<V>(xr, j);
-#pragma unroll
-      for (int e = 0; e < V; ++e) {
-        p.v[e] = gr * expf(p.v[e] - l);
-        if (j * V + e == label) p.v[e] -= gr;
-      }
-      store_out<V>(o, j, p);
-    }
+    row_grad<V>(xr, gx + r * v, g[r], l, label, vv);
   }
 }
 
