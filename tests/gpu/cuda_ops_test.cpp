@@ -298,6 +298,15 @@ TEST(CudaOps, RowOps) {
                  {uniform(shape), uniform({c}), uniform({c})}, {false, true, true});
     expect_close("rms_norm " + s, [](const V& a) { return rms_norm(a[0], a[1]); },
                  {uniform(shape), uniform({c})}, {true, true});
+    // x also feeds a later op (a residual connection): the norm's backward adds x's
+    // cotangent into the one summed so far, in its kernel (Node::backward_adding).
+    expect_close("layer_norm after a residual " + s,
+                 [](const V& a) {
+                   const Tensor y = layer_norm(a[0], a[1], a[2]);
+                   return add(y, mul(a[0], a[3]));
+                 },
+                 {uniform(shape), uniform({c}), uniform({c}), uniform(shape)},
+                 {true, true, true, true});
   }
 }
 

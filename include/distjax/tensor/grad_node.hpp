@@ -27,9 +27,20 @@ struct Node {
     int output_index = 0;
   };
 
+  /// A backward that also takes `partial`, the f32 cotangent the tape has summed so far for
+  /// input 0 (undefined when there is none), adds its own cotangent for input 0 into it in
+  /// its own kernel (in place where `partial` is its alone), and hands back that sum as input
+  /// 0's cotangent: one pass instead of its output and the tape's add. For a norm after a
+  /// residual connection, whose input's other consumer (the residual) ran its backward first.
+  using AddingBackwardFn =
+      std::function<std::vector<Tensor>(std::vector<Tensor>& grad_outputs, Tensor partial)>;
+
   const char* name = "leaf";
   std::vector<Edge> inputs;
   BackwardFn backward;  // empty for leaves; cleared after it runs to free saved tensors
+  /// Set (besides `backward`) by an op whose backward can add into input 0's cotangent;
+  /// the tape then calls it instead of `backward`. Cleared with it.
+  AddingBackwardFn backward_adding;
   std::vector<Shape> output_shapes;
   std::vector<DType> output_dtypes;
   bool is_leaf = false;

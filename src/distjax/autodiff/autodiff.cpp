@@ -159,8 +159,22 @@ std::vector<Tensor> grad_impl(const std::vector<Tensor>& outputs, const std::vec
     if (node->is_leaf) continue;
     DISTJAX_CHECK(node->backward, Error, "[grad] the tape of op \"", node->name,
                   "\" was already consumed by an earlier backward pass");
-    std::vector<Tensor> in_grads = node->backward(grads);
+    std::vector<Tensor> in_grads;
+    if (node->backward_adding) {
+      // The cotangent summed so far for input 0 goes to the backward, which hands back the
+      // sum with its own: the slot takes it below as if it were empty.
+      Tensor partial;
+      const auto& first = node->inputs.empty() ? Node::Edge{} : node->inputs[0];
+      if (auto p = first.node ? pending.find(first.node.get()) : pending.end();
+          p != pending.end() && p->second[first.output_index].defined() &&
+          p->second[first.output_index].dtype() == DType::F32)
+        partial = std::move(p->second[first.output_index]);
+      in_grads = node->backward_adding(grads, std::move(partial));
+    } else {
+      in_grads = node->backward(grads);
+    }
     node->backward = nullptr;  // frees the tensors the op saved
+    node->backward_adding = nullptr;
     DISTJAX_CHECK(in_grads.size() == node->inputs.size(), Error, "[grad] backward of \"",
                   node->name, "\" returned ", in_grads.size(), " cotangents for ",
                   node->inputs.size(), " inputs");

@@ -128,32 +128,42 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
   // A bf16 y's cotangent is read as it comes (f32 or bf16) where the device has a kernel for
   // a bf16 one: then the matmul that read y may write it in bf16 (Node::reduced_cotangent).
   const bool bf16_cotangent = fused && fam->layer_norm_backward_bf16 != nullptr;
-  Tensor result = record(
-      "layer_norm", inputs, y,
-      [xd = x.detach(), wd = gamma.detach(), mean, rstd, has_beta = beta.defined(),
-       rx = x.requires_grad(), bf16_cotangent](const std::vector<Tensor>& g) {
-        const RowsOf rc = as_rows(xd);
-        const Device dev = xd.device();
-        Tensor gx = rx ? Tensor::empty(xd.shape(), DType::F32, dev) : Tensor();
-        Tensor gw = Tensor::empty({rc.c}, DType::F32, dev);
-        Tensor gb = has_beta ? Tensor::empty({rc.c}, DType::F32, dev) : Tensor();
-        const bool g16 = bf16_cotangent && g[0].dtype() == DType::BF16;
-        const Tensor g0 = g16 ? g[0] : astype(g[0], DType::F32);
-        Dispatch k("layer_norm", &KernelTable::nn, {&xd, &wd, &g0, &mean, &rstd, &gx, &gw, &gb});
-        float* pgx = rx ? gx.data<float>() : nullptr;
-        float* pgb = has_beta ? gb.data<float>() : nullptr;
-        if (g16)
-          k->layer_norm_backward_bf16(xd.data<float>(), wd.data<float>(), g0.data<bf16>(),
-                                      mean.data<float>(), rstd.data<float>(), pgx, gw.data<float>(),
-                                      pgb, rc.n, rc.c, k.stream());
-        else
-          k->layer_norm_backward(xd.data<float>(), wd.data<float>(), g0.data<float>(),
-                                 mean.data<float>(), rstd.data<float>(), pgx, gw.data<float>(), pgb,
-                                 rc.n, rc.c, k.stream());
-        std::vector<Tensor> out{gx, gw};
-        if (has_beta) out.push_back(gb);
-        return out;
-      });
+  // x's cotangent is added into the one the tape has summed for x so far (the residual
+  // connection's, when the norm follows one) in the same pass: Node::backward_adding.
+  Node::AddingBackwardFn backward = [xd = x.detach(), wd = gamma.detach(), mean, rstd,
+                                     has_beta = beta.defined(), rx = x.requires_grad(),
+                                     bf16_cotangent](std::vector<Tensor>& g, Tensor partial) {
+    const RowsOf rc = as_rows(xd);
+    const Device dev = xd.device();
+    // In the partial's memory where it is the pass's alone.
+    Tensor gx = !rx                    ? Tensor()
+                : partial.sole_owner() ? partial
+                                       : Tensor::empty(xd.shape(), DType::F32, dev);
+    Tensor gw = Tensor::empty({rc.c}, DType::F32, dev);
+    Tensor gb = has_beta ? Tensor::empty({rc.c}, DType::F32, dev) : Tensor();
+    const bool g16 = bf16_cotangent && g[0].dtype() == DType::BF16;
+    const Tensor g0 = g16 ? g[0] : astype(g[0], DType::F32);
+    Dispatch k("layer_norm", &KernelTable::nn,
+               {&xd, &wd, &g0, &mean, &rstd, &gx, &partial, &gw, &gb});
+    float* pgx = rx ? gx.data<float>() : nullptr;
+    const float* padd = rx && partial.defined() ? partial.data<float>() : nullptr;
+    float* pgb = has_beta ? gb.data<float>() : nullptr;
+    if (g16)
+      k->layer_norm_backward_bf16(xd.data<float>(), wd.data<float>(), g0.data<bf16>(),
+                                  mean.data<float>(), rstd.data<float>(), pgx, padd,
+                                  gw.data<float>(), pgb, rc.n, rc.c, k.stream());
+    else
+      k->layer_norm_backward(xd.data<float>(), wd.data<float>(), g0.data<float>(),
+                             mean.data<float>(), rstd.data<float>(), pgx, padd, gw.data<float>(),
+                             pgb, rc.n, rc.c, k.stream());
+    // Without a cotangent of its own for x, the partial stays x's.
+    std::vector<Tensor> out{rx ? gx : partial, gw};
+    if (has_beta) out.push_back(gb);
+    return out;
+  };
+  Tensor result = record("layer_norm", inputs, y,
+                         [backward](std::vector<Tensor>& g) { return backward(g, Tensor()); });
+  if (result.grad_node()) result.grad_node()->backward_adding = std::move(backward);
   return bf16_cotangent ? takes_reduced_cotangent(std::move(result)) : result;
 }
 

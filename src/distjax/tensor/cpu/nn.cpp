@@ -136,8 +136,8 @@ void layer_norm_bf16(const float* px, const float* pw, const float* pb, bf16* py
 // the f32 kernel's, bit for bit.
 template <class G>
 void layer_norm_backward_of(const float* px, const float* pw, const G* pg, const float* pm,
-                            const float* ps, float* pgx, float* dgamma, float* dbeta,
-                            std::int64_t n, std::int64_t c) {
+                            const float* ps, float* pgx, const float* padd, float* dgamma,
+                            float* dbeta, std::int64_t n, std::int64_t c) {
   const float inv_c = 1.f / static_cast<float>(c);
   const int nt = threads_for(n * c, kParallelGrainMemory);
   // Per-thread partial sums of dgamma (first c) and dbeta (next c).
@@ -147,6 +147,7 @@ void layer_norm_backward_of(const float* px, const float* pw, const G* pg, const
     float* dw = part.data() + static_cast<std::int64_t>(omp_get_thread_num()) * 2 * c;
     float* db = dw + c;
     std::vector<float> row(std::is_same_v<G, float> ? 0 : static_cast<std::size_t>(c));
+    std::vector<float> acc;
 #pragma omp for schedule(static)
     for (std::int64_t r = 0; r < n; ++r) {
       const float* xr = px + r * c;
@@ -173,6 +174,22 @@ void layer_norm_backward_of(const float* px, const float* pw, const G* pg, const
       a *= inv_c;
       b *= inv_c;
       float* o = pgx + r * c;
+      if (padd) {
+        // The norm's own row first (in the thread's row, so that no multiply-add fuses it
+        // with the sum), then the partial sum plus it, as the tape's add(partial, gx) (o may
+        // be the partial).
+        acc.resize(static_cast<std::size_t>(c));
+#pragma omp simd
+        for (std::int64_t j = 0; j < c; ++j) {
+          const float xh = (xr[j] - m) * rs;
+          acc[static_cast<std::size_t>(j)] = rs * (gr[j] * pw[j] - a - xh * b);
+        }
+        const float* ar = padd + r * c;
+#pragma omp simd
+        for (std::int64_t j = 0; j < c; ++j)
+          o[j] = ar[j] + acc[static_cast<std::size_t>(j)];
+        continue;
+      }
 #pragma omp simd
       for (std::int64_t j = 0; j < c; ++j) {
         const float xh = (xr[j] - m) * rs;
@@ -186,15 +203,15 @@ void layer_norm_backward_of(const float* px, const float* pw, const G* pg, const
 }
 
 void layer_norm_backward(const float* px, const float* pw, const float* pg, const float* pm,
-                         const float* ps, float* pgx, float* dgamma, float* dbeta, std::int64_t n,
-                         std::int64_t c, Stream) {
-  layer_norm_backward_of(px, pw, pg, pm, ps, pgx, dgamma, dbeta, n, c);
+                         const float* ps, float* pgx, const float* padd, float* dgamma,
+                         float* dbeta, std::int64_t n, std::int64_t c, Stream) {
+  layer_norm_backward_of(px, pw, pg, pm, ps, pgx, padd, dgamma, dbeta, n, c);
 }
 
 void layer_norm_backward_bf16(const float* px, const float* pw, const bf16* pg, const float* pm,
-                              const float* ps, float* pgx, float* dgamma, float* dbeta,
-                              std::int64_t n, std::int64_t c, Stream) {
-  layer_norm_backward_of(px, pw, pg, pm, ps, pgx, dgamma, dbeta, n, c);
+                              const float* ps, float* pgx, const float* padd, float* dgamma,
+                              float* dbeta, std::int64_t n, std::int64_t c, Stream) {
+  layer_norm_backward_of(px, pw, pg, pm, ps, pgx, padd, dgamma, dbeta, n, c);
 }
 
 // ------------------------------------------------------------------ RMS norm

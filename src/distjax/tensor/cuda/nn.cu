@@ -272,7 +272,7 @@ __global__ void layer_norm_kernel(const float* __restrict__ x, const float* __re
 template <int V, class G>
 __global__ void norm_backward_kernel(const float* __restrict__ x, const float* __restrict__ gamma,
                                      const G* __restrict__ g, const float* __restrict__ mean,
-                                     const float* __restrict__ rstd, float* __restrict__ gx,
+                                     const float* __restrict__ rstd, float* gx, const float* add,
                                      std::int64_t n, std::int64_t c) {
   __shared__ float red[32];
   const std::int64_t cv = c / V;
@@ -295,13 +295,17 @@ __global__ void norm_backward_kernel(const float* __restrict__ x, const float* _
     a = mean ? block_sum(a, red) * inv_c : 0.f;
     b = block_sum(b, red) * inv_c;
     float* o = gx + r * c;
+    const float* ar = add ? add + r * c : nullptr;  // may be o: each pack read, then written
     for (std::int64_t j = threadIdx.x; j < cv; j += blockDim.x) {
       Pack<V> xp = load_pack<V>(xr, j);
       const Pack<V> gp = load_pack<V>(gr, j), w = load_pack<V>(gamma, j);
+      const Pack<V> ap = ar ? load_pack<V>(ar, j) : Pack<V>{};
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const float xh = (xp.v[e] - m) * rs;
         xp.v[e] = rs * (gp.v[e] * w.v[e] - a - xh * b);
+        // The partial sum plus the norm's own, rounded as the separate add rounds it.
+        if (ar) xp.v[e] = __fadd_rn(ap.v[e], xp.v[e]);
       }
       store_pack<V>(o, j, xp);
     }
@@ -456,36 +460,39 @@ void layer_norm_bf16(const float* x, const float* gamma, const float* beta, bf16
 // The gx kernel of either norm (mean == null: RMS norm).
 template <class G>
 void norm_gx(const float* x, const float* gamma, const G* g, const float* mean, const float* rstd,
-             float* gx, std::int64_t n, std::int64_t c, cudaStream_t st, const char* op) {
+             float* gx, const float* add, std::int64_t n, std::int64_t c, cudaStream_t st,
+             const char* op) {
   const int threads = row_threads(c);
-  if (packs_of_4(c, {x, gamma, g, gx}))
-    norm_backward_kernel<4><<<row_blocks(n), threads, 0, st>>>(x, gamma, g, mean, rstd, gx, n, c);
+  if (packs_of_4(c, {x, gamma, g, gx, add}))
+    norm_backward_kernel<4>
+        <<<row_blocks(n), threads, 0, st>>>(x, gamma, g, mean, rstd, gx, add, n, c);
   else
-    norm_backward_kernel<1><<<row_blocks(n), threads, 0, st>>>(x, gamma, g, mean, rstd, gx, n, c);
+    norm_backward_kernel<1>
+        <<<row_blocks(n), threads, 0, st>>>(x, gamma, g, mean, rstd, gx, add, n, c);
   DISTJAX_CUDA_LAUNCHED(op);
 }
 
 template <class G>
 void layer_norm_backward_of(const float* x, const float* gamma, const G* g, const float* mean,
-                            const float* rstd, float* gx, float* dgamma, float* dbeta,
-                            std::int64_t n, std::int64_t c, Stream s) {
+                            const float* rstd, float* gx, const float* add, float* dgamma,
+                            float* dbeta, std::int64_t n, std::int64_t c, Stream s) {
   if (c == 0) return;
   const cudaStream_t st = stream_of(s);
-  if (gx && n > 0) norm_gx(x, gamma, g, mean, rstd, gx, n, c, st, "layer_norm_backward");
+  if (gx && n > 0) norm_gx(x, gamma, g, mean, rstd, gx, add, n, c, st, "layer_norm_backward");
   norm_param_grads(x, g, mean, rstd, dgamma, dbeta, n, c, st, "layer_norm_backward");
 }
 
 void layer_norm_backward(const float* x, const float* gamma, const float* g, const float* mean,
-                         const float* rstd, float* gx, float* dgamma, float* dbeta, std::int64_t n,
-                         std::int64_t c, Stream s) {
-  layer_norm_backward_of(x, gamma, g, mean, rstd, gx, dgamma, dbeta, n, c, s);
+                         const float* rstd, float* gx, const float* add, float* dgamma,
+                         float* dbeta, std::int64_t n, std::int64_t c, Stream s) {
+  layer_norm_backward_of(x, gamma, g, mean, rstd, gx, add, dgamma, dbeta, n, c, s);
 }
 
 void layer_norm_backward_bf16(const float* x, const float* gamma, const bf16* g, const float* mean,
-                              const float* rstd, float* gx, float* dgamma, float* dbeta,
-                              std::int64_t n, std::int64_t c, Stream s) {
-  layer_norm_backward_of(x, gamma, reinterpret_cast<const Bf16*>(g), mean, rstd, gx, dgamma, dbeta,
-                         n, c, s);
+                              const float* rstd, float* gx, const float* add, float* dgamma,
+                              float* dbeta, std::int64_t n, std::int64_t c, Stream s) {
+  layer_norm_backward_of(x, gamma, reinterpret_cast<const Bf16*>(g), mean, rstd, gx, add, dgamma,
+                         dbeta, n, c, s);
 }
 
 void rms_norm(const float* x, const float* gamma, float* y, float* rrms, std::int64_t n,
@@ -504,7 +511,7 @@ void rms_norm_backward(const float* x, const float* gamma, const float* g, const
                        float* gx, float* dgamma, std::int64_t n, std::int64_t c, Stream s) {
   if (c == 0) return;
   const cudaStream_t st = stream_of(s);
-  if (gx && n > 0) norm_gx(x, gamma, g, nullptr, rrms, gx, n, c, st, "rms_norm_backward");
+  if (gx && n > 0) norm_gx(x, gamma, g, nullptr, rrms, gx, nullptr, n, c, st, "rms_norm_backward");
   norm_param_grads(x, g, nullptr, rrms, dgamma, nullptr, n, c, st, "rms_norm_backward");
 }
 

@@ -41,16 +41,18 @@ struct NnKernels {
                           float* mean, float* rstd, std::int64_t n, std::int64_t c, float eps,
                           Stream s);
   /// gx (skipped when null), dgamma (c) and dbeta (c, skipped when null) from x, gamma,
-  /// the saved mean and rstd and the cotangent g.
+  /// the saved mean and rstd and the cotangent g. With `gx_add` (n x c, or null) gx[i] =
+  /// gx_add[i] + the norm's own (x's cotangent summed so far, a residual connection's:
+  /// Node::backward_adding), in the same pass; gx_add may be gx.
   void (*layer_norm_backward)(const float* x, const float* gamma, const float* g, const float* mean,
-                              const float* rstd, float* gx, float* dgamma, float* dbeta,
-                              std::int64_t n, std::int64_t c, Stream s);
+                              const float* rstd, float* gx, const float* gx_add, float* dgamma,
+                              float* dbeta, std::int64_t n, std::int64_t c, Stream s);
   /// The same for a bf16 g (what a bf16 y's consumer may hand back: Node::reduced_cotangent),
   /// read as it is. Null where the device has none.
   void (*layer_norm_backward_bf16)(const float* x, const float* gamma, const bf16* g,
-                                   const float* mean, const float* rstd, float* gx, float* dgamma,
-                                   float* dbeta, std::int64_t n, std::int64_t c,
-                                   Stream s) = nullptr;
+                                   const float* mean, const float* rstd, float* gx,
+                                   const float* gx_add, float* dgamma, float* dbeta, std::int64_t n,
+                                   std::int64_t c, Stream s) = nullptr;
   /// y = x * rrms * gamma per row; rrms (n) = 1 / sqrt(mean(x^2) + eps) is saved.
   void (*rms_norm)(const float* x, const float* gamma, float* y, float* rrms, std::int64_t n,
                    std::int64_t c, float eps, Stream s);
