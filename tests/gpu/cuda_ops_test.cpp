@@ -1,15 +1,6 @@
-// The op harness of the CUDA backend (label "gpu"): every op of the kernel table, forward
-// and backward, on the GPU against the CPU on the same fresh random inputs. Every new block
-// of device memory is poisoned (DISTJAX_CUDA_POISON: 0xFF bytes, NaN in f32), so an output
-// element a kernel leaves unwritten shows as a NaN and fails.
-//
-// Tolerances (relative, ||gpu - cpu|| / ||cpu|| over each output and gradient):
-//   kF32 = 1e-5: f32 kernels (the summation order may differ from the CPU's);
-//   kTf32 = 1e-3: f32 products with TF32 allowed;
-//   kBf16 = 1e-2: bf16 operands;
-//   kF16 = 1e-3: f16 operands.
-// Integer outputs, masks, copies and ids must be equal. Without a GPU every test skips,
-// saying why (fails under DISTJAX_REQUIRE_GPU=1).
+// The op harness of the CUDA backend (label "gpu"): every op of the kernel table but the
+// products (cuda_gemm_ops_test.cpp), forward and backward, on the GPU against the CPU on the
+// same fresh random inputs, with op_harness.hpp's poisoning and tolerances.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -25,101 +16,13 @@
 #include "distjax/tensor/inplace_ops.hpp"
 #include "distjax/tensor/parallel_ops.hpp"
 #include "distjax/tensor/update_ops.hpp"
-#include "gpu/gpu_test.hpp"
-#include "tensor/checked_parity.hpp"
+#include "gpu/op_harness.hpp"
 
 namespace {
 
 using namespace distjax;
 using namespace distjax::tensor;
-using distjax::testing::host_uniform;
-using distjax::testing::run_on;
-using V = std::vector<Tensor>;
-using Fn = std::function<Tensor(const V&)>;
-
-constexpr double kF32 = 1e-5;
-constexpr double kTf32 = 1e-3;
-constexpr double kBf16 = 1e-2;
-// f16 operands: both devices round to f16 alike and multiply exactly; the sums are f32 in
-// another order, and the tensor cores' f32 accumulation does not round each add as IEEE
-// adds do: 1e-3 leaves room for that, well below f16's own step (2^-11 ~ 5e-4 relative per
-// element, which a bug in the operands' conversion would exceed over a whole output).
-constexpr double kF16 = 1e-3;
-
-// Poison every CUDA allocation of this process (read at the first one).
-const bool poisoned = (setenv("DISTJAX_CUDA_POISON", "1", 1), true);
-
-const Device kGpu{DeviceKind::CUDA, 0};
-
-// A fresh seed per call: each check draws new inputs.
-std::uint64_t fresh() {
-  static std::uint64_t next = 1000;
-  return next++;
-}
-
-Tensor uniform(const Shape& shape) {
-  return host_uniform(shape, fresh());
-}
-// Values in [lo, hi).
-Tensor uniform(const Shape& shape, float lo, float hi) {
-  std::vector<float> v(static_cast<std::size_t>(numel(shape)));
-  random_uniform(Key::from_seed(fresh()), v.data(), numel(shape), lo, hi);
-  return Tensor::from_vector(v, shape, Device::cpu());
-}
-
-// got (from the GPU) against want (the CPU's): same shape and dtype; floating outputs within
-// rtol (norm-wise) and no NaN where the CPU has none; others equal.
-::testing::AssertionResult close(const Tensor& got, const Tensor& want, double rtol) {
-  if (got.shape() != want.shape() || got.dtype() != want.dtype())
-    return ::testing::AssertionFailure() << got.str(0) << " vs " << want.str(0);
-  const bool floating =
-      want.dtype() == DType::F32 || want.dtype() == DType::BF16 || want.dtype() == DType::F16;
-  if (!floating) return distjax::testing::same_bits(got, want);
-  const std::vector<float> g = astype(got, DType::F32).to_vector<float>();
-  const std::vector<float> w = astype(want, DType::F32).to_vector<float>();
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < w.size(); ++i) {
-    if (std::isnan(g[i]) != std::isnan(w[i]) || std::isinf(g[i]) != std::isinf(w[i]))
-      return ::testing::AssertionFailure()
-             << "element " << i << " of " << w.size() << ": " << g[i] << " vs the CPU's " << w[i]
-             << " (NaN: unwritten or a bad value)";
-    if (!std::isfinite(w[i])) {
-      if (g[i] != w[i]) return ::testing::AssertionFailure() << "element " << i << " differs";
-      continue;
-    }
-    diff += (double(g[i]) - w[i]) * (double(g[i]) - w[i]);
-    norm += double(w[i]) * w[i];
-  }
-  const double rel = norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
-  if (rel <= rtol) return ::testing::AssertionSuccess();
-  std::size_t worst = 0;
-  for (std::size_t i = 0; i < w.size(); ++i)
-    if (std::fabs(g[i] - w[i]) > std::fabs(g[worst] - w[worst])) worst = i;
-  return ::testing::AssertionFailure()
-         << "relative error " << rel << " > " << rtol << "; worst element " << worst << ": "
-         << g[worst] << " vs the CPU's " << w[worst];
-}
-
-// fn forward, and backward into the inputs marked in `diff`, on the GPU and on the CPU.
-void expect_close(const std::string& what, const Fn& fn, const V& inputs,
-                  const std::vector<bool>& diff, double rtol = kF32) {
-  SCOPED_TRACE(what);
-  Tensor ct;
-  {
-    DeviceScope cpu(Device::cpu());
-    NoGradGuard off;
-    const Tensor y = fn(inputs);
-    if (y.dtype() == DType::F32) ct = uniform(y.shape());
-  }
-  std::vector<bool> d = diff;
-  if (!ct.defined()) d.assign(d.size(), false);  // no gradient through a non-f32 output
-  const V want = run_on(Device::cpu(), fn, inputs, d, ct);
-  const V got = run_on(kGpu, fn, inputs, d, ct);
-  ASSERT_EQ(got.size(), want.size());
-  for (std::size_t i = 0; i < want.size(); ++i)
-    EXPECT_TRUE(close(got[i], want[i], rtol))
-        << (i == 0 ? std::string("output") : "gradient of input " + std::to_string(i - 1));
-}
+using namespace distjax::testing::gpu_ops;
 
 // Lambdas copy a structured binding by an init-capture ([f = f]): clang before 16 cannot
 // capture a binding by name.
@@ -378,33 +281,6 @@ TEST(CudaOps, EmbeddingAndCrossEntropy) {
   }
 }
 
-// The language-model head and its loss in chunks (the GPT's loss): dw's chunk products
-// accumulated in the GEMMs, dx and dw scaled in place by the cotangent; f32 and bf16
-// operands, chunks that do and do not divide the rows, w in both layouts.
-TEST(CudaOps, LinearCrossEntropyMean) {
-  SKIP_WITHOUT_GPU();
-  const std::int64_t rows = 300, k = 64, v = 1000;
-  std::vector<std::int32_t> ids(static_cast<std::size_t>(rows));
-  for (std::int64_t r = 0; r < rows; ++r)
-    ids[static_cast<std::size_t>(r)] = static_cast<std::int32_t>((r * 37 + 11) % v);
-  const Tensor labels = Tensor::from_vector(ids, {rows}, Device::cpu());
-  for (DType dtype : {DType::F32, DType::BF16})
-    for (bool trans_w : {true, false})
-      for (std::int64_t chunk_rows : {64, 300}) {
-        const std::string what = std::string(dtype_name(dtype)) +
-                                 (trans_w ? " w (V, K)" : " w (K, V)") + ", chunks of " +
-                                 std::to_string(chunk_rows);
-        expect_close(
-            "linear_cross_entropy_mean " + what,
-            [=](const V& a) {
-              return linear_cross_entropy_mean(astype(a[0], dtype), astype(a[1], dtype), a[2],
-                                               trans_w, chunk_rows * v * 4);
-            },
-            {uniform({rows, k}), uniform(trans_w ? Shape{v, k} : Shape{k, v}), labels},
-            {true, true, false}, dtype == DType::F32 ? kTf32 : kBf16);
-      }
-}
-
 // The CPU refuses a bad id at once; the GPU reports the same at the next read, without a
 // host wait in the op, and its kernels stay inside the table (NaN rows, a NaN loss).
 TEST(CudaOps, AnIdOutOfRangeIsRefusedAsOnTheCpu) {
@@ -622,134 +498,6 @@ TEST(CudaOps, AttentionWithBf16ProductsThroughCudnn) {
   } catch (const NotImplemented& e) {
     EXPECT_NE(std::string(e.what()).find("head size 12"), std::string::npos) << e.what();
   }
-}
-
-TEST(CudaOps, MatrixProducts) {
-  SKIP_WITHOUT_GPU();
-  for (bool ta : {false, true})
-    for (bool tb : {false, true}) {
-      const std::string s = std::string("ta=") + (ta ? "1" : "0") + " tb=" + (tb ? "1" : "0");
-      const Shape sa = ta ? Shape{3, 65, 33} : Shape{3, 33, 65};
-      const Shape sb = tb ? Shape{3, 17, 65} : Shape{3, 65, 17};
-      expect_close("batched matmul " + s,
-                   [ta, tb](const V& a) { return matmul(a[0], a[1], ta, tb); },
-                   {uniform(sa), uniform(sb)}, {true, true});
-      const Shape shared = tb ? Shape{17, 65} : Shape{65, 17};
-      expect_close("matmul, one B for every batch " + s,
-                   [ta, tb](const V& a) { return matmul(a[0], a[1], ta, tb); },
-                   {uniform(sa), uniform(shared)}, {true, true});
-      expect_close(
-          "bf16 matmul " + s,
-          [ta, tb](const V& a) {
-            return matmul(astype(a[0], DType::BF16), astype(a[1], DType::BF16), ta, tb);
-          },
-          {uniform(sa), uniform(sb)}, {true, true}, kBf16);
-      // f16 on the tensor cores (the CPU widens to f32): equal products, f32 sums.
-      expect_close(
-          "f16 matmul " + s,
-          [ta, tb](const V& a) {
-            return matmul(astype(a[0], DType::F16), astype(a[1], DType::F16), ta, tb);
-          },
-          {uniform(sa), uniform(sb)}, {true, true}, kF16);
-    }
-  expect_close("linear with bias", [](const V& a) { return linear(a[0], a[1], a[2]); },
-               {uniform({4, 50, 96}), uniform({96, 130}), uniform({130})}, {true, true, true});
-  expect_close(
-      "bf16 linear with bias",
-      [](const V& a) { return linear(astype(a[0], DType::BF16), astype(a[1], DType::BF16), a[2]); },
-      {uniform({4, 50, 96}), uniform({96, 130}), uniform({130})}, {true, true, true}, kBf16);
-  expect_close(
-      "f16 linear with bias",
-      [](const V& a) { return linear(astype(a[0], DType::F16), astype(a[1], DType::F16), a[2]); },
-      {uniform({4, 50, 96}), uniform({96, 130}), uniform({130})}, {true, true, true}, kF16);
-  expect_close("GPT-2 MLP product", [](const V& a) { return linear(a[0], a[1], a[2]); },
-               {uniform({2048, 768}), uniform({768, 3072}), uniform({3072})}, {true, true, true});
-  set_allow_tf32(true);
-  expect_close(
-      "TF32 matmul", [](const V& a) { return matmul(a[0], a[1]); },
-      {uniform({512, 768}), uniform({768, 1024})}, {true, true}, kTf32);
-  set_allow_tf32(false);
-}
-
-// linear's epilogues (cuBLASLt's BIAS, GELU_AUX and GELU_AUX_BIAS with an f32, bf16 or f16
-// D; an f32 sum and the elementwise kernels where cuBLASLt has none, as for N = 130, whose
-// aux leading dimension is no multiple of 8; a residual as cuBLASLt's C) and their backward
-// (epilogue_backward), with the cotangent arriving in the output's dtype (through astype)
-// and in f32 (through a product).
-TEST(CudaOps, LinearEpilogues) {
-  SKIP_WITHOUT_GPU();
-  const CudaGemmEpilogueCalls before = cuda_gemm_epilogue_calls();
-  struct Case {
-    DType operands, out;
-    double tol;
-  };
-  for (const Case& c : {Case{DType::F32, DType::F32, kF32}, Case{DType::BF16, DType::F32, kBf16},
-                        Case{DType::BF16, DType::BF16, kBf16}, Case{DType::F16, DType::F16, kF16}})
-    for (const Shape& w_shape : {Shape{96, 128}, Shape{96, 130}, Shape{768, 3072}})
-      for (bool gelu : {false, true})
-        for (bool bias : {false, true}) {
-          const std::string s = std::string(dtype_name(c.operands)) + " -> " + dtype_name(c.out) +
-                                " " + to_string(w_shape) + (gelu ? " gelu" : "") +
-                                (bias ? " bias" : "");
-          const LinearEpilogue e{.gelu = gelu, .out = c.out};
-          const DType op = c.operands;
-          const Fn through_astype = [e, op, bias](const V& a) {
-            return astype(linear(astype(a[0], op), astype(a[1], op), bias ? a[2] : Tensor(), e),
-                          DType::F32);
-          };
-          const Shape x_shape = w_shape[0] == 768 ? Shape{4, 512, 768} : Shape{4, 50, 96};
-          const Tensor x = uniform(x_shape), w = uniform(w_shape), b = uniform({w_shape[1]});
-          expect_close("linear " + s, through_astype, {x, w, b}, {true, true, bias}, c.tol);
-          if (c.out == DType::F32) continue;
-          const Fn through_product = [e, op, bias](const V& a) {
-            const Tensor y = linear(astype(a[0], op), astype(a[1], op), bias ? a[2] : Tensor(), e);
-            return matmul(y, astype(a[3], op));
-          };
-          expect_close("linear, f32 cotangent " + s, through_product,
-                       {x, w, b, uniform({w_shape[1], 24})}, {true, true, bias, true}, c.tol);
-        }
-  // A residual: cuBLASLt's C (beta = 1), the bias added after it.
-  for (const DType op : {DType::F32, DType::BF16})
-    expect_close(
-        std::string("linear with a residual, ") + dtype_name(op),
-        [op](const V& a) {
-          return linear(astype(a[0], op), astype(a[1], op), a[2], {.residual = a[3]});
-        },
-        {uniform({4, 50, 96}), uniform({96, 128}), uniform({128}), uniform({4, 50, 128})},
-        {true, true, true, true}, op == DType::F32 ? kF32 : kBf16);
-  // N = 130 always falls back; the rest runs in cuBLASLt's epilogues where it has them.
-  const CudaGemmEpilogueCalls after = cuda_gemm_epilogue_calls();
-  std::printf("gemm epilogues: %lld fused in cuBLASLt, %lld as an f32 sum and kernels\n",
-              static_cast<long long>(after.fused - before.fused),
-              static_cast<long long>(after.unfused - before.unfused));
-  EXPECT_GT(after.unfused, before.unfused);
-}
-
-// The MLP as one op: its backward's fc2 dX product with GELU's derivative and fc1's bias
-// gradient in cuBLASLt's DGELU_BGRAD epilogue (a hidden width of 130 falls back to the f32
-// product and the epilogue_backward kernel).
-TEST(CudaOps, GeluMlp) {
-  SKIP_WITHOUT_GPU();
-  const CudaGemmEpilogueCalls before = cuda_gemm_epilogue_calls();
-  for (const DType op : {DType::F32, DType::BF16})
-    for (const auto& [c, h] : {std::pair<std::int64_t, std::int64_t>{768, 3072}, {96, 130}})
-      for (bool bias : {false, true}) {
-        const std::string s = std::string(dtype_name(op)) + " " + std::to_string(c) + " -> " +
-                              std::to_string(h) + (bias ? " biases" : "");
-        expect_close(
-            "gelu_mlp " + s,
-            [op, bias](const V& a) {
-              return gelu_mlp(astype(a[0], op), astype(a[1], op), bias ? a[2] : Tensor(),
-                              astype(a[3], op), bias ? a[4] : Tensor(), a[5]);
-            },
-            {uniform({4, 128, c}), uniform({c, h}), uniform({h}), uniform({h, c}), uniform({c}),
-             uniform({4, 128, c})},
-            {true, true, bias, true, bias, true}, op == DType::F32 ? kF32 : kBf16);
-      }
-  const CudaGemmEpilogueCalls after = cuda_gemm_epilogue_calls();
-  std::printf("gelu_mlp's gemm epilogues: %lld fused in cuBLASLt, %lld as an f32 sum and kernels\n",
-              static_cast<long long>(after.fused - before.fused),
-              static_cast<long long>(after.unfused - before.unfused));
 }
 
 // The in-place family: accumulation, copies of runs and boxes, GEMMs into blocks.

@@ -39,6 +39,22 @@ inline Tensor uniform(const Shape& shape, std::uint64_t seed, float lo = -1.f, f
   return Tensor::from_vector(v, shape);
 }
 
+/// got's elements within tol * (1 + |want|) of want's (a reference in double).
+inline void expect_close(const Tensor& got, const std::vector<double>& want, double tol,
+                         const char* what) {
+  ASSERT_EQ(got.numel(), static_cast<std::int64_t>(want.size())) << what;
+  const std::vector<float> p = got.to_vector<float>();
+  for (std::size_t i = 0; i < want.size(); ++i)
+    ASSERT_NEAR(p[i], want[i], tol * (1.0 + std::abs(want[i]))) << what << " at " << i;
+}
+
+/// The same against another f32 tensor of got's shape.
+inline void expect_close(const Tensor& got, const Tensor& want, double tol, const char* what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const std::vector<float> p = want.to_vector<float>();
+  expect_close(got, std::vector<double>(p.begin(), p.end()), tol, what);
+}
+
 /// Uniform magnitudes in [lo, hi) with random signs: values kept away from 0 (relu, abs).
 inline Tensor away_from_zero(const Shape& shape, std::uint64_t seed, float lo, float hi) {
   std::vector<float> p = uniform(shape, seed, lo, hi).to_vector<float>();
