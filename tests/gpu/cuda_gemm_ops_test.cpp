@@ -119,9 +119,9 @@ TEST(CudaOps, LinearEpilogues) {
   EXPECT_GT(after.unfused, before.unfused);
 }
 
-// The MLP as one op: its backward's fc2 dX product with GELU's derivative and fc1's bias
-// gradient in cuBLASLt's DGELU_BGRAD epilogue (a hidden width of 130 falls back to the f32
-// product and the epilogue_backward kernel).
+// The MLP as one op: its backward's fc2 dX product with GELU's derivative in cuBLASLt's
+// DGELU epilogue for bf16 (fc1's bias gradient in it, or summed from its output), the f32
+// product and the epilogue_backward kernel for f32 and for a hidden width of 130.
 TEST(CudaOps, GeluMlp) {
   SKIP_WITHOUT_GPU();
   const CudaGemmEpilogueCalls before = cuda_gemm_epilogue_calls();
@@ -151,26 +151,29 @@ TEST(CudaOps, GeluMlp) {
 // operands, chunks that do and do not divide the rows, w in both layouts.
 TEST(CudaOps, LinearCrossEntropyMean) {
   SKIP_WITHOUT_GPU();
-  const std::int64_t rows = 300, k = 64, v = 1000;
-  std::vector<std::int32_t> ids(static_cast<std::size_t>(rows));
-  for (std::int64_t r = 0; r < rows; ++r)
-    ids[static_cast<std::size_t>(r)] = static_cast<std::int32_t>((r * 37 + 11) % v);
-  const Tensor labels = Tensor::from_vector(ids, {rows}, Device::cpu());
-  for (DType dtype : {DType::F32, DType::BF16})
-    for (bool trans_w : {true, false})
-      for (std::int64_t chunk_rows : {64, 300}) {
-        const std::string what = std::string(dtype_name(dtype)) +
-                                 (trans_w ? " w (V, K)" : " w (K, V)") + ", chunks of " +
-                                 std::to_string(chunk_rows);
-        expect_close(
-            "linear_cross_entropy_mean " + what,
-            [=](const V& a) {
-              return linear_cross_entropy_mean(astype(a[0], dtype), astype(a[1], dtype), a[2],
-                                               trans_w, chunk_rows * v * 4);
-            },
-            {uniform({rows, k}), uniform(trans_w ? Shape{v, k} : Shape{k, v}), labels},
-            {true, true, false}, dtype == DType::F32 ? kTf32 : kBf16);
-      }
+  const std::int64_t rows = 300, k = 64;
+  // V = 998: rows of logits that take no packs of 4.
+  for (const std::int64_t v : {1000, 998})
+    for (DType dtype : {DType::F32, DType::BF16})
+      for (bool trans_w : {true, false})
+        for (std::int64_t chunk_rows : {64, 300}) {
+          std::vector<std::int32_t> ids(static_cast<std::size_t>(rows));
+          for (std::int64_t r = 0; r < rows; ++r)
+            ids[static_cast<std::size_t>(r)] = static_cast<std::int32_t>((r * 37 + 11) % v);
+          const Tensor labels = Tensor::from_vector(ids, {rows}, Device::cpu());
+          const std::string what = std::string(dtype_name(dtype)) + " V " + std::to_string(v) +
+                                   (trans_w ? " w (V, K)" : " w (K, V)") + ", chunks of " +
+                                   std::to_string(chunk_rows);
+          expect_close(
+              "linear_cross_entropy_mean " + what,
+              [=](const V& a) {
+                return linear_cross_entropy_mean(astype(a[0], dtype), astype(a[1], dtype), a[2],
+                                                 trans_w,
+                                                 chunk_rows * v * (dtype == DType::BF16 ? 2 : 4));
+              },
+              {uniform({rows, k}), uniform(trans_w ? Shape{v, k} : Shape{k, v}), labels},
+              {true, true, false}, dtype == DType::F32 ? kTf32 : kBf16);
+        }
 }
 
 }  // namespace

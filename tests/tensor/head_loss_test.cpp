@@ -18,8 +18,21 @@ using testing::expect_close;
 using testing::expect_same_on_checked;
 using testing::uniform;
 
+// The composed ops' logits of the head: matmul's f32 product, rounded to bf16 for bf16
+// products (the head keeps them so) and widened again for cross_entropy.
+Tensor head_logits(const Tensor& x, const Tensor& w, bool trans_w) {
+  const Tensor logits = matmul(x, w, false, trans_w);
+  return x.dtype() == DType::BF16 ? astype(astype(logits, DType::BF16), DType::F32) : logits;
+}
+
+// The bytes of a chunk of `rows` rows of v logits for products in `dtype`.
+std::int64_t chunk_of(std::int64_t rows, std::int64_t v, DType dtype) {
+  return rows * v * (dtype == DType::BF16 ? 2 : 4);
+}
+
 // The head and its loss in chunks: the same mean loss and gradients as the composed
-// ops (f32: up to the order of the sums; bf16: the logits' cotangent rounds to bf16 in both),
+// ops (f32: up to the order of the sums; bf16: the logits round to bf16, and their
+// cotangent too, in both),
 // for chunks that do and do not divide the rows, w in both layouts, a cotangent other than 1.
 TEST(NnOps, LinearCrossEntropyMeanMatchesTheComposedOps) {
   const std::int64_t b = 3, t = 7, k = 16, v = 50;
@@ -37,9 +50,9 @@ TEST(NnOps, LinearCrossEntropyMeanMatchesTheComposedOps) {
         auto run = [&](bool fused) {
           Tensor xl = make_leaf(x), wl = make_leaf(w);
           const Tensor xc = astype(xl, dtype), wc = astype(wl, dtype);
-          Tensor loss = fused
-                            ? linear_cross_entropy_mean(xc, wc, labels, trans_w, chunk_rows * v * 4)
-                            : mean(cross_entropy(matmul(xc, wc, false, trans_w), labels));
+          Tensor loss = fused ? linear_cross_entropy_mean(xc, wc, labels, trans_w,
+                                                          chunk_of(chunk_rows, v, dtype))
+                              : mean(cross_entropy(head_logits(xc, wc, trans_w), labels));
           std::vector<Tensor> g = autodiff::grad({mul_scalar(loss, 0.75)}, {Tensor()}, {xl, wl});
           g.insert(g.begin(), loss);
           return g;
@@ -54,6 +67,9 @@ TEST(NnOps, LinearCrossEntropyMeanMatchesTheComposedOps) {
   NoGradGuard off;
   expect_close(linear_cross_entropy_mean(x, w_vk, labels, true, 5 * v * 4),
                mean(cross_entropy(matmul(x, w_vk, false, true), labels)), 2e-6, "no-grad loss");
+  const Tensor xb = astype(x, DType::BF16), wb = astype(w_vk, DType::BF16);
+  expect_close(linear_cross_entropy_mean(xb, wb, labels, true, 5 * v * 2),
+               mean(cross_entropy(head_logits(xb, wb, true), labels)), 2e-6, "bf16 no-grad loss");
   // On the checked device: the CPU's bits.
   expect_same_on_checked("linear_cross_entropy_mean",
                          [&](const std::vector<Tensor>& a) {
@@ -84,7 +100,7 @@ TEST(NnOps, LinearCrossEntropyMeanInOneChunkIsTheComposedOpsBitForBit) {
       Tensor xl = make_leaf(x), wl = make_leaf(w);
       const Tensor xc = astype(xl, dtype), wc = astype(wl, dtype);
       const Tensor loss = fused ? linear_cross_entropy_mean(xc, wc, labels, true)
-                                : mean(cross_entropy(matmul(xc, wc, false, true), labels));
+                                : mean(cross_entropy(head_logits(xc, wc, true), labels));
       std::vector<Tensor> g = autodiff::grad({loss}, {Tensor()}, {xl, wl});
       g.insert(g.begin(), loss);
       return g;

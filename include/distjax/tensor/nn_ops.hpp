@@ -35,13 +35,17 @@ Tensor embedding(const Tensor& table, const Tensor& ids);
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels);
 
 /// mean(cross_entropy(matmul(x, w, false, trans_w), labels)) without the (rows, V) logits of
-/// a language model's head: the rows of x (..., K) go through in chunks whose f32 logits
-/// take about `chunk_bytes`, and where a gradient is needed each chunk's contribution to dx
-/// and dw is made right there (the loss being a mean, its backward only scales them by the
+/// a language model's head: the rows of x (..., K) go through in chunks whose logits take
+/// about `chunk_bytes`, and where a gradient is needed each chunk's contribution to dx and
+/// dw is made right there (the loss being a mean, its backward only scales them by the
 /// cotangent), so no logits are kept for the backward nor computed twice. w is (V, K) with
 /// trans_w (a tied embedding table) or (K, V); x and w share a dtype (f32, or bf16/f16 as
-/// matmul takes them: f32 accumulation, f32 logits, the logits' cotangent cast to that
-/// dtype as matmul's backward does). Returns a scalar; dx and dw come back f32.
+/// matmul takes them: f32 accumulation, the logits' cotangent cast to that dtype as
+/// matmul's backward does). The logits are f32, except for bf16 products: then the GEMM
+/// writes them in bf16 (its f32 sums rounded once, as a bf16 layer's output; half the
+/// bytes of the step's largest tensor) and the loss is taken in f32 from them, i.e. the
+/// composed ops on astype(astype(matmul(x, w), bf16), f32). Returns a scalar; dw comes
+/// back f32, dx f32 or, where x's producer takes it so, bf16.
 Tensor linear_cross_entropy_mean(const Tensor& x, const Tensor& w, const Tensor& labels,
                                  bool trans_w, std::int64_t chunk_bytes = std::int64_t{512} << 20);
 

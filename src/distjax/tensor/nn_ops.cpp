@@ -279,8 +279,9 @@ void cross_entropy_rows_backward(const Tensor& logits, const Tensor& g, const Te
                             labels.raw_data(), labels.dtype(), gx.data<float>(), n, v, k.stream());
 }
 
-// Both in one pass (the chunked head's): loss and lse, and gx = g * (softmax(logits) -
-// onehot(label)) written in gx's dtype; an f32 gx may be the logits themselves.
+// Both in one pass (the chunked head's): loss and lse of f32 or bf16 logits, and gx = g *
+// (softmax(logits) - onehot(label)) written in gx's dtype; gx may be the logits themselves
+// where the dtypes agree.
 void cross_entropy_rows_with_grad(const Tensor& logits, const Tensor& labels, const Tensor& loss,
                                   const Tensor& lse, const Tensor& g, const Tensor& gx,
                                   std::int64_t n, std::int64_t v) {
@@ -288,7 +289,7 @@ void cross_entropy_rows_with_grad(const Tensor& logits, const Tensor& labels, co
   Dispatch k("cross_entropy", &KernelTable::nn,
              over ? std::vector<const Tensor*>{&logits, &labels, &loss, &lse, &g}
                   : std::vector<const Tensor*>{&logits, &labels, &loss, &lse, &g, &gx});
-  k->cross_entropy_with_grad(logits.data<float>(), labels.raw_data(), labels.dtype(),
+  k->cross_entropy_with_grad(logits.raw_data(), logits.dtype(), labels.raw_data(), labels.dtype(),
                              loss.data<float>(), lse.data<float>(), g.data<float>(), gx.raw_data(),
                              gx.dtype(), n, v, k.stream());
 }
@@ -350,7 +351,11 @@ Tensor linear_cross_entropy_mean(const Tensor& x, const Tensor& w, const Tensor&
                 to_string(x.shape()), " and w ", to_string(w.shape()));
   const Device dev = detail::op_device(op, {&x, &w, &labels});
   const bool gx = needs_grad({&x}), gw = needs_grad({&w});
-  const std::int64_t chunk = std::clamp<std::int64_t>(chunk_bytes / (v * 4), 1, rows);
+  // The logits: f32, or bf16 for bf16 products (the GEMM rounds its f32 sums once, as
+  // every bf16 layer's output; the loss is taken in f32 from them).
+  const DType logits_dtype = x.dtype() == DType::BF16 ? DType::BF16 : DType::F32;
+  const std::int64_t chunk = std::clamp<std::int64_t>(
+      chunk_bytes / (v * static_cast<std::int64_t>(dtype_size(logits_dtype))), 1, rows);
   const Tensor x2 = x.detach().view({rows, k}), l2 = labels.detach().view({rows}), wd = w.detach();
   check_ids(op, l2, v, "label");
   // Per row: the loss; the gradients for a cotangent of 1, filled chunk by chunk: dx's rows
@@ -371,18 +376,20 @@ Tensor linear_cross_entropy_mean(const Tensor& x, const Tensor& w, const Tensor&
     for (std::int64_t r0 = 0; r0 < rows; r0 += chunk) {
       const std::int64_t n = std::min(chunk, rows - r0);
       const Tensor xc = x2.view_rows(r0, r0 + n), lc = l2.view_rows(r0, r0 + n);
-      Tensor logits = matmul(xc, wd, false, trans_w);  // (n, V) f32
+      Tensor logits = Tensor::empty({n, v}, logits_dtype, dev);
+      matmul_into(logits, xc, wd, false, trans_w);
       const Tensor lse = Tensor::empty({n}, DType::F32, dev);
-      if (!gx && !gw) {
-        cross_entropy_rows(logits, lc, loss.view_rows(r0, r0 + n), lse, n, v);
+      if (!gx && !gw) {  // the loss of the same logits, widened (exactly) for the kernel
+        cross_entropy_rows(logits_dtype == DType::F32 ? logits : astype(logits, DType::F32), lc,
+                           loss.view_rows(r0, r0 + n), lse, n, v);
         continue;
       }
       // The loss and the logits' cotangent in the products' dtype, one pass over the logits
-      // (an f32 cotangent over their memory).
-      const Tensor dl = x.dtype() == DType::F32 ? logits : Tensor::empty({n, v}, x.dtype(), dev);
+      // (over their memory where the dtypes agree).
+      const Tensor dl = x.dtype() == logits_dtype ? logits : Tensor::empty({n, v}, x.dtype(), dev);
       cross_entropy_rows_with_grad(logits, lc, loss.view_rows(r0, r0 + n), lse,
                                    weight.view_rows(0, n), dl, n, v);
-      logits = Tensor();  // the f32 logits go before the products (unless dl is them)
+      logits = Tensor();  // the logits go before the products (unless dl is them)
       if (gx) matmul_into(dx.view_rows(r0, r0 + n), dl, wd, false, !trans_w);  // (n, K)
       if (gw) {
         if (trans_w)

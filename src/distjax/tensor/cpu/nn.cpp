@@ -357,27 +357,33 @@ void cross_entropy_backward(const float* px, const float* pg, const float* ps, c
 
 // Per row: its loss and lse, then its gradient, in f32 (over the logits when gx is them) or
 // in the thread's f32 row and rounded from there: the bits of cross_entropy,
-// cross_entropy_backward and a cast, the row read while it is in the cache.
-void cross_entropy_with_grad(const float* px, const void* labels, DType id_dtype, float* pl,
-                             float* ps, const float* pg, void* gx, DType gx_dtype, std::int64_t n,
-                             std::int64_t v, Stream) {
+// cross_entropy_backward and a cast, the row read while it is in the cache. Logits in bf16
+// or f16 are widened into the thread's f32 row first (the bits of a cast to f32).
+void cross_entropy_with_grad(const void* logits, DType logits_dtype, const void* labels,
+                             DType id_dtype, float* pl, float* ps, const float* pg, void* gx,
+                             DType gx_dtype, std::int64_t n, std::int64_t v, Stream) {
+  const auto row_bytes = [v](DType t) { return v * static_cast<std::int64_t>(dtype_size(t)); };
   with_ids(labels, id_dtype, [&](const auto* pi) {
 #pragma omp parallel for schedule(static) num_threads(threads_for(n* v))
     for (std::int64_t r = 0; r < n; ++r) {
-      const float* xr = px + r * v;
+      thread_local std::vector<float> wide, row;
+      const float* xr = static_cast<const float*>(logits) + r * v;
+      if (logits_dtype != DType::F32) {
+        if (wide.size() < static_cast<std::size_t>(v)) wide.resize(static_cast<std::size_t>(v));
+        copy_kernels.convert(static_cast<const char*>(logits) + r * row_bytes(logits_dtype),
+                             logits_dtype, wide.data(), DType::F32, v, Stream{});
+        xr = wide.data();
+      }
       const auto label = static_cast<std::int64_t>(pi[r]);
       pl[r] = cross_entropy_row(xr, label, v, ps + r);
       if (gx_dtype == DType::F32) {
         cross_entropy_row_grad(xr, pg[r], ps[r], label, static_cast<float*>(gx) + r * v, v);
         continue;
       }
-      thread_local std::vector<float> row;
       if (row.size() < static_cast<std::size_t>(v)) row.resize(static_cast<std::size_t>(v));
       cross_entropy_row_grad(xr, pg[r], ps[r], label, row.data(), v);
-      copy_kernels.convert(
-          row.data(), DType::F32,
-          static_cast<char*>(gx) + r * v * static_cast<std::int64_t>(dtype_size(gx_dtype)),
-          gx_dtype, v, Stream{});
+      copy_kernels.convert(row.data(), DType::F32, static_cast<char*>(gx) + r * row_bytes(gx_dtype),
+                           gx_dtype, v, Stream{});
     }
   });
 }

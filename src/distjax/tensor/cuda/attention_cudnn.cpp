@@ -8,8 +8,11 @@
 // for the process, with one cuDNN handle per GPU. cuDNN's stats are the log-sum-exp of the
 // scaled scores, the family's lse, so the two implementations share the saved tensors'
 // meaning. The backward asks for cuDNN's deterministic algorithm (a fixed summation order,
-// as the own kernels have) and takes the other where a cuDNN refuses it; status() says
-// which. Calls hold one process-wide lock: each only enqueues work on the caller's stream.
+// as the own kernels have) and takes the other where a cuDNN refuses it; with
+// DISTJAX_CUDA_ATTENTION_DETERMINISTIC=0 it takes cuDNN's default (dQ summed with atomics,
+// as PyTorch's and JAX's fused attention do by default: faster, its bits vary run to run).
+// status() says which ran. Calls hold one process-wide lock: each only enqueues work on the
+// caller's stream.
 #include "distjax/tensor/cuda/attention_cudnn.hpp"
 
 #include <cstdlib>
@@ -121,7 +124,7 @@ using Key = std::tuple<bool /*backward*/, int /*device*/, std::int64_t, std::int
 Key key_of(const AttentionPlan& a, bool backward, int device) {
   std::uint32_t scale_bits;
   std::memcpy(&scale_bits, &a.scale, 4);
-  return {backward, device, a.bh,  a.t,   a.s,   a.d,   a.ldq,    a.ldkv,     a.ldo,
+  return {backward, device, a.bh,  a.t,    a.s,    a.d,   a.ldq, a.ldkv,   a.ldo,
           a.heads,  a.q_b,  a.q_h, a.kv_b, a.kv_h, a.o_b, a.o_h, a.causal, scale_bits};
 }
 
@@ -156,8 +159,9 @@ cudnnHandle_t handle_for(State& st, int device) {
   if (it != st.handles.end()) return it->second;
   cudnnHandle_t h = nullptr;
   const cudnnStatus_t rc = fe::detail::create_handle(&h);
-  DISTJAX_CHECK(rc == CUDNN_STATUS_SUCCESS, Error, "[attention] cudnnCreate failed on cuda:",
-                device, ": ", fe::detail::get_error_string(rc));
+  DISTJAX_CHECK(rc == CUDNN_STATUS_SUCCESS, Error,
+                "[attention] cudnnCreate failed on cuda:", device, ": ",
+                fe::detail::get_error_string(rc));
   st.handles.emplace(device, h);
   return h;
 }
@@ -176,7 +180,8 @@ Layout layout(const AttentionPlan& a, std::int64_t rows, std::int64_t ld, std::i
 std::shared_ptr<fe::graph::Tensor_attributes> operand(fe::graph::Graph& g, const char* name,
                                                       Uid uid, const Layout& l) {
   return g.tensor(
-      fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(l.dim).set_stride(l.stride));
+      fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(l.dim).set_stride(
+          l.stride));
 }
 
 Layout stats_layout(const AttentionPlan& a) {
@@ -191,7 +196,8 @@ std::string build(Graph& out, const AttentionPlan& a, bool backward, cudnnHandle
   g->set_io_data_type(fe::DataType_t::BFLOAT16)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
-  const Layout lq = layout(a, a.t, a.ldq, a.q_b, a.q_h), lkv = layout(a, a.s, a.ldkv, a.kv_b, a.kv_h),
+  const Layout lq = layout(a, a.t, a.ldq, a.q_b, a.q_h),
+               lkv = layout(a, a.s, a.ldkv, a.kv_b, a.kv_h),
                lo = layout(a, a.t, a.ldo, a.o_b, a.o_h), ls = stats_layout(a);
   auto q = operand(*g, "q", kQ, lq), k = operand(*g, "k", kK, lkv), v = operand(*g, "v", kV, lkv);
   if (!backward) {
@@ -220,7 +226,8 @@ std::string build(Graph& out, const AttentionPlan& a, bool backward, cudnnHandle
   std::string err;
   if (err.empty()) err = step(g->validate(), "validate");
   if (err.empty()) err = step(g->build_operation_graph(h), "build_operation_graph");
-  if (err.empty()) err = step(g->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans");
+  if (err.empty())
+    err = step(g->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans");
   if (err.empty()) err = step(g->check_support(h), "check_support");
   if (err.empty()) err = step(g->build_plans(h), "build_plans");
   std::int64_t ws = 0;
@@ -237,6 +244,19 @@ std::string describe(const AttentionPlan& a) {
          std::to_string(a.s) + ", D " + std::to_string(a.d) + (a.causal ? ", causal" : "");
 }
 
+// Whether the backward asks for the deterministic algorithm: DISTJAX_CUDA_ATTENTION_DETERMINISTIC
+// unset or 1 (the default), 0 for cuDNN's default, read once.
+bool want_deterministic() {
+  static const bool want = [] {
+    const char* v = std::getenv("DISTJAX_CUDA_ATTENTION_DETERMINISTIC");
+    if (v == nullptr || *v == '\0' || std::strcmp(v, "1") == 0) return true;
+    if (std::strcmp(v, "0") == 0) return false;
+    DISTJAX_THROW(ConfigError, "[attention] DISTJAX_CUDA_ATTENTION_DETERMINISTIC=", v,
+                  " is not 0 or 1");
+  }();
+  return want;
+}
+
 // The graph of (a, direction) on the current device, built on first use (under st.mu).
 const Graph& graph_for(State& st, const AttentionPlan& a, bool backward, int device) {
   const Key key = key_of(a, backward, device);
@@ -245,8 +265,9 @@ const Graph& graph_for(State& st, const AttentionPlan& a, bool backward, int dev
   Graph g;
   try {
     const cudnnHandle_t h = handle_for(st, device);
-    std::string err = build(g, a, backward, h, true);
-    if (!err.empty() && backward) {  // a cuDNN without a deterministic backward for it
+    const bool deterministic = !backward || want_deterministic();
+    std::string err = build(g, a, backward, h, deterministic);
+    if (!err.empty() && backward && deterministic) {  // no deterministic backward for it
       const std::string det_err = err;
       err = build(g, a, backward, h, false);
       if (!err.empty()) err = det_err + "; without the deterministic algorithm: " + err;
@@ -283,8 +304,8 @@ void run(const AttentionPlan& a, bool backward, std::unordered_map<std::int64_t,
                 g.why);
   const cudnnHandle_t h = handle_for(st, device);
   const cudnnStatus_t rc = fe::detail::set_stream(h, stream);
-  DISTJAX_CHECK(rc == CUDNN_STATUS_SUCCESS, Error, "[", op, "] cudnnSetStream failed: ",
-                fe::detail::get_error_string(rc));
+  DISTJAX_CHECK(rc == CUDNN_STATUS_SUCCESS, Error, "[", op,
+                "] cudnnSetStream failed: ", fe::detail::get_error_string(rc));
   void* workspace = nullptr;
   if (g.workspace > 0)
     DISTJAX_CUDA_CHECK(cudaMallocAsync(&workspace, static_cast<std::size_t>(g.workspace), stream),
@@ -296,7 +317,9 @@ void run(const AttentionPlan& a, bool backward, std::unordered_map<std::int64_t,
   (backward ? st.backward_calls : st.forward_calls).fetch_add(1, std::memory_order_relaxed);
 }
 
-void* ptr(const void* p) { return const_cast<void*>(p); }
+void* ptr(const void* p) {
+  return const_cast<void*>(p);
+}
 
 }  // namespace
 
@@ -333,16 +356,16 @@ void forward(const AttentionPlan& a, const bf16* q, const bf16* k, const bf16* v
 
 void backward(const AttentionPlan& a, const bf16* q, const bf16* k, const bf16* v, const bf16* o,
               const float* lse, const bf16* go, bf16* dq, bf16* dk, bf16* dv, detail::Stream s) {
-  std::unordered_map<std::int64_t, void*> pack{{kQ, ptr(q)},     {kK, ptr(k)},   {kV, ptr(v)},
-                                               {kO, ptr(o)},     {kStats, ptr(lse)},
-                                               {kDO, ptr(go)},   {kDQ, dq},      {kDK, dk},
-                                               {kDV, dv}};
+  std::unordered_map<std::int64_t, void*> pack{{kQ, ptr(q)}, {kK, ptr(k)},       {kV, ptr(v)},
+                                               {kO, ptr(o)}, {kStats, ptr(lse)}, {kDO, ptr(go)},
+                                               {kDQ, dq},    {kDK, dk},          {kDV, dv}};
   run(a, true, pack, s);
 }
 
 std::string status() {
   if (mode() == Mode::Own)
-    return std::string("turned off (DISTJAX_CUDA_ATTENTION=") + std::getenv("DISTJAX_CUDA_ATTENTION") + ")";
+    return std::string("turned off (DISTJAX_CUDA_ATTENTION=") +
+           std::getenv("DISTJAX_CUDA_ATTENTION") + ")";
   const Library& l = library();
   if (l.handle == nullptr) return l.why;
   const std::size_t v = l.version;
@@ -353,7 +376,9 @@ std::string status() {
                   std::to_string(CUDNN_FRONTEND_PATCH_VERSION);
   State& st = state();
   std::lock_guard lk(st.mu);
-  return s + (st.any_nondeterministic ? " (a backward is not deterministic)" : "");
+  return s + (st.any_nondeterministic ? " (a backward is not deterministic)"
+              : want_deterministic()  ? ""
+                                      : " (DISTJAX_CUDA_ATTENTION_DETERMINISTIC=0)");
 }
 
 Calls calls() {
@@ -375,8 +400,8 @@ const char* kWhy =
 
 bool serves(const detail::AttentionPlan& a) {
   const char* v = std::getenv("DISTJAX_CUDA_ATTENTION");
-  DISTJAX_CHECK(!(a.bf16_products && v != nullptr && std::strcmp(v, "cudnn") == 0),
-                NotImplemented, "[attention] DISTJAX_CUDA_ATTENTION=cudnn, but ", kWhy);
+  DISTJAX_CHECK(!(a.bf16_products && v != nullptr && std::strcmp(v, "cudnn") == 0), NotImplemented,
+                "[attention] DISTJAX_CUDA_ATTENTION=cudnn, but ", kWhy);
   return false;
 }
 
@@ -390,9 +415,13 @@ void backward(const detail::AttentionPlan&, const bf16*, const bf16*, const bf16
   DISTJAX_THROW(NotImplemented, "[attention_backward] ", kWhy);
 }
 
-std::string status() { return kWhy; }
+std::string status() {
+  return kWhy;
+}
 
-Calls calls() { return {}; }
+Calls calls() {
+  return {};
+}
 
 }  // namespace distjax::tensor::cuda::cudnn_attention
 
@@ -400,7 +429,9 @@ Calls calls() { return {}; }
 
 namespace distjax::tensor {
 
-std::string cuda_attention_library() { return cuda::cudnn_attention::status(); }
+std::string cuda_attention_library() {
+  return cuda::cudnn_attention::status();
+}
 
 CudnnAttentionCalls cuda_attention_cudnn_calls() {
   const cuda::cudnn_attention::Calls c = cuda::cudnn_attention::calls();

@@ -353,36 +353,51 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __rest
 constexpr int kColTile = 32;
 constexpr int kColLanes = 8;
 
-template <class G>
+// Each thread owns V adjacent columns (V = 4: 16-byte loads of x, 8 or 16 of g, where c
+// and the buffers allow) and keeps several rows' loads in flight; each column's sums run
+// over the same rows in the same order whatever V. (One 4-byte load per thread at a time
+// left an H100 at about a third of its bandwidth.)
+template <int V, class G>
 __global__ void norm_param_partial_kernel(const float* __restrict__ x, const G* __restrict__ g,
                                           const float* __restrict__ mean,
                                           const float* __restrict__ rstd, float* __restrict__ part,
                                           std::int64_t n, std::int64_t c, std::int64_t chunk_rows,
                                           bool with_beta) {
-  __shared__ float sw[kColLanes][kColTile + 1], sb[kColLanes][kColTile + 1];
-  const std::int64_t col = std::int64_t(blockIdx.x) * kColTile + threadIdx.x;
+  __shared__ float sw[kColLanes][kColTile * V + 1], sb[kColLanes][kColTile * V + 1];
+  const std::int64_t col = (std::int64_t(blockIdx.x) * kColTile + threadIdx.x) * V;
   const std::int64_t chunk = blockIdx.y;
   const std::int64_t r0 = chunk * chunk_rows;
   const std::int64_t r1 = r0 + chunk_rows < n ? r0 + chunk_rows : n;
-  float dw = 0.f, db = 0.f;
-  if (col < c) {
+  float dw[V] = {}, db[V] = {};
+  if (col < c) {  // V = 4 only where c % 4 == 0: then the pack lies inside the row
+#pragma unroll 4
     for (std::int64_t r = r0 + threadIdx.y; r < r1; r += kColLanes) {
-      const float gv = load_f32(g, r * c + col);
-      const float xh = (x[r * c + col] - (mean ? mean[r] : 0.f)) * rstd[r];
-      dw += gv * xh;
-      db += gv;
+      const Pack<V> gp = load_pack<V>(g + r * c, col / V), xp = load_pack<V>(x + r * c, col / V);
+      const float m = mean ? mean[r] : 0.f, rs = rstd[r];
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float xh = (xp.v[e] - m) * rs;
+        dw[e] += gp.v[e] * xh;
+        db[e] += gp.v[e];
+      }
     }
   }
-  sw[threadIdx.y][threadIdx.x] = dw;
-  sb[threadIdx.y][threadIdx.x] = db;
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    sw[threadIdx.y][threadIdx.x * V + e] = dw[e];
+    sb[threadIdx.y][threadIdx.x * V + e] = db[e];
+  }
   __syncthreads();
   if (threadIdx.y != 0 || col >= c) return;
-  for (int l = 1; l < kColLanes; ++l) {
-    dw += sw[l][threadIdx.x];
-    db += sb[l][threadIdx.x];
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    for (int l = 1; l < kColLanes; ++l) {
+      dw[e] += sw[l][threadIdx.x * V + e];
+      db[e] += sb[l][threadIdx.x * V + e];
+    }
+    part[chunk * c + col + e] = dw[e];
+    if (with_beta) part[(gridDim.y + chunk) * c + col + e] = db[e];
   }
-  part[chunk * c + col] = dw;
-  if (with_beta) part[(gridDim.y + chunk) * c + col] = db;
 }
 
 // dgamma[col] (and dbeta[col]) = the chunks' partial sums in chunk order. Bound: the scratch
@@ -404,12 +419,14 @@ __global__ void norm_param_final_kernel(const float* __restrict__ part, float* _
 }
 
 // dgamma (and dbeta when not null) of a norm over x (n, c), deterministic for given n and c:
-// the chunking depends on the sizes only.
+// the chunking depends on the sizes (and whether the buffers take packs of 4) only.
 template <class G>
 void norm_param_grads(const float* x, const G* g, const float* mean, const float* rstd,
                       float* dgamma, float* dbeta, std::int64_t n, std::int64_t c, cudaStream_t st,
                       const char* op) {
-  const std::int64_t tiles = (c + kColTile - 1) / kColTile;
+  const bool v4 = packs_of_4(c, {x, g});
+  const std::int64_t width = kColTile * (v4 ? 4 : 1);
+  const std::int64_t tiles = (c + width - 1) / width;
   // About 1024 blocks in all (8 per SM of an H100), each chunk at least kColLanes rows.
   std::int64_t chunks = std::clamp<std::int64_t>((1024 + tiles - 1) / tiles, 1, 65535);
   chunks = std::min<std::int64_t>(chunks, std::max<std::int64_t>(1, n / kColLanes));
@@ -421,8 +438,12 @@ void norm_param_grads(const float* x, const G* g, const float* mean, const float
                      "norm parameter scratch of ", part_floats, " floats");
   float* part = static_cast<float*>(scratch);
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks));
-  norm_param_partial_kernel<<<grid, dim3(kColTile, kColLanes), 0, st>>>(
-      x, g, mean, rstd, part, n, c, chunk_rows, dbeta != nullptr);
+  if (v4)
+    norm_param_partial_kernel<4><<<grid, dim3(kColTile, kColLanes), 0, st>>>(
+        x, g, mean, rstd, part, n, c, chunk_rows, dbeta != nullptr);
+  else
+    norm_param_partial_kernel<1><<<grid, dim3(kColTile, kColLanes), 0, st>>>(
+        x, g, mean, rstd, part, n, c, chunk_rows, dbeta != nullptr);
   DISTJAX_CUDA_LAUNCHED(op);
   norm_param_final_kernel<<<grid_for(c), kThreads, 0, st>>>(part, dgamma, dbeta, c, chunks);
   DISTJAX_CUDA_LAUNCHED(op);
@@ -542,8 +563,8 @@ __global__ void cross_entropy_kernel(const float* __restrict__ logits,
 
 // One row's gradient by the block, gr (exp(x - l) - onehot(label)), in packs of V written
 // in Out: each thread reads its pack before it writes it (o may be xr).
-template <int V, class Out>
-__device__ __forceinline__ void row_grad(const float* xr, Out* o, float gr, float l,
+template <int V, class In, class Out>
+__device__ __forceinline__ void row_grad(const In* xr, Out* o, float gr, float l,
                                          std::int64_t label, std::int64_t vv) {
   for (std::int64_t j = threadIdx.x; j < vv; j += blockDim.x) {
     Pack<V> p = load_pack<V>(xr, j);
@@ -570,22 +591,23 @@ __global__ void cross_entropy_backward_kernel(const float* logits, const float* 
   }
 }
 
-// Both kernels above in one pass: a row's (max, sum), then its gradient from the row read
-// again (from L2: a block holds one row at a time), written in Out. The label's logit is
-// read before the block's barrier, so a gradient written over the logits cannot change it.
-// Bound: 4 bytes read and sizeof(Out) written per logit.
-template <int V, class Id, class Out>
-__global__ void cross_entropy_with_grad_kernel(const float* logits, const Id* __restrict__ labels,
+// Both kernels above in one pass over logits in f32 or bf16 (In): a row's (max, sum), then
+// its gradient from the row read again (from L2: a block holds one row at a time), written
+// in Out. The label's logit is read before the block's barrier, so a gradient written over
+// the logits cannot change it. Bound: sizeof(In) bytes read and sizeof(Out) written per
+// logit.
+template <int V, class In, class Id, class Out>
+__global__ void cross_entropy_with_grad_kernel(const In* logits, const Id* __restrict__ labels,
                                                float* __restrict__ loss, float* __restrict__ lse,
                                                const float* __restrict__ g, Out* gx, std::int64_t n,
                                                std::int64_t v) {
   __shared__ float rm[32], rs[32];
   const std::int64_t vv = v / V;
   for (std::int64_t r = blockIdx.x; r < n; r += gridDim.x) {
-    const float* xr = logits + r * v;
+    const In* xr = logits + r * v;
     const std::int64_t label = static_cast<std::int64_t>(labels[r]);
     const bool valid = label >= 0 && label < v;
-    const float at_label = threadIdx.x == 0 && valid ? xr[label] : 0.f;
+    const float at_label = threadIdx.x == 0 && valid ? load_f32(xr, label) : 0.f;
     MaxSum a;
     for (std::int64_t j = threadIdx.x; j < vv; j += blockDim.x)
       a = add_pack<V>(a, load_pack<V>(xr, j));
@@ -599,38 +621,49 @@ __global__ void cross_entropy_with_grad_kernel(const float* logits, const Id* __
   }
 }
 
-void cross_entropy_with_grad(const float* logits, const void* labels, DType id_dtype, float* loss,
-                             float* lse, const float* g, void* gx, DType gx_dtype, std::int64_t n,
-                             std::int64_t v, Stream s) {
+void cross_entropy_with_grad(const void* logits, DType logits_dtype, const void* labels,
+                             DType id_dtype, float* loss, float* lse, const float* g, void* gx,
+                             DType gx_dtype, std::int64_t n, std::int64_t v, Stream s) {
   if (n == 0 || v == 0) return;
+  DISTJAX_CHECK(logits_dtype == DType::F32 || logits_dtype == DType::BF16, NotImplemented,
+                "[cross_entropy] reads f32 or bf16 logits, not ", dtype_name(logits_dtype));
   const cudaStream_t st = stream_of(s);
   const int threads = row_threads(v);
-  // 16-byte packs of the logits; the gradient's packs are 16 (f32) or 8 bytes (halves).
-  const bool v4 = packs_of_4(v, {logits}) &&
-                  reinterpret_cast<std::uintptr_t>(gx) % (gx_dtype == DType::F32 ? 16 : 8) == 0;
+  // Packs of 4: 16-byte (f32) or 8-byte (halves) accesses to the logits and the gradient.
+  const auto aligned = [](const void* p, DType t) {
+    return reinterpret_cast<std::uintptr_t>(p) % (t == DType::F32 ? 16 : 8) == 0;
+  };
+  const bool v4 = v % 4 == 0 && aligned(logits, logits_dtype) && aligned(gx, gx_dtype);
   with_ids(labels, id_dtype, [&](const auto* pl) {
     using Id = std::remove_cv_t<std::remove_pointer_t<decltype(pl)>>;
-    auto launch = [&](auto* out) {
+    auto launch = [&](const auto* in, auto* out) {
+      using In = std::remove_cv_t<std::remove_pointer_t<decltype(in)>>;
       using Out = std::remove_pointer_t<decltype(out)>;
       if (v4)
-        cross_entropy_with_grad_kernel<4, Id, Out>
-            <<<row_blocks(n), threads, 0, st>>>(logits, pl, loss, lse, g, out, n, v);
+        cross_entropy_with_grad_kernel<4, In, Id, Out>
+            <<<row_blocks(n), threads, 0, st>>>(in, pl, loss, lse, g, out, n, v);
       else
-        cross_entropy_with_grad_kernel<1, Id, Out>
-            <<<row_blocks(n), threads, 0, st>>>(logits, pl, loss, lse, g, out, n, v);
+        cross_entropy_with_grad_kernel<1, In, Id, Out>
+            <<<row_blocks(n), threads, 0, st>>>(in, pl, loss, lse, g, out, n, v);
     };
-    switch (gx_dtype) {
-      case DType::F32:
-        return launch(static_cast<float*>(gx));
-      case DType::BF16:
-        return launch(static_cast<Bf16*>(gx));
-      case DType::F16:
-        return launch(static_cast<F16*>(gx));
-      default:
-        DISTJAX_THROW(NotImplemented,
-                      "[cross_entropy] writes its gradient in f32, bf16 or f16, not ",
-                      dtype_name(gx_dtype));
-    }
+    auto with_out = [&](const auto* in) {
+      switch (gx_dtype) {
+        case DType::F32:
+          return launch(in, static_cast<float*>(gx));
+        case DType::BF16:
+          return launch(in, static_cast<Bf16*>(gx));
+        case DType::F16:
+          return launch(in, static_cast<F16*>(gx));
+        default:
+          DISTJAX_THROW(NotImplemented,
+                        "[cross_entropy] writes its gradient in f32, bf16 or f16, not ",
+                        dtype_name(gx_dtype));
+      }
+    };
+    if (logits_dtype == DType::F32)
+      with_out(static_cast<const float*>(logits));
+    else
+      with_out(static_cast<const Bf16*>(logits));
   });
   DISTJAX_CUDA_LAUNCHED("cross_entropy_with_grad");
 }

@@ -83,13 +83,13 @@ struct NnKernels {
                                  const void* labels, DType id_dtype, float* gx, std::int64_t n,
                                  std::int64_t v, Stream s);
   /// Both in one pass over the logits (the chunked head's, whose backward is known in the
-  /// forward): loss and lse as cross_entropy, and gx (n, v) = g[r] * (softmax(row) -
-  /// onehot(label)) as cross_entropy_backward writes it, rounded once to gx_dtype (f32,
-  /// bf16 or f16: what the head's products read). gx may be the logits when gx_dtype is
-  /// f32.
-  void (*cross_entropy_with_grad)(const float* logits, const void* labels, DType id_dtype,
-                                  float* loss, float* lse, const float* g, void* gx, DType gx_dtype,
-                                  std::int64_t n, std::int64_t v, Stream s);
+  /// forward): loss and lse as cross_entropy on the logits widened to f32 (logits_dtype
+  /// f32 or bf16), and gx (n, v) = g[r] * (softmax(row) - onehot(label)) as
+  /// cross_entropy_backward writes it, rounded once to gx_dtype (f32, bf16 or f16: what
+  /// the head's products read). gx may be the logits when the two dtypes are the same.
+  void (*cross_entropy_with_grad)(const void* logits, DType logits_dtype, const void* labels,
+                                  DType id_dtype, float* loss, float* lse, const float* g, void* gx,
+                                  DType gx_dtype, std::int64_t n, std::int64_t v, Stream s);
 
   /// y = x masked and scaled by `mask` (n elements); run_offsets: n / mask.run draw
   /// offsets, or null.
