@@ -113,7 +113,13 @@ TEST(GlobalGpt, ParityWithOneDevice) {
        models::transformer_megatron_rules(),
        {P("data")}},
   };
-  // Per tensor max |difference| <= 1e-5 x max |value| (f32, sums in another order).
+  // Per tensor max |difference| <= tol x max |value| (f32, sums in another order): 1e-5,
+  // and 2e-5 on a GPU, whose GEMMs take other algorithms (other summation orders) for each
+  // layout's per-device shapes. There five SGD steps at lr 0.5 carry that rounding into the
+  // smallest tensor, the last block's ln2 bias (built from zero by sums of 32 rows): on an
+  // H100 its distance measured 1.05e-5 to 1.36e-5 across the four layouts, every other
+  // tensor under 1e-5.
+  const double tol = current_device().kind == DeviceKind::CUDA ? 2e-5 : 1e-5;
   for (const auto& l : layouts) {
     const TrainRun got = train_global(l);
     ASSERT_EQ(got.losses.size(), ref.losses.size()) << l.name;
@@ -121,7 +127,7 @@ TEST(GlobalGpt, ParityWithOneDevice) {
       EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-5 * std::fabs(ref.losses[s]))
           << l.name << " step " << s;
     for (const auto& path : ref.params.paths())
-      EXPECT_LE(testing::rel_diff(got.params.at(path), ref.params.at(path)), 1e-5)
+      EXPECT_LE(testing::rel_diff(got.params.at(path), ref.params.at(path)), tol)
           << l.name << " " << path;
   }
   EXPECT_LT(ref.losses.back(), ref.losses.front());
