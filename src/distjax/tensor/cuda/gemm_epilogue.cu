@@ -3,7 +3,7 @@
 // rounded for the backward's GEMMs, with the bias gradient (d's column sums) in the same
 // pass. Block (kColTile, kColLanes) owns kColTile columns of one chunk of rows; its lanes
 // take the chunk's rows in turn, then lane sums are added in lane order into
-// part[chunk][column], and a second kernel adds the chunks in order (deterministic, no
+// part[chunk][column], and column_sums (column_sums.cuh) adds the chunks (deterministic, no
 // float atomics). Bound: the bytes of g, aux and out (GPT-2's fc1 at batch 32: 800 MB).
 // Each thread keeps several 16-byte (8-byte for halves) loads in flight: one 4-byte load per
 // thread at a time left an H100 at about a third of its bandwidth (this op took 5.8 ms of a
@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "distjax/core/error.hpp"
+#include "distjax/tensor/cuda/column_sums.cuh"
 #include "distjax/tensor/cuda/halves.cuh"
 #include "distjax/tensor/cuda/kernels.hpp"
 #include "distjax/tensor/cuda/launch.cuh"
@@ -24,9 +25,6 @@ namespace distjax::tensor::cuda {
 namespace {
 
 using detail::Stream;
-
-constexpr int kColTile = 32;
-constexpr int kColLanes = 8;
 
 // Element i of an f32, bf16 or f16 buffer, as f32 (the dtype is uniform across a launch).
 __device__ inline float load(const void* p, DType t, std::int64_t i) {
@@ -131,20 +129,6 @@ __global__ void epilogue_backward_kernel(const void* __restrict__ g, DType g_dty
   }
 }
 
-// bias_grad[col] = the chunks' partial sums in chunk order.
-__global__ void column_sum_final_kernel(const float* __restrict__ part,
-                                        float* __restrict__ bias_grad, std::int64_t n,
-                                        std::int64_t chunks) {
-  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
-  for (std::int64_t col = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; col < n;
-       col += stride) {
-    float s = 0.f;
-    for (std::int64_t k = 0; k < chunks; ++k)
-      s += part[k * n + col];
-    bias_grad[col] = s;
-  }
-}
-
 }  // namespace
 
 void epilogue_backward(const void* g, DType g_dtype, const void* aux, DType aux_dtype, void* out,
@@ -166,12 +150,8 @@ void epilogue_backward(const void* g, DType g_dtype, const void* aux, DType aux_
       n % 4 == 0 && aligned(g, g_dtype) && aligned(aux, aux_dtype) && aligned(out, out_dtype);
   const std::int64_t width = kColTile * (v4 ? 4 : 1);
   const std::int64_t tiles = (n + width - 1) / width;
-  // About 1024 blocks in all (8 per SM of an H100), each chunk at least kColLanes rows;
-  // the chunking depends on rows, n and the packing only.
-  std::int64_t chunks = std::clamp<std::int64_t>((1024 + tiles - 1) / tiles, 1, 65535);
-  chunks = std::min<std::int64_t>(chunks, std::max<std::int64_t>(1, rows / kColLanes));
-  const std::int64_t chunk_rows = std::max<std::int64_t>(1, (rows + chunks - 1) / chunks);
-  chunks = std::max<std::int64_t>(1, (rows + chunk_rows - 1) / chunk_rows);
+  const ColumnChunks cc = column_chunks(rows, n);
+  const std::int64_t chunks = cc.chunks, chunk_rows = cc.chunk_rows;  // rows and n alone
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks));
   const dim3 block(kColTile, kColLanes);
   auto launch = [&](float* part) {
@@ -189,7 +169,7 @@ void epilogue_backward(const void* g, DType g_dtype, const void* aux, DType aux_
   }
   StreamScratch part(std::size_t(chunks * n) * sizeof(float), st, kOp);
   launch(part.as<float>());
-  column_sum_final_kernel<<<grid_for(n), kThreads, 0, st>>>(part.as<float>(), bias_grad, n, chunks);
+  column_sums(part.as<float>(), bias_grad, nullptr, nullptr, n, chunks, st);
   DISTJAX_CUDA_LAUNCHED(kOp);
   part.release();
 }

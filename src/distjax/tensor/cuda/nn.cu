@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "distjax/core/error.hpp"
+#include "distjax/tensor/cuda/column_sums.cuh"
 #include "distjax/tensor/cuda/halves.cuh"
 #include "distjax/tensor/cuda/kernels.hpp"
 #include "distjax/tensor/cuda/nn.cuh"
@@ -350,9 +351,6 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __rest
 // part[chunk][column] (dgamma) and part[chunks + chunk][column] (dbeta, when wanted).
 // Bound: 8 bytes per element (a second read of x and g after the gx kernel). The whole
 // layer_norm_backward (20 bytes per element) runs at 2.0 TB/s at 8192 x 768 on an H200.
-constexpr int kColTile = 32;
-constexpr int kColLanes = 8;
-
 // Each thread owns V adjacent columns (V = 4: 16-byte loads of x, 8 or 16 of g, where c
 // and the buffers allow) and keeps several rows' loads in flight; each column's sums run
 // over the same rows in the same order whatever V. (One 4-byte load per thread at a time
@@ -400,26 +398,8 @@ __global__ void norm_param_partial_kernel(const float* __restrict__ x, const G* 
   }
 }
 
-// dgamma[col] (and dbeta[col]) = the chunks' partial sums in chunk order. Bound: the scratch
-// read once.
-__global__ void norm_param_final_kernel(const float* __restrict__ part, float* __restrict__ dgamma,
-                                        float* __restrict__ dbeta, std::int64_t c,
-                                        std::int64_t chunks) {
-  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
-  for (std::int64_t col = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; col < c;
-       col += stride) {
-    float dw = 0.f, db = 0.f;
-    for (std::int64_t k = 0; k < chunks; ++k) {
-      dw += part[k * c + col];
-      if (dbeta) db += part[(chunks + k) * c + col];
-    }
-    dgamma[col] = dw;
-    if (dbeta) dbeta[col] = db;
-  }
-}
-
 // dgamma (and dbeta when not null) of a norm over x (n, c), deterministic for given n and c:
-// the chunking depends on the sizes (and whether the buffers take packs of 4) only.
+// the chunking depends on the sizes only.
 template <class G>
 void norm_param_grads(const float* x, const G* g, const float* mean, const float* rstd,
                       float* dgamma, float* dbeta, std::int64_t n, std::int64_t c, cudaStream_t st,
@@ -427,11 +407,8 @@ void norm_param_grads(const float* x, const G* g, const float* mean, const float
   const bool v4 = packs_of_4(c, {x, g});
   const std::int64_t width = kColTile * (v4 ? 4 : 1);
   const std::int64_t tiles = (c + width - 1) / width;
-  // About 1024 blocks in all (8 per SM of an H100), each chunk at least kColLanes rows.
-  std::int64_t chunks = std::clamp<std::int64_t>((1024 + tiles - 1) / tiles, 1, 65535);
-  chunks = std::min<std::int64_t>(chunks, std::max<std::int64_t>(1, n / kColLanes));
-  const std::int64_t chunk_rows = std::max<std::int64_t>(1, (n + chunks - 1) / chunks);
-  chunks = std::max<std::int64_t>(1, (n + chunk_rows - 1) / chunk_rows);
+  const ColumnChunks cc = column_chunks(n, c);
+  const std::int64_t chunks = cc.chunks, chunk_rows = cc.chunk_rows;
   const std::int64_t part_floats = (dbeta ? 2 : 1) * chunks * c;
   void* scratch = nullptr;
   DISTJAX_CUDA_CHECK(cudaMallocAsync(&scratch, std::size_t(part_floats) * sizeof(float), st), op,
@@ -445,7 +422,7 @@ void norm_param_grads(const float* x, const G* g, const float* mean, const float
     norm_param_partial_kernel<1><<<grid, dim3(kColTile, kColLanes), 0, st>>>(
         x, g, mean, rstd, part, n, c, chunk_rows, dbeta != nullptr);
   DISTJAX_CUDA_LAUNCHED(op);
-  norm_param_final_kernel<<<grid_for(c), kThreads, 0, st>>>(part, dgamma, dbeta, c, chunks);
+  column_sums(part, dgamma, dbeta ? part + chunks * c : nullptr, dbeta, c, chunks, st);
   DISTJAX_CUDA_LAUNCHED(op);
   DISTJAX_CUDA_CHECK(cudaFreeAsync(scratch, st), op);
 }
