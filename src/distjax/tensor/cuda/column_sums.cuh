@@ -47,6 +47,7 @@ __global__ void column_sums_kernel(const float* __restrict__ part, float* __rest
   for (std::int64_t col = (std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; col < n;
        col += warps) {
     float s = 0.f, s2 = 0.f;
+#pragma unroll 4
     for (std::int64_t k = lane; k < chunks; k += 32) {
       s += part[k * n + col];
       if (out2) s2 += part2[k * n + col];

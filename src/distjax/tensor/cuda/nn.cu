@@ -270,14 +270,20 @@ __global__ void layer_norm_kernel(const float* __restrict__ x, const float* __re
 // gx = rstd (g gamma - mean_c(g gamma) - xh mean_c(g gamma xh)) per row, xh the normalised
 // x (layer norm: (x - mean) rstd; RMS norm, mean == null: x rstd, and no mean_c(g gamma)
 // term); g f32 or bf16 (G). Bound: 12 bytes per element (10 with a bf16 g).
+// With `part` (each thread owning at most one pack of a row: c / V <= blockDim.x), the
+// parameter gradients' partial sums over the block's rows come too, in the pass that writes
+// gx: part[block][column] = sum of g xh (dgamma), part[blocks + block][column] = sum of g
+// (dbeta, with_beta), without reading x and g again.
 template <int V, class G>
 __global__ void norm_backward_kernel(const float* __restrict__ x, const float* __restrict__ gamma,
                                      const G* __restrict__ g, const float* __restrict__ mean,
                                      const float* __restrict__ rstd, float* gx, const float* add,
-                                     std::int64_t n, std::int64_t c) {
+                                     std::int64_t n, std::int64_t c, float* __restrict__ part,
+                                     bool with_beta) {
   __shared__ float red[32];
   const std::int64_t cv = c / V;
   const float inv_c = 1.f / static_cast<float>(c);
+  float pw[V] = {}, pb[V] = {};  // this thread's pack's parameter sums (with part)
   for (std::int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const float* xr = x + r * c;
     const G* gr = g + r * c;
@@ -304,12 +310,23 @@ __global__ void norm_backward_kernel(const float* __restrict__ x, const float* _
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const float xh = (xp.v[e] - m) * rs;
+        if (part) {
+          pw[e] += gp.v[e] * xh;
+          pb[e] += gp.v[e];
+        }
         xp.v[e] = rs * (gp.v[e] * w.v[e] - a - xh * b);
         // The partial sum plus the norm's own, rounded as the separate add rounds it.
         if (ar) xp.v[e] = __fadd_rn(ap.v[e], xp.v[e]);
       }
       store_pack<V>(o, j, xp);
     }
+  }
+  if (!part || threadIdx.x >= cv) return;
+  const std::int64_t col = std::int64_t(threadIdx.x) * V;
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    part[std::int64_t(blockIdx.x) * c + col + e] = pw[e];
+    if (with_beta) part[(std::int64_t(gridDim.x) + blockIdx.x) * c + col + e] = pb[e];
   }
 }
 
@@ -345,16 +362,16 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __rest
   }
 }
 
-// The norms' parameter gradients: dgamma = sum over rows of g xh, dbeta = sum of g.
-// Block (kColTile, kColLanes) owns kColTile columns of one chunk of rows; its lanes take
-// the chunk's rows in turn, then lane sums are added in lane order into
-// part[chunk][column] (dgamma) and part[chunks + chunk][column] (dbeta, when wanted).
-// Bound: 8 bytes per element (a second read of x and g after the gx kernel). The whole
-// layer_norm_backward (20 bytes per element) runs at 2.0 TB/s at 8192 x 768 on an H200.
-// Each thread owns V adjacent columns (V = 4: 16-byte loads of x, 8 or 16 of g, where c
-// and the buffers allow) and keeps several rows' loads in flight; each column's sums run
-// over the same rows in the same order whatever V. (One 4-byte load per thread at a time
-// left an H100 at about a third of its bandwidth.)
+// The norms' parameter gradients on their own (where no gx is wanted, or a row has more
+// packs than a block has threads; else norm_backward_kernel makes them with gx): dgamma =
+// sum over rows of g xh, dbeta = sum of g. Block (kColTile, kColLanes) owns kColTile
+// columns of one chunk of rows; its lanes take the chunk's rows in turn, then lane sums are
+// added in lane order into part[chunk][column] (dgamma) and part[chunks + chunk][column]
+// (dbeta, when wanted). Bound: 8 bytes per element (a second read of x and g after the gx
+// kernel). Each thread owns V adjacent columns (V = 4: 16-byte loads of x, 8 or 16 of g,
+// where c and the buffers allow) and keeps several rows' loads in flight; each column's
+// sums run over the same rows in the same order whatever V. (One 4-byte load per thread at
+// a time left an H100 at about a third of its bandwidth.)
 template <int V, class G>
 __global__ void norm_param_partial_kernel(const float* __restrict__ x, const G* __restrict__ g,
                                           const float* __restrict__ mean,
@@ -455,29 +472,54 @@ void layer_norm_bf16(const float* x, const float* gamma, const float* beta, bf16
   layer_norm_to(x, gamma, beta, reinterpret_cast<Bf16*>(y), mean, rstd, n, c, eps, s);
 }
 
-// The gx kernel of either norm (mean == null: RMS norm).
+// Blocks of the fused norm backward: 8 per SM of an H100 (a row per block at a time, two
+// block reductions per row); the rows' split among them, and so the parameter gradients'
+// summation order, depends on n alone.
+constexpr std::int64_t kNormBlocks = 132 * 8;
+
+// Either norm's backward (mean == null: RMS norm): gx (when wanted, `add` added into it) and
+// the parameter gradients. Where a block's threads cover a row's packs, one kernel makes gx
+// and the parameter sums' partials (x and g read once); else the gx kernel and
+// norm_param_grads (x and g read twice).
 template <class G>
-void norm_gx(const float* x, const float* gamma, const G* g, const float* mean, const float* rstd,
-             float* gx, const float* add, std::int64_t n, std::int64_t c, cudaStream_t st,
-             const char* op) {
+void norm_backward(const float* x, const float* gamma, const G* g, const float* mean,
+                   const float* rstd, float* gx, const float* add, float* dgamma, float* dbeta,
+                   std::int64_t n, std::int64_t c, cudaStream_t st, const char* op) {
+  if (c == 0) return;
   const int threads = row_threads(c);
-  if (packs_of_4(c, {x, gamma, g, gx, add}))
-    norm_backward_kernel<4>
-        <<<row_blocks(n), threads, 0, st>>>(x, gamma, g, mean, rstd, gx, add, n, c);
-  else
-    norm_backward_kernel<1>
-        <<<row_blocks(n), threads, 0, st>>>(x, gamma, g, mean, rstd, gx, add, n, c);
-  DISTJAX_CUDA_LAUNCHED(op);
+  const bool v4 = packs_of_4(c, {x, gamma, g, gx, add});
+  auto launch = [&](unsigned blocks, float* part) {
+    if (v4)
+      norm_backward_kernel<4><<<blocks, threads, 0, st>>>(x, gamma, g, mean, rstd, gx, add, n, c,
+                                                          part, dbeta != nullptr);
+    else
+      norm_backward_kernel<1><<<blocks, threads, 0, st>>>(x, gamma, g, mean, rstd, gx, add, n, c,
+                                                          part, dbeta != nullptr);
+    DISTJAX_CUDA_LAUNCHED(op);
+  };
+  if (gx && n > 0 && dgamma && c / (v4 ? 4 : 1) <= threads) {
+    const std::int64_t blocks = std::min(n, kNormBlocks);
+    const std::int64_t part_floats = (dbeta ? 2 : 1) * blocks * c;
+    void* scratch = nullptr;
+    DISTJAX_CUDA_CHECK(cudaMallocAsync(&scratch, std::size_t(part_floats) * sizeof(float), st), op,
+                       "norm parameter scratch of ", part_floats, " floats");
+    float* part = static_cast<float*>(scratch);
+    launch(static_cast<unsigned>(blocks), part);
+    column_sums(part, dgamma, dbeta ? part + blocks * c : nullptr, dbeta, c, blocks, st);
+    DISTJAX_CUDA_LAUNCHED(op);
+    DISTJAX_CUDA_CHECK(cudaFreeAsync(scratch, st), op);
+    return;
+  }
+  if (gx && n > 0) launch(row_blocks(n), nullptr);
+  norm_param_grads(x, g, mean, rstd, dgamma, dbeta, n, c, st, op);
 }
 
 template <class G>
 void layer_norm_backward_of(const float* x, const float* gamma, const G* g, const float* mean,
                             const float* rstd, float* gx, const float* add, float* dgamma,
                             float* dbeta, std::int64_t n, std::int64_t c, Stream s) {
-  if (c == 0) return;
-  const cudaStream_t st = stream_of(s);
-  if (gx && n > 0) norm_gx(x, gamma, g, mean, rstd, gx, add, n, c, st, "layer_norm_backward");
-  norm_param_grads(x, g, mean, rstd, dgamma, dbeta, n, c, st, "layer_norm_backward");
+  norm_backward(x, gamma, g, mean, rstd, gx, add, dgamma, dbeta, n, c, stream_of(s),
+                "layer_norm_backward");
 }
 
 void layer_norm_backward(const float* x, const float* gamma, const float* g, const float* mean,
@@ -507,10 +549,8 @@ void rms_norm(const float* x, const float* gamma, float* y, float* rrms, std::in
 
 void rms_norm_backward(const float* x, const float* gamma, const float* g, const float* rrms,
                        float* gx, float* dgamma, std::int64_t n, std::int64_t c, Stream s) {
-  if (c == 0) return;
-  const cudaStream_t st = stream_of(s);
-  if (gx && n > 0) norm_gx(x, gamma, g, nullptr, rrms, gx, nullptr, n, c, st, "rms_norm_backward");
-  norm_param_grads(x, g, nullptr, rrms, dgamma, nullptr, n, c, st, "rms_norm_backward");
+  norm_backward(x, gamma, g, nullptr, rrms, gx, nullptr, dgamma, nullptr, n, c, stream_of(s),
+                "rms_norm_backward");
 }
 
 // ------------------------------------------------------------------ cross-entropy
