@@ -148,7 +148,8 @@ TEST(CudaOps, GeluMlp) {
 
 // The language-model head and its loss in chunks (the GPT's loss): dw's chunk products
 // accumulated in the GEMMs, dx and dw scaled in place by the cotangent; f32 and bf16
-// operands, chunks that do and do not divide the rows, w in both layouts.
+// operands, chunks that do and do not divide the rows, w in both layouts, rows of logits
+// that do and do not fit a block's shared memory.
 TEST(CudaOps, LinearCrossEntropyMean) {
   SKIP_WITHOUT_GPU();
   const std::int64_t rows = 300, k = 64;
@@ -174,6 +175,22 @@ TEST(CudaOps, LinearCrossEntropyMean) {
               {uniform({rows, k}), uniform(trans_w ? Shape{v, k} : Shape{k, v}), labels},
               {true, true, false}, dtype == DType::F32 ? kTf32 : kBf16);
         }
+  // Rows too long for a block's shared memory (f32 over 57k logits, bf16 over 115k): the
+  // kernel that reads each row twice.
+  for (const auto& [v, dtype] :
+       {std::pair<std::int64_t, DType>{60000, DType::F32}, {120000, DType::BF16}}) {
+    std::vector<std::int32_t> ids(16);
+    for (std::size_t r = 0; r < ids.size(); ++r)
+      ids[r] = static_cast<std::int32_t>((r * 7919 + 13) % static_cast<std::size_t>(v));
+    const Tensor labels = Tensor::from_vector(ids, {16}, Device::cpu());
+    expect_close(
+        std::string("linear_cross_entropy_mean, long rows, ") + dtype_name(dtype),
+        [dtype](const V& a) {
+          return linear_cross_entropy_mean(astype(a[0], dtype), astype(a[1], dtype), a[2], true);
+        },
+        {uniform({16, 16}), uniform({v, 16}), labels}, {true, true, false},
+        dtype == DType::F32 ? kTf32 : kBf16);
+  }
 }
 
 }  // namespace
