@@ -2,6 +2,9 @@
 // and thread, and its sgemm for strided products. The epilogues other than a bias (a
 // rounded C beside bf16, GELU) and their backward run the family's other kernels over an
 // f32 sum: the reference the CUDA backend's fused cuBLASLt epilogues are tested against.
+// bf16 operands go to oneDNN's bf16 matmul (f32 accumulation) where this CPU has one
+// (oneDNN 2.6: AVX-512); elsewhere (an AVX2 CPU) they are widened to f32, exactly, for its
+// f32 matmul, and a bf16 C rounded from its f32 sum: the same products and f32 sums.
 #include <omp.h>
 #include <oneapi/dnnl/dnnl_version.h>
 
@@ -60,11 +63,35 @@ struct GemmPlan {
   // handles (creating them per call cost a few microseconds, noticeable on small GEMMs).
   dnnl::memory ma, mb, mc, mbias;
   std::unordered_map<int, dnnl::memory> args;
+  // bf16 operands this CPU's oneDNN has no matmul for: the primitive is the f32 one, the
+  // operands are widened first and a bf16 C is rounded from an f32 one.
+  bool widened = false;
 };
 
 dnnl::engine& cpu_engine() {
   static dnnl::engine e(dnnl::engine::kind::cpu, 0);
   return e;
+}
+
+// The matmul primitive of these descriptors; with `may_refuse`, an empty one where oneDNN
+// has no implementation for them on this CPU.
+dnnl::matmul make_matmul(const GemmPlan& p, bool bias, bool may_refuse) {
+  dnnl::engine& e = cpu_engine();
+  try {
+#if DNNL_VERSION_MAJOR >= 3
+    // oneDNN 3 (Debian 13) dropped the operation descriptors: the primitive descriptor
+    // takes the engine and the memory descriptors directly.
+    return dnnl::matmul(bias ? dnnl::matmul::primitive_desc(e, p.a, p.b, p.bias, p.c)
+                             : dnnl::matmul::primitive_desc(e, p.a, p.b, p.c));
+#else
+    dnnl::matmul::desc d =
+        bias ? dnnl::matmul::desc(p.a, p.b, p.bias, p.c) : dnnl::matmul::desc(p.a, p.b, p.c);
+    return dnnl::matmul(dnnl::matmul::primitive_desc(d, e));
+#endif
+  } catch (const dnnl::error& err) {
+    if (!may_refuse || err.status != dnnl_unimplemented) throw;
+    return dnnl::matmul();
+  }
 }
 
 // Primitives are cached per thread: simulated devices never contend on the cache,
@@ -75,25 +102,23 @@ GemmPlan& plan_for(const GemmKey& key) {
   if (it != cache.end()) return it->second;
   const auto [batch, m, n, k, ta, tb, b_shared, bias, src, dst, gelu] = key;
   const std::int64_t bb = b_shared ? 1 : batch;
-  const dt s = src == DType::BF16 ? dt::bf16 : dt::f32;
-  // A bf16 C straight from the primitive (rounded to nearest even, as bf16(float)).
-  const dt c_type = dst == DType::BF16 && !gelu ? dt::bf16 : dt::f32;
   GemmPlan p;
-  p.a = dnnl::memory::desc(dims{batch, m, k}, s, ta ? dims{m * k, 1, m} : dims{m * k, k, 1});
-  p.b = dnnl::memory::desc(dims{bb, k, n}, s, tb ? dims{k * n, 1, k} : dims{k * n, n, 1});
-  p.c = dnnl::memory::desc(dims{batch, m, n}, c_type, dims{m * n, n, 1});
+  auto describe = [&](dt s, dt c_type) {
+    p.a = dnnl::memory::desc(dims{batch, m, k}, s, ta ? dims{m * k, 1, m} : dims{m * k, k, 1});
+    p.b = dnnl::memory::desc(dims{bb, k, n}, s, tb ? dims{k * n, 1, k} : dims{k * n, n, 1});
+    p.c = dnnl::memory::desc(dims{batch, m, n}, c_type, dims{m * n, n, 1});
+  };
   if (bias) p.bias = dnnl::memory::desc(dims{1, 1, n}, dt::f32, dims{n, n, 1});
+  const bool bf16 = src == DType::BF16;
+  // A bf16 C straight from the primitive (rounded to nearest even, as bf16(float)).
+  describe(bf16 ? dt::bf16 : dt::f32, dst == DType::BF16 && !gelu ? dt::bf16 : dt::f32);
+  p.prim = make_matmul(p, bias, /*may_refuse=*/bf16);
+  if (!p.prim) {
+    p.widened = true;
+    describe(dt::f32, dt::f32);
+    p.prim = make_matmul(p, bias, false);
+  }
   dnnl::engine& e = cpu_engine();
-#if DNNL_VERSION_MAJOR >= 3
-  // oneDNN 3 (Debian 13) dropped the operation descriptors: the primitive descriptor takes
-  // the engine and the memory descriptors directly.
-  p.prim = dnnl::matmul(bias ? dnnl::matmul::primitive_desc(e, p.a, p.b, p.bias, p.c)
-                             : dnnl::matmul::primitive_desc(e, p.a, p.b, p.c));
-#else
-  dnnl::matmul::desc d =
-      bias ? dnnl::matmul::desc(p.a, p.b, p.bias, p.c) : dnnl::matmul::desc(p.a, p.b, p.c);
-  p.prim = dnnl::matmul(dnnl::matmul::primitive_desc(d, e));
-#endif
   p.ma = dnnl::memory(p.a, e, DNNL_MEMORY_NONE);
   p.mb = dnnl::memory(p.b, e, DNNL_MEMORY_NONE);
   p.mc = dnnl::memory(p.c, e, DNNL_MEMORY_NONE);
@@ -105,16 +130,39 @@ GemmPlan& plan_for(const GemmKey& key) {
   return cache.emplace(key, std::move(p)).first->second;
 }
 
+// n elements of bf16 `from` widened into the calling thread's buffer `slot` (kept for its
+// next call).
+const float* widened(const void* from, std::int64_t n, int slot) {
+  thread_local std::vector<float> buffers[2];
+  std::vector<float>& w = buffers[slot];
+  if (w.size() < static_cast<std::size_t>(n)) w.resize(static_cast<std::size_t>(n));
+  copy_kernels.convert(from, DType::BF16, w.data(), DType::F32, n, Stream{});
+  return w.data();
+}
+
 // C = A B + bias by the cached primitive, in its dtype (f32, or bf16 without GELU); k > 0.
 void run_primitive(const GemmKey& key, const void* a, const void* b, const float* bias, void* c) {
   GemmPlan& p = plan_for(key);
   thread_local dnnl::stream stream(cpu_engine());
+  const bool round_c = p.widened && key.dst == DType::BF16 && !key.gelu;
+  const std::int64_t c_size = key.batch * key.m * key.n;
+  if (p.widened) {
+    a = widened(a, key.batch * key.m * key.k, 0);
+    b = widened(b, (key.b_shared ? 1 : key.batch) * key.k * key.n, 1);
+  }
+  float* c32 = nullptr;
+  if (round_c) {
+    thread_local std::vector<float> sum;
+    if (sum.size() < static_cast<std::size_t>(c_size)) sum.resize(static_cast<std::size_t>(c_size));
+    c32 = sum.data();
+  }
   p.ma.set_data_handle(const_cast<void*>(a));
   p.mb.set_data_handle(const_cast<void*>(b));
-  p.mc.set_data_handle(c);
+  p.mc.set_data_handle(c32 ? c32 : c);
   if (key.bias) p.mbias.set_data_handle(const_cast<float*>(bias));
   p.prim.execute(stream, p.args);
   stream.wait();
+  if (c32) copy_kernels.convert(c32, DType::F32, c, DType::BF16, c_size, Stream{});
 }
 
 // sum = P = A B + bias in f32 (the bias alone, or zeros, when k == 0).
