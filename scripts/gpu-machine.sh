@@ -222,7 +222,7 @@ gpu_programs() {
   # With PROBE_SPMD_MPI=1 the probe below runs gpu_spmd_mpi's program (capped at 45 s), and
   # SKIP_SPMD_MPI=1 leaves it out: where it hangs, its ctest entry holds the lease for 300 s.
   local skip=()
-  [ "${PROBE_SPMD_MPI:-0}" = 1 ] || [ "${SKIP_SPMD_MPI:-0}" = 1 ] && skip=(-E '^gpu_spmd_mpi$')
+  [ "${PROBE_SPMD_MPI:-0}" != 0 ] || [ "${SKIP_SPMD_MPI:-0}" = 1 ] && skip=(-E '^gpu_spmd_mpi$')
   echo "== the strategies' parity tests and the main job on the GPU (ctest -R '^gpu_' ${skip[*]})"
   (cd "$BUILD" && DISTJAX_REQUIRE_GPU=1 ctest --output-on-failure --timeout 900 -R '^gpu_' "${skip[@]}") || rc=1
   echo "== the main job's summary on the GPU (memory per device, bubble; timeline.json beside it)"
@@ -256,7 +256,7 @@ fi
 # with its rank, capped at 45 s (a report: what each rank says when the run does not end).
 # Ranks still running after 30 s get their threads' backtraces (gdb, attached to all at once,
 # 20 s each) and their threads' kernel wait channels (no ptrace needed), after the run's output.
-if [ "${PROBE_SPMD_MPI:-0}" = 1 ] && [ -x "$BUILD/tests/spmd_mpi_test" ]; then
+if [ "${PROBE_SPMD_MPI:-0}" != 0 ] && [ -x "$BUILD/tests/spmd_mpi_test" ]; then
   timeout -s INT 45 mpirun --allow-run-as-root --oversubscribe --tag-output -x DISTJAX_DEVICE=cuda \
     -x LD_LIBRARY_PATH -np 4 "$BUILD/tests/spmd_mpi_test" >"$OUT/spmd-mpi-probe.log" 2>&1 &
   probe=$!
@@ -279,6 +279,34 @@ if [ "${PROBE_SPMD_MPI:-0}" = 1 ] && [ -x "$BUILD/tests/spmd_mpi_test" ]; then
   wait  # the dumps
   cat "$dumps"/* >>"$OUT/spmd-mpi-probe.log" 2>/dev/null
   rm -rf "$dumps"
+fi
+# PROBE_SPMD_MPI=2: the probe above, then gpu_spmd_mpi's program once more under each of a few
+# settings, capped at 25 s each, one summary line each (exit 0: it passed; 124: it hung): two
+# ranks instead of four, CUDA's modules loaded eagerly (lazy loading takes the driver's locks
+# at a kernel's first launch), launches made blocking, and, without MPI, four processes each
+# running the threads backend's collectives on the shared GPU (collectives_test, four copies).
+probe_variant() {  # LABEL NP PROGRAM [VAR=VALUE...] [-- args]
+  local label=$1 np=$2 program=$3 envs=() args=()
+  shift 3
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=(-x "$1"); shift; done
+  [ "${1:-}" = -- ] && { shift; args=("$@"); }
+  local t0=$SECONDS
+  timeout -s INT 25 mpirun --allow-run-as-root --oversubscribe --tag-output -x DISTJAX_DEVICE=cuda \
+    -x LD_LIBRARY_PATH "${envs[@]}" -np "$np" "$BUILD/tests/$program" "${args[@]}" \
+    >"$OUT/spmd-mpi-variants.$label.log" 2>&1
+  echo "spmd-mpi-variant $label: exit $? in $((SECONDS - t0)) s" | tee -a "$SUMMARY"
+}
+if [ "${PROBE_SPMD_MPI:-0}" = 2 ] && [ -x "$BUILD/tests/spmd_mpi_test" ]; then
+  probe_variant np2 2 spmd_mpi_test
+  probe_variant eager 4 spmd_mpi_test CUDA_MODULE_LOADING=EAGER
+  probe_variant blocking 4 spmd_mpi_test CUDA_LAUNCH_BLOCKING=1
+  probe_variant threads-x4 4 collectives_test -- --gtest_brief=1
+  # One file back: the last lines of each (at most 8 files return from the machine).
+  for f in "$OUT"/spmd-mpi-variants.*.log; do
+    echo "==== ${f##*/}"
+    tail -n 25 "$f"
+  done >"$OUT/spmd-mpi-variants.log" 2>/dev/null
+  rm -f "$OUT"/spmd-mpi-variants.*.log
 fi
 # RERUN=1: one-device test binaries rerun with every tensor on the GPU (DISTJAX_DEVICE=cuda)
 # against their own CPU-computed expectations; a report, not a gate (some tests compare
