@@ -188,6 +188,12 @@ int main(int argc, char** argv) {
   // Whether linear's epilogues (GELU, bf16 outputs) ran in cuBLASLt's or fell back.
   const tensor::CudaGemmEpilogueCalls epi = tensor::cuda_gemm_epilogue_calls();
   j["gemm_epilogues"] = {{"fused", epi.fused}, {"unfused", epi.unfused}};
+  // DISTJAX_CUDA_GEMM_TUNE=1: what timing the heuristic's candidates found.
+  const tensor::CudaGemmTuning tuning = tensor::cuda_gemm_tuning();
+  if (tuning.problems > 0)
+    j["gemm_tuning"] = {{"problems", tuning.problems},
+                        {"changed", tuning.changed},
+                        {"saved_ms_per_call", tuning.saved_ms_per_call}};
   j["attention"] = gpu.kind == DeviceKind::CUDA ? tensor::cuda_attention_library()
                    : o.bf16_attention           ? std::string("the CPU's bf16 entries (as cuDNN's)")
                                                 : std::string("the CPU's f32 kernels");

@@ -52,25 +52,32 @@ else
   note gpu_gpt2_124m_tokens_per_s "no $BUILD/bench_gpu_gpt2: build first"
 fi
 
-# The same step with cuDNN's attention backward in its default, non-deterministic algorithm
-# (DISTJAX_CUDA_ATTENTION_DETERMINISTIC=0; PyTorch's and JAX's fused attention default to
-# theirs): its own line, gpu_gpt2_124m_tokens_per_s_attention_nondeterministic.
-if [ -x "$BUILD/bench_gpu_gpt2" ] && ! late; then
-  log "DistJax GPT-2 124M, batch $B, attention backward not deterministic"
+# variant SUFFIX VAR=VALUE: the same step under one setting off by default, its line named
+# gpu_gpt2_124m_tokens_per_s_SUFFIX.
+variant() {
+  local name=gpu_gpt2_124m_tokens_per_s_$1 setting=$2
+  [ -x "$BUILD/bench_gpu_gpt2" ] && ! late || return 0
+  log "DistJax GPT-2 124M, batch $B, $setting"
+  local tmp
   tmp=$(mktemp)
-  if DISTJAX_CUDA_ATTENTION_DETERMINISTIC=0 DISTJAX_BENCH_OUT="$tmp" "$BUILD/bench_gpu_gpt2" \
+  if env "$setting" DISTJAX_BENCH_OUT="$tmp" "$BUILD/bench_gpu_gpt2" \
       --batch "$B" --steps "$STEPS" --profile-steps 0 >/dev/null; then
     $PY -c 'import json,sys
 for l in open(sys.argv[1]):
     j = json.loads(l)
     if j.get("name") == "gpu_gpt2_124m_tokens_per_s":
-        j["name"] = "gpu_gpt2_124m_tokens_per_s_attention_nondeterministic"; print(json.dumps(j))' \
-      "$tmp" >>"$OUT"
+        j["name"] = sys.argv[2]; j["setting"] = sys.argv[3]; print(json.dumps(j))' \
+      "$tmp" "$name" "$setting" >>"$OUT"
   else
-    note gpu_gpt2_124m_tokens_per_s_attention_nondeterministic "bench_gpu_gpt2 failed (exit $?)"
+    note "$name" "bench_gpu_gpt2 failed (exit $?)"
   fi
   rm -f "$tmp"
-fi
+}
+# cuDNN's attention backward in its default, non-deterministic algorithm (PyTorch's and
+# JAX's fused attention default to theirs), and the GEMMs' algorithms chosen by timing
+# cuBLASLt's candidates (a run's choice may differ from the next's).
+variant attention_nondeterministic DISTJAX_CUDA_ATTENTION_DETERMINISTIC=0
+variant gemm_tuned DISTJAX_CUDA_GEMM_TUNE=1
 
 # The step's GEMMs through DistJax's matmul against raw cuBLASLt.
 if [ -x "$BUILD/bench_gpu_gemm" ] && ! late; then
@@ -164,13 +171,16 @@ lines = [json.loads(l) for l in open(path)]
 by = {l["name"]: l for l in lines}
 ours = by.get("gpu_gpt2_124m_tokens_per_s", {}).get("value")
 nondet = by.get("gpu_gpt2_124m_tokens_per_s_attention_nondeterministic", {}).get("value")
+tuned = by.get("gpu_gpt2_124m_tokens_per_s_gemm_tuned", {}).get("value")
 out = []
 for ref, name, mine in [
         ("torch_compile_gpt2_124m_tokens_per_s", "gpu_gpt2_124m_vs_torch_compile", ours),
         ("torch_eager_gpt2_124m_tokens_per_s", "gpu_gpt2_124m_vs_torch_eager", ours),
         ("jax_jit_gpt2_124m_tokens_per_s", "gpu_gpt2_124m_vs_jax_jit", ours),
         ("torch_compile_gpt2_124m_tokens_per_s",
-         "gpu_gpt2_124m_vs_torch_compile_attention_nondeterministic", nondet)]:
+         "gpu_gpt2_124m_vs_torch_compile_attention_nondeterministic", nondet),
+        ("torch_compile_gpt2_124m_tokens_per_s", "gpu_gpt2_124m_vs_torch_compile_gemm_tuned",
+         tuned)]:
     theirs = by.get(ref, {}).get("value")
     if mine and theirs:
         out.append({"name": name, "value": mine / theirs, "unit": "ratio", "reference": ref})

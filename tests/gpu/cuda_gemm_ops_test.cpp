@@ -69,7 +69,9 @@ TEST(CudaOps, MatrixProducts) {
 // D; an f32 sum and the elementwise kernels where cuBLASLt has none, as for N = 130, whose
 // aux leading dimension is no multiple of 8; a residual as cuBLASLt's C) and their backward
 // (epilogue_backward), with the cotangent arriving in the output's dtype (through astype)
-// and in f32 (through a product).
+// and in f32 (through a product). A 16-bit cotangent in the output's dtype without GELU
+// takes gemm_bias_grad: the bias gradient in dW's product (cuBLASLt's BGRADA), or the
+// product and the column sums.
 TEST(CudaOps, LinearEpilogues) {
   SKIP_WITHOUT_GPU();
   const CudaGemmEpilogueCalls before = cuda_gemm_epilogue_calls();

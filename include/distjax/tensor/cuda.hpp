@@ -56,14 +56,25 @@ struct CudnnAttentionCalls {
 CudnnAttentionCalls cuda_attention_cudnn_calls();
 
 /// How many GEMMs with an epilogue beyond an f32 D and a bias (linear's GELU, a bf16 or f16
-/// output: tensor::LinearEpilogue; gelu_mlp's backward GELU derivative and bias gradient)
-/// ran in this process on CUDA: `fused` in cuBLASLt's own epilogue, `unfused` as an f32 sum
-/// and the elementwise kernels because cuBLASLt offered no algorithm or refused the call (0
-/// without CUDA).
+/// output: tensor::LinearEpilogue; gelu_mlp's backward GELU derivative and bias gradient; a
+/// 16-bit linear's bias gradient in its dW product) ran in this process on CUDA: `fused` in
+/// cuBLASLt's own epilogue, `unfused` as an f32 sum and the elementwise kernels because cuBLASLt
+/// offered no algorithm or refused the call (0 without CUDA).
 struct CudaGemmEpilogueCalls {
   std::int64_t fused = 0, unfused = 0;
 };
 CudaGemmEpilogueCalls cuda_gemm_epilogue_calls();
+
+/// With DISTJAX_CUDA_GEMM_TUNE=1 (off by default: the choice follows timings, so two runs
+/// may round differently), each GEMM problem times up to 8 of cuBLASLt's heuristic
+/// algorithms on its first call, per thread, and keeps the fastest. What that found in this
+/// process: the problems tuned, those whose fastest was not the heuristic's first, and the
+/// device time saved by one call of each of those (ms, summed). Zeros otherwise.
+struct CudaGemmTuning {
+  std::int64_t problems = 0, changed = 0;
+  double saved_ms_per_call = 0;
+};
+CudaGemmTuning cuda_gemm_tuning();
 
 /// Device time per op on CUDA: between profile_ops_begin() and profile_ops_end(), every op
 /// dispatched to a CUDA device records a pair of CUDA events around its kernels (on the

@@ -285,6 +285,29 @@ std::pair<Tensor, Tensor> linear_products(const Tensor& g2, const Tensor& xd, co
   return {dx, dw};
 }
 
+// Whether linear's backward makes dW and the bias gradient in one product (the table's
+// gemm_bias_grad) instead of a pass over the cotangent g for the bias and a product for dW:
+// where g needs no pass of its own (no GELU, already in the operands' 16-bit dtype), both
+// are wanted now (not queued for a zero-bubble W pass), and there is something to multiply.
+bool bias_grad_in_product(const Tensor& g, const Tensor& pre, const Tensor& xd, bool has_bias,
+                          bool rw, const std::shared_ptr<Node>& wleaf,
+                          const std::shared_ptr<Node>& bleaf) {
+  const bool queued = weight_grad_store() != nullptr && (wleaf || bleaf);
+  return has_bias && rw && !queued && !pre.defined() && gemm_dtype(xd) != DType::F32 &&
+         g.dtype() == xd.dtype() && xd.numel() > 0 && g.numel() > 0;
+}
+
+// dW = x2^T g2 (f32) and the bias gradient (g2's column sums) in one product.
+std::pair<Tensor, Tensor> weight_and_bias_grads(const Tensor& x2, const Tensor& g2) {
+  const std::int64_t rows = x2.size(0), k = x2.size(1), n = g2.size(1);
+  Tensor dw = Tensor::empty({k, n}, DType::F32, x2.device());
+  Tensor db = Tensor::empty({n}, DType::F32, x2.device());
+  detail::Dispatch kd("linear_weight_grad", &detail::KernelTable::gemm, {&x2, &g2, &dw, &db});
+  kd->gemm_bias_grad({1, k, n, rows, true, false, true, false, gemm_dtype(x2), DType::F32},
+                     x2.raw_data(), g2.raw_data(), dw.raw_data(), db.data<float>(), kd.stream());
+  return {dw, db};
+}
+
 // linear's backward: dx, dW (or deferred), dbias and dresidual from the cotangent g of out
 // (rows, n).
 std::vector<Tensor> linear_backward(std::vector<Tensor>& g, const Tensor& xd, const Tensor& wd,
@@ -294,10 +317,19 @@ std::vector<Tensor> linear_backward(std::vector<Tensor>& g, const Tensor& xd, co
                                     const std::shared_ptr<Node>& bleaf) {
   // The residual's cotangent is the output's own.
   const Tensor gresidual = has_residual ? g[0] : Tensor();
-  const LinearCotangent c = linear_cotangent(g, pre, xd.dtype(), wd.size(1), has_bias, bleaf);
-  auto [dx, dw] = linear_products(c.g2, xd, wd, dx_dtype, rx, rw, wleaf);
-  std::vector<Tensor> out{dx, dw};
-  if (has_bias) out.push_back(c.gbias);  // undefined when deferred
+  std::vector<Tensor> out;
+  if (bias_grad_in_product(g[0], pre, xd, has_bias, rw, wleaf, bleaf)) {
+    const std::int64_t k = wd.size(0), n = wd.size(1);
+    const Tensor g2 = g[0].view({g[0].numel() / n, n});
+    Tensor dx = rx ? matmul_forward(g2, wd, false, true, dx_dtype).view(xd.shape()) : Tensor();
+    auto [dw, db] = weight_and_bias_grads(xd.view({xd.numel() / k, k}), g2);
+    out = {dx, dw, db};
+  } else {
+    const LinearCotangent c = linear_cotangent(g, pre, xd.dtype(), wd.size(1), has_bias, bleaf);
+    auto [dx, dw] = linear_products(c.g2, xd, wd, dx_dtype, rx, rw, wleaf);
+    out = {dx, dw};
+    if (has_bias) out.push_back(c.gbias);  // undefined when deferred
+  }
   if (has_residual) out.push_back(gresidual);
   return out;
 }

@@ -313,10 +313,22 @@ void gemm_dgelu(const GemmKey& key, const void* a, const void* b, const void* au
   epilogue_backward(sum, DType::F32, aux, key.dst, c, key.dst, bias_grad, key.m, key.n, s);
 }
 
+// The product, then the column sums of B by the epilogue's backward pass (no GELU, no
+// rounding): what linear's backward does without this entry, to the bit.
+void gemm_bias_grad(const GemmKey& key, const void* a, const void* b, void* c, float* bias_grad,
+                    Stream s) {
+  assert(key.batch == 1 && key.ta && !key.tb && !key.bias && !key.gelu);
+  gemm(key, a, b, nullptr, nullptr, c, nullptr, s);
+  if (bias_grad)
+    epilogue_backward(b, key.src, nullptr, DType::F32, nullptr, key.src, bias_grad, key.k, key.n,
+                      s);
+}
+
 const GemmKernels gemm_kernels{
     .gemm = gemm,
     .epilogue_backward = epilogue_backward,
     .gemm_dgelu = gemm_dgelu,
+    .gemm_bias_grad = gemm_bias_grad,
     .gemm_f32_strided = gemm_f32_strided,
 };
 

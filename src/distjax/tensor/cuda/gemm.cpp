@@ -12,7 +12,9 @@
 // cuBLASLt's epilogue (BIAS, GELU_AUX, GELU_AUX_BIAS). Where cuBLASLt takes no f32 bias
 // beside a 16-bit D, the bias goes rounded to D's type; where it offers no algorithm for an
 // epilogue at all, the product is summed in f32 and the copy and elementwise kernels round
-// it and apply GELU, as the CPU does.
+// it and apply GELU, as the CPU does. Backward epilogues: GELU's derivative with the bias
+// gradient (DGELU_BGRAD, DGELU) and a weight gradient's bias gradient (BGRADA), each with a
+// kernel to fall back on.
 #include <cublasLt.h>
 
 #include <atomic>
@@ -23,6 +25,7 @@
 #include <memory>
 #include <type_traits>
 #include <unordered_map>
+#include <vector>
 
 #include "distjax/core/error.hpp"
 #include "distjax/tensor/cuda.hpp"
@@ -117,6 +120,10 @@ struct Operand {
 // bias gradient).
 enum Gelu : std::int64_t { kNoGelu = 0, kGeluAux = 1, kDgelu = 2 };
 
+// A bias pointer's role: a bias added to the product, or (BGRADA) the receiver of the
+// column sums over K of cuBLASLt's A, one per row of D.
+enum BiasRole : std::int64_t { kAddBias = 0, kBiasGradOfA = 1 };
+
 // A problem: everything a plan depends on.
 struct Problem {
   Operand a, b;          // cuBLASLt's A and B (the table's B and A)
@@ -124,6 +131,7 @@ struct Problem {
   std::int64_t ldd, stride_d, batch;
   std::int64_t d_type;                       // cudaDataType_t of D and aux
   std::int64_t bias, bias_type, gelu, tf32;  // bias_type: cudaDataType_t; gelu: a Gelu
+  std::int64_t bias_role;                    // a BiasRole (with bias)
   std::int64_t align_a, align_b, align_d;
   bool operator==(const Problem& o) const { return std::memcmp(this, &o, sizeof(Problem)) == 0; }
 };
@@ -138,11 +146,30 @@ struct ProblemHash {
   }
 };
 
-// A problem's cuBLASLt objects and the algorithm the heuristic chose.
+// DISTJAX_CUDA_GEMM_TUNE=1: each problem times up to kTuneCandidates of the heuristic's
+// algorithms on its first call and keeps the fastest (PyTorch's TunableOp, in-process). Off
+// by default: each algorithm is deterministic, but the choice follows timings, so two runs
+// may pick algorithms that round differently.
+constexpr int kTuneCandidates = 8;
+bool gemm_tuning() {
+  static const bool on = [] {
+    const char* env = std::getenv("DISTJAX_CUDA_GEMM_TUNE");
+    return env != nullptr && std::strcmp(env, "1") == 0;
+  }();
+  return on;
+}
+
+// What tuning found in this process (cuda_gemm_tuning()).
+std::atomic<std::int64_t> tuned_problems{0}, tuned_changed{0};
+std::atomic<std::int64_t> tuned_saved_ns{0};
+
+// A problem's cuBLASLt objects and the algorithm the heuristic chose (with tuning: its
+// candidates, best first, until the first call times them).
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  std::vector<cublasLtMatmulAlgo_t> candidates;  // emptied once timed
   Plan() = default;
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
@@ -176,7 +203,7 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, std::int64_t rows, std::
 // Whether the problem's epilogue goes beyond an f32 D with a bias: then make_plan may find
 // no algorithm, and the caller sums in f32 instead.
 bool optional_epilogue(const Problem& p) {
-  return p.gelu || p.d_type != CUDA_R_32F;
+  return p.gelu || p.bias_role != kAddBias || p.d_type != CUDA_R_32F;
 }
 
 void set_attribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr,
@@ -205,12 +232,13 @@ std::unique_ptr<Plan> make_plan(const Problem& p) {
   // every batch (bias batch stride 0, cuBLASLt's default). GELU's aux: the pre-activation,
   // laid out as D, in D's type (cuBLASLt's default).
   // DGELU_BGRAD: d = (A B) gelu'(aux), and the bias gradient (d summed per row of D) into
-  // the bias pointer.
+  // the bias pointer. BGRADA: A summed over K into the bias pointer.
   const cublasLtEpilogue_t epi =
-      p.gelu == kDgelu ? (p.bias ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU)
-      : p.gelu         ? (p.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
-      : p.bias         ? CUBLASLT_EPILOGUE_BIAS
-                       : CUBLASLT_EPILOGUE_DEFAULT;
+      p.bias && p.bias_role == kBiasGradOfA ? CUBLASLT_EPILOGUE_BGRADA
+      : p.gelu == kDgelu ? (p.bias ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU)
+      : p.gelu           ? (p.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+      : p.bias           ? CUBLASLT_EPILOGUE_BIAS
+                         : CUBLASLT_EPILOGUE_DEFAULT;
   set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi));
   if (p.bias) {
     const auto bias_type = static_cast<std::int32_t>(p.bias_type);
@@ -244,12 +272,13 @@ std::unique_ptr<Plan> make_plan(const Problem& p) {
                                        sizeof(align_d));
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
                                        sizeof(align_d));
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kTuneCandidates]{};
   int found = 0;
-  const cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(context().handle, plan->desc, plan->la, plan->lb, plan->ld,
-                                     plan->ld, pref, 1, &result, &found);
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+      context().handle, plan->desc, plan->la, plan->lb, plan->ld, plan->ld, pref,
+      gemm_tuning() ? kTuneCandidates : 1, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
+  const cublasLtMatmulHeuristicResult_t& result = results[0];
   if ((st != CUBLAS_STATUS_SUCCESS || found == 0) && optional_epilogue(p)) return nullptr;
   DISTJAX_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, Error,
                 "[gemm] cuBLASLt has no algorithm for a ", p.batch, " x (", p.n, " x ", p.k,
@@ -257,6 +286,9 @@ std::unique_ptr<Plan> make_plan(const Problem& p) {
                 " operands (alignments ", p.align_a, "/", p.align_b, "/", p.align_d,
                 " bytes): ", cublasLtGetStatusString(st));
   plan->algo = result.algo;
+  if (found > 1)
+    for (int i = 0; i < found; ++i)
+      plan->candidates.push_back(results[i].algo);
   return plan;
 }
 
@@ -266,11 +298,65 @@ std::unordered_map<Problem, std::unique_ptr<Plan>, ProblemHash>& plans() {
   return cache;
 }
 
-const Plan* plan_for(const Problem& p) {
+Plan* plan_for(const Problem& p) {
   auto& cache = plans();
   auto it = cache.find(p);
   if (it == cache.end()) it = cache.emplace(p, make_plan(p)).first;
   return it->second.get();
+}
+
+// D's bytes: its columns' leading dimension times its columns, per batch.
+std::size_t d_bytes(const Problem& p) {
+  const std::size_t es = p.d_type == CUDA_R_32F ? 4 : 2;
+  const std::int64_t per_batch = p.ldd * p.n;
+  const std::int64_t total = p.batch > 1 ? p.stride_d * (p.batch - 1) + per_batch : per_batch;
+  return static_cast<std::size_t>(total) * es;
+}
+
+// Times the plan's candidates on this call's operands (one warm-up and three timed runs
+// each, D written to a scratch buffer, so that C, aux and the bias pointer's outputs are
+// only rewritten by the call that follows) and keeps the fastest. The stream waits for the
+// timings: once per problem and thread.
+void tune(Plan& plan, const Problem& p, const void* a, const void* b, const void* c, float alpha,
+          float beta, cudaStream_t stream) {
+  std::vector<cublasLtMatmulAlgo_t> candidates;
+  candidates.swap(plan.candidates);
+  ThreadContext& ctx = context();
+  void* scratch = nullptr;
+  DISTJAX_CUDA_CHECK(cudaMallocAsync(&scratch, d_bytes(p), stream), "gemm", "a tuning scratch of ",
+                     d_bytes(p), " bytes");
+  cudaEvent_t start = nullptr, stop = nullptr;
+  DISTJAX_CUDA_CHECK(cudaEventCreate(&start), "gemm");
+  DISTJAX_CUDA_CHECK(cudaEventCreate(&stop), "gemm");
+  float best_ms = -1, first_ms = -1;
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    auto once = [&] {
+      return cublasLtMatmul(ctx.handle, plan.desc, &alpha, a, plan.la, b, plan.lb, &beta, c,
+                            plan.ld, scratch, plan.ld, &candidates[i], ctx.workspace,
+                            kWorkspaceBytes, stream);
+    };
+    if (once() != CUBLAS_STATUS_SUCCESS) continue;  // refused: not a candidate
+    DISTJAX_CUDA_CHECK(cudaEventRecord(start, stream), "gemm");
+    for (int r = 0; r < 3; ++r)
+      once();
+    DISTJAX_CUDA_CHECK(cudaEventRecord(stop, stream), "gemm");
+    DISTJAX_CUDA_CHECK(cudaEventSynchronize(stop), "gemm");
+    float ms = 0;
+    DISTJAX_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop), "gemm");
+    if (i == 0) first_ms = ms;
+    if (best_ms < 0 || ms < best_ms) {
+      best_ms = ms;
+      plan.algo = candidates[i];
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  DISTJAX_CUDA_CHECK(cudaFreeAsync(scratch, stream), "gemm");
+  ++tuned_problems;
+  if (first_ms >= 0 && best_ms < first_ms) {
+    ++tuned_changed;
+    tuned_saved_ns += static_cast<std::int64_t>((first_ms - best_ms) / 3 * 1e6);
+  }
 }
 
 // D = alpha * A B + beta * C for the problem (its pointers given; C is D unless c_in is
@@ -279,14 +365,15 @@ const Plan* plan_for(const Problem& p) {
 // again on this thread).
 bool run(const Problem& p, const void* a, const void* b, const float* bias, void* d, void* aux,
          float alpha, float beta, Stream s, const void* c_in = nullptr) {
-  const Plan* found = plan_for(p);
+  Plan* found = plan_for(p);
   if (!found) return false;
-  const Plan& plan = *found;
+  Plan& plan = *found;
   if (p.bias) set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
   if (p.gelu)
     set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux));
   ThreadContext& ctx = context();
   const cudaStream_t stream = stream_of(s);
+  if (!plan.candidates.empty()) tune(plan, p, a, b, c_in ? c_in : d, alpha, beta, stream);
   const cublasStatus_t st =
       cublasLtMatmul(ctx.handle, plan.desc, &alpha, a, plan.la, b, plan.lb, &beta, c_in ? c_in : d,
                      plan.ld, d, plan.ld, &plan.algo, ctx.workspace, kWorkspaceBytes, stream);
@@ -488,6 +575,28 @@ void gemm_dgelu(const GemmKey& key, const void* a, const void* b, const void* au
   DISTJAX_CUDA_CHECK(cudaFreeAsync(sum, stream), "gemm");
 }
 
+// The weight gradient A^T B with B's column sums from cuBLASLt's BGRADA epilogue (its A
+// is the table's B), for 16-bit operands; f32 operands, and problems cuBLASLt has no such
+// algorithm for, take the product and epilogue_backward's column sums (f32: the order that
+// depends on the sizes only, which the strategies' parity tests compare at 1e-5).
+void gemm_bias_grad(const GemmKey& key, const void* a, const void* b, void* c, float* bias_grad,
+                    Stream s) {
+  if (bias_grad && key.src != DType::F32 && key.m > 0 && key.n > 0 && key.k > 0) {
+    Problem p = problem_of(key, a, b, c, nullptr, nullptr);
+    p.bias = true;
+    p.bias_role = kBiasGradOfA;
+    if (run(p, b, a, bias_grad, c, nullptr, 1.f, 0.f, s)) {
+      ++epilogues_fused;
+      return;
+    }
+    ++epilogues_unfused;
+  }
+  gemm(key, a, b, nullptr, nullptr, c, nullptr, s);
+  if (bias_grad)
+    epilogue_backward(b, key.src, nullptr, DType::F32, nullptr, key.src, bias_grad, key.k, key.n,
+                      s);
+}
+
 void gemm_f32_strided(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                       float alpha, const float* a, std::int64_t lda, std::int64_t stride_a,
                       const float* b, std::int64_t ldb, std::int64_t stride_b, float beta, float* c,
@@ -542,6 +651,7 @@ const detail::GemmKernels gemm_kernels{
     .gemm = gemm,
     .epilogue_backward = epilogue_backward,
     .gemm_dgelu = gemm_dgelu,
+    .gemm_bias_grad = gemm_bias_grad,
     .gemm_f32_strided = gemm_f32_strided,
 };
 
@@ -549,5 +659,10 @@ const detail::GemmKernels gemm_kernels{
 
 CudaGemmEpilogueCalls cuda_gemm_epilogue_calls() {
   return {cuda::epilogues_fused.load(), cuda::epilogues_unfused.load()};
+}
+
+CudaGemmTuning cuda_gemm_tuning() {
+  return {cuda::tuned_problems.load(), cuda::tuned_changed.load(),
+          static_cast<double>(cuda::tuned_saved_ns.load()) * 1e-6};
 }
 }  // namespace distjax::tensor

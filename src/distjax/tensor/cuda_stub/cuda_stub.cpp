@@ -61,6 +61,7 @@ std::string cuda_attention_library() { return "this build has no CUDA backend"; 
 
 CudnnAttentionCalls cuda_attention_cudnn_calls() { return {}; }
 CudaGemmEpilogueCalls cuda_gemm_epilogue_calls() { return {}; }
+CudaGemmTuning cuda_gemm_tuning() { return {}; }
 
 void set_allow_tf32(bool allow) {
   tf32_allowed = allow;

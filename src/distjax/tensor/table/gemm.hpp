@@ -55,6 +55,15 @@ struct GemmKernels {
   /// by epilogue_backward, without the product in memory.
   void (*gemm_dgelu)(const GemmKey& key, const void* a, const void* b, const void* aux, void* c,
                      float* bias_grad, Stream s);
+  /// A layer's weight gradient with its bias gradient: for `key` (batch 1, ta, not tb, no
+  /// bias, no gelu: C = A^T B, the K rows of A and B being the layer's rows), C as `gemm`
+  /// writes it, and bias_grad[j] (f32) = the sum of column j of B (B's values as stored,
+  /// widened), deterministic for a given problem: the bias gradient of a layer whose
+  /// cotangent B needs no pass of its own (no GELU, already in the operands' dtype). The
+  /// same numbers as `gemm` and epilogue_backward's column sums (CUDA: cuBLASLt's BGRADA
+  /// epilogue where it has one, reducing over K inside the product, in its own order).
+  void (*gemm_bias_grad)(const GemmKey& key, const void* a, const void* b, void* c,
+                         float* bias_grad, Stream s);
   /// For i < batch, in order: C_i = alpha * op(A_i) op(B_i) + beta * C_i on row-major f32
   /// matrices, A_i = a + i * stride_a (op(A_i) m x k, stored k x m when trans_a, lda
   /// elements between its rows), B_i = b + i * stride_b (op(B_i) k x n, stored n x k when
