@@ -609,20 +609,16 @@ __global__ void cross_entropy_backward_kernel(const float* logits, const float* 
 }
 
 // Both kernels above in one pass over logits in f32 or bf16 (In): a row's (max, sum), then
-// its gradient, written in Out. Staged: the block keeps the row in shared memory as it reads
-// it (In's bits; v * sizeof(In) bytes of dynamic shared memory), and the gradient reads it
-// there, so each logit leaves device memory once; else the gradient reads the row again
-// (from L2 where the blocks' rows in flight fit in it). The label's logit is read before
-// the block's barrier, so a gradient written over the logits cannot change it. Bound:
-// sizeof(In) bytes read (staged: once) and sizeof(Out) written per logit.
-template <int V, class In, class Id, class Out, bool Staged>
+// its gradient from the row read again (from L2: a block holds one row at a time), written
+// in Out. The label's logit is read before the block's barrier, so a gradient written over
+// the logits cannot change it. Bound: sizeof(In) bytes read and sizeof(Out) written per
+// logit.
+template <int V, class In, class Id, class Out>
 __global__ void cross_entropy_with_grad_kernel(const In* logits, const Id* __restrict__ labels,
                                                float* __restrict__ loss, float* __restrict__ lse,
                                                const float* __restrict__ g, Out* gx, std::int64_t n,
                                                std::int64_t v) {
   __shared__ float rm[32], rs[32];
-  extern __shared__ __align__(16) unsigned char staged[];
-  In* const row = reinterpret_cast<In*>(staged);
   const std::int64_t vv = v / V;
   for (std::int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const In* xr = logits + r * v;
@@ -630,24 +626,15 @@ __global__ void cross_entropy_with_grad_kernel(const In* logits, const Id* __res
     const bool valid = label >= 0 && label < v;
     const float at_label = threadIdx.x == 0 && valid ? load_f32(xr, label) : 0.f;
     MaxSum a;
-#pragma unroll 4
-    for (std::int64_t j = threadIdx.x; j < vv; j += blockDim.x) {
-      const Pack<V> p = load_pack<V>(xr, j);
-      if constexpr (Staged) store_out<V>(row, j, p);  // In's values: the same bits back
-      a = add_pack<V>(a, p);
-    }
-    a = block_max_sum(a, rm, rs);  // its barriers: the staged row is complete
+    for (std::int64_t j = threadIdx.x; j < vv; j += blockDim.x)
+      a = add_pack<V>(a, load_pack<V>(xr, j));
+    a = block_max_sum(a, rm, rs);
     const float l = lse_of(a);
     if (threadIdx.x == 0) {
       lse[r] = l;
       loss[r] = valid ? l - at_label : __int_as_float(0x7fc00000);
     }
-    if constexpr (Staged) {
-      row_grad<V>(static_cast<const In*>(row), gx + r * v, g[r], l, label, vv);
-      __syncthreads();  // every thread is done with the row before the next one fills it
-    } else {
-      row_grad<V>(xr, gx + r * v, g[r], l, label, vv);
-    }
+    row_grad<V>(xr, gx + r * v, g[r], l, label, vv);
   }
 }
 
@@ -664,40 +651,17 @@ void cross_entropy_with_grad(const void* logits, DType logits_dtype, const void*
     return reinterpret_cast<std::uintptr_t>(p) % (t == DType::F32 ? 16 : 8) == 0;
   };
   const bool v4 = v % 4 == 0 && aligned(logits, logits_dtype) && aligned(gx, gx_dtype);
-  // A row staged in shared memory where it fits a block's (GPT-2's 50304 bf16 logits: 98 KiB,
-  // two blocks per SM of an H100).
-  int device = 0, smem_optin = 0;
-  DISTJAX_CUDA_CHECK(cudaGetDevice(&device), "cross_entropy");
-  DISTJAX_CUDA_CHECK(
-      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
-      "cross_entropy");
-  const int max_staged = smem_optin - 1024;  // room for the kernel's static shared memory
-  const std::int64_t staged_bytes = v * static_cast<std::int64_t>(dtype_size(logits_dtype));
-  const bool staged = staged_bytes <= max_staged;
   with_ids(labels, id_dtype, [&](const auto* pl) {
     using Id = std::remove_cv_t<std::remove_pointer_t<decltype(pl)>>;
-    auto run = [&](auto kernel, const auto* in, auto* out) {
-      std::size_t smem = 0;
-      if (staged) {
-        // The same value from every thread: no launch sees another's setting.
-        DISTJAX_CUDA_CHECK(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_staged),
-            "cross_entropy");
-        smem = static_cast<std::size_t>(staged_bytes);
-      }
-      kernel<<<row_blocks(n), threads, smem, st>>>(in, pl, loss, lse, g, out, n, v);
-    };
     auto launch = [&](const auto* in, auto* out) {
       using In = std::remove_cv_t<std::remove_pointer_t<decltype(in)>>;
       using Out = std::remove_pointer_t<decltype(out)>;
-      if (v4 && staged)
-        run(cross_entropy_with_grad_kernel<4, In, Id, Out, true>, in, out);
-      else if (v4)
-        run(cross_entropy_with_grad_kernel<4, In, Id, Out, false>, in, out);
-      else if (staged)
-        run(cross_entropy_with_grad_kernel<1, In, Id, Out, true>, in, out);
+      if (v4)
+        cross_entropy_with_grad_kernel<4, In, Id, Out>
+            <<<row_blocks(n), threads, 0, st>>>(in, pl, loss, lse, g, out, n, v);
       else
-        run(cross_entropy_with_grad_kernel<1, In, Id, Out, false>, in, out);
+        cross_entropy_with_grad_kernel<1, In, Id, Out>
+            <<<row_blocks(n), threads, 0, st>>>(in, pl, loss, lse, g, out, n, v);
     };
     auto with_out = [&](const auto* in) {
       switch (gx_dtype) {
