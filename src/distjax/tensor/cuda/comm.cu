@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <type_traits>
+#include <vector>
 
 #include "distjax/core/error.hpp"
 #include "distjax/tensor/cuda/halves.cuh"
@@ -166,31 +167,75 @@ void synchronize(Stream s) {
   DISTJAX_CUDA_CHECK(cudaStreamSynchronize(stream_of(s)), "synchronize");
 }
 
-void* event_record(Stream s) {
-  cudaEvent_t e = nullptr;
-  DISTJAX_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "event_record");
-  const cudaError_t err = cudaEventRecord(e, stream_of(s));
+// Events are kept for reuse, never destroyed. A stream told to wait for an event (another
+// simulated device's, say) may reach that wait on the GPU long after the host dropped the
+// event: with several processes time-slicing one GPU the GPU runs far behind the host. CUDA
+// lets an event be re-recorded once a wait has been queued (the wait keeps the record it was
+// queued after), but says nothing of destroying it before the wait has run; doing so is what
+// this pool avoids. It also spares the driver's event creation and destruction (a
+// context-wide lock) at every collective. Each event is kept with the device it was made on.
+struct PooledEvent {
+  cudaEvent_t event = nullptr;
+  int device = 0;
+};
+struct EventPool {
+  std::mutex mu;
+  std::vector<PooledEvent*> free;
+};
+EventPool& event_pool() {
+  static auto* pool = new EventPool;  // never destroyed: events may be in use at exit
+  return *pool;
+}
+PooledEvent* take_event() {
+  int device = 0;
+  DISTJAX_CUDA_CHECK(cudaGetDevice(&device), "event_record");
+  {
+    EventPool& pool = event_pool();
+    std::lock_guard lk(pool.mu);
+    for (std::size_t i = pool.free.size(); i-- > 0;) {
+      if (pool.free[i]->device != device) continue;
+      PooledEvent* e = pool.free[i];
+      pool.free.erase(pool.free.begin() + static_cast<std::ptrdiff_t>(i));
+      return e;
+    }
+  }
+  auto* e = new PooledEvent{nullptr, device};
+  const cudaError_t err = cudaEventCreateWithFlags(&e->event, cudaEventDisableTiming);
   if (err != cudaSuccess) {
-    cudaEventDestroy(e);
+    delete e;
+    DISTJAX_CUDA_CHECK(err, "event_record");
+  }
+  return e;
+}
+PooledEvent* pooled(void* event) { return static_cast<PooledEvent*>(event); }
+
+void event_release(void* event) {
+  if (!event) return;
+  EventPool& pool = event_pool();
+  std::lock_guard lk(pool.mu);
+  pool.free.push_back(pooled(event));
+}
+
+void* event_record(Stream s) {
+  PooledEvent* e = take_event();
+  const cudaError_t err = cudaEventRecord(e->event, stream_of(s));
+  if (err != cudaSuccess) {
+    event_release(e);
     DISTJAX_CUDA_CHECK(err, "event_record");
   }
   return e;
 }
 
-void event_release(void* event) {
-  if (event) cudaEventDestroy(static_cast<cudaEvent_t>(event));
-}
-
 void event_wait(void* event) {
   if (!event) return;
-  const cudaError_t err = cudaEventSynchronize(static_cast<cudaEvent_t>(event));
+  const cudaError_t err = cudaEventSynchronize(pooled(event)->event);
   event_release(event);
   DISTJAX_CUDA_CHECK(err, "event_wait");
 }
 
 bool event_done(void* event) {
   if (!event) return true;
-  const cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  const cudaError_t err = cudaEventQuery(pooled(event)->event);
   if (err == cudaErrorNotReady) {
     (void)cudaGetLastError();  // "not ready" is no error: leave none behind
     return false;
@@ -201,7 +246,7 @@ bool event_done(void* event) {
 
 void event_stream_wait(void* event, Stream s) {
   if (event)
-    DISTJAX_CUDA_CHECK(cudaStreamWaitEvent(stream_of(s), static_cast<cudaEvent_t>(event), 0),
+    DISTJAX_CUDA_CHECK(cudaStreamWaitEvent(stream_of(s), pooled(event)->event, 0),
                        "event_stream_wait");
 }
 
