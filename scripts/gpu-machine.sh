@@ -256,7 +256,8 @@ fi
 # with its rank, capped at 45 s (a report: what each rank says when the run does not end).
 # Ranks still running after 30 s get their threads' backtraces (gdb, attached to all at once,
 # 20 s each) and their threads' kernel wait channels (no ptrace needed), after the run's output.
-if [ "${PROBE_SPMD_MPI:-0}" != 0 ] && [ -x "$BUILD/tests/spmd_mpi_test" ]; then
+if { [ "${PROBE_SPMD_MPI:-0}" = 1 ] || [ "${PROBE_SPMD_MPI:-0}" = 2 ]; } &&
+  [ -x "$BUILD/tests/spmd_mpi_test" ]; then
   timeout -s INT 45 mpirun --allow-run-as-root --oversubscribe --tag-output -x DISTJAX_DEVICE=cuda \
     -x LD_LIBRARY_PATH -np 4 "$BUILD/tests/spmd_mpi_test" >"$OUT/spmd-mpi-probe.log" 2>&1 &
   probe=$!
@@ -291,16 +292,42 @@ probe_variant() {  # LABEL NP PROGRAM [VAR=VALUE...] [-- args]
   while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=(-x "$1"); shift; done
   [ "${1:-}" = -- ] && { shift; args=("$@"); }
   local t0=$SECONDS
-  timeout -s INT 25 mpirun --allow-run-as-root --oversubscribe --tag-output -x DISTJAX_DEVICE=cuda \
+  timeout -s INT "${PROBE_CAP:-25}" mpirun --allow-run-as-root --oversubscribe --tag-output -x DISTJAX_DEVICE=cuda \
     -x LD_LIBRARY_PATH "${envs[@]}" -np "$np" "$BUILD/tests/$program" "${args[@]}" \
     >"$OUT/spmd-mpi-variants.$label.log" 2>&1
-  echo "spmd-mpi-variant $label: exit $? in $((SECONDS - t0)) s" | tee -a "$SUMMARY"
+  local rc=$?
+  echo "spmd-mpi-variant $label: exit $rc in $((SECONDS - t0)) s" | tee -a "$SUMMARY"
+  return $rc
 }
 if [ "${PROBE_SPMD_MPI:-0}" = 2 ] && [ -x "$BUILD/tests/spmd_mpi_test" ]; then
   probe_variant np2 2 spmd_mpi_test
   probe_variant eager 4 spmd_mpi_test CUDA_MODULE_LOADING=EAGER
   probe_variant blocking 4 spmd_mpi_test CUDA_LAUNCH_BLOCKING=1
   probe_variant threads-x4 4 collectives_test -- --gtest_brief=1
+fi
+# PROBE_SPMD_MPI=3: after the variants above (2026-11-28, an H200: four processes of the
+# threads backend alone hang, CUDA_LAUNCH_BLOCKING=1 passes, eager loading does not) and the
+# event pool (tensor/cuda/comm.cu: events are re-recorded, never destroyed): gpu_spmd_mpi's
+# program and four processes of collectives_test, capped at 20 s each; where both pass, the
+# gpu_spmd_mpi ctest entry itself (capped at 60 s); where one hangs, which test each
+# collectives_test process had started, whether two processes suffice, and whether more
+# hardware work queues per context change it.
+if [ "${PROBE_SPMD_MPI:-0}" = 3 ] && [ -x "$BUILD/tests/collectives_test" ]; then
+  PROBE_CAP=20
+  probe_variant spmd-mpi 4 spmd_mpi_test && spmd_ok=1 || spmd_ok=0
+  probe_variant threads-x4-verbose 4 collectives_test && threads_ok=1 || threads_ok=0
+  if [ $spmd_ok = 1 ] && [ $threads_ok = 1 ]; then
+    step ctest-gpu-spmd-mpi bash -c "cd '$BUILD' && DISTJAX_REQUIRE_GPU=1 ctest --output-on-failure --timeout 60 -R '^gpu_spmd_mpi\$'"
+  else
+    grep -a '\[ RUN      \]' "$OUT/spmd-mpi-variants.threads-x4-verbose.log" |
+      sed 's/\x1b\[[0-9;]*m//g' |
+      awk -F'<stdout>:' '{last[$1] = $2} END {for (r in last) print "  last started " r ": " last[r]}' |
+      sort | tee -a "$SUMMARY"
+    probe_variant threads-x2 2 collectives_test -- --gtest_brief=1
+    probe_variant threads-x4-connections32 4 collectives_test CUDA_DEVICE_MAX_CONNECTIONS=32 -- --gtest_brief=1
+  fi
+fi
+if [ "${PROBE_SPMD_MPI:-0}" -ge 2 ]; then
   # One file back: the last lines of each (at most 8 files return from the machine).
   for f in "$OUT"/spmd-mpi-variants.*.log; do
     echo "==== ${f##*/}"
