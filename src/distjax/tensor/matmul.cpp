@@ -1,5 +1,8 @@
 #include "distjax/tensor/matmul.hpp"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "distjax/tensor/detail/cast.hpp"
 #include "distjax/tensor/detail/kernels.hpp"
 #include "distjax/tensor/elementwise.hpp"
@@ -289,11 +292,21 @@ std::pair<Tensor, Tensor> linear_products(const Tensor& g2, const Tensor& xd, co
 // gemm_bias_grad) instead of a pass over the cotangent g for the bias and a product for dW:
 // where g needs no pass of its own (no GELU, already in the operands' 16-bit dtype), both
 // are wanted now (not queued for a zero-bubble W pass), and there is something to multiply.
+// DISTJAX_BIAS_GRAD_IN_PRODUCT=0 takes the pass and the product instead (the benchmark's
+// A/B of the two on a GPU; the CPU's bits are the same either way).
+bool bias_grad_in_product_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("DISTJAX_BIAS_GRAD_IN_PRODUCT");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
+
 bool bias_grad_in_product(const Tensor& g, const Tensor& pre, const Tensor& xd, bool has_bias,
                           bool rw, const std::shared_ptr<Node>& wleaf,
                           const std::shared_ptr<Node>& bleaf) {
   const bool queued = weight_grad_store() != nullptr && (wleaf || bleaf);
-  return has_bias && rw && !queued && !pre.defined() && gemm_dtype(xd) != DType::F32 &&
+  return bias_grad_in_product_enabled() && has_bias && rw && !queued && !pre.defined() && gemm_dtype(xd) != DType::F32 &&
          g.dtype() == xd.dtype() && xd.numel() > 0 && g.numel() > 0;
 }
 
