@@ -323,6 +323,7 @@ if [ "${PROBE_SPMD_MPI:-0}" = 3 ] && [ -x "$BUILD/tests/collectives_test" ]; the
       sed 's/\x1b\[[0-9;]*m//g' |
       awk -F'<stdout>:' '{last[$1] = $2} END {for (r in last) print "  last started " r ": " last[r]}' |
       sort | tee -a "$SUMMARY"
+    PROBE_CAP=15
     probe_variant threads-x2 2 collectives_test -- --gtest_brief=1
     probe_variant threads-x4-connections32 4 collectives_test CUDA_DEVICE_MAX_CONNECTIONS=32 -- --gtest_brief=1
   fi
