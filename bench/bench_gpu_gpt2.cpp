@@ -1,17 +1,28 @@
 // GPT-2 124M training on one GPU through the CUDA backend: L12 H12 d768 T1024 V50304 (tied
 // head, learned positions), bf16 matmuls with f32 master weights (nn::Precision::bf16()),
-// AdamW (lr 3e-4, wd 0.1), random tokens, as bench/reference/torch_gpt2.py and
-// jax_gpt2.py train it. Prints one JSON line (gpu_gpt2_124m_tokens_per_s) with the median
-// step after warm-up, the MFU (6N + 12 L H Q T FLOPs per token against 989 TFLOP/s) and
-// the peak device memory; DISTJAX_BENCH_OUT appends it to a file.
+// AdamW (lr 3e-4, betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on every parameter), random
+// tokens (one batch, every step), as bench/reference/torch_gpt2.py and jax_gpt2.py train
+// it. Prints one JSON line (gpu_gpt2_124m_tokens_per_s) with the median step after warm-up,
+// the MFU (6N + 12 L H Q T FLOPs per token against 989 TFLOP/s) and the peak device memory;
+// DISTJAX_BENCH_OUT appends it to a file.
 //   bench_gpu_gpt2 [--batch 16] [--steps 20] [--warmup 3] [--precision bf16|f32]
 //                  [--layers 12] [--seq 1024] [--device cuda] [--profile-steps 2]
-//                  [--bf16-attention 1]
+//                  [--bf16-attention 1] [--loss-steps 20] [--weights-out PATH]
+//                  [--tokens-out PATH]
 // then one line per op (gpu_gpt2_124m_op_time: device ms per step, the 30 largest) from
 // `--profile-steps` more steps with every op timed. With `--device cpu --bf16-attention 1`
 // the CPU's attention serves the bf16 policy through its bf16 entries, as cuDNN's does on a
 // GPU, so the step keeps the tensors a GPU step with cuDNN keeps: its peak memory, measured
 // without a GPU (slow: minutes a step at batch 8).
+// The same losses from the same weights: one more line (gpu_gpt2_124m_losses) holds the
+// training loss of each of the first `--loss-steps` steps from initialisation (warm-up
+// included; read at the end of each step, as every step's loss is, so the timed steps
+// carry no extra synchronisation; steps past the timed ones are run untimed where needed).
+// `--weights-out` writes the initial parameters as safetensors (f32, DistJax's paths and
+// layouts, see write_weights), `--tokens-out` the batches of those steps as a .npy of i32
+// (N, 2, B, T): [s, 0] the inputs and [s, 1] the targets of step s (every step trains on
+// the same batch today). bench/reference/torch_gpt2.py and jax_gpt2.py load both
+// (WEIGHTS=, TOKENS=) and print their own losses for the same steps.
 // bench/gpu.sh runs it with the references and writes bench/results/gpu-latest.jsonl.
 #include <algorithm>
 #include <chrono>
@@ -32,6 +43,7 @@
 #include "distjax/tensor/cuda.hpp"
 #include "distjax/tensor/reduce.hpp"
 #include "distjax/tensor/shape_ops.hpp"
+#include "distjax/train/detail/safetensors.hpp"
 
 namespace {
 
@@ -42,6 +54,8 @@ using Clock = std::chrono::steady_clock;
 
 struct Options {
   std::int64_t batch = 16, steps = 20, warmup = 3, layers = 12, seq = 1024, profile_steps = 2;
+  std::int64_t loss_steps = 20;         // the losses recorded from initialisation
+  std::string weights_out, tokens_out;  // empty: not written
   std::string precision = "bf16";
   std::string device = "cuda";  // another device (cpu) runs a small smoke test of the program
   bool bf16_attention = false;  // the CPU's attention as cuDNN's (the GPU step's tensors)
@@ -69,6 +83,12 @@ Options parse(int argc, char** argv) {
       o.profile_steps = std::stoll(v);
     else if (k == "--bf16-attention")
       o.bf16_attention = v == "1";
+    else if (k == "--loss-steps")
+      o.loss_steps = std::stoll(v);
+    else if (k == "--weights-out")
+      o.weights_out = v;
+    else if (k == "--tokens-out")
+      o.tokens_out = v;
     else {
       std::fprintf(stderr, "bench_gpu_gpt2: unknown option %s\n", k.c_str());
       std::exit(2);
@@ -86,6 +106,57 @@ Tensor random_ids(const Shape& shape, std::uint64_t seed, std::int64_t v) {
     ids[i] = std::min<std::int32_t>(static_cast<std::int32_t>(u[i] * v),
                                     static_cast<std::int32_t>(v - 1));
   return Tensor::from_vector(ids, shape, Device::cpu());
+}
+
+// The initial parameters as one safetensors file: f32, DistJax's paths ("wte/embedding"
+// (V, C), "wpe/embedding" (T, C), "blocks/<i>/{ln1,ln2}/{scale,bias}",
+// "blocks/<i>/attn/{qkv,out}/{kernel,bias}", "blocks/<i>/mlp/{fc1,fc2}/{kernel,bias}",
+// "ln_f/{scale,bias}"), kernels (in, out) for y = x @ kernel + bias, the QKV kernel's 3C
+// columns ordered (H, 3, D): per head its q, k and v columns side by side. The head is
+// tied to wte. The metadata says so for a reader.
+void write_weights(const std::string& path, const TensorTree& params,
+                   const models::TransformerConfig& cfg) {
+  std::vector<std::pair<std::string, Tensor>> host;
+  for (const auto& [name, t] : params)
+    host.emplace_back(name, t.to(Device::cpu()));
+  train::detail::write_safetensors(path, host,
+                                   {{"format", "distjax.gpt2"},
+                                    {"vocab", std::to_string(cfg.vocab)},
+                                    {"d_model", std::to_string(cfg.d_model)},
+                                    {"num_layers", std::to_string(cfg.num_layers)},
+                                    {"num_heads", std::to_string(cfg.num_heads)},
+                                    {"max_len", std::to_string(cfg.max_len)},
+                                    {"ln_eps", std::to_string(cfg.ln_eps)},
+                                    {"tied_embeddings", cfg.tied_embeddings ? "true" : "false"},
+                                    {"kernel_layout", "(in, out): y = x @ kernel + bias"},
+                                    {"qkv_columns", "(H, 3, D): per head q, k, v"}});
+}
+
+// The batches of `steps` steps as a .npy (format 1.0) of little-endian i32
+// (steps, 2, B, T): [s, 0] the inputs, [s, 1] the targets of step s.
+void write_tokens(const std::string& path, std::int64_t steps, const Tensor& inp,
+                  const Tensor& tgt) {
+  const std::vector<std::int32_t> x = inp.to(Device::cpu()).to_vector<std::int32_t>();
+  const std::vector<std::int32_t> y = tgt.to(Device::cpu()).to_vector<std::int32_t>();
+  std::string header = "{'descr': '<i4', 'fortran_order': False, 'shape': (" +
+                       std::to_string(steps) + ", 2, " + std::to_string(inp.size(0)) + ", " +
+                       std::to_string(inp.size(1)) + "), }";
+  // Magic (6) + version (2) + length (2) + header, padded with spaces to 64 bytes, '\n' last.
+  header.append(63 - (10 + header.size()) % 64, ' ');
+  header += '\n';
+  std::ofstream f(path, std::ios::binary);
+  const std::uint16_t len = static_cast<std::uint16_t>(header.size());
+  f.write("\x93NUMPY\x01\x00", 8);
+  f.write(reinterpret_cast<const char*>(&len), 2);  // little-endian, as the x86/ARM hosts
+  f << header;
+  for (std::int64_t s = 0; s < steps; ++s) {
+    f.write(reinterpret_cast<const char*>(x.data()), static_cast<std::streamsize>(x.size() * 4));
+    f.write(reinterpret_cast<const char*>(y.data()), static_cast<std::streamsize>(y.size() * 4));
+  }
+  if (!f) {
+    std::fprintf(stderr, "bench_gpu_gpt2: cannot write %s\n", path.c_str());
+    std::exit(1);
+  }
 }
 
 void emit(const nlohmann::json& j) {
@@ -127,6 +198,8 @@ int main(int argc, char** argv) {
   TensorTree params = gpt.init(Key::from_seed(0));
   const Tensor inp = random_ids({o.batch, o.seq}, 1, cfg.vocab).to(gpu);
   const Tensor tgt = random_ids({o.batch, o.seq}, 2, cfg.vocab).to(gpu);
+  if (!o.weights_out.empty()) write_weights(o.weights_out, params, cfg);
+  if (!o.tokens_out.empty()) write_tokens(o.tokens_out, o.loss_steps, inp, tgt);
   const nn::Precision precision = o.precision == "bf16" ? nn::Precision::bf16() : nn::Precision{};
   auto loss_fn = [&](const TensorTree& p, const Tensor& x, const Tensor& y) {
     const nn::Scope scope = nn::Scope::apply(&p, /*train=*/true).with_precision(precision);
@@ -141,12 +214,14 @@ int main(int argc, char** argv) {
   TensorTree state = opt.init(params);
   std::int64_t step = 0;
   float loss = 0.f;
+  std::vector<float> losses;  // of the first o.loss_steps steps
   // One step; the loss is read (a host synchronisation) at its end, so each step's time is
   // its whole device work.
   auto train_step = [&] {
     auto [l, grads] = autodiff::value_and_grad(loss_fn)(params, inp, tgt);
     opt.update(params, grads, state, step++);
     loss = l.item<float>();
+    if (step <= o.loss_steps) losses.push_back(loss);
   };
   for (std::int64_t i = 0; i < o.warmup; ++i)
     train_step();
@@ -198,6 +273,20 @@ int main(int argc, char** argv) {
                    : o.bf16_attention           ? std::string("the CPU's bf16 entries (as cuDNN's)")
                                                 : std::string("the CPU's f32 kernels");
   emit(j);
+
+  // The losses of the first o.loss_steps steps (the steps past the timed ones untimed).
+  while (step < o.loss_steps)
+    train_step();
+  if (o.loss_steps > 0)
+    emit({{"name", "gpu_gpt2_124m_losses"},
+          {"losses", losses},
+          {"framework", "distjax"},
+          {"device", gpu.str()},
+          {"precision", o.precision},
+          {"batch", o.batch},
+          {"seq", o.seq},
+          {"layers", o.layers},
+          {"attention", j["attention"]}});
 
   // Where a step's device time goes: two more steps with every op timed by CUDA events
   // (apart from the timed steps above: the events cost a little per op).
