@@ -8,12 +8,26 @@
 # object per line to bench/results/gpu-latest.jsonl (the first line: card, date, commit)
 # and prints them.
 #
+# The same losses from the same weights: the DistJax run writes its initial weights
+# (safetensors) and the batches of its first GPU_LOSS_STEPS steps (.npy) and records those
+# steps' losses (gpu_gpt2_124m_losses); each reference loads both (WEIGHTS=, TOKENS=,
+# LOSS_STEPS=), trains those steps first and prints its own (torch_{eager,compile}_... and
+# jax_jit_gpt2_124m_losses). gpu_gpt2_124m_loss_vs_{torch,torch_compile,jax}_max_rel: the
+# largest |ours - theirs| / |theirs| over the steps (goal 2e-2: bf16 against autocast or
+# bf16 casts). Then an f32 run of both at GPU_F32_BATCH, DistJax against torch eager without
+# autocast or TF32 (bench_gpu_gpt2 --precision f32; PRECISION=f32):
+# gpu_gpt2_124m_f32_loss_vs_torch_max_rel, goal 1e-4.
+#
 #   bash bench/gpu.sh [BUILD_DIR]     (default: build-gpu)
 #   GPU_BATCH=16      the batch of every comparison
 #   GPU_STEPS=20      timed steps (after warm-up) of each system
 #   GPU_SKIP_REFS=1   DistJax alone
 #   GPU_SKIP_SIM=1    without the (2,2,2) simulated mesh against one device
 #   GPU_DEADLINE=S    skip what would start after S seconds of this script (a lease's end)
+#   GPU_LOSS_STEPS=20 the steps whose losses are compared (0: no comparison)
+#   GPU_F32_BATCH=8   the batch of the f32 comparison
+#   GPU_SKIP_F32=1    without the f32 comparison
+#   GPU_LOSS_DIR=DIR  keep the weights, tokens and f32 lines there (default: a temporary dir)
 #   DISTJAX_COMMIT=.. the commit recorded in the first line (default: git's HEAD)
 set -uo pipefail
 
@@ -22,6 +36,13 @@ BUILD="${1:-build-gpu}"
 case "$BUILD" in /*) ;; *) BUILD="$ROOT/$BUILD" ;; esac
 B="${GPU_BATCH:-16}"
 STEPS="${GPU_STEPS:-20}"
+LOSS_STEPS="${GPU_LOSS_STEPS:-20}"
+F32_B="${GPU_F32_BATCH:-8}"
+if [ -n "${GPU_LOSS_DIR:-}" ]; then
+  LOSS_DIR=$GPU_LOSS_DIR; mkdir -p "$LOSS_DIR"
+else
+  LOSS_DIR=$(mktemp -d); trap 'rm -rf "$LOSS_DIR"' EXIT
+fi
 DEADLINE="${GPU_DEADLINE:-100000}"
 OUT="$ROOT/bench/results/gpu-latest.jsonl"
 mkdir -p "$ROOT/bench/results"
@@ -43,10 +64,13 @@ commit=${DISTJAX_COMMIT:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || 
 $PY -c 'import json,sys; print(json.dumps({"name": "gpu_bench_run", "card": sys.argv[1], "date": sys.argv[2], "commit": sys.argv[3], "batch": int(sys.argv[4]), "seq": 1024, "model": "GPT-2 124M (L12 H12 d768 T1024 V50304), bf16, AdamW"}))' \
   "$card" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$commit" "$B" >"$OUT"
 
-# DistJax.
+# DistJax; its initial weights and first batches for the references (LOSS_ARGS).
+loss_args=(--loss-steps "$LOSS_STEPS")
+[ "$LOSS_STEPS" -gt 0 ] && loss_args+=(--weights-out "$LOSS_DIR/weights.safetensors"
+                                       --tokens-out "$LOSS_DIR/tokens.npy")
 if [ -x "$BUILD/bench_gpu_gpt2" ]; then
   log "DistJax GPT-2 124M, batch $B"
-  DISTJAX_BENCH_OUT="$OUT" "$BUILD/bench_gpu_gpt2" --batch "$B" --steps "$STEPS" >/dev/null \
+  DISTJAX_BENCH_OUT="$OUT" "$BUILD/bench_gpu_gpt2" --batch "$B" --steps "$STEPS" "${loss_args[@]}" >/dev/null \
     || note gpu_gpt2_124m_tokens_per_s "bench_gpu_gpt2 failed (exit $?)"
 else
   note gpu_gpt2_124m_tokens_per_s "no $BUILD/bench_gpu_gpt2: build first"
@@ -141,12 +165,16 @@ with open(out, "a") as f:
 EOF2
 fi
 
-# The references, each in the same run.
+# The references, each in the same run, from DistJax's weights and batches where it wrote
+# them (their losses lines pass through as they are).
+ref_env=(B="$B" STEPS="$STEPS" LOSS_STEPS="$LOSS_STEPS")
+[ -s "$LOSS_DIR/weights.safetensors" ] && [ -s "$LOSS_DIR/tokens.npy" ] &&
+  ref_env+=(WEIGHTS="$LOSS_DIR/weights.safetensors" TOKENS="$LOSS_DIR/tokens.npy")
 if [ -z "${GPU_SKIP_REFS:-}" ]; then
   for mode in compile eager; do
     if late; then note "torch_$mode" "skipped: past the deadline"; continue; fi
     log "PyTorch $mode, batch $B"
-    B=$B STEPS=$STEPS $PY "$ROOT/bench/reference/torch_gpt2.py" "$mode" 2>/dev/null |
+    env "${ref_env[@]}" $PY "$ROOT/bench/reference/torch_gpt2.py" "$mode" 2>/dev/null |
       $PY -c 'import json,sys
 for l in sys.stdin:
     j = json.loads(l)
@@ -155,11 +183,39 @@ for l in sys.stdin:
   done
   if late; then note jax_jit "skipped: past the deadline"; else
     log "JAX jit, batch $B"
-    B=$B STEPS=$STEPS $PY "$ROOT/bench/reference/jax_gpt2.py" 2>/dev/null |
+    env "${ref_env[@]}" $PY "$ROOT/bench/reference/jax_gpt2.py" 2>/dev/null |
       $PY -c 'import json,sys
 for l in sys.stdin:
-    j = json.loads(l); j["name"] = "jax_jit_gpt2_124m_tokens_per_s"; j["value"] = j["tok_s"]; print(json.dumps(j))' \
+    j = json.loads(l)
+    if "mode" in j: j["name"] = "jax_jit_gpt2_124m_tokens_per_s"; j["value"] = j["tok_s"]
+    print(json.dumps(j))' \
       >>"$OUT" || note jax_jit "jax_gpt2.py failed"
+  fi
+fi
+
+# The f32 losses: DistJax and torch eager (no autocast, no TF32), only the losses steps
+# (bench_gpu_gpt2 times one step past them), their lines renamed *_f32_losses.
+# f32_losses PREFIX FILE: FILE's losses line, renamed PREFIX_f32_losses, onto OUT.
+f32_losses() {
+  $PY -c 'import json,sys
+for l in open(sys.argv[1]):
+    j = json.loads(l)
+    if j.get("name", "").endswith("_losses"):
+        j["name"] = sys.argv[2] + "_f32_losses"; print(json.dumps(j))' "$2" "$1" >>"$OUT"
+}
+if [ -z "${GPU_SKIP_REFS:-}" ] && [ -z "${GPU_SKIP_F32:-}" ] && [ "$LOSS_STEPS" -gt 0 ] &&
+   [ -x "$BUILD/bench_gpu_gpt2" ] && ! late; then
+  log "f32 losses of DistJax and PyTorch eager, batch $F32_B"
+  if DISTJAX_BENCH_OUT="$LOSS_DIR/f32.jsonl" "$BUILD/bench_gpu_gpt2" --precision f32 --batch "$F32_B" \
+       --warmup 0 --steps 1 --profile-steps 0 --loss-steps "$LOSS_STEPS" \
+       --weights-out "$LOSS_DIR/weights_f32.safetensors" --tokens-out "$LOSS_DIR/tokens_f32.npy" >/dev/null; then
+    f32_losses gpu_gpt2_124m "$LOSS_DIR/f32.jsonl"
+    PRECISION=f32 STEPS=0 LOSS_STEPS="$LOSS_STEPS" WEIGHTS="$LOSS_DIR/weights_f32.safetensors" \
+      TOKENS="$LOSS_DIR/tokens_f32.npy" $PY "$ROOT/bench/reference/torch_gpt2.py" eager \
+      >"$LOSS_DIR/torch_f32.jsonl" 2>/dev/null && f32_losses torch_eager_gpt2_124m "$LOSS_DIR/torch_f32.jsonl" \
+      || note torch_eager_gpt2_124m_f32_losses "torch_gpt2.py PRECISION=f32 failed"
+  else
+    note gpu_gpt2_124m_f32_losses "bench_gpu_gpt2 --precision f32 failed (exit $?)"
   fi
 fi
 
@@ -186,6 +242,23 @@ for ref, name, mine in [
         out.append({"name": name, "value": mine / theirs, "unit": "ratio", "reference": ref})
     else:
         out.append({"name": name, "value": None, "reason": "a side is missing"})
+# The same losses from the same weights: max over the steps of |ours - theirs| / |theirs|.
+for mine, ref, name, goal in [
+        ("gpu_gpt2_124m_losses", "torch_eager_gpt2_124m_losses", "gpu_gpt2_124m_loss_vs_torch_max_rel", 2e-2),
+        ("gpu_gpt2_124m_losses", "torch_compile_gpt2_124m_losses",
+         "gpu_gpt2_124m_loss_vs_torch_compile_max_rel", 2e-2),
+        ("gpu_gpt2_124m_losses", "jax_jit_gpt2_124m_losses", "gpu_gpt2_124m_loss_vs_jax_max_rel", 2e-2),
+        ("gpu_gpt2_124m_f32_losses", "torch_eager_gpt2_124m_f32_losses",
+         "gpu_gpt2_124m_f32_loss_vs_torch_max_rel", 1e-4)]:
+    a, b = by.get(mine, {}).get("losses"), by.get(ref, {}).get("losses")
+    n = min(len(a), len(b)) if a and b else 0
+    if n:
+        rel = [abs(x - y) / abs(y) for x, y in zip(a[:n], b[:n])]
+        out.append({"name": name, "value": max(rel), "unit": "relative", "goal": goal,
+                    "met": max(rel) <= goal, "steps": n, "worst_step": rel.index(max(rel)),
+                    "reference": ref})
+    else:
+        out.append({"name": name, "value": None, "goal": goal, "reason": "a side's losses are missing"})
 with open(path, "a") as f:
     for o in out:
         f.write(json.dumps(o) + "\n")
