@@ -76,6 +76,62 @@ else
   note gpu_gpt2_124m_tokens_per_s "no $BUILD/bench_gpu_gpt2: build first"
 fi
 
+# The references, each in the same run, from DistJax's weights and batches where it wrote
+# them (their losses lines pass through as they are).
+ref_env=(B="$B" STEPS="$STEPS" LOSS_STEPS="$LOSS_STEPS")
+[ -s "$LOSS_DIR/weights.safetensors" ] && [ -s "$LOSS_DIR/tokens.npy" ] &&
+  ref_env+=(WEIGHTS="$LOSS_DIR/weights.safetensors" TOKENS="$LOSS_DIR/tokens.npy")
+if [ -z "${GPU_SKIP_REFS:-}" ]; then
+  for mode in compile eager; do
+    if late; then note "torch_$mode" "skipped: past the deadline"; continue; fi
+    log "PyTorch $mode, batch $B"
+    env "${ref_env[@]}" $PY "$ROOT/bench/reference/torch_gpt2.py" "$mode" 2>/dev/null |
+      $PY -c 'import json,sys
+for l in sys.stdin:
+    j = json.loads(l)
+    if "mode" in j: j["name"] = "torch_" + j["mode"] + "_gpt2_124m_tokens_per_s"; j["value"] = j["tok_s"]
+    print(json.dumps(j))' >>"$OUT" || note "torch_$mode" "torch_gpt2.py failed"
+  done
+  if late; then note jax_jit "skipped: past the deadline"; else
+    log "JAX jit, batch $B"
+    env "${ref_env[@]}" $PY "$ROOT/bench/reference/jax_gpt2.py" 2>/dev/null |
+      $PY -c 'import json,sys
+for l in sys.stdin:
+    j = json.loads(l)
+    if "mode" in j: j["name"] = "jax_jit_gpt2_124m_tokens_per_s"; j["value"] = j["tok_s"]
+    print(json.dumps(j))' \
+      >>"$OUT" || note jax_jit "jax_gpt2.py failed"
+  fi
+fi
+
+# The f32 losses: DistJax and torch eager (no autocast, no TF32), only the losses steps
+# (bench_gpu_gpt2 times one step past them), their lines renamed *_f32_losses.
+# f32_losses PREFIX FILE: FILE's losses line, renamed PREFIX_f32_losses, onto OUT.
+f32_losses() {
+  $PY -c 'import json,sys
+for l in open(sys.argv[1]):
+    j = json.loads(l)
+    if j.get("name", "").endswith("_losses"):
+        j["name"] = sys.argv[2] + "_f32_losses"; print(json.dumps(j))' "$2" "$1" >>"$OUT"
+}
+if [ -z "${GPU_SKIP_REFS:-}" ] && [ -z "${GPU_SKIP_F32:-}" ] && [ "$LOSS_STEPS" -gt 0 ] &&
+   [ -x "$BUILD/bench_gpu_gpt2" ] && ! late; then
+  log "f32 losses of DistJax and PyTorch eager, batch $F32_B"
+  if DISTJAX_BENCH_OUT="$LOSS_DIR/f32.jsonl" "$BUILD/bench_gpu_gpt2" --precision f32 --batch "$F32_B" \
+       --warmup 0 --steps 1 --profile-steps 0 --loss-steps "$LOSS_STEPS" \
+       --weights-out "$LOSS_DIR/weights_f32.safetensors" --tokens-out "$LOSS_DIR/tokens_f32.npy" >/dev/null; then
+    f32_losses gpu_gpt2_124m "$LOSS_DIR/f32.jsonl"
+    PRECISION=f32 STEPS=0 LOSS_STEPS="$LOSS_STEPS" WEIGHTS="$LOSS_DIR/weights_f32.safetensors" \
+      TOKENS="$LOSS_DIR/tokens_f32.npy" $PY "$ROOT/bench/reference/torch_gpt2.py" eager \
+      >"$LOSS_DIR/torch_f32.jsonl" 2>/dev/null && f32_losses torch_eager_gpt2_124m "$LOSS_DIR/torch_f32.jsonl" \
+      || note torch_eager_gpt2_124m_f32_losses "torch_gpt2.py PRECISION=f32 failed"
+  else
+    note gpu_gpt2_124m_f32_losses "bench_gpu_gpt2 --precision f32 failed (exit $?)"
+  fi
+fi
+
+# After the comparisons (a lease's end may cut what follows): the step under settings off by
+# default, the GEMMs alone, communication, the simulated mesh.
 # variant SUFFIX VAR=VALUE: the same step under one setting off by default, its line named
 # gpu_gpt2_124m_tokens_per_s_SUFFIX.
 variant() {
@@ -100,8 +156,11 @@ for l in open(sys.argv[1]):
 # cuDNN's attention backward in its default, non-deterministic algorithm (PyTorch's and
 # JAX's fused attention default to theirs), and the GEMMs' algorithms chosen by timing
 # cuBLASLt's candidates (a run's choice may differ from the next's).
-variant attention_nondeterministic DISTJAX_CUDA_ATTENTION_DETERMINISTIC=0
 variant gemm_tuned DISTJAX_CUDA_GEMM_TUNE=1
+# The 16-bit QKV's bias gradient as a column sum beside a plain dW product, instead of inside
+# the product (cuBLASLt's BGRADA): which of the two the default should be.
+variant bias_grad_unfused DISTJAX_BIAS_GRAD_IN_PRODUCT=0
+variant attention_nondeterministic DISTJAX_CUDA_ATTENTION_DETERMINISTIC=0
 
 # The step's GEMMs through DistJax's matmul against raw cuBLASLt.
 if [ -x "$BUILD/bench_gpu_gemm" ] && ! late; then
@@ -165,60 +224,6 @@ with open(out, "a") as f:
 EOF2
 fi
 
-# The references, each in the same run, from DistJax's weights and batches where it wrote
-# them (their losses lines pass through as they are).
-ref_env=(B="$B" STEPS="$STEPS" LOSS_STEPS="$LOSS_STEPS")
-[ -s "$LOSS_DIR/weights.safetensors" ] && [ -s "$LOSS_DIR/tokens.npy" ] &&
-  ref_env+=(WEIGHTS="$LOSS_DIR/weights.safetensors" TOKENS="$LOSS_DIR/tokens.npy")
-if [ -z "${GPU_SKIP_REFS:-}" ]; then
-  for mode in compile eager; do
-    if late; then note "torch_$mode" "skipped: past the deadline"; continue; fi
-    log "PyTorch $mode, batch $B"
-    env "${ref_env[@]}" $PY "$ROOT/bench/reference/torch_gpt2.py" "$mode" 2>/dev/null |
-      $PY -c 'import json,sys
-for l in sys.stdin:
-    j = json.loads(l)
-    if "mode" in j: j["name"] = "torch_" + j["mode"] + "_gpt2_124m_tokens_per_s"; j["value"] = j["tok_s"]
-    print(json.dumps(j))' >>"$OUT" || note "torch_$mode" "torch_gpt2.py failed"
-  done
-  if late; then note jax_jit "skipped: past the deadline"; else
-    log "JAX jit, batch $B"
-    env "${ref_env[@]}" $PY "$ROOT/bench/reference/jax_gpt2.py" 2>/dev/null |
-      $PY -c 'import json,sys
-for l in sys.stdin:
-    j = json.loads(l)
-    if "mode" in j: j["name"] = "jax_jit_gpt2_124m_tokens_per_s"; j["value"] = j["tok_s"]
-    print(json.dumps(j))' \
-      >>"$OUT" || note jax_jit "jax_gpt2.py failed"
-  fi
-fi
-
-# The f32 losses: DistJax and torch eager (no autocast, no TF32), only the losses steps
-# (bench_gpu_gpt2 times one step past them), their lines renamed *_f32_losses.
-# f32_losses PREFIX FILE: FILE's losses line, renamed PREFIX_f32_losses, onto OUT.
-f32_losses() {
-  $PY -c 'import json,sys
-for l in open(sys.argv[1]):
-    j = json.loads(l)
-    if j.get("name", "").endswith("_losses"):
-        j["name"] = sys.argv[2] + "_f32_losses"; print(json.dumps(j))' "$2" "$1" >>"$OUT"
-}
-if [ -z "${GPU_SKIP_REFS:-}" ] && [ -z "${GPU_SKIP_F32:-}" ] && [ "$LOSS_STEPS" -gt 0 ] &&
-   [ -x "$BUILD/bench_gpu_gpt2" ] && ! late; then
-  log "f32 losses of DistJax and PyTorch eager, batch $F32_B"
-  if DISTJAX_BENCH_OUT="$LOSS_DIR/f32.jsonl" "$BUILD/bench_gpu_gpt2" --precision f32 --batch "$F32_B" \
-       --warmup 0 --steps 1 --profile-steps 0 --loss-steps "$LOSS_STEPS" \
-       --weights-out "$LOSS_DIR/weights_f32.safetensors" --tokens-out "$LOSS_DIR/tokens_f32.npy" >/dev/null; then
-    f32_losses gpu_gpt2_124m "$LOSS_DIR/f32.jsonl"
-    PRECISION=f32 STEPS=0 LOSS_STEPS="$LOSS_STEPS" WEIGHTS="$LOSS_DIR/weights_f32.safetensors" \
-      TOKENS="$LOSS_DIR/tokens_f32.npy" $PY "$ROOT/bench/reference/torch_gpt2.py" eager \
-      >"$LOSS_DIR/torch_f32.jsonl" 2>/dev/null && f32_losses torch_eager_gpt2_124m "$LOSS_DIR/torch_f32.jsonl" \
-      || note torch_eager_gpt2_124m_f32_losses "torch_gpt2.py PRECISION=f32 failed"
-  else
-    note gpu_gpt2_124m_f32_losses "bench_gpu_gpt2 --precision f32 failed (exit $?)"
-  fi
-fi
-
 # The ratios, from the lines above.
 $PY - "$OUT" <<'EOF'
 import json, sys
@@ -228,6 +233,7 @@ by = {l["name"]: l for l in lines}
 ours = by.get("gpu_gpt2_124m_tokens_per_s", {}).get("value")
 nondet = by.get("gpu_gpt2_124m_tokens_per_s_attention_nondeterministic", {}).get("value")
 tuned = by.get("gpu_gpt2_124m_tokens_per_s_gemm_tuned", {}).get("value")
+unfused = by.get("gpu_gpt2_124m_tokens_per_s_bias_grad_unfused", {}).get("value")
 out = []
 for ref, name, mine in [
         ("torch_compile_gpt2_124m_tokens_per_s", "gpu_gpt2_124m_vs_torch_compile", ours),
@@ -236,10 +242,24 @@ for ref, name, mine in [
         ("torch_compile_gpt2_124m_tokens_per_s",
          "gpu_gpt2_124m_vs_torch_compile_attention_nondeterministic", nondet),
         ("torch_compile_gpt2_124m_tokens_per_s", "gpu_gpt2_124m_vs_torch_compile_gemm_tuned",
-         tuned)]:
+         tuned),
+        ("torch_compile_gpt2_124m_tokens_per_s",
+         "gpu_gpt2_124m_vs_torch_compile_bias_grad_unfused", unfused)]:
     theirs = by.get(ref, {}).get("value")
     if mine and theirs:
         out.append({"name": name, "value": mine / theirs, "unit": "ratio", "reference": ref})
+    else:
+        out.append({"name": name, "value": None, "reason": "a side is missing"})
+# Peak memory measured the same way: the allocator's reserved high-water mark from the first
+# step (DistJax: its pool's; PyTorch: max_memory_reserved), ours over theirs (lower is less).
+for ref, name in [("torch_compile_gpt2_124m_tokens_per_s", "gpu_gpt2_124m_reserved_peak_vs_torch_compile"),
+                  ("torch_eager_gpt2_124m_tokens_per_s", "gpu_gpt2_124m_reserved_peak_vs_torch_eager")]:
+    mine = by.get("gpu_gpt2_124m_tokens_per_s", {}).get("reserved_peak_gib")
+    theirs = by.get(ref, {}).get("reserved_peak_gib")
+    if mine and theirs:
+        out.append({"name": name, "value": mine / theirs, "unit": "ratio", "distjax_gib": mine,
+                    "reference_gib": theirs, "reference": ref,
+                    "measure": "reserved high-water mark from the first step"})
     else:
         out.append({"name": name, "value": None, "reason": "a side is missing"})
 # The same losses from the same weights: max over the steps of |ours - theirs| / |theirs|.
