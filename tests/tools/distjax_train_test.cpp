@@ -1,5 +1,6 @@
 // End to end: `distjax train configs/train_mnist.toml --set run.steps=3 --out DIR` writes
-// metrics.jsonl, summary.json and config.toml; a bad override fails naming it;
+// metrics.jsonl, summary.json and config.toml; a bad override fails naming it; a directory
+// another run holds is refused;
 // distributed.mixed_precision = "bf16" / "fp16" runs the GPT programs (pipelined too) and is
 // refused elsewhere.
 #include <gtest/gtest.h>
@@ -17,6 +18,9 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "distjax/app/programs.hpp"
+#include "distjax/config/train_config.hpp"
 
 namespace fs = std::filesystem;
 
@@ -281,4 +285,54 @@ TEST(DistjaxTrain, AnUnusableOutDirNamesTheKey) {
     EXPECT_NE(output.find("run.out_dir = \"" + out + "\""), std::string::npos) << output;
   }
   fs::remove(file);
+}
+
+// A run holds its output directory: a second run into it is refused before it writes
+// anything, naming the holder, instead of mixing its metrics with the first's; once the
+// holder is gone the directory is free again. This test process holds the directory as a
+// running `distjax train` would (app::hold_out_dir, which prepare_program calls).
+TEST(DistjaxTrain, ASecondRunIntoAHeldOutDirIsRefused) {
+  const fs::path out = fs::temp_directory_path() / ("distjax_held_out_" + std::to_string(getpid()));
+  fs::remove_all(out);
+  fs::create_directories(out);
+  const std::string train = std::string(DISTJAX_TOOL) + " train " + DISTJAX_SOURCE_DIR +
+                            "/configs/train_mnist.toml --set run.steps=1 --out " + out.string();
+  // The holder: a child process that takes the lock, says so, and waits to be told to go.
+  int ready[2], go[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(go), 0);
+  const pid_t holder = fork();
+  ASSERT_GE(holder, 0);
+  if (holder == 0) {
+    distjax::config::TrainConfig c;
+    c.run.out_dir = out.string();
+    int code = 0;
+    try {
+      distjax::app::hold_out_dir(c);
+    } catch (...) {
+      code = 1;
+    }
+    char b = code == 0 ? 'y' : 'n';
+    if (write(ready[1], &b, 1) != 1) _exit(2);
+    if (read(go[0], &b, 1) < 0) _exit(2);
+    _exit(code);
+  }
+  char b = 0;
+  ASSERT_EQ(read(ready[0], &b, 1), 1);
+  ASSERT_EQ(b, 'y') << "the holder could not take the lock";
+  const auto [status, output] = run(train);
+  EXPECT_EQ(status, 1) << output;
+  EXPECT_NE(output.find("run.out_dir = \"" + out.string() + "\" is in use by another run (pid " +
+                        std::to_string(holder)),
+            std::string::npos)
+      << output;
+  EXPECT_FALSE(fs::exists(out / "metrics.jsonl")) << "the refused run wrote metrics";
+  // The holder ends: the directory is free.
+  ASSERT_EQ(write(go[1], &b, 1), 1);
+  int holder_status = 0;
+  waitpid(holder, &holder_status, 0);
+  const auto [status2, output2] = run(train);
+  EXPECT_EQ(status2, 0) << output2;
+  for (int fd : {ready[0], ready[1], go[0], go[1]}) close(fd);
+  fs::remove_all(out);
 }

@@ -44,7 +44,8 @@ config::TrainConfig builtin_config(const std::string& name);
 
 /// Resolves config.distributed against the environment (comm::discover_launch_environment),
 /// validates the whole config (ConfigError listing every problem, naming `source`), refuses
-/// what its program does not run (check_program), makes run.out_dir (make_out_dir),
+/// what its program does not run (check_program), makes and holds run.out_dir (make_out_dir,
+/// hold_out_dir),
 /// refuses what the run's Checkpointer would (train::check_restore: a fresh run over
 /// old checkpoints, --resume without one) before any file is written, and runs its
 /// program.
@@ -60,6 +61,15 @@ void check_program(const config::TrainConfig& config);
 /// else ConfigError naming the key and the path:
 ///   [config] run.out_dir = "/proc/x": cannot create the directory: No such file or directory
 void make_out_dir(const config::TrainConfig& c);
+/// Holds run.out_dir for this process until it ends (an exclusive lock on
+/// <out_dir>/.distjax.lock, which names the holder), so that a second run started into the
+/// same directory is refused before it writes anything instead of mixing its metrics with
+/// the first's; ConfigError:
+///   [config] run.out_dir = "runs/x" is in use by another run (pid 4242 on host since ...):
+///   wait for it to finish, or choose another --out
+/// A later run of the same process reuses its lock. prepare_program calls it in the process
+/// that writes the run's files (rank 0 under a launcher).
+void hold_out_dir(const config::TrainConfig& c);
 
 /// main()'s body for a binary: runs `fn`; an exception prints "<program>: <message>" on
 /// stderr and returns 1.

@@ -1,13 +1,20 @@
 // The registry of training programs, the configs built into the library, and run_program.
 #include "distjax/app/programs.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
 
 #include "distjax/comm/launch_environment.hpp"
 #include "distjax/config/config_file.hpp"
@@ -107,6 +114,9 @@ config::TrainConfig prepare_program(config::TrainConfig c, const std::string& so
                 "] needs run.steps > 0 (run.epochs is train_mnist's)");
   check_program(c);
   make_out_dir(c);
+  // The process that writes the run's files holds its directory (every process of a
+  // threads run; the first under a launcher).
+  if (comm::discover_launch_environment().rank == 0) hold_out_dir(c);
   train::check_restore(checkpoint_config(c));
   return c;
 }
@@ -134,6 +144,50 @@ void make_out_dir(const config::TrainConfig& c) {
                 "\": cannot write in the directory: ", std::strerror(errno));
   ::close(fd);
   ::unlink(probe.c_str());
+}
+
+void hold_out_dir(const config::TrainConfig& c) {
+  if (c.run.out_dir.empty()) return;
+  // One lock per directory and process, kept until the process ends (the kernel releases
+  // it then, however the process ends): a later run in the same process reuses it.
+  static std::mutex mu;
+  static std::map<std::string, int> held;  // canonical directory -> the lock file's fd
+  std::error_code ec;
+  const std::filesystem::path dir = std::filesystem::canonical(c.run.out_dir, ec);
+  DISTJAX_CHECK(!ec, ConfigError, "[config] run.out_dir = \"", c.run.out_dir,
+                "\": cannot resolve the directory: ", ec.message());
+  std::lock_guard lock(mu);
+  if (held.count(dir.string()) != 0) return;
+  const std::filesystem::path file = dir / ".distjax.lock";
+  const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  DISTJAX_CHECK(fd >= 0, ConfigError, "[config] run.out_dir = \"", c.run.out_dir,
+                "\": cannot open ", file.string(), ": ", std::strerror(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    std::string owner;
+    std::getline(std::ifstream(file), owner);
+    ::close(fd);
+    DISTJAX_CHECK(err != EWOULDBLOCK, ConfigError, "[config] run.out_dir = \"", c.run.out_dir,
+                  "\" is in use by another run",
+                  owner.empty() ? std::string() : " (" + owner + ")",
+                  ": wait for it to finish, or choose another --out");
+    throw ConfigError("[config] run.out_dir = \"" + c.run.out_dir + "\": cannot lock " +
+                      file.string() + ": " + std::strerror(err));
+  }
+  // Who holds it, for the message a second run gets.
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  const std::time_t now = std::time(nullptr);
+  char when[32] = {};
+  std::strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&now));
+  std::ostringstream who;
+  who << "pid " << ::getpid() << " on " << host << " since " << when << "\n";
+  const std::string text = who.str();
+  if (::ftruncate(fd, 0) == 0) {
+    const ssize_t written = ::pwrite(fd, text.data(), text.size(), 0);
+    (void)written;  // the note is for the message only: the lock is what counts
+  }
+  held.emplace(dir.string(), fd);
 }
 
 int run_main(const char* program, const std::function<int()>& fn) {
