@@ -12,6 +12,7 @@
 
 #include "distjax/app/programs.hpp"
 #include "distjax/config/config_file.hpp"
+#include "../tools/parse_command_line.hpp"
 
 namespace distjax::examples {
 
@@ -83,7 +84,8 @@ inline std::vector<KeyFlag> tp_classifier_flags() {
           {"data-dir", "data.dir", "directory of the Fashion-MNIST IDX files"}};
 }
 
-/// Parses argv (--help lists every flag; a bad flag exits 2 with CLI11's message), applies
+/// Parses argv (--help lists every flag; a bad flag exits 2 with CLI11's message and a "did
+/// you mean" line where one is near: tools/parse_command_line.hpp), applies
 /// the flags to the built-in config and runs it; errors print "<name>: <message>", exit 1.
 inline int example_main(int argc, char** argv, const Example& e) {
   CLI::App cli{e.name + ": " + e.about + " (starts from configs/" + e.name + ".toml)"};
@@ -105,7 +107,7 @@ inline int example_main(int argc, char** argv, const Example& e) {
   cli.add_option("--set", sets, "override any config key: --set run.steps=100 (repeatable)")
       ->allow_extra_args(false);
   if (e.more) e.more(cli);
-  CLI11_PARSE(cli, argc, argv);
+  if (const std::optional<int> stop = tools::parse_command_line(cli, argc, argv)) return *stop;
   return app::run_main(e.name.c_str(), [&] {
     config::TrainConfig c = app::builtin_config(e.name);
     for (std::size_t i = 0; i < e.flags.size(); ++i)

@@ -22,6 +22,7 @@
 #include "distjax/plan/plan.hpp"
 #include "distjax/train/checkpoint.hpp"
 #include "distjax/app/programs.hpp"
+#include "parse_command_line.hpp"
 
 using namespace distjax;
 
@@ -192,6 +193,6 @@ int main(int argc, char** argv) {
   add_train(cli, command);
   add_ckpt(cli, command);
   add_plan(cli, command);
-  CLI11_PARSE(cli, argc, argv);
+  if (const std::optional<int> stop = tools::parse_command_line(cli, argc, argv)) return *stop;
   return app::run_main("distjax", command);
 }

@@ -140,3 +140,36 @@ TEST(Programs, ThePlannerSuggestsOnlyWhatTheProgramRuns) {
   EXPECT_GT(suggestions, 50);
   std::filesystem::remove_all(out);
 }
+
+// A command line the parser refused gets "did you mean" lines: a first word near a
+// subcommand, a flag near a known one, `--set KEY VALUE` for `--set KEY=VALUE`; none for
+// what is far from everything.
+TEST(Programs, CommandLineMistakesGetSuggestions) {
+  const std::vector<std::string> subs = {"train", "ckpt", "inspect", "plan"};
+  const std::vector<std::string> flags = {"--set", "--out", "--resume", "--overwrite",
+                                          "--print-config", "--help"};
+  EXPECT_EQ(app::command_line_hint({"trian", "configs/a.toml"}, subs, flags),
+            "did you mean \"train\"?\n");
+  EXPECT_EQ(app::command_line_hint({"train", "a.toml", "--ouput", "runs/x"}, subs, flags),
+            "did you mean --out (not --ouput)?\n");
+  EXPECT_EQ(app::command_line_hint({"train", "a.toml", "--overwrit"}, subs, flags),
+            "did you mean --overwrite (not --overwrit)?\n");
+  EXPECT_EQ(app::command_line_hint({"train", "a.toml", "--set", "run.steps", "20"}, subs, flags),
+            "did you mean --set run.steps=20?\n");
+  EXPECT_EQ(app::command_line_hint({"train", "a.toml", "--set", "run.steps=20"}, subs, flags), "");
+  EXPECT_EQ(app::command_line_hint({"zzzzzzzzzz"}, subs, flags), "");
+  EXPECT_EQ(app::command_line_hint({"train", "--completely-unrelated-flag"}, subs, flags), "");
+}
+
+// A config path with a typo names the nearest config of its directory.
+TEST(Programs, AMistypedConfigPathSuggestsTheNearest) {
+  try {
+    config::load_config(std::string(DISTJAX_SOURCE_DIR) + "/configs/gpt3d.toml");
+    ADD_FAILURE() << "no error";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("did you mean " + std::string(DISTJAX_SOURCE_DIR) +
+                                         "/configs/gpt_3d.toml?"),
+              std::string::npos)
+        << e.what();
+  }
+}

@@ -75,6 +75,15 @@ void hold_out_dir(const config::TrainConfig& c);
 /// stderr and returns 1.
 int run_main(const char* program, const std::function<int()>& fn);
 
+/// For a command line its parser refused, "did you mean" lines ("" when none): a first word
+/// that is no subcommand, nearest one (`distjax trian` -> `did you mean "train"?`), a flag
+/// that is none of `flags`, nearest one (`--ouput` -> `did you mean --out?`), and
+/// `--set KEY VALUE` for `--set KEY=VALUE`. `args` are argv[1..]; `flags` the long names
+/// with their dashes.
+std::string command_line_hint(const std::vector<std::string>& args,
+                              const std::vector<std::string>& subcommands,
+                              const std::vector<std::string>& flags);
+
 // The programs (one file each in src/distjax/app/).
 int run_train_mnist(const config::TrainConfig& c);
 int run_data_parallelism(const config::TrainConfig& c);

@@ -199,6 +199,32 @@ int run_main(const char* program, const std::function<int()>& fn) {
   }
 }
 
+std::string command_line_hint(const std::vector<std::string>& args,
+                              const std::vector<std::string>& subcommands,
+                              const std::vector<std::string>& flags) {
+  std::string hint;
+  const auto known = [](const std::vector<std::string>& names, const std::string& n) {
+    return std::find(names.begin(), names.end(), n) != names.end();
+  };
+  if (!subcommands.empty() && !args.empty() && args[0].rfind('-', 0) != 0 &&
+      !known(subcommands, args[0]))
+    if (const std::string near = config::nearest_name(args[0], subcommands); !near.empty())
+      hint += "did you mean \"" + near + "\"?\n";
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a.rfind("--", 0) == 0 && a.size() > 2) {
+      const std::string name = a.substr(0, a.find('='));
+      if (!known(flags, name))
+        if (const std::string near = config::nearest_name(name, flags); !near.empty())
+          hint += "did you mean " + near + " (not " + name + ")?\n";
+    }
+    if (a == "--set" && i + 2 < args.size() && args[i + 1].find('=') == std::string::npos &&
+        args[i + 2].rfind('-', 0) != 0)
+      hint += "did you mean --set " + args[i + 1] + "=" + args[i + 2] + "?\n";
+  }
+  return hint;
+}
+
 int run_program(config::TrainConfig c, const std::string& source) {
   c = prepare_program(std::move(c), source);
   return find_program(c.run.program).run(c);

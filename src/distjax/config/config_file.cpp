@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -648,7 +649,19 @@ void apply_override(TrainConfig& config, std::string_view assignment) {
 TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides,
                         const TrainConfig& defaults) {
   std::ifstream in(path, std::ios::binary);
-  DISTJAX_CHECK(in.good(), IoError, "[config] cannot read config file ", path);
+  if (!in.good()) {
+    // A typo in the name: the nearest .toml file of the same directory.
+    std::string hint;
+    const std::filesystem::path p(path);
+    const std::filesystem::path dir = p.has_parent_path() ? p.parent_path() : ".";
+    std::error_code ec;
+    std::vector<std::string> names;
+    for (const auto& f : std::filesystem::directory_iterator(dir, ec))
+      if (f.path().extension() == ".toml") names.push_back(f.path().filename().string());
+    if (const std::string near = nearest_name(p.filename().string(), names); !near.empty())
+      hint = "; did you mean " + (dir / near).string() + "?";
+    throw IoError("[config] cannot read config file " + path + hint);
+  }
   std::stringstream text;
   text << in.rdbuf();
   TrainConfig config = defaults;
