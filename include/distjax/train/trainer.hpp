@@ -35,6 +35,7 @@ struct TrainerConfig {
   bool print = true;                    ///< print progress lines on stdout
   /// With print, on a terminal: a progress bar (step, loss, throughput, ETA) redrawn in
   /// place after every step between the log lines. Not a terminal: the log lines only.
+  /// (The app's loop turns it off under a launcher, whose ranks' stdout is its pty.)
   bool progress_bar = true;
   /// finish() draws out_dir/loss_curve.png from metrics.jsonl (train/plot.hpp, gnuplot).
   bool plot = true;

@@ -98,6 +98,9 @@ class DeviceRun {
     t.mesh = loop_.mesh;
     t.backend = loop_.backend;
     t.print = loop_.print && lead_;
+    // Under a launcher (mpirun, srun) a rank's stdout is the launcher's pipe or pty, whatever
+    // the user's own output is (often a file): the log lines only, no bar redrawn in place.
+    t.progress_bar = comm::discover_launch_environment().launcher == comm::Launcher::None;
     t.append = resumed;
     // A pipeline's timeline is the spans of its actions (the program writes it).
     if (loop_.composed->pipeline() == nullptr) t.timeline_file = timeline_file(*loop_.config, device);
