@@ -25,7 +25,8 @@ int main() {
       return app::replica_slice(global, parallel.replica(), parallel.data_parallel_size());
     };
     app::run_loop({.config = &c, .ctx = &ctx, .composed = &parallel, .optimizer = &adamw,
-                   .state = &state, .total_steps = c.run.steps, .log_every = 5, .batch = batch});
+                   .state = &state, .total_steps = c.run.steps, .log_every = 5,
+                   .model_parameters = gpt.num_params(), .batch = batch});
     return std::vector<Tensor>{};
   };
   spmd::shard_map(mesh, device, {}, {}, {.backend = c.distributed.comm_backend()})(std::vector<Tensor>{});

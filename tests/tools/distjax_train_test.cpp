@@ -336,3 +336,26 @@ TEST(DistjaxTrain, ASecondRunIntoAHeldOutDirIsRefused) {
   for (int fd : {ready[0], ready[1], go[0], go[1]}) close(fd);
   fs::remove_all(out);
 }
+
+// summary.json's num_parameters is the whole model's (the count the GPT program prints),
+// and num_parameters_on_device this device's share: on the (2, 2, 2) mesh, device 0 holds
+// half of each tensor-parallel matrix and one pipeline stage.
+TEST(DistjaxTrain, SummaryCountsTheWholeModelsParameters) {
+  const fs::path out = fs::temp_directory_path() / ("distjax_num_params_" + std::to_string(getpid()));
+  fs::remove_all(out);
+  const auto [status, output] =
+      run(std::string(DISTJAX_TOOL) + " train " + DISTJAX_SOURCE_DIR +
+          "/configs/gpt_3d.toml --set run.steps=1 --set run.eval_batches=1 --set "
+          "run.checkpoint_every=0 --set run.timeline=false --out " + out.string());
+  ASSERT_EQ(status, 0) << output;
+  std::ifstream sf(out / "summary.json");
+  const nlohmann::json s = nlohmann::json::parse(sf);
+  const auto total = s["num_parameters"].get<long long>();
+  const auto mine = s["num_parameters_on_device"].get<long long>();
+  EXPECT_NE(output.find(": " + std::to_string(total) + " parameters, " + std::to_string(mine) +
+                        " on device 0"),
+            std::string::npos)
+      << output;
+  EXPECT_LT(2 * mine, total);
+  fs::remove_all(out);
+}

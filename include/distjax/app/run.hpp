@@ -40,6 +40,9 @@ struct Loop {
   std::string items_name = "examples";  ///< unit of throughput: "examples" or "tokens"
   std::string mesh = "single device";   ///< recorded in summary.json
   std::string backend = "none";
+  /// The whole model's parameters, summary.json's num_parameters (0: this device's, which
+  /// summary.json also has as num_parameters_on_device).
+  std::int64_t model_parameters = 0;
   bool print = true;                    ///< the Trainer's lines, on the main device
   /// This device's batch of the step about to run (state.step steps done).
   std::function<train::Batch(std::int64_t step)> batch{};

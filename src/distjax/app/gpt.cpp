@@ -148,6 +148,7 @@ int run_gpt(const config::TrainConfig& c) {
               .items_name = "tokens",
               .mesh = mesh.describe(),
               .backend = backend_label(c),
+              .model_parameters = model.num_params(),
               // The data of step s is drawn from the step alone.
               .batch = [&](std::int64_t step) {
                 return replica_slice(data::sample_windows(corpus.train, batch_size, seq_len,

@@ -97,6 +97,7 @@ int run_pipeline_parallelism(const config::TrainConfig& c, bool show_schedule) {
          .log_every = 1 << 30,  // this program prints its own lines
          .mesh = "data=" + std::to_string(n_data) + ",pipe=" + std::to_string(pipe),
          .backend = backend_label(c),
+         .model_parameters = model.init(Key::from_seed(0)).num_elements(),
          .print = false,
          .batch = [&](std::int64_t) { return loader.next(); },
          .loader = &loader,

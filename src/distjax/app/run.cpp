@@ -59,6 +59,8 @@ class DeviceRun {
     if (loop_.after_training) summary = loop_.after_training();
     result.eval = evaluate(trainer);
     if (loop_.summary) summary.merge(loop_.summary(result));
+    if (loop_.model_parameters > 0)
+      summary["num_parameters"] = static_cast<double>(loop_.model_parameters);
     trainer.finish(state_, summary);
     if (lead_ && ckpt_.config().saves)
       std::printf("Checkpoint: %s (continue with --resume; list with distjax ckpt inspect)\n",

@@ -93,6 +93,7 @@ int run_tensor_parallelism(const config::TrainConfig& c) {
          .log_every = 1 << 30,  // this program prints its own lines
          .mesh = mesh.describe(),
          .backend = backend_label(c),
+         .model_parameters = model.num_params(),
          .print = false,
          .batch = [&](std::int64_t) { return loader.next(); },
          .loader = &loader,

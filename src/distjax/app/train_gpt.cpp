@@ -98,6 +98,7 @@ int run_train_gpt(const config::TrainConfig& c) {
        .log_every = c.run.log_every,
        .items_per_example = static_cast<double>(seq_len),
        .items_name = "tokens",
+       .model_parameters = model.num_params(),
        // Each step's batch is drawn from the step.
        .batch = [&](std::int64_t step) {
          return data::sample_windows(corpus.train, batch_size, seq_len,

@@ -74,6 +74,7 @@ int run_train_mnist(const config::TrainConfig& c) {
               .log_every = c.run.log_every,
               .mesh = "data=" + std::to_string(devices),
               .backend = backend_label(c),
+              .model_parameters = model.num_params(),
               .batch = [&](std::int64_t) { return loader.next(); },
               .loader = &loader,
               // After every epoch unless run.eval_every says otherwise, and at the end.

@@ -357,7 +357,9 @@ void Trainer::finish(const TrainState& state, const std::map<std::string, double
   s["throughput_unit"] = config_.items_name + "/s";
   s[config_.items_name + "_seen"] = total_items_;
   s["optimizer"] = optimizer_.name();
+  // This device's; a caller that knows the whole model's count passes it in `extra`.
   s["num_parameters"] = state.params.num_elements();
+  s["num_parameters_on_device"] = state.params.num_elements();
   s["mesh"] = config_.mesh;
   s["backend"] = config_.backend;
   s["host_waits_in_steps"] = step_waits_;
