@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -307,5 +308,40 @@ TEST(DistjaxResume, AFreshRunRefusesADirectoryWithCheckpoints) {
   const auto [status3, output3] = small_run(out, 2, "--overwrite --resume");
   EXPECT_EQ(status3, 1) << output3;
   EXPECT_NE(output3.find("run.overwrite"), std::string::npos) << output3;
+  fs::remove_all(out);
+}
+
+namespace {
+
+std::string contents(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+// Resuming a run that had finished (its checkpoint at run.steps, or past a lowered
+// run.steps) trains nothing, says so, and leaves metrics.jsonl, summary.json and the
+// checkpoints as they were (it used to log a second evaluation and rewrite summary.json
+// with zero throughput and no train metrics).
+TEST(DistjaxResume, ResumingAFinishedRunChangesNothing) {
+  const fs::path out = fresh_dir("distjax_resume_finished");
+  ASSERT_EQ(small_run(out, 2, "").first, 0);
+  const std::string metrics = contents(out / "metrics.jsonl");
+  const std::string summary = contents(out / "summary.json");
+  ASSERT_NE(summary.find("\"train_loss\""), std::string::npos) << summary;
+  for (int steps : {2, 1}) {
+    SCOPED_TRACE("run.steps = " + std::to_string(steps));
+    const auto [status, output] = small_run(out, steps, "--resume");
+    EXPECT_EQ(status, 0) << output;
+    EXPECT_NE(output.find("Nothing to train: the checkpoint is at step 2 and the run ends at step " +
+                          std::to_string(steps)),
+              std::string::npos)
+        << output;
+    EXPECT_EQ(output.find("done: "), std::string::npos) << output;
+    EXPECT_EQ(contents(out / "metrics.jsonl"), metrics);
+    EXPECT_EQ(contents(out / "summary.json"), summary);
+    EXPECT_FALSE(fs::exists(out / "checkpoints" / "step_00000003"));
+  }
   fs::remove_all(out);
 }

@@ -23,6 +23,9 @@ struct LoopResult {
   train::Metrics eval{};          ///< the last evaluation
   train::Metrics initial_eval{};  ///< with eval_at_start
   bool resumed = false;
+  /// Resumed from a checkpoint at or past total_steps: nothing trained, no file written
+  /// (eval is the evaluation of the restored parameters, not logged).
+  bool already_finished = false;
   std::string checkpoint{};     ///< the last checkpoint saved ("" when none)
 };
 
@@ -66,7 +69,8 @@ struct Loop {
 };
 
 /// Runs `loop` on this device until state.step reaches total_steps: restores by
-/// run.resume (saying so on the main device), runs Trainer steps through the composed
+/// run.resume (saying so on the main device; a checkpoint at or past total_steps trains
+/// nothing and changes no file: LoopResult::already_finished), runs Trainer steps through the composed
 /// strategy, saves every run.checkpoint_every steps, evaluates, saves the last step,
 /// writes summary.json and the timeline (Trainer::finish) and prints where the checkpoint
 /// is. Under a pipeline the devices of the pipe axis meet before the last step, so its

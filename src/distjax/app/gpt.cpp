@@ -8,6 +8,7 @@
 // progress bar on a terminal), validation bits per byte, the bytes each device holds, and where the
 // files are.
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -112,6 +113,7 @@ int run_gpt(const config::TrainConfig& c) {
   const Key root = Key::from_seed(static_cast<std::uint64_t>(c.run.seed));
   std::mutex trace_mu;
   std::vector<parallel::PipelineTrace> traces(static_cast<std::size_t>(mesh.size()));
+  std::atomic<bool> trained{true};  // false: resumed at the last step, no schedule ran
 
   // Data x tensor [x pipe]: each device holds its shards (of its stage's chunks) only.
   auto device_program = [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
@@ -171,9 +173,12 @@ int run_gpt(const config::TrainConfig& c) {
       return {{"val_bits_per_byte", r.eval.mean("bits_per_byte")}};
     };
     const LoopResult r = run_loop(loop);
+    if (r.already_finished) trained = false;
     if (!lead) return std::vector<Tensor>{};
     std::printf("Validation: %.3f bits per byte (uniform guessing: 8)", r.eval.mean("bits_per_byte"));
-    if (pp != nullptr)
+    if (pp != nullptr && r.already_finished)
+      std::printf("\n");
+    else if (pp != nullptr)
       std::printf("; measured pipeline bubble of the last step %.1f%%\n", 100.0 * bubble);
     else
       std::printf("\nBytes held by device 0: parameters %lld, optimizer state %lld (replicated: "
@@ -187,7 +192,8 @@ int run_gpt(const config::TrainConfig& c) {
   spmd::shard_map(mesh, device_program, {}, {},
                   {.backend = c.distributed.comm_backend(), .device = c.distributed.placement()})(std::vector<Tensor>{});
   const bool piped = mesh.has_axis("pipe") && mesh.axis_size("pipe") > 1;
-  if (piped && c.run.timeline && !c.run.out_dir.empty()) write_pipeline_timeline(c, traces);
+  if (piped && trained && c.run.timeline && !c.run.out_dir.empty())
+    write_pipeline_timeline(c, traces);
   return 0;
 }
 

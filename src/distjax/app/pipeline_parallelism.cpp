@@ -66,6 +66,7 @@ int run_pipeline_parallelism(const config::TrainConfig& c, bool show_schedule) {
   const Key root = Key::from_seed(seed);
   std::mutex mu;
   std::vector<parallel::PipelineTrace> traces(static_cast<std::size_t>(pipe));
+  bool trained = true;  // false: resumed at the last step, no schedule ran (set by device 0)
   // The whole model is only ever run cut into stages (init and loss come from the module).
   const ModelSpec spec{.pipeline = &model};
 
@@ -118,6 +119,9 @@ int run_pipeline_parallelism(const config::TrainConfig& c, bool show_schedule) {
       std::printf("[PP] Test accuracy: %.2f%% (%lld images) after %lld steps\n",
                   100.0 * r.eval.mean("accuracy"), static_cast<long long>(r.eval.at("accuracy").count),
                   static_cast<long long>(steps));
+      trained = !r.already_finished;
+    }
+    if (lead && trained) {
       std::printf("[PP] Measured bubble of the last step: %.1f%% (theory %.1f%%, unit-cost "
                   "schedule %.1f%%)\n",
                   100.0 * bubble, 100.0 * parallel::schedule_bubble_theory(kind, pipe, m, v),
@@ -127,7 +131,7 @@ int run_pipeline_parallelism(const config::TrainConfig& c, bool show_schedule) {
   };
   spmd::shard_map(mesh, program, {}, {},
                   {.backend = c.distributed.comm_backend(), .device = c.distributed.placement()})(std::vector<Tensor>{});
-  if (show_schedule && threads && c.distributed.is_main_process())
+  if (show_schedule && threads && trained && c.distributed.is_main_process())
     std::printf("Measured timeline of the last step (data replica 0; on a machine with fewer "
                 "cores than devices, waits for a core show as idle):\n%s",
                 parallel::format_trace_timeline(traces).c_str());

@@ -38,6 +38,7 @@ class DeviceRun {
   LoopResult run() {
     LoopResult result;
     result.resumed = restore();
+    if (result.resumed && state_.step >= loop_.total_steps) return already_finished(result);
     train::Trainer trainer(trainer_config(result.resumed), *loop_.optimizer,
                            loop_.composed->loss(true),
                            {.num_minibatches = static_cast<int>(loop_.config->run.grad_accum_steps),
@@ -84,6 +85,31 @@ class DeviceRun {
     return true;
   }
 
+  // A resumed run whose checkpoint is at or past the last step: nothing trains and no file
+  // changes (metrics.jsonl, summary.json, the checkpoints); the restored parameters are
+  // evaluated for the program's closing lines, without a log record.
+  LoopResult already_finished(LoopResult result) {
+    result.already_finished = true;
+    result.checkpoint = train::find_checkpoint(ckpt_.config().dir).value_or("");
+    if (lead_)
+      std::printf("Nothing to train: the checkpoint is at step %lld and the run ends at step %lld "
+                  "(raise run.steps to train further); %s is as the run left it\n",
+                  static_cast<long long>(state_.step), static_cast<long long>(loop_.total_steps),
+                  loop_.config->run.out_dir.c_str());
+    if (!loop_.eval_batches.empty())
+      result.eval = loop_.composed->evaluate(state_.params, eval_batches_here());
+    return result;
+  }
+
+  // The evaluation batches on this device: the program may have made them on another
+  // thread's device (e.g. the host); no copy when they are here already.
+  std::vector<train::Batch> eval_batches_here() const {
+    std::vector<train::Batch> batches;
+    for (const train::Batch& b : loop_.eval_batches)
+      batches.push_back({b.inputs.to(current_device()), b.labels.to(current_device())});
+    return batches;
+  }
+
   train::DataPosition position() const {
     if (loop_.loader == nullptr) return {0, state_.step};
     return {loop_.loader->position().epoch, loop_.loader->position().batch};
@@ -123,12 +149,7 @@ class DeviceRun {
 
   train::Metrics evaluate(train::Trainer& trainer) {
     if (loop_.eval_batches.empty()) return {};
-    // The program may have made them on another thread's device (e.g. the host): bring
-    // them to this device (no copy when they are there already).
-    std::vector<train::Batch> batches;
-    for (const train::Batch& b : loop_.eval_batches)
-      batches.push_back({b.inputs.to(current_device()), b.labels.to(current_device())});
-    const train::Metrics eval = loop_.composed->evaluate(state_.params, batches);
+    const train::Metrics eval = loop_.composed->evaluate(state_.params, eval_batches_here());
     trainer.log_eval(state_.step, eval);
     return eval;
   }

@@ -108,10 +108,13 @@ int run_tensor_parallelism(const config::TrainConfig& c) {
          .summary = [&](const LoopResult& r) -> std::map<std::string, double> {
            return {{"test_accuracy", r.eval.mean("accuracy")}};
          }});
-    if (lead)
-      std::printf("[TP] Test accuracy: %.2f%% (%lld images) after %lld steps, %.1f ms per step\n",
+    if (lead) {
+      std::printf("[TP] Test accuracy: %.2f%% (%lld images) after %lld steps",
                   100.0 * r.eval.mean("accuracy"), static_cast<long long>(r.eval.at("accuracy").count),
-                  static_cast<long long>(steps), ms_per_step);
+                  static_cast<long long>(steps));
+      if (!r.already_finished) std::printf(", %.1f ms per step", ms_per_step);
+      std::printf("\n");
+    }
     return std::vector<Tensor>{};
   };
   spmd::shard_map(mesh, device_program, {}, {},

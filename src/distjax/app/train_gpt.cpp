@@ -112,8 +112,11 @@ int run_train_gpt(const config::TrainConfig& c) {
                  {"initial_val_bits_per_byte", r.initial_eval.mean("bits_per_byte")},
                  {"flops_per_token", model.flops_per_token()}};
        }});
-  std::printf("Validation bits per byte: %.3f -> %.3f\n", r.initial_eval.mean("bits_per_byte"),
-              r.eval.mean("bits_per_byte"));
+  if (r.already_finished)
+    std::printf("Validation bits per byte: %.3f\n", r.eval.mean("bits_per_byte"));
+  else
+    std::printf("Validation bits per byte: %.3f -> %.3f\n", r.initial_eval.mean("bits_per_byte"),
+                r.eval.mean("bits_per_byte"));
   std::string text =
       sample(model, state.params, "The ", 120, seq_len, root.fold_in(std::string_view("sample")));
   for (char& ch : text)
