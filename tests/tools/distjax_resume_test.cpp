@@ -345,3 +345,24 @@ TEST(DistjaxResume, ResumingAFinishedRunChangesNothing) {
   }
   fs::remove_all(out);
 }
+
+// The learning-rate schedule spans the run: resuming with another run.steps changes the
+// rate from the resumed step on, which is allowed but said, with the rate before and after;
+// a resume with the same settings says nothing.
+TEST(DistjaxResume, ResumingWithAnotherScheduleSaysSo) {
+  const fs::path out = fresh_dir("distjax_resume_schedule");
+  ASSERT_EQ(small_run(out, 3, "--set run.checkpoint_every=2").first, 0);
+  fs::remove_all(out / "checkpoints" / "step_00000003");  // as if it stopped after step 2
+  const auto [status, output] = small_run(out, 3, "--resume");
+  ASSERT_EQ(status, 0) << output;
+  EXPECT_EQ(output.find("Warning: the checkpoint's run had other schedule settings"),
+            std::string::npos)
+      << output;
+  const auto [status2, output2] = small_run(out, 6, "--resume");
+  ASSERT_EQ(status2, 0) << output2;
+  EXPECT_NE(output2.find("Warning: the checkpoint's run had other schedule settings (run.steps "
+                         "3 -> 6): the learning rate from step 3 follows this run's schedule ("),
+            std::string::npos)
+      << output2;
+  fs::remove_all(out);
+}

@@ -79,6 +79,9 @@ class Checkpointer {
   std::string save(const TrainState& state, DataPosition data);
 
   const CheckpointConfig& config() const { return config_; }
+  /// The configuration (JSON text) the checkpoint restore() loaded was saved with: "{}"
+  /// before a restore, or when it recorded none.
+  const std::string& restored_config() const { return restored_config_; }
 
  private:
   /// The checkpoint of dir that every device finds (find_checkpoint); collective.
@@ -87,6 +90,7 @@ class Checkpointer {
   CheckpointConfig config_;
   CheckpointLayout layout_;
   std::int64_t last_saved_step_ = -1;
+  std::string restored_config_ = "{}";
 };
 
 }  // namespace distjax::train

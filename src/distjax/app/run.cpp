@@ -79,10 +79,53 @@ class DeviceRun {
     const auto pos = ckpt_.restore(state_);
     if (!pos) return false;
     if (loop_.loader != nullptr) loop_.loader->seek({pos->epoch, pos->batch});
-    if (lead_)
+    if (lead_) {
       std::printf("Resumed from %s at step %lld\n", ckpt_.config().dir.c_str(),
                   static_cast<long long>(state_.step));
+      warn_if_schedule_changed();
+    }
     return true;
+  }
+
+  // The learning-rate schedule spans the run (warmup, then cosine decay to run.steps): a
+  // resume with other steps or optimizer settings than the checkpoint's run changes the
+  // rate from here on. Allowed, but said, with the rate at this step before and after.
+  void warn_if_schedule_changed() const {
+    const config::TrainConfig& now = *loop_.config;
+    config::TrainConfig then;
+    try {
+      const auto saved = nlohmann::json::parse(ckpt_.restored_config());
+      if (!saved.contains("toml")) return;  // a checkpoint that recorded no config
+      config::apply_toml(then, saved["toml"].get<std::string>(), "the checkpoint's config");
+    } catch (const std::exception&) {
+      return;  // written by another version: nothing to compare with
+    }
+    std::string changed;
+    const auto differs = [&](const char* key, double a, double b) {
+      if (a == b) return;
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "%s%s %g -> %g", changed.empty() ? "" : ", ", key, a, b);
+      changed += buf;
+    };
+    differs("run.steps", double(then.run.steps), double(now.run.steps));
+    differs("run.epochs", double(then.run.epochs), double(now.run.epochs));
+    differs("optimizer.lr", then.optimizer.lr, now.optimizer.lr);
+    differs("optimizer.warmup_steps", double(then.optimizer.warmup_steps),
+            double(now.optimizer.warmup_steps));
+    differs("optimizer.final_lr_ratio", then.optimizer.final_lr_ratio,
+            now.optimizer.final_lr_ratio);
+    if (changed.empty()) return;
+    const double lr_now = loop_.optimizer->learning_rate(state_.step);
+    std::string before;
+    if (then.run.steps > 0 && loop_.total_steps == now.run.steps) {  // a schedule over run.steps
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.3g -> ",
+                    make_adamw(then, then.run.steps).learning_rate(state_.step));
+      before = buf;
+    }
+    std::printf("Warning: the checkpoint's run had other schedule settings (%s): the learning "
+                "rate from step %lld follows this run's schedule (%s%.3g at this step)\n",
+                changed.c_str(), static_cast<long long>(state_.step), before.c_str(), lr_now);
   }
 
   // A resumed run whose checkpoint is at or past the last step: nothing trains and no file

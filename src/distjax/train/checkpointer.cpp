@@ -90,6 +90,7 @@ std::optional<DataPosition> Checkpointer::restore(TrainState& state) {
   }
   const CheckpointMeta meta = load_checkpoint(*found, state, layout_, {.drop = config_.drop});
   last_saved_step_ = meta.step;
+  restored_config_ = meta.config;
   return meta.data;
 }
 
