@@ -26,6 +26,14 @@ train::Resume resume_of(config::Resume r) {
   return train::Resume::Off;
 }
 
+// "data=2,model=2,pipe=2": the mesh's axes and sizes, as the programs record them.
+std::string mesh_label(const mesh::Mesh& m) {
+  std::string label;
+  for (std::size_t i = 0; i < m.axis_names().size(); ++i)
+    label += (i ? "," : "") + m.axis_names()[i] + "=" + std::to_string(m.shape()[i]);
+  return label;
+}
+
 // The loop's state on one device: the checkpoints, the Trainer, the evaluations.
 class DeviceRun {
  public:
@@ -166,8 +174,12 @@ class DeviceRun {
     t.log_every = loop_.log_every;
     t.items_per_example = loop_.items_per_example;
     t.items_name = loop_.items_name;
-    t.mesh = loop_.mesh;
-    t.backend = loop_.backend;
+    t.mesh = !loop_.mesh.empty() ? loop_.mesh
+             : loop_.ctx != nullptr ? mesh_label(loop_.ctx->mesh())
+                                    : std::string("single device");
+    t.backend = !loop_.backend.empty() ? loop_.backend
+                : loop_.ctx != nullptr ? backend_label(*loop_.config)
+                                       : std::string("none");
     t.print = loop_.print && lead_;
     // Under a launcher (mpirun, srun) a rank's stdout is the launcher's pipe or pty, whatever
     // the user's own output is (often a file): the log lines only, no bar redrawn in place.

@@ -369,8 +369,10 @@ void Trainer::finish(const TrainState& state, const std::map<std::string, double
   for (const auto& [name, v] : last_eval_)
     fm["eval_" + name] = number(v);
   s["final_metrics"] = fm;
-  for (const auto& [name, v] : extra)
-    s[name] = number(v);
+  for (const auto& [name, v] : extra)  // whole numbers (counts) as integers
+    s[name] = std::isfinite(v) && v == std::trunc(v) && std::fabs(v) < 9.0e15
+                  ? json(static_cast<std::int64_t>(v))
+                  : number(v);
   const MemoryStats* memory = options_.strategy ? options_.strategy->memory_stats() : nullptr;
   if (memory != nullptr)
     s["memory_bytes_per_device"] = {{"parameters", memory->parameters},
