@@ -4,6 +4,8 @@
 # [s, 1] the targets of step s). torch_gpt2.py and jax_gpt2.py read them with WEIGHTS= and
 # TOKENS=.
 import json
+import os
+import types
 
 import numpy as np
 
@@ -84,3 +86,25 @@ def max_rel(ours, theirs):
     """max over steps of |ours - theirs| / |theirs| (the shorter list's steps)."""
     n = min(len(ours), len(theirs))
     return max(abs(a - b) / abs(b) for a, b in zip(ours[:n], theirs[:n])) if n else None
+
+
+def run_settings(env=os.environ):
+    """What both references read from the environment: the model's shape (from WEIGHTS= when
+    given, else L= and T= over GPT-2 124M's), the batch (from TOKENS= when given, else B=),
+    PRECISION=, STEPS=, LOSS_STEPS=, and the loaded weights and tokens (None without)."""
+    s = types.SimpleNamespace(precision=env.get("PRECISION", "bf16"),
+                              steps=int(env.get("STEPS", "30")),
+                              loss_steps=int(env.get("LOSS_STEPS", "20")), params=None, tokens=None)
+    if env.get("WEIGHTS"):
+        cfg, s.params = load(env["WEIGHTS"])
+        s.L, s.H, s.D, s.T, s.V, s.eps = (cfg[k] for k in ("L", "H", "D", "T", "V", "eps"))
+    else:
+        s.L, s.H, s.D, s.T, s.V, s.eps = int(env.get("L", "12")), 12, 768, int(env.get("T", "1024")), 50304, 1e-5
+    s.B = int(env.get("B", "16"))
+    if env.get("TOKENS"):
+        s.tokens = load_tokens(env["TOKENS"])
+        s.B = s.tokens.shape[2]
+        if s.tokens.shape[3] > s.T:
+            raise ValueError(f"tokens of length {s.tokens.shape[3]} past the model's {s.T} positions")
+        s.T = s.tokens.shape[3]
+    return s
