@@ -359,3 +359,17 @@ TEST(DistjaxTrain, SummaryCountsTheWholeModelsParameters) {
   EXPECT_LT(2 * mine, total);
   fs::remove_all(out);
 }
+
+// A message ends with what went wrong; the source location that raised it is for debugging,
+// added with DISTJAX_DEBUG=1.
+TEST(DistjaxTrain, MessagesNameTheSourceOnlyInDebugMode) {
+  const std::string train = std::string(DISTJAX_TOOL) + " train " + DISTJAX_SOURCE_DIR +
+                            "/configs/train_mnist.toml --set run.steps=1 --out /proc/distjax_x";
+  const auto [status, output] = run(train);
+  EXPECT_EQ(status, 1) << output;
+  EXPECT_NE(output.find("cannot create the directory"), std::string::npos) << output;
+  EXPECT_EQ(output.find(".cpp:"), std::string::npos) << output;
+  const auto [status2, output2] = run("DISTJAX_DEBUG=1 " + train);
+  EXPECT_EQ(status2, 1) << output2;
+  EXPECT_NE(output2.find("src/distjax/app/programs.cpp:"), std::string::npos) << output2;
+}

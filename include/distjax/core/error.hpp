@@ -45,11 +45,16 @@ class IoError : public Error {
 };
 
 namespace detail {
+/// Whether error messages end with the source location that raised them, " (file:line)":
+/// with DISTJAX_DEBUG=1 in the environment (read once); off by default, where a user's
+/// message ends with what went wrong and what to do.
+bool error_locations();
+
 template <class E, class... Args>
 [[noreturn]] void raise(const char* file, int line, const Args&... args) {
   std::ostringstream os;
   (os << ... << args);
-  os << " (" << file << ":" << line << ")";
+  if (error_locations()) os << " (" << file << ":" << line << ")";
   throw E(os.str());
 }
 }  // namespace detail
@@ -57,7 +62,8 @@ template <class E, class... Args>
 }  // namespace distjax
 
 /// DISTJAX_CHECK(cond, ErrorType, message parts...): throws ErrorType with the streamed
-/// message plus file:line when cond is false. Messages start with "[op] ".
+/// message (plus file:line under DISTJAX_DEBUG=1) when cond is false. Messages start with
+/// "[op] ".
 #define DISTJAX_CHECK(cond, E, ...)                                            \
   do {                                                                         \
     if (!(cond)) ::distjax::detail::raise<E>(__FILE__, __LINE__, __VA_ARGS__); \
