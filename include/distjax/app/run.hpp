@@ -41,8 +41,8 @@ struct Loop {
   std::int64_t log_every = 50;          ///< a progress line every this many steps
   double items_per_example = 1;         ///< e.g. T tokens per sequence for a language model
   std::string items_name = "examples";  ///< unit of throughput: "examples" or "tokens"
-  /// Recorded in summary.json; empty: the device context's mesh ("data=2,model=2,pipe=2"),
-  /// or "single device" without one.
+  /// Recorded in summary.json; empty: the device context's mesh (Mesh::describe:
+  /// ("data"=2, "model"=2, "pipe"=2)), or "single device" without one.
   std::string mesh{};
   /// Recorded in summary.json; empty: backend_label(*config) on a mesh, "none" without one.
   std::string backend{};

@@ -76,8 +76,6 @@ int run_data_parallelism(const config::TrainConfig& c) {
          .state = &state,
          .total_steps = steps,
          .log_every = 1 << 30,  // this program prints its own lines
-         .mesh = "data=" + std::to_string(devices),
-         .backend = backend_label(c),
          .model_parameters = model.num_params(),
          .print = false,
          .batch = [&](std::int64_t) { return loader.next(); },

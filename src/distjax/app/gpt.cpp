@@ -148,8 +148,6 @@ int run_gpt(const config::TrainConfig& c) {
               .log_every = c.run.log_every,
               .items_per_example = static_cast<double>(seq_len),
               .items_name = "tokens",
-              .mesh = mesh.describe(),
-              .backend = backend_label(c),
               .model_parameters = model.num_params(),
               // The data of step s is drawn from the step alone.
               .batch = [&](std::int64_t step) {

@@ -67,6 +67,8 @@ int run_pipeline_parallelism(const config::TrainConfig& c, bool show_schedule) {
   std::mutex mu;
   std::vector<parallel::PipelineTrace> traces(static_cast<std::size_t>(pipe));
   bool trained = true;  // false: resumed at the last step, no schedule ran (set by device 0)
+  // The whole model's parameters, for summary.json: counted once, from the one-device init.
+  const std::int64_t model_parameters = model.init(Key::from_seed(0)).num_elements();
   // The whole model is only ever run cut into stages (init and loss come from the module).
   const ModelSpec spec{.pipeline = &model};
 
@@ -96,9 +98,7 @@ int run_pipeline_parallelism(const config::TrainConfig& c, bool show_schedule) {
          .state = &state,
          .total_steps = steps,
          .log_every = 1 << 30,  // this program prints its own lines
-         .mesh = "data=" + std::to_string(n_data) + ",pipe=" + std::to_string(pipe),
-         .backend = backend_label(c),
-         .model_parameters = model.init(Key::from_seed(0)).num_elements(),
+         .model_parameters = model_parameters,
          .print = false,
          .batch = [&](std::int64_t) { return loader.next(); },
          .loader = &loader,

@@ -26,14 +26,6 @@ train::Resume resume_of(config::Resume r) {
   return train::Resume::Off;
 }
 
-// "data=2,model=2,pipe=2": the mesh's axes and sizes, as the programs record them.
-std::string mesh_label(const mesh::Mesh& m) {
-  std::string label;
-  for (std::size_t i = 0; i < m.axis_names().size(); ++i)
-    label += (i ? "," : "") + m.axis_names()[i] + "=" + std::to_string(m.shape()[i]);
-  return label;
-}
-
 // The loop's state on one device: the checkpoints, the Trainer, the evaluations.
 class DeviceRun {
  public:
@@ -175,7 +167,7 @@ class DeviceRun {
     t.items_per_example = loop_.items_per_example;
     t.items_name = loop_.items_name;
     t.mesh = !loop_.mesh.empty() ? loop_.mesh
-             : loop_.ctx != nullptr ? mesh_label(loop_.ctx->mesh())
+             : loop_.ctx != nullptr ? loop_.ctx->mesh().describe()
                                     : std::string("single device");
     t.backend = !loop_.backend.empty() ? loop_.backend
                 : loop_.ctx != nullptr ? backend_label(*loop_.config)

@@ -91,8 +91,6 @@ int run_tensor_parallelism(const config::TrainConfig& c) {
          .state = &state,
          .total_steps = steps,
          .log_every = 1 << 30,  // this program prints its own lines
-         .mesh = mesh.describe(),
-         .backend = backend_label(c),
          .model_parameters = model.num_params(),
          .print = false,
          .batch = [&](std::int64_t) { return loader.next(); },

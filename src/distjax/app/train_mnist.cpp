@@ -72,8 +72,6 @@ int run_train_mnist(const config::TrainConfig& c) {
               .state = &state,
               .total_steps = total_steps,
               .log_every = c.run.log_every,
-              .mesh = "data=" + std::to_string(devices),
-              .backend = backend_label(c),
               .model_parameters = model.num_params(),
               .batch = [&](std::int64_t) { return loader.next(); },
               .loader = &loader,

@@ -306,7 +306,8 @@ bool bias_grad_in_product(const Tensor& g, const Tensor& pre, const Tensor& xd, 
                           bool rw, const std::shared_ptr<Node>& wleaf,
                           const std::shared_ptr<Node>& bleaf) {
   const bool queued = weight_grad_store() != nullptr && (wleaf || bleaf);
-  return bias_grad_in_product_enabled() && has_bias && rw && !queued && !pre.defined() && gemm_dtype(xd) != DType::F32 &&
+  return bias_grad_in_product_enabled() && has_bias && rw && !queued && !pre.defined() &&
+         gemm_dtype(xd) != DType::F32 &&
          g.dtype() == xd.dtype() && xd.numel() > 0 && g.numel() > 0;
 }
 
