@@ -23,6 +23,7 @@
 #   GPU_STEPS=20      timed steps (after warm-up) of each system
 #   GPU_SKIP_REFS=1   DistJax alone
 #   GPU_SKIP_SIM=1    without the (2,2,2) simulated mesh against one device
+#   GPU_SKIP_VARIANTS=1  without the step under the settings off by default
 #   GPU_DEADLINE=S    skip what would start after S seconds of this script (a lease's end)
 #   GPU_LOSS_STEPS=20 the steps whose losses are compared (0: no comparison)
 #   GPU_F32_BATCH=8   the batch of the f32 comparison
@@ -136,7 +137,7 @@ fi
 # gpu_gpt2_124m_tokens_per_s_SUFFIX.
 variant() {
   local name=gpu_gpt2_124m_tokens_per_s_$1 setting=$2
-  [ -x "$BUILD/bench_gpu_gpt2" ] && ! late || return 0
+  [ -x "$BUILD/bench_gpu_gpt2" ] && ! late && [ "${GPU_SKIP_VARIANTS:-0}" != 1 ] || return 0
   log "DistJax GPT-2 124M, batch $B, $setting"
   local tmp
   tmp=$(mktemp)

@@ -256,18 +256,22 @@ fi
 # with its rank, capped at 45 s (a report: what each rank says when the run does not end).
 # Ranks still running after 30 s get their threads' backtraces (gdb, attached to all at once,
 # 20 s each) and their threads' kernel wait channels (no ptrace needed), after the run's output.
-if { [ "${PROBE_SPMD_MPI:-0}" = 1 ] || [ "${PROBE_SPMD_MPI:-0}" = 2 ]; } &&
-  [ -x "$BUILD/tests/spmd_mpi_test" ]; then
+# backtrace_probe PROGRAM LOG [ARGS...]: PROGRAM under mpirun -np 4 on the GPU, capped at 45 s;
+# processes still running after 30 s get their threads' backtraces (gdb, attached to all at
+# once, 20 s each) and their threads' kernel wait channels (no ptrace needed), appended to LOG.
+backtrace_probe() {
+  local program=$1 log=$2
+  shift 2
   timeout -s INT 45 mpirun --allow-run-as-root --oversubscribe --tag-output -x DISTJAX_DEVICE=cuda \
-    -x LD_LIBRARY_PATH -np 4 "$BUILD/tests/spmd_mpi_test" >"$OUT/spmd-mpi-probe.log" 2>&1 &
-  probe=$!
+    -x LD_LIBRARY_PATH -np 4 "$BUILD/tests/$program" "$@" >"$log" 2>&1 &
+  local probe=$! dumps p pid t
   for _ in $(seq 30); do kill -0 "$probe" 2>/dev/null && sleep 1; done
   dumps=$(mktemp -d)
   for p in /proc/[0-9]*; do  # not pgrep: procps may be missing there
-    [ "$(cat "$p/comm" 2>/dev/null)" = spmd_mpi_test ] || continue
+    [ "$(cat "$p/comm" 2>/dev/null)" = "${program:0:15}" ] || continue
     pid=${p#/proc/}
     {
-      echo "==== rank process $pid: threads (name, wait channel)"
+      echo "==== process $pid: threads (name, wait channel)"
       for t in "$p"/task/*; do echo "${t##*/} $(cat "$t/comm") $(cat "$t/wchan")"; done
       if command -v gdb >/dev/null; then
         echo "==== gdb -p $pid -batch -ex 'thread apply all bt'"
@@ -276,10 +280,14 @@ if { [ "${PROBE_SPMD_MPI:-0}" = 1 ] || [ "${PROBE_SPMD_MPI:-0}" = 2 ]; } &&
     } >"$dumps/$pid" 2>&1 &
   done
   wait "$probe"
-  echo "spmd-mpi-probe: exit $?" | tee -a "$SUMMARY"
+  echo "backtrace-probe $program: exit $?" | tee -a "$SUMMARY"
   wait  # the dumps
-  cat "$dumps"/* >>"$OUT/spmd-mpi-probe.log" 2>/dev/null
+  cat "$dumps"/* >>"$log" 2>/dev/null
   rm -rf "$dumps"
+}
+if { [ "${PROBE_SPMD_MPI:-0}" = 1 ] || [ "${PROBE_SPMD_MPI:-0}" = 2 ]; } &&
+  [ -x "$BUILD/tests/spmd_mpi_test" ]; then
+  backtrace_probe spmd_mpi_test "$OUT/spmd-mpi-probe.log"
 fi
 # PROBE_SPMD_MPI=2: the probe above, then gpu_spmd_mpi's program once more under each of a few
 # settings, capped at 25 s each, one summary line each (exit 0: it passed; 124: it hung): two
@@ -326,6 +334,25 @@ if [ "${PROBE_SPMD_MPI:-0}" = 3 ] && [ -x "$BUILD/tests/collectives_test" ]; the
     PROBE_CAP=15
     probe_variant threads-x2 2 collectives_test -- --gtest_brief=1
     probe_variant threads-x4-connections32 4 collectives_test CUDA_DEVICE_MAX_CONNECTIONS=32 -- --gtest_brief=1
+  fi
+fi
+# PROBE_SPMD_MPI=4: after each device thread waits for its stream's work before it ends
+# (comm/threads: the previous probes' backtraces showed every device thread of a hung
+# process inside the driver's thread-exit teardown of its per-thread stream): gpu_spmd_mpi's
+# program and four processes of collectives_test, each twice, capped at 20 s; where all
+# pass, the gpu_spmd_mpi ctest entry itself; where one hangs, the hung collectives_test
+# processes' backtraces.
+if [ "${PROBE_SPMD_MPI:-0}" = 4 ] && [ -x "$BUILD/tests/collectives_test" ]; then
+  PROBE_CAP=20
+  ok=1
+  for i in 1 2; do
+    probe_variant "spmd-mpi-$i" 4 spmd_mpi_test || ok=0
+    probe_variant "threads-x4-$i" 4 collectives_test -- --gtest_brief=1 || ok=0
+  done
+  if [ $ok = 1 ]; then
+    step ctest-gpu-spmd-mpi bash -c "cd '$BUILD' && DISTJAX_REQUIRE_GPU=1 ctest --output-on-failure --timeout 90 -R '^gpu_spmd_mpi\$'"
+  else
+    backtrace_probe collectives_test "$OUT/spmd-mpi-probe.log" --gtest_brief=1
   fi
 fi
 if [ "${PROBE_SPMD_MPI:-0}" -ge 2 ]; then

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <optional>
 #include <thread>
 
 #include "distjax/core/error.hpp"
@@ -513,17 +514,38 @@ ThreadsCommunicator::~ThreadsCommunicator() {
   if (worker_.joinable()) worker_.join();  // the worker drains the queue first
 }
 
+namespace {
+// A thread's GPU stream (CUDA's per-thread stream) is torn down when the thread ends. Where
+// it still has work queued, several processes sharing one GPU hang in that teardown: on an
+// H200, each device thread of a process stuck for good in the driver's thread-exit
+// destructor, the launch never returning (gpu_spmd_mpi; two processes of the collectives'
+// tests without MPI too). So a thread that ran device work waits for it before it ends
+// (quietly: after the error that ended the thread, or in a destructor).
+void finish_thread_work(Device device) {
+  try {
+    tensor::raw::synchronize("thread exit", device);
+  } catch (const std::exception&) {
+  }
+}
+}  // namespace
+
 void ThreadsCommunicator::worker_loop() {
   GroupState::sleep_when_waiting();  // the device's thread computes meanwhile
+  std::optional<Device> used;        // the device this thread queued work on
   for (;;) {
     std::shared_ptr<Job> job;
     {
       std::unique_lock lk(q_mu_);
       q_cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;
+      if (queue_.empty()) {
+        lk.unlock();
+        if (used) finish_thread_work(*used);
+        return;
+      }
       job = std::move(queue_.front());
       queue_.pop_front();
     }
+    if (job->mover) used = job->mover->device;
     defer_ = &job->count;
     issued_ = job->issued;
     link_ready_ = &job->ready_at;
@@ -648,6 +670,7 @@ void launch_threads(const LaunchOptions& opts, const std::function<void(Communic
       Communicator c(std::make_shared<threads::ThreadsCommunicator>(
           world, world_group, d, std::make_shared<CommStats>()));
       fn(c);
+      tensor::raw::synchronize("launch", current_device());  // its last work's errors are its own
     } catch (...) {
       std::string what = "unknown exception";
       try {
@@ -666,6 +689,7 @@ void launch_threads(const LaunchOptions& opts, const std::function<void(Communic
       world->abort_all("[launch] aborted because device " + std::to_string(d) +
                        " failed: " + what);
     }
+    threads::finish_thread_work(current_device());
     world->device_exited(d);
   };
   // Every device, even a single one, gets its own thread: its tape and OpenMP settings
