@@ -352,6 +352,8 @@ if [ "${PROBE_SPMD_MPI:-0}" = 4 ] && [ -x "$BUILD/tests/collectives_test" ]; the
   if [ $ok = 1 ]; then
     step ctest-gpu-spmd-mpi bash -c "cd '$BUILD' && DISTJAX_REQUIRE_GPU=1 ctest --output-on-failure --timeout 90 -R '^gpu_spmd_mpi\$'"
   else
+    grep -ah 'FAILED  \]\|max |diff|\|exception' "$OUT"/spmd-mpi-variants.*.log | sort | uniq -c |
+      sort -rn | head -n 12 | tee -a "$SUMMARY"
     backtrace_probe collectives_test "$OUT/spmd-mpi-probe.log" --gtest_brief=1
   fi
 fi

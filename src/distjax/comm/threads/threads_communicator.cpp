@@ -660,6 +660,11 @@ void launch_threads(const LaunchOptions& opts, const std::function<void(Communic
   world->register_group(world_group);
   const int omp_threads = intra_op_threads_for(opts, n);
 
+  // What the caller queued before the launch (its inputs, made on its own stream): each
+  // device thread's stream waits for it on the device before its first kernel, so a device
+  // reading the caller's tensors follows their writers (on the GPU, without a host wait).
+  const tensor::raw::Event inputs_ready = tensor::raw::Event::record("launch", opts.device);
+
   std::mutex err_mu;
   std::exception_ptr first_error;
   int first_device = -1;
@@ -667,10 +672,13 @@ void launch_threads(const LaunchOptions& opts, const std::function<void(Communic
     set_intra_op_threads(omp_threads);
     set_current_device(opts.device);
     try {
+      inputs_ready.stream_wait();
       Communicator c(std::make_shared<threads::ThreadsCommunicator>(
           world, world_group, d, std::make_shared<CommStats>()));
       fn(c);
-      tensor::raw::synchronize("launch", current_device());  // its last work's errors are its own
+      // Its outputs are read by the caller after the join, on another stream; and the last
+      // work's errors are the device's own.
+      tensor::raw::synchronize("launch", current_device());
     } catch (...) {
       std::string what = "unknown exception";
       try {
