@@ -285,15 +285,12 @@ backtrace_probe() {
   cat "$dumps"/* >>"$log" 2>/dev/null
   rm -rf "$dumps"
 }
-if { [ "${PROBE_SPMD_MPI:-0}" = 1 ] || [ "${PROBE_SPMD_MPI:-0}" = 2 ]; } &&
-  [ -x "$BUILD/tests/spmd_mpi_test" ]; then
+if [ "${PROBE_SPMD_MPI:-0}" = 1 ] && [ -x "$BUILD/tests/spmd_mpi_test" ]; then
   backtrace_probe spmd_mpi_test "$OUT/spmd-mpi-probe.log"
 fi
-# PROBE_SPMD_MPI=2: the probe above, then gpu_spmd_mpi's program once more under each of a few
-# settings, capped at 25 s each, one summary line each (exit 0: it passed; 124: it hung): two
-# ranks instead of four, CUDA's modules loaded eagerly (lazy loading takes the driver's locks
-# at a kernel's first launch), launches made blocking, and, without MPI, four processes each
-# running the threads backend's collectives on the shared GPU (collectives_test, four copies).
+# probe_variant LABEL NP PROGRAM [VAR=VALUE...] [-- args]: PROGRAM under mpirun -np NP on the
+# GPU, capped at PROBE_CAP seconds (default 25), one summary line (exit 0: it passed; 124: it
+# hung), its output in spmd-mpi-variants.LABEL.log.
 probe_variant() {  # LABEL NP PROGRAM [VAR=VALUE...] [-- args]
   local label=$1 np=$2 program=$3 envs=() args=()
   shift 3
@@ -307,41 +304,10 @@ probe_variant() {  # LABEL NP PROGRAM [VAR=VALUE...] [-- args]
   echo "spmd-mpi-variant $label: exit $rc in $((SECONDS - t0)) s" | tee -a "$SUMMARY"
   return $rc
 }
-if [ "${PROBE_SPMD_MPI:-0}" = 2 ] && [ -x "$BUILD/tests/spmd_mpi_test" ]; then
-  probe_variant np2 2 spmd_mpi_test
-  probe_variant eager 4 spmd_mpi_test CUDA_MODULE_LOADING=EAGER
-  probe_variant blocking 4 spmd_mpi_test CUDA_LAUNCH_BLOCKING=1
-  probe_variant threads-x4 4 collectives_test -- --gtest_brief=1
-fi
-# PROBE_SPMD_MPI=3: after the variants above (2026-11-28, an H200: four processes of the
-# threads backend alone hang, CUDA_LAUNCH_BLOCKING=1 passes, eager loading does not) and the
-# event pool (tensor/cuda/comm.cu: events are re-recorded, never destroyed): gpu_spmd_mpi's
-# program and four processes of collectives_test, capped at 20 s each; where both pass, the
-# gpu_spmd_mpi ctest entry itself (capped at 60 s); where one hangs, which test each
-# collectives_test process had started, whether two processes suffice, and whether more
-# hardware work queues per context change it.
-if [ "${PROBE_SPMD_MPI:-0}" = 3 ] && [ -x "$BUILD/tests/collectives_test" ]; then
-  PROBE_CAP=20
-  probe_variant spmd-mpi 4 spmd_mpi_test && spmd_ok=1 || spmd_ok=0
-  probe_variant threads-x4-verbose 4 collectives_test && threads_ok=1 || threads_ok=0
-  if [ $spmd_ok = 1 ] && [ $threads_ok = 1 ]; then
-    step ctest-gpu-spmd-mpi bash -c "cd '$BUILD' && DISTJAX_REQUIRE_GPU=1 ctest --output-on-failure --timeout 60 -R '^gpu_spmd_mpi\$'"
-  else
-    grep -a '\[ RUN      \]' "$OUT/spmd-mpi-variants.threads-x4-verbose.log" |
-      sed 's/\x1b\[[0-9;]*m//g' |
-      awk -F'<stdout>:' '{last[$1] = $2} END {for (r in last) print "  last started " r ": " last[r]}' |
-      sort | tee -a "$SUMMARY"
-    PROBE_CAP=15
-    probe_variant threads-x2 2 collectives_test -- --gtest_brief=1
-    probe_variant threads-x4-connections32 4 collectives_test CUDA_DEVICE_MAX_CONNECTIONS=32 -- --gtest_brief=1
-  fi
-fi
-# PROBE_SPMD_MPI=4: after each device thread waits for its stream's work before it ends
-# (comm/threads: the previous probes' backtraces showed every device thread of a hung
-# process inside the driver's thread-exit teardown of its per-thread stream): gpu_spmd_mpi's
-# program and four processes of collectives_test, each twice, capped at 20 s; where all
-# pass, the gpu_spmd_mpi ctest entry itself; where one hangs, the hung collectives_test
-# processes' backtraces.
+# PROBE_SPMD_MPI=4: several processes sharing the GPU (docs/spmd.md, "On a GPU the launch
+# orders its edges"): gpu_spmd_mpi's program and four processes of collectives_test, each
+# twice, capped at 20 s; where all pass, the gpu_spmd_mpi ctest entry itself; where one
+# fails, its failures and the processes' backtraces.
 if [ "${PROBE_SPMD_MPI:-0}" = 4 ] && [ -x "$BUILD/tests/collectives_test" ]; then
   PROBE_CAP=20
   ok=1
