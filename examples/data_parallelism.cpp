@@ -25,8 +25,6 @@ int main(int argc, char** argv) {
              ->check(CLI::Range(0, 3));
        },
        .adjust = [&](distjax::config::TrainConfig& c) {
-         c.parallelism.zero_stage = zero == 3 ? 0 : zero;
-         c.parallelism.fsdp.modules =
-             zero == 3 ? std::vector<std::string>{"*"} : std::vector<std::string>{};
+         c.parallelism.shard = static_cast<distjax::config::Shard>(zero);
        }});
 }

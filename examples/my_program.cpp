@@ -9,7 +9,7 @@ int main() {
   c.run.steps = 20;
   c.run.out_dir = "runs/my_program";
   c.run.overwrite = true;
-  c.parallelism.fsdp.modules = {"*"};  // FSDP over "data" inside each stage
+  c.parallelism.shard = config::Shard::Parameters;  // FSDP over "data" inside each stage
   c = app::prepare_program(c);         // validated and resolved, as `distjax train` does
   const mesh::Mesh mesh = config::build_mesh(c.distributed, {"data", "model"});
   const app::Fortunes text = app::load_fortunes(c);  // data.dir, data.seq_len, validation

@@ -249,6 +249,68 @@ TEST(ConfigFile, ToTomlRoundTrips) {
     EXPECT_NE(text.find(k.name.substr(k.name.rfind('.') + 1) + " = "), std::string::npos) << k.name;
 }
 
+// ZeRO's stages are one key, parallelism.shard; fsdp.modules filters "parameters". The old
+// spellings (zero_stage, and fsdp.modules alone turning FSDP on) are read, with a notice
+// naming the new key, and never written.
+TEST(ConfigFile, ShardIsOneKeyAndTheOldSpellingsAreReadWithANotice) {
+  TrainConfig c;
+  config::apply_toml(c, "[parallelism]\nshard = \"gradients\"\n", "new.toml");
+  EXPECT_EQ(c.parallelism.shard, config::Shard::Gradients);
+  EXPECT_TRUE(c.notices.empty());
+
+  c = TrainConfig{};
+  config::apply_toml(c, "[parallelism]\nzero_stage = 1\n", "old.toml");
+  EXPECT_EQ(c.parallelism.shard, config::Shard::Optimizer);
+  ASSERT_EQ(c.notices.size(), 1u);
+  EXPECT_NE(c.notices[0].find("parallelism.shard = \"optimizer\""), std::string::npos)
+      << c.notices[0];
+
+  // The old ZeRO-3: zero_stage = 0 with the modules named.
+  c = TrainConfig{};
+  config::apply_toml(c, "[parallelism]\nzero_stage = 0\n[parallelism.fsdp]\nmodules = [\"*\"]\n",
+                     "old.toml");
+  EXPECT_EQ(c.parallelism.shard, config::Shard::Parameters);
+  EXPECT_EQ(c.notices.size(), 2u);
+  for (const std::string& problem : c.problems())
+    EXPECT_EQ(problem.find("fsdp"), std::string::npos) << problem;
+  c = TrainConfig{};
+  config::apply_override(c, "parallelism.fsdp.modules=Block");
+  EXPECT_EQ(c.parallelism.shard, config::Shard::Parameters);
+  EXPECT_EQ(c.notices.size(), 1u);
+
+  // The modules as the filter of the new key: no notice.
+  c = TrainConfig{};
+  config::apply_toml(c, "[parallelism]\nshard = \"parameters\"\n[parallelism.fsdp]\nmodules = [\"MLP\"]\n",
+                     "new.toml");
+  EXPECT_EQ(c.parallelism.shard, config::Shard::Parameters);
+  EXPECT_TRUE(c.notices.empty());
+
+  // The two keys disagreeing, or a stage beyond the old key's, are errors naming both.
+  c = TrainConfig{};
+  const std::string both = parse_error("[parallelism]\nshard = \"optimizer\"\nzero_stage = 2\n");
+  EXPECT_NE(both.find("contradicts parallelism.shard = \"optimizer\""), std::string::npos) << both;
+  EXPECT_NE(parse_error("[parallelism]\nzero_stage = 3\n").find("parallelism.shard"),
+            std::string::npos);
+  // A filter for a shard that splits no parameters, built in code, is a problem.
+  c = TrainConfig{};
+  c.parallelism.shard = config::Shard::Optimizer;
+  c.parallelism.fsdp.modules = {"*"};
+  std::string problems;
+  for (const std::string& problem : c.problems())
+    problems += problem + "\n";
+  EXPECT_CONTAINS(problems, "parallelism.fsdp.modules names the modules parallelism.shard = "
+                            "\"parameters\" splits, but parallelism.shard = \"optimizer\"");
+
+  // Written under the new name only.
+  c = TrainConfig{};
+  c.parallelism.shard = config::Shard::Parameters;
+  const std::string text = config::to_toml(c);
+  EXPECT_NE(text.find("shard = \"parameters\""), std::string::npos);
+  EXPECT_EQ(text.find("zero_stage"), std::string::npos);
+  for (const config::ConfigKey& k : config::config_keys())
+    EXPECT_NE(k.name, "parallelism.zero_stage");
+}
+
 TEST(ConfigFile, NearestKey) {
   EXPECT_EQ(config::nearest_key("run.stpes"), "run.steps");
   EXPECT_EQ(config::nearest_key("optimizer.learning_rate"), "");

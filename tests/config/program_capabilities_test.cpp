@@ -8,6 +8,7 @@
 
 using namespace distjax;
 using config::ProgramCapabilities;
+using config::Shard;
 using config::TrainConfig;
 
 namespace {
@@ -21,8 +22,10 @@ std::string problems(const ProgramCapabilities& runs, const TrainConfig& c) {
 
 // A GPT program's: tensor, pipe, FSDP, bf16 and fp16, fp16 not with a pipe (a program that
 // does not give its pipeline its loss function); no ZeRO.
-const ProgramCapabilities kGpt{
-    .tensor_parallel = true, .pipeline_parallel = true, .fsdp = true, .mixed_precision = true};
+const ProgramCapabilities kGpt{.tensor_parallel = true,
+                               .pipeline_parallel = true,
+                               .shards = {Shard::None, Shard::Parameters},
+                               .mixed_precision = true};
 
 }  // namespace
 
@@ -31,7 +34,7 @@ TEST(ProgramCapabilities, WithinThemNoProblem) {
   c.distributed.world_size = 8;
   c.distributed.tensor_parallel_size = 2;
   c.distributed.pipeline_parallel_size = 2;
-  c.parallelism.fsdp.modules = {"*"};
+  c.parallelism.shard = Shard::Parameters;
   c.distributed.mixed_precision = config::MixedPrecision::Bf16;
   EXPECT_EQ(problems(kGpt, c), "");
 }
@@ -57,10 +60,10 @@ TEST(ProgramCapabilities, AnIdleMeshAxisIsNamed) {
 
 TEST(ProgramCapabilities, EveryKeyBeyondThemIsNamed) {
   TrainConfig c;
-  c.parallelism.zero_stage = 1;
+  c.parallelism.shard = Shard::Optimizer;
   EXPECT_EQ(problems(kGpt, c),
-            "parallelism.zero_stage = 1 is not implemented for this program (it runs zero_stage "
-            "0; fully sharded parameters are parallelism.fsdp.modules = [\"*\"])\n");
+            "parallelism.shard = \"optimizer\" is not implemented for this program (it runs "
+            "shard = \"none\", \"parameters\")\n");
   c = TrainConfig{};
   c.distributed.mixed_precision = config::MixedPrecision::Fp16;
   c.distributed.pipeline_parallel_size = 2;
@@ -70,14 +73,14 @@ TEST(ProgramCapabilities, EveryKeyBeyondThemIsNamed) {
   c.distributed.world_size = 8;
   c.distributed.tensor_parallel_size = 2;
   c.distributed.pipeline_parallel_size = 2;
-  c.parallelism.fsdp.modules = {"*"};
+  c.parallelism.shard = Shard::Parameters;
   c.distributed.mixed_precision = config::MixedPrecision::Bf16;
   const std::string all = problems(ProgramCapabilities{.max_devices = 4}, c);
   for (const char* key :
        {"distributed.world_size = 8: this program runs on at most 4 devices",
         "distributed.tensor_parallel_size = 2: this program has no tensor parallelism",
         "distributed.pipeline_parallel_size = 2: this program has no pipeline",
-        "parallelism.fsdp.modules = [\"*\"] is not implemented for this program",
+        "parallelism.shard = \"parameters\" is not implemented for this program",
         "distributed.mixed_precision = \"bf16\" is not implemented for this program"})
     EXPECT_NE(all.find(key), std::string::npos) << key << "\n" << all;
 }
@@ -106,6 +109,6 @@ TEST(ProgramCapabilities, Fp16LeavesNoPipelineUnlessItRunsOne) {
       << p[0];
   EXPECT_EQ(kGpt.str(),
             "mesh axes data, model, pipe; DP, FSDP; f32, bf16, fp16 (fp16 not with pipe)");
-  const ProgramCapabilities zero{.zero_stages = {0, 1, 2}};
+  const ProgramCapabilities zero{.shards = {Shard::None, Shard::Optimizer, Shard::Gradients}};
   EXPECT_EQ(zero.str(), "mesh axes data; DP, ZeRO-1, ZeRO-2; f32");
 }

@@ -9,6 +9,7 @@
 #include "distjax/core/error.hpp"
 
 using namespace distjax;
+using config::Shard;
 using config::TrainConfig;
 
 namespace {
@@ -69,12 +70,10 @@ TEST(TrainConfig, EveryRuleGivesItsMessage) {
   c.data.validation_fraction = 0;
   EXPECT_PROBLEM(c, "data.validation_fraction = 0 must be in (0, 1)");
   c = valid();
-  c.parallelism.zero_stage = 3;
-  EXPECT_PROBLEM(c, "parallelism.zero_stage = 3 must be 0, 1 or 2");
-  c = valid();
-  c.parallelism.zero_stage = 1;
+  c.parallelism.shard = Shard::Optimizer;
   c.parallelism.fsdp.modules = {"*"};
-  EXPECT_PROBLEM(c, "parallelism.zero_stage = 1 and parallelism.fsdp.modules exclude each other");
+  EXPECT_PROBLEM(c, "parallelism.fsdp.modules names the modules parallelism.shard = "
+                    "\"parameters\" splits, but parallelism.shard = \"optimizer\"");
   c = valid();
   c.run.batch_size = 127;
   EXPECT_PROBLEM(c, "run.batch_size = 127 must be divisible by the data-parallel size 2");

@@ -343,7 +343,10 @@ TEST(DocsPlan, Gpt3OnSixtyFourDevices) {
   EXPECT_NE(p.str().find("11.08 GB"), std::string::npos);
   // Only what the program that will run it runs (the gpt program's: no ZeRO-1/2, FSDP).
   const config::ProgramCapabilities runs{
-      .tensor_parallel = true, .pipeline_parallel = true, .fsdp = true, .mixed_precision = true};
+      .tensor_parallel = true,
+      .pipeline_parallel = true,
+      .shards = {config::Shard::None, config::Shard::Parameters},
+      .mixed_precision = true};
   std::vector<plan::Plan> fits = plan::meshes_that_fit(gpt3, s, 64, 80.0 * (1 << 30), runs);
   EXPECT_FALSE(fits.empty());
   for (const plan::Plan& f : fits)

@@ -274,8 +274,10 @@ TEST(Plan, Gpt3OnSixtyFourDevicesAsInTheGuide) {
   EXPECT_LT(make_plan(gpt3, mixed).total(), 80e9);
   const config::ProgramCapabilities everything{.tensor_parallel = true,
                                                .pipeline_parallel = true,
-                                               .zero_stages = {0, 1, 2},
-                                               .fsdp = true,
+                                               .shards = {config::Shard::None,
+                                                          config::Shard::Optimizer,
+                                                          config::Shard::Gradients,
+                                                          config::Shard::Parameters},
                                                .mixed_precision = true};
   const std::vector<Plan> fits = meshes_that_fit(gpt3, guide, 64, 80.0 * (1 << 30), everything);
   ASSERT_FALSE(fits.empty());

@@ -13,15 +13,15 @@ namespace distjax::config {
 /// What a program runs; every other choice of these keys is refused, none ignored.
 ///
 ///   ProgramCapabilities gpt{.tensor_parallel = true, .pipeline_parallel = true,
-///                           .fsdp = true, .mixed_precision = true};
-///   gpt.problems(config);   // {"parallelism.zero_stage = 1: ..."} for a ZeRO-1 config
+///                           .shards = {Shard::None, Shard::Parameters},
+///                           .mixed_precision = true};
+///   gpt.problems(config);   // {"parallelism.shard = \"optimizer\": ..."} for ZeRO-1
 struct ProgramCapabilities {
   int max_devices = 0;             ///< devices it runs on at most; 0: any number
   bool tensor_parallel = false;    ///< a "model" axis (distributed.tensor_parallel_size > 1)
   bool pipeline_parallel = false;  ///< a "pipe" axis (distributed.pipeline_parallel_size > 1)
-  /// parallelism.zero_stage values it runs over "data" (0: plain data parallelism).
-  std::vector<int> zero_stages = {0};
-  bool fsdp = false;             ///< parameters fully sharded over "data" (fsdp.modules = ["*"])
+  /// parallelism.shard values it runs over "data" (none: plain data parallelism).
+  std::vector<Shard> shards = {Shard::None};
   bool mixed_precision = false;  ///< distributed.mixed_precision "bf16" and "fp16"
   /// "fp16" with a "pipe" axis: the program gives its pipeline the train step's loss
   /// function (parallel::Pipeline::module_loss()), which the loss scale scales.
@@ -30,7 +30,7 @@ struct ProgramCapabilities {
   /// last stages cannot share the embedding.
   bool ties_embeddings = false;
 
-  bool runs_zero_stage(int stage) const;
+  bool runs(Shard s) const;
   /// The capabilities left once a config's model and precision are chosen: "fp16"
   /// without fp16_pipeline runs no pipeline, nor does a tied model (ties_embeddings).
   ProgramCapabilities for_config(const TrainConfig& c) const;

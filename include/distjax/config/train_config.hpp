@@ -74,23 +74,36 @@ struct DataConfig {
   double validation_fraction = 0.05;  ///< of a text corpus held out
 };
 
-/// [parallelism.fsdp]: fully sharded parameters (ZeRO-3) over "data".
+/// parallelism.shard: what the data-parallel replicas split over "data" instead of each
+/// holding it whole (ZeRO's stages; each includes the ones before).
+enum class Shard : std::uint8_t {
+  None,        ///< "none": plain data parallelism, the state replicated
+  Optimizer,   ///< "optimizer": ZeRO-1, the optimizer state split
+  Gradients,   ///< "gradients": ZeRO-2, and the gradients reduce-scattered
+  Parameters,  ///< "parameters": ZeRO-3 / FSDP, and the parameters stored split
+};
+/// "none", "optimizer", "gradients" or "parameters".
+const char* shard_name(Shard s);
+/// ZeRO's stage of `s`: 0, 1, 2 or 3.
+int zero_stage(Shard s);
+
+/// [parallelism.fsdp]: which parameters shard = "parameters" stores split over "data".
 struct FsdpConfig {
-  /// Modules whose parameters are fully sharded: [] none, ["*"] all, or the modules of
-  /// these kinds (the toolkit's "Block", "Attn", "MLP"; nn::FullySharded::modules).
+  /// Modules whose parameters are split: [] or ["*"] all, or the modules of these kinds
+  /// (the toolkit's "Block", "Attn", "MLP"; nn::FullySharded::modules).
   std::vector<std::string> modules;
   std::int64_t min_weight_size = std::int64_t{1} << 18;  ///< smaller parameters stay replicated
 };
 
 /// [parallelism]: how the strategies split the model (the mesh is in DistributedConfig).
 struct ParallelismConfig {
-  int zero_stage = 0;                  ///< 0 plain data parallel, 1 or 2 ZeRO (optimizer / grads)
+  Shard shard = Shard::None;           ///< what data parallelism splits over "data"
   std::string tp_layout = "megatron";  ///< megatron, gather, async or none
   bool sequence_parallel = false;      ///< megatron: split T between the blocks
   bool vocab_parallel = false;         ///< megatron: vocabulary-parallel head
   bool bidirectional = false;          ///< async rings both ways
   std::vector<std::string> remat;      ///< rematerialised modules: "Block", "Attn", "MLP"
-  FsdpConfig fsdp;
+  FsdpConfig fsdp;                     ///< the filter of shard = "parameters"
   /// Pipeline (distributed.pipeline_parallel_size > 1): the schedule, the micro-batches per
   /// step (they divide each data replica's batch) and the chunks per stage (interleaved).
   std::string schedule = "1f1b";       ///< gpipe, 1f1b, interleaved, zbh1 or interleaved_zb
@@ -107,11 +120,14 @@ struct TrainConfig {
   DataConfig data;
   ParallelismConfig parallelism;
   DistributedConfig distributed;
+  /// What reading the config noticed for the user: keys read under their old names, each
+  /// with the new one (the programs print them before they run).
+  std::vector<std::string> notices;
 
   /// One message per broken rule outside DistributedConfig (positive sizes, divisibility
-  /// of the batch by data_parallel_size and grad_accum_steps, zero_stage range, remat and
-  /// fsdp module names, ZeRO-1/2 with FSDP) followed by distributed.problems(); call on a
-  /// resolved config.
+  /// of the batch by data_parallel_size and grad_accum_steps, remat and fsdp module names,
+  /// a module filter without shard = "parameters") followed by distributed.problems();
+  /// call on a resolved config.
   std::vector<std::string> problems() const;
   /// Throws ConfigError "[config] <context>: N problems:\n  - ..." listing problems().
   void validate(const std::string& context = "") const;

@@ -215,12 +215,14 @@ Plan make_plan(const ModelDescription& model, const Setup& setup);
 /// activation_model_distjax() in f32, activation_model_megatron() in fp16 / bf16.
 ModelDescription model_from_config(const config::TrainConfig& c);
 Setup setup_from_config(const config::TrainConfig& c);
+/// parallelism.shard of a setup (fsdp: "parameters"; else by zero_stage).
+config::Shard shard_of(const Setup& s);
 
 /// The config `c` with the choices meshes_that_fit makes taken from `s`: the mesh
 /// (distributed.world_size, tensor_parallel_size, pipeline_parallel_size; an explicit
 /// mesh_shape dropped for the default (data, model, pipe) axes, num_processes_per_node left
-/// to config::resolve; enabled with more than one device), parallelism.zero_stage, fsdp.modules
-/// (["*"] unless `c` names modules) and microbatches (1 without a pipe axis).
+/// to config::resolve; enabled with more than one device), parallelism.shard (fsdp.modules
+/// kept for "parameters", else cleared) and microbatches (1 without a pipe axis).
 config::TrainConfig apply_setup(config::TrainConfig c, const Setup& s);
 
 /// The (data, tensor, pipe) factorizations of `world` (tensor dividing the heads, pipe the

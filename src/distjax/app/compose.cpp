@@ -38,7 +38,7 @@ Composed::Composed(const config::TrainConfig& c, spmd::DeviceContext* ctx, Model
       ctx_(ctx),
       model_(std::move(model)),
       precision_(precision_of(c)),
-      fully_sharded_(!c.parallelism.fsdp.modules.empty()),
+      fully_sharded_(c.parallelism.shard == config::Shard::Parameters),
       fsdp_{.axis = "data",
             .min_weight_size = c.parallelism.fsdp.min_weight_size,
             .modules = c.parallelism.fsdp.modules} {
@@ -47,7 +47,7 @@ Composed::Composed(const config::TrainConfig& c, spmd::DeviceContext* ctx, Model
     top_ = data_.get();
     return;
   }
-  const int zero = c.parallelism.zero_stage;
+  const int zero = config::zero_stage(c.parallelism.shard);
   if (zero == 1 || zero == 2)
     data_ = std::make_unique<parallel::ZeroDataParallel>(*ctx, zero, "data", &specs_);
   else

@@ -1,7 +1,7 @@
 // Program data_parallelism: the original toolkit's data_parallelism example on real data,
 // the MLP classifier on Fashion-MNIST over a ("data"=N) mesh with its parameters fully
-// sharded (parallelism.fsdp.modules = ["*"]: ZeRO-3 / FSDP), or plain data parallelism,
-// ZeRO-1 or ZeRO-2 (parallelism.zero_stage). Prints the mesh, the sharding of every
+// sharded (ZeRO-3 / FSDP), or plain data parallelism, ZeRO-1 or ZeRO-2 (parallelism.shard =
+// "parameters", "none", "optimizer", "gradients"). Prints the mesh, the sharding of every
 // parameter, "[FSDP] Step i: Loss = ..., Accuracy = ..." lines, the test accuracy and the
 // bytes each device holds.
 #include <cstdio>
@@ -29,7 +29,7 @@ void check_data_parallelism(const config::TrainConfig& c) {
 }
 
 int run_data_parallelism(const config::TrainConfig& c) {
-  const int zero = !c.parallelism.fsdp.modules.empty() ? 3 : c.parallelism.zero_stage;
+  const int zero = config::zero_stage(c.parallelism.shard);
   const char* kTags[] = {"DP", "ZeRO-1", "ZeRO-2", "FSDP"};
   const char* tag = kTags[zero];
   const mesh::Mesh mesh = config::build_mesh(c.distributed, {"data"});

@@ -1,6 +1,6 @@
 // Program gpt (the fsdp and tensor_parallel_gpt examples, and the main job): the GPT on
 // the fortunes corpus over a ("data", "model"[, "pipe"]) mesh, data parallel over "data"
-// (optionally with fully sharded parameters, parallelism.fsdp.modules = ["*"], and remat
+// (optionally with fully sharded parameters, parallelism.shard = "parameters", and remat
 // of its blocks), tensor parallel over "model" in any layout (Megatron, sequence and
 // vocabulary parallel, gather, async rings), and with distributed.pipeline_parallel_size
 // > 1 pipelined over "pipe" (models::TransformerPipeline under parallelism.schedule; with
@@ -85,7 +85,9 @@ void print_header(const config::TrainConfig& c, const mesh::Mesh& mesh,
               backend_label(c).c_str(), parallel::tp_layout_name(m.tp.layout),
               m.tp.sequence_parallel ? " + sequence parallel" : "",
               m.tp.vocab_parallel ? " + vocabulary parallel" : "",
-              c.parallelism.fsdp.modules.empty() ? "" : ", parameters fully sharded over \"data\"",
+              c.parallelism.shard == config::Shard::Parameters
+                  ? ", parameters fully sharded over \"data\""
+                  : "",
               precision.str().c_str(), mesh.to_string().c_str());
   if (!piped) return;
   const int n_pipe = mesh.axis_size("pipe"), v = static_cast<int>(c.parallelism.virtual_stages);

@@ -35,7 +35,8 @@ const std::vector<ProgramInfo>& programs() {
       {"data_parallelism",
        "the MLP classifier on Fashion-MNIST with ZeRO-1/2 or FSDP",
        run_data_parallelism,
-       {.zero_stages = {0, 1, 2}, .fsdp = true},
+       {.shards = {config::Shard::None, config::Shard::Optimizer, config::Shard::Gradients,
+                   config::Shard::Parameters}},
        check_data_parallelism},
       {"tensor_parallelism",
        "the TP classifier on Fashion-MNIST over (data, model)",
@@ -45,10 +46,10 @@ const std::vector<ProgramInfo>& programs() {
       {"gpt",
        "the GPT on the fortunes corpus over (data, model): TP layouts, FSDP, remat",
        run_gpt,
-       // ZeRO-1/2: no; its data parallelism shards with FSDP (parallelism.fsdp.modules).
+       // ZeRO-1/2: no; its data parallelism shards the parameters (FSDP) or nothing.
        {.tensor_parallel = true,
         .pipeline_parallel = true,
-        .fsdp = true,
+        .shards = {config::Shard::None, config::Shard::Parameters},
         .mixed_precision = true,
         .fp16_pipeline = true,
         .ties_embeddings = true},
@@ -107,6 +108,9 @@ config::TrainConfig builtin_config(const std::string& name) {
 }
 
 config::TrainConfig prepare_program(config::TrainConfig c, const std::string& source) {
+  if (comm::discover_launch_environment().rank == 0)
+    for (const std::string& n : c.notices)
+      std::fprintf(stderr, "[config] note: %s\n", n.c_str());
   find_program(c.run.program);
   c.distributed = config::resolve(c.distributed, comm::discover_launch_environment());
   c.validate(source);

@@ -27,6 +27,7 @@ struct Entry {
   ConfigKey key;
   std::function<void(TrainConfig&, const Value&)> set;
   std::function<Value(const TrainConfig&)> get;
+  bool old = false;  // a key read under its old name: read, noticed, never listed or written
 };
 
 std::string in_quotes(const std::string& s) {
@@ -160,6 +161,53 @@ Entry resume_field() {
   return e;
 }
 
+// parallelism.zero_stage, parallelism.shard's old name: 1 and 2 read as "optimizer" and
+// "gradients"; 0 (plain data parallelism, or ZeRO-3 with fsdp.modules) changes nothing.
+Entry zero_stage_field() {
+  Entry e;
+  e.old = true;
+  e.key = {"parallelism.zero_stage", ValueType::Int, "parallelism.shard's old name", {}};
+  e.set = [](TrainConfig& c, const Value& v) {
+    const std::int64_t z = std::get<std::int64_t>(v);
+    if (z < 0 || z > 2)
+      throw ConfigError("parallelism.zero_stage = " + std::to_string(z) +
+                        " must be 0, 1 or 2; it is parallelism.shard's old name: say "
+                        "parallelism.shard = \"none\", \"optimizer\", \"gradients\" or "
+                        "\"parameters\"");
+    if (z == 0) {
+      c.notices.push_back("parallelism.zero_stage = 0 is parallelism.shard's old name; it "
+                          "changes nothing (shard = \"" +
+                          std::string(shard_name(c.parallelism.shard)) + "\"): remove it");
+      return;
+    }
+    const Shard s = z == 1 ? Shard::Optimizer : Shard::Gradients;
+    if (c.parallelism.shard != Shard::None && c.parallelism.shard != s)
+      throw ConfigError("parallelism.zero_stage = " + std::to_string(z) +
+                        " (parallelism.shard's old name) contradicts parallelism.shard = \"" +
+                        shard_name(c.parallelism.shard) + "\"");
+    c.parallelism.shard = s;
+    c.notices.push_back("parallelism.zero_stage = " + std::to_string(z) +
+                        " is read as parallelism.shard = \"" + shard_name(s) +
+                        "\", its new name: say that instead");
+  };
+  e.get = [](const TrainConfig& c) {
+    return Value(static_cast<std::int64_t>(std::min(zero_stage(c.parallelism.shard), 2)));
+  };
+  return e;
+}
+
+// Module names given to fsdp.modules while parallelism.shard stays "none": the old way of
+// asking for fully sharded parameters (the filter alone turned it on). Read as that, said.
+void read_old_fsdp(TrainConfig& c, bool gave_modules, bool gave_shard) {
+  if (!gave_modules || gave_shard || c.parallelism.fsdp.modules.empty() ||
+      c.parallelism.shard != Shard::None)
+    return;
+  c.parallelism.shard = Shard::Parameters;
+  c.notices.push_back(
+      "parallelism.fsdp.modules without parallelism.shard is read as parallelism.shard = "
+      "\"parameters\" (the modules alone used to turn it on): say so");
+}
+
 #define DJ_ACCESS(member)        \
   [](TrainConfig & c) -> auto& { \
     return c.member;             \
@@ -234,9 +282,12 @@ const std::vector<Entry>& schema() {
     s.push_back(field("data.validation_fraction", DJ_ACCESS(data.validation_fraction),
                       "fraction of a text corpus held out for validation"));
     // [parallelism]
-    s.push_back(
-        field("parallelism.zero_stage", DJ_ACCESS(parallelism.zero_stage),
-              "0 plain data parallelism, 1 ZeRO-1 (optimizer state), 2 ZeRO-2 (+ gradients)"));
+    s.push_back(enum_field<Shard>(
+        "parallelism.shard", DJ_ACCESS(parallelism.shard),
+        "what data parallelism splits over \"data\": none, optimizer (ZeRO-1), gradients "
+        "(ZeRO-2), parameters (ZeRO-3 / FSDP, the modules of parallelism.fsdp.modules)",
+        {"none", "optimizer", "gradients", "parameters"}));
+    s.push_back(zero_stage_field());
     s.push_back(field("parallelism.tp_layout", DJ_ACCESS(parallelism.tp_layout),
                       "tensor-parallel layout of the GPT",
                       {"megatron", "gather", "async", "none"}));
@@ -256,7 +307,7 @@ const std::vector<Entry>& schema() {
     s.push_back(field("parallelism.virtual_stages", DJ_ACCESS(parallelism.virtual_stages),
                       "pipeline chunks per stage (interleaved schedules)"));
     s.push_back(field("parallelism.fsdp.modules", DJ_ACCESS(parallelism.fsdp.modules),
-                      "fully sharded modules over \"data\" (ZeRO-3): [] none, [\"*\"] all, or by kind "
+                      "the modules shard = \"parameters\" splits: [] or [\"*\"] all, or by kind "
                       "(\"Block\", \"Attn\", \"MLP\")",
                       {"*", "Block", "Attn", "MLP"}));
     s.push_back(field("parallelism.fsdp.min_weight_size",
@@ -439,7 +490,8 @@ std::optional<Value> convert(const toml::node& n, ValueType type) {
 
 // Checks and applies every key under `table` (dotted `prefix`), collecting errors.
 void walk(TrainConfig& config, const toml::table& table, const std::string& prefix,
-          const std::string& source, std::vector<LocatedError>& errors) {
+          const std::string& source, std::vector<LocatedError>& errors,
+          std::vector<std::string>& given) {
   const auto add = [&](const toml::source_region& where, const std::string& msg) {
     errors.push_back({where.begin.line, where.begin.column, located(source, where, msg)});
   };
@@ -448,7 +500,7 @@ void walk(TrainConfig& config, const toml::table& table, const std::string& pref
         prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
     if (const toml::table* sub = node.as_table()) {
       if (is_table(key)) {
-        walk(config, *sub, key, source, errors);
+        walk(config, *sub, key, source, errors, given);
       } else {
         add(k.source(), unknown_key_message(key, !find_entry(key)));
       }
@@ -468,6 +520,7 @@ void walk(TrainConfig& config, const toml::table& table, const std::string& pref
     }
     try {
       e->set(config, *v);
+      given.push_back(key);
     } catch (const ConfigError& err) {
       add(node.source(), err.what());
     }
@@ -549,7 +602,7 @@ const std::vector<ConfigKey>& config_keys() {
   static const std::vector<ConfigKey> keys = [] {
     std::vector<ConfigKey> out;
     for (const Entry& e : schema())
-      out.push_back(e.key);
+      if (!e.old) out.push_back(e.key);
     return out;
   }();
   return keys;
@@ -591,8 +644,11 @@ void apply_toml(TrainConfig& config, std::string_view text, const std::string& s
         located(source, err.source(), "TOML syntax error: " + std::string(err.description())));
   }
   std::vector<LocatedError> errors;
-  walk(config, doc, "", source, errors);
+  std::vector<std::string> given;
+  walk(config, doc, "", source, errors, given);
   if (!errors.empty()) throw_all(errors);
+  const auto gave = [&](const char* k) { return std::ranges::find(given, k) != given.end(); };
+  read_old_fsdp(config, gave("parallelism.fsdp.modules"), gave("parallelism.shard"));
 }
 
 void apply_override(TrainConfig& config, std::string_view assignment) {
@@ -644,6 +700,7 @@ void apply_override(TrainConfig& config, std::string_view assignment) {
   } catch (const ConfigError& err) {
     throw ConfigError(what + err.what());
   }
+  read_old_fsdp(config, key == "parallelism.fsdp.modules", false);
 }
 
 TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides,
@@ -675,6 +732,7 @@ std::string to_toml(const TrainConfig& config) {
   std::ostringstream os;
   std::string table;
   for (const Entry& e : schema()) {
+    if (e.old) continue;
     const std::string& name = e.key.name;
     const auto dot = name.rfind('.');
     const std::string t = name.substr(0, dot);

@@ -16,8 +16,8 @@ std::string list(const std::vector<std::string>& names) {
 
 }  // namespace
 
-bool ProgramCapabilities::runs_zero_stage(int stage) const {
-  return std::find(zero_stages.begin(), zero_stages.end(), stage) != zero_stages.end();
+bool ProgramCapabilities::runs(Shard s) const {
+  return std::find(shards.begin(), shards.end(), s) != shards.end();
 }
 
 ProgramCapabilities ProgramCapabilities::for_config(const TrainConfig& c) const {
@@ -68,17 +68,12 @@ std::vector<std::string> ProgramCapabilities::problems(const TrainConfig& c) con
        << ": this program has no pipeline (no \"pipe\" axis)";
     flush();
   }
-  if (!runs_zero_stage(c.parallelism.zero_stage)) {
-    os << "parallelism.zero_stage = " << c.parallelism.zero_stage
-       << " is not implemented for this program (it runs zero_stage";
-    for (int z : zero_stages)
-      os << " " << z;
-    os << (fsdp ? "; fully sharded parameters are parallelism.fsdp.modules = [\"*\"])" : ")");
-    flush();
-  }
-  if (!fsdp && !c.parallelism.fsdp.modules.empty()) {
-    os << "parallelism.fsdp.modules = " << list(c.parallelism.fsdp.modules)
-       << " is not implemented for this program (it does not shard parameters; use [])";
+  if (!runs(c.parallelism.shard)) {
+    os << "parallelism.shard = \"" << shard_name(c.parallelism.shard)
+       << "\" is not implemented for this program (it runs shard =";
+    for (std::size_t i = 0; i < shards.size(); ++i)
+      os << (i ? ", \"" : " \"") << shard_name(shards[i]) << "\"";
+    os << ")";
     flush();
   }
   if (ties_embeddings && pipeline_parallel && c.model.tie_embeddings &&
@@ -111,9 +106,10 @@ std::string ProgramCapabilities::str() const {
   if (pipeline_parallel) out += ", pipe";
   if (max_devices > 0) out += " (at most " + std::to_string(max_devices) + " devices)";
   out += ";";
-  for (int z : zero_stages)
-    out += z == 0 ? " DP," : " ZeRO-" + std::to_string(z) + ",";
-  if (fsdp) out += " FSDP,";
+  for (Shard s : shards)
+    out += s == Shard::None         ? " DP,"
+           : s == Shard::Parameters ? " FSDP,"
+                                    : " ZeRO-" + std::to_string(zero_stage(s)) + ",";
   out.back() = ';';
   out += mixed_precision ? " f32, bf16, fp16" : " f32";
   if (mixed_precision && pipeline_parallel && !fp16_pipeline) out += " (fp16 not with pipe)";

@@ -19,6 +19,18 @@ std::string str(const Args&... args) {
 
 }  // namespace
 
+const char* shard_name(Shard s) {
+  switch (s) {
+    case Shard::None: return "none";
+    case Shard::Optimizer: return "optimizer";
+    case Shard::Gradients: return "gradients";
+    case Shard::Parameters: return "parameters";
+  }
+  return "?";
+}
+
+int zero_stage(Shard s) { return static_cast<int>(s); }
+
 std::vector<std::string> TrainConfig::problems() const {
   std::vector<std::string> out;
   const std::pair<const char*, std::int64_t> positive[] = {
@@ -84,13 +96,10 @@ std::vector<std::string> TrainConfig::problems() const {
   if (data.validation_fraction <= 0 || data.validation_fraction >= 1)
     out.push_back(
         str("data.validation_fraction = ", data.validation_fraction, " must be in (0, 1)"));
-  if (parallelism.zero_stage < 0 || parallelism.zero_stage > 2)
-    out.push_back(str("parallelism.zero_stage = ", parallelism.zero_stage,
-                      " must be 0, 1 or 2 (ZeRO-3 is parallelism.fsdp.modules = [\"*\"])"));
-  if (parallelism.zero_stage > 0 && !parallelism.fsdp.modules.empty())
-    out.push_back(str("parallelism.zero_stage = ", parallelism.zero_stage,
-                      " and parallelism.fsdp.modules exclude each other (FSDP shards the "
-                      "optimizer state and gradients already)"));
+  if (parallelism.shard != Shard::Parameters && !parallelism.fsdp.modules.empty())
+    out.push_back(str("parallelism.fsdp.modules names the modules parallelism.shard = "
+                      "\"parameters\" splits, but parallelism.shard = \"",
+                      shard_name(parallelism.shard), "\""));
   const int dp = distributed.data_parallel_size();
   if (dp >= 1 && run.batch_size >= 1 && run.batch_size % dp != 0)
     out.push_back(str("run.batch_size = ", run.batch_size,

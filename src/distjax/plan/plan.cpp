@@ -378,14 +378,21 @@ ModelDescription model_from_config(const config::TrainConfig& c) {
   return {};
 }
 
+config::Shard shard_of(const Setup& s) {
+  if (s.fsdp) return config::Shard::Parameters;
+  return s.zero_stage == 1   ? config::Shard::Optimizer
+         : s.zero_stage == 2 ? config::Shard::Gradients
+                             : config::Shard::None;
+}
+
 Setup setup_from_config(const config::TrainConfig& c) {
   Setup s;
   const config::DistributedConfig& dc = c.distributed;
   s.tensor = dc.enabled ? dc.tensor_parallel_size : 1;
   s.pipe = dc.enabled ? dc.pipeline_parallel_size : 1;
   s.data = dc.enabled ? std::max(1, dc.data_parallel_size()) : 1;
-  s.zero_stage = c.parallelism.zero_stage;
-  s.fsdp = !c.parallelism.fsdp.modules.empty();
+  s.fsdp = c.parallelism.shard == config::Shard::Parameters;
+  s.zero_stage = s.fsdp ? 0 : config::zero_stage(c.parallelism.shard);
   s.fsdp_min_weight_size = c.parallelism.fsdp.min_weight_size;
   s.sequence_parallel = c.parallelism.sequence_parallel;
   // Whole blocks recomputed: the full-recompute model; "Attn" / "MLP" alone are planned as
@@ -424,12 +431,8 @@ config::TrainConfig apply_setup(config::TrainConfig c, const Setup& s) {
   d.pipeline_parallel_size = s.pipe;
   d.mesh_shape.clear();
   d.mesh_axis_names.clear();
-  c.parallelism.zero_stage = s.zero_stage;
-  if (!s.fsdp) {
-    c.parallelism.fsdp.modules.clear();
-  } else if (c.parallelism.fsdp.modules.empty()) {
-    c.parallelism.fsdp.modules = {"*"};
-  }
+  c.parallelism.shard = shard_of(s);
+  if (!s.fsdp) c.parallelism.fsdp.modules.clear();
   c.parallelism.microbatches = s.pipe > 1 ? s.microbatches : 1;  // they split a pipe's batch
   return c;
 }
@@ -442,7 +445,7 @@ bool runs_setup(const config::ProgramCapabilities& runs, const Setup& s) {
   if (runs.max_devices > 0 && s.world() > runs.max_devices) return false;
   if ((s.tensor > 1 && !runs.tensor_parallel) || (s.pipe > 1 && !runs.pipeline_parallel))
     return false;
-  if (s.fsdp ? !runs.fsdp : !runs.runs_zero_stage(s.zero_stage)) return false;
+  if (!runs.runs(shard_of(s))) return false;
   return s.pipe == 1 || s.zero_stage != 2;  // ZeRO-2 reduce-scatters inside its own backward
 }
 
