@@ -118,6 +118,8 @@ struct PlanOptions {
 
 int plan_command(const PlanOptions& o) {
   config::TrainConfig c = config::load_config(o.config_path, o.overrides);
+  for (const std::string& n : c.notices)
+    std::fprintf(stderr, "[config] note: %s\n", n.c_str());
   c.distributed = config::resolve(c.distributed, comm::LaunchEnvironment{});
   c.validate(o.config_path);
   const plan::ModelDescription model = plan::model_from_config(c);

@@ -73,6 +73,7 @@
 #include "distjax/parallel/tp_blocks.hpp"
 #include "distjax/parallel/tp_transformer_block.hpp"
 #include "distjax/parallel/zero.hpp"
+#include "distjax/spmd/blocks.hpp"
 #include "distjax/spmd/collectives.hpp"
 #include "distjax/spmd/device_context.hpp"
 #include "distjax/spmd/shard_map.hpp"

@@ -1,11 +1,17 @@
 // The library's parts keep the order docs/architecture.md states: a file of part P
 // (include/distjax/P/, src/distjax/P/) includes only headers of P and of the parts before it
 // in the line "Order: core, tensor, ...". So no two parts depend on each other, and a
-// part added without a place in that line is an error too.
+// part added without a place in that line is an error too. A part's private headers (under
+// a detail/, cpu/, cuda/, cuda_stub/ or table/ folder) are its own: no other part includes
+// them. And inside a part, its units (a header and its source, by path without the
+// extension) include each other without cycles, but for the cycles listed below.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
+#include <map>
+#include <set>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -36,6 +42,93 @@ std::vector<std::string> documented_order() {
       return parts;
     }
   return {};
+}
+
+// Every file of the library: its path below include/distjax or src/distjax, and the
+// headers of the library it includes ("tensor/tensor.hpp"), with their line numbers.
+struct SourceFile {
+  fs::path path;
+  std::string rel;  // "tensor/tensor.cpp"
+  std::vector<std::pair<int, std::string>> includes;
+};
+
+std::vector<SourceFile> library_files() {
+  const std::regex include_line(R"re(^\s*#\s*include\s+"distjax/([^"]+)")re");
+  std::vector<SourceFile> out;
+  for (const char* top : {"include", "src"})
+    for (const auto& e : fs::recursive_directory_iterator(kRoot / top / "distjax")) {
+      if (!e.is_regular_file()) continue;
+      SourceFile f{e.path(), fs::relative(e.path(), kRoot / top / "distjax").string(), {}};
+      std::ifstream in(e.path());
+      std::string line;
+      std::smatch m;
+      for (int n = 1; std::getline(in, line); ++n)
+        if (std::regex_search(line, m, include_line)) f.includes.emplace_back(n, m[1].str());
+      out.push_back(std::move(f));
+    }
+  return out;
+}
+
+std::string part_of(const std::string& rel) { return rel.substr(0, rel.find('/')); }
+std::string unit_of(const std::string& rel) { return rel.substr(0, rel.rfind('.')); }
+
+// Whether a header path below distjax/ is private to its part: a folder on the way is one
+// of the private ones.
+bool is_private(const std::string& rel) {
+  static const std::set<std::string> kPrivate = {"detail", "cpu", "cuda", "cuda_stub", "table"};
+  const fs::path p(rel);
+  for (auto it = std::next(p.begin()); it != p.end() && std::next(it) != p.end(); ++it)
+    if (kPrivate.count(it->string())) return true;
+  return false;
+}
+
+// The cycles among a part's units (strongly connected components of more than one unit,
+// Tarjan's algorithm), each as its sorted units joined by " <-> ".
+std::vector<std::string> unit_cycles(const std::vector<SourceFile>& files) {
+  std::map<std::string, std::set<std::string>> edges;
+  for (const SourceFile& f : files)
+    for (const auto& [line, used] : f.includes)
+      if (part_of(used) == part_of(f.rel) && unit_of(used) != unit_of(f.rel))
+        edges[unit_of(f.rel)].insert(unit_of(used));
+  std::map<std::string, int> index, low;
+  std::vector<std::string> stack;
+  std::set<std::string> on_stack;
+  std::vector<std::string> cycles;
+  int next = 0;
+  std::function<void(const std::string&)> visit = [&](const std::string& v) {
+    index[v] = low[v] = next++;
+    stack.push_back(v);
+    on_stack.insert(v);
+    for (const std::string& w : edges[v]) {
+      if (!index.count(w)) {
+        visit(w);
+        low[v] = std::min(low[v], low[w]);
+      } else if (on_stack.count(w)) {
+        low[v] = std::min(low[v], index[w]);
+      }
+    }
+    if (low[v] != index[v]) return;
+    std::vector<std::string> component;
+    for (std::string w; w != v;) {
+      w = stack.back();
+      stack.pop_back();
+      on_stack.erase(w);
+      component.push_back(w);
+    }
+    if (component.size() < 2) return;
+    std::sort(component.begin(), component.end());
+    std::string joined;
+    for (const std::string& u : component)
+      joined += (joined.empty() ? "" : " <-> ") + u;
+    cycles.push_back(joined);
+  };
+  std::vector<std::string> units;
+  for (const auto& [u, used] : edges)
+    units.push_back(u);
+  for (const std::string& u : units)
+    if (!index.count(u)) visit(u);
+  std::sort(cycles.begin(), cycles.end());
+  return cycles;
 }
 
 int rank_of(const std::vector<std::string>& order, const std::string& part) {
@@ -81,4 +174,51 @@ TEST(Layering, EveryPartIncludesOnlyThePartsBeforeIt) {
   for (const std::string& b : broken)
     list += "\n  " + b;
   EXPECT_TRUE(broken.empty()) << broken.size() << " includes break the order of the parts:" << list;
+}
+
+TEST(Layering, NoPartIncludesAnotherPartsPrivateHeaders) {
+  std::vector<std::string> broken;
+  const std::vector<SourceFile> files = library_files();
+  EXPECT_GT(files.size(), 100u);
+  for (const SourceFile& f : files)
+    for (const auto& [line, used] : f.includes)
+      if (part_of(used) != part_of(f.rel) && is_private(used))
+        broken.push_back(fs::relative(f.path, kRoot).string() + ":" + std::to_string(line) +
+                         ": " + part_of(f.rel) + " includes " + used + ", private to " +
+                         part_of(used));
+  std::string list;
+  for (const std::string& b : broken)
+    list += "\n  " + b;
+  EXPECT_TRUE(broken.empty()) << broken.size()
+                              << " includes reach into another part's private headers (give "
+                                 "the part a public entry instead):"
+                              << list;
+}
+
+// The cycles left to break (issue: one distjax train, item 6): each is two or more units of
+// one part that include each other's headers. A new cycle fails the test, and so does one
+// of these once broken (remove it here).
+const std::set<std::string> kKnownCycles = {
+    "comm/communicator <-> comm/detail/call <-> comm/launch",
+    "comm/mpi/flight_records <-> comm/mpi/guards <-> comm/mpi/notices",
+    "parallel/detail/pipeline_ops <-> parallel/pipeline_schedule",
+    "parallel/tp_blocks <-> parallel/tp_transformer_block",
+    "plan/detail/stage_memory <-> plan/plan",
+    "spmd/collectives <-> spmd/ppermute",
+    "tensor/detail/cast <-> tensor/detail/kernels <-> tensor/elementwise <-> tensor/grad_node "
+    "<-> tensor/reduce <-> tensor/shape_ops <-> tensor/table/table <-> tensor/tensor",
+    "train/checkpoint <-> train/detail/checkpoint_match",
+};
+
+TEST(Layering, NoIncludeCyclesInsideAPartButTheListedOnes) {
+  const std::vector<std::string> cycles = unit_cycles(library_files());
+  std::string added, gone;
+  for (const std::string& c : cycles)
+    if (!kKnownCycles.count(c)) added += "\n  " + c;
+  for (const std::string& c : kKnownCycles)
+    if (std::find(cycles.begin(), cycles.end(), c) == cycles.end()) gone += "\n  " + c;
+  EXPECT_TRUE(added.empty()) << "units of one part that include each other (a new cycle):"
+                             << added;
+  EXPECT_TRUE(gone.empty()) << "listed cycles no longer there (remove them from kKnownCycles):"
+                            << gone;
 }

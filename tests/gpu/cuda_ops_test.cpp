@@ -12,7 +12,6 @@
 
 #include "distjax/distjax.hpp"
 #include "distjax/tensor/cuda.hpp"
-#include "distjax/tensor/detail/update_many.hpp"
 #include "distjax/tensor/inplace_ops.hpp"
 #include "distjax/tensor/parallel_ops.hpp"
 #include "distjax/tensor/update_ops.hpp"
@@ -677,7 +676,7 @@ TEST(CudaOps, MultiLeafOptimizerUpdates) {
     return out;
   };
   auto records = [&](std::vector<V>& l, bool with_m, bool with_v) {
-    std::vector<tensor::detail::UpdateLeaf> out;
+    std::vector<tensor::UpdateLeaf> out;
     for (std::size_t i = 0; i < sizes.size(); ++i)
       out.push_back({&l[0][i], &l[1][i], with_m ? &l[2][i] : nullptr, with_v ? &l[3][i] : nullptr,
                      i % 3 == 0 ? 1.0 - 3e-3 * 0.1 : 1.0});
@@ -716,7 +715,7 @@ TEST(CudaOps, MultiLeafOptimizerUpdates) {
         },
         [&](std::vector<V>& l) {
           for (int t = 0; t < 2; ++t)
-            tensor::detail::sgd_update_many_(records(l, momentum, false), s);
+            tensor::sgd_update_many_(records(l, momentum, false), s);
         });
   }
   for (const AdamStep& s :
@@ -737,7 +736,7 @@ TEST(CudaOps, MultiLeafOptimizerUpdates) {
           for (int t = 0; t < 2; ++t) {
             AdamStep step = s;
             step.t += t;
-            tensor::detail::adam_update_many_(records(l, true, true), step);
+            tensor::adam_update_many_(records(l, true, true), step);
           }
         });
 }

@@ -9,14 +9,12 @@
 #include <vector>
 
 #include "distjax/distjax.hpp"
-#include "distjax/tensor/detail/update_many.hpp"
 #include "distjax/tensor/update_ops.hpp"
 #include "grad_check.hpp"
 
 namespace distjax::tensor {
 namespace {
 
-using detail::UpdateLeaf;
 using testing::uniform;
 
 // Empty leaves in the middle, not last: a kernel that skipped the last leaf would pass.
@@ -89,7 +87,7 @@ void check_adam(const std::vector<Device>& devices, AdamStep step) {
     std::vector<UpdateLeaf> leaves;
     for (std::size_t i = 0; i < many.size(); ++i)
       leaves.push_back({&many[i].p, &many[i].g, &many[i].m, &many[i].v, decay_of(i, step.lr, wd)});
-    detail::adam_update_many_(leaves, step);
+    adam_update_many_(leaves, step);
   }
   expect_same_bits(many, per_leaf);
   // And the update moved every non-empty parameter.
@@ -111,7 +109,7 @@ void check_sgd(const std::vector<Device>& devices, const SGDStep& step) {
     std::vector<UpdateLeaf> leaves;
     for (Leaf& l : many)
       leaves.push_back({&l.p, &l.g, momentum ? &l.m : nullptr, nullptr});
-    detail::sgd_update_many_(leaves, step);
+    sgd_update_many_(leaves, step);
   }
   expect_same_bits(many, per_leaf);
   for (std::size_t i = 0; i < many.size(); ++i)
@@ -152,7 +150,7 @@ TEST(UpdateMany, TiedLeavesAreUpdatedInTurn) {
   sgd_update_(per_leaf[0].p, per_leaf[0].g, per_leaf[0].v, step);
   const std::vector<UpdateLeaf> leaves{{&many[0].p, &many[0].g, &many[0].m, nullptr},
                                        {&many[0].p, &many[0].g, &many[0].v, nullptr}};
-  detail::sgd_update_many_(leaves, step);
+  sgd_update_many_(leaves, step);
   expect_same_bits({many[0]}, {per_leaf[0]});
 }
 
@@ -165,8 +163,8 @@ TEST(UpdateMany, ChecksEveryLeafBeforeUpdatingAny) {
   for (Leaf& l : leaves)
     list.push_back({&l.p, &l.g, &l.m, &l.v});
   list.back().grad = &wrong;
-  EXPECT_THROW(detail::adam_update_many_(list, {}), InvalidArgument);
-  EXPECT_THROW(detail::sgd_update_many_(list, {.lr = 0.1f}), InvalidArgument);
+  EXPECT_THROW(adam_update_many_(list, {}), InvalidArgument);
+  EXPECT_THROW(sgd_update_many_(list, {.lr = 0.1f}), InvalidArgument);
   expect_same_bits(leaves, start);
 }
 

@@ -27,7 +27,5 @@ struct ArrayDataset {
   std::vector<train::Batch> batches(std::int64_t batch_size) const;
 };
 
-/// Copies of the rows of `x` (dimension 0) at `indices`.
-Tensor gather_rows(const Tensor& x, const std::vector<std::int64_t>& indices);
 
 }  // namespace distjax::data

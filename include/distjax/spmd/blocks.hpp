@@ -1,5 +1,6 @@
 // Rank-major communicator buffers and tensor dimensions: a gathered (n, block...) buffer
-// as a dimension of the result, and back (shared by the collectives and the FSDP gather).
+// as a dimension of the result, and back (the collectives' layout, public for the code
+// that gathers through a communicator itself, as the FSDP gather does).
 #pragma once
 
 #include <vector>
@@ -7,15 +8,14 @@
 #include "distjax/tensor/shape_ops.hpp"
 #include "distjax/tensor/tensor.hpp"
 
-namespace distjax::spmd::detail {
+namespace distjax::spmd {
 
-using tensor::Tensor;
 
 // (n, block...) in rank-major order -> the block axis moved to position `dim` of the
 // result, and merged with the block's dimension `dim` when tiled.
-inline Tensor blocks_to_dim(const Tensor& blocks, int dim, bool tiled) {
+inline tensor::Tensor blocks_to_dim(const tensor::Tensor& blocks, int dim, bool tiled) {
   const int r = blocks.rank() - 1;  // rank of one block
-  Tensor t = blocks;
+  tensor::Tensor t = blocks;
   if (dim != 0) {
     std::vector<int> perm;
     for (int i = 1; i <= dim; ++i)
@@ -34,8 +34,8 @@ inline Tensor blocks_to_dim(const Tensor& blocks, int dim, bool tiled) {
 
 // Inverse of blocks_to_dim: x's dimension `dim` (n*S when tiled, n when not) becomes a
 // leading block axis of n, contiguous, ready for a rank-major communicator buffer.
-inline Tensor dim_to_blocks(const Tensor& x, int dim, int n, bool tiled) {
-  Tensor t = x;
+inline tensor::Tensor dim_to_blocks(const tensor::Tensor& x, int dim, int n, bool tiled) {
+  tensor::Tensor t = x;
   if (tiled) {
     Shape v = x.shape();
     v[dim] /= n;
@@ -49,4 +49,4 @@ inline Tensor dim_to_blocks(const Tensor& x, int dim, int n, bool tiled) {
   return tensor::permute(t, perm);
 }
 
-}  // namespace distjax::spmd::detail
+}  // namespace distjax::spmd

@@ -1,5 +1,7 @@
-// The CUDA runtime as the CUDA backend uses it: the one check macro every runtime call goes
-// through, and a guard that makes a device current for a scope. CUDA builds only.
+// The CUDA runtime as DistJax uses it: the one check macro every runtime call goes through,
+// and a guard that makes a device current for a scope. For code built with the CUDA
+// toolkit (the CUDA backend, and parts beside it such as the NCCL communicator); it includes
+// cuda_runtime.h, so distjax.hpp does not include it.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -55,6 +55,11 @@ void to_host_async(const char* op, Device device, const void* src, void* host_ds
                    std::size_t nbytes);
 /// Returns when everything the calling thread queued on `device` is done.
 void synchronize(const char* op, Device device);
+/// n elements of src_dtype at src converted (rounded to nearest even) into dst_dtype at dst,
+/// queued on `stream` (a stream handle of the device's runtime, e.g. a cudaStream_t; null:
+/// the calling thread's stream), as every conversion of the library computes it.
+void convert(const char* op, Device device, const void* src, DType src_dtype, void* dst,
+             DType dst_dtype, std::int64_t n, void* stream = nullptr);
 
 /// Marks the work the recording thread has queued on a device so far; another thread
 /// waits for it before it reads or writes what that work produced. Empty (waits for

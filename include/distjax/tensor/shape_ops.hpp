@@ -18,6 +18,9 @@ Tensor permute(const Tensor& x, const std::vector<int>& perm);
 Tensor slice(const Tensor& x, int axis, std::int64_t start, std::int64_t end);
 /// Joins tensors of equal shape except along `axis`.
 Tensor concat(const std::vector<Tensor>& xs, int axis);
+/// Copies of the rows of `x` (dimension 0) at `indices`, in their order (a data set's
+/// batch of examples); not differentiated.
+Tensor gather_rows(const Tensor& x, const std::vector<std::int64_t>& indices);
 /// Splits into `sizes` along `axis` (sizes sum to the dimension).
 std::vector<Tensor> split(const Tensor& x, const std::vector<std::int64_t>& sizes, int axis);
 /// Splits into `n` equal parts along `axis`.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include <vector>
 
@@ -44,6 +45,28 @@ struct AdamStep {
 ///   param = p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 /// param, grad, m, v: f32 of one shape on one device.
 void adam_update_(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamStep& step);
+
+/// One leaf of a multi-leaf update (the optimizers' form of the two updates above: one
+/// kernel call per device for all of a tree's leaves, which a GPU runs in a few launches
+/// instead of one per leaf; the same bits as the per-leaf ops): param, grad and the state
+/// tensors it uses, f32 of one shape on one device (leaves may sit on different devices).
+struct UpdateLeaf {
+  Tensor* param = nullptr;
+  const Tensor* grad = nullptr;
+  Tensor* m = nullptr;  ///< Adam's first moment, or SGD's momentum buffer (null for none)
+  Tensor* v = nullptr;  ///< Adam's second moment
+  double decay = 1.0;   ///< Adam's decoupled multiplier for this leaf (AdamStep::decay unused)
+};
+
+/// sgd_update_ on every leaf (with its buffer `m` where set): every leaf is checked first,
+/// then the leaves of each device (with a buffer or without) go to one sgd_many or
+/// sgd_momentum_many kernel call, or leaf by leaf where their parameters share memory.
+void sgd_update_many_(std::span<const UpdateLeaf> leaves, const SGDStep& step);
+
+/// adam_update_ on every leaf, each with its own decay: every leaf is checked first, then
+/// the leaves of each device go to one adam_many kernel call, or leaf by leaf where their
+/// parameters share memory.
+void adam_update_many_(std::span<const UpdateLeaf> leaves, const AdamStep& step);
 
 /// Sum of the squares of an f32 tensor's elements, accumulated in f64 (one leaf's share of
 /// a global norm). Read back to the host: a decision (clipping) follows it.

@@ -4,7 +4,7 @@
 #include "distjax/comm/buffer.hpp"
 #include "distjax/core/error.hpp"
 #include "distjax/spmd/collectives.hpp"
-#include "distjax/spmd/detail/blocks.hpp"
+#include "distjax/spmd/blocks.hpp"
 #include "distjax/spmd/device_context.hpp"
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/grad_node.hpp"
@@ -89,7 +89,7 @@ Tensor FsdpPrefetcher::gather(spmd::DeviceContext& ctx, const std::string& path,
     if (f.path == path && f.storage == shard.storage() && f.shape == shard.shape() &&
         shard.dtype() == DType::F32) {
       tensor::NoGradGuard no_grad;
-      value = spmd::detail::blocks_to_dim(f.blocks, dim, /*tiled=*/true);
+      value = spmd::blocks_to_dim(f.blocks, dim, /*tiled=*/true);
     }
   }
   // The next ones travel while this parameter's module computes.

@@ -2,7 +2,7 @@
 
 #include "distjax/core/error.hpp"
 #include "distjax/optim/detail/leaves.hpp"
-#include "distjax/tensor/detail/update_many.hpp"
+#include "distjax/tensor/update_ops.hpp"
 #include "distjax/tensor/grad_node.hpp"
 
 namespace distjax::optim {
@@ -30,7 +30,7 @@ void SGD::update(TensorTree& params, const TensorTree& grads, TensorTree& state,
                                      .nesterov = config_.nesterov};
   // Every leaf checked first, then one multi-leaf kernel call per device (the same bits as
   // tensor::sgd_update_ on each leaf).
-  std::vector<tensor::detail::UpdateLeaf> leaves;
+  std::vector<tensor::UpdateLeaf> leaves;
   for (auto& [path, p] : params) {
     if (!detail::trainable(p)) continue;
     const Tensor& g = detail::checked_grad("SGD", path, p, grads);
@@ -40,7 +40,7 @@ void SGD::update(TensorTree& params, const TensorTree& grads, TensorTree& state,
                       : &detail::checked_slot("SGD", "momentum", path, p, state);
     leaves.push_back({.param = &p, .grad = &g, .m = buf});
   }
-  tensor::detail::sgd_update_many_(leaves, coefficients);
+  tensor::sgd_update_many_(leaves, coefficients);
 }
 
 }  // namespace distjax::optim

@@ -7,7 +7,7 @@
 
 #include "distjax/autodiff/autodiff.hpp"
 #include "distjax/core/error.hpp"
-#include "distjax/spmd/detail/blocks.hpp"
+#include "distjax/spmd/blocks.hpp"
 #include "distjax/spmd/detail/named.hpp"
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/grad_node.hpp"
@@ -21,8 +21,6 @@ using tensor::Tensor;
 
 namespace {
 
-using detail::blocks_to_dim;
-using detail::dim_to_blocks;
 
 // Names a CommError after the user-level op and axes (detail/named.hpp).
 template <class F>

@@ -112,6 +112,14 @@ void synchronize(const char* op, Device device) {
   kernels(op, device, &KernelTable::comm).synchronize({});
 }
 
+void convert(const char* op, Device device, const void* src, DType src_dtype, void* dst,
+             DType dst_dtype, std::int64_t n, void* stream) {
+  if (n == 0) return;
+  const auto& k = kernels(op, device, &KernelTable::copy);
+  Open open(device, {src, dst});
+  k.convert(src, src_dtype, dst, dst_dtype, n, detail::Stream{stream});
+}
+
 // ---------------------------------------------------------------- Event
 
 Event Event::record(const char* op, Device device) {

@@ -248,4 +248,23 @@ Tensor broadcast_to(const Tensor& x, const Shape& shape) {
   });
 }
 
+Tensor gather_rows(const Tensor& x, const std::vector<std::int64_t>& indices) {
+  DISTJAX_CHECK(x.defined() && x.rank() >= 1, InvalidArgument,
+                "[gather_rows] expected a tensor with a row dimension");
+  const std::int64_t n = x.size(0);
+  Shape shape = x.shape();
+  shape[0] = static_cast<std::int64_t>(indices.size());
+  for (const std::int64_t r : indices)
+    DISTJAX_CHECK(0 <= r && r < n, InvalidArgument, "[gather_rows] index ", r, " out of range for ",
+                  n, " rows");
+  Tensor out = Tensor::empty(shape, x.dtype(), x.device());
+  const Tensor rows = Tensor::from_vector(indices, {static_cast<std::int64_t>(indices.size())},
+                                          x.device());
+  const std::size_t row_bytes = n == 0 ? 0 : x.nbytes() / static_cast<std::size_t>(n);
+  Dispatch k("gather_rows", &KernelTable::data, {&x, &rows, &out});
+  k->gather_rows(x.raw_data(), row_bytes, rows.data<std::int64_t>(), rows.numel(), out.raw_data(),
+                 k.stream());
+  return out;
+}
+
 }  // namespace distjax::tensor

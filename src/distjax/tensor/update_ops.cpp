@@ -5,7 +5,6 @@
 
 #include "distjax/core/error.hpp"
 #include "distjax/tensor/detail/group_indices.hpp"
-#include "distjax/tensor/detail/update_many.hpp"
 #include "distjax/tensor/detail/sums_by_device.hpp"
 #include "distjax/tensor/table/table.hpp"
 
@@ -14,6 +13,7 @@ namespace {
 
 using detail::Dispatch;
 using detail::KernelTable;
+using detail::OptimLeaf;
 
 // Every operand f32 and of `param`'s shape.
 void check_leaf(const char* op, const Tensor& param, std::initializer_list<const Tensor*> others) {
@@ -31,12 +31,12 @@ void check_leaf(const char* op, const Tensor& param, std::initializer_list<const
 struct LeafGroup {
   Device device;
   bool kind = false;
-  std::vector<const detail::UpdateLeaf*> leaves;
+  std::vector<const UpdateLeaf*> leaves;
   std::vector<const Tensor*> touched;  // every tensor of the leaves, for Dispatch
 };
 
-std::vector<LeafGroup> group_leaves(std::span<const detail::UpdateLeaf> leaves,
-                                    bool (*kind)(const detail::UpdateLeaf&)) {
+std::vector<LeafGroup> group_leaves(std::span<const UpdateLeaf> leaves,
+                                    bool (*kind)(const UpdateLeaf&)) {
   std::vector<LeafGroup> groups;
   for (const std::vector<std::size_t>& at : detail::group_indices(leaves.size(), [&](std::size_t i) {
          return std::make_pair(leaves[i].param->device(), kind(leaves[i]));
@@ -45,7 +45,7 @@ std::vector<LeafGroup> group_leaves(std::span<const detail::UpdateLeaf> leaves,
     g.device = leaves[at[0]].param->device();
     g.kind = kind(leaves[at[0]]);
     for (std::size_t i : at) {
-      const detail::UpdateLeaf& l = leaves[i];
+      const UpdateLeaf& l = leaves[i];
       g.leaves.push_back(&l);
       for (const Tensor* t : {static_cast<const Tensor*>(l.param), l.grad,
                               static_cast<const Tensor*>(l.m), static_cast<const Tensor*>(l.v)})
@@ -59,7 +59,7 @@ std::vector<LeafGroup> group_leaves(std::span<const detail::UpdateLeaf> leaves,
 std::vector<detail::OptimLeaf> leaf_records(const LeafGroup& group) {
   std::vector<detail::OptimLeaf> records;
   records.reserve(group.leaves.size());
-  for (const detail::UpdateLeaf* l : group.leaves)
+  for (const UpdateLeaf* l : group.leaves)
     records.push_back({.p = l->param->data<float>(),
                        .g = l->grad->data<float>(),
                        .m = l->m ? l->m->data<float>() : nullptr,
@@ -101,8 +101,6 @@ void adam_update_(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
   k->adam(param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(), param.numel(),
           step.lr, step.b1, step.b2, step.eps, step.t, step.decay, step.l2, k.stream());
 }
-
-namespace detail {
 
 void sgd_update_many_(std::span<const UpdateLeaf> leaves, const SGDStep& step) {
   for (const UpdateLeaf& l : leaves) {
@@ -153,8 +151,6 @@ void adam_update_many_(std::span<const UpdateLeaf> leaves, const AdamStep& step)
               step.l2, k.stream());
   }
 }
-
-}  // namespace detail
 
 double sum_of_squares(const Tensor& x) {
   check_leaf("sum_of_squares", x, {});

@@ -30,8 +30,8 @@
 #include "distjax/comm/detail/call.hpp"
 #include "distjax/comm/detail/nccl_bootstrap.hpp"
 #include "distjax/core/error.hpp"
-#include "distjax/tensor/cuda/cuda_runtime.hpp"
-#include "distjax/tensor/cuda/kernels.hpp"
+#include "distjax/tensor/cuda_runtime.hpp"
+#include "distjax/tensor/device_memory.hpp"
 
 namespace distjax::comm::nccl {
 
@@ -609,13 +609,13 @@ class NcclCommunicator final : public CommunicatorImpl,
                        (in_n + out_n) * sizeof(float), " bytes of f32 scratch");
     float* in32 = static_cast<float*>(scratch);
     float* out32 = in32 + in_n;
-    const tensor::detail::Stream ks{st};
+    const Device gpu{DeviceKind::CUDA, g_->settings().device};
     try {
-      tensor::cuda::copy_kernels.convert(send.data, send.dtype, in32, DType::F32,
-                                         static_cast<std::int64_t>(in_n), ks);
+      tensor::raw::convert(op, gpu, send.data, send.dtype, in32, DType::F32,
+                           static_cast<std::int64_t>(in_n), st);
       call(in32, out32, DType::F32);
-      tensor::cuda::copy_kernels.convert(out32, DType::F32, recv.data, recv.dtype,
-                                         static_cast<std::int64_t>(out_n), ks);
+      tensor::raw::convert(op, gpu, out32, DType::F32, recv.data, recv.dtype,
+                           static_cast<std::int64_t>(out_n), st);
     } catch (...) {
       cudaFreeAsync(scratch, st);
       throw;

@@ -18,7 +18,7 @@
 #include "distjax/comm/nccl/nccl_communicator.hpp"
 #include "distjax/core/error.hpp"
 #include "distjax/tensor/cuda.hpp"
-#include "distjax/tensor/cuda/cuda_runtime.hpp"
+#include "distjax/tensor/cuda_runtime.hpp"
 
 namespace distjax::comm::detail {
 

@@ -1,7 +1,7 @@
 #include "distjax/optim/detail/leaves.hpp"
 
 #include "distjax/core/error.hpp"
-#include "distjax/tensor/detail/update_many.hpp"
+#include "distjax/tensor/update_ops.hpp"
 #include "distjax/tensor/grad_node.hpp"
 
 namespace distjax::optim::detail {
@@ -47,7 +47,7 @@ void adam_update(const char* op, TensorTree& params, const TensorTree& grads, Te
                  std::int64_t step, double lr, double b1, double b2, double eps,
                  const std::function<double(const std::string& path)>& decay, double l2) {
   tensor::NoGradGuard no_grad;
-  std::vector<tensor::detail::UpdateLeaf> leaves;
+  std::vector<tensor::UpdateLeaf> leaves;
   for (auto& [path, p] : params) {
     if (!trainable(p)) continue;
     const Tensor& g = checked_grad(op, path, p, grads);
@@ -55,7 +55,7 @@ void adam_update(const char* op, TensorTree& params, const TensorTree& grads, Te
     Tensor& v = checked_slot(op, "nu", path, p, state);
     leaves.push_back({.param = &p, .grad = &g, .m = &m, .v = &v, .decay = decay(path)});
   }
-  tensor::detail::adam_update_many_(
+  tensor::adam_update_many_(
       leaves, {.lr = lr, .b1 = b1, .b2 = b2, .eps = eps, .t = step + 1, .l2 = l2});
 }
 

@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "distjax/core/error.hpp"
-#include "distjax/tensor/cuda/cuda_runtime.hpp"
+#include "distjax/tensor/cuda_runtime.hpp"
 #include "distjax/tensor/table/attention.hpp"
 
 namespace distjax::tensor::cuda {

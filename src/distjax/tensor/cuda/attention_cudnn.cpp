@@ -38,7 +38,7 @@
 
 #include <cudnn_frontend.h>
 
-#include "distjax/tensor/cuda/cuda_runtime.hpp"
+#include "distjax/tensor/cuda_runtime.hpp"
 
 // The frontend's dynamic loading reads cuDNN's symbols from this handle (set once loaded).
 namespace cudnn_frontend {

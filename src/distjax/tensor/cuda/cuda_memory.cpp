@@ -14,7 +14,7 @@
 
 #include "distjax/core/error.hpp"
 #include "distjax/tensor/cuda.hpp"
-#include "distjax/tensor/cuda/cuda_runtime.hpp"
+#include "distjax/tensor/cuda_runtime.hpp"
 
 namespace distjax::tensor {
 namespace cuda {

@@ -1,5 +1,5 @@
 // The CUDA runtime checks and device queries (see cuda_runtime.hpp and tensor/cuda.hpp).
-#include "distjax/tensor/cuda/cuda_runtime.hpp"
+#include "distjax/tensor/cuda_runtime.hpp"
 
 #include <cstdlib>
 

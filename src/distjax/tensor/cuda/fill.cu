@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "distjax/core/error.hpp"
-#include "distjax/tensor/cuda/cuda_runtime.hpp"
+#include "distjax/tensor/cuda_runtime.hpp"
 
 namespace distjax::tensor::cuda {
 namespace {

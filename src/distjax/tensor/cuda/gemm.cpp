@@ -29,7 +29,7 @@
 
 #include "distjax/core/error.hpp"
 #include "distjax/tensor/cuda.hpp"
-#include "distjax/tensor/cuda/cuda_runtime.hpp"
+#include "distjax/tensor/cuda_runtime.hpp"
 #include "distjax/tensor/cuda/kernels.hpp"
 #include "distjax/tensor/cuda/launch.cuh"
 

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "distjax/tensor/cuda/cuda_runtime.hpp"
+#include "distjax/tensor/cuda_runtime.hpp"
 #include "distjax/tensor/table/stream.hpp"
 
 namespace distjax::tensor::cuda {

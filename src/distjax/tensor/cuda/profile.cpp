@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "distjax/tensor/cuda.hpp"
-#include "distjax/tensor/cuda/cuda_runtime.hpp"
+#include "distjax/tensor/cuda_runtime.hpp"
 #include "distjax/tensor/table/table.hpp"
 
 namespace distjax::tensor {

@@ -7,7 +7,7 @@
 
 #include <cstddef>
 
-#include "distjax/tensor/cuda/cuda_runtime.hpp"
+#include "distjax/tensor/cuda_runtime.hpp"
 
 namespace distjax::tensor::cuda {
 
