@@ -1,4 +1,5 @@
-// Umbrella header: the whole public API of DistJax.
+// Umbrella header: the whole public API of DistJax, every header of include/distjax/ but
+// tensor/cuda_runtime.hpp (for code built with the CUDA toolkit: it includes cuda_runtime.h).
 #pragma once
 
 #include "distjax/app/compose.hpp"
@@ -52,6 +53,7 @@
 #include "distjax/nn/multi_head_attention.hpp"
 #include "distjax/nn/positions.hpp"
 #include "distjax/nn/precision.hpp"
+#include "distjax/nn/remat.hpp"
 #include "distjax/nn/rms_norm.hpp"
 #include "distjax/nn/scope.hpp"
 #include "distjax/nn/transformer_block.hpp"
@@ -78,10 +80,15 @@
 #include "distjax/spmd/device_context.hpp"
 #include "distjax/spmd/shard_map.hpp"
 #include "distjax/tensor/attention.hpp"
+#include "distjax/tensor/cuda.hpp"
+#include "distjax/tensor/device_memory.hpp"
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/grad_node.hpp"
+#include "distjax/tensor/host_access.hpp"
+#include "distjax/tensor/inplace_ops.hpp"
 #include "distjax/tensor/matmul.hpp"
 #include "distjax/tensor/nn_ops.hpp"
+#include "distjax/tensor/parallel_ops.hpp"
 #include "distjax/tensor/reduce.hpp"
 #include "distjax/tensor/shape_ops.hpp"
 #include "distjax/tensor/tensor.hpp"
@@ -91,6 +98,7 @@
 #include "distjax/train/checkpointer.hpp"
 #include "distjax/train/loss_scale.hpp"
 #include "distjax/train/metrics.hpp"
+#include "distjax/train/plot.hpp"
 #include "distjax/train/train_state.hpp"
 #include "distjax/train/train_step.hpp"
 #include "distjax/train/trainer.hpp"

@@ -47,6 +47,17 @@ TEST(Programs, BuiltinConfigsAreTheFiles) {
   EXPECT_THROW(app::builtin_config("train_mnst"), ConfigError);
 }
 
+// The schema's help of run.program (what `distjax train --help-config` and configs.md say)
+// names every program of the registry.
+TEST(Programs, TheHelpOfRunProgramNamesEveryProgram) {
+  std::string help;
+  for (const config::ConfigKey& k : config::config_keys())
+    if (k.name == "run.program") help = k.help;
+  ASSERT_FALSE(help.empty());
+  for (const app::ProgramInfo& p : app::programs())
+    EXPECT_NE(help.find(p.name), std::string::npos) << p.name << " is missing from: " << help;
+}
+
 TEST(Programs, UnknownProgramSuggestsTheNearest) {
   try {
     app::find_program("train_mnst");

@@ -222,3 +222,32 @@ TEST(Layering, NoIncludeCyclesInsideAPartButTheListedOnes) {
   EXPECT_TRUE(gone.empty()) << "listed cycles no longer there (remove them from kKnownCycles):"
                             << gone;
 }
+
+// distjax.hpp is the whole public API: every header under include/distjax/ is reached from
+// it, but the one that needs the CUDA toolkit.
+TEST(Layering, TheUmbrellaHeaderReachesEveryPublicHeader) {
+  const std::regex include_line(R"re(^\s*#\s*include\s+"distjax/([^"]+)")re");
+  const fs::path include_dir = kRoot / "include" / "distjax";
+  std::set<std::string> reached;
+  std::vector<std::string> todo = {"distjax.hpp"};
+  while (!todo.empty()) {
+    const std::string h = todo.back();
+    todo.pop_back();
+    if (!reached.insert(h).second) continue;
+    std::ifstream in(include_dir / h);
+    std::string line;
+    std::smatch m;
+    while (std::getline(in, line))
+      if (std::regex_search(line, m, include_line)) todo.push_back(m[1].str());
+  }
+  std::string missing;
+  int headers = 0;
+  for (const auto& e : fs::recursive_directory_iterator(include_dir)) {
+    if (!e.is_regular_file()) continue;
+    ++headers;
+    const std::string rel = fs::relative(e.path(), include_dir).string();
+    if (!reached.count(rel) && rel != "tensor/cuda_runtime.hpp") missing += "\n  " + rel;
+  }
+  EXPECT_GT(headers, 50);
+  EXPECT_TRUE(missing.empty()) << "public headers distjax.hpp does not reach:" << missing;
+}

@@ -1,8 +1,8 @@
 // The training programs of DistJax: each runs one config::TrainConfig. `distjax train
 // configs/<name>.toml` and the example binaries call the same function; a program's
 // starting config is its file under configs/ (built into the library, so the binaries
-// need no file at run time), and keys a file leaves out take the schema's defaults
-// (config/config_file.hpp): the only defaults there are.
+// need no file at run time), and keys a file leaves out take their defaults, the member
+// initialisers of config/train_config.hpp: the only defaults there are.
 #pragma once
 
 #include <functional>

@@ -219,7 +219,7 @@ const std::vector<Entry>& schema() {
     // [run]
     s.push_back(field("run.program", DJ_ACCESS(run.program),
                       "the training program: train_mnist, data_parallelism, tensor_parallelism, "
-                      "gpt or train_gpt"));
+                      "pipeline_parallelism, gpt or train_gpt"));
     s.push_back(field("run.steps", DJ_ACCESS(run.steps),
                       "optimizer steps; 0 = run.epochs x steps per epoch"));
     s.push_back(field("run.epochs", DJ_ACCESS(run.epochs),
