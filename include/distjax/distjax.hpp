@@ -21,6 +21,7 @@
 #include "distjax/data/loader.hpp"
 #include "distjax/data/synthetic.hpp"
 #include "distjax/data/text_corpus.hpp"
+#include "distjax/data/token_shards.hpp"
 #include "distjax/mesh/mesh.hpp"
 #include "distjax/mesh/named_sharding.hpp"
 #include "distjax/mesh/partition_spec.hpp"

@@ -1,0 +1,96 @@
+// Token shards for language modelling: files of token ids made once from a corpus (by
+// llm.c's or nanoGPT's prepare scripts, or write_llmc_shard below), memory-mapped and read
+// as one stream of tokens, cut into windows of T + 1 tokens as the byte corpora are.
+//
+// Two layouts, told apart by the first four bytes:
+//   llm.c's .bin shards: a header of 256 little-endian int32 (magic 20240520, version 1
+//     for uint16 tokens or 2 for uint32, the token count), then the tokens;
+//   raw token files (nanoGPT's train.bin): little-endian uint16 (or uint32) tokens, no header.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "distjax/core/prng.hpp"
+#include "distjax/train/batch.hpp"
+
+namespace distjax::data {
+
+/// llm.c's shard header: 256 int32, of which the first three are used.
+inline constexpr std::int32_t kLlmcShardMagic = 20240520;
+inline constexpr std::int64_t kLlmcHeaderBytes = 256 * 4;
+
+/// One file of a TokenShards: where it is, how its tokens are stored, how many.
+struct TokenFile {
+  std::string path;
+  bool llmc_header = false;  ///< llm.c's .bin layout (else raw tokens)
+  int token_bytes = 2;       ///< 2 (uint16) or 4 (uint32)
+  std::int64_t tokens = 0;
+};
+
+/// The token files of one split, memory-mapped read-only (the kernel pages them in as the
+/// windows touch them; nothing is copied up front) and read as their concatenation in
+/// file-name order. Move-only.
+///
+///   const TokenShards train = TokenShards::open("data/fineweb_train_*.bin", "data.train");
+///   train::Batch b = sample_windows(train, 8, 1024, key);   // (8, 1024) i32 inputs, labels
+class TokenShards {
+ public:
+  /// Opens every file the glob `pattern` matches, in sorted order. A file that starts with
+  /// llm.c's magic is read in its layout (version 1: uint16 tokens, 2: uint32); any other
+  /// file as raw tokens of `raw_token_bytes` bytes (2 or 4). Errors name the file and
+  /// `key` (the config key that named the pattern): ConfigError for a pattern that matches
+  /// no file; IoError for a file that cannot be read or mapped, an llm.c header with another
+  /// version, a body shorter or longer than its header's token count, a raw file whose size
+  /// is not a multiple of the token size, or a split with no token.
+  static TokenShards open(const std::string& pattern, const std::string& key,
+                          int raw_token_bytes = 2);
+
+  TokenShards(TokenShards&&) noexcept;
+  TokenShards& operator=(TokenShards&&) noexcept;
+  ~TokenShards();
+
+  /// Tokens in all the files together.
+  std::int64_t size() const { return size_; }
+  /// Token i of the concatenation (0 <= i < size()).
+  std::int64_t at(std::int64_t i) const;
+  /// Tokens [begin, begin + n) of the concatenation, widened to i32, into out (a window
+  /// may span two files).
+  void read(std::int64_t begin, std::int64_t n, std::int32_t* out) const;
+  /// The largest token id (one pass over every token on the first call, then kept): what
+  /// model.vocab must exceed.
+  std::int64_t max_token() const;
+  const std::vector<TokenFile>& files() const { return files_; }
+  /// The pattern and key it was opened with, for messages.
+  const std::string& key() const { return key_; }
+
+ private:
+  TokenShards() = default;
+  struct Mapping;
+  std::vector<TokenFile> files_;
+  std::vector<std::unique_ptr<Mapping>> maps_;  // one per file
+  std::vector<std::int64_t> starts_;            // first token of each file in the stream
+  std::int64_t size_ = 0;
+  std::string key_;
+  mutable std::int64_t max_token_ = -1;
+};
+
+/// B windows of T + 1 tokens at uniform random offsets drawn from `key` (the rule of the
+/// byte corpora's sample_windows: window i's offset from key.bits(i)): inputs tokens
+/// [o, o + T), labels [o + 1, o + T + 1); both (B, T) i32 on the current device. A window may
+/// cross from one file into the next. InvalidArgument when a window is longer than the split.
+train::Batch sample_windows(const TokenShards& tokens, std::int64_t batch_size,
+                            std::int64_t seq_len, const Key& key);
+
+/// Consecutive non-overlapping windows from the first token (a fixed validation set),
+/// grouped into full batches of `batch_size`; at most `max_batches` (0: as many as fit).
+std::vector<train::Batch> sequential_windows(const TokenShards& tokens, std::int64_t batch_size,
+                                             std::int64_t seq_len, std::int64_t max_batches = 0);
+
+/// Writes `tokens` as one llm.c shard at `path` (version 1 when every token fits uint16,
+/// else 2), as llm.c's prepare scripts write it: for tests and small corpora.
+void write_llmc_shard(const std::string& path, const std::vector<std::int64_t>& tokens);
+
+}  // namespace distjax::data

@@ -1,0 +1,259 @@
+// Token shards: the files of a glob memory-mapped and read as one stream of tokens.
+#include "distjax/data/token_shards.hpp"
+
+#include <fcntl.h>
+#include <glob.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include "distjax/core/error.hpp"
+#include "distjax/data/detail/on_device.hpp"
+
+namespace distjax::data {
+
+using tensor::Tensor;
+
+// One file mapped read-only for the life of the shards.
+struct TokenShards::Mapping {
+  const unsigned char* base = nullptr;
+  std::size_t bytes = 0;
+  const unsigned char* tokens = nullptr;  // the first token (past any header)
+  int token_bytes = 2;
+
+  Mapping() = default;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() {
+    if (base != nullptr) munmap(const_cast<unsigned char*>(base), bytes);
+  }
+  std::int64_t at(std::int64_t i) const {
+    const unsigned char* p = tokens + i * token_bytes;
+    if (token_bytes == 2) return std::int64_t{p[0]} | std::int64_t{p[1]} << 8;
+    return std::int64_t{p[0]} | std::int64_t{p[1]} << 8 | std::int64_t{p[2]} << 16 |
+           std::int64_t{p[3]} << 24;
+  }
+};
+
+namespace {
+
+std::string where(const std::string& path, const std::string& key) {
+  return path + " (" + key + ")";
+}
+
+std::int32_t le32(const unsigned char* p) {
+  return static_cast<std::int32_t>(std::uint32_t{p[0]} | std::uint32_t{p[1]} << 8 |
+                                   std::uint32_t{p[2]} << 16 | std::uint32_t{p[3]} << 24);
+}
+
+std::vector<std::string> glob_files(const std::string& pattern, const std::string& key) {
+  glob_t g{};
+  const int rc = ::glob(pattern.c_str(), GLOB_ERR, nullptr, &g);
+  std::vector<std::string> out;
+  if (rc == 0)
+    for (std::size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
+  globfree(&g);
+  DISTJAX_CHECK(rc == 0 || rc == GLOB_NOMATCH, IoError, "[token shards] ", key, " = \"", pattern,
+                "\": cannot list the files (", rc == GLOB_ABORTED ? "a directory cannot be read" : "glob failed", ")");
+  DISTJAX_CHECK(!out.empty(), ConfigError, "[token shards] ", key, " = \"", pattern,
+                "\" matches no file");
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+TokenShards TokenShards::open(const std::string& pattern, const std::string& key,
+                              int raw_token_bytes) {
+  DISTJAX_CHECK(raw_token_bytes == 2 || raw_token_bytes == 4, InvalidArgument,
+                "[token shards] raw tokens are 2 or 4 bytes wide, got ", raw_token_bytes);
+  TokenShards s;
+  s.key_ = key;
+  for (const std::string& path : glob_files(pattern, key)) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    DISTJAX_CHECK(fd >= 0, IoError, "[token shards] cannot open ", where(path, key), ": ",
+                  std::strerror(errno));
+    struct stat st {};
+    const bool stat_ok = fstat(fd, &st) == 0;
+    const int stat_errno = errno;
+    auto m = std::make_unique<Mapping>();
+    m->bytes = stat_ok ? static_cast<std::size_t>(st.st_size) : 0;
+    if (stat_ok && m->bytes > 0) {
+      void* p = mmap(nullptr, m->bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (p != MAP_FAILED) m->base = static_cast<const unsigned char*>(p);
+    }
+    const int map_errno = errno;
+    ::close(fd);
+    DISTJAX_CHECK(stat_ok, IoError, "[token shards] cannot read ", where(path, key), ": ",
+                  std::strerror(stat_errno));
+    DISTJAX_CHECK(m->bytes > 0, IoError, "[token shards] ", where(path, key), " is empty");
+    DISTJAX_CHECK(m->base != nullptr, IoError, "[token shards] cannot map ", where(path, key),
+                  ": ", std::strerror(map_errno));
+    TokenFile f{path, false, raw_token_bytes, 0};
+    const auto size = static_cast<std::int64_t>(m->bytes);
+    if (size >= 4 && le32(m->base) == kLlmcShardMagic) {
+      DISTJAX_CHECK(size >= kLlmcHeaderBytes, IoError, "[token shards] ", where(path, key),
+                    ": llm.c shard of ", size, " bytes, shorter than its 1024-byte header");
+      const std::int32_t version = le32(m->base + 4);
+      DISTJAX_CHECK(version == 1 || version == 2, IoError, "[token shards] ", where(path, key),
+                    ": llm.c shard version ", version,
+                    " (known: 1, uint16 tokens; 2, uint32 tokens)");
+      f.llmc_header = true;
+      f.token_bytes = version == 1 ? 2 : 4;
+      f.tokens = le32(m->base + 8);
+      const std::int64_t body = size - kLlmcHeaderBytes;
+      DISTJAX_CHECK(f.tokens >= 0 && body == f.tokens * f.token_bytes, IoError,
+                    "[token shards] ", where(path, key), ": the header says ", f.tokens,
+                    " tokens of ", f.token_bytes, " bytes, the body holds ", body,
+                    " bytes (a truncated or damaged shard)");
+      m->tokens = m->base + kLlmcHeaderBytes;
+    } else {
+      DISTJAX_CHECK(size % raw_token_bytes == 0, IoError, "[token shards] ", where(path, key),
+                    ": ", size, " bytes is not a whole number of ", raw_token_bytes,
+                    "-byte tokens (no llm.c header: read as raw tokens)");
+      f.tokens = size / raw_token_bytes;
+      m->tokens = m->base;
+    }
+    m->token_bytes = f.token_bytes;
+    s.starts_.push_back(s.size_);
+    s.size_ += f.tokens;
+    s.files_.push_back(std::move(f));
+    s.maps_.push_back(std::move(m));
+  }
+  DISTJAX_CHECK(s.size_ > 0, IoError, "[token shards] ", key, " = \"", pattern,
+                "\": its files hold no token");
+  return s;
+}
+
+TokenShards::TokenShards(TokenShards&&) noexcept = default;
+TokenShards& TokenShards::operator=(TokenShards&&) noexcept = default;
+TokenShards::~TokenShards() = default;
+
+std::int64_t TokenShards::at(std::int64_t i) const {
+  DISTJAX_CHECK(i >= 0 && i < size_, InvalidArgument, "[token shards] token ", i,
+                " out of range for ", size_, " tokens (", key_, ")");
+  const auto it = std::upper_bound(starts_.begin(), starts_.end(), i) - 1;
+  const std::size_t f = static_cast<std::size_t>(it - starts_.begin());
+  return maps_[f]->at(i - *it);
+}
+
+void TokenShards::read(std::int64_t begin, std::int64_t n, std::int32_t* out) const {
+  DISTJAX_CHECK(begin >= 0 && n >= 0 && begin + n <= size_, InvalidArgument,
+                "[token shards] tokens [", begin, ", ", begin + n, ") out of range for ", size_,
+                " tokens (", key_, ")");
+  if (n == 0) return;
+  std::size_t f = static_cast<std::size_t>(
+      std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin() - 1);
+  std::int64_t i = begin - starts_[f];
+  for (std::int64_t k = 0; k < n; ++k, ++i) {
+    while (i >= files_[f].tokens) {  // on into the next file (skipping empty ones)
+      i -= files_[f].tokens;
+      ++f;
+    }
+    out[k] = static_cast<std::int32_t>(maps_[f]->at(i));
+  }
+}
+
+std::int64_t TokenShards::max_token() const {
+  if (max_token_ >= 0) return max_token_;
+  std::int64_t best = 0;
+  for (std::size_t f = 0; f < files_.size(); ++f)
+    for (std::int64_t i = 0; i < files_[f].tokens; ++i) best = std::max(best, maps_[f]->at(i));
+  max_token_ = best;
+  return best;
+}
+
+namespace {
+
+void check_window(const TokenShards& t, std::int64_t batch_size, std::int64_t seq_len,
+                  const char* op) {
+  DISTJAX_CHECK(batch_size >= 1 && seq_len >= 1, InvalidArgument, "[", op,
+                "] batch_size and seq_len must be positive, got ", batch_size, " and ", seq_len);
+  DISTJAX_CHECK(t.size() >= seq_len + 1, InvalidArgument, "[", op, "] a window of ", seq_len + 1,
+                " tokens (data.seq_len + 1) is longer than ", t.key(), ", which holds ", t.size(),
+                " tokens");
+}
+
+// Window [o, o + T + 1) into row i of inputs (the first T) and labels (the last T).
+void fill_window(const TokenShards& t, std::int64_t o, std::int64_t seq_len,
+                 std::vector<std::int32_t>& scratch, std::int32_t* x, std::int32_t* y) {
+  scratch.resize(static_cast<std::size_t>(seq_len + 1));
+  t.read(o, seq_len + 1, scratch.data());
+  std::copy(scratch.begin(), scratch.end() - 1, x);
+  std::copy(scratch.begin() + 1, scratch.end(), y);
+}
+
+}  // namespace
+
+train::Batch sample_windows(const TokenShards& tokens, std::int64_t batch_size,
+                            std::int64_t seq_len, const Key& key) {
+  check_window(tokens, batch_size, seq_len, "sample_windows");
+  const auto positions = static_cast<std::uint64_t>(tokens.size() - seq_len);
+  train::Batch b{Tensor::empty({batch_size, seq_len}, DType::I32, Device::cpu()),
+                 Tensor::empty({batch_size, seq_len}, DType::I32, Device::cpu())};
+  std::int32_t* x = b.inputs.data<std::int32_t>();
+  std::int32_t* y = b.labels.data<std::int32_t>();
+  std::vector<std::int32_t> scratch;
+  for (std::int64_t i = 0; i < batch_size; ++i) {
+    auto w = key.bits(static_cast<std::uint64_t>(i));
+    const std::uint64_t r = (std::uint64_t{w[0]} << 32) | w[1];
+    fill_window(tokens, static_cast<std::int64_t>(r % positions), seq_len, scratch,
+                x + i * seq_len, y + i * seq_len);
+  }
+  return to_current_device(b);
+}
+
+std::vector<train::Batch> sequential_windows(const TokenShards& tokens, std::int64_t batch_size,
+                                             std::int64_t seq_len, std::int64_t max_batches) {
+  check_window(tokens, batch_size, seq_len, "sequential_windows");
+  const std::int64_t windows = (tokens.size() - 1) / seq_len;
+  std::int64_t n_batches = windows / batch_size;
+  if (max_batches > 0) n_batches = std::min(n_batches, max_batches);
+  std::vector<train::Batch> out;
+  std::vector<std::int32_t> scratch;
+  for (std::int64_t bi = 0; bi < n_batches; ++bi) {
+    train::Batch b{Tensor::empty({batch_size, seq_len}, DType::I32, Device::cpu()),
+                   Tensor::empty({batch_size, seq_len}, DType::I32, Device::cpu())};
+    for (std::int64_t i = 0; i < batch_size; ++i)
+      fill_window(tokens, (bi * batch_size + i) * seq_len, seq_len, scratch,
+                  b.inputs.data<std::int32_t>() + i * seq_len,
+                  b.labels.data<std::int32_t>() + i * seq_len);
+    out.push_back(to_current_device(b));
+  }
+  return out;
+}
+
+void write_llmc_shard(const std::string& path, const std::vector<std::int64_t>& tokens) {
+  std::int64_t max = 0;
+  for (std::int64_t t : tokens) {
+    DISTJAX_CHECK(t >= 0 && t <= 0xFFFFFFFFLL, InvalidArgument, "[write_llmc_shard] token ", t,
+                  " does not fit a uint32");
+    max = std::max(max, t);
+  }
+  DISTJAX_CHECK(tokens.size() <= 0x7FFFFFFFu, InvalidArgument,
+                "[write_llmc_shard] an llm.c shard holds at most 2^31 - 1 tokens, got ",
+                tokens.size());
+  const int width = max <= 0xFFFF ? 2 : 4;
+  std::vector<unsigned char> out(static_cast<std::size_t>(kLlmcHeaderBytes) +
+                                 tokens.size() * static_cast<std::size_t>(width));
+  const auto put32 = [&](std::size_t at, std::uint32_t v) {
+    for (int k = 0; k < 4; ++k) out[at + k] = static_cast<unsigned char>(v >> (8 * k));
+  };
+  put32(0, static_cast<std::uint32_t>(kLlmcShardMagic));
+  put32(4, width == 2 ? 1 : 2);
+  put32(8, static_cast<std::uint32_t>(tokens.size()));
+  std::size_t at = static_cast<std::size_t>(kLlmcHeaderBytes);
+  for (std::int64_t t : tokens)
+    for (int k = 0; k < width; ++k)
+      out[at++] = static_cast<unsigned char>(static_cast<std::uint64_t>(t) >> (8 * k));
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(out.size()));
+  DISTJAX_CHECK(f.good(), IoError, "[write_llmc_shard] cannot write ", path);
+}
+
+}  // namespace distjax::data
