@@ -23,8 +23,9 @@ struct TempDir {
   fs::path path;
   TempDir() {
     path = fs::temp_directory_path() /
-           ("distjax_token_shards_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
-            "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+           ("distjax_token_shards_" +
+            std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(path);
     fs::create_directories(path);
   }
@@ -33,7 +34,8 @@ struct TempDir {
 };
 
 void put_le(std::vector<unsigned char>& out, std::uint64_t v, int bytes) {
-  for (int k = 0; k < bytes; ++k) out.push_back(static_cast<unsigned char>(v >> (8 * k)));
+  for (int k = 0; k < bytes; ++k)
+    out.push_back(static_cast<unsigned char>(v >> (8 * k)));
 }
 
 // llm.c's layout, as its dev/data scripts write it: 256 int32 (magic, version, count, zeros),
@@ -45,21 +47,24 @@ void write_llmc(const std::string& path, const std::vector<std::uint32_t>& token
   put_le(out, static_cast<std::uint32_t>(version), 4);
   put_le(out, static_cast<std::uint32_t>(count_in_header < 0 ? tokens.size() : count_in_header), 4);
   out.resize(1024, 0);
-  for (std::uint32_t t : tokens) put_le(out, t, version == 1 ? 2 : 4);
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(out.data()),
-                                              static_cast<std::streamsize>(out.size()));
+  for (std::uint32_t t : tokens)
+    put_le(out, t, version == 1 ? 2 : 4);
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(out.size()));
 }
 
 void write_raw(const std::string& path, const std::vector<std::uint32_t>& tokens, int width) {
   std::vector<unsigned char> out;
-  for (std::uint32_t t : tokens) put_le(out, t, width);
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(out.data()),
-                                              static_cast<std::streamsize>(out.size()));
+  for (std::uint32_t t : tokens)
+    put_le(out, t, width);
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(out.size()));
 }
 
 std::vector<std::uint32_t> iota_tokens(std::uint32_t first, int n, std::uint32_t step = 7) {
   std::vector<std::uint32_t> v;
-  for (int i = 0; i < n; ++i) v.push_back((first + step * static_cast<std::uint32_t>(i)) % 50257);
+  for (int i = 0; i < n; ++i)
+    v.push_back((first + step * static_cast<std::uint32_t>(i)) % 50257);
   return v;
 }
 
@@ -87,12 +92,15 @@ TEST(TokenShards, LlmcShardsReadBackTokenForTokenAcrossFiles) {
   EXPECT_EQ(t.size(), 1037);
   std::vector<std::uint32_t> all = a;
   all.insert(all.end(), b.begin(), b.end());
-  for (std::int64_t i = 0; i < t.size(); ++i) ASSERT_EQ(t.at(i), all[i]) << i;
+  for (std::int64_t i = 0; i < t.size(); ++i)
+    ASSERT_EQ(t.at(i), all[i]) << i;
   std::vector<std::int32_t> window(20);
   t.read(990, 20, window.data());  // ten of each file
-  for (int k = 0; k < 20; ++k) EXPECT_EQ(window[k], static_cast<std::int32_t>(all[990 + k]));
+  for (int k = 0; k < 20; ++k)
+    EXPECT_EQ(window[k], static_cast<std::int32_t>(all[990 + k]));
   std::uint32_t max = 0;
-  for (std::uint32_t v : all) max = std::max(max, v);
+  for (std::uint32_t v : all)
+    max = std::max(max, v);
   EXPECT_EQ(t.max_token(), max);
   EXPECT_THROW(t.at(1037), InvalidArgument);
 }
@@ -144,23 +152,28 @@ TEST(TokenShards, WindowsAreTheStreamShiftedByOne) {
     }
   }
   // The same key, the same windows; another key, others.
-  EXPECT_EQ(data::sample_windows(t, 16, 32, key).inputs.to(Device::cpu()).to_vector<std::int32_t>(), x);
-  EXPECT_NE(data::sample_windows(t, 16, 32, Key::from_seed(6)).inputs.to(Device::cpu()).to_vector<std::int32_t>(),
+  EXPECT_EQ(data::sample_windows(t, 16, 32, key).inputs.to(Device::cpu()).to_vector<std::int32_t>(),
+            x);
+  EXPECT_NE(data::sample_windows(t, 16, 32, Key::from_seed(6))
+                .inputs.to(Device::cpu())
+                .to_vector<std::int32_t>(),
             x);
   // Sequential windows: consecutive from the first token, full batches only.
   const std::vector<train::Batch> seq = data::sequential_windows(t, 4, 50, 0);
   ASSERT_EQ(seq.size(), 2u);  // (600 - 1) / 50 = 11 windows: two batches of 4
   const std::vector<std::int32_t> s1 = seq[1].inputs.to(Device::cpu()).to_vector<std::int32_t>();
   EXPECT_EQ(s1[0], static_cast<std::int32_t>(all[200]));
-  EXPECT_EQ(seq[1].labels.to(Device::cpu()).to_vector<std::int32_t>()[199], static_cast<std::int32_t>(all[400]));
+  EXPECT_EQ(seq[1].labels.to(Device::cpu()).to_vector<std::int32_t>()[199],
+            static_cast<std::int32_t>(all[400]));
   EXPECT_EQ(data::sequential_windows(t, 4, 50, 1).size(), 1u);
 }
 
 TEST(TokenShards, BadFilesAreRefusedNamingTheFileAndTheKey) {
   TempDir dir;
   EXPECT_THROW(TokenShards::open(dir / "none_*.bin", "data.train"), ConfigError);
-  EXPECT_NE(message_of([&] { TokenShards::open(dir / "none_*.bin", "data.val"); })
-                .find("data.val = \"" + (dir / "none_*.bin") + "\" matches no file"),
+  EXPECT_NE(message_of([&] {
+              TokenShards::open(dir / "none_*.bin", "data.val");
+            }).find("data.val = \"" + (dir / "none_*.bin") + "\" matches no file"),
             std::string::npos);
 
   write_llmc(dir / "v3.bin", {1, 2, 3}, /*version=*/3);
@@ -179,8 +192,9 @@ TEST(TokenShards, BadFilesAreRefusedNamingTheFileAndTheKey) {
   EXPECT_NE(odd.find("7 bytes is not a whole number of 2-byte tokens"), std::string::npos) << odd;
 
   std::ofstream(dir / "empty.bin").close();
-  EXPECT_NE(message_of([&] { TokenShards::open(dir / "empty.bin", "data.train"); }).find("is empty"),
-            std::string::npos);
+  EXPECT_NE(
+      message_of([&] { TokenShards::open(dir / "empty.bin", "data.train"); }).find("is empty"),
+      std::string::npos);
 
   write_llmc(dir / "short.bin", iota_tokens(0, 10));
   const TokenShards t = TokenShards::open(dir / "short.bin", "data.val");
@@ -197,7 +211,8 @@ TEST(TokenShards, TheLibrarysWriterWritesWhatTheReaderReads) {
   data::write_llmc_shard(dir / "small.bin", small);
   const TokenShards s = TokenShards::open(dir / "small.bin", "data.train");
   EXPECT_EQ(s.files()[0].token_bytes, 2);
-  for (std::size_t i = 0; i < small.size(); ++i) EXPECT_EQ(s.at(static_cast<std::int64_t>(i)), small[i]);
+  for (std::size_t i = 0; i < small.size(); ++i)
+    EXPECT_EQ(s.at(static_cast<std::int64_t>(i)), small[i]);
   const std::vector<std::int64_t> wide = {65536, 7};
   data::write_llmc_shard(dir / "wide.bin", wide);
   const TokenShards w = TokenShards::open(dir / "wide.bin", "data.train");

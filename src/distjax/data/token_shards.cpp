@@ -56,10 +56,12 @@ std::vector<std::string> glob_files(const std::string& pattern, const std::strin
   const int rc = ::glob(pattern.c_str(), GLOB_ERR, nullptr, &g);
   std::vector<std::string> out;
   if (rc == 0)
-    for (std::size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
+    for (std::size_t i = 0; i < g.gl_pathc; ++i)
+      out.emplace_back(g.gl_pathv[i]);
   globfree(&g);
   DISTJAX_CHECK(rc == 0 || rc == GLOB_NOMATCH, IoError, "[token shards] ", key, " = \"", pattern,
-                "\": cannot list the files (", rc == GLOB_ABORTED ? "a directory cannot be read" : "glob failed", ")");
+                "\": cannot list the files (",
+                rc == GLOB_ABORTED ? "a directory cannot be read" : "glob failed", ")");
   DISTJAX_CHECK(!out.empty(), ConfigError, "[token shards] ", key, " = \"", pattern,
                 "\" matches no file");
   std::sort(out.begin(), out.end());
@@ -92,8 +94,8 @@ TokenShards TokenShards::open(const std::string& pattern, const std::string& key
     DISTJAX_CHECK(stat_ok, IoError, "[token shards] cannot read ", where(path, key), ": ",
                   std::strerror(stat_errno));
     DISTJAX_CHECK(m->bytes > 0, IoError, "[token shards] ", where(path, key), " is empty");
-    DISTJAX_CHECK(m->base != nullptr, IoError, "[token shards] cannot map ", where(path, key),
-                  ": ", std::strerror(map_errno));
+    DISTJAX_CHECK(m->base != nullptr, IoError, "[token shards] cannot map ", where(path, key), ": ",
+                  std::strerror(map_errno));
     TokenFile f{path, false, raw_token_bytes, 0};
     const auto size = static_cast<std::int64_t>(m->bytes);
     if (size >= 4 && le32(m->base) == kLlmcShardMagic) {
@@ -107,14 +109,13 @@ TokenShards TokenShards::open(const std::string& pattern, const std::string& key
       f.token_bytes = version == 1 ? 2 : 4;
       f.tokens = le32(m->base + 8);
       const std::int64_t body = size - kLlmcHeaderBytes;
-      DISTJAX_CHECK(f.tokens >= 0 && body == f.tokens * f.token_bytes, IoError,
-                    "[token shards] ", where(path, key), ": the header says ", f.tokens,
-                    " tokens of ", f.token_bytes, " bytes, the body holds ", body,
-                    " bytes (a truncated or damaged shard)");
+      DISTJAX_CHECK(f.tokens >= 0 && body == f.tokens * f.token_bytes, IoError, "[token shards] ",
+                    where(path, key), ": the header says ", f.tokens, " tokens of ", f.token_bytes,
+                    " bytes, the body holds ", body, " bytes (a truncated or damaged shard)");
       m->tokens = m->base + kLlmcHeaderBytes;
     } else {
-      DISTJAX_CHECK(size % raw_token_bytes == 0, IoError, "[token shards] ", where(path, key),
-                    ": ", size, " bytes is not a whole number of ", raw_token_bytes,
+      DISTJAX_CHECK(size % raw_token_bytes == 0, IoError, "[token shards] ", where(path, key), ": ",
+                    size, " bytes is not a whole number of ", raw_token_bytes,
                     "-byte tokens (no llm.c header: read as raw tokens)");
       f.tokens = size / raw_token_bytes;
       m->tokens = m->base;
@@ -147,8 +148,8 @@ void TokenShards::read(std::int64_t begin, std::int64_t n, std::int32_t* out) co
                 "[token shards] tokens [", begin, ", ", begin + n, ") out of range for ", size_,
                 " tokens (", key_, ")");
   if (n == 0) return;
-  std::size_t f = static_cast<std::size_t>(
-      std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin() - 1);
+  std::size_t f = static_cast<std::size_t>(std::upper_bound(starts_.begin(), starts_.end(), begin) -
+                                           starts_.begin() - 1);
   std::int64_t i = begin - starts_[f];
   for (std::int64_t k = 0; k < n; ++k, ++i) {
     while (i >= files_[f].tokens) {  // on into the next file (skipping empty ones)
@@ -163,7 +164,8 @@ std::int64_t TokenShards::max_token() const {
   if (max_token_ >= 0) return max_token_;
   std::int64_t best = 0;
   for (std::size_t f = 0; f < files_.size(); ++f)
-    for (std::int64_t i = 0; i < files_[f].tokens; ++i) best = std::max(best, maps_[f]->at(i));
+    for (std::int64_t i = 0; i < files_[f].tokens; ++i)
+      best = std::max(best, maps_[f]->at(i));
   max_token_ = best;
   return best;
 }
@@ -202,8 +204,8 @@ train::Batch sample_windows(const TokenShards& tokens, std::int64_t batch_size,
   for (std::int64_t i = 0; i < batch_size; ++i) {
     auto w = key.bits(static_cast<std::uint64_t>(i));
     const std::uint64_t r = (std::uint64_t{w[0]} << 32) | w[1];
-    fill_window(tokens, static_cast<std::int64_t>(r % positions), seq_len, scratch,
-                x + i * seq_len, y + i * seq_len);
+    fill_window(tokens, static_cast<std::int64_t>(r % positions), seq_len, scratch, x + i * seq_len,
+                y + i * seq_len);
   }
   return to_current_device(b);
 }
@@ -242,7 +244,8 @@ void write_llmc_shard(const std::string& path, const std::vector<std::int64_t>& 
   std::vector<unsigned char> out(static_cast<std::size_t>(kLlmcHeaderBytes) +
                                  tokens.size() * static_cast<std::size_t>(width));
   const auto put32 = [&](std::size_t at, std::uint32_t v) {
-    for (int k = 0; k < 4; ++k) out[at + k] = static_cast<unsigned char>(v >> (8 * k));
+    for (int k = 0; k < 4; ++k)
+      out[at + k] = static_cast<unsigned char>(v >> (8 * k));
   };
   put32(0, static_cast<std::uint32_t>(kLlmcShardMagic));
   put32(4, width == 2 ? 1 : 2);
