@@ -70,11 +70,6 @@ TEST(TrainConfig, EveryRuleGivesItsMessage) {
   c.data.validation_fraction = 0;
   EXPECT_PROBLEM(c, "data.validation_fraction = 0 must be in (0, 1)");
   c = valid();
-  c.parallelism.shard = Shard::Optimizer;
-  c.parallelism.fsdp.modules = {"*"};
-  EXPECT_PROBLEM(c, "parallelism.fsdp.modules names the modules parallelism.shard = "
-                    "\"parameters\" splits, but parallelism.shard = \"optimizer\"");
-  c = valid();
   c.run.batch_size = 127;
   EXPECT_PROBLEM(c, "run.batch_size = 127 must be divisible by the data-parallel size 2");
   c = valid();

@@ -87,7 +87,9 @@ const char* shard_name(Shard s);
 /// ZeRO's stage of `s`: 0, 1, 2 or 3.
 int zero_stage(Shard s);
 
-/// [parallelism.fsdp]: which parameters shard = "parameters" stores split over "data".
+/// [parallelism.fsdp]: which parameters shard = "parameters" stores split over "data" (read
+/// with that shard only: another keeps the filter unused, so a file's filter stays valid
+/// when --set parallelism.shard picks another).
 struct FsdpConfig {
   /// Modules whose parameters are split: [] or ["*"] all, or the modules of these kinds
   /// (the toolkit's "Block", "Attn", "MLP"; nn::FullySharded::modules).
@@ -125,9 +127,8 @@ struct TrainConfig {
   std::vector<std::string> notices;
 
   /// One message per broken rule outside DistributedConfig (positive sizes, divisibility
-  /// of the batch by data_parallel_size and grad_accum_steps, remat and fsdp module names,
-  /// a module filter without shard = "parameters") followed by distributed.problems();
-  /// call on a resolved config.
+  /// of the batch by data_parallel_size and grad_accum_steps, remat and fsdp module names)
+  /// followed by distributed.problems(); call on a resolved config.
   std::vector<std::string> problems() const;
   /// Throws ConfigError "[config] <context>: N problems:\n  - ..." listing problems().
   void validate(const std::string& context = "") const;

@@ -184,7 +184,8 @@ Entry zero_stage_field() {
     if (c.parallelism.shard != Shard::None && c.parallelism.shard != s)
       throw ConfigError("parallelism.zero_stage = " + std::to_string(z) +
                         " (parallelism.shard's old name) contradicts parallelism.shard = \"" +
-                        shard_name(c.parallelism.shard) + "\"");
+                        shard_name(c.parallelism.shard) + "\": say parallelism.shard = \"" +
+                        shard_name(s) + "\" instead");
     c.parallelism.shard = s;
     c.notices.push_back("parallelism.zero_stage = " + std::to_string(z) +
                         " is read as parallelism.shard = \"" + shard_name(s) +

@@ -96,10 +96,6 @@ std::vector<std::string> TrainConfig::problems() const {
   if (data.validation_fraction <= 0 || data.validation_fraction >= 1)
     out.push_back(
         str("data.validation_fraction = ", data.validation_fraction, " must be in (0, 1)"));
-  if (parallelism.shard != Shard::Parameters && !parallelism.fsdp.modules.empty())
-    out.push_back(str("parallelism.fsdp.modules names the modules parallelism.shard = "
-                      "\"parameters\" splits, but parallelism.shard = \"",
-                      shard_name(parallelism.shard), "\""));
   const int dp = distributed.data_parallel_size();
   if (dp >= 1 && run.batch_size >= 1 && run.batch_size % dp != 0)
     out.push_back(str("run.batch_size = ", run.batch_size,
