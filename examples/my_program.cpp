@@ -12,7 +12,7 @@ int main() {
   c.parallelism.shard = config::Shard::Parameters;  // FSDP over "data" inside each stage
   c = app::prepare_program(c);         // validated and resolved, as `distjax train` does
   const mesh::Mesh mesh = config::build_mesh(c.distributed, {"data", "model"});
-  const app::Fortunes text = app::load_fortunes(c);  // data.dir, data.seq_len, validation
+  const app::TextData text = app::load_text(c);  // data.format, data.seq_len, validation
   const models::Transformer gpt(app::transformer_config(c, app::transformer_tp(c, mesh)));
   const models::TransformerPipeline stages(gpt.config());
   const optim::AdamW adamw = app::make_adamw(c, c.run.steps);
@@ -23,10 +23,9 @@ int main() {
       return app::replica_slice(b, parallel.replica(), parallel.data_parallel_size());
     };
     std::vector<train::Batch> eval;
-    for (const train::Batch& b : text.validation) eval.push_back(mine(b));
+    for (const train::Batch& b : text.validation()) eval.push_back(mine(b));
     auto batch = [&](std::int64_t step) {
-      return mine(data::sample_windows(text.corpus.train, c.run.batch_size, c.data.seq_len,
-                                       Key::from_seed(2).fold_in(step)));
+      return mine(text.sample(c.run.batch_size, c.data.seq_len, Key::from_seed(2).fold_in(step)));
     };
     app::run_loop({.config = &c, .ctx = &ctx, .composed = &parallel, .optimizer = &adamw,
                    .state = &state, .total_steps = c.run.steps, .log_every = 5,

@@ -2,11 +2,14 @@
 // with the metrics they report.
 #pragma once
 
+#include <memory>
+#include <string>
 #include <utility>
 
 #include "distjax/app/compose.hpp"
 #include "distjax/data/array_dataset.hpp"
 #include "distjax/data/text_corpus.hpp"
+#include "distjax/data/token_shards.hpp"
 #include "distjax/models/classifier.hpp"
 #include "distjax/models/transformer.hpp"
 #include "distjax/models/transformer_pipeline.hpp"
@@ -15,9 +18,11 @@
 
 namespace distjax::app {
 
-/// A language model's mean next-byte loss (nats) over `bytes` positions, with its metrics per
-/// byte: "loss" in nats and "bits_per_byte" = nats / ln 2.
-std::pair<tensor::Tensor, train::Metrics> per_byte(tensor::Tensor mean_loss, std::int64_t bytes);
+/// A language model's mean next-position loss (nats) over `positions` positions, with its
+/// metrics per position: "loss" in nats and "bits_per_<unit>" ("byte", "token") = nats / ln 2.
+std::pair<tensor::Tensor, train::Metrics> per_position(tensor::Tensor mean_loss,
+                                                       std::int64_t positions,
+                                                       const std::string& unit = "byte");
 
 /// Fashion-MNIST's training and test sets from data.dir (empty: the Debian package's).
 struct FashionMnist {
@@ -25,16 +30,35 @@ struct FashionMnist {
 };
 FashionMnist load_fashion_mnist(const config::TrainConfig& c);
 
-/// The fortune files from data.dir (empty: the Debian package's), split by
-/// data.validation_fraction, and run.eval_batches validation batches of run.batch_size
-/// windows of data.seq_len bytes.
-struct Fortunes {
-  data::ByteCorpus corpus;
-  std::vector<train::Batch> validation;
-};
-Fortunes load_fortunes(const config::TrainConfig& c);
+/// The GPT's text as data.format says: "bytes", the text files of data.dir (empty: the
+/// Debian package fortunes) split by data.validation_fraction; "tokens", the token shards
+/// of data.train and data.val (data::TokenShards, raw files data.token_bytes wide), whose
+/// ids model.vocab must exceed (a ConfigError naming the largest). With run.eval_batches
+/// validation batches of run.batch_size windows of data.seq_len, the same on every run.
+class TextData {
+ public:
+  /// "byte" or "token": what a position is.
+  const std::string& unit() const { return unit_; }
+  /// Positions of each split.
+  std::int64_t train_size() const;
+  std::int64_t validation_size() const;
+  /// B windows of T + 1 positions of the training split at offsets drawn from `key` (the
+  /// rule of data::sample_windows: the same windows for bytes and for the same bytes as
+  /// tokens), inputs and labels (B, T) i32 on the current device.
+  train::Batch sample(std::int64_t batch_size, std::int64_t seq_len, const Key& key) const;
+  const std::vector<train::Batch>& validation() const { return validation_; }
 
-/// The GPT of [model] over bytes (vocabulary 256, context data.seq_len), remat as
+ private:
+  friend TextData load_text(const config::TrainConfig& c);
+  std::string unit_ = "byte";
+  std::shared_ptr<const data::ByteCorpus> bytes_;
+  std::shared_ptr<const data::TokenShards> train_, val_;
+  std::vector<train::Batch> validation_;
+};
+TextData load_text(const config::TrainConfig& c);
+
+/// The GPT of [model] over the text of data.format (vocabulary model.vocab, 0: 256 for
+/// bytes; context data.seq_len; its metrics per byte or per token), remat as
 /// parallelism.remat names it, tensor parallel as `tp` says.
 models::TransformerConfig transformer_config(const config::TrainConfig& c,
                                              models::TransformerTP tp = {});
@@ -43,7 +67,7 @@ models::TransformerConfig transformer_config(const config::TrainConfig& c,
 /// outlive the spec.
 ModelSpec classifier_spec(const models::Classifier& model);
 
-/// The GPT: its init, its loss per byte (Transformer::loss: vocabulary-parallel when its
+/// The GPT: its init, its loss per position (Transformer::loss: vocabulary-parallel when its
 /// layout says so) and, when given, its cut into pipeline chunks. The models must outlive
 /// the spec.
 ModelSpec transformer_spec(const models::Transformer& model,

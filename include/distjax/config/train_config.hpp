@@ -70,8 +70,14 @@ struct OptimizerConfig {
 /// [data]: where the data set is and how sequences are cut.
 struct DataConfig {
   std::string dir;                    ///< "" = the program's default (Debian's data package)
-  std::int64_t seq_len = 64;          ///< bytes per sequence (T) for text
+  std::int64_t seq_len = 64;          ///< positions per sequence (T) for text
   double validation_fraction = 0.05;  ///< of a text corpus held out
+  /// The GPT's text: "bytes" (the text files of `dir`, vocabulary 256) or "tokens" (the
+  /// token shards of `train` and `val`, data::TokenShards; model.vocab above their ids).
+  std::string format = "bytes";
+  std::string train;             ///< tokens: a glob of the training shards
+  std::string val;               ///< tokens: a glob of the validation shards
+  std::int64_t token_bytes = 2;  ///< tokens: the width of raw (headerless) files, 2 or 4
 };
 
 /// parallelism.shard: what the data-parallel replicas split over "data" instead of each

@@ -50,6 +50,9 @@ struct TransformerConfig {
   bool parallel_block = false;
   float ln_eps = 1e-5f;
   TransformerTP tp{};              // tensor parallelism (none by default)
+  /// What a position of the text is ("byte", "token"): the loss's metric in bits is named
+  /// "bits_per_<unit>".
+  std::string unit = "byte";
 };
 
 /// GPT: tokens (B, T) i32/i64 -> logits (B, T, V) f32.

@@ -9,6 +9,7 @@
 // files are.
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -105,9 +106,9 @@ int run_gpt(const config::TrainConfig& c) {
   const mesh::Mesh mesh = config::build_mesh(c.distributed, {"data", "model"});
   const int n_data = mesh.axis_size("data");
   const std::int64_t batch_size = c.run.batch_size, seq_len = c.data.seq_len, steps = c.run.steps;
-  const Fortunes fortunes = load_fortunes(c);
-  const data::ByteCorpus& corpus = fortunes.corpus;
-  const std::vector<train::Batch>& val = fortunes.validation;
+  const TextData text = load_text(c);
+  const std::vector<train::Batch>& val = text.validation();
+  const std::string bits = "bits_per_" + text.unit();
   const models::Transformer model(transformer_config(c, transformer_tp(c, mesh)));
   const models::TransformerPipeline pipelined(model.config());
   if (c.distributed.is_main_process()) print_header(c, mesh, model.config(), precision_of(c));
@@ -153,9 +154,8 @@ int run_gpt(const config::TrainConfig& c) {
               .model_parameters = model.num_params(),
               // The data of step s is drawn from the step alone.
               .batch = [&](std::int64_t step) {
-                return replica_slice(data::sample_windows(corpus.train, batch_size, seq_len,
-                                                          data_key.fold_in(static_cast<std::uint64_t>(step))),
-                                     replica, n_data);
+                const Key key = data_key.fold_in(static_cast<std::uint64_t>(step));
+                return replica_slice(text.sample(batch_size, seq_len, key), replica, n_data);
               },
               .eval_every = c.run.eval_every};
     for (const train::Batch& b : val)
@@ -170,12 +170,13 @@ int run_gpt(const config::TrainConfig& c) {
         return {{"pipeline_bubble", bubble}};
       };
     loop.summary = [&](const LoopResult& r) -> std::map<std::string, double> {
-      return {{"val_bits_per_byte", r.eval.mean("bits_per_byte")}};
+      return {{"val_" + bits, r.eval.mean(bits)}};
     };
     const LoopResult r = run_loop(loop);
     if (r.already_finished) trained = false;
     if (!lead) return std::vector<Tensor>{};
-    std::printf("Validation: %.3f bits per byte (uniform guessing: 8)", r.eval.mean("bits_per_byte"));
+    std::printf("Validation: %.3f bits per %s (uniform guessing: %.1f)", r.eval.mean(bits),
+                text.unit().c_str(), std::log2(static_cast<double>(model.config().vocab)));
     if (pp != nullptr && r.already_finished)
       std::printf("\n");
     else if (pp != nullptr)

@@ -8,11 +8,13 @@
 
 namespace distjax::app {
 
-std::pair<tensor::Tensor, train::Metrics> per_byte(tensor::Tensor mean_loss, std::int64_t bytes) {
-  const auto n = static_cast<double>(bytes);
+std::pair<tensor::Tensor, train::Metrics> per_position(tensor::Tensor mean_loss,
+                                                       std::int64_t positions,
+                                                       const std::string& unit) {
+  const auto n = static_cast<double>(positions);
   train::Metrics m;  // read when reported: no host wait here
   m.add("loss", mean_loss, n, n);
-  m.add("bits_per_byte", mean_loss, n / std::numbers::ln2, n);
+  m.add("bits_per_" + unit, mean_loss, n / std::numbers::ln2, n);
   return {std::move(mean_loss), m};
 }
 
@@ -22,20 +24,57 @@ FashionMnist load_fashion_mnist(const config::TrainConfig& c) {
           data::load_fashion_mnist(data::Split::Test, dir)};
 }
 
-Fortunes load_fortunes(const config::TrainConfig& c) {
-  const std::string dir = c.data.dir.empty() ? data::kFortunesDir : c.data.dir;
-  Fortunes f{data::load_fortunes(dir, c.data.validation_fraction), {}};
-  f.validation = data::sequential_windows(f.corpus.validation, c.run.batch_size, c.data.seq_len,
-                                          c.run.eval_batches);
-  return f;
+std::int64_t TextData::train_size() const {
+  return bytes_ ? static_cast<std::int64_t>(bytes_->train.size()) : train_->size();
+}
+
+std::int64_t TextData::validation_size() const {
+  return bytes_ ? static_cast<std::int64_t>(bytes_->validation.size()) : val_->size();
+}
+
+train::Batch TextData::sample(std::int64_t batch_size, std::int64_t seq_len, const Key& key) const {
+  return bytes_ ? data::sample_windows(bytes_->train, batch_size, seq_len, key)
+                : data::sample_windows(*train_, batch_size, seq_len, key);
+}
+
+TextData load_text(const config::TrainConfig& c) {
+  TextData t;
+  if (c.data.format != "tokens") {
+    const std::string dir = c.data.dir.empty() ? data::kFortunesDir : c.data.dir;
+    t.bytes_ = std::make_shared<const data::ByteCorpus>(
+        data::load_fortunes(dir, c.data.validation_fraction));
+    t.validation_ = data::sequential_windows(t.bytes_->validation, c.run.batch_size,
+                                             c.data.seq_len, c.run.eval_batches);
+    return t;
+  }
+  t.unit_ = "token";
+  const int width = static_cast<int>(c.data.token_bytes);
+  t.train_ = std::make_shared<const data::TokenShards>(
+      data::TokenShards::open(c.data.train, "data.train", width));
+  t.val_ = std::make_shared<const data::TokenShards>(
+      data::TokenShards::open(c.data.val, "data.val", width));
+  for (const auto& [split, key] : {std::pair{t.train_.get(), "data.train"},
+                                   std::pair{t.val_.get(), "data.val"}})
+    DISTJAX_CHECK(split->max_token() < c.model.vocab, ConfigError, "[config] model.vocab = ",
+                  c.model.vocab, ": ", key, " holds token ", split->max_token(),
+                  "; the vocabulary must be above every token (model.vocab >= ",
+                  split->max_token() + 1, ")");
+  t.validation_ = data::sequential_windows(*t.val_, c.run.batch_size, c.data.seq_len,
+                                           c.run.eval_batches);
+  return t;
 }
 
 models::TransformerConfig transformer_config(const config::TrainConfig& c,
                                              models::TransformerTP tp) {
   // Byte corpora need 256 ids; a larger vocabulary (e.g. GPT-2's 50304, to train that
-  // shape) leaves the rows above 255 unused by the data.
-  DISTJAX_CHECK(c.model.vocab == 0 || c.model.vocab >= 256, ConfigError, "[config] model.vocab = ",
-                c.model.vocab, ": the byte corpora need at least 256 ids (0 = 256)");
+  // shape) leaves the rows above 255 unused by the data. Token shards name their own.
+  const bool tokens = c.data.format == "tokens";
+  DISTJAX_CHECK(tokens || c.model.vocab == 0 || c.model.vocab >= 256, ConfigError,
+                "[config] model.vocab = ", c.model.vocab,
+                ": the byte corpora need at least 256 ids (0 = 256)");
+  DISTJAX_CHECK(!tokens || c.model.vocab > 0, ConfigError,
+                "[config] data.format = \"tokens\" needs model.vocab (above the shards' largest "
+                "token)");
   return {.vocab = c.model.vocab > 0 ? c.model.vocab : 256,
           .d_model = c.model.d_model,
           .num_layers = c.model.layers,
@@ -47,7 +86,8 @@ models::TransformerConfig transformer_config(const config::TrainConfig& c,
           .remat = remat_of(c, "Block"),
           .remat_attn = remat_of(c, "Attn"),
           .remat_mlp = remat_of(c, "MLP"),
-          .tp = std::move(tp)};
+          .tp = std::move(tp),
+          .unit = tokens ? "token" : "byte"};
 }
 
 ModelSpec classifier_spec(const models::Classifier& model) {
@@ -63,7 +103,8 @@ ModelSpec transformer_spec(const models::Transformer& model,
   return {.init = [&model](Key key, nn::ParamSpecs* specs, spmd::DeviceContext* ctx,
                            const nn::FullySharded* fsdp) { return model.init(key, specs, ctx, fsdp); },
           .loss = [&model](const nn::Scope& scope, const train::Batch& batch) {
-            return per_byte(model.loss(scope, batch.inputs, batch.labels), batch.labels.numel());
+            return per_position(model.loss(scope, batch.inputs, batch.labels), batch.labels.numel(),
+                                model.config().unit);
           },
           .pipeline = pipeline};
 }

@@ -64,10 +64,13 @@ int run_train_gpt(const config::TrainConfig& c) {
   // The one device: distributed.device (a GPU with "cuda"), or DISTJAX_DEVICE's default.
   const DeviceScope on(c.distributed.placement());
   const std::int64_t steps = c.run.steps, batch_size = c.run.batch_size, seq_len = c.data.seq_len;
-  const std::string data_dir = c.data.dir.empty() ? data::kFortunesDir : c.data.dir;
-  const Fortunes fortunes = load_fortunes(c);
-  const data::ByteCorpus& corpus = fortunes.corpus;
-  const std::vector<train::Batch>& val = fortunes.validation;
+  const bool tokens = c.data.format == "tokens";
+  const std::string source = tokens ? c.data.train + " / " + c.data.val
+                             : c.data.dir.empty() ? data::kFortunesDir
+                                                  : c.data.dir;
+  const TextData text = load_text(c);
+  const std::vector<train::Batch>& val = text.validation();
+  const std::string bits = "bits_per_" + text.unit();
   const models::Transformer model(transformer_config(c));
   const optim::AdamW opt = make_adamw(c, steps);
   const Key root = Key::from_seed(static_cast<std::uint64_t>(c.run.seed));
@@ -76,8 +79,9 @@ int run_train_gpt(const config::TrainConfig& c) {
   train::TrainState state = composed.create_state(opt, root.fold_in(std::string_view("init")),
                                                   root.fold_in(std::string_view("dropout")));
   const Key data_key = root.fold_in(std::string_view("data"));
-  std::printf("Corpus %s: %zu train / %zu validation bytes\n", data_dir.c_str(),
-              corpus.train.size(), corpus.validation.size());
+  std::printf("Corpus %s: %lld train / %lld validation %ss\n", source.c_str(),
+              static_cast<long long>(text.train_size()),
+              static_cast<long long>(text.validation_size()), text.unit().c_str());
   std::printf(
       "GPT L=%lld C=%lld H=%lld T=%lld: %lld parameters, %.1f MFLOP/token | %lld steps x %lld "
       "sequences\n",
@@ -85,8 +89,10 @@ int run_train_gpt(const config::TrainConfig& c) {
       static_cast<long long>(c.model.heads), static_cast<long long>(seq_len),
       static_cast<long long>(state.params.num_elements()), model.flops_per_token() / 1e6,
       static_cast<long long>(steps), static_cast<long long>(batch_size));
-  std::printf("Validation: %zu batches x %lld x %lld bytes; uniform guessing is 8 bits per byte\n",
-              val.size(), static_cast<long long>(batch_size), static_cast<long long>(seq_len));
+  std::printf("Validation: %zu batches x %lld x %lld %ss; uniform guessing is %.1f bits per %s\n",
+              val.size(), static_cast<long long>(batch_size), static_cast<long long>(seq_len),
+              text.unit().c_str(), std::log2(static_cast<double>(model.config().vocab)),
+              text.unit().c_str());
   std::printf("Precision: %s%s\n", composed.precision().str().c_str(),
               state.loss_scale ? ", dynamic loss scale" : "");
   const LoopResult r = run_loop(
@@ -101,27 +107,28 @@ int run_train_gpt(const config::TrainConfig& c) {
        .model_parameters = model.num_params(),
        // Each step's batch is drawn from the step.
        .batch = [&](std::int64_t step) {
-         return data::sample_windows(corpus.train, batch_size, seq_len,
-                                     data_key.fold_in(static_cast<std::uint64_t>(step)));
+         const Key key = data_key.fold_in(static_cast<std::uint64_t>(step));
+         return text.sample(batch_size, seq_len, key);
        },
        .eval_batches = val,
        .eval_every = c.run.eval_every,
        .eval_at_start = true,
        .summary = [&](const LoopResult& r) -> std::map<std::string, double> {
-         return {{"val_bits_per_byte", r.eval.mean("bits_per_byte")},
-                 {"initial_val_bits_per_byte", r.initial_eval.mean("bits_per_byte")},
+         return {{"val_" + bits, r.eval.mean(bits)},
+                 {"initial_val_" + bits, r.initial_eval.mean(bits)},
                  {"flops_per_token", model.flops_per_token()}};
        }});
   if (r.already_finished)
-    std::printf("Validation bits per byte: %.3f\n", r.eval.mean("bits_per_byte"));
+    std::printf("Validation bits per %s: %.3f\n", text.unit().c_str(), r.eval.mean(bits));
   else
-    std::printf("Validation bits per byte: %.3f -> %.3f\n", r.initial_eval.mean("bits_per_byte"),
-                r.eval.mean("bits_per_byte"));
-  std::string text =
+    std::printf("Validation bits per %s: %.3f -> %.3f\n", text.unit().c_str(),
+                r.initial_eval.mean(bits), r.eval.mean(bits));
+  if (tokens) return 0;  // a sample needs the tokens' text (no tokenizer here)
+  std::string sampled =
       sample(model, state.params, "The ", 120, seq_len, root.fold_in(std::string_view("sample")));
-  for (char& ch : text)
+  for (char& ch : sampled)
     if (ch == '\n') ch = ' ';
-  std::printf("Sample: %s\n", text.c_str());
+  std::printf("Sample: %s\n", sampled.c_str());
   return 0;
 }
 

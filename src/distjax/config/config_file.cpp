@@ -279,9 +279,20 @@ const std::vector<Entry>& schema() {
     // [data]
     s.push_back(field("data.dir", DJ_ACCESS(data.dir),
                       "data directory; \"\" = the program's Debian data package"));
-    s.push_back(field("data.seq_len", DJ_ACCESS(data.seq_len), "bytes per sequence (T)"));
+    s.push_back(field("data.seq_len", DJ_ACCESS(data.seq_len),
+                      "positions (bytes or tokens) per sequence (T)"));
     s.push_back(field("data.validation_fraction", DJ_ACCESS(data.validation_fraction),
                       "fraction of a text corpus held out for validation"));
+    s.push_back(field("data.format", DJ_ACCESS(data.format),
+                      "the GPT's text: bytes (the files of data.dir) or tokens (the token shards "
+                      "of data.train and data.val: llm.c's .bin or raw token files)",
+                      {"bytes", "tokens"}));
+    s.push_back(field("data.train", DJ_ACCESS(data.train),
+                      "tokens: a glob of the training shards, e.g. \"data/train_*.bin\""));
+    s.push_back(field("data.val", DJ_ACCESS(data.val),
+                      "tokens: a glob of the validation shards"));
+    s.push_back(field("data.token_bytes", DJ_ACCESS(data.token_bytes),
+                      "tokens: the width of raw token files without llm.c's header, 2 or 4"));
     // [parallelism]
     s.push_back(enum_field<Shard>(
         "parallelism.shard", DJ_ACCESS(parallelism.shard),

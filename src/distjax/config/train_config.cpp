@@ -96,6 +96,14 @@ std::vector<std::string> TrainConfig::problems() const {
   if (data.validation_fraction <= 0 || data.validation_fraction >= 1)
     out.push_back(
         str("data.validation_fraction = ", data.validation_fraction, " must be in (0, 1)"));
+  if (data.format == "tokens" && (data.train.empty() || data.val.empty()))
+    out.push_back("data.format = \"tokens\" needs data.train and data.val (globs of token "
+                  "shards)");
+  if (data.format != "tokens" && (!data.train.empty() || !data.val.empty()))
+    out.push_back(str("data.train and data.val are read with data.format = \"tokens\" only ",
+                      "(it is \"", data.format, "\")"));
+  if (data.token_bytes != 2 && data.token_bytes != 4)
+    out.push_back(str("data.token_bytes = ", data.token_bytes, " must be 2 or 4"));
   const int dp = distributed.data_parallel_size();
   if (dp >= 1 && run.batch_size >= 1 && run.batch_size % dp != 0)
     out.push_back(str("run.batch_size = ", run.batch_size,

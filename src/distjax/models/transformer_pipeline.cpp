@@ -18,7 +18,7 @@ train::LossFn TransformerPipeline::loss_fn() const {
     const auto b = static_cast<double>(batch.size());
     train::Metrics metrics;  // read when reported: no host wait here
     metrics.add("loss", loss, b, b);
-    metrics.add("bits_per_byte", loss, b / std::numbers::ln2, b);
+    metrics.add("bits_per_" + model_.config().unit, loss, b / std::numbers::ln2, b);
     return std::make_pair(loss, metrics);
   };
 }
@@ -44,14 +44,14 @@ Tensor TransformerPipeline::forward(const nn::Scope& scope, int chunk, int num_c
   Tensor y = run_chunk(scope, chunk, num_chunks, x, mb.inputs);
   if (chunk < num_chunks - 1) return y;
   Tensor loss = model_.loss_of_logits(scope, y, mb.labels);
-  // Per sequence, as the "loss" entry the pipeline adds: the mean is per byte alike.
+  // Per sequence, as the "loss" entry the pipeline adds: the mean is per position alike.
   const double b = static_cast<double>(mb.size());
-  metrics.add("bits_per_byte", loss, b / std::numbers::ln2, b);
+  metrics.add("bits_per_" + model_.config().unit, loss, b / std::numbers::ln2, b);
   return loss;
 }
 
 std::vector<std::string> TransformerPipeline::metric_names() const {
-  return {"loss", "bits_per_byte"};
+  return {"loss", "bits_per_" + model_.config().unit};
 }
 
 Shape TransformerPipeline::activation_shape(const nn::Scope& scope, int, int,
