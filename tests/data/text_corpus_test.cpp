@@ -91,6 +91,30 @@ TEST(SequentialWindows, CoverTheTextInOrder) {
   EXPECT_EQ(sequential_windows(b, 2, 5, 1).size(), 1u);
 }
 
+// An evaluation set spread over the whole split: every window where they fit, else windows
+// evenly spaced from the first to near the last (the first batches alone describe a slice).
+TEST(SpreadWindows, AllWindowsWhenTheyFitElseEvenlySpreadOverTheSplit) {
+  std::vector<std::uint8_t> b(201);
+  for (int i = 0; i < 201; ++i)
+    b[i] = static_cast<std::uint8_t>(i);
+  // (201 - 1) / 10 = 20 windows starting at 0, 10, ..., 190.
+  auto firsts = [](const std::vector<train::Batch>& batches) {
+    std::vector<std::int32_t> out;
+    for (const train::Batch& x : batches) {
+      const std::vector<std::int32_t> v = x.inputs.to_vector<std::int32_t>();
+      for (std::size_t i = 0; i < v.size(); i += 10) out.push_back(v[i]);
+    }
+    return out;
+  };
+  EXPECT_EQ(firsts(spread_windows(b, 4, 10, 5)), firsts(sequential_windows(b, 4, 10)));
+  EXPECT_EQ(firsts(spread_windows(b, 4, 10, 0)).size(), 20u);
+  // 2 batches of 4 = 8 of the 20 windows: window j * 20 / 8.
+  const std::vector<train::Batch> spread = spread_windows(b, 4, 10, 2);
+  ASSERT_EQ(spread.size(), 2u);
+  EXPECT_EQ(firsts(spread), (std::vector<std::int32_t>{0, 20, 50, 70, 100, 120, 150, 170}));
+  EXPECT_EQ(spread[1].labels.to_vector<std::int32_t>().back(), 180);
+}
+
 TEST(Fortunes, RealCorpusIfInstalled) {
   if (!fs::exists(fs::path(kFortunesDir) / "fortunes")) {
     GTEST_SKIP() << "no fortune files in " << kFortunesDir << " (Debian package fortunes)";

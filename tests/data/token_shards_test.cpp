@@ -166,6 +166,12 @@ TEST(TokenShards, WindowsAreTheStreamShiftedByOne) {
   EXPECT_EQ(seq[1].labels.to(Device::cpu()).to_vector<std::int32_t>()[199],
             static_cast<std::int32_t>(all[400]));
   EXPECT_EQ(data::sequential_windows(t, 4, 50, 1).size(), 1u);
+  // Spread: 1 batch of 4 of the 11 windows, windows 0, 2, 5 and 8 (j * 11 / 4).
+  const std::vector<train::Batch> spread = data::spread_windows(t, 4, 50, 1);
+  ASSERT_EQ(spread.size(), 1u);
+  const std::vector<std::int32_t> sx = spread[0].inputs.to(Device::cpu()).to_vector<std::int32_t>();
+  for (int w = 0; w < 4; ++w)
+    EXPECT_EQ(sx[w * 50], static_cast<std::int32_t>(all[std::vector<int>{0, 2, 5, 8}[w] * 50]));
 }
 
 TEST(TokenShards, BadFilesAreRefusedNamingTheFileAndTheKey) {

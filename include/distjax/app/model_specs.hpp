@@ -34,7 +34,9 @@ FashionMnist load_fashion_mnist(const config::TrainConfig& c);
 /// Debian package fortunes) split by data.validation_fraction; "tokens", the token shards
 /// of data.train and data.val (data::TokenShards, raw files data.token_bytes wide), whose
 /// ids model.vocab must exceed (a ConfigError naming the largest). With run.eval_batches
-/// validation batches of run.batch_size windows of data.seq_len, the same on every run.
+/// validation batches of run.batch_size windows of data.seq_len spread over the whole
+/// validation split (all its windows where they fit; data::spread_windows), the same on
+/// every run and mesh.
 class TextData {
  public:
   /// "byte" or "token": what a position is.
@@ -47,10 +49,15 @@ class TextData {
   /// tokens), inputs and labels (B, T) i32 on the current device.
   train::Batch sample(std::int64_t batch_size, std::int64_t seq_len, const Key& key) const;
   const std::vector<train::Batch>& validation() const { return validation_; }
+  /// What the validation batches cover, for the programs' output: "all 48 windows of 64
+  /// bytes of the validation split (3,073 bytes)" or "64 windows of 64 bytes spread over
+  /// the validation split of 40,123 bytes (10% of its windows)".
+  std::string validation_note() const;
 
  private:
   friend TextData load_text(const config::TrainConfig& c);
   std::string unit_ = "byte";
+  std::int64_t seq_len_ = 1;
   std::shared_ptr<const data::ByteCorpus> bytes_;
   std::shared_ptr<const data::TokenShards> train_, val_;
   std::vector<train::Batch> validation_;

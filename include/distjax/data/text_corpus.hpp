@@ -45,4 +45,13 @@ std::vector<train::Batch> sequential_windows(const std::vector<std::uint8_t>& by
                                              std::int64_t batch_size, std::int64_t seq_len,
                                              std::int64_t max_batches = 0);
 
+/// A fixed evaluation set that describes the whole split: of its consecutive windows (one
+/// every seq_len bytes), all of them in full batches where they fit in `max_batches`
+/// batches (or max_batches is 0), else max_batches batches of windows spread evenly over
+/// the split (window j * W / N of W, for the N = max_batches * batch_size taken). The same
+/// set on every run with the same split, batch size and length.
+std::vector<train::Batch> spread_windows(const std::vector<std::uint8_t>& bytes,
+                                         std::int64_t batch_size, std::int64_t seq_len,
+                                         std::int64_t max_batches = 0);
+
 }  // namespace distjax::data

@@ -89,6 +89,12 @@ train::Batch sample_windows(const TokenShards& tokens, std::int64_t batch_size,
 std::vector<train::Batch> sequential_windows(const TokenShards& tokens, std::int64_t batch_size,
                                              std::int64_t seq_len, std::int64_t max_batches = 0);
 
+/// A fixed evaluation set that describes the whole split, as the byte corpora's
+/// spread_windows: all windows where they fit in max_batches batches, else max_batches
+/// batches of windows spread evenly over the split.
+std::vector<train::Batch> spread_windows(const TokenShards& tokens, std::int64_t batch_size,
+                                         std::int64_t seq_len, std::int64_t max_batches = 0);
+
 /// Writes `tokens` as one llm.c shard at `path` (version 1 when every token fits uint16,
 /// else 2), as llm.c's prepare scripts write it: for tests and small corpora.
 void write_llmc_shard(const std::string& path, const std::vector<std::int64_t>& tokens);

@@ -111,7 +111,10 @@ int run_gpt(const config::TrainConfig& c) {
   const std::string bits = "bits_per_" + text.unit();
   const models::Transformer model(transformer_config(c, transformer_tp(c, mesh)));
   const models::TransformerPipeline pipelined(model.config());
-  if (c.distributed.is_main_process()) print_header(c, mesh, model.config(), precision_of(c));
+  if (c.distributed.is_main_process()) {
+    print_header(c, mesh, model.config(), precision_of(c));
+    std::printf("Validation: %s\n", text.validation_note().c_str());
+  }
   const optim::AdamW opt = make_adamw(c, steps);
   const Key root = Key::from_seed(static_cast<std::uint64_t>(c.run.seed));
   std::mutex trace_mu;

@@ -3,6 +3,7 @@
 #include "distjax/core/error.hpp"
 
 #include <numbers>
+#include <sstream>
 
 #include "distjax/data/fashion_mnist.hpp"
 
@@ -32,6 +33,23 @@ std::int64_t TextData::validation_size() const {
   return bytes_ ? static_cast<std::int64_t>(bytes_->validation.size()) : val_->size();
 }
 
+std::string TextData::validation_note() const {
+  const std::int64_t split = validation_size();
+  const std::int64_t all = (split - 1) / seq_len_;
+  const std::int64_t batch = validation_.empty() ? 1 : validation_[0].size();
+  const std::int64_t taken = static_cast<std::int64_t>(validation_.size()) * batch;
+  const std::string unit = unit_ + "s";
+  std::ostringstream os;
+  if (taken == all / batch * batch)
+    os << "all " << taken << " windows of " << seq_len_ << " " << unit
+       << " of the validation split (" << split << " " << unit << ")";
+  else
+    os << taken << " windows of " << seq_len_ << " " << unit
+       << " spread over the validation split of " << split << " " << unit << " ("
+       << (100 * taken + all / 2) / all << "% of its windows)";
+  return os.str();
+}
+
 train::Batch TextData::sample(std::int64_t batch_size, std::int64_t seq_len, const Key& key) const {
   return bytes_ ? data::sample_windows(bytes_->train, batch_size, seq_len, key)
                 : data::sample_windows(*train_, batch_size, seq_len, key);
@@ -43,8 +61,9 @@ TextData load_text(const config::TrainConfig& c) {
     const std::string dir = c.data.dir.empty() ? data::kFortunesDir : c.data.dir;
     t.bytes_ = std::make_shared<const data::ByteCorpus>(
         data::load_fortunes(dir, c.data.validation_fraction));
-    t.validation_ = data::sequential_windows(t.bytes_->validation, c.run.batch_size,
-                                             c.data.seq_len, c.run.eval_batches);
+    t.validation_ = data::spread_windows(t.bytes_->validation, c.run.batch_size, c.data.seq_len,
+                                         c.run.eval_batches);
+    t.seq_len_ = c.data.seq_len;
     return t;
   }
   t.unit_ = "token";
@@ -59,8 +78,9 @@ TextData load_text(const config::TrainConfig& c) {
                   c.model.vocab, ": ", key, " holds token ", split->max_token(),
                   "; the vocabulary must be above every token (model.vocab >= ",
                   split->max_token() + 1, ")");
-  t.validation_ = data::sequential_windows(*t.val_, c.run.batch_size, c.data.seq_len,
-                                           c.run.eval_batches);
+  t.validation_ =
+      data::spread_windows(*t.val_, c.run.batch_size, c.data.seq_len, c.run.eval_batches);
+  t.seq_len_ = c.data.seq_len;
   return t;
 }
 

@@ -89,9 +89,8 @@ int run_train_gpt(const config::TrainConfig& c) {
       static_cast<long long>(c.model.heads), static_cast<long long>(seq_len),
       static_cast<long long>(state.params.num_elements()), model.flops_per_token() / 1e6,
       static_cast<long long>(steps), static_cast<long long>(batch_size));
-  std::printf("Validation: %zu batches x %lld x %lld %ss; uniform guessing is %.1f bits per %s\n",
-              val.size(), static_cast<long long>(batch_size), static_cast<long long>(seq_len),
-              text.unit().c_str(), std::log2(static_cast<double>(model.config().vocab)),
+  std::printf("Validation: %s; uniform guessing is %.1f bits per %s\n",
+              text.validation_note().c_str(), std::log2(static_cast<double>(model.config().vocab)),
               text.unit().c_str());
   std::printf("Precision: %s%s\n", composed.precision().str().c_str(),
               state.loss_scale ? ", dynamic loss scale" : "");

@@ -234,7 +234,8 @@ const std::vector<Entry>& schema() {
     s.push_back(field("run.eval_every", DJ_ACCESS(run.eval_every),
                       "steps between evaluations; 0 = at the end (train_mnist: every epoch)"));
     s.push_back(field("run.eval_batches", DJ_ACCESS(run.eval_batches),
-                      "validation batches per evaluation (text programs)"));
+                      "validation batches per evaluation (text programs), spread over the "
+                      "whole split (all of it where it fits)"));
     s.push_back(field("run.out_dir", DJ_ACCESS(run.out_dir),
                       "output directory: metrics.jsonl, summary.json, checkpoints"));
     s.push_back(field("run.checkpoint_every", DJ_ACCESS(run.checkpoint_every),

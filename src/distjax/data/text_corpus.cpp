@@ -7,6 +7,7 @@
 
 #include "distjax/core/error.hpp"
 #include "distjax/data/detail/on_device.hpp"
+#include "distjax/data/detail/windows.hpp"
 
 namespace distjax::data {
 
@@ -109,6 +110,25 @@ std::vector<train::Batch> sequential_windows(const std::vector<std::uint8_t>& by
       fill_window(bytes.data() + off, seq_len, b.inputs.data<std::int32_t>() + i * seq_len,
                   b.labels.data<std::int32_t>() + i * seq_len);
     }
+    out.push_back(to_current_device(b));
+  }
+  return out;
+}
+
+std::vector<train::Batch> spread_windows(const std::vector<std::uint8_t>& bytes,
+                                         std::int64_t batch_size, std::int64_t seq_len,
+                                         std::int64_t max_batches) {
+  check_window(bytes, batch_size, seq_len, "spread_windows");
+  const std::vector<std::int64_t> starts = detail::spread_window_starts(
+      static_cast<std::int64_t>(bytes.size()), seq_len, batch_size, max_batches);
+  std::vector<train::Batch> out;
+  for (std::size_t at = 0; at < starts.size(); at += static_cast<std::size_t>(batch_size)) {
+    train::Batch b{Tensor::empty({batch_size, seq_len}, DType::I32, Device::cpu()),
+                   Tensor::empty({batch_size, seq_len}, DType::I32, Device::cpu())};
+    for (std::int64_t i = 0; i < batch_size; ++i)
+      fill_window(bytes.data() + starts[at + static_cast<std::size_t>(i)], seq_len,
+                  b.inputs.data<std::int32_t>() + i * seq_len,
+                  b.labels.data<std::int32_t>() + i * seq_len);
     out.push_back(to_current_device(b));
   }
   return out;

@@ -14,6 +14,7 @@
 
 #include "distjax/core/error.hpp"
 #include "distjax/data/detail/on_device.hpp"
+#include "distjax/data/detail/windows.hpp"
 
 namespace distjax::data {
 
@@ -223,6 +224,25 @@ std::vector<train::Batch> sequential_windows(const TokenShards& tokens, std::int
                    Tensor::empty({batch_size, seq_len}, DType::I32, Device::cpu())};
     for (std::int64_t i = 0; i < batch_size; ++i)
       fill_window(tokens, (bi * batch_size + i) * seq_len, seq_len, scratch,
+                  b.inputs.data<std::int32_t>() + i * seq_len,
+                  b.labels.data<std::int32_t>() + i * seq_len);
+    out.push_back(to_current_device(b));
+  }
+  return out;
+}
+
+std::vector<train::Batch> spread_windows(const TokenShards& tokens, std::int64_t batch_size,
+                                         std::int64_t seq_len, std::int64_t max_batches) {
+  check_window(tokens, batch_size, seq_len, "spread_windows");
+  const std::vector<std::int64_t> starts =
+      detail::spread_window_starts(tokens.size(), seq_len, batch_size, max_batches);
+  std::vector<train::Batch> out;
+  std::vector<std::int32_t> scratch;
+  for (std::size_t at = 0; at < starts.size(); at += static_cast<std::size_t>(batch_size)) {
+    train::Batch b{Tensor::empty({batch_size, seq_len}, DType::I32, Device::cpu()),
+                   Tensor::empty({batch_size, seq_len}, DType::I32, Device::cpu())};
+    for (std::int64_t i = 0; i < batch_size; ++i)
+      fill_window(tokens, starts[at + static_cast<std::size_t>(i)], seq_len, scratch,
                   b.inputs.data<std::int32_t>() + i * seq_len,
                   b.labels.data<std::int32_t>() + i * seq_len);
     out.push_back(to_current_device(b));
