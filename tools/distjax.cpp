@@ -16,12 +16,14 @@
 #include <string>
 #include <vector>
 
+#include "distjax/app/programs.hpp"
 #include "distjax/comm/launch_environment.hpp"
 #include "distjax/config/config_file.hpp"
 #include "distjax/core/error.hpp"
+#include "distjax/data/text_corpus.hpp"
+#include "distjax/data/token_shards.hpp"
 #include "distjax/plan/plan.hpp"
 #include "distjax/train/checkpoint.hpp"
-#include "distjax/app/programs.hpp"
 #include "parse_command_line.hpp"
 
 using namespace distjax;
@@ -93,14 +95,57 @@ void add_ckpt(CLI::App& cli, Command& command) {
   ckpt->require_subcommand(1);
   auto dir = std::make_shared<std::string>();
   CLI::App* inspect = ckpt->add_subcommand(
-      "inspect", "Prints a checkpoint's index: step, mesh, and every tensor's shape, dtype, "
-                 "spec and files");
-  inspect->add_option("dir", *dir,
-                      "a step directory, or a run's checkpoint directory (its latest step)")
+      "inspect",
+      "Prints a checkpoint's index: step, mesh, and every tensor's shape, dtype, "
+      "spec and files");
+  inspect
+      ->add_option("dir", *dir,
+                   "a step directory, or a run's checkpoint directory (its latest step)")
       ->required();
   inspect->callback([dir, &command] {
     command = [dir] {
       train::inspect_checkpoint(*dir, std::cout);
+      return 0;
+    };
+  });
+}
+
+void add_data(CLI::App& cli, Command& command) {
+  CLI::App* data_cmd = cli.add_subcommand("data", "Data tools (see docs/training.md#data)");
+  data_cmd->require_subcommand(1);
+  struct Prepare {
+    std::string text = data::kFortunesDir;
+    std::string out;
+    double validation_fraction = 0.05;
+    std::int64_t shard_tokens = std::int64_t{100} << 20;
+  };
+  auto o = std::make_shared<Prepare>();
+  CLI::App* prepare =
+      data_cmd->add_subcommand("prepare",
+                               "Writes a directory of text files as byte-level llm.c token shards "
+                               "(train_*.bin, val_*.bin) for data.format = \"tokens\"");
+  prepare->add_option("--text", o->text, "directory of text files (default: the fortunes)");
+  prepare->add_option("--out", o->out, "directory the shards go to")->required();
+  prepare
+      ->add_option("--validation-fraction", o->validation_fraction,
+                   "the last fraction of the bytes held out as the validation split")
+      ->check(CLI::Range(0.0, 1.0));
+  prepare->add_option("--shard-tokens", o->shard_tokens, "tokens per shard at most")
+      ->check(CLI::PositiveNumber);
+  prepare->callback([o, &command] {
+    command = [o] {
+      const data::ByteCorpus corpus =
+          data::ByteCorpus::from_bytes(data::read_text_files(o->text), o->validation_fraction);
+      const std::vector<std::string> files =
+          data::write_byte_shards(corpus.train, corpus.validation, o->out, o->shard_tokens);
+      std::printf(
+          "Wrote %zu shards of byte tokens (vocabulary 256) to %s: %zu train / %zu "
+          "validation tokens\n",
+          files.size(), o->out.c_str(), corpus.train.size(), corpus.validation.size());
+      std::printf(
+          "Train on them with:\n  --set data.format=tokens --set data.train='%s/train_*.bin' "
+          "--set data.val='%s/val_*.bin' --set model.vocab=256\n",
+          o->out.c_str(), o->out.c_str());
       return 0;
     };
   });
@@ -138,8 +183,7 @@ int plan_command(const PlanOptions& o) {
   }
   // Only what the program runs: its axes, ZeRO stages and FSDP, at the config's precision.
   const config::ProgramCapabilities runs =
-      app::find_program(c.run.program)
-          .capabilities.for_config(c);
+      app::find_program(c.run.program).capabilities.for_config(c);
   const double budget = o.budget_gib * 1024.0 * 1024.0 * 1024.0;
   const std::vector<plan::Plan> fits =
       plan::meshes_that_fit(model, setup, setup.world(), budget, runs);
@@ -194,6 +238,7 @@ int main(int argc, char** argv) {
   Command command;
   add_train(cli, command);
   add_ckpt(cli, command);
+  add_data(cli, command);
   add_plan(cli, command);
   if (const std::optional<int> stop = tools::parse_command_line(cli, argc, argv)) return *stop;
   return app::run_main("distjax", command);

@@ -128,3 +128,36 @@ TEST(DistjaxTokens, BadShardsAndASmallVocabularyAreRefusedBeforeAnyStep) {
       << output;
   fs::remove_all(dir);
 }
+
+// `distjax data prepare` writes the fortunes as byte shards that read back as the corpus's
+// splits, and configs/gpt_tokens.toml trains on them.
+TEST(DistjaxTokens, PrepareWritesShardsTheTokensConfigTrainsOn) {
+  const fs::path dir = fs::temp_directory_path() / "distjax_tokens_test_prepare";
+  fs::remove_all(dir);
+  auto [status, output] = distjax::testing::run_tool(std::string(DISTJAX_TOOL) +
+                                                     " data prepare --shard-tokens 1000000 --out " +
+                                                     (dir / "shards").string());
+  ASSERT_EQ(status, 0) << output;
+  const data::ByteCorpus corpus = data::load_fortunes(data::kFortunesDir, 0.05);
+  const data::TokenShards train =
+      data::TokenShards::open((dir / "shards" / "train_*.bin").string(), "data.train");
+  const data::TokenShards val =
+      data::TokenShards::open((dir / "shards" / "val_*.bin").string(), "data.val");
+  ASSERT_EQ(train.size(), static_cast<std::int64_t>(corpus.train.size()));
+  ASSERT_EQ(val.size(), static_cast<std::int64_t>(corpus.validation.size()));
+  EXPECT_GT(train.files().size(), 1u);  // 1M tokens a shard
+  for (std::int64_t i = 0; i < train.size(); i += 9973)
+    ASSERT_EQ(train.at(i), corpus.train[i]);
+  EXPECT_EQ(val.at(val.size() - 1), corpus.validation.back());
+
+  std::tie(status, output) = distjax::testing::run_tool(
+      std::string(DISTJAX_TOOL) + " train " + DISTJAX_SOURCE_DIR +
+      "/configs/gpt_tokens.toml --set run.steps=2 --set run.eval_batches=1 "
+      "--set run.checkpoint_every=0 --set run.timeline=false --set data.train=" +
+      (dir / "shards" / "train_*.bin").string() + " --set data.val=" +
+      (dir / "shards" / "val_*.bin").string() + " --out " + (dir / "out").string());
+  ASSERT_EQ(status, 0) << output;
+  const auto summary = nlohmann::json::parse(std::ifstream(dir / "out" / "summary.json"));
+  EXPECT_TRUE(summary.contains("val_bits_per_token")) << summary.dump();
+  fs::remove_all(dir);
+}

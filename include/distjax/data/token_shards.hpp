@@ -99,4 +99,13 @@ std::vector<train::Batch> spread_windows(const TokenShards& tokens, std::int64_t
 /// else 2), as llm.c's prepare scripts write it: for tests and small corpora.
 void write_llmc_shard(const std::string& path, const std::vector<std::int64_t>& tokens);
 
+/// A text corpus as byte-level llm.c shards in `out_dir` (made if missing): its training
+/// split as train_000000.bin, train_000001.bin, ... of at most `shard_tokens` tokens each,
+/// its validation split as val_000000.bin, ...; each byte one token (vocabulary 256, so
+/// bits per token are bits per byte). Returns the files written, in order.
+std::vector<std::string> write_byte_shards(const std::vector<std::uint8_t>& train,
+                                           const std::vector<std::uint8_t>& validation,
+                                           const std::string& out_dir,
+                                           std::int64_t shard_tokens = std::int64_t{100} << 20);
+
 }  // namespace distjax::data

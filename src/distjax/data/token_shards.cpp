@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include "distjax/core/error.hpp"
@@ -277,6 +279,30 @@ void write_llmc_shard(const std::string& path, const std::vector<std::int64_t>& 
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f.write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(out.size()));
   DISTJAX_CHECK(f.good(), IoError, "[write_llmc_shard] cannot write ", path);
+}
+
+std::vector<std::string> write_byte_shards(const std::vector<std::uint8_t>& train,
+                                           const std::vector<std::uint8_t>& validation,
+                                           const std::string& out_dir,
+                                           std::int64_t shard_tokens) {
+  DISTJAX_CHECK(shard_tokens >= 1, InvalidArgument,
+                "[write_byte_shards] shard_tokens must be positive, got ", shard_tokens);
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  DISTJAX_CHECK(!ec, IoError, "[write_byte_shards] cannot create ", out_dir, ": ", ec.message());
+  std::vector<std::string> written;
+  for (const auto& [name, bytes] : {std::pair{"train", &train}, std::pair{"val", &validation}}) {
+    const auto n = static_cast<std::int64_t>(bytes->size());
+    for (std::int64_t at = 0, k = 0; at < n; at += shard_tokens, ++k) {
+      char file[32];
+      std::snprintf(file, sizeof file, "%s_%06lld.bin", name, static_cast<long long>(k));
+      const std::int64_t end = std::min(n, at + shard_tokens);
+      const std::string path = (std::filesystem::path(out_dir) / file).string();
+      write_llmc_shard(path, {bytes->begin() + at, bytes->begin() + end});
+      written.push_back(path);
+    }
+  }
+  return written;
 }
 
 }  // namespace distjax::data
