@@ -56,7 +56,7 @@ std::int32_t le32(const unsigned char* p) {
 
 std::vector<std::string> glob_files(const std::string& pattern, const std::string& key) {
   glob_t g{};
-  const int rc = ::glob(pattern.c_str(), GLOB_ERR, nullptr, &g);
+  const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
   std::vector<std::string> out;
   if (rc == 0)
     for (std::size_t i = 0; i < g.gl_pathc; ++i)
@@ -66,7 +66,8 @@ std::vector<std::string> glob_files(const std::string& pattern, const std::strin
                 "\": cannot list the files (",
                 rc == GLOB_ABORTED ? "a directory cannot be read" : "glob failed", ")");
   DISTJAX_CHECK(!out.empty(), ConfigError, "[token shards] ", key, " = \"", pattern,
-                "\" matches no file");
+                "\" matches no file (`distjax data prepare --out DIR` writes a directory of "
+                "text as shards)");
   std::sort(out.begin(), out.end());
   return out;
 }
