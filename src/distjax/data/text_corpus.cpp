@@ -66,72 +66,44 @@ void check_window(const std::vector<std::uint8_t>& bytes, std::int64_t batch_siz
                 "] ", bytes.size(), " bytes are too few for windows of ", seq_len + 1);
 }
 
-void fill_window(const std::uint8_t* src, std::int64_t seq_len, std::int32_t* x, std::int32_t* y) {
-  for (std::int64_t t = 0; t < seq_len; ++t) {
-    x[t] = src[t];
-    y[t] = src[t + 1];
-  }
+// Window [o, o + T + 1) of the bytes into an inputs row (the first T) and a labels row.
+auto bytes_window(const std::vector<std::uint8_t>& bytes, std::int64_t seq_len) {
+  return [&bytes, seq_len](std::int64_t o, std::int32_t* x, std::int32_t* y) {
+    const std::uint8_t* src = bytes.data() + o;
+    for (std::int64_t t = 0; t < seq_len; ++t) {
+      x[t] = src[t];
+      y[t] = src[t + 1];
+    }
+  };
 }
 }  // namespace
 
 train::Batch sample_windows(const std::vector<std::uint8_t>& bytes, std::int64_t batch_size,
                             std::int64_t seq_len, const Key& key) {
   check_window(bytes, batch_size, seq_len, "sample_windows");
-  const auto positions =
-      static_cast<std::uint64_t>(bytes.size()) - seq_len;  // offsets [0, positions)
-  // Filled on the host, then handed to the current device with one copy each.
-  train::Batch b{Tensor::empty({batch_size, seq_len}, DType::I32, Device::cpu()),
-                 Tensor::empty({batch_size, seq_len}, DType::I32, Device::cpu())};
-  std::int32_t* x = b.inputs.data<std::int32_t>();
-  std::int32_t* y = b.labels.data<std::int32_t>();
-  for (std::int64_t i = 0; i < batch_size; ++i) {
-    auto w = key.bits(static_cast<std::uint64_t>(i));
-    const std::uint64_t r = (std::uint64_t{w[0]} << 32) | w[1];
-    const std::int64_t off = static_cast<std::int64_t>(r % positions);
-    fill_window(bytes.data() + off, seq_len, x + i * seq_len, y + i * seq_len);
-  }
-  return to_current_device(b);
+  const auto size = static_cast<std::int64_t>(bytes.size());
+  return detail::batches_at(detail::random_window_starts(key, size, seq_len, batch_size),
+                            batch_size, seq_len, bytes_window(bytes, seq_len))[0];
 }
 
 std::vector<train::Batch> sequential_windows(const std::vector<std::uint8_t>& bytes,
                                              std::int64_t batch_size, std::int64_t seq_len,
                                              std::int64_t max_batches) {
   check_window(bytes, batch_size, seq_len, "sequential_windows");
-  // Windows start every seq_len bytes and need seq_len + 1 bytes.
-  const std::int64_t windows = (static_cast<std::int64_t>(bytes.size()) - 1) / seq_len;
-  std::int64_t n_batches = windows / batch_size;
-  if (max_batches > 0) n_batches = std::min(n_batches, max_batches);
-  std::vector<train::Batch> out;
-  for (std::int64_t bi = 0; bi < n_batches; ++bi) {
-    train::Batch b{Tensor::empty({batch_size, seq_len}, DType::I32, Device::cpu()),
-                   Tensor::empty({batch_size, seq_len}, DType::I32, Device::cpu())};
-    for (std::int64_t i = 0; i < batch_size; ++i) {
-      const std::int64_t off = (bi * batch_size + i) * seq_len;
-      fill_window(bytes.data() + off, seq_len, b.inputs.data<std::int32_t>() + i * seq_len,
-                  b.labels.data<std::int32_t>() + i * seq_len);
-    }
-    out.push_back(to_current_device(b));
-  }
-  return out;
+  const auto size = static_cast<std::int64_t>(bytes.size());
+  return detail::batches_at(
+      detail::consecutive_window_starts(size, seq_len, batch_size, max_batches, false),
+      batch_size, seq_len, bytes_window(bytes, seq_len));
 }
 
 std::vector<train::Batch> spread_windows(const std::vector<std::uint8_t>& bytes,
                                          std::int64_t batch_size, std::int64_t seq_len,
                                          std::int64_t max_batches) {
   check_window(bytes, batch_size, seq_len, "spread_windows");
-  const std::vector<std::int64_t> starts = detail::spread_window_starts(
-      static_cast<std::int64_t>(bytes.size()), seq_len, batch_size, max_batches);
-  std::vector<train::Batch> out;
-  for (std::size_t at = 0; at < starts.size(); at += static_cast<std::size_t>(batch_size)) {
-    train::Batch b{Tensor::empty({batch_size, seq_len}, DType::I32, Device::cpu()),
-                   Tensor::empty({batch_size, seq_len}, DType::I32, Device::cpu())};
-    for (std::int64_t i = 0; i < batch_size; ++i)
-      fill_window(bytes.data() + starts[at + static_cast<std::size_t>(i)], seq_len,
-                  b.inputs.data<std::int32_t>() + i * seq_len,
-                  b.labels.data<std::int32_t>() + i * seq_len);
-    out.push_back(to_current_device(b));
-  }
-  return out;
+  const auto size = static_cast<std::int64_t>(bytes.size());
+  return detail::batches_at(
+      detail::consecutive_window_starts(size, seq_len, batch_size, max_batches, true),
+      batch_size, seq_len, bytes_window(bytes, seq_len));
 }
 
 }  // namespace distjax::data

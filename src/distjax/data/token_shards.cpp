@@ -185,13 +185,14 @@ void check_window(const TokenShards& t, std::int64_t batch_size, std::int64_t se
                 " tokens");
 }
 
-// Window [o, o + T + 1) into row i of inputs (the first T) and labels (the last T).
-void fill_window(const TokenShards& t, std::int64_t o, std::int64_t seq_len,
-                 std::vector<std::int32_t>& scratch, std::int32_t* x, std::int32_t* y) {
-  scratch.resize(static_cast<std::size_t>(seq_len + 1));
-  t.read(o, seq_len + 1, scratch.data());
-  std::copy(scratch.begin(), scratch.end() - 1, x);
-  std::copy(scratch.begin() + 1, scratch.end(), y);
+// Window [o, o + T + 1) of the stream into an inputs row (the first T) and a labels row.
+auto tokens_window(const TokenShards& t, std::int64_t seq_len) {
+  return [&t, seq_len, scratch = std::vector<std::int32_t>(static_cast<std::size_t>(seq_len + 1))](
+             std::int64_t o, std::int32_t* x, std::int32_t* y) mutable {
+    t.read(o, seq_len + 1, scratch.data());
+    std::copy(scratch.begin(), scratch.end() - 1, x);
+    std::copy(scratch.begin() + 1, scratch.end(), y);
+  };
 }
 
 }  // namespace
@@ -199,58 +200,24 @@ void fill_window(const TokenShards& t, std::int64_t o, std::int64_t seq_len,
 train::Batch sample_windows(const TokenShards& tokens, std::int64_t batch_size,
                             std::int64_t seq_len, const Key& key) {
   check_window(tokens, batch_size, seq_len, "sample_windows");
-  const auto positions = static_cast<std::uint64_t>(tokens.size() - seq_len);
-  train::Batch b{Tensor::empty({batch_size, seq_len}, DType::I32, Device::cpu()),
-                 Tensor::empty({batch_size, seq_len}, DType::I32, Device::cpu())};
-  std::int32_t* x = b.inputs.data<std::int32_t>();
-  std::int32_t* y = b.labels.data<std::int32_t>();
-  std::vector<std::int32_t> scratch;
-  for (std::int64_t i = 0; i < batch_size; ++i) {
-    auto w = key.bits(static_cast<std::uint64_t>(i));
-    const std::uint64_t r = (std::uint64_t{w[0]} << 32) | w[1];
-    fill_window(tokens, static_cast<std::int64_t>(r % positions), seq_len, scratch, x + i * seq_len,
-                y + i * seq_len);
-  }
-  return to_current_device(b);
+  return detail::batches_at(detail::random_window_starts(key, tokens.size(), seq_len, batch_size),
+                            batch_size, seq_len, tokens_window(tokens, seq_len))[0];
 }
 
 std::vector<train::Batch> sequential_windows(const TokenShards& tokens, std::int64_t batch_size,
                                              std::int64_t seq_len, std::int64_t max_batches) {
   check_window(tokens, batch_size, seq_len, "sequential_windows");
-  const std::int64_t windows = (tokens.size() - 1) / seq_len;
-  std::int64_t n_batches = windows / batch_size;
-  if (max_batches > 0) n_batches = std::min(n_batches, max_batches);
-  std::vector<train::Batch> out;
-  std::vector<std::int32_t> scratch;
-  for (std::int64_t bi = 0; bi < n_batches; ++bi) {
-    train::Batch b{Tensor::empty({batch_size, seq_len}, DType::I32, Device::cpu()),
-                   Tensor::empty({batch_size, seq_len}, DType::I32, Device::cpu())};
-    for (std::int64_t i = 0; i < batch_size; ++i)
-      fill_window(tokens, (bi * batch_size + i) * seq_len, seq_len, scratch,
-                  b.inputs.data<std::int32_t>() + i * seq_len,
-                  b.labels.data<std::int32_t>() + i * seq_len);
-    out.push_back(to_current_device(b));
-  }
-  return out;
+  return detail::batches_at(
+      detail::consecutive_window_starts(tokens.size(), seq_len, batch_size, max_batches, false),
+      batch_size, seq_len, tokens_window(tokens, seq_len));
 }
 
 std::vector<train::Batch> spread_windows(const TokenShards& tokens, std::int64_t batch_size,
                                          std::int64_t seq_len, std::int64_t max_batches) {
   check_window(tokens, batch_size, seq_len, "spread_windows");
-  const std::vector<std::int64_t> starts =
-      detail::spread_window_starts(tokens.size(), seq_len, batch_size, max_batches);
-  std::vector<train::Batch> out;
-  std::vector<std::int32_t> scratch;
-  for (std::size_t at = 0; at < starts.size(); at += static_cast<std::size_t>(batch_size)) {
-    train::Batch b{Tensor::empty({batch_size, seq_len}, DType::I32, Device::cpu()),
-                   Tensor::empty({batch_size, seq_len}, DType::I32, Device::cpu())};
-    for (std::int64_t i = 0; i < batch_size; ++i)
-      fill_window(tokens, starts[at + static_cast<std::size_t>(i)], seq_len, scratch,
-                  b.inputs.data<std::int32_t>() + i * seq_len,
-                  b.labels.data<std::int32_t>() + i * seq_len);
-    out.push_back(to_current_device(b));
-  }
-  return out;
+  return detail::batches_at(
+      detail::consecutive_window_starts(tokens.size(), seq_len, batch_size, max_batches, true),
+      batch_size, seq_len, tokens_window(tokens, seq_len));
 }
 
 void write_llmc_shard(const std::string& path, const std::vector<std::int64_t>& tokens) {
