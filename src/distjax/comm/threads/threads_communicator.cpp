@@ -696,8 +696,8 @@ void launch_threads(const LaunchOptions& opts, const std::function<void(Communic
       }
       world->abort_all("[launch] aborted because device " + std::to_string(d) +
                        " failed: " + what);
+      threads::finish_thread_work(current_device());  // its stream still waits, quietly
     }
-    threads::finish_thread_work(current_device());
     world->device_exited(d);
   };
   // Every device, even a single one, gets its own thread: its tape and OpenMP settings
