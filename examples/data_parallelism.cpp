@@ -1,7 +1,7 @@
 // The classifier on Fashion-MNIST over a ("data"=8) mesh with its parameters fully
 // sharded (FSDP, --zero 3, the default), plain data parallel (--zero 0), ZeRO-1 or ZeRO-2;
-// prints the sharding of every parameter and the bytes each device holds. The program is
-// app::run_data_parallelism.
+// prints the sharding of every parameter and the bytes each device holds. The model is
+// "classifier" (src/distjax/app/classifiers.cpp), trained by app::train.
 //
 //   ./build/data_parallelism [--zero 0|1|2|3 --devices 8 --steps 300]
 #include "example_main.hpp"
@@ -26,5 +26,6 @@ int main(int argc, char** argv) {
        },
        .adjust = [&](distjax::config::TrainConfig& c) {
          c.parallelism.shard = static_cast<distjax::config::Shard>(zero);
-       }});
+       },
+       .options = [] { return distjax::app::TrainOptions{.show_sharding = true}; }});
 }

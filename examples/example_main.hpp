@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "distjax/app/programs.hpp"
+#include "distjax/app/train.hpp"
 #include "distjax/config/config_file.hpp"
 #include "../tools/parse_command_line.hpp"
 
@@ -25,15 +25,16 @@ struct KeyFlag {
 
 /// What an example adds to the flags every example has: its key flags, flags of its own
 /// (`more`, declared on the CLI11 app), and `adjust`, run on the config after the flags are
-/// applied (flags that set several keys); `run` runs the prepared config (default: its
-/// program).
+/// applied (flags that set several keys); `options`, what app::train shows beyond its usual
+/// lines.
 struct Example {
   std::string name;  ///< the binary and its config
   std::string about;
   std::vector<KeyFlag> flags;
   std::function<void(CLI::App&)> more = {};
   std::function<void(config::TrainConfig&)> adjust = {};
-  std::function<int(const config::TrainConfig&)> run = {};
+  /// What app::train shows beyond its usual lines (read after the flags are parsed).
+  std::function<app::TrainOptions()> options = {};
 };
 
 /// --data N and --model N of the examples on a ("data", "model") mesh (0: as the config).
@@ -119,8 +120,7 @@ inline int example_main(int argc, char** argv, const Example& e) {
     if (e.adjust) e.adjust(c);
     for (const std::string& s : sets)
       config::apply_override(c, s);
-    if (!e.run) return app::run_program(c, "configs/" + e.name + ".toml");
-    return e.run(app::prepare_program(c, "configs/" + e.name + ".toml"));
+    return app::train(c, "configs/" + e.name + ".toml", e.options ? e.options() : app::TrainOptions{});
   });
 }
 

@@ -1,38 +1,31 @@
-// A program of your own (docs/app.md): a GPT on the fortunes corpus over data x model x
-// pipe, its parameters fully sharded over "data", with the application's pieces.
+// A model of your own (docs/app.md): an MLP with a LayerNorm on Fashion-MNIST, registered
+// and trained by app::train as `distjax train` trains the library's, here from the config
+// of data_parallelism: 8 devices, its large parameters fully sharded over "data".
 #include "distjax/distjax.hpp"
 
 using namespace distjax;
 
 int main() {
-  config::TrainConfig c = app::builtin_config("gpt_3d");  // [model], a (2, 2, 2) mesh, 1F1B
-  c.run.steps = 20;
+  app::register_model(
+      {.name = "my_mlp",
+       .about = "an MLP with a LayerNorm on Fashion-MNIST",
+       .capabilities = {.shards = {config::Shard::None, config::Shard::Parameters}},
+       .epochs = true,
+       .build = [](const config::TrainConfig& c, const mesh::Mesh&) {
+         app::Model m = app::fashion_mnist_model(c);  // data, evaluation, test accuracy
+         m.network = app::network_of(
+             [hidden = c.model.hidden](const nn::Scope& s, const Tensor& x) {
+               const Tensor h = nn::Dense{.features = hidden}(s.child("fc1"), x);
+               const Tensor y = tensor::gelu(nn::LayerNorm{}(s.child("norm"), h));
+               return nn::Dense{.features = 10}(s.child("fc2"), y);
+             },
+             Tensor::zeros({1, 784}));
+         return m;
+       }});
+  config::TrainConfig c = app::builtin_config("data_parallelism");  // [model] hidden = 512
+  c.run.program = "my_mlp";
+  c.run.steps = 60;
   c.run.out_dir = "runs/my_program";
   c.run.overwrite = true;
-  c.parallelism.shard = config::Shard::Parameters;  // FSDP over "data" inside each stage
-  c = app::prepare_program(c);         // validated and resolved, as `distjax train` does
-  const mesh::Mesh mesh = config::build_mesh(c.distributed, {"data", "model"});
-  const app::TextData text = app::load_text(c);  // data.format, data.seq_len, validation
-  const models::Transformer gpt(app::transformer_config(c, app::transformer_tp(c, mesh)));
-  const models::TransformerPipeline stages(gpt.config());
-  const optim::AdamW adamw = app::make_adamw(c, c.run.steps);
-  auto device = [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
-    app::Composed parallel(c, &ctx, app::transformer_spec(gpt, &stages));
-    train::TrainState state = parallel.create_state(adamw, Key::from_seed(0), Key::from_seed(1));
-    auto mine = [&](const train::Batch& b) {  // this replica's rows of a global batch
-      return app::replica_slice(b, parallel.replica(), parallel.data_parallel_size());
-    };
-    std::vector<train::Batch> eval;
-    for (const train::Batch& b : text.validation()) eval.push_back(mine(b));
-    auto batch = [&](std::int64_t step) {
-      return mine(text.sample(c.run.batch_size, c.data.seq_len, Key::from_seed(2).fold_in(step)));
-    };
-    app::run_loop({.config = &c, .ctx = &ctx, .composed = &parallel, .optimizer = &adamw,
-                   .state = &state, .total_steps = c.run.steps, .log_every = 5,
-                   .items_per_example = double(c.data.seq_len), .items_name = "tokens",
-                   .model_parameters = gpt.num_params(), .batch = batch, .eval_batches = eval});
-    return std::vector<Tensor>{};
-  };
-  spmd::shard_map(mesh, device, {}, {}, {.backend = c.distributed.comm_backend()})(std::vector<Tensor>{});
-  return 0;
+  return app::run_main("my_program", [&] { return app::train(c); });
 }

@@ -1,8 +1,8 @@
 // The pipeline-parallel classifier on Fashion-MNIST over a (data=2, pipe=4) mesh: an input
 // Dense, residual MLP blocks cut into stages and a head, micro-batches run by a checked
 // schedule; prints the measured bubble of the last step against the theory, and with
-// --show-schedule the schedule and the measured per-stage timeline. The program is
-// app::run_pipeline_parallelism.
+// --show-schedule the schedule and the measured per-stage timeline. The model is
+// "pp_classifier" (src/distjax/app/classifiers.cpp), trained by app::train.
 //
 //   ./build/pipeline_parallelism [--schedule gpipe|1f1b|interleaved|zbh1|interleaved_zb]
 //                                [--microbatches 8] [--show-schedule]
@@ -41,7 +41,5 @@ int main(int argc, char** argv) {
          if ((s == "interleaved" || s == "interleaved_zb") && c.parallelism.virtual_stages == 1)
            c.parallelism.virtual_stages = 2;
        },
-       .run = [&](const distjax::config::TrainConfig& c) {
-         return distjax::app::run_pipeline_parallelism(c, show);
-       }});
+       .options = [&] { return distjax::app::TrainOptions{.show_schedule = show}; }});
 }

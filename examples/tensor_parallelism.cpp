@@ -1,8 +1,8 @@
 // The toolkit's tensor_parallelism example: the TP classifier (3 blocks, hidden 512) on
 // Fashion-MNIST on a
 // ("data"=2, "model"=4) mesh of 8 simulated devices (synchronous TPDense gathers and
-// reduce-scatters). Prints the mesh and "[TP] Step i: Loss = ..., Accuracy = ..." lines, then the
-// test accuracy.
+// reduce-scatters). Prints the mesh, the loss of every run.log_every steps, then the test
+// accuracy. The model is "tp_classifier", trained by app::train.
 //
 //   ./build/tensor_parallelism [--data 2 --model 4 --steps 300]
 //   mpirun -np 8 ./build/tensor_parallelism          (one process per device)

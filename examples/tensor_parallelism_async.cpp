@@ -2,8 +2,8 @@
 // Fashion-MNIST on a
 // ("data"=2, "model"=4) mesh of 8 simulated devices, its gathers and reduce-scatters run as
 // ppermute rings overlapped with the matmuls (TPAsyncDense; --bidirectional 1 for rings both ways).
-// Prints the mesh and "[TP] Step i: Loss = ..., Accuracy = ..." lines, then the test
-// accuracy.
+// Prints the mesh, the loss of every run.log_every steps, then the test accuracy. The model
+// is "tp_classifier", trained by app::train.
 //
 //   ./build/tensor_parallelism_async [--data 2 --model 4 --steps 300]
 //   mpirun -np 8 ./build/tensor_parallelism_async          (one process per device)

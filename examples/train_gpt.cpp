@@ -1,6 +1,6 @@
 // Trains the GPT-style Transformer on a byte-level corpus (the Debian fortune files) on
 // one device, reporting validation loss in bits per byte and a sample of generated text,
-// and writes metrics.jsonl and summary.json into --out. The program is app::run_train_gpt.
+// and writes metrics.jsonl and summary.json into --out. The model is "gpt" on one device.
 //
 //   ./build/train_gpt --out runs/gpt [--steps 600 --batch-size 16 --seq-len 64 --d-model 128]
 #include "example_main.hpp"

@@ -2,7 +2,8 @@
 // data-parallel over --devices simulated devices (a ("data"=N) mesh; each device trains on
 // its slice of every global batch and gradients are averaged over "data"), with AdamW and
 // a warmup + cosine learning-rate schedule; evaluates on the test set after every epoch and
-// writes metrics.jsonl and summary.json into --out. The program is app::run_train_mnist.
+// writes metrics.jsonl and summary.json into --out. The model is "classifier", trained by
+// app::train.
 //
 //   ./build/train_mnist --out runs/mnist [--devices 2 --epochs 10 --batch-size 128 --lr 2e-3]
 //   mpirun -np 2 ./build/train_mnist --backend mpi     (one process per device)

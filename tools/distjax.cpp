@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "distjax/app/programs.hpp"
+#include "distjax/app/train.hpp"
 #include "distjax/comm/launch_environment.hpp"
 #include "distjax/config/config_file.hpp"
 #include "distjax/core/error.hpp"
@@ -60,16 +60,16 @@ int train(const TrainOptions& o) {
         << "# distjax train " << o.config_path
         << " (with its --set / --out / --resume / --overwrite)\n"
         << as_given;
-  return app::find_program(prepared.run.program).run(prepared);
+  return app::train_prepared(prepared);
 }
 
 void add_train(CLI::App& cli, Command& command) {
   auto o = std::make_shared<TrainOptions>();
-  std::string programs;
-  for (const app::ProgramInfo& p : app::programs())
-    programs += std::string("\n  ") + p.name + ": " + p.about;
+  std::string models;
+  for (const app::ModelSpec& m : app::models())
+    models += "\n  " + m.name + ": " + m.about;
   CLI::App* cmd = cli.add_subcommand("train", "Runs the training a TOML config describes");
-  cmd->footer("Programs (run.program):" + programs +
+  cmd->footer("Models (run.program):" + models +
               "\nUnder mpirun or srun it runs one device per process. See docs/configs.md.");
   cmd->add_option("config", o->config_path, "the TOML config file (see docs/configs.md)")
       ->required();
@@ -183,7 +183,7 @@ int plan_command(const PlanOptions& o) {
   }
   // Only what the program runs: its axes, ZeRO stages and FSDP, at the config's precision.
   const config::ProgramCapabilities runs =
-      app::find_program(c.run.program).capabilities.for_config(c);
+      app::find_model(c.run.program).capabilities.for_config(c);
   const double budget = o.budget_gib * 1024.0 * 1024.0 * 1024.0;
   const std::vector<plan::Plan> fits =
       plan::meshes_that_fit(model, setup, setup.world(), budget, runs);

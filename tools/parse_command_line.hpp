@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "distjax/app/programs.hpp"
+#include "distjax/app/train.hpp"
 
 namespace distjax::tools {
 

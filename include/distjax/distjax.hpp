@@ -3,8 +3,8 @@
 #pragma once
 
 #include "distjax/app/compose.hpp"
-#include "distjax/app/model_specs.hpp"
-#include "distjax/app/programs.hpp"
+#include "distjax/app/networks.hpp"
+#include "distjax/app/train.hpp"
 #include "distjax/app/run.hpp"
 #include "distjax/autodiff/autodiff.hpp"
 #include "distjax/config/config_file.hpp"

@@ -13,7 +13,7 @@
 #include "distjax/config/config_file.hpp"
 #include "distjax/core/error.hpp"
 #include "distjax/plan/plan.hpp"
-#include "distjax/app/programs.hpp"
+#include "distjax/app/train.hpp"
 
 using namespace distjax;
 
@@ -42,30 +42,49 @@ TEST(Programs, BuiltinConfigsAreTheFiles) {
     EXPECT_EQ(config::to_toml(c), file_config(name));
     programs_with_a_config.insert(c.run.program);
   }
-  for (const app::ProgramInfo& p : app::programs())
-    EXPECT_TRUE(programs_with_a_config.count(p.name)) << p.name << " has no config";
+  for (const app::ModelSpec& m : app::models())
+    EXPECT_TRUE(programs_with_a_config.count(m.name)) << m.name << " has no config";
   EXPECT_THROW(app::builtin_config("train_mnst"), ConfigError);
 }
 
 // The schema's help of run.program (what `distjax train --help-config` and configs.md say)
-// names every program of the registry.
-TEST(Programs, TheHelpOfRunProgramNamesEveryProgram) {
+// names every model of the library's registry.
+TEST(Programs, TheHelpOfRunProgramNamesEveryModel) {
   std::string help;
   for (const config::ConfigKey& k : config::config_keys())
     if (k.name == "run.program") help = k.help;
   ASSERT_FALSE(help.empty());
-  for (const app::ProgramInfo& p : app::programs())
-    EXPECT_NE(help.find(p.name), std::string::npos) << p.name << " is missing from: " << help;
+  for (const app::ModelSpec& m : app::models())
+    EXPECT_NE(help.find(m.name), std::string::npos) << m.name << " is missing from: " << help;
 }
 
-TEST(Programs, UnknownProgramSuggestsTheNearest) {
+TEST(Programs, UnknownModelSuggestsTheNearest) {
   try {
-    app::find_program("train_mnst");
+    app::find_model("clasifier");
     FAIL() << "no error";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("did you mean \"train_mnist\"?"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("did you mean \"classifier\"?"), std::string::npos)
         << e.what();
   }
+}
+
+// The programs that came before the registry are read as the model they ran, said.
+TEST(Programs, OldProgramNamesReadAsTheirModel) {
+  const std::pair<const char*, const char*> renamed[] = {
+      {"train_mnist", "classifier"}, {"data_parallelism", "classifier"},
+      {"tensor_parallelism", "tp_classifier"}, {"pipeline_parallelism", "pp_classifier"},
+      {"train_gpt", "gpt"}};
+  for (const auto& [before, now] : renamed) {
+    config::TrainConfig c;
+    config::apply_override(c, std::string("run.program=") + before);
+    EXPECT_EQ(c.run.program, now);
+    ASSERT_EQ(c.notices.size(), 1u) << before;
+    EXPECT_NE(c.notices[0].find(std::string("run.program = \"") + now + "\""), std::string::npos)
+        << c.notices[0];
+  }
+  config::TrainConfig gpt;
+  config::apply_override(gpt, "run.program=gpt");
+  EXPECT_TRUE(gpt.notices.empty());
 }
 
 // prepare_program makes run.out_dir; one it cannot make or write is a ConfigError naming
@@ -123,8 +142,7 @@ TEST(Programs, ThePlannerSuggestsOnlyWhatTheProgramRuns) {
     planned.insert(base.run.program);
     const plan::Setup setup = plan::setup_from_config(base);
     const config::ProgramCapabilities runs =
-        app::find_program(base.run.program)
-            .capabilities.for_config(base);
+        app::find_model(base.run.program).capabilities.for_config(base);
     for (int world : {1, 2, 4, 8, base.distributed.world_size}) {
       for (const plan::Plan& p : plan::meshes_that_fit(model, setup, world, 1e300, runs)) {
         ++suggestions;
@@ -147,7 +165,7 @@ TEST(Programs, ThePlannerSuggestsOnlyWhatTheProgramRuns) {
   std::printf("%d suggestions checked, programs%s; no planning model:%s\n", suggestions,
               checked.c_str(), skipped.c_str());
   EXPECT_EQ(planned,
-            (std::set<std::string>{"data_parallelism", "gpt", "train_gpt", "train_mnist"}));
+            (std::set<std::string>{"classifier", "gpt"}));
   EXPECT_GT(suggestions, 50);
   std::filesystem::remove_all(out);
 }

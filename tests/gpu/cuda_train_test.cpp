@@ -24,7 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "distjax/app/programs.hpp"
+#include "distjax/app/train.hpp"
 #include "distjax/config/config_file.hpp"
 #include "distjax/tensor/cuda.hpp"
 #include "distjax/tensor/tensor.hpp"
@@ -46,7 +46,7 @@ std::vector<double> losses(const std::string& device, const std::string& precisi
       {"run.steps=50", "optimizer.lr=1e-3", "run.log_every=1", "run.eval_every=25", "run.eval_batches=2",
        "run.out_dir=" + out.string(), "distributed.device=" + device,
        "distributed.mixed_precision=" + precision});
-  EXPECT_EQ(app::run_program(c), 0);
+  EXPECT_EQ(app::train(c), 0);
   std::vector<double> loss;
   std::ifstream in(out / "metrics.jsonl");
   for (std::string line; std::getline(in, line);) {

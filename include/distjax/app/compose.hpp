@@ -3,7 +3,7 @@
 // (parallelism.shard), a pipeline over "pipe", and the precision and remat of the scopes
 // the model runs on. The tensor-parallel layout over "model" is still a property of the
 // model, chosen when the program builds it (transformer_tp below). A program gives its
-// model as a ModelSpec and gets, on each device, one strategy for the train step, the
+// model as a Network and gets, on each device, one strategy for the train step, the
 // parameters this device holds, the loss functions and an evaluation, whatever the mesh:
 // the same device program runs pipelined or not.
 #pragma once
@@ -28,7 +28,7 @@
 namespace distjax::app {
 
 /// A model as the composition needs it.
-struct ModelSpec {
+struct Network {
   /// The whole model's parameters (null for a model that only runs cut into chunks: it
   /// is pipelined even over a "pipe" axis of size 1) (this device's shards when `ctx` is given; stored fully
   /// sharded as `fsdp` says when it is not null), their specs recorded in `specs`.
@@ -41,6 +41,9 @@ struct ModelSpec {
       loss{};
   /// The model cut into chunks, run over a "pipe" axis; null: it cannot be pipelined.
   const parallel::PipelineModule* pipeline = nullptr;
+  /// Keeps alive what the functions and `pipeline` refer to (e.g. the model object); may be
+  /// empty when the caller keeps it.
+  std::shared_ptr<const void> keep{};
 };
 
 /// The strategies of `config` on one device (every device builds its own, in the same
@@ -55,7 +58,7 @@ struct ModelSpec {
 /// Without a device context (one device, no mesh): the base strategy, reporting memory.
 class Composed {
  public:
-  Composed(const config::TrainConfig& config, spmd::DeviceContext* ctx, ModelSpec model);
+  Composed(const config::TrainConfig& config, spmd::DeviceContext* ctx, Network model);
   ~Composed();
   Composed(const Composed&) = delete;
   Composed& operator=(const Composed&) = delete;
@@ -91,7 +94,7 @@ class Composed {
  private:
   const config::TrainConfig* config_;
   spmd::DeviceContext* ctx_;
-  ModelSpec model_;
+  Network model_;
   nn::ParamSpecs specs_;
   nn::Precision precision_;
   bool fully_sharded_ = false;

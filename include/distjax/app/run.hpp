@@ -1,6 +1,7 @@
-// The training loop of every program, written once: restore, step, log, evaluate,
-// checkpoint, finish (summary, timeline). A program builds its data, its model and the
-// composed strategies (app/compose.hpp) and hands them to run_loop on every device.
+// The training loop, written once: restore, step, log, evaluate, checkpoint, finish
+// (summary, timeline). app::train (app/train.hpp) builds a registered model's data, its
+// network and the composed strategies (app/compose.hpp) and hands them to run_loop on every
+// device; a hand-written shard_map program can call it the same way.
 #pragma once
 
 #include <cstdint>
@@ -98,12 +99,6 @@ std::string timeline_file(const config::TrainConfig& c, int device);
 
 /// The backend name printed in headers and recorded in summary.json ("threads", "mpi").
 std::string backend_label(const config::TrainConfig& c);
-
-/// The progress lines of the toolkit's examples, as Loop::on_step: "[<tag>] Step i: Loss =
-/// ..., Accuracy = ..." after the first step, every run.log_every steps and the last, when
-/// `lead` (the main device).
-std::function<void(std::int64_t step, const train::Metrics& metrics)> step_lines(
-    std::string tag, const config::TrainConfig& c, bool lead);
 
 /// The rows [replica x B/n, (replica + 1) x B/n) of `batch`: this data replica's slice.
 train::Batch replica_slice(const train::Batch& batch, int replica, int replicas);

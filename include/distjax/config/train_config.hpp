@@ -20,13 +20,14 @@ enum class Resume : std::uint8_t {
 
 /// [run]: which program, how long, where the files go.
 struct RunConfig {
-  std::string program;                ///< the training program (`distjax train` lists them)
+  std::string program;                ///< the registered model (`distjax train --help` lists them)
   std::int64_t steps = 0;             ///< optimizer steps; 0 = epochs x steps per epoch
-  std::int64_t epochs = 0;            ///< passes over the training set (programs with epochs)
+  std::int64_t epochs = 0;            ///< passes over the training set (models with epochs)
   std::int64_t batch_size = 128;      ///< global examples (sequences) per step
   std::int64_t grad_accum_steps = 1;  ///< gradient-accumulation slices per step
   std::int64_t log_every = 50;        ///< steps between progress lines / metrics records
   std::int64_t eval_every = 0;        ///< steps between evaluations; 0 = at the end only
+  bool eval_at_start = false;         ///< evaluate before the first step too
   std::int64_t eval_batches = 8;      ///< validation batches per evaluation
   std::string out_dir = "runs/run";   ///< metrics.jsonl, summary.json (and checkpoints)
   std::int64_t checkpoint_every = 0;  ///< steps between checkpoints; 0 = none

@@ -210,8 +210,8 @@ struct Plan {
 /// sequence over model with sequence parallelism).
 Plan make_plan(const ModelDescription& model, const Setup& setup);
 
-/// The model and setup a config describes (run.program picks the model: gpt / train_gpt
-/// -> describe_gpt, data_parallelism / train_mnist -> describe_classifier). Activations use
+/// The model and setup a config describes (run.program picks the model: gpt
+/// -> describe_gpt, classifier -> describe_classifier). Activations use
 /// activation_model_distjax() in f32, activation_model_megatron() in fp16 / bf16.
 ModelDescription model_from_config(const config::TrainConfig& c);
 Setup setup_from_config(const config::TrainConfig& c);
@@ -232,7 +232,7 @@ config::TrainConfig apply_setup(config::TrainConfig c, const Setup& s);
 /// pipeline gets at least p micro-batches. `base` gives everything else (batch, precision,
 /// recompute...).
 ///
-///   const auto& gpt = app::find_program("gpt").capabilities;   // no ZeRO: FSDP
+///   const auto& gpt = app::find_model("gpt").capabilities;   // no ZeRO: FSDP
 ///   meshes_that_fit(model, setup, 64, 80.0 * (1 << 30), gpt.for_config(config));
 std::vector<Plan> meshes_that_fit(const ModelDescription& model, const Setup& base, int world,
                                   double budget_bytes, const config::ProgramCapabilities& runs);

@@ -26,14 +26,14 @@ class OneDevice final : public train::Strategy {
 
 // A pipeline over "pipe" when the axis splits the model, or when the model only runs cut
 // into chunks (no whole-model init).
-bool pipelined(const spmd::DeviceContext* ctx, const ModelSpec& model) {
+bool pipelined(const spmd::DeviceContext* ctx, const Network& model) {
   if (ctx == nullptr || !ctx->mesh().has_axis("pipe")) return false;
   return ctx->mesh().axis_size("pipe") > 1 || !model.init;
 }
 
 }  // namespace
 
-Composed::Composed(const config::TrainConfig& c, spmd::DeviceContext* ctx, ModelSpec model)
+Composed::Composed(const config::TrainConfig& c, spmd::DeviceContext* ctx, Network model)
     : config_(&c),
       ctx_(ctx),
       model_(std::move(model)),

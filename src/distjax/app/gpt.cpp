@@ -1,34 +1,29 @@
-// Program gpt (the fsdp and tensor_parallel_gpt examples, and the main job): the GPT on
-// the fortunes corpus over a ("data", "model"[, "pipe"]) mesh, data parallel over "data"
-// (optionally with fully sharded parameters, parallelism.shard = "parameters", and remat
-// of its blocks), tensor parallel over "model" in any layout (Megatron, sequence and
-// vocabulary parallel, gather, async rings), and with distributed.pipeline_parallel_size
-// > 1 pipelined over "pipe" (models::TransformerPipeline under parallelism.schedule; with
-// model.tie_embeddings = false, as a pipeline cannot tie). Prints the mesh, per-step loss (a
-// progress bar on a terminal), validation bits per byte, the bytes each device holds, and where the
-// files are.
+// The GPT as a registered model: the Transformer on text (the bytes of a corpus, or token
+// shards: data.format) over ("data", "model"[, "pipe"]): data parallel or fully sharded over
+// "data", tensor parallel over "model" in any layout (Megatron, sequence and vocabulary
+// parallel, gather, async rings), pipelined over "pipe" (models::TransformerPipeline under
+// parallelism.schedule; model.tie_embeddings = false, as a pipeline cannot tie), or on one
+// device without distributed.enabled, where it also samples text. The data of step s is
+// drawn from s alone; validation in bits per byte or per token.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
-#include <mutex>
 
-#include "distjax/app/model_specs.hpp"
-#include "distjax/app/programs.hpp"
+#include "distjax/app/detail/builtin_models.hpp"
+#include "distjax/app/networks.hpp"
 #include "distjax/app/run.hpp"
-#include "distjax/config/distributed_config.hpp"
 #include "distjax/data/text_corpus.hpp"
-#include "distjax/spmd/shard_map.hpp"
+#include "distjax/tensor/grad_node.hpp"
+#include "distjax/tensor/shape_ops.hpp"
 
-namespace distjax::app {
+namespace distjax::app::detail {
 
 using tensor::Tensor;
 
-void check_gpt(const config::TrainConfig& c) {
-  const mesh::Mesh mesh = config::build_mesh(c.distributed, {"data", "model"});
-  const int n_model = mesh.axis_size("model");
+namespace {
+
+void check_gpt(const config::TrainConfig& c, const mesh::Mesh& mesh) {
+  const int n_model = mesh.has_axis("model") ? mesh.axis_size("model") : 1;
   const int n_pipe = mesh.has_axis("pipe") ? mesh.axis_size("pipe") : 1;
   DISTJAX_CHECK(c.model.heads % n_model == 0, ConfigError, "[gpt] model.heads = ", c.model.heads,
                 " must be divisible by the \"model\" axis size ", n_model);
@@ -54,151 +49,128 @@ void check_gpt(const config::TrainConfig& c) {
   }
 }
 
-namespace {
-
-// run.timeline of a pipelined run: the spans of every action of the last step, as a
-// Chrome trace (threads: every device's trace is here; MPI: this process's device only).
-void write_pipeline_timeline(const config::TrainConfig& c,
-                             const std::vector<parallel::PipelineTrace>& traces) {
-  std::vector<parallel::PipelineTrace> mine;
-  std::vector<int> devices;
-  for (std::size_t d = 0; d < traces.size(); ++d)
-    if (traces[d].end > traces[d].start) {
-      mine.push_back(traces[d]);
-      devices.push_back(static_cast<int>(d));
+// Samples `n` bytes after `prompt` at temperature 0.8 from the whole model on one device:
+// a look at what it learned.
+std::string sample(const models::Transformer& model, const tensor::TensorTree& params,
+                   const std::string& prompt, int n, std::int64_t max_len, Key key) {
+  tensor::NoGradGuard no_grad;
+  std::string text = prompt;
+  for (int i = 0; i < n; ++i) {
+    const std::size_t start =
+        text.size() > static_cast<std::size_t>(max_len) ? text.size() - max_len : 0;
+    std::vector<std::int32_t> ids(text.begin() + start, text.end());
+    for (auto& id : ids)
+      id &= 0xff;
+    const auto t = static_cast<std::int64_t>(ids.size());
+    Tensor logits = model.apply(params, Tensor::from_vector(ids, {1, t}), false, Key());
+    // The last position's logits, read back for the host's draw.
+    const std::vector<float> last = tensor::slice(logits, 1, t - 1, t).to_vector<float>();
+    const float top = *std::max_element(last.begin(), last.begin() + 256);
+    std::vector<double> p(256);
+    double total = 0;
+    for (int v = 0; v < 256; ++v)
+      total += p[v] = std::exp((last[v] - top) / 0.8);
+    float u = 0;
+    random_uniform(key.fold_in(static_cast<std::uint64_t>(i)), &u, 1);
+    double acc = 0;
+    int pick = 255;
+    for (int v = 0; v < 256; ++v) {
+      acc += p[v] / total;
+      if (u < acc) {
+        pick = v;
+        break;
+      }
     }
-  if (mine.empty()) return;
-  const std::string name = devices.size() == traces.size()
-                               ? "timeline.json"
-                               : "timeline_device" + std::to_string(devices[0]) + ".json";
-  const auto path = std::filesystem::path(c.run.out_dir) / name;
-  std::filesystem::create_directories(path.parent_path());
-  std::ofstream(path) << parallel::chrome_trace_json(mine, devices) << "\n";
-  if (c.distributed.is_main_process() || devices.size() != traces.size())
-    std::printf("Timeline of the last step (Chrome trace, opens in Perfetto): %s\n",
-                path.string().c_str());
-}
-
-void print_header(const config::TrainConfig& c, const mesh::Mesh& mesh,
-                  const models::TransformerConfig& m, const nn::Precision& precision) {
-  const bool piped = mesh.has_axis("pipe") && mesh.axis_size("pipe") > 1;
-  std::printf("Mesh (%s backend, tensor parallel layout %s%s%s%s, precision %s):\n%s\n",
-              backend_label(c).c_str(), parallel::tp_layout_name(m.tp.layout),
-              m.tp.sequence_parallel ? " + sequence parallel" : "",
-              m.tp.vocab_parallel ? " + vocabulary parallel" : "",
-              c.parallelism.shard == config::Shard::Parameters
-                  ? ", parameters fully sharded over \"data\""
-                  : "",
-              precision.str().c_str(), mesh.to_string().c_str());
-  if (!piped) return;
-  const int n_pipe = mesh.axis_size("pipe"), v = static_cast<int>(c.parallelism.virtual_stages);
-  const int mb = static_cast<int>(c.parallelism.microbatches);
-  const parallel::ScheduleReport report = parallel::check_schedule(parallel::make_schedule(
-      parallel::parse_schedule_kind(c.parallelism.schedule), n_pipe, mb, v));
-  std::printf("Pipeline: %s over %d stages x %d chunks, %d micro-batches per step; bubble "
-              "%.1f%% in theory\n",
-              c.parallelism.schedule.c_str(), n_pipe, v, mb, 100.0 * report.bubble_fraction);
+    text.push_back(static_cast<char>(pick));
+  }
+  for (char& ch : text)
+    if (ch == '\n') ch = ' ';
+  return text;
 }
 
 }  // namespace
 
-int run_gpt(const config::TrainConfig& c) {
-  const mesh::Mesh mesh = config::build_mesh(c.distributed, {"data", "model"});
-  const int n_data = mesh.axis_size("data");
-  const std::int64_t batch_size = c.run.batch_size, seq_len = c.data.seq_len, steps = c.run.steps;
-  const TextData text = load_text(c);
-  const std::vector<train::Batch>& val = text.validation();
-  const std::string bits = "bits_per_" + text.unit();
-  const models::Transformer model(transformer_config(c, transformer_tp(c, mesh)));
-  const models::TransformerPipeline pipelined(model.config());
-  if (c.distributed.is_main_process()) {
-    print_header(c, mesh, model.config(), precision_of(c));
-    std::printf("Validation: %s\n", text.validation_note().c_str());
-  }
-  const optim::AdamW opt = make_adamw(c, steps);
-  const Key root = Key::from_seed(static_cast<std::uint64_t>(c.run.seed));
-  std::mutex trace_mu;
-  std::vector<parallel::PipelineTrace> traces(static_cast<std::size_t>(mesh.size()));
-  std::atomic<bool> trained{true};  // false: resumed at the last step, no schedule ran
-
-  // Data x tensor [x pipe]: each device holds its shards (of its stage's chunks) only.
-  auto device_program = [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
-    const bool lead = ctx.device() == 0;
-    Composed composed(c, &ctx, transformer_spec(model, &pipelined));
-    parallel::Pipeline* pp = composed.pipeline();
-    train::TrainState state = composed.create_state(opt, root.fold_in(std::string_view("init")),
-                                                    root.fold_in(std::string_view("dropout")));
-    if (lead) {
-      std::int64_t sharded = 0;
-      for (const auto& [path, spec] : composed.specs())
-        if (spec.size() > 0) ++sharded;
-      std::printf("GPT L=%lld C=%lld H=%lld T=%lld: %lld parameters, %lld on device 0",
-                  static_cast<long long>(c.model.layers), static_cast<long long>(c.model.d_model),
-                  static_cast<long long>(c.model.heads), static_cast<long long>(seq_len),
-                  static_cast<long long>(model.num_params()),
-                  static_cast<long long>(state.params.num_elements()));
-      if (pp != nullptr)
-        std::printf(" (stage 0 of %d)\n", pp->num_stages());
-      else
-        std::printf("; %lld of %zu tensors split over the mesh\n", static_cast<long long>(sharded),
-                    state.params.size());
-    }
-    const int replica = composed.replica();
-    const Key data_key = root.fold_in(std::string_view("data"));
-    Loop loop{.config = &c,
-              .ctx = &ctx,
-              .composed = &composed,
-              .optimizer = &opt,
-              .state = &state,
-              .total_steps = steps,
-              .log_every = c.run.log_every,
-              .items_per_example = static_cast<double>(seq_len),
-              .items_name = "tokens",
-              .model_parameters = model.num_params(),
-              // The data of step s is drawn from the step alone.
-              .batch = [&](std::int64_t step) {
-                const Key key = data_key.fold_in(static_cast<std::uint64_t>(step));
-                return replica_slice(text.sample(batch_size, seq_len, key), replica, n_data);
-              },
-              .eval_every = c.run.eval_every};
-    for (const train::Batch& b : val)
-      loop.eval_batches.push_back(replica_slice(b, replica, n_data));
-    double bubble = 0.0;
-    if (pp != nullptr)
-      loop.after_training = [&]() -> std::map<std::string, double> {
-        bubble = parallel::pipeline_bubble(ctx, pp->last_trace(),
-                                           c.distributed.comm_backend() == comm::Backend::Threads);
-        std::lock_guard<std::mutex> lock(trace_mu);
-        traces[static_cast<std::size_t>(ctx.device())] = pp->last_trace();
-        return {{"pipeline_bubble", bubble}};
-      };
-    loop.summary = [&](const LoopResult& r) -> std::map<std::string, double> {
-      return {{"val_" + bits, r.eval.mean(bits)}};
-    };
-    const LoopResult r = run_loop(loop);
-    if (r.already_finished) trained = false;
-    if (!lead) return std::vector<Tensor>{};
-    std::printf("Validation: %.3f bits per %s (uniform guessing: %.1f)", r.eval.mean(bits),
-                text.unit().c_str(), std::log2(static_cast<double>(model.config().vocab)));
-    if (pp != nullptr && r.already_finished)
-      std::printf("\n");
-    else if (pp != nullptr)
-      std::printf("; measured pipeline bubble of the last step %.1f%%\n", 100.0 * bubble);
-    else
-      std::printf("\nBytes held by device 0: parameters %lld, optimizer state %lld (replicated: "
-                  "%lld and %lld)\n",
-                  static_cast<long long>(state.params.storage_bytes()),
-                  static_cast<long long>(state.opt_state.storage_bytes()),
-                  static_cast<long long>(4 * model.num_params()),
-                  static_cast<long long>(8 * model.num_params()));
-    return std::vector<Tensor>{};
-  };
-  spmd::shard_map(mesh, device_program, {}, {},
-                  {.backend = c.distributed.comm_backend(), .device = c.distributed.placement()})(std::vector<Tensor>{});
-  const bool piped = mesh.has_axis("pipe") && mesh.axis_size("pipe") > 1;
-  if (piped && trained && c.run.timeline && !c.run.out_dir.empty())
-    write_pipeline_timeline(c, traces);
-  return 0;
+ModelSpec gpt_model() {
+  return {
+      .name = "gpt",
+      .about = "the GPT on text (bytes or token shards) over (data, model[, pipe]): TP layouts, "
+               "FSDP, pipelines, remat; one device without distributed.enabled",
+      .axes = {"data", "model"},
+      // ZeRO-1/2: no; its data parallelism shards the parameters (FSDP) or nothing.
+      .capabilities = {.tensor_parallel = true,
+                       .pipeline_parallel = true,
+                       .shards = {config::Shard::None, config::Shard::Parameters},
+                       .mixed_precision = true,
+                       .fp16_pipeline = true,
+                       .ties_embeddings = true},
+      .check = check_gpt,
+      .build = [](const config::TrainConfig& c, const mesh::Mesh& mesh) {
+        const auto text = std::make_shared<const TextData>(load_text(c));
+        const auto gpt =
+            std::make_shared<const models::Transformer>(transformer_config(c, transformer_tp(c, mesh)));
+        const auto stages = std::make_shared<const models::TransformerPipeline>(gpt->config());
+        const std::string unit = text->unit(), bits = "bits_per_" + unit;
+        const double uniform = std::log2(static_cast<double>(gpt->config().vocab));
+        Model m;
+        m.network = transformer_network(*gpt, stages.get());
+        m.network.keep = std::make_shared<std::pair<decltype(gpt), decltype(stages)>>(gpt, stages);
+        char about[160];
+        std::snprintf(about, sizeof about, "GPT L=%lld C=%lld H=%lld T=%lld (%.1f MFLOP/token)",
+                      static_cast<long long>(c.model.layers), static_cast<long long>(c.model.d_model),
+                      static_cast<long long>(c.model.heads), static_cast<long long>(c.data.seq_len),
+                      gpt->flops_per_token() / 1e6);
+        m.description = about;
+        m.num_parameters = gpt->num_params();
+        m.items_per_example = static_cast<double>(c.data.seq_len);
+        m.items_name = "tokens";
+        const std::string source = c.data.format == "tokens" ? c.data.train + " / " + c.data.val
+                                   : c.data.dir.empty()      ? std::string(data::kFortunesDir)
+                                                             : c.data.dir;
+        m.header = {"Corpus " + source + ": " + std::to_string(text->train_size()) + " train / " +
+                        std::to_string(text->validation_size()) + " validation " + unit + "s",
+                    "Validation: " + text->validation_note()};
+        const Key data_key =
+            Key::from_seed(static_cast<std::uint64_t>(c.run.seed)).fold_in(std::string_view("data"));
+        m.data = [text, data_key, batch = c.run.batch_size, seq = c.data.seq_len](const DevicePlace& p) {
+          const auto mine = [p](const train::Batch& b) {
+            return p.replicas > 1 ? replica_slice(b, p.replica, p.replicas) : b;
+          };
+          DeviceData d;
+          d.batch = [text, data_key, batch, seq, mine](std::int64_t step) {
+            return mine(text->sample(batch, seq, data_key.fold_in(static_cast<std::uint64_t>(step))));
+          };
+          for (const train::Batch& b : text->validation())
+            d.eval.push_back(mine(b));
+          return d;
+        };
+        m.summary = [bits, flops = gpt->flops_per_token(), at_start = c.run.eval_at_start](
+                        const LoopResult& r) -> std::map<std::string, double> {
+          std::map<std::string, double> s = {{"val_" + bits, r.eval.mean(bits)},
+                                             {"flops_per_token", flops}};
+          if (at_start) s["initial_val_" + bits] = r.initial_eval.mean(bits);
+          return s;
+        };
+        m.report = [gpt, unit, bits, uniform, c](const LoopResult& r, const train::TrainState& state,
+                                                 const DevicePlace& p) {
+          char line[200];
+          if (c.run.eval_at_start && !r.already_finished)
+            std::snprintf(line, sizeof line, "Validation: %.3f -> %.3f bits per %s (uniform guessing: %.1f)\n",
+                          r.initial_eval.mean(bits), r.eval.mean(bits), unit.c_str(), uniform);
+          else
+            std::snprintf(line, sizeof line, "Validation: %.3f bits per %s (uniform guessing: %.1f)\n",
+                          r.eval.mean(bits), unit.c_str(), uniform);
+          std::string out = line;
+          // The whole model is here on one device; a sample needs bytes (no tokenizer).
+          if (p.ctx == nullptr && unit == "byte")
+            out += "Sample: " +
+                   sample(*gpt, state.params, "The ", 120, c.data.seq_len,
+                          Key::from_seed(static_cast<std::uint64_t>(c.run.seed))
+                              .fold_in(std::string_view("sample"))) +
+                   "\n";
+          return out;
+        };
+        return m;
+      }};
 }
 
-}  // namespace distjax::app
+}  // namespace distjax::app::detail

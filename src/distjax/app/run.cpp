@@ -249,17 +249,6 @@ std::string backend_label(const config::TrainConfig& c) {
   return comm::backend_name(c.distributed.comm_backend());
 }
 
-std::function<void(std::int64_t, const train::Metrics&)> step_lines(std::string tag,
-                                                                  const config::TrainConfig& c,
-                                                                  bool lead) {
-  return [tag = std::move(tag), every = c.run.log_every, last = c.run.steps, lead](
-             std::int64_t s, const train::Metrics& m) {
-    if (lead && (s % every == 0 || s == 1 || s == last))
-      std::printf("[%s] Step %lld: Loss = %.4f, Accuracy = %.4f\n", tag.c_str(),
-                  static_cast<long long>(s), m.mean("loss"), m.mean("accuracy"));
-  };
-}
-
 train::Batch replica_slice(const train::Batch& batch, int replica, int replicas) {
   const std::int64_t per = batch.size() / replicas;
   return batch.slice(replica * per, (replica + 1) * per);

@@ -161,6 +161,32 @@ Entry resume_field() {
   return e;
 }
 
+// run.program: the registered model a run trains. The six programs that came before the
+// registry read as the model they ran, said.
+Entry program_field() {
+  Entry e = field("run.program", [](TrainConfig& c) -> std::string& { return c.run.program; },
+                  "the registered model to train: classifier, tp_classifier, pp_classifier, gpt "
+                  "(or one a program registers: app::register_model)");
+  e.set = [](TrainConfig& c, const Value& v) {
+    static const std::pair<const char*, const char*> renamed[] = {
+        {"train_mnist", "classifier"},          {"data_parallelism", "classifier"},
+        {"tensor_parallelism", "tp_classifier"}, {"pipeline_parallelism", "pp_classifier"},
+        {"train_gpt", "gpt"}};
+    const std::string& name = std::get<std::string>(v);
+    c.run.program = name;
+    for (const auto& [before, now] : renamed)
+      if (name == before) {
+        c.run.program = now;
+        c.notices.push_back("run.program = \"" + name + "\" is read as run.program = \"" + now +
+                            "\", the model it trains: say that instead" +
+                            (name == std::string("train_gpt")
+                                 ? " (one device: distributed.enabled = false)"
+                                 : ""));
+      }
+  };
+  return e;
+}
+
 // parallelism.zero_stage, parallelism.shard's old name: 1 and 2 read as "optimizer" and
 // "gradients"; 0 (plain data parallelism, or ZeRO-3 with fsdp.modules) changes nothing.
 Entry zero_stage_field() {
@@ -218,13 +244,11 @@ const std::vector<Entry>& schema() {
   static const std::vector<Entry> entries = [] {
     std::vector<Entry> s;
     // [run]
-    s.push_back(field("run.program", DJ_ACCESS(run.program),
-                      "the training program: train_mnist, data_parallelism, tensor_parallelism, "
-                      "pipeline_parallelism, gpt or train_gpt"));
+    s.push_back(program_field());
     s.push_back(field("run.steps", DJ_ACCESS(run.steps),
                       "optimizer steps; 0 = run.epochs x steps per epoch"));
     s.push_back(field("run.epochs", DJ_ACCESS(run.epochs),
-                      "passes over the training set (train_mnist; used when run.steps = 0)"));
+                      "passes over the training set (the classifiers; used when run.steps = 0)"));
     s.push_back(field("run.batch_size", DJ_ACCESS(run.batch_size),
                       "global examples (sequences) per step, split over \"data\""));
     s.push_back(field("run.grad_accum_steps", DJ_ACCESS(run.grad_accum_steps),
@@ -232,7 +256,9 @@ const std::vector<Entry>& schema() {
     s.push_back(field("run.log_every", DJ_ACCESS(run.log_every),
                       "steps between progress lines and metrics.jsonl records"));
     s.push_back(field("run.eval_every", DJ_ACCESS(run.eval_every),
-                      "steps between evaluations; 0 = at the end (train_mnist: every epoch)"));
+                      "steps between evaluations; 0 = at the end (the classifiers: every epoch)"));
+    s.push_back(field("run.eval_at_start", DJ_ACCESS(run.eval_at_start),
+                      "evaluate once before the first step too (the report shows the change)"));
     s.push_back(field("run.eval_batches", DJ_ACCESS(run.eval_batches),
                       "validation batches per evaluation (text programs), spread over the "
                       "whole split (all of it where it fits)"));

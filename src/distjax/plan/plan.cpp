@@ -367,14 +367,14 @@ std::string Plan::str() const {
 
 ModelDescription model_from_config(const config::TrainConfig& c) {
   const std::string& p = c.run.program;
-  if (p == "gpt" || p == "train_gpt")
+  if (p == "gpt")
     return describe_gpt(c.model.vocab > 0 ? c.model.vocab : 256, c.model.d_model, c.model.layers,
                         c.model.heads, c.data.seq_len, c.parallelism.vocab_parallel,
                         c.model.tie_embeddings);
-  if (p == "data_parallelism" || p == "train_mnist")
+  if (p == "classifier")
     return describe_classifier(784, c.model.hidden, 10);
   DISTJAX_CHECK(false, NotImplemented, "[plan] run.program = \"", p,
-                "\" has no planning model (gpt, train_gpt, data_parallelism, train_mnist do)");
+                "\" has no planning model (gpt and classifier do)");
   return {};
 }
 
@@ -410,7 +410,7 @@ Setup setup_from_config(const config::TrainConfig& c) {
   s.microbatches = c.parallelism.microbatches;
   s.virtual_stages = static_cast<int>(c.parallelism.virtual_stages);
   s.global_batch = c.run.batch_size;
-  const bool gpt = c.run.program == "gpt" || c.run.program == "train_gpt";
+  const bool gpt = c.run.program == "gpt";
   s.seq_len = gpt ? c.data.seq_len : 1;
   if (dc.mixed_precision != config::MixedPrecision::No) {
     // 16-bit parameters, gradients and activations; f32 master weights and Adam moments

@@ -1,5 +1,6 @@
-// The registry of training programs, the configs built into the library, and run_program.
-#include "distjax/app/programs.hpp"
+// What train does before it runs: the configs built into the library, the checks of a
+// config against its model, the output directory and its lock.
+#include "distjax/app/train.hpp"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -24,64 +25,6 @@
 #include "distjax/train/checkpointer.hpp"
 
 namespace distjax::app {
-
-const std::vector<ProgramInfo>& programs() {
-  static const std::vector<ProgramInfo> list = {
-      {"train_mnist",
-       "the MLP classifier on Fashion-MNIST, data parallel over \"data\"",
-       run_train_mnist,
-       {},
-       check_train_mnist},
-      {"data_parallelism",
-       "the MLP classifier on Fashion-MNIST with ZeRO-1/2 or FSDP",
-       run_data_parallelism,
-       {.shards = {config::Shard::None, config::Shard::Optimizer, config::Shard::Gradients,
-                   config::Shard::Parameters}},
-       check_data_parallelism},
-      {"tensor_parallelism",
-       "the TP classifier on Fashion-MNIST over (data, model)",
-       run_tensor_parallelism,
-       {.tensor_parallel = true},
-       check_tensor_parallelism},
-      {"gpt",
-       "the GPT on the fortunes corpus over (data, model): TP layouts, FSDP, remat",
-       run_gpt,
-       // ZeRO-1/2: no; its data parallelism shards the parameters (FSDP) or nothing.
-       {.tensor_parallel = true,
-        .pipeline_parallel = true,
-        .shards = {config::Shard::None, config::Shard::Parameters},
-        .mixed_precision = true,
-        .fp16_pipeline = true,
-        .ties_embeddings = true},
-       check_gpt},
-      {"train_gpt",
-       "the GPT on the fortunes corpus on one device",
-       run_train_gpt,
-       {.max_devices = 1, .mixed_precision = true},
-       nullptr},
-      {"pipeline_parallelism",
-       "the pipeline-parallel MLP classifier on Fashion-MNIST over (data, pipe)",
-       run_pipeline_parallelism,
-       {.pipeline_parallel = true},
-       check_pipeline_parallelism},
-  };
-  return list;
-}
-
-const ProgramInfo& find_program(const std::string& name) {
-  std::vector<std::string> names;
-  for (const ProgramInfo& p : programs()) {
-    if (name == p.name) return p;
-    names.emplace_back(p.name);
-  }
-  std::string msg = "[config] run.program = \"" + name + "\" is not a program";
-  if (const std::string near = config::nearest_name(name, names); !near.empty())
-    msg += "; did you mean \"" + near + "\"?";
-  msg += " (programs:";
-  for (const std::string& n : names)
-    msg += " " + n;
-  throw ConfigError(msg + ")");
-}
 
 std::vector<std::string> builtin_configs() {
   std::vector<std::string> names;
@@ -111,11 +54,12 @@ config::TrainConfig prepare_program(config::TrainConfig c, const std::string& so
   if (comm::discover_launch_environment().rank == 0)
     for (const std::string& n : c.notices)
       std::fprintf(stderr, "[config] note: %s\n", n.c_str());
-  find_program(c.run.program);
+  const ModelSpec model = find_model(c.run.program);
   c.distributed = config::resolve(c.distributed, comm::discover_launch_environment());
   c.validate(source);
-  DISTJAX_CHECK(c.run.steps > 0 || c.run.program == "train_mnist", ConfigError, "[", c.run.program,
-                "] needs run.steps > 0 (run.epochs is train_mnist's)");
+  DISTJAX_CHECK(c.run.steps > 0 || (model.epochs && c.run.epochs > 0), ConfigError, "[",
+                c.run.program, "] needs run.steps > 0",
+                model.epochs ? " or run.epochs > 0" : " (it reads no run.epochs)");
   check_program(c);
   make_out_dir(c);
   // The process that writes the run's files holds its directory (every process of a
@@ -126,12 +70,12 @@ config::TrainConfig prepare_program(config::TrainConfig c, const std::string& so
 }
 
 void check_program(const config::TrainConfig& c) {
-  const ProgramInfo& program = find_program(c.run.program);
+  const ModelSpec model = find_model(c.run.program);
   std::string refused;
-  for (const std::string& p : program.capabilities.problems(c))
+  for (const std::string& p : model.capabilities.problems(c))
     refused += (refused.empty() ? "[" : "\n[") + c.run.program + "] " + p;
   DISTJAX_CHECK(refused.empty(), NotImplemented, refused);
-  if (program.check != nullptr) program.check(c);
+  if (model.check) model.check(c, model_mesh(c, model));
 }
 
 void make_out_dir(const config::TrainConfig& c) {
@@ -227,11 +171,6 @@ std::string command_line_hint(const std::vector<std::string>& args,
       hint += "did you mean --set " + args[i + 1] + "=" + args[i + 2] + "?\n";
   }
   return hint;
-}
-
-int run_program(config::TrainConfig c, const std::string& source) {
-  c = prepare_program(std::move(c), source);
-  return find_program(c.run.program).run(c);
 }
 
 }  // namespace distjax::app

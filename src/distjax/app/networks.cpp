@@ -1,11 +1,14 @@
-#include "distjax/app/model_specs.hpp"
+#include "distjax/app/networks.hpp"
 
 #include "distjax/core/error.hpp"
 
+#include <cstdio>
 #include <numbers>
 #include <sstream>
 
+#include "distjax/app/run.hpp"
 #include "distjax/data/fashion_mnist.hpp"
+#include "distjax/tensor/grad_node.hpp"
 
 namespace distjax::app {
 
@@ -23,6 +26,75 @@ FashionMnist load_fashion_mnist(const config::TrainConfig& c) {
   const std::string dir = c.data.dir.empty() ? data::kFashionMnistDir : c.data.dir;
   return {data::load_fashion_mnist(data::Split::Train, dir),
           data::load_fashion_mnist(data::Split::Test, dir)};
+}
+
+Model fashion_mnist_model(const config::TrainConfig& c, bool pipelined) {
+  const auto mnist = std::make_shared<const FashionMnist>(load_fashion_mnist(c));
+  const std::int64_t batch = c.run.batch_size;
+  const auto seed = static_cast<std::uint64_t>(c.run.seed);
+  const std::int64_t per_epoch =
+      data::DataLoader(mnist->train, {.batch_size = batch}).batches_per_epoch();
+  Model m;
+  m.total_steps = c.run.steps > 0 ? c.run.steps : c.run.epochs * per_epoch;
+  m.eval_every = c.run.eval_every > 0 ? c.run.eval_every : per_epoch;
+  m.header = {"Fashion-MNIST from " +
+              (c.data.dir.empty() ? std::string(data::kFashionMnistDir) : c.data.dir) + ": " +
+              std::to_string(mnist->train.size()) + " training, " +
+              std::to_string(mnist->test.size()) + " test images; " +
+              std::to_string(per_epoch) + " steps per epoch"};
+  m.data = [mnist, batch, seed, pipelined](const DevicePlace& p) {
+    DeviceData d;
+    d.loader = std::make_shared<data::DataLoader>(
+        mnist->train,
+        data::LoaderConfig{
+            .batch_size = batch, .seed = seed, .num_shards = p.replicas, .shard_index = p.replica});
+    d.batch = [loader = d.loader.get()](std::int64_t) { return loader->next(); };
+    // Every replica the same number of test batches: a fully sharded forward is collective.
+    const std::int64_t rows = pipelined ? batch / p.replicas : 1000;
+    std::int64_t share = mnist->test.size() / p.replicas;
+    if (pipelined) share = share / rows * rows;
+    const std::int64_t begin = p.replica * share;
+    for (std::int64_t at = begin; at < begin + share; at += rows)
+      d.eval.push_back(mnist->test.slice(at, std::min(at + rows, begin + share)));
+    return d;
+  };
+  const double epochs = static_cast<double>(m.total_steps) / static_cast<double>(per_epoch);
+  m.summary = [epochs](const LoopResult& r) -> std::map<std::string, double> {
+    return {{"test_accuracy", r.eval.mean("accuracy")},
+            {"test_loss", r.eval.mean("loss")},
+            {"epochs", epochs}};
+  };
+  m.report = [epochs](const LoopResult& r, const train::TrainState&, const DevicePlace&) {
+    char line[160];
+    std::snprintf(line, sizeof line, "Test accuracy: %.2f%% (%lld images, loss %.4f) after %.3g epochs\n",
+                  100.0 * r.eval.mean("accuracy"),
+                  static_cast<long long>(r.eval.at("accuracy").count), r.eval.mean("loss"), epochs);
+    return std::string(line);
+  };
+  return m;
+}
+
+Network network_of(
+    std::function<tensor::Tensor(const nn::Scope& scope, const tensor::Tensor& inputs)> forward,
+    tensor::Tensor example,
+    std::function<std::pair<tensor::Tensor, train::Metrics>(const tensor::Tensor& outputs,
+                                                            const tensor::Tensor& labels)>
+        loss) {
+  Network n;
+  n.init = [forward, example](Key key, nn::ParamSpecs* specs, spmd::DeviceContext* ctx,
+                              const nn::FullySharded* fsdp) {
+    tensor::TensorTree params;
+    tensor::NoGradGuard no_grad;
+    nn::Scope scope = nn::Scope::init(&params, key, specs);
+    if (ctx != nullptr) scope = scope.on(*ctx);
+    if (fsdp != nullptr) scope = scope.fully_sharded(*fsdp);
+    forward(scope, example);
+    return params;
+  };
+  n.loss = [forward, loss](const nn::Scope& scope, const train::Batch& batch) {
+    return loss(forward(scope, batch.inputs), batch.labels);
+  };
+  return n;
 }
 
 std::int64_t TextData::train_size() const {
@@ -110,7 +182,7 @@ models::TransformerConfig transformer_config(const config::TrainConfig& c,
           .unit = tokens ? "token" : "byte"};
 }
 
-ModelSpec classifier_spec(const models::Classifier& model) {
+Network classifier_network(const models::Classifier& model) {
   return {.init = [&model](Key key, nn::ParamSpecs* specs, spmd::DeviceContext* ctx,
                            const nn::FullySharded* fsdp) { return model.init(key, specs, ctx, fsdp); },
           .loss = [&model](const nn::Scope& scope, const train::Batch& batch) {
@@ -118,7 +190,7 @@ ModelSpec classifier_spec(const models::Classifier& model) {
           }};
 }
 
-ModelSpec transformer_spec(const models::Transformer& model,
+Network transformer_network(const models::Transformer& model,
                            const models::TransformerPipeline* pipeline) {
   return {.init = [&model](Key key, nn::ParamSpecs* specs, spmd::DeviceContext* ctx,
                            const nn::FullySharded* fsdp) { return model.init(key, specs, ctx, fsdp); },

@@ -1,5 +1,6 @@
-// The programs' models as the composition takes them (app/compose.hpp), and their losses
-// with the metrics they report.
+// The pieces the registered models are made of (app/model.hpp), for models of one's own
+// too: networks as the composition takes them (app/compose.hpp) and their losses, and the
+// data of Fashion-MNIST and of the text corpora.
 #pragma once
 
 #include <memory>
@@ -7,6 +8,7 @@
 #include <utility>
 
 #include "distjax/app/compose.hpp"
+#include "distjax/app/model.hpp"
 #include "distjax/data/array_dataset.hpp"
 #include "distjax/data/text_corpus.hpp"
 #include "distjax/data/token_shards.hpp"
@@ -24,11 +26,35 @@ std::pair<tensor::Tensor, train::Metrics> per_position(tensor::Tensor mean_loss,
                                                        std::int64_t positions,
                                                        const std::string& unit = "byte");
 
+/// A network from its forward pass: `init` runs `forward` once on an init scope over
+/// `example` (a batch of one input row, e.g. Tensor::zeros({1, 784})) with the device
+/// context and the fully sharded configuration the composition gives; `loss` is
+/// `loss(forward(scope, batch.inputs), batch.labels)`.
+///
+///   app::Network net = app::network_of(
+///       [](const nn::Scope& s, const Tensor& x) { return nn::Dense{.features = 10}(s.child("fc"), x); },
+///       Tensor::zeros({1, 784}));
+Network network_of(
+    std::function<tensor::Tensor(const nn::Scope& scope, const tensor::Tensor& inputs)> forward,
+    tensor::Tensor example,
+    std::function<std::pair<tensor::Tensor, train::Metrics>(const tensor::Tensor& outputs,
+                                                            const tensor::Tensor& labels)>
+        loss = models::classification_loss);
+
 /// Fashion-MNIST's training and test sets from data.dir (empty: the Debian package's).
 struct FashionMnist {
   data::ArrayDataset train, test;
 };
 FashionMnist load_fashion_mnist(const config::TrainConfig& c);
+
+/// A classifier of Fashion-MNIST as a registered model, but for its network, description
+/// and parameter count: its data (each data replica its shard of every global batch from a
+/// shuffling loader seeded by run.seed), run.epochs passes when run.steps is 0, an
+/// evaluation every epoch unless run.eval_every says otherwise, on each replica's equal
+/// share of the test set (in batches of 1000, or of the per-replica batch when
+/// `pipelined`: its micro-batches divide them), test accuracy and loss in summary.json and
+/// the report.
+Model fashion_mnist_model(const config::TrainConfig& c, bool pipelined = false);
 
 /// The GPT's text as data.format says: "bytes", the text files of data.dir (empty: the
 /// Debian package fortunes) split by data.validation_fraction; "tokens", the token shards
@@ -72,12 +98,12 @@ models::TransformerConfig transformer_config(const config::TrainConfig& c,
 
 /// The MLP classifier: its init and models::classification_loss on the logits. The model must
 /// outlive the spec.
-ModelSpec classifier_spec(const models::Classifier& model);
+Network classifier_network(const models::Classifier& model);
 
 /// The GPT: its init, its loss per position (Transformer::loss: vocabulary-parallel when its
 /// layout says so) and, when given, its cut into pipeline chunks. The models must outlive
 /// the spec.
-ModelSpec transformer_spec(const models::Transformer& model,
+Network transformer_network(const models::Transformer& model,
                            const models::TransformerPipeline* pipeline = nullptr);
 
 }  // namespace distjax::app
