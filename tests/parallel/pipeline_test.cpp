@@ -4,6 +4,7 @@
 // at most p micro-batches, GPipe m), measured by the memory accounting; bad counts fail
 // with clear errors.
 #include "distjax/parallel/pipeline.hpp"
+#include "distjax/tensor/shape_ops.hpp"
 
 #include <gtest/gtest.h>
 
@@ -363,6 +364,46 @@ TEST(Pipeline, GptDataTensorPipe222MatchesOneDevice) {
       train_pipelined(Mesh({2, 2, 2}, {"data", "model", "pipe"}), tp,
                       {.options = {.schedule = ScheduleKind::OneFOneB, .microbatches = 2}}, data, sgd);
   expect_same_run(one_sgd, run_sgd, 1e-5, "PP x DP x TP, SGD");
+}
+
+// A Vision Transformer (the Transformer as an encoder of vectors into classes: causal =
+// false, input_features, num_classes) over data x Megatron tensor (with sequence
+// parallelism) x pipe, as the whole model on one device.
+TEST(Pipeline, VitDataTensorPipe222MatchesOneDevice) {
+  const auto flat = image_batches(kSteps, 8, 4 * 6);  // 4 patches of 6 values per image
+  std::vector<train::Batch> data;
+  for (const train::Batch& b : flat)
+    data.push_back({tensor::reshape(b.inputs, {8, 4, 6}), b.labels});
+  const auto vit = [](models::TransformerTP tp) {
+    return models::TransformerConfig{.d_model = 16, .num_layers = 4, .num_heads = 4,
+                                     .mlp_ratio = 2, .max_len = 4, .tied_embeddings = false,
+                                     .tp = tp, .causal = false, .input_features = 6,
+                                     .num_classes = 10};
+  };
+  const models::TransformerPipeline whole(vit({}));
+  const TrainingRun one = train_reference(whole.init(Key::from_seed(1), {0}, 1), whole.loss_fn(), data);
+  for (bool sp : {false, true}) {
+    const models::TransformerPipeline tp(
+        vit({.layout = TPLayout::Megatron, .sequence_parallel = sp}));
+    const TrainingRun run =
+        train_pipelined(Mesh({2, 2, 2}, {"data", "model", "pipe"}), tp,
+                        {.options = {.schedule = ScheduleKind::OneFOneB, .microbatches = 2}}, data);
+    expect_same_run(one, run, kGptAdamTol, sp ? "ViT PP x DP x TP+SP" : "ViT PP x DP x TP");
+  }
+  // Not causal: a block's output at the first position depends on the last patch.
+  const models::Transformer encoder(vit({}));
+  const TensorTree params = encoder.init(Key::from_seed(1));
+  const nn::Scope scope = nn::Scope::apply(&params, false, Key());
+  std::vector<float> v = data[0].inputs.to_vector<float>();
+  const auto first_position = [&](const std::vector<float>& in) {
+    const Tensor y = encoder.block(scope, 0, encoder.embed(scope, Tensor::from_vector(in, {8, 4, 6})));
+    return y.to_vector<float>()[0];  // image 0, position 0, feature 0
+  };
+  const float before = first_position(v);
+  v[3 * 6] += 1.f;  // image 0, last patch
+  EXPECT_NE(first_position(v), before);
+  EXPECT_EQ(encoder.apply(params, data[0].inputs, false, Key()).shape(), (Shape{8, 10}));
+  EXPECT_EQ(encoder.num_params(), params.num_elements());
 }
 
 // SGD with momentum (its state sharded with the parameters), every parameter within 1e-5 x

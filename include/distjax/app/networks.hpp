@@ -101,7 +101,8 @@ models::TransformerConfig transformer_config(const config::TrainConfig& c,
 Network classifier_network(const models::Classifier& model);
 
 /// The GPT: its init, its loss per position (Transformer::loss: vocabulary-parallel when its
-/// layout says so) and, when given, its cut into pipeline chunks. The models must outlive
+/// layout says so; with num_classes, models::classification_loss and its accuracy) and,
+/// when given, its cut into pipeline chunks. The models must outlive
 /// the spec.
 Network transformer_network(const models::Transformer& model,
                            const models::TransformerPipeline* pipeline = nullptr);

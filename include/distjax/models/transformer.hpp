@@ -53,9 +53,23 @@ struct TransformerConfig {
   /// What a position of the text is ("byte", "token"): the loss's metric in bits is named
   /// "bits_per_<unit>".
   std::string unit = "byte";
+  /// Each position attends to earlier ones only (a language model); false: to every
+  /// position (an encoder, e.g. a Vision Transformer).
+  bool causal = true;
+  /// 0: the inputs are token ids (B, T) looked up in "wte". > 0: vectors (B, T, F), F =
+  /// input_features (e.g. image patches), projected to C by the Dense "input" (then no
+  /// "wte": the head is not tied).
+  std::int64_t input_features = 0;
+  /// 0: the head gives next-position logits (B, T, V). > 0: a classifier: the mean over
+  /// positions of ln_f(x) into the Dense "classifier" (C -> K): logits (B, K) against
+  /// labels (B), and no "lm_head". Vectors in or classes out run without tensor
+  /// parallelism or in the Megatron layout (with or without sequence parallelism),
+  /// untied, without vocabulary parallelism.
+  std::int64_t num_classes = 0;
 };
 
-/// GPT: tokens (B, T) i32/i64 -> logits (B, T, V) f32.
+/// GPT: tokens (B, T) i32/i64 -> logits (B, T, V) f32 (with input_features, num_classes and
+/// causal = false: an encoder of vectors into classes, e.g. a Vision Transformer).
 ///   x = wte(tokens) + positions[:T]; dropout
 ///   x = blocks/0..L-1 (pre-norm TransformerBlock, causal attention, GELU tanh MLP)
 ///   logits = ln_f(x) @ wte^T   (or lm_head Dense without bias when untied)
@@ -112,6 +126,10 @@ class Transformer {
   Shape residual_shape(const nn::Scope& scope, std::int64_t batch, std::int64_t seq_len) const;
   /// The mean cross-entropy of logits from head() (vocabulary-parallel when split).
   Tensor loss_of_logits(const nn::Scope& scope, const Tensor& logits, const Tensor& targets) const;
+
+  /// An input of `batch` x `seq_len` zeros: token ids (B, T) i32, or vectors (B, T, F) f32
+  /// with input_features (what init runs the forward on).
+  Tensor example_input(std::int64_t batch, std::int64_t seq_len) const;
 
   /// Parameter count the config gives (equals init(...).num_elements()).
   std::int64_t num_params() const;

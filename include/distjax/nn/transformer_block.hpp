@@ -16,6 +16,8 @@ namespace distjax::nn {
 /// (same values and gradients, less memory).
 struct TransformerBlock {
   std::int64_t num_heads = 1;
+  /// Causal attention (a decoder); false: every position attends to every other.
+  bool causal = true;
   /// MLP hidden width; 0 means 4 * C.
   std::int64_t mlp_hidden = 0;
   float dropout = 0.f;

@@ -49,12 +49,14 @@ struct TPProjections {
   bool local() const { return layout == TPLayout::None || layout == TPLayout::Megatron; }
 };
 
-/// Causal multi-head attention with its heads split over the axis: fused qkv projection
-/// in ("qkv", columns laid out (H, 3, D) so each device holds whole heads), attention on
-/// this device's H/n heads, output projection out ("out"). As nn::MultiHeadAttention on
-/// one device. num_heads must be divisible by n.
+/// Multi-head attention (causal by default) with its heads split over the axis: fused qkv
+/// projection in ("qkv", columns laid out (H, 3, D) so each device holds whole heads),
+/// attention on this device's H/n heads, output projection out ("out"). As
+/// nn::MultiHeadAttention on one device. num_heads must be divisible by n.
 struct TPMultiHeadAttention {
   std::int64_t num_heads = 1;
+  /// Each position attends to earlier ones only; false: to every position (an encoder).
+  bool causal = true;
   TPProjections proj{};
   nn::Initializer kernel_init = nn::lecun_normal();
   nn::Initializer out_init = nn::lecun_normal();

@@ -45,6 +45,8 @@ TPLayout tp_layout_from_name(const std::string& name);
 /// (B, T, C/n) Gather and Async. num_heads must be divisible by n.
 struct TPTransformerBlock {
   std::int64_t num_heads = 1;
+  /// Causal attention (a decoder); false: every position attends to every other (an encoder).
+  bool causal = true;
   /// MLP hidden width; 0 means 4 * C.
   std::int64_t mlp_hidden = 0;
   float dropout = 0.f;

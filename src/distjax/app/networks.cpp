@@ -195,6 +195,8 @@ Network transformer_network(const models::Transformer& model,
   return {.init = [&model](Key key, nn::ParamSpecs* specs, spmd::DeviceContext* ctx,
                            const nn::FullySharded* fsdp) { return model.init(key, specs, ctx, fsdp); },
           .loss = [&model](const nn::Scope& scope, const train::Batch& batch) {
+            if (model.config().num_classes > 0)
+              return models::classification_loss(model(scope, batch.inputs), batch.labels);
             return per_position(model.loss(scope, batch.inputs, batch.labels), batch.labels.numel(),
                                 model.config().unit);
           },

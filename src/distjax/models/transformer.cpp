@@ -31,6 +31,22 @@ Transformer::Transformer(TransformerConfig config) : config_(config) {
                 " is not divisible by num_heads=", c.num_heads);
   DISTJAX_CHECK(c.dropout >= 0.f && c.dropout < 1.f, ConfigError,
                 "[Transformer] dropout must be in [0, 1), got ", c.dropout);
+  DISTJAX_CHECK(c.input_features >= 0 && c.num_classes >= 0, ConfigError,
+                "[Transformer] input_features and num_classes must be >= 0, got ",
+                c.input_features, " and ", c.num_classes);
+  if (c.input_features > 0 || c.num_classes > 0) {
+    DISTJAX_CHECK(!c.tied_embeddings, ConfigError,
+                  "[Transformer] input_features or num_classes: the head cannot be tied to a "
+                  "token embedding; set tied_embeddings = false");
+    DISTJAX_CHECK((c.tp.layout == parallel::TPLayout::None ||
+                   c.tp.layout == parallel::TPLayout::Megatron) &&
+                      !c.tp.vocab_parallel,
+                  NotImplemented,
+                  "[Transformer] input_features or num_classes run without tensor parallelism "
+                  "or in the Megatron layout without vocabulary parallelism, not layout \"",
+                  parallel::tp_layout_name(c.tp.layout), "\"",
+                  c.tp.vocab_parallel ? " with vocab_parallel" : "");
+  }
 }
 
 namespace {
@@ -71,9 +87,15 @@ Tensor Transformer::operator()(const nn::Scope& scope, const Tensor& tokens) con
 Tensor Transformer::embed(const nn::Scope& scope, const Tensor& tokens) const {
   const auto& c = config_;
   tensor::check_defined(tokens, "Transformer", "tokens");
-  DISTJAX_CHECK(
-      tokens.rank() == 2 && (tokens.dtype() == DType::I32 || tokens.dtype() == DType::I64),
-      InvalidArgument, "[Transformer] expected tokens (B, T) of i32/i64, got ", tokens.str(0));
+  if (c.input_features > 0)
+    DISTJAX_CHECK(tokens.rank() == 3 && tokens.size(2) == c.input_features &&
+                      tokens.dtype() == DType::F32,
+                  InvalidArgument, "[Transformer] expected inputs (B, T, ", c.input_features,
+                  ") of f32, got ", tokens.str(0));
+  else
+    DISTJAX_CHECK(
+        tokens.rank() == 2 && (tokens.dtype() == DType::I32 || tokens.dtype() == DType::I64),
+        InvalidArgument, "[Transformer] expected tokens (B, T) of i32/i64, got ", tokens.str(0));
   const std::int64_t t_len = tokens.size(1);
   DISTJAX_CHECK(t_len >= 1 && t_len <= c.max_len, InvalidArgument, "[Transformer] sequence length ",
                 t_len, " is outside [1, max_len=", c.max_len, "]");
@@ -89,7 +111,10 @@ Tensor Transformer::embed(const nn::Scope& scope, const Tensor& tokens) const {
   const parallel::VocabParallelEmbedding wte_vp{
       .num_embeddings = c.vocab, .features = c.d_model, .axis = tp.axis};
   Tensor x;  // (B, T, C); (B, T/n, C) sequence parallel; (B, T, C/n) feature-sharded
-  if (l.vocab_parallel) {
+  if (c.input_features > 0) {
+    x = nn::Dense{.features = c.d_model}(scope.child("input"), tokens);
+    if (l.sp) x = parallel::split_to_sp_region(ctx, x, l.axis, 1);
+  } else if (l.vocab_parallel) {
     x = wte_vp(scope.child("wte"), tokens, l.sp);
   } else {
     x = wte(scope.child("wte"), tokens);
@@ -123,6 +148,7 @@ Tensor Transformer::block(const nn::Scope& scope, int i, const Tensor& x) const 
   const double out_scale =
       1.0 / std::sqrt(2.0 * static_cast<double>(std::max<std::int64_t>(c.num_layers, 1)));
   const parallel::TPTransformerBlock block{.num_heads = c.num_heads,
+                                           .causal = c.causal,
                                            .mlp_hidden = c.mlp_ratio * c.d_model,
                                            .dropout = c.dropout,
                                            .ln_eps = c.ln_eps,
@@ -165,6 +191,11 @@ Tensor Transformer::head(const nn::Scope& scope, const Tensor& x_in) const {
     return parallel::reduce_from_tp_region(ctx, partial, l.axis);
   }
   x = nn::LayerNorm{.eps = c.ln_eps}(scope.child("ln_f"), x);
+  if (c.num_classes > 0) {
+    // The mean over every position, then the classes: (B, K), replicated.
+    if (l.sp && l.n > 1) x = spmd::all_gather_invariant(*ctx, x, l.axis, 1, /*tiled=*/true);
+    return nn::Dense{.features = c.num_classes}(scope.child("classifier"), tensor::mean(x, {1}));
+  }
   if (l.vocab_parallel) {
     // The head's logits stay split over the vocabulary: (B, T, V/n).
     if (l.sp) x = parallel::gather_from_sp_region(ctx, x, l.axis, 1);
@@ -205,7 +236,8 @@ Tensor Transformer::loss(const nn::Scope& scope, const Tensor& tokens,
   // cross-entropy in chunks (tensor::linear_cross_entropy_mean), so the (B, T, V) logits
   // and their gradient never exist whole: the largest tensors of a language model's step.
   // The same loss and gradients as loss_of_logits(operator()), summed in another order.
-  if (l.feature_sharded || l.vocab_parallel || (l.sp && l.n > 1) || !c.tied_embeddings)
+  if (l.feature_sharded || l.vocab_parallel || (l.sp && l.n > 1) || !c.tied_embeddings ||
+      c.num_classes > 0)
     return loss_of_logits(scope, (*this)(scope, tokens), targets);
   Tensor x = embed(scope, tokens);
   for (std::int64_t i = 0; i < c.num_layers; ++i)
@@ -236,8 +268,14 @@ TensorTree Transformer::init(Key key, nn::ParamSpecs* specs, spmd::DeviceContext
   const int n = config_.tp.layout == parallel::TPLayout::None || ctx == nullptr
                     ? 1
                     : ctx->axis_size(mesh::Axes(config_.tp.axis));
-  (*this)(scope, Tensor::zeros({1, std::min<std::int64_t>(n, config_.max_len)}, DType::I32));
+  (*this)(scope, example_input(1, std::min<std::int64_t>(n, config_.max_len)));
   return params;
+}
+
+Tensor Transformer::example_input(std::int64_t batch, std::int64_t seq_len) const {
+  if (config_.input_features > 0)
+    return Tensor::zeros({batch, seq_len, config_.input_features});
+  return Tensor::zeros({batch, seq_len}, DType::I32);
 }
 
 Tensor Transformer::apply(const TensorTree& params, const Tensor& tokens, bool train,
@@ -252,15 +290,19 @@ std::int64_t Transformer::num_params() const {
                                  + d * 3 * d + 3 * d       // qkv
                                  + d * d + d               // out
                                  + d * h + h + h * d + d;  // mlp
-  return c.vocab * d + (c.learned_positions ? c.max_len * d : 0) + c.num_layers * per_block +
-         2 * d + (c.tied_embeddings ? 0 : d * c.vocab);
+  const std::int64_t in = c.input_features > 0 ? c.input_features * d + d : c.vocab * d;
+  const std::int64_t out = c.num_classes > 0 ? d * c.num_classes + c.num_classes
+                           : c.tied_embeddings ? 0
+                                               : d * c.vocab;
+  return in + (c.learned_positions ? c.max_len * d : 0) + c.num_layers * per_block + 2 * d + out;
 }
 
 std::int64_t Transformer::num_matmul_params() const {
   const auto& c = config_;
   std::int64_t n = num_params();
   if (c.learned_positions) n -= c.max_len * c.d_model;
-  if (!c.tied_embeddings) n -= c.vocab * c.d_model;  // the input lookup; lm_head stays
+  if (!c.tied_embeddings && c.input_features == 0)
+    n -= c.vocab * c.d_model;  // the input lookup; the head stays
   return n;
 }
 

@@ -2,6 +2,7 @@
 
 #include <numbers>
 
+#include "distjax/models/classifier.hpp"
 #include "distjax/tensor/grad_node.hpp"
 
 namespace distjax::models {
@@ -14,6 +15,7 @@ TransformerPipeline::TransformerPipeline(TransformerConfig config, std::vector<i
 train::LossFn TransformerPipeline::loss_fn() const {
   return [this](const TensorTree& params, const train::Batch& batch, Key key) {
     const nn::Scope scope = nn::Scope::apply(&params, /*train=*/true, key);
+    if (model_.config().num_classes > 0) return classification_loss(model_(scope, batch.inputs), batch.labels);
     Tensor loss = model_.loss(scope, batch.inputs, batch.labels);
     const auto b = static_cast<double>(batch.size());
     train::Metrics metrics;  // read when reported: no host wait here
@@ -43,6 +45,11 @@ Tensor TransformerPipeline::forward(const nn::Scope& scope, int chunk, int num_c
                                     train::Metrics& metrics) const {
   Tensor y = run_chunk(scope, chunk, num_chunks, x, mb.inputs);
   if (chunk < num_chunks - 1) return y;
+  if (model_.config().num_classes > 0) {
+    auto [loss, m] = classification_loss(y, mb.labels);
+    metrics.merge(m);
+    return loss;
+  }
   Tensor loss = model_.loss_of_logits(scope, y, mb.labels);
   // Per sequence, as the "loss" entry the pipeline adds: the mean is per position alike.
   const double b = static_cast<double>(mb.size());
@@ -51,6 +58,7 @@ Tensor TransformerPipeline::forward(const nn::Scope& scope, int chunk, int num_c
 }
 
 std::vector<std::string> TransformerPipeline::metric_names() const {
+  if (model_.config().num_classes > 0) return {"accuracy", "loss"};
   return {"loss", "bits_per_" + model_.config().unit};
 }
 
@@ -80,7 +88,7 @@ TensorTree TransformerPipeline::init(Key key, const std::vector<int>& chunks, in
   const int n = c.tp.layout == parallel::TPLayout::None || ctx == nullptr
                     ? 1
                     : ctx->axis_size(mesh::Axes(c.tp.axis));
-  const Tensor tokens = Tensor::zeros({1, std::min<std::int64_t>(n, c.max_len)}, DType::I32);
+  const Tensor tokens = model_.example_input(1, std::min<std::int64_t>(n, c.max_len));
   for (int chunk : chunks) {
     Tensor x;
     if (chunk > 0) {

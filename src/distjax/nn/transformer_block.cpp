@@ -15,8 +15,10 @@ Tensor TransformerBlock::body(const Scope& scope, const Tensor& x) const {
   // ln1 and ln2 feed only the attention's and the MLP's first projections.
   const LayerNorm ln{.eps = ln_eps, .to_compute = true};
   const Dropout drop{.rate = dropout};
-  const MultiHeadAttention attn{
-      .num_heads = num_heads, .kernel_init = kernel_init, .out_init = out_init};
+  const MultiHeadAttention attn{.num_heads = num_heads,
+                                .causal = causal,
+                                .kernel_init = kernel_init,
+                                .out_init = out_init};
   const MLPBlock mlp{.hidden = mlp_hidden, .kernel_init = kernel_init, .out_init = out_init};
   if (dropout == 0.f) {
     // The residual adds in the out projections' products (no dropout between).

@@ -85,11 +85,11 @@ Tensor TPMultiHeadAttention::operator()(const nn::Scope& scope, const Tensor& x)
   const DType compute = scope.precision().compute_dtype;
   const std::int64_t t = x.size(1) * (local && proj.sequence_parallel ? n : 1);
   const bool bf16_qkv =
-      local && tensor::attention_packed_input_dtype({x.size(0), t, 3 * c / n}, num_heads / n, true,
+      local && tensor::attention_packed_input_dtype({x.size(0), t, 3 * c / n}, num_heads / n, causal,
                                                     compute, x.device()) != DType::F32;
   Tensor qkv = proj.in(scope.child("qkv"), x, 3 * c, kernel_init,
                        {.compute_dtype_output = bf16_qkv});  // (B, T, 3C/n)
-  Tensor h = tensor::attention_packed(qkv, num_heads / n, /*causal=*/true, 0.f, compute,
+  Tensor h = tensor::attention_packed(qkv, num_heads / n, causal, 0.f, compute,
                                       local ? compute : DType::F32);  // (B, T, C/n)
   return proj.out(scope.child("out"), h, c, out_init);
 }

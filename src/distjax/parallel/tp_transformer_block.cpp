@@ -57,8 +57,11 @@ Tensor TPTransformerBlock::sequential(const nn::Scope& scope, const Tensor& x) c
                          .spec = features_sharded    ? mesh::P(std::nullopt, std::nullopt, axis)
                                  : sequence_parallel ? mesh::P(std::nullopt, axis)
                                                      : mesh::PartitionSpec()};
-  const TPMultiHeadAttention attn{
-      .num_heads = num_heads, .proj = proj, .kernel_init = kernel_init, .out_init = out_init};
+  const TPMultiHeadAttention attn{.num_heads = num_heads,
+                                  .causal = causal,
+                                  .proj = proj,
+                                  .kernel_init = kernel_init,
+                                  .out_init = out_init};
   const TPMLPBlock mlp{
       .hidden = mlp_hidden, .proj = proj, .kernel_init = kernel_init, .out_init = out_init};
   Tensor h = nn::remat_call(remat_attn, scope, x, [ln_v = ln, attn](const nn::Scope& s, const Tensor& in) {
@@ -118,7 +121,7 @@ Tensor TPTransformerBlock::parallel_block(const nn::Scope& scope, const Tensor& 
   }
   const std::vector<Tensor> parts = tensor::split(y, {3 * c / n, hidden / n}, 2);
   const Tensor cat = tensor::concat(
-      {tensor::attention_packed(parts[0], num_heads / n, /*causal=*/true, 0.f,
+      {tensor::attention_packed(parts[0], num_heads / n, causal, 0.f,
                                  scope.precision().compute_dtype),  // (B, T, C/n)
        tensor::gelu(parts[1], /*approximate=*/true)},                       // (B, T, H/n)
       2);
@@ -144,6 +147,7 @@ Tensor TPTransformerBlock::body(const nn::Scope& scope, const Tensor& x) const {
   if (parallel) return parallel_block(scope, x);
   if (layout == TPLayout::None)
     return nn::TransformerBlock{.num_heads = num_heads,
+                                .causal = causal,
                                 .mlp_hidden = mlp_hidden,
                                 .dropout = dropout,
                                 .ln_eps = ln_eps,
