@@ -34,7 +34,8 @@ struct CommKernels {
   /// event_wait returns once that work is done and releases the event; event_stream_wait
   /// makes stream s wait for it on the device (the host goes on; the event stays);
   /// event_done tells, without waiting, whether the work is done; event_release releases
-  /// it without waiting.
+  /// it without waiting. A device whose event_record never makes an event (its kernels run
+  /// at once: the CPU) leaves the other four null: nothing can call them.
   void* (*event_record)(Stream s);
   void (*event_wait)(void* event);
   bool (*event_done)(void* event);

@@ -6,6 +6,7 @@ namespace distjax::tensor::detail {
 
 const KernelTable& cpu_kernel_table();   // tensor/cpu/table.cpp
 const KernelTable& cuda_kernel_table();  // tensor/cuda/table.cpp (tensor/cuda_stub/: empty)
+const KernelTable* counted_cpu_kernel_table();  // table/coverage.cpp: null unless asked for
 
 std::atomic<bool> op_profiling{false};
 
@@ -13,7 +14,10 @@ const KernelTable& kernel_table(DeviceKind kind) {
   static const KernelTable none{};
   switch (kind) {
     case DeviceKind::CPU:
-    case DeviceKind::Checked: return cpu_kernel_table();
+    case DeviceKind::Checked: {
+      static const KernelTable* counted = counted_cpu_kernel_table();
+      return counted != nullptr ? *counted : cpu_kernel_table();
+    }
     case DeviceKind::CUDA: return cuda_kernel_table();
   }
   return none;
