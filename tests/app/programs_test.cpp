@@ -3,6 +3,8 @@
 // each program only setups that pass the checks `distjax train` runs before running it.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -10,10 +12,14 @@
 #include <set>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
+#include "distjax/app/networks.hpp"
+#include "distjax/app/train.hpp"
 #include "distjax/config/config_file.hpp"
 #include "distjax/core/error.hpp"
+#include "distjax/nn/dense.hpp"
 #include "distjax/plan/plan.hpp"
-#include "distjax/app/train.hpp"
 
 using namespace distjax;
 
@@ -66,6 +72,49 @@ TEST(Programs, UnknownModelSuggestsTheNearest) {
     EXPECT_NE(std::string(e.what()).find("did you mean \"classifier\"?"), std::string::npos)
         << e.what();
   }
+}
+
+// A model registered from outside the library trains through app::train as the library's
+// do: the config's mesh, its evaluation, summary.json with the whole model's parameters;
+// its name is then one of the models, and a second registration of it is refused. (It
+// stays registered in this process: it comes after the tests that list the library's.)
+TEST(Programs, AModelRegisteredOutsideTrainsThroughTrain) {
+  app::register_model(
+      {.name = "test_linear",
+       .about = "a linear classifier of Fashion-MNIST",
+       .epochs = true,
+       .build = [](const config::TrainConfig& c, const mesh::Mesh&) {
+         app::Model m = app::fashion_mnist_model(c);
+         m.network = app::network_of(
+             [](const nn::Scope& s, const tensor::Tensor& x) {
+               return nn::Dense{.features = 10}(s.child("fc"), x);
+             },
+             tensor::Tensor::zeros({1, 784}));
+         return m;
+       }});
+  EXPECT_THROW(app::register_model({.name = "test_linear",
+                                    .build = [](const config::TrainConfig&, const mesh::Mesh&) {
+                                      return app::Model{};
+                                    }}),
+               ConfigError);
+  EXPECT_EQ(app::find_model("test_linear").about, "a linear classifier of Fashion-MNIST");
+  const std::filesystem::path out =
+      std::filesystem::temp_directory_path() / ("distjax_registered_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(out);
+  config::TrainConfig c = app::builtin_config("train_mnist");
+  c.run.program = "test_linear";
+  c.run.epochs = 0;
+  c.run.steps = 30;
+  c.run.out_dir = out.string();
+  c.distributed.world_size = 2;
+  ASSERT_EQ(app::train(c), 0);
+  std::ifstream in(out / "summary.json");
+  const nlohmann::json summary = nlohmann::json::parse(in);
+  EXPECT_EQ(summary["num_parameters"].get<long long>(), 784 * 10 + 10);  // counted on the host
+  EXPECT_EQ(summary["mesh"].get<std::string>(), "(\"data\"=2)");
+  EXPECT_EQ(summary["steps"].get<long long>(), 30);
+  EXPECT_GT(summary["test_accuracy"].get<double>(), 0.5);  // chance: 0.1
+  std::filesystem::remove_all(out);
 }
 
 // The programs that came before the registry are read as the model they ran, said.
