@@ -2,8 +2,8 @@
 // parallelize does: data parallelism, ZeRO-1/2 or fully sharded parameters over "data"
 // (parallelism.shard), a pipeline over "pipe", and the precision and remat of the scopes
 // the model runs on. The tensor-parallel layout over "model" is still a property of the
-// model, chosen when the program builds it (transformer_tp below). A program gives its
-// model as a Network and gets, on each device, one strategy for the train step, the
+// model, chosen when the model builds it (transformer_tp below). app::train gives a model's
+// Network and gets, on each device, one strategy for the train step, the
 // parameters this device holds, the loss functions and an evaluation, whatever the mesh:
 // the same device program runs pipelined or not.
 #pragma once

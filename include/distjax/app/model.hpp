@@ -30,7 +30,16 @@
 
 namespace distjax::app {
 
-struct LoopResult;
+/// The results of a run on one device (what a model's summary and report read).
+struct RunResult {
+  train::Metrics eval{};          ///< the last evaluation
+  train::Metrics initial_eval{};  ///< with run.eval_at_start
+  bool resumed = false;
+  /// Resumed from a checkpoint at or past the run's last step: nothing trained, no file
+  /// written (eval is the evaluation of the restored parameters, not logged).
+  bool already_finished = false;
+  std::string checkpoint{};  ///< the last checkpoint saved ("" when none)
+};
 
 /// Where a device stands in the run: what its data and its closing lines depend on.
 struct DevicePlace {
@@ -73,12 +82,12 @@ struct Model {
   std::vector<std::string> header{};
   /// This device's data.
   std::function<DeviceData(const DevicePlace& place)> data{};
-  /// Values for summary.json from the run's result (the last evaluation: LoopResult::eval).
-  std::function<std::map<std::string, double>(const LoopResult& result)> summary{};
+  /// Values for summary.json from the run's result (the last evaluation: RunResult::eval).
+  std::function<std::map<std::string, double>(const RunResult& result)> summary{};
   /// What the main device prints after the run, before the common lines (bytes held, the
   /// pipeline's bubble): e.g. "Test accuracy: 87.31% (10,000 images)". On one device without
   /// a mesh `state` holds the whole model (a language model samples from it).
-  std::function<std::string(const LoopResult& result, const train::TrainState& state,
+  std::function<std::string(const RunResult& result, const train::TrainState& state,
                             const DevicePlace& place)>
       report{};
 };

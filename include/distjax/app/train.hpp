@@ -34,8 +34,8 @@ struct TrainOptions {
 
 /// Trains `config` (prepare_program first, naming `source` in its errors): builds the
 /// model run.program names and its mesh, prints the mesh, the parallelisms and the
-/// model's lines, runs run_loop on every device of this process over the composed
-/// parallelisms, and prints the model's report, the bytes device 0 holds and, with a
+/// model's lines, runs the loop (restore, step, log, evaluate, checkpoint, finish) on every
+/// device of this process over the composed parallelisms, and prints the model's report, the bytes device 0 holds and, with a
 /// pipeline, its measured bubble; run.timeline writes the timeline. Returns the exit status.
 int train(config::TrainConfig config, const std::string& source = "",
           const TrainOptions& options = {});

@@ -1,5 +1,6 @@
-// Trainer: a small loop helper around train_step that prints progress on the terminal
-// and writes metrics.jsonl and summary.json into a run's output directory.
+// Trainer: the step and its records, under the training loop of app::train: runs
+// train_step, prints progress on the terminal and writes metrics.jsonl and summary.json
+// into a run's output directory.
 #pragma once
 
 #include <chrono>

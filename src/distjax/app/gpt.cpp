@@ -144,13 +144,13 @@ ModelSpec gpt_model() {
           return d;
         };
         m.summary = [bits, flops = gpt->flops_per_token(), at_start = c.run.eval_at_start](
-                        const LoopResult& r) -> std::map<std::string, double> {
+                        const RunResult& r) -> std::map<std::string, double> {
           std::map<std::string, double> s = {{"val_" + bits, r.eval.mean(bits)},
                                              {"flops_per_token", flops}};
           if (at_start) s["initial_val_" + bits] = r.initial_eval.mean(bits);
           return s;
         };
-        m.report = [gpt, unit, bits, uniform, c](const LoopResult& r, const train::TrainState& state,
+        m.report = [gpt, unit, bits, uniform, c](const RunResult& r, const train::TrainState& state,
                                                  const DevicePlace& p) {
           char line[200];
           if (c.run.eval_at_start && !r.already_finished)

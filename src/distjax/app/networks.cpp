@@ -59,12 +59,12 @@ Model fashion_mnist_model(const config::TrainConfig& c, bool pipelined) {
     return d;
   };
   const double epochs = static_cast<double>(m.total_steps) / static_cast<double>(per_epoch);
-  m.summary = [epochs](const LoopResult& r) -> std::map<std::string, double> {
+  m.summary = [epochs](const RunResult& r) -> std::map<std::string, double> {
     return {{"test_accuracy", r.eval.mean("accuracy")},
             {"test_loss", r.eval.mean("loss")},
             {"epochs", epochs}};
   };
-  m.report = [epochs](const LoopResult& r, const train::TrainState&, const DevicePlace&) {
+  m.report = [epochs](const RunResult& r, const train::TrainState&, const DevicePlace&) {
     char line[160];
     std::snprintf(line, sizeof line, "Test accuracy: %.2f%% (%lld images, loss %.4f) after %.3g epochs\n",
                   100.0 * r.eval.mean("accuracy"),

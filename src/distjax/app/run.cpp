@@ -1,4 +1,5 @@
-// The one training loop (run_loop) and the policies of a run it reads from the config.
+// The training loop of app::train (detail/loop.hpp) and the policies of a run it reads from
+// the config (run.hpp).
 #include "distjax/app/run.hpp"
 
 #include <algorithm>
@@ -6,6 +7,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "distjax/app/detail/loop.hpp"
 #include "distjax/comm/launch_environment.hpp"
 #include "distjax/config/config_file.hpp"
 #include "distjax/train/checkpoint.hpp"
@@ -29,14 +31,14 @@ train::Resume resume_of(config::Resume r) {
 // The loop's state on one device: the checkpoints, the Trainer, the evaluations.
 class DeviceRun {
  public:
-  explicit DeviceRun(const Loop& loop)
+  explicit DeviceRun(const detail::Loop& loop)
       : loop_(loop),
         state_(*loop.state),
         lead_(loop.ctx == nullptr || loop.ctx->device() == 0),
         ckpt_(checkpoint_config(*loop.config), layout(loop)) {}
 
-  LoopResult run() {
-    LoopResult result;
+  RunResult run() {
+    RunResult result;
     result.resumed = restore();
     if (result.resumed && state_.step >= loop_.total_steps) return already_finished(result);
     train::Trainer trainer(trainer_config(result.resumed), *loop_.optimizer,
@@ -70,7 +72,7 @@ class DeviceRun {
   }
 
  private:
-  static train::CheckpointLayout layout(const Loop& loop) {
+  static train::CheckpointLayout layout(const detail::Loop& loop) {
     if (loop.ctx == nullptr) return {};
     return {loop.ctx, &loop.composed->specs(), &loop.composed->strategy()};
   }
@@ -131,7 +133,7 @@ class DeviceRun {
   // A resumed run whose checkpoint is at or past the last step: nothing trains and no file
   // changes (metrics.jsonl, summary.json, the checkpoints); the restored parameters are
   // evaluated for the program's closing lines, without a log record.
-  LoopResult already_finished(LoopResult result) {
+  RunResult already_finished(RunResult result) {
     result.already_finished = true;
     result.checkpoint = train::find_checkpoint(ckpt_.config().dir).value_or("");
     if (lead_)
@@ -166,13 +168,9 @@ class DeviceRun {
     t.log_every = loop_.log_every;
     t.items_per_example = loop_.items_per_example;
     t.items_name = loop_.items_name;
-    t.mesh = !loop_.mesh.empty() ? loop_.mesh
-             : loop_.ctx != nullptr ? loop_.ctx->mesh().describe()
-                                    : std::string("single device");
-    t.backend = !loop_.backend.empty() ? loop_.backend
-                : loop_.ctx != nullptr ? backend_label(*loop_.config)
-                                       : std::string("none");
-    t.print = loop_.print && lead_;
+    t.mesh = loop_.ctx != nullptr ? loop_.ctx->mesh().describe() : std::string("single device");
+    t.backend = loop_.ctx != nullptr ? backend_label(*loop_.config) : std::string("none");
+    t.print = lead_;
     // Under a launcher (mpirun, srun) a rank's stdout is the launcher's pipe or pty, whatever
     // the user's own output is (often a file): the log lines only, no bar redrawn in place.
     t.progress_bar = comm::discover_launch_environment().launcher == comm::Launcher::None;
@@ -190,8 +188,7 @@ class DeviceRun {
       loop_.ctx->comm(mesh::Axes("pipe")).barrier();
       loop_.composed->pipeline()->time_on_device(true);  // a GPU's time, for this step only
     }
-    const train::Metrics metrics = trainer.step(state_, batch);
-    if (loop_.on_step) loop_.on_step(state_.step, metrics);
+    trainer.step(state_, batch);
   }
 
   train::Metrics evaluate(train::Trainer& trainer) {
@@ -201,7 +198,7 @@ class DeviceRun {
     return eval;
   }
 
-  const Loop& loop_;
+  const detail::Loop& loop_;
   train::TrainState& state_;
   bool lead_;
   train::Checkpointer ckpt_;
@@ -209,7 +206,11 @@ class DeviceRun {
 
 }  // namespace
 
-LoopResult run_loop(const Loop& loop) { return DeviceRun(loop).run(); }
+namespace detail {
+
+RunResult run_loop(const Loop& loop) { return DeviceRun(loop).run(); }
+
+}  // namespace detail
 
 optim::AdamW make_adamw(const config::TrainConfig& c, std::int64_t total_steps) {
   const double lr = c.optimizer.lr;

@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "distjax/app/detail/builtin_models.hpp"
+#include "distjax/app/detail/loop.hpp"
 #include "distjax/app/run.hpp"
 #include "distjax/config/config_file.hpp"
 #include "distjax/config/distributed_config.hpp"
@@ -176,7 +177,7 @@ class Run {
       }
     }
     const DeviceData data = model_.data(place);
-    Loop loop{.config = &c_,
+    detail::Loop loop{.config = &c_,
               .ctx = ctx,
               .composed = &composed,
               .optimizer = &optimizer_,
@@ -203,7 +204,7 @@ class Run {
         if (first_of_its_stage(*ctx)) stage_traces_[static_cast<std::size_t>(pp->stage())] = pp->last_trace();
         return {{"pipeline_bubble", bubble}};
       };
-    const LoopResult r = run_loop(loop);
+    const RunResult r = detail::run_loop(loop);
     if (r.already_finished) trained_ = false;
     if (!place.lead) return;
     if (model_.report) std::printf("%s", model_.report(r, state, place).c_str());
