@@ -19,13 +19,16 @@
 #include <thread>
 #include <vector>
 
+#include "distjax/data/text_corpus.hpp"
+#include "distjax/data/token_shards.hpp"
 #include "tools/tool_run.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-std::vector<std::string> job_args(const fs::path& out, bool resume) {
+std::vector<std::string> job_args(const fs::path& out, bool resume,
+                                  const std::vector<std::string>& more = {}) {
   std::vector<std::string> a = {DISTJAX_TOOL,
                                 "train",
                                 std::string(DISTJAX_SOURCE_DIR) + "/configs/gpt_3d.toml",
@@ -41,6 +44,7 @@ std::vector<std::string> job_args(const fs::path& out, bool resume) {
                                 "run.timeline=false",
                                 "--out",
                                 out.string()};
+  a.insert(a.end(), more.begin(), more.end());
   if (resume) a.push_back("--resume");
   return a;
 }
@@ -96,21 +100,18 @@ std::map<int, double> losses(const fs::path& metrics) {
   return out;
 }
 
-}  // namespace
-
-TEST(DistjaxResume, KilledMainJobResumesExactly) {
-  const fs::path base = fs::temp_directory_path() / ("distjax_resume_" + std::to_string(getpid()));
-  fs::remove_all(base);
-  fs::create_directories(base);
+// The main job (with `more` arguments) SIGKILLed after its step-8 checkpoint and resumed
+// logs the losses of the run that was never stopped, bit for bit, each step once.
+void expect_killed_run_resumes_exactly(const fs::path& base, const std::vector<std::string>& more) {
   // The run that is never stopped.
-  ASSERT_EQ(wait_for(start(job_args(base / "whole", false), base / "whole.log")), 0)
+  ASSERT_EQ(wait_for(start(job_args(base / "whole", false, more), base / "whole.log")), 0)
       << slurp(base / "whole.log");
   const std::map<int, double> want = losses(base / "whole" / "metrics.jsonl");
   ASSERT_EQ(want.size(), 12u) << slurp(base / "whole.log");
 
   // The same run, SIGKILLed once it has logged step 12, past its step-8 checkpoint: the
   // resumed run does steps 9 to 12 again.
-  const pid_t pid = start(job_args(base / "cut", false), base / "cut.log");
+  const pid_t pid = start(job_args(base / "cut", false, more), base / "cut.log");
   const fs::path ckpt = base / "cut" / "checkpoints" / "step_00000008";
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   while (!logged(base / "cut" / "metrics.jsonl", 12) && std::chrono::steady_clock::now() < deadline)
@@ -122,7 +123,7 @@ TEST(DistjaxResume, KilledMainJobResumesExactly) {
   ASSERT_LT(before.size(), want.size()) << "the run finished before it was killed (status "
                                         << killed << "): nothing was resumed";
 
-  ASSERT_EQ(wait_for(start(job_args(base / "cut", true), base / "resumed.log")), 0)
+  ASSERT_EQ(wait_for(start(job_args(base / "cut", true, more), base / "resumed.log")), 0)
       << slurp(base / "resumed.log");
   const std::string resumed = slurp(base / "resumed.log");
   const auto at = resumed.find("Resumed from");
@@ -148,6 +149,16 @@ TEST(DistjaxResume, KilledMainJobResumesExactly) {
     ASSERT_TRUE(got.count(step)) << "no loss logged at step " << step;
     EXPECT_EQ(got.at(step), loss) << "step " << step;  // bit for bit
   }
+}
+
+}  // namespace
+
+TEST(DistjaxResume, KilledMainJobResumesExactly) {
+  const fs::path base = fs::temp_directory_path() / ("distjax_resume_" + std::to_string(getpid()));
+  fs::remove_all(base);
+  fs::create_directories(base);
+  expect_killed_run_resumes_exactly(base, {});
+  if (HasFatalFailure()) return;
 
   // distjax ckpt inspect names the mesh and the tensors.
   const fs::path inspect_log = base / "inspect.log";
@@ -158,6 +169,28 @@ TEST(DistjaxResume, KilledMainJobResumesExactly) {
   EXPECT_NE(listing.find("step 24"), std::string::npos) << listing;
   EXPECT_NE(listing.find("(\"data\"=2, \"model\"=2, \"pipe\"=2)"), std::string::npos) << listing;
   EXPECT_NE(listing.find("params/blocks/3/mlp/fc2/kernel"), std::string::npos) << listing;
+  fs::remove_all(base);
+}
+
+// The same on token shards (data.format = "tokens": the fortunes as llm.c shards of byte
+// tokens): the resumed run reads the tokens the uninterrupted one read.
+TEST(DistjaxResume, KilledTokensRunResumesExactly) {
+  const fs::path base =
+      fs::temp_directory_path() / ("distjax_resume_tokens_" + std::to_string(getpid()));
+  fs::remove_all(base);
+  fs::create_directories(base / "shards");
+  namespace data = distjax::data;
+  const data::ByteCorpus corpus = data::load_fortunes(data::kFortunesDir, 0.05);
+  data::write_llmc_shard((base / "shards" / "train_000.bin").string(),
+                         {corpus.train.begin(), corpus.train.end()});
+  data::write_llmc_shard((base / "shards" / "val_000.bin").string(),
+                         {corpus.validation.begin(), corpus.validation.end()});
+  expect_killed_run_resumes_exactly(
+      base, {"--set", "data.format=tokens", "--set",
+             "data.train=" + (base / "shards" / "train_*.bin").string(), "--set",
+             "data.val=" + (base / "shards" / "val_*.bin").string(), "--set", "model.vocab=256"});
+  EXPECT_NE(slurp(base / "resumed.log").find("bits per token"), std::string::npos)
+      << slurp(base / "resumed.log");
   fs::remove_all(base);
 }
 
