@@ -76,8 +76,6 @@ class DataParallel final : public train::Strategy {
                std::size_t bucket_bytes = kDefaultBucketBytes, bool overlap = true);
   ~DataParallel() override;
 
-  std::string name() const override;
-  int data_parallel_size() const override;
   Key step_key(const Key& key) override;
   train::GradientResult forward_backward(const train::LossFn& loss_fn, const TensorTree& params,
                                          const train::Batch& batch, const Key& key,
@@ -100,8 +98,6 @@ class DataParallel final : public train::Strategy {
   train::Metrics reduce_metrics(train::Metrics metrics) override;
   /// parallel::global_norm_squared (sharded leaves summed over their shards).
   double grad_norm_squared(const TensorTree& grads) override;
-  bool local_grad_norm() const override { return false; }
-  MemoryStats* memory_stats() override { return &ctx_->memory(); }
 
   const mesh::Axes& axes() const { return axes_; }
   /// With overlap: how many buckets of the step in flight have started their all-reduce

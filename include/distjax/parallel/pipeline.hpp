@@ -153,7 +153,6 @@ class Pipeline final : public train::Strategy {
   Pipeline(spmd::DeviceContext& ctx, const PipelineModule& module, PipelineOptions options = {},
            train::Strategy* inner = nullptr);
 
-  std::string name() const override;
   /// The module's last chunk as a train::LossFn: what a LossFn means under a pipeline
   /// (Megatron's loss function on the last stage), and what a null one stands for.
   /// forward_backward calls the train step's loss function on the last stage once per
@@ -170,7 +169,6 @@ class Pipeline final : public train::Strategy {
   ///   train::train_step(state, local_batch, pp.module_loss(), opt, {.strategy = &pp});
   /// The function runs the last chunk on chunk_scope (precision, FSDP, this device).
   train::LossFn module_loss() const;
-  int data_parallel_size() const override { return inner_ ? inner_->data_parallel_size() : 1; }
   Key step_key(const Key& key) override { return inner_ ? inner_->step_key(key) : key; }
   train::GradientResult forward_backward(const train::LossFn& loss_fn, const TensorTree& params,
                                          const train::Batch& batch, const Key& key,
@@ -189,7 +187,6 @@ class Pipeline final : public train::Strategy {
   /// by the inner strategy like a train step's. Collective over the mesh.
   train::Metrics evaluate(const TensorTree& params, const train::Batch& batch);
   double grad_norm_squared(const TensorTree& grads) override;
-  bool local_grad_norm() const override { return false; }
   TensorTree init_opt_state(const optim::Optimizer& optimizer, const TensorTree& params) override;
   void apply_update(const optim::Optimizer& optimizer, TensorTree& params, const TensorTree& grads,
                     TensorTree& opt_state, std::int64_t step) override;
@@ -198,7 +195,6 @@ class Pipeline final : public train::Strategy {
                                        const TensorTree& params) override;
   TensorTree opt_state_from_param_layout(const TensorTree& state,
                                          const TensorTree& params) override;
-  MemoryStats* memory_stats() override { return &ctx_->memory(); }
 
   /// This device's stage (its index along the pipe axis) and the chunks it holds.
   int stage() const { return stage_; }

@@ -182,10 +182,7 @@ Tensor vocab_parallel_cross_entropy(spmd::DeviceContext* ctx, const Tensor& logi
 class TensorParallel final : public train::Strategy {
  public:
   explicit TensorParallel(spmd::DeviceContext& ctx, mesh::Axes axes = "model");
-  std::string name() const override;
   double grad_norm_squared(const TensorTree& grads) override;
-  bool local_grad_norm() const override { return false; }
-  MemoryStats* memory_stats() override;
 
  private:
   spmd::DeviceContext* ctx_;

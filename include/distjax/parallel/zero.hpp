@@ -42,8 +42,6 @@ class ZeroDataParallel final : public train::Strategy {
                    const ParamSpecs* specs = nullptr,
                    std::size_t bucket_bytes = kDefaultBucketBytes);
 
-  std::string name() const override;
-  int data_parallel_size() const override { return dp_.data_parallel_size(); }
   Key step_key(const Key& key) override { return dp_.step_key(key); }
   train::GradientResult forward_backward(const train::LossFn& loss_fn, const TensorTree& params,
                                          const train::Batch& batch, const Key& key,
@@ -52,14 +50,11 @@ class ZeroDataParallel final : public train::Strategy {
   train::Batch own_batch(const train::Batch& batch) override { return dp_.own_batch(batch); }
   /// ZeRO-1: none. ZeRO-2: its forward_backward reduce-scatters each gradient as the
   /// backward produces it, which a strategy running the backward itself would skip.
-  std::string problem_as_inner() const override;
   TensorTree finalize_grads(TensorTree grads) override;
   train::Metrics reduce_metrics(train::Metrics metrics) override {
     return dp_.reduce_metrics(std::move(metrics));
   }
   double grad_norm_squared(const TensorTree& grads) override;
-  bool local_grad_norm() const override { return false; }
-  MemoryStats* memory_stats() override { return &ctx_->memory(); }
   TensorTree init_opt_state(const optim::Optimizer& optimizer, const TensorTree& params) override;
   void apply_update(const optim::Optimizer& optimizer, TensorTree& params, const TensorTree& grads,
                     TensorTree& opt_state, std::int64_t step) override;

@@ -25,11 +25,34 @@ using tensor::TensorTree;
 ///   train::train_step(state, local_batch, loss_fn, opt, {.strategy = &dp});
 class Strategy {
  public:
+  /// What a strategy is, as data its constructor sets (the base: one device).
+  struct Traits {
+    /// Short name for logs ("single", "data(data=4)", ...).
+    std::string name = "single";
+    /// How many devices see different examples (global batch = local batch x this).
+    int data_parallel_size = 1;
+    /// Why this strategy cannot be the inner strategy of one that runs the forward and
+    /// backward itself (a pipeline: own_params and own_batch, its own tape, then
+    /// finalize_grads on what it computed, never this forward_backward); empty when it
+    /// can. ZeRO-2 reduce-scatters inside its own forward_backward, so says why.
+    std::string problem_as_inner{};
+    /// Whether grad_norm_squared is the plain norm of the gradients this device holds (one
+    /// device). Then, without loss scaling, the train step computes the norm and the clip
+    /// factor on the device and reads neither (no host wait per step). A strategy that
+    /// overrides grad_norm_squared sets it false.
+    bool local_grad_norm = true;
+    /// Where the train step reports the device's memory (spmd::DeviceContext::memory() of
+    /// the device the strategy runs on); null for one device without a context.
+    MemoryStats* memory = nullptr;
+  };
+
   virtual ~Strategy() = default;
-  /// Short name for logs ("single", "data(data=4)", ...).
-  virtual std::string name() const { return "single"; }
-  /// How many devices see different examples (global batch = local batch x this).
-  virtual int data_parallel_size() const { return 1; }
+  const Traits& traits() const { return traits_; }
+  const std::string& name() const { return traits_.name; }
+  int data_parallel_size() const { return traits_.data_parallel_size; }
+  const std::string& problem_as_inner() const { return traits_.problem_as_inner; }
+  bool local_grad_norm() const { return traits_.local_grad_norm; }
+  MemoryStats* memory_stats() const { return traits_.memory; }
   /// The key of this step on this device (dropout masks per data shard).
   virtual Key step_key(const Key& key) { return key; }
   /// Loss, metrics and gradients of `loss_fn` on this device's batch, accumulated over
@@ -45,11 +68,6 @@ class Strategy {
   virtual TensorTree own_params(const TensorTree& params) { return params; }
   /// This device's batch with its varying marks (data parallelism: along the data axes).
   virtual train::Batch own_batch(const train::Batch& batch) { return batch; }
-  /// Why this strategy cannot be the inner strategy of one that runs the forward and
-  /// backward itself (a pipeline: own_params and own_batch, its own tape, then
-  /// finalize_grads on what it computed, never this forward_backward); empty when it can.
-  /// The base: empty. ZeRO-2 reduce-scatters inside its own forward_backward, so says why.
-  virtual std::string problem_as_inner() const { return {}; }
   /// The gradients the optimizer applies (synchronised where the strategy needs it).
   virtual TensorTree finalize_grads(TensorTree grads) { return grads; }
   /// Metrics merged over the devices that saw different examples.
@@ -57,11 +75,6 @@ class Strategy {
   /// The squared global norm of the (finalized) gradients of the whole model: every
   /// parameter counted once, however it is sharded. One device: the local sum of squares.
   virtual double grad_norm_squared(const TensorTree& grads);
-  /// Whether grad_norm_squared is the plain norm of the gradients this device holds (the
-  /// base: one device). Then, without loss scaling, the train step computes the norm and
-  /// the clip factor on the device and reads neither (no host wait per step). A strategy
-  /// that overrides grad_norm_squared returns false.
-  virtual bool local_grad_norm() const { return true; }
   /// The optimizer state this device keeps for `params` (TrainState::create calls it).
   /// The base: optimizer.init(params). ZeRO keeps the state of this device's shard only.
   virtual TensorTree init_opt_state(const optim::Optimizer& optimizer, const TensorTree& params);
@@ -95,9 +108,9 @@ class Strategy {
   /// (ZeRO: this device's chunks of it). No collective.
   virtual TensorTree opt_state_from_param_layout(const TensorTree& state,
                                                  const TensorTree& params);
-  /// Where the train step reports the device's memory (spmd::DeviceContext::memory() of
-  /// the device the strategy runs on); null for one device without a context.
-  virtual MemoryStats* memory_stats() { return nullptr; }
+
+ protected:
+  Traits traits_{};
 };
 
 }  // namespace distjax::train

@@ -18,7 +18,7 @@ namespace {
 // memory_bytes_per_device) as the distributed strategies do.
 class OneDevice final : public train::Strategy {
  public:
-  MemoryStats* memory_stats() override { return &memory_; }
+  OneDevice() { traits_.memory = &memory_; }
 
  private:
   MemoryStats memory_;

@@ -206,17 +206,13 @@ DataParallel::DataParallel(spmd::DeviceContext& ctx, mesh::Axes axes, const Para
       bucket_bytes_(bucket_bytes),
       overlap_(overlap) {
   ctx.mesh().check_axes(axes_, "DataParallel");
+  traits_.data_parallel_size = ctx.axis_size(axes_);
+  traits_.name = "data(" + axes_.str() + "=" + std::to_string(traits_.data_parallel_size) + ")";
+  traits_.local_grad_norm = false;
+  traits_.memory = &ctx.memory();
 }
 
 DataParallel::~DataParallel() = default;
-
-std::string DataParallel::name() const {
-  return "data(" + axes_.str() + "=" + std::to_string(data_parallel_size()) + ")";
-}
-
-int DataParallel::data_parallel_size() const {
-  return ctx_->axis_size(axes_);
-}
 
 Key DataParallel::step_key(const Key& key) {
   return ctx_->fold_rng_over_axis(key, axes_);

@@ -96,6 +96,16 @@ Pipeline::Pipeline(spmd::DeviceContext& ctx, const PipelineModule& module, Pipel
   schedule_ = make_schedule(options_.schedule, p, options_.microbatches, options_.virtual_stages,
                             options_.costs);
   report_ = check_schedule(schedule_);  // proven before anything runs
+  std::ostringstream os;
+  os << "pipe(" << to_string(schedule_.kind) << ", " << options_.axis.str() << "="
+     << schedule_.stages << ", m=" << schedule_.microbatches;
+  if (schedule_.virtual_stages > 1) os << ", v=" << schedule_.virtual_stages;
+  os << ")";
+  if (inner_) os << " x " << inner_->name();
+  traits_.name = os.str();
+  traits_.data_parallel_size = inner_ ? inner_->data_parallel_size() : 1;
+  traits_.local_grad_norm = false;
+  traits_.memory = &ctx.memory();
 }
 
 nn::Scope Pipeline::chunk_scope(const TensorTree& params, const Key& key) const {
@@ -115,15 +125,6 @@ train::LossFn Pipeline::module_loss() const {
   };
 }
 
-std::string Pipeline::name() const {
-  std::ostringstream os;
-  os << "pipe(" << to_string(schedule_.kind) << ", " << options_.axis.str() << "="
-     << schedule_.stages << ", m=" << schedule_.microbatches;
-  if (schedule_.virtual_stages > 1) os << ", v=" << schedule_.virtual_stages;
-  os << ")";
-  if (inner_) os << " x " << inner_->name();
-  return os.str();
-}
 
 TensorTree Pipeline::stage_params(const TensorTree& params) {
   TensorTree own = inner_ ? inner_->own_params(params) : params;

@@ -254,18 +254,13 @@ Tensor vocab_parallel_cross_entropy(spmd::DeviceContext* ctx, const Tensor& logi
 TensorParallel::TensorParallel(spmd::DeviceContext& ctx, mesh::Axes axes)
     : ctx_(&ctx), axes_(std::move(axes)) {
   ctx.mesh().check_axes(axes_, "TensorParallel");
-}
-
-std::string TensorParallel::name() const {
-  return "tensor(" + axes_.str() + "=" + std::to_string(ctx_->axis_size(axes_)) + ")";
+  traits_.name = "tensor(" + axes_.str() + "=" + std::to_string(ctx.axis_size(axes_)) + ")";
+  traits_.local_grad_norm = false;
+  traits_.memory = &ctx.memory();
 }
 
 double TensorParallel::grad_norm_squared(const TensorTree& grads) {
   return global_norm_squared(*ctx_, grads);
-}
-
-MemoryStats* TensorParallel::memory_stats() {
-  return &ctx_->memory();
 }
 
 }  // namespace distjax::parallel

@@ -84,11 +84,15 @@ ZeroDataParallel::ZeroDataParallel(spmd::DeviceContext& ctx, int stage, mesh::Ax
   DISTJAX_CHECK(stage == 1 || stage == 2, InvalidArgument,
                 "[ZeroDataParallel] stage must be 1 or 2, got ", stage,
                 " (stage 3 stores the parameters sharded: nn::Scope::fully_sharded, nn/scope.hpp)");
-}
-
-std::string ZeroDataParallel::name() const {
-  return "zero" + std::to_string(stage_) + "(" + axes_.str() + "=" +
-         std::to_string(data_parallel_size()) + ")";
+  traits_.data_parallel_size = dp_.data_parallel_size();
+  traits_.name = "zero" + std::to_string(stage_) + "(" + axes_.str() + "=" +
+                 std::to_string(traits_.data_parallel_size) + ")";
+  if (stage_ == 2)
+    traits_.problem_as_inner =
+        "ZeRO-2 reduce-scatters inside its own forward_backward, which a pipeline replaces; "
+        "use ZeRO-1, or ZeRO-3 through PipelineOptions::fsdp with DataParallel";
+  traits_.local_grad_norm = false;
+  traits_.memory = &ctx.memory();
 }
 
 bool ZeroDataParallel::splits(const std::string& path, const Tensor& t) const {
@@ -197,13 +201,6 @@ train::GradientResult ZeroDataParallel::forward_backward(const train::LossFn& lo
   }
   if (num_minibatches > 1) optim::scale_in_place(out.grads, 1.0 / num_minibatches);
   return out;
-}
-
-std::string ZeroDataParallel::problem_as_inner() const {
-  if (stage_ == 1) return {};
-  return "ZeRO-" + std::to_string(stage_) +
-         " reduce-scatters inside its own forward_backward, which a pipeline replaces; use "
-         "ZeRO-1, or ZeRO-3 through PipelineOptions::fsdp with DataParallel";
 }
 
 TensorTree ZeroDataParallel::finalize_grads(TensorTree grads) {
