@@ -93,6 +93,7 @@ TEST(Programs, AModelRegisteredOutsideTrainsThroughTrain) {
          return m;
        }});
   EXPECT_THROW(app::register_model({.name = "test_linear",
+                                    .about = "another",
                                     .build = [](const config::TrainConfig&, const mesh::Mesh&) {
                                       return app::Model{};
                                     }}),

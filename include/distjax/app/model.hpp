@@ -95,9 +95,9 @@ struct Model {
 /// A model of the registry.
 struct ModelSpec {
   /// The value of run.program that names it ("classifier", "gpt").
-  std::string name;
+  std::string name{};
   /// One line for `distjax train --help`.
-  std::string about;
+  std::string about{};
   /// Its mesh axes but "pipe" (config::build_mesh adds "pipe" for a pipeline): {"data"},
   /// {"data", "model"}.
   std::vector<std::string> axes = {"data"};
