@@ -142,6 +142,25 @@ const float* widened(const void* from, std::int64_t n, int slot) {
 
 // C = A B + bias by the cached primitive, in its dtype (f32, or bf16 without GELU); k > 0.
 void run_primitive(const GemmKey& key, const void* a, const void* b, const float* bias, void* c) {
+  // oneDNN 2.6's bf16 matmul with a transposed B (strides {k n, 1, k}) whose N is not a
+  // multiple of 16 gives wrong products with more than one OpenMP thread (x (21, 16) times
+  // w (50, 16)^T summed to -103.1 instead of -24.07 on an AVX-512 BF16 CPU; right with one
+  // thread, with N = 64, or with B laid out (K, N)). Such a B is laid out (K, N) here first.
+  if (key.src == DType::BF16 && key.tb && key.n % 16 != 0) {
+    const std::int64_t nb = key.b_shared ? 1 : key.batch, kn = key.k * key.n;
+    thread_local std::vector<std::uint16_t> laid_out;
+    if (laid_out.size() < static_cast<std::size_t>(nb * kn))
+      laid_out.resize(static_cast<std::size_t>(nb * kn));
+    const auto* from = static_cast<const std::uint16_t*>(b);  // (nb, n, k) row-major
+    for (std::int64_t ib = 0; ib < nb; ++ib)
+      for (std::int64_t j = 0; j < key.n; ++j)
+        for (std::int64_t q = 0; q < key.k; ++q)
+          laid_out[static_cast<std::size_t>(ib * kn + q * key.n + j)] = from[ib * kn + j * key.k + q];
+    GemmKey untransposed = key;
+    untransposed.tb = false;
+    run_primitive(untransposed, a, laid_out.data(), bias, c);
+    return;
+  }
   GemmPlan& p = plan_for(key);
   thread_local dnnl::stream stream(cpu_engine());
   const bool round_c = p.widened && key.dst == DType::BF16 && !key.gelu;

@@ -3,7 +3,6 @@
 // calls before calling the kernel, and the process writes <dir>/kernels.<unique>.txt at exit:
 // one line "<family>.<entry> <calls>" per non-null entry. tests/tensor/kernel_coverage.cmake
 // sums the files of the op tests' runs and fails on an entry nothing called.
-#include <omp.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -176,11 +175,6 @@ KernelTable make_counted(const KernelTable& t) {
 const KernelTable* counted_cpu_kernel_table() {
   static const bool on = std::getenv("DISTJAX_KERNEL_COVERAGE") != nullptr;
   if (!on) return nullptr;
-  // Which entries a run calls does not depend on its OpenMP threads: the coverage runs
-  // take one (on the thread that dispatches first), so that they add no second exposure
-  // to a threaded path's timing (NnOps.LinearCrossEntropyMeanMatchesTheComposedOps fails
-  // about once in 70 runs under load with threads, never with one: being looked into).
-  omp_set_num_threads(1);
   static const KernelTable counted = make_counted(cpu_kernel_table());
   return &counted;
 }
