@@ -26,10 +26,8 @@ app::Model vit(const config::TrainConfig& c, const mesh::Mesh& mesh) {
       .max_len = 16, .tied_embeddings = false, .dropout = static_cast<float>(c.model.dropout),
       .tp = app::transformer_tp(c, mesh), .causal = false, .input_features = 49,
       .num_classes = 10});
-  const auto stages = std::make_shared<models::TransformerPipeline>(encoder->config());
   app::Model m = app::fashion_mnist_model(c, /*pipelined=*/true);  // data, test accuracy
-  m.network = app::transformer_network(*encoder, stages.get());
-  m.network.keep = std::make_shared<std::pair<decltype(encoder), decltype(stages)>>(encoder, stages);
+  m.network = app::transformer_network(encoder);  // owns it and its pipeline stages
   m.description = "ViT 16 patches, C=" + std::to_string(c.model.d_model) +
                   " L=" + std::to_string(c.model.layers);
   m.data = [images = m.data](const app::DevicePlace& place) {

@@ -106,5 +106,8 @@ Network classifier_network(const models::Classifier& model);
 /// the spec.
 Network transformer_network(const models::Transformer& model,
                            const models::TransformerPipeline* pipeline = nullptr);
+/// The same, owning the model and its cut into pipeline chunks (the TransformerPipeline of
+/// its config): Network::keep holds both.
+Network transformer_network(std::shared_ptr<const models::Transformer> model);
 
 }  // namespace distjax::app

@@ -108,12 +108,10 @@ ModelSpec gpt_model() {
         const auto text = std::make_shared<const TextData>(load_text(c));
         const auto gpt =
             std::make_shared<const models::Transformer>(transformer_config(c, transformer_tp(c, mesh)));
-        const auto stages = std::make_shared<const models::TransformerPipeline>(gpt->config());
         const std::string unit = text->unit(), bits = "bits_per_" + unit;
         const double uniform = std::log2(static_cast<double>(gpt->config().vocab));
         Model m;
-        m.network = transformer_network(*gpt, stages.get());
-        m.network.keep = std::make_shared<std::pair<decltype(gpt), decltype(stages)>>(gpt, stages);
+        m.network = transformer_network(gpt);
         char about[160];
         std::snprintf(about, sizeof about, "GPT L=%lld C=%lld H=%lld T=%lld (%.1f MFLOP/token)",
                       static_cast<long long>(c.model.layers), static_cast<long long>(c.model.d_model),

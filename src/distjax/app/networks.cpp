@@ -203,4 +203,12 @@ Network transformer_network(const models::Transformer& model,
           .pipeline = pipeline};
 }
 
+Network transformer_network(std::shared_ptr<const models::Transformer> model) {
+  auto stages = std::make_shared<const models::TransformerPipeline>(model->config());
+  Network n = transformer_network(*model, stages.get());
+  n.keep = std::make_shared<std::pair<decltype(model), decltype(stages)>>(std::move(model),
+                                                                           std::move(stages));
+  return n;
+}
+
 }  // namespace distjax::app
