@@ -20,20 +20,26 @@ train::Batch patches(train::Batch b) {
   return b;
 }
 
-app::Model vit(const config::TrainConfig& c, const mesh::Mesh& mesh) {
-  const auto encoder = std::make_shared<models::Transformer>(models::TransformerConfig{
-      .d_model = c.model.d_model, .num_layers = c.model.layers, .num_heads = c.model.heads,
-      .max_len = 16, .tied_embeddings = false, .dropout = static_cast<float>(c.model.dropout),
-      .tp = app::transformer_tp(c, mesh), .causal = false, .input_features = 49,
-      .num_classes = 10});
+app::Model vit(const config::TrainConfig& c, const mesh::Mesh&) {
+  const auto encoder = std::make_shared<models::Transformer>(
+      models::TransformerConfig{.d_model = c.model.d_model,
+                                .num_layers = c.model.layers,
+                                .num_heads = c.model.heads,
+                                .max_len = 16,
+                                .tied_embeddings = false,
+                                .dropout = static_cast<float>(c.model.dropout),
+                                .causal = false,
+                                .input_features = 49,
+                                .num_classes = 10});
   app::Model m = app::fashion_mnist_model(c, /*pipelined=*/true);  // data, test accuracy
-  m.network = app::transformer_network(encoder);  // owns it and its pipeline stages
+  m.network = app::transformer_network(encoder);  // owns it, its stages, its TP layouts
   m.description = "ViT 16 patches, C=" + std::to_string(c.model.d_model) +
                   " L=" + std::to_string(c.model.layers);
   m.data = [images = m.data](const app::DevicePlace& place) {
     app::DeviceData d = images(place);
     d.batch = [batch = d.batch](std::int64_t step) { return patches(batch(step)); };
-    for (train::Batch& b : d.eval) b = patches(b);
+    for (train::Batch& b : d.eval)
+      b = patches(b);
     return d;
   };
   return m;

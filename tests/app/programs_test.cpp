@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <set>
 #include <string>
 
@@ -79,24 +80,22 @@ TEST(Programs, UnknownModelSuggestsTheNearest) {
 // its name is then one of the models, and a second registration of it is refused. (It
 // stays registered in this process: it comes after the tests that list the library's.)
 TEST(Programs, AModelRegisteredOutsideTrainsThroughTrain) {
-  app::register_model(
-      {.name = "test_linear",
-       .about = "a linear classifier of Fashion-MNIST",
-       .epochs = true,
-       .build = [](const config::TrainConfig& c, const mesh::Mesh&) {
-         app::Model m = app::fashion_mnist_model(c);
-         m.network = app::network_of(
-             [](const nn::Scope& s, const tensor::Tensor& x) {
-               return nn::Dense{.features = 10}(s.child("fc"), x);
-             },
-             tensor::Tensor::zeros({1, 784}));
-         return m;
-       }});
+  app::register_model({.name = "test_linear",
+                       .about = "a linear classifier of Fashion-MNIST",
+                       .epochs = true,
+                       .build = [](const config::TrainConfig& c, const mesh::Mesh&) {
+                         app::Model m = app::fashion_mnist_model(c);
+                         m.network = app::network_of(
+                             [](const nn::Scope& s, const tensor::Tensor& x) {
+                               return nn::Dense{.features = 10}(s.child("fc"), x);
+                             },
+                             tensor::Tensor::zeros({1, 784}));
+                         return m;
+                       }});
   EXPECT_THROW(app::register_model({.name = "test_linear",
                                     .about = "another",
-                                    .build = [](const config::TrainConfig&, const mesh::Mesh&) {
-                                      return app::Model{};
-                                    }}),
+                                    .build = [](const config::TrainConfig&,
+                                                const mesh::Mesh&) { return app::Model{}; }}),
                ConfigError);
   EXPECT_EQ(app::find_model("test_linear").about, "a linear classifier of Fashion-MNIST");
   const std::filesystem::path out =
@@ -118,12 +117,102 @@ TEST(Programs, AModelRegisteredOutsideTrainsThroughTrain) {
   std::filesystem::remove_all(out);
 }
 
+// Tensor parallelism is the composition's: it hands the model's own transform
+// (Network::tensor_parallel) the plan of parallelism.tp_layout on every device of a mesh
+// whose "model" axis splits, and refuses such a mesh for a model without one.
+TEST(Programs, TheCompositionLaysTheModelOutOverModel) {
+  struct Seen {
+    std::mutex mu;
+    std::vector<parallel::TPPlan> plans;
+  };
+  const auto seen = std::make_shared<Seen>();
+  // A small residual classifier whose transform is watched.
+  const auto small = [] {
+    return app::residual_classifier_network({.hidden = 16, .num_layers = 1, .dropout = 0.f});
+  };
+  app::register_model(
+      {.name = "test_tp_mlp",
+       .about = "a small residual classifier whose tensor-parallel transform is watched",
+       .axes = {"data", "model"},
+       .capabilities = {.tensor_parallel = true},
+       .epochs = true,
+       .build = [seen, small](const config::TrainConfig& c, const mesh::Mesh&) {
+         app::Model m = app::fashion_mnist_model(c);
+         m.network = small();
+         m.network.tensor_parallel =
+             [seen, laid = m.network.tensor_parallel](const parallel::TPPlan& tp) {
+               const std::lock_guard lock(seen->mu);
+               seen->plans.push_back(tp);
+               return laid(tp);
+             };
+         return m;
+       }});
+  const std::filesystem::path out =
+      std::filesystem::temp_directory_path() / ("distjax_tp_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(out);
+  config::TrainConfig c = app::builtin_config("tensor_parallelism");  // (data=2, model=4)
+  c.run.program = "test_tp_mlp";
+  c.run.epochs = 0;
+  c.run.steps = 2;
+  c.run.out_dir = out.string();
+  c.parallelism.tp_layout = "async";
+  c.parallelism.bidirectional = true;
+  ASSERT_EQ(app::train(c), 0);
+  ASSERT_EQ(seen->plans.size(), 8u);  // every device's composition
+  for (const parallel::TPPlan& tp : seen->plans) {
+    EXPECT_EQ(tp.layout, parallel::TPLayout::Async);
+    EXPECT_EQ(tp.axis, "model");
+    EXPECT_TRUE(tp.bidirectional);
+  }
+  const auto final_loss = [&out] {
+    std::ifstream in(out / "summary.json");
+    return nlohmann::json::parse(in)["final_metrics"]["train_loss"].get<double>();
+  };
+  const double laid_out = final_loss();
+  // One device along "model": no transform, and the same model (the same losses).
+  seen->plans.clear();
+  c.distributed.world_size = 2;
+  c.distributed.tensor_parallel_size = 1;
+  c.distributed.mesh_shape = {2, 1};
+  c.run.overwrite = true;
+  ASSERT_EQ(app::train(c), 0);
+  EXPECT_TRUE(seen->plans.empty());
+  EXPECT_NEAR(final_loss(), laid_out, 1e-4);
+  // A model without a layout on a split "model" axis: refused, naming what is missing.
+  app::register_model({.name = "test_no_tp_mlp",
+                       .about = "a small residual classifier without a tensor-parallel layout",
+                       .axes = {"data", "model"},
+                       .capabilities = {.tensor_parallel = true},
+                       .epochs = true,
+                       .build = [small](const config::TrainConfig& c, const mesh::Mesh&) {
+                         app::Model m = app::fashion_mnist_model(c);
+                         m.network = small();
+                         m.network.tensor_parallel = nullptr;
+                         return m;
+                       }});
+  c = app::builtin_config("tensor_parallelism");
+  c.run.program = "test_no_tp_mlp";
+  c.run.steps = 2;
+  c.run.out_dir = out.string();
+  c.run.overwrite = true;
+  try {
+    app::train(c);
+    ADD_FAILURE() << "a model without a tensor-parallel layout ran on model=4";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("needs a model with a tensor-parallel layout"),
+              std::string::npos)
+        << e.what();
+  }
+  std::filesystem::remove_all(out);
+}
+
 // The programs that came before the registry are read as the model they ran, said.
 TEST(Programs, OldProgramNamesReadAsTheirModel) {
-  const std::pair<const char*, const char*> renamed[] = {
-      {"train_mnist", "classifier"}, {"data_parallelism", "classifier"},
-      {"tensor_parallelism", "tp_classifier"}, {"pipeline_parallelism", "pp_classifier"},
-      {"train_gpt", "gpt"}};
+  const std::pair<const char*, const char*> renamed[] = {{"train_mnist", "classifier"},
+                                                         {"data_parallelism", "classifier"},
+                                                         {"tensor_parallelism", "tp_classifier"},
+                                                         {"pipeline_parallelism", "pp_classifier"},
+                                                         {"train_gpt", "gpt"}};
   for (const auto& [before, now] : renamed) {
     config::TrainConfig c;
     config::apply_override(c, std::string("run.program=") + before);
@@ -214,8 +303,7 @@ TEST(Programs, ThePlannerSuggestsOnlyWhatTheProgramRuns) {
     skipped += " " + p;
   std::printf("%d suggestions checked, programs%s; no planning model:%s\n", suggestions,
               checked.c_str(), skipped.c_str());
-  EXPECT_EQ(planned,
-            (std::set<std::string>{"classifier", "gpt"}));
+  EXPECT_EQ(planned, (std::set<std::string>{"classifier", "gpt"}));
   EXPECT_GT(suggestions, 50);
   std::filesystem::remove_all(out);
 }
@@ -225,8 +313,8 @@ TEST(Programs, ThePlannerSuggestsOnlyWhatTheProgramRuns) {
 // what is far from everything.
 TEST(Programs, CommandLineMistakesGetSuggestions) {
   const std::vector<std::string> subs = {"train", "ckpt", "inspect", "plan"};
-  const std::vector<std::string> flags = {"--set", "--out", "--resume", "--overwrite",
-                                          "--print-config", "--help"};
+  const std::vector<std::string> flags = {"--set",       "--out",          "--resume",
+                                          "--overwrite", "--print-config", "--help"};
   EXPECT_EQ(app::command_line_hint({"trian", "configs/a.toml"}, subs, flags),
             "did you mean \"train\"?\n");
   EXPECT_EQ(app::command_line_hint({"train", "a.toml", "--ouput", "runs/x"}, subs, flags),

@@ -10,7 +10,7 @@
 #include <map>
 
 #include "distjax/autodiff/autodiff.hpp"
-#include "distjax/models/tp_classifier.hpp"
+#include "distjax/models/residual_classifier.hpp"
 #include "distjax/models/transformer.hpp"
 #include "distjax/optim/sgd.hpp"
 #include "distjax/parallel/tp_transformer_block.hpp"
@@ -58,44 +58,61 @@ std::vector<train::Batch> image_batches(std::int64_t batch, std::int64_t feature
   return out;
 }
 
-ParityModel classifier_model(const models::TPClassifier& model) {
+ParityModel classifier_model(const models::ResidualClassifier& model) {
   return {[&model](Key k, nn::ParamSpecs* s, DeviceContext* ctx) { return model.init(k, s, ctx); },
           [&model](const nn::Scope& scope, const train::Batch& b) {
             return tensor::mean(tensor::cross_entropy(model(scope, b.inputs), b.labels));
           }};
 }
 
+// The classifier of `c` laid out as `layout` over "model".
+models::ResidualClassifier laid_out(models::ResidualClassifierConfig c, parallel::TPLayout layout,
+                                    bool bidirectional = false) {
+  c.tp = {.layout = layout, .bidirectional = bidirectional};
+  return models::ResidualClassifier(c);
+}
+
 TEST(TPClassifier, MatchesOneDeviceOnEveryMesh) {
-  const models::TPClassifier model(
-      {.in_features = 24, .hidden = 32, .num_classes = 10, .num_layers = 3, .dropout = 0.f});
-  const ParityModel pm = classifier_model(model);
+  const models::ResidualClassifierConfig config{
+      .in_features = 24, .hidden = 32, .num_classes = 10, .num_layers = 3, .dropout = 0.f};
+  const models::ResidualClassifier single(config);
   const auto batches = image_batches(16, 24);
-  const TrainingRun one = train_one_device(pm, sgd(), batches);
+  const TrainingRun one = train_one_device(classifier_model(single), sgd(), batches);
+  const models::ResidualClassifier gather = laid_out(config, parallel::TPLayout::Gather);
   for (const Mesh& mesh :
        {Mesh({4}, {"model"}), Mesh({8}, {"model"}), Mesh({2, 4}, {"data", "model"}),
         Mesh({4, 2}, {"data", "model"}), Mesh({2, 1}, {"data", "model"})}) {
-    expect_same_run(one, train_on_mesh(mesh, pm, sgd(), batches), kTol, mesh.describe());
+    expect_same_run(one, train_on_mesh(mesh, classifier_model(gather), sgd(), batches), kTol,
+                    mesh.describe());
   }
   // The toolkit's async blocks (TPNorm, TPAsyncDense rings): the same model.
   for (bool bidirectional : {false, true}) {
-    const models::TPClassifier async_model({.in_features = 24,
-                                            .hidden = 32,
-                                            .num_classes = 10,
-                                            .num_layers = 3,
-                                            .dropout = 0.f,
-                                            .async_rings = true,
-                                            .bidirectional = bidirectional});
+    const models::ResidualClassifier async_model =
+        laid_out(config, parallel::TPLayout::Async, bidirectional);
     const ParityModel am = classifier_model(async_model);
     for (const Mesh& mesh : {Mesh({4}, {"model"}), Mesh({2, 4}, {"data", "model"})})
       expect_same_run(
           one, train_on_mesh(mesh, am, sgd(), batches), kTol,
           std::string(bidirectional ? "bidirectional " : "") + "async on " + mesh.describe());
   }
+  // Layout none on a mesh: every device holds the whole model (data parallel over "data").
+  expect_same_run(
+      one, train_on_mesh(Mesh({2, 4}, {"data", "model"}), classifier_model(single), sgd(), batches),
+      kTol, "layout none on (data=2, model=4)");
+}
+
+TEST(TPClassifier, RefusesTheTransformersLayouts) {
+  const models::ResidualClassifierConfig config{.in_features = 12, .hidden = 16};
+  EXPECT_THROW(laid_out(config, parallel::TPLayout::Megatron), ConfigError);
+  models::ResidualClassifierConfig sp = config;
+  sp.tp = {.layout = parallel::TPLayout::Gather, .sequence_parallel = true};
+  EXPECT_THROW(models::ResidualClassifier{sp}, ConfigError);
 }
 
 TEST(TPClassifier, ShardsAreTheSlicesOfTheSingleDeviceParameters) {
-  const models::TPClassifier model({.in_features = 12, .hidden = 16, .num_layers = 1});
-  const TensorTree whole = model.init(Key::from_seed(3));
+  const models::ResidualClassifierConfig config{.in_features = 12, .hidden = 16, .num_layers = 1};
+  const TensorTree whole = models::ResidualClassifier(config).init(Key::from_seed(3));
+  const models::ResidualClassifier model = laid_out(config, parallel::TPLayout::Gather);
   EXPECT_EQ(whole.num_elements(), model.num_params());
   nn::ParamSpecs specs;
   model.init(Key::from_seed(3), &specs);
@@ -211,12 +228,13 @@ TEST(TPParity, DropoutMasksAreTheSingleDeviceOnes) {
     expect_same_run(one, train_on_mesh(Mesh({4}, {"model"}), gpt_model(model), sgd(), tokens), kTol,
                     std::string(l.name) + " with dropout");
   }
-  const models::TPClassifier clf(
-      {.in_features = 24, .hidden = 32, .num_classes = 10, .num_layers = 2, .dropout = 0.3f});
+  const models::ResidualClassifierConfig clf{
+      .in_features = 24, .hidden = 32, .num_classes = 10, .num_layers = 2, .dropout = 0.3f};
+  const models::ResidualClassifier single(clf), gather = laid_out(clf, parallel::TPLayout::Gather);
   const auto images = image_batches(16, 24);
-  expect_same_run(train_one_device(classifier_model(clf), sgd(), images),
-                  train_on_mesh(Mesh({4}, {"model"}), classifier_model(clf), sgd(), images), kTol,
-                  "TP classifier with dropout");
+  expect_same_run(train_one_device(classifier_model(single), sgd(), images),
+                  train_on_mesh(Mesh({4}, {"model"}), classifier_model(gather), sgd(), images),
+                  kTol, "TP classifier with dropout");
 }
 
 TEST(TPTransformer, EightDevicesMatchOneDevice) {
@@ -263,7 +281,8 @@ TEST(TPTransformer, AttnAndMlpRematMatchOneDevice) {
     return c;
   };
   const auto batches = token_batches(4, 8, 32);
-  const TrainingRun one = train_one_device(gpt_model(models::Transformer(tiny_gpt({}))), sgd(), batches);
+  const TrainingRun one =
+      train_one_device(gpt_model(models::Transformer(tiny_gpt({}))), sgd(), batches);
   for (const Layout& l : all_layouts()) {
     const models::Transformer model(cfg(l.tp));
     expect_same_run(

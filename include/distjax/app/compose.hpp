@@ -1,11 +1,11 @@
 // The one place where the parallelisms a config names compose, as torchtitan's
-// parallelize does: data parallelism, ZeRO-1/2 or fully sharded parameters over "data"
-// (parallelism.shard), a pipeline over "pipe", and the precision and remat of the scopes
-// the model runs on. The tensor-parallel layout over "model" is still a property of the
-// model, chosen when the model builds it (transformer_tp below). app::train gives a model's
-// Network and gets, on each device, one strategy for the train step, the
-// parameters this device holds, the loss functions and an evaluation, whatever the mesh:
-// the same device program runs pipelined or not.
+// parallelize does: the tensor-parallel layout over "model" (parallelism.tp_layout, applied
+// through the model's own transform, Network::tensor_parallel), data parallelism, ZeRO-1/2
+// or fully sharded parameters over "data" (parallelism.shard), a pipeline over "pipe", and
+// the precision of the scopes the model runs on. app::train gives a model's Network and
+// gets, on each device, one strategy for the train step, the parameters this device holds,
+// the loss functions and an evaluation, whatever the mesh: the same device program runs
+// pipelined or not, tensor parallel or not.
 #pragma once
 
 #include <functional>
@@ -19,7 +19,7 @@
 #include "distjax/nn/scope.hpp"
 #include "distjax/optim/optimizer.hpp"
 #include "distjax/parallel/pipeline.hpp"
-#include "distjax/models/transformer.hpp"
+#include "distjax/parallel/tp_layout.hpp"
 #include "distjax/spmd/device_context.hpp"
 #include "distjax/train/loss.hpp"
 #include "distjax/train/strategy.hpp"
@@ -30,8 +30,8 @@ namespace distjax::app {
 /// A model as the composition needs it.
 struct Network {
   /// The whole model's parameters (null for a model that only runs cut into chunks: it
-  /// is pipelined even over a "pipe" axis of size 1) (this device's shards when `ctx` is given; stored fully
-  /// sharded as `fsdp` says when it is not null), their specs recorded in `specs`.
+  /// is pipelined even over a "pipe" axis of size 1) (this device's shards when `ctx` is given;
+  /// stored fully sharded as `fsdp` says when it is not null), their specs recorded in `specs`.
   std::function<tensor::TensorTree(Key key, nn::ParamSpecs* specs, spmd::DeviceContext* ctx,
                                    const nn::FullySharded* fsdp)>
       init{};
@@ -44,14 +44,22 @@ struct Network {
   /// Keeps alive what the functions and `pipeline` refer to (e.g. the model object); may be
   /// empty when the caller keeps it.
   std::shared_ptr<const void> keep{};
+  /// The same model laid out over a tensor-parallel axis as `tp` says: the model's TP plan
+  /// (which layers split how), applied by the composition when the mesh's "model" axis
+  /// has more than one device. It throws ConfigError for a layout the model lacks. Null:
+  /// the model has no tensor-parallel layout, and such a mesh is refused.
+  std::function<Network(const parallel::TPPlan& tp)> tensor_parallel{};
 };
 
 /// The strategies of `config` on one device (every device builds its own, in the same
 /// order: the constructors of ZeRO and the pipeline talk to the other devices):
+/// - over "model" (size > 1): the model laid out as tensor_parallel_of(config, mesh) says,
+///   by Network::tensor_parallel;
 /// - over "data": ZeroDataParallel when parallelism.zero_stage is 1 or 2, else DataParallel
 ///   (its parameters stored fully sharded over "data" when parallelism.fsdp.modules names
 ///   modules: FSDP is a property of the scopes, below);
-/// - over "pipe" (size > 1, or any size for a model without a whole-model init): a Pipeline under parallelism.schedule, with the data strategy
+/// - over "pipe" (size > 1, or any size for a model without a whole-model init): a Pipeline under
+/// parallelism.schedule, with the data strategy
 ///   inside each stage;
 /// - the scopes of the loss: on the device, with the precision of
 ///   distributed.mixed_precision and the fully sharded configuration.
@@ -65,6 +73,8 @@ class Composed {
 
   /// The strategy the train step runs through: the pipeline when there is one.
   train::Strategy& strategy() { return *top_; }
+  /// The model as this device runs it (tensor parallel when the mesh says so).
+  const Network& network() const { return model_; }
   /// The pipeline over "pipe"; null without one.
   parallel::Pipeline* pipeline() { return pipeline_.get(); }
   /// The PartitionSpec of every parameter this device created (filled by create_state).
@@ -89,7 +99,8 @@ class Composed {
   /// The metrics of `batches` (this device's share of the evaluation set: each data replica
   /// its own, every device of a replica the same), merged over the mesh: a collective,
   /// run alike on every device. Under a pipeline: Pipeline::evaluate.
-  train::Metrics evaluate(const tensor::TensorTree& params, const std::vector<train::Batch>& batches);
+  train::Metrics evaluate(const tensor::TensorTree& params,
+                          const std::vector<train::Batch>& batches);
 
  private:
   const config::TrainConfig* config_;
@@ -108,10 +119,10 @@ class Composed {
 /// matmuls, "fp16" f16 matmul operands; f32 master weights in every case.
 nn::Precision precision_of(const config::TrainConfig& c);
 
-/// The tensor-parallel configuration of a Transformer on `mesh`: parallelism.tp_layout
-/// (none when the "model" axis is absent or of size 1), sequence and vocabulary
+/// The tensor parallelism `config` asks of a model on `mesh`: parallelism.tp_layout over
+/// "model" (none when the axis is absent or of size 1), sequence and vocabulary
 /// parallelism, bidirectional rings.
-models::TransformerTP transformer_tp(const config::TrainConfig& c, const mesh::Mesh& mesh);
+parallel::TPPlan tensor_parallel_of(const config::TrainConfig& c, const mesh::Mesh& mesh);
 
 /// Whether parallelism.remat names `module` ("Block", "Attn", "MLP").
 bool remat_of(const config::TrainConfig& c, const std::string& module);

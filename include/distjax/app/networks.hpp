@@ -13,6 +13,7 @@
 #include "distjax/data/text_corpus.hpp"
 #include "distjax/data/token_shards.hpp"
 #include "distjax/models/classifier.hpp"
+#include "distjax/models/residual_classifier.hpp"
 #include "distjax/models/transformer.hpp"
 #include "distjax/models/transformer_pipeline.hpp"
 #include "distjax/tensor/tensor.hpp"
@@ -32,8 +33,8 @@ std::pair<tensor::Tensor, train::Metrics> per_position(tensor::Tensor mean_loss,
 /// `loss(forward(scope, batch.inputs), batch.labels)`.
 ///
 ///   app::Network net = app::network_of(
-///       [](const nn::Scope& s, const Tensor& x) { return nn::Dense{.features = 10}(s.child("fc"), x); },
-///       Tensor::zeros({1, 784}));
+///       [](const nn::Scope& s, const Tensor& x) { return nn::Dense{.features = 10}(s.child("fc"),
+///       x); }, Tensor::zeros({1, 784}));
 Network network_of(
     std::function<tensor::Tensor(const nn::Scope& scope, const tensor::Tensor& inputs)> forward,
     tensor::Tensor example,
@@ -92,22 +93,27 @@ TextData load_text(const config::TrainConfig& c);
 
 /// The GPT of [model] over the text of data.format (vocabulary model.vocab, 0: 256 for
 /// bytes; context data.seq_len; its metrics per byte or per token), remat as
-/// parallelism.remat names it, tensor parallel as `tp` says.
-models::TransformerConfig transformer_config(const config::TrainConfig& c,
-                                             models::TransformerTP tp = {});
+/// parallelism.remat names it; on one device (the composition lays it out over "model").
+models::TransformerConfig transformer_config(const config::TrainConfig& c);
 
 /// The MLP classifier: its init and models::classification_loss on the logits. The model must
 /// outlive the spec.
 Network classifier_network(const models::Classifier& model);
 
+/// The residual classifier (models::ResidualClassifier of `config`, owned): its init,
+/// models::classification_loss on the logits, and its tensor-parallel transform (the same
+/// config with ResidualClassifierConfig::tp set to the composition's plan).
+Network residual_classifier_network(models::ResidualClassifierConfig config);
+
 /// The GPT: its init, its loss per position (Transformer::loss: vocabulary-parallel when its
 /// layout says so; with num_classes, models::classification_loss and its accuracy) and,
-/// when given, its cut into pipeline chunks. The models must outlive
-/// the spec.
+/// when given, its cut into pipeline chunks. The models must outlive the network; it has
+/// no tensor-parallel transform (the owning form below has).
 Network transformer_network(const models::Transformer& model,
-                           const models::TransformerPipeline* pipeline = nullptr);
+                            const models::TransformerPipeline* pipeline = nullptr);
 /// The same, owning the model and its cut into pipeline chunks (the TransformerPipeline of
-/// its config): Network::keep holds both.
+/// its config): Network::keep holds both. Its tensor-parallel transform is the same model
+/// with TransformerConfig::tp set to the composition's plan (every layout).
 Network transformer_network(std::shared_ptr<const models::Transformer> model);
 
 }  // namespace distjax::app

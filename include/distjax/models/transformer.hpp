@@ -16,21 +16,9 @@ namespace distjax::models {
 using tensor::Tensor;
 using tensor::TensorTree;
 
-/// Tensor parallelism of the Transformer over one mesh axis (parallel/tensor_parallel.hpp,
-/// parallel/tp_transformer_block.hpp). The parameters keep their paths and global shapes in
-/// every layout: a scope without a device context runs the single-device model.
-struct TransformerTP {
-  parallel::TPLayout layout = parallel::TPLayout::None;
-  std::string axis = "model";
-  /// Megatron: norms, dropout and the residual stream split along T between blocks.
-  bool sequence_parallel = false;
-  /// Megatron: "wte/embedding" split over the vocabulary (VocabParallelEmbedding); the
-  /// logits stay split over V and loss() uses vocab_parallel_cross_entropy. (An untied
-  /// lm_head is column-parallel.) Off: the embedding and the head are replicated.
-  bool vocab_parallel = false;
-  /// Async: rings in both directions.
-  bool bidirectional = false;
-};
+/// Tensor parallelism of the Transformer over one mesh axis (parallel/tp_layout.hpp): every
+/// layout; sequence and vocabulary parallelism in the Megatron layout.
+using TransformerTP = parallel::TPPlan;
 
 struct TransformerConfig {
   std::int64_t vocab = 256;       // V
@@ -49,7 +37,7 @@ struct TransformerConfig {
   /// in and one out (parallel::TPTransformerBlock::parallel); no "ln2".
   bool parallel_block = false;
   float ln_eps = 1e-5f;
-  TransformerTP tp{};              // tensor parallelism (none by default)
+  TransformerTP tp{};  // tensor parallelism (none by default)
   /// What a position of the text is ("byte", "token"): the loss's metric in bits is named
   /// "bits_per_<unit>".
   std::string unit = "byte";

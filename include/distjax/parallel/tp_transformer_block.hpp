@@ -9,34 +9,12 @@
 
 #include "distjax/nn/initializers.hpp"
 #include "distjax/nn/scope.hpp"
+#include "distjax/parallel/tp_layout.hpp"
 #include "distjax/tensor/tensor.hpp"
 
 namespace distjax::parallel {
 
 using tensor::Tensor;
-
-/// How a transformer is laid out over the model axis.
-enum class TPLayout {
-  /// No tensor parallelism: parameters replicated (nn::TransformerBlock).
-  None,
-  /// Megatron: activations replicated between blocks (or, sequence parallel, split along
-  /// T); qkv and fc1 column-parallel, out and fc2 row-parallel. One all-reduce of
-  /// (B, T, C) per attention and per MLP, forward and backward; sequence parallel: an
-  /// all-gather and a reduce-scatter of the same bytes instead.
-  Megatron,
-  /// The toolkit's: the residual stream is feature-sharded (B, T, C/n); norms take their
-  /// statistics over the devices (TPNorm); each projection in gathers its input (TPDense
-  /// gather), each projection out reduce-scatters its output (TPDense scatter).
-  Gather,
-  /// Gather's layout with the gathers and reduce-scatters as ppermute rings whose hops
-  /// overlap the matmuls on the chunks already received (TPAsyncDense).
-  Async,
-};
-
-/// "none", "megatron", "gather", "async".
-const char* tp_layout_name(TPLayout layout);
-/// The inverse of tp_layout_name; throws ConfigError listing the names otherwise.
-TPLayout tp_layout_from_name(const std::string& name);
 
 /// The pre-norm GPT block x + attn(ln1(x)), then x + mlp(ln2(x)), over `axis` in `layout`.
 /// Same parameter paths and global shapes as nn::TransformerBlock ("ln1", "attn/qkv",

@@ -47,6 +47,14 @@ Composed::Composed(const config::TrainConfig& c, spmd::DeviceContext* ctx, Netwo
     top_ = data_.get();
     return;
   }
+  const parallel::TPPlan tp = tensor_parallel_of(c, ctx->mesh());
+  if (tp.layout != parallel::TPLayout::None) {
+    DISTJAX_CHECK(model_.tensor_parallel != nullptr, ConfigError, "[", c.run.program,
+                  "] a \"model\" axis of ", ctx->mesh().axis_size("model"),
+                  " devices needs a model with a tensor-parallel layout; this one has none "
+                  "(Network::tensor_parallel)");
+    model_ = model_.tensor_parallel(tp);
+  }
   const int zero = config::zero_stage(c.parallelism.shard);
   if (zero == 1 || zero == 2)
     data_ = std::make_unique<parallel::ZeroDataParallel>(*ctx, zero, "data", &specs_);
@@ -58,12 +66,11 @@ Composed::Composed(const config::TrainConfig& c, spmd::DeviceContext* ctx, Netwo
                 "] a \"pipe\" axis needs a model cut into chunks; this one cannot be pipelined");
   pipeline_ = std::make_unique<parallel::Pipeline>(
       *ctx, *model_.pipeline,
-      parallel::PipelineOptions{
-          .schedule = parallel::parse_schedule_kind(c.parallelism.schedule),
-          .microbatches = static_cast<int>(c.parallelism.microbatches),
-          .virtual_stages = static_cast<int>(c.parallelism.virtual_stages),
-          .fsdp = fully_sharded_ ? &fsdp_ : nullptr,
-          .precision = precision_},
+      parallel::PipelineOptions{.schedule = parallel::parse_schedule_kind(c.parallelism.schedule),
+                                .microbatches = static_cast<int>(c.parallelism.microbatches),
+                                .virtual_stages = static_cast<int>(c.parallelism.virtual_stages),
+                                .fsdp = fully_sharded_ ? &fsdp_ : nullptr,
+                                .precision = precision_},
       data_.get());
   top_ = pipeline_.get();
 }
@@ -77,10 +84,12 @@ int Composed::replica() const {
 train::TrainState Composed::create_state(const optim::Optimizer& optimizer, Key init_key,
                                          Key dropout_key) {
   const nn::FullySharded* fsdp = fully_sharded_ ? &fsdp_ : nullptr;
-  TensorTree params = pipeline_ ? model_.pipeline->init(init_key, pipeline_->chunks(),
-                                                        pipeline_->num_chunks(), &specs_, ctx_, fsdp)
-                                : model_.init(init_key, &specs_, ctx_, fsdp);
-  train::TrainState state = train::TrainState::create(std::move(params), optimizer, dropout_key, *top_);
+  TensorTree params = pipeline_
+                          ? model_.pipeline->init(init_key, pipeline_->chunks(),
+                                                  pipeline_->num_chunks(), &specs_, ctx_, fsdp)
+                          : model_.init(init_key, &specs_, ctx_, fsdp);
+  train::TrainState state =
+      train::TrainState::create(std::move(params), optimizer, dropout_key, *top_);
   if (ctx_ != nullptr)
     parallel::check_sharding(
         specs_, ctx_->mesh(),
@@ -103,7 +112,8 @@ train::LossFn Composed::loss(bool train) const {
   };
 }
 
-train::Metrics Composed::evaluate(const TensorTree& params, const std::vector<train::Batch>& batches) {
+train::Metrics Composed::evaluate(const TensorTree& params,
+                                  const std::vector<train::Batch>& batches) {
   train::Metrics metrics;
   if (pipeline_) {
     for (const train::Batch& b : batches)
@@ -126,7 +136,7 @@ nn::Precision precision_of(const config::TrainConfig& c) {
   return nn::Precision::f32();
 }
 
-models::TransformerTP transformer_tp(const config::TrainConfig& c, const mesh::Mesh& mesh) {
+parallel::TPPlan tensor_parallel_of(const config::TrainConfig& c, const mesh::Mesh& mesh) {
   const bool split = mesh.has_axis("model") && mesh.axis_size("model") > 1;
   return {.layout = split ? parallel::tp_layout_from_name(c.parallelism.tp_layout)
                           : parallel::TPLayout::None,

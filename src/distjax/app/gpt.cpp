@@ -93,8 +93,9 @@ std::string sample(const models::Transformer& model, const tensor::TensorTree& p
 ModelSpec gpt_model() {
   return {
       .name = "gpt",
-      .about = "the GPT on text (bytes or token shards) over (data, model[, pipe]): TP layouts, "
-               "FSDP, pipelines, remat; one device without distributed.enabled",
+      .about =
+          "the GPT on text (bytes or token shards) over (data, model[, pipe]): TP layouts, "
+          "FSDP, pipelines, remat; one device without distributed.enabled",
       .axes = {"data", "model"},
       // ZeRO-1/2: no; its data parallelism shards the parameters (FSDP) or nothing.
       .capabilities = {.tensor_parallel = true,
@@ -104,17 +105,17 @@ ModelSpec gpt_model() {
                        .fp16_pipeline = true,
                        .ties_embeddings = true},
       .check = check_gpt,
-      .build = [](const config::TrainConfig& c, const mesh::Mesh& mesh) {
+      .build = [](const config::TrainConfig& c, const mesh::Mesh&) {
         const auto text = std::make_shared<const TextData>(load_text(c));
-        const auto gpt =
-            std::make_shared<const models::Transformer>(transformer_config(c, transformer_tp(c, mesh)));
+        const auto gpt = std::make_shared<const models::Transformer>(transformer_config(c));
         const std::string unit = text->unit(), bits = "bits_per_" + unit;
         const double uniform = std::log2(static_cast<double>(gpt->config().vocab));
         Model m;
         m.network = transformer_network(gpt);
         char about[160];
         std::snprintf(about, sizeof about, "GPT L=%lld C=%lld H=%lld T=%lld (%.1f MFLOP/token)",
-                      static_cast<long long>(c.model.layers), static_cast<long long>(c.model.d_model),
+                      static_cast<long long>(c.model.layers),
+                      static_cast<long long>(c.model.d_model),
                       static_cast<long long>(c.model.heads), static_cast<long long>(c.data.seq_len),
                       gpt->flops_per_token() / 1e6);
         m.description = about;
@@ -127,15 +128,17 @@ ModelSpec gpt_model() {
         m.header = {"Corpus " + source + ": " + std::to_string(text->train_size()) + " train / " +
                         std::to_string(text->validation_size()) + " validation " + unit + "s",
                     "Validation: " + text->validation_note()};
-        const Key data_key =
-            Key::from_seed(static_cast<std::uint64_t>(c.run.seed)).fold_in(std::string_view("data"));
-        m.data = [text, data_key, batch = c.run.batch_size, seq = c.data.seq_len](const DevicePlace& p) {
+        const Key data_key = Key::from_seed(static_cast<std::uint64_t>(c.run.seed))
+                                 .fold_in(std::string_view("data"));
+        m.data = [text, data_key, batch = c.run.batch_size,
+                  seq = c.data.seq_len](const DevicePlace& p) {
           const auto mine = [p](const train::Batch& b) {
             return p.replicas > 1 ? replica_slice(b, p.replica, p.replicas) : b;
           };
           DeviceData d;
           d.batch = [text, data_key, batch, seq, mine](std::int64_t step) {
-            return mine(text->sample(batch, seq, data_key.fold_in(static_cast<std::uint64_t>(step))));
+            return mine(
+                text->sample(batch, seq, data_key.fold_in(static_cast<std::uint64_t>(step))));
           };
           for (const train::Batch& b : text->validation())
             d.eval.push_back(mine(b));
@@ -152,10 +155,12 @@ ModelSpec gpt_model() {
                                                  const DevicePlace& p) {
           char line[200];
           if (c.run.eval_at_start && !r.already_finished)
-            std::snprintf(line, sizeof line, "Validation: %.3f -> %.3f bits per %s (uniform guessing: %.1f)\n",
+            std::snprintf(line, sizeof line,
+                          "Validation: %.3f -> %.3f bits per %s (uniform guessing: %.1f)\n",
                           r.initial_eval.mean(bits), r.eval.mean(bits), unit.c_str(), uniform);
           else
-            std::snprintf(line, sizeof line, "Validation: %.3f bits per %s (uniform guessing: %.1f)\n",
+            std::snprintf(line, sizeof line,
+                          "Validation: %.3f bits per %s (uniform guessing: %.1f)\n",
                           r.eval.mean(bits), unit.c_str(), uniform);
           std::string out = line;
           // The whole model is here on one device; a sample needs bytes (no tokenizer).

@@ -40,8 +40,8 @@ Model fashion_mnist_model(const config::TrainConfig& c, bool pipelined) {
   m.header = {"Fashion-MNIST from " +
               (c.data.dir.empty() ? std::string(data::kFashionMnistDir) : c.data.dir) + ": " +
               std::to_string(mnist->train.size()) + " training, " +
-              std::to_string(mnist->test.size()) + " test images; " +
-              std::to_string(per_epoch) + " steps per epoch"};
+              std::to_string(mnist->test.size()) + " test images; " + std::to_string(per_epoch) +
+              " steps per epoch"};
   m.data = [mnist, batch, seed, pipelined](const DevicePlace& p) {
     DeviceData d;
     d.loader = std::make_shared<data::DataLoader>(
@@ -66,7 +66,8 @@ Model fashion_mnist_model(const config::TrainConfig& c, bool pipelined) {
   };
   m.report = [epochs](const RunResult& r, const train::TrainState&, const DevicePlace&) {
     char line[160];
-    std::snprintf(line, sizeof line, "Test accuracy: %.2f%% (%lld images, loss %.4f) after %.3g epochs\n",
+    std::snprintf(line, sizeof line,
+                  "Test accuracy: %.2f%% (%lld images, loss %.4f) after %.3g epochs\n",
                   100.0 * r.eval.mean("accuracy"),
                   static_cast<long long>(r.eval.at("accuracy").count), r.eval.mean("loss"), epochs);
     return std::string(line);
@@ -144,20 +145,19 @@ TextData load_text(const config::TrainConfig& c) {
       data::TokenShards::open(c.data.train, "data.train", width));
   t.val_ = std::make_shared<const data::TokenShards>(
       data::TokenShards::open(c.data.val, "data.val", width));
-  for (const auto& [split, key] : {std::pair{t.train_.get(), "data.train"},
-                                   std::pair{t.val_.get(), "data.val"}})
-    DISTJAX_CHECK(split->max_token() < c.model.vocab, ConfigError, "[config] model.vocab = ",
-                  c.model.vocab, ": ", key, " holds token ", split->max_token(),
-                  "; the vocabulary must be above every token (model.vocab >= ",
-                  split->max_token() + 1, ")");
+  for (const auto& [split, key] :
+       {std::pair{t.train_.get(), "data.train"}, std::pair{t.val_.get(), "data.val"}})
+    DISTJAX_CHECK(
+        split->max_token() < c.model.vocab, ConfigError, "[config] model.vocab = ", c.model.vocab,
+        ": ", key, " holds token ", split->max_token(),
+        "; the vocabulary must be above every token (model.vocab >= ", split->max_token() + 1, ")");
   t.validation_ =
       data::spread_windows(*t.val_, c.run.batch_size, c.data.seq_len, c.run.eval_batches);
   t.seq_len_ = c.data.seq_len;
   return t;
 }
 
-models::TransformerConfig transformer_config(const config::TrainConfig& c,
-                                             models::TransformerTP tp) {
+models::TransformerConfig transformer_config(const config::TrainConfig& c) {
   // Byte corpora need 256 ids; a larger vocabulary (e.g. GPT-2's 50304, to train that
   // shape) leaves the rows above 255 unused by the data. Token shards name their own.
   const bool tokens = c.data.format == "tokens";
@@ -178,36 +178,62 @@ models::TransformerConfig transformer_config(const config::TrainConfig& c,
           .remat = remat_of(c, "Block"),
           .remat_attn = remat_of(c, "Attn"),
           .remat_mlp = remat_of(c, "MLP"),
-          .tp = std::move(tp),
           .unit = tokens ? "token" : "byte"};
 }
 
 Network classifier_network(const models::Classifier& model) {
-  return {.init = [&model](Key key, nn::ParamSpecs* specs, spmd::DeviceContext* ctx,
-                           const nn::FullySharded* fsdp) { return model.init(key, specs, ctx, fsdp); },
-          .loss = [&model](const nn::Scope& scope, const train::Batch& batch) {
+  return {
+      .init = [&model](Key key, nn::ParamSpecs* specs, spmd::DeviceContext* ctx,
+                       const nn::FullySharded* fsdp) { return model.init(key, specs, ctx, fsdp); },
+      .loss =
+          [&model](const nn::Scope& scope, const train::Batch& batch) {
             return models::classification_loss(model(scope, batch.inputs), batch.labels);
           }};
 }
 
+Network residual_classifier_network(models::ResidualClassifierConfig config) {
+  const auto model = std::make_shared<const models::ResidualClassifier>(config);
+  return {
+      .init = [model](Key key, nn::ParamSpecs* specs, spmd::DeviceContext* ctx,
+                      const nn::FullySharded* fsdp) { return model->init(key, specs, ctx, fsdp); },
+      .loss =
+          [model](const nn::Scope& scope, const train::Batch& batch) {
+            return models::classification_loss((*model)(scope, batch.inputs), batch.labels);
+          },
+      .keep = model,
+      .tensor_parallel =
+          [config](const parallel::TPPlan& tp) {
+            models::ResidualClassifierConfig laid = config;
+            laid.tp = tp;
+            return residual_classifier_network(laid);
+          }};
+}
+
 Network transformer_network(const models::Transformer& model,
-                           const models::TransformerPipeline* pipeline) {
-  return {.init = [&model](Key key, nn::ParamSpecs* specs, spmd::DeviceContext* ctx,
-                           const nn::FullySharded* fsdp) { return model.init(key, specs, ctx, fsdp); },
-          .loss = [&model](const nn::Scope& scope, const train::Batch& batch) {
+                            const models::TransformerPipeline* pipeline) {
+  return {
+      .init = [&model](Key key, nn::ParamSpecs* specs, spmd::DeviceContext* ctx,
+                       const nn::FullySharded* fsdp) { return model.init(key, specs, ctx, fsdp); },
+      .loss =
+          [&model](const nn::Scope& scope, const train::Batch& batch) {
             if (model.config().num_classes > 0)
               return models::classification_loss(model(scope, batch.inputs), batch.labels);
             return per_position(model.loss(scope, batch.inputs, batch.labels), batch.labels.numel(),
                                 model.config().unit);
           },
-          .pipeline = pipeline};
+      .pipeline = pipeline};
 }
 
 Network transformer_network(std::shared_ptr<const models::Transformer> model) {
   auto stages = std::make_shared<const models::TransformerPipeline>(model->config());
   Network n = transformer_network(*model, stages.get());
+  n.tensor_parallel = [config = model->config()](const parallel::TPPlan& tp) {
+    models::TransformerConfig laid = config;
+    laid.tp = tp;
+    return transformer_network(std::make_shared<const models::Transformer>(std::move(laid)));
+  };
   n.keep = std::make_shared<std::pair<decltype(model), decltype(stages)>>(std::move(model),
-                                                                           std::move(stages));
+                                                                          std::move(stages));
   return n;
 }
 

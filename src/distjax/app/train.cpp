@@ -52,15 +52,12 @@ void print_header(const config::TrainConfig& c, const mesh::Mesh& mesh, bool pip
                   const Model& model, const TrainOptions& options) {
   const nn::Precision precision = precision_of(c);
   if (!c.distributed.enabled) {
-    std::printf("One device (%s), no mesh; precision %s\n",
-                c.distributed.placement().str().c_str(), precision.str().c_str());
+    std::printf("One device (%s), no mesh; precision %s\n", c.distributed.placement().str().c_str(),
+                precision.str().c_str());
   } else {
     std::string how = backend_label(c) + " backend";
     if (mesh.has_axis("model") && mesh.axis_size("model") > 1) {
-      const models::TransformerTP tp = transformer_tp(c, mesh);
-      how += std::string(", tensor parallel layout ") + parallel::tp_layout_name(tp.layout);
-      if (tp.sequence_parallel) how += " + sequence parallel";
-      if (tp.vocab_parallel) how += " + vocabulary parallel";
+      how += ", tensor parallel layout " + parallel::describe(tensor_parallel_of(c, mesh));
     }
     switch (c.parallelism.shard) {
       case config::Shard::Optimizer:
@@ -84,10 +81,12 @@ void print_header(const config::TrainConfig& c, const mesh::Mesh& mesh, bool pip
     const parallel::PipelineSchedule schedule = parallel::make_schedule(
         parallel::parse_schedule_kind(c.parallelism.schedule), stages, m, v);
     const parallel::ScheduleReport report = parallel::check_schedule(schedule);
-    std::printf("Pipeline: %s over %d stages x %d chunks, %d micro-batches per step; bubble "
-                "%.1f%% in theory\n",
-                c.parallelism.schedule.c_str(), stages, v, m, 100.0 * report.bubble_fraction);
-    if (options.show_schedule) std::printf("%s", parallel::format_timeline(schedule, report).c_str());
+    std::printf(
+        "Pipeline: %s over %d stages x %d chunks, %d micro-batches per step; bubble "
+        "%.1f%% in theory\n",
+        c.parallelism.schedule.c_str(), stages, v, m, 100.0 * report.bubble_fraction);
+    if (options.show_schedule)
+      std::printf("%s", parallel::format_timeline(schedule, report).c_str());
   }
   for (const std::string& line : model.header)
     std::printf("%s\n", line.c_str());
@@ -110,7 +109,8 @@ void print_model_line(const config::TrainConfig& c, const Model& model, Composed
   const int replicas = composed.data_parallel_size();
   std::string batch = grouped(c.run.batch_size);
   if (replicas > 1)
-    batch += " = " + std::to_string(replicas) + " replicas x " + grouped(c.run.batch_size / replicas);
+    batch +=
+        " = " + std::to_string(replicas) + " replicas x " + grouped(c.run.batch_size / replicas);
   std::printf("%s: %s parameters, %s on device 0%s | %s steps, global batch %s\n",
               model.description.c_str(), grouped(model.num_parameters).c_str(),
               grouped(state.params.num_elements()).c_str(), where.c_str(), grouped(steps).c_str(),
@@ -153,7 +153,8 @@ class Run {
         steps_(model.total_steps > 0 ? model.total_steps : c.run.steps),
         optimizer_(make_adamw(c, steps_)),
         traces_(static_cast<std::size_t>(mesh.size())),
-        stage_traces_(mesh.has_axis("pipe") ? static_cast<std::size_t>(mesh.axis_size("pipe")) : 0) {}
+        stage_traces_(mesh.has_axis("pipe") ? static_cast<std::size_t>(mesh.axis_size("pipe"))
+                                            : 0) {}
 
   // One device's run (ctx null: one device, no mesh).
   void device(spmd::DeviceContext* ctx) {
@@ -169,30 +170,30 @@ class Run {
     if (place.lead) {
       print_model_line(c_, model_, composed, state, steps_);
       if (options_.show_sharding && model_.network.init) {
-        const tensor::TensorTree whole = model_.network.init(
-            root.fold_in(std::string_view("init")), nullptr, nullptr, nullptr);
-        std::printf("%s", parallel::sharding_table(parallel::global_shapes(whole),
-                                                   composed.specs(), mesh_)
-                              .c_str());
+        const tensor::TensorTree whole =
+            model_.network.init(root.fold_in(std::string_view("init")), nullptr, nullptr, nullptr);
+        std::printf(
+            "%s", parallel::sharding_table(parallel::global_shapes(whole), composed.specs(), mesh_)
+                      .c_str());
       }
     }
     const DeviceData data = model_.data(place);
     detail::Loop loop{.config = &c_,
-              .ctx = ctx,
-              .composed = &composed,
-              .optimizer = &optimizer_,
-              .state = &state,
-              .total_steps = steps_,
-              .log_every = c_.run.log_every,
-              .items_per_example = model_.items_per_example,
-              .items_name = model_.items_name,
-              .model_parameters = model_.num_parameters,
-              .batch = data.batch,
-              .loader = data.loader.get(),
-              .eval_batches = data.eval,
-              .eval_every = model_.eval_every > 0 ? model_.eval_every : c_.run.eval_every,
-              .eval_at_start = c_.run.eval_at_start,
-              .summary = model_.summary};
+                      .ctx = ctx,
+                      .composed = &composed,
+                      .optimizer = &optimizer_,
+                      .state = &state,
+                      .total_steps = steps_,
+                      .log_every = c_.run.log_every,
+                      .items_per_example = model_.items_per_example,
+                      .items_name = model_.items_name,
+                      .model_parameters = model_.num_parameters,
+                      .batch = data.batch,
+                      .loader = data.loader.get(),
+                      .eval_batches = data.eval,
+                      .eval_every = model_.eval_every > 0 ? model_.eval_every : c_.run.eval_every,
+                      .eval_at_start = c_.run.eval_at_start,
+                      .summary = model_.summary};
     parallel::Pipeline* pp = composed.pipeline();
     double bubble = 0.0;
     if (pp != nullptr)
@@ -201,7 +202,8 @@ class Run {
         bubble = parallel::pipeline_bubble(*ctx, pp->last_trace(), threads);
         std::lock_guard<std::mutex> lock(mu_);
         traces_[static_cast<std::size_t>(ctx->device())] = pp->last_trace();
-        if (first_of_its_stage(*ctx)) stage_traces_[static_cast<std::size_t>(pp->stage())] = pp->last_trace();
+        if (first_of_its_stage(*ctx))
+          stage_traces_[static_cast<std::size_t>(pp->stage())] = pp->last_trace();
         return {{"pipeline_bubble", bubble}};
       };
     const RunResult r = detail::run_loop(loop);
@@ -209,21 +211,22 @@ class Run {
     if (!place.lead) return;
     if (model_.report) std::printf("%s", model_.report(r, state, place).c_str());
     if (pp == nullptr) {
-      std::printf("Bytes held by device 0: parameters %s, optimizer state %s (replicated: %s and "
-                  "%s)\n",
-                  grouped(state.params.storage_bytes()).c_str(),
-                  grouped(state.opt_state.storage_bytes()).c_str(),
-                  grouped(4 * model_.num_parameters).c_str(),
-                  grouped(8 * model_.num_parameters).c_str());
+      std::printf(
+          "Bytes held by device 0: parameters %s, optimizer state %s (replicated: %s and "
+          "%s)\n",
+          grouped(state.params.storage_bytes()).c_str(),
+          grouped(state.opt_state.storage_bytes()).c_str(),
+          grouped(4 * model_.num_parameters).c_str(), grouped(8 * model_.num_parameters).c_str());
     } else if (!r.already_finished) {
       const int stages = pp->num_stages(), v = static_cast<int>(c_.parallelism.virtual_stages);
       const int m = static_cast<int>(c_.parallelism.microbatches);
       const parallel::ScheduleKind kind = parallel::parse_schedule_kind(c_.parallelism.schedule);
-      std::printf("Measured pipeline bubble of the last step: %.1f%% (theory %.1f%%, unit-cost "
-                  "schedule %.1f%%)\n",
-                  100.0 * bubble, 100.0 * parallel::schedule_bubble_theory(kind, stages, m, v),
-                  100.0 * parallel::check_schedule(parallel::make_schedule(kind, stages, m, v))
-                              .bubble_fraction);
+      std::printf(
+          "Measured pipeline bubble of the last step: %.1f%% (theory %.1f%%, unit-cost "
+          "schedule %.1f%%)\n",
+          100.0 * bubble, 100.0 * parallel::schedule_bubble_theory(kind, stages, m, v),
+          100.0 * parallel::check_schedule(parallel::make_schedule(kind, stages, m, v))
+                      .bubble_fraction);
     }
   }
 
@@ -233,9 +236,10 @@ class Run {
     if (c_.run.timeline && !c_.run.out_dir.empty()) write_pipeline_timeline(c_, traces_);
     if (options_.show_schedule && c_.distributed.comm_backend() == comm::Backend::Threads &&
         c_.distributed.is_main_process())
-      std::printf("Measured timeline of the last step (the first device of each stage; on a "
-                  "machine with fewer cores than devices, waits for a core show as idle):\n%s",
-                  parallel::format_trace_timeline(stage_traces_).c_str());
+      std::printf(
+          "Measured timeline of the last step (the first device of each stage; on a "
+          "machine with fewer cores than devices, waits for a core show as idle):\n%s",
+          parallel::format_trace_timeline(stage_traces_).c_str());
   }
 
  private:

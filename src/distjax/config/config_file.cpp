@@ -164,24 +164,26 @@ Entry resume_field() {
 // run.program: the registered model a run trains. The six programs that came before the
 // registry read as the model they ran, said.
 Entry program_field() {
-  Entry e = field("run.program", [](TrainConfig& c) -> std::string& { return c.run.program; },
-                  "the registered model to train: classifier, tp_classifier, pp_classifier, gpt "
-                  "(or one a program registers: app::register_model)");
+  Entry e = field(
+      "run.program", [](TrainConfig& c) -> std::string& { return c.run.program; },
+      "the registered model to train: classifier, tp_classifier, pp_classifier, gpt "
+      "(or one a program registers: app::register_model)");
   e.set = [](TrainConfig& c, const Value& v) {
     static const std::pair<const char*, const char*> renamed[] = {
-        {"train_mnist", "classifier"},          {"data_parallelism", "classifier"},
-        {"tensor_parallelism", "tp_classifier"}, {"pipeline_parallelism", "pp_classifier"},
+        {"train_mnist", "classifier"},
+        {"data_parallelism", "classifier"},
+        {"tensor_parallelism", "tp_classifier"},
+        {"pipeline_parallelism", "pp_classifier"},
         {"train_gpt", "gpt"}};
     const std::string& name = std::get<std::string>(v);
     c.run.program = name;
     for (const auto& [before, now] : renamed)
       if (name == before) {
         c.run.program = now;
-        c.notices.push_back("run.program = \"" + name + "\" is read as run.program = \"" + now +
-                            "\", the model it trains: say that instead" +
-                            (name == std::string("train_gpt")
-                                 ? " (one device: distributed.enabled = false)"
-                                 : ""));
+        c.notices.push_back(
+            "run.program = \"" + name + "\" is read as run.program = \"" + now +
+            "\", the model it trains: say that instead" +
+            (name == std::string("train_gpt") ? " (one device: distributed.enabled = false)" : ""));
       }
   };
   return e;
@@ -201,9 +203,10 @@ Entry zero_stage_field() {
                         "parallelism.shard = \"none\", \"optimizer\", \"gradients\" or "
                         "\"parameters\"");
     if (z == 0) {
-      c.notices.push_back("parallelism.zero_stage = 0 is parallelism.shard's old name; it "
-                          "changes nothing (shard = \"" +
-                          std::string(shard_name(c.parallelism.shard)) + "\"): remove it");
+      c.notices.push_back(
+          "parallelism.zero_stage = 0 is parallelism.shard's old name; it "
+          "changes nothing (shard = \"" +
+          std::string(shard_name(c.parallelism.shard)) + "\"): remove it");
       return;
     }
     const Shard s = z == 1 ? Shard::Optimizer : Shard::Gradients;
@@ -316,8 +319,7 @@ const std::vector<Entry>& schema() {
                       {"bytes", "tokens"}));
     s.push_back(field("data.train", DJ_ACCESS(data.train),
                       "tokens: a glob of the training shards, e.g. \"data/train_*.bin\""));
-    s.push_back(field("data.val", DJ_ACCESS(data.val),
-                      "tokens: a glob of the validation shards"));
+    s.push_back(field("data.val", DJ_ACCESS(data.val), "tokens: a glob of the validation shards"));
     s.push_back(field("data.token_bytes", DJ_ACCESS(data.token_bytes),
                       "tokens: the width of raw token files without llm.c's header, 2 or 4"));
     // [parallelism]
@@ -328,7 +330,8 @@ const std::vector<Entry>& schema() {
         {"none", "optimizer", "gradients", "parameters"}));
     s.push_back(zero_stage_field());
     s.push_back(field("parallelism.tp_layout", DJ_ACCESS(parallelism.tp_layout),
-                      "tensor-parallel layout of the GPT",
+                      "tensor-parallel layout over \"model\", applied to the model by the "
+                      "composition (gpt: every one; tp_classifier: gather, async)",
                       {"megatron", "gather", "async", "none"}));
     s.push_back(field("parallelism.sequence_parallel", DJ_ACCESS(parallelism.sequence_parallel),
                       "megatron: split the sequence between blocks"));
@@ -339,8 +342,8 @@ const std::vector<Entry>& schema() {
     s.push_back(field("parallelism.remat", DJ_ACCESS(parallelism.remat),
                       "rematerialised modules (activations recomputed in backward)",
                       {"Block", "Attn", "MLP"}));
-    s.push_back(field("parallelism.schedule", DJ_ACCESS(parallelism.schedule),
-                      "pipeline schedule", {"gpipe", "1f1b", "interleaved", "zbh1", "interleaved_zb"}));
+    s.push_back(field("parallelism.schedule", DJ_ACCESS(parallelism.schedule), "pipeline schedule",
+                      {"gpipe", "1f1b", "interleaved", "zbh1", "interleaved_zb"}));
     s.push_back(field("parallelism.microbatches", DJ_ACCESS(parallelism.microbatches),
                       "pipeline micro-batches per step (divide each replica's batch)"));
     s.push_back(field("parallelism.virtual_stages", DJ_ACCESS(parallelism.virtual_stages),

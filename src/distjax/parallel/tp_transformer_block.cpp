@@ -18,27 +18,6 @@
 
 namespace distjax::parallel {
 
-const char* tp_layout_name(TPLayout layout) {
-  switch (layout) {
-    case TPLayout::None:
-      return "none";
-    case TPLayout::Megatron:
-      return "megatron";
-    case TPLayout::Gather:
-      return "gather";
-    case TPLayout::Async:
-      return "async";
-  }
-  return "?";
-}
-
-TPLayout tp_layout_from_name(const std::string& name) {
-  for (TPLayout l : {TPLayout::None, TPLayout::Megatron, TPLayout::Gather, TPLayout::Async})
-    if (name == tp_layout_name(l)) return l;
-  DISTJAX_THROW(ConfigError, "[tp_layout] unknown layout \"", name,
-                "\"; expected none, megatron, gather or async");
-}
-
 // x + attn(ln1(x)), then + mlp(ln2(x)); the norms on the residual stream's layout
 // (LayerNorm on whole or T-split rows, TPNorm on split features), dropout drawing each
 // device's block of the single-device mask.
@@ -50,7 +29,8 @@ Tensor TPTransformerBlock::sequential(const nn::Scope& scope, const Tensor& x) c
   const bool features_sharded = layout == TPLayout::Gather || layout == TPLayout::Async;
   // By value: a rematerialised sub-module calls it again in backward.
   auto ln = [features_sharded, eps = ln_eps, axis = axis](const nn::Scope& s, const Tensor& h) {
-    if (features_sharded) return TPNorm{.kind = TPNorm::Kind::Layer, .eps = eps, .axis = axis}(s, h);
+    if (features_sharded)
+      return TPNorm{.kind = TPNorm::Kind::Layer, .eps = eps, .axis = axis}(s, h);
     return nn::LayerNorm{.eps = eps}(s, h);
   };
   const nn::Dropout drop{.rate = dropout,
@@ -64,9 +44,10 @@ Tensor TPTransformerBlock::sequential(const nn::Scope& scope, const Tensor& x) c
                                   .out_init = out_init};
   const TPMLPBlock mlp{
       .hidden = mlp_hidden, .proj = proj, .kernel_init = kernel_init, .out_init = out_init};
-  Tensor h = nn::remat_call(remat_attn, scope, x, [ln_v = ln, attn](const nn::Scope& s, const Tensor& in) {
-    return attn(s.child("attn").module("Attn"), ln_v(s.child("ln1"), in));
-  });
+  Tensor h =
+      nn::remat_call(remat_attn, scope, x, [ln_v = ln, attn](const nn::Scope& s, const Tensor& in) {
+        return attn(s.child("attn").module("Attn"), ln_v(s.child("ln1"), in));
+      });
   Tensor y = tensor::add(x, drop(scope.child("attn_dropout"), h));
   h = nn::remat_call(remat_mlp, scope, y, [ln_v = ln, mlp](const nn::Scope& s, const Tensor& in) {
     return mlp(s.child("mlp").module("MLP"), ln_v(s.child("ln2"), in));
@@ -89,7 +70,8 @@ Tensor TPTransformerBlock::parallel_block(const nn::Scope& scope, const Tensor& 
   const mesh::PartitionSpec rows = tp ? P(axis, std::nullopt) : P();
   const mesh::PartitionSpec vec = tp ? P(axis) : P();
   const mesh::PartitionSpec out_bias = features_sharded ? vec : P();
-  const nn::Scope attn_s = scope.child("attn").module("Attn"), mlp_s = scope.child("mlp").module("MLP");
+  const nn::Scope attn_s = scope.child("attn").module("Attn"),
+                  mlp_s = scope.child("mlp").module("MLP");
   const nn::Scope qkv = attn_s.child("qkv"), out = attn_s.child("out");
   const nn::Scope fc1 = mlp_s.child("fc1"), fc2 = mlp_s.child("fc2");
   const Tensor w_in = tensor::concat({qkv.param("kernel", {c, 3 * c}, kernel_init, cols),
@@ -120,11 +102,11 @@ Tensor TPTransformerBlock::parallel_block(const nn::Scope& scope, const Tensor& 
     y = nn::linear(scope.precision(), h, w_in, b_in);
   }
   const std::vector<Tensor> parts = tensor::split(y, {3 * c / n, hidden / n}, 2);
-  const Tensor cat = tensor::concat(
-      {tensor::attention_packed(parts[0], num_heads / n, causal, 0.f,
-                                 scope.precision().compute_dtype),  // (B, T, C/n)
-       tensor::gelu(parts[1], /*approximate=*/true)},                       // (B, T, H/n)
-      2);
+  const Tensor cat =
+      tensor::concat({tensor::attention_packed(parts[0], num_heads / n, causal, 0.f,
+                                               scope.precision().compute_dtype),  // (B, T, C/n)
+                      tensor::gelu(parts[1], /*approximate=*/true)},              // (B, T, H/n)
+                     2);
   Tensor o;
   if (layout == TPLayout::Async && comm) {
     o = matmul_reduce_scatter(*ctx, cat, w_out, axis, bidirectional);
