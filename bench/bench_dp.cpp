@@ -61,7 +61,8 @@ struct Options {
   // Parameters of at least this many elements are fully sharded (qkv, out, fc1, fc2 and
   // the embeddings of the bench GPT; biases and LayerNorms stay replicated).
   std::int64_t fsdp_min_weight = std::int64_t{1} << 14;
-  int prefetch_depth = 4;  // one block ahead (qkv, out, fc1, fc2), as FSDP2 prefetches the next module
+  int prefetch_depth =
+      4;  // one block ahead (qkv, out, fc1, fc2), as FSDP2 prefetches the next module
   std::string only;
 };
 
@@ -197,8 +198,9 @@ std::unique_ptr<Replica> make_replica(spmd::DeviceContext& ctx, const Variant& v
   nn::FullySharded fsdp{.axis = "data", .min_weight_size = o.fsdp_min_weight};
   const bool sharded = v.kind == Kind::Fsdp;
   TensorTree params = gpt.init(Key::from_seed(0), &r->specs, &ctx, sharded ? &fsdp : nullptr);
-  r->strategy =
-      std::make_unique<parallel::DataParallel>(ctx, "data", &r->specs, v.bucket_bytes, v.overlap);
+  r->strategy = std::make_unique<parallel::DataParallel>(
+      ctx, "data", &r->specs,
+      parallel::DataParallelOptions{.bucket_bytes = v.bucket_bytes, .overlap = v.overlap});
   r->state = train::TrainState::create(std::move(params), opt, Key::from_seed(2), *r->strategy);
   if (v.prefetch) {
     r->prefetcher = std::make_unique<nn::FsdpPrefetcher>(o.prefetch_depth);
@@ -232,19 +234,18 @@ void run_round(const Config& cfg, const Options& o, Extras& extras, Round& round
       reps.push_back(make_replica(ctx, v, *gpts[k], global, o));
       Replica& r = *reps.back();
       BucketTimeline* tl = v.timeline && ctx.device() == 0 ? &extras.timelines[v.name] : nullptr;
-      steps.push_back({[&ctx, &r, tl, &v, &cfg] {
-                         comm::CommStats& st = ctx.comm_stats();
-                         st.record_spans = tl != nullptr;
-                         const train::Metrics m =
-                             train::train_step(*r.state, r.batch, r.loss, bench_adamw(),
-                                               {.strategy = r.strategy.get()});
-                         if (tl) add_timeline(*tl, st.spans, v.link, cfg.devices);
-                         st.record_spans = false;
-                         st.spans.clear();
-                         return static_cast<float>(m.mean("loss"));
-                       },
-                       r.state->params.num_elements(),
-                       [&ctx, &v] { ctx.world().set_link_model(v.link); }});
+      steps.push_back(
+          {[&ctx, &r, tl, &v, &cfg] {
+             comm::CommStats& st = ctx.comm_stats();
+             st.record_spans = tl != nullptr;
+             const train::Metrics m = train::train_step(*r.state, r.batch, r.loss, bench_adamw(),
+                                                        {.strategy = r.strategy.get()});
+             if (tl) add_timeline(*tl, st.spans, v.link, cfg.devices);
+             st.record_spans = false;
+             st.spans.clear();
+             return static_cast<float>(m.mean("loss"));
+           },
+           r.state->params.num_elements(), [&ctx, &v] { ctx.world().set_link_model(v.link); }});
     }
     round.run(ctx, steps);
     if (ctx.device() == 0)
@@ -430,8 +431,9 @@ void write_overlap(const std::map<std::string, Measured>& m, const Options& o, c
     // The zero-cost-link steps were not faster than the slow-link ones: noise from other
     // load swamped the link's cost, and no fraction can be read from this run.
     j["value"] = nullptr;
-    j["reason"] = "T_comm <= 0 in this run (the zero-cost-link median was not below the "
-                  "slow-link median): not measurable; rerun on a quiet machine";
+    j["reason"] =
+        "T_comm <= 0 in this run (the zero-cost-link median was not below the "
+        "slow-link median): not measurable; rerun on a quiet machine";
   }
   j["better"] = "higher";
   j["target"] = 0.8;
@@ -477,7 +479,7 @@ void write_overlap(const std::map<std::string, Measured>& m, const Options& o, c
   j["devices"] = 2;
   j["mesh"] = "(data=2)";
   j["how"] =
-      "parallel::DataParallel(ctx, data, specs, bucket_bytes, overlap=true|false) on the slow "
+      "parallel::DataParallel(ctx, data, specs, {bucket_bytes, overlap=true|false}) on the slow "
       "and the zero-cost link, the four variants alternated step by step in one shard_map call "
       "(Communicator::set_link_model before each step)";
   common(j, o, load, other);
@@ -500,8 +502,7 @@ void write_prefetch(const std::map<std::string, Measured>& m, const Options& o,
   const double l_ag = modelled_link_s(mn, OpKind::AllGather, link, 2);
   const double l_rs = modelled_link_s(mn, OpKind::ReduceScatter, link, 2);
   const double l_ar = modelled_link_s(mn, OpKind::AllReduce, link, 2);
-  const double t_comm =
-      mean_seconds(mn, OpKind::AllGather) - mean_seconds(mnf, OpKind::AllGather);
+  const double t_comm = mean_seconds(mn, OpKind::AllGather) - mean_seconds(mnf, OpKind::AllGather);
   // The estimate of earlier runs: the whole cost split by the link model's time per kind.
   const double share = l_ag + l_rs + l_ar > 0 ? l_ag / (l_ag + l_rs + l_ar) : 0.0;
   const double frac = t_comm > 0 ? (t_no - t_pf) / t_comm : 0.0;
@@ -510,8 +511,9 @@ void write_prefetch(const std::map<std::string, Measured>& m, const Options& o,
     // The zero-cost-link steps were not faster than the slow-link ones: noise from other
     // load swamped the link's cost, and no fraction can be read from this run.
     j["value"] = nullptr;
-    j["reason"] = "T_comm <= 0 in this run (the zero-cost-link median was not below the "
-                  "slow-link median): not measurable; rerun on a quiet machine";
+    j["reason"] =
+        "T_comm <= 0 in this run (the zero-cost-link median was not below the "
+        "slow-link median): not measurable; rerun on a quiet machine";
   }
   j["better"] = "higher";
   j["target"] = 0.8;
@@ -578,7 +580,8 @@ int main(int argc, char** argv) {
   cli.add_option("--latency-us", o.latency_us, "link model: latency per message");
   cli.add_option("--bandwidth-gbps", o.bandwidth_gbps, "link model: bandwidth");
   cli.add_option("--bucket-kib", o.bucket_kib, "gradient bucket size")->check(CLI::PositiveNumber);
-  cli.add_option("--fsdp-min-weight", o.fsdp_min_weight, "FSDP: smaller parameters stay replicated");
+  cli.add_option("--fsdp-min-weight", o.fsdp_min_weight,
+                 "FSDP: smaller parameters stay replicated");
   cli.add_option("--prefetch-depth", o.prefetch_depth, "FSDP gathers ahead");
   cli.add_option("--only", o.only, "run only the measurement of this name");
   CLI11_PARSE(cli, argc, argv);

@@ -41,15 +41,18 @@ TEST(DocsTensorParallelism, ShardedParameters) {
 TEST(DocsTensorParallelism, MegatronMlpByHand) {
   const mesh::Mesh mesh({2}, {"model"});
   const Tensor x = Tensor::ones({4, 8});
-  auto f = spmd::shard_map(mesh, [](spmd::DeviceContext& ctx, const std::vector<Tensor>& in) {
-    TensorTree params;
-    nn::Scope s = nn::Scope::init(&params, Key::from_seed(0)).on(ctx);
-    Tensor h = parallel::ColumnParallelDense{.features = 32}(s.child("fc1"), in[0]);  // (4, 16)
-    EXPECT_EQ(h.shape(), (Shape{4, 16}));
-    h = tensor::gelu(h);
-    Tensor y = parallel::RowParallelDense{.features = 8}(s.child("fc2"), h);  // (4, 8), psum'd
-    return std::vector<Tensor>{y};
-  }, {P()}, {P()});
+  auto f = spmd::shard_map(
+      mesh,
+      [](spmd::DeviceContext& ctx, const std::vector<Tensor>& in) {
+        TensorTree params;
+        nn::Scope s = nn::Scope::init(&params, Key::from_seed(0)).on(ctx);
+        Tensor h = parallel::ColumnParallelDense{.features = 32}(s.child("fc1"), in[0]);  // (4, 16)
+        EXPECT_EQ(h.shape(), (Shape{4, 16}));
+        h = tensor::gelu(h);
+        Tensor y = parallel::RowParallelDense{.features = 8}(s.child("fc2"), h);  // (4, 8), psum'd
+        return std::vector<Tensor>{y};
+      },
+      {P()}, {P()});
   const Tensor y = mesh::gather(f(std::vector<Tensor>{x})[0]);
   // The same MLP on one device (no context): the same parameters, the same result.
   TensorTree params;
@@ -64,7 +67,10 @@ TEST(DocsTensorParallelism, MegatronMlpByHand) {
 
 // "The transformer layouts"
 TEST(DocsTensorParallelism, TrainTheTpGpt) {
-  models::Transformer gpt({.vocab = 64, .d_model = 32, .num_layers = 2, .num_heads = 4,
+  models::Transformer gpt({.vocab = 64,
+                           .d_model = 32,
+                           .num_layers = 2,
+                           .num_heads = 4,
                            .max_len = 16,
                            .tp = {.layout = parallel::TPLayout::Megatron, .vocab_parallel = true}});
   optim::SGD opt({.learning_rate = optim::constant_schedule(0.1)});
@@ -74,14 +80,13 @@ TEST(DocsTensorParallelism, TrainTheTpGpt) {
       mesh::Mesh({2, 2}, {"data", "model"}),
       [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
         nn::ParamSpecs specs;
-        TensorTree shards = gpt.init(Key::from_seed(0), &specs, &ctx);  // this device's shards
+        TensorTree shards = gpt.init(Key::from_seed(0), &specs, &ctx);   // this device's shards
         EXPECT_EQ(shards.at("wte/embedding").shape(), (Shape{32, 32}));  // V/2 rows
         train::TrainState state = train::TrainState::create(shards, opt, Key::from_seed(1));
         parallel::DataParallel dp(ctx, "data", &specs);
         train::LossFn loss = [&](const TensorTree& p, const train::Batch& b, Key k) {
-          return std::make_pair(
-              gpt.loss(nn::Scope::apply(&p, true, k).on(ctx), b.inputs, b.labels),
-              train::Metrics{});
+          return std::make_pair(gpt.loss(nn::Scope::apply(&p, true, k).on(ctx), b.inputs, b.labels),
+                                train::Metrics{});
         };
         const int i = ctx.axis_index("data");
         train::Batch local = train::Batch{tokens, targets}.slice(2 * i, 2 * i + 2);
@@ -102,13 +107,14 @@ TEST(DocsTensorParallelism, TrainTheTpGpt) {
 
 // "ZeRO-1 and ZeRO-2"
 TEST(DocsZero, ZeroStrategy) {
-  const models::Classifier model({.in_features = 8, .hidden = 16, .num_classes = 4, .dropout = 0.f});
+  const models::Classifier model(
+      {.in_features = 8, .hidden = 16, .num_classes = 4, .dropout = 0.f});
   optim::AdamW opt({.learning_rate = optim::constant_schedule(1e-2)});
   const Key key = Key::from_seed(0), rng = Key::from_seed(1);
   train::LossFn loss_fn = [&](const TensorTree& p, const train::Batch& b, Key k) {
-    return std::make_pair(tensor::mean(tensor::cross_entropy(model.apply(p, b.inputs, true, k),
-                                                             b.labels)),
-                          train::Metrics{});
+    return std::make_pair(
+        tensor::mean(tensor::cross_entropy(model.apply(p, b.inputs, true, k), b.labels)),
+        train::Metrics{});
   };
   spmd::shard_map(
       mesh::Mesh({4}, {"data"}),
@@ -131,8 +137,8 @@ TEST(DocsZero, ZeroStrategy) {
 
 // "ZeRO-3: fully sharded parameters"
 TEST(DocsZero, FullyShardedParameters) {
-  models::Transformer gpt({.vocab = 64, .d_model = 32, .num_layers = 2, .num_heads = 4,
-                           .max_len = 16, .remat = true});
+  models::Transformer gpt(
+      {.vocab = 64, .d_model = 32, .num_layers = 2, .num_heads = 4, .max_len = 16, .remat = true});
   const Key key = Key::from_seed(0);
   spmd::shard_map(
       mesh::Mesh({8}, {"data"}),
@@ -142,7 +148,7 @@ TEST(DocsZero, FullyShardedParameters) {
         TensorTree shards = gpt.init(key, &specs, &ctx, &fsdp);  // 1/8 of each large parameter
         EXPECT_EQ(shards.at("blocks/0/mlp/fc1/kernel").numel(), 32 * 128 / 8);
         EXPECT_EQ(specs.at("blocks/0/mlp/fc1/kernel"), P(std::nullopt, "data"));
-        parallel::DataParallel dp(ctx, "data", &specs);
+        parallel::DataParallel dp(ctx, "data", &specs, {.fully_sharded = "data"});
         train::LossFn loss = [&](const TensorTree& p, const train::Batch& b, Key k) {
           nn::Scope s = nn::Scope::apply(&p, true, k).on(ctx).fully_sharded(fsdp);
           return std::make_pair(gpt.loss(s, b.inputs, b.labels), train::Metrics{});
@@ -150,8 +156,10 @@ TEST(DocsZero, FullyShardedParameters) {
         optim::AdamW opt({.learning_rate = optim::constant_schedule(1e-2)});
         auto state = train::TrainState::create(shards, opt, key, dp);
         train::Batch local{Tensor::zeros({1, 16}, DType::I32), Tensor::ones({1, 16}, DType::I32)};
-        const double first = train::train_step(state, local, loss, opt, {.strategy = &dp}).mean("loss");
-        const double second = train::train_step(state, local, loss, opt, {.strategy = &dp}).mean("loss");
+        const double first =
+            train::train_step(state, local, loss, opt, {.strategy = &dp}).mean("loss");
+        const double second =
+            train::train_step(state, local, loss, opt, {.strategy = &dp}).mean("loss");
         EXPECT_LT(second, first);
         return std::vector<Tensor>{};
       },
@@ -161,22 +169,22 @@ TEST(DocsZero, FullyShardedParameters) {
 // "Sharding rules, the table and the lint"
 TEST(DocsZero, ShardingRulesTableAndLint) {
   const mesh::Mesh mesh({2, 2}, {"data", "model"});
-  TensorTree params = models::Transformer({.vocab = 32, .d_model = 16, .num_layers = 1,
-                                           .num_heads = 4, .max_len = 8})
-                          .init(Key::from_seed(0));
+  TensorTree params =
+      models::Transformer(
+          {.vocab = 32, .d_model = 16, .num_layers = 1, .num_heads = 4, .max_len = 8})
+          .init(Key::from_seed(0));
   const parallel::ShardingRules rules({{"(qkv|fc1)/bias$", P("model")},
                                        {"(qkv|fc1)/kernel$", P(std::nullopt, "model")},
                                        {"(out|fc2)/kernel$", P("model", std::nullopt)}});
   nn::ParamSpecs specs = rules.specs_for(params, mesh);  // validated on the mesh
   EXPECT_EQ(specs.at("blocks/0/attn/qkv/kernel"), P(std::nullopt, "model"));
-  const std::string table =
-      parallel::sharding_table(parallel::global_shapes(params), specs, mesh);
+  const std::string table = parallel::sharding_table(parallel::global_shapes(params), specs, mesh);
   EXPECT_NE(table.find("blocks/0/attn/qkv/kernel"), std::string::npos) << table;
   parallel::check_sharding(specs, mesh, {.data_axes = "data"});  // throws on a pitfall
   nn::ParamSpecs bad = specs;
   bad["wte/embedding"] = P("data", std::nullopt);
-  const std::string msg = error_of<ShardingError>(
-      [&] { parallel::check_sharding(bad, mesh, {.data_axes = "data"}); });
+  const std::string msg =
+      error_of<ShardingError>([&] { parallel::check_sharding(bad, mesh, {.data_axes = "data"}); });
   EXPECT_TRUE(contains(msg, "replicas silently train different models")) << msg;
 }
 
@@ -185,7 +193,8 @@ TEST(DocsZero, ShardingRulesTableAndLint) {
 // "From C++"
 TEST(DocsConfigs, FromCpp) {
   const std::string path = std::string(DISTJAX_SOURCE_DIR) + "/configs/tensor_parallelism.toml";
-  config::TrainConfig c = config::load_config(path, {"run.steps=10", "distributed.backend=threads"});
+  config::TrainConfig c =
+      config::load_config(path, {"run.steps=10", "distributed.backend=threads"});
   c.distributed = config::resolve(c.distributed, comm::discover_launch_environment());
   c.validate(path);  // ConfigError listing every problem
   mesh::Mesh mesh = config::build_mesh(c.distributed, {"data", "model"});
@@ -214,25 +223,28 @@ TEST(DocsPipeline, Executor) {
   const Key key = Key::from_seed(0);
   Tensor x = Tensor::full({16, 784}, 0.1), y = Tensor::zeros({16}, DType::I32);
   std::vector<double> losses(4, 0.0);
-  spmd::shard_map(mesh::Mesh({2, 2}, {"data", "pipe"}), [&](spmd::DeviceContext& ctx,
-                                                            const std::vector<Tensor>&) {
-    nn::ParamSpecs specs;
-    parallel::DataParallel dp(ctx, "data", &specs);  // the other axes' strategy
-    models::PPClassifier model({.num_layers = 8});
-    parallel::Pipeline pp(ctx, model, {.schedule = ScheduleKind::OneFOneB, .microbatches = 8}, &dp);
-    TensorTree params = model.init(key, pp.chunks(), pp.num_chunks(), &specs, &ctx);
-    auto state = train::TrainState::create(params, opt, key, pp);
-    const train::Batch local_batch{x.view_rows(0, 8), y.view_rows(0, 8)};
-    const train::Metrics m =
-        train::train_step(state, local_batch, /*loss_fn=*/nullptr, opt, {.strategy = &pp});
-    losses[static_cast<std::size_t>(ctx.device())] = m.mean("loss");
-    // Only stage 1 holds the head; stage 0 the input layer.
-    EXPECT_EQ(state.params.contains("head/kernel"), pp.stage() == 1);
-    EXPECT_EQ(state.params.contains("input/kernel"), pp.stage() == 0);
-    return std::vector<Tensor>{};
-  }, {}, {})(std::vector<Tensor>{});
+  spmd::shard_map(mesh::Mesh({2, 2}, {"data", "pipe"}),
+                  [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
+                    nn::ParamSpecs specs;
+                    parallel::DataParallel dp(ctx, "data", &specs);  // the other axes' strategy
+                    models::PPClassifier model({.num_layers = 8});
+                    parallel::Pipeline pp(
+                        ctx, model, {.schedule = ScheduleKind::OneFOneB, .microbatches = 8}, &dp);
+                    TensorTree params = model.init(key, pp.chunks(), pp.num_chunks(), &specs, &ctx);
+                    auto state = train::TrainState::create(params, opt, key, pp);
+                    const train::Batch local_batch{x.view_rows(0, 8), y.view_rows(0, 8)};
+                    const train::Metrics m = train::train_step(
+                        state, local_batch, /*loss_fn=*/nullptr, opt, {.strategy = &pp});
+                    losses[static_cast<std::size_t>(ctx.device())] = m.mean("loss");
+                    // Only stage 1 holds the head; stage 0 the input layer.
+                    EXPECT_EQ(state.params.contains("head/kernel"), pp.stage() == 1);
+                    EXPECT_EQ(state.params.contains("input/kernel"), pp.stage() == 0);
+                    return std::vector<Tensor>{};
+                  },
+                  {}, {})(std::vector<Tensor>{});
   EXPECT_GT(losses[0], 0.0);
-  for (double l : losses) EXPECT_EQ(l, losses[0]);  // every device reports the same loss
+  for (double l : losses)
+    EXPECT_EQ(l, losses[0]);  // every device reports the same loss
 }
 
 // ------------------------------------------------------------ checkpoints.md
@@ -243,27 +255,28 @@ TEST(DocsCheckpoints, SaveOnOneMeshLoadOnAnother) {
       (std::filesystem::temp_directory_path() / ("distjax_docs_ckpt_" + std::to_string(::getpid())))
           .string();
   std::filesystem::remove_all(dir);
-  const models::Classifier model({.in_features = 8, .hidden = 16, .num_classes = 4, .dropout = 0.f});
+  const models::Classifier model(
+      {.in_features = 8, .hidden = 16, .num_classes = 4, .dropout = 0.f});
   optim::AdamW opt({.learning_rate = optim::constant_schedule(1e-2)});
   train::LossFn loss_fn = [&](const TensorTree& p, const train::Batch& b, Key k) {
-    return std::make_pair(tensor::mean(tensor::cross_entropy(model.apply(p, b.inputs, true, k),
-                                                             b.labels)),
-                          train::Metrics{});
+    return std::make_pair(
+        tensor::mean(tensor::cross_entropy(model.apply(p, b.inputs, true, k), b.labels)),
+        train::Metrics{});
   };
   // Saved on ("data"=4) under ZeRO-2 after one step...
-  spmd::shard_map(
-      mesh::Mesh({4}, {"data"}),
-      [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
-        nn::ParamSpecs specs;
-        TensorTree params = model.init(Key::from_seed(0), &specs, &ctx);
-        parallel::ZeroDataParallel zero(ctx, /*stage=*/2, "data", &specs);
-        train::TrainState state = train::TrainState::create(params, opt, Key::from_seed(1), zero);
-        train::train_step(state, {Tensor::ones({2, 8}), Tensor::zeros({2}, DType::I32)}, loss_fn, opt,
-                          {.strategy = &zero});
-        train::save_checkpoint(dir, state, {&ctx, &specs, &zero}, {.data = {0, 1}});
-        return std::vector<Tensor>{};
-      },
-      {}, {})(std::vector<Tensor>{});
+  spmd::shard_map(mesh::Mesh({4}, {"data"}),
+                  [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
+                    nn::ParamSpecs specs;
+                    TensorTree params = model.init(Key::from_seed(0), &specs, &ctx);
+                    parallel::ZeroDataParallel zero(ctx, /*stage=*/2, "data", &specs);
+                    train::TrainState state =
+                        train::TrainState::create(params, opt, Key::from_seed(1), zero);
+                    train::train_step(state, {Tensor::ones({2, 8}), Tensor::zeros({2}, DType::I32)},
+                                      loss_fn, opt, {.strategy = &zero});
+                    train::save_checkpoint(dir, state, {&ctx, &specs, &zero}, {.data = {0, 1}});
+                    return std::vector<Tensor>{};
+                  },
+                  {}, {})(std::vector<Tensor>{});
   // ...loaded on ("data"=2) with plain data parallelism.
   spmd::shard_map(
       mesh::Mesh({2}, {"data"}),
@@ -293,15 +306,15 @@ TEST(DocsCheckpoints, SaveOnOneMeshLoadOnAnother) {
 
 // "A run that resumes"
 TEST(DocsCheckpoints, Checkpointer) {
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / ("distjax_docs_ckptr_" + std::to_string(::getpid())))
-          .string();
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("distjax_docs_ckptr_" + std::to_string(::getpid())))
+                              .string();
   std::filesystem::remove_all(dir);
   data::ArrayDataset d = data::synthetic_classification(64, 8, 4, Key::from_seed(1));
   optim::Adam opt({.learning_rate = optim::constant_schedule(0.05)});
   train::LossFn loss_fn = [](const TensorTree& p, const train::Batch& b, Key) {
-    Tensor loss = tensor::mean(tensor::cross_entropy(tensor::linear(b.inputs, p.at("w"), p.at("b")),
-                                                     b.labels));
+    Tensor loss = tensor::mean(
+        tensor::cross_entropy(tensor::linear(b.inputs, p.at("w"), p.at("b")), b.labels));
     return std::make_pair(loss, train::Metrics{});
   };
   auto run = [&](train::Resume resume, std::int64_t steps) {
@@ -332,21 +345,28 @@ TEST(DocsCheckpoints, Checkpointer) {
 TEST(DocsPlan, Gpt3OnSixtyFourDevices) {
   const plan::ModelDescription gpt3 = plan::describe_gpt(50257, 12288, 96, 96, 2048,
                                                          /*vocab_parallel=*/true);
-  plan::Setup s{.data = 2, .tensor = 8, .pipe = 4, .sequence_parallel = true,
-                .recompute = plan::Recompute::Selective, .microbatches = 16,
-                .param_bytes = 2, .grad_bytes = 2, .activation_bytes = 2, .state_bytes = 2,
-                .global_batch = 32, .seq_len = 2048,
+  plan::Setup s{.data = 2,
+                .tensor = 8,
+                .pipe = 4,
+                .sequence_parallel = true,
+                .recompute = plan::Recompute::Selective,
+                .microbatches = 16,
+                .param_bytes = 2,
+                .grad_bytes = 2,
+                .activation_bytes = 2,
+                .state_bytes = 2,
+                .global_batch = 32,
+                .seq_len = 2048,
                 .activations = plan::activation_model_megatron()};
   const plan::Plan p = plan::make_plan(gpt3, s);
   EXPECT_NEAR(p.parameters / 1e9, 11.08, 0.01);
   EXPECT_NEAR(p.total() / 1e9, 54.95, 0.01);
   EXPECT_NE(p.str().find("11.08 GB"), std::string::npos);
   // Only what the program that will run it runs (the gpt program's: no ZeRO-1/2, FSDP).
-  const config::ProgramCapabilities runs{
-      .tensor_parallel = true,
-      .pipeline_parallel = true,
-      .shards = {config::Shard::None, config::Shard::Parameters},
-      .mixed_precision = true};
+  const config::ProgramCapabilities runs{.tensor_parallel = true,
+                                         .pipeline_parallel = true,
+                                         .shards = {config::Shard::None, config::Shard::Parameters},
+                                         .mixed_precision = true};
   std::vector<plan::Plan> fits = plan::meshes_that_fit(gpt3, s, 64, 80.0 * (1 << 30), runs);
   EXPECT_FALSE(fits.empty());
   for (const plan::Plan& f : fits)
@@ -386,7 +406,8 @@ TEST(DocsGlobal, ShardingsAndGlobalMap) {
   auto out = f(std::vector<Tensor>{x, w});
   const auto got = mesh::gather(out[0]).to_vector<float>();
   const auto want = tensor::matmul(x, w).to_vector<float>();
-  for (std::size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-4);
+  for (std::size_t i = 0; i < want.size(); ++i)
+    EXPECT_NEAR(got[i], want[i], 1e-4);
 }
 
 TEST(DocsGlobal, RulesAndReshardPlans) {
@@ -418,7 +439,8 @@ TEST(DocsGlobal, MegatronBlockPlan) {
   init.set("fc2/bias", randn({8}, 7));
   const Tensor xh = randn({16, 16}, 8);
   Tensor yh = Tensor::empty({16}, DType::I32);
-  for (int i = 0; i < 16; ++i) yh.data<std::int32_t>()[i] = i % 8;
+  for (int i = 0; i < 16; ++i)
+    yh.data<std::int32_t>()[i] = i % 8;
   std::mutex mu;
   std::vector<int> counts;
   std::string printed;
@@ -435,7 +457,8 @@ TEST(DocsGlobal, MegatronBlockPlan) {
           global::RecordPlan on(plan);
           auto [loss, grads] = global::value_and_grad(
               [&](const GlobalTree& p) {
-                GlobalArray h = relu(add(matmul(matmul(x, p.at("in/kernel")), p.at("fc1/kernel")), p.at("fc1/bias")));
+                GlobalArray h = relu(add(matmul(matmul(x, p.at("in/kernel")), p.at("fc1/kernel")),
+                                         p.at("fc1/bias")));
                 return mean(cross_entropy(add(matmul(h, p.at("fc2/kernel")), p.at("fc2/bias")), y));
               },
               params);
@@ -447,13 +470,16 @@ TEST(DocsGlobal, MegatronBlockPlan) {
         return std::vector<Tensor>{};
       },
       {}, {})(std::vector<Tensor>{});
-  for (int c : counts) EXPECT_EQ(c, 1);
-  EXPECT_TRUE(contains(printed, "forward  add             all_reduce      model                384"))
+  for (int c : counts)
+    EXPECT_EQ(c, 1);
+  EXPECT_TRUE(
+      contains(printed, "forward  add             all_reduce      model                384"))
       << printed;
 }
 
 TEST(DocsGlobal, RulesByPathGpt) {
-  const models::TransformerConfig cfg{.vocab = 32, .d_model = 16, .num_layers = 1, .num_heads = 4, .max_len = 8};
+  const models::TransformerConfig cfg{
+      .vocab = 32, .d_model = 16, .num_layers = 1, .num_heads = 4, .max_len = 8};
   const TensorTree init = models::Transformer(cfg).init(Key::from_seed(0));
   Tensor tokens = Tensor::empty({4, 8}, DType::I32), targets = Tensor::empty({4, 8}, DType::I32);
   for (int i = 0; i < 32; ++i) {
@@ -465,24 +491,26 @@ TEST(DocsGlobal, RulesByPathGpt) {
                          .item<double>();
   const parallel::ShardingRules rules = models::transformer_megatron_rules("model");
   std::vector<double> losses(8);
-  spmd::shard_map(
-      Mesh({2, 4}, {"data", "model"}),
-      [&](DeviceContext& ctx, const std::vector<Tensor>&) {
-        GlobalTree params;
-        for (const auto& [path, t] : init)  // init: models::Transformer(cfg).init(key)
-          params.emplace(path, GlobalArray::from_host(ctx, t, {rules.spec_for(path)}));
-        auto [loss, grads] = global::value_and_grad(
-            [&](const GlobalTree& p) {
-              return models::global_transformer_loss(cfg, p, GlobalArray::from_host(ctx, tokens, {P("data")}),
-                                                     GlobalArray::from_host(ctx, targets, {P("data")}));
-            },
-            params);
-        losses[static_cast<std::size_t>(ctx.device())] = loss.local().item<double>();
-        EXPECT_EQ(grads.at("blocks/0/mlp/fc1/kernel").sharding().to_string(), "P(None, \"model\")");
-        return std::vector<Tensor>{};
-      },
-      {}, {})(std::vector<Tensor>{});
-  for (double l : losses) EXPECT_NEAR(l, ref, 1e-5 * std::fabs(ref));
+  spmd::shard_map(Mesh({2, 4}, {"data", "model"}),
+                  [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+                    GlobalTree params;
+                    for (const auto& [path, t] : init)  // init: models::Transformer(cfg).init(key)
+                      params.emplace(path, GlobalArray::from_host(ctx, t, {rules.spec_for(path)}));
+                    auto [loss, grads] = global::value_and_grad(
+                        [&](const GlobalTree& p) {
+                          return models::global_transformer_loss(
+                              cfg, p, GlobalArray::from_host(ctx, tokens, {P("data")}),
+                              GlobalArray::from_host(ctx, targets, {P("data")}));
+                        },
+                        params);
+                    losses[static_cast<std::size_t>(ctx.device())] = loss.local().item<double>();
+                    EXPECT_EQ(grads.at("blocks/0/mlp/fc1/kernel").sharding().to_string(),
+                              "P(None, \"model\")");
+                    return std::vector<Tensor>{};
+                  },
+                  {}, {})(std::vector<Tensor>{});
+  for (double l : losses)
+    EXPECT_NEAR(l, ref, 1e-5 * std::fabs(ref));
 }
 
 }  // namespace docs_global

@@ -8,18 +8,20 @@
 #include <cmath>
 
 #include "distjax/autodiff/autodiff.hpp"
-#include "distjax/tensor/elementwise.hpp"
-#include "distjax/tensor/matmul.hpp"
-#include "distjax/tensor/grad_node.hpp"
-#include "spmd/spmd_test_util.hpp"
 #include "distjax/models/classifier.hpp"
+#include "distjax/nn/dense.hpp"
 #include "distjax/optim/adamw.hpp"
 #include "distjax/optim/sgd.hpp"
+#include "distjax/parallel/zero.hpp"
 #include "distjax/spmd/collectives.hpp"
 #include "distjax/spmd/shard_map.hpp"
+#include "distjax/tensor/elementwise.hpp"
+#include "distjax/tensor/grad_node.hpp"
+#include "distjax/tensor/matmul.hpp"
 #include "distjax/tensor/nn_ops.hpp"
 #include "distjax/tensor/reduce.hpp"
 #include "distjax/train/train_step.hpp"
+#include "spmd/spmd_test_util.hpp"
 
 namespace distjax::parallel {
 namespace {
@@ -72,15 +74,14 @@ TrainingRun train_one_device(const optim::Optimizer& opt) {
 // How the local batch reaches the device and what the loss function does with the
 // parameters: every way must give the single-device run.
 enum class Feed {
-  SliceInside,       // the device slices the global batch itself (a fresh, unmarked tensor)
-  ThroughInSpec,     // the batch enters shard_map with in_spec P("data") (marked varying)
-  UserPvaryParams,   // as ThroughInSpec, and the loss function pvary's the parameters
+  SliceInside,      // the device slices the global batch itself (a fresh, unmarked tensor)
+  ThroughInSpec,    // the batch enters shard_map with in_spec P("data") (marked varying)
+  UserPvaryParams,  // as ThroughInSpec, and the loss function pvary's the parameters
 };
 
 // Trains on a ("data"=n) mesh; returns device 0's losses and parameters, after checking
 // (check_replicated) that every replica ends with exactly the same parameters.
-TrainingRun train_data_parallel(const optim::Optimizer& opt, int n,
-                                Feed feed = Feed::SliceInside) {
+TrainingRun train_data_parallel(const optim::Optimizer& opt, int n, Feed feed = Feed::SliceInside) {
   Mesh mesh({n}, {"data"});
   const TensorTree init = model().init(Key::from_seed(1));
   std::vector<std::string> paths = init.paths();
@@ -198,7 +199,8 @@ TEST(DataParallel, OverlappedBucketsStartDuringBackwardAndGiveTheSyncAverages) {
           return std::make_pair(tensor::mean(h), train::Metrics{});
         };
         for (bool overlap : {true, false}) {
-          DataParallel dp(ctx, "data", nullptr, /*bucket_bytes=*/2 * 8 * 8 * 4, overlap);
+          DataParallel dp(ctx, "data", nullptr,
+                          {.bucket_bytes = 2 * 8 * 8 * 4, .overlap = overlap});
           active = &dp;
           ctx.comm_stats().reset();
           // The marker's input must require grad for its backward to run.
@@ -265,11 +267,11 @@ TEST(DataParallel, StreamedUpdateUpdatesEachBucketAsItArrivesWithTheSameResult) 
         for (Mode mode : {Streamed, Clipped, NotPerLeaf}) {
           TensorTree init;
           for (const char* name : {"w0", "w1", "w2", "w3"})
-            init.set(name, testing::random_tensor(
-                               Key::from_seed(1).fold_in(std::string_view(name)), {8, 8}));
+            init.set(name, testing::random_tensor(Key::from_seed(1).fold_in(std::string_view(name)),
+                                                  {8, 8}));
           init.set("n", Tensor::zeros({1}, DType::I32));  // an integer leaf: not trained
           RecordingAdamW opt(mode != NotPerLeaf);
-          DataParallel dp(ctx, "data", nullptr, /*bucket_bytes=*/2 * 8 * 8 * 4, true);
+          DataParallel dp(ctx, "data", nullptr, {.bucket_bytes = 2 * 8 * 8 * 4, .overlap = true});
           train::TrainState state = train::TrainState::create(init, opt, Key::from_seed(3), dp);
           for (int s = 0; s < steps; ++s) {
             const train::Batch batch{
@@ -348,17 +350,17 @@ TEST(DataParallel, SyncGradsReadsEachLeafsSpec) {
   // leaf sharded over "data" (fully sharded) is its own and left alone.
   Mesh mesh({2, 2}, {"data", "model"});
   const ParamSpecs specs{{"rep", P()}, {"tp", P("model")}, {"fsdp", P("data")}};
-  auto f = spmd::shard_map(
-      mesh,
-      [&](DeviceContext& ctx, const std::vector<Tensor>&) {
-        const float d = static_cast<float>(ctx.device());
-        TensorTree g;
-        for (const char* name : {"rep", "tp", "fsdp"})
-          g.set(name, spmd::pvary(ctx, Tensor::full({2}, d), {"data", "model"}));
-        TensorTree s = sync_grads(ctx, g, "data", &specs);
-        return std::vector<Tensor>{s.at("rep"), s.at("tp"), s.at("fsdp")};
-      },
-      {}, {P("model"), P("model"), P({"data", "model"})});
+  auto f =
+      spmd::shard_map(mesh,
+                      [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+                        const float d = static_cast<float>(ctx.device());
+                        TensorTree g;
+                        for (const char* name : {"rep", "tp", "fsdp"})
+                          g.set(name, spmd::pvary(ctx, Tensor::full({2}, d), {"data", "model"}));
+                        TensorTree s = sync_grads(ctx, g, "data", &specs);
+                        return std::vector<Tensor>{s.at("rep"), s.at("tp"), s.at("fsdp")};
+                      },
+                      {}, {P("model"), P("model"), P({"data", "model"})});
   auto out = f(std::vector<Tensor>{});
   for (int dev = 0; dev < 4; ++dev) {
     const float averaged = 1.f + dev % 2;  // mean over data of 2 * data + model
@@ -371,26 +373,84 @@ TEST(DataParallel, SyncGradsReadsEachLeafsSpec) {
 TEST(DataParallel, SyncMetricsMatchesByNameInDoublePrecision) {
   Mesh mesh = Mesh::line(2);
   std::vector<train::Metrics> got(2);
-  auto f = spmd::shard_map(
-      mesh,
-      [&](DeviceContext& ctx, const std::vector<Tensor>&) {
-        const int i = ctx.axis_index("data");
-        train::Metrics m;
-        // Counts beyond 2^24 and sums that f32 would round.
-        m.add("loss", 1e9 + 0.25 * (i + 1), 33554433.0);
-        m.add("accuracy", i == 0 ? 3 : 4, 10);
-        got[i] = sync_metrics(ctx, m, "data");
-        train::Metrics odd;
-        odd.add(i == 0 ? "loss" : "lost", 1, 1);
-        EXPECT_THROW(sync_metrics(ctx, odd, "data"), InvalidArgument);
-        return std::vector<Tensor>{};
-      },
-      {}, {});
+  auto f = spmd::shard_map(mesh,
+                           [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+                             const int i = ctx.axis_index("data");
+                             train::Metrics m;
+                             // Counts beyond 2^24 and sums that f32 would round.
+                             m.add("loss", 1e9 + 0.25 * (i + 1), 33554433.0);
+                             m.add("accuracy", i == 0 ? 3 : 4, 10);
+                             got[i] = sync_metrics(ctx, m, "data");
+                             train::Metrics odd;
+                             odd.add(i == 0 ? "loss" : "lost", 1, 1);
+                             EXPECT_THROW(sync_metrics(ctx, odd, "data"), InvalidArgument);
+                             return std::vector<Tensor>{};
+                           },
+                           {}, {});
   f(std::vector<Tensor>{});
   for (const auto& m : got) {
     EXPECT_EQ(m.at("loss").sum, 2e9 + 0.75);
     EXPECT_EQ(m.at("loss").count, 67108866.0);
     EXPECT_EQ(m.at("accuracy").sum, 7.0);
+  }
+}
+
+// A hand-written shard_map program whose weight is split over "data" (a kernel_spec naming
+// the data axis, no fully sharded storage) would train a different slice on each replica
+// as if it were the whole weight: DataParallel (and ZeroDataParallel, built on it) refuses
+// it at the first step, naming the parameter; declared fully sharded, it is accepted.
+TEST(DataParallel, AWeightSplitOverDataWithoutFullShardingIsRefused) {
+  enum class Built { Plain, Zero1, FullySharded };
+  for (Built built : {Built::Plain, Built::Zero1, Built::FullySharded}) {
+    std::vector<std::string> errors(2);
+    spmd::shard_map(
+        Mesh({2}, {"data"}),
+        [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+          const auto forward = [](const nn::Scope& s, const Tensor& x) {
+            return nn::Dense{.features = 4,
+                             .kernel_spec = P(std::nullopt, "data"),
+                             .bias_spec = P("data")}(s.child("fc"), x);
+          };
+          nn::ParamSpecs specs;
+          TensorTree params;
+          {
+            tensor::NoGradGuard no_grad;
+            forward(nn::Scope::init(&params, Key::from_seed(1), &specs).on(ctx),
+                    Tensor::zeros({1, 8}));
+          }
+          std::unique_ptr<train::Strategy> strategy;
+          if (built == Built::Zero1)
+            strategy = std::make_unique<ZeroDataParallel>(ctx, 1, "data", &specs);
+          else
+            strategy = std::make_unique<DataParallel>(
+                ctx, "data", &specs,
+                DataParallelOptions{.fully_sharded = built == Built::FullySharded
+                                                         ? mesh::Axes("data")
+                                                         : mesh::Axes()});
+          const optim::SGD opt({.learning_rate = optim::constant_schedule(0.1)});
+          auto state = train::TrainState::create(params, opt, Key::from_seed(2), *strategy);
+          const train::LossFn fn = [&](const TensorTree& p, const train::Batch& b, Key k) {
+            const nn::Scope s = nn::Scope::apply(&p, true, k).on(ctx);
+            return std::make_pair(tensor::mean(forward(s, b.inputs)), train::Metrics{});
+          };
+          try {
+            train::train_step(state, make_batch(0).slice(0, 8), fn, opt,
+                              {.strategy = strategy.get()});
+          } catch (const ShardingError& e) {
+            errors[ctx.device()] = e.what();
+          }
+          return std::vector<Tensor>{};
+        },
+        {}, {})(std::vector<Tensor>{});
+    for (const std::string& e : errors) {
+      if (built == Built::FullySharded) {
+        EXPECT_EQ(e, "");
+      } else {
+        EXPECT_NE(e.find("parameter \"fc/kernel\" is split over data axis"), std::string::npos)
+            << e;
+        EXPECT_NE(e.find("silently train different models"), std::string::npos) << e;
+      }
+    }
   }
 }
 

@@ -64,12 +64,15 @@ ParityModel fsdp_gpt(const models::Transformer& m, nn::FullySharded fsdp) {
           },
           [&m, fsdp](const nn::Scope& s, const train::Batch& b) {
             return m.loss(s.context() ? s.fully_sharded(fsdp) : s, b.inputs, b.labels);
-          }};
+          },
+          fsdp.axis};
 }
 
+// Data parallelism over `axes`, its parameters fully sharded over "data".
 testing::StrategyFactory data_parallel(mesh::Axes axes) {
   return [axes](DeviceContext& ctx, const nn::ParamSpecs& specs) {
-    return std::make_unique<DataParallel>(ctx, axes, &specs);
+    return std::make_unique<DataParallel>(ctx, axes, &specs,
+                                          parallel::DataParallelOptions{.fully_sharded = "data"});
   };
 }
 
@@ -116,26 +119,31 @@ TEST(Fsdp, ModulesByKindMatchOneDevice) {
          {std::vector<std::string>{"MLP"}, std::vector<std::string>{"Attn", "MLP"},
           std::vector<std::string>{"Block"}}) {
       const nn::FullySharded fsdp{.min_weight_size = 64, .modules = modules};
-      const TrainingRun run = train_on_mesh(Mesh({2}, {"data"}), fsdp_gpt(gpt, fsdp), adamw(), data);
+      const TrainingRun run =
+          train_on_mesh(Mesh({2}, {"data"}), fsdp_gpt(gpt, fsdp), adamw(), data);
       std::string what = "ZeRO-3 of";
-      for (const auto& m : modules) what += " " + m;
+      for (const auto& m : modules)
+        what += " " + m;
       expect_same_run(one, run, kAdamTol, what + (remat ? ", remat" : ""));
     }
   }
   // Which parameters are split: the MLP's kernels only, with {"MLP"}.
   const models::Transformer gpt(gpt_config(false));
   nn::ParamSpecs specs;
-  spmd::shard_map(Mesh({2}, {"data"}), [&](DeviceContext& ctx, const std::vector<Tensor>&) {
-    nn::ParamSpecs s;
-    const nn::FullySharded fsdp{.min_weight_size = 64, .modules = {"MLP"}};
-    gpt.init(Key::from_seed(1), &s, &ctx, &fsdp);
-    if (ctx.device() == 0) specs = s;
-    return std::vector<Tensor>{};
-  }, {}, {})(std::vector<Tensor>{});
+  spmd::shard_map(Mesh({2}, {"data"}),
+                  [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+                    nn::ParamSpecs s;
+                    const nn::FullySharded fsdp{.min_weight_size = 64, .modules = {"MLP"}};
+                    gpt.init(Key::from_seed(1), &s, &ctx, &fsdp);
+                    if (ctx.device() == 0) specs = s;
+                    return std::vector<Tensor>{};
+                  },
+                  {}, {})(std::vector<Tensor>{});
   ASSERT_TRUE(specs.count("blocks/0/mlp/fc1/kernel"));
   EXPECT_TRUE(specs.at("blocks/0/mlp/fc1/kernel").uses("data"));
   EXPECT_TRUE(specs.at("blocks/0/mlp/fc2/kernel").uses("data"));
-  EXPECT_FALSE(specs.count("blocks/0/attn/qkv/kernel") && specs.at("blocks/0/attn/qkv/kernel").uses("data"));
+  EXPECT_FALSE(specs.count("blocks/0/attn/qkv/kernel") &&
+               specs.at("blocks/0/attn/qkv/kernel").uses("data"));
   EXPECT_FALSE(specs.count("wte/embedding") && specs.at("wte/embedding").uses("data"));
 }
 
@@ -157,7 +165,8 @@ TEST(Fsdp, PrefetchGivesTheSameRunAndServesTheGathers) {
                                 .min_weight_size = 64,
                                 .prefetch = prefetchers[s.context()->device()].get()};
                             return gpt.loss(s.fully_sharded(fsdp), b.inputs, b.labels);
-                          }};
+                          },
+                          "data"};
   expect_same_run(one, train_on_mesh(Mesh({n}, {"data"}), model, adamw(), data), kAdamTol,
                   "ZeRO-3 with prefetch");
   // The first pass records the order; from the second on every gather but the first of a
@@ -179,7 +188,8 @@ TEST(Fsdp, ClassifierMatchesOneDevice) {
       [fsdp](const nn::Scope& s, const train::Batch& b) {
         const nn::Scope scope = s.context() ? s.fully_sharded(fsdp) : s;
         return tensor::mean(tensor::cross_entropy(clf(scope, b.inputs), b.labels));
-      }};
+      },
+      "data"};
   std::vector<train::Batch> data;
   for (int s = 0; s < kSteps; ++s) {
     Key k = Key::from_seed(4).fold_in(static_cast<std::uint64_t>(s));
@@ -231,7 +241,7 @@ Figures fsdp_step(int n) {
       Mesh({n}, {"data"}),
       [&](DeviceContext& ctx, const std::vector<Tensor>&) {
         nn::ParamSpecs specs;
-        DataParallel dp(ctx, "data", &specs);
+        DataParallel dp(ctx, "data", &specs, {.fully_sharded = "data"});
         auto state = train::TrainState::create(gpt.init(Key::from_seed(1), &specs, &ctx, &fsdp),
                                                adamw(), Key::from_seed(2), dp);
         const int i = ctx.axis_index("data");

@@ -25,9 +25,8 @@ using tensor::Tensor;
 using tensor::TensorTree;
 
 /// `steps` batches of (batch, t) random token ids and next-token targets in [0, vocab).
-inline std::vector<train::Batch> random_token_batches(int steps, std::int64_t batch,
-                                                      std::int64_t t, std::int64_t vocab,
-                                                      std::uint64_t seed) {
+inline std::vector<train::Batch> random_token_batches(int steps, std::int64_t batch, std::int64_t t,
+                                                      std::int64_t vocab, std::uint64_t seed) {
   std::vector<train::Batch> out;
   for (int s = 0; s < steps; ++s) {
     const Key k = Key::from_seed(seed).fold_in(static_cast<std::uint64_t>(s));
@@ -48,6 +47,9 @@ struct ParityModel {
   std::function<TensorTree(Key, nn::ParamSpecs*, spmd::DeviceContext*)> init;
   /// Scalar mean loss of a batch on a scope (replicated along the model axis).
   std::function<Tensor(const nn::Scope&, const train::Batch&)> loss;
+  /// The data axes its parameters are stored fully sharded over (Scope::fully_sharded),
+  /// for the default DataParallel's sharding lint.
+  mesh::Axes fully_sharded{};
 };
 
 struct TrainingRun {
@@ -135,7 +137,9 @@ inline TrainingRun train_on_mesh(const mesh::Mesh& mesh, const ParityModel& mode
         if (make_strategy) {
           strategy = make_strategy(ctx, my_specs);
         } else if (has_data) {
-          strategy = std::make_unique<parallel::DataParallel>(ctx, "data", &my_specs);
+          strategy = std::make_unique<parallel::DataParallel>(
+              ctx, "data", &my_specs,
+              parallel::DataParallelOptions{.fully_sharded = model.fully_sharded});
         } else {
           strategy = std::make_unique<parallel::TensorParallel>(ctx, "model");
         }

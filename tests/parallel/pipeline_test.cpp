@@ -26,12 +26,12 @@
 
 using namespace distjax;
 using namespace distjax::parallel;
+using distjax::testing::expect_same_run;
+using distjax::testing::TrainingRun;
 using mesh::Mesh;
 using spmd::DeviceContext;
 using tensor::Tensor;
 using tensor::TensorTree;
-using distjax::testing::expect_same_run;
-using distjax::testing::TrainingRun;
 
 namespace {
 
@@ -138,8 +138,13 @@ TrainingRun train_pipelined(const Mesh& mesh, const PipelineModule& module, cons
         std::unique_ptr<train::Strategy> inner;
         if (has_data && setup.zero_stage > 0)
           inner = std::make_unique<ZeroDataParallel>(ctx, setup.zero_stage, "data", &specs);
-        else if (has_data) inner = std::make_unique<DataParallel>(ctx, "data", &specs);
-        else if (mesh.has_axis("model")) inner = std::make_unique<TensorParallel>(ctx, "model");
+        else if (has_data)
+          inner = std::make_unique<DataParallel>(
+              ctx, "data", &specs,
+              DataParallelOptions{.fully_sharded =
+                                      setup.fsdp ? mesh::Axes(setup.fsdp->axis) : mesh::Axes()});
+        else if (mesh.has_axis("model"))
+          inner = std::make_unique<TensorParallel>(ctx, "model");
         PipelineOptions options = setup.options;
         options.fsdp = setup.fsdp;
         Pipeline pp(ctx, module, options, inner.get());
@@ -148,11 +153,11 @@ TrainingRun train_pipelined(const Mesh& mesh, const PipelineModule& module, cons
         const int i = has_data ? ctx.axis_index("data") : 0;
         for (const auto& b : batches) {
           const std::int64_t per = b.size() / n_data;
-          const train::Metrics m = train::train_step(
-              state, b.slice(i * per, (i + 1) * per), nullptr, opt,
-              {.num_minibatches = num_minibatches,
-               .max_grad_norm = distjax::testing::kParityMaxGradNorm,
-               .strategy = &pp});
+          const train::Metrics m =
+              train::train_step(state, b.slice(i * per, (i + 1) * per), nullptr, opt,
+                                {.num_minibatches = num_minibatches,
+                                 .max_grad_norm = distjax::testing::kParityMaxGradNorm,
+                                 .strategy = &pp});
           losses[static_cast<std::size_t>(ctx.device())].push_back(m.mean("loss"));
           if (ctx.device() == 0) norms.push_back(m.mean("grad_norm"));
         }
@@ -170,7 +175,8 @@ TrainingRun train_pipelined(const Mesh& mesh, const PipelineModule& module, cons
 }
 
 models::PPClassifierConfig classifier_config(int layers) {
-  return {.in_features = 12, .hidden = 16, .num_layers = layers, .mlp_expansion = 2, .num_classes = 10};
+  return {
+      .in_features = 12, .hidden = 16, .num_layers = layers, .mlp_expansion = 2, .num_classes = 10};
 }
 
 models::TransformerConfig gpt_config(models::TransformerTP tp = {}) {
@@ -194,13 +200,12 @@ TEST(Pipeline, EveryScheduleMatchesOneDevice) {
     ScheduleKind kind;
     int p, m, v;
   };
-  for (const Case& c : {Case{ScheduleKind::GPipe, 4, 8, 1}, Case{ScheduleKind::OneFOneB, 4, 8, 1},
-                        Case{ScheduleKind::OneFOneB, 2, 4, 1},
-                        Case{ScheduleKind::Interleaved1F1B, 2, 4, 2},
-                        Case{ScheduleKind::Interleaved1F1B, 4, 4, 2},
-                        Case{ScheduleKind::ZeroBubbleH1, 4, 8, 1},
-                        Case{ScheduleKind::InterleavedZeroBubble, 2, 4, 2},
-                        Case{ScheduleKind::InterleavedZeroBubble, 4, 8, 2}}) {
+  for (const Case& c :
+       {Case{ScheduleKind::GPipe, 4, 8, 1}, Case{ScheduleKind::OneFOneB, 4, 8, 1},
+        Case{ScheduleKind::OneFOneB, 2, 4, 1}, Case{ScheduleKind::Interleaved1F1B, 2, 4, 2},
+        Case{ScheduleKind::Interleaved1F1B, 4, 4, 2}, Case{ScheduleKind::ZeroBubbleH1, 4, 8, 1},
+        Case{ScheduleKind::InterleavedZeroBubble, 2, 4, 2},
+        Case{ScheduleKind::InterleavedZeroBubble, 4, 8, 2}}) {
     const std::string what = to_string(c.kind) + " p=" + std::to_string(c.p) +
                              " m=" + std::to_string(c.m) + " v=" + std::to_string(c.v);
     const TrainingRun run = train_pipelined(
@@ -232,22 +237,21 @@ TEST(Pipeline, ZeroOneInsideTheStagesMatchesOneDevice) {
       Mesh({2, 2}, {"data", "pipe"}), model,
       {.options = {.schedule = ScheduleKind::OneFOneB, .microbatches = 4}, .zero_stage = 1}, data);
   expect_same_run(one, run, kAdamTol, "1F1B x ZeRO-1");
-  spmd::shard_map(
-      Mesh({2, 2}, {"data", "pipe"}),
-      [&](DeviceContext& ctx, const std::vector<Tensor>&) {
-        ZeroDataParallel zero2(ctx, 2, "data");
-        try {
-          Pipeline pp(ctx, model, {}, &zero2);
-          ADD_FAILURE() << "a pipeline over ZeRO-2 was accepted";
-        } catch (const ConfigError& e) {
-          EXPECT_NE(std::string(e.what()).find("ZeRO-2 reduce-scatters inside its own "
-                                               "forward_backward"),
-                    std::string::npos)
-              << e.what();
-        }
-        return std::vector<Tensor>{};
-      },
-      {}, {})(std::vector<Tensor>{});
+  spmd::shard_map(Mesh({2, 2}, {"data", "pipe"}),
+                  [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+                    ZeroDataParallel zero2(ctx, 2, "data");
+                    try {
+                      Pipeline pp(ctx, model, {}, &zero2);
+                      ADD_FAILURE() << "a pipeline over ZeRO-2 was accepted";
+                    } catch (const ConfigError& e) {
+                      EXPECT_NE(std::string(e.what()).find("ZeRO-2 reduce-scatters inside its own "
+                                                           "forward_backward"),
+                                std::string::npos)
+                          << e.what();
+                    }
+                    return std::vector<Tensor>{};
+                  },
+                  {}, {})(std::vector<Tensor>{});
 }
 
 // f16 with dynamic loss scaling: a 2-stage 1F1B pipeline of 4 micro-batches, the train
@@ -285,8 +289,8 @@ TEST(Pipeline, Fp16WithDynamicLossScalingMatchesOneDevice) {
     state.loss_scale = scale0;
     const train::LossFn whole = [&](const TensorTree& p, const train::Batch& b, Key k) {
       train::Metrics m;
-      Tensor loss = model.forward(nn::Scope::apply(&p, true, k).with_precision(f16), 0, 1,
-                                  Tensor(), b, m);
+      Tensor loss =
+          model.forward(nn::Scope::apply(&p, true, k).with_precision(f16), 0, 1, Tensor(), b, m);
       return std::make_pair(loss, m);
     };
     for (const auto& b : data)
@@ -300,9 +304,9 @@ TEST(Pipeline, Fp16WithDynamicLossScalingMatchesOneDevice) {
       [&](DeviceContext& ctx, const std::vector<Tensor>&) {
         Pipeline pp(ctx, model,
                     {.schedule = ScheduleKind::OneFOneB, .microbatches = 4, .precision = f16});
-        auto state = train::TrainState::create(
-            model.init(Key::from_seed(1), pp.chunks(), pp.num_chunks()), opt, Key::from_seed(2),
-            pp);
+        auto state =
+            train::TrainState::create(model.init(Key::from_seed(1), pp.chunks(), pp.num_chunks()),
+                                      opt, Key::from_seed(2), pp);
         state.loss_scale = scale0;
         Run mine;
         for (const auto& b : data)
@@ -346,7 +350,8 @@ TEST(Pipeline, Fp16WithDynamicLossScalingMatchesOneDevice) {
 TEST(Pipeline, GptDataTensorPipe222MatchesOneDevice) {
   const auto data = distjax::testing::random_token_batches(kSteps, 8, 8, 32, 3);
   const models::TransformerPipeline whole(gpt_config());
-  const TrainingRun one = train_reference(whole.init(Key::from_seed(1), {0}, 1), whole.loss_fn(), data);
+  const TrainingRun one =
+      train_reference(whole.init(Key::from_seed(1), {0}, 1), whole.loss_fn(), data);
   for (ScheduleKind kind : {ScheduleKind::OneFOneB, ScheduleKind::ZeroBubbleH1}) {
     const models::TransformerPipeline tp(gpt_config({.layout = TPLayout::Megatron}));
     const TrainingRun run =
@@ -360,9 +365,9 @@ TEST(Pipeline, GptDataTensorPipe222MatchesOneDevice) {
   const TrainingRun one_sgd =
       train_reference(whole.init(Key::from_seed(1), {0}, 1), whole.loss_fn(), data, sgd);
   const models::TransformerPipeline tp(gpt_config({.layout = TPLayout::Megatron}));
-  const TrainingRun run_sgd =
-      train_pipelined(Mesh({2, 2, 2}, {"data", "model", "pipe"}), tp,
-                      {.options = {.schedule = ScheduleKind::OneFOneB, .microbatches = 2}}, data, sgd);
+  const TrainingRun run_sgd = train_pipelined(
+      Mesh({2, 2, 2}, {"data", "model", "pipe"}), tp,
+      {.options = {.schedule = ScheduleKind::OneFOneB, .microbatches = 2}}, data, sgd);
   expect_same_run(one_sgd, run_sgd, 1e-5, "PP x DP x TP, SGD");
 }
 
@@ -375,13 +380,20 @@ TEST(Pipeline, VitDataTensorPipe222MatchesOneDevice) {
   for (const train::Batch& b : flat)
     data.push_back({tensor::reshape(b.inputs, {8, 4, 6}), b.labels});
   const auto vit = [](models::TransformerTP tp) {
-    return models::TransformerConfig{.d_model = 16, .num_layers = 4, .num_heads = 4,
-                                     .mlp_ratio = 2, .max_len = 4, .tied_embeddings = false,
-                                     .tp = tp, .causal = false, .input_features = 6,
+    return models::TransformerConfig{.d_model = 16,
+                                     .num_layers = 4,
+                                     .num_heads = 4,
+                                     .mlp_ratio = 2,
+                                     .max_len = 4,
+                                     .tied_embeddings = false,
+                                     .tp = tp,
+                                     .causal = false,
+                                     .input_features = 6,
                                      .num_classes = 10};
   };
   const models::TransformerPipeline whole(vit({}));
-  const TrainingRun one = train_reference(whole.init(Key::from_seed(1), {0}, 1), whole.loss_fn(), data);
+  const TrainingRun one =
+      train_reference(whole.init(Key::from_seed(1), {0}, 1), whole.loss_fn(), data);
   for (bool sp : {false, true}) {
     const models::TransformerPipeline tp(
         vit({.layout = TPLayout::Megatron, .sequence_parallel = sp}));
@@ -396,7 +408,8 @@ TEST(Pipeline, VitDataTensorPipe222MatchesOneDevice) {
   const nn::Scope scope = nn::Scope::apply(&params, false, Key());
   std::vector<float> v = data[0].inputs.to_vector<float>();
   const auto first_position = [&](const std::vector<float>& in) {
-    const Tensor y = encoder.block(scope, 0, encoder.embed(scope, Tensor::from_vector(in, {8, 4, 6})));
+    const Tensor y =
+        encoder.block(scope, 0, encoder.embed(scope, Tensor::from_vector(in, {8, 4, 6})));
     return y.to_vector<float>()[0];  // image 0, position 0, feature 0
   };
   const float before = first_position(v);
@@ -429,10 +442,10 @@ TEST(Pipeline, FullyShardedStagesMatchOneDevice) {
 TEST(Pipeline, ActivationMemoryFollowsTheSchedule) {
   // Wide activations, few parameters: a micro-batch's activations dominate what a stage
   // holds, so the memory accounting shows how many are in flight.
-  const models::PPClassifier model({.in_features = 8, .hidden = 64, .num_layers = 2,
-                                    .mlp_expansion = 4, .num_classes = 4});
+  const models::PPClassifier model(
+      {.in_features = 8, .hidden = 64, .num_layers = 2, .mlp_expansion = 4, .num_classes = 4});
   const int p = 2, m = 8;
-  const std::int64_t b = 64;  // per micro-batch
+  const std::int64_t b = 64;                                 // per micro-batch
   std::map<std::pair<std::string, int>, std::int64_t> peak;  // (run, stage) -> bytes
   std::map<std::pair<std::string, int>, int> in_flight;
   std::int64_t one_mb = 0;  // activation bytes of one micro-batch on stage 0
@@ -442,34 +455,39 @@ TEST(Pipeline, ActivationMemoryFollowsTheSchedule) {
     ScheduleKind kind;
     int m;
   };
-  for (const Run& r : {Run{"gpipe8", ScheduleKind::GPipe, 8}, Run{"gpipe4", ScheduleKind::GPipe, 4},
-                       Run{"1f1b8", ScheduleKind::OneFOneB, 8}, Run{"1f1b4", ScheduleKind::OneFOneB, 4},
-                       Run{"one", ScheduleKind::GPipe, 1}}) {
+  for (const Run& r :
+       {Run{"gpipe8", ScheduleKind::GPipe, 8}, Run{"gpipe4", ScheduleKind::GPipe, 4},
+        Run{"1f1b8", ScheduleKind::OneFOneB, 8}, Run{"1f1b4", ScheduleKind::OneFOneB, 4},
+        Run{"one", ScheduleKind::GPipe, 1}}) {
     train::Batch batch = image_batches(1, b * r.m, 8)[0];
     std::vector<std::int32_t> labels = batch.labels.to_vector<std::int32_t>();
     for (std::int32_t& y : labels)
       y %= 4;
     batch.labels = Tensor::from_vector(labels, batch.labels.shape());
-    spmd::shard_map(Mesh({p}, {"pipe"}), [&](DeviceContext& ctx, const std::vector<Tensor>&) {
-      Pipeline pp(ctx, model, {.schedule = r.kind, .microbatches = r.m});
-      TensorTree params = model.init(Key::from_seed(1), pp.chunks(), pp.num_chunks(), nullptr, &ctx);
-      auto state = train::TrainState::create(params, adamw(), Key::from_seed(2), pp);
-      train::train_step(state, batch, nullptr, adamw(), {.strategy = &pp});
-      std::lock_guard<std::mutex> lock(mu);
-      peak[{r.name, pp.stage()}] = ctx.memory().activations_peak;
-      in_flight[{r.name, pp.stage()}] = pp.last_trace().peak_in_flight;
-      if (pp.stage() == 0 && r.name == "one") {
-        // One micro-batch forward on stage 0 with grad on: what it keeps alive.
-        const TensorTree leaves = autodiff::detail::make_leaves(state.params);
-        const std::int64_t before = tensor::live_bytes();
-        tensor::EnableGradGuard on;
-        train::Metrics unused;
-        Tensor y = model.forward(nn::Scope::apply(&leaves, true).on(ctx), 0, 2, Tensor(), batch,
-                                 unused);
-        one_mb = tensor::live_bytes() - before;
-      }
-      return std::vector<Tensor>{};
-    }, {}, {})(std::vector<Tensor>{});
+    spmd::shard_map(Mesh({p}, {"pipe"}),
+                    [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+                      Pipeline pp(ctx, model, {.schedule = r.kind, .microbatches = r.m});
+                      TensorTree params = model.init(Key::from_seed(1), pp.chunks(),
+                                                     pp.num_chunks(), nullptr, &ctx);
+                      auto state =
+                          train::TrainState::create(params, adamw(), Key::from_seed(2), pp);
+                      train::train_step(state, batch, nullptr, adamw(), {.strategy = &pp});
+                      std::lock_guard<std::mutex> lock(mu);
+                      peak[{r.name, pp.stage()}] = ctx.memory().activations_peak;
+                      in_flight[{r.name, pp.stage()}] = pp.last_trace().peak_in_flight;
+                      if (pp.stage() == 0 && r.name == "one") {
+                        // One micro-batch forward on stage 0 with grad on: what it keeps alive.
+                        const TensorTree leaves = autodiff::detail::make_leaves(state.params);
+                        const std::int64_t before = tensor::live_bytes();
+                        tensor::EnableGradGuard on;
+                        train::Metrics unused;
+                        Tensor y = model.forward(nn::Scope::apply(&leaves, true).on(ctx), 0, 2,
+                                                 Tensor(), batch, unused);
+                        one_mb = tensor::live_bytes() - before;
+                      }
+                      return std::vector<Tensor>{};
+                    },
+                    {}, {})(std::vector<Tensor>{});
   }
   ASSERT_GT(one_mb, 0);
   auto peak_of = [&](const std::string& run, int s) { return peak[std::make_pair(run, s)]; };
@@ -495,10 +513,10 @@ TEST(Pipeline, ZeroBubbleActivationMemoryStaysAtItsNonSplitSchedules) {
   // 1F1B's p micro-batches on every stage, interleaved zero bubble interleaved 1F1B's
   // peak. Read from the memory accounting, in micro-batches of a stage's activations
   // (what one more micro-batch adds under GPipe).
-  const models::PPClassifier model({.in_features = 8, .hidden = 64, .num_layers = 4,
-                                    .mlp_expansion = 4, .num_classes = 4});
+  const models::PPClassifier model(
+      {.in_features = 8, .hidden = 64, .num_layers = 4, .mlp_expansion = 4, .num_classes = 4});
   const int p = 2;
-  const std::int64_t b = 64;  // per micro-batch
+  const std::int64_t b = 64;                                 // per micro-batch
   std::map<std::pair<std::string, int>, std::int64_t> peak;  // (run, stage) -> bytes
   std::mutex mu;
   struct Run {
@@ -506,27 +524,31 @@ TEST(Pipeline, ZeroBubbleActivationMemoryStaysAtItsNonSplitSchedules) {
     ScheduleKind kind;
     int m, v;
   };
-  for (const Run& r : {Run{"gpipe8", ScheduleKind::GPipe, 8, 1}, Run{"gpipe4", ScheduleKind::GPipe, 4, 1},
-                       Run{"1f1b8", ScheduleKind::OneFOneB, 8, 1},
-                       Run{"zbh1_8", ScheduleKind::ZeroBubbleH1, 8, 1},
-                       Run{"zbh1_4", ScheduleKind::ZeroBubbleH1, 4, 1},
-                       Run{"inter8", ScheduleKind::Interleaved1F1B, 8, 2},
-                       Run{"izb8", ScheduleKind::InterleavedZeroBubble, 8, 2},
-                       Run{"izb4", ScheduleKind::InterleavedZeroBubble, 4, 2}}) {
+  for (const Run& r :
+       {Run{"gpipe8", ScheduleKind::GPipe, 8, 1}, Run{"gpipe4", ScheduleKind::GPipe, 4, 1},
+        Run{"1f1b8", ScheduleKind::OneFOneB, 8, 1}, Run{"zbh1_8", ScheduleKind::ZeroBubbleH1, 8, 1},
+        Run{"zbh1_4", ScheduleKind::ZeroBubbleH1, 4, 1},
+        Run{"inter8", ScheduleKind::Interleaved1F1B, 8, 2},
+        Run{"izb8", ScheduleKind::InterleavedZeroBubble, 8, 2},
+        Run{"izb4", ScheduleKind::InterleavedZeroBubble, 4, 2}}) {
     train::Batch batch = image_batches(1, b * r.m, 8)[0];
     std::vector<std::int32_t> labels = batch.labels.to_vector<std::int32_t>();
     for (std::int32_t& y : labels)
       y %= 4;
     batch.labels = Tensor::from_vector(labels, batch.labels.shape());
-    spmd::shard_map(Mesh({p}, {"pipe"}), [&](DeviceContext& ctx, const std::vector<Tensor>&) {
-      Pipeline pp(ctx, model, {.schedule = r.kind, .microbatches = r.m, .virtual_stages = r.v});
-      TensorTree params = model.init(Key::from_seed(1), pp.chunks(), pp.num_chunks(), nullptr, &ctx);
-      auto state = train::TrainState::create(params, adamw(), Key::from_seed(2), pp);
-      train::train_step(state, batch, nullptr, adamw(), {.strategy = &pp});
-      std::lock_guard<std::mutex> lock(mu);
-      peak[{r.name, pp.stage()}] = ctx.memory().activations_peak;
-      return std::vector<Tensor>{};
-    }, {}, {})(std::vector<Tensor>{});
+    spmd::shard_map(
+        Mesh({p}, {"pipe"}),
+        [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+          Pipeline pp(ctx, model, {.schedule = r.kind, .microbatches = r.m, .virtual_stages = r.v});
+          TensorTree params =
+              model.init(Key::from_seed(1), pp.chunks(), pp.num_chunks(), nullptr, &ctx);
+          auto state = train::TrainState::create(params, adamw(), Key::from_seed(2), pp);
+          train::train_step(state, batch, nullptr, adamw(), {.strategy = &pp});
+          std::lock_guard<std::mutex> lock(mu);
+          peak[{r.name, pp.stage()}] = ctx.memory().activations_peak;
+          return std::vector<Tensor>{};
+        },
+        {}, {})(std::vector<Tensor>{});
   }
   auto at = [&](const std::string& run, int s) { return static_cast<double>(peak[{run, s}]); };
   const double mb = (at("gpipe8", 0) - at("gpipe4", 0)) / 4;
@@ -566,18 +588,22 @@ TEST(Pipeline, CountsAreValidated) {
   // A batch the micro-batches do not divide.
   std::string error;
   std::mutex mu;
-  spmd::shard_map(Mesh({2}, {"pipe"}), [&](DeviceContext& ctx, const std::vector<Tensor>&) {
-    Pipeline pp(ctx, model, {.schedule = ScheduleKind::OneFOneB, .microbatches = 4});
-    TensorTree params = model.init(Key::from_seed(1), pp.chunks(), pp.num_chunks(), nullptr, &ctx);
-    auto state = train::TrainState::create(params, adamw(), Key::from_seed(2), pp);
-    try {
-      train::train_step(state, image_batches(1, 6, 12)[0], nullptr, adamw(), {.strategy = &pp});
-    } catch (const InvalidArgument& e) {
-      std::lock_guard<std::mutex> lock(mu);
-      error = e.what();
-    }
-    return std::vector<Tensor>{};
-  }, {}, {})(std::vector<Tensor>{});
+  spmd::shard_map(
+      Mesh({2}, {"pipe"}),
+      [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+        Pipeline pp(ctx, model, {.schedule = ScheduleKind::OneFOneB, .microbatches = 4});
+        TensorTree params =
+            model.init(Key::from_seed(1), pp.chunks(), pp.num_chunks(), nullptr, &ctx);
+        auto state = train::TrainState::create(params, adamw(), Key::from_seed(2), pp);
+        try {
+          train::train_step(state, image_batches(1, 6, 12)[0], nullptr, adamw(), {.strategy = &pp});
+        } catch (const InvalidArgument& e) {
+          std::lock_guard<std::mutex> lock(mu);
+          error = e.what();
+        }
+        return std::vector<Tensor>{};
+      },
+      {}, {})(std::vector<Tensor>{});
   EXPECT_NE(error.find("batch size 6 is not divisible by 4 micro-batches"), std::string::npos)
       << error;
   // Tied embeddings cannot be cut.

@@ -59,7 +59,8 @@ Measured run_classifier(int n, std::int64_t batch, std::int64_t hidden, bool fsd
       [&](DeviceContext& ctx, const std::vector<Tensor>&) {
         nn::ParamSpecs specs;
         TensorTree params = model.init(Key::from_seed(1), &specs, &ctx, fsdp_on ? &fsdp : nullptr);
-        parallel::DataParallel dp(ctx, "data", &specs);
+        parallel::DataParallel dp(ctx, "data", &specs,
+                                  {.fully_sharded = fsdp_on ? mesh::Axes("data") : mesh::Axes()});
         auto state = train::TrainState::create(params, adamw(), Key::from_seed(2), dp);
         const train::LossFn fn = [&](const TensorTree& p, const train::Batch& b, Key k) {
           nn::Scope sc = nn::Scope::apply(&p, true, k).on(ctx);
@@ -272,13 +273,12 @@ TEST(Plan, Gpt3OnSixtyFourDevicesAsInTheGuide) {
   EXPECT_GT(make_plan(gpt3, mixed).total(), 80e9);
   mixed.zero_stage = 1;
   EXPECT_LT(make_plan(gpt3, mixed).total(), 80e9);
-  const config::ProgramCapabilities everything{.tensor_parallel = true,
-                                               .pipeline_parallel = true,
-                                               .shards = {config::Shard::None,
-                                                          config::Shard::Optimizer,
-                                                          config::Shard::Gradients,
-                                                          config::Shard::Parameters},
-                                               .mixed_precision = true};
+  const config::ProgramCapabilities everything{
+      .tensor_parallel = true,
+      .pipeline_parallel = true,
+      .shards = {config::Shard::None, config::Shard::Optimizer, config::Shard::Gradients,
+                 config::Shard::Parameters},
+      .mixed_precision = true};
   const std::vector<Plan> fits = meshes_that_fit(gpt3, guide, 64, 80.0 * (1 << 30), everything);
   ASSERT_FALSE(fits.empty());
   for (std::size_t i = 1; i < fits.size(); ++i)
@@ -309,8 +309,8 @@ TEST(Plan, PipelineActivationsFollowTheMicroBatchesInFlight) {
   // GPipe: 16 on every stage; the last one, with the head's logits besides, is reported.
   EXPECT_GT(activations(PipeSchedule::GPipe, 1, 16), 4 * one);
   // m = p: every chunk of every micro-batch, m v chunks of 1/v: as 1F1B.
-  EXPECT_NEAR(activations(PipeSchedule::Interleaved, 2, 4), activations(PipeSchedule::OneFOneB, 1, 4),
-              1e-6 * one);
+  EXPECT_NEAR(activations(PipeSchedule::Interleaved, 2, 4),
+              activations(PipeSchedule::OneFOneB, 1, 4), 1e-6 * one);
 }
 
 TEST(Plan, CommunicationFollowsTheRingFormulas) {

@@ -342,7 +342,7 @@ std::map<std::int64_t, double> run_with_checkpoints(
   on_mesh(Mesh({2}, {"data"}), [&](DeviceContext& ctx) {
     nn::ParamSpecs specs;
     TensorTree params = model.init(Key::from_seed(seed), &specs, &ctx, &fsdp);
-    parallel::DataParallel dp(ctx, "data", &specs);
+    parallel::DataParallel dp(ctx, "data", &specs, {.fully_sharded = "data"});
     TrainState state = TrainState::create(params, opt, Key::from_seed(seed + 1), dp);
     data::DataLoader loader(
         data, {.batch_size = 8, .seed = 3, .num_shards = 2, .shard_index = ctx.axis_index("data")});

@@ -10,9 +10,9 @@
 #include "distjax/mesh/mesh.hpp"
 #include "distjax/mesh/partition_spec.hpp"
 #include "distjax/nn/scope.hpp"
-#include "distjax/train/strategy.hpp"
 #include "distjax/spmd/device_context.hpp"
 #include "distjax/tensor/tensor_tree.hpp"
+#include "distjax/train/strategy.hpp"
 
 namespace distjax::parallel {
 
@@ -54,26 +54,40 @@ double global_norm_squared(spmd::DeviceContext& ctx, const TensorTree& grads);
 train::Metrics sync_metrics(spmd::DeviceContext& ctx, const train::Metrics& metrics,
                             const mesh::Axes& axes);
 
+/// How DataParallel runs (beside its mesh axes and the specs).
+struct DataParallelOptions {
+  /// Leaves are packed into buckets of at most this many bytes, one all-reduce per bucket.
+  std::size_t bucket_bytes = kDefaultBucketBytes;
+  /// forward_backward copies each gradient into a bucket as soon as the backward pass has
+  /// finished with it (train::GradReadyFn: the last layer's first), and a full bucket's
+  /// all-reduce starts at once while the backward pass goes on; finalize_grads waits for
+  /// them. The same averages as sync_grads (views into the buckets, no other copy per
+  /// leaf); only the bucket order differs (ready order). A train step without clipping or
+  /// loss scaling then updates each bucket's parameters as soon as it arrives
+  /// (finalize_and_update).
+  bool overlap = true;
+  /// The data axes over which parameters are stored fully sharded (nn::Scope::fully_sharded,
+  /// ZeRO-3 / FSDP): the only data axes a parameter's spec may name.
+  mesh::Axes fully_sharded{};
+};
+
 /// The data-parallel Strategy. forward_backward treats each device's parameters as its own
 /// copy along the data axes (so the tape does not sum their cotangents there) and its batch
 /// as varying along them; finalize_grads is sync_grads; reduce_metrics is sync_metrics;
 /// step_key folds the device's index along the data axes (different dropout masks per
 /// replica). Parameters sharded over other axes (tensor parallelism) keep their own rules:
 /// the tape sums the cotangents of replicated parameters over the axes their inputs vary on.
+/// The first step lints `specs` (parallel::check_sharding): a parameter split over a data
+/// axis that options.fully_sharded does not name is a ShardingError (each replica would
+/// train its slice as the whole parameter: diverging replicas), as is a spec naming an
+/// axis the mesh lacks.
 ///
 ///   parallel::DataParallel dp(ctx, "data", &specs);
 ///   train::train_step(state, local_batch, loss_fn, opt, {.strategy = &dp});
 class DataParallel final : public train::Strategy {
  public:
-  /// With `overlap`, forward_backward copies each gradient into a bucket as soon as the
-  /// backward pass has finished with it (train::GradReadyFn: the last layer's first), and
-  /// a full bucket's all-reduce starts at once while the backward pass goes on;
-  /// finalize_grads waits for them. The same averages as sync_grads (views into the
-  /// buckets, no other copy per leaf); only the bucket order differs (ready order). A
-  /// train step without clipping or loss scaling then updates each bucket's parameters as
-  /// soon as it arrives (finalize_and_update).
-  DataParallel(spmd::DeviceContext& ctx, mesh::Axes axes = "data", const ParamSpecs* specs = nullptr,
-               std::size_t bucket_bytes = kDefaultBucketBytes, bool overlap = true);
+  DataParallel(spmd::DeviceContext& ctx, mesh::Axes axes = "data",
+               const ParamSpecs* specs = nullptr, DataParallelOptions options = {});
   ~DataParallel() override;
 
   Key step_key(const Key& key) override;
@@ -111,9 +125,10 @@ class DataParallel final : public train::Strategy {
   spmd::DeviceContext* ctx_;
   mesh::Axes axes_;
   const ParamSpecs* specs_;
-  std::size_t bucket_bytes_;
-  bool overlap_;
+  DataParallelOptions options_;
+  bool linted_ = false;
   std::unique_ptr<Overlap> inflight_;
+  void lint_once();
 };
 
 }  // namespace distjax::parallel

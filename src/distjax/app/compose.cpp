@@ -59,7 +59,10 @@ Composed::Composed(const config::TrainConfig& c, spmd::DeviceContext* ctx, Netwo
   if (zero == 1 || zero == 2)
     data_ = std::make_unique<parallel::ZeroDataParallel>(*ctx, zero, "data", &specs_);
   else
-    data_ = std::make_unique<parallel::DataParallel>(*ctx, "data", &specs_);
+    data_ = std::make_unique<parallel::DataParallel>(
+        *ctx, "data", &specs_,
+        parallel::DataParallelOptions{.fully_sharded =
+                                          fully_sharded_ ? mesh::Axes("data") : mesh::Axes()});
   top_ = data_.get();
   if (!pipelined(ctx, model_)) return;
   DISTJAX_CHECK(model_.pipeline != nullptr, ConfigError, "[", c.run.program,

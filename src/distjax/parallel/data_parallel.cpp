@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "distjax/core/error.hpp"
+#include "distjax/parallel/sharding_rules.hpp"
 #include "distjax/tensor/inplace_ops.hpp"
 #include "distjax/tensor/parallel_ops.hpp"
 
@@ -127,7 +128,8 @@ double global_norm_squared(spmd::DeviceContext& ctx, const TensorTree& grads) {
     if (g.dtype() == DType::F32) leaves.push_back(g);
   const std::vector<double> sums = tensor::sums_of_squares_f64(leaves);  // one wait for all
   std::map<std::uint32_t, double> by_mask;
-  for (std::size_t i = 0; i < leaves.size(); ++i) by_mask[leaves[i].varying_axes()] += sums[i];
+  for (std::size_t i = 0; i < leaves.size(); ++i)
+    by_mask[leaves[i].varying_axes()] += sums[i];
   double total = 0;
   for (const auto& [mask, s] : by_mask)
     total += mask == 0 ? s : sum_in_device_order(ctx.comm(ctx.axes_of(mask)), s);
@@ -199,13 +201,13 @@ struct DataParallel::Overlap {
 };
 
 DataParallel::DataParallel(spmd::DeviceContext& ctx, mesh::Axes axes, const ParamSpecs* specs,
-                           std::size_t bucket_bytes, bool overlap)
-    : ctx_(&ctx),
-      axes_(std::move(axes)),
-      specs_(specs),
-      bucket_bytes_(bucket_bytes),
-      overlap_(overlap) {
+                           DataParallelOptions options)
+    : ctx_(&ctx), axes_(std::move(axes)), specs_(specs), options_(std::move(options)) {
   ctx.mesh().check_axes(axes_, "DataParallel");
+  for (const auto& a : options_.fully_sharded.names)
+    DISTJAX_CHECK(std::find(axes_.names.begin(), axes_.names.end(), a) != axes_.names.end(),
+                  InvalidArgument, "[DataParallel] fully sharded axis \"", a,
+                  "\" is not one of its data axes ", axes_.str());
   traits_.data_parallel_size = ctx.axis_size(axes_);
   traits_.name = "data(" + axes_.str() + "=" + std::to_string(traits_.data_parallel_size) + ")";
   traits_.local_grad_norm = false;
@@ -213,6 +215,19 @@ DataParallel::DataParallel(spmd::DeviceContext& ctx, mesh::Axes axes, const Para
 }
 
 DataParallel::~DataParallel() = default;
+
+// The specs are filled when the parameters are created, after the strategy: checked at the
+// first step. Only the data axes are this strategy's to judge (the other axes may be a
+// pipeline's or the activations'), so every other axis counts as used.
+void DataParallel::lint_once() {
+  if (linted_ || specs_ == nullptr) return;
+  linted_ = true;
+  ShardingPlan plan{.data_axes = axes_, .fully_sharded_axes = options_.fully_sharded};
+  for (const auto& a : ctx_->mesh().axis_names())
+    if (std::find(axes_.names.begin(), axes_.names.end(), a) == axes_.names.end())
+      plan.activation_axes.names.push_back(a);
+  check_sharding(*specs_, ctx_->mesh(), plan);
+}
 
 Key DataParallel::step_key(const Key& key) {
   return ctx_->fold_rng_over_axis(key, axes_);
@@ -228,6 +243,7 @@ train::Batch DataParallel::own_batch(const train::Batch& batch) {
 }
 
 TensorTree DataParallel::own_params(const TensorTree& params) {
+  lint_once();
   // Each replica differentiates its own copy of the parameters along the data axes it is
   // not sharded on: no cotangent sum there (sync_grads averages afterwards, in buckets).
   TensorTree own;
@@ -246,10 +262,11 @@ train::GradientResult DataParallel::forward_backward(const train::LossFn& loss_f
                                                      int num_minibatches) {
   const train::Batch local = own_batch(batch);
   const TensorTree own = own_params(params);
-  if (!overlap_) return train::accumulate_gradients(loss_fn, own, local, key, num_minibatches);
+  if (!options_.overlap)
+    return train::accumulate_gradients(loss_fn, own, local, key, num_minibatches);
 
   const std::int64_t bucket_elems =
-      std::max<std::int64_t>(1, static_cast<std::int64_t>(bucket_bytes_ / sizeof(float)));
+      std::max<std::int64_t>(1, static_cast<std::int64_t>(options_.bucket_bytes / sizeof(float)));
   inflight_ = std::make_unique<Overlap>();
   Overlap& ov = *inflight_;
   for (const auto& [path, p] : params) {
@@ -327,7 +344,8 @@ void take_bucket(spmd::DeviceContext& ctx, Bucket& b, TensorTree& out) {
 }  // namespace
 
 TensorTree DataParallel::finalize_grads(TensorTree grads) {
-  if (!inflight_) return sync_grads(*ctx_, grads, axes_, specs_, bucket_bytes_);
+  lint_once();
+  if (!inflight_) return sync_grads(*ctx_, grads, axes_, specs_, options_.bucket_bytes);
   // The averaged gradients are views into the buckets; the others pass through.
   std::unique_ptr<Overlap> ov = std::move(inflight_);
   TensorTree out = grads;
@@ -340,7 +358,8 @@ TensorTree DataParallel::finalize_and_update(TensorTree grads, const optim::Opti
                                              TensorTree& params, TensorTree& opt_state,
                                              std::int64_t step) {
   if (!inflight_ || !optimizer.updates_per_leaf())
-    return train::Strategy::finalize_and_update(std::move(grads), optimizer, params, opt_state, step);
+    return train::Strategy::finalize_and_update(std::move(grads), optimizer, params, opt_state,
+                                                step);
   std::unique_ptr<Overlap> ov = std::move(inflight_);
   // Updates the parameters at `paths` with their gradients in `g` (shared storage: the
   // leaves of `params` change in place).

@@ -80,7 +80,7 @@ ZeroDataParallel::ZeroDataParallel(spmd::DeviceContext& ctx, int stage, mesh::Ax
       axes_(axes),
       specs_(specs),
       bucket_bytes_(bucket_bytes),
-      dp_(ctx, axes, specs, bucket_bytes, /*overlap=*/false) {
+      dp_(ctx, axes, specs, {.bucket_bytes = bucket_bytes, .overlap = false}) {
   DISTJAX_CHECK(stage == 1 || stage == 2, InvalidArgument,
                 "[ZeroDataParallel] stage must be 1 or 2, got ", stage,
                 " (stage 3 stores the parameters sharded: nn::Scope::fully_sharded, nn/scope.hpp)");
