@@ -60,7 +60,8 @@ std::vector<Block> cpp_blocks(const fs::path& page) {
       continue;
     }
     if (trim(line) == "```cpp") {
-      Block b{.line = n + 1};
+      Block b;
+      b.line = n + 1;
       const std::string prev = trim(last_nonblank);
       if (prev.rfind("<!--", 0) == 0 && prev.size() >= 7 && prev.substr(prev.size() - 3) == "-->")
         b.marker = trim(prev.substr(4, prev.size() - 7));

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "distjax/data/text_corpus.hpp"
@@ -70,7 +71,8 @@ pid_t start(const std::vector<std::string>& args, const fs::path& log) {
     std::freopen(log.c_str(), "w", stdout);
     std::freopen(log.c_str(), "a", stderr);
     std::vector<char*> argv;
-    for (const std::string& s : args) argv.push_back(const_cast<char*>(s.c_str()));
+    for (const std::string& s : args)
+      argv.push_back(const_cast<char*>(s.c_str()));
     argv.push_back(nullptr);
     execv(argv[0], argv.data());
     _exit(127);
@@ -95,7 +97,8 @@ std::map<int, double> losses(const fs::path& metrics) {
   std::ifstream f(metrics);
   for (std::string line; std::getline(f, line);) {
     const auto j = nlohmann::json::parse(line);
-    if (j.contains("loss") && j["loss"].is_number()) out[j["step"].get<int>()] = j["loss"].get<double>();
+    if (j.contains("loss") && j["loss"].is_number())
+      out[j["step"].get<int>()] = j["loss"].get<double>();
   }
   return out;
 }
@@ -120,8 +123,8 @@ void expect_killed_run_resumes_exactly(const fs::path& base, const std::vector<s
   const int killed = wait_for(pid);
   ASSERT_TRUE(fs::exists(ckpt / "index.json")) << slurp(base / "cut.log");
   const std::map<int, double> before = losses(base / "cut" / "metrics.jsonl");
-  ASSERT_LT(before.size(), want.size()) << "the run finished before it was killed (status "
-                                        << killed << "): nothing was resumed";
+  ASSERT_LT(before.size(), want.size())
+      << "the run finished before it was killed (status " << killed << "): nothing was resumed";
 
   ASSERT_EQ(wait_for(start(job_args(base / "cut", true, more), base / "resumed.log")), 0)
       << slurp(base / "resumed.log");
@@ -162,9 +165,10 @@ TEST(DistjaxResume, KilledMainJobResumesExactly) {
 
   // distjax ckpt inspect names the mesh and the tensors.
   const fs::path inspect_log = base / "inspect.log";
-  ASSERT_EQ(wait_for(start({DISTJAX_TOOL, "ckpt", "inspect", (base / "cut" / "checkpoints").string()},
-                           inspect_log)),
-            0);
+  ASSERT_EQ(
+      wait_for(start({DISTJAX_TOOL, "ckpt", "inspect", (base / "cut" / "checkpoints").string()},
+                     inspect_log)),
+      0);
   const std::string listing = slurp(inspect_log);
   EXPECT_NE(listing.find("step 24"), std::string::npos) << listing;
   EXPECT_NE(listing.find("(\"data\"=2, \"model\"=2, \"pipe\"=2)"), std::string::npos) << listing;
@@ -247,6 +251,76 @@ TEST(DistjaxResume, CheckpointMovesBetweenMeshesWithAndWithoutAPipe) {
     const std::map<int, double> got = losses(out / "metrics.jsonl");
     ASSERT_TRUE(got.count(5)) << slurp(log);
     EXPECT_NEAR(got.at(5), want.at(5), 1e-6) << name;
+  }
+  fs::remove_all(base);
+}
+
+// data.order = "epochs": each data replica reads only its rows of the global batch, so the
+// same global batches on (2, 2, 2) and on (8, 1, 1) give the same losses (within the sums'
+// order); resumed from the (2, 2, 2) run's step-4 checkpoint, on its own mesh the losses are
+// the uninterrupted run's bit for bit and on (8, 1, 1) within 1e-6: the order follows from
+// the step.
+TEST(DistjaxResume, EpochOrderReadsOneStreamOnEveryMeshAndAcrossAResume) {
+  const fs::path base = fs::temp_directory_path() / ("distjax_epochs_" + std::to_string(getpid()));
+  fs::remove_all(base);
+  fs::create_directories(base);
+  auto args = [&](const fs::path& out, int data, int model, int pipe) {
+    return std::vector<std::string>{DISTJAX_TOOL,
+                                    "train",
+                                    std::string(DISTJAX_SOURCE_DIR) + "/configs/gpt_3d.toml",
+                                    "--set",
+                                    "data.order=epochs",
+                                    "--set",
+                                    "run.steps=6",
+                                    "--set",
+                                    "run.log_every=1",
+                                    "--set",
+                                    "run.eval_every=0",
+                                    "--set",
+                                    "run.eval_batches=1",
+                                    "--set",
+                                    "run.checkpoint_every=4",
+                                    "--set",
+                                    "run.timeline=false",
+                                    "--set",
+                                    "distributed.world_size=" + std::to_string(data * model * pipe),
+                                    "--set",
+                                    "distributed.tensor_parallel_size=" + std::to_string(model),
+                                    "--set",
+                                    "distributed.pipeline_parallel_size=" + std::to_string(pipe),
+                                    "--out",
+                                    out.string()};
+  };
+  ASSERT_EQ(wait_for(start(args(base / "whole", 2, 2, 2), base / "whole.log")), 0)
+      << slurp(base / "whole.log");
+  EXPECT_NE(slurp(base / "whole.log").find("Order: epochs of"), std::string::npos)
+      << slurp(base / "whole.log");
+  const std::map<int, double> want = losses(base / "whole" / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 6u) << slurp(base / "whole.log");
+  ASSERT_EQ(wait_for(start(args(base / "data8", 8, 1, 1), base / "data8.log")), 0)
+      << slurp(base / "data8.log");
+  const std::map<int, double> data8 = losses(base / "data8" / "metrics.jsonl");
+  for (const auto& [step, loss] : want)
+    EXPECT_NEAR(data8.at(step), loss, 1e-5) << "step " << step << " on (8, 1, 1)";
+  for (const auto& [name, data, model, pipe, tolerance] :
+       {std::tuple{"same", 2, 2, 2, 0.0}, std::tuple{"other", 8, 1, 1, 1e-6}}) {
+    const fs::path out = base / name;
+    fs::create_directories(out / "checkpoints");
+    fs::copy(base / "whole" / "checkpoints" / "step_00000004",
+             out / "checkpoints" / "step_00000004", fs::copy_options::recursive);
+    std::vector<std::string> a = args(out, data, model, pipe);
+    a.push_back("--resume");
+    const fs::path log = base / (std::string(name) + ".log");
+    ASSERT_EQ(wait_for(start(a, log)), 0) << slurp(log);
+    const std::map<int, double> got = losses(out / "metrics.jsonl");
+    for (int step : {5, 6}) {
+      ASSERT_TRUE(got.count(step)) << slurp(log);
+      if (tolerance == 0.0) {
+        EXPECT_EQ(got.at(step), want.at(step)) << name << " step " << step;
+      } else {
+        EXPECT_NEAR(got.at(step), want.at(step), tolerance) << name << " step " << step;
+      }
+    }
   }
   fs::remove_all(base);
 }
@@ -367,9 +441,10 @@ TEST(DistjaxResume, ResumingAFinishedRunChangesNothing) {
     SCOPED_TRACE("run.steps = " + std::to_string(steps));
     const auto [status, output] = small_run(out, steps, "--resume");
     EXPECT_EQ(status, 0) << output;
-    EXPECT_NE(output.find("Nothing to train: the checkpoint is at step 2 and the run ends at step " +
-                          std::to_string(steps)),
-              std::string::npos)
+    EXPECT_NE(
+        output.find("Nothing to train: the checkpoint is at step 2 and the run ends at step " +
+                    std::to_string(steps)),
+        std::string::npos)
         << output;
     EXPECT_EQ(output.find("done: "), std::string::npos) << output;
     EXPECT_EQ(contents(out / "metrics.jsonl"), metrics);

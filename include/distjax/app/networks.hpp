@@ -12,6 +12,7 @@
 #include "distjax/data/array_dataset.hpp"
 #include "distjax/data/text_corpus.hpp"
 #include "distjax/data/token_shards.hpp"
+#include "distjax/data/window_order.hpp"
 #include "distjax/models/classifier.hpp"
 #include "distjax/models/residual_classifier.hpp"
 #include "distjax/models/transformer.hpp"
@@ -75,6 +76,13 @@ class TextData {
   /// rule of data::sample_windows: the same windows for bytes and for the same bytes as
   /// tokens), inputs and labels (B, T) i32 on the current device.
   train::Batch sample(std::int64_t batch_size, std::int64_t seq_len, const Key& key) const;
+  /// Data replica `replica` of `replicas`'s rows of the global batch of `step`, as
+  /// data.order says: "random", the rows of sample(B, T, key.fold_in(step)); "epochs", only
+  /// this replica's windows of the step's global batch in the epochs' order
+  /// (data::WindowOrder, shuffled from `key`).
+  train::Batch batch(std::int64_t step, int replica, int replicas, const Key& key) const;
+  /// The epochs' order of the training windows (data.order = "epochs"); null otherwise.
+  const data::WindowOrder* order() const { return order_.get(); }
   const std::vector<train::Batch>& validation() const { return validation_; }
   /// What the validation batches cover, for the programs' output: "all 48 windows of 64
   /// bytes of the validation split (3,073 bytes)" or "64 windows of 64 bytes spread over
@@ -87,6 +95,8 @@ class TextData {
   std::int64_t seq_len_ = 1;
   std::shared_ptr<const data::ByteCorpus> bytes_;
   std::shared_ptr<const data::TokenShards> train_, val_;
+  std::shared_ptr<const data::WindowOrder> order_;
+  std::int64_t batch_size_ = 1;
   std::vector<train::Batch> validation_;
 };
 TextData load_text(const config::TrainConfig& c);

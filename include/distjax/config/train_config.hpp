@@ -79,6 +79,10 @@ struct DataConfig {
   std::string train;             ///< tokens: a glob of the training shards
   std::string val;               ///< tokens: a glob of the validation shards
   std::int64_t token_bytes = 2;  ///< tokens: the width of raw (headerless) files, 2 or 4
+  /// The GPT's training windows: "random" (at uniform random offsets drawn from the step,
+  /// data::sample_windows) or "epochs" (every window once per epoch, shuffled by run.seed,
+  /// each data replica its own rows: data::WindowOrder).
+  std::string order = "random";
 };
 
 /// parallelism.shard: what the data-parallel replicas split over "data" instead of each

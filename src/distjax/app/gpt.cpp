@@ -130,18 +130,17 @@ ModelSpec gpt_model() {
                     "Validation: " + text->validation_note()};
         const Key data_key = Key::from_seed(static_cast<std::uint64_t>(c.run.seed))
                                  .fold_in(std::string_view("data"));
-        m.data = [text, data_key, batch = c.run.batch_size,
-                  seq = c.data.seq_len](const DevicePlace& p) {
-          const auto mine = [p](const train::Batch& b) {
-            return p.replicas > 1 ? replica_slice(b, p.replica, p.replicas) : b;
-          };
+        if (const data::WindowOrder* order = text->order())
+          m.header.push_back("Order: epochs of " + std::to_string(order->windows()) + " windows, " +
+                             std::to_string(order->batches_per_epoch()) +
+                             " global batches each, shuffled by run.seed");
+        m.data = [text, data_key](const DevicePlace& p) {
           DeviceData d;
-          d.batch = [text, data_key, batch, seq, mine](std::int64_t step) {
-            return mine(
-                text->sample(batch, seq, data_key.fold_in(static_cast<std::uint64_t>(step))));
+          d.batch = [text, data_key, p](std::int64_t step) {
+            return text->batch(step, p.replica, p.replicas, data_key);
           };
           for (const train::Batch& b : text->validation())
-            d.eval.push_back(mine(b));
+            d.eval.push_back(p.replicas > 1 ? replica_slice(b, p.replica, p.replicas) : b);
           return d;
         };
         m.summary = [bits, flops = gpt->flops_per_token(), at_start = c.run.eval_at_start](

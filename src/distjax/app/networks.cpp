@@ -128,8 +128,33 @@ train::Batch TextData::sample(std::int64_t batch_size, std::int64_t seq_len, con
                 : data::sample_windows(*train_, batch_size, seq_len, key);
 }
 
+train::Batch TextData::batch(std::int64_t step, int replica, int replicas, const Key& key) const {
+  if (order_) {
+    const std::vector<std::int64_t> starts = order_->starts(step, replica, replicas);
+    return bytes_ ? data::windows_at(bytes_->train, starts, seq_len_)
+                  : data::windows_at(*train_, starts, seq_len_);
+  }
+  const train::Batch b =
+      sample(batch_size_, seq_len_, key.fold_in(static_cast<std::uint64_t>(step)));
+  return replicas > 1 ? replica_slice(b, replica, replicas) : b;
+}
+
+namespace {
+
+// The epochs' order of a split of `positions` (data.order = "epochs"), else null.
+std::shared_ptr<const data::WindowOrder> order_of(const config::TrainConfig& c,
+                                                  std::int64_t positions) {
+  if (c.data.order != "epochs") return nullptr;
+  return std::make_shared<const data::WindowOrder>(
+      positions, c.data.seq_len, c.run.batch_size,
+      Key::from_seed(static_cast<std::uint64_t>(c.run.seed)).fold_in(std::string_view("data")));
+}
+
+}  // namespace
+
 TextData load_text(const config::TrainConfig& c) {
   TextData t;
+  t.batch_size_ = c.run.batch_size;
   if (c.data.format != "tokens") {
     const std::string dir = c.data.dir.empty() ? data::kFortunesDir : c.data.dir;
     t.bytes_ = std::make_shared<const data::ByteCorpus>(
@@ -137,6 +162,7 @@ TextData load_text(const config::TrainConfig& c) {
     t.validation_ = data::spread_windows(t.bytes_->validation, c.run.batch_size, c.data.seq_len,
                                          c.run.eval_batches);
     t.seq_len_ = c.data.seq_len;
+    t.order_ = order_of(c, static_cast<std::int64_t>(t.bytes_->train.size()));
     return t;
   }
   t.unit_ = "token";
@@ -154,6 +180,7 @@ TextData load_text(const config::TrainConfig& c) {
   t.validation_ =
       data::spread_windows(*t.val_, c.run.batch_size, c.data.seq_len, c.run.eval_batches);
   t.seq_len_ = c.data.seq_len;
+  t.order_ = order_of(c, t.train_->size());
   return t;
 }
 
