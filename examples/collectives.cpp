@@ -19,6 +19,7 @@
 #include "distjax/comm/launch_environment.hpp"
 #include "distjax/mesh/mesh.hpp"
 #include "distjax/spmd/collectives.hpp"
+#include "distjax/spmd/ppermute.hpp"
 #include "distjax/spmd/shard_map.hpp"
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/reduce.hpp"
@@ -151,7 +152,8 @@ int main(int argc, char** argv) {
   cli.add_option("--backend", backend, "threads or mpi (default: mpi under a launcher)")
       ->check(CLI::IsMember({"threads", "mpi"}));
   CLI11_PARSE(cli, argc, argv);
-  if (!backend.empty()) opts.backend = backend == "mpi" ? comm::Backend::Mpi : comm::Backend::Threads;
+  if (!backend.empty())
+    opts.backend = backend == "mpi" ? comm::Backend::Mpi : comm::Backend::Threads;
   if (!comm::backend_available(opts.backend)) {
     std::cerr << "collectives: backend '" << comm::backend_name(opts.backend)
               << "' is not in this build (rebuild with MPI found by CMake)\n";

@@ -13,6 +13,7 @@
 
 #include "distjax/autodiff/autodiff.hpp"
 #include "distjax/spmd/collectives.hpp"
+#include "distjax/spmd/ppermute.hpp"
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/reduce.hpp"
 #include "spmd/spmd_test_util.hpp"
@@ -124,12 +125,11 @@ TEST(ShardMap, AnOutputVaryingOverAnAxisItsOutSpecLeavesOutIsAnError) {
             std::string::npos)
       << msg;
   // Through ops: the sum of a model shard and a replicated value still varies.
-  auto mixed = shard_map(
-      m,
-      [](DeviceContext&, const std::vector<Tensor>& in) {
-        return std::vector<Tensor>{tensor::add(in[0], in[1])};
-      },
-      {P("data", "model"), P()}, {P("data")});
+  auto mixed = shard_map(m,
+                         [](DeviceContext&, const std::vector<Tensor>& in) {
+                           return std::vector<Tensor>{tensor::add(in[0], in[1])};
+                         },
+                         {P("data", "model"), P()}, {P("data")});
   EXPECT_THROW(mixed(std::vector<Tensor>{iota({4, 8}), iota({2, 2})}), ShardingError);
   // A psum over "model" makes it replicated.
   auto good = shard_map(m,

@@ -10,6 +10,7 @@
 
 #include "distjax/autodiff/autodiff.hpp"
 #include "distjax/spmd/collectives.hpp"
+#include "distjax/spmd/ppermute.hpp"
 #include "distjax/spmd/shard_map.hpp"
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/reduce.hpp"
@@ -132,4 +133,6 @@ TEST_F(SpmdMpiTest, MismatchedProgramFailsNamingOpAndDevices) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return distjax::testing::run_mpi_tests(argc, argv); }
+int main(int argc, char** argv) {
+  return distjax::testing::run_mpi_tests(argc, argv);
+}

@@ -10,10 +10,12 @@
 
 #include "distjax/nn/initializers.hpp"
 #include "distjax/nn/scope.hpp"
-#include "distjax/parallel/tp_transformer_block.hpp"
+#include "distjax/parallel/tp_layout.hpp"
 #include "distjax/tensor/tensor.hpp"
 
 namespace distjax::parallel {
+
+using tensor::Tensor;
 
 /// What a TP input projection's product does before writing (nn::Dense's fields of the
 /// same names): for the layouts whose projection is one local product (None, Megatron).

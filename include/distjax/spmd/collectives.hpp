@@ -20,6 +20,7 @@
 //  - all_gather_invariant gives a replicated result; its transpose keeps this device's
 //    block of the (replicated) cotangent.
 // shard_map checks that every output varies only over axes its out_spec names.
+// ppermute and its asynchronous form are in spmd/ppermute.hpp.
 //
 #pragma once
 
@@ -27,7 +28,6 @@
 #include <vector>
 
 #include "distjax/spmd/device_context.hpp"
-#include "distjax/spmd/ppermute.hpp"
 #include "distjax/tensor/tensor.hpp"
 
 namespace distjax::spmd {

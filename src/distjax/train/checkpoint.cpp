@@ -13,11 +13,11 @@
 
 #include "distjax/core/error.hpp"
 #include "distjax/mesh/named_sharding.hpp"
-#include "distjax/train/strategy.hpp"
 #include "distjax/spmd/device_context.hpp"
 #include "distjax/train/detail/checkpoint_match.hpp"
 #include "distjax/train/detail/checksum.hpp"
 #include "distjax/train/detail/safetensors.hpp"
+#include "distjax/train/strategy.hpp"
 
 namespace distjax::train {
 
@@ -720,7 +720,10 @@ CheckpointMeta load_checkpoint(const std::string& path, TrainState& state,
   TensorTree params, opt_state;
   on_every_device(layout, [&] {
     const CheckpointIndex index = read_checkpoint_index(path);
-    detail::check_match(index, names, options);
+    std::vector<std::string> saved;
+    for (const CheckpointTensor& t : index.tensors)
+      saved.push_back(t.name);
+    detail::check_match(index.meta.path, saved, names, options.drop);
     std::map<std::string, std::unique_ptr<detail::SafetensorsReader>> files;
     params = fill(layout, index, state.params, kParams, files);
     opt_state = fill(layout, index, opt_target, kOptState, files);

@@ -41,18 +41,17 @@ const std::string* dropped_by(const std::vector<std::string>& drop, const std::s
   return nullptr;
 }
 
-void check_match(const CheckpointIndex& index, const std::set<std::string>& state,
-                 const LoadOptions& options) {
-  const std::string where = (std::filesystem::path(index.meta.path) / "index.json").string();
+void check_match(const std::string& dir, const std::vector<std::string>& saved_names,
+                 const std::set<std::string>& state, const std::vector<std::string>& drop) {
+  const std::string where = (std::filesystem::path(dir) / "index.json").string();
   std::set<std::string> saved;
   std::vector<std::string> extra, missing;
-  for (const CheckpointTensor& t : index.tensors) {
-    saved.insert(t.name);
-    if (!state.contains(t.name) && dropped_by(options.drop, t.name) == nullptr)
-      extra.push_back(t.name);
+  for (const std::string& name : saved_names) {
+    saved.insert(name);
+    if (!state.contains(name) && dropped_by(drop, name) == nullptr) extra.push_back(name);
   }
   for (const std::string& name : state) {
-    const std::string* pattern = dropped_by(options.drop, name);
+    const std::string* pattern = dropped_by(drop, name);
     DISTJAX_CHECK(pattern == nullptr || !saved.contains(name), InvalidArgument,
                   "[load_checkpoint] \"", where, "\": the drop pattern \"", *pattern,
                   "\" matches \"", name,

@@ -6,8 +6,6 @@
 #include <string>
 #include <vector>
 
-#include "distjax/train/checkpoint.hpp"
-
 namespace distjax::train::detail {
 
 /// The prefixes of the tensor names: "params/<path>", "opt_state/<slot>/<path>".
@@ -22,13 +20,14 @@ std::string param_path(const std::string& name);
 /// tensor `name` or its parameter path; null if none.
 const std::string* dropped_by(const std::vector<std::string>& drop, const std::string& name);
 
-/// Every name in `state` (the state's leaves on every device) is a tensor of `index`, and
-/// every tensor of `index` is in `state` or dropped by options.drop; else InvalidArgument
+/// Every name in `state` (the state's leaves on every device) is one of `saved` (the
+/// tensors of the checkpoint in `dir`), and every saved tensor is in `state` or dropped by
+/// `drop` (LoadOptions::drop); else InvalidArgument
 /// "[load_checkpoint] "<index.json>" does not match the state being loaded: N tensors of
 /// the state are missing from the checkpoint: "a", ...; M tensors of the checkpoint are
 /// not in the state: ..." (five named of each, then "and K more"). A drop pattern matching
 /// a tensor the state has is an InvalidArgument too.
-void check_match(const CheckpointIndex& index, const std::set<std::string>& state,
-                 const LoadOptions& options);
+void check_match(const std::string& dir, const std::vector<std::string>& saved,
+                 const std::set<std::string>& state, const std::vector<std::string>& drop);
 
 }  // namespace distjax::train::detail
