@@ -27,8 +27,10 @@ const F& kernels(const char* op, Device device, const F* KernelTable::*family) {
 // the checked device, so a call may mix their blocks: each is opened where it is checked.
 class Open {
  public:
-  Open(Device device, std::initializer_list<const void*> ps) : host_(device.kind != DeviceKind::CUDA) {
-    for (const void* p : ps) add(p);
+  Open(Device device, std::initializer_list<const void*> ps)
+      : host_(device.kind != DeviceKind::CUDA) {
+    for (const void* p : ps)
+      add(p);
   }
   void add(const void* p) {
     if (host_ && p && detail::checked::contains(p)) scope_.open(p);
@@ -41,9 +43,12 @@ class Open {
 
 detail::RankReduce rank_reduce(Reduction r) {
   switch (r) {
-    case Reduction::Sum: return detail::RankReduce::Sum;
-    case Reduction::Mean: return detail::RankReduce::Mean;
-    case Reduction::Max: return detail::RankReduce::Max;
+    case Reduction::Sum:
+      return detail::RankReduce::Sum;
+    case Reduction::Mean:
+      return detail::RankReduce::Mean;
+    case Reduction::Max:
+      return detail::RankReduce::Max;
   }
   DISTJAX_THROW(InvalidArgument, "[reduce] unknown reduction ", static_cast<int>(r));
 }
@@ -59,7 +64,7 @@ void copy(const char* op, Device device, void* dst, const void* src, std::size_t
 
 void zero(const char* op, Device device, void* dst, std::size_t nbytes) {
   if (nbytes == 0) return;
-  const auto& k = kernels(op, device, &KernelTable::comm);
+  const auto& k = kernels(op, device, &KernelTable::memory);
   Open open(device, {dst});
   k.zero(dst, nbytes, {});
 }
@@ -70,16 +75,18 @@ void reduce(const char* op, Device device, void* dst, const void* const* srcs, i
   reduce(op, device, dsts, 1, srcs, k, n, dtype, reduction, divisor);
 }
 
-void reduce(const char* op, Device device, void* const* dsts, int m, const void* const* srcs,
-            int k, std::int64_t n, DType dtype, Reduction reduction, int divisor) {
-  DISTJAX_CHECK(k >= 1 && k <= kMaxSources && m >= 1 && m <= kMaxSources, InvalidArgument, "[",
-                op, "] reduces 1 to ", kMaxSources, " blocks into as many at once, got ", k,
-                " into ", m);
+void reduce(const char* op, Device device, void* const* dsts, int m, const void* const* srcs, int k,
+            std::int64_t n, DType dtype, Reduction reduction, int divisor) {
+  DISTJAX_CHECK(k >= 1 && k <= kMaxSources && m >= 1 && m <= kMaxSources, InvalidArgument, "[", op,
+                "] reduces 1 to ", kMaxSources, " blocks into as many at once, got ", k, " into ",
+                m);
   if (n == 0) return;
-  const auto& kern = kernels(op, device, &KernelTable::comm);
+  const auto& kern = kernels(op, device, &KernelTable::memory);
   Open open(device, {});
-  for (int j = 0; j < m; ++j) open.add(dsts[j]);
-  for (int j = 0; j < k; ++j) open.add(srcs[j]);
+  for (int j = 0; j < m; ++j)
+    open.add(dsts[j]);
+  for (int j = 0; j < k; ++j)
+    open.add(srcs[j]);
   kern.reduce_ranks(dsts, m, srcs, k, n, dtype, rank_reduce(reduction), divisor, {});
 }
 
@@ -91,8 +98,7 @@ void to_host(const char* op, Device device, const void* src, void* host_dst, std
   k.to_host(src, host_dst, nbytes, {});
 }
 
-void from_host(const char* op, Device device, const void* host_src, void* dst,
-               std::size_t nbytes) {
+void from_host(const char* op, Device device, const void* host_src, void* dst, std::size_t nbytes) {
   if (nbytes == 0) return;
   const auto& k = kernels(op, device, &KernelTable::copy);
   Open open(device, {dst});
@@ -102,14 +108,14 @@ void from_host(const char* op, Device device, const void* host_src, void* dst,
 void to_host_async(const char* op, Device device, const void* src, void* host_dst,
                    std::size_t nbytes) {
   if (nbytes == 0) return;
-  const auto& k = kernels(op, device, &KernelTable::comm);
+  const auto& k = kernels(op, device, &KernelTable::memory);
   Open open(device, {src});
   k.to_host_async(src, host_dst, nbytes, {});
 }
 
 void synchronize(const char* op, Device device) {
   detail::count_host_wait(device);
-  kernels(op, device, &KernelTable::comm).synchronize({});
+  kernels(op, device, &KernelTable::memory).synchronize({});
 }
 
 void convert(const char* op, Device device, const void* src, DType src_dtype, void* dst,
@@ -126,26 +132,26 @@ Event Event::record(const char* op, Device device) {
   Event e;
   e.device_ = device;
   e.op_ = op;
-  e.handle_ = kernels(op, device, &KernelTable::comm).event_record({});
+  e.handle_ = kernels(op, device, &KernelTable::memory).event_record({});
   return e;
 }
 
 void Event::wait() {
   if (!handle_) return;
   void* h = std::exchange(handle_, nullptr);
-  kernels(op_, device_, &KernelTable::comm).event_wait(h);
+  kernels(op_, device_, &KernelTable::memory).event_wait(h);
 }
 
 bool Event::done() const {
-  return !handle_ || kernels(op_, device_, &KernelTable::comm).event_done(handle_);
+  return !handle_ || kernels(op_, device_, &KernelTable::memory).event_done(handle_);
 }
 
 void Event::stream_wait() const {
-  if (handle_) kernels(op_, device_, &KernelTable::comm).event_stream_wait(handle_, {});
+  if (handle_) kernels(op_, device_, &KernelTable::memory).event_stream_wait(handle_, {});
 }
 
 Event::~Event() {
-  if (handle_) detail::kernel_table(device_.kind).comm->event_release(handle_);
+  if (handle_) detail::kernel_table(device_.kind).memory->event_release(handle_);
 }
 
 Event::Event(Event&& o) noexcept
@@ -153,7 +159,7 @@ Event::Event(Event&& o) noexcept
 
 Event& Event::operator=(Event&& o) noexcept {
   if (this != &o) {
-    if (handle_) detail::kernel_table(device_.kind).comm->event_release(handle_);
+    if (handle_) detail::kernel_table(device_.kind).memory->event_release(handle_);
     device_ = o.device_;
     op_ = o.op_;
     handle_ = std::exchange(o.handle_, nullptr);
@@ -165,11 +171,11 @@ Event& Event::operator=(Event&& o) noexcept {
 
 HostBlock::HostBlock(const char* op, Device device, std::size_t nbytes)
     : device_(device), nbytes_(nbytes) {
-  data_ = kernels(op, device, &KernelTable::comm).host_alloc(nbytes);
+  data_ = kernels(op, device, &KernelTable::memory).host_alloc(nbytes);
 }
 
 HostBlock::~HostBlock() {
-  if (data_) detail::kernel_table(device_.kind).comm->host_free(data_, nbytes_);
+  if (data_) detail::kernel_table(device_.kind).memory->host_free(data_, nbytes_);
 }
 
 HostBlock::HostBlock(HostBlock&& o) noexcept
@@ -179,7 +185,7 @@ HostBlock::HostBlock(HostBlock&& o) noexcept
 
 HostBlock& HostBlock::operator=(HostBlock&& o) noexcept {
   if (this != &o) {
-    if (data_) detail::kernel_table(device_.kind).comm->host_free(data_, nbytes_);
+    if (data_) detail::kernel_table(device_.kind).memory->host_free(data_, nbytes_);
     device_ = o.device_;
     data_ = std::exchange(o.data_, nullptr);
     nbytes_ = std::exchange(o.nbytes_, 0);

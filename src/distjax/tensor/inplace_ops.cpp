@@ -118,7 +118,7 @@ void copy_box(const char* op, const Tensor& global, const std::vector<std::int64
   const std::vector<std::int64_t> strides = contiguous_strides(global.shape());
   const detail::BoxPlan plan{rank, local.shape().data(), offset.data(), strides.data(),
                              dtype_size(global.dtype())};
-  Dispatch k(op, &KernelTable::parallel, {&global, &local});
+  Dispatch k(op, &KernelTable::shard, {&global, &local});
   k->copy_box(global.raw_data(), local.raw_data(), plan, to_local, k.stream());
 }
 

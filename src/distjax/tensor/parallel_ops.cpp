@@ -30,7 +30,7 @@ ShardIds shard_ids(const Tensor& ids, std::int64_t lo, std::int64_t rows, std::i
                Tensor::empty(ids.shape(), DType::F32, device),
                {}};
   detail::IdReport report;
-  Dispatch k("shard_ids", &KernelTable::parallel, {&ids, &out.local, &out.keep});
+  Dispatch k("shard_ids", &KernelTable::shard, {&ids, &out.local, &out.keep});
   k->shard_ids(ids.raw_data(), ids.dtype(), ids.numel(), lo, rows, bound,
                out.local.data<std::int64_t>(), out.keep.data<float>(), &report, k.stream());
   out.out_of_range = out_of_range(report);
@@ -44,7 +44,7 @@ ShardOneHot shard_one_hot(const Tensor& labels, std::int64_t lo, std::int64_t wi
   shape.push_back(width);
   ShardOneHot out{Tensor::zeros(shape, DType::F32, labels.device()), {}};
   detail::IdReport report;
-  Dispatch k("shard_one_hot", &KernelTable::parallel, {&labels, &out.one_hot});
+  Dispatch k("shard_one_hot", &KernelTable::shard, {&labels, &out.one_hot});
   k->shard_one_hot(labels.raw_data(), labels.dtype(), labels.numel(), lo, width, bound,
                    out.one_hot.data<float>(), &report, k.stream());
   out.out_of_range = out_of_range(report);
@@ -61,7 +61,7 @@ Tensor select_equal(const Tensor& a, const Tensor& b, float value) {
                 to_string(a.shape()), " and b ", to_string(b.shape()),
                 ": b needs a's shape or one element");
   Tensor out = Tensor::empty(a.shape(), DType::F32, detail::op_device("select_equal", {&a, &b}));
-  Dispatch k("select_equal", &KernelTable::parallel, {&a, &b, &out});
+  Dispatch k("select_equal", &KernelTable::shard, {&a, &b, &out});
   k->select_equal(a.data<float>(), b.data<float>(), scalar, value, out.data<float>(), a.numel(),
                   k.stream());
   return out;
@@ -72,8 +72,8 @@ std::vector<double> sums_of_squares_f64(const std::vector<Tensor>& xs) {
     check_defined(x, "sums_of_squares_f64", "x");
     check_dtype(x, DType::F32, "sums_of_squares_f64", "x");
   }
-  return detail::sums_by_device("sums_of_squares_f64", xs, &KernelTable::parallel,
-                                &detail::ParallelKernels::sum_squares_f64_many);
+  return detail::sums_by_device("sums_of_squares_f64", xs, &KernelTable::shard,
+                                &detail::ShardKernels::sum_squares_f64_many);
 }
 
 double sum_of_squares_f64(const Tensor& x) {
@@ -81,7 +81,7 @@ double sum_of_squares_f64(const Tensor& x) {
   check_dtype(x, DType::F32, "sum_of_squares_f64", "x");
   double out = 0;
   detail::count_host_wait(x.device());
-  Dispatch k("sum_of_squares_f64", &KernelTable::parallel, {&x});
+  Dispatch k("sum_of_squares_f64", &KernelTable::shard, {&x});
   k->sum_squares_f64(x.data<float>(), x.numel(), &out, k.stream());
   return out;
 }

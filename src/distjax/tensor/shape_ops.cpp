@@ -192,7 +192,8 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<std::int64_t>& size
     }
   }
   if (!needs_grad({&x})) {
-    for (Tensor& o : outs) o.set_varying_axes(x.varying_axes());
+    for (Tensor& o : outs)
+      o.set_varying_axes(x.varying_axes());
     return outs;
   }
   const Device device = x.device();
@@ -258,10 +259,10 @@ Tensor gather_rows(const Tensor& x, const std::vector<std::int64_t>& indices) {
     DISTJAX_CHECK(0 <= r && r < n, InvalidArgument, "[gather_rows] index ", r, " out of range for ",
                   n, " rows");
   Tensor out = Tensor::empty(shape, x.dtype(), x.device());
-  const Tensor rows = Tensor::from_vector(indices, {static_cast<std::int64_t>(indices.size())},
-                                          x.device());
+  const Tensor rows =
+      Tensor::from_vector(indices, {static_cast<std::int64_t>(indices.size())}, x.device());
   const std::size_t row_bytes = n == 0 ? 0 : x.nbytes() / static_cast<std::size_t>(n);
-  Dispatch k("gather_rows", &KernelTable::data, {&x, &rows, &out});
+  Dispatch k("gather_rows", &KernelTable::gather, {&x, &rows, &out});
   k->gather_rows(x.raw_data(), row_bytes, rows.data<std::int64_t>(), rows.numel(), out.raw_data(),
                  k.stream());
   return out;

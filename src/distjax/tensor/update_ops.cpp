@@ -38,7 +38,8 @@ struct LeafGroup {
 std::vector<LeafGroup> group_leaves(std::span<const UpdateLeaf> leaves,
                                     bool (*kind)(const UpdateLeaf&)) {
   std::vector<LeafGroup> groups;
-  for (const std::vector<std::size_t>& at : detail::group_indices(leaves.size(), [&](std::size_t i) {
+  for (const std::vector<std::size_t>& at :
+       detail::group_indices(leaves.size(), [&](std::size_t i) {
          return std::make_pair(leaves[i].param->device(), kind(leaves[i]));
        })) {
     LeafGroup& g = groups.emplace_back();
@@ -84,20 +85,20 @@ bool parameters_overlap(std::vector<detail::OptimLeaf> records) {
 void sgd_update_(Tensor& param, const Tensor& grad, Tensor& buf, const SGDStep& step) {
   if (!buf.defined()) {
     check_leaf("sgd_update_", param, {&grad});
-    Dispatch k("sgd_update_", &KernelTable::optim, {&param, &grad});
+    Dispatch k("sgd_update_", &KernelTable::update, {&param, &grad});
     k->sgd(param.data<float>(), grad.data<float>(), param.numel(), step.lr, step.weight_decay,
            k.stream());
     return;
   }
   check_leaf("sgd_update_", param, {&grad, &buf});
-  Dispatch k("sgd_update_", &KernelTable::optim, {&param, &grad, &buf});
+  Dispatch k("sgd_update_", &KernelTable::update, {&param, &grad, &buf});
   k->sgd_momentum(param.data<float>(), grad.data<float>(), buf.data<float>(), param.numel(),
                   step.lr, step.momentum, step.weight_decay, step.nesterov, k.stream());
 }
 
 void adam_update_(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamStep& step) {
   check_leaf("adam_update_", param, {&grad, &m, &v});
-  Dispatch k("adam_update_", &KernelTable::optim, {&param, &grad, &m, &v});
+  Dispatch k("adam_update_", &KernelTable::update, {&param, &grad, &m, &v});
   k->adam(param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(), param.numel(),
           step.lr, step.b1, step.b2, step.eps, step.t, step.decay, step.l2, k.stream());
 }
@@ -111,7 +112,7 @@ void sgd_update_many_(std::span<const UpdateLeaf> leaves, const SGDStep& step) {
   }
   for (const LeafGroup& group :
        group_leaves(leaves, [](const UpdateLeaf& l) { return l.m != nullptr; })) {
-    Dispatch k("sgd_update_many_", &KernelTable::optim, group.touched);
+    Dispatch k("sgd_update_many_", &KernelTable::update, group.touched);
     const std::vector<OptimLeaf> records = leaf_records(group);
     const bool many = group.kind ? k->sgd_momentum_many != nullptr : k->sgd_many != nullptr;
     const auto count = static_cast<std::int64_t>(records.size());
@@ -139,7 +140,7 @@ void adam_update_many_(std::span<const UpdateLeaf> leaves, const AdamStep& step)
     check_leaf("adam_update_many_", *l.param, {l.grad, l.m, l.v});
   }
   for (const LeafGroup& group : group_leaves(leaves, [](const UpdateLeaf&) { return false; })) {
-    Dispatch k("adam_update_many_", &KernelTable::optim, group.touched);
+    Dispatch k("adam_update_many_", &KernelTable::update, group.touched);
     const std::vector<OptimLeaf> records = leaf_records(group);
     if (k->adam_many && !parameters_overlap(records)) {
       k->adam_many(records.data(), static_cast<std::int64_t>(records.size()), step.lr, step.b1,
@@ -155,16 +156,17 @@ void adam_update_many_(std::span<const UpdateLeaf> leaves, const AdamStep& step)
 double sum_of_squares(const Tensor& x) {
   check_leaf("sum_of_squares", x, {});
   detail::count_host_wait(x.device());
-  Dispatch k("sum_of_squares", &KernelTable::optim, {&x});
+  Dispatch k("sum_of_squares", &KernelTable::update, {&x});
   double out = 0.0;
   k->sum_squares(x.data<float>(), x.numel(), &out, k.stream());
   return out;
 }
 
 std::vector<double> sums_of_squares(const std::vector<Tensor>& xs) {
-  for (const Tensor& x : xs) check_leaf("sums_of_squares", x, {});
-  return detail::sums_by_device("sums_of_squares", xs, &KernelTable::optim,
-                                &detail::OptimKernels::sum_squares_many);
+  for (const Tensor& x : xs)
+    check_leaf("sums_of_squares", x, {});
+  return detail::sums_by_device("sums_of_squares", xs, &KernelTable::update,
+                                &detail::UpdateKernels::sum_squares_many);
 }
 
 NormAndClipFactor norm_and_clip_factor(const std::vector<Tensor>& xs, double max_norm) {
@@ -178,10 +180,11 @@ NormAndClipFactor norm_and_clip_factor(const std::vector<Tensor>& xs, double max
     ns.push_back(x.numel());
   }
   const Device device = detail::op_device("norm_and_clip_factor", touched);
-  NormAndClipFactor out{Tensor::empty({}, DType::F32, device), Tensor::empty({}, DType::F32, device)};
+  NormAndClipFactor out{Tensor::empty({}, DType::F32, device),
+                        Tensor::empty({}, DType::F32, device)};
   touched.push_back(&out.norm);
   touched.push_back(&out.factor);
-  Dispatch k("norm_and_clip_factor", &KernelTable::optim, touched);
+  Dispatch k("norm_and_clip_factor", &KernelTable::update, touched);
   k->norm_and_clip_factor(ptrs.data(), ns.data(), static_cast<std::int64_t>(xs.size()), max_norm,
                           out.norm.data<float>(), out.factor.data<float>(), k.stream());
   return out;
@@ -192,13 +195,13 @@ void scale_by_(Tensor& x, const Tensor& factor) {
   DISTJAX_CHECK(factor.defined() && factor.dtype() == DType::F32 && factor.numel() == 1,
                 InvalidArgument, "[scale_by_] the factor must be one f32 element, got ",
                 factor.defined() ? factor.str(0) : std::string("undefined"));
-  Dispatch k("scale_by_", &KernelTable::optim, {&x, &factor});
+  Dispatch k("scale_by_", &KernelTable::update, {&x, &factor});
   k->scale_by(x.data<float>(), x.numel(), factor.data<float>(), k.stream());
 }
 
 void scale_(Tensor& x, double factor) {
   check_leaf("scale_", x, {});
-  Dispatch k("scale_", &KernelTable::optim, {&x});
+  Dispatch k("scale_", &KernelTable::update, {&x});
   k->scale(x.data<float>(), x.numel(), static_cast<float>(factor), k.stream());
 }
 

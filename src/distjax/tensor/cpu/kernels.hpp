@@ -6,8 +6,8 @@
 namespace distjax::tensor::detail::cpu {
 
 extern const CopyKernels copy_kernels;
-extern const OptimKernels optim_kernels;
-extern const DataKernels data_kernels;
+extern const UpdateKernels update_kernels;
+extern const GatherKernels gather_kernels;
 extern const ElementwiseKernels elementwise_kernels;
 extern const ReduceKernels reduce_kernels;
 extern const ShapeKernels shape_kernels;
@@ -19,10 +19,10 @@ extern const AttentionKernels attention_kernels;
 void set_serves_bf16_attention(bool on);
 extern const GemmKernels gemm_kernels;
 extern const InplaceKernels inplace_kernels;
-extern const ParallelKernels parallel_kernels;
-extern const CommKernels comm_kernels;
+extern const ShardKernels shard_kernels;
+extern const MemoryKernels memory_kernels;
 
-/// The CPU's reduce_ranks (comm_kernels.reduce_ranks: AVX-512 for f32 where built), and the
+/// The CPU's reduce_ranks (memory_kernels.reduce_ranks: AVX-512 for f32 where built), and the
 /// plain loop it must match bit for bit (every dtype), for its tests.
 void reduce_ranks(void* const* dsts, int m, const void* const* srcs, int k, std::int64_t n,
                   DType dtype, RankReduce op, int divisor, Stream s);

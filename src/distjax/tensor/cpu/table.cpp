@@ -1,15 +1,15 @@
 // The CPU's kernel table (also the checked device's: its kernels are these, run while the
 // table opens its memory).
-#include "distjax/tensor/cpu/kernels.hpp"
 #include "distjax/tensor/table/table.hpp"
+#include "distjax/tensor/cpu/kernels.hpp"
 
 namespace distjax::tensor::detail {
 
 const KernelTable& cpu_kernel_table() {
   static const KernelTable table{
       .copy = &cpu::copy_kernels,
-      .optim = &cpu::optim_kernels,
-      .data = &cpu::data_kernels,
+      .update = &cpu::update_kernels,
+      .gather = &cpu::gather_kernels,
       .elementwise = &cpu::elementwise_kernels,
       .reduce = &cpu::reduce_kernels,
       .shape = &cpu::shape_kernels,
@@ -17,8 +17,8 @@ const KernelTable& cpu_kernel_table() {
       .attention = &cpu::attention_kernels,
       .gemm = &cpu::gemm_kernels,
       .inplace = &cpu::inplace_kernels,
-      .parallel = &cpu::parallel_kernels,
-      .comm = &cpu::comm_kernels,
+      .shard = &cpu::shard_kernels,
+      .memory = &cpu::memory_kernels,
   };
   return table;
 }

@@ -7,8 +7,8 @@ const KernelTable& cuda_kernel_table() {
   // Every family: an op reaches the GPU through these (the CPU's table is cpu/table.cpp).
   static const KernelTable table{
       .copy = &cuda::copy_kernels,
-      .optim = &cuda::optim_kernels,
-      .data = &cuda::data_kernels,
+      .update = &cuda::update_kernels,
+      .gather = &cuda::gather_kernels,
       .elementwise = &cuda::elementwise_kernels,
       .reduce = &cuda::reduce_kernels,
       .shape = &cuda::shape_kernels,
@@ -16,8 +16,8 @@ const KernelTable& cuda_kernel_table() {
       .attention = &cuda::attention_kernels,
       .gemm = &cuda::gemm_kernels,
       .inplace = &cuda::inplace_kernels,
-      .parallel = &cuda::parallel_kernels,
-      .comm = &cuda::comm_kernels,
+      .shard = &cuda::shard_kernels,
+      .memory = &cuda::memory_kernels,
   };
   return table;
 }

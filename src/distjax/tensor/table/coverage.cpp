@@ -92,18 +92,20 @@ KernelTable make_counted(const KernelTable& t) {
       t.copy, entry<&CopyKernels::fill>("copy.fill"), entry<&CopyKernels::convert>("copy.convert"),
       entry<&CopyKernels::copy_2d>("copy.copy_2d"), entry<&CopyKernels::to_host>("copy.to_host"),
       entry<&CopyKernels::from_host>("copy.from_host"));
-  c.optim = counted_family<OptimKernels, 11>(
-      t.optim, entry<&OptimKernels::sgd>("optim.sgd"),
-      entry<&OptimKernels::sgd_momentum>("optim.sgd_momentum"),
-      entry<&OptimKernels::adam>("optim.adam"), entry<&OptimKernels::sgd_many>("optim.sgd_many"),
-      entry<&OptimKernels::sgd_momentum_many>("optim.sgd_momentum_many"),
-      entry<&OptimKernels::adam_many>("optim.adam_many"),
-      entry<&OptimKernels::sum_squares>("optim.sum_squares"),
-      entry<&OptimKernels::sum_squares_many>("optim.sum_squares_many"),
-      entry<&OptimKernels::scale>("optim.scale"),
-      entry<&OptimKernels::norm_and_clip_factor>("optim.norm_and_clip_factor"),
-      entry<&OptimKernels::scale_by>("optim.scale_by"));
-  c.data = counted_family<DataKernels, 1>(t.data, entry<&DataKernels::gather_rows>("data.gather_rows"));
+  c.update = counted_family<UpdateKernels, 11>(
+      t.update, entry<&UpdateKernels::sgd>("update.sgd"),
+      entry<&UpdateKernels::sgd_momentum>("update.sgd_momentum"),
+      entry<&UpdateKernels::adam>("update.adam"),
+      entry<&UpdateKernels::sgd_many>("update.sgd_many"),
+      entry<&UpdateKernels::sgd_momentum_many>("update.sgd_momentum_many"),
+      entry<&UpdateKernels::adam_many>("update.adam_many"),
+      entry<&UpdateKernels::sum_squares>("update.sum_squares"),
+      entry<&UpdateKernels::sum_squares_many>("update.sum_squares_many"),
+      entry<&UpdateKernels::scale>("update.scale"),
+      entry<&UpdateKernels::norm_and_clip_factor>("update.norm_and_clip_factor"),
+      entry<&UpdateKernels::scale_by>("update.scale_by"));
+  c.gather = counted_family<GatherKernels, 1>(
+      t.gather, entry<&GatherKernels::gather_rows>("gather.gather_rows"));
   c.elementwise = counted_family<ElementwiseKernels, 5>(
       t.elementwise, entry<&ElementwiseKernels::unary>("elementwise.unary"),
       entry<&ElementwiseKernels::unary_bf16>("elementwise.unary_bf16"),
@@ -126,7 +128,8 @@ KernelTable make_counted(const KernelTable& t) {
       entry<&NnKernels::layer_norm_backward_bf16>("nn.layer_norm_backward_bf16"),
       entry<&NnKernels::rms_norm>("nn.rms_norm"),
       entry<&NnKernels::rms_norm_backward>("nn.rms_norm_backward"),
-      entry<&NnKernels::find_bad_id>("nn.find_bad_id"), entry<&NnKernels::embedding>("nn.embedding"),
+      entry<&NnKernels::find_bad_id>("nn.find_bad_id"),
+      entry<&NnKernels::embedding>("nn.embedding"),
       entry<&NnKernels::embedding_backward>("nn.embedding_backward"),
       entry<&NnKernels::cross_entropy>("nn.cross_entropy"),
       entry<&NnKernels::cross_entropy_backward>("nn.cross_entropy_backward"),
@@ -144,28 +147,28 @@ KernelTable make_counted(const KernelTable& t) {
       entry<&GemmKernels::gemm_dgelu>("gemm.gemm_dgelu"),
       entry<&GemmKernels::gemm_bias_grad>("gemm.gemm_bias_grad"),
       entry<&GemmKernels::gemm_f32_strided>("gemm.gemm_f32_strided"));
-  c.inplace = counted_family<InplaceKernels, 2>(
-      t.inplace, entry<&InplaceKernels::add_f32>("inplace.add_f32"),
-      entry<&InplaceKernels::scale>("inplace.scale"));
-  c.parallel = counted_family<ParallelKernels, 6>(
-      t.parallel, entry<&ParallelKernels::copy_box>("parallel.copy_box"),
-      entry<&ParallelKernels::shard_ids>("parallel.shard_ids"),
-      entry<&ParallelKernels::shard_one_hot>("parallel.shard_one_hot"),
-      entry<&ParallelKernels::select_equal>("parallel.select_equal"),
-      entry<&ParallelKernels::sum_squares_f64>("parallel.sum_squares_f64"),
-      entry<&ParallelKernels::sum_squares_f64_many>("parallel.sum_squares_f64_many"));
-  c.comm = counted_family<CommKernels, 11>(
-      t.comm, entry<&CommKernels::zero>("comm.zero"),
-      entry<&CommKernels::reduce_ranks>("comm.reduce_ranks"),
-      entry<&CommKernels::synchronize>("comm.synchronize"),
-      entry<&CommKernels::event_record>("comm.event_record"),
-      entry<&CommKernels::event_wait>("comm.event_wait"),
-      entry<&CommKernels::event_done>("comm.event_done"),
-      entry<&CommKernels::event_stream_wait>("comm.event_stream_wait"),
-      entry<&CommKernels::event_release>("comm.event_release"),
-      entry<&CommKernels::to_host_async>("comm.to_host_async"),
-      entry<&CommKernels::host_alloc>("comm.host_alloc"),
-      entry<&CommKernels::host_free>("comm.host_free"));
+  c.inplace = counted_family<InplaceKernels, 2>(t.inplace,
+                                                entry<&InplaceKernels::add_f32>("inplace.add_f32"),
+                                                entry<&InplaceKernels::scale>("inplace.scale"));
+  c.shard = counted_family<ShardKernels, 6>(
+      t.shard, entry<&ShardKernels::copy_box>("shard.copy_box"),
+      entry<&ShardKernels::shard_ids>("shard.shard_ids"),
+      entry<&ShardKernels::shard_one_hot>("shard.shard_one_hot"),
+      entry<&ShardKernels::select_equal>("shard.select_equal"),
+      entry<&ShardKernels::sum_squares_f64>("shard.sum_squares_f64"),
+      entry<&ShardKernels::sum_squares_f64_many>("shard.sum_squares_f64_many"));
+  c.memory = counted_family<MemoryKernels, 11>(
+      t.memory, entry<&MemoryKernels::zero>("memory.zero"),
+      entry<&MemoryKernels::reduce_ranks>("memory.reduce_ranks"),
+      entry<&MemoryKernels::synchronize>("memory.synchronize"),
+      entry<&MemoryKernels::event_record>("memory.event_record"),
+      entry<&MemoryKernels::event_wait>("memory.event_wait"),
+      entry<&MemoryKernels::event_done>("memory.event_done"),
+      entry<&MemoryKernels::event_stream_wait>("memory.event_stream_wait"),
+      entry<&MemoryKernels::event_release>("memory.event_release"),
+      entry<&MemoryKernels::to_host_async>("memory.to_host_async"),
+      entry<&MemoryKernels::host_alloc>("memory.host_alloc"),
+      entry<&MemoryKernels::host_free>("memory.host_free"));
   std::atexit(write_counts);
   return c;
 }

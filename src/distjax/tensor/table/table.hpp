@@ -17,18 +17,18 @@
 #include <vector>
 
 #include "distjax/tensor/table/attention.hpp"
-#include "distjax/tensor/table/comm.hpp"
 #include "distjax/tensor/table/copy.hpp"
-#include "distjax/tensor/table/data.hpp"
-#include "distjax/tensor/table/optim.hpp"
 #include "distjax/tensor/table/elementwise.hpp"
+#include "distjax/tensor/table/gather.hpp"
+#include "distjax/tensor/table/gemm.hpp"
+#include "distjax/tensor/table/inplace.hpp"
+#include "distjax/tensor/table/memory.hpp"
+#include "distjax/tensor/table/nn.hpp"
 #include "distjax/tensor/table/reduce.hpp"
 #include "distjax/tensor/table/shape.hpp"
-#include "distjax/tensor/table/gemm.hpp"
-#include "distjax/tensor/table/nn.hpp"
-#include "distjax/tensor/table/inplace.hpp"
-#include "distjax/tensor/table/parallel.hpp"
+#include "distjax/tensor/table/shard.hpp"
 #include "distjax/tensor/table/stream.hpp"
+#include "distjax/tensor/table/update.hpp"
 #include "distjax/tensor/tensor.hpp"
 
 namespace distjax::tensor::detail {
@@ -36,8 +36,8 @@ namespace distjax::tensor::detail {
 /// Every kernel family of one device kind; null where the kind has none.
 struct KernelTable {
   const CopyKernels* copy = nullptr;
-  const OptimKernels* optim = nullptr;
-  const DataKernels* data = nullptr;
+  const UpdateKernels* update = nullptr;
+  const GatherKernels* gather = nullptr;
   const ElementwiseKernels* elementwise = nullptr;
   const ReduceKernels* reduce = nullptr;
   const ShapeKernels* shape = nullptr;
@@ -45,8 +45,8 @@ struct KernelTable {
   const AttentionKernels* attention = nullptr;
   const GemmKernels* gemm = nullptr;
   const InplaceKernels* inplace = nullptr;
-  const ParallelKernels* parallel = nullptr;
-  const CommKernels* comm = nullptr;
+  const ShardKernels* shard = nullptr;
+  const MemoryKernels* memory = nullptr;
 };
 
 /// The table of a device kind: tensor/cpu/ for the CPU and the checked device.
@@ -89,7 +89,8 @@ void cuda_profile_end();
 template <class F>
 class Dispatch {
  public:
-  Dispatch(const char* op, const F* KernelTable::*family, std::initializer_list<const Tensor*> touched)
+  Dispatch(const char* op, const F* KernelTable::*family,
+           std::initializer_list<const Tensor*> touched)
       : device_(op_device(op, touched)) {
     start(op, family, touched);
   }

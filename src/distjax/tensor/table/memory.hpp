@@ -16,7 +16,7 @@ namespace distjax::tensor::detail {
 /// The reductions of a collective: Mean is the sum divided by a divisor.
 enum class RankReduce : std::uint8_t { Sum, Mean, Max };
 
-struct CommKernels {
+struct MemoryKernels {
   /// nbytes of dst set to zero bytes.
   void (*zero)(void* dst, std::size_t nbytes, Stream s);
   /// dsts[j][i] = srcs[0][i] op srcs[1][i] op ... op srcs[k-1][i] for i < n and every one

@@ -30,7 +30,7 @@ struct IdReport {
   std::int64_t first = 0;
 };
 
-struct ParallelKernels {
+struct ShardKernels {
   /// Copies between the box `plan` of `global` and the contiguous `local` (the box's shape,
   /// row-major): into local when to_local, else back into the box.
   void (*copy_box)(void* global, void* local, const BoxPlan& plan, bool to_local, Stream s);
@@ -58,11 +58,11 @@ struct ParallelKernels {
   void (*sum_squares_f64)(const float* x, std::int64_t n, double* host_out, Stream s);
   /// host_out[i] = sum_squares_f64 of xs[i] (ns[i] elements) for i < count, the same bits,
   /// with one wait for all (a GPU: one host sync, not one per leaf).
-  void (*sum_squares_f64_many)(const float* const* xs, const std::int64_t* ns,
-                               std::int64_t count, double* host_out, Stream s);
+  void (*sum_squares_f64_many)(const float* const* xs, const std::int64_t* ns, std::int64_t count,
+                               double* host_out, Stream s);
 };
 
-/// The chunk of ParallelKernels::sum_squares_f64's order.
+/// The chunk of ShardKernels::sum_squares_f64's order.
 inline constexpr std::int64_t kSquaresChunk = 8192;
 
 }  // namespace distjax::tensor::detail

@@ -321,7 +321,8 @@ __global__ void sum_squares_partial_many(const __grid_constant__ SquaresTable t,
                                          double* __restrict__ partials) {
   const std::int64_t b = blockIdx.x;
   int i = 0;
-  while (i + 1 < leaves && t.first_block[i + 1] <= b) ++i;
+  while (i + 1 < leaves && t.first_block[i + 1] <= b)
+    ++i;
   const std::int64_t blocks = t.first_block[i + 1] - t.first_block[i];
   const double acc = squares_of_block(t.x[i], t.n[i], t.vec[i], b - t.first_block[i], blocks);
   if (threadIdx.x == 0) partials[b] = acc;
@@ -464,15 +465,15 @@ void sums_of_squares_into(const float* const* xs, const std::int64_t* ns, std::i
       t.first_block[i + 1] = t.first_block[i] + blocks;
     }
     const std::int64_t total = t.first_block[leaves];
-    StreamScratch partials(sizeof(double) * static_cast<std::size_t>(std::max<std::int64_t>(total, 1)),
-                           stream, "sum_squares");
+    StreamScratch partials(
+        sizeof(double) * static_cast<std::size_t>(std::max<std::int64_t>(total, 1)), stream,
+        "sum_squares");
     if (total > 0) {
       sum_squares_partial_many<<<static_cast<unsigned>(total), kThreads, 0, stream>>>(
           t, leaves, partials.as<double>());
       DISTJAX_CUDA_LAUNCHED("sum_squares");
     }
-    sum_partials_many<<<leaves, kMaxPartials, 0, stream>>>(t, partials.as<double>(),
-                                                           results + at);
+    sum_partials_many<<<leaves, kMaxPartials, 0, stream>>>(t, partials.as<double>(), results + at);
     DISTJAX_CUDA_LAUNCHED("sum_squares");
     partials.release();
   }
@@ -538,7 +539,7 @@ void scale_by(float* x, std::int64_t n, const float* factor, Stream s) {
 
 }  // namespace
 
-const detail::OptimKernels optim_kernels{
+const detail::UpdateKernels update_kernels{
     .sgd = sgd,
     .sgd_momentum = sgd_momentum,
     .adam = adam,

@@ -63,7 +63,7 @@ void gather_rows(const void* src, std::size_t row_bytes, const std::int64_t* row
 
 }  // namespace
 
-const detail::DataKernels data_kernels{
+const detail::GatherKernels gather_kernels{
     .gather_rows = gather_rows,
 };
 

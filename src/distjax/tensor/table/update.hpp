@@ -21,7 +21,7 @@ struct OptimLeaf {
   double decay = 1.0;  ///< Adam's decoupled multiplier for this leaf (AdamW masks some leaves)
 };
 
-struct OptimKernels {
+struct UpdateKernels {
   /// p[i] -= lr * (g[i] + wd * p[i]), for i < n (SGD without momentum).
   void (*sgd)(float* p, const float* g, std::int64_t n, float lr, float wd, Stream s);
   /// SGD with momentum buffer `buf` (heavy ball, or Nesterov's look-ahead), for i < n:

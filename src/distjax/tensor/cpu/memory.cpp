@@ -27,7 +27,8 @@ void reduce_generic(T* dst, const void* const* srcs, int k, std::int64_t n, Rank
   for (std::int64_t lo = 0; lo < n; lo += kTile) {
     const std::int64_t m = std::min(kTile, n - lo);
     const T* s0 = static_cast<const T*>(srcs[0]) + lo;
-    for (std::int64_t i = 0; i < m; ++i) acc[i] = static_cast<Acc>(s0[i]);
+    for (std::int64_t i = 0; i < m; ++i)
+      acc[i] = static_cast<Acc>(s0[i]);
     for (int j = 1; j < k; ++j) {
       const T* s = static_cast<const T*>(srcs[j]) + lo;
       for (std::int64_t i = 0; i < m; ++i) {
@@ -125,7 +126,9 @@ void zero(void* dst, std::size_t nbytes, Stream) {
 void synchronize(Stream) {}
 // Kernels run at once here: no event is ever made, so the table has no entries to wait
 // for, test or release one.
-void* event_record(Stream) { return nullptr; }
+void* event_record(Stream) {
+  return nullptr;
+}
 
 void to_host_async(const void* src, void* host_dst, std::size_t nbytes, Stream) {
   if (nbytes > 0) std::memcpy(host_dst, src, nbytes);
@@ -136,7 +139,9 @@ void* host_alloc(std::size_t nbytes) {
   DISTJAX_CHECK(p != nullptr, Error, "[host_alloc] out of host memory for ", nbytes, " bytes");
   return p;
 }
-void host_free(void* p, std::size_t) { std::free(p); }
+void host_free(void* p, std::size_t) {
+  std::free(p);
+}
 
 }  // namespace
 
@@ -148,11 +153,11 @@ void reduce_ranks_generic(void* dst, const void* const* srcs, int k, std::int64_
     case DType::F64:
       return reduce_generic<double, double>(static_cast<double*>(dst), srcs, k, n, op, divisor);
     case DType::I32:
-      return reduce_generic<std::int32_t, std::int32_t>(static_cast<std::int32_t*>(dst), srcs, k,
-                                                        n, op, divisor);
+      return reduce_generic<std::int32_t, std::int32_t>(static_cast<std::int32_t*>(dst), srcs, k, n,
+                                                        op, divisor);
     case DType::I64:
-      return reduce_generic<std::int64_t, std::int64_t>(static_cast<std::int64_t*>(dst), srcs, k,
-                                                        n, op, divisor);
+      return reduce_generic<std::int64_t, std::int64_t>(static_cast<std::int64_t*>(dst), srcs, k, n,
+                                                        op, divisor);
     case DType::BF16:
       return reduce_generic<bf16, float>(static_cast<bf16*>(dst), srcs, k, n, op, divisor);
     case DType::F16:
@@ -167,13 +172,17 @@ void reduce_ranks_one(void* dst, const void* const* srcs, int k, std::int64_t n,
 #if defined(__AVX512F__)
   if (dtype == DType::F32 && k >= 1 && k <= kMaxRankSources) {
     const float* s[kMaxRankSources];
-    for (int j = 0; j < k; ++j) s[j] = static_cast<const float*>(srcs[j]);
+    for (int j = 0; j < k; ++j)
+      s[j] = static_cast<const float*>(srcs[j]);
     float* d = static_cast<float*>(dst);
     const float div = static_cast<float>(divisor);
     switch (op) {
-      case RankReduce::Sum: return reduce_f32<RankReduce::Sum>(d, s, k, n, div);
-      case RankReduce::Mean: return reduce_f32<RankReduce::Mean>(d, s, k, n, div);
-      case RankReduce::Max: return reduce_f32<RankReduce::Max>(d, s, k, n, div);
+      case RankReduce::Sum:
+        return reduce_f32<RankReduce::Sum>(d, s, k, n, div);
+      case RankReduce::Mean:
+        return reduce_f32<RankReduce::Mean>(d, s, k, n, div);
+      case RankReduce::Max:
+        return reduce_f32<RankReduce::Max>(d, s, k, n, div);
     }
   }
 #endif
@@ -186,8 +195,8 @@ void reduce_ranks_one(void* dst, const void* const* srcs, int k, std::int64_t n,
 // first copy, so a later destination may alias a source too.
 void reduce_ranks(void* const* dsts, int m, const void* const* srcs, int k, std::int64_t n,
                   DType dtype, RankReduce op, int divisor, Stream) {
-  DISTJAX_CHECK(m >= 1 && m <= kMaxRankSources && k >= 1 && k <= kMaxRankSources,
-                InvalidArgument, "[reduce_ranks] folds 1 to ", kMaxRankSources,
+  DISTJAX_CHECK(m >= 1 && m <= kMaxRankSources && k >= 1 && k <= kMaxRankSources, InvalidArgument,
+                "[reduce_ranks] folds 1 to ", kMaxRankSources,
                 " sources into as many destinations, got ", k, " into ", m);
   reduce_ranks_one(dsts[0], srcs, k, n, dtype, op, divisor);
   const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(dtype);
@@ -195,7 +204,7 @@ void reduce_ranks(void* const* dsts, int m, const void* const* srcs, int k, std:
     if (dsts[j] != dsts[0]) std::memcpy(dsts[j], dsts[0], bytes);
 }
 
-const CommKernels comm_kernels{
+const MemoryKernels memory_kernels{
     .zero = zero,
     .reduce_ranks = reduce_ranks,
     .synchronize = synchronize,

@@ -398,7 +398,8 @@ __global__ void __launch_bounds__(kThreads)
                               double* __restrict__ partials) {
   const std::int64_t b = blockIdx.x;
   int i = 0;
-  while (i + 1 < leaves && t.first_block[i + 1] <= b) ++i;
+  while (i + 1 < leaves && t.first_block[i + 1] <= b)
+    ++i;
   sum_squares_chunks(t.x[i], t.n[i], partials + t.first_chunk[i],
                      t.first_chunk[i + 1] - t.first_chunk[i], b - t.first_block[i]);
 }
@@ -410,7 +411,8 @@ __global__ void sum_squares_fold_kernel(const __grid_constant__ SquaresTable t, 
   const int i = static_cast<int>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= leaves) return;
   double total = 0.0;
-  for (std::int64_t c = t.first_chunk[i]; c < t.first_chunk[i + 1]; ++c) total += partials[c];
+  for (std::int64_t c = t.first_chunk[i]; c < t.first_chunk[i + 1]; ++c)
+    total += partials[c];
   out[i] = total;
 }
 
@@ -435,8 +437,9 @@ void sum_squares_f64_many(const float* const* xs, const std::int64_t* ns, std::i
           t.first_block[i] + (chunks + kSquaresChunksPerBlock - 1) / kSquaresChunksPerBlock;
     }
     const std::int64_t blocks = t.first_block[leaves], chunks = t.first_chunk[leaves];
-    StreamScratch partials(sizeof(double) * static_cast<std::size_t>(std::max<std::int64_t>(chunks, 1)),
-                           stream, "sum_of_squares_f64");
+    StreamScratch partials(
+        sizeof(double) * static_cast<std::size_t>(std::max<std::int64_t>(chunks, 1)), stream,
+        "sum_of_squares_f64");
     if (blocks > 0) {
       sum_squares_chunks_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
           t, leaves, partials.as<double>());
@@ -461,7 +464,7 @@ void sum_squares_f64(const float* x, std::int64_t n, double* host_out, Stream s)
 
 }  // namespace
 
-const detail::ParallelKernels parallel_kernels{
+const detail::ShardKernels shard_kernels{
     .copy_box = copy_box,
     .shard_ids = shard_ids,
     .shard_one_hot = shard_one_hot,

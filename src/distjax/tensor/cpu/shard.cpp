@@ -114,12 +114,13 @@ void sum_squares_f64(const float* p, std::int64_t n, double* out, Stream) {
 
 void sum_squares_f64_many(const float* const* xs, const std::int64_t* ns, std::int64_t count,
                           double* out, Stream s) {
-  for (std::int64_t i = 0; i < count; ++i) sum_squares_f64(xs[i], ns[i], out + i, s);
+  for (std::int64_t i = 0; i < count; ++i)
+    sum_squares_f64(xs[i], ns[i], out + i, s);
 }
 
 }  // namespace
 
-const ParallelKernels parallel_kernels{
+const ShardKernels shard_kernels{
     .copy_box = copy_box,
     .shard_ids = shard_ids,
     .shard_one_hot = shard_one_hot,

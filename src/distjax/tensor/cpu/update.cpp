@@ -88,7 +88,8 @@ void sum_squares(const float* p, std::int64_t n, double* host_out, Stream) {
 
 void sum_squares_many(const float* const* xs, const std::int64_t* ns, std::int64_t count,
                       double* host_out, Stream s) {
-  for (std::int64_t i = 0; i < count; ++i) sum_squares(xs[i], ns[i], host_out + i, s);
+  for (std::int64_t i = 0; i < count; ++i)
+    sum_squares(xs[i], ns[i], host_out + i, s);
 }
 
 void scale(float* p, std::int64_t n, float f, Stream) {
@@ -110,11 +111,13 @@ void norm_and_clip_factor(const float* const* xs, const std::int64_t* ns, std::i
   *factor_out = max_norm > 0.0 && norm > max_norm ? static_cast<float>(max_norm / norm) : 1.0f;
 }
 
-void scale_by(float* p, std::int64_t n, const float* factor, Stream s) { scale(p, n, *factor, s); }
+void scale_by(float* p, std::int64_t n, const float* factor, Stream s) {
+  scale(p, n, *factor, s);
+}
 
 }  // namespace
 
-const OptimKernels optim_kernels{
+const UpdateKernels update_kernels{
     .sgd = sgd,
     .sgd_momentum = sgd_momentum,
     .adam = adam,

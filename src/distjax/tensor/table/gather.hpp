@@ -1,4 +1,4 @@
-// Kernel family: the data pipeline's row gather (a batch from a dataset's rows). Plain
+// Kernel family: rows gathered by index (a batch from a dataset's rows). Plain
 // arguments only: pointers, sizes and the stream.
 #pragma once
 
@@ -9,7 +9,7 @@
 
 namespace distjax::tensor::detail {
 
-struct DataKernels {
+struct GatherKernels {
   /// Row i of dst (row_bytes bytes) = row rows[i] of src, for i < n; `rows` is device
   /// memory holding valid row indices.
   void (*gather_rows)(const void* src, std::size_t row_bytes, const std::int64_t* rows,

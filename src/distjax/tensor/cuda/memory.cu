@@ -66,7 +66,8 @@ __global__ void reduce_kernel(Dests d, int m, Sources s, int k, std::int64_t n, 
   const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
   for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const T v = fold<T, Op>(s, k, i, divisor);
-    for (int j = 0; j < m; ++j) static_cast<T*>(d.p[j])[i] = v;
+    for (int j = 0; j < m; ++j)
+      static_cast<T*>(d.p[j])[i] = v;
   }
 }
 
@@ -75,8 +76,7 @@ template <RankReduce Op>
 __global__ void reduce_f32x4_kernel(Dests d, int m, Sources s, int k, std::int64_t n4,
                                     float divisor) {
   const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
-  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n4;
-       i += stride) {
+  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n4; i += stride) {
     float4 acc = static_cast<const float4*>(s.p[0])[i];
     for (int j = 1; j < k; ++j) {
       const float4 v = static_cast<const float4*>(s.p[j])[i];
@@ -98,19 +98,24 @@ __global__ void reduce_f32x4_kernel(Dests d, int m, Sources s, int k, std::int64
       acc.z = __fdiv_rn(acc.z, divisor);
       acc.w = __fdiv_rn(acc.w, divisor);
     }
-    for (int j = 0; j < m; ++j) static_cast<float4*>(d.p[j])[i] = acc;
+    for (int j = 0; j < m; ++j)
+      static_cast<float4*>(d.p[j])[i] = acc;
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+bool aligned16(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+}
 
 template <class T, RankReduce Op>
 void launch_reduce(const Dests& d, int m, const Sources& s, int k, std::int64_t n, int divisor,
                    cudaStream_t stream) {
   if constexpr (std::is_same_v<T, float>) {
     bool aligned = n % 4 == 0;
-    for (int j = 0; j < m; ++j) aligned &= aligned16(d.p[j]);
-    for (int j = 0; j < k; ++j) aligned &= aligned16(s.p[j]);
+    for (int j = 0; j < m; ++j)
+      aligned &= aligned16(d.p[j]);
+    for (int j = 0; j < k; ++j)
+      aligned &= aligned16(s.p[j]);
     if (aligned) {
       reduce_f32x4_kernel<Op><<<grid_for(n / 4), kThreads, 0, stream>>>(
           d, m, s, k, n / 4, static_cast<float>(divisor));
@@ -118,8 +123,8 @@ void launch_reduce(const Dests& d, int m, const Sources& s, int k, std::int64_t 
       return;
     }
   }
-  reduce_kernel<T, Op><<<grid_for(n), kThreads, 0, stream>>>(d, m, s, k, n,
-                                                             static_cast<Acc<T>>(divisor));
+  reduce_kernel<T, Op>
+      <<<grid_for(n), kThreads, 0, stream>>>(d, m, s, k, n, static_cast<Acc<T>>(divisor));
   DISTJAX_CUDA_LAUNCHED("reduce_ranks");
 }
 
@@ -138,23 +143,30 @@ void reduce_typed(const Dests& d, int m, const Sources& s, int k, std::int64_t n
 
 void reduce_ranks(void* const* dsts, int m, const void* const* srcs, int k, std::int64_t n,
                   DType dtype, RankReduce op, int divisor, Stream st) {
-  DISTJAX_CHECK(m >= 1 && m <= detail::kMaxRankSources && k >= 1 &&
-                    k <= detail::kMaxRankSources,
+  DISTJAX_CHECK(m >= 1 && m <= detail::kMaxRankSources && k >= 1 && k <= detail::kMaxRankSources,
                 InvalidArgument, "[reduce_ranks] folds 1 to ", detail::kMaxRankSources,
                 " sources into as many destinations, got ", k, " into ", m);
   if (n == 0) return;
   Sources s{};
-  for (int j = 0; j < k; ++j) s.p[j] = srcs[j];
+  for (int j = 0; j < k; ++j)
+    s.p[j] = srcs[j];
   Dests d{};
-  for (int j = 0; j < m; ++j) d.p[j] = dsts[j];
+  for (int j = 0; j < m; ++j)
+    d.p[j] = dsts[j];
   const cudaStream_t stream = stream_of(st);
   switch (dtype) {
-    case DType::F32: return reduce_typed<float>(d, m, s, k, n, op, divisor, stream);
-    case DType::F64: return reduce_typed<double>(d, m, s, k, n, op, divisor, stream);
-    case DType::I32: return reduce_typed<std::int32_t>(d, m, s, k, n, op, divisor, stream);
-    case DType::I64: return reduce_typed<std::int64_t>(d, m, s, k, n, op, divisor, stream);
-    case DType::BF16: return reduce_typed<Bf16>(d, m, s, k, n, op, divisor, stream);
-    case DType::F16: return reduce_typed<F16>(d, m, s, k, n, op, divisor, stream);
+    case DType::F32:
+      return reduce_typed<float>(d, m, s, k, n, op, divisor, stream);
+    case DType::F64:
+      return reduce_typed<double>(d, m, s, k, n, op, divisor, stream);
+    case DType::I32:
+      return reduce_typed<std::int32_t>(d, m, s, k, n, op, divisor, stream);
+    case DType::I64:
+      return reduce_typed<std::int64_t>(d, m, s, k, n, op, divisor, stream);
+    case DType::BF16:
+      return reduce_typed<Bf16>(d, m, s, k, n, op, divisor, stream);
+    case DType::F16:
+      return reduce_typed<F16>(d, m, s, k, n, op, divisor, stream);
   }
 }
 
@@ -207,7 +219,9 @@ PooledEvent* take_event() {
   }
   return e;
 }
-PooledEvent* pooled(void* event) { return static_cast<PooledEvent*>(event); }
+PooledEvent* pooled(void* event) {
+  return static_cast<PooledEvent*>(event);
+}
 
 void event_release(void* event) {
   if (!event) return;
@@ -253,9 +267,8 @@ void event_stream_wait(void* event, Stream s) {
 // Into page-locked memory a device-to-host copy is a DMA queued on the stream.
 void to_host_async(const void* src, void* host_dst, std::size_t nbytes, Stream s) {
   if (nbytes > 0)
-    DISTJAX_CUDA_CHECK(
-        cudaMemcpyAsync(host_dst, src, nbytes, cudaMemcpyDeviceToHost, stream_of(s)),
-        "to_host_async", nbytes, " bytes");
+    DISTJAX_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, nbytes, cudaMemcpyDeviceToHost, stream_of(s)),
+                       "to_host_async", nbytes, " bytes");
 }
 
 // Page-locked blocks cost a system call and a page-table walk each: freed ones are kept
@@ -270,7 +283,8 @@ PinnedCache& pinned_cache() {
 }
 std::size_t size_class(std::size_t nbytes) {
   std::size_t c = std::size_t(64) << 10;
-  while (c < nbytes) c <<= 1;
+  while (c < nbytes)
+    c <<= 1;
   return c;
 }
 
@@ -301,7 +315,7 @@ void host_free(void* p, std::size_t nbytes) {
 
 }  // namespace
 
-const detail::CommKernels comm_kernels{
+const detail::MemoryKernels memory_kernels{
     .zero = zero,
     .reduce_ranks = reduce_ranks,
     .synchronize = synchronize,
