@@ -21,16 +21,12 @@ train::Batch patches(train::Batch b) {
 }
 
 app::Model vit(const config::TrainConfig& c, const mesh::Mesh&) {
-  const auto encoder = std::make_shared<models::Transformer>(
-      models::TransformerConfig{.d_model = c.model.d_model,
-                                .num_layers = c.model.layers,
-                                .num_heads = c.model.heads,
-                                .max_len = 16,
-                                .tied_embeddings = false,
-                                .dropout = static_cast<float>(c.model.dropout),
-                                .causal = false,
-                                .input_features = 49,
-                                .num_classes = 10});
+  // clang-format off
+  const auto encoder = std::make_shared<models::Transformer>(models::TransformerConfig{
+      .d_model = c.model.d_model, .num_layers = c.model.layers, .num_heads = c.model.heads,
+      .max_len = 16, .tied_embeddings = false, .dropout = static_cast<float>(c.model.dropout),
+      .causal = false, .input_features = 49, .num_classes = 10});
+  // clang-format on
   app::Model m = app::fashion_mnist_model(c, /*pipelined=*/true);  // data, test accuracy
   m.network = app::transformer_network(encoder);  // owns it, its stages, its TP layouts
   m.description = "ViT 16 patches, C=" + std::to_string(c.model.d_model) +
