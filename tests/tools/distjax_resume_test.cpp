@@ -198,6 +198,41 @@ TEST(DistjaxResume, KilledTokensRunResumesExactly) {
   fs::remove_all(base);
 }
 
+namespace {
+
+// The main job's config for 6 steps on a (data, model, pipe) mesh into `out`: every loss
+// logged, a checkpoint at step 4, no evaluation during the run; `more` appended.
+std::vector<std::string> six_steps_on(const fs::path& out, int data, int model, int pipe,
+                                      const std::vector<std::string>& more = {}) {
+  std::vector<std::string> a = {DISTJAX_TOOL,
+                                "train",
+                                std::string(DISTJAX_SOURCE_DIR) + "/configs/gpt_3d.toml",
+                                "--set",
+                                "run.steps=6",
+                                "--set",
+                                "run.log_every=1",
+                                "--set",
+                                "run.eval_every=0",
+                                "--set",
+                                "run.eval_batches=1",
+                                "--set",
+                                "run.checkpoint_every=4",
+                                "--set",
+                                "run.timeline=false",
+                                "--set",
+                                "distributed.world_size=" + std::to_string(data * model * pipe),
+                                "--set",
+                                "distributed.tensor_parallel_size=" + std::to_string(model),
+                                "--set",
+                                "distributed.pipeline_parallel_size=" + std::to_string(pipe),
+                                "--out",
+                                out.string()};
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
+}  // namespace
+
 // A checkpoint of the (data 2, model 2, pipe 2) GPT resumes on meshes without a pipe axis
 // (8 x 1 x 1, 4 x 2 x 1) and on one device: the parameter tree is the config's, not the
 // mesh's, and the next step's loss is the uninterrupted run's within 1e-6 (the sums run in
@@ -206,31 +241,8 @@ TEST(DistjaxResume, CheckpointMovesBetweenMeshesWithAndWithoutAPipe) {
   const fs::path base = fs::temp_directory_path() / ("distjax_remesh_" + std::to_string(getpid()));
   fs::remove_all(base);
   fs::create_directories(base);
-  auto args = [&](const fs::path& out, int data, int model, int pipe) {
-    std::vector<std::string> a = {DISTJAX_TOOL,
-                                  "train",
-                                  std::string(DISTJAX_SOURCE_DIR) + "/configs/gpt_3d.toml",
-                                  "--set",
-                                  "run.steps=6",
-                                  "--set",
-                                  "run.log_every=1",
-                                  "--set",
-                                  "run.eval_every=0",
-                                  "--set",
-                                  "run.eval_batches=1",
-                                  "--set",
-                                  "run.checkpoint_every=4",
-                                  "--set",
-                                  "run.timeline=false",
-                                  "--set",
-                                  "distributed.world_size=" + std::to_string(data * model * pipe),
-                                  "--set",
-                                  "distributed.tensor_parallel_size=" + std::to_string(model),
-                                  "--set",
-                                  "distributed.pipeline_parallel_size=" + std::to_string(pipe),
-                                  "--out",
-                                  out.string()};
-    return a;
+  auto args = [](const fs::path& out, int data, int model, int pipe) {
+    return six_steps_on(out, data, model, pipe);
   };
   ASSERT_EQ(wait_for(start(args(base / "whole", 2, 2, 2), base / "whole.log")), 0)
       << slurp(base / "whole.log");
@@ -264,32 +276,8 @@ TEST(DistjaxResume, EpochOrderReadsOneStreamOnEveryMeshAndAcrossAResume) {
   const fs::path base = fs::temp_directory_path() / ("distjax_epochs_" + std::to_string(getpid()));
   fs::remove_all(base);
   fs::create_directories(base);
-  auto args = [&](const fs::path& out, int data, int model, int pipe) {
-    return std::vector<std::string>{DISTJAX_TOOL,
-                                    "train",
-                                    std::string(DISTJAX_SOURCE_DIR) + "/configs/gpt_3d.toml",
-                                    "--set",
-                                    "data.order=epochs",
-                                    "--set",
-                                    "run.steps=6",
-                                    "--set",
-                                    "run.log_every=1",
-                                    "--set",
-                                    "run.eval_every=0",
-                                    "--set",
-                                    "run.eval_batches=1",
-                                    "--set",
-                                    "run.checkpoint_every=4",
-                                    "--set",
-                                    "run.timeline=false",
-                                    "--set",
-                                    "distributed.world_size=" + std::to_string(data * model * pipe),
-                                    "--set",
-                                    "distributed.tensor_parallel_size=" + std::to_string(model),
-                                    "--set",
-                                    "distributed.pipeline_parallel_size=" + std::to_string(pipe),
-                                    "--out",
-                                    out.string()};
+  auto args = [](const fs::path& out, int data, int model, int pipe) {
+    return six_steps_on(out, data, model, pipe, {"--set", "data.order=epochs"});
   };
   ASSERT_EQ(wait_for(start(args(base / "whole", 2, 2, 2), base / "whole.log")), 0)
       << slurp(base / "whole.log");
