@@ -76,6 +76,7 @@
 #include "distjax/parallel/tp_transformer_block.hpp"
 #include "distjax/parallel/zero.hpp"
 #include "distjax/plan/plan.hpp"
+#include "distjax/plan/setup.hpp"
 #include "distjax/spmd/blocks.hpp"
 #include "distjax/spmd/collectives.hpp"
 #include "distjax/spmd/device_context.hpp"

@@ -202,7 +202,6 @@ const std::set<std::string> kKnownCycles = {
     "comm/communicator <-> comm/detail/call <-> comm/launch",
     "comm/mpi/flight_records <-> comm/mpi/guards <-> comm/mpi/notices",
     "parallel/detail/pipeline_ops <-> parallel/pipeline_schedule",
-    "plan/detail/stage_memory <-> plan/plan",
     "tensor/detail/cast <-> tensor/detail/kernels <-> tensor/elementwise <-> tensor/grad_node "
     "<-> tensor/reduce <-> tensor/shape_ops <-> tensor/table/table <-> tensor/tensor",
 };

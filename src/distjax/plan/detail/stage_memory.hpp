@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "distjax/plan/plan.hpp"
+#include "distjax/plan/setup.hpp"
 
 namespace distjax::plan::detail {
 
