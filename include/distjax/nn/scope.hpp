@@ -3,6 +3,7 @@
 // (Apply), as a Flax `nn.Module.__call__` does.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -172,5 +173,17 @@ class Scope {
   bool train_ = false;
   Key dropout_key_{};
 };
+
+/// The parameters `build` creates when it runs a model's forward once on an init scope
+/// (no tape): recording the PartitionSpec of every sharded one into `*specs` when given;
+/// this device's shards with a device context; stored fully sharded as `fsdp` says when
+/// given. What every model's init(key, specs, ctx, fsdp) is.
+///
+///   return nn::init_parameters(key, specs, ctx, fsdp, [&](const nn::Scope& s) {
+///     (*this)(s, Tensor::zeros({1, in_features}));
+///   });
+TensorTree init_parameters(Key key, ParamSpecs* specs, spmd::DeviceContext* ctx,
+                           const FullySharded* fsdp,
+                           const std::function<void(const Scope&)>& build);
 
 }  // namespace distjax::nn

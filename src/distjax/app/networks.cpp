@@ -84,13 +84,8 @@ Network network_of(
   Network n;
   n.init = [forward, example](Key key, nn::ParamSpecs* specs, spmd::DeviceContext* ctx,
                               const nn::FullySharded* fsdp) {
-    tensor::TensorTree params;
-    tensor::NoGradGuard no_grad;
-    nn::Scope scope = nn::Scope::init(&params, key, specs);
-    if (ctx != nullptr) scope = scope.on(*ctx);
-    if (fsdp != nullptr) scope = scope.fully_sharded(*fsdp);
-    forward(scope, example);
-    return params;
+    return nn::init_parameters(key, specs, ctx, fsdp,
+                               [&](const nn::Scope& scope) { forward(scope, example); });
   };
   n.loss = [forward, loss](const nn::Scope& scope, const train::Batch& batch) {
     return loss(forward(scope, batch.inputs), batch.labels);

@@ -34,13 +34,9 @@ TensorTree Classifier::init(Key key) const {
 
 TensorTree Classifier::init(Key key, nn::ParamSpecs* specs, spmd::DeviceContext* ctx,
                             const nn::FullySharded* fsdp) const {
-  TensorTree params;
-  tensor::NoGradGuard no_grad;
-  nn::Scope scope = nn::Scope::init(&params, key, specs);
-  if (ctx != nullptr) scope = scope.on(*ctx);
-  if (fsdp != nullptr) scope = scope.fully_sharded(*fsdp);
-  (*this)(scope, Tensor::zeros({1, config_.in_features}));
-  return params;
+  return nn::init_parameters(key, specs, ctx, fsdp, [&](const nn::Scope& scope) {
+    (*this)(scope, Tensor::zeros({1, config_.in_features}));
+  });
 }
 
 Tensor Classifier::apply(const TensorTree& params, const Tensor& x, bool train,

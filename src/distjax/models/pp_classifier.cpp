@@ -15,7 +15,8 @@ PPClassifier::PPClassifier(PPClassifierConfig config) : config_(std::move(config
   const auto& c = config_;
   DISTJAX_CHECK(c.in_features > 0 && c.hidden > 0 && c.num_layers >= 1 && c.mlp_expansion > 0 &&
                     c.num_classes > 0,
-                ConfigError, "[PPClassifier] in_features, hidden, num_layers, mlp_expansion and "
+                ConfigError,
+                "[PPClassifier] in_features, hidden, num_layers, mlp_expansion and "
                 "num_classes must be >= 1");
   DISTJAX_CHECK(c.dropout >= 0.f && c.dropout < 1.f, ConfigError,
                 "[PPClassifier] dropout must be in [0, 1), got ", c.dropout);
@@ -83,15 +84,12 @@ TensorTree PPClassifier::init(Key key) const {
 TensorTree PPClassifier::init(Key key, const std::vector<int>& chunks, int num_chunks,
                               nn::ParamSpecs* specs, spmd::DeviceContext* ctx,
                               const nn::FullySharded* fsdp) const {
-  TensorTree params;
-  tensor::NoGradGuard no_grad;
-  nn::Scope scope = nn::Scope::init(&params, key, specs);
-  if (ctx != nullptr) scope = scope.on(*ctx);
-  if (fsdp != nullptr) scope = scope.fully_sharded(*fsdp);
   const Tensor inputs = Tensor::zeros({1, config_.in_features});
-  for (int c : chunks)
-    run_chunk(scope, c, num_chunks, c == 0 ? Tensor() : Tensor::zeros({1, config_.hidden}), inputs);
-  return params;
+  return nn::init_parameters(key, specs, ctx, fsdp, [&](const nn::Scope& scope) {
+    for (int c : chunks)
+      run_chunk(scope, c, num_chunks, c == 0 ? Tensor() : Tensor::zeros({1, config_.hidden}),
+                inputs);
+  });
 }
 
 }  // namespace distjax::models

@@ -126,13 +126,9 @@ Tensor ResidualClassifier::operator()(const nn::Scope& scope, const Tensor& x) c
 
 TensorTree ResidualClassifier::init(Key key, nn::ParamSpecs* specs, spmd::DeviceContext* ctx,
                                     const nn::FullySharded* fsdp) const {
-  TensorTree params;
-  tensor::NoGradGuard no_grad;
-  nn::Scope scope = nn::Scope::init(&params, key, specs);
-  if (ctx != nullptr) scope = scope.on(*ctx);
-  if (fsdp != nullptr) scope = scope.fully_sharded(*fsdp);
-  (*this)(scope, Tensor::zeros({1, config_.in_features}));
-  return params;
+  return nn::init_parameters(key, specs, ctx, fsdp, [&](const nn::Scope& scope) {
+    (*this)(scope, Tensor::zeros({1, config_.in_features}));
+  });
 }
 
 std::int64_t ResidualClassifier::num_params() const {

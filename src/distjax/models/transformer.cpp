@@ -32,20 +32,20 @@ Transformer::Transformer(TransformerConfig config) : config_(config) {
   DISTJAX_CHECK(c.dropout >= 0.f && c.dropout < 1.f, ConfigError,
                 "[Transformer] dropout must be in [0, 1), got ", c.dropout);
   DISTJAX_CHECK(c.input_features >= 0 && c.num_classes >= 0, ConfigError,
-                "[Transformer] input_features and num_classes must be >= 0, got ",
-                c.input_features, " and ", c.num_classes);
+                "[Transformer] input_features and num_classes must be >= 0, got ", c.input_features,
+                " and ", c.num_classes);
   if (c.input_features > 0 || c.num_classes > 0) {
     DISTJAX_CHECK(!c.tied_embeddings, ConfigError,
                   "[Transformer] input_features or num_classes: the head cannot be tied to a "
                   "token embedding; set tied_embeddings = false");
-    DISTJAX_CHECK((c.tp.layout == parallel::TPLayout::None ||
-                   c.tp.layout == parallel::TPLayout::Megatron) &&
-                      !c.tp.vocab_parallel,
-                  NotImplemented,
-                  "[Transformer] input_features or num_classes run without tensor parallelism "
-                  "or in the Megatron layout without vocabulary parallelism, not layout \"",
-                  parallel::tp_layout_name(c.tp.layout), "\"",
-                  c.tp.vocab_parallel ? " with vocab_parallel" : "");
+    DISTJAX_CHECK(
+        (c.tp.layout == parallel::TPLayout::None || c.tp.layout == parallel::TPLayout::Megatron) &&
+            !c.tp.vocab_parallel,
+        NotImplemented,
+        "[Transformer] input_features or num_classes run without tensor parallelism "
+        "or in the Megatron layout without vocabulary parallelism, not layout \"",
+        parallel::tp_layout_name(c.tp.layout), "\"",
+        c.tp.vocab_parallel ? " with vocab_parallel" : "");
   }
 }
 
@@ -88,10 +88,10 @@ Tensor Transformer::embed(const nn::Scope& scope, const Tensor& tokens) const {
   const auto& c = config_;
   tensor::check_defined(tokens, "Transformer", "tokens");
   if (c.input_features > 0)
-    DISTJAX_CHECK(tokens.rank() == 3 && tokens.size(2) == c.input_features &&
-                      tokens.dtype() == DType::F32,
-                  InvalidArgument, "[Transformer] expected inputs (B, T, ", c.input_features,
-                  ") of f32, got ", tokens.str(0));
+    DISTJAX_CHECK(
+        tokens.rank() == 3 && tokens.size(2) == c.input_features && tokens.dtype() == DType::F32,
+        InvalidArgument, "[Transformer] expected inputs (B, T, ", c.input_features,
+        ") of f32, got ", tokens.str(0));
   else
     DISTJAX_CHECK(
         tokens.rank() == 2 && (tokens.dtype() == DType::I32 || tokens.dtype() == DType::I64),
@@ -102,8 +102,9 @@ Tensor Transformer::embed(const nn::Scope& scope, const Tensor& tokens) const {
   const TransformerTP& tp = c.tp;
   const Layout l = layout_of(c, scope);
   spmd::DeviceContext* ctx = scope.context();
-  DISTJAX_CHECK(!l.sp || t_len % l.n == 0, ShardingError, "[Transformer] sequence parallelism: T=",
-                t_len, " is not divisible by ", tp.axis, "=", l.n);
+  DISTJAX_CHECK(!l.sp || t_len % l.n == 0, ShardingError,
+                "[Transformer] sequence parallelism: T=", t_len, " is not divisible by ", tp.axis,
+                "=", l.n);
   const nn::Embedding wte{.num_embeddings = c.vocab,
                           .features = c.d_model,
                           .embedding_init = nn::normal(0.02),
@@ -136,9 +137,10 @@ Tensor Transformer::embed(const nn::Scope& scope, const Tensor& tokens) const {
   }
   if (l.sp) pos = parallel::split_to_sp_region(ctx, pos, l.axis, 0);
   x = tensor::add(x, pos);
-  const mesh::PartitionSpec x_spec = l.feature_sharded ? mesh::P(std::nullopt, std::nullopt, tp.axis)
-                                     : l.sp            ? mesh::P(std::nullopt, tp.axis)
-                                                       : mesh::PartitionSpec();
+  const mesh::PartitionSpec x_spec = l.feature_sharded
+                                         ? mesh::P(std::nullopt, std::nullopt, tp.axis)
+                                     : l.sp ? mesh::P(std::nullopt, tp.axis)
+                                            : mesh::PartitionSpec();
   return nn::Dropout{.rate = c.dropout, .spec = x_spec}(scope.child("embed_dropout"), x);
 }
 
@@ -180,14 +182,13 @@ Tensor Transformer::head(const nn::Scope& scope, const Tensor& x_in) const {
     // summed over the axis: (B, T, V) replicated.
     x = parallel::TPNorm{.kind = parallel::TPNorm::Kind::Layer, .eps = c.ln_eps, .axis = tp.axis}(
         scope.child("ln_f"), x);
-    Tensor partial =
-        c.tied_embeddings
-            ? wte.attend(scope.child("wte"), x)
-            : parallel::TPDense{.features = c.vocab,
-                                .axis = tp.axis,
-                                .mode = parallel::TPMode::Scatter,
-                                .skip_communication = true,
-                                .use_bias = false}(scope.child("lm_head"), x);
+    Tensor partial = c.tied_embeddings
+                         ? wte.attend(scope.child("wte"), x)
+                         : parallel::TPDense{.features = c.vocab,
+                                             .axis = tp.axis,
+                                             .mode = parallel::TPMode::Scatter,
+                                             .skip_communication = true,
+                                             .use_bias = false}(scope.child("lm_head"), x);
     return parallel::reduce_from_tp_region(ctx, partial, l.axis);
   }
   x = nn::LayerNorm{.eps = c.ln_eps}(scope.child("ln_f"), x);
@@ -259,22 +260,17 @@ TensorTree Transformer::init(Key key) const {
 
 TensorTree Transformer::init(Key key, nn::ParamSpecs* specs, spmd::DeviceContext* ctx,
                              const nn::FullySharded* fsdp) const {
-  TensorTree params;
-  tensor::NoGradGuard no_grad;
-  nn::Scope scope = nn::Scope::init(&params, key, specs);
-  if (ctx != nullptr) scope = scope.on(*ctx);
-  if (fsdp != nullptr) scope = scope.fully_sharded(*fsdp);
   // A sequence-parallel init needs T divisible by the axis: use one token per device.
   const int n = config_.tp.layout == parallel::TPLayout::None || ctx == nullptr
                     ? 1
                     : ctx->axis_size(mesh::Axes(config_.tp.axis));
-  (*this)(scope, example_input(1, std::min<std::int64_t>(n, config_.max_len)));
-  return params;
+  return nn::init_parameters(key, specs, ctx, fsdp, [&](const nn::Scope& scope) {
+    (*this)(scope, example_input(1, std::min<std::int64_t>(n, config_.max_len)));
+  });
 }
 
 Tensor Transformer::example_input(std::int64_t batch, std::int64_t seq_len) const {
-  if (config_.input_features > 0)
-    return Tensor::zeros({batch, seq_len, config_.input_features});
+  if (config_.input_features > 0) return Tensor::zeros({batch, seq_len, config_.input_features});
   return Tensor::zeros({batch, seq_len}, DType::I32);
 }
 
@@ -287,11 +283,11 @@ std::int64_t Transformer::num_params() const {
   const auto& c = config_;
   const std::int64_t d = c.d_model, h = c.mlp_ratio * c.d_model;
   const std::int64_t per_block = (c.parallel_block ? 1 : 2) * 2 * d  // ln1 (, ln2)
-                                 + d * 3 * d + 3 * d       // qkv
-                                 + d * d + d               // out
-                                 + d * h + h + h * d + d;  // mlp
+                                 + d * 3 * d + 3 * d                 // qkv
+                                 + d * d + d                         // out
+                                 + d * h + h + h * d + d;            // mlp
   const std::int64_t in = c.input_features > 0 ? c.input_features * d + d : c.vocab * d;
-  const std::int64_t out = c.num_classes > 0 ? d * c.num_classes + c.num_classes
+  const std::int64_t out = c.num_classes > 0   ? d * c.num_classes + c.num_classes
                            : c.tied_embeddings ? 0
                                                : d * c.vocab;
   return in + (c.learned_positions ? c.max_len * d : 0) + c.num_layers * per_block + 2 * d + out;

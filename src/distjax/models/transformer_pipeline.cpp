@@ -9,13 +9,15 @@ namespace distjax::models {
 
 using tensor::Tensor;
 
-TransformerPipeline::TransformerPipeline(TransformerConfig config, std::vector<int> layers_per_chunk)
+TransformerPipeline::TransformerPipeline(TransformerConfig config,
+                                         std::vector<int> layers_per_chunk)
     : model_(config), layers_per_chunk_(std::move(layers_per_chunk)) {}
 
 train::LossFn TransformerPipeline::loss_fn() const {
   return [this](const TensorTree& params, const train::Batch& batch, Key key) {
     const nn::Scope scope = nn::Scope::apply(&params, /*train=*/true, key);
-    if (model_.config().num_classes > 0) return classification_loss(model_(scope, batch.inputs), batch.labels);
+    if (model_.config().num_classes > 0)
+      return classification_loss(model_(scope, batch.inputs), batch.labels);
     Tensor loss = model_.loss(scope, batch.inputs, batch.labels);
     const auto b = static_cast<double>(batch.size());
     train::Metrics metrics;  // read when reported: no host wait here
@@ -30,10 +32,10 @@ Tensor TransformerPipeline::run_chunk(const nn::Scope& scope, int chunk, int num
   const TransformerConfig& c = model_.config();
   DISTJAX_CHECK(!c.tied_embeddings || num_chunks == 1, ConfigError,
                 "[TransformerPipeline] tied embeddings need \"wte\" on the first and the last "
-                "chunk; set tied_embeddings = false to pipeline the model over ", num_chunks,
-                " chunks");
-  const auto [first, last] =
-      parallel::partition_layers(static_cast<int>(c.num_layers), num_chunks, layers_per_chunk_)[chunk];
+                "chunk; set tied_embeddings = false to pipeline the model over ",
+                num_chunks, " chunks");
+  const auto [first, last] = parallel::partition_layers(static_cast<int>(c.num_layers), num_chunks,
+                                                        layers_per_chunk_)[chunk];
   Tensor x = chunk == 0 ? model_.embed(scope, tokens) : x_in;
   for (int i = first; i < last; ++i)
     x = model_.block(scope, i, x);
@@ -78,26 +80,22 @@ mesh::Axes TransformerPipeline::activation_axes() const {
 TensorTree TransformerPipeline::init(Key key, const std::vector<int>& chunks, int num_chunks,
                                      nn::ParamSpecs* specs, spmd::DeviceContext* ctx,
                                      const nn::FullySharded* fsdp) const {
-  TensorTree params;
-  tensor::NoGradGuard no_grad;
-  nn::Scope scope = nn::Scope::init(&params, key, specs);
-  if (ctx != nullptr) scope = scope.on(*ctx);
-  if (fsdp != nullptr) scope = scope.fully_sharded(*fsdp);
   // A sequence-parallel init needs T divisible by the model axis: one token per device.
   const TransformerConfig& c = model_.config();
   const int n = c.tp.layout == parallel::TPLayout::None || ctx == nullptr
                     ? 1
                     : ctx->axis_size(mesh::Axes(c.tp.axis));
   const Tensor tokens = model_.example_input(1, std::min<std::int64_t>(n, c.max_len));
-  for (int chunk : chunks) {
-    Tensor x;
-    if (chunk > 0) {
-      x = Tensor::zeros(model_.residual_shape(scope, 1, tokens.size(1)));
-      if (ctx != nullptr) x.set_varying_axes(ctx->axis_mask(activation_axes()));
+  return nn::init_parameters(key, specs, ctx, fsdp, [&](const nn::Scope& scope) {
+    for (int chunk : chunks) {
+      Tensor x;
+      if (chunk > 0) {
+        x = Tensor::zeros(model_.residual_shape(scope, 1, tokens.size(1)));
+        if (ctx != nullptr) x.set_varying_axes(ctx->axis_mask(activation_axes()));
+      }
+      run_chunk(scope, chunk, num_chunks, x, tokens);
     }
-    run_chunk(scope, chunk, num_chunks, x, tokens);
-  }
-  return params;
+  });
 }
 
 }  // namespace distjax::models

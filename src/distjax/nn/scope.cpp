@@ -203,4 +203,16 @@ TensorTree Scope::params() const {
   return rel.empty() ? *in_ : in_->subtree(rel);
 }
 
+TensorTree init_parameters(Key key, ParamSpecs* specs, spmd::DeviceContext* ctx,
+                           const FullySharded* fsdp,
+                           const std::function<void(const Scope&)>& build) {
+  TensorTree params;
+  tensor::NoGradGuard no_grad;
+  Scope scope = Scope::init(&params, key, specs);
+  if (ctx != nullptr) scope = scope.on(*ctx);
+  if (fsdp != nullptr) scope = scope.fully_sharded(*fsdp);
+  build(scope);
+  return params;
+}
+
 }  // namespace distjax::nn
