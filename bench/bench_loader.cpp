@@ -6,15 +6,24 @@
 //   loader_tokens_per_s_one_core   tokens (inputs and labels of a window: T each) per second;
 //                                  goal >= 50M, far above what one GPU's step consumes
 //
-// Usage: bench_loader [--tokens N] [--batch B] [--seq T] [--seconds S]
+//   loader_step_wait_fraction      the share of the GPT's training loop (app::train on token
+//                                  shards, data.order = "epochs") its steps waited for their
+//                                  batches, made ahead on a host thread (data.prefetch), against
+//                                  the same run with the step making its own (the reference);
+//                                  goal <= 0.01
+//
+// Usage: bench_loader [--tokens N] [--batch B] [--seq T] [--seconds S] [--steps N]
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "bench_util.hpp"
+#include "distjax/app/train.hpp"
 #include "distjax/core/prng.hpp"
 #include "distjax/data/token_shards.hpp"
 
@@ -23,11 +32,13 @@ using namespace distjax;
 int main(int argc, char** argv) {
   std::int64_t tokens = 64 << 20, batch = 8, seq = 1024;
   double seconds = 1.0;
+  std::int64_t steps = 30;
   CLI::App cli("bench_loader");
   cli.add_option("--tokens", tokens, "tokens in the shards (two files)");
   cli.add_option("--batch", batch, "windows per call");
   cli.add_option("--seq", seq, "tokens per window (T)");
   cli.add_option("--seconds", seconds, "timed seconds per side and round");
+  cli.add_option("--steps", steps, "steps of each GPT run (loader_step_wait_fraction)");
   CLI11_PARSE(cli, argc, argv);
 
   // Shards of pseudo-random GPT-2 token ids.
@@ -84,8 +95,6 @@ int main(int argc, char** argv) {
       (side == 0 ? ours : reference) = std::max(side == 0 ? ours : reference, rate);
     }
   }
-  std::filesystem::remove_all(dir);
-
   bench::Writer out;
   auto j = bench::line("loader_tokens_per_s_one_core", ours, "tokens/s");
   bench::compare(j, "by_hand_copy_from_memory", reference, /*higher_is_better=*/true);
@@ -97,5 +106,50 @@ int main(int argc, char** argv) {
       "windows of two memory-mapped llm.c shards (page cache warm) against the same "
       "windows copied from a uint16 vector; best of 3 alternating rounds";
   out.write(j);
+
+  // The GPT's loop on shards of the same layout (ids below its vocabulary of 1024), with
+  // and without the host thread, alternately; the least waiting of two runs each.
+  for (auto& t : all) t %= 1024;
+  data::write_llmc_shard((dir / "gpt_train.bin").string(), {all.begin(), all.end() - (1 << 20)});
+  data::write_llmc_shard((dir / "gpt_val.bin").string(), {all.end() - (1 << 20), all.end()});
+  auto wait_fraction = [&](bool prefetch) {
+    config::TrainConfig c;
+    c.run.program = "gpt";
+    c.run.steps = steps;
+    c.run.batch_size = 8;
+    c.run.log_every = steps;
+    c.run.eval_batches = 1;
+    c.run.checkpoint_every = 0;
+    c.run.out_dir = (dir / "run").string();
+    c.run.overwrite = true;
+    c.model.vocab = 1024;
+    c.model.layers = 2;
+    c.model.d_model = 128;
+    c.model.heads = 4;
+    c.model.dropout = 0.0;
+    c.data.format = "tokens";
+    c.data.train = (dir / "gpt_train.bin").string();
+    c.data.val = (dir / "gpt_val.bin").string();
+    c.data.seq_len = 256;
+    c.data.order = "epochs";
+    c.data.prefetch = prefetch;
+    if (app::train(c) != 0) throw std::runtime_error("bench_loader: the GPT run failed");
+    std::ifstream f(dir / "run" / "summary.json");
+    return nlohmann::json::parse(f)["data_wait_fraction"].get<double>();
+  };
+  double ahead = 1.0, by_step = 1.0;
+  for (int round = 0; round < 2; ++round) {
+    ahead = std::min(ahead, wait_fraction(true));
+    by_step = std::min(by_step, wait_fraction(false));
+  }
+  std::filesystem::remove_all(dir);
+  auto w = bench::line("loader_step_wait_fraction", ahead, "fraction");
+  bench::compare(w, "batches_made_by_the_step", by_step, /*higher_is_better=*/false);
+  w["goal"] = 0.01;
+  w["steps"] = steps;
+  w["note"] =
+      "share of the GPT's training loop (one device, L2 C128 T256 B8, token shards, epochs "
+      "order) its steps waited for their batches; least of 2 runs per side";
+  out.write(w);
   return 0;
 }

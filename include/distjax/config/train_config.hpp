@@ -83,6 +83,10 @@ struct DataConfig {
   /// data::sample_windows) or "epochs" (every window once per epoch, shuffled by run.seed,
   /// each data replica its own rows: data::WindowOrder).
   std::string order = "random";
+  /// Make the next step's batch on a host thread while a step trains (data::Prefetcher),
+  /// where the data of a step follows from the step (the GPT's text; a loader's batches,
+  /// Fashion-MNIST's, are made by the step).
+  bool prefetch = true;
 };
 
 /// parallelism.shard: what the data-parallel replicas split over "data" instead of each

@@ -3,6 +3,8 @@
 #include "distjax/app/run.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <memory>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -10,6 +12,7 @@
 #include "distjax/app/detail/loop.hpp"
 #include "distjax/comm/launch_environment.hpp"
 #include "distjax/config/config_file.hpp"
+#include "distjax/data/prefetch.hpp"
 #include "distjax/train/checkpoint.hpp"
 
 namespace distjax::app {
@@ -48,6 +51,9 @@ class DeviceRun {
                             .strategy = &loop_.composed->strategy()});
     if (loop_.eval_at_start) result.initial_eval = evaluate(trainer);
     const std::int64_t steps = loop_.total_steps;
+    if (loop_.prefetch && loop_.loader == nullptr)
+      ahead_ = std::make_unique<data::Prefetcher>(loop_.batch);
+    const auto t0 = std::chrono::steady_clock::now();
     while (state_.step < steps) {
       step(trainer);
       // A step's loss may still be on the device: nothing non-finite is saved.
@@ -57,9 +63,18 @@ class DeviceRun {
         evaluate(trainer);
     }
     trainer.check_finite();
+    ahead_.reset();
+    const double loop_s = seconds_since(t0);
     result.checkpoint = ckpt_.save(state_, position());
     std::map<std::string, double> summary;
     if (loop_.after_training) summary = loop_.after_training();
+    summary["data_wait_s"] = data_wait_s_;
+    summary["data_wait_fraction"] = loop_s > 0 ? data_wait_s_ / loop_s : 0.0;
+    if (lead_)
+      std::printf("Data: the steps waited %.2f%% of the loop's time for their batches (%s)\n",
+                  100.0 * summary["data_wait_fraction"],
+                  loop_.prefetch && loop_.loader == nullptr ? "made ahead on a host thread"
+                                                            : "made by the step");
     result.eval = evaluate(trainer);
     if (loop_.summary) summary.merge(loop_.summary(result));
     if (loop_.model_parameters > 0)
@@ -181,8 +196,29 @@ class DeviceRun {
     return t;
   }
 
+  static double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  // The batch of the step about to run, on this device: made ahead on the host thread or
+  // now. A batch made on the host is copied here (on the CPU too, so that it counts in
+  // this device's memory); the time it took is the step's wait for data.
+  train::Batch next_batch() {
+    const auto t0 = std::chrono::steady_clock::now();
+    train::Batch b = ahead_ ? ahead_->next(state_.step) : loop_.batch(state_.step);
+    if (ahead_) {
+      const Device here = current_device();
+      const auto move = [&](const tensor::Tensor& t) {
+        return t.device() == here ? t.clone() : t.to(here);
+      };
+      b = {move(b.inputs), move(b.labels)};
+    }
+    data_wait_s_ += seconds_since(t0);
+    return b;
+  }
+
   void step(train::Trainer& trainer) {
-    const train::Batch batch = loop_.batch(state_.step);
+    const train::Batch batch = next_batch();
     // The last step's timeline is measured: the stages start it together.
     if (loop_.composed->pipeline() != nullptr && state_.step + 1 == loop_.total_steps) {
       loop_.ctx->comm(mesh::Axes("pipe")).barrier();
@@ -202,6 +238,8 @@ class DeviceRun {
   train::TrainState& state_;
   bool lead_;
   train::Checkpointer ckpt_;
+  std::unique_ptr<data::Prefetcher> ahead_;
+  double data_wait_s_ = 0;  // in next_batch
 };
 
 }  // namespace

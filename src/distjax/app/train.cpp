@@ -190,6 +190,7 @@ class Run {
                       .model_parameters = model_.num_parameters,
                       .batch = data.batch,
                       .loader = data.loader.get(),
+                      .prefetch = c_.data.prefetch,
                       .eval_batches = data.eval,
                       .eval_every = model_.eval_every > 0 ? model_.eval_every : c_.run.eval_every,
                       .eval_at_start = c_.run.eval_at_start,

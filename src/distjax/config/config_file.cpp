@@ -327,6 +327,9 @@ const std::vector<Entry>& schema() {
                       "or epochs (every window once per epoch, shuffled by run.seed, each data "
                       "replica reading its own rows)",
                       {"random", "epochs"}));
+    s.push_back(field("data.prefetch", DJ_ACCESS(data.prefetch),
+                      "make the next step's batch on a host thread while a step trains (where "
+                      "the data of a step follows from the step: the GPT's text)"));
     // [parallelism]
     s.push_back(enum_field<Shard>(
         "parallelism.shard", DJ_ACCESS(parallelism.shard),

@@ -40,6 +40,9 @@ struct Loop {
   /// restored on resume. Null: the data of step s is drawn from s alone (the position
   /// saved is the step).
   data::DataLoader* loader = nullptr;
+  /// Make the next step's batch on a host thread while a step trains (data::Prefetcher);
+  /// only where the data of step s follows from s (no loader).
+  bool prefetch = true;
   /// This device's share of the evaluation set (Composed::evaluate): evaluated every
   /// `eval_every` steps (0: never during training), once more at the end, and first when
   /// `eval_at_start`. None: no evaluation.
