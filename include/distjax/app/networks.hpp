@@ -10,6 +10,7 @@
 #include "distjax/app/compose.hpp"
 #include "distjax/app/model.hpp"
 #include "distjax/data/array_dataset.hpp"
+#include "distjax/data/mix.hpp"
 #include "distjax/data/text_corpus.hpp"
 #include "distjax/data/token_shards.hpp"
 #include "distjax/data/window_order.hpp"
@@ -60,7 +61,8 @@ Model fashion_mnist_model(const config::TrainConfig& c, bool pipelined = false);
 
 /// The GPT's text as data.format says: "bytes", the text files of data.dir (empty: the
 /// Debian package fortunes) split by data.validation_fraction; "tokens", the token shards
-/// of data.train and data.val (data::TokenShards, raw files data.token_bytes wide), whose
+/// of data.train (or of several sources, data.sources, mixed by data.weights:
+/// data::mix_rows) and data.val (data::TokenShards, raw files data.token_bytes wide), whose
 /// ids model.vocab must exceed (a ConfigError naming the largest). With run.eval_batches
 /// validation batches of run.batch_size windows of data.seq_len spread over the whole
 /// validation split (all its windows where they fit; data::spread_windows), the same on
@@ -69,33 +71,41 @@ class TextData {
  public:
   /// "byte" or "token": what a position is.
   const std::string& unit() const { return unit_; }
-  /// Positions of each split.
-  std::int64_t train_size() const;
+  /// Positions of the validation split.
   std::int64_t validation_size() const;
-  /// B windows of T + 1 positions of the training split at offsets drawn from `key` (the
-  /// rule of data::sample_windows: the same windows for bytes and for the same bytes as
-  /// tokens), inputs and labels (B, T) i32 on the current device.
-  train::Batch sample(std::int64_t batch_size, std::int64_t seq_len, const Key& key) const;
-  /// Data replica `replica` of `replicas`'s rows of the global batch of `step`, as
-  /// data.order says: "random", the rows of sample(B, T, key.fold_in(step)); "epochs", only
-  /// this replica's windows of the step's global batch in the epochs' order
-  /// (data::WindowOrder, shuffled from `key`).
+  /// Data replica `replica` of `replicas`'s rows of the global batch of `step` (inputs and
+  /// labels (B / replicas, T) i32 on the current device). The global batch holds each
+  /// source's rows in turn (one source: all B), as data.order says: "random", windows at
+  /// offsets drawn from key.fold_in(step) (data::sample_windows' rule; source i > 0 from
+  /// that key folded with i); "epochs", the step's windows of each source's epochs
+  /// (data::WindowOrder, shuffled from `key`, source i > 0 from key.fold_in(i)).
   train::Batch batch(std::int64_t step, int replica, int replicas, const Key& key) const;
-  /// The epochs' order of the training windows (data.order = "epochs"); null otherwise.
-  const data::WindowOrder* order() const { return order_.get(); }
   const std::vector<train::Batch>& validation() const { return validation_; }
   /// What the validation batches cover, for the programs' output: "all 48 windows of 64
   /// bytes of the validation split (3,073 bytes)" or "64 windows of 64 bytes spread over
   /// the validation split of 40,123 bytes (10% of its windows)".
   std::string validation_note() const;
+  /// The run's header lines: where the text comes from and its size, the mix of the
+  /// sources, the epochs' order.
+  std::vector<std::string> describe() const;
 
  private:
   friend TextData load_text(const config::TrainConfig& c);
+  // One source of training tokens and its rows of each global batch.
+  struct Source {
+    std::string glob;
+    std::shared_ptr<const data::TokenShards> shards;
+    std::int64_t rows = 0;
+    std::shared_ptr<const data::WindowOrder> order;  // data.order = "epochs"
+  };
   std::string unit_ = "byte";
   std::int64_t seq_len_ = 1;
+  std::string bytes_dir_;
   std::shared_ptr<const data::ByteCorpus> bytes_;
-  std::shared_ptr<const data::TokenShards> train_, val_;
-  std::shared_ptr<const data::WindowOrder> order_;
+  std::shared_ptr<const data::WindowOrder> bytes_order_;
+  std::vector<Source> sources_;
+  std::shared_ptr<const data::TokenShards> val_;
+  std::string val_glob_;
   std::int64_t batch_size_ = 1;
   std::vector<train::Batch> validation_;
 };

@@ -78,6 +78,10 @@ struct DataConfig {
   std::string format = "bytes";
   std::string train;             ///< tokens: a glob of the training shards
   std::string val;               ///< tokens: a glob of the validation shards
+  /// tokens: several globs of training shards mixed in every global batch, each source's
+  /// rows in proportion to `weights` (instead of `train`; data::mix_rows).
+  std::vector<std::string> sources;
+  std::vector<int> weights;  ///< relative weights of `sources`, integers >= 1; [] = equal
   std::int64_t token_bytes = 2;  ///< tokens: the width of raw (headerless) files, 2 or 4
   /// The GPT's training windows: "random" (at uniform random offsets drawn from the step,
   /// data::sample_windows) or "epochs" (every window once per epoch, shuffled by run.seed,

@@ -122,18 +122,10 @@ ModelSpec gpt_model() {
         m.num_parameters = gpt->num_params();
         m.items_per_example = static_cast<double>(c.data.seq_len);
         m.items_name = "tokens";
-        const std::string source = c.data.format == "tokens" ? c.data.train + " / " + c.data.val
-                                   : c.data.dir.empty()      ? std::string(data::kFortunesDir)
-                                                             : c.data.dir;
-        m.header = {"Corpus " + source + ": " + std::to_string(text->train_size()) + " train / " +
-                        std::to_string(text->validation_size()) + " validation " + unit + "s",
-                    "Validation: " + text->validation_note()};
+        m.header = text->describe();
+        m.header.push_back("Validation: " + text->validation_note());
         const Key data_key = Key::from_seed(static_cast<std::uint64_t>(c.run.seed))
                                  .fold_in(std::string_view("data"));
-        if (const data::WindowOrder* order = text->order())
-          m.header.push_back("Order: epochs of " + std::to_string(order->windows()) + " windows, " +
-                             std::to_string(order->batches_per_epoch()) +
-                             " global batches each, shuffled by run.seed");
         m.data = [text, data_key](const DevicePlace& p) {
           DeviceData d;
           d.batch = [text, data_key, p](std::int64_t step) {

@@ -93,10 +93,6 @@ Network network_of(
   return n;
 }
 
-std::int64_t TextData::train_size() const {
-  return bytes_ ? static_cast<std::int64_t>(bytes_->train.size()) : train_->size();
-}
-
 std::int64_t TextData::validation_size() const {
   return bytes_ ? static_cast<std::int64_t>(bytes_->validation.size()) : val_->size();
 }
@@ -118,31 +114,77 @@ std::string TextData::validation_note() const {
   return os.str();
 }
 
-train::Batch TextData::sample(std::int64_t batch_size, std::int64_t seq_len, const Key& key) const {
-  return bytes_ ? data::sample_windows(bytes_->train, batch_size, seq_len, key)
-                : data::sample_windows(*train_, batch_size, seq_len, key);
+std::vector<std::string> TextData::describe() const {
+  const auto order_line = [](const data::WindowOrder& o, const std::string& of) {
+    return "Order" + of + ": epochs of " + std::to_string(o.windows()) + " windows, " +
+           std::to_string(o.batches_per_epoch()) + " global batches each, shuffled by run.seed";
+  };
+  std::vector<std::string> lines;
+  if (bytes_) {
+    lines.push_back("Corpus " + bytes_dir_ + ": " + std::to_string(bytes_->train.size()) +
+                    " train / " + std::to_string(bytes_->validation.size()) +
+                    " validation bytes");
+    if (bytes_order_) lines.push_back(order_line(*bytes_order_, ""));
+    return lines;
+  }
+  if (sources_.size() == 1) {
+    const Source& s = sources_[0];
+    lines.push_back("Corpus " + s.glob + " / " + val_glob_ + ": " +
+                    std::to_string(s.shards->size()) + " train / " +
+                    std::to_string(val_->size()) + " validation tokens");
+    if (s.order) lines.push_back(order_line(*s.order, ""));
+    return lines;
+  }
+  lines.push_back("Corpus: " + std::to_string(sources_.size()) + " sources mixed / " +
+                  val_glob_ + ": " + std::to_string(val_->size()) + " validation tokens");
+  for (std::size_t i = 0; i < sources_.size(); ++i) {
+    const Source& s = sources_[i];
+    char share[96];
+    std::snprintf(share, sizeof share, ": %lld train tokens, %lld of %lld rows (%.1f%%)",
+                  static_cast<long long>(s.shards->size()), static_cast<long long>(s.rows),
+                  static_cast<long long>(batch_size_), 100.0 * s.rows / batch_size_);
+    lines.push_back("  source " + std::to_string(i) + " " + s.glob + share);
+    if (s.order) lines.push_back("  " + order_line(*s.order, " of source " + std::to_string(i)));
+  }
+  return lines;
 }
 
 train::Batch TextData::batch(std::int64_t step, int replica, int replicas, const Key& key) const {
-  if (order_) {
-    const std::vector<std::int64_t> starts = order_->starts(step, replica, replicas);
-    return bytes_ ? data::windows_at(bytes_->train, starts, seq_len_)
-                  : data::windows_at(*train_, starts, seq_len_);
+  const Key step_key = key.fold_in(static_cast<std::uint64_t>(step));
+  if (bytes_) {
+    if (bytes_order_)
+      return data::windows_at(bytes_->train, bytes_order_->starts(step, replica, replicas),
+                              seq_len_);
+    const train::Batch b = data::sample_windows(bytes_->train, batch_size_, seq_len_, step_key);
+    return replicas > 1 ? replica_slice(b, replica, replicas) : b;
   }
-  const train::Batch b =
-      sample(batch_size_, seq_len_, key.fold_in(static_cast<std::uint64_t>(step)));
-  return replicas > 1 ? replica_slice(b, replica, replicas) : b;
+  // The global batch's windows, source after source; this replica reads only its rows.
+  std::vector<data::SourceWindow> rows;
+  std::vector<const data::TokenShards*> shards;
+  for (std::size_t i = 0; i < sources_.size(); ++i) {
+    const Source& s = sources_[i];
+    shards.push_back(s.shards.get());
+    const std::vector<std::int64_t> starts =
+        s.order ? s.order->starts(step)
+                : data::random_starts(*s.shards, s.rows, seq_len_,
+                                      i == 0 ? step_key : step_key.fold_in(i));
+    for (std::int64_t start : starts)
+      rows.push_back({i, start});
+  }
+  const std::int64_t per = batch_size_ / replicas;
+  return data::windows_at(
+      shards, {rows.begin() + replica * per, rows.begin() + (replica + 1) * per}, seq_len_);
 }
 
 namespace {
 
-// The epochs' order of a split of `positions` (data.order = "epochs"), else null.
+// The epochs' order of a split of `positions` read `rows` windows a step (data.order =
+// "epochs"), shuffled from `key`; else null.
 std::shared_ptr<const data::WindowOrder> order_of(const config::TrainConfig& c,
-                                                  std::int64_t positions) {
+                                                  std::int64_t positions, std::int64_t rows,
+                                                  const Key& key) {
   if (c.data.order != "epochs") return nullptr;
-  return std::make_shared<const data::WindowOrder>(
-      positions, c.data.seq_len, c.run.batch_size,
-      Key::from_seed(static_cast<std::uint64_t>(c.run.seed)).fold_in(std::string_view("data")));
+  return std::make_shared<const data::WindowOrder>(positions, c.data.seq_len, rows, key);
 }
 
 }  // namespace
@@ -150,32 +192,63 @@ std::shared_ptr<const data::WindowOrder> order_of(const config::TrainConfig& c,
 TextData load_text(const config::TrainConfig& c) {
   TextData t;
   t.batch_size_ = c.run.batch_size;
+  t.seq_len_ = c.data.seq_len;
+  const Key key =
+      Key::from_seed(static_cast<std::uint64_t>(c.run.seed)).fold_in(std::string_view("data"));
   if (c.data.format != "tokens") {
-    const std::string dir = c.data.dir.empty() ? data::kFortunesDir : c.data.dir;
+    DISTJAX_CHECK(c.data.sources.empty(), ConfigError,
+                  "[config] data.sources mixes token shards: it needs data.format = \"tokens\"");
+    t.bytes_dir_ = c.data.dir.empty() ? data::kFortunesDir : c.data.dir;
     t.bytes_ = std::make_shared<const data::ByteCorpus>(
-        data::load_fortunes(dir, c.data.validation_fraction));
+        data::load_fortunes(t.bytes_dir_, c.data.validation_fraction));
     t.validation_ = data::spread_windows(t.bytes_->validation, c.run.batch_size, c.data.seq_len,
                                          c.run.eval_batches);
-    t.seq_len_ = c.data.seq_len;
-    t.order_ = order_of(c, static_cast<std::int64_t>(t.bytes_->train.size()));
+    t.bytes_order_ =
+        order_of(c, static_cast<std::int64_t>(t.bytes_->train.size()), c.run.batch_size, key);
     return t;
   }
   t.unit_ = "token";
   const int width = static_cast<int>(c.data.token_bytes);
-  t.train_ = std::make_shared<const data::TokenShards>(
-      data::TokenShards::open(c.data.train, "data.train", width));
+  DISTJAX_CHECK(c.data.sources.empty() || c.data.train.empty(), ConfigError,
+                "[config] data.train and data.sources both name training shards: give one (a "
+                "glob, or several to mix by data.weights)");
+  DISTJAX_CHECK(c.data.weights.empty() || c.data.weights.size() == c.data.sources.size(),
+                ConfigError, "[config] data.weights has ", c.data.weights.size(),
+                " weights for ", c.data.sources.size(), " data.sources: one each (or none: equal)");
+  const std::vector<std::string> globs =
+      c.data.sources.empty() ? std::vector<std::string>{c.data.train} : c.data.sources;
+  std::vector<std::int64_t> weights(c.data.weights.begin(), c.data.weights.end());
+  weights.resize(globs.size(), 1);
+  std::vector<std::int64_t> rows;
+  try {
+    rows = data::mix_rows(weights, c.run.batch_size);
+  } catch (const InvalidArgument& e) {
+    throw ConfigError(std::string("[config] data.weights: ") + e.what());
+  }
+  for (std::size_t i = 0; i < globs.size(); ++i) {
+    const std::string name =
+        c.data.sources.empty() ? "data.train" : "data.sources[" + std::to_string(i) + "]";
+    TextData::Source s{.glob = globs[i],
+                       .shards = std::make_shared<const data::TokenShards>(
+                           data::TokenShards::open(globs[i], name, width)),
+                       .rows = rows[i]};
+    s.order = order_of(c, s.shards->size(), s.rows, i == 0 ? key : key.fold_in(i));
+    t.sources_.push_back(std::move(s));
+  }
+  t.val_glob_ = c.data.val;
   t.val_ = std::make_shared<const data::TokenShards>(
       data::TokenShards::open(c.data.val, "data.val", width));
-  for (const auto& [split, key] :
-       {std::pair{t.train_.get(), "data.train"}, std::pair{t.val_.get(), "data.val"}})
-    DISTJAX_CHECK(
-        split->max_token() < c.model.vocab, ConfigError, "[config] model.vocab = ", c.model.vocab,
-        ": ", key, " holds token ", split->max_token(),
-        "; the vocabulary must be above every token (model.vocab >= ", split->max_token() + 1, ")");
+  std::vector<const data::TokenShards*> splits = {t.val_.get()};
+  for (const TextData::Source& s : t.sources_)
+    splits.push_back(s.shards.get());
+  for (const data::TokenShards* split : splits)
+    DISTJAX_CHECK(split->max_token() < c.model.vocab, ConfigError,
+                  "[config] model.vocab = ", c.model.vocab, ": ", split->key(), " holds token ",
+                  split->max_token(),
+                  "; the vocabulary must be above every token (model.vocab >= ",
+                  split->max_token() + 1, ")");
   t.validation_ =
       data::spread_windows(*t.val_, c.run.batch_size, c.data.seq_len, c.run.eval_batches);
-  t.seq_len_ = c.data.seq_len;
-  t.order_ = order_of(c, t.train_->size());
   return t;
 }
 

@@ -320,6 +320,12 @@ const std::vector<Entry>& schema() {
     s.push_back(field("data.train", DJ_ACCESS(data.train),
                       "tokens: a glob of the training shards, e.g. \"data/train_*.bin\""));
     s.push_back(field("data.val", DJ_ACCESS(data.val), "tokens: a glob of the validation shards"));
+    s.push_back(field("data.sources", DJ_ACCESS(data.sources),
+                      "tokens: several globs of training shards mixed in every global batch "
+                      "by data.weights (instead of data.train)"));
+    s.push_back(field("data.weights", DJ_ACCESS(data.weights),
+                      "relative weights of data.sources (integers >= 1; [] = equal): each "
+                      "source's rows of every global batch"));
     s.push_back(field("data.token_bytes", DJ_ACCESS(data.token_bytes),
                       "tokens: the width of raw token files without llm.c's header, 2 or 4"));
     s.push_back(field("data.order", DJ_ACCESS(data.order),
