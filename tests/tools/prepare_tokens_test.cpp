@@ -104,8 +104,8 @@ double write_corpus(const fs::path& dir) {
     total += text;
   }
   std::ofstream(dir / "file_0.dat") << "an index the reader skips";
-  // Cut inside the last "€" (E2 82 AC): between its first and second byte.
-  const auto cut = static_cast<double>(total.rfind("\xE2\x82\xAC") + 1);
+  // Cut inside the first "€" (E2 82 AC) past 80% of the bytes: between its first two bytes.
+  const auto cut = static_cast<double>(total.find("\xE2\x82\xAC", total.size() * 4 / 5) + 1);
   const auto n = static_cast<double>(total.size());
   return (n - cut + 0.5) / n;
 }
@@ -180,7 +180,9 @@ TEST(PrepareTokens, BpeShardsSpellTheByteSplitsWithAnEndOfTextAfterEachDocument)
                          Split{"val_*.bin", corpus.validation, val_docs}}) {
     SCOPED_TRACE(s.glob);
     const data::TokenShards shards = data::TokenShards::open((root / "bpe" / s.glob).string(), "x");
-    if (std::string(s.glob) == "train_*.bin") EXPECT_GT(shards.files().size(), 1u);
+    if (std::string(s.glob) == "train_*.bin") {
+      EXPECT_GT(shards.files().size(), 1u);
+    }
     EXPECT_LT(shards.max_token(), tok.vocab_size());
     std::string text;
     std::int64_t bytes = 0, eots = 0;
@@ -255,6 +257,6 @@ TEST(PrepareTokens, GptTokensConfigReportsBitsPerByte) {
   const double per_byte = summary["val_bits_per_byte"].get<double>();
   EXPECT_NEAR(per_byte, per_token * static_cast<double>(tokens) / static_cast<double>(bytes),
               1e-9 * per_token);
-  EXPECT_LT(per_byte, per_token / 2);  // a BPE token spells well over two bytes here
+  EXPECT_LT(per_byte, per_token / 1.5);  // 512 ids: 1.8 bytes a token on the fortunes
   fs::remove_all(dir);
 }
