@@ -6,6 +6,7 @@
 // as bits per token * tokens / bytes of its validation set.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -199,7 +200,10 @@ TEST(PrepareTokens, BpeShardsSpellTheByteSplitsWithAnEndOfTextAfterEachDocument)
       }
     }
     EXPECT_EQ(bytes, static_cast<std::int64_t>(s.bytes.size()));
-    EXPECT_EQ(text, std::string(s.bytes.begin(), s.bytes.end()));  // lossless
+    const std::string want(s.bytes.begin(), s.bytes.end());  // lossless
+    const auto diff = std::mismatch(text.begin(), text.end(), want.begin(), want.end());
+    EXPECT_TRUE(text == want) << "first difference at byte " << (diff.first - text.begin())
+                              << " of " << want.size();
     EXPECT_EQ(eots, s.docs);
     EXPECT_EQ(shards.at(shards.size() - 1), eot);
     EXPECT_LT(shards.size() * 2, bytes);  // a BPE: well under a token a byte
