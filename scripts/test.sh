@@ -3,9 +3,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
-# The Python side of the checkpoint test (safetensors from PyPI into .venv-test); without
-# it that test skips, or fails where DISTJAX_REQUIRE_SAFETENSORS is set (CI).
-bash scripts/setup_python.sh || echo "[test] could not create .venv-test: the safetensors test will not run" >&2
+# The Python side of the checkpoint test and of the BPE shards' (safetensors and tokenizers
+# from PyPI into .venv-test); without it those tests skip, or fail where
+# DISTJAX_REQUIRE_SAFETENSORS / DISTJAX_REQUIRE_TOKENIZERS is set (CI).
+bash scripts/setup_python.sh || echo "[test] could not create .venv-test: the safetensors and tokenizers tests will not run" >&2
 BUILD=${BUILD:-build}
 # Idle OpenMP threads sleep instead of spinning: ctest runs tests in parallel on few cores.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}

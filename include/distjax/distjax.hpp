@@ -23,6 +23,7 @@
 #include "distjax/data/text_corpus.hpp"
 #include "distjax/data/token_shards.hpp"
 #include "distjax/data/prefetch.hpp"
+#include "distjax/data/tokenizer.hpp"
 #include "distjax/data/window_order.hpp"
 #include "distjax/global/attention.hpp"
 #include "distjax/global/comm_plan.hpp"

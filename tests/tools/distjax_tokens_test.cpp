@@ -138,7 +138,7 @@ TEST(DistjaxTokens, BadShardsAndASmallVocabularyAreRefusedBeforeAnyStep) {
 }
 
 // `distjax data prepare` writes the fortunes as byte shards that read back as the corpus's
-// splits, and configs/gpt_tokens.toml trains on them.
+// splits, and configs/gpt_tokens.toml (made for BPE shards) trains on them as its header says.
 TEST(DistjaxTokens, PrepareWritesShardsTheTokensConfigTrainsOn) {
   const fs::path dir = fs::temp_directory_path() / "distjax_tokens_test_prepare";
   fs::remove_all(dir);
@@ -161,7 +161,8 @@ TEST(DistjaxTokens, PrepareWritesShardsTheTokensConfigTrainsOn) {
   std::tie(status, output) = distjax::testing::run_tool(
       std::string(DISTJAX_TOOL) + " train " + DISTJAX_SOURCE_DIR +
       "/configs/gpt_tokens.toml --set run.steps=2 --set run.eval_batches=1 "
-      "--set run.checkpoint_every=0 --set run.timeline=false --set data.train=" +
+      "--set run.checkpoint_every=0 --set run.timeline=false --set model.vocab=256 "
+      "--set data.tokenizer= --set data.train=" +
       (dir / "shards" / "train_*.bin").string() + " --set data.val=" +
       (dir / "shards" / "val_*.bin").string() + " --out " + (dir / "out").string());
   ASSERT_EQ(status, 0) << output;

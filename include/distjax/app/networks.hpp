@@ -63,7 +63,8 @@ Model fashion_mnist_model(const config::TrainConfig& c, bool pipelined = false);
 /// Debian package fortunes) split by data.validation_fraction; "tokens", the token shards
 /// of data.train (or of several sources, data.sources, mixed by data.weights:
 /// data::mix_rows) and data.val (data::TokenShards, raw files data.token_bytes wide), whose
-/// ids model.vocab must exceed (a ConfigError naming the largest). With run.eval_batches
+/// ids model.vocab must exceed (a ConfigError naming the largest), and with data.tokenizer the
+/// byte-level BPE they were made with (data::TokenizerBytes). With run.eval_batches
 /// validation batches of run.batch_size windows of data.seq_len spread over the whole
 /// validation split (all its windows where they fit; data::spread_windows), the same on
 /// every run and mesh.
@@ -88,6 +89,11 @@ class TextData {
   /// The run's header lines: where the text comes from and its size, the mix of the
   /// sources, the epochs' order.
   std::vector<std::string> describe() const;
+  /// With data.tokenizer: the validation batches' label tokens per label byte (the text they
+  /// spell, counted once on the host; an end-of-text token spells none), so that bits per
+  /// byte = bits per token * tokens_per_byte for the set as a whole (its batches are all the
+  /// same size). 0 without a tokenizer, and for bytes (bits per token are bits per byte).
+  double tokens_per_byte() const { return tokens_per_byte_; }
 
  private:
   friend TextData load_text(const config::TrainConfig& c);
@@ -108,6 +114,7 @@ class TextData {
   std::string val_glob_;
   std::int64_t batch_size_ = 1;
   std::vector<train::Batch> validation_;
+  double tokens_per_byte_ = 0;
 };
 TextData load_text(const config::TrainConfig& c);
 

@@ -83,6 +83,9 @@ struct DataConfig {
   std::vector<std::string> sources;
   std::vector<int> weights;  ///< relative weights of `sources`, integers >= 1; [] = equal
   std::int64_t token_bytes = 2;  ///< tokens: the width of raw (headerless) files, 2 or 4
+  /// tokens: the byte-level BPE's tokenizer.json the shards were made with
+  /// (tools/prepare_tokens.py); the evaluation then reports bits per byte too. "" = none.
+  std::string tokenizer;
   /// The GPT's training windows: "random" (at uniform random offsets drawn from the step,
   /// data::sample_windows) or "epochs" (every window once per epoch, shuffled by run.seed,
   /// each data replica its own rows: data::WindowOrder).

@@ -41,6 +41,10 @@ struct TransformerConfig {
   /// What a position of the text is ("byte", "token"): the loss's metric in bits is named
   /// "bits_per_<unit>".
   std::string unit = "byte";
+  /// > 0 (token text of a byte-level BPE): the loss also reports "bits_per_byte", bits per
+  /// token times this ratio of tokens to the bytes they spell (the validation set's,
+  /// app::TextData::tokens_per_byte: exact on that set, an estimate on other batches).
+  double tokens_per_byte = 0;
   /// Each position attends to earlier ones only (a language model); false: to every
   /// position (an encoder, e.g. a Vision Transformer).
   bool causal = true;

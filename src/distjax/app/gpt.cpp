@@ -107,8 +107,11 @@ ModelSpec gpt_model() {
       .check = check_gpt,
       .build = [](const config::TrainConfig& c, const mesh::Mesh&) {
         const auto text = std::make_shared<const TextData>(load_text(c));
-        const auto gpt = std::make_shared<const models::Transformer>(transformer_config(c));
+        models::TransformerConfig config = transformer_config(c);
+        config.tokens_per_byte = text->tokens_per_byte();  // BPE tokens: bits per byte too
+        const auto gpt = std::make_shared<const models::Transformer>(config);
         const std::string unit = text->unit(), bits = "bits_per_" + unit;
+        const bool per_byte = config.tokens_per_byte > 0;
         const double uniform = std::log2(static_cast<double>(gpt->config().vocab));
         Model m;
         m.network = transformer_network(gpt);
@@ -135,15 +138,17 @@ ModelSpec gpt_model() {
             d.eval.push_back(p.replicas > 1 ? replica_slice(b, p.replica, p.replicas) : b);
           return d;
         };
-        m.summary = [bits, flops = gpt->flops_per_token(), at_start = c.run.eval_at_start](
+        m.summary = [bits, per_byte, flops = gpt->flops_per_token(),
+                     at_start = c.run.eval_at_start](
                         const RunResult& r) -> std::map<std::string, double> {
           std::map<std::string, double> s = {{"val_" + bits, r.eval.mean(bits)},
                                              {"flops_per_token", flops}};
+          if (per_byte) s["val_bits_per_byte"] = r.eval.mean("bits_per_byte");
           if (at_start) s["initial_val_" + bits] = r.initial_eval.mean(bits);
           return s;
         };
-        m.report = [gpt, unit, bits, uniform, c](const RunResult& r, const train::TrainState& state,
-                                                 const DevicePlace& p) {
+        m.report = [gpt, unit, bits, uniform, per_byte, c](
+                       const RunResult& r, const train::TrainState& state, const DevicePlace& p) {
           char line[200];
           if (c.run.eval_at_start && !r.already_finished)
             std::snprintf(line, sizeof line,
@@ -154,6 +159,12 @@ ModelSpec gpt_model() {
                           "Validation: %.3f bits per %s (uniform guessing: %.1f)\n",
                           r.eval.mean(bits), unit.c_str(), uniform);
           std::string out = line;
+          if (per_byte) {  // "...(uniform guessing: 12.0); 1.234 bits per byte\n"
+            out.pop_back();
+            std::snprintf(line, sizeof line, "; %.3f bits per byte\n",
+                          r.eval.mean("bits_per_byte"));
+            out += line;
+          }
           // The whole model is here on one device; a sample needs bytes (no tokenizer).
           if (p.ctx == nullptr && unit == "byte")
             out += "Sample: " +

@@ -8,6 +8,7 @@
 
 #include "distjax/app/run.hpp"
 #include "distjax/data/fashion_mnist.hpp"
+#include "distjax/data/tokenizer.hpp"
 #include "distjax/tensor/grad_node.hpp"
 
 namespace distjax::app {
@@ -187,6 +188,24 @@ std::shared_ptr<const data::WindowOrder> order_of(const config::TrainConfig& c,
   return std::make_shared<const data::WindowOrder>(positions, c.data.seq_len, rows, key);
 }
 
+// The label tokens of the validation batches per byte of text they spell (data.tokenizer).
+double tokens_per_byte(const std::string& tokenizer, const data::TokenShards& val,
+                       const std::vector<train::Batch>& validation) {
+  const data::TokenizerBytes tok = data::TokenizerBytes::load(tokenizer);
+  DISTJAX_CHECK(val.max_token() < tok.vocab_size(), ConfigError, "[config] data.tokenizer \"",
+                tokenizer, "\" has ", tok.vocab_size(), " ids but data.val holds token ",
+                val.max_token(), ": the shards were made with another tokenizer");
+  std::int64_t tokens = 0, bytes = 0;
+  for (const train::Batch& b : validation)
+    for (const std::int32_t id : b.labels.to_vector<std::int32_t>()) {
+      bytes += tok.bytes(id);
+      ++tokens;
+    }
+  DISTJAX_CHECK(bytes > 0, ConfigError, "[config] the validation labels spell no byte of text "
+                "with data.tokenizer \"", tokenizer, "\"");
+  return static_cast<double>(tokens) / static_cast<double>(bytes);
+}
+
 }  // namespace
 
 TextData load_text(const config::TrainConfig& c) {
@@ -249,6 +268,8 @@ TextData load_text(const config::TrainConfig& c) {
                   split->max_token() + 1, ")");
   t.validation_ =
       data::spread_windows(*t.val_, c.run.batch_size, c.data.seq_len, c.run.eval_batches);
+  if (!c.data.tokenizer.empty())
+    t.tokens_per_byte_ = tokens_per_byte(c.data.tokenizer, *t.val_, t.validation_);
   return t;
 }
 
@@ -313,8 +334,13 @@ Network transformer_network(const models::Transformer& model,
           [&model](const nn::Scope& scope, const train::Batch& batch) {
             if (model.config().num_classes > 0)
               return models::classification_loss(model(scope, batch.inputs), batch.labels);
-            return per_position(model.loss(scope, batch.inputs, batch.labels), batch.labels.numel(),
-                                model.config().unit);
+            auto [loss, metrics] = per_position(model.loss(scope, batch.inputs, batch.labels),
+                                                batch.labels.numel(), model.config().unit);
+            if (const double r = model.config().tokens_per_byte; r > 0) {
+              const auto n = static_cast<double>(batch.labels.numel());
+              metrics.add("bits_per_byte", loss, n * r / std::numbers::ln2, n);
+            }
+            return std::make_pair(std::move(loss), metrics);
           },
       .pipeline = pipeline};
 }

@@ -328,6 +328,9 @@ const std::vector<Entry>& schema() {
                       "source's rows of every global batch"));
     s.push_back(field("data.token_bytes", DJ_ACCESS(data.token_bytes),
                       "tokens: the width of raw token files without llm.c's header, 2 or 4"));
+    s.push_back(field("data.tokenizer", DJ_ACCESS(data.tokenizer),
+                      "tokens: the byte-level BPE tokenizer.json the shards were made with "
+                      "(tools/prepare_tokens.py); the evaluation adds bits per byte. \"\" = none"));
     s.push_back(field("data.order", DJ_ACCESS(data.order),
                       "the GPT's training windows: random (at random offsets drawn from the step) "
                       "or epochs (every window once per epoch, shuffled by run.seed, each data "

@@ -102,6 +102,9 @@ std::vector<std::string> TrainConfig::problems() const {
   if (data.format != "tokens" && (!data.train.empty() || !data.val.empty()))
     out.push_back(str("data.train and data.val are read with data.format = \"tokens\" only ",
                       "(it is \"", data.format, "\")"));
+  if (data.format != "tokens" && !data.tokenizer.empty())
+    out.push_back(str("data.tokenizer is read with data.format = \"tokens\" only (it is \"",
+                      data.format, "\")"));
   if (data.token_bytes != 2 && data.token_bytes != 4)
     out.push_back(str("data.token_bytes = ", data.token_bytes, " must be 2 or 4"));
   const int dp = distributed.data_parallel_size();

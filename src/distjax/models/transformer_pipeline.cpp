@@ -13,6 +13,16 @@ TransformerPipeline::TransformerPipeline(TransformerConfig config,
                                          std::vector<int> layers_per_chunk)
     : model_(config), layers_per_chunk_(std::move(layers_per_chunk)) {}
 
+namespace {
+// "bits_per_byte" of a mean loss per token over `count` positions (TransformerConfig's
+// tokens_per_byte > 0: token text).
+void add_bits_per_byte(train::Metrics& metrics, const Tensor& loss, double count,
+                       const TransformerConfig& c) {
+  if (c.tokens_per_byte > 0)
+    metrics.add("bits_per_byte", loss, count * c.tokens_per_byte / std::numbers::ln2, count);
+}
+}  // namespace
+
 train::LossFn TransformerPipeline::loss_fn() const {
   return [this](const TensorTree& params, const train::Batch& batch, Key key) {
     const nn::Scope scope = nn::Scope::apply(&params, /*train=*/true, key);
@@ -23,6 +33,7 @@ train::LossFn TransformerPipeline::loss_fn() const {
     train::Metrics metrics;  // read when reported: no host wait here
     metrics.add("loss", loss, b, b);
     metrics.add("bits_per_" + model_.config().unit, loss, b / std::numbers::ln2, b);
+    add_bits_per_byte(metrics, loss, b, model_.config());
     return std::make_pair(loss, metrics);
   };
 }
@@ -56,11 +67,14 @@ Tensor TransformerPipeline::forward(const nn::Scope& scope, int chunk, int num_c
   // Per sequence, as the "loss" entry the pipeline adds: the mean is per position alike.
   const double b = static_cast<double>(mb.size());
   metrics.add("bits_per_" + model_.config().unit, loss, b / std::numbers::ln2, b);
+  add_bits_per_byte(metrics, loss, b, model_.config());
   return loss;
 }
 
 std::vector<std::string> TransformerPipeline::metric_names() const {
   if (model_.config().num_classes > 0) return {"accuracy", "loss"};
+  if (model_.config().tokens_per_byte > 0)
+    return {"loss", "bits_per_" + model_.config().unit, "bits_per_byte"};
   return {"loss", "bits_per_" + model_.config().unit};
 }
 
