@@ -1,7 +1,9 @@
 // CPU kernels: fused multi-head attention (see tensor/attention.hpp). Per head, scores =
 // scale * Q K^T, mask, softmax, times V. Only a block of kRowBlock score rows exists at a
 // time, and for a causal mask each block's GEMMs stop at the last key its rows can see,
-// which skips most of the masked upper triangle. The forward saves the row log-sum-exp;
+// which skips most of the masked upper triangle. Document ids (AttentionPlan::segments)
+// mask the scores of keys in other documents to -inf within the visible range (the blocks
+// still compute them: correct, not yet faster). The forward saves the row log-sum-exp;
 // the backward recomputes the probabilities from it (FlashAttention's recipe, at the
 // granularity of a row block).
 #include <omp.h>
@@ -11,10 +13,10 @@
 #include <cmath>
 #include <vector>
 
+#include "distjax/tensor/cpu/grain.hpp"
 #include "distjax/tensor/cpu/kernels.hpp"
 #include "distjax/tensor/cpu/small_gemm.hpp"
 #include "distjax/tensor/detail/fast_math.hpp"
-#include "distjax/tensor/cpu/grain.hpp"
 #include "distjax/tensor/detail/kernels.hpp"
 
 namespace distjax::tensor::detail::cpu {
@@ -25,10 +27,26 @@ namespace {
 // the masked triangle itself is 1/2), large enough to amortise the dK, dV updates.
 constexpr std::int64_t kRowBlock = 32;
 
+// Sets the entries of score row `row` (query i, keys [0, n)) whose key lies in another
+// document to `masked`; nothing without ids (the head's row of document ids, T == S).
+void mask_documents(const std::int32_t* ids, std::int64_t i, float* row, std::int64_t n,
+                    float masked) {
+  if (ids == nullptr) return;
+  const std::int32_t own = ids[i];
+  for (std::int64_t j = 0; j < n; ++j)
+    if (ids[j] != own) row[j] = masked;
+}
+
+// The head's row of document ids, or null.
+const std::int32_t* document_ids(const AttentionPlan& a, std::int64_t h) {
+  return a.segments == nullptr ? nullptr : a.segments + h / a.segment_heads * a.t;
+}
+
 // One head's forward: Q (T, D), K and V (S, D) -> O (T, D), L (T), rows at the strides
-// of `a`. p: kRowBlock * S scratch; kt: D * S scratch (K transposed).
-void head_forward(const AttentionPlan& a, const float* q, const float* k, const float* v, float* o,
-                  float* l, float* p, float* kt) {
+// of `a`; ids: its document ids or null. p: kRowBlock * S scratch; kt: D * S scratch (K
+// transposed).
+void head_forward(const AttentionPlan& a, const std::int32_t* ids, const float* q, const float* k,
+                  const float* v, float* o, float* l, float* p, float* kt) {
   const std::int64_t s = a.s, d = a.d;
   transpose(k, s, d, a.ldkv, kt, s);
   for (std::int64_t t0 = 0; t0 < a.t; t0 += kRowBlock) {
@@ -49,6 +67,7 @@ void head_forward(const AttentionPlan& a, const float* q, const float* k, const 
         l[t0 + i] = -INFINITY;
         continue;
       }
+      mask_documents(ids, t0 + i, row, n, -INFINITY);
       const float m = row_max(row, n);
       const float sum = exp_shifted_sum(row, row, n, m);
       const float inv = 1.f / sum;
@@ -64,9 +83,9 @@ void head_forward(const AttentionPlan& a, const float* q, const float* k, const 
 // One head's backward. dq (T, D), dk and dv (S, D) are written (rows at the strides of
 // q, k and v). p, dp: kRowBlock * S scratch each; di: T scratch; kt, vt: D * S scratch
 // each (K and V transposed).
-void head_backward(const AttentionPlan& a, const float* q, const float* k, const float* v,
-                   const float* o, const float* l, const float* go, float* dq, float* dk, float* dv,
-                   float* p, float* dp, float* di, float* kt, float* vt) {
+void head_backward(const AttentionPlan& a, const std::int32_t* ids, const float* q, const float* k,
+                   const float* v, const float* o, const float* l, const float* go, float* dq,
+                   float* dk, float* dv, float* p, float* dp, float* di, float* kt, float* vt) {
   const std::int64_t s = a.s, d = a.d;
   transpose(k, s, d, a.ldkv, kt, s);
   transpose(v, s, d, a.ldkv, vt, s);
@@ -103,6 +122,7 @@ void head_backward(const AttentionPlan& a, const float* q, const float* k, const
       for (std::int64_t j = 0; j < n; ++j)
         row[j] = fast_exp(row[j] - li);
       std::fill(row + n, row + kmax, 0.f);
+      mask_documents(ids, t0 + i, row, n, 0.f);  // other documents: P = 0, so dS = 0
     }
     // dV += P^T dO;  dP = dO V^T
     small_gemm(kmax, d, rows, 1.f, p, 1, s, gb, a.ldo, 1.f, dv, a.ldkv);
@@ -136,8 +156,8 @@ void forward(const AttentionPlan& a, const float* pq, const float* pk, const flo
     float* kt = scratch.data() + kRowBlock * a.s;
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t h = 0; h < a.bh; ++h)
-      head_forward(a, pq + a.q_at(h), pk + a.kv_at(h), pv + a.kv_at(h), po + a.o_at(h),
-                   pl + h * a.t, scratch.data(), kt);
+      head_forward(a, document_ids(a, h), pq + a.q_at(h), pk + a.kv_at(h), pv + a.kv_at(h),
+                   po + a.o_at(h), pl + h * a.t, scratch.data(), kt);
   }
 }
 
@@ -155,8 +175,8 @@ void backward(const AttentionPlan& a, const float* pq, const float* pk, const fl
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t h = 0; h < a.bh; ++h) {
       const std::int64_t qo = a.q_at(h), ko = a.kv_at(h), oo = a.o_at(h);
-      head_backward(a, pq + qo, pk + ko, pv + ko, po + oo, pl + h * a.t, pg + oo, gq + qo, gk + ko,
-                    gv + ko, p, dp, di, kt, vt);
+      head_backward(a, document_ids(a, h), pq + qo, pk + ko, pv + ko, po + oo, pl + h * a.t,
+                    pg + oo, gq + qo, gk + ko, gv + ko, p, dp, di, kt, vt);
     }
   }
 }
@@ -237,7 +257,9 @@ void backward_bf16(const AttentionPlan& a, const bf16* q, const bf16* k, const b
 
 }  // namespace
 
-void set_serves_bf16_attention(bool on) { g_serves_bf16.store(on, std::memory_order_relaxed); }
+void set_serves_bf16_attention(bool on) {
+  g_serves_bf16.store(on, std::memory_order_relaxed);
+}
 
 const AttentionKernels attention_kernels{
     .forward = forward,

@@ -34,23 +34,40 @@ struct AttentionPlan {
   // probabilities and dS between the products) with f32 accumulation, as tensor cores do:
   // the bf16 policy's attention. A kernel may compute them in f32 instead (the CPU's do).
   bool bf16_products = false;
+  // Document (segment) ids, i32 (B, T) with T == S, or null: query row r of head h sees key
+  // c only where ids[r] == ids[c] (ids = segments + h / segment_heads * t, the row of h's
+  // batch), on top of the causal rule. Packed documents that never attend across their
+  // boundary. Every row sees at least its own key (T == S), so no row sees nothing.
+  const std::int32_t* segments = nullptr;
+  std::int64_t segment_heads = 1;  // heads per batch row of `segments` (H)
   // Keys visible to query row `row` (all of them without a mask).
   DISTJAX_PLAN_FN std::int64_t visible(std::int64_t row) const {
     if (!causal) return s;
     const std::int64_t v = row + 1 + (s - t);
     return v < 0 ? 0 : (v > s ? s : v);
   }
+  // Whether query row `row` (< t) of head h and key `col` (< s) lie in one document
+  // (always without segments).
+  DISTJAX_PLAN_FN bool same_document(std::int64_t h, std::int64_t row, std::int64_t col) const {
+    if (segments == nullptr) return true;
+    const std::int32_t* ids = segments + h / segment_heads * t;
+    return ids[row] == ids[col];
+  }
   // Where head h starts in each operand (elements).
-  DISTJAX_PLAN_FN std::int64_t q_at(std::int64_t h) const { return h / heads * q_b + h % heads * q_h; }
+  DISTJAX_PLAN_FN std::int64_t q_at(std::int64_t h) const {
+    return h / heads * q_b + h % heads * q_h;
+  }
   DISTJAX_PLAN_FN std::int64_t kv_at(std::int64_t h) const {
     return h / heads * kv_b + h % heads * kv_h;
   }
-  DISTJAX_PLAN_FN std::int64_t o_at(std::int64_t h) const { return h / heads * o_b + h % heads * o_h; }
+  DISTJAX_PLAN_FN std::int64_t o_at(std::int64_t h) const {
+    return h / heads * o_b + h % heads * o_h;
+  }
 };
 
 struct AttentionKernels {
-  /// o = softmax(scale * q k^T [causal mask]) v per head and lse (bh, T) = each row's
-  /// log-sum-exp of the scaled scores (-inf for a row that sees no key; its o row is 0).
+  /// o = softmax(scale * q k^T [causal mask] [document mask]) v per head and lse (bh, T) = each
+  /// row's log-sum-exp of the scaled scores (-inf for a row that sees no key; its o row is 0).
   void (*forward)(const AttentionPlan& a, const float* q, const float* k, const float* v, float* o,
                   float* lse, Stream s);
   /// dq, dk, dv (written, at the layout of q, k, v) from the forward's q, k, v, o, lse and
@@ -64,8 +81,8 @@ struct AttentionKernels {
   // bf16 copies instead of f32 activations. Where serves_bf16 is null or says no for a
   // plan, the op runs the f32 entries above. Pointers are of `bf16` storage.
   bool (*serves_bf16)(const AttentionPlan& a) = nullptr;
-  void (*forward_bf16)(const AttentionPlan& a, const bf16* q, const bf16* k, const bf16* v,
-                       bf16* o, float* lse, Stream s) = nullptr;
+  void (*forward_bf16)(const AttentionPlan& a, const bf16* q, const bf16* k, const bf16* v, bf16* o,
+                       float* lse, Stream s) = nullptr;
   void (*backward_bf16)(const AttentionPlan& a, const bf16* q, const bf16* k, const bf16* v,
                         const bf16* o, const float* lse, const bf16* go, bf16* dq, bf16* dk,
                         bf16* dv, Stream s) = nullptr;
