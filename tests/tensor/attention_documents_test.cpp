@@ -227,7 +227,7 @@ TEST(AttentionDocuments, RejectsBadIds) {
                InvalidArgument);
   EXPECT_THROW(attention(q, q, q, true, 0.f, DType::F32, DType::F32, reshape(ids, {1, 10})),
                InvalidArgument);
-  EXPECT_THROW(attention_packed(uniform({2, 4, 24}), 2, true, 0.f, DType::F32, DType::F32, ids),
+  EXPECT_THROW(attention_packed(uniform({2, 4, 24}, 53), 2, true, 0.f, DType::F32, DType::F32, ids),
                InvalidArgument);
 }
 
