@@ -22,7 +22,7 @@ struct MultiHeadAttention {
   Initializer out_init = lecun_normal();
   /// Document ids i32 (B, T) of packed documents, or undefined: each position attends
   /// within its own document only (tensor::attention's `segments`).
-  Tensor segments;
+  Tensor segments = Tensor();
 
   /// With a `residual` (B, T, C): residual + attention(x), the add in the out projection.
   Tensor operator()(const Scope& scope, const Tensor& x, const Tensor& residual = Tensor()) const;

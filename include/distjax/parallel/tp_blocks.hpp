@@ -64,7 +64,7 @@ struct TPMultiHeadAttention {
   nn::Initializer out_init = nn::lecun_normal();
   /// Document ids i32 (B, T) (whole T, also under sequence parallelism), or undefined:
   /// attention within each document (tensor::attention's `segments`).
-  Tensor segments;
+  Tensor segments = Tensor();
 
   Tensor operator()(const nn::Scope& scope, const Tensor& x) const;
 };

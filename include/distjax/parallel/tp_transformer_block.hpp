@@ -50,7 +50,7 @@ struct TPTransformerBlock {
   bool parallel = false;
   /// Document ids i32 (B, T) of packed documents (whole T in every layout), or undefined:
   /// each position attends within its own document only.
-  Tensor segments;
+  Tensor segments = Tensor();
 
   Tensor operator()(const nn::Scope& scope, const Tensor& x) const;
 

@@ -150,9 +150,9 @@ std::vector<std::string> TrainConfig::problems() const {
   // come from: refused rather than trained without the mask.
   if (pipelined && data.eot >= 0)
     out.push_back(str("data.eot = ", data.eot,
-                      data.document_attention ? " and data.document_attention" : "",
-                      " are not carried through a pipeline (a \"pipe\" axis): use data.eot = "
-                      "-1 or a mesh without \"pipe\""));
+                      data.document_attention ? " and data.document_attention are" : " is",
+                      " not carried through a pipeline (a \"pipe\" axis): use data.eot = -1 "
+                      "or a mesh without \"pipe\""));
   if (run.out_dir.empty() && (run.checkpoint_every > 0 || run.resume != Resume::Off))
     out.push_back("run.out_dir is empty: checkpoints (run.checkpoint_every, run.resume) need it");
   if (run.overwrite && run.resume != Resume::Off)
