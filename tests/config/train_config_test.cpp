@@ -83,9 +83,8 @@ TEST(TrainConfig, EveryRuleGivesItsMessage) {
   c = valid();
   c.parallelism.virtual_stages = 2;
   c.parallelism.schedule = "zbh1";
-  EXPECT_PROBLEM(c,
-                 "parallelism.virtual_stages = 2 needs parallelism.schedule = \"interleaved\" "
-                 "or \"interleaved_zb\" (got \"zbh1\")");
+  EXPECT_PROBLEM(c, "parallelism.virtual_stages = 2 needs parallelism.schedule = \"interleaved\" "
+                    "or \"interleaved_zb\" (got \"zbh1\")");
   c.parallelism.schedule = "interleaved_zb";
   EXPECT_TRUE(c.problems().empty()) << problems(c);
 }

@@ -21,21 +21,15 @@ std::string str(const Args&... args) {
 
 const char* shard_name(Shard s) {
   switch (s) {
-    case Shard::None:
-      return "none";
-    case Shard::Optimizer:
-      return "optimizer";
-    case Shard::Gradients:
-      return "gradients";
-    case Shard::Parameters:
-      return "parameters";
+    case Shard::None: return "none";
+    case Shard::Optimizer: return "optimizer";
+    case Shard::Gradients: return "gradients";
+    case Shard::Parameters: return "parameters";
   }
   return "?";
 }
 
-int zero_stage(Shard s) {
-  return static_cast<int>(s);
-}
+int zero_stage(Shard s) { return static_cast<int>(s); }
 
 std::vector<std::string> TrainConfig::problems() const {
   std::vector<std::string> out;
@@ -103,9 +97,8 @@ std::vector<std::string> TrainConfig::problems() const {
     out.push_back(
         str("data.validation_fraction = ", data.validation_fraction, " must be in (0, 1)"));
   if (data.format == "tokens" && (data.train.empty() || data.val.empty()))
-    out.push_back(
-        "data.format = \"tokens\" needs data.train and data.val (globs of token "
-        "shards)");
+    out.push_back("data.format = \"tokens\" needs data.train and data.val (globs of token "
+                  "shards)");
   if (data.format != "tokens" && (!data.train.empty() || !data.val.empty()))
     out.push_back(str("data.train and data.val are read with data.format = \"tokens\" only ",
                       "(it is \"", data.format, "\")"));
@@ -122,8 +115,7 @@ std::vector<std::string> TrainConfig::problems() const {
   if (parallelism.microbatches < 1)
     out.push_back(str("parallelism.microbatches = ", parallelism.microbatches, " must be >= 1"));
   if (parallelism.virtual_stages < 1)
-    out.push_back(
-        str("parallelism.virtual_stages = ", parallelism.virtual_stages, " must be >= 1"));
+    out.push_back(str("parallelism.virtual_stages = ", parallelism.virtual_stages, " must be >= 1"));
   if (parallelism.virtual_stages > 1 && parallelism.schedule != "interleaved" &&
       parallelism.schedule != "interleaved_zb")
     out.push_back(str("parallelism.virtual_stages = ", parallelism.virtual_stages,
@@ -137,11 +129,10 @@ std::vector<std::string> TrainConfig::problems() const {
   if (pipelined && dp >= 1 && run.batch_size >= 1 && run.grad_accum_steps >= 1 &&
       parallelism.microbatches >= 1 &&
       (run.batch_size / dp / run.grad_accum_steps) % parallelism.microbatches != 0)
-    out.push_back(
-        str("each replica's batch (run.batch_size / data-parallel size / "
-            "run.grad_accum_steps = ",
-            run.batch_size / dp / run.grad_accum_steps,
-            ") must be divisible by parallelism.microbatches = ", parallelism.microbatches));
+    out.push_back(str("each replica's batch (run.batch_size / data-parallel size / "
+                      "run.grad_accum_steps = ", run.batch_size / dp / run.grad_accum_steps,
+                      ") must be divisible by parallelism.microbatches = ",
+                      parallelism.microbatches));
   if (data.eot < -1)
     out.push_back(str("data.eot = ", data.eot, " must be a token id, or -1 for none"));
   if (data.document_attention && data.eot < 0)

@@ -277,9 +277,7 @@ void backward_bf16(const AttentionPlan& a, const bf16* q, const bf16* k, const b
 
 }  // namespace
 
-void set_serves_bf16_attention(bool on) {
-  g_serves_bf16.store(on, std::memory_order_relaxed);
-}
+void set_serves_bf16_attention(bool on) { g_serves_bf16.store(on, std::memory_order_relaxed); }
 
 const AttentionKernels attention_kernels{
     .forward = forward,

@@ -54,15 +54,11 @@ struct AttentionPlan {
     return ids[row] == ids[col];
   }
   // Where head h starts in each operand (elements).
-  DISTJAX_PLAN_FN std::int64_t q_at(std::int64_t h) const {
-    return h / heads * q_b + h % heads * q_h;
-  }
+  DISTJAX_PLAN_FN std::int64_t q_at(std::int64_t h) const { return h / heads * q_b + h % heads * q_h; }
   DISTJAX_PLAN_FN std::int64_t kv_at(std::int64_t h) const {
     return h / heads * kv_b + h % heads * kv_h;
   }
-  DISTJAX_PLAN_FN std::int64_t o_at(std::int64_t h) const {
-    return h / heads * o_b + h % heads * o_h;
-  }
+  DISTJAX_PLAN_FN std::int64_t o_at(std::int64_t h) const { return h / heads * o_b + h % heads * o_h; }
 };
 
 struct AttentionKernels {
@@ -81,8 +77,8 @@ struct AttentionKernels {
   // bf16 copies instead of f32 activations. Where serves_bf16 is null or says no for a
   // plan, the op runs the f32 entries above. Pointers are of `bf16` storage.
   bool (*serves_bf16)(const AttentionPlan& a) = nullptr;
-  void (*forward_bf16)(const AttentionPlan& a, const bf16* q, const bf16* k, const bf16* v, bf16* o,
-                       float* lse, Stream s) = nullptr;
+  void (*forward_bf16)(const AttentionPlan& a, const bf16* q, const bf16* k, const bf16* v,
+                       bf16* o, float* lse, Stream s) = nullptr;
   void (*backward_bf16)(const AttentionPlan& a, const bf16* q, const bf16* k, const bf16* v,
                         const bf16* o, const float* lse, const bf16* go, bf16* dq, bf16* dk,
                         bf16* dv, Stream s) = nullptr;
