@@ -136,6 +136,21 @@ TEST(TrainConfig, CheckpointKeysAreChecked) {
   EXPECT_PROBLEM(c, "run.out_dir is empty: checkpoints (run.checkpoint_every, run.resume) need it");
 }
 
+TEST(TrainConfig, PackedDocumentsNeedAnEotAndNoPipeline) {
+  TrainConfig c = valid();
+  c.data.document_attention = true;
+  EXPECT_PROBLEM(c, "data.document_attention = true needs data.eot");
+  c.data.eot = 50256;
+  EXPECT_TRUE(c.problems().empty()) << problems(c);
+  c.data.eot = -2;
+  EXPECT_PROBLEM(c, "data.eot = -2 must be a token id, or -1 for none");
+  c.data.eot = 0;
+  c.distributed.pipeline_parallel_size = 2;
+  EXPECT_PROBLEM(c, "data.eot = 0 and data.document_attention are not carried through a pipeline");
+  c.data.document_attention = false;
+  EXPECT_PROBLEM(c, "data.eot = 0 is not carried through a pipeline");
+}
+
 TEST(TrainConfig, ValidateThrowsOneErrorListingAll) {
   TrainConfig c = valid();
   c.run.batch_size = 127;

@@ -463,6 +463,50 @@ TEST(CudaOps, AttentionWithBf16Products) {
   }
 }
 
+// Document ids (packed documents): ids (B, T) with boundaries at every few positions and
+// ids that are not sorted, every path of the own kernels: the tiled f32 ones (D padded to
+// 16 ... 128), the rows kernels (D over 128), and the tensor-core ones (bf16 products).
+Tensor document_ids(std::int64_t b, std::int64_t t, bool striped) {
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(b * t));
+  for (std::int64_t i = 0; i < b * t; ++i)
+    ids[static_cast<std::size_t>(i)] =
+        static_cast<std::int32_t>(striped ? i % 3 : (i % t) / (7 + 13 * (i / t)));
+  return Tensor::from_vector(ids, {b, t});
+}
+
+TEST(CudaOps, AttentionWithDocumentIds) {
+  SKIP_WITHOUT_GPU();
+  ScopedEnv own("DISTJAX_CUDA_ATTENTION", "own");
+  for (std::int64_t d : {16, 64, 128, 136})
+    for (bool causal : {true, false})
+      for (bool striped : {false, true}) {
+        const std::int64_t b = 2, h = 2, t = 90;
+        const std::string what = "attention with ids D=" + std::to_string(d) +
+                                 (causal ? " causal" : "") + (striped ? " striped" : "");
+        expect_close(what,
+                     [causal](const V& a) {
+                       return attention(a[0], a[1], a[2], causal, 0.f, DType::F32, DType::F32,
+                                        a[3]);
+                     },
+                     {uniform({b, h, t, d}), uniform({b, h, t, d}), uniform({b, h, t, d}),
+                      document_ids(b, t, striped)},
+                     {true, true, true, false});
+        if (d <= 128)
+          expect_close(
+              "bf16 " + what,
+              [causal](const V& a) {
+                return attention(a[0], a[1], a[2], causal, 0.f, DType::BF16, DType::F32, a[3]);
+              },
+              {uniform({b, h, t, d}), uniform({b, h, t, d}), uniform({b, h, t, d}),
+               document_ids(b, t, striped)},
+              {true, true, true, false}, kBf16);
+      }
+  expect_close(
+      "attention_packed with ids",
+      [](const V& a) { return attention_packed(a[0], 4, true, 0.f, DType::F32, DType::F32, a[1]); },
+      {uniform({2, 70, 3 * 4 * 16}), document_ids(2, 70, false)}, {true, false});
+}
+
 // cuDNN's fused attention (attention_cudnn.cpp), where it loads: the same cases (those it
 // refuses run the own kernels), and the GPT-2 head shape through cuDNN itself, forward and
 // backward. Skips where cuDNN is not there, unless DISTJAX_REQUIRE_CUDNN=1 (the GPU

@@ -321,6 +321,34 @@ TEST(TPTransformer, ParallelBlockMatchesOneDeviceInEveryLayout) {
   }
 }
 
+// Packed documents (eot, document attention): every layout, with sequential and parallel
+// blocks, carries the document ids to its attention and drops the eot positions from the
+// loss as one device does.
+TEST(TPTransformer, PackedDocumentsMatchOneDeviceInEveryLayout) {
+  const auto batches = token_batches(4, 8, 4);  // ids 0..3: the eot (1) ends many documents
+  for (bool parallel : {false, true}) {
+    models::TransformerConfig base = tiny_gpt();
+    base.eot = 1;
+    base.document_attention = true;
+    base.parallel_block = parallel;
+    const models::Transformer plain(base);
+    const TrainingRun one = train_one_device(gpt_model(plain), sgd(), batches);
+    // The ids change the run: without them the parity below would prove nothing.
+    models::TransformerConfig mixed = base;
+    mixed.document_attention = false;
+    const models::Transformer unmasked(mixed);
+    EXPECT_NE(train_one_device(gpt_model(unmasked), sgd(), batches).losses, one.losses);
+    for (const Layout& l : all_layouts()) {
+      models::TransformerConfig c = base;
+      c.tp = l.tp;
+      const models::Transformer model(c);
+      // On "model" alone: data replicas each take the mean over their own counted positions.
+      expect_same_run(one, train_on_mesh(Mesh({4}, {"model"}), gpt_model(model), sgd(), batches),
+                      kTol, std::string(l.name) + (parallel ? " parallel" : "") + " documents");
+    }
+  }
+}
+
 // ------------------------------------------------------------ communication, analytic
 
 // One train step of a lone TP block; returns this device's counters under "model".

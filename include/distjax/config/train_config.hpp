@@ -94,6 +94,12 @@ struct DataConfig {
   /// where the data of a step follows from the step (the GPT's text; a loader's batches,
   /// Fashion-MNIST's, are made by the step).
   bool prefetch = true;
+  /// Packed documents: the end-of-text token id that ends each document of the text, or
+  /// -1 (none). With it the GPT's loss counts no position whose input is the eot.
+  std::int64_t eot = -1;
+  /// With eot: the GPT's attention kept within each document (document ids from the eot
+  /// tokens of each window). Not under a pipeline ("pipe" axis).
+  bool document_attention = false;
 };
 
 /// parallelism.shard: what the data-parallel replicas split over "data" instead of each

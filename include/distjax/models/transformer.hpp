@@ -58,7 +58,19 @@ struct TransformerConfig {
   /// parallelism or in the Megatron layout (with or without sequence parallelism),
   /// untied, without vocabulary parallelism.
   std::int64_t num_classes = 0;
+  /// Packed documents (token ids in, next-token logits out): the end-of-text token id, or
+  /// -1. With it, loss() counts no position whose input is this token (its label is the
+  /// next document's first token): the mean is over the other positions.
+  std::int64_t eot = -1;
+  /// With eot: every attention keeps each position within its document
+  /// (document_ids(tokens, eot) as tensor::attention's `segments`). Not through
+  /// embed / block / head called apart (a pipeline): those take no ids.
+  bool document_attention = false;
 };
+
+/// Document ids of packed token windows: tokens (B, T) i32/i64 -> (B, T) i32 on tokens'
+/// device, the number of `eot` tokens strictly before each position in its row (an eot
+/// belongs to the document it ends). Reads the tokens on the host.
 
 /// GPT: tokens (B, T) i32/i64 -> logits (B, T, V) f32 (with input_features, num_classes and
 /// causal = false: an encoder of vectors into classes, e.g. a Vision Transformer).
@@ -83,6 +95,8 @@ struct TransformerConfig {
 ///   models::Transformer tp({..., .tp = {.layout = parallel::TPLayout::Megatron}});
 ///   TensorTree shards = tp.init(Key::from_seed(0), nullptr, &ctx);   // this device's
 ///   Tensor loss = tp.loss(nn::Scope::apply(&shards, true, key).on(ctx), tokens, targets);
+Tensor document_ids(const Tensor& tokens, std::int64_t eot);
+
 class Transformer {
  public:
   explicit Transformer(TransformerConfig config = {});
@@ -111,7 +125,9 @@ class Transformer {
   /// pipelines that run them on different stages: tokens (B, T) -> residual stream
   /// (residual_shape); block i of the residual stream; residual stream -> logits.
   Tensor embed(const nn::Scope& scope, const Tensor& tokens) const;
-  Tensor block(const nn::Scope& scope, int i, const Tensor& x) const;
+  /// `segments`: document ids (B, T) for the attention, or undefined.
+  Tensor block(const nn::Scope& scope, int i, const Tensor& x,
+               const Tensor& segments = Tensor()) const;
   Tensor head(const nn::Scope& scope, const Tensor& x) const;
   /// This device's shape of the residual stream between blocks: (B, T, C), (B, T, C/n)
   /// feature-sharded, (B, T/n, C) sequence parallel.

@@ -20,6 +20,9 @@ struct MultiHeadAttention {
   Initializer kernel_init = lecun_normal();
   /// Initialiser of the output projection (GPT-2 scales it by 1 / sqrt(2 L)).
   Initializer out_init = lecun_normal();
+  /// Document ids i32 (B, T) of packed documents, or undefined: each position attends
+  /// within its own document only (tensor::attention's `segments`).
+  Tensor segments = Tensor();
 
   /// With a `residual` (B, T, C): residual + attention(x), the add in the out projection.
   Tensor operator()(const Scope& scope, const Tensor& x, const Tensor& residual = Tensor()) const;

@@ -30,6 +30,8 @@ struct TransformerBlock {
   Initializer kernel_init = lecun_normal();
   /// Initialiser of the two residual output projections (attn/out, mlp/fc2).
   Initializer out_init = lecun_normal();
+  /// Document ids (B, T) for the attention (MultiHeadAttention::segments), or undefined.
+  Tensor segments = Tensor();
 
   Tensor operator()(const Scope& scope, const Tensor& x) const;
 

@@ -62,6 +62,9 @@ struct TPMultiHeadAttention {
   TPProjections proj{};
   nn::Initializer kernel_init = nn::lecun_normal();
   nn::Initializer out_init = nn::lecun_normal();
+  /// Document ids i32 (B, T) (whole T, also under sequence parallelism), or undefined:
+  /// attention within each document (tensor::attention's `segments`).
+  Tensor segments = Tensor();
 
   Tensor operator()(const nn::Scope& scope, const Tensor& x) const;
 };

@@ -48,6 +48,9 @@ struct TPTransformerBlock {
   /// one fused output projection (out and fc2 stacked: one all-reduce or reduce-scatter)
   /// per block. Parameters as above without "ln2"; dropout from "dropout". Any layout.
   bool parallel = false;
+  /// Document ids i32 (B, T) of packed documents (whole T in every layout), or undefined:
+  /// each position attends within its own document only.
+  Tensor segments = Tensor();
 
   Tensor operator()(const nn::Scope& scope, const Tensor& x) const;
 

@@ -1,5 +1,6 @@
 // Fused multi-head scaled dot-product attention.
 // Shape legend: B batch, H heads, T sequence (queries), S sequence (keys), D head dim.
+// Packed documents: optional document ids (B, T) keep attention within each document.
 #pragma once
 
 #include "distjax/tensor/tensor.hpp"
@@ -29,8 +30,17 @@ namespace distjax::tensor {
 /// under the bf16 policy casts it to next). The output is then that cast of the f32 result,
 /// the same bits; a device whose attention writes bf16 (cuDNN's) hands its output over
 /// as it is, without the round trip through f32.
+///
+/// `segments`, when given: document ids i32 (B, T) of a self-attention (T == S), the same
+/// for queries and keys: query t sees key s only where the causal rule allows (if causal)
+/// and segments[b, t] == segments[b, s]. Several documents packed into one sequence then
+/// never attend across their boundary; entries across it pass no gradient. The output and
+/// gradients of a document equal those of the document run alone (each row still sees its
+/// own key). Any ids serve (a GPT counts the end-of-text tokens before each position). cuDNN's
+/// attention takes no ids: a bf16 plan with ids runs the own kernels.
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
-                 float scale = 0.f, DType compute = DType::F32, DType out = DType::F32);
+                 float scale = 0.f, DType compute = DType::F32, DType out = DType::F32,
+                 const Tensor& segments = Tensor());
 
 /// The same attention read straight from a fused projection, without the permutes and
 /// splits that would cut q, k and v out of it: qkv (B, T, 3 H D), viewed as
@@ -41,15 +51,16 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal 
 /// result back to (B, T, H, D); `compute` and `out` as attention's. qkv may also come in
 /// the compute dtype (a projection that wrote bf16: LinearEpilogue::out): the bf16 entries
 /// read it as it is and hand its cotangent back in bf16; f32 kernels widen it. Errors name
-/// "[attention_packed]".
+/// "[attention_packed]". `segments` (B, T) as attention's.
 Tensor attention_packed(const Tensor& qkv, std::int64_t num_heads, bool causal = true,
-                        float scale = 0.f, DType compute = DType::F32, DType out = DType::F32);
+                        float scale = 0.f, DType compute = DType::F32, DType out = DType::F32,
+                        const Tensor& segments = Tensor());
 
 /// The dtype attention_packed reads a qkv of `qkv_shape` in as it is on `device` under
 /// `compute`: bf16 where the device's bf16 entries serve the problem (cuDNN's attention on
 /// CUDA), else f32 (its f32 kernels would widen a bf16 qkv first). What a projection
-/// feeding it writes (nn::MultiHeadAttention).
+/// feeding it writes (nn::MultiHeadAttention). `segments`: whether document ids go with it.
 DType attention_packed_input_dtype(const Shape& qkv_shape, std::int64_t num_heads, bool causal,
-                                   DType compute, Device device);
+                                   DType compute, Device device, bool segments = false);
 
 }  // namespace distjax::tensor

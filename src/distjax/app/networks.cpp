@@ -294,7 +294,9 @@ models::TransformerConfig transformer_config(const config::TrainConfig& c) {
           .remat = remat_of(c, "Block"),
           .remat_attn = remat_of(c, "Attn"),
           .remat_mlp = remat_of(c, "MLP"),
-          .unit = tokens ? "token" : "byte"};
+          .unit = tokens ? "token" : "byte",
+          .eot = c.data.eot,
+          .document_attention = c.data.document_attention};
 }
 
 Network classifier_network(const models::Classifier& model) {

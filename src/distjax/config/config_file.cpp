@@ -339,6 +339,12 @@ const std::vector<Entry>& schema() {
     s.push_back(field("data.prefetch", DJ_ACCESS(data.prefetch),
                       "make the next step's batch on a host thread while a step trains (where "
                       "the data of a step follows from the step: the GPT's text)"));
+    s.push_back(field("data.eot", DJ_ACCESS(data.eot),
+                      "the end-of-text token id between packed documents, -1 = none; the GPT's "
+                      "loss then counts no position whose input is it"));
+    s.push_back(field("data.document_attention", DJ_ACCESS(data.document_attention),
+                      "with data.eot: the GPT's attention kept within each document of a window "
+                      "(not under a pipe axis)"));
     // [parallelism]
     s.push_back(enum_field<Shard>(
         "parallelism.shard", DJ_ACCESS(parallelism.shard),

@@ -1,6 +1,9 @@
 #include "distjax/models/transformer.hpp"
 
 #include <cmath>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "distjax/nn/dense.hpp"
 #include "distjax/nn/dropout.hpp"
@@ -77,10 +80,67 @@ Layout layout_of(const TransformerConfig& c, const nn::Scope& scope) {
 
 }  // namespace
 
+Tensor document_ids(const Tensor& tokens, std::int64_t eot) {
+  DISTJAX_CHECK(
+      tokens.rank() == 2 && (tokens.dtype() == DType::I32 || tokens.dtype() == DType::I64),
+      InvalidArgument, "[document_ids] expected tokens (B, T) of i32/i64, got ", tokens.str(0));
+  const Tensor host = tensor::astype(tokens, DType::I64).to(Device::cpu());
+  const std::vector<std::int64_t> t = host.to_vector<std::int64_t>();
+  std::vector<std::int32_t> ids(t.size());
+  const std::int64_t len = tokens.size(1);
+  for (std::size_t row = 0; row < t.size(); row += static_cast<std::size_t>(len)) {
+    std::int32_t seen = 0;
+    for (std::size_t i = row; i < row + static_cast<std::size_t>(len); ++i) {
+      ids[i] = seen;
+      seen += t[i] == eot;
+    }
+  }
+  return Tensor::from_vector(ids, tokens.shape(), tokens.device());
+}
+
+namespace {
+
+// The document ids the config asks the attention for (undefined without them).
+Tensor segments_of(const TransformerConfig& c, const Tensor& tokens) {
+  if (!c.document_attention || c.eot < 0) return Tensor();
+  return document_ids(tokens, c.eot);
+}
+
+// The rows of x (B, T, K) -> (N, K) and of targets (B, T) -> (N) at positions whose input
+// is not the end-of-text token (config eot): the positions the loss counts. All of them,
+// as they are, without an eot.
+std::pair<Tensor, Tensor> counted_rows(const TransformerConfig& c, const Tensor& tokens,
+                                       const Tensor& x, const Tensor& targets) {
+  if (c.eot < 0 || targets.rank() != 2) return {x, targets};
+  const auto host = [](const Tensor& ids) {
+    return tensor::astype(ids, DType::I64).to(Device::cpu()).to_vector<std::int64_t>();
+  };
+  const std::vector<std::int64_t> t = host(tokens), labels = host(targets);
+  std::vector<std::int32_t> rows;
+  std::vector<std::int64_t> kept;
+  for (std::size_t i = 0; i < t.size(); ++i)
+    if (t[i] != c.eot) {
+      rows.push_back(static_cast<std::int32_t>(i));
+      kept.push_back(labels[i]);
+    }
+  if (rows.size() == t.size()) return {x, targets};
+  DISTJAX_CHECK(!rows.empty(), InvalidArgument,
+                "[Transformer] every position of the batch is the end-of-text token ", c.eot,
+                ": the loss counts none");
+  const std::int64_t n = static_cast<std::int64_t>(rows.size()), k = x.size(x.rank() - 1);
+  // embedding() is a row gather whose backward scatter-adds into x's gradient.
+  return {tensor::embedding(tensor::reshape(x, {x.size(0) * x.size(1), k}),
+                            Tensor::from_vector(rows, {n}, x.device())),
+          tensor::astype(Tensor::from_vector(kept, {n}, targets.device()), targets.dtype())};
+}
+
+}  // namespace
+
 Tensor Transformer::operator()(const nn::Scope& scope, const Tensor& tokens) const {
   Tensor x = embed(scope, tokens);
+  const Tensor segments = segments_of(config_, tokens);
   for (std::int64_t i = 0; i < config_.num_layers; ++i)
-    x = block(scope, static_cast<int>(i), x);
+    x = block(scope, static_cast<int>(i), x, segments);
   return head(scope, x);
 }
 
@@ -144,7 +204,8 @@ Tensor Transformer::embed(const nn::Scope& scope, const Tensor& tokens) const {
   return nn::Dropout{.rate = c.dropout, .spec = x_spec}(scope.child("embed_dropout"), x);
 }
 
-Tensor Transformer::block(const nn::Scope& scope, int i, const Tensor& x) const {
+Tensor Transformer::block(const nn::Scope& scope, int i, const Tensor& x,
+                          const Tensor& segments) const {
   const auto& c = config_;
   const Layout l = layout_of(c, scope);
   const double out_scale =
@@ -163,7 +224,8 @@ Tensor Transformer::block(const nn::Scope& scope, int i, const Tensor& x) const 
                                            .layout = c.tp.layout,
                                            .sequence_parallel = l.sp,
                                            .bidirectional = c.tp.bidirectional,
-                                           .parallel = c.parallel_block};
+                                           .parallel = c.parallel_block,
+                                           .segments = segments};
   return block(scope.child("blocks").child(i).module("Block"), x);
 }
 
@@ -237,12 +299,18 @@ Tensor Transformer::loss(const nn::Scope& scope, const Tensor& tokens,
   // cross-entropy in chunks (tensor::linear_cross_entropy_mean), so the (B, T, V) logits
   // and their gradient never exist whole: the largest tensors of a language model's step.
   // The same loss and gradients as loss_of_logits(operator()), summed in another order.
+  // With an end-of-text token, the rows of its positions are dropped before the loss.
   if (l.feature_sharded || l.vocab_parallel || (l.sp && l.n > 1) || !c.tied_embeddings ||
-      c.num_classes > 0)
-    return loss_of_logits(scope, (*this)(scope, tokens), targets);
+      c.num_classes > 0) {
+    const auto [logits, labels] = counted_rows(c, tokens, (*this)(scope, tokens), targets);
+    return loss_of_logits(scope, logits, labels);
+  }
   Tensor x = embed(scope, tokens);
+  const Tensor segments = segments_of(c, tokens);
   for (std::int64_t i = 0; i < c.num_layers; ++i)
-    x = block(scope, static_cast<int>(i), x);
+    x = block(scope, static_cast<int>(i), x, segments);
+  Tensor labels;
+  std::tie(x, labels) = counted_rows(c, tokens, x, targets);
   x = nn::LayerNorm{.eps = c.ln_eps, .to_compute = true}(scope.child("ln_f"), x);
   const nn::Embedding wte{.num_embeddings = c.vocab,
                           .features = c.d_model,
@@ -250,8 +318,8 @@ Tensor Transformer::loss(const nn::Scope& scope, const Tensor& tokens,
                           .embedding_spec = l.table_spec};
   const nn::Precision& p = scope.precision();
   return tensor::linear_cross_entropy_mean(p.cast_to_compute(x),
-                                           p.cast_to_compute(wte.table(scope.child("wte"))),
-                                           targets, /*trans_w=*/true);
+                                           p.cast_to_compute(wte.table(scope.child("wte"))), labels,
+                                           /*trans_w=*/true);
 }
 
 TensorTree Transformer::init(Key key) const {

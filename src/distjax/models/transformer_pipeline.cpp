@@ -11,7 +11,13 @@ using tensor::Tensor;
 
 TransformerPipeline::TransformerPipeline(TransformerConfig config,
                                          std::vector<int> layers_per_chunk)
-    : model_(config), layers_per_chunk_(std::move(layers_per_chunk)) {}
+    : model_(config), layers_per_chunk_(std::move(layers_per_chunk)) {
+  // Later stages see neither the tokens the document ids come from nor the eot positions.
+  DISTJAX_CHECK(config.eot < 0, ConfigError,
+                "[TransformerPipeline] packed documents (eot = ", config.eot,
+                config.document_attention ? ", document_attention" : "",
+                ") are not carried through a pipeline: data.eot must be -1 under a pipe axis");
+}
 
 namespace {
 // "bits_per_byte" of a mean loss per token over `count` positions (TransformerConfig's

@@ -18,7 +18,8 @@ Tensor TransformerBlock::body(const Scope& scope, const Tensor& x) const {
   const MultiHeadAttention attn{.num_heads = num_heads,
                                 .causal = causal,
                                 .kernel_init = kernel_init,
-                                .out_init = out_init};
+                                .out_init = out_init,
+                                .segments = segments};
   const MLPBlock mlp{.hidden = mlp_hidden, .kernel_init = kernel_init, .out_init = out_init};
   if (dropout == 0.f) {
     // The residual adds in the out projections' products (no dropout between).

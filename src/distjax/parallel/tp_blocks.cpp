@@ -84,13 +84,13 @@ Tensor TPMultiHeadAttention::operator()(const nn::Scope& scope, const Tensor& x)
   const bool local = proj.local();
   const DType compute = scope.precision().compute_dtype;
   const std::int64_t t = x.size(1) * (local && proj.sequence_parallel ? n : 1);
-  const bool bf16_qkv =
-      local && tensor::attention_packed_input_dtype({x.size(0), t, 3 * c / n}, num_heads / n, causal,
-                                                    compute, x.device()) != DType::F32;
+  const bool bf16_qkv = local && tensor::attention_packed_input_dtype(
+                                     {x.size(0), t, 3 * c / n}, num_heads / n, causal, compute,
+                                     x.device(), segments.defined()) != DType::F32;
   Tensor qkv = proj.in(scope.child("qkv"), x, 3 * c, kernel_init,
                        {.compute_dtype_output = bf16_qkv});  // (B, T, 3C/n)
   Tensor h = tensor::attention_packed(qkv, num_heads / n, causal, 0.f, compute,
-                                      local ? compute : DType::F32);  // (B, T, C/n)
+                                      local ? compute : DType::F32, segments);  // (B, T, C/n)
   return proj.out(scope.child("out"), h, c, out_init);
 }
 

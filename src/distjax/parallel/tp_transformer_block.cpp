@@ -41,7 +41,8 @@ Tensor TPTransformerBlock::sequential(const nn::Scope& scope, const Tensor& x) c
                                   .causal = causal,
                                   .proj = proj,
                                   .kernel_init = kernel_init,
-                                  .out_init = out_init};
+                                  .out_init = out_init,
+                                  .segments = segments};
   const TPMLPBlock mlp{
       .hidden = mlp_hidden, .proj = proj, .kernel_init = kernel_init, .out_init = out_init};
   Tensor h =
@@ -104,8 +105,9 @@ Tensor TPTransformerBlock::parallel_block(const nn::Scope& scope, const Tensor& 
   const std::vector<Tensor> parts = tensor::split(y, {3 * c / n, hidden / n}, 2);
   const Tensor cat =
       tensor::concat({tensor::attention_packed(parts[0], num_heads / n, causal, 0.f,
-                                               scope.precision().compute_dtype),  // (B, T, C/n)
-                      tensor::gelu(parts[1], /*approximate=*/true)},              // (B, T, H/n)
+                                               scope.precision().compute_dtype, DType::F32,
+                                               segments),             // (B, T, C/n)
+                      tensor::gelu(parts[1], /*approximate=*/true)},  // (B, T, H/n)
                      2);
   Tensor o;
   if (layout == TPLayout::Async && comm) {
@@ -136,7 +138,8 @@ Tensor TPTransformerBlock::body(const nn::Scope& scope, const Tensor& x) const {
                                 .remat_attn = remat_attn,
                                 .remat_mlp = remat_mlp,
                                 .kernel_init = kernel_init,
-                                .out_init = out_init}(scope, x);
+                                .out_init = out_init,
+                                .segments = segments}(scope, x);
   return sequential(scope, x);
 }
 

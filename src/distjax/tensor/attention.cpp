@@ -3,6 +3,8 @@
 // forward saves the row log-sum-exp; the backward recomputes the probabilities from it.
 // A bf16 plan that the device's bf16 entries serve (cuDNN's fused attention on CUDA) runs
 // on bf16 copies of q, k, v, which the backward keeps instead of the f32 operands.
+// Document ids travel in the plan (a pointer into the segments tensor, which every closure
+// that holds the plan keeps alive).
 #include "distjax/tensor/attention.hpp"
 
 #include <algorithm>
@@ -52,8 +54,23 @@ void check_out(DType out, const char* op) {
                 dtype_name(out));
 }
 
+// Points plan `a` at the document ids `seg` (when defined): i32 (B, T), self-attention
+// (T == S), H heads per batch row.
+void set_segments(AttentionPlan& a, const Tensor& seg, std::int64_t b, std::int64_t h,
+                  const char* op) {
+  if (!seg.defined()) return;
+  DISTJAX_CHECK(
+      seg.dtype() == DType::I32 && seg.rank() == 2 && seg.size(0) == b && seg.size(1) == a.t,
+      InvalidArgument, "[", op, "] expected document ids i32 (B, T) = (", b, ", ", a.t, "), got ",
+      dtype_name(seg.dtype()), " ", to_string(seg.shape()));
+  DISTJAX_CHECK(a.t == a.s, InvalidArgument, "[", op,
+                "] document ids need self-attention (T == S), got T ", a.t, ", S ", a.s);
+  a.segments = seg.data<std::int32_t>();
+  a.segment_heads = h;
+}
+
 AttentionPlan check_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                              float scale, DType compute) {
+                              float scale, DType compute, const Tensor& seg) {
   detail::require_f32("attention", {&q, &k, &v});
   DISTJAX_CHECK(q.rank() == 4 && k.rank() == 4 && v.rank() == 4, InvalidArgument,
                 "[attention] expected q (B, H, T, D), k and v (B, H, S, D), got q ",
@@ -77,18 +94,19 @@ AttentionPlan check_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   a.causal = causal;
   a.scale = default_scale(scale, a.d);
   a.bf16_products = bf16_products(compute, "attention");
+  set_segments(a, seg, q.size(0), q.size(1), "attention");
   return a;
 }
 
 // attention() through the bf16 entries: q, k, v rounded to bf16 (and saved so), o
 // widened back to f32, the cotangents rounded and the gradients widened.
 Tensor attention_bf16(const AttentionPlan& a, const Tensor& q, const Tensor& k, const Tensor& v,
-                      Device dev, DType out_dtype) {
+                      const Tensor& seg, Device dev, DType out_dtype) {
   const Tensor q16 = to_bf16(q), k16 = to_bf16(k), v16 = to_bf16(v);
   Tensor o16 = Tensor::empty(q.shape(), DType::BF16, dev);
   Tensor lse = Tensor::empty({q.size(0), q.size(1), a.t}, DType::F32, dev);
   {
-    Dispatch kd("attention", &KernelTable::attention, {&q16, &k16, &v16, &o16, &lse});
+    Dispatch kd("attention", &KernelTable::attention, {&q16, &k16, &v16, &o16, &lse, &seg});
     kd->forward_bf16(a, q16.data<bf16>(), k16.data<bf16>(), v16.data<bf16>(), o16.data<bf16>(),
                      lse.data<float>(), kd.stream());
   }
@@ -96,14 +114,15 @@ Tensor attention_bf16(const AttentionPlan& a, const Tensor& q, const Tensor& k, 
   if (!needs_grad({&q, &k, &v})) return joined(out, {&q, &k, &v});
   return takes_reduced_cotangent(
       record("attention", {q, k, v}, out,
-             [a, q16, k16, v16, o16 = o16.detach(), lse](const std::vector<Tensor>& g) {
+             [a, q16, k16, v16, o16 = o16.detach(), lse,
+              seg = seg.detach()](const std::vector<Tensor>& g) {
                const Device dev = q16.device();
                const Tensor g16 = to_bf16(g[0]);
                Tensor gq = Tensor::empty(q16.shape(), DType::BF16, dev),
                       gk = Tensor::empty(k16.shape(), DType::BF16, dev),
                       gv = Tensor::empty(v16.shape(), DType::BF16, dev);
                Dispatch k("attention_backward", &KernelTable::attention,
-                          {&q16, &k16, &v16, &o16, &lse, &g16, &gq, &gk, &gv});
+                          {&q16, &k16, &v16, &o16, &lse, &g16, &gq, &gk, &gv, &seg});
                k->backward_bf16(a, q16.data<bf16>(), k16.data<bf16>(), v16.data<bf16>(),
                                 o16.data<bf16>(), lse.data<float>(), g16.data<bf16>(),
                                 gq.data<bf16>(), gk.data<bf16>(), gv.data<bf16>(), k.stream());
@@ -113,14 +132,14 @@ Tensor attention_bf16(const AttentionPlan& a, const Tensor& q, const Tensor& k, 
 }
 
 // attention_packed() through the bf16 entries: one bf16 copy of the packed projection.
-Tensor attention_packed_bf16(const AttentionPlan& a, const Tensor& qkv, const Shape& out_shape,
-                             DType out_dtype) {
+Tensor attention_packed_bf16(const AttentionPlan& a, const Tensor& qkv, const Tensor& seg,
+                             const Shape& out_shape, DType out_dtype) {
   const Device dev = qkv.device();
   const Tensor x16 = to_bf16(qkv);
   Tensor o16 = Tensor::empty(out_shape, DType::BF16, dev);
   Tensor lse = Tensor::empty({a.bh / a.heads, a.heads, a.t}, DType::F32, dev);
   {
-    Dispatch kd("attention_packed", &KernelTable::attention, {&x16, &o16, &lse});
+    Dispatch kd("attention_packed", &KernelTable::attention, {&x16, &o16, &lse, &seg});
     const bf16* p = x16.data<bf16>();
     kd->forward_bf16(a, p, p + a.d, p + 2 * a.d, o16.data<bf16>(), lse.data<float>(), kd.stream());
   }
@@ -128,11 +147,12 @@ Tensor attention_packed_bf16(const AttentionPlan& a, const Tensor& qkv, const Sh
   if (!needs_grad({&qkv})) return joined(out, {&qkv});
   return takes_reduced_cotangent(
       record("attention_packed", {qkv}, out,
-             [a, x16, o16 = o16.detach(), lse, from = qkv.dtype()](const std::vector<Tensor>& g) {
+             [a, x16, o16 = o16.detach(), lse, seg = seg.detach(),
+              from = qkv.dtype()](const std::vector<Tensor>& g) {
                const Tensor g16 = to_bf16(g[0]);
                Tensor gx = Tensor::empty(x16.shape(), DType::BF16, x16.device());
                Dispatch k("attention_packed_backward", &KernelTable::attention,
-                          {&x16, &o16, &lse, &g16, &gx});
+                          {&x16, &o16, &lse, &g16, &gx, &seg});
                const bf16* px = x16.data<bf16>();
                bf16* pgx = gx.data<bf16>();
                k->backward_bf16(a, px, px + a.d, px + 2 * a.d, o16.data<bf16>(), lse.data<float>(),
@@ -145,24 +165,24 @@ Tensor attention_packed_bf16(const AttentionPlan& a, const Tensor& qkv, const Sh
 // attention() through the f32 entries (the bf16 policy's products computed by the device
 // as it can): the f32 operands and output are saved for the backward.
 Tensor attention_f32(const AttentionPlan& a, const Tensor& q, const Tensor& k, const Tensor& v,
-                     Device dev) {
+                     const Tensor& seg, Device dev) {
   Tensor out = Tensor::empty(q.shape(), DType::F32, dev);
   Tensor lse = Tensor::empty({q.size(0), q.size(1), a.t}, DType::F32, dev);
   {
-    Dispatch kd("attention", &KernelTable::attention, {&q, &k, &v, &out, &lse});
+    Dispatch kd("attention", &KernelTable::attention, {&q, &k, &v, &out, &lse, &seg});
     kd->forward(a, q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
                 lse.data<float>(), kd.stream());
   }
   if (!needs_grad({&q, &k, &v})) return joined(out, {&q, &k, &v});
   return record("attention", {q, k, v}, out,
-                [a, qd = q.detach(), kd = k.detach(), vd = v.detach(), od = out.detach(),
-                 lse](const std::vector<Tensor>& g) {
+                [a, qd = q.detach(), kd = k.detach(), vd = v.detach(), od = out.detach(), lse,
+                 seg = seg.detach()](const std::vector<Tensor>& g) {
                   const Device dev = qd.device();
                   Tensor gq = Tensor::empty(qd.shape(), DType::F32, dev),
                          gk = Tensor::empty(kd.shape(), DType::F32, dev),
                          gv = Tensor::empty(vd.shape(), DType::F32, dev);
                   Dispatch k("attention_backward", &KernelTable::attention,
-                             {&qd, &kd, &vd, &od, &lse, &g[0], &gq, &gk, &gv});
+                             {&qd, &kd, &vd, &od, &lse, &g[0], &gq, &gk, &gv, &seg});
                   k->backward(a, qd.data<float>(), kd.data<float>(), vd.data<float>(),
                               od.data<float>(), lse.data<float>(), g[0].data<float>(),
                               gq.data<float>(), gk.data<float>(), gv.data<float>(), k.stream());
@@ -193,20 +213,22 @@ AttentionPlan packed_plan(const Shape& qkv, std::int64_t h, bool causal, float s
 }
 
 // attention_packed() through the f32 entries.
-Tensor attention_packed_f32(const AttentionPlan& a, const Tensor& qkv, const Shape& out_shape) {
+Tensor attention_packed_f32(const AttentionPlan& a, const Tensor& qkv, const Tensor& seg,
+                            const Shape& out_shape) {
   Tensor out = Tensor::empty(out_shape, DType::F32, qkv.device());
   Tensor lse = Tensor::empty({a.bh / a.heads, a.heads, a.t}, DType::F32, qkv.device());
   {
-    Dispatch kd("attention_packed", &KernelTable::attention, {&qkv, &out, &lse});
+    Dispatch kd("attention_packed", &KernelTable::attention, {&qkv, &out, &lse, &seg});
     const float* pq = qkv.data<float>();
     kd->forward(a, pq, pq + a.d, pq + 2 * a.d, out.data<float>(), lse.data<float>(), kd.stream());
   }
   if (!needs_grad({&qkv})) return joined(out, {&qkv});
   return record("attention_packed", {qkv}, out,
-                [a, xd = qkv.detach(), od = out.detach(), lse](const std::vector<Tensor>& g) {
+                [a, xd = qkv.detach(), od = out.detach(), lse,
+                 seg = seg.detach()](const std::vector<Tensor>& g) {
                   Tensor gx = Tensor::empty(xd.shape(), DType::F32, xd.device());
                   Dispatch k("attention_packed_backward", &KernelTable::attention,
-                             {&xd, &od, &lse, &g[0], &gx});
+                             {&xd, &od, &lse, &g[0], &gx, &seg});
                   const float* px = xd.data<float>();
                   float* pgx = gx.data<float>();
                   k->backward(a, px, px + a.d, px + 2 * a.d, od.data<float>(), lse.data<float>(),
@@ -218,16 +240,16 @@ Tensor attention_packed_f32(const AttentionPlan& a, const Tensor& qkv, const Sha
 }  // namespace
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, float scale,
-                 DType compute, DType out_dtype) {
-  const AttentionPlan a = check_attention(q, k, v, causal, scale, compute);
+                 DType compute, DType out_dtype, const Tensor& segments) {
+  const AttentionPlan a = check_attention(q, k, v, causal, scale, compute, segments);
   check_out(out_dtype, "attention");
-  const Device dev = detail::op_device("attention", {&q, &k, &v});
-  if (runs_bf16(a, dev)) return attention_bf16(a, q, k, v, dev, out_dtype);
-  return astype(attention_f32(a, q, k, v, dev), out_dtype);
+  const Device dev = detail::op_device("attention", {&q, &k, &v, &segments});
+  if (runs_bf16(a, dev)) return attention_bf16(a, q, k, v, segments, dev, out_dtype);
+  return astype(attention_f32(a, q, k, v, segments, dev), out_dtype);
 }
 
 Tensor attention_packed(const Tensor& qkv, std::int64_t num_heads, bool causal, float scale,
-                        DType compute, DType out_dtype) {
+                        DType compute, DType out_dtype, const Tensor& segments) {
   check_defined(qkv, "attention_packed", "qkv");
   const bool bf16 = bf16_products(compute, "attention_packed");
   DISTJAX_CHECK(qkv.dtype() == DType::F32 || qkv.dtype() == compute, InvalidArgument,
@@ -238,19 +260,25 @@ Tensor attention_packed(const Tensor& qkv, std::int64_t num_heads, bool causal, 
                 InvalidArgument,
                 "[attention_packed] expected qkv (B, T, 3 H D) with H = ", num_heads,
                 " heads, got ", to_string(qkv.shape()));
-  const AttentionPlan a = packed_plan(qkv.shape(), num_heads, causal, scale, bf16);
+  AttentionPlan a = packed_plan(qkv.shape(), num_heads, causal, scale, bf16);
+  set_segments(a, segments, qkv.size(0), num_heads, "attention_packed");
   const Shape out_shape{qkv.size(0), qkv.size(1), num_heads * a.d};
-  if (runs_bf16(a, qkv.device())) return attention_packed_bf16(a, qkv, out_shape, out_dtype);
+  detail::op_device("attention_packed", {&qkv, &segments});
+  if (runs_bf16(a, qkv.device()))
+    return attention_packed_bf16(a, qkv, segments, out_shape, out_dtype);
   // f32 kernels: a reduced-precision qkv widened (its cotangent rounded back by astype).
-  return astype(attention_packed_f32(a, astype(qkv, DType::F32), out_shape), out_dtype);
+  return astype(attention_packed_f32(a, astype(qkv, DType::F32), segments, out_shape), out_dtype);
 }
 
 DType attention_packed_input_dtype(const Shape& qkv_shape, std::int64_t num_heads, bool causal,
-                                   DType compute, Device device) {
+                                   DType compute, Device device, bool segments) {
   if (!bf16_products(compute, "attention_packed")) return DType::F32;
   if (qkv_shape.size() != 3 || num_heads <= 0 || qkv_shape[2] % (3 * num_heads) != 0)
     return DType::F32;  // attention_packed itself names what is wrong
-  const AttentionPlan a = packed_plan(qkv_shape, num_heads, causal, 0.f, true);
+  AttentionPlan a = packed_plan(qkv_shape, num_heads, causal, 0.f, true);
+  // Any non-null pointer stands for ids here: the entries only ask whether there are any.
+  static const std::int32_t kAnyIds = 0;
+  if (segments) a.segments = &kAnyIds;
   return runs_bf16(a, device) ? DType::BF16 : DType::F32;
 }
 

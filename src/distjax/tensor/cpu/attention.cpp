@@ -1,9 +1,11 @@
 // CPU kernels: fused multi-head attention (see tensor/attention.hpp). Per head, scores =
 // scale * Q K^T, mask, softmax, times V. Only a block of kRowBlock score rows exists at a
 // time, and for a causal mask each block's GEMMs stop at the last key its rows can see,
-// which skips most of the masked upper triangle. The forward saves the row log-sum-exp;
-// the backward recomputes the probabilities from it (FlashAttention's recipe, at the
-// granularity of a row block).
+// which skips most of the masked upper triangle. Document ids (AttentionPlan::segments)
+// mask the scores of keys in other documents to -inf, and a block's GEMMs start at the
+// first key any of its rows sees (skipping the earlier documents of a packed sequence).
+// The forward saves the row log-sum-exp; the backward recomputes the probabilities from it
+// (FlashAttention's recipe, at the granularity of a row block).
 #include <omp.h>
 
 #include <algorithm>
@@ -11,10 +13,10 @@
 #include <cmath>
 #include <vector>
 
+#include "distjax/tensor/cpu/grain.hpp"
 #include "distjax/tensor/cpu/kernels.hpp"
 #include "distjax/tensor/cpu/small_gemm.hpp"
 #include "distjax/tensor/detail/fast_math.hpp"
-#include "distjax/tensor/cpu/grain.hpp"
 #include "distjax/tensor/detail/kernels.hpp"
 
 namespace distjax::tensor::detail::cpu {
@@ -25,10 +27,38 @@ namespace {
 // the masked triangle itself is 1/2), large enough to amortise the dK, dV updates.
 constexpr std::int64_t kRowBlock = 32;
 
+// Sets the entries [j0, n) of query i's score row whose key lies in another document to
+// `masked`; nothing without ids (the head's row of document ids, T == S).
+void mask_documents(const std::int32_t* ids, std::int64_t i, float* row, std::int64_t j0,
+                    std::int64_t n, float masked) {
+  if (ids == nullptr) return;
+  const std::int32_t own = ids[i];
+  for (std::int64_t j = j0; j < n; ++j)
+    if (ids[j] != own) row[j] = masked;
+}
+
+// The first key below kmax that a row of the block [t0, t0 + rows) sees by its document
+// (0 without ids): the block's products start there, the keys before it being all masked
+// (earlier documents of a packed sequence). Each row sees its own key, so it is <= t0.
+std::int64_t first_key(const std::int32_t* ids, std::int64_t t0, std::int64_t rows,
+                       std::int64_t kmax) {
+  if (ids == nullptr) return 0;
+  for (std::int64_t j = 0; j < kmax; ++j)
+    for (std::int64_t i = t0; i < t0 + rows; ++i)
+      if (ids[i] == ids[j]) return j;
+  return kmax;
+}
+
+// The head's row of document ids, or null.
+const std::int32_t* document_ids(const AttentionPlan& a, std::int64_t h) {
+  return a.segments == nullptr ? nullptr : a.segments + h / a.segment_heads * a.t;
+}
+
 // One head's forward: Q (T, D), K and V (S, D) -> O (T, D), L (T), rows at the strides
-// of `a`. p: kRowBlock * S scratch; kt: D * S scratch (K transposed).
-void head_forward(const AttentionPlan& a, const float* q, const float* k, const float* v, float* o,
-                  float* l, float* p, float* kt) {
+// of `a`; ids: its document ids or null. p: kRowBlock * S scratch; kt: D * S scratch (K
+// transposed).
+void head_forward(const AttentionPlan& a, const std::int32_t* ids, const float* q, const float* k,
+                  const float* v, float* o, float* l, float* p, float* kt) {
   const std::int64_t s = a.s, d = a.d;
   transpose(k, s, d, a.ldkv, kt, s);
   for (std::int64_t t0 = 0; t0 < a.t; t0 += kRowBlock) {
@@ -40,15 +70,19 @@ void head_forward(const AttentionPlan& a, const float* q, const float* k, const 
       std::fill(l + t0, l + t0 + rows, -INFINITY);
       continue;
     }
-    small_gemm(rows, kmax, d, a.scale, q + t0 * a.ldq, a.ldq, 1, kt, s, 0.f, p, s);
+    // Keys [k0, kmax): with document ids, k0 skips the earlier documents no row sees.
+    const std::int64_t k0 = first_key(ids, t0, rows, kmax);
+    small_gemm(rows, kmax - k0, d, a.scale, q + t0 * a.ldq, a.ldq, 1, kt + k0, s, 0.f, p + k0, s);
     for (std::int64_t i = 0; i < rows; ++i) {
-      float* row = p + i * s;
-      const std::int64_t n = a.visible(t0 + i);
-      std::fill(row + n, row + kmax, 0.f);
-      if (n == 0) {
+      float* row = p + i * s + k0;                    // keys from k0 on
+      const std::int64_t n = a.visible(t0 + i) - k0;  // > 0 with ids: the row sees itself
+      if (n <= 0) {
+        std::fill(row, row + (kmax - k0), 0.f);
         l[t0 + i] = -INFINITY;
         continue;
       }
+      std::fill(row + n, row + (kmax - k0), 0.f);
+      mask_documents(ids == nullptr ? nullptr : ids + k0, t0 + i - k0, row, 0, n, -INFINITY);
       const float m = row_max(row, n);
       const float sum = exp_shifted_sum(row, row, n, m);
       const float inv = 1.f / sum;
@@ -57,16 +91,17 @@ void head_forward(const AttentionPlan& a, const float* q, const float* k, const 
         row[j] *= inv;
       l[t0 + i] = m + std::log(sum);
     }
-    small_gemm(rows, d, kmax, 1.f, p, s, 1, v, a.ldkv, 0.f, o + t0 * a.ldo, a.ldo);
+    small_gemm(rows, d, kmax - k0, 1.f, p + k0, s, 1, v + k0 * a.ldkv, a.ldkv, 0.f, o + t0 * a.ldo,
+               a.ldo);
   }
 }
 
 // One head's backward. dq (T, D), dk and dv (S, D) are written (rows at the strides of
 // q, k and v). p, dp: kRowBlock * S scratch each; di: T scratch; kt, vt: D * S scratch
 // each (K and V transposed).
-void head_backward(const AttentionPlan& a, const float* q, const float* k, const float* v,
-                   const float* o, const float* l, const float* go, float* dq, float* dk, float* dv,
-                   float* p, float* dp, float* di, float* kt, float* vt) {
+void head_backward(const AttentionPlan& a, const std::int32_t* ids, const float* q, const float* k,
+                   const float* v, const float* o, const float* l, const float* go, float* dq,
+                   float* dk, float* dv, float* p, float* dp, float* di, float* kt, float* vt) {
   const std::int64_t s = a.s, d = a.d;
   transpose(k, s, d, a.ldkv, kt, s);
   transpose(v, s, d, a.ldkv, vt, s);
@@ -93,32 +128,37 @@ void head_backward(const AttentionPlan& a, const float* q, const float* k, const
     }
     const float* qb = q + t0 * a.ldq;
     const float* gb = go + t0 * a.ldo;
+    // Keys [k0, kmax), as in the forward (k0 = 0 without document ids).
+    const std::int64_t k0 = first_key(ids, t0, rows, kmax), nk = kmax - k0;
     // P = exp(scale * Q K^T - L), recomputed from the saved log-sum-exp.
-    small_gemm(rows, kmax, d, a.scale, qb, a.ldq, 1, kt, s, 0.f, p, s);
+    small_gemm(rows, nk, d, a.scale, qb, a.ldq, 1, kt + k0, s, 0.f, p + k0, s);
     for (std::int64_t i = 0; i < rows; ++i) {
-      float* row = p + i * s;
-      const std::int64_t n = a.visible(t0 + i);
+      float* row = p + i * s + k0;
+      const std::int64_t n = std::max<std::int64_t>(a.visible(t0 + i) - k0, 0);
       const float li = l[t0 + i];
 #pragma omp simd
       for (std::int64_t j = 0; j < n; ++j)
         row[j] = fast_exp(row[j] - li);
-      std::fill(row + n, row + kmax, 0.f);
+      std::fill(row + n, row + nk, 0.f);
+      // Other documents: P = 0, so dS = 0.
+      mask_documents(ids == nullptr ? nullptr : ids + k0, t0 + i - k0, row, 0, n, 0.f);
     }
     // dV += P^T dO;  dP = dO V^T
-    small_gemm(kmax, d, rows, 1.f, p, 1, s, gb, a.ldo, 1.f, dv, a.ldkv);
-    small_gemm(rows, kmax, d, 1.f, gb, a.ldo, 1, vt, s, 0.f, dp, s);
+    small_gemm(nk, d, rows, 1.f, p + k0, 1, s, gb, a.ldo, 1.f, dv + k0 * a.ldkv, a.ldkv);
+    small_gemm(rows, nk, d, 1.f, gb, a.ldo, 1, vt + k0, s, 0.f, dp + k0, s);
     // dS = P * (dP - D_t); the softmax Jacobian, row by row.
     for (std::int64_t i = 0; i < rows; ++i) {
-      const float* pr = p + i * s;
-      float* dr = dp + i * s;
+      const float* pr = p + i * s + k0;
+      float* dr = dp + i * s + k0;
       const float dt = di[t0 + i];
 #pragma omp simd
-      for (std::int64_t j = 0; j < kmax; ++j)
+      for (std::int64_t j = 0; j < nk; ++j)
         dr[j] = pr[j] * (dr[j] - dt);
     }
     // dQ = scale * dS K;  dK += scale * dS^T Q
-    small_gemm(rows, d, kmax, a.scale, dp, s, 1, k, a.ldkv, 0.f, dq + t0 * a.ldq, a.ldq);
-    small_gemm(kmax, d, rows, a.scale, dp, 1, s, qb, a.ldq, 1.f, dk, a.ldkv);
+    small_gemm(rows, d, nk, a.scale, dp + k0, s, 1, k + k0 * a.ldkv, a.ldkv, 0.f, dq + t0 * a.ldq,
+               a.ldq);
+    small_gemm(nk, d, rows, a.scale, dp + k0, 1, s, qb, a.ldq, 1.f, dk + k0 * a.ldkv, a.ldkv);
   }
 }
 
@@ -136,8 +176,8 @@ void forward(const AttentionPlan& a, const float* pq, const float* pk, const flo
     float* kt = scratch.data() + kRowBlock * a.s;
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t h = 0; h < a.bh; ++h)
-      head_forward(a, pq + a.q_at(h), pk + a.kv_at(h), pv + a.kv_at(h), po + a.o_at(h),
-                   pl + h * a.t, scratch.data(), kt);
+      head_forward(a, document_ids(a, h), pq + a.q_at(h), pk + a.kv_at(h), pv + a.kv_at(h),
+                   po + a.o_at(h), pl + h * a.t, scratch.data(), kt);
   }
 }
 
@@ -155,8 +195,8 @@ void backward(const AttentionPlan& a, const float* pq, const float* pk, const fl
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t h = 0; h < a.bh; ++h) {
       const std::int64_t qo = a.q_at(h), ko = a.kv_at(h), oo = a.o_at(h);
-      head_backward(a, pq + qo, pk + ko, pv + ko, po + oo, pl + h * a.t, pg + oo, gq + qo, gk + ko,
-                    gv + ko, p, dp, di, kt, vt);
+      head_backward(a, document_ids(a, h), pq + qo, pk + ko, pv + ko, po + oo, pl + h * a.t,
+                    pg + oo, gq + qo, gk + ko, gv + ko, p, dp, di, kt, vt);
     }
   }
 }

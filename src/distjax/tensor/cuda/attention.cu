@@ -19,6 +19,10 @@
 // TFLOP/s), GPT-2 124M's attention (B 8, H 12, T 1024, D 64, causal, packed) takes 0.47 ms
 // forward (27 TFLOP/s) and 1.7 ms backward (19 TFLOP/s counting 2.5x the forward's FLOPs).
 //
+// Document ids (AttentionPlan::segments) mask the scores of keys in other documents like
+// the causal mask does, read per entry (no tile is skipped for them yet); with ids no tile
+// counts as fully visible.
+//
 // Plans that allow bf16 products (AttentionPlan::bf16_products, the bf16 policy's
 // attention) go to the tensor-core kernels of attention_mma.cu instead, where they serve
 // the plan (heads up to 128); delta is computed here for both. Before either, the op asks
@@ -240,14 +244,18 @@ __global__ void __launch_bounds__(kBlock)
     __syncthreads();
     float sc[4][4];
     dot_tile<DP>(qs, ks, sc);
-    const bool full = j0 + kTile <= vis_first;
+    const bool full = a.segments == nullptr && j0 + kTile <= vis_first;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       float mx = -INFINITY;
+      const std::int64_t row = t0 + ty + 16 * i;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         float x = sc[i][j] * sl2;
-        if (!full && j0 + tx + 16 * j >= vis[i]) x = -INFINITY;
+        const std::int64_t col = j0 + tx + 16 * j;
+        // col < vis[i] <= s; rows past T are never stored.
+        if (!full && (col >= vis[i] || (row < a.t && !a.same_document(h, row, col))))
+          x = -INFINITY;
         sc[i][j] = x;
         mx = fmaxf(mx, x);
       }
@@ -354,12 +362,14 @@ __global__ void __launch_bounds__(kBlock)
     float sc[4][4], dp[4][4];
     dot_tile<DP>(qs, ks, sc);
     dot_tile<DP>(dos, vs, dp);
-    const bool full = j0 + kTile <= vis_first;
+    const bool full = a.segments == nullptr && j0 + kTile <= vis_first;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const bool seen = full || j0 + tx + 16 * j < vis[i];
+        const std::int64_t row = t0 + ty + 16 * i, col = j0 + tx + 16 * j;
+        const bool seen =
+            full || (col < vis[i] && row < a.t && a.same_document(h, row, col));
         const float p = seen ? exp2f(sc[i][j] * sl2 - lse2[i]) : 0.f;
         ps[(ty + 16 * i) * kLdP + tx + 16 * j] = p * (dp[i][j] - dd[i]);
       }
@@ -436,7 +446,8 @@ __global__ void __launch_bounds__(kBlock)
     for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const bool seen = j0 + ty + 16 * i < vis[j];
+        const std::int64_t key = j0 + ty + 16 * i;  // vis[j] is 0 for rows past T
+        const bool seen = key < vis[j] && a.same_document(h, t0 + tx + 16 * j, key);
         const float p = seen ? exp2f(sc[i][j] * sl2 - lse2[j]) : 0.f;
         sc[i][j] = p;
         dp[i][j] = p * (dp[i][j] - dd[j]);
@@ -496,6 +507,7 @@ __global__ void forward_rows_kernel(const AttentionPlan a, const float* __restri
     float m = -INFINITY, l = 0.f;
     const std::int64_t n = a.visible(i);
     for (std::int64_t j = 0; j < n; ++j) {
+      if (!a.same_document(h, i, j)) continue;
       const float* kr = k + a.kv_at(h) + j * a.ldkv;
       const float* vr = v + a.kv_at(h) + j * a.ldkv;
       const float s = warp_dot(qr, kr, a.d) * a.scale;
@@ -530,6 +542,7 @@ __global__ void backward_dq_rows_kernel(const AttentionPlan a, const float* __re
       dqr[c] = 0.f;
     const std::int64_t n = a.visible(i);
     for (std::int64_t j = 0; j < n; ++j) {
+      if (!a.same_document(h, i, j)) continue;
       const float* kr = k + a.kv_at(h) + j * a.ldkv;
       const float* vr = v + a.kv_at(h) + j * a.ldkv;
       const float p = expf(warp_dot(qr, kr, a.d) * a.scale - lse[w]);
@@ -564,7 +577,7 @@ __global__ void backward_dkdv_rows_kernel(const AttentionPlan a, const float* __
     }
     const std::int64_t first = a.causal ? max(std::int64_t(0), j - (a.s - a.t)) : 0;
     for (std::int64_t i = first; i < a.t; ++i) {
-      if (j >= a.visible(i)) continue;
+      if (j >= a.visible(i) || !a.same_document(h, i, j)) continue;
       const float* qr = q + a.q_at(h) + i * a.ldq;
       const float* gr = go + a.o_at(h) + i * a.ldo;
       const float p = expf(warp_dot(qr, kr, a.d) * a.scale - lse[h * a.t + i]);

@@ -246,8 +246,9 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const std::int64_t col = key0 + n * 8 + 2 * t + e;  // visible keys are < s
-        s[n][e] = col < vis_lo ? s[n][e] * c : -INFINITY;
-        s[n][2 + e] = col < vis_hi ? s[n][2 + e] * c : -INFINITY;
+        s[n][e] = col < vis_lo && a.same_document(h, row0 + r_lo, col) ? s[n][e] * c : -INFINITY;
+        s[n][2 + e] =
+            col < vis_hi && a.same_document(h, row0 + r_lo + 8, col) ? s[n][2 + e] * c : -INFINITY;
         mx_lo = fmaxf(mx_lo, s[n][e]);
         mx_hi = fmaxf(mx_hi, s[n][2 + e]);
       }
@@ -336,8 +337,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const std::int64_t col = key0 + n * 8 + 2 * t + e;
-        const float p_lo = col < vis_lo ? exp2f(s[n][e] * c - lse_lo) : 0.f;
-        const float p_hi = col < vis_hi ? exp2f(s[n][2 + e] * c - lse_hi) : 0.f;
+        const float p_lo = col < vis_lo && a.same_document(h, row0 + r_lo, col)
+                               ? exp2f(s[n][e] * c - lse_lo)
+                               : 0.f;
+        const float p_hi = col < vis_hi && a.same_document(h, row0 + r_lo + 8, col)
+                               ? exp2f(s[n][2 + e] * c - lse_hi)
+                               : 0.f;
         s[n][e] = p_lo * (dp[n][e] - del_lo);
         s[n][2 + e] = p_hi * (dp[n][2 + e] - del_hi);
       }
@@ -402,8 +407,13 @@ __global__ void __launch_bounds__(kThreads)
         const int i = n * 8 + 2 * t + e;  // the query row in this tile
         const std::int64_t row = q0 + i;
         const bool in = row < a.t;
-        const float p_lo = in && row >= first_lo ? exp2f(st[n][e] * c - lse_s[i]) : 0.f;
-        const float p_hi = in && row >= first_hi ? exp2f(st[n][2 + e] * c - lse_s[i]) : 0.f;
+        // Rows past T and keys past S (a partial tile's, never stored) read no document id.
+        const bool seen_lo = in && row >= first_lo &&
+                             (key0 + r_lo >= a.s || a.same_document(h, row, key0 + r_lo));
+        const bool seen_hi = in && row >= first_hi &&
+                             (key0 + r_lo + 8 >= a.s || a.same_document(h, row, key0 + r_lo + 8));
+        const float p_lo = seen_lo ? exp2f(st[n][e] * c - lse_s[i]) : 0.f;
+        const float p_hi = seen_hi ? exp2f(st[n][2 + e] * c - lse_s[i]) : 0.f;
         st[n][e] = p_lo;
         st[n][2 + e] = p_hi;
         dpt[n][e] = p_lo * (dpt[n][e] - del_s[i]);

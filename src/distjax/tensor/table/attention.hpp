@@ -34,11 +34,24 @@ struct AttentionPlan {
   // probabilities and dS between the products) with f32 accumulation, as tensor cores do:
   // the bf16 policy's attention. A kernel may compute them in f32 instead (the CPU's do).
   bool bf16_products = false;
+  // Document (segment) ids, i32 (B, T) with T == S, or null: query row r of head h sees key
+  // c only where ids[r] == ids[c] (ids = segments + h / segment_heads * t, the row of h's
+  // batch), on top of the causal rule. Packed documents that never attend across their
+  // boundary. Every row sees at least its own key (T == S), so no row sees nothing.
+  const std::int32_t* segments = nullptr;
+  std::int64_t segment_heads = 1;  // heads per batch row of `segments` (H)
   // Keys visible to query row `row` (all of them without a mask).
   DISTJAX_PLAN_FN std::int64_t visible(std::int64_t row) const {
     if (!causal) return s;
     const std::int64_t v = row + 1 + (s - t);
     return v < 0 ? 0 : (v > s ? s : v);
+  }
+  // Whether query row `row` (< t) of head h and key `col` (< s) lie in one document
+  // (always without segments).
+  DISTJAX_PLAN_FN bool same_document(std::int64_t h, std::int64_t row, std::int64_t col) const {
+    if (segments == nullptr) return true;
+    const std::int32_t* ids = segments + h / segment_heads * t;
+    return ids[row] == ids[col];
   }
   // Where head h starts in each operand (elements).
   DISTJAX_PLAN_FN std::int64_t q_at(std::int64_t h) const { return h / heads * q_b + h % heads * q_h; }
@@ -49,8 +62,8 @@ struct AttentionPlan {
 };
 
 struct AttentionKernels {
-  /// o = softmax(scale * q k^T [causal mask]) v per head and lse (bh, T) = each row's
-  /// log-sum-exp of the scaled scores (-inf for a row that sees no key; its o row is 0).
+  /// o = softmax(scale * q k^T [causal mask] [document mask]) v per head and lse (bh, T) = each
+  /// row's log-sum-exp of the scaled scores (-inf for a row that sees no key; its o row is 0).
   void (*forward)(const AttentionPlan& a, const float* q, const float* k, const float* v, float* o,
                   float* lse, Stream s);
   /// dq, dk, dv (written, at the layout of q, k, v) from the forward's q, k, v, o, lse and
