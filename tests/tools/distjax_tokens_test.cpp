@@ -170,3 +170,27 @@ TEST(DistjaxTokens, PrepareWritesShardsTheTokensConfigTrainsOn) {
   EXPECT_TRUE(summary.contains("val_bits_per_token")) << summary.dump();
   fs::remove_all(dir);
 }
+
+// configs/gpt2_124m_gpu.toml takes real token shards as its header says (here on the CPU,
+// its shape cut down): packed documents, epochs, the mask on.
+TEST(DistjaxTokens, TheGpt2ConfigTakesTokenShardsAsItsHeaderSays) {
+  const fs::path shards = write_fortune_shards();
+  const fs::path out = fs::temp_directory_path() / "distjax_tokens_test_gpt2";
+  fs::remove_all(out);
+  const auto [status, output] = distjax::testing::run_tool(
+      std::string(DISTJAX_TOOL) + " train " + DISTJAX_SOURCE_DIR +
+      "/configs/gpt2_124m_gpu.toml --set distributed.device=cpu "
+      "--set distributed.mixed_precision=no --set model.layers=1 --set model.d_model=32 "
+      "--set model.heads=2 --set data.seq_len=32 --set run.batch_size=4 --set run.steps=2 "
+      "--set run.eval_batches=1 --set run.eval_at_start=false --set data.format=tokens "
+      "--set data.train=" + (shards / "train_*.bin").string() +
+      " --set data.val=" + (shards / "val_*.bin").string() +
+      " --set data.order=epochs --set data.eot=10 --set data.document_attention=true --out " +
+      out.string());
+  ASSERT_EQ(status, 0) << output;
+  EXPECT_NE(output.find("Order: epochs of"), std::string::npos) << output;
+  const auto summary = nlohmann::json::parse(std::ifstream(out / "summary.json"));
+  EXPECT_TRUE(summary.contains("val_bits_per_token")) << summary.dump();
+  fs::remove_all(out);
+  fs::remove_all(shards);
+}
