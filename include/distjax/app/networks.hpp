@@ -139,8 +139,9 @@ Network residual_classifier_network(models::ResidualClassifierConfig config);
 Network transformer_network(const models::Transformer& model,
                             const models::TransformerPipeline* pipeline = nullptr);
 /// The same, owning the model and its cut into pipeline chunks (the TransformerPipeline of
-/// its config): Network::keep holds both. Its tensor-parallel transform is the same model
-/// with TransformerConfig::tp set to the composition's plan (every layout).
+/// its config; none with packed documents, TransformerConfig::eot): Network::keep holds
+/// both. Its tensor-parallel transform is the same model with TransformerConfig::tp set to
+/// the composition's plan (every layout).
 Network transformer_network(std::shared_ptr<const models::Transformer> model);
 
 }  // namespace distjax::app

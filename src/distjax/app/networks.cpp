@@ -348,7 +348,11 @@ Network transformer_network(const models::Transformer& model,
 }
 
 Network transformer_network(std::shared_ptr<const models::Transformer> model) {
-  auto stages = std::make_shared<const models::TransformerPipeline>(model->config());
+  // Packed documents are not carried through a pipeline (the config check refuses a pipe
+  // axis with data.eot): no cut into stages to offer then.
+  auto stages = model->config().eot < 0
+                    ? std::make_shared<const models::TransformerPipeline>(model->config())
+                    : nullptr;
   Network n = transformer_network(*model, stages.get());
   n.tensor_parallel = [config = model->config()](const parallel::TPPlan& tp) {
     models::TransformerConfig laid = config;
