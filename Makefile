@@ -27,16 +27,19 @@ test:
 test-gpu: build
 	cd $(BUILD) && DISTJAX_REQUIRE_GPU=1 ctest --output-on-failure -L '^gpu$$'
 
-# ThreadSanitizer run of the comm tests, in its own build directory (not part of `make
-# test`: a cold TSan build of the library takes several minutes on 2 cores).
+# ThreadSanitizer run of the comm tests and the data prefetcher's, in its own build
+# directory (not part of `make test`: a cold TSan build of the library takes several
+# minutes on 2 cores).
 TSAN_BUILD ?= build-tsan
 test-tsan: setup
 	@cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDISTJAX_SANITIZE=thread \
 	  -DDISTJAX_WITH_MPI=OFF -DDISTJAX_WITH_CUDA=OFF -DDISTJAX_BUILD_EXAMPLES=OFF \
 	  -DDISTJAX_BUILD_BENCH=OFF >/dev/null
-	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target communicator_test comm_failure_test
+	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target communicator_test comm_failure_test prefetch_test
 	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
 	  ctest --output-on-failure -L '^comm$$' -j $(JOBS)
+	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+	  ctest --output-on-failure -R '^Prefetcher\.' -j $(JOBS)
 
 # The README's two commands on a clean Debian root (debootstrap, chroot): see
 # scripts/fresh-check.sh. SUITE=bookworm (Debian 12, the default) or SUITE=trixie (Debian 13).

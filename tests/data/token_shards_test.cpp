@@ -226,3 +226,37 @@ TEST(TokenShards, TheLibrarysWriterWritesWhatTheReaderReads) {
   EXPECT_EQ(w.at(0), 65536);
   EXPECT_THROW(data::write_llmc_shard(dir / "neg.bin", {-1}), InvalidArgument);
 }
+
+// A file is mapped when first read and unmapped when kMappedFiles others were read since:
+// reading windows file by file holds only the files read lately, never one not read.
+TEST(TokenShards, FilesAreMappedWhileReadAndOnlyThese) {
+  const fs::path dir = fs::temp_directory_path() / "distjax_token_shards_mapped";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  constexpr int kFiles = 7;
+  for (int f = 0; f < kFiles; ++f) {
+    std::vector<std::int64_t> tokens(100);
+    for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = 1000 * f + static_cast<std::int64_t>(i);
+    data::write_llmc_shard((dir / ("s_" + std::to_string(f) + ".bin")).string(), tokens);
+  }
+  const data::TokenShards shards = data::TokenShards::open((dir / "s_*.bin").string(), "data.train");
+  EXPECT_TRUE(shards.mapped_files().empty());  // opening maps nothing for reading
+  EXPECT_EQ(shards.max_token(), 6099);
+  EXPECT_TRUE(shards.mapped_files().empty());  // nor does the vocabulary's pass
+  std::vector<std::int32_t> w(11);
+  shards.read(120, 11, w.data());  // file 1
+  EXPECT_EQ(w[0], 1020);
+  EXPECT_EQ(shards.mapped_files(), (std::vector<std::size_t>{1}));
+  shards.read(295, 11, w.data());  // the end of file 2 and the start of file 3
+  EXPECT_EQ(w[4], 2099);
+  EXPECT_EQ(w[5], 3000);
+  EXPECT_EQ(shards.mapped_files(), (std::vector<std::size_t>{1, 2, 3}));
+  for (std::int64_t at : {410, 520, 630})  // files 4, 5, 6: 1 and 2 go
+    shards.read(at, 11, w.data());
+  EXPECT_EQ(shards.mapped_files(), (std::vector<std::size_t>{3, 4, 5, 6}));
+  EXPECT_EQ(shards.mappings_made(), 6);  // file 0 never
+  shards.read(130, 11, w.data());         // file 1 again: mapped anew
+  EXPECT_EQ(w[0], 1030);
+  EXPECT_EQ(shards.mappings_made(), 7);
+  fs::remove_all(dir);
+}

@@ -113,3 +113,56 @@ TEST(WindowOrder, WindowsAtReadTheTokensAndTheirNextTokens) {
 }
 
 }  // namespace
+
+namespace {
+
+// Files of 300, 207, 1 and 493 positions with T = 10: 29, 20, 0 and 49 windows (98).
+const std::vector<std::int64_t> kFiles = {300, 207, 1, 493};
+
+// The file a position is in, and whether [s, s + T + 1) stays inside it.
+std::pair<int, bool> file_of(std::int64_t s) {
+  std::int64_t start = 0;
+  for (std::size_t f = 0; f < kFiles.size(); ++f) {
+    if (s < start + kFiles[f]) return {static_cast<int>(f), s + kSeq + 1 <= start + kFiles[f]};
+    start += kFiles[f];
+  }
+  return {-1, false};
+}
+
+}  // namespace
+
+TEST(WindowOrder, FilesAreReadOneAfterAnotherEachWindowInsideItsFile) {
+  const WindowOrder order(kFiles, kSeq, kBatch, Key::from_seed(3));
+  EXPECT_EQ(order.windows(), 98);
+  std::set<std::vector<int>> file_orders;
+  for (std::int64_t epoch = 0; epoch < 3; ++epoch) {
+    std::set<std::int64_t> all;
+    std::vector<int> files_in_order;  // each file's first appearance
+    for (std::int64_t b = 0; b < order.batches_per_epoch(); ++b) {
+      const std::int64_t step = epoch * order.batches_per_epoch() + b;
+      std::set<int> of_batch;
+      for (int r = 0; r < 2; ++r)
+        for (std::int64_t s : order.starts(step, r, 2)) {
+          const auto [f, inside] = file_of(s);
+          EXPECT_TRUE(inside) << "window at " << s << " crosses out of file " << f;
+          EXPECT_TRUE(all.insert(s).second) << "window at " << s << " read twice";
+          of_batch.insert(f);
+          if (files_in_order.empty() || files_in_order.back() != f) files_in_order.push_back(f);
+        }
+      // A batch needs one file, or two at a border.
+      EXPECT_LE(of_batch.size(), 2u) << "step " << step;
+    }
+    EXPECT_EQ(all.size(), 96u);
+    // Each file read in one stretch: no file comes back once left.
+    std::set<int> distinct(files_in_order.begin(), files_in_order.end());
+    EXPECT_EQ(distinct.size(), files_in_order.size()) << "epoch " << epoch;
+    file_orders.insert(files_in_order);
+  }
+  EXPECT_GT(file_orders.size(), 1u);  // the files' order is shuffled anew each epoch
+}
+
+TEST(WindowOrder, OneFileReadsAsTheSplitItIs) {
+  const WindowOrder split(kPositions, kSeq, kBatch, Key::from_seed(4));
+  const WindowOrder file({kPositions}, kSeq, kBatch, Key::from_seed(4));
+  for (std::int64_t step = 0; step < 30; ++step) EXPECT_EQ(split.starts(step), file.starts(step));
+}

@@ -92,7 +92,8 @@ TEST(TransformerDocuments, ChangingTheFirstDocumentLeavesTheSecondsLogits) {
   }
 }
 
-// The loss is the mean over the positions whose input is not the eot.
+// The loss is the sum over the positions whose input is not the eot, divided by all
+// positions (so data replicas and micro-batches average to one device's loss).
 TEST(TransformerDocuments, TheLossSkipsTheEotPositions) {
   const Tensor tokens = Tensor::from_vector(kTokens, {1, kT});
   std::vector<std::int32_t> next(kTokens.begin() + 1, kTokens.end());
@@ -106,7 +107,7 @@ TEST(TransformerDocuments, TheLossSkipsTheEotPositions) {
   double want = 0;
   for (std::int64_t t = 0; t < kT; ++t)
     if (kTokens[static_cast<std::size_t>(t)] != kEot) want += per[static_cast<std::size_t>(t)];
-  want /= kT - 1;
+  want /= kT;
   EXPECT_NEAR(gpt.loss(scope, tokens, targets).item<float>(), want, 1e-5);
   // Without an eot every position counts.
   models::TransformerConfig plain = config(false);

@@ -342,9 +342,14 @@ TEST(TPTransformer, PackedDocumentsMatchOneDeviceInEveryLayout) {
       models::TransformerConfig c = base;
       c.tp = l.tp;
       const models::Transformer model(c);
-      // On "model" alone: data replicas each take the mean over their own counted positions.
       expect_same_run(one, train_on_mesh(Mesh({4}, {"model"}), gpt_model(model), sgd(), batches),
                       kTol, std::string(l.name) + (parallel ? " parallel" : "") + " documents");
+      // Data replicas whose windows hold different numbers of eot tokens: the same run.
+      expect_same_run(one,
+                      train_on_mesh(Mesh({2, 2}, {"data", "model"}), gpt_model(model), sgd(),
+                                    batches),
+                      kTol, std::string(l.name) + (parallel ? " parallel" : "") +
+                                " documents, data x model");
     }
   }
 }

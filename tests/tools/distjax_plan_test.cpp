@@ -112,13 +112,18 @@ TEST(DistjaxPlan, EstimateIsAtLeastTheMeasuredPeakOfEveryShippedConfig) {
   const auto [prepared, prepare_output] =
       run(std::string(DISTJAX_TOOL) + " data prepare --out " + shards.string());
   ASSERT_EQ(prepared, 0) << prepare_output;
+  // Byte-level shards: vocabulary 256, no BPE tokenizer (a config's own shards may be BPE).
   const std::string on_shards = " --set data.train=" + (shards / "train_*.bin").string() +
-                                " --set data.val=" + (shards / "val_*.bin").string();
+                                " --set data.val=" + (shards / "val_*.bin").string() +
+                                " --set model.vocab=256 --set data.tokenizer=";
   int compared = 0;
   for (const fs::path& config : configs) {
     const std::string name = config.stem().string();
-    const auto [plan_status, plan] =
-        run(std::string(DISTJAX_TOOL) + " plan " + config.string() + sets);
+    std::stringstream text;
+    text << std::ifstream(config).rdbuf();
+    const bool tokens = text.str().find("format = \"tokens\"") != std::string::npos;
+    const auto [plan_status, plan] = run(std::string(DISTJAX_TOOL) + " plan " + config.string() +
+                                         sets + (tokens ? on_shards : ""));
     if (plan_status != 0) {
       EXPECT_NE(plan.find("has no planning model"), std::string::npos) << name << "\n" << plan;
       std::printf("%-28s skipped: its program has no planning model\n", name.c_str());
@@ -131,9 +136,6 @@ TEST(DistjaxPlan, EstimateIsAtLeastTheMeasuredPeakOfEveryShippedConfig) {
     }
     const fs::path out = fs::temp_directory_path() / ("distjax_plan_peak_" + name);
     fs::remove_all(out);
-    std::stringstream text;
-    text << std::ifstream(config).rdbuf();
-    const bool tokens = text.str().find("format = \"tokens\"") != std::string::npos;
     const auto [status, output] = run(std::string(DISTJAX_TOOL) + " train " + config.string() +
                                       sets + (tokens ? on_shards : "") + " --out " + out.string());
     ASSERT_EQ(status, 0) << name << "\n" << output;

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -32,7 +33,10 @@ struct TokenFile {
 
 /// The token files of one split, memory-mapped read-only (the kernel pages them in as the
 /// windows touch them; nothing is copied up front) and read as their concatenation in
-/// file-name order. Move-only.
+/// file-name order. A file is mapped when a read first needs it and unmapped when
+/// kMappedFiles others have been read since, so a process holds only the files its steps
+/// read (with data::WindowOrder's file-by-file epochs: at most two at a time). Thread-safe
+/// reads. Move-only.
 ///
 ///   const TokenShards train = TokenShards::open("data/fineweb_train_*.bin", "data.train");
 ///   train::Batch b = sample_windows(train, 8, 1024, key);   // (8, 1024) i32 inputs, labels
@@ -59,18 +63,34 @@ class TokenShards {
   /// Tokens [begin, begin + n) of the concatenation, widened to i32, into out (a window
   /// may span two files).
   void read(std::int64_t begin, std::int64_t n, std::int32_t* out) const;
-  /// The largest token id (one pass over every token on the first call, then kept): what
-  /// model.vocab must exceed.
+  /// The largest token id (one pass over every token on the first call, each file mapped
+  /// for its pass alone, then kept): what model.vocab must exceed.
   std::int64_t max_token() const;
+  /// Files kept mapped for reading at most.
+  static constexpr std::size_t kMappedFiles = 4;
+  /// The files mapped now (indices into files(), sorted).
+  std::vector<std::size_t> mapped_files() const;
+  /// How many times a file was mapped for reading (a file unmapped and read again counts
+  /// again).
+  std::int64_t mappings_made() const;
   const std::vector<TokenFile>& files() const { return files_; }
   /// The pattern and key it was opened with, for messages.
   const std::string& key() const { return key_; }
 
+  struct Mapping;
+
  private:
   TokenShards() = default;
-  struct Mapping;
+  std::shared_ptr<const Mapping> mapping(std::size_t file) const;
+  // The files mapped now, the most recently read last.
+  struct Cache {
+    std::mutex mu;
+    std::vector<std::shared_ptr<const Mapping>> maps;  // one per file; null: not mapped
+    std::vector<std::size_t> recent;
+    std::int64_t mapped = 0;
+  };
   std::vector<TokenFile> files_;
-  std::vector<std::unique_ptr<Mapping>> maps_;  // one per file
+  std::unique_ptr<Cache> cache_;
   std::vector<std::int64_t> starts_;            // first token of each file in the stream
   std::int64_t size_ = 0;
   std::string key_;

@@ -60,7 +60,8 @@ struct TransformerConfig {
   std::int64_t num_classes = 0;
   /// Packed documents (token ids in, next-token logits out): the end-of-text token id, or
   /// -1. With it, loss() counts no position whose input is this token (its label is the
-  /// next document's first token): the mean is over the other positions.
+  /// next document's first token): the sum over the other positions divided by all B T
+  /// (the same divisor on every data replica, so their mean is one device's).
   std::int64_t eot = -1;
   /// With eot: every attention keeps each position within its document
   /// (document_ids(tokens, eot) as tensor::attention's `segments`). Not through

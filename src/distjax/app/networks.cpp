@@ -179,13 +179,20 @@ train::Batch TextData::batch(std::int64_t step, int replica, int replicas, const
 
 namespace {
 
-// The epochs' order of a split of `positions` read `rows` windows a step (data.order =
-// "epochs"), shuffled from `key`; else null.
+// The epochs' order of a split of files of `positions` each, read `rows` windows a step
+// (data.order = "epochs"; file by file), shuffled from `key`; else null.
 std::shared_ptr<const data::WindowOrder> order_of(const config::TrainConfig& c,
-                                                  std::int64_t positions, std::int64_t rows,
-                                                  const Key& key) {
+                                                  const std::vector<std::int64_t>& positions,
+                                                  std::int64_t rows, const Key& key) {
   if (c.data.order != "epochs") return nullptr;
   return std::make_shared<const data::WindowOrder>(positions, c.data.seq_len, rows, key);
+}
+
+std::vector<std::int64_t> file_positions(const data::TokenShards& shards) {
+  std::vector<std::int64_t> out;
+  for (const data::TokenFile& f : shards.files())
+    out.push_back(f.tokens);
+  return out;
 }
 
 // The label tokens of the validation batches per byte of text they spell (data.tokenizer).
@@ -223,7 +230,7 @@ TextData load_text(const config::TrainConfig& c) {
     t.validation_ = data::spread_windows(t.bytes_->validation, c.run.batch_size, c.data.seq_len,
                                          c.run.eval_batches);
     t.bytes_order_ =
-        order_of(c, static_cast<std::int64_t>(t.bytes_->train.size()), c.run.batch_size, key);
+        order_of(c, {static_cast<std::int64_t>(t.bytes_->train.size())}, c.run.batch_size, key);
     return t;
   }
   t.unit_ = "token";
@@ -251,7 +258,7 @@ TextData load_text(const config::TrainConfig& c) {
                        .shards = std::make_shared<const data::TokenShards>(
                            data::TokenShards::open(globs[i], name, width)),
                        .rows = rows[i]};
-    s.order = order_of(c, s.shards->size(), s.rows, i == 0 ? key : key.fold_in(i));
+    s.order = order_of(c, file_positions(*s.shards), s.rows, i == 0 ? key : key.fold_in(i));
     t.sources_.push_back(std::move(s));
   }
   t.val_glob_ = c.data.val;

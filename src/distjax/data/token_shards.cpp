@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <cstdio>
+#include <mutex>
 #include <filesystem>
 #include <fstream>
 
@@ -22,7 +23,7 @@ namespace distjax::data {
 
 using tensor::Tensor;
 
-// One file mapped read-only for the life of the shards.
+// One file mapped read-only while it is read (TokenShards::mapping keeps the last few).
 struct TokenShards::Mapping {
   const unsigned char* base = nullptr;
   std::size_t bytes = 0;
@@ -74,32 +75,44 @@ std::vector<std::string> glob_files(const std::string& pattern, const std::strin
 
 }  // namespace
 
+namespace {
+
+// File `path` mapped read-only, whole (the kernel pages it in as it is read).
+std::shared_ptr<TokenShards::Mapping> map_file(const std::string& path, const std::string& key) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  DISTJAX_CHECK(fd >= 0, IoError, "[token shards] cannot open ", where(path, key), ": ",
+                std::strerror(errno));
+  struct stat st {};
+  const bool stat_ok = fstat(fd, &st) == 0;
+  const int stat_errno = errno;
+  auto m = std::make_shared<TokenShards::Mapping>();
+  m->bytes = stat_ok ? static_cast<std::size_t>(st.st_size) : 0;
+  if (stat_ok && m->bytes > 0) {
+    void* p = mmap(nullptr, m->bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p != MAP_FAILED) m->base = static_cast<const unsigned char*>(p);
+  }
+  const int map_errno = errno;
+  ::close(fd);
+  DISTJAX_CHECK(stat_ok, IoError, "[token shards] cannot read ", where(path, key), ": ",
+                std::strerror(stat_errno));
+  DISTJAX_CHECK(m->bytes > 0, IoError, "[token shards] ", where(path, key), " is empty");
+  DISTJAX_CHECK(m->base != nullptr, IoError, "[token shards] cannot map ", where(path, key), ": ",
+                std::strerror(map_errno));
+  return m;
+}
+
+}  // namespace
+
 TokenShards TokenShards::open(const std::string& pattern, const std::string& key,
                               int raw_token_bytes) {
   DISTJAX_CHECK(raw_token_bytes == 2 || raw_token_bytes == 4, InvalidArgument,
                 "[token shards] raw tokens are 2 or 4 bytes wide, got ", raw_token_bytes);
   TokenShards s;
   s.key_ = key;
+  s.cache_ = std::make_unique<Cache>();
   for (const std::string& path : glob_files(pattern, key)) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    DISTJAX_CHECK(fd >= 0, IoError, "[token shards] cannot open ", where(path, key), ": ",
-                  std::strerror(errno));
-    struct stat st {};
-    const bool stat_ok = fstat(fd, &st) == 0;
-    const int stat_errno = errno;
-    auto m = std::make_unique<Mapping>();
-    m->bytes = stat_ok ? static_cast<std::size_t>(st.st_size) : 0;
-    if (stat_ok && m->bytes > 0) {
-      void* p = mmap(nullptr, m->bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-      if (p != MAP_FAILED) m->base = static_cast<const unsigned char*>(p);
-    }
-    const int map_errno = errno;
-    ::close(fd);
-    DISTJAX_CHECK(stat_ok, IoError, "[token shards] cannot read ", where(path, key), ": ",
-                  std::strerror(stat_errno));
-    DISTJAX_CHECK(m->bytes > 0, IoError, "[token shards] ", where(path, key), " is empty");
-    DISTJAX_CHECK(m->base != nullptr, IoError, "[token shards] cannot map ", where(path, key), ": ",
-                  std::strerror(map_errno));
+    // Mapped to read and check the layout, unmapped again: a file is mapped while read.
+    const std::shared_ptr<Mapping> m = map_file(path, key);
     TokenFile f{path, false, raw_token_bytes, 0};
     const auto size = static_cast<std::int64_t>(m->bytes);
     if (size >= 4 && le32(m->base) == kLlmcShardMagic) {
@@ -116,23 +129,54 @@ TokenShards TokenShards::open(const std::string& pattern, const std::string& key
       DISTJAX_CHECK(f.tokens >= 0 && body == f.tokens * f.token_bytes, IoError, "[token shards] ",
                     where(path, key), ": the header says ", f.tokens, " tokens of ", f.token_bytes,
                     " bytes, the body holds ", body, " bytes (a truncated or damaged shard)");
-      m->tokens = m->base + kLlmcHeaderBytes;
     } else {
       DISTJAX_CHECK(size % raw_token_bytes == 0, IoError, "[token shards] ", where(path, key), ": ",
                     size, " bytes is not a whole number of ", raw_token_bytes,
                     "-byte tokens (no llm.c header: read as raw tokens)");
       f.tokens = size / raw_token_bytes;
-      m->tokens = m->base;
     }
-    m->token_bytes = f.token_bytes;
     s.starts_.push_back(s.size_);
     s.size_ += f.tokens;
     s.files_.push_back(std::move(f));
-    s.maps_.push_back(std::move(m));
   }
+  s.cache_->maps.resize(s.files_.size());
   DISTJAX_CHECK(s.size_ > 0, IoError, "[token shards] ", key, " = \"", pattern,
                 "\": its files hold no token");
   return s;
+}
+
+std::shared_ptr<const TokenShards::Mapping> TokenShards::mapping(std::size_t f) const {
+  const std::lock_guard lock(cache_->mu);
+  auto& lru = cache_->recent;
+  if (const auto& m = cache_->maps[f]) {
+    lru.erase(std::find(lru.begin(), lru.end(), f));
+    lru.push_back(f);
+    return m;
+  }
+  std::shared_ptr<Mapping> m = map_file(files_[f].path, key_);
+  m->tokens = m->base + (files_[f].llmc_header ? kLlmcHeaderBytes : 0);
+  m->token_bytes = files_[f].token_bytes;
+  cache_->maps[f] = m;
+  lru.push_back(f);
+  ++cache_->mapped;
+  // The least recently read go (unmapped once no reader holds them).
+  while (lru.size() > kMappedFiles) {
+    cache_->maps[lru.front()].reset();
+    lru.erase(lru.begin());
+  }
+  return m;
+}
+
+std::vector<std::size_t> TokenShards::mapped_files() const {
+  const std::lock_guard lock(cache_->mu);
+  std::vector<std::size_t> out = cache_->recent;
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::int64_t TokenShards::mappings_made() const {
+  const std::lock_guard lock(cache_->mu);
+  return cache_->mapped;
 }
 
 TokenShards::TokenShards(TokenShards&&) noexcept = default;
@@ -144,7 +188,7 @@ std::int64_t TokenShards::at(std::int64_t i) const {
                 " out of range for ", size_, " tokens (", key_, ")");
   const auto it = std::upper_bound(starts_.begin(), starts_.end(), i) - 1;
   const std::size_t f = static_cast<std::size_t>(it - starts_.begin());
-  return maps_[f]->at(i - *it);
+  return mapping(f)->at(i - *it);
 }
 
 void TokenShards::read(std::int64_t begin, std::int64_t n, std::int32_t* out) const {
@@ -155,21 +199,29 @@ void TokenShards::read(std::int64_t begin, std::int64_t n, std::int32_t* out) co
   std::size_t f = static_cast<std::size_t>(std::upper_bound(starts_.begin(), starts_.end(), begin) -
                                            starts_.begin() - 1);
   std::int64_t i = begin - starts_[f];
+  std::shared_ptr<const Mapping> m;
   for (std::int64_t k = 0; k < n; ++k, ++i) {
     while (i >= files_[f].tokens) {  // on into the next file (skipping empty ones)
       i -= files_[f].tokens;
       ++f;
+      m.reset();
     }
-    out[k] = static_cast<std::int32_t>(maps_[f]->at(i));
+    if (!m) m = mapping(f);
+    out[k] = static_cast<std::int32_t>(m->at(i));
   }
 }
 
 std::int64_t TokenShards::max_token() const {
   if (max_token_ >= 0) return max_token_;
   std::int64_t best = 0;
-  for (std::size_t f = 0; f < files_.size(); ++f)
+  for (std::size_t f = 0; f < files_.size(); ++f) {
+    // A pass over each file, mapped for it alone (not kept for reading).
+    const std::shared_ptr<Mapping> m = map_file(files_[f].path, key_);
+    m->tokens = m->base + (files_[f].llmc_header ? kLlmcHeaderBytes : 0);
+    m->token_bytes = files_[f].token_bytes;
     for (std::int64_t i = 0; i < files_[f].tokens; ++i)
-      best = std::max(best, maps_[f]->at(i));
+      best = std::max(best, m->at(i));
+  }
   max_token_ = best;
   return best;
 }

@@ -107,10 +107,20 @@ Tensor segments_of(const TransformerConfig& c, const Tensor& tokens) {
 }
 
 // The rows of x (B, T, K) -> (N, K) and of targets (B, T) -> (N) at positions whose input
-// is not the end-of-text token (config eot): the positions the loss counts. All of them,
-// as they are, without an eot.
-std::pair<Tensor, Tensor> counted_rows(const TransformerConfig& c, const Tensor& tokens,
-                                       const Tensor& x, const Tensor& targets) {
+// is not the end-of-text token (config eot): the positions the loss counts, and N / (B T),
+// what their mean is scaled by so that the loss is their sum over all B T positions. All of
+// them, as they are, without an eot (scale 1).
+//
+// Over all positions, not the counted ones: every data replica and accumulated
+// micro-batch then divides by the same B T, and their mean is one device's loss over the
+// global batch, however the eot tokens fall (a mean over each one's own count would weigh
+// a replica with more eot tokens more).
+struct Counted {
+  Tensor x, targets;
+  double scale = 1.0;
+};
+Counted counted_rows(const TransformerConfig& c, const Tensor& tokens, const Tensor& x,
+                     const Tensor& targets) {
   if (c.eot < 0 || targets.rank() != 2) return {x, targets};
   const auto host = [](const Tensor& ids) {
     return tensor::astype(ids, DType::I64).to(Device::cpu()).to_vector<std::int64_t>();
@@ -131,7 +141,8 @@ std::pair<Tensor, Tensor> counted_rows(const TransformerConfig& c, const Tensor&
   // embedding() is a row gather whose backward scatter-adds into x's gradient.
   return {tensor::embedding(tensor::reshape(x, {x.size(0) * x.size(1), k}),
                             Tensor::from_vector(rows, {n}, x.device())),
-          tensor::astype(Tensor::from_vector(kept, {n}, targets.device()), targets.dtype())};
+          tensor::astype(Tensor::from_vector(kept, {n}, targets.device()), targets.dtype()),
+          static_cast<double>(n) / static_cast<double>(t.size())};
 }
 
 }  // namespace
@@ -302,24 +313,27 @@ Tensor Transformer::loss(const nn::Scope& scope, const Tensor& tokens,
   // With an end-of-text token, the rows of its positions are dropped before the loss.
   if (l.feature_sharded || l.vocab_parallel || (l.sp && l.n > 1) || !c.tied_embeddings ||
       c.num_classes > 0) {
-    const auto [logits, labels] = counted_rows(c, tokens, (*this)(scope, tokens), targets);
-    return loss_of_logits(scope, logits, labels);
+    const Counted counted = counted_rows(c, tokens, (*this)(scope, tokens), targets);
+    const Tensor loss = loss_of_logits(scope, counted.x, counted.targets);
+    return counted.scale == 1.0 ? loss : loss * counted.scale;
   }
   Tensor x = embed(scope, tokens);
   const Tensor segments = segments_of(c, tokens);
   for (std::int64_t i = 0; i < c.num_layers; ++i)
     x = block(scope, static_cast<int>(i), x, segments);
-  Tensor labels;
-  std::tie(x, labels) = counted_rows(c, tokens, x, targets);
+  const Counted counted = counted_rows(c, tokens, x, targets);
+  x = counted.x;
+  const Tensor& labels = counted.targets;
   x = nn::LayerNorm{.eps = c.ln_eps, .to_compute = true}(scope.child("ln_f"), x);
   const nn::Embedding wte{.num_embeddings = c.vocab,
                           .features = c.d_model,
                           .embedding_init = nn::normal(0.02),
                           .embedding_spec = l.table_spec};
   const nn::Precision& p = scope.precision();
-  return tensor::linear_cross_entropy_mean(p.cast_to_compute(x),
-                                           p.cast_to_compute(wte.table(scope.child("wte"))), labels,
-                                           /*trans_w=*/true);
+  const Tensor loss = tensor::linear_cross_entropy_mean(
+      p.cast_to_compute(x), p.cast_to_compute(wte.table(scope.child("wte"))), labels,
+      /*trans_w=*/true);
+  return counted.scale == 1.0 ? loss : loss * counted.scale;
 }
 
 TensorTree Transformer::init(Key key) const {
