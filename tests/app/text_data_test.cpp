@@ -27,8 +27,9 @@ TEST(MixRows, SplitsTheBatchByWeightWithTheLargestRemainders) {
 namespace {
 
 // Source s of the test: token i is 100000 s + i, so a token says its source and position.
-fs::path write_sources() {
-  const fs::path dir = fs::temp_directory_path() / "distjax_text_data_test";
+// Each test its own directory: ctest runs a binary's tests as processes side by side.
+fs::path write_sources(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("distjax_text_data_test_" + name);
   fs::remove_all(dir);
   for (int s = 0; s < 2; ++s) {
     fs::create_directories(dir / ("s" + std::to_string(s)));
@@ -73,7 +74,7 @@ std::vector<int> row_sources(const train::Batch& b) {
 }  // namespace
 
 TEST(TextDataMix, EveryGlobalBatchHoldsEachSourcesRowsOnAnyNumberOfReplicas) {
-  const fs::path dir = write_sources();
+  const fs::path dir = write_sources("rows");
   const Key key = Key::from_seed(5);
   for (const std::string order : {"random", "epochs"}) {
     const app::TextData text = app::load_text(mix_config(dir, order));
@@ -98,7 +99,7 @@ TEST(TextDataMix, EveryGlobalBatchHoldsEachSourcesRowsOnAnyNumberOfReplicas) {
 }
 
 TEST(TextDataMix, EpochsReadEachSourcesWindowsOncePerItsEpoch) {
-  const fs::path dir = write_sources();
+  const fs::path dir = write_sources("epochs");
   const app::TextData text = app::load_text(mix_config(dir, "epochs"));
   // Source 1: (27000 - 1) / 16 = 1687 windows, 2 rows a step: 843 steps an epoch, which
   // read 1686 of its windows, each once (the first token says where a window starts).
@@ -117,7 +118,7 @@ TEST(TextDataMix, EpochsReadEachSourcesWindowsOncePerItsEpoch) {
 }
 
 TEST(TextDataMix, BadMixesAreRefusedNamingTheKeys) {
-  const fs::path dir = write_sources();
+  const fs::path dir = write_sources("bad");
   auto refused = [](const config::TrainConfig& c, const std::string& says) {
     try {
       (void)app::load_text(c);

@@ -30,8 +30,9 @@ std::vector<nlohmann::json> records(const fs::path& out) {
 
 // The byte corpus's splits (data.validation_fraction's default) as shards of byte tokens:
 // train in two files, so windows cross from one into the other.
-fs::path write_fortune_shards() {
-  const fs::path dir = fs::temp_directory_path() / "distjax_tokens_test_shards";
+// Each test its own directory: ctest runs a binary's tests as processes side by side.
+fs::path write_fortune_shards(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("distjax_tokens_test_shards_" + name);
   fs::remove_all(dir);
   fs::create_directories(dir);
   const data::ByteCorpus corpus = data::load_fortunes(data::kFortunesDir, 0.05);
@@ -53,7 +54,7 @@ const std::string kGpt3d = std::string(DISTJAX_TOOL) + " train " + DISTJAX_SOURC
 }  // namespace
 
 TEST(DistjaxTokens, FortunesAsTokenShardsTrainToTheByteCorpussLosses) {
-  const fs::path shards = write_fortune_shards();
+  const fs::path shards = write_fortune_shards("bytes");
   const fs::path bytes_out = fs::temp_directory_path() / "distjax_tokens_test_bytes";
   const fs::path tokens_out = fs::temp_directory_path() / "distjax_tokens_test_tokens";
   fs::remove_all(bytes_out);
@@ -174,7 +175,7 @@ TEST(DistjaxTokens, PrepareWritesShardsTheTokensConfigTrainsOn) {
 // configs/gpt2_124m_gpu.toml takes real token shards as its header says (here on the CPU,
 // its shape cut down): packed documents, epochs, the mask on.
 TEST(DistjaxTokens, TheGpt2ConfigTakesTokenShardsAsItsHeaderSays) {
-  const fs::path shards = write_fortune_shards();
+  const fs::path shards = write_fortune_shards("gpt2");
   const fs::path out = fs::temp_directory_path() / "distjax_tokens_test_gpt2";
   fs::remove_all(out);
   const auto [status, output] = distjax::testing::run_tool(
