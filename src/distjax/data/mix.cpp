@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "distjax/core/error.hpp"
+#include "distjax/data/detail/token_window.hpp"
 #include "distjax/data/detail/windows.hpp"
 
 namespace distjax::data {
@@ -47,16 +48,16 @@ train::Batch windows_at(const std::vector<const TokenShards*>& sources,
   DISTJAX_CHECK(!windows.empty(), InvalidArgument, "[windows_at] no window");
   std::vector<std::int64_t> index(windows.size());
   std::iota(index.begin(), index.end(), std::int64_t{0});
-  std::vector<std::int32_t> scratch(static_cast<std::size_t>(seq_len + 1));
+  std::vector<decltype(detail::token_window(*sources[0], seq_len))> fill;
+  for (const TokenShards* s : sources)
+    fill.push_back(detail::token_window(*s, seq_len));
   return detail::batches_at(
       index, static_cast<std::int64_t>(index.size()), seq_len,
       [&](std::int64_t i, std::int32_t* x, std::int32_t* y) {
         const SourceWindow& w = windows[static_cast<std::size_t>(i)];
         DISTJAX_CHECK(w.source < sources.size(), InvalidArgument, "[windows_at] source ",
                       w.source, " of ", sources.size());
-        sources[w.source]->read(w.start, seq_len + 1, scratch.data());
-        std::copy(scratch.begin(), scratch.end() - 1, x);
-        std::copy(scratch.begin() + 1, scratch.end(), y);
+        fill[w.source](w.start, x, y);
       })[0];
 }
 

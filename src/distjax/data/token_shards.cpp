@@ -17,6 +17,7 @@
 
 #include "distjax/core/error.hpp"
 #include "distjax/data/detail/on_device.hpp"
+#include "distjax/data/detail/token_window.hpp"
 #include "distjax/data/detail/windows.hpp"
 
 namespace distjax::data {
@@ -101,6 +102,14 @@ std::shared_ptr<TokenShards::Mapping> map_file(const std::string& path, const st
   return m;
 }
 
+// File f mapped to read its tokens (past any header).
+std::shared_ptr<TokenShards::Mapping> map_tokens(const TokenFile& f, const std::string& key) {
+  std::shared_ptr<TokenShards::Mapping> m = map_file(f.path, key);
+  m->tokens = m->base + (f.llmc_header ? kLlmcHeaderBytes : 0);
+  m->token_bytes = f.token_bytes;
+  return m;
+}
+
 }  // namespace
 
 TokenShards TokenShards::open(const std::string& pattern, const std::string& key,
@@ -153,9 +162,7 @@ std::shared_ptr<const TokenShards::Mapping> TokenShards::mapping(std::size_t f) 
     lru.push_back(f);
     return m;
   }
-  std::shared_ptr<Mapping> m = map_file(files_[f].path, key_);
-  m->tokens = m->base + (files_[f].llmc_header ? kLlmcHeaderBytes : 0);
-  m->token_bytes = files_[f].token_bytes;
+  std::shared_ptr<const Mapping> m = map_tokens(files_[f], key_);
   cache_->maps[f] = m;
   lru.push_back(f);
   ++cache_->mapped;
@@ -216,9 +223,7 @@ std::int64_t TokenShards::max_token() const {
   std::int64_t best = 0;
   for (std::size_t f = 0; f < files_.size(); ++f) {
     // A pass over each file, mapped for it alone (not kept for reading).
-    const std::shared_ptr<Mapping> m = map_file(files_[f].path, key_);
-    m->tokens = m->base + (files_[f].llmc_header ? kLlmcHeaderBytes : 0);
-    m->token_bytes = files_[f].token_bytes;
+    const std::shared_ptr<const Mapping> m = map_tokens(files_[f], key_);
     for (std::int64_t i = 0; i < files_[f].tokens; ++i)
       best = std::max(best, m->at(i));
   }
@@ -237,23 +242,13 @@ void check_window(const TokenShards& t, std::int64_t batch_size, std::int64_t se
                 " tokens");
 }
 
-// Window [o, o + T + 1) of the stream into an inputs row (the first T) and a labels row.
-auto tokens_window(const TokenShards& t, std::int64_t seq_len) {
-  return [&t, seq_len, scratch = std::vector<std::int32_t>(static_cast<std::size_t>(seq_len + 1))](
-             std::int64_t o, std::int32_t* x, std::int32_t* y) mutable {
-    t.read(o, seq_len + 1, scratch.data());
-    std::copy(scratch.begin(), scratch.end() - 1, x);
-    std::copy(scratch.begin() + 1, scratch.end(), y);
-  };
-}
-
 }  // namespace
 
 train::Batch sample_windows(const TokenShards& tokens, std::int64_t batch_size,
                             std::int64_t seq_len, const Key& key) {
   check_window(tokens, batch_size, seq_len, "sample_windows");
   return detail::batches_at(detail::random_window_starts(key, tokens.size(), seq_len, batch_size),
-                            batch_size, seq_len, tokens_window(tokens, seq_len))[0];
+                            batch_size, seq_len, detail::token_window(tokens, seq_len))[0];
 }
 
 std::vector<train::Batch> sequential_windows(const TokenShards& tokens, std::int64_t batch_size,
@@ -261,7 +256,7 @@ std::vector<train::Batch> sequential_windows(const TokenShards& tokens, std::int
   check_window(tokens, batch_size, seq_len, "sequential_windows");
   return detail::batches_at(
       detail::consecutive_window_starts(tokens.size(), seq_len, batch_size, max_batches, false),
-      batch_size, seq_len, tokens_window(tokens, seq_len));
+      batch_size, seq_len, detail::token_window(tokens, seq_len));
 }
 
 std::vector<train::Batch> spread_windows(const TokenShards& tokens, std::int64_t batch_size,
@@ -269,7 +264,7 @@ std::vector<train::Batch> spread_windows(const TokenShards& tokens, std::int64_t
   check_window(tokens, batch_size, seq_len, "spread_windows");
   return detail::batches_at(
       detail::consecutive_window_starts(tokens.size(), seq_len, batch_size, max_batches, true),
-      batch_size, seq_len, tokens_window(tokens, seq_len));
+      batch_size, seq_len, detail::token_window(tokens, seq_len));
 }
 
 void write_llmc_shard(const std::string& path, const std::vector<std::int64_t>& tokens) {

@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "distjax/core/error.hpp"
+#include "distjax/data/detail/token_window.hpp"
 #include "distjax/data/detail/windows.hpp"
 
 namespace distjax::data {
@@ -106,14 +107,8 @@ std::vector<std::int64_t> WindowOrder::starts(std::int64_t step, int rank, int r
 
 train::Batch windows_at(const TokenShards& tokens, const std::vector<std::int64_t>& starts,
                         std::int64_t seq_len) {
-  std::vector<std::int32_t> scratch(static_cast<std::size_t>(seq_len + 1));
   const auto n = static_cast<std::int64_t>(starts.size());
-  return detail::batches_at(starts, n, seq_len,
-                            [&](std::int64_t o, std::int32_t* x, std::int32_t* y) {
-                              tokens.read(o, seq_len + 1, scratch.data());
-                              std::copy(scratch.begin(), scratch.end() - 1, x);
-                              std::copy(scratch.begin() + 1, scratch.end(), y);
-                            })[0];
+  return detail::batches_at(starts, n, seq_len, detail::token_window(tokens, seq_len))[0];
 }
 
 train::Batch windows_at(const std::vector<std::uint8_t>& bytes,
