@@ -7,12 +7,12 @@
 #include <cstdint>
 #include <vector>
 
-#include "distjax/data/token_shards.hpp"
-
 namespace distjax::data::detail {
 
-// fill(o, x, y) over `t` (which must outlive it), with its own scratch row.
-inline auto token_window(const TokenShards& t, std::int64_t seq_len) {
+// fill(o, x, y) over `t` (a TokenShards, which must outlive it), with its own scratch row.
+// A template, so that this header needs not include the shards' (which use it).
+template <class Tokens>
+auto token_window(const Tokens& t, std::int64_t seq_len) {
   return [&t, seq_len, scratch = std::vector<std::int32_t>(static_cast<std::size_t>(seq_len + 1))](
              std::int64_t o, std::int32_t* x, std::int32_t* y) mutable {
     t.read(o, seq_len + 1, scratch.data());
