@@ -16,6 +16,7 @@
 #include "distjax/core/prng.hpp"
 #include "distjax/core/shape.hpp"
 #include "distjax/data/array_dataset.hpp"
+#include "distjax/data/documents.hpp"
 #include "distjax/data/fashion_mnist.hpp"
 #include "distjax/data/idx.hpp"
 #include "distjax/data/loader.hpp"

@@ -243,6 +243,18 @@ TEST(TokenShards, FilesAreMappedWhileReadAndOnlyThese) {
   EXPECT_TRUE(shards.mapped_files().empty());  // opening maps nothing for reading
   EXPECT_EQ(shards.max_token(), 6099);
   EXPECT_TRUE(shards.mapped_files().empty());  // nor does the vocabulary's pass
+  // A process's share of that pass (file f holds 1000 f .. 1000 f + 99): files f % parts == part.
+  const auto largest = [&](std::size_t part, std::size_t parts) {
+    const data::TokenShards::Largest l = shards.largest_token(part, parts);
+    return std::pair{l.token, l.file};
+  };
+  EXPECT_EQ(largest(0, 1), (std::pair<std::int64_t, std::size_t>{6099, 6}));
+  EXPECT_EQ(largest(1, 2), (std::pair<std::int64_t, std::size_t>{5099, 5}));  // files 1, 3, 5
+  EXPECT_EQ(largest(0, 2), (std::pair<std::int64_t, std::size_t>{6099, 6}));  // 0, 2, 4, 6
+  EXPECT_EQ(largest(2, 6), (std::pair<std::int64_t, std::size_t>{2099, 2}));  // file 2 alone
+  EXPECT_EQ(largest(7, 8).first, -1);                                        // no file
+  EXPECT_THROW(shards.largest_token(2, 2), InvalidArgument);
+  EXPECT_TRUE(shards.mapped_files().empty());
   std::vector<std::int32_t> w(11);
   shards.read(120, 11, w.data());  // file 1
   EXPECT_EQ(w[0], 1020);

@@ -12,6 +12,7 @@
 #include <mutex>
 
 #include "distjax/autodiff/autodiff.hpp"
+#include "distjax/data/documents.hpp"
 #include "distjax/models/pp_classifier.hpp"
 #include "distjax/models/transformer_pipeline.hpp"
 #include "distjax/optim/adamw.hpp"
@@ -94,6 +95,9 @@ struct PipeSetup {
   // The strategy of the other axes: data parallel over "data" when the mesh has it (ZeRO
   // of this stage when > 0), else tensor parallel over "model" when it has that, else none.
   int zero_stage = 0;
+  // The train step's loss function: the pipeline's module_loss() (as app::train composes
+  // it), else null (the module's last chunk itself).
+  bool module_loss = false;
 };
 
 // Places a device's shard into the global array `g` (allocated on first use).
@@ -154,7 +158,8 @@ TrainingRun train_pipelined(const Mesh& mesh, const PipelineModule& module, cons
         for (const auto& b : batches) {
           const std::int64_t per = b.size() / n_data;
           const train::Metrics m =
-              train::train_step(state, b.slice(i * per, (i + 1) * per), nullptr, opt,
+              train::train_step(state, b.slice(i * per, (i + 1) * per),
+                                setup.module_loss ? pp.module_loss() : nullptr, opt,
                                 {.num_minibatches = num_minibatches,
                                  .max_grad_norm = distjax::testing::kParityMaxGradNorm,
                                  .strategy = &pp});
@@ -369,6 +374,38 @@ TEST(Pipeline, GptDataTensorPipe222MatchesOneDevice) {
       Mesh({2, 2, 2}, {"data", "model", "pipe"}), tp,
       {.options = {.schedule = ScheduleKind::OneFOneB, .microbatches = 2}}, data, sgd);
   expect_same_run(one_sgd, run_sgd, 1e-5, "PP x DP x TP, SGD");
+}
+
+// Packed documents (data::pack_documents, document attention) through data x tensor x pipe:
+// every stage's attention keeps to the documents and the last stage's loss drops the eot
+// positions, through the module's last chunk and through the train step's loss function.
+TEST(Pipeline, GptPackedDocumentsDataTensorPipe222MatchOneDevice) {
+  std::vector<train::Batch> batches;
+  for (const train::Batch& b : distjax::testing::random_token_batches(kSteps, 8, 8, 4, 5))
+    batches.push_back(data::pack_documents(b, 1));  // ids 0..3: the eot (1) ends many documents
+  models::TransformerConfig config = gpt_config({.layout = TPLayout::Megatron});
+  config.vocab = 4;
+  config.document_attention = true;
+  models::TransformerConfig whole_config = config;
+  whole_config.tp = {};
+  const models::TransformerPipeline whole(whole_config);
+  const TrainingRun one =
+      train_reference(whole.init(Key::from_seed(1), {0}, 1), whole.loss_fn(), batches);
+  // The mask changes the run: without it the parity below would prove nothing.
+  whole_config.document_attention = false;
+  const models::TransformerPipeline unmasked(whole_config);
+  EXPECT_NE(train_reference(unmasked.init(Key::from_seed(1), {0}, 1), unmasked.loss_fn(), batches)
+                .losses,
+            one.losses);
+  const models::TransformerPipeline tp(config);
+  for (bool module_loss : {false, true})
+    expect_same_run(one,
+                    train_pipelined(Mesh({2, 2, 2}, {"data", "model", "pipe"}), tp,
+                                    {.options = {.schedule = ScheduleKind::OneFOneB,
+                                                 .microbatches = 2},
+                                     .module_loss = module_loss},
+                                    batches),
+                    kGptAdamTol, module_loss ? "documents, PP x DP x TP, module_loss" : "documents, PP x DP x TP");
 }
 
 // A Vision Transformer (the Transformer as an encoder of vectors into classes: causal =

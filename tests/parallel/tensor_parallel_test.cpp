@@ -10,6 +10,7 @@
 #include <map>
 
 #include "distjax/autodiff/autodiff.hpp"
+#include "distjax/data/documents.hpp"
 #include "distjax/models/residual_classifier.hpp"
 #include "distjax/models/transformer.hpp"
 #include "distjax/optim/sgd.hpp"
@@ -164,7 +165,7 @@ std::vector<train::Batch> token_batches(std::int64_t batch, std::int64_t t, std:
 ParityModel gpt_model(const models::Transformer& model) {
   return {[&model](Key k, nn::ParamSpecs* s, DeviceContext* ctx) { return model.init(k, s, ctx); },
           [&model](const nn::Scope& scope, const train::Batch& b) {
-            return model.loss(scope, b.inputs, b.labels);
+            return model.loss(scope, b.inputs, b.labels, b.documents);
           }};
 }
 
@@ -321,14 +322,15 @@ TEST(TPTransformer, ParallelBlockMatchesOneDeviceInEveryLayout) {
   }
 }
 
-// Packed documents (eot, document attention): every layout, with sequential and parallel
-// blocks, carries the document ids to its attention and drops the eot positions from the
-// loss as one device does.
+// Packed documents (data::pack_documents, document attention): every layout, with sequential
+// and parallel blocks, carries the document ids to its attention and drops the eot positions
+// from the loss as one device does.
 TEST(TPTransformer, PackedDocumentsMatchOneDeviceInEveryLayout) {
-  const auto batches = token_batches(4, 8, 4);  // ids 0..3: the eot (1) ends many documents
+  std::vector<train::Batch> batches;
+  for (const train::Batch& b : token_batches(4, 8, 4))  // ids 0..3: the eot (1) ends many
+    batches.push_back(data::pack_documents(b, 1));      // documents
   for (bool parallel : {false, true}) {
     models::TransformerConfig base = tiny_gpt();
-    base.eot = 1;
     base.document_attention = true;
     base.parallel_block = parallel;
     const models::Transformer plain(base);

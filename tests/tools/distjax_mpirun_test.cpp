@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <string>
 
+#include "distjax/data/token_shards.hpp"
 #include "tools/tool_run.hpp"
 
 namespace fs = std::filesystem;
@@ -44,4 +45,40 @@ TEST(DistjaxTrain, UnderMpirunTheOutputHasNoProgressBar) {
     ++done;
   EXPECT_EQ(done, 1u) << output;
   fs::remove_all(out);
+}
+
+// The vocabulary check under mpirun: each process passes over its share of the shards
+// before the first step (files f with f % processes == its rank), so no process reads every
+// shard. A token past the vocabulary in rank 1's share (train_1.bin) fails the launch with
+// one message naming the file, from rank 1 alone: rank 0 never read that file.
+TEST(DistjaxTrain, UnderMpirunEachProcessChecksItsShareOfTheShards) {
+  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) GTEST_SKIP() << "no mpirun";
+  const fs::path dir = fs::temp_directory_path() / ("distjax_mpirun_vocab_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  distjax::data::write_llmc_shard((dir / "train_0.bin").string(), {1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
+  distjax::data::write_llmc_shard((dir / "train_1.bin").string(), {1, 2, 3, 700, 5, 6, 7, 8, 9});
+  distjax::data::write_llmc_shard((dir / "val.bin").string(), {1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
+  const auto [status, output] = run(
+      "OMP_WAIT_POLICY=passive mpirun --allow-run-as-root --oversubscribe -np 2 " +
+      std::string(DISTJAX_TOOL) + " train " + DISTJAX_SOURCE_DIR +
+      "/configs/gpt_3d.toml --set distributed.tensor_parallel_size=1 "
+      "--set distributed.pipeline_parallel_size=1 --set run.steps=1 --set data.seq_len=4 "
+      "--set run.batch_size=2 --set run.eval_batches=1 --set model.layers=1 "
+      "--set data.format=tokens --set model.vocab=512 --set data.train=" +
+      (dir / "train_*.bin").string() + " --set data.val=" + (dir / "val.bin").string() +
+      " --out " + (dir / "out").string());
+  if (output.find("MPI backend") != std::string::npos &&
+      output.find("not built") != std::string::npos)
+    GTEST_SKIP() << "this build has no MPI backend: " << output;
+  EXPECT_NE(status, 0) << output;
+  const std::string message =
+      "data.train holds token 700 (in " + (dir / "train_1.bin").string() + ")";
+  std::size_t seen = 0;
+  for (std::size_t at = output.find(message); at != std::string::npos;
+       at = output.find(message, at + 1))
+    ++seen;
+  EXPECT_EQ(seen, 1u) << output;
+  EXPECT_FALSE(fs::exists(dir / "out" / "metrics.jsonl"));
+  fs::remove_all(dir);
 }

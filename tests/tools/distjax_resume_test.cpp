@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -309,6 +310,35 @@ TEST(DistjaxResume, EpochOrderReadsOneStreamOnEveryMeshAndAcrossAResume) {
         EXPECT_NEAR(got.at(step), want.at(step), tolerance) << name << " step " << step;
       }
     }
+  }
+  fs::remove_all(base);
+}
+
+// Packed documents (the fortunes end at their "%" lines: data.eot = 37) through every
+// parallelism of the main job's mesh, the pipeline included: the same losses as data
+// parallelism alone, and not those of the windows unpacked.
+TEST(DistjaxResume, PackedDocumentsTrainAlikeOnEveryMeshPipelinesIncluded) {
+  const fs::path base = fs::temp_directory_path() / ("distjax_packed_" + std::to_string(getpid()));
+  fs::remove_all(base);
+  fs::create_directories(base);
+  auto args = [](const fs::path& out, int data, int model, int pipe, bool packed) {
+    return six_steps_on(out, data, model, pipe,
+                        packed ? std::vector<std::string>{"--set", "data.eot=37", "--set",
+                                                          "data.document_attention=true"}
+                               : std::vector<std::string>{});
+  };
+  std::map<std::string, std::map<int, double>> got;
+  for (const auto& [name, data, model, pipe, packed] :
+       {std::tuple{"whole", 2, 2, 2, true}, std::tuple{"data8", 8, 1, 1, true},
+        std::tuple{"unpacked", 2, 2, 2, false}}) {
+    const fs::path log = base / (std::string(name) + ".log");
+    ASSERT_EQ(wait_for(start(args(base / name, data, model, pipe, packed), log)), 0) << slurp(log);
+    got[name] = losses(base / name / "metrics.jsonl");
+    ASSERT_EQ(got[name].size(), 6u) << slurp(log);
+  }
+  for (const auto& [step, loss] : got["whole"]) {
+    EXPECT_NEAR(got["data8"].at(step), loss, 1e-5) << "step " << step << " on (8, 1, 1)";
+    EXPECT_GT(std::abs(got["unpacked"].at(step) - loss), 1e-4) << "step " << step;
   }
   fs::remove_all(base);
 }

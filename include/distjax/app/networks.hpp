@@ -10,6 +10,7 @@
 #include "distjax/app/compose.hpp"
 #include "distjax/app/model.hpp"
 #include "distjax/data/array_dataset.hpp"
+#include "distjax/data/documents.hpp"
 #include "distjax/data/mix.hpp"
 #include "distjax/data/text_corpus.hpp"
 #include "distjax/data/token_shards.hpp"
@@ -79,7 +80,8 @@ class TextData {
   /// source's rows in turn (one source: all B), as data.order says: "random", windows at
   /// offsets drawn from key.fold_in(step) (data::sample_windows' rule; source i > 0 from
   /// that key folded with i); "epochs", the step's windows of each source's epochs
-  /// (data::WindowOrder, shuffled from `key`, source i > 0 from key.fold_in(i)).
+  /// (data::WindowOrder, shuffled from `key`, source i > 0 from key.fold_in(i)). With
+  /// data.eot, packed documents (data::pack_documents), the validation batches too.
   train::Batch batch(std::int64_t step, int replica, int replicas, const Key& key) const;
   const std::vector<train::Batch>& validation() const { return validation_; }
   /// What the validation batches cover, for the programs' output: "all 48 windows of 64
@@ -89,14 +91,19 @@ class TextData {
   /// The run's header lines: where the text comes from and its size, the mix of the
   /// sources, the epochs' order.
   std::vector<std::string> describe() const;
-  /// With data.tokenizer: the validation batches' label tokens per label byte (the text they
-  /// spell, counted once on the host; an end-of-text token spells none), so that bits per
-  /// byte = bits per token * tokens_per_byte for the set as a whole (its batches are all the
-  /// same size). 0 without a tokenizer, and for bytes (bits per token are bits per byte).
+  /// With data.tokenizer: the validation batches' positions per byte of the text their
+  /// counted labels spell (counted once on the host; an end-of-text token spells none, an
+  /// ignored label of packed documents counts none), so that bits per byte = bits per token
+  /// * tokens_per_byte for the set as a whole (the loss sums the counted labels' losses over
+  /// all positions; the batches are all the same size). 0 without a tokenizer, and for
+  /// bytes (bits per token are bits per byte).
   double tokens_per_byte() const { return tokens_per_byte_; }
 
  private:
   friend TextData load_text(const config::TrainConfig& c);
+  train::Batch windows(std::int64_t step, int replica, int replicas, const Key& key) const;
+  // Packs the validation batches' documents (eot >= 0), as batch() packs the training's.
+  void pack_validation(std::int64_t eot);
   // One source of training tokens and its rows of each global batch.
   struct Source {
     std::string glob;
@@ -115,6 +122,7 @@ class TextData {
   std::int64_t batch_size_ = 1;
   std::vector<train::Batch> validation_;
   double tokens_per_byte_ = 0;
+  std::int64_t eot_ = -1;
 };
 TextData load_text(const config::TrainConfig& c);
 
@@ -139,7 +147,7 @@ Network residual_classifier_network(models::ResidualClassifierConfig config);
 Network transformer_network(const models::Transformer& model,
                             const models::TransformerPipeline* pipeline = nullptr);
 /// The same, owning the model and its cut into pipeline chunks (the TransformerPipeline of
-/// its config; none with packed documents, TransformerConfig::eot): Network::keep holds
+/// its config): Network::keep holds
 /// both. Its tensor-parallel transform is the same model with TransformerConfig::tp set to
 /// the composition's plan (every layout).
 Network transformer_network(std::shared_ptr<const models::Transformer> model);

@@ -66,6 +66,15 @@ class TokenShards {
   /// The largest token id (one pass over every token on the first call, each file mapped
   /// for its pass alone, then kept): what model.vocab must exceed.
   std::int64_t max_token() const;
+  /// The largest token of a share of the files, and the first file that holds it.
+  struct Largest {
+    std::int64_t token = -1;  ///< -1: the share has no token
+    std::size_t file = 0;     ///< index into files()
+  };
+  /// The files i with i % parts == part, one pass over each (mapped for it alone): a
+  /// process's share of the vocabulary check, so that under MPI no process reads every file
+  /// before the first step (max_token() is the share 0 of 1).
+  Largest largest_token(std::size_t part, std::size_t parts) const;
   /// Files kept mapped for reading at most.
   static constexpr std::size_t kMappedFiles = 4;
   /// The files mapped now (indices into files(), sorted).

@@ -58,20 +58,12 @@ struct TransformerConfig {
   /// parallelism or in the Megatron layout (with or without sequence parallelism),
   /// untied, without vocabulary parallelism.
   std::int64_t num_classes = 0;
-  /// Packed documents (token ids in, next-token logits out): the end-of-text token id, or
-  /// -1. With it, loss() counts no position whose input is this token (its label is the
-  /// next document's first token): the sum over the other positions divided by all B T
-  /// (the same divisor on every data replica, so their mean is one device's).
-  std::int64_t eot = -1;
-  /// With eot: every attention keeps each position within its document
-  /// (document_ids(tokens, eot) as tensor::attention's `segments`). Not through
-  /// embed / block / head called apart (a pipeline): those take no ids.
+  /// Packed documents (train::Batch::documents, data::pack_documents): every attention
+  /// keeps each position within its document (the ids as tensor::attention's `segments`);
+  /// false: the documents of a window see each other. Their loss counts no ignored label
+  /// either way.
   bool document_attention = false;
 };
-
-/// Document ids of packed token windows: tokens (B, T) i32/i64 -> (B, T) i32 on tokens'
-/// device, the number of `eot` tokens strictly before each position in its row (an eot
-/// belongs to the document it ends). Reads the tokens on the host.
 
 /// GPT: tokens (B, T) i32/i64 -> logits (B, T, V) f32 (with input_features, num_classes and
 /// causal = false: an encoder of vectors into classes, e.g. a Vision Transformer).
@@ -96,7 +88,6 @@ struct TransformerConfig {
 ///   models::Transformer tp({..., .tp = {.layout = parallel::TPLayout::Megatron}});
 ///   TensorTree shards = tp.init(Key::from_seed(0), nullptr, &ctx);   // this device's
 ///   Tensor loss = tp.loss(nn::Scope::apply(&shards, true, key).on(ctx), tokens, targets);
-Tensor document_ids(const Tensor& tokens, std::int64_t eot);
 
 class Transformer {
  public:
@@ -113,28 +104,40 @@ class Transformer {
                   const nn::FullySharded* fsdp = nullptr) const;
   /// Logits for a batch of token ids; dropout only when `train`.
   Tensor apply(const TensorTree& params, const Tensor& tokens, bool train, Key dropout_key) const;
-  /// The same forward on any scope.
-  Tensor operator()(const nn::Scope& scope, const Tensor& tokens) const;
+  /// The same forward on any scope. `documents`: a packed batch's document ids
+  /// (train::Batch::documents; undefined: none), for the attention with
+  /// config.document_attention.
+  Tensor operator()(const nn::Scope& scope, const Tensor& tokens,
+                    const Tensor& documents = Tensor()) const;
   /// Mean next-token cross-entropy of `tokens` (B, T) against `targets` (B, T): a scalar,
   /// replicated along the model axis (vocabulary-parallel when tp.vocab_parallel). A
   /// replicated head tied to the embedding (no tensor parallelism, or Megatron without
   /// vocabulary parallelism or sequence parallelism) computes it without the (B, T, V)
   /// logits (tensor::linear_cross_entropy_mean).
-  Tensor loss(const nn::Scope& scope, const Tensor& tokens, const Tensor& targets) const;
+  /// With `documents` (a packed batch: train::Batch::documents), targets equal to
+  /// train::kIgnoreLabel count nothing: the loss is the sum over the other positions
+  /// divided by all B T (the same divisor on every data replica and micro-batch, so their
+  /// mean is one device's), and the attention keeps to each document with
+  /// config.document_attention.
+  Tensor loss(const nn::Scope& scope, const Tensor& tokens, const Tensor& targets,
+              const Tensor& documents = Tensor()) const;
 
   /// The forward in its three parts (operator() is head(blocks(embed(tokens)))), for
   /// pipelines that run them on different stages: tokens (B, T) -> residual stream
   /// (residual_shape); block i of the residual stream; residual stream -> logits.
   Tensor embed(const nn::Scope& scope, const Tensor& tokens) const;
-  /// `segments`: document ids (B, T) for the attention, or undefined.
+  /// `documents`: a packed batch's document ids (B, T), for the attention with
+  /// config.document_attention; or undefined.
   Tensor block(const nn::Scope& scope, int i, const Tensor& x,
-               const Tensor& segments = Tensor()) const;
+               const Tensor& documents = Tensor()) const;
   Tensor head(const nn::Scope& scope, const Tensor& x) const;
   /// This device's shape of the residual stream between blocks: (B, T, C), (B, T, C/n)
   /// feature-sharded, (B, T/n, C) sequence parallel.
   Shape residual_shape(const nn::Scope& scope, std::int64_t batch, std::int64_t seq_len) const;
-  /// The mean cross-entropy of logits from head() (vocabulary-parallel when split).
-  Tensor loss_of_logits(const nn::Scope& scope, const Tensor& logits, const Tensor& targets) const;
+  /// The mean cross-entropy of logits from head() (vocabulary-parallel when split); with
+  /// `documents`, as loss() counts a packed batch.
+  Tensor loss_of_logits(const nn::Scope& scope, const Tensor& logits, const Tensor& targets,
+                        const Tensor& documents = Tensor()) const;
 
   /// An input of `batch` x `seq_len` zeros: token ids (B, T) i32, or vectors (B, T, F) f32
   /// with input_features (what init runs the forward on).

@@ -13,7 +13,8 @@
 namespace distjax::models {
 
 /// The pipeline module of a Transformer. Tokens (B, T) and next-token targets (B, T) come
-/// in a train::Batch (inputs, labels). Parameters keep the whole model's paths
+/// in a train::Batch (inputs, labels), with a packed batch's document ids (documents) for
+/// every chunk's attention and the last chunk's loss (Transformer::loss). Parameters keep the whole model's paths
 /// ("wte/embedding" on chunk 0, "blocks/<i>/..." on the chunk holding block i, "ln_f" and
 /// "lm_head" on the last), so a stage's values are exactly the whole model's. Needs
 /// untied embeddings when the first and last chunk differ (the head cannot read "wte" on
@@ -47,7 +48,8 @@ class TransformerPipeline final : public parallel::PipelineModule {
 
  private:
   tensor::Tensor run_chunk(const nn::Scope& scope, int chunk, int num_chunks, const tensor::Tensor& x,
-                           const tensor::Tensor& tokens) const;
+                           const tensor::Tensor& tokens,
+                           const tensor::Tensor& documents = tensor::Tensor()) const;
   Transformer model_;
   std::vector<int> layers_per_chunk_;
 };

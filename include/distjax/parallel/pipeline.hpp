@@ -157,10 +157,11 @@ class Pipeline final : public train::Strategy {
   /// (Megatron's loss function on the last stage), and what a null one stands for.
   /// forward_backward calls the train step's loss function on the last stage once per
   /// micro-batch, in place of the last chunk's forward, as
-  ///   loss_fn(params, {x, mb.labels}, key)
+  ///   loss_fn(params, {x, mb.labels, mb.documents}, key)
   /// with params this stage's parameters (tape leaves), x the activation the last chunk
   /// receives ((b, ...), on the tape: the cotangent flows back through it; mb.inputs when
-  /// the last chunk is also the first), mb the micro-batch (b examples) and key the
+  /// the last chunk is also the first), mb the micro-batch (b examples; every stage has
+  /// it, so a packed batch's documents reach every chunk's attention) and key the
   /// micro-batch's key; it returns the micro-batch's scalar mean loss, which the pipeline
   /// differentiates (seeded with 1/m), and its metrics ("loss" added as (loss * b, b) when
   /// absent). A wrapper of this function (train_step's loss scaling) therefore applies
@@ -217,6 +218,8 @@ class Pipeline final : public train::Strategy {
   // The scope a chunk runs on: `params`, training, `key`, this device, the options'
   // precision and FSDP.
   nn::Scope chunk_scope(const TensorTree& params, const Key& key) const;
+  /// The batch's tensors marked as varying over the pipe axis (each stage its own use).
+  train::Batch vary_over_pipe(const train::Batch& batch) const;
   // Parameters with this stage's marks (inner's, plus the pipe axis).
   TensorTree stage_params(const TensorTree& params);
   // One run of this stage's action list over `batch` (pipeline.cpp): the state of the

@@ -151,6 +151,11 @@ std::vector<std::string> TextData::describe() const {
 }
 
 train::Batch TextData::batch(std::int64_t step, int replica, int replicas, const Key& key) const {
+  train::Batch b = windows(step, replica, replicas, key);
+  return eot_ >= 0 ? data::pack_documents(b, eot_) : b;
+}
+
+train::Batch TextData::windows(std::int64_t step, int replica, int replicas, const Key& key) const {
   const Key step_key = key.fold_in(static_cast<std::uint64_t>(step));
   if (bytes_) {
     if (bytes_order_)
@@ -177,6 +182,13 @@ train::Batch TextData::batch(std::int64_t step, int replica, int replicas, const
       shards, {rows.begin() + replica * per, rows.begin() + (replica + 1) * per}, seq_len_);
 }
 
+void TextData::pack_validation(std::int64_t eot) {
+  eot_ = eot;
+  if (eot < 0) return;
+  for (train::Batch& b : validation_)
+    b = data::pack_documents(b, eot);
+}
+
 namespace {
 
 // The epochs' order of a split of files of `positions` each, read `rows` windows a step
@@ -195,17 +207,19 @@ std::vector<std::int64_t> file_positions(const data::TokenShards& shards) {
   return out;
 }
 
-// The label tokens of the validation batches per byte of text they spell (data.tokenizer).
+// The validation batches' positions per byte of text their counted labels spell
+// (data.tokenizer): the loss is a sum over the counted labels per position.
+// `largest`: the largest token of this process's share of data.val.
 double tokens_per_byte(const std::string& tokenizer, const data::TokenShards& val,
-                       const std::vector<train::Batch>& validation) {
+                       std::int64_t largest, const std::vector<train::Batch>& validation) {
   const data::TokenizerBytes tok = data::TokenizerBytes::load(tokenizer);
-  DISTJAX_CHECK(val.max_token() < tok.vocab_size(), ConfigError, "[config] data.tokenizer \"",
-                tokenizer, "\" has ", tok.vocab_size(), " ids but data.val holds token ",
-                val.max_token(), ": the shards were made with another tokenizer");
+  DISTJAX_CHECK(largest < tok.vocab_size(), ConfigError, "[config] data.tokenizer \"", tokenizer,
+                "\" has ", tok.vocab_size(), " ids but ", val.key(), " holds token ", largest,
+                ": the shards were made with another tokenizer");
   std::int64_t tokens = 0, bytes = 0;
   for (const train::Batch& b : validation)
     for (const std::int32_t id : b.labels.to_vector<std::int32_t>()) {
-      bytes += tok.bytes(id);
+      if (id != train::kIgnoreLabel) bytes += tok.bytes(id);
       ++tokens;
     }
   DISTJAX_CHECK(bytes > 0, ConfigError, "[config] the validation labels spell no byte of text "
@@ -231,6 +245,7 @@ TextData load_text(const config::TrainConfig& c) {
                                          c.run.eval_batches);
     t.bytes_order_ =
         order_of(c, {static_cast<std::int64_t>(t.bytes_->train.size())}, c.run.batch_size, key);
+    t.pack_validation(c.data.eot);
     return t;
   }
   t.unit_ = "token";
@@ -264,19 +279,30 @@ TextData load_text(const config::TrainConfig& c) {
   t.val_glob_ = c.data.val;
   t.val_ = std::make_shared<const data::TokenShards>(
       data::TokenShards::open(c.data.val, "data.val", width));
+  // Every token below the vocabulary, checked before the first step. Each process checks
+  // its share of each split's files (all of them in one process), so that under MPI no
+  // process reads every shard; one that finds a token past the vocabulary fails the launch
+  // with this message.
+  const auto parts = static_cast<std::size_t>(std::max(1, c.distributed.launched_processes));
+  const auto part = static_cast<std::size_t>(c.distributed.rank) % parts;
   std::vector<const data::TokenShards*> splits = {t.val_.get()};
   for (const TextData::Source& s : t.sources_)
     splits.push_back(s.shards.get());
-  for (const data::TokenShards* split : splits)
-    DISTJAX_CHECK(split->max_token() < c.model.vocab, ConfigError,
-                  "[config] model.vocab = ", c.model.vocab, ": ", split->key(), " holds token ",
-                  split->max_token(),
-                  "; the vocabulary must be above every token (model.vocab >= ",
-                  split->max_token() + 1, ")");
+  std::int64_t val_largest = -1;
+  for (const data::TokenShards* split : splits) {
+    const data::TokenShards::Largest top = split->largest_token(part, parts);
+    if (split == t.val_.get()) val_largest = top.token;
+    DISTJAX_CHECK(top.token < c.model.vocab, ConfigError, "[config] model.vocab = ",
+                  c.model.vocab, ": ", split->key(), " holds token ", top.token, " (in ",
+                  split->files()[top.file].path, "); the vocabulary must be above every token ("
+                  "model.vocab >= ", top.token + 1, ")");
+  }
   t.validation_ =
       data::spread_windows(*t.val_, c.run.batch_size, c.data.seq_len, c.run.eval_batches);
+  t.pack_validation(c.data.eot);
   if (!c.data.tokenizer.empty())
-    t.tokens_per_byte_ = tokens_per_byte(c.data.tokenizer, *t.val_, t.validation_);
+    t.tokens_per_byte_ =
+        tokens_per_byte(c.data.tokenizer, *t.val_, val_largest, t.validation_);
   return t;
 }
 
@@ -302,7 +328,6 @@ models::TransformerConfig transformer_config(const config::TrainConfig& c) {
           .remat_attn = remat_of(c, "Attn"),
           .remat_mlp = remat_of(c, "MLP"),
           .unit = tokens ? "token" : "byte",
-          .eot = c.data.eot,
           .document_attention = c.data.document_attention};
 }
 
@@ -343,8 +368,9 @@ Network transformer_network(const models::Transformer& model,
           [&model](const nn::Scope& scope, const train::Batch& batch) {
             if (model.config().num_classes > 0)
               return models::classification_loss(model(scope, batch.inputs), batch.labels);
-            auto [loss, metrics] = per_position(model.loss(scope, batch.inputs, batch.labels),
-                                                batch.labels.numel(), model.config().unit);
+            auto [loss, metrics] =
+                per_position(model.loss(scope, batch.inputs, batch.labels, batch.documents),
+                             batch.labels.numel(), model.config().unit);
             if (const double r = model.config().tokens_per_byte; r > 0) {
               const auto n = static_cast<double>(batch.labels.numel());
               metrics.add("bits_per_byte", loss, n * r / std::numbers::ln2, n);
@@ -355,11 +381,7 @@ Network transformer_network(const models::Transformer& model,
 }
 
 Network transformer_network(std::shared_ptr<const models::Transformer> model) {
-  // Packed documents are not carried through a pipeline (the config check refuses a pipe
-  // axis with data.eot): no cut into stages to offer then.
-  auto stages = model->config().eot < 0
-                    ? std::make_shared<const models::TransformerPipeline>(model->config())
-                    : nullptr;
+  auto stages = std::make_shared<const models::TransformerPipeline>(model->config());
   Network n = transformer_network(*model, stages.get());
   n.tensor_parallel = [config = model->config()](const parallel::TPPlan& tp) {
     models::TransformerConfig laid = config;

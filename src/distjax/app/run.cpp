@@ -166,7 +166,7 @@ class DeviceRun {
   std::vector<train::Batch> eval_batches_here() const {
     std::vector<train::Batch> batches;
     for (const train::Batch& b : loop_.eval_batches)
-      batches.push_back({b.inputs.to(current_device()), b.labels.to(current_device())});
+      batches.push_back(b.map([](const tensor::Tensor& t) { return t.to(current_device()); }));
     return batches;
   }
 
@@ -211,7 +211,7 @@ class DeviceRun {
       const auto move = [&](const tensor::Tensor& t) {
         return t.device() == here ? t.clone() : t.to(here);
       };
-      b = {move(b.inputs), move(b.labels)};
+      b = b.map(move);
     }
     data_wait_s_ += seconds_since(t0);
     return b;

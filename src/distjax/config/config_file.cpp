@@ -343,8 +343,7 @@ const std::vector<Entry>& schema() {
                       "the end-of-text token id between packed documents, -1 = none; the GPT's "
                       "loss then counts no position whose input is it"));
     s.push_back(field("data.document_attention", DJ_ACCESS(data.document_attention),
-                      "with data.eot: the GPT's attention kept within each document of a window "
-                      "(not under a pipe axis)"));
+                      "with data.eot: the GPT's attention kept within each document of a window"));
     // [parallelism]
     s.push_back(enum_field<Shard>(
         "parallelism.shard", DJ_ACCESS(parallelism.shard),

@@ -140,13 +140,6 @@ std::vector<std::string> TrainConfig::problems() const {
     out.push_back(str("data.eot = ", data.eot, " must be a token id, or -1 for none"));
   if (data.document_attention && data.eot < 0)
     out.push_back("data.document_attention = true needs data.eot (the end-of-text token id)");
-  // The pipeline's stages run the blocks without the tokens the ids and the eot positions
-  // come from: refused rather than trained without the mask.
-  if (pipelined && data.eot >= 0)
-    out.push_back(str("data.eot = ", data.eot,
-                      data.document_attention ? " and data.document_attention are" : " is",
-                      " not carried through a pipeline (a \"pipe\" axis): use data.eot = -1 "
-                      "or a mesh without \"pipe\""));
   if (run.out_dir.empty() && (run.checkpoint_every > 0 || run.resume != Resume::Off))
     out.push_back("run.out_dir is empty: checkpoints (run.checkpoint_every, run.resume) need it");
   if (run.overwrite && run.resume != Resume::Off)

@@ -219,15 +219,20 @@ void TokenShards::read(std::int64_t begin, std::int64_t n, std::int32_t* out) co
 }
 
 std::int64_t TokenShards::max_token() const {
-  if (max_token_ >= 0) return max_token_;
-  std::int64_t best = 0;
-  for (std::size_t f = 0; f < files_.size(); ++f) {
+  if (max_token_ < 0) max_token_ = largest_token(0, 1).token;
+  return max_token_;
+}
+
+TokenShards::Largest TokenShards::largest_token(std::size_t part, std::size_t parts) const {
+  DISTJAX_CHECK(parts >= 1 && part < parts, InvalidArgument, "[TokenShards::largest_token] share ",
+                part, " of ", parts, " does not exist");
+  Largest best;
+  for (std::size_t f = part; f < files_.size(); f += parts) {
     // A pass over each file, mapped for it alone (not kept for reading).
     const std::shared_ptr<const Mapping> m = map_tokens(files_[f], key_);
     for (std::int64_t i = 0; i < files_[f].tokens; ++i)
-      best = std::max(best, m->at(i));
+      if (const std::int64_t t = m->at(i); t > best.token) best = {t, f};
   }
-  max_token_ = best;
   return best;
 }
 

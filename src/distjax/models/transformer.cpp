@@ -17,6 +17,7 @@
 #include "distjax/tensor/nn_ops.hpp"
 #include "distjax/tensor/reduce.hpp"
 #include "distjax/tensor/shape_ops.hpp"
+#include "distjax/train/batch.hpp"
 
 namespace distjax::models {
 
@@ -80,78 +81,51 @@ Layout layout_of(const TransformerConfig& c, const nn::Scope& scope) {
 
 }  // namespace
 
-Tensor document_ids(const Tensor& tokens, std::int64_t eot) {
-  DISTJAX_CHECK(
-      tokens.rank() == 2 && (tokens.dtype() == DType::I32 || tokens.dtype() == DType::I64),
-      InvalidArgument, "[document_ids] expected tokens (B, T) of i32/i64, got ", tokens.str(0));
-  const Tensor host = tensor::astype(tokens, DType::I64).to(Device::cpu());
-  const std::vector<std::int64_t> t = host.to_vector<std::int64_t>();
-  std::vector<std::int32_t> ids(t.size());
-  const std::int64_t len = tokens.size(1);
-  for (std::size_t row = 0; row < t.size(); row += static_cast<std::size_t>(len)) {
-    std::int32_t seen = 0;
-    for (std::size_t i = row; i < row + static_cast<std::size_t>(len); ++i) {
-      ids[i] = seen;
-      seen += t[i] == eot;
-    }
-  }
-  return Tensor::from_vector(ids, tokens.shape(), tokens.device());
-}
-
 namespace {
 
-// The document ids the config asks the attention for (undefined without them).
-Tensor segments_of(const TransformerConfig& c, const Tensor& tokens) {
-  if (!c.document_attention || c.eot < 0) return Tensor();
-  return document_ids(tokens, c.eot);
-}
-
-// The rows of x (B, T, K) -> (N, K) and of targets (B, T) -> (N) at positions whose input
-// is not the end-of-text token (config eot): the positions the loss counts, and N / (B T),
-// what their mean is scaled by so that the loss is their sum over all B T positions. All of
-// them, as they are, without an eot (scale 1).
+// The rows of x (B, T, K) -> (N, K) and of targets (B, T) -> (N) of a packed batch (its
+// documents defined) at the positions the loss counts (targets not train::kIgnoreLabel),
+// and N / (B T), what their mean is scaled by so that the loss is their sum over all B T
+// positions. All of them, as they are, for a batch that packs no documents (scale 1).
 //
 // Over all positions, not the counted ones: every data replica and accumulated
 // micro-batch then divides by the same B T, and their mean is one device's loss over the
-// global batch, however the eot tokens fall (a mean over each one's own count would weigh
-// a replica with more eot tokens more).
+// global batch, however the documents' ends fall (a mean over each one's own count would
+// weigh a replica with more of them more).
 struct Counted {
   Tensor x, targets;
   double scale = 1.0;
 };
-Counted counted_rows(const TransformerConfig& c, const Tensor& tokens, const Tensor& x,
-                     const Tensor& targets) {
-  if (c.eot < 0 || targets.rank() != 2) return {x, targets};
-  const auto host = [](const Tensor& ids) {
-    return tensor::astype(ids, DType::I64).to(Device::cpu()).to_vector<std::int64_t>();
-  };
-  const std::vector<std::int64_t> t = host(tokens), labels = host(targets);
+Counted counted_rows(const Tensor& documents, const Tensor& x, const Tensor& targets) {
+  if (!documents.defined() || targets.rank() != 2) return {x, targets};
+  const std::vector<std::int64_t> labels =
+      tensor::astype(targets, DType::I64).to(Device::cpu()).to_vector<std::int64_t>();
   std::vector<std::int32_t> rows;
   std::vector<std::int64_t> kept;
-  for (std::size_t i = 0; i < t.size(); ++i)
-    if (t[i] != c.eot) {
+  for (std::size_t i = 0; i < labels.size(); ++i)
+    if (labels[i] != train::kIgnoreLabel) {
       rows.push_back(static_cast<std::int32_t>(i));
       kept.push_back(labels[i]);
     }
-  if (rows.size() == t.size()) return {x, targets};
+  if (rows.size() == labels.size()) return {x, targets};
   DISTJAX_CHECK(!rows.empty(), InvalidArgument,
-                "[Transformer] every position of the batch is the end-of-text token ", c.eot,
-                ": the loss counts none");
+                "[Transformer] every label of the batch is ignored (each position's input ends a "
+                "document): the loss counts none");
   const std::int64_t n = static_cast<std::int64_t>(rows.size()), k = x.size(x.rank() - 1);
   // embedding() is a row gather whose backward scatter-adds into x's gradient.
   return {tensor::embedding(tensor::reshape(x, {x.size(0) * x.size(1), k}),
                             Tensor::from_vector(rows, {n}, x.device())),
           tensor::astype(Tensor::from_vector(kept, {n}, targets.device()), targets.dtype()),
-          static_cast<double>(n) / static_cast<double>(t.size())};
+          static_cast<double>(n) / static_cast<double>(labels.size())};
 }
 
 }  // namespace
 
-Tensor Transformer::operator()(const nn::Scope& scope, const Tensor& tokens) const {
+Tensor Transformer::operator()(const nn::Scope& scope, const Tensor& tokens,
+                               const Tensor& documents) const {
   Tensor x = embed(scope, tokens);
-  const Tensor segments = segments_of(config_, tokens);
   for (std::int64_t i = 0; i < config_.num_layers; ++i)
-    x = block(scope, static_cast<int>(i), x, segments);
+    x = block(scope, static_cast<int>(i), x, documents);
   return head(scope, x);
 }
 
@@ -216,7 +190,7 @@ Tensor Transformer::embed(const nn::Scope& scope, const Tensor& tokens) const {
 }
 
 Tensor Transformer::block(const nn::Scope& scope, int i, const Tensor& x,
-                          const Tensor& segments) const {
+                          const Tensor& documents) const {
   const auto& c = config_;
   const Layout l = layout_of(c, scope);
   const double out_scale =
@@ -236,7 +210,8 @@ Tensor Transformer::block(const nn::Scope& scope, int i, const Tensor& x,
                                            .sequence_parallel = l.sp,
                                            .bidirectional = c.tp.bidirectional,
                                            .parallel = c.parallel_block,
-                                           .segments = segments};
+                                           .segments = c.document_attention ? documents
+                                                                            : Tensor()};
   return block(scope.child("blocks").child(i).module("Block"), x);
 }
 
@@ -293,35 +268,34 @@ Shape Transformer::residual_shape(const nn::Scope& scope, std::int64_t batch,
 }
 
 Tensor Transformer::loss_of_logits(const nn::Scope& scope, const Tensor& logits,
-                                   const Tensor& targets) const {
+                                   const Tensor& targets, const Tensor& documents) const {
+  const Counted counted = counted_rows(documents, logits, targets);
   const bool vocab_parallel =
       config_.tp.layout == parallel::TPLayout::Megatron && config_.tp.vocab_parallel;
-  if (vocab_parallel)
-    return tensor::mean(parallel::vocab_parallel_cross_entropy(scope.context(), logits, targets,
-                                                               mesh::Axes(config_.tp.axis)));
-  return tensor::mean(tensor::cross_entropy(logits, targets));
+  const Tensor loss =
+      vocab_parallel
+          ? tensor::mean(parallel::vocab_parallel_cross_entropy(
+                scope.context(), counted.x, counted.targets, mesh::Axes(config_.tp.axis)))
+          : tensor::mean(tensor::cross_entropy(counted.x, counted.targets));
+  return counted.scale == 1.0 ? loss : loss * counted.scale;
 }
 
-Tensor Transformer::loss(const nn::Scope& scope, const Tensor& tokens,
-                         const Tensor& targets) const {
+Tensor Transformer::loss(const nn::Scope& scope, const Tensor& tokens, const Tensor& targets,
+                         const Tensor& documents) const {
   const auto& c = config_;
   const Layout l = layout_of(c, scope);
   // The replicated head tied to the embedding: ln_f, then the head's products and their mean
   // cross-entropy in chunks (tensor::linear_cross_entropy_mean), so the (B, T, V) logits
   // and their gradient never exist whole: the largest tensors of a language model's step.
   // The same loss and gradients as loss_of_logits(operator()), summed in another order.
-  // With an end-of-text token, the rows of its positions are dropped before the loss.
+  // A packed batch's ignored positions are dropped before the loss.
   if (l.feature_sharded || l.vocab_parallel || (l.sp && l.n > 1) || !c.tied_embeddings ||
-      c.num_classes > 0) {
-    const Counted counted = counted_rows(c, tokens, (*this)(scope, tokens), targets);
-    const Tensor loss = loss_of_logits(scope, counted.x, counted.targets);
-    return counted.scale == 1.0 ? loss : loss * counted.scale;
-  }
+      c.num_classes > 0)
+    return loss_of_logits(scope, (*this)(scope, tokens, documents), targets, documents);
   Tensor x = embed(scope, tokens);
-  const Tensor segments = segments_of(c, tokens);
   for (std::int64_t i = 0; i < c.num_layers; ++i)
-    x = block(scope, static_cast<int>(i), x, segments);
-  const Counted counted = counted_rows(c, tokens, x, targets);
+    x = block(scope, static_cast<int>(i), x, documents);
+  const Counted counted = counted_rows(documents, x, targets);
   x = counted.x;
   const Tensor& labels = counted.targets;
   x = nn::LayerNorm{.eps = c.ln_eps, .to_compute = true}(scope.child("ln_f"), x);

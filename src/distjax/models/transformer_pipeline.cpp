@@ -11,13 +11,7 @@ using tensor::Tensor;
 
 TransformerPipeline::TransformerPipeline(TransformerConfig config,
                                          std::vector<int> layers_per_chunk)
-    : model_(config), layers_per_chunk_(std::move(layers_per_chunk)) {
-  // Later stages see neither the tokens the document ids come from nor the eot positions.
-  DISTJAX_CHECK(config.eot < 0, ConfigError,
-                "[TransformerPipeline] packed documents (eot = ", config.eot,
-                config.document_attention ? ", document_attention" : "",
-                ") are not carried through a pipeline: data.eot must be -1 under a pipe axis");
-}
+    : model_(std::move(config)), layers_per_chunk_(std::move(layers_per_chunk)) {}
 
 namespace {
 // "bits_per_byte" of a mean loss per token over `count` positions (TransformerConfig's
@@ -34,7 +28,7 @@ train::LossFn TransformerPipeline::loss_fn() const {
     const nn::Scope scope = nn::Scope::apply(&params, /*train=*/true, key);
     if (model_.config().num_classes > 0)
       return classification_loss(model_(scope, batch.inputs), batch.labels);
-    Tensor loss = model_.loss(scope, batch.inputs, batch.labels);
+    Tensor loss = model_.loss(scope, batch.inputs, batch.labels, batch.documents);
     const auto b = static_cast<double>(batch.size());
     train::Metrics metrics;  // read when reported: no host wait here
     metrics.add("loss", loss, b, b);
@@ -45,7 +39,8 @@ train::LossFn TransformerPipeline::loss_fn() const {
 }
 
 Tensor TransformerPipeline::run_chunk(const nn::Scope& scope, int chunk, int num_chunks,
-                                      const Tensor& x_in, const Tensor& tokens) const {
+                                      const Tensor& x_in, const Tensor& tokens,
+                                      const Tensor& documents) const {
   const TransformerConfig& c = model_.config();
   DISTJAX_CHECK(!c.tied_embeddings || num_chunks == 1, ConfigError,
                 "[TransformerPipeline] tied embeddings need \"wte\" on the first and the last "
@@ -55,21 +50,21 @@ Tensor TransformerPipeline::run_chunk(const nn::Scope& scope, int chunk, int num
                                                         layers_per_chunk_)[chunk];
   Tensor x = chunk == 0 ? model_.embed(scope, tokens) : x_in;
   for (int i = first; i < last; ++i)
-    x = model_.block(scope, i, x);
+    x = model_.block(scope, i, x, documents);
   return chunk == num_chunks - 1 ? model_.head(scope, x) : x;
 }
 
 Tensor TransformerPipeline::forward(const nn::Scope& scope, int chunk, int num_chunks,
                                     const Tensor& x, const train::Batch& mb,
                                     train::Metrics& metrics) const {
-  Tensor y = run_chunk(scope, chunk, num_chunks, x, mb.inputs);
+  Tensor y = run_chunk(scope, chunk, num_chunks, x, mb.inputs, mb.documents);
   if (chunk < num_chunks - 1) return y;
   if (model_.config().num_classes > 0) {
     auto [loss, m] = classification_loss(y, mb.labels);
     metrics.merge(m);
     return loss;
   }
-  Tensor loss = model_.loss_of_logits(scope, y, mb.labels);
+  Tensor loss = model_.loss_of_logits(scope, y, mb.labels, mb.documents);
   // Per sequence, as the "loss" entry the pipeline adds: the mean is per position alike.
   const double b = static_cast<double>(mb.size());
   metrics.add("bits_per_" + model_.config().unit, loss, b / std::numbers::ln2, b);

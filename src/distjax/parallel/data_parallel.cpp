@@ -236,10 +236,10 @@ Key DataParallel::step_key(const Key& key) {
 train::Batch DataParallel::own_batch(const train::Batch& batch) {
   // The batch is this device's slice: it varies along the data axes.
   const std::uint32_t data_mask = ctx_->axis_mask(axes_);
-  train::Batch local = batch;
-  local.inputs.set_varying_axes(local.inputs.varying_axes() | data_mask);
-  local.labels.set_varying_axes(local.labels.varying_axes() | data_mask);
-  return local;
+  return batch.map([&](Tensor t) {
+    t.set_varying_axes(t.varying_axes() | data_mask);
+    return t;
+  });
 }
 
 TensorTree DataParallel::own_params(const TensorTree& params) {

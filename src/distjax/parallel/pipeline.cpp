@@ -108,6 +108,13 @@ Pipeline::Pipeline(spmd::DeviceContext& ctx, const PipelineModule& module, Pipel
   traits_.memory = &ctx.memory();
 }
 
+train::Batch Pipeline::vary_over_pipe(const train::Batch& batch) const {
+  return batch.map([&](Tensor t) {
+    t.set_varying_axes(t.varying_axes() | pipe_mask_);
+    return t;
+  });
+}
+
 nn::Scope Pipeline::chunk_scope(const TensorTree& params, const Key& key) const {
   nn::Scope scope = nn::Scope::apply(&params, /*train=*/true, key)
                         .on(*ctx_)
@@ -245,8 +252,7 @@ train::GradientResult Pipeline::run_schedule(const train::LossFn& loss_fn, const
                 batch_in.size(), " is not divisible by ", m,
                 " micro-batches; choose a batch that is a multiple of it");
   train::Batch batch = inner_ ? inner_->own_batch(batch_in) : batch_in;
-  batch.inputs.set_varying_axes(batch.inputs.varying_axes() | pipe_mask_);
-  batch.labels.set_varying_axes(batch.labels.varying_axes() | pipe_mask_);
+  batch = vary_over_pipe(batch);
   TensorTree marked = stage_params(params);
   TensorTree leaves = autodiff::detail::make_leaves(marked);
   Step step{.actions = schedule_.actions[stage_],
@@ -386,8 +392,9 @@ void Pipeline::run_forward(Step& step, const PipelineAction& a) {
     tensor::EnableGradGuard grad_on;
     if (a.chunk == last && step.loss_fn) {
       // The train step's loss function in place of the last chunk (module_loss()'s contract).
-      auto [loss, m] = step.loss_fn(step.leaves, {a.chunk == 0 ? mb.inputs : rec.input, mb.labels},
-                                    mb_key);
+      train::Batch in = mb;
+      if (a.chunk > 0) in.inputs = rec.input;
+      auto [loss, m] = step.loss_fn(step.leaves, in, mb_key);
       rec.output = std::move(loss);
       metrics = std::move(m);
     } else {
@@ -512,8 +519,7 @@ train::Metrics Pipeline::evaluate(const TensorTree& params, const train::Batch& 
   const std::int64_t b = batch_in.size() / m;
   tensor::NoGradGuard no_grad;
   train::Batch batch = inner_ ? inner_->own_batch(batch_in) : batch_in;
-  batch.inputs.set_varying_axes(batch.inputs.varying_axes() | pipe_mask_);
-  batch.labels.set_varying_axes(batch.labels.varying_axes() | pipe_mask_);
+  batch = vary_over_pipe(batch);
   const std::uint32_t act_mask = batch.inputs.varying_axes() |
                                  ctx_->axis_mask(module_->activation_axes()) | pipe_mask_;
   const TensorTree marked = stage_params(params);

@@ -11,7 +11,7 @@ inline Tensor to_current_device(const Tensor& t) {
 }
 
 inline train::Batch to_current_device(const train::Batch& b) {
-  return train::Batch{to_current_device(b.inputs), to_current_device(b.labels)};
+  return b.map([](const Tensor& t) { return t.to(current_device()); });
 }
 
 inline ArrayDataset on_current_device(ArrayDataset d) {
