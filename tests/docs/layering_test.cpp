@@ -201,7 +201,6 @@ TEST(Layering, NoPartIncludesAnotherPartsPrivateHeaders) {
 const std::set<std::string> kKnownCycles = {
     "comm/communicator <-> comm/detail/call <-> comm/launch",
     "comm/mpi/flight_records <-> comm/mpi/guards <-> comm/mpi/notices",
-    "parallel/detail/pipeline_ops <-> parallel/pipeline_schedule",
     "tensor/detail/cast <-> tensor/detail/kernels <-> tensor/elementwise <-> tensor/grad_node "
     "<-> tensor/reduce <-> tensor/shape_ops <-> tensor/table/table <-> tensor/tensor",
 };

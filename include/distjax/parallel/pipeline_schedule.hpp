@@ -63,6 +63,11 @@ struct PipelineAction {
 
 /// "F", "B", "I", "W", "send_act", "recv_act", "send_grad", "recv_grad".
 std::string to_string(PipelineOp op);
+/// Whether the action computes (F, B, I, W) rather than transfers.
+bool is_compute(PipelineOp op);
+/// Unit-cost durations: F 1, B 2, I 1, W 1, transfers 0 (what the schedules are drawn and
+/// checked with when no profile is given).
+double unit_cost(PipelineOp op);
 /// A schedule: per stage, the actions it runs in order.
 struct PipelineSchedule {
   ScheduleKind kind = ScheduleKind::GPipe;
@@ -76,6 +81,8 @@ struct PipelineSchedule {
   int stage_of(int chunk) const { return chunk % stages; }
   /// The chunks stage s holds, in model order.
   std::vector<int> chunks_of(int stage) const;
+  /// The other stage of a transfer (-1 for a compute action).
+  int peer_of(const PipelineAction& a) const;
 };
 
 /// e.g. "F(mb 3, chunk 1)", "send_act(mb 0, chunk 2 -> stage 3)" (the peer from the

@@ -1,6 +1,5 @@
 #include "distjax/parallel/pipeline.hpp"
 
-#include "distjax/parallel/detail/pipeline_ops.hpp"
 
 #include <chrono>
 #include <ctime>
@@ -334,7 +333,7 @@ void Pipeline::post_receives(Step& step, bool grad) {
     const Shape shape = module_->activation_shape(step.shape_scope, grad ? a.chunk : a.chunk - 1,
                                                   last + 1, step.micro_batch(a.microbatch));
     Step::Posted r{a, Tensor::empty(shape, DType::F32), {}};
-    r.request = link.irecv(comm::buffer_of(r.buffer), detail::peer_of(a, schedule_), ch.tag);
+    r.request = link.irecv(comm::buffer_of(r.buffer), schedule_.peer_of(a), ch.tag);
     ch.posted.push_back(std::move(r));
   }
 }

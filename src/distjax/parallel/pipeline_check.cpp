@@ -7,15 +7,11 @@
 #include <sstream>
 #include <tuple>
 
-#include "distjax/parallel/detail/pipeline_ops.hpp"
 #include "distjax/parallel/pipeline_schedule.hpp"
 
 namespace distjax::parallel {
 
-using detail::is_compute;
-using detail::Op;
-using detail::peer_of;
-using detail::unit_cost;
+using Op = PipelineOp;
 
 namespace {
 
@@ -155,7 +151,7 @@ ScheduleReport replay_schedule(const PipelineSchedule& s, const ActionCost& cost
         const std::size_t k = pc[st];
         const PipelineAction& a = list[k];
         const Key key{a.microbatch, a.chunk};
-        const int peer = peer_of(a, s);
+        const int peer = s.peer_of(a);
         double ready = clock[st];
         bool can = true;
         switch (a.op) {
@@ -252,7 +248,7 @@ ScheduleReport replay_schedule(const PipelineSchedule& s, const ActionCost& cost
   }
   if (first_stuck >= 0) {
     const PipelineAction& a = s.actions[first_stuck][pc[first_stuck]];
-    const int peer = peer_of(a, s);
+    const int peer = s.peer_of(a);
     const bool peer_done = peer >= 0 && pc[peer] == s.actions[peer].size();
     fail(s, first_stuck, pc[first_stuck],
          peer_done ? "stage " + std::to_string(peer) + " never sends it"
@@ -309,7 +305,7 @@ std::string schedule_csv(const PipelineSchedule& s, const ScheduleReport& r) {
     for (std::size_t k = 0; k < s.actions[st].size(); ++k) {
       const PipelineAction& a = s.actions[st][k];
       os << st << "," << k << "," << to_string(a.op) << "," << a.microbatch << "," << a.chunk << ","
-         << peer_of(a, s) << "," << r.start[st][k] << "," << r.end[st][k] << "\n";
+         << s.peer_of(a) << "," << r.start[st][k] << "," << r.end[st][k] << "\n";
     }
   return os.str();
 }

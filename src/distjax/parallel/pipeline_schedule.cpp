@@ -1,7 +1,5 @@
 #include "distjax/parallel/pipeline_schedule.hpp"
 
-#include "distjax/parallel/detail/pipeline_ops.hpp"
-
 #include <algorithm>
 #include <deque>
 #include <functional>
@@ -13,10 +11,40 @@
 
 namespace distjax::parallel {
 
+bool is_compute(PipelineOp op) {
+  return op == PipelineOp::Forward || op == PipelineOp::Backward ||
+         op == PipelineOp::BackwardInput || op == PipelineOp::BackwardWeight;
+}
+
+double unit_cost(PipelineOp op) {
+  switch (op) {
+    case PipelineOp::Forward:
+    case PipelineOp::BackwardInput:
+    case PipelineOp::BackwardWeight:
+      return 1.0;
+    case PipelineOp::Backward:
+      return 2.0;
+    default:
+      return 0.0;
+  }
+}
+
+int PipelineSchedule::peer_of(const PipelineAction& a) const {
+  switch (a.op) {
+    case PipelineOp::SendActivation:
+    case PipelineOp::RecvGrad:
+      return stage_of(a.chunk + 1);
+    case PipelineOp::RecvActivation:
+    case PipelineOp::SendGrad:
+      return stage_of(a.chunk - 1);
+    default:
+      return -1;
+  }
+}
+
 namespace {
 
 using Op = PipelineOp;
-using detail::peer_of;
 
 void check_counts(int stages, int microbatches, int virtual_stages) {
   DISTJAX_CHECK(stages >= 1, ConfigError, "[pipeline schedule] stages must be >= 1, got ", stages);
@@ -128,8 +156,8 @@ double idle_time(const ScheduleReport& report) {
 std::string describe(const PipelineAction& a, const PipelineSchedule& s) {
   std::ostringstream os;
   os << to_string(a.op) << "(mb " << a.microbatch << ", chunk " << a.chunk;
-  if (a.op == Op::SendActivation || a.op == Op::SendGrad) os << " -> stage " << peer_of(a, s);
-  if (a.op == Op::RecvActivation || a.op == Op::RecvGrad) os << " <- stage " << peer_of(a, s);
+  if (a.op == Op::SendActivation || a.op == Op::SendGrad) os << " -> stage " << s.peer_of(a);
+  if (a.op == Op::RecvActivation || a.op == Op::RecvGrad) os << " <- stage " << s.peer_of(a);
   os << ")";
   return os.str();
 }
