@@ -27,10 +27,6 @@ struct SourceWindow {
   std::int64_t start = 0;
 };
 
-/// Where sample_windows(tokens, B, T, key) takes its windows from (the starts it reads).
-std::vector<std::int64_t> random_starts(const TokenShards& tokens, std::int64_t batch_size,
-                                        std::int64_t seq_len, const Key& key);
-
 /// The windows (T + 1 tokens each, from their own source) as one batch: inputs and labels
 /// (n, T) i32 on the current device, in the order given (at least one).
 train::Batch windows_at(const std::vector<const TokenShards*>& sources,

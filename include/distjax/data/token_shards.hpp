@@ -106,6 +106,12 @@ class TokenShards {
   mutable std::int64_t max_token_ = -1;
 };
 
+/// Where sample_windows(tokens, B, T, key) takes its B windows from: offsets in
+/// [0, size - T) drawn from `key`, window i's from key.bits(i) (the byte corpora's rule).
+/// InvalidArgument when a window is longer than the split.
+std::vector<std::int64_t> random_starts(const TokenShards& tokens, std::int64_t batch_size,
+                                        std::int64_t seq_len, const Key& key);
+
 /// B windows of T + 1 tokens at uniform random offsets drawn from `key` (the rule of the
 /// byte corpora's sample_windows: window i's offset from key.bits(i)): inputs tokens
 /// [o, o + T), labels [o + 1, o + T + 1); both (B, T) i32 on the current device. A window may

@@ -35,14 +35,6 @@ std::vector<std::int64_t> mix_rows(const std::vector<std::int64_t>& weights,
   return rows;
 }
 
-std::vector<std::int64_t> random_starts(const TokenShards& tokens, std::int64_t batch_size,
-                                        std::int64_t seq_len, const Key& key) {
-  DISTJAX_CHECK(batch_size >= 1 && seq_len >= 1 && tokens.size() >= seq_len + 1, InvalidArgument,
-                "[random_starts] ", batch_size, " windows of ", seq_len, " + 1 tokens from ",
-                tokens.key(), ", which holds ", tokens.size(), " tokens");
-  return detail::random_window_starts(key, tokens.size(), seq_len, batch_size);
-}
-
 train::Batch windows_at(const std::vector<const TokenShards*>& sources,
                         const std::vector<SourceWindow>& windows, std::int64_t seq_len) {
   DISTJAX_CHECK(!windows.empty(), InvalidArgument, "[windows_at] no window");

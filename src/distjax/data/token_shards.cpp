@@ -249,11 +249,17 @@ void check_window(const TokenShards& t, std::int64_t batch_size, std::int64_t se
 
 }  // namespace
 
+std::vector<std::int64_t> random_starts(const TokenShards& tokens, std::int64_t batch_size,
+                                        std::int64_t seq_len, const Key& key) {
+  check_window(tokens, batch_size, seq_len, "random_starts");
+  return detail::random_window_starts(key, tokens.size(), seq_len, batch_size);
+}
+
 train::Batch sample_windows(const TokenShards& tokens, std::int64_t batch_size,
                             std::int64_t seq_len, const Key& key) {
   check_window(tokens, batch_size, seq_len, "sample_windows");
-  return detail::batches_at(detail::random_window_starts(key, tokens.size(), seq_len, batch_size),
-                            batch_size, seq_len, detail::token_window(tokens, seq_len))[0];
+  return detail::batches_at(random_starts(tokens, batch_size, seq_len, key), batch_size, seq_len,
+                            detail::token_window(tokens, seq_len))[0];
 }
 
 std::vector<train::Batch> sequential_windows(const TokenShards& tokens, std::int64_t batch_size,
