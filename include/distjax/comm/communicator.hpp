@@ -13,15 +13,11 @@
 #include "distjax/comm/buffer.hpp"
 #include "distjax/comm/comm_stats.hpp"
 #include "distjax/comm/link_model.hpp"
+#include "distjax/comm/reduce_op.hpp"
 #include "distjax/comm/request.hpp"
 #include "distjax/core/dtype.hpp"
 
 namespace distjax::comm {
-
-/// Reduction of all_reduce / reduce_scatter. Mean is the sum divided by the group size.
-enum class ReduceOp : std::uint8_t { Sum, Mean, Max };
-/// "sum", "mean", "max".
-const char* reduce_op_name(ReduceOp op);
 
 /// Backend side of a Communicator (one object per device per group). Every virtual
 /// method has the contract of the Communicator method of the same name, with buffers as

@@ -2,19 +2,11 @@
 // buffers described as comm::Buffer.
 #include "distjax/comm/communicator.hpp"
 
-#include "distjax/comm/detail/call.hpp"
+#include "distjax/comm/detail/call_desc.hpp"
+#include "distjax/comm/detail/checks.hpp"
 #include "distjax/core/error.hpp"
 
 namespace distjax::comm {
-
-const char* reduce_op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Mean: return "mean";
-    case ReduceOp::Max: return "max";
-  }
-  return "?";
-}
 
 void CommunicatorImpl::set_link_model(const LinkModel&) {
   DISTJAX_THROW(NotImplemented,

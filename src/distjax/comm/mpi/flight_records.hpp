@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "distjax/comm/detail/call.hpp"
+#include "distjax/comm/detail/call_desc.hpp"
 
 namespace distjax::comm::mpi {
 

@@ -37,7 +37,9 @@
 #include <string>
 #include <vector>
 
-#include "distjax/comm/detail/call.hpp"
+#include "distjax/comm/detail/call_desc.hpp"
+#include "distjax/comm/detail/call_timer.hpp"
+#include "distjax/comm/detail/host_buffers.hpp"
 #include "distjax/comm/mpi/diagnosis.hpp"
 #include "distjax/comm/mpi/exchange.hpp"
 #include "distjax/comm/mpi/flight_records.hpp"

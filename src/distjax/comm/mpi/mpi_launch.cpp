@@ -12,8 +12,9 @@
 #include <functional>
 #include <memory>
 
-#include "distjax/comm/detail/call.hpp"
+#include "distjax/comm/detail/backends.hpp"
 #include "distjax/comm/detail/host_staging.hpp"
+#include "distjax/comm/detail/launch_helpers.hpp"
 #include "distjax/comm/mpi/guards.hpp"
 #include "distjax/comm/mpi/mpi_communicator.hpp"
 #include "distjax/comm/mpi/notices.hpp"

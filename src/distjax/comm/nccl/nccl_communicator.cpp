@@ -27,7 +27,8 @@
 #include <thread>
 #include <utility>
 
-#include "distjax/comm/detail/call.hpp"
+#include "distjax/comm/detail/call_desc.hpp"
+#include "distjax/comm/detail/call_timer.hpp"
 #include "distjax/comm/detail/nccl_bootstrap.hpp"
 #include "distjax/core/error.hpp"
 #include "distjax/tensor/cuda_runtime.hpp"

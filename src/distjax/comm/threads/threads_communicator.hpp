@@ -105,4 +105,8 @@ class ThreadsCommunicator final : public CommunicatorImpl {
   void charge_link(const detail::Traffic& traffic);
 };
 
+/// Waits for the device work this thread queued on `device` before the thread ends (a
+/// thread's GPU stream is torn down with it), quietly: after an error or in a destructor.
+void finish_thread_work(Device device);
+
 }  // namespace distjax::comm::threads
