@@ -26,6 +26,18 @@ using namespace guards;
 
 namespace {
 
+// The end of a launch whose program returned: tells the others, then waits until every
+// other process has finished or failed (after an abort notice only for the grace period: a
+// process that learned of a failure from a notice sends none), and throws if one failed
+// because this device left it waiting. Twice the timeout: a peer may start waiting on a
+// call this device completed a little after it finished, and its diagnosis at its own
+// timeout asks this device for its records (poll_until answers).
+void finish_epoch(std::chrono::milliseconds timeout, int device) {
+  if (!send_finished()) return;
+  poll_until([] { return heard_from_all(); }, Clock::now() + 2 * timeout);
+  throw_if_blamed(device);
+}
+
 // Every collective runs in its nonblocking form (so no rank can hang, see the top of this
 // file). Open MPI's default choice for MPI_Iallreduce (libnbc) measured ~0.6x of the
 // blocking MPI_Allreduce at 4 MiB on 2 ranks; its ring algorithm measured 1.4x at 4 MiB
