@@ -1,12 +1,17 @@
 // The communicator front: checks every call's arguments once, then hands the backend
-// buffers described as comm::Buffer.
+// buffers described as comm::Buffer; a blocking call is the backend's non-blocking entry
+// told that the caller waits at once (Completion::Now), and waited on.
 #include "distjax/comm/communicator.hpp"
 
-#include "distjax/comm/detail/call_desc.hpp"
 #include "distjax/comm/detail/checks.hpp"
+#include "distjax/comm/detail/call_desc.hpp"
 #include "distjax/core/error.hpp"
 
 namespace distjax::comm {
+
+CommunicatorImpl::CommunicatorImpl(int rank, std::vector<int> members,
+                                   std::shared_ptr<CommStats> stats)
+    : rank_(rank), members_(std::move(members)), stats_(std::move(stats)) {}
 
 void CommunicatorImpl::set_link_model(const LinkModel&) {
   DISTJAX_THROW(NotImplemented,
@@ -43,30 +48,30 @@ void check_pair(const char* op, const Buffer& send, const Buffer& recv, std::int
 void Communicator::all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) {
   check_pair("all_reduce", send, recv, 1, 1);
   check_reducible("all_reduce", send.dtype, op);
-  impl_->all_reduce(send, recv, op);
+  impl_->iall_reduce(send, recv, op, Completion::Now).wait();
 }
 Request Communicator::iall_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) {
   check_pair("iall_reduce", send, recv, 1, 1);
   check_reducible("iall_reduce", send.dtype, op);
-  return impl_->iall_reduce(send, recv, op);
+  return impl_->iall_reduce(send, recv, op, Completion::Later);
 }
 void Communicator::all_gather(const Buffer& send, const Buffer& recv) {
   check_pair("all_gather", send, recv, 1, size());
-  impl_->all_gather(send, recv);
+  impl_->iall_gather(send, recv, Completion::Now).wait();
 }
 Request Communicator::iall_gather(const Buffer& send, const Buffer& recv) {
   check_pair("iall_gather", send, recv, 1, size());
-  return impl_->iall_gather(send, recv);
+  return impl_->iall_gather(send, recv, Completion::Later);
 }
 void Communicator::reduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) {
   check_pair("reduce_scatter", send, recv, size(), 1);
   check_reducible("reduce_scatter", send.dtype, op);
-  impl_->reduce_scatter(send, recv, op);
+  impl_->ireduce_scatter(send, recv, op, Completion::Now).wait();
 }
 Request Communicator::ireduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) {
   check_pair("ireduce_scatter", send, recv, size(), 1);
   check_reducible("ireduce_scatter", send.dtype, op);
-  return impl_->ireduce_scatter(send, recv, op);
+  return impl_->ireduce_scatter(send, recv, op, Completion::Later);
 }
 
 // ---------------------------------------------------------------- raw-pointer forms
@@ -110,7 +115,7 @@ void Communicator::all_to_all(const Buffer& send, const Buffer& recv) {
                 " elements, not ", size(), " equal blocks");
   DISTJAX_CHECK(send.data != recv.data || send.count == 0, InvalidArgument,
                 "[all_to_all] send and recv must be different buffers");
-  impl_->all_to_all(send, recv);
+  impl_->iall_to_all(send, recv, Completion::Now).wait();
 }
 
 void Communicator::broadcast(void* buf, std::int64_t count, DType dtype, int root) {
@@ -120,7 +125,7 @@ void Communicator::broadcast(const Buffer& buf, int root) {
   check_buffer("broadcast", buf);
   DISTJAX_CHECK(root >= 0 && root < size(), InvalidArgument, "[broadcast] root ", root,
                 " is out of range for a group of ", size());
-  impl_->broadcast(buf, root);
+  impl_->ibroadcast(buf, root, Completion::Now).wait();
 }
 
 void Communicator::permute(const void* send, void* recv, std::int64_t count, DType dtype,
@@ -133,7 +138,7 @@ void Communicator::permute(const Buffer& send, const Buffer& recv,
   DISTJAX_CHECK(send.data != recv.data || send.count == 0, InvalidArgument,
                 "[permute] send and recv must be different buffers");
   detail::check_pairs(pairs, size());
-  impl_->permute(send, recv, pairs);
+  impl_->ipermute(send, recv, pairs, Completion::Now).wait();
 }
 
 namespace {
