@@ -210,6 +210,18 @@ class Communicator {
                const std::vector<std::pair<int, int>>& pairs);
   void permute(const Buffer& send, const Buffer& recv,
                const std::vector<std::pair<int, int>>& pairs);
+  /// Nonblocking forms of the three above: same arguments, same results once the returned
+  /// request completes, under the rules of iall_reduce (buffers alive and untouched until
+  /// then; matched across devices by issue order; errors thrown by wait() or test()).
+  /// Under MPI they are MPI_Ialltoall, MPI_Ibcast and a pair of MPI_Irecv / MPI_Isend.
+  Request iall_to_all(const void* send, void* recv, std::int64_t count, DType dtype);
+  Request iall_to_all(const Buffer& send, const Buffer& recv);
+  Request ibroadcast(void* buf, std::int64_t count, DType dtype, int root);
+  Request ibroadcast(const Buffer& buf, int root);
+  Request ipermute(const void* send, void* recv, std::int64_t count, DType dtype,
+                   const std::vector<std::pair<int, int>>& pairs);
+  Request ipermute(const Buffer& send, const Buffer& recv,
+                   const std::vector<std::pair<int, int>>& pairs);
   /// Returns when every rank of the group has called it.
   void barrier() { impl_->barrier(); }
   /// Threads backend: the link model (LaunchOptions::link) of every call issued after it

@@ -105,27 +105,64 @@ Request Communicator::ireduce_scatter(const void* send, void* recv, std::int64_t
                          Buffer::host(recv, count, dtype), op);
 }
 
+namespace {
+
+void check_all_to_all(const char* op, const Buffer& send, const Buffer& recv, int size) {
+  check_pair(op, send, recv, 1, 1);
+  DISTJAX_CHECK(send.count % size == 0, InvalidArgument, "[", op, "] send holds ", send.count,
+                " elements, not ", size, " equal blocks");
+  DISTJAX_CHECK(send.data != recv.data || send.count == 0, InvalidArgument, "[", op,
+                "] send and recv must be different buffers");
+}
+
+void check_broadcast(const char* op, const Buffer& buf, int root, int size) {
+  check_buffer(op, buf);
+  DISTJAX_CHECK(root >= 0 && root < size, InvalidArgument, "[", op, "] root ", root,
+                " is out of range for a group of ", size);
+}
+
+void check_permute(const char* op, const Buffer& send, const Buffer& recv,
+                   const std::vector<std::pair<int, int>>& pairs, int size) {
+  check_pair(op, send, recv, 1, 1);
+  DISTJAX_CHECK(send.data != recv.data || send.count == 0, InvalidArgument, "[", op,
+                "] send and recv must be different buffers");
+  detail::check_pairs(op, pairs, size);
+}
+
+}  // namespace
+
 void Communicator::all_to_all(const void* send, void* recv, std::int64_t count, DType dtype) {
   check_buffer("all_to_all", Buffer::host(send, count, dtype));  // before count * size()
   all_to_all(Buffer::host(send, count * size(), dtype), Buffer::host(recv, count * size(), dtype));
 }
 void Communicator::all_to_all(const Buffer& send, const Buffer& recv) {
-  check_pair("all_to_all", send, recv, 1, 1);
-  DISTJAX_CHECK(send.count % size() == 0, InvalidArgument, "[all_to_all] send holds ", send.count,
-                " elements, not ", size(), " equal blocks");
-  DISTJAX_CHECK(send.data != recv.data || send.count == 0, InvalidArgument,
-                "[all_to_all] send and recv must be different buffers");
+  check_all_to_all("all_to_all", send, recv, size());
   impl_->iall_to_all(send, recv, Completion::Now).wait();
+}
+Request Communicator::iall_to_all(const void* send, void* recv, std::int64_t count,
+                                  DType dtype) {
+  check_buffer("iall_to_all", Buffer::host(send, count, dtype));  // before count * size()
+  return iall_to_all(Buffer::host(send, count * size(), dtype),
+                     Buffer::host(recv, count * size(), dtype));
+}
+Request Communicator::iall_to_all(const Buffer& send, const Buffer& recv) {
+  check_all_to_all("iall_to_all", send, recv, size());
+  return impl_->iall_to_all(send, recv, Completion::Later);
 }
 
 void Communicator::broadcast(void* buf, std::int64_t count, DType dtype, int root) {
   broadcast(Buffer::host(buf, count, dtype), root);
 }
 void Communicator::broadcast(const Buffer& buf, int root) {
-  check_buffer("broadcast", buf);
-  DISTJAX_CHECK(root >= 0 && root < size(), InvalidArgument, "[broadcast] root ", root,
-                " is out of range for a group of ", size());
+  check_broadcast("broadcast", buf, root, size());
   impl_->ibroadcast(buf, root, Completion::Now).wait();
+}
+Request Communicator::ibroadcast(void* buf, std::int64_t count, DType dtype, int root) {
+  return ibroadcast(Buffer::host(buf, count, dtype), root);
+}
+Request Communicator::ibroadcast(const Buffer& buf, int root) {
+  check_broadcast("ibroadcast", buf, root, size());
+  return impl_->ibroadcast(buf, root, Completion::Later);
 }
 
 void Communicator::permute(const void* send, void* recv, std::int64_t count, DType dtype,
@@ -134,11 +171,17 @@ void Communicator::permute(const void* send, void* recv, std::int64_t count, DTy
 }
 void Communicator::permute(const Buffer& send, const Buffer& recv,
                            const std::vector<std::pair<int, int>>& pairs) {
-  check_pair("permute", send, recv, 1, 1);
-  DISTJAX_CHECK(send.data != recv.data || send.count == 0, InvalidArgument,
-                "[permute] send and recv must be different buffers");
-  detail::check_pairs(pairs, size());
+  check_permute("permute", send, recv, pairs, size());
   impl_->ipermute(send, recv, pairs, Completion::Now).wait();
+}
+Request Communicator::ipermute(const void* send, void* recv, std::int64_t count, DType dtype,
+                               const std::vector<std::pair<int, int>>& pairs) {
+  return ipermute(Buffer::host(send, count, dtype), Buffer::host(recv, count, dtype), pairs);
+}
+Request Communicator::ipermute(const Buffer& send, const Buffer& recv,
+                               const std::vector<std::pair<int, int>>& pairs) {
+  check_permute("ipermute", send, recv, pairs, size());
+  return impl_->ipermute(send, recv, pairs, Completion::Later);
 }
 
 namespace {

@@ -7,14 +7,14 @@
 
 namespace distjax::comm::detail {
 
-void check_pairs(const std::vector<std::pair<int, int>>& pairs, int size) {
+void check_pairs(const char* op, const std::vector<std::pair<int, int>>& pairs, int size) {
   std::set<int> srcs, dsts;
   for (auto [s, d] : pairs) {
     DISTJAX_CHECK(s >= 0 && s < size && d >= 0 && d < size, InvalidArgument,
-                  "[permute] pair (", s, ", ", d, ") is out of range for a group of ", size);
-    DISTJAX_CHECK(srcs.insert(s).second, InvalidArgument, "[permute] rank ", s,
+                  "[", op, "] pair (", s, ", ", d, ") is out of range for a group of ", size);
+    DISTJAX_CHECK(srcs.insert(s).second, InvalidArgument, "[", op, "] rank ", s,
                   " is the source of more than one pair");
-    DISTJAX_CHECK(dsts.insert(d).second, InvalidArgument, "[permute] rank ", d,
+    DISTJAX_CHECK(dsts.insert(d).second, InvalidArgument, "[", op, "] rank ", d,
                   " is the destination of more than one pair");
   }
 }

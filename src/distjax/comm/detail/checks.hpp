@@ -10,9 +10,9 @@
 
 namespace distjax::comm::detail {
 
-/// Throws InvalidArgument unless every pair is in range and no rank is twice a source or
-/// twice a destination.
-void check_pairs(const std::vector<std::pair<int, int>>& pairs, int size);
+/// Throws InvalidArgument naming `op` unless every pair is in range and no rank is twice a
+/// source or twice a destination.
+void check_pairs(const char* op, const std::vector<std::pair<int, int>>& pairs, int size);
 /// Throws InvalidArgument for a negative count or a null buffer with count > 0 (the
 /// device is each backend's to check: HostBuffers for those that move memory on the host).
 void check_buffer(const char* op, const Buffer& b);
