@@ -254,7 +254,8 @@ std::string flight_diagnose(const GroupRecords& g, int device, const detail::Cal
   for (int m : members)
     if (m != device) peers.push_back(m);
   const auto grace = std::min<Clock::duration>(end.timeout, std::chrono::milliseconds(500));
-  std::vector<PeerRecord> recs = flight_query(g, d.seq, peers, Clock::now() + grace, end.peer_failed);
+  std::vector<PeerRecord> recs =
+      flight_query(g, d.seq, peers, Clock::now() + grace, end.peer_failed);
   if (all_answered != nullptr)
     *all_answered = std::all_of(recs.begin(), recs.end(), [](const PeerRecord& p) {
       return p.answered;

@@ -339,7 +339,8 @@ class MpiCommunicator final : public CommunicatorImpl,
       if (r_ == MPI_REQUEST_NULL) return true;
       advance_pending();  // pending collectives too, as a wait would
       int flag = 0;
-      check(MPI_Test(&r_, &flag, MPI_STATUS_IGNORE), is_send_ ? "isend" : "irecv", c_.global_rank());
+      check(MPI_Test(&r_, &flag, MPI_STATUS_IGNORE), is_send_ ? "isend" : "irecv",
+            c_.global_rank());
       if (flag) access_.reset();
       return flag != 0;
     }

@@ -599,7 +599,8 @@ Request ThreadsCommunicator::issue(Completion completion, std::shared_ptr<Mover>
 
 // Each entry finds its buffers' device (refusing buffers on two devices, naming the op)
 // and marks the work this device queued before the call, on this thread; a non-blocking
-// call's job keeps its mover until the call is done. The op's name in errors is its
+// call's job keeps its mover until the call is done (so fn holds a plain pointer to it, and
+// a blocking call costs no reference count). The op's name in errors is its
 // blocking form's when the caller waits at once (the front's all_reduce is
 // iall_reduce(..., Completion::Now).wait()).
 namespace {
@@ -611,34 +612,37 @@ const char* op_name(Completion completion, const char* blocking, const char* non
 Request ThreadsCommunicator::iall_reduce(const Buffer& send, const Buffer& recv, ReduceOp op,
                                          Completion completion) {
   auto m = mover(op_name(completion, "all_reduce", "iall_reduce"), {&send, &recv});
-  return issue(completion, m, [this, m, send, recv, op] { run_all_reduce(*m, send, recv, op); });
+  return issue(completion, m,
+               [this, mv = m.get(), send, recv, op] { run_all_reduce(*mv, send, recv, op); });
 }
 Request ThreadsCommunicator::iall_gather(const Buffer& send, const Buffer& recv,
                                          Completion completion) {
   auto m = mover(op_name(completion, "all_gather", "iall_gather"), {&send, &recv});
-  return issue(completion, m, [this, m, send, recv] { run_all_gather(*m, send, recv); });
+  return issue(completion, m,
+               [this, mv = m.get(), send, recv] { run_all_gather(*mv, send, recv); });
 }
 Request ThreadsCommunicator::ireduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op,
                                              Completion completion) {
   auto m = mover(op_name(completion, "reduce_scatter", "ireduce_scatter"), {&send, &recv});
   return issue(completion, m,
-               [this, m, send, recv, op] { run_reduce_scatter(*m, send, recv, op); });
+               [this, mv = m.get(), send, recv, op] { run_reduce_scatter(*mv, send, recv, op); });
 }
 Request ThreadsCommunicator::iall_to_all(const Buffer& send, const Buffer& recv,
                                          Completion completion) {
   auto m = mover(op_name(completion, "all_to_all", "iall_to_all"), {&send, &recv});
-  return issue(completion, m, [this, m, send, recv] { run_all_to_all(*m, send, recv); });
+  return issue(completion, m,
+               [this, mv = m.get(), send, recv] { run_all_to_all(*mv, send, recv); });
 }
 Request ThreadsCommunicator::ibroadcast(const Buffer& buf, int root, Completion completion) {
   auto m = mover(op_name(completion, "broadcast", "ibroadcast"), {&buf});
-  return issue(completion, m, [this, m, buf, root] { run_broadcast(*m, buf, root); });
+  return issue(completion, m, [this, mv = m.get(), buf, root] { run_broadcast(*mv, buf, root); });
 }
 Request ThreadsCommunicator::ipermute(const Buffer& send, const Buffer& recv,
                                       const std::vector<std::pair<int, int>>& pairs,
                                       Completion completion) {
   auto m = mover(op_name(completion, "permute", "ipermute"), {&send, &recv});
   return issue(completion, m,
-               [this, m, send, recv, pairs] { run_permute(*m, send, recv, pairs); });
+               [this, mv = m.get(), send, recv, pairs] { run_permute(*mv, send, recv, pairs); });
 }
 void ThreadsCommunicator::barrier() {
   in_order(nullptr, [&] { run_barrier(); });
