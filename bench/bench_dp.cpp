@@ -120,7 +120,7 @@ double link_seconds(const comm::LinkModel& link, double steps, double bytes) {
   return us * 1e-6;
 }
 
-// Message steps of one call on p devices (the ring schedule, comm/detail/call.cpp).
+// Message steps of one call on p devices (the ring schedule, comm/detail/call_timer.cpp).
 double ring_steps(OpKind k, int p) {
   return k == OpKind::AllReduce ? 2.0 * (p - 1) : static_cast<double>(p - 1);
 }

@@ -204,6 +204,46 @@ inline void check_nonblocking_collectives(Communicator& c, std::int64_t count,
   c.barrier();
 }
 
+// The nonblocking forms of all_to_all, broadcast and permute: same values as the blocking
+// ones; in flight together with a blocking call issued behind them, waited on out of issue
+// order (one completed by test()); counters count each call once.
+inline void check_nonblocking_exchanges(Communicator& c, std::int64_t count) {
+  const int n = c.size(), r = c.rank();
+  const auto& g = c.group();
+  const int me = c.global_rank();
+  const int root = n - 1;
+  auto x = inputs_f32(me, n * count);
+  std::vector<float> to_all(n * count, -1.f), shifted(count, -1.f), biggest(count, -1.f);
+  std::vector<float> sent(x.begin(), x.begin() + count);  // broadcast in place
+  std::vector<std::pair<int, int>> ring;
+  for (int i = 0; i < n; ++i) ring.push_back({i, (i + 1) % n});
+  const CommStats before = c.stats();
+  Request a = c.iall_to_all(x.data(), to_all.data(), count, DType::F32);
+  Request b = c.ibroadcast(sent.data(), count, DType::F32, root);
+  Request p = c.ipermute(x.data(), shifted.data(), count, DType::F32, ring);
+  c.all_reduce(x.data(), biggest.data(), count, DType::F32, ReduceOp::Max);  // behind them
+  p.wait();  // the last first
+  while (!b.test()) {
+  }
+  a.wait();
+  for (int j = 0; j < n; ++j)
+    for (std::int64_t i = 0; i < count; ++i)
+      ASSERT_EQ(to_all[j * count + i], input_f32(g[j], r * count + i)) << "ia2a j=" << j;
+  for (std::int64_t i = 0; i < count; ++i) {
+    ASSERT_EQ(sent[i], input_f32(g[root], i)) << "ibroadcast i=" << i;
+    ASSERT_EQ(shifted[i], input_f32(g[(r + n - 1) % n], i)) << "ipermute i=" << i;
+    float m = input_f32(g[0], i);
+    for (int j : g) m = std::max(m, input_f32(j, i));
+    ASSERT_EQ(biggest[i], m) << "max i=" << i;
+  }
+  const CommStats& after = c.stats();
+  EXPECT_EQ(after[OpKind::AllToAll].calls - before[OpKind::AllToAll].calls, 1);
+  EXPECT_EQ(after[OpKind::Broadcast].calls - before[OpKind::Broadcast].calls, 1);
+  EXPECT_EQ(after[OpKind::Permute].calls - before[OpKind::Permute].calls, 1);
+  EXPECT_EQ(after[OpKind::AllReduce].calls - before[OpKind::AllReduce].calls, 1);
+  c.barrier();
+}
+
 // Counters per group label on a world of an even number n of devices, relabelled "all"
 // and split into pairs ("row": ranks {2i, 2i+1}) and columns ("col": the n/2 ranks of
 // equal parity): each call counts under the label of the group it ran on, and the

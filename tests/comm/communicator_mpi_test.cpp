@@ -85,6 +85,20 @@ TEST_F(MpiTest, NonblockingCollectivesMatchHost) {
   }
 }
 
+TEST_F(MpiTest, NonblockingExchangesMatchHost) {
+  for (bool check : {true, false}) {
+    LaunchOptions o = mpi_opts();
+    o.check_collectives = check;
+    for (std::int64_t count : {1, 1000}) {
+      launch(o, [&](Communicator& world) {
+        testing::check_nonblocking_exchanges(world, count);
+        Communicator pair = world.split(world.rank() / 2, world.rank());
+        testing::check_nonblocking_exchanges(pair, count);
+      });
+    }
+  }
+}
+
 // Values of element i on global device d: small integers, so every sum is exact in every
 // dtype and order.
 double small_input(int d, std::int64_t i) { return (d + 1) * static_cast<double>(i % 7) - 3; }

@@ -55,6 +55,13 @@ TEST_P(Collectives, NonblockingValuesMatchHost) {
     launch(opts(n), [&](Communicator& c) { testing::check_nonblocking_collectives(c, count); });
   }
 }
+
+TEST_P(Collectives, NonblockingExchangesMatchHost) {
+  const int n = GetParam();
+  for (std::int64_t count : {1, 1000}) {
+    launch(opts(n), [&](Communicator& c) { testing::check_nonblocking_exchanges(c, count); });
+  }
+}
 INSTANTIATE_TEST_SUITE_P(Devices, Collectives, ::testing::Values(1, 2, 3, 4, 8));
 
 TEST(NonBlocking, TheLinkTimeElapsesInTheBackground) {

@@ -13,48 +13,63 @@
 #include "distjax/comm/buffer.hpp"
 #include "distjax/comm/comm_stats.hpp"
 #include "distjax/comm/link_model.hpp"
+#include "distjax/comm/reduce_op.hpp"
 #include "distjax/comm/request.hpp"
 #include "distjax/core/dtype.hpp"
 
 namespace distjax::comm {
 
-/// Reduction of all_reduce / reduce_scatter. Mean is the sum divided by the group size.
-enum class ReduceOp : std::uint8_t { Sum, Mean, Max };
-/// "sum", "mean", "max".
-const char* reduce_op_name(ReduceOp op);
+/// How the caller of a backend's non-blocking entry completes the call. Later: it keeps
+/// the request and may compute while the call proceeds (the front's i-forms). Now: it waits
+/// on the request at once (the front's blocking forms are `i*(..., Completion::Now).wait()`),
+/// so a backend may instead run the call to its end before returning, on the caller's
+/// thread, and return an empty (complete) Request: the threads backend runs it inline when
+/// nothing is in flight on the group, the MPI backend's small all-reduce waits on the stack.
+enum class Completion : std::uint8_t { Later, Now };
 
-/// Backend side of a Communicator (one object per device per group). Every virtual
-/// method has the contract of the Communicator method of the same name, with buffers as
-/// Buffer (see buffer.hpp for what `count` means per op). The front (Communicator) has
-/// checked the arguments: counts >= 0, pointers non-null when count > 0, dtype and reduce
-/// op supported, ranks, roots, tags and pairs in range, distinct buffers where required;
-/// backends check only what is their own: the devices they reach (a buffer elsewhere is
-/// refused with NotImplemented naming the op and the device, before anything moves) and
-/// an MPI count over INT_MAX.
-/// The label is kept here, once for every backend: backends count each call with
-/// stats().add(stats_group(), ...).
+/// Backend side of a Communicator (one object per device per group): one entry per
+/// operation, each collective in its non-blocking form, with the contract of the
+/// Communicator method of the same name (its blocking twin is the front's
+/// `i*(..., Completion::Now).wait()`) and buffers as Buffer (see buffer.hpp for what
+/// `count` means per op). The front (Communicator) has checked the arguments: counts >= 0,
+/// pointers non-null when count > 0, dtype and reduce op supported, ranks, roots, tags and
+/// pairs in range, distinct buffers where required; backends check only what is their own:
+/// the devices they reach (a buffer elsewhere is refused with NotImplemented naming the op
+/// and the device, before anything moves) and an MPI count over INT_MAX.
+/// The group's identity (this device's rank, the members, the counters) is plain data set
+/// by the constructor; the label is kept here too, once for every backend: backends count
+/// each call with stats().add(stats_group(), ...).
 class CommunicatorImpl {
  public:
+  /// This device is rank `rank` of the group of world devices `members` (in rank order);
+  /// `stats`: its counters, shared by all its communicators.
+  CommunicatorImpl(int rank, std::vector<int> members, std::shared_ptr<CommStats> stats);
+  CommunicatorImpl(const CommunicatorImpl&) = delete;
+  CommunicatorImpl& operator=(const CommunicatorImpl&) = delete;
   virtual ~CommunicatorImpl() = default;
-  virtual int rank() const = 0;
-  virtual int size() const = 0;
-  virtual int global_rank() const = 0;
-  virtual const std::vector<int>& group() const = 0;
-  virtual Request iall_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) = 0;
-  virtual Request iall_gather(const Buffer& send, const Buffer& recv) = 0;
-  virtual Request ireduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) = 0;
-  virtual void all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) = 0;
-  virtual void all_gather(const Buffer& send, const Buffer& recv) = 0;
-  virtual void reduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) = 0;
-  virtual void all_to_all(const Buffer& send, const Buffer& recv) = 0;
-  virtual void broadcast(const Buffer& buf, int root) = 0;
-  virtual void permute(const Buffer& send, const Buffer& recv,
-                       const std::vector<std::pair<int, int>>& pairs) = 0;
-  virtual void barrier() = 0;
+
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(members_.size()); }
+  int global_rank() const { return members_[static_cast<std::size_t>(rank_)]; }
+  const std::vector<int>& group() const { return members_; }
+  CommStats& stats() { return *stats_; }
+  /// The counters, for what outlives a call of this handle (a request).
+  const std::shared_ptr<CommStats>& shared_stats() const { return stats_; }
+
+  virtual Request iall_reduce(const Buffer& send, const Buffer& recv, ReduceOp op,
+                              Completion completion) = 0;
+  virtual Request iall_gather(const Buffer& send, const Buffer& recv, Completion completion) = 0;
+  virtual Request ireduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op,
+                                  Completion completion) = 0;
+  virtual Request iall_to_all(const Buffer& send, const Buffer& recv, Completion completion) = 0;
+  virtual Request ibroadcast(const Buffer& buf, int root, Completion completion) = 0;
+  virtual Request ipermute(const Buffer& send, const Buffer& recv,
+                           const std::vector<std::pair<int, int>>& pairs,
+                           Completion completion) = 0;
   virtual Request isend(const Buffer& buf, int dst, int tag) = 0;
   virtual Request irecv(const Buffer& buf, int src, int tag) = 0;
+  virtual void barrier() = 0;
   virtual std::shared_ptr<CommunicatorImpl> split(int color, int key) = 0;
-  virtual CommStats& stats() = 0;
   /// Communicator::set_link_model. The default: NotImplemented (no simulated link).
   virtual void set_link_model(const LinkModel& link);
 
@@ -72,6 +87,9 @@ class CommunicatorImpl {
   }
 
  private:
+  int rank_;
+  std::vector<int> members_;
+  std::shared_ptr<CommStats> stats_;
   std::string label_ = "world";
   int group_ = -1;
 };
@@ -192,6 +210,18 @@ class Communicator {
                const std::vector<std::pair<int, int>>& pairs);
   void permute(const Buffer& send, const Buffer& recv,
                const std::vector<std::pair<int, int>>& pairs);
+  /// Nonblocking forms of the three above: same arguments, same results once the returned
+  /// request completes, under the rules of iall_reduce (buffers alive and untouched until
+  /// then; matched across devices by issue order; errors thrown by wait() or test()).
+  /// Under MPI they are MPI_Ialltoall, MPI_Ibcast and a pair of MPI_Irecv / MPI_Isend.
+  Request iall_to_all(const void* send, void* recv, std::int64_t count, DType dtype);
+  Request iall_to_all(const Buffer& send, const Buffer& recv);
+  Request ibroadcast(void* buf, std::int64_t count, DType dtype, int root);
+  Request ibroadcast(const Buffer& buf, int root);
+  Request ipermute(const void* send, void* recv, std::int64_t count, DType dtype,
+                   const std::vector<std::pair<int, int>>& pairs);
+  Request ipermute(const Buffer& send, const Buffer& recv,
+                   const std::vector<std::pair<int, int>>& pairs);
   /// Returns when every rank of the group has called it.
   void barrier() { impl_->barrier(); }
   /// Threads backend: the link model (LaunchOptions::link) of every call issued after it

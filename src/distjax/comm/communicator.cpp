@@ -1,20 +1,17 @@
 // The communicator front: checks every call's arguments once, then hands the backend
-// buffers described as comm::Buffer.
+// buffers described as comm::Buffer; a blocking call is the backend's non-blocking entry
+// told that the caller waits at once (Completion::Now), and waited on.
 #include "distjax/comm/communicator.hpp"
 
-#include "distjax/comm/detail/call.hpp"
+#include "distjax/comm/detail/checks.hpp"
+#include "distjax/comm/detail/call_desc.hpp"
 #include "distjax/core/error.hpp"
 
 namespace distjax::comm {
 
-const char* reduce_op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Mean: return "mean";
-    case ReduceOp::Max: return "max";
-  }
-  return "?";
-}
+CommunicatorImpl::CommunicatorImpl(int rank, std::vector<int> members,
+                                   std::shared_ptr<CommStats> stats)
+    : rank_(rank), members_(std::move(members)), stats_(std::move(stats)) {}
 
 void CommunicatorImpl::set_link_model(const LinkModel&) {
   DISTJAX_THROW(NotImplemented,
@@ -51,30 +48,30 @@ void check_pair(const char* op, const Buffer& send, const Buffer& recv, std::int
 void Communicator::all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) {
   check_pair("all_reduce", send, recv, 1, 1);
   check_reducible("all_reduce", send.dtype, op);
-  impl_->all_reduce(send, recv, op);
+  impl_->iall_reduce(send, recv, op, Completion::Now).wait();
 }
 Request Communicator::iall_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) {
   check_pair("iall_reduce", send, recv, 1, 1);
   check_reducible("iall_reduce", send.dtype, op);
-  return impl_->iall_reduce(send, recv, op);
+  return impl_->iall_reduce(send, recv, op, Completion::Later);
 }
 void Communicator::all_gather(const Buffer& send, const Buffer& recv) {
   check_pair("all_gather", send, recv, 1, size());
-  impl_->all_gather(send, recv);
+  impl_->iall_gather(send, recv, Completion::Now).wait();
 }
 Request Communicator::iall_gather(const Buffer& send, const Buffer& recv) {
   check_pair("iall_gather", send, recv, 1, size());
-  return impl_->iall_gather(send, recv);
+  return impl_->iall_gather(send, recv, Completion::Later);
 }
 void Communicator::reduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) {
   check_pair("reduce_scatter", send, recv, size(), 1);
   check_reducible("reduce_scatter", send.dtype, op);
-  impl_->reduce_scatter(send, recv, op);
+  impl_->ireduce_scatter(send, recv, op, Completion::Now).wait();
 }
 Request Communicator::ireduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) {
   check_pair("ireduce_scatter", send, recv, size(), 1);
   check_reducible("ireduce_scatter", send.dtype, op);
-  return impl_->ireduce_scatter(send, recv, op);
+  return impl_->ireduce_scatter(send, recv, op, Completion::Later);
 }
 
 // ---------------------------------------------------------------- raw-pointer forms
@@ -108,27 +105,64 @@ Request Communicator::ireduce_scatter(const void* send, void* recv, std::int64_t
                          Buffer::host(recv, count, dtype), op);
 }
 
+namespace {
+
+void check_all_to_all(const char* op, const Buffer& send, const Buffer& recv, int size) {
+  check_pair(op, send, recv, 1, 1);
+  DISTJAX_CHECK(send.count % size == 0, InvalidArgument, "[", op, "] send holds ", send.count,
+                " elements, not ", size, " equal blocks");
+  DISTJAX_CHECK(send.data != recv.data || send.count == 0, InvalidArgument, "[", op,
+                "] send and recv must be different buffers");
+}
+
+void check_broadcast(const char* op, const Buffer& buf, int root, int size) {
+  check_buffer(op, buf);
+  DISTJAX_CHECK(root >= 0 && root < size, InvalidArgument, "[", op, "] root ", root,
+                " is out of range for a group of ", size);
+}
+
+void check_permute(const char* op, const Buffer& send, const Buffer& recv,
+                   const std::vector<std::pair<int, int>>& pairs, int size) {
+  check_pair(op, send, recv, 1, 1);
+  DISTJAX_CHECK(send.data != recv.data || send.count == 0, InvalidArgument, "[", op,
+                "] send and recv must be different buffers");
+  detail::check_pairs(op, pairs, size);
+}
+
+}  // namespace
+
 void Communicator::all_to_all(const void* send, void* recv, std::int64_t count, DType dtype) {
   check_buffer("all_to_all", Buffer::host(send, count, dtype));  // before count * size()
   all_to_all(Buffer::host(send, count * size(), dtype), Buffer::host(recv, count * size(), dtype));
 }
 void Communicator::all_to_all(const Buffer& send, const Buffer& recv) {
-  check_pair("all_to_all", send, recv, 1, 1);
-  DISTJAX_CHECK(send.count % size() == 0, InvalidArgument, "[all_to_all] send holds ", send.count,
-                " elements, not ", size(), " equal blocks");
-  DISTJAX_CHECK(send.data != recv.data || send.count == 0, InvalidArgument,
-                "[all_to_all] send and recv must be different buffers");
-  impl_->all_to_all(send, recv);
+  check_all_to_all("all_to_all", send, recv, size());
+  impl_->iall_to_all(send, recv, Completion::Now).wait();
+}
+Request Communicator::iall_to_all(const void* send, void* recv, std::int64_t count,
+                                  DType dtype) {
+  check_buffer("iall_to_all", Buffer::host(send, count, dtype));  // before count * size()
+  return iall_to_all(Buffer::host(send, count * size(), dtype),
+                     Buffer::host(recv, count * size(), dtype));
+}
+Request Communicator::iall_to_all(const Buffer& send, const Buffer& recv) {
+  check_all_to_all("iall_to_all", send, recv, size());
+  return impl_->iall_to_all(send, recv, Completion::Later);
 }
 
 void Communicator::broadcast(void* buf, std::int64_t count, DType dtype, int root) {
   broadcast(Buffer::host(buf, count, dtype), root);
 }
 void Communicator::broadcast(const Buffer& buf, int root) {
-  check_buffer("broadcast", buf);
-  DISTJAX_CHECK(root >= 0 && root < size(), InvalidArgument, "[broadcast] root ", root,
-                " is out of range for a group of ", size());
-  impl_->broadcast(buf, root);
+  check_broadcast("broadcast", buf, root, size());
+  impl_->ibroadcast(buf, root, Completion::Now).wait();
+}
+Request Communicator::ibroadcast(void* buf, std::int64_t count, DType dtype, int root) {
+  return ibroadcast(Buffer::host(buf, count, dtype), root);
+}
+Request Communicator::ibroadcast(const Buffer& buf, int root) {
+  check_broadcast("ibroadcast", buf, root, size());
+  return impl_->ibroadcast(buf, root, Completion::Later);
 }
 
 void Communicator::permute(const void* send, void* recv, std::int64_t count, DType dtype,
@@ -137,11 +171,17 @@ void Communicator::permute(const void* send, void* recv, std::int64_t count, DTy
 }
 void Communicator::permute(const Buffer& send, const Buffer& recv,
                            const std::vector<std::pair<int, int>>& pairs) {
-  check_pair("permute", send, recv, 1, 1);
-  DISTJAX_CHECK(send.data != recv.data || send.count == 0, InvalidArgument,
-                "[permute] send and recv must be different buffers");
-  detail::check_pairs(pairs, size());
-  impl_->permute(send, recv, pairs);
+  check_permute("permute", send, recv, pairs, size());
+  impl_->ipermute(send, recv, pairs, Completion::Now).wait();
+}
+Request Communicator::ipermute(const void* send, void* recv, std::int64_t count, DType dtype,
+                               const std::vector<std::pair<int, int>>& pairs) {
+  return ipermute(Buffer::host(send, count, dtype), Buffer::host(recv, count, dtype), pairs);
+}
+Request Communicator::ipermute(const Buffer& send, const Buffer& recv,
+                               const std::vector<std::pair<int, int>>& pairs) {
+  check_permute("ipermute", send, recv, pairs, size());
+  return impl_->ipermute(send, recv, pairs, Completion::Later);
 }
 
 namespace {

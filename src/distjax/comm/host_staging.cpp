@@ -166,91 +166,90 @@ class StagedRequest final : public RequestImpl {
 
 class StagingCommunicator final : public CommunicatorImpl {
  public:
-  explicit StagingCommunicator(std::shared_ptr<CommunicatorImpl> inner) : inner_(std::move(inner)) {
+  explicit StagingCommunicator(std::shared_ptr<CommunicatorImpl> inner)
+      : CommunicatorImpl(inner->rank(), inner->group(), inner->shared_stats()),
+        inner_(std::move(inner)) {
     CommunicatorImpl::set_label(inner_->label());
   }
 
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  int global_rank() const override { return inner_->global_rank(); }
-  const std::vector<int>& group() const override { return inner_->group(); }
-  CommStats& stats() override { return inner_->stats(); }
+  // The label is the inner backend's, which counts the calls.
   void set_label(std::string_view label) override {
     CommunicatorImpl::set_label(label);
     inner_->set_label(label);
   }
   void set_link_model(const LinkModel& link) override { inner_->set_link_model(link); }
 
-  // A non-blocking call on host buffers also waits for the calls before it to start.
-  Request iall_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) override {
-    if (!any_on_device(send, recv)) return in_order()->iall_reduce(send, recv, op);
-    return deferred(std::make_unique<Staging>("iall_reduce", &send, &recv, SendCopy::Queued),
-                    [inner = inner_, op](const Staging& st) {
-                      return inner->iall_reduce(st.send(), st.recv(), op);
-                    });
+  // A call on host buffers goes to the host backend once the calls before it have started.
+  // On a device, a call the caller waits on at once (Completion::Now) copies and waits
+  // here; any other is deferred until its send copy is done.
+  Request iall_reduce(const Buffer& send, const Buffer& recv, ReduceOp op,
+                      Completion completion) override {
+    if (!any_on_device(send, recv)) return in_order()->iall_reduce(send, recv, op, completion);
+    return staged(completion, "all_reduce", "iall_reduce", &send, &recv,
+                  [op](CommunicatorImpl& inner, const Staging& st, Completion c) {
+                    return inner.iall_reduce(st.send(), st.recv(), op, c);
+                  });
   }
-  Request iall_gather(const Buffer& send, const Buffer& recv) override {
-    if (!any_on_device(send, recv)) return in_order()->iall_gather(send, recv);
-    return deferred(std::make_unique<Staging>("iall_gather", &send, &recv, SendCopy::Queued),
-                    [inner = inner_](const Staging& st) { return inner->iall_gather(st.send(), st.recv()); });
+  Request iall_gather(const Buffer& send, const Buffer& recv, Completion completion) override {
+    if (!any_on_device(send, recv)) return in_order()->iall_gather(send, recv, completion);
+    return staged(completion, "all_gather", "iall_gather", &send, &recv,
+                  [](CommunicatorImpl& inner, const Staging& st, Completion c) {
+                    return inner.iall_gather(st.send(), st.recv(), c);
+                  });
   }
-  Request ireduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) override {
-    if (!any_on_device(send, recv)) return in_order()->ireduce_scatter(send, recv, op);
-    return deferred(std::make_unique<Staging>("ireduce_scatter", &send, &recv, SendCopy::Queued),
-                    [inner = inner_, op](const Staging& st) {
-                      return inner->ireduce_scatter(st.send(), st.recv(), op);
-                    });
+  Request ireduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op,
+                          Completion completion) override {
+    if (!any_on_device(send, recv))
+      return in_order()->ireduce_scatter(send, recv, op, completion);
+    return staged(completion, "reduce_scatter", "ireduce_scatter", &send, &recv,
+                  [op](CommunicatorImpl& inner, const Staging& st, Completion c) {
+                    return inner.ireduce_scatter(st.send(), st.recv(), op, c);
+                  });
   }
-  // Blocking calls start every non-blocking call before them first.
-  void all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) override {
-    if (!any_on_device(send, recv)) return in_order()->all_reduce(send, recv, op);
-    Staging st("all_reduce", &send, &recv);
-    in_order()->all_reduce(st.send(), st.recv(), op);
-    st.finish();
+  Request iall_to_all(const Buffer& send, const Buffer& recv, Completion completion) override {
+    if (!any_on_device(send, recv)) return in_order()->iall_to_all(send, recv, completion);
+    return staged(completion, "all_to_all", "iall_to_all", &send, &recv,
+                  [](CommunicatorImpl& inner, const Staging& st, Completion c) {
+                    return inner.iall_to_all(st.send(), st.recv(), c);
+                  });
   }
-  void all_gather(const Buffer& send, const Buffer& recv) override {
-    if (!any_on_device(send, recv)) return in_order()->all_gather(send, recv);
-    Staging st("all_gather", &send, &recv);
-    in_order()->all_gather(st.send(), st.recv());
-    st.finish();
-  }
-  void reduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) override {
-    if (!any_on_device(send, recv)) return in_order()->reduce_scatter(send, recv, op);
-    Staging st("reduce_scatter", &send, &recv);
-    in_order()->reduce_scatter(st.send(), st.recv(), op);
-    st.finish();
-  }
-  void all_to_all(const Buffer& send, const Buffer& recv) override {
-    if (!any_on_device(send, recv)) return in_order()->all_to_all(send, recv);
-    Staging st("all_to_all", &send, &recv);
-    in_order()->all_to_all(st.send(), st.recv());
-    st.finish();
-  }
-  void broadcast(const Buffer& buf, int root) override {
-    if (!on_device(buf)) return in_order()->broadcast(buf, root);
+  Request ibroadcast(const Buffer& buf, int root, Completion completion) override {
+    if (!on_device(buf)) return in_order()->ibroadcast(buf, root, completion);
     // One block, both ways: the root's goes out, the others' come back.
-    Staging st("broadcast", &buf, &buf, rank() == root ? SendCopy::Now : SendCopy::None);
-    in_order()->broadcast(st.recv(), root);
-    if (rank() != root) st.finish();
+    const bool now = completion == Completion::Now;
+    const SendCopy copy = rank() != root ? SendCopy::None : now ? SendCopy::Now : SendCopy::Queued;
+    auto st = std::make_unique<Staging>(now ? "broadcast" : "ibroadcast", &buf, &buf, copy);
+    auto start = [root](CommunicatorImpl& inner, const Staging& s, Completion c) {
+      return inner.ibroadcast(s.recv(), root, c);
+    };
+    if (!now) return deferred(std::move(st), start);
+    start(*in_order(), *st, Completion::Now).wait();
+    if (rank() != root) st->finish();
+    return Request();
   }
-  void permute(const Buffer& send, const Buffer& recv,
-               const std::vector<std::pair<int, int>>& pairs) override {
-    if (!any_on_device(send, recv)) return in_order()->permute(send, recv, pairs);
-    Staging st("permute", &send, &recv);
-    in_order()->permute(st.send(), st.recv(), pairs);
-    st.finish();
+  Request ipermute(const Buffer& send, const Buffer& recv,
+                   const std::vector<std::pair<int, int>>& pairs, Completion completion) override {
+    if (!any_on_device(send, recv)) return in_order()->ipermute(send, recv, pairs, completion);
+    return staged(completion, "permute", "ipermute", &send, &recv,
+                  [pairs](CommunicatorImpl& inner, const Staging& st, Completion c) {
+                    return inner.ipermute(st.send(), st.recv(), pairs, c);
+                  });
   }
   void barrier() override { in_order()->barrier(); }
   // Messages keep their order too (MPI matches by order within a tag).
   Request isend(const Buffer& buf, int dst, int tag) override {
     if (!on_device(buf)) return in_order()->isend(buf, dst, tag);
     return deferred(std::make_unique<Staging>("isend", &buf, nullptr, SendCopy::Queued),
-                    [inner = inner_, dst, tag](const Staging& st) { return inner->isend(st.send(), dst, tag); });
+                    [dst, tag](CommunicatorImpl& inner, const Staging& st, Completion) {
+                      return inner.isend(st.send(), dst, tag);
+                    });
   }
   Request irecv(const Buffer& buf, int src, int tag) override {
     if (!on_device(buf)) return in_order()->irecv(buf, src, tag);
     return deferred(std::make_unique<Staging>("irecv", nullptr, &buf),
-                    [inner = inner_, src, tag](const Staging& st) { return inner->irecv(st.recv(), src, tag); });
+                    [src, tag](CommunicatorImpl& inner, const Staging& st, Completion) {
+                      return inner.irecv(st.recv(), src, tag);
+                    });
   }
   std::shared_ptr<CommunicatorImpl> split(int color, int key) override {
     return std::make_shared<StagingCommunicator>(in_order()->split(color, key));
@@ -263,10 +262,28 @@ class StagingCommunicator final : public CommunicatorImpl {
     queue_->start_through();
     return inner_.get();
   }
-  Request deferred(std::unique_ptr<Staging> st, std::function<Request(const Staging&)> start) {
+  /// A host backend's call on staged buffers, told how its caller completes it.
+  using Start = std::function<Request(CommunicatorImpl& inner, const Staging&, Completion)>;
+
+  /// A call of two buffers, one of them on a device. Completion::Now: the send buffer is
+  /// copied at once, the call waited on, the result copied back; Later: deferred.
+  Request staged(Completion completion, const char* blocking, const char* nonblocking,
+                 const Buffer* send, const Buffer* recv, Start start) {
+    if (completion == Completion::Later)
+      return deferred(std::make_unique<Staging>(nonblocking, send, recv, SendCopy::Queued),
+                      std::move(start));
+    Staging st(blocking, send, recv);
+    start(*in_order(), st, Completion::Now).wait();
+    st.finish();
+    return Request();
+  }
+  /// A non-blocking call started (with Completion::Later) once its send copy is done.
+  Request deferred(std::unique_ptr<Staging> st, Start start) {
     auto d = std::make_shared<Deferred>();
     d->staging = std::move(st);
-    d->start = std::move(start);
+    d->start = [inner = inner_, start = std::move(start)](const Staging& s) {
+      return start(*inner, s, Completion::Later);
+    };
     queue_->push(d);
     return Request(std::make_unique<StagedRequest>(std::move(d), queue_));
   }

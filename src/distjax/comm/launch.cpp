@@ -2,7 +2,7 @@
 // stubs).
 #include "distjax/comm/launch.hpp"
 
-#include "distjax/comm/detail/call.hpp"
+#include "distjax/comm/detail/backends.hpp"
 #include "distjax/comm/nccl/nccl_api.hpp"
 
 namespace distjax::comm {

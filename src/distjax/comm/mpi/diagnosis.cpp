@@ -144,7 +144,8 @@ std::string GroupDiagnosis::diagnose(const detail::CallDesc& d, bool all_arrived
                                     {.all_arrived = all_arrived,
                                      .checked = checked_,
                                      .timeout = timeout_,
-                                     .mpi_error = mpi_error},
+                                     .mpi_error = mpi_error,
+                                     .peer_failed = [] { return poll_abort() != nullptr; }},
                                     &all_answered);
   if (!all_answered && poll_abort() != nullptr) return abort_message(d);
   return msg;

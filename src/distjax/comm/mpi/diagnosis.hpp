@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "distjax/comm/detail/call.hpp"
+#include "distjax/comm/detail/call_desc.hpp"
 #include "distjax/comm/mpi/flight_records.hpp"
 #include "distjax/comm/mpi/guards.hpp"
 

@@ -8,7 +8,6 @@
 #include <sstream>
 
 #include "distjax/comm/mpi/backoff.hpp"
-#include "distjax/comm/mpi/notices.hpp"
 
 namespace distjax::comm::mpi {
 
@@ -196,7 +195,8 @@ void flight_serve() {
 }
 
 std::vector<PeerRecord> flight_query(const GroupRecords& g, std::uint64_t seq,
-                                     const std::vector<int>& peers, Clock::time_point until) {
+                                     const std::vector<int>& peers, Clock::time_point until,
+                                     bool (*peer_failed)()) {
   Service& s = service();
   std::vector<PeerRecord> out(peers.size());
   if (s.comm == MPI_COMM_NULL) return out;
@@ -225,7 +225,7 @@ std::vector<PeerRecord> flight_query(const GroupRecords& g, std::uint64_t seq,
     const auto now = Clock::now();
     // A peer that failed answers no more (its epoch is closed), and its abort notice, sent
     // before it closed, says why: waiting out the grace for it would only delay the failure.
-    if (all || now > until || poll_abort() != nullptr) break;
+    if (all || now > until || (peer_failed && peer_failed())) break;
     backoff.pause(start, now);
   }
   for (std::size_t i = 0; i < peers.size(); ++i) {
@@ -254,7 +254,8 @@ std::string flight_diagnose(const GroupRecords& g, int device, const detail::Cal
   for (int m : members)
     if (m != device) peers.push_back(m);
   const auto grace = std::min<Clock::duration>(end.timeout, std::chrono::milliseconds(500));
-  std::vector<PeerRecord> recs = flight_query(g, d.seq, peers, Clock::now() + grace);
+  std::vector<PeerRecord> recs =
+      flight_query(g, d.seq, peers, Clock::now() + grace, end.peer_failed);
   if (all_answered != nullptr)
     *all_answered = std::all_of(recs.begin(), recs.end(), [](const PeerRecord& p) {
       return p.answered;

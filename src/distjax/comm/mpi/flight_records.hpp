@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "distjax/comm/detail/call.hpp"
+#include "distjax/comm/detail/call_desc.hpp"
 
 namespace distjax::comm::mpi {
 
@@ -95,11 +95,13 @@ void flight_close();
 /// Answers the queries that have arrived (never blocks). Called from every wait.
 void flight_serve();
 /// Asks world ranks `peers` about call `seq` of group `g` and waits until all answered or
-/// `until` (serving queries meanwhile), or an abort notice arrives (poll_abort: a peer that
-/// failed has stopped answering). One PeerRecord per peer, in order.
+/// `until` (serving queries meanwhile), or `peer_failed` (if given) says a device failed
+/// (an abort notice, notices.hpp: a peer that failed has stopped answering). One
+/// PeerRecord per peer, in order.
 std::vector<PeerRecord> flight_query(const GroupRecords& g, std::uint64_t seq,
                                      const std::vector<int>& peers,
-                                     std::chrono::steady_clock::time_point until);
+                                     std::chrono::steady_clock::time_point until,
+                                     bool (*peer_failed)() = nullptr);
 
 /// How a call ended for flight_diagnose.
 struct CallEnd {
@@ -107,6 +109,7 @@ struct CallEnd {
   bool checked = false;      // the per-call check runs on this group
   std::chrono::milliseconds timeout{0};
   std::string mpi_error;  // empty: it timed out; else MPI's error
+  bool (*peer_failed)() = nullptr;  // whether a device failed: flight_query stops waiting
 };
 /// The message of call d of group g on world rank `device` that did not complete (timed
 /// out, or failed inside MPI), built from the flight records of the group's other devices

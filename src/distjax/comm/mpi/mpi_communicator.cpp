@@ -37,7 +37,9 @@
 #include <string>
 #include <vector>
 
-#include "distjax/comm/detail/call.hpp"
+#include "distjax/comm/detail/call_desc.hpp"
+#include "distjax/comm/detail/call_timer.hpp"
+#include "distjax/comm/detail/host_buffers.hpp"
 #include "distjax/comm/mpi/diagnosis.hpp"
 #include "distjax/comm/mpi/exchange.hpp"
 #include "distjax/comm/mpi/flight_records.hpp"
@@ -96,25 +98,7 @@ class MpiCommunicator final : public CommunicatorImpl,
   /// Takes ownership of comm. `op` ("launch", "split") names the call in errors.
   MpiCommunicator(MPI_Comm comm, const LaunchOptions& opts, std::shared_ptr<CommStats> stats,
                   const char* op)
-      : comm_(comm), opts_(opts), stats_(std::move(stats)) {
-    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(comm_, &rank_);
-    MPI_Comm_size(comm_, &size_);
-    MPI_Comm_rank(MPI_COMM_WORLD, &global_);
-    const auto deadline = Clock::now() + opts_.timeout;
-    check_comm_ = duplicate(op, deadline);
-    xchg_comm_ = duplicate(op, deadline);
-    MPI_Request r;
-    auto ids = std::make_shared<std::vector<int>>(size_);
-    check(MPI_Iallgather(&global_, 1, MPI_INT, ids->data(), 1, MPI_INT, comm_, &r), op, global_);
-    wait_setup(r, ids, deadline, opts_.timeout, op, "gathering the new group's members", global_);
-    diag_ = std::make_unique<GroupDiagnosis>(*ids, rank_, global_, check_comm_, opts_.timeout,
-                                             checking());
-    int* ub = nullptr;
-    int flag = 0;
-    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
-    if (flag && ub != nullptr && *ub > 1) tag_ub_ = *ub;
-  }
+      : MpiCommunicator(comm, opts, std::move(stats), op, Clock::now() + opts.timeout) {}
   ~MpiCommunicator() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -126,20 +110,21 @@ class MpiCommunicator final : public CommunicatorImpl,
     }
   }
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  int global_rank() const override { return global_; }
-  const std::vector<int>& group() const override { return diag_->members(); }
-  CommStats& stats() override { return *stats_; }
-
   // Every entry takes host access to its buffers first (a CUDA buffer is refused naming
-  // the op before the call is issued); the call holds it until it completes.
-  Request iall_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) override {
-    HostBuffers access("iall_reduce", kBackend, send, recv);
+  // the op, its blocking form's name when the caller waits at once, before the call is
+  // issued); the call holds it until it completes.
+  Request iall_reduce(const Buffer& send, const Buffer& recv, ReduceOp op,
+                      Completion completion) override {
+    const bool now = completion == Completion::Now;
+    HostBuffers access(now ? "all_reduce" : "iall_reduce", kBackend, send, recv);
+    if (now && small(send)) {
+      small_all_reduce(send, recv, op);
+      return Request();
+    }
     const int n = to_int("all_reduce", send.count);
     const DType dtype = send.dtype;
     auto call = begin(detail::make_desc(seq_, OpKind::AllReduce, send.count, dtype, op),
-                      detail::ring_traffic(OpKind::AllReduce, send.bytes(), size_));
+                      detail::ring_traffic(OpKind::AllReduce, send.bytes(), size()));
     call->access.emplace(std::move(access));
     if (small(send)) {
       call->xchg = std::make_shared<Exchange>();
@@ -153,7 +138,8 @@ class MpiCommunicator final : public CommunicatorImpl,
     const Buffer sb = staged.first, rb = staged.second;  // no binding: clang 14 cannot capture one
     if (op == ReduceOp::Mean) {
       const Buffer r = recv;
-      call->finish.push_back([r, this] { detail::divide_inplace(r.data, r.count, r.dtype, size_); });
+      call->finish.push_back(
+          [r, this] { detail::divide_inplace(r.data, r.count, r.dtype, size()); });
     }
     const MPI_Datatype t = mpi_type(sb.dtype);
     const void* sp = in_place && sb.data == recv.data ? MPI_IN_PLACE : sb.data;
@@ -162,13 +148,14 @@ class MpiCommunicator final : public CommunicatorImpl,
     });
   }
 
-  Request iall_gather(const Buffer& send, const Buffer& recv) override {
-    HostBuffers access("iall_gather", kBackend, send, recv);
-    const int n = to_int("all_gather", recv.count) / size_;
+  Request iall_gather(const Buffer& send, const Buffer& recv, Completion completion) override {
+    HostBuffers access(completion == Completion::Now ? "all_gather" : "iall_gather", kBackend,
+                       send, recv);
+    const int n = to_int("all_gather", recv.count) / size();
     auto call = begin(detail::make_desc(seq_, OpKind::AllGather, send.count, send.dtype),
-                      detail::ring_traffic(OpKind::AllGather, send.bytes(), size_));
+                      detail::ring_traffic(OpKind::AllGather, send.bytes(), size()));
     call->access.emplace(std::move(access));
-    const bool in_place = send.data == static_cast<char*>(recv.data) + rank_ * send.bytes();
+    const bool in_place = send.data == static_cast<char*>(recv.data) + rank() * send.bytes();
     const std::pair<Buffer, Buffer> staged = stage(*call, send, recv);
     const Buffer sb = staged.first, rb = staged.second;  // no binding: clang 14 cannot capture one
     const MPI_Datatype t = mpi_type(sb.dtype);
@@ -178,17 +165,20 @@ class MpiCommunicator final : public CommunicatorImpl,
     });
   }
 
-  Request ireduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) override {
-    HostBuffers access("ireduce_scatter", kBackend, send, recv);
-    const int n = to_int("reduce_scatter", send.count) / size_;
+  Request ireduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op,
+                          Completion completion) override {
+    HostBuffers access(completion == Completion::Now ? "reduce_scatter" : "ireduce_scatter",
+                       kBackend, send, recv);
+    const int n = to_int("reduce_scatter", send.count) / size();
     auto call = begin(detail::make_desc(seq_, OpKind::ReduceScatter, recv.count, recv.dtype, op),
-                      detail::ring_traffic(OpKind::ReduceScatter, recv.bytes(), size_));
+                      detail::ring_traffic(OpKind::ReduceScatter, recv.bytes(), size()));
     call->access.emplace(std::move(access));
     const std::pair<Buffer, Buffer> staged = stage(*call, send, recv);
     const Buffer sb = staged.first, rb = staged.second;  // no binding: clang 14 cannot capture one
     if (op == ReduceOp::Mean) {
       const Buffer r = recv;
-      call->finish.push_back([r, this] { detail::divide_inplace(r.data, r.count, r.dtype, size_); });
+      call->finish.push_back(
+          [r, this] { detail::divide_inplace(r.data, r.count, r.dtype, size()); });
     }
     const MPI_Datatype t = mpi_type(sb.dtype);
     return start(std::move(call), [=, this](MPI_Request* q) {
@@ -196,118 +186,67 @@ class MpiCommunicator final : public CommunicatorImpl,
     });
   }
 
-  /// A small all-reduce waits here, on the stack: no request, no allocation, nothing
-  /// but its exchange between the clock readings of its counters.
-  void all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) override {
-    HostBuffers access("all_reduce", kBackend, send, recv);
-    if (!small(send)) {
-      iall_reduce(send, recv, op).wait();
-      return;
-    }
-    diag_->throw_if_failed();
-    const detail::CallDesc d =
-        detail::make_desc(seq_, OpKind::AllReduce, send.count, send.dtype, op);
-    auto issued = clock_.now();
-    ++seq_;
-    diag_->records().issue(d);
-    // A device failed: start nothing (the others' messages may already be here, and this
-    // call would complete where theirs failed). Looking costs a trip through MPI's
-    // progress engine, so back-to-back calls look once per kAbortLook: a call that skips
-    // the look was issued within kAbortLook of one, and could complete where the others
-    // failed only if it arrived within kAbortLook after their timeout (a race at the
-    // deadline that any check has); the next call, or its wait, then fails.
-    if (issued - abort_looked_ > kAbortLook) {
-      issued = clock_.anchor();  // steady_clock itself, at most every kAbortLook
-      abort_looked_ = issued;
-      diag_->fail_if_aborted(d);
-    }
-    Waiting waiting(&diag_->records(), d);  // through the diagnosis too: peers ask meanwhile
-    Exchange& x = *hot_;
-    WaitResult w;
-    try {
-      start_small(x, d, send, op);
-      w = poll_until([&x] { return x.progress(); }, issued + opts_.timeout);
-    } catch (const CommError& e) {  // an MPI error
-      give_up_hot();
-      diag_->fail_mpi(d, e.what());
-    }
-    if (w != WaitResult::Done) {
-      give_up_hot();
-      diag_->fail_wait(w, d, false);
-    }
-    if (!x.agreed()) {
-      give_up_hot();
-      diag_->disagree(d, tag_of(d.seq));
-    }
-    finish_small(x, recv, op);
-    ++diag_->records().completed;
-    count_small(send, issued);
-  }
-  void all_gather(const Buffer& send, const Buffer& recv) override {
-    HostBuffers access("all_gather", kBackend, send, recv);
-    iall_gather(send, recv).wait();
-  }
-  void reduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) override {
-    HostBuffers access("reduce_scatter", kBackend, send, recv);
-    ireduce_scatter(send, recv, op).wait();
-  }
-
-  void all_to_all(const Buffer& send, const Buffer& recv) override {
-    HostBuffers access("all_to_all", kBackend, send, recv);
-    const int n = to_int("all_to_all", send.count) / size_;
+  Request iall_to_all(const Buffer& send, const Buffer& recv, Completion completion) override {
+    HostBuffers access(completion == Completion::Now ? "all_to_all" : "iall_to_all", kBackend,
+                       send, recv);
+    const int n = to_int("all_to_all", send.count) / size();
     const DType dtype = send.dtype;
     auto call = begin(detail::make_desc(seq_, OpKind::AllToAll, n, dtype),
-                      detail::ring_traffic(OpKind::AllToAll, send.bytes() / size_, size_));
-    start(std::move(call), [=, this](MPI_Request* q) {
+                      detail::ring_traffic(OpKind::AllToAll, send.bytes() / size(), size()));
+    call->access.emplace(std::move(access));
+    return start(std::move(call), [=, this](MPI_Request* q) {
       return MPI_Ialltoall(send.data, n, mpi_type(dtype), recv.data, n, mpi_type(dtype), comm_, q);
-    }).wait();
+    });
   }
 
-  void broadcast(const Buffer& buf, int root) override {
-    HostBuffers access("broadcast", kBackend, buf);
+  Request ibroadcast(const Buffer& buf, int root, Completion completion) override {
+    HostBuffers access(completion == Completion::Now ? "broadcast" : "ibroadcast", kBackend, buf);
     const int n = to_int("broadcast", buf.count);
     auto call = begin(
         detail::make_desc(seq_, OpKind::Broadcast, buf.count, buf.dtype, ReduceOp::Sum, root),
-        detail::ring_traffic(OpKind::Broadcast, buf.bytes(), size_, rank_ == root));
-    start(std::move(call), [=, this](MPI_Request* q) {
+        detail::ring_traffic(OpKind::Broadcast, buf.bytes(), size(), rank() == root));
+    call->access.emplace(std::move(access));
+    return start(std::move(call), [=, this](MPI_Request* q) {
       return MPI_Ibcast(buf.data, n, mpi_type(buf.dtype), root, comm_, q);
-    }).wait();
+    });
   }
 
-  void permute(const Buffer& send, const Buffer& recv,
-               const std::vector<std::pair<int, int>>& pairs) override {
-    HostBuffers access("permute", kBackend, send, recv);
+  Request ipermute(const Buffer& send, const Buffer& recv,
+                   const std::vector<std::pair<int, int>>& pairs, Completion completion) override {
+    HostBuffers access(completion == Completion::Now ? "permute" : "ipermute", kBackend, send,
+                       recv);
     const int n = to_int("permute", send.count);
     const std::int64_t bytes = send.bytes();
     int src = -1, dst = -1;
     for (auto [s, d] : pairs) {
-      if (d == rank_) src = s;
-      if (s == rank_) dst = d;
+      if (d == rank()) src = s;
+      if (s == rank()) dst = d;
     }
     // Bytes actually moved between devices (a self pair moves nothing).
-    const bool sends = dst >= 0 && dst != rank_, receives = src >= 0 && src != rank_;
+    const bool sends = dst >= 0 && dst != rank(), receives = src >= 0 && src != rank();
     auto call = begin(detail::make_desc(seq_, OpKind::Permute, send.count, send.dtype,
                                         ReduceOp::Sum, 0, detail::hash_pairs(pairs)),
                       detail::Traffic{sends ? bytes : 0, receives ? bytes : 0,
                                       (sends || receives) ? 1 : 0});
-    if (src == rank_) {
+    call->access.emplace(std::move(access));
+    if (src == rank()) {
       std::memcpy(recv.data, send.data, bytes);
     } else if (src < 0 && bytes > 0) {
       std::memset(recv.data, 0, bytes);
     }
     const MPI_Datatype t = mpi_type(send.dtype);
-    start(std::move(call), [=, this](MPI_Request* q) {
+    return start(std::move(call), [=, this](MPI_Request* q) {
       int rc = MPI_SUCCESS;
       if (receives) rc = MPI_Irecv(recv.data, n, t, src, kPermuteTag, comm_, &q[0]);
       if (sends && rc == MPI_SUCCESS)
         rc = MPI_Isend(send.data, n, t, dst, kPermuteTag, comm_, &q[1]);
       return rc;
-    }).wait();
+    });
   }
 
   void barrier() override {
     auto call = begin(detail::make_desc(seq_, OpKind::Barrier),
-                      detail::ring_traffic(OpKind::Barrier, 0, size_));
+                      detail::ring_traffic(OpKind::Barrier, 0, size()));
     if (checking()) {
       start(std::move(call), nullptr).wait();  // the check is itself a barrier
     } else {
@@ -326,7 +265,7 @@ class MpiCommunicator final : public CommunicatorImpl,
     DISTJAX_CHECK(color >= 0, InvalidArgument, "[split] color must be >= 0, got ", color);
     diag_->throw_if_failed();
     auto call = begin(detail::make_desc(seq_, OpKind::Split),
-                      detail::ring_traffic(OpKind::Split, 0, size_));
+                      detail::ring_traffic(OpKind::Split, 0, size()));
     Waiting waiting(&diag_->records(), call->desc);
     // Always the full descriptor exchange: MPI_Comm_split only exists in blocking form,
     // so every rank must know the others are entering it.
@@ -341,12 +280,12 @@ class MpiCommunicator final : public CommunicatorImpl,
     if (w != WaitResult::Done) diag_->fail_wait(w, call->desc, true);
     call->arrived = Clock::now();
     MPI_Comm sub;
-    const int rc = guarded(opts_.timeout, blocked_message("split", "MPI_Comm_split", global_,
+    const int rc = guarded(opts_.timeout, blocked_message("split", "MPI_Comm_split", global_rank(),
                                                           opts_.timeout, diag_->where(call->desc)),
                            [&] { return MPI_Comm_split(comm_, color, key, &sub); });
-    check(rc, "split", global_);
+    check(rc, "split", global_rank());
     try {
-      auto out = std::make_shared<MpiCommunicator>(sub, opts_, stats_, "split");
+      auto out = std::make_shared<MpiCommunicator>(sub, opts_, shared_stats(), "split");
       complete(*call);
       return out;
     } catch (const CommError& e) {
@@ -375,7 +314,7 @@ class MpiCommunicator final : public CommunicatorImpl,
       MPI_Cancel(&r_);
       // A transfer already matched must finish; the watchdog bounds that wait.
       guarded(c_.opts_.timeout,
-              blocked_message(is_send_ ? "isend" : "irecv", "MPI_Wait", c_.global_,
+              blocked_message(is_send_ ? "isend" : "irecv", "MPI_Wait", c_.global_rank(),
                               c_.opts_.timeout,
                               " on a cancelled transfer in group " + c_.diag_->label()),
               [&] { return MPI_Wait(&r_, MPI_STATUS_IGNORE); });
@@ -389,18 +328,19 @@ class MpiCommunicator final : public CommunicatorImpl,
       {
         Waiting waiting(&c_.diag_->records(), is_send_ ? OpKind::Send : OpKind::Recv,
                         c_.diag_->members()[peer_], tag_);
-        w = poll(&r_, &done, 1, deadline, name, c_.global_, Backoff::yield_window(bytes_));
+        w = poll(&r_, &done, 1, deadline, name, c_.global_rank(), Backoff::yield_window(bytes_));
       }
       if (w != WaitResult::Done) c_.diag_->throw_transfer(w, is_send_, peer_, tag_);
       access_.reset();  // done: the buffer is the caller's again
-      detail::count_wait(*c_.stats_, stats_group_, is_send_,
+      detail::count_wait(c_.stats(), stats_group_, is_send_,
                          std::chrono::duration<double>(Clock::now() - start).count());
     }
     bool test() override {
       if (r_ == MPI_REQUEST_NULL) return true;
       advance_pending();  // pending collectives too, as a wait would
       int flag = 0;
-      check(MPI_Test(&r_, &flag, MPI_STATUS_IGNORE), is_send_ ? "isend" : "irecv", c_.global_);
+      check(MPI_Test(&r_, &flag, MPI_STATUS_IGNORE), is_send_ ? "isend" : "irecv",
+            c_.global_rank());
       if (flag) access_.reset();
       return flag != 0;
     }
@@ -451,15 +391,52 @@ class MpiCommunicator final : public CommunicatorImpl,
     std::uint64_t seq() const { return desc.seq; }
   };
 
-  bool checking() const { return opts_.check_collectives && size_ > 1; }
+  /// The group's identity first (this process's rank in comm and the world ranks of its
+  /// members, gathered by `deadline`), then its private duplicates.
+  MpiCommunicator(MPI_Comm comm, const LaunchOptions& opts, std::shared_ptr<CommStats> stats,
+                  const char* op, Clock::time_point deadline)
+      : CommunicatorImpl(rank_in(comm), members_of(comm, opts, op, deadline), std::move(stats)),
+        comm_(comm),
+        opts_(opts) {
+    check_comm_ = duplicate(op, deadline);
+    xchg_comm_ = duplicate(op, deadline);
+    diag_ = std::make_unique<GroupDiagnosis>(group(), rank(), global_rank(), check_comm_,
+                                             opts_.timeout, checking());
+    int* ub = nullptr;
+    int flag = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+    if (flag && ub != nullptr && *ub > 1) tag_ub_ = *ub;
+  }
+  /// This process's rank in comm, which from now on returns its errors.
+  static int rank_in(MPI_Comm comm) {
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    int rank = 0;
+    MPI_Comm_rank(comm, &rank);
+    return rank;
+  }
+  /// The world ranks of comm's members, in rank order (comm's first collective).
+  static std::vector<int> members_of(MPI_Comm comm, const LaunchOptions& opts, const char* op,
+                                     Clock::time_point deadline) {
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);  // whichever of the two runs first
+    int size = 1, global = 0;
+    MPI_Comm_size(comm, &size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &global);
+    MPI_Request r;
+    auto ids = std::make_shared<std::vector<int>>(size);
+    check(MPI_Iallgather(&global, 1, MPI_INT, ids->data(), 1, MPI_INT, comm, &r), op, global);
+    wait_setup(r, ids, deadline, opts.timeout, op, "gathering the new group's members", global);
+    return *ids;
+  }
+
+  bool checking() const { return opts_.check_collectives && size() > 1; }
 
   /// A duplicate of comm_ that returns its errors, made by `deadline`.
   MPI_Comm duplicate(const char* op, Clock::time_point deadline) {
     MPI_Request r;
     auto dup = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
-    check(MPI_Comm_idup(comm_, dup.get(), &r), op, global_);
+    check(MPI_Comm_idup(comm_, dup.get(), &r), op, global_rank());
     wait_setup(r, dup, deadline, opts_.timeout, op, "duplicating the new group's communicator",
-               global_);
+               global_rank());
     MPI_Comm_set_errhandler(*dup, MPI_ERRORS_RETURN);
     return *dup;
   }
@@ -487,9 +464,9 @@ class MpiCommunicator final : public CommunicatorImpl,
       p = wide;
       t = DType::F32;
     }
-    x.start(xchg_comm_, rank_, size_, tag_of(d.seq), detail::hash_desc(d), p,
+    x.start(xchg_comm_, rank(), size(), tag_of(d.seq), detail::hash_desc(d), p,
             static_cast<int>(send.count), t, op == ReduceOp::Max ? ReduceOp::Max : ReduceOp::Sum,
-            "all_reduce", global_);
+            "all_reduce", global_rank());
   }
   /// Writes the result of a small all-reduce's exchange into recv.
   void finish_small(const Exchange& x, const Buffer& recv, ReduceOp op) {
@@ -498,22 +475,66 @@ class MpiCommunicator final : public CommunicatorImpl,
     } else if (recv.count > 0) {
       std::memcpy(recv.data, x.result(), static_cast<std::size_t>(recv.bytes()));
     }
-    if (op == ReduceOp::Mean) detail::divide_inplace(recv.data, recv.count, recv.dtype, size_);
+    if (op == ReduceOp::Mean) detail::divide_inplace(recv.data, recv.count, recv.dtype, size());
   }
   /// Counts a blocking small all-reduce of `send` issued at `issued`, done now.
   void count_small(const Buffer& send, Clock::time_point issued) {
     const auto end = clock_.now();
-    const detail::Traffic t = detail::ring_traffic(OpKind::AllReduce, send.bytes(), size_);
+    const detail::Traffic t = detail::ring_traffic(OpKind::AllReduce, send.bytes(), size());
     const double s = std::chrono::duration<double>(end - issued).count();
-    stats_->add(stats_group(), OpKind::AllReduce,
+    stats().add(stats_group(), OpKind::AllReduce,
                 {.calls = 1,
                  .bytes_sent = t.sent,
                  .bytes_received = t.received,
                  .seconds = s,
                  .wait_seconds = s});
-    if (stats_->record_spans)
-      stats_->spans.push_back({OpKind::AllReduce, issued, end, end, t.sent});
+    if (stats().record_spans)
+      stats().spans.push_back({OpKind::AllReduce, issued, end, end, t.sent});
   }
+  /// A small all-reduce that the caller waits on at once waits here, on the stack: no
+  /// request, no allocation, nothing but its exchange between the clock readings of its
+  /// counters.
+  void small_all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) {
+    diag_->throw_if_failed();
+    const detail::CallDesc d =
+        detail::make_desc(seq_, OpKind::AllReduce, send.count, send.dtype, op);
+    auto issued = clock_.now();
+    ++seq_;
+    diag_->records().issue(d);
+    // A device failed: start nothing (the others' messages may already be here, and this
+    // call would complete where theirs failed). Looking costs a trip through MPI's
+    // progress engine, so back-to-back calls look once per kAbortLook: a call that skips
+    // the look was issued within kAbortLook of one, and could complete where the others
+    // failed only if it arrived within kAbortLook after their timeout (a race at the
+    // deadline that any check has); the next call, or its wait, then fails.
+    if (issued - abort_looked_ > kAbortLook) {
+      issued = clock_.anchor();  // steady_clock itself, at most every kAbortLook
+      abort_looked_ = issued;
+      diag_->fail_if_aborted(d);
+    }
+    Waiting waiting(&diag_->records(), d);  // through the diagnosis too: peers ask meanwhile
+    Exchange& x = *hot_;
+    WaitResult w;
+    try {
+      start_small(x, d, send, op);
+      w = poll_until([&x] { return x.progress(); }, issued + opts_.timeout);
+    } catch (const CommError& e) {  // an MPI error
+      give_up_hot();
+      diag_->fail_mpi(d, e.what());
+    }
+    if (w != WaitResult::Done) {
+      give_up_hot();
+      diag_->fail_wait(w, d, false);
+    }
+    if (!x.agreed()) {
+      give_up_hot();
+      diag_->disagree(d, tag_of(d.seq));
+    }
+    finish_small(x, recv, op);
+    ++diag_->records().completed;
+    count_small(send, issued);
+  }
+
   /// The blocking small all-reduce's exchange was given up on: MPI may still write into
   /// it, so it is kept (the group has failed; nothing uses it again).
   void give_up_hot() {
@@ -565,8 +586,8 @@ class MpiCommunicator final : public CommunicatorImpl,
   Request start(std::shared_ptr<Call> c, std::function<int(MPI_Request*)> post) {
     if (checking()) {
       c->xchg = std::make_shared<Exchange>();
-      c->xchg->start(xchg_comm_, rank_, size_, tag_of(c->seq()), detail::hash_desc(c->desc),
-                     nullptr, 0, DType::F32, ReduceOp::Sum, op_kind_name(c->kind), global_);
+      c->xchg->start(xchg_comm_, rank(), size(), tag_of(c->seq()), detail::hash_desc(c->desc),
+                     nullptr, 0, DType::F32, ReduceOp::Sum, op_kind_name(c->kind), global_rank());
     }
     c->post = std::move(post);
     if (c->post) {
@@ -695,10 +716,10 @@ class MpiCommunicator final : public CommunicatorImpl,
       abandon(c);
       diag_->fail_wait(w, c.desc, true);
     }
-    check(c.post_rc, name, global_);
+    check(c.post_rc, name, global_rank());
     std::array<int, 2> done{c.data[0] == MPI_REQUEST_NULL, c.data[1] == MPI_REQUEST_NULL};
     try {
-      w = poll(c.data, done.data(), 2, Clock::now() + opts_.timeout, name, global_,
+      w = poll(c.data, done.data(), 2, Clock::now() + opts_.timeout, name, global_rank(),
                Backoff::yield_window(c.traffic.sent + c.traffic.received));
     } catch (const CommError& e) {  // an MPI error: a mismatched program, or a real one
       abandon(c);
@@ -724,11 +745,11 @@ class MpiCommunicator final : public CommunicatorImpl,
     }
     post_ready();
     if (c.post) return false;  // behind an earlier call of the group
-    check(c.post_rc, op_kind_name(c.kind), global_);
+    check(c.post_rc, op_kind_name(c.kind), global_rank());
     for (MPI_Request& r : c.data) {
       int flag = 1;
       if (r != MPI_REQUEST_NULL)
-        check(MPI_Test(&r, &flag, MPI_STATUS_IGNORE), op_kind_name(c.kind), global_);
+        check(MPI_Test(&r, &flag, MPI_STATUS_IGNORE), op_kind_name(c.kind), global_rank());
       if (!flag) return false;
     }
     complete(c);
@@ -753,14 +774,14 @@ class MpiCommunicator final : public CommunicatorImpl,
     ++diag_->records().completed;
     const auto end = Clock::now();
     if (!c.has_arrived) c.arrived = end;  // no check: no separate arrival
-    stats_->add(c.stats_group, c.kind,
+    stats().add(c.stats_group, c.kind,
                 {.calls = 1,
                  .bytes_sent = c.traffic.sent,
                  .bytes_received = c.traffic.received,
                  .seconds = std::chrono::duration<double>(end - c.issued).count(),
                  .wait_seconds = std::chrono::duration<double>(c.arrived - c.issued).count()});
-    if (stats_->record_spans)
-      stats_->spans.push_back({c.kind, c.issued, c.arrived, end, c.traffic.sent});
+    if (stats().record_spans)
+      stats().spans.push_back({c.kind, c.issued, c.arrived, end, c.traffic.sent});
   }
 
   Request post(bool is_send, const Buffer& b, int peer, int tag) {
@@ -768,12 +789,12 @@ class MpiCommunicator final : public CommunicatorImpl,
     HostBuffers access(name, kBackend, b);
     diag_->throw_if_failed();
     const int n = to_int(name, b.count);
-    detail::count_post(*this, is_send, b.bytes(), peer == rank_);
+    detail::count_post(*this, is_send, b.bytes(), peer == rank());
     MPI_Request r;
     if (is_send) {
-      check(MPI_Isend(b.data, n, mpi_type(b.dtype), peer, tag, comm_, &r), name, global_);
+      check(MPI_Isend(b.data, n, mpi_type(b.dtype), peer, tag, comm_, &r), name, global_rank());
     } else {
-      check(MPI_Irecv(b.data, n, mpi_type(b.dtype), peer, tag, comm_, &r), name, global_);
+      check(MPI_Irecv(b.data, n, mpi_type(b.dtype), peer, tag, comm_, &r), name, global_rank());
     }
     return Request(std::make_unique<MpiRequest>(shared_from_this(), r, is_send, peer, tag,
                                                 b.bytes(), std::move(access)));
@@ -788,8 +809,6 @@ class MpiCommunicator final : public CommunicatorImpl,
   Clock::time_point abort_looked_{};  // the blocking small all-reduce's last look
   TscClock clock_;                    // the blocking small all-reduce's clock
   LaunchOptions opts_;
-  std::shared_ptr<CommStats> stats_;
-  int rank_ = 0, size_ = 1, global_ = 0;
   int tag_ub_ = 32767;
   std::unique_ptr<GroupDiagnosis> diag_;  // failure state and messages, flight records
   std::uint64_t seq_ = 0;

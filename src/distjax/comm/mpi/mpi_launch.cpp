@@ -12,8 +12,9 @@
 #include <functional>
 #include <memory>
 
-#include "distjax/comm/detail/call.hpp"
+#include "distjax/comm/detail/backends.hpp"
 #include "distjax/comm/detail/host_staging.hpp"
+#include "distjax/comm/detail/launch_helpers.hpp"
 #include "distjax/comm/mpi/guards.hpp"
 #include "distjax/comm/mpi/mpi_communicator.hpp"
 #include "distjax/comm/mpi/notices.hpp"
@@ -24,6 +25,18 @@ namespace distjax::comm::mpi {
 using namespace guards;
 
 namespace {
+
+// The end of a launch whose program returned: tells the others, then waits until every
+// other process has finished or failed (after an abort notice only for the grace period: a
+// process that learned of a failure from a notice sends none), and throws if one failed
+// because this device left it waiting. Twice the timeout: a peer may start waiting on a
+// call this device completed a little after it finished, and its diagnosis at its own
+// timeout asks this device for its records (poll_until answers).
+void finish_epoch(std::chrono::milliseconds timeout, int device) {
+  if (!send_finished()) return;
+  poll_until([] { return heard_from_all(); }, Clock::now() + 2 * timeout);
+  throw_if_blamed(device);
+}
 
 // Every collective runs in its nonblocking form (so no rank can hang, see the top of this
 // file). Open MPI's default choice for MPI_Iallreduce (libnbc) measured ~0.6x of the

@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
-#include "distjax/comm/detail/call.hpp"
+#include "distjax/comm/detail/call_desc.hpp"
 #include "distjax/comm/mpi/flight_records.hpp"
-#include "distjax/comm/mpi/guards.hpp"
+#include "distjax/comm/mpi/watchdog.hpp"
 #include "distjax/core/error.hpp"
 
 namespace distjax::comm::mpi {
@@ -315,23 +315,24 @@ void send_abort(const std::string& what) {
   send_to_all(encode(Kind::Abort, ch.blamed, {}, what));
 }
 
-void finish_epoch(std::chrono::milliseconds timeout, int device) {
+bool send_finished() {
   Channel& ch = channel();
-  if (ch.comm == MPI_COMM_NULL || ch.world == 1) return;
+  if (ch.comm == MPI_COMM_NULL || ch.world == 1) return false;
   flight_finished();
   const std::size_t room = kNoticeBytes - sizeof(Head) - blamed_bytes(kMaxBlamed) - kTextRoom;
   send_to_all(encode(Kind::Finished, ch.blamed, flight_counts(room / sizeof(GroupCount)),
                      ch.blame_text.substr(0, kTextRoom)));
-  // Until every other process has finished or failed; after an abort notice only for the
-  // grace period (a process that learned of a failure from a notice sends none). Twice the
-  // timeout: a peer may start waiting on a call this device completed a little after it
-  // finished, and its diagnosis at its own timeout asks this device for its records.
-  guards::poll_until(
-      [&ch] {
-        drain();
-        return ch.heard_from == ch.world - 1;
-      },
-      Clock::now() + 2 * timeout);
+  return true;
+}
+
+bool heard_from_all() {
+  Channel& ch = channel();
+  drain();
+  return ch.heard_from == ch.world - 1;
+}
+
+void throw_if_blamed(int device) {
+  Channel& ch = channel();
   if (ch.blamers.empty()) return;
   std::sort(ch.blamers.begin(), ch.blamers.end());
   std::vector<int> ranks;

@@ -45,11 +45,15 @@ std::string left_failure();
 /// has no device to tell that it left this one.
 void send_abort(const std::string& what);
 
-/// The end of a launch whose device program returned: tells every other process, then
-/// waits (up to `timeout`, polling with backoff) until each has finished or failed. Throws
-/// CommError when one failed because this device finished while it waited on it ("[launch]
-/// device 1 finished its program while device 0 waited on it: [all_reduce] cannot
-/// complete call #4 ..."); returns normally otherwise, also when the others take longer.
-void finish_epoch(std::chrono::milliseconds timeout, int device);
+/// The end of a launch whose device program returned, in three steps (the launch waits
+/// between the second and the third with the waits of guards.hpp, which listen to these
+/// notices): tells every other process, returning false when there is none to wait for;
+bool send_finished();
+/// whether each other process has finished or failed (receives the notices that arrived);
+bool heard_from_all();
+/// throws CommError when one failed because this device finished while it waited on it
+/// ("[launch] device 1 finished its program while device 0 waited on it: [all_reduce]
+/// cannot complete call #4 ...").
+void throw_if_blamed(int device);
 
 }  // namespace distjax::comm::mpi

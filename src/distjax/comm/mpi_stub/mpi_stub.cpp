@@ -1,5 +1,5 @@
 // Stub of the MPI backend for builds without MPI: says clearly that it is missing.
-#include "distjax/comm/detail/call.hpp"
+#include "distjax/comm/detail/backends.hpp"
 #include "distjax/core/error.hpp"
 
 namespace distjax::comm::detail {

@@ -27,7 +27,8 @@
 #include <thread>
 #include <utility>
 
-#include "distjax/comm/detail/call.hpp"
+#include "distjax/comm/detail/call_desc.hpp"
+#include "distjax/comm/detail/call_timer.hpp"
 #include "distjax/comm/detail/nccl_bootstrap.hpp"
 #include "distjax/core/error.hpp"
 #include "distjax/tensor/cuda_runtime.hpp"
@@ -446,22 +447,19 @@ class TransferRequest final : public RequestImpl {
 class NcclCommunicator final : public CommunicatorImpl,
                                public std::enable_shared_from_this<NcclCommunicator> {
  public:
-  explicit NcclCommunicator(std::shared_ptr<Group> g) : g_(std::move(g)) {}
+  explicit NcclCommunicator(std::shared_ptr<Group> g)
+      : CommunicatorImpl(g->rank(), g->members(), g->stats()), g_(std::move(g)) {}
 
-  int rank() const override { return g_->rank(); }
-  int size() const override { return g_->size(); }
-  int global_rank() const override { return g_->members()[static_cast<std::size_t>(g_->rank())]; }
-  const std::vector<int>& group() const override { return g_->members(); }
-  CommStats& stats() override { return *g_->stats(); }
-
-  Request iall_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) override {
+  // Every call is queued on the communication stream and returns its request: a caller
+  // that waits at once (Completion::Now) waits on it as on any other.
+  Request iall_reduce(const Buffer& send, const Buffer& recv, ReduceOp op, Completion) override {
     const char* name = "all_reduce";
     const Start s(*g_, name, send, recv);
     const CallDesc d = g_->issue(OpKind::AllReduce, recv.count, recv.dtype, op);
     reduce(name, send, recv, op, /*scatter=*/false);
     return finish(s, d, detail::ring_traffic(OpKind::AllReduce, recv.bytes(), size()));
   }
-  Request iall_gather(const Buffer& send, const Buffer& recv) override {
+  Request iall_gather(const Buffer& send, const Buffer& recv, Completion) override {
     const char* name = "all_gather";
     const Start s(*g_, name, send, recv);
     const CallDesc d = g_->issue(OpKind::AllGather, send.count, send.dtype);
@@ -470,24 +468,15 @@ class NcclCommunicator final : public CommunicatorImpl,
               name, "ncclAllGather");
     return finish(s, d, detail::ring_traffic(OpKind::AllGather, send.bytes(), size()));
   }
-  Request ireduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) override {
+  Request ireduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op,
+                          Completion) override {
     const char* name = "reduce_scatter";
     const Start s(*g_, name, send, recv);
     const CallDesc d = g_->issue(OpKind::ReduceScatter, recv.count, recv.dtype, op);
     reduce(name, send, recv, op, /*scatter=*/true);
     return finish(s, d, detail::ring_traffic(OpKind::ReduceScatter, recv.bytes(), size()));
   }
-  void all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) override {
-    iall_reduce(send, recv, op).wait();
-  }
-  void all_gather(const Buffer& send, const Buffer& recv) override {
-    iall_gather(send, recv).wait();
-  }
-  void reduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) override {
-    ireduce_scatter(send, recv, op).wait();
-  }
-
-  void all_to_all(const Buffer& send, const Buffer& recv) override {
+  Request iall_to_all(const Buffer& send, const Buffer& recv, Completion) override {
     const char* name = "all_to_all";
     const Start s(*g_, name, send, recv);
     const std::int64_t block = send.count / size();
@@ -499,21 +488,21 @@ class NcclCommunicator final : public CommunicatorImpl,
       send_recv(name, static_cast<char*>(recv.data) + j * bytes, block, send.dtype, j, false);
     }
     g_->check(ncclGroupEnd(), name, "ncclGroupEnd");
-    finish(s, d, detail::ring_traffic(OpKind::AllToAll, static_cast<std::int64_t>(bytes), size()))
-        .wait();
+    return finish(s, d,
+                  detail::ring_traffic(OpKind::AllToAll, static_cast<std::int64_t>(bytes), size()));
   }
-  void broadcast(const Buffer& buf, int root) override {
+  Request ibroadcast(const Buffer& buf, int root, Completion) override {
     const char* name = "broadcast";
     const Start s(*g_, name, buf, buf);
     const CallDesc d = g_->issue(OpKind::Broadcast, buf.count, buf.dtype, ReduceOp::Sum, root);
     g_->check(ncclBroadcast(buf.data, buf.data, static_cast<std::size_t>(buf.count),
                             nccl_type(buf.dtype), root, g_->comm(), g_->stream()),
               name, "ncclBroadcast");
-    finish(s, d, detail::ring_traffic(OpKind::Broadcast, buf.bytes(), size(), rank() == root))
-        .wait();
+    return finish(s, d,
+                  detail::ring_traffic(OpKind::Broadcast, buf.bytes(), size(), rank() == root));
   }
-  void permute(const Buffer& send, const Buffer& recv,
-               const std::vector<std::pair<int, int>>& pairs) override {
+  Request ipermute(const Buffer& send, const Buffer& recv,
+                   const std::vector<std::pair<int, int>>& pairs, Completion) override {
     const char* name = "permute";
     const Start s(*g_, name, send, recv);
     const CallDesc d = g_->issue(OpKind::Permute, send.count, send.dtype, ReduceOp::Sum, 0,
@@ -536,7 +525,7 @@ class NcclCommunicator final : public CommunicatorImpl,
     if (to >= 0 && to != rank()) t.sent = send.bytes();
     if (from >= 0 && from != rank()) t.received = recv.bytes();
     t.steps = 1;
-    finish(s, d, t).wait();
+    return finish(s, d, t);
   }
   void barrier() override {
     const char* name = "barrier";

@@ -12,7 +12,8 @@
 #include <memory>
 #include <numeric>
 
-#include "distjax/comm/detail/call.hpp"
+#include "distjax/comm/detail/backends.hpp"
+#include "distjax/comm/detail/launch_helpers.hpp"
 #include "distjax/comm/detail/nccl_bootstrap.hpp"
 #include "distjax/comm/launch_environment.hpp"
 #include "distjax/comm/nccl/nccl_communicator.hpp"

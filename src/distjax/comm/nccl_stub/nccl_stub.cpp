@@ -1,7 +1,7 @@
 // Stub of the NCCL seam for builds without NCCL (no CUDA, or nccl.h / libnccl not found).
 #include "distjax/comm/nccl/nccl_api.hpp"
 
-#include "distjax/comm/detail/call.hpp"
+#include "distjax/comm/detail/backends.hpp"
 #include "distjax/core/error.hpp"
 
 namespace distjax::comm::detail {

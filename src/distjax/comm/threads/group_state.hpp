@@ -14,7 +14,8 @@
 #include <tuple>
 #include <vector>
 
-#include "distjax/comm/detail/call.hpp"
+#include "distjax/comm/detail/call_desc.hpp"
+#include "distjax/comm/detail/call_timer.hpp"
 #include "distjax/comm/launch.hpp"
 #include "distjax/tensor/device_memory.hpp"
 

@@ -132,9 +132,9 @@ class ThreadsCommunicator::Call {
   /// mark: such a call, a barrier or a split, may end with its arrival.)
   void arrive(detail::CallDesc d, const void* send, void* recv, int aux0 = 0, int aux1 = 0) {
     d.device = static_cast<std::uint8_t>(m_.device.kind);
-    c_.g_->sync(c_.rank_, &d, send, recv, aux0, aux1, deadline_,
+    c_.g_->sync(c_.rank(), &d, send, recv, aux0, aux1, deadline_,
                 m_.ready.empty() ? nullptr : &m_.ready);
-    c_.g_->order_after_marks(c_.rank_);
+    c_.g_->order_after_marks(c_.rank());
     timer_.arrived();
   }
   /// Charges the link model, then waits for every rank (nobody touches the buffers after).
@@ -148,11 +148,11 @@ class ThreadsCommunicator::Call {
   // Marks what this thread queued for the call so far, meets every rank, and orders the
   // stream after every rank's mark (the mark outlives the call: GroupState::next_mark).
   void mark_and_sync() {
-    raw::Event& mark = c_.g_->next_mark(c_.rank_);
+    raw::Event& mark = c_.g_->next_mark(c_.rank());
     mark = raw::Event::record(m_.op, m_.device);
-    c_.g_->sync(c_.rank_, nullptr, nullptr, nullptr, 0, 0, deadline_,
+    c_.g_->sync(c_.rank(), nullptr, nullptr, nullptr, 0, 0, deadline_,
                 mark.empty() ? nullptr : &mark);
-    c_.g_->order_after_marks(c_.rank_);
+    c_.g_->order_after_marks(c_.rank());
   }
 
   ThreadsCommunicator& c_;
@@ -166,7 +166,9 @@ class ThreadsCommunicator::Call {
 ThreadsCommunicator::ThreadsCommunicator(std::shared_ptr<WorldState> world,
                                          std::shared_ptr<GroupState> group, int rank,
                                          std::shared_ptr<CommStats> stats)
-    : world_(std::move(world)), g_(std::move(group)), rank_(rank), stats_(std::move(stats)) {}
+    : CommunicatorImpl(rank, group->members(), std::move(stats)),
+      world_(std::move(world)),
+      g_(std::move(group)) {}
 
 void ThreadsCommunicator::run_all_reduce(Mover& m, const Buffer& sb, const Buffer& rb,
                                          ReduceOp op) {
@@ -189,7 +191,7 @@ void ThreadsCommunicator::run_all_reduce(Mover& m, const Buffer& sb, const Buffe
     // writing the share and reading it back (8 buffer passes for 4 devices instead of 11),
     // and without the sync point between them. Only this rank touches its share of any
     // buffer, so in place is safe; the departure orders every rank after all the writes.
-    auto [lo, hi] = share(count, n, rank_);
+    auto [lo, hi] = share(count, n, rank());
     std::vector<void*> dsts(n);
     for (int j = 0; j < n; ++j) {
       srcs[j] = bytes_of(g_->send_of(j)) + lo * es;
@@ -228,7 +230,7 @@ void ThreadsCommunicator::run_reduce_scatter(Mover& m, const Buffer& sb, const B
   call.arrive(detail::make_desc(call.seq(), OpKind::ReduceScatter, count, dtype, op), send,
               recv);
   std::vector<const void*> srcs(n);
-  for (int j = 0; j < n; ++j) srcs[j] = bytes_of(g_->send_of(j)) + rank_ * bytes;
+  for (int j = 0; j < n; ++j) srcs[j] = bytes_of(g_->send_of(j)) + rank() * bytes;
   m.reduce(recv, srcs, count, dtype, op, n);
   call.depart();
 }
@@ -243,7 +245,7 @@ void ThreadsCommunicator::run_all_to_all(Mover& m, const Buffer& sb, const Buffe
   Call call(*this, m, OpKind::AllToAll, bytes);
   call.arrive(detail::make_desc(call.seq(), OpKind::AllToAll, count, dtype), send, recv);
   for (int j = 0; j < n; ++j)
-    m.copy(bytes_of(recv) + j * bytes, bytes_of(g_->send_of(j)) + rank_ * bytes, bytes);
+    m.copy(bytes_of(recv) + j * bytes, bytes_of(g_->send_of(j)) + rank() * bytes, bytes);
   call.depart();
 }
 
@@ -252,10 +254,10 @@ void ThreadsCommunicator::run_broadcast(Mover& m, const Buffer& b, int root) {
   const std::int64_t count = b.count;
   const DType dtype = b.dtype;
   const std::int64_t bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
-  Call call(*this, m, OpKind::Broadcast, bytes, rank_ == root);
+  Call call(*this, m, OpKind::Broadcast, bytes, rank() == root);
   call.arrive(detail::make_desc(call.seq(), OpKind::Broadcast, count, dtype, ReduceOp::Sum, root),
               buf, buf);
-  if (rank_ != root) m.copy(buf, g_->send_of(root), bytes);
+  if (rank() != root) m.copy(buf, g_->send_of(root), bytes);
   call.depart();
 }
 
@@ -269,11 +271,11 @@ void ThreadsCommunicator::run_permute(Mover& m, const Buffer& sb, const Buffer& 
   int src = -1;
   bool sends = false;
   for (auto [s, d] : pairs) {
-    if (d == rank_) src = s;
-    if (s == rank_ && d != rank_) sends = true;
+    if (d == rank()) src = s;
+    if (s == rank() && d != rank()) sends = true;
   }
   // Bytes actually moved between devices (a self pair moves nothing).
-  const bool receives = src >= 0 && src != rank_;
+  const bool receives = src >= 0 && src != rank();
   Call call(*this, m, OpKind::Permute,
             detail::Traffic{sends ? bytes : 0, receives ? bytes : 0, (sends || src >= 0) ? 1 : 0});
   call.arrive(detail::make_desc(call.seq(), OpKind::Permute, count, dtype, ReduceOp::Sum, 0,
@@ -303,7 +305,7 @@ void ThreadsCommunicator::run_set_link_model(const LinkModel& link) {
   call.arrive(detail::make_desc(call.seq(), OpKind::Barrier, 0, DType::F32, ReduceOp::Sum, 0,
                                 detail::hash_pairs(bits)),
               nullptr, nullptr);
-  if (rank_ == 0) world_->set_link(link);
+  if (rank() == 0) world_->set_link(link);
   call.phase();
 }
 
@@ -327,11 +329,11 @@ std::shared_ptr<CommunicatorImpl> ThreadsCommunicator::run_split(int color, int 
   int my_rank = 0;
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     members.push_back(g_->members()[ranks[i]]);
-    if (ranks[i] == rank_) my_rank = static_cast<int>(i);
+    if (ranks[i] == rank()) my_rank = static_cast<int>(i);
   }
   auto sub = g_->take_split(call.seq(), color, members);
   call.phase();  // everyone has read the colors and keys
-  return std::make_shared<ThreadsCommunicator>(world_, std::move(sub), my_rank, stats_);
+  return std::make_shared<ThreadsCommunicator>(world_, std::move(sub), my_rank, shared_stats());
 }
 
 namespace {
@@ -410,10 +412,10 @@ Request ThreadsCommunicator::post(bool is_send, const Buffer& b, int peer, int t
   op->device = data_device(is_send ? "isend" : "irecv", {&b});
   op->ready = raw::Event::record(is_send ? "isend" : "irecv", op->device);
   detail::count_post(*this, is_send, count * static_cast<std::int64_t>(dtype_size(dtype)),
-                     peer == rank_);
-  g_->post(rank_, op);
-  return Request(std::make_unique<ThreadsRequest>(g_, rank_, std::move(op), stats_, stats_group(),
-                                                  world_->options().timeout));
+                     peer == rank());
+  g_->post(rank(), op);
+  return Request(std::make_unique<ThreadsRequest>(g_, rank(), std::move(op), shared_stats(),
+                                                  stats_group(), world_->options().timeout));
 }
 
 Request ThreadsCommunicator::isend(const Buffer& buf, int dst, int tag) {
@@ -514,7 +516,6 @@ ThreadsCommunicator::~ThreadsCommunicator() {
   if (worker_.joinable()) worker_.join();  // the worker drains the queue first
 }
 
-namespace {
 // A thread's GPU stream (CUDA's per-thread stream) is torn down when the thread ends. Where
 // it still has work queued, several processes sharing one GPU hang in that teardown: on an
 // H200, each device thread of a process stuck for good in the driver's thread-exit
@@ -527,7 +528,6 @@ void finish_thread_work(Device device) {
   } catch (const std::exception&) {
   }
 }
-}  // namespace
 
 void ThreadsCommunicator::worker_loop() {
   GroupState::sleep_when_waiting();  // the device's thread computes meanwhile
@@ -579,7 +579,8 @@ Request ThreadsCommunicator::enqueue(std::shared_ptr<Mover> m, std::function<voi
     queue_.push_back(job);
   }
   q_cv_.notify_one();
-  return Request(std::make_unique<CollectiveRequest>(std::move(job), stats_, stats_group()));
+  return Request(
+      std::make_unique<CollectiveRequest>(std::move(job), shared_stats(), stats_group()));
 }
 
 void ThreadsCommunicator::in_order(std::shared_ptr<Mover> m, std::function<void()> fn) {
@@ -588,46 +589,60 @@ void ThreadsCommunicator::in_order(std::shared_ptr<Mover> m, std::function<void(
   enqueue(std::move(m), std::move(fn)).wait();
 }
 
+template <class Fn>
+Request ThreadsCommunicator::issue(Completion completion, std::shared_ptr<Mover> m, Fn&& fn) {
+  if (completion == Completion::Later) return enqueue(std::move(m), std::forward<Fn>(fn));
+  // Waited on before this returns: fn may stay on this stack (a reference, no allocation).
+  in_order(std::move(m), std::ref(fn));
+  return Request();
+}
+
 // Each entry finds its buffers' device (refusing buffers on two devices, naming the op)
 // and marks the work this device queued before the call, on this thread; a non-blocking
-// call's job keeps its mover until the call is done.
-Request ThreadsCommunicator::iall_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) {
-  auto m = mover("iall_reduce", {&send, &recv});
-  return enqueue(m, [this, m, send, recv, op] { run_all_reduce(*m, send, recv, op); });
+// call's job keeps its mover until the call is done (so fn holds a plain pointer to it, and
+// a blocking call costs no reference count). The op's name in errors is its
+// blocking form's when the caller waits at once (the front's all_reduce is
+// iall_reduce(..., Completion::Now).wait()).
+namespace {
+const char* op_name(Completion completion, const char* blocking, const char* nonblocking) {
+  return completion == Completion::Now ? blocking : nonblocking;
 }
-Request ThreadsCommunicator::iall_gather(const Buffer& send, const Buffer& recv) {
-  auto m = mover("iall_gather", {&send, &recv});
-  return enqueue(m, [this, m, send, recv] { run_all_gather(*m, send, recv); });
+}  // namespace
+
+Request ThreadsCommunicator::iall_reduce(const Buffer& send, const Buffer& recv, ReduceOp op,
+                                         Completion completion) {
+  auto m = mover(op_name(completion, "all_reduce", "iall_reduce"), {&send, &recv});
+  return issue(completion, m,
+               [this, mv = m.get(), send, recv, op] { run_all_reduce(*mv, send, recv, op); });
 }
-Request ThreadsCommunicator::ireduce_scatter(const Buffer& send, const Buffer& recv,
-                                             ReduceOp op) {
-  auto m = mover("ireduce_scatter", {&send, &recv});
-  return enqueue(m, [this, m, send, recv, op] { run_reduce_scatter(*m, send, recv, op); });
+Request ThreadsCommunicator::iall_gather(const Buffer& send, const Buffer& recv,
+                                         Completion completion) {
+  auto m = mover(op_name(completion, "all_gather", "iall_gather"), {&send, &recv});
+  return issue(completion, m,
+               [this, mv = m.get(), send, recv] { run_all_gather(*mv, send, recv); });
 }
-void ThreadsCommunicator::all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) {
-  auto m = mover("all_reduce", {&send, &recv});
-  in_order(m, [&] { run_all_reduce(*m, send, recv, op); });
+Request ThreadsCommunicator::ireduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op,
+                                             Completion completion) {
+  auto m = mover(op_name(completion, "reduce_scatter", "ireduce_scatter"), {&send, &recv});
+  return issue(completion, m,
+               [this, mv = m.get(), send, recv, op] { run_reduce_scatter(*mv, send, recv, op); });
 }
-void ThreadsCommunicator::all_gather(const Buffer& send, const Buffer& recv) {
-  auto m = mover("all_gather", {&send, &recv});
-  in_order(m, [&] { run_all_gather(*m, send, recv); });
+Request ThreadsCommunicator::iall_to_all(const Buffer& send, const Buffer& recv,
+                                         Completion completion) {
+  auto m = mover(op_name(completion, "all_to_all", "iall_to_all"), {&send, &recv});
+  return issue(completion, m,
+               [this, mv = m.get(), send, recv] { run_all_to_all(*mv, send, recv); });
 }
-void ThreadsCommunicator::reduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) {
-  auto m = mover("reduce_scatter", {&send, &recv});
-  in_order(m, [&] { run_reduce_scatter(*m, send, recv, op); });
+Request ThreadsCommunicator::ibroadcast(const Buffer& buf, int root, Completion completion) {
+  auto m = mover(op_name(completion, "broadcast", "ibroadcast"), {&buf});
+  return issue(completion, m, [this, mv = m.get(), buf, root] { run_broadcast(*mv, buf, root); });
 }
-void ThreadsCommunicator::all_to_all(const Buffer& send, const Buffer& recv) {
-  auto m = mover("all_to_all", {&send, &recv});
-  in_order(m, [&] { run_all_to_all(*m, send, recv); });
-}
-void ThreadsCommunicator::broadcast(const Buffer& buf, int root) {
-  auto m = mover("broadcast", {&buf});
-  in_order(m, [&] { run_broadcast(*m, buf, root); });
-}
-void ThreadsCommunicator::permute(const Buffer& send, const Buffer& recv,
-                                  const std::vector<std::pair<int, int>>& pairs) {
-  auto m = mover("permute", {&send, &recv});
-  in_order(m, [&] { run_permute(*m, send, recv, pairs); });
+Request ThreadsCommunicator::ipermute(const Buffer& send, const Buffer& recv,
+                                      const std::vector<std::pair<int, int>>& pairs,
+                                      Completion completion) {
+  auto m = mover(op_name(completion, "permute", "ipermute"), {&send, &recv});
+  return issue(completion, m,
+               [this, mv = m.get(), send, recv, pairs] { run_permute(*mv, send, recv, pairs); });
 }
 void ThreadsCommunicator::barrier() {
   in_order(nullptr, [&] { run_barrier(); });
@@ -643,70 +658,3 @@ std::shared_ptr<CommunicatorImpl> ThreadsCommunicator::split(int color, int key)
 }
 
 }  // namespace distjax::comm::threads
-
-// ---------------------------------------------------------------- launch (threads)
-
-namespace distjax::comm::detail {
-
-void launch_threads(const LaunchOptions& opts, const std::function<void(Communicator&)>& fn) {
-  DISTJAX_CHECK(opts.num_devices >= 1, InvalidArgument,
-                "[launch] num_devices must be >= 1, got ", opts.num_devices);
-  DISTJAX_CHECK(opts.timeout.count() > 0, InvalidArgument, "[launch] timeout must be > 0 ms");
-  const int n = opts.num_devices;
-  auto world = std::make_shared<threads::WorldState>(opts);
-  std::vector<int> members(n);
-  for (int d = 0; d < n; ++d) members[d] = d;
-  auto world_group = std::make_shared<threads::GroupState>(world, members);
-  world->register_group(world_group);
-  const int omp_threads = intra_op_threads_for(opts, n);
-
-  // What the caller queued before the launch (its inputs, made on its own stream): each
-  // device thread's stream waits for it on the device before its first kernel, so a device
-  // reading the caller's tensors follows their writers (on the GPU, without a host wait).
-  const tensor::raw::Event inputs_ready = tensor::raw::Event::record("launch", opts.device);
-
-  std::mutex err_mu;
-  std::exception_ptr first_error;
-  int first_device = -1;
-  auto run_device = [&](int d) {
-    set_intra_op_threads(omp_threads);
-    set_current_device(opts.device);
-    try {
-      inputs_ready.stream_wait();
-      Communicator c(std::make_shared<threads::ThreadsCommunicator>(
-          world, world_group, d, std::make_shared<CommStats>()));
-      fn(c);
-      // Its outputs are read by the caller after the join, on another stream; and the last
-      // work's errors are the device's own.
-      tensor::raw::synchronize("launch", current_device());
-    } catch (...) {
-      std::string what = "unknown exception";
-      try {
-        throw;
-      } catch (const std::exception& e) {
-        what = e.what();
-      } catch (...) {
-      }
-      {
-        std::lock_guard lk(err_mu);
-        if (!first_error) {
-          first_error = std::current_exception();
-          first_device = d;
-        }
-      }
-      world->abort_all("[launch] aborted because device " + std::to_string(d) +
-                       " failed: " + what);
-      threads::finish_thread_work(current_device());  // its stream still waits, quietly
-    }
-    world->device_exited(d);
-  };
-  // Every device, even a single one, gets its own thread: its tape and OpenMP settings
-  // are thread-local and must not leak into the caller's.
-  std::vector<std::thread> threads;
-  threads.reserve(n);
-  for (int d = 0; d < n; ++d) threads.emplace_back(run_device, d);
-  for (auto& t : threads) t.join();
-  if (first_error) rethrow_with_device(first_error, first_device);
-}
-
-}  // namespace distjax::comm::detail

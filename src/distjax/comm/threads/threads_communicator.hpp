@@ -21,29 +21,24 @@ class ThreadsCommunicator final : public CommunicatorImpl {
  public:
   ThreadsCommunicator(std::shared_ptr<WorldState> world, std::shared_ptr<GroupState> group,
                       int rank, std::shared_ptr<CommStats> stats);
-
-  int rank() const override { return rank_; }
-  int size() const override { return g_->size(); }
-  int global_rank() const override { return g_->members()[rank_]; }
-  const std::vector<int>& group() const override { return g_->members(); }
-
   ~ThreadsCommunicator() override;
 
-  Request iall_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) override;
-  Request iall_gather(const Buffer& send, const Buffer& recv) override;
-  Request ireduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) override;
-  void all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) override;
-  void all_gather(const Buffer& send, const Buffer& recv) override;
-  void reduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) override;
-  void all_to_all(const Buffer& send, const Buffer& recv) override;
-  void broadcast(const Buffer& buf, int root) override;
-  void permute(const Buffer& send, const Buffer& recv,
-               const std::vector<std::pair<int, int>>& pairs) override;
+  // A call that the caller waits on at once (Completion::Now) runs on the calling thread
+  // when nothing is in flight on this group (in_order); otherwise it is queued on the
+  // group's worker (enqueue).
+  Request iall_reduce(const Buffer& send, const Buffer& recv, ReduceOp op,
+                      Completion completion) override;
+  Request iall_gather(const Buffer& send, const Buffer& recv, Completion completion) override;
+  Request ireduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op,
+                          Completion completion) override;
+  Request iall_to_all(const Buffer& send, const Buffer& recv, Completion completion) override;
+  Request ibroadcast(const Buffer& buf, int root, Completion completion) override;
+  Request ipermute(const Buffer& send, const Buffer& recv,
+                   const std::vector<std::pair<int, int>>& pairs, Completion completion) override;
   void barrier() override;
   Request isend(const Buffer& buf, int dst, int tag) override;
   Request irecv(const Buffer& buf, int src, int tag) override;
   std::shared_ptr<CommunicatorImpl> split(int color, int key) override;
-  CommStats& stats() override { return *stats_; }
   void set_link_model(const LinkModel& link) override;
 
  private:
@@ -75,12 +70,14 @@ class ThreadsCommunicator final : public CommunicatorImpl {
   /// Runs a blocking collective in issue order: at once when nothing is in flight on
   /// this group, otherwise queued behind the requests in flight, and waited on.
   void in_order(std::shared_ptr<Mover> m, std::function<void()> fn);
+  /// A collective issued with `completion`: enqueue for Completion::Later; for
+  /// Completion::Now, in_order, returning an empty (complete) request.
+  template <class Fn>
+  Request issue(Completion completion, std::shared_ptr<Mover> m, Fn&& fn);
   void worker_loop();
 
   std::shared_ptr<WorldState> world_;
   std::shared_ptr<GroupState> g_;
-  int rank_;
-  std::shared_ptr<CommStats> stats_;
   std::uint64_t seq_ = 0;
 
   // Nonblocking collectives: one worker thread per device and group, started by the
@@ -104,5 +101,9 @@ class ThreadsCommunicator final : public CommunicatorImpl {
   /// Charges a call's link time: a sleep on the device's thread, a ready time on the worker.
   void charge_link(const detail::Traffic& traffic);
 };
+
+/// Waits for the device work this thread queued on `device` before the thread ends (a
+/// thread's GPU stream is torn down with it), quietly: after an error or in a destructor.
+void finish_thread_work(Device device);
 
 }  // namespace distjax::comm::threads
