@@ -109,7 +109,7 @@ class TextData {
     std::string glob;
     std::shared_ptr<const data::TokenShards> shards;
     std::int64_t rows = 0;
-    std::shared_ptr<const data::WindowOrder> order;  // data.order = "epochs"
+    std::shared_ptr<const data::WindowOrder> order{};  // data.order = "epochs"
   };
   std::string unit_ = "byte";
   std::int64_t seq_len_ = 1;

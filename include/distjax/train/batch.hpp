@@ -23,7 +23,7 @@ struct Batch {
   /// within its row. Defined when the windows pack documents: labels then hold kIgnoreLabel
   /// where the loss counts nothing, and a model may keep its attention within each
   /// document. Undefined otherwise.
-  Tensor documents;
+  Tensor documents{};
 
   /// B; throws InvalidArgument if the tensors disagree on it.
   std::int64_t size() const;
