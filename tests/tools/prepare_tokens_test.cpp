@@ -28,21 +28,8 @@ namespace {
 
 const std::string kScript = std::string(DISTJAX_SOURCE_DIR) + "/tools/prepare_tokens.py";
 
-// The first Python that imports tokenizers: $DISTJAX_PYTHON, the venv scripts/setup_python.sh
-// makes, python3. Empty when none does.
-std::string python_with_tokenizers() {
-  std::vector<std::string> candidates;
-  if (const char* p = std::getenv("DISTJAX_PYTHON")) candidates.emplace_back(p);
-  candidates.push_back(std::string(DISTJAX_SOURCE_DIR) + "/.venv-test/bin/python");
-  candidates.emplace_back("python3");
-  for (const auto& c : candidates)
-    if (std::system(("'" + c + "' -c 'import tokenizers' >/dev/null 2>&1").c_str()) == 0)
-      return c;
-  return {};
-}
-
 #define PYTHON_OR_SKIP(python)                                                                 \
-  const std::string python = python_with_tokenizers();                                         \
+  const std::string python = distjax::testing::python_that_runs("import tokenizers");          \
   if (python.empty()) {                                                                        \
     if (std::getenv("DISTJAX_REQUIRE_TOKENIZERS") != nullptr)                                  \
       FAIL() << "no Python with tokenizers (DISTJAX_REQUIRE_TOKENIZERS is set): run "          \

@@ -5,8 +5,10 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace distjax::testing {
 
@@ -24,6 +26,18 @@ inline std::pair<int, std::string> run_tool(const std::string& command) {
     out += buf;
   const int status = pclose(p);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+/// The first Python that runs `imports` (e.g. "import tokenizers"): $DISTJAX_PYTHON, the venv
+/// scripts/setup_python.sh makes, python3. Empty when none does.
+inline std::string python_that_runs(const std::string& imports) {
+  std::vector<std::string> candidates;
+  if (const char* p = std::getenv("DISTJAX_PYTHON")) candidates.emplace_back(p);
+  candidates.push_back(std::string(DISTJAX_SOURCE_DIR) + "/.venv-test/bin/python");
+  candidates.emplace_back("python3");
+  for (const auto& c : candidates)
+    if (std::system(("'" + c + "' -c '" + imports + "' >/dev/null 2>&1").c_str()) == 0) return c;
+  return {};
 }
 
 }  // namespace distjax::testing

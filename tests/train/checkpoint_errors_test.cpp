@@ -2,6 +2,7 @@
 // (broken, truncated or missing files, a ZeRO state without its strategy, leftovers of an
 // interrupted save, an error on one device), and the files read by Python's safetensors.
 #include "distjax/train/detail/checksum.hpp"
+#include "tools/tool_run.hpp"
 #include "train/checkpoint_test_util.hpp"
 
 namespace distjax::train {
@@ -394,20 +395,6 @@ TEST(CheckpointErrors, AnErrorOnOneDeviceIsRaisedOnEvery) {
 
 // ------------------------------------------------------------ Python's safetensors
 
-// The first Python that imports safetensors and numpy: $DISTJAX_PYTHON, the venv that
-// scripts/setup_python.sh makes, python3. Empty when none does.
-std::string python_with_safetensors() {
-  std::vector<std::string> candidates;
-  if (const char* p = std::getenv("DISTJAX_PYTHON")) candidates.emplace_back(p);
-  candidates.push_back(std::string(DISTJAX_SOURCE_DIR) + "/.venv-test/bin/python");
-  candidates.emplace_back("python3");
-  for (const auto& c : candidates)
-    if (std::system(("'" + c + "' -c 'import safetensors.numpy, numpy' >/dev/null 2>&1").c_str()) ==
-        0)
-      return c;
-  return {};
-}
-
 // w (8, 6) = 0.5 * arange split over data x model, v (6,) replicated, ids (4,) i32, and the
 // slot mu/w = 2 w, at step 5: the values read_checkpoint.py expects.
 TrainState python_state(DeviceContext* ctx) {
@@ -432,7 +419,8 @@ TrainState python_state(DeviceContext* ctx) {
 }
 
 TEST(CheckpointPython, SafetensorsReadsTheShards) {
-  const std::string python = python_with_safetensors();
+  const std::string python =
+      distjax::testing::python_that_runs("import safetensors.numpy, numpy");
   if (python.empty()) {
     if (std::getenv("DISTJAX_REQUIRE_SAFETENSORS") != nullptr)
       FAIL() << "no Python with safetensors and numpy (DISTJAX_REQUIRE_SAFETENSORS is set): run "
