@@ -51,7 +51,7 @@ TEST(ReduceRanks, BitIdenticalToRankOrderReduction) {
           std::vector<float> want(n + 3, -1.f), got(n + 3, -2.f);
           reduce_ranks_generic(want.data() + off, s.data(), k, n, DType::F32, op, 3);
           void* const d[1] = {got.data() + off};
-          reduce_ranks(d, 1, s.data(), k, n, DType::F32, op, 3, {});
+          reduce_ranks(d, 1, s.data(), k, n, DType::F32, op, 3);
           expect_bit_equal(want.data() + off, got.data() + off, n, kOpNames[static_cast<int>(op)]);
           if (::testing::Test::HasFatalFailure()) return;
           if (n == big) break;  // one alignment is enough for the large case
@@ -67,7 +67,7 @@ TEST(ReduceRanks, InPlaceOverFirstSource) {
   const void* s[2] = {a.data(), b.data()};
   reduce_ranks_generic(want.data(), s, 2, n, DType::F32, RankReduce::Sum, 2);
   void* const d[1] = {a.data()};
-  reduce_ranks(d, 1, s, 2, n, DType::F32, RankReduce::Sum, 2, {});
+  reduce_ranks(d, 1, s, 2, n, DType::F32, RankReduce::Sum, 2);
   expect_bit_equal(want.data(), a.data(), n, "in place");
 }
 
@@ -80,7 +80,7 @@ TEST(ReduceRanks, EveryDestinationGetsTheFoldAlsoInPlace) {
   const void* s[3] = {src[0].data(), src[1].data(), src[2].data()};
   reduce_ranks_generic(want.data(), s, 3, n, DType::F32, RankReduce::Mean, 3);
   void* const d[4] = {src[0].data(), src[1].data(), src[2].data(), apart.data()};
-  reduce_ranks(d, 4, s, 3, n, DType::F32, RankReduce::Mean, 3, {});
+  reduce_ranks(d, 4, s, 3, n, DType::F32, RankReduce::Mean, 3);
   for (const auto& v : src) expect_bit_equal(want.data(), v.data(), n, "in place");
   expect_bit_equal(want.data(), apart.data(), n, "apart");
 }
@@ -89,7 +89,7 @@ TEST(ReduceRanks, OtherDtypesUseTheGenericPath) {
   std::vector<std::int32_t> a{1, -2, 3}, b{4, 5, -6}, got(3);
   const void* s[2] = {a.data(), b.data()};
   void* const d[1] = {got.data()};
-  reduce_ranks(d, 1, s, 2, 3, DType::I32, RankReduce::Max, 2, {});
+  reduce_ranks(d, 1, s, 2, 3, DType::I32, RankReduce::Max, 2);
   EXPECT_EQ(got, (std::vector<std::int32_t>{4, 5, 3}));
 }
 

@@ -108,7 +108,7 @@ Tensor attention_bf16(const AttentionPlan& a, const Tensor& q, const Tensor& k, 
   {
     Dispatch kd("attention", &KernelTable::attention, {&q16, &k16, &v16, &o16, &lse, &seg});
     kd->forward_bf16(a, q16.data<bf16>(), k16.data<bf16>(), v16.data<bf16>(), o16.data<bf16>(),
-                     lse.data<float>(), kd.stream());
+                     lse.data<float>());
   }
   Tensor out = astype(o16, out_dtype);  // o16 itself for a bf16 `out`
   if (!needs_grad({&q, &k, &v})) return joined(out, {&q, &k, &v});
@@ -125,7 +125,7 @@ Tensor attention_bf16(const AttentionPlan& a, const Tensor& q, const Tensor& k, 
                           {&q16, &k16, &v16, &o16, &lse, &g16, &gq, &gk, &gv, &seg});
                k->backward_bf16(a, q16.data<bf16>(), k16.data<bf16>(), v16.data<bf16>(),
                                 o16.data<bf16>(), lse.data<float>(), g16.data<bf16>(),
-                                gq.data<bf16>(), gk.data<bf16>(), gv.data<bf16>(), k.stream());
+                                gq.data<bf16>(), gk.data<bf16>(), gv.data<bf16>());
                return std::vector<Tensor>{astype(gq, DType::F32), astype(gk, DType::F32),
                                           astype(gv, DType::F32)};
              }));
@@ -141,7 +141,7 @@ Tensor attention_packed_bf16(const AttentionPlan& a, const Tensor& qkv, const Te
   {
     Dispatch kd("attention_packed", &KernelTable::attention, {&x16, &o16, &lse, &seg});
     const bf16* p = x16.data<bf16>();
-    kd->forward_bf16(a, p, p + a.d, p + 2 * a.d, o16.data<bf16>(), lse.data<float>(), kd.stream());
+    kd->forward_bf16(a, p, p + a.d, p + 2 * a.d, o16.data<bf16>(), lse.data<float>());
   }
   Tensor out = astype(o16, out_dtype);  // o16 itself for a bf16 `out`
   if (!needs_grad({&qkv})) return joined(out, {&qkv});
@@ -156,7 +156,7 @@ Tensor attention_packed_bf16(const AttentionPlan& a, const Tensor& qkv, const Te
                const bf16* px = x16.data<bf16>();
                bf16* pgx = gx.data<bf16>();
                k->backward_bf16(a, px, px + a.d, px + 2 * a.d, o16.data<bf16>(), lse.data<float>(),
-                                g16.data<bf16>(), pgx, pgx + a.d, pgx + 2 * a.d, k.stream());
+                                g16.data<bf16>(), pgx, pgx + a.d, pgx + 2 * a.d);
                // The cotangent in qkv's own dtype: bf16 for a bf16 projection.
                return std::vector<Tensor>{astype(gx, from)};
              }));
@@ -171,7 +171,7 @@ Tensor attention_f32(const AttentionPlan& a, const Tensor& q, const Tensor& k, c
   {
     Dispatch kd("attention", &KernelTable::attention, {&q, &k, &v, &out, &lse, &seg});
     kd->forward(a, q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
-                lse.data<float>(), kd.stream());
+                lse.data<float>());
   }
   if (!needs_grad({&q, &k, &v})) return joined(out, {&q, &k, &v});
   return record("attention", {q, k, v}, out,
@@ -185,7 +185,7 @@ Tensor attention_f32(const AttentionPlan& a, const Tensor& q, const Tensor& k, c
                              {&qd, &kd, &vd, &od, &lse, &g[0], &gq, &gk, &gv, &seg});
                   k->backward(a, qd.data<float>(), kd.data<float>(), vd.data<float>(),
                               od.data<float>(), lse.data<float>(), g[0].data<float>(),
-                              gq.data<float>(), gk.data<float>(), gv.data<float>(), k.stream());
+                              gq.data<float>(), gk.data<float>(), gv.data<float>());
                   return std::vector<Tensor>{gq, gk, gv};
                 });
 }
@@ -220,7 +220,7 @@ Tensor attention_packed_f32(const AttentionPlan& a, const Tensor& qkv, const Ten
   {
     Dispatch kd("attention_packed", &KernelTable::attention, {&qkv, &out, &lse, &seg});
     const float* pq = qkv.data<float>();
-    kd->forward(a, pq, pq + a.d, pq + 2 * a.d, out.data<float>(), lse.data<float>(), kd.stream());
+    kd->forward(a, pq, pq + a.d, pq + 2 * a.d, out.data<float>(), lse.data<float>());
   }
   if (!needs_grad({&qkv})) return joined(out, {&qkv});
   return record("attention_packed", {qkv}, out,
@@ -232,7 +232,7 @@ Tensor attention_packed_f32(const AttentionPlan& a, const Tensor& qkv, const Ten
                   const float* px = xd.data<float>();
                   float* pgx = gx.data<float>();
                   k->backward(a, px, px + a.d, px + 2 * a.d, od.data<float>(), lse.data<float>(),
-                              g[0].data<float>(), pgx, pgx + a.d, pgx + 2 * a.d, k.stream());
+                              g[0].data<float>(), pgx, pgx + a.d, pgx + 2 * a.d);
                   return std::vector<Tensor>{gx};
                 });
 }

@@ -59,14 +59,14 @@ void copy(const char* op, Device device, void* dst, const void* src, std::size_t
   if (nbytes == 0 || dst == src) return;
   const auto& k = kernels(op, device, &KernelTable::copy);
   Open open(device, {dst, src});
-  k.copy_2d(src, nbytes, dst, nbytes, nbytes, 1, {});
+  k.copy_2d(src, nbytes, dst, nbytes, nbytes, 1);
 }
 
 void zero(const char* op, Device device, void* dst, std::size_t nbytes) {
   if (nbytes == 0) return;
   const auto& k = kernels(op, device, &KernelTable::memory);
   Open open(device, {dst});
-  k.zero(dst, nbytes, {});
+  k.zero(dst, nbytes);
 }
 
 void reduce(const char* op, Device device, void* dst, const void* const* srcs, int k,
@@ -87,7 +87,7 @@ void reduce(const char* op, Device device, void* const* dsts, int m, const void*
     open.add(dsts[j]);
   for (int j = 0; j < k; ++j)
     open.add(srcs[j]);
-  kern.reduce_ranks(dsts, m, srcs, k, n, dtype, rank_reduce(reduction), divisor, {});
+  kern.reduce_ranks(dsts, m, srcs, k, n, dtype, rank_reduce(reduction), divisor);
 }
 
 void to_host(const char* op, Device device, const void* src, void* host_dst, std::size_t nbytes) {
@@ -95,14 +95,14 @@ void to_host(const char* op, Device device, const void* src, void* host_dst, std
   const auto& k = kernels(op, device, &KernelTable::copy);
   Open open(device, {src});
   detail::count_host_wait(device);
-  k.to_host(src, host_dst, nbytes, {});
+  k.to_host(src, host_dst, nbytes);
 }
 
 void from_host(const char* op, Device device, const void* host_src, void* dst, std::size_t nbytes) {
   if (nbytes == 0) return;
   const auto& k = kernels(op, device, &KernelTable::copy);
   Open open(device, {dst});
-  k.from_host(host_src, dst, nbytes, {});
+  k.from_host(host_src, dst, nbytes);
 }
 
 void to_host_async(const char* op, Device device, const void* src, void* host_dst,
@@ -110,12 +110,12 @@ void to_host_async(const char* op, Device device, const void* src, void* host_ds
   if (nbytes == 0) return;
   const auto& k = kernels(op, device, &KernelTable::memory);
   Open open(device, {src});
-  k.to_host_async(src, host_dst, nbytes, {});
+  k.to_host_async(src, host_dst, nbytes);
 }
 
 void synchronize(const char* op, Device device) {
   detail::count_host_wait(device);
-  kernels(op, device, &KernelTable::memory).synchronize({});
+  kernels(op, device, &KernelTable::memory).synchronize();
 }
 
 void convert(const char* op, Device device, const void* src, DType src_dtype, void* dst,
@@ -132,7 +132,7 @@ Event Event::record(const char* op, Device device) {
   Event e;
   e.device_ = device;
   e.op_ = op;
-  e.handle_ = kernels(op, device, &KernelTable::memory).event_record({});
+  e.handle_ = kernels(op, device, &KernelTable::memory).event_record();
   return e;
 }
 
@@ -147,7 +147,7 @@ bool Event::done() const {
 }
 
 void Event::stream_wait() const {
-  if (handle_) kernels(op_, device_, &KernelTable::memory).event_stream_wait(handle_, {});
+  if (handle_) kernels(op_, device_, &KernelTable::memory).event_stream_wait(handle_);
 }
 
 Event::~Event() {

@@ -21,8 +21,7 @@ Tensor map_binary(const char* op, BinaryOp code, const Tensor& a, const Tensor& 
   const detail::BroadcastPlan qa = detail::plan_broadcast(a.shape(), out.shape(), op);
   const detail::BroadcastPlan qb = detail::plan_broadcast(b.shape(), out.shape(), op);
   Dispatch k(op, &KernelTable::elementwise, {&a, &b, &out});
-  k->binary(code, a.data<float>(), qa, b.data<float>(), qb, out.data<float>(), out.numel(),
-            k.stream());
+  k->binary(code, a.data<float>(), qa, b.data<float>(), qb, out.data<float>(), out.numel());
   return out;
 }
 
@@ -31,7 +30,7 @@ Tensor map_unary(const char* op, const Tensor& x, UnaryOp code, float c = 0.f) {
   detail::require_f32(op, {&x});
   Tensor out = Tensor::empty(x.shape(), DType::F32, x.device());
   Dispatch k(op, &KernelTable::elementwise, {&x, &out});
-  k->unary(code, x.data<float>(), out.data<float>(), x.numel(), c, k.stream());
+  k->unary(code, x.data<float>(), out.data<float>(), x.numel(), c);
   return out;
 }
 
@@ -41,7 +40,7 @@ Tensor map_grad(const char* op, const Tensor& g, const Tensor& x, const Tensor& 
   Tensor out = Tensor::empty(x.shape(), DType::F32, detail::op_device(op, {&g, &x, &y}));
   Dispatch k(op, &KernelTable::elementwise, {&g, &x, &y, &out});
   k->unary_grad(code, g.data<float>(), x.data<float>(), y.data<float>(), out.data<float>(),
-                x.numel(), c, k.stream());
+                x.numel(), c);
   return out;
 }
 
@@ -210,7 +209,7 @@ Tensor gelu(const Tensor& x, bool approximate, DType out) {
   Tensor y = Tensor::empty(x.shape(), DType::BF16, x.device());
   {
     Dispatch k("gelu", &KernelTable::elementwise, {&x, &y});
-    k->unary_bf16(code, x.data<float>(), y.data<bf16>(), x.numel(), 0.f, k.stream());
+    k->unary_bf16(code, x.data<float>(), y.data<bf16>(), x.numel(), 0.f);
   }
   if (!needs_grad({&x})) return joined(y, {&x});
   return record_unary("gelu", x, y, code, 0.f);  // GELU's derivative reads x alone
@@ -239,7 +238,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   {
     Dispatch k("where", &KernelTable::elementwise, {&mask, &af, &bf, &out});
     k->select(mask.data<float>(), af.data<float>(), bf.data<float>(), out.data<float>(),
-              out.numel(), k.stream());
+              out.numel());
   }
   if (!needs_grad({&a, &b})) return joined(out, {&a, &b});
   return record("where", {a, b}, out,

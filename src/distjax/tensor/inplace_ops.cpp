@@ -45,8 +45,7 @@ void copy_into(const Tensor& dst, const Tensor& src) {
                 to_string(dst.shape()), " and src ", to_string(src.shape()),
                 " hold different numbers of elements");
   Dispatch k("copy_into", &KernelTable::copy, {&src, &dst});
-  k->copy_2d(src.raw_data(), src.nbytes(), dst.raw_data(), dst.nbytes(), src.nbytes(), 1,
-             k.stream());
+  k->copy_2d(src.raw_data(), src.nbytes(), dst.raw_data(), dst.nbytes(), src.nbytes(), 1);
 }
 
 void copy_rows_into(const Tensor& dst, Rows to, const Tensor& src, Rows from, std::int64_t rows,
@@ -58,8 +57,7 @@ void copy_rows_into(const Tensor& dst, Rows to, const Tensor& src, Rows from, st
   const std::size_t es = dtype_size(src.dtype());
   Dispatch k("copy_rows_into", &KernelTable::copy, {&src, &dst});
   k->copy_2d(static_cast<const char*>(src.raw_data()) + from.offset * es, from.stride * es,
-             static_cast<char*>(dst.raw_data()) + to.offset * es, to.stride * es, cols * es, rows,
-             k.stream());
+             static_cast<char*>(dst.raw_data()) + to.offset * es, to.stride * es, cols * es, rows);
 }
 
 void add_into(const Tensor& dst, const Tensor& src) {
@@ -70,7 +68,7 @@ void add_into(const Tensor& dst, const Tensor& src) {
                 " hold different numbers of elements");
   DISTJAX_CHECK(!overlap(dst, src), InvalidArgument, "[add_into] dst and src overlap");
   Dispatch k("add_into", &KernelTable::inplace, {&src, &dst});
-  k->add_f32(dst.data<float>(), src.data<float>(), dst.numel(), k.stream());
+  k->add_f32(dst.data<float>(), src.data<float>(), dst.numel());
 }
 
 void scale_into(const Tensor& x, const Tensor& scale) {
@@ -82,7 +80,7 @@ void scale_into(const Tensor& x, const Tensor& scale) {
   DISTJAX_CHECK(scale.numel() == 1, InvalidArgument, "[scale_into] the scale is one value, got ",
                 to_string(scale.shape()));
   Dispatch k("scale_into", &KernelTable::inplace, {&x, &scale});
-  k->scale(x.raw_data(), x.dtype(), scale.data<float>(), x.numel(), k.stream());
+  k->scale(x.raw_data(), x.dtype(), scale.data<float>(), x.numel());
 }
 
 void gemm_into(const Tensor& c, Block cb, const Tensor& a, Block ab, bool trans_a, const Tensor& b,
@@ -99,7 +97,7 @@ void gemm_into(const Tensor& c, Block cb, const Tensor& a, Block ab, bool trans_
   Dispatch kd("gemm_into", &KernelTable::gemm, {&a, &b, &c});
   kd->gemm_f32_strided(trans_a, trans_b, m, n, k, alpha, a.data<float>() + ab.offset, ab.ld, 0,
                        b.data<float>() + bb.offset, bb.ld, 0, beta, c.data<float>() + cb.offset,
-                       cb.ld, 0, 1, kd.stream());
+                       cb.ld, 0, 1);
 }
 
 namespace {
@@ -119,7 +117,7 @@ void copy_box(const char* op, const Tensor& global, const std::vector<std::int64
   const detail::BoxPlan plan{rank, local.shape().data(), offset.data(), strides.data(),
                              dtype_size(global.dtype())};
   Dispatch k(op, &KernelTable::shard, {&global, &local});
-  k->copy_box(global.raw_data(), local.raw_data(), plan, to_local, k.stream());
+  k->copy_box(global.raw_data(), local.raw_data(), plan, to_local);
 }
 
 }  // namespace

@@ -94,7 +94,7 @@ void run_gemm(const char* op, const detail::GemmKey& key, const Tensor& a, const
                      {&a, &b, &bias, &out, aux ? aux : &no_aux, &residual});
   k->gemm(key, a.raw_data(), b.raw_data(), bias.defined() ? bias.data<float>() : nullptr,
           residual.defined() ? residual.data<float>() : nullptr, out.raw_data(),
-          aux ? aux->raw_data() : nullptr, k.stream());
+          aux ? aux->raw_data() : nullptr);
 }
 
 // For i < batch: C_i = alpha op(A_i) op(B_i) + beta C_i (f32, dense row-major matrices,
@@ -106,8 +106,7 @@ void gemm_f32_strided(const char* op, bool ta, bool tb, std::int64_t m, std::int
                       std::int64_t batch) {
   detail::Dispatch kd(op, &detail::KernelTable::gemm, {&a, &b, &c});
   kd->gemm_f32_strided(ta, tb, m, n, k, 1.f, a.data<float>(), ta ? m : k, stride_a, b.data<float>(),
-                       tb ? k : n, stride_b, beta, c.data<float>(), n, stride_c, batch,
-                       kd.stream());
+                       tb ? k : n, stride_b, beta, c.data<float>(), n, stride_c, batch);
 }
 
 // The product, written in `dst` (f32, or the operands' dtype), unrecorded.
@@ -262,8 +261,7 @@ LinearCotangent linear_cotangent(std::vector<Tensor>& g, const Tensor& pre, DTyp
     detail::Dispatch kd("linear_backward", &detail::KernelTable::gemm, {&gc, &pre, &g2, &bsum});
     kd->epilogue_backward(gc.raw_data(), gc.dtype(), pre.defined() ? pre.raw_data() : nullptr,
                           pre.defined() ? pre.dtype() : DType::F32, reuse ? nullptr : g2.raw_data(),
-                          gemm_dtype, has_bias ? bsum.data<float>() : nullptr, rows, n,
-                          kd.stream());
+                          gemm_dtype, has_bias ? bsum.data<float>() : nullptr, rows, n);
   }
   // The sum is made: a zero-bubble W pass only hands it over.
   Tensor gbias = has_bias ? bias_cotangent(bleaf, [bsum] { return bsum; }) : Tensor();
@@ -318,7 +316,7 @@ std::pair<Tensor, Tensor> weight_and_bias_grads(const Tensor& x2, const Tensor& 
   Tensor db = Tensor::empty({n}, DType::F32, x2.device());
   detail::Dispatch kd("linear_weight_grad", &detail::KernelTable::gemm, {&x2, &g2, &dw, &db});
   kd->gemm_bias_grad({1, k, n, rows, true, false, true, false, gemm_dtype(x2), DType::F32},
-                     x2.raw_data(), g2.raw_data(), dw.raw_data(), db.data<float>(), kd.stream());
+                     x2.raw_data(), g2.raw_data(), dw.raw_data(), db.data<float>());
   return {dw, db};
 }
 
@@ -465,7 +463,7 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tenso
           detail::Dispatch kd("gelu_mlp", &detail::KernelTable::gemm, {&g2, &w2g, &pre, &d, &db1});
           kd->gemm_dgelu({1, rows, h, n, false, true, true, false, gemm_dtype(a), a.dtype(), false},
                          g2.raw_data(), w2g.raw_data(), pre.raw_data(), d.raw_data(),
-                         has_b1 ? db1.data<float>() : nullptr, kd.stream());
+                         has_b1 ? db1.data<float>() : nullptr);
         }
         c2.g2 = Tensor();  // dx and dW1 read d only
         const Tensor gb1 = has_b1 ? bias_cotangent(b1leaf, [db1] { return db1; }) : Tensor();

@@ -59,7 +59,7 @@ Tensor softmax_last(const Tensor& x, bool log_form) {
   Tensor y = Tensor::empty(x.shape(), DType::F32, x.device());
   {
     Dispatch k(op, &KernelTable::nn, {&x, &y});
-    k->softmax(x.data<float>(), y.data<float>(), rc.n, rc.c, log_form, k.stream());
+    k->softmax(x.data<float>(), y.data<float>(), rc.n, rc.c, log_form);
   }
   if (!needs_grad({&x})) return joined(y, {&x});
   return record(op, {x}, y, [op, yd = y.detach(), log_form](const std::vector<Tensor>& g) {
@@ -67,7 +67,7 @@ Tensor softmax_last(const Tensor& x, bool log_form) {
     Tensor gx = Tensor::empty(yd.shape(), DType::F32, yd.device());
     Dispatch k(op, &KernelTable::nn, {&yd, &g[0], &gx});
     k->softmax_backward(yd.data<float>(), g[0].data<float>(), gx.data<float>(), rc.n, rc.c,
-                        log_form, k.stream());
+                        log_form);
     return std::vector<Tensor>{gx};
   });
 }
@@ -117,10 +117,10 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
     const float* pb = beta.defined() ? beta.data<float>() : nullptr;
     if (fused)
       k->layer_norm_bf16(x.data<float>(), gamma.data<float>(), pb, y.data<bf16>(),
-                         mean.data<float>(), rstd.data<float>(), n, c, eps, k.stream());
+                         mean.data<float>(), rstd.data<float>(), n, c, eps);
     else
       k->layer_norm(x.data<float>(), gamma.data<float>(), pb, y.data<float>(), mean.data<float>(),
-                    rstd.data<float>(), n, c, eps, k.stream());
+                    rstd.data<float>(), n, c, eps);
   }
   std::vector<Tensor> inputs{x, gamma};
   if (beta.defined()) inputs.push_back(beta);
@@ -151,11 +151,11 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
     if (g16)
       k->layer_norm_backward_bf16(xd.data<float>(), wd.data<float>(), g0.data<bf16>(),
                                   mean.data<float>(), rstd.data<float>(), pgx, padd,
-                                  gw.data<float>(), pgb, rc.n, rc.c, k.stream());
+                                  gw.data<float>(), pgb, rc.n, rc.c);
     else
       k->layer_norm_backward(xd.data<float>(), wd.data<float>(), g0.data<float>(),
                              mean.data<float>(), rstd.data<float>(), pgx, padd, gw.data<float>(),
-                             pgb, rc.n, rc.c, k.stream());
+                             pgb, rc.n, rc.c);
     // Without a cotangent of its own for x, the partial stays x's.
     std::vector<Tensor> out{rx ? gx : partial, gw};
     if (has_beta) out.push_back(gb);
@@ -181,7 +181,7 @@ Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps) {
   {
     Dispatch k("rms_norm", &KernelTable::nn, {&x, &gamma, &y, &rrms});
     k->rms_norm(x.data<float>(), gamma.data<float>(), y.data<float>(), rrms.data<float>(), n, c,
-                eps, k.stream());
+                eps);
   }
   if (!needs_grad({&x, &gamma})) return joined(y, {&x, &gamma});
   return record("rms_norm", {x, gamma}, y,
@@ -194,7 +194,7 @@ Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps) {
                   Dispatch k("rms_norm", &KernelTable::nn, {&xd, &wd, &g[0], &rrms, &gx, &gw});
                   k->rms_norm_backward(xd.data<float>(), wd.data<float>(), g[0].data<float>(),
                                        rrms.data<float>(), rx ? gx.data<float>() : nullptr,
-                                       gw.data<float>(), rc.n, rc.c, k.stream());
+                                       gw.data<float>(), rc.n, rc.c);
                   return std::vector<Tensor>{gx, gw};
                 });
 }
@@ -213,8 +213,7 @@ void check_ids(const char* op, const Tensor& ids, std::int64_t v, const char* wh
   Tensor bad = Tensor::empty({2}, DType::I64, ids.device());
   {
     Dispatch k(op, &KernelTable::nn, {&ids, &bad});
-    k->find_bad_id(ids.raw_data(), ids.dtype(), ids.numel(), v, bad.data<std::int64_t>(),
-                   k.stream());
+    k->find_bad_id(ids.raw_data(), ids.dtype(), ids.numel(), v, bad.data<std::int64_t>());
   }
   if (ids.device().kind != DeviceKind::CPU) {
     detail::defer_id_check(op, what, std::move(bad), v);
@@ -239,7 +238,7 @@ Tensor embedding(const Tensor& table, const Tensor& ids) {
   {
     Dispatch k("embedding", &KernelTable::nn, {&table, &ids, &out});
     k->embedding(table.data<float>(), ids.raw_data(), ids.dtype(), out.data<float>(), ids.numel(),
-                 c, v, k.stream());
+                 c, v);
   }
   // ids join the varying axes (a batch sharded over "data" gives rows that vary over it).
   if (!needs_grad({&table})) return joined(out, {&table, &ids});
@@ -248,7 +247,7 @@ Tensor embedding(const Tensor& table, const Tensor& ids) {
                   Tensor gt = Tensor::zeros({v, c}, DType::F32, idd.device());
                   Dispatch k("embedding", &KernelTable::nn, {&g[0], &idd, &gt});
                   k->embedding_backward(g[0].data<float>(), idd.raw_data(), idd.dtype(),
-                                        gt.data<float>(), idd.numel(), c, v, k.stream());
+                                        gt.data<float>(), idd.numel(), c, v);
                   return std::vector<Tensor>{gt, Tensor()};
                 });
 }
@@ -263,7 +262,7 @@ void cross_entropy_rows(const Tensor& logits, const Tensor& labels, const Tensor
                         const Tensor& lse, std::int64_t n, std::int64_t v) {
   Dispatch k("cross_entropy", &KernelTable::nn, {&logits, &labels, &loss, &lse});
   k->cross_entropy(logits.data<float>(), labels.raw_data(), labels.dtype(), loss.data<float>(),
-                   lse.data<float>(), n, v, k.stream());
+                   lse.data<float>(), n, v);
 }
 
 // gx = g * (softmax(logits) - onehot(label)) per row, rebuilt from lse; gx may be the logits
@@ -276,7 +275,7 @@ void cross_entropy_rows_backward(const Tensor& logits, const Tensor& g, const Te
              over ? std::vector<const Tensor*>{&logits, &g, &lse, &labels}
                   : std::vector<const Tensor*>{&logits, &g, &lse, &labels, &gx});
   k->cross_entropy_backward(logits.data<float>(), g.data<float>(), lse.data<float>(),
-                            labels.raw_data(), labels.dtype(), gx.data<float>(), n, v, k.stream());
+                            labels.raw_data(), labels.dtype(), gx.data<float>(), n, v);
 }
 
 // Both in one pass (the chunked head's): loss and lse of f32 or bf16 logits, and gx = g *
@@ -291,7 +290,7 @@ void cross_entropy_rows_with_grad(const Tensor& logits, const Tensor& labels, co
                   : std::vector<const Tensor*>{&logits, &labels, &loss, &lse, &g, &gx});
   k->cross_entropy_with_grad(logits.raw_data(), logits.dtype(), labels.raw_data(), labels.dtype(),
                              loss.data<float>(), lse.data<float>(), g.data<float>(), gx.raw_data(),
-                             gx.dtype(), n, v, k.stream());
+                             gx.dtype(), n, v);
 }
 
 }  // namespace
@@ -423,7 +422,7 @@ Tensor dropout_with_mask(const Tensor& x, const detail::DropoutMask& mask,
     Tensor dst = Tensor::empty(src.shape(), DType::F32, src.device());
     Dispatch k("dropout", &KernelTable::nn, {&src, &run_offsets, &dst});
     k->dropout(src.data<float>(), dst.data<float>(), src.numel(), mask,
-               run_offsets.defined() ? run_offsets.data<std::int64_t>() : nullptr, k.stream());
+               run_offsets.defined() ? run_offsets.data<std::int64_t>() : nullptr);
     return dst;
   };
   Tensor y = apply(x);

@@ -32,7 +32,7 @@ ShardIds shard_ids(const Tensor& ids, std::int64_t lo, std::int64_t rows, std::i
   detail::IdReport report;
   Dispatch k("shard_ids", &KernelTable::shard, {&ids, &out.local, &out.keep});
   k->shard_ids(ids.raw_data(), ids.dtype(), ids.numel(), lo, rows, bound,
-               out.local.data<std::int64_t>(), out.keep.data<float>(), &report, k.stream());
+               out.local.data<std::int64_t>(), out.keep.data<float>(), &report);
   out.out_of_range = out_of_range(report);
   return out;
 }
@@ -46,7 +46,7 @@ ShardOneHot shard_one_hot(const Tensor& labels, std::int64_t lo, std::int64_t wi
   detail::IdReport report;
   Dispatch k("shard_one_hot", &KernelTable::shard, {&labels, &out.one_hot});
   k->shard_one_hot(labels.raw_data(), labels.dtype(), labels.numel(), lo, width, bound,
-                   out.one_hot.data<float>(), &report, k.stream());
+                   out.one_hot.data<float>(), &report);
   out.out_of_range = out_of_range(report);
   return out;
 }
@@ -62,8 +62,7 @@ Tensor select_equal(const Tensor& a, const Tensor& b, float value) {
                 ": b needs a's shape or one element");
   Tensor out = Tensor::empty(a.shape(), DType::F32, detail::op_device("select_equal", {&a, &b}));
   Dispatch k("select_equal", &KernelTable::shard, {&a, &b, &out});
-  k->select_equal(a.data<float>(), b.data<float>(), scalar, value, out.data<float>(), a.numel(),
-                  k.stream());
+  k->select_equal(a.data<float>(), b.data<float>(), scalar, value, out.data<float>(), a.numel());
   return out;
 }
 
@@ -82,7 +81,7 @@ double sum_of_squares_f64(const Tensor& x) {
   double out = 0;
   detail::count_host_wait(x.device());
   Dispatch k("sum_of_squares_f64", &KernelTable::shard, {&x});
-  k->sum_squares_f64(x.data<float>(), x.numel(), &out, k.stream());
+  k->sum_squares_f64(x.data<float>(), x.numel(), &out);
   return out;
 }
 

@@ -54,7 +54,7 @@ Tensor reduce_axes(const char* op, ReduceOp code, const Tensor& x, int a0, int a
     os[i] = 1;
   Tensor out = Tensor::empty(os, DType::F32, x.device());
   Dispatch k(op, &KernelTable::reduce, {&x, &out});
-  k->reduce(code, x.data<float>(), out.data<float>(), outer, r, inner, k.stream());
+  k->reduce(code, x.data<float>(), out.data<float>(), outer, r, inner);
   return out;
 }
 
@@ -138,7 +138,7 @@ Tensor max(const Tensor& x, const std::vector<int>& axes_in, bool keepdims) {
           Tensor out = Tensor::zeros(s, DType::F32, xd.device());
           Dispatch k("max", &KernelTable::reduce, {&xd, &md, &g[0], &out});
           k->max_grad_run(xd.data<float>(), md.data<float>(), g[0].data<float>(), out.data<float>(),
-                          outer, r, inner, k.stream());
+                          outer, r, inner);
           return std::vector<Tensor>{out};
         }
         const Tensor gk = broadcast_to(g[0].view(ks), xd.shape());
@@ -147,7 +147,7 @@ Tensor max(const Tensor& x, const std::vector<int>& axes_in, bool keepdims) {
         const detail::BroadcastPlan groups = detail::plan_broadcast(ks, xd.shape(), "max");
         Dispatch k("max", &KernelTable::reduce, {&xd, &mk, &gk, &out});
         k->max_grad_general(xd.data<float>(), mk.data<float>(), gk.data<float>(), out.data<float>(),
-                            xd.numel(), groups, md.numel(), k.stream());
+                            xd.numel(), groups, md.numel());
         return std::vector<Tensor>{out};
       });
 }
@@ -172,7 +172,7 @@ Tensor argmax(const Tensor& x, int axis) {
   os.erase(os.begin() + a);
   Tensor out = Tensor::empty(os, DType::I64, x.device());
   Dispatch k("argmax", &KernelTable::reduce, {&x, &out});
-  k->argmax(x.data<float>(), out.data<std::int64_t>(), outer, r, inner, k.stream());
+  k->argmax(x.data<float>(), out.data<std::int64_t>(), outer, r, inner);
   return out;
 }
 

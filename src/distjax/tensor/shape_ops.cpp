@@ -28,7 +28,7 @@ void copy_block(const char* op, const Tensor& from, const char* src, std::int64_
                 std::int64_t bytes) {
   Dispatch k(op, &KernelTable::copy, {&from, &to});
   k->copy_2d(src, static_cast<std::size_t>(src_row), dst, static_cast<std::size_t>(dst_row),
-             static_cast<std::size_t>(bytes), outer, k.stream());
+             static_cast<std::size_t>(bytes), outer);
 }
 
 std::pair<std::int64_t, std::int64_t> outer_inner(const Shape& s, int axis) {
@@ -91,7 +91,7 @@ Tensor permute(const Tensor& x, const std::vector<int>& perm) {
   }
   Tensor out = Tensor::empty(Shape(plan.dims, plan.dims + r), x.dtype(), x.device());
   Dispatch k("permute", &KernelTable::shape, {&x, &out});
-  k->permute(x.raw_data(), out.raw_data(), dtype_size(x.dtype()), plan, out.numel(), k.stream());
+  k->permute(x.raw_data(), out.raw_data(), dtype_size(x.dtype()), plan, out.numel());
   if (!needs_grad({&x})) return joined(out, {&x});
   return record("permute", {x}, out, [inv = inverse_perm(perm)](const std::vector<Tensor>& g) {
     return std::vector<Tensor>{permute(g[0], inv)};
@@ -263,8 +263,7 @@ Tensor gather_rows(const Tensor& x, const std::vector<std::int64_t>& indices) {
       Tensor::from_vector(indices, {static_cast<std::int64_t>(indices.size())}, x.device());
   const std::size_t row_bytes = n == 0 ? 0 : x.nbytes() / static_cast<std::size_t>(n);
   Dispatch k("gather_rows", &KernelTable::gather, {&x, &rows, &out});
-  k->gather_rows(x.raw_data(), row_bytes, rows.data<std::int64_t>(), rows.numel(), out.raw_data(),
-                 k.stream());
+  k->gather_rows(x.raw_data(), row_bytes, rows.data<std::int64_t>(), rows.numel(), out.raw_data());
   return out;
 }
 

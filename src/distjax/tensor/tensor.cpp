@@ -210,7 +210,7 @@ template std::int64_t Tensor::item<std::int64_t>() const;
 Tensor Tensor::clone() const {
   Tensor t = empty(shape_, dtype_, device());
   detail::Dispatch k("clone", &detail::KernelTable::copy, {this, &t});
-  k->copy_2d(raw_data(), nbytes(), t.raw_data(), nbytes(), nbytes(), 1, k.stream());
+  k->copy_2d(raw_data(), nbytes(), t.raw_data(), nbytes(), nbytes(), 1);
   t.vma_ = vma_;
   return t;
 }
@@ -226,12 +226,12 @@ Tensor Tensor::to(Device device) const {
     detail::count_host_wait(from);
     {
       detail::Dispatch k("Tensor::to", &detail::KernelTable::copy, {this});
-      k->to_host(raw_data(), t.raw_data(), nbytes(), k.stream());
+      k->to_host(raw_data(), t.raw_data(), nbytes());
     }
     raise_deferred_errors();  // the device's queued work is done: its verdicts cost no wait
   } else {
     detail::Dispatch k("Tensor::to", &detail::KernelTable::copy, {&t});
-    k->from_host(raw_data(), t.raw_data(), nbytes(), k.stream());
+    k->from_host(raw_data(), t.raw_data(), nbytes());
   }
   t.vma_ = vma_;
   return t;

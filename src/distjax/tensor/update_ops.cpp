@@ -86,21 +86,20 @@ void sgd_update_(Tensor& param, const Tensor& grad, Tensor& buf, const SGDStep& 
   if (!buf.defined()) {
     check_leaf("sgd_update_", param, {&grad});
     Dispatch k("sgd_update_", &KernelTable::update, {&param, &grad});
-    k->sgd(param.data<float>(), grad.data<float>(), param.numel(), step.lr, step.weight_decay,
-           k.stream());
+    k->sgd(param.data<float>(), grad.data<float>(), param.numel(), step.lr, step.weight_decay);
     return;
   }
   check_leaf("sgd_update_", param, {&grad, &buf});
   Dispatch k("sgd_update_", &KernelTable::update, {&param, &grad, &buf});
   k->sgd_momentum(param.data<float>(), grad.data<float>(), buf.data<float>(), param.numel(),
-                  step.lr, step.momentum, step.weight_decay, step.nesterov, k.stream());
+                  step.lr, step.momentum, step.weight_decay, step.nesterov);
 }
 
 void adam_update_(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamStep& step) {
   check_leaf("adam_update_", param, {&grad, &m, &v});
   Dispatch k("adam_update_", &KernelTable::update, {&param, &grad, &m, &v});
   k->adam(param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(), param.numel(),
-          step.lr, step.b1, step.b2, step.eps, step.t, step.decay, step.l2, k.stream());
+          step.lr, step.b1, step.b2, step.eps, step.t, step.decay, step.l2);
 }
 
 void sgd_update_many_(std::span<const UpdateLeaf> leaves, const SGDStep& step) {
@@ -119,17 +118,17 @@ void sgd_update_many_(std::span<const UpdateLeaf> leaves, const SGDStep& step) {
     if (many && !parameters_overlap(records)) {
       if (group.kind)
         k->sgd_momentum_many(records.data(), count, step.lr, step.momentum, step.weight_decay,
-                             step.nesterov, k.stream());
+                             step.nesterov);
       else
-        k->sgd_many(records.data(), count, step.lr, step.weight_decay, k.stream());
+        k->sgd_many(records.data(), count, step.lr, step.weight_decay);
       continue;
     }
     for (const OptimLeaf& r : records) {
       if (group.kind)
         k->sgd_momentum(r.p, r.g, r.m, r.n, step.lr, step.momentum, step.weight_decay,
-                        step.nesterov, k.stream());
+                        step.nesterov);
       else
-        k->sgd(r.p, r.g, r.n, step.lr, step.weight_decay, k.stream());
+        k->sgd(r.p, r.g, r.n, step.lr, step.weight_decay);
     }
   }
 }
@@ -144,12 +143,12 @@ void adam_update_many_(std::span<const UpdateLeaf> leaves, const AdamStep& step)
     const std::vector<OptimLeaf> records = leaf_records(group);
     if (k->adam_many && !parameters_overlap(records)) {
       k->adam_many(records.data(), static_cast<std::int64_t>(records.size()), step.lr, step.b1,
-                   step.b2, step.eps, step.t, step.l2, k.stream());
+                   step.b2, step.eps, step.t, step.l2);
       continue;
     }
     for (const OptimLeaf& r : records)
       k->adam(r.p, r.g, r.m, r.v, r.n, step.lr, step.b1, step.b2, step.eps, step.t, r.decay,
-              step.l2, k.stream());
+              step.l2);
   }
 }
 
@@ -158,7 +157,7 @@ double sum_of_squares(const Tensor& x) {
   detail::count_host_wait(x.device());
   Dispatch k("sum_of_squares", &KernelTable::update, {&x});
   double out = 0.0;
-  k->sum_squares(x.data<float>(), x.numel(), &out, k.stream());
+  k->sum_squares(x.data<float>(), x.numel(), &out);
   return out;
 }
 
@@ -186,7 +185,7 @@ NormAndClipFactor norm_and_clip_factor(const std::vector<Tensor>& xs, double max
   touched.push_back(&out.factor);
   Dispatch k("norm_and_clip_factor", &KernelTable::update, touched);
   k->norm_and_clip_factor(ptrs.data(), ns.data(), static_cast<std::int64_t>(xs.size()), max_norm,
-                          out.norm.data<float>(), out.factor.data<float>(), k.stream());
+                          out.norm.data<float>(), out.factor.data<float>());
   return out;
 }
 
@@ -196,13 +195,13 @@ void scale_by_(Tensor& x, const Tensor& factor) {
                 InvalidArgument, "[scale_by_] the factor must be one f32 element, got ",
                 factor.defined() ? factor.str(0) : std::string("undefined"));
   Dispatch k("scale_by_", &KernelTable::update, {&x, &factor});
-  k->scale_by(x.data<float>(), x.numel(), factor.data<float>(), k.stream());
+  k->scale_by(x.data<float>(), x.numel(), factor.data<float>());
 }
 
 void scale_(Tensor& x, double factor) {
   check_leaf("scale_", x, {});
   Dispatch k("scale_", &KernelTable::update, {&x});
-  k->scale(x.data<float>(), x.numel(), static_cast<float>(factor), k.stream());
+  k->scale(x.data<float>(), x.numel(), static_cast<float>(factor));
 }
 
 }  // namespace distjax::tensor

@@ -169,7 +169,7 @@ int attention_threads(const AttentionPlan& a) {
 }
 
 void forward(const AttentionPlan& a, const float* pq, const float* pk, const float* pv, float* po,
-             float* pl, Stream) {
+             float* pl) {
 #pragma omp parallel num_threads(attention_threads(a))
   {
     std::vector<float> scratch(static_cast<std::size_t>(kRowBlock * a.s + a.d * a.s));
@@ -182,8 +182,7 @@ void forward(const AttentionPlan& a, const float* pq, const float* pk, const flo
 }
 
 void backward(const AttentionPlan& a, const float* pq, const float* pk, const float* pv,
-              const float* po, const float* pl, const float* pg, float* gq, float* gk, float* gv,
-              Stream) {
+              const float* po, const float* pl, const float* pg, float* gq, float* gk, float* gv) {
 #pragma omp parallel num_threads(attention_threads(a))
   {
     std::vector<float> scratch(static_cast<std::size_t>(2 * kRowBlock * a.s + a.t + 2 * a.d * a.s));
@@ -248,19 +247,18 @@ bool serves_bf16(const AttentionPlan& a) {
 }
 
 void forward_bf16(const AttentionPlan& a, const bf16* q, const bf16* k, const bf16* v, bf16* o,
-                  float* lse, Stream s) {
+                  float* lse) {
   auto qa = [&](std::int64_t h) { return a.q_at(h); };
   auto kva = [&](std::int64_t h) { return a.kv_at(h); };
   const std::vector<float> q32 = widen(a, q, a.t, a.ldq, qa), k32 = widen(a, k, a.s, a.ldkv, kva),
                            v32 = widen(a, v, a.s, a.ldkv, kva);
   std::vector<float> o32(static_cast<std::size_t>(a.bh * a.t * a.d));
-  forward(contiguous(a), q32.data(), k32.data(), v32.data(), o32.data(), lse, s);
+  forward(contiguous(a), q32.data(), k32.data(), v32.data(), o32.data(), lse);
   narrow(a, o32, o, a.t, a.ldo, [&](std::int64_t h) { return a.o_at(h); });
 }
 
 void backward_bf16(const AttentionPlan& a, const bf16* q, const bf16* k, const bf16* v,
-                   const bf16* o, const float* lse, const bf16* go, bf16* dq, bf16* dk, bf16* dv,
-                   Stream s) {
+                   const bf16* o, const float* lse, const bf16* go, bf16* dq, bf16* dk, bf16* dv) {
   auto qa = [&](std::int64_t h) { return a.q_at(h); };
   auto kva = [&](std::int64_t h) { return a.kv_at(h); };
   auto oa = [&](std::int64_t h) { return a.o_at(h); };
@@ -269,7 +267,7 @@ void backward_bf16(const AttentionPlan& a, const bf16* q, const bf16* k, const b
                            g32 = widen(a, go, a.t, a.ldo, oa);
   std::vector<float> dq32(q32.size()), dk32(k32.size()), dv32(v32.size());
   backward(contiguous(a), q32.data(), k32.data(), v32.data(), o32.data(), lse, g32.data(),
-           dq32.data(), dk32.data(), dv32.data(), s);
+           dq32.data(), dk32.data(), dv32.data());
   narrow(a, dq32, dq, a.t, a.ldq, qa);
   narrow(a, dk32, dk, a.s, a.ldkv, kva);
   narrow(a, dv32, dv, a.s, a.ldkv, kva);

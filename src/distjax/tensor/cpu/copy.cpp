@@ -8,7 +8,7 @@
 namespace distjax::tensor::detail::cpu {
 namespace {
 
-void fill(void* dst, DType dtype, std::int64_t n, double value, Stream) {
+void fill(void* dst, DType dtype, std::int64_t n, double value) {
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     const T v = cast_one<T>(value);
@@ -31,7 +31,7 @@ void convert(const void* src, DType from, void* dst, DType to, std::int64_t n, S
 }
 
 void copy_2d(const void* src, std::size_t src_stride, void* dst, std::size_t dst_stride,
-             std::size_t row_bytes, std::int64_t rows, Stream) {
+             std::size_t row_bytes, std::int64_t rows) {
   const auto* s = static_cast<const char*>(src);
   auto* d = static_cast<char*>(dst);
   if (rows == 1 || (src_stride == row_bytes && dst_stride == row_bytes)) {
@@ -44,7 +44,7 @@ void copy_2d(const void* src, std::size_t src_stride, void* dst, std::size_t dst
     std::memcpy(d + r * dst_stride, s + r * src_stride, row_bytes);
 }
 
-void copy_bytes(const void* src, void* dst, std::size_t nbytes, Stream) {
+void copy_bytes(const void* src, void* dst, std::size_t nbytes) {
   if (nbytes > 0) std::memcpy(dst, src, nbytes);
 }
 

@@ -197,16 +197,16 @@ void map_grad(U u, const float* pg, const float* px, const float* py, float* po,
     po[i] = pg[i] * u.df(px[i], py[i]);
 }
 
-void unary(UnaryOp op, const float* x, float* out, std::int64_t n, float c, Stream) {
+void unary(UnaryOp op, const float* x, float* out, std::int64_t n, float c) {
   with_unary(op, c, [&](auto u) { map_unary(u, x, out, n); });
 }
 
-void unary_bf16(UnaryOp op, const float* x, bf16* out, std::int64_t n, float c, Stream) {
+void unary_bf16(UnaryOp op, const float* x, bf16* out, std::int64_t n, float c) {
   with_unary(op, c, [&](auto u) { map_unary(u, x, out, n); });
 }
 
 void unary_grad(UnaryOp op, const float* g, const float* x, const float* y, float* out,
-                std::int64_t n, float c, Stream) {
+                std::int64_t n, float c) {
   with_unary(op, c, [&](auto u) {
     if constexpr (requires { u.df(0.f, 0.f); })
       map_grad(u, g, x, y, out, n);
@@ -301,7 +301,7 @@ void broadcast_binary(const float* pa, const BroadcastPlan& qa, const float* pb,
 }
 
 void binary(BinaryOp op, const float* a, const BroadcastPlan& qa, const float* b,
-            const BroadcastPlan& qb, float* out, std::int64_t n, Stream) {
+            const BroadcastPlan& qb, float* out, std::int64_t n) {
   switch (op) {
     case BinaryOp::Add:
       return broadcast_binary(a, qa, b, qb, out, n, [](float x, float y) { return x + y; });
@@ -320,7 +320,7 @@ void binary(BinaryOp op, const float* a, const BroadcastPlan& qa, const float* b
   }
 }
 
-void select(const float* pm, const float* pa, const float* pb, float* po, std::int64_t n, Stream) {
+void select(const float* pm, const float* pa, const float* pb, float* po, std::int64_t n) {
 #pragma omp parallel for simd if (parallel : n > kParallelGrainMemory)
   for (std::int64_t i = 0; i < n; ++i) {
     // Both loads unconditional: clang vectorises a select, not a conditional load.

@@ -7,7 +7,7 @@ namespace distjax::tensor::detail::cpu {
 namespace {
 
 void gather_rows(const void* src, std::size_t row_bytes, const std::int64_t* rows, std::int64_t n,
-                 void* dst, Stream) {
+                 void* dst) {
   const auto* s = static_cast<const std::uint8_t*>(src);
   auto* d = static_cast<std::uint8_t*>(dst);
   for (std::int64_t i = 0; i < n; ++i)

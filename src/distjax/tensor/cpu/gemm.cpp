@@ -219,7 +219,7 @@ void add_residual(float* c, const float* residual, std::int64_t n) {
 }
 
 void gemm(const GemmKey& key, const void* a, const void* b, const float* bias,
-          const float* residual, void* c, void* aux, Stream s) {
+          const float* residual, void* c, void* aux) {
   assert(key.src == DType::F32 || key.src == DType::BF16);
   assert(!residual || (key.dst == DType::F32 && !key.gelu));
   const std::int64_t n = key.batch * key.m * key.n;
@@ -243,14 +243,13 @@ void gemm(const GemmKey& key, const void* a, const void* b, const float* bias,
   gemm_f32_sum(key, a, b, bias, sum);
   if (key.gelu) {
     if (key.dst == DType::F32)
-      return elementwise_kernels.unary(UnaryOp::GeluTanh, sum, static_cast<float*>(c), n, 0.f, s);
-    copy_kernels.convert(sum, DType::F32, aux, key.dst, n, s);
+      return elementwise_kernels.unary(UnaryOp::GeluTanh, sum, static_cast<float*>(c), n, 0.f);
+    copy_kernels.convert(sum, DType::F32, aux, key.dst, n, Stream{});
     if (key.dst == DType::BF16)
-      return elementwise_kernels.unary_bf16(UnaryOp::GeluTanh, sum, static_cast<bf16*>(c), n, 0.f,
-                                            s);
-    elementwise_kernels.unary(UnaryOp::GeluTanh, sum, sum, n, 0.f, s);
+      return elementwise_kernels.unary_bf16(UnaryOp::GeluTanh, sum, static_cast<bf16*>(c), n, 0.f);
+    elementwise_kernels.unary(UnaryOp::GeluTanh, sum, sum, n, 0.f);
   }
-  copy_kernels.convert(sum, DType::F32, c, key.dst, n, s);
+  copy_kernels.convert(sum, DType::F32, c, key.dst, n, Stream{});
 }
 
 // d = g (* gelu'(aux)) in f32, its rounding and its column sums. An f32 g without GELU is
@@ -260,14 +259,13 @@ void gemm(const GemmKey& key, const void* a, const void* b, const float* bias,
 // the block's rounding and adds the block's rows to its column sums; the threads' sums are
 // added in thread order (deterministic for a given thread count, as the reduce kernel).
 void epilogue_backward(const void* g, DType g_dtype, const void* aux, DType aux_dtype, void* out,
-                       DType out_dtype, float* bias_grad, std::int64_t rows, std::int64_t n,
-                       Stream s) {
+                       DType out_dtype, float* bias_grad, std::int64_t rows, std::int64_t n) {
   const std::int64_t total = rows * n;
   if (n == 0) return;
   if (g_dtype == DType::F32 && !aux) {
     const auto* g32 = static_cast<const float*>(g);
-    if (bias_grad) reduce_kernels.reduce(ReduceOp::Sum, g32, bias_grad, 1, rows, n, s);
-    if (out) copy_kernels.convert(g32, DType::F32, out, out_dtype, total, s);
+    if (bias_grad) reduce_kernels.reduce(ReduceOp::Sum, g32, bias_grad, 1, rows, n);
+    if (out) copy_kernels.convert(g32, DType::F32, out, out_dtype, total, Stream{});
     return;
   }
   const std::int64_t block_rows = std::max<std::int64_t>(1, 16384 / n);
@@ -285,16 +283,16 @@ void epilogue_backward(const void* g, DType g_dtype, const void* aux, DType aux_
     for (std::int64_t r = r0; r < r1; r += block_rows) {
       const std::int64_t len = std::min(block_rows, r1 - r) * n, at = r * n;
       copy_kernels.convert(static_cast<const char*>(g) + at * g_size, g_dtype, gb.data(),
-                           DType::F32, len, s);
+                           DType::F32, len, Stream{});
       if (aux) {
         copy_kernels.convert(static_cast<const char*>(aux) + at * aux_size, aux_dtype, ab.data(),
-                             DType::F32, len, s);
+                             DType::F32, len, Stream{});
         elementwise_kernels.unary_grad(UnaryOp::GeluTanh, gb.data(), ab.data(), nullptr, gb.data(),
-                                       len, 0.f, s);
+                                       len, 0.f);
       }
       if (out)
         copy_kernels.convert(gb.data(), DType::F32, static_cast<char*>(out) + at * out_size,
-                             out_dtype, len, s);
+                             out_dtype, len, Stream{});
       if (sums)
         for (std::int64_t i = 0; i < len; i += n) {
 #pragma omp simd
@@ -313,7 +311,7 @@ void epilogue_backward(const void* g, DType g_dtype, const void* aux, DType aux_
 void gemm_f32_strided(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                       float alpha, const float* a, std::int64_t lda, std::int64_t stride_a,
                       const float* b, std::int64_t ldb, std::int64_t stride_b, float beta, float* c,
-                      std::int64_t ldc, std::int64_t stride_c, std::int64_t batch, Stream) {
+                      std::int64_t ldc, std::int64_t stride_c, std::int64_t batch) {
   for (std::int64_t i = 0; i < batch; ++i)
     gemm_f32_ld(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb,
                 beta, c + i * stride_c, ldc);
@@ -323,24 +321,22 @@ void gemm_f32_strided(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n
 
 // The product in f32 (the thread's scratch), then the epilogue's backward pass over it.
 void gemm_dgelu(const GemmKey& key, const void* a, const void* b, const void* aux, void* c,
-                float* bias_grad, Stream s) {
+                float* bias_grad) {
   assert(key.batch == 1 && !key.bias && !key.gelu);
   const std::int64_t n = key.m * key.n;
   if (n == 0) return;
   float* sum = f32_scratch(n);
   gemm_f32_sum(key, a, b, nullptr, sum);
-  epilogue_backward(sum, DType::F32, aux, key.dst, c, key.dst, bias_grad, key.m, key.n, s);
+  epilogue_backward(sum, DType::F32, aux, key.dst, c, key.dst, bias_grad, key.m, key.n);
 }
 
 // The product, then the column sums of B by the epilogue's backward pass (no GELU, no
 // rounding): what linear's backward does without this entry, to the bit.
-void gemm_bias_grad(const GemmKey& key, const void* a, const void* b, void* c, float* bias_grad,
-                    Stream s) {
+void gemm_bias_grad(const GemmKey& key, const void* a, const void* b, void* c, float* bias_grad) {
   assert(key.batch == 1 && key.ta && !key.tb && !key.bias && !key.gelu);
-  gemm(key, a, b, nullptr, nullptr, c, nullptr, s);
+  gemm(key, a, b, nullptr, nullptr, c, nullptr);
   if (bias_grad)
-    epilogue_backward(b, key.src, nullptr, DType::F32, nullptr, key.src, bias_grad, key.k, key.n,
-                      s);
+    epilogue_backward(b, key.src, nullptr, DType::F32, nullptr, key.src, bias_grad, key.k, key.n);
 }
 
 const GemmKernels gemm_kernels{

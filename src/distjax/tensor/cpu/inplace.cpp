@@ -7,7 +7,7 @@ namespace distjax::tensor::detail::cpu {
 namespace {
 
 // Bound by memory: 12 bytes moved per element.
-void add_f32(float* __restrict dst, const float* __restrict src, std::int64_t n, Stream) {
+void add_f32(float* __restrict dst, const float* __restrict src, std::int64_t n) {
 #pragma omp simd
   for (std::int64_t i = 0; i < n; ++i)
     dst[i] += src[i];
@@ -20,7 +20,7 @@ void scale_as(T* x, float s, std::int64_t n) {
     x[i] = T(static_cast<float>(x[i]) * s);
 }
 
-void scale(void* x, DType dtype, const float* s, std::int64_t n, Stream) {
+void scale(void* x, DType dtype, const float* s, std::int64_t n) {
   switch (dtype) {
     case DType::F32:
       return scale_as(static_cast<float*>(x), *s, n);

@@ -25,7 +25,7 @@ extern const MemoryKernels memory_kernels;
 /// The CPU's reduce_ranks (memory_kernels.reduce_ranks: AVX-512 for f32 where built), and the
 /// plain loop it must match bit for bit (every dtype), for its tests.
 void reduce_ranks(void* const* dsts, int m, const void* const* srcs, int k, std::int64_t n,
-                  DType dtype, RankReduce op, int divisor, Stream s);
+                  DType dtype, RankReduce op, int divisor);
 void reduce_ranks_generic(void* dst, const void* const* srcs, int k, std::int64_t n, DType dtype,
                           RankReduce op, int divisor);
 

@@ -119,18 +119,18 @@ void reduce_f32(float* d, const float* const* s, int k, std::int64_t n, float di
 }
 #endif
 
-void zero(void* dst, std::size_t nbytes, Stream) {
+void zero(void* dst, std::size_t nbytes) {
   if (nbytes > 0) std::memset(dst, 0, nbytes);
 }
 
-void synchronize(Stream) {}
+void synchronize() {}
 // Kernels run at once here: no event is ever made, so the table has no entries to wait
 // for, test or release one.
-void* event_record(Stream) {
+void* event_record() {
   return nullptr;
 }
 
-void to_host_async(const void* src, void* host_dst, std::size_t nbytes, Stream) {
+void to_host_async(const void* src, void* host_dst, std::size_t nbytes) {
   if (nbytes > 0) std::memcpy(host_dst, src, nbytes);
 }
 
@@ -194,7 +194,7 @@ void reduce_ranks_one(void* dst, const void* const* srcs, int k, std::int64_t n,
 // The fold into the first destination, then copies of it: every source is read before the
 // first copy, so a later destination may alias a source too.
 void reduce_ranks(void* const* dsts, int m, const void* const* srcs, int k, std::int64_t n,
-                  DType dtype, RankReduce op, int divisor, Stream) {
+                  DType dtype, RankReduce op, int divisor) {
   DISTJAX_CHECK(m >= 1 && m <= kMaxRankSources && k >= 1 && k <= kMaxRankSources, InvalidArgument,
                 "[reduce_ranks] folds 1 to ", kMaxRankSources,
                 " sources into as many destinations, got ", k, " into ", m);

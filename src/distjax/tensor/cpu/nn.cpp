@@ -42,7 +42,7 @@ void with_ids(const void* ids, DType id_dtype, F&& f) {
 
 // ------------------------------------------------------------------ softmax
 
-void softmax(const float* px, float* py, std::int64_t n, std::int64_t c, bool log_form, Stream) {
+void softmax(const float* px, float* py, std::int64_t n, std::int64_t c, bool log_form) {
 #pragma omp parallel for schedule(static) num_threads(threads_for(n* c))
   for (std::int64_t r = 0; r < n; ++r) {
     const float* xr = px + r * c;
@@ -62,7 +62,7 @@ void softmax(const float* px, float* py, std::int64_t n, std::int64_t c, bool lo
 }
 
 void softmax_backward(const float* py, const float* pg, float* po, std::int64_t n, std::int64_t c,
-                      bool log_form, Stream) {
+                      bool log_form) {
 #pragma omp parallel for schedule(static) num_threads(threads_for(n* c))
   for (std::int64_t r = 0; r < n; ++r) {
     const float* yr = py + r * c;
@@ -123,12 +123,12 @@ void layer_norm_to(const float* px, const float* pw, const float* pb, Out* py, f
 }
 
 void layer_norm(const float* px, const float* pw, const float* pb, float* py, float* pm, float* ps,
-                std::int64_t n, std::int64_t c, float eps, Stream) {
+                std::int64_t n, std::int64_t c, float eps) {
   layer_norm_to(px, pw, pb, py, pm, ps, n, c, eps);
 }
 
 void layer_norm_bf16(const float* px, const float* pw, const float* pb, bf16* py, float* pm,
-                     float* ps, std::int64_t n, std::int64_t c, float eps, Stream) {
+                     float* ps, std::int64_t n, std::int64_t c, float eps) {
   layer_norm_to(px, pw, pb, py, pm, ps, n, c, eps);
 }
 
@@ -204,20 +204,20 @@ void layer_norm_backward_of(const float* px, const float* pw, const G* pg, const
 
 void layer_norm_backward(const float* px, const float* pw, const float* pg, const float* pm,
                          const float* ps, float* pgx, const float* padd, float* dgamma,
-                         float* dbeta, std::int64_t n, std::int64_t c, Stream) {
+                         float* dbeta, std::int64_t n, std::int64_t c) {
   layer_norm_backward_of(px, pw, pg, pm, ps, pgx, padd, dgamma, dbeta, n, c);
 }
 
 void layer_norm_backward_bf16(const float* px, const float* pw, const bf16* pg, const float* pm,
                               const float* ps, float* pgx, const float* padd, float* dgamma,
-                              float* dbeta, std::int64_t n, std::int64_t c, Stream) {
+                              float* dbeta, std::int64_t n, std::int64_t c) {
   layer_norm_backward_of(px, pw, pg, pm, ps, pgx, padd, dgamma, dbeta, n, c);
 }
 
 // ------------------------------------------------------------------ RMS norm
 
 void rms_norm(const float* px, const float* pw, float* py, float* ps, std::int64_t n,
-              std::int64_t c, float eps, Stream) {
+              std::int64_t c, float eps) {
   const float inv_c = 1.f / static_cast<float>(c);
 #pragma omp parallel for schedule(static) num_threads(threads_for(n* c, kParallelGrainMemory))
   for (std::int64_t r = 0; r < n; ++r) {
@@ -236,7 +236,7 @@ void rms_norm(const float* px, const float* pw, float* py, float* ps, std::int64
 }
 
 void rms_norm_backward(const float* px, const float* pw, const float* pg, const float* ps,
-                       float* pgx, float* dgamma, std::int64_t n, std::int64_t c, Stream) {
+                       float* pgx, float* dgamma, std::int64_t n, std::int64_t c) {
   const float inv_c = 1.f / static_cast<float>(c);
   const int nt = threads_for(n * c, kParallelGrainMemory);
   std::vector<float> part(static_cast<std::size_t>(nt) * c, 0.f);
@@ -269,8 +269,8 @@ void rms_norm_backward(const float* px, const float* pw, const float* pg, const 
 
 // ------------------------------------------------------------------ embedding
 
-void find_bad_id(const void* ids, DType id_dtype, std::int64_t n, std::int64_t v, std::int64_t* bad,
-                 Stream) {
+void find_bad_id(const void* ids, DType id_dtype, std::int64_t n, std::int64_t v,
+                 std::int64_t* bad) {
   bad[0] = -1;
   bad[1] = 0;
   with_ids(ids, id_dtype, [&](const auto* pi) {
@@ -284,7 +284,7 @@ void find_bad_id(const void* ids, DType id_dtype, std::int64_t n, std::int64_t v
 }
 
 void embedding(const float* pt, const void* ids, DType id_dtype, float* po, std::int64_t n,
-               std::int64_t c, std::int64_t v, Stream) {
+               std::int64_t c, std::int64_t v) {
   with_ids(ids, id_dtype, [&](const auto* pi) {
 #pragma omp parallel for schedule(static) num_threads(threads_for(n* c, kParallelGrainMemory))
     for (std::int64_t i = 0; i < n; ++i) {
@@ -298,7 +298,7 @@ void embedding(const float* pt, const void* ids, DType id_dtype, float* po, std:
 }
 
 void embedding_backward(const float* pg, const void* ids, DType id_dtype, float* po, std::int64_t n,
-                        std::int64_t c, std::int64_t v, Stream) {
+                        std::int64_t c, std::int64_t v) {
   with_ids(ids, id_dtype, [&](const auto* pi) {
   // Scatter-add with each thread owning a range of columns: no races, and the sum
   // over repeated ids runs in id order, so the result is deterministic.
@@ -337,7 +337,7 @@ void cross_entropy_row_grad(const float* xr, float gr, float l, std::int64_t lab
 }
 
 void cross_entropy(const float* px, const void* labels, DType id_dtype, float* pl, float* ps,
-                   std::int64_t n, std::int64_t v, Stream) {
+                   std::int64_t n, std::int64_t v) {
   with_ids(labels, id_dtype, [&](const auto* pi) {
 #pragma omp parallel for schedule(static) num_threads(threads_for(n* v))
     for (std::int64_t r = 0; r < n; ++r)
@@ -346,7 +346,7 @@ void cross_entropy(const float* px, const void* labels, DType id_dtype, float* p
 }
 
 void cross_entropy_backward(const float* px, const float* pg, const float* ps, const void* labels,
-                            DType id_dtype, float* po, std::int64_t n, std::int64_t v, Stream) {
+                            DType id_dtype, float* po, std::int64_t n, std::int64_t v) {
   with_ids(labels, id_dtype, [&](const auto* pi) {
 #pragma omp parallel for schedule(static) num_threads(threads_for(n* v))
     for (std::int64_t r = 0; r < n; ++r)
@@ -361,7 +361,7 @@ void cross_entropy_backward(const float* px, const float* pg, const float* ps, c
 // or f16 are widened into the thread's f32 row first (the bits of a cast to f32).
 void cross_entropy_with_grad(const void* logits, DType logits_dtype, const void* labels,
                              DType id_dtype, float* pl, float* ps, const float* pg, void* gx,
-                             DType gx_dtype, std::int64_t n, std::int64_t v, Stream) {
+                             DType gx_dtype, std::int64_t n, std::int64_t v) {
   const auto row_bytes = [v](DType t) { return v * static_cast<std::int64_t>(dtype_size(t)); };
   with_ids(labels, id_dtype, [&](const auto* pi) {
 #pragma omp parallel for schedule(static) num_threads(threads_for(n* v))
@@ -393,7 +393,7 @@ void cross_entropy_with_grad(const void* logits, DType logits_dtype, const void*
 // Inverted dropout with the keep-mask drawn from the key (the forward and the backward
 // draw the same mask).
 void dropout(const float* src, float* dst, std::int64_t n, const DropoutMask& mask,
-             const std::int64_t* run_offsets, Stream) {
+             const std::int64_t* run_offsets) {
   std::vector<std::uint8_t> keep(static_cast<std::size_t>(n));
   if (!run_offsets) {
     random_bernoulli(mask.key, keep.data(), n, mask.keep);

@@ -88,7 +88,7 @@ void reduce_middle(const float* px, float* po, std::int64_t outer, std::int64_t 
 }
 
 void reduce(ReduceOp op, const float* x, float* out, std::int64_t outer, std::int64_t r,
-            std::int64_t inner, Stream) {
+            std::int64_t inner) {
   if (op == ReduceOp::Sum)
     reduce_middle<ReduceOp::Sum>(x, out, outer, r, inner);
   else
@@ -96,7 +96,7 @@ void reduce(ReduceOp op, const float* x, float* out, std::int64_t outer, std::in
 }
 
 void max_grad_run(const float* px, const float* pm, const float* pg, float* po, std::int64_t outer,
-                  std::int64_t r, std::int64_t inner, Stream) {
+                  std::int64_t r, std::int64_t inner) {
 #pragma omp parallel for if (outer * r * inner > kParallelGrainMemory)
   for (std::int64_t o = 0; o < outer; ++o)
     for (std::int64_t i = 0; i < inner; ++i) {
@@ -112,7 +112,7 @@ void max_grad_run(const float* px, const float* pm, const float* pg, float* po, 
 }
 
 void max_grad_general(const float* px, const float* pm, const float* pg, float* po, std::int64_t n,
-                      const BroadcastPlan& groups, std::int64_t ngroups, Stream) {
+                      const BroadcastPlan& groups, std::int64_t ngroups) {
   std::vector<char> taken(static_cast<std::size_t>(ngroups), 0);
   for (std::int64_t i = 0; i < n; ++i) {
     if (px[i] != pm[i]) continue;
@@ -124,7 +124,7 @@ void max_grad_general(const float* px, const float* pm, const float* pg, float* 
 }
 
 void argmax(const float* px, std::int64_t* po, std::int64_t outer, std::int64_t r,
-            std::int64_t inner, Stream) {
+            std::int64_t inner) {
   for (std::int64_t o = 0; o < outer; ++o)
     for (std::int64_t i = 0; i < inner; ++i) {
       std::int64_t best = 0;

@@ -8,8 +8,7 @@
 namespace distjax::tensor::detail::cpu {
 namespace {
 
-void permute(const void* src_v, void* dst_v, std::size_t es, const PermutePlan& p, std::int64_t n,
-             Stream) {
+void permute(const void* src_v, void* dst_v, std::size_t es, const PermutePlan& p, std::int64_t n) {
   const int r = p.rank;
   const std::int64_t* os = p.dims;
   const std::int64_t* st = p.strides;
@@ -40,7 +39,7 @@ void permute(const void* src_v, void* dst_v, std::size_t es, const PermutePlan& 
   }
 }
 
-void broadcast(const float* px, const BroadcastPlan& q, float* po, std::int64_t n, Stream) {
+void broadcast(const float* px, const BroadcastPlan& q, float* po, std::int64_t n) {
   using K = BroadcastPlan::Kind;
   switch (q.kind) {
     case K::Same:

@@ -9,7 +9,7 @@ namespace distjax::tensor::detail::cpu {
 namespace {
 
 // Row-major, innermost rows with memcpy; an odometer over the outer dimensions.
-void copy_box(void* global, void* local, const BoxPlan& plan, bool to_local, Stream) {
+void copy_box(void* global, void* local, const BoxPlan& plan, bool to_local) {
   const std::size_t es = plan.elem_bytes;
   char* g = static_cast<char*>(global);
   char* l = static_cast<char*>(local);
@@ -51,7 +51,7 @@ void shard_ids_of(const T* ids, std::int64_t n, std::int64_t lo, std::int64_t ro
 }
 
 void shard_ids(const void* ids, DType dtype, std::int64_t n, std::int64_t lo, std::int64_t rows,
-               std::int64_t bound, std::int64_t* local, float* keep, IdReport* report, Stream) {
+               std::int64_t bound, std::int64_t* local, float* keep, IdReport* report) {
   *report = {};
   if (dtype == DType::I32) {
     shard_ids_of(static_cast<const std::int32_t*>(ids), n, lo, rows, bound, local, keep, report);
@@ -71,7 +71,7 @@ void shard_one_hot_of(const T* labels, std::int64_t n, std::int64_t lo, std::int
 }
 
 void shard_one_hot(const void* labels, DType dtype, std::int64_t n, std::int64_t lo,
-                   std::int64_t width, std::int64_t bound, float* out, IdReport* report, Stream) {
+                   std::int64_t width, std::int64_t bound, float* out, IdReport* report) {
   *report = {};
   if (dtype == DType::I32) {
     shard_one_hot_of(static_cast<const std::int32_t*>(labels), n, lo, width, bound, out, report);
@@ -81,7 +81,7 @@ void shard_one_hot(const void* labels, DType dtype, std::int64_t n, std::int64_t
 }
 
 void select_equal(const float* a, const float* b, bool b_scalar, float value, float* out,
-                  std::int64_t n, Stream) {
+                  std::int64_t n) {
   if (b_scalar) {
     const float v = b[0];
     for (std::int64_t i = 0; i < n; ++i)
@@ -94,7 +94,7 @@ void select_equal(const float* a, const float* b, bool b_scalar, float value, fl
 
 // The table's order (parallel.hpp): per chunk, independent lanes that vectorize without
 // reassociation (one chain ran at the add latency, ~3% of a data-parallel GPT step).
-void sum_squares_f64(const float* p, std::int64_t n, double* out, Stream) {
+void sum_squares_f64(const float* p, std::int64_t n, double* out) {
   constexpr int kLanes = 8;
   double total = 0.0;
   for (std::int64_t c = 0; c < n; c += kSquaresChunk) {
@@ -113,9 +113,9 @@ void sum_squares_f64(const float* p, std::int64_t n, double* out, Stream) {
 }
 
 void sum_squares_f64_many(const float* const* xs, const std::int64_t* ns, std::int64_t count,
-                          double* out, Stream s) {
+                          double* out) {
   for (std::int64_t i = 0; i < count; ++i)
-    sum_squares_f64(xs[i], ns[i], out + i, s);
+    sum_squares_f64(xs[i], ns[i], out + i);
 }
 
 }  // namespace

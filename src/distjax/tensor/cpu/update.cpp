@@ -12,15 +12,14 @@ namespace {
 // per element: ~1 MiB of traffic at the threshold, well above a fork/join's cost).
 constexpr std::int64_t kParallelAdamGrain = 32768;
 
-void sgd(float* __restrict pp, const float* __restrict gp, std::int64_t n, float lr, float wd,
-         Stream) {
+void sgd(float* __restrict pp, const float* __restrict gp, std::int64_t n, float lr, float wd) {
 #pragma omp simd
   for (std::int64_t i = 0; i < n; ++i)
     pp[i] -= lr * (gp[i] + wd * pp[i]);
 }
 
 void sgd_momentum(float* __restrict pp, const float* __restrict gp, float* __restrict buf,
-                  std::int64_t n, float lr, float mu, float wd, bool nesterov, Stream) {
+                  std::int64_t n, float lr, float mu, float wd, bool nesterov) {
 #pragma omp simd
   for (std::int64_t i = 0; i < n; ++i) {
     const float gi = gp[i] + wd * pp[i];
@@ -32,7 +31,7 @@ void sgd_momentum(float* __restrict pp, const float* __restrict gp, float* __res
 
 void adam(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
           std::int64_t n, double lr, double b1, double b2, double eps, std::int64_t t, double decay,
-          double l2, Stream) {
+          double l2) {
   // PyTorch's formulation: step_size = lr / bc1, denom = sqrt(v) / sqrt(bc2) + eps.
   const double bc1 = 1.0 - std::pow(b1, static_cast<double>(t));
   const double bc2 = 1.0 - std::pow(b2, static_cast<double>(t));
@@ -57,28 +56,28 @@ void adam(float* __restrict p, const float* __restrict g, float* __restrict m, f
   }
 }
 
-void sgd_many(const OptimLeaf* leaves, std::int64_t count, float lr, float wd, Stream s) {
+void sgd_many(const OptimLeaf* leaves, std::int64_t count, float lr, float wd) {
   for (std::int64_t i = 0; i < count; ++i)
-    sgd(leaves[i].p, leaves[i].g, leaves[i].n, lr, wd, s);
+    sgd(leaves[i].p, leaves[i].g, leaves[i].n, lr, wd);
 }
 
 void sgd_momentum_many(const OptimLeaf* leaves, std::int64_t count, float lr, float mu, float wd,
-                       bool nesterov, Stream s) {
+                       bool nesterov) {
   for (std::int64_t i = 0; i < count; ++i) {
     const OptimLeaf& l = leaves[i];
-    sgd_momentum(l.p, l.g, l.m, l.n, lr, mu, wd, nesterov, s);
+    sgd_momentum(l.p, l.g, l.m, l.n, lr, mu, wd, nesterov);
   }
 }
 
 void adam_many(const OptimLeaf* leaves, std::int64_t count, double lr, double b1, double b2,
-               double eps, std::int64_t t, double l2, Stream s) {
+               double eps, std::int64_t t, double l2) {
   for (std::int64_t i = 0; i < count; ++i) {
     const OptimLeaf& l = leaves[i];
-    adam(l.p, l.g, l.m, l.v, l.n, lr, b1, b2, eps, t, l.decay, l2, s);
+    adam(l.p, l.g, l.m, l.v, l.n, lr, b1, b2, eps, t, l.decay, l2);
   }
 }
 
-void sum_squares(const float* p, std::int64_t n, double* host_out, Stream) {
+void sum_squares(const float* p, std::int64_t n, double* host_out) {
   double acc = 0.0;
 #pragma omp simd reduction(+ : acc)
   for (std::int64_t i = 0; i < n; ++i)
@@ -87,23 +86,23 @@ void sum_squares(const float* p, std::int64_t n, double* host_out, Stream) {
 }
 
 void sum_squares_many(const float* const* xs, const std::int64_t* ns, std::int64_t count,
-                      double* host_out, Stream s) {
+                      double* host_out) {
   for (std::int64_t i = 0; i < count; ++i)
-    sum_squares(xs[i], ns[i], host_out + i, s);
+    sum_squares(xs[i], ns[i], host_out + i);
 }
 
-void scale(float* p, std::int64_t n, float f, Stream) {
+void scale(float* p, std::int64_t n, float f) {
 #pragma omp simd
   for (std::int64_t i = 0; i < n; ++i)
     p[i] *= f;
 }
 
 void norm_and_clip_factor(const float* const* xs, const std::int64_t* ns, std::int64_t count,
-                          double max_norm, float* norm_out, float* factor_out, Stream s) {
+                          double max_norm, float* norm_out, float* factor_out) {
   double total = 0.0;
   for (std::int64_t i = 0; i < count; ++i) {
     double leaf = 0.0;
-    sum_squares(xs[i], ns[i], &leaf, s);
+    sum_squares(xs[i], ns[i], &leaf);
     total += leaf;
   }
   const double norm = std::sqrt(total);
@@ -111,8 +110,8 @@ void norm_and_clip_factor(const float* const* xs, const std::int64_t* ns, std::i
   *factor_out = max_norm > 0.0 && norm > max_norm ? static_cast<float>(max_norm / norm) : 1.0f;
 }
 
-void scale_by(float* p, std::int64_t n, const float* factor, Stream s) {
-  scale(p, n, *factor, s);
+void scale_by(float* p, std::int64_t n, const float* factor) {
+  scale(p, n, *factor);
 }
 
 }  // namespace

@@ -46,7 +46,6 @@ namespace attn {
 namespace {
 
 using detail::AttentionPlan;
-using detail::Stream;
 
 constexpr int kTile = 64;        // query rows and keys per tile
 constexpr int kBlock = 256;      // threads per tiled block: 16 x 16
@@ -644,9 +643,9 @@ void backward_tiled(const AttentionPlan& a, const float* q, const float* k, cons
 }
 
 void forward(const AttentionPlan& a, const float* q, const float* k, const float* v, float* o,
-             float* lse, Stream s) {
+             float* lse) {
   if (a.bh == 0 || a.t == 0) return;
-  const cudaStream_t st = stream_of(s);
+  const cudaStream_t st = thread_stream();
   if (attn_mma::serves(a)) return attn_mma::forward(a, q, k, v, o, lse, vec_ok(a, {q, k, v, o}), st);
   switch (padded_d(a.d)) {
     case 16:
@@ -664,10 +663,9 @@ void forward(const AttentionPlan& a, const float* q, const float* k, const float
 }
 
 void backward(const AttentionPlan& a, const float* q, const float* k, const float* v,
-              const float* o, const float* lse, const float* go, float* dq, float* dk, float* dv,
-              Stream s) {
+              const float* o, const float* lse, const float* go, float* dq, float* dk, float* dv) {
   if (a.bh == 0 || a.d == 0 || (a.t == 0 && a.s == 0)) return;
-  const cudaStream_t st = stream_of(s);
+  const cudaStream_t st = thread_stream();
   const std::int64_t rows = a.bh * a.t;
   float* delta = nullptr;
   if (rows > 0) {

@@ -293,10 +293,9 @@ std::string shape_refusal(const AttentionPlan& a) {
   return {};
 }
 
-void run(const AttentionPlan& a, bool backward, std::unordered_map<std::int64_t, void*>& pack,
-         detail::Stream s) {
+void run(const AttentionPlan& a, bool backward, std::unordered_map<std::int64_t, void*>& pack) {
   State& st = state();
-  const cudaStream_t stream = s.handle ? static_cast<cudaStream_t>(s.handle) : cudaStreamPerThread;
+  const cudaStream_t stream = cudaStreamPerThread;
   const char* op = backward ? "attention_backward" : "attention";
   std::lock_guard lk(st.mu);
   const int device = current_device();
@@ -349,18 +348,18 @@ bool serves(const AttentionPlan& a) {
 }
 
 void forward(const AttentionPlan& a, const bf16* q, const bf16* k, const bf16* v, bf16* o,
-             float* lse, detail::Stream s) {
+             float* lse) {
   std::unordered_map<std::int64_t, void*> pack{
       {kQ, ptr(q)}, {kK, ptr(k)}, {kV, ptr(v)}, {kO, o}, {kStats, lse}};
-  run(a, false, pack, s);
+  run(a, false, pack);
 }
 
 void backward(const AttentionPlan& a, const bf16* q, const bf16* k, const bf16* v, const bf16* o,
-              const float* lse, const bf16* go, bf16* dq, bf16* dk, bf16* dv, detail::Stream s) {
+              const float* lse, const bf16* go, bf16* dq, bf16* dk, bf16* dv) {
   std::unordered_map<std::int64_t, void*> pack{{kQ, ptr(q)}, {kK, ptr(k)},       {kV, ptr(v)},
                                                {kO, ptr(o)}, {kStats, ptr(lse)}, {kDO, ptr(go)},
                                                {kDQ, dq},    {kDK, dk},          {kDV, dv}};
-  run(a, true, pack, s);
+  run(a, true, pack);
 }
 
 std::string status() {
@@ -406,13 +405,12 @@ bool serves(const detail::AttentionPlan& a) {
   return false;
 }
 
-void forward(const detail::AttentionPlan&, const bf16*, const bf16*, const bf16*, bf16*, float*,
-             detail::Stream) {
+void forward(const detail::AttentionPlan&, const bf16*, const bf16*, const bf16*, bf16*, float*) {
   DISTJAX_THROW(NotImplemented, "[attention] ", kWhy);
 }
 
 void backward(const detail::AttentionPlan&, const bf16*, const bf16*, const bf16*, const bf16*,
-              const float*, const bf16*, bf16*, bf16*, bf16*, detail::Stream) {
+              const float*, const bf16*, bf16*, bf16*, bf16*) {
   DISTJAX_THROW(NotImplemented, "[attention_backward] ", kWhy);
 }
 

@@ -27,10 +27,9 @@ namespace distjax::tensor::cuda::cudnn_attention {
 bool serves(const detail::AttentionPlan& a);
 
 void forward(const detail::AttentionPlan& a, const bf16* q, const bf16* k, const bf16* v, bf16* o,
-             float* lse, detail::Stream s);
+             float* lse);
 void backward(const detail::AttentionPlan& a, const bf16* q, const bf16* k, const bf16* v,
-              const bf16* o, const float* lse, const bf16* go, bf16* dq, bf16* dk, bf16* dv,
-              detail::Stream s);
+              const bf16* o, const float* lse, const bf16* go, bf16* dq, bf16* dk, bf16* dv);
 
 /// "cuDNN 9.x.y through cuDNN frontend 1.32.0 (backward deterministic)", or why cuDNN's
 /// attention does not run here (not built, not loaded, turned off).

@@ -121,9 +121,9 @@ void launch_fill(void* dst, std::int64_t n, T v, cudaStream_t stream) {
 }
 
 // The bits of `value` in `dtype`, converted on the host as the CPU's cast_one<T>(double).
-void fill(void* dst, DType dtype, std::int64_t n, double value, Stream s) {
+void fill(void* dst, DType dtype, std::int64_t n, double value) {
   if (n <= 0) return;
-  const cudaStream_t stream = stream_of(s);
+  const cudaStream_t stream = thread_stream();
   switch (dtype) {
     case DType::F32: {
       const float f = static_cast<float>(value);
@@ -246,9 +246,9 @@ constexpr std::size_t kMaxPitch = 2147483647u;
 // bytes: the kernel in the widest such unit. Others (byte-aligned runs): cudaMemcpy2DAsync
 // where it takes the strides, else the kernel in bytes or halves.
 void copy_2d(const void* src, std::size_t src_stride, void* dst, std::size_t dst_stride,
-             std::size_t row_bytes, std::int64_t rows, Stream s) {
+             std::size_t row_bytes, std::int64_t rows) {
   if (rows <= 0 || row_bytes == 0) return;
-  const cudaStream_t stream = stream_of(s);
+  const cudaStream_t stream = thread_stream();
   if (rows == 1 || (src_stride == row_bytes && dst_stride == row_bytes))
     return copy_bytes_d2d(src, dst, row_bytes * static_cast<std::size_t>(rows), stream);
   const std::size_t unit =
@@ -348,17 +348,17 @@ Staging& staging() {
 }
 
 // to_host waits for the stream, so host_dst is written on return.
-void to_host(const void* src, void* host_dst, std::size_t nbytes, Stream s) {
+void to_host(const void* src, void* host_dst, std::size_t nbytes) {
   if (nbytes == 0) return;
-  const cudaStream_t stream = stream_of(s);
+  const cudaStream_t stream = thread_stream();
   DISTJAX_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, nbytes, cudaMemcpyDeviceToHost, stream),
                      "to_host", nbytes, " bytes");
   DISTJAX_CUDA_CHECK(cudaStreamSynchronize(stream), "to_host");
 }
 
-void from_host(const void* host_src, void* dst, std::size_t nbytes, Stream s) {
+void from_host(const void* host_src, void* dst, std::size_t nbytes) {
   if (nbytes == 0) return;
-  const cudaStream_t stream = stream_of(s);
+  const cudaStream_t stream = thread_stream();
   if (nbytes <= kStagedMax) {
     StagingSlot slot = staging().take(nbytes);
     std::memcpy(slot.p, host_src, nbytes);

@@ -15,7 +15,6 @@ namespace {
 
 using detail::BinaryOp;
 using detail::BroadcastPlan;
-using detail::Stream;
 using detail::UnaryOp;
 using K = BroadcastPlan::Kind;
 
@@ -98,30 +97,30 @@ struct GradMap {
   }
 };
 
-void unary(UnaryOp op, const float* x, float* out, std::int64_t n, float c, Stream s) {
+void unary(UnaryOp op, const float* x, float* out, std::int64_t n, float c) {
   if (n <= 0) return;
   const bool vec = aligned16(x) && aligned16(out);
   with_unary(op, c, [&](auto u) {
-    launch_map(UnaryMap<decltype(u)>{u, x}, out, n, vec, stream_of(s), "unary");
+    launch_map(UnaryMap<decltype(u)>{u, x}, out, n, vec, thread_stream(), "unary");
   });
 }
 
-void unary_bf16(UnaryOp op, const float* x, bf16* out, std::int64_t n, float c, Stream s) {
+void unary_bf16(UnaryOp op, const float* x, bf16* out, std::int64_t n, float c) {
   if (n <= 0) return;
   const bool vec = aligned16(x) && reinterpret_cast<std::uintptr_t>(out) % 8 == 0;
   auto* o = reinterpret_cast<Bf16*>(out);
   with_unary(op, c, [&](auto u) {
-    launch_map(UnaryMap<decltype(u)>{u, x}, o, n, vec, stream_of(s), "unary");
+    launch_map(UnaryMap<decltype(u)>{u, x}, o, n, vec, thread_stream(), "unary");
   });
 }
 
 void unary_grad(UnaryOp op, const float* g, const float* x, const float* y, float* out,
-                std::int64_t n, float c, Stream s) {
+                std::int64_t n, float c) {
   with_unary(op, c, [&](auto u) {
     if constexpr (requires { u.df(0.f, 0.f); }) {
       if (n <= 0) return;
       const bool vec = aligned16(g) && aligned16(x) && aligned16(y) && aligned16(out);
-      launch_map(GradMap<decltype(u)>{u, g, x, y}, out, n, vec, stream_of(s), "unary_grad");
+      launch_map(GradMap<decltype(u)>{u, g, x, y}, out, n, vec, thread_stream(), "unary_grad");
     } else {
       DISTJAX_THROW(Error, "[unary_grad] op code ", static_cast<int>(op),
                     " has no derivative kernel");
@@ -324,9 +323,9 @@ struct GreaterEqualF {
 };
 
 void binary(BinaryOp op, const float* a, const BroadcastPlan& qa, const float* b,
-            const BroadcastPlan& qb, float* out, std::int64_t n, Stream s) {
+            const BroadcastPlan& qb, float* out, std::int64_t n) {
   if (n <= 0) return;
-  const cudaStream_t stream = stream_of(s);
+  const cudaStream_t stream = thread_stream();
   switch (op) {
     case BinaryOp::Add:
       return broadcast_binary(a, qa, b, qb, out, n, AddF{}, stream);
@@ -356,10 +355,10 @@ struct SelectMap {
   }
 };
 
-void select(const float* m, const float* a, const float* b, float* out, std::int64_t n, Stream s) {
+void select(const float* m, const float* a, const float* b, float* out, std::int64_t n) {
   if (n <= 0) return;
   const bool vec = aligned16(m) && aligned16(a) && aligned16(b) && aligned16(out);
-  launch_map(SelectMap{m, a, b}, out, n, vec, stream_of(s), "select");
+  launch_map(SelectMap{m, a, b}, out, n, vec, thread_stream(), "select");
 }
 
 }  // namespace

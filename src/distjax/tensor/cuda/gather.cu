@@ -7,8 +7,6 @@
 namespace distjax::tensor::cuda {
 namespace {
 
-using detail::Stream;
-
 // 16-byte unit.
 struct alignas(16) U16 {
   std::uint64_t lo, hi;
@@ -42,9 +40,9 @@ void launch_gather_rows(const void* src, std::size_t row_bytes, const std::int64
 
 // The widest unit (16, 8, 4, 2 or 1 bytes) dividing the row and both addresses.
 void gather_rows(const void* src, std::size_t row_bytes, const std::int64_t* rows, std::int64_t n,
-                 void* dst, Stream s) {
+                 void* dst) {
   if (n <= 0 || row_bytes == 0) return;
-  const cudaStream_t stream = stream_of(s);
+  const cudaStream_t stream = thread_stream();
   const std::uintptr_t bits = 16 | row_bytes | reinterpret_cast<std::uintptr_t>(src) |
                               reinterpret_cast<std::uintptr_t>(dst);
   switch (bits & (~bits + 1)) {

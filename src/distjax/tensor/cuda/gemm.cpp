@@ -364,7 +364,7 @@ void tune(Plan& plan, const Problem& p, const void* a, const void* b, const void
 // epilogue has no algorithm or cuBLASLt refuses the call (the problem is then not tried
 // again on this thread).
 bool run(const Problem& p, const void* a, const void* b, const float* bias, void* d, void* aux,
-         float alpha, float beta, Stream s, const void* c_in = nullptr) {
+         float alpha, float beta, const void* c_in = nullptr) {
   Plan* found = plan_for(p);
   if (!found) return false;
   Plan& plan = *found;
@@ -372,7 +372,7 @@ bool run(const Problem& p, const void* a, const void* b, const float* bias, void
   if (p.gelu)
     set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux));
   ThreadContext& ctx = context();
-  const cudaStream_t stream = stream_of(s);
+  const cudaStream_t stream = thread_stream();
   if (!plan.candidates.empty()) tune(plan, p, a, b, c_in ? c_in : d, alpha, beta, stream);
   const cublasStatus_t st =
       cublasLtMatmul(ctx.handle, plan.desc, &alpha, a, plan.la, b, plan.lb, &beta, c_in ? c_in : d,
@@ -435,7 +435,7 @@ Problem problem_of(const GemmKey& key, const void* a, const void* b, const void*
 // rounded to D's type (as PyTorch's bf16 linear holds it). A residual is cuBLASLt's C
 // (beta = 1), its bias added after it.
 bool gemm_fused(const GemmKey& key, const void* a, const void* b, const float* bias,
-                const float* residual, void* c, void* aux, Stream s) {
+                const float* residual, void* c, void* aux) {
   const auto [batch, m, n, k, ta, tb, b_shared, has_bias, src, dst, gelu] = key;
   const std::uint64_t ds = dst == DType::F32 ? 4 : 2;
   Problem p = problem_of(key, a, b, c, gelu ? aux : nullptr, residual);
@@ -445,16 +445,15 @@ bool gemm_fused(const GemmKey& key, const void* a, const void* b, const float* b
     ++epilogues_unfused;
     return false;
   }
-  bool done =
-      run(p, b, a, has_bias ? bias : nullptr, c, aux, 1.f, residual ? 1.f : 0.f, s, residual);
+  bool done = run(p, b, a, has_bias ? bias : nullptr, c, aux, 1.f, residual ? 1.f : 0.f, residual);
   if (!done && optional && has_bias && dst != DType::F32) {
     p.bias_type = p.d_type;
-    const cudaStream_t stream = stream_of(s);
+    const cudaStream_t stream = thread_stream();
     void* rounded = nullptr;
     DISTJAX_CUDA_CHECK(cudaMallocAsync(&rounded, static_cast<std::size_t>(n) * ds, stream), "gemm",
                        "a bias of ", n, " elements");
-    copy_kernels.convert(bias, DType::F32, rounded, dst, n, s);
-    done = run(p, b, a, static_cast<const float*>(rounded), c, aux, 1.f, 0.f, s);
+    copy_kernels.convert(bias, DType::F32, rounded, dst, n, Stream{});
+    done = run(p, b, a, static_cast<const float*>(rounded), c, aux, 1.f, 0.f);
     DISTJAX_CUDA_CHECK(cudaFreeAsync(rounded, stream), "gemm");
   }
   if (optional) ++(done ? epilogues_fused : epilogues_unfused);
@@ -462,8 +461,8 @@ bool gemm_fused(const GemmKey& key, const void* a, const void* b, const float* b
 }
 
 // rows x n of `sum` = the bias in every row (zeros without one), by doubling copies.
-void fill_rows(float* sum, const float* bias, std::int64_t rows, std::int64_t n, Stream s) {
-  const cudaStream_t stream = stream_of(s);
+void fill_rows(float* sum, const float* bias, std::int64_t rows, std::int64_t n) {
+  const cudaStream_t stream = thread_stream();
   const std::size_t row_bytes = static_cast<std::size_t>(n) * sizeof(float);
   if (!bias) {
     DISTJAX_CUDA_CHECK(cudaMemsetAsync(sum, 0, row_bytes * rows, stream), "gemm");
@@ -482,9 +481,9 @@ void fill_rows(float* sum, const float* bias, std::int64_t rows, std::int64_t n,
 // Runs `key` as an f32 sum P (+ bias) and then the copy and elementwise kernels: aux = P
 // and C = gelu(P), rounded as written (the CPU's order of work).
 void gemm_unfused(const GemmKey& key, const void* a, const void* b, const float* bias, void* c,
-                  void* aux, Stream s) {
+                  void* aux) {
   const std::int64_t rows = key.batch * key.m, total = rows * key.n;
-  const cudaStream_t stream = stream_of(s);
+  const cudaStream_t stream = thread_stream();
   void* scratch = nullptr;
   float* sum = nullptr;
   if (key.dst == DType::F32) {
@@ -496,28 +495,28 @@ void gemm_unfused(const GemmKey& key, const void* a, const void* b, const float*
     sum = static_cast<float*>(scratch);
   }
   if (key.k == 0) {
-    fill_rows(sum, key.bias ? bias : nullptr, rows, key.n, s);
+    fill_rows(sum, key.bias ? bias : nullptr, rows, key.n);
   } else {
     GemmKey f32_key = key;
     f32_key.dst = DType::F32;
     f32_key.gelu = false;
-    DISTJAX_CHECK(gemm_fused(f32_key, a, b, bias, nullptr, sum, nullptr, s), Error,
+    DISTJAX_CHECK(gemm_fused(f32_key, a, b, bias, nullptr, sum, nullptr), Error,
                   "[gemm] cuBLASLt has no algorithm for an f32 product");
   }
   if (key.gelu && key.dst == DType::F32) {
-    elementwise_kernels.unary(UnaryOp::GeluTanh, sum, static_cast<float*>(c), total, 0.f, s);
+    elementwise_kernels.unary(UnaryOp::GeluTanh, sum, static_cast<float*>(c), total, 0.f);
   } else {
     if (key.gelu) {
-      copy_kernels.convert(sum, DType::F32, aux, key.dst, total, s);
-      elementwise_kernels.unary(UnaryOp::GeluTanh, sum, sum, total, 0.f, s);
+      copy_kernels.convert(sum, DType::F32, aux, key.dst, total, Stream{});
+      elementwise_kernels.unary(UnaryOp::GeluTanh, sum, sum, total, 0.f);
     }
-    if (key.dst != DType::F32) copy_kernels.convert(sum, DType::F32, c, key.dst, total, s);
+    if (key.dst != DType::F32) copy_kernels.convert(sum, DType::F32, c, key.dst, total, Stream{});
   }
   if (scratch) DISTJAX_CUDA_CHECK(cudaFreeAsync(scratch, stream), "gemm");
 }
 
 void gemm(const GemmKey& key, const void* a, const void* b, const float* bias,
-          const float* residual, void* c, void* aux, Stream s) {
+          const float* residual, void* c, void* aux) {
   for (const DType t : {key.src, key.dst})
     DISTJAX_CHECK(t == DType::F32 || t == DType::BF16 || t == DType::F16, NotImplemented,
                   "[gemm] CUDA multiplies and writes f32, bf16 or f16, not ", dtype_name(t));
@@ -526,11 +525,11 @@ void gemm(const GemmKey& key, const void* a, const void* b, const float* bias,
     // An f32 C without GELU (the op checks): cuBLASLt's C, never an optional epilogue.
     DISTJAX_CHECK(key.k > 0, NotImplemented,
                   "[gemm] CUDA adds a residual to a product with k > 0 only");
-    gemm_fused(key, a, b, bias, residual, c, aux, s);
+    gemm_fused(key, a, b, bias, residual, c, aux);
     return;
   }
-  if (key.k > 0 && gemm_fused(key, a, b, bias, nullptr, c, aux, s)) return;
-  gemm_unfused(key, a, b, bias, c, aux, s);
+  if (key.k > 0 && gemm_fused(key, a, b, bias, nullptr, c, aux)) return;
+  gemm_unfused(key, a, b, bias, c, aux);
 }
 
 // GELU's derivative from aux in cuBLASLt's epilogue for 16-bit operands: DGELU_BGRAD where
@@ -541,37 +540,37 @@ void gemm(const GemmKey& key, const void* a, const void* b, const float* bias,
 // bias sum round differently, which the strategies' parity tests on a GPU see as noise
 // above their f32 tolerance).
 void gemm_dgelu(const GemmKey& key, const void* a, const void* b, const void* aux, void* c,
-                float* bias_grad, Stream s) {
+                float* bias_grad) {
   if (key.m == 0 || key.n == 0) return;
   // aux's leading dimension, as the forward's.
   if (key.k > 0 && key.n % 8 == 0 && key.dst != DType::F32) {
     Problem p = problem_of(key, a, b, c, aux, nullptr);
     p.gelu = kDgelu;
     p.bias = bias_grad != nullptr;
-    if (run(p, b, a, bias_grad, c, const_cast<void*>(aux), 1.f, 0.f, s)) {
+    if (run(p, b, a, bias_grad, c, const_cast<void*>(aux), 1.f, 0.f)) {
       ++epilogues_fused;
       return;
     }
     if (p.bias) {
       p.bias = false;
-      if (run(p, b, a, nullptr, c, const_cast<void*>(aux), 1.f, 0.f, s)) {
+      if (run(p, b, a, nullptr, c, const_cast<void*>(aux), 1.f, 0.f)) {
         epilogue_backward(c, key.dst, nullptr, DType::F32, nullptr, key.dst, bias_grad, key.m,
-                          key.n, s);
+                          key.n);
         ++epilogues_fused;
         return;
       }
     }
   }
   ++epilogues_unfused;
-  const cudaStream_t stream = stream_of(s);
+  const cudaStream_t stream = thread_stream();
   const std::int64_t total = key.m * key.n;
   void* sum = nullptr;
   DISTJAX_CUDA_CHECK(cudaMallocAsync(&sum, static_cast<std::size_t>(total) * sizeof(float), stream),
                      "gemm", "an f32 product of ", total, " elements");
   GemmKey f32_key = key;
   f32_key.dst = DType::F32;
-  gemm(f32_key, a, b, nullptr, nullptr, sum, nullptr, s);
-  epilogue_backward(sum, DType::F32, aux, key.dst, c, key.dst, bias_grad, key.m, key.n, s);
+  gemm(f32_key, a, b, nullptr, nullptr, sum, nullptr);
+  epilogue_backward(sum, DType::F32, aux, key.dst, c, key.dst, bias_grad, key.m, key.n);
   DISTJAX_CUDA_CHECK(cudaFreeAsync(sum, stream), "gemm");
 }
 
@@ -579,28 +578,26 @@ void gemm_dgelu(const GemmKey& key, const void* a, const void* b, const void* au
 // is the table's B), for 16-bit operands; f32 operands, and problems cuBLASLt has no such
 // algorithm for, take the product and epilogue_backward's column sums (f32: the order that
 // depends on the sizes only, which the strategies' parity tests compare at 1e-5).
-void gemm_bias_grad(const GemmKey& key, const void* a, const void* b, void* c, float* bias_grad,
-                    Stream s) {
+void gemm_bias_grad(const GemmKey& key, const void* a, const void* b, void* c, float* bias_grad) {
   if (bias_grad && key.src != DType::F32 && key.m > 0 && key.n > 0 && key.k > 0) {
     Problem p = problem_of(key, a, b, c, nullptr, nullptr);
     p.bias = true;
     p.bias_role = kBiasGradOfA;
-    if (run(p, b, a, bias_grad, c, nullptr, 1.f, 0.f, s)) {
+    if (run(p, b, a, bias_grad, c, nullptr, 1.f, 0.f)) {
       ++epilogues_fused;
       return;
     }
     ++epilogues_unfused;
   }
-  gemm(key, a, b, nullptr, nullptr, c, nullptr, s);
+  gemm(key, a, b, nullptr, nullptr, c, nullptr);
   if (bias_grad)
-    epilogue_backward(b, key.src, nullptr, DType::F32, nullptr, key.src, bias_grad, key.k, key.n,
-                      s);
+    epilogue_backward(b, key.src, nullptr, DType::F32, nullptr, key.src, bias_grad, key.k, key.n);
 }
 
 void gemm_f32_strided(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                       float alpha, const float* a, std::int64_t lda, std::int64_t stride_a,
                       const float* b, std::int64_t ldb, std::int64_t stride_b, float beta, float* c,
-                      std::int64_t ldc, std::int64_t stride_c, std::int64_t batch, Stream s) {
+                      std::int64_t ldc, std::int64_t stride_c, std::int64_t batch) {
   if (m == 0 || n == 0 || batch <= 0) return;
   Problem p{};
   p.a = trans_b ? Operand{std::int64_t{CUDA_R_32F}, true, k, n, ldb, stride_b}
@@ -633,16 +630,16 @@ void gemm_f32_strided(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n
     for (std::int64_t i = 0; i < p.batch; ++i)
       DISTJAX_CUDA_CHECK(cudaMemset2DAsync(c + i * stride_c, static_cast<std::size_t>(ldc) * 4, 0,
                                            static_cast<std::size_t>(n) * 4,
-                                           static_cast<std::size_t>(m), stream_of(s)),
+                                           static_cast<std::size_t>(m), thread_stream()),
                          "gemm_f32_strided");
     return;
   }
   if (!accumulate) {
-    run(p, b, a, nullptr, c, nullptr, alpha, beta, s);
+    run(p, b, a, nullptr, c, nullptr, alpha, beta);
     return;
   }
   for (std::int64_t i = 0; i < batch; ++i)
-    run(p, b + i * stride_b, a + i * stride_a, nullptr, c, nullptr, alpha, beta, s);
+    run(p, b + i * stride_b, a + i * stride_a, nullptr, c, nullptr, alpha, beta);
 }
 
 }  // namespace

@@ -24,8 +24,6 @@
 namespace distjax::tensor::cuda {
 namespace {
 
-using detail::Stream;
-
 // Element i of an f32, bf16 or f16 buffer, as f32 (the dtype is uniform across a launch).
 __device__ inline float load(const void* p, DType t, std::int64_t i) {
   if (t == DType::BF16) return f32_from_bf16(static_cast<const Bf16*>(p)[i]);
@@ -132,10 +130,9 @@ __global__ void epilogue_backward_kernel(const void* __restrict__ g, DType g_dty
 }  // namespace
 
 void epilogue_backward(const void* g, DType g_dtype, const void* aux, DType aux_dtype, void* out,
-                       DType out_dtype, float* bias_grad, std::int64_t rows, std::int64_t n,
-                       Stream s) {
+                       DType out_dtype, float* bias_grad, std::int64_t rows, std::int64_t n) {
   constexpr const char* kOp = "linear_backward";
-  const cudaStream_t st = stream_of(s);
+  const cudaStream_t st = thread_stream();
   if (n == 0) return;
   if (rows == 0) {
     if (bias_grad)

@@ -10,8 +10,6 @@
 namespace distjax::tensor::cuda {
 namespace {
 
-using detail::Stream;
-
 // dst[i] += src[i]: float4 loads and stores when both are 16-byte aligned, the tail scalar.
 // Bound: 12 bytes moved per element; 3.75 TB/s for 128 Mi elements on an H200 (peak 4.8).
 __global__ void add_f32_kernel(float* __restrict__ dst, const float* __restrict__ src,
@@ -38,11 +36,11 @@ __global__ void add_f32_kernel(float* __restrict__ dst, const float* __restrict_
     dst[i] += src[i];
 }
 
-void add_f32(float* dst, const float* src, std::int64_t n, Stream s) {
+void add_f32(float* dst, const float* src, std::int64_t n) {
   if (n <= 0) return;
   const bool vec = reinterpret_cast<std::uintptr_t>(dst) % 16 == 0 &&
                    reinterpret_cast<std::uintptr_t>(src) % 16 == 0;
-  add_f32_kernel<<<grid_for(vec ? n / 4 + 1 : n), kThreads, 0, stream_of(s)>>>(dst, src, n, vec);
+  add_f32_kernel<<<grid_for(vec ? n / 4 + 1 : n), kThreads, 0, thread_stream()>>>(dst, src, n, vec);
   DISTJAX_CUDA_LAUNCHED("add_f32");
 }
 
@@ -60,20 +58,20 @@ __global__ void scale_kernel(T* __restrict__ x, const float* __restrict__ scale,
 }
 
 template <class T>
-void launch_scale(void* x, const float* scale, std::int64_t n, Stream s) {
-  scale_kernel<<<grid_for(n), kThreads, 0, stream_of(s)>>>(static_cast<T*>(x), scale, n);
+void launch_scale(void* x, const float* scale, std::int64_t n) {
+  scale_kernel<<<grid_for(n), kThreads, 0, thread_stream()>>>(static_cast<T*>(x), scale, n);
   DISTJAX_CUDA_LAUNCHED("scale");
 }
 
-void scale(void* x, DType dtype, const float* scale, std::int64_t n, Stream s) {
+void scale(void* x, DType dtype, const float* scale, std::int64_t n) {
   if (n <= 0) return;
   switch (dtype) {
     case DType::F32:
-      return launch_scale<float>(x, scale, n, s);
+      return launch_scale<float>(x, scale, n);
     case DType::BF16:
-      return launch_scale<Bf16>(x, scale, n, s);
+      return launch_scale<Bf16>(x, scale, n);
     case DType::F16:
-      return launch_scale<F16>(x, scale, n, s);
+      return launch_scale<F16>(x, scale, n);
     default:
       DISTJAX_THROW(NotImplemented, "[scale] scales f32, bf16 or f16, not ", dtype_name(dtype));
   }

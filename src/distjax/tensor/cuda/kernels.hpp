@@ -20,7 +20,6 @@ extern const detail::MemoryKernels memory_kernels;
 
 /// The GEMM family's epilogue backward (gemm_epilogue.cu), for gemm.cpp's table.
 void epilogue_backward(const void* g, DType g_dtype, const void* aux, DType aux_dtype, void* out,
-                       DType out_dtype, float* bias_grad, std::int64_t rows, std::int64_t n,
-                       detail::Stream s);
+                       DType out_dtype, float* bias_grad, std::int64_t rows, std::int64_t n);
 
 }  // namespace distjax::tensor::cuda

@@ -12,11 +12,15 @@
 
 namespace distjax::tensor::cuda {
 
-/// The CUDA stream of a kernel's Stream slot: the calling thread's own default stream
-/// (cudaStreamPerThread) unless the slot names one. Each device thread thus orders its
-/// work on its own stream.
+/// The stream every kernel runs on: the calling thread's own default stream
+/// (cudaStreamPerThread). Each simulated device's thread thus orders its work on its own.
+inline cudaStream_t thread_stream() {
+  return cudaStreamPerThread;
+}
+
+/// The CUDA stream of a Stream slot (convert's): the one it names, else the thread's.
 inline cudaStream_t stream_of(detail::Stream s) {
-  return s.handle ? static_cast<cudaStream_t>(s.handle) : cudaStreamPerThread;
+  return s.handle ? static_cast<cudaStream_t>(s.handle) : thread_stream();
 }
 
 /// Threads per block of the elementwise and row kernels.

@@ -19,7 +19,6 @@ namespace distjax::tensor::cuda {
 namespace {
 
 using detail::RankReduce;
-using detail::Stream;
 
 // The sources and the destinations, by value in the kernel's parameters (512 bytes each).
 struct Sources {
@@ -142,7 +141,7 @@ void reduce_typed(const Dests& d, int m, const Sources& s, int k, std::int64_t n
 }
 
 void reduce_ranks(void* const* dsts, int m, const void* const* srcs, int k, std::int64_t n,
-                  DType dtype, RankReduce op, int divisor, Stream st) {
+                  DType dtype, RankReduce op, int divisor) {
   DISTJAX_CHECK(m >= 1 && m <= detail::kMaxRankSources && k >= 1 && k <= detail::kMaxRankSources,
                 InvalidArgument, "[reduce_ranks] folds 1 to ", detail::kMaxRankSources,
                 " sources into as many destinations, got ", k, " into ", m);
@@ -153,7 +152,7 @@ void reduce_ranks(void* const* dsts, int m, const void* const* srcs, int k, std:
   Dests d{};
   for (int j = 0; j < m; ++j)
     d.p[j] = dsts[j];
-  const cudaStream_t stream = stream_of(st);
+  const cudaStream_t stream = thread_stream();
   switch (dtype) {
     case DType::F32:
       return reduce_typed<float>(d, m, s, k, n, op, divisor, stream);
@@ -170,13 +169,13 @@ void reduce_ranks(void* const* dsts, int m, const void* const* srcs, int k, std:
   }
 }
 
-void zero(void* dst, std::size_t nbytes, Stream s) {
+void zero(void* dst, std::size_t nbytes) {
   if (nbytes == 0) return;
-  DISTJAX_CUDA_CHECK(cudaMemsetAsync(dst, 0, nbytes, stream_of(s)), "zero", nbytes, " bytes");
+  DISTJAX_CUDA_CHECK(cudaMemsetAsync(dst, 0, nbytes, thread_stream()), "zero", nbytes, " bytes");
 }
 
-void synchronize(Stream s) {
-  DISTJAX_CUDA_CHECK(cudaStreamSynchronize(stream_of(s)), "synchronize");
+void synchronize() {
+  DISTJAX_CUDA_CHECK(cudaStreamSynchronize(thread_stream()), "synchronize");
 }
 
 // Events are kept for reuse, never destroyed. A stream told to wait for an event (another
@@ -230,9 +229,9 @@ void event_release(void* event) {
   pool.free.push_back(pooled(event));
 }
 
-void* event_record(Stream s) {
+void* event_record() {
   PooledEvent* e = take_event();
-  const cudaError_t err = cudaEventRecord(e->event, stream_of(s));
+  const cudaError_t err = cudaEventRecord(e->event, thread_stream());
   if (err != cudaSuccess) {
     event_release(e);
     DISTJAX_CUDA_CHECK(err, "event_record");
@@ -258,17 +257,18 @@ bool event_done(void* event) {
   return true;
 }
 
-void event_stream_wait(void* event, Stream s) {
+void event_stream_wait(void* event) {
   if (event)
-    DISTJAX_CUDA_CHECK(cudaStreamWaitEvent(stream_of(s), pooled(event)->event, 0),
+    DISTJAX_CUDA_CHECK(cudaStreamWaitEvent(thread_stream(), pooled(event)->event, 0),
                        "event_stream_wait");
 }
 
 // Into page-locked memory a device-to-host copy is a DMA queued on the stream.
-void to_host_async(const void* src, void* host_dst, std::size_t nbytes, Stream s) {
+void to_host_async(const void* src, void* host_dst, std::size_t nbytes) {
   if (nbytes > 0)
-    DISTJAX_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, nbytes, cudaMemcpyDeviceToHost, stream_of(s)),
-                       "to_host_async", nbytes, " bytes");
+    DISTJAX_CUDA_CHECK(
+        cudaMemcpyAsync(host_dst, src, nbytes, cudaMemcpyDeviceToHost, thread_stream()),
+        "to_host_async", nbytes, " bytes");
 }
 
 // Page-locked blocks cost a system call and a page-table walk each: freed ones are kept

@@ -161,9 +161,9 @@ __global__ void softmax_backward_kernel(const float* __restrict__ y, const float
   }
 }
 
-void softmax(const float* x, float* y, std::int64_t n, std::int64_t c, bool log_form, Stream s) {
+void softmax(const float* x, float* y, std::int64_t n, std::int64_t c, bool log_form) {
   if (n == 0 || c == 0) return;
-  const cudaStream_t st = stream_of(s);
+  const cudaStream_t st = thread_stream();
   const int threads = row_threads(c);
   if (packs_of_4(c, {x, y}))
     softmax_kernel<4><<<row_blocks(n), threads, 0, st>>>(x, y, n, c, log_form);
@@ -173,9 +173,9 @@ void softmax(const float* x, float* y, std::int64_t n, std::int64_t c, bool log_
 }
 
 void softmax_backward(const float* y, const float* g, float* gx, std::int64_t n, std::int64_t c,
-                      bool log_form, Stream s) {
+                      bool log_form) {
   if (n == 0 || c == 0) return;
-  const cudaStream_t st = stream_of(s);
+  const cudaStream_t st = thread_stream();
   const int threads = row_threads(c);
   if (packs_of_4(c, {y, g, gx}))
     softmax_backward_kernel<4><<<row_blocks(n), threads, 0, st>>>(y, g, gx, n, c, log_form);
@@ -446,9 +446,9 @@ void norm_param_grads(const float* x, const G* g, const float* mean, const float
 
 template <class Out>
 void layer_norm_to(const float* x, const float* gamma, const float* beta, Out* y, float* mean,
-                   float* rstd, std::int64_t n, std::int64_t c, float eps, Stream s) {
+                   float* rstd, std::int64_t n, std::int64_t c, float eps) {
   if (n == 0) return;
-  const cudaStream_t st = stream_of(s);
+  const cudaStream_t st = thread_stream();
   const int threads = row_threads(c);
   // A bf16 row of 4-packs is 8-byte aligned where its f32 twin would be 16-byte aligned.
   const bool vec = packs_of_4(c, {x, gamma, beta}) &&
@@ -463,13 +463,13 @@ void layer_norm_to(const float* x, const float* gamma, const float* beta, Out* y
 }
 
 void layer_norm(const float* x, const float* gamma, const float* beta, float* y, float* mean,
-                float* rstd, std::int64_t n, std::int64_t c, float eps, Stream s) {
-  layer_norm_to(x, gamma, beta, y, mean, rstd, n, c, eps, s);
+                float* rstd, std::int64_t n, std::int64_t c, float eps) {
+  layer_norm_to(x, gamma, beta, y, mean, rstd, n, c, eps);
 }
 
 void layer_norm_bf16(const float* x, const float* gamma, const float* beta, bf16* y, float* mean,
-                     float* rstd, std::int64_t n, std::int64_t c, float eps, Stream s) {
-  layer_norm_to(x, gamma, beta, reinterpret_cast<Bf16*>(y), mean, rstd, n, c, eps, s);
+                     float* rstd, std::int64_t n, std::int64_t c, float eps) {
+  layer_norm_to(x, gamma, beta, reinterpret_cast<Bf16*>(y), mean, rstd, n, c, eps);
 }
 
 // Blocks of the fused norm backward: 8 per SM of an H100 (a row per block at a time, two
@@ -517,28 +517,28 @@ void norm_backward(const float* x, const float* gamma, const G* g, const float* 
 template <class G>
 void layer_norm_backward_of(const float* x, const float* gamma, const G* g, const float* mean,
                             const float* rstd, float* gx, const float* add, float* dgamma,
-                            float* dbeta, std::int64_t n, std::int64_t c, Stream s) {
-  norm_backward(x, gamma, g, mean, rstd, gx, add, dgamma, dbeta, n, c, stream_of(s),
+                            float* dbeta, std::int64_t n, std::int64_t c) {
+  norm_backward(x, gamma, g, mean, rstd, gx, add, dgamma, dbeta, n, c, thread_stream(),
                 "layer_norm_backward");
 }
 
 void layer_norm_backward(const float* x, const float* gamma, const float* g, const float* mean,
                          const float* rstd, float* gx, const float* add, float* dgamma,
-                         float* dbeta, std::int64_t n, std::int64_t c, Stream s) {
-  layer_norm_backward_of(x, gamma, g, mean, rstd, gx, add, dgamma, dbeta, n, c, s);
+                         float* dbeta, std::int64_t n, std::int64_t c) {
+  layer_norm_backward_of(x, gamma, g, mean, rstd, gx, add, dgamma, dbeta, n, c);
 }
 
 void layer_norm_backward_bf16(const float* x, const float* gamma, const bf16* g, const float* mean,
                               const float* rstd, float* gx, const float* add, float* dgamma,
-                              float* dbeta, std::int64_t n, std::int64_t c, Stream s) {
+                              float* dbeta, std::int64_t n, std::int64_t c) {
   layer_norm_backward_of(x, gamma, reinterpret_cast<const Bf16*>(g), mean, rstd, gx, add, dgamma,
-                         dbeta, n, c, s);
+                         dbeta, n, c);
 }
 
 void rms_norm(const float* x, const float* gamma, float* y, float* rrms, std::int64_t n,
-              std::int64_t c, float eps, Stream s) {
+              std::int64_t c, float eps) {
   if (n == 0) return;
-  const cudaStream_t st = stream_of(s);
+  const cudaStream_t st = thread_stream();
   const int threads = row_threads(c);
   if (packs_of_4(c, {x, gamma, y}))
     rms_norm_kernel<4><<<row_blocks(n), threads, 0, st>>>(x, gamma, y, rrms, n, c, eps);
@@ -548,8 +548,8 @@ void rms_norm(const float* x, const float* gamma, float* y, float* rrms, std::in
 }
 
 void rms_norm_backward(const float* x, const float* gamma, const float* g, const float* rrms,
-                       float* gx, float* dgamma, std::int64_t n, std::int64_t c, Stream s) {
-  norm_backward(x, gamma, g, nullptr, rrms, gx, nullptr, dgamma, nullptr, n, c, stream_of(s),
+                       float* gx, float* dgamma, std::int64_t n, std::int64_t c) {
+  norm_backward(x, gamma, g, nullptr, rrms, gx, nullptr, dgamma, nullptr, n, c, thread_stream(),
                 "rms_norm_backward");
 }
 
@@ -640,11 +640,11 @@ __global__ void cross_entropy_with_grad_kernel(const In* logits, const Id* __res
 
 void cross_entropy_with_grad(const void* logits, DType logits_dtype, const void* labels,
                              DType id_dtype, float* loss, float* lse, const float* g, void* gx,
-                             DType gx_dtype, std::int64_t n, std::int64_t v, Stream s) {
+                             DType gx_dtype, std::int64_t n, std::int64_t v) {
   if (n == 0 || v == 0) return;
   DISTJAX_CHECK(logits_dtype == DType::F32 || logits_dtype == DType::BF16, NotImplemented,
                 "[cross_entropy] reads f32 or bf16 logits, not ", dtype_name(logits_dtype));
-  const cudaStream_t st = stream_of(s);
+  const cudaStream_t st = thread_stream();
   const int threads = row_threads(v);
   // Packs of 4: 16-byte (f32) or 8-byte (halves) accesses to the logits and the gradient.
   const auto aligned = [](const void* p, DType t) {
@@ -686,9 +686,9 @@ void cross_entropy_with_grad(const void* logits, DType logits_dtype, const void*
 }
 
 void cross_entropy(const float* logits, const void* labels, DType id_dtype, float* loss, float* lse,
-                   std::int64_t n, std::int64_t v, Stream s) {
+                   std::int64_t n, std::int64_t v) {
   if (n == 0 || v == 0) return;  // v == 0 has no valid label (check_ids refuses every id)
-  const cudaStream_t st = stream_of(s);
+  const cudaStream_t st = thread_stream();
   const int threads = row_threads(v);
   const bool v4 = packs_of_4(v, {logits});
   with_ids(labels, id_dtype, [&](const auto* pl) {
@@ -703,9 +703,9 @@ void cross_entropy(const float* logits, const void* labels, DType id_dtype, floa
 
 void cross_entropy_backward(const float* logits, const float* g, const float* lse,
                             const void* labels, DType id_dtype, float* gx, std::int64_t n,
-                            std::int64_t v, Stream s) {
+                            std::int64_t v) {
   if (n == 0 || v == 0) return;
-  const cudaStream_t st = stream_of(s);
+  const cudaStream_t st = thread_stream();
   const int threads = row_threads(v);
   const bool v4 = packs_of_4(v, {logits, gx});
   with_ids(labels, id_dtype, [&](const auto* pl) {

@@ -15,7 +15,6 @@
 namespace distjax::tensor::cuda::nn {
 
 using detail::DropoutMask;
-using detail::Stream;
 
 // ------------------------------------------------------------------ packed rows
 
@@ -147,13 +146,13 @@ void with_ids(const void* ids, DType id_dtype, F&& f) {
 
 // ------------------------------------------------------------------ launchers (nn_*.cu)
 
-void find_bad_id(const void* ids, DType id_dtype, std::int64_t n, std::int64_t v, std::int64_t* bad,
-                 Stream s);
+void find_bad_id(const void* ids, DType id_dtype, std::int64_t n, std::int64_t v,
+                 std::int64_t* bad);
 void embedding(const float* table, const void* ids, DType id_dtype, float* out, std::int64_t n,
-               std::int64_t c, std::int64_t v, Stream s);
+               std::int64_t c, std::int64_t v);
 void embedding_backward(const float* g, const void* ids, DType id_dtype, float* gtable,
-                        std::int64_t n, std::int64_t c, std::int64_t v, Stream s);
+                        std::int64_t n, std::int64_t c, std::int64_t v);
 void dropout(const float* x, float* y, std::int64_t n, const DropoutMask& mask,
-             const std::int64_t* run_offsets, Stream s);
+             const std::int64_t* run_offsets);
 
 }  // namespace distjax::tensor::cuda::nn

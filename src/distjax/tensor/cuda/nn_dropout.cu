@@ -74,14 +74,14 @@ __global__ void dropout_kernel(const float* __restrict__ x, float* __restrict__ 
 }  // namespace
 
 void dropout(const float* x, float* y, std::int64_t n, const DropoutMask& mask,
-             const std::int64_t* run_offsets, Stream s) {
+             const std::int64_t* run_offsets) {
   if (n == 0) return;
   // Without offsets the whole is one run from word 0 (mask.run is then n).
   const std::int64_t run = run_offsets ? mask.run : n;
   DISTJAX_CHECK(run > 0 && n % run == 0, InvalidArgument, "[dropout] runs of ", run,
                 " elements do not tile ", n, " elements");
   const std::int64_t runs = n / run, per_run = run / 2 + 1;
-  const cudaStream_t st = stream_of(s);
+  const cudaStream_t st = thread_stream();
   dropout_kernel<<<grid_for(runs * per_run), kThreads, 0, st>>>(
       x, y, mask.key.words[0], mask.key.words[1], mask.keep, mask.scale, run, runs, per_run,
       run_offsets);

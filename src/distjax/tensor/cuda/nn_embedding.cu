@@ -158,9 +158,9 @@ void embedding_backward_ids(const float* g, const Id* ids, float* gtable, std::i
 
 }  // namespace
 
-void find_bad_id(const void* ids, DType id_dtype, std::int64_t n, std::int64_t v, std::int64_t* bad,
-                 Stream s) {
-  const cudaStream_t st = stream_of(s);
+void find_bad_id(const void* ids, DType id_dtype, std::int64_t n, std::int64_t v,
+                 std::int64_t* bad) {
+  const cudaStream_t st = thread_stream();
   auto* b = reinterpret_cast<long long*>(bad);
   static_assert(sizeof(long long) == sizeof(std::int64_t));
   bad_id_init_kernel<<<1, 1, 0, st>>>(b);
@@ -176,9 +176,9 @@ void find_bad_id(const void* ids, DType id_dtype, std::int64_t n, std::int64_t v
 }
 
 void embedding(const float* table, const void* ids, DType id_dtype, float* out, std::int64_t n,
-               std::int64_t c, std::int64_t v, Stream s) {
+               std::int64_t c, std::int64_t v) {
   if (n == 0 || c == 0) return;
-  const cudaStream_t st = stream_of(s);
+  const cudaStream_t st = thread_stream();
   const int threads = row_threads(c, 256);
   const bool v4 = packs_of_4(c, {table, out});
   with_ids(ids, id_dtype, [&](const auto* pi) {
@@ -192,9 +192,9 @@ void embedding(const float* table, const void* ids, DType id_dtype, float* out, 
 }
 
 void embedding_backward(const float* g, const void* ids, DType id_dtype, float* gtable,
-                        std::int64_t n, std::int64_t c, std::int64_t v, Stream s) {
+                        std::int64_t n, std::int64_t c, std::int64_t v) {
   if (n == 0 || c == 0) return;
-  const cudaStream_t st = stream_of(s);
+  const cudaStream_t st = thread_stream();
   with_ids(ids, id_dtype,
            [&](const auto* pi) { embedding_backward_ids(g, pi, gtable, n, c, v, st); });
 }

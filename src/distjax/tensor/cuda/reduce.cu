@@ -20,7 +20,6 @@ namespace {
 
 using detail::BroadcastPlan;
 using detail::ReduceOp;
-using detail::Stream;
 
 constexpr unsigned kFullMask = 0xffffffffu;
 // Rows up to this length get one warp each; longer ones a block (or several).
@@ -575,18 +574,18 @@ void reduce_middle(const float* x, float* out, std::int64_t outer, std::int64_t 
 }
 
 void reduce(ReduceOp op, const float* x, float* out, std::int64_t outer, std::int64_t r,
-            std::int64_t inner, Stream s) {
+            std::int64_t inner) {
   if (op == ReduceOp::Sum)
-    reduce_middle<SumOp>(x, out, outer, r, inner, stream_of(s));
+    reduce_middle<SumOp>(x, out, outer, r, inner, thread_stream());
   else
-    reduce_middle<MaxOp>(x, out, outer, r, inner, stream_of(s));
+    reduce_middle<MaxOp>(x, out, outer, r, inner, thread_stream());
 }
 
 void max_grad_run(const float* x, const float* m, const float* g, float* out, std::int64_t outer,
-                  std::int64_t r, std::int64_t inner, Stream s) {
+                  std::int64_t r, std::int64_t inner) {
   const std::int64_t groups = outer * inner;
   if (groups == 0 || r == 0) return;
-  const cudaStream_t stream = stream_of(s);
+  const cudaStream_t stream = thread_stream();
   StreamScratch first(groups * sizeof(unsigned long long), stream, "max");
   DISTJAX_CUDA_CHECK(
       cudaMemsetAsync(first.as<void>(), 0xff, groups * sizeof(unsigned long long), stream), "max");
@@ -609,9 +608,9 @@ void max_grad_run(const float* x, const float* m, const float* g, float* out, st
 }
 
 void max_grad_general(const float* x, const float* m, const float* g, float* out, std::int64_t n,
-                      const BroadcastPlan& groups, std::int64_t ngroups, Stream s) {
+                      const BroadcastPlan& groups, std::int64_t ngroups) {
   if (n == 0 || ngroups == 0) return;
-  const cudaStream_t stream = stream_of(s);
+  const cudaStream_t stream = thread_stream();
   StreamScratch first(ngroups * sizeof(unsigned long long), stream, "max");
   DISTJAX_CUDA_CHECK(
       cudaMemsetAsync(first.as<void>(), 0xff, ngroups * sizeof(unsigned long long), stream), "max");
@@ -625,10 +624,10 @@ void max_grad_general(const float* x, const float* m, const float* g, float* out
 }
 
 void argmax(const float* x, std::int64_t* out, std::int64_t outer, std::int64_t r,
-            std::int64_t inner, Stream s) {
+            std::int64_t inner) {
   const std::int64_t len = outer * inner;
   if (len == 0) return;
-  const cudaStream_t stream = stream_of(s);
+  const cudaStream_t stream = thread_stream();
   if (inner > 1)
     argmax_cols<<<grid_for(len), kThreads, 0, stream>>>(x, out, outer, r, inner);
   else if (r <= kWarpRowMax)

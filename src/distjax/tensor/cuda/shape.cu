@@ -15,7 +15,6 @@ namespace {
 using detail::BroadcastPlan;
 using detail::kMaxKernelRank;
 using detail::PermutePlan;
-using detail::Stream;
 using K = BroadcastPlan::Kind;
 
 // 16-byte unit.
@@ -283,14 +282,13 @@ void launch_permute_unit(const void* src, void* dst, const UnitPlan& u, std::int
     launch_permute<T, std::uint64_t>(src, dst, u, units, stream);
 }
 
-void permute(const void* src, void* dst, std::size_t es, const PermutePlan& p, std::int64_t n,
-             Stream s) {
+void permute(const void* src, void* dst, std::size_t es, const PermutePlan& p, std::int64_t n) {
   if (n <= 0 || es == 0) return;
   DISTJAX_CHECK(p.rank >= 0 && p.rank <= kMaxKernelRank, InvalidArgument, "[permute] rank ", p.rank,
                 " outside [0, ", kMaxKernelRank, "]");
   const UnitPlan u = unit_plan(src, dst, es, p);
   const std::int64_t units = static_cast<std::int64_t>(static_cast<std::size_t>(n) * es / u.unit);
-  const cudaStream_t stream = stream_of(s);
+  const cudaStream_t stream = thread_stream();
   switch (u.unit) {
     case 16:
       return launch_permute_unit<U16>(src, dst, u, units, stream);
@@ -372,9 +370,9 @@ void launch_broadcast_general(const float* x, const BroadcastPlan& q, float* out
   DISTJAX_CUDA_LAUNCHED("broadcast");
 }
 
-void broadcast(const float* x, const BroadcastPlan& q, float* out, std::int64_t n, Stream s) {
+void broadcast(const float* x, const BroadcastPlan& q, float* out, std::int64_t n) {
   if (n <= 0) return;
-  const cudaStream_t stream = stream_of(s);
+  const cudaStream_t stream = thread_stream();
   switch (q.kind) {
     case K::Same:
       DISTJAX_CUDA_CHECK(cudaMemcpyAsync(out, x, static_cast<std::size_t>(n) * sizeof(float),

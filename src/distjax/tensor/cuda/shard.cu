@@ -19,7 +19,6 @@ namespace {
 using detail::BoxPlan;
 using detail::IdReport;
 using detail::kMaxKernelRank;
-using detail::Stream;
 
 constexpr unsigned kFullMask = 0xffffffffu;
 
@@ -107,7 +106,7 @@ void copy_box_as(void* global, void* local, BoxArgs a, bool to_local, cudaStream
 // As the CPU: rows of the box's last dimension, contiguous on both sides. The unit is the
 // largest of 16, 8, 4, 2 or 1 bytes that divides both pointers, the row's length and every
 // row start's offset in global.
-void copy_box(void* global, void* local, const BoxPlan& plan, bool to_local, Stream s) {
+void copy_box(void* global, void* local, const BoxPlan& plan, bool to_local) {
   const std::int64_t es = static_cast<std::int64_t>(plan.elem_bytes);
   const int rank = plan.rank;
   DISTJAX_CHECK(rank <= kMaxKernelRank, InvalidArgument, "[copy_box] a box of rank ", rank,
@@ -139,7 +138,7 @@ void copy_box(void* global, void* local, const BoxPlan& plan, bool to_local, Str
   for (int d = 0; d < a.outer_rank; ++d)
     a.strides[d] = a.strides[d] * es / unit;
   a.row_units = row * es / unit;
-  const cudaStream_t stream = stream_of(s);
+  const cudaStream_t stream = thread_stream();
   switch (unit) {
     case 16:
       copy_box_as<uint4>(global, local, a, to_local, stream);
@@ -268,16 +267,15 @@ void shard_ids_of(const T* ids, std::int64_t n, std::int64_t lo, std::int64_t ro
 }
 
 void shard_ids(const void* ids, DType dtype, std::int64_t n, std::int64_t lo, std::int64_t rows,
-               std::int64_t bound, std::int64_t* local, float* keep, IdReport* host_report,
-               Stream s) {
+               std::int64_t bound, std::int64_t* local, float* keep, IdReport* host_report) {
   *host_report = {};
   if (n == 0) return;
   if (dtype == DType::I32)
     shard_ids_of(static_cast<const std::int32_t*>(ids), n, lo, rows, bound, local, keep,
-                 host_report, stream_of(s));
+                 host_report, thread_stream());
   else
     shard_ids_of(static_cast<const std::int64_t*>(ids), n, lo, rows, bound, local, keep,
-                 host_report, stream_of(s));
+                 host_report, thread_stream());
 }
 
 template <class T>
@@ -293,16 +291,15 @@ void shard_one_hot_of(const T* labels, std::int64_t n, std::int64_t lo, std::int
 }
 
 void shard_one_hot(const void* labels, DType dtype, std::int64_t n, std::int64_t lo,
-                   std::int64_t width, std::int64_t bound, float* out, IdReport* host_report,
-                   Stream s) {
+                   std::int64_t width, std::int64_t bound, float* out, IdReport* host_report) {
   *host_report = {};
   if (n == 0) return;
   if (dtype == DType::I32)
     shard_one_hot_of(static_cast<const std::int32_t*>(labels), n, lo, width, bound, out,
-                     host_report, stream_of(s));
+                     host_report, thread_stream());
   else
     shard_one_hot_of(static_cast<const std::int64_t*>(labels), n, lo, width, bound, out,
-                     host_report, stream_of(s));
+                     host_report, thread_stream());
 }
 
 // ---- select_equal -----------------------------------------------------------------------
@@ -337,11 +334,11 @@ bool aligned16(const void* p) {
 }
 
 void select_equal(const float* a, const float* b, bool b_scalar, float value, float* out,
-                  std::int64_t n, Stream s) {
+                  std::int64_t n) {
   if (n == 0) return;
   const bool vec = aligned16(a) && aligned16(out) && (b_scalar || aligned16(b));
-  select_equal_kernel<<<grid_for(vec ? n / 4 : n), kThreads, 0, stream_of(s)>>>(a, b, b_scalar,
-                                                                                value, out, n, vec);
+  select_equal_kernel<<<grid_for(vec ? n / 4 : n), kThreads, 0, thread_stream()>>>(
+      a, b, b_scalar, value, out, n, vec);
   DISTJAX_CUDA_LAUNCHED("select_equal");
 }
 
@@ -419,9 +416,9 @@ __global__ void sum_squares_fold_kernel(const __grid_constant__ SquaresTable t, 
 // Every leaf's sum into one device array (two launches per kSquaresLeaves leaves), then one
 // copy to the host and one wait.
 void sum_squares_f64_many(const float* const* xs, const std::int64_t* ns, std::int64_t count,
-                          double* host_out, Stream s) {
+                          double* host_out) {
   if (count == 0) return;
-  const cudaStream_t stream = stream_of(s);
+  const cudaStream_t stream = thread_stream();
   StreamScratch results(sizeof(double) * static_cast<std::size_t>(count), stream,
                         "sum_of_squares_f64");
   for (std::int64_t at = 0; at < count; at += kSquaresLeaves) {
@@ -458,8 +455,8 @@ void sum_squares_f64_many(const float* const* xs, const std::int64_t* ns, std::i
   DISTJAX_CUDA_CHECK(cudaStreamSynchronize(stream), "sum_of_squares_f64");
 }
 
-void sum_squares_f64(const float* x, std::int64_t n, double* host_out, Stream s) {
-  sum_squares_f64_many(&x, &n, 1, host_out, s);
+void sum_squares_f64(const float* x, std::int64_t n, double* host_out) {
+  sum_squares_f64_many(&x, &n, 1, host_out);
 }
 
 }  // namespace

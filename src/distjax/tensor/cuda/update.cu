@@ -19,8 +19,6 @@
 namespace distjax::tensor::cuda {
 namespace {
 
-using detail::Stream;
-
 bool aligned16(const void* p) {
   return (reinterpret_cast<std::uintptr_t>(p) & 15) == 0;
 }
@@ -393,33 +391,33 @@ AdamScalars adam_scalars(double lr, double b1, double b2, double eps, std::int64
           static_cast<float>(l2)};
 }
 
-void sgd(float* p, const float* g, std::int64_t n, float lr, float wd, Stream s) {
+void sgd(float* p, const float* g, std::int64_t n, float lr, float wd) {
   if (n == 0) return;
   const bool vec = aligned16(p) && aligned16(g);
-  sgd_kernel<<<grid_for(vec ? n / 4 : n), kThreads, 0, stream_of(s)>>>(p, g, n, lr, wd, vec);
+  sgd_kernel<<<grid_for(vec ? n / 4 : n), kThreads, 0, thread_stream()>>>(p, g, n, lr, wd, vec);
   DISTJAX_CUDA_LAUNCHED("sgd");
 }
 
 void sgd_momentum(float* p, const float* g, float* buf, std::int64_t n, float lr, float mu,
-                  float wd, bool nesterov, Stream s) {
+                  float wd, bool nesterov) {
   if (n == 0) return;
   const bool vec = aligned16(p) && aligned16(g) && aligned16(buf);
-  sgd_momentum_kernel<<<grid_for(vec ? n / 4 : n), kThreads, 0, stream_of(s)>>>(
+  sgd_momentum_kernel<<<grid_for(vec ? n / 4 : n), kThreads, 0, thread_stream()>>>(
       p, g, buf, n, lr, mu, wd, nesterov, vec);
   DISTJAX_CUDA_LAUNCHED("sgd_momentum");
 }
 
 void adam(float* p, const float* g, float* m, float* v, std::int64_t n, double lr, double b1,
-          double b2, double eps, std::int64_t t, double decay, double l2, Stream s) {
+          double b2, double eps, std::int64_t t, double decay, double l2) {
   if (n == 0) return;
   const AdamScalars a = adam_scalars(lr, b1, b2, eps, t, decay, l2);
   const bool vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v);
-  adam_kernel<<<grid_for(vec ? n / 4 : n), kThreads, 0, stream_of(s)>>>(p, g, m, v, n, a, vec);
+  adam_kernel<<<grid_for(vec ? n / 4 : n), kThreads, 0, thread_stream()>>>(p, g, m, v, n, a, vec);
   DISTJAX_CUDA_LAUNCHED("adam");
 }
 
-void sgd_many(const detail::OptimLeaf* leaves, std::int64_t count, float lr, float wd, Stream s) {
-  const cudaStream_t stream = stream_of(s);
+void sgd_many(const detail::OptimLeaf* leaves, std::int64_t count, float lr, float wd) {
+  const cudaStream_t stream = thread_stream();
   for_each_chunk_table(leaves, count, [&](const ChunkTable& t, int blocks) {
     sgd_many_kernel<<<blocks, kThreads, 0, stream>>>(t, lr, wd);
     DISTJAX_CUDA_LAUNCHED("sgd_many");
@@ -427,8 +425,8 @@ void sgd_many(const detail::OptimLeaf* leaves, std::int64_t count, float lr, flo
 }
 
 void sgd_momentum_many(const detail::OptimLeaf* leaves, std::int64_t count, float lr, float mu,
-                       float wd, bool nesterov, Stream s) {
-  const cudaStream_t stream = stream_of(s);
+                       float wd, bool nesterov) {
+  const cudaStream_t stream = thread_stream();
   for_each_chunk_table(leaves, count, [&](const ChunkTable& t, int blocks) {
     sgd_momentum_many_kernel<<<blocks, kThreads, 0, stream>>>(t, lr, mu, wd, nesterov);
     DISTJAX_CUDA_LAUNCHED("sgd_momentum_many");
@@ -436,10 +434,10 @@ void sgd_momentum_many(const detail::OptimLeaf* leaves, std::int64_t count, floa
 }
 
 void adam_many(const detail::OptimLeaf* leaves, std::int64_t count, double lr, double b1, double b2,
-               double eps, std::int64_t t, double l2, Stream s) {
+               double eps, std::int64_t t, double l2) {
   // adam()'s scalars; each leaf's decay is rounded into the table the same way.
   const AdamScalars a = adam_scalars(lr, b1, b2, eps, t, 1.0, l2);
-  const cudaStream_t stream = stream_of(s);
+  const cudaStream_t stream = thread_stream();
   for_each_chunk_table(leaves, count, [&](const ChunkTable& table, int blocks) {
     adam_many_kernel<<<blocks, kThreads, 0, stream>>>(table, a);
     DISTJAX_CUDA_LAUNCHED("adam_many");
@@ -481,9 +479,9 @@ void sums_of_squares_into(const float* const* xs, const std::int64_t* ns, std::i
 
 // Every leaf's sum into one device array, then one copy to the host and one wait.
 void sum_squares_many(const float* const* xs, const std::int64_t* ns, std::int64_t count,
-                      double* host_out, Stream s) {
+                      double* host_out) {
   if (count == 0) return;
-  const cudaStream_t stream = stream_of(s);
+  const cudaStream_t stream = thread_stream();
   StreamScratch results(sizeof(double) * static_cast<std::size_t>(count), stream, "sum_squares");
   sums_of_squares_into(xs, ns, count, results.as<double>(), stream);
   DISTJAX_CUDA_CHECK(cudaMemcpyAsync(host_out, results.as<double>(),
@@ -508,8 +506,8 @@ __global__ void norm_and_clip_factor_kernel(const double* __restrict__ sums, std
 }
 
 void norm_and_clip_factor(const float* const* xs, const std::int64_t* ns, std::int64_t count,
-                          double max_norm, float* norm_out, float* factor_out, Stream s) {
-  const cudaStream_t stream = stream_of(s);
+                          double max_norm, float* norm_out, float* factor_out) {
+  const cudaStream_t stream = thread_stream();
   StreamScratch sums(sizeof(double) * static_cast<std::size_t>(std::max<std::int64_t>(count, 1)),
                      stream, "norm_and_clip_factor");
   sums_of_squares_into(xs, ns, count, sums.as<double>(), stream);
@@ -519,21 +517,21 @@ void norm_and_clip_factor(const float* const* xs, const std::int64_t* ns, std::i
   sums.release();
 }
 
-void sum_squares(const float* x, std::int64_t n, double* host_out, Stream s) {
-  sum_squares_many(&x, &n, 1, host_out, s);
+void sum_squares(const float* x, std::int64_t n, double* host_out) {
+  sum_squares_many(&x, &n, 1, host_out);
 }
 
-void scale(float* x, std::int64_t n, float f, Stream s) {
+void scale(float* x, std::int64_t n, float f) {
   if (n == 0) return;
   const bool vec = aligned16(x);
-  scale_kernel<<<grid_for(vec ? n / 4 : n), kThreads, 0, stream_of(s)>>>(x, n, f, vec);
+  scale_kernel<<<grid_for(vec ? n / 4 : n), kThreads, 0, thread_stream()>>>(x, n, f, vec);
   DISTJAX_CUDA_LAUNCHED("scale");
 }
 
-void scale_by(float* x, std::int64_t n, const float* factor, Stream s) {
+void scale_by(float* x, std::int64_t n, const float* factor) {
   if (n == 0) return;
   const bool vec = aligned16(x);
-  scale_by_kernel<<<grid_for(vec ? n / 4 : n), kThreads, 0, stream_of(s)>>>(x, n, factor, vec);
+  scale_by_kernel<<<grid_for(vec ? n / 4 : n), kThreads, 0, thread_stream()>>>(x, n, factor, vec);
   DISTJAX_CUDA_LAUNCHED("scale_by");
 }
 

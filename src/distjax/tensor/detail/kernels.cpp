@@ -92,7 +92,7 @@ std::int64_t broadcast_index(const Shape& s, const Shape& out, std::int64_t i) {
 void broadcast_copy(const char* op, const Tensor& x, Tensor& out) {
   const BroadcastPlan q = plan_broadcast(x.shape(), out.shape(), op);
   Dispatch k(op, &KernelTable::shape, {&x, &out});
-  k->broadcast(x.data<float>(), q, out.data<float>(), out.numel(), k.stream());
+  k->broadcast(x.data<float>(), q, out.data<float>(), out.numel());
 }
 
 }  // namespace distjax::tensor::detail

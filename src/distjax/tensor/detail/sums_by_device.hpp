@@ -16,7 +16,7 @@ template <class F>
 std::vector<double> sums_by_device(const char* op, const std::vector<Tensor>& xs,
                                    const F* KernelTable::*family,
                                    void (*F::*many)(const float* const*, const std::int64_t*,
-                                                    std::int64_t, double*, Stream)) {
+                                                    std::int64_t, double*)) {
   std::vector<double> out(xs.size(), 0.0);
   for (const std::vector<std::size_t>& at :
        group_indices(xs.size(), [&](std::size_t i) { return xs[i].device(); })) {
@@ -31,8 +31,8 @@ std::vector<double> sums_by_device(const char* op, const std::vector<Tensor>& xs
       ns.push_back(xs[i].numel());
     }
     std::vector<double> sums(at.size());
-    (k.operator->()->*many)(ptrs.data(), ns.data(), static_cast<std::int64_t>(at.size()), sums.data(),
-                 k.stream());
+    (k.operator->()->*many)(ptrs.data(), ns.data(), static_cast<std::int64_t>(at.size()),
+                            sums.data());
     for (std::size_t j = 0; j < at.size(); ++j) out[at[j]] = sums[j];
   }
   return out;

@@ -7,7 +7,6 @@
 #include <cstdint>
 
 #include "distjax/core/dtype.hpp"
-#include "distjax/tensor/table/stream.hpp"
 
 // The plan's helpers serve the CUDA kernels too (compiled for the device under nvcc).
 #if defined(__CUDACC__)
@@ -65,23 +64,23 @@ struct AttentionKernels {
   /// o = softmax(scale * q k^T [causal mask] [document mask]) v per head and lse (bh, T) = each
   /// row's log-sum-exp of the scaled scores (-inf for a row that sees no key; its o row is 0).
   void (*forward)(const AttentionPlan& a, const float* q, const float* k, const float* v, float* o,
-                  float* lse, Stream s);
+                  float* lse);
   /// dq, dk, dv (written, at the layout of q, k, v) from the forward's q, k, v, o, lse and
   /// the cotangent go of o (at o's layout).
   void (*backward)(const AttentionPlan& a, const float* q, const float* k, const float* v,
                    const float* o, const float* lse, const float* go, float* dq, float* dk,
-                   float* dv, Stream s);
+                   float* dv);
 
   // The same with bf16 operands and outputs (lse stays f32), for plans with bf16_products:
   // what a fused bf16 attention library (cuDNN's SDPA on CUDA) takes, so the op hands it
   // bf16 copies instead of f32 activations. Where serves_bf16 is null or says no for a
   // plan, the op runs the f32 entries above. Pointers are of `bf16` storage.
   bool (*serves_bf16)(const AttentionPlan& a) = nullptr;
-  void (*forward_bf16)(const AttentionPlan& a, const bf16* q, const bf16* k, const bf16* v,
-                       bf16* o, float* lse, Stream s) = nullptr;
+  void (*forward_bf16)(const AttentionPlan& a, const bf16* q, const bf16* k, const bf16* v, bf16* o,
+                       float* lse) = nullptr;
   void (*backward_bf16)(const AttentionPlan& a, const bf16* q, const bf16* k, const bf16* v,
                         const bf16* o, const float* lse, const bf16* go, bf16* dq, bf16* dk,
-                        bf16* dv, Stream s) = nullptr;
+                        bf16* dv) = nullptr;
 };
 
 }  // namespace distjax::tensor::detail

@@ -1,13 +1,12 @@
 // Kernel family: matrix products. The batched GEMM of matmul and linear, described by one
 // GemmKey (on the CPU: oneDNN matmul primitives cached per key), and a strided f32 GEMM
 // with leading dimensions, alpha and beta for the products the key does not describe.
-// Plain arguments only: the descriptor, pointers, sizes and the stream.
+// Plain arguments only: the descriptor, pointers and sizes.
 #pragma once
 
 #include <cstdint>
 
 #include "distjax/core/dtype.hpp"
-#include "distjax/tensor/table/stream.hpp"
 
 namespace distjax::tensor::detail {
 
@@ -36,7 +35,7 @@ struct GemmKernels {
   /// is the bias). `a` and `b` point to elements of key.src, `c` to elements of key.dst.
   /// CUDA fuses the epilogue into cuBLASLt's (BIAS, GELU_AUX_BIAS; the residual as C).
   void (*gemm)(const GemmKey& key, const void* a, const void* b, const float* bias,
-               const float* residual, void* c, void* aux, Stream s);
+               const float* residual, void* c, void* aux);
   /// The epilogue's backward, for the cotangent g (rows x n, f32 or g_dtype) of C:
   ///   d = g * gelu_tanh'(aux) with an aux (the forward's, aux_dtype), else g   (in f32)
   ///   out = d rounded to out_dtype (what the backward's GEMMs read; skipped when null)
@@ -45,7 +44,7 @@ struct GemmKernels {
   /// One pass over g instead of the GELU backward, a cast and a column sum.
   void (*epilogue_backward)(const void* g, DType g_dtype, const void* aux, DType aux_dtype,
                             void* out, DType out_dtype, float* bias_grad, std::int64_t rows,
-                            std::int64_t n, Stream s);
+                            std::int64_t n);
   /// The product of a layer that reads a GELU's output, with that GELU's derivative in
   /// its epilogue: for `key` (batch 1, no bias, no gelu flag), d = (A B) * gelu_tanh'(aux)
   /// in f32, with aux (M x N of key.dst: the GELU's pre-activation kept by the forward), C
@@ -54,7 +53,7 @@ struct GemmKernels {
   /// fc2 dX product; cuBLASLt's DGELU_BGRAD). The same numbers as the f32 product followed
   /// by epilogue_backward, without the product in memory.
   void (*gemm_dgelu)(const GemmKey& key, const void* a, const void* b, const void* aux, void* c,
-                     float* bias_grad, Stream s);
+                     float* bias_grad);
   /// A layer's weight gradient with its bias gradient: for `key` (batch 1, ta, not tb, no
   /// bias, no gelu: C = A^T B, the K rows of A and B being the layer's rows), C as `gemm`
   /// writes it, and bias_grad[j] (f32) = the sum of column j of B (B's values as stored,
@@ -63,7 +62,7 @@ struct GemmKernels {
   /// same numbers as `gemm` and epilogue_backward's column sums (CUDA: cuBLASLt's BGRADA
   /// epilogue where it has one, reducing over K inside the product, in its own order).
   void (*gemm_bias_grad)(const GemmKey& key, const void* a, const void* b, void* c,
-                         float* bias_grad, Stream s);
+                         float* bias_grad);
   /// For i < batch, in order: C_i = alpha * op(A_i) op(B_i) + beta * C_i on row-major f32
   /// matrices, A_i = a + i * stride_a (op(A_i) m x k, stored k x m when trans_a, lda
   /// elements between its rows), B_i = b + i * stride_b (op(B_i) k x n, stored n x k when
@@ -73,7 +72,7 @@ struct GemmKernels {
                            std::int64_t k, float alpha, const float* a, std::int64_t lda,
                            std::int64_t stride_a, const float* b, std::int64_t ldb,
                            std::int64_t stride_b, float beta, float* c, std::int64_t ldc,
-                           std::int64_t stride_c, std::int64_t batch, Stream s);
+                           std::int64_t stride_c, std::int64_t batch);
 };
 
 }  // namespace distjax::tensor::detail

@@ -9,7 +9,6 @@
 #include <cstdint>
 
 #include "distjax/core/dtype.hpp"
-#include "distjax/tensor/table/stream.hpp"
 
 namespace distjax::tensor::detail {
 
@@ -18,7 +17,7 @@ enum class RankReduce : std::uint8_t { Sum, Mean, Max };
 
 struct MemoryKernels {
   /// nbytes of dst set to zero bytes.
-  void (*zero)(void* dst, std::size_t nbytes, Stream s);
+  void (*zero)(void* dst, std::size_t nbytes);
   /// dsts[j][i] = srcs[0][i] op srcs[1][i] op ... op srcs[k-1][i] for i < n and every one
   /// of the m destinations, folded left in source order (bf16 and f16 in f32, rounded
   /// once), Mean dividing the sum by `divisor`: the same bits on every device kind. max
@@ -27,23 +26,23 @@ struct MemoryKernels {
   /// holding m and k device pointers, 1 <= m, k <= kMaxRankSources. (Several destinations:
   /// one pass of an all-reduce's share over every rank's copy.)
   void (*reduce_ranks)(void* const* dsts, int m, const void* const* srcs, int k, std::int64_t n,
-                       DType dtype, RankReduce op, int divisor, Stream s);
-  /// Returns when the work queued so far on the stream is done (a no-op on the CPU).
-  void (*synchronize)(Stream s);
-  /// An event marking the work queued so far on the stream (null where kernels run at once);
-  /// event_wait returns once that work is done and releases the event; event_stream_wait
-  /// makes stream s wait for it on the device (the host goes on; the event stays);
-  /// event_done tells, without waiting, whether the work is done; event_release releases
-  /// it without waiting. A device whose event_record never makes an event (its kernels run
-  /// at once: the CPU) leaves the other four null: nothing can call them.
-  void* (*event_record)(Stream s);
+                       DType dtype, RankReduce op, int divisor);
+  /// Returns when the calling thread's queued work is done (a no-op on the CPU).
+  void (*synchronize)();
+  /// An event marking the calling thread's work queued so far (null where kernels run at
+  /// once); event_wait returns once that work is done and releases the event;
+  /// event_stream_wait makes the calling thread's stream wait for it on the device (the host goes
+  /// on; the event stays); event_done tells, without waiting, whether the work is done;
+  /// event_release releases it without waiting. A device whose event_record never makes an event
+  /// (its kernels run at once: the CPU) leaves the other four null: nothing can call them.
+  void* (*event_record)();
   void (*event_wait)(void* event);
   bool (*event_done)(void* event);
-  void (*event_stream_wait)(void* event, Stream s);
+  void (*event_stream_wait)(void* event);
   void (*event_release)(void* event);
-  /// nbytes from device memory into host_dst, a block of host_alloc's, ordered on the
-  /// stream like a kernel (done when an event recorded after it is; at once on the CPU).
-  void (*to_host_async)(const void* src, void* host_dst, std::size_t nbytes, Stream s);
+  /// nbytes from device memory into host_dst, a block of host_alloc's, queued like a
+  /// kernel (done when an event recorded after it is; at once on the CPU).
+  void (*to_host_async)(const void* src, void* host_dst, std::size_t nbytes);
   /// Host memory of at least nbytes the device copies to and from at full speed
   /// (page-locked on a GPU), and its release.
   void* (*host_alloc)(std::size_t nbytes);

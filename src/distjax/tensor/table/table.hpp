@@ -3,7 +3,7 @@
 //
 //   Tensor out = Tensor::empty(shape, DType::F32, op_device("add", {&a, &b}));
 //   Dispatch k("add", &KernelTable::elementwise, {&a, &b, &out});
-//   k->binary(BinaryOp::Add, ..., k.stream());
+//   k->binary(BinaryOp::Add, ...);
 //
 // Dispatch checks that every tensor it is given lives on one device (InvalidArgument naming
 // the op and both devices otherwise), finds the device's kernels (NotImplemented naming the
@@ -27,7 +27,6 @@
 #include "distjax/tensor/table/reduce.hpp"
 #include "distjax/tensor/table/shape.hpp"
 #include "distjax/tensor/table/shard.hpp"
-#include "distjax/tensor/table/stream.hpp"
 #include "distjax/tensor/table/update.hpp"
 #include "distjax/tensor/tensor.hpp"
 
@@ -106,7 +105,6 @@ class Dispatch {
   Dispatch& operator=(const Dispatch&) = delete;
   const F* operator->() const { return kernels_; }
   Device device() const { return device_; }
-  Stream stream() const { return {}; }
 
  private:
   template <class List>
