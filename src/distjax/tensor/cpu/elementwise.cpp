@@ -7,184 +7,24 @@
 #include "distjax/core/error.hpp"
 #include "distjax/tensor/cpu/grain.hpp"
 #include "distjax/tensor/cpu/kernels.hpp"
-#include "distjax/tensor/detail/fast_math.hpp"
+#include "distjax/tensor/detail/unary_math.hpp"
 
 namespace distjax::tensor::detail::cpu {
 namespace {
 
 // ---------------------------------------------------------------- unary ops
-// f(x) and, where the op has one, df(x, y) = f'(x) given y = f(x). kGrain: kParallelGrain
-// for transcendental f, kParallelGrainMemory for a few flops.
+// The ops' functors and the math they share with the GPU are tensor/detail/unary_math.hpp's.
 
-struct AddScalar {
-  static constexpr std::int64_t kGrain = kParallelGrainMemory;
-  float c;
-  float f(float v) const { return v + c; }
-};
+using unary_math::with_unary;
 
-struct MulScalar {
-  static constexpr std::int64_t kGrain = kParallelGrainMemory;
-  float c;
-  float f(float v) const { return v * c; }
-};
-
-// pow_scalar's common exponents avoid the libm call so the loop vectorises.
-struct Identity {
-  static constexpr std::int64_t kGrain = kParallelGrainMemory;
-  float f(float v) const { return v; }
-  float df(float, float) const { return 1.f; }
-};
-
-struct Square {
-  static constexpr std::int64_t kGrain = kParallelGrainMemory;
-  float f(float v) const { return v * v; }
-  float df(float v, float) const { return 2.f * v; }
-};
-
-struct Cube {
-  static constexpr std::int64_t kGrain = kParallelGrain;
-  float f(float v) const { return v * v * v; }
-  float df(float v, float) const { return 3.f * v * v; }
-};
-
-struct Sqrt {
-  static constexpr std::int64_t kGrain = kParallelGrain;
-  float f(float v) const { return std::sqrt(v); }
-  float df(float, float y) const { return 0.5f / y; }
-};
-
-struct Reciprocal {
-  static constexpr std::int64_t kGrain = kParallelGrain;
-  float f(float v) const { return 1.f / v; }
-  float df(float, float y) const { return -y * y; }
-};
-
-struct Pow {
-  static constexpr std::int64_t kGrain = kParallelGrain;
-  float e;
-  float f(float v) const { return std::pow(v, e); }
-  float df(float v, float) const { return e * std::pow(v, e - 1.f); }
-};
-
-struct Exp {
-  static constexpr std::int64_t kGrain = kParallelGrain;
-  float f(float v) const { return fast_exp(v); }
-  float df(float, float y) const { return y; }
-};
-
-struct Log {
-  static constexpr std::int64_t kGrain = kParallelGrain;
-  float f(float v) const { return std::log(v); }
-  float df(float v, float) const { return 1.f / v; }
-};
-
-struct Rsqrt {
-  static constexpr std::int64_t kGrain = kParallelGrain;
-  float f(float v) const { return 1.f / std::sqrt(v); }
-  float df(float v, float y) const { return -0.5f * y / v; }
-};
-
-struct Tanh {
-  static constexpr std::int64_t kGrain = kParallelGrain;
-  float f(float v) const { return fast_tanh(v); }
-  float df(float, float y) const { return 1.f - y * y; }
-};
-
-struct Sigmoid {
-  static constexpr std::int64_t kGrain = kParallelGrain;
-  float f(float v) const { return fast_sigmoid(v); }
-  float df(float, float y) const { return y * (1.f - y); }
-};
-
-struct Relu {
-  static constexpr std::int64_t kGrain = kParallelGrainMemory;
-  float f(float v) const { return v > 0.f ? v : 0.f; }
-  float df(float v, float) const { return v > 0.f ? 1.f : 0.f; }
-};
-
-constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
-constexpr float kGeluA = 0.044715f;
-constexpr float kInvSqrt2 = 0.7071067811865476f;
-constexpr float kInvSqrt2Pi = 0.3989422804014327f;
-
-struct GeluTanh {
-  static constexpr std::int64_t kGrain = kParallelGrain;
-  float f(float v) const { return 0.5f * v * (1.f + fast_tanh(kGeluC * (v + kGeluA * v * v * v))); }
-  float df(float v, float) const {
-    float t = fast_tanh(kGeluC * (v + kGeluA * v * v * v));
-    return 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * kGeluC * (1.f + 3.f * kGeluA * v * v);
-  }
-};
-
-struct GeluErf {
-  static constexpr std::int64_t kGrain = kParallelGrain;
-  float f(float v) const { return 0.5f * v * (1.f + fast_erf(v * kInvSqrt2)); }
-  float df(float v, float) const {
-    return 0.5f * (1.f + fast_erf(v * kInvSqrt2)) + v * kInvSqrt2Pi * fast_exp(-0.5f * v * v);
-  }
-};
-
-struct Silu {
-  static constexpr std::int64_t kGrain = kParallelGrain;
-  float f(float v) const { return v * fast_sigmoid(v); }
-  float df(float v, float) const {
-    float s = fast_sigmoid(v);
-    return s * (1.f + v * (1.f - s));
-  }
-};
-
-struct NonZero {
-  static constexpr std::int64_t kGrain = kParallelGrainMemory;
-  float f(float m) const { return m != 0.f ? 1.f : 0.f; }
-};
-
-// Calls fn with the functor of `op`.
-template <class F>
-void with_unary(UnaryOp op, float c, F&& fn) {
-  switch (op) {
-    case UnaryOp::AddScalar:
-      return fn(AddScalar{c});
-    case UnaryOp::MulScalar:
-      return fn(MulScalar{c});
-    case UnaryOp::Identity:
-      return fn(Identity{});
-    case UnaryOp::Square:
-      return fn(Square{});
-    case UnaryOp::Cube:
-      return fn(Cube{});
-    case UnaryOp::Sqrt:
-      return fn(Sqrt{});
-    case UnaryOp::Reciprocal:
-      return fn(Reciprocal{});
-    case UnaryOp::Pow:
-      return fn(Pow{c});
-    case UnaryOp::Exp:
-      return fn(Exp{});
-    case UnaryOp::Log:
-      return fn(Log{});
-    case UnaryOp::Rsqrt:
-      return fn(Rsqrt{});
-    case UnaryOp::Tanh:
-      return fn(Tanh{});
-    case UnaryOp::Sigmoid:
-      return fn(Sigmoid{});
-    case UnaryOp::Relu:
-      return fn(Relu{});
-    case UnaryOp::GeluTanh:
-      return fn(GeluTanh{});
-    case UnaryOp::GeluErf:
-      return fn(GeluErf{});
-    case UnaryOp::Silu:
-      return fn(Silu{});
-    case UnaryOp::NonZero:
-      return fn(NonZero{});
-  }
-}
+// A loop over n elements splits over threads past this many: fewer for transcendental f.
+template <class U>
+constexpr std::int64_t kGrain = U::kCheap ? kParallelGrainMemory : kParallelGrain;
 
 // Out: f32, or bf16 (each value rounded as it is stored).
 template <class U, class Out>
 void map_unary(U u, const float* px, Out* po, std::int64_t n) {
-#pragma omp parallel for simd if (parallel : n > U::kGrain)
+#pragma omp parallel for simd if (parallel : n > kGrain <U>)
   for (std::int64_t i = 0; i < n; ++i)
     po[i] = Out(u.f(px[i]));
 }
@@ -192,28 +32,33 @@ void map_unary(U u, const float* px, Out* po, std::int64_t n) {
 // grad * f'(x, y) elementwise.
 template <class U>
 void map_grad(U u, const float* pg, const float* px, const float* py, float* po, std::int64_t n) {
-#pragma omp parallel for simd if (parallel : n > U::kGrain)
+#pragma omp parallel for simd if (parallel : n > kGrain <U>)
   for (std::int64_t i = 0; i < n; ++i)
     po[i] = pg[i] * u.df(px[i], py[i]);
 }
 
+[[noreturn]] void unknown_op(const char* kernel, UnaryOp op) {
+  DISTJAX_THROW(InvalidArgument, "[", kernel, "] unknown op code ", static_cast<int>(op));
+}
+
 void unary(UnaryOp op, const float* x, float* out, std::int64_t n, float c) {
-  with_unary(op, c, [&](auto u) { map_unary(u, x, out, n); });
+  if (!with_unary(op, c, [&](auto u) { map_unary(u, x, out, n); })) unknown_op("unary", op);
 }
 
 void unary_bf16(UnaryOp op, const float* x, bf16* out, std::int64_t n, float c) {
-  with_unary(op, c, [&](auto u) { map_unary(u, x, out, n); });
+  if (!with_unary(op, c, [&](auto u) { map_unary(u, x, out, n); })) unknown_op("unary", op);
 }
 
 void unary_grad(UnaryOp op, const float* g, const float* x, const float* y, float* out,
                 std::int64_t n, float c) {
-  with_unary(op, c, [&](auto u) {
+  const bool known = with_unary(op, c, [&](auto u) {
     if constexpr (requires { u.df(0.f, 0.f); })
       map_grad(u, g, x, y, out, n);
     else
       DISTJAX_THROW(Error, "[unary_grad] op code ", static_cast<int>(op),
                     " has no derivative kernel");
   });
+  if (!known) unknown_op("unary_grad", op);
 }
 
 // ---------------------------------------------------------------- binary ops

@@ -1,14 +1,13 @@
 // CUDA kernels: elementwise maps of f32 tensors (unary ops and their derivatives,
-// broadcasting binary ops, selection). The unary ops' functors (unary_ops.cuh) are written
-// as cpu/elementwise.cpp writes them, with the same approximations of exp, tanh and erf
-// (tensor/detail/fast_math.hpp), so both backends agree to f32 rounding.
+// broadcasting binary ops, selection). The unary ops' functors are the CPU's
+// (tensor/detail/unary_math.hpp: one source for both devices, the same bits).
 #include <cstdint>
 
 #include "distjax/core/error.hpp"
 #include "distjax/tensor/cuda/halves.cuh"
 #include "distjax/tensor/cuda/kernels.hpp"
 #include "distjax/tensor/cuda/launch.cuh"
-#include "distjax/tensor/cuda/unary_ops.cuh"
+#include "distjax/tensor/detail/unary_math.hpp"
 
 namespace distjax::tensor::cuda {
 namespace {
@@ -16,6 +15,7 @@ namespace {
 using detail::BinaryOp;
 using detail::BroadcastPlan;
 using detail::UnaryOp;
+using detail::unary_math::with_unary;
 using K = BroadcastPlan::Kind;
 
 // ---------------------------------------------------------------- the map kernel
@@ -97,26 +97,32 @@ struct GradMap {
   }
 };
 
+[[noreturn]] void unknown_op(const char* kernel, UnaryOp op) {
+  DISTJAX_THROW(InvalidArgument, "[", kernel, "] unknown op code ", static_cast<int>(op));
+}
+
 void unary(UnaryOp op, const float* x, float* out, std::int64_t n, float c) {
   if (n <= 0) return;
   const bool vec = aligned16(x) && aligned16(out);
-  with_unary(op, c, [&](auto u) {
+  const bool known = with_unary(op, c, [&](auto u) {
     launch_map(UnaryMap<decltype(u)>{u, x}, out, n, vec, thread_stream(), "unary");
   });
+  if (!known) unknown_op("unary", op);
 }
 
 void unary_bf16(UnaryOp op, const float* x, bf16* out, std::int64_t n, float c) {
   if (n <= 0) return;
   const bool vec = aligned16(x) && reinterpret_cast<std::uintptr_t>(out) % 8 == 0;
   auto* o = reinterpret_cast<Bf16*>(out);
-  with_unary(op, c, [&](auto u) {
+  const bool known = with_unary(op, c, [&](auto u) {
     launch_map(UnaryMap<decltype(u)>{u, x}, o, n, vec, thread_stream(), "unary");
   });
+  if (!known) unknown_op("unary", op);
 }
 
 void unary_grad(UnaryOp op, const float* g, const float* x, const float* y, float* out,
                 std::int64_t n, float c) {
-  with_unary(op, c, [&](auto u) {
+  const bool known = with_unary(op, c, [&](auto u) {
     if constexpr (requires { u.df(0.f, 0.f); }) {
       if (n <= 0) return;
       const bool vec = aligned16(g) && aligned16(x) && aligned16(y) && aligned16(out);
@@ -126,6 +132,7 @@ void unary_grad(UnaryOp op, const float* g, const float* x, const float* y, floa
                     " has no derivative kernel");
     }
   });
+  if (!known) unknown_op("unary_grad", op);
 }
 
 // ---------------------------------------------------------------- binary ops

@@ -19,10 +19,12 @@
 #include "distjax/tensor/cuda/kernels.hpp"
 #include "distjax/tensor/cuda/launch.cuh"
 #include "distjax/tensor/cuda/stream_scratch.cuh"
-#include "distjax/tensor/cuda/unary_ops.cuh"
+#include "distjax/tensor/detail/unary_math.hpp"
 
 namespace distjax::tensor::cuda {
 namespace {
+
+using detail::unary_math::GeluTanh;
 
 // Element i of an f32, bf16 or f16 buffer, as f32 (the dtype is uniform across a launch).
 __device__ inline float load(const void* p, DType t, std::int64_t i) {
