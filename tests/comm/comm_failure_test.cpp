@@ -2,7 +2,11 @@
 // device stuck elsewhere until the timeout, and point-to-point timeouts all fail on
 // every device with one message naming the op(s) and the devices.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -213,6 +217,34 @@ TEST(Timeout, ReceiveFromFinishedDeviceFailsFast) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
   EXPECT_TRUE(has(out.launch_msg, "device 1 finished its program without the matching isend"))
       << out.launch_msg;
+}
+
+// A device whose thread the system cannot start (no address space left for its stack, here
+// under a lowered RLIMIT_AS) is an error naming the device, raised after the devices already
+// started are stopped and joined: not std::terminate on a joinable thread, not a hang of the
+// started ones waiting in a collective for the missing one. In a child process of its own.
+void launch_without_room_for_threads() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  unsigned long pages = 0;
+  if (!f || std::fscanf(f, "%lu", &pages) != 1) std::_Exit(3);
+  std::fclose(f);
+  rlimit r{};
+  getrlimit(RLIMIT_AS, &r);
+  // Room for a thread or two (8 MiB stacks and their arenas), not for 16.
+  r.rlim_cur = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) +
+               (rlim_t(24) << 20);
+  if (setrlimit(RLIMIT_AS, &r) != 0) std::_Exit(4);
+  try {
+    launch(opts(16, 20000), [](Communicator& world) { world.barrier(); });
+  } catch (const Error& e) {
+    std::_Exit(has(e.what(), "could not start the thread of device") ? 0 : 5);
+  }
+  std::_Exit(6);  // every thread started: the limit did not bite
+}
+
+TEST(LaunchDeathTest, ADeviceThreadThatCannotStartIsAnErrorNotACrash) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(launch_without_room_for_threads(), ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace

@@ -1,7 +1,12 @@
-// The storage allocator: alignment, reuse of cached large blocks, and the cache bound.
+// The storage allocator: alignment, reuse of cached large blocks, the cache bound, and the
+// margin it keeps under an address-space limit.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -73,6 +78,44 @@ TEST(Allocator, TensorsFromManyThreadsKeepTheirValues) {
     th.join();
   for (int t = 0; t < 4; ++t)
     EXPECT_TRUE(ok[t]) << t;
+}
+
+// Under an address-space limit (ulimit -v), running out of memory leaves the process room to
+// go on: after the clean out-of-memory error a thread starts (its stack is mapped) and a GEMM
+// of a new shape runs (oneDNN maps its JIT code). Tensors that took the last of the address
+// space left neither: the thread failed to start, oneDNN 2.6 segfaulted. In a child process
+// of its own (gtest's death-test machinery), whose limit it lowers.
+void exhaust_then_go_on() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  unsigned long pages = 0;
+  if (!f || std::fscanf(f, "%lu", &pages) != 1) std::_Exit(3);
+  std::fclose(f);
+  const auto mapped = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE));
+  rlimit r{};
+  getrlimit(RLIMIT_AS, &r);
+  r.rlim_cur = mapped + (rlim_t(768) << 20);
+  if (setrlimit(RLIMIT_AS, &r) != 0) std::_Exit(4);
+  std::vector<Tensor> held;
+  try {
+    for (;;)
+      held.push_back(Tensor::empty({1 << 20}, DType::F32));  // 4 MiB each
+  } catch (const Error& e) {
+    if (std::string(e.what()).find("out of memory") == std::string::npos) std::_Exit(5);
+  }
+  if (held.empty()) std::_Exit(6);
+  try {
+    std::thread t([] {});
+    t.join();
+  } catch (const std::system_error&) {
+    std::_Exit(7);  // no room for a thread's stack
+  }
+  const Tensor a = Tensor::ones({37, 53}), b = Tensor::ones({53, 41});
+  std::_Exit(tensor::sum(tensor::matmul(a, b)).item<float>() == 37.f * 41.f * 53.f ? 0 : 8);
+}
+
+TEST(AllocatorDeathTest, OutOfAddressSpaceLeavesRoomForThreadsAndKernels) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(exhaust_then_go_on(), ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <exception>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -69,10 +70,24 @@ void launch_threads(const LaunchOptions& opts, const std::function<void(Communic
   };
   // Every device, even a single one, gets its own thread: its tape and OpenMP settings
   // are thread-local and must not leak into the caller's.
+  // A thread the system cannot start (out of memory for its stack, or a limit on threads)
+  // stops the devices already running, as a device's failure does, before they are joined:
+  // they may be waiting for the missing one in a collective.
   std::vector<std::thread> threads;
   threads.reserve(n);
-  for (int d = 0; d < n; ++d) threads.emplace_back(run_device, d);
+  std::string not_started;
+  for (int d = 0; d < n && not_started.empty(); ++d) {
+    try {
+      threads.emplace_back(run_device, d);
+    } catch (const std::system_error& e) {
+      not_started = "[launch] could not start the thread of device " + std::to_string(d) +
+                    " of " + std::to_string(n) + ": " + e.what() +
+                    " (out of memory, or a limit on threads or address space: ulimit -u, -v)";
+      world->abort_all(not_started);
+    }
+  }
   for (auto& t : threads) t.join();
+  if (!not_started.empty()) DISTJAX_THROW(Error, not_started);
   if (first_error) rethrow_with_device(first_error, first_device);
 }
 

@@ -1,7 +1,11 @@
 #include "distjax/tensor/detail/allocator.hpp"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <bit>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <unordered_map>
@@ -42,6 +46,39 @@ Cache& cache() {
   return *c;
 }
 
+// Under an address-space limit (ulimit -v, RLIMIT_AS) the libraries a step calls allocate
+// outside this allocator, and not all of them survive a failed mmap: oneDNN 2.6 segfaults
+// creating a primitive, a thread cannot get its stack, glibc a new thread's arena. So a
+// tensor leaves them a margin: an allocation that would bring the process within
+// kAddressMargin (or an eighth of the limit, if smaller) of the limit fails here, and the
+// op raises its clean out-of-memory error instead. No limit (the usual case): no check.
+constexpr std::size_t kAddressMargin = std::size_t(256) << 20;
+constexpr std::size_t kCheckedFrom = std::size_t(64) << 10;  // smaller blocks: not checked
+
+// The limit now (a program may set it after starting), 0 for none.
+std::size_t address_limit() {
+  rlimit r{};
+  if (getrlimit(RLIMIT_AS, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return 0;
+  return static_cast<std::size_t>(r.rlim_cur);
+}
+
+// The process's mapped address space now (/proc/self/statm's first field), 0 if unknown.
+std::size_t mapped_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  unsigned long pages = 0;
+  const bool read = std::fscanf(f, "%lu", &pages) == 1;
+  std::fclose(f);
+  return read ? pages * static_cast<std::size_t>(sysconf(_SC_PAGESIZE)) : 0;
+}
+
+bool leaves_margin(std::size_t size) {
+  const std::size_t limit = address_limit();
+  if (limit == 0 || size < kCheckedFrom) return true;
+  const std::size_t margin = std::min(kAddressMargin, limit / 8);
+  return mapped_bytes() + size + margin <= limit;
+}
+
 }  // namespace
 
 void* cpu_alloc(std::size_t nbytes) {
@@ -57,6 +94,7 @@ void* cpu_alloc(std::size_t nbytes) {
       return p;
     }
   }
+  if (!leaves_margin(size)) return nullptr;
   return std::aligned_alloc(64, size);
 }
 
