@@ -1,16 +1,31 @@
-// Every ```cpp block of the docs compiles as shown: the test extracts the blocks of each page
-// and compiles them (syntax and types: -fsyntax-only) against the library's headers, so a
-// snippet that drifts from the API fails here, naming the page and line. What a block
-// assumes is said on the page, in an HTML comment on the line before it:
+// Every ```cpp block of the docs compiles as shown, and the blocks that can run do, with the
+// checks the page writes next to them. The blocks the page runs are the docs' run test
+// (docs_run_test: tests/docs/doc_run_gen.cpp makes one unit per page at build time, so a
+// block that drifts from the API fails the build, naming the page and line); this test
+// compiles the rest (syntax and types: -fsyntax-only) against the library's headers, and
+// holds every block's marks to the rules. What a block assumes is said on the page, in an
+// HTML comment on the line before it:
 //
-//   (nothing)                      statements, run in a function of their own
+//   (nothing)                      statements: run, in a function of their own
 //   <!-- given: spmd::DeviceContext& ctx, const models::Transformer& gpt -->
-//                                  statements, with these names in scope
-//   <!-- at namespace scope -->    declarations (functions, types)
+//                                  statements with these names in scope: run as
+//                                  `void block(<given>)` by the `run:` note after the block,
+//                                  or compiled only, with the reason in a `compile only:` note
+//   <!-- at namespace scope -->    declarations (functions, types): compiled into the page's
+//                                  run test, where later blocks' notes reach them
 //   <!-- fragment: <why> -->       deliberately not compilable (part of a line, a pattern)
-//   <!-- my_program.cpp -->        a whole file (also any block with #include or main())
+//   <!-- my_program.cpp -->        a whole file (also any block with #include and main())
 //
-// Every block is in scope of `#include "distjax/distjax.hpp"` and `using namespace distjax;`.
+// and in comments after it, hidden from the reader (several lines allowed):
+//
+//   <!-- check: EXPECT_EQ(v, 54.f); -->     run after the block, in its scope
+//   <!-- run: ... block(ctx, x); ... -->     the test's body, giving the names (the helpers
+//                                            of tests/docs/doc_run.hpp at hand)
+//   <!-- compile only: <why> -->             a block given names that is not run
+//
+// A statement of a run block that ends in `// throws E` is expected to throw E; its message
+// is `thrown` in the check. Every block is in scope of `#include "distjax/distjax.hpp"` and
+// `using namespace distjax;`.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -18,82 +33,16 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "docs/doc_blocks.hpp"
+
 namespace {
 
 namespace fs = std::filesystem;
-
-struct Block {
-  int line = 0;        // of the first line of code in the page
-  std::string marker;  // the comment before the fence, without <!-- -->, trimmed
-  std::string code;
-};
-
-bool starts_with(const std::string& s, const std::string& p) {
-  return s.rfind(p, 0) == 0;
-}
-
-std::string trim(std::string s) {
-  const auto b = s.find_first_not_of(" \t");
-  const auto e = s.find_last_not_of(" \t");
-  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
-}
-
-std::vector<Block> cpp_blocks(const fs::path& page) {
-  std::ifstream in(page);
-  std::vector<Block> out;
-  std::string line, last_nonblank;
-  int n = 0;
-  Block* open = nullptr;
-  while (std::getline(in, line)) {
-    ++n;
-    if (open != nullptr) {
-      if (trim(line) == "```") {
-        open = nullptr;
-      } else {
-        open->code += line + "\n";
-      }
-      continue;
-    }
-    if (trim(line) == "```cpp") {
-      Block b;
-      b.line = n + 1;
-      const std::string prev = trim(last_nonblank);
-      if (prev.rfind("<!--", 0) == 0 && prev.size() >= 7 && prev.substr(prev.size() - 3) == "-->")
-        b.marker = trim(prev.substr(4, prev.size() - 7));
-      out.push_back(b);
-      open = &out.back();
-    }
-    if (!trim(line).empty()) last_nonblank = line;
-  }
-  return out;
-}
-
-bool whole_file(const Block& b) {
-  static const std::regex main_fn(R"(\bint\s+main\s*\()");
-  return std::regex_search(b.code, main_fn) ||
-         (b.marker.size() > 4 && b.marker.substr(b.marker.size() - 4) == ".cpp");
-}
-
-// A block's #include lines (hoisted to the top of the unit) and the rest, with blank lines
-// where the includes were (the lines keep their numbers).
-std::pair<std::string, std::string> split_includes(const std::string& code) {
-  std::istringstream in(code);
-  std::string line, includes, rest;
-  while (std::getline(in, line)) {
-    if (starts_with(trim(line), "#include")) {
-      includes += line + "\n";
-      rest += "\n";
-    } else {
-      rest += line + "\n";
-    }
-  }
-  return {includes, rest};
-}
+using namespace distjax::docs;
 
 struct Compiled {
   int status = 0;
@@ -140,14 +89,37 @@ TEST_P(DocsBlocks, CompileAsShown) {
   // The blocks that are not whole files share one translation unit, each in a namespace of
   // its own; #line points the compiler's messages at the page.
   std::string includes, unit;
-  int in_unit = 0, whole = 0;
+  int run = 0, in_unit = 0, whole = 0, fragments = 0;
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     const Block& b = blocks[i];
     const std::string at = rel + ":" + std::to_string(b.line);
-    if (starts_with(b.marker, "fragment")) {
+    const bool statements = b.marker.empty() || starts_with(b.marker, "given:");
+    EXPECT_TRUE(statements || at_namespace_scope(b) || fragment(b) || whole_file(b))
+        << at << ": unknown marker <!-- " << b.marker << " -->";
+    EXPECT_FALSE((b.has_check || b.has_run) && !statements && !at_namespace_scope(b))
+        << at << ": only statements run; a fragment or a whole file has no check: or run:";
+    EXPECT_FALSE(b.has_check && at_namespace_scope(b))
+        << at << ": declarations have no check: (a run: calls them)";
+    if (starts_with(b.marker, "given:")) {
+      EXPECT_NE(b.has_run, b.has_compile_only)
+          << at << ": a block given names is run (<!-- run: ... -->) or says why not "
+          << "(<!-- compile only: ... -->)";
+      EXPECT_TRUE(!b.has_compile_only || trim(b.compile_only.text).size() > 3)
+          << at << ": <!-- compile only: --> says why";
+      EXPECT_FALSE(b.has_check && b.has_compile_only)
+          << at << ": the check: of a block that is compiled only would never run";
+    } else {
+      EXPECT_FALSE(b.has_compile_only) << at << ": only a block given names is compiled only";
+    }
+    if (runs(b) || at_namespace_scope(b)) {
+      ++run;  // built and run by docs_run_test
+      continue;
+    }
+    if (fragment(b)) {
       const std::string why = trim(b.marker.substr(std::string("fragment").size()));
       EXPECT_TRUE(starts_with(why, ":") && trim(why.substr(1)).size() > 3)
           << at << ": a fragment says why it is one (<!-- fragment: ... -->)";
+      ++fragments;
       continue;
     }
     const std::string line = "#line " + std::to_string(b.line) + " \"" + rel + "\"\n";
@@ -157,30 +129,22 @@ TEST_P(DocsBlocks, CompileAsShown) {
       ++whole;
       continue;
     }
+    if (!statements) continue;
     const std::string ns = "docs_block_" + std::to_string(i);
     const auto [its_includes, code] = split_includes(b.code);
     includes += its_includes;
-    if (b.marker == "at namespace scope") {
-      unit += "namespace " + ns + " {\n" + line + code + "}\n";
-    } else {
-      std::string given;
-      if (starts_with(b.marker, "given:")) {
-        given = trim(b.marker.substr(6));
-      } else {
-        EXPECT_TRUE(b.marker.empty()) << at << ": unknown marker <!-- " << b.marker << " -->";
-      }
-      // The block's names may shadow what it is given (its own declarations win).
-      unit += "namespace " + ns + " {\n[[maybe_unused]] void block(" + given + ") {\n{\n" + line +
-              code + "}\n}\n}\n";
-    }
+    // The block's names may shadow what it is given (its own declarations win).
+    unit += "namespace " + ns + " {\n[[maybe_unused]] void block(" + given(b) + ") {\n{\n" + line +
+            code + "}\n}\n}\n";
     ++in_unit;
   }
   if (in_unit > 0) {
     const Compiled c = compile(kPrelude + includes + unit, "page");
     EXPECT_EQ(c.status, 0) << rel << ": blocks that do not compile as shown:\n" << c.output;
   }
-  std::printf("%s: %zu blocks, %d compiled in one unit, %d whole files\n", rel.c_str(),
-              blocks.size(), in_unit, whole);
+  std::printf("%s: %zu blocks: %d run (docs_run_test), %d compiled only, %d whole files, "
+              "%d fragments\n",
+              rel.c_str(), blocks.size(), run, in_unit, whole, fragments);
 }
 
 INSTANTIATE_TEST_SUITE_P(

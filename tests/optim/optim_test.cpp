@@ -293,5 +293,15 @@ TEST_F(MultiLeaf, SgdMatchesThePerLeafOpBits) {
   }
 }
 
+TEST(Schedules, LinearAndSgdWithoutMomentumHasNoState) {
+  EXPECT_DOUBLE_EQ(linear_schedule(0.0, 0.04, 4)(1), 0.01);
+  TensorTree params;
+  params.set("fc1/kernel", Tensor::ones({2, 2}));
+  EXPECT_TRUE(SGD({.learning_rate = constant_schedule(0.01), .momentum = 0.9})
+                  .init(params)
+                  .contains("momentum/fc1/kernel"));
+  EXPECT_TRUE(SGD({}).init(params).empty());
+}
+
 }  // namespace
 }  // namespace distjax::optim

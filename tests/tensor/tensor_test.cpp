@@ -113,5 +113,38 @@ TEST(Autodiff, CustomVjpUsesGivenRule) {
   EXPECT_EQ(g.at("x").to_vector<float>(), (std::vector<float>{3.f, 3.f}));
 }
 
+// The shapes of the op set docs/tensor-and-autodiff.md lists (the page's snippet runs a few
+// of them; the rest are here).
+TEST(Tensor, ShapesOfTheOpSet) {
+  Tensor a = Tensor::ones({2, 3, 4});
+  EXPECT_EQ((a * 2.0 + 1.0).shape(), (Shape{2, 3, 4}));
+  EXPECT_EQ(permute(a, {2, 0, 1}).shape(), (Shape{4, 2, 3}));
+  EXPECT_EQ(slice(a, 2, 1, 3).shape(), (Shape{2, 3, 2}));
+  EXPECT_EQ(concat({a, a}, 1).shape(), (Shape{2, 6, 4}));
+  EXPECT_EQ(split(a, 2, -1)[1].shape(), (Shape{2, 3, 2}));
+  EXPECT_EQ(split(a, std::vector<std::int64_t>{1, 3}, 2)[1].shape(), (Shape{2, 3, 3}));
+  EXPECT_EQ(stack({a, a}, 0).shape(), (Shape{2, 2, 3, 4}));
+  EXPECT_EQ(broadcast_to(Tensor::ones({3, 1}), {2, 3, 4}).shape(), (Shape{2, 3, 4}));
+  EXPECT_EQ(sum(a).shape(), (Shape{}));
+  EXPECT_EQ(max(a, {1}).shape(), (Shape{2, 4}));
+  EXPECT_EQ(argmax(a, -1).dtype(), DType::I64);
+  EXPECT_EQ(sum_to(a, {3, 1}).shape(), (Shape{3, 1}));
+  EXPECT_EQ(sum_to(a, {3, 1}).to_vector<float>(), (std::vector<float>{8.f, 8.f, 8.f}));
+
+  Tensor x = Tensor::ones({5, 3});
+  EXPECT_EQ(matmul(x, Tensor::ones({3, 7})).shape(), (Shape{5, 7}));
+  EXPECT_EQ(matmul(x, Tensor::ones({7, 3}), false, /*trans_b=*/true).shape(), (Shape{5, 7}));
+  EXPECT_EQ(linear(x, Tensor::ones({3, 7}), Tensor::zeros({7})).shape(), (Shape{5, 7}));
+
+  Tensor logits = Tensor::zeros({4, 10});
+  EXPECT_EQ(softmax(logits).shape(), (Shape{4, 10}));
+  EXPECT_EQ(layer_norm(logits, Tensor::ones({10}), Tensor()).shape(), (Shape{4, 10}));
+  EXPECT_EQ(rms_norm(logits, Tensor::ones({10})).shape(), (Shape{4, 10}));
+  EXPECT_EQ(embedding(Tensor::ones({256, 8}), Tensor::arange(5)).shape(), (Shape{5, 8}));
+  EXPECT_EQ(dropout(x, 0.5f, Key::from_seed(0)).shape(), (Shape{5, 3}));
+  EXPECT_EQ(where(Tensor::ones({3}), Tensor::ones({3}), Tensor::zeros({3})).to_vector<float>(),
+            (std::vector<float>{1.f, 1.f, 1.f}));
+}
+
 }  // namespace
 }  // namespace distjax::tensor

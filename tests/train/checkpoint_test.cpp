@@ -565,5 +565,45 @@ TEST(CheckpointResume, KillDuringSaveLeavesTheLastCheckpointLoadable) {
 
 // ------------------------------------------------------------ broken files
 
+// docs/checkpoints.md's example across meshes: saved on ("data"=4) under ZeRO-2 after one
+// step, loaded on ("data"=2) under plain data parallelism (whole optimizer slots), and by one
+// device with no mesh.
+TEST(Checkpoint, SavedUnderZero2OnFourLoadsUnderDataParallelOnTwo) {
+  const std::string dir = scratch("zero2_to_dp");
+  const models::Classifier model({.in_features = 8, .hidden = 16, .num_classes = 4, .dropout = 0.f});
+  optim::AdamW opt({.learning_rate = optim::constant_schedule(1e-2)});
+  LossFn loss_fn = [&](const TensorTree& p, const Batch& b, Key k) {
+    return std::make_pair(
+        tensor::mean(tensor::cross_entropy(model.apply(p, b.inputs, true, k), b.labels)),
+        Metrics{});
+  };
+  on_mesh(Mesh({4}, {"data"}), [&](DeviceContext& ctx) {
+    nn::ParamSpecs specs;
+    TensorTree params = model.init(Key::from_seed(0), &specs, &ctx);
+    parallel::ZeroDataParallel zero(ctx, /*stage=*/2, "data", &specs);
+    TrainState state = TrainState::create(params, opt, Key::from_seed(1), zero);
+    train_step(state, {Tensor::ones({2, 8}), Tensor::zeros({2}, DType::I32)}, loss_fn, opt,
+               {.strategy = &zero});
+    save_checkpoint(dir, state, {&ctx, &specs, &zero}, {.data = {0, 1}});
+  });
+  on_mesh(Mesh({2}, {"data"}), [&](DeviceContext& ctx) {
+    nn::ParamSpecs specs;
+    TensorTree params = model.init(Key::from_seed(0), &specs, &ctx);
+    parallel::DataParallel dp(ctx, "data", &specs);
+    TrainState state = TrainState::create(params, opt, Key::from_seed(1), dp);
+    const CheckpointMeta meta = load_checkpoint(dir, state, {&ctx, &specs, &dp});
+    EXPECT_EQ(meta.step, 1);
+    EXPECT_EQ(state.step, 1);
+    EXPECT_EQ(meta.data, (DataPosition{0, 1}));
+    EXPECT_EQ(state.opt_state.at("mu/fc1/kernel").shape(), (Shape{8, 16}));  // whole slots
+  });
+  TrainState whole = TrainState::create(model.init(Key::from_seed(5)), opt, Key{});
+  load_checkpoint(dir, whole, {});
+  EXPECT_EQ(whole.step, 1);
+  std::ostringstream os;
+  inspect_checkpoint(dir, os);
+  EXPECT_NE(os.str().find("params/fc1/kernel"), std::string::npos) << os.str();
+}
+
 }  // namespace
 }  // namespace distjax::train
