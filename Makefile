@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: setup configure build run test test-gpu test-tsan fresh-check bench bench-gpu format clean
+.PHONY: setup configure build run test test-gpu test-tsan test-hosts fresh-check bench bench-gpu format clean
 
 setup:
 	@bash scripts/setup.sh
@@ -26,6 +26,11 @@ test:
 # scripts/gpu-machine.sh builds and runs them instead.)
 test-gpu: build
 	cd $(BUILD) && DISTJAX_REQUIRE_GPU=1 ctest --output-on-failure -L '^gpu$$'
+
+# The main job across two "hosts" (network namespaces joined by veth pairs, OpenMPI over
+# TCP, scripts/hosts.sh), bitwise against the threads run. Needs root.
+test-hosts:
+	@bash scripts/test_hosts.sh
 
 # ThreadSanitizer run of the comm tests and the data prefetcher's, in its own build
 # directory (not part of `make test`: a cold TSan build of the library takes several

@@ -9,7 +9,7 @@ set -euo pipefail
 PKGS=(build-essential cmake ninja-build ccache pkg-config gnuplot-nox
       libdnnl-dev ocl-icd-opencl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev zlib1g-dev
       libomp-dev libopenmpi-dev openmpi-bin libtomlplusplus-dev libcli11-dev python3-venv
-      dataset-fashion-mnist fortunes fortunes-min)
+      iproute2 dataset-fashion-mnist fortunes fortunes-min)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

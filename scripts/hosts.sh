@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Hosts as network namespaces: several "hosts" on this machine, each a Linux network
+# namespace with its own network stack and address, joined by veth pairs to a bridge, so
+# that OpenMPI runs across them over TCP as across separate machines. Needs root.
+#
+#   bash scripts/hosts.sh up N          make N hosts (replacing any left over)
+#   bash scripts/hosts.sh down          remove them, whatever state they are in
+#   bash scripts/hosts.sh list          the hosts and their addresses
+#   bash scripts/hosts.sh mpirun R PROGRAM [ARGS...]
+#                                       PROGRAM on every host, R ranks per host, rank r on
+#                                       host r / R (mpirun's by-slot placement)
+#
+# Host i is the namespace distjax-host<i>, address 198.18.0.<i+1>/24 (198.18.0.0/15 is the
+# range reserved for network tests, RFC 2544); the bridge distjax-br0 in this namespace is
+# 198.18.0.254, where mpirun runs. Every host has the hostname distjax-host<i> (a UTS
+# namespace per launch). OpenMPI reaches a host through this script's `agent` (its remote
+# agent, instead of ssh: the command runs inside the host's namespace) and moves every byte
+# over TCP on the bridge (btl tcp,self: no shared memory between hosts; ranks of one host
+# talk over its loopback).
+set -euo pipefail
+
+PREFIX=distjax-host
+BRIDGE=distjax-br0
+NET=198.18.0
+LOCK=/run/distjax-hosts.lock
+SELF=$(readlink -f "$0")
+
+die() {
+  echo "hosts: $*" >&2
+  exit 1
+}
+
+hosts() {
+  ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${PREFIX}[0-9]+$" | sort -V || true
+}
+
+down() {
+  local ns link
+  for ns in $(hosts); do
+    ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+    ip netns del "$ns" 2>/dev/null || true
+  done
+  # The host ends of the veth pairs go with their namespaces; these are left only when a
+  # namespace was never made.
+  for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 |
+    grep -E "^dj-veth[0-9]+$" || true); do
+    ip link del "$link" 2>/dev/null || true
+  done
+  ip link del "$BRIDGE" 2>/dev/null || true
+}
+
+up() {
+  local n=$1 i
+  [[ "$n" =~ ^[0-9]+$ ]] && ((n >= 1 && n <= 200)) || die "up takes a number of hosts, 1 to 200, got '$n'"
+  [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces)"
+  command -v ip >/dev/null || die "needs the ip command (Debian package iproute2)"
+  down
+  ip link add "$BRIDGE" type bridge || die "cannot make the bridge $BRIDGE (no network namespaces here?)"
+  ip addr add "$NET.254/24" dev "$BRIDGE"
+  ip link set "$BRIDGE" up
+  for ((i = 0; i < n; i++)); do
+    ip netns add "$PREFIX$i"
+    ip link add "dj-veth$i" type veth peer name eth0 netns "$PREFIX$i"
+    ip link set "dj-veth$i" master "$BRIDGE" up
+    ip -n "$PREFIX$i" addr add "$NET.$((i + 1))/24" dev eth0
+    ip -n "$PREFIX$i" link set eth0 up
+    ip -n "$PREFIX$i" link set lo up
+  done
+}
+
+list() {
+  local ns
+  for ns in $(hosts); do
+    echo "$ns $NET.$((${ns#"$PREFIX"} + 1))"
+  done
+}
+
+# OpenMPI's remote agent: `agent ADDRESS COMMAND...` runs the command (a shell line, as ssh
+# would) inside the namespace of the host with that address, under the host's name.
+agent() {
+  local address=$1 i
+  shift
+  i=$((${address##*.} - 1))
+  ip netns list | grep -q "^$PREFIX$i\b" || die "no host has the address $address"
+  exec ip netns exec "$PREFIX$i" unshare --uts sh -c "hostname $PREFIX$i; $*"
+}
+
+run_mpi() {
+  local per_host=$1 hostlist="" ns
+  shift
+  [[ "$per_host" =~ ^[0-9]+$ ]] && ((per_host >= 1)) || die "mpirun takes ranks per host first, got '$per_host'"
+  (($# >= 1)) || die "mpirun: no program"
+  for ns in $(hosts); do
+    hostlist+="${hostlist:+,}$NET.$((${ns#"$PREFIX"} + 1)):$per_host"
+  done
+  [ -n "$hostlist" ] || die "no hosts: run 'bash scripts/hosts.sh up N' first"
+  local ranks=$((per_host * $(hosts | wc -l))) exports=() var
+  for var in OMP_WAIT_POLICY OMP_NUM_THREADS; do
+    [ -n "${!var:-}" ] && exports+=(-x "$var")
+  done
+  exec mpirun --allow-run-as-root --oversubscribe -np "$ranks" --host "$hostlist" \
+    --mca plm_rsh_agent "$SELF agent" \
+    --mca btl tcp,self --mca btl_tcp_if_include "$NET.0/24" --mca oob_tcp_if_include "$NET.0/24" \
+    "${exports[@]}" "$@"
+}
+
+command=${1:-}
+shift || true
+case "$command" in
+  up)
+    exec 9>"$LOCK"
+    flock 9
+    up "${1:-}"
+    ;;
+  down)
+    exec 9>"$LOCK"
+    flock 9
+    down
+    ;;
+  list) list ;;
+  agent) agent "$@" ;;
+  mpirun) run_mpi "$@" ;;
+  *) die "usage: hosts.sh up N | down | list | mpirun RANKS_PER_HOST PROGRAM [ARGS...]" ;;
+esac
