@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # make test-hosts: the main job across hosts. Two network namespaces (scripts/hosts.sh) of 4
-# ranks each run configs/gpt_3d.toml under OpenMPI over TCP; every log record (all but the
-# timings) must be bitwise the threads run's on one host. Needs root; where namespaces cannot
-# be made it says why and skips, unless DISTJAX_REQUIRE_HOSTS=1 (CI), which makes that a
-# failure.
+# ranks each run configs/gpt_3d.toml under OpenMPI over TCP; the run must say where its
+# processes are, and every log record (all but the timings) must be bitwise the threads
+# run's on one host. Needs root; where namespaces cannot be made it says why and skips,
+# unless DISTJAX_REQUIRE_HOSTS=1 (CI), which makes that a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -37,6 +37,10 @@ run() {  # run NAME [LAUNCHER...]: the main job for STEPS steps, logging every s
 }
 run threads
 run hosts bash scripts/hosts.sh mpirun 4
+placed="Processes: 8 on 2 hosts: distjax-host0 (ranks 0-3), distjax-host1 (ranks 4-7)"
+grep -qxF "$placed" "$out/hosts.log" ||
+  { echo "[test-hosts] the run did not say '$placed':" >&2; head -20 "$out/hosts.log" >&2; exit 1; }
+echo "[test-hosts] $placed"
 
 python3 - "$out/threads/metrics.jsonl" "$out/hosts/metrics.jsonl" <<'PY'
 import json, sys

@@ -23,7 +23,7 @@ std::pair<int, std::string> run(const std::string& command) {
 
 // Under mpirun the ranks' stdout is mpirun's pty, whatever the user's output is (here a
 // pipe): the log lines only, without the progress bar's carriage returns and terminal codes,
-// and the closing lines once (rank 0).
+// the closing lines once (rank 0), and the hosts the processes run on, once.
 TEST(DistjaxTrain, UnderMpirunTheOutputHasNoProgressBar) {
   if (std::system("command -v mpirun >/dev/null 2>&1") != 0) GTEST_SKIP() << "no mpirun";
   const fs::path out = fs::temp_directory_path() / ("distjax_mpirun_out_" + std::to_string(getpid()));
@@ -44,6 +44,12 @@ TEST(DistjaxTrain, UnderMpirunTheOutputHasNoProgressBar) {
        at = output.find("done: ", at + 1))
     ++done;
   EXPECT_EQ(done, 1u) << output;
+  // The processes and the host the launcher placed them on, once.
+  char host[256] = {};
+  ASSERT_EQ(gethostname(host, sizeof host - 1), 0);
+  const std::string placed = "Processes: 2 on 1 host: " + std::string(host) + " (ranks 0-1)\n";
+  EXPECT_NE(output.find(placed), std::string::npos) << output;
+  EXPECT_EQ(output.find("Processes:"), output.rfind("Processes:")) << output;
   fs::remove_all(out);
 }
 
