@@ -3,6 +3,8 @@
 // plain shared-memory reduce-scatter + all-gather (two threads, spin barrier) measured in
 // the same run, and small-message latency. Under mpirun (DISTJAX_BENCH_MPI=1 or an MPI
 // launcher's environment): the MPI backend against raw MPI_Allreduce; only rank 0 writes.
+// With DISTJAX_BENCH_HOSTS=N (bench/hosts.sh: one rank on each of N hosts made of network
+// namespaces, scripts/hosts.sh) the MPI lines are named hostsN_... : every byte over TCP.
 //
 // Sizes follow nccl-tests: S = the larger buffer of one device (all_reduce: the vector;
 // all_gather: the output; reduce_scatter: the input); bus bandwidth = S / time x
@@ -261,7 +263,13 @@ void run_mpi(Writer& out) {
   int rank = 0, p = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &p);
-  const std::string np = std::to_string(p) + "proc_";
+  // Lines of a run across hosts (bench/hosts.sh) are named by the hosts.
+  const char* hosts = std::getenv("DISTJAX_BENCH_HOSTS");
+  const std::string prefix =
+      hosts && *hosts ? "hosts" + std::string(hosts) + "_" : "comm_mpi_";
+  const std::string np = hosts && *hosts ? "" : std::to_string(p) + "proc_";
+  // A 4-byte all-reduce takes ~0.25 us in shared memory, milliseconds over TCP between hosts.
+  const int small_iters = hosts && *hosts ? 100 : 4000;
   // Small messages, with the per-call check (default) and without it (fast mode).
   for (bool check : {true, false}) {
     comm::LaunchOptions o;
@@ -269,7 +277,7 @@ void run_mpi(Writer& out) {
     o.timeout = std::chrono::milliseconds(120000);
     o.check_collectives = check;
     comm::launch(o, [&](Communicator& c) {
-      auto [ours, raw] = mpi_all_reduce_vs_raw(c, 4, 4000, 7);
+      auto [ours, raw] = mpi_all_reduce_vs_raw(c, 4, small_iters, 7);
       // For the record: raw MPI_Iallreduce polled with MPI_Test, what the library's
       // nonblocking path costs MPI alone.
       float x = 1, y = 0;
@@ -279,9 +287,9 @@ void run_mpi(Writer& out) {
         for (int f = 0; !f;) MPI_Test(&r, &f, MPI_STATUS_IGNORE);
       };
       std::vector<double> ti;
-      for (int rep = 0; rep < 4; ++rep) ti.push_back(mpi_block(4000, inb));
+      for (int rep = 0; rep < 4; ++rep) ti.push_back(mpi_block(small_iters, inb));
       if (rank != 0) return;
-      json j = line("comm_mpi_all_reduce_latency_" + np + "4B" + (check ? "" : "_fast"),
+      json j = line(prefix + "all_reduce_latency_" + np + "4B" + (check ? "" : "_fast"),
                     ours * 1e6, "us");
       compare(j, "raw MPI_Allreduce", raw * 1e6, false);
       j["check_collectives"] = check;
@@ -297,7 +305,7 @@ void run_mpi(Writer& out) {
       auto [ours, raw] = mpi_all_reduce_vs_raw(c, bytes, iterations_for(bytes), 3);
       if (rank != 0) continue;
       const double f = bus_factor(Kind::AllReduce, p) * static_cast<double>(bytes) * 1e-9;
-      json j = line("comm_mpi_all_reduce_busbw_" + np + size_name(bytes), f / ours, "GB/s");
+      json j = line(prefix + "all_reduce_busbw_" + np + size_name(bytes), f / ours, "GB/s");
       compare(j, "raw MPI_Allreduce", f / raw, true);
       out.write(j);
     }

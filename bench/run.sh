@@ -160,6 +160,14 @@ for exe in "$BUILD"/bench_*; do
   fi
 done
 
+# Across two hosts made of network namespaces (root only): bench/hosts.sh.
+if [ "$(id -u)" -eq 0 ] && command -v mpirun >/dev/null 2>&1 && [ -x "$BUILD/bench_comm" ] &&
+  ldd "$BUILD/bench_comm" 2>/dev/null | grep -q libmpi; then
+  log "across 2 hosts (bench/hosts.sh)"
+  timeout 900 bash "$ROOT/bench/hosts.sh" "$BUILD" >/tmp/distjax-bench-hosts.log 2>&1 ||
+    note hosts2_bench_failed "$(tail -n 3 /tmp/distjax-bench-hosts.log | tr '\n' ' ' | cut -c1-300)"
+fi
+
 # ------------------------------------------------------------------ ratios and summary
 /usr/bin/python3 "$ROOT/bench/summarize.py" "$OUT"
 log "wrote $(wc -l < "$OUT") lines to ${OUT#$ROOT/} in $(( $(date +%s) - T0 )) s"

@@ -95,8 +95,9 @@ run_mpi() {
   done
   [ -n "$hostlist" ] || die "no hosts: run 'bash scripts/hosts.sh up N' first"
   local ranks=$((per_host * $(hosts | wc -l))) exports=() var
-  for var in OMP_WAIT_POLICY OMP_NUM_THREADS; do
-    [ -n "${!var:-}" ] && exports+=(-x "$var")
+  # The ranks get this environment's OpenMP and DistJax settings (mpirun passes no others).
+  for var in $(compgen -e | grep -E '^(OMP_|DISTJAX_)' || true); do
+    exports+=(-x "$var")
   done
   exec mpirun --allow-run-as-root --oversubscribe -np "$ranks" --host "$hostlist" \
     --mca plm_rsh_agent "$SELF agent" \
