@@ -103,7 +103,8 @@ GemmPlan& plan_for(const GemmKey& key) {
   const auto [batch, m, n, k, ta, tb, b_shared, bias, src, dst, gelu] = key;
   const std::int64_t bb = b_shared ? 1 : batch;
   GemmPlan p;
-  auto describe = [&](dt s, dt c_type) {
+  // The bindings captured as copies: clang before 16 refuses a structured binding in a lambda.
+  auto describe = [&p, bb, batch = batch, m = m, n = n, k = k, ta = ta, tb = tb](dt s, dt c_type) {
     p.a = dnnl::memory::desc(dims{batch, m, k}, s, ta ? dims{m * k, 1, m} : dims{m * k, k, 1});
     p.b = dnnl::memory::desc(dims{bb, k, n}, s, tb ? dims{k * n, 1, k} : dims{k * n, n, 1});
     p.c = dnnl::memory::desc(dims{batch, m, n}, c_type, dims{m * n, n, 1});
