@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: setup configure build run test test-gpu test-tsan test-hosts fresh-check bench bench-gpu format clean
+.PHONY: setup configure build run test test-gpu test-tsan test-hosts fuzz fresh-check bench bench-gpu format clean
 
 setup:
 	@bash scripts/setup.sh
@@ -45,6 +45,22 @@ test-tsan: setup
 	  ctest --output-on-failure -L '^comm$$' -j $(JOBS)
 	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
 	  ctest --output-on-failure -R '^Prefetcher\.' -j $(JOBS)
+
+# libFuzzer runs of the readers of untrusted files (fuzz/: the TOML config with --set, the
+# safetensors files and the index of checkpoints), clang with ASan and UBSan, in their own
+# build directory: each target's regression inputs, then FUZZ_SECONDS of fuzzing on its
+# corpus (scripts/fuzz.sh). FUZZ_SECONDS=20 is the short run.
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= config safetensors checkpoint_index
+fuzz:
+	@bash scripts/setup.sh fuzz
+	@CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only" -DDISTJAX_FUZZ=ON \
+	  -DDISTJAX_WITH_MPI=OFF -DDISTJAX_WITH_CUDA=OFF -DDISTJAX_BUILD_TESTS=OFF \
+	  -DDISTJAX_BUILD_EXAMPLES=OFF -DDISTJAX_BUILD_BENCH=OFF -DDISTJAX_BUILD_TOOLS=OFF >/dev/null
+	@cmake --build $(FUZZ_BUILD) -j $(JOBS) --target $(FUZZ_TARGETS:%=%_fuzzer)
+	@bash scripts/fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 
 # The README's two commands on a clean Debian root (debootstrap, chroot): see
 # scripts/fresh-check.sh. SUITE=bookworm (Debian 12, the default) or SUITE=trixie (Debian 13).

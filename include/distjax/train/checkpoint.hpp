@@ -163,9 +163,16 @@ void remove_checkpoints(const std::string& dir, const CheckpointLayout& layout);
 /// a step_<n> directory says step n (IoError naming both otherwise).
 CheckpointIndex read_checkpoint_index(const std::string& path);
 
+/// The index.json text `text` parsed and checked as read_checkpoint_index does, except for
+/// the step of its directory (meta.path stays empty). `file` names it in the errors, which
+/// are IoError "[load_checkpoint] "<file>": <what is wrong>".
+CheckpointIndex parse_checkpoint_index(const std::string& text, const std::string& file);
+
 /// Prints the index of the checkpoint at `path` (as in load_checkpoint): step, mesh, rng,
 /// data position, then one line per tensor with its name, global shape, dtype, spec and
 /// the files holding its blocks. What `distjax ckpt inspect DIR` shows.
 void inspect_checkpoint(const std::string& path, std::ostream& os);
+/// Prints `index` as inspect_checkpoint does.
+void print_checkpoint_index(const CheckpointIndex& index, std::ostream& os);
 
 }  // namespace distjax::train

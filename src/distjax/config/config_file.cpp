@@ -436,22 +436,30 @@ bool is_table(std::string_view prefix) {
   return false;
 }
 
-// Optimal string alignment distance (Levenshtein plus adjacent transpositions).
+// Optimal string alignment distance (Levenshtein plus adjacent transpositions), in one flat
+// table. Each unknown key runs it against every key of the schema: its allocations and the
+// coverage tracing of its comparisons (which say nothing of the input's structure; the fuzz
+// build leaves it untraced) kept the config fuzzer at 125 inputs/s, now about 700.
+#if defined(__clang__)
+__attribute__((no_sanitize("coverage")))
+#endif
 std::size_t edit_distance(std::string_view a, std::string_view b) {
-  const std::size_t n = a.size(), m = b.size();
-  std::vector<std::vector<std::size_t>> d(n + 1, std::vector<std::size_t>(m + 1));
+  const std::size_t n = a.size(), m = b.size(), w = m + 1;
+  std::vector<std::size_t> d((n + 1) * w);
   for (std::size_t i = 0; i <= n; ++i)
-    d[i][0] = i;
+    d[i * w] = i;
   for (std::size_t j = 0; j <= m; ++j)
-    d[0][j] = j;
+    d[j] = j;
   for (std::size_t i = 1; i <= n; ++i)
     for (std::size_t j = 1; j <= m; ++j) {
       const std::size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      std::size_t x = std::min(std::min(d[(i - 1) * w + j], d[i * w + j - 1]) + 1,
+                               d[(i - 1) * w + j - 1] + cost);
       if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+        x = std::min(x, d[(i - 2) * w + j - 2] + 1);
+      d[i * w + j] = x;
     }
-  return d[n][m];
+  return d[n * w + m];
 }
 
 std::string_view leaf(std::string_view key) {

@@ -512,9 +512,21 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
   DISTJAX_CHECK(found.has_value(), IoError, "[load_checkpoint] no checkpoint in \"", path,
                 "\": no ", kIndex, ", no \"", kLatest, "\" and no complete step_<n> directory");
   const std::string file = (fs::path(*found) / kIndex).string();
-  const std::string text = detail::read_text_file(file, "load_checkpoint");
-  CheckpointIndex out;
+  CheckpointIndex out =
+      parse_checkpoint_index(detail::read_text_file(file, "load_checkpoint"), file);
   out.meta.path = *found;
+  // A step directory holds its own step: a copied or edited index is not taken for another.
+  fs::path step_dir = fs::path(*found).lexically_normal();
+  if (!step_dir.has_filename()) step_dir = step_dir.parent_path();
+  const std::int64_t dir_step = step_of(step_dir.filename().string());
+  DISTJAX_CHECK(dir_step < 0 || dir_step == out.meta.step, IoError, "[load_checkpoint] \"", file,
+                "\" says step ", out.meta.step, " but its directory is ",
+                step_dir.filename().string());
+  return out;
+}
+
+CheckpointIndex parse_checkpoint_index(const std::string& text, const std::string& file) {
+  CheckpointIndex out;
   json j;
   try {
     j = json::parse(text);
@@ -584,13 +596,6 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
   } catch (const InvalidArgument& e) {  // dtype_from_name
     DISTJAX_THROW(IoError, "[load_checkpoint] \"", file, "\": ", e.what());
   }
-  // A step directory holds its own step: a copied or edited index is not taken for another.
-  fs::path step_dir = fs::path(*found).lexically_normal();
-  if (!step_dir.has_filename()) step_dir = step_dir.parent_path();
-  const std::int64_t dir_step = step_of(step_dir.filename().string());
-  DISTJAX_CHECK(dir_step < 0 || dir_step == out.meta.step, IoError, "[load_checkpoint] \"", file,
-                "\" says step ", out.meta.step, " but its directory is ",
-                step_dir.filename().string());
   std::sort(out.tensors.begin(), out.tensors.end(),
             [](const auto& a, const auto& b) { return a.name < b.name; });
   return out;
@@ -769,7 +774,10 @@ void remove_checkpoints(const std::string& dir, const CheckpointLayout& layout) 
 // ---------------------------------------------------------------- inspect
 
 void inspect_checkpoint(const std::string& path, std::ostream& os) {
-  const CheckpointIndex index = read_checkpoint_index(path);
+  print_checkpoint_index(read_checkpoint_index(path), os);
+}
+
+void print_checkpoint_index(const CheckpointIndex& index, std::ostream& os) {
   os << "checkpoint " << index.meta.path << "\n";
   os << "step " << index.meta.step << ", rng [" << index.meta.rng.words[0] << ", "
      << index.meta.rng.words[1] << "], data position epoch " << index.meta.data.epoch << " batch "

@@ -47,6 +47,8 @@ class SafetensorsReader {
   void read(const SafetensorsEntry& entry, std::uint64_t offset, void* dst,
             std::uint64_t bytes) const;
   const std::string& path() const { return path_; }
+  /// Every entry of the header, by name, as parsed (unchecked against any index).
+  const std::map<std::string, SafetensorsEntry>& entries() const { return entries_; }
 
  private:
   std::string path_;

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Runs the libFuzzer targets of fuzz/ built in BUILD (make fuzz): for each, first every input
+# of its fuzz/corpus/<name>/regressions/ once, then fuzzing for SECONDS on its corpus (the
+# seeds of the repository, read only, and BUILD/fuzz-corpus/<name>, which keeps what the runs
+# find). Any crash, sanitizer report or escaping exception fails it; the input is left in
+# BUILD/fuzz-artifacts/. Prints each target's executions.
+#   bash scripts/fuzz.sh build-fuzz 60 config safetensors checkpoint_index
+set -euo pipefail
+BUILD=$1
+SECONDS_PER_TARGET=$2
+shift 2
+export OMP_WAIT_POLICY=passive
+# A UB report already aborts (-fno-sanitize-recover); these make leaks no finding (the
+# library keeps process-wide caches) and print the stack of any report.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+mkdir -p "$BUILD/fuzz-artifacts"
+summary=()
+for name in "$@"; do
+  bin="$BUILD/fuzz/${name}_fuzzer"
+  seeds="fuzz/corpus/$name"
+  regressions=("$seeds"/regressions/*)
+  if [ -e "${regressions[0]}" ]; then
+    echo "[fuzz] $name: ${#regressions[@]} regression inputs"
+    "$bin" "${regressions[@]}" 2>&1 | tail -n 3
+  fi
+  mkdir -p "$BUILD/fuzz-corpus/$name"
+  log="$BUILD/fuzz-artifacts/$name.log"
+  echo "[fuzz] $name: ${SECONDS_PER_TARGET} s on $seeds"
+  if ! "$bin" -max_total_time="$SECONDS_PER_TARGET" -timeout=10 -rss_limit_mb=2048 \
+      -print_final_stats=1 -artifact_prefix="$BUILD/fuzz-artifacts/$name-" \
+      "$BUILD/fuzz-corpus/$name" "$seeds" >"$log" 2>&1; then
+    tail -n 40 "$log"
+    echo "[fuzz] $name: FAILED (input in $BUILD/fuzz-artifacts/, log $log)"
+    exit 1
+  fi
+  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
+  summary+=("$name: $runs executions in ${SECONDS_PER_TARGET} s, no finding")
+done
+printf '[fuzz] %s\n' "${summary[@]}"
