@@ -2,6 +2,7 @@
 // (broken, truncated or missing files, a ZeRO state without its strategy, leftovers of an
 // interrupted save, an error on one device), and the files read by Python's safetensors.
 #include "distjax/train/detail/checksum.hpp"
+#include "distjax/train/detail/safetensors.hpp"
 #include "tools/tool_run.hpp"
 #include "train/checkpoint_test_util.hpp"
 
@@ -252,6 +253,45 @@ TEST(CheckpointErrors, UntiedHeadIntoATiedModel) {
   EXPECT_NE(msg.find("3 tensors of the checkpoint are not in the state: "
                      "\"opt_state/mu/lm_head/kernel\", \"opt_state/nu/lm_head/kernel\", "
                      "\"params/lm_head/kernel\""),
+            std::string::npos)
+      << msg;
+}
+
+// The fuzzers' regression inputs of the index and safetensors readers
+// (fuzz/corpus/<reader>/regressions/): sizes whose products overflowed (UBSan) are refused,
+// naming the file and what is wrong.
+TEST(CheckpointErrors, FuzzRegressionsAreRefusedNamingTheFile) {
+  const fs::path fuzz = fs::path(DISTJAX_SOURCE_DIR) / "fuzz" / "corpus";
+  const std::vector<std::pair<std::string, std::string>> indexes = {
+      {"block_shape_overflow.json",
+       "a block of \"params/w\" in device_00000.safetensors at offset (0, 0) with shape "
+       "(4611686018427387904, 4) is not inside the tensor's shape (4, 2)"},
+      {"mesh_size_overflow.json",
+       "mesh: [Mesh] axis \"model\" of size 65536 makes more than 2147483647 devices"}};
+  for (const auto& [name, expected] : indexes) {
+    const fs::path dir = scratch("fuzz_" + name);
+    fs::copy_file(fuzz / "checkpoint_index" / "regressions" / name, dir / "index.json");
+    std::string msg = "no error";
+    try {
+      read_checkpoint_index(dir.string());
+    } catch (const IoError& e) {
+      msg = e.what();
+    }
+    EXPECT_NE(msg.find("\"" + (dir / "index.json").string() + "\": " + expected), std::string::npos)
+        << name << ": " << msg;
+  }
+  const std::string file =
+      (fuzz / "safetensors" / "regressions" / "shape_overflow.safetensors").string();
+  const detail::SafetensorsReader reader(file, "load_checkpoint");
+  std::string msg = "no error";
+  try {
+    reader.entry("x", DType::F32, reader.entries().at("x").shape);
+  } catch (const IoError& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("\"" + file +
+                     "\": tensor \"x\" has shape (4611686018427387904, 4), which no tensor can "
+                     "have"),
             std::string::npos)
       << msg;
 }

@@ -2,6 +2,7 @@
 #include "distjax/mesh/mesh.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <sstream>
 
 #include "distjax/core/error.hpp"
@@ -29,6 +30,9 @@ Mesh::Mesh(std::vector<int> shape, std::vector<std::string> axis_names)
     for (std::size_t j = 0; j < i; ++j)
       DISTJAX_CHECK(names_[i] != names_[j], ShardingError, "[Mesh] axis name \"", names_[i],
                     "\" is used twice");
+    DISTJAX_CHECK(shape_[i] <= std::numeric_limits<int>::max() / size_, ShardingError,
+                  "[Mesh] axis \"", names_[i], "\" of size ", shape_[i], " makes more than ",
+                  std::numeric_limits<int>::max(), " devices");
     size_ *= shape_[i];
   }
 }

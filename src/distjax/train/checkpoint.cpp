@@ -525,6 +525,22 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
   return out;
 }
 
+namespace {
+
+// A block lies inside its tensor: the same rank, offset >= 0 and offset + shape <= the
+// tensor's shape in every dimension (so no sum of them overflows later).
+void check_block(const CheckpointBlock& b, const CheckpointTensor& t, const std::string& file) {
+  bool inside = b.offset.size() == t.shape.size() && b.shape.size() == t.shape.size();
+  for (std::size_t i = 0; inside && i < t.shape.size(); ++i)
+    inside = b.offset[i] >= 0 && b.shape[i] >= 0 && b.shape[i] <= t.shape[i] &&
+             b.offset[i] <= t.shape[i] - b.shape[i];
+  DISTJAX_CHECK(inside, IoError, "[load_checkpoint] \"", file, "\": a block of \"", t.name,
+                "\" in ", b.file, " at offset ", to_string(b.offset), " with shape ",
+                to_string(b.shape), " is not inside the tensor's shape ", to_string(t.shape));
+}
+
+}  // namespace
+
 CheckpointIndex parse_checkpoint_index(const std::string& text, const std::string& file) {
   CheckpointIndex out;
   json j;
@@ -561,6 +577,13 @@ CheckpointIndex parse_checkpoint_index(const std::string& text, const std::strin
     }
     out.mesh_shape = j.at("mesh").at("shape").get<std::vector<int>>();
     out.mesh_axis_names = j.at("mesh").at("axis_names").get<std::vector<std::string>>();
+    if (!out.mesh_shape.empty() || !out.mesh_axis_names.empty()) {
+      try {
+        mesh::Mesh(out.mesh_shape, out.mesh_axis_names);
+      } catch (const ShardingError& e) {
+        DISTJAX_THROW(IoError, "[load_checkpoint] \"", file, "\": mesh: ", e.what());
+      }
+    }
     out.files = j.at("files").get<std::vector<std::string>>();
     const json& checksum = j.at("checksum");
     DISTJAX_CHECK(checksum.at("algorithm").get<std::string>() == "crc32", IoError,
@@ -576,12 +599,15 @@ CheckpointIndex parse_checkpoint_index(const std::string& text, const std::strin
       ct.shape = t.at("shape").get<Shape>();
       ct.dtype = dtype_from_name(t.at("dtype").get<std::string>());
       ct.spec = spec_from_json(t.at("spec"));
+      DISTJAX_CHECK(detail::tensor_bytes(ct.shape, dtype_size(ct.dtype)), IoError,
+                    "[load_checkpoint] \"", file, "\": tensor \"", name, "\" has shape ",
+                    to_string(ct.shape), ", which no tensor can have");
       for (const auto& b : t.at("blocks")) {
         CheckpointBlock block{b.at("file").get<std::string>(), b.at("offset").get<Shape>(),
                               b.at("shape").get<Shape>(),
                               b.at("crc32").get<std::vector<std::uint32_t>>()};
-        const std::uint64_t bytes =
-            static_cast<std::uint64_t>(numel(block.shape)) * dtype_size(ct.dtype);
+        check_block(block, ct, file);
+        const std::uint64_t bytes = *detail::tensor_bytes(block.shape, dtype_size(ct.dtype));
         const std::uint64_t chunks = detail::num_chunks(bytes, out.checksum_chunk_bytes);
         DISTJAX_CHECK(block.crc32.size() == chunks, IoError, "[load_checkpoint] \"", file,
                       "\": a block of \"", name, "\" in ", block.file, " has ", block.crc32.size(),

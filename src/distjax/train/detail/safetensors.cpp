@@ -48,6 +48,13 @@ void fsync_fd(int fd, const std::string& path) {
 
 }  // namespace
 
+std::optional<std::uint64_t> tensor_bytes(const Shape& shape, std::uint64_t element_bytes) {
+  std::uint64_t n = element_bytes;
+  for (const std::int64_t d : shape)
+    if (d < 0 || __builtin_mul_overflow(n, static_cast<std::uint64_t>(d), &n)) return std::nullopt;
+  return n;
+}
+
 const char* safetensors_dtype(DType t) {
   switch (t) {
     case DType::F32:
@@ -169,10 +176,13 @@ const SafetensorsEntry& SafetensorsReader::entry(const std::string& name, DType 
   DISTJAX_CHECK(e.dtype == safetensors_dtype(dtype) && e.shape == shape, IoError, "[", op_, "] \"",
                 path_, "\": tensor \"", name, "\" is ", e.dtype, " ", to_string(e.shape),
                 " but the index says ", safetensors_dtype(dtype), " ", to_string(shape));
-  const std::uint64_t want = static_cast<std::uint64_t>(numel(shape)) * dtype_size(dtype);
-  DISTJAX_CHECK(e.end - e.begin == want, IoError, "[", op_, "] \"", path_, "\": tensor \"", name,
+  // A shape from the file (and the index): its count of elements may overflow.
+  const std::optional<std::uint64_t> want = tensor_bytes(shape, dtype_size(dtype));
+  DISTJAX_CHECK(want.has_value(), IoError, "[", op_, "] \"", path_, "\": tensor \"", name,
+                "\" has shape ", to_string(shape), ", which no tensor can have");
+  DISTJAX_CHECK(e.end - e.begin == *want, IoError, "[", op_, "] \"", path_, "\": tensor \"", name,
                 "\": data_offsets [", e.begin, ", ", e.end, "] hold ", e.end - e.begin, " bytes; ",
-                safetensors_dtype(dtype), " ", to_string(shape), " needs ", want);
+                safetensors_dtype(dtype), " ", to_string(shape), " needs ", *want);
   return e;
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,10 @@ const char* safetensors_dtype(DType t);
 void write_safetensors(const std::string& path,
                        const std::vector<std::pair<std::string, tensor::Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata);
+
+/// The bytes of a tensor of `shape` read from a file, with elements of `element_bytes`; nullopt
+/// when a dimension is negative or the count overflows (no tensor has that shape).
+std::optional<std::uint64_t> tensor_bytes(const Shape& shape, std::uint64_t element_bytes);
 
 /// One entry of a safetensors header.
 struct SafetensorsEntry {
