@@ -6,6 +6,7 @@
 #include <fstream>
 #include <string>
 
+#include "distjax/comm/launch_environment.hpp"
 #include "distjax/config/config_file.hpp"
 #include "distjax/core/error.hpp"
 
@@ -316,4 +317,22 @@ TEST(ConfigFile, NearestKey) {
   EXPECT_EQ(config::nearest_key("distributed.wold_size"), "distributed.world_size");
   EXPECT_EQ(config::nearest_key("parallelism.tensor_parallel_size"),
             "distributed.tensor_parallel_size");
+}
+
+// The fuzzer's regression inputs of the config reader (fuzz/corpus/config/regressions/), read
+// as `distjax train` reads them: each is refused with a ConfigError naming what is wrong.
+TEST(ConfigFile, FuzzRegressionsAreRefusedWithTheirKey) {
+  const std::string dir = std::string(DISTJAX_SOURCE_DIR) + "/fuzz/corpus/config/regressions/";
+  // Three mesh sizes of 2^31 - 1: their product overflowed int64 in the validation.
+  std::ifstream f(dir + "mesh_shape_overflow.toml", std::ios::binary);
+  ASSERT_TRUE(f.good());
+  const std::string toml{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+  EXPECT_CONTAINS(error_of([&] {
+                    TrainConfig c;
+                    config::apply_toml(c, toml, "mesh_shape_overflow.toml");
+                    c.distributed = config::resolve(c.distributed, comm::LaunchEnvironment{});
+                    c.validate("mesh_shape_overflow.toml");
+                  }),
+                  "mesh_shape = [2147483647, 2147483647, 2147483647] has more than 2147483647 "
+                  "devices");
 }

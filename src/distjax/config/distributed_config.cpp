@@ -2,6 +2,8 @@
 #include "distjax/config/distributed_config.hpp"
 
 #include <algorithm>
+#include <cstdlib>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -29,10 +31,14 @@ std::string join(const std::vector<std::string>& v) {
   return os.str();
 }
 
+// Devices of a mesh shape, or of tp x pp, kept within +-(INT_MAX + 1): beyond that no run
+// has as many devices (world_size is an int), and the product of a file's sizes cannot
+// overflow (3 sizes of 2^31 - 1 overflowed int64 before).
+constexpr std::int64_t kTooManyDevices = std::int64_t{std::numeric_limits<int>::max()} + 1;
 std::int64_t product(const std::vector<int>& v) {
   std::int64_t p = 1;
   for (int x : v)
-    p *= x;
+    p = std::clamp(p * x, -kTooManyDevices, kTooManyDevices);
   return p;
 }
 
@@ -82,7 +88,10 @@ void mesh_rules(const DistributedConfig& c, std::vector<std::string>& out) {
   if (c.mesh_shape.size() > 4)
     out.push_back(str("mesh_shape = ", join(c.mesh_shape), " has ", c.mesh_shape.size(),
                       " dimensions; a mesh has at most 4"));
-  if (sizes_ok && c.world_size >= 1 && product(c.mesh_shape) != c.world_size)
+  if (sizes_ok && product(c.mesh_shape) == kTooManyDevices)
+    out.push_back(str("mesh_shape = ", join(c.mesh_shape), " has more than ",
+                      std::numeric_limits<int>::max(), " devices"));
+  else if (sizes_ok && c.world_size >= 1 && product(c.mesh_shape) != c.world_size)
     out.push_back(str("mesh_shape = ", join(c.mesh_shape), " has ", product(c.mesh_shape),
                       " devices but world_size is ", c.world_size,
                       c.launcher_source.empty() ? "" : " (from " + c.launcher_source + ")"));
@@ -285,10 +294,11 @@ DistributedConfig resolve(DistributedConfig c, const comm::LaunchEnvironment& en
   if (env.master_addr) c.master_addr = *env.master_addr;
   if (env.master_port) c.master_port = *env.master_port;
   if (c.world_size == 0) {
-    if (!c.mesh_shape.empty())
-      c.world_size = static_cast<int>(product(c.mesh_shape));
-    else
-      c.world_size = c.tensor_parallel_size * c.pipeline_parallel_size;
+    // A product out of an int's range leaves it 0, which validate() refuses.
+    const std::int64_t n = !c.mesh_shape.empty()
+                               ? product(c.mesh_shape)
+                               : product({c.tensor_parallel_size, c.pipeline_parallel_size});
+    if (std::abs(n) < kTooManyDevices) c.world_size = static_cast<int>(n);
   }
   if (c.num_processes_per_node == 0 && c.num_nodes > 0 && c.world_size % c.num_nodes == 0)
     c.num_processes_per_node = c.world_size / c.num_nodes;
