@@ -462,6 +462,11 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
   return d[n * w + m];
 }
 
+// |a - b|: a lower bound of the edit distance of strings of lengths a and b.
+std::size_t length_gap(std::size_t a, std::size_t b) {
+  return a > b ? a - b : b - a;
+}
+
 std::string_view leaf(std::string_view key) {
   const auto dot = key.rfind('.');
   return dot == std::string_view::npos ? key : key.substr(dot + 1);
@@ -681,9 +686,16 @@ const std::vector<ConfigKey>& config_keys() {
 }
 
 std::string nearest_key(std::string_view key) {
+  const std::size_t limit = std::max<std::size_t>(3, leaf(key).size() / 2);
   std::string best;
   std::size_t best_score = std::string::npos;
   for (const Entry& e : schema()) {
+    // A key whose distance cannot be within the limit, nor below the best, is not measured:
+    // a long unknown key then costs no distances at all.
+    const std::size_t bound =
+        std::min(length_gap(key.size(), e.key.name.size()),
+                 length_gap(leaf(key).size(), leaf(e.key.name).size()) + 1);
+    if (bound > limit || bound >= best_score) continue;
     // A key under the wrong table ("model.lr") is one step from the right one.
     const std::size_t score =
         std::min(edit_distance(key, e.key.name), edit_distance(leaf(key), leaf(e.key.name)) + 1);
@@ -692,19 +704,22 @@ std::string nearest_key(std::string_view key) {
       best = e.key.name;
     }
   }
-  const std::size_t limit = std::max<std::size_t>(3, leaf(key).size() / 2);
   return best_score <= limit ? best : std::string();
 }
 
 std::string nearest_name(std::string_view name, const std::vector<std::string>& candidates) {
+  const std::size_t limit = std::max<std::size_t>(3, name.size() / 2);
   std::string best;
   std::size_t best_score = std::string::npos;
-  for (const std::string& c : candidates)
+  for (const std::string& c : candidates) {
+    const std::size_t bound = length_gap(name.size(), c.size());
+    if (bound > limit || bound >= best_score) continue;
     if (const std::size_t d = edit_distance(name, c); d < best_score) {
       best_score = d;
       best = c;
     }
-  return best_score <= std::max<std::size_t>(3, name.size() / 2) ? best : std::string();
+  }
+  return best_score <= limit ? best : std::string();
 }
 
 void apply_toml(TrainConfig& config, std::string_view text, const std::string& source) {
