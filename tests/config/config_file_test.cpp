@@ -336,3 +336,30 @@ TEST(ConfigFile, FuzzRegressionsAreRefusedWithTheirKey) {
                   "mesh_shape = [2147483647, 2147483647, 2147483647] has more than 2147483647 "
                   "devices");
 }
+
+// A --set string that is not UTF-8 (the fuzzer's input: a TOML document, a NUL, then the --set
+// lines) was taken as is, and to_toml then printed a document no reader takes back; a string
+// with a control character read from a file was printed raw, too.
+TEST(ConfigFile, StringsThatToTomlCannotPrintAreRefusedOrEscaped) {
+  std::ifstream f(std::string(DISTJAX_SOURCE_DIR) +
+                      "/fuzz/corpus/config/regressions/set_string_not_utf8.bin",
+                  std::ios::binary);
+  ASSERT_TRUE(f.good());
+  const std::string input{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+  const std::size_t at = input.find("distributed.master_addr=");
+  ASSERT_NE(at, std::string::npos);
+  // Without its NUL bytes, which a command line cannot hold (and an error's what() cuts at).
+  std::string assignment = input.substr(at, input.find('\n', at) - at);
+  std::erase(assignment, '\0');
+  EXPECT_CONTAINS(error_of([&] {
+                    TrainConfig c;
+                    config::apply_override(c, assignment);
+                  }),
+                  "distributed.master_addr must be a string: ");
+  TrainConfig c;
+  config::apply_toml(c, "[run]\nout_dir = \"a\\nb\\u0001\"\n", "test.toml");
+  ASSERT_EQ(c.run.out_dir, "a\nb\x01");
+  TrainConfig again;
+  config::apply_toml(again, config::to_toml(c), "to_toml");
+  EXPECT_EQ(again.run.out_dir, c.run.out_dir);
+}

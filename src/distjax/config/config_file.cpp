@@ -614,18 +614,29 @@ void walk(TrainConfig& config, const toml::table& table, const std::string& pref
   throw ConfigError(msg);
 }
 
+// `s` as a TOML basic string: quotes and backslashes escaped, and control characters as \uXXXX
+// (a "\n" read from a file was printed raw before, which no TOML reader takes back).
+std::string toml_string(const std::string& s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    const auto u = static_cast<unsigned char>(ch);
+    if (u < 0x20 || u == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", u);
+      out += buf;
+      continue;
+    }
+    if (ch == '"' || ch == '\\') out += '\\';
+    out += ch;
+  }
+  return out + "\"";
+}
+
 void write_value(std::ostream& os, const Value& v) {
   std::visit(
       [&os](const auto& x) {
         using T = std::decay_t<decltype(x)>;
-        const auto str = [](const std::string& s) {
-          std::string out = "\"";
-          for (char ch : s) {
-            if (ch == '"' || ch == '\\') out += '\\';
-            out += ch;
-          }
-          return out + "\"";
-        };
+        const auto str = [](const std::string& s) { return toml_string(s); };
         if constexpr (std::is_same_v<T, bool>) {
           os << (x ? "true" : "false");
         } else if constexpr (std::is_same_v<T, std::int64_t>) {
@@ -692,9 +703,8 @@ std::string nearest_key(std::string_view key) {
   for (const Entry& e : schema()) {
     // A key whose distance cannot be within the limit, nor below the best, is not measured:
     // a long unknown key then costs no distances at all.
-    const std::size_t bound =
-        std::min(length_gap(key.size(), e.key.name.size()),
-                 length_gap(leaf(key).size(), leaf(e.key.name).size()) + 1);
+    const std::size_t bound = std::min(length_gap(key.size(), e.key.name.size()),
+                                       length_gap(leaf(key).size(), leaf(e.key.name).size()) + 1);
     if (bound > limit || bound >= best_score) continue;
     // A key under the wrong table ("model.lr") is one step from the right one.
     const std::size_t score =
@@ -777,8 +787,17 @@ void apply_override(TrainConfig& config, std::string_view assignment) {
     v = convert(*doc.get("v"), e->key.type);
   } catch (const toml::parse_error&) {
   }
-  if (!v && (e->key.type == ValueType::String || e->key.type == ValueType::BoolOrString))
+  if (!v && (e->key.type == ValueType::String || e->key.type == ValueType::BoolOrString)) {
+    // A bare string is read as TOML reads a quoted one: bytes that are not UTF-8 are refused
+    // (to_toml would print a document that no reader takes back).
+    try {
+      static_cast<void>(toml::parse("v = " + toml_string(text), std::string_view("--set")));
+    } catch (const toml::parse_error& err) {
+      throw ConfigError(what + key + " must be " + value_type_name(e->key.type) + ": " +
+                        std::string(err.description()));
+    }
     v = Value(text);
+  }
   if (!v)
     throw ConfigError(what + key + " must be " + value_type_name(e->key.type) + ", got " +
                       in_quotes(text));
