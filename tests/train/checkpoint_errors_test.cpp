@@ -266,6 +266,8 @@ TEST(CheckpointErrors, FuzzRegressionsAreRefusedNamingTheFile) {
       {"block_shape_overflow.json",
        "a block of \"params/w\" in device_00000.safetensors at offset (0, 0) with shape "
        "(4611686018427387904, 4) is not inside the tensor's shape (4, 2)"},
+      {"float_for_an_integer.json",
+       "checksum.chunk_bytes must be an integer, got 1.04666"},
       {"mesh_size_overflow.json",
        "mesh: [Mesh] axis \"model\" of size 65536 makes more than 2147483647 devices"}};
   for (const auto& [name, expected] : indexes) {

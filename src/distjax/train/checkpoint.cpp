@@ -527,6 +527,20 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
 
 namespace {
 
+// Every number of an index is an integer but the loss scale's factors and what the run's config
+// holds: a float read as an integer is undefined (a chunk_bytes of 1e21 was).
+void check_integers(const json& j, const std::string& where, const std::string& file) {
+  DISTJAX_CHECK(!j.is_number_float(), IoError, "[load_checkpoint] \"", file, "\": ", where,
+                " must be an integer, got ", j.dump());
+  if (!j.is_structured()) return;
+  for (const auto& [k, v] : j.items()) {
+    const bool any_number =
+        (where.empty() && k == "config") || (where == "loss_scale" && k != "growth_interval" &&
+                                             k != "good_steps" && k != "skipped_steps");
+    if (!any_number) check_integers(v, where.empty() ? k : where + "." + k, file);
+  }
+}
+
 // A block lies inside its tensor: the same rank, offset >= 0 and offset + shape <= the
 // tensor's shape in every dimension (so no sum of them overflows later).
 void check_block(const CheckpointBlock& b, const CheckpointTensor& t, const std::string& file) {
@@ -549,6 +563,7 @@ CheckpointIndex parse_checkpoint_index(const std::string& text, const std::strin
   } catch (const json::exception& e) {
     DISTJAX_THROW(IoError, "[load_checkpoint] \"", file, "\": not valid JSON: ", e.what());
   }
+  check_integers(j, "", file);
   try {
     DISTJAX_CHECK(j.value("format", "") == kFormat, IoError, "[load_checkpoint] \"", file,
                   "\": not a DistJax checkpoint index (format is not \"", kFormat, "\")");
