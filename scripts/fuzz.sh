@@ -22,7 +22,11 @@ for name in "$@"; do
   regressions=("$seeds"/regressions/*)
   if [ -e "${regressions[0]}" ]; then
     echo "[fuzz] $name: ${#regressions[@]} regression inputs"
-    "$bin" "${regressions[@]}" 2>&1 | tail -n 3
+    if ! "$bin" "${regressions[@]}" >"$BUILD/fuzz-artifacts/$name-regressions.log" 2>&1; then
+      tail -n 40 "$BUILD/fuzz-artifacts/$name-regressions.log"
+      echo "[fuzz] $name: a regression input FAILED"
+      exit 1
+    fi
   fi
   mkdir -p "$BUILD/fuzz-corpus/$name"
   log="$BUILD/fuzz-artifacts/$name.log"
