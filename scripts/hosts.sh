@@ -6,9 +6,15 @@
 #   bash scripts/hosts.sh up N          make N hosts (replacing any left over)
 #   bash scripts/hosts.sh down          remove them, whatever state they are in
 #   bash scripts/hosts.sh list          the hosts and their addresses
-#   bash scripts/hosts.sh mpirun R PROGRAM [ARGS...]
-#                                       PROGRAM on every host, R ranks per host, rank r on
-#                                       host r / R (mpirun's by-slot placement)
+#   bash scripts/hosts.sh mpirun [--on I,J,...] R PROGRAM [ARGS...]
+#                                       PROGRAM on every host (or hosts I,J,...), R ranks
+#                                       per host, rank r on the (r / R)-th of them
+#                                       (mpirun's by-slot placement)
+#   bash scripts/hosts.sh kill I        kill -9 every process of host I but OpenMPI's
+#                                       daemon (a host whose job processes died)
+#   bash scripts/hosts.sh cut I         set host I's link down (a host cut off)
+#   bash scripts/hosts.sh slow I RATE   limit host I's link to RATE each way (tc tbf,
+#                                       e.g. 30mbit); `slow I off` lifts it
 #
 # Host i is the namespace distjax-host<i>, address 198.18.0.<i+1>/24 (198.18.0.0/15 is the
 # range reserved for network tests, RFC 2544); the bridge distjax-br0 in this namespace is
@@ -17,6 +23,12 @@
 # agent, instead of ssh: the command runs inside the host's namespace) and moves every byte
 # over TCP on the bridge (btl tcp,self: no shared memory between hosts; ranks of one host
 # talk over its loopback).
+#
+# When a process dies, mpirun ends the others with SIGTERM and, 5 s later, SIGKILL
+# (odls_base_sigkill_timeout): DistJax's processes use those seconds to say which
+# collective they were in and which devices and hosts are silent. A host cut off is found
+# by the collective timeout (distributed.timeout_s); OpenMPI's daemons notice it by TCP
+# keepalive (about 16 s of silence) and end the job.
 set -euo pipefail
 
 PREFIX=distjax-host
@@ -86,15 +98,23 @@ agent() {
 }
 
 run_mpi() {
-  local per_host=$1 hostlist="" ns
-  shift
+  local on="" hostlist="" ns
+  if [ "${1:-}" = --on ]; then
+    on=,$2,
+    shift 2
+  fi
+  local per_host=${1:-}
+  shift || true
   [[ "$per_host" =~ ^[0-9]+$ ]] && ((per_host >= 1)) || die "mpirun takes ranks per host first, got '$per_host'"
   (($# >= 1)) || die "mpirun: no program"
+  local n=0
   for ns in $(hosts); do
+    [ -z "$on" ] || [[ "$on" == *",${ns#"$PREFIX"},"* ]] || continue
     hostlist+="${hostlist:+,}$NET.$((${ns#"$PREFIX"} + 1)):$per_host"
+    n=$((n + 1))
   done
-  [ -n "$hostlist" ] || die "no hosts: run 'bash scripts/hosts.sh up N' first"
-  local ranks=$((per_host * $(hosts | wc -l))) exports=() var
+  [ -n "$hostlist" ] || die "no hosts${on:+ among $on}: run 'bash scripts/hosts.sh up N' first"
+  local ranks=$((per_host * n)) exports=() var
   # The ranks get this environment's OpenMP and DistJax settings (mpirun passes no others).
   for var in $(compgen -e | grep -E '^(OMP_|DISTJAX_)' || true); do
     exports+=(-x "$var")
@@ -102,7 +122,40 @@ run_mpi() {
   exec mpirun --allow-run-as-root --oversubscribe -np "$ranks" --host "$hostlist" \
     --mca plm_rsh_agent "$SELF agent" \
     --mca btl tcp,self --mca btl_tcp_if_include "$NET.0/24" --mca oob_tcp_if_include "$NET.0/24" \
+    --mca odls_base_sigkill_timeout 2 --mca oob_tcp_keepalive_time 10 \
+    --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3 \
     "${exports[@]}" "$@"
+}
+
+# The namespace of host I, checked.
+host_ns() {
+  [[ "${1:-}" =~ ^[0-9]+$ ]] || die "expected a host number, got '${1:-}'"
+  hosts | grep -qx "$PREFIX$1" || die "no host $1 (hosts: $(hosts | tr '\n' ' '))"
+  echo "$PREFIX$1"
+}
+
+kill_host() {
+  local ns pid
+  ns=$(host_ns "$1")
+  for pid in $(ip netns pids "$ns"); do
+    case "$(cat "/proc/$pid/comm" 2>/dev/null)" in
+      orted | sh | "") ;;
+      *) kill -9 "$pid" 2>/dev/null || true ;;
+    esac
+  done
+}
+
+slow_host() {
+  local ns rate=${2:-}
+  ns=$(host_ns "$1")
+  [ -n "$rate" ] || die "slow takes a host and a rate (e.g. 30mbit) or off"
+  tc qdisc del dev "dj-veth$1" root 2>/dev/null || true
+  ip netns exec "$ns" tc qdisc del dev eth0 root 2>/dev/null || true
+  [ "$rate" = off ] && return
+  # Both directions: into the host (the bridge's end) and out of it (the host's end).
+  tc qdisc add dev "dj-veth$1" root tbf rate "$rate" burst 64kb latency 1s ||
+    die "cannot shape dj-veth$1 (tc tbf)"
+  ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$rate" burst 64kb latency 1s
 }
 
 command=${1:-}
@@ -121,5 +174,11 @@ case "$command" in
   list) list ;;
   agent) agent "$@" ;;
   mpirun) run_mpi "$@" ;;
-  *) die "usage: hosts.sh up N | down | list | mpirun RANKS_PER_HOST PROGRAM [ARGS...]" ;;
+  kill) kill_host "${1:-}" ;;
+  cut)
+    host_ns "${1:-}" >/dev/null
+    ip link set "dj-veth$1" down
+    ;;
+  slow) slow_host "${1:-}" "${2:-}" ;;
+  *) die "usage: hosts.sh up N | down | list | mpirun [--on I,J] RANKS_PER_HOST PROGRAM [ARGS...] | kill I | cut I | slow I RATE|off" ;;
 esac

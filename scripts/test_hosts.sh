@@ -3,7 +3,9 @@
 # ranks each run configs/gpt_3d.toml under OpenMPI over TCP; the run must say where its
 # processes are, and every log record (all but the timings) must be bitwise the threads
 # run's on one host. Needs root; where namespaces cannot be made it says why and skips,
-# unless DISTJAX_REQUIRE_HOSTS=1 (CI), which makes that a failure.
+# unless DISTJAX_REQUIRE_HOSTS=1 (CI), which makes that a failure. Then host 1's link is cut
+# mid-run (scripts/test_hosts_lost.py): host 0's ranks must stop within 10 s naming the lost
+# host, and a resume on host 0 alone must continue with the threads run's losses.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -56,3 +58,6 @@ for a, b in zip(threads, hosts):
         sys.exit(f"[test-hosts] records differ:\n  one host:     {a}\n  across hosts: {b}")
 print(f"[test-hosts] main job on 2 hosts x 4 ranks: {len(hosts)} records bitwise equal to the threads run")
 PY
+
+# A host lost: its link cut mid-run; the survivors' errors, and the resume on host 0 alone.
+python3 scripts/test_hosts_lost.py "$BUILD" "$out" "$out/threads/metrics.jsonl" "$STEPS"

@@ -2,6 +2,8 @@
 // from each launcher's environment, and the mesh built from a config.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cmath>
 #include <map>
 #include <string>
 
@@ -91,6 +93,16 @@ TEST(DistributedConfig, SizesMustBePositive) {
   c = valid();
   c.master_addr = "";
   EXPECT_PROBLEM(c, "master_addr must not be empty");
+  c = valid();
+  c.timeout_s = 0;
+  EXPECT_PROBLEM(c, "timeout_s = 0 must be in 0.001..86400 seconds");
+  c = valid();
+  c.timeout_s = std::nan("");
+  EXPECT_PROBLEM(c, "timeout_s = nan must be in 0.001..86400 seconds");
+  c = valid();
+  c.timeout_s = 2.5;
+  EXPECT_TRUE(c.problems().empty());
+  EXPECT_EQ(c.timeout(), std::chrono::milliseconds(2500));
 }
 
 TEST(DistributedConfig, WorldSizeIsNodesTimesProcessesPerNode) {

@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "distjax/comm/communicator.hpp"
 #include "distjax/comm/link_model.hpp"
@@ -93,6 +95,16 @@ struct LaunchOptions {
 /// without NCCL, or a machine without a GPU, throws NotImplemented saying so. See
 /// docs/nccl.md for what of the multi-process path is tested.
 void launch(const LaunchOptions& opts, const std::function<void(Communicator& world)>& fn);
+
+/// Under MPI, the host of every process of the job in world-rank order (each process's
+/// host name, gathered when its first launch starts): what a timed-out call names when a
+/// whole host is silent, and what `distjax` prints as the hosts it runs on. Empty before
+/// the first MPI launch, under the other backends and in builds without MPI.
+const std::vector<std::string>& process_hosts();
+
+/// "8 on 2 hosts: node-a (ranks 0-3), node-b (ranks 4-7)": the processes of `hosts`
+/// (process_hosts()) grouped by host, hosts in order of their first rank.
+std::string describe_hosts(const std::vector<std::string>& hosts);
 
 /// Whether a backend is compiled into this build (Mpi is false in builds without MPI, Nccl
 /// in builds without CUDA and NCCL; a machine without a GPU is refused at launch).

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,10 @@ struct DistributedConfig {
   /// DISTJAX_DEVICE environment variable), "cpu", "checked" (the checked device: the
   /// CPU's kernels on memory the host may touch only through them), or "cuda".
   std::string device = "auto";
+  /// Seconds a collective or transfer may wait for the other devices: past it, every
+  /// device of the call fails, saying which devices (and, under MPI, which hosts) did not
+  /// arrive or answer. A host lost mid-run is reported after it.
+  double timeout_s = 30.0;
 
   /// Set by resolve(): the launcher found in the environment ("none", "openmpi", ...),
   /// the variables that gave the ranks, and how many processes it started.
@@ -71,6 +76,8 @@ struct DistributedConfig {
   /// Under backend nccl, "auto" and "cuda" name this process's GPU, cuda:(local_rank % GPUs),
   /// the one its launch uses.
   Device placement() const;
+  /// timeout_s as the launch's timeout.
+  std::chrono::milliseconds timeout() const;
 
   /// One message per broken rule (empty when valid): sizes positive, world_size =
   /// num_nodes x num_processes_per_node, tp x pp divides world_size, rank < world_size,

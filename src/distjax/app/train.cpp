@@ -2,13 +2,9 @@
 // The registry of models is here too.
 #include "distjax/app/train.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -307,39 +303,9 @@ namespace {
 // One process per device (MPI): the hosts the launcher placed the processes on, printed by
 // the main process ("Processes: 8 on 2 hosts: node-a (ranks 0-3), node-b (ranks 4-7)"), so
 // a run says where it runs as a cluster's launcher placed it.
-void print_hosts(comm::Communicator& world) {
-  constexpr int kWords = 16;  // a host name of up to 63 bytes, as i32 words
-  std::array<std::int32_t, kWords> mine{};
-  char name[kWords * 4] = {};
-  if (gethostname(name, sizeof name - 1) != 0) std::snprintf(name, sizeof name, "?");
-  std::memcpy(mine.data(), name, sizeof name);
-  std::vector<std::int32_t> all(static_cast<std::size_t>(world.size()) * kWords);
-  world.all_gather(mine.data(), all.data(), kWords, DType::I32);
-  if (world.rank() != 0) return;
-  std::vector<std::pair<std::string, std::vector<int>>> hosts;  // in order of first rank
-  for (int r = 0; r < world.size(); ++r) {
-    char h[kWords * 4 + 1] = {};
-    std::memcpy(h, all.data() + static_cast<std::size_t>(r) * kWords, kWords * 4);
-    auto it = std::find_if(hosts.begin(), hosts.end(), [&](const auto& e) { return e.first == h; });
-    if (it == hosts.end()) it = hosts.insert(hosts.end(), {h, {}});
-    it->second.push_back(r);
-  }
-  std::string line = "Processes: " + std::to_string(world.size()) + " on " +
-                     std::to_string(hosts.size()) + (hosts.size() == 1 ? " host:" : " hosts:");
-  for (std::size_t i = 0; i < hosts.size(); ++i) {
-    const std::vector<int>& ranks = hosts[i].second;
-    const bool run = ranks.back() - ranks.front() + 1 == static_cast<int>(ranks.size());
-    std::string which;
-    if (ranks.size() == 1) {
-      which = "rank " + std::to_string(ranks[0]);
-    } else if (run) {
-      which = "ranks " + std::to_string(ranks.front()) + "-" + std::to_string(ranks.back());
-    } else {
-      for (int r : ranks) which += (which.empty() ? "ranks " : ",") + std::to_string(r);
-    }
-    line += (i ? ", " : " ") + hosts[i].first + " (" + which + ")";
-  }
-  std::printf("%s\n", line.c_str());
+void print_hosts(const spmd::DeviceContext& ctx) {
+  if (ctx.device() != 0) return;
+  std::printf("Processes: %s\n", comm::describe_hosts(comm::process_hosts()).c_str());
   std::fflush(stdout);
 }
 
@@ -366,12 +332,14 @@ int train_prepared(const config::TrainConfig& c, const TrainOptions& options) {
     run.device(nullptr);
   } else {
     auto device = [&](spmd::DeviceContext& ctx, const std::vector<tensor::Tensor>&) {
-      if (c.distributed.comm_backend() == comm::Backend::Mpi) print_hosts(ctx.world());
+      if (c.distributed.comm_backend() == comm::Backend::Mpi) print_hosts(ctx);
       run.device(&ctx);
       return std::vector<tensor::Tensor>{};
     };
     spmd::shard_map(mesh, device, {}, {},
-                    {.backend = c.distributed.comm_backend(), .device = c.distributed.placement()})(
+                    {.backend = c.distributed.comm_backend(),
+                     .device = c.distributed.placement(),
+                     .timeout = c.distributed.timeout()})(
         std::vector<tensor::Tensor>{});
   }
   run.finish(piped);

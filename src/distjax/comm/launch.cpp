@@ -2,7 +2,12 @@
 // stubs).
 #include "distjax/comm/launch.hpp"
 
+#include <algorithm>
+#include <sstream>
+#include <utility>
+
 #include "distjax/comm/detail/backends.hpp"
+#include "distjax/comm/detail/call_desc.hpp"
 #include "distjax/comm/nccl/nccl_api.hpp"
 
 namespace distjax::comm {
@@ -35,6 +40,24 @@ bool backend_available(Backend b) {
       return detail::built_with_nccl();
   }
   return false;
+}
+
+std::string describe_hosts(const std::vector<std::string>& hosts) {
+  std::vector<std::pair<std::string, std::vector<int>>> by_host;  // in order of first rank
+  for (int r = 0; r < static_cast<int>(hosts.size()); ++r) {
+    const std::string& h = hosts[static_cast<std::size_t>(r)];
+    auto it = std::find_if(by_host.begin(), by_host.end(), [&](const auto& e) { return e.first == h; });
+    if (it == by_host.end()) it = by_host.insert(by_host.end(), {h, {}});
+    it->second.push_back(r);
+  }
+  std::ostringstream os;
+  os << hosts.size() << " on " << by_host.size() << (by_host.size() == 1 ? " host:" : " hosts:");
+  for (std::size_t i = 0; i < by_host.size(); ++i) {
+    const std::vector<int>& ranks = by_host[i].second;
+    os << (i ? ", " : " ") << by_host[i].first << (ranks.size() == 1 ? " (rank " : " (ranks ")
+       << detail::join_ranges(ranks) << ")";
+  }
+  return os.str();
 }
 
 }  // namespace distjax::comm

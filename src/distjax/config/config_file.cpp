@@ -414,6 +414,9 @@ const std::vector<Entry>& schema() {
     s.push_back(field("distributed.device", DJ_ACCESS(distributed.device),
                       "where tensors live: auto (cpu, or the DISTJAX_DEVICE environment "
                       "variable), cpu, checked (the checked device), cuda"));
+    s.push_back(field("distributed.timeout_s", DJ_ACCESS(distributed.timeout_s),
+                      "seconds a collective may wait for every device; past it each device of "
+                      "the call fails naming the devices (under MPI, the hosts) missing"));
     return s;
   }();
   return entries;

@@ -2,6 +2,7 @@
 #include "distjax/config/distributed_config.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <set>
@@ -72,6 +73,8 @@ void size_rules(const DistributedConfig& c, std::vector<std::string>& out) {
   if (c.master_port < 1 || c.master_port > 65535)
     out.push_back(str("master_port = ", c.master_port, " must be in 1..65535"));
   if (c.master_addr.empty()) out.push_back("master_addr must not be empty");
+  if (!(c.timeout_s >= 0.001 && c.timeout_s <= 86400.0))  // NaN fails too
+    out.push_back(str("timeout_s = ", c.timeout_s, " must be in 0.001..86400 seconds"));
 }
 
 void mesh_rules(const DistributedConfig& c, std::vector<std::string>& out) {
@@ -180,6 +183,10 @@ Device DistributedConfig::placement() const {
                                          : "this machine has " + std::to_string(count) + " GPUs");
   }
   return d;
+}
+
+std::chrono::milliseconds DistributedConfig::timeout() const {
+  return std::chrono::milliseconds(std::max<std::int64_t>(1, std::llround(timeout_s * 1000.0)));
 }
 
 comm::Backend DistributedConfig::comm_backend() const {

@@ -47,6 +47,22 @@ std::string join_ints(const std::vector<int>& v) {
   return os.str();
 }
 
+std::string join_ranges(const std::vector<int>& v) {
+  std::string s;
+  for (std::size_t i = 0; i < v.size();) {
+    std::size_t j = i;
+    while (j + 1 < v.size() && v[j + 1] == v[j] + 1) ++j;
+    if (i) s.push_back(',');  // appended: g++ 12 warns falsely (-Wrestrict) on operator+
+    s.append(std::to_string(v[i]));
+    if (j > i) {
+      s.push_back('-');
+      s.append(std::to_string(v[j]));
+    }
+    i = j + 1;
+  }
+  return s;
+}
+
 std::string group_label(const std::vector<int>& members) {
   std::string s = "(";  // appended, not operator+: g++ 12 warns falsely (-Wrestrict) there
   s.append(join_ints(members));

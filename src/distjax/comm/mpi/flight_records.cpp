@@ -8,6 +8,8 @@
 #include <sstream>
 
 #include "distjax/comm/mpi/backoff.hpp"
+#include "distjax/comm/mpi/hosts.hpp"
+#include "distjax/comm/mpi/termination.hpp"
 
 namespace distjax::comm::mpi {
 
@@ -264,6 +266,7 @@ std::string flight_diagnose(const GroupRecords& g, int device, const detail::Cal
   std::vector<int> described;  // global ids of the devices in descs
   std::vector<int> missing;    // global ids
   std::vector<std::string> notes;
+  std::vector<int> silent;     // global ids of those that did not answer
   descs.push_back(d);
   described.push_back(device);
   for (std::size_t i = 0; i < peers.size(); ++i) {
@@ -275,13 +278,14 @@ std::string flight_diagnose(const GroupRecords& g, int device, const detail::Cal
     }
     missing.push_back(peers[i]);
     std::ostringstream os;
-    os << "device " << peers[i] << " ";
+    os << "device " << peers[i];
     if (!p.answered) {
-      os << "did not answer (busy outside the communicator, or gone)";
+      silent.push_back(peers[i]);
+      os << on_host(peers[i]) << " did not answer (busy outside the communicator, or gone)";
     } else if (!p.knows_group) {
-      os << "has no such group; it " << p.where;
+      os << " has no such group; it " << p.where;
     } else {
-      os << "issued " << p.issued << " call" << (p.issued == 1 ? "" : "s")
+      os << " issued " << p.issued << " call" << (p.issued == 1 ? "" : "s")
          << " on this group; it " << p.where;
     }
     notes.push_back(os.str());
@@ -305,10 +309,12 @@ std::string flight_diagnose(const GroupRecords& g, int device, const detail::Cal
     os << disagree;
   } else {
     os << "[" << op_kind_name(static_cast<OpKind>(d.op)) << "] ";
-    if (end.mpi_error.empty()) {
-      os << "timed out after " << end.timeout.count() << " ms";
-    } else {
+    if (!end.mpi_error.empty()) {
       os << "failed";
+    } else if (terminating()) {
+      os << "stopped by the launcher (SIGTERM: it is ending the job)";
+    } else {
+      os << "timed out after " << end.timeout.count() << " ms";
     }
     os << " at call #" << d.seq << " of group " << g.label;
     if (!missing.empty()) {
@@ -323,6 +329,11 @@ std::string flight_diagnose(const GroupRecords& g, int device, const detail::Cal
             "left the call?)";
     }
     if (!end.mpi_error.empty()) os << "; MPI: " << end.mpi_error;
+    // A device that does not answer may be busy; a host none of whose processes answers
+    // is gone (killed, or cut off): say so, so the operator knows which machine to look at.
+    const std::string lost = silent_hosts(g, d.seq, device, silent, Clock::now() + grace,
+                                          end.peer_failed);
+    if (!lost.empty()) os << "; " << lost;
   }
   return os.str();
 }

@@ -7,17 +7,25 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <exception>
 #include <functional>
 #include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "distjax/comm/detail/backends.hpp"
 #include "distjax/comm/detail/host_staging.hpp"
 #include "distjax/comm/detail/launch_helpers.hpp"
 #include "distjax/comm/mpi/guards.hpp"
+#include "distjax/comm/mpi/hosts.hpp"
+#include "distjax/comm/mpi/watchdog.hpp"
 #include "distjax/comm/mpi/mpi_communicator.hpp"
 #include "distjax/comm/mpi/notices.hpp"
+#include "distjax/comm/mpi/termination.hpp"
 #include "distjax/core/error.hpp"
 
 namespace distjax::comm::mpi {
@@ -48,10 +56,32 @@ const bool g_iallreduce_ring = [] {
   return setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", /*overwrite=*/0) == 0;
 }();
 
+// Whether a launch of this process failed, and its timeout: MPI_Finalize waits for every
+// process of the job, and after a failure one may be gone (a host lost) or never get there.
+bool g_launch_failed = false;
+std::chrono::milliseconds g_timeout{30000};
+
 void finalize_at_exit() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (finalized) return;
+  if (!g_launch_failed) {
+    MPI_Finalize();
+    return;
+  }
+  // The error is printed already. MPI_Finalize waits for every process of the job: with
+  // one gone it would wait forever. Exiting with an error without it makes the launcher
+  // end the job the way it ends every failed one (mpirun: SIGTERM, then SIGKILL), which
+  // leaves the other processes time to report; MPI_Abort would kill them at once.
+  if (terminating() || peers_silent()) std::_Exit(1);
+  const auto limit = std::min<std::chrono::milliseconds>(g_timeout, std::chrono::seconds(2));
+  std::ostringstream what;
+  what << "[launch] MPI_Finalize did not complete within " << limit.count()
+       << " ms after the launch failed (a process of the job is gone?): aborting the job";
+  Watchdog& w = Watchdog::get();
+  const std::uint64_t token = w.arm(Clock::now() + limit, what.str(), /*exit_code=*/1);
+  MPI_Finalize();
+  w.disarm(token);
 }
 }  // namespace
 
@@ -93,6 +123,11 @@ void launch_mpi(const LaunchOptions& opts, const std::function<void(Communicator
       MPI_Errhandler_free(&h);
     }
   } restore{user_handler};
+  mpi::g_timeout = opts.timeout;
+  mpi::catch_sigterm(true);
+  struct LaunchEnds {
+    ~LaunchEnds() { mpi::catch_sigterm(false); }
+  } launch_ends;
   mpi::open_epoch(opts.timeout, world_rank);
   try {
     auto world = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
@@ -100,11 +135,13 @@ void launch_mpi(const LaunchOptions& opts, const std::function<void(Communicator
     mpi::check(MPI_Comm_idup(MPI_COMM_WORLD, world.get(), &r), "launch", world_rank);
     mpi::wait_setup(r, world, mpi::Clock::now() + opts.timeout, opts.timeout, "launch",
                     "duplicating MPI_COMM_WORLD", world_rank);
+    mpi::gather_hosts(*world, mpi::Clock::now() + opts.timeout, opts.timeout, world_rank);
     // Device buffers (a GPU's, the checked device's) reach MPI through host staging.
     Communicator c(stage_device_buffers(
         mpi::make_communicator(*world, opts, std::make_shared<CommStats>(), "launch")));
     fn(c);
   } catch (...) {
+    mpi::g_launch_failed = true;
     // Tell the other processes first, so their pending calls fail now, not at timeout.
     std::exception_ptr e = std::current_exception();
     try {
@@ -122,6 +159,7 @@ void launch_mpi(const LaunchOptions& opts, const std::function<void(Communicator
   try {
     mpi::finish_epoch(opts.timeout, world_rank);
   } catch (...) {
+    mpi::g_launch_failed = true;
     mpi::close_epoch();
     rethrow_with_device(std::current_exception(), world_rank);
   }
@@ -131,3 +169,9 @@ void launch_mpi(const LaunchOptions& opts, const std::function<void(Communicator
 bool mpi_available() { return true; }
 
 }  // namespace distjax::comm::detail
+
+namespace distjax::comm {
+
+const std::vector<std::string>& process_hosts() { return mpi::world_hosts(); }
+
+}  // namespace distjax::comm

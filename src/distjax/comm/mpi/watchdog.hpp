@@ -36,7 +36,10 @@ class Watchdog {
     static Watchdog* w = new Watchdog();  // never destroyed: its thread outlives statics
     return *w;
   }
-  std::uint64_t arm(Clock::time_point deadline, std::string what) {
+  /// exit_code >= 0: at the deadline the job is aborted with that code, and if MPI_Abort
+  /// itself blocks (the launcher cut off), the process ends with it 2 s later (for a call
+  /// that may block because the job is already broken).
+  std::uint64_t arm(Clock::time_point deadline, std::string what, int exit_code = -1) {
     std::lock_guard<std::mutex> lk(m_);
     if (!started_) {
       std::thread([this] { loop(); }).detach();
@@ -45,6 +48,7 @@ class Watchdog {
     armed_ = true;
     deadline_ = deadline;
     what_ = std::move(what);
+    exit_code_ = exit_code;
     cv_.notify_one();
     return ++token_;
   }
@@ -62,18 +66,33 @@ class Watchdog {
       } else if (Clock::now() >= deadline_) {
         std::fprintf(stderr, "%s\n", what_.c_str());
         std::fflush(stderr);
-        MPI_Abort(MPI_COMM_WORLD, 70);
-        std::_Exit(70);
+        abort_job(exit_code_ >= 0 ? exit_code_ : 70, exit_code_ >= 0);
       } else {
         cv_.wait_until(lk, deadline_);
       }
     }
   }
+
+ public:
+  /// MPI_Abort(code); with `bounded`, the process ends with `code` if it has not returned
+  /// within 2 s.
+  [[noreturn]] static void abort_job(int code, bool bounded) {
+    if (bounded)
+      std::thread([code] {
+        std::this_thread::sleep_for(std::chrono::seconds(2));
+        std::_Exit(code);
+      }).detach();
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);
+  }
+
+ private:
   std::mutex m_;
   std::condition_variable cv_;
   bool started_ = false, armed_ = false;
   Clock::time_point deadline_;
   std::string what_;
+  int exit_code_ = -1;
   std::uint64_t token_ = 0;
 };
 

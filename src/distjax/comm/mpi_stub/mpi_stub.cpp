@@ -1,5 +1,9 @@
 // Stub of the MPI backend for builds without MPI: says clearly that it is missing.
+#include <string>
+#include <vector>
+
 #include "distjax/comm/detail/backends.hpp"
+#include "distjax/comm/launch.hpp"
 #include "distjax/core/error.hpp"
 
 namespace distjax::comm::detail {
@@ -14,3 +18,12 @@ void launch_mpi(const LaunchOptions&, const std::function<void(Communicator&)>&)
 bool mpi_available() { return false; }
 
 }  // namespace distjax::comm::detail
+
+namespace distjax::comm {
+
+const std::vector<std::string>& process_hosts() {
+  static const std::vector<std::string> none;
+  return none;
+}
+
+}  // namespace distjax::comm

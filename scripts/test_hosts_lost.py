@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""make test-hosts, a host lost: the main job on 2 hosts x 4 ranks (scripts/hosts.sh) with
+host 1's link cut mid-run. Every rank of host 0 must stop within 10 s with an error naming
+the lost host, its ranks and the collective it was in; the last complete checkpoint must be
+intact, and a resume on host 0 alone (data-parallel size 1: the checkpoint reshards) must
+continue with the losses of the uninterrupted run (REFERENCE, the threads run of the same
+steps) within 1e-6.
+
+  test_hosts_lost.py BUILD OUT REFERENCE_METRICS STEPS
+"""
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+
+BUILD, OUT, REFERENCE, STEPS = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+LOST_HOST, LOST_RANKS = "distjax-host1", "devices 4-7"
+TIMEOUT_S = 5  # distributed.timeout_s: the survivors' collective timeout
+CUT_AFTER = 12  # the step after which the link is cut (a checkpoint every 5 steps)
+run_dir = os.path.join(OUT, "lost")
+
+
+def fail(msg):
+    sys.exit(f"[test-hosts] host lost: {msg}")
+
+
+def host_ranks(ns):
+    """The pids of the DistJax processes of namespace ns."""
+    pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+    out = []
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/comm") as f:
+                if f.read().strip() == "distjax":
+                    out.append(int(p))
+        except OSError:
+            pass
+    return out
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+train = [f"./{BUILD}/distjax", "train", "configs/gpt_3d.toml", "--set", f"run.steps={STEPS}",
+         "--set", "run.log_every=1", "--set", "run.timeline=false", "--set", "run.checkpoint_every=5",
+         "--set", f"distributed.timeout_s={TIMEOUT_S}", "--out", run_dir]
+log_path = os.path.join(OUT, "lost.log")
+log = open(log_path, "w")
+job = subprocess.Popen(["bash", "scripts/hosts.sh", "mpirun", "4", *train, "--overwrite"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+cut_at = None
+survivors = []
+errors = {}  # device -> its error line
+exits = {}  # pid of a rank of host 0 -> seconds after the cut it was gone
+pending = b""
+started = time.monotonic()
+# Until host 0's ranks are gone (30 s after the cut at most). mpirun itself then still
+# waits on the cut host's daemon (OpenMPI's, until its TCP connection times out): it is
+# ended here once they are gone.
+while True:
+    now = time.monotonic()
+    if cut_at is None and now - started > 300:
+        fail(f"no step {CUT_AFTER} within 300 s; see {log_path}")
+    if cut_at is not None and (now - cut_at > 30 or len(exits) == len(survivors)):
+        break
+    ready, _, _ = select.select([job.stdout], [], [], 0.05)
+    chunk = os.read(job.stdout.fileno(), 65536) if ready else b""
+    if ready and not chunk and cut_at is None:
+        fail(f"the run ended before step {CUT_AFTER}; see {log_path}")
+    pending += chunk
+    *lines, pending = pending.split(b"\n")
+    for raw in lines:
+        line = raw.decode(errors="replace")
+        log.write(line + "\n")
+        m = re.search(r"\(raised on device (\d+)\)$", line)
+        if m:
+            errors.setdefault(int(m.group(1)), line)
+        m = re.match(r"step (\d+)/", line)
+        if cut_at is None and m and int(m.group(1)) >= CUT_AFTER:
+            survivors = host_ranks("distjax-host0")
+            subprocess.run(["bash", "scripts/hosts.sh", "cut", "1"], check=True)
+            cut_at = time.monotonic()
+            print(f"[test-hosts] host 1's link cut after step {m.group(1)}")
+    log.flush()
+    if cut_at is not None:
+        for p in survivors:
+            if p not in exits and not alive(p):
+                exits[p] = time.monotonic() - cut_at
+        if not ready and len(exits) == len(survivors):
+            break
+os.killpg(job.pid, signal.SIGKILL)
+job.wait()
+log.write(pending.decode(errors="replace"))
+log.close()
+if len(survivors) != 4:
+    fail(f"expected 4 ranks on distjax-host0, found {survivors}")
+
+if len(exits) < len(survivors):
+    fail(f"ranks of host 0 still running 30 s after the cut: {sorted(set(survivors) - set(exits))}")
+first, last = min(exits.values()), max(exits.values())
+print(f"[test-hosts] host lost (link cut): the 4 ranks of host 0 stopped {first:.1f} s to "
+      f"{last:.1f} s after the cut (timeout_s = {TIMEOUT_S})")
+if last > 10:
+    fail(f"the last rank of host 0 stopped {last:.1f} s after the cut (more than 10 s)")
+for d in range(4):
+    if d not in errors:
+        fail(f"device {d} (host 0) printed no error; see {log_path}")
+    line = errors[d]
+    if LOST_HOST not in line or LOST_RANKS not in line or not re.search(r"\[\w+\] .*call #\d+ of group", line):
+        fail(f"device {d}'s error does not name {LOST_HOST}, {LOST_RANKS} and the collective: {line}")
+print(f"[test-hosts] device 0 said: {errors[0]}")
+
+# The last complete checkpoint, and the resume on the host that is left.
+ckpts = os.path.join(run_dir, "checkpoints")
+with open(os.path.join(ckpts, "latest")) as f:
+    latest = f.read().strip()
+step = int(latest.split("_")[-1])
+if not os.path.exists(os.path.join(ckpts, latest, "index.json")):
+    fail(f"the latest checkpoint {latest} is not complete")
+if step < 5 or step >= STEPS:
+    fail(f"the latest checkpoint is at step {step}, expected one between 5 and {STEPS - 1}")
+resume = subprocess.run(["bash", "scripts/hosts.sh", "mpirun", "--on", "0", "4", *train, "--resume",
+                         "--set", "distributed.world_size=4"], capture_output=True, text=True)
+with open(os.path.join(OUT, "resume.log"), "w") as f:
+    f.write(resume.stdout + resume.stderr)
+if resume.returncode != 0:
+    fail(f"the resume on host 0 failed (exit {resume.returncode}); see {OUT}/resume.log")
+
+
+def losses(path):
+    with open(path) as f:
+        return {r["step"]: r["loss"] for r in map(json.loads, f) if "loss" in r}
+
+
+ref, got = losses(REFERENCE), losses(os.path.join(run_dir, "metrics.jsonl"))
+worst = 0.0
+for s in range(step + 1, STEPS + 1):
+    if s not in got:
+        fail(f"the resumed run logged no loss at step {s}")
+    worst = max(worst, abs(got[s] - ref[s]) / abs(ref[s]))
+print(f"[test-hosts] resumed from {latest} on host 0 alone (4 ranks, data-parallel 1): steps "
+      f"{step + 1}-{STEPS} within {worst:.1e} relative of the uninterrupted run")
+if worst > 1e-6:
+    fail(f"the resumed losses differ by {worst:.2e} relative (more than 1e-6)")
