@@ -27,8 +27,9 @@
 # When a process dies, mpirun ends the others with SIGTERM and, 5 s later, SIGKILL
 # (odls_base_sigkill_timeout): DistJax's processes use those seconds to say which
 # collective they were in and which devices and hosts are silent. A host cut off is found
-# by the collective timeout (distributed.timeout_s); OpenMPI's daemons notice it by TCP
-# keepalive (about 16 s of silence) and end the job.
+# by the collective timeout (distributed.timeout_s): the ranks on both sides stop with an
+# error naming the other; mpirun itself then waits on the cut host's daemon until its TCP
+# connection fails (the keepalive below; longer while mpirun keeps sending to it).
 set -euo pipefail
 
 PREFIX=distjax-host
