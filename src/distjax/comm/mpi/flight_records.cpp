@@ -249,6 +249,44 @@ std::vector<PeerRecord> flight_query(const GroupRecords& g, std::uint64_t seq,
   return out;
 }
 
+std::string silent_hosts(const GroupRecords& g, std::uint64_t seq, int self,
+                         const std::vector<int>& silent,
+                         std::chrono::steady_clock::time_point until, bool (*peer_failed)()) {
+  if (!silent.empty()) note_silent_peers();
+  const std::vector<std::string>& h = world_hosts();
+  if (h.empty() || silent.empty()) return "";
+  std::vector<std::string> named;  // the silent devices' hosts, in order of first mention
+  for (int r : silent)
+    if (r >= 0 && r < static_cast<int>(h.size()) &&
+        std::find(named.begin(), named.end(), h[static_cast<std::size_t>(r)]) == named.end())
+      named.push_back(h[static_cast<std::size_t>(r)]);
+  // The other processes of those hosts: one query for all of them.
+  std::vector<int> others;
+  for (int r = 0; r < static_cast<int>(h.size()); ++r)
+    if (r != self && std::find(silent.begin(), silent.end(), r) == silent.end() &&
+        std::find(named.begin(), named.end(), h[static_cast<std::size_t>(r)]) != named.end())
+      others.push_back(r);
+  const std::vector<PeerRecord> recs = flight_query(g, seq, others, until, peer_failed);
+  std::ostringstream out;
+  for (const std::string& host : named) {
+    std::vector<int> ranks;
+    bool answered = false;
+    for (int r = 0; r < static_cast<int>(h.size()); ++r) {
+      if (h[static_cast<std::size_t>(r)] != host) continue;
+      ranks.push_back(r);
+      const auto it = std::find(others.begin(), others.end(), r);
+      if (r == self ||
+          (it != others.end() && recs[static_cast<std::size_t>(it - others.begin())].answered))
+        answered = true;
+    }
+    if (answered) continue;
+    if (out.tellp() > 0) out << "; ";
+    out << "no process of host " << host << " answers (" << (ranks.size() == 1 ? "device " : "devices ")
+        << detail::join_ranges(ranks) << "): the host is lost or its link is cut";
+  }
+  return out.str();
+}
+
 std::string flight_diagnose(const GroupRecords& g, int device, const detail::CallDesc& d,
                             const CallEnd& end, bool* all_answered) {
   const std::vector<int>& members = g.members;

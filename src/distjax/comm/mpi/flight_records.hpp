@@ -119,4 +119,13 @@ struct CallEnd {
 std::string flight_diagnose(const GroupRecords& g, int device, const detail::CallDesc& d,
                             const CallEnd& end, bool* all_answered = nullptr);
 
+/// After the call `seq` of group g timed out on world rank `self` and the group's devices
+/// `silent` did not answer its flight query: asks every other process of their hosts
+/// (until `until`) and returns "no process of host distjax-host1 answers (devices 4-7): the
+/// host is lost or its link is cut" for each host none of whose processes answered, joined
+/// by "; " (empty when every such host has one that answered, or the hosts are unknown).
+std::string silent_hosts(const GroupRecords& g, std::uint64_t seq, int self,
+                         const std::vector<int>& silent,
+                         std::chrono::steady_clock::time_point until, bool (*peer_failed)());
+
 }  // namespace distjax::comm::mpi

@@ -7,7 +7,11 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <array>
+#include <cstring>
 #include <chrono>
 #include <cstdlib>
 #include <exception>
@@ -55,6 +59,30 @@ void finish_epoch(std::chrono::milliseconds timeout, int device) {
 const bool g_iallreduce_ring = [] {
   return setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", /*overwrite=*/0) == 0;
 }();
+
+// Every process's host name, gathered on `world` unless an earlier launch did.
+void gather_hosts(MPI_Comm world, std::chrono::steady_clock::time_point deadline,
+                  std::chrono::milliseconds timeout, int rank) {
+  if (!world_hosts().empty()) return;
+  int size = 1;
+  MPI_Comm_size(world, &size);
+  constexpr int kNameBytes = 64;  // a host name of up to 63 bytes (HOST_NAME_MAX is 64)
+  std::array<char, kNameBytes> mine{};
+  if (gethostname(mine.data(), kNameBytes - 1) != 0) std::strcpy(mine.data(), "?");
+  auto all = std::make_shared<std::vector<char>>(static_cast<std::size_t>(size) * kNameBytes);
+  MPI_Request r;
+  check(MPI_Iallgather(mine.data(), kNameBytes, MPI_CHAR, all->data(), kNameBytes,
+                               MPI_CHAR, world, &r),
+                "launch", rank);
+  wait_setup(r, all, deadline, timeout, "launch", "gathering the processes' hosts",
+                     rank);
+  std::vector<std::string> h(static_cast<std::size_t>(size));
+  for (int i = 0; i < size; ++i) {
+    const char* p = all->data() + static_cast<std::size_t>(i) * kNameBytes;
+    h[static_cast<std::size_t>(i)] = std::string(p, strnlen(p, kNameBytes));
+  }
+  set_world_hosts(std::move(h));
+}
 
 // Whether a launch of this process failed, and its timeout: MPI_Finalize waits for every
 // process of the job, and after a failure one may be gone (a host lost) or never get there.
