@@ -29,11 +29,12 @@ fi
 bash scripts/hosts.sh list
 
 run() {  # run NAME [LAUNCHER...]: the main job for STEPS steps, logging every step
-  local name=$1
+  local name=$1 more=()
   shift
+  read -r -a more <<<"${RUN_SET:-}"  # more --set KEY=VALUE
   local t0=$SECONDS
   "$@" "./$BUILD/distjax" train configs/gpt_3d.toml --overwrite --set run.steps="$STEPS" \
-    --set run.log_every=1 --set run.timeline=false --out "$out/$name" >"$out/$name.log" 2>&1 ||
+    --set run.log_every=1 --set run.timeline=false "${more[@]}" --out "$out/$name" >"$out/$name.log" 2>&1 ||
     { echo "[test-hosts] the $name run failed:" >&2; tail -20 "$out/$name.log" >&2; exit 1; }
   echo "[test-hosts] $name run: $((SECONDS - t0)) s"
 }
@@ -58,6 +59,33 @@ for a, b in zip(threads, hosts):
         sys.exit(f"[test-hosts] records differ:\n  one host:     {a}\n  across hosts: {b}")
 print(f"[test-hosts] main job on 2 hosts x 4 ranks: {len(hosts)} records bitwise equal to the threads run")
 PY
+
+# A slow link: host 1's link limited to 30 Mbit/s each way (tc tbf) under the 5 s timeout of
+# the lost-host case below: the run completes with the same records, and its communication
+# report shows where the time went (the "data" axis crosses the link).
+bash scripts/hosts.sh slow 1 30mbit
+RUN_SET="--set distributed.timeout_s=5" run slow bash scripts/hosts.sh mpirun 4
+bash scripts/hosts.sh slow 1 off
+python3 - "$out" <<'PY'
+import json, sys
+out = sys.argv[1]
+TIMINGS = {"elapsed_s", "throughput", "throughput_unit"}
+def records(name):
+    with open(f"{out}/{name}/metrics.jsonl") as f:
+        return [{k: v for k, v in json.loads(line).items() if k not in TIMINGS} for line in f]
+if records("threads") != records("slow"):
+    sys.exit("[test-hosts] the run over the slow link logged other records than the threads run")
+def per_call(name):
+    with open(f"{out}/{name}/summary.json") as f:
+        s = json.load(f)
+    return s["comm_s/data"] / s["comm_calls/data"]
+fast, slow = per_call("hosts"), per_call("slow")
+print(f"[test-hosts] slow link (30 Mbit/s): records equal; the data axis took {1e3 * slow:.1f} ms "
+      f"per call against {1e3 * fast:.1f} ms on the full link")
+if slow < 3 * fast:
+    sys.exit("[test-hosts] the communication report does not show the slow link")
+PY
+grep '^Communication of device 0' "$out/slow.log"
 
 # A host lost: its link cut mid-run; the survivors' errors, and the resume on host 0 alone.
 python3 scripts/test_hosts_lost.py "$BUILD" "$out" "$out/threads/metrics.jsonl" "$STEPS"

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "distjax/app/detail/loop.hpp"
+#include "distjax/comm/comm_stats.hpp"
 #include "distjax/comm/launch_environment.hpp"
 #include "distjax/config/config_file.hpp"
 #include "distjax/data/prefetch.hpp"
@@ -68,6 +69,7 @@ class DeviceRun {
     result.checkpoint = ckpt_.save(state_, position());
     std::map<std::string, double> summary;
     if (loop_.after_training) summary = loop_.after_training();
+    comm_report(summary);
     summary["data_wait_s"] = data_wait_s_;
     summary["data_wait_fraction"] = loop_s > 0 ? data_wait_s_ / loop_s : 0.0;
     if (lead_)
@@ -87,6 +89,37 @@ class DeviceRun {
   }
 
  private:
+  // Where this device's communication went, by group of mesh axes (the whole run, setup
+  // included): summary.json's comm_s/<axes>, comm_wait_s/<axes>, comm_calls/<axes>, and a
+  // line from device 0. A slow link shows as the seconds per call of the axes crossing it.
+  void comm_report(std::map<std::string, double>& summary) const {
+    if (loop_.ctx == nullptr) return;
+    const comm::CommStats& stats = loop_.ctx->comm_stats();
+    std::string line;
+    for (const std::string& axes : stats.group_labels()) {
+      if (axes.empty()) continue;  // the group of one device
+      comm::OpCounters total;
+      for (int k = 0; k < comm::kNumOpKinds; ++k) {
+        const comm::OpCounters c = stats.of(axes, static_cast<comm::OpKind>(k));
+        total.calls += c.calls;
+        total.seconds += c.seconds;
+        total.wait_seconds += c.wait_seconds;
+      }
+      if (total.calls == 0) continue;
+      summary["comm_s/" + axes] = total.seconds;
+      summary["comm_wait_s/" + axes] = total.wait_seconds;
+      summary["comm_calls/" + axes] = static_cast<double>(total.calls);
+      char part[160];
+      std::snprintf(part, sizeof part, "%s%s %.2f s in %lld calls (%.2f ms each, %.0f%% waiting)",
+                    line.empty() ? "" : "; ", axes.c_str(), total.seconds,
+                    static_cast<long long>(total.calls), 1e3 * total.seconds / total.calls,
+                    total.seconds > 0 ? 100.0 * total.wait_seconds / total.seconds : 0.0);
+      line += part;
+    }
+    if (lead_ && !line.empty())
+      std::printf("Communication of device 0 by mesh axes: %s\n", line.c_str());
+  }
+
   static train::CheckpointLayout layout(const detail::Loop& loop) {
     if (loop.ctx == nullptr) return {};
     return {loop.ctx, &loop.composed->specs(), &loop.composed->strategy()};

@@ -250,39 +250,46 @@ std::vector<PeerRecord> flight_query(const GroupRecords& g, std::uint64_t seq,
 }
 
 std::string silent_hosts(const GroupRecords& g, std::uint64_t seq, int self,
-                         const std::vector<int>& silent,
+                         const std::vector<int>& peers, const std::vector<PeerRecord>& recs,
                          std::chrono::steady_clock::time_point until, bool (*peer_failed)()) {
-  if (!silent.empty()) note_silent_peers();
+  for (const PeerRecord& p : recs)
+    if (!p.answered) note_silent_peers();
   const std::vector<std::string>& h = world_hosts();
-  if (h.empty() || silent.empty()) return "";
-  std::vector<std::string> named;  // the silent devices' hosts, in order of first mention
-  for (int r : silent)
-    if (r >= 0 && r < static_cast<int>(h.size()) &&
-        std::find(named.begin(), named.end(), h[static_cast<std::size_t>(r)]) == named.end())
-      named.push_back(h[static_cast<std::size_t>(r)]);
-  // The other processes of those hosts: one query for all of them.
-  std::vector<int> others;
-  for (int r = 0; r < static_cast<int>(h.size()); ++r)
-    if (r != self && std::find(silent.begin(), silent.end(), r) == silent.end() &&
-        std::find(named.begin(), named.end(), h[static_cast<std::size_t>(r)]) != named.end())
+  const int n = static_cast<int>(h.size());
+  if (self < 0 || self >= n) return "";
+  const std::string& mine = h[static_cast<std::size_t>(self)];
+  auto host_of = [&](int r) -> const std::string& { return h[static_cast<std::size_t>(r)]; };
+  // Whether each process answered: the group's peers already did or did not; every other
+  // process of another host is asked now (one query for all of them).
+  std::vector<int> answered(static_cast<std::size_t>(n), 0), others;
+  for (std::size_t i = 0; i < peers.size(); ++i)
+    if (peers[i] >= 0 && peers[i] < n) answered[static_cast<std::size_t>(peers[i])] = recs[i].answered ? 1 : -1;
+  for (int r = 0; r < n; ++r)
+    if (r != self && answered[static_cast<std::size_t>(r)] == 0 && host_of(r) != mine)
       others.push_back(r);
-  const std::vector<PeerRecord> recs = flight_query(g, seq, others, until, peer_failed);
+  if (std::none_of(h.begin(), h.end(), [&](const std::string& x) { return x != mine; })) return "";
+  const std::vector<PeerRecord> census = flight_query(g, seq, others, until, peer_failed);
+  for (std::size_t i = 0; i < others.size(); ++i)
+    answered[static_cast<std::size_t>(others[i])] = census[i].answered ? 1 : -1;
+  std::vector<std::string> done;
   std::ostringstream out;
-  for (const std::string& host : named) {
+  for (int r = 0; r < n; ++r) {
+    const std::string& host = host_of(r);
+    if (host == mine || std::find(done.begin(), done.end(), host) != done.end()) continue;
+    done.push_back(host);
     std::vector<int> ranks;
-    bool answered = false;
-    for (int r = 0; r < static_cast<int>(h.size()); ++r) {
-      if (h[static_cast<std::size_t>(r)] != host) continue;
-      ranks.push_back(r);
-      const auto it = std::find(others.begin(), others.end(), r);
-      if (r == self ||
-          (it != others.end() && recs[static_cast<std::size_t>(it - others.begin())].answered))
-        answered = true;
-    }
-    if (answered) continue;
+    bool any = false;
+    for (int q = r; q < n; ++q)
+      if (host_of(q) == host) {
+        ranks.push_back(q);
+        any = any || answered[static_cast<std::size_t>(q)] == 1;
+      }
+    if (any) continue;
+    note_silent_peers();
     if (out.tellp() > 0) out << "; ";
-    out << "no process of host " << host << " answers (" << (ranks.size() == 1 ? "device " : "devices ")
-        << detail::join_ranges(ranks) << "): the host is lost or its link is cut";
+    out << "no process of host " << host << " answers ("
+        << (ranks.size() == 1 ? "device " : "devices ") << detail::join_ranges(ranks)
+        << "): the host is lost or its link is cut";
   }
   return out.str();
 }
@@ -369,8 +376,8 @@ std::string flight_diagnose(const GroupRecords& g, int device, const detail::Cal
     if (!end.mpi_error.empty()) os << "; MPI: " << end.mpi_error;
     // A device that does not answer may be busy; a host none of whose processes answers
     // is gone (killed, or cut off): say so, so the operator knows which machine to look at.
-    const std::string lost = silent_hosts(g, d.seq, device, silent, Clock::now() + grace,
-                                          end.peer_failed);
+    const std::string lost =
+        silent_hosts(g, d.seq, device, peers, recs, Clock::now() + grace, end.peer_failed);
     if (!lost.empty()) os << "; " << lost;
   }
   return os.str();

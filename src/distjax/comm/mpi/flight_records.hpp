@@ -119,13 +119,15 @@ struct CallEnd {
 std::string flight_diagnose(const GroupRecords& g, int device, const detail::CallDesc& d,
                             const CallEnd& end, bool* all_answered = nullptr);
 
-/// After the call `seq` of group g timed out on world rank `self` and the group's devices
-/// `silent` did not answer its flight query: asks every other process of their hosts
-/// (until `until`) and returns "no process of host distjax-host1 answers (devices 4-7): the
-/// host is lost or its link is cut" for each host none of whose processes answered, joined
-/// by "; " (empty when every such host has one that answered, or the hosts are unknown).
+/// After the call `seq` of group g timed out on world rank `self`, with the answers `recs`
+/// of the group's other devices `peers` to its flight query: asks every other process of
+/// the other hosts (until `until`) and returns "no process of host distjax-host1 answers
+/// (devices 4-7): the host is lost or its link is cut" for each host none of whose
+/// processes answered, joined by "; " (empty when each has one that answered, when every
+/// process is on this host, or when the hosts are unknown). A host lost shows so even when
+/// the device timed out waiting on a live peer that waits on it.
 std::string silent_hosts(const GroupRecords& g, std::uint64_t seq, int self,
-                         const std::vector<int>& silent,
+                         const std::vector<int>& peers, const std::vector<PeerRecord>& recs,
                          std::chrono::steady_clock::time_point until, bool (*peer_failed)());
 
 }  // namespace distjax::comm::mpi
