@@ -32,19 +32,21 @@ test-gpu: build
 test-hosts:
 	@bash scripts/test_hosts.sh
 
-# ThreadSanitizer run of the comm tests and the data prefetcher's, in its own build
-# directory (not part of `make test`: a cold TSan build of the library takes several
-# minutes on 2 cores).
+# ThreadSanitizer run of the comm tests, the data prefetcher's, and the pipeline and
+# checkpoint tests (devices as threads: schedules, sends and receives between stages, saves
+# and loads on every device), in its own build directory (not part of `make test`: a cold
+# TSan build of the library takes several minutes on 2 cores).
 TSAN_BUILD ?= build-tsan
 test-tsan: setup
 	@cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDISTJAX_SANITIZE=thread \
 	  -DDISTJAX_WITH_MPI=OFF -DDISTJAX_WITH_CUDA=OFF -DDISTJAX_BUILD_EXAMPLES=OFF \
 	  -DDISTJAX_BUILD_BENCH=OFF >/dev/null
-	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target communicator_test comm_failure_test prefetch_test
-	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target communicator_test comm_failure_test prefetch_test \
+	  pipeline_test checkpoint_test checkpointer_test
+	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
 	  ctest --output-on-failure -L '^comm$$' -j $(JOBS)
-	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-	  ctest --output-on-failure -R '^Prefetcher\.' -j $(JOBS)
+	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
+	  ctest --output-on-failure -R '^(Prefetcher|Pipeline|Checkpoint|CheckpointChild|CheckpointReshard|CheckpointResume|Checkpointer)\.' -j $(JOBS)
 
 # libFuzzer runs of the readers of untrusted files (fuzz/: the TOML config with --set, the
 # safetensors files and the index of checkpoints), clang with ASan and UBSan, in their own
