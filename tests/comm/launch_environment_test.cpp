@@ -6,6 +6,7 @@
 #include <map>
 #include <string>
 
+#include "distjax/comm/launch.hpp"
 #include "distjax/comm/launch_environment.hpp"
 #include "distjax/core/error.hpp"
 
@@ -132,4 +133,18 @@ TEST(LaunchEnvironment, BackendNames) {
   EXPECT_EQ(comm::backend_from_name("threads"), comm::Backend::Threads);
   EXPECT_EQ(comm::backend_from_name("nccl"), comm::Backend::Nccl);
   EXPECT_FALSE(comm::backend_from_name("gloo").has_value());
+}
+
+// The hosts of an MPI job, as distjax prints them ("Processes: ...") and as a lost host's
+// ranks are named: ranks grouped by host in order of their first rank, runs shortened.
+TEST(ProcessHosts, DescribeGroupsRanksByHost) {
+  using distjax::comm::describe_hosts;
+  EXPECT_EQ(describe_hosts({"a", "a", "a", "a", "b", "b", "b", "b"}),
+            "8 on 2 hosts: a (ranks 0-3), b (ranks 4-7)");
+  EXPECT_EQ(describe_hosts({"n1", "n2", "n1", "n2", "n1"}),
+            "5 on 2 hosts: n1 (ranks 0,2,4), n2 (ranks 1,3)");
+  EXPECT_EQ(describe_hosts({"a", "a", "b", "a"}), "4 on 2 hosts: a (ranks 0-1,3), b (rank 2)");
+  EXPECT_EQ(describe_hosts({"solo"}), "1 on 1 host: solo (rank 0)");
+  // Outside MPI (this test runs without a launcher) no hosts are known.
+  EXPECT_TRUE(distjax::comm::process_hosts().empty());
 }
