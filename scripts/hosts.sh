@@ -24,12 +24,12 @@
 # over TCP on the bridge (btl tcp,self: no shared memory between hosts; ranks of one host
 # talk over its loopback).
 #
-# When a process dies, mpirun ends the others with SIGTERM and, 5 s later, SIGKILL
-# (odls_base_sigkill_timeout): DistJax's processes use those seconds to say which
-# collective they were in and which devices and hosts are silent. A host cut off is found
-# by the collective timeout (distributed.timeout_s): the ranks on both sides stop with an
-# error naming the other; mpirun itself then waits on the cut host's daemon until its TCP
-# connection fails (the keepalive below; longer while mpirun keeps sending to it).
+# When a process dies or fails, mpirun ends the others: SIGCONT, SIGTERM 2 s later, SIGKILL
+# 2 s after that (odls_base_sigkill_timeout); the first DistJax process to fail after its
+# collective found silent peers leaves the others those seconds to report. A host cut off
+# is found by the collective timeout (distributed.timeout_s): the ranks on both sides stop
+# with an error naming the other; mpirun itself then waits on the cut host's daemon until
+# its TCP connection fails (the keepalive below; longer while mpirun keeps sending to it).
 set -euo pipefail
 
 PREFIX=distjax-host

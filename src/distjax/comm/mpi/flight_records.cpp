@@ -9,7 +9,6 @@
 
 #include "distjax/comm/mpi/backoff.hpp"
 #include "distjax/comm/mpi/hosts.hpp"
-#include "distjax/comm/mpi/termination.hpp"
 
 namespace distjax::comm::mpi {
 
@@ -356,8 +355,6 @@ std::string flight_diagnose(const GroupRecords& g, int device, const detail::Cal
     os << "[" << op_kind_name(static_cast<OpKind>(d.op)) << "] ";
     if (!end.mpi_error.empty()) {
       os << "failed";
-    } else if (terminating()) {
-      os << "stopped by the launcher (SIGTERM: it is ending the job)";
     } else {
       os << "timed out after " << end.timeout.count() << " ms";
     }

@@ -24,7 +24,6 @@
 #include "distjax/comm/mpi/backoff.hpp"
 #include "distjax/comm/mpi/flight_records.hpp"
 #include "distjax/comm/mpi/notices.hpp"
-#include "distjax/comm/mpi/termination.hpp"
 #include "distjax/comm/mpi/watchdog.hpp"
 #include "distjax/core/error.hpp"
 
@@ -113,9 +112,7 @@ WaitResult poll_until(Done&& done, Clock::time_point deadline,
     if (look_aborted || look_left) deadline = std::min(deadline, now + kAbortGrace);
     aborted = aborted || look_aborted;
     left = left || look_left;
-    // The launcher ending the job (terminating()) ends the wait now: its diagnosis says
-    // where the device was and who is silent before the SIGKILL that follows.
-    if (now > deadline || (terminating() && !aborted && !left))
+    if (now > deadline)
       return left ? WaitResult::Left : aborted ? WaitResult::Aborted : WaitResult::TimedOut;
     if (spins == kPollSpins) start = now;
     if (spins >= kPollSpins) backoff.pause(start, now);

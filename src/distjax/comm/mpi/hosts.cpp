@@ -1,15 +1,6 @@
 #include "distjax/comm/mpi/hosts.hpp"
 
-#include <signal.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <array>
-#include <cstring>
-#include <memory>
-#include <sstream>
-
-#include "distjax/comm/mpi/termination.hpp"
+#include <utility>
 
 namespace distjax::comm::mpi {
 
@@ -26,28 +17,6 @@ bool g_silent = false;
 
 bool peers_silent() { return g_silent; }
 void note_silent_peers() { g_silent = true; }
-
-namespace {
-void on_sigterm(int) {
-  if (sigterm_state::g_in_launch) {
-    sigterm_state::g_sigterm = 1;
-    return;
-  }
-  std::signal(SIGTERM, SIG_DFL);
-  std::raise(SIGTERM);
-}
-}  // namespace
-
-void catch_sigterm(bool in_launch) {
-  static const bool installed = [] {
-    struct sigaction sa {};
-    sa.sa_handler = on_sigterm;
-    sigemptyset(&sa.sa_mask);
-    return sigaction(SIGTERM, &sa, nullptr) == 0;
-  }();
-  (void)installed;
-  sigterm_state::g_in_launch = in_launch ? 1 : 0;
-}
 
 void set_world_hosts(std::vector<std::string> h) { hosts() = std::move(h); }
 

@@ -1,18 +1,15 @@
 // The hosts of an MPI job (private to src/distjax/comm/mpi): every process's host name,
-// gathered once per process by the launch, and whether a call found silent devices; the
-// SIGTERM handler of termination.hpp.
+// gathered once per process by the launch, and whether a call found silent devices.
 #pragma once
 
-#include <chrono>
 #include <string>
 #include <vector>
-
 
 namespace distjax::comm::mpi {
 
 /// Sets the host of every world rank (the launch gathers them once).
 void set_world_hosts(std::vector<std::string> hosts);
-/// The host of every world rank; empty before gather_hosts.
+/// The host of every world rank; empty before the first launch.
 const std::vector<std::string>& world_hosts();
 /// " on <host>" for world rank r, or "" when the hosts are unknown.
 std::string on_host(int r);

@@ -29,7 +29,6 @@
 #include "distjax/comm/mpi/watchdog.hpp"
 #include "distjax/comm/mpi/mpi_communicator.hpp"
 #include "distjax/comm/mpi/notices.hpp"
-#include "distjax/comm/mpi/termination.hpp"
 #include "distjax/core/error.hpp"
 
 namespace distjax::comm::mpi {
@@ -101,8 +100,8 @@ void finalize_at_exit() {
   // one gone it would wait forever. Exiting with an error without it makes the launcher
   // end the job the way it ends every failed one (mpirun: SIGTERM, then SIGKILL), which
   // leaves the other processes time to report; MPI_Abort would kill them at once.
-  if (terminating() || peers_silent()) std::_Exit(1);
-  const auto limit = std::min<std::chrono::milliseconds>(g_timeout, std::chrono::seconds(2));
+  if (peers_silent()) std::_Exit(1);
+  const std::chrono::milliseconds limit = g_timeout;
   std::ostringstream what;
   what << "[launch] MPI_Finalize did not complete within " << limit.count()
        << " ms after the launch failed (a process of the job is gone?): aborting the job";
@@ -152,10 +151,6 @@ void launch_mpi(const LaunchOptions& opts, const std::function<void(Communicator
     }
   } restore{user_handler};
   mpi::g_timeout = opts.timeout;
-  mpi::catch_sigterm(true);
-  struct LaunchEnds {
-    ~LaunchEnds() { mpi::catch_sigterm(false); }
-  } launch_ends;
   mpi::open_epoch(opts.timeout, world_rank);
   try {
     auto world = std::make_shared<MPI_Comm>(MPI_COMM_NULL);

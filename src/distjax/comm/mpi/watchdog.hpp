@@ -73,7 +73,6 @@ class Watchdog {
     }
   }
 
- public:
   /// MPI_Abort(code); with `bounded`, the process ends with `code` if it has not returned
   /// within 2 s.
   [[noreturn]] static void abort_job(int code, bool bounded) {
@@ -86,7 +85,6 @@ class Watchdog {
     std::_Exit(code);
   }
 
- private:
   std::mutex m_;
   std::condition_variable cv_;
   bool started_ = false, armed_ = false;
