@@ -99,8 +99,7 @@ class DeviceRun {
     for (const std::string& axes : stats.group_labels()) {
       if (axes.empty()) continue;  // the group of one device
       comm::OpCounters total;
-      for (int k = 0; k < comm::kNumOpKinds; ++k) {
-        const comm::OpCounters c = stats.of(axes, static_cast<comm::OpKind>(k));
+      for (const comm::OpCounters& c : *stats.for_group(axes)) {
         total.calls += c.calls;
         total.seconds += c.seconds;
         total.wait_seconds += c.wait_seconds;

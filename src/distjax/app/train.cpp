@@ -345,12 +345,13 @@ int train_prepared(const config::TrainConfig& c, const TrainOptions& options) {
     const DeviceScope on(c.distributed.placement());
     run.device(nullptr);
   } else {
+    const bool mpi = c.distributed.comm_backend() == comm::Backend::Mpi;
     auto device = [&](spmd::DeviceContext& ctx, const std::vector<tensor::Tensor>&) {
-      if (c.distributed.comm_backend() == comm::Backend::Mpi) print_hosts(ctx);
+      if (mpi) print_hosts(ctx);
       run.device(&ctx);
       return std::vector<tensor::Tensor>{};
     };
-    if (c.distributed.comm_backend() == comm::Backend::Mpi) {  // an earlier run's
+    if (mpi) {  // an earlier run's
       std::error_code ec;
       std::filesystem::remove(failure_file(c), ec);
     }
@@ -361,7 +362,7 @@ int train_prepared(const config::TrainConfig& c, const TrainOptions& options) {
                        .timeout = c.distributed.timeout()})(
           std::vector<tensor::Tensor>{});
     } catch (const std::exception& e) {
-      if (c.distributed.comm_backend() == comm::Backend::Mpi) keep_failure(c, e.what());
+      if (mpi) keep_failure(c, e.what());
       throw;
     }
   }

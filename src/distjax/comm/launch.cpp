@@ -46,7 +46,8 @@ std::string describe_hosts(const std::vector<std::string>& hosts) {
   std::vector<std::pair<std::string, std::vector<int>>> by_host;  // in order of first rank
   for (int r = 0; r < static_cast<int>(hosts.size()); ++r) {
     const std::string& h = hosts[static_cast<std::size_t>(r)];
-    auto it = std::find_if(by_host.begin(), by_host.end(), [&](const auto& e) { return e.first == h; });
+    auto it =
+        std::find_if(by_host.begin(), by_host.end(), [&](const auto& e) { return e.first == h; });
     if (it == by_host.end()) it = by_host.insert(by_host.end(), {h, {}});
     it->second.push_back(r);
   }

@@ -257,16 +257,17 @@ std::string silent_hosts(const GroupRecords& g, std::uint64_t seq, int self,
   const int n = static_cast<int>(h.size());
   if (self < 0 || self >= n) return "";
   const std::string& mine = h[static_cast<std::size_t>(self)];
+  if (std::all_of(h.begin(), h.end(), [&](const std::string& x) { return x == mine; })) return "";
   auto host_of = [&](int r) -> const std::string& { return h[static_cast<std::size_t>(r)]; };
-  // Whether each process answered: the group's peers already did or did not; every other
-  // process of another host is asked now (one query for all of them).
+  // Whether each process answered (1) or not (-1): the group's peers already said; every
+  // other process of another host is asked now (one query for all of them).
   std::vector<int> answered(static_cast<std::size_t>(n), 0), others;
   for (std::size_t i = 0; i < peers.size(); ++i)
-    if (peers[i] >= 0 && peers[i] < n) answered[static_cast<std::size_t>(peers[i])] = recs[i].answered ? 1 : -1;
+    if (peers[i] >= 0 && peers[i] < n)
+      answered[static_cast<std::size_t>(peers[i])] = recs[i].answered ? 1 : -1;
   for (int r = 0; r < n; ++r)
     if (r != self && answered[static_cast<std::size_t>(r)] == 0 && host_of(r) != mine)
       others.push_back(r);
-  if (std::none_of(h.begin(), h.end(), [&](const std::string& x) { return x != mine; })) return "";
   const std::vector<PeerRecord> census = flight_query(g, seq, others, until, peer_failed);
   for (std::size_t i = 0; i < others.size(); ++i)
     answered[static_cast<std::size_t>(others[i])] = census[i].answered ? 1 : -1;
@@ -310,7 +311,6 @@ std::string flight_diagnose(const GroupRecords& g, int device, const detail::Cal
   std::vector<int> described;  // global ids of the devices in descs
   std::vector<int> missing;    // global ids
   std::vector<std::string> notes;
-  std::vector<int> silent;     // global ids of those that did not answer
   descs.push_back(d);
   described.push_back(device);
   for (std::size_t i = 0; i < peers.size(); ++i) {
@@ -324,7 +324,6 @@ std::string flight_diagnose(const GroupRecords& g, int device, const detail::Cal
     std::ostringstream os;
     os << "device " << peers[i];
     if (!p.answered) {
-      silent.push_back(peers[i]);
       os << on_host(peers[i]) << " did not answer (busy outside the communicator, or gone)";
     } else if (!p.knows_group) {
       os << " has no such group; it " << p.where;
@@ -353,10 +352,10 @@ std::string flight_diagnose(const GroupRecords& g, int device, const detail::Cal
     os << disagree;
   } else {
     os << "[" << op_kind_name(static_cast<OpKind>(d.op)) << "] ";
-    if (!end.mpi_error.empty()) {
-      os << "failed";
-    } else {
+    if (end.mpi_error.empty()) {
       os << "timed out after " << end.timeout.count() << " ms";
+    } else {
+      os << "failed";
     }
     os << " at call #" << d.seq << " of group " << g.label;
     if (!missing.empty()) {

@@ -11,9 +11,9 @@
 
 #include <algorithm>
 #include <array>
-#include <cstring>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -26,9 +26,9 @@
 #include "distjax/comm/detail/launch_helpers.hpp"
 #include "distjax/comm/mpi/guards.hpp"
 #include "distjax/comm/mpi/hosts.hpp"
-#include "distjax/comm/mpi/watchdog.hpp"
 #include "distjax/comm/mpi/mpi_communicator.hpp"
 #include "distjax/comm/mpi/notices.hpp"
+#include "distjax/comm/mpi/watchdog.hpp"
 #include "distjax/core/error.hpp"
 
 namespace distjax::comm::mpi {
@@ -70,11 +70,10 @@ void gather_hosts(MPI_Comm world, std::chrono::steady_clock::time_point deadline
   if (gethostname(mine.data(), kNameBytes - 1) != 0) std::strcpy(mine.data(), "?");
   auto all = std::make_shared<std::vector<char>>(static_cast<std::size_t>(size) * kNameBytes);
   MPI_Request r;
-  check(MPI_Iallgather(mine.data(), kNameBytes, MPI_CHAR, all->data(), kNameBytes,
-                               MPI_CHAR, world, &r),
-                "launch", rank);
-  wait_setup(r, all, deadline, timeout, "launch", "gathering the processes' hosts",
-                     rank);
+  check(MPI_Iallgather(mine.data(), kNameBytes, MPI_CHAR, all->data(), kNameBytes, MPI_CHAR,
+                       world, &r),
+        "launch", rank);
+  wait_setup(r, all, deadline, timeout, "launch", "gathering the processes' hosts", rank);
   std::vector<std::string> h(static_cast<std::size_t>(size));
   for (int i = 0; i < size; ++i) {
     const char* p = all->data() + static_cast<std::size_t>(i) * kNameBytes;
