@@ -42,6 +42,44 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal 
                  float scale = 0.f, DType compute = DType::F32, DType out = DType::F32,
                  const Tensor& segments = Tensor());
 
+/// A partial attention: the output and row log-sum-exp of the query rows over some of the
+/// keys. attention_block gives one; attention_merge folds another into it.
+struct AttentionPart {
+  Tensor out;  // (B, H, T, D) f32; 0 in rows that saw no key
+  Tensor lse;  // (B, H, T) f32; -inf in rows that saw no key
+};
+
+/// The attention of query rows over one block of keys and values, for the blocks of a
+/// longer sequence (ring attention): q (B, H, T, D) at global positions q_pos, k and v
+/// (B, H, S, D) at k_pos; positions i32 (T) and (S), strictly ascending, the same for every
+/// batch row and head (checked where the host can read them). With `causal`, query r sees
+/// key c where k_pos[c] <= q_pos[r], so any placement of the blocks is right. f32 in and
+/// out; scale defaults to D^-0.5. Not recorded on the tape: a differentiable blockwise
+/// attention (parallel::ring_attention) records its own node, whose backward runs
+/// attention_block_backward. Errors name "[attention_block]".
+AttentionPart attention_block(const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& q_pos, const Tensor& k_pos, bool causal = true,
+                              float scale = 0.f);
+
+/// Folds `part` into `acc` in place (the online-softmax rescale): acc then holds the
+/// attention over the keys of both. The merge of every block's part, in any order, is the
+/// attention over all the keys. Errors name "[attention_merge]".
+void attention_merge(AttentionPart& acc, const AttentionPart& part);
+
+struct AttentionGrads {
+  Tensor dq, dk, dv;
+};
+
+/// One block's share of the gradients of a blockwise attention: from the whole attention's
+/// output `out` and log-sum-exp `lse` (all blocks merged) and the cotangent `g_out` of
+/// `out`, dq is what these keys give the queries (sum it over the key blocks), dk and dv
+/// what these queries give these keys (sum them over the query blocks). Arguments as
+/// attention_block's. Errors name "[attention_block_backward]".
+AttentionGrads attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const Tensor& q_pos, const Tensor& k_pos,
+                                        const AttentionPart& whole, const Tensor& g_out,
+                                        bool causal = true, float scale = 0.f);
+
 /// The same attention read straight from a fused projection, without the permutes and
 /// splits that would cut q, k and v out of it: qkv (B, T, 3 H D), viewed as
 /// (B, T, H, 3, D) (per head its q, k and v rows side by side, the layout that

@@ -9,11 +9,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #include "distjax/tensor/detail/kernels.hpp"
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/grad_node.hpp"
+#include "distjax/tensor/host_access.hpp"
 #include "distjax/tensor/table/table.hpp"
 
 namespace distjax::tensor {
@@ -237,7 +239,86 @@ Tensor attention_packed_f32(const AttentionPlan& a, const Tensor& qkv, const Ten
                 });
 }
 
+// The plan of attention_block: check_attention's, with the global positions.
+AttentionPlan block_plan(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const Tensor& q_pos, const Tensor& k_pos, bool causal, float scale) {
+  AttentionPlan a = check_attention(q, k, v, causal, scale, DType::F32, Tensor());
+  for (const auto& [pos, n, name] :
+       {std::tuple{&q_pos, a.t, "q_pos"}, std::tuple{&k_pos, a.s, "k_pos"}}) {
+    check_defined(*pos, op, name);
+    DISTJAX_CHECK(pos->dtype() == DType::I32 && pos->rank() == 1 && pos->size(0) == n,
+                  InvalidArgument, "[", op, "] expected ", name, " i32 (", n, "), got ",
+                  dtype_name(pos->dtype()), " ", to_string(pos->shape()));
+    if (!host_reachable(pos->device())) continue;
+    HostAccess open(op, pos->device(), pos->data<std::int32_t>(),
+                    static_cast<std::size_t>(n) * sizeof(std::int32_t));
+    const std::int32_t* p = pos->data<std::int32_t>();
+    for (std::int64_t i = 1; i < n; ++i)
+      DISTJAX_CHECK(p[i - 1] < p[i], InvalidArgument, "[", op, "] ", name,
+                    " must be strictly ascending, but entry ", i, " is ", p[i], " after ",
+                    p[i - 1]);
+  }
+  a.q_pos = q_pos.data<std::int32_t>();
+  a.k_pos = k_pos.data<std::int32_t>();
+  return a;
+}
+
+void check_part(const AttentionPart& p, const Shape& out, const char* op, const char* name) {
+  DISTJAX_CHECK(p.out.defined() && p.lse.defined() && p.out.dtype() == DType::F32 &&
+                    p.lse.dtype() == DType::F32 && p.out.shape() == out &&
+                    p.lse.shape() == Shape(out.begin(), out.end() - 1),
+                InvalidArgument, "[", op, "] expected ", name, " of out f32 ", to_string(out),
+                " and lse f32 (B, H, T), got out ",
+                p.out.defined() ? to_string(p.out.shape()) : "undefined", ", lse ",
+                p.lse.defined() ? to_string(p.lse.shape()) : "undefined");
+}
+
 }  // namespace
+
+AttentionPart attention_block(const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& q_pos, const Tensor& k_pos, bool causal, float scale) {
+  const AttentionPlan a = block_plan("attention_block", q, k, v, q_pos, k_pos, causal, scale);
+  const Device dev = detail::op_device("attention_block", {&q, &k, &v, &q_pos, &k_pos});
+  AttentionPart part{Tensor::empty(q.shape(), DType::F32, dev),
+                     Tensor::empty({q.size(0), q.size(1), a.t}, DType::F32, dev)};
+  Dispatch kd("attention_block", &KernelTable::attention,
+              {&q, &k, &v, &q_pos, &k_pos, &part.out, &part.lse});
+  kd->forward(a, q.data<float>(), k.data<float>(), v.data<float>(), part.out.data<float>(),
+              part.lse.data<float>());
+  return part;
+}
+
+void attention_merge(AttentionPart& acc, const AttentionPart& part) {
+  check_part(acc, acc.out.defined() ? acc.out.shape() : Shape{}, "attention_merge", "acc");
+  check_part(part, acc.out.shape(), "attention_merge", "part");
+  Dispatch kd("attention_merge", &KernelTable::attention, {&acc.out, &acc.lse, &part.out, &part.lse});
+  if (kd->merge == nullptr) detail::no_kernel("attention_merge", kd.device());
+  const std::int64_t d = acc.out.size(acc.out.rank() - 1);
+  kd->merge(acc.lse.numel(), d, acc.out.data<float>(), acc.lse.data<float>(),
+            part.out.data<float>(), part.lse.data<float>());
+}
+
+AttentionGrads attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const Tensor& q_pos, const Tensor& k_pos,
+                                        const AttentionPart& whole, const Tensor& g_out,
+                                        bool causal, float scale) {
+  const char* op = "attention_block_backward";
+  const AttentionPlan a = block_plan(op, q, k, v, q_pos, k_pos, causal, scale);
+  check_part(whole, q.shape(), op, "whole");
+  detail::require_f32(op, {&g_out});
+  DISTJAX_CHECK(g_out.shape() == q.shape(), InvalidArgument, "[", op, "] expected g_out ",
+                to_string(q.shape()), ", got ", to_string(g_out.shape()));
+  const Device dev = detail::op_device(op, {&q, &k, &v, &q_pos, &k_pos, &whole.out, &g_out});
+  AttentionGrads g{Tensor::empty(q.shape(), DType::F32, dev),
+                   Tensor::empty(k.shape(), DType::F32, dev),
+                   Tensor::empty(v.shape(), DType::F32, dev)};
+  Dispatch kd(op, &KernelTable::attention,
+              {&q, &k, &v, &q_pos, &k_pos, &whole.out, &whole.lse, &g_out, &g.dq, &g.dk, &g.dv});
+  kd->backward(a, q.data<float>(), k.data<float>(), v.data<float>(), whole.out.data<float>(),
+               whole.lse.data<float>(), g_out.data<float>(), g.dq.data<float>(),
+               g.dk.data<float>(), g.dv.data<float>());
+  return g;
+}
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, float scale,
                  DType compute, DType out_dtype, const Tensor& segments) {

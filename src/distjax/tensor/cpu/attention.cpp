@@ -200,6 +200,30 @@ void backward(const AttentionPlan& a, const float* pq, const float* pk, const fl
   }
 }
 
+// The online-softmax merge of a block's rows into the running ones (see AttentionKernels).
+void merge(std::int64_t rows, std::int64_t d, float* o, float* lse, const float* ob,
+           const float* lseb) {
+#pragma omp parallel for num_threads(rows * d > kParallelGrain ? omp_get_max_threads() : 1)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float l1 = lse[r], l2 = lseb[r];
+    if (l2 == -INFINITY) continue;  // the block saw nothing for this row
+    float* orow = o + r * d;
+    const float* brow = ob + r * d;
+    if (l1 == -INFINITY) {
+      std::copy(brow, brow + d, orow);
+      lse[r] = l2;
+      continue;
+    }
+    const float m = std::max(l1, l2);
+    const float l = m + std::log(std::exp(l1 - m) + std::exp(l2 - m));
+    const float w1 = std::exp(l1 - l), w2 = std::exp(l2 - l);
+#pragma omp simd
+    for (std::int64_t c = 0; c < d; ++c)
+      orow[c] = w1 * orow[c] + w2 * brow[c];
+    lse[r] = l;
+  }
+}
+
 // ------------------------------------------------------------------ bf16 operands
 // The table's bf16 entries: operands widened to f32 in the (bh, T, D) layout, the kernels
 // above, outputs rounded to bf16 at the plan's layout. The CPU's bf16 policy runs the f32
@@ -280,6 +304,7 @@ void set_serves_bf16_attention(bool on) { g_serves_bf16.store(on, std::memory_or
 const AttentionKernels attention_kernels{
     .forward = forward,
     .backward = backward,
+    .merge = merge,
     .serves_bf16 = serves_bf16,
     .forward_bf16 = forward_bf16,
     .backward_bf16 = backward_bf16,

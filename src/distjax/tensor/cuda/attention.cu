@@ -420,8 +420,8 @@ __global__ void __launch_bounds__(kBlock)
       dk_acc[i][jj] = 0.f;
       dv_acc[i][jj] = 0.f;
     }
-  // The first query that sees key j0: visible(i) > j0 from i = j0 - (S - T) on.
-  const std::int64_t first = a.causal ? max(std::int64_t(0), j0 - (a.s - a.t)) : 0;
+  // The first query that sees key j0: visible(i) > j0 from i = first_row(j0) on.
+  const std::int64_t first = a.first_row(j0);
   for (std::int64_t t0 = first / kTile * kTile; t0 < a.t; t0 += kTile) {
     __syncthreads();  // the previous tile's Q, dO and dS^T are read
     const std::int64_t rows = min(std::int64_t(kTile), a.t - t0);
@@ -574,7 +574,7 @@ __global__ void backward_dkdv_rows_kernel(const AttentionPlan a, const float* __
       dkr[c] = 0.f;
       dvr[c] = 0.f;
     }
-    const std::int64_t first = a.causal ? max(std::int64_t(0), j - (a.s - a.t)) : 0;
+    const std::int64_t first = a.first_row(j);
     for (std::int64_t i = first; i < a.t; ++i) {
       if (j >= a.visible(i) || !a.same_document(h, i, j)) continue;
       const float* qr = q + a.q_at(h) + i * a.ldq;
@@ -709,12 +709,43 @@ void backward(const AttentionPlan& a, const float* q, const float* k, const floa
   if (delta) DISTJAX_CUDA_CHECK(cudaFreeAsync(delta, st), "attention_backward");
 }
 
+// The online-softmax merge, one warp per row: every lane computes the row's two weights
+// from the old log-sum-exps, then lane 0 writes the new one once the row is merged.
+__global__ void merge_kernel(std::int64_t rows, std::int64_t d, float* __restrict__ o,
+                             float* __restrict__ lse, const float* __restrict__ ob,
+                             const float* __restrict__ lseb) {
+  const int lane = threadIdx.x % 32;
+  const std::int64_t warps = std::int64_t(gridDim.x) * (blockDim.x / 32);
+  for (std::int64_t r = (std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; r < rows;
+       r += warps) {
+    const float l1 = lse[r], l2 = lseb[r];
+    if (l2 == -INFINITY) continue;  // the block saw nothing for this row
+    const float m = fmaxf(l1, l2);
+    const float l = l1 == -INFINITY ? l2 : m + logf(expf(l1 - m) + expf(l2 - m));
+    const float w1 = l1 == -INFINITY ? 0.f : expf(l1 - l), w2 = expf(l2 - l);
+    float* orow = o + r * d;
+    const float* brow = ob + r * d;
+    for (std::int64_t c = lane; c < d; c += 32)
+      orow[c] = l1 == -INFINITY ? brow[c] : w1 * orow[c] + w2 * brow[c];
+    __syncwarp();  // every lane has read lse[r]
+    if (lane == 0) lse[r] = l;
+  }
+}
+
+void merge(std::int64_t rows, std::int64_t d, float* o, float* lse, const float* ob,
+           const float* lseb) {
+  if (rows == 0) return;
+  merge_kernel<<<grid_for(rows * 32), kThreads, 0, thread_stream()>>>(rows, d, o, lse, ob, lseb);
+  DISTJAX_CUDA_LAUNCHED("attention_merge");
+}
+
 }  // namespace
 }  // namespace attn
 
 const detail::AttentionKernels attention_kernels{
     .forward = attn::forward,
     .backward = attn::backward,
+    .merge = attn::merge,
     .serves_bf16 = cudnn_attention::serves,
     .forward_bf16 = cudnn_attention::forward,
     .backward_bf16 = cudnn_attention::backward,

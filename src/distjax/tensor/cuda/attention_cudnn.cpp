@@ -288,6 +288,7 @@ std::string shape_refusal(const AttentionPlan& a) {
   if (a.d % 8 != 0 || a.d > 128) return "head size " + std::to_string(a.d) + " (8, 16, ..., 128)";
   if (a.causal && a.t != a.s) return "a causal mask with T != S";
   if (a.segments != nullptr) return "document ids (its graphs take no segment mask here)";
+  if (a.q_pos != nullptr) return "global positions (a block of a longer sequence)";
   for (std::int64_t x : {a.ldq, a.ldkv, a.ldo, a.q_b, a.q_h, a.kv_b, a.kv_h, a.o_b, a.o_h})
     if (x % 8 != 0) return "strides that are not multiples of 8 elements";
   return {};

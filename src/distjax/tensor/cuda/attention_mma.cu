@@ -378,11 +378,11 @@ __global__ void __launch_bounds__(kThreads)
   const float* qh = q + a.q_at(h);
   const float* gh = go + a.o_at(h);
 
-  // Query row i sees key j when j < visible(i), i.e. (causal) i >= j - (S - T).
+  // Query row i sees key j when j < visible(i), i.e. i >= first_row(j).
   const int r_lo = warp * 16 + g;  // this lane's keys: key0 + r_lo and key0 + r_lo + 8
-  const std::int64_t first_lo = a.causal ? key0 + r_lo - (a.s - a.t) : 0;
-  const std::int64_t first_hi = first_lo + (a.causal ? 8 : 0);
-  const std::int64_t first_row = a.causal ? max64(0, key0 - (a.s - a.t)) : 0;
+  const std::int64_t first_lo = a.first_row(key0 + r_lo);
+  const std::int64_t first_hi = a.first_row(key0 + r_lo + 8);
+  const std::int64_t first_row = a.first_row(key0);
   const float c = a.scale * kLog2e;
   float acc_k[DP / 8][4] = {}, acc_v[DP / 8][4] = {};
   for (std::int64_t q0 = first_row; q0 < a.t; q0 += kTile) {

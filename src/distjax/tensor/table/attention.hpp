@@ -39,11 +39,45 @@ struct AttentionPlan {
   // boundary. Every row sees at least its own key (T == S), so no row sees nothing.
   const std::int32_t* segments = nullptr;
   std::int64_t segment_heads = 1;  // heads per batch row of `segments` (H)
+  // Global positions, or null: i32, strictly ascending, q_pos (T) of the query rows and
+  // k_pos (S) of the keys, the same for every head: the blocks of a longer sequence (ring
+  // attention's). With them the causal rule is by position, query row r seeing key c where
+  // k_pos[c] <= q_pos[r]; without, by index, row r seeing the keys up to r + (S - T). Either
+  // way the keys a row sees are a prefix, longer for later rows.
+  const std::int32_t* q_pos = nullptr;
+  const std::int32_t* k_pos = nullptr;
   // Keys visible to query row `row` (all of them without a mask).
   DISTJAX_PLAN_FN std::int64_t visible(std::int64_t row) const {
     if (!causal) return s;
+    if (q_pos != nullptr) {  // the keys at positions <= q_pos[row]: a binary search
+      const std::int32_t p = q_pos[row];
+      std::int64_t lo = 0, hi = s;
+      while (lo < hi) {
+        const std::int64_t mid = lo + (hi - lo) / 2;
+        if (k_pos[mid] <= p) lo = mid + 1;
+        else hi = mid;
+      }
+      return lo;
+    }
     const std::int64_t v = row + 1 + (s - t);
     return v < 0 ? 0 : (v > s ? s : v);
+  }
+  // The first query row that sees key `col` (t when none does, or col >= s).
+  DISTJAX_PLAN_FN std::int64_t first_row(std::int64_t col) const {
+    if (!causal) return 0;
+    if (col >= s) return t;
+    if (q_pos != nullptr) {  // the first row at a position >= k_pos[col]
+      const std::int32_t p = k_pos[col];
+      std::int64_t lo = 0, hi = t;
+      while (lo < hi) {
+        const std::int64_t mid = lo + (hi - lo) / 2;
+        if (q_pos[mid] < p) lo = mid + 1;
+        else hi = mid;
+      }
+      return lo;
+    }
+    const std::int64_t f = col - (s - t);
+    return f < 0 ? 0 : f;
   }
   // Whether query row `row` (< t) of head h and key `col` (< s) lie in one document
   // (always without segments).
@@ -70,6 +104,12 @@ struct AttentionKernels {
   void (*backward)(const AttentionPlan& a, const float* q, const float* k, const float* v,
                    const float* o, const float* lse, const float* go, float* dq, float* dk,
                    float* dv);
+  /// The online-softmax merge of a block's partial result into a running one, row by row
+  /// (rows = bh T, each of d values, contiguous): lse = log(e^lse + e^lse_b) and
+  /// o = e^(lse_old - lse) o + e^(lse_b - lse) o_b, in place. A row whose lse is -inf (no
+  /// key seen yet) takes the block's; a block row at -inf changes nothing.
+  void (*merge)(std::int64_t rows, std::int64_t d, float* o, float* lse, const float* o_b,
+                const float* lse_b) = nullptr;
 
   // The same with bf16 operands and outputs (lse stays f32), for plans with bf16_products:
   // what a fused bf16 attention library (cuDNN's SDPA on CUDA) takes, so the op hands it

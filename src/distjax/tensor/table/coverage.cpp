@@ -135,9 +135,10 @@ KernelTable make_counted(const KernelTable& t) {
       entry<&NnKernels::cross_entropy_backward>("nn.cross_entropy_backward"),
       entry<&NnKernels::cross_entropy_with_grad>("nn.cross_entropy_with_grad"),
       entry<&NnKernels::dropout>("nn.dropout"));
-  c.attention = counted_family<AttentionKernels, 5>(
+  c.attention = counted_family<AttentionKernels, 6>(
       t.attention, entry<&AttentionKernels::forward>("attention.forward"),
       entry<&AttentionKernels::backward>("attention.backward"),
+      entry<&AttentionKernels::merge>("attention.merge"),
       entry<&AttentionKernels::serves_bf16>("attention.serves_bf16"),
       entry<&AttentionKernels::forward_bf16>("attention.forward_bf16"),
       entry<&AttentionKernels::backward_bf16>("attention.backward_bf16"));
