@@ -27,6 +27,9 @@ struct DeviceCounters {
   /// Forward and backward calls of each differentiable collective, by name ("psum",
   /// "all_gather", "all_gather.T" for a transpose run in the backward pass, ...).
   std::map<std::string, std::int64_t> collective_calls;
+  /// (query, key) pairs the blockwise attention of context parallelism computed on this
+  /// device, forward (AttentionPart::pairs): its attention work, 4 D flops each.
+  std::int64_t attention_pairs = 0;
 };
 
 /// One device's view of the mesh inside shard_map. Built collectively by every device

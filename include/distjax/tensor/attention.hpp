@@ -47,6 +47,10 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal 
 struct AttentionPart {
   Tensor out;  // (B, H, T, D) f32; 0 in rows that saw no key
   Tensor lse;  // (B, H, T) f32; -inf in rows that saw no key
+  // The (query, key) pairs the kernel computed (visible under the mask), over every batch
+  // row and head: 4 D flops each. attention_block's count, where the host can read the
+  // positions (else 0); merged parts add theirs.
+  std::int64_t pairs = 0;
 };
 
 /// The attention of query rows over one block of keys and values, for the blocks of a

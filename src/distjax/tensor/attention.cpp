@@ -285,6 +285,9 @@ AttentionPart attention_block(const Tensor& q, const Tensor& k, const Tensor& v,
               {&q, &k, &v, &q_pos, &k_pos, &part.out, &part.lse});
   kd->forward(a, q.data<float>(), k.data<float>(), v.data<float>(), part.out.data<float>(),
               part.lse.data<float>());
+  if (host_reachable(dev))  // the plan reads the positions (opened by the dispatch)
+    for (std::int64_t r = 0; r < a.t; ++r)
+      part.pairs += a.visible(r) * a.bh;
   return part;
 }
 
@@ -296,6 +299,7 @@ void attention_merge(AttentionPart& acc, const AttentionPart& part) {
   const std::int64_t d = acc.out.size(acc.out.rank() - 1);
   kd->merge(acc.lse.numel(), d, acc.out.data<float>(), acc.lse.data<float>(),
             part.out.data<float>(), part.lse.data<float>());
+  acc.pairs += part.pairs;
 }
 
 AttentionGrads attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
