@@ -18,6 +18,7 @@
 #include "distjax/nn/precision.hpp"
 #include "distjax/nn/scope.hpp"
 #include "distjax/optim/optimizer.hpp"
+#include "distjax/parallel/context_parallel.hpp"
 #include "distjax/parallel/pipeline.hpp"
 #include "distjax/parallel/tp_layout.hpp"
 #include "distjax/spmd/device_context.hpp"
@@ -49,10 +50,18 @@ struct Network {
   /// has more than one device. It throws ConfigError for a layout the model lacks. Null:
   /// the model has no tensor-parallel layout, and such a mesh is refused.
   std::function<Network(const parallel::TPPlan& tp)> tensor_parallel{};
+  /// The same model with its sequence split over a "context" axis as `cp` says (its
+  /// attention crossing the split; the batches the composition hands it are this device's
+  /// share of each sequence: Composed::local_batch). Null: the model has no context
+  /// parallelism, and such a mesh is refused.
+  std::function<Network(const parallel::ContextPlan& cp)> context_parallel{};
 };
 
 /// The strategies of `config` on one device (every device builds its own, in the same
 /// order: the constructors of ZeRO and the pipeline talk to the other devices):
+/// - over "context" (size > 1): the model's sequence split as context_parallel_of(config,
+///   mesh) says, by Network::context_parallel; the gradients are then averaged over "data"
+///   and "context" together (each device's loss is the mean over its share of the tokens);
 /// - over "model" (size > 1): the model laid out as tensor_parallel_of(config, mesh) says,
 ///   by Network::tensor_parallel;
 /// - over "data": ZeroDataParallel when parallelism.zero_stage is 1 or 2, else DataParallel
@@ -81,8 +90,15 @@ class Composed {
   const nn::ParamSpecs& specs() const { return specs_; }
   const nn::Precision& precision() const { return precision_; }
   bool fully_sharded() const { return fully_sharded_; }
-  /// How many devices see different examples (the global batch over this is the local).
-  int data_parallel_size() const { return top_->data_parallel_size(); }
+  /// How many devices see different examples (the global batch over this is the local):
+  /// the size of "data" (1 without a mesh).
+  int data_parallel_size() const;
+  /// This device's share of a batch of its data replica: under context parallelism the
+  /// positions of each sequence it holds (ContextLayout::shard along dimension 1 of every
+  /// tensor), else the batch itself.
+  train::Batch local_batch(const train::Batch& batch) const;
+  /// The context parallelism this device runs (inactive without a "context" axis).
+  const parallel::ContextPlan& context_plan() const { return cp_; }
   /// This device's index along "data" (0 without a mesh).
   int replica() const;
 
@@ -106,6 +122,7 @@ class Composed {
   const config::TrainConfig* config_;
   spmd::DeviceContext* ctx_;
   Network model_;
+  parallel::ContextPlan cp_;
   nn::ParamSpecs specs_;
   nn::Precision precision_;
   bool fully_sharded_ = false;
@@ -123,6 +140,11 @@ nn::Precision precision_of(const config::TrainConfig& c);
 /// "model" (none when the axis is absent or of size 1), sequence and vocabulary
 /// parallelism, bidirectional rings.
 parallel::TPPlan tensor_parallel_of(const config::TrainConfig& c, const mesh::Mesh& mesh);
+
+/// The context parallelism `config` asks of a model on `mesh`: the "context" axis's size
+/// (inactive when the axis is absent or of size 1), parallelism.context_balance and
+/// parallelism.context_parallel_method.
+parallel::ContextPlan context_parallel_of(const config::TrainConfig& c, const mesh::Mesh& mesh);
 
 /// Whether parallelism.remat names `module` ("Block", "Attn", "MLP").
 bool remat_of(const config::TrainConfig& c, const std::string& module);

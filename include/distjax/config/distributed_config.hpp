@@ -46,6 +46,7 @@ struct DistributedConfig {
   int master_port = 29500;                   ///< rendezvous port (MASTER_PORT)
   int tensor_parallel_size = 1;              ///< size of the "model" axis
   int pipeline_parallel_size = 1;            ///< size of the "pipe" axis
+  int context_parallel_size = 1;             ///< size of the "context" axis (the sequence split)
   std::vector<int> mesh_shape;               ///< explicit mesh; empty = (data, model, pipe)
   std::vector<std::string> mesh_axis_names;  ///< one name per mesh_shape entry
   MixedPrecision mixed_precision = MixedPrecision::No;
@@ -64,7 +65,7 @@ struct DistributedConfig {
   std::string launcher_source;
   int launched_processes = 1;
 
-  /// world_size / (tensor_parallel_size x pipeline_parallel_size).
+  /// world_size / (tensor_parallel_size x pipeline_parallel_size x context_parallel_size).
   int data_parallel_size() const;
   /// rank == 0: the process that prints and writes the run's files.
   bool is_main_process() const { return rank == 0; }
@@ -82,8 +83,8 @@ struct DistributedConfig {
   /// One message per broken rule (empty when valid): sizes positive, world_size =
   /// num_nodes x num_processes_per_node, tp x pp divides world_size, rank < world_size,
   /// local_rank < num_processes_per_node, mesh_shape's product = world_size, as many
-  /// mesh_axis_names as mesh_shape entries, names unique and non-empty, tp/pp equal to the
-  /// "model"/"pipe" axes of an explicit mesh, the backend built in, threads in one process.
+  /// mesh_axis_names as mesh_shape entries, names unique and non-empty, tp/pp/cp equal to
+  /// the "model"/"pipe"/"context" axes of an explicit mesh, the backend built in, threads in one process.
   std::vector<std::string> problems() const;
   /// Throws ConfigError "[DistributedConfig] N problems:\n  - ...\n  - ..." listing
   /// every message of problems(); `context` (e.g. the file) is named in the first line.
@@ -98,8 +99,10 @@ struct DistributedConfig {
 DistributedConfig resolve(DistributedConfig config, const comm::LaunchEnvironment& env);
 
 /// The mesh of a validated config: mesh_shape / mesh_axis_names when given, else the
-/// axes "data" (data_parallel_size), "model" (tensor_parallel_size), "pipe"
-/// (pipeline_parallel_size), each kept when its size is > 1 or it is in `required_axes`.
+/// axes "data" (data_parallel_size), "context" (context_parallel_size), "model"
+/// (tensor_parallel_size), "pipe" (pipeline_parallel_size), in that order (the model axis
+/// innermost but for the pipeline), each kept when its size is > 1 or it is in
+/// `required_axes`.
 /// Throws ConfigError when an explicit mesh lacks a required axis.
 mesh::Mesh build_mesh(const DistributedConfig& config,
                       const std::vector<std::string>& required_axes = {"data"});

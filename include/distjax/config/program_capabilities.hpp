@@ -20,6 +20,9 @@ struct ProgramCapabilities {
   int max_devices = 0;             ///< devices it runs on at most; 0: any number
   bool tensor_parallel = false;    ///< a "model" axis (distributed.tensor_parallel_size > 1)
   bool pipeline_parallel = false;  ///< a "pipe" axis (distributed.pipeline_parallel_size > 1)
+  /// a "context" axis (distributed.context_parallel_size > 1): a model with attention whose
+  /// sequence splits
+  bool context_parallel = false;
   /// parallelism.shard values it runs over "data" (none: plain data parallelism).
   std::vector<Shard> shards = {Shard::None};
   bool mixed_precision = false;  ///< distributed.mixed_precision "bf16" and "fp16"

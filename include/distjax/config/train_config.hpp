@@ -139,6 +139,11 @@ struct ParallelismConfig {
   std::string schedule = "1f1b";       ///< gpipe, 1f1b, interleaved, zbh1 or interleaved_zb
   std::int64_t microbatches = 1;
   std::int64_t virtual_stages = 1;
+  /// Context parallelism (distributed.context_parallel_size > 1): how the attention crosses
+  /// the split of the sequence, "ring" or "ulysses", and whether the sequence is cut into
+  /// 2 x cp chunks balanced for the causal mask (device r: chunks r and 2 cp - 1 - r).
+  std::string context_parallel_method = "ring";
+  bool context_balance = true;
 };
 
 /// A whole run. Built by load_config() (config/config_file.hpp) from defaults, a TOML file

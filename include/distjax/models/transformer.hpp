@@ -7,6 +7,7 @@
 
 #include "distjax/core/prng.hpp"
 #include "distjax/nn/scope.hpp"
+#include "distjax/parallel/context_parallel.hpp"
 #include "distjax/parallel/tp_transformer_block.hpp"
 #include "distjax/tensor/tensor.hpp"
 #include "distjax/tensor/tensor_tree.hpp"
@@ -63,6 +64,11 @@ struct TransformerConfig {
   /// false: the documents of a window see each other. Their loss counts no ignored label
   /// either way.
   bool document_attention = false;
+  /// Context parallelism (cp.active(), inside shard_map): the tokens of a scope are this
+  /// device's share of the sequence (cp.layout.shard of each window), the positions the
+  /// global ones, and every attention crosses the split by cp.method. Not with document
+  /// attention.
+  parallel::ContextPlan cp{};
 };
 
 /// GPT: tokens (B, T) i32/i64 -> logits (B, T, V) f32 (with input_features, num_classes and

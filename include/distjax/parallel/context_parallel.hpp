@@ -47,6 +47,22 @@ struct ContextLayout {
   std::string describe() const;
 };
 
+/// How the attention crosses the split: "ring" (ring_attention) or "ulysses"
+/// (ulysses_attention).
+enum class ContextMethod : std::uint8_t { Ring, Ulysses };
+/// "ring" -> Ring, "ulysses" -> Ulysses; InvalidArgument listing both for any other name.
+ContextMethod context_method_from_name(const std::string& name);
+const char* context_method_name(ContextMethod m);
+
+/// The context parallelism of a model: the axis, how the sequence splits over it and how the
+/// attention crosses the split. Inactive (a layout of size 1): nothing splits.
+struct ContextPlan {
+  std::string axis = "context";
+  ContextLayout layout{};
+  ContextMethod method = ContextMethod::Ring;
+  bool active() const { return layout.size > 1; }
+};
+
 /// Causal (or full) attention of this device's queries over the whole sequence, the keys and
 /// values travelling around the ring of `axis`: q, k, v (B, H, T/n, D) this device's tokens,
 /// at the global positions `layout` gives it (sequence of global length T); -> (B, H, T/n, D).
@@ -67,6 +83,13 @@ Tensor ring_attention(spmd::DeviceContext& ctx, const Tensor& q, const Tensor& k
 Tensor ulysses_attention(spmd::DeviceContext& ctx, const Tensor& q, const Tensor& k,
                          const Tensor& v, const mesh::Axes& axis, const ContextLayout& layout,
                          bool causal = true, float scale = 0.f);
+
+/// tensor::attention_packed's attention across the split of `plan` (active): qkv
+/// (B, T/n, 3 H D) read as attention_packed reads it (per position and head its q, k and v
+/// rows side by side) -> (B, T/n, H D) f32, this device's positions, by plan.method. The
+/// products run in f32 (more precise than a bf16 policy asks).
+Tensor context_attention_packed(spmd::DeviceContext& ctx, const Tensor& qkv,
+                                std::int64_t num_heads, bool causal, const ContextPlan& plan);
 
 /// The (query, key) pairs device `rank`'s queries see under a causal mask (all pairs
 /// without one) over a sequence of length t: the attention's work on that device, in

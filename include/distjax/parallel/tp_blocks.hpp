@@ -10,6 +10,7 @@
 
 #include "distjax/nn/initializers.hpp"
 #include "distjax/nn/scope.hpp"
+#include "distjax/parallel/context_parallel.hpp"
 #include "distjax/parallel/tp_layout.hpp"
 #include "distjax/tensor/tensor.hpp"
 
@@ -65,6 +66,9 @@ struct TPMultiHeadAttention {
   /// Document ids i32 (B, T) (whole T, also under sequence parallelism), or undefined:
   /// attention within each document (tensor::attention's `segments`).
   Tensor segments = Tensor();
+  /// Context parallelism (active: x holds this device's positions of the sequence): the
+  /// attention crosses the split as context.method says (no document ids).
+  ContextPlan context{};
 
   Tensor operator()(const nn::Scope& scope, const Tensor& x) const;
 };

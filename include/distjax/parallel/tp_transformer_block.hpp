@@ -9,6 +9,7 @@
 
 #include "distjax/nn/initializers.hpp"
 #include "distjax/nn/scope.hpp"
+#include "distjax/parallel/context_parallel.hpp"
 #include "distjax/parallel/tp_layout.hpp"
 #include "distjax/tensor/tensor.hpp"
 
@@ -51,6 +52,9 @@ struct TPTransformerBlock {
   /// Document ids i32 (B, T) of packed documents (whole T in every layout), or undefined:
   /// each position attends within its own document only.
   Tensor segments = Tensor();
+  /// Context parallelism (active: x holds this device's positions of the sequence, and the
+  /// attention crosses the split; any layout, sequence parallelism included).
+  ContextPlan context{};
 
   Tensor operator()(const nn::Scope& scope, const Tensor& x) const;
 

@@ -47,6 +47,14 @@ Composed::Composed(const config::TrainConfig& c, spmd::DeviceContext* ctx, Netwo
     top_ = data_.get();
     return;
   }
+  cp_ = context_parallel_of(c, ctx->mesh());
+  if (cp_.active()) {
+    DISTJAX_CHECK(model_.context_parallel != nullptr, ConfigError, "[", c.run.program,
+                  "] a \"context\" axis of ", cp_.layout.size,
+                  " devices needs a model whose sequence splits; this one has no context "
+                  "parallelism (Network::context_parallel)");
+    model_ = model_.context_parallel(cp_);
+  }
   const parallel::TPPlan tp = tensor_parallel_of(c, ctx->mesh());
   if (tp.layout != parallel::TPLayout::None) {
     DISTJAX_CHECK(model_.tensor_parallel != nullptr, ConfigError, "[", c.run.program,
@@ -55,12 +63,16 @@ Composed::Composed(const config::TrainConfig& c, spmd::DeviceContext* ctx, Netwo
                   "(Network::tensor_parallel)");
     model_ = model_.tensor_parallel(tp);
   }
+  // Each device of a context group trains on its share of the same sequences: its gradients
+  // are averaged with the data replicas' over both axes.
+  const mesh::Axes averaged =
+      cp_.active() ? mesh::Axes({"data", cp_.axis}) : mesh::Axes("data");
   const int zero = config::zero_stage(c.parallelism.shard);
   if (zero == 1 || zero == 2)
-    data_ = std::make_unique<parallel::ZeroDataParallel>(*ctx, zero, "data", &specs_);
+    data_ = std::make_unique<parallel::ZeroDataParallel>(*ctx, zero, averaged, &specs_);
   else
     data_ = std::make_unique<parallel::DataParallel>(
-        *ctx, "data", &specs_,
+        *ctx, averaged, &specs_,
         parallel::DataParallelOptions{.fully_sharded =
                                           fully_sharded_ ? mesh::Axes("data") : mesh::Axes()});
   top_ = data_.get();
@@ -80,6 +92,16 @@ Composed::Composed(const config::TrainConfig& c, spmd::DeviceContext* ctx, Netwo
 
 Composed::~Composed() = default;
 
+int Composed::data_parallel_size() const {
+  return ctx_ != nullptr && ctx_->mesh().has_axis("data") ? ctx_->mesh().axis_size("data") : 1;
+}
+
+train::Batch Composed::local_batch(const train::Batch& batch) const {
+  if (!cp_.active()) return batch;
+  const int me = ctx_->axis_index(cp_.axis);
+  return batch.map([&](const tensor::Tensor& t) { return cp_.layout.shard(t, 1, me); });
+}
+
 int Composed::replica() const {
   return ctx_ != nullptr && ctx_->mesh().has_axis("data") ? ctx_->axis_index("data") : 0;
 }
@@ -96,7 +118,7 @@ train::TrainState Composed::create_state(const optim::Optimizer& optimizer, Key 
   if (ctx_ != nullptr)
     parallel::check_sharding(
         specs_, ctx_->mesh(),
-        {.data_axes = "data",
+        {.data_axes = cp_.active() ? mesh::Axes({"data", cp_.axis}) : mesh::Axes("data"),
          .fully_sharded_axes = fully_sharded_ ? mesh::Axes("data") : mesh::Axes(),
          .pipeline_axes = pipeline_ ? mesh::Axes("pipe") : mesh::Axes()});
   if (config_->distributed.mixed_precision == config::MixedPrecision::Fp16)
@@ -146,6 +168,14 @@ parallel::TPPlan tensor_parallel_of(const config::TrainConfig& c, const mesh::Me
           .sequence_parallel = c.parallelism.sequence_parallel,
           .vocab_parallel = c.parallelism.vocab_parallel,
           .bidirectional = c.parallelism.bidirectional};
+}
+
+parallel::ContextPlan context_parallel_of(const config::TrainConfig& c, const mesh::Mesh& mesh) {
+  parallel::ContextPlan plan;
+  plan.layout = {.size = mesh.has_axis(plan.axis) ? mesh.axis_size(plan.axis) : 1,
+                 .balanced = c.parallelism.context_balance};
+  plan.method = parallel::context_method_from_name(c.parallelism.context_parallel_method);
+  return plan;
 }
 
 bool remat_of(const config::TrainConfig& c, const std::string& module) {

@@ -1,7 +1,8 @@
 // The GPT as a registered model: the Transformer on text (the bytes of a corpus, or token
-// shards: data.format) over ("data", "model"[, "pipe"]): data parallel or fully sharded over
-// "data", tensor parallel over "model" in any layout (Megatron, sequence and vocabulary
-// parallel, gather, async rings), pipelined over "pipe" (models::TransformerPipeline under
+// shards: data.format) over ("data", "context", "model"[, "pipe"]): data parallel or fully
+// sharded over "data", its sequences split over "context" (ring attention or Ulysses), tensor
+// parallel over "model" in any layout (Megatron, sequence and vocabulary parallel, gather,
+// async rings), pipelined over "pipe" (models::TransformerPipeline under
 // parallelism.schedule; model.tie_embeddings = false, as a pipeline cannot tie), or on one
 // device without distributed.enabled, where it also samples text. The data of step s is
 // drawn from s alone; validation in bits per byte or per token.
@@ -40,6 +41,31 @@ void check_gpt(const config::TrainConfig& c, const mesh::Mesh& mesh) {
                     c.data.seq_len % n_model == 0,
                 ConfigError, "[gpt] parallelism.sequence_parallel: data.seq_len = ", c.data.seq_len,
                 " must be divisible by the \"model\" axis size ", n_model);
+  if (c.distributed.context_parallel_size > 1) {
+    const parallel::ContextPlan cp = context_parallel_of(c, mesh);
+    const int n = cp.layout.size;
+    DISTJAX_CHECK(cp.layout.divides(c.data.seq_len), ConfigError, "[gpt] data.seq_len = ",
+                  c.data.seq_len, " does not split into ", cp.layout.chunks(),
+                  " chunks: distributed.context_parallel_size = ", n,
+                  c.parallelism.context_balance
+                      ? " with parallelism.context_balance = true cuts the sequence in 2 x "
+                        "context_parallel_size"
+                      : "");
+    DISTJAX_CHECK(!c.parallelism.sequence_parallel || layout != parallel::TPLayout::Megatron ||
+                      (c.data.seq_len / n) % n_model == 0,
+                  ConfigError, "[gpt] parallelism.sequence_parallel: each device's ",
+                  c.data.seq_len / n, " positions (data.seq_len / context_parallel_size) must "
+                  "be divisible by the \"model\" axis size ", n_model);
+    DISTJAX_CHECK(cp.method != parallel::ContextMethod::Ulysses ||
+                      (c.model.heads / n_model) % n == 0,
+                  ConfigError, "[gpt] parallelism.context_parallel_method = \"ulysses\" splits "
+                  "each device's ", c.model.heads / n_model, " heads (model.heads = ",
+                  c.model.heads, " over the \"model\" axis of ", n_model,
+                  ") over distributed.context_parallel_size = ", n, ", which must divide them");
+    DISTJAX_CHECK(!c.data.document_attention, NotImplemented,
+                  "[gpt] data.document_attention with distributed.context_parallel_size = ", n,
+                  ": the context-parallel attention keeps no document ids yet");
+  }
   if (n_pipe > 1) {
     // The schedule and the split of the layers into chunks, as the pipeline builds them.
     const int v = static_cast<int>(c.parallelism.virtual_stages);
@@ -94,12 +120,14 @@ ModelSpec gpt_model() {
   return {
       .name = "gpt",
       .about =
-          "the GPT on text (bytes or token shards) over (data, model[, pipe]): TP layouts, "
-          "FSDP, pipelines, remat; one device without distributed.enabled",
+          "the GPT on text (bytes or token shards) over (data, context, model[, pipe]): TP "
+          "layouts, FSDP, pipelines, context parallelism, remat; one device without "
+          "distributed.enabled",
       .axes = {"data", "model"},
       // ZeRO-1/2: no; its data parallelism shards the parameters (FSDP) or nothing.
       .capabilities = {.tensor_parallel = true,
                        .pipeline_parallel = true,
+                       .context_parallel = true,
                        .shards = {config::Shard::None, config::Shard::Parameters},
                        .mixed_precision = true,
                        .fp16_pipeline = true,

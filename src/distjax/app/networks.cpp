@@ -388,6 +388,12 @@ Network transformer_network(std::shared_ptr<const models::Transformer> model) {
     laid.tp = tp;
     return transformer_network(std::make_shared<const models::Transformer>(std::move(laid)));
   };
+  if (model->config().num_classes == 0 && model->config().input_features == 0)
+    n.context_parallel = [config = model->config()](const parallel::ContextPlan& cp) {
+      models::TransformerConfig split = config;
+      split.cp = cp;
+      return transformer_network(std::make_shared<const models::Transformer>(std::move(split)));
+    };
   n.keep = std::make_shared<std::pair<decltype(model), decltype(stages)>>(std::move(model),
                                                                           std::move(stages));
   return n;

@@ -193,12 +193,14 @@ class DeviceRun {
     return result;
   }
 
-  // The evaluation batches on this device: the program may have made them on another
+  // The evaluation batches on this device (its share of their sequences under context
+  // parallelism): the program may have made them on another
   // thread's device (e.g. the host); no copy when they are here already.
   std::vector<train::Batch> eval_batches_here() const {
     std::vector<train::Batch> batches;
     for (const train::Batch& b : loop_.eval_batches)
-      batches.push_back(b.map([](const tensor::Tensor& t) { return t.to(current_device()); }));
+      batches.push_back(loop_.composed->local_batch(
+          b.map([](const tensor::Tensor& t) { return t.to(current_device()); })));
     return batches;
   }
 
@@ -232,8 +234,8 @@ class DeviceRun {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
-  // The batch of the step about to run, on this device: made ahead on the host thread or
-  // now. A batch made on the host is copied here (on the CPU too, so that it counts in
+  // The batch of the step about to run, on this device (its share of the sequences under
+  // context parallelism): made ahead on the host thread or now. A batch made on the host is copied here (on the CPU too, so that it counts in
   // this device's memory); the time it took is the step's wait for data.
   train::Batch next_batch() {
     const auto t0 = std::chrono::steady_clock::now();
@@ -245,6 +247,7 @@ class DeviceRun {
       };
       b = b.map(move);
     }
+    b = loop_.composed->local_batch(b);  // this device's positions under context parallelism
     data_wait_s_ += seconds_since(t0);
     return b;
   }

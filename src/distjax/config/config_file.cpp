@@ -370,6 +370,14 @@ const std::vector<Entry>& schema() {
                       "pipeline micro-batches per step (divide each replica's batch)"));
     s.push_back(field("parallelism.virtual_stages", DJ_ACCESS(parallelism.virtual_stages),
                       "pipeline chunks per stage (interleaved schedules)"));
+    s.push_back(field("parallelism.context_parallel_method",
+                      DJ_ACCESS(parallelism.context_parallel_method),
+                      "how the attention crosses the \"context\" split: ring (keys and values "
+                      "around a ring) or ulysses (all-to-all to a split of the heads)",
+                      {"ring", "ulysses"}));
+    s.push_back(field("parallelism.context_balance", DJ_ACCESS(parallelism.context_balance),
+                      "the sequence in 2 x context_parallel_size chunks, device r holding r and "
+                      "the mirror one (even causal work); false: one chunk per device"));
     s.push_back(field("parallelism.fsdp.modules", DJ_ACCESS(parallelism.fsdp.modules),
                       "the modules shard = \"parameters\" splits: [] or [\"*\"] all, or by kind "
                       "(\"Block\", \"Attn\", \"MLP\")",
@@ -402,8 +410,11 @@ const std::vector<Entry>& schema() {
                       DJ_ACCESS(distributed.tensor_parallel_size), "size of the \"model\" axis"));
     s.push_back(field("distributed.pipeline_parallel_size",
                       DJ_ACCESS(distributed.pipeline_parallel_size), "size of the \"pipe\" axis"));
+    s.push_back(field("distributed.context_parallel_size",
+                      DJ_ACCESS(distributed.context_parallel_size),
+                      "size of the \"context\" axis: the sequence split over it"));
     s.push_back(field("distributed.mesh_shape", DJ_ACCESS(distributed.mesh_shape),
-                      "explicit mesh sizes; [] = (data, model, pipe) from the sizes"));
+                      "explicit mesh sizes; [] = (data, context, model, pipe) from the sizes"));
     s.push_back(field("distributed.mesh_axis_names", DJ_ACCESS(distributed.mesh_axis_names),
                       "one name per mesh_shape entry"));
     s.push_back(enum_field<MixedPrecision>("distributed.mixed_precision",

@@ -58,7 +58,8 @@ void size_rules(const DistributedConfig& c, std::vector<std::string>& out) {
       {"num_nodes", c.num_nodes},
       {"num_processes_per_node", c.num_processes_per_node},
       {"tensor_parallel_size", c.tensor_parallel_size},
-      {"pipeline_parallel_size", c.pipeline_parallel_size}};
+      {"pipeline_parallel_size", c.pipeline_parallel_size},
+      {"context_parallel_size", c.context_parallel_size}};
   for (const auto& [name, v] : sizes) {
     if (v >= 1) continue;
     if (v == 0 && std::string_view(name) == "num_processes_per_node" && c.world_size >= 1 &&
@@ -115,7 +116,8 @@ void mesh_rules(const DistributedConfig& c, std::vector<std::string>& out) {
   if (c.mesh_axis_names.size() == c.mesh_shape.size()) {
     const std::pair<const char*, std::pair<const char*, int>> axes[] = {
         {"model", {"tensor_parallel_size", c.tensor_parallel_size}},
-        {"pipe", {"pipeline_parallel_size", c.pipeline_parallel_size}}};
+        {"pipe", {"pipeline_parallel_size", c.pipeline_parallel_size}},
+        {"context", {"context_parallel_size", c.context_parallel_size}}};
     for (const auto& [axis, field] : axes) {
       const auto it = std::find(c.mesh_axis_names.begin(), c.mesh_axis_names.end(), axis);
       const int size = it == c.mesh_axis_names.end()
@@ -158,7 +160,7 @@ const char* mixed_precision_name(MixedPrecision m) {
 }
 
 int DistributedConfig::data_parallel_size() const {
-  const int mp = tensor_parallel_size * pipeline_parallel_size;
+  const int mp = tensor_parallel_size * pipeline_parallel_size * context_parallel_size;
   return mp > 0 ? world_size / mp : 0;
 }
 
@@ -209,26 +211,35 @@ std::vector<std::string> DistributedConfig::problems() const {
   size_rules(*this, out);
   // Each rule runs when the sizes it reads are valid (their own messages are above).
   const bool ws = world_size >= 1, nodes = num_nodes >= 1, per_node = num_processes_per_node >= 1;
-  const bool mp_ok = tensor_parallel_size >= 1 && pipeline_parallel_size >= 1;
+  const bool mp_ok =
+      tensor_parallel_size >= 1 && pipeline_parallel_size >= 1 && context_parallel_size >= 1;
+  const int mp = tensor_parallel_size * pipeline_parallel_size * context_parallel_size;
   if (ws && nodes && per_node && world_size != num_nodes * num_processes_per_node)
     out.push_back(str("world_size = ", world_size,
                       " must equal num_nodes x num_processes_per_node = ", num_nodes, " x ",
                       num_processes_per_node, " = ", num_nodes * num_processes_per_node));
-  if (ws && mp_ok && world_size % (tensor_parallel_size * pipeline_parallel_size) != 0)
-    out.push_back(str("tensor_parallel_size x pipeline_parallel_size = ", tensor_parallel_size,
-                      " x ", pipeline_parallel_size, " = ",
-                      tensor_parallel_size * pipeline_parallel_size,
-                      " must divide world_size = ", world_size));
+  if (ws && mp_ok && world_size % mp != 0)
+    out.push_back(context_parallel_size == 1
+                      ? str("tensor_parallel_size x pipeline_parallel_size = ",
+                            tensor_parallel_size, " x ", pipeline_parallel_size, " = ", mp,
+                            " must divide world_size = ", world_size)
+                      : str("tensor_parallel_size x pipeline_parallel_size x "
+                            "context_parallel_size = ",
+                            tensor_parallel_size, " x ", pipeline_parallel_size, " x ",
+                            context_parallel_size, " = ", mp, " must divide world_size = ",
+                            world_size));
   if (ws && rank >= world_size)
     out.push_back(str("rank = ", rank, " must be below world_size = ", world_size));
   if (per_node && local_rank >= num_processes_per_node)
     out.push_back(str("local_rank = ", local_rank,
                       " must be below num_processes_per_node = ", num_processes_per_node));
   mesh_rules(*this, out);
-  if (!enabled && (world_size > 1 || tensor_parallel_size > 1 || pipeline_parallel_size > 1))
+  if (!enabled && (world_size > 1 || tensor_parallel_size > 1 || pipeline_parallel_size > 1 ||
+                   context_parallel_size > 1))
     out.push_back(str("enabled = false runs on one device, but world_size = ", world_size,
                       ", tensor_parallel_size = ", tensor_parallel_size,
-                      ", pipeline_parallel_size = ", pipeline_parallel_size));
+                      ", pipeline_parallel_size = ", pipeline_parallel_size,
+                      ", context_parallel_size = ", context_parallel_size));
   if (device != "auto") {
     try {
       // A CUDA device is checked where the run starts (the machine may differ from this one).
@@ -304,7 +315,8 @@ DistributedConfig resolve(DistributedConfig c, const comm::LaunchEnvironment& en
     // A product out of an int's range leaves it 0, which validate() refuses.
     const std::int64_t n = !c.mesh_shape.empty()
                                ? product(c.mesh_shape)
-                               : product({c.tensor_parallel_size, c.pipeline_parallel_size});
+                               : product({c.tensor_parallel_size, c.pipeline_parallel_size,
+                                          c.context_parallel_size});
     if (std::abs(n) < kTooManyDevices) c.world_size = static_cast<int>(n);
   }
   if (c.num_processes_per_node == 0 && c.num_nodes > 0 && c.world_size % c.num_nodes == 0)
@@ -328,6 +340,7 @@ mesh::Mesh build_mesh(const DistributedConfig& c, const std::vector<std::string>
   std::vector<int> shape;
   std::vector<std::string> names;
   const std::pair<const char*, int> axes[] = {{"data", c.data_parallel_size()},
+                                              {"context", c.context_parallel_size},
                                               {"model", c.tensor_parallel_size},
                                               {"pipe", c.pipeline_parallel_size}};
   for (const auto& [name, size] : axes)

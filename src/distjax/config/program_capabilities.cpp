@@ -47,6 +47,7 @@ std::vector<std::string> ProgramCapabilities::problems(const TrainConfig& c) con
   std::vector<std::string> used = {"data"};
   if (tensor_parallel) used.emplace_back("model");
   if (pipeline_parallel) used.emplace_back("pipe");
+  if (context_parallel) used.emplace_back("context");
   for (std::size_t i = 0; i < d.mesh_axis_names.size() && i < d.mesh_shape.size(); ++i) {
     const std::string& axis = d.mesh_axis_names[i];
     if (d.mesh_shape[i] == 1 || std::find(used.begin(), used.end(), axis) != used.end()) continue;
@@ -66,6 +67,12 @@ std::vector<std::string> ProgramCapabilities::problems(const TrainConfig& c) con
   if (!pipeline_parallel && d.pipeline_parallel_size > 1) {
     os << "distributed.pipeline_parallel_size = " << d.pipeline_parallel_size
        << ": this program has no pipeline (no \"pipe\" axis)";
+    flush();
+  }
+  if (!context_parallel && d.context_parallel_size > 1) {
+    os << "distributed.context_parallel_size = " << d.context_parallel_size
+       << ": this program has no context parallelism (no \"context\" axis: its model has no "
+          "attention over a sequence to split)";
     flush();
   }
   if (!runs(c.parallelism.shard)) {
@@ -104,6 +111,7 @@ std::string ProgramCapabilities::str() const {
   std::string out = "mesh axes data";
   if (tensor_parallel) out += ", model";
   if (pipeline_parallel) out += ", pipe";
+  if (context_parallel) out += ", context";
   if (max_devices > 0) out += " (at most " + std::to_string(max_devices) + " devices)";
   out += ";";
   for (Shard s : shards)

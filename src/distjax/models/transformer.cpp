@@ -63,6 +63,16 @@ struct Layout {
   mesh::PartitionSpec table_spec;  // of the embedding tables
 };
 
+// Whether the sequence is split over the context axis on this scope (config.cp active; a
+// scope on a device is then required).
+bool context_split(const TransformerConfig& c, const nn::Scope& scope) {
+  if (!c.cp.active()) return false;
+  DISTJAX_CHECK(scope.context() != nullptr, InvalidArgument, "[Transformer] \"", scope.path(),
+                "\": context parallelism over \"", c.cp.axis,
+                "\" runs on a scope bound to a device (Scope::on)");
+  return true;
+}
+
 Layout layout_of(const TransformerConfig& c, const nn::Scope& scope) {
   using parallel::TPLayout;
   const TransformerTP& tp = c.tp;
@@ -142,8 +152,11 @@ Tensor Transformer::embed(const nn::Scope& scope, const Tensor& tokens) const {
         tokens.rank() == 2 && (tokens.dtype() == DType::I32 || tokens.dtype() == DType::I64),
         InvalidArgument, "[Transformer] expected tokens (B, T) of i32/i64, got ", tokens.str(0));
   const std::int64_t t_len = tokens.size(1);
-  DISTJAX_CHECK(t_len >= 1 && t_len <= c.max_len, InvalidArgument, "[Transformer] sequence length ",
-                t_len, " is outside [1, max_len=", c.max_len, "]");
+  // Under context parallelism the tokens are this device's share of a longer sequence.
+  const bool cp = context_split(c, scope);
+  const std::int64_t t_all = cp ? t_len * c.cp.layout.size : t_len;
+  DISTJAX_CHECK(t_len >= 1 && t_all <= c.max_len, InvalidArgument, "[Transformer] sequence length ",
+                t_all, " is outside [1, max_len=", c.max_len, "]");
   const TransformerTP& tp = c.tp;
   const Layout l = layout_of(c, scope);
   spmd::DeviceContext* ctx = scope.context();
@@ -172,14 +185,16 @@ Tensor Transformer::embed(const nn::Scope& scope, const Tensor& tokens) const {
                             .features = c.d_model,
                             .embedding_init = nn::normal(0.01),
                             .embedding_spec = l.table_spec};
-    pos = tensor::slice(wpe.table(scope.child("wpe")), 0, 0, t_len);
+    pos = tensor::slice(wpe.table(scope.child("wpe")), 0, 0, t_all);
   } else {
-    pos = nn::sinusoidal_positions(t_len, c.d_model);
+    pos = nn::sinusoidal_positions(t_all, c.d_model);
     if (l.feature_sharded && l.n > 1) {
       const std::int64_t w = c.d_model / l.n, i = scope.axis_index(l.axis);
       pos = tensor::slice(pos, 1, i * w, (i + 1) * w);
     }
   }
+  // This device's positions: its chunks of the sequence, then its part of those under SP.
+  if (cp) pos = c.cp.layout.shard(pos, 0, scope.axis_index(c.cp.axis));
   if (l.sp) pos = parallel::split_to_sp_region(ctx, pos, l.axis, 0);
   x = tensor::add(x, pos);
   const mesh::PartitionSpec x_spec = l.feature_sharded
@@ -211,7 +226,9 @@ Tensor Transformer::block(const nn::Scope& scope, int i, const Tensor& x,
                                            .bidirectional = c.tp.bidirectional,
                                            .parallel = c.parallel_block,
                                            .segments = c.document_attention ? documents
-                                                                            : Tensor()};
+                                                                            : Tensor(),
+                                           .context = context_split(c, scope) ? c.cp
+                                                                           : parallel::ContextPlan{}};
   return block(scope.child("blocks").child(i).module("Block"), x);
 }
 
@@ -316,10 +333,12 @@ TensorTree Transformer::init(Key key) const {
 
 TensorTree Transformer::init(Key key, nn::ParamSpecs* specs, spmd::DeviceContext* ctx,
                              const nn::FullySharded* fsdp) const {
-  // A sequence-parallel init needs T divisible by the axis: use one token per device.
-  const int n = config_.tp.layout == parallel::TPLayout::None || ctx == nullptr
-                    ? 1
-                    : ctx->axis_size(mesh::Axes(config_.tp.axis));
+  // A sequence-parallel init needs T divisible by the axis: use one token per device (two
+  // under a balanced context split, whose sequence is in two chunks per device).
+  const int n = (config_.tp.layout == parallel::TPLayout::None || ctx == nullptr
+                     ? 1
+                     : ctx->axis_size(mesh::Axes(config_.tp.axis))) *
+                (config_.cp.active() && config_.cp.layout.balanced ? 2 : 1);
   return nn::init_parameters(key, specs, ctx, fsdp, [&](const nn::Scope& scope) {
     (*this)(scope, example_input(1, std::min<std::int64_t>(n, config_.max_len)));
   });

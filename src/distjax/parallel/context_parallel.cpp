@@ -198,4 +198,37 @@ Tensor ulysses_attention(spmd::DeviceContext& ctx, const Tensor& q, const Tensor
   return spmd::all_to_all(ctx, tensor::concat(shares, 2), axis, 2, 1);
 }
 
+// ------------------------------------------------------------------------ in a model
+
+ContextMethod context_method_from_name(const std::string& name) {
+  if (name == "ring") return ContextMethod::Ring;
+  if (name == "ulysses") return ContextMethod::Ulysses;
+  DISTJAX_THROW(InvalidArgument, "[context parallelism] unknown method \"", name,
+                "\" (ring or ulysses)");
+}
+
+const char* context_method_name(ContextMethod m) {
+  return m == ContextMethod::Ring ? "ring" : "ulysses";
+}
+
+Tensor context_attention_packed(spmd::DeviceContext& ctx, const Tensor& qkv,
+                                std::int64_t num_heads, bool causal, const ContextPlan& plan) {
+  tensor::check_defined(qkv, "context_attention_packed", "qkv");
+  DISTJAX_CHECK(qkv.rank() == 3 && num_heads > 0 && qkv.size(2) % (3 * num_heads) == 0,
+                InvalidArgument, "[context_attention_packed] expected qkv (B, T/n, 3 H D) with H = ",
+                num_heads, " heads, got ", to_string(qkv.shape()));
+  const std::int64_t b = qkv.size(0), t = qkv.size(1), d = qkv.size(2) / (3 * num_heads);
+  // (B, T, H, 3, D) -> (3, B, H, T, D): q, k and v of every head.
+  const Tensor heads = tensor::permute(
+      tensor::reshape(tensor::astype(qkv, DType::F32), {b, t, num_heads, 3, d}), {3, 0, 2, 1, 4});
+  const std::vector<Tensor> parts = tensor::split(heads, 3, 0);
+  const Shape shape{b, num_heads, t, d};
+  const Tensor q = tensor::reshape(parts[0], shape), k = tensor::reshape(parts[1], shape),
+               v = tensor::reshape(parts[2], shape);
+  const Tensor o = plan.method == ContextMethod::Ring
+                       ? ring_attention(ctx, q, k, v, plan.axis, plan.layout, causal)
+                       : ulysses_attention(ctx, q, k, v, plan.axis, plan.layout, causal);
+  return tensor::reshape(tensor::permute(o, {0, 2, 1, 3}), {b, t, num_heads * d});
+}
+
 }  // namespace distjax::parallel

@@ -83,6 +83,13 @@ Tensor TPMultiHeadAttention::operator()(const nn::Scope& scope, const Tensor& x)
   // as it is (bf16 for cuDNN's); the feature-sharded layouts move the activations in f32.
   const bool local = proj.local();
   const DType compute = scope.precision().compute_dtype;
+  if (context.active()) {  // f32 heads across the context split
+    DISTJAX_CHECK(!segments.defined(), NotImplemented, "[TPMultiHeadAttention] \"", scope.path(),
+                  "\": document ids with context parallelism");
+    const Tensor qkv = proj.in(scope.child("qkv"), x, 3 * c, kernel_init);  // (B, T, 3C/n)
+    const Tensor h = context_attention_packed(*scope.context(), qkv, num_heads / n, causal, context);
+    return proj.out(scope.child("out"), h, c, out_init);
+  }
   const std::int64_t t = x.size(1) * (local && proj.sequence_parallel ? n : 1);
   const bool bf16_qkv = local && tensor::attention_packed_input_dtype(
                                      {x.size(0), t, 3 * c / n}, num_heads / n, causal, compute,

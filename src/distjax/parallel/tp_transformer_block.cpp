@@ -42,7 +42,8 @@ Tensor TPTransformerBlock::sequential(const nn::Scope& scope, const Tensor& x) c
                                   .proj = proj,
                                   .kernel_init = kernel_init,
                                   .out_init = out_init,
-                                  .segments = segments};
+                                  .segments = segments,
+                                  .context = context};
   const TPMLPBlock mlp{
       .hidden = mlp_hidden, .proj = proj, .kernel_init = kernel_init, .out_init = out_init};
   Tensor h =
@@ -103,10 +104,13 @@ Tensor TPTransformerBlock::parallel_block(const nn::Scope& scope, const Tensor& 
     y = nn::linear(scope.precision(), h, w_in, b_in);
   }
   const std::vector<Tensor> parts = tensor::split(y, {3 * c / n, hidden / n}, 2);
+  const Tensor attn =
+      context.active()
+          ? context_attention_packed(*scope.context(), parts[0], num_heads / n, causal, context)
+          : tensor::attention_packed(parts[0], num_heads / n, causal, 0.f,
+                                     scope.precision().compute_dtype, DType::F32, segments);
   const Tensor cat =
-      tensor::concat({tensor::attention_packed(parts[0], num_heads / n, causal, 0.f,
-                                               scope.precision().compute_dtype, DType::F32,
-                                               segments),             // (B, T, C/n)
+      tensor::concat({attn,                                           // (B, T, C/n)
                       tensor::gelu(parts[1], /*approximate=*/true)},  // (B, T, H/n)
                      2);
   Tensor o;
@@ -129,7 +133,8 @@ Tensor TPTransformerBlock::parallel_block(const nn::Scope& scope, const Tensor& 
 
 Tensor TPTransformerBlock::body(const nn::Scope& scope, const Tensor& x) const {
   if (parallel) return parallel_block(scope, x);
-  if (layout == TPLayout::None)
+  // One device's block (nn's), unless the attention crosses a context split.
+  if (layout == TPLayout::None && !context.active())
     return nn::TransformerBlock{.num_heads = num_heads,
                                 .causal = causal,
                                 .mlp_hidden = mlp_hidden,
