@@ -148,6 +148,10 @@ class Transformer {
   /// An input of `batch` x `seq_len` zeros: token ids (B, T) i32, or vectors (B, T, F) f32
   /// with input_features (what init runs the forward on).
   Tensor example_input(std::int64_t batch, std::int64_t seq_len) const;
+  /// The (local) sequence length an init runs its example on, on device `ctx` (or none):
+  /// one position per device of a tensor-parallel axis (sequence parallelism splits it),
+  /// times two under a balanced context split (two chunks per device).
+  std::int64_t init_seq_len(const spmd::DeviceContext* ctx) const;
 
   /// Parameter count the config gives (equals init(...).num_elements()).
   std::int64_t num_params() const;

@@ -333,15 +333,19 @@ TensorTree Transformer::init(Key key) const {
 
 TensorTree Transformer::init(Key key, nn::ParamSpecs* specs, spmd::DeviceContext* ctx,
                              const nn::FullySharded* fsdp) const {
-  // A sequence-parallel init needs T divisible by the axis: use one token per device (two
-  // under a balanced context split, whose sequence is in two chunks per device).
-  const int n = (config_.tp.layout == parallel::TPLayout::None || ctx == nullptr
-                     ? 1
-                     : ctx->axis_size(mesh::Axes(config_.tp.axis))) *
-                (config_.cp.active() && config_.cp.layout.balanced ? 2 : 1);
   return nn::init_parameters(key, specs, ctx, fsdp, [&](const nn::Scope& scope) {
-    (*this)(scope, example_input(1, std::min<std::int64_t>(n, config_.max_len)));
+    (*this)(scope, example_input(1, init_seq_len(ctx)));
   });
+}
+
+std::int64_t Transformer::init_seq_len(const spmd::DeviceContext* ctx) const {
+  // A sequence-parallel init needs T divisible by the model axis: one token per device;
+  // a balanced context split cuts the sequence into two chunks per device.
+  const int n = config_.tp.layout == parallel::TPLayout::None || ctx == nullptr
+                    ? 1
+                    : ctx->axis_size(mesh::Axes(config_.tp.axis));
+  const int chunks = config_.cp.active() && config_.cp.layout.balanced ? 2 : 1;
+  return std::min<std::int64_t>(n * chunks, config_.max_len);
 }
 
 Tensor Transformer::example_input(std::int64_t batch, std::int64_t seq_len) const {

@@ -95,12 +95,7 @@ mesh::Axes TransformerPipeline::activation_axes() const {
 TensorTree TransformerPipeline::init(Key key, const std::vector<int>& chunks, int num_chunks,
                                      nn::ParamSpecs* specs, spmd::DeviceContext* ctx,
                                      const nn::FullySharded* fsdp) const {
-  // A sequence-parallel init needs T divisible by the model axis: one token per device.
-  const TransformerConfig& c = model_.config();
-  const int n = c.tp.layout == parallel::TPLayout::None || ctx == nullptr
-                    ? 1
-                    : ctx->axis_size(mesh::Axes(c.tp.axis));
-  const Tensor tokens = model_.example_input(1, std::min<std::int64_t>(n, c.max_len));
+  const Tensor tokens = model_.example_input(1, model_.init_seq_len(ctx));
   return nn::init_parameters(key, specs, ctx, fsdp, [&](const nn::Scope& scope) {
     for (int chunk : chunks) {
       Tensor x;
