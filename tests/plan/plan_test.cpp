@@ -14,6 +14,7 @@
 #include "distjax/models/classifier.hpp"
 #include "distjax/models/transformer.hpp"
 #include "distjax/optim/adamw.hpp"
+#include "distjax/parallel/context_parallel.hpp"
 #include "distjax/parallel/data_parallel.hpp"
 #include "distjax/spmd/shard_map.hpp"
 #include "distjax/tensor/nn_ops.hpp"
@@ -205,6 +206,77 @@ TEST(Plan, GptTensorParallelMatchesTheRun) {
   EXPECT_EQ(planned(p, "model", "all_reduce"), double(m.sent("model", comm::OpKind::AllReduce)));
   EXPECT_NEAR(planned(p, "data", "all_reduce"), double(m.sent("data", comm::OpKind::AllReduce)),
               kMetricBytes);
+}
+
+/// The GPT with its sequence split over ("context"=n), ring attention or Ulysses, the
+/// gradients averaged over the axis.
+Measured run_gpt_context(int n, bool ulysses, const GptSizes& z) {
+  const parallel::ContextPlan cp{
+      .layout = {.size = n},
+      .method = ulysses ? parallel::ContextMethod::Ulysses : parallel::ContextMethod::Ring};
+  const models::Transformer model({.vocab = 256,
+                                   .d_model = z.d_model,
+                                   .num_layers = z.layers,
+                                   .num_heads = z.heads,
+                                   .max_len = z.seq,
+                                   .cp = cp});
+  Measured out;
+  const auto data = testing::random_token_batches(kSteps, z.batch, z.seq, 256, 7);
+  spmd::shard_map(
+      Mesh({n}, {"context"}),
+      [&](DeviceContext& ctx, const std::vector<Tensor>&) {
+        nn::ParamSpecs specs;
+        parallel::DataParallel dp(ctx, "context", &specs);
+        auto state = train::TrainState::create(model.init(Key::from_seed(1), &specs, &ctx), adamw(),
+                                               Key::from_seed(2), dp);
+        const int me = ctx.axis_index("context");
+        const train::LossFn fn = [&](const TensorTree& p, const train::Batch& b, Key k) {
+          const nn::Scope sc = nn::Scope::apply(&p, true, k).on(ctx);
+          return std::make_pair(model.loss(sc, b.inputs, b.labels), train::Metrics{});
+        };
+        for (int step = 0; step < kSteps; ++step) {
+          ctx.comm_stats().reset();
+          const train::Batch local =
+              data[step].map([&](const Tensor& t) { return cp.layout.shard(t, 1, me); });
+          train::train_step(state, local, fn, adamw(), {.strategy = &dp});
+          if (ctx.device() == 0 && step == kSteps - 1) {
+            out.mem = ctx.memory();
+            out.comm = ctx.comm_stats();
+          }
+        }
+        return std::vector<Tensor>{};
+      },
+      {}, {})(std::vector<Tensor>{});
+  return out;
+}
+
+// Ring attention passes k and v (n - 1 hops per layer forward, n - 1 again backward with their
+// gradients n hops); Ulysses trades q, k, v and the output by all-to-all, 4 forward and 4
+// backward per layer; the gradients are averaged over the context axis.
+TEST(Plan, GptContextParallelMatchesTheRun) {
+  const GptSizes z{.batch = 2, .seq = 512, .d_model = 64, .layers = 2, .heads = 4};
+  for (const bool ulysses : {false, true}) {
+    plan::Setup s;
+    s.context = 4;
+    s.context_ulysses = ulysses;
+    s.global_batch = z.batch;
+    s.seq_len = z.seq;
+    const Plan p = make_plan(describe_gpt(256, z.d_model, z.layers, z.heads, z.seq), s);
+    const Measured m = run_gpt_context(4, ulysses, z);
+    const std::string what = ulysses ? "GPT Ulysses context=4" : "GPT ring context=4";
+    expect_memory_within_10_percent(p, m.mem, what);
+    if (ulysses) {
+      EXPECT_EQ(planned(p, "context", "all_to_all"),
+                double(m.sent("context", comm::OpKind::AllToAll)))
+          << what;
+    } else {
+      EXPECT_EQ(planned(p, "context", "send"), double(m.sent("context", comm::OpKind::Send)))
+          << what;
+    }
+    EXPECT_NEAR(planned(p, "data,context", "all_reduce"),
+                double(m.sent("context", comm::OpKind::AllReduce)), kMetricBytes)
+        << what;
+  }
 }
 
 // ------------------------------------------------------------ the analytic descriptions

@@ -79,6 +79,11 @@ struct ActivationModel {
   /// and split by t > 1.
   double layer_backward_unsplit = 0;
   double layer_backward_split = 0;
+  /// Per layer, per token of a device's share, bytes in units of h (divided by t): what the
+  /// attention across a context split keeps beyond the layer's own (context > 1), by ring
+  /// attention and by Ulysses (the whole sequence of its heads, gathered and put in order).
+  double layer_context_ring = 0;
+  double layer_context_ulysses = 0;
   /// Receives a pipeline stage posts ahead per channel, (b, s, h) each.
   int receive_buffers = 0;
   /// Whether data parallelism all-reduces a copy of the gradients (DistJax's buckets)
@@ -144,6 +149,11 @@ enum class PipeSchedule : std::uint8_t {
 /// How the model is trained: mesh, strategy, optimizer, precision, batch.
 struct Setup {
   int data = 1, tensor = 1, pipe = 1;  ///< mesh sizes ("data", "model", "pipe")
+  /// The "context" axis: each device holds s / context positions of every sequence; the
+  /// gradients are averaged over data x context.
+  int context = 1;
+  /// Ulysses (all-to-all to a heads split) rather than ring attention across the context.
+  bool context_ulysses = false;
   int zero_stage = 0;                  ///< 0 DP, 1 ZeRO-1, 2 ZeRO-2 (over "data")
   bool fsdp = false;                   ///< ZeRO-3 over "data"
   std::int64_t fsdp_min_weight_size = std::int64_t{1} << 18;
@@ -163,7 +173,7 @@ struct Setup {
   std::int64_t global_batch = 1;  ///< sequences (examples) per step
   std::int64_t seq_len = 1;       ///< s (1 for the classifier)
   ActivationModel activations = activation_model_distjax();
-  int world() const { return data * tensor * pipe; }
+  int world() const { return data * tensor * pipe * context; }
 };
 
 }  // namespace distjax::plan

@@ -215,7 +215,10 @@ class DeviceRun {
     t.out_dir = lead_ ? loop_.config->run.out_dir : std::string();
     t.total_steps = loop_.total_steps;
     t.log_every = loop_.log_every;
-    t.items_per_example = loop_.items_per_example;
+    // A device's example is its share of each sequence under context parallelism (the
+    // trainer multiplies by the devices that average: data x context).
+    t.items_per_example =
+        loop_.items_per_example / loop_.composed->context_plan().layout.size;
     t.items_name = loop_.items_name;
     t.mesh = loop_.ctx != nullptr ? loop_.ctx->mesh().describe() : std::string("single device");
     t.backend = loop_.ctx != nullptr ? backend_label(*loop_.config) : std::string("none");

@@ -61,6 +61,12 @@ ActivationModel activation_model_distjax() {
   m.layer_backward_unsplit = 32;  // the MLP's hidden cotangents, (b, s, 4h) f32 twice, while
   m.layer_backward_split = 8;     //   its saved ones live; split by t: 2 h / t measured
   m.receive_buffers = 2;          // parallel::Pipeline's kReceiveLookahead
+  // Across a context split (measured on configs/gpt_long.toml, T = 8192, cp = 2, 4, 8): the
+  // ring's q, k, v copies and merged output fit within the layer's own figure (which over-
+  // counts this shape by 4-10%); Ulysses keeps 6 f32 tensors of (b, s / cp, h) more (the
+  // gathered sequence of its heads, put in order, and its output on the way back).
+  m.layer_context_ring = 0;
+  m.layer_context_ulysses = 24;
   m.gradient_bucket_copy = true;
   m.step_gradients = true;
   return m;
@@ -138,6 +144,8 @@ double Plan::comm_bytes() const {
 std::string describe_setup(const Setup& s) {
   std::string out = "data=" + std::to_string(s.data) + " model=" + std::to_string(s.tensor) +
                     " pipe=" + std::to_string(s.pipe);
+  if (s.context > 1)
+    out += " context=" + std::to_string(s.context) + (s.context_ulysses ? " (ulysses)" : "");
   if (s.fsdp) {
     out += " FSDP";
   } else if (s.zero_stage > 0) {
@@ -151,13 +159,14 @@ std::string describe_setup(const Setup& s) {
 namespace {
 
 void check_setup(const ModelDescription& m, const Setup& s) {
-  DISTJAX_CHECK(s.data >= 1 && s.tensor >= 1 && s.pipe >= 1 && s.virtual_stages >= 1,
+  DISTJAX_CHECK(s.data >= 1 && s.tensor >= 1 && s.pipe >= 1 && s.context >= 1 &&
+                    s.virtual_stages >= 1,
                 InvalidArgument, "[plan] mesh sizes and virtual stages must be positive, got ",
                 describe_setup(s), ", virtual stages ", s.virtual_stages);
   DISTJAX_CHECK(s.global_batch % s.data == 0, InvalidArgument, "[plan] batch ", s.global_batch,
                 " does not split over data = ", s.data);
   const bool gpt = m.layers > 0;
-  DISTJAX_CHECK(gpt || (s.tensor == 1 && s.pipe == 1), NotImplemented,
+  DISTJAX_CHECK(gpt || (s.tensor == 1 && s.pipe == 1 && s.context == 1), NotImplemented,
                 "[plan] the classifier is planned on a (\"data\") mesh only, got ",
                 describe_setup(s));
   if (!gpt) return;
@@ -167,9 +176,14 @@ void check_setup(const ModelDescription& m, const Setup& s) {
                 " x virtual stages = ", chunks / s.pipe);
   DISTJAX_CHECK(m.heads % s.tensor == 0, InvalidArgument, "[plan] ", m.heads,
                 " heads do not split over model = ", s.tensor);
-  DISTJAX_CHECK(!s.sequence_parallel || s.seq_len % s.tensor == 0, InvalidArgument,
-                "[plan] sequence parallelism: sequence ", s.seq_len,
-                " does not split over model = ", s.tensor);
+  DISTJAX_CHECK(s.seq_len % s.context == 0, InvalidArgument, "[plan] sequence ", s.seq_len,
+                " does not split over context = ", s.context);
+  DISTJAX_CHECK(!s.sequence_parallel || (s.seq_len / s.context) % s.tensor == 0, InvalidArgument,
+                "[plan] sequence parallelism: sequence ", s.seq_len / s.context,
+                " (per context device) does not split over model = ", s.tensor);
+  DISTJAX_CHECK(!s.context_ulysses || (m.heads / s.tensor) % s.context == 0, InvalidArgument,
+                "[plan] Ulysses: ", m.heads / s.tensor, " heads per device do not split over context = ",
+                s.context);
   DISTJAX_CHECK(s.pipe == 1 || (s.global_batch / s.data) % s.microbatches == 0, InvalidArgument,
                 "[plan] each replica's batch ", s.global_batch / s.data, " does not split into ",
                 s.microbatches, " micro-batches");
@@ -181,6 +195,14 @@ void check_setup(const ModelDescription& m, const Setup& s) {
 double step_copies(const Setup& s, double grads) {
   if (s.data == 1 || s.zero_stage == 1) return 0.0;
   return s.zero_stage == 2 ? grads + grads / s.data : grads;
+}
+
+/// The devices that average the gradients (data x context) and the axes' label.
+int averaged(const Setup& s) {
+  return s.data * s.context;
+}
+std::string averaged_axes(const Setup& s) {
+  return s.context > 1 ? "data,context" : "data";
 }
 
 /// The classifier's activation peak: the larger of the end of forward (fc1's output, silu's
@@ -220,7 +242,7 @@ Plan stage_plan(const ModelDescription& m, const Setup& s, int stage,
   double elems = 0;
   for (const detail::LocalLeaf& l : leaves)
     elems += double(l.elems);
-  const int d = s.data;
+  const int d = averaged(s);  // ZeRO shards over the devices that average
   plan.params_per_device = elems;
   plan.parameters = elems * s.param_bytes;
   plan.gradients = elems * s.grad_bytes / (s.zero_stage >= 2 ? d : 1);
@@ -243,19 +265,23 @@ std::vector<CommEntry> stage_comm(const ModelDescription& m, const Setup& s,
       replicated_elems += double(l.elems);
     }
   }
-  const int d = s.data;
+  const int d = s.data, dp = averaged(s);
   const bool gpt = m.layers > 0;
   const double micro = s.pipe > 1 ? double(s.microbatches) : 1.0;
-  const double tokens = double(s.global_batch) / d / micro * double(s.seq_len);
-  if (d > 1) {
+  // This device's tokens of a micro-batch: its share of the sequences under context.
+  const double tokens = double(s.global_batch) / d / micro * double(s.seq_len) / s.context;
+  if (dp > 1) {
     const double rep = replicated_elems * s.grad_bytes;
+    const std::string axes = averaged_axes(s);
     if (s.zero_stage == 0) {
-      comm.push_back({"data", "all_reduce", 1, ring_all_reduce(d, rep), "gradients"});
+      comm.push_back({axes, "all_reduce", 1, ring_all_reduce(dp, rep), "gradients"});
     } else {
-      comm.push_back({"data", "reduce_scatter", 1, ring_gather(d, rep), "gradients"});
-      comm.push_back({"data", "all_gather", 1, ring_gather(d, replicated_elems * s.param_bytes),
+      comm.push_back({axes, "reduce_scatter", 1, ring_gather(dp, rep), "gradients"});
+      comm.push_back({axes, "all_gather", 1, ring_gather(dp, replicated_elems * s.param_bytes),
                       "updated parameters"});
     }
+  }
+  if (d > 1) {
     if (fsdp_full > 0) {
       const int gathers = s.recompute == Recompute::Full ? 2 : 1;
       comm.push_back({"data", "all_gather", gathers,
@@ -278,6 +304,30 @@ std::vector<CommEntry> stage_comm(const ModelDescription& m, const Setup& s,
     } else {
       comm.push_back({"model", "all_reduce", std::int64_t(n), n * ring_all_reduce(s.tensor, x),
                       "activations (Megatron f, g)"});
+    }
+  }
+  if (fsdp_full > 0 && s.context > 1)  // the shards' gradients averaged over context too
+    comm.push_back({"context", "all_reduce", 1,
+                    ring_all_reduce(s.context, fsdp_full / d * s.grad_bytes),
+                    "gradients of fully sharded leaves"});
+  if (gpt && s.context > 1) {
+    // Per layer and micro-batch, this device's share (b, s / cp, h / t) of keys and values.
+    const double layers_here = double(m.layers / s.pipe);
+    const double x = tokens * double(m.d_model) / s.tensor * 4.0;  // f32 heads
+    const double passes = s.recompute == Recompute::Full ? 2 : 1;   // forwards per layer
+    const double n = layers_here * micro;
+    const double cp = s.context;
+    if (s.context_ulysses) {
+      // q, k, v to the heads split and the output back; the transposes in backward.
+      const double calls = n * (4 * passes + 4);
+      comm.push_back({"context", "all_to_all", std::int64_t(calls),
+                      calls * x * (cp - 1) / cp, "queries, keys, values, outputs (Ulysses)"});
+    } else {
+      // Each forward passes k and v (2x) n - 1 hops; the backward passes them again and their
+      // gradients n hops.
+      const double hops = n * ((cp - 1) * (passes + 1) + cp);
+      comm.push_back({"context", "send", std::int64_t(hops), hops * 2 * x,
+                      "keys and values around the ring (and their gradients)"});
     }
   }
   if (gpt && s.pipe > 1) {
@@ -391,6 +441,8 @@ Setup setup_from_config(const config::TrainConfig& c) {
   s.tensor = dc.enabled ? dc.tensor_parallel_size : 1;
   s.pipe = dc.enabled ? dc.pipeline_parallel_size : 1;
   s.data = dc.enabled ? std::max(1, dc.data_parallel_size()) : 1;
+  s.context = dc.enabled ? dc.context_parallel_size : 1;
+  s.context_ulysses = c.parallelism.context_parallel_method == "ulysses";
   s.fsdp = c.parallelism.shard == config::Shard::Parameters;
   s.zero_stage = s.fsdp ? 0 : config::zero_stage(c.parallelism.shard);
   s.fsdp_min_weight_size = c.parallelism.fsdp.min_weight_size;
@@ -429,6 +481,7 @@ config::TrainConfig apply_setup(config::TrainConfig c, const Setup& s) {
   d.num_processes_per_node = 0;  // derived again from the new world size
   d.tensor_parallel_size = s.tensor;
   d.pipeline_parallel_size = s.pipe;
+  d.context_parallel_size = s.context;
   d.mesh_shape.clear();
   d.mesh_axis_names.clear();
   c.parallelism.shard = shard_of(s);
@@ -455,6 +508,9 @@ std::vector<Plan> meshes_that_fit(const ModelDescription& m, const Setup& base, 
                                   double budget_bytes, const config::ProgramCapabilities& runs) {
   std::vector<Plan> out;
   const bool gpt = m.layers > 0;
+  // The context axis stays as `base` has it; the rest of the devices factor into the others.
+  if (world % base.context != 0) return out;
+  world /= base.context;
   for (int t = 1; t <= world; ++t) {
     if (world % t != 0 || (gpt && m.heads % t != 0) || (!gpt && t > 1)) continue;
     for (int p = 1; p <= world / t; ++p) {

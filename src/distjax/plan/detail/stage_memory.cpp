@@ -65,7 +65,11 @@ double layer_bytes(const ModelDescription& m, const Setup& s, double tokens, Rec
                        : sp          ? a.layer_replicated_sp + a.layer_split_sp / t
                                      : a.layer_replicated + a.layer_split / t;
   return tokens * (h * per_h + (s.tensor > 1 ? a.layer_per_token : 0.0) +
-                   double(m.heads) / t * (a.layer_per_head + a.layer_per_head_seq * seq));
+                   double(m.heads) / t * (a.layer_per_head + a.layer_per_head_seq * seq) +
+                   (s.context > 1 ? h / t *
+                                        (s.context_ulysses ? a.layer_context_ulysses
+                                                           : a.layer_context_ring)
+                                  : 0.0));
 }
 
 /// V': the vocabulary a device's logits cover (split by t in Megatron's calibration).
@@ -284,7 +288,8 @@ std::vector<LocalLeaf> stage_leaves(const ModelDescription& m, const Setup& s, i
 double gpt_activation_peak(const ModelDescription& m, const Setup& s, int stage,
                            const std::vector<LocalLeaf>& leaves) {
   const double micro = s.pipe > 1 ? double(s.microbatches) : 1.0;
-  const double tokens = double(s.global_batch) / s.data / micro * double(s.seq_len);
+  const double tokens =
+      double(s.global_batch) / s.data / micro * double(s.seq_len) / double(s.context);
   if (s.pipe > 1) return pipeline_stage_peak(m, s, stage, leaves, tokens);
   // One stage, one pass: the saved activations, then the backward, with data parallelism's
   // buckets (a copy of the replicated gradients) from its first final gradient on, or
@@ -293,9 +298,10 @@ double gpt_activation_peak(const ModelDescription& m, const Setup& s, int stage,
   double replicated = 0;
   for (const LocalLeaf& l : leaves)
     if (l.gathered == 0) replicated += double(l.elems) * s.grad_bytes;
-  const bool copies = s.activations.gradient_bucket_copy && s.data > 1;
+  const int averaged = s.data * s.context;  // the devices that average the gradients
+  const bool copies = s.activations.gradient_bucket_copy && averaged > 1;
   const double bucket = copies && s.zero_stage == 0 ? replicated : 0.0;
-  const double scatter = copies && s.zero_stage == 2 ? replicated + replicated / s.data : 0.0;
+  const double scatter = copies && s.zero_stage == 2 ? replicated + replicated / averaged : 0.0;
   return saved_of(units) + backward_peak(units, true, bucket, scatter);
 }
 
