@@ -133,6 +133,14 @@ TEST(DistributedConfig, TensorTimesPipelineDividesWorldSize) {
   c.tensor_parallel_size = 2;
   c.pipeline_parallel_size = 8;
   EXPECT_PROBLEM(c, "= 2 x 8 = 16 must divide world_size = 8");
+  // The context axis takes its share of the devices too.
+  c.pipeline_parallel_size = 1;
+  c.context_parallel_size = 3;
+  EXPECT_PROBLEM(c,
+                 "tensor_parallel_size x pipeline_parallel_size x context_parallel_size = 2 x 1 x "
+                 "3 = 6 must divide world_size = 8");
+  c.context_parallel_size = 0;
+  EXPECT_PROBLEM(c, "context_parallel_size = 0 must be positive");
 }
 
 TEST(DistributedConfig, RankBelowWorldSize) {
@@ -194,6 +202,9 @@ TEST(DistributedConfig, TensorAndPipelineSizesMatchTheMesh) {
   c.tensor_parallel_size = 4;
   c.pipeline_parallel_size = 2;
   EXPECT_PROBLEM(c, "pipeline_parallel_size = 2 but the mesh's \"pipe\" axis has size 1");
+  c.pipeline_parallel_size = 1;
+  c.context_parallel_size = 2;
+  EXPECT_PROBLEM(c, "context_parallel_size = 2 but the mesh's \"context\" axis has size 1");
 }
 
 TEST(DistributedConfig, DisabledMeansOneDevice) {
@@ -347,6 +358,13 @@ TEST(DistributedConfig, BuildMeshFromSizes) {
   const mesh::Mesh three = config::build_mesh(c);
   EXPECT_EQ(three.axis_names(), (std::vector<std::string>{"data", "model", "pipe"}));
   EXPECT_EQ(three.shape(), (std::vector<int>{2, 2, 2}));
+  // (data, context, model, pipe): the model axis innermost but for the pipeline.
+  c.pipeline_parallel_size = 1;
+  c.context_parallel_size = 2;
+  EXPECT_EQ(c.data_parallel_size(), 2);
+  const mesh::Mesh with_context = config::build_mesh(c);
+  EXPECT_EQ(with_context.axis_names(), (std::vector<std::string>{"data", "context", "model"}));
+  EXPECT_EQ(with_context.shape(), (std::vector<int>{2, 2, 2}));
 }
 
 TEST(DistributedConfig, BuildMeshExplicit) {

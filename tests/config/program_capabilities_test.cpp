@@ -37,6 +37,14 @@ TEST(ProgramCapabilities, WithinThemNoProblem) {
   c.parallelism.shard = Shard::Parameters;
   c.distributed.mixed_precision = config::MixedPrecision::Bf16;
   EXPECT_EQ(problems(kGpt, c), "");
+  // A "context" axis: named unless the program splits sequences.
+  c.distributed.context_parallel_size = 2;
+  EXPECT_NE(problems(kGpt, c).find("distributed.context_parallel_size = 2"), std::string::npos);
+  ProgramCapabilities with_context = kGpt;
+  with_context.context_parallel = true;
+  EXPECT_EQ(problems(with_context, c), "");
+  EXPECT_EQ(with_context.str(),
+            "mesh axes data, model, pipe, context; DP, FSDP; f32, bf16, fp16 (fp16 not with pipe)");
 }
 
 // An explicit mesh axis of size > 1 that no strategy of the program uses is named; one of
@@ -75,11 +83,13 @@ TEST(ProgramCapabilities, EveryKeyBeyondThemIsNamed) {
   c.distributed.pipeline_parallel_size = 2;
   c.parallelism.shard = Shard::Parameters;
   c.distributed.mixed_precision = config::MixedPrecision::Bf16;
+  c.distributed.context_parallel_size = 2;
   const std::string all = problems(ProgramCapabilities{.max_devices = 4}, c);
   for (const char* key :
        {"distributed.world_size = 8: this program runs on at most 4 devices",
         "distributed.tensor_parallel_size = 2: this program has no tensor parallelism",
         "distributed.pipeline_parallel_size = 2: this program has no pipeline",
+        "distributed.context_parallel_size = 2: this program has no context parallelism",
         "parallelism.shard = \"parameters\" is not implemented for this program",
         "distributed.mixed_precision = \"bf16\" is not implemented for this program"})
     EXPECT_NE(all.find(key), std::string::npos) << key << "\n" << all;

@@ -52,6 +52,7 @@ struct Case {
   Method method;
   bool balanced;
   bool causal = true;
+  bool overlap = true;  // the ring's transfers overlapped with the attention
 };
 
 std::string name_of(const Case& c) {
@@ -105,7 +106,8 @@ TEST_P(ContextParallel, MatchesAttentionOverTheWholeSequence) {
     const Tensor lq = leaf(0), lk = leaf(1), lv = leaf(2);
     const Tensor o =
         c.method == Method::Ring
-            ? parallel::ring_attention(ctx, lq, lk, lv, "context", layout, c.causal)
+            ? parallel::ring_attention(ctx, lq, lk, lv, "context", layout, c.causal, 0.f,
+                                       c.overlap)
             : parallel::ulysses_attention(ctx, lq, lk, lv, "context", layout, c.causal);
     const Tensor loss = tensor::sum(tensor::mul(o, mine(input(3))));
     std::vector<Tensor> g = autodiff::grad({loss}, {Tensor()}, {lq, lk, lv});
@@ -138,6 +140,7 @@ std::vector<Case> cases() {
     if (kH % n == 0) out.push_back({m, Method::Ulysses, true});
   }
   out.push_back({Mesh({4}, {"context"}), Method::Ring, true, false});
+  out.push_back({Mesh({4}, {"context"}), Method::Ring, true, true, /*overlap=*/false});
   out.push_back({Mesh({2}, {"context"}), Method::Ulysses, false, false});
   // Beside a data axis: the data axis first and last.
   out.push_back({Mesh({2, 2}, {"data", "context"}), Method::Ring, true});

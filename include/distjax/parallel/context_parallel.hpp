@@ -60,6 +60,8 @@ struct ContextPlan {
   std::string axis = "context";
   ContextLayout layout{};
   ContextMethod method = ContextMethod::Ring;
+  /// The ring's transfers overlap the attention (false: each waits; for measuring).
+  bool overlap = true;
   bool active() const { return layout.size > 1; }
 };
 
@@ -72,9 +74,11 @@ struct ContextPlan {
 /// saved output and log-sum-exp: each block's key and value gradients travel with it and
 /// come home after n hops, also overlapped with the attention of the block in hand. Equal to
 /// attention over the gathered sequence (f32 sums in another order). scale 0: D^-0.5.
+/// `overlap` false completes each transfer before the attention of the block in hand (the
+/// same values; what the overlap hides is measured against it: bench_cp).
 Tensor ring_attention(spmd::DeviceContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                       const mesh::Axes& axis, const ContextLayout& layout, bool causal = true,
-                      float scale = 0.f);
+                      float scale = 0.f, bool overlap = true);
 
 /// The same attention by Ulysses' re-split: an all_to_all trades the sequence split for a
 /// split of the heads (each device then holds the whole sequence of H/n heads), the

@@ -111,7 +111,7 @@ std::int64_t context_attention_pairs(const ContextLayout& layout, int rank, std:
 
 Tensor ring_attention(spmd::DeviceContext& ctx, const Tensor& q_in, const Tensor& k_in,
                       const Tensor& v_in, const mesh::Axes& axis, const ContextLayout& layout,
-                      bool causal, float scale) {
+                      bool causal, float scale, bool overlap) {
   const char* op = "ring_attention";
   check_qkv(q_in, k_in, v_in, op);
   // Each device's tokens are its own (a replicated input's cotangent is their sum).
@@ -134,20 +134,22 @@ Tensor ring_attention(spmd::DeviceContext& ctx, const Tensor& q_in, const Tensor
     for (int s = 0; s < n; ++s) {
       spmd::PermuteHandle next;
       if (s + 1 < n) next = spmd::ppermute_start(ctx, kv, axis, perm);
+      Tensor held = kv;
+      if (!overlap && s + 1 < n) kv = spmd::ppermute_done(next);  // wait before computing
       const Tensor& kpos = pos[static_cast<std::size_t>(mod(me - s, n))];
       tensor::AttentionPart part = tensor::attention_block(
-          q.detach(), tensor::slice(kv, 0, 0, b), tensor::slice(kv, 0, b, 2 * b), qpos, kpos,
+          q.detach(), tensor::slice(held, 0, 0, b), tensor::slice(held, 0, b, 2 * b), qpos, kpos,
           causal, scale);
       ctx.counters().attention_pairs += part.pairs;
       if (s == 0) whole = std::move(part);
       else tensor::attention_merge(whole, part);
-      if (s + 1 < n) kv = spmd::ppermute_done(next);
+      if (overlap && s + 1 < n) kv = spmd::ppermute_done(next);
     }
   }
   // Recorded (or, without a tape, given the varying axes of q, k and v).
   return tensor::record(
       op, {q, k, v}, whole.out,
-      [&ctx, axis, n, me, b, causal, scale, perm, pos, qd = q.detach(), kd = k.detach(),
+      [&ctx, axis, n, me, b, causal, scale, overlap, perm, pos, qd = q.detach(), kd = k.detach(),
        vd = v.detach(), whole = tensor::AttentionPart{whole.out.detach(), whole.lse}](
           const std::vector<Tensor>& g) {
         // Step s: the block of (me - s) with the gradients it gathered on the devices before
@@ -157,15 +159,21 @@ Tensor ring_attention(spmd::DeviceContext& ctx, const Tensor& q_in, const Tensor
         spmd::PermuteHandle kv_next, dkv_next;
         for (int s = 0; s < n; ++s) {
           if (s + 1 < n) kv_next = spmd::ppermute_start(ctx, kv, axis, perm);
+          Tensor held = kv, arrived;
+          if (!overlap) {  // every transfer done before the compute
+            if (s + 1 < n) kv = spmd::ppermute_done(kv_next);
+            if (s > 0) arrived = spmd::ppermute_done(dkv_next);
+          }
           const Tensor& kpos = pos[static_cast<std::size_t>(mod(me - s, n))];
           tensor::AttentionGrads part = tensor::attention_block_backward(
-              qd, tensor::slice(kv, 0, 0, b), tensor::slice(kv, 0, b, 2 * b), qpos, kpos, whole,
-              g[0], causal, scale);
+              qd, tensor::slice(held, 0, 0, b), tensor::slice(held, 0, b, 2 * b), qpos, kpos,
+              whole, g[0], causal, scale);
           dq = s == 0 ? part.dq : tensor::add(dq, part.dq);
           Tensor mine = tensor::concat({part.dk, part.dv}, 0);
-          dkv = s == 0 ? mine : tensor::add(spmd::ppermute_done(dkv_next), mine);
+          if (overlap && s > 0) arrived = spmd::ppermute_done(dkv_next);
+          dkv = s == 0 ? mine : tensor::add(arrived, mine);
           dkv_next = spmd::ppermute_start(ctx, dkv, axis, perm);
-          if (s + 1 < n) kv = spmd::ppermute_done(kv_next);
+          if (overlap && s + 1 < n) kv = spmd::ppermute_done(kv_next);
         }
         dkv = spmd::ppermute_done(dkv_next);  // the n-th hop: this device's own block
         return std::vector<Tensor>{dq, tensor::slice(dkv, 0, 0, b), tensor::slice(dkv, 0, b, 2 * b)};
@@ -226,7 +234,8 @@ Tensor context_attention_packed(spmd::DeviceContext& ctx, const Tensor& qkv,
   const Tensor q = tensor::reshape(parts[0], shape), k = tensor::reshape(parts[1], shape),
                v = tensor::reshape(parts[2], shape);
   const Tensor o = plan.method == ContextMethod::Ring
-                       ? ring_attention(ctx, q, k, v, plan.axis, plan.layout, causal)
+                       ? ring_attention(ctx, q, k, v, plan.axis, plan.layout, causal, 0.f,
+                                        plan.overlap)
                        : ulysses_attention(ctx, q, k, v, plan.axis, plan.layout, causal);
   return tensor::reshape(tensor::permute(o, {0, 2, 1, 3}), {b, t, num_heads * d});
 }
