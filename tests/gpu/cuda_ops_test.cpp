@@ -386,6 +386,54 @@ TEST(CudaOps, Attention) {
                {uniform({2, 256, 3 * 768})}, {true});
 }
 
+// The blockwise attention of context parallelism (tensor::attention_block, its merge and
+// its backward) at global positions: a block of queries over an earlier block, over the
+// diagonal one and over a later one (no row sees a key: 0 and -inf), merged.
+TEST(CudaOps, AttentionBlocksAndTheirMerge) {
+  SKIP_WITHOUT_GPU();
+  const std::int64_t b = 2, h = 3, t = 40, d = 16;
+  const auto positions = [](std::int32_t from, std::int64_t n) {
+    std::vector<std::int32_t> p(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) p[static_cast<std::size_t>(i)] = from + 2 * static_cast<std::int32_t>(i);
+    return Tensor::from_vector(p, {n});
+  };
+  const Tensor qpos = positions(100, t);
+  for (const auto& [name, kpos] :
+       {std::pair{"earlier", positions(0, t)}, std::pair{"diagonal", positions(101, t)},
+        std::pair{"later", positions(1000, t)}}) {
+    const V in{uniform({b, h, t, d}), uniform({b, h, t, d}), uniform({b, h, t, d}), qpos, kpos};
+    const std::vector<bool> none(in.size(), false);
+    expect_close(std::string("attention_block output, ") + name,
+                 [](const V& a) { return attention_block(a[0], a[1], a[2], a[3], a[4]).out; }, in,
+                 none);
+    expect_close(std::string("attention_block lse, ") + name,
+                 [](const V& a) {
+                   // -inf rows compared as a large negative number
+                   return maximum(attention_block(a[0], a[1], a[2], a[3], a[4]).lse,
+                                  Tensor::full({1}, -1e30, DType::F32, a[0].device()));
+                 },
+                 in, none);
+  }
+  // Two blocks merged, and each block's share of the gradients from the merged result.
+  const V in{uniform({b, h, t, d}), uniform({b, h, t, d}), uniform({b, h, t, d}),
+             uniform({b, h, t, d}), uniform({b, h, t, d}), uniform({b, h, t, d}),
+             qpos,                  positions(0, t),       positions(101, t)};
+  const auto merged = [](const V& a) {
+    AttentionPart whole = attention_block(a[0], a[1], a[2], a[6], a[7]);
+    attention_merge(whole, attention_block(a[0], a[3], a[4], a[6], a[8]));
+    return whole;
+  };
+  const std::vector<bool> none(in.size(), false);
+  expect_close("attention_merge", [&](const V& a) { return merged(a).out; }, in, none);
+  expect_close("attention_block_backward",
+               [&](const V& a) {
+                 const AttentionGrads g =
+                     attention_block_backward(a[0], a[3], a[4], a[6], a[8], merged(a), a[5]);
+                 return concat({g.dq, g.dk, g.dv}, 0);
+               },
+               in, none);
+}
+
 // Sets an environment variable for a scope (the previous value back after).
 class ScopedEnv {
  public:
