@@ -34,7 +34,10 @@ test-hosts:
 
 # ThreadSanitizer run of the comm tests, the data prefetcher's, and the pipeline and
 # checkpoint tests (devices as threads: schedules, sends and receives between stages, saves
-# and loads on every device), in its own build directory (not part of `make test`: a cold
+# and loads on every device) and the ring attention of context parallelism, in its own build
+# directory. Those run with one OpenMP thread per device: OpenMP's workers meet in libgomp's
+# barriers, which are not instrumented, so TSan would report a kernel's shared arguments as
+# races between a device thread and its own workers. Not part of `make test` (a cold
 # TSan build of the library takes several minutes on 2 cores).
 TSAN_BUILD ?= build-tsan
 test-tsan: setup
@@ -42,11 +45,12 @@ test-tsan: setup
 	  -DDISTJAX_WITH_MPI=OFF -DDISTJAX_WITH_CUDA=OFF -DDISTJAX_BUILD_EXAMPLES=OFF \
 	  -DDISTJAX_BUILD_BENCH=OFF >/dev/null
 	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target communicator_test comm_failure_test prefetch_test \
-	  pipeline_test checkpoint_test checkpointer_test
+	  pipeline_test checkpoint_test checkpointer_test context_parallel_test
 	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
 	  ctest --output-on-failure -L '^comm$$' -j $(JOBS)
-	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
-	  ctest --output-on-failure -R '^(Prefetcher|Pipeline|Checkpoint|CheckpointChild|CheckpointReshard|CheckpointResume|Checkpointer)\.' -j $(JOBS)
+	cd $(TSAN_BUILD) && OMP_NUM_THREADS=1 \
+	  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
+	  ctest --output-on-failure -R '^(Prefetcher|Pipeline|Checkpoint|CheckpointChild|CheckpointReshard|CheckpointResume|Checkpointer|ContextParallelBalance|Meshes/ContextParallel)\.' -j $(JOBS)
 
 # libFuzzer runs of the readers of untrusted files (fuzz/: the TOML config with --set, the
 # safetensors files and the index of checkpoints), clang with ASan and UBSan, in their own
