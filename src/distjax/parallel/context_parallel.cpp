@@ -155,6 +155,9 @@ Tensor ring_attention(spmd::DeviceContext& ctx, const Tensor& q_in, const Tensor
         // Step s: the block of (me - s) with the gradients it gathered on the devices before
         // this one; after this device's share it moves on, overlapped with the next step.
         const Tensor& qpos = pos[static_cast<std::size_t>(me)];
+        // No cotangent reached the output on this device: its share is zero (the ring still
+        // runs, so the other devices' gradients pass through).
+        const Tensor go = g[0].defined() ? g[0] : Tensor::zeros(qd.shape(), DType::F32, qd.device());
         Tensor kv = tensor::concat({kd, vd}, 0), dq, dkv;
         spmd::PermuteHandle kv_next, dkv_next;
         for (int s = 0; s < n; ++s) {
@@ -167,7 +170,7 @@ Tensor ring_attention(spmd::DeviceContext& ctx, const Tensor& q_in, const Tensor
           const Tensor& kpos = pos[static_cast<std::size_t>(mod(me - s, n))];
           tensor::AttentionGrads part = tensor::attention_block_backward(
               qd, tensor::slice(held, 0, 0, b), tensor::slice(held, 0, b, 2 * b), qpos, kpos,
-              whole, g[0], causal, scale);
+              whole, go, causal, scale);
           dq = s == 0 ? part.dq : tensor::add(dq, part.dq);
           Tensor mine = tensor::concat({part.dk, part.dv}, 0);
           if (overlap && s > 0) arrived = spmd::ppermute_done(dkv_next);
