@@ -34,14 +34,19 @@ constexpr double kParamTol = 2e-6;
 constexpr int kSteps = 5;
 constexpr std::int64_t kBatch = 4, kT = 32, kVocab = 64;
 
-models::TransformerConfig gpt_config() {
-  return {.vocab = kVocab, .d_model = 32, .num_layers = 2, .num_heads = 4, .max_len = kT};
+models::TransformerConfig gpt_config(float dropout = 0.f) {
+  return {.vocab = kVocab,
+          .d_model = 32,
+          .num_layers = 2,
+          .num_heads = 4,
+          .max_len = kT,
+          .dropout = dropout};
 }
 
 // The GPT laid out as `cp` and `tp` say, its loss on this device's share of the sequences.
 ParityModel gpt(const ContextPlan& cp, const parallel::TPPlan& tp = {},
-                const nn::FullySharded* fsdp = nullptr) {
-  models::TransformerConfig c = gpt_config();
+                const nn::FullySharded* fsdp = nullptr, float dropout = 0.f) {
+  models::TransformerConfig c = gpt_config(dropout);
   c.cp = cp;
   c.tp = tp;
   const auto model = std::make_shared<const models::Transformer>(c);
@@ -65,10 +70,13 @@ ParityModel gpt(const ContextPlan& cp, const parallel::TPPlan& tp = {},
 // Data parallelism over "data" (when the mesh has it) and "context" together.
 testing::StrategyFactory averaged_over_data_and_context(const mesh::Axes& fully_sharded = {}) {
   return [fully_sharded](spmd::DeviceContext& ctx, const nn::ParamSpecs& specs) {
-    const mesh::Axes axes = ctx.mesh().has_axis("data") ? mesh::Axes({"data", "context"})
-                                                        : mesh::Axes("context");
+    const bool data = ctx.mesh().has_axis("data");
+    const mesh::Axes axes = data ? mesh::Axes({"data", "context"}) : mesh::Axes("context");
+    // Dropout keys of the data replica (as app::Composed): drawn by global position.
     return std::make_unique<parallel::DataParallel>(
-        ctx, axes, &specs, parallel::DataParallelOptions{.fully_sharded = fully_sharded});
+        ctx, axes, &specs,
+        parallel::DataParallelOptions{.fully_sharded = fully_sharded,
+                                      .key_axes = data ? mesh::Axes("data") : mesh::Axes()});
   };
 }
 
@@ -134,6 +142,35 @@ std::vector<Case> cases() {
       {"ring fsdp dp=2 x cp=2", mesh::Mesh({2, 2}, {"data", "context"}), ContextMethod::Ring, true,
        {}, true},
   };
+}
+
+// With dropout (0.1 on the embedding and every residual branch): each chunk of a device
+// draws its block of the whole sequence's mask from the same key as one device, so the
+// split runs drop the same elements (meshes without a data axis, whose devices then all
+// draw with the one device's key).
+TEST(ContextParallelGptDropout, DropsWhatOneDeviceDrops) {
+  constexpr float kRate = 0.1f;
+  const TrainingRun one = testing::train_one_device(gpt({}, {}, nullptr, kRate), sgd(), batches());
+  struct DropCase {
+    std::string name;
+    mesh::Mesh mesh;
+    ContextMethod method;
+    parallel::TPPlan tp{};
+  };
+  for (const DropCase& c :
+       {DropCase{"ring cp=4", mesh::Mesh({4}, {"context"}), ContextMethod::Ring},
+        DropCase{"ulysses cp=2", mesh::Mesh({2}, {"context"}), ContextMethod::Ulysses},
+        DropCase{"ring cp=2 x tp=2 megatron", mesh::Mesh({2, 2}, {"context", "model"}),
+                 ContextMethod::Ring, {.layout = TPLayout::Megatron}},
+        DropCase{"ring cp=2 x tp=2 gather", mesh::Mesh({2, 2}, {"context", "model"}),
+                 ContextMethod::Ring, {.layout = TPLayout::Gather}}}) {
+    const ContextPlan cp{.layout = {.size = c.mesh.axis_size("context")}, .method = c.method};
+    const TrainingRun run = testing::train_on_mesh(c.mesh, gpt(cp, c.tp, nullptr, kRate), sgd(),
+                                                   batches(), {}, averaged_over_data_and_context());
+    testing::expect_same_run(one, run, kParamTol, c.name + " with dropout");
+  }
+  // The masks matter: without dropout the run differs.
+  EXPECT_NE(one.losses.back(), one_device().losses.back());
 }
 
 INSTANTIATE_TEST_SUITE_P(Meshes, ContextParallelGpt, ::testing::ValuesIn(cases()),

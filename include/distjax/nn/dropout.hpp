@@ -16,6 +16,13 @@ struct Dropout {
   /// exactly the elements one device would (tensor parallelism's feature- or
   /// sequence-sharded activations).
   mesh::PartitionSpec spec{};
+  /// x's sequence dimension (1) as chunks of a longer sequence (context parallelism): x holds
+  /// sequence_starts.size() chunks of equal length, starting at these global positions of a
+  /// sequence of sequence_length; each draws its block of the whole sequence's mask, so the
+  /// split run drops what one device would. Empty: dimension 1 is whole (or split by spec).
+  /// Not with a spec that splits dimension 1 (InvalidArgument).
+  std::vector<std::int64_t> sequence_starts{};
+  std::int64_t sequence_length = 0;
 
   Tensor operator()(const Scope& scope, const Tensor& x) const;
 };

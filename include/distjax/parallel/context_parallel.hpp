@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "distjax/nn/dropout.hpp"
 #include "distjax/spmd/device_context.hpp"
 #include "distjax/tensor/tensor.hpp"
 
@@ -43,6 +44,9 @@ struct ContextLayout {
   Tensor shard(const Tensor& x, int dim, int rank) const;
   /// The inverse: the global sequence from every device's share (`shares[r]` of device r).
   Tensor unshard(const std::vector<Tensor>& shares, int dim) const;
+  /// The global position where each of device `rank`'s chunks starts, in its local order,
+  /// for a sequence of global length t.
+  std::vector<std::int64_t> chunk_starts(int rank, std::int64_t t) const;
   /// "balanced (8 chunks over 4 devices)" and the like, for messages.
   std::string describe() const;
 };
@@ -94,6 +98,13 @@ Tensor ulysses_attention(spmd::DeviceContext& ctx, const Tensor& q, const Tensor
 /// products run in f32 (more precise than a bf16 policy asks).
 Tensor context_attention_packed(spmd::DeviceContext& ctx, const Tensor& qkv,
                                 std::int64_t num_heads, bool causal, const ContextPlan& plan);
+
+/// `drop` for an activation (B, T/n, ...) holding this device's positions under `plan`: each of
+/// its chunks draws its block of the whole sequence's mask (nn::Dropout::sequence_starts), so
+/// the split run drops what one device would with the same key. `drop` itself when the plan
+/// is inactive.
+nn::Dropout context_dropout(nn::Dropout drop, const spmd::DeviceContext* ctx,
+                            const ContextPlan& plan, std::int64_t local_t);
 
 /// The (query, key) pairs device `rank`'s queries see under a causal mask (all pairs
 /// without one) over a sequence of length t: the attention's work on that device, in

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "distjax/mesh/mesh.hpp"
@@ -69,6 +70,10 @@ struct DataParallelOptions {
   /// The data axes over which parameters are stored fully sharded (nn::Scope::fully_sharded,
   /// ZeRO-3 / FSDP): the only data axes a parameter's spec may name.
   mesh::Axes fully_sharded{};
+  /// The axes whose index step_key folds into the dropout key (null: all of the data axes).
+  /// Context parallelism averages over "data" and "context" but draws its dropout masks by
+  /// global position, from the key of the data replica: {"data"}.
+  std::optional<mesh::Axes> key_axes{};
 };
 
 /// The data-parallel Strategy. forward_backward treats each device's parameters as its own

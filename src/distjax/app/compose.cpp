@@ -73,8 +73,12 @@ Composed::Composed(const config::TrainConfig& c, spmd::DeviceContext* ctx, Netwo
   else
     data_ = std::make_unique<parallel::DataParallel>(
         *ctx, averaged, &specs_,
-        parallel::DataParallelOptions{.fully_sharded =
-                                          fully_sharded_ ? mesh::Axes("data") : mesh::Axes()});
+        parallel::DataParallelOptions{
+            .fully_sharded = fully_sharded_ ? mesh::Axes("data") : mesh::Axes(),
+            // Under a context split the masks are drawn by global position, from the key of
+            // the data replica: every device of a context group draws with the same key.
+            .key_axes = cp_.active() ? std::optional<mesh::Axes>(mesh::Axes("data"))
+                                     : std::nullopt});
   top_ = data_.get();
   if (!pipelined(ctx, model_)) return;
   DISTJAX_CHECK(model_.pipeline != nullptr, ConfigError, "[", c.run.program,

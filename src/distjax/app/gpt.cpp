@@ -62,6 +62,12 @@ void check_gpt(const config::TrainConfig& c, const mesh::Mesh& mesh) {
                   "each device's ", c.model.heads / n_model, " heads (model.heads = ",
                   c.model.heads, " over the \"model\" axis of ", n_model,
                   ") over distributed.context_parallel_size = ", n, ", which must divide them");
+    DISTJAX_CHECK(c.model.dropout == 0.0 || !c.parallelism.sequence_parallel ||
+                      layout != parallel::TPLayout::Megatron,
+                  NotImplemented, "[gpt] model.dropout = ", c.model.dropout,
+                  " with parallelism.sequence_parallel and distributed.context_parallel_size = ",
+                  n, ": the dropout of a sequence split twice is not drawn yet; set "
+                  "model.dropout = 0 or sequence_parallel = false");
     DISTJAX_CHECK(!c.data.document_attention, NotImplemented,
                   "[gpt] data.document_attention with distributed.context_parallel_size = ", n,
                   ": the context-parallel attention keeps no document ids yet");

@@ -201,7 +201,9 @@ Tensor Transformer::embed(const nn::Scope& scope, const Tensor& tokens) const {
                                          ? mesh::P(std::nullopt, std::nullopt, tp.axis)
                                      : l.sp ? mesh::P(std::nullopt, tp.axis)
                                             : mesh::PartitionSpec();
-  return nn::Dropout{.rate = c.dropout, .spec = x_spec}(scope.child("embed_dropout"), x);
+  nn::Dropout drop{.rate = c.dropout, .spec = x_spec};
+  if (cp) drop = parallel::context_dropout(drop, ctx, c.cp, t_len);
+  return drop(scope.child("embed_dropout"), x);
 }
 
 Tensor Transformer::block(const nn::Scope& scope, int i, const Tensor& x,

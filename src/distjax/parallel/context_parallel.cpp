@@ -93,6 +93,15 @@ Tensor ContextLayout::unshard(const std::vector<Tensor>& shares, int dim) const 
   return tensor::concat(chunk, dim);
 }
 
+std::vector<std::int64_t> ContextLayout::chunk_starts(int rank, std::int64_t t) const {
+  DISTJAX_CHECK(divides(t), InvalidArgument, "[context layout] a sequence of ", t,
+                " positions does not split into ", describe());
+  std::vector<std::int64_t> out;
+  for (int chunk : chunks_of(rank))
+    out.push_back(chunk * (t / chunks()));
+  return out;
+}
+
 std::string ContextLayout::describe() const {
   return std::string(balanced ? "balanced" : "plain") + " (" + std::to_string(chunks()) +
          " chunks over " + std::to_string(size) + " devices)";
@@ -210,6 +219,17 @@ Tensor ulysses_attention(spmd::DeviceContext& ctx, const Tensor& q, const Tensor
 }
 
 // ------------------------------------------------------------------------ in a model
+
+nn::Dropout context_dropout(nn::Dropout drop, const spmd::DeviceContext* ctx,
+                            const ContextPlan& plan, std::int64_t local_t) {
+  if (!plan.active()) return drop;
+  const std::int64_t t = local_t * plan.layout.size;
+  DISTJAX_CHECK(ctx != nullptr, InvalidArgument,
+                "[context_dropout] a context split needs a scope bound to a device");
+  drop.sequence_starts = plan.layout.chunk_starts(ctx->axis_index(plan.axis), t);
+  drop.sequence_length = t;
+  return drop;
+}
 
 ContextMethod context_method_from_name(const std::string& name) {
   if (name == "ring") return ContextMethod::Ring;

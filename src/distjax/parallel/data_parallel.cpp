@@ -230,7 +230,7 @@ void DataParallel::lint_once() {
 }
 
 Key DataParallel::step_key(const Key& key) {
-  return ctx_->fold_rng_over_axis(key, axes_);
+  return ctx_->fold_rng_over_axis(key, options_.key_axes ? *options_.key_axes : axes_);
 }
 
 train::Batch DataParallel::own_batch(const train::Batch& batch) {

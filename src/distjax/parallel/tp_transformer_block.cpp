@@ -33,10 +33,12 @@ Tensor TPTransformerBlock::sequential(const nn::Scope& scope, const Tensor& x) c
       return TPNorm{.kind = TPNorm::Kind::Layer, .eps = eps, .axis = axis}(s, h);
     return nn::LayerNorm{.eps = eps}(s, h);
   };
-  const nn::Dropout drop{.rate = dropout,
-                         .spec = features_sharded    ? mesh::P(std::nullopt, std::nullopt, axis)
-                                 : sequence_parallel ? mesh::P(std::nullopt, axis)
-                                                     : mesh::PartitionSpec()};
+  const nn::Dropout drop = context_dropout(
+      {.rate = dropout,
+       .spec = features_sharded    ? mesh::P(std::nullopt, std::nullopt, axis)
+               : sequence_parallel ? mesh::P(std::nullopt, axis)
+                                   : mesh::PartitionSpec()},
+      scope.context(), context, x.size(1));
   const TPMultiHeadAttention attn{.num_heads = num_heads,
                                   .causal = causal,
                                   .proj = proj,
@@ -127,7 +129,9 @@ Tensor TPTransformerBlock::parallel_block(const nn::Scope& scope, const Tensor& 
   const mesh::PartitionSpec x_spec = features_sharded    ? P(std::nullopt, std::nullopt, axis)
                                      : sequence_parallel ? P(std::nullopt, axis)
                                                          : mesh::PartitionSpec();
-  const nn::Dropout drop{.rate = dropout, .spec = tp ? x_spec : mesh::PartitionSpec()};
+  const nn::Dropout drop = context_dropout(
+      {.rate = dropout, .spec = tp ? x_spec : mesh::PartitionSpec()}, scope.context(), context,
+      x.size(1));
   return tensor::add(x, drop(scope.child("dropout"), tensor::add(o, b_out)));
 }
 
