@@ -259,13 +259,15 @@ double planned_activations(std::int64_t seq, int cp) {
 
 void bench_gpt(const Options& o, Writer& out) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  GptRun cp4, cp1;
+  GptRun cp4, cp1, cp1_one_thread;
   const std::vector<RoundSpec> specs = {
       {{"gpt_cp4"}, [&](Round& r) { gpt_round(o.seq, 4, 1, cp4, r); }},
       {{"gpt_cp1"}, [&](Round& r) { gpt_round(o.seq, 1, cores, cp1, r); }},
+      {{"gpt_cp1_1thread"}, [&](Round& r) { gpt_round(o.seq, 1, 1, cp1_one_thread, r); }},
   };
   const auto m = run_alternating(specs, o.rounds, o.seconds, "", "bench_cp");
   const double t4 = median(m.at("gpt_cp4").step_times), t1 = median(m.at("gpt_cp1").step_times);
+  const double t1_one = median(m.at("gpt_cp1_1thread").step_times);
   const double tokens = double(o.seq);
   json j = line("cp4_vs_cp1_tokens_per_s_seq8192", t1 / t4, "ratio");
   j["better"] = "higher";
@@ -273,6 +275,11 @@ void bench_gpt(const Options& o, Writer& out) {
   j["baseline_value"] = tokens / t1;
   j["cp4_tokens_per_s"] = tokens / t4;
   j["cp1_tokens_per_s"] = tokens / t1;
+  // Where the difference from the ideal goes: the one device's speedup from its threads
+  // (OpenMP inside each op) against the devices' from their split.
+  j["cp1_one_thread_tokens_per_s"] = tokens / t1_one;
+  j["cp1_threads_speedup"] = t1_one / t1;
+  j["cp4_over_cp1_one_thread"] = t1_one / t4;
   j["ideal_this_machine"] = 1.0;
   j["ideal_note"] = "4 devices of one thread share the machine's " + std::to_string(cores) +
                     " cores, as the one device's threads do: the same compute, so 1 at best "
