@@ -115,6 +115,7 @@ TEST_P(ContextParallelGpt, TrainsAsOneDevice) {
       c.mesh, gpt(cp, c.tp, c.fsdp ? &fsdp : nullptr), sgd(), batches(), {},
       averaged_over_data_and_context(c.fsdp ? mesh::Axes("data") : mesh::Axes()));
   testing::expect_same_run(one_device(), run, kParamTol, c.name);
+  testing::expect_params_within_norm(one_device(), run, kTol, c.name);
   for (std::size_t s = 0; s < run.losses.size(); ++s) {
     EXPECT_NEAR(run.losses[s], one_device().losses[s], kTol * one_device().losses[s]) << s;
     EXPECT_NEAR(run.grad_norms[s], one_device().grad_norms[s], kTol * one_device().grad_norms[s])
@@ -168,6 +169,7 @@ TEST(ContextParallelGptDropout, DropsWhatOneDeviceDrops) {
     const TrainingRun run = testing::train_on_mesh(c.mesh, gpt(cp, c.tp, nullptr, kRate), sgd(),
                                                    batches(), {}, averaged_over_data_and_context());
     testing::expect_same_run(one, run, kParamTol, c.name + " with dropout");
+    testing::expect_params_within_norm(one, run, kTol, c.name + " with dropout");
   }
   // The masks matter: without dropout the run differs.
   EXPECT_NE(one.losses.back(), one_device().losses.back());

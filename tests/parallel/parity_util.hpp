@@ -202,4 +202,26 @@ inline void expect_same_run(const TrainingRun& one, const TrainingRun& other, do
   EXPECT_NE(one.losses.front(), one.losses.back()) << what;
 }
 
+/// Every parameter within `tol` relative in norm, ||other - one|| <= tol ||one|| per tensor
+/// (a bias that starts at 0 is compared with its own size, not with its largest element).
+inline void expect_params_within_norm(const TrainingRun& one, const TrainingRun& other, double tol,
+                                      const std::string& what) {
+  ASSERT_TRUE(one.params.same_structure(other.params)) << what;
+  double worst = 0;
+  for (const auto& [path, a] : one.params) {
+    const auto va = a.to_vector<float>(), vb = other.params.at(path).to_vector<float>();
+    double diff = 0, norm = 0;
+    for (std::size_t i = 0; i < va.size(); ++i) {
+      diff += (double(va[i]) - vb[i]) * (double(va[i]) - vb[i]);
+      norm += double(va[i]) * va[i];
+    }
+    const double rel = norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+    worst = std::max(worst, rel);
+    EXPECT_LE(rel, tol) << what << ": " << path;
+  }
+  if (std::getenv("DISTJAX_PARITY_REPORT") != nullptr)
+    std::fprintf(stderr, "[parity] %s: worst ||diff|| / ||value|| = %.3g (tolerance %.3g)\n",
+                 what.c_str(), worst, tol);
+}
+
 }  // namespace distjax::testing
