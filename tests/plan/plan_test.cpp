@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <functional>
 
 #include "distjax/models/classifier.hpp"
 #include "distjax/models/transformer.hpp"
@@ -94,34 +95,29 @@ struct GptSizes {
   std::int64_t batch = 16, seq = 64, d_model = 128, layers = 2, heads = 4;
 };
 
-/// The GPT (vocab 256) on ("data"=nd, "model"=nm), Megatron layout, data parallel.
-Measured run_gpt(int nd, int nm, const GptSizes& z) {
-  const models::Transformer model(
-      {.vocab = 256,
-       .d_model = z.d_model,
-       .num_layers = z.layers,
-       .num_heads = z.heads,
-       .max_len = z.seq,
-       .tp = {.layout = nm > 1 ? parallel::TPLayout::Megatron : parallel::TPLayout::None}});
+/// A GPT (vocab 256) of `config`'s sizes trained on `mesh`, its gradients averaged over
+/// `averaged`, each device on `local(ctx, batch)` of every global batch: device 0's memory
+/// after the last step and its communication during it.
+using LocalBatch = std::function<train::Batch(DeviceContext&, const train::Batch&)>;
+Measured run_gpt_on(const Mesh& mesh, const models::TransformerConfig& config,
+                    const mesh::Axes& averaged, const GptSizes& z, const LocalBatch& local) {
+  const models::Transformer model(config);
   Measured out;
   const auto data = testing::random_token_batches(kSteps, z.batch, z.seq, 256, 7);
   spmd::shard_map(
-      Mesh({nd, nm}, {"data", "model"}),
+      mesh,
       [&](DeviceContext& ctx, const std::vector<Tensor>&) {
         nn::ParamSpecs specs;
-        parallel::DataParallel dp(ctx, "data", &specs);
+        parallel::DataParallel dp(ctx, averaged, &specs);
         auto state = train::TrainState::create(model.init(Key::from_seed(1), &specs, &ctx), adamw(),
                                                Key::from_seed(2), dp);
         const train::LossFn fn = [&](const TensorTree& p, const train::Batch& b, Key k) {
           const nn::Scope sc = nn::Scope::apply(&p, true, k).on(ctx);
           return std::make_pair(model.loss(sc, b.inputs, b.labels), train::Metrics{});
         };
-        const int r = ctx.axis_index("data");
-        const std::int64_t per = z.batch / nd;
         for (int step = 0; step < kSteps; ++step) {
           ctx.comm_stats().reset();
-          train::train_step(state, data[step].slice(r * per, (r + 1) * per), fn, adamw(),
-                            {.strategy = &dp});
+          train::train_step(state, local(ctx, data[step]), fn, adamw(), {.strategy = &dp});
           if (ctx.device() == 0 && step == kSteps - 1) {
             out.mem = ctx.memory();
             out.comm = ctx.comm_stats();
@@ -131,6 +127,39 @@ Measured run_gpt(int nd, int nm, const GptSizes& z) {
       },
       {}, {})(std::vector<Tensor>{});
   return out;
+}
+
+models::TransformerConfig gpt_of(const GptSizes& z) {
+  return {.vocab = 256,
+          .d_model = z.d_model,
+          .num_layers = z.layers,
+          .num_heads = z.heads,
+          .max_len = z.seq};
+}
+
+/// The GPT on ("data"=nd, "model"=nm), Megatron layout, data parallel.
+Measured run_gpt(int nd, int nm, const GptSizes& z) {
+  models::TransformerConfig c = gpt_of(z);
+  c.tp = {.layout = nm > 1 ? parallel::TPLayout::Megatron : parallel::TPLayout::None};
+  return run_gpt_on(Mesh({nd, nm}, {"data", "model"}), c, "data", z,
+                    [&](DeviceContext& ctx, const train::Batch& b) {
+                      const int r = ctx.axis_index("data");
+                      const std::int64_t per = z.batch / nd;
+                      return b.slice(r * per, (r + 1) * per);
+                    });
+}
+
+/// The GPT with its sequence split over ("context"=n), ring attention or Ulysses, the
+/// gradients averaged over the axis.
+Measured run_gpt_context(int n, bool ulysses, const GptSizes& z) {
+  models::TransformerConfig c = gpt_of(z);
+  c.cp = {.layout = {.size = n},
+          .method = ulysses ? parallel::ContextMethod::Ulysses : parallel::ContextMethod::Ring};
+  return run_gpt_on(Mesh({n}, {"context"}), c, "context", z,
+                    [&](DeviceContext& ctx, const train::Batch& b) {
+                      const int me = ctx.axis_index("context");
+                      return b.map([&](const Tensor& t) { return c.cp.layout.shard(t, 1, me); });
+                    });
 }
 
 void expect_within(double predicted, double measured, double tol, const std::string& what) {
@@ -206,48 +235,6 @@ TEST(Plan, GptTensorParallelMatchesTheRun) {
   EXPECT_EQ(planned(p, "model", "all_reduce"), double(m.sent("model", comm::OpKind::AllReduce)));
   EXPECT_NEAR(planned(p, "data", "all_reduce"), double(m.sent("data", comm::OpKind::AllReduce)),
               kMetricBytes);
-}
-
-/// The GPT with its sequence split over ("context"=n), ring attention or Ulysses, the
-/// gradients averaged over the axis.
-Measured run_gpt_context(int n, bool ulysses, const GptSizes& z) {
-  const parallel::ContextPlan cp{
-      .layout = {.size = n},
-      .method = ulysses ? parallel::ContextMethod::Ulysses : parallel::ContextMethod::Ring};
-  const models::Transformer model({.vocab = 256,
-                                   .d_model = z.d_model,
-                                   .num_layers = z.layers,
-                                   .num_heads = z.heads,
-                                   .max_len = z.seq,
-                                   .cp = cp});
-  Measured out;
-  const auto data = testing::random_token_batches(kSteps, z.batch, z.seq, 256, 7);
-  spmd::shard_map(
-      Mesh({n}, {"context"}),
-      [&](DeviceContext& ctx, const std::vector<Tensor>&) {
-        nn::ParamSpecs specs;
-        parallel::DataParallel dp(ctx, "context", &specs);
-        auto state = train::TrainState::create(model.init(Key::from_seed(1), &specs, &ctx), adamw(),
-                                               Key::from_seed(2), dp);
-        const int me = ctx.axis_index("context");
-        const train::LossFn fn = [&](const TensorTree& p, const train::Batch& b, Key k) {
-          const nn::Scope sc = nn::Scope::apply(&p, true, k).on(ctx);
-          return std::make_pair(model.loss(sc, b.inputs, b.labels), train::Metrics{});
-        };
-        for (int step = 0; step < kSteps; ++step) {
-          ctx.comm_stats().reset();
-          const train::Batch local =
-              data[step].map([&](const Tensor& t) { return cp.layout.shard(t, 1, me); });
-          train::train_step(state, local, fn, adamw(), {.strategy = &dp});
-          if (ctx.device() == 0 && step == kSteps - 1) {
-            out.mem = ctx.memory();
-            out.comm = ctx.comm_stats();
-          }
-        }
-        return std::vector<Tensor>{};
-      },
-      {}, {})(std::vector<Tensor>{});
-  return out;
 }
 
 // Ring attention passes k and v (n - 1 hops per layer forward, n - 1 again backward with their

@@ -119,6 +119,9 @@ class Composed {
                           const std::vector<train::Batch>& batches);
 
  private:
+  /// The axes the data strategy averages over: "data", and "context" under a context split.
+  mesh::Axes averaged_axes() const;
+
   const config::TrainConfig* config_;
   spmd::DeviceContext* ctx_;
   Network model_;

@@ -63,10 +63,7 @@ Composed::Composed(const config::TrainConfig& c, spmd::DeviceContext* ctx, Netwo
                   "(Network::tensor_parallel)");
     model_ = model_.tensor_parallel(tp);
   }
-  // Each device of a context group trains on its share of the same sequences: its gradients
-  // are averaged with the data replicas' over both axes.
-  const mesh::Axes averaged =
-      cp_.active() ? mesh::Axes({"data", cp_.axis}) : mesh::Axes("data");
+  const mesh::Axes averaged = averaged_axes();
   const int zero = config::zero_stage(c.parallelism.shard);
   if (zero == 1 || zero == 2)
     data_ = std::make_unique<parallel::ZeroDataParallel>(*ctx, zero, averaged, &specs_);
@@ -96,6 +93,12 @@ Composed::Composed(const config::TrainConfig& c, spmd::DeviceContext* ctx, Netwo
 
 Composed::~Composed() = default;
 
+mesh::Axes Composed::averaged_axes() const {
+  // Each device of a context group trains on its share of the same sequences: its gradients
+  // are averaged with the data replicas' over both axes.
+  return cp_.active() ? mesh::Axes({"data", cp_.axis}) : mesh::Axes("data");
+}
+
 int Composed::data_parallel_size() const {
   return ctx_ != nullptr && ctx_->mesh().has_axis("data") ? ctx_->mesh().axis_size("data") : 1;
 }
@@ -122,7 +125,7 @@ train::TrainState Composed::create_state(const optim::Optimizer& optimizer, Key 
   if (ctx_ != nullptr)
     parallel::check_sharding(
         specs_, ctx_->mesh(),
-        {.data_axes = cp_.active() ? mesh::Axes({"data", cp_.axis}) : mesh::Axes("data"),
+        {.data_axes = averaged_axes(),
          .fully_sharded_axes = fully_sharded_ ? mesh::Axes("data") : mesh::Axes(),
          .pipeline_axes = pipeline_ ? mesh::Axes("pipe") : mesh::Axes()});
   if (config_->distributed.mixed_precision == config::MixedPrecision::Fp16)

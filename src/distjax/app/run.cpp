@@ -194,8 +194,8 @@ class DeviceRun {
   }
 
   // The evaluation batches on this device (its share of their sequences under context
-  // parallelism): the program may have made them on another
-  // thread's device (e.g. the host); no copy when they are here already.
+  // parallelism): the program may have made them on another thread's device (e.g. the host);
+  // no copy when they are here already.
   std::vector<train::Batch> eval_batches_here() const {
     std::vector<train::Batch> batches;
     for (const train::Batch& b : loop_.eval_batches)
@@ -238,8 +238,9 @@ class DeviceRun {
   }
 
   // The batch of the step about to run, on this device (its share of the sequences under
-  // context parallelism): made ahead on the host thread or now. A batch made on the host is copied here (on the CPU too, so that it counts in
-  // this device's memory); the time it took is the step's wait for data.
+  // context parallelism): made ahead on the host thread or now. A batch made on the host is
+  // copied here (on the CPU too, so that it counts in this device's memory); the time it
+  // took is the step's wait for data.
   train::Batch next_batch() {
     const auto t0 = std::chrono::steady_clock::now();
     train::Batch b = ahead_ ? ahead_->next(state_.step) : loop_.batch(state_.step);

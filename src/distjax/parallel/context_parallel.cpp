@@ -139,6 +139,7 @@ Tensor ring_attention(spmd::DeviceContext& ctx, const Tensor& q_in, const Tensor
   tensor::AttentionPart whole;
   {
     tensor::NoGradGuard no_tape;
+    const Tensor qd = q.detach();
     Tensor kv = tensor::concat({k.detach(), v.detach()}, 0);  // one transfer per hop
     for (int s = 0; s < n; ++s) {
       spmd::PermuteHandle next;
@@ -147,8 +148,8 @@ Tensor ring_attention(spmd::DeviceContext& ctx, const Tensor& q_in, const Tensor
       if (!overlap && s + 1 < n) kv = spmd::ppermute_done(next);  // wait before computing
       const Tensor& kpos = pos[static_cast<std::size_t>(mod(me - s, n))];
       tensor::AttentionPart part = tensor::attention_block(
-          q.detach(), tensor::slice(held, 0, 0, b), tensor::slice(held, 0, b, 2 * b), qpos, kpos,
-          causal, scale);
+          qd, tensor::slice(held, 0, 0, b), tensor::slice(held, 0, b, 2 * b), qpos, kpos, causal,
+          scale);
       ctx.counters().attention_pairs += part.pairs;
       if (s == 0) whole = std::move(part);
       else tensor::attention_merge(whole, part);
