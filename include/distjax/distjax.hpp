@@ -92,6 +92,7 @@
 #include "distjax/tensor/host_access.hpp"
 #include "distjax/tensor/inplace_ops.hpp"
 #include "distjax/tensor/matmul.hpp"
+#include "distjax/tensor/moe.hpp"
 #include "distjax/tensor/nn_ops.hpp"
 #include "distjax/tensor/parallel_ops.hpp"
 #include "distjax/tensor/reduce.hpp"

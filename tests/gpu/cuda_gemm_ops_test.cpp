@@ -194,4 +194,52 @@ TEST(CudaOps, LinearCrossEntropyMean) {
   }
 }
 
+
+// Mixture-of-Experts: the top-k (with ties), the dispatch plan (dropless, by position, by
+// priority), dispatch and combine with the gates (values and gradients), and the grouped
+// products over ragged groups with an empty one (f32 and bf16, both layouts of w).
+TEST(CudaOps, MoeRoutingDispatchCombineAndGroupedProducts) {
+  SKIP_WITHOUT_GPU();
+  const std::int64_t n = 300, e = 16, k = 4, d = 40;
+  // Scores on a coarse grid: ties, which go to the lower column on both devices.
+  const Tensor coarse = mul_scalar(astype(astype(mul_scalar(uniform({n, e}), 4.0), DType::I32),
+                                          DType::F32), 0.25);
+  for (std::int64_t kk : {1, 2, 8})
+    expect_close("top_k_indices k " + std::to_string(kk),
+                 [kk](const V& a) { return top_k_indices(a[0], kk); }, {coarse}, {false});
+  const Tensor experts = top_k_indices(uniform({n, e}), k);
+  const Tensor priority = uniform({n, k}, 0.f, 1.f);
+  for (std::int64_t capacity : {std::int64_t{-1}, std::int64_t{60}}) {
+    for (bool by_priority : {false, true}) {
+      const std::string what = "capacity " + std::to_string(capacity) +
+                               (by_priority ? " by priority" : " by position");
+      const auto plan_of = [capacity, by_priority](const V& a) {
+        return dispatch_plan(a[1], e, capacity, by_priority ? a[2] : Tensor());
+      };
+      const V in{uniform({n, d}), experts, priority, uniform({n, e})};
+      expect_close("dispatch_plan, " + what, [&](const V& a) { return plan_of(a).position; }, in,
+                   {false, false, false, false});
+      // gates from the scores (take_along_last), through dispatch, a nonlinearity, combine.
+      expect_close("dispatch and combine, " + what,
+                   [&](const V& a) {
+                     const DispatchPlan plan = plan_of(a);
+                     const Tensor gates = take_along_last(softmax(a[3]), a[1]);
+                     return moe_combine(tanh(moe_dispatch(a[0], plan)), plan, gates);
+                   },
+                   in, {true, false, false, true});
+    }
+  }
+  const std::vector<std::int64_t> offsets{0, 37, 37, 130, 131, 256};
+  for (DType dtype : {DType::F32, DType::BF16})
+    for (bool trans_w : {false, true}) {
+      const V in{uniform({256, 48}), trans_w ? uniform({5, 24, 48}) : uniform({5, 48, 24})};
+      expect_close(std::string("grouped_matmul ") + dtype_name(dtype) + (trans_w ? " trans_w" : ""),
+                   [&](const V& a) {
+                     return grouped_matmul(astype(a[0], dtype), astype(a[1], dtype), offsets,
+                                           trans_w);
+                   },
+                   in, {true, true}, dtype == DType::F32 ? kTf32 : kBf16);
+    }
+}
+
 }  // namespace

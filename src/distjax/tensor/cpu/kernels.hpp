@@ -21,6 +21,7 @@ extern const GemmKernels gemm_kernels;
 extern const InplaceKernels inplace_kernels;
 extern const ShardKernels shard_kernels;
 extern const MemoryKernels memory_kernels;
+extern const MoeKernels moe_kernels;
 
 /// The CPU's reduce_ranks (memory_kernels.reduce_ranks: AVX-512 for f32 where built), and the
 /// plain loop it must match bit for bit (every dtype), for its tests.

@@ -19,6 +19,7 @@ const KernelTable& cpu_kernel_table() {
       .inplace = &cpu::inplace_kernels,
       .shard = &cpu::shard_kernels,
       .memory = &cpu::memory_kernels,
+      .moe = &cpu::moe_kernels,
   };
   return table;
 }

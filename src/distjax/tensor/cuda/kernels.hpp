@@ -17,6 +17,7 @@ extern const detail::GemmKernels gemm_kernels;
 extern const detail::InplaceKernels inplace_kernels;
 extern const detail::ShardKernels shard_kernels;
 extern const detail::MemoryKernels memory_kernels;
+extern const detail::MoeKernels moe_kernels;
 
 /// The GEMM family's epilogue backward (gemm_epilogue.cu), for gemm.cpp's table.
 void epilogue_backward(const void* g, DType g_dtype, const void* aux, DType aux_dtype, void* out,

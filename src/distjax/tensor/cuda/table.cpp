@@ -18,6 +18,7 @@ const KernelTable& cuda_kernel_table() {
       .inplace = &cuda::inplace_kernels,
       .shard = &cuda::shard_kernels,
       .memory = &cuda::memory_kernels,
+      .moe = &cuda::moe_kernels,
   };
   return table;
 }

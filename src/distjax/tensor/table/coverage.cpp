@@ -170,6 +170,15 @@ KernelTable make_counted(const KernelTable& t) {
       entry<&MemoryKernels::to_host_async>("memory.to_host_async"),
       entry<&MemoryKernels::host_alloc>("memory.host_alloc"),
       entry<&MemoryKernels::host_free>("memory.host_free"));
+  c.moe = counted_family<MoeKernels, 8>(
+      t.moe, entry<&MoeKernels::top_k>("moe.top_k"),
+      entry<&MoeKernels::take_columns>("moe.take_columns"),
+      entry<&MoeKernels::take_columns_backward>("moe.take_columns_backward"),
+      entry<&MoeKernels::dispatch_plan>("moe.dispatch_plan"),
+      entry<&MoeKernels::combine>("moe.combine"),
+      entry<&MoeKernels::combine_backward>("moe.combine_backward"),
+      entry<&MoeKernels::grouped_gemm>("moe.grouped_gemm"),
+      entry<&MoeKernels::grouped_gemm_wgrad>("moe.grouped_gemm_wgrad"));
   std::atexit(write_counts);
   return c;
 }

@@ -23,6 +23,7 @@
 #include "distjax/tensor/table/gemm.hpp"
 #include "distjax/tensor/table/inplace.hpp"
 #include "distjax/tensor/table/memory.hpp"
+#include "distjax/tensor/table/moe.hpp"
 #include "distjax/tensor/table/nn.hpp"
 #include "distjax/tensor/table/reduce.hpp"
 #include "distjax/tensor/table/shape.hpp"
@@ -46,6 +47,7 @@ struct KernelTable {
   const InplaceKernels* inplace = nullptr;
   const ShardKernels* shard = nullptr;
   const MemoryKernels* memory = nullptr;
+  const MoeKernels* moe = nullptr;
 };
 
 /// The table of a device kind: tensor/cpu/ for the CPU and the checked device.
