@@ -6,6 +6,7 @@
 #include <string>
 
 #include "distjax/core/prng.hpp"
+#include "distjax/nn/moe.hpp"
 #include "distjax/nn/scope.hpp"
 #include "distjax/parallel/context_parallel.hpp"
 #include "distjax/parallel/tp_transformer_block.hpp"
@@ -69,6 +70,16 @@ struct TransformerConfig {
   /// global ones, and every attention crosses the split by cp.method. Not with document
   /// attention.
   parallel::ContextPlan cp{};
+  /// Mixture-of-Experts: with moe_every = n > 0, the MLP of every n-th block (blocks n-1,
+  /// 2n-1, ...) is `moe` ("blocks/<i>/moe/..."), and loss() adds the layers' balancing
+  /// losses (nn::MoE) to the cross-entropy. One device's layout: no tensor layout, context
+  /// split, parallel block or rematerialisation.
+  std::int64_t moe_every = 0;
+  nn::MoE moe{};
+  /// Whether block i's MLP is the MoE layer.
+  bool moe_block(std::int64_t i) const { return moe_every > 0 && (i + 1) % moe_every == 0; }
+  /// The MoE layers.
+  std::int64_t moe_layers() const { return moe_every > 0 ? num_layers / moe_every : 0; }
 };
 
 /// GPT: tokens (B, T) i32/i64 -> logits (B, T, V) f32 (with input_features, num_classes and
@@ -125,6 +136,8 @@ class Transformer {
   /// divided by all B T (the same divisor on every data replica and micro-batch, so their
   /// mean is one device's), and the attention keeps to each document with
   /// config.document_attention.
+  /// With MoE layers (moe_every), the loss includes their weighted balancing losses; on a
+  /// sowing scope (nn::Scope::sowing) their statistics are sown there too.
   Tensor loss(const nn::Scope& scope, const Tensor& tokens, const Tensor& targets,
               const Tensor& documents = Tensor()) const;
 
@@ -157,8 +170,9 @@ class Transformer {
   std::int64_t num_params() const;
   /// Number of elements of a parameter tree.
   static std::int64_t num_params(const TensorTree& params) { return params.num_elements(); }
-  /// Parameters that take part in matrix products per token: everything except the
-  /// position table and, when untied, the input embedding (lookups cost no FLOPs).
+  /// Parameters that take part in a token's matrix products: everything except the
+  /// position table and, when untied, the input embedding (lookups cost no FLOPs); of an
+  /// MoE layer, the router, the top_k experts a token goes to and the shared MLP.
   std::int64_t num_matmul_params() const;
   /// Training FLOPs per token at sequence length max_len: 6 N + 12 L C T (PaLM's
   /// estimate, forward + backward, N = num_matmul_params()).
@@ -168,6 +182,10 @@ class Transformer {
   const TransformerConfig& config() const { return config_; }
 
  private:
+  // loss() without the MoE layers' balancing losses.
+  Tensor cross_entropy_loss(const nn::Scope& scope, const Tensor& tokens, const Tensor& targets,
+                            const Tensor& documents) const;
+
   TransformerConfig config_;
 };
 

@@ -46,6 +46,22 @@ struct FullySharded {
   std::vector<std::string> modules{};
 };
 
+/// What a forward pass reports beside its output (Flax's `sow`): auxiliary losses the
+/// objective adds (a Mixture-of-Experts layer's balancing loss) and statistics for the
+/// metrics, from layers deep in a model. The caller owns it for one pass and reads it after:
+///
+///   nn::Sown sown;
+///   Tensor loss = model.loss(scope.sowing(&sown), tokens, targets);
+///   if (sown.loss().defined()) loss = loss + sown.loss();
+struct Sown {
+  /// Scalars the objective adds, in the order they were sown.
+  std::vector<Tensor> losses;
+  /// Named scalar statistics, one value per layer that sowed it (a metric is their mean).
+  std::map<std::string, std::vector<Tensor>> metrics;
+  /// The sum of `losses`; undefined when none was sown.
+  Tensor loss() const;
+};
+
 /// Whether a scope creates parameters or reads them.
 enum class Mode { Init, Apply };
 
@@ -116,6 +132,19 @@ class Scope {
   /// This device's index along `axes` (0 without a context).
   int axis_index(const mesh::Axes& axes) const;
 
+  /// The same scope reporting into `*sown` (which must outlive the pass), inherited by its
+  /// children: sow_loss and sow_metric add to it. A rebased scope (a checkpoint's
+  /// recomputation) reports nothing.
+  Scope sowing(Sown* sown) const;
+  /// Adds a scalar to the objective (Sown::losses); nothing on a scope without a Sown.
+  void sow_loss(const Tensor& value) const;
+  /// Adds a scalar statistic under `name`; nothing on a scope without a Sown.
+  void sow_metric(const std::string& name, const Tensor& value) const;
+  /// Whether sow_loss and sow_metric report anywhere.
+  bool sowing() const { return sown_ != nullptr; }
+  /// Where they report; null when nowhere.
+  Sown* sown() const { return sown_; }
+
   /// The nested scope "path/name"; its dropout key is dropout_key().fold_in(name).
   Scope child(const std::string& name) const;
   /// child(std::to_string(index)), for layer lists ("blocks/0", "blocks/1", ...).
@@ -166,6 +195,7 @@ class Scope {
   // gathered once per pass, not per use); a rebased scope starts its own.
   std::shared_ptr<std::map<std::string, Tensor>> gathered_;
   Precision precision_{};
+  Sown* sown_ = nullptr;
   std::string path_;  // logical path of this scope
   std::string root_;  // logical path the tree is rooted at ("" unless rebased)
   Mode mode_ = Mode::Apply;

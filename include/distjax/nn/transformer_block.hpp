@@ -2,8 +2,10 @@
 // Shape legend: B batch, T sequence, C model width.
 #pragma once
 
+#include <optional>
 #include <string>
 
+#include "distjax/nn/moe.hpp"
 #include "distjax/nn/scope.hpp"
 
 namespace distjax::nn {
@@ -32,6 +34,8 @@ struct TransformerBlock {
   Initializer out_init = lecun_normal();
   /// Document ids (B, T) for the attention (MultiHeadAttention::segments), or undefined.
   Tensor segments = Tensor();
+  /// A Mixture-of-Experts layer "moe" in place of the MLP (x + moe(ln2(x))); none: "mlp".
+  std::optional<MoE> moe = std::nullopt;
 
   Tensor operator()(const Scope& scope, const Tensor& x) const;
 

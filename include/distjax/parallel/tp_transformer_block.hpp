@@ -5,9 +5,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "distjax/nn/initializers.hpp"
+#include "distjax/nn/moe.hpp"
 #include "distjax/nn/scope.hpp"
 #include "distjax/parallel/context_parallel.hpp"
 #include "distjax/parallel/tp_layout.hpp"
@@ -55,6 +57,9 @@ struct TPTransformerBlock {
   /// Context parallelism (active: x holds this device's positions of the sequence, and the
   /// attention crosses the split; any layout, sequence parallelism included).
   ContextPlan context{};
+  /// A Mixture-of-Experts layer in place of the MLP (nn::TransformerBlock::moe): one
+  /// device's block only (no tensor layout, context split or parallel block).
+  std::optional<nn::MoE> moe = std::nullopt;
 
   Tensor operator()(const nn::Scope& scope, const Tensor& x) const;
 

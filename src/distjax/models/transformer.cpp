@@ -33,6 +33,17 @@ Transformer::Transformer(TransformerConfig config) : config_(config) {
   DISTJAX_CHECK(c.num_heads > 0 && c.d_model % c.num_heads == 0, ConfigError,
                 "[Transformer] d_model=", c.d_model,
                 " is not divisible by num_heads=", c.num_heads);
+  if (c.moe_every > 0) {
+    c.moe.check(c.d_model);
+    DISTJAX_CHECK(c.tp.layout == parallel::TPLayout::None && !c.cp.active() && !c.parallel_block &&
+                      !c.remat && !c.remat_mlp,
+                  NotImplemented,
+                  "[Transformer] Mixture-of-Experts blocks run without tensor parallelism, a "
+                  "context split, parallel blocks or rematerialisation of the block or MLP (",
+                  "its balancing losses are sown in the forward pass)");
+  }
+  DISTJAX_CHECK(c.moe_every >= 0, ConfigError, "[Transformer] moe_every must be >= 0, got ",
+                c.moe_every);
   DISTJAX_CHECK(c.dropout >= 0.f && c.dropout < 1.f, ConfigError,
                 "[Transformer] dropout must be in [0, 1), got ", c.dropout);
   DISTJAX_CHECK(c.input_features >= 0 && c.num_classes >= 0, ConfigError,
@@ -54,6 +65,15 @@ Transformer::Transformer(TransformerConfig config) : config_(config) {
 }
 
 namespace {
+
+// The config's MoE layer as a block runs it: the experts' hidden width mlp_ratio C unless
+// given, the output projections scaled as the dense blocks' (GPT-2's 1 / sqrt(2 L)).
+nn::MoE moe_of(const TransformerConfig& c) {
+  nn::MoE moe = c.moe;
+  if (moe.hidden == 0) moe.hidden = c.mlp_ratio * c.d_model;
+  moe.out_scale = 1.0 / std::sqrt(2.0 * static_cast<double>(std::max<std::int64_t>(c.num_layers, 1)));
+  return moe;
+}
 
 // What the tensor-parallel layout means for the embedding, the residual stream and the head.
 struct Layout {
@@ -230,7 +250,9 @@ Tensor Transformer::block(const nn::Scope& scope, int i, const Tensor& x,
                                            .segments = c.document_attention ? documents
                                                                             : Tensor(),
                                            .context = context_split(c, scope) ? c.cp
-                                                                           : parallel::ContextPlan{}};
+                                                                           : parallel::ContextPlan{},
+                                           .moe = c.moe_block(i) ? std::optional<nn::MoE>(moe_of(c))
+                                                                 : std::nullopt};
   return block(scope.child("blocks").child(i).module("Block"), x);
 }
 
@@ -301,6 +323,20 @@ Tensor Transformer::loss_of_logits(const nn::Scope& scope, const Tensor& logits,
 
 Tensor Transformer::loss(const nn::Scope& scope, const Tensor& tokens, const Tensor& targets,
                          const Tensor& documents) const {
+  if (config_.moe_layers() == 0) return cross_entropy_loss(scope, tokens, targets, documents);
+  // The MoE layers' balancing losses join the objective; their statistics go on to a caller
+  // that sows.
+  nn::Sown sown;
+  Tensor loss = cross_entropy_loss(scope.sowing(&sown), tokens, targets, documents);
+  if (sown.loss().defined()) loss = tensor::add(loss, sown.loss());
+  if (nn::Sown* outer = scope.sown())
+    for (auto& [name, values] : sown.metrics)
+      for (const Tensor& v : values) outer->metrics[name].push_back(v);
+  return loss;
+}
+
+Tensor Transformer::cross_entropy_loss(const nn::Scope& scope, const Tensor& tokens,
+                                       const Tensor& targets, const Tensor& documents) const {
   const auto& c = config_;
   const Layout l = layout_of(c, scope);
   // The replicated head tied to the embedding: ln_f, then the head's products and their mean
@@ -363,15 +399,18 @@ Tensor Transformer::apply(const TensorTree& params, const Tensor& tokens, bool t
 std::int64_t Transformer::num_params() const {
   const auto& c = config_;
   const std::int64_t d = c.d_model, h = c.mlp_ratio * c.d_model;
+  const std::int64_t mlp = d * h + h + h * d + d;
   const std::int64_t per_block = (c.parallel_block ? 1 : 2) * 2 * d  // ln1 (, ln2)
                                  + d * 3 * d + 3 * d                 // qkv
                                  + d * d + d                         // out
-                                 + d * h + h + h * d + d;            // mlp
+                                 + mlp;
+  const std::int64_t moe_extra = c.moe_layers() * (moe_of(c).num_params(d) - mlp);
   const std::int64_t in = c.input_features > 0 ? c.input_features * d + d : c.vocab * d;
   const std::int64_t out = c.num_classes > 0   ? d * c.num_classes + c.num_classes
                            : c.tied_embeddings ? 0
                                                : d * c.vocab;
-  return in + (c.learned_positions ? c.max_len * d : 0) + c.num_layers * per_block + 2 * d + out;
+  return in + (c.learned_positions ? c.max_len * d : 0) + c.num_layers * per_block + moe_extra +
+         2 * d + out;
 }
 
 std::int64_t Transformer::num_matmul_params() const {
@@ -380,6 +419,9 @@ std::int64_t Transformer::num_matmul_params() const {
   if (c.learned_positions) n -= c.max_len * c.d_model;
   if (!c.tied_embeddings && c.input_features == 0)
     n -= c.vocab * c.d_model;  // the input lookup; the head stays
+  // Of an MoE layer a token multiplies by the router, its top_k experts and the shared MLP.
+  const nn::MoE moe = moe_of(c);
+  n -= c.moe_layers() * (moe.num_params(c.d_model) - moe.active_params(c.d_model));
   return n;
 }
 

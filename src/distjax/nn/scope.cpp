@@ -91,6 +91,26 @@ int Scope::axis_index(const mesh::Axes& axes) const {
   return ctx_ ? ctx_->axis_index(axes) : 0;
 }
 
+Tensor Sown::loss() const {
+  Tensor total;
+  for (const Tensor& l : losses) total = total.defined() ? tensor::add(total, l) : l;
+  return total;
+}
+
+Scope Scope::sowing(Sown* sown) const {
+  Scope s = *this;
+  s.sown_ = sown;
+  return s;
+}
+
+void Scope::sow_loss(const Tensor& value) const {
+  if (sown_) sown_->losses.push_back(value);
+}
+
+void Scope::sow_metric(const std::string& name, const Tensor& value) const {
+  if (sown_) sown_->metrics[name].push_back(value);
+}
+
 Scope Scope::child(const std::string& name) const {
   DISTJAX_CHECK(!name.empty() && name.find('/') == std::string::npos, InvalidArgument,
                 "[Scope::child] invalid scope name \"", name, "\" under \"", path_,
@@ -193,6 +213,7 @@ Scope Scope::rebased(const TensorTree* subtree) const {
   s.specs_ = nullptr;
   s.mode_ = Mode::Apply;
   s.root_ = path_;
+  s.sown_ = nullptr;  // the pass that sowed has returned
   // The re-run (a checkpoint's backward) gathers its parameters again, on the tape.
   if (fsdp_) s.gathered_ = std::make_shared<std::map<std::string, Tensor>>();
   return s;

@@ -21,6 +21,15 @@ Tensor TransformerBlock::body(const Scope& scope, const Tensor& x) const {
                                 .out_init = out_init,
                                 .segments = segments};
   const MLPBlock mlp{.hidden = mlp_hidden, .kernel_init = kernel_init, .out_init = out_init};
+  if (moe) {
+    // The experts' output is added here (no residual in their products).
+    const Tensor h = remat_call(remat_attn, scope, x, [ln, attn](const Scope& s, const Tensor& in) {
+      return attn(s.child("attn").module("Attn"), ln(s.child("ln1"), in));
+    });
+    const Tensor y = tensor::add(x, drop(scope.child("attn_dropout"), h));
+    const Tensor m = (*moe)(scope.child("moe").module("MLP"), ln(scope.child("ln2"), y));
+    return tensor::add(y, drop(scope.child("mlp_dropout"), m));
+  }
   if (dropout == 0.f) {
     // The residual adds in the out projections' products (no dropout between).
     const Tensor y = remat_call(remat_attn, scope, x, [ln, attn](const Scope& s, const Tensor& in) {

@@ -136,6 +136,11 @@ Tensor TPTransformerBlock::parallel_block(const nn::Scope& scope, const Tensor& 
 }
 
 Tensor TPTransformerBlock::body(const nn::Scope& scope, const Tensor& x) const {
+  DISTJAX_CHECK(!moe || (layout == TPLayout::None && !context.active() && !parallel),
+                NotImplemented, "[TPTransformerBlock] \"", scope.path(),
+                "\": a Mixture-of-Experts block runs without a tensor layout, a context split or "
+                "the parallel block (got layout ", tp_layout_name(layout),
+                context.active() ? ", a context split" : "", parallel ? ", parallel" : "", ")");
   if (parallel) return parallel_block(scope, x);
   // One device's block (nn's), unless the attention crosses a context split.
   if (layout == TPLayout::None && !context.active())
@@ -148,7 +153,8 @@ Tensor TPTransformerBlock::body(const nn::Scope& scope, const Tensor& x) const {
                                 .remat_mlp = remat_mlp,
                                 .kernel_init = kernel_init,
                                 .out_init = out_init,
-                                .segments = segments}(scope, x);
+                                .segments = segments,
+                                .moe = moe}(scope, x);
   return sequential(scope, x);
 }
 

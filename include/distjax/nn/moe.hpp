@@ -1,0 +1,62 @@
+// MoE: a Mixture-of-Experts feed-forward layer. A router picks each token's top-k experts,
+// the tokens are dispatched into the expert order, every expert's MLP runs as one grouped
+// product over its rows, and the outputs are combined back with the gates (Switch, GShard,
+// Megatron-Core's MoELayer, torchtitan's MoE).
+// Shape legend: N tokens (B T), C width, E experts, k slots per token, H expert hidden width.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "distjax/nn/scope.hpp"
+
+namespace distjax::nn {
+
+/// x (..., C) -> (..., C), in f32:
+///   probs = softmax(x Wr) over the E experts (f32);  experts = top_k(probs)  (N, k)
+///   gates = probs at the chosen experts (renormalised to sum 1 with `renormalize`)
+///   y[t]  = sum_s gates[t, s] * expert_{experts[t, s]}(x[t])   (+ shared(x[t]))
+/// an expert being gelu_tanh(x W1_e) W2_e, or with `swiglu` (silu(x Wg_e) * (x W1_e)) W2_e;
+/// no biases. Dropless (capacity_factor < 0), or each expert keeps at most
+/// ceil(capacity_factor N k / E) of its (token, slot) pairs, the first in token order or with
+/// `drop_by_probability` those of the highest gates; a dropped pair adds nothing.
+/// Parameters: "router/kernel" (C, E), "experts/fc1" (E, C, H), "experts/gate" (E, C, H)
+/// with swiglu, "experts/fc2" (E, H, C), and with shared_experts a dense MLPBlock "shared"
+/// of hidden shared_experts * H.
+///
+/// On a scope that is sowing (Scope::sowing) it reports, per call:
+///   losses: aux_loss_coef * aux_loss (when > 0), z_loss_coef * z_loss (when > 0);
+///   metrics "aux_loss" = E sum_e f_e P_e (Switch/GShard: f_e the fraction of the N k pairs
+///   routed to e, P_e the mean router probability of e; 1 when balanced), "z_loss" = the mean
+///   over tokens of logsumexp(router logits)^2, "expert_load_max_over_mean" (pairs routed to
+///   the busiest expert over the mean), "dropped_fraction" (of the N k pairs).
+/// The statistics are over the tokens this call sees (a device's batch).
+///
+///   Tensor y = nn::MoE{.num_experts = 8, .top_k = 2}(scope.child("moe"), x);
+struct MoE {
+  std::int64_t num_experts = 8;  ///< E
+  std::int64_t top_k = 2;        ///< k, 1..8 and at most E
+  std::int64_t hidden = 0;       ///< H; 0 means 4 C
+  bool swiglu = false;           ///< SwiGLU experts instead of GELU (tanh form) ones
+  /// < 0: dropless; > 0: the capacity factor (0 is refused: every pair would drop).
+  double capacity_factor = -1;
+  bool drop_by_probability = false;  ///< over capacity keep the highest gates (else the first)
+  bool renormalize = false;          ///< the k gates of a token divided by their sum
+  std::int64_t shared_experts = 0;   ///< a dense MLP of shared_experts * H beside the experts
+  double aux_loss_coef = 0;          ///< the load-balancing loss's weight in the objective
+  double z_loss_coef = 0;            ///< the router z-loss's weight in the objective
+  /// Scale of the output projections' initialisation (GPT-2's 1 / sqrt(2 L)).
+  double out_scale = 1.0;
+
+  Tensor operator()(const Scope& scope, const Tensor& x) const;
+  /// Checks the settings for a width of `c` (InvalidArgument naming the field).
+  void check(std::int64_t c) const;
+  /// Parameters of one layer for a width of `c`: router, experts and shared MLP.
+  std::int64_t num_params(std::int64_t c) const;
+  /// Of them, those a token's products use: the router, k experts and the shared MLP.
+  std::int64_t active_params(std::int64_t c) const;
+  /// Pairs each expert may keep for `tokens` tokens; -1 when dropless.
+  std::int64_t capacity(std::int64_t tokens) const;
+};
+
+}  // namespace distjax::nn

@@ -1,0 +1,191 @@
+// nn::MoE against the same layer written densely with plain ops (every expert applied to
+// every token, each token's chosen outputs summed with its gates: MaxText's dense mode for
+// checking numerics), values and every gradient, in its variants (GELU and SwiGLU experts,
+// renormalised gates, a shared MLP, a capacity that drops); its balancing statistics on a
+// router known to be uniform; bad settings refused.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "distjax/autodiff/autodiff.hpp"
+#include "distjax/core/error.hpp"
+#include "distjax/nn/mlp_block.hpp"
+#include "distjax/nn/moe.hpp"
+#include "distjax/tensor/elementwise.hpp"
+#include "distjax/tensor/grad_node.hpp"
+#include "distjax/tensor/matmul.hpp"
+#include "distjax/tensor/moe.hpp"
+#include "distjax/tensor/nn_ops.hpp"
+#include "distjax/tensor/reduce.hpp"
+#include "distjax/tensor/shape_ops.hpp"
+
+namespace distjax::nn {
+namespace {
+
+using namespace distjax::tensor;
+
+constexpr std::int64_t kTokens = 24, kWidth = 8;
+
+Tensor tokens_input() {
+  std::vector<float> v(kTokens * kWidth);
+  random_uniform(Key::from_seed(3), v.data(), std::int64_t(v.size()), -1.f, 1.f);
+  return Tensor::from_vector(v, {2, kTokens / 2, kWidth});
+}
+
+// The layer written densely: expert g on every token, token t's output the gated sum of
+// its chosen experts' outputs (a pair the plan dropped counts nothing).
+Tensor dense_reference(const MoE& m, const TensorTree& p, const Tensor& x_in) {
+  const std::int64_t c = kWidth, e = m.num_experts;
+  const Tensor x = reshape(x_in, {-1, c});
+  const Tensor probs = softmax(matmul(x, p.at("router/kernel")));
+  Tensor chosen;
+  {
+    NoGradGuard off;
+    chosen = top_k_indices(probs.detach(), m.top_k);
+  }
+  Tensor gates = take_along_last(probs, chosen);
+  if (m.renormalize) gates = div(gates, sum(gates, {1}, true));
+  const DispatchPlan plan = dispatch_plan(chosen, e, m.capacity(x.size(0)),
+                                          m.drop_by_probability ? gates.detach() : Tensor());
+  const std::vector<std::int32_t> ch = chosen.to_vector<std::int32_t>();
+  const std::vector<std::int32_t> pos = plan.position.to_vector<std::int32_t>();
+  // weight[t, g] = the gate of expert g for token t where it was chosen and kept.
+  std::vector<float> pick(static_cast<std::size_t>(x.size(0) * m.top_k * e), 0.f);
+  for (std::size_t i = 0; i < ch.size(); ++i)
+    if (pos[i] >= 0) pick[i * e + ch[i]] = 1.f;
+  const Tensor sel = Tensor::from_vector(pick, {x.size(0), m.top_k, e});
+  const Tensor weight = sum(mul(reshape(gates, {x.size(0), m.top_k, 1}), sel), {1});  // (N, E)
+  Tensor y = Tensor::zeros({x.size(0), c});
+  for (std::int64_t g = 0; g < e; ++g) {
+    auto expert = [&](const std::string& name) {
+      const Tensor w = p.at("experts/" + name);
+      return reshape(slice(w, 0, g, g + 1), {w.size(1), w.size(2)});
+    };
+    Tensor a = matmul(x, expert("fc1"));
+    a = m.swiglu ? mul(silu(matmul(x, expert("gate"))), a) : gelu(a, true);
+    const Tensor out = matmul(a, expert("fc2"));
+    y = add(y, mul(out, slice(weight, 1, g, g + 1)));
+  }
+  if (m.shared_experts > 0) {
+    const std::int64_t h = m.hidden > 0 ? m.hidden : 4 * c;
+    const Tensor s = matmul(gelu(add(matmul(x, p.at("shared/fc1/kernel")), p.at("shared/fc1/bias")),
+                                 true),
+                            p.at("shared/fc2/kernel"));
+    y = add(y, add(s, p.at("shared/fc2/bias")));
+    (void)h;
+  }
+  return reshape(y, x_in.shape());
+}
+
+// Values and gradients (x and every parameter) of sum(layer(x) * cot) both ways.
+void expect_layer_matches_dense(const MoE& m, const std::string& what) {
+  SCOPED_TRACE(what);
+  const Tensor x0 = tokens_input();
+  TensorTree params;
+  m(Scope::init(&params, Key::from_seed(11)), x0);
+  // A trained-looking router: the init's logits are near zero and would all but tie.
+  params.set("router/kernel", mul_scalar(params.at("router/kernel"), 4.0));
+  params.set("x", x0);
+  std::vector<float> cv(static_cast<std::size_t>(x0.numel()));
+  random_normal(Key::from_seed(12), cv.data(), x0.numel());
+  const Tensor cot = Tensor::from_vector(cv, x0.shape());
+  auto run = [&](bool dense) {
+    Tensor out;
+    auto [loss, grads] = autodiff::value_and_grad([&](const TensorTree& p) {
+      out = dense ? dense_reference(m, p, p.at("x"))
+                  : m(Scope::apply(&p, /*train=*/true), p.at("x"));
+      return sum(mul(out, cot));
+    })(params);
+    return std::pair{out, grads};
+  };
+  const auto [got, got_grads] = run(false);
+  const auto [want, want_grads] = run(true);
+  auto close = [](const Tensor& a, const Tensor& b, const std::string& name) {
+    ASSERT_EQ(a.shape(), b.shape()) << name;
+    const std::vector<float> av = a.to_vector<float>(), bv = b.to_vector<float>();
+    double diff = 0, norm = 0;
+    for (std::size_t i = 0; i < av.size(); ++i) {
+      diff += (double(av[i]) - bv[i]) * (double(av[i]) - bv[i]);
+      norm += double(bv[i]) * bv[i];
+    }
+    EXPECT_LE(std::sqrt(diff), 1e-6 * std::sqrt(norm) + 1e-7) << name;
+  };
+  close(got, want, "output");
+  for (const auto& [name, g] : want_grads) close(got_grads.at(name), g, "d " + name);
+}
+
+TEST(MoE, EqualsTheDenseLayerWithItsGradients) {
+  expect_layer_matches_dense({.num_experts = 4, .top_k = 2, .hidden = 12}, "gelu top-2");
+  expect_layer_matches_dense({.num_experts = 5, .top_k = 1, .hidden = 6}, "gelu top-1");
+  expect_layer_matches_dense(
+      {.num_experts = 4, .top_k = 3, .hidden = 6, .swiglu = true, .renormalize = true},
+      "swiglu top-3 renormalised");
+  expect_layer_matches_dense({.num_experts = 4, .top_k = 2, .hidden = 6, .shared_experts = 1},
+                             "with a shared expert");
+  expect_layer_matches_dense({.num_experts = 4, .top_k = 2, .hidden = 6, .capacity_factor = 0.5},
+                             "capacity 0.5 by position");
+  expect_layer_matches_dense(
+      {.num_experts = 4, .top_k = 2, .hidden = 6, .capacity_factor = 0.5,
+       .drop_by_probability = true},
+      "capacity 0.5 by probability");
+}
+
+TEST(MoE, SowsItsLossesAndStatistics) {
+  const MoE m{.num_experts = 4, .top_k = 2, .hidden = 6, .capacity_factor = 0.5,
+              .aux_loss_coef = 0.01, .z_loss_coef = 0.001};
+  const Tensor x = tokens_input();
+  TensorTree params;
+  m(Scope::init(&params, Key::from_seed(1)), x);
+  // A zero router: every probability 1/E, so the balancing loss is E sum_e f_e / E = 1 and
+  // the z-loss log(E)^2 whatever the routing; the top-2 of equal scores is experts 0 and 1
+  // for every token: the busiest expert takes N of the N k / E mean (load 2), and a
+  // capacity of 0.5 N k / E = N/4 keeps a quarter of each of their N pairs.
+  params.set("router/kernel", Tensor::zeros({kWidth, 4}));
+  Sown sown;
+  m(Scope::apply(&params, true).sowing(&sown), x);
+  ASSERT_EQ(sown.losses.size(), 2u);
+  auto metric = [&](const char* name) {
+    EXPECT_EQ(sown.metrics[name].size(), 1u) << name;
+    return sown.metrics[name].at(0).item<double>();
+  };
+  EXPECT_NEAR(metric("aux_loss"), 1.0, 1e-6);
+  EXPECT_NEAR(metric("z_loss"), std::log(4.0) * std::log(4.0), 1e-5);
+  EXPECT_DOUBLE_EQ(metric("expert_load_max_over_mean"), 2.0);
+  EXPECT_DOUBLE_EQ(metric("dropped_fraction"), 0.75);
+  EXPECT_NEAR(sown.loss().item<double>(), 0.01 + 0.001 * std::log(4.0) * std::log(4.0), 1e-6);
+  // Without a Sown it sows nothing and runs alike.
+  EXPECT_EQ(m(Scope::apply(&params, true), x).shape(), x.shape());
+}
+
+TEST(MoE, CountsItsParameters) {
+  for (const MoE& m : {MoE{.num_experts = 4, .top_k = 2, .hidden = 12},
+                       MoE{.num_experts = 3, .top_k = 1, .hidden = 5, .swiglu = true,
+                           .shared_experts = 2}}) {
+    TensorTree params;
+    m(Scope::init(&params, Key::from_seed(1)), tokens_input());
+    EXPECT_EQ(params.num_elements(), m.num_params(kWidth));
+    EXPECT_LT(m.active_params(kWidth), m.num_params(kWidth));
+  }
+}
+
+TEST(MoE, BadSettingsAreRefusedNamingThem) {
+  TensorTree params;
+  const Scope s = Scope::init(&params, Key::from_seed(1));
+  auto refused = [&](const MoE& m, const char* words) {
+    try {
+      m(s, tokens_input());
+      ADD_FAILURE() << "accepted: " << words;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  refused({.num_experts = 4, .top_k = 5}, "top_k = 5");
+  refused({.num_experts = 16, .top_k = 9}, "top_k = 9");
+  refused({.num_experts = 4, .capacity_factor = 0}, "capacity_factor = 0");
+  refused({.num_experts = 0}, "num_experts = 0");
+}
+
+}  // namespace
+}  // namespace distjax::nn
