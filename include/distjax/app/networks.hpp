@@ -130,6 +130,8 @@ TextData load_text(const config::TrainConfig& c);
 /// bytes; context data.seq_len; its metrics per byte or per token), remat as
 /// parallelism.remat names it; on one device (the composition lays it out over "model").
 models::TransformerConfig transformer_config(const config::TrainConfig& c);
+/// The MoE layer of [model.moe] (nn::MoE; its hidden width 0 stays "the model's").
+nn::MoE moe_layer(const config::MoEConfig& m);
 
 /// The MLP classifier: its init and models::classification_loss on the logits. The model must
 /// outlive the spec.

@@ -40,6 +40,21 @@ struct RunConfig {
   bool timeline = false;              ///< write out_dir/timeline.json (Chrome trace) of the last step
 };
 
+/// [model.moe]: Mixture-of-Experts MLPs in the GPT (nn::MoE), with experts > 0.
+struct MoEConfig {
+  std::int64_t experts = 0;  ///< E; 0 = no MoE layer (a dense GPT)
+  std::int64_t top_k = 2;    ///< experts per token, 1..min(E, 8)
+  std::int64_t every = 1;    ///< every n-th block's MLP is an MoE layer (blocks n-1, 2n-1, ...)
+  std::int64_t hidden = 0;   ///< each expert's hidden width; 0 = 4 model.d_model
+  std::string activation = "gelu";  ///< "gelu" (tanh form) or "swiglu" experts
+  double capacity_factor = -1;      ///< -1 = dropless; > 0: capacity ceil(cf N k / E)
+  std::string drop = "position";    ///< over capacity keep the first ("position") or "probability"
+  bool renormalize = false;         ///< each token's k gates divided by their sum
+  std::int64_t shared_experts = 0;  ///< a dense MLP of shared_experts x hidden beside them
+  double aux_loss_coef = 0.01;      ///< weight of the load-balancing loss (Switch/GShard)
+  double z_loss_coef = 0.001;       ///< weight of the router z-loss
+};
+
 /// [model]: the classifier's and the GPT's sizes (each program reads its own).
 struct ModelConfig {
   std::int64_t hidden = 512;   ///< classifier hidden width (D)
@@ -54,6 +69,7 @@ struct ModelConfig {
   /// separate lm_head. A choice of the model, the same on every mesh: a pipeline, whose
   /// first and last stages cannot share wte, refuses it.
   bool tie_embeddings = true;
+  MoEConfig moe{};  ///< [model.moe]
 };
 
 /// [optimizer]: AdamW with linear warmup and cosine decay.

@@ -137,7 +137,8 @@ class Transformer {
   /// mean is one device's), and the attention keeps to each document with
   /// config.document_attention.
   /// With MoE layers (moe_every), the loss includes their weighted balancing losses; on a
-  /// sowing scope (nn::Scope::sowing) their statistics are sown there too.
+  /// sowing scope (nn::Scope::sowing) those losses and the layers' statistics are sown
+  /// there too (the cross-entropy alone is the loss minus Sown::loss()).
   Tensor loss(const nn::Scope& scope, const Tensor& tokens, const Tensor& targets,
               const Tensor& documents = Tensor()) const;
 

@@ -72,6 +72,21 @@ void check_gpt(const config::TrainConfig& c, const mesh::Mesh& mesh) {
                   "[gpt] data.document_attention with distributed.context_parallel_size = ", n,
                   ": the context-parallel attention keeps no document ids yet");
   }
+  if (c.model.moe.experts > 0) {
+    // One device's MoE layers, replicated or fully sharded over the data axis.
+    DISTJAX_CHECK(n_model == 1 && n_pipe == 1 && c.distributed.context_parallel_size <= 1,
+                  NotImplemented, "[gpt] [model.moe] runs on a mesh of \"data\" only for now: "
+                  "got \"model\" = ", n_model, ", \"pipe\" = ", n_pipe,
+                  ", distributed.context_parallel_size = ",
+                  c.distributed.context_parallel_size);
+    const auto& remat = c.parallelism.remat;
+    DISTJAX_CHECK(std::find(remat.begin(), remat.end(), "Block") == remat.end() &&
+                      std::find(remat.begin(), remat.end(), "MLP") == remat.end(),
+                  NotImplemented,
+                  "[gpt] [model.moe] with parallelism.remat = [\"Block\"] or [\"MLP\"]: the "
+                  "MoE layers' balancing losses are sown in the forward pass, which "
+                  "rematerialisation runs again (\"Attn\" is fine)");
+  }
   if (n_pipe > 1) {
     // The schedule and the split of the layers into chunks, as the pipeline builds them.
     const int v = static_cast<int>(c.parallelism.virtual_stages);
@@ -156,6 +171,20 @@ ModelSpec gpt_model() {
                       static_cast<long long>(c.model.heads), static_cast<long long>(c.data.seq_len),
                       gpt->flops_per_token() / 1e6);
         m.description = about;
+        if (config.moe_every > 0) {
+          // The experts and the parameters a token's products use (what the FLOPs count).
+          const config::MoEConfig& moe = c.model.moe;
+          char more[160];
+          std::snprintf(more, sizeof more,
+                        ", MoE in %lld of %lld blocks: %lld experts, top-%lld, %s, "
+                        "%.2fM parameters active per token",
+                        static_cast<long long>(config.moe_layers()),
+                        static_cast<long long>(c.model.layers),
+                        static_cast<long long>(moe.experts), static_cast<long long>(moe.top_k),
+                        moe.capacity_factor < 0 ? "dropless" : "with a capacity",
+                        static_cast<double>(gpt->num_matmul_params()) / 1e6);
+          m.description += more;
+        }
         m.num_parameters = gpt->num_params();
         m.items_per_example = static_cast<double>(c.data.seq_len);
         m.items_name = "tokens";

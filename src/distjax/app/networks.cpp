@@ -9,6 +9,7 @@
 #include "distjax/app/run.hpp"
 #include "distjax/data/fashion_mnist.hpp"
 #include "distjax/data/tokenizer.hpp"
+#include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/grad_node.hpp"
 
 namespace distjax::app {
@@ -328,7 +329,22 @@ models::TransformerConfig transformer_config(const config::TrainConfig& c) {
           .remat_attn = remat_of(c, "Attn"),
           .remat_mlp = remat_of(c, "MLP"),
           .unit = tokens ? "token" : "byte",
-          .document_attention = c.data.document_attention};
+          .document_attention = c.data.document_attention,
+          .moe_every = c.model.moe.experts > 0 ? c.model.moe.every : 0,
+          .moe = moe_layer(c.model.moe)};
+}
+
+nn::MoE moe_layer(const config::MoEConfig& m) {
+  return {.num_experts = std::max<std::int64_t>(m.experts, 1),
+          .top_k = m.top_k,
+          .hidden = m.hidden,
+          .swiglu = m.activation == "swiglu",
+          .capacity_factor = m.capacity_factor,
+          .drop_by_probability = m.drop == "probability",
+          .renormalize = m.renormalize,
+          .shared_experts = m.shared_experts,
+          .aux_loss_coef = m.aux_loss_coef,
+          .z_loss_coef = m.z_loss_coef};
 }
 
 Network classifier_network(const models::Classifier& model) {
@@ -368,14 +384,23 @@ Network transformer_network(const models::Transformer& model,
           [&model](const nn::Scope& scope, const train::Batch& batch) {
             if (model.config().num_classes > 0)
               return models::classification_loss(model(scope, batch.inputs), batch.labels);
-            auto [loss, metrics] =
-                per_position(model.loss(scope, batch.inputs, batch.labels, batch.documents),
-                             batch.labels.numel(), model.config().unit);
+            // MoE layers sow their balancing losses (in the objective) and statistics: the
+            // loss metrics are the cross-entropy's alone.
+            nn::Sown sown;
+            const tensor::Tensor objective =
+                model.loss(scope.sowing(&sown), batch.inputs, batch.labels, batch.documents);
+            const tensor::Tensor aux = sown.loss();
+            auto [loss, metrics] = per_position(
+                aux.defined() ? tensor::sub(objective.detach(), aux.detach()) : objective,
+                batch.labels.numel(), model.config().unit);
             if (const double r = model.config().tokens_per_byte; r > 0) {
               const auto n = static_cast<double>(batch.labels.numel());
               metrics.add("bits_per_byte", loss, n * r / std::numbers::ln2, n);
             }
-            return std::make_pair(std::move(loss), metrics);
+            // Each MoE layer's statistic counts once: their mean over layers and devices.
+            for (const auto& [name, values] : sown.metrics)
+              for (const tensor::Tensor& v : values) metrics.add(name, v, 1.0, 1.0);
+            return std::make_pair(aux.defined() ? objective : std::move(loss), metrics);
           },
       .pipeline = pipeline};
 }

@@ -293,6 +293,32 @@ const std::vector<Entry>& schema() {
     s.push_back(field("model.tie_embeddings", DJ_ACCESS(model.tie_embeddings),
                       "GPT: the output head is the token embedding wte (no lm_head); must be "
                       "false with a pipe axis"));
+    // [model.moe]
+    s.push_back(field("model.moe.experts", DJ_ACCESS(model.moe.experts),
+                      "GPT: experts of each Mixture-of-Experts layer (E); 0 = none (dense)"));
+    s.push_back(field("model.moe.top_k", DJ_ACCESS(model.moe.top_k),
+                      "experts each token goes to, 1..min(E, 8)"));
+    s.push_back(field("model.moe.every", DJ_ACCESS(model.moe.every),
+                      "every n-th block's MLP is an MoE layer (blocks n-1, 2n-1, ...)"));
+    s.push_back(field("model.moe.hidden", DJ_ACCESS(model.moe.hidden),
+                      "each expert's hidden width; 0 = 4 model.d_model"));
+    s.push_back(field("model.moe.activation", DJ_ACCESS(model.moe.activation),
+                      "the experts' MLP: gelu (tanh form) or swiglu", {"gelu", "swiglu"}));
+    s.push_back(field("model.moe.capacity_factor", DJ_ACCESS(model.moe.capacity_factor),
+                      "-1 = dropless; > 0: each expert keeps at most ceil(cf N k / E) of a "
+                      "device's N tokens' pairs"));
+    s.push_back(field("model.moe.drop", DJ_ACCESS(model.moe.drop),
+                      "over capacity an expert keeps its first pairs (position) or those of the "
+                      "highest gates (probability)",
+                      {"position", "probability"}));
+    s.push_back(field("model.moe.renormalize", DJ_ACCESS(model.moe.renormalize),
+                      "each token's k gates divided by their sum"));
+    s.push_back(field("model.moe.shared_experts", DJ_ACCESS(model.moe.shared_experts),
+                      "a dense MLP of shared_experts x hidden beside the routed experts"));
+    s.push_back(field("model.moe.aux_loss_coef", DJ_ACCESS(model.moe.aux_loss_coef),
+                      "weight of the load-balancing loss (Switch/GShard) in the objective"));
+    s.push_back(field("model.moe.z_loss_coef", DJ_ACCESS(model.moe.z_loss_coef),
+                      "weight of the router z-loss in the objective"));
     // [optimizer]
     s.push_back(field("optimizer.lr", DJ_ACCESS(optimizer.lr), "peak learning rate of AdamW"));
     s.push_back(field("optimizer.final_lr_ratio", DJ_ACCESS(optimizer.final_lr_ratio),

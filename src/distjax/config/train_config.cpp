@@ -56,6 +56,29 @@ std::vector<std::string> TrainConfig::problems() const {
   for (const auto& [name, v] : non_negative)
     if (v < 0) out.push_back(str(name, " = ", v, " must not be negative"));
   if (run.program.empty()) out.push_back("run.program is not set");
+  const MoEConfig& moe = model.moe;
+  if (moe.experts < 0)
+    out.push_back(str("model.moe.experts = ", moe.experts, " must not be negative (0 = no MoE)"));
+  if (moe.experts > 0) {
+    if (moe.top_k < 1 || moe.top_k > std::min<std::int64_t>(moe.experts, 8))
+      out.push_back(str("model.moe.top_k = ", moe.top_k, " must be in [1, ",
+                        std::min<std::int64_t>(moe.experts, 8), "] for model.moe.experts = ",
+                        moe.experts));
+    if (moe.every < 1 || moe.every > model.layers)
+      out.push_back(str("model.moe.every = ", moe.every, " must be in [1, model.layers = ",
+                        model.layers, "] (every n-th block's MLP is an MoE layer)"));
+    if (!(moe.capacity_factor == -1 || moe.capacity_factor > 0))
+      out.push_back(str("model.moe.capacity_factor = ", moe.capacity_factor,
+                        " must be positive, or -1 for dropless routing"));
+    if (moe.hidden < 0 || moe.shared_experts < 0)
+      out.push_back(str("model.moe.hidden = ", moe.hidden, " and model.moe.shared_experts = ",
+                        moe.shared_experts, " must not be negative"));
+    if (!(moe.aux_loss_coef >= 0) || !(moe.z_loss_coef >= 0) || !std::isfinite(moe.aux_loss_coef) ||
+        !std::isfinite(moe.z_loss_coef))
+      out.push_back(str("model.moe.aux_loss_coef = ", moe.aux_loss_coef,
+                        " and model.moe.z_loss_coef = ", moe.z_loss_coef,
+                        " must be finite and not negative"));
+  }
   if (run.steps == 0 && run.epochs == 0)
     out.push_back("run.steps and run.epochs are both 0: set one of them");
   // Every number must be finite (a TOML file or --set can spell nan and inf; a config built

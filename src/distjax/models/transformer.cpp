@@ -329,9 +329,11 @@ Tensor Transformer::loss(const nn::Scope& scope, const Tensor& tokens, const Ten
   nn::Sown sown;
   Tensor loss = cross_entropy_loss(scope.sowing(&sown), tokens, targets, documents);
   if (sown.loss().defined()) loss = tensor::add(loss, sown.loss());
-  if (nn::Sown* outer = scope.sown())
+  if (nn::Sown* outer = scope.sown()) {
+    for (const Tensor& l : sown.losses) outer->losses.push_back(l);
     for (auto& [name, values] : sown.metrics)
       for (const Tensor& v : values) outer->metrics[name].push_back(v);
+  }
   return loss;
 }
 
