@@ -1,7 +1,9 @@
 // `distjax train` with Mixture-of-Experts blocks ([model.moe]), end to end through the
-// composition: dropless, on every mesh here (data parallel, fully sharded) the losses of 6
-// AdamW steps are the one-device run's; the balancing statistics reach metrics.jsonl; bad
-// settings are refused naming their keys before any step.
+// composition: dropless, on every mesh here (data parallel, fully sharded, experts split
+// over an "expert" axis of 2, 4 and 8 devices, alone and beside data parallelism and fully
+// sharded parameters) the losses of 6 AdamW steps are the one-device run's; the balancing
+// statistics reach metrics.jsonl; bad settings are refused naming their keys before any
+// step.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -28,7 +30,7 @@ fs::path fresh(const std::string& name) {
   return p;
 }
 
-// configs/gpt_moe.toml shrunk to 6 steps of a 2-block GPT with 4 experts in each block, on
+// configs/gpt_moe.toml shrunk to 6 steps of a 2-block GPT with 8 experts in each block, on
 // `world` devices split as `mesh` says. The balancing loss is a statistic of each device's
 // tokens (as in Megatron), so a parity run leaves it out of the objective; the z-loss, a mean
 // over tokens, stays in.
@@ -37,7 +39,7 @@ std::string train(const fs::path& out, int world, const std::string& mesh,
   return std::string(DISTJAX_TOOL) + " train " + DISTJAX_SOURCE_DIR +
          "/configs/gpt_moe.toml --set run.steps=6 --set run.log_every=1 --set run.eval_every=0 "
          "--set run.eval_batches=1 --set run.checkpoint_every=0 --set model.layers=2 "
-         "--set model.moe.experts=4 --set model.moe.aux_loss_coef=0 "
+         "--set model.moe.experts=8 --set model.moe.aux_loss_coef=0 "
          "--set distributed.world_size=" +
          std::to_string(world) + " " + mesh + " " + more + " --out " + out.string();
 }
@@ -99,6 +101,18 @@ TEST(DistjaxMoe, DataParallelMeshesTrainAsOneDevice) {
                      "--set parallelism.shard=parameters --set parallelism.fsdp.min_weight_size=1");
 }
 
+TEST(DistjaxMoe, ExpertParallelMeshesTrainAsOneDevice) {
+  const std::string ep = "--set distributed.expert_parallel_size=";
+  expect_same_losses("expert=2", 2, ep + "2");
+  expect_same_losses("expert=4", 4, ep + "4");
+  expect_same_losses("expert=8", 8, ep + "8");
+  expect_same_losses("data=2 x expert=2", 4, ep + "2");
+  expect_same_losses("data=2 x expert=4", 8, ep + "4");
+  expect_same_losses("fsdp data=2 x expert=2", 4,
+                     ep + "2 --set parallelism.shard=parameters "
+                          "--set parallelism.fsdp.min_weight_size=1");
+}
+
 TEST(DistjaxMoe, BadSettingsAreRefusedNamingTheKeys) {
   const fs::path out = fresh("bad");
   const auto refused = [&](const std::string& command, const std::vector<std::string>& words) {
@@ -108,7 +122,20 @@ TEST(DistjaxMoe, BadSettingsAreRefusedNamingTheKeys) {
     for (const std::string& w : words)
       EXPECT_NE(output.find(w), std::string::npos) << "no \"" << w << "\" in:\n" << output;
   };
-  refused(train(out, 1, "", "--set model.moe.top_k=5"), {"model.moe.top_k = 5", "[1, 4]"});
+  refused(train(out, 1, "", "--set model.moe.top_k=9"), {"model.moe.top_k = 9", "[1, 8]"});
+  refused(train(out, 1, "", "--set model.moe.experts=4 --set model.moe.top_k=5"),
+          {"model.moe.top_k = 5", "[1, 4]"});
+  // The experts split evenly; an expert axis needs experts; it divides the data devices.
+  refused(train(out, 4, "--set distributed.expert_parallel_size=4 --set model.moe.experts=6"),
+          {"model.moe.experts = 6", "distributed.expert_parallel_size = 4"});
+  refused(train(out, 2, "--set distributed.expert_parallel_size=2 --set model.moe.experts=0"),
+          {"distributed.expert_parallel_size = 2", "[model.moe]"});
+  refused(train(out, 6, "--set distributed.expert_parallel_size=4"),
+          {"expert_parallel_size = 4 must divide the data-parallel size 6"});
+  refused(std::string(DISTJAX_TOOL) + " train " + DISTJAX_SOURCE_DIR +
+              "/configs/train_mnist.toml --set distributed.world_size=2 "
+              "--set distributed.expert_parallel_size=2 --out " + out.string(),
+          {"distributed.expert_parallel_size = 2", "no expert parallelism"});
   refused(train(out, 1, "", "--set model.moe.capacity_factor=-0.5"),
           {"model.moe.capacity_factor = -0.5", "-1 for dropless"});
   refused(train(out, 1, "", "--set model.moe.capacity_factor=0"),

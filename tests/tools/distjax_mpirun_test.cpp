@@ -95,16 +95,19 @@ TEST(DistjaxTrain, UnderMpirunEachProcessChecksItsShareOfTheShards) {
 // The GPT with its sequences split over a "context" axis under mpirun (ring attention's
 // transfers between processes), data 2 x context 2 on 4 ranks: the losses of the same run on
 // the threads backend, to 1e-6 relative (f32 sums; measured equal to 1e-7).
-TEST(DistjaxTrain, UnderMpirunTheContextSplitTrainsAsOnThreads) {
+// `distjax train <config> <sets>` for 4 steps on 4 devices, as 4 threads and as 4 processes
+// under mpirun: the same losses (1e-6).
+void expect_mpirun_trains_as_threads(const std::string& name, const std::string& config,
+                                     const std::string& sets) {
   if (std::system("command -v mpirun >/dev/null 2>&1") != 0) GTEST_SKIP() << "no mpirun";
-  const fs::path base = fs::temp_directory_path() / ("distjax_mpirun_cp_" + std::to_string(getpid()));
+  const fs::path base =
+      fs::temp_directory_path() / ("distjax_mpirun_" + name + "_" + std::to_string(getpid()));
   fs::remove_all(base);
   const std::string args =
-      " train " + std::string(DISTJAX_SOURCE_DIR) +
-      "/configs/gpt_3d.toml --set run.steps=4 --set run.log_every=1 --set run.eval_every=0 "
+      " train " + std::string(DISTJAX_SOURCE_DIR) + "/configs/" + config +
+      " --set run.steps=4 --set run.log_every=1 --set run.eval_every=0 "
       "--set run.eval_batches=1 --set run.checkpoint_every=0 --set run.timeline=false "
-      "--set model.layers=2 --set distributed.world_size=4 --set distributed.tensor_parallel_size=1 "
-      "--set distributed.pipeline_parallel_size=1 --set distributed.context_parallel_size=2 --out ";
+      "--set model.layers=2 --set distributed.world_size=4 " + sets + " --out ";
   const auto [threads_status, threads_out] =
       run(std::string(DISTJAX_TOOL) + args + (base / "threads").string());
   ASSERT_EQ(threads_status, 0) << threads_out;
@@ -130,4 +133,18 @@ TEST(DistjaxTrain, UnderMpirunTheContextSplitTrainsAsOnThreads) {
   for (std::size_t i = 0; i < want.size(); ++i)
     EXPECT_NEAR(got[i], want[i], 1e-6 * want[i]) << "step " << i + 1;
   fs::remove_all(base);
+}
+
+TEST(DistjaxTrain, UnderMpirunTheContextSplitTrainsAsOnThreads) {
+  expect_mpirun_trains_as_threads(
+      "cp", "gpt_3d.toml",
+      "--set distributed.tensor_parallel_size=1 --set distributed.pipeline_parallel_size=1 "
+      "--set distributed.context_parallel_size=2");
+}
+
+// Expert parallelism: the counts' all_gather and the rows' ragged all_to_all between
+// processes.
+TEST(DistjaxTrain, UnderMpirunExpertParallelismTrainsAsOnThreads) {
+  expect_mpirun_trains_as_threads("ep", "gpt_moe.toml",
+                                  "--set distributed.expert_parallel_size=4");
 }

@@ -91,7 +91,7 @@ class Composed {
   const nn::Precision& precision() const { return precision_; }
   bool fully_sharded() const { return fully_sharded_; }
   /// How many devices see different examples (the global batch over this is the local):
-  /// the size of "data" (1 without a mesh).
+  /// the size of "data" times that of "expert" (1 without a mesh).
   int data_parallel_size() const;
   /// This device's share of a batch of its data replica: under context parallelism the
   /// positions of each sequence it holds (ContextLayout::shard along dimension 1 of every
@@ -99,7 +99,8 @@ class Composed {
   train::Batch local_batch(const train::Batch& batch) const;
   /// The context parallelism this device runs (inactive without a "context" axis).
   const parallel::ContextPlan& context_plan() const { return cp_; }
-  /// This device's index along "data" (0 without a mesh).
+  /// This device's index among those that see different examples: along "data", and with
+  /// an "expert" axis data x expert size + its index there (0 without a mesh).
   int replica() const;
 
   /// The train state of this device: its parameters (its stage's chunks under a pipeline)

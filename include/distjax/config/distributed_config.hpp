@@ -47,6 +47,9 @@ struct DistributedConfig {
   int tensor_parallel_size = 1;              ///< size of the "model" axis
   int pipeline_parallel_size = 1;            ///< size of the "pipe" axis
   int context_parallel_size = 1;             ///< size of the "context" axis (the sequence split)
+  /// size of the "expert" axis (the experts split): carved out of the data-parallel devices,
+  /// which it divides; the mesh's "data" axis keeps data_parallel_size / expert_parallel_size
+  int expert_parallel_size = 1;
   std::vector<int> mesh_shape;               ///< explicit mesh; empty = (data, model, pipe)
   std::vector<std::string> mesh_axis_names;  ///< one name per mesh_shape entry
   MixedPrecision mixed_precision = MixedPrecision::No;
@@ -65,7 +68,8 @@ struct DistributedConfig {
   std::string launcher_source;
   int launched_processes = 1;
 
-  /// world_size / (tensor_parallel_size x pipeline_parallel_size x context_parallel_size).
+  /// world_size / (tensor_parallel_size x pipeline_parallel_size x context_parallel_size):
+  /// the devices that see different examples ("data" x "expert").
   int data_parallel_size() const;
   /// rank == 0: the process that prints and writes the run's files.
   bool is_main_process() const { return rank == 0; }

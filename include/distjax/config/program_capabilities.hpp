@@ -23,6 +23,9 @@ struct ProgramCapabilities {
   /// a "context" axis (distributed.context_parallel_size > 1): a model with attention whose
   /// sequence splits
   bool context_parallel = false;
+  /// an "expert" axis (distributed.expert_parallel_size > 1): a model with Mixture-of-Experts
+  /// layers whose experts split
+  bool expert_parallel = false;
   /// parallelism.shard values it runs over "data" (none: plain data parallelism).
   std::vector<Shard> shards = {Shard::None};
   bool mixed_precision = false;  ///< distributed.mixed_precision "bf16" and "fp16"

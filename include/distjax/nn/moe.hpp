@@ -10,7 +10,17 @@
 
 #include "distjax/nn/scope.hpp"
 
+namespace distjax::tensor {
+struct DispatchPlan;
+}
+
 namespace distjax::nn {
+
+/// The mesh axis experts are split over (expert parallelism): a device holds E / n of each
+/// layer's experts, and the tokens travel to their experts' devices and back.
+inline constexpr const char* kExpertAxis = "expert";
+/// The size of that axis in the scope's mesh; 1 without a device context or the axis.
+int expert_parallel_size(const Scope& scope);
 
 /// x (..., C) -> (..., C), in f32:
 ///   probs = softmax(x Wr) over the E experts (f32);  experts = top_k(probs)  (N, k)
@@ -31,6 +41,15 @@ namespace distjax::nn {
 ///   over tokens of logsumexp(router logits)^2, "expert_load_max_over_mean" (pairs routed to
 ///   the busiest expert over the mean), "dropped_fraction" (of the N k pairs).
 /// The statistics are over the tokens this call sees (a device's batch).
+///
+/// Expert parallelism: on a scope bound to a device of a mesh with an "expert" axis of n
+/// devices (which see different tokens, as data replicas do), the experts' parameters are
+/// split over it (PartitionSpec P("expert") on their first dimension: E / n per device).
+/// Each device routes its own tokens, the devices exchange their counts per expert
+/// (all_gather), then the rows (spmd::ragged_all_to_all) to the devices holding their
+/// experts, which run them and send the outputs back to be combined. The experts'
+/// gradients are scaled by 1 / n, so that with the other parameters' averaged over the
+/// axis the step is the one-device step on all the axis's tokens.
 ///
 ///   Tensor y = nn::MoE{.num_experts = 8, .top_k = 2}(scope.child("moe"), x);
 struct MoE {
@@ -57,6 +76,11 @@ struct MoE {
   std::int64_t active_params(std::int64_t c) const;
   /// Pairs each expert may keep for `tokens` tokens; -1 when dropless.
   std::int64_t capacity(std::int64_t tokens) const;
+
+ private:
+  // Expert parallelism: xp's rows to their experts' devices, the local experts, and back.
+  Tensor exchange_and_run(const Scope& scope, const Tensor& xp, const tensor::DispatchPlan& plan,
+                          const Tensor& w1, const Tensor& wg, const Tensor& w2) const;
 };
 
 }  // namespace distjax::nn

@@ -70,6 +70,9 @@ struct DataParallelOptions {
   /// The data axes over which parameters are stored fully sharded (nn::Scope::fully_sharded,
   /// ZeRO-3 / FSDP): the only data axes a parameter's spec may name.
   mesh::Axes fully_sharded{};
+  /// The data axes over which Mixture-of-Experts layers split their experts (nn::MoE): a
+  /// spec may name them too (the tokens travel to their expert's slice).
+  mesh::Axes expert{};
   /// The axes whose index step_key folds into the dropout key (null: all of the data axes).
   /// Context parallelism averages over "data" and "context" but draws its dropout masks by
   /// global position, from the key of the data replica: {"data"}.

@@ -82,6 +82,10 @@ struct ShardingPlan {
   /// Axes the layers are split over into pipeline stages (each stage's parameters are its
   /// own tensors, so no spec names these).
   mesh::Axes pipeline_axes{};
+  /// Data axes over which Mixture-of-Experts layers split their experts (expert
+  /// parallelism, nn::MoE): the tokens travel to the device holding their expert, so an
+  /// expert's slice sees every token routed to it and splitting a weight over these is meant.
+  mesh::Axes expert_axes{};
 };
 
 /// One finding of lint_sharding.
@@ -94,7 +98,8 @@ struct LintFinding {
 /// Checks specs against the guide's two pitfalls, with a message that says what to change
 /// (and, first, that every axis a spec or the plan names is an axis of the mesh: a
 /// misspelled name, P("modle"), is an Error naming it and the mesh's axes):
-///  - a parameter split over a data axis that is not fully sharded: under plain data
+///  - a parameter split over a data axis that is neither fully sharded nor an expert axis:
+///    under plain data
 ///    parallelism each replica holds a different slice and trains it as if it were the
 ///    whole parameter (replicas silently train different models) -> Error;
 ///  - a mesh axis of size > 1 that splits neither the batch, nor any parameter, nor the

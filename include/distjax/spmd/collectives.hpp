@@ -81,6 +81,18 @@ Tensor psum_scatter(DeviceContext& ctx, const Tensor& x, const Axes& axes, int d
 Tensor all_to_all(DeviceContext& ctx, const Tensor& x, const Axes& axes, int split_dim,
                   int concat_dim);
 
+/// Ragged all-to-all along dimension 0: device i sends rows [o_j, o_j + send_counts[j]) of x
+/// (o_j the sum of the counts before j) to device j of `axes`; the result holds, in device
+/// order, the recv_counts[i] rows device i sent here. Counts first, then the rows: the
+/// caller knows both (a Mixture-of-Experts dispatch exchanges its counts beforehand), and
+/// `block` (the same on every device, at least every count of the exchange) is the row
+/// block they travel padded to, in one tiled all_to_all. x (sum send_counts, ...) ->
+/// (sum recv_counts, ...). Result: varies along `axes`. Transpose: the ragged all_to_all of
+/// the cotangent back (the counts swapped).
+Tensor ragged_all_to_all(DeviceContext& ctx, const Tensor& x, const Axes& axes,
+                         const std::vector<std::int64_t>& send_counts,
+                         const std::vector<std::int64_t>& recv_counts, std::int64_t block);
+
 /// Identity that marks x as varying along `axes` from here on (enters a region whose
 /// results are summed over devices). Ops insert it implicitly where a replicated value
 /// meets a varying one; calling it on axes x already varies over is the identity.

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "distjax/core/error.hpp"
+#include "distjax/nn/moe.hpp"
 #include "distjax/parallel/data_parallel.hpp"
 #include "distjax/parallel/sharding_rules.hpp"
 #include "distjax/parallel/zero.hpp"
@@ -13,6 +14,12 @@ namespace distjax::app {
 using tensor::TensorTree;
 
 namespace {
+
+// The size of `axis` in ctx's mesh; 1 without a context or the axis.
+int size_of(const spmd::DeviceContext* ctx, const char* axis) {
+  return ctx != nullptr && ctx->mesh().has_axis(axis) ? ctx->mesh().axis_size(axis) : 1;
+}
+
 
 // One device, no mesh: the base strategy, reporting the device's memory (summary.json's
 // memory_bytes_per_device) as the distributed strategies do.
@@ -72,6 +79,8 @@ Composed::Composed(const config::TrainConfig& c, spmd::DeviceContext* ctx, Netwo
         *ctx, averaged, &specs_,
         parallel::DataParallelOptions{
             .fully_sharded = fully_sharded_ ? mesh::Axes("data") : mesh::Axes(),
+            .expert = size_of(ctx, nn::kExpertAxis) > 1 ? mesh::Axes(nn::kExpertAxis)
+                                                        : mesh::Axes(),
             // Under a context split the masks are drawn by global position, from the key of
             // the data replica: every device of a context group draws with the same key.
             .key_axes = cp_.active() ? std::optional<mesh::Axes>(mesh::Axes("data"))
@@ -94,13 +103,17 @@ Composed::Composed(const config::TrainConfig& c, spmd::DeviceContext* ctx, Netwo
 Composed::~Composed() = default;
 
 mesh::Axes Composed::averaged_axes() const {
-  // Each device of a context group trains on its share of the same sequences: its gradients
-  // are averaged with the data replicas' over both axes.
-  return cp_.active() ? mesh::Axes({"data", cp_.axis}) : mesh::Axes("data");
+  // Each device of a context group trains on its share of the same sequences, and the
+  // devices of an expert axis on examples of their own: gradients are averaged with the data
+  // replicas' over all of them (the experts, split over "expert", over the others only).
+  std::vector<std::string> axes{"data"};
+  if (size_of(ctx_, nn::kExpertAxis) > 1) axes.emplace_back(nn::kExpertAxis);
+  if (cp_.active()) axes.push_back(cp_.axis);
+  return mesh::Axes(std::move(axes));
 }
 
 int Composed::data_parallel_size() const {
-  return ctx_ != nullptr && ctx_->mesh().has_axis("data") ? ctx_->mesh().axis_size("data") : 1;
+  return size_of(ctx_, "data") * size_of(ctx_, nn::kExpertAxis);
 }
 
 train::Batch Composed::local_batch(const train::Batch& batch) const {
@@ -110,7 +123,11 @@ train::Batch Composed::local_batch(const train::Batch& batch) const {
 }
 
 int Composed::replica() const {
-  return ctx_ != nullptr && ctx_->mesh().has_axis("data") ? ctx_->axis_index("data") : 0;
+  // An expert axis is carved out of the data replicas: its devices see examples of their own.
+  if (ctx_ == nullptr) return 0;
+  const int data = ctx_->mesh().has_axis("data") ? ctx_->axis_index("data") : 0;
+  const int ep = size_of(ctx_, nn::kExpertAxis);
+  return ep > 1 ? data * ep + ctx_->axis_index(nn::kExpertAxis) : data;
 }
 
 train::TrainState Composed::create_state(const optim::Optimizer& optimizer, Key init_key,
@@ -127,7 +144,9 @@ train::TrainState Composed::create_state(const optim::Optimizer& optimizer, Key 
         specs_, ctx_->mesh(),
         {.data_axes = averaged_axes(),
          .fully_sharded_axes = fully_sharded_ ? mesh::Axes("data") : mesh::Axes(),
-         .pipeline_axes = pipeline_ ? mesh::Axes("pipe") : mesh::Axes()});
+         .pipeline_axes = pipeline_ ? mesh::Axes("pipe") : mesh::Axes(),
+         .expert_axes = size_of(ctx_, nn::kExpertAxis) > 1 ? mesh::Axes(nn::kExpertAxis)
+                                                           : mesh::Axes()});
   if (config_->distributed.mixed_precision == config::MixedPrecision::Fp16)
     state.loss_scale = train::DynamicLossScale{};
   return state;

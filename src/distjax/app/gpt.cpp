@@ -72,7 +72,15 @@ void check_gpt(const config::TrainConfig& c, const mesh::Mesh& mesh) {
                   "[gpt] data.document_attention with distributed.context_parallel_size = ", n,
                   ": the context-parallel attention keeps no document ids yet");
   }
+  const int ep = c.distributed.expert_parallel_size;
+  DISTJAX_CHECK(ep <= 1 || c.model.moe.experts > 0, ConfigError,
+                "[gpt] distributed.expert_parallel_size = ", ep,
+                " splits the experts of MoE layers, but the model has none: set [model.moe] "
+                "experts (or expert_parallel_size = 1)");
   if (c.model.moe.experts > 0) {
+    DISTJAX_CHECK(c.model.moe.experts % ep == 0, ConfigError, "[gpt] model.moe.experts = ",
+                  c.model.moe.experts, " must be divisible by distributed.expert_parallel_size = ",
+                  ep, " (each device of the \"expert\" axis holds the same number)");
     // One device's MoE layers, replicated or fully sharded over the data axis.
     DISTJAX_CHECK(n_model == 1 && n_pipe == 1 && c.distributed.context_parallel_size <= 1,
                   NotImplemented, "[gpt] [model.moe] runs on a mesh of \"data\" only for now: "
@@ -149,6 +157,7 @@ ModelSpec gpt_model() {
       .capabilities = {.tensor_parallel = true,
                        .pipeline_parallel = true,
                        .context_parallel = true,
+                       .expert_parallel = true,
                        .shards = {config::Shard::None, config::Shard::Parameters},
                        .mixed_precision = true,
                        .fp16_pipeline = true,

@@ -439,8 +439,12 @@ const std::vector<Entry>& schema() {
     s.push_back(field("distributed.context_parallel_size",
                       DJ_ACCESS(distributed.context_parallel_size),
                       "size of the \"context\" axis: the sequence split over it"));
+    s.push_back(field("distributed.expert_parallel_size",
+                      DJ_ACCESS(distributed.expert_parallel_size),
+                      "size of the \"expert\" axis: the MoE layers' experts split over it, its "
+                      "devices carved out of the data-parallel ones (it divides their number)"));
     s.push_back(field("distributed.mesh_shape", DJ_ACCESS(distributed.mesh_shape),
-                      "explicit mesh sizes; [] = (data, context, model, pipe) from the sizes"));
+                      "explicit mesh sizes; [] = (data, expert, context, model, pipe) from the sizes"));
     s.push_back(field("distributed.mesh_axis_names", DJ_ACCESS(distributed.mesh_axis_names),
                       "one name per mesh_shape entry"));
     s.push_back(enum_field<MixedPrecision>("distributed.mixed_precision",

@@ -117,7 +117,8 @@ void mesh_rules(const DistributedConfig& c, std::vector<std::string>& out) {
     const std::pair<const char*, std::pair<const char*, int>> axes[] = {
         {"model", {"tensor_parallel_size", c.tensor_parallel_size}},
         {"pipe", {"pipeline_parallel_size", c.pipeline_parallel_size}},
-        {"context", {"context_parallel_size", c.context_parallel_size}}};
+        {"context", {"context_parallel_size", c.context_parallel_size}},
+        {"expert", {"expert_parallel_size", c.expert_parallel_size}}};
     for (const auto& [axis, field] : axes) {
       const auto it = std::find(c.mesh_axis_names.begin(), c.mesh_axis_names.end(), axis);
       const int size = it == c.mesh_axis_names.end()
@@ -228,6 +229,13 @@ std::vector<std::string> DistributedConfig::problems() const {
                             tensor_parallel_size, " x ", pipeline_parallel_size, " x ",
                             context_parallel_size, " = ", mp, " must divide world_size = ",
                             world_size));
+  if (expert_parallel_size < 1)
+    out.push_back(str("expert_parallel_size = ", expert_parallel_size, " must be at least 1"));
+  else if (ws && mp_ok && world_size % mp == 0 && data_parallel_size() % expert_parallel_size != 0)
+    out.push_back(str("expert_parallel_size = ", expert_parallel_size,
+                      " must divide the data-parallel size ", data_parallel_size(),
+                      " (world_size / (tensor x pipeline x context)): the expert axis is carved "
+                      "out of the devices that see different examples"));
   if (ws && rank >= world_size)
     out.push_back(str("rank = ", rank, " must be below world_size = ", world_size));
   if (per_node && local_rank >= num_processes_per_node)
@@ -339,7 +347,9 @@ mesh::Mesh build_mesh(const DistributedConfig& c, const std::vector<std::string>
   }
   std::vector<int> shape;
   std::vector<std::string> names;
-  const std::pair<const char*, int> axes[] = {{"data", c.data_parallel_size()},
+  const int ep = std::max(c.expert_parallel_size, 1);
+  const std::pair<const char*, int> axes[] = {{"data", c.data_parallel_size() / ep},
+                                              {"expert", ep},
                                               {"context", c.context_parallel_size},
                                               {"model", c.tensor_parallel_size},
                                               {"pipe", c.pipeline_parallel_size}};

@@ -48,6 +48,7 @@ std::vector<std::string> ProgramCapabilities::problems(const TrainConfig& c) con
   if (tensor_parallel) used.emplace_back("model");
   if (pipeline_parallel) used.emplace_back("pipe");
   if (context_parallel) used.emplace_back("context");
+  if (expert_parallel) used.emplace_back("expert");
   for (std::size_t i = 0; i < d.mesh_axis_names.size() && i < d.mesh_shape.size(); ++i) {
     const std::string& axis = d.mesh_axis_names[i];
     if (d.mesh_shape[i] == 1 || std::find(used.begin(), used.end(), axis) != used.end()) continue;
@@ -73,6 +74,12 @@ std::vector<std::string> ProgramCapabilities::problems(const TrainConfig& c) con
     os << "distributed.context_parallel_size = " << d.context_parallel_size
        << ": this program has no context parallelism (no \"context\" axis: its model has no "
           "attention over a sequence to split)";
+    flush();
+  }
+  if (!expert_parallel && d.expert_parallel_size > 1) {
+    os << "distributed.expert_parallel_size = " << d.expert_parallel_size
+       << ": this program has no expert parallelism (no \"expert\" axis: its model has no "
+          "Mixture-of-Experts layer)";
     flush();
   }
   if (!runs(c.parallelism.shard)) {

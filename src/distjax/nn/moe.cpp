@@ -5,7 +5,10 @@
 #include <numeric>
 
 #include "distjax/core/error.hpp"
+#include "distjax/mesh/partition_spec.hpp"
 #include "distjax/nn/mlp_block.hpp"
+#include "distjax/spmd/collectives.hpp"
+#include "distjax/spmd/device_context.hpp"
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/grad_node.hpp"
 #include "distjax/tensor/matmul.hpp"
@@ -24,7 +27,33 @@ Initializer expert_init(std::int64_t fan, double scale) {
   return truncated_normal(scale * std::sqrt(1.0 / double(fan)) / 0.87962566103423978);
 }
 
+// Identity forward; the cotangent times `s` backward.
+Tensor scale_cotangent(const Tensor& x, double s) {
+  if (!tensor::needs_grad({&x})) return x;
+  return tensor::record("scale_cotangent", {x}, x.detach(), [s](std::vector<Tensor>& g) {
+    return std::vector<Tensor>{tensor::mul_scalar(g[0], s)};
+  });
+}
+
+// The experts' MLPs over rows in the expert order: w1, wg (undefined without SwiGLU) and w2
+// hold the experts of `offsets` (their groups of rows).
+Tensor expert_mlps(const Precision& p, const Tensor& xp, const Tensor& w1, const Tensor& wg,
+                   const Tensor& w2, const std::vector<std::int64_t>& offsets) {
+  using namespace tensor;
+  const Tensor x = p.cast_to_compute(xp);
+  Tensor a = grouped_matmul(x, p.cast_to_compute(w1), offsets);  // (M, H)
+  a = wg.defined() ? mul(silu(grouped_matmul(x, p.cast_to_compute(wg), offsets)), a)
+                   : gelu(a, true);
+  return grouped_matmul(p.cast_to_compute(a), p.cast_to_compute(w2), offsets);  // (M, C)
+}
+
 }  // namespace
+
+// The size of the expert axis this scope's experts are split over; 1 without one.
+int expert_parallel_size(const Scope& scope) {
+  const spmd::DeviceContext* ctx = scope.context();
+  return ctx != nullptr && ctx->mesh().has_axis(kExpertAxis) ? ctx->axis_size(kExpertAxis) : 1;
+}
 
 void MoE::check(std::int64_t c) const {
   DISTJAX_CHECK(num_experts >= 1, InvalidArgument, "[MoE] num_experts = ", num_experts,
@@ -61,6 +90,58 @@ std::int64_t MoE::active_params(std::int64_t c) const {
   return c * num_experts + top_k * (swiglu ? 3 : 2) * c * h + shared;
 }
 
+Tensor MoE::exchange_and_run(const Scope& scope, const Tensor& xp, const tensor::DispatchPlan& plan,
+                             const Tensor& w1, const Tensor& wg, const Tensor& w2) const {
+  using namespace tensor;
+  spmd::DeviceContext& ctx = *scope.context();
+  const int n = ctx.axis_size(kExpertAxis), me = ctx.axis_index(kExpertAxis);
+  const std::int64_t e = num_experts, el = e / n;
+  // Counts first: every device's pairs per expert, (n, E) on every device.
+  std::vector<std::int32_t> all;
+  {
+    NoGradGuard off;
+    std::vector<std::int32_t> mine(plan.counts.begin(), plan.counts.end());
+    all = spmd::all_gather(ctx, Tensor::from_vector(mine, {1, e}, xp.device()), kExpertAxis, 0,
+                           /*tiled=*/true)
+              .to_vector<std::int32_t>();
+  }
+  // pairs[i][j]: rows device i sends device j (the experts j holds, in order).
+  auto pairs = [&](int i, int j, std::int64_t le) {
+    return std::int64_t(all[static_cast<std::size_t>(i * e + j * el + le)]);
+  };
+  std::vector<std::int64_t> send(n, 0), recv(n, 0), local(el, 0);
+  std::int64_t block = 0;
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) {
+      std::int64_t rows = 0;
+      for (std::int64_t le = 0; le < el; ++le) rows += pairs(i, j, le);
+      block = std::max(block, rows);
+      if (i == me) send[j] = rows;
+      if (j == me) recv[i] = rows;
+    }
+  for (int i = 0; i < n; ++i)
+    for (std::int64_t le = 0; le < el; ++le) local[le] += pairs(i, me, le);
+  const Tensor got = spmd::ragged_all_to_all(ctx, xp, kExpertAxis, send, recv, block);
+  // The rows arrive by source device, each source's by expert: put them expert by expert
+  // (a permutation, k = 1), run the local experts, and put them back.
+  DispatchPlan by_expert;
+  by_expert.counts = local;
+  by_expert.routed = local;
+  {
+    std::vector<std::int64_t> start(el, 0);
+    for (std::int64_t le = 1; le < el; ++le) start[le] = start[le - 1] + local[le - 1];
+    std::vector<std::int32_t> to;
+    to.reserve(static_cast<std::size_t>(got.size(0)));
+    for (int i = 0; i < n; ++i)
+      for (std::int64_t le = 0; le < el; ++le)
+        for (std::int64_t r = 0; r < pairs(i, me, le); ++r) to.push_back(std::int32_t(start[le]++));
+    by_expert.position = Tensor::from_vector(to, {got.size(0), 1}, xp.device());
+  }
+  const Tensor yl = expert_mlps(scope.precision(), moe_dispatch(got, by_expert), w1, wg, w2,
+                                by_expert.offsets());
+  return spmd::ragged_all_to_all(ctx, moe_combine(yl, by_expert), kExpertAxis, recv, send, block);
+}
+
 Tensor MoE::operator()(const Scope& scope, const Tensor& x_in) const {
   using namespace tensor;
   check_defined(x_in, "MoE", "x");
@@ -87,17 +168,29 @@ Tensor MoE::operator()(const Scope& scope, const Tensor& x_in) const {
   const DispatchPlan plan =
       dispatch_plan(chosen, e, capacity(n), drop_by_probability ? gates.detach() : Tensor());
 
-  // The experts: one grouped product per projection over the expert order.
+  // The experts: stacked, split over the expert axis (each device holds E / n of them),
+  // one grouped product per projection over the expert order.
+  const int n_ep = expert_parallel_size(scope);
+  DISTJAX_CHECK(e % n_ep == 0, ShardingError, "[MoE] \"", scope.path(), "\": ", e,
+                " experts do not split over the \"", kExpertAxis, "\" axis of ", n_ep);
+  const mesh::PartitionSpec spec = n_ep > 1 ? mesh::P(kExpertAxis) : mesh::PartitionSpec();
   const Scope ex = scope.child("experts");
-  const Precision& p = scope.precision();
-  const Tensor w1 = ex.param("fc1", {e, c, h}, expert_init(c, 1.0));
-  const Tensor wg = swiglu ? ex.param("gate", {e, c, h}, expert_init(c, 1.0)) : Tensor();
-  const Tensor w2 = ex.param("fc2", {e, h, c}, expert_init(h, out_scale));
-  const std::vector<std::int64_t> offsets = plan.offsets();
-  const Tensor xp = p.cast_to_compute(moe_dispatch(x, plan));  // (M, C)
-  Tensor a = grouped_matmul(xp, p.cast_to_compute(w1), offsets);  // (M, H)
-  a = swiglu ? mul(silu(grouped_matmul(xp, p.cast_to_compute(wg), offsets)), a) : gelu(a, true);
-  const Tensor yp = grouped_matmul(p.cast_to_compute(a), p.cast_to_compute(w2), offsets);  // (M, C)
+  Tensor w1 = ex.param("fc1", {e, c, h}, expert_init(c, 1.0), spec);
+  Tensor wg = swiglu ? ex.param("gate", {e, c, h}, expert_init(c, 1.0), spec) : Tensor();
+  Tensor w2 = ex.param("fc2", {e, h, c}, expert_init(h, out_scale), spec);
+  const Tensor xp = moe_dispatch(x, plan);  // (M, C) in the expert order
+  Tensor yp;
+  if (n_ep == 1) {
+    yp = expert_mlps(scope.precision(), xp, w1, wg, w2, plan.offsets());
+  } else {
+    // The devices of the axis see different tokens, and the averaged gradients of the
+    // replicated parameters are the mean over all of them; an expert's gradient arrives
+    // summed over the axis's tokens (the exchange's transpose): scaled so it is that mean.
+    w1 = scale_cotangent(w1, 1.0 / n_ep);
+    w2 = scale_cotangent(w2, 1.0 / n_ep);
+    if (wg.defined()) wg = scale_cotangent(wg, 1.0 / n_ep);
+    yp = exchange_and_run(scope, xp, plan, w1, wg, w2);
+  }
   Tensor y = moe_combine(yp, plan, gates);  // (N, C)
   if (shared_experts > 0)
     y = MLPBlock{.hidden = shared_experts * h,

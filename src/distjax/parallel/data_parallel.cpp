@@ -222,7 +222,9 @@ DataParallel::~DataParallel() = default;
 void DataParallel::lint_once() {
   if (linted_ || specs_ == nullptr) return;
   linted_ = true;
-  ShardingPlan plan{.data_axes = axes_, .fully_sharded_axes = options_.fully_sharded};
+  ShardingPlan plan{.data_axes = axes_,
+                    .fully_sharded_axes = options_.fully_sharded,
+                    .expert_axes = options_.expert};
   for (const auto& a : ctx_->mesh().axis_names())
     if (std::find(axes_.names.begin(), axes_.names.end(), a) == axes_.names.end())
       plan.activation_axes.names.push_back(a);

@@ -135,7 +135,8 @@ std::vector<LintFinding> lint_sharding(const nn::ParamSpecs& specs, const mesh::
                                        const ShardingPlan& plan) {
   std::vector<LintFinding> out;
   for (const mesh::Axes* axes :
-       {&plan.data_axes, &plan.fully_sharded_axes, &plan.activation_axes, &plan.pipeline_axes})
+       {&plan.data_axes, &plan.fully_sharded_axes, &plan.activation_axes, &plan.pipeline_axes,
+        &plan.expert_axes})
     for (const auto& a : axes->names)
       mesh.axis_size(a, "lint_sharding");
   // A spec naming an axis the mesh lacks (a typo such as "modle") would be placed as if
@@ -155,7 +156,9 @@ std::vector<LintFinding> lint_sharding(const nn::ParamSpecs& specs, const mesh::
   // Pitfall 1: a weight split over a data axis that is not fully sharded.
   for (const auto& [path, spec] : specs) {
     for (const auto& a : spec.used_axes()) {
-      if (!contains(plan.data_axes, a) || contains(plan.fully_sharded_axes, a)) continue;
+      if (!contains(plan.data_axes, a) || contains(plan.fully_sharded_axes, a) ||
+          contains(plan.expert_axes, a))
+        continue;
       out.push_back({LintFinding::Severity::Error,
                      "[lint_sharding] parameter \"" + path + "\" is split over data axis " +
                          mesh_axis(mesh, a) + " (spec " + spec.to_string() +
