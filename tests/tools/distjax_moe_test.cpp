@@ -12,6 +12,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "tools/tool_run.hpp"
@@ -38,7 +39,7 @@ std::string train(const fs::path& out, int world, const std::string& mesh,
                   const std::string& more = "") {
   return std::string(DISTJAX_TOOL) + " train " + DISTJAX_SOURCE_DIR +
          "/configs/gpt_moe.toml --set run.steps=6 --set run.log_every=1 --set run.eval_every=0 "
-         "--set run.eval_batches=1 --set run.checkpoint_every=0 --set model.layers=2 "
+         "--set run.eval_batches=1 --set model.layers=2 "
          "--set model.moe.experts=8 --set model.moe.aux_loss_coef=0 "
          "--set distributed.world_size=" +
          std::to_string(world) + " " + mesh + " " + more + " --out " + out.string();
@@ -62,7 +63,8 @@ std::map<int, double> losses(const fs::path& out) {
 const std::map<int, double>& one_device() {
   static const std::map<int, double> want = [] {
     const fs::path out = fresh("one");
-    const auto [status, output] = distjax::testing::run_tool(train(out, 1, ""));
+    const auto [status, output] =
+        distjax::testing::run_tool(train(out, 1, "", "--set run.checkpoint_every=0"));
     EXPECT_EQ(status, 0) << output;
     auto l = losses(out);
     EXPECT_EQ(l.size(), 6u) << output;
@@ -81,7 +83,8 @@ const std::map<int, double>& one_device() {
 void expect_same_losses(const std::string& what, int world, const std::string& mesh) {
   const std::map<int, double>& want = one_device();
   const fs::path out = fresh("mesh");
-  const auto [status, output] = distjax::testing::run_tool(train(out, world, mesh));
+  const auto [status, output] =
+      distjax::testing::run_tool(train(out, world, mesh, "--set run.checkpoint_every=0"));
   ASSERT_EQ(status, 0) << what << "\n" << output;
   const std::map<int, double> got = losses(out);
   ASSERT_EQ(got.size(), want.size()) << what;
@@ -111,6 +114,36 @@ TEST(DistjaxMoe, ExpertParallelMeshesTrainAsOneDevice) {
   expect_same_losses("fsdp data=2 x expert=2", 4,
                      ep + "2 --set parallelism.shard=parameters "
                           "--set parallelism.fsdp.min_weight_size=1");
+}
+
+// The experts are split over "expert": a checkpoint saved with them over 2 devices resumes
+// with them over 4, or on one device, with the optimizer state, and goes on as the run that
+// saved it.
+TEST(DistjaxMoe, ACheckpointResumesOnAnotherExpertParallelSize) {
+  const fs::path base = fresh("resume");
+  const auto [status, output] = distjax::testing::run_tool(
+      train(base / "ep2", 2, "--set distributed.expert_parallel_size=2",
+            "--set run.checkpoint_every=4"));
+  ASSERT_EQ(status, 0) << output;
+  const std::map<int, double> want = losses(base / "ep2");
+  ASSERT_EQ(want.size(), 6u) << output;
+  for (const auto& [name, world, ep] : {std::tuple{"ep4", 4, 4}, std::tuple{"ep1", 1, 1}}) {
+    const fs::path out = base / name;
+    fs::create_directories(out / "checkpoints");
+    fs::copy(base / "ep2" / "checkpoints" / "step_00000004", out / "checkpoints" / "step_00000004",
+             fs::copy_options::recursive);
+    const auto [s, log] = distjax::testing::run_tool(
+        train(out, world, "--set distributed.expert_parallel_size=" + std::to_string(ep),
+              "--set run.checkpoint_every=0 --resume"));
+    ASSERT_EQ(s, 0) << log;
+    EXPECT_NE(log.find("at step 4"), std::string::npos) << log;
+    const std::map<int, double> got = losses(out);
+    for (int step : {5, 6}) {
+      ASSERT_TRUE(got.count(step)) << name << "\n" << log;
+      EXPECT_NEAR(got.at(step), want.at(step), kTol * want.at(step)) << name << ", step " << step;
+    }
+  }
+  fs::remove_all(base);
 }
 
 TEST(DistjaxMoe, BadSettingsAreRefusedNamingTheKeys) {
