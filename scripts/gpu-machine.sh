@@ -209,7 +209,7 @@ for f in tests/gpu/*_test.cpp; do GPU_PROGRAMS+=("$(basename "$f" .cpp)"); done
 QUICK_TARGETS=(distjax "${GPU_PROGRAMS[@]}" bench_gpu_gpt2 bench_gpu_gemm
                bench_gpu_comm distjax_tool run_on_gpu device_buffers_test collectives_test
                ppermute_test data_parallel_test zero_test fsdp_test tensor_parallel_test
-               tp_async_test pipeline_test gpt_parity_test)
+               tp_async_test pipeline_test gpt_parity_test distjax_moe_test)
 # With MPI: the SPMD and parity programs that ctest's gpu_*_mpi entries run under mpirun.
 grep -q 'MPI backend ON' "$SUMMARY" &&
   QUICK_TARGETS+=(spmd_mpi_test pipeline_mpi_test tensor_parallel_mpi_test global_view_mpi_test)
