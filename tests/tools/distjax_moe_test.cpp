@@ -1,7 +1,7 @@
 // `distjax train` with Mixture-of-Experts blocks ([model.moe]), end to end through the
 // composition: dropless, on every mesh here (data parallel, fully sharded, experts split
-// over an "expert" axis of 2, 4 and 8 devices, alone and beside data parallelism and fully
-// sharded parameters) the losses of 6 AdamW steps are the one-device run's; the balancing
+// over an "expert" axis of 2, 4 and 8 devices, alone and beside data parallelism, fully
+// sharded parameters, tensor and sequence parallelism and a context split) the losses of 6 AdamW steps are the one-device run's; the balancing
 // statistics reach metrics.jsonl; bad settings are refused naming their keys before any
 // step.
 #include <gtest/gtest.h>
@@ -41,6 +41,7 @@ std::string train(const fs::path& out, int world, const std::string& mesh,
          "/configs/gpt_moe.toml --set run.steps=6 --set run.log_every=1 --set run.eval_every=0 "
          "--set run.eval_batches=1 --set model.layers=2 "
          "--set model.moe.experts=8 --set model.moe.aux_loss_coef=0 "
+         "--set distributed.expert_parallel_size=1 "
          "--set distributed.world_size=" +
          std::to_string(world) + " " + mesh + " " + more + " --out " + out.string();
 }
@@ -116,6 +117,22 @@ TEST(DistjaxMoe, ExpertParallelMeshesTrainAsOneDevice) {
                           "--set parallelism.fsdp.min_weight_size=1");
 }
 
+// The MoE blocks inside the other splits: the megatron layout (the experts replicated over
+// "model", each device running them on its tokens: all of them, or its sequence share with
+// sequence parallelism), a context split (ring and Ulysses), and each beside an expert axis.
+TEST(DistjaxMoe, TensorAndContextParallelMeshesTrainAsOneDevice) {
+  const std::string ep = "--set distributed.expert_parallel_size=";
+  expect_same_losses("tp=2", 2, "--set distributed.tensor_parallel_size=2");
+  expect_same_losses("expert=2 x tp=2 sp", 4,
+                     ep + "2 --set distributed.tensor_parallel_size=2 "
+                          "--set parallelism.sequence_parallel=true");
+  expect_same_losses("cp=2 ring", 2, "--set distributed.context_parallel_size=2");
+  expect_same_losses("cp=2 ulysses", 2,
+                     "--set distributed.context_parallel_size=2 "
+                     "--set parallelism.context_parallel_method=ulysses");
+  expect_same_losses("expert=2 x cp=2", 4, ep + "2 --set distributed.context_parallel_size=2");
+}
+
 // The experts are split over "expert": a checkpoint saved with them over 2 devices resumes
 // with them over 4, or on one device, with the optimizer state, and goes on as the run that
 // saved it.
@@ -176,8 +193,12 @@ TEST(DistjaxMoe, BadSettingsAreRefusedNamingTheKeys) {
   refused(train(out, 1, "", "--set model.moe.every=3"), {"model.moe.every = 3", "model.layers = 2"});
   refused(train(out, 1, "", "--set model.moe.activation=relu"),
           {"model.moe.activation", "gelu", "swiglu"});
-  refused(train(out, 2, "--set distributed.tensor_parallel_size=2"),
-          {"[model.moe]", "\"model\" = 2"});
+  refused(train(out, 2, "--set distributed.tensor_parallel_size=2 "
+                        "--set parallelism.tp_layout=gather"),
+          {"[model.moe]", "parallelism.tp_layout = \"gather\"", "megatron"});
+  refused(train(out, 2, "--set distributed.pipeline_parallel_size=2 "
+                        "--set model.tie_embeddings=false"),
+          {"[model.moe]", "\"pipe\" axis of 2", "distributed.pipeline_parallel_size = 1"});
   refused(train(out, 1, "", "--set 'parallelism.remat=[\"Block\"]'"),
           {"[model.moe]", "parallelism.remat"});
   fs::remove_all(out);

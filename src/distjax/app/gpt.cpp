@@ -81,12 +81,16 @@ void check_gpt(const config::TrainConfig& c, const mesh::Mesh& mesh) {
     DISTJAX_CHECK(c.model.moe.experts % ep == 0, ConfigError, "[gpt] model.moe.experts = ",
                   c.model.moe.experts, " must be divisible by distributed.expert_parallel_size = ",
                   ep, " (each device of the \"expert\" axis holds the same number)");
-    // One device's MoE layers, replicated or fully sharded over the data axis.
-    DISTJAX_CHECK(n_model == 1 && n_pipe == 1 && c.distributed.context_parallel_size <= 1,
-                  NotImplemented, "[gpt] [model.moe] runs on a mesh of \"data\" only for now: "
-                  "got \"model\" = ", n_model, ", \"pipe\" = ", n_pipe,
-                  ", distributed.context_parallel_size = ",
-                  c.distributed.context_parallel_size);
+    // The experts need their tokens' whole features (the megatron layout), and the
+    // balancing losses sown in a block do not cross a pipeline's stages.
+    DISTJAX_CHECK(n_pipe == 1, NotImplemented,
+                  "[gpt] [model.moe] with a \"pipe\" axis of ", n_pipe,
+                  ": the MoE layers' balancing losses do not reach the last stage's objective "
+                  "yet; set distributed.pipeline_parallel_size = 1");
+    DISTJAX_CHECK(layout == parallel::TPLayout::None || layout == parallel::TPLayout::Megatron,
+                  NotImplemented, "[gpt] [model.moe] with parallelism.tp_layout = \"",
+                  c.parallelism.tp_layout,
+                  "\": the experts need their tokens' whole features; use \"megatron\"");
     const auto& remat = c.parallelism.remat;
     DISTJAX_CHECK(std::find(remat.begin(), remat.end(), "Block") == remat.end() &&
                       std::find(remat.begin(), remat.end(), "MLP") == remat.end(),

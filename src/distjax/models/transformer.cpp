@@ -35,12 +35,13 @@ Transformer::Transformer(TransformerConfig config) : config_(config) {
                 " is not divisible by num_heads=", c.num_heads);
   if (c.moe_every > 0) {
     c.moe.check(c.d_model);
-    DISTJAX_CHECK(c.tp.layout == parallel::TPLayout::None && !c.cp.active() && !c.parallel_block &&
-                      !c.remat && !c.remat_mlp,
+    DISTJAX_CHECK((c.tp.layout == parallel::TPLayout::None ||
+                   c.tp.layout == parallel::TPLayout::Megatron) &&
+                      !c.parallel_block && !c.remat && !c.remat_mlp,
                   NotImplemented,
-                  "[Transformer] Mixture-of-Experts blocks run without tensor parallelism, a "
-                  "context split, parallel blocks or rematerialisation of the block or MLP (",
-                  "its balancing losses are sown in the forward pass)");
+                  "[Transformer] Mixture-of-Experts blocks run in the megatron layout or without "
+                  "tensor parallelism, without parallel blocks or rematerialisation of the block "
+                  "or MLP (their balancing losses are sown in the forward pass)");
   }
   DISTJAX_CHECK(c.moe_every >= 0, ConfigError, "[Transformer] moe_every must be >= 0, got ",
                 c.moe_every);

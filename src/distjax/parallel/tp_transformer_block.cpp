@@ -53,9 +53,17 @@ Tensor TPTransformerBlock::sequential(const nn::Scope& scope, const Tensor& x) c
         return attn(s.child("attn").module("Attn"), ln_v(s.child("ln1"), in));
       });
   Tensor y = tensor::add(x, drop(scope.child("attn_dropout"), h));
-  h = nn::remat_call(remat_mlp, scope, y, [ln_v = ln, mlp](const nn::Scope& s, const Tensor& in) {
-    return mlp(s.child("mlp").module("MLP"), ln_v(s.child("ln2"), in));
-  });
+  if (moe) {
+    // Per token, so on whatever tokens the stream holds here: all of them, replicated over
+    // the model axis (each device runs the experts alike), or this device's share of the
+    // sequence (sequence parallelism, a context split); the experts' parameters are
+    // replicated over those axes.
+    h = (*moe)(scope.child("moe").module("MLP"), ln(scope.child("ln2"), y));
+  } else {
+    h = nn::remat_call(remat_mlp, scope, y, [ln_v = ln, mlp](const nn::Scope& s, const Tensor& in) {
+      return mlp(s.child("mlp").module("MLP"), ln_v(s.child("ln2"), in));
+    });
+  }
   return tensor::add(y, drop(scope.child("mlp_dropout"), h));
 }
 
@@ -136,11 +144,11 @@ Tensor TPTransformerBlock::parallel_block(const nn::Scope& scope, const Tensor& 
 }
 
 Tensor TPTransformerBlock::body(const nn::Scope& scope, const Tensor& x) const {
-  DISTJAX_CHECK(!moe || (layout == TPLayout::None && !context.active() && !parallel),
+  DISTJAX_CHECK(!moe || ((layout == TPLayout::None || layout == TPLayout::Megatron) && !parallel),
                 NotImplemented, "[TPTransformerBlock] \"", scope.path(),
-                "\": a Mixture-of-Experts block runs without a tensor layout, a context split or "
-                "the parallel block (got layout ", tp_layout_name(layout),
-                context.active() ? ", a context split" : "", parallel ? ", parallel" : "", ")");
+                "\": a Mixture-of-Experts block needs the whole features of its tokens: the "
+                "megatron layout or none, not the parallel block (got layout ",
+                tp_layout_name(layout), parallel ? ", parallel" : "", ")");
   if (parallel) return parallel_block(scope, x);
   // One device's block (nn's), unless the attention crosses a context split.
   if (layout == TPLayout::None && !context.active())
