@@ -43,7 +43,10 @@ Tensor dense_reference(const MoE& m, const TensorTree& p, const Tensor& x_in) {
   Tensor chosen;
   {
     NoGradGuard off;
-    chosen = top_k_indices(probs.detach(), m.top_k);
+    // The balancing bias moves the selection only.
+    chosen = top_k_indices(p.contains("router/bias") ? add(probs.detach(), p.at("router/bias"))
+                                                      : probs.detach(),
+                           m.top_k);
   }
   Tensor gates = take_along_last(probs, chosen);
   if (m.renormalize) gates = div(gates, sum(gates, {1}, true));
@@ -87,6 +90,12 @@ void expect_layer_matches_dense(const MoE& m, const std::string& what) {
   m(Scope::init(&params, Key::from_seed(11)), x0);
   // A trained-looking router: the init's logits are near zero and would all but tie.
   params.set("router/kernel", mul_scalar(params.at("router/kernel"), 4.0));
+  // A bias that changes the selection (zeros at init).
+  if (params.contains("router/bias")) {
+    std::vector<float> b(static_cast<std::size_t>(m.num_experts));
+    random_uniform(Key::from_seed(13), b.data(), m.num_experts, -0.3f, 0.3f);
+    params.set("router/bias", Tensor::from_vector(b, {m.num_experts}));
+  }
   params.set("x", x0);
   std::vector<float> cv(static_cast<std::size_t>(x0.numel()));
   random_normal(Key::from_seed(12), cv.data(), x0.numel());
@@ -130,6 +139,27 @@ TEST(MoE, EqualsTheDenseLayerWithItsGradients) {
       {.num_experts = 4, .top_k = 2, .hidden = 6, .capacity_factor = 0.5,
        .drop_by_probability = true},
       "capacity 0.5 by probability");
+  expect_layer_matches_dense({.num_experts = 6, .top_k = 2, .hidden = 6, .balance_bias_rate = 0.1},
+                             "a balancing bias in the selection");
+}
+
+// The bias moves by the rate towards balance: up for an expert below the mean load, down
+// above it, not at all on it; and the layer sows its loads under the bias's path.
+TEST(MoE, BalancingBiasMovesBySignOfTheLoadError) {
+  TensorTree params;
+  params.set("blocks/0/moe/router/bias", Tensor::from_vector(std::vector<float>{0, 0.5f, 0, 0}, {4}));
+  balance_bias_update(params, {{"blocks/0/moe/router/bias", {10, 30, 20, 20}}}, 0.25);
+  EXPECT_EQ(params.at("blocks/0/moe/router/bias").to_vector<float>(),
+            (std::vector<float>{0.25f, 0.25f, 0, 0}));
+  const MoE m{.num_experts = 4, .top_k = 2, .hidden = 6, .balance_bias_rate = 0.1};
+  TensorTree p;
+  m(Scope::init(&p, Key::from_seed(1)), tokens_input());
+  Sown at_root;
+  m(Scope::apply(&p, true).sowing(&at_root), tokens_input());
+  ASSERT_EQ(at_root.loads.count("router/bias"), 1u);
+  double pairs = 0;
+  for (double l : at_root.loads.at("router/bias")) pairs += l;
+  EXPECT_EQ(pairs, double(kTokens * 2));
 }
 
 TEST(MoE, SowsItsLossesAndStatistics) {

@@ -55,6 +55,10 @@ struct Network {
   /// share of each sequence: Composed::local_batch). Null: the model has no context
   /// parallelism, and such a mesh is refused.
   std::function<Network(const parallel::ContextPlan& cp)> context_parallel{};
+  /// After each optimizer step, on every device, with that step's metrics (summed over its
+  /// micro-batches and the devices that see other examples): updates the parameters the
+  /// gradient does not (an MoE layer's balancing bias). Null: nothing to do.
+  std::function<void(tensor::TensorTree& params, const train::Metrics& step)> after_update{};
 };
 
 /// The strategies of `config` on one device (every device builds its own, in the same

@@ -53,6 +53,9 @@ struct MoEConfig {
   std::int64_t shared_experts = 0;  ///< a dense MLP of shared_experts x hidden beside them
   double aux_loss_coef = 0.01;      ///< weight of the load-balancing loss (Switch/GShard)
   double z_loss_coef = 0.001;       ///< weight of the router z-loss
+  /// > 0: DeepSeek-V3's auxiliary-loss-free balancing: a per-expert bias in the selection,
+  /// moved by this rate times the sign of its load error after each step (0 = off)
+  double balance_bias_rate = 0;
 };
 
 /// [model]: the classifier's and the GPT's sizes (each program reads its own).

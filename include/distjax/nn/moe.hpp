@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "distjax/nn/scope.hpp"
 
@@ -21,6 +23,12 @@ namespace distjax::nn {
 inline constexpr const char* kExpertAxis = "expert";
 /// The size of that axis in the scope's mesh; 1 without a device context or the axis.
 int expert_parallel_size(const Scope& scope);
+
+/// The balancing biases' step (MoE::balance_bias_rate): for each bias path of `loads` (the
+/// step's pairs routed per expert, summed over its micro-batches and every device that saw
+/// other tokens), bias[e] += rate * sign(mean load - load[e]) in place in `params`.
+void balance_bias_update(tensor::TensorTree& params,
+                         const std::map<std::string, std::vector<double>>& loads, double rate);
 
 /// x (..., C) -> (..., C), in f32:
 ///   probs = softmax(x Wr) over the E experts (f32);  experts = top_k(probs)  (N, k)
@@ -40,7 +48,9 @@ int expert_parallel_size(const Scope& scope);
 ///   routed to e, P_e the mean router probability of e; 1 when balanced), "z_loss" = the mean
 ///   over tokens of logsumexp(router logits)^2, "expert_load_max_over_mean" (pairs routed to
 ///   the busiest expert over the mean), "dropped_fraction" (of the N k pairs).
-/// The statistics are over the tokens this call sees (a device's batch).
+/// The statistics are over the tokens this call sees (a device's batch). With
+/// balance_bias_rate it also sows its loads (Scope::sow_loads: the pairs routed to each
+/// expert, under the path of its bias).
 ///
 /// Expert parallelism: on a scope bound to a device of a mesh with an "expert" axis of n
 /// devices (which see different tokens, as data replicas do), the experts' parameters are
@@ -64,6 +74,12 @@ struct MoE {
   std::int64_t shared_experts = 0;   ///< a dense MLP of shared_experts * H beside the experts
   double aux_loss_coef = 0;          ///< the load-balancing loss's weight in the objective
   double z_loss_coef = 0;            ///< the router z-loss's weight in the objective
+  /// > 0: the auxiliary-loss-free balancing of DeepSeek-V3. A bias "router/bias" (E, zeros at
+  /// init) is added to the router's probabilities for the top-k selection only (the gates
+  /// stay the probabilities); after each optimizer step the model's update
+  /// (balance_bias_update) moves it by this rate times the sign of each expert's load error
+  /// (the mean load minus its own), outside the gradient.
+  double balance_bias_rate = 0;
   /// Scale of the output projections' initialisation (GPT-2's 1 / sqrt(2 L)).
   double out_scale = 1.0;
 

@@ -58,6 +58,9 @@ struct Sown {
   std::vector<Tensor> losses;
   /// Named scalar statistics, one value per layer that sowed it (a metric is their mean).
   std::map<std::string, std::vector<Tensor>> metrics;
+  /// Per-expert loads (f32 counts of the pairs routed to each expert) by the path of the MoE
+  /// layer's balancing bias, summed over the calls of the pass.
+  std::map<std::string, std::vector<double>> loads;
   /// The sum of `losses`; undefined when none was sown.
   Tensor loss() const;
 };
@@ -140,6 +143,8 @@ class Scope {
   void sow_loss(const Tensor& value) const;
   /// Adds a scalar statistic under `name`; nothing on a scope without a Sown.
   void sow_metric(const std::string& name, const Tensor& value) const;
+  /// Adds per-expert loads under `path` (Sown::loads); nothing on a scope without a Sown.
+  void sow_loads(const std::string& path, const std::vector<double>& loads) const;
   /// Whether sow_loss and sow_metric report anywhere.
   bool sowing() const { return sown_ != nullptr; }
   /// Where they report; null when nowhere.

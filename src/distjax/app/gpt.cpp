@@ -91,6 +91,21 @@ void check_gpt(const config::TrainConfig& c, const mesh::Mesh& mesh) {
                   NotImplemented, "[gpt] [model.moe] with parallelism.tp_layout = \"",
                   c.parallelism.tp_layout,
                   "\": the experts need their tokens' whole features; use \"megatron\"");
+    if (c.model.moe.balance_bias_rate > 0) {
+      // Every device moves its bias by the same loads: the step's, summed over the devices
+      // that see other tokens; a sequence split over "model" would give each its own.
+      DISTJAX_CHECK(!c.parallelism.sequence_parallel || n_model == 1, NotImplemented,
+                    "[gpt] model.moe.balance_bias_rate with parallelism.sequence_parallel: the "
+                    "devices of the \"model\" axis would see different loads");
+      DISTJAX_CHECK(c.parallelism.shard != config::Shard::Parameters ||
+                        c.parallelism.fsdp.min_weight_size > c.model.moe.experts,
+                    NotImplemented,
+                    "[gpt] model.moe.balance_bias_rate with parallelism.shard = \"parameters\" "
+                    "and parallelism.fsdp.min_weight_size = ", c.parallelism.fsdp.min_weight_size,
+                    ": the balancing biases (", c.model.moe.experts,
+                    " values each) would be stored split; raise min_weight_size above the "
+                    "experts");
+    }
     const auto& remat = c.parallelism.remat;
     DISTJAX_CHECK(std::find(remat.begin(), remat.end(), "Block") == remat.end() &&
                       std::find(remat.begin(), remat.end(), "MLP") == remat.end(),

@@ -344,7 +344,8 @@ nn::MoE moe_layer(const config::MoEConfig& m) {
           .renormalize = m.renormalize,
           .shared_experts = m.shared_experts,
           .aux_loss_coef = m.aux_loss_coef,
-          .z_loss_coef = m.z_loss_coef};
+          .z_loss_coef = m.z_loss_coef,
+          .balance_bias_rate = m.balance_bias_rate};
 }
 
 Network classifier_network(const models::Classifier& model) {
@@ -375,6 +376,15 @@ Network residual_classifier_network(models::ResidualClassifierConfig config) {
           }};
 }
 
+namespace {
+
+// The private metric of expert g's load in the MoE layer whose bias is at `path`.
+std::string load_metric(const std::string& path, std::size_t g) {
+  return "_load:" + path + ":" + std::to_string(g);
+}
+
+}  // namespace
+
 Network transformer_network(const models::Transformer& model,
                             const models::TransformerPipeline* pipeline) {
   return {
@@ -400,6 +410,11 @@ Network transformer_network(const models::Transformer& model,
             // Each MoE layer's statistic counts once: their mean over layers and devices.
             for (const auto& [name, values] : sown.metrics)
               for (const tensor::Tensor& v : values) metrics.add(name, v, 1.0, 1.0);
+            // The balancing biases' loads, summed over micro-batches and devices with the
+            // metrics (private names: not logged), for after_update.
+            for (const auto& [path, load] : sown.loads)
+              for (std::size_t g = 0; g < load.size(); ++g)
+                metrics.add(load_metric(path, g), load[g], 1.0);
             return std::make_pair(aux.defined() ? objective : std::move(loss), metrics);
           },
       .pipeline = pipeline};
@@ -418,6 +433,21 @@ Network transformer_network(std::shared_ptr<const models::Transformer> model) {
       models::TransformerConfig split = config;
       split.cp = cp;
       return transformer_network(std::make_shared<const models::Transformer>(std::move(split)));
+    };
+  if (const models::TransformerConfig& c = model->config();
+      c.moe_layers() > 0 && c.moe.balance_bias_rate > 0)
+    n.after_update = [c](tensor::TensorTree& params, const train::Metrics& step) {
+      std::map<std::string, std::vector<double>> loads;
+      for (std::int64_t i = 0; i < c.num_layers; ++i) {
+        if (!c.moe_block(i)) continue;
+        const std::string path = "blocks/" + std::to_string(i) + "/moe/router/bias";
+        std::vector<double>& load = loads[path];
+        for (std::int64_t g = 0; g < c.moe.num_experts; ++g) {
+          const std::string name = load_metric(path, static_cast<std::size_t>(g));
+          load.push_back(step.contains(name) ? step.at(name).sum : 0.0);
+        }
+      }
+      nn::balance_bias_update(params, loads, c.moe.balance_bias_rate);
     };
   n.keep = std::make_shared<std::pair<decltype(model), decltype(stages)>>(std::move(model),
                                                                           std::move(stages));

@@ -263,7 +263,9 @@ class DeviceRun {
       loop_.ctx->comm(mesh::Axes("pipe")).barrier();
       loop_.composed->pipeline()->time_on_device(true);  // a GPU's time, for this step only
     }
-    trainer.step(state_, batch);
+    const train::Metrics m = trainer.step(state_, batch);
+    if (const Network& net = loop_.composed->network(); net.after_update)
+      net.after_update(state_.params, m);
   }
 
   train::Metrics evaluate(train::Trainer& trainer) {

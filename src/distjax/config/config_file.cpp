@@ -319,6 +319,10 @@ const std::vector<Entry>& schema() {
                       "weight of the load-balancing loss (Switch/GShard) in the objective"));
     s.push_back(field("model.moe.z_loss_coef", DJ_ACCESS(model.moe.z_loss_coef),
                       "weight of the router z-loss in the objective"));
+    s.push_back(field("model.moe.balance_bias_rate", DJ_ACCESS(model.moe.balance_bias_rate),
+                      "> 0: auxiliary-loss-free balancing (DeepSeek-V3): a per-expert bias in "
+                      "the selection, moved by this rate times the sign of its load error after "
+                      "each step; 0 = off"));
     // [optimizer]
     s.push_back(field("optimizer.lr", DJ_ACCESS(optimizer.lr), "peak learning rate of AdamW"));
     s.push_back(field("optimizer.final_lr_ratio", DJ_ACCESS(optimizer.final_lr_ratio),

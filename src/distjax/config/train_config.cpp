@@ -73,11 +73,11 @@ std::vector<std::string> TrainConfig::problems() const {
     if (moe.hidden < 0 || moe.shared_experts < 0)
       out.push_back(str("model.moe.hidden = ", moe.hidden, " and model.moe.shared_experts = ",
                         moe.shared_experts, " must not be negative"));
-    if (!(moe.aux_loss_coef >= 0) || !(moe.z_loss_coef >= 0) || !std::isfinite(moe.aux_loss_coef) ||
-        !std::isfinite(moe.z_loss_coef))
-      out.push_back(str("model.moe.aux_loss_coef = ", moe.aux_loss_coef,
-                        " and model.moe.z_loss_coef = ", moe.z_loss_coef,
-                        " must be finite and not negative"));
+    for (const auto& [name, v] : {std::pair{"aux_loss_coef", moe.aux_loss_coef},
+                                  std::pair{"z_loss_coef", moe.z_loss_coef},
+                                  std::pair{"balance_bias_rate", moe.balance_bias_rate}})
+      if (!(v >= 0) || !std::isfinite(v))
+        out.push_back(str("model.moe.", name, " = ", v, " must be finite and not negative"));
   }
   if (run.steps == 0 && run.epochs == 0)
     out.push_back("run.steps and run.epochs are both 0: set one of them");

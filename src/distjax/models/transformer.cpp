@@ -334,6 +334,7 @@ Tensor Transformer::loss(const nn::Scope& scope, const Tensor& tokens, const Ten
     for (const Tensor& l : sown.losses) outer->losses.push_back(l);
     for (auto& [name, values] : sown.metrics)
       for (const Tensor& v : values) outer->metrics[name].push_back(v);
+    for (auto& [path, load] : sown.loads) scope.sow_loads(path, load);
   }
   return loss;
 }

@@ -11,6 +11,7 @@
 #include "distjax/spmd/device_context.hpp"
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/grad_node.hpp"
+#include "distjax/tensor/inplace_ops.hpp"
 #include "distjax/tensor/matmul.hpp"
 #include "distjax/tensor/moe.hpp"
 #include "distjax/tensor/nn_ops.hpp"
@@ -55,6 +56,23 @@ int expert_parallel_size(const Scope& scope) {
   return ctx != nullptr && ctx->mesh().has_axis(kExpertAxis) ? ctx->axis_size(kExpertAxis) : 1;
 }
 
+void balance_bias_update(tensor::TensorTree& params,
+                         const std::map<std::string, std::vector<double>>& loads, double rate) {
+  for (const auto& [path, load] : loads) {
+    const Tensor& bias = params.at(path);
+    DISTJAX_CHECK(bias.numel() == std::int64_t(load.size()), InvalidArgument,
+                  "[balance_bias_update] \"", path, "\" holds ", bias.numel(),
+                  " values (a shard?) for ", load.size(), " experts");
+    double mean = 0;
+    for (double l : load) mean += l;
+    mean /= double(std::max<std::size_t>(load.size(), 1));
+    std::vector<float> step(load.size());
+    for (std::size_t g = 0; g < load.size(); ++g)
+      step[g] = float(load[g] < mean ? rate : load[g] > mean ? -rate : 0.0);
+    tensor::add_into(bias, Tensor::from_vector(step, {std::int64_t(step.size())}, bias.device()));
+  }
+}
+
 void MoE::check(std::int64_t c) const {
   DISTJAX_CHECK(num_experts >= 1, InvalidArgument, "[MoE] num_experts = ", num_experts,
                 " must be at least 1");
@@ -66,8 +84,9 @@ void MoE::check(std::int64_t c) const {
   DISTJAX_CHECK(hidden >= 0 && shared_experts >= 0 && c >= 1, InvalidArgument,
                 "[MoE] hidden = ", hidden, ", shared_experts = ", shared_experts, " and width ", c,
                 " must not be negative");
-  DISTJAX_CHECK(aux_loss_coef >= 0 && z_loss_coef >= 0, InvalidArgument,
-                "[MoE] aux_loss_coef = ", aux_loss_coef, " and z_loss_coef = ", z_loss_coef,
+  DISTJAX_CHECK(aux_loss_coef >= 0 && z_loss_coef >= 0 && balance_bias_rate >= 0,
+                InvalidArgument, "[MoE] aux_loss_coef = ", aux_loss_coef, ", z_loss_coef = ",
+                z_loss_coef, " and balance_bias_rate = ", balance_bias_rate,
                 " must not be negative");
 }
 
@@ -81,7 +100,8 @@ std::int64_t MoE::num_params(std::int64_t c) const {
   const std::int64_t h = hidden > 0 ? hidden : 4 * c;
   const std::int64_t per_expert = (swiglu ? 3 : 2) * c * h;
   const std::int64_t shared = shared_experts > 0 ? 2 * c * shared_experts * h + shared_experts * h + c : 0;
-  return c * num_experts + num_experts * per_expert + shared;
+  return c * num_experts + (balance_bias_rate > 0 ? num_experts : 0) + num_experts * per_expert +
+         shared;
 }
 
 std::int64_t MoE::active_params(std::int64_t c) const {
@@ -158,10 +178,14 @@ Tensor MoE::operator()(const Scope& scope, const Tensor& x_in) const {
   const Tensor logits = matmul(x, wr);  // (N, E)
   const Tensor probs = softmax(logits);
   // The selection is not differentiated: the gradient reaches the router through the gates.
+  // With the balancing bias, the selection sees probs + bias; the gates stay the probs.
+  const Tensor bias = balance_bias_rate > 0
+                          ? scope.child("router").param("bias", {e}, zeros())
+                          : Tensor();
   Tensor chosen;
   {
     NoGradGuard off;
-    chosen = top_k_indices(probs.detach(), k);
+    chosen = top_k_indices(bias.defined() ? add(probs.detach(), bias.detach()) : probs.detach(), k);
   }
   Tensor gates = take_along_last(probs, chosen);  // (N, k)
   if (renormalize) gates = div(gates, sum(gates, {1}, /*keepdims=*/true));
@@ -220,6 +244,9 @@ Tensor MoE::operator()(const Scope& scope, const Tensor& x_in) const {
                      Tensor::scalar(mean_load > 0 ? double(*hi) / mean_load : 1.0));
     scope.sow_metric("dropped_fraction",
                      Tensor::scalar(n * k > 0 ? double(plan.dropped()) / double(n * k) : 0.0));
+    if (bias.defined())
+      scope.sow_loads(scope.child("router").full_path("bias"),
+                      std::vector<double>(plan.routed.begin(), plan.routed.end()));
   }
   return reshape(y, x_in.shape());
 }

@@ -111,6 +111,13 @@ void Scope::sow_metric(const std::string& name, const Tensor& value) const {
   if (sown_) sown_->metrics[name].push_back(value);
 }
 
+void Scope::sow_loads(const std::string& path, const std::vector<double>& loads) const {
+  if (!sown_) return;
+  std::vector<double>& into = sown_->loads[path];
+  if (into.empty()) into.assign(loads.size(), 0.0);
+  for (std::size_t i = 0; i < loads.size() && i < into.size(); ++i) into[i] += loads[i];
+}
+
 Scope Scope::child(const std::string& name) const {
   DISTJAX_CHECK(!name.empty() && name.find('/') == std::string::npos, InvalidArgument,
                 "[Scope::child] invalid scope name \"", name, "\" under \"", path_,

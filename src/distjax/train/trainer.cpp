@@ -18,6 +18,15 @@ namespace distjax::train {
 
 namespace {
 
+// The means of the metrics that are shown: names starting with '_' are a model's own, read
+// after the step (Metrics::at) and never logged (an MoE layer's per-expert loads).
+std::map<std::string, double> public_means(const Metrics& m) {
+  std::map<std::string, double> out = m.means();
+  std::erase_if(out, [](const auto& kv) { return !kv.first.empty() && kv.first.front() == '_'; });
+  return out;
+}
+
+
 // Steps whose values stay on the device before the Trainer reads them anyway (a host wait
 // every so many steps when the logs are further apart).
 constexpr std::size_t kMaxUncheckedSteps = 256;
@@ -276,7 +285,7 @@ void Trainer::log_train(std::int64_t step) {
   check_finite();  // the window's values are read here anyway
   if (window_.empty()) return;
   const double tput = window_seconds_ > 0.0 ? window_items_ / window_seconds_ : 0.0;
-  last_train_ = window_.means();
+  last_train_ = public_means(window_);
   // The rate of the logged step itself, not the window's average.
   if (last_train_.count("learning_rate")) last_train_["learning_rate"] = last_lr_;
   json rec;
@@ -328,7 +337,7 @@ Metrics Trainer::evaluate(const TrainState& state, const std::vector<Batch>& bat
 
 void Trainer::log_eval(std::int64_t step, const Metrics& eval) {
   open_log(step);
-  last_eval_ = eval.means();
+  last_eval_ = public_means(eval);
   json rec;
   rec["step"] = step;
   for (const auto& [name, v] : last_eval_)
