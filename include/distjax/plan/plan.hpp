@@ -57,7 +57,8 @@ struct Plan {
 Plan make_plan(const ModelDescription& model, const Setup& setup);
 
 /// The model and setup a config describes (run.program picks the model: gpt
-/// -> describe_gpt, classifier -> describe_classifier). Activations use
+/// -> describe_gpt, classifier -> describe_classifier; NotImplemented for another program
+/// and for a gpt with [model.moe], which the planner has no terms for yet). Activations use
 /// activation_model_distjax() in f32, activation_model_megatron() in fp16 / bf16.
 ModelDescription model_from_config(const config::TrainConfig& c);
 Setup setup_from_config(const config::TrainConfig& c);
