@@ -46,13 +46,7 @@ std::string train(const fs::path& out, int world, const std::string& mesh,
 
 // step -> logged train loss.
 std::map<int, double> losses(const fs::path& out) {
-  std::map<int, double> got;
-  std::ifstream f(out / "metrics.jsonl");
-  for (std::string line; std::getline(f, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.contains("loss") && j["loss"].is_number()) got[j["step"].get<int>()] = j["loss"].get<double>();
-  }
-  return got;
+  return distjax::testing::train_losses(out);
 }
 
 void expect_same_losses(const std::map<int, double>& want, const std::map<int, double>& got,
@@ -122,22 +116,15 @@ TEST(DistjaxContext, ACheckpointResumesOnAnotherContextSize) {
   ASSERT_EQ(status, 0) << output;
   const std::map<int, double> want = losses(base / "cp2");
   ASSERT_EQ(want.size(), 6u) << output;
-  for (const auto& [name, world, cp] : {std::tuple{"cp4", 4, 4}, std::tuple{"cp1", 1, 1}}) {
-    const fs::path out = base / name;
-    fs::create_directories(out / "checkpoints");
-    fs::copy(base / "cp2" / "checkpoints" / "step_00000004", out / "checkpoints" / "step_00000004",
-             fs::copy_options::recursive);
-    const auto [s, log] = distjax::testing::run_tool(
-        train(out, world, "--set distributed.context_parallel_size=" + std::to_string(cp),
-              "--set run.checkpoint_every=0 --resume"));
-    ASSERT_EQ(s, 0) << log;
-    EXPECT_NE(log.find("at step 4"), std::string::npos) << log;
-    const std::map<int, double> got = losses(out);
-    for (int step : {5, 6}) {
-      ASSERT_TRUE(got.count(step)) << name << "\n" << log;
-      EXPECT_NEAR(got.at(step), want.at(step), kTol * want.at(step)) << name << ", step " << step;
-    }
-  }
+  auto resume_on = [](int world, int cp) {
+    return [world, cp](const fs::path& out) {
+      return train(out, world, "--set distributed.context_parallel_size=" + std::to_string(cp),
+                   "--set run.checkpoint_every=0 --resume");
+    };
+  };
+  distjax::testing::expect_resumes_as_saved(base / "cp2", want,
+                                            {{"cp4", resume_on(4, 4)}, {"cp1", resume_on(1, 1)}},
+                                            kTol);
   fs::remove_all(base);
 }
 

@@ -56,10 +56,7 @@ std::vector<nlohmann::json> records(const fs::path& out) {
 
 // step -> logged train loss.
 std::map<int, double> losses(const fs::path& out) {
-  std::map<int, double> got;
-  for (const auto& j : records(out))
-    if (j.contains("loss") && j["loss"].is_number()) got[j["step"].get<int>()] = j["loss"].get<double>();
-  return got;
+  return distjax::testing::train_losses(out);
 }
 
 const std::map<int, double>& one_device() {
@@ -71,11 +68,11 @@ const std::map<int, double>& one_device() {
     auto l = losses(out);
     EXPECT_EQ(l.size(), 6u) << output;
     // The MoE statistics are logged with every step.
-    for (const auto& j : records(out))
-      if (j.contains("loss"))
-        for (const char* key :
-             {"aux_loss", "z_loss", "expert_load_max_over_mean", "dropped_fraction"})
-          EXPECT_TRUE(j.contains(key) && j[key].is_number()) << key << " missing: " << j.dump();
+    for (const auto& j : records(out)) {
+      if (!j.contains("loss")) continue;
+      for (const char* key : {"aux_loss", "z_loss", "expert_load_max_over_mean", "dropped_fraction"})
+        EXPECT_TRUE(j.contains(key) && j[key].is_number()) << key << " missing: " << j.dump();
+    }
     fs::remove_all(out);
     return l;
   }();
@@ -202,22 +199,15 @@ TEST(DistjaxMoe, ACheckpointResumesOnAnotherExpertParallelSize) {
   ASSERT_EQ(status, 0) << output;
   const std::map<int, double> want = losses(base / "ep2");
   ASSERT_EQ(want.size(), 6u) << output;
-  for (const auto& [name, world, ep] : {std::tuple{"ep4", 4, 4}, std::tuple{"ep1", 1, 1}}) {
-    const fs::path out = base / name;
-    fs::create_directories(out / "checkpoints");
-    fs::copy(base / "ep2" / "checkpoints" / "step_00000004", out / "checkpoints" / "step_00000004",
-             fs::copy_options::recursive);
-    const auto [s, log] = distjax::testing::run_tool(
-        train(out, world, "--set distributed.expert_parallel_size=" + std::to_string(ep),
-              "--set run.checkpoint_every=0 --resume"));
-    ASSERT_EQ(s, 0) << log;
-    EXPECT_NE(log.find("at step 4"), std::string::npos) << log;
-    const std::map<int, double> got = losses(out);
-    for (int step : {5, 6}) {
-      ASSERT_TRUE(got.count(step)) << name << "\n" << log;
-      EXPECT_NEAR(got.at(step), want.at(step), kTol * want.at(step)) << name << ", step " << step;
-    }
-  }
+  auto resume_on = [](int world, int ep) {
+    return [world, ep](const fs::path& out) {
+      return train(out, world, "--set distributed.expert_parallel_size=" + std::to_string(ep),
+                   "--set run.checkpoint_every=0 --resume");
+    };
+  };
+  distjax::testing::expect_resumes_as_saved(base / "ep2", want,
+                                            {{"ep4", resume_on(4, 4)}, {"ep1", resume_on(1, 1)}},
+                                            kTol);
   fs::remove_all(base);
 }
 

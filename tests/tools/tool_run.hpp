@@ -4,8 +4,15 @@
 
 #include <sys/wait.h>
 
+#include <gtest/gtest.h>
+
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -38,6 +45,43 @@ inline std::string python_that_runs(const std::string& imports) {
   for (const auto& c : candidates)
     if (std::system(("'" + c + "' -c '" + imports + "' >/dev/null 2>&1").c_str()) == 0) return c;
   return {};
+}
+
+/// step -> logged train loss, from a run's metrics.jsonl.
+inline std::map<int, double> train_losses(const std::filesystem::path& out) {
+  std::map<int, double> got;
+  std::ifstream f(out / "metrics.jsonl");
+  for (std::string line; std::getline(f, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("loss") && j["loss"].is_number()) got[j["step"].get<int>()] = j["loss"].get<double>();
+  }
+  return got;
+}
+
+/// A checkpoint resumed on other meshes goes on as the run that saved it. `saved` ran 6 steps
+/// with a checkpoint at step 4 (its losses in `want`); each of `resumes` is (name, the
+/// command that resumes into a given directory), run on a copy of that checkpoint: steps 5
+/// and 6 within `tol` relative of the saved run's.
+inline void expect_resumes_as_saved(
+    const std::filesystem::path& saved, const std::map<int, double>& want,
+    const std::vector<std::pair<std::string,
+                                std::function<std::string(const std::filesystem::path&)>>>& resumes,
+    double tol) {
+  namespace fs = std::filesystem;
+  for (const auto& [name, command] : resumes) {
+    const fs::path out = saved.parent_path() / name;
+    fs::create_directories(out / "checkpoints");
+    fs::copy(saved / "checkpoints" / "step_00000004", out / "checkpoints" / "step_00000004",
+             fs::copy_options::recursive);
+    const auto [s, log] = run_tool(command(out));
+    ASSERT_EQ(s, 0) << log;
+    EXPECT_NE(log.find("at step 4"), std::string::npos) << log;
+    const std::map<int, double> got = train_losses(out);
+    for (int step : {5, 6}) {
+      ASSERT_TRUE(got.count(step)) << name << "\n" << log;
+      EXPECT_NEAR(got.at(step), want.at(step), tol * want.at(step)) << name << ", step " << step;
+    }
+  }
 }
 
 }  // namespace distjax::testing
