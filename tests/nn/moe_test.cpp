@@ -72,12 +72,10 @@ Tensor dense_reference(const MoE& m, const TensorTree& p, const Tensor& x_in) {
     y = add(y, mul(out, slice(weight, 1, g, g + 1)));
   }
   if (m.shared_experts > 0) {
-    const std::int64_t h = m.hidden > 0 ? m.hidden : 4 * c;
     const Tensor s = matmul(gelu(add(matmul(x, p.at("shared/fc1/kernel")), p.at("shared/fc1/bias")),
                                  true),
                             p.at("shared/fc2/kernel"));
     y = add(y, add(s, p.at("shared/fc2/bias")));
-    (void)h;
   }
   return reshape(y, x_in.shape());
 }

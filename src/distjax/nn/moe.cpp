@@ -237,11 +237,10 @@ Tensor MoE::operator()(const Scope& scope, const Tensor& x_in) const {
     if (z_loss_coef > 0) scope.sow_loss(mul_scalar(z, z_loss_coef));
     scope.sow_metric("aux_loss", aux.detach());
     scope.sow_metric("z_loss", z.detach());
-    const auto [lo, hi] = std::minmax_element(plan.routed.begin(), plan.routed.end());
-    (void)lo;
+    const std::int64_t busiest = *std::max_element(plan.routed.begin(), plan.routed.end());
     const double mean_load = double(n * k) / double(e);
     scope.sow_metric("expert_load_max_over_mean",
-                     Tensor::scalar(mean_load > 0 ? double(*hi) / mean_load : 1.0));
+                     Tensor::scalar(mean_load > 0 ? double(busiest) / mean_load : 1.0));
     scope.sow_metric("dropped_fraction",
                      Tensor::scalar(n * k > 0 ? double(plan.dropped()) / double(n * k) : 0.0));
     if (bias.defined())
