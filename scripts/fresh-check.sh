@@ -13,7 +13,9 @@
 #                 directory, no ccache)
 #   4. mount      /proc, /sys, /dev, /dev/pts, /dev/shm
 #   5. test       `bash scripts/test.sh` inside the root, as root, with a clean environment
-#   6. run        `bash scripts/run.sh`
+#   6. pip        `pip install .` into a fresh virtual environment, then `import distjax` from
+#                 outside the tree: a NumPy array shared without a copy, a shard_map
+#   7. run        `bash scripts/run.sh`
 #
 # Prints one line per step with its time and ends with PASS or FAIL naming the step.
 # Always unmounts and removes the temporary root, also on failure or Ctrl-C.
@@ -196,6 +198,17 @@ step copy-tree copy_tree
 step mount mount_all
 copy_pip_settings  # sets PIP_ENV here (a step runs in a subshell)
 step test in_root "bash scripts/test.sh"
+# The Python package as a user installs it: `pip install .` into a fresh virtual environment
+# (its own CMake build; the test build's objects come back from ccache), then imported from
+# outside the source tree, a tensor shared with NumPy and a shard_map over 2 devices.
+step pip in_root "python3 -m venv /tmp/distjax-venv && /tmp/distjax-venv/bin/pip install -q . &&
+  cd / && OMP_WAIT_POLICY=passive /tmp/distjax-venv/bin/python -c '
+import numpy as np, distjax as dj
+a = np.arange(8, dtype=np.float32)
+assert dj.asarray(a).data_ptr == a.ctypes.data
+f = dj.shard_map(lambda x: dj.psum(dj.sum(x), \"data\"), dj.Mesh((2,), (\"data\",)), dj.P(\"data\"), dj.P())
+assert f(a).gather().item() == 28.0
+print(\"distjax\", dj.__file__, \"imports and runs\")'"
 step run in_root "bash scripts/run.sh"
 tail -n 3 "$LOG"
 echo "PASS: the README's two commands pass on a clean Debian $SUITE root (total $(($(date +%s) - T_ALL))s)"

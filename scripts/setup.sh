@@ -8,7 +8,7 @@
 set -euo pipefail
 PKGS=(build-essential cmake ninja-build ccache pkg-config gnuplot-nox
       libdnnl-dev ocl-icd-opencl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev zlib1g-dev
-      libomp-dev libopenmpi-dev openmpi-bin libtomlplusplus-dev libcli11-dev python3-venv
+      libomp-dev libopenmpi-dev openmpi-bin libtomlplusplus-dev libcli11-dev python3-venv python3-dev python3-torch
       iproute2 dataset-fashion-mnist fortunes fortunes-min)
 # `setup.sh fuzz` (make fuzz): clang and its runtimes (libFuzzer, ASan, UBSan), which
 # libclang-common-*-dev only recommends.

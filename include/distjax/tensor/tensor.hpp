@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,6 +63,10 @@ struct DeviceAllocator;
 class Storage {
  public:
   Storage(std::size_t nbytes, Device device);
+  /// Memory someone else owns (a NumPy array, a DLPack tensor): `release` runs when the
+  /// last tensor over it goes. Not counted in live_bytes (DistJax did not allocate it), and
+  /// aligned as its owner made it.
+  Storage(void* data, std::size_t nbytes, Device device, std::function<void()> release);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -73,8 +78,9 @@ class Storage {
   void* data_ = nullptr;
   std::size_t nbytes_ = 0;
   Device device_;
-  const detail::DeviceAllocator* allocator_;
+  const detail::DeviceAllocator* allocator_ = nullptr;  // null for borrowed memory
   std::shared_ptr<detail::ThreadMemory> owner_;  // the allocating thread's counters
+  std::function<void()> release_;                // borrowed memory: gives it back
 };
 
 /// A dense, row-major (contiguous) n-d array. Copies share storage (like a
@@ -114,6 +120,11 @@ class Tensor {
   template <class T>
   static Tensor from_vector(const std::vector<T>& values, const Shape& shape,
                             Device device = current_device());
+  /// A tensor over memory it does not own (no copy): `data` holds numel(shape) contiguous
+  /// row-major elements of `dtype` on `device`, and stays valid until `release` runs, when
+  /// the last tensor over it goes. What the Python module's NumPy and DLPack imports use.
+  static Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device,
+                          std::function<void()> release);
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }

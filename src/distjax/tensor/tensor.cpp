@@ -134,10 +134,33 @@ Storage::Storage(std::size_t nbytes, Device device)
     owner_->peak[k].store(live, std::memory_order_relaxed);
 }
 
+Storage::Storage(void* data, std::size_t nbytes, Device device, std::function<void()> release)
+    : data_(data), nbytes_(nbytes), device_(device), release_(std::move(release)) {}
+
 Storage::~Storage() {
+  if (allocator_ == nullptr) {
+    if (release_) release_();
+    return;
+  }
   allocator_->free(data_, nbytes_, device_.index);
   owner_->live[static_cast<int>(device_.kind)].fetch_sub(static_cast<std::int64_t>(nbytes_),
                                                          std::memory_order_relaxed);
+}
+
+Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, Device device,
+                         std::function<void()> release) {
+  for (auto d : shape)
+    DISTJAX_CHECK(d >= 0, InvalidArgument, "[Tensor::from_blob] negative dimension in ",
+                  to_string(shape));
+  DISTJAX_CHECK(dtype != DType::F64, InvalidArgument,
+                "[Tensor::from_blob] expected a tensor dtype (f32, bf16, f16, i32, i64), got f64");
+  DISTJAX_CHECK(data != nullptr || distjax::numel(shape) == 0, InvalidArgument,
+                "[Tensor::from_blob] null data for shape ", to_string(shape));
+  Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.storage_ = std::make_shared<Storage>(data, t.nbytes(), device, std::move(release));
+  return t;
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
