@@ -39,6 +39,6 @@ P = PartitionSpec
 float32, bfloat16, float16 = DType.float32, DType.bfloat16, DType.float16
 int32, int64 = DType.int32, DType.int64
 
-from . import nn, checkpoint  # noqa: E402,F401  (after the wrapping above)
+from . import nn, checkpoint, global_view  # noqa: E402,F401  (after the wrapping above)
 
 __all__ = [n for n in dir() if not n.startswith("_")]

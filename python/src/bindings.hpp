@@ -20,6 +20,7 @@ void bind_autodiff(nb::module_& m);
 void bind_spmd(nb::module_& m);
 void bind_train(nb::module_& m);
 void bind_models(nb::module_& m);
+void bind_global_view(nb::module_& m);
 
 /// A tensor over the memory of a DLPack or buffer-protocol object (NumPy, PyTorch, ...)
 /// without a copy; the object stays alive while a tensor uses the memory. `as_bf16`: the

@@ -11,4 +11,5 @@ NB_MODULE(_distjax, m) {
   bind_spmd(m);
   bind_train(m);
   bind_models(m);
+  bind_global_view(m);
 }

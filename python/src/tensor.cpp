@@ -69,6 +69,18 @@ nb::ndarray<Framework> as_ndarray(const Tensor& t, bool bf16_as_uint16) {
                                 dlpack_dtype(t.dtype(), bf16_as_uint16), nb::device::cpu::value);
 }
 
+/// Whether an array's elements lie in row-major order without gaps (dimensions of size 1
+/// may have any stride).
+bool row_major(const nb::ndarray<>& a) {
+  std::int64_t expected = 1;
+  for (std::size_t i = a.ndim(); i-- > 0;) {
+    if (a.shape(i) == 1) continue;
+    if (a.stride(i) != expected) return false;
+    expected *= static_cast<std::int64_t>(a.shape(i));
+  }
+  return true;
+}
+
 /// A Tensor of an operand: itself, or distjax.asarray of a NumPy array, a DLPack tensor or
 /// a Python sequence.
 Tensor operand(nb::handle h) {
@@ -114,15 +126,23 @@ nb::object numpy_of(const Tensor& t) {
 
 Tensor tensor_from_object(nb::handle obj, bool as_bf16) {
   if (nb::isinstance<Tensor>(obj)) return nb::cast<Tensor>(obj);
-  // Contiguous arrays on the CPU come in as they are; nanobind copies a strided NumPy
-  // array into a contiguous one first (then the tensor owns that copy through it).
-  auto array = nb::cast<nb::ndarray<nb::c_contig, nb::device::cpu>>(obj);
+  // One import (a DLPack capsule can be consumed once): CPU memory in row-major order
+  // comes in as it is; a strided NumPy array is copied into a contiguous one first (the
+  // tensor then owns that copy).
+  using Array = nb::ndarray<nb::device::cpu>;
+  nb::ndarray<> any = nb::cast<nb::ndarray<>>(obj);
+  if (any.device_type() != nb::device::cpu::value)
+    throw NotImplemented("[distjax] an array on a device other than the CPU (DLPack device type " +
+                         std::to_string(any.device_type()) +
+                         ") is not imported yet: copy it to the CPU first");
+  Array array = row_major(any) ? Array(any)
+                               : Array(nb::cast<nb::ndarray<nb::c_contig, nb::device::cpu>>(obj));
   const DType dtype = distjax_dtype(array.dtype(), as_bf16);
   Shape shape(array.ndim());
   for (std::size_t i = 0; i < array.ndim(); ++i) shape[i] = static_cast<std::int64_t>(array.shape(i));
   // The ndarray keeps the exporter's buffer alive; releasing it needs the interpreter lock,
   // and the last tensor may go on any thread (a simulated device, inside a kernel).
-  auto* keep = new nb::ndarray<nb::c_contig, nb::device::cpu>(std::move(array));
+  auto* keep = new Array(std::move(array));
   return Tensor::from_blob(keep->data(), shape, dtype, Device::cpu(), [keep] {
     if (!Py_IsInitialized()) return;  // after the interpreter: leave it to the OS
     nb::gil_scoped_acquire gil;
