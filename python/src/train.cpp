@@ -1,5 +1,6 @@
 // Configs, training, plans and checkpoints from Python: the same calls `distjax train`,
 // `distjax plan` and `distjax ckpt inspect` make.
+#include <csignal>
 #include <sstream>
 
 #include <nanobind/stl/map.h>
@@ -79,9 +80,41 @@ void bind_train(nb::module_& m) {
 
   m.def("_train",
         [](const Config& c, bool show_schedule, bool show_sharding) {
-          return app::train(c.config, c.source, {show_schedule, show_sharding});
+          // Ctrl-C while the run holds no interpreter lock: Python's own handler would only
+          // note it for later, so ours asks the run to stop after its step (the devices save
+          // their checkpoint and summary), and KeyboardInterrupt is raised when it returns;
+          // a second Ctrl-C kills the process.
+          app::clear_stop_request();
+          struct sigaction stop{}, previous{};
+          stop.sa_handler = [](int) {
+            if (!app::stop_requested()) return app::request_stop();
+            std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
+            std::raise(SIGINT);
+          };
+          sigemptyset(&stop.sa_mask);
+          sigaction(SIGINT, &stop, &previous);
+          int status = 0;
+          try {
+            nb::gil_scoped_release nogil;
+            status = app::train(c.config, c.source,
+                                {.show_schedule = show_schedule,
+                                 .show_sharding = show_sharding,
+                                 .stoppable = true});
+          } catch (...) {
+            sigaction(SIGINT, &previous, nullptr);
+            throw;
+          }
+          sigaction(SIGINT, &previous, nullptr);
+          if (status == app::kStoppedStatus) {
+            app::clear_stop_request();
+            PyErr_SetString(PyExc_KeyboardInterrupt,
+                            "training stopped by Ctrl-C after the current step: the checkpoint "
+                            "and summary.json hold the steps done");
+            throw nb::python_error();
+          }
+          return status;
         },
-        arg("config"), arg("show_schedule") = false, arg("show_sharding") = false, Released());
+        arg("config"), arg("show_schedule") = false, arg("show_sharding") = false);
 
   m.def("plan",
         [](const Config& c) {

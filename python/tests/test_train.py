@@ -1,4 +1,10 @@
 """Configs, training, plans and checkpoints from Python."""
+import json
+import signal
+import subprocess
+import sys
+import time
+
 import numpy as np
 import pytest
 
@@ -46,3 +52,40 @@ def test_config_errors_name_the_file_line_and_key(tmp_path):
 def test_plan_predicts_memory_and_communication(source_dir):
     text = dj.plan(dj.load_config(str(source_dir / "configs/plan_gpt3_175b.toml")))
     assert "parameters" in text and "optimizer" in text
+
+
+INTERRUPTED = """
+import sys, distjax as dj
+config = dj.load_config(sys.argv[1], sys.argv[2:])
+try:
+    dj.train(config)
+except KeyboardInterrupt as e:
+    print("KeyboardInterrupt:", e, flush=True)
+    sys.exit(3)
+"""
+
+
+def test_ctrl_c_stops_a_run_after_its_step_with_its_checkpoint(tmp_path, source_dir):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", INTERRUPTED, str(source_dir / "configs/train_gpt.toml"),
+         "run.steps=100000", "run.log_every=1", "run.eval_at_start=false",
+         "run.checkpoint_every=100000", f"run.out_dir={out}", "model.layers=1",
+         "model.d_model=32", "model.heads=2", "data.seq_len=16", "run.batch_size=4",
+         "distributed.enabled=true", "distributed.world_size=2"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = out / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 3, output
+    assert "Stopped at step" in output and "KeyboardInterrupt: training stopped" in output
+    summary = json.loads((out / "summary.json").read_text())
+    assert 3 <= summary["steps"] < 100000
+    last = sorted((out / "checkpoints").glob("step_*"))[-1]
+    index = json.loads((last / "index.json").read_text())
+    assert index["step"] == summary["steps"], (index["step"], summary["steps"])

@@ -39,6 +39,8 @@ struct RunResult {
   /// written (eval is the evaluation of the restored parameters, not logged).
   bool already_finished = false;
   std::string checkpoint{};  ///< the last checkpoint saved ("" when none)
+  /// Ended early by app::request_stop() (TrainOptions::stoppable).
+  bool stopped = false;
 };
 
 /// Where a device stands in the run: what its data and its closing lines depend on.

@@ -10,10 +10,12 @@
 #include <nlohmann/json.hpp>
 
 #include "distjax/app/detail/loop.hpp"
+#include "distjax/app/train.hpp"
 #include "distjax/comm/comm_stats.hpp"
 #include "distjax/comm/launch_environment.hpp"
 #include "distjax/config/config_file.hpp"
 #include "distjax/data/prefetch.hpp"
+#include "distjax/spmd/collectives.hpp"
 #include "distjax/train/checkpoint.hpp"
 
 namespace distjax::app {
@@ -60,6 +62,13 @@ class DeviceRun {
       // A step's loss may still be on the device: nothing non-finite is saved.
       if (ckpt_.due(state_)) trainer.check_finite();
       ckpt_.maybe_save(state_, position());
+      if (loop_.stoppable && stop_agreed()) {
+        result.stopped = true;
+        if (lead_)
+          std::printf("\nStopped at step %lld of %lld (asked to stop)\n",
+                      static_cast<long long>(state_.step), static_cast<long long>(steps));
+        break;
+      }
       if (loop_.eval_every > 0 && state_.step % loop_.eval_every == 0 && state_.step < steps)
         evaluate(trainer);
     }
@@ -89,6 +98,15 @@ class DeviceRun {
   }
 
  private:
+  // Whether any device saw a stop request: every device, after the same step, the same
+  // answer (a device that saw none yet still stops with the others).
+  bool stop_agreed() const {
+    const double local = stop_requested() ? 1.0 : 0.0;
+    if (loop_.ctx == nullptr) return local > 0;
+    const tensor::Tensor flag = tensor::Tensor::scalar(local);
+    return spmd::pmax(*loop_.ctx, flag, loop_.ctx->mesh().axis_names()).item<float>() > 0;
+  }
+
   // Where this device's communication went, by group of mesh axes (the whole run, setup
   // included): summary.json's comm_s/<axes>, comm_wait_s/<axes>, comm_calls/<axes>, and a
   // line from device 0. A slow link shows as the seconds per call of the axes crossing it.

@@ -195,6 +195,7 @@ class Run {
                       .eval_batches = data.eval,
                       .eval_every = model_.eval_every > 0 ? model_.eval_every : c_.run.eval_every,
                       .eval_at_start = c_.run.eval_at_start,
+                      .stoppable = options_.stoppable,
                       .summary = model_.summary};
     parallel::Pipeline* pp = composed.pipeline();
     double bubble = 0.0;
@@ -210,6 +211,7 @@ class Run {
       };
     const RunResult r = detail::run_loop(loop);
     if (r.already_finished) trained_ = false;
+    if (r.stopped) stopped_ = true;
     if (!place.lead) return;
     if (model_.report) std::printf("%s", model_.report(r, state, place).c_str());
     if (pp == nullptr) {
@@ -233,6 +235,9 @@ class Run {
   }
 
   // After the devices: the pipeline's timeline files and, when asked, its measured timeline.
+  /// Whether a device's run ended early by app::request_stop().
+  bool stopped() const { return stopped_; }
+
   void finish(bool piped) const {
     if (!piped || !trained_) return;
     if (c_.run.timeline && !c_.run.out_dir.empty()) write_pipeline_timeline(c_, traces_);
@@ -256,6 +261,7 @@ class Run {
   const mesh::Mesh& mesh_;
   const Model& model_;
   const TrainOptions& options_;
+  std::atomic<bool> stopped_{false};
   const std::int64_t steps_;
   const optim::AdamW optimizer_;
   std::mutex mu_;
@@ -367,7 +373,22 @@ int train_prepared(const config::TrainConfig& c, const TrainOptions& options) {
     }
   }
   run.finish(piped);
-  return 0;
+  return run.stopped() ? kStoppedStatus : 0;
+}
+
+namespace {
+std::atomic<bool> g_stop{false};  // lock-free: set from a signal handler
+static_assert(std::atomic<bool>::is_always_lock_free);
+}  // namespace
+
+void request_stop() {
+  g_stop.store(true, std::memory_order_relaxed);
+}
+bool stop_requested() {
+  return g_stop.load(std::memory_order_relaxed);
+}
+void clear_stop_request() {
+  g_stop.store(false, std::memory_order_relaxed);
 }
 
 int train(config::TrainConfig c, const std::string& source, const TrainOptions& options) {

@@ -49,6 +49,10 @@ struct Loop {
   std::vector<train::Batch> eval_batches{};
   std::int64_t eval_every = 0;
   bool eval_at_start = false;
+  /// After each step the devices agree whether app::request_stop() was called (one
+  /// all-reduce of a flag); if so the run ends there as after its last step (checkpoint,
+  /// evaluation, summary), and RunResult::stopped says so.
+  bool stoppable = false;
   /// On every device after the last step and checkpoint, before the last evaluation (a
   /// collective is allowed): values for summary.json.
   std::function<std::map<std::string, double>()> after_training{};
