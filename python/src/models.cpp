@@ -10,6 +10,10 @@
 
 #include "distjax/core/error.hpp"
 #include "distjax/models/transformer.hpp"
+#include "distjax/nn/dense.hpp"
+#include "distjax/nn/embedding.hpp"
+#include "distjax/nn/layer_norm.hpp"
+#include "distjax/nn/rms_norm.hpp"
 #include "distjax/nn/scope.hpp"
 #include "distjax/optim/adam.hpp"
 #include "distjax/optim/adamw.hpp"
@@ -62,6 +66,31 @@ optim::Schedule schedule_of(nb::handle lr) {
     nb::gil_scoped_acquire gil;
     return nb::cast<double>((*fn)(step));
   };
+}
+
+/// Binds a layer of nn: `init(seed, x)` -> its parameters as a dict (the shapes follow x),
+/// `apply(params, x)` -> its output (differentiable in both).
+template <class Layer>
+void bind_layer(nb::class_<Layer>& cls) {
+  auto apply = [](const Layer& layer, nb::handle params, nb::handle x) {
+    const TensorTree p = tree_of_dict(params);
+    const Tensor input = tensor_from_object(x, false);
+    nb::gil_scoped_release nogil;
+    return layer(nn::Scope::apply(&p, false), input);
+  };
+  cls.def("init",
+          [](const Layer& layer, std::uint64_t seed, nb::handle x) {
+            const Tensor input = tensor_from_object(x, false);
+            TensorTree p;
+            {
+              nb::gil_scoped_release nogil;
+              layer(nn::Scope::init(&p, Key::from_seed(seed)), input);
+            }
+            return to_dict(p);
+          },
+          nb::arg("seed"), nb::arg("x"), "Fresh parameters for an input like x")
+      .def("apply", apply, nb::arg("params"), nb::arg("x"))
+      .def("__call__", apply, nb::arg("params"), nb::arg("x"));
 }
 
 }  // namespace
@@ -128,6 +157,33 @@ void bind_models(nb::module_& m) {
              return t.apply(p, x, false, Key{});
            },
            arg("params"), arg("tokens"), "Logits (B, T, vocab)");
+
+  nb::module_ layers = m.def_submodule("layers", "The layers of nn over parameter dicts");
+  nb::class_<nn::Dense> dense(layers, "Dense", "y = x @ kernel + bias over the last dimension");
+  dense.def("__init__",
+            [](nn::Dense* self, std::int64_t features, bool use_bias) {
+              new (self) nn::Dense{.features = features, .use_bias = use_bias};
+            },
+            arg("features"), arg("use_bias") = true);
+  bind_layer(dense);
+  nb::class_<nn::LayerNorm> layer_norm(layers, "LayerNorm");
+  layer_norm.def("__init__",
+                 [](nn::LayerNorm* self, float eps, bool use_bias) {
+                   new (self) nn::LayerNorm{.eps = eps, .use_bias = use_bias};
+                 },
+                 arg("eps") = 1e-5f, arg("use_bias") = true);
+  bind_layer(layer_norm);
+  nb::class_<nn::RMSNorm> rms_norm(layers, "RMSNorm");
+  rms_norm.def("__init__", [](nn::RMSNorm* self, float eps) { new (self) nn::RMSNorm{.eps = eps}; },
+               arg("eps") = 1e-6f);
+  bind_layer(rms_norm);
+  nb::class_<nn::Embedding> embedding(layers, "Embedding", "Rows of a (num, features) table");
+  embedding.def("__init__",
+                [](nn::Embedding* self, std::int64_t num, std::int64_t features) {
+                  new (self) nn::Embedding{.num_embeddings = num, .features = features};
+                },
+                arg("num_embeddings"), arg("features"));
+  bind_layer(embedding);
 
   nb::module_ optim = m.def_submodule("optim", "Optimizers over parameter dicts");
   nb::class_<optim::Optimizer>(optim, "Optimizer")

@@ -81,6 +81,48 @@ bool row_major(const nb::ndarray<>& a) {
   return true;
 }
 
+/// x[index]: integers and slices of step 1 per leading dimension (a tuple for several),
+/// differentiable (tensor::slice, then a reshape dropping the integer-indexed dimensions).
+Tensor index(const Tensor& x, nb::handle key) {
+  std::vector<nb::handle> parts;
+  if (nb::isinstance<nb::tuple>(key))
+    for (nb::handle h : nb::cast<nb::tuple>(key)) parts.push_back(h);
+  else
+    parts.push_back(key);
+  DISTJAX_CHECK(static_cast<int>(parts.size()) <= x.rank(), InvalidArgument, "[Tensor[]] ",
+                parts.size(), " indices for a tensor of rank ", x.rank());
+  Tensor out = x;
+  Shape kept;
+  for (int d = 0; d < x.rank(); ++d) {
+    const std::int64_t n = x.size(d);
+    if (d >= static_cast<int>(parts.size())) {
+      kept.push_back(n);
+      continue;
+    }
+    nb::handle k = parts[static_cast<std::size_t>(d)];
+    if (PyLong_Check(k.ptr())) {
+      std::int64_t i = nb::cast<std::int64_t>(k);
+      if (i < 0) i += n;
+      DISTJAX_CHECK(i >= 0 && i < n, InvalidArgument, "[Tensor[]] index ", nb::cast<std::int64_t>(k),
+                    " out of range for dimension ", d, " of size ", n);
+      out = tensor::slice(out, d, i, i + 1);
+    } else if (PySlice_Check(k.ptr())) {
+      Py_ssize_t start = 0, stop = 0, step = 0;
+      DISTJAX_CHECK(PySlice_Unpack(k.ptr(), &start, &stop, &step) == 0, InvalidArgument,
+                    "[Tensor[]] a bad slice");
+      DISTJAX_CHECK(step == 1, NotImplemented, "[Tensor[]] slices of step ", step,
+                    " (only step 1 for now)");
+      PySlice_AdjustIndices(static_cast<Py_ssize_t>(n), &start, &stop, step);
+      out = tensor::slice(out, d, start, std::max(start, stop));
+      kept.push_back(std::max<std::int64_t>(0, stop - start));
+    } else {
+      throw InvalidArgument("[Tensor[]] indices are integers and slices, got " +
+                            nb::cast<std::string>(nb::str(k.type())));
+    }
+  }
+  return kept.size() == static_cast<std::size_t>(x.rank()) ? out : tensor::reshape(out, kept);
+}
+
 /// A Tensor of an operand: itself, or distjax.asarray of a NumPy array, a DLPack tensor or
 /// a Python sequence.
 Tensor operand(nb::handle h) {
@@ -225,6 +267,7 @@ void bind_tensor(nb::module_& m) {
              return tensor::reshape(t, s);
            })
       .def_prop_ro("T", [](const Tensor& t) { return tensor::transpose(t); })
+      .def("__getitem__", &index)
       .def("sum",
            [](const Tensor& t, const std::optional<std::vector<int>>& axes, bool keepdims) {
              nb::gil_scoped_release nogil;

@@ -96,3 +96,20 @@ def test_ops_and_operators_match_numpy():
     ref = np.exp(a - a.max(1, keepdims=True))
     np.testing.assert_allclose(s, ref / ref.sum(1, keepdims=True), rtol=1e-5)
     assert ta.T.shape == (5, 3) and ta.reshape(15).shape == (15,)
+
+
+def test_indexing_by_integers_and_slices_is_differentiable():
+    a = np.arange(24, dtype=np.float32).reshape(4, 6)
+    t = dj.asarray(a)
+    np.testing.assert_array_equal(t[1].numpy(), a[1])
+    np.testing.assert_array_equal(t[:, 1:3].numpy(), a[:, 1:3])
+    np.testing.assert_array_equal(t[-1, 2:].numpy(), a[-1, 2:])
+    assert t[2, 3].item() == a[2, 3]
+    g = dj.grad(lambda x: dj.sum(x[1:3, -2:]))(t)
+    expected = np.zeros_like(a)
+    expected[1:3, -2:] = 1
+    np.testing.assert_array_equal(g.numpy(), expected)
+    with pytest.raises(dj.InvalidArgument, match="out of range"):
+        t[4]
+    with pytest.raises(dj.NotImplemented, match="step 2"):
+        t[::2]

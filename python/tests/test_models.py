@@ -55,3 +55,25 @@ def test_optimizers_follow_their_rules():
     schedule = dj.optim.warmup_cosine_schedule(0.0, 1.0, 10, 100)
     adam = dj.optim.Adam(lr=schedule)
     assert adam.learning_rate(10) == pytest.approx(1.0) and adam.learning_rate(0) == 0.0
+
+
+def test_layers_init_apply_and_differentiate():
+    x = np.random.default_rng(0).standard_normal((5, 8)).astype(np.float32)
+    dense, norm = dj.nn.Dense(16), dj.nn.LayerNorm()
+    params = {"fc": dense.init(0, x), "ln": norm.init(0, np.zeros((5, 16), np.float32))}
+    assert params["fc"]["kernel"].shape == (8, 16) and params["fc"]["bias"].shape == (16,)
+    assert dense.init(0, x)["kernel"].numpy().tolist() == params["fc"]["kernel"].numpy().tolist()
+
+    def loss(p):
+        return dj.mean(dj.square(norm(p["ln"], dense(p["fc"], x))))
+
+    value, grads = dj.value_and_grad(loss)(params)
+    kernel, bias = params["fc"]["kernel"].numpy(), params["fc"]["bias"].numpy()
+    h = x @ kernel + bias
+    ref = (h - h.mean(-1, keepdims=True)) / np.sqrt(h.var(-1, keepdims=True) + 1e-5)
+    assert abs(value.item() - np.mean(ref ** 2)) < 1e-5
+    assert grads["fc"]["kernel"].shape == (8, 16) and grads["ln"]["scale"].shape == (16,)
+    table = dj.nn.Embedding(10, 4)
+    emb = table.init(0, np.zeros(3, np.int32))
+    np.testing.assert_array_equal(table(emb, np.int32([2, 2]))[0].numpy(),
+                                  emb["embedding"].numpy()[2])
