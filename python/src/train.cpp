@@ -9,6 +9,7 @@
 
 #include "bindings.hpp"
 
+#include "distjax/app/run.hpp"
 #include "distjax/app/train.hpp"
 #include "distjax/comm/launch_environment.hpp"
 #include "distjax/config/config_file.hpp"

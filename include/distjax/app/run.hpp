@@ -14,6 +14,15 @@
 
 namespace distjax::app {
 
+/// Asks a stoppable run of this process (app/train.hpp, TrainOptions::stoppable) to end:
+/// after the step every device is in, the devices save the checkpoint (when the run saves
+/// any), evaluate, write summary.json with the steps done, and train returns
+/// kStoppedStatus. Async-signal-safe: a signal handler may call it. The request stays
+/// until clear_stop_request() (call that before arming a handler).
+void request_stop();
+bool stop_requested();
+void clear_stop_request();
+
 /// The AdamW of [optimizer]: linear warmup from 0 over optimizer.warmup_steps (at most
 /// total_steps - 1), cosine decay to lr x final_lr_ratio at total_steps, decoupled weight
 /// decay off biases and norms.

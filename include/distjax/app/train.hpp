@@ -36,16 +36,9 @@ struct TrainOptions {
   bool stoppable = false;
 };
 
-/// The exit status of a stoppable run that request_stop() ended early (128 + SIGINT).
+/// The exit status of a stoppable run that app::request_stop() (app/run.hpp) ended early
+/// (128 + SIGINT).
 inline constexpr int kStoppedStatus = 130;
-
-/// Asks a stoppable run of this process to end: after the step every device is in, the
-/// devices save the checkpoint (when the run saves any), evaluate, write summary.json with
-/// the steps done and train returns kStoppedStatus. Async-signal-safe (a signal handler may call it).
-/// The request stays until clear_stop_request() (call it before arming a handler).
-void request_stop();
-bool stop_requested();
-void clear_stop_request();
 
 /// Trains `config` (prepare_program first, naming `source` in its errors): builds the
 /// model run.program names and its mesh, prints the mesh, the parallelisms and the

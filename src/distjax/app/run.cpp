@@ -3,6 +3,7 @@
 #include "distjax/app/run.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <cstdio>
@@ -10,7 +11,6 @@
 #include <nlohmann/json.hpp>
 
 #include "distjax/app/detail/loop.hpp"
-#include "distjax/app/train.hpp"
 #include "distjax/comm/comm_stats.hpp"
 #include "distjax/comm/launch_environment.hpp"
 #include "distjax/config/config_file.hpp"
@@ -319,6 +319,21 @@ optim::AdamW make_adamw(const config::TrainConfig& c, std::int64_t total_steps) 
                        .eps = c.optimizer.eps,
                        .weight_decay = c.optimizer.weight_decay,
                        .decay_mask = optim::default_decay_mask()});
+}
+
+namespace {
+std::atomic<bool> g_stop{false};  // lock-free: set from a signal handler
+static_assert(std::atomic<bool>::is_always_lock_free);
+}  // namespace
+
+void request_stop() {
+  g_stop.store(true, std::memory_order_relaxed);
+}
+bool stop_requested() {
+  return g_stop.load(std::memory_order_relaxed);
+}
+void clear_stop_request() {
+  g_stop.store(false, std::memory_order_relaxed);
 }
 
 train::CheckpointConfig checkpoint_config(const config::TrainConfig& c) {

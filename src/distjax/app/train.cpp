@@ -376,20 +376,6 @@ int train_prepared(const config::TrainConfig& c, const TrainOptions& options) {
   return run.stopped() ? kStoppedStatus : 0;
 }
 
-namespace {
-std::atomic<bool> g_stop{false};  // lock-free: set from a signal handler
-static_assert(std::atomic<bool>::is_always_lock_free);
-}  // namespace
-
-void request_stop() {
-  g_stop.store(true, std::memory_order_relaxed);
-}
-bool stop_requested() {
-  return g_stop.load(std::memory_order_relaxed);
-}
-void clear_stop_request() {
-  g_stop.store(false, std::memory_order_relaxed);
-}
 
 int train(config::TrainConfig c, const std::string& source, const TrainOptions& options) {
   return train_prepared(prepare_program(std::move(c), source), options);
