@@ -1,9 +1,10 @@
 // `distjax train` with Mixture-of-Experts blocks ([model.moe]), end to end through the
 // composition: dropless, on every mesh here (data parallel, fully sharded, experts split
 // over an "expert" axis of 2, 4 and 8 devices, alone and beside data parallelism, fully
-// sharded parameters, tensor and sequence parallelism and a context split) the losses of 6 AdamW steps are the one-device run's; the balancing
-// statistics reach metrics.jsonl; bad settings are refused naming their keys before any
-// step.
+// sharded parameters, tensor and sequence parallelism and a context split; the exchange in
+// overlapped chunks and the all-gather dispatcher) the losses of 6 AdamW steps are the
+// one-device run's; the balancing statistics reach metrics.jsonl; bad settings are refused
+// naming their keys before any step.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -113,6 +114,18 @@ TEST(DistjaxMoe, ExpertParallelMeshesTrainAsOneDevice) {
   expect_same_losses("fsdp data=2 x expert=2", 4,
                      ep + "2 --set parallelism.shard=parameters "
                           "--set parallelism.fsdp.min_weight_size=1");
+}
+
+// The exchange in overlapped chunks and the all-gather dispatcher.
+TEST(DistjaxMoe, EveryDispatcherTrainsAsOneDevice) {
+  const std::string ep = "--set distributed.expert_parallel_size=";
+  expect_same_losses("expert=4, exchange in 3 chunks", 4, ep + "4 --set model.moe.exchange_chunks=3");
+  expect_same_losses("data=2 x expert=2, exchange in 2 chunks", 4,
+                     ep + "2 --set model.moe.exchange_chunks=2");
+  expect_same_losses("expert=4, all_gather", 4, ep + "4 --set model.moe.dispatcher=all_gather");
+  expect_same_losses("expert=2 x cp=2, all_gather", 4,
+                     ep + "2 --set distributed.context_parallel_size=2 "
+                          "--set model.moe.dispatcher=all_gather");
 }
 
 // The MoE blocks inside the other splits: the megatron layout (the experts replicated over
@@ -241,6 +254,12 @@ TEST(DistjaxMoe, BadSettingsAreRefusedNamingTheKeys) {
   refused(train(out, 1, "", "--set model.moe.every=3"), {"model.moe.every = 3", "model.layers = 2"});
   refused(train(out, 1, "", "--set model.moe.activation=relu"),
           {"model.moe.activation", "gelu", "swiglu"});
+  refused(train(out, 1, "", "--set model.moe.dispatcher=ring"),
+          {"model.moe.dispatcher", "all_to_all", "all_gather"});
+  refused(train(out, 1, "", "--set model.moe.exchange_chunks=0"),
+          {"model.moe.exchange_chunks = 0", "[1, 64]"});
+  refused(train(out, 1, "", "--set model.moe.exchange_chunks=2 --set model.moe.dispatcher=all_gather"),
+          {"model.moe.exchange_chunks = 2", "all_gather"});
   refused(train(out, 2, "--set distributed.tensor_parallel_size=2 "
                         "--set parallelism.tp_layout=gather"),
           {"[model.moe]", "parallelism.tp_layout = \"gather\"", "megatron"});

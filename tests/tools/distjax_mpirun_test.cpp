@@ -148,3 +148,14 @@ TEST(DistjaxTrain, UnderMpirunExpertParallelismTrainsAsOnThreads) {
   expect_mpirun_trains_as_threads("ep", "gpt_moe.toml",
                                   "--set distributed.expert_parallel_size=4");
 }
+
+// The exchange in chunks (several non-blocking all_to_alls in flight between processes,
+// forward and backward) and the all-gather dispatcher.
+TEST(DistjaxTrain, UnderMpirunEveryExpertDispatcherTrainsAsOnThreads) {
+  expect_mpirun_trains_as_threads(
+      "ep_chunks", "gpt_moe.toml",
+      "--set distributed.expert_parallel_size=2 --set model.moe.exchange_chunks=3");
+  expect_mpirun_trains_as_threads(
+      "ep_gather", "gpt_moe.toml",
+      "--set distributed.expert_parallel_size=4 --set model.moe.dispatcher=all_gather");
+}

@@ -56,6 +56,12 @@ struct MoEConfig {
   /// > 0: DeepSeek-V3's auxiliary-loss-free balancing: a per-expert bias in the selection,
   /// moved by this rate times the sign of its load error after each step (0 = off)
   double balance_bias_rate = 0;
+  /// How tokens reach experts on other devices of the expert axis: "all_to_all" (their
+  /// rows only) or "all_gather" (every device gathers the axis's tokens)
+  std::string dispatcher = "all_to_all";
+  /// all_to_all: the exchange in this many chunks, each overlapped with the experts'
+  /// products on the one before (1 = none)
+  std::int64_t exchange_chunks = 1;
 };
 
 /// [model]: the classifier's and the GPT's sizes (each program reads its own).

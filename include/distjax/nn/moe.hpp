@@ -61,8 +61,20 @@ void balance_bias_update(tensor::TensorTree& params,
 /// gradients are scaled by 1 / n, so that with the other parameters' averaged over the
 /// axis the step is the one-device step on all the axis's tokens.
 ///
+/// Two dispatchers move the tokens (Megatron-Core's two): `AllToAll` as above, optionally in
+/// `exchange_chunks` chunks (each device's rows for each device split in that many parts)
+/// whose exchanges overlap the experts' products: chunk c + 1 travels while the experts run
+/// on chunk c, and chunk c's outputs travel back while they run on chunk c + 1 (the
+/// backward pass mirrors it); `AllGather`: every device gathers the axis's tokens, gates
+/// and choices (all_gather), runs its experts on the pairs routed to them, and the gated
+/// outputs are summed back to their devices (psum_scatter): more bytes, no counts
+/// exchanged, and the same result within rounding.
+///
 ///   Tensor y = nn::MoE{.num_experts = 8, .top_k = 2}(scope.child("moe"), x);
 struct MoE {
+  /// How tokens reach experts on other devices of the expert axis (see above).
+  enum class Dispatcher { AllToAll, AllGather };
+
   std::int64_t num_experts = 8;  ///< E
   std::int64_t top_k = 2;        ///< k, 1..8 and at most E
   std::int64_t hidden = 0;       ///< H; 0 means 4 C
@@ -82,6 +94,9 @@ struct MoE {
   double balance_bias_rate = 0;
   /// Scale of the output projections' initialisation (GPT-2's 1 / sqrt(2 L)).
   double out_scale = 1.0;
+  Dispatcher dispatcher = Dispatcher::AllToAll;
+  /// AllToAll: the exchange in this many chunks, overlapped with the experts (1: none).
+  std::int64_t exchange_chunks = 1;
 
   Tensor operator()(const Scope& scope, const Tensor& x) const;
   /// Checks the settings for a width of `c` (InvalidArgument naming the field).
@@ -94,9 +109,14 @@ struct MoE {
   std::int64_t capacity(std::int64_t tokens) const;
 
  private:
-  // Expert parallelism: xp's rows to their experts' devices, the local experts, and back.
+  // Expert parallelism, all-to-all: xp's rows to their experts' devices, the local experts,
+  // and back (in exchange_chunks overlapped chunks).
   Tensor exchange_and_run(const Scope& scope, const Tensor& xp, const tensor::DispatchPlan& plan,
                           const Tensor& w1, const Tensor& wg, const Tensor& w2) const;
+  // Expert parallelism, all-gather: the combined output (N, C) of this device's tokens.
+  Tensor gather_and_run(const Scope& scope, const Tensor& x, const Tensor& chosen,
+                        const Tensor& gates, const Tensor& w1, const Tensor& wg,
+                        const Tensor& w2) const;
 };
 
 }  // namespace distjax::nn

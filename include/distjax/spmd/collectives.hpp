@@ -88,7 +88,8 @@ Tensor all_to_all(DeviceContext& ctx, const Tensor& x, const Axes& axes, int spl
 /// `block` (the same on every device, at least every count of the exchange) is the row
 /// block they travel padded to, in one tiled all_to_all. x (sum send_counts, ...) ->
 /// (sum recv_counts, ...). Result: varies along `axes`. Transpose: the ragged all_to_all of
-/// the cotangent back (the counts swapped).
+/// the cotangent back (the counts swapped). In two halves, to compute while the rows
+/// travel: ragged_all_to_all_start / ragged_all_to_all_done (ragged.hpp).
 Tensor ragged_all_to_all(DeviceContext& ctx, const Tensor& x, const Axes& axes,
                          const std::vector<std::int64_t>& send_counts,
                          const std::vector<std::int64_t>& recv_counts, std::int64_t block);

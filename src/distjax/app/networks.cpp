@@ -345,7 +345,10 @@ nn::MoE moe_layer(const config::MoEConfig& m) {
           .shared_experts = m.shared_experts,
           .aux_loss_coef = m.aux_loss_coef,
           .z_loss_coef = m.z_loss_coef,
-          .balance_bias_rate = m.balance_bias_rate};
+          .balance_bias_rate = m.balance_bias_rate,
+          .dispatcher = m.dispatcher == "all_gather" ? nn::MoE::Dispatcher::AllGather
+                                                     : nn::MoE::Dispatcher::AllToAll,
+          .exchange_chunks = m.exchange_chunks};
 }
 
 Network classifier_network(const models::Classifier& model) {

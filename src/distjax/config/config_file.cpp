@@ -323,6 +323,13 @@ const std::vector<Entry>& schema() {
                       "> 0: auxiliary-loss-free balancing (DeepSeek-V3): a per-expert bias in "
                       "the selection, moved by this rate times the sign of its load error after "
                       "each step; 0 = off"));
+    s.push_back(field("model.moe.dispatcher", DJ_ACCESS(model.moe.dispatcher),
+                      "how tokens reach the experts of other devices of the expert axis: their "
+                      "rows only (all_to_all) or every device's tokens (all_gather)",
+                      {"all_to_all", "all_gather"}));
+    s.push_back(field("model.moe.exchange_chunks", DJ_ACCESS(model.moe.exchange_chunks),
+                      "all_to_all: the exchange in this many chunks, each overlapped with the "
+                      "experts' products on the one before; 1 = none"));
     // [optimizer]
     s.push_back(field("optimizer.lr", DJ_ACCESS(optimizer.lr), "peak learning rate of AdamW"));
     s.push_back(field("optimizer.final_lr_ratio", DJ_ACCESS(optimizer.final_lr_ratio),

@@ -78,6 +78,13 @@ std::vector<std::string> TrainConfig::problems() const {
                                   std::pair{"balance_bias_rate", moe.balance_bias_rate}})
       if (!(v >= 0) || !std::isfinite(v))
         out.push_back(str("model.moe.", name, " = ", v, " must be finite and not negative"));
+    if (moe.exchange_chunks < 1 || moe.exchange_chunks > 64)
+      out.push_back(str("model.moe.exchange_chunks = ", moe.exchange_chunks,
+                        " must be in [1, 64]"));
+    else if (moe.exchange_chunks > 1 && moe.dispatcher != "all_to_all")
+      out.push_back(str("model.moe.exchange_chunks = ", moe.exchange_chunks,
+                        " splits the all_to_all dispatcher's exchange; model.moe.dispatcher = \"",
+                        moe.dispatcher, "\" has none (set 1, or dispatcher = \"all_to_all\")"));
   }
   if (run.steps == 0 && run.epochs == 0)
     out.push_back("run.steps and run.epochs are both 0: set one of them");

@@ -9,6 +9,7 @@
 #include "distjax/nn/mlp_block.hpp"
 #include "distjax/spmd/collectives.hpp"
 #include "distjax/spmd/device_context.hpp"
+#include "distjax/spmd/ragged.hpp"
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/grad_node.hpp"
 #include "distjax/tensor/inplace_ops.hpp"
@@ -48,6 +49,17 @@ Tensor expert_mlps(const Precision& p, const Tensor& xp, const Tensor& w1, const
   return grouped_matmul(p.cast_to_compute(a), p.cast_to_compute(w2), offsets);  // (M, C)
 }
 
+// Part c of `rows` rows split in `k` parts: rows [part_start, part_start + part_rows).
+std::int64_t part_start(std::int64_t rows, std::int64_t k, std::int64_t c) { return rows * c / k; }
+std::int64_t part_rows(std::int64_t rows, std::int64_t k, std::int64_t c) {
+  return part_start(rows, k, c + 1) - part_start(rows, k, c);
+}
+
+// The rows `parts` (each a slice of a tensor of rows like `like`) concatenated; none: 0 rows.
+Tensor concat_rows(const std::vector<Tensor>& parts, const Tensor& like) {
+  return parts.empty() ? tensor::slice(like, 0, 0, 0) : tensor::concat(parts, 0);
+}
+
 }  // namespace
 
 // The size of the expert axis this scope's experts are split over; 1 without one.
@@ -84,6 +96,8 @@ void MoE::check(std::int64_t c) const {
   DISTJAX_CHECK(hidden >= 0 && shared_experts >= 0 && c >= 1, InvalidArgument,
                 "[MoE] hidden = ", hidden, ", shared_experts = ", shared_experts, " and width ", c,
                 " must not be negative");
+  DISTJAX_CHECK(exchange_chunks >= 1, InvalidArgument, "[MoE] exchange_chunks = ", exchange_chunks,
+                " must be at least 1");
   DISTJAX_CHECK(aux_loss_coef >= 0 && z_loss_coef >= 0 && balance_bias_rate >= 0,
                 InvalidArgument, "[MoE] aux_loss_coef = ", aux_loss_coef, ", z_loss_coef = ",
                 z_loss_coef, " and balance_bias_rate = ", balance_bias_rate,
@@ -115,7 +129,7 @@ Tensor MoE::exchange_and_run(const Scope& scope, const Tensor& xp, const tensor:
   using namespace tensor;
   spmd::DeviceContext& ctx = *scope.context();
   const int n = ctx.axis_size(kExpertAxis), me = ctx.axis_index(kExpertAxis);
-  const std::int64_t e = num_experts, el = e / n;
+  const std::int64_t e = num_experts, el = e / n, chunks = exchange_chunks;
   // Counts first: every device's pairs per expert, (n, E) on every device.
   std::vector<std::int32_t> all;
   {
@@ -125,41 +139,137 @@ Tensor MoE::exchange_and_run(const Scope& scope, const Tensor& xp, const tensor:
                            /*tiled=*/true)
               .to_vector<std::int32_t>();
   }
-  // pairs[i][j]: rows device i sends device j (the experts j holds, in order).
+  // pairs(i, j, le): device i's pairs for the le-th expert device j holds; rows(i, j) their
+  // sum, the rows device i sends device j (in the expert order, a contiguous block of xp).
   auto pairs = [&](int i, int j, std::int64_t le) {
     return std::int64_t(all[static_cast<std::size_t>(i * e + j * el + le)]);
   };
-  std::vector<std::int64_t> send(n, 0), recv(n, 0), local(el, 0);
-  std::int64_t block = 0;
-  for (int i = 0; i < n; ++i)
-    for (int j = 0; j < n; ++j) {
-      std::int64_t rows = 0;
-      for (std::int64_t le = 0; le < el; ++le) rows += pairs(i, j, le);
-      block = std::max(block, rows);
-      if (i == me) send[j] = rows;
-      if (j == me) recv[i] = rows;
-    }
-  for (int i = 0; i < n; ++i)
-    for (std::int64_t le = 0; le < el; ++le) local[le] += pairs(i, me, le);
-  const Tensor got = spmd::ragged_all_to_all(ctx, xp, kExpertAxis, send, recv, block);
-  // The rows arrive by source device, each source's by expert: put them expert by expert
-  // (a permutation, k = 1), run the local experts, and put them back.
-  DispatchPlan by_expert;
-  by_expert.counts = local;
-  by_expert.routed = local;
-  {
-    std::vector<std::int64_t> start(el, 0);
-    for (std::int64_t le = 1; le < el; ++le) start[le] = start[le - 1] + local[le - 1];
-    std::vector<std::int32_t> to;
-    to.reserve(static_cast<std::size_t>(got.size(0)));
+  auto rows = [&](int i, int j) {
+    std::int64_t r = 0;
+    for (std::int64_t le = 0; le < el; ++le) r += pairs(i, j, le);
+    return r;
+  };
+  std::vector<std::int64_t> offset(n + 1, 0);  // device j's block of xp
+  for (int j = 0; j < n; ++j) offset[j + 1] = offset[j] + rows(me, j);
+
+  // Chunk c carries part c of every (source, destination) block. Every exchange starts
+  // before the first is waited on: chunk c + 1 travels while the experts run on chunk c.
+  struct Chunk {
+    std::vector<std::int64_t> send, recv;
+    std::int64_t block = 0;
+    spmd::RaggedHandle there, back;
+  };
+  std::vector<Chunk> ch(static_cast<std::size_t>(chunks));
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    Chunk& k = ch[static_cast<std::size_t>(c)];
+    k.send.assign(n, 0);
+    k.recv.assign(n, 0);
     for (int i = 0; i < n; ++i)
-      for (std::int64_t le = 0; le < el; ++le)
-        for (std::int64_t r = 0; r < pairs(i, me, le); ++r) to.push_back(std::int32_t(start[le]++));
-    by_expert.position = Tensor::from_vector(to, {got.size(0), 1}, xp.device());
+      for (int j = 0; j < n; ++j) k.block = std::max(k.block, part_rows(rows(i, j), chunks, c));
+    std::vector<Tensor> out;
+    for (int j = 0; j < n; ++j) {
+      k.send[j] = part_rows(rows(me, j), chunks, c);
+      k.recv[j] = part_rows(rows(j, me), chunks, c);
+      const std::int64_t at = offset[j] + part_start(rows(me, j), chunks, c);
+      if (k.send[j] > 0) out.push_back(slice(xp, 0, at, at + k.send[j]));
+    }
+    k.there = spmd::ragged_all_to_all_start(ctx, concat_rows(out, xp), kExpertAxis, k.send,
+                                            k.recv, k.block);
   }
-  const Tensor yl = expert_mlps(scope.precision(), moe_dispatch(got, by_expert), w1, wg, w2,
-                                by_expert.offsets());
-  return spmd::ragged_all_to_all(ctx, moe_combine(yl, by_expert), kExpertAxis, recv, send, block);
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    Chunk& k = ch[static_cast<std::size_t>(c)];
+    const Tensor got = spmd::ragged_all_to_all_done(k.there);
+    // The rows arrive by source device, each source's part of its block in the order of
+    // the experts here: put them expert by expert (a permutation, k = 1), run the local
+    // experts, and put them back.
+    std::vector<std::int32_t> expert_of;  // local expert of each row received
+    expert_of.reserve(static_cast<std::size_t>(got.size(0)));
+    for (int i = 0; i < n; ++i) {
+      const std::int64_t lo = part_start(rows(i, me), chunks, c), hi = lo + k.recv[i];
+      std::int64_t at = 0;
+      for (std::int64_t le = 0; le < el; ++le) {
+        const std::int64_t end = at + pairs(i, me, le);
+        for (std::int64_t r = std::max(at, lo); r < std::min(end, hi); ++r)
+          expert_of.push_back(std::int32_t(le));
+        at = end;
+      }
+    }
+    DispatchPlan by_expert;
+    by_expert.counts.assign(static_cast<std::size_t>(el), 0);
+    for (std::int32_t le : expert_of) ++by_expert.counts[static_cast<std::size_t>(le)];
+    by_expert.routed = by_expert.counts;
+    std::vector<std::int64_t> start = by_expert.offsets();
+    std::vector<std::int32_t> to;
+    to.reserve(expert_of.size());
+    for (std::int32_t le : expert_of) to.push_back(std::int32_t(start[static_cast<std::size_t>(le)]++));
+    by_expert.position = Tensor::from_vector(to, {got.size(0), 1}, xp.device());
+    const Tensor yl = expert_mlps(scope.precision(), moe_dispatch(got, by_expert), w1, wg, w2,
+                                  by_expert.offsets());
+    k.back = spmd::ragged_all_to_all_start(ctx, moe_combine(yl, by_expert), kExpertAxis, k.recv,
+                                           k.send, k.block);
+  }
+  // The outputs come back as they left: chunk c's part of each destination's block.
+  std::vector<Tensor> returned;
+  for (Chunk& k : ch) returned.push_back(spmd::ragged_all_to_all_done(k.back));
+  std::vector<Tensor> yp;
+  for (int j = 0; j < n; ++j)
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      const Chunk& k = ch[static_cast<std::size_t>(c)];
+      std::int64_t at = 0;
+      for (int jj = 0; jj < j; ++jj) at += k.send[jj];
+      if (k.send[j] > 0)
+        yp.push_back(slice(returned[static_cast<std::size_t>(c)], 0, at, at + k.send[j]));
+    }
+  return concat_rows(yp, returned.front());
+}
+
+Tensor MoE::gather_and_run(const Scope& scope, const Tensor& x, const Tensor& chosen,
+                           const Tensor& gates, const Tensor& w1, const Tensor& wg,
+                           const Tensor& w2) const {
+  using namespace tensor;
+  spmd::DeviceContext& ctx = *scope.context();
+  const int n = ctx.axis_size(kExpertAxis), me = ctx.axis_index(kExpertAxis);
+  const std::int64_t e = num_experts, el = e / n, tokens = x.size(0), k = top_k;
+  // Every device's tokens, gates and choices, (n N, ...) in device order.
+  const Tensor xs = spmd::all_gather(ctx, x, kExpertAxis, 0, /*tiled=*/true);
+  const Tensor gs = spmd::all_gather(ctx, gates, kExpertAxis, 0, /*tiled=*/true);
+  Tensor cs;
+  {
+    NoGradGuard off;
+    cs = spmd::all_gather(ctx, chosen, kExpertAxis, 0, /*tiled=*/true);
+  }
+  // The pairs this device's experts keep: each source's own plan (the one its all-to-all
+  // dispatch makes, with the capacity of its N tokens), those of experts [me el, me el + el).
+  const std::vector<std::int32_t> expert = cs.to_vector<std::int32_t>();
+  std::vector<std::int32_t> local_expert(expert.size(), -1);
+  for (int i = 0; i < n; ++i) {
+    const Tensor ci = slice(cs, 0, i * tokens, (i + 1) * tokens);
+    const DispatchPlan pi = dispatch_plan(
+        ci, e, capacity(tokens),
+        drop_by_probability ? slice(gs.detach(), 0, i * tokens, (i + 1) * tokens) : Tensor());
+    const std::vector<std::int32_t> kept = pi.position.to_vector<std::int32_t>();
+    for (std::size_t p = 0; p < kept.size(); ++p) {
+      const std::size_t at = std::size_t(i * tokens * k) + p;
+      if (kept[p] >= 0 && expert[at] / el == me) local_expert[at] = std::int32_t(expert[at] - me * el);
+    }
+  }
+  // Their rows, expert by expert (each expert's in source, token and slot order).
+  DispatchPlan mine;
+  mine.counts.assign(static_cast<std::size_t>(el), 0);
+  for (std::int32_t le : local_expert)
+    if (le >= 0) ++mine.counts[static_cast<std::size_t>(le)];
+  mine.routed = mine.counts;
+  std::vector<std::int64_t> start = mine.offsets();
+  std::vector<std::int32_t> position(local_expert.size(), -1);
+  for (std::size_t p = 0; p < local_expert.size(); ++p)
+    if (local_expert[p] >= 0)
+      position[p] = std::int32_t(start[static_cast<std::size_t>(local_expert[p])]++);
+  mine.position = Tensor::from_vector(position, {n * tokens, k}, x.device());
+  const Tensor yl = expert_mlps(scope.precision(), moe_dispatch(xs, mine), w1, wg, w2,
+                                mine.offsets());
+  // This device's experts' gated share of every token's output, summed over the axis into
+  // the tokens' own devices.
+  return spmd::psum_scatter(ctx, moe_combine(yl, mine, gs), kExpertAxis, 0, /*tiled=*/true);
 }
 
 Tensor MoE::operator()(const Scope& scope, const Tensor& x_in) const {
@@ -202,20 +312,23 @@ Tensor MoE::operator()(const Scope& scope, const Tensor& x_in) const {
   Tensor w1 = ex.param("fc1", {e, c, h}, expert_init(c, 1.0), spec);
   Tensor wg = swiglu ? ex.param("gate", {e, c, h}, expert_init(c, 1.0), spec) : Tensor();
   Tensor w2 = ex.param("fc2", {e, h, c}, expert_init(h, out_scale), spec);
-  const Tensor xp = moe_dispatch(x, plan);  // (M, C) in the expert order
-  Tensor yp;
-  if (n_ep == 1) {
-    yp = expert_mlps(scope.precision(), xp, w1, wg, w2, plan.offsets());
-  } else {
+  if (n_ep > 1) {
     // The devices of the axis see different tokens, and the averaged gradients of the
     // replicated parameters are the mean over all of them; an expert's gradient arrives
     // summed over the axis's tokens (the exchange's transpose): scaled so it is that mean.
     w1 = scale_cotangent(w1, 1.0 / n_ep);
     w2 = scale_cotangent(w2, 1.0 / n_ep);
     if (wg.defined()) wg = scale_cotangent(wg, 1.0 / n_ep);
-    yp = exchange_and_run(scope, xp, plan, w1, wg, w2);
   }
-  Tensor y = moe_combine(yp, plan, gates);  // (N, C)
+  Tensor y;  // (N, C)
+  if (n_ep > 1 && dispatcher == Dispatcher::AllGather) {
+    y = gather_and_run(scope, x, chosen, gates, w1, wg, w2);
+  } else {
+    const Tensor xp = moe_dispatch(x, plan);  // (M, C) in the expert order
+    const Tensor yp = n_ep == 1 ? expert_mlps(scope.precision(), xp, w1, wg, w2, plan.offsets())
+                                : exchange_and_run(scope, xp, plan, w1, wg, w2);
+    y = moe_combine(yp, plan, gates);
+  }
   if (shared_experts > 0)
     y = MLPBlock{.hidden = shared_experts * h,
                  .kernel_init = lecun_normal(),

@@ -301,52 +301,6 @@ Tensor all_to_all(DeviceContext& ctx, const Tensor& x_in, const Axes& axes, int 
       tensor::VaryingRule::AsIs), x.varying_axes());
 }
 
-// --------------------------------------------------------------------------- ragged_all_to_all
-// Forward: the blocks padded to `block` rows, one all_to_all, the padding cut. Every step is
-// differentiable, so the transpose is the exchange back (all_to_all's transpose between
-// the pad's and the cut's), with the counts swapped.
-Tensor ragged_all_to_all(DeviceContext& ctx, const Tensor& x, const Axes& axes,
-                         const std::vector<std::int64_t>& send_counts,
-                         const std::vector<std::int64_t>& recv_counts, std::int64_t block) {
-  tensor::check_defined(x, "ragged_all_to_all", "x");
-  const int n = ctx.axis_size(axes);
-  DISTJAX_CHECK(x.rank() >= 1 && int(send_counts.size()) == n && int(recv_counts.size()) == n,
-                InvalidArgument, "[ragged_all_to_all] needs x of rank >= 1 and ", n,
-                " send and receive counts (the axis size), got x ", to_string(x.shape()), ", ",
-                send_counts.size(), " and ", recv_counts.size());
-  std::int64_t sent = 0;
-  for (int j = 0; j < n; ++j) {
-    DISTJAX_CHECK(send_counts[j] >= 0 && send_counts[j] <= block && recv_counts[j] >= 0 &&
-                      recv_counts[j] <= block,
-                  InvalidArgument, "[ragged_all_to_all] counts ", send_counts[j], " (to ", j,
-                  ") and ", recv_counts[j], " (from ", j, ") must be in [0, block = ", block,
-                  "]");
-    sent += send_counts[j];
-  }
-  DISTJAX_CHECK(sent == x.size(0), InvalidArgument, "[ragged_all_to_all] the send counts add to ",
-                sent, " rows, x has ", x.size(0));
-  Shape row = x.shape();
-  row.erase(row.begin());
-  auto rows = [&](std::int64_t r) {
-    Shape s = row;
-    s.insert(s.begin(), r);
-    return s;
-  };
-  if (block == 0) return tensor::reshape(x, rows(0));  // no device sends anything
-  std::vector<Tensor> padded;
-  std::int64_t at = 0;
-  for (int j = 0; j < n; ++j) {
-    padded.push_back(tensor::slice(x, 0, at, at + send_counts[j]));
-    if (send_counts[j] < block)
-      padded.push_back(Tensor::zeros(rows(block - send_counts[j]), x.dtype(), x.device()));
-    at += send_counts[j];
-  }
-  const Tensor got = all_to_all(ctx, tensor::concat(padded, 0), axes, 0, 0);  // (n block, ...)
-  std::vector<Tensor> kept;
-  for (int i = 0; i < n; ++i) kept.push_back(tensor::slice(got, 0, i * block, i * block + recv_counts[i]));
-  return tensor::concat(kept, 0);
-}
-
 // --------------------------------------------------------------------------- pvary
 // Forward: identity. Transpose: psum over `axes`. Assumes each device's cotangent is its
 // own contribution (the region after pvary varies per device and its results are summed).
