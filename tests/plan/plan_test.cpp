@@ -100,7 +100,8 @@ struct GptSizes {
 /// after the last step and its communication during it.
 using LocalBatch = std::function<train::Batch(DeviceContext&, const train::Batch&)>;
 Measured run_gpt_on(const Mesh& mesh, const models::TransformerConfig& config,
-                    const mesh::Axes& averaged, const GptSizes& z, const LocalBatch& local) {
+                    const mesh::Axes& averaged, const GptSizes& z, const LocalBatch& local,
+                    const mesh::Axes& expert = {}) {
   const models::Transformer model(config);
   Measured out;
   const auto data = testing::random_token_batches(kSteps, z.batch, z.seq, 256, 7);
@@ -108,7 +109,7 @@ Measured run_gpt_on(const Mesh& mesh, const models::TransformerConfig& config,
       mesh,
       [&](DeviceContext& ctx, const std::vector<Tensor>&) {
         nn::ParamSpecs specs;
-        parallel::DataParallel dp(ctx, averaged, &specs);
+        parallel::DataParallel dp(ctx, averaged, &specs, {.expert = expert});
         auto state = train::TrainState::create(model.init(Key::from_seed(1), &specs, &ctx), adamw(),
                                                Key::from_seed(2), dp);
         const train::LossFn fn = [&](const TensorTree& p, const train::Batch& b, Key k) {
@@ -266,6 +267,48 @@ TEST(Plan, GptContextParallelMatchesTheRun) {
   }
 }
 
+// The MoE GPT with its experts over ("expert"=4), a capacity factor of 1 (the exchange's
+// rows padded to a full capacity block): the state exactly (experts split by 4, the rest
+// whole), the exchange's all_to_all bytes and counts exactly, the gradients' all-reduce of
+// the parameters outside the experts; the activation figure is conservative (at least the
+// measured peak, at most twice it: the MoE layer's terms are upper bounds, docs/plan.md).
+TEST(Plan, GptMoeExpertParallelMatchesTheRun) {
+  const GptSizes z;
+  const int n = 4;
+  models::TransformerConfig c = gpt_of(z);
+  c.moe_every = 1;
+  c.moe = {.num_experts = 8, .top_k = 2, .hidden = 256, .capacity_factor = 1.0};
+  const Measured m = run_gpt_on(
+      Mesh({n}, {"expert"}), c, "expert", z,
+      [&](DeviceContext& ctx, const train::Batch& b) {
+        const int r = ctx.axis_index("expert");
+        const std::int64_t per = z.batch / n;
+        return b.slice(r * per, (r + 1) * per);
+      },
+      "expert");
+  plan::Setup s;
+  s.data = n;
+  s.expert = n;
+  s.global_batch = z.batch;
+  s.seq_len = z.seq;
+  const MoEShape moe{.experts = 8, .top_k = 2, .hidden = 256, .capacity_factor = 1.0};
+  const Plan p =
+      make_plan(describe_gpt(256, z.d_model, z.layers, z.heads, z.seq, false, true, moe), s);
+  const std::string what = "MoE GPT expert=4, capacity 1";
+  std::printf("%s\n  predicted activations %.0f, measured %lld\n", what.c_str(), p.activations,
+              static_cast<long long>(m.mem.activations_peak));
+  EXPECT_EQ(p.parameters, double(m.mem.parameters)) << what;
+  EXPECT_EQ(p.gradients, double(m.mem.gradients)) << what;
+  EXPECT_EQ(p.optimizer_state, double(m.mem.optimizer_state)) << what;
+  EXPECT_GE(p.activations, double(m.mem.activations_peak)) << what;
+  EXPECT_LE(p.activations, 2.0 * double(m.mem.activations_peak)) << what;
+  EXPECT_EQ(planned(p, "expert", "all_to_all"), double(m.sent("expert", comm::OpKind::AllToAll)));
+  EXPECT_NEAR(planned(p, "expert", "all_gather"), double(m.sent("expert", comm::OpKind::AllGather)),
+              kMetricBytes);
+  EXPECT_NEAR(planned(p, "data,expert", "all_reduce"),
+              double(m.sent("expert", comm::OpKind::AllReduce)), kMetricBytes);
+}
+
 // ------------------------------------------------------------ the analytic descriptions
 
 TEST(Plan, DescriptionsCountTheModelsOwnParameters) {
@@ -279,6 +322,22 @@ TEST(Plan, DescriptionsCountTheModelsOwnParameters) {
     ASSERT_TRUE(params.contains(p.path)) << p.path;
     EXPECT_EQ(params.at(p.path).shape(), Shape(p.shape.begin(), p.shape.end())) << p.path;
   }
+  // With MoE layers in every second block (SwiGLU experts, a shared MLP, the balancing bias).
+  const MoEShape moe{.experts = 4, .top_k = 2, .hidden = 48, .every = 2, .swiglu = true,
+                     .shared_hidden = 48, .bias = true};
+  const ModelDescription gpt_moe = describe_gpt(256, 64, 4, 4, 32, false, true, moe);
+  models::TransformerConfig mc{.vocab = 256, .d_model = 64, .num_layers = 4, .num_heads = 4,
+                               .max_len = 32};
+  mc.moe_every = 2;
+  mc.moe = {.num_experts = 4, .top_k = 2, .hidden = 48, .swiglu = true, .shared_experts = 1,
+            .balance_bias_rate = 0.01};
+  const TensorTree moe_params = models::Transformer(mc).init(Key::from_seed(0));
+  ASSERT_EQ(gpt_moe.params.size(), moe_params.size());
+  for (const ParamInfo& p : gpt_moe.params) {
+    ASSERT_TRUE(moe_params.contains(p.path)) << p.path;
+    EXPECT_EQ(moe_params.at(p.path).shape(), Shape(p.shape.begin(), p.shape.end())) << p.path;
+  }
+  EXPECT_EQ(gpt_moe.moe_layers(), 2);
   const ModelDescription cls = describe_classifier(784, 512, 10);
   EXPECT_EQ(cls.num_params(), models::Classifier({.hidden = 512}).num_params());
 }

@@ -22,7 +22,7 @@ namespace distjax::plan {
 
 /// Bytes sent per step by one device for one kind of collective over one mesh axis.
 struct CommEntry {
-  std::string axis;  ///< "data", "model", "pipe"
+  std::string axis;  ///< "data", "model", "pipe", "expert", "data,context"...
   std::string kind;  ///< "all_reduce", "all_gather", "reduce_scatter", "send"
   std::int64_t calls = 0;
   double bytes = 0;  ///< ring figures (comm::OpCounters's convention)
@@ -57,9 +57,9 @@ struct Plan {
 Plan make_plan(const ModelDescription& model, const Setup& setup);
 
 /// The model and setup a config describes (run.program picks the model: gpt
-/// -> describe_gpt, classifier -> describe_classifier; NotImplemented for another program
-/// and for a gpt with [model.moe], which the planner has no terms for yet). Activations use
-/// activation_model_distjax() in f32, activation_model_megatron() in fp16 / bf16.
+/// -> describe_gpt, with its [model.moe] layers; classifier -> describe_classifier;
+/// NotImplemented for another program). Activations use activation_model_distjax() in f32,
+/// activation_model_megatron() in fp16 / bf16.
 ModelDescription model_from_config(const config::TrainConfig& c);
 Setup setup_from_config(const config::TrainConfig& c);
 /// parallelism.shard of a setup (fsdp: "parameters"; else by zero_stage).

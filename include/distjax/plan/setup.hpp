@@ -14,8 +14,9 @@ namespace distjax::plan {
 /// How a parameter is split over the "model" axis (tensor parallelism): Column its last
 /// dimension, Row the first of a kernel; the vocabulary, padded to a multiple of the axis
 /// as Megatron pads it, VocabRow the rows of an embedding table (V, C), VocabColumn the
-/// columns of a head's kernel (C, V).
-enum class TPSplit : std::uint8_t { None, Column, Row, VocabRow, VocabColumn };
+/// columns of a head's kernel (C, V). Expert: a Mixture-of-Experts layer's stacked experts
+/// (E, ...), split over the "expert" axis instead (first dimension), whole along "model".
+enum class TPSplit : std::uint8_t { None, Column, Row, VocabRow, VocabColumn, Expert };
 
 /// One parameter of the model: path, global shape, split over "model", pipeline layer.
 struct ParamInfo {
@@ -113,6 +114,30 @@ ActivationModel activation_model_megatron();
 /// posted ahead per pipeline channel.
 ActivationModel activation_model_distjax();
 
+/// The GPT's Mixture-of-Experts layers (nn::MoE; experts = 0: none).
+struct MoEShape {
+  std::int64_t experts = 0;  ///< E
+  std::int64_t top_k = 2;    ///< k
+  std::int64_t hidden = 0;   ///< H, each expert's hidden width
+  std::int64_t every = 1;    ///< blocks every-1, 2 every-1, ... are MoE layers
+  bool swiglu = false;
+  std::int64_t shared_hidden = 0;  ///< the shared dense MLP's hidden width (0: none)
+  bool bias = false;               ///< the balancing bias router/bias
+  /// < 0: dropless, planned at kDroplessPlanningFactor; > 0: each expert keeps at most
+  /// ceil(capacity_factor N k / E) of a device's N tokens' pairs.
+  double capacity_factor = -1;
+  /// The all-gather dispatcher (every device gathers the axis's tokens) instead of the
+  /// all-to-all exchange of the rows.
+  bool all_gather_dispatcher = false;
+  bool is_moe_layer(std::int64_t layer) const { return experts > 0 && (layer + 1) % every == 0; }
+};
+
+/// A dropless layer's rows on an expert axis are planned as if each device's experts took
+/// this many times their balanced share (capacity factor 1.25): what a device receives
+/// depends on the routing. A router far from balanced (one without a balancing loss) needs
+/// more; a capacity factor bounds it.
+inline constexpr double kDroplessPlanningFactor = 1.25;
+
 /// What the model is: its parameters and how its activations scale.
 struct ModelDescription {
   std::string name;  ///< "gpt", "classifier"
@@ -121,16 +146,22 @@ struct ModelDescription {
   std::int64_t vocab = 0, d_model = 0, layers = 0, heads = 0;
   /// Classifier sizes (0 for the transformer).
   std::int64_t in_features = 0, hidden = 0, num_classes = 0;
+  MoEShape moe{};  ///< the GPT's MoE layers
   std::int64_t num_params() const;
+  /// MoE layers among the blocks.
+  std::int64_t moe_layers() const;
 };
 
 /// The GPT of models/transformer.hpp (learned positions, MLP 4h; tied embeddings, or an
 /// untied "lm_head/kernel" (C, V) as the pipelined GPT has): the same paths and shapes as
 /// Transformer::init, counted, not allocated. `vocab_parallel` splits "wte/embedding" (and
 /// the untied head) over "model".
+/// With `moe.experts` > 0 the MLP of every moe.every-th block is an MoE layer
+/// ("blocks/i/moe/router/kernel" (C, E), its bias, "experts/fc1" (E, C, H), "experts/gate",
+/// "experts/fc2" (E, H, C), a "shared" MLP).
 ModelDescription describe_gpt(std::int64_t vocab, std::int64_t d_model, std::int64_t layers,
                               std::int64_t heads, std::int64_t max_len, bool vocab_parallel = false,
-                              bool tied = true);
+                              bool tied = true, const MoEShape& moe = {});
 /// The Classifier of models/classifier.hpp: fc1 (F, hidden), fc2 (hidden, K) and biases.
 ModelDescription describe_classifier(std::int64_t in_features, std::int64_t hidden,
                                      std::int64_t num_classes);
@@ -149,6 +180,10 @@ enum class PipeSchedule : std::uint8_t {
 /// How the model is trained: mesh, strategy, optimizer, precision, batch.
 struct Setup {
   int data = 1, tensor = 1, pipe = 1;  ///< mesh sizes ("data", "model", "pipe")
+  /// The "expert" axis (Mixture-of-Experts layers' experts split over it): carved out of the
+  /// `data` devices, which it divides (they all see different examples; the mesh's "data"
+  /// axis keeps data / expert). The experts' gradients are averaged over data / expert.
+  int expert = 1;
   /// The "context" axis: each device holds s / context positions of every sequence; the
   /// gradients are averaged over data x context.
   int context = 1;

@@ -15,6 +15,12 @@ std::int64_t ParamInfo::numel() const {
   return std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>());
 }
 
+std::int64_t ModelDescription::moe_layers() const {
+  std::int64_t n = 0;
+  for (std::int64_t i = 0; i < layers; ++i) n += moe.is_moe_layer(i) ? 1 : 0;
+  return n;
+}
+
 std::int64_t ModelDescription::num_params() const {
   std::int64_t n = 0;
   for (const ParamInfo& p : params)
@@ -74,14 +80,15 @@ ActivationModel activation_model_distjax() {
 
 ModelDescription describe_gpt(std::int64_t vocab, std::int64_t d_model, std::int64_t layers,
                               std::int64_t heads, std::int64_t max_len, bool vocab_parallel,
-                              bool tied) {
+                              bool tied, const MoEShape& moe) {
   const std::int64_t c = d_model;
   ModelDescription m;
-  m.name = "gpt";
+  m.name = moe.experts > 0 ? "gpt (MoE)" : "gpt";
   m.vocab = vocab;
   m.d_model = c;
   m.layers = layers;
   m.heads = heads;
+  m.moe = moe;
   auto add = [&](std::string path, std::vector<std::int64_t> shape, TPSplit split, int layer) {
     m.params.push_back({std::move(path), std::move(shape), split, layer});
   };
@@ -97,10 +104,27 @@ ModelDescription describe_gpt(std::int64_t vocab, std::int64_t d_model, std::int
     add(b + "attn/out/bias", {c}, TPSplit::None, i);
     add(b + "ln2/scale", {c}, TPSplit::None, i);
     add(b + "ln2/bias", {c}, TPSplit::None, i);
-    add(b + "mlp/fc1/kernel", {c, 4 * c}, TPSplit::Column, i);
-    add(b + "mlp/fc1/bias", {4 * c}, TPSplit::Column, i);
-    add(b + "mlp/fc2/kernel", {4 * c, c}, TPSplit::Row, i);
-    add(b + "mlp/fc2/bias", {c}, TPSplit::None, i);
+    if (!moe.is_moe_layer(i)) {
+      add(b + "mlp/fc1/kernel", {c, 4 * c}, TPSplit::Column, i);
+      add(b + "mlp/fc1/bias", {4 * c}, TPSplit::Column, i);
+      add(b + "mlp/fc2/kernel", {4 * c, c}, TPSplit::Row, i);
+      add(b + "mlp/fc2/bias", {c}, TPSplit::None, i);
+      continue;
+    }
+    // An MoE layer: its router and experts whole along "model" (the experts split over
+    // "expert"), as nn::MoE holds them in the megatron layout.
+    const std::int64_t e = moe.experts, h = moe.hidden;
+    add(b + "moe/router/kernel", {c, e}, TPSplit::None, i);
+    if (moe.bias) add(b + "moe/router/bias", {e}, TPSplit::None, i);
+    add(b + "moe/experts/fc1", {e, c, h}, TPSplit::Expert, i);
+    if (moe.swiglu) add(b + "moe/experts/gate", {e, c, h}, TPSplit::Expert, i);
+    add(b + "moe/experts/fc2", {e, h, c}, TPSplit::Expert, i);
+    if (moe.shared_hidden > 0) {
+      add(b + "moe/shared/fc1/kernel", {c, moe.shared_hidden}, TPSplit::None, i);
+      add(b + "moe/shared/fc1/bias", {moe.shared_hidden}, TPSplit::None, i);
+      add(b + "moe/shared/fc2/kernel", {moe.shared_hidden, c}, TPSplit::None, i);
+      add(b + "moe/shared/fc2/bias", {c}, TPSplit::None, i);
+    }
   }
   add("ln_f/scale", {c}, TPSplit::None, -1);
   add("ln_f/bias", {c}, TPSplit::None, -1);
@@ -142,8 +166,9 @@ double Plan::comm_bytes() const {
 }
 
 std::string describe_setup(const Setup& s) {
-  std::string out = "data=" + std::to_string(s.data) + " model=" + std::to_string(s.tensor) +
-                    " pipe=" + std::to_string(s.pipe);
+  std::string out = "data=" + std::to_string(s.data / s.expert);
+  if (s.expert > 1) out += " expert=" + std::to_string(s.expert);
+  out += " model=" + std::to_string(s.tensor) + " pipe=" + std::to_string(s.pipe);
   if (s.context > 1)
     out += " context=" + std::to_string(s.context) + (s.context_ulysses ? " (ulysses)" : "");
   if (s.fsdp) {
@@ -165,6 +190,14 @@ void check_setup(const ModelDescription& m, const Setup& s) {
                 describe_setup(s), ", virtual stages ", s.virtual_stages);
   DISTJAX_CHECK(s.global_batch % s.data == 0, InvalidArgument, "[plan] batch ", s.global_batch,
                 " does not split over data = ", s.data);
+  DISTJAX_CHECK(s.expert >= 1 && s.data % s.expert == 0, InvalidArgument, "[plan] expert = ",
+                s.expert, " must divide the ", s.data, " devices that see different examples");
+  DISTJAX_CHECK(s.expert == 1 || m.moe.experts > 0, InvalidArgument, "[plan] expert = ", s.expert,
+                " splits the experts of MoE layers, but the model has none");
+  DISTJAX_CHECK(m.moe.experts == 0 || m.moe.experts % s.expert == 0, InvalidArgument, "[plan] ",
+                m.moe.experts, " experts do not split over expert = ", s.expert);
+  DISTJAX_CHECK(m.moe.experts == 0 || s.pipe == 1, NotImplemented,
+                "[plan] MoE layers in a pipeline (pipe = ", s.pipe, ") are not trained yet");
   const bool gpt = m.layers > 0;
   DISTJAX_CHECK(gpt || (s.tensor == 1 && s.pipe == 1 && s.context == 1), NotImplemented,
                 "[plan] the classifier is planned on a (\"data\") mesh only, got ",
@@ -197,12 +230,13 @@ double step_copies(const Setup& s, double grads) {
   return s.zero_stage == 2 ? grads + grads / s.data : grads;
 }
 
-/// The devices that average the gradients (data x context) and the axes' label.
+/// The devices that average the gradients (data x context; the expert axis is part of
+/// data) and the axes' label.
 int averaged(const Setup& s) {
   return s.data * s.context;
 }
 std::string averaged_axes(const Setup& s) {
-  return s.context > 1 ? "data,context" : "data";
+  return std::string(s.expert > 1 ? "data,expert" : "data") + (s.context > 1 ? ",context" : "");
 }
 
 /// The classifier's activation peak: the larger of the end of forward (fc1's output, silu's
@@ -257,10 +291,12 @@ Plan stage_plan(const ModelDescription& m, const Setup& s, int stage,
 std::vector<CommEntry> stage_comm(const ModelDescription& m, const Setup& s,
                                   const std::vector<detail::LocalLeaf>& leaves) {
   std::vector<CommEntry> comm;
-  double replicated_elems = 0, fsdp_full = 0;
+  double replicated_elems = 0, expert_elems = 0, fsdp_full = 0;
   for (const detail::LocalLeaf& l : leaves) {
     if (l.gathered > 0) {
       fsdp_full += double(l.gathered);
+    } else if (l.param->split == TPSplit::Expert && s.expert > 1) {
+      expert_elems += double(l.elems);  // averaged over the replicas holding the same experts
     } else {
       replicated_elems += double(l.elems);
     }
@@ -275,6 +311,10 @@ std::vector<CommEntry> stage_comm(const ModelDescription& m, const Setup& s,
     const std::string axes = averaged_axes(s);
     if (s.zero_stage == 0) {
       comm.push_back({axes, "all_reduce", 1, ring_all_reduce(dp, rep), "gradients"});
+      const int ep = s.data / s.expert * s.context;
+      if (expert_elems > 0 && ep > 1)
+        comm.push_back({s.context > 1 ? "data,context" : "data", "all_reduce", 1,
+                        ring_all_reduce(ep, expert_elems * s.grad_bytes), "experts' gradients"});
     } else {
       comm.push_back({axes, "reduce_scatter", 1, ring_gather(dp, rep), "gradients"});
       comm.push_back({axes, "all_gather", 1, ring_gather(dp, replicated_elems * s.param_bytes),
@@ -328,6 +368,37 @@ std::vector<CommEntry> stage_comm(const ModelDescription& m, const Setup& s,
       const double hops = n * ((cp - 1) * (passes + 1) + cp);
       comm.push_back({"context", "send", std::int64_t(hops), hops * 2 * x,
                       "keys and values around the ring (and their gradients)"});
+    }
+  }
+  if (gpt && s.expert > 1 && m.moe.experts > 0) {
+    // Per MoE layer and micro-batch, this device's N tokens (its sequence share with
+    // sequence parallelism), f32 rows of h.
+    const double layers = double(m.moe_layers());
+    const double n = double(s.expert), h = double(m.d_model), k = double(m.moe.top_k);
+    const double e = double(m.moe.experts);
+    const double mine = s.sequence_parallel && s.tensor > 1 ? tokens / s.tensor : tokens;
+    const double calls = layers * micro;
+    if (m.moe.all_gather_dispatcher) {
+      // Forward: the tokens, gates and choices gathered, the outputs psum_scattered; backward:
+      // the tokens' and gates' cotangents scattered, the outputs' gathered.
+      comm.push_back({"expert", "all_gather", std::int64_t(4 * calls),
+                      calls * (n - 1) * mine * 4.0 * (2.0 * h + 2.0 * k),
+                      "tokens, gates, choices, output cotangents (MoE all-gather dispatcher)"});
+      comm.push_back({"expert", "reduce_scatter", std::int64_t(3 * calls),
+                      calls * (n - 1) * mine * 4.0 * (2.0 * h + k),
+                      "outputs, token and gate cotangents (MoE all-gather dispatcher)"});
+    } else {
+      // Counts first, then the rows there and back, forward and backward, each padded to
+      // the largest block: at capacity, or dropless at kDroplessPlanningFactor.
+      const double rows = k * (m.moe.capacity_factor < 0 ? kDroplessPlanningFactor
+                                                         : m.moe.capacity_factor) * mine;
+      comm.push_back({"expert", "all_gather", std::int64_t(calls), calls * (n - 1) * e * 4.0,
+                      "tokens per expert (MoE dispatch counts)"});
+      comm.push_back({"expert", "all_to_all", std::int64_t(4 * calls),
+                      4.0 * calls * (n - 1) / n * rows * h * 4.0,
+                      m.moe.capacity_factor < 0
+                          ? "MoE rows there and back (dropless: planned at capacity factor 1.25)"
+                          : "MoE rows there and back (at capacity)"});
     }
   }
   if (gpt && s.pipe > 1) {
@@ -417,16 +488,24 @@ std::string Plan::str() const {
 
 ModelDescription model_from_config(const config::TrainConfig& c) {
   const std::string& p = c.run.program;
-  // Mixture-of-Experts layers (their experts, dispatch buffers and exchanges) are not in
-  // the planning model yet: refused rather than planned as a dense GPT.
-  DISTJAX_CHECK(p != "gpt" || c.model.moe.experts == 0, NotImplemented,
-                "[plan] run.program = \"gpt\" with [model.moe] (", c.model.moe.experts,
-                " experts) has no planning model for Mixture-of-Experts layers yet (a dense "
-                "gpt and the classifier do)");
-  if (p == "gpt")
+  if (p == "gpt") {
+    MoEShape moe;
+    const config::MoEConfig& mc = c.model.moe;
+    if (mc.experts > 0) {
+      moe = {.experts = mc.experts,
+             .top_k = mc.top_k,
+             .hidden = mc.hidden > 0 ? mc.hidden : 4 * c.model.d_model,
+             .every = mc.every,
+             .swiglu = mc.activation == "swiglu",
+             .bias = mc.balance_bias_rate > 0,
+             .capacity_factor = mc.capacity_factor,
+             .all_gather_dispatcher = mc.dispatcher == "all_gather"};
+      moe.shared_hidden = mc.shared_experts * moe.hidden;
+    }
     return describe_gpt(c.model.vocab > 0 ? c.model.vocab : 256, c.model.d_model, c.model.layers,
                         c.model.heads, c.data.seq_len, c.parallelism.vocab_parallel,
-                        c.model.tie_embeddings);
+                        c.model.tie_embeddings, moe);
+  }
   if (p == "classifier")
     return describe_classifier(784, c.model.hidden, 10);
   DISTJAX_CHECK(false, NotImplemented, "[plan] run.program = \"", p,
@@ -448,6 +527,7 @@ Setup setup_from_config(const config::TrainConfig& c) {
   s.pipe = dc.enabled ? dc.pipeline_parallel_size : 1;
   s.data = dc.enabled ? std::max(1, dc.data_parallel_size()) : 1;
   s.context = dc.enabled ? dc.context_parallel_size : 1;
+  s.expert = dc.enabled ? dc.expert_parallel_size : 1;
   s.context_ulysses = c.parallelism.context_parallel_method == "ulysses";
   s.fsdp = c.parallelism.shard == config::Shard::Parameters;
   s.zero_stage = s.fsdp ? 0 : config::zero_stage(c.parallelism.shard);
@@ -488,6 +568,7 @@ config::TrainConfig apply_setup(config::TrainConfig c, const Setup& s) {
   d.tensor_parallel_size = s.tensor;
   d.pipeline_parallel_size = s.pipe;
   d.context_parallel_size = s.context;
+  d.expert_parallel_size = s.expert;
   d.mesh_shape.clear();
   d.mesh_axis_names.clear();
   c.parallelism.shard = shard_of(s);
@@ -522,7 +603,8 @@ std::vector<Plan> meshes_that_fit(const ModelDescription& m, const Setup& base, 
     for (int p = 1; p <= world / t; ++p) {
       if ((world / t) % p != 0 || (gpt && m.layers % p != 0) || (!gpt && p > 1)) continue;
       const int d = world / (t * p);
-      if (base.global_batch % d != 0) continue;
+      if (base.global_batch % d != 0 || d % base.expert != 0) continue;
+      if (m.moe.experts > 0 && p > 1) continue;  // MoE layers are not pipelined yet
       for (int variant = 0; variant < 4; ++variant) {
         if (d == 1 && variant > 0) continue;
         Setup s = base;

@@ -27,6 +27,7 @@ std::int64_t tp_dim(const ParamInfo& p) {
     case TPSplit::VocabRow:
       return 0;
     case TPSplit::None:
+    case TPSplit::Expert:
       return -1;
   }
   return -1;
@@ -70,6 +71,61 @@ double layer_bytes(const ModelDescription& m, const Setup& s, double tokens, Rec
                                         (s.context_ulysses ? a.layer_context_ulysses
                                                            : a.layer_context_ring)
                                   : 0.0));
+}
+
+/// Rows of an MoE layer's expert products per token of a device: on the device that routed
+/// them (`src`: k kept pairs, fewer under a capacity factor below 1) and on the devices that
+/// run them (`recv`: with an expert axis, what arrives, at capacity or, dropless, at
+/// kDroplessPlanningFactor).
+struct MoeRows {
+  double src = 0, recv = 0;
+};
+MoeRows moe_rows(const MoEShape& moe, const Setup& s) {
+  const double k = double(moe.top_k), cf = moe.capacity_factor;
+  MoeRows r;
+  r.src = cf < 0 ? k : k * std::min(1.0, cf);
+  r.recv = s.expert == 1 ? r.src : k * (cf < 0 ? kDroplessPlanningFactor : cf);
+  return r;
+}
+
+/// What an MoE layer keeps (saved) and its backward adds (transient) per token beyond the
+/// dense layer's figure, whose MLP part (its two hidden tensors, 8 h per token, and their
+/// cotangents) it replaces: the f32 router (logits, probabilities, log-probabilities), the
+/// rows in the expert order and their outputs (2 h per pair), the experts' 2 hidden tensors
+/// (4 with SwiGLU), with an expert axis the rows received and their outputs, a shared MLP's
+/// 2 hidden tensors; in backward the hidden and row cotangents, and with an expert axis the
+/// exchange's padded buffers both ways. Conservative: the runs measured (docs/plan.md)
+/// peak below it.
+struct MoeLayerBytes {
+  double saved = 0, transient = 0;
+};
+MoeLayerBytes moe_layer_bytes(const ModelDescription& m, const Setup& s, double tokens) {
+  const ActivationModel& a = s.activations;
+  const MoEShape& moe = m.moe;
+  const double h = double(m.d_model), act = s.activation_bytes, t = s.tensor;
+  const bool sp = s.sequence_parallel && s.tensor > 1;
+  const double split = s.tensor > 1 ? t : 1.0;  // the dense MLP's hidden split by t
+  const double dense_saved = tokens * 8.0 * h * act / split;
+  const double dense_transient =
+      tokens * h * (s.tensor > 1 ? a.layer_backward_split / t : a.layer_backward_unsplit);
+  // The experts run on every token of the layer's input: all of them along "model", or the
+  // device's sequence share with sequence parallelism.
+  const double n = sp ? tokens / t : tokens;
+  const MoeRows r = moe_rows(moe, s);
+  const double hidden = double(moe.hidden) * (moe.swiglu ? 4.0 : 2.0);
+  MoeLayerBytes b;
+  // Kept: the routed rows' outputs (for the gates' gradient) and, where the experts run,
+  // their input rows, hidden tensors and (with an expert axis, before the exchange back)
+  // outputs; on one device the input rows are the routed rows themselves.
+  const double rows_kept = s.expert > 1 ? h * r.src + 2.0 * h * r.recv : 2.0 * h * r.src;
+  b.saved = n * (4.0 * 3.0 * double(moe.experts) +
+                 act * (rows_kept + r.recv * hidden + 2.0 * double(moe.shared_hidden))) -
+            dense_saved;
+  b.transient = n * act *
+                    (r.recv * (2.0 * double(moe.hidden) + 2.0 * h) +
+                     (s.expert > 1 ? 2.0 * r.recv * h : 0.0) + 2.0 * double(moe.shared_hidden)) -
+                dense_transient;
+  return b;
 }
 
 /// V': the vocabulary a device's logits cover (split by t in Megatron's calibration).
@@ -134,6 +190,11 @@ std::vector<Unit> chunk_units(const ModelDescription& m, const Setup& s,
         a.cotangent_buffers * x +
         tokens * h * (s.tensor > 1 ? a.layer_backward_split / s.tensor : a.layer_backward_unsplit);
     if (remat) b.transient += layer_bytes(m, s, tokens, Recompute::None);  // rebuilt
+    if (m.moe.is_moe_layer(layer)) {
+      const MoeLayerBytes moe = moe_layer_bytes(m, s, tokens);
+      b.saved += moe.saved;
+      b.transient += moe.transient;
+    }
     out.push_back(b);
   }
   input.saved += tokens * h * a.stage_input / split;
@@ -261,6 +322,11 @@ std::vector<LocalLeaf> stage_leaves(const ModelDescription& m, const Setup& s, i
     if (chunk % s.pipe != stage) continue;
     std::vector<std::int64_t> shape = p.shape;
     const std::int64_t d = tp_dim(p);
+    if (p.split == TPSplit::Expert && s.expert > 1) {
+      DISTJAX_CHECK(shape[0] % s.expert == 0, InvalidArgument, "[plan] the ", shape[0],
+                    " experts of \"", p.path, "\" do not split over expert = ", s.expert);
+      shape[0] /= s.expert;
+    }
     if (d >= 0 && s.tensor > 1 &&
         (p.split == TPSplit::VocabRow || p.split == TPSplit::VocabColumn)) {
       shape[d] = (shape[d] + s.tensor - 1) / s.tensor;  // padded vocabulary, as Megatron's
@@ -274,11 +340,13 @@ std::vector<LocalLeaf> stage_leaves(const ModelDescription& m, const Setup& s, i
     leaf.param = &p;
     leaf.chunk = chunk;
     leaf.elems = std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>());
-    // mesh::fully_sharded_spec: global size >= min_weight_size and a dimension divisible.
-    if (s.fsdp && s.data > 1 && p.numel() >= s.fsdp_min_weight_size &&
-        std::any_of(shape.begin(), shape.end(), [&](std::int64_t e) { return e % s.data == 0; })) {
+    // mesh::fully_sharded_spec: global size >= min_weight_size and a dimension divisible,
+    // over the "data" axis (the devices that see different examples but the expert axis).
+    const int shards = s.data / s.expert;
+    if (s.fsdp && shards > 1 && p.numel() >= s.fsdp_min_weight_size &&
+        std::any_of(shape.begin(), shape.end(), [&](std::int64_t e) { return e % shards == 0; })) {
       leaf.gathered = leaf.elems;
-      leaf.elems /= s.data;
+      leaf.elems /= shards;
     }
     out.push_back(leaf);
   }
@@ -295,10 +363,15 @@ double gpt_activation_peak(const ModelDescription& m, const Setup& s, int stage,
   // buckets (a copy of the replicated gradients) from its first final gradient on, or
   // ZeRO-2's copy and kept chunk of the gradients at its end.
   const std::vector<Unit> units = chunk_units(m, s, leaves, 0, tokens);
+  // The devices that average the gradients: the experts' over data / expert only (the
+  // replicas holding the same experts).
+  const int averaged = s.data * s.context;
+  const int experts_averaged = s.data / s.expert * s.context;
   double replicated = 0;
   for (const LocalLeaf& l : leaves)
-    if (l.gathered == 0) replicated += double(l.elems) * s.grad_bytes;
-  const int averaged = s.data * s.context;  // the devices that average the gradients
+    if (l.gathered == 0 &&
+        (l.param->split == TPSplit::Expert ? experts_averaged : averaged) > 1)
+      replicated += double(l.elems) * s.grad_bytes;
   const bool copies = s.activations.gradient_bucket_copy && averaged > 1;
   const double bucket = copies && s.zero_stage == 0 ? replicated : 0.0;
   const double scatter = copies && s.zero_stage == 2 ? replicated + replicated / averaged : 0.0;
