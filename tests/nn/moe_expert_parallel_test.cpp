@@ -3,8 +3,9 @@
 // device's tokens: the output and every gradient (the tokens, the router, the experts)
 // within 1e-6, for both dispatchers (all-to-all, in one exchange and in chunks overlapped
 // with the experts, and all-gather), dropless and with a capacity by position or by
-// probability, GELU and SwiGLU experts, a shared expert. The two dispatchers agree with
-// each other within 1e-6, and a run is repeatable bit for bit.
+// probability, GELU and SwiGLU experts, a shared expert; and with each expert's hidden width
+// split over a "model" axis. The two dispatchers agree with each other within 1e-6, and a
+// run is repeatable bit for bit.
 #include <gtest/gtest.h>
 
 #include <mutex>
@@ -74,64 +75,93 @@ Result one_device(const MoE& m, const TensorTree& params, const Tensor& x, const
   return r;
 }
 
-// The same on a mesh ("expert" = devices): device i holds its tokens, the router and its
-// E / n experts. The replicated parameters' gradients are summed over the devices (each
-// device's are its tokens'); the experts' come scaled by 1 / n (the mean the data-parallel
-// average makes of the other parameters'), so times n they are the sums.
+// The hidden dimension of a stacked expert parameter: (E, C, H) or fc2's (E, H, C).
+int hidden_dim(const std::string& path) { return path == "experts/fc2" ? 1 : 2; }
+
+// The same on a mesh ("expert" = devices, "model" = tp): device (i, j) holds expert group
+// i's tokens, the router and its E / n experts, each expert's hidden slice j when the
+// layer splits them over "model". The replicated parameters' gradients are summed over the
+// expert axis (each group's are its tokens'; the devices of "model" hold the same); the
+// experts' come scaled by 1 / n (the mean the data-parallel average makes of the other
+// parameters'), so times n they are the sums.
 Result expert_parallel(const MoE& m, const TensorTree& params, const Tensor& x, const Tensor& cot,
-                       int devices) {
-  std::vector<std::vector<Tensor>> per(static_cast<std::size_t>(devices));
+                       int devices, int tp = 1) {
+  std::vector<std::vector<Tensor>> per(static_cast<std::size_t>(devices * tp));
   const std::vector<std::string> paths = params.paths();
   std::mutex mu;
   spmd::ShardMapOptions options;
   options.intra_op_threads = 1;
   spmd::shard_map(
-      mesh::Mesh({devices}, {kExpertAxis}),
+      mesh::Mesh({devices, tp}, {kExpertAxis, "model"}),
       [&](spmd::DeviceContext& ctx, const std::vector<Tensor>&) {
-        const int me = ctx.axis_index(kExpertAxis);
+        const int me = ctx.axis_index(kExpertAxis), slice_of = ctx.axis_index("model");
         const std::int64_t el = m.num_experts / devices;
-        // Leaves as shard_map hands a device its shards: varying over the axis.
-        auto leaf = [&](const Tensor& t) {
+        // Leaves as shard_map hands a device its shards: varying over the expert axis (and the
+        // experts' slices over "model").
+        auto leaf = [&](const Tensor& t, bool sliced) {
           Tensor l = make_leaf(t.clone());
-          l.set_varying_axes(ctx.axis_mask(kExpertAxis));
+          l.set_varying_axes(ctx.axis_mask(sliced ? mesh::Axes({kExpertAxis, "model"})
+                                                  : mesh::Axes(kExpertAxis)));
           return l;
         };
         TensorTree p;
         std::vector<Tensor> wrt;
         for (const std::string& path : paths) {
-          const Tensor& w = params.at(path);
-          p.set(path, leaf(split(path) ? slice(w, 0, me * el, (me + 1) * el) : w));
+          Tensor w = params.at(path);
+          const bool sliced = split(path) && tp > 1;
+          if (split(path)) w = slice(w, 0, me * el, (me + 1) * el);
+          if (sliced) {
+            const int d = hidden_dim(path);
+            const std::int64_t part = w.size(d) / tp;
+            w = slice(w, d, slice_of * part, (slice_of + 1) * part);
+          }
+          p.set(path, leaf(w, sliced));
           wrt.push_back(p.at(path));
         }
-        const Tensor lx = leaf(slice(x, 0, me * kTokens, (me + 1) * kTokens));
+        const Tensor lx = leaf(slice(x, 0, me * kTokens, (me + 1) * kTokens), false);
         wrt.push_back(lx);
         const Tensor out = m(Scope::apply(&p, /*train=*/true).on(ctx), lx);
         const Tensor loss = sum(mul(out, slice(cot, 0, me * kTokens, (me + 1) * kTokens)));
         std::vector<Tensor> g = autodiff::grad({loss}, {Tensor()}, wrt);
         g.push_back(out.detach());
         std::lock_guard lock(mu);
-        per[static_cast<std::size_t>(me)] = std::move(g);
+        per[static_cast<std::size_t>(me * tp + slice_of)] = std::move(g);
         return std::vector<Tensor>{};
       },
       {}, {}, options)(std::vector<Tensor>{});
+  // Every device of "model" must hold the same output and token gradients.
+  for (int i = 0; i < devices; ++i)
+    for (int j = 1; j < tp; ++j) {
+      const auto& a = per[static_cast<std::size_t>(i * tp)];
+      const auto& b = per[static_cast<std::size_t>(i * tp + j)];
+      const std::size_t np = paths.size();
+      EXPECT_EQ(a[np + 1].to_vector<float>(), b[np + 1].to_vector<float>()) << "output, group " << i;
+      EXPECT_EQ(a[np].to_vector<float>(), b[np].to_vector<float>()) << "d x, group " << i;
+    }
   Result r;
   const std::size_t np = paths.size();
   std::vector<Tensor> ys, dxs;
-  for (const auto& g : per) {
-    dxs.push_back(g[np]);
-    ys.push_back(g[np + 1]);
+  for (int i = 0; i < devices; ++i) {
+    dxs.push_back(per[static_cast<std::size_t>(i * tp)][np]);
+    ys.push_back(per[static_cast<std::size_t>(i * tp)][np + 1]);
   }
   r.y = concat(ys, 0);
   r.dx = concat(dxs, 0);
   for (std::size_t k = 0; k < np; ++k) {
-    std::vector<Tensor> parts;
-    for (const auto& g : per) parts.push_back(g[k]);
     Tensor whole;
     if (split(paths[k])) {
-      whole = mul_scalar(concat(parts, 0), double(devices));
+      std::vector<Tensor> groups;
+      for (int i = 0; i < devices; ++i) {
+        std::vector<Tensor> slices;
+        for (int j = 0; j < tp; ++j) slices.push_back(per[static_cast<std::size_t>(i * tp + j)][k]);
+        groups.push_back(tp > 1 ? concat(slices, hidden_dim(paths[k])) : slices[0]);
+      }
+      whole = mul_scalar(concat(groups, 0), double(devices));
     } else {
-      whole = parts[0];
-      for (std::size_t i = 1; i < parts.size(); ++i) whole = add(whole, parts[i]);
+      for (int i = 0; i < devices; ++i) {
+        const Tensor& g = per[static_cast<std::size_t>(i * tp)][k];
+        whole = i == 0 ? g : add(whole, g);
+      }
     }
     r.dparams.set(paths[k], whole);
   }
@@ -195,6 +225,29 @@ TEST(MoEExpertParallel, EveryDispatcherMatchesOneDeviceWithItsGradients) {
       }
       // The dispatchers against each other.
       expect_same(got.back(), got.front(), c.name + ": all_gather against all_to_all");
+    }
+  }
+}
+
+// Expert tensor parallelism: each expert's hidden width over "model" (2 devices), alone and
+// beside an expert axis of 2, both dispatchers.
+TEST(MoEExpertParallel, ExpertsSplitOverTheTensorAxisMatchOneDevice) {
+  for (const auto& [devices, tp] : {std::pair{1, 2}, std::pair{2, 2}}) {
+    const Tensor x = random_tensor(Key::from_seed(3), {devices * kTokens, kWidth});
+    const Tensor cot = random_tensor(Key::from_seed(4), {devices * kTokens, kWidth});
+    for (const Case& c : cases()) {
+      MoE m = c.layer;
+      m.tensor_axis = "model";
+      const TensorTree params = params_of(m);
+      const Result want = one_device(c.layer, params, x, cot, devices);
+      for (const Dispatcher d : {Dispatcher::AllToAll, Dispatcher::AllGather}) {
+        m.dispatcher = d;
+        const std::string what = c.name + (d == Dispatcher::AllGather ? ", all_gather" : "") +
+                                 ", expert=" + std::to_string(devices) +
+                                 " x model=" + std::to_string(tp);
+        SCOPED_TRACE(what);
+        expect_same(expert_parallel(m, params, x, cot, devices, tp), want, what);
+      }
     }
   }
 }

@@ -309,6 +309,35 @@ TEST(Plan, GptMoeExpertParallelMatchesTheRun) {
               double(m.sent("expert", comm::OpKind::AllReduce)), kMetricBytes);
 }
 
+// The MoE GPT in the megatron layout on ("model"=2), its experts whole along the axis or
+// split over it (expert tensor parallelism): the state exactly, and the activations' all-
+// reduces over "model" (the experts' psum and its transpose with the split; none for whole
+// experts, whose layer reduces only its attention's).
+TEST(Plan, GptMoeTensorParallelMatchesTheRun) {
+  const GptSizes z;
+  for (const bool split : {false, true}) {
+    models::TransformerConfig c = gpt_of(z);
+    c.tp = {.layout = parallel::TPLayout::Megatron};
+    c.moe_every = 1;
+    c.moe = {.num_experts = 8, .top_k = 2, .hidden = 256, .tensor_axis = split ? "model" : ""};
+    const Measured m = run_gpt_on(Mesh({1, 2}, {"data", "model"}), c, "data", z,
+                                  [](DeviceContext&, const train::Batch& b) { return b; });
+    plan::Setup s;
+    s.tensor = 2;
+    s.global_batch = z.batch;
+    s.seq_len = z.seq;
+    const MoEShape moe{.experts = 8, .top_k = 2, .hidden = 256, .tensor_parallel = split};
+    const Plan p =
+        make_plan(describe_gpt(256, z.d_model, z.layers, z.heads, z.seq, false, true, moe), s);
+    const std::string what = split ? "MoE GPT model=2, experts split" : "MoE GPT model=2";
+    EXPECT_EQ(p.parameters, double(m.mem.parameters)) << what;
+    EXPECT_EQ(p.optimizer_state, double(m.mem.optimizer_state)) << what;
+    EXPECT_EQ(planned(p, "model", "all_reduce"), double(m.sent("model", comm::OpKind::AllReduce)))
+        << what;
+    EXPECT_GE(p.activations, double(m.mem.activations_peak)) << what;
+  }
+}
+
 // ------------------------------------------------------------ the analytic descriptions
 
 TEST(Plan, DescriptionsCountTheModelsOwnParameters) {

@@ -1,8 +1,9 @@
 // `distjax train` with Mixture-of-Experts blocks ([model.moe]), end to end through the
 // composition: dropless, on every mesh here (data parallel, fully sharded, experts split
 // over an "expert" axis of 2, 4 and 8 devices, alone and beside data parallelism, fully
-// sharded parameters, tensor and sequence parallelism and a context split; the exchange in
-// overlapped chunks and the all-gather dispatcher) the losses of 6 AdamW steps are the
+// sharded parameters, tensor and sequence parallelism and a context split, the experts'
+// hidden width split over "model"; the exchange in overlapped chunks and the all-gather
+// dispatcher) the losses of 6 AdamW steps are the
 // one-device run's; the balancing statistics reach metrics.jsonl; bad settings are refused
 // naming their keys before any step.
 #include <gtest/gtest.h>
@@ -142,6 +143,11 @@ TEST(DistjaxMoe, TensorAndContextParallelMeshesTrainAsOneDevice) {
                      "--set distributed.context_parallel_size=2 "
                      "--set parallelism.context_parallel_method=ulysses");
   expect_same_losses("expert=2 x cp=2", 4, ep + "2 --set distributed.context_parallel_size=2");
+  // Expert tensor parallelism: each expert's hidden width over "model".
+  const std::string etp = " --set model.moe.expert_tensor_parallel=true";
+  expect_same_losses("tp=2, experts split over it", 2, "--set distributed.tensor_parallel_size=2" + etp);
+  expect_same_losses("expert=2 x tp=2, experts split over both", 4,
+                     ep + "2 --set distributed.tensor_parallel_size=2" + etp);
 }
 
 // The balancing bias (model.moe.balance_bias_rate) moves by the step's loads summed over its
@@ -254,6 +260,13 @@ TEST(DistjaxMoe, BadSettingsAreRefusedNamingTheKeys) {
   refused(train(out, 1, "", "--set model.moe.every=3"), {"model.moe.every = 3", "model.layers = 2"});
   refused(train(out, 1, "", "--set model.moe.activation=relu"),
           {"model.moe.activation", "gelu", "swiglu"});
+  refused(train(out, 2, "--set distributed.tensor_parallel_size=2 "
+                        "--set model.moe.expert_tensor_parallel=true "
+                        "--set parallelism.sequence_parallel=true"),
+          {"model.moe.expert_tensor_parallel", "parallelism.sequence_parallel"});
+  refused(train(out, 4, "--set distributed.tensor_parallel_size=4 "
+                        "--set model.moe.expert_tensor_parallel=true --set model.moe.hidden=258"),
+          {"model.moe.expert_tensor_parallel", "258", "tensor_parallel_size = 4"});
   refused(train(out, 1, "", "--set model.moe.dispatcher=ring"),
           {"model.moe.dispatcher", "all_to_all", "all_gather"});
   refused(train(out, 1, "", "--set model.moe.exchange_chunks=0"),

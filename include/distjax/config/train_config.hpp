@@ -62,6 +62,9 @@ struct MoEConfig {
   /// all_to_all: the exchange in this many chunks, each overlapped with the experts'
   /// products on the one before (1 = none)
   std::int64_t exchange_chunks = 1;
+  /// Expert tensor parallelism: each expert's hidden width split over the "model" axis (the
+  /// megatron layout without sequence parallelism); off: the experts whole along it
+  bool expert_tensor_parallel = false;
 };
 
 /// [model]: the classifier's and the GPT's sizes (each program reads its own).

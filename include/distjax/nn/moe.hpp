@@ -97,6 +97,13 @@ struct MoE {
   Dispatcher dispatcher = Dispatcher::AllToAll;
   /// AllToAll: the exchange in this many chunks, overlapped with the experts (1: none).
   std::int64_t exchange_chunks = 1;
+  /// Expert tensor parallelism: a mesh axis (e.g. "model") over which each expert's hidden
+  /// width is split (fc1 and gate by columns, fc2 by rows: P(.., None, axis) and
+  /// P(.., axis, None)), as Megatron splits a dense MLP. The layer's input must be the same
+  /// on the axis's devices (the megatron layout without sequence parallelism); each runs
+  /// its slice of every expert and the combined outputs are summed over the axis (psum).
+  /// Empty, or an axis the mesh lacks: the experts whole.
+  std::string tensor_axis{};
 
   Tensor operator()(const Scope& scope, const Tensor& x) const;
   /// Checks the settings for a width of `c` (InvalidArgument naming the field).

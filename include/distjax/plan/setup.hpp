@@ -14,9 +14,20 @@ namespace distjax::plan {
 /// How a parameter is split over the "model" axis (tensor parallelism): Column its last
 /// dimension, Row the first of a kernel; the vocabulary, padded to a multiple of the axis
 /// as Megatron pads it, VocabRow the rows of an embedding table (V, C), VocabColumn the
-/// columns of a head's kernel (C, V). Expert: a Mixture-of-Experts layer's stacked experts
-/// (E, ...), split over the "expert" axis instead (first dimension), whole along "model".
-enum class TPSplit : std::uint8_t { None, Column, Row, VocabRow, VocabColumn, Expert };
+/// columns of a head's kernel (C, V). A Mixture-of-Experts layer's stacked experts are split
+/// over the "expert" axis (first dimension) and, with expert tensor parallelism, their
+/// hidden width over "model": ExpertColumn (E, C, H) its last dimension, ExpertRow (E, H, C)
+/// its second.
+enum class TPSplit : std::uint8_t {
+  None,
+  Column,
+  Row,
+  VocabRow,
+  VocabColumn,
+  ExpertColumn,
+  ExpertRow
+};
+inline bool is_expert(TPSplit s) { return s == TPSplit::ExpertColumn || s == TPSplit::ExpertRow; }
 
 /// One parameter of the model: path, global shape, split over "model", pipeline layer.
 struct ParamInfo {
@@ -129,6 +140,8 @@ struct MoEShape {
   /// The all-gather dispatcher (every device gathers the axis's tokens) instead of the
   /// all-to-all exchange of the rows.
   bool all_gather_dispatcher = false;
+  /// Expert tensor parallelism: each expert's hidden width split over "model".
+  bool tensor_parallel = false;
   bool is_moe_layer(std::int64_t layer) const { return experts > 0 && (layer + 1) % every == 0; }
 };
 

@@ -91,6 +91,18 @@ void check_gpt(const config::TrainConfig& c, const mesh::Mesh& mesh) {
                   NotImplemented, "[gpt] [model.moe] with parallelism.tp_layout = \"",
                   c.parallelism.tp_layout,
                   "\": the experts need their tokens' whole features; use \"megatron\"");
+    if (c.model.moe.expert_tensor_parallel && n_model > 1) {
+      const std::int64_t hidden =
+          c.model.moe.hidden > 0 ? c.model.moe.hidden : 4 * c.model.d_model;
+      DISTJAX_CHECK(hidden % n_model == 0, ConfigError,
+                    "[gpt] model.moe.expert_tensor_parallel splits each expert's hidden width ",
+                    hidden, " (model.moe.hidden) over distributed.tensor_parallel_size = ", n_model,
+                    ", which must divide it");
+      DISTJAX_CHECK(!c.parallelism.sequence_parallel, NotImplemented,
+                    "[gpt] model.moe.expert_tensor_parallel with parallelism.sequence_parallel: "
+                    "the experts' slices need every token of the axis (not gathered yet); set "
+                    "one of them false");
+    }
     if (c.model.moe.balance_bias_rate > 0) {
       // Every device moves its bias by the same loads: the step's, summed over the devices
       // that see other tokens; a sequence split over "model" would give each its own.

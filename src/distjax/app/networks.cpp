@@ -348,7 +348,8 @@ nn::MoE moe_layer(const config::MoEConfig& m) {
           .balance_bias_rate = m.balance_bias_rate,
           .dispatcher = m.dispatcher == "all_gather" ? nn::MoE::Dispatcher::AllGather
                                                      : nn::MoE::Dispatcher::AllToAll,
-          .exchange_chunks = m.exchange_chunks};
+          .exchange_chunks = m.exchange_chunks,
+          .tensor_axis = m.expert_tensor_parallel ? "model" : ""};
 }
 
 Network classifier_network(const models::Classifier& model) {

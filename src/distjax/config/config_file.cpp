@@ -330,6 +330,10 @@ const std::vector<Entry>& schema() {
     s.push_back(field("model.moe.exchange_chunks", DJ_ACCESS(model.moe.exchange_chunks),
                       "all_to_all: the exchange in this many chunks, each overlapped with the "
                       "experts' products on the one before; 1 = none"));
+    s.push_back(field("model.moe.expert_tensor_parallel",
+                      DJ_ACCESS(model.moe.expert_tensor_parallel),
+                      "each expert's hidden width split over the \"model\" axis (megatron layout, "
+                      "no sequence parallelism); false: the experts whole along it"));
     // [optimizer]
     s.push_back(field("optimizer.lr", DJ_ACCESS(optimizer.lr), "peak learning rate of AdamW"));
     s.push_back(field("optimizer.final_lr_ratio", DJ_ACCESS(optimizer.final_lr_ratio),

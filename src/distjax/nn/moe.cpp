@@ -303,15 +303,30 @@ Tensor MoE::operator()(const Scope& scope, const Tensor& x_in) const {
       dispatch_plan(chosen, e, capacity(n), drop_by_probability ? gates.detach() : Tensor());
 
   // The experts: stacked, split over the expert axis (each device holds E / n of them),
-  // one grouped product per projection over the expert order.
+  // each one's hidden width split over the tensor axis; one grouped product per projection
+  // over the expert order.
   const int n_ep = expert_parallel_size(scope);
   DISTJAX_CHECK(e % n_ep == 0, ShardingError, "[MoE] \"", scope.path(), "\": ", e,
                 " experts do not split over the \"", kExpertAxis, "\" axis of ", n_ep);
-  const mesh::PartitionSpec spec = n_ep > 1 ? mesh::P(kExpertAxis) : mesh::PartitionSpec();
+  const spmd::DeviceContext* ctx = scope.context();
+  const int n_tp = !tensor_axis.empty() && ctx != nullptr && ctx->mesh().has_axis(tensor_axis)
+                       ? ctx->axis_size(tensor_axis)
+                       : 1;
+  DISTJAX_CHECK(h % n_tp == 0, ShardingError, "[MoE] \"", scope.path(), "\": the experts' hidden ",
+                "width ", h, " does not split over the \"", tensor_axis, "\" axis of ", n_tp);
+  const mesh::PartitionSpec::Entry by_expert =
+      n_ep > 1 ? mesh::PartitionSpec::Entry(kExpertAxis) : mesh::PartitionSpec::Entry(std::nullopt);
+  const mesh::PartitionSpec::Entry by_tensor = n_tp > 1 ? mesh::PartitionSpec::Entry(tensor_axis)
+                                                        : mesh::PartitionSpec::Entry(std::nullopt);
+  const mesh::PartitionSpec whole = n_ep > 1 ? mesh::P(kExpertAxis) : mesh::PartitionSpec();
+  const mesh::PartitionSpec columns =  // (E, C, H)
+      n_tp > 1 ? mesh::PartitionSpec(by_expert, std::nullopt, by_tensor) : whole;
+  const mesh::PartitionSpec rows =  // (E, H, C)
+      n_tp > 1 ? mesh::PartitionSpec(by_expert, by_tensor, std::nullopt) : whole;
   const Scope ex = scope.child("experts");
-  Tensor w1 = ex.param("fc1", {e, c, h}, expert_init(c, 1.0), spec);
-  Tensor wg = swiglu ? ex.param("gate", {e, c, h}, expert_init(c, 1.0), spec) : Tensor();
-  Tensor w2 = ex.param("fc2", {e, h, c}, expert_init(h, out_scale), spec);
+  Tensor w1 = ex.param("fc1", {e, c, h}, expert_init(c, 1.0), columns);
+  Tensor wg = swiglu ? ex.param("gate", {e, c, h}, expert_init(c, 1.0), columns) : Tensor();
+  Tensor w2 = ex.param("fc2", {e, h, c}, expert_init(h, out_scale), rows);
   if (n_ep > 1) {
     // The devices of the axis see different tokens, and the averaged gradients of the
     // replicated parameters are the mean over all of them; an expert's gradient arrives
@@ -320,15 +335,21 @@ Tensor MoE::operator()(const Scope& scope, const Tensor& x_in) const {
     w2 = scale_cotangent(w2, 1.0 / n_ep);
     if (wg.defined()) wg = scale_cotangent(wg, 1.0 / n_ep);
   }
+  // With the experts' hidden width split, each device of the tensor axis takes the input's
+  // gradient of its slice: summed over the axis here, on the N tokens (Megatron's f), not
+  // later on the k N rows.
+  const Tensor xe = n_tp > 1 ? spmd::pvary(*scope.context(), x, tensor_axis) : x;
   Tensor y;  // (N, C)
   if (n_ep > 1 && dispatcher == Dispatcher::AllGather) {
-    y = gather_and_run(scope, x, chosen, gates, w1, wg, w2);
+    y = gather_and_run(scope, xe, chosen, gates, w1, wg, w2);
   } else {
-    const Tensor xp = moe_dispatch(x, plan);  // (M, C) in the expert order
+    const Tensor xp = moe_dispatch(xe, plan);  // (M, C) in the expert order
     const Tensor yp = n_ep == 1 ? expert_mlps(scope.precision(), xp, w1, wg, w2, plan.offsets())
                                 : exchange_and_run(scope, xp, plan, w1, wg, w2);
     y = moe_combine(yp, plan, gates);
   }
+  // Each device of the tensor axis ran its slice of the experts' hidden width: partial sums.
+  if (n_tp > 1) y = spmd::psum(*scope.context(), y, tensor_axis);
   if (shared_experts > 0)
     y = MLPBlock{.hidden = shared_experts * h,
                  .kernel_init = lecun_normal(),

@@ -111,14 +111,15 @@ ModelDescription describe_gpt(std::int64_t vocab, std::int64_t d_model, std::int
       add(b + "mlp/fc2/bias", {c}, TPSplit::None, i);
       continue;
     }
-    // An MoE layer: its router and experts whole along "model" (the experts split over
-    // "expert"), as nn::MoE holds them in the megatron layout.
+    // An MoE layer: its router whole along "model", its experts split over "expert" (and
+    // their hidden width over "model" with expert tensor parallelism), as nn::MoE holds them
+    // in the megatron layout.
     const std::int64_t e = moe.experts, h = moe.hidden;
     add(b + "moe/router/kernel", {c, e}, TPSplit::None, i);
     if (moe.bias) add(b + "moe/router/bias", {e}, TPSplit::None, i);
-    add(b + "moe/experts/fc1", {e, c, h}, TPSplit::Expert, i);
-    if (moe.swiglu) add(b + "moe/experts/gate", {e, c, h}, TPSplit::Expert, i);
-    add(b + "moe/experts/fc2", {e, h, c}, TPSplit::Expert, i);
+    add(b + "moe/experts/fc1", {e, c, h}, TPSplit::ExpertColumn, i);
+    if (moe.swiglu) add(b + "moe/experts/gate", {e, c, h}, TPSplit::ExpertColumn, i);
+    add(b + "moe/experts/fc2", {e, h, c}, TPSplit::ExpertRow, i);
     if (moe.shared_hidden > 0) {
       add(b + "moe/shared/fc1/kernel", {c, moe.shared_hidden}, TPSplit::None, i);
       add(b + "moe/shared/fc1/bias", {moe.shared_hidden}, TPSplit::None, i);
@@ -295,7 +296,7 @@ std::vector<CommEntry> stage_comm(const ModelDescription& m, const Setup& s,
   for (const detail::LocalLeaf& l : leaves) {
     if (l.gathered > 0) {
       fsdp_full += double(l.gathered);
-    } else if (l.param->split == TPSplit::Expert && s.expert > 1) {
+    } else if (is_expert(l.param->split) && s.expert > 1) {
       expert_elems += double(l.elems);  // averaged over the replicas holding the same experts
     } else {
       replicated_elems += double(l.elems);
@@ -335,7 +336,9 @@ std::vector<CommEntry> stage_comm(const ModelDescription& m, const Setup& s,
     const double layers_here = double(m.layers / s.pipe);
     const double x = tokens * double(m.d_model) * s.activation_bytes;  // (b, s, h)
     const double per_layer = s.recompute == Recompute::Full ? 6 : 4;   // fwd 2, bwd 2, recompute 2
-    const double n = layers_here * micro * per_layer;
+    // An MoE layer's experts whole along "model" add none: only its attention's half.
+    const double whole_moe = m.moe.tensor_parallel ? 0.0 : double(m.moe_layers()) / s.pipe;
+    const double n = (layers_here - whole_moe / 2) * micro * per_layer;
     if (s.sequence_parallel) {
       comm.push_back({"model", "all_gather", std::int64_t(n), n * ring_gather(s.tensor, x),
                       "activations (sequence parallel)"});
@@ -344,6 +347,13 @@ std::vector<CommEntry> stage_comm(const ModelDescription& m, const Setup& s,
     } else {
       comm.push_back({"model", "all_reduce", std::int64_t(n), n * ring_all_reduce(s.tensor, x),
                       "activations (Megatron f, g)"});
+    }
+    if (m.moe.tensor_parallel && m.moe.experts > 0) {
+      // The gates meet the experts' partial outputs: their gradient summed over the axis.
+      const double calls = double(m.moe_layers()) / s.pipe * micro;
+      comm.push_back({"model", "all_reduce", std::int64_t(calls),
+                      calls * ring_all_reduce(s.tensor, tokens * double(m.moe.top_k) * 4.0),
+                      "MoE gates' gradients (experts split over model)"});
     }
   }
   if (fsdp_full > 0 && s.context > 1)  // the shards' gradients averaged over context too
@@ -499,7 +509,8 @@ ModelDescription model_from_config(const config::TrainConfig& c) {
              .swiglu = mc.activation == "swiglu",
              .bias = mc.balance_bias_rate > 0,
              .capacity_factor = mc.capacity_factor,
-             .all_gather_dispatcher = mc.dispatcher == "all_gather"};
+             .all_gather_dispatcher = mc.dispatcher == "all_gather",
+             .tensor_parallel = mc.expert_tensor_parallel};
       moe.shared_hidden = mc.shared_experts * moe.hidden;
     }
     return describe_gpt(c.model.vocab > 0 ? c.model.vocab : 256, c.model.d_model, c.model.layers,

@@ -27,7 +27,8 @@ std::int64_t tp_dim(const ParamInfo& p) {
     case TPSplit::VocabRow:
       return 0;
     case TPSplit::None:
-    case TPSplit::Expert:
+    case TPSplit::ExpertColumn:  // split by experts_tp_dim, with expert tensor parallelism
+    case TPSplit::ExpertRow:
       return -1;
   }
   return -1;
@@ -112,7 +113,9 @@ MoeLayerBytes moe_layer_bytes(const ModelDescription& m, const Setup& s, double 
   // device's sequence share with sequence parallelism.
   const double n = sp ? tokens / t : tokens;
   const MoeRows r = moe_rows(moe, s);
-  const double hidden = double(moe.hidden) * (moe.swiglu ? 4.0 : 2.0);
+  // Each expert's hidden width: its slice on this device with expert tensor parallelism.
+  const double width = double(moe.hidden) / (moe.tensor_parallel ? t : 1.0);
+  const double hidden = width * (moe.swiglu ? 4.0 : 2.0);
   MoeLayerBytes b;
   // Kept: the routed rows' outputs (for the gates' gradient) and, where the experts run,
   // their input rows, hidden tensors and (with an expert axis, before the exchange back)
@@ -122,7 +125,7 @@ MoeLayerBytes moe_layer_bytes(const ModelDescription& m, const Setup& s, double 
                  act * (rows_kept + r.recv * hidden + 2.0 * double(moe.shared_hidden))) -
             dense_saved;
   b.transient = n * act *
-                    (r.recv * (2.0 * double(moe.hidden) + 2.0 * h) +
+                    (r.recv * (2.0 * width + 2.0 * h) +
                      (s.expert > 1 ? 2.0 * r.recv * h : 0.0) + 2.0 * double(moe.shared_hidden)) -
                 dense_transient;
   return b;
@@ -322,10 +325,16 @@ std::vector<LocalLeaf> stage_leaves(const ModelDescription& m, const Setup& s, i
     if (chunk % s.pipe != stage) continue;
     std::vector<std::int64_t> shape = p.shape;
     const std::int64_t d = tp_dim(p);
-    if (p.split == TPSplit::Expert && s.expert > 1) {
+    if (is_expert(p.split) && s.expert > 1) {
       DISTJAX_CHECK(shape[0] % s.expert == 0, InvalidArgument, "[plan] the ", shape[0],
                     " experts of \"", p.path, "\" do not split over expert = ", s.expert);
       shape[0] /= s.expert;
+    }
+    if (is_expert(p.split) && m.moe.tensor_parallel && s.tensor > 1) {
+      const std::size_t hd = p.split == TPSplit::ExpertColumn ? 2 : 1;
+      DISTJAX_CHECK(shape[hd] % s.tensor == 0, InvalidArgument, "[plan] the experts' hidden width ",
+                    shape[hd], " of \"", p.path, "\" does not split over model = ", s.tensor);
+      shape[hd] /= s.tensor;
     }
     if (d >= 0 && s.tensor > 1 &&
         (p.split == TPSplit::VocabRow || p.split == TPSplit::VocabColumn)) {
@@ -370,7 +379,7 @@ double gpt_activation_peak(const ModelDescription& m, const Setup& s, int stage,
   double replicated = 0;
   for (const LocalLeaf& l : leaves)
     if (l.gathered == 0 &&
-        (l.param->split == TPSplit::Expert ? experts_averaged : averaged) > 1)
+        (is_expert(l.param->split) ? experts_averaged : averaged) > 1)
       replicated += double(l.elems) * s.grad_bytes;
   const bool copies = s.activations.gradient_bucket_copy && averaged > 1;
   const double bucket = copies && s.zero_stage == 0 ? replicated : 0.0;
