@@ -83,6 +83,7 @@
 #include "distjax/spmd/blocks.hpp"
 #include "distjax/spmd/collectives.hpp"
 #include "distjax/spmd/device_context.hpp"
+#include "distjax/spmd/ragged.hpp"
 #include "distjax/spmd/shard_map.hpp"
 #include "distjax/tensor/attention.hpp"
 #include "distjax/tensor/cuda.hpp"

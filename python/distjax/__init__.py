@@ -21,7 +21,7 @@ from ._distjax import (  # noqa: F401  (the public names of the compiled part)
     psum, pmean, pmax, pvary, all_gather, all_gather_invariant, psum_scatter, all_to_all,
     ppermute, axis_index, axis_size, models, optim,
 )
-from ._arrays import asarray, from_dlpack, numpy_of, _accept_arrays  # noqa: F401
+from ._arrays import asarray, from_dlpack, _accept_arrays  # noqa: F401
 from ._autodiff import value_and_grad, grad, remat, no_grad  # noqa: F401
 from ._tree import tree_flatten, tree_unflatten, tree_map  # noqa: F401
 from ._spmd import shard_map  # noqa: F401

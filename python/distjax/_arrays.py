@@ -41,11 +41,6 @@ def asarray(x, dtype=None):
     return x
 
 
-def numpy_of(t):
-    """The NumPy array over a tensor's memory (no copy; bf16 as ml_dtypes.bfloat16)."""
-    return t.numpy()
-
-
 def _accept_arrays(op):
     """`op` with its NumPy-array and DLPack arguments (also inside lists) made tensors."""
     def convert(a):

@@ -1,14 +1,13 @@
 """Checkpoints from Python: global NumPy arrays whatever mesh saved them."""
 
 from . import _distjax
-from ._arrays import numpy_of
 
 
 def load(path):
     """Every array of the checkpoint at `path` (a run's checkpoint directory or one step's)
     as a global NumPy array, by name: "params/<path>", "opt_state/<slot>/<path>". The
     blocks are checked against their checksums as a run's load does."""
-    return {name: numpy_of(t) for name, t in _distjax._checkpoint_load(path).items()}
+    return {name: t.numpy() for name, t in _distjax._checkpoint_load(path).items()}
 
 
 def inspect(path):

@@ -55,6 +55,23 @@ std::int64_t part_rows(std::int64_t rows, std::int64_t k, std::int64_t c) {
   return part_start(rows, k, c + 1) - part_start(rows, k, c);
 }
 
+// The plan of pairs already chosen here: pair p goes to local expert group[p] (-1: nowhere),
+// each expert's pairs in their order; `shape` (N, k) of the pairs, on `device`.
+tensor::DispatchPlan local_plan(const std::vector<std::int32_t>& group, std::int64_t experts,
+                                const Shape& shape, const Device& device) {
+  tensor::DispatchPlan plan;
+  plan.counts.assign(static_cast<std::size_t>(experts), 0);
+  for (std::int32_t g : group)
+    if (g >= 0) ++plan.counts[static_cast<std::size_t>(g)];
+  plan.routed = plan.counts;
+  std::vector<std::int64_t> next = plan.offsets();
+  std::vector<std::int32_t> position(group.size(), -1);
+  for (std::size_t p = 0; p < group.size(); ++p)
+    if (group[p] >= 0) position[p] = std::int32_t(next[static_cast<std::size_t>(group[p])]++);
+  plan.position = Tensor::from_vector(position, shape, device);
+  return plan;
+}
+
 // The rows `parts` (each a slice of a tensor of rows like `like`) concatenated; none: 0 rows.
 Tensor concat_rows(const std::vector<Tensor>& parts, const Tensor& like) {
   return parts.empty() ? tensor::slice(like, 0, 0, 0) : tensor::concat(parts, 0);
@@ -194,15 +211,7 @@ Tensor MoE::exchange_and_run(const Scope& scope, const Tensor& xp, const tensor:
         at = end;
       }
     }
-    DispatchPlan by_expert;
-    by_expert.counts.assign(static_cast<std::size_t>(el), 0);
-    for (std::int32_t le : expert_of) ++by_expert.counts[static_cast<std::size_t>(le)];
-    by_expert.routed = by_expert.counts;
-    std::vector<std::int64_t> start = by_expert.offsets();
-    std::vector<std::int32_t> to;
-    to.reserve(expert_of.size());
-    for (std::int32_t le : expert_of) to.push_back(std::int32_t(start[static_cast<std::size_t>(le)]++));
-    by_expert.position = Tensor::from_vector(to, {got.size(0), 1}, xp.device());
+    const DispatchPlan by_expert = local_plan(expert_of, el, {got.size(0), 1}, xp.device());
     const Tensor yl = expert_mlps(scope.precision(), moe_dispatch(got, by_expert), w1, wg, w2,
                                   by_expert.offsets());
     k.back = spmd::ragged_all_to_all_start(ctx, moe_combine(yl, by_expert), kExpertAxis, k.recv,
@@ -254,17 +263,7 @@ Tensor MoE::gather_and_run(const Scope& scope, const Tensor& x, const Tensor& ch
     }
   }
   // Their rows, expert by expert (each expert's in source, token and slot order).
-  DispatchPlan mine;
-  mine.counts.assign(static_cast<std::size_t>(el), 0);
-  for (std::int32_t le : local_expert)
-    if (le >= 0) ++mine.counts[static_cast<std::size_t>(le)];
-  mine.routed = mine.counts;
-  std::vector<std::int64_t> start = mine.offsets();
-  std::vector<std::int32_t> position(local_expert.size(), -1);
-  for (std::size_t p = 0; p < local_expert.size(); ++p)
-    if (local_expert[p] >= 0)
-      position[p] = std::int32_t(start[static_cast<std::size_t>(local_expert[p])]++);
-  mine.position = Tensor::from_vector(position, {n * tokens, k}, x.device());
+  const DispatchPlan mine = local_plan(local_expert, el, {n * tokens, k}, x.device());
   const Tensor yl = expert_mlps(scope.precision(), moe_dispatch(xs, mine), w1, wg, w2,
                                 mine.offsets());
   // This device's experts' gated share of every token's output, summed over the axis into
