@@ -1,11 +1,11 @@
 // `distjax train` with Mixture-of-Experts blocks ([model.moe]), end to end through the
-// composition: dropless, on every mesh here (data parallel, fully sharded, experts split
-// over an "expert" axis of 2, 4 and 8 devices, alone and beside data parallelism, fully
-// sharded parameters, tensor and sequence parallelism and a context split, the experts'
-// hidden width split over "model"; the exchange in overlapped chunks and the all-gather
-// dispatcher) the losses of 6 AdamW steps are the
-// one-device run's; the balancing statistics reach metrics.jsonl; bad settings are refused
-// naming their keys before any step.
+// composition: dropless, on every mesh here the losses of 6 AdamW steps are the one-device
+// run's: data parallel, ZeRO-1/2, fully sharded; experts split over an "expert" axis of 2,
+// 4 and 8 devices, alone and beside data parallelism, ZeRO-1/2 and fully sharded
+// parameters, tensor and sequence parallelism and a context split; the experts' hidden
+// width split over "model"; the exchange in overlapped chunks and the all-gather
+// dispatcher. The balancing statistics reach metrics.jsonl; bad settings are refused naming
+// their keys before any step.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -103,6 +103,8 @@ TEST(DistjaxMoe, DataParallelMeshesTrainAsOneDevice) {
   expect_same_losses("data=4", 4, "");
   expect_same_losses("fsdp data=2", 2,
                      "--set parallelism.shard=parameters --set parallelism.fsdp.min_weight_size=1");
+  expect_same_losses("zero-1 data=2", 2, "--set parallelism.shard=optimizer");
+  expect_same_losses("zero-2 data=2", 2, "--set parallelism.shard=gradients");
 }
 
 TEST(DistjaxMoe, ExpertParallelMeshesTrainAsOneDevice) {
@@ -115,6 +117,10 @@ TEST(DistjaxMoe, ExpertParallelMeshesTrainAsOneDevice) {
   expect_same_losses("fsdp data=2 x expert=2", 4,
                      ep + "2 --set parallelism.shard=parameters "
                           "--set parallelism.fsdp.min_weight_size=1");
+  // ZeRO splits what is replicated over data x expert; the experts, split over "expert",
+  // stay whole and are averaged over "data".
+  expect_same_losses("zero-1 data=2 x expert=2", 4, ep + "2 --set parallelism.shard=optimizer");
+  expect_same_losses("zero-2 data=2 x expert=2", 4, ep + "2 --set parallelism.shard=gradients");
 }
 
 // The exchange in overlapped chunks and the all-gather dispatcher.

@@ -52,9 +52,15 @@ TEST(DistjaxPlan, Gpt3OnSixtyFourDevices) {
   EXPECT_NEAR(row_bytes(output, "activations") / 1e9, 10.63, 0.01) << output;
   EXPECT_NEAR(row_bytes(output, "total") / 1e9, 54.95, 0.01) << output;
   EXPECT_NE(output.find("meshes of 64 devices that fit 80 GiB"), std::string::npos) << output;
-  // The gpt program shards over "data" with FSDP, never ZeRO-1/2: none is suggested.
+  // The gpt program runs DP, ZeRO-1/2 and FSDP over "data", but no ZeRO-2 under a
+  // pipeline: none of those is suggested.
   EXPECT_NE(output.find("data=2 model=8 pipe=4 FSDP"), std::string::npos) << output;
-  EXPECT_EQ(output.find(" ZeRO-"), std::string::npos) << output;
+  EXPECT_NE(output.find("data=2 model=8 pipe=4 ZeRO-1"), std::string::npos) << output;
+  EXPECT_NE(output.find("pipe=1 ZeRO-2"), std::string::npos) << output;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("  data=", 0) == 0 && line.find(" ZeRO-2") != std::string::npos)
+      EXPECT_NE(line.find(" pipe=1 "), std::string::npos) << line;
   EXPECT_EQ(output.find("refuses this config"), std::string::npos) << output;
   EXPECT_NE(output.find("model  reduce_scatter"), std::string::npos) << output;
 }

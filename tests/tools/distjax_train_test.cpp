@@ -212,6 +212,54 @@ TEST(DistjaxTrain, AMeshAxisNoStrategyUsesIsRefused) {
   EXPECT_NE(output.find("Remove it from distributed.mesh_axis_names"), std::string::npos) << output;
 }
 
+// The GPT under ZeRO-1 and ZeRO-2 (the optimizer state, and the gradients, split over
+// "data"): the losses of one device within 1e-6, beside tensor parallelism and a pipeline
+// (ZeRO-1); ZeRO-2 under a pipeline is refused naming the keys before any step.
+TEST(DistjaxTrain, GptUnderZeroTrainsAsOneDevice) {
+  const std::string base = std::string(DISTJAX_TOOL) + " train " + DISTJAX_SOURCE_DIR +
+                           "/configs/gpt_3d.toml --set run.steps=4 --set run.log_every=1 "
+                           "--set run.eval_every=0 --set run.eval_batches=1 "
+                           "--set run.checkpoint_every=0 ";
+  const auto losses = [&](const std::string& name, const std::string& sets) {
+    const fs::path out = fs::temp_directory_path() / ("distjax_zero_gpt_" + name);
+    fs::remove_all(out);
+    const auto [status, output] = run(base + sets + " --out " + out.string());
+    EXPECT_EQ(status, 0) << name << "\n" << output;
+    std::vector<double> l;
+    std::ifstream f(out / "metrics.jsonl");
+    for (std::string line; std::getline(f, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.contains("loss")) l.push_back(j["loss"].get<double>());
+    }
+    fs::remove_all(out);
+    return l;
+  };
+  const std::vector<double> want = losses(
+      "one", "--set distributed.world_size=1 --set distributed.tensor_parallel_size=1 "
+             "--set distributed.pipeline_parallel_size=1");
+  ASSERT_EQ(want.size(), 4u);
+  for (const auto& [name, sets] :
+       {std::pair<std::string, std::string>{"zero1_3d", "--set parallelism.shard=optimizer"},
+        {"zero2_data4", "--set parallelism.shard=gradients --set distributed.world_size=4 "
+                        "--set distributed.tensor_parallel_size=1 "
+                        "--set distributed.pipeline_parallel_size=1"},
+        {"zero2_tp2", "--set parallelism.shard=gradients --set distributed.world_size=4 "
+                      "--set distributed.pipeline_parallel_size=1"}}) {
+    const std::vector<double> got = losses(name, sets);
+    ASSERT_EQ(got.size(), want.size()) << name;
+    for (std::size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 1e-6 * want[i]) << name << ", step " << i + 1;
+  }
+  const auto [status, output] =
+      run(base + "--set parallelism.shard=gradients --out " +
+          (fs::temp_directory_path() / "distjax_zero2_pipe_test").string());
+  EXPECT_EQ(status, 1) << output;
+  EXPECT_NE(output.find("parallelism.shard = \"gradients\" (ZeRO-2) with a \"pipe\" axis of 2"),
+            std::string::npos)
+      << output;
+  EXPECT_EQ(output.find("step 1/"), std::string::npos) << output;
+}
+
 // The parameter tree is the config's: a pipeline cannot tie the embeddings, so asking it to
 // is an error naming the key (not an untied model behind the user's back).
 TEST(DistjaxTrain, TiedEmbeddingsUnderAPipelineAreRefused) {

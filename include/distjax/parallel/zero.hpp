@@ -38,9 +38,11 @@ using tensor::TensorTree;
 ///   train::train_step(state, local_batch, loss_fn, opt, {.strategy = &zero});
 class ZeroDataParallel final : public train::Strategy {
  public:
+  /// `options` as DataParallel's: the bucket size, the expert axes (experts split over them
+  /// are left whole, averaged over the other data axes), the dropout key's axes; overlap is
+  /// ZeRO's own and fully_sharded must be empty (stage 3 is FSDP).
   ZeroDataParallel(spmd::DeviceContext& ctx, int stage, mesh::Axes axes = "data",
-                   const ParamSpecs* specs = nullptr,
-                   std::size_t bucket_bytes = kDefaultBucketBytes);
+                   const ParamSpecs* specs = nullptr, DataParallelOptions options = {});
 
   Key step_key(const Key& key) override { return dp_.step_key(key); }
   train::GradientResult forward_backward(const train::LossFn& loss_fn, const TensorTree& params,

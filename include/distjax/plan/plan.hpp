@@ -79,7 +79,7 @@ config::TrainConfig apply_setup(config::TrainConfig c, const Setup& s);
 /// pipeline gets at least p micro-batches. `base` gives everything else (batch, precision,
 /// recompute...).
 ///
-///   const auto& gpt = app::find_model("gpt").capabilities;   // no ZeRO: FSDP
+///   const auto& gpt = app::find_model("gpt").capabilities;   // DP, ZeRO-1/2, FSDP
 ///   meshes_that_fit(model, setup, 64, 80.0 * (1 << 30), gpt.for_config(config));
 std::vector<Plan> meshes_that_fit(const ModelDescription& model, const Setup& base, int world,
                                   double budget_bytes, const config::ProgramCapabilities& runs);

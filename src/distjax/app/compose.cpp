@@ -72,19 +72,16 @@ Composed::Composed(const config::TrainConfig& c, spmd::DeviceContext* ctx, Netwo
   }
   const mesh::Axes averaged = averaged_axes();
   const int zero = config::zero_stage(c.parallelism.shard);
+  const parallel::DataParallelOptions options{
+      .fully_sharded = fully_sharded_ ? mesh::Axes("data") : mesh::Axes(),
+      .expert = size_of(ctx, nn::kExpertAxis) > 1 ? mesh::Axes(nn::kExpertAxis) : mesh::Axes(),
+      // Under a context split the masks are drawn by global position, from the key of the
+      // data replica: every device of a context group draws with the same key.
+      .key_axes = cp_.active() ? std::optional<mesh::Axes>(mesh::Axes("data")) : std::nullopt};
   if (zero == 1 || zero == 2)
-    data_ = std::make_unique<parallel::ZeroDataParallel>(*ctx, zero, averaged, &specs_);
+    data_ = std::make_unique<parallel::ZeroDataParallel>(*ctx, zero, averaged, &specs_, options);
   else
-    data_ = std::make_unique<parallel::DataParallel>(
-        *ctx, averaged, &specs_,
-        parallel::DataParallelOptions{
-            .fully_sharded = fully_sharded_ ? mesh::Axes("data") : mesh::Axes(),
-            .expert = size_of(ctx, nn::kExpertAxis) > 1 ? mesh::Axes(nn::kExpertAxis)
-                                                        : mesh::Axes(),
-            // Under a context split the masks are drawn by global position, from the key of
-            // the data replica: every device of a context group draws with the same key.
-            .key_axes = cp_.active() ? std::optional<mesh::Axes>(mesh::Axes("data"))
-                                     : std::nullopt});
+    data_ = std::make_unique<parallel::DataParallel>(*ctx, averaged, &specs_, options);
   top_ = data_.get();
   if (!pipelined(ctx, model_)) return;
   DISTJAX_CHECK(model_.pipeline != nullptr, ConfigError, "[", c.run.program,

@@ -127,6 +127,10 @@ void check_gpt(const config::TrainConfig& c, const mesh::Mesh& mesh) {
                   "rematerialisation runs again (\"Attn\" is fine)");
   }
   if (n_pipe > 1) {
+    DISTJAX_CHECK(c.parallelism.shard != config::Shard::Gradients, ConfigError,
+                  "[gpt] parallelism.shard = \"gradients\" (ZeRO-2) with a \"pipe\" axis of ",
+                  n_pipe, ": ZeRO-2 reduce-scatters inside its own backward pass, which the "
+                  "pipeline's schedule replaces; use \"optimizer\" (ZeRO-1) or \"parameters\"");
     // The schedule and the split of the layers into chunks, as the pipeline builds them.
     const int v = static_cast<int>(c.parallelism.virtual_stages);
     parallel::make_schedule(parallel::parse_schedule_kind(c.parallelism.schedule), n_pipe,
@@ -184,12 +188,12 @@ ModelSpec gpt_model() {
           "layouts, FSDP, pipelines, context parallelism, remat; one device without "
           "distributed.enabled",
       .axes = {"data", "model"},
-      // ZeRO-1/2: no; its data parallelism shards the parameters (FSDP) or nothing.
       .capabilities = {.tensor_parallel = true,
                        .pipeline_parallel = true,
                        .context_parallel = true,
                        .expert_parallel = true,
-                       .shards = {config::Shard::None, config::Shard::Parameters},
+                       .shards = {config::Shard::None, config::Shard::Optimizer,
+                                  config::Shard::Gradients, config::Shard::Parameters},
                        .mixed_precision = true,
                        .fp16_pipeline = true,
                        .ties_embeddings = true},

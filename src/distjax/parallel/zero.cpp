@@ -74,13 +74,20 @@ std::vector<Bucket> make_buckets(const std::vector<std::pair<std::string, std::i
 }  // namespace
 
 ZeroDataParallel::ZeroDataParallel(spmd::DeviceContext& ctx, int stage, mesh::Axes axes,
-                                   const ParamSpecs* specs, std::size_t bucket_bytes)
+                                   const ParamSpecs* specs, DataParallelOptions options)
     : ctx_(&ctx),
       stage_(stage),
       axes_(axes),
       specs_(specs),
-      bucket_bytes_(bucket_bytes),
-      dp_(ctx, axes, specs, {.bucket_bytes = bucket_bytes, .overlap = false}) {
+      bucket_bytes_(options.bucket_bytes),
+      dp_(ctx, axes, specs,
+          {.bucket_bytes = options.bucket_bytes,
+           .overlap = false,
+           .expert = options.expert,
+           .key_axes = options.key_axes}) {
+  DISTJAX_CHECK(options.fully_sharded.names.empty(), InvalidArgument,
+                "[ZeroDataParallel] ZeRO-", stage, " with fully sharded parameters over ",
+                options.fully_sharded.str(), ": stage 3 is DataParallel's fully_sharded");
   DISTJAX_CHECK(stage == 1 || stage == 2, InvalidArgument,
                 "[ZeroDataParallel] stage must be 1 or 2, got ", stage,
                 " (stage 3 stores the parameters sharded: nn::Scope::fully_sharded, nn/scope.hpp)");
