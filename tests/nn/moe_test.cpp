@@ -13,6 +13,7 @@
 #include "distjax/core/error.hpp"
 #include "distjax/nn/mlp_block.hpp"
 #include "distjax/nn/moe.hpp"
+#include "distjax/nn/remat.hpp"
 #include "distjax/tensor/elementwise.hpp"
 #include "distjax/tensor/grad_node.hpp"
 #include "distjax/tensor/matmul.hpp"
@@ -80,7 +81,35 @@ Tensor dense_reference(const MoE& m, const TensorTree& p, const Tensor& x_in) {
   return reshape(y, x_in.shape());
 }
 
-// Values and gradients (x and every parameter) of sum(layer(x) * cot) both ways.
+// The weighted balancing losses, written out: aux = E sum_e f_e P_e (f_e the fraction of
+// the N k chosen pairs that chose e, P_e the mean probability of e), z = the mean over
+// tokens of log(sum_e exp(logit))^2. Zero (undefined) when both weights are.
+Tensor dense_balancing_losses(const MoE& m, const TensorTree& p, const Tensor& x_in) {
+  if (m.aux_loss_coef == 0 && m.z_loss_coef == 0) return Tensor();
+  const std::int64_t e = m.num_experts;
+  const Tensor x = reshape(x_in, {-1, kWidth});
+  const std::int64_t n = x.size(0);
+  const Tensor logits = matmul(x, p.at("router/kernel"));
+  const Tensor probs = softmax(logits);
+  std::vector<std::int32_t> chosen;
+  {
+    NoGradGuard off;
+    chosen = top_k_indices(p.contains("router/bias") ? add(probs.detach(), p.at("router/bias"))
+                                                      : probs.detach(),
+                           m.top_k)
+                 .to_vector<std::int32_t>();
+  }
+  std::vector<float> f(static_cast<std::size_t>(e), 0.f);
+  for (std::int32_t g : chosen) f[static_cast<std::size_t>(g)] += 1.f / float(n * m.top_k);
+  const Tensor aux = mul_scalar(sum(mul(mean(probs, {0}), Tensor::from_vector(f, {e}))), double(e));
+  const Tensor lse = log(sum(exp(logits), {1}));
+  const Tensor z = mean(square(lse));
+  return add(mul_scalar(aux, m.aux_loss_coef), mul_scalar(z, m.z_loss_coef));
+}
+
+// Values and gradients (x and every parameter) of sum(layer(x) * cot) both ways; the
+// layer's balancing losses reach the gradients through the backward pass
+// (autodiff::add_loss), the dense side's are added to its objective.
 void expect_layer_matches_dense(const MoE& m, const std::string& what) {
   SCOPED_TRACE(what);
   const Tensor x0 = tokens_input();
@@ -103,7 +132,10 @@ void expect_layer_matches_dense(const MoE& m, const std::string& what) {
     auto [loss, grads] = autodiff::value_and_grad([&](const TensorTree& p) {
       out = dense ? dense_reference(m, p, p.at("x"))
                   : m(Scope::apply(&p, /*train=*/true), p.at("x"));
-      return sum(mul(out, cot));
+      Tensor objective = sum(mul(out, cot));
+      if (const Tensor aux = dense_balancing_losses(m, p, p.at("x")); dense && aux.defined())
+        objective = add(objective, aux);
+      return objective;
     })(params);
     return std::pair{out, grads};
   };
@@ -137,6 +169,12 @@ TEST(MoE, EqualsTheDenseLayerWithItsGradients) {
       {.num_experts = 4, .top_k = 2, .hidden = 6, .capacity_factor = 0.5,
        .drop_by_probability = true},
       "capacity 0.5 by probability");
+  expect_layer_matches_dense(
+      {.num_experts = 4, .top_k = 2, .hidden = 6, .aux_loss_coef = 0.3, .z_loss_coef = 0.2},
+      "with the balancing losses");
+  expect_layer_matches_dense({.num_experts = 4, .top_k = 2, .hidden = 6, .swiglu = true,
+                              .capacity_factor = 0.5, .aux_loss_coef = 0.5},
+                             "with the balancing loss, swiglu and a capacity");
   expect_layer_matches_dense({.num_experts = 6, .top_k = 2, .hidden = 6, .balance_bias_rate = 0.1},
                              "a balancing bias in the selection");
 }
@@ -160,7 +198,7 @@ TEST(MoE, BalancingBiasMovesBySignOfTheLoadError) {
   EXPECT_EQ(pairs, double(kTokens * 2));
 }
 
-TEST(MoE, SowsItsLossesAndStatistics) {
+TEST(MoE, SowsItsStatistics) {
   const MoE m{.num_experts = 4, .top_k = 2, .hidden = 6, .capacity_factor = 0.5,
               .aux_loss_coef = 0.01, .z_loss_coef = 0.001};
   const Tensor x = tokens_input();
@@ -173,7 +211,6 @@ TEST(MoE, SowsItsLossesAndStatistics) {
   params.set("router/kernel", Tensor::zeros({kWidth, 4}));
   Sown sown;
   m(Scope::apply(&params, true).sowing(&sown), x);
-  ASSERT_EQ(sown.losses.size(), 2u);
   auto metric = [&](const char* name) {
     EXPECT_EQ(sown.metrics[name].size(), 1u) << name;
     return sown.metrics[name].at(0).item<double>();
@@ -182,9 +219,41 @@ TEST(MoE, SowsItsLossesAndStatistics) {
   EXPECT_NEAR(metric("z_loss"), std::log(4.0) * std::log(4.0), 1e-5);
   EXPECT_DOUBLE_EQ(metric("expert_load_max_over_mean"), 2.0);
   EXPECT_DOUBLE_EQ(metric("dropped_fraction"), 0.75);
-  EXPECT_NEAR(sown.loss().item<double>(), 0.01 + 0.001 * std::log(4.0) * std::log(4.0), 1e-6);
   // Without a Sown it sows nothing and runs alike.
   EXPECT_EQ(m(Scope::apply(&params, true), x).shape(), x.shape());
+}
+
+// Under rematerialisation (nn::remat_call: the layer run again in the backward pass) the
+// balancing losses still reach the gradients (the recomputation attaches them), and the
+// statistics are sown once.
+TEST(MoE, RematerialisedItHasTheSameGradientsAndSowsOnce) {
+  const MoE m{.num_experts = 4, .top_k = 2, .hidden = 6, .aux_loss_coef = 0.3, .z_loss_coef = 0.2};
+  const Tensor x0 = tokens_input();
+  TensorTree params;
+  m(Scope::init(&params, Key::from_seed(11)).child("moe"), x0);
+  params.set("moe/router/kernel", mul_scalar(params.at("moe/router/kernel"), 4.0));
+  params.set("x", x0);
+  std::vector<float> cv(static_cast<std::size_t>(x0.numel()));
+  random_normal(Key::from_seed(12), cv.data(), x0.numel());
+  const Tensor cot = Tensor::from_vector(cv, x0.shape());
+  auto run = [&](bool remat, Sown* sown) {
+    return autodiff::value_and_grad([&](const TensorTree& p) {
+      Scope scope = Scope::apply(&p, /*train=*/true).sowing(sown);
+      const Tensor out = remat_call(remat, scope, p.at("x"), [m](const Scope& s, const Tensor& in) {
+        return m(s.child("moe"), in);
+      });
+      return sum(mul(out, cot));
+    })(params).second;
+  };
+  Sown once;
+  const TensorTree want = run(false, nullptr), got = run(true, &once);
+  for (const auto& [name, g] : want) {
+    const std::vector<float> a = got.at(name).to_vector<float>(), b = g.to_vector<float>();
+    ASSERT_EQ(a.size(), b.size()) << name;
+    for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-6) << name << " " << i;
+  }
+  EXPECT_EQ(once.metrics["aux_loss"].size(), 1u);
+  EXPECT_EQ(once.metrics["z_loss"].size(), 1u);
 }
 
 TEST(MoE, CountsItsParameters) {

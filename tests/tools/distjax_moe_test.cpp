@@ -156,6 +156,74 @@ TEST(DistjaxMoe, TensorAndContextParallelMeshesTrainAsOneDevice) {
                      ep + "2 --set distributed.tensor_parallel_size=2" + etp);
 }
 
+// Rematerialised blocks and MLPs: the MoE layers run again in the backward pass, their
+// balancing losses attached again (autodiff::add_loss), their statistics reported once.
+// With the balancing loss in the objective (one device: aux_loss_coef 0.01), and beside an
+// expert axis.
+TEST(DistjaxMoe, RematerialisedMoeLayersTrainAsWithout) {
+  const std::string aux = " --set model.moe.aux_loss_coef=0.01";
+  const fs::path plain = fresh("remat_plain");
+  const auto [status, output] = distjax::testing::run_tool(
+      train(plain, 1, "", "--set run.checkpoint_every=0" + aux));
+  ASSERT_EQ(status, 0) << output;
+  const std::map<int, double> want = losses(plain);
+  ASSERT_EQ(want.size(), 6u);
+  for (const char* remat : {"Block", "MLP"}) {
+    const fs::path out = fresh(std::string("remat_") + remat);
+    const auto [st, got_output] = distjax::testing::run_tool(
+        train(out, 1, "",
+              "--set run.checkpoint_every=0" + aux + " --set 'parallelism.remat=[\"" + remat +
+                  "\"]'"));
+    ASSERT_EQ(st, 0) << got_output;
+    const std::map<int, double> got = losses(out);
+    ASSERT_EQ(got.size(), want.size()) << remat;
+    for (const auto& [step, loss] : want)
+      EXPECT_NEAR(got.at(step), loss, kTol * loss) << remat << ", step " << step;
+    // The statistics once per layer and step, as without remat.
+    for (const auto& j : records(out))
+      if (j.contains("loss")) EXPECT_TRUE(j.contains("aux_loss")) << j.dump();
+    fs::remove_all(out);
+  }
+  fs::remove_all(plain);
+  expect_same_losses("data=2 x expert=2, remat Block", 4,
+                     "--set distributed.expert_parallel_size=2 "
+                     "--set 'parallelism.remat=[\"Block\"]'");
+}
+
+// MoE layers in a pipeline: their balancing losses reach the gradients from any stage
+// (autodiff::add_loss, 1/m per micro-batch as the objective), their statistics and the
+// balancing bias's loads are reported from the stage that holds them. Against one device
+// with the same (untied) model: with the balancing loss on one micro-batch (the same
+// objective), and without it on micro-batches (the balancing loss is a micro-batch's
+// statistic, as a device's), beside an expert axis, with remat and with the bias.
+TEST(DistjaxMoe, PipelinedMoeLayersTrainAsOneDevice) {
+  const std::string untied = "--set run.checkpoint_every=0 --set model.tie_embeddings=false ";
+  const auto compare = [&](const std::string& what, int world, const std::string& mesh,
+                           const std::string& sets) {
+    const fs::path base = fresh("pipe_one"), out = fresh("pipe_mesh");
+    const auto [s1, o1] = distjax::testing::run_tool(train(base, 1, "", untied + sets));
+    ASSERT_EQ(s1, 0) << o1;
+    const auto [s2, o2] = distjax::testing::run_tool(train(out, world, mesh, untied + sets));
+    ASSERT_EQ(s2, 0) << what << "\n" << o2;
+    const std::map<int, double> want = losses(base), got = losses(out);
+    ASSERT_EQ(want.size(), 6u);
+    ASSERT_EQ(got.size(), want.size()) << what;
+    for (const auto& [step, loss] : want)
+      EXPECT_NEAR(got.at(step), loss, kTol * loss) << what << ", step " << step;
+    for (const auto& j : records(out))
+      if (j.contains("loss")) EXPECT_TRUE(j.contains("expert_load_max_over_mean")) << j.dump();
+    fs::remove_all(base);
+    fs::remove_all(out);
+  };
+  const std::string pipe = "--set distributed.pipeline_parallel_size=2 ";
+  compare("pipe=2, balancing loss on", 2, pipe, "--set model.moe.aux_loss_coef=0.01");
+  compare("pipe=2 gpipe, 4 micro-batches", 2,
+          pipe + "--set parallelism.schedule=gpipe --set parallelism.microbatches=4", "");
+  compare("expert=2 x pipe=2", 4, pipe + "--set distributed.expert_parallel_size=2", "");
+  compare("pipe=2, remat Block", 2, pipe + "--set 'parallelism.remat=[\"Block\"]'", "");
+  compare("pipe=2, balancing bias", 2, pipe, "--set model.moe.balance_bias_rate=0.05");
+}
+
 // The balancing bias (model.moe.balance_bias_rate) moves by the step's loads summed over its
 // micro-batches and devices, so every mesh moves it as one device does: the same losses.
 TEST(DistjaxMoe, TheBalancingBiasMovesAsOnOneDevice) {
@@ -273,6 +341,8 @@ TEST(DistjaxMoe, BadSettingsAreRefusedNamingTheKeys) {
   refused(train(out, 4, "--set distributed.tensor_parallel_size=4 "
                         "--set model.moe.expert_tensor_parallel=true --set model.moe.hidden=258"),
           {"model.moe.expert_tensor_parallel", "258", "tensor_parallel_size = 4"});
+  refused(train(out, 1, "", "--set distributed.mixed_precision=fp16"),
+          {"[model.moe]", "distributed.mixed_precision = \"fp16\"", "bf16"});
   refused(train(out, 1, "", "--set model.moe.dispatcher=ring"),
           {"model.moe.dispatcher", "all_to_all", "all_gather"});
   refused(train(out, 1, "", "--set model.moe.exchange_chunks=0"),
@@ -282,10 +352,5 @@ TEST(DistjaxMoe, BadSettingsAreRefusedNamingTheKeys) {
   refused(train(out, 2, "--set distributed.tensor_parallel_size=2 "
                         "--set parallelism.tp_layout=gather"),
           {"[model.moe]", "parallelism.tp_layout = \"gather\"", "megatron"});
-  refused(train(out, 2, "--set distributed.pipeline_parallel_size=2 "
-                        "--set model.tie_embeddings=false"),
-          {"[model.moe]", "\"pipe\" axis of 2", "distributed.pipeline_parallel_size = 1"});
-  refused(train(out, 1, "", "--set 'parallelism.remat=[\"Block\"]'"),
-          {"[model.moe]", "parallelism.remat"});
   fs::remove_all(out);
 }

@@ -120,4 +120,37 @@ using RematFn =
 std::vector<Tensor> checkpoint(const RematFn& fn, const TensorTree& params,
                                const std::vector<Tensor>& inputs);
 
+/// Whether this thread is inside a checkpoint's recomputation (its function run again in
+/// the backward pass): what the first run reported (a layer's statistics) is not reported
+/// twice.
+bool recomputing();
+
+/// `y` unchanged, with the scalar `loss` added to the objective for the backward pass: when
+/// the tape reaches this op, `loss` gets the cotangent objective_scale() (as captured here),
+/// the one it would get summed into the objective the caller differentiates. A layer deep
+/// in a model adds an auxiliary loss this way (a Mixture-of-Experts layer's balancing
+/// losses; Megatron-Core's MoEAuxLossAutoScaler), so the loss needs no path to the top:
+/// it works inside a rematerialised block (the recomputation attaches it again) and in a
+/// pipeline stage that does not hold the objective. Not differentiated: the identity.
+///
+///   y = autodiff::add_loss(y, tensor::mul_scalar(aux, coef));
+Tensor add_loss(const Tensor& y, const Tensor& loss);
+
+/// The factor by which whoever runs the backward pass has scaled the objective on this
+/// thread: 1 unless an ObjectiveScale is alive (train::train_step's f16 loss scale, a
+/// pipeline's 1 / m per micro-batch).
+double objective_scale();
+
+/// Multiplies objective_scale() by `factor` on this thread while it lives.
+class ObjectiveScale {
+ public:
+  explicit ObjectiveScale(double factor);
+  ~ObjectiveScale();
+  ObjectiveScale(const ObjectiveScale&) = delete;
+  ObjectiveScale& operator=(const ObjectiveScale&) = delete;
+
+ private:
+  double prev_;
+};
+
 }  // namespace distjax::autodiff

@@ -12,6 +12,7 @@
 #include "distjax/parallel/tp_transformer_block.hpp"
 #include "distjax/tensor/tensor.hpp"
 #include "distjax/tensor/tensor_tree.hpp"
+#include "distjax/train/metrics.hpp"
 
 namespace distjax::models {
 
@@ -189,5 +190,25 @@ class Transformer {
 
   TransformerConfig config_;
 };
+
+/// The private metric of expert g's load in the MoE layer whose balancing bias is at
+/// `bias_path` (names starting with "_": summed with the metrics over micro-batches and
+/// devices, not logged).
+std::string moe_load_metric(const std::string& bias_path, std::int64_t g);
+
+/// Adds what a pass of `config`'s model sowed to `metrics`: each MoE layer's statistics
+/// ("aux_loss", "z_loss", "expert_load_max_over_mean", "dropped_fraction": their mean over
+/// layers and devices) and its balancing bias's loads (moe_load_metric, summed).
+void add_moe_metrics(const nn::Sown& sown, train::Metrics& metrics);
+
+/// The names add_moe_metrics may add for `config` (none without MoE layers): what every
+/// stage of a pipeline reports, as zeros where it holds none of the layers.
+std::vector<std::string> moe_metric_names(const TransformerConfig& config);
+
+/// The balancing biases' update after an optimizer step (nn::balance_bias_update) from the
+/// step's metrics, for the MoE layers whose biases `params` holds (a pipeline stage holds
+/// its own).
+void moe_balance_biases(const TransformerConfig& config, tensor::TensorTree& params,
+                        const train::Metrics& step);
 
 }  // namespace distjax::models

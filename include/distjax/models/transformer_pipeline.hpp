@@ -40,7 +40,8 @@ class TransformerPipeline final : public parallel::PipelineModule {
   Shape activation_shape(const nn::Scope& scope, int chunk, int num_chunks,
                          const train::Batch& mb) const override;
   mesh::Axes activation_axes() const override;
-  /// "loss" and "bits_per_byte" (the loss in bits: nats / ln 2).
+  /// "loss" and "bits_per_byte" (the loss in bits: nats / ln 2), and with MoE layers their
+  /// statistics (models::moe_metric_names: every chunk reports those of its layers).
   std::vector<std::string> metric_names() const override;
   TensorTree init(Key key, const std::vector<int>& chunks, int num_chunks,
                   nn::ParamSpecs* specs = nullptr, spmd::DeviceContext* ctx = nullptr,

@@ -42,8 +42,9 @@ void balance_bias_update(tensor::TensorTree& params,
 /// with swiglu, "experts/fc2" (E, H, C), and with shared_experts a dense MLPBlock "shared"
 /// of hidden shared_experts * H.
 ///
-/// On a scope that is sowing (Scope::sowing) it reports, per call:
-///   losses: aux_loss_coef * aux_loss (when > 0), z_loss_coef * z_loss (when > 0);
+/// Its balancing losses join the objective through the backward pass (autodiff::add_loss
+/// on the output, scaled as the objective is): aux_loss_coef * aux_loss and z_loss_coef *
+/// z_loss, when > 0. On a scope that is sowing (Scope::sowing) it reports, per call, the
 ///   metrics "aux_loss" = E sum_e f_e P_e (Switch/GShard: f_e the fraction of the N k pairs
 ///   routed to e, P_e the mean router probability of e; 1 when balanced), "z_loss" = the mean
 ///   over tokens of logsumexp(router logits)^2, "expert_load_max_over_mean" (pairs routed to
@@ -104,6 +105,10 @@ struct MoE {
   /// its slice of every expert and the combined outputs are summed over the axis (psum).
   /// Empty, or an axis the mesh lacks: the experts whole.
   std::string tensor_axis{};
+  /// The mesh axis the layer's tokens are split over within one objective (Megatron's
+  /// sequence parallelism over "model"; empty: none): each device's balancing losses, means
+  /// over its tokens, count 1 / n of the objective's.
+  std::string sequence_axis{};
 
   Tensor operator()(const Scope& scope, const Tensor& x) const;
   /// Checks the settings for a width of `c` (InvalidArgument naming the field).

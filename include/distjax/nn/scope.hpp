@@ -46,23 +46,21 @@ struct FullySharded {
   std::vector<std::string> modules{};
 };
 
-/// What a forward pass reports beside its output (Flax's `sow`): auxiliary losses the
-/// objective adds (a Mixture-of-Experts layer's balancing loss) and statistics for the
-/// metrics, from layers deep in a model. The caller owns it for one pass and reads it after:
+/// What a forward pass reports beside its output (Flax's `sow`): statistics for the
+/// metrics from layers deep in a model (a Mixture-of-Experts layer's balance), and the
+/// loads its balancing bias moves by. The caller owns it for one pass and reads it after.
+/// (An auxiliary loss joins the objective through the backward pass instead:
+/// autodiff::add_loss.)
 ///
 ///   nn::Sown sown;
 ///   Tensor loss = model.loss(scope.sowing(&sown), tokens, targets);
-///   if (sown.loss().defined()) loss = loss + sown.loss();
+///   for (const auto& [name, values] : sown.metrics) ...
 struct Sown {
-  /// Scalars the objective adds, in the order they were sown.
-  std::vector<Tensor> losses;
   /// Named scalar statistics, one value per layer that sowed it (a metric is their mean).
   std::map<std::string, std::vector<Tensor>> metrics;
   /// Per-expert loads (f32 counts of the pairs routed to each expert) by the path of the MoE
   /// layer's balancing bias, summed over the calls of the pass.
   std::map<std::string, std::vector<double>> loads;
-  /// The sum of `losses`; undefined when none was sown.
-  Tensor loss() const;
 };
 
 /// Whether a scope creates parameters or reads them.
@@ -136,16 +134,14 @@ class Scope {
   int axis_index(const mesh::Axes& axes) const;
 
   /// The same scope reporting into `*sown` (which must outlive the pass), inherited by its
-  /// children: sow_loss and sow_metric add to it. A rebased scope (a checkpoint's
+  /// children: sow_metric and sow_loads add to it. A rebased scope (a checkpoint's
   /// recomputation) reports nothing.
   Scope sowing(Sown* sown) const;
-  /// Adds a scalar to the objective (Sown::losses); nothing on a scope without a Sown.
-  void sow_loss(const Tensor& value) const;
   /// Adds a scalar statistic under `name`; nothing on a scope without a Sown.
   void sow_metric(const std::string& name, const Tensor& value) const;
   /// Adds per-expert loads under `path` (Sown::loads); nothing on a scope without a Sown.
   void sow_loads(const std::string& path, const std::vector<double>& loads) const;
-  /// Whether sow_loss and sow_metric report anywhere.
+  /// Whether sow_metric and sow_loads report anywhere.
   bool sowing() const { return sown_ != nullptr; }
   /// Where they report; null when nowhere.
   Sown* sown() const { return sown_; }

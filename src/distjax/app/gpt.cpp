@@ -81,12 +81,11 @@ void check_gpt(const config::TrainConfig& c, const mesh::Mesh& mesh) {
     DISTJAX_CHECK(c.model.moe.experts % ep == 0, ConfigError, "[gpt] model.moe.experts = ",
                   c.model.moe.experts, " must be divisible by distributed.expert_parallel_size = ",
                   ep, " (each device of the \"expert\" axis holds the same number)");
-    // The experts need their tokens' whole features (the megatron layout), and the
-    // balancing losses sown in a block do not cross a pipeline's stages.
-    DISTJAX_CHECK(n_pipe == 1, NotImplemented,
-                  "[gpt] [model.moe] with a \"pipe\" axis of ", n_pipe,
-                  ": the MoE layers' balancing losses do not reach the last stage's objective "
-                  "yet; set distributed.pipeline_parallel_size = 1");
+    // The experts' grouped products run in f32 or bf16 (no f16 kernel).
+    DISTJAX_CHECK(c.distributed.mixed_precision != config::MixedPrecision::Fp16, NotImplemented,
+                  "[gpt] [model.moe] with distributed.mixed_precision = \"fp16\": the experts' "
+                  "grouped products have no f16 kernel; use \"bf16\" (or \"no\")");
+    // The experts need their tokens' whole features (the megatron layout).
     DISTJAX_CHECK(layout == parallel::TPLayout::None || layout == parallel::TPLayout::Megatron,
                   NotImplemented, "[gpt] [model.moe] with parallelism.tp_layout = \"",
                   c.parallelism.tp_layout,
@@ -118,13 +117,6 @@ void check_gpt(const config::TrainConfig& c, const mesh::Mesh& mesh) {
                     " values each) would be stored split; raise min_weight_size above the "
                     "experts");
     }
-    const auto& remat = c.parallelism.remat;
-    DISTJAX_CHECK(std::find(remat.begin(), remat.end(), "Block") == remat.end() &&
-                      std::find(remat.begin(), remat.end(), "MLP") == remat.end(),
-                  NotImplemented,
-                  "[gpt] [model.moe] with parallelism.remat = [\"Block\"] or [\"MLP\"]: the "
-                  "MoE layers' balancing losses are sown in the forward pass, which "
-                  "rematerialisation runs again (\"Attn\" is fine)");
   }
   if (n_pipe > 1) {
     DISTJAX_CHECK(c.parallelism.shard != config::Shard::Gradients, ConfigError,

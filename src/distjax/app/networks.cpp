@@ -380,15 +380,6 @@ Network residual_classifier_network(models::ResidualClassifierConfig config) {
           }};
 }
 
-namespace {
-
-// The private metric of expert g's load in the MoE layer whose bias is at `path`.
-std::string load_metric(const std::string& path, std::size_t g) {
-  return "_load:" + path + ":" + std::to_string(g);
-}
-
-}  // namespace
-
 Network transformer_network(const models::Transformer& model,
                             const models::TransformerPipeline* pipeline) {
   return {
@@ -398,28 +389,21 @@ Network transformer_network(const models::Transformer& model,
           [&model](const nn::Scope& scope, const train::Batch& batch) {
             if (model.config().num_classes > 0)
               return models::classification_loss(model(scope, batch.inputs), batch.labels);
-            // MoE layers sow their balancing losses (in the objective) and statistics: the
-            // loss metrics are the cross-entropy's alone.
+            // MoE layers add their balancing losses in the backward pass and sow their
+            // statistics: the loss metrics are the cross-entropy's alone.
             nn::Sown sown;
             const tensor::Tensor objective =
                 model.loss(scope.sowing(&sown), batch.inputs, batch.labels, batch.documents);
-            const tensor::Tensor aux = sown.loss();
-            auto [loss, metrics] = per_position(
-                aux.defined() ? tensor::sub(objective.detach(), aux.detach()) : objective,
-                batch.labels.numel(), model.config().unit);
+            auto [loss, metrics] =
+                per_position(objective, batch.labels.numel(), model.config().unit);
             if (const double r = model.config().tokens_per_byte; r > 0) {
               const auto n = static_cast<double>(batch.labels.numel());
               metrics.add("bits_per_byte", loss, n * r / std::numbers::ln2, n);
             }
-            // Each MoE layer's statistic counts once: their mean over layers and devices.
-            for (const auto& [name, values] : sown.metrics)
-              for (const tensor::Tensor& v : values) metrics.add(name, v, 1.0, 1.0);
-            // The balancing biases' loads, summed over micro-batches and devices with the
-            // metrics (private names: not logged), for after_update.
-            for (const auto& [path, load] : sown.loads)
-              for (std::size_t g = 0; g < load.size(); ++g)
-                metrics.add(load_metric(path, g), load[g], 1.0);
-            return std::make_pair(aux.defined() ? objective : std::move(loss), metrics);
+            // Each MoE layer's statistic counts once (their mean over layers and devices);
+            // the balancing biases' loads are summed with the metrics for after_update.
+            models::add_moe_metrics(sown, metrics);
+            return std::make_pair(std::move(loss), metrics);
           },
       .pipeline = pipeline};
 }
@@ -441,17 +425,7 @@ Network transformer_network(std::shared_ptr<const models::Transformer> model) {
   if (const models::TransformerConfig& c = model->config();
       c.moe_layers() > 0 && c.moe.balance_bias_rate > 0)
     n.after_update = [c](tensor::TensorTree& params, const train::Metrics& step) {
-      std::map<std::string, std::vector<double>> loads;
-      for (std::int64_t i = 0; i < c.num_layers; ++i) {
-        if (!c.moe_block(i)) continue;
-        const std::string path = "blocks/" + std::to_string(i) + "/moe/router/bias";
-        std::vector<double>& load = loads[path];
-        for (std::int64_t g = 0; g < c.moe.num_experts; ++g) {
-          const std::string name = load_metric(path, static_cast<std::size_t>(g));
-          load.push_back(step.contains(name) ? step.at(name).sum : 0.0);
-        }
-      }
-      nn::balance_bias_update(params, loads, c.moe.balance_bias_rate);
+      models::moe_balance_biases(c, params, step);
     };
   n.keep = std::make_shared<std::pair<decltype(model), decltype(stages)>>(std::move(model),
                                                                           std::move(stages));

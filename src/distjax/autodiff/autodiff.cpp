@@ -4,7 +4,9 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "distjax/core/error.hpp"
 #include "distjax/tensor/elementwise.hpp"
+#include "distjax/tensor/grad_node.hpp"
 
 namespace distjax::autodiff {
 
@@ -279,6 +281,14 @@ Tensor custom_vjp1(const char* name, const std::vector<Tensor>& inputs,
   return outs[0];
 }
 
+namespace {
+thread_local bool t_recomputing = false;
+}  // namespace
+
+bool recomputing() {
+  return t_recomputing;
+}
+
 std::vector<Tensor> checkpoint(const RematFn& fn, const TensorTree& params,
                                const std::vector<Tensor>& inputs) {
   std::vector<Tensor> all = inputs;
@@ -303,7 +313,16 @@ std::vector<Tensor> checkpoint(const RematFn& fn, const TensorTree& params,
         std::vector<Tensor> xs;
         for (auto& x : saved_inputs)
           xs.push_back(x.defined() && is_floating(x.dtype()) ? tensor::make_leaf(x) : x);
-        std::vector<Tensor> re = fn(p, xs);
+        std::vector<Tensor> re;
+        {
+          const bool was = t_recomputing;
+          t_recomputing = true;
+          struct Restore {
+            bool was;
+            ~Restore() { t_recomputing = was; }
+          } restore{was};
+          re = fn(p, xs);
+        }
         std::vector<Tensor> used, seeds;
         for (std::size_t i = 0; i < re.size(); ++i) {
           if (go[i].defined()) {
@@ -318,6 +337,45 @@ std::vector<Tensor> checkpoint(const RematFn& fn, const TensorTree& params,
       },
       tensor::VaryingRule::AsIs);
   return outs;
+}
+
+namespace {
+thread_local double t_objective_scale = 1.0;
+}  // namespace
+
+double objective_scale() {
+  return t_objective_scale;
+}
+
+ObjectiveScale::ObjectiveScale(double factor) : prev_(t_objective_scale) {
+  t_objective_scale *= factor;
+}
+
+ObjectiveScale::~ObjectiveScale() {
+  t_objective_scale = prev_;
+}
+
+Tensor add_loss(const Tensor& y, const Tensor& loss) {
+  tensor::check_defined(y, "add_loss", "y");
+  tensor::check_defined(loss, "add_loss", "loss");
+  DISTJAX_CHECK(loss.numel() == 1, InvalidArgument, "[add_loss] the loss must be a scalar, got ",
+                to_string(loss.shape()));
+  if (!tensor::needs_grad({&y, &loss})) return y;
+  // The loss's cotangent: the objective's scale, varying as the loss does (each device's
+  // loss is its own term of the objective).
+  const double scale = objective_scale();
+  const Shape shape = loss.shape();
+  const DType dtype = loss.dtype();
+  const Device device = loss.device();
+  const std::uint32_t vma = loss.varying_axes();
+  return tensor::record(
+      "add_loss", {y, loss}, y.detach(),
+      [scale, shape, dtype, device, vma](std::vector<Tensor>& g) {
+        Tensor c = Tensor::full(shape, scale, dtype, device);
+        c.set_varying_axes(vma);
+        return std::vector<Tensor>{g[0], c};
+      },
+      tensor::VaryingRule::AsIs);
 }
 
 }  // namespace distjax::autodiff

@@ -1,5 +1,6 @@
 #include "distjax/models/transformer.hpp"
 
+#include <map>
 #include <cmath>
 #include <tuple>
 #include <utility>
@@ -37,11 +38,10 @@ Transformer::Transformer(TransformerConfig config) : config_(config) {
     c.moe.check(c.d_model);
     DISTJAX_CHECK((c.tp.layout == parallel::TPLayout::None ||
                    c.tp.layout == parallel::TPLayout::Megatron) &&
-                      !c.parallel_block && !c.remat && !c.remat_mlp,
+                      !c.parallel_block,
                   NotImplemented,
                   "[Transformer] Mixture-of-Experts blocks run in the megatron layout or without "
-                  "tensor parallelism, without parallel blocks or rematerialisation of the block "
-                  "or MLP (their balancing losses are sown in the forward pass)");
+                  "tensor parallelism, without parallel blocks");
   }
   DISTJAX_CHECK(c.moe_every >= 0, ConfigError, "[Transformer] moe_every must be >= 0, got ",
                 c.moe_every);
@@ -324,19 +324,9 @@ Tensor Transformer::loss_of_logits(const nn::Scope& scope, const Tensor& logits,
 
 Tensor Transformer::loss(const nn::Scope& scope, const Tensor& tokens, const Tensor& targets,
                          const Tensor& documents) const {
-  if (config_.moe_layers() == 0) return cross_entropy_loss(scope, tokens, targets, documents);
-  // The MoE layers' balancing losses join the objective; their statistics go on to a caller
-  // that sows.
-  nn::Sown sown;
-  Tensor loss = cross_entropy_loss(scope.sowing(&sown), tokens, targets, documents);
-  if (sown.loss().defined()) loss = tensor::add(loss, sown.loss());
-  if (nn::Sown* outer = scope.sown()) {
-    for (const Tensor& l : sown.losses) outer->losses.push_back(l);
-    for (auto& [name, values] : sown.metrics)
-      for (const Tensor& v : values) outer->metrics[name].push_back(v);
-    for (auto& [path, load] : sown.loads) scope.sow_loads(path, load);
-  }
-  return loss;
+  // The MoE layers' balancing losses join the objective in the backward pass
+  // (autodiff::add_loss); their statistics go to a scope that sows.
+  return cross_entropy_loss(scope, tokens, targets, documents);
 }
 
 Tensor Transformer::cross_entropy_loss(const nn::Scope& scope, const Tensor& tokens,
@@ -434,6 +424,50 @@ double Transformer::flops_per_token(std::int64_t seq_len) const {
   return 6.0 * static_cast<double>(num_matmul_params()) + 12.0 * static_cast<double>(c.num_layers) *
                                                               static_cast<double>(c.d_model) *
                                                               static_cast<double>(seq_len);
+}
+
+std::string moe_load_metric(const std::string& bias_path, std::int64_t g) {
+  return "_load:" + bias_path + ":" + std::to_string(g);
+}
+
+void add_moe_metrics(const nn::Sown& sown, train::Metrics& metrics) {
+  for (const auto& [name, values] : sown.metrics)
+    for (const Tensor& v : values) metrics.add(name, v, 1.0, 1.0);
+  for (const auto& [path, load] : sown.loads)
+    for (std::size_t g = 0; g < load.size(); ++g)
+      metrics.add(moe_load_metric(path, std::int64_t(g)), load[g], 1.0);
+}
+
+namespace {
+std::string bias_path(std::int64_t layer) {
+  return "blocks/" + std::to_string(layer) + "/moe/router/bias";
+}
+}  // namespace
+
+std::vector<std::string> moe_metric_names(const TransformerConfig& c) {
+  if (c.moe_layers() == 0) return {};
+  std::vector<std::string> out = {"aux_loss", "z_loss", "expert_load_max_over_mean",
+                                  "dropped_fraction"};
+  if (c.moe.balance_bias_rate > 0)
+    for (std::int64_t i = 0; i < c.num_layers; ++i)
+      if (c.moe_block(i))
+        for (std::int64_t g = 0; g < c.moe.num_experts; ++g)
+          out.push_back(moe_load_metric(bias_path(i), g));
+  return out;
+}
+
+void moe_balance_biases(const TransformerConfig& c, tensor::TensorTree& params,
+                        const train::Metrics& step) {
+  std::map<std::string, std::vector<double>> loads;
+  for (std::int64_t i = 0; i < c.num_layers; ++i) {
+    if (!c.moe_block(i) || !params.contains(bias_path(i))) continue;
+    std::vector<double>& load = loads[bias_path(i)];
+    for (std::int64_t g = 0; g < c.moe.num_experts; ++g) {
+      const std::string name = moe_load_metric(bias_path(i), g);
+      load.push_back(step.contains(name) ? step.at(name).sum : 0.0);
+    }
+  }
+  nn::balance_bias_update(params, loads, c.moe.balance_bias_rate);
 }
 
 }  // namespace distjax::models

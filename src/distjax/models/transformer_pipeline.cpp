@@ -57,7 +57,11 @@ Tensor TransformerPipeline::run_chunk(const nn::Scope& scope, int chunk, int num
 Tensor TransformerPipeline::forward(const nn::Scope& scope, int chunk, int num_chunks,
                                     const Tensor& x, const train::Batch& mb,
                                     train::Metrics& metrics) const {
-  Tensor y = run_chunk(scope, chunk, num_chunks, x, mb.inputs, mb.documents);
+  // The chunk's MoE layers report their statistics from whichever stage holds them.
+  nn::Sown sown;
+  Tensor y = run_chunk(model_.config().moe_layers() > 0 ? scope.sowing(&sown) : scope, chunk,
+                       num_chunks, x, mb.inputs, mb.documents);
+  add_moe_metrics(sown, metrics);
   if (chunk < num_chunks - 1) return y;
   if (model_.config().num_classes > 0) {
     auto [loss, m] = classification_loss(y, mb.labels);
@@ -74,9 +78,10 @@ Tensor TransformerPipeline::forward(const nn::Scope& scope, int chunk, int num_c
 
 std::vector<std::string> TransformerPipeline::metric_names() const {
   if (model_.config().num_classes > 0) return {"accuracy", "loss"};
-  if (model_.config().tokens_per_byte > 0)
-    return {"loss", "bits_per_" + model_.config().unit, "bits_per_byte"};
-  return {"loss", "bits_per_" + model_.config().unit};
+  std::vector<std::string> out = {"loss", "bits_per_" + model_.config().unit};
+  if (model_.config().tokens_per_byte > 0) out.push_back("bits_per_byte");
+  for (std::string& name : moe_metric_names(model_.config())) out.push_back(std::move(name));
+  return out;
 }
 
 Shape TransformerPipeline::activation_shape(const nn::Scope& scope, int, int,

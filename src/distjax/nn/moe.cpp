@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "distjax/autodiff/autodiff.hpp"
 #include "distjax/core/error.hpp"
 #include "distjax/mesh/partition_spec.hpp"
 #include "distjax/nn/mlp_block.hpp"
@@ -354,7 +355,8 @@ Tensor MoE::operator()(const Scope& scope, const Tensor& x_in) const {
                  .kernel_init = lecun_normal(),
                  .out_init = scaled(lecun_normal(), out_scale)}(scope.child("shared"), x, y);
 
-  if (scope.sowing()) {
+  const bool losses = (aux_loss_coef > 0 || z_loss_coef > 0) && tensor::grad_enabled();
+  if (scope.sowing() || losses) {
     // Switch/GShard balance: E sum_e f_e P_e, f_e (host counts, constant) the fraction of
     // the pairs routed to e, P_e the mean probability of e (differentiated).
     std::vector<float> f(static_cast<std::size_t>(e));
@@ -366,8 +368,20 @@ Tensor MoE::operator()(const Scope& scope, const Tensor& x_in) const {
     // z-loss: logsumexp of each token's logits, squared, averaged. lse = logit - log p.
     const Tensor lse = sub(slice(logits, 1, 0, 1), slice(log_softmax(logits), 1, 0, 1));
     const Tensor z = mean(square(lse));
-    if (aux_loss_coef > 0) scope.sow_loss(mul_scalar(aux, aux_loss_coef));
-    if (z_loss_coef > 0) scope.sow_loss(mul_scalar(z, z_loss_coef));
+    // The weighted losses join the objective through the backward pass (autodiff::add_loss:
+    // also inside a rematerialised block and in a pipeline stage).
+    if (losses) {
+      Tensor weighted;
+      if (aux_loss_coef > 0) weighted = mul_scalar(aux, aux_loss_coef);
+      if (z_loss_coef > 0) {
+        const Tensor wz = mul_scalar(z, z_loss_coef);
+        weighted = weighted.defined() ? add(weighted, wz) : wz;
+      }
+      if (!sequence_axis.empty() && ctx != nullptr && ctx->mesh().has_axis(sequence_axis))
+        weighted = mul_scalar(weighted, 1.0 / double(ctx->axis_size(sequence_axis)));
+      y = autodiff::add_loss(y, weighted);
+    }
+    if (!scope.sowing()) return reshape(y, x_in.shape());
     scope.sow_metric("aux_loss", aux.detach());
     scope.sow_metric("z_loss", z.detach());
     const std::int64_t busiest = *std::max_element(plan.routed.begin(), plan.routed.end());

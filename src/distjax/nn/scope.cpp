@@ -2,11 +2,10 @@
 
 #include <algorithm>
 
-#include "distjax/nn/fsdp_gather.hpp"
-
 #include "distjax/autodiff/autodiff.hpp"
 #include "distjax/core/error.hpp"
 #include "distjax/mesh/named_sharding.hpp"
+#include "distjax/nn/fsdp_gather.hpp"
 #include "distjax/spmd/collectives.hpp"
 #include "distjax/spmd/device_context.hpp"
 #include "distjax/tensor/elementwise.hpp"
@@ -91,20 +90,10 @@ int Scope::axis_index(const mesh::Axes& axes) const {
   return ctx_ ? ctx_->axis_index(axes) : 0;
 }
 
-Tensor Sown::loss() const {
-  Tensor total;
-  for (const Tensor& l : losses) total = total.defined() ? tensor::add(total, l) : l;
-  return total;
-}
-
 Scope Scope::sowing(Sown* sown) const {
   Scope s = *this;
   s.sown_ = sown;
   return s;
-}
-
-void Scope::sow_loss(const Tensor& value) const {
-  if (sown_) sown_->losses.push_back(value);
 }
 
 void Scope::sow_metric(const std::string& name, const Tensor& value) const {
@@ -220,7 +209,9 @@ Scope Scope::rebased(const TensorTree* subtree) const {
   s.specs_ = nullptr;
   s.mode_ = Mode::Apply;
   s.root_ = path_;
-  s.sown_ = nullptr;  // the pass that sowed has returned
+  // The checkpoint's first run reports as its scope does; its recomputation (in the
+  // backward pass, when the pass that sowed has returned) reports nothing.
+  if (autodiff::recomputing()) s.sown_ = nullptr;
   // The re-run (a checkpoint's backward) gathers its parameters again, on the tape.
   if (fsdp_) s.gathered_ = std::make_shared<std::map<std::string, Tensor>>();
   return s;

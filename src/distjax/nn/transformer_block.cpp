@@ -27,7 +27,10 @@ Tensor TransformerBlock::body(const Scope& scope, const Tensor& x) const {
       return attn(s.child("attn").module("Attn"), ln(s.child("ln1"), in));
     });
     const Tensor y = tensor::add(x, drop(scope.child("attn_dropout"), h));
-    const Tensor m = (*moe)(scope.child("moe").module("MLP"), ln(scope.child("ln2"), y));
+    const Tensor m =
+        remat_call(remat_mlp, scope, y, [ln, moe = *moe](const Scope& s, const Tensor& in) {
+          return moe(s.child("moe").module("MLP"), ln(s.child("ln2"), in));
+        });
     return tensor::add(y, drop(scope.child("mlp_dropout"), m));
   }
   if (dropout == 0.f) {

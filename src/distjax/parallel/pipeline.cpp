@@ -389,6 +389,9 @@ void Pipeline::run_forward(Step& step, const PipelineAction& a) {
   train::Metrics metrics;
   {
     tensor::EnableGradGuard grad_on;
+    // The objective is the mean over the m micro-batches: a loss a chunk adds on the way
+    // (autodiff::add_loss) counts 1/m, as the last chunk's does (output_cotangent).
+    const autodiff::ObjectiveScale per_microbatch(1.0 / schedule_.microbatches);
     if (a.chunk == last && step.loss_fn) {
       // The train step's loss function in place of the last chunk (module_loss()'s contract).
       train::Batch in = mb;
@@ -408,6 +411,7 @@ void Pipeline::run_forward(Step& step, const PipelineAction& a) {
     if (!metrics.contains("loss")) metrics.add("loss", rec.output, b, b);
     step.out.metrics.merge(metrics);
   } else {
+    step.out.metrics.merge(metrics);  // what the chunk's layers report (MoE statistics)
     const Shape want = module_->activation_shape(scope, a.chunk, last + 1, mb);
     DISTJAX_CHECK(rec.output.shape() == want, ShardingError, "[Pipeline] chunk ", a.chunk,
                   " returned an activation of shape ", distjax::to_string(rec.output.shape()),
@@ -450,6 +454,8 @@ void Pipeline::run_backward(Step& step, const PipelineAction& a) {
   {
     std::optional<tensor::WeightGradStoreGuard> defer;
     if (a.op == PipelineOp::BackwardInput) defer.emplace(&rec.deferred);
+    // A rematerialised block run again here attaches its losses as its forward did.
+    const autodiff::ObjectiveScale per_microbatch(1.0 / schedule_.microbatches);
     g = autodiff::grad_if_reached({rec.output}, {seed}, wrt);
   }
   tensor::NoGradGuard no_grad;
@@ -505,9 +511,10 @@ train::GradientResult Pipeline::finish_step(Step& step) {
     g.set_varying_axes(t.varying_axes());
     out.grads.set(path, g);
   }
-  if (!is_last_stage())
-    for (const std::string& name : module_->metric_names())
-      out.metrics.add(name, 0.0, 0.0);
+  // Every stage reports every name (zeros for what it has not), so they merge over the
+  // pipe axis.
+  for (const std::string& name : module_->metric_names())
+    out.metrics.add(name, 0.0, 0.0);
   return out;
 }
 
@@ -540,11 +547,10 @@ train::Metrics Pipeline::evaluate(const TensorTree& params, const train::Batch& 
       }
       train::Metrics metrics;
       Tensor y = module_->forward(scope, c, last + 1, x, slice, metrics);
-      if (c == last) {
-        if (!metrics.contains("loss"))
-          metrics.add("loss", y, static_cast<double>(b), static_cast<double>(b));
-        out.merge(metrics);
-      } else if (schedule_.stage_of(c + 1) != stage_) {
+      if (c == last && !metrics.contains("loss"))
+        metrics.add("loss", y, static_cast<double>(b), static_cast<double>(b));
+      out.merge(metrics);
+      if (c != last && schedule_.stage_of(c + 1) != stage_) {
         keep.push_back(y);
         sends.push_back(link.isend(comm::buffer_of(y), schedule_.stage_of(c + 1), kActivationTag));
       }
@@ -553,9 +559,8 @@ train::Metrics Pipeline::evaluate(const TensorTree& params, const train::Batch& 
   }
   for (comm::Request& r : sends)
     r.wait();
-  if (!is_last_stage())
-    for (const std::string& name : module_->metric_names())
-      out.add(name, 0.0, 0.0);
+  for (const std::string& name : module_->metric_names())
+    out.add(name, 0.0, 0.0);
   return reduce_metrics(std::move(out));
 }
 

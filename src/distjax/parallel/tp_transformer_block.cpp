@@ -58,7 +58,12 @@ Tensor TPTransformerBlock::sequential(const nn::Scope& scope, const Tensor& x) c
     // the model axis (each device runs the experts alike), or this device's share of the
     // sequence (sequence parallelism, a context split); the experts' parameters are
     // replicated over those axes.
-    h = (*moe)(scope.child("moe").module("MLP"), ln(scope.child("ln2"), y));
+    nn::MoE layer = *moe;
+    if (layout == TPLayout::Megatron && sequence_parallel) layer.sequence_axis = axis;
+    h = nn::remat_call(remat_mlp, scope, y,
+                       [ln_v = ln, moe = layer](const nn::Scope& s, const Tensor& in) {
+                         return moe(s.child("moe").module("MLP"), ln_v(s.child("ln2"), in));
+                       });
   } else {
     h = nn::remat_call(remat_mlp, scope, y, [ln_v = ln, mlp](const nn::Scope& s, const Tensor& in) {
       return mlp(s.child("mlp").module("MLP"), ln_v(s.child("ln2"), in));

@@ -197,8 +197,7 @@ void check_setup(const ModelDescription& m, const Setup& s) {
                 " splits the experts of MoE layers, but the model has none");
   DISTJAX_CHECK(m.moe.experts == 0 || m.moe.experts % s.expert == 0, InvalidArgument, "[plan] ",
                 m.moe.experts, " experts do not split over expert = ", s.expert);
-  DISTJAX_CHECK(m.moe.experts == 0 || s.pipe == 1, NotImplemented,
-                "[plan] MoE layers in a pipeline (pipe = ", s.pipe, ") are not trained yet");
+
   const bool gpt = m.layers > 0;
   DISTJAX_CHECK(gpt || (s.tensor == 1 && s.pipe == 1 && s.context == 1), NotImplemented,
                 "[plan] the classifier is planned on a (\"data\") mesh only, got ",
@@ -383,7 +382,7 @@ std::vector<CommEntry> stage_comm(const ModelDescription& m, const Setup& s,
   if (gpt && s.expert > 1 && m.moe.experts > 0) {
     // Per MoE layer and micro-batch, this device's N tokens (its sequence share with
     // sequence parallelism), f32 rows of h.
-    const double layers = double(m.moe_layers());
+    const double layers = double(m.moe_layers()) / s.pipe;  // a stage's share
     const double n = double(s.expert), h = double(m.d_model), k = double(m.moe.top_k);
     const double e = double(m.moe.experts);
     const double mine = s.sequence_parallel && s.tensor > 1 ? tokens / s.tensor : tokens;
@@ -615,7 +614,6 @@ std::vector<Plan> meshes_that_fit(const ModelDescription& m, const Setup& base, 
       if ((world / t) % p != 0 || (gpt && m.layers % p != 0) || (!gpt && p > 1)) continue;
       const int d = world / (t * p);
       if (base.global_batch % d != 0 || d % base.expert != 0) continue;
-      if (m.moe.experts > 0 && p > 1) continue;  // MoE layers are not pipelined yet
       for (int variant = 0; variant < 4; ++variant) {
         if (d == 1 && variant > 0) continue;
         Setup s = base;

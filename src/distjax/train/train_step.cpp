@@ -154,9 +154,13 @@ Metrics train_step(TrainState& state, const Batch& batch, const LossFn& loss_fn,
         .count();
   };
   if (options.spans) options.spans->start = now();
-  GradientResult r =
-      strategy.forward_backward(state.loss_scale ? scaled_loss(loss_fn, loss_scale) : loss_fn,
-                                state.params, batch, rng, options.num_minibatches);
+  GradientResult r;
+  {
+    // A loss added deep in the model (autodiff::add_loss) is scaled as the objective is.
+    const autodiff::ObjectiveScale objective(loss_scale);
+    r = strategy.forward_backward(state.loss_scale ? scaled_loss(loss_fn, loss_scale) : loss_fn,
+                                  state.params, batch, rng, options.num_minibatches);
+  }
   if (memory) memory->activations_peak = tensor::peak_bytes(kind) - live_before;
   if (options.spans) options.spans->forward_backward_end = now();
   const double lr = optimizer.learning_rate(state.step);
