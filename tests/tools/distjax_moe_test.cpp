@@ -81,18 +81,23 @@ const std::map<int, double>& one_device() {
   return want;
 }
 
+// Every step of `want` within kTol of `got`'s.
+void expect_near(const std::map<int, double>& got, const std::map<int, double>& want,
+                 const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (const auto& [step, loss] : want) {
+    ASSERT_TRUE(got.count(step)) << what << ": no loss at step " << step;
+    EXPECT_NEAR(got.at(step), loss, kTol * loss) << what << ", step " << step;
+  }
+}
+
 void expect_same_losses(const std::string& what, int world, const std::string& mesh) {
   const std::map<int, double>& want = one_device();
   const fs::path out = fresh("mesh");
   const auto [status, output] =
       distjax::testing::run_tool(train(out, world, mesh, "--set run.checkpoint_every=0"));
   ASSERT_EQ(status, 0) << what << "\n" << output;
-  const std::map<int, double> got = losses(out);
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (const auto& [step, loss] : want) {
-    ASSERT_TRUE(got.count(step)) << what << ": no loss at step " << step;
-    EXPECT_NEAR(got.at(step), loss, kTol * loss) << what << ", step " << step;
-  }
+  expect_near(losses(out), want, what);
   fs::remove_all(out);
 }
 
@@ -175,10 +180,7 @@ TEST(DistjaxMoe, RematerialisedMoeLayersTrainAsWithout) {
               "--set run.checkpoint_every=0" + aux + " --set 'parallelism.remat=[\"" + remat +
                   "\"]'"));
     ASSERT_EQ(st, 0) << got_output;
-    const std::map<int, double> got = losses(out);
-    ASSERT_EQ(got.size(), want.size()) << remat;
-    for (const auto& [step, loss] : want)
-      EXPECT_NEAR(got.at(step), loss, kTol * loss) << remat << ", step " << step;
+    expect_near(losses(out), want, remat);
     // The statistics once per layer and step, as without remat.
     for (const auto& j : records(out))
       if (j.contains("loss")) EXPECT_TRUE(j.contains("aux_loss")) << j.dump();
@@ -205,11 +207,9 @@ TEST(DistjaxMoe, PipelinedMoeLayersTrainAsOneDevice) {
     ASSERT_EQ(s1, 0) << o1;
     const auto [s2, o2] = distjax::testing::run_tool(train(out, world, mesh, untied + sets));
     ASSERT_EQ(s2, 0) << what << "\n" << o2;
-    const std::map<int, double> want = losses(base), got = losses(out);
+    const std::map<int, double> want = losses(base);
     ASSERT_EQ(want.size(), 6u);
-    ASSERT_EQ(got.size(), want.size()) << what;
-    for (const auto& [step, loss] : want)
-      EXPECT_NEAR(got.at(step), loss, kTol * loss) << what << ", step " << step;
+    expect_near(losses(out), want, what);
     for (const auto& j : records(out))
       if (j.contains("loss")) EXPECT_TRUE(j.contains("expert_load_max_over_mean")) << j.dump();
     fs::remove_all(base);
