@@ -1,7 +1,7 @@
 #include "distjax/models/transformer.hpp"
 
-#include <map>
 #include <cmath>
+#include <map>
 #include <tuple>
 #include <utility>
 #include <vector>

@@ -162,11 +162,12 @@ Tensor MoE::exchange_and_run(const Scope& scope, const Tensor& xp, const tensor:
   auto pairs = [&](int i, int j, std::int64_t le) {
     return std::int64_t(all[static_cast<std::size_t>(i * e + j * el + le)]);
   };
-  auto rows = [&](int i, int j) {
-    std::int64_t r = 0;
-    for (std::int64_t le = 0; le < el; ++le) r += pairs(i, j, le);
-    return r;
-  };
+  std::vector<std::int64_t> block_rows(static_cast<std::size_t>(n * n), 0);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j)
+      for (std::int64_t le = 0; le < el; ++le)
+        block_rows[static_cast<std::size_t>(i * n + j)] += pairs(i, j, le);
+  auto rows = [&](int i, int j) { return block_rows[static_cast<std::size_t>(i * n + j)]; };
   std::vector<std::int64_t> offset(n + 1, 0);  // device j's block of xp
   for (int j = 0; j < n; ++j) offset[j + 1] = offset[j] + rows(me, j);
 
@@ -222,13 +223,12 @@ Tensor MoE::exchange_and_run(const Scope& scope, const Tensor& xp, const tensor:
   std::vector<Tensor> returned;
   for (Chunk& k : ch) returned.push_back(spmd::ragged_all_to_all_done(k.back));
   std::vector<Tensor> yp;
+  std::vector<std::int64_t> at(static_cast<std::size_t>(chunks), 0);  // each chunk's cursor
   for (int j = 0; j < n; ++j)
-    for (std::int64_t c = 0; c < chunks; ++c) {
-      const Chunk& k = ch[static_cast<std::size_t>(c)];
-      std::int64_t at = 0;
-      for (int jj = 0; jj < j; ++jj) at += k.send[jj];
-      if (k.send[j] > 0)
-        yp.push_back(slice(returned[static_cast<std::size_t>(c)], 0, at, at + k.send[j]));
+    for (std::size_t c = 0; c < ch.size(); ++c) {
+      const std::int64_t r = ch[c].send[j];
+      if (r > 0) yp.push_back(slice(returned[c], 0, at[c], at[c] + r));
+      at[c] += r;
     }
   return concat_rows(yp, returned.front());
 }
