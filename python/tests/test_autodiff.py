@@ -1,4 +1,5 @@
 """value_and_grad of Python functions of trees, against JAX on the same weights."""
+import gc
 import os
 
 import numpy as np
@@ -93,6 +94,32 @@ def test_remat_gives_the_same_gradients():
     again = dj.grad(loss)(params, True)
     for g1, g2 in zip(dj.tree_flatten(plain)[0], dj.tree_flatten(again)[0]):
         np.testing.assert_array_equal(g1.numpy(), g2.numpy())
+
+
+def test_a_step_frees_its_tensors_without_the_cycle_collector():
+    # The gradients and leaves of a step go when its last reference does, as in C++: a
+    # reference cycle holding them (a tree walk as a closure calling itself) left each
+    # step's gradients to the cyclic collector, and the next steps to fresh memory.
+    params = dj.tree_map(dj.asarray, init(4))
+    x = dj.asarray(np.ones((8, 6), np.float32))
+    y = dj.asarray(np.zeros((8, 3), np.float32))
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for _ in range(2):
+            loss, grads = dj.value_and_grad(mlp_dj)(params, x, y)
+            params = dj.tree_map(lambda w, g: w - 0.1 * g, params, grads)
+        del loss, grads
+        gc.collect()
+        held = [o for o in gc.garbage if isinstance(o, dj.Tensor)
+                or (isinstance(o, (list, dict)) and any(isinstance(v, dj.Tensor) for v in
+                                                          (o.values() if isinstance(o, dict) else o)))]
+        assert not held, f"{len(held)} tensors or containers of them left to the cycle collector"
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
 
 
 def test_a_non_scalar_loss_is_refused():
