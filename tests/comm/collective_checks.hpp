@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <set>
+#include <tuple>
 #include <string>
 #include <utility>
 #include <vector>
@@ -241,6 +243,69 @@ inline void check_nonblocking_exchanges(Communicator& c, std::int64_t count) {
   EXPECT_EQ(after[OpKind::Broadcast].calls - before[OpKind::Broadcast].calls, 1);
   EXPECT_EQ(after[OpKind::Permute].calls - before[OpKind::Permute].calls, 1);
   EXPECT_EQ(after[OpKind::AllReduce].calls - before[OpKind::AllReduce].calls, 1);
+  c.barrier();
+}
+
+// The all-to-all of variable splits: device a sends `scale` x ((a + 2b) % 4) elements to
+// device b (global ids; zero-length blocks included), element i of that block being
+// input_f32(a, 1000 b + i). Blocking, then two non-blocking calls in flight waited on in
+// reverse order (the second with the transposed counts, as a backward pass sends back);
+// counted as all_to_all calls with the bytes that cross between devices.
+inline void check_variable_exchanges(Communicator& c, std::int64_t scale) {
+  const int n = c.size();
+  const auto& g = c.group();
+  const int me = c.global_rank();
+  auto count = [&](int a, int b) { return scale * ((a + 2 * b) % 4); };
+  auto build = [&](bool back) {
+    std::vector<std::int64_t> send(n), recv(n);
+    std::vector<float> x;
+    for (int j = 0; j < n; ++j) {
+      const int to = g[j];
+      send[j] = back ? count(to, me) : count(me, to);
+      recv[j] = back ? count(me, to) : count(to, me);
+      for (std::int64_t i = 0; i < send[j]; ++i) x.push_back(input_f32(me, 1000 * to + i));
+    }
+    return std::make_tuple(send, recv, x);
+  };
+  auto expect = [&](const std::vector<float>& got, const std::vector<std::int64_t>& recv,
+                    const char* what) {
+    std::int64_t at = 0;
+    for (int j = 0; j < n; ++j)
+      for (std::int64_t i = 0; i < recv[j]; ++i, ++at)
+        ASSERT_EQ(got[static_cast<std::size_t>(at)], input_f32(g[j], 1000 * me + i))
+            << what << " from rank " << j << " element " << i;
+    ASSERT_EQ(at, static_cast<std::int64_t>(got.size())) << what;
+  };
+  ASSERT_TRUE(c.has_all_to_allv());
+  const CommStats before = c.stats();
+  auto [send, recv, x] = build(false);
+  std::vector<float> y(static_cast<std::size_t>(std::accumulate(recv.begin(), recv.end(), 0LL)),
+                       -1.f);
+  c.all_to_allv(Buffer::host(x.data(), std::int64_t(x.size()), DType::F32), send,
+                Buffer::host(y.data(), std::int64_t(y.size()), DType::F32), recv);
+  expect(y, recv, "all_to_allv");
+  auto [send2, recv2, x2] = build(true);
+  std::vector<float> y1(y.size(), -1.f),
+      y2(static_cast<std::size_t>(std::accumulate(recv2.begin(), recv2.end(), 0LL)), -1.f);
+  Request a = c.iall_to_allv(Buffer::host(x.data(), std::int64_t(x.size()), DType::F32), send,
+                             Buffer::host(y1.data(), std::int64_t(y1.size()), DType::F32), recv);
+  Request b = c.iall_to_allv(Buffer::host(x2.data(), std::int64_t(x2.size()), DType::F32), send2,
+                             Buffer::host(y2.data(), std::int64_t(y2.size()), DType::F32), recv2);
+  b.wait();
+  a.wait();
+  expect(y1, recv, "iall_to_allv");
+  std::int64_t at = 0;  // the transposed exchange: device j's block for this one
+  for (int j = 0; j < n; ++j)
+    for (std::int64_t i = 0; i < recv2[j]; ++i, ++at)
+      ASSERT_EQ(y2[static_cast<std::size_t>(at)], input_f32(g[j], 1000 * me + i))
+          << "transposed from rank " << j;
+  const CommStats& after = c.stats();
+  EXPECT_EQ(after[OpKind::AllToAll].calls - before[OpKind::AllToAll].calls, 3);
+  std::int64_t crossing = 0;  // elements this device sent to others, over the three calls
+  for (int j = 0; j < n; ++j)
+    if (g[j] != me) crossing += 2 * count(me, g[j]) + count(g[j], me);
+  EXPECT_EQ(after[OpKind::AllToAll].bytes_sent - before[OpKind::AllToAll].bytes_sent,
+            4 * crossing);
   c.barrier();
 }
 

@@ -124,6 +124,36 @@ TEST(Mismatch, CountDtypeRootAndPairsAreCompared) {
   EXPECT_TRUE(has(out.launch_msg, "[permute] devices disagree")) << out.launch_msg;
 }
 
+// An all_to_allv whose counts do not pair up (device 2 expects 5 elements from device 1,
+// which sends it 4) fails on every device naming the pair; one where a device calls the
+// tiled all_to_all instead fails as a mismatch of ops.
+TEST(Mismatch, VariableSplitsThatDoNotPairUp) {
+  auto out = run_failing(opts(3, 20000), [](Communicator& world) {
+    const int r = world.rank();
+    std::vector<std::int64_t> send(3, 4), recv(3, 4);
+    if (r == 2) recv[1] = 5;
+    std::vector<float> x(12, float(r)), y(12 + (r == 2 ? 1 : 0));
+    world.all_to_allv(Buffer::host(x.data(), 12, DType::F32), send,
+                      Buffer::host(y.data(), std::int64_t(y.size()), DType::F32), recv);
+    ADD_FAILURE() << "device " << r << " passed counts that do not pair up";
+  });
+  const std::string want =
+      "[all_to_allv] devices disagree at call #0 of group (0,1,2): device 1 sends 4 elements "
+      "to device 2, which expects 5";
+  for (int d = 0; d < 3; ++d) EXPECT_EQ(out.device_msgs[d], want) << d;
+
+  out = run_failing(opts(2, 20000), [](Communicator& world) {
+    std::vector<float> x(4), y(4);
+    if (world.rank() == 0)
+      world.all_to_allv(Buffer::host(x.data(), 4, DType::F32), {2, 2},
+                        Buffer::host(y.data(), 4, DType::F32), {2, 2});
+    else
+      world.all_to_all(x.data(), y.data(), 2, DType::F32);
+  });
+  EXPECT_TRUE(has(out.launch_msg, "device 0 called all_to_allv(f32)")) << out.launch_msg;
+  EXPECT_TRUE(has(out.launch_msg, "device 1 called all_to_all(count=2, f32)")) << out.launch_msg;
+}
+
 TEST(Mismatch, SkippedCollectiveFailsFastNamingTheDevice) {
   // Device 1 skips the all_reduce and finishes; the others must not wait for the
   // 60 s timeout.

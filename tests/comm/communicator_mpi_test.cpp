@@ -85,6 +85,20 @@ TEST_F(MpiTest, NonblockingCollectivesMatchHost) {
   }
 }
 
+TEST_F(MpiTest, VariableSplitsMatchHost) {
+  for (bool check : {true, false}) {
+    LaunchOptions o = mpi_opts();
+    o.check_collectives = check;
+    for (std::int64_t scale : {1, 700}) {
+      launch(o, [&](Communicator& world) {
+        testing::check_variable_exchanges(world, scale);
+        Communicator pair = world.split(world.rank() / 2, world.rank());
+        testing::check_variable_exchanges(pair, scale);
+      });
+    }
+  }
+}
+
 TEST_F(MpiTest, NonblockingExchangesMatchHost) {
   for (bool check : {true, false}) {
     LaunchOptions o = mpi_opts();

@@ -62,6 +62,18 @@ TEST_P(Collectives, NonblockingExchangesMatchHost) {
     launch(opts(n), [&](Communicator& c) { testing::check_nonblocking_exchanges(c, count); });
   }
 }
+TEST_P(Collectives, VariableSplitsMatchHost) {
+  const int n = GetParam();
+  for (std::int64_t scale : {1, 700}) {
+    launch(opts(n), [&](Communicator& c) {
+      testing::check_variable_exchanges(c, scale);
+      if (c.size() >= 2) {
+        Communicator pair = c.split(c.rank() / 2, c.rank());
+        testing::check_variable_exchanges(pair, scale);
+      }
+    });
+  }
+}
 INSTANTIATE_TEST_SUITE_P(Devices, Collectives, ::testing::Values(1, 2, 3, 4, 8));
 
 TEST(NonBlocking, TheLinkTimeElapsesInTheBackground) {
@@ -448,6 +460,24 @@ TEST(Launch, InvalidArguments) {
                         world.permute(x, y, 1, DType::F32, {{0, 1}, {1, 1}});
                       }),
                InvalidArgument);
+  // all_to_allv's counts: one per rank, none negative, adding up to each buffer.
+  launch(opts(2), [](Communicator& world) {
+    float x[4]{}, y[4]{};
+    const Buffer four = Buffer::host(x, 4, DType::F32), out = Buffer::host(y, 4, DType::F32);
+    auto refused = [&](const std::vector<std::int64_t>& send,
+                       const std::vector<std::int64_t>& recv, const std::string& part) {
+      try {
+        world.all_to_allv(four, send, out, recv);
+        ADD_FAILURE() << part << ": no error";
+      } catch (const InvalidArgument& e) {
+        EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+      }
+    };
+    refused({4}, {2, 2}, "[all_to_allv] send_counts has 1 entries for a group of 2");
+    refused({5, -1}, {2, 2}, "[all_to_allv] send_counts[1] is -1, must be >= 0");
+    refused({2, 2}, {2, 1}, "[all_to_allv] recv_counts add up to 3 elements but recv holds 4");
+    world.barrier();  // nothing was issued: the group goes on
+  });
   EXPECT_TRUE(backend_available(Backend::Threads));
 #ifndef DISTJAX_HAVE_MPI
   EXPECT_FALSE(backend_available(Backend::Mpi));

@@ -115,6 +115,32 @@ TEST_P(DeviceBuffers, EveryCollectiveEqualsTheHostBitForBit) {
           ASSERT_EQ(got[j * block + i], from_j[r * block + i]) << "from " << j << " at " << i;
       }
 
+      // Variable splits: device a sends ((a + 2b) % 3) blocks to device b (none where the
+      // block is empty: fewer elements than devices).
+      auto splits = [&](int a) {
+        std::vector<std::int64_t> to(n);
+        for (int j = 0; j < n; ++j) to[j] = ((a + 2 * j) % 3) * block;
+        return to;
+      };
+      auto total = [](const std::vector<std::int64_t>& v) {
+        std::int64_t t = 0;
+        for (std::int64_t k : v) t += k;
+        return t;
+      };
+      std::vector<std::int64_t> from(n);
+      for (int j = 0; j < n; ++j) from[j] = splits(j)[r];
+      const Tensor ragged = input_on_device(r, total(splits(r)));
+      Tensor gathered_v = Tensor::empty({total(from)});
+      c.iall_to_allv(buffer_of(ragged), splits(r), buffer_of(gathered_v), from).wait();
+      const std::vector<float> got_v = gathered_v.to_vector<float>();
+      for (int j = 0, at = 0; j < n; ++j) {
+        std::int64_t offset = 0;  // where device j's block for this device starts
+        for (int k = 0; k < r; ++k) offset += splits(j)[k];
+        const std::vector<float> sent = inputs_f32(j, total(splits(j)));
+        for (std::int64_t i = 0; i < from[j]; ++i, ++at)
+          ASSERT_EQ(got_v[at], sent[offset + i]) << "variable split from " << j << " at " << i;
+      }
+
       Tensor b = r == n - 1 ? input_on_device(r, count) : Tensor::zeros({count});
       c.broadcast(buffer_of(b), n - 1);
       EXPECT_EQ(b.to_vector<float>(), inputs_f32(n - 1, count));

@@ -269,7 +269,8 @@ TEST(Plan, GptContextParallelMatchesTheRun) {
 
 // The MoE GPT with its experts over ("expert"=4), a capacity factor of 1 (the exchange's
 // rows padded to a full capacity block): the state exactly (experts split by 4, the rest
-// whole), the exchange's all_to_all bytes and counts exactly, the gradients' all-reduce of
+// whole), the exchange's all_to_all bytes and counts exactly (every block is full at this
+// capacity, so the variable splits move what the plan's padded blocks count), the gradients' all-reduce of
 // the parameters outside the experts; the activation figure is conservative (at least the
 // measured peak, at most twice it: the MoE layer's terms are upper bounds, docs/plan.md).
 TEST(Plan, GptMoeExpertParallelMatchesTheRun) {

@@ -97,6 +97,16 @@ TEST_F(SpmdMpiTest, CollectivesMatchTheThreadsBackend) {
          {4, 2},
          [&](DeviceContext& c, const Tensor& x) { return all_to_all(c, x, all, 0, 1); }},
         {"pvary", {3}, [&](DeviceContext& c, const Tensor& x) { return pvary(c, x, a0); }},
+        // Device i sends (i + j) % 2 + 1 rows to device j: 6 rows each way on 4 devices,
+        // in blocks of 1 and 2 (MPI's variable splits; on the checked device, staged).
+        {"ragged_all_to_all",
+         {6, 2},
+         [&](DeviceContext& c, const Tensor& x) {
+           const int n = c.axis_size(all), i = c.axis_index(all);
+           std::vector<std::int64_t> counts(n);
+           for (int j = 0; j < n; ++j) counts[j] = (i + j) % 2 + 1;
+           return ragged_all_to_all(c, x, all, counts, counts, 2);
+         }},
     };
     for (const auto& c : cases) {
       SCOPED_TRACE(c.name + " on " + m.describe());

@@ -62,6 +62,12 @@ class CommunicatorImpl {
   virtual Request ireduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op,
                                   Completion completion) = 0;
   virtual Request iall_to_all(const Buffer& send, const Buffer& recv, Completion completion) = 0;
+  /// Communicator::iall_to_allv (counts checked by the front). A backend that exchanges
+  /// variable splits overrides both; the default refuses (NotImplemented) and says so.
+  virtual Request iall_to_allv(const Buffer& send, const std::vector<std::int64_t>& send_counts,
+                               const Buffer& recv, const std::vector<std::int64_t>& recv_counts,
+                               Completion completion);
+  virtual bool has_all_to_allv() const { return false; }
   virtual Request ibroadcast(const Buffer& buf, int root, Completion completion) = 0;
   virtual Request ipermute(const Buffer& send, const Buffer& recv,
                            const std::vector<std::pair<int, int>>& pairs,
@@ -222,6 +228,24 @@ class Communicator {
                    const std::vector<std::pair<int, int>>& pairs);
   Request ipermute(const Buffer& send, const Buffer& recv,
                    const std::vector<std::pair<int, int>>& pairs);
+
+  /// The all-to-all of variable splits (MPI_Alltoallv with packed blocks): send holds
+  /// send_counts[j] elements for rank j, blocks in rank order; recv gets recv_counts[i]
+  /// elements from rank i, blocks in rank order (send.count and recv.count are the sums).
+  /// Rank i's send_counts[j] must equal rank j's recv_counts[i]: where they differ, every
+  /// rank throws CommError naming the pair (the threads backend checks every pair; MPI
+  /// with LaunchOptions::check_collectives detects a disagreement only as MPI does, by
+  /// its own error or a truncated message). Under MPI it is MPI_Ialltoallv; on the threads
+  /// backend each rank copies its blocks from the senders' buffers, and the link model
+  /// charges the bytes that cross between devices, not a padded block. Counted as an
+  /// all_to_all in stats(). Backends without it (NCCL, for now): NotImplemented; ask
+  /// has_all_to_allv() first (spmd::ragged_all_to_all pads to a block there).
+  void all_to_allv(const Buffer& send, const std::vector<std::int64_t>& send_counts,
+                   const Buffer& recv, const std::vector<std::int64_t>& recv_counts);
+  Request iall_to_allv(const Buffer& send, const std::vector<std::int64_t>& send_counts,
+                       const Buffer& recv, const std::vector<std::int64_t>& recv_counts);
+  /// Whether this backend exchanges variable splits (threads and MPI: yes; NCCL: not yet).
+  bool has_all_to_allv() const { return impl_->has_all_to_allv(); }
   /// Returns when every rank of the group has called it.
   void barrier() { impl_->barrier(); }
   /// Threads backend: the link model (LaunchOptions::link) of every call issued after it

@@ -84,9 +84,11 @@ Tensor all_to_all(DeviceContext& ctx, const Tensor& x, const Axes& axes, int spl
 /// Ragged all-to-all along dimension 0: device i sends rows [o_j, o_j + send_counts[j]) of x
 /// (o_j the sum of the counts before j) to device j of `axes`; the result holds, in device
 /// order, the recv_counts[i] rows device i sent here. Counts first, then the rows: the
-/// caller knows both (a Mixture-of-Experts dispatch exchanges its counts beforehand), and
-/// `block` (the same on every device, at least every count of the exchange) is the row
-/// block they travel padded to, in one tiled all_to_all. x (sum send_counts, ...) ->
+/// caller knows both (a Mixture-of-Experts dispatch exchanges its counts beforehand). The
+/// rows travel as they are in the communicator's all_to_allv where the backend has one
+/// (threads, MPI); elsewhere (NCCL, for now) padded to `block` rows per device (the same on
+/// every device, at least every count of the exchange) in one tiled all_to_all; `block`
+/// bounds the counts either way. x (sum send_counts, ...) ->
 /// (sum recv_counts, ...). Result: varies along `axes`. Transpose: the ragged all_to_all of
 /// the cotangent back (the counts swapped). In two halves, to compute while the rows
 /// travel: ragged_all_to_all_start / ragged_all_to_all_done (ragged.hpp).

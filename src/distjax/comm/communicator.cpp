@@ -19,6 +19,14 @@ void CommunicatorImpl::set_link_model(const LinkModel&) {
                 "threads backend simulates a link model");
 }
 
+Request CommunicatorImpl::iall_to_allv(const Buffer&, const std::vector<std::int64_t>&,
+                                       const Buffer&, const std::vector<std::int64_t>&,
+                                       Completion) {
+  DISTJAX_THROW(NotImplemented,
+                "[all_to_allv] this backend has no all-to-all of variable splits yet (ask "
+                "Communicator::has_all_to_allv(); pad the blocks to one size and use all_to_all)");
+}
+
 namespace {
 
 using detail::check_buffer;
@@ -115,6 +123,33 @@ void check_all_to_all(const char* op, const Buffer& send, const Buffer& recv, in
                 "] send and recv must be different buffers");
 }
 
+// One count per rank, none negative, adding up to the buffer's length.
+void check_counts(const char* op, const char* which, const Buffer& b,
+                  const std::vector<std::int64_t>& counts, int size) {
+  DISTJAX_CHECK(static_cast<int>(counts.size()) == size, InvalidArgument, "[", op, "] ", which,
+                "_counts has ", counts.size(), " entries for a group of ", size);
+  std::int64_t sum = 0;
+  for (std::size_t j = 0; j < counts.size(); ++j) {
+    DISTJAX_CHECK(counts[j] >= 0, InvalidArgument, "[", op, "] ", which, "_counts[", j,
+                  "] is ", counts[j], ", must be >= 0");
+    sum += counts[j];
+  }
+  DISTJAX_CHECK(sum == b.count, InvalidArgument, "[", op, "] ", which, "_counts add up to ", sum,
+                " elements but ", which, " holds ", b.count);
+}
+
+void check_all_to_allv(const char* op, const Buffer& send,
+                       const std::vector<std::int64_t>& send_counts, const Buffer& recv,
+                       const std::vector<std::int64_t>& recv_counts, int size) {
+  check_buffer(op, send);
+  check_buffer(op, recv);
+  check_same_dtype(op, send, recv);
+  check_counts(op, "send", send, send_counts, size);
+  check_counts(op, "recv", recv, recv_counts, size);
+  DISTJAX_CHECK(send.data != recv.data || send.count == 0 || recv.count == 0, InvalidArgument,
+                "[", op, "] send and recv must be different buffers");
+}
+
 void check_broadcast(const char* op, const Buffer& buf, int root, int size) {
   check_buffer(op, buf);
   DISTJAX_CHECK(root >= 0 && root < size, InvalidArgument, "[", op, "] root ", root,
@@ -130,6 +165,18 @@ void check_permute(const char* op, const Buffer& send, const Buffer& recv,
 }
 
 }  // namespace
+
+void Communicator::all_to_allv(const Buffer& send, const std::vector<std::int64_t>& send_counts,
+                               const Buffer& recv, const std::vector<std::int64_t>& recv_counts) {
+  check_all_to_allv("all_to_allv", send, send_counts, recv, recv_counts, size());
+  impl_->iall_to_allv(send, send_counts, recv, recv_counts, Completion::Now).wait();
+}
+Request Communicator::iall_to_allv(const Buffer& send, const std::vector<std::int64_t>& send_counts,
+                                   const Buffer& recv,
+                                   const std::vector<std::int64_t>& recv_counts) {
+  check_all_to_allv("iall_to_allv", send, send_counts, recv, recv_counts, size());
+  return impl_->iall_to_allv(send, send_counts, recv, recv_counts, Completion::Later);
+}
 
 void Communicator::all_to_all(const void* send, void* recv, std::int64_t count, DType dtype) {
   check_buffer("all_to_all", Buffer::host(send, count, dtype));  // before count * size()

@@ -213,6 +213,18 @@ class StagingCommunicator final : public CommunicatorImpl {
                     return inner.iall_to_all(st.send(), st.recv(), c);
                   });
   }
+  Request iall_to_allv(const Buffer& send, const std::vector<std::int64_t>& send_counts,
+                       const Buffer& recv, const std::vector<std::int64_t>& recv_counts,
+                       Completion completion) override {
+    if (!any_on_device(send, recv))
+      return in_order()->iall_to_allv(send, send_counts, recv, recv_counts, completion);
+    return staged(completion, "all_to_allv", "iall_to_allv", &send, &recv,
+                  [send_counts, recv_counts](CommunicatorImpl& inner, const Staging& st,
+                                             Completion c) {
+                    return inner.iall_to_allv(st.send(), send_counts, st.recv(), recv_counts, c);
+                  });
+  }
+  bool has_all_to_allv() const override { return inner_->has_all_to_allv(); }
   Request ibroadcast(const Buffer& buf, int root, Completion completion) override {
     if (!on_device(buf)) return in_order()->ibroadcast(buf, root, completion);
     // One block, both ways: the root's goes out, the others' come back.

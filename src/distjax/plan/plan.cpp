@@ -397,8 +397,9 @@ std::vector<CommEntry> stage_comm(const ModelDescription& m, const Setup& s,
                       calls * (n - 1) * mine * 4.0 * (2.0 * h + k),
                       "outputs, token and gate cotangents (MoE all-gather dispatcher)"});
     } else {
-      // Counts first, then the rows there and back, forward and backward, each padded to
-      // the largest block: at capacity, or dropless at kDroplessPlanningFactor.
+      // Counts first, then the rows there and back, forward and backward, planned padded to
+      // the largest block (NCCL's exchange; the variable splits of threads and MPI move at
+      // most that): at capacity, or dropless at kDroplessPlanningFactor.
       const double rows = k * (m.moe.capacity_factor < 0 ? kDroplessPlanningFactor
                                                          : m.moe.capacity_factor) * mine;
       comm.push_back({"expert", "all_gather", std::int64_t(calls), calls * (n - 1) * e * 4.0,

@@ -1,6 +1,7 @@
-// The ragged all-to-all, blocking and in two halves. The rows travel padded to `block` per
-// device in one tiled all_to_all of the communicator (every backend has it), started
-// non-blocking; the padding is cut on arrival. As with ppermute_start / ppermute_done, the
+// The ragged all-to-all, blocking and in two halves. The rows travel as they are in the
+// communicator's all-to-all of variable splits where the backend has one (threads, MPI);
+// elsewhere (NCCL, for now) padded to `block` per device in one tiled all_to_all, the
+// padding cut on arrival. Either is started non-blocking. As with ppermute_start / ppermute_done, the
 // op is two tape nodes: the start node (input x, output a scalar token) and the done node
 // (input the token, output the rows received). The tape runs nodes in reverse creation
 // order, so the backward pass starts the exchange of the cotangent back at the done node
@@ -77,10 +78,27 @@ Tensor cut(const RaggedState& s, const Tensor& got, const std::vector<std::int64
                       : tensor::concat(kept, 0);
 }
 
-// Posts the exchange of `rows` (split by `counts`) into `recv` (allocated here).
+// Elements of `rows` rows, per device.
+std::vector<std::int64_t> elements(const RaggedState& s, const std::vector<std::int64_t>& rows) {
+  const std::int64_t per_row = numel(s.row);
+  std::vector<std::int64_t> e(rows.size());
+  for (std::size_t j = 0; j < rows.size(); ++j) e[j] = rows[j] * per_row;
+  return e;
+}
+
+// Posts the exchange of `rows` (split by `counts`, receiving `got` from each device) into
+// `recv` (allocated here).
 comm::Request post(RaggedState& s, const Tensor& rows, const std::vector<std::int64_t>& counts,
-                   Tensor& send, Tensor& recv) {
+                   const std::vector<std::int64_t>& got, Tensor& send, Tensor& recv) {
   if (s.block == 0) return {};  // no device sends anything: every device knows it
+  if (s.comm.has_all_to_allv()) {
+    std::int64_t total = 0;
+    for (std::int64_t g : got) total += g;
+    send = rows;
+    recv = Tensor::empty(rows_of(s.row, total), s.dtype, s.device);
+    return s.comm.iall_to_allv(comm::buffer_of(send), elements(s, counts), comm::buffer_of(recv),
+                               elements(s, got));
+  }
   send = pad(s, rows, counts);
   recv = Tensor::empty(send.shape(), s.dtype, s.device);
   return s.comm.iall_to_all(comm::buffer_of(send), comm::buffer_of(recv));
@@ -91,8 +109,9 @@ Tensor complete(RaggedState& s, const char* op, comm::Request& req, Tensor& send
                 const std::vector<std::int64_t>& counts) {
   detail::named(op, s.axes, [&] { req.wait(); });
   send = Tensor();
-  Tensor out = s.block == 0 ? Tensor::zeros(rows_of(s.row, 0), s.dtype, s.device)
-                            : cut(s, recv, counts);
+  Tensor out = s.block == 0               ? Tensor::zeros(rows_of(s.row, 0), s.dtype, s.device)
+               : s.comm.has_all_to_allv() ? recv
+                                          : cut(s, recv, counts);
   recv = Tensor();
   return out;
 }
@@ -135,8 +154,9 @@ RaggedHandle ragged_all_to_all_start(DeviceContext& ctx, const Tensor& x_in, con
   s->dtype = x.dtype();
   s->device = x.device();
   s->vma = x.varying_axes();
-  detail::named("ragged_all_to_all", s->axes,
-                [&] { s->req = post(*s, x.detach(), send_counts, s->send_buf, s->recv_buf); });
+  detail::named("ragged_all_to_all", s->axes, [&] {
+    s->req = post(*s, x.detach(), send_counts, recv_counts, s->send_buf, s->recv_buf);
+  });
   if (tensor::needs_grad({&x})) {
     // The start node's backward keeps the state alive; the state drops its token (the edge
     // to this node) at the done half, so there is no cycle once the op completes.
@@ -172,7 +192,8 @@ Tensor ragged_all_to_all_done(RaggedHandle& handle) {
                                 ? g[0]
                                 : Tensor::zeros(rows_of(s->row, s->received), s->dtype, s->device);
           detail::named("ragged_all_to_all transpose", s->axes, [&] {
-            s->grad_req = post(*s, gy, s->recv_counts, s->grad_send, s->grad_recv);
+            s->grad_req =
+                post(*s, gy, s->recv_counts, s->send_counts, s->grad_send, s->grad_recv);
           });
           return std::vector<Tensor>{Tensor::scalar(0.0)};
         },

@@ -31,6 +31,11 @@ std::string describe(const CallDesc& d) {
   std::ostringstream os;
   os << op_kind_name(op);
   if (op == OpKind::Barrier || op == OpKind::Split) return os.str() + "()";
+  if (op == OpKind::AllToAll && d.count == kVariableCount) {
+    os << "v(" << dtype_name(static_cast<DType>(d.dtype));
+    if (d.device != 0) os << ", on " << device_kind_name(static_cast<DeviceKind>(d.device));
+    return os.str() + ")";
+  }
   os << "(count=" << d.count << ", " << dtype_name(static_cast<DType>(d.dtype));
   if (op == OpKind::AllReduce || op == OpKind::ReduceScatter)
     os << ", " << reduce_op_name(static_cast<ReduceOp>(d.reduce));

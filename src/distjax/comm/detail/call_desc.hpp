@@ -27,6 +27,10 @@ struct CallDesc {
   bool operator==(const CallDesc& o) const;
 };
 
+/// The count of an all_to_allv's descriptor (an all_to_all whose blocks differ by rank):
+/// described as "all_to_allv(f32)".
+inline constexpr std::int64_t kVariableCount = -1;
+
 CallDesc make_desc(std::uint64_t seq, OpKind op, std::int64_t count = 0, DType dtype = DType::F32,
                    ReduceOp reduce = ReduceOp::Sum, int root = 0, std::uint64_t pairs_hash = 0);
 /// "all_reduce(count=16, f32, sum)".

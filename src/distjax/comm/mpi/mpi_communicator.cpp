@@ -199,6 +199,46 @@ class MpiCommunicator final : public CommunicatorImpl,
     });
   }
 
+  // The counts and offsets travel as int arrays that MPI reads until the call completes:
+  // the call's last finish step holds them.
+  Request iall_to_allv(const Buffer& send, const std::vector<std::int64_t>& send_counts,
+                       const Buffer& recv, const std::vector<std::int64_t>& recv_counts,
+                       Completion completion) override {
+    const char* op = completion == Completion::Now ? "all_to_allv" : "iall_to_allv";
+    HostBuffers access(op, kBackend, send, recv);
+    to_int(op, std::max(send.count, recv.count));  // every offset fits an int
+    struct Splits {
+      std::vector<int> send_counts, send_offsets, recv_counts, recv_offsets;
+    };
+    auto splits = std::make_shared<Splits>();
+    auto fill = [](const std::vector<std::int64_t>& counts, std::vector<int>& c,
+                   std::vector<int>& at) {
+      int next = 0;
+      for (std::int64_t k : counts) {
+        c.push_back(static_cast<int>(k));
+        at.push_back(next);
+        next += static_cast<int>(k);
+      }
+    };
+    fill(send_counts, splits->send_counts, splits->send_offsets);
+    fill(recv_counts, splits->recv_counts, splits->recv_offsets);
+    const auto es = static_cast<std::int64_t>(dtype_size(send.dtype));
+    const detail::Traffic traffic{(send.count - send_counts[rank()]) * es,
+                                  (recv.count - recv_counts[rank()]) * es, size() - 1};
+    const DType dtype = send.dtype;
+    auto call = begin(detail::make_desc(seq_, OpKind::AllToAll, detail::kVariableCount, dtype),
+                      traffic);
+    call->access.emplace(std::move(access));
+    call->finish.push_back([splits] {});
+    return start(std::move(call), [=, this](MPI_Request* q) {
+      const MPI_Datatype t = mpi_type(dtype);
+      return MPI_Ialltoallv(send.data, splits->send_counts.data(), splits->send_offsets.data(), t,
+                            recv.data, splits->recv_counts.data(), splits->recv_offsets.data(), t,
+                            comm_, q);
+    });
+  }
+  bool has_all_to_allv() const override { return true; }
+
   Request ibroadcast(const Buffer& buf, int root, Completion completion) override {
     HostBuffers access(completion == Completion::Now ? "broadcast" : "ibroadcast", kBackend, buf);
     const int n = to_int("broadcast", buf.count);

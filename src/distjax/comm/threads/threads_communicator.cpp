@@ -249,6 +249,63 @@ void ThreadsCommunicator::run_all_to_all(Mover& m, const Buffer& sb, const Buffe
   call.depart();
 }
 
+namespace {
+
+// What a rank of an all_to_allv publishes at its arrival in place of its send pointer: its
+// send buffer with the element offset of each destination's block, and its receive counts
+// (so every rank can check every pair).
+struct VariableSplits {
+  const char* send = nullptr;
+  std::vector<std::int64_t> send_counts, send_offsets, recv_counts;
+};
+
+std::vector<std::int64_t> offsets_of(const std::vector<std::int64_t>& counts) {
+  std::vector<std::int64_t> at(counts.size(), 0);
+  for (std::size_t j = 1; j < counts.size(); ++j) at[j] = at[j - 1] + counts[j - 1];
+  return at;
+}
+
+}  // namespace
+
+void ThreadsCommunicator::run_all_to_allv(Mover& m, const Buffer& sb,
+                                          const std::vector<std::int64_t>& send_counts,
+                                          const Buffer& rb,
+                                          const std::vector<std::int64_t>& recv_counts) {
+  const int n = size(), me = rank();
+  const auto es = static_cast<std::int64_t>(dtype_size(sb.dtype));
+  const VariableSplits mine{bytes_of(sb.data), send_counts, offsets_of(send_counts), recv_counts};
+  // Bytes that cross between devices (a rank's block to itself moves nothing).
+  detail::Traffic traffic{(sb.count - send_counts[me]) * es, (rb.count - recv_counts[me]) * es,
+                          n - 1};
+  Call call(*this, m, OpKind::AllToAll, traffic);
+  call.arrive(detail::make_desc(call.seq(), OpKind::AllToAll, detail::kVariableCount, sb.dtype),
+              &mine, rb.data);
+  auto splits_of = [&](int r) { return static_cast<const VariableSplits*>(g_->send_of(r)); };
+  // Every rank checks every pair, so all of them agree on the verdict; the phase keeps each
+  // rank's published splits alive until every rank has read them.
+  std::string disagree;
+  for (int i = 0; i < n && disagree.empty(); ++i)
+    for (int j = 0; j < n && disagree.empty(); ++j)
+      if (splits_of(i)->send_counts[j] != splits_of(j)->recv_counts[i])
+        disagree = "[all_to_allv] devices disagree at call #" + std::to_string(call.seq()) +
+                   " of group " + *g_->label() + ": device " + std::to_string(group()[i]) +
+                   " sends " + std::to_string(splits_of(i)->send_counts[j]) +
+                   " elements to device " + std::to_string(group()[j]) + ", which expects " +
+                   std::to_string(splits_of(j)->recv_counts[i]);
+  if (!disagree.empty()) {
+    call.phase();
+    throw CommError(disagree);
+  }
+  std::int64_t at = 0;
+  for (int j = 0; j < n; ++j) {
+    const VariableSplits& from = *splits_of(j);
+    m.copy(bytes_of(rb.data) + at * es, from.send + from.send_offsets[me] * es,
+           recv_counts[j] * es);
+    at += recv_counts[j];
+  }
+  call.depart();
+}
+
 void ThreadsCommunicator::run_broadcast(Mover& m, const Buffer& b, int root) {
   void* buf = b.data;
   const std::int64_t count = b.count;
@@ -632,6 +689,16 @@ Request ThreadsCommunicator::iall_to_all(const Buffer& send, const Buffer& recv,
   auto m = mover(op_name(completion, "all_to_all", "iall_to_all"), {&send, &recv});
   return issue(completion, m,
                [this, mv = m.get(), send, recv] { run_all_to_all(*mv, send, recv); });
+}
+Request ThreadsCommunicator::iall_to_allv(const Buffer& send,
+                                          const std::vector<std::int64_t>& send_counts,
+                                          const Buffer& recv,
+                                          const std::vector<std::int64_t>& recv_counts,
+                                          Completion completion) {
+  auto m = mover(op_name(completion, "all_to_allv", "iall_to_allv"), {&send, &recv});
+  return issue(completion, m, [this, mv = m.get(), send, recv, send_counts, recv_counts] {
+    run_all_to_allv(*mv, send, send_counts, recv, recv_counts);
+  });
 }
 Request ThreadsCommunicator::ibroadcast(const Buffer& buf, int root, Completion completion) {
   auto m = mover(op_name(completion, "broadcast", "ibroadcast"), {&buf});

@@ -32,6 +32,10 @@ class ThreadsCommunicator final : public CommunicatorImpl {
   Request ireduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op,
                           Completion completion) override;
   Request iall_to_all(const Buffer& send, const Buffer& recv, Completion completion) override;
+  Request iall_to_allv(const Buffer& send, const std::vector<std::int64_t>& send_counts,
+                       const Buffer& recv, const std::vector<std::int64_t>& recv_counts,
+                       Completion completion) override;
+  bool has_all_to_allv() const override { return true; }
   Request ibroadcast(const Buffer& buf, int root, Completion completion) override;
   Request ipermute(const Buffer& send, const Buffer& recv,
                    const std::vector<std::pair<int, int>>& pairs, Completion completion) override;
@@ -56,6 +60,8 @@ class ThreadsCommunicator final : public CommunicatorImpl {
   void run_all_gather(Mover& m, const Buffer& send, const Buffer& recv);
   void run_reduce_scatter(Mover& m, const Buffer& send, const Buffer& recv, ReduceOp op);
   void run_all_to_all(Mover& m, const Buffer& send, const Buffer& recv);
+  void run_all_to_allv(Mover& m, const Buffer& send, const std::vector<std::int64_t>& send_counts,
+                       const Buffer& recv, const std::vector<std::int64_t>& recv_counts);
   void run_broadcast(Mover& m, const Buffer& buf, int root);
   void run_permute(Mover& m, const Buffer& send, const Buffer& recv,
                    const std::vector<std::pair<int, int>>& pairs);
