@@ -301,6 +301,28 @@ TEST(DistjaxMoe, ACheckpointResumesOnAnotherExpertParallelSize) {
   distjax::testing::expect_resumes_as_saved(base / "ep2", want,
                                             {{"ep4", resume_on(4, 4)}, {"ep1", resume_on(1, 1)}},
                                             kTol);
+  // Under ZeRO-1 the experts' optimizer state is split over "data" (the replicas holding
+  // the same experts): saved whole, it resumes on another split and without ZeRO.
+  const std::string zero = "--set parallelism.shard=optimizer";
+  const auto [zstatus, zoutput] = distjax::testing::run_tool(
+      train(base / "zero", 4, "--set distributed.expert_parallel_size=2 " + zero,
+            "--set run.checkpoint_every=4"));
+  ASSERT_EQ(zstatus, 0) << zoutput;
+  const std::map<int, double> zwant = losses(base / "zero");
+  ASSERT_EQ(zwant.size(), 6u) << zoutput;
+  expect_near(zwant, want, "ZeRO-1 data 2 x expert 2 against expert 2");
+  auto resume_zero_on = [&](int world, int ep, const std::string& shard) {
+    return [=](const fs::path& out) {
+      return train(out, world,
+                   "--set distributed.expert_parallel_size=" + std::to_string(ep) + " " + shard,
+                   "--set run.checkpoint_every=0 --resume");
+    };
+  };
+  distjax::testing::expect_resumes_as_saved(
+      base / "zero", zwant,
+      {{"zero2-ep4", resume_zero_on(4, 4, "--set parallelism.shard=gradients")},
+       {"plain-ep2", resume_zero_on(2, 2, "")}},
+      kTol);
   fs::remove_all(base);
 }
 

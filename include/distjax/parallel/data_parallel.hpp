@@ -27,6 +27,12 @@ using ParamSpecs = nn::ParamSpecs;
 /// many bytes, one all_reduce per bucket (fewer, larger messages than one per leaf).
 constexpr std::size_t kDefaultBucketBytes = std::size_t{32} << 20;
 
+/// The axes of `data_axes` the leaf at `path` is averaged over: those its spec in `specs`
+/// does not shard it on (a Mixture-of-Experts leaf split over "expert" is averaged over
+/// "data", the replicas that hold the same experts), in the order of `data_axes`.
+std::vector<std::string> axes_to_average(const mesh::Axes& data_axes, const ParamSpecs* specs,
+                                         const std::string& path);
+
 /// Gradient synchronisation for data parallelism, per leaf: each f32 leaf of `grads` is
 /// averaged over the axes of `data_axes` its parameter is NOT sharded on (its spec in
 /// `specs`; absent = replicated) and left alone over the axes it is sharded on (a shard's

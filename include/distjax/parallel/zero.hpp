@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "distjax/parallel/data_parallel.hpp"
@@ -29,9 +30,11 @@ using tensor::TensorTree;
 /// gradient accumulation and keeps only the chunks (4 bytes per parameter / n).
 /// Communication per step: a reduce-scatter of the gradients and an all-gather of the
 /// parameters, 2 (n-1)/n x gradient bytes, as plain data parallelism's all-reduce.
-/// Parameters sharded over a data axis already (their spec names one) are left to
-/// sync_grads' rules and updated whole. Results equal DataParallel's up to f32 summation
-/// order.
+/// A parameter sharded over some of the data axes already (its spec names them: experts
+/// split over "expert") is split over the others, the replicas that hold the same shard
+/// (averaged, reduce-scattered and gathered over those alone); one sharded over every
+/// data axis is left to sync_grads' rules and updated whole. Results equal DataParallel's
+/// up to f32 summation order.
 ///
 ///   parallel::ZeroDataParallel zero(ctx, 2, "data", &specs);
 ///   auto state = train::TrainState::create(params, opt, key, zero);  // sharded state
@@ -39,8 +42,8 @@ using tensor::TensorTree;
 class ZeroDataParallel final : public train::Strategy {
  public:
   /// `options` as DataParallel's: the bucket size, the expert axes (experts split over them
-  /// are left whole, averaged over the other data axes), the dropout key's axes; overlap is
-  /// ZeRO's own and fully_sharded must be empty (stage 3 is FSDP).
+  /// are split by ZeRO over the other data axes), the dropout key's axes; overlap is ZeRO's
+  /// own and fully_sharded must be empty (stage 3 is FSDP).
   ZeroDataParallel(spmd::DeviceContext& ctx, int stage, mesh::Axes axes = "data",
                    const ParamSpecs* specs = nullptr, DataParallelOptions options = {});
 
@@ -71,14 +74,24 @@ class ZeroDataParallel final : public train::Strategy {
   int stage() const { return stage_; }
 
  private:
-  // Whether ZeRO splits this leaf (f32, replicated along the axes).
-  bool splits(const std::string& path, const tensor::Tensor& t) const;
+  // The axes ZeRO splits this leaf over: the data axes its gradient is averaged over
+  // (axes_to_average: every one for a replicated leaf, the data replicas holding the same
+  // experts for an expert split over "expert"); empty when it is not split (not f32, or
+  // sharded over every data axis).
+  mesh::Axes split_axes(const std::string& path, const tensor::Tensor& t) const;
+  // The split leaves (path, elements) grouped by their split axes, the groups in the order
+  // of their first leaf: the same on every device.
+  struct SplitGroup {
+    mesh::Axes axes;
+    std::vector<std::pair<std::string, std::int64_t>> leaves;
+  };
+  std::vector<SplitGroup> split_groups(const TensorTree& tree) const;
   // This device's chunks of the split leaves (the others unchanged).
   TensorTree own_chunks(const TensorTree& params) const;
-  // The parameter an optimizer state path "<slot>/<param path>" belongs to, when ZeRO
-  // splits it (null otherwise).
-  const tensor::Tensor* split_param_of(const std::string& state_path,
-                                       const TensorTree& params) const;
+  // The parameter an optimizer state path "<slot>/<param path>" belongs to and the axes
+  // ZeRO splits it over, when it does (null otherwise).
+  std::pair<const tensor::Tensor*, mesh::Axes> split_param_of(const std::string& state_path,
+                                                               const TensorTree& params) const;
   // Reduce-scatters the split leaves' gradients (mean); the others go through sync_grads.
   // keep_full: the chunks are views into the full-size gradient buffer (stage 1).
   TensorTree scatter_grads(const TensorTree& grads, bool keep_full);

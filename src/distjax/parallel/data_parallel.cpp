@@ -16,19 +16,6 @@ using tensor::Tensor;
 namespace {
 
 // The data axes a parameter is not sharded on: its gradient is averaged over these.
-std::vector<std::string> axes_to_average(const mesh::Axes& data_axes, const ParamSpecs* specs,
-                                         const std::string& path) {
-  const mesh::PartitionSpec* spec = nullptr;
-  if (specs) {
-    auto it = specs->find(path);
-    if (it != specs->end()) spec = &it->second;
-  }
-  std::vector<std::string> out;
-  for (const auto& a : data_axes.names)
-    if (!spec || !spec->uses(a)) out.push_back(a);
-  return out;
-}
-
 // One all_reduce (mean) per bucket of at most `bucket_elems` over `comm`, leaves in the
 // given order; results are views into the buckets.
 void average_in_buckets(comm::Communicator& comm, std::uint32_t averaged_mask,
@@ -67,6 +54,19 @@ void average_in_buckets(comm::Communicator& comm, std::uint32_t averaged_mask,
 }
 
 }  // namespace
+
+std::vector<std::string> axes_to_average(const mesh::Axes& data_axes, const ParamSpecs* specs,
+                                         const std::string& path) {
+  const mesh::PartitionSpec* spec = nullptr;
+  if (specs) {
+    auto it = specs->find(path);
+    if (it != specs->end()) spec = &it->second;
+  }
+  std::vector<std::string> out;
+  for (const auto& a : data_axes.names)
+    if (!spec || !spec->uses(a)) out.push_back(a);
+  return out;
+}
 
 TensorTree sync_grads(spmd::DeviceContext& ctx, const TensorTree& grads,
                       const mesh::Axes& data_axes, const ParamSpecs* specs,

@@ -102,76 +102,81 @@ ZeroDataParallel::ZeroDataParallel(spmd::DeviceContext& ctx, int stage, mesh::Ax
   traits_.memory = &ctx.memory();
 }
 
-bool ZeroDataParallel::splits(const std::string& path, const Tensor& t) const {
-  if (t.dtype() != DType::F32) return false;
-  if (specs_ != nullptr) {
-    auto it = specs_->find(path);
-    if (it != specs_->end())
-      for (const auto& a : axes_.names)
-        if (it->second.uses(a)) return false;
+mesh::Axes ZeroDataParallel::split_axes(const std::string& path, const Tensor& t) const {
+  if (t.dtype() != DType::F32) return {};
+  return mesh::Axes(axes_to_average(axes_, specs_, path));
+}
+
+std::vector<ZeroDataParallel::SplitGroup> ZeroDataParallel::split_groups(
+    const TensorTree& tree) const {
+  std::vector<SplitGroup> groups;
+  for (const auto& [path, t] : tree) {
+    const mesh::Axes axes = split_axes(path, t);
+    if (axes.names.empty()) continue;
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const SplitGroup& g) { return g.axes.names == axes.names; });
+    if (it == groups.end()) it = groups.insert(groups.end(), SplitGroup{axes, {}});
+    it->leaves.emplace_back(path, t.numel());
   }
-  return true;
+  return groups;
 }
 
 TensorTree ZeroDataParallel::own_chunks(const TensorTree& params) const {
-  const int n = ctx_->axis_size(axes_), r = ctx_->axis_index(axes_);
   TensorTree out;
   for (const auto& [path, p] : params) {
-    if (!splits(path, p)) {
+    const mesh::Axes axes = split_axes(path, p);
+    if (axes.names.empty()) {
       out.set(path, p);
       continue;
     }
+    const int n = ctx_->axis_size(axes), r = ctx_->axis_index(axes);
     const std::int64_t k = chunk_size(p.numel(), n), have = chunk_extent(p.numel(), k, r);
     Tensor c = Tensor::zeros({k}, DType::F32, p.device());
     copy_chunk(c, p, k, r, have);
-    c.set_varying_axes(p.varying_axes() | ctx_->axis_mask(axes_));
+    c.set_varying_axes(p.varying_axes() | ctx_->axis_mask(axes));
     out.set(path, c);
   }
   return out;
 }
 
 TensorTree ZeroDataParallel::scatter_grads(const TensorTree& grads, bool keep_full) {
-  comm::Communicator& comm = ctx_->comm(axes_);
-  const int n = comm.size(), r = comm.rank();
-  const std::uint32_t mask = ctx_->axis_mask(axes_);
   TensorTree out, rest;
-  std::vector<std::pair<std::string, std::int64_t>> split;
-  for (const auto& [path, g] : grads) {
-    if (splits(path, g)) {
-      split.emplace_back(path, g.numel());
-    } else {
-      rest.set(path, g);
-    }
-  }
+  for (const auto& [path, g] : grads)
+    if (split_axes(path, g).names.empty()) rest.set(path, g);
   for (const auto& [path, g] : sync_grads(*ctx_, rest, axes_, specs_, bucket_bytes_))
     out.set(path, g);
-  const auto max_elems = static_cast<std::int64_t>(bucket_bytes_ / sizeof(float)) / n;
-  for (const Bucket& b : make_buckets(split, n, std::max<std::int64_t>(1, max_elems))) {
-    // Rank-major: block j holds every leaf's chunk j, so the reduce-scatter leaves each
-    // device the averaged chunks it owns.
-    const Device device = grads.at(b.paths[0]).device();
-    Tensor send = Tensor::zeros({n * b.block}, DType::F32, device);
-    for (std::size_t i = 0; i < b.paths.size(); ++i) {
-      const Tensor& g = grads.at(b.paths[i]);
-      copy_chunks(send, b.block, b.offsets[i], g, chunk_size(g.numel(), n), /*to_blocks=*/true);
-    }
-    Tensor recv = Tensor::empty({b.block}, DType::F32, device);
-    comm.reduce_scatter(comm::buffer_of(send), comm::buffer_of(recv), comm::ReduceOp::Mean);
-    // Stage 1 keeps the full-size gradient buffer (its chunk written back in place);
-    // stage 2 keeps only the chunks.
-    Tensor held = recv;
-    std::int64_t base = 0;
-    if (keep_full) {
-      tensor::copy_into(send.view_rows(r * b.block, (r + 1) * b.block), recv);
-      held = send;
-      base = r * b.block;
-    }
-    for (std::size_t i = 0; i < b.paths.size(); ++i) {
-      const Tensor& g = grads.at(b.paths[i]);
-      const std::int64_t k = chunk_size(g.numel(), n);
-      Tensor c = held.view_rows(base + b.offsets[i], base + b.offsets[i] + k);
-      c.set_varying_axes(g.varying_axes() | mask);
-      out.set(b.paths[i], c);
+  for (const SplitGroup& group : split_groups(grads)) {
+    comm::Communicator& comm = ctx_->comm(group.axes);
+    const int n = comm.size(), r = comm.rank();
+    const std::uint32_t mask = ctx_->axis_mask(group.axes);
+    const auto max_elems = static_cast<std::int64_t>(bucket_bytes_ / sizeof(float)) / n;
+    for (const Bucket& b : make_buckets(group.leaves, n, std::max<std::int64_t>(1, max_elems))) {
+      // Rank-major: block j holds every leaf's chunk j, so the reduce-scatter leaves each
+      // device the averaged chunks it owns.
+      const Device device = grads.at(b.paths[0]).device();
+      Tensor send = Tensor::zeros({n * b.block}, DType::F32, device);
+      for (std::size_t i = 0; i < b.paths.size(); ++i) {
+        const Tensor& g = grads.at(b.paths[i]);
+        copy_chunks(send, b.block, b.offsets[i], g, chunk_size(g.numel(), n), /*to_blocks=*/true);
+      }
+      Tensor recv = Tensor::empty({b.block}, DType::F32, device);
+      comm.reduce_scatter(comm::buffer_of(send), comm::buffer_of(recv), comm::ReduceOp::Mean);
+      // Stage 1 keeps the full-size gradient buffer (its chunk written back in place);
+      // stage 2 keeps only the chunks.
+      Tensor held = recv;
+      std::int64_t base = 0;
+      if (keep_full) {
+        tensor::copy_into(send.view_rows(r * b.block, (r + 1) * b.block), recv);
+        held = send;
+        base = r * b.block;
+      }
+      for (std::size_t i = 0; i < b.paths.size(); ++i) {
+        const Tensor& g = grads.at(b.paths[i]);
+        const std::int64_t k = chunk_size(g.numel(), n);
+        Tensor c = held.view_rows(base + b.offsets[i], base + b.offsets[i] + k);
+        c.set_varying_axes(g.varying_axes() | mask);
+        out.set(b.paths[i], c);
+      }
     }
   }
   return out;
@@ -227,52 +232,55 @@ TensorTree ZeroDataParallel::init_opt_state(const optim::Optimizer& optimizer,
 void ZeroDataParallel::apply_update(const optim::Optimizer& optimizer, TensorTree& params,
                                     const TensorTree& grads, TensorTree& opt_state,
                                     std::int64_t step) {
-  comm::Communicator& comm = ctx_->comm(axes_);
-  const int n = comm.size();
   TensorTree chunks = own_chunks(params);
   optimizer.update(chunks, grads, opt_state, step);
-  // All-gather the updated chunks and write every replica's parameters in place.
-  std::vector<std::pair<std::string, std::int64_t>> split;
-  for (const auto& [path, p] : params)
-    if (splits(path, p)) split.emplace_back(path, p.numel());
-  const auto max_elems = static_cast<std::int64_t>(bucket_bytes_ / sizeof(float)) / n;
-  for (const Bucket& b : make_buckets(split, n, std::max<std::int64_t>(1, max_elems))) {
-    const Device device = params.at(b.paths[0]).device();
-    Tensor send = Tensor::empty({b.block}, DType::F32, device);
-    for (std::size_t i = 0; i < b.paths.size(); ++i) {
-      const Tensor& c = chunks.at(b.paths[i]);
-      tensor::copy_into(send.view_rows(b.offsets[i], b.offsets[i] + c.numel()), c);
-    }
-    Tensor recv = Tensor::empty({n * b.block}, DType::F32, device);
-    comm.all_gather(comm::buffer_of(send), comm::buffer_of(recv));
-    for (std::size_t i = 0; i < b.paths.size(); ++i) {
-      const Tensor& p = params.at(b.paths[i]);
-      copy_chunks(recv, b.block, b.offsets[i], p, chunk_size(p.numel(), n), /*to_blocks=*/false);
+  // All-gather the updated chunks over each group's axes and write every replica's
+  // parameters in place.
+  for (const SplitGroup& group : split_groups(params)) {
+    comm::Communicator& comm = ctx_->comm(group.axes);
+    const int n = comm.size();
+    const auto max_elems = static_cast<std::int64_t>(bucket_bytes_ / sizeof(float)) / n;
+    for (const Bucket& b : make_buckets(group.leaves, n, std::max<std::int64_t>(1, max_elems))) {
+      const Device device = params.at(b.paths[0]).device();
+      Tensor send = Tensor::empty({b.block}, DType::F32, device);
+      for (std::size_t i = 0; i < b.paths.size(); ++i) {
+        const Tensor& c = chunks.at(b.paths[i]);
+        tensor::copy_into(send.view_rows(b.offsets[i], b.offsets[i] + c.numel()), c);
+      }
+      Tensor recv = Tensor::empty({n * b.block}, DType::F32, device);
+      comm.all_gather(comm::buffer_of(send), comm::buffer_of(recv));
+      for (std::size_t i = 0; i < b.paths.size(); ++i) {
+        const Tensor& p = params.at(b.paths[i]);
+        copy_chunks(recv, b.block, b.offsets[i], p, chunk_size(p.numel(), n),
+                    /*to_blocks=*/false);
+      }
     }
   }
 }
 
-const Tensor* ZeroDataParallel::split_param_of(const std::string& state_path,
-                                               const TensorTree& params) const {
+std::pair<const Tensor*, mesh::Axes> ZeroDataParallel::split_param_of(
+    const std::string& state_path, const TensorTree& params) const {
   const auto slash = state_path.find('/');
-  if (slash == std::string::npos) return nullptr;
+  if (slash == std::string::npos) return {nullptr, {}};
   const std::string path = state_path.substr(slash + 1);
-  if (!params.contains(path)) return nullptr;
+  if (!params.contains(path)) return {nullptr, {}};
   const Tensor& p = params.at(path);
-  return splits(path, p) ? &p : nullptr;
+  mesh::Axes axes = split_axes(path, p);
+  if (axes.names.empty()) return {nullptr, {}};
+  return {&p, std::move(axes)};
 }
 
 TensorTree ZeroDataParallel::opt_state_to_param_layout(const TensorTree& opt_state,
                                                        const TensorTree& params) {
-  comm::Communicator& comm = ctx_->comm(axes_);
-  const int n = comm.size();
   TensorTree out;
   for (const auto& [path, s] : opt_state) {
-    const Tensor* p = split_param_of(path, params);
+    const auto [p, axes] = split_param_of(path, params);
     if (p == nullptr) {
       out.set(path, s);
       continue;
     }
+    comm::Communicator& comm = ctx_->comm(axes);
+    const int n = comm.size();
     const std::int64_t k = chunk_size(p->numel(), n);
     DISTJAX_CHECK(s.dtype() == DType::F32 && s.numel() == k, InvalidArgument,
                   "[ZeroDataParallel] optimizer state \"", path, "\" has ", s.numel(),
@@ -289,10 +297,9 @@ TensorTree ZeroDataParallel::opt_state_to_param_layout(const TensorTree& opt_sta
 
 TensorTree ZeroDataParallel::opt_state_from_param_layout(const TensorTree& state,
                                                          const TensorTree& params) {
-  const int n = ctx_->axis_size(axes_), r = ctx_->axis_index(axes_);
   TensorTree out;
   for (const auto& [path, s] : state) {
-    const Tensor* p = split_param_of(path, params);
+    const auto [p, axes] = split_param_of(path, params);
     if (p == nullptr) {
       out.set(path, s);
       continue;
@@ -300,10 +307,11 @@ TensorTree ZeroDataParallel::opt_state_from_param_layout(const TensorTree& state
     DISTJAX_CHECK(s.shape() == p->shape(), InvalidArgument, "[ZeroDataParallel] optimizer state \"",
                   path, "\" has shape ", to_string(s.shape()), "; expected its parameter's ",
                   to_string(p->shape()));
+    const int n = ctx_->axis_size(axes), r = ctx_->axis_index(axes);
     const std::int64_t k = chunk_size(s.numel(), n), have = chunk_extent(s.numel(), k, r);
     Tensor c = Tensor::zeros({k}, DType::F32, s.device());
     copy_chunk(c, s, k, r, have);
-    c.set_varying_axes(s.varying_axes() | ctx_->axis_mask(axes_));
+    c.set_varying_axes(s.varying_axes() | ctx_->axis_mask(axes));
     out.set(path, c);
   }
   return out;

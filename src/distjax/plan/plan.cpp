@@ -273,15 +273,23 @@ Plan stage_plan(const ModelDescription& m, const Setup& s, int stage,
   plan.stage = stage;
   plan.model_name = m.name;
   plan.model_params = m.num_params();
-  double elems = 0;
-  for (const detail::LocalLeaf& l : leaves)
+  double elems = 0, expert_elems = 0;
+  for (const detail::LocalLeaf& l : leaves) {
     elems += double(l.elems);
-  const int d = averaged(s);  // ZeRO shards over the devices that average
+    if (is_expert(l.param->split) && s.expert > 1) expert_elems += double(l.elems);
+  }
+  // ZeRO shards over the devices that average: the experts split over "expert" over the
+  // replicas holding the same experts (data / expert x context), the rest over them all.
+  const int d = averaged(s), de = s.data / s.expert * s.context;
+  auto per_device = [&](double bytes_per_elem, bool sharded) {
+    return sharded ? (elems - expert_elems) * bytes_per_elem / d + expert_elems * bytes_per_elem / de
+                   : elems * bytes_per_elem;
+  };
   plan.params_per_device = elems;
   plan.parameters = elems * s.param_bytes;
-  plan.gradients = elems * s.grad_bytes / (s.zero_stage >= 2 ? d : 1);
-  plan.optimizer_state = elems * (s.optimizer_slots * s.state_bytes + (s.master_weights ? 4 : 0)) /
-                         (s.zero_stage >= 1 ? d : 1);
+  plan.gradients = per_device(s.grad_bytes, s.zero_stage >= 2);
+  plan.optimizer_state =
+      per_device(s.optimizer_slots * s.state_bytes + (s.master_weights ? 4 : 0), s.zero_stage >= 1);
   plan.activations = m.layers > 0 ? detail::gpt_activation_peak(m, s, stage, leaves)
                                   : classifier_activation_peak(m, s, leaves);
   return plan;
@@ -319,6 +327,14 @@ std::vector<CommEntry> stage_comm(const ModelDescription& m, const Setup& s,
       comm.push_back({axes, "reduce_scatter", 1, ring_gather(dp, rep), "gradients"});
       comm.push_back({axes, "all_gather", 1, ring_gather(dp, replicated_elems * s.param_bytes),
                       "updated parameters"});
+      const int ep = s.data / s.expert * s.context;
+      if (expert_elems > 0 && ep > 1) {
+        const std::string over = s.context > 1 ? "data,context" : "data";
+        comm.push_back({over, "reduce_scatter", 1, ring_gather(ep, expert_elems * s.grad_bytes),
+                        "experts' gradients"});
+        comm.push_back({over, "all_gather", 1, ring_gather(ep, expert_elems * s.param_bytes),
+                        "updated experts"});
+      }
     }
   }
   if (d > 1) {

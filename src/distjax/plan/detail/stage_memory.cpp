@@ -376,14 +376,17 @@ double gpt_activation_peak(const ModelDescription& m, const Setup& s, int stage,
   // replicas holding the same experts).
   const int averaged = s.data * s.context;
   const int experts_averaged = s.data / s.expert * s.context;
-  double replicated = 0;
-  for (const LocalLeaf& l : leaves)
-    if (l.gathered == 0 &&
-        (is_expert(l.param->split) ? experts_averaged : averaged) > 1)
+  double replicated = 0, kept = 0;  // kept: ZeRO-2's chunks of them
+  for (const LocalLeaf& l : leaves) {
+    const int over = is_expert(l.param->split) ? experts_averaged : averaged;
+    if (l.gathered == 0 && over > 1) {
       replicated += double(l.elems) * s.grad_bytes;
+      kept += double(l.elems) * s.grad_bytes / over;
+    }
+  }
   const bool copies = s.activations.gradient_bucket_copy && averaged > 1;
   const double bucket = copies && s.zero_stage == 0 ? replicated : 0.0;
-  const double scatter = copies && s.zero_stage == 2 ? replicated + replicated / averaged : 0.0;
+  const double scatter = copies && s.zero_stage == 2 ? replicated + kept : 0.0;
   return saved_of(units) + backward_peak(units, true, bucket, scatter);
 }
 
