@@ -201,27 +201,11 @@ void gpt_round(const std::vector<Variant>& variants, int devices, const comm::Li
 
 // tokens/s of bench/reference/torch_moe.py, run now; 0 when it could not run.
 double torch_tokens_per_s(const Options& o, json& info) {
-  const std::string cmd = o.python + " " + DISTJAX_SOURCE_DIR +
-                          "/bench/reference/torch_moe.py --seconds " +
-                          std::to_string(o.seconds) + " 2>&1";
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
-  if (!pipe) return 0;
-  std::string text;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, pipe.get()) != nullptr) text += buf;
-  for (std::size_t at = 0; at < text.size();) {
-    const std::size_t end = text.find('\n', at);
-    const std::string l = text.substr(at, end == std::string::npos ? std::string::npos : end - at);
-    at = end == std::string::npos ? text.size() : end + 1;
-    if (l.empty() || l.front() != '{') continue;
-    const json j = json::parse(l, nullptr, false);
-    if (j.is_object() && j.contains("tokens_per_s")) {
-      info = j;
-      return j["tokens_per_s"].get<double>();
-    }
-  }
-  info = {{"error", text.substr(0, 2000)}};
-  return 0;
+  info = reference_result(o.python + " " + DISTJAX_SOURCE_DIR +
+                              "/bench/reference/torch_moe.py --seconds " +
+                              std::to_string(o.seconds),
+                          "tokens_per_s");
+  return info.contains("error") ? 0.0 : info["tokens_per_s"].get<double>();
 }
 
 void bench_step(const Options& o, Writer& out) {

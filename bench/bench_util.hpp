@@ -59,6 +59,29 @@ inline double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/// Runs `command` (a reference program in another language: its stderr joined to its
+/// stdout) and returns the last line of its output that is a JSON object holding `key`;
+/// otherwise {"error": the start of its output}, for the bench line's reason.
+inline nlohmann::json reference_result(const std::string& command, const std::string& key) {
+  std::FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return {{"error", "could not start: " + command}};
+  std::string text;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, pipe) != nullptr) text += buf;
+  pclose(pipe);
+  nlohmann::json found;
+  for (std::size_t at = 0; at < text.size();) {
+    const std::size_t end = std::min(text.find('\n', at), text.size());
+    if (text[at] == '{') {
+      nlohmann::json j = nlohmann::json::parse(text.substr(at, end - at), nullptr, false);
+      if (j.is_object() && j.contains(key)) found = std::move(j);
+    }
+    at = end + 1;
+  }
+  if (found.is_object()) return found;
+  return {{"error", text.substr(0, 2000)}};
+}
+
 inline double minimum(const std::vector<double>& v) {
   return v.empty() ? 0.0 : *std::min_element(v.begin(), v.end());
 }
