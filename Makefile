@@ -55,9 +55,11 @@ test-tsan: setup
 # libFuzzer runs of the readers of untrusted files (fuzz/: the TOML config with --set, the
 # safetensors files and the index of checkpoints), clang with ASan and UBSan, in their own
 # build directory: each target's regression inputs, then FUZZ_SECONDS of fuzzing on its
-# corpus (scripts/fuzz.sh). FUZZ_SECONDS=20 is the short run.
+# corpus (scripts/fuzz.sh). FUZZ_SECONDS=20 is the short run; FUZZ_RUNS=N runs N
+# executions from a fixed seed instead (what CI runs: the same every time).
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 60
+FUZZ_RUNS ?=
 FUZZ_TARGETS ?= config safetensors checkpoint_index
 fuzz:
 	@bash scripts/setup.sh fuzz
@@ -66,7 +68,7 @@ fuzz:
 	  -DDISTJAX_WITH_MPI=OFF -DDISTJAX_WITH_CUDA=OFF -DDISTJAX_BUILD_TESTS=OFF \
 	  -DDISTJAX_BUILD_EXAMPLES=OFF -DDISTJAX_BUILD_BENCH=OFF -DDISTJAX_BUILD_TOOLS=OFF >/dev/null
 	@cmake --build $(FUZZ_BUILD) -j $(JOBS) --target $(FUZZ_TARGETS:%=%_fuzzer)
-	@bash scripts/fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+	@FUZZ_RUNS=$(FUZZ_RUNS) bash scripts/fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 
 # The README's two commands on a clean Debian root (debootstrap, chroot): see
 # scripts/fresh-check.sh. SUITE=bookworm (Debian 12, the default) or SUITE=trixie (Debian 13).
