@@ -282,7 +282,7 @@ Plan stage_plan(const ModelDescription& m, const Setup& s, int stage,
   // replicas holding the same experts (data / expert x context), the rest over them all.
   const int d = averaged(s), de = s.data / s.expert * s.context;
   auto per_device = [&](double bytes_per_elem, bool sharded) {
-    return sharded ? (elems - expert_elems) * bytes_per_elem / d + expert_elems * bytes_per_elem / de
+    return sharded ? ((elems - expert_elems) / d + expert_elems / de) * bytes_per_elem
                    : elems * bytes_per_elem;
   };
   plan.params_per_device = elems;

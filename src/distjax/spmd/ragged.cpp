@@ -1,11 +1,11 @@
 // The ragged all-to-all, blocking and in two halves. The rows travel as they are in the
 // communicator's all-to-all of variable splits where the backend has one (threads, MPI);
 // elsewhere (NCCL, for now) padded to `block` per device in one tiled all_to_all, the
-// padding cut on arrival. Either is started non-blocking. As with ppermute_start / ppermute_done, the
-// op is two tape nodes: the start node (input x, output a scalar token) and the done node
-// (input the token, output the rows received). The tape runs nodes in reverse creation
-// order, so the backward pass starts the exchange of the cotangent back at the done node
-// and waits for it at the start node.
+// padding cut on arrival. Either is started non-blocking. As with ppermute_start /
+// ppermute_done, the op is two tape nodes: the start node (input x, output a scalar
+// token) and the done node (input the token, output the rows received). The tape runs
+// nodes in reverse creation order, so the backward pass starts the exchange of the
+// cotangent back at the done node and waits for it at the start node.
 #include "distjax/spmd/ragged.hpp"
 
 #include <string>
