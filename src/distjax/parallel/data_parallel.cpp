@@ -15,7 +15,6 @@ using tensor::Tensor;
 
 namespace {
 
-// The data axes a parameter is not sharded on: its gradient is averaged over these.
 // One all_reduce (mean) per bucket of at most `bucket_elems` over `comm`, leaves in the
 // given order; results are views into the buckets.
 void average_in_buckets(comm::Communicator& comm, std::uint32_t averaged_mask,
