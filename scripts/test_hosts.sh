@@ -3,9 +3,10 @@
 # ranks each run configs/gpt_3d.toml under OpenMPI over TCP; the run must say where its
 # processes are, and every log record (all but the timings) must be bitwise the threads
 # run's on one host. Needs root; where namespaces cannot be made it says why and skips,
-# unless DISTJAX_REQUIRE_HOSTS=1 (CI), which makes that a failure. Then host 1's link is cut
-# mid-run (scripts/test_hosts_lost.py): host 0's ranks must stop within 10 s naming the lost
-# host, and a resume on host 0 alone must continue with the threads run's losses.
+# unless DISTJAX_REQUIRE_HOSTS=1 (CI), which makes that a failure. Then host 1 is lost
+# mid-run, its processes killed, then its link cut (scripts/test_hosts_lost.py): each time
+# host 0's ranks must stop within 10 s naming the lost host, and a resume on host 0 alone
+# must continue with the threads run's losses.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -87,5 +88,32 @@ if slow < 3 * fast:
 PY
 grep '^Communication of device 0' "$out/slow.log"
 
-# A host lost: its link cut mid-run; the survivors' errors, and the resume on host 0 alone.
-python3 scripts/test_hosts_lost.py "$BUILD" "$out" "$out/threads/metrics.jsonl" "$STEPS"
+# A job cancelled (SIGTERM to mpirun, which passes it on): no process is gone, so none gives
+# an account of one (lifelines.hpp); the job ends within seconds.
+bash scripts/hosts.sh mpirun 4 "./$BUILD/distjax" train configs/gpt_3d.toml --overwrite \
+  --set run.steps="$STEPS" --set run.log_every=1 --set run.timeline=false \
+  --out "$out/cancel" >"$out/cancel.log" 2>&1 &
+job=$!
+for _ in $(seq 600); do
+  grep -q '^step 3/' "$out/cancel.log" && break
+  sleep 0.5
+done
+grep -q '^step 3/' "$out/cancel.log" ||
+  { echo "[test-hosts] the run to cancel did not reach step 3:" >&2; tail -20 "$out/cancel.log" >&2; exit 1; }
+t0=$(date +%s.%N)
+kill -TERM "$job"
+wait "$job" && { echo "[test-hosts] the cancelled job exited with status 0" >&2; exit 1; }
+took=$(python3 -c "import time; print(f'{time.time() - $t0:.1f}')")
+if compgen -G "$out/cancel/failures/*" >/dev/null; then
+  echo "[test-hosts] a process of the cancelled job gave an account of a failure:" >&2
+  cat "$out"/cancel/failures/* >&2
+  exit 1
+fi
+python3 -c "import sys; sys.exit(float('$took') > 15)" ||
+  { echo "[test-hosts] the cancelled job took $took s to end" >&2; exit 1; }
+echo "[test-hosts] job cancelled (SIGTERM to mpirun): ended in $took s, no process claimed another gone"
+
+# A host lost mid-run, its processes killed, then (the link stays down) its link cut: the
+# survivors' errors, and the resume on host 0 alone.
+python3 scripts/test_hosts_lost.py kill "$BUILD" "$out" "$out/threads/metrics.jsonl" "$STEPS"
+python3 scripts/test_hosts_lost.py cut "$BUILD" "$out" "$out/threads/metrics.jsonl" "$STEPS"

@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 """make test-hosts, a host lost: the main job on 2 hosts x 4 ranks (scripts/hosts.sh) with
-host 1's link cut mid-run. Every rank of host 0 must stop within 10 s with an error naming
-the lost host, its ranks and the collective it was in; the last complete checkpoint must be
-intact, and a resume on host 0 alone (data-parallel size 1: the checkpoint reshards) must
-continue with the losses of the uninterrupted run (REFERENCE, the threads run of the same
-steps) within 1e-6.
+host 1 lost mid-run, in one of two ways (MODE): `kill`, every DistJax process of host 1
+killed (mpirun then ends the job: each survivor's account comes from its sentinel, which
+asks every process's lifeline on SIGTERM), or `cut`, host 1's link set down (the
+survivors' collectives time out). Every rank of host 0 must stop within 10 s with an error
+naming the lost host, its ranks and the collective it was in; the last complete checkpoint
+must be intact, and a resume on host 0 alone (data-parallel size 1: the checkpoint
+reshards) must continue with the losses of the uninterrupted run (REFERENCE, the threads
+run of the same steps) within 1e-6. Under `kill`, mpirun must also end by itself with a
+non-zero status (after a cut it waits on host 1's OpenMPI daemon; the test ends it).
 
-  test_hosts_lost.py BUILD OUT REFERENCE_METRICS STEPS
+  test_hosts_lost.py MODE BUILD OUT REFERENCE_METRICS STEPS
 """
 import json
 import os
@@ -17,15 +21,18 @@ import subprocess
 import sys
 import time
 
-BUILD, OUT, REFERENCE, STEPS = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+MODE, BUILD, OUT, REFERENCE, STEPS = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+if MODE not in ("kill", "cut"):
+    sys.exit(f"test_hosts_lost.py: MODE is kill or cut, not {MODE}")
+HOW = {"kill": "processes killed", "cut": "link cut"}[MODE]
 LOST_HOST, LOST_RANKS = "distjax-host1", "devices 4-7"
 TIMEOUT_S = 4  # distributed.timeout_s: the survivors' collective timeout
-CUT_AFTER = 12  # the step after which the link is cut (a checkpoint every 5 steps)
-run_dir = os.path.join(OUT, "lost")
+CUT_AFTER = 12  # the step after which host 1 is lost (a checkpoint every 5 steps)
+run_dir = os.path.join(OUT, f"lost-{MODE}")
 
 
 def fail(msg):
-    sys.exit(f"[test-hosts] host lost: {msg}")
+    sys.exit(f"[test-hosts] host lost ({HOW}): {msg}")
 
 
 def host_ranks(ns):
@@ -53,7 +60,7 @@ def alive(pid):
 train = [f"./{BUILD}/distjax", "train", "configs/gpt_3d.toml", "--set", f"run.steps={STEPS}",
          "--set", "run.log_every=1", "--set", "run.timeline=false", "--set", "run.checkpoint_every=5",
          "--set", f"distributed.timeout_s={TIMEOUT_S}", "--out", run_dir]
-log_path = os.path.join(OUT, "lost.log")
+log_path = os.path.join(OUT, f"lost-{MODE}.log")
 log = open(log_path, "w")
 job = subprocess.Popen(["bash", "scripts/hosts.sh", "mpirun", "4", *train, "--overwrite"],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
@@ -63,9 +70,9 @@ errors = {}  # device -> its error line
 exits = {}  # pid of a rank of host 0 -> seconds after the cut it was gone
 pending = b""
 started = time.monotonic()
-# Until host 0's ranks are gone (30 s after the cut at most). mpirun itself then still
-# waits on the cut host's daemon (OpenMPI's, until its TCP connection times out): it is
-# ended here once they are gone.
+# Until host 0's ranks are gone (30 s after host 1 was lost at most). After a cut, mpirun
+# itself still waits on the cut host's daemon (OpenMPI's, until its TCP connection times
+# out): it is ended here once they are gone. After a kill it must end by itself.
 while True:
     now = time.monotonic()
     if cut_at is None and now - started > 300:
@@ -87,9 +94,9 @@ while True:
         m = re.match(r"step (\d+)/", line)
         if cut_at is None and m and int(m.group(1)) >= CUT_AFTER:
             survivors = host_ranks("distjax-host0")
-            subprocess.run(["bash", "scripts/hosts.sh", "cut", "1"], check=True)
+            subprocess.run(["bash", "scripts/hosts.sh", MODE, "1"], check=True)
             cut_at = time.monotonic()
-            print(f"[test-hosts] host 1's link cut after step {m.group(1)}")
+            print(f"[test-hosts] host 1 lost ({HOW}) after step {m.group(1)}")
     log.flush()
     if cut_at is not None:
         for p in survivors:
@@ -97,20 +104,35 @@ while True:
                 exits[p] = time.monotonic() - cut_at
         if not ready and len(exits) == len(survivors):
             break
-os.killpg(job.pid, signal.SIGKILL)
-job.wait()
+status = None
+if MODE == "kill":
+    try:
+        rest, _ = job.communicate(timeout=30)
+        pending += rest
+        status = job.returncode
+    except subprocess.TimeoutExpired:
+        pass
+if status is None:
+    os.killpg(job.pid, signal.SIGKILL)
+    job.wait()
 log.write(pending.decode(errors="replace"))
 log.close()
+if MODE == "kill":
+    if status is None:
+        fail(f"mpirun was still running 30 s after the survivors stopped; see {log_path}")
+    if status == 0:
+        fail(f"mpirun exited with status 0; see {log_path}")
+    print(f"[test-hosts] host lost ({HOW}): mpirun ended with status {status}")
 if len(survivors) != 4:
     fail(f"expected 4 ranks on distjax-host0, found {survivors}")
 
 if len(exits) < len(survivors):
-    fail(f"ranks of host 0 still running 30 s after the cut: {sorted(set(survivors) - set(exits))}")
+    fail(f"ranks of host 0 still running 30 s after host 1 was lost: {sorted(set(survivors) - set(exits))}")
 first, last = min(exits.values()), max(exits.values())
-print(f"[test-hosts] host lost (link cut): the 4 ranks of host 0 stopped {first:.1f} s to "
-      f"{last:.1f} s after the cut (timeout_s = {TIMEOUT_S})")
+print(f"[test-hosts] host lost ({HOW}): the 4 ranks of host 0 stopped {first:.1f} s to "
+      f"{last:.1f} s after it (timeout_s = {TIMEOUT_S})")
 if last > 10:
-    fail(f"the last rank of host 0 stopped {last:.1f} s after the cut (more than 10 s)")
+    fail(f"the last rank of host 0 stopped {last:.1f} s after host 1 was lost (more than 10 s)")
 # Each process's error, as it keeps it (mpirun may drop the last lines of a job it ends).
 print(f"[test-hosts] errors that reached mpirun's output: devices {sorted(errors)}")
 for d in range(4):
@@ -122,7 +144,7 @@ for d in range(4):
     errors[d] = line
     if LOST_HOST not in line or LOST_RANKS not in line or not re.search(r"\[\w+\] .*call #\d+ of group", line):
         fail(f"device {d}'s error does not name {LOST_HOST}, {LOST_RANKS} and the collective: {line}")
-print(f"[test-hosts] device 0 said: {errors[0]}")
+print(f"[test-hosts] host lost ({HOW}): device 0 said: {errors[0]}")
 
 # The last complete checkpoint, and the resume on the host that is left.
 ckpts = os.path.join(run_dir, "checkpoints")
@@ -135,10 +157,10 @@ if step < 5 or step >= STEPS:
     fail(f"the latest checkpoint is at step {step}, expected one between 5 and {STEPS - 1}")
 resume = subprocess.run(["bash", "scripts/hosts.sh", "mpirun", "--on", "0", "4", *train, "--resume",
                          "--set", "distributed.world_size=4"], capture_output=True, text=True)
-with open(os.path.join(OUT, "resume.log"), "w") as f:
+with open(os.path.join(OUT, f"resume-{MODE}.log"), "w") as f:
     f.write(resume.stdout + resume.stderr)
 if resume.returncode != 0:
-    fail(f"the resume on host 0 failed (exit {resume.returncode}); see {OUT}/resume.log")
+    fail(f"the resume on host 0 failed (exit {resume.returncode}); see {OUT}/resume-{MODE}.log")
 
 
 def losses(path):
@@ -152,7 +174,7 @@ for s in range(step + 1, STEPS + 1):
     if s not in got:
         fail(f"the resumed run logged no loss at step {s}")
     worst = max(worst, abs(got[s] - ref[s]) / abs(ref[s]))
-print(f"[test-hosts] resumed from {latest} on host 0 alone (4 ranks, data-parallel 1): steps "
+print(f"[test-hosts] host lost ({HOW}): resumed from {latest} on host 0 alone (4 ranks, data-parallel 1): steps "
       f"{step + 1}-{STEPS} within {worst:.1e} relative of the uninterrupted run")
 if worst > 1e-6:
     fail(f"the resumed losses differ by {worst:.2e} relative (more than 1e-6)")

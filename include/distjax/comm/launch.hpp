@@ -61,6 +61,16 @@ struct LaunchOptions {
   /// but rounded at every step of its ring (error growing with the group size). Max is
   /// exact either way and never widened.
   bool half_reduce_in_f32 = true;
+  /// MPI: a file where this process keeps its error (removed when the launch starts), as
+  /// launchers ending a failed job may drop the last lines its processes print (mpirun
+  /// does). It holds the error launch rethrows, or the process's account when the launcher
+  /// ends it (SIGTERM) because other processes of the job are gone: the call its device
+  /// was in and the processes gone, found by asking each process's lifeline, a TCP socket
+  /// every process listens on ("[all_reduce] call #812 of group (0,1,2,3,4,5,6,7) cannot
+  /// complete: the processes of devices 4-7 on node-b are gone (the host answers, they do
+  /// not); the launcher is ending the job (SIGTERM)"; the process then exits with status 1).
+  /// Empty: the account goes to stderr only.
+  std::string error_file{};
 };
 
 /// Runs fn once per local device with that device's world communicator and joins.

@@ -49,6 +49,8 @@ struct ShardMapOptions {
   /// per-call check but on small all-reduces, which carry it in their own messages; a
   /// hang is still diagnosed at the timeout from the flight records).
   bool check_collectives = true;
+  /// comm::LaunchOptions::error_file: under MPI, where each process keeps its error.
+  std::string error_file{};
 };
 
 /// A function over global arrays built by shard_map.

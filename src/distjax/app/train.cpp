@@ -315,18 +315,14 @@ void print_hosts(const spmd::DeviceContext& ctx) {
   std::fflush(stdout);
 }
 
-// Under MPI, each process's error also goes to <out_dir>/failures/process_<rank>.txt: a
-// launcher tearing a failed job down may drop the last lines its processes print (mpirun
-// does), and the operator needs every process's account (which host it lost, where).
-std::filesystem::path failure_file(const config::TrainConfig& c) {
-  return std::filesystem::path(c.run.out_dir) / "failures" /
-         ("process_" + std::to_string(c.distributed.rank) + ".txt");
-}
-
-void keep_failure(const config::TrainConfig& c, const std::string& what) {
-  std::error_code ec;
-  std::filesystem::create_directories(failure_file(c).parent_path(), ec);
-  std::ofstream(failure_file(c)) << what << "\n";
+// Under MPI, each process's error also goes to <out_dir>/failures/process_<rank>.txt
+// (comm::LaunchOptions::error_file): a launcher tearing a failed job down may drop the last
+// lines its processes print (mpirun does), and the operator needs every process's account
+// (which host it lost, where).
+std::string failure_file(const config::TrainConfig& c) {
+  return (std::filesystem::path(c.run.out_dir) / "failures" /
+          ("process_" + std::to_string(c.distributed.rank) + ".txt"))
+      .string();
 }
 
 }  // namespace
@@ -357,20 +353,12 @@ int train_prepared(const config::TrainConfig& c, const TrainOptions& options) {
       run.device(&ctx);
       return std::vector<tensor::Tensor>{};
     };
-    if (mpi) {  // an earlier run's
-      std::error_code ec;
-      std::filesystem::remove(failure_file(c), ec);
-    }
-    try {
-      spmd::shard_map(mesh, device, {}, {},
-                      {.backend = c.distributed.comm_backend(),
-                       .device = c.distributed.placement(),
-                       .timeout = c.distributed.timeout()})(
-          std::vector<tensor::Tensor>{});
-    } catch (const std::exception& e) {
-      if (mpi) keep_failure(c, e.what());
-      throw;
-    }
+    spmd::shard_map(mesh, device, {}, {},
+                    {.backend = c.distributed.comm_backend(),
+                     .device = c.distributed.placement(),
+                     .timeout = c.distributed.timeout(),
+                     .error_file = mpi ? failure_file(c) : std::string()})(
+        std::vector<tensor::Tensor>{});
   }
   run.finish(piped);
   return run.stopped() ? kStoppedStatus : 0;

@@ -139,6 +139,7 @@ std::vector<ShardedArray> ShardMapped::operator()(const std::vector<ShardedArray
   lo.link = options_.link;
   lo.intra_op_threads = options_.intra_op_threads;
   lo.check_collectives = options_.check_collectives;
+  lo.error_file = options_.error_file;
   comm::launch(lo, [&](comm::Communicator& world) {
     DeviceContext ctx(mesh_, world);
     tensor::VaryingAxesHookGuard hook(&ctx);  // the tape's implicit pvary sums through ctx

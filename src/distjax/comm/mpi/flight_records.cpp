@@ -5,6 +5,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <mutex>
 #include <sstream>
 
 #include "distjax/comm/mpi/backoff.hpp"
@@ -45,6 +46,9 @@ struct Service {
   std::vector<std::shared_ptr<GroupRecords>> kept;  // their records, for answers
   Awaited waiting;
   bool finished = false;  // the device's program returned
+  // Guards `waiting`, `finished` and the records `waiting` points to against readers on
+  // other threads (flight_describe_wait); only the device's thread writes them.
+  std::mutex m;
 };
 Service& service() {
   static Service* s = new Service();  // never destroyed: used until MPI_Finalize
@@ -143,6 +147,7 @@ std::vector<GroupCount> flight_counts(std::size_t max) {
 
 void flight_waiting(const Awaited& a) {
   Service& s = service();
+  std::lock_guard<std::mutex> lk(s.m);
   const std::uint64_t generation = s.waiting.generation + 1;
   s.waiting = a;
   s.waiting.generation = generation;
@@ -152,19 +157,37 @@ const Awaited& flight_awaited() {
   return service().waiting;
 }
 
+std::string flight_describe_wait() {
+  Service& s = service();
+  std::lock_guard<std::mutex> lk(s.m);
+  const Awaited& a = s.waiting;
+  if (s.finished || a.group == nullptr) return "";
+  std::ostringstream os;
+  if (a.peer >= 0)
+    os << "[" << (a.kind == OpKind::Send ? "isend" : "irecv") << "] transfer "
+       << (a.kind == OpKind::Send ? "to" : "from") << " device " << a.peer << " (tag " << a.tag
+       << ") in group " << a.group->label;
+  else
+    os << "[" << op_kind_name(a.kind) << "] call #" << a.seq << " of group " << a.group->label;
+  return os.str();
+}
+
 void flight_finished() {
-  service().finished = true;
+  Service& s = service();
+  std::lock_guard<std::mutex> lk(s.m);
+  s.finished = true;
 }
 
 void flight_open(MPI_Comm comm, int query_tag) {
   Service& s = service();
+  flight_waiting({});  // before the records it may point to go
+  std::lock_guard<std::mutex> lk(s.m);
   s.comm = comm;
   s.tag = query_tag;
   s.created.clear();
   s.groups.clear();
   s.retired.clear();
   s.kept.clear();
-  flight_waiting({});
   s.finished = false;
   post_recv();
 }

@@ -84,6 +84,10 @@ std::vector<GroupCount> flight_counts(std::size_t max);
 void flight_waiting(const Awaited& a);
 /// What the device waits on now.
 const Awaited& flight_awaited();
+/// What the device waits on now, from any thread: "[all_reduce] call #4 of group (0,1,2,3)",
+/// "[irecv] transfer from device 5 (tag 3) in group (4,5)", or "" when it waits on nothing
+/// or its program finished.
+std::string flight_describe_wait();
 /// Marks the device's program as finished (answers say so until the launch closes).
 void flight_finished();
 

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <sstream>
@@ -26,6 +27,7 @@
 #include "distjax/comm/detail/launch_helpers.hpp"
 #include "distjax/comm/mpi/guards.hpp"
 #include "distjax/comm/mpi/hosts.hpp"
+#include "distjax/comm/mpi/lifelines.hpp"
 #include "distjax/comm/mpi/mpi_communicator.hpp"
 #include "distjax/comm/mpi/notices.hpp"
 #include "distjax/comm/mpi/watchdog.hpp"
@@ -109,6 +111,16 @@ void finalize_at_exit() {
   MPI_Finalize();
   w.disarm(token);
 }
+// Rethrows e with " (raised on device N)" appended, kept in the launch's error file
+// unless the sentinel is giving the process's account already (lifelines.hpp).
+[[noreturn]] void rethrow_kept(std::exception_ptr e, int device, const std::string& error_file) {
+  try {
+    detail::rethrow_with_device(e, device);
+  } catch (const std::exception& x) {
+    if (claim_account()) keep_error(error_file, x.what());
+    throw;
+  }
+}
 }  // namespace
 
 }  // namespace distjax::comm::mpi
@@ -150,6 +162,10 @@ void launch_mpi(const LaunchOptions& opts, const std::function<void(Communicator
     }
   } restore{user_handler};
   mpi::g_timeout = opts.timeout;
+  if (!opts.error_file.empty()) {  // an earlier run's
+    std::error_code ec;
+    std::filesystem::remove(opts.error_file, ec);
+  }
   mpi::open_epoch(opts.timeout, world_rank);
   try {
     auto world = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
@@ -158,6 +174,8 @@ void launch_mpi(const LaunchOptions& opts, const std::function<void(Communicator
     mpi::wait_setup(r, world, mpi::Clock::now() + opts.timeout, opts.timeout, "launch",
                     "duplicating MPI_COMM_WORLD", world_rank);
     mpi::gather_hosts(*world, mpi::Clock::now() + opts.timeout, opts.timeout, world_rank);
+    mpi::open_lifelines(*world, mpi::Clock::now() + opts.timeout, opts.timeout, world_rank);
+    mpi::sentinel_watch(world_rank, opts.error_file);
     // Device buffers (a GPU's, the checked device's) reach MPI through host staging.
     Communicator c(stage_device_buffers(
         mpi::make_communicator(*world, opts, std::make_shared<CommStats>(), "launch")));
@@ -174,7 +192,8 @@ void launch_mpi(const LaunchOptions& opts, const std::function<void(Communicator
       mpi::send_abort("a non-standard exception");
     }
     mpi::close_epoch();
-    rethrow_with_device(e, world_rank);
+    mpi::sentinel_release();
+    mpi::rethrow_kept(e, world_rank, opts.error_file);
   }
   // The program returned (its communicators are gone): tell the others, and fail if one
   // of them failed because this device left it waiting.
@@ -183,9 +202,11 @@ void launch_mpi(const LaunchOptions& opts, const std::function<void(Communicator
   } catch (...) {
     mpi::g_launch_failed = true;
     mpi::close_epoch();
-    rethrow_with_device(std::current_exception(), world_rank);
+    mpi::sentinel_release();
+    mpi::rethrow_kept(std::current_exception(), world_rank, opts.error_file);
   }
   mpi::close_epoch();
+  mpi::sentinel_release();
 }
 
 bool mpi_available() { return true; }
