@@ -18,7 +18,11 @@
 #
 # Host i is the namespace distjax-host<i>, address 198.18.0.<i+1>/24 (198.18.0.0/15 is the
 # range reserved for network tests, RFC 2544); the bridge distjax-br0 in this namespace is
-# 198.18.0.254, where mpirun runs. Every host has the hostname distjax-host<i> (a UTS
+# 198.18.0.254. mpirun runs on a launch node of its own, the namespace distjax-launcher
+# (198.18.0.253), set as a cluster's launch node should be: net.ipv4.tcp_retries2 = 5, so
+# that a TCP connection to a host that no longer answers fails after about 13 s of
+# retransmissions instead of Linux's default 15 (about 15 minutes), and mpirun ends a job
+# whose host was cut off instead of waiting on that host's daemon. Every host has the hostname distjax-host<i> (a UTS
 # namespace per launch). OpenMPI reaches a host through this script's `agent` (its remote
 # agent, instead of ssh: the command runs inside the host's namespace) and moves every byte
 # over TCP on the bridge (btl tcp,self: no shared memory between hosts; ranks of one host
@@ -28,11 +32,12 @@
 # 2 s after that (odls_base_sigkill_timeout); the first DistJax process to fail after its
 # collective found silent peers leaves the others those seconds to report. A host cut off
 # is found by the collective timeout (distributed.timeout_s): the ranks on both sides stop
-# with an error naming the other; mpirun itself then waits on the cut host's daemon until
-# its TCP connection fails (the keepalive below; longer while mpirun keeps sending to it).
+# with an error naming the other; mpirun then ends the job once its connection to the cut
+# host's daemon fails (the keepalive below, or tcp_retries2 once it sends to it).
 set -euo pipefail
 
 PREFIX=distjax-host
+LAUNCHER=distjax-launcher
 BRIDGE=distjax-br0
 NET=198.18.0
 LOCK=/run/distjax-hosts.lock
@@ -53,10 +58,12 @@ down() {
     ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
     ip netns del "$ns" 2>/dev/null || true
   done
+  ip netns pids "$LAUNCHER" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+  ip netns del "$LAUNCHER" 2>/dev/null || true
   # The host ends of the veth pairs go with their namespaces; these are left only when a
   # namespace was never made.
   for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 |
-    grep -E "^dj-veth[0-9]+$" || true); do
+    grep -E "^dj-veth([0-9]+|L)$" || true); do
     ip link del "$link" 2>/dev/null || true
   done
   ip link del "$BRIDGE" 2>/dev/null || true
@@ -79,6 +86,14 @@ up() {
     ip -n "$PREFIX$i" link set eth0 up
     ip -n "$PREFIX$i" link set lo up
   done
+  ip netns add "$LAUNCHER"
+  ip link add dj-vethL type veth peer name eth0 netns "$LAUNCHER"
+  ip link set dj-vethL master "$BRIDGE" up
+  ip -n "$LAUNCHER" addr add "$NET.253/24" dev eth0
+  ip -n "$LAUNCHER" link set eth0 up
+  ip -n "$LAUNCHER" link set lo up
+  ip netns exec "$LAUNCHER" sh -c 'echo 5 >/proc/sys/net/ipv4/tcp_retries2' ||
+    die "cannot set net.ipv4.tcp_retries2 in the launch node's namespace"
 }
 
 list() {
@@ -120,7 +135,8 @@ run_mpi() {
   for var in $(compgen -e | grep -E '^(OMP_|DISTJAX_)' || true); do
     exports+=(-x "$var")
   done
-  exec mpirun --allow-run-as-root --oversubscribe -np "$ranks" --host "$hostlist" \
+  ip netns list | grep -q "^$LAUNCHER\b" || die "no launch node: run 'bash scripts/hosts.sh up N' first"
+  exec ip netns exec "$LAUNCHER" mpirun --allow-run-as-root --oversubscribe -np "$ranks" --host "$hostlist" \
     --mca plm_rsh_agent "$SELF agent" \
     --mca btl tcp,self --mca btl_tcp_if_include "$NET.0/24" --mca oob_tcp_if_include "$NET.0/24" \
     --mca odls_base_sigkill_timeout 2 --mca oob_tcp_keepalive_time 10 \
