@@ -111,13 +111,15 @@ void finalize_at_exit() {
   MPI_Finalize();
   w.disarm(token);
 }
-// Rethrows e with " (raised on device N)" appended, kept in the launch's error file
-// unless the sentinel is giving the process's account already (lifelines.hpp).
-[[noreturn]] void rethrow_kept(std::exception_ptr e, int device, const std::string& error_file) {
+// Rethrows e with " (raised on device N)" appended, kept in the launch's error file if
+// `keep` (the device claimed the process's account, lifelines.hpp: the sentinel is not
+// giving it).
+[[noreturn]] void rethrow_kept(std::exception_ptr e, int device, bool keep,
+                               const std::string& error_file) {
   try {
     detail::rethrow_with_device(e, device);
   } catch (const std::exception& x) {
-    if (claim_account()) keep_error(error_file, x.what());
+    if (keep) keep_error(error_file, x.what());
     throw;
   }
 }
@@ -182,6 +184,7 @@ void launch_mpi(const LaunchOptions& opts, const std::function<void(Communicator
     fn(c);
   } catch (...) {
     mpi::g_launch_failed = true;
+    const bool account = mpi::claim_account();  // before the sentinel may, on a SIGTERM
     // Tell the other processes first, so their pending calls fail now, not at timeout.
     std::exception_ptr e = std::current_exception();
     try {
@@ -193,7 +196,7 @@ void launch_mpi(const LaunchOptions& opts, const std::function<void(Communicator
     }
     mpi::close_epoch();
     mpi::sentinel_release();
-    mpi::rethrow_kept(e, world_rank, opts.error_file);
+    mpi::rethrow_kept(e, world_rank, account, opts.error_file);
   }
   // The program returned (its communicators are gone): tell the others, and fail if one
   // of them failed because this device left it waiting.
@@ -201,9 +204,10 @@ void launch_mpi(const LaunchOptions& opts, const std::function<void(Communicator
     mpi::finish_epoch(opts.timeout, world_rank);
   } catch (...) {
     mpi::g_launch_failed = true;
+    const bool account = mpi::claim_account();
     mpi::close_epoch();
     mpi::sentinel_release();
-    mpi::rethrow_kept(std::current_exception(), world_rank, opts.error_file);
+    mpi::rethrow_kept(std::current_exception(), world_rank, account, opts.error_file);
   }
   mpi::close_epoch();
   mpi::sentinel_release();
