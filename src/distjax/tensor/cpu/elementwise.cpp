@@ -29,9 +29,15 @@ void map_unary(U u, const float* px, Out* po, std::int64_t n) {
     po[i] = Out(u.f(px[i]));
 }
 
-// grad * f'(x, y) elementwise.
+// grad * f'(x, y) elementwise; py null (an op whose derivative reads only x): not read.
 template <class U>
 void map_grad(U u, const float* pg, const float* px, const float* py, float* po, std::int64_t n) {
+  if (py == nullptr) {
+#pragma omp parallel for simd if (parallel : n > kGrain <U>)
+    for (std::int64_t i = 0; i < n; ++i)
+      po[i] = pg[i] * u.df(px[i], 0.f);
+    return;
+  }
 #pragma omp parallel for simd if (parallel : n > kGrain <U>)
   for (std::int64_t i = 0; i < n; ++i)
     po[i] = pg[i] * u.df(px[i], py[i]);

@@ -43,7 +43,9 @@ struct ElementwiseKernels {
   /// input of the bf16 policy's next matmul in one pass. Null where the device has none.
   void (*unary_bf16)(UnaryOp op, const float* x, bf16* out, std::int64_t n, float c) = nullptr;
   /// out[i] = g[i] * op'(x[i]) for i < n, where y = op(x) is the forward's output; every
-  /// op but AddScalar, MulScalar and NonZero (whose backward is another op).
+  /// op but AddScalar, MulScalar and NonZero (whose backward is another op). The CPU's
+  /// accepts a null y for an op whose derivative reads only x (its fused GEMM epilogue
+  /// keeps GeluTanh's input only).
   void (*unary_grad)(UnaryOp op, const float* g, const float* x, const float* y, float* out,
                      std::int64_t n, float c);
   /// out[i] = op(a[ia], b[ib]) for i < n (out's elements), a and b broadcast to out by
