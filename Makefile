@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: setup configure build run test test-gpu test-tsan test-hosts fuzz fresh-check bench bench-gpu format clean
+.PHONY: setup configure build run test test-gpu test-tsan test-asan test-hosts fuzz fresh-check bench bench-gpu format clean
 
 setup:
 	@bash scripts/setup.sh
@@ -51,6 +51,26 @@ test-tsan: setup
 	cd $(TSAN_BUILD) && OMP_NUM_THREADS=1 \
 	  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
 	  ctest --output-on-failure -R '^(Prefetcher|Pipeline|Checkpoint|CheckpointChild|CheckpointReshard|CheckpointResume|Checkpointer|ContextParallelBalance|Meshes/ContextParallel)\.' -j $(JOBS)
+
+# AddressSanitizer and UndefinedBehaviorSanitizer over the whole CPU suite (MPI tests
+# included; CUDA, the Python module and the benchmarks off), in its own build directory with
+# the Release flags (the parity tests' 1e-6 bounds hold at -O3 -march=native; -O1 sums in
+# other orders) and line tables. A report fails its test (halt_on_error). LeakSanitizer is
+# on, with the leaks of libraries outside DistJax suppressed by name (tests/lsan.supp; the
+# processes under mpirun unwind their allocations slowly to get there, tests/CMakeLists.txt).
+# The consumer test is left out: a program built without ASan cannot load an ASan library.
+# Not in CI (docs/reliability.md says how long it takes on 2 cores).
+ASAN_BUILD ?= build-asan
+test-asan: setup
+	@cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release \
+	  "-DCMAKE_CXX_FLAGS_RELEASE=-O3 -DNDEBUG -g1" -DDISTJAX_SANITIZE=address,undefined \
+	  -DDISTJAX_WITH_CUDA=OFF -DDISTJAX_BUILD_BENCH=OFF >/dev/null
+	@cmake --build $(ASAN_BUILD) -j $(JOBS)
+	cd $(ASAN_BUILD) && OMP_WAIT_POLICY=passive \
+	  ASAN_OPTIONS="detect_leaks=1 halt_on_error=1 detect_stack_use_after_return=0" \
+	  LSAN_OPTIONS="suppressions=$(CURDIR)/tests/lsan.supp print_suppressions=0" \
+	  UBSAN_OPTIONS="halt_on_error=1 print_stacktrace=1" \
+	  ctest --output-on-failure -LE '^(gpu|consumer)$$' -j $(JOBS) --timeout 1500
 
 # libFuzzer runs of the readers of untrusted files (fuzz/: the TOML config with --set, the
 # safetensors files and the index of checkpoints), clang with ASan and UBSan, in their own
