@@ -310,9 +310,7 @@ std::string silent_hosts(const GroupRecords& g, std::uint64_t seq, int self,
     if (any) continue;
     note_silent_peers();
     if (out.tellp() > 0) out << "; ";
-    out << "no process of host " << host << " answers ("
-        << (ranks.size() == 1 ? "device " : "devices ") << detail::join_ranges(ranks)
-        << "): the host is lost or its link is cut";
+    out << host_silent(host, ranks);
   }
   return out.str();
 }

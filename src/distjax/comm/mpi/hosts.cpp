@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "distjax/comm/detail/call_desc.hpp"
+
 namespace distjax::comm::mpi {
 
 namespace {
@@ -21,6 +23,12 @@ void note_silent_peers() { g_silent = true; }
 void set_world_hosts(std::vector<std::string> h) { hosts() = std::move(h); }
 
 const std::vector<std::string>& world_hosts() { return hosts(); }
+
+std::string host_silent(const std::string& host, const std::vector<int>& devices) {
+  return "no process of host " + host + " answers (" +
+         (devices.size() == 1 ? "device " : "devices ") + detail::join_ranges(devices) +
+         "): the host is lost or its link is cut";
+}
 
 std::string on_host(int r) {
   const std::vector<std::string>& h = hosts();

@@ -14,6 +14,11 @@ const std::vector<std::string>& world_hosts();
 /// " on <host>" for world rank r, or "" when the hosts are unknown.
 std::string on_host(int r);
 
+/// "no process of host <host> answers (devices 4-7): the host is lost or its link is cut":
+/// the one wording of a whole host silent, whichever check found it (the flight records'
+/// census after a timeout, or the lifelines' probe when the launcher ends the job).
+std::string host_silent(const std::string& host, const std::vector<int>& devices);
+
 /// Whether a call of this process timed out with devices that did not answer (a process
 /// may be gone: MPI_Finalize could wait for it forever).
 bool peers_silent();

@@ -203,8 +203,7 @@ std::string describe_lost(const std::vector<Liveness>& states,
     }
     if (!silent.empty() && silent.size() == all.size() && host != host_of(self)) {
       sep();
-      out << "no process of host " << host << " answers (" << devices(all)
-          << "): the host is lost or its link is cut";
+      out << host_silent(host, all);
       continue;
     }
     if (!gone.empty()) {
@@ -314,10 +313,23 @@ void sentinel_loop() {
   for (;;) {
     pollfd fds[2] = {{.fd = s.wake[0], .events = POLLIN, .revents = 0},
                      {.fd = listener, .events = POLLIN, .revents = 0}};
-    if (poll(fds, listener >= 0 ? 2 : 1, -1) < 0) continue;
-    if ((fds[1].revents & POLLIN) != 0)  // probes: the connection was the answer
-      for (int c; (c = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC)) >= 0;)
-        close(c);
+    if (poll(fds, listener >= 0 ? 2 : 1, -1) < 0) {
+      if (errno == EINTR) continue;
+      // poll itself fails (no memory): SIGTERM goes back to what it was before, so that the
+      // launcher can still end this process, and the sentinel stops.
+      sigaction(SIGTERM, &s.previous, nullptr);
+      char c;
+      if (read(s.wake[0], &c, 1) > 0) pass_on();  // one came before the handler went back
+      return;
+    }
+    if ((fds[1].revents & POLLIN) != 0) {  // probes: the connection was the answer
+      int c;
+      while ((c = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC)) >= 0) close(c);
+      // Out of descriptors: the probe stays queued (the kernel accepted it, which is the
+      // answer); wait a little rather than spin on it.
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
     if ((fds[0].revents & POLLIN) != 0) {
       char buf[16];
       while (read(s.wake[0], buf, sizeof(buf)) > 0) {
