@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -122,9 +123,11 @@ struct MoE {
 
  private:
   // Expert parallelism, all-to-all: xp's rows to their experts' devices, the local experts,
-  // and back (in exchange_chunks overlapped chunks).
+  // and back (in exchange_chunks overlapped chunks). `meanwhile` runs once the rows are on
+  // their way, before the first chunk is waited on (the shared expert).
   Tensor exchange_and_run(const Scope& scope, const Tensor& xp, const tensor::DispatchPlan& plan,
-                          const Tensor& w1, const Tensor& wg, const Tensor& w2) const;
+                          const Tensor& w1, const Tensor& wg, const Tensor& w2,
+                          const std::function<void()>& meanwhile) const;
   // Expert parallelism, all-gather: the combined output (N, C) of this device's tokens.
   Tensor gather_and_run(const Scope& scope, const Tensor& x, const Tensor& chosen,
                         const Tensor& gates, const Tensor& w1, const Tensor& wg,

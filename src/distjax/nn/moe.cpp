@@ -143,7 +143,8 @@ std::int64_t MoE::active_params(std::int64_t c) const {
 }
 
 Tensor MoE::exchange_and_run(const Scope& scope, const Tensor& xp, const tensor::DispatchPlan& plan,
-                             const Tensor& w1, const Tensor& wg, const Tensor& w2) const {
+                             const Tensor& w1, const Tensor& wg, const Tensor& w2,
+                             const std::function<void()>& meanwhile) const {
   using namespace tensor;
   spmd::DeviceContext& ctx = *scope.context();
   const int n = ctx.axis_size(kExpertAxis), me = ctx.axis_index(kExpertAxis);
@@ -195,6 +196,7 @@ Tensor MoE::exchange_and_run(const Scope& scope, const Tensor& xp, const tensor:
     k.there = spmd::ragged_all_to_all_start(ctx, concat_rows(out, xp), kExpertAxis, k.send,
                                             k.recv, k.block);
   }
+  meanwhile();  // while every chunk travels
   for (std::int64_t c = 0; c < chunks; ++c) {
     Chunk& k = ch[static_cast<std::size_t>(c)];
     const Tensor got = spmd::ragged_all_to_all_done(k.there);
@@ -339,21 +341,32 @@ Tensor MoE::operator()(const Scope& scope, const Tensor& x_in) const {
   // gradient of its slice: summed over the axis here, on the N tokens (Megatron's f), not
   // later on the k N rows.
   const Tensor xe = n_tp > 1 ? spmd::pvary(*scope.context(), x, tensor_axis) : x;
+  // The shared expert, a dense MLP of every token: independent of the routing, so with the
+  // all-to-all exchange it runs while the tokens travel (forward, and in the backward pass
+  // between the transposed exchanges' starts and their waits); added last on every layout,
+  // so that every layout sums in the same order.
+  Tensor shared;
+  const auto run_shared = [&] {
+    if (shared_experts > 0)
+      shared = MLPBlock{.hidden = shared_experts * h,
+                        .kernel_init = lecun_normal(),
+                        .out_init = scaled(lecun_normal(), out_scale)}(scope.child("shared"), x);
+  };
   Tensor y;  // (N, C)
   if (n_ep > 1 && dispatcher == Dispatcher::AllGather) {
     y = gather_and_run(scope, xe, chosen, gates, w1, wg, w2);
   } else {
     const Tensor xp = moe_dispatch(xe, plan);  // (M, C) in the expert order
     const Tensor yp = n_ep == 1 ? expert_mlps(scope.precision(), xp, w1, wg, w2, plan.offsets())
-                                : exchange_and_run(scope, xp, plan, w1, wg, w2);
+                                : exchange_and_run(scope, xp, plan, w1, wg, w2, run_shared);
     y = moe_combine(yp, plan, gates);
   }
   // Each device of the tensor axis ran its slice of the experts' hidden width: partial sums.
   if (n_tp > 1) y = spmd::psum(*scope.context(), y, tensor_axis);
-  if (shared_experts > 0)
-    y = MLPBlock{.hidden = shared_experts * h,
-                 .kernel_init = lecun_normal(),
-                 .out_init = scaled(lecun_normal(), out_scale)}(scope.child("shared"), x, y);
+  if (shared_experts > 0) {
+    if (!shared.defined()) run_shared();
+    y = add(y, shared);
+  }
 
   const bool losses = (aux_loss_coef > 0 || z_loss_coef > 0) && tensor::grad_enabled();
   if (scope.sowing() || losses) {
