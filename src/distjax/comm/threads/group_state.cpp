@@ -121,6 +121,7 @@ GroupState::GroupState(std::shared_ptr<WorldState> world, std::vector<int> membe
       n_(static_cast<int>(members_.size())),
       spin_(n_ <= static_cast<int>(std::thread::hardware_concurrency())),
       entered_(new std::atomic<std::uint64_t>[members_.size()]),
+      left_(members_.size(), false),
       desc_(n_),
       send_(n_, nullptr),
       recv_(n_, nullptr),
@@ -166,6 +167,20 @@ std::vector<int> GroupState::missing_locked(int rank) const {
   return missing;
 }
 
+bool GroupState::gives_up_locked(int rank, bool arrival) const {
+  if (!failed_) return false;
+  if (arrival) return true;
+  for (int j : missing_locked(rank))
+    if (left_[j]) return true;
+  return false;
+}
+
+void GroupState::left_call(int rank) {
+  std::lock_guard lk(mu_);
+  left_[rank] = true;
+  cv_.notify_all();
+}
+
 std::string GroupState::missing_message_locked(int rank, const std::vector<int>& missing,
                                                bool timeout) {
   const detail::CallDesc& d = desc_[rank];
@@ -188,7 +203,10 @@ std::string GroupState::missing_message_locked(int rank, const std::vector<int>&
 void GroupState::sync(int rank, const detail::CallDesc* arrival, const void* send, void* recv,
                       int aux0, int aux1, Clock::time_point deadline,
                       const tensor::raw::Event* mark) {
-  if (failed_atomic_.load(std::memory_order_acquire)) {
+  // A failure elsewhere (another device's error fails every group) ends an arrival at
+  // once; a later sync point still meets its peers, which are moving data from and to
+  // this rank's buffers and arrive without waiting on anything (gives_up_locked).
+  if (arrival && failed_atomic_.load(std::memory_order_acquire)) {
     std::lock_guard lk(mu_);
     throw CommError(failure_);
   }
@@ -243,7 +261,7 @@ void GroupState::sync(int rank, const detail::CallDesc* arrival, const void* sen
   } awake{sleepers_};
   for (;;) {
     if (phase_.load() != my) return;
-    if (failed_) throw CommError(failure_);
+    if (gives_up_locked(rank, arrival != nullptr)) throw CommError(failure_);
     // A missing device that finished its program can never arrive: fail now, naming it.
     std::vector<int> gone;
     for (int j : missing_locked(rank))

@@ -153,6 +153,11 @@ class GroupState {
   /// Removes an unmatched op from the queues, or waits for a matched one to finish.
   void cancel(int rank, const std::shared_ptr<P2POp>& op);
 
+  /// Rank left a call between its arrival and its last sync point (an exception): its
+  /// peers waiting in that call's later sync points stop waiting for it once the group
+  /// has failed.
+  void left_call(int rank);
+
   /// Fails the group (first reason wins) and wakes everyone.
   void fail(const std::string& why);
   /// Throws CommError if the group has failed.
@@ -162,6 +167,10 @@ class GroupState {
   void fail_locked(const std::string& why);
   std::string copy_message(P2POp& s, P2POp& r, const std::tuple<int, int, int>& key);
   std::vector<int> missing_locked(int rank) const;
+  // Whether a sync point may give up on the group's failure: an arrival may; a later sync
+  // point (every rank passed the arrival and is moving data from the others' buffers) only
+  // once a rank it waits for left its call, else leaving would free buffers a peer reads.
+  bool gives_up_locked(int rank, bool arrival) const;
   std::string missing_message_locked(int rank, const std::vector<int>& missing, bool timeout);
 
   std::shared_ptr<WorldState> world_;
@@ -182,6 +191,7 @@ class GroupState {
   bool failed_ = false;  // guarded by mu_, like failure_
   std::string failure_;
   std::unique_ptr<std::atomic<std::uint64_t>[]> entered_;  // sync points entered per rank
+  std::vector<bool> left_;  // guarded by mu_: left_call
   std::vector<detail::CallDesc> desc_;
   std::vector<const void*> send_;
   std::vector<void*> recv_;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <exception>
 #include <optional>
 #include <thread>
 
@@ -123,7 +124,12 @@ class ThreadsCommunicator::Call {
         deadline_(Clock::now() + c.world_->options().timeout) {
     c_.world_->enter_call(c_.global_rank(), kind, seq_, c_.g_->label());
   }
-  ~Call() { c_.world_->leave_call(c_.global_rank()); }
+  ~Call() {
+    // Unwinding between the arrival and the last sync point: the peers waiting for this
+    // rank there stop waiting once the group fails (GroupState::gives_up_locked).
+    if (arrived_ && std::uncaught_exceptions() > exceptions_) c_.g_->left_call(c_.rank());
+    c_.world_->leave_call(c_.global_rank());
+  }
   std::uint64_t seq() const { return seq_; }
   Clock::time_point deadline() const { return deadline_; }
   /// Publishes the call (the descriptor names the device kind of its buffers: every rank's
@@ -135,6 +141,7 @@ class ThreadsCommunicator::Call {
     c_.g_->sync(c_.rank(), &d, send, recv, aux0, aux1, deadline_,
                 m_.ready.empty() ? nullptr : &m_.ready);
     c_.g_->order_after_marks(c_.rank());
+    arrived_ = true;
     timer_.arrived();
   }
   /// Charges the link model, then waits for every rank (nobody touches the buffers after).
@@ -161,6 +168,8 @@ class ThreadsCommunicator::Call {
   detail::Traffic traffic_;
   detail::CallTimer timer_;
   Clock::time_point deadline_;
+  int exceptions_ = std::uncaught_exceptions();
+  bool arrived_ = false;
 };
 
 ThreadsCommunicator::ThreadsCommunicator(std::shared_ptr<WorldState> world,
