@@ -24,9 +24,7 @@
 //   moe_ep4_all_to_all_hidden_fraction   the share of that exchange's link cost (step on the
 //                                        slowed link minus step on a free one) that the
 //                                        exchange in 4 chunks (--ep-chunks) overlapped with
-//                                        the experts' products does not pay; beside it
-//                                        (with_shared_expert), the same with a shared expert
-//                                        running while the tokens travel
+//                                        the experts' products does not pay
 //
 // Usage: bench_moe [--seconds S] [--rounds R] [--part all|grouped|step|ep] [--python P]
 //                  [--ep-gbps G] [--ep-chunks K]
@@ -129,15 +127,14 @@ void bench_grouped(const Options& o, Writer& out) {
 
 // ------------------------------------------------------------------ the MoE GPT
 
-// The MoE GPT (its expert exchange in `chunks`, with `shared` shared experts), or with moe
-// false the dense one.
-models::TransformerConfig moe_gpt(bool moe, std::int64_t chunks = 1, std::int64_t shared = 0) {
+// The MoE GPT (its expert exchange in `chunks`), or with moe false the dense one.
+models::TransformerConfig moe_gpt(bool moe, std::int64_t chunks = 1) {
   models::TransformerConfig c{.vocab = 256, .d_model = 128, .num_layers = 4, .num_heads = 4,
                               .max_len = 64};
   if (moe) {
     c.moe_every = 1;
-    c.moe = {.num_experts = 8, .top_k = 2, .hidden = 256, .shared_experts = shared,
-             .aux_loss_coef = 0.01, .z_loss_coef = 0.001, .exchange_chunks = chunks};
+    c.moe = {.num_experts = 8, .top_k = 2, .hidden = 256, .aux_loss_coef = 0.01,
+             .z_loss_coef = 0.001, .exchange_chunks = chunks};
   }
   return c;
 }
@@ -146,7 +143,6 @@ struct Variant {
   std::string name;
   bool moe = true;
   std::int64_t chunks = 1;  // the expert exchange's
-  std::int64_t shared = 0;  // shared experts
 };
 
 // One shard_map call of `devices` devices ("expert" axis when > 1) running `variants` of the
@@ -156,7 +152,7 @@ void gpt_round(const std::vector<Variant>& variants, int devices, const comm::Li
   const train::Batch batch = token_batch(16 / devices, 64, 256);
   std::vector<std::unique_ptr<models::Transformer>> models;
   for (const Variant& v : variants)
-    models.push_back(std::make_unique<models::Transformer>(moe_gpt(v.moe, v.chunks, v.shared)));
+    models.push_back(std::make_unique<models::Transformer>(moe_gpt(v.moe, v.chunks)));
   spmd::ShardMapOptions so;
   so.intra_op_threads = devices == 1 ? 0 : 1;
   so.link = link;
@@ -269,9 +265,7 @@ ExchangeTimes exchange_times(const Measured& m) {
 // the difference).
 void bench_ep(const Options& o, Writer& out) {
   const comm::LinkModel slow{.latency_us = 20, .bandwidth_gbps = o.ep_gbps};
-  const std::vector<Variant> variants = {{"ep4", true, 1},
-                                         {"ep4_chunked", true, o.ep_chunks},
-                                         {"ep4_shared_chunked", true, o.ep_chunks, 1}};
+  const std::vector<Variant> variants = {{"ep4", true, 1}, {"ep4_chunked", true, o.ep_chunks}};
   auto named = [&](const std::string& suffix) {
     std::vector<std::string> names;
     for (const Variant& v : variants) names.push_back(v.name + suffix);
@@ -332,17 +326,6 @@ void bench_ep(const Options& o, Writer& out) {
   h["chunked_vs_one_piece_step_slow_link"] = t / tc;
   h["chunked_vs_one_piece_step_free_link"] = t_free / tc_free;
   h["link"] = link;
-  // With a shared expert (hidden 256, the same exchange's bytes): it runs while the tokens
-  // travel, more compute under the same link cost.
-  const double ts = median(m.at("ep4_shared_chunked").step_times);
-  const double ts_free = median(m.at("ep4_shared_chunked_free").step_times);
-  h["with_shared_expert"] = {
-      {"hidden_fraction", cost > 0 ? 1.0 - (ts - ts_free) / cost : 0.0},
-      {"method", "1 - (T(slow link) - T(free link)) of the chunked exchange with one shared "
-                 "expert beside the routed ones, over the one-piece link cost without it (the "
-                 "same bytes exchanged)"},
-      {"step_s_slow", ts},
-      {"step_s_free", ts_free}};
   out.write(h);
 }
 
