@@ -68,6 +68,10 @@ std::string join_ranges(const std::vector<int>& v) {
   return s;
 }
 
+std::string devices_in_ranges(const std::vector<int>& v) {
+  return (v.size() == 1 ? "device " : "devices ") + join_ranges(v);
+}
+
 std::string group_label(const std::vector<int>& members) {
   std::string s = "(";  // appended, not operator+: g++ 12 warns falsely (-Wrestrict) there
   s.append(join_ints(members));

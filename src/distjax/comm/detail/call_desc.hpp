@@ -41,6 +41,8 @@ std::string group_label(const std::vector<int>& members);
 std::string join_ints(const std::vector<int>& v);
 /// Runs of consecutive numbers shortened: "4-7", "0-2,5" (v ascending).
 std::string join_ranges(const std::vector<int>& v);
+/// "device 3", "devices 4-7" (join_ranges).
+std::string devices_in_ranges(const std::vector<int>& v);
 /// Empty when every descriptor equals the first; otherwise the mismatch message
 /// "[a/b] devices disagree at call #k of group G: devices .. called ..; device .. called ..".
 std::string mismatch_message(const std::vector<CallDesc>& descs, const std::vector<int>& members);

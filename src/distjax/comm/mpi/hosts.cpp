@@ -25,8 +25,7 @@ void set_world_hosts(std::vector<std::string> h) { hosts() = std::move(h); }
 const std::vector<std::string>& world_hosts() { return hosts(); }
 
 std::string host_silent(const std::string& host, const std::vector<int>& devices) {
-  return "no process of host " + host + " answers (" +
-         (devices.size() == 1 ? "device " : "devices ") + detail::join_ranges(devices) +
+  return "no process of host " + host + " answers (" + detail::devices_in_ranges(devices) +
          "): the host is lost or its link is cut";
 }
 

@@ -182,9 +182,6 @@ std::string describe_lost(const std::vector<Liveness>& states,
     return r < static_cast<int>(hosts.size()) ? hosts[static_cast<std::size_t>(r)]
                                               : std::string("?");
   };
-  auto devices = [](const std::vector<int>& v) {
-    return std::string(v.size() == 1 ? "device " : "devices ") + detail::join_ranges(v);
-  };
   std::vector<std::string> seen;
   std::ostringstream out;
   auto sep = [&] {
@@ -208,13 +205,13 @@ std::string describe_lost(const std::vector<Liveness>& states,
     }
     if (!gone.empty()) {
       sep();
-      out << (gone.size() == 1 ? "the process of " : "the processes of ") << devices(gone)
+      out << (gone.size() == 1 ? "the process of " : "the processes of ") << detail::devices_in_ranges(gone)
           << " on " << host << (gone.size() == 1 ? " is" : " are")
           << " gone (the host answers, " << (gone.size() == 1 ? "it does" : "they do") << " not)";
     }
     if (!silent.empty()) {
       sep();
-      out << devices(silent) << " on " << host << (silent.size() == 1 ? " does" : " do")
+      out << detail::devices_in_ranges(silent) << " on " << host << (silent.size() == 1 ? " does" : " do")
           << " not answer";
     }
   }
