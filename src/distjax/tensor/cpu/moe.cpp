@@ -6,6 +6,8 @@
 #include <numeric>
 #include <vector>
 
+#include <omp.h>
+
 #include "distjax/tensor/cpu/grain.hpp"
 #include "distjax/tensor/cpu/kernels.hpp"
 #include "distjax/tensor/matmul.hpp"
@@ -146,39 +148,79 @@ std::size_t element_bytes(DType dtype) {
   return dtype == DType::F32 ? 4 : 2;
 }
 
+// A block of one group's product: group g's rows, output columns [n0, n1).
+struct GroupTask {
+  std::int64_t g, n0, n1;
+};
+
+// The groups' products cut in tasks of at most 256 output columns (the cut depends on the
+// shape only). Run as they are, one sgemm per group split over the threads, small groups pay
+// a fork and a join each and are split thinner than pays; with at least two tasks per thread
+// the tasks are spread over the threads instead, each a one-thread sgemm: one fork and join
+// for all of them. Either way each output element is one sgemm's sum of its k products, and
+// a run repeats bit for bit at a given number of threads.
+std::vector<GroupTask> group_tasks(const std::int64_t* offsets, std::int64_t groups, std::int64_t n,
+                                   bool skip_empty) {
+  const std::int64_t parts = std::max<std::int64_t>(1, (n + 255) / 256);
+  std::vector<GroupTask> tasks;
+  for (std::int64_t g = 0; g < groups; ++g) {
+    if (skip_empty && offsets[g + 1] == offsets[g]) continue;
+    for (std::int64_t p = 0; p < parts; ++p) tasks.push_back({g, n * p / parts, n * (p + 1) / parts});
+  }
+  return tasks;
+}
+
+template <class Task>
+void run_tasks(const std::vector<GroupTask>& tasks, std::int64_t flops, const Task& task) {
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const bool spread = threads > 1 && std::int64_t(tasks.size()) >= 2 * threads && flops > kParallelGrain;
+  if (!spread) {
+    for (const GroupTask& t : tasks) task(t);
+    return;
+  }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (std::size_t i = 0; i < tasks.size(); ++i) task(tasks[i]);
+}
+
 // bf16 operands are widened to f32 (exact) group by group, so every product sums in f32 as
 // oneDNN's bf16 matmul does; only the order of the sums may differ from it.
 void grouped_gemm(const GroupedGemmKey& key, const std::int64_t* offsets, const void* a,
                   const void* b, float* c) {
   const std::size_t es = element_bytes(key.src);
-  for (std::int64_t g = 0; g < key.groups; ++g) {
-    const std::int64_t r0 = offsets[g], rows = offsets[g + 1] - r0;
-    if (rows == 0) continue;
-    const float* ag = as_f32(static_cast<const char*>(a) + r0 * key.k * es, key.src, rows * key.k, 0);
-    const float* bg = as_f32(static_cast<const char*>(b) + g * key.k * key.n * es, key.src,
-                             key.k * key.n, 1);
-    if (key.k == 0) {
-      std::fill(c + r0 * key.n, c + (r0 + rows) * key.n, 0.f);
-      continue;
-    }
-    tensor::detail::gemm_f32(false, key.tb, rows, key.n, key.k, 1.f, ag, bg, 0.f, c + r0 * key.n);
-  }
+  const std::int64_t n = key.n, k = key.k;
+  run_tasks(group_tasks(offsets, key.groups, n, true), 2 * offsets[key.groups] * n * k,
+            [&](const GroupTask& t) {
+              const std::int64_t r0 = offsets[t.g], rows = offsets[t.g + 1] - r0, w = t.n1 - t.n0;
+              float* ct = c + r0 * n + t.n0;
+              if (k == 0) {
+                for (std::int64_t r = 0; r < rows; ++r) std::fill(ct + r * n, ct + r * n + w, 0.f);
+                return;
+              }
+              const float* ag = as_f32(static_cast<const char*>(a) + r0 * k * es, key.src, rows * k, 0);
+              const float* bg = as_f32(static_cast<const char*>(b) + t.g * k * n * es, key.src, k * n, 1);
+              // B_g is k x n, or n x k stored (tb): columns [n0, n1) of it.
+              tensor::detail::gemm_f32_ld(false, key.tb, rows, w, k, 1.f, ag, k,
+                                          key.tb ? bg + t.n0 * k : bg + t.n0, key.tb ? k : n, 0.f,
+                                          ct, n);
+            });
 }
 
 void grouped_gemm_wgrad(const GroupedGemmKey& key, const std::int64_t* offsets, const void* a,
                         const void* b, float* c) {
   const std::size_t es = element_bytes(key.src);
-  for (std::int64_t g = 0; g < key.groups; ++g) {
-    const std::int64_t r0 = offsets[g], rows = offsets[g + 1] - r0;
-    float* cg = c + g * key.k * key.n;
-    if (rows == 0) {
-      std::fill(cg, cg + key.k * key.n, 0.f);
-      continue;
-    }
-    const float* ag = as_f32(static_cast<const char*>(a) + r0 * key.k * es, key.src, rows * key.k, 0);
-    const float* bg = as_f32(static_cast<const char*>(b) + r0 * key.n * es, key.src, rows * key.n, 1);
-    tensor::detail::gemm_f32(true, false, key.k, key.n, rows, 1.f, ag, bg, 0.f, cg);
-  }
+  const std::int64_t n = key.n, k = key.k;
+  run_tasks(group_tasks(offsets, key.groups, n, false), 2 * offsets[key.groups] * n * k,
+            [&](const GroupTask& t) {
+              const std::int64_t r0 = offsets[t.g], rows = offsets[t.g + 1] - r0, w = t.n1 - t.n0;
+              float* ct = c + t.g * k * n + t.n0;
+              if (rows == 0) {
+                for (std::int64_t r = 0; r < k; ++r) std::fill(ct + r * n, ct + r * n + w, 0.f);
+                return;
+              }
+              const float* ag = as_f32(static_cast<const char*>(a) + r0 * k * es, key.src, rows * k, 0);
+              const float* bg = as_f32(static_cast<const char*>(b) + r0 * n * es, key.src, rows * n, 1);
+              tensor::detail::gemm_f32_ld(true, false, k, w, rows, 1.f, ag, k, bg + t.n0, n, 0.f, ct, n);
+            });
 }
 
 }  // namespace
