@@ -4,8 +4,9 @@
 // within 1e-6, for both dispatchers (all-to-all, in one exchange and in chunks overlapped
 // with the experts, and all-gather), dropless and with a capacity by position or by
 // probability, GELU and SwiGLU experts, a shared expert; and with each expert's hidden width
-// split over a "model" axis. The two dispatchers agree with each other within 1e-6, and a
-// run is repeatable bit for bit.
+// (and the shared expert's) split over a "model" axis, the tokens whole or split over it.
+// The two dispatchers agree with each other within 1e-6, and a run is repeatable bit for
+// bit.
 #include <gtest/gtest.h>
 
 #include <mutex>
@@ -42,6 +43,7 @@ struct Result {
   TensorTree dparams;
 };
 
+// The experts, split over the expert axis.
 bool split(const std::string& path) { return path.rfind("experts/", 0) == 0; }
 
 TensorTree params_of(const MoE& m) {
@@ -75,17 +77,25 @@ Result one_device(const MoE& m, const TensorTree& params, const Tensor& x, const
   return r;
 }
 
-// The hidden dimension of a stacked expert parameter: (E, C, H) or fc2's (E, H, C).
-int hidden_dim(const std::string& path) { return path == "experts/fc2" ? 1 : 2; }
+// The dimension split over "model" when the layer splits the experts over it: the hidden
+// one of a stacked expert parameter ((E, C, H), fc2's (E, H, C)) and of the shared expert's
+// (fc1 by columns, fc2 by rows); -1 for what stays whole.
+int model_dim(const std::string& path) {
+  if (split(path)) return path == "experts/fc2" ? 1 : 2;
+  if (path == "shared/fc1/kernel") return 1;
+  if (path == "shared/fc1/bias" || path == "shared/fc2/kernel") return 0;
+  return -1;
+}
 
 // The same on a mesh ("expert" = devices, "model" = tp): device (i, j) holds expert group
-// i's tokens, the router and its E / n experts, each expert's hidden slice j when the
-// layer splits them over "model". The replicated parameters' gradients are summed over the
-// expert axis (each group's are its tokens'; the devices of "model" hold the same); the
+// i's tokens (with `sequence`, their j-th part, as sequence parallelism splits them), the
+// router and its E / n experts, each expert's hidden slice j (and the shared expert's) when
+// the layer splits them over "model". The replicated parameters' gradients are summed over
+// the expert axis (each group's are its tokens'; the devices of "model" hold the same); the
 // experts' come scaled by 1 / n (the mean the data-parallel average makes of the other
 // parameters'), so times n they are the sums.
 Result expert_parallel(const MoE& m, const TensorTree& params, const Tensor& x, const Tensor& cot,
-                       int devices, int tp = 1) {
+                       int devices, int tp = 1, bool sequence = false) {
   std::vector<std::vector<Tensor>> per(static_cast<std::size_t>(devices * tp));
   const std::vector<std::string> paths = params.paths();
   std::mutex mu;
@@ -108,20 +118,23 @@ Result expert_parallel(const MoE& m, const TensorTree& params, const Tensor& x, 
         std::vector<Tensor> wrt;
         for (const std::string& path : paths) {
           Tensor w = params.at(path);
-          const bool sliced = split(path) && tp > 1;
+          const bool sliced = model_dim(path) >= 0 && tp > 1;
           if (split(path)) w = slice(w, 0, me * el, (me + 1) * el);
           if (sliced) {
-            const int d = hidden_dim(path);
+            const int d = model_dim(path);
             const std::int64_t part = w.size(d) / tp;
             w = slice(w, d, slice_of * part, (slice_of + 1) * part);
           }
           p.set(path, leaf(w, sliced));
           wrt.push_back(p.at(path));
         }
-        const Tensor lx = leaf(slice(x, 0, me * kTokens, (me + 1) * kTokens), false);
+        // This device's tokens: its group's, or their part j.
+        const std::int64_t part = sequence ? kTokens / tp : kTokens;
+        const std::int64_t from = me * kTokens + (sequence ? slice_of * part : 0);
+        const Tensor lx = leaf(slice(x, 0, from, from + part), sequence);
         wrt.push_back(lx);
         const Tensor out = m(Scope::apply(&p, /*train=*/true).on(ctx), lx);
-        const Tensor loss = sum(mul(out, slice(cot, 0, me * kTokens, (me + 1) * kTokens)));
+        const Tensor loss = sum(mul(out, slice(cot, 0, from, from + part)));
         std::vector<Tensor> g = autodiff::grad({loss}, {Tensor()}, wrt);
         g.push_back(out.detach());
         std::lock_guard lock(mu);
@@ -129,8 +142,9 @@ Result expert_parallel(const MoE& m, const TensorTree& params, const Tensor& x, 
         return std::vector<Tensor>{};
       },
       {}, {}, options)(std::vector<Tensor>{});
-  // Every device of "model" must hold the same output and token gradients.
-  for (int i = 0; i < devices; ++i)
+  // Without a sequence split every device of "model" must hold the same output and token
+  // gradients.
+  for (int i = 0; i < devices && !sequence; ++i)
     for (int j = 1; j < tp; ++j) {
       const auto& a = per[static_cast<std::size_t>(i * tp)];
       const auto& b = per[static_cast<std::size_t>(i * tp + j)];
@@ -141,27 +155,27 @@ Result expert_parallel(const MoE& m, const TensorTree& params, const Tensor& x, 
   Result r;
   const std::size_t np = paths.size();
   std::vector<Tensor> ys, dxs;
-  for (int i = 0; i < devices; ++i) {
-    dxs.push_back(per[static_cast<std::size_t>(i * tp)][np]);
-    ys.push_back(per[static_cast<std::size_t>(i * tp)][np + 1]);
-  }
+  for (int i = 0; i < devices; ++i)
+    for (int j = 0; j < (sequence ? tp : 1); ++j) {
+      dxs.push_back(per[static_cast<std::size_t>(i * tp + j)][np]);
+      ys.push_back(per[static_cast<std::size_t>(i * tp + j)][np + 1]);
+    }
   r.y = concat(ys, 0);
   r.dx = concat(dxs, 0);
   for (std::size_t k = 0; k < np; ++k) {
+    // Group i's gradient: its slices over "model" side by side, or device (i, 0)'s.
+    std::vector<Tensor> groups;
+    for (int i = 0; i < devices; ++i) {
+      std::vector<Tensor> slices;
+      for (int j = 0; j < tp; ++j) slices.push_back(per[static_cast<std::size_t>(i * tp + j)][k]);
+      groups.push_back(tp > 1 && model_dim(paths[k]) >= 0 ? concat(slices, model_dim(paths[k]))
+                                                          : slices[0]);
+    }
     Tensor whole;
     if (split(paths[k])) {
-      std::vector<Tensor> groups;
-      for (int i = 0; i < devices; ++i) {
-        std::vector<Tensor> slices;
-        for (int j = 0; j < tp; ++j) slices.push_back(per[static_cast<std::size_t>(i * tp + j)][k]);
-        groups.push_back(tp > 1 ? concat(slices, hidden_dim(paths[k])) : slices[0]);
-      }
       whole = mul_scalar(concat(groups, 0), double(devices));
     } else {
-      for (int i = 0; i < devices; ++i) {
-        const Tensor& g = per[static_cast<std::size_t>(i * tp)][k];
-        whole = i == 0 ? g : add(whole, g);
-      }
+      for (int i = 0; i < devices; ++i) whole = i == 0 ? groups[0] : add(whole, groups[i]);
     }
     r.dparams.set(paths[k], whole);
   }
@@ -197,6 +211,10 @@ std::vector<Case> cases() {
   s.shared_experts = 1;
   s.top_k = 3;
   add_case("shared expert, top-3", s);
+  MoE l = base;
+  l.aux_loss_coef = 0.1;
+  l.z_loss_coef = 0.01;
+  add_case("balancing and z losses", l);
   return out;
 }
 
@@ -229,24 +247,30 @@ TEST(MoEExpertParallel, EveryDispatcherMatchesOneDeviceWithItsGradients) {
   }
 }
 
-// Expert tensor parallelism: each expert's hidden width over "model" (2 devices), alone and
-// beside an expert axis of 2, both dispatchers.
+// Expert tensor parallelism: each expert's hidden width (and the shared expert's) over
+// "model" (2 devices), alone and beside an expert axis of 2, both dispatchers; with the
+// tokens split over "model" too (sequence parallelism: the layer gathers them, routes them
+// all and scatters the summed outputs back).
 TEST(MoEExpertParallel, ExpertsSplitOverTheTensorAxisMatchOneDevice) {
   for (const auto& [devices, tp] : {std::pair{1, 2}, std::pair{2, 2}}) {
     const Tensor x = random_tensor(Key::from_seed(3), {devices * kTokens, kWidth});
     const Tensor cot = random_tensor(Key::from_seed(4), {devices * kTokens, kWidth});
     for (const Case& c : cases()) {
-      MoE m = c.layer;
-      m.tensor_axis = "model";
-      const TensorTree params = params_of(m);
+      const TensorTree params = params_of(c.layer);
       const Result want = one_device(c.layer, params, x, cot, devices);
-      for (const Dispatcher d : {Dispatcher::AllToAll, Dispatcher::AllGather}) {
-        m.dispatcher = d;
-        const std::string what = c.name + (d == Dispatcher::AllGather ? ", all_gather" : "") +
-                                 ", expert=" + std::to_string(devices) +
-                                 " x model=" + std::to_string(tp);
-        SCOPED_TRACE(what);
-        expect_same(expert_parallel(m, params, x, cot, devices, tp), want, what);
+      for (const bool sequence : {false, true}) {
+        MoE m = c.layer;
+        m.tensor_axis = "model";
+        if (sequence) m.sequence_axis = "model";
+        for (const Dispatcher d : {Dispatcher::AllToAll, Dispatcher::AllGather}) {
+          m.dispatcher = d;
+          const std::string what = c.name + (d == Dispatcher::AllGather ? ", all_gather" : "") +
+                                   ", expert=" + std::to_string(devices) +
+                                   " x model=" + std::to_string(tp) +
+                                   (sequence ? ", tokens split over model" : "");
+          SCOPED_TRACE(what);
+          expect_same(expert_parallel(m, params, x, cot, devices, tp, sequence), want, what);
+        }
       }
     }
   }

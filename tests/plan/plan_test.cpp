@@ -369,28 +369,47 @@ TEST(Plan, GptMoeUnderZeroSplitsTheExpertsOverTheirReplicas) {
 // The MoE GPT in the megatron layout on ("model"=2), its experts whole along the axis or
 // split over it (expert tensor parallelism): the state exactly, and the activations' all-
 // reduces over "model" (the experts' psum and its transpose with the split; none for whole
-// experts, whose layer reduces only its attention's).
+// experts, whose layer reduces only its attention's); split beside sequence parallelism with
+// a shared expert: the state, and the scatters of the sequence (the MoE layers gather and
+// scatter theirs).
 TEST(Plan, GptMoeTensorParallelMatchesTheRun) {
   const GptSizes z;
-  for (const bool split : {false, true}) {
+  for (const auto& [split, sp] : {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
     models::TransformerConfig c = gpt_of(z);
-    c.tp = {.layout = parallel::TPLayout::Megatron};
+    c.tp = {.layout = parallel::TPLayout::Megatron, .sequence_parallel = sp};
     c.moe_every = 1;
-    c.moe = {.num_experts = 8, .top_k = 2, .hidden = 256, .tensor_axis = split ? "model" : ""};
+    // With sequence parallelism too, a shared expert split beside the experts.
+    c.moe = {.num_experts = 8, .top_k = 2, .hidden = 256, .shared_experts = sp ? 1 : 0,
+             .tensor_axis = split ? "model" : ""};
     const Measured m = run_gpt_on(Mesh({1, 2}, {"data", "model"}), c, "data", z,
                                   [](DeviceContext&, const train::Batch& b) { return b; });
     plan::Setup s;
     s.tensor = 2;
+    s.sequence_parallel = sp;
     s.global_batch = z.batch;
     s.seq_len = z.seq;
-    const MoEShape moe{.experts = 8, .top_k = 2, .hidden = 256, .tensor_parallel = split};
+    const MoEShape moe{.experts = 8, .top_k = 2, .hidden = 256, .shared_hidden = sp ? 256 : 0,
+                       .tensor_parallel = split};
     const Plan p =
         make_plan(describe_gpt(256, z.d_model, z.layers, z.heads, z.seq, false, true, moe), s);
-    const std::string what = split ? "MoE GPT model=2, experts split" : "MoE GPT model=2";
+    const std::string what = std::string("MoE GPT model=2") + (split ? ", experts split" : "") +
+                             (sp ? ", sequence parallel, shared expert" : "");
     EXPECT_EQ(p.parameters, double(m.mem.parameters)) << what;
     EXPECT_EQ(p.optimizer_state, double(m.mem.optimizer_state)) << what;
-    EXPECT_EQ(planned(p, "model", "all_reduce"), double(m.sent("model", comm::OpKind::AllReduce)))
-        << what;
+    if (!sp) {
+      EXPECT_EQ(planned(p, "model", "all_reduce"),
+                double(m.sent("model", comm::OpKind::AllReduce)))
+          << what;
+    } else {
+      // The layers' gathers and scatters of the sequence, the MoE layers' among them (the
+      // plan leaves out, under sequence parallelism, the replicated parameters' gradient
+      // sums over "model" and the head's gather: docs/plan.md).
+      EXPECT_EQ(planned(p, "model", "reduce_scatter"),
+                double(m.sent("model", comm::OpKind::ReduceScatter)))
+          << what;
+      EXPECT_LE(planned(p, "model", "all_gather"), double(m.sent("model", comm::OpKind::AllGather)))
+          << what;
+    }
     EXPECT_GE(p.activations, double(m.mem.activations_peak)) << what;
   }
 }

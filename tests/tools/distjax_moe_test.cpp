@@ -3,9 +3,9 @@
 // run's: data parallel, ZeRO-1/2, fully sharded; experts split over an "expert" axis of 2,
 // 4 and 8 devices, alone and beside data parallelism, ZeRO-1/2 and fully sharded
 // parameters, tensor and sequence parallelism and a context split; the experts' hidden
-// width split over "model"; the exchange in overlapped chunks and the all-gather
-// dispatcher. The balancing statistics reach metrics.jsonl; bad settings are refused naming
-// their keys before any step.
+// width (and a shared expert's) split over "model", with and without sequence parallelism;
+// the exchange in overlapped chunks and the all-gather dispatcher. The balancing statistics
+// reach metrics.jsonl; bad settings are refused naming their keys before any step.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -91,6 +91,24 @@ void expect_near(const std::map<int, double>& got, const std::map<int, double>& 
   }
 }
 
+// The losses of `mesh` on `world` devices within kTol of one device's, both with `sets`
+// (a model other than the shared one-device run's), the balancing statistics logged.
+void expect_as_one_device(const std::string& what, int world, const std::string& mesh,
+                          const std::string& sets) {
+  const fs::path base = fresh("one_with"), out = fresh("mesh_with");
+  const auto [s1, o1] = distjax::testing::run_tool(train(base, 1, "", sets));
+  ASSERT_EQ(s1, 0) << o1;
+  const auto [s2, o2] = distjax::testing::run_tool(train(out, world, mesh, sets));
+  ASSERT_EQ(s2, 0) << what << "\n" << o2;
+  const std::map<int, double> want = losses(base);
+  ASSERT_EQ(want.size(), 6u);
+  expect_near(losses(out), want, what);
+  for (const auto& j : records(out))
+    if (j.contains("loss")) EXPECT_TRUE(j.contains("expert_load_max_over_mean")) << j.dump();
+  fs::remove_all(base);
+  fs::remove_all(out);
+}
+
 void expect_same_losses(const std::string& what, int world, const std::string& mesh) {
   const std::map<int, double>& want = one_device();
   const fs::path out = fresh("mesh");
@@ -159,6 +177,18 @@ TEST(DistjaxMoe, TensorAndContextParallelMeshesTrainAsOneDevice) {
   expect_same_losses("tp=2, experts split over it", 2, "--set distributed.tensor_parallel_size=2" + etp);
   expect_same_losses("expert=2 x tp=2, experts split over both", 4,
                      ep + "2 --set distributed.tensor_parallel_size=2" + etp);
+  // With sequence parallelism (the layer gathers the sequence, routes it all, scatters the
+  // summed outputs back); a shared expert, split over "model" beside the experts.
+  const std::string sp = " --set parallelism.sequence_parallel=true";
+  expect_same_losses("tp=2 sp, experts split over it", 2,
+                     "--set distributed.tensor_parallel_size=2" + etp + sp);
+  expect_same_losses("expert=2 x tp=2 sp, experts split over both", 4,
+                     ep + "2 --set distributed.tensor_parallel_size=2" + etp + sp);
+  const std::string shared = "--set run.checkpoint_every=0 --set model.moe.shared_experts=1";
+  expect_as_one_device("tp=2, experts and shared expert split over it", 2,
+                       "--set distributed.tensor_parallel_size=2" + etp, shared);
+  expect_as_one_device("expert=2 x tp=2 sp, experts and shared expert split", 4,
+                       ep + "2 --set distributed.tensor_parallel_size=2" + etp + sp, shared);
 }
 
 // Rematerialised blocks and MLPs: the MoE layers run again in the backward pass, their
@@ -202,18 +232,7 @@ TEST(DistjaxMoe, PipelinedMoeLayersTrainAsOneDevice) {
   const std::string untied = "--set run.checkpoint_every=0 --set model.tie_embeddings=false ";
   const auto compare = [&](const std::string& what, int world, const std::string& mesh,
                            const std::string& sets) {
-    const fs::path base = fresh("pipe_one"), out = fresh("pipe_mesh");
-    const auto [s1, o1] = distjax::testing::run_tool(train(base, 1, "", untied + sets));
-    ASSERT_EQ(s1, 0) << o1;
-    const auto [s2, o2] = distjax::testing::run_tool(train(out, world, mesh, untied + sets));
-    ASSERT_EQ(s2, 0) << what << "\n" << o2;
-    const std::map<int, double> want = losses(base);
-    ASSERT_EQ(want.size(), 6u);
-    expect_near(losses(out), want, what);
-    for (const auto& j : records(out))
-      if (j.contains("loss")) EXPECT_TRUE(j.contains("expert_load_max_over_mean")) << j.dump();
-    fs::remove_all(base);
-    fs::remove_all(out);
+    expect_as_one_device(what, world, mesh, untied + sets);
   };
   const std::string pipe = "--set distributed.pipeline_parallel_size=2 ";
   compare("pipe=2, balancing loss on", 2, pipe, "--set model.moe.aux_loss_coef=0.01");
@@ -238,7 +257,11 @@ TEST(DistjaxMoe, TheBalancingBiasMovesAsOnOneDevice) {
         std::tuple{"data=2 x expert=2", 4, std::string("--set distributed.expert_parallel_size=2")},
         std::tuple{"expert=2 x cp=2", 4,
                    std::string("--set distributed.expert_parallel_size=2 "
-                               "--set distributed.context_parallel_size=2")}}) {
+                               "--set distributed.context_parallel_size=2")},
+        std::tuple{"tp=2 sp, experts split over it", 2,
+                   std::string("--set distributed.tensor_parallel_size=2 "
+                               "--set parallelism.sequence_parallel=true "
+                               "--set model.moe.expert_tensor_parallel=true")}}) {
     const fs::path out = fresh("bias_mesh");
     const auto [s2, log] = distjax::testing::run_tool(train(out, world, mesh, bias));
     ASSERT_EQ(s2, 0) << name << "\n" << log;
@@ -357,9 +380,9 @@ TEST(DistjaxMoe, BadSettingsAreRefusedNamingTheKeys) {
   refused(train(out, 1, "", "--set model.moe.activation=relu"),
           {"model.moe.activation", "gelu", "swiglu"});
   refused(train(out, 2, "--set distributed.tensor_parallel_size=2 "
-                        "--set model.moe.expert_tensor_parallel=true "
+                        "--set model.moe.balance_bias_rate=0.05 "
                         "--set parallelism.sequence_parallel=true"),
-          {"model.moe.expert_tensor_parallel", "parallelism.sequence_parallel"});
+          {"model.moe.balance_bias_rate", "parallelism.sequence_parallel"});
   refused(train(out, 4, "--set distributed.tensor_parallel_size=4 "
                         "--set model.moe.expert_tensor_parallel=true --set model.moe.hidden=258"),
           {"model.moe.expert_tensor_parallel", "258", "tensor_parallel_size = 4"});

@@ -101,14 +101,17 @@ struct MoE {
   std::int64_t exchange_chunks = 1;
   /// Expert tensor parallelism: a mesh axis (e.g. "model") over which each expert's hidden
   /// width is split (fc1 and gate by columns, fc2 by rows: P(.., None, axis) and
-  /// P(.., axis, None)), as Megatron splits a dense MLP. The layer's input must be the same
-  /// on the axis's devices (the megatron layout without sequence parallelism); each runs
-  /// its slice of every expert and the combined outputs are summed over the axis (psum).
-  /// Empty, or an axis the mesh lacks: the experts whole.
+  /// P(.., axis, None)), as Megatron splits a dense MLP, and a shared expert's likewise
+  /// (shared/fc1 by columns, shared/fc2 by rows). The layer's input is the same on the
+  /// axis's devices, or (sequence_axis the same axis) split over them along the dimension
+  /// before the features, then gathered first; each device runs its slice of every expert
+  /// and the combined outputs are summed over the axis (psum; psum_scatter back to each
+  /// device's share when gathered). Empty, or an axis the mesh lacks: the experts whole.
   std::string tensor_axis{};
   /// The mesh axis the layer's tokens are split over within one objective (Megatron's
   /// sequence parallelism over "model"; empty: none): each device's balancing losses, means
-  /// over its tokens, count 1 / n of the objective's.
+  /// over its tokens (the gathered ones with tensor_axis the same axis), count 1 / n of the
+  /// objective's.
   std::string sequence_axis{};
 
   Tensor operator()(const Scope& scope, const Tensor& x) const;

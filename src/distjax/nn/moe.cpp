@@ -7,6 +7,7 @@
 #include "distjax/autodiff/autodiff.hpp"
 #include "distjax/core/error.hpp"
 #include "distjax/mesh/partition_spec.hpp"
+#include "distjax/nn/dense.hpp"
 #include "distjax/nn/mlp_block.hpp"
 #include "distjax/spmd/collectives.hpp"
 #include "distjax/spmd/device_context.hpp"
@@ -282,9 +283,26 @@ Tensor MoE::operator()(const Scope& scope, const Tensor& x_in) const {
   const std::int64_t c = x_in.size(-1), e = num_experts, k = top_k;
   check(c);
   const std::int64_t h = hidden > 0 ? hidden : 4 * c;
+  spmd::DeviceContext* ctx = scope.context();
+  const int n_tp = !tensor_axis.empty() && ctx != nullptr && ctx->mesh().has_axis(tensor_axis)
+                       ? ctx->axis_size(tensor_axis)
+                       : 1;
+  // Each expert's hidden width split over the tensor axis while the tokens are split over
+  // it too (sequence parallelism): the slices need every token of the axis, so they are
+  // gathered first, along the dimension before the features (the sequence's), and the
+  // summed outputs are scattered back (Megatron's pair); every device of the axis then
+  // routes the same tokens.
+  const bool gathered = n_tp > 1 && sequence_axis == tensor_axis;
+  const int seq_dim = x_in.rank() - 2;
+  DISTJAX_CHECK(!gathered || seq_dim >= 0, InvalidArgument, "[MoE] \"", scope.path(),
+                "\": tokens split over \"", sequence_axis, "\" need x of rank >= 2 (..., T, C), got ",
+                to_string(x_in.shape()));
+  const Tensor x_tokens =
+      gathered ? spmd::all_gather(*ctx, x_in, tensor_axis, seq_dim, /*tiled=*/true) : x_in;
   // Routing in f32 whatever the compute dtype (the router's softmax and top-k decide which
   // expert sees a token: no bf16 rounding there).
-  const Tensor x = reshape(x_in.dtype() == DType::F32 ? x_in : astype(x_in, DType::F32), {-1, c});
+  const Tensor x =
+      reshape(x_tokens.dtype() == DType::F32 ? x_tokens : astype(x_tokens, DType::F32), {-1, c});
   const std::int64_t n = x.size(0);
   const Tensor wr = scope.child("router").param("kernel", {c, e}, expert_init(c, 1.0));
   const Tensor logits = matmul(x, wr);  // (N, E)
@@ -310,12 +328,11 @@ Tensor MoE::operator()(const Scope& scope, const Tensor& x_in) const {
   const int n_ep = expert_parallel_size(scope);
   DISTJAX_CHECK(e % n_ep == 0, ShardingError, "[MoE] \"", scope.path(), "\": ", e,
                 " experts do not split over the \"", kExpertAxis, "\" axis of ", n_ep);
-  const spmd::DeviceContext* ctx = scope.context();
-  const int n_tp = !tensor_axis.empty() && ctx != nullptr && ctx->mesh().has_axis(tensor_axis)
-                       ? ctx->axis_size(tensor_axis)
-                       : 1;
   DISTJAX_CHECK(h % n_tp == 0, ShardingError, "[MoE] \"", scope.path(), "\": the experts' hidden ",
                 "width ", h, " does not split over the \"", tensor_axis, "\" axis of ", n_tp);
+  DISTJAX_CHECK(shared_experts * h % n_tp == 0, ShardingError, "[MoE] \"", scope.path(),
+                "\": the shared expert's hidden width ", shared_experts * h,
+                " does not split over the \"", tensor_axis, "\" axis of ", n_tp);
   const mesh::PartitionSpec::Entry by_expert =
       n_ep > 1 ? mesh::PartitionSpec::Entry(kExpertAxis) : mesh::PartitionSpec::Entry(std::nullopt);
   const mesh::PartitionSpec::Entry by_tensor = n_tp > 1 ? mesh::PartitionSpec::Entry(tensor_axis)
@@ -339,18 +356,40 @@ Tensor MoE::operator()(const Scope& scope, const Tensor& x_in) const {
   }
   // With the experts' hidden width split, each device of the tensor axis takes the input's
   // gradient of its slice: summed over the axis here, on the N tokens (Megatron's f), not
-  // later on the k N rows.
-  const Tensor xe = n_tp > 1 ? spmd::pvary(*scope.context(), x, tensor_axis) : x;
+  // later on the k N rows. (Gathered tokens vary over the axis already: their gradient is
+  // summed by the gather's transpose.)
+  const Tensor xe = n_tp > 1 ? spmd::pvary(*ctx, x, tensor_axis) : x;
   // The shared expert, a dense MLP of every token: independent of the routing, so with the
   // all-to-all exchange it runs while the tokens travel (forward, and in the backward pass
-  // between the transposed exchanges' starts and their waits); added last on every layout,
-  // so that every layout sums in the same order.
-  Tensor shared;
+  // between the transposed exchanges' starts and their waits). With the experts split over
+  // the tensor axis it is split as Megatron splits a dense MLP (fc1 by columns, fc2 by
+  // rows), its partial output joining the experts' before their sum over the axis and
+  // fc2's bias added after it; else it runs whole and is added last. Either way in the same
+  // order on every layout.
+  Tensor shared, shared_bias;
   const auto run_shared = [&] {
-    if (shared_experts > 0)
-      shared = MLPBlock{.hidden = shared_experts * h,
-                        .kernel_init = lecun_normal(),
-                        .out_init = scaled(lecun_normal(), out_scale)}(scope.child("shared"), x);
+    if (shared_experts == 0) return;
+    const MLPBlock whole_mlp{.hidden = shared_experts * h,
+                             .kernel_init = lecun_normal(),
+                             .out_init = scaled(lecun_normal(), out_scale)};
+    if (n_tp == 1) {
+      shared = whole_mlp(scope.child("shared"), x);
+      return;
+    }
+    const Scope s = scope.child("shared");
+    const Dense fc1{.features = whole_mlp.hidden,
+                    .kernel_init = whole_mlp.kernel_init,
+                    .kernel_spec = mesh::PartitionSpec(std::nullopt, by_tensor),
+                    .bias_spec = mesh::PartitionSpec(by_tensor)};
+    const Dense fc2{.features = c,
+                    .kernel_init = whole_mlp.out_init,
+                    .kernel_spec = mesh::PartitionSpec(by_tensor, std::nullopt)};
+    const auto [ws1, bs1] = fc1.params(s.child("fc1"), c);
+    const auto [ws2, bs2] = fc2.params(s.child("fc2"), whole_mlp.hidden / n_tp);
+    const Precision& p = scope.precision();
+    auto compute = [&p](const Tensor& t) { return p.mixed() ? p.cast_to_compute(t) : t; };
+    shared = gelu_mlp(compute(xe), compute(ws1), bs1, compute(ws2), Tensor());
+    shared_bias = bs2;
   };
   Tensor y;  // (N, C)
   if (n_ep > 1 && dispatcher == Dispatcher::AllGather) {
@@ -361,10 +400,17 @@ Tensor MoE::operator()(const Scope& scope, const Tensor& x_in) const {
                                 : exchange_and_run(scope, xp, plan, w1, wg, w2, run_shared);
     y = moe_combine(yp, plan, gates);
   }
-  // Each device of the tensor axis ran its slice of the experts' hidden width: partial sums.
-  if (n_tp > 1) y = spmd::psum(*scope.context(), y, tensor_axis);
-  if (shared_experts > 0) {
-    if (!shared.defined()) run_shared();
+  if (shared_experts > 0 && !shared.defined()) run_shared();
+  if (n_tp > 1) {
+    // Each device of the tensor axis ran its slice of the experts' hidden width (and of the
+    // shared expert's): partial sums, summed over the axis (scattered back to each device's
+    // tokens when they were gathered).
+    if (shared.defined()) y = add(y, shared);
+    y = gathered ? spmd::psum_scatter(*ctx, reshape(y, x_tokens.shape()), tensor_axis, seq_dim,
+                                      /*tiled=*/true)
+                 : spmd::psum(*ctx, y, tensor_axis);
+    if (shared_bias.defined()) y = add(y, shared_bias);
+  } else if (shared.defined()) {
     y = add(y, shared);
   }
 

@@ -57,7 +57,8 @@ Tensor TPTransformerBlock::sequential(const nn::Scope& scope, const Tensor& x) c
     // Per token, so on whatever tokens the stream holds here: all of them, replicated over
     // the model axis (each device runs the experts alike), or this device's share of the
     // sequence (sequence parallelism, a context split); the experts' parameters are
-    // replicated over those axes.
+    // replicated over those axes. With the experts split over the model axis
+    // (nn::MoE::tensor_axis) the layer gathers a sequence split over it first.
     nn::MoE layer = *moe;
     if (layout == TPLayout::Megatron && sequence_parallel) layer.sequence_axis = axis;
     h = nn::remat_call(remat_mlp, scope, y,

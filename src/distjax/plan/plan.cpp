@@ -121,9 +121,12 @@ ModelDescription describe_gpt(std::int64_t vocab, std::int64_t d_model, std::int
     if (moe.swiglu) add(b + "moe/experts/gate", {e, c, h}, TPSplit::ExpertColumn, i);
     add(b + "moe/experts/fc2", {e, h, c}, TPSplit::ExpertRow, i);
     if (moe.shared_hidden > 0) {
-      add(b + "moe/shared/fc1/kernel", {c, moe.shared_hidden}, TPSplit::None, i);
-      add(b + "moe/shared/fc1/bias", {moe.shared_hidden}, TPSplit::None, i);
-      add(b + "moe/shared/fc2/kernel", {moe.shared_hidden, c}, TPSplit::None, i);
+      // Split over "model" as a dense MLP beside the experts' slices, else whole.
+      const TPSplit cols = moe.tensor_parallel ? TPSplit::Column : TPSplit::None;
+      const TPSplit rows = moe.tensor_parallel ? TPSplit::Row : TPSplit::None;
+      add(b + "moe/shared/fc1/kernel", {c, moe.shared_hidden}, cols, i);
+      add(b + "moe/shared/fc1/bias", {moe.shared_hidden}, cols, i);
+      add(b + "moe/shared/fc2/kernel", {moe.shared_hidden, c}, rows, i);
       add(b + "moe/shared/fc2/bias", {c}, TPSplit::None, i);
     }
   }
@@ -363,8 +366,9 @@ std::vector<CommEntry> stage_comm(const ModelDescription& m, const Setup& s,
       comm.push_back({"model", "all_reduce", std::int64_t(n), n * ring_all_reduce(s.tensor, x),
                       "activations (Megatron f, g)"});
     }
-    if (m.moe.tensor_parallel && m.moe.experts > 0) {
+    if (m.moe.tensor_parallel && m.moe.experts > 0 && !s.sequence_parallel) {
       // The gates meet the experts' partial outputs: their gradient summed over the axis.
+      // (With sequence parallelism the gathered tokens' gradient is, in the scatter back.)
       const double calls = double(m.moe_layers()) / s.pipe * micro;
       comm.push_back({"model", "all_reduce", std::int64_t(calls),
                       calls * ring_all_reduce(s.tensor, tokens * double(m.moe.top_k) * 4.0),
@@ -397,11 +401,13 @@ std::vector<CommEntry> stage_comm(const ModelDescription& m, const Setup& s,
   }
   if (gpt && s.expert > 1 && m.moe.experts > 0) {
     // Per MoE layer and micro-batch, this device's N tokens (its sequence share with
-    // sequence parallelism), f32 rows of h.
+    // sequence parallelism, unless the experts are split over "model": then the gathered
+    // sequence), f32 rows of h.
     const double layers = double(m.moe_layers()) / s.pipe;  // a stage's share
     const double n = double(s.expert), h = double(m.d_model), k = double(m.moe.top_k);
     const double e = double(m.moe.experts);
-    const double mine = s.sequence_parallel && s.tensor > 1 ? tokens / s.tensor : tokens;
+    const double mine =
+        s.sequence_parallel && s.tensor > 1 && !m.moe.tensor_parallel ? tokens / s.tensor : tokens;
     const double calls = layers * micro;
     if (m.moe.all_gather_dispatcher) {
       // Forward: the tokens, gates and choices gathered, the outputs psum_scattered; backward:

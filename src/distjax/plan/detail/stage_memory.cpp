@@ -110,8 +110,11 @@ MoeLayerBytes moe_layer_bytes(const ModelDescription& m, const Setup& s, double 
   const double dense_transient =
       tokens * h * (s.tensor > 1 ? a.layer_backward_split / t : a.layer_backward_unsplit);
   // The experts run on every token of the layer's input: all of them along "model", or the
-  // device's sequence share with sequence parallelism.
-  const double n = sp ? tokens / t : tokens;
+  // device's sequence share with sequence parallelism (all of them again when the experts
+  // are split over "model": the layer gathers the sequence first).
+  const double n = sp && !moe.tensor_parallel ? tokens / t : tokens;
+  // A shared MLP's hidden width here: split over "model" with the experts.
+  const double shared = double(moe.shared_hidden) / (moe.tensor_parallel ? t : 1.0);
   const MoeRows r = moe_rows(moe, s);
   // Each expert's hidden width: its slice on this device with expert tensor parallelism.
   const double width = double(moe.hidden) / (moe.tensor_parallel ? t : 1.0);
@@ -122,11 +125,11 @@ MoeLayerBytes moe_layer_bytes(const ModelDescription& m, const Setup& s, double 
   // outputs; on one device the input rows are the routed rows themselves.
   const double rows_kept = s.expert > 1 ? h * r.src + 2.0 * h * r.recv : 2.0 * h * r.src;
   b.saved = n * (4.0 * 3.0 * double(moe.experts) +
-                 act * (rows_kept + r.recv * hidden + 2.0 * double(moe.shared_hidden))) -
+                 act * (rows_kept + r.recv * hidden + 2.0 * shared)) -
             dense_saved;
   b.transient = n * act *
                     (r.recv * (2.0 * width + 2.0 * h) +
-                     (s.expert > 1 ? 2.0 * r.recv * h : 0.0) + 2.0 * double(moe.shared_hidden)) -
+                     (s.expert > 1 ? 2.0 * r.recv * h : 0.0) + 2.0 * shared) -
                 dense_transient;
   return b;
 }
