@@ -241,6 +241,10 @@ TEST(DistjaxMoe, PipelinedMoeLayersTrainAsOneDevice) {
   compare("expert=2 x pipe=2", 4, pipe + "--set distributed.expert_parallel_size=2", "");
   compare("pipe=2, remat Block", 2, pipe + "--set 'parallelism.remat=[\"Block\"]'", "");
   compare("pipe=2, balancing bias", 2, pipe, "--set model.moe.balance_bias_rate=0.05");
+  compare("pipe=2 x tp=2 sp, experts and a shared expert split over model", 4,
+          pipe + "--set distributed.tensor_parallel_size=2 --set parallelism.sequence_parallel=true "
+                 "--set model.moe.expert_tensor_parallel=true",
+          "--set model.moe.shared_experts=1");
 }
 
 // The balancing bias (model.moe.balance_bias_rate) moves by the step's loads summed over its

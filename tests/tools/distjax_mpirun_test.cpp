@@ -159,3 +159,14 @@ TEST(DistjaxTrain, UnderMpirunEveryExpertDispatcherTrainsAsOnThreads) {
       "ep_gather", "gpt_moe.toml",
       "--set distributed.expert_parallel_size=4 --set model.moe.dispatcher=all_gather");
 }
+
+// The experts (and a shared expert) split over "model" beside an expert axis, the sequence
+// split over "model" too: the MoE layers' gather and scatter of the sequence between
+// processes.
+TEST(DistjaxTrain, UnderMpirunExpertsSplitOverTheModelAxisTrainAsOnThreads) {
+  expect_mpirun_trains_as_threads(
+      "etp_sp", "gpt_moe.toml",
+      "--set distributed.expert_parallel_size=2 --set distributed.tensor_parallel_size=2 "
+      "--set model.moe.expert_tensor_parallel=true --set parallelism.sequence_parallel=true "
+      "--set model.moe.shared_experts=1");
+}
