@@ -184,6 +184,9 @@ TEST(DistjaxMoe, TensorAndContextParallelMeshesTrainAsOneDevice) {
                      "--set distributed.tensor_parallel_size=2" + etp + sp);
   expect_same_losses("expert=2 x tp=2 sp, experts split over both", 4,
                      ep + "2 --set distributed.tensor_parallel_size=2" + etp + sp);
+  expect_same_losses("tp=2 sp x cp=2, experts split over model", 4,
+                     "--set distributed.tensor_parallel_size=2 "
+                     "--set distributed.context_parallel_size=2" + etp + sp);
   const std::string shared = "--set run.checkpoint_every=0 --set model.moe.shared_experts=1";
   expect_as_one_device("tp=2, experts and shared expert split over it", 2,
                        "--set distributed.tensor_parallel_size=2" + etp, shared);
