@@ -364,8 +364,8 @@ Tensor MoE::operator()(const Scope& scope, const Tensor& x_in) const {
   // between the transposed exchanges' starts and their waits). With the experts split over
   // the tensor axis it is split as Megatron splits a dense MLP (fc1 by columns, fc2 by
   // rows), its partial output joining the experts' before their sum over the axis and
-  // fc2's bias added after it; else it runs whole and is added last. Either way in the same
-  // order on every layout.
+  // fc2's bias added after it; else it runs whole and is added last, after the experts'
+  // output, in the same order whichever dispatcher or chunks made that.
   Tensor shared, shared_bias;
   const auto run_shared = [&] {
     if (shared_experts == 0) return;
