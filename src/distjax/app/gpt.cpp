@@ -85,11 +85,6 @@ void check_gpt(const config::TrainConfig& c, const mesh::Mesh& mesh) {
     DISTJAX_CHECK(c.distributed.mixed_precision != config::MixedPrecision::Fp16, NotImplemented,
                   "[gpt] [model.moe] with distributed.mixed_precision = \"fp16\": the experts' "
                   "grouped products have no f16 kernel; use \"bf16\" (or \"no\")");
-    // The experts need their tokens' whole features (the megatron layout).
-    DISTJAX_CHECK(layout == parallel::TPLayout::None || layout == parallel::TPLayout::Megatron,
-                  NotImplemented, "[gpt] [model.moe] with parallelism.tp_layout = \"",
-                  c.parallelism.tp_layout,
-                  "\": the experts need their tokens' whole features; use \"megatron\"");
     if (c.model.moe.expert_tensor_parallel && n_model > 1) {
       const std::int64_t hidden =
           c.model.moe.hidden > 0 ? c.model.moe.hidden : 4 * c.model.d_model;

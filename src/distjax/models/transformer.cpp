@@ -36,12 +36,8 @@ Transformer::Transformer(TransformerConfig config) : config_(config) {
                 " is not divisible by num_heads=", c.num_heads);
   if (c.moe_every > 0) {
     c.moe.check(c.d_model);
-    DISTJAX_CHECK((c.tp.layout == parallel::TPLayout::None ||
-                   c.tp.layout == parallel::TPLayout::Megatron) &&
-                      !c.parallel_block,
-                  NotImplemented,
-                  "[Transformer] Mixture-of-Experts blocks run in the megatron layout or without "
-                  "tensor parallelism, without parallel blocks");
+    DISTJAX_CHECK(!c.parallel_block, NotImplemented,
+                  "[Transformer] Mixture-of-Experts blocks run without parallel blocks");
   }
   DISTJAX_CHECK(c.moe_every >= 0, ConfigError, "[Transformer] moe_every must be >= 0, got ",
                 c.moe_every);

@@ -61,10 +61,20 @@ Tensor TPTransformerBlock::sequential(const nn::Scope& scope, const Tensor& x) c
     // (nn::MoE::tensor_axis) the layer gathers a sequence split over it first.
     nn::MoE layer = *moe;
     if (layout == TPLayout::Megatron && sequence_parallel) layer.sequence_axis = axis;
-    h = nn::remat_call(remat_mlp, scope, y,
-                       [ln_v = ln, moe = layer](const nn::Scope& s, const Tensor& in) {
-                         return moe(s.child("moe").module("MLP"), ln_v(s.child("ln2"), in));
-                       });
+    h = nn::remat_call(
+        remat_mlp, scope, y,
+        [ln_v = ln, moe = layer, features_sharded, axis = axis](const nn::Scope& s,
+                                                                const Tensor& in) {
+          Tensor t = ln_v(s.child("ln2"), in);
+          const nn::Scope m = s.child("moe").module("MLP");
+          // A stream of split features (the gather and async layouts): the layer needs its
+          // tokens' whole features, gathered replicated over the axis (as the megatron
+          // layout's stream is), and each device keeps its block of the output's features.
+          if (!features_sharded || s.context() == nullptr || s.axis_size(axis) == 1)
+            return moe(m, t);
+          t = spmd::all_gather_invariant(*s.context(), t, axis, 2, /*tiled=*/true);
+          return split_to_sp_region(s.context(), moe(m, t), axis, 2);
+        });
   } else {
     h = nn::remat_call(remat_mlp, scope, y, [ln_v = ln, mlp](const nn::Scope& s, const Tensor& in) {
       return mlp(s.child("mlp").module("MLP"), ln_v(s.child("ln2"), in));
@@ -150,11 +160,9 @@ Tensor TPTransformerBlock::parallel_block(const nn::Scope& scope, const Tensor& 
 }
 
 Tensor TPTransformerBlock::body(const nn::Scope& scope, const Tensor& x) const {
-  DISTJAX_CHECK(!moe || ((layout == TPLayout::None || layout == TPLayout::Megatron) && !parallel),
-                NotImplemented, "[TPTransformerBlock] \"", scope.path(),
-                "\": a Mixture-of-Experts block needs the whole features of its tokens: the "
-                "megatron layout or none, not the parallel block (got layout ",
-                tp_layout_name(layout), parallel ? ", parallel" : "", ")");
+  DISTJAX_CHECK(!moe || !parallel, NotImplemented, "[TPTransformerBlock] \"", scope.path(),
+                "\": a Mixture-of-Experts block runs in the sequential block, not the parallel "
+                "one (its fused projections hold the MLP's)");
   if (parallel) return parallel_block(scope, x);
   // One device's block (nn's), unless the attention crosses a context split.
   if (layout == TPLayout::None && !context.active())
