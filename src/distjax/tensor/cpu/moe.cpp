@@ -134,7 +134,7 @@ void combine_backward(const float* g, const float* src, const std::int32_t* posi
 }
 
 // `count` elements of `from` in f32: the pointer itself for f32, else widened into the
-// calling thread's buffer `slot`.
+// calling thread's buffer `slot` (read by the tasks on other threads until it returns).
 const float* as_f32(const void* from, DType dtype, std::int64_t count, int slot) {
   if (dtype == DType::F32) return static_cast<const float*>(from);
   thread_local std::vector<float> buffers[2];
@@ -142,10 +142,6 @@ const float* as_f32(const void* from, DType dtype, std::int64_t count, int slot)
   if (w.size() < static_cast<std::size_t>(count)) w.resize(static_cast<std::size_t>(count));
   copy_kernels.convert(from, dtype, w.data(), DType::F32, count, Stream{});
   return w.data();
-}
-
-std::size_t element_bytes(DType dtype) {
-  return dtype == DType::F32 ? 4 : 2;
 }
 
 // A block of one group's product: group g's rows, output columns [n0, n1).
@@ -182,13 +178,14 @@ void run_tasks(const std::vector<GroupTask>& tasks, std::int64_t flops, const Ta
   for (std::size_t i = 0; i < tasks.size(); ++i) task(tasks[i]);
 }
 
-// bf16 operands are widened to f32 (exact) group by group, so every product sums in f32 as
-// oneDNN's bf16 matmul does; only the order of the sums may differ from it.
+// bf16 operands are widened to f32 (exact) once, before the tasks, so every product sums in
+// f32 as oneDNN's bf16 matmul does; only the order of the sums may differ from it.
 void grouped_gemm(const GroupedGemmKey& key, const std::int64_t* offsets, const void* a,
                   const void* b, float* c) {
-  const std::size_t es = element_bytes(key.src);
-  const std::int64_t n = key.n, k = key.k;
-  run_tasks(group_tasks(offsets, key.groups, n, true), 2 * offsets[key.groups] * n * k,
+  const std::int64_t n = key.n, k = key.k, rows_all = offsets[key.groups];
+  const float* af = as_f32(a, key.src, rows_all * k, 0);
+  const float* bf = as_f32(b, key.src, key.groups * k * n, 1);
+  run_tasks(group_tasks(offsets, key.groups, n, true), 2 * rows_all * n * k,
             [&](const GroupTask& t) {
               const std::int64_t r0 = offsets[t.g], rows = offsets[t.g + 1] - r0, w = t.n1 - t.n0;
               float* ct = c + r0 * n + t.n0;
@@ -196,10 +193,9 @@ void grouped_gemm(const GroupedGemmKey& key, const std::int64_t* offsets, const 
                 for (std::int64_t r = 0; r < rows; ++r) std::fill(ct + r * n, ct + r * n + w, 0.f);
                 return;
               }
-              const float* ag = as_f32(static_cast<const char*>(a) + r0 * k * es, key.src, rows * k, 0);
-              const float* bg = as_f32(static_cast<const char*>(b) + t.g * k * n * es, key.src, k * n, 1);
               // B_g is k x n, or n x k stored (tb): columns [n0, n1) of it.
-              tensor::detail::gemm_f32_ld(false, key.tb, rows, w, k, 1.f, ag, k,
+              const float* bg = bf + t.g * k * n;
+              tensor::detail::gemm_f32_ld(false, key.tb, rows, w, k, 1.f, af + r0 * k, k,
                                           key.tb ? bg + t.n0 * k : bg + t.n0, key.tb ? k : n, 0.f,
                                           ct, n);
             });
@@ -207,9 +203,10 @@ void grouped_gemm(const GroupedGemmKey& key, const std::int64_t* offsets, const 
 
 void grouped_gemm_wgrad(const GroupedGemmKey& key, const std::int64_t* offsets, const void* a,
                         const void* b, float* c) {
-  const std::size_t es = element_bytes(key.src);
-  const std::int64_t n = key.n, k = key.k;
-  run_tasks(group_tasks(offsets, key.groups, n, false), 2 * offsets[key.groups] * n * k,
+  const std::int64_t n = key.n, k = key.k, rows_all = offsets[key.groups];
+  const float* af = as_f32(a, key.src, rows_all * k, 0);
+  const float* bf = as_f32(b, key.src, rows_all * n, 1);
+  run_tasks(group_tasks(offsets, key.groups, n, false), 2 * rows_all * n * k,
             [&](const GroupTask& t) {
               const std::int64_t r0 = offsets[t.g], rows = offsets[t.g + 1] - r0, w = t.n1 - t.n0;
               float* ct = c + t.g * k * n + t.n0;
@@ -217,9 +214,8 @@ void grouped_gemm_wgrad(const GroupedGemmKey& key, const std::int64_t* offsets, 
                 for (std::int64_t r = 0; r < k; ++r) std::fill(ct + r * n, ct + r * n + w, 0.f);
                 return;
               }
-              const float* ag = as_f32(static_cast<const char*>(a) + r0 * k * es, key.src, rows * k, 0);
-              const float* bg = as_f32(static_cast<const char*>(b) + r0 * n * es, key.src, rows * n, 1);
-              tensor::detail::gemm_f32_ld(true, false, k, w, rows, 1.f, ag, k, bg + t.n0, n, 0.f, ct, n);
+              tensor::detail::gemm_f32_ld(true, false, k, w, rows, 1.f, af + r0 * k, k,
+                                          bf + r0 * n + t.n0, n, 0.f, ct, n);
             });
 }
 
