@@ -340,7 +340,8 @@ TEST(Launch, AFailureElsewhereLetsACallFinishReadingItsPeersBuffers) {
                           const int r = world.rank();
                           Communicator g = world.split(r < 4 ? 0 : 1, r);
                           if (r == 4) {
-                            while (entering.load() < 4) std::this_thread::yield();
+                            while (entering.load() < 4)
+                              std::this_thread::yield();
                             std::this_thread::sleep_for(std::chrono::milliseconds(2));
                             DISTJAX_THROW(InvalidArgument, "[test] failing on purpose");
                           }
@@ -360,8 +361,8 @@ TEST(Launch, AFailureElsewhereLetsACallFinishReadingItsPeersBuffers) {
       for (int j = 0; j < 4; ++j) {
         const float* b = recv[d].data() + j * kCount;
         const auto bad = std::find_if(b, b + kCount, [&](float v) { return v == -1.f; });
-        EXPECT_EQ(bad, b + kCount) << "round " << round << ": device " << d << " read device "
-                                   << j << "'s buffer after it left, at element " << (bad - b);
+        EXPECT_EQ(bad, b + kCount) << "round " << round << ": device " << d << " read device " << j
+                                   << "'s buffer after it left, at element " << (bad - b);
       }
     }
   }

@@ -167,7 +167,8 @@ Result expert_parallel(const MoE& m, const TensorTree& params, const Tensor& x, 
     std::vector<Tensor> groups;
     for (int i = 0; i < devices; ++i) {
       std::vector<Tensor> slices;
-      for (int j = 0; j < tp; ++j) slices.push_back(per[static_cast<std::size_t>(i * tp + j)][k]);
+      for (int j = 0; j < tp; ++j)
+        slices.push_back(per[static_cast<std::size_t>(i * tp + j)][k]);
       groups.push_back(tp > 1 && model_dim(paths[k]) >= 0 ? concat(slices, model_dim(paths[k]))
                                                           : slices[0]);
     }
@@ -175,7 +176,8 @@ Result expert_parallel(const MoE& m, const TensorTree& params, const Tensor& x, 
     if (split(paths[k])) {
       whole = mul_scalar(concat(groups, 0), double(devices));
     } else {
-      for (int i = 0; i < devices; ++i) whole = i == 0 ? groups[0] : add(whole, groups[i]);
+      for (int i = 0; i < devices; ++i)
+        whole = i == 0 ? groups[0] : add(whole, groups[i]);
     }
     r.dparams.set(paths[k], whole);
   }

@@ -374,12 +374,16 @@ TEST(Plan, GptMoeUnderZeroSplitsTheExpertsOverTheirReplicas) {
 // scatter theirs).
 TEST(Plan, GptMoeTensorParallelMatchesTheRun) {
   const GptSizes z;
-  for (const auto& [split, sp] : {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
+  for (const auto& [split, sp] :
+       {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
     models::TransformerConfig c = gpt_of(z);
     c.tp = {.layout = parallel::TPLayout::Megatron, .sequence_parallel = sp};
     c.moe_every = 1;
     // With sequence parallelism too, a shared expert split beside the experts.
-    c.moe = {.num_experts = 8, .top_k = 2, .hidden = 256, .shared_experts = sp ? 1 : 0,
+    c.moe = {.num_experts = 8,
+             .top_k = 2,
+             .hidden = 256,
+             .shared_experts = sp ? 1 : 0,
              .tensor_axis = split ? "model" : ""};
     const Measured m = run_gpt_on(Mesh({1, 2}, {"data", "model"}), c, "data", z,
                                   [](DeviceContext&, const train::Batch& b) { return b; });
@@ -388,7 +392,10 @@ TEST(Plan, GptMoeTensorParallelMatchesTheRun) {
     s.sequence_parallel = sp;
     s.global_batch = z.batch;
     s.seq_len = z.seq;
-    const MoEShape moe{.experts = 8, .top_k = 2, .hidden = 256, .shared_hidden = sp ? 256 : 0,
+    const MoEShape moe{.experts = 8,
+                       .top_k = 2,
+                       .hidden = 256,
+                       .shared_hidden = sp ? 256 : 0,
                        .tensor_parallel = split};
     const Plan p =
         make_plan(describe_gpt(256, z.d_model, z.layers, z.heads, z.seq, false, true, moe), s);
@@ -397,8 +404,7 @@ TEST(Plan, GptMoeTensorParallelMatchesTheRun) {
     EXPECT_EQ(p.parameters, double(m.mem.parameters)) << what;
     EXPECT_EQ(p.optimizer_state, double(m.mem.optimizer_state)) << what;
     if (!sp) {
-      EXPECT_EQ(planned(p, "model", "all_reduce"),
-                double(m.sent("model", comm::OpKind::AllReduce)))
+      EXPECT_EQ(planned(p, "model", "all_reduce"), double(m.sent("model", comm::OpKind::AllReduce)))
           << what;
     } else {
       // The layers' gathers and scatters of the sequence, the MoE layers' among them (the

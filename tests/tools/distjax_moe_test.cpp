@@ -186,7 +186,8 @@ TEST(DistjaxMoe, TensorAndContextParallelMeshesTrainAsOneDevice) {
                      ep + "2 --set distributed.tensor_parallel_size=2" + etp + sp);
   expect_same_losses("tp=2 sp x cp=2, experts split over model", 4,
                      "--set distributed.tensor_parallel_size=2 "
-                     "--set distributed.context_parallel_size=2" + etp + sp);
+                     "--set distributed.context_parallel_size=2" +
+                         etp + sp);
   // The layouts whose stream splits the features: the MoE layer gathers them replicated
   // (its balancing loss counted once, on), each device keeps its block of the output.
   const std::string tp2 = "--set distributed.tensor_parallel_size=2 --set parallelism.tp_layout=";
@@ -254,8 +255,9 @@ TEST(DistjaxMoe, PipelinedMoeLayersTrainAsOneDevice) {
   compare("pipe=2, remat Block", 2, pipe + "--set 'parallelism.remat=[\"Block\"]'", "");
   compare("pipe=2, balancing bias", 2, pipe, "--set model.moe.balance_bias_rate=0.05");
   compare("pipe=2 x tp=2 sp, experts and a shared expert split over model", 4,
-          pipe + "--set distributed.tensor_parallel_size=2 --set parallelism.sequence_parallel=true "
-                 "--set model.moe.expert_tensor_parallel=true",
+          pipe +
+              "--set distributed.tensor_parallel_size=2 --set parallelism.sequence_parallel=true "
+              "--set model.moe.expert_tensor_parallel=true",
           "--set model.moe.shared_experts=1");
 }
 
@@ -395,9 +397,10 @@ TEST(DistjaxMoe, BadSettingsAreRefusedNamingTheKeys) {
   refused(train(out, 1, "", "--set model.moe.every=3"), {"model.moe.every = 3", "model.layers = 2"});
   refused(train(out, 1, "", "--set model.moe.activation=relu"),
           {"model.moe.activation", "gelu", "swiglu"});
-  refused(train(out, 2, "--set distributed.tensor_parallel_size=2 "
-                        "--set model.moe.balance_bias_rate=0.05 "
-                        "--set parallelism.sequence_parallel=true"),
+  refused(train(out, 2,
+                "--set distributed.tensor_parallel_size=2 "
+                "--set model.moe.balance_bias_rate=0.05 "
+                "--set parallelism.sequence_parallel=true"),
           {"model.moe.balance_bias_rate", "parallelism.sequence_parallel"});
   refused(train(out, 4, "--set distributed.tensor_parallel_size=4 "
                         "--set model.moe.expert_tensor_parallel=true --set model.moe.hidden=258"),
@@ -408,7 +411,8 @@ TEST(DistjaxMoe, BadSettingsAreRefusedNamingTheKeys) {
           {"model.moe.dispatcher", "all_to_all", "all_gather"});
   refused(train(out, 1, "", "--set model.moe.exchange_chunks=0"),
           {"model.moe.exchange_chunks = 0", "[1, 64]"});
-  refused(train(out, 1, "", "--set model.moe.exchange_chunks=2 --set model.moe.dispatcher=all_gather"),
-          {"model.moe.exchange_chunks = 2", "all_gather"});
+  refused(
+      train(out, 1, "", "--set model.moe.exchange_chunks=2 --set model.moe.dispatcher=all_gather"),
+      {"model.moe.exchange_chunks = 2", "all_gather"});
   fs::remove_all(out);
 }

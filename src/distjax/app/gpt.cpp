@@ -97,12 +97,12 @@ void check_gpt(const config::TrainConfig& c, const mesh::Mesh& mesh) {
       // Every device moves its bias by the same loads: the step's, summed over the devices
       // that see other tokens; a sequence split over "model" would give each its own (with
       // the experts split over "model" too, the layer gathers the sequence first).
-      DISTJAX_CHECK(!c.parallelism.sequence_parallel || n_model == 1 ||
-                        c.model.moe.expert_tensor_parallel,
-                    NotImplemented,
-                    "[gpt] model.moe.balance_bias_rate with parallelism.sequence_parallel: the "
-                    "devices of the \"model\" axis would see different loads (unless "
-                    "model.moe.expert_tensor_parallel, which routes the gathered sequence)");
+      DISTJAX_CHECK(
+          !c.parallelism.sequence_parallel || n_model == 1 || c.model.moe.expert_tensor_parallel,
+          NotImplemented,
+          "[gpt] model.moe.balance_bias_rate with parallelism.sequence_parallel: the "
+          "devices of the \"model\" axis would see different loads (unless "
+          "model.moe.expert_tensor_parallel, which routes the gathered sequence)");
       DISTJAX_CHECK(c.parallelism.shard != config::Shard::Parameters ||
                         c.parallelism.fsdp.min_weight_size > c.model.moe.experts,
                     NotImplemented,

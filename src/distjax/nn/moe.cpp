@@ -295,8 +295,8 @@ Tensor MoE::operator()(const Scope& scope, const Tensor& x_in) const {
   const bool gathered = n_tp > 1 && sequence_axis == tensor_axis;
   const int seq_dim = x_in.rank() - 2;
   DISTJAX_CHECK(!gathered || seq_dim >= 0, InvalidArgument, "[MoE] \"", scope.path(),
-                "\": tokens split over \"", sequence_axis, "\" need x of rank >= 2 (..., T, C), got ",
-                to_string(x_in.shape()));
+                "\": tokens split over \"", sequence_axis,
+                "\" need x of rank >= 2 (..., T, C), got ", to_string(x_in.shape()));
   const Tensor x_tokens =
       gathered ? spmd::all_gather(*ctx, x_in, tensor_axis, seq_dim, /*tiled=*/true) : x_in;
   // Routing in f32 whatever the compute dtype (the router's softmax and top-k decide which

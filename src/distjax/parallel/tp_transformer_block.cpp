@@ -61,20 +61,20 @@ Tensor TPTransformerBlock::sequential(const nn::Scope& scope, const Tensor& x) c
     // (nn::MoE::tensor_axis) the layer gathers a sequence split over it first.
     nn::MoE layer = *moe;
     if (layout == TPLayout::Megatron && sequence_parallel) layer.sequence_axis = axis;
-    h = nn::remat_call(
-        remat_mlp, scope, y,
-        [ln_v = ln, moe = layer, features_sharded, axis = axis](const nn::Scope& s,
-                                                                const Tensor& in) {
-          Tensor t = ln_v(s.child("ln2"), in);
-          const nn::Scope m = s.child("moe").module("MLP");
-          // A stream of split features (the gather and async layouts): the layer needs its
-          // tokens' whole features, gathered replicated over the axis (as the megatron
-          // layout's stream is), and each device keeps its block of the output's features.
-          if (!features_sharded || s.context() == nullptr || s.axis_size(axis) == 1)
-            return moe(m, t);
-          t = spmd::all_gather_invariant(*s.context(), t, axis, 2, /*tiled=*/true);
-          return split_to_sp_region(s.context(), moe(m, t), axis, 2);
-        });
+    h = nn::remat_call(remat_mlp, scope, y,
+                       [ln_v = ln, moe = layer, features_sharded, axis = axis](const nn::Scope& s,
+                                                                               const Tensor& in) {
+                         Tensor t = ln_v(s.child("ln2"), in);
+                         const nn::Scope m = s.child("moe").module("MLP");
+                         // A stream of split features (the gather and async layouts): the layer
+                         // needs its tokens' whole features, gathered replicated over the axis (as
+                         // the megatron layout's stream is), and each device keeps its block of the
+                         // output's features.
+                         if (!features_sharded || s.context() == nullptr || s.axis_size(axis) == 1)
+                           return moe(m, t);
+                         t = spmd::all_gather_invariant(*s.context(), t, axis, 2, /*tiled=*/true);
+                         return split_to_sp_region(s.context(), moe(m, t), axis, 2);
+                       });
   } else {
     h = nn::remat_call(remat_mlp, scope, y, [ln_v = ln, mlp](const nn::Scope& s, const Tensor& in) {
       return mlp(s.child("mlp").module("MLP"), ln_v(s.child("ln2"), in));

@@ -205,14 +205,15 @@ std::string describe_lost(const std::vector<Liveness>& states,
     }
     if (!gone.empty()) {
       sep();
-      out << (gone.size() == 1 ? "the process of " : "the processes of ") << detail::devices_in_ranges(gone)
-          << " on " << host << (gone.size() == 1 ? " is" : " are")
-          << " gone (the host answers, " << (gone.size() == 1 ? "it does" : "they do") << " not)";
+      out << (gone.size() == 1 ? "the process of " : "the processes of ")
+          << detail::devices_in_ranges(gone) << " on " << host
+          << (gone.size() == 1 ? " is" : " are") << " gone (the host answers, "
+          << (gone.size() == 1 ? "it does" : "they do") << " not)";
     }
     if (!silent.empty()) {
       sep();
-      out << detail::devices_in_ranges(silent) << " on " << host << (silent.size() == 1 ? " does" : " do")
-          << " not answer";
+      out << detail::devices_in_ranges(silent) << " on " << host
+          << (silent.size() == 1 ? " does" : " do") << " not answer";
     }
   }
   return out.str();
@@ -321,7 +322,8 @@ void sentinel_loop() {
     }
     if ((fds[1].revents & POLLIN) != 0) {  // probes: the connection was the answer
       int c;
-      while ((c = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC)) >= 0) close(c);
+      while ((c = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC)) >= 0)
+        close(c);
       // Out of descriptors: the probe stays queued (the kernel accepted it, which is the
       // answer); wait a little rather than spin on it.
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)

@@ -191,7 +191,7 @@ class GroupState {
   bool failed_ = false;  // guarded by mu_, like failure_
   std::string failure_;
   std::unique_ptr<std::atomic<std::uint64_t>[]> entered_;  // sync points entered per rank
-  std::vector<bool> left_;  // guarded by mu_: left_call
+  std::vector<bool> left_;                                 // guarded by mu_: left_call
   std::vector<detail::CallDesc> desc_;
   std::vector<const void*> send_;
   std::vector<void*> recv_;

@@ -124,12 +124,12 @@ MoeLayerBytes moe_layer_bytes(const ModelDescription& m, const Setup& s, double 
   // their input rows, hidden tensors and (with an expert axis, before the exchange back)
   // outputs; on one device the input rows are the routed rows themselves.
   const double rows_kept = s.expert > 1 ? h * r.src + 2.0 * h * r.recv : 2.0 * h * r.src;
-  b.saved = n * (4.0 * 3.0 * double(moe.experts) +
-                 act * (rows_kept + r.recv * hidden + 2.0 * shared)) -
-            dense_saved;
+  b.saved =
+      n * (4.0 * 3.0 * double(moe.experts) + act * (rows_kept + r.recv * hidden + 2.0 * shared)) -
+      dense_saved;
   b.transient = n * act *
-                    (r.recv * (2.0 * width + 2.0 * h) +
-                     (s.expert > 1 ? 2.0 * r.recv * h : 0.0) + 2.0 * shared) -
+                    (r.recv * (2.0 * width + 2.0 * h) + (s.expert > 1 ? 2.0 * r.recv * h : 0.0) +
+                     2.0 * shared) -
                 dense_transient;
   return b;
 }

@@ -161,7 +161,8 @@ std::vector<GroupTask> group_tasks(const std::int64_t* offsets, std::int64_t gro
   std::vector<GroupTask> tasks;
   for (std::int64_t g = 0; g < groups; ++g) {
     if (skip_empty && offsets[g + 1] == offsets[g]) continue;
-    for (std::int64_t p = 0; p < parts; ++p) tasks.push_back({g, n * p / parts, n * (p + 1) / parts});
+    for (std::int64_t p = 0; p < parts; ++p)
+      tasks.push_back({g, n * p / parts, n * (p + 1) / parts});
   }
   return tasks;
 }
@@ -169,13 +170,16 @@ std::vector<GroupTask> group_tasks(const std::int64_t* offsets, std::int64_t gro
 template <class Task>
 void run_tasks(const std::vector<GroupTask>& tasks, std::int64_t flops, const Task& task) {
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  const bool spread = threads > 1 && std::int64_t(tasks.size()) >= 2 * threads && flops > kParallelGrain;
+  const bool spread =
+      threads > 1 && std::int64_t(tasks.size()) >= 2 * threads && flops > kParallelGrain;
   if (!spread) {
-    for (const GroupTask& t : tasks) task(t);
+    for (const GroupTask& t : tasks)
+      task(t);
     return;
   }
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-  for (std::size_t i = 0; i < tasks.size(); ++i) task(tasks[i]);
+  for (std::size_t i = 0; i < tasks.size(); ++i)
+    task(tasks[i]);
 }
 
 // bf16 operands are widened to f32 (exact) once, before the tasks, so every product sums in
@@ -185,20 +189,20 @@ void grouped_gemm(const GroupedGemmKey& key, const std::int64_t* offsets, const 
   const std::int64_t n = key.n, k = key.k, rows_all = offsets[key.groups];
   const float* af = as_f32(a, key.src, rows_all * k, 0);
   const float* bf = as_f32(b, key.src, key.groups * k * n, 1);
-  run_tasks(group_tasks(offsets, key.groups, n, true), 2 * rows_all * n * k,
-            [&](const GroupTask& t) {
-              const std::int64_t r0 = offsets[t.g], rows = offsets[t.g + 1] - r0, w = t.n1 - t.n0;
-              float* ct = c + r0 * n + t.n0;
-              if (k == 0) {
-                for (std::int64_t r = 0; r < rows; ++r) std::fill(ct + r * n, ct + r * n + w, 0.f);
-                return;
-              }
-              // B_g is k x n, or n x k stored (tb): columns [n0, n1) of it.
-              const float* bg = bf + t.g * k * n;
-              tensor::detail::gemm_f32_ld(false, key.tb, rows, w, k, 1.f, af + r0 * k, k,
-                                          key.tb ? bg + t.n0 * k : bg + t.n0, key.tb ? k : n, 0.f,
-                                          ct, n);
-            });
+  run_tasks(
+      group_tasks(offsets, key.groups, n, true), 2 * rows_all * n * k, [&](const GroupTask& t) {
+        const std::int64_t r0 = offsets[t.g], rows = offsets[t.g + 1] - r0, w = t.n1 - t.n0;
+        float* ct = c + r0 * n + t.n0;
+        if (k == 0) {
+          for (std::int64_t r = 0; r < rows; ++r)
+            std::fill(ct + r * n, ct + r * n + w, 0.f);
+          return;
+        }
+        // B_g is k x n, or n x k stored (tb): columns [n0, n1) of it.
+        const float* bg = bf + t.g * k * n;
+        tensor::detail::gemm_f32_ld(false, key.tb, rows, w, k, 1.f, af + r0 * k, k,
+                                    key.tb ? bg + t.n0 * k : bg + t.n0, key.tb ? k : n, 0.f, ct, n);
+      });
 }
 
 void grouped_gemm_wgrad(const GroupedGemmKey& key, const std::int64_t* offsets, const void* a,
@@ -211,7 +215,8 @@ void grouped_gemm_wgrad(const GroupedGemmKey& key, const std::int64_t* offsets, 
               const std::int64_t r0 = offsets[t.g], rows = offsets[t.g + 1] - r0, w = t.n1 - t.n0;
               float* ct = c + t.g * k * n + t.n0;
               if (rows == 0) {
-                for (std::int64_t r = 0; r < k; ++r) std::fill(ct + r * n, ct + r * n + w, 0.f);
+                for (std::int64_t r = 0; r < k; ++r)
+                  std::fill(ct + r * n, ct + r * n + w, 0.f);
                 return;
               }
               tensor::detail::gemm_f32_ld(true, false, k, w, rows, 1.f, af + r0 * k, k,
